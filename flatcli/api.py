@@ -1,0 +1,420 @@
+"""The Python entry points: `measure`, `measure_model`, and helpers.
+
+Everything the CLI does goes through here; the CLI only parses and renders.
+
+>>> import flatcli
+>>> report = flatcli.measure("configs/digits_mlp.yaml")            # doctest: +SKIP
+>>> report.rows[0].results["hessian_trace"].value                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import platform
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import __version__
+from .config import Config, from_dict, load_config, parse_measures
+from .engine import CurvatureEngine, Problem, eval_mode
+from .errors import ConfigError, FlatcliError, MeasurementError
+from .jobs import Job, resolve_jobs
+from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
+from .loading.data import load_split, subset
+from .loading.models import build_model
+from .measures import MeasureContext, MeasureSpec, run_measure
+from .results import Row, write_results
+
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp64": torch.float64}
+
+
+def resolve_device(name: str | torch.device | None) -> torch.device:
+    """'auto' → cuda if available else cpu; validates cuda:N."""
+    if isinstance(name, torch.device):
+        return name
+    name = name or "auto"
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"runtime.device is {name!r} but no CUDA device is visible; use --device cpu")
+        dev = torch.device(name)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"runtime.device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        return dev
+    try:
+        return torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"runtime.device: {e}") from None
+
+
+@contextlib.contextmanager
+def _precision(precision: str):
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def _as_specs(measures) -> list[MeasureSpec]:
+    if measures is None:
+        return []
+    if isinstance(measures, str):
+        measures = [m.strip() for m in measures.split(",") if m.strip()]
+    if all(isinstance(m, MeasureSpec) for m in measures):
+        return list(measures)
+    return parse_measures(list(measures), "measures")
+
+
+def _check_labels(model, x, y, loss: str, where: str, device, dtype) -> None:
+    if loss != "cross_entropy" or y.is_floating_point():
+        return
+    with torch.no_grad(), eval_mode(model):
+        xb = x[:2].to(device)
+        out = model(xb.to(dtype) if xb.is_floating_point() else xb)
+    if out.ndim != 2:
+        raise ConfigError(f"loss 'cross_entropy' needs outputs of shape (batch, classes); the model gives {tuple(out.shape)}")
+    c = out.shape[1]
+    lo, hi = int(y.min()), int(y.max())
+    if lo < 0 or hi >= c:
+        raise ConfigError(f"{where}: label {hi if hi >= c else lo} is outside the model's {c} outputs")
+
+
+def _metrics(model, data, loss, batch_size, device, dtype) -> tuple[float, float]:
+    x, y = data
+    prob = Problem(model, x, y, loss=loss, batch_size=batch_size, device=device, dtype=dtype)
+    return prob.evaluate()
+
+
+def _check_deterministic(problem: Problem) -> None:
+    x, y = problem.batches[0]
+    with torch.no_grad():
+        a = problem.batch_loss_sum(problem.params, x, y)
+        b = problem.batch_loss_sum(problem.params, x, y)
+    if not torch.equal(a, b) and not torch.allclose(a, b, rtol=1e-6, atol=0):
+        raise MeasurementError(
+            "the loss differs between two identical evaluations in eval mode "
+            f"({float(a):.6g} vs {float(b):.6g}); remove randomness from forward() (dropout via F.dropout(training=True), noise)"
+        )
+
+
+def measure_model(
+    model: torch.nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    measures: Sequence[Any] | str,
+    *,
+    test: tuple[torch.Tensor, torch.Tensor] | None = None,
+    loss: str = "cross_entropy",
+    split: str = "train",
+    num_samples: int | str = "all",
+    batch_size: int = 256,
+    data_seed: int = 0,
+    seed: int = 0,
+    device: str | torch.device | None = "cpu",
+    precision: str = "fp32",
+    init_state: dict[str, torch.Tensor] | None = None,
+    hvp_mode: str = "auto",
+    block_size: int | None = None,
+    checkpoint: str = "<model>",
+    hparams: dict[str, Any] | None = None,
+    debug: bool = False,
+) -> Row:
+    """Measure one model. Returns a `Row` (a failed measure is recorded, not raised).
+
+    Parameters
+    ----------
+    model : the network (not modified; its train/eval mode is restored).
+    train, test : (x, y) tensors of the train and optional test split.
+    measures : names, ``{name: options}`` entries or `MeasureSpec` objects.
+    split, num_samples, batch_size, data_seed : the measurement set
+        (``measure_data`` in YAML).
+    seed : seed of every stochastic measure without its own ``seed``.
+    precision : "fp32", "tf32" or "fp64" (float64, for exact checks).
+    init_state : state dict at initialization (for ``distance_from_init``).
+    """
+    specs = _as_specs(measures)
+    dev = resolve_device(device)
+    dtype = DTYPES.get(precision)
+    if dtype is None:
+        raise ConfigError(f"runtime.precision must be fp32, tf32 or fp64; got {precision!r}")
+    data = {"train": train, "test": test}
+    if data.get(split) is None:
+        raise ConfigError(f"measure_data.split is {split!r} but no {split} data is configured")
+    row = Row(checkpoint=checkpoint, labels=[s.label for s in specs], hparams=dict(hparams or {}))
+    original = next(iter(model.parameters()), None)
+    orig_device = original.device if original is not None else torch.device("cpu")
+    orig_dtype = original.dtype if original is not None else torch.float32
+    # Work on a copy when the model must change device or dtype: never mutate the caller's model.
+    work = model if (orig_device == dev and orig_dtype == dtype) else copy.deepcopy(model).to(dev, dtype)
+    with _precision(precision), eval_mode(work):
+        for split_name, d in data.items():
+            if d is not None:
+                _check_labels(work, d[0], d[1], loss, f"data.{split_name}", dev, dtype)
+        mx, my = subset(*data[split], num_samples, data_seed)
+        problem = Problem(work, mx, my, loss=loss, batch_size=batch_size, device=dev, dtype=dtype)
+        engine = CurvatureEngine(problem, hvp_mode=hvp_mode, block_size=block_size)
+        init_params = None
+        if init_state is not None:
+            init_params = {
+                n: init_state[n].to(dev, dtype) for n in problem.names if n in init_state
+            }
+        try:
+            _check_deterministic(problem)
+            engine.check_finite()
+        except FlatcliError as e:
+            row.status, row.error = "error", str(e)
+            return row
+        for spec in specs:
+            ctx = MeasureContext(
+                problem=problem,
+                engine=engine,
+                seed=seed if spec.seed is None else spec.seed,
+                init_params=init_params,
+                extra={"test": test, "train": train, "loss": loss, "batch_size": batch_size},
+            )
+            try:
+                row.results[spec.label] = run_measure(spec, ctx)
+            except ConfigError:
+                raise
+            except Exception as e:  # one failed measure never loses the others
+                if debug:
+                    traceback.print_exc()
+                msg = f"{spec.label}: {type(e).__name__}: {e}" if not isinstance(e, FlatcliError) else f"{spec.label}: {e}"
+                row.errors[spec.label] = msg
+                row.status = "error"
+                row.error = row.error or msg
+        tr = _metrics(work, train, loss, batch_size, dev, dtype)
+        row.metrics["train_loss"], row.metrics["train_acc"] = tr
+        if test is not None:
+            te = _metrics(work, test, loss, batch_size, dev, dtype)
+            row.metrics["test_loss"], row.metrics["test_acc"] = te
+            if not (math.isnan(tr[1]) or math.isnan(te[1])):
+                row.metrics["gen_gap"] = tr[1] - te[1]
+    return row
+
+
+@dataclass
+class MeasureReport:
+    rows: list[Row]
+    config: Config
+    meta: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        codes = [0]
+        for r in self.rows:
+            if r.status == "error":
+                codes.append(2 if r.error.startswith("config:") else 1)
+        return max(codes)
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import scipy
+
+    return {
+        "flatcli": __version__,
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+        "python": platform.python_version(),
+    }
+
+
+class DataCache:
+    """Loads each configured split once per call."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self._cache: dict[str, Any] = {}
+
+    def get(self, split: str, path: Path | None = None):
+        key = split if path is None else f"{split}:{path}"
+        if key not in self._cache:
+            if path is not None:
+                from .config import DataSource
+
+                src = DataSource(source="tensors", path=str(path))
+            else:
+                src = getattr(self.cfg.data, split)
+            self._cache[key] = (
+                None if src is None else load_split(src, split, self.cfg.base_dir, self.cfg.data.normalize)
+            )
+        return self._cache[key]
+
+
+def _read_hparams_from_keys(extras: dict, keys: list[str] | None) -> dict[str, Any]:
+    if not keys:
+        return {}
+    pool = dict(extras)
+    for nest in ("hparams", "hyperparameters", "config", "args"):
+        if isinstance(extras.get(nest), dict):
+            pool.update(extras[nest])
+    return {k: pool[k] for k in keys if k in pool and isinstance(pool[k], (int, float, str, bool))}
+
+
+def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache, device, debug=False) -> Row:
+    """Load one checkpoint and measure it. Config errors for this checkpoint become an error row
+    whose message starts with 'config:' (exit code 2), so other checkpoints still complete."""
+    labels = [s.label for s in specs]
+    try:
+        obj = read_checkpoint(job.path, cfg.runtime.allow_unsafe_pickle)
+        extras = checkpoint_extras(obj)
+        kwargs = dict(cfg.model.kwargs)
+        if isinstance(extras.get("model_kwargs"), dict):  # per-checkpoint architecture (e.g. width)
+            kwargs.update(extras["model_kwargs"])
+        model = build_model(cfg.model.target, kwargs, cfg.base_dir)
+        load_into(model, extract_state_dict(obj, job.path), job.path)
+        hp = dict(job.hparams)
+        hp.update(_read_hparams_from_keys(extras, cfg.hparams.from_keys))
+        init_state = None
+        if job.init_checkpoint is not None or any(_needs_init(s) for s in specs):
+            if job.init_checkpoint is None:
+                raise ConfigError(
+                    "measure distance_from_init needs 'init_checkpoint' (config key, or a manifest column)"
+                )
+            init_state = extract_state_dict(read_checkpoint(job.init_checkpoint, cfg.runtime.allow_unsafe_pickle), job.init_checkpoint)
+            load_into(copy.deepcopy(model), init_state, job.init_checkpoint)  # validates shapes
+        md = cfg.measure_data
+        return measure_model(
+            model,
+            data.get("train", job.train_data),
+            specs,
+            test=data.get("test"),
+            loss=cfg.loss,
+            split=md.split,
+            num_samples=md.num_samples,
+            batch_size=md.batch_size,
+            data_seed=md.seed,
+            seed=cfg.runtime.seed,
+            device=device,
+            precision=cfg.runtime.precision,
+            init_state=init_state,
+            hvp_mode=cfg.runtime.hvp_mode,
+            block_size=cfg.runtime.block_size,
+            checkpoint=job.checkpoint,
+            hparams=hp,
+            debug=debug,
+        )
+    except ConfigError as e:
+        return Row(checkpoint=job.checkpoint, status="error", error=f"config: {e}", labels=labels, hparams=dict(job.hparams))
+    except Exception as e:
+        if debug:
+            traceback.print_exc()
+        return Row(checkpoint=job.checkpoint, status="error", error=f"{type(e).__name__}: {e}", labels=labels, hparams=dict(job.hparams))
+
+
+def _needs_init(spec: MeasureSpec) -> bool:
+    from .measures import get_measure
+
+    return get_measure(spec.name).needs_init
+
+
+def load(config: Config | str | Path | dict | None, overrides: dict[str, Any] | None = None) -> Config:
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, dict):
+        return from_dict(config, overrides=overrides)
+    return load_config(config, overrides)
+
+
+def select_measures(cfg: Config, names: Sequence[str] | str | None) -> list[MeasureSpec]:
+    """The config's measures, or those named (``-m``): a configured label or measure name keeps
+    its configured options; another registered name runs with defaults; 'all' runs every measure."""
+    specs = cfg.measure_specs()
+    if names is None:
+        if not specs:
+            raise ConfigError("no measures configured: add a 'measures' list to the config or pass -m NAME,...")
+        return specs
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    if list(names) == ["all"]:
+        from .measures import list_measures
+
+        chosen = []
+        by_name = {s.name: s for s in specs}
+        for info in list_measures():
+            if info.needs_init and cfg.init_checkpoint is None:
+                continue
+            chosen.append(by_name.get(info.name, MeasureSpec(info.name, info.name)))
+        return chosen
+    out = []
+    for n in names:
+        hit = [s for s in specs if s.label == n] or [s for s in specs if s.name == n]
+        out.extend(hit if hit else parse_measures([n], "-m"))
+    return out
+
+
+def measure(
+    config: Config | str | Path | dict,
+    checkpoints: Sequence[str] | None = None,
+    *,
+    measures: Sequence[str] | str | None = None,
+    device: str | None = None,
+    seed: int | None = None,
+    outdir: str | Path | None = None,
+    allow_unsafe_pickle: bool | None = None,
+    on_row: Callable[[int, int, Row], None] | None = None,
+    on_start: Callable[[int, int, Job], None] | None = None,
+    debug: bool = False,
+) -> MeasureReport:
+    """Measure every checkpoint of a config; write results when ``outdir`` is given.
+
+    Returns a `MeasureReport`; its ``exit_code`` is 0 when every row is ok, 2 when a
+    checkpoint failed on bad input (file, state dict), 1 when a measurement failed.
+    """
+    overrides = {"runtime.device": device, "runtime.seed": seed, "output.dir": str(outdir) if outdir else None}
+    if allow_unsafe_pickle:
+        overrides["runtime.allow_unsafe_pickle"] = True
+    cfg = load(config, overrides)
+    if isinstance(config, Config):
+        for k, v in overrides.items():
+            if v is not None:
+                from .config import _set_path
+
+                _set_path(cfg, k, v, "cli")
+    specs = select_measures(cfg, measures)
+    if not cfg.model.target:
+        raise ConfigError("config key 'model.target' is required")
+    if cfg.data.train is None:
+        raise ConfigError("config key 'data.train' is required")
+    jobs = resolve_jobs(cfg, list(checkpoints) if checkpoints else None)
+    if not jobs:
+        raise ConfigError("no checkpoints: list them under 'checkpoints' or pass paths on the command line")
+    dev = resolve_device(cfg.runtime.device)
+    data = DataCache(cfg)
+    data.get("train")
+    data.get("test")
+    t0 = time.perf_counter()
+    rows: list[Row] = []
+    for i, job in enumerate(jobs):
+        if on_start:
+            on_start(i, len(jobs), job)
+        row = measure_job(cfg, job, specs, data, dev, debug)
+        rows.append(row)
+        if on_row:
+            on_row(i, len(jobs), row)
+    meta = {
+        "config": cfg.to_dict(),
+        "config_hash": cfg.hash(),
+        "versions": versions(),
+        "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""),
+        "measure_data": cfg.to_dict()["measure_data"],
+    }
+    report = MeasureReport(rows=rows, config=cfg, meta=meta, seconds=time.perf_counter() - t0)
+    if outdir is not None or cfg.provenance.get("output.dir", "default") != "default":
+        write_results(cfg.output.dir if outdir is None else outdir, rows, meta)
+    return report

@@ -1,0 +1,360 @@
+"""Configuration: schema (dataclasses), YAML loading, precedence, validation, hash.
+
+Precedence: CLI flag > environment (``FLATCLI_*``) > YAML > defaults. Every
+resolved value remembers where it came from (`Config.provenance`), which
+``flatcli config show`` prints. Unknown keys are errors naming the key and the
+closest valid one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+from .measures import MeasureSpec, get_measure
+from .measures._options import parse_options
+
+PRECISIONS = ("fp32", "tf32", "fp64")
+SOURCES = ("tensors", "torchvision", "imagefolder", "digits", "synthetic")
+
+
+@dataclass
+class ModelConfig:
+    target: str = ""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataSource:
+    """One split. ``source`` picks the loader; the other keys are the loader's."""
+
+    source: str = ""
+    path: str | None = None  # tensors, imagefolder
+    name: str | None = None  # torchvision dataset class
+    root: str | None = None  # torchvision
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    download: bool = False
+    split: str | None = None  # digits: train | test (defaults to the key it sits under)
+    num_samples: int | None = None  # synthetic
+    input_shape: list[int] | None = None  # synthetic
+    num_classes: int | None = None  # synthetic
+    seed: int = 0  # synthetic
+
+
+@dataclass
+class DataConfig:
+    train: DataSource | None = None
+    test: DataSource | None = None
+    normalize: dict[str, list[float]] | None = None
+
+
+@dataclass
+class MeasureDataConfig:
+    split: str = "train"
+    num_samples: int | str = "all"
+    batch_size: int = 256
+    seed: int = 0
+
+
+@dataclass
+class RuntimeConfig:
+    device: str = "auto"
+    precision: str = "fp32"
+    seed: int = 0
+    hvp_mode: str = "auto"
+    block_size: int | None = None
+    allow_unsafe_pickle: bool = False
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "out"
+    format: str = "table"
+
+
+@dataclass
+class HParamsConfig:
+    from_path: str | None = None  # regex with named groups
+    from_keys: list[str] | None = None  # keys of a dict stored in the checkpoint
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    checkpoints: Any = field(default_factory=list)
+    init_checkpoint: str | None = None
+    hparams: HParamsConfig = field(default_factory=HParamsConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    measure_data: MeasureDataConfig = field(default_factory=MeasureDataConfig)
+    loss: str = "cross_entropy"
+    measures: list[Any] = field(default_factory=list)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    # not part of the YAML schema
+    base_dir: Path = field(default=Path("."), metadata={"internal": True})
+    path: Path | None = field(default=None, metadata={"internal": True})
+    provenance: dict[str, str] = field(default_factory=dict, metadata={"internal": True})
+
+    # ------------------------------------------------------------ derived
+    def measure_specs(self) -> list[MeasureSpec]:
+        return parse_measures(self.measures, "measures")
+
+    def resolve_path(self, p: str | os.PathLike) -> Path:
+        q = Path(os.path.expanduser(str(p)))
+        return q if q.is_absolute() else (self.base_dir / q)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+    def hash(self) -> str:
+        d = self.to_dict()
+        d.pop("output", None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _to_plain(obj):
+    if dataclasses.is_dataclass(obj):
+        return {
+            f.name: _to_plain(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if not f.metadata.get("internal")
+        }
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+# ---------------------------------------------------------------- parsing
+_TYPE_OK = {
+    "str": lambda v: isinstance(v, str),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "dict": lambda v: isinstance(v, dict),
+    "list": lambda v: isinstance(v, list),
+}
+
+
+def _check_type(key: str, value: Any, annot: str) -> Any:
+    if value is None:
+        if "None" in annot:
+            return None
+        raise ConfigError(f"config key '{key}' must not be empty")
+    if annot.startswith("Any"):
+        return value
+    kinds = [a.strip().split("[")[0] for a in annot.split("|")]
+    for kind in kinds:
+        if kind == "None":
+            continue
+        if kind in _TYPE_OK and _TYPE_OK[kind](value):
+            return value
+    want = " or ".join(k for k in kinds if k != "None")
+    raise ConfigError(f"config key '{key}' must be {want}; got {type(value).__name__} {value!r}")
+
+
+def _build(cls, raw: Any, prefix: str, prov: dict[str, str], origin: str):
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config key '{prefix or '(top level)'}' must be a mapping; got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    obj = cls()
+    for key, value in raw.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            hint = difflib.get_close_matches(str(key), list(fields), n=1)
+            msg = f"Unknown config key '{path}'."
+            msg += f" Did you mean '{(prefix + '.' if prefix else '') + hint[0]}'?" if hint else (
+                f" Valid keys here: {', '.join(fields)}."
+            )
+            raise ConfigError(msg)
+        f = fields[key]
+        annot = str(f.type)
+        sub = _dataclass_of(annot)
+        if sub is not None:
+            if value is None and "None" in annot:
+                setattr(obj, key, None)
+            else:
+                setattr(obj, key, _build(sub, value, path, prov, origin))
+        else:
+            setattr(obj, key, _check_type(path, value, annot))
+            prov[path] = origin
+    return obj
+
+
+def _dataclass_of(annot: str):
+    for name, cls in _SUBS.items():
+        if annot.split("|")[0].strip() == name:
+            return cls
+    return None
+
+
+_SUBS = {
+    "ModelConfig": ModelConfig,
+    "DataSource": DataSource,
+    "DataConfig": DataConfig,
+    "MeasureDataConfig": MeasureDataConfig,
+    "RuntimeConfig": RuntimeConfig,
+    "OutputConfig": OutputConfig,
+    "HParamsConfig": HParamsConfig,
+}
+
+
+def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
+    """``measures`` entries: ``name``, ``{name: {options}}`` or ``{name: null}``.
+
+    ``label`` and ``seed`` are taken out of the options; labels must be unique.
+    Options are validated against the measure's declared constraints.
+    """
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ConfigError(f"config key '{key}' must be a list of measure names or {{name: options}} entries")
+    specs: list[MeasureSpec] = []
+    for i, entry in enumerate(raw):
+        where = f"{key}[{i}]"
+        if isinstance(entry, str):
+            name, opts = entry, {}
+        elif isinstance(entry, dict) and len(entry) == 1:
+            name, opts = next(iter(entry.items()))
+            opts = dict(opts or {})
+            if not isinstance(opts, dict):
+                raise ConfigError(f"config key '{where}.{name}' must be a mapping of options")
+        else:
+            raise ConfigError(f"config key '{where}' must be a measure name or a one-key mapping {{name: options}}")
+        info = get_measure(str(name))
+        label = str(opts.pop("label", name))
+        seed = opts.pop("seed", None)
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise ConfigError(f"config key '{where}.{name}.seed' must be an int; got {seed!r}")
+        parse_options(info.options, opts, info.name)  # validate now, fail early
+        specs.append(MeasureSpec(name=info.name, label=label, options=opts, seed=seed))
+    labels = [s.label for s in specs]
+    dup = {lab for lab in labels if labels.count(lab) > 1}
+    if dup:
+        raise ConfigError(
+            f"config key '{key}' has the label(s) {', '.join(sorted(dup))} more than once; "
+            "give each repeated measure a distinct 'label'"
+        )
+    return specs
+
+
+def _validate(cfg: Config) -> None:
+    for split_name in ("train", "test"):
+        src = getattr(cfg.data, split_name)
+        if src is None:
+            continue
+        if src.source not in SOURCES:
+            hint = difflib.get_close_matches(str(src.source), SOURCES, n=1)
+            msg = f"config key 'data.{split_name}.source' must be one of {', '.join(SOURCES)}; got {src.source!r}."
+            raise ConfigError(msg + (f" Did you mean '{hint[0]}'?" if hint else ""))
+    md = cfg.measure_data
+    if md.split not in ("train", "test"):
+        raise ConfigError(f"config key 'measure_data.split' must be 'train' or 'test'; got {md.split!r}")
+    if isinstance(md.num_samples, str) and md.num_samples != "all":
+        raise ConfigError(f"config key 'measure_data.num_samples' must be an int or 'all'; got {md.num_samples!r}")
+    if isinstance(md.num_samples, int) and md.num_samples < 1:
+        raise ConfigError(f"config key 'measure_data.num_samples' must be ≥ 1; got {md.num_samples}")
+    if md.batch_size < 1:
+        raise ConfigError(f"config key 'measure_data.batch_size' must be ≥ 1; got {md.batch_size}")
+    if cfg.loss not in ("cross_entropy", "mse"):
+        raise ConfigError(f"config key 'loss' must be 'cross_entropy' or 'mse'; got {cfg.loss!r}")
+    if cfg.runtime.precision not in PRECISIONS:
+        raise ConfigError(f"config key 'runtime.precision' must be one of {', '.join(PRECISIONS)}; got {cfg.runtime.precision!r}")
+    if cfg.runtime.hvp_mode not in ("auto", "reverse", "forward"):
+        raise ConfigError(f"config key 'runtime.hvp_mode' must be auto, reverse or forward; got {cfg.runtime.hvp_mode!r}")
+    dev = cfg.runtime.device
+    if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:") or dev == "mps"):
+        raise ConfigError(f"config key 'runtime.device' must be auto, cpu, cuda or cuda:N; got {dev!r}")
+    if cfg.output.format not in ("table", "csv", "json"):
+        raise ConfigError(f"config key 'output.format' must be table, csv or json; got {cfg.output.format!r}")
+    cfg.measure_specs()
+
+
+ENV_VARS = {
+    "FLATCLI_DEVICE": "runtime.device",
+    "FLATCLI_SEED": "runtime.seed",
+    "FLATCLI_PRECISION": "runtime.precision",
+    "FLATCLI_OUTPUT_DIR": "output.dir",
+}
+
+
+def _set_path(cfg: Config, path: str, value: Any, origin: str) -> None:
+    parts = path.split(".")
+    obj = cfg
+    for p in parts[:-1]:
+        obj = getattr(obj, p)
+    f = {f.name: f for f in dataclasses.fields(obj)}[parts[-1]]
+    if "int" in str(f.type) and isinstance(value, str) and value.lstrip("-").isdigit():
+        value = int(value)
+    setattr(obj, parts[-1], _check_type(path, value, str(f.type)))
+    cfg.provenance[path] = origin
+
+
+def _defaults_provenance(obj, prefix: str, prov: dict[str, str]) -> None:
+    for f in dataclasses.fields(obj):
+        if f.metadata.get("internal"):
+            continue
+        path = f"{prefix}.{f.name}" if prefix else f.name
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            _defaults_provenance(v, path, prov)
+        else:
+            prov.setdefault(path, "default")
+
+
+def from_dict(
+    raw: dict[str, Any] | None,
+    *,
+    base_dir: str | os.PathLike = ".",
+    overrides: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    origin: str = "yaml",
+) -> Config:
+    """Build and validate a `Config` from a mapping, then apply env and CLI overrides."""
+    prov: dict[str, str] = {}
+    cfg = _build(Config, raw or {}, "", prov, origin)
+    cfg.base_dir = Path(base_dir)
+    cfg.provenance = prov
+    env = os.environ if env is None else env
+    for var, path in ENV_VARS.items():
+        if var in env:
+            _set_path(cfg, path, env[var], f"env {var}")
+    for path, value in (overrides or {}).items():
+        if value is not None:
+            _set_path(cfg, path, value, "cli")
+    _defaults_provenance(cfg, "", cfg.provenance)
+    _validate(cfg)
+    return cfg
+
+
+def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML config with ``yaml.safe_load``; relative paths in it resolve against its folder."""
+    if path is None:
+        return from_dict({}, overrides=overrides)
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"config file {p} is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    cfg = from_dict(raw, base_dir=p.resolve().parent, overrides=overrides)
+    cfg.path = p
+    return cfg

@@ -1,0 +1,22 @@
+"""Small models for the demo zoo and the tests."""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+class MLP(nn.Module):
+    """ReLU MLP: ``in_features → width (× depth) → num_classes``."""
+
+    def __init__(self, in_features: int = 64, width: int = 128, depth: int = 2, num_classes: int = 10, bias: bool = True):
+        super().__init__()
+        layers: list[nn.Module] = []
+        d = in_features
+        for _ in range(depth):
+            layers += [nn.Linear(d, width, bias=bias), nn.ReLU()]
+            d = width
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(d, num_classes, bias=bias)
+
+    def forward(self, x):
+        return self.classifier(self.features(x.flatten(1)))

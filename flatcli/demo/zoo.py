@@ -1,0 +1,192 @@
+"""Train the demo zoo and run the measure pipeline on it."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from ..loading.data import digits_split
+from .models import MLP
+
+# width × weight decay × label-noise fraction: 8 models
+ZOO_GRID = {"width": [64, 256], "weight_decay": [0.0, 1e-4], "label_noise": [0.0, 0.2]}
+TARGET_LOSS = 0.01
+MAX_STEPS = 6000
+
+DEFAULT_MEASURES = [
+    {"hessian_lambda_max": {"tol": 1e-3}},
+    {"hessian_trace": {"tol": 0.02, "max_probes": 300}},
+    "frobenius_norm",
+    "spectral_norm",
+    "path_norm",
+    "inverse_margin",
+    "normalized_sharpness",
+    {"relative_flatness": {"normalize_features": True}},
+    {"sharpness_worst": {"rho": 0.05, "adaptive": True, "label": "asam_0.05"}},
+    {"sharpness_average": {"rho": 0.01}},
+    "pacbayes_flatness",
+    "fisher_rao_norm",
+    "local_entropy",
+]
+
+
+def _noisy_labels(y: torch.Tensor, frac: float, seed: int) -> torch.Tensor:
+    if frac <= 0:
+        return y
+    g = torch.Generator().manual_seed(10_000 + seed)
+    y = y.clone()
+    n = len(y)
+    idx = torch.randperm(n, generator=g)[: int(round(frac * n))]
+    y[idx] = torch.randint(0, 10, (len(idx),), generator=g)
+    return y
+
+
+def train_to_target(model, x, y, weight_decay: float, target: float = TARGET_LOSS, max_steps: int = MAX_STEPS, lr: float = 2e-3):
+    """Full-batch Adam until the train cross-entropy (eval mode, no regularizer) is ≤ target."""
+    torch.set_flush_denormal(True)  # denormals slow CPU training by 10x near the target
+    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=0.0)
+    lossf = torch.nn.functional.cross_entropy
+    steps = 0
+    loss = math.inf
+    while steps < max_steps:
+        model.train()
+        opt.zero_grad()
+        out = model(x)
+        l = lossf(out, y)
+        if weight_decay:
+            l = l + 0.5 * weight_decay * sum((p * p).sum() for n, p in model.named_parameters() if "weight" in n)
+        l.backward()
+        opt.step()
+        steps += 1
+        if steps % 10 == 0:
+            model.eval()
+            with torch.no_grad():
+                loss = float(lossf(model(x), y))
+            if loss <= target:
+                break
+    return steps, loss
+
+
+def train_zoo(outdir: Path, seed: int = 0, log=print) -> Path:
+    """Train every model of `ZOO_GRID`; write checkpoints, a manifest CSV and a config. Returns the config path."""
+    outdir = Path(outdir)
+    ck = outdir / "checkpoints"
+    ck.mkdir(parents=True, exist_ok=True)
+    x, y = digits_split("train")
+    rows = []
+    keys = list(ZOO_GRID)
+    for i, values in enumerate(itertools.product(*ZOO_GRID.values())):
+        hp = dict(zip(keys, values, strict=True))
+        name = f"mlp_w{hp['width']}_wd{hp['weight_decay']:g}_noise{hp['label_noise']:g}"
+        path = ck / f"{name}.pt"
+        torch.manual_seed(seed * 1000 + i)
+        model = MLP(64, hp["width"], 2, 10)
+        init = {k: v.clone() for k, v in model.state_dict().items()}
+        yn = _noisy_labels(y, hp["label_noise"], seed)  # one noisy training set per noise level
+        t0 = time.perf_counter()
+        steps, loss = train_to_target(model, x, yn, hp["weight_decay"])
+        mk = {"in_features": 64, "width": hp["width"], "depth": 2, "num_classes": 10}
+        torch.save({"state_dict": model.state_dict(), "model_kwargs": mk, "hparams": hp}, path)
+        torch.save({"state_dict": init, "model_kwargs": mk}, ck / f"{name}.init.pt")
+        data_path = outdir / "data" / f"train_noise{hp['label_noise']:g}_seed{seed}.pt"
+        if not data_path.exists():
+            data_path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"x": x, "y": yn}, data_path)
+        log(f"trained {name}: {steps} steps, train CE on its labels {loss:.4f} ({time.perf_counter() - t0:.1f}s)")
+        rows.append({"path": f"checkpoints/{name}.pt", "init_checkpoint": f"checkpoints/{name}.init.pt",
+                     "train_data": str(data_path.relative_to(outdir)), **hp,
+                     "steps": steps, "reached_target": int(loss <= TARGET_LOSS)})
+    with open(outdir / "manifest.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    from ..measures import list_measures
+
+    known = {m.name for m in list_measures()}
+    measures = [m for m in DEFAULT_MEASURES if (m if isinstance(m, str) else next(iter(m))) in known]
+    cfg = {
+        "model": {"target": "flatcli.demo.models:MLP", "kwargs": {"in_features": 64, "width": 64, "depth": 2, "num_classes": 10}},
+        "checkpoints": {"manifest": "manifest.csv"},
+        "data": {"train": {"source": "digits"}, "test": {"source": "digits"}},
+        "measure_data": {"split": "train", "num_samples": "all", "batch_size": 1024, "seed": 0},
+        "loss": "cross_entropy",
+        "measures": measures,
+        "runtime": {"device": "cpu", "seed": seed},
+        "output": {"dir": "results"},
+    }
+    path = outdir / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def kendall_table(rows, labels, target="gen_gap"):
+    """Kendall τ-b of each measure against ``target`` over ok rows: [(label, tau, n)], best first."""
+    from scipy.stats import kendalltau
+
+    out = []
+    for lab in labels:
+        pairs = [
+            (r.results[lab].value, r.metrics[target])
+            for r in rows
+            if lab in r.results and target in r.metrics and math.isfinite(r.results[lab].value)
+        ]
+        if len(pairs) < 3:
+            out.append((lab, float("nan"), len(pairs)))
+            continue
+        a, b = zip(*pairs, strict=True)
+        tau = kendalltau(a, b).statistic
+        out.append((lab, float(tau), len(pairs)))
+    return sorted(out, key=lambda t: -t[1] if math.isfinite(t[1]) else math.inf)
+
+
+def run_demo(outdir, measures=None, seed: int = 0, console=None):
+    """Train the zoo (skipped when its checkpoints exist), measure it, print measures vs gap and Kendall τ."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .. import api
+    from ..cli import render_rows
+
+    console = console or Console()
+    outdir = Path(outdir)
+    t0 = time.perf_counter()
+    cfg_path = outdir / "config.yaml"
+    if not (cfg_path.exists() and (outdir / "manifest.csv").exists()):
+        console.print(f"training {len(list(itertools.product(*ZOO_GRID.values())))} MLPs on digits to train CE ≤ {TARGET_LOSS} ...")
+        cfg_path = train_zoo(outdir, seed=seed, log=lambda m: console.print("  " + m, highlight=False))
+    else:
+        console.print(f"reusing the zoo in {outdir} (delete it to retrain)")
+    t1 = time.perf_counter()
+
+    def on_row(i, n, row):
+        secs = sum(r.seconds for r in row.results.values())
+        console.print(f"  [{i + 1}/{n}] {row.checkpoint} {row.status} {secs:.1f}s {row.error}", highlight=False)
+
+    report = api.measure(cfg_path, measures=measures, outdir=outdir / "results", on_row=on_row)
+    t2 = time.perf_counter()
+    labels = report.rows[0].labels
+    console.print(render_rows(report.rows, labels))
+    taus = kendall_table(report.rows, labels)
+    t = Table(title="Kendall τ of each measure with the generalization gap (train acc − test acc)", header_style="bold")
+    t.add_column("measure")
+    t.add_column("τ", justify="right")
+    t.add_column("n", justify="right")
+    for lab, tau, n in taus:
+        t.add_row(lab, "nan" if not math.isfinite(tau) else f"{tau:+.3f}", str(n))
+    console.print(t)
+    with open(outdir / "results" / "kendall.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["measure", "kendall_tau", "n"])
+        w.writerows(taus)
+    console.print(
+        f"training {t1 - t0:.1f}s, measuring {t2 - t1:.1f}s; results in {outdir / 'results'} "
+        f"(results.csv, results.json, kendall.csv)",
+        highlight=False,
+    )
+    return report

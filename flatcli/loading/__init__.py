@@ -1,0 +1,1 @@
+"""Loading models, checkpoints and data sets from config."""

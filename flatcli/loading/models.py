@@ -1,0 +1,97 @@
+"""Model factories from a target string.
+
+* ``pkg.module:Callable`` — imported module attribute.
+* ``path/to/file.py:Callable`` — a file, relative paths resolved against the
+  config file's folder.
+* ``torchvision:NAME`` — ``torchvision.models.get_model(NAME, **kwargs)``
+  (never downloads weights: ``weights`` must not be set).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+
+
+def _load_file_module(path: Path):
+    if not path.is_file():
+        raise ConfigError(f"model.target: file not found: {path}")
+    name = "flatcli_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except Exception as e:
+        del sys.modules[name]
+        raise ConfigError(f"model.target: importing {path} failed: {type(e).__name__}: {e}") from e
+    return mod
+
+
+def resolve_target(target: str, base_dir: Path | str = "."):
+    """The callable named by ``target``."""
+    if not target or ":" not in target:
+        raise ConfigError(
+            f"config key 'model.target' must look like 'pkg.module:Class', 'path/to/file.py:Class' "
+            f"or 'torchvision:NAME'; got {target!r}"
+        )
+    left, attr = target.rsplit(":", 1)
+    if left == "torchvision":
+        import torchvision
+
+        available = torchvision.models.list_models()
+        if attr not in available:
+            import difflib
+
+            hint = difflib.get_close_matches(attr, available, n=1)
+            raise ConfigError(
+                f"model.target: torchvision has no model {attr!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+            )
+
+        def factory(**kw):
+            if kw.get("weights") not in (None,):
+                raise ConfigError("model.kwargs.weights: flatcli never downloads weights; load a checkpoint instead")
+            return torchvision.models.get_model(attr, **kw)
+
+        return factory
+    if left.endswith(".py") or "/" in left or "\\" in left:
+        p = Path(left)
+        if not p.is_absolute():
+            p = Path(base_dir) / p
+        mod = _load_file_module(p)
+    else:
+        try:
+            mod = importlib.import_module(left)
+        except ImportError as e:
+            raise ConfigError(f"model.target: cannot import module {left!r}: {e}") from e
+    obj = mod
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"model.target: {left!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"model.target: {target!r} is not callable")
+    return obj
+
+
+def build_model(target: str, kwargs: dict[str, Any] | None = None, base_dir: Path | str = ".") -> torch.nn.Module:
+    factory = resolve_target(target, base_dir)
+    try:
+        model = factory(**(kwargs or {}))
+    except ConfigError:
+        raise
+    except TypeError as e:
+        raise ConfigError(f"model.kwargs do not fit {target}: {e}") from e
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"model.target {target!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model

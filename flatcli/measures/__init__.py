@@ -1,0 +1,214 @@
+"""The measure registry.
+
+A measure is a function ``fn(ctx: MeasureContext, opts) -> MeasureResult``
+registered under a stable snake_case name with `register`. Its options are a
+frozen dataclass (see `flatcli.measures._options`). Every registered value is
+oriented so that *larger means sharper* (a larger predicted generalization gap).
+
+Measure modules are imported lazily by `_load_all` so that importing flatcli
+stays cheap; each module registers its family on import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import importlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+from ._options import describe_options, parse_options
+
+__all__ = [
+    "MeasureResult",
+    "MeasureContext",
+    "MeasureSpec",
+    "register",
+    "get_measure",
+    "list_measures",
+    "run_measure",
+]
+
+# One module per measure family; each registers its measures on import.
+_FAMILY_MODULES = [
+    "flatcli.measures.hessian",
+    "flatcli.measures.norms",
+    "flatcli.measures.normalized_sharpness",
+    "flatcli.measures.relative_flatness",
+    "flatcli.measures.sharpness",
+    "flatcli.measures.pacbayes",
+    "flatcli.measures.fisher_rao",
+    "flatcli.measures.local_entropy",
+]
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    """What a measure returns.
+
+    value: the measure, oriented so that larger means sharper.
+    stderr: standard error of a stochastic estimate (None when exact).
+    diagnostics: iterations, residuals, convergence flags, per-layer values...
+    seconds: wall time of the measure.
+    status: "ok", or a short word such as "not_converged" / "saturated".
+    """
+
+    value: float
+    stderr: float | None = None
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    status: str = "ok"
+
+
+@dataclass
+class MeasureContext:
+    """Everything a measure may use. Measures never mutate ``model``.
+
+    problem: the measurement-set `Problem` (functional params, eval mode).
+    engine: the `CurvatureEngine` over ``problem``.
+    seed: the seed of this measure (its own ``seed`` option or ``runtime.seed``).
+    init_params: parameters at initialization (dict name -> tensor) or None.
+    """
+
+    problem: Any
+    engine: Any
+    seed: int = 0
+    init_params: dict[str, torch.Tensor] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.problem.model
+
+    def generator(self, offset: int = 0) -> torch.Generator:
+        """A CPU generator seeded from the measure's seed (draws are moved to the device)."""
+        g = torch.Generator()
+        g.manual_seed(int(self.seed) * 1_000_003 + offset)
+        return g
+
+
+@dataclass(frozen=True)
+class MeasureInfo:
+    name: str
+    fn: Callable
+    options: type
+    description: str
+    reference: str = ""
+    stochastic: bool = False
+    invariant: bool = False
+    needs_init: bool = False
+    cost: str = ""
+
+
+_REGISTRY: dict[str, MeasureInfo] = {}
+
+
+@dataclass(frozen=True)
+class _NoOptions:
+    pass
+
+
+def register(
+    name: str,
+    *,
+    options: type = _NoOptions,
+    description: str,
+    reference: str = "",
+    stochastic: bool = False,
+    invariant: bool = False,
+    needs_init: bool = False,
+    cost: str = "",
+):
+    """Decorator registering a measure under ``name`` with its metadata."""
+
+    def deco(fn):
+        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
+            raise ValueError(f"measure {name!r} registered twice")
+        _REGISTRY[name] = MeasureInfo(
+            name=name,
+            fn=fn,
+            options=options,
+            description=description,
+            reference=reference,
+            stochastic=stochastic,
+            invariant=invariant,
+            needs_init=needs_init,
+            cost=cost,
+        )
+        return fn
+
+    return deco
+
+
+_loaded = False
+
+
+def _load_all() -> None:
+    global _loaded
+    if _loaded:
+        return
+    for mod in _FAMILY_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:  # a family not written yet
+            if e.name != mod:
+                raise
+    _loaded = True
+
+
+def list_measures(pattern: str = "*") -> list[MeasureInfo]:
+    """Every registered measure whose name matches ``pattern`` (shell wildcards)."""
+    _load_all()
+    return [_REGISTRY[k] for k in sorted(_REGISTRY) if fnmatch.fnmatch(k, pattern)]
+
+
+def get_measure(name: str) -> MeasureInfo:
+    _load_all()
+    if name not in _REGISTRY:
+        import difflib
+
+        hint = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        msg = f"Unknown measure '{name}'."
+        msg += f" Did you mean '{hint[0]}'?" if hint else " Run 'flatcli measures' for the list."
+        raise ConfigError(msg)
+    return _REGISTRY[name]
+
+
+@dataclass(frozen=True)
+class MeasureSpec:
+    """One configured measure: registry name, column label, raw options and own seed."""
+
+    name: str
+    label: str
+    options: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+
+    def parsed(self):
+        info = get_measure(self.name)
+        return parse_options(info.options, self.options, self.name)
+
+
+def option_table(name: str) -> list[tuple[str, str, str]]:
+    return describe_options(get_measure(name).options)
+
+
+def run_measure(spec: MeasureSpec, ctx: MeasureContext) -> MeasureResult:
+    """Validate options, run the measure, time it and attach its cost."""
+    info = get_measure(spec.name)
+    opts = parse_options(info.options, spec.options, spec.name)
+    engine = ctx.engine
+    before = engine.counters() if engine is not None else {}
+    t0 = time.perf_counter()
+    res = info.fn(ctx, opts)
+    seconds = time.perf_counter() - t0
+    diag = dict(res.diagnostics)
+    if engine is not None:
+        after = engine.counters()
+        for k, v in after.items():
+            diag.setdefault(k, v - before.get(k, 0))
+    return dataclasses.replace(res, seconds=seconds, diagnostics=diag, value=float(res.value))
