@@ -171,8 +171,8 @@ def measure_model(
                 n: init_state[n].to(dev, dtype) for n in problem.names if n in init_state
             }
         try:
-            _check_deterministic(problem)
             engine.check_finite()
+            _check_deterministic(problem)
         except FlatcliError as e:
             row.status, row.error = "error", str(e)
             return row

@@ -157,10 +157,11 @@ def parse_options(cls, raw: dict[str, Any] | None, measure: str):
             msg += f" Did you mean '{hint[0]}'?" if hint else f" Valid options: {valid}."
             raise ConfigError(msg)
         check: Check = fields[key].metadata["check"]
+        given = value
         value = check.coerce(value)
         if not check.ok(value):
             raise ConfigError(
-                f"The '{key}' parameter of {measure} must be {check.describe()}. Got {value!r} instead."
+                f"The '{key}' parameter of {measure} must be {check.describe()}. Got {given!r} instead."
             )
         kwargs[key] = value
     return cls(**kwargs)

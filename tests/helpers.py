@@ -1,0 +1,61 @@
+"""Small builders shared by tests: tiny models, data, checkpoints and configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import yaml
+from torch import nn
+
+
+class TinyBN(nn.Module):
+    """MLP with BatchNorm and dropout: its eval-mode function differs from train mode."""
+
+    def __init__(self, d=6, h=5, c=3):
+        super().__init__()
+        self.fc1 = nn.Linear(d, h)
+        self.bn = nn.BatchNorm1d(h)
+        self.drop = nn.Dropout(0.5)
+        self.fc2 = nn.Linear(h, c)
+
+    def forward(self, x):
+        return self.fc2(self.drop(torch.relu(self.bn(self.fc1(x)))))
+
+
+def tiny_mlp(d=6, h=5, c=3, seed=0, dtype=torch.float64):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(d, h), nn.Tanh(), nn.Linear(h, c)).to(dtype)
+
+
+def tiny_data(n=23, d=6, c=3, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g, dtype=dtype), torch.randint(0, c, (n,), generator=g)
+
+
+def write_project(tmp: Path, *, width=8, n_ckpt=2, measures=None, extra=None) -> Path:
+    """A config + checkpoints of `flatcli.demo.models.MLP` on synthetic data; returns the config path."""
+    from flatcli.demo.models import MLP
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    for i in range(n_ckpt):
+        torch.manual_seed(i)
+        torch.save(MLP(16, width, 1, 4).state_dict(), tmp / f"m{i}.pt")
+    cfg = {
+        "model": {"target": "flatcli.demo.models:MLP", "kwargs": {"in_features": 16, "width": width, "depth": 1, "num_classes": 4}},
+        "checkpoints": [f"m{i}.pt" for i in range(n_ckpt)],
+        "data": {
+            "train": {"source": "synthetic", "num_samples": 40, "input_shape": [16], "num_classes": 4},
+            "test": {"source": "synthetic", "num_samples": 30, "input_shape": [16], "num_classes": 4},
+        },
+        "measure_data": {"split": "train", "num_samples": "all", "batch_size": 16, "seed": 0},
+        "measures": measures
+        or [{"hessian_lambda_max": {"tol": 1e-3}}, {"hessian_trace": {"min_probes": 8, "max_probes": 8}}, "frobenius_norm"],
+        "runtime": {"device": "cpu", "seed": 0},
+        "output": {"dir": "out"},
+    }
+    for k, v in (extra or {}).items():
+        cfg[k] = v
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path

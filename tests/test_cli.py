@@ -1,0 +1,164 @@
+import csv
+import json
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from flatcli.cli import app
+
+from .helpers import write_project
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def out(res):
+    text = res.output
+    try:
+        text += res.stderr
+    except (ValueError, AttributeError):
+        pass
+    return text
+
+
+@pytest.fixture
+def project(tmp_path):
+    return write_project(tmp_path / "proj")
+
+
+def test_measure_end_to_end_writes_csv_and_json(project, tmp_path):
+    res = run("measure", "-c", project, "-o", tmp_path / "o")
+    assert res.exit_code == 0, out(res)
+    rows = list(csv.DictReader(open(tmp_path / "o" / "results.csv")))
+    assert [r["checkpoint"] for r in rows] == ["m0.pt", "m1.pt"]
+    cols = list(rows[0])
+    assert cols[:6] == ["checkpoint", "status", "error", "hessian_lambda_max", "hessian_trace", "frobenius_norm"]
+    for c in ["hessian_trace_stderr", "hessian_lambda_max_min_ritz", "hessian_lambda_max_residual",
+              "hessian_lambda_max_converged", "train_loss", "train_acc", "test_loss", "test_acc", "gen_gap"]:
+        assert c in cols, c
+    assert cols.index("gen_gap") > cols.index("frobenius_norm_seconds")
+    r = rows[0]
+    assert abs(float(r["gen_gap"]) - (float(r["train_acc"]) - float(r["test_acc"]))) < 1e-12
+    meta = json.load(open(tmp_path / "o" / "results.json"))
+    assert meta["config_hash"] and meta["versions"]["torch"] and meta["device"] == "cpu"
+    assert meta["rows"][1]["measures"]["hessian_trace"]["diagnostics"]["probes"] == 8
+
+
+def test_measure_cli_checkpoints_and_measure_selection(project, tmp_path):
+    res = run("measure", project.parent / "m1.pt", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o", "--format", "csv")
+    assert res.exit_code == 0, out(res)
+    lines = res.stdout.strip().splitlines()
+    assert lines[0].startswith("checkpoint,status,error,frobenius_norm,") and len(lines) == 2
+    res = run("measure", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o2", "--format", "json")
+    assert res.exit_code == 0
+    assert len(json.loads(res.stdout)) == 2
+
+
+def test_plain_progress_line_per_checkpoint(project, tmp_path):
+    res = run("measure", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o")
+    text = out(res)
+    assert "[1/2] m0.pt ok" in text and "[2/2] m1.pt ok" in text
+
+
+def _edit(project, **changes):
+    cfg = yaml.safe_load(project.read_text())
+    cfg.update(changes)
+    project.write_text(yaml.safe_dump(cfg))
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda c: c.update(measure_data={"batch_sise": 2}), "Unknown config key 'measure_data.batch_sise'. Did you mean 'measure_data.batch_size'?"),
+        (lambda c: c.update(measure_data={"batch_size": "x"}), "config key 'measure_data.batch_size' must be int"),
+        (lambda c: c.update(checkpoints=["nothere.pt"]), "checkpoints: file not found"),
+        (lambda c: c.update(measures=[{"hessian_trace": {"tol": 2}}]), "The 'tol' parameter of hessian_trace must be a float in (0, 1). Got 2 instead."),
+        (lambda c: c["model"].update(target="flatcli.demo.models:Nope"), "model.target: 'flatcli.demo.models' has no attribute 'Nope'"),
+        (lambda c: c["data"]["train"].update(source="tensors", path="nofile.pt"), "data.train.path: file not found"),
+    ],
+)
+def test_config_errors_exit_2_one_line(project, tmp_path, mutate, message):
+    cfg = yaml.safe_load(project.read_text())
+    mutate(cfg)
+    project.write_text(yaml.safe_dump(cfg))
+    res = run("measure", "-c", project, "-o", tmp_path / "o")
+    assert res.exit_code == 2, out(res)
+    text = out(res)
+    assert message in text
+    assert "Traceback" not in text
+
+
+def test_missing_config_file(tmp_path):
+    res = run("measure", "-c", tmp_path / "none.yaml")
+    assert res.exit_code == 2 and "config file not found" in out(res)
+
+
+def test_state_dict_mismatch_exit_2_others_complete(project, tmp_path):
+    from flatcli.demo.models import MLP
+
+    torch.save(MLP(16, 9, 1, 4).state_dict(), project.parent / "m1.pt")  # wrong width
+    res = run("measure", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o")
+    assert res.exit_code == 2, out(res)
+    assert "m1.pt does not match the model" in out(res) and "shape mismatches" in out(res)
+    rows = list(csv.DictReader(open(tmp_path / "o" / "results.csv")))
+    assert rows[0]["status"] == "ok" and rows[1]["status"] == "error"
+
+
+def test_label_outside_outputs_exit_2(project, tmp_path):
+    cfg = yaml.safe_load(project.read_text())
+    cfg["model"]["kwargs"]["num_classes"] = 2
+    project.write_text(yaml.safe_dump(cfg))
+    for i in range(2):
+        from flatcli.demo.models import MLP
+
+        torch.save(MLP(16, 8, 1, 2).state_dict(), project.parent / f"m{i}.pt")
+    res = run("measure", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o")
+    assert res.exit_code == 2 and "is outside the model's 2 outputs" in out(res)
+
+
+def test_failed_measurement_row_exit_1_others_complete(project, tmp_path):
+    from flatcli.demo.models import MLP
+
+    bad = MLP(16, 8, 1, 4)
+    with torch.no_grad():
+        bad.classifier.weight.fill_(float("inf"))
+    torch.save(bad.state_dict(), project.parent / "m0.pt")
+    res = run("measure", "-c", project, "-o", tmp_path / "o")
+    assert res.exit_code == 1, out(res)
+    rows = list(csv.DictReader(open(tmp_path / "o" / "results.csv")))
+    assert rows[0]["status"] == "error" and "not finite" in rows[0]["error"]
+    assert rows[1]["status"] == "ok" and float(rows[1]["hessian_trace"]) != 0
+
+
+def test_unsafe_pickle_refused_then_allowed(project, tmp_path):
+    from flatcli.demo.models import MLP
+
+    torch.save(MLP(16, 8, 1, 4), project.parent / "m0.pt")
+    res = run("measure", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o")
+    assert res.exit_code == 2 and "--allow-unsafe-pickle" in out(res) and "flatcli.demo.models.MLP" in out(res)
+    res = run("measure", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o", "--allow-unsafe-pickle")
+    assert res.exit_code == 0, out(res)
+
+
+def test_debug_shows_traceback(tmp_path):
+    res = runner.invoke(app, ["measure", "-c", str(tmp_path / "none.yaml"), "--debug"])
+    assert res.exit_code != 0 and res.exception is not None
+
+
+def test_measures_lists_names_and_options():
+    res = run("measures")
+    assert res.exit_code == 0
+    for name in ("hessian_lambda_max", "hessian_trace", "frobenius_norm", "max_probes"):
+        assert name in res.stdout
+
+
+def test_config_show_provenance(project):
+    res = runner.invoke(app, ["config", "show", "-c", str(project)], env={"FLATCLI_SEED": "4"})
+    assert res.exit_code == 0, out(res)
+    assert "runtime.seed: env FLATCLI_SEED" in res.stdout and "loss: default" in res.stdout
+    assert "seed: 4" in res.stdout
