@@ -1,0 +1,199 @@
+r"""1D and 2D slices of the loss along filter-normalized random directions.
+
+Li, Xu, Taylor, Studer, Goldstein, "Visualizing the Loss Landscape of Neural
+Nets", NeurIPS 2018, Sec. 4: with θ* the checkpoint and δ, η two seeded random
+directions normalized filter by filter (`flatcli.landscape.directions`),
+
+.. math::
+
+    f(\alpha) = L(\theta^* + \alpha\delta), \qquad
+    f(\alpha, \beta) = L(\theta^* + \alpha\delta + \beta\eta),
+
+evaluated on a grid of ``steps`` points per axis over ``span`` (default
+[−1, 1], Li et al.'s range). The grid always contains α = 0 (and β = 0), the
+checkpoint itself, so the centre value is exact. The two directions are drawn
+independently from one generator (δ first), as in Li et al.; in high dimension
+they are nearly orthogonal (their cosine is recorded in ``meta``).
+
+Train and (when given) test loss and accuracy are computed at every point on
+the given data, in eval mode, with functional parameters: the model is left
+exactly as it was.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..engine import Problem, eval_mode
+from ..errors import ConfigError
+from .directions import cosine, random_direction
+from .evaluate import PointEvaluator
+from .result import LandscapeResult, summarize
+
+DEFAULT_SPAN = (-1.0, 1.0)
+
+
+def parse_span(
+    span: str | Sequence[float] | None, default: tuple[float, float]
+) -> tuple[float, float]:
+    """``"a,b"`` or ``(a, b)`` with a < b, or the default."""
+    if span is None:
+        return default
+    if isinstance(span, str):
+        parts = [p.strip() for p in span.split(",")]
+        try:
+            vals = [float(p) for p in parts]
+        except ValueError:
+            vals = []
+        if len(vals) != 2:
+            raise ConfigError(f"--span must be two numbers 'a,b' (e.g. -1,1); got {span!r}")
+    else:
+        vals = [float(v) for v in span]
+        if len(vals) != 2:
+            raise ConfigError(f"span must be two numbers (a, b); got {span!r}")
+    a, b = vals
+    if not (np.isfinite(a) and np.isfinite(b) and a < b):
+        raise ConfigError(f"span must satisfy a < b (finite); got {a:g},{b:g}")
+    return a, b
+
+
+def axis_grid(
+    span: tuple[float, float], steps: int, include: Sequence[float] = (0.0,)
+) -> np.ndarray:
+    """``steps`` evenly spaced values over ``span`` (float64) plus the values in ``include``.
+
+    A grid value within 1e-9·(b − a) of an included value is snapped onto it,
+    so e.g. linspace(−0.5, 1.5, 25) holds exactly 0 and 1.
+    """
+    if int(steps) < 2:
+        raise ConfigError(f"--steps must be ≥ 2; got {steps}")
+    a, b = span
+    g = np.linspace(a, b, int(steps))
+    tol = 1e-9 * (b - a)
+    for v in include:
+        near = np.abs(g - v) <= tol
+        if near.any():
+            g[near] = v
+        else:
+            g = np.append(g, v)
+    return np.unique(g)
+
+
+def direction_chunks(
+    base: dict[str, torch.Tensor], directions: list[dict[str, torch.Tensor]], coeffs: np.ndarray
+) -> Callable[[int, int], dict[str, torch.Tensor]]:
+    """Points θ_k = base + Σ_j coeffs[k, j]·d_j, stacked for points first..stop-1."""
+
+    def chunk(first: int, stop: int) -> dict[str, torch.Tensor]:
+        out = {}
+        for n, p in base.items():
+            c = torch.as_tensor(coeffs[first:stop], dtype=p.dtype, device=p.device)
+            shape = (-1,) + (1,) * p.ndim
+            v = p.unsqueeze(0).expand(stop - first, *p.shape).clone()
+            for j, d in enumerate(directions):
+                v += c[:, j].view(shape) * d[n].unsqueeze(0)
+            out[n] = v
+        return out
+
+    return chunk
+
+
+def slice_landscape(
+    model: torch.nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    dims: int = 1,
+    steps: int = 25,
+    span: str | Sequence[float] | None = None,
+    seed: int = 0,
+    bias_bn: str = "zero",
+    loss: str = "cross_entropy",
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    points_per_pass: int | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> LandscapeResult:
+    """Evaluate a ``dims``-dimensional slice around the model's parameters.
+
+    Parameters
+    ----------
+    model : the network at θ* (not modified).
+    train, test : (x, y) data; every point gets train (and test) loss and accuracy.
+    dims : 1 or 2 random directions.
+    steps : grid points per axis over ``span`` (α = 0 is added when missing).
+    span : (a, b) or "a,b"; default (−1, 1).
+    seed : seed of the directions (CPU generator, float64 draws).
+    bias_bn : "zero" (default, Li et al.) or "keep": the direction on 1-D
+        parameters (biases, normalization layers); see `directions`.
+    points_per_pass : grid points per vmapped forward pass (1 = loop; None =
+        auto: a loop for models with convolutions, else 8; see `evaluate`).
+    on_progress : called as ``on_progress(done, total)`` after each pass.
+
+    Returns
+    -------
+    `LandscapeResult` of kind "1d" or "2d".
+    """
+    if dims not in (1, 2):
+        raise ConfigError(f"--dims must be 1 or 2; got {dims}")
+    a, b = parse_span(span, DEFAULT_SPAN)
+    t0 = time.perf_counter()
+    alpha = axis_grid((a, b), steps)
+    beta = alpha.copy() if dims == 2 else None
+    with eval_mode(model):
+        problems = {
+            "train": Problem(
+                model, *train, loss=loss, batch_size=batch_size, device=device, dtype=dtype
+            )
+        }
+        if test is not None:
+            problems["test"] = Problem(
+                model, *test, loss=loss, batch_size=batch_size, device=device, dtype=dtype
+            )
+        base = problems["train"].params
+        gen = torch.Generator().manual_seed(int(seed))
+        dirs = [random_direction(base, gen, bias_bn) for _ in range(dims)]
+        if dims == 1:
+            coeffs = alpha[:, None]
+        else:
+            aa, bb = np.meshgrid(alpha, beta, indexing="ij")
+            coeffs = np.stack([aa.ravel(), bb.ravel()], axis=1)
+        n = len(coeffs)
+        total = n * len(problems)
+        done = 0
+
+        def advance(k: int) -> None:
+            nonlocal done
+            done += k
+            if on_progress is not None:
+                on_progress(done, total)
+
+        chunk = direction_chunks(base, dirs, coeffs)
+        metrics, diags = {}, {}
+        for split, prob in problems.items():
+            ev = PointEvaluator(prob, points_per_pass)
+            lo, ac = ev.run(chunk, n, advance)
+            shape = (len(alpha),) if dims == 1 else (len(alpha), len(beta))
+            metrics[f"{split}_loss"], metrics[f"{split}_acc"] = lo.reshape(shape), ac.reshape(shape)
+            diags[split] = ev.diagnostics()
+    res = LandscapeResult(kind=f"{dims}d", alpha=alpha, beta=beta, **metrics)
+    res.meta = {
+        "seed": int(seed),
+        "bias_bn": bias_bn,
+        "span": [a, b],
+        "steps": int(steps),
+        "normalization": "filter",
+        "num_params": problems["train"].num_params,
+        "n_train": problems["train"].n,
+        "n_test": problems["test"].n if "test" in problems else None,
+        "direction_cosine": cosine(dirs[0], dirs[1]) if dims == 2 else None,
+        "evaluator": diags,
+    }
+    res.summary = summarize(res)
+    res.seconds = time.perf_counter() - t0
+    return res
