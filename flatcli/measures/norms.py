@@ -1,26 +1,198 @@
-r"""Norm baselines (Jiang et al. 2020; Neyshabur et al. 2017)."""
+r"""Norm baselines (Jiang et al. 2020, §C; Neyshabur et al. 2017; Bartlett et al. 2017).
+
+Weight matrices W_l are every ``nn.Linear`` weight and every convolution weight
+reshaped to (out_channels × in_channels·kh·kw) (see `flatcli.measures._layers`);
+biases are not weight matrices.
+
+BatchNorm: every norm measure here (except ``inverse_margin``, which only uses
+the network's outputs) is computed on the model with BatchNorm folded into the
+preceding Linear/Conv layer (`flatcli.measures._bn`): W' = diag(γ/√(σ²+ε)) W,
+b' = s∘(b − μ) + β with the running statistics, so the value does not depend on
+how a scale is split between a weight and its normalization. The folded copy
+computes exactly the same function in eval mode; BatchNorms that cannot be
+folded are listed in the diagnostic ``unfolded_batchnorm``.
+"""
 
 from __future__ import annotations
 
+import math
+
+import torch
+from torch.func import functional_call
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..errors import ConfigError
 from . import MeasureResult, register
+from ._bn import Folded, fold_batchnorm
 from ._layers import weight_matrices
+
+
+def folded_model(ctx) -> Folded:
+    """The measurement model (problem parameters and buffers) with BatchNorm folded."""
+    p = ctx.problem
+    return fold_batchnorm(ctx.model, {**p.params, **p.frozen}, p.buffers, dtype=p.dtype)
+
+
+def _bn_diag(f: Folded) -> dict:
+    return {"folded_batchnorm": len(f.pairs), "unfolded_batchnorm": ",".join(f.unfolded)}
+
+
+def _weights(f: Folded) -> dict[str, torch.Tensor]:
+    """Folded weight matrices (rows × rest) in float64, by module name."""
+    return {
+        wm.module_name: wm.as_matrix(wm.module.weight.detach()).double()
+        for wm in weight_matrices(f.module, False)
+    }
 
 
 @register(
     "frobenius_norm",
-    description="Sum over weight matrices of the squared Frobenius norm, Σ_l ‖W_l‖_F².",
-    reference="Jiang et al. 2020 (§C, 'frob-distance' family); Neyshabur et al. 2017",
+    description="Sum over weight matrices of the squared Frobenius norm, Σ_l ‖W_l‖_F² (BatchNorm folded).",
+    reference="Jiang et al. 2020 (§C, eq. 40 'frob'); Neyshabur et al. 2017",
     cost="none (parameters only)",
 )
 def frobenius_norm(ctx, opts) -> MeasureResult:
-    r""":math:`\sum_l \|W_l\|_F^2` over Linear and Conv weights (biases excluded).
-    Larger means a larger predicted gap."""
+    r""":math:`\sum_l \|W_l\|_F^2` over Linear and Conv weights (biases excluded, BatchNorm
+    folded). Larger means a larger predicted gap. Diagnostics: ``layers`` (per layer)."""
+    f = folded_model(ctx)
+    per_layer = {name: float((w * w).sum()) for name, w in _weights(f).items()}
+    return MeasureResult(
+        value=float(sum(per_layer.values())), diagnostics={"layers": per_layer, **_bn_diag(f)}
+    )
+
+
+@register(
+    "spectral_norm",
+    description="Log of the product of squared spectral norms, Σ_l log ‖W_l‖₂² (BatchNorm folded).",
+    reference="Jiang et al. 2020 (§C, eq. 33 'log-prod-of-spec'); Bartlett et al. 2017; Neyshabur et al. 2018",
+    cost="one SVD per weight matrix",
+)
+def spectral_norm(ctx, opts) -> MeasureResult:
+    r""":math:`\sum_l \log \|W_l\|_2^2` (the log of :math:`\prod_l \|W_l\|_2^2`), with
+    ‖·‖₂ the largest singular value of the folded weight matrix (conv weights
+    reshaped to out × in·k). Larger means a larger predicted gap. Diagnostics:
+    ``layers`` (per-layer ‖W_l‖₂)."""
+    f = folded_model(ctx)
+    per_layer = {name: float(torch.linalg.matrix_norm(w, ord=2)) for name, w in _weights(f).items()}
+    value = float(sum(2.0 * math.log(s) if s > 0 else -math.inf for s in per_layer.values()))
+    return MeasureResult(value=value, diagnostics={"layers": per_layer, **_bn_diag(f)})
+
+
+@register(
+    "path_norm",
+    description="Path norm: square every parameter, feed an all-ones input, sum the outputs (BatchNorm folded).",
+    reference="Jiang et al. 2020 (§C, eq. 44 'path.norm'); Neyshabur, Salakhutdinov & Srebro 2015",
+    cost="one forward pass of one input",
+)
+def path_norm(ctx, opts) -> MeasureResult:
+    r""":math:`\sum f_{\theta^2}(\mathbf 1)`: every parameter (weights and biases, after
+    BatchNorm folding) squared, the network evaluated in eval mode on an all-ones
+    input shaped like one sample of the measurement set, the outputs summed. For a
+    ReLU network without biases this is the sum over input-output paths of the
+    product of squared weights. Larger means a larger predicted gap."""
     p = ctx.problem
-    per_layer = {}
-    total = 0.0
-    for wm in weight_matrices(ctx.model):
-        w = p.params[wm.param_name].double()
-        v = float((w * w).sum())
-        per_layer[wm.module_name] = v
-        total += v
-    return MeasureResult(value=total, diagnostics={"layers": per_layer})
+    x1 = p.x[:1]
+    if not x1.is_floating_point():
+        raise ConfigError(
+            "path_norm needs floating-point inputs (an all-ones input is fed to the model)"
+        )
+    f = folded_model(ctx)
+    sq = {n: t * t for n, t in f.params().items()}
+    with torch.no_grad():
+        out = functional_call(f.module, {**sq, **f.buffers()}, (torch.ones_like(x1),))
+    value = float(out.double().sum())
+    diag = _bn_diag(f)
+    if f.unfolded:
+        diag["note"] = (
+            "BatchNorm left unfolded: its parameters are squared, its running statistics kept"
+        )
+    return MeasureResult(
+        value=value, diagnostics=diag, status="ok" if math.isfinite(value) else "non_finite"
+    )
+
+
+def _init_buffers(ctx) -> dict[str, torch.Tensor]:
+    """BatchNorm buffers at initialization: from the init state dict when present,
+    otherwise those of a freshly built BatchNorm (running mean 0, variance 1)."""
+    state = ctx.extra.get("init_state") or {}
+    out = {}
+    for mname, m in ctx.model.named_modules():
+        if not isinstance(m, _BatchNorm) or m.running_mean is None:
+            continue
+        pre = f"{mname}." if mname else ""
+        for attr, fresh in (("running_mean", torch.zeros_like), ("running_var", torch.ones_like)):
+            key = pre + attr
+            out[key] = state[key] if key in state else fresh(m.running_mean)
+    return out
+
+
+@register(
+    "distance_from_init",
+    description="Squared distance from initialization Σ_l ‖W_l − W_l⁰‖_F² (needs init_checkpoint; BatchNorm folded).",
+    reference="Jiang et al. 2020 (§C, eq. 41 'dist.init' / frob-distance); Nagarajan & Kolter 2019",
+    needs_init=True,
+    cost="none (parameters only)",
+)
+def distance_from_init(ctx, opts) -> MeasureResult:
+    r""":math:`\sum_l \|W_l - W^0_l\|_F^2` over the folded weight matrices of the
+    checkpoint and of the initialization (each folded with its own BatchNorm
+    statistics; init statistics from the init checkpoint, or a fresh BatchNorm's
+    0/1 when it holds none). Needs the config key ``init_checkpoint`` (or a
+    manifest column). Larger means a larger predicted gap."""
+    if ctx.init_params is None:
+        raise ConfigError(
+            "measure distance_from_init needs the initial parameters: set the config key 'init_checkpoint' "
+            "(or an 'init_checkpoint' manifest column; Python: init_state=...)"
+        )
+    p = ctx.problem
+    missing = [n for n in p.names if n not in ctx.init_params]
+    if missing:
+        raise ConfigError(
+            f"init_checkpoint lacks parameters {', '.join(missing[:5])}"
+            + (" ..." if len(missing) > 5 else "")
+        )
+    f = folded_model(ctx)
+    init_params = {n: ctx.init_params[n].to(p.device, p.dtype) for n in p.names}
+    f0 = fold_batchnorm(
+        ctx.model, {**init_params, **p.frozen}, {**p.buffers, **_init_buffers(ctx)}, dtype=p.dtype
+    )
+    w, w0 = _weights(f), _weights(f0)
+    per_layer = {name: float(((w[name] - w0[name].to(w[name])) ** 2).sum()) for name in w}
+    return MeasureResult(
+        value=float(sum(per_layer.values())), diagnostics={"layers": per_layer, **_bn_diag(f)}
+    )
+
+
+@register(
+    "inverse_margin",
+    description="Inverse squared margin 1/γ², γ the 10th percentile over S of f_y − max_{j≠y} f_j.",
+    reference="Jiang et al. 2020 (§C, eq. 21 '1/margin²'); Bartlett et al. 2017",
+    cost="one forward pass over S",
+)
+def inverse_margin(ctx, opts) -> MeasureResult:
+    r""":math:`1/\gamma^2` with γ the 10th percentile (linear interpolation,
+    ``torch.quantile``) over the measurement set of the output margin
+    :math:`f_y(x) - \max_{j \ne y} f_j(x)`. Larger means a larger predicted gap.
+    When γ ≤ 0 (more than 10% of S misclassified or on the boundary) the margin
+    carries no scale: the value is ``inf`` (worse than any positive margin) with
+    status ``non_positive_margin``; γ is in the diagnostic ``margin``."""
+    p = ctx.problem
+    margins = []
+    with torch.no_grad():
+        for x, y in p.batches:
+            out = p.forward(p.params, x)
+            if out.ndim != 2 or out.shape[1] < 2 or y.is_floating_point():
+                raise ConfigError(
+                    f"inverse_margin needs class outputs (batch, classes) and integer labels; the model gives {tuple(out.shape)}"
+                )
+            out = out.double()
+            fy = out.gather(1, y.long()[:, None])[:, 0]
+            others = out.scatter(1, y.long()[:, None], -math.inf)
+            margins.append(fy - others.max(1).values)
+    m = torch.cat(margins)
+    ctx.engine.n_forward += 1
+    gamma = float(torch.quantile(m, 0.1))
+    diag = {"margin": gamma, "median_margin": float(m.median())}
+    if gamma <= 0:
+        return MeasureResult(value=math.inf, diagnostics=diag, status="non_positive_margin")
+    return MeasureResult(value=1.0 / gamma**2, diagnostics=diag)

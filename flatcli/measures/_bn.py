@@ -1,0 +1,164 @@
+r"""BatchNorm folding for the norm measures.
+
+In eval mode a BatchNorm layer is the per-channel affine map
+:math:`y = s \circ (z - \mu) + \beta` with :math:`s = \gamma / \sqrt{\sigma^2 + \epsilon}`
+(running mean μ and variance σ², affine γ and β; γ = 1, β = 0 without
+``affine``). When it directly follows a ``Linear`` or ``Conv{1,2,3}d`` layer
+:math:`z = W x + b`, the pair equals one layer
+
+.. math:: W' = \mathrm{diag}(s)\, W, \qquad b' = s \circ (b - \mu) + \beta
+
+(for convolutions ``s`` scales each output channel). Norm measures (Jiang et al.
+2020) are computed on W' so that they do not depend on how the scale is split
+between a weight and the following normalization.
+
+`fold_batchnorm` works on a deep copy of the model (the user's model, its
+parameters and its running statistics are never touched), loads the given
+functional parameters and buffers into it, and folds every BatchNorm whose input
+is the output of a Linear/Conv layer used only there. Pairs are found by
+``torch.fx`` tracing; when a model cannot be traced, consecutive
+(Linear/Conv, BatchNorm) children of ``nn.Sequential`` containers are used.
+A folded BatchNorm is replaced by ``nn.Identity`` and the layer gets the bias b'
+(created when it had none). BatchNorms that cannot be folded (after a pooling or
+an activation, before a layer, ``track_running_stats=False``) stay in place and
+are listed in ``Folded.unfolded``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+_LAYER_FOR_BN = {
+    nn.BatchNorm1d: (nn.Linear, nn.Conv1d),
+    nn.BatchNorm2d: (nn.Conv2d,),
+    nn.BatchNorm3d: (nn.Conv3d,),
+}
+
+
+@dataclass
+class Folded:
+    """A folded copy of a model.
+
+    module: the copy in eval mode (BatchNorms folded into their layers).
+    pairs: (layer name, BatchNorm name) for each fold.
+    unfolded: names of BatchNorm modules left in place.
+    """
+
+    module: nn.Module
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+    unfolded: list[str] = field(default_factory=list)
+
+    def params(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach() for n, p in self.module.named_parameters()}
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {n: b.detach() for n, b in self.module.named_buffers()}
+
+
+def _compatible(layer: nn.Module, bn: nn.Module) -> bool:
+    kinds = [k for k in _LAYER_FOR_BN if type(bn) is k]
+    if not kinds or not isinstance(layer, _LAYER_FOR_BN[kinds[0]]):
+        return False
+    if not bn.track_running_stats or bn.running_mean is None or bn.running_var is None:
+        return False
+    out = layer.out_features if isinstance(layer, nn.Linear) else layer.out_channels
+    return out == bn.num_features
+
+
+def _pairs_fx(model: nn.Module) -> list[tuple[str, str]] | None:
+    try:
+        gm = torch.fx.symbolic_trace(model)
+    except Exception:
+        return None
+    mods = dict(model.named_modules())
+    calls: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            calls[node.target] = calls.get(node.target, 0) + 1
+    pairs = []
+    for node in gm.graph.nodes:
+        if node.op != "call_module" or not isinstance(mods.get(node.target), _BatchNorm):
+            continue
+        if len(node.args) != 1 or node.kwargs:
+            continue
+        src = node.args[0]
+        if not isinstance(src, torch.fx.Node) or src.op != "call_module" or len(src.users) != 1:
+            continue
+        if calls.get(node.target) != 1 or calls.get(src.target) != 1:
+            continue
+        if _compatible(mods[src.target], mods[node.target]):
+            pairs.append((src.target, node.target))
+    return pairs
+
+
+def _pairs_sequential(model: nn.Module) -> list[tuple[str, str]]:
+    pairs = []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.Sequential):
+            continue
+        kids = list(mod.named_children())
+        for (a, la), (b, lb) in zip(kids, kids[1:], strict=False):
+            if isinstance(lb, _BatchNorm) and _compatible(la, lb):
+                pre = f"{name}." if name else ""
+                pairs.append((pre + a, pre + b))
+    return pairs
+
+
+def _set_module(root: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, attr = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    setattr(parent, attr, new)
+
+
+@torch.no_grad()
+def fold_batchnorm(
+    model: nn.Module,
+    params: dict[str, torch.Tensor] | None = None,
+    buffers: dict[str, torch.Tensor] | None = None,
+    dtype: torch.dtype | None = None,
+) -> Folded:
+    """A deep copy of ``model`` with ``params``/``buffers`` loaded and BatchNorm folded.
+
+    ``params`` and ``buffers`` (name → tensor, e.g. ``problem.params`` and
+    ``problem.buffers``) override the copy's values; missing names keep the
+    model's own. The copy is cast to ``dtype`` (default: that of ``params``).
+    """
+    work = copy.deepcopy(model)
+    if dtype is None and params:
+        dtype = next(iter(params.values())).dtype
+    if dtype is not None:
+        work = work.to(dtype)
+    for n, t in (params or {}).items():
+        work.get_parameter(n).copy_(t)
+    for n, t in (buffers or {}).items():
+        b = work.get_buffer(n)
+        b.copy_(t.to(b.dtype))
+    work.eval()
+    pairs = _pairs_fx(work)
+    if pairs is None:
+        pairs = _pairs_sequential(work)
+    for lname, bname in pairs:
+        layer, bn = work.get_submodule(lname), work.get_submodule(bname)
+        var = bn.running_var.to(layer.weight.dtype)
+        mean = bn.running_mean.to(layer.weight.dtype)
+        s = torch.rsqrt(var + bn.eps)
+        if bn.affine and bn.weight is not None:
+            s = s * bn.weight
+        shift = -mean * s
+        if bn.affine and bn.bias is not None:
+            shift = shift + bn.bias
+        w = layer.weight * s.reshape(-1, *([1] * (layer.weight.ndim - 1)))
+        b = shift if layer.bias is None else layer.bias * s + shift
+        layer.weight = nn.Parameter(w.detach().clone())
+        layer.bias = nn.Parameter(b.detach().clone())
+        _set_module(work, bname, nn.Identity())
+    folded_names = {b for _, b in pairs}
+    unfolded = [
+        n for n, m in work.named_modules() if isinstance(m, _BatchNorm) and n not in folded_names
+    ]
+    return Folded(module=work, pairs=pairs, unfolded=unfolded)

@@ -1,0 +1,101 @@
+r"""Fisher-Rao norm (Liang, Poggio, Rakhlin & Stokes, AISTATS 2019).
+
+.. math:: \|\theta\|_{fr}^2 = \frac1n \sum_{(x, y) \in S} \langle \theta, \nabla_\theta \ell(x, y; \theta) \rangle^2
+
+(the empirical form of their Definition 2 with the expectation over S). The
+directional derivatives :math:`\langle \theta, \nabla_\theta \ell_i \rangle` of
+all samples of a batch come from *one* forward-mode product: the Jacobian-vector
+product of the vector of per-sample losses in the direction θ. When an operation
+has no forward-mode rule, the same vector is obtained by the double-backward
+trick (the gradient with respect to v of ⟨θ, J^T v⟩), also one pass per batch.
+
+For bias-free ReLU networks with L hidden layers, f is (L+1)-homogeneous in θ,
+so ⟨θ, ∇_θ f⟩ = (L+1) f and the norm equals (L+1)² · mean ⟨∂ℓ/∂f, f⟩²
+(their Theorem 3.1): the test oracle.
+
+``labels: data`` uses the measurement set's labels; ``labels: model`` draws each
+label from the model's softmax (seeded), the "model Fisher" variant (cross-entropy
+only).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.func import jvp
+
+from ..errors import ConfigError
+from . import MeasureResult, register
+from ._options import OneOf, opt
+
+
+@dataclass(frozen=True)
+class FisherRaoOptions:
+    labels: str = opt(
+        "data", OneOf("data", "model"), "labels from the data, or drawn from the model's softmax"
+    )
+
+
+def directional_derivatives(problem, theta: torch.Tensor, x, y) -> torch.Tensor:
+    """⟨v, ∇_θ ℓ_i⟩ with v = θ for every sample i of the batch (one forward-mode product)."""
+
+    def losses(t):
+        return problem.per_sample_loss(problem.forward(problem.unflatten(t), x), y)
+
+    try:
+        _, tangent = jvp(losses, (theta,), (theta,))
+        return tangent.detach()
+    except RuntimeError:  # also a missing forward-mode rule (a subclass)
+        t = theta.detach().clone().requires_grad_(True)
+        ell = losses(t)
+        v = torch.zeros_like(ell, requires_grad=True)
+        (jt_v,) = torch.autograd.grad(ell, t, v, create_graph=True)
+        (out,) = torch.autograd.grad(jt_v, v, theta)
+        return out.detach()
+
+
+@register(
+    "fisher_rao_norm",
+    options=FisherRaoOptions,
+    description="Fisher-Rao norm: mean over S of ⟨θ, ∇_θ ℓ(x, y; θ)⟩² (forward-mode, per-sample).",
+    reference="Liang, Poggio, Rakhlin & Stokes 2019 (AISTATS, Def. 2 and Thm. 3.1); Jiang et al. 2020 (§C)",
+    stochastic=False,
+    cost="one forward-mode pass over S (labels: model adds one forward pass)",
+)
+def fisher_rao_norm(ctx, opts: FisherRaoOptions) -> MeasureResult:
+    r""":math:`\|\theta\|_{fr}^2`, larger means a larger predicted gap; exact for
+    ``labels: data`` (``stderr`` None). For ``labels: model`` the labels are a
+    seeded draw and ``stderr`` is the standard error of the mean of the
+    per-sample terms. Diagnostics: ``labels``, ``mean_abs_direction`` (mean of
+    \|⟨θ, ∇ℓ_i⟩\|), ``n_jvp`` (forward-mode passes over S)."""
+    p = ctx.problem
+    theta = p.theta
+    gen = ctx.generator()
+    if opts.labels == "model" and p.loss_name != "cross_entropy":
+        raise ConfigError(
+            "The 'labels' parameter of fisher_rao_norm is 'model', which needs loss: cross_entropy "
+            f"(labels drawn from the softmax); the loss is {p.loss_name!r}. Use labels: data."
+        )
+    terms = []
+    for x, y in p.batches:
+        if opts.labels == "model":
+            with torch.no_grad():
+                probs = torch.softmax(p.forward(p.params, x).double(), dim=1).cpu()
+            y = torch.multinomial(probs, 1, generator=gen)[:, 0].to(p.device)
+        terms.append(directional_derivatives(p, theta, x, y).double())
+    if opts.labels == "model":
+        ctx.engine.n_forward += 1
+    d = torch.cat(terms)
+    sq = d * d
+    value = float(sq.mean())
+    diag = {"labels": opts.labels, "mean_abs_direction": float(d.abs().mean()), "n_jvp": 1}
+    if not math.isfinite(value):
+        return MeasureResult(value=value, diagnostics=diag, status="non_finite")
+    stderr = (
+        float(sq.std(unbiased=True) / math.sqrt(len(sq)))
+        if opts.labels == "model" and len(sq) > 1
+        else None
+    )
+    return MeasureResult(value=value, stderr=stderr, diagnostics=diag)

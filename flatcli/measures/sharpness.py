@@ -1,0 +1,516 @@
+r"""Sharpness family: worst-case and average perturbations, Keskar's ε-sharpness, GAM.
+
+Let :math:`c = |\theta| + \eta` (adaptive, ASAM's η = 0.01) or :math:`c = 1`
+(standard). Adaptive scaling follows ASAM's reference implementation: every
+parameter whose name contains ``weight`` (Linear/Conv weights, normalization
+scales) gets :math:`c_i = |\theta_i| + \eta`; every other parameter (biases)
+gets :math:`c_i = 1`. All perturbations go through functional parameters
+(``problem.batch_loss_sum(problem.unflatten(theta + delta), x, y)``); the model
+is never touched.
+
+Which loss each measure uses:
+
+* ``sharpness_worst``: the *m-sharpness* mean over batches B of size
+  ``batch_size`` of a partition of the measurement set S (shuffled once with the
+  measure's seed), each batch weighted by |B|/n, of that batch's own worst case.
+  With ``batch_size ≥ n`` it is the worst case of the full-set loss L.
+* ``sharpness_average``, ``keskar_sharpness``, ``first_order_flatness``: the
+  full-set loss L over S.
+
+Ascent. Maximizations use Auto-PGD (Croce & Hein, ICML 2020, Alg. 1): initial
+step 2ρ, momentum α = 0.75, checkpoints :math:`w_j = \lceil p_j N\rceil` with
+:math:`p_0 = 0, p_1 = 0.22, p_{j+1} = p_j + \max(p_j - p_{j-1} - 0.03, 0.06)`;
+at a checkpoint the step is halved and the iterate restarted from the best point
+when fewer than 75% of the steps since the last checkpoint increased the
+objective (condition 1) or the step was not halved at the last checkpoint and the
+best value did not improve since (condition 2). Steps are normalized gradients
+(ℓ2) or gradient signs (ℓ∞), projected onto the ball. Each restart starts from a
+seeded random point inside the ball (uniform in the ball / box): at an exact
+minimum the gradient vanishes and an ascent from δ = 0 never moves. δ = 0 is
+kept as a candidate, so worst-case values are ≥ 0, and the value is the maximum
+over restarts. A non-finite perturbed loss stops the ascent and is reported with
+status ``non_finite`` (value ``inf`` for +inf, ``nan`` for NaN), never clipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ConfigError
+from . import MeasureResult, register
+from ._options import Bool, Integral, OneOf, Optional, Real, opt
+
+# ---------------------------------------------------------------- helpers
+
+
+def scale_vector(problem, adaptive: bool, eta: float) -> torch.Tensor:
+    """The coordinate scale c: |θ| + η on parameters named ``*weight*``, 1 elsewhere (ASAM)."""
+    theta = problem.theta
+    c = torch.ones_like(theta)
+    if not adaptive:
+        return c
+    for name, sl in problem.param_slices().items():
+        if "weight" in name.rsplit(".", 1)[-1]:
+            c[sl] = theta[sl].abs() + eta
+    return c
+
+
+def _project(z: torch.Tensor, rho: float, norm: str) -> torch.Tensor:
+    if norm == "linf":
+        return z.clamp(-rho, rho)
+    nz = float(z.norm())
+    return z * (rho / nz) if nz > rho else z
+
+
+def _direction(g: torch.Tensor, norm: str) -> torch.Tensor:
+    if norm == "linf":
+        return g.sign()
+    ng = float(g.norm())
+    return g / ng if ng > 0 else torch.zeros_like(g)
+
+
+def random_start(
+    dim: int, rho: float, norm: str, gen: torch.Generator, device, dtype
+) -> torch.Tensor:
+    """A uniform random point of the ℓ2 ball (direction × ρ·U^{1/dim}) or the ℓ∞ box of radius ρ."""
+    if norm == "linf":
+        u = torch.rand(dim, generator=gen, dtype=torch.float64) * 2 - 1
+        return (rho * u).to(device, dtype)
+    g = torch.randn(dim, generator=gen, dtype=torch.float64)
+    r = float(torch.rand(1, generator=gen, dtype=torch.float64)) ** (1.0 / dim)
+    return (rho * r * g / g.norm()).to(device, dtype)
+
+
+def apgd_checkpoints(steps: int) -> list[int]:
+    """Croce & Hein 2020 checkpoints w_j = ⌈p_j N⌉ (j ≥ 1) inside 1..N−1."""
+    ps = [0.0, 0.22]
+    while ps[-1] <= 1.0:
+        ps.append(ps[-1] + max(ps[-1] - ps[-2] - 0.03, 0.06))
+    ws = sorted({math.ceil(p * steps - 1e-9) for p in ps[1:] if p <= 1.0})
+    return [w for w in ws if 1 <= w <= steps - 1]
+
+
+@dataclass
+class AscentResult:
+    value: float  # best objective found (the random start included)
+    z: torch.Tensor  # where
+    evals: int  # objective + gradient evaluations
+    reductions: int  # step halvings
+    final_step: float
+    finite: bool
+
+
+FG = Callable[[torch.Tensor], tuple[float, torch.Tensor | None]]
+
+
+def apgd(fg: FG, z0: torch.Tensor, rho: float, norm: str, steps: int) -> AscentResult:
+    r"""Maximize f over :math:`\|z\|_p \le \rho` by Auto-PGD (Croce & Hein 2020, Alg. 1).
+
+    ``fg(z)`` returns ``(f(z), ∇f(z))``. Initial step η = 2ρ, momentum α = 0.75,
+    ``steps`` iterations after the start point (``steps + 1`` evaluations).
+    Stops at once when f is not finite.
+    """
+    alpha = 0.75
+    eta = 2.0 * rho
+    checkpoints = set(apgd_checkpoints(steps))
+
+    x0 = _project(z0, rho, norm)
+    f0, g0 = fg(x0)
+    evals = 1
+    if not math.isfinite(f0):
+        return AscentResult(f0, x0, evals, 0, eta, False)
+    fmax, xmax, gmax = f0, x0, g0
+    fhist = [f0]
+    if steps == 0:
+        return AscentResult(fmax, xmax, evals, 0, eta, True)
+    x1 = _project(x0 + eta * _direction(g0, norm), rho, norm)
+    f1, g1 = fg(x1)
+    evals += 1
+    if not math.isfinite(f1):
+        return AscentResult(f1, x1, evals, 0, eta, False)
+    fhist.append(f1)
+    if f1 > fmax:
+        fmax, xmax, gmax = f1, x1, g1
+    x_prev, x, g = x0, x1, g1
+    reductions = 0
+    reduced_last = False
+    fmax_last = f0  # f_max at w_0 = 0
+    w_last = 0
+    for k in range(1, steps):
+        z = _project(x + eta * _direction(g, norm), rho, norm)
+        xn = _project(x + alpha * (z - x) + (1 - alpha) * (x - x_prev), rho, norm)
+        fn, gn = fg(xn)
+        evals += 1
+        if not math.isfinite(fn):
+            return AscentResult(fn, xn, evals, reductions, eta, False)
+        fhist.append(fn)  # f(x^(k+1))
+        if fn > fmax:
+            fmax, xmax, gmax = fn, xn, gn
+        x_prev, x, g = x, xn, gn
+        if k in checkpoints:
+            ups = sum(1 for i in range(w_last, k) if fhist[i + 1] > fhist[i])
+            cond1 = ups < 0.75 * (k - w_last)
+            cond2 = (not reduced_last) and fmax <= fmax_last
+            reduced_last = cond1 or cond2
+            fmax_last = fmax
+            w_last = k
+            if reduced_last:
+                eta /= 2.0
+                reductions += 1
+                x, g = xmax, gmax
+                fhist[-1] = fmax
+    return AscentResult(fmax, xmax, evals, reductions, eta, True)
+
+
+def _nonfinite_value(vals: list[float]) -> float:
+    return math.inf if any(v == math.inf for v in vals) else math.nan
+
+
+# ---------------------------------------------------------------- sharpness_worst
+
+
+@dataclass(frozen=True)
+class WorstOptions:
+    rho: float = opt(
+        0.05, Real(0, None, "neither"), "radius ρ of the perturbation ball ‖δ/c‖_p ≤ ρ"
+    )
+    norm: str = opt("l2", OneOf("l2", "linf"), "ball: l2 or linf")
+    adaptive: bool = opt(False, Bool(), "scale by c = |θ| + η on weights (ASAM); c = 1 otherwise")
+    eta: float = opt(0.01, Real(0, None, "left"), "η of the adaptive scale c = |θ| + η")
+    batch_size: int = opt(
+        128, Integral(1, None), "m of m-sharpness: batch size of the per-batch worst case"
+    )
+    steps: int = opt(20, Integral(0, None), "Auto-PGD iterations per restart")
+    restarts: int = opt(1, Integral(1, None), "random restarts; the maximum is reported")
+    first_order: bool = opt(False, Bool(), "SAM's one-step value instead of the ascent")
+
+
+def _batch_loss_grad(problem, theta: torch.Tensor, xb, yb, chunk: int, need_grad: bool = True):
+    """(L_B(θ), ∇L_B(θ)) for one m-batch, accumulated in chunks of ``chunk`` samples."""
+    nb = len(xb)
+    if not need_grad:
+        with torch.no_grad():
+            params = problem.unflatten(theta)
+            tot = 0.0
+            for i in range(0, nb, chunk):
+                tot += float(problem.batch_loss_sum(params, xb[i : i + chunk], yb[i : i + chunk]))
+        return tot / nb, None
+    t = theta.detach().clone().requires_grad_(True)
+    params = problem.unflatten(t)
+    tot = 0.0
+    g = torch.zeros_like(t)
+    for i in range(0, nb, chunk):
+        s = problem.batch_loss_sum(params, xb[i : i + chunk], yb[i : i + chunk]) / nb
+        (gi,) = torch.autograd.grad(s, t)
+        g += gi
+        tot += float(s.detach())
+    return tot, g
+
+
+def m_batches(problem, batch_size: int, gen: torch.Generator):
+    """The measurement set shuffled once with ``gen`` and cut into batches of ``batch_size``."""
+    perm = torch.randperm(problem.n, generator=gen).to(problem.x.device)
+    x, y = problem.x[perm], problem.y[perm]
+    return [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, problem.n, batch_size)]
+
+
+@register(
+    "sharpness_worst",
+    options=WorstOptions,
+    description="Worst-case (m-)sharpness: mean over batches of max_{‖δ/c‖_p≤ρ} L_B(θ+δ) − L_B(θ) (Auto-PGD).",
+    reference="Keskar et al. 2017; Foret et al. 2021 (SAM, eq. 1); Kwon et al. 2021 (ASAM, eq. 8); "
+    "Andriushchenko et al. 2023 (m-sharpness, §2); Croce & Hein 2020 (Auto-PGD, Alg. 1)",
+    stochastic=True,
+    invariant=False,
+    cost="restarts·(steps+1) gradient passes over S (first_order: 1 gradient + 1 forward)",
+)
+def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
+    r"""Worst-case sharpness, larger means sharper.
+
+    .. math:: S = \sum_B \frac{|B|}{n} \max_{\|\delta / c\|_p \le \rho} L_B(\theta + \delta) - L_B(\theta)
+
+    over the batches B (size ``batch_size``) of the measurement set shuffled with
+    the seed; p ∈ {2, ∞}; c as in the module docstring. The inner maximum is taken
+    by Auto-PGD from ``restarts`` seeded random starts (δ = 0 kept as a
+    candidate), in the rescaled coordinates z = δ/c. ``first_order: true`` gives
+    SAM's one-step value instead: z = ρ ∇_z/‖∇_z‖ (ℓ2) or ρ sign(∇_z) (ℓ∞) with
+    :math:`\nabla_z = c \circ \nabla L_B(\theta)`, and the loss difference there
+    (at an exact minimum the gradient is round-off and its direction arbitrary:
+    the one-step value is then that of some direction of the ball; use the ascent).
+
+    Diagnostics: ``batches``, ``batch_min``, ``batch_max``, ``batch_stderr``
+    (spread across batches, not an error of the maximum), ``reductions`` (Auto-PGD
+    step halvings), ``n_grad``/``n_forward`` (full-set equivalents).
+    """
+    p = ctx.problem
+    theta = p.theta
+    c = scale_vector(p, opts.adaptive, opts.eta)
+    gen = ctx.generator()
+    batches = m_batches(p, opts.batch_size, gen)
+    chunk = max(1, min(opts.batch_size, p.batch_size))
+    per_batch: list[float] = []
+    weights: list[float] = []
+    samples_grad = 0
+    samples_fwd = 0
+    reductions = 0
+    finite = True
+    for xb, yb in batches:
+        base, g0 = _batch_loss_grad(p, theta, xb, yb, chunk, need_grad=opts.first_order)
+        samples_fwd += len(xb)
+        if not math.isfinite(base):
+            finite = False
+            per_batch.append(base)
+            weights.append(len(xb) / p.n)
+            continue
+
+        def fg(z, xb=xb, yb=yb, base=base):
+            val, gr = _batch_loss_grad(p, theta + c * z, xb, yb, chunk)
+            return val - base, (c * gr if gr is not None else None)
+
+        if opts.first_order:
+            samples_grad += len(xb)
+            z = opts.rho * _direction(c * g0, opts.norm)
+            val, _ = _batch_loss_grad(p, theta + c * z, xb, yb, chunk, need_grad=False)
+            samples_fwd += len(xb)
+            best = val - base
+            if not math.isfinite(best):
+                finite = False
+        else:
+            best = 0.0  # δ = 0
+            for _ in range(opts.restarts):
+                z0 = random_start(p.num_params, opts.rho, opts.norm, gen, p.device, p.dtype)
+                r = apgd(fg, z0, opts.rho, opts.norm, opts.steps)
+                samples_grad += r.evals * len(xb)
+                reductions += r.reductions
+                if not r.finite:
+                    finite = False
+                    best = r.value
+                    break
+                best = max(best, r.value)
+        per_batch.append(best)
+        weights.append(len(xb) / p.n)
+    diag = {
+        "batches": len(batches),
+        "batch_min": min(per_batch),
+        "batch_max": max(per_batch),
+        "reductions": reductions,
+        "n_grad": samples_grad / p.n,
+        "n_forward": samples_fwd / p.n,
+        "n_hvp": 0,
+    }
+    if not finite:
+        bad = [v for v in per_batch if not math.isfinite(v)]
+        diag["non_finite_batches"] = len(bad)
+        return MeasureResult(value=_nonfinite_value(bad), diagnostics=diag, status="non_finite")
+    value = sum(w * v for w, v in zip(weights, per_batch, strict=True))
+    if len(per_batch) > 1:
+        t = torch.tensor(per_batch, dtype=torch.float64)
+        diag["batch_stderr"] = float(t.std(unbiased=True) / math.sqrt(len(per_batch)))
+    return MeasureResult(value=value, diagnostics=diag)
+
+
+# ---------------------------------------------------------------- sharpness_average
+
+
+@dataclass(frozen=True)
+class AverageOptions:
+    rho: float = opt(
+        0.01, Real(0, None, "neither"), "noise scale ρ: δ = ρ·c∘N(0, I) (l2) or ρ·c∘U[−1, 1] (linf)"
+    )
+    norm: str = opt("l2", OneOf("l2", "linf"), "l2: Gaussian noise; linf: uniform in the box")
+    adaptive: bool = opt(False, Bool(), "scale by c = |θ| + η on weights (ASAM); c = 1 otherwise")
+    eta: float = opt(0.01, Real(0, None, "left"), "η of the adaptive scale c = |θ| + η")
+    samples: int = opt(20, Integral(2, None), "Monte-Carlo draws")
+
+
+@register(
+    "sharpness_average",
+    options=AverageOptions,
+    description="Average sharpness E_δ L(θ+δ) − L(θ), δ = ρ·c∘N(0,I) or uniform in the box (may be negative).",
+    reference="Jiang et al. 2020 (§C, sharpness-based measures); Kwon et al. 2021 (adaptive scale); "
+    "Andriushchenko et al. 2023 (average-case sharpness, eq. 2)",
+    stochastic=True,
+    cost="samples + 1 forward passes over S",
+)
+def sharpness_average(ctx, opts: AverageOptions) -> MeasureResult:
+    r"""Average-case sharpness over the full measurement-set loss, larger means sharper.
+
+    .. math:: S_{avg} = \mathbb{E}_\delta\, L(\theta + \delta) - L(\theta),\quad
+       \delta = \rho\, c \circ \xi,\ \xi \sim N(0, I)\ (\ell_2)\ \text{or}\ U[-1, 1]^P\ (\ell_\infty)
+
+    estimated with ``samples`` seeded draws; ``stderr`` is the standard error of
+    the mean. It can be negative (θ is not a minimum) and is reported as it is.
+    At a minimum of a quadratic, ℓ2 gives :math:`\tfrac12\rho^2\mathrm{Tr}(C H C)`.
+    """
+    p, eng = ctx.problem, ctx.engine
+    theta = p.theta
+    c = scale_vector(p, opts.adaptive, opts.eta)
+    gen = ctx.generator()
+    base = eng.loss()
+    vals = []
+    for _ in range(opts.samples):
+        if opts.norm == "l2":
+            xi = torch.randn(p.num_params, generator=gen, dtype=torch.float64)
+        else:
+            xi = torch.rand(p.num_params, generator=gen, dtype=torch.float64) * 2 - 1
+        delta = opts.rho * c * xi.to(p.device, p.dtype)
+        vals.append(eng.loss(theta + delta) - base)
+    t = torch.tensor(vals, dtype=torch.float64)
+    diag = {"samples": opts.samples, "loss": base}
+    if not bool(torch.isfinite(t).all()):
+        bad = [v for v in vals if not math.isfinite(v)]
+        diag["non_finite_samples"] = len(bad)
+        return MeasureResult(value=_nonfinite_value(bad), diagnostics=diag, status="non_finite")
+    return MeasureResult(
+        value=float(t.mean()),
+        stderr=float(t.std(unbiased=True) / math.sqrt(len(vals))),
+        diagnostics=diag,
+    )
+
+
+# ---------------------------------------------------------------- keskar_sharpness
+
+
+@dataclass(frozen=True)
+class KeskarOptions:
+    epsilon: float = opt(
+        1e-3, Real(0, None, "neither"), "box half-width factor: |y_i| ≤ ε(|θ_i| + 1)"
+    )
+    subspace: int | None = opt(
+        None, Optional(Integral(1, None)), "dimension of a random subspace (null: full space)"
+    )
+    steps: int = opt(20, Integral(0, None), "Auto-PGD iterations of the box-constrained ascent")
+
+
+@register(
+    "keskar_sharpness",
+    options=KeskarOptions,
+    description="Keskar's ε-sharpness: 100·(max over the box |y_i| ≤ ε(|θ_i|+1) of L(θ+y) − L(θ))/(1+L(θ)).",
+    reference="Keskar et al. 2017 (ICLR, eq. 4, Metric 2.1)",
+    stochastic=True,
+    cost="steps+1 gradient passes over S",
+)
+def keskar_sharpness(ctx, opts: KeskarOptions) -> MeasureResult:
+    r"""Keskar et al. (2017) sharpness, larger means sharper.
+
+    .. math:: \phi = \frac{100\,(\max_{y \in C_\epsilon} L(\theta + A y) - L(\theta))}{1 + L(\theta)},\quad
+       C_\epsilon = \{ |y_i| \le \epsilon (|(A^+\theta)_i| + 1) \}
+
+    Full space: A = I. ``subspace: d``: A is a seeded P × d matrix with i.i.d.
+    N(0, 1/P) entries (columns of unit norm in expectation, so A = I is the
+    d = P limit) and :math:`A^+ = (A^\top A)^{-1}A^\top`; it holds P·d numbers.
+    The maximum is taken by ℓ∞ Auto-PGD (``steps`` iterations) in coordinates
+    scaled by the box, from a seeded random start, y = 0 kept as a candidate
+    (Keskar et al. used 10 L-BFGS-B iterations). Full-set loss over S.
+    """
+    p, eng = ctx.problem, ctx.engine
+    theta = p.theta
+    gen = ctx.generator()
+    base = eng.loss()
+    if not math.isfinite(base):
+        return MeasureResult(
+            value=_nonfinite_value([base]), diagnostics={"loss": base}, status="non_finite"
+        )
+    if opts.subspace is None:
+        c = theta.abs() + 1.0
+        A = None
+        dim = p.num_params
+
+        def fg(z):
+            val, g = eng.loss_grad(theta + c * z)
+            return val - base, c * g
+    else:
+        d = opts.subspace
+        if d > p.num_params:
+            raise ConfigError(
+                f"The 'subspace' parameter of keskar_sharpness must be at most the number of parameters "
+                f"({p.num_params}). Got {d} instead."
+            )
+        A = (
+            torch.randn(p.num_params, d, generator=gen, dtype=torch.float64)
+            / math.sqrt(p.num_params)
+        ).to(p.device, p.dtype)
+        coords = torch.linalg.solve(A.T @ A, A.T @ theta)  # A⁺θ
+        c = coords.abs() + 1.0
+        dim = d
+
+        def fg(z):
+            val, g = eng.loss_grad(theta + A @ (c * z))
+            return val - base, c * (A.T @ g)
+
+    z0 = random_start(dim, opts.epsilon, "linf", gen, p.device, p.dtype)
+    r = apgd(fg, z0, opts.epsilon, "linf", opts.steps)
+    diag = {"loss": base, "dimension": dim, "reductions": r.reductions}
+    if not r.finite:
+        return MeasureResult(
+            value=_nonfinite_value([r.value]), diagnostics=diag, status="non_finite"
+        )
+    best = max(0.0, r.value)
+    diag["max_increase"] = best
+    return MeasureResult(value=100.0 * best / (1.0 + base), diagnostics=diag)
+
+
+# ---------------------------------------------------------------- first_order_flatness
+
+
+@dataclass(frozen=True)
+class FirstOrderOptions:
+    rho: float = opt(0.05, Real(0, None, "neither"), "radius ρ of the ball ‖θ' − θ‖ ≤ ρ")
+    steps: int = opt(
+        20,
+        Integral(0, None),
+        "Auto-PGD iterations of the ascent on ‖∇L‖ (one gradient + one HVP each)",
+    )
+
+
+@register(
+    "first_order_flatness",
+    options=FirstOrderOptions,
+    description="GAM's first-order flatness R = ρ·max_{‖θ'−θ‖≤ρ} ‖∇L(θ')‖ (value R; R/ρ² in diagnostics).",
+    reference="Zhang et al. 2023 (GAM, CVPR, Def. 3.1 and Lemma 4.1)",
+    stochastic=True,
+    cost="steps+1 gradients and steps+1 HVPs over S",
+)
+def first_order_flatness(ctx, opts: FirstOrderOptions) -> MeasureResult:
+    r"""First-order flatness (Zhang et al. 2023), larger means sharper.
+
+    .. math:: R^{(1)}_\rho(\theta) = \rho \max_{\|\theta' - \theta\| \le \rho} \|\nabla L(\theta')\|
+
+    by ℓ2 Auto-PGD on :math:`\|\nabla L\|`, whose gradient is
+    :math:`H \nabla L / \|\nabla L\|` (one HVP per step), from a seeded random
+    point of the ball, θ' = θ kept as a candidate. Full-set loss over S.
+    The value is R; the diagnostic ``r_over_rho2`` = R/ρ² equals λmax(H) at a
+    minimum of a quadratic (the paper's Lemma 4.1). ``max_grad_norm`` is the
+    maximum of ‖∇L‖ found.
+    """
+    p, eng = ctx.problem, ctx.engine
+    theta = p.theta
+    gen = ctx.generator()
+    _, g_at = eng.loss_grad(theta)
+    g0 = float(g_at.norm())
+
+    def fg(d):
+        th = theta + d
+        _, g = eng.loss_grad(th)
+        gn = float(g.norm())
+        if not math.isfinite(gn):
+            return gn, None
+        if gn == 0:
+            return 0.0, torch.zeros_like(g)
+        return gn, eng.hvp(g / gn, theta=th)
+
+    d0 = random_start(p.num_params, opts.rho, "l2", gen, p.device, p.dtype)
+    r = apgd(fg, d0, opts.rho, "l2", opts.steps)
+    diag = {"grad_norm_at_theta": g0, "reductions": r.reductions}
+    if not r.finite or not math.isfinite(g0):
+        return MeasureResult(
+            value=_nonfinite_value([r.value, g0]), diagnostics=diag, status="non_finite"
+        )
+    best = max(g0, r.value)
+    R = opts.rho * best
+    diag.update(max_grad_norm=best, r_over_rho2=R / opts.rho**2)
+    return MeasureResult(value=R, diagnostics=diag)

@@ -1,0 +1,107 @@
+"""Fisher-Rao norm against the homogeneity identity and direct per-sample gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import flatcli.measures.fisher_rao as fr
+from flatcli.engine import CurvatureEngine, Problem
+from flatcli.errors import ConfigError
+from flatcli.measures import MeasureContext, MeasureSpec, run_measure
+
+
+def run(p, seed=0, **options):
+    return run_measure(
+        MeasureSpec("fisher_rao_norm", "fr", options),
+        MeasureContext(p, CurvatureEngine(p), seed=seed),
+    )
+
+
+def relu_net(bias: bool, hidden: int = 2, seed: int = 0):
+    torch.manual_seed(seed)
+    layers, d = [], 5
+    for _ in range(hidden):
+        layers += [nn.Linear(d, 7, bias=bias), nn.ReLU()]
+        d = 7
+    layers.append(nn.Linear(d, 3, bias=bias))
+    return nn.Sequential(*layers).double()
+
+
+def data(n=41, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 5, generator=g, dtype=torch.float64), torch.randint(
+        0, 3, (n,), generator=g
+    )
+
+
+def test_bias_free_relu_equals_homogeneity_oracle():
+    # f is (L+1)-homogeneous: ⟨θ, ∇ℓ⟩ = (L+1)⟨∂ℓ/∂f, f⟩, with ∂ℓ/∂f = softmax(f) − onehot(y).
+    L = 2
+    model = relu_net(bias=False, hidden=L)
+    x, y = data()
+    p = Problem(model, x, y, batch_size=16)
+    with torch.no_grad():
+        f = model(x)
+    dl_df = torch.softmax(f, 1) - nn.functional.one_hot(y, 3).double()
+    oracle = float(((L + 1) ** 2 * (dl_df * f).sum(1) ** 2).mean())
+    r = run(p)
+    assert r.value == pytest.approx(oracle, rel=1e-12)
+    assert r.stderr is None
+
+
+def direct(p, y):
+    """mean_i ⟨θ, ∇ℓ_i⟩² from one reverse-mode gradient per sample."""
+    theta = p.theta
+    vals = []
+    for i in range(p.n):
+        t = theta.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(
+            p.batch_loss_sum(p.unflatten(t), p.x[i : i + 1], y[i : i + 1]), t
+        )
+        vals.append(float(theta @ g) ** 2)
+    return sum(vals) / len(vals)
+
+
+def test_general_network_with_biases_matches_per_sample_gradients():
+    model = relu_net(bias=True)
+    x, y = data()
+    p = Problem(model, x, y, batch_size=16)
+    assert run(p).value == pytest.approx(direct(p, y), rel=1e-12)
+
+
+def test_double_backward_fallback_matches(monkeypatch):
+    model = relu_net(bias=True)
+    x, y = data()
+    p = Problem(model, x, y, batch_size=16)
+
+    def no_forward_mode(*a, **k):
+        raise NotImplementedError("no forward-mode rule")
+
+    monkeypatch.setattr(fr, "jvp", no_forward_mode)
+    assert run(p).value == pytest.approx(direct(p, y), rel=1e-12)
+
+
+def test_model_labels_match_their_expectation_within_stderr():
+    # E over ŷ ~ softmax of (L+1)²⟨p − e_ŷ, f⟩² = (L+1)² Σ_k p_k (⟨p, f⟩ − f_k)².
+    L = 1
+    model = relu_net(bias=False, hidden=L, seed=1)
+    x, y = data(n=400, seed=2)
+    p = Problem(model, x, y, batch_size=128)
+    with torch.no_grad():
+        f = model(x)
+    prob = torch.softmax(f, 1)
+    pf = (prob * f).sum(1, keepdim=True)
+    expected = float(((L + 1) ** 2 * (prob * (pf - f) ** 2).sum(1)).mean())
+    r = run(p, labels="model", seed=3)
+    assert r.stderr is not None and r.stderr < 0.15 * expected
+    assert abs(r.value - expected) <= 4 * r.stderr
+    assert r.value == run(p, labels="model", seed=3).value
+
+
+def test_model_labels_need_cross_entropy():
+    x = torch.randn(6, 5, dtype=torch.float64)
+    p = Problem(relu_net(bias=True), x, torch.randn(6, 3, dtype=torch.float64), loss="mse")
+    with pytest.raises(ConfigError, match="labels"):
+        run(p, labels="model")

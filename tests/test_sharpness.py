@@ -1,0 +1,289 @@
+"""Sharpness family against closed forms on linear least squares (exactly quadratic losses).
+
+L(w) = mean (w·x − y)², H = 2XᵀX/n, so L(θ + δ) − L(θ) = g·δ + ½δᵀHδ exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from flatcli.engine import CurvatureEngine, Problem
+from flatcli.measures import MeasureContext, MeasureSpec, run_measure
+from flatcli.measures.sharpness import apgd_checkpoints, m_batches
+
+RHO = 0.1
+
+
+def linear_problem(X, y, w, batch_size=16):
+    m = nn.Linear(X.shape[1], 1, bias=False).double()
+    with torch.no_grad():
+        m.weight.copy_(w[None])
+    p = Problem(m, X, y, loss="mse", batch_size=batch_size)
+    return p, CurvatureEngine(p)
+
+
+def run(p, e, name, seed=0, **options):
+    return run_measure(MeasureSpec(name, name, options), MeasureContext(p, e, seed=seed))
+
+
+@pytest.fixture(scope="module")
+def at_minimum():
+    """Least squares at its exact minimum, well separated Hessian spectrum."""
+    g = torch.Generator().manual_seed(1)
+    n, d = 40, 5
+    X = torch.randn(n, d, generator=g, dtype=torch.float64) * torch.tensor(
+        [3.0, 2.0, 1.0, 0.7, 0.5], dtype=torch.float64
+    )
+    y = torch.randn(n, generator=g, dtype=torch.float64)
+    w = torch.linalg.lstsq(X, y[:, None]).solution[:, 0]
+    H = 2 * X.T @ X / n
+    return X, y, w, H
+
+
+@pytest.fixture(scope="module")
+def separable():
+    """Orthogonal design columns (diagonal H) and a point away from the minimum with a large gradient."""
+    g = torch.Generator().manual_seed(2)
+    n, d = 30, 4
+    Q, _ = torch.linalg.qr(torch.randn(n, d, generator=g, dtype=torch.float64))
+    X = Q * torch.tensor([4.0, 3.0, 2.0, 1.0], dtype=torch.float64) * math.sqrt(n)
+    w_star = torch.randn(d, generator=g, dtype=torch.float64)
+    y = X @ w_star
+    w = w_star + torch.tensor(
+        [0.5, -0.7, 0.6, -0.9], dtype=torch.float64
+    )  # |w − w*| > ρ·c on every axis
+    H = 2 * X.T @ X / n
+    grad = H @ (w - w_star)
+    return X, y, w, H, grad
+
+
+def adaptive_scale(w, eta=0.01):
+    return w.abs() + eta
+
+
+# ---------------------------------------------------------------- sharpness_worst
+
+
+def test_apgd_checkpoints_follow_croce_hein():
+    # p = 0, .22, .41, .57, .70, .80, .87, .93, .99 → ⌈20 p⌉
+    assert apgd_checkpoints(20) == [5, 9, 12, 14, 16, 18, 19]
+
+
+@pytest.mark.parametrize("steps", [20, 50])
+def test_worst_l2_standard_is_half_rho2_lambda_max(at_minimum, steps):
+    X, y, w, H = at_minimum
+    p, e = linear_problem(X, y, w)
+    r = run(p, e, "sharpness_worst", rho=RHO, batch_size=1000, steps=steps)
+    expected = 0.5 * RHO**2 * float(torch.linalg.eigvalsh(H)[-1])
+    assert r.value == pytest.approx(expected, rel=1e-8)
+    assert r.status == "ok" and r.diagnostics["batches"] == 1
+
+
+def test_worst_l2_adaptive_in_rescaled_coordinates(at_minimum):
+    X, y, w, H = at_minimum
+    p, e = linear_problem(X, y, w)
+    c = adaptive_scale(w)
+    r = run(p, e, "sharpness_worst", rho=RHO, batch_size=1000, adaptive=True, steps=50)
+    expected = 0.5 * RHO**2 * float(torch.linalg.eigvalsh(c[:, None] * H * c[None, :])[-1])
+    assert r.value == pytest.approx(expected, rel=1e-8)
+
+
+def test_worst_m_sharpness_is_weighted_mean_of_batch_maxima():
+    # Zero residuals: every batch is at its own minimum, so each batch's worst case is ½ρ²λmax(H_B).
+    g = torch.Generator().manual_seed(3)
+    n, d = 40, 3
+    X = torch.randn(n, d, generator=g, dtype=torch.float64) * torch.tensor(
+        [2.0, 1.0, 0.3], dtype=torch.float64
+    )
+    w = torch.randn(d, generator=g, dtype=torch.float64)
+    y = X @ w
+    p, e = linear_problem(X, y, w, batch_size=7)  # chunks of 7 inside m-batches of 16 (16, 16, 8)
+    r = run(p, e, "sharpness_worst", seed=5, rho=RHO, batch_size=16, steps=60)
+    expected = 0.0
+    for xb, _ in m_batches(p, 16, MeasureContext(p, e, seed=5).generator()):
+        HB = 2 * xb.T @ xb / len(xb)
+        expected += len(xb) / n * 0.5 * RHO**2 * float(torch.linalg.eigvalsh(HB)[-1])
+    assert r.diagnostics["batches"] == 3
+    assert r.value == pytest.approx(expected, rel=1e-7)
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_worst_linf_is_the_closed_form_corner(separable, adaptive):
+    X, y, w, H, grad = separable
+    p, e = linear_problem(X, y, w)
+    c = adaptive_scale(w) if adaptive else torch.ones_like(w)
+    h = torch.diagonal(H)
+    assert torch.allclose(H, torch.diag(h), atol=1e-9)
+    assert bool(
+        (grad.abs() > c * h * RHO).all()
+    )  # the corner δ = ρ c sign(g) is the unique maximizer
+    expected = float((RHO * (c * grad).abs() + 0.5 * RHO**2 * c**2 * h).sum())
+    r = run(p, e, "sharpness_worst", rho=RHO, norm="linf", adaptive=adaptive, batch_size=1000)
+    assert r.value == pytest.approx(expected, rel=1e-10)
+
+
+def test_worst_restarts_never_lower_the_value(at_minimum):
+    X, y, w, H = at_minimum
+    p, e = linear_problem(X, y, w)
+    one = run(p, e, "sharpness_worst", rho=RHO, batch_size=1000, steps=3)
+    three = run(p, e, "sharpness_worst", rho=RHO, batch_size=1000, steps=3, restarts=3)
+    assert three.value >= one.value > 0  # from a random start, never stuck at δ = 0
+    assert three.value <= 0.5 * RHO**2 * float(torch.linalg.eigvalsh(H)[-1]) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("norm,adaptive", list(itertools.product(["l2", "linf"], [False, True])))
+def test_first_order_is_sams_one_step_value(separable, norm, adaptive):
+    X, y, w, H, grad = separable
+    p, e = linear_problem(X, y, w)
+    c = adaptive_scale(w) if adaptive else torch.ones_like(w)
+    gz = c * grad
+    z = RHO * (gz / gz.norm() if norm == "l2" else gz.sign())
+    delta = c * z
+    expected = float(grad @ delta + 0.5 * delta @ H @ delta)
+    r = run(
+        p,
+        e,
+        "sharpness_worst",
+        rho=RHO,
+        norm=norm,
+        adaptive=adaptive,
+        batch_size=1000,
+        first_order=True,
+    )
+    assert r.value == pytest.approx(expected, rel=1e-10)
+
+
+def test_first_order_never_exceeds_the_worst_case(at_minimum):
+    # At an exact minimum the gradient is round-off and SAM's normalized step points anywhere:
+    # its value is that of some direction on the sphere, so 0 ≤ value ≤ ½ρ²λmax.
+    X, y, w, H = at_minimum
+    p, e = linear_problem(X, y, w)
+    r = run(p, e, "sharpness_worst", rho=RHO, batch_size=1000, first_order=True)
+    lam = float(torch.linalg.eigvalsh(H)[-1])
+    assert 0 <= r.value <= 0.5 * RHO**2 * lam * (1 + 1e-10)
+
+
+def test_worst_is_reproducible_and_seeded(at_minimum):
+    X, y, w, _ = at_minimum
+    p, e = linear_problem(X, y, w)
+    a = run(p, e, "sharpness_worst", seed=1, rho=RHO, batch_size=8, steps=2)
+    b = run(p, e, "sharpness_worst", seed=1, rho=RHO, batch_size=8, steps=2)
+    c = run(p, e, "sharpness_worst", seed=2, rho=RHO, batch_size=8, steps=2)
+    assert a.value == b.value != c.value
+
+
+# ---------------------------------------------------------------- sharpness_average
+
+
+@pytest.mark.parametrize("norm,adaptive", list(itertools.product(["l2", "linf"], [False, True])))
+def test_average_matches_half_rho2_trace_within_3_stderr(at_minimum, norm, adaptive):
+    X, y, w, H = at_minimum
+    p, e = linear_problem(X, y, w)
+    c = adaptive_scale(w) if adaptive else torch.ones_like(w)
+    var = 1.0 if norm == "l2" else 1.0 / 3.0  # N(0, 1) or U[−1, 1]
+    expected = 0.5 * RHO**2 * var * float(torch.trace(c[:, None] * H * c[None, :]))
+    r = run(p, e, "sharpness_average", rho=RHO, norm=norm, adaptive=adaptive, samples=400)
+    assert r.stderr > 0
+    assert abs(r.value - expected) <= 3 * r.stderr
+    assert r.stderr < 0.1 * expected
+
+
+def test_average_converges_as_samples_grow(at_minimum):
+    X, y, w, H = at_minimum
+    p, e = linear_problem(X, y, w)
+    few = run(p, e, "sharpness_average", rho=RHO, samples=25)
+    many = run(p, e, "sharpness_average", rho=RHO, samples=400)
+    assert many.stderr < few.stderr / 2.5
+
+
+def test_average_can_be_negative_and_is_reported_as_is():
+    # A local maximum of the loss, (10 − ‖w‖²)² at w = 0: every small perturbation lowers it.
+    class Neg(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.zeros(3, dtype=torch.float64))
+
+        def forward(self, x):
+            return -(self.weight**2).sum() + 0 * x[:, 0]
+
+    x, y = torch.ones(5, 2, dtype=torch.float64), torch.full((5,), -10.0, dtype=torch.float64)
+    p = Problem(Neg(), x, y, loss="mse")
+    r = run(p, CurvatureEngine(p), "sharpness_average", rho=RHO, samples=10)
+    assert r.value < 0 and r.status == "ok"
+
+
+# ---------------------------------------------------------------- non-finite
+
+
+class LogModel(nn.Module):
+    """Output log(w): NaN as soon as a perturbation makes w negative."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.tensor([0.01], dtype=torch.float64))
+
+    def forward(self, x):
+        return torch.log(self.weight).expand(len(x))
+
+
+@pytest.mark.parametrize("name", ["sharpness_worst", "sharpness_average"])
+def test_non_finite_perturbed_loss_is_reported_not_clipped(name):
+    x, y = torch.ones(4, 1, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)
+    p = Problem(LogModel(), x, y, loss="mse")
+    r = run(p, CurvatureEngine(p), name, rho=1.0)
+    assert r.status == "non_finite"
+    assert not math.isfinite(r.value)
+
+
+# ---------------------------------------------------------------- keskar_sharpness
+
+
+def test_keskar_full_space_is_the_box_corner(separable):
+    X, y, w, H, grad = separable
+    p, e = linear_problem(X, y, w)
+    eps = 0.05
+    b = eps * (w.abs() + 1)
+    h = torch.diagonal(H)
+    assert bool((grad.abs() > h * b).all())
+    base = float(((X @ w - y) ** 2).mean())
+    expected = 100 * float((grad.abs() * b + 0.5 * h * b**2).sum()) / (1 + base)
+    r = run(p, e, "keskar_sharpness", epsilon=eps)
+    assert r.value == pytest.approx(expected, rel=1e-10)
+
+
+def test_keskar_subspace_is_the_best_corner_of_the_projected_box(separable):
+    # In y = A z the objective is convex, so its maximum over the box is at a corner.
+    X, y, w, H, grad = separable
+    p, e = linear_problem(X, y, w)
+    eps, d = 0.05, 2
+    gen = MeasureContext(p, e, seed=3).generator()
+    A = torch.randn(p.num_params, d, generator=gen, dtype=torch.float64) / math.sqrt(p.num_params)
+    b = eps * (torch.linalg.solve(A.T @ A, A.T @ w).abs() + 1)
+    best = max(
+        float(grad @ (A @ (b * s)) + 0.5 * (A @ (b * s)) @ H @ (A @ (b * s)))
+        for s in (
+            torch.tensor(c, dtype=torch.float64) for c in itertools.product([-1.0, 1.0], repeat=d)
+        )
+    )
+    base = float(((X @ w - y) ** 2).mean())
+    r = run(p, e, "keskar_sharpness", seed=3, epsilon=eps, subspace=d, steps=30)
+    assert r.diagnostics["dimension"] == d
+    assert r.value == pytest.approx(100 * max(best, 0.0) / (1 + base), rel=1e-10)
+
+
+# ---------------------------------------------------------------- first_order_flatness
+
+
+def test_first_order_flatness_over_rho2_is_lambda_max(at_minimum):
+    X, y, w, H = at_minimum
+    p, e = linear_problem(X, y, w)
+    r = run(p, e, "first_order_flatness", rho=RHO)
+    lam = float(torch.linalg.eigvalsh(H)[-1])
+    assert r.diagnostics["r_over_rho2"] == pytest.approx(lam, rel=1e-8)
+    assert r.value == pytest.approx(RHO**2 * lam, rel=1e-8)
+    assert r.diagnostics["n_hvp"] == 21  # one HVP per Auto-PGD evaluation (steps + 1)
