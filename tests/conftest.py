@@ -1,9 +1,8 @@
-import os
 
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+torch.set_num_threads(1)  # tiny test models: threading overhead dominates
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,509 @@
+r"""Function-preserving rescalings and the reparameterization-invariance check.
+
+A network with positively homogeneous activations (ReLU, leaky ReLU, max/avg
+pooling, flatten, dropout in eval mode) computes the same function after
+
+* **node-wise** rescaling: the incoming weights and bias of hidden node (or conv
+  channel) :math:`i` are multiplied by :math:`\alpha_i > 0` and its outgoing
+  weights by :math:`1/\alpha_i`;
+* **layer-wise** rescaling: the same with one :math:`\alpha` for every node of
+  a layer (layer :math:`l` times :math:`\alpha`, layer :math:`l+1` times
+  :math:`1/\alpha`).
+
+BatchNorm-aware: in eval mode a BatchNorm is a per-channel affine map with
+fixed statistics, so a convolution followed by BatchNorm is *not* rescaled
+itself (its scale would reach the normalization's running statistics and
+``eps``); the BatchNorm's affine weight and bias are rescaled instead, and the
+next layer's inputs by :math:`1/\alpha`. Running statistics are never touched.
+
+Rescalable pairs (producer, consumer) are proposed from the order in which leaf
+modules run (a producer is a Linear/Conv or an affine BatchNorm right after
+one, then only homogeneous modules, then a Linear/Conv consumer; a Linear
+after a flatten of C channels gets each channel's block of inputs), and each pair is
+kept only if rescaling it alone leaves the network output unchanged on the
+measurement data (relative tolerance ``1e-10`` in float64). Functional
+activations inside ``forward`` are thus handled correctly: a pair that crosses
+``torch.tanh`` fails the check and is dropped; a residual connection likewise.
+
+`check_invariance` measures the original and the rescaled network with equal
+seeds, in float64, and reports each measure's relative change
+:math:`|\mu' - \mu| / |\mu|` next to the Hessian trace's (which is *not*
+invariant: it changes by a large factor). A measure that claims invariance
+(registry flag ``invariant``) holds it when its relative change is at most
+``tol`` (default ``1e-6``). Exceptions to the claim: ``relative_flatness`` only
+with ``normalize_features: true`` (turned on here unless set explicitly to
+false) and ``normalized_sharpness`` with ``hessian_diag: hutchinson`` (its
+probes are not rescaling-equivariant: invariant only in expectation).
+
+>>> from flatcli.invariance import check_invariance
+>>> report = check_invariance("config.yaml", "runs/a.pt")       # doctest: +SKIP
+>>> report.exit_code, [(r.label, r.rel_change) for r in report.results]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import ConfigError, MeasurementError
+
+__all__ = [
+    "RescalePair",
+    "InvarianceResult",
+    "InvarianceReport",
+    "find_rescalable_pairs",
+    "rescale",
+    "node_wise_rescale",
+    "layer_wise_rescale",
+    "claims_invariance",
+    "check_invariance",
+    "check_invariance_model",
+]
+
+TRANSFORMS = ("node", "layer", "both")
+DEFAULT_TOL = 1e-6
+DEFAULT_SCALE = 10.0
+OUTPUT_TOL = 1e-10  # relative change of the network output allowed for a rescaling (float64)
+
+_WEIGHT_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+_HOMOGENEOUS = (
+    nn.ReLU, nn.LeakyReLU, nn.PReLU, nn.Identity, nn.Flatten,
+    nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d,
+    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
+)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- rescalings
+@dataclass(frozen=True)
+class RescalePair:
+    """Output channels of ``producer`` scaled by α, the matching inputs of ``consumer`` by 1/α.
+
+    ``repeat``: how many consecutive consumer inputs each channel feeds (a Linear after
+    flattening C channels of H×W has ``repeat = H·W``)."""
+
+    producer: str
+    consumer: str
+    channels: int
+    repeat: int = 1
+
+
+def _out_channels(m: nn.Module) -> int:
+    if isinstance(m, _BN):
+        return m.num_features
+    return m.weight.shape[0]
+
+
+def _leaf_order(model: nn.Module, x: torch.Tensor) -> list[str]:
+    """Names of the leaf modules in the order they run on ``x``."""
+    order: list[str] = []
+    handles = []
+    for name, mod in model.named_modules():
+        if next(mod.children(), None) is None and name:
+            handles.append(mod.register_forward_hook(lambda m, i, o, name=name: order.append(name)))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return order
+
+
+def _candidates(model: nn.Module, order: list[str]) -> list[RescalePair]:
+    mods = dict(model.named_modules())
+    out: list[RescalePair] = []
+    for i, pname in enumerate(order):
+        pm = mods[pname]
+        if isinstance(pm, _WEIGHT_LAYERS):
+            if i + 1 < len(order) and isinstance(mods[order[i + 1]], _BN):
+                continue  # the BatchNorm after it is the producer
+        elif not (isinstance(pm, _BN) and pm.affine and i > 0 and isinstance(mods[order[i - 1]], _WEIGHT_LAYERS)):
+            continue
+        if getattr(pm, "weight", None) is None:
+            continue
+        for cname in order[i + 1 :]:
+            cm = mods[cname]
+            if isinstance(cm, _WEIGHT_LAYERS):
+                C = _out_channels(pm)
+                cin = cm.weight.shape[1]
+                if isinstance(cm, nn.Linear) and cin % C == 0:
+                    out.append(RescalePair(pname, cname, C, cin // C))
+                elif not isinstance(cm, nn.Linear) and cm.groups == 1 and cin == C:
+                    out.append(RescalePair(pname, cname, C, 1))
+                break
+            if not isinstance(cm, _HOMOGENEOUS):
+                break
+    return out
+
+
+@torch.no_grad()
+def _apply(model: nn.Module, pair: RescalePair, alpha: torch.Tensor) -> None:
+    """In place: producer rows (and bias) × α, consumer input columns × 1/α."""
+    mods = dict(model.named_modules())
+    pm, cm = mods[pair.producer], mods[pair.consumer]
+    a = alpha.to(pm.weight)
+    pm.weight.mul_(a.view(-1, *([1] * (pm.weight.ndim - 1))))
+    if getattr(pm, "bias", None) is not None:
+        pm.bias.mul_(a)
+    ain = alpha.to(cm.weight).repeat_interleave(pair.repeat)
+    cm.weight.div_(ain.view(1, -1, *([1] * (cm.weight.ndim - 2))))
+
+
+def _rel_out_change(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max()) / max(float(a.abs().max()), 1e-300)
+
+
+def _forward(model: nn.Module, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
+
+
+def find_rescalable_pairs(model: nn.Module, x: torch.Tensor, *, seed: int = 0, tol: float = OUTPUT_TOL) -> list[RescalePair]:
+    """Every (producer, consumer) pair whose node-wise rescaling alone keeps ``model``'s output on ``x``.
+
+    ``model`` must be in eval mode and float64 for the tolerance to be meaningful;
+    it is restored exactly after each trial."""
+    xs = x[: min(len(x), 256)]
+    base = _forward(model, xs)
+    mods = dict(model.named_modules())
+    g = torch.Generator().manual_seed(10_007 + seed)
+    kept = []
+    for pair in _candidates(model, _leaf_order(model, xs[:2])):
+        saved = {
+            k: t.detach().clone()
+            for name in (pair.producer, pair.consumer)
+            for k, t in ((f"{name}.{n}", p) for n, p in mods[name].named_parameters(recurse=False))
+        }
+        alpha = torch.exp(torch.empty(pair.channels, dtype=torch.float64).uniform_(-1.0, 1.0, generator=g))
+        _apply(model, pair, alpha)
+        ok = _rel_out_change(base, _forward(model, xs)) <= tol
+        with torch.no_grad():
+            for name in (pair.producer, pair.consumer):
+                for n, p in mods[name].named_parameters(recurse=False):
+                    p.copy_(saved[f"{name}.{n}"])
+        if ok:
+            kept.append(pair)
+    return kept
+
+
+def _factors(kind: str, pair: RescalePair, scale: float, g: torch.Generator) -> torch.Tensor:
+    ls = math.log(scale)
+    if kind == "node":
+        return torch.exp(ls * torch.empty(pair.channels, dtype=torch.float64).uniform_(-1.0, 1.0, generator=g))
+    sign = 1.0 if float(torch.rand((), generator=g)) < 0.5 else -1.0
+    return torch.full((pair.channels,), math.exp(sign * ls), dtype=torch.float64)
+
+
+def rescale(model: nn.Module, pairs: Sequence[RescalePair], kind: str = "both", scale: float = DEFAULT_SCALE, seed: int = 0) -> nn.Module:
+    """A rescaled copy of ``model`` (the original is untouched).
+
+    kind: ``"node"`` (α_i log-uniform in [1/scale, scale] per node), ``"layer"``
+    (one α ∈ {scale, 1/scale} per pair), or ``"both"`` (node-wise, then layer-wise)."""
+    if kind not in TRANSFORMS:
+        raise ConfigError(f"the rescaling must be one of {', '.join(TRANSFORMS)}; got {kind!r}")
+    if not (isinstance(scale, (int, float)) and scale >= 1.0 and math.isfinite(scale)):
+        raise ConfigError(f"--scale must be a float ≥ 1; got {scale!r}")
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(int(seed))
+    for k in (("node", "layer") if kind == "both" else (kind,)):
+        for pair in pairs:
+            _apply(out, pair, _factors(k, pair, scale, g))
+    return out
+
+
+def node_wise_rescale(model: nn.Module, pairs: Sequence[RescalePair], scale: float = DEFAULT_SCALE, seed: int = 0) -> nn.Module:
+    """Every hidden node of every pair rescaled by its own α_i, log-uniform in [1/scale, scale]."""
+    return rescale(model, pairs, "node", scale, seed)
+
+
+def layer_wise_rescale(model: nn.Module, pairs: Sequence[RescalePair], scale: float = DEFAULT_SCALE, seed: int = 0) -> nn.Module:
+    """Every pair rescaled by one α ∈ {scale, 1/scale} (producer × α, consumer × 1/α)."""
+    return rescale(model, pairs, "layer", scale, seed)
+
+
+# ---------------------------------------------------------------------------- the check
+@dataclass(frozen=True)
+class InvarianceResult:
+    """One measure on the original and the rescaled network."""
+
+    label: str
+    name: str
+    claims_invariance: bool
+    original: float
+    rescaled: float
+    rel_change: float
+    held: bool | None  # None when the measure claims no invariance
+    note: str = ""  # e.g. "normalize_features" when the check turned it on
+    error: str = ""  # why the measure failed (values are NaN then)
+
+
+@dataclass
+class InvarianceReport:
+    checkpoint: str
+    transform: str
+    scale: float
+    seed: int
+    tol: float
+    pairs: list[RescalePair]
+    output_rel_change: float
+    results: list[InvarianceResult] = field(default_factory=list)
+    reference: str | None = None  # label of the Hessian-trace row
+
+    @property
+    def passed(self) -> bool:
+        """Every measure that claims invariance held it within ``tol``."""
+        return all(r.held for r in self.results if r.claims_invariance)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def describe(self) -> str:
+        kinds = {"node": "node-wise", "layer": "layer-wise", "both": "node-wise then layer-wise"}[self.transform]
+        return (
+            f"{kinds} rescaling, α ∈ [1/{self.scale:g}, {self.scale:g}], seed {self.seed}, "
+            f"{len(self.pairs)} layer pair(s): " + ", ".join(f"{p.producer}→{p.consumer}" for p in self.pairs)
+        )
+
+
+def claims_invariance(spec) -> bool:
+    """Whether the configured measure claims invariance to node-wise rescaling (see module docs)."""
+    from .measures import get_measure
+
+    info = get_measure(spec.name)
+    if not info.invariant:
+        return False
+    opts = spec.options or {}
+    if spec.name == "relative_flatness" and not opts.get("normalize_features", False):
+        return False
+    if spec.name == "normalized_sharpness" and opts.get("hessian_diag") == "hutchinson":
+        return False
+    return True
+
+
+def _prepare_specs(measures, add_invariant: bool) -> list:
+    from .api import _as_specs
+    from .measures import MeasureSpec, list_measures
+
+    specs = _as_specs(measures) if measures is not None else []
+    if add_invariant:
+        have = {s.name for s in specs}
+        specs += [MeasureSpec(i.name, i.name) for i in list_measures() if i.invariant and i.name not in have and not i.needs_init]
+    out = []
+    for s in specs:
+        if s.name == "relative_flatness" and "normalize_features" not in (s.options or {}):
+            s = dataclasses.replace(s, options={**(s.options or {}), "normalize_features": True})
+        out.append(s)
+    if not any(s.name == "hessian_trace" for s in out):
+        labels = {s.label for s in out}
+        out.append(MeasureSpec("hessian_trace", "hessian_trace" if "hessian_trace" not in labels else "hessian_trace_reference"))
+    return out
+
+
+def _rel(a: float, b: float) -> float:
+    if a == b:
+        return 0.0
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return math.inf
+    return abs(b - a) / abs(a) if a != 0 else math.inf
+
+
+def check_invariance_model(
+    model: nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    measures: Sequence[Any] | str | None = None,
+    *,
+    test: tuple[torch.Tensor, torch.Tensor] | None = None,
+    loss: str = "cross_entropy",
+    transform: str = "both",
+    scale: float = DEFAULT_SCALE,
+    seed: int = 0,
+    tol: float = DEFAULT_TOL,
+    split: str = "train",
+    num_samples: int | str = "all",
+    batch_size: int = 256,
+    data_seed: int = 0,
+    device: str | torch.device | None = "cpu",
+    hvp_mode: str = "auto",
+    block_size: int | None = None,
+    init_state: dict[str, torch.Tensor] | None = None,
+    checkpoint: str = "<model>",
+) -> InvarianceReport:
+    """Rescale ``model`` without changing its function, measure both in float64, compare.
+
+    Parameters
+    ----------
+    model : the network (not modified).
+    train, test : (x, y) data; the measurement set is ``split`` subsampled as in `flatcli.api.measure_model`.
+    measures : names / ``{name: options}`` / `MeasureSpec` objects; None: every registered measure that
+        claims invariance. ``hessian_trace`` is always added as the non-invariant reference.
+    transform : "node", "layer" or "both" (default); scale : α ranges over [1/scale, scale].
+    seed : seed of the rescaling and of every stochastic measure (equal for both runs).
+    tol : relative change up to which a claimed invariance holds (default 1e-6).
+
+    Returns an `InvarianceReport`; ``report.exit_code`` is 0 when every measure that claims
+    invariance held it. Raises `MeasurementError` when no function-preserving rescaling exists.
+    """
+    from .api import measure_model, resolve_device
+    from .engine import eval_mode
+    from .loading.data import subset
+
+    if not (isinstance(tol, (int, float)) and tol > 0):
+        raise ConfigError(f"--tol must be a positive float; got {tol!r}")
+    specs = _prepare_specs(measures, add_invariant=measures is None)
+    data = {"train": train, "test": test}
+    if data.get(split) is None:
+        raise ConfigError(f"measure_data.split is {split!r} but no {split} data is configured")
+    dev = resolve_device(device)
+    m64 = copy.deepcopy(model).to(dev, torch.float64)
+    mx, _ = subset(*data[split], num_samples, data_seed)
+    mx = mx.to(dev)
+    mx = mx.double() if mx.is_floating_point() else mx
+    with eval_mode(m64):
+        pairs = find_rescalable_pairs(m64, mx, seed=seed)
+        if not pairs:
+            raise MeasurementError(
+                "no function-preserving rescaling found: the model needs consecutive Linear/Conv layers "
+                "joined by positively homogeneous activations (ReLU, leaky ReLU, pooling)"
+            )
+        rescaled = rescale(m64, pairs, transform, scale, seed)
+        with eval_mode(rescaled):
+            change = _rel_out_change(_forward(m64, mx), _forward(rescaled, mx))
+    if change > OUTPUT_TOL:
+        raise MeasurementError(f"the rescaled network's output changed by {change:.3g} (relative): not function-preserving")
+    kw = dict(
+        test=test, loss=loss, split=split, num_samples=num_samples, batch_size=batch_size, data_seed=data_seed,
+        seed=seed, device=dev, precision="fp64", hvp_mode=hvp_mode, block_size=block_size, init_state=init_state,
+    )
+    rows = [measure_model(m, train, specs, checkpoint=checkpoint, **kw) for m in (m64, rescaled)]
+    for r in rows:
+        if r.status == "error" and not r.results and not r.errors:
+            raise MeasurementError(r.error)
+        for msg in r.errors.values():
+            if msg.startswith("config:"):  # bad input (e.g. relative_flatness 'layer'): exit code 2
+                raise ConfigError(msg[len("config:") :].strip())
+    report = InvarianceReport(
+        checkpoint=checkpoint, transform=transform, scale=float(scale), seed=int(seed), tol=float(tol),
+        pairs=pairs, output_rel_change=change,
+    )
+    for s in specs:
+        a, b = rows[0].results.get(s.label), rows[1].results.get(s.label)
+        claims = claims_invariance(s)
+        if a is None or b is None:
+            err = rows[0].errors.get(s.label) or rows[1].errors.get(s.label) or "failed"
+            report.results.append(
+                InvarianceResult(s.label, s.name, claims, math.nan, math.nan, math.nan, False if claims else None, error=err)
+            )
+            continue
+        rc = _rel(a.value, b.value)
+        note = ""
+        if s.name == "relative_flatness" and (s.options or {}).get("normalize_features"):
+            note = "normalize_features"
+        elif a.diagnostics.get("box_hit") or b.diagnostics.get("box_hit"):
+            note = "box_hit"  # normalized_sharpness: γ reached [-box, box]; invariance holds only inside the box
+        report.results.append(
+            InvarianceResult(s.label, s.name, claims, a.value, b.value, rc, (rc <= tol) if claims else None, note)
+        )
+        if s.name == "hessian_trace" and report.reference is None:
+            report.reference = s.label
+    return report
+
+
+def check_invariance(
+    config: Any,
+    checkpoint: str | Path | None = None,
+    measures: Sequence[Any] | str | None = None,
+    *,
+    transform: str = "both",
+    scale: float = DEFAULT_SCALE,
+    seed: int | None = None,
+    tol: float = DEFAULT_TOL,
+    device: str | None = None,
+    data: tuple[torch.Tensor, torch.Tensor] | None = None,
+    loss: str = "cross_entropy",
+) -> InvarianceReport:
+    """The invariance check for one checkpoint of a config (path, dict or `Config`), or for a model.
+
+    With a config: the model is built and loaded as ``flatcli measure`` does (``model_kwargs``
+    stored in the checkpoint win; a manifest's ``train_data`` applies), the measurement set is
+    ``measure_data``, and ``measures`` defaults to the configured measures plus every measure
+    that claims invariance. With an ``nn.Module`` as ``config``: pass ``data=(x, y)``; see
+    `check_invariance_model`.
+    """
+    if isinstance(config, nn.Module):
+        if data is None:
+            raise ConfigError("check_invariance(model, ...) needs data=(x, y)")
+        return check_invariance_model(
+            config, data, measures, loss=loss, transform=transform, scale=scale, seed=seed or 0, tol=tol,
+            device=device or "cpu",
+        )
+    from . import api
+    from .jobs import resolve_jobs
+
+    cfg = api.load(config, {"runtime.device": device, "runtime.seed": seed})
+    if cfg.data.train is None:
+        raise ConfigError("config key 'data.train' is required")
+    if checkpoint is None:
+        jobs = resolve_jobs(cfg)
+        if len(jobs) != 1:
+            raise ConfigError(f"check-invariance takes one checkpoint; the config lists {len(jobs)}: pass one")
+        job = jobs[0]
+    else:
+        (job,) = resolve_jobs(cfg, [str(checkpoint)])
+    train_data = job.train_data or api._manifest_train_data(cfg, job.path)
+    if measures is None:
+        try:
+            chosen = api.select_measures(cfg, None)
+        except ConfigError:
+            chosen = []
+        specs = _prepare_specs(chosen, add_invariant=True)
+    else:
+        specs = _prepare_specs(api.select_measures(cfg, measures), add_invariant=False)
+    init_state = None
+    if job.init_checkpoint is not None:
+        from .loading.checkpoints import extract_state_dict, read_checkpoint
+
+        obj = read_checkpoint(job.init_checkpoint, cfg.runtime.allow_unsafe_pickle)
+        init_state = extract_state_dict(obj, job.init_checkpoint)
+    else:
+        specs = [s for s in specs if not _needs_init(s)]
+    model, _ = api.load_model(cfg, job.path)
+    cache = api.DataCache(cfg)
+    md = cfg.measure_data
+    return check_invariance_model(
+        model,
+        cache.get("train", train_data),
+        specs,
+        test=cache.get("test"),
+        loss=cfg.loss,
+        transform=transform,
+        scale=scale,
+        seed=cfg.runtime.seed,
+        tol=tol,
+        split=md.split,
+        num_samples=md.num_samples,
+        batch_size=md.batch_size,
+        data_seed=md.seed,
+        device=api.resolve_device(cfg.runtime.device),
+        hvp_mode=cfg.runtime.hvp_mode,
+        block_size=cfg.runtime.block_size,
+        init_state=init_state,
+        checkpoint=job.checkpoint,
+    )
+
+
+def _needs_init(spec) -> bool:
+    from .measures import get_measure
+
+    return get_measure(spec.name).needs_init

@@ -1,0 +1,253 @@
+r"""Relative flatness (Petzka, Kamp, Adilova, Sminchisescu & Boley, NeurIPS 2021, Def. 3).
+
+Pick an ``nn.Linear`` layer (``layer``; default the last one registered in the
+model, the classifier acting on the penultimate features :math:`\phi`). With
+its weight :math:`W \in \mathbb{R}^{d \times m}` (rows :math:`w_s`) and output
+:math:`z = W\phi(x) + b`,
+
+.. math::
+
+    \kappa = \sum_{s, s'} \langle w_s, w_{s'} \rangle \,\mathrm{Tr}(H_{s,s'}),
+
+:math:`H_{s,s'}` the :math:`m \times m` block of :math:`\partial^2 L / \partial w_s \partial w_{s'}`.
+Because :math:`z` is linear in :math:`W`, the per-sample Hessian in :math:`W` is
+:math:`H_z \otimes \phi\phi^\top` with :math:`H_z = \nabla_z^2 \ell` the Hessian
+of the per-sample loss with respect to the layer output *through the rest of
+the network*. Hence, exactly and without any dense Hessian,
+
+.. math:: \kappa = \frac1n \sum_{x \in S} \|\phi(x)\|^2 \,\langle W W^\top, H_z(x) \rangle .
+
+:math:`H_z` is computed
+
+* in closed form when the layer's output is the model's output:
+  :math:`\mathrm{diag}(p) - pp^\top` (``p = softmax(z)``) for cross-entropy and
+  :math:`2I` for ``mse``;
+* otherwise by Hessian-vector products in :math:`z` through the rest of the
+  network: :math:`z` of a whole batch is replaced by a leaf tensor (a forward
+  hook), the per-sample losses are summed, and one batched double-backward with
+  a vector repeated over the batch gives :math:`H_z(x) v` for every sample at
+  once (the loss of sample :math:`x` depends on its own :math:`z` only: the
+  model is in eval mode). :math:`\min(d, m)` products per batch: the unit
+  vectors of :math:`\mathbb{R}^d` when :math:`d \le m`, else the columns of
+  :math:`W`, using :math:`\langle WW^\top, H\rangle = \sum_j W_{:j}^\top H W_{:j}`.
+
+``normalize_features: true`` applies the paper's Theorem 4: each feature
+coordinate :math:`\phi_j` is divided by its standard deviation :math:`\sigma_j`
+over S (population, ddof 0) and column :math:`j` of :math:`W` multiplied by it,
+which leaves :math:`z` and :math:`H_z` unchanged; :math:`\kappa` is then
+invariant to every node-wise rescaling. A feature with :math:`\sigma_j = 0`
+(constant over S, e.g. a dead ReLU) is absorbed into the bias: it contributes
+nothing. Without it, :math:`\kappa` is invariant to rescalings of layers before
+the feature layer and to layer-wise rescalings, not to node-wise rescaling of
+the features themselves. The registry's ``invariant`` flag refers to
+``normalize_features: true`` (``flatcli check-invariance`` turns it on).
+
+Larger means sharper.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError, MeasurementError
+from . import MeasureResult, register
+from ._options import Bool, Optional, Str, opt
+
+
+@dataclass(frozen=True)
+class RelativeFlatnessOptions:
+    layer: str | None = opt(None, Optional(Str()), "module name of an nn.Linear layer (default: the last Linear)")
+    normalize_features: bool = opt(False, Bool(), "divide features by their std over S (Theorem 4; invariant to node-wise rescaling)")
+
+
+def find_layer(model: nn.Module, name: str | None) -> tuple[str, nn.Linear]:
+    """The ``nn.Linear`` named ``name`` (default: the last ``nn.Linear`` in ``named_modules`` order)."""
+    modules = dict(model.named_modules())
+    linears = [n for n, m in modules.items() if isinstance(m, nn.Linear)]
+    if name is None:
+        if not linears:
+            raise ConfigError("relative_flatness needs an nn.Linear layer; the model has none")
+        name = linears[-1]
+    if name not in modules:
+        import difflib
+
+        hint = difflib.get_close_matches(name, linears, n=1)
+        msg = f"The 'layer' parameter of relative_flatness names no module: {name!r}."
+        msg += f" Did you mean {hint[0]!r}?" if hint else f" Linear layers: {', '.join(linears) or '(none)'}."
+        raise ConfigError(msg)
+    mod = modules[name]
+    if not isinstance(mod, nn.Linear):
+        raise ConfigError(
+            f"The 'layer' parameter of relative_flatness must name an nn.Linear layer; {name!r} is "
+            f"{type(mod).__name__}. Linear layers: {', '.join(linears) or '(none)'}."
+        )
+    return name, mod
+
+
+class _Capture:
+    """A forward hook that records the layer's input and output, or replaces its output."""
+
+    def __init__(self, module: nn.Module, replace: torch.Tensor | None = None):
+        self.module, self.replace = module, replace
+        self.inputs: list[torch.Tensor] = []
+        self.outputs: list[torch.Tensor] = []
+
+    def __enter__(self):
+        self.handle = self.module.register_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+    def _hook(self, mod, inp, out):
+        self.inputs.append(inp[0])
+        self.outputs.append(out)
+        return self.replace
+
+
+def _run(problem, module, name, x, replace=None):
+    with _Capture(module, replace) as cap:
+        out = problem.forward(problem.params, x)
+    if len(cap.inputs) != 1:
+        raise MeasurementError(
+            f"relative_flatness: layer {name!r} ran {len(cap.inputs)} times in one forward pass; "
+            "it must run exactly once (no weight sharing)"
+        )
+    phi, z = cap.inputs[0], cap.outputs[0]
+    if phi.ndim != 2:
+        raise MeasurementError(
+            f"relative_flatness: layer {name!r} gets inputs of shape {tuple(phi.shape)}; "
+            "it needs (batch, features), one feature vector per sample"
+        )
+    return out, phi, z
+
+
+def _hz_products(problem, module, name, x, y, z0: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    r"""(k, B, d): row n of block r is :math:`H_z(x_n) V_r`, the per-sample Hessian of the loss
+    in the layer output through the rest of the network."""
+    zz = z0.detach().clone().requires_grad_(True)
+    out, _, _ = _run(problem, module, name, x, replace=zz)
+    s = problem.per_sample_loss(out, y).sum()
+    (g,) = torch.autograd.grad(s, zz, create_graph=True)
+    k, (B, d) = V.shape[0], zz.shape
+    if not g.requires_grad:  # the loss is linear in z
+        return torch.zeros(k, B, d, dtype=zz.dtype, device=zz.device)
+    Vb = V[:, None, :].expand(k, B, d).to(zz)
+    try:
+        (hv,) = torch.autograd.grad(g, zz, Vb, is_grads_batched=True, retain_graph=True)
+        return hv
+    except RuntimeError:  # an op without a batched rule: one product at a time
+        return torch.stack([torch.autograd.grad(g, zz, Vb[r], retain_graph=True)[0] for r in range(k)])
+
+
+def _feature_std(problem, module, name) -> torch.Tensor:
+    """Population standard deviation over S of each input feature of the layer (Chan's merge, float64)."""
+    n_tot, mean, m2 = 0, None, None
+    with torch.no_grad():
+        for x, _ in problem.batches:
+            _, phi, _ = _run(problem, module, name, x)
+            phi = phi.double()
+            b = phi.shape[0]
+            bm = phi.mean(0)
+            bm2 = ((phi - bm) ** 2).sum(0)
+            if mean is None:
+                n_tot, mean, m2 = b, bm, bm2
+            else:
+                delta = bm - mean
+                tot = n_tot + b
+                mean = mean + delta * b / tot
+                m2 = m2 + bm2 + delta**2 * n_tot * b / tot
+                n_tot = tot
+    return (m2 / n_tot).sqrt()
+
+
+@register(
+    "relative_flatness",
+    options=RelativeFlatnessOptions,
+    description="Relative flatness κ = mean ‖φ‖²⟨WWᵀ, H_z⟩ of a Linear layer (exact, no dense Hessian); node-rescaling invariant with normalize_features: true.",
+    reference="Petzka, Kamp, Adilova, Sminchisescu & Boley, NeurIPS 2021, Def. 3 and Theorem 4",
+    stochastic=False,
+    invariant=True,
+    cost="forward passes (final classifier) or min(d, m) z-HVPs per batch (inner layer)",
+)
+def relative_flatness(ctx, opts: RelativeFlatnessOptions) -> MeasureResult:
+    r"""Relative flatness :math:`\kappa` of one Linear layer, larger means sharper.
+
+    Parameters (options)
+    --------------------
+    layer : str or None, default None — module name of an ``nn.Linear``; None picks the last one.
+    normalize_features : bool, default False — Theorem 4's feature normalization
+        (makes :math:`\kappa` invariant to node-wise rescaling).
+
+    Diagnostics: ``layer``, ``method`` (``closed_form`` or ``hvp``), ``d``,
+    ``m`` (output and input features), ``z_hvps`` (z-space products, each over a
+    batch), ``mean_feature_norm2`` (mean ‖φ‖², normalized when asked),
+    ``zero_std_features``.
+
+    References: Petzka et al. (2021), "Relative Flatness and Generalization",
+    NeurIPS, Definition 3 (κ), Theorem 4 (normalization), property (i) (the ridge
+    identity κ = 2‖w‖² mean ‖x‖² for f(x) = w·x with squared loss).
+    """
+    p = ctx.problem
+    name, module = find_layer(ctx.model, opts.layer)
+    wname = f"{name}.weight" if name else "weight"
+    W = (p.params.get(wname) if wname in p.params else p.frozen.get(wname))
+    if W is None:
+        raise MeasurementError(f"relative_flatness: weight {wname!r} not found among the model's parameters")
+    W = W.detach()
+    d, m = W.shape
+    scale = torch.ones(m, dtype=torch.float64, device=W.device)
+    zero_std = 0
+    if opts.normalize_features:
+        sigma = _feature_std(p, module, name).to(W.device)
+        keep = sigma > 0
+        zero_std = int((~keep).sum())
+        scale = torch.where(keep, sigma, torch.zeros_like(sigma))
+    inv = torch.where(scale > 0, 1.0 / torch.where(scale > 0, scale, torch.ones_like(scale)), torch.zeros_like(scale))
+    Wt = W.double() * scale[None, :]  # W̃ = W diag(σ)
+    G = Wt @ Wt.T  # W̃W̃ᵀ (d × d)
+    use_units = d <= m
+    V = torch.eye(d, dtype=torch.float64, device=W.device) if use_units else Wt.T.contiguous()  # (k, d)
+    total = 0.0
+    feat = 0.0
+    z_hvps = 0
+    method = None
+    for x, y in p.batches:
+        with torch.no_grad():
+            out, phi, z = _run(p, module, name, x)
+        phin2 = ((phi.double() * inv[None, :]) ** 2).sum(1)  # ‖φ̃‖², (B,)
+        final = out is z and p.loss_name in ("cross_entropy", "mse")
+        if final and p.loss_name == "cross_entropy":
+            pr = torch.softmax(z.double(), dim=1)
+            q = (pr * torch.diagonal(G)[None, :]).sum(1) - ((pr @ G) * pr).sum(1)
+            method = method or "closed_form"
+        elif final:  # mse: ℓ = Σ_j (z_j − t_j)², H_z = 2I
+            q = torch.full_like(phin2, 2.0 * float(torch.trace(G)))
+            method = method or "closed_form"
+        else:
+            hv = _hz_products(p, module, name, x, y, z, V.to(p.dtype)).double()  # (k, B, d)
+            z_hvps += V.shape[0]
+            q = torch.einsum("st,snt->n", G, hv) if use_units else torch.einsum("jt,jnt->n", V, hv)
+            method = "hvp"
+        total += float((phin2 * q).sum())
+        feat += float(phin2.sum())
+    kappa = total / p.n
+    if not math.isfinite(kappa):
+        raise MeasurementError(f"relative_flatness is not finite ({kappa})")
+    return MeasureResult(
+        value=kappa,
+        diagnostics={
+            "layer": name,
+            "method": method,
+            "d": int(d),
+            "m": int(m),
+            "z_hvps": z_hvps,
+            "normalize_features": bool(opts.normalize_features),
+            "mean_feature_norm2": feat / p.n,
+            "zero_std_features": zero_std,
+        },
+    )
