@@ -182,12 +182,15 @@ def measure_model(
                 engine=engine,
                 seed=seed if spec.seed is None else spec.seed,
                 init_params=init_params,
-                extra={"test": test, "train": train, "loss": loss, "batch_size": batch_size},
+                extra={"test": test, "train": train, "loss": loss, "batch_size": batch_size, "init_state": init_state},
             )
             try:
                 row.results[spec.label] = run_measure(spec, ctx)
-            except ConfigError:
-                raise
+            except ConfigError as e:  # e.g. a measure that needs an init checkpoint nobody gave
+                msg = f"config: {spec.label}: {e}"
+                row.errors[spec.label] = msg
+                row.status = "error"
+                row.error = row.error or msg
             except Exception as e:  # one failed measure never loses the others
                 if debug:
                     traceback.print_exc()
@@ -281,11 +284,7 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
         hp = dict(job.hparams)
         hp.update(_read_hparams_from_keys(extras, cfg.hparams.from_keys))
         init_state = None
-        if job.init_checkpoint is not None or any(_needs_init(s) for s in specs):
-            if job.init_checkpoint is None:
-                raise ConfigError(
-                    "measure distance_from_init needs 'init_checkpoint' (config key, or a manifest column)"
-                )
+        if job.init_checkpoint is not None:
             init_state = extract_state_dict(read_checkpoint(job.init_checkpoint, cfg.runtime.allow_unsafe_pickle), job.init_checkpoint)
             load_into(copy.deepcopy(model), init_state, job.init_checkpoint)  # validates shapes
         md = cfg.measure_data
@@ -317,12 +316,6 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
         return Row(checkpoint=job.checkpoint, status="error", error=f"{type(e).__name__}: {e}", labels=labels, hparams=dict(job.hparams))
 
 
-def _needs_init(spec: MeasureSpec) -> bool:
-    from .measures import get_measure
-
-    return get_measure(spec.name).needs_init
-
-
 def load(config: Config | str | Path | dict | None, overrides: dict[str, Any] | None = None) -> Config:
     if isinstance(config, Config):
         return config
@@ -331,7 +324,7 @@ def load(config: Config | str | Path | dict | None, overrides: dict[str, Any] | 
     return load_config(config, overrides)
 
 
-def select_measures(cfg: Config, names: Sequence[str] | str | None) -> list[MeasureSpec]:
+def select_measures(cfg: Config, names: Sequence[str] | str | None, has_init: bool | None = None) -> list[MeasureSpec]:
     """The config's measures, or those named (``-m``): a configured label or measure name keeps
     its configured options; another registered name runs with defaults; 'all' runs every measure."""
     specs = cfg.measure_specs()
@@ -347,7 +340,7 @@ def select_measures(cfg: Config, names: Sequence[str] | str | None) -> list[Meas
         chosen = []
         by_name = {s.name: s for s in specs}
         for info in list_measures():
-            if info.needs_init and cfg.init_checkpoint is None:
+            if info.needs_init and not (has_init if has_init is not None else cfg.init_checkpoint):
                 continue
             chosen.append(by_name.get(info.name, MeasureSpec(info.name, info.name)))
         return chosen
@@ -386,12 +379,12 @@ def measure(
                 from .config import _set_path
 
                 _set_path(cfg, k, v, "cli")
-    specs = select_measures(cfg, measures)
     if not cfg.model.target:
         raise ConfigError("config key 'model.target' is required")
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
     jobs = resolve_jobs(cfg, list(checkpoints) if checkpoints else None)
+    specs = select_measures(cfg, measures, has_init=any(j.init_checkpoint is not None for j in jobs))
     if not jobs:
         raise ConfigError("no checkpoints: list them under 'checkpoints' or pass paths on the command line")
     dev = resolve_device(cfg.runtime.device)
@@ -417,4 +410,231 @@ def measure(
     report = MeasureReport(rows=rows, config=cfg, meta=meta, seconds=time.perf_counter() - t0)
     if outdir is not None or cfg.provenance.get("output.dir", "default") != "default":
         write_results(cfg.output.dir if outdir is None else outdir, rows, meta)
+    return report
+
+
+def load_model(cfg: Config, path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Build the config's model and load one checkpoint into it (``model_kwargs`` stored in the
+    checkpoint override ``model.kwargs``). Returns ``(model, extras)``; the model is on the CPU."""
+    if not cfg.model.target:
+        raise ConfigError("config key 'model.target' is required")
+    obj = read_checkpoint(path, cfg.runtime.allow_unsafe_pickle)
+    extras = checkpoint_extras(obj)
+    kwargs = dict(cfg.model.kwargs)
+    if isinstance(extras.get("model_kwargs"), dict):
+        kwargs.update(extras["model_kwargs"])
+    model = build_model(cfg.model.target, kwargs, cfg.base_dir)
+    load_into(model, extract_state_dict(obj, path), path)
+    return model, extras
+
+
+def _manifest_train_data(cfg: Config, path: Path) -> Path | None:
+    """The manifest's ``train_data`` for ``path`` when the config's manifest lists that checkpoint."""
+    if not isinstance(cfg.checkpoints, dict):
+        return None
+    try:
+        jobs = resolve_jobs(cfg)
+    except ConfigError:
+        return None
+    target = Path(path).resolve()
+    for j in jobs:
+        if j.train_data is not None and j.path.resolve() == target:
+            return j.train_data
+    return None
+
+
+def landscape(
+    config: Config | str | Path | dict,
+    checkpoint: str | Path,
+    *,
+    to: str | Path | None = None,
+    dims: int = 1,
+    steps: int = 25,
+    span: str | Sequence[float] | None = None,
+    seed: int | None = None,
+    device: str | None = None,
+    bias_bn: str = "zero",
+    points_per_pass: int | None = None,
+    outdir: str | Path | None = None,
+    plots: bool = True,
+    allow_unsafe_pickle: bool | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+):
+    """Loss-landscape view of one checkpoint: a 1D/2D filter-normalized slice, or with ``to`` the
+    linear interpolation to a second checkpoint. See `flatcli.landscape` for the definitions.
+
+    Train and (when ``data.test`` is configured) test loss and accuracy are evaluated at every grid
+    point on ``measure_data.num_samples`` samples of each split (seed ``measure_data.seed``), in eval
+    mode, at ``runtime.precision``. When the config's manifest lists ``checkpoint`` with a
+    ``train_data`` column, that file is its training set. With ``outdir``, writes landscape.csv,
+    landscape.json and PNG plots there. Returns a `flatcli.landscape.LandscapeResult`.
+    """
+    from .landscape import interpolation_landscape, slice_landscape, write_files
+
+    overrides: dict[str, Any] = {"runtime.device": device, "runtime.seed": seed}
+    if allow_unsafe_pickle:
+        overrides["runtime.allow_unsafe_pickle"] = True
+    cfg = load(config, overrides)
+    if isinstance(config, Config):
+        from .config import _set_path
+
+        for k, v in overrides.items():
+            if v is not None:
+                _set_path(cfg, k, v, "cli")
+    if cfg.data.train is None:
+        raise ConfigError("config key 'data.train' is required")
+    if to is not None and dims != 1:
+        raise ConfigError("--to interpolates along one line; --dims 2 does not apply to it")
+    dev = resolve_device(cfg.runtime.device)
+    dtype = DTYPES[cfg.runtime.precision]
+    ckpt = Path(checkpoint).expanduser()
+    model, _ = load_model(cfg, ckpt)
+    model_b = load_model(cfg, Path(to).expanduser())[0] if to is not None else None
+    data = DataCache(cfg)
+    md = cfg.measure_data
+    train = data.get("train", _manifest_train_data(cfg, ckpt))
+    test = data.get("test")
+    first = next(iter(model.parameters()), None)
+    cpu_dtype = first.dtype if first is not None else torch.float32
+    for name, d in (("train", train), ("test", test)):
+        if d is not None:
+            _check_labels(model, d[0], d[1], cfg.loss, f"data.{name}", torch.device("cpu"), cpu_dtype)
+    train = subset(*train, md.num_samples, md.seed)
+    test = subset(*test, md.num_samples, md.seed) if test is not None else None
+    common = dict(
+        loss=cfg.loss, batch_size=md.batch_size, device=dev, dtype=dtype,
+        points_per_pass=points_per_pass, on_progress=on_progress,
+    )
+    with _precision(cfg.runtime.precision):
+        if model_b is not None:
+            res = interpolation_landscape(model, model_b, train, test, steps=steps, span=span, **common)
+        else:
+            res = slice_landscape(
+                model, train, test, dims=dims, steps=steps, span=span, seed=cfg.runtime.seed, bias_bn=bias_bn, **common
+            )
+    res.meta.update(
+        {
+            "checkpoint": str(checkpoint),
+            "to": None if to is None else str(to),
+            "loss": cfg.loss,
+            "measure_data": cfg.to_dict()["measure_data"],
+            "precision": cfg.runtime.precision,
+            "config_hash": cfg.hash(),
+            "versions": versions(),
+            "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""),
+        }
+    )
+    if outdir is not None:
+        write_files(res, outdir, plots=plots)
+    return res
+
+
+# ------------------------------------------------------------------ sweeps, collect, correlate
+def sweep(
+    config: Config | str | Path | dict,
+    outdir: str | Path | None = None,
+    *,
+    checkpoints: Sequence[str] | None = None,
+    measures: Sequence[str] | str | None = None,
+    device: str | None = None,
+    seed: int | None = None,
+    gpus: str | None = None,
+    workers: int | None = None,
+    shard: str | tuple[int, int] | None = None,
+    executor: str = "local",
+    resume: bool = True,
+    retry_failed: bool = False,
+    dry_run: bool = False,
+    lock_timeout: float = 600.0,
+    tasks: int | None = None,
+    slurm: dict[str, Any] | None = None,
+    cluster: str = "slurm",
+    wait: bool = False,
+    allow_unsafe_pickle: bool | None = None,
+    log: Callable[[str], None] | None = None,
+    on_unit: Callable[[dict[str, Any]], None] | None = None,
+    debug: bool = False,
+):
+    """Measure every checkpoint of a config as resumable units of work in ``outdir``.
+
+    One unit = one checkpoint × one measure, keyed by (checkpoint fingerprint, resolved
+    measure config hash, flatcli version); each finished unit is one atomically written
+    file, so rerunning skips finished units (``resume=False`` recomputes, ``retry_failed``
+    reruns error units). ``gpus`` ("all" or "0,1") runs one worker per GPU, ``workers`` N CPU
+    workers; ``shard=(i, n)`` or "i/n" runs one deterministic part of the units;
+    ``executor="slurm"`` submits a job array through submitit (``cluster="local"`` or
+    "debug" run submitit's local backends). Returns a `flatcli.sweep.SweepReport`; merge
+    the rows with `collect`.
+    """
+    from .sweep.runner import _default_log, run_sweep
+    from .sweep.store import parse_shard
+
+    overrides = {"runtime.device": device, "runtime.seed": seed}
+    if allow_unsafe_pickle:
+        overrides["runtime.allow_unsafe_pickle"] = True
+    cfg = load(config, overrides)
+    if isinstance(config, Config):
+        from .config import _set_path
+
+        for k, v in overrides.items():
+            if v is not None:
+                _set_path(cfg, k, v, "cli")
+    if not cfg.model.target:
+        raise ConfigError("config key 'model.target' is required")
+    if cfg.data.train is None:
+        raise ConfigError("config key 'data.train' is required")
+    jobs = resolve_jobs(cfg, list(checkpoints) if checkpoints else None)
+    specs = select_measures(cfg, measures, has_init=any(j.init_checkpoint is not None for j in jobs))
+    if not jobs:
+        raise ConfigError("no checkpoints: list them under 'checkpoints' or pass paths on the command line")
+    if outdir is None:
+        outdir = cfg.resolve_path(cfg.output.dir) if cfg.provenance.get("output.dir") == "yaml" else Path(cfg.output.dir)
+    sh = parse_shard(shard) if isinstance(shard, str) else shard
+    return run_sweep(
+        cfg, specs, jobs, outdir, gpus=gpus, workers=workers, shard=sh, executor=executor, resume=resume,
+        retry_failed=retry_failed, dry_run=dry_run, lock_timeout=lock_timeout, tasks=tasks, slurm=slurm,
+        cluster=cluster, wait=wait, log=_default_log if log is None else log, on_unit=on_unit, debug=debug,
+    )
+
+
+def collect(outdir: str | Path, output: str | Path | None = None):
+    """Merge a sweep directory's unit files into ``results.csv`` and ``results.json`` (the
+    columns of `measure`'s results.csv). Returns a `flatcli.sweep.CollectReport`."""
+    from .sweep.runner import collect as _collect
+
+    return _collect(outdir, output)
+
+
+def correlate(
+    results: str | Path,
+    *,
+    target: str = "gen_gap",
+    by: Sequence[str] | str | None = None,
+    outdir: str | Path | None = None,
+    plots: bool = False,
+    sort: str | None = None,
+    measures: Sequence[str] | str | None = None,
+    color_by: str | None = None,
+):
+    """Correlate each measure of a results.csv with ``target``: Pearson, Spearman, Kendall τ-b,
+    Jiang's τ, granulated Kendall Ψ with every ψ_i over the hyperparameter axes ``by``
+    (default: every hp_* column that forms a grid axis) and the PGDL conditional mutual
+    information. Writes ``correlations.csv`` (and plots) into ``outdir`` when given.
+    Returns a `flatcli.analysis.CorrelationReport`, best measure first."""
+    from .analysis.correlation import correlate_table, load_results
+    from .analysis.report import write_csv
+
+    table = load_results(results)
+    if isinstance(measures, str):
+        measures = [m.strip() for m in measures.split(",") if m.strip()]
+    report = correlate_table(table, target=target, by=by, sort=sort, measures=list(measures) if measures else None)
+    if outdir is not None:
+        out = Path(outdir)
+        report.csv_path = write_csv(report, out / "correlations.csv")
+        if plots:
+            from .analysis.plots import plot_report
+
+            report.plots = plot_report(report, table, out / "plots", color_by=color_by)
+    elif plots:
+        raise ConfigError("--plots needs an output directory (-o OUTDIR)")
     return report

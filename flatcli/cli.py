@@ -243,6 +243,250 @@ def demo(
     run_demo(outdir, measures=measures, seed=seed, console=console)
 
 
+# ------------------------------------------------------------------ landscape
+@app.command()
+@handle_errors
+def landscape(
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint at the centre of the slice (θ_a with --to).")],
+    config: ConfigOpt = ...,
+    outdir: Annotated[Path, typer.Option("--outdir", "-o", help="Write landscape.csv, landscape.json and PNG plots here.")] = ...,
+    dims: Annotated[int, typer.Option("--dims", help="1 or 2 filter-normalized random directions.")] = 1,
+    steps: Annotated[int, typer.Option("--steps", help="Grid points per axis.")] = 25,
+    span: Annotated[str | None, typer.Option("--span", help="Grid range 'a,b' (default -1,1; with --to -0.5,1.5).")] = None,
+    to: Annotated[str | None, typer.Option("--to", help="Second checkpoint: interpolate (1-t)·θ_a + t·θ_b instead of slicing.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the random directions (default runtime.seed).")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
+    bias_bn: Annotated[str, typer.Option("--bias-bn", help="Direction on biases and norm layers: zero (Li et al.) or keep.")] = "zero",
+    points_per_pass: Annotated[int | None, typer.Option("--points-per-pass", help="Grid points per vmapped forward pass (1 = loop; default: 1 for conv nets, else 8).")] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")] = True,
+    allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (trusted files only).")] = False,
+    debug: DebugOpt = False,
+):
+    """Loss-landscape view: 1D/2D slices along filter-normalized random directions, or with --to the
+    linear interpolation between two checkpoints; writes a CSV of the grid and PNG plots."""
+    from . import api
+
+    if bias_bn not in ("zero", "keep"):
+        raise ConfigError(f"--bias-bn must be zero or keep; got {bias_bn!r}")
+    if points_per_pass is not None and points_per_pass < 1:
+        raise ConfigError(f"--points-per-pass must be ≥ 1; got {points_per_pass}")
+    progress = task = None
+    if err_console.is_terminal:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        progress = Progress(
+            TextColumn("landscape"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=err_console, transient=True,
+        )
+
+    def on_progress(done, total):
+        nonlocal task
+        if progress is not None:
+            if task is None:
+                progress.start()
+                task = progress.add_task("landscape", total=total)
+            progress.update(task, completed=done)
+
+    try:
+        res = api.landscape(
+            config, checkpoint, to=to, dims=dims, steps=steps, span=span, seed=seed, device=device,
+            bias_bn=bias_bn, points_per_pass=points_per_pass, outdir=outdir, plots=plots,
+            allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=on_progress,
+        )
+    finally:
+        if progress is not None:
+            progress.stop()
+    what = {"1d": "1D slice", "2d": "2D slice", "interpolation": "interpolation"}[res.kind]
+    grid = f"{len(res.alpha)}" + (f"×{len(res.beta)}" if res.beta is not None else "")
+    t = Table(title=f"{what} of {checkpoint}" + (f" → {to}" if to else "") + f" ({grid} points)", header_style="bold")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    for k, v in res.summary.items():
+        t.add_row(k, ", ".join(fmt(x) for x in v) if isinstance(v, list) else fmt(v))
+    console.print(t)
+    if res.meta.get("plots"):
+        err_console.print(res.meta["plots"], highlight=False)
+    for split, d in res.meta.get("evaluator", {}).items():
+        if d.get("vmap_fallback"):
+            err_console.print(f"note: vmap failed on {split} ({d['vmap_fallback']}); evaluated point by point", highlight=False)
+    files = ", ".join(str(p) for p in res.files.values())
+    console.print(f"wrote {files} ({res.seconds:.1f}s)", highlight=False, soft_wrap=True)
+
+
+# ------------------------------------------------------------------ sweep / collect / correlate
+@app.command()
+@handle_errors
+def sweep(
+    config: ConfigOpt = ...,
+    outdir: Annotated[Path, typer.Option("--outdir", "-o", help="Sweep directory: plan.json, units/ (one file per finished unit), locks/.")] = ...,
+    measures: Annotated[str | None, typer.Option("--measures", "-m", help="Comma-separated measure names or labels ('all' for every measure).")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="'all' or indices like 0,1: one worker process per GPU (default: every visible GPU when the device is auto).")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", help="CPU worker processes (default 1).")] = None,
+    shard: Annotated[str | None, typer.Option("--shard", help="I/N: run only shard I of N (for array schedulers); shards cover every unit exactly once.")] = None,
+    executor: Annotated[str, typer.Option("--executor", help="local, or slurm (a job array through submitit; needs the slurm extra: pip install 'flatcli\\[slurm]').")] = "local",
+    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip finished units (--no-resume recomputes them).")] = True,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Rerun units that finished with an error.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be run or submitted; run nothing.")] = False,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of every stochastic measure.")] = None,
+    tasks: Annotated[int | None, typer.Option("--tasks", help="slurm: number of array tasks (default: one per checkpoint).")] = None,
+    slurm: Annotated[list[str] | None, typer.Option("--slurm", help="slurm: submitit parameter KEY=VALUE (repeatable), e.g. slurm_partition=gpu, timeout_min=120.")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="slurm: wait for the array to finish.")] = False,
+    cluster: Annotated[str, typer.Option("--submitit-cluster", hidden=True, help="submitit backend: slurm, local or debug.")] = "slurm",
+    lock_timeout: Annotated[float, typer.Option("--lock-timeout", help="Seconds without a heartbeat after which another worker's lock is stale.")] = 600.0,
+    allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (trusted files only).")] = False,
+    debug: DebugOpt = False,
+):
+    """Measure a whole sweep as resumable units (checkpoint × measure); merge with 'flatcli collect'."""
+    from . import api
+    from .sweep.runner import parse_slurm_params
+
+    def log(msg: str) -> None:
+        err_console.print(msg, highlight=False, soft_wrap=True, markup=False)
+
+    report = api.sweep(
+        config, outdir, measures=measures, device=device, seed=seed, gpus=gpus, workers=workers, shard=shard,
+        executor=executor, resume=resume, retry_failed=retry_failed, dry_run=dry_run, lock_timeout=lock_timeout,
+        tasks=tasks, slurm=parse_slurm_params(slurm), cluster=cluster, wait=wait,
+        allow_unsafe_pickle=allow_unsafe_pickle or None, log=log, debug=debug,
+    )
+    for line in report.lines:
+        console.print(line, highlight=False, soft_wrap=True)
+    if not report.dry_run:
+        msg = f"{report.computed} units computed, {report.errors} with errors, {report.pending} not finished ({report.seconds:.1f}s)"
+        if report.executor == "slurm" and report.jobs and not wait:
+            msg = f"submitted; when the array is done: flatcli collect {outdir}"
+        else:
+            msg += f"; merge with: flatcli collect {outdir}"
+        console.print(msg, highlight=False, soft_wrap=True)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command()
+@handle_errors
+def collect(
+    outdir: Annotated[Path, typer.Argument(help="A sweep directory.")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="CSV to write (default OUTDIR/results.csv; a .json goes beside it).")] = None,
+    debug: DebugOpt = False,
+):
+    """Merge a sweep's unit files into results.csv (the columns of 'flatcli measure')."""
+    from . import api
+
+    rep = api.collect(outdir, output)
+    n_err = sum(r.status == "error" for r in rep.rows)
+    console.print(
+        f"wrote {rep.csv_path} and {rep.json_path}: {len(rep.rows)} checkpoints × {len(rep.labels)} measures, "
+        f"{len(rep.missing)} units not finished, {n_err} rows with errors",
+        highlight=False, soft_wrap=True,
+    )
+    if rep.stale:
+        err_console.print(f"note: {rep.stale} unit files of an earlier plan were ignored", highlight=False)
+    for p in rep.unreadable:
+        err_console.print(f"[yellow]warning:[/yellow] unreadable unit file {p} (ignored)", highlight=False)
+    for c, lab in rep.missing[:10]:
+        err_console.print(f"not finished: {c} {lab}", highlight=False)
+    raise typer.Exit(rep.exit_code)
+
+
+@app.command()
+@handle_errors
+def correlate(
+    results: Annotated[Path, typer.Argument(help="A results.csv (from 'flatcli measure' or 'flatcli collect').")],
+    target: Annotated[str, typer.Option("--target", help="Column to predict.")] = "gen_gap",
+    by: Annotated[str | None, typer.Option("--by", help="Hyperparameter axes for Ψ and CMI, e.g. width,lr (default: every hp_* column that forms a grid axis).")] = None,
+    outdir: Annotated[Path | None, typer.Option("--outdir", "-o", help="Write correlations.csv (and plots/) here.")] = None,
+    plots: Annotated[bool, typer.Option("--plots", help="Scatter per measure and a ψ heatmap (needs matplotlib; with -o).")] = False,
+    sort: Annotated[str | None, typer.Option("--sort", help="Rank by psi, kendall_tau_b, jiang_tau, spearman, pearson or cmi.")] = None,
+    measures: Annotated[str | None, typer.Option("--measures", "-m", help="Only these measure columns.")] = None,
+    color_by: Annotated[str | None, typer.Option("--color-by", help="Hyperparameter colouring the scatter plots (default the first axis).")] = None,
+    debug: DebugOpt = False,
+):
+    """Rank measures by how well they predict the gap: Pearson, Spearman, Kendall τ-b, Jiang τ, granulated Ψ, CMI."""
+    from . import api
+    from .analysis.report import notes, print_table, render_table
+
+    if plots and outdir is None:
+        outdir = results.parent
+    rep = api.correlate(results, target=target, by=by, outdir=outdir, plots=plots, sort=sort, measures=measures,
+                        color_by=color_by)
+    print_table(console, render_table(rep))
+    console.print(
+        f"{rep.n_rows} checkpoints; measures from {rep.measures_source}; n = checkpoints used "
+        "(ψ groups and CMI pairs in correlations.csv)",
+        highlight=False, soft_wrap=True,
+    )
+    for n in notes(rep):
+        err_console.print(f"note: {n}", highlight=False, soft_wrap=True)
+    if rep.csv_path is not None:
+        console.print(f"wrote {rep.csv_path}" + (f" and {len(rep.plots)} plots in {rep.plots[0].parent}" if rep.plots else ""),
+                      highlight=False, soft_wrap=True)
+
+
+# ------------------------------------------------------------------ check-invariance
+@app.command("check-invariance")
+@handle_errors
+def check_invariance_cmd(
+    checkpoint: Annotated[Path, typer.Argument(help="The checkpoint to rescale.")],
+    config: ConfigOpt = ...,
+    measures: Annotated[str | None, typer.Option("--measures", "-m", help="Comma-separated measures or labels (default: the configured ones plus every measure that claims invariance).")] = None,
+    scale: Annotated[float, typer.Option("--scale", help="Rescaling factors range over [1/A, A].")] = 10.0,
+    transform: Annotated[str, typer.Option("--transform", help="node, layer or both (node-wise then layer-wise).")] = "both",
+    tol: Annotated[float, typer.Option("--tol", help="Relative change up to which a claimed invariance holds (float64).")] = 1e-6,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the rescaling and of every stochastic measure (equal for both runs).")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
+    debug: DebugOpt = False,
+):
+    """Rescale the network without changing its function; show which measures stay put (exit 0 if every claimed invariance holds)."""
+    from rich.markup import escape
+
+    from .invariance import check_invariance
+
+    rep = check_invariance(config, checkpoint, measures, transform=transform, scale=scale, seed=seed, tol=tol, device=device)
+    console.print(f"[bold]{escape(rep.checkpoint)}[/bold]: {escape(rep.describe())}", highlight=False, soft_wrap=True)
+    console.print(f"network output changed by {rep.output_rel_change:.2g} (relative, float64)", highlight=False)
+    from rich import box
+
+    t = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    t.add_column("measure", no_wrap=True)
+    for col, just in (("claims\ninvariance", "left"), ("original", "right"), ("rescaled", "right"),
+                      ("rel.\nchange", "right"), ("held?", "left")):
+        t.add_column(col, justify=just, no_wrap=True)
+    for r in rep.results:
+        name = r.label + ("*" if r.note == "normalize_features" else "")
+        claims = "yes" if r.claims_invariance else "no"
+        if r.held is None:
+            held = "[dim]ref.[/dim]" if r.label == rep.reference else "-"
+        else:
+            held = "[green]yes[/green]" if r.held else "[red]NO[/red]"
+        rel = "[red]error[/red]" if r.error else fmt(r.rel_change)
+        t.add_row(name, claims, fmt(r.original), fmt(r.rescaled), rel, held)
+    console.print(t)
+    if any(r.note == "normalize_features" for r in rep.results):
+        console.print("* measured with normalize_features: true (Petzka et al. 2021, Theorem 4)", highlight=False)
+    for r in rep.results:
+        if r.note == "box_hit" and r.held is False:
+            console.print(f"note: {r.label}: γ hit the box [-box, box]; rescalings beyond e^box are not absorbed (raise 'box')",
+                          highlight=False, soft_wrap=True)
+        if r.error:
+            err_console.print(f"[red]error:[/red] {escape(r.error)}", highlight=False, soft_wrap=True)
+    ref = next((r for r in rep.results if r.label == rep.reference), None)
+    if ref is not None and ref.original and math.isfinite(ref.rescaled):
+        console.print(f"the Hessian trace changed by a factor {ref.rescaled / ref.original:.3g}", highlight=False)
+    claimed = [r for r in rep.results if r.claims_invariance]
+    bad = [r.label for r in claimed if not r.held]
+    if bad:
+        err_console.print(f"[red]invariance violated[/red] (tolerance {rep.tol:g}): {', '.join(bad)}", highlight=False)
+    else:
+        console.print(f"all {len(claimed)} measure(s) claiming invariance held it within {rep.tol:g}", highlight=False)
+    raise typer.Exit(rep.exit_code)
+
+
 def main() -> None:
     app()
 

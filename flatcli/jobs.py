@@ -49,6 +49,21 @@ def _from_path(regex: str | None, path: str) -> dict[str, Any]:
 
 def resolve_jobs(cfg, cli_paths: list[str] | None = None) -> list[Job]:
     """Expand the config's (or the CLI's) checkpoints into jobs, in a stable order."""
+    if cli_paths and isinstance(cfg.checkpoints, dict):
+        # paths given on the command line keep the manifest's metadata (hparams, init, train_data)
+        known = {j.path.resolve(): j for j in resolve_jobs(cfg)}
+        jobs = []
+        for e in cli_paths:
+            p = Path(os.path.expanduser(e))
+            if not p.is_file():
+                raise ConfigError(f"checkpoint: file not found: {p}")
+            hit = known.get(p.resolve())
+            jobs.append(
+                Job(e, p, hit.hparams, hit.init_checkpoint, hit.train_data)
+                if hit
+                else Job(e, p, _from_path(cfg.hparams.from_path, e), cfg.resolve_path(cfg.init_checkpoint) if cfg.init_checkpoint else None)
+            )
+        return jobs
     entries: Any = list(cli_paths) if cli_paths else cfg.checkpoints
     if isinstance(entries, str):
         entries = [entries]

@@ -162,3 +162,18 @@ def test_config_show_provenance(project):
     assert res.exit_code == 0, out(res)
     assert "runtime.seed: env FLATCLI_SEED" in res.stdout and "loss: default" in res.stdout
     assert "seed: 4" in res.stdout
+
+
+def test_cli_paths_keep_manifest_metadata(tmp_path):
+    proj = write_project(tmp_path / "p", measures=["frobenius_norm"])
+    import shutil
+
+    shutil.copy(proj.parent / "m0.pt", proj.parent / "init0.pt")
+    (proj.parent / "man.csv").write_text("path,init_checkpoint,lr\nm0.pt,init0.pt,0.1\nm1.pt,,0.2\n")
+    cfg = yaml.safe_load(proj.read_text())
+    cfg["checkpoints"] = {"manifest": "man.csv"}
+    proj.write_text(yaml.safe_dump(cfg))
+    res = run("measure", proj.parent / "m0.pt", "-c", proj, "-m", "frobenius_norm,distance_from_init", "-o", tmp_path / "o")
+    assert res.exit_code == 0, out(res)
+    row = next(csv.DictReader(open(tmp_path / "o" / "results.csv")))
+    assert row["hp_lr"] == "0.1" and float(row["distance_from_init"]) == 0.0

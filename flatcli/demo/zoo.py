@@ -58,10 +58,10 @@ def train_to_target(model, x, y, weight_decay: float, target: float = TARGET_LOS
         model.train()
         opt.zero_grad()
         out = model(x)
-        l = lossf(out, y)
+        objective = lossf(out, y)
         if weight_decay:
-            l = l + 0.5 * weight_decay * sum((p * p).sum() for n, p in model.named_parameters() if "weight" in n)
-        l.backward()
+            objective = objective + 0.5 * weight_decay * sum((p * p).sum() for n, p in model.named_parameters() if "weight" in n)
+        objective.backward()
         opt.step()
         steps += 1
         if steps % 10 == 0:
@@ -145,12 +145,30 @@ def kendall_table(rows, labels, target="gen_gap"):
     return sorted(out, key=lambda t: -t[1] if math.isfinite(t[1]) else math.inf)
 
 
-def run_demo(outdir, measures=None, seed: int = 0, console=None):
-    """Train the zoo (skipped when its checkpoints exist), measure it, print measures vs gap and Kendall τ."""
+def measure_times(collected) -> list[tuple[str, float, float, int]]:
+    """(label, total seconds, mean seconds per checkpoint, checkpoints) from a `CollectReport`."""
+    out = []
+    for lab in collected.labels:
+        secs = collected.seconds_by_label.get(lab, [])
+        out.append((lab, sum(secs), sum(secs) / len(secs) if secs else math.nan, len(secs)))
+    return out
+
+
+def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | None = None):
+    """The full pipeline on the zoo: train (skipped when its checkpoints exist), sweep (local, CPU),
+    collect, correlate with the gap over the zoo's grid, and plot (when matplotlib is installed).
+
+    Writes ``OUTDIR/sweep/`` (plan and one file per checkpoint × measure; rerunning resumes),
+    ``OUTDIR/results/results.csv``, ``results.json``, ``correlations.csv`` and ``plots/``.
+    Returns the `flatcli.analysis.CorrelationReport`.
+    """
+    import importlib.util
+
     from rich.console import Console
     from rich.table import Table
 
     from .. import api
+    from ..analysis.report import notes, print_table, render_table
     from ..cli import render_rows
 
     console = console or Console()
@@ -164,29 +182,33 @@ def run_demo(outdir, measures=None, seed: int = 0, console=None):
         console.print(f"reusing the zoo in {outdir} (delete it to retrain)")
     t1 = time.perf_counter()
 
-    def on_row(i, n, row):
-        secs = sum(r.seconds for r in row.results.values())
-        console.print(f"  [{i + 1}/{n}] {row.checkpoint} {row.status} {secs:.1f}s {row.error}", highlight=False)
+    def log(msg: str) -> None:
+        console.print("  " + msg, highlight=False, markup=False)
 
-    report = api.measure(cfg_path, measures=measures, outdir=outdir / "results", on_row=on_row)
+    sweep_dir = outdir / "sweep"
+    rep = api.sweep(cfg_path, sweep_dir, measures=measures, workers=workers, device="cpu", log=log)
+    console.print(f"sweep: {rep.lines[0]}; {rep.computed} units computed in {rep.seconds:.1f}s", highlight=False)
     t2 = time.perf_counter()
-    labels = report.rows[0].labels
-    console.print(render_rows(report.rows, labels))
-    taus = kendall_table(report.rows, labels)
-    t = Table(title="Kendall τ of each measure with the generalization gap (train acc − test acc)", header_style="bold")
-    t.add_column("measure")
-    t.add_column("τ", justify="right")
-    t.add_column("n", justify="right")
-    for lab, tau, n in taus:
-        t.add_row(lab, "nan" if not math.isfinite(tau) else f"{tau:+.3f}", str(n))
-    console.print(t)
-    with open(outdir / "results" / "kendall.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["measure", "kendall_tau", "n"])
-        w.writerows(taus)
+    results = outdir / "results"
+    col = api.collect(sweep_dir, results / "results.csv")
+    print_table(console, render_rows(col.rows, col.labels))
+    tt = Table(title="wall time per measure (this and earlier runs of the sweep)", header_style="bold", title_justify="left")
+    for name in ("measure", "total s", "s / checkpoint", "checkpoints"):
+        tt.add_column(name, justify="left" if name == "measure" else "right")
+    for lab, total, mean, k in sorted(measure_times(col), key=lambda t: -t[1]):
+        tt.add_row(lab, f"{total:.2f}", f"{mean:.2f}", str(k))
+    print_table(console, tt)
+    plots = importlib.util.find_spec("matplotlib") is not None
+    corr = api.correlate(results / "results.csv", by=list(ZOO_GRID), outdir=results, plots=plots,
+                         color_by="label_noise")  # label noise drives the gap: colour by it
+    print_table(console, render_table(corr))
+    for n in notes(corr):
+        console.print(f"note: {n}", highlight=False)
+    t3 = time.perf_counter()
     console.print(
-        f"training {t1 - t0:.1f}s, measuring {t2 - t1:.1f}s; results in {outdir / 'results'} "
-        f"(results.csv, results.json, kendall.csv)",
+        f"training {t1 - t0:.1f}s, sweep {t2 - t1:.1f}s, collect + correlate{' + plots' if plots else ''} "
+        f"{t3 - t2:.1f}s; results in {results} (results.csv, results.json, correlations.csv"
+        + (", plots/" if plots else "") + ")",
         highlight=False,
     )
-    return report
+    return corr

@@ -1,0 +1,734 @@
+"""Running a sweep: the plan, the worker loop, local worker pools, shards, SLURM via submitit.
+
+``run_sweep`` writes ``OUTDIR/plan.json`` (the resolved config, every checkpoint with
+its fingerprint and hyperparameters, every unit) and then runs workers. A worker
+(`run_worker`) reads only the plan, so the same worker runs in this process, as a
+local subprocess pinned to one GPU (``python -m flatcli.sweep OUTDIR ...``),
+or as one task of a SLURM array (`run_shard_task`, submitted through submitit).
+
+A worker walks its units (all of them, or those of its ``--shard I/N``), skips
+finished ones, claims the next with an ``O_CREAT|O_EXCL`` lock file, measures it
+(`flatcli.api.measure_job` with that one measure), writes the unit's row file
+atomically and releases the lock. Units locked by a live worker are left to it;
+locks of dead workers (same host) or without a heartbeat for ``lock_timeout``
+seconds are broken.
+
+Why one unit per checkpoint × measure rather than per checkpoint: adding a measure
+or changing one measure's options recomputes only that measure's units; expensive
+measures spread over workers instead of one worker holding a whole checkpoint; a
+crash loses one measure, not a checkpoint's worth. The price is loading the
+checkpoint and evaluating train/test metrics once per unit, which is small next to
+any curvature measure (and the seeds make each measure's value independent of the
+others, so the collected table equals ``flatcli measure``'s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import ConfigError
+from ..jobs import Job
+from ..loading.checkpoints import fingerprint
+from ..measures import MeasureSpec
+from ..results import Row, atomic_write, to_csv
+from .store import (
+    DEFAULT_LOCK_TIMEOUT,
+    PLAN_FILE,
+    Heartbeat,
+    Store,
+    dumps,
+    measure_hash,
+    row_from_records,
+    shard_of,
+    unit_id,
+    unit_record,
+)
+
+DELAY_ENV = "FLATCLI_SWEEP_UNIT_DELAY"  # test hook: seconds to sleep inside every unit
+
+
+# ------------------------------------------------------------------ the plan
+@dataclass(frozen=True)
+class Unit:
+    id: str
+    checkpoint_index: int
+    label: str
+    label_index: int
+    key: dict[str, Any]
+
+
+@dataclass
+class Plan:
+    """What a sweep computes; ``OUTDIR/plan.json`` (no timestamps: every shard writes the same file)."""
+
+    config: dict[str, Any]
+    base_dir: str
+    config_hash: str
+    version: str
+    specs: list[dict[str, Any]]  # name, label, options, seed
+    checkpoints: list[dict[str, Any]]  # checkpoint, path, fingerprint, init_checkpoint, train_data, hparams
+    units: list[Unit]
+
+    @property
+    def labels(self) -> list[str]:
+        return [s["label"] for s in self.specs]
+
+    def spec(self, label: str) -> MeasureSpec:
+        s = next(s for s in self.specs if s["label"] == label)
+        return MeasureSpec(name=s["name"], label=s["label"], options=dict(s["options"]), seed=s["seed"])
+
+    def job(self, i: int) -> Job:
+        c = self.checkpoints[i]
+        opt = lambda k: Path(c[k]) if c.get(k) else None  # noqa: E731
+        return Job(c["checkpoint"], Path(c["path"]), dict(c["hparams"]), opt("init_checkpoint"), opt("train_data"))
+
+    def units_for(self, shard: tuple[int, int] | None) -> list[Unit]:
+        if shard is None:
+            return list(self.units)
+        i, n = shard
+        return [u for u in self.units if shard_of(u.id, n) == i]
+
+    def cfg(self):
+        from ..config import from_dict
+
+        return from_dict(self.config, base_dir=self.base_dir, env={})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "version": self.version,
+            "config_hash": self.config_hash,
+            "base_dir": self.base_dir,
+            "config": self.config,
+            "measures": self.specs,
+            "checkpoints": self.checkpoints,
+            "units": [
+                {"id": u.id, "checkpoint_index": u.checkpoint_index, "label": u.label,
+                 "label_index": u.label_index, "key": u.key}
+                for u in self.units
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Plan:
+        return cls(
+            config=d["config"],
+            base_dir=d["base_dir"],
+            config_hash=d["config_hash"],
+            version=d["version"],
+            specs=d["measures"],
+            checkpoints=d["checkpoints"],
+            units=[Unit(u["id"], u["checkpoint_index"], u["label"], u["label_index"], u["key"]) for u in d["units"]],
+        )
+
+
+def build_plan(cfg, specs: list[MeasureSpec], jobs: list[Job]) -> Plan:
+    """Fingerprint every checkpoint (and its init checkpoint / training set) and list the units."""
+    config = cfg.to_dict()
+    fps: dict[str, str] = {}
+
+    def fp(p: Path | None) -> str | None:
+        if p is None:
+            return None
+        k = str(Path(p).resolve())
+        if k not in fps:
+            try:
+                fps[k] = fingerprint(p)
+            except FileNotFoundError:
+                raise ConfigError(f"file not found: {p}") from None
+        return fps[k]
+
+    mh = {s.label: measure_hash(config, s) for s in specs}
+    checkpoints, units = [], []
+    for ci, job in enumerate(jobs):
+        key_fp = {"checkpoint": fp(job.path), "init": fp(job.init_checkpoint), "train_data": fp(job.train_data)}
+        checkpoints.append({
+            "checkpoint": job.checkpoint,
+            "path": str(Path(job.path).resolve()),
+            "fingerprint": key_fp["checkpoint"],
+            "init_checkpoint": str(Path(job.init_checkpoint).resolve()) if job.init_checkpoint else None,
+            "train_data": str(Path(job.train_data).resolve()) if job.train_data else None,
+            "hparams": dict(job.hparams),
+        })
+        for li, s in enumerate(specs):
+            key = {"fingerprints": key_fp, "measure_hash": mh[s.label], "version": __version__}
+            units.append(Unit(unit_id(key_fp, mh[s.label], __version__), ci, s.label, li, key))
+    ids = [u.id for u in units]
+    if len(set(ids)) != len(ids):
+        dup = sorted({checkpoints[u.checkpoint_index]["checkpoint"] for u in units if ids.count(u.id) > 1})
+        raise ConfigError(f"the same checkpoint file is listed more than once: {', '.join(dup[:4])}")
+    return Plan(
+        config=config,
+        base_dir=str(Path(cfg.base_dir).resolve()),
+        config_hash=cfg.hash(),
+        version=__version__,
+        specs=[{"name": s.name, "label": s.label, "options": s.options, "seed": s.seed} for s in specs],
+        checkpoints=checkpoints,
+        units=units,
+    )
+
+
+def write_plan(outdir: str | os.PathLike, plan: Plan) -> Path:
+    path = Path(outdir) / PLAN_FILE
+    atomic_write(path, dumps(plan.to_json()))
+    return path
+
+
+def load_plan(outdir: str | os.PathLike) -> Plan:
+    path = Path(outdir) / PLAN_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: run 'flatcli sweep -c CONFIG -o {outdir}' first")
+    try:
+        return Plan.from_json(json.loads(path.read_text()))
+    except (ValueError, KeyError) as e:
+        raise ConfigError(f"{path} is not a flatcli sweep plan ({type(e).__name__}: {e})") from None
+
+
+# ------------------------------------------------------------------ the worker
+@dataclass
+class WorkerStats:
+    computed: int = 0
+    errors: int = 0
+    skipped: int = 0  # already finished
+    busy: int = 0  # left to another live worker
+
+
+def _default_log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_worker(
+    outdir: str | os.PathLike,
+    *,
+    shard: tuple[int, int] | None = None,
+    worker: int = 0,
+    workers: int = 1,
+    device: str | None = None,
+    redo_before: float | None = None,
+    retry_before: float | None = None,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    log: Callable[[str], None] | None = _default_log,
+    on_unit: Callable[[dict[str, Any]], None] | None = None,
+    data=None,
+    debug: bool = False,
+) -> WorkerStats:
+    """Compute the unfinished units of ``outdir``'s plan (of one shard), claiming each with a lock.
+
+    ``worker``/``workers`` only rotate the starting point so that workers of one pool
+    start on different units. ``redo_before``/``retry_before`` are timestamps: units
+    (error units) finished before them count as unfinished (``--no-resume``, ``--retry-failed``).
+    """
+    from ..api import DataCache, measure_job, resolve_device
+
+    store = Store(outdir)
+    plan = load_plan(outdir)
+    cfg = plan.cfg()
+    dev = resolve_device(device or cfg.runtime.device)
+    data = data if data is not None else DataCache(cfg)
+    units = plan.units_for(shard)
+    k = (len(units) * worker) // max(1, workers)
+    order = units[k:] + units[:k]
+    delay = float(os.environ.get(DELAY_ENV) or 0.0)
+    stats = WorkerStats()
+    tag = f"w{worker}" + (f" shard {shard[0]}/{shard[1]}" if shard else "")
+
+    def attempt(u: Unit) -> str:
+        if store.is_done(u.id, redo_before, retry_before):
+            return "done"
+        lock = store.claim(u.id, lock_timeout)
+        if lock is None:
+            return "busy"
+        try:
+            if store.is_done(u.id, redo_before, retry_before):  # finished while we claimed
+                return "done"
+            with Heartbeat(lock, lock_timeout / 4):
+                t0 = time.perf_counter()
+                if delay:
+                    time.sleep(delay)
+                job = plan.job(u.checkpoint_index)
+                row = measure_job(cfg, job, [plan.spec(u.label)], data, dev, debug)
+                rec = unit_record(
+                    uid=u.id, key=u.key, checkpoint=job.checkpoint, checkpoint_index=u.checkpoint_index,
+                    label=u.label, label_index=u.label_index, labels=plan.labels, row=row,
+                    device=str(dev), seconds=time.perf_counter() - t0,
+                )
+                store.write_unit(rec)
+        finally:
+            lock.release()
+        stats.computed += 1
+        res = rec["result"]
+        if rec["status"] == "error":
+            stats.errors += 1
+        if log is not None:
+            what = f"{res['seconds']:.2f}s" if res else ""
+            err = f" {rec['measure_error'] or rec['error']}" if rec["status"] == "error" else ""
+            st = res["status"] if res and rec["status"] == "ok" else rec["status"]
+            log(f"[{tag}] {job.checkpoint} {u.label} {st} {what}{err}".rstrip())
+        if on_unit is not None:
+            on_unit(rec)
+        return "computed"
+
+    busy: list[Unit] = []
+    for u in order:
+        r = attempt(u)
+        if r == "done":
+            stats.skipped += 1
+        elif r == "busy":
+            busy.append(u)
+    # Second passes: a unit whose holder died (dead pid on this host) is claimable now.
+    while busy:
+        left = []
+        for u in busy:
+            r = attempt(u)
+            if r == "busy":
+                left.append(u)
+        if len(left) == len(busy):
+            break
+        busy = left
+    stats.busy = len(busy)
+    return stats
+
+
+def run_shard_task(outdir: str, index: int, count: int, redo_before=None, retry_before=None,
+                   lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> dict[str, int]:
+    """One task of a job array (what submitit pickles): the worker over shard ``index/count``."""
+    st = run_worker(outdir, shard=(index, count), redo_before=redo_before, retry_before=retry_before,
+                    lock_timeout=lock_timeout)
+    return {"computed": st.computed, "errors": st.errors, "skipped": st.skipped, "busy": st.busy}
+
+
+# ------------------------------------------------------------------ the coordinator
+@dataclass
+class SweepReport:
+    outdir: Path
+    units: int  # in the plan
+    selected: int  # in this shard (= units without --shard)
+    already_done: int  # finished before this run (and kept)
+    computed: int = 0
+    errors: int = 0  # error units of this shard (whenever computed)
+    pending: int = 0  # unfinished units of this shard after the run
+    seconds: float = 0.0
+    executor: str = "local"
+    workers: list[str] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)  # submitted job ids (slurm)
+    lines: list[str] = field(default_factory=list)  # what --dry-run would do / did
+    dry_run: bool = False
+    config_errors: int = 0
+
+    @property
+    def exit_code(self) -> int:
+        if self.errors:
+            return 2 if self.config_errors == self.errors else 1
+        return 0
+
+
+def _gpu_list(gpus: str) -> list[int]:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--gpus {gpus}: no CUDA device is visible; drop --gpus to run on CPU workers")
+    n = torch.cuda.device_count()
+    if gpus == "all":
+        return list(range(n))
+    try:
+        ids = [int(g) for g in gpus.split(",") if g.strip()]
+    except ValueError:
+        raise ConfigError(f"--gpus must be 'all' or a comma-separated list of indices like 0,1; got {gpus!r}") from None
+    bad = [g for g in ids if not 0 <= g < n]
+    if bad or not ids:
+        raise ConfigError(f"--gpus {gpus}: {n} CUDA device(s) visible (indices 0..{n - 1})")
+    return ids
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    device: str
+    env: dict[str, str]
+    label: str
+
+
+def plan_workers(device: str, gpus: str | None, workers: int | None) -> list[WorkerPlan]:
+    """One worker per GPU (``--gpus``, or every visible GPU when the device is auto/cuda), else CPU workers."""
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers must be ≥ 1; got {workers}")
+    ids: list[int] = []
+    if gpus is not None:
+        if workers is not None:
+            raise ConfigError("--workers is for CPU sweeps; with --gpus there is one worker per GPU")
+        ids = _gpu_list(gpus)
+    elif device in ("auto", "cuda") or device.startswith("cuda"):
+        import torch
+
+        if workers is not None and device != "auto":
+            raise ConfigError(f"--workers runs CPU workers but runtime.device is {device!r}; use --gpus (or --device cpu)")
+        if torch.cuda.is_available() and workers is None:
+            if device.startswith("cuda:"):
+                ids = [int(device.split(":")[1])]
+            else:
+                ids = list(range(torch.cuda.device_count()))
+        elif device.startswith("cuda"):
+            raise ConfigError(f"runtime.device is {device!r} but no CUDA device is visible; use --device cpu")
+    if ids:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        phys = [v.strip() for v in visible.split(",")] if visible else None
+        out = []
+        for i in ids:
+            p = phys[i] if phys and i < len(phys) else str(i)
+            out.append(WorkerPlan(device="cuda:0", env={"CUDA_VISIBLE_DEVICES": p}, label=f"cuda:{i}"))
+        return out
+    n = workers or 1
+    threads = str(max(1, (os.cpu_count() or 1) // n))
+    env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": threads}
+    return [WorkerPlan(device="cpu", env=env, label="cpu") for _ in range(n)]
+
+
+def _worker_argv(outdir, w: int, n: int, wp: WorkerPlan, shard, redo_before, retry_before, lock_timeout) -> list[str]:
+    argv = [sys.executable, "-m", "flatcli.sweep", str(outdir), "--worker", str(w), "--workers", str(n),
+            "--device", wp.device, "--lock-timeout", repr(float(lock_timeout))]
+    if shard is not None:
+        argv += ["--shard", f"{shard[0]}/{shard[1]}"]
+    if redo_before is not None:
+        argv += ["--redo-before", repr(redo_before)]
+    if retry_before is not None:
+        argv += ["--retry-before", repr(retry_before)]
+    return argv
+
+
+def _status_counts(store: Store, units: list[Unit], since: float, redo_before, retry_before):
+    computed = errors = config_errors = pending = 0
+    for u in units:
+        rec = store.read_unit(u.id)
+        if rec is None or not store.is_done(u.id, redo_before, retry_before):
+            pending += 1
+            continue
+        if float(rec.get("finished_at", 0)) >= since:
+            computed += 1
+        if rec.get("status") == "error":
+            errors += 1
+            config_errors += str(rec.get("error", "")).startswith("config:")
+    return computed, errors, config_errors, pending
+
+
+def run_sweep(
+    cfg,
+    specs: list[MeasureSpec],
+    jobs: list[Job],
+    outdir: str | os.PathLike,
+    *,
+    gpus: str | None = None,
+    workers: int | None = None,
+    shard: tuple[int, int] | None = None,
+    executor: str = "local",
+    resume: bool = True,
+    retry_failed: bool = False,
+    dry_run: bool = False,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    tasks: int | None = None,
+    slurm: dict[str, Any] | None = None,
+    cluster: str = "slurm",
+    wait: bool = False,
+    log: Callable[[str], None] | None = _default_log,
+    on_unit: Callable[[dict[str, Any]], None] | None = None,
+    debug: bool = False,
+) -> SweepReport:
+    """Plan the sweep into ``outdir`` and run (or submit, or describe) its workers."""
+    if executor not in ("local", "slurm"):
+        raise ConfigError(f"--executor must be local or slurm; got {executor!r}")
+    if lock_timeout <= 0:
+        raise ConfigError(f"--lock-timeout must be > 0 seconds; got {lock_timeout}")
+    t_start = time.time()
+    t0 = time.perf_counter()
+    outdir = Path(outdir)
+    store = Store(outdir)
+    plan = build_plan(cfg, specs, jobs)
+    redo_before = None if resume else t_start
+    retry_before = t_start if retry_failed else None
+    selected = plan.units_for(shard)
+    already = sum(store.is_done(u.id, redo_before, retry_before) for u in selected)
+    report = SweepReport(outdir=outdir, units=len(plan.units), selected=len(selected), already_done=already,
+                         executor=executor, dry_run=dry_run)
+    todo = len(selected) - already
+    head = (f"{len(plan.checkpoints)} checkpoints × {len(plan.specs)} measures = {len(plan.units)} units"
+            + (f"; shard {shard[0]}/{shard[1]} holds {len(selected)}" if shard else "")
+            + f"; {already} finished, {todo} to run")
+    report.lines.append(head)
+
+    waited = True
+    if executor == "slurm":
+        if shard is not None:
+            raise ConfigError("--shard and --executor slurm are exclusive: the job array makes its own shards")
+        waited = _submit_slurm(report, plan, outdir, store, redo_before, retry_before, lock_timeout, tasks,
+                               slurm or {}, cluster, dry_run, wait)
+    else:
+        wps = plan_workers(cfg.runtime.device, gpus, workers)
+        report.workers = [wp.label for wp in wps]
+        if dry_run:
+            if len(wps) == 1:
+                report.lines.append(f"would run 1 worker in this process on {wps[0].label}")
+            else:
+                for w, wp in enumerate(wps):
+                    env = " ".join(f"{k}={v}" for k, v in wp.env.items())
+                    argv = _worker_argv(outdir, w, len(wps), wp, shard, redo_before, retry_before, lock_timeout)
+                    report.lines.append(f"would run: {env + ' ' if env else ''}{' '.join(argv[1:])}")
+        elif todo > 0:
+            write_plan(outdir, plan)
+            from ..api import DataCache
+
+            data = DataCache(cfg)  # load the data once here: a bad data config fails now, not per unit
+            data.get("train")
+            data.get("test")
+            if len(wps) == 1:
+                run_worker(outdir, shard=shard, device=wps[0].label, redo_before=redo_before,
+                           retry_before=retry_before, lock_timeout=lock_timeout, log=log, on_unit=on_unit,
+                           data=data, debug=debug)
+            else:
+                _run_pool(outdir, wps, shard, redo_before, retry_before, lock_timeout)
+        else:
+            write_plan(outdir, plan)
+    if not dry_run:
+        c, e, ce, p = _status_counts(store, selected, t_start, redo_before, retry_before)
+        report.computed, report.errors, report.config_errors, report.pending = c, e, ce, p
+        if executor == "slurm" and not waited:
+            report.pending = todo  # the array runs on its own: its units are not finished yet
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _run_pool(outdir, wps: list[WorkerPlan], shard, redo_before, retry_before, lock_timeout) -> None:
+    procs = []
+    try:
+        for w, wp in enumerate(wps):
+            argv = _worker_argv(outdir, w, len(wps), wp, shard, redo_before, retry_before, lock_timeout)
+            procs.append(subprocess.Popen(argv, env={**os.environ, **wp.env}))
+        codes = [p.wait() for p in procs]
+    except BaseException:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        raise
+    bad = [(w, c) for w, c in enumerate(codes) if c != 0]
+    if bad:
+        from ..errors import MeasurementError
+
+        raise MeasurementError(
+            "sweep worker(s) failed: " + ", ".join(f"worker {w} exited with {c}" for w, c in bad)
+            + "; rerun the same command to resume"
+        )
+
+
+SLURM_DEFAULTS = {"timeout_min": 240, "cpus_per_task": 4}
+
+
+def _coerce(v: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(v.lower(), v)
+
+
+def parse_slurm_params(items: list[str] | None) -> dict[str, Any]:
+    """``["slurm_partition=gpu", "timeout_min=60"]`` → dict (values coerced to int/float/bool)."""
+    out: dict[str, Any] = {}
+    for it in items or []:
+        if "=" not in it:
+            raise ConfigError(f"--slurm takes KEY=VALUE (a submitit parameter); got {it!r}")
+        k, v = it.split("=", 1)
+        out[k.strip()] = _coerce(v.strip())
+    return out
+
+
+def _submit_slurm(report: SweepReport, plan: Plan, outdir: Path, store: Store, redo_before, retry_before,
+                  lock_timeout, tasks, params, cluster, dry_run, wait) -> bool:
+    """Submit the array (or describe it); True when its tasks ran to completion here."""
+    pending = [u for u in plan.units if not store.is_done(u.id, redo_before, retry_before)]
+    n = tasks if tasks is not None else max(1, min(len(plan.checkpoints), len(pending) or 1))
+    if n < 1:
+        raise ConfigError(f"--tasks must be ≥ 1; got {n}")
+    shards = sorted({shard_of(u.id, n) for u in pending})
+    device = plan.config.get("runtime", {}).get("device", "auto")
+    p = {**SLURM_DEFAULTS, "gpus_per_node": 0 if device == "cpu" else 1, "name": "flatcli-sweep",
+         "slurm_array_parallelism": n, **params}
+    report.workers = [f"array task {i}/{n}" for i in shards]
+    if dry_run or not pending:
+        verb = "would submit" if dry_run else "nothing to submit for"
+        report.lines.append(f"{verb} a job array of {len(shards)} task(s) (shards of {n}) to {cluster} "
+                            f"via submitit, logs in {outdir / 'slurm'}")
+        report.lines.append("parameters: " + ", ".join(f"{k}={v}" for k, v in p.items()))
+        for i in shards:
+            k = sum(shard_of(u.id, n) == i for u in pending)
+            report.lines.append(f"task {i}: python -m flatcli.sweep {outdir} --shard {i}/{n}  ({k} units)")
+        if not dry_run:
+            write_plan(outdir, plan)
+        return True
+    try:
+        import submitit
+    except ImportError:
+        raise ConfigError("--executor slurm needs submitit: pip install 'flatcli[slurm]'") from None
+    if cluster == "slurm" and shutil.which("sbatch") is None:
+        raise ConfigError("--executor slurm: 'sbatch' is not on PATH (run on a SLURM login node, or use --dry-run)")
+    write_plan(outdir, plan)
+    ex = submitit.AutoExecutor(folder=outdir / "slurm" / "%j", cluster=cluster)
+    try:
+        ex.update_parameters(**p)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"--slurm parameters rejected by submitit: {e}") from None
+    out = str(outdir.resolve())
+    jobs = ex.map_array(
+        run_shard_task, [out] * len(shards), shards, [n] * len(shards), [redo_before] * len(shards),
+        [retry_before] * len(shards), [lock_timeout] * len(shards),
+    )
+    report.jobs = [j.job_id for j in jobs]
+    report.lines.append(f"submitted {len(jobs)} task(s) to {cluster}: {', '.join(report.jobs[:8])}"
+                        + (" ..." if len(jobs) > 8 else ""))
+    if wait or cluster == "debug":
+        for j in jobs:
+            j.result()
+        return True
+    return False
+
+
+# ------------------------------------------------------------------ collect
+@dataclass
+class CollectReport:
+    rows: list[Row]
+    labels: list[str]
+    csv_path: Path
+    json_path: Path
+    missing: list[tuple[str, str]] = field(default_factory=list)  # (checkpoint, label) not finished
+    stale: int = 0  # unit files not in the current plan (older configs)
+    unreadable: list[str] = field(default_factory=list)
+    seconds_by_label: dict[str, list[float]] = field(default_factory=dict)
+    devices: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(r.status == "error" for r in self.rows) else 0
+
+
+def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) -> CollectReport:
+    """Merge the unit files of ``outdir`` into ``results.csv`` (+ ``results.json`` beside it).
+
+    Rows follow the plan's checkpoint order and have the same columns as ``flatcli measure``'s.
+    Units missing from the plan's list are reported; unit files of older plans are ignored.
+    """
+    from ..api import versions
+
+    outdir = Path(outdir)
+    if not outdir.is_dir():
+        raise ConfigError(f"collect: {outdir} is not a directory")
+    store = Store(outdir)
+    records: dict[str, dict[str, Any]] = {}
+    unreadable = []
+    for p, rec in store.iter_records():
+        if rec is None or "unit" not in rec:
+            unreadable.append(str(p))
+        else:
+            records[rec["unit"]] = rec
+    plan_path = outdir / PLAN_FILE
+    if plan_path.is_file():
+        plan = load_plan(outdir)
+        labels = plan.labels
+        order = [(c["checkpoint"], c["hparams"]) for c in plan.checkpoints]
+        by_ckpt: list[dict[str, dict]] = [{} for _ in plan.checkpoints]
+        missing = []
+        for u in plan.units:
+            rec = records.pop(u.id, None)
+            if rec is None:
+                missing.append((plan.checkpoints[u.checkpoint_index]["checkpoint"], u.label))
+            else:
+                by_ckpt[u.checkpoint_index][u.label] = rec
+        stale = len(records)
+        meta_cfg = {"config": plan.config, "config_hash": plan.config_hash}
+    else:
+        if not records:
+            raise ConfigError(f"collect: {outdir} holds no {PLAN_FILE} and no unit files; is it a sweep directory?")
+        recs = sorted(records.values(), key=lambda r: (r.get("checkpoint_index", 0), r.get("label_index", 0)))
+        labels = list(recs[0].get("labels") or [])
+        for r in recs:
+            if r["label"] not in labels:
+                labels.append(r["label"])
+        ckpts: dict[str, dict[str, dict]] = {}
+        for r in recs:
+            ckpts.setdefault(r["checkpoint"], {})[r["label"]] = r
+        order = [(c, {}) for c in ckpts]
+        by_ckpt = list(ckpts.values())
+        missing = [(c, lab) for c, recs_c in ckpts.items() for lab in labels if lab not in recs_c]
+        stale = 0
+        meta_cfg = {}
+    rows = [row_from_records(c, labels, by_ckpt[i], hp) for i, (c, hp) in enumerate(order)]
+    seconds: dict[str, list[float]] = {lab: [] for lab in labels}
+    devices = set()
+    for recs_c in by_ckpt:
+        for lab, rec in recs_c.items():
+            if rec.get("result") is not None:
+                seconds.setdefault(lab, []).append(float(rec["result"].get("seconds") or 0.0))
+            devices.add(str(rec.get("worker", {}).get("device", "")))
+    csv_path = Path(output) if output is not None else outdir / "results.csv"
+    json_path = csv_path.with_suffix(".json")
+    meta = {
+        **meta_cfg,
+        "labels": labels,
+        "versions": versions(),
+        "device": ", ".join(sorted(d for d in devices if d)),
+        "measure_data": meta_cfg.get("config", {}).get("measure_data"),
+        "sweep": {"dir": str(outdir), "missing_units": len(missing), "stale_unit_files": stale},
+    }
+    from ..results import _jsonable
+
+    atomic_write(csv_path, to_csv(rows))
+    atomic_write(json_path, json.dumps(_jsonable({**meta, "rows": [r.to_json() for r in rows]}), indent=2))
+    return CollectReport(rows=rows, labels=labels, csv_path=csv_path, json_path=json_path, missing=missing,
+                         stale=stale, unreadable=unreadable, seconds_by_label=seconds,
+                         devices=sorted(d for d in devices if d))
+
+
+# ------------------------------------------------------------------ worker entry point
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flatcli.sweep OUTDIR [--shard I/N] ...``: one worker over a planned sweep."""
+    from .store import parse_shard
+
+    ap = argparse.ArgumentParser(prog="python -m flatcli.sweep", description=main.__doc__)
+    ap.add_argument("outdir")
+    ap.add_argument("--shard", default=None)
+    ap.add_argument("--worker", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--redo-before", type=float, default=None)
+    ap.add_argument("--retry-before", type=float, default=None)
+    ap.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT)
+    a = ap.parse_args(argv)
+    if "OMP_NUM_THREADS" in os.environ:
+        import torch
+
+        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+    try:
+        st = run_worker(a.outdir, shard=parse_shard(a.shard), worker=a.worker, workers=a.workers,
+                        device=a.device, redo_before=a.redo_before, retry_before=a.retry_before,
+                        lock_timeout=a.lock_timeout)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    # Error units are results (rows with status "error"), not a worker failure.
+    print(f"[w{a.worker}] done: {st.computed} computed ({st.errors} errors), {st.skipped} already finished, "
+          f"{st.busy} left to other workers", file=sys.stderr, flush=True)
+    return 0
+
+

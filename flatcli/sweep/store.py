@@ -1,0 +1,390 @@
+"""The sweep's row store: unit keys, one atomic file per finished unit, lock files, collect.
+
+Layout of a sweep directory::
+
+    OUTDIR/plan.json            what the sweep is (config, checkpoints, units): written by `sweep`
+    OUTDIR/units/<id>.json      one finished unit (a checkpoint × one measure), written atomically
+    OUTDIR/locks/<id>.lock      a unit being computed (O_CREAT|O_EXCL; holder's host, pid, time)
+    OUTDIR/results.csv, .json   written by `collect`
+
+A unit of work is one checkpoint × one configured measure. Its id hashes the
+checkpoint's fingerprint (sha256 of the file, plus those of its per-checkpoint
+init checkpoint and training set when it has them), the resolved measure
+configuration (`measure_hash`: model, data, measurement set, loss, precision,
+seed and the measure's options *with their defaults filled in*) and the flatcli
+version. Changing a measure's options or adding a measure therefore recomputes
+only the units it touches; the device is not part of the key.
+
+Every finished unit is one file written via temp file + fsync + ``os.replace``
+(`flatcli.results.atomic_write`), so a reader sees either no file or a whole
+one: a ``kill -9`` at any moment loses at most the units in flight, and two
+workers finishing the same unit leave one file (the key determines the values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import hashlib
+import json
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..measures import MeasureResult, MeasureSpec
+from ..results import Row, atomic_write
+
+PLAN_FILE = "plan.json"
+UNITS_DIR = "units"
+LOCKS_DIR = "locks"
+FORMAT = 1
+DEFAULT_LOCK_TIMEOUT = 600.0  # seconds without a heartbeat after which a lock is stale
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def measure_hash(config: dict[str, Any], spec: MeasureSpec) -> str:
+    """Hash of everything that determines one measure's value on a given checkpoint.
+
+    ``config`` is ``Config.to_dict()``. The measure's options are resolved (defaults
+    filled in), so ``hessian_trace`` and ``{hessian_trace: {tol: <default>}}`` share units.
+    """
+    opts = dataclasses.asdict(spec.parsed())
+    rt = config.get("runtime", {})
+    key = {
+        "model": config.get("model"),
+        "data": config.get("data"),
+        "measure_data": config.get("measure_data"),
+        "loss": config.get("loss"),
+        "runtime": {k: rt.get(k) for k in ("precision", "seed", "hvp_mode", "block_size")},
+        "measure": {"name": spec.name, "label": spec.label, "seed": spec.seed, "options": opts},
+    }
+    return _sha(key)[:16]
+
+
+def unit_id(fingerprints: dict[str, str | None], mhash: str, version: str) -> str:
+    """The id of (checkpoint fingerprints, resolved measure config hash, flatcli version)."""
+    return _sha({"fp": fingerprints, "measure": mhash, "version": version})[:20]
+
+
+def shard_of(uid: str, count: int) -> int:
+    """Deterministic shard of a unit: its id (a hex digest) modulo ``count``."""
+    return int(uid, 16) % count
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``"I/N"`` → (I, N) with 0 ≤ I < N."""
+    if text is None:
+        return None
+    try:
+        i, n = (int(p) for p in str(text).split("/"))
+    except ValueError:
+        raise ConfigError(f"--shard must look like I/N (e.g. 0/4); got {text!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise ConfigError(f"--shard I/N needs N ≥ 1 and 0 ≤ I < N; got {text!r}")
+    return i, n
+
+
+# ------------------------------------------------------------------ JSON with exact floats
+def _plain(v: Any) -> Any:
+    """JSON-ready copy that keeps floats exactly (nan/inf stay floats: Python's json reads them back)."""
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return str(v)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(_plain(obj), indent=1, allow_nan=True)
+
+
+# ------------------------------------------------------------------ locks
+def _host() -> str:
+    return socket.gethostname()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+@dataclass
+class Lock:
+    """A held unit lock; `release` removes it, `touch` refreshes its heartbeat."""
+
+    path: Path
+    token: str
+
+    def touch(self) -> None:
+        try:
+            os.utime(self.path)
+        except OSError:
+            pass
+
+    def release(self) -> None:
+        try:
+            if json.loads(self.path.read_text()).get("token") == self.token:
+                self.path.unlink()
+        except (OSError, ValueError):
+            pass
+
+
+class Heartbeat:
+    """Touches a lock every ``interval`` seconds while a unit runs (so it never looks stale)."""
+
+    def __init__(self, lock: Lock, interval: float):
+        self.lock, self.interval = lock, max(0.05, interval)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.lock.touch()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def lock_is_stale(info: dict[str, Any], mtime: float, timeout: float, now: float | None = None) -> bool:
+    """Stale when its holder is a dead process on this host, or it saw no heartbeat for ``timeout`` s."""
+    now = time.time() if now is None else now
+    if now - mtime > timeout:
+        return True
+    if info.get("host") == _host() and isinstance(info.get("pid"), int):
+        return not _pid_alive(info["pid"])
+    return False
+
+
+class Store:
+    """One sweep directory (see the module docstring)."""
+
+    def __init__(self, outdir: str | os.PathLike):
+        self.outdir = Path(outdir)
+        self.units_dir = self.outdir / UNITS_DIR
+        self.locks_dir = self.outdir / LOCKS_DIR
+
+    # -------------------------------------------------------------- units
+    def unit_path(self, uid: str) -> Path:
+        return self.units_dir / f"{uid}.json"
+
+    def read_unit(self, uid: str) -> dict[str, Any] | None:
+        p = self.unit_path(uid)
+        try:
+            return json.loads(p.read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return None  # unreadable: treated as not done (recomputed, then replaced)
+
+    def write_unit(self, record: dict[str, Any]) -> Path:
+        path = self.unit_path(record["unit"])
+        atomic_write(path, dumps(record))
+        return path
+
+    def is_done(self, uid: str, redo_before: float | None = None, retry_before: float | None = None) -> bool:
+        """A unit is done when its file exists, unless it was written before ``redo_before``
+        (``--no-resume``) or is an error row written before ``retry_before`` (``--retry-failed``)."""
+        rec = self.read_unit(uid)
+        if rec is None:
+            return False
+        t = float(rec.get("finished_at", 0.0))
+        if redo_before is not None and t < redo_before:
+            return False
+        if retry_before is not None and rec.get("status") == "error" and t < retry_before:
+            return False
+        return True
+
+    def iter_records(self) -> Iterable[tuple[Path, dict[str, Any] | None]]:
+        """Every unit file (temp files from interrupted writes are skipped); None when unreadable."""
+        if not self.units_dir.is_dir():
+            return
+        for p in sorted(self.units_dir.glob("*.json")):
+            if p.name.startswith("."):
+                continue
+            try:
+                yield p, json.loads(p.read_text())
+            except (OSError, ValueError):
+                yield p, None
+
+    # -------------------------------------------------------------- locks
+    def lock_path(self, uid: str) -> Path:
+        return self.locks_dir / f"{uid}.lock"
+
+    def claim(self, uid: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Lock | None:
+        """Take the unit's lock with ``O_CREAT|O_EXCL``; break it first when stale. None when held."""
+        self.locks_dir.mkdir(parents=True, exist_ok=True)
+        path = self.lock_path(uid)
+        token = uuid.uuid4().hex
+        info = {"host": _host(), "pid": os.getpid(), "time": time.time(), "token": token}
+        for _ in range(3):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if not self._break_if_stale(path, timeout):
+                    return None
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(info))
+                f.flush()
+                os.fsync(f.fileno())
+            return Lock(path, token)
+        return None
+
+    def _break_if_stale(self, path: Path, timeout: float) -> bool:
+        try:
+            text = path.read_text()
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            return True  # released meanwhile: try again
+        try:
+            info = json.loads(text) if text else {}
+        except ValueError:
+            info = {}
+        if not info:
+            # The holder writes its info right after creating the file: an empty lock that
+            # stays empty for seconds belongs to a process killed in between.
+            if time.time() - mtime < 5.0:
+                return False
+        elif not lock_is_stale(info, mtime, timeout):
+            return False
+        # Move it aside under a unique name; only one breaker wins the rename. If what we moved
+        # is not the lock we judged stale (its holder replaced it meanwhile), put it back.
+        aside = path.with_name(f".{path.name}.{uuid.uuid4().hex}.stale")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return True
+        try:
+            moved = aside.read_text()
+            if moved != text:
+                try:
+                    os.link(aside, path)
+                except OSError as e:
+                    if e.errno != errno.EEXIST:
+                        raise
+                return False
+            return True
+        finally:
+            try:
+                aside.unlink()
+            except OSError:
+                pass
+
+    def held_locks(self) -> list[Path]:
+        return sorted(self.locks_dir.glob("*.lock")) if self.locks_dir.is_dir() else []
+
+
+# ------------------------------------------------------------------ unit records <-> rows
+def unit_record(
+    *,
+    uid: str,
+    key: dict[str, Any],
+    checkpoint: str,
+    checkpoint_index: int,
+    label: str,
+    label_index: int,
+    labels: list[str],
+    row: Row,
+    device: str,
+    seconds: float,
+) -> dict[str, Any]:
+    """The JSON stored for one finished unit (``row`` is `measure_job`'s row for this one measure)."""
+    res = row.results.get(label)
+    return {
+        "format": FORMAT,
+        "unit": uid,
+        "key": key,
+        "checkpoint": checkpoint,
+        "checkpoint_index": checkpoint_index,
+        "label": label,
+        "label_index": label_index,
+        "labels": list(labels),
+        "status": row.status,
+        "error": row.error,
+        "measure_error": row.errors.get(label),
+        "result": None
+        if res is None
+        else {
+            "value": res.value,
+            "stderr": res.stderr,
+            "status": res.status,
+            "seconds": res.seconds,
+            "diagnostics": res.diagnostics,
+        },
+        "metrics": row.metrics,
+        "hparams": row.hparams,
+        "worker": {"host": _host(), "pid": os.getpid(), "device": device},
+        "seconds": seconds,
+        "finished_at": time.time(),
+    }
+
+
+def _result_from(d: dict[str, Any]) -> MeasureResult:
+    value = d.get("value")
+    return MeasureResult(
+        value=float("nan") if value is None else float(value),
+        stderr=None if d.get("stderr") is None else float(d["stderr"]),
+        diagnostics=dict(d.get("diagnostics") or {}),
+        seconds=float(d.get("seconds") or 0.0),
+        status=str(d.get("status") or "ok"),
+    )
+
+
+def row_from_records(checkpoint: str, labels: list[str], records: dict[str, dict[str, Any]], hparams=None) -> Row:
+    """Rebuild the `Row` `flatcli measure` would give from the unit records of one checkpoint.
+
+    ``records`` maps label → record. A label without a record leaves the row ``incomplete``.
+    ``hparams`` (the plan's) are used until a record brings the ones read at measure time.
+    """
+    row = Row(checkpoint=checkpoint, labels=list(labels), hparams=dict(hparams or {}))
+    missing = []
+    got_hparams = False
+    for lab in labels:
+        rec = records.get(lab)
+        if rec is None:
+            missing.append(lab)
+            continue
+        if rec.get("result") is not None:
+            row.results[lab] = _result_from(rec["result"])
+        if rec.get("measure_error"):
+            row.errors[lab] = rec["measure_error"]
+        if rec.get("status") == "error":
+            row.status = "error"
+            row.error = row.error or rec.get("error", "")
+        if not row.metrics and rec.get("metrics"):
+            row.metrics = {k: float(v) if v is not None else math.nan for k, v in rec["metrics"].items()}
+        if not got_hparams and rec.get("hparams") is not None:
+            row.hparams = dict(rec["hparams"])  # includes hparams.from_keys read at measure time
+            got_hparams = True
+    if missing and row.status == "ok":
+        row.status = "incomplete"
+        row.error = f"{len(missing)} of {len(labels)} measures not computed yet: {', '.join(missing)}"
+    return row
+
