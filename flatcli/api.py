@@ -274,13 +274,7 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
     whose message starts with 'config:' (exit code 2), so other checkpoints still complete."""
     labels = [s.label for s in specs]
     try:
-        obj = read_checkpoint(job.path, cfg.runtime.allow_unsafe_pickle)
-        extras = checkpoint_extras(obj)
-        kwargs = dict(cfg.model.kwargs)
-        if isinstance(extras.get("model_kwargs"), dict):  # per-checkpoint architecture (e.g. width)
-            kwargs.update(extras["model_kwargs"])
-        model = build_model(cfg.model.target, kwargs, cfg.base_dir)
-        load_into(model, extract_state_dict(obj, job.path), job.path)
+        model, extras = load_model(cfg, job.path)
         hp = dict(job.hparams)
         hp.update(_read_hparams_from_keys(extras, cfg.hparams.from_keys))
         init_state = None
@@ -317,12 +311,32 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
 
 
 def load(config: Config | str | Path | dict | None, overrides: dict[str, Any] | None = None) -> Config:
+    """A `Config` from a path, a mapping or a Config; ``overrides`` ({"runtime.seed": 3, ...},
+    None values ignored) win over everything, as CLI flags do."""
     if isinstance(config, Config):
+        from .config import _set_path
+
+        for k, v in (overrides or {}).items():
+            if v is not None:
+                _set_path(config, k, v, "cli")
         return config
     if isinstance(config, dict):
         return from_dict(config, overrides=overrides)
     return load_config(config, overrides)
 
+
+
+def _plan(cfg: Config, checkpoints, measures) -> tuple[list[Job], list[MeasureSpec]]:
+    """Validate what every pipeline needs; resolve the jobs and the measures to run."""
+    if not cfg.model.target:
+        raise ConfigError("config key 'model.target' is required")
+    if cfg.data.train is None:
+        raise ConfigError("config key 'data.train' is required")
+    jobs = resolve_jobs(cfg, list(checkpoints) if checkpoints else None)
+    if not jobs:
+        raise ConfigError("no checkpoints: list them under 'checkpoints' or pass paths on the command line")
+    specs = select_measures(cfg, measures, has_init=any(j.init_checkpoint is not None for j in jobs))
+    return jobs, specs
 
 def select_measures(cfg: Config, names: Sequence[str] | str | None, has_init: bool | None = None) -> list[MeasureSpec]:
     """The config's measures, or those named (``-m``): a configured label or measure name keeps
@@ -373,20 +387,7 @@ def measure(
     if allow_unsafe_pickle:
         overrides["runtime.allow_unsafe_pickle"] = True
     cfg = load(config, overrides)
-    if isinstance(config, Config):
-        for k, v in overrides.items():
-            if v is not None:
-                from .config import _set_path
-
-                _set_path(cfg, k, v, "cli")
-    if not cfg.model.target:
-        raise ConfigError("config key 'model.target' is required")
-    if cfg.data.train is None:
-        raise ConfigError("config key 'data.train' is required")
-    jobs = resolve_jobs(cfg, list(checkpoints) if checkpoints else None)
-    specs = select_measures(cfg, measures, has_init=any(j.init_checkpoint is not None for j in jobs))
-    if not jobs:
-        raise ConfigError("no checkpoints: list them under 'checkpoints' or pass paths on the command line")
+    jobs, specs = _plan(cfg, checkpoints, measures)
     dev = resolve_device(cfg.runtime.device)
     data = DataCache(cfg)
     data.get("train")
@@ -475,12 +476,6 @@ def landscape(
     if allow_unsafe_pickle:
         overrides["runtime.allow_unsafe_pickle"] = True
     cfg = load(config, overrides)
-    if isinstance(config, Config):
-        from .config import _set_path
-
-        for k, v in overrides.items():
-            if v is not None:
-                _set_path(cfg, k, v, "cli")
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
     if to is not None and dims != 1:
@@ -573,20 +568,7 @@ def sweep(
     if allow_unsafe_pickle:
         overrides["runtime.allow_unsafe_pickle"] = True
     cfg = load(config, overrides)
-    if isinstance(config, Config):
-        from .config import _set_path
-
-        for k, v in overrides.items():
-            if v is not None:
-                _set_path(cfg, k, v, "cli")
-    if not cfg.model.target:
-        raise ConfigError("config key 'model.target' is required")
-    if cfg.data.train is None:
-        raise ConfigError("config key 'data.train' is required")
-    jobs = resolve_jobs(cfg, list(checkpoints) if checkpoints else None)
-    specs = select_measures(cfg, measures, has_init=any(j.init_checkpoint is not None for j in jobs))
-    if not jobs:
-        raise ConfigError("no checkpoints: list them under 'checkpoints' or pass paths on the command line")
+    jobs, specs = _plan(cfg, checkpoints, measures)
     if outdir is None:
         outdir = cfg.resolve_path(cfg.output.dir) if cfg.provenance.get("output.dir") == "yaml" else Path(cfg.output.dir)
     sh = parse_shard(shard) if isinstance(shard, str) else shard
