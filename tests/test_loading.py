@@ -8,7 +8,12 @@ from torch import nn
 
 from flatcli.config import DataSource
 from flatcli.errors import ConfigError
-from flatcli.loading.checkpoints import checkpoint_extras, extract_state_dict, load_checkpoint, read_checkpoint
+from flatcli.loading.checkpoints import (
+    checkpoint_extras,
+    extract_state_dict,
+    load_checkpoint,
+    read_checkpoint,
+)
 from flatcli.loading.data import apply_normalize, digits_split, load_split, subset
 from flatcli.loading.models import build_model
 

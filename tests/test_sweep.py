@@ -197,19 +197,21 @@ def test_shards_partition_units_exactly_once(project, tmp_path):
 
 
 # ------------------------------------------------------------------ locks
-def _claim_many(outdir: str, ids: list[str], q) -> None:
+def _claim_many(outdir: str, ids: list[str], q, hold) -> None:
     st = Store(outdir)
     q.put([u for u in ids if st.claim(u) is not None])
+    hold.wait(60)  # stay alive: a lock whose holder has exited is stale and may be taken again
 
 
 def test_locks_are_exclusive_across_processes(tmp_path):
     ids = [f"{i:020x}" for i in range(30)]
     ctx = multiprocessing.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_claim_many, args=(str(tmp_path), ids, q)) for _ in range(4)]
+    q, hold = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_claim_many, args=(str(tmp_path), ids, q, hold)) for _ in range(4)]
     for p in procs:
         p.start()
     won = [q.get(timeout=60) for _ in procs]
+    hold.set()
     for p in procs:
         p.join()
     assert sorted(sum(won, [])) == ids  # every lock taken exactly once
@@ -240,11 +242,21 @@ def test_stale_locks_expire(tmp_path):
 
 
 # ------------------------------------------------------------------ kill -9 and concurrency
+def _nonempty(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:  # released meanwhile
+        return False
+
+
 def _wait_for_units(units: Path, k: int, proc: subprocess.Popen, limit: float = 120.0) -> None:
+    """Wait until ``k`` units are written and the next unit's lock is held (its info written)."""
+    locks = units.parent / "locks"
     t0 = time.monotonic()
     while time.monotonic() - t0 < limit:
-        if units.is_dir() and len(list(units.glob("*.json"))) >= k:
-            return
+        if units.is_dir() and len(list(units.glob("*.json"))) >= k and locks.is_dir():
+            if any(_nonempty(p) for p in locks.glob("*.lock")):
+                return
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.02)
     pytest.fail("the sweep never wrote its first units")
