@@ -2,14 +2,20 @@ r"""Matrix-free linear algebra for symmetric operators given as block mat-vecs.
 
 Every routine takes ``matvec(V) -> H V`` for a block ``V`` of shape ``(K, P)``
 and returns its result together with diagnostics (steps, residuals, standard
-errors, converged flags). The tridiagonal problems are solved in float64.
+errors, converged flags, number of products). Small projected problems are
+solved in float64. Random probes come from a seeded CPU ``torch.Generator``;
+drawing K probes at once gives the same probes as K single draws, so results do
+not depend on how products are blocked.
 
 References
 ----------
-Lanczos with full reorthogonalization: Golub & Van Loan, *Matrix Computations*,
-4th ed., §10.1. Hutchinson (1989); Hutch++: Meyer, Musco, Musco & Woodruff (2021).
-Stochastic Lanczos quadrature: Ubaru, Chen & Saad (2017); Ghorbani, Krishnan &
-Xiao (2019).
+Block Lanczos with full reorthogonalization: Golub & Van Loan, *Matrix
+Computations*, 4th ed., §10.1 and §10.3.6 (block Lanczos); the Ritz residual
+identity :math:`\|Hx - \theta x\| = \|R\,y_{\text{last}}\|` (§10.1.4).
+Hutchinson (1989); Hutch++: Meyer, Musco, Musco & Woodruff, SOSA 2021, Alg. 1.
+Stochastic Lanczos quadrature: Ubaru, Chen & Saad, SIMAX 2017, §3 (eq. 3.5);
+Ghorbani, Krishnan & Xiao, ICML 2019, §2. Diagonal estimators: Bekas, Kokiopoulou
+& Saad 2007; Tsuzuku, Sato & Sugiyama, ICML 2020, eq. 29.
 """
 
 from __future__ import annotations
@@ -19,22 +25,35 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.linalg
 import torch
 
 MatVec = Callable[[torch.Tensor], torch.Tensor]
 
 
+# ---------------------------------------------------------------------------- Lanczos
 @dataclass
 class LanczosResult:
-    eigenvalues: np.ndarray  # Ritz values, descending
-    residuals: np.ndarray  # Ritz residual norms, matching eigenvalues
+    """Ritz values of the Krylov space, ordered as asked (``which``).
+
+    eigenvalues: all Ritz values, descending for ``which="largest"``.
+    residuals: Ritz residual norms ‖Hx − θx‖ matching ``eigenvalues``.
+    steps: Krylov-space dimension reached (= number of products).
+    converged: the ``k`` wanted pairs met the residual test (or the space is exact).
+    """
+
+    eigenvalues: np.ndarray
+    residuals: np.ndarray
     steps: int
     converged: bool
-    alphas: np.ndarray = field(repr=False, default=None)
-    betas: np.ndarray = field(repr=False, default=None)
-    ritz_vectors: torch.Tensor | None = field(repr=False, default=None)  # (k, P), descending
-    first_components: np.ndarray | None = field(repr=False, default=None)  # for SLQ weights
+    alphas: np.ndarray = field(repr=False, default=None)  # diagonal of T (block size 1)
+    betas: np.ndarray = field(repr=False, default=None)  # off-diagonal of T (block size 1)
+    ritz_vectors: torch.Tensor | None = field(
+        repr=False, default=None
+    )  # (k, P), in eigenvalue order
+    first_components: np.ndarray | None = field(repr=False, default=None)  # e_1ᵀ S, for SLQ weights
+    block: int = 1
+    block_steps: int = 0
+    n_hvp: int = 0
 
 
 def _tridiag_eig(alphas, betas):
@@ -42,6 +61,8 @@ def _tridiag_eig(alphas, betas):
     b = np.asarray(betas, dtype=np.float64)
     if len(a) == 1:
         return a.copy(), np.ones((1, 1))
+    import scipy.linalg  # imported here: it costs ~0.2 s at start-up
+
     return scipy.linalg.eigh_tridiagonal(a, b)
 
 
@@ -59,82 +80,191 @@ def lanczos(
     device=None,
     dtype=torch.float32,
     return_vectors: bool = False,
+    block: int | None = None,
 ) -> LanczosResult:
-    r"""Lanczos with full reorthogonalization for the ``k`` extreme eigenvalues.
+    r"""(Block) Lanczos with full reorthogonalization for the ``k`` extreme eigenvalues.
 
-    Stops once at least ``min(min_steps, dim)`` steps were taken and the Ritz
-    residuals :math:`\|Hv - \lambda v\| = |\beta_m s_{m,i}|` of the ``k`` wanted
-    Ritz pairs are at most ``tol * |\lambda_i|``, or when the Krylov space is
-    exhausted (an invariant subspace: the Ritz values are then exact).
-    ``which``: "largest" (algebraic) or "smallest".
+    Builds an orthonormal basis :math:`Q` of the block Krylov space
+    :math:`\mathrm{span}\{X, HX, H^2X, \dots\}` (``X``: ``block`` start vectors,
+    default ``k``), reorthogonalizing every new block against all of :math:`Q`
+    twice ("twice is enough"), and takes the Rayleigh-Ritz values of
+    :math:`T = Q^\top H Q` (float64, assembled from the projection coefficients).
+    A block start finds eigenvalues of multiplicity up to ``block``; with
+    ``block=1`` this is classical Lanczos.
+
+    Unlike power iteration, the Ritz values converge to the *algebraic*
+    extremes: with ``which="largest"`` the largest eigenvalue is found even when
+    a negative eigenvalue has larger magnitude.
+
+    Stops once the Krylov dimension is at least ``min(min_steps, dim)`` and the
+    residuals :math:`\|Hx_i - \theta_i x_i\|` of the ``k`` wanted Ritz pairs are
+    at most ``tol * |\theta_i|``; or when the space is exhausted (an invariant
+    subspace: the Ritz values are then exact); or at ``max_steps`` basis vectors.
+    ``min_steps``/``max_steps`` count basis vectors, i.e. products with H.
+
+    Parameters
+    ----------
+    matvec : ``V (K, P) -> H V``.
+    dim : P.
+    k : how many extreme pairs must converge.
+    which : "largest" or "smallest" (algebraic).
+    v0 : start vector(s), shape (P,) or (block, P); default seeded Gaussian.
+    block : block size (default ``k``).
     """
-    max_steps = min(max_steps, dim)
-    min_steps = min(min_steps, max_steps)
+    if which not in ("largest", "smallest"):
+        raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
+    max_steps = int(min(max_steps, dim))
+    min_steps = int(min(min_steps, max_steps))
+    if v0 is not None and v0.ndim == 1:
+        v0 = v0[None]
+    b = int(block) if block else (v0.shape[0] if v0 is not None else max(1, int(k)))
+    b = max(1, min(b, max_steps))
     if v0 is None:
-        v0 = torch.randn(dim, generator=generator, dtype=torch.float64)
-    q = v0.to(device=device, dtype=dtype)
-    q = q / q.norm()
-    Q = torch.zeros(max_steps + 1, dim, device=device, dtype=dtype)
-    Q[0] = q
-    alphas, betas = [], []
+        v0 = torch.randn(b, dim, generator=generator, dtype=torch.float64)
+    elif v0.shape[0] < b:
+        extra = torch.randn(b - v0.shape[0], dim, generator=generator, dtype=torch.float64)
+        v0 = torch.cat([v0.detach().cpu().double(), extra])
+    Qbuf = torch.empty(
+        min(max_steps, max(4 * b, 32)), dim, device=device, dtype=dtype
+    )  # grows by doubling
+    X = v0[:b].to(device=device, dtype=torch.float64)
+    Q0 = torch.linalg.qr(X.T).Q.T.to(dtype)
+    Qbuf[:b] = Q0
+    T = np.zeros((max_steps, max_steps), dtype=np.float64)
+    s, e = 0, b
     converged = False
-    evals = evecs = None
-    res = None
-    m = 0
-    for j in range(max_steps):
-        w = matvec(Q[j][None])[0].to(dtype)
-        a = float(torch.dot(w, Q[j]))
-        alphas.append(a)
-        # full reorthogonalization, twice (classical Gram-Schmidt, "twice is enough")
-        for _ in range(2):
-            w = w - Q[: j + 1].T @ (Q[: j + 1] @ w)
-        b = float(w.norm())
-        m = j + 1
-        evals, evecs = _tridiag_eig(alphas, betas)
+    evals = evecs = res = None
+    nblock = 0
+    while True:
+        W = matvec(Qbuf[s:e]).to(dtype)
+        nblock += 1
+        Qa = Qbuf[:e]
+        before = W.norm(dim=1)
+        C = Qa @ W.T
+        W = W - C.T @ Qa
+        # second pass only where the first one cancelled much (Daniel, Gragg, Kaufman & Stewart 1976)
+        if bool((W.norm(dim=1) < 0.7071 * before).any()):
+            C2 = Qa @ W.T
+            W = W - C2.T @ Qa
+            C = C + C2
+        C = C.double().cpu().numpy()
+        T[:e, s:e] = C
+        T[s:e, :s] = C[:s].T
+        T[s:e, s:e] = 0.5 * (C[s:e] + C[s:e].T)
+        evals, evecs = np.linalg.eigh(T[:e, :e])
         order = np.argsort(evals)[::-1] if which == "largest" else np.argsort(evals)
         evals, evecs = evals[order], evecs[:, order]
-        res = np.abs(b * evecs[-1, :])
-        kk = min(k, m)
-        scale = np.maximum(np.abs(evals[:kk]), 1e-30)
-        exhausted = b <= 1e-10 * max(1.0, float(np.max(np.abs(evals))))
-        if exhausted:
-            converged = True
-            res = np.zeros_like(res) if b == 0 else res
+        # Residual block W = Q_next R: ‖H x_i − θ_i x_i‖ = ‖R y_i[s:e]‖.
+        if e - s == 1:
+            nrm = float(W.double().norm())
+            R = np.array([[nrm]])
+            Qnext = W / nrm if nrm > 0 else W
+        else:
+            Rf = torch.linalg.qr(W.double().T)
+            R = Rf.R.cpu().numpy()
+            Qnext = Rf.Q.T.to(dtype)
+        res = np.linalg.norm(R @ evecs[s:e, :], axis=0)
+        kk = min(k, e)
+        scale = max(1.0, float(np.max(np.abs(evals))))
+        diag = np.abs(np.diag(R))
+        keep = np.nonzero(diag > 1e-10 * scale)[0]
+        if len(keep) == 0 or e >= dim:
+            converged = True  # invariant subspace: the Ritz values are exact
             break
-        if m >= min_steps and np.all(res[:kk] <= tol * scale):
+        if e >= min_steps and np.all(res[:kk] <= tol * np.maximum(np.abs(evals[:kk]), 1e-30)):
             converged = True
             break
-        if j + 1 < max_steps:
-            betas.append(b)
-            Q[j + 1] = w / b
+        if e >= max_steps:
+            break
+        width = min(len(keep), max_steps - e)
+        Qn = Qnext[torch.as_tensor(keep[:width], device=Qnext.device)]
+        s, e = e, e + width
+        if e > Qbuf.shape[0]:
+            grown = torch.empty(
+                min(max_steps, max(2 * Qbuf.shape[0], e)), dim, device=Qbuf.device, dtype=dtype
+            )
+            grown[:s] = Qbuf[:s]
+            Qbuf = grown
+        Qbuf[s:e] = Qn
     ritz = None
     if return_vectors:
-        S = torch.as_tensor(evecs[:, : min(k, m)], dtype=dtype, device=Q.device)
-        ritz = (Q[:m].T @ S).T
+        S = torch.as_tensor(evecs[:, : min(k, e)], dtype=dtype, device=Qbuf.device)
+        ritz = (Qbuf[:e].T @ S).T
+    alphas = np.diag(T[:e, :e]).copy() if b == 1 else None
+    betas = np.diag(T[:e, :e], -1).copy() if b == 1 else None
     return LanczosResult(
         eigenvalues=evals,
         residuals=res,
-        steps=m,
+        steps=e,
         converged=converged,
-        alphas=np.asarray(alphas),
-        betas=np.asarray(betas[: m - 1]),
+        alphas=alphas,
+        betas=betas,
         ritz_vectors=ritz,
-        first_components=evecs[0, :] if evecs is not None else None,
+        first_components=evecs[0, :].copy(),
+        block=b,
+        block_steps=nblock,
+        n_hvp=e,
     )
 
 
+# ---------------------------------------------------------------------------- traces
 @dataclass
 class TraceResult:
+    """A trace estimate with its standard error and cost.
+
+    For Hutch++ ``samples`` are the residual-space quadratic forms and
+    ``low_rank`` the exactly computed part :math:`\\mathrm{Tr}(Q^\\top H Q)`.
+    """
+
     estimate: float
     stderr: float
-    probes: int
+    probes: int  # products with H spent in total
     converged: bool
     samples: np.ndarray = field(repr=False, default=None)
+    method: str = "hutchinson"
+    low_rank: float = 0.0
+    sketch: int = 0
+
+    @property
+    def n_hvp(self) -> int:
+        return self.probes
+
+
+_M31 = 0x7FFFFFFF
+_MULT = 0x45D9F3B  # < 2**27: products of 31-bit values stay below 2**58, exact in int64
+_BITS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+
+
+def _hash31(x: torch.Tensor) -> torch.Tensor:
+    """A 31-bit integer mixing hash (Mueller's hash32 structure) on int64 tensors;
+    identical on every device since it only uses exact integer operations."""
+    x = ((x ^ (x >> 16)) * _MULT) & _M31
+    x = ((x ^ (x >> 16)) * _MULT) & _M31
+    return x ^ (x >> 16)
 
 
 def rademacher(k: int, dim: int, generator: torch.Generator, device=None, dtype=torch.float32):
-    r = torch.randint(0, 2, (k, dim), generator=generator, dtype=torch.int8)
-    return (2 * r - 1).to(device=device, dtype=dtype)
+    """K Rademacher (±1) vectors of length ``dim``, generated on ``device``.
+
+    Row r takes one 31-bit seed s_r from the CPU ``generator``; its signs are
+    the low 24 bits of ``hash(hash(j) ^ s_r)`` for chunk j, computed with exact
+    integer operations (little-endian bytes), so the probes are the same on CPU
+    and CUDA, cost one generator call per row rather than one per sign, and K
+    rows drawn at once equal K single draws."""
+    seeds = torch.randint(0, _M31 + 1, (k, 1), generator=generator, dtype=torch.int64).to(device)
+    dev = seeds.device
+    nchunk = (dim + 23) // 24
+    base = _hash31(torch.arange(nchunk, device=dev, dtype=torch.int64))
+    h = _hash31(base[None, :] ^ seeds).to(torch.int32)  # (k, nchunk), values < 2**31
+    by = h.view(torch.uint8).reshape(k, nchunk, 4)[:, :, :3].reshape(k, nchunk * 3)
+    bits = (by[:, :, None] & _BITS.to(dev)).ne(0).reshape(k, nchunk * 24)[:, :dim]
+    return bits.to(dtype).mul_(2).sub_(1)
+
+
+def _mean_se(samples: list[float]) -> tuple[float, float]:
+    est = float(np.mean(samples))
+    se = float(np.std(samples, ddof=1) / math.sqrt(len(samples))) if len(samples) > 1 else math.inf
+    return est, se
 
 
 def hutchinson(
@@ -149,26 +279,90 @@ def hutchinson(
     device=None,
     dtype=torch.float32,
 ) -> TraceResult:
-    r"""Hutchinson's trace estimator :math:`\mathrm{Tr}(H) \approx \frac1m \sum_i z_i^\top H z_i`
-    with Rademacher probes drawn in blocks, stopped when the standard error of the
-    mean is at most ``tol * |estimate|`` (and at least ``min_probes`` were used)."""
+    r"""Hutchinson's estimator :math:`\mathrm{Tr}(H) \approx \frac1m \sum_i z_i^\top H z_i`.
+
+    Rademacher probes, drawn and multiplied in blocks of ``block``; the first
+    block holds ``min_probes``. Stops when the standard error of the mean,
+    :math:`s/\sqrt{m}` (``s`` the sample standard deviation of the
+    :math:`z_i^\top H z_i`), is at most ``tol * |estimate|``, or at ``max_probes``.
+    """
     samples: list[float] = []
     while len(samples) < max_probes:
-        need = max(min_probes - len(samples), 1)
-        k = min(max(block, 1), max_probes - len(samples)) if need <= block else min(need, max_probes - len(samples))
+        left = max_probes - len(samples)
+        k = min(max(min_probes - len(samples), block, 1), left)
         Z = rademacher(k, dim, generator, device, dtype)
         HZ = matvec(Z)
-        samples.extend((Z.double() * HZ.double()).sum(1).cpu().tolist())
+        samples.extend((Z * HZ.to(Z.dtype)).sum(1, dtype=torch.float64).cpu().tolist())
         if len(samples) >= min_probes:
-            est = float(np.mean(samples))
-            se = float(np.std(samples, ddof=1) / math.sqrt(len(samples))) if len(samples) > 1 else math.inf
+            est, se = _mean_se(samples)
             if se <= tol * abs(est):
                 return TraceResult(est, se, len(samples), True, np.asarray(samples))
-    est = float(np.mean(samples))
-    se = float(np.std(samples, ddof=1) / math.sqrt(len(samples))) if len(samples) > 1 else math.inf
+    est, se = _mean_se(samples)
     return TraceResult(est, se, len(samples), se <= tol * abs(est), np.asarray(samples))
 
 
+def hutchpp(
+    matvec: MatVec,
+    dim: int,
+    *,
+    tol: float = 0.01,
+    min_probes: int = 16,
+    max_probes: int = 1000,
+    block: int = 16,
+    sketch: int | None = None,
+    generator: torch.Generator,
+    device=None,
+    dtype=torch.float32,
+) -> TraceResult:
+    r"""Hutch++ (Meyer, Musco, Musco & Woodruff 2021, Alg. 1) with stderr stopping.
+
+    1. Sketch: :math:`Y = HS` for ``sketch`` Rademacher columns :math:`S`
+       (default ``max(1, min_probes // 3)``), :math:`Q = \mathrm{orth}(Y)`.
+    2. Low-rank part, exact: :math:`t_Q = \mathrm{Tr}(Q^\top H Q)`.
+    3. Residual part by Hutchinson on :math:`PHP`, :math:`P = I - QQ^\top`:
+       samples :math:`g_i^\top P H P g_i` with Rademacher :math:`g_i`, drawn in
+       blocks until the standard error of their mean is at most
+       ``tol * |estimate|`` (after at least ``min_probes`` products in total and
+       two residual probes), or ``max_probes`` products are spent.
+
+    Estimate :math:`t_Q + \overline{g^\top PHPg}`. Since
+    :math:`\mathrm{Tr}(H) = \mathrm{Tr}(Q^\top HQ) + \mathrm{Tr}(PHP)` for every
+    :math:`Q`, the estimate is unbiased conditionally on the sketch, so the
+    reported stderr, that of the residual mean, is the whole standard error.
+    ``probes`` counts all products: ``2 * sketch`` plus the residual probes.
+    """
+    r = int(sketch) if sketch else max(1, min_probes // 3)
+    r = max(1, min(r, dim, max(1, (max_probes - 2) // 2)))
+    S = rademacher(r, dim, generator, device, dtype)
+    Y = matvec(S).double()
+    Q = torch.linalg.qr(Y.T).Q  # (dim, r), float64
+    HQ = matvec(Q.T.to(dtype)).double()
+    low = float((Q.T * HQ).sum())
+    used = 2 * r
+    if r >= dim:
+        return TraceResult(low, 0.0, used, True, np.zeros(0), "hutchpp", low, r)
+    samples: list[float] = []
+    Qd = Q.to(dtype)
+    while used < max_probes:
+        left = max_probes - used
+        k = min(max(min_probes - used, 2 - len(samples), block, 1), left)
+        G = rademacher(k, dim, generator, device, dtype)
+        G = G - (G @ Qd) @ Qd.T
+        HG = matvec(G)
+        samples.extend((G * HG.to(G.dtype)).sum(1, dtype=torch.float64).cpu().tolist())
+        used += k
+        if used >= min_probes and len(samples) >= 2:
+            m, se = _mean_se(samples)
+            if se <= tol * abs(low + m):
+                return TraceResult(low + m, se, used, True, np.asarray(samples), "hutchpp", low, r)
+    if not samples:
+        return TraceResult(low, math.inf, used, False, np.zeros(0), "hutchpp", low, r)
+    m, se = _mean_se(samples)
+    est = low + m
+    return TraceResult(est, se, used, se <= tol * abs(est), np.asarray(samples), "hutchpp", low, r)
+
+
+# ---------------------------------------------------------------------------- diagonals
 def exact_diagonal(matvec: MatVec, dim: int, *, block: int = 16, device=None, dtype=torch.float32):
     """The diagonal of H from unit-vector products (dim products; small models only)."""
     diag = torch.empty(dim, dtype=torch.float64)
@@ -181,24 +375,36 @@ def exact_diagonal(matvec: MatVec, dim: int, *, block: int = 16, device=None, dt
     return diag
 
 
+def _mean_stderr(acc, acc2, samples):
+    mean = acc / samples
+    var = (acc2 / samples - mean**2).clamp_min(0) * samples / max(samples - 1, 1)
+    return mean, (var / samples).sqrt()
+
+
 def hutchinson_diagonal(
-    matvec: MatVec, dim: int, *, samples: int, block: int = 16, generator, device=None, dtype=torch.float32
+    matvec: MatVec,
+    dim: int,
+    *,
+    samples: int,
+    block: int = 16,
+    generator,
+    device=None,
+    dtype=torch.float32,
 ):
-    r"""Plain diagonal estimator :math:`\mathrm{diag}(H) \approx \frac1m\sum_i z_i \circ H z_i`.
+    r"""Plain diagonal estimator (Bekas et al. 2007)
+    :math:`\mathrm{diag}(H) \approx \frac1m\sum_i z_i \circ H z_i`, Rademacher :math:`z_i`.
     Returns (mean, stderr) as float64 CPU tensors."""
-    acc = torch.zeros(dim, dtype=torch.float64)
-    acc2 = torch.zeros(dim, dtype=torch.float64)
+    acc = torch.zeros(dim, dtype=torch.float64, device=device)
+    acc2 = torch.zeros(dim, dtype=torch.float64, device=device)
     done = 0
     while done < samples:
         k = min(block, samples - done)
         Z = rademacher(k, dim, generator, device, dtype)
-        D = (Z * matvec(Z)).double().cpu()
+        D = (Z * matvec(Z)).double()
         acc += D.sum(0)
         acc2 += (D * D).sum(0)
         done += k
-    mean = acc / samples
-    var = (acc2 / samples - mean**2).clamp_min(0) * samples / max(samples - 1, 1)
-    return mean, (var / samples).sqrt()
+    return _mean_stderr(acc.cpu(), acc2.cpu(), samples)
 
 
 def scaled_diagonal(
@@ -220,30 +426,36 @@ def scaled_diagonal(
     a = theta.detach().abs()
     a = torch.where(a == 0, torch.full_like(a, eps), a)
     dim = theta.numel()
-    acc = torch.zeros(dim, dtype=torch.float64)
-    acc2 = torch.zeros(dim, dtype=torch.float64)
+    acc = torch.zeros(dim, dtype=torch.float64, device=theta.device)
+    acc2 = torch.zeros(dim, dtype=torch.float64, device=theta.device)
     done = 0
     while done < samples:
         k = min(block, samples - done)
         S = rademacher(k, dim, generator, theta.device, theta.dtype)
-        D = ((S * matvec(S * a)) / a).double().cpu()
+        D = ((S * matvec(S * a)) / a).double()
         acc += D.sum(0)
         acc2 += (D * D).sum(0)
         done += k
-    mean = acc / samples
-    var = (acc2 / samples - mean**2).clamp_min(0) * samples / max(samples - 1, 1)
-    return mean, (var / samples).sqrt()
+    return _mean_stderr(acc.cpu(), acc2.cpu(), samples)
 
 
+# ---------------------------------------------------------------------------- SLQ
 @dataclass
 class SLQResult:
     nodes: list[np.ndarray]  # Ritz values per run
     weights: list[np.ndarray]  # squared first components per run (sum to 1)
     dim: int
+    n_hvp: int = 0
 
     def expect(self, fn: Callable[[np.ndarray], np.ndarray]) -> tuple[float, float]:
-        r"""Estimate :math:`\mathrm{Tr}\, f(H)` and its standard error over runs."""
-        vals = np.array([self.dim * float(np.sum(w * fn(t))) for t, w in zip(self.nodes, self.weights, strict=True)])
+        r"""Estimate :math:`\mathrm{Tr}\, f(H) \approx \frac{P}{R}\sum_r \sum_i w_{ri} f(t_{ri})`
+        and its standard error over the R runs."""
+        vals = np.array(
+            [
+                self.dim * float(np.sum(w * fn(t)))
+                for t, w in zip(self.nodes, self.weights, strict=True)
+            ]
+        )
         se = float(vals.std(ddof=1) / math.sqrt(len(vals))) if len(vals) > 1 else float("nan")
         return float(vals.mean()), se
 
@@ -251,8 +463,69 @@ class SLQResult:
         """Gaussian-smoothed spectral density on ``grid`` (integrates to 1)."""
         out = np.zeros_like(grid, dtype=np.float64)
         for t, w in zip(self.nodes, self.weights, strict=True):
-            out += (w[None, :] * np.exp(-((grid[:, None] - t[None, :]) ** 2) / (2 * sigma**2))).sum(1)
+            out += (w[None, :] * np.exp(-((grid[:, None] - t[None, :]) ** 2) / (2 * sigma**2))).sum(
+                1
+            )
         return out / (len(self.nodes) * sigma * math.sqrt(2 * math.pi))
+
+
+def _lanczos_runs(
+    matvec: MatVec, V0: torch.Tensor, steps: int, dtype
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Independent single-vector Lanczos recurrences run in lockstep.
+
+    Each step multiplies the current vectors of all live runs as one block; each
+    run is fully reorthogonalized against its own basis (twice). Returns the
+    tridiagonal (alphas, betas) of every run.
+    """
+    R, dim = V0.shape
+    m = min(steps, dim)
+    Q = torch.zeros(R, m, dim, device=V0.device, dtype=dtype)
+    q = V0.to(dtype) / V0.to(dtype).norm(dim=1, keepdim=True)
+    alphas = np.zeros((R, m))
+    betas = np.zeros((R, m))
+    length = np.full(R, m)
+    live = list(range(R))
+    for j in range(m):
+        idx = torch.as_tensor(live, device=V0.device)
+        Q[idx, j] = q
+        W = matvec(q).to(dtype)
+        a = (W * q).sum(1)
+        Qa = Q[:, : j + 1] if len(live) == R else Q[idx, : j + 1]
+        for _ in range(2):
+            W = W - torch.einsum("rj,rjp->rp", torch.einsum("rjp,rp->rj", Qa, W), Qa)
+        bnorm = W.norm(dim=1)
+        a_np, b_np = a.double().cpu().numpy(), bnorm.double().cpu().numpy()
+        keep = []
+        for pos, r in enumerate(live):
+            alphas[r, j] = a_np[pos]
+            betas[r, j] = b_np[pos]
+            scale = max(1.0, float(np.max(np.abs(alphas[r, : j + 1]))))
+            if j + 1 >= m or b_np[pos] <= 1e-10 * scale:
+                length[r] = j + 1
+            else:
+                keep.append(pos)
+        if not keep:
+            break
+        kt = torch.as_tensor(keep, device=V0.device)
+        q = W[kt] / bnorm[kt, None]
+        live = [live[pos] for pos in keep]
+    return [(alphas[r, : length[r]], betas[r, : length[r] - 1]) for r in range(R)]
+
+
+def slq_group_size(dim: int, steps: int, runs: int, *, device=None, dtype=torch.float32) -> int:
+    """How many SLQ runs can share the device at once: their Lanczos bases
+    (runs × steps × P numbers) must fit in a quarter of free CUDA memory, or 2 GB on CPU."""
+    elt = torch.finfo(dtype).bits // 8
+    per_run = max(1, steps * dim * elt)
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    budget = 2e9
+    if dev.type == "cuda":
+        try:
+            budget = 0.25 * torch.cuda.mem_get_info(dev)[0]
+        except RuntimeError:
+            budget = 2e9
+    return int(max(1, min(runs, budget // per_run)))
 
 
 def slq(
@@ -264,16 +537,28 @@ def slq(
     generator: torch.Generator,
     device=None,
     dtype=torch.float32,
+    block: int | None = None,
 ) -> SLQResult:
-    r"""Stochastic Lanczos quadrature: for ``runs`` Rademacher starts, ``steps``
-    Lanczos steps give nodes (Ritz values) and weights (squared first components
-    of the Ritz vectors); :math:`\mathrm{Tr} f(H) \approx \frac{P}{R}\sum_r \sum_i w_{ri} f(t_{ri})`."""
+    r"""Stochastic Lanczos quadrature (Ubaru, Chen & Saad 2017, eq. 3.5).
+
+    For ``runs`` Rademacher starts :math:`v_r` (normalized), ``steps`` Lanczos
+    steps with full reorthogonalization give the tridiagonal :math:`T_r` with
+    eigenpairs :math:`(t_{ri}, s_{ri})`: nodes :math:`t_{ri}`, weights
+    :math:`w_{ri} = (e_1^\top s_{ri})^2`, and
+    :math:`\mathrm{Tr} f(H) \approx \frac{P}{R}\sum_r \sum_i w_{ri} f(t_{ri})`.
+
+    Runs proceed in lockstep, ``block`` at a time (default: as many as
+    `slq_group_size` allows), each step one block product. Probe r is the same
+    whatever the grouping, so results do not depend on ``block``.
+    """
+    steps = int(min(steps, dim))
+    g = int(block) if block else slq_group_size(dim, steps, runs, device=device, dtype=dtype)
+    g = max(1, min(g, runs))
+    V0 = rademacher(runs, dim, generator, dtype=torch.float64)
     nodes, weights = [], []
-    for _ in range(runs):
-        v0 = rademacher(1, dim, generator, dtype=torch.float64)[0]
-        r = lanczos(
-            matvec, dim, max_steps=steps, min_steps=steps, tol=0.0, k=1, v0=v0, device=device, dtype=dtype
-        )
-        nodes.append(r.eigenvalues)
-        weights.append(r.first_components**2)
-    return SLQResult(nodes, weights, dim)
+    for i in range(0, runs, g):
+        for a, b in _lanczos_runs(matvec, V0[i : i + g].to(device), steps, dtype):
+            t, S = _tridiag_eig(a, b)
+            nodes.append(t)
+            weights.append(S[0, :] ** 2)
+    return SLQResult(nodes, weights, dim, n_hvp=int(sum(len(t) for t in nodes)))

@@ -1,0 +1,308 @@
+"""CurvatureEngine products against dense float64 references on tiny models."""
+
+import pytest
+import torch
+from torch import nn
+
+from flatcli.engine import CurvatureEngine, Problem, linalg
+from flatcli.errors import MeasurementError
+
+DT = torch.float64
+MODES = [("reverse", False), ("reverse", True), ("forward", None)]
+
+
+def tiny_problem(batch_size=3, n=10, act=nn.ReLU, loss="cross_entropy", seed=0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(5, 6), act(), nn.Linear(6, 3)).to(DT).eval()
+    x = torch.randn(n, 5, dtype=DT)
+    y = torch.randint(0, 3, (n,))
+    return Problem(model, x, y, loss=loss, batch_size=batch_size, dtype=DT)
+
+
+def dense_hessian(p):
+    return torch.func.hessian(lambda t: p.loss(p.unflatten(t)))(p.theta)
+
+
+def vecs(p, k=4, seed=1):
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return torch.randn(k, p.num_params, generator=g, dtype=DT)
+
+
+@pytest.mark.parametrize("mode,batched", MODES)
+def test_hvp_matches_dense_hessian(mode, batched):
+    p = tiny_problem()
+    H = dense_hessian(p)
+    V = vecs(p)
+    eng = CurvatureEngine(p, hvp_mode=mode, reverse_batched=batched)
+    torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(eng.hvp(V[0]), H @ V[0], rtol=1e-10, atol=1e-12)
+    assert eng.n_hvp == 5 and eng.fallbacks == 0
+
+
+def test_hvp_at_another_theta():
+    p = tiny_problem(act=nn.Tanh)
+    th = p.theta + 0.1 * vecs(p, 1)[0]
+    H = torch.func.hessian(lambda t: p.loss(p.unflatten(t)))(th)
+    V = vecs(p, 3)
+    torch.testing.assert_close(CurvatureEngine(p).hvp(V, theta=th), V @ H, rtol=1e-10, atol=1e-12)
+
+
+def test_uneven_last_batch_equals_one_full_batch():
+    V = vecs(tiny_problem(), 3)
+    full = CurvatureEngine(tiny_problem(batch_size=10))
+    uneven = CurvatureEngine(tiny_problem(batch_size=4))  # batches 4, 4, 2
+    assert [len(b[0]) for b in uneven.batches] == [4, 4, 2]
+    torch.testing.assert_close(uneven.hvp(V), full.hvp(V), rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(uneven.grad(), full.grad(), rtol=1e-12, atol=1e-13)
+    assert uneven.loss() == pytest.approx(full.loss(), rel=1e-13)
+    torch.testing.assert_close(uneven.ggnvp(V), full.ggnvp(V), rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
+def test_ggnvp_matches_dense_gauss_newton(loss):
+    p = tiny_problem(loss=loss, act=nn.Tanh)
+    th = p.theta
+    J = torch.func.jacrev(lambda t: p.forward(t, p.x))(th)  # (n, C, P)
+    Z = p.forward(th, p.x).detach()
+    Hz = torch.stack(
+        [
+            torch.func.hessian(lambda z, i=i: p.per_sample_loss(z[None], p.y[i : i + 1]).sum())(
+                Z[i]
+            )
+            for i in range(p.n)
+        ]
+    )
+    G = torch.einsum("ncp,ncd,ndq->pq", J, Hz, J) / p.n
+    V = vecs(p)
+    eng = CurvatureEngine(p)
+    torch.testing.assert_close(eng.ggnvp(V), V @ G, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(eng.ggnvp(V[2]), G @ V[2], rtol=1e-10, atol=1e-12)
+    assert eng.n_ggnvp == 5
+
+
+def test_fd_hvp_second_order_accurate():
+    p = tiny_problem(act=nn.Tanh)
+    H = dense_hessian(p)
+    V = vecs(p, 2)
+    V = V / V.norm(dim=1, keepdim=True)
+    eng = CurvatureEngine(p)
+    ref = V @ H
+    err = [float((eng.fd_hvp(V, eps) - ref).abs().max()) for eps in (1e-2, 1e-3)]
+    assert err[1] < err[0] / 50  # O(eps²)
+    assert err[1] <= 1e-5 * float(ref.abs().max())
+    assert eng.n_grad == 8 and eng.n_hvp == 4
+    with pytest.raises(ValueError):
+        eng.fd_hvp(V, 0.0)
+
+
+def test_loss_and_grad_match_autograd():
+    p = tiny_problem()
+    eng = CurvatureEngine(p)
+    th = p.theta.requires_grad_(True)
+    L = p.loss(p.unflatten(th))
+    (g,) = torch.autograd.grad(L, th)
+    val, gg = eng.loss_grad()
+    assert val == pytest.approx(float(L.detach()), rel=1e-13)
+    torch.testing.assert_close(gg, g, rtol=1e-12, atol=1e-14)
+    assert eng.n_grad == 1
+
+
+def _oom_once(eng, when):
+    real = eng._hvp_block
+    state = {"raised": 0}
+
+    def block(V, th):
+        if state["raised"] == 0 and when(V):
+            state["raised"] += 1
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(V, th)
+
+    eng._hvp_block = block
+    return state
+
+
+def test_oom_halves_the_probe_block_and_records_the_retry():
+    p = tiny_problem()
+    V = vecs(p, 8)
+    ref = CurvatureEngine(p).hvp(V)
+    eng = CurvatureEngine(p, block_size=8)
+    state = _oom_once(eng, lambda V: V.shape[0] > 4)
+    out = eng.hvp(V)
+    assert state["raised"] == 1
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-14)
+    assert eng.oom_retries == 1 and eng.block_size == 4
+    assert eng.counters()["oom_retries"] == 1 and eng.n_hvp == 8
+
+
+def test_oom_at_block_one_halves_the_batch():
+    p = tiny_problem(batch_size=8)
+    V = vecs(p, 2)
+    ref = CurvatureEngine(p).hvp(V)
+    eng = CurvatureEngine(p, block_size=1)
+    _oom_once(eng, lambda V: True)
+    torch.testing.assert_close(eng.hvp(V), ref, rtol=1e-12, atol=1e-14)
+    assert eng.oom_retries == 1 and eng.batch_size == 4
+    assert [len(b[0]) for b in eng.batches] == [4, 4, 2]
+
+
+def test_oom_with_nothing_left_to_halve_is_a_measurement_error():
+    p = tiny_problem(batch_size=1, n=3)
+    eng = CurvatureEngine(p, block_size=1)
+
+    def block(V, th):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    eng._hvp_block = block
+    with pytest.raises(MeasurementError, match="out of memory"):
+        eng.hvp(vecs(p, 1)[0])
+
+
+def test_other_errors_are_not_retried():
+    p = tiny_problem()
+    eng = CurvatureEngine(p, block_size=4)
+
+    def block(V, th):
+        raise RuntimeError("shape mismatch")
+
+    eng._hvp_block = block
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        eng.hvp(vecs(p, 4))
+    assert eng.oom_retries == 0 and eng.block_size == 4
+
+
+class _NoForwardSquare(torch.autograd.Function):
+    """x² with a backward only (old-style: no jvp, no functorch support)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+class SquareNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(5, 4)
+        self.b = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.b(_NoForwardSquare.apply(self.a(x)))
+
+
+class RefSquareNet(SquareNet):
+    def forward(self, x):
+        return self.b(self.a(x) ** 2)
+
+
+def test_forward_mode_falls_back_to_double_backward():
+    torch.manual_seed(0)
+    model = SquareNet().to(DT).eval()
+    ref_model = RefSquareNet().to(DT).eval()
+    ref_model.load_state_dict(model.state_dict())
+    x = torch.randn(7, 5, dtype=DT)
+    y = torch.randint(0, 3, (7,))
+    p = Problem(model, x, y, batch_size=3, dtype=DT)
+    pr = Problem(ref_model, x, y, batch_size=3, dtype=DT)
+    H = dense_hessian(pr)
+    V = vecs(p, 3)
+    eng = CurvatureEngine(p, hvp_mode="forward")
+    torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)
+    assert eng.fallbacks >= 1 and eng.hvp_mode == "reverse"
+
+
+def test_block_size_default_and_override():
+    p = tiny_problem()
+    assert 1 <= CurvatureEngine(p).block_size <= 64
+    assert CurvatureEngine(p, block_size=3).block_size == 3
+    calls = []
+    eng = CurvatureEngine(p, block_size=3)
+    real = eng._hvp_block
+    eng._hvp_block = lambda V, th: calls.append(V.shape[0]) or real(V, th)
+    eng.hvp(vecs(p, 7))
+    assert calls == [3, 3, 1]
+    with pytest.raises(ValueError):
+        CurvatureEngine(p, block_size=0)
+    with pytest.raises(ValueError):
+        CurvatureEngine(p, hvp_mode="sideways")
+    with pytest.raises(ValueError, match="shape"):
+        CurvatureEngine(p).hvp(torch.zeros(3, dtype=DT))
+
+
+def test_auto_mode_on_cpu():
+    from flatcli.engine import products
+
+    eng = CurvatureEngine(tiny_problem())
+    assert (
+        eng.hvp_mode == "reverse" and eng.reverse_batched is True
+    )  # small model: one vmapped backward
+    big = nn.Linear(products._CPU_BATCHED_BELOW // 10, 10)
+    p = Problem(big, torch.randn(4, big.in_features), torch.randint(0, 10, (4,)))
+    assert (
+        CurvatureEngine(p).reverse_batched is False
+    )  # larger models: a loop over the cached graph
+
+
+def test_lanczos_on_engine_matches_dense_and_is_deterministic():
+    p = tiny_problem(act=nn.Tanh)
+    ev = torch.linalg.eigvalsh(dense_hessian(p))
+    runs = []
+    for _ in range(2):
+        g = torch.Generator()
+        g.manual_seed(5)
+        r = linalg.lanczos(CurvatureEngine(p).hvp, p.num_params, tol=1e-6, generator=g, dtype=DT)
+        runs.append(r)
+        assert abs(r.eigenvalues[0] - float(ev[-1])) <= 1e-4 * abs(float(ev[-1]))
+    assert runs[0].eigenvalues[0] == runs[1].eigenvalues[0]
+
+
+def test_model_is_not_mutated():
+    p = tiny_problem()
+    before = {k: v.clone() for k, v in p.model.state_dict().items()}
+    eng = CurvatureEngine(p)
+    V = vecs(p, 2)
+    eng.hvp(V)
+    eng.ggnvp(V)
+    eng.fd_hvp(V[0])
+    for k, v in p.model.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+@pytest.mark.parametrize("cache", [None, True, False])
+def test_graph_cache_reuse_and_invalidation(cache):
+    p = tiny_problem(act=nn.Tanh)
+    H = dense_hessian(p)
+    V = vecs(p, 3)
+    eng = CurvatureEngine(p, hvp_mode="reverse", cache_graphs=cache)
+    for _ in range(2):  # second call reuses the cached graphs
+        torch.testing.assert_close(eng.hvp(V[0]), H @ V[0], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)
+    assert (eng._graphs is not None) == (cache is not False)
+    th = p.theta + 0.05 * V[1]
+    H2 = torch.func.hessian(lambda t: p.loss(p.unflatten(t)))(th)
+    torch.testing.assert_close(eng.hvp(V, theta=th), V @ H2, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)  # back at θ: rebuilt
+
+
+def test_graph_cache_too_big_is_not_kept(monkeypatch):
+    p = tiny_problem()
+    eng = CurvatureEngine(p, hvp_mode="reverse")
+    monkeypatch.setattr(eng, "_graph_budget", lambda: 10.0)  # bytes
+    eng.hvp(vecs(p, 2))
+    assert eng._graphs is None and eng._cache_state == "too_big"
+
+
+def test_oom_drops_the_graph_cache_first():
+    p = tiny_problem()
+    V = vecs(p, 4)
+    eng = CurvatureEngine(p, hvp_mode="reverse", block_size=4)
+    ref = eng.hvp(V)
+    assert eng._graphs is not None
+    _oom_once(eng, lambda V: True)
+    torch.testing.assert_close(eng.hvp(V), ref, rtol=1e-12, atol=1e-14)
+    assert eng.oom_retries == 1 and eng._graphs is None and eng.block_size == 4

@@ -1,0 +1,181 @@
+"""CUDA checks of the curvature engine (skipped without a CUDA device).
+
+Forward-over-reverse (vmap) and double-backward HVPs must agree on the GPU, and
+float64 products on the GPU must match dense float64 Hessians computed on the CPU.
+"""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from flatcli.api import measure_model
+from flatcli.engine import CurvatureEngine, Problem, linalg
+
+pytestmark = pytest.mark.gpu
+
+DT = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _strict_fp32():
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def small_convnet():
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, stride=2, padding=1),
+        nn.BatchNorm2d(8),
+        nn.Tanh(),
+        nn.Flatten(),
+        nn.Linear(8 * 4 * 4, 5),
+    )
+
+
+def conv_problem(dtype, device, n=20, batch_size=7):
+    torch.manual_seed(0)
+    model = small_convnet().eval()
+    with torch.no_grad():  # non-trivial running statistics
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(n, 3, 8, 8)
+    y = torch.randint(0, 5, (n,))
+    return Problem(model.to(device), x, y, batch_size=batch_size, device=device, dtype=dtype)
+
+
+def vecs(P, k, device, dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(k, P, generator=g, dtype=dtype).to(device)
+
+
+def rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def test_forward_and_reverse_hvp_agree_on_cuda_fp32():
+    p = conv_problem(torch.float32, "cuda")
+    V = vecs(p.num_params, 6, "cuda", torch.float32)
+    fwd = CurvatureEngine(p, hvp_mode="forward", block_size=6)
+    rev_b = CurvatureEngine(p, hvp_mode="reverse", reverse_batched=True, cache_graphs=True)
+    rev_l = CurvatureEngine(p, hvp_mode="reverse", reverse_batched=False, cache_graphs=False)
+    a, b, c = fwd.hvp(V), rev_b.hvp(V), rev_l.hvp(V)
+    assert fwd.fallbacks == 0 and fwd.hvp_mode == "forward"
+    assert rel(a, c) <= 1e-4 and rel(b, c) <= 1e-4
+    assert rel(fwd.hvp(V[0]), c[0]) <= 1e-4
+
+
+def test_fp64_cuda_products_match_dense_cpu_hessian():
+    pc = conv_problem(DT, "cpu")
+    H = torch.func.hessian(lambda t: pc.loss(pc.unflatten(t)))(pc.theta)
+    pg = conv_problem(DT, "cuda")
+    V = vecs(pg.num_params, 4, "cuda", DT)
+    ref = V.cpu() @ H
+    for mode, batched in (("forward", None), ("reverse", True), ("reverse", False), ("auto", None)):
+        eng = CurvatureEngine(pg, hvp_mode=mode, reverse_batched=batched)
+        torch.testing.assert_close(eng.hvp(V).cpu(), ref, rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(eng.hvp(V[1]).cpu(), ref[1], rtol=1e-9, atol=1e-11)
+    ev = torch.linalg.eigvalsh(H).numpy()
+    eng = CurvatureEngine(pg)
+    g = torch.Generator().manual_seed(0)
+    r = linalg.lanczos(eng.hvp, pg.num_params, tol=1e-6, generator=g, device="cuda", dtype=DT)
+    assert abs(r.eigenvalues[0] - ev[-1]) <= 1e-4 * abs(ev[-1])
+    d = linalg.exact_diagonal(eng.hvp, pg.num_params, block=eng.block_size, device="cuda", dtype=DT)
+    assert abs(float(d.sum()) - ev.sum()) <= 1e-8 * abs(ev.sum())
+    t = linalg.hutchpp(
+        eng.hvp,
+        pg.num_params,
+        tol=0.05,
+        max_probes=2000,
+        block=eng.block_size,
+        generator=g,
+        device="cuda",
+        dtype=DT,
+    )
+    assert abs(t.estimate - ev.sum()) <= 3 * t.stderr
+
+
+def test_ggnvp_on_cuda_matches_cpu():
+    pc, pg = conv_problem(DT, "cpu"), conv_problem(DT, "cuda")
+    V = vecs(pc.num_params, 3, "cpu", DT)
+    torch.testing.assert_close(
+        CurvatureEngine(pg).ggnvp(V.cuda()).cpu(),
+        CurvatureEngine(pc).ggnvp(V),
+        rtol=1e-9,
+        atol=1e-11,
+    )
+
+
+def test_block_size_from_free_memory_and_oom_backoff_on_cuda():
+    p = conv_problem(torch.float32, "cuda")
+    eng = CurvatureEngine(p)
+    assert 1 <= eng.block_size <= 32
+    assert eng._activation_bytes() > 0
+    V = vecs(p.num_params, 8, "cuda", torch.float32)
+    ref = CurvatureEngine(p, hvp_mode="forward", block_size=8).hvp(V)
+    eng = CurvatureEngine(p, hvp_mode="forward", block_size=8)
+    real, state = eng._hvp_block, {"n": 0}
+
+    def block(V, th):
+        if state["n"] == 0 and V.shape[0] > 4:
+            state["n"] += 1
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real(V, th)
+
+    eng._hvp_block = block
+    assert rel(eng.hvp(V), ref) <= 1e-6
+    assert eng.oom_retries == 1 and eng.block_size == 4
+
+
+def test_measures_on_cuda_match_cpu_fp64():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).to(DT)
+    x = torch.randn(30, 6, dtype=DT)
+    y = torch.randint(0, 3, (30,))
+    measures = [
+        {"hessian_lambda_max": {"tol": 1e-6}},
+        {"hessian_trace": {"min_probes": 32, "max_probes": 32}},
+        {"hessian_spectrum": {"top_k": 3, "slq_runs": 4, "slq_steps": 20}},
+    ]
+    rows = {
+        d: measure_model(model, (x, y), measures, precision="fp64", device=d, batch_size=8, seed=2)
+        for d in ("cpu", "cuda")
+    }
+    for lab in ("hessian_lambda_max", "hessian_trace", "hessian_spectrum"):
+        a, b = rows["cpu"].results[lab].value, rows["cuda"].results[lab].value
+        assert a == pytest.approx(b, rel=1e-7), lab
+    np.testing.assert_allclose(
+        rows["cpu"].results["hessian_spectrum"].diagnostics["top_eigenvalues"],
+        rows["cuda"].results["hessian_spectrum"].diagnostics["top_eigenvalues"],
+        rtol=1e-6,
+    )
+
+
+def test_resnet18_forward_reverse_agree_and_tf32_runs():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).eval().cuda()
+    x = torch.randn(16, 3, 32, 32)
+    y = torch.randint(0, 10, (16,))
+    p = Problem(model, x, y, batch_size=8, device="cuda", dtype=torch.float32)
+    V = vecs(p.num_params, 4, "cuda", torch.float32)
+    a = CurvatureEngine(p, hvp_mode="forward", block_size=4).hvp(V)
+    b = CurvatureEngine(p, hvp_mode="reverse", reverse_batched=False, cache_graphs=False).hvp(V)
+    assert rel(a, b) <= 1e-3
+    row = measure_model(
+        model,
+        (x, y),
+        [{"hessian_trace": {"min_probes": 8, "max_probes": 8}}],
+        precision="tf32",
+        device="cuda",
+        batch_size=8,
+    )
+    assert row.status == "ok", row.errors

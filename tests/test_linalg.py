@@ -1,0 +1,300 @@
+"""Matrix-free algorithms against dense float64 references on explicit symmetric matrices."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flatcli.engine import linalg
+
+DT = torch.float64
+
+
+def gen(seed=0):
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def sym(eigs, seed=0):
+    """A dense symmetric matrix with the given eigenvalues in a random basis."""
+    g = gen(seed + 100)
+    ev = torch.as_tensor(eigs, dtype=DT)
+    U, _ = torch.linalg.qr(torch.randn(len(ev), len(ev), generator=g, dtype=DT))
+    return U @ torch.diag(ev) @ U.T
+
+
+def mv_of(A, counter=None):
+    def mv(V):
+        if counter is not None:
+            counter.append(V.shape[0])
+        return V @ A  # A symmetric: rows of V A = (A vᵢ)ᵀ
+
+    return mv
+
+
+def indefinite(n=80, seed=0):
+    """Most negative eigenvalue has the largest magnitude: power iteration picks it."""
+    g = gen(seed)
+    ev = torch.rand(n - 2, generator=g, dtype=DT) * 2 - 1  # bulk in [-1, 1]
+    ev = torch.cat([torch.tensor([-10.0, 3.0], dtype=DT), ev])
+    return sym(ev, seed)
+
+
+def power_iteration(A, iters=300, seed=0):
+    v = torch.randn(A.shape[0], generator=gen(seed), dtype=DT)
+    for _ in range(iters):
+        v = A @ v
+        v = v / v.norm()
+    return float(v @ A @ v)
+
+
+# ---------------------------------------------------------------------------- Lanczos
+def test_lanczos_algebraic_max_of_indefinite_matrix():
+    A = indefinite()
+    ev = torch.linalg.eigvalsh(A)
+    lam_max, lam_min = float(ev[-1]), float(ev[0])
+    assert abs(lam_min) > lam_max  # the case power iteration gets wrong
+    assert power_iteration(A) == pytest.approx(lam_min, rel=1e-6)
+    r = linalg.lanczos(mv_of(A), A.shape[0], tol=1e-6, generator=gen(), dtype=DT)
+    assert r.converged
+    assert abs(r.eigenvalues[0] - lam_max) / abs(lam_max) <= 1e-4
+    assert r.residuals[0] <= 1e-6 * abs(r.eigenvalues[0])
+    assert r.eigenvalues[-1] == pytest.approx(lam_min, rel=1e-6)
+    assert r.steps >= 20
+
+
+def test_lanczos_smallest():
+    A = indefinite(seed=3)
+    ev = torch.linalg.eigvalsh(A)
+    r = linalg.lanczos(mv_of(A), A.shape[0], tol=1e-8, which="smallest", generator=gen(), dtype=DT)
+    assert r.eigenvalues[0] == pytest.approx(float(ev[0]), rel=1e-6)
+
+
+def test_lanczos_residuals_are_true_ritz_residuals():
+    A = indefinite(seed=1)
+    r = linalg.lanczos(
+        mv_of(A), A.shape[0], tol=1e-3, k=3, block=1, generator=gen(), dtype=DT, return_vectors=True
+    )
+    X = r.ritz_vectors
+    for i in range(3):
+        x = X[i]
+        assert float(x.norm()) == pytest.approx(1.0, abs=1e-10)
+        true_res = float((A @ x - r.eigenvalues[i] * x).norm())
+        assert true_res == pytest.approx(r.residuals[i], rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("block", [None, 2, 4])
+def test_block_lanczos_topk_with_multiplicity(block):
+    n = 90
+    g = gen(7)
+    bulk = torch.rand(n - 5, generator=g, dtype=DT) * 2 - 1
+    top = torch.tensor([5.0, 5.0, 5.0, 4.0, -9.0], dtype=DT)  # a triple top eigenvalue
+    A = sym(torch.cat([top, bulk]), seed=7)
+    ref = torch.linalg.eigvalsh(A).flip(0)[:4].numpy()
+    calls = []
+    r = linalg.lanczos(
+        mv_of(A, calls), n, k=4, block=block or 4, tol=1e-8, max_steps=n, generator=gen(), dtype=DT
+    )
+    assert r.converged
+    np.testing.assert_allclose(r.eigenvalues[:4], ref, rtol=1e-8)
+    assert max(calls) == (block or 4)  # products come in blocks
+    assert sum(calls) == r.n_hvp == r.steps
+
+
+def test_lanczos_exhausts_small_space_exactly():
+    A = sym([3.0, -1.0, 0.5, 2.0, 0.1])
+    r = linalg.lanczos(mv_of(A), 5, tol=1e-12, generator=gen(), dtype=DT)
+    assert r.converged and r.steps <= 5
+    np.testing.assert_allclose(
+        np.sort(r.eigenvalues), np.sort(torch.linalg.eigvalsh(A).numpy()), atol=1e-12
+    )
+
+
+def test_lanczos_min_steps_and_max_steps():
+    A = indefinite(seed=2)
+    r = linalg.lanczos(mv_of(A), A.shape[0], tol=0.5, min_steps=20, generator=gen(), dtype=DT)
+    assert r.steps >= 20
+    r = linalg.lanczos(mv_of(A), A.shape[0], tol=1e-14, max_steps=7, generator=gen(), dtype=DT)
+    assert r.steps == 7 and not r.converged
+
+
+def test_lanczos_deterministic_under_seed():
+    A = indefinite(seed=4)
+    a = linalg.lanczos(mv_of(A), A.shape[0], tol=1e-4, generator=gen(11), dtype=DT)
+    b = linalg.lanczos(mv_of(A), A.shape[0], tol=1e-4, generator=gen(11), dtype=DT)
+    np.testing.assert_array_equal(a.eigenvalues, b.eigenvalues)
+    assert a.steps == b.steps
+
+
+# ---------------------------------------------------------------------------- traces
+def psd(n=120, seed=0, decay=False):
+    g = gen(seed)
+    ev = torch.rand(n, generator=g, dtype=DT)
+    if decay:
+        ev = ev + 50.0 * (torch.arange(n, dtype=DT) < 6)  # a few large outliers carry the trace
+    return sym(ev, seed)
+
+
+@pytest.mark.parametrize("method", ["hutchinson", "hutchpp"])
+def test_trace_within_three_stderr(method):
+    A = psd()
+    f = getattr(linalg, method)
+    r = f(mv_of(A), A.shape[0], tol=0.01, generator=gen(), dtype=DT)
+    assert r.converged and r.stderr <= 0.01 * abs(r.estimate)
+    assert abs(r.estimate - float(A.trace())) <= 3 * r.stderr
+
+
+@pytest.mark.parametrize("method", ["hutchinson", "hutchpp"])
+def test_trace_converges_as_probes_grow(method):
+    A = psd(seed=5, decay=True)
+    tr = float(A.trace())
+    f = getattr(linalg, method)
+    errs = []
+    for m in (12, 96, 768):
+        e = [
+            abs(
+                f(
+                    mv_of(A),
+                    A.shape[0],
+                    min_probes=m,
+                    max_probes=m,
+                    tol=1e-9,
+                    generator=gen(s),
+                    dtype=DT,
+                ).estimate
+                - tr
+            )
+            for s in range(6)
+        ]
+        errs.append(float(np.mean(e)))
+    assert errs[0] > errs[1] > errs[2]
+
+
+def test_hutchpp_beats_hutchinson_on_decaying_spectrum():
+    A = psd(seed=6, decay=True)
+    h = linalg.hutchinson(mv_of(A), A.shape[0], tol=0.01, generator=gen(), dtype=DT)
+    hp = linalg.hutchpp(mv_of(A), A.shape[0], tol=0.01, min_probes=24, generator=gen(), dtype=DT)
+    assert hp.probes < h.probes
+
+
+def test_hutchpp_exact_for_low_rank():
+    n = 50
+    g = gen(8)
+    B = torch.randn(n, 3, generator=g, dtype=DT)
+    A = B @ B.T  # rank 3
+    r = linalg.hutchpp(mv_of(A), n, min_probes=12, max_probes=12, generator=gen(), dtype=DT)
+    assert r.sketch == 4
+    assert r.estimate == pytest.approx(float(A.trace()), rel=1e-10)
+    assert r.stderr <= 1e-10 * abs(r.estimate)
+    assert r.probes == 12
+
+
+def test_hutchinson_fixed_count_and_probe_accounting():
+    A = psd(n=40)
+    calls = []
+    r = linalg.hutchinson(
+        mv_of(A, calls), 40, min_probes=20, max_probes=20, block=8, generator=gen(), dtype=DT
+    )
+    assert r.probes == 20 == sum(calls) == len(r.samples)
+
+
+def test_trace_deterministic_and_independent_of_block():
+    A = psd(n=60, seed=9)
+    a = linalg.hutchinson(
+        mv_of(A), 60, min_probes=32, max_probes=32, block=4, generator=gen(3), dtype=DT
+    )
+    b = linalg.hutchinson(
+        mv_of(A), 60, min_probes=32, max_probes=32, block=32, generator=gen(3), dtype=DT
+    )
+    assert a.estimate == b.estimate
+
+
+# ---------------------------------------------------------------------------- diagonals
+def test_exact_diagonal():
+    A = indefinite(n=30)
+    d = linalg.exact_diagonal(mv_of(A), 30, block=7, dtype=DT)
+    torch.testing.assert_close(d, torch.diagonal(A), rtol=0, atol=1e-12)
+
+
+def test_hutchinson_diagonal_converges():
+    A = psd(n=30, seed=2)
+    errs = []
+    for m in (8, 128, 2048):
+        mean, se = linalg.hutchinson_diagonal(
+            mv_of(A), 30, samples=m, block=64, generator=gen(), dtype=DT
+        )
+        errs.append(float((mean - torch.diagonal(A)).abs().mean()))
+    assert errs[0] > errs[1] > errs[2]
+    assert float(((mean - torch.diagonal(A)).abs() <= 4 * se + 1e-12).float().mean()) > 0.9
+
+
+def test_scaled_diagonal_is_unbiased_and_exact_for_diagonal_matrices():
+    n = 25
+    theta = torch.randn(n, generator=gen(1), dtype=DT)
+    theta[3] = 0.0
+    D = torch.diag(torch.rand(n, generator=gen(2), dtype=DT))
+    mean, se = linalg.scaled_diagonal(mv_of(D), theta, samples=4, generator=gen())
+    torch.testing.assert_close(
+        mean, torch.diagonal(D), rtol=1e-12, atol=1e-12
+    )  # zero variance for diagonal H
+    A = psd(n=n, seed=3)
+    mean, se = linalg.scaled_diagonal(mv_of(A), theta, samples=4096, block=512, generator=gen())
+    z = ((mean - torch.diagonal(A)) / se).abs()
+    assert float((z <= 4).float().mean()) > 0.9
+
+
+# ---------------------------------------------------------------------------- SLQ
+def test_slq_exact_quadrature_with_full_krylov_space():
+    """With steps = dim the quadrature is exact per probe: P·vᵀf(A)v/‖v‖² for each Rademacher v."""
+    n = 24
+    A = indefinite(n=n, seed=5)
+    ev, U = torch.linalg.eigh(A)
+    runs = 5
+    s = linalg.slq(mv_of(A), n, runs=runs, steps=n, generator=gen(4), dtype=DT)
+    V = linalg.rademacher(runs, n, gen(4), dtype=DT)
+    fA = U @ torch.diag(torch.exp(ev / 10)) @ U.T
+    per_run = n * (torch.einsum("rp,pq,rq->r", V, fA, V) / (V * V).sum(1))
+    est, se = s.expect(lambda t: np.exp(t / 10))
+    assert est == pytest.approx(float(per_run.mean()), rel=1e-9)
+    assert se == pytest.approx(float(per_run.std() / math.sqrt(runs)), rel=1e-6)
+    for w in s.weights:
+        assert w.sum() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_slq_estimates_trace_functions():
+    A = psd(n=100, seed=7)
+    ev = torch.linalg.eigvalsh(A).numpy()
+    s = linalg.slq(mv_of(A), 100, runs=30, steps=40, generator=gen(), dtype=DT)
+    for fn in (np.log1p, lambda t: t / (t + 0.1)):
+        est, se = s.expect(fn)
+        assert abs(est - fn(ev).sum()) <= 4 * se
+
+
+def test_slq_independent_of_grouping_and_density_integrates():
+    A = indefinite(n=40, seed=6)
+    a = linalg.slq(mv_of(A), 40, runs=6, steps=15, generator=gen(2), dtype=DT, block=1)
+    calls = []
+    b = linalg.slq(mv_of(A, calls), 40, runs=6, steps=15, generator=gen(2), dtype=DT, block=6)
+    assert max(calls) == 6 and b.n_hvp == 6 * 15
+    for x, y in zip(a.nodes, b.nodes, strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-10)
+    grid = np.linspace(-15, 8, 4000)
+    dens = b.density(grid, 0.2)
+    assert np.trapezoid(dens, grid) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_rademacher_signs_are_balanced_uncorrelated_and_blocking_invariant():
+    Z = linalg.rademacher(256, 3000, gen(1), dtype=DT)
+    assert set(Z.unique().tolist()) == {-1.0, 1.0}
+    n = Z.numel()
+    assert abs(float(Z.mean())) <= 4 / math.sqrt(n)
+    rows = (Z @ Z.T / Z.shape[1]) - torch.eye(256, dtype=DT)
+    assert float(rows.abs().max()) <= 6 / math.sqrt(Z.shape[1])
+    for lag in (1, 8, 23, 24, 25):
+        assert abs(float((Z[:, :-lag] * Z[:, lag:]).mean())) <= 4 / math.sqrt(n)
+    a = linalg.rademacher(5, 100, gen(2))
+    g = gen(2)
+    b = torch.cat([linalg.rademacher(2, 100, g), linalg.rademacher(3, 100, g)])
+    assert torch.equal(a, b)
