@@ -13,6 +13,7 @@ import contextlib
 import copy
 import math
 import platform
+import re
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -377,16 +378,30 @@ def measure(
     on_row: Callable[[int, int, Row], None] | None = None,
     on_start: Callable[[int, int, Job], None] | None = None,
     debug: bool = False,
+    plots: bool = False,
 ) -> MeasureReport:
     """Measure every checkpoint of a config; write results when ``outdir`` is given.
+
+    With ``plots`` (needs matplotlib and an output directory), every
+    ``hessian_spectrum`` result is drawn as a spectral-density plot,
+    ``OUTDIR/plots/<NNN>_<checkpoint stem>_<label>.png`` (NNN the checkpoint's
+    position); the paths are in ``report.meta["plots"]``.
 
     Returns a `MeasureReport`; its ``exit_code`` is 0 when every row is ok, 2 when a
     checkpoint failed on bad input (file, state dict), 1 when a measurement failed.
     """
+    if plots:
+        from .landscape.plots import PLOT_HINT, have_matplotlib
+
+        if not have_matplotlib():
+            raise ConfigError(f"--plots: {PLOT_HINT}")
     overrides = {"runtime.device": device, "runtime.seed": seed, "output.dir": str(outdir) if outdir else None}
     if allow_unsafe_pickle:
         overrides["runtime.allow_unsafe_pickle"] = True
     cfg = load(config, overrides)
+    write = outdir is not None or cfg.provenance.get("output.dir", "default") != "default"
+    if plots and not write:
+        raise ConfigError("--plots needs an output directory (-o OUTDIR)")
     jobs, specs = _plan(cfg, checkpoints, measures)
     dev = resolve_device(cfg.runtime.device)
     data = DataCache(cfg)
@@ -409,9 +424,29 @@ def measure(
         "measure_data": cfg.to_dict()["measure_data"],
     }
     report = MeasureReport(rows=rows, config=cfg, meta=meta, seconds=time.perf_counter() - t0)
-    if outdir is not None or cfg.provenance.get("output.dir", "default") != "default":
-        write_results(cfg.output.dir if outdir is None else outdir, rows, meta)
+    if write:
+        out = Path(cfg.output.dir if outdir is None else outdir)
+        write_results(out, rows, meta)
+        if plots:
+            report.meta["plots"] = [str(q) for q in _spectrum_plots(rows, specs, out / "plots")]
     return report
+
+
+def _spectrum_plots(rows: list[Row], specs, folder: Path) -> list[Path]:
+    """One spectral-density PNG per checkpoint and ``hessian_spectrum`` label."""
+    from .measures.hessian import plot_esd
+
+    labels = [s.label for s in specs if s.name == "hessian_spectrum"]
+    paths = []
+    for i, row in enumerate(rows):
+        for lab in labels:
+            res = row.results.get(lab)
+            if res is None or res.status == "error" or "density" not in (res.diagnostics or {}):
+                continue
+            stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(row.checkpoint).stem) or "model"
+            paths.append(plot_esd(res, folder / f"{i:03d}_{stem}_{lab}.png",
+                                  title=f"{Path(row.checkpoint).name}: {lab}"))
+    return paths
 
 
 def load_model(cfg: Config, path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:

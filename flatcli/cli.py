@@ -116,6 +116,7 @@ def measure(
     format: Annotated[str, typer.Option("--format", help="table, csv or json on stdout.")] = "table",
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of every stochastic measure.")] = None,
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (runs code from the file: trusted files only).")] = False,
+    plots: Annotated[bool, typer.Option("--plots", help="Plot each hessian_spectrum's density to OUTDIR/plots/ (needs matplotlib).")] = False,
     debug: DebugOpt = False,
 ):
     """Compute the configured measures for each checkpoint; write OUTDIR/results.csv and results.json."""
@@ -135,7 +136,13 @@ def measure(
         nonlocal progress, task
         if is_tty:
             if progress is None:
-                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeElapsedColumn,
+                )
 
                 progress = Progress(
                     TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -167,6 +174,7 @@ def measure(
             on_row=on_row,
             on_start=on_start,
             debug=debug,
+            plots=plots,
         )
     finally:
         if progress is not None:
@@ -175,6 +183,8 @@ def measure(
     if format == "table":
         console.print(render_rows(report.rows, labels))
         console.print(f"wrote {out / 'results.csv'} and {out / 'results.json'} ({report.seconds:.1f}s)", highlight=False)
+    if report.meta.get("plots"):
+        err_console.print(f"wrote {len(report.meta['plots'])} spectrum plot(s) in {out / 'plots'}", highlight=False)
     elif format == "csv":
         from .results import to_csv
 

@@ -177,3 +177,22 @@ def test_cli_paths_keep_manifest_metadata(tmp_path):
     assert res.exit_code == 0, out(res)
     row = next(csv.DictReader(open(tmp_path / "o" / "results.csv")))
     assert row["hp_lr"] == "0.1" and float(row["distance_from_init"]) == 0.0
+
+
+def test_measure_plots_the_spectrum_density(project, tmp_path):
+    pytest.importorskip("matplotlib")
+    d = yaml.safe_load(project.read_text())
+    d["measures"] = [{"hessian_spectrum": {"top_k": 2, "slq_runs": 2, "slq_steps": 10, "label": "esd"}}]
+    project.write_text(yaml.safe_dump(d))
+    res = run("measure", "-c", project, "-o", tmp_path / "o", "--plots")
+    assert res.exit_code == 0, out(res)
+    pngs = sorted(p.name for p in (tmp_path / "o" / "plots").glob("*.png"))
+    assert pngs == ["000_m0_esd.png", "001_m1_esd.png"]
+    assert (tmp_path / "o" / "plots" / pngs[0]).read_bytes()[:4] == b"\x89PNG"
+    from flatcli import api
+    from flatcli.errors import ConfigError
+
+    del d["output"]  # nowhere to write: refused before measuring
+    (project.parent / "noout.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError, match="--plots needs an output directory"):
+        api.measure(project.parent / "noout.yaml", plots=True)
