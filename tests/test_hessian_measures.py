@@ -114,7 +114,7 @@ def test_trace_exact_and_stochastic():
         assert r.diagnostics["converged"] and r.diagnostics["rel_stderr"] <= 0.05
         assert abs(r.value - tr) <= 3 * r.stderr
         assert r.diagnostics["n_hvp"] == r.diagnostics["probes"]
-    assert res["hpp"].diagnostics["method"] == "hutchpp" and res["hpp"].diagnostics["sketch"] == 5
+    assert res["hpp"].diagnostics["method"] == "hutchpp" and res["hpp"].diagnostics["sketch"] >= 5  # starts at min_probes // 3, may grow
 
 
 def test_trace_fixed_probe_count_and_option_errors():

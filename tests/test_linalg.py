@@ -179,6 +179,23 @@ def test_hutchpp_beats_hutchinson_on_decaying_spectrum():
     assert hp.probes < h.probes
 
 
+def test_hutchpp_sketch_grows_when_it_pays():
+    n = 300
+    g = gen(11)
+    ev = torch.rand(n, generator=g, dtype=DT) * 0.02 + 20.0 / (1 + torch.arange(n, dtype=DT))
+    A = sym(ev, 11)  # decaying spectrum: the top of it carries most of the trace
+    tr = float(A.trace())
+    calls_a, calls_f = [], []
+    a = linalg.hutchpp(mv_of(A, calls_a), n, tol=0.01, max_probes=2000, generator=gen(1), dtype=DT)
+    f = linalg.hutchpp(mv_of(A, calls_f), n, tol=0.01, max_probes=2000, sketch=5, generator=gen(1), dtype=DT)
+    assert a.sketch > 5 and f.sketch == 5  # an explicit sketch is kept fixed
+    assert a.converged and f.converged and a.probes < 0.7 * f.probes  # 74 vs 122
+    assert a.probes == sum(calls_a) and f.probes == sum(calls_f)
+    for r in (a, f):
+        assert abs(r.estimate - tr) <= 3 * r.stderr
+        assert len(r.samples) >= 16
+
+
 def test_hutchpp_exact_for_low_rank():
     n = 50
     g = gen(8)

@@ -26,8 +26,9 @@ Hessian-vector products for a block ``V`` of K vectors (shape ``(K, P)``):
   and ``"reverse"`` through the cached graphs for single vectors.
 
 The CPU measurements behind these choices are in docs/performance.md (MLP
-64-256-256-10 on digits, 2 cores: per-probe cost 1.4-1.8 gradients for the
-cached-graph loop, 2.3-2.6 for a fresh double backward per vector).
+64-256-256-10 on digits, 2 cores: per-probe cost 1.6-2.0 gradients for the
+cached-graph loop, 1.9-2.6 for a fresh double backward per vector, 2.8-3.4
+for forward-over-reverse).
 
 K is capped by ``block_size``: the constructor's value when given, otherwise,
 on CUDA, the number of probes whose estimated memory (three times the

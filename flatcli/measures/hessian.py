@@ -103,15 +103,18 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     in blocks, stopped once the standard error of the mean is at most ``tol``
     times the estimate (after ``min_probes``, at most ``max_probes``).
 
-    ``hutchpp`` (Meyer et al. 2021, Alg. 1): a sketch of ``min_probes // 3``
-    vectors gives an orthonormal :math:`Q \approx \mathrm{range}(H)` whose part
-    :math:`\mathrm{Tr}(Q^\top HQ)` is computed exactly (2 HVPs per sketch
-    vector); the rest, :math:`\mathrm{Tr}(PHP)` with :math:`P = I - QQ^\top`, is
-    estimated by Hutchinson on projected probes and stopped like ``hutchinson``.
-    ``probes`` counts every HVP; the reported stderr is that of the residual
-    mean, which is the whole standard error because the estimate is unbiased
-    whatever the sketch. Fewer probes than Hutchinson when a few large
-    eigenvalues carry much of the trace.
+    ``hutchpp`` (Meyer et al. 2021, Alg. 1): an orthonormal sketch
+    :math:`Q \approx \mathrm{range}(H)` whose part :math:`\mathrm{Tr}(Q^\top HQ)`
+    is computed exactly; the rest, :math:`\mathrm{Tr}(PHP)` with
+    :math:`P = I - QQ^\top`, is estimated by Hutchinson on projected probes and
+    stopped like ``hutchinson``. The sketch starts at ``min_probes // 3``
+    vectors and grows while the residual variance says it pays (see
+    `flatcli.engine.linalg.hutchpp`); with ``min_probes = max_probes`` the split
+    is Alg. 1's thirds. ``probes`` counts every HVP, ``sketch`` is the final
+    sketch size; the reported stderr is that of the residual mean, which is the
+    whole standard error because the estimate is unbiased whatever the sketch.
+    Far fewer probes than Hutchinson when the top of the spectrum carries much
+    of the trace, as at trained minima (docs/performance.md).
 
     ``exact``: the sum of the diagonal from unit-vector HVPs (one per
     parameter, small models only).
