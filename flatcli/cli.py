@@ -497,7 +497,15 @@ def check_invariance_cmd(
     raise typer.Exit(rep.exit_code)
 
 
+def quiet_torch_warnings() -> None:
+    """Hide torch's internal deprecation notice raised by torch.func's forward mode (not actionable)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+
+
 def main() -> None:
+    quiet_torch_warnings()
     app()
 
 

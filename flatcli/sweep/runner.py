@@ -715,6 +715,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retry-before", type=float, default=None)
     ap.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT)
     a = ap.parse_args(argv)
+    from ..cli import quiet_torch_warnings
+
+    quiet_torch_warnings()
     if "OMP_NUM_THREADS" in os.environ:
         import torch
 
