@@ -273,8 +273,9 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'loss' must be 'cross_entropy' or 'mse'; got {cfg.loss!r}")
     if cfg.runtime.precision not in PRECISIONS:
         raise ConfigError(f"config key 'runtime.precision' must be one of {', '.join(PRECISIONS)}; got {cfg.runtime.precision!r}")
-    if cfg.runtime.hvp_mode not in ("auto", "reverse", "forward"):
-        raise ConfigError(f"config key 'runtime.hvp_mode' must be auto, reverse or forward; got {cfg.runtime.hvp_mode!r}")
+    if cfg.runtime.hvp_mode not in ("auto", "reverse", "forward", "finite_difference"):
+        raise ConfigError("config key 'runtime.hvp_mode' must be auto, reverse, forward or finite_difference; "
+                          f"got {cfg.runtime.hvp_mode!r}")
     dev = cfg.runtime.device
     if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:") or dev == "mps"):
         raise ConfigError(f"config key 'runtime.device' must be auto, cpu, cuda or cuda:N; got {dev!r}")

@@ -96,6 +96,45 @@ def test_fd_hvp_second_order_accurate():
         eng.fd_hvp(V, 0.0)
 
 
+def test_finite_difference_mode_matches_dense_hessian_and_counts_gradients():
+    p = tiny_problem(act=nn.Tanh)
+    H = dense_hessian(p)
+    V = vecs(p, 3) * torch.tensor([[1.0], [10.0], [0.01]], dtype=DT)  # any scale: steps use v/‖v‖
+    V[2] = 0.0
+    eng = CurvatureEngine(p, hvp_mode="finite_difference", block_size=2)
+    ref = V @ H
+    out = eng.hvp(V)
+    for k in range(2):  # truncation error O(h²), h = 1e-3·‖θ‖
+        assert float((out[k] - ref[k]).norm()) <= 1e-4 * float(ref[k].norm())
+    assert float(out[2].abs().max()) == 0.0
+    assert eng.n_hvp == 3 and eng.n_grad == 4  # the zero vector costs nothing
+    coarse = CurvatureEngine(p, hvp_mode="finite_difference", fd_eps=1e-2).hvp(V[0])
+    fine = CurvatureEngine(p, hvp_mode="finite_difference", fd_eps=1e-3).hvp(V[0])
+    assert float((fine - ref[0]).norm()) < float((coarse - ref[0]).norm()) / 50  # O(h²)
+    with pytest.raises(ValueError, match="fd_eps"):
+        CurvatureEngine(p, hvp_mode="finite_difference", fd_eps=-1.0)
+
+
+def test_finite_difference_mode_through_measures_and_config():
+    from flatcli.api import measure_model
+    from flatcli.config import from_dict
+    from flatcli.errors import ConfigError
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3)).to(DT)
+    x, y = torch.randn(20, 5, dtype=DT), torch.randint(0, 3, (20,))
+    ms = [{"hessian_lambda_max": {"tol": 1e-8}}, {"hessian_trace": {"min_probes": 8, "max_probes": 8}}]
+    rows = {m: measure_model(model, (x, y), ms, precision="fp64", hvp_mode=m, batch_size=7)
+            for m in ("reverse", "finite_difference")}
+    for lab in ("hessian_lambda_max", "hessian_trace"):
+        a, b = rows["reverse"].results[lab], rows["finite_difference"].results[lab]
+        assert b.value == pytest.approx(a.value, rel=1e-6), lab
+        assert b.diagnostics["n_grad"] == 2 * b.diagnostics["n_hvp"] and a.diagnostics["n_grad"] == 0
+    assert from_dict({"runtime": {"hvp_mode": "finite_difference"}}).runtime.hvp_mode == "finite_difference"
+    with pytest.raises(ConfigError, match="runtime.hvp_mode"):
+        from_dict({"runtime": {"hvp_mode": "fd"}})
+
+
 def test_loss_and_grad_match_autograd():
     p = tiny_problem()
     eng = CurvatureEngine(p)
