@@ -241,6 +241,24 @@ def test_stale_locks_expire(tmp_path):
     assert not st.lock_path("d").exists() and st.claim("d") is not None
 
 
+def test_stale_lock_of_a_finished_unit_is_cleared_on_resume(project, tmp_path):
+    """A worker killed between writing its unit file and releasing the lock leaves a lock behind."""
+    import socket
+
+    cfg, _ = project
+    out = tmp_path / "s"
+    api.sweep(cfg, out, log=quiet)
+    uid = sorted(p.stem for p in (out / "units").glob("*.json"))[0]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    st = Store(out)
+    st.lock_path(uid).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "time": 0}))
+    other = st.lock_path("f" * 20)  # a live holder's lock is never touched
+    other.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": 0}))
+    assert api.sweep(cfg, out, log=quiet).computed == 0
+    assert [p.name for p in st.held_locks()] == [other.name]
+
+
 # ------------------------------------------------------------------ kill -9 and concurrency
 def _nonempty(path: Path) -> bool:
     try:

@@ -245,6 +245,7 @@ def run_worker(
 
     def attempt(u: Unit) -> str:
         if store.is_done(u.id, redo_before, retry_before):
+            store.clear_stale_lock(u.id, lock_timeout)  # left by a worker killed after its write
             return "done"
         lock = store.claim(u.id, lock_timeout)
         if lock is None:
@@ -497,6 +498,7 @@ def run_sweep(
         else:
             write_plan(outdir, plan)
     if not dry_run:
+        store.clear_stale_locks_of_finished(lock_timeout)
         c, e, ce, p = _status_counts(store, selected, t_start, redo_before, retry_before)
         report.computed, report.errors, report.config_errors, report.pending = c, e, ce, p
         if executor == "slurm" and not waited:

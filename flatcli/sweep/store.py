@@ -297,6 +297,19 @@ class Store:
             except OSError:
                 pass
 
+    def clear_stale_lock(self, uid: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> bool:
+        """Remove the unit's lock if it is stale (a worker killed after writing the unit file but
+        before releasing its lock leaves one behind). True when a lock was removed."""
+        path = self.lock_path(uid)
+        if not path.exists():
+            return False
+        return self._break_if_stale(path, timeout) and not path.exists()
+
+    def clear_stale_locks_of_finished(self, timeout: float = DEFAULT_LOCK_TIMEOUT) -> int:
+        """`clear_stale_lock` for every lock whose unit is finished; how many were removed."""
+        return sum(self.clear_stale_lock(p.stem, timeout) for p in self.held_locks()
+                   if self.read_unit(p.stem) is not None)
+
     def held_locks(self) -> list[Path]:
         return sorted(self.locks_dir.glob("*.lock")) if self.locks_dir.is_dir() else []
 
