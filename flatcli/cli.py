@@ -183,8 +183,6 @@ def measure(
     if format == "table":
         console.print(render_rows(report.rows, labels))
         console.print(f"wrote {out / 'results.csv'} and {out / 'results.json'} ({report.seconds:.1f}s)", highlight=False)
-    if report.meta.get("plots"):
-        err_console.print(f"wrote {len(report.meta['plots'])} spectrum plot(s) in {out / 'plots'}", highlight=False)
     elif format == "csv":
         from .results import to_csv
 
@@ -193,6 +191,8 @@ def measure(
         from .results import _jsonable
 
         sys.stdout.write(json.dumps(_jsonable([r.to_json() for r in report.rows]), indent=2) + "\n")
+    if report.meta.get("plots"):
+        err_console.print(f"wrote {len(report.meta['plots'])} spectrum plot(s) in {out / 'plots'}", highlight=False)
     for r in report.rows:
         if r.status != "ok":
             err_console.print(f"[red]error:[/red] {r.checkpoint}: {r.error}", highlight=False, soft_wrap=True)

@@ -49,6 +49,12 @@ def test_measure_end_to_end_writes_csv_and_json(project, tmp_path):
     assert meta["rows"][1]["measures"]["hessian_trace"]["diagnostics"]["probes"] == 8
 
 
+def test_table_format_prints_only_the_table(project, tmp_path):
+    res = run("measure", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o")
+    assert res.exit_code == 0, out(res)
+    assert "frobenius_norm" in res.stdout and '"checkpoint"' not in res.stdout and "checkpoint,status" not in res.stdout
+
+
 def test_measure_cli_checkpoints_and_measure_selection(project, tmp_path):
     res = run("measure", project.parent / "m1.pt", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o", "--format", "csv")
     assert res.exit_code == 0, out(res)
@@ -184,8 +190,9 @@ def test_measure_plots_the_spectrum_density(project, tmp_path):
     d = yaml.safe_load(project.read_text())
     d["measures"] = [{"hessian_spectrum": {"top_k": 2, "slq_runs": 2, "slq_steps": 10, "label": "esd"}}]
     project.write_text(yaml.safe_dump(d))
-    res = run("measure", "-c", project, "-o", tmp_path / "o", "--plots")
+    res = run("measure", "-c", project, "-o", tmp_path / "o", "--plots", "--format", "csv")
     assert res.exit_code == 0, out(res)
+    assert res.stdout.startswith("checkpoint,status,error,esd,")  # the chosen format still prints
     pngs = sorted(p.name for p in (tmp_path / "o" / "plots").glob("*.png"))
     assert pngs == ["000_m0_esd.png", "001_m1_esd.png"]
     assert (tmp_path / "o" / "plots" / pngs[0]).read_bytes()[:4] == b"\x89PNG"
