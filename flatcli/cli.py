@@ -104,6 +104,14 @@ def render_rows(rows, labels: list[str]) -> Table:
     return t
 
 
+def progress_bar(label: str):
+    """A transient rich progress bar on stderr (only used on a terminal): label, bar, n/N, elapsed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=err_console, transient=True)
+
+
 # ------------------------------------------------------------------ measure
 @app.command()
 @handle_errors
@@ -136,18 +144,7 @@ def measure(
         nonlocal progress, task
         if is_tty:
             if progress is None:
-                from rich.progress import (
-                    BarColumn,
-                    MofNCompleteColumn,
-                    Progress,
-                    TextColumn,
-                    TimeElapsedColumn,
-                )
-
-                progress = Progress(
-                    TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=err_console, transient=True,
-                )
+                progress = progress_bar("{task.description}")
                 progress.start()
                 task = progress.add_task("measuring", total=n)
             progress.update(task, description=f"measuring {job.checkpoint}")
@@ -282,18 +279,7 @@ def landscape(
         raise ConfigError(f"--points-per-pass must be ≥ 1; got {points_per_pass}")
     progress = task = None
     if err_console.is_terminal:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        progress = Progress(
-            TextColumn("landscape"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=err_console, transient=True,
-        )
+        progress = progress_bar("landscape")
 
     def on_progress(done, total):
         nonlocal task

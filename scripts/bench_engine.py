@@ -188,6 +188,16 @@ def flatcli_engine(task: Task, dtype=torch.float32, **kw) -> CurvatureEngine:
     return CurvatureEngine(p, **kw)
 
 
+def curvlinops_hessian(task: Task, crit):
+    """curvlinops' Hessian operator over the task's batches (the same data as flatcli's)."""
+    from curvlinops import HessianLinearOperator
+
+    params = [p for p in task.model.parameters() if p.requires_grad]
+    return HessianLinearOperator(
+        task.model, crit, params, task.batches, check_deterministic=False, num_data=len(task.x)
+    )
+
+
 # ---------------------------------------------------------------------------- λmax
 def bench_lambda(
     task: Task, tol: float, log, repeats: int = 1, tight_iters: int = 1000, ref_steps: int = 400
@@ -336,16 +346,7 @@ def bench_lambda(
         from scipy.sparse.linalg import LinearOperator, eigsh
 
         def run_cl():
-            params = [p for p in task.model.parameters() if p.requires_grad]
-            H = HessianLinearOperator(
-                task.model,
-                crit,
-                params,
-                task.batches,
-                check_deterministic=False,
-                num_data=len(task.x),
-            )
-            Hs = H.to_scipy()
+            Hs = curvlinops_hessian(task, crit).to_scipy()
             count = [0]
 
             def mv(v):
@@ -501,15 +502,7 @@ def bench_trace(
         chunk = flatcli_engine(task).block_size
 
         def operator():
-            params = [p for p in task.model.parameters() if p.requires_grad]
-            return HessianLinearOperator(
-                task.model,
-                crit,
-                params,
-                task.batches,
-                check_deterministic=False,
-                num_data=len(task.x),
-            )
+            return curvlinops_hessian(task, crit)
 
         def run_pp():
             torch.manual_seed(0)

@@ -14,6 +14,7 @@ constraint in ``metadata["check"]`` and a help string in ``metadata["help"]``::
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import difflib
 import math
@@ -22,12 +23,16 @@ from typing import Any
 from ..errors import ConfigError
 
 
-class Check:
-    def ok(self, v: Any) -> bool:  # pragma: no cover - interface
-        raise NotImplementedError("subclasses define ok()")
+class Check(abc.ABC):
+    """A constraint on one option value: `Real`, `Integral`, `OneOf`, ..."""
 
-    def describe(self) -> str:  # pragma: no cover - interface
-        raise NotImplementedError("subclasses define describe()")
+    @abc.abstractmethod
+    def ok(self, v: Any) -> bool:
+        """Whether ``v`` (after `coerce`) satisfies the constraint."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """The constraint in words, for error messages and ``flatcli measures``."""
 
     def coerce(self, v: Any) -> Any:
         return v
