@@ -69,7 +69,8 @@ def _precision(precision: str):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
-def _as_specs(measures) -> list[MeasureSpec]:
+def as_specs(measures) -> list[MeasureSpec]:
+    """Measure specs from names (a list or 'a,b'), ``{name: options}`` entries or specs."""
     if measures is None:
         return []
     if isinstance(measures, str):
@@ -145,7 +146,7 @@ def measure_model(
     precision : "fp32", "tf32" or "fp64" (float64, for exact checks).
     init_state : state dict at initialization (for ``distance_from_init``).
     """
-    specs = _as_specs(measures)
+    specs = as_specs(measures)
     dev = resolve_device(device)
     dtype = DTYPES.get(precision)
     if dtype is None:
@@ -382,8 +383,8 @@ def measure(
 ) -> MeasureReport:
     """Measure every checkpoint of a config; write results when ``outdir`` is given.
 
-    With ``plots`` (needs matplotlib and an output directory), every
-    ``hessian_spectrum`` result is drawn as a spectral-density plot,
+    With ``plots`` (needs matplotlib and an output directory), every measure that
+    draws artifacts (e.g. a spectral-density plot) writes them as
     ``OUTDIR/plots/<NNN>_<checkpoint stem>_<label>.png`` (NNN the checkpoint's
     position); the paths are in ``report.meta["plots"]``.
 
@@ -428,24 +429,23 @@ def measure(
         out = Path(cfg.output.dir if outdir is None else outdir)
         write_results(out, rows, meta)
         if plots:
-            report.meta["plots"] = [str(q) for q in _spectrum_plots(rows, specs, out / "plots")]
+            report.meta["plots"] = [str(q) for q in _artifacts(rows, specs, out / "plots")]
     return report
 
 
-def _spectrum_plots(rows: list[Row], specs, folder: Path) -> list[Path]:
-    """One spectral-density PNG per checkpoint and ``hessian_spectrum`` label."""
-    from .measures.hessian import plot_esd
+def _artifacts(rows: list[Row], specs, folder: Path) -> list[Path]:
+    """Every measure's artifacts (its registry hook), ``NNN_<checkpoint stem>_<label>.*`` in ``folder``."""
+    from .measures import get_measure
 
-    labels = [s.label for s in specs if s.name == "hessian_spectrum"]
-    paths = []
+    hooks = [(s.label, get_measure(s.name).artifacts) for s in specs]
+    paths: list[Path] = []
     for i, row in enumerate(rows):
-        for lab in labels:
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(row.checkpoint).stem) or "model"
+        for lab, hook in hooks:
             res = row.results.get(lab)
-            if res is None or res.status == "error" or "density" not in (res.diagnostics or {}):
+            if hook is None or res is None or res.status == "error":
                 continue
-            stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(row.checkpoint).stem) or "model"
-            paths.append(plot_esd(res, folder / f"{i:03d}_{stem}_{lab}.png",
-                                  title=f"{Path(row.checkpoint).name}: {lab}"))
+            paths += hook(res, folder / f"{i:03d}_{stem}_{lab}", f"{Path(row.checkpoint).name}: {lab}")
     return paths
 
 

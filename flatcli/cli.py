@@ -124,7 +124,7 @@ def measure(
     format: Annotated[str, typer.Option("--format", help="table, csv or json on stdout.")] = "table",
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of every stochastic measure.")] = None,
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (runs code from the file: trusted files only).")] = False,
-    plots: Annotated[bool, typer.Option("--plots", help="Plot each hessian_spectrum's density to OUTDIR/plots/ (needs matplotlib).")] = False,
+    plots: Annotated[bool, typer.Option("--plots", help="Draw each measure's plots (e.g. spectral densities) in OUTDIR/plots/ (needs matplotlib).")] = False,
     debug: DebugOpt = False,
 ):
     """Compute the configured measures for each checkpoint; write OUTDIR/results.csv and results.json."""
@@ -189,7 +189,7 @@ def measure(
 
         sys.stdout.write(json.dumps(_jsonable([r.to_json() for r in report.rows]), indent=2) + "\n")
     if report.meta.get("plots"):
-        err_console.print(f"wrote {len(report.meta['plots'])} spectrum plot(s) in {out / 'plots'}", highlight=False)
+        err_console.print(f"wrote {len(report.meta['plots'])} plot(s) in {out / 'plots'}", highlight=False)
     for r in report.rows:
         if r.status != "ok":
             err_console.print(f"[red]error:[/red] {r.checkpoint}: {r.error}", highlight=False, soft_wrap=True)
@@ -454,7 +454,7 @@ def check_invariance_cmd(
                       ("rel.\nchange", "right"), ("held?", "left")):
         t.add_column(col, justify=just, no_wrap=True)
     for r in rep.results:
-        name = r.label + ("*" if r.note == "normalize_features" else "")
+        name = r.label + ("*" if r.note else "")
         claims = "yes" if r.claims_invariance else "no"
         if r.held is None:
             held = "[dim]ref.[/dim]" if r.label == rep.reference else "-"
@@ -463,12 +463,9 @@ def check_invariance_cmd(
         rel = "[red]error[/red]" if r.error else fmt(r.rel_change)
         t.add_row(name, claims, fmt(r.original), fmt(r.rescaled), rel, held)
     console.print(t)
-    if any(r.note == "normalize_features" for r in rep.results):
-        console.print("* measured with normalize_features: true (Petzka et al. 2021, Theorem 4)", highlight=False)
     for r in rep.results:
-        if r.note == "box_hit" and r.held is False:
-            console.print(f"note: {r.label}: γ hit the box [-box, box]; rescalings beyond e^box are not absorbed (raise 'box')",
-                          highlight=False, soft_wrap=True)
+        if r.note:
+            console.print(f"* {r.label}: {r.note}", highlight=False, soft_wrap=True)
         if r.error:
             err_console.print(f"[red]error:[/red] {escape(r.error)}", highlight=False, soft_wrap=True)
     ref = next((r for r in rep.results if r.label == rep.reference), None)

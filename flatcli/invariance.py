@@ -30,10 +30,10 @@ seeds, in float64, and reports each measure's relative change
 :math:`|\mu' - \mu| / |\mu|` next to the Hessian trace's (which is *not*
 invariant: it changes by a large factor). A measure that claims invariance
 (registry flag ``invariant``) holds it when its relative change is at most
-``tol`` (default ``1e-6``). Exceptions to the claim: ``relative_flatness`` only
-with ``normalize_features: true`` (turned on here unless set explicitly to
-false) and ``normalized_sharpness`` with ``hessian_diag: hutchinson`` (its
-probes are not rescaling-equivariant: invariant only in expectation).
+``tol`` (default ``1e-6``). Whether a measure claims invariance, possibly only
+with some options, which options the check turns on, and the remarks printed
+with it are the measure's own rules (`flatcli.measures.MeasureInfo`); this
+module names no measure.
 
 >>> from flatcli.invariance import check_invariance
 >>> report = check_invariance("config.yaml", "runs/a.pt")       # doctest: +SKIP
@@ -54,6 +54,7 @@ import torch
 from torch import nn
 
 from .errors import ConfigError, MeasurementError
+from .measures import INVARIANCE_REFERENCE, get_measure
 
 __all__ = [
     "RescalePair",
@@ -244,7 +245,7 @@ class InvarianceResult:
     rescaled: float
     rel_change: float
     held: bool | None  # None when the measure claims no invariance
-    note: str = ""  # e.g. "normalize_features" when the check turned it on
+    note: str = ""  # the measure's remark on this check (its registry's invariance_note)
     error: str = ""  # why the measure failed (values are NaN then)
 
 
@@ -278,36 +279,32 @@ class InvarianceReport:
 
 
 def claims_invariance(spec) -> bool:
-    """Whether the configured measure claims invariance to node-wise rescaling (see module docs)."""
-    from .measures import get_measure
-
-    info = get_measure(spec.name)
-    if not info.invariant:
-        return False
-    opts = spec.options or {}
-    if spec.name == "relative_flatness" and not opts.get("normalize_features", False):
-        return False
-    if spec.name == "normalized_sharpness" and opts.get("hessian_diag") == "hutchinson":
-        return False
-    return True
+    """Whether the configured measure claims invariance to node-wise rescaling (its registry rule)."""
+    return spec.claims_invariance()[0]
 
 
 def _prepare_specs(measures, add_invariant: bool) -> list:
-    from .api import _as_specs
-    from .measures import MeasureSpec, list_measures
+    from .api import as_specs
+    from .measures import INVARIANCE_REFERENCE, MeasureSpec, list_measures
 
-    specs = _as_specs(measures) if measures is not None else []
+    specs = as_specs(measures) if measures is not None else []
     if add_invariant:
         have = {s.name for s in specs}
-        specs += [MeasureSpec(i.name, i.name) for i in list_measures() if i.invariant and i.name not in have and not i.needs_init]
+        specs += [
+            MeasureSpec(i.name, i.name)
+            for i in list_measures()
+            if i.may_claim_invariance and i.name not in have and not i.needs_init
+        ]
     out = []
     for s in specs:
-        if s.name == "relative_flatness" and "normalize_features" not in (s.options or {}):
-            s = dataclasses.replace(s, options={**(s.options or {}), "normalize_features": True})
+        extra = {k: v for k, v in get_measure(s.name).invariance_options.items() if k not in (s.options or {})}
+        if extra:
+            s = dataclasses.replace(s, options={**(s.options or {}), **extra})
         out.append(s)
-    if not any(s.name == "hessian_trace" for s in out):
+    if not any(s.name == INVARIANCE_REFERENCE for s in out):
         labels = {s.label for s in out}
-        out.append(MeasureSpec("hessian_trace", "hessian_trace" if "hessian_trace" not in labels else "hessian_trace_reference"))
+        label = INVARIANCE_REFERENCE if INVARIANCE_REFERENCE not in labels else f"{INVARIANCE_REFERENCE}_reference"
+        out.append(MeasureSpec(INVARIANCE_REFERENCE, label))
     return out
 
 
@@ -407,15 +404,12 @@ def check_invariance_model(
             )
             continue
         rc = _rel(a.value, b.value)
-        note = ""
-        if s.name == "relative_flatness" and (s.options or {}).get("normalize_features"):
-            note = "normalize_features"
-        elif a.diagnostics.get("box_hit") or b.diagnostics.get("box_hit"):
-            note = "box_hit"  # normalized_sharpness: γ reached [-box, box]; invariance holds only inside the box
+        info = get_measure(s.name)
+        note = (info.invariance_note(a, b, s.parsed()) if info.invariance_note else None) or ""
         report.results.append(
             InvarianceResult(s.label, s.name, claims, a.value, b.value, rc, (rc <= tol) if claims else None, note)
         )
-        if s.name == "hessian_trace" and report.reference is None:
+        if s.name == INVARIANCE_REFERENCE and report.reference is None:
             report.reference = s.label
     return report
 
@@ -504,6 +498,4 @@ def check_invariance(
 
 
 def _needs_init(spec) -> bool:
-    from .measures import get_measure
-
     return get_measure(spec.name).needs_init

@@ -17,12 +17,13 @@ import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import ConfigError
-from ._options import describe_options, parse_options
+from ._options import parse_options
 
 __all__ = [
     "MeasureResult",
@@ -92,17 +93,52 @@ class MeasureContext:
         return g
 
 
+Claim = Callable[[Any], "bool | str"]
+Note = Callable[[MeasureResult, MeasureResult, Any], "str | None"]
+Artifacts = Callable[[MeasureResult, Path, str], "list[Path]"]
+
+
 @dataclass(frozen=True)
 class MeasureInfo:
+    """A registry entry: everything the CLI, the docs and the checks need about one measure.
+
+    invariant: whether the measure claims invariance to function-preserving node-wise
+        rescalings, as a bool or as a function of the parsed options returning ``True``
+        or the reason (a string) why it does not hold with these options.
+    invariance_options: options `flatcli check-invariance` turns on unless the user set
+        them (e.g. ``{"normalize_features": True}``).
+    invariance_note: ``(original, rescaled, opts) -> str | None``, a remark printed with
+        the check (e.g. that an optimizer hit its box).
+    artifacts: ``(result, path_stem, title) -> [paths]``: files (plots) drawn from a
+        result by ``flatcli measure --plots``.
+    """
+
     name: str
     fn: Callable
     options: type
     description: str
     reference: str = ""
     stochastic: bool = False
-    invariant: bool = False
+    invariant: bool | Claim = False
     needs_init: bool = False
     cost: str = ""
+    invariance_options: dict[str, Any] = field(default_factory=dict)
+    invariance_note: Note | None = None
+    artifacts: Artifacts | None = None
+
+    @property
+    def may_claim_invariance(self) -> bool:
+        """Whether the measure claims invariance with some options."""
+        return self.invariant is not False
+
+    def claims_invariance(self, opts: Any) -> tuple[bool, str]:
+        """(claimed, reason) for the parsed options ``opts``; reason is empty when claimed."""
+        if self.invariant is True or self.invariant is False:
+            return bool(self.invariant), "" if self.invariant else "claims no invariance"
+        verdict = self.invariant(opts)
+        if verdict is True:
+            return True, ""
+        return False, str(verdict or "not invariant with these options")
 
 
 _REGISTRY: dict[str, MeasureInfo] = {}
@@ -120,11 +156,14 @@ def register(
     description: str,
     reference: str = "",
     stochastic: bool = False,
-    invariant: bool = False,
+    invariant: bool | Claim = False,
     needs_init: bool = False,
     cost: str = "",
+    invariance_options: dict[str, Any] | None = None,
+    invariance_note: Note | None = None,
+    artifacts: Artifacts | None = None,
 ):
-    """Decorator registering a measure under ``name`` with its metadata."""
+    """Decorator registering a measure under ``name`` with its metadata (see `MeasureInfo`)."""
 
     def deco(fn):
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
@@ -139,6 +178,9 @@ def register(
             invariant=invariant,
             needs_init=needs_init,
             cost=cost,
+            invariance_options=dict(invariance_options or {}),
+            invariance_note=invariance_note,
+            artifacts=artifacts,
         )
         return fn
 
@@ -149,15 +191,12 @@ _loaded = False
 
 
 def _load_all() -> None:
+    """Import every family module once (each registers its measures on import)."""
     global _loaded
     if _loaded:
         return
     for mod in _FAMILY_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:  # a family not written yet
-            if e.name != mod:
-                raise
+        importlib.import_module(mod)
     _loaded = True
 
 
@@ -189,12 +228,17 @@ class MeasureSpec:
     seed: int | None = None
 
     def parsed(self):
+        """The validated options dataclass of this spec."""
         info = get_measure(self.name)
         return parse_options(info.options, self.options, self.name)
 
+    def claims_invariance(self) -> tuple[bool, str]:
+        """(claimed, reason): whether this configured measure claims rescaling invariance."""
+        return get_measure(self.name).claims_invariance(self.parsed())
 
-def option_table(name: str) -> list[tuple[str, str, str]]:
-    return describe_options(get_measure(name).options)
+
+# The measure `flatcli check-invariance` always adds as the non-invariant reference.
+INVARIANCE_REFERENCE = "hessian_trace"
 
 
 def run_measure(spec: MeasureSpec, ctx: MeasureContext) -> MeasureResult:

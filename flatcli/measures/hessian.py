@@ -192,6 +192,12 @@ def effective_dimension(eigenvalues: np.ndarray, z: float) -> np.ndarray:
     return lp / (lp + z)
 
 
+def _esd_artifacts(result: MeasureResult, stem: Path, title: str) -> list[Path]:
+    if "density" not in (result.diagnostics or {}):
+        return []
+    return [plot_esd(result, stem.with_suffix(".png"), title=title)]
+
+
 @register(
     "hessian_spectrum",
     options=SpectrumOptions,
@@ -199,6 +205,7 @@ def effective_dimension(eigenvalues: np.ndarray, z: float) -> np.ndarray:
     reference="Maddox, Benton & Wilson 2020 (N_eff, eq. 2); Ghorbani et al. 2019 and Ubaru et al. 2017 (SLQ)",
     stochastic=True,
     cost="block Lanczos (≥ 20 HVPs, blocks of top_k) + slq_runs × slq_steps HVPs",
+    artifacts=_esd_artifacts,
 )
 def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
     r"""Spectrum of :math:`H`; value :math:`N_{\mathrm{eff}}(z) = \sum_i \frac{\lambda_i}{\lambda_i + z}`,

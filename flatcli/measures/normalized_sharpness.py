@@ -226,13 +226,26 @@ def _diag_groups(ctx, opts: NormalizedSharpnessOptions) -> list[tuple[torch.Tens
     return out
 
 
+def _claim(opts: NormalizedSharpnessOptions) -> bool | str:
+    if opts.hessian_diag == "hutchinson":
+        return "hessian_diag: hutchinson probes are not rescaling-equivariant (invariant only in expectation)"
+    return True
+
+
+def _note(a: MeasureResult, b: MeasureResult, opts: NormalizedSharpnessOptions) -> str | None:
+    if a.diagnostics.get("box_hit") or b.diagnostics.get("box_hit"):
+        return "γ hit the box [-box, box]; rescalings beyond e^box are not absorbed (raise 'box')"
+    return None
+
+
 @register(
     "normalized_sharpness",
     options=NormalizedSharpnessOptions,
     description="Normalized sharpness: per-layer convex minimum over row scales of Σ M_ik e^(γ_i−γ_k), M = max(D,0)(W∘W)ᵀ.",
     reference="Tsuzuku, Sato & Sugiyama, ICML 2020, eq. 35 (diagonal: eqs. 29–30)",
     stochastic=True,
-    invariant=True,
+    invariant=_claim,
+    invariance_note=_note,
     cost="samples HVPs (scaled, hutchinson), 2·samples gradients (finite_difference), P HVPs (exact)",
 )
 def normalized_sharpness(ctx, opts: NormalizedSharpnessOptions) -> MeasureResult:

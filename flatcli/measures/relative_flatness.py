@@ -39,8 +39,9 @@ invariant to every node-wise rescaling. A feature with :math:`\sigma_j = 0`
 (constant over S, e.g. a dead ReLU) is absorbed into the bias: it contributes
 nothing. Without it, :math:`\kappa` is invariant to rescalings of layers before
 the feature layer and to layer-wise rescalings, not to node-wise rescaling of
-the features themselves. The registry's ``invariant`` flag refers to
-``normalize_features: true`` (``flatcli check-invariance`` turns it on).
+the features themselves. The measure claims invariance only with
+``normalize_features: true`` (``flatcli check-invariance`` turns it on unless
+it is set explicitly).
 
 Larger means sharper.
 """
@@ -165,13 +166,27 @@ def _feature_std(problem, module, name) -> torch.Tensor:
     return (m2 / n_tot).sqrt()
 
 
+def _claim(opts: RelativeFlatnessOptions) -> bool | str:
+    if opts.normalize_features:
+        return True
+    return "invariant to node-wise rescaling only with normalize_features: true (Theorem 4)"
+
+
+def _note(a: MeasureResult, b: MeasureResult, opts: RelativeFlatnessOptions) -> str | None:
+    if opts.normalize_features:
+        return "measured with normalize_features: true (Petzka et al. 2021, Theorem 4)"
+    return None
+
+
 @register(
     "relative_flatness",
     options=RelativeFlatnessOptions,
     description="Relative flatness κ = mean ‖φ‖²⟨WWᵀ, H_z⟩ of a Linear layer (exact, no dense Hessian); node-rescaling invariant with normalize_features: true.",
     reference="Petzka, Kamp, Adilova, Sminchisescu & Boley, NeurIPS 2021, Def. 3 and Theorem 4",
     stochastic=False,
-    invariant=True,
+    invariant=_claim,
+    invariance_options={"normalize_features": True},
+    invariance_note=_note,
     cost="forward passes (final classifier) or min(d, m) z-HVPs per batch (inner layer)",
 )
 def relative_flatness(ctx, opts: RelativeFlatnessOptions) -> MeasureResult:
