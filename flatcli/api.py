@@ -26,7 +26,7 @@ import torch
 from . import __version__
 from .config import Config, from_dict, load_config, parse_measures
 from .engine import CurvatureEngine, Problem, eval_mode
-from .errors import ConfigError, FlatcliError, MeasurementError
+from .errors import ConfigError, FlatcliError, MeasurementError, error_kind, exit_code
 from .jobs import Job, resolve_jobs
 from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
 from .loading.data import load_split, subset
@@ -112,6 +112,11 @@ def _check_deterministic(problem: Problem) -> None:
         )
 
 
+def describe_error(e: BaseException) -> str:
+    """One line for a failure: the message of a flatcli error, ``Type: message`` for anything else."""
+    return str(e) if isinstance(e, FlatcliError) else f"{type(e).__name__}: {e}"
+
+
 def measure_model(
     model: torch.nn.Module,
     train: tuple[torch.Tensor, torch.Tensor],
@@ -176,7 +181,7 @@ def measure_model(
             engine.check_finite()
             _check_deterministic(problem)
         except FlatcliError as e:
-            row.status, row.error = "error", str(e)
+            row.fail(str(e), error_kind(e))
             return row
         for spec in specs:
             ctx = MeasureContext(
@@ -188,18 +193,10 @@ def measure_model(
             )
             try:
                 row.results[spec.label] = run_measure(spec, ctx)
-            except ConfigError as e:  # e.g. a measure that needs an init checkpoint nobody gave
-                msg = f"config: {spec.label}: {e}"
-                row.errors[spec.label] = msg
-                row.status = "error"
-                row.error = row.error or msg
             except Exception as e:  # one failed measure never loses the others
-                if debug:
+                if debug and not isinstance(e, ConfigError):
                     traceback.print_exc()
-                msg = f"{spec.label}: {type(e).__name__}: {e}" if not isinstance(e, FlatcliError) else f"{spec.label}: {e}"
-                row.errors[spec.label] = msg
-                row.status = "error"
-                row.error = row.error or msg
+                row.fail(f"{spec.label}: {describe_error(e)}", error_kind(e), spec.label)
         tr = _metrics(work, train, loss, batch_size, dev, dtype)
         row.metrics["train_loss"], row.metrics["train_acc"] = tr
         if test is not None:
@@ -219,11 +216,8 @@ class MeasureReport:
 
     @property
     def exit_code(self) -> int:
-        codes = [0]
-        for r in self.rows:
-            if r.status == "error":
-                codes.append(2 if r.error.startswith("config:") else 1)
-        return max(codes)
+        """0 when every row is ok, else the exit code of the failures (`flatcli.errors.exit_code`)."""
+        return exit_code(self.rows)
 
 
 def versions() -> dict[str, str]:
@@ -272,8 +266,8 @@ def _read_hparams_from_keys(extras: dict, keys: list[str] | None) -> dict[str, A
 
 
 def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache, device, debug=False) -> Row:
-    """Load one checkpoint and measure it. Config errors for this checkpoint become an error row
-    whose message starts with 'config:' (exit code 2), so other checkpoints still complete."""
+    """Load one checkpoint and measure it. A failure (a bad file: kind ``ConfigError``, exit code 2)
+    becomes an error row, so other checkpoints still complete."""
     labels = [s.label for s in specs]
     try:
         model, extras = load_model(cfg, job.path)
@@ -304,12 +298,12 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
             hparams=hp,
             debug=debug,
         )
-    except ConfigError as e:
-        return Row(checkpoint=job.checkpoint, status="error", error=f"config: {e}", labels=labels, hparams=dict(job.hparams))
-    except Exception as e:
-        if debug:
+    except Exception as e:  # a checkpoint that fails to load never loses the others
+        if debug and not isinstance(e, ConfigError):
             traceback.print_exc()
-        return Row(checkpoint=job.checkpoint, status="error", error=f"{type(e).__name__}: {e}", labels=labels, hparams=dict(job.hparams))
+        row = Row(checkpoint=job.checkpoint, labels=labels, hparams=dict(job.hparams))
+        row.fail(describe_error(e), error_kind(e))
+        return row
 
 
 def load(config: Config | str | Path | dict | None, overrides: dict[str, Any] | None = None) -> Config:

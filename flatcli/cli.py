@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from .console import console, err_console, fmt, progress_bar, quiet_torch_warnings, render_rows
 from .errors import ConfigError, FlatcliError
 
 app = typer.Typer(
@@ -29,8 +29,6 @@ app = typer.Typer(
 config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
-console = Console()
-err_console = Console(stderr=True)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.", envvar="FLATCLI_CONFIG")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")]
@@ -65,51 +63,6 @@ def handle_errors(fn):
             raise typer.Exit(1) from None
 
     return wrapper
-
-
-def fmt(v) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        return f"{v:.4g}"
-    return str(v)
-
-
-def render_rows(rows, labels: list[str]) -> Table:
-    t = Table(show_header=True, header_style="bold")
-    t.add_column("checkpoint", overflow="fold")
-    t.add_column("status")
-    for lab in labels:
-        t.add_column(lab, justify="right")
-    extra = [m for m in ("train_acc", "test_acc", "gen_gap") if any(m in r.metrics for r in rows)]
-    for m in extra:
-        t.add_column(m, justify="right")
-    for r in rows:
-        vals = []
-        for lab in labels:
-            res = r.results.get(lab)
-            if res is None:
-                vals.append("[red]error[/red]")
-            else:
-                s = fmt(res.value)
-                if res.stderr:
-                    s += f" ± {res.stderr:.2g}"
-                if res.status != "ok":
-                    s += f" ({res.status})"
-                vals.append(s)
-        status = "ok" if r.status == "ok" else "[red]error[/red]"
-        t.add_row(r.checkpoint, status, *vals, *[fmt(r.metrics.get(m)) for m in extra])
-    return t
-
-
-def progress_bar(label: str):
-    """A transient rich progress bar on stderr (only used on a terminal): label, bar, n/N, elapsed."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=err_console, transient=True)
 
 
 # ------------------------------------------------------------------ measure
@@ -185,9 +138,9 @@ def measure(
 
         sys.stdout.write(to_csv(report.rows))
     else:
-        from .results import _jsonable
+        from .results import jsonable
 
-        sys.stdout.write(json.dumps(_jsonable([r.to_json() for r in report.rows]), indent=2) + "\n")
+        sys.stdout.write(json.dumps(jsonable([r.to_json() for r in report.rows]), indent=2) + "\n")
     if report.meta.get("plots"):
         err_console.print(f"wrote {len(report.meta['plots'])} plot(s) in {out / 'plots'}", highlight=False)
     for r in report.rows:
@@ -405,7 +358,8 @@ def correlate(
 ):
     """Rank measures by how well they predict the gap: Pearson, Spearman, Kendall τ-b, Jiang τ, granulated Ψ, CMI."""
     from . import api
-    from .analysis.report import notes, print_table, render_table
+    from .analysis.report import notes, render_table
+    from .console import print_table
 
     if plots and outdir is None:
         outdir = results.parent
@@ -480,16 +434,32 @@ def check_invariance_cmd(
     raise typer.Exit(rep.exit_code)
 
 
-def quiet_torch_warnings() -> None:
-    """Hide torch's internal deprecation notice raised by torch.func's forward mode (not actionable)."""
-    import warnings
+# ------------------------------------------------------------------ sweep worker (hidden)
+@app.command("sweep-worker", hidden=True)
+@handle_errors
+def sweep_worker(
+    outdir: Annotated[Path, typer.Argument(help="A planned sweep directory (holds plan.json).")],
+    shard: Annotated[str | None, typer.Option("--shard", help="I/N: only shard I of N.")] = None,
+    worker: Annotated[int, typer.Option("--worker", min=0, help="This worker's index in its pool.")] = 0,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Workers in the pool.")] = 1,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.")] = None,
+    redo_before: Annotated[float | None, typer.Option("--redo-before", help="Recompute units finished before this time.")] = None,
+    retry_before: Annotated[float | None, typer.Option("--retry-before", help="Rerun error units finished before this time.")] = None,
+    lock_timeout: Annotated[float, typer.Option("--lock-timeout", min=0.0, help="Seconds after which a silent lock is stale.")] = 600.0,
+    debug: DebugOpt = False,
+):
+    """One worker over a planned sweep: what 'flatcli sweep' runs per GPU and array schedulers run per task."""
+    from .sweep.runner import run_worker_process
 
-    warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+    line = run_worker_process(outdir, shard=shard, worker=worker, workers=workers, device=device,
+                              redo_before=redo_before, retry_before=retry_before, lock_timeout=lock_timeout)
+    err_console.print(line, highlight=False, markup=False)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The ``flatcli`` console script."""
     quiet_torch_warnings()
-    app()
+    app(args=argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,27 @@
-"""Exception types. The CLI turns these into exit codes; nothing else does."""
+"""Exception types, the kind of a failure, and the one mapping from failures to exit codes.
+
+Exit codes (every command):
+
+====  ==================================================================
+code  meaning
+====  ==================================================================
+0     success: every row (checkpoint, unit) is ok
+1     a measurement failed (``MeasurementError`` or any unexpected error);
+      every other checkpoint still completes and is written
+2     bad usage or input: an option, a config key, a file, a checkpoint
+      that does not fit the model (``ConfigError``)
+130   interrupted (Ctrl-C)
+====  ==================================================================
+
+A failure recorded in a result row keeps the class name of its exception
+(``Row.error_kind``), and `exit_code` maps rows to the command's exit code, so
+``measure``, ``sweep``, ``collect`` and ``check-invariance`` agree.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
 
 
 class FlatcliError(Exception):
@@ -19,3 +40,29 @@ class MeasurementError(FlatcliError):
     """A measurement failed (non-finite loss, OOM that could not be backed off...). Exit code 1."""
 
     exit_code = 1
+
+
+_KINDS: dict[str, type[FlatcliError]] = {
+    c.__name__: c for c in (FlatcliError, ConfigError, MeasurementError)
+}
+
+
+def error_kind(exc: BaseException) -> str:
+    """The kind recorded for a failure: the class name of its exception."""
+    return type(exc).__name__
+
+
+def exit_code_of(kind: str) -> int:
+    """Exit code of one failure kind: that of the flatcli error class, 1 for any other exception."""
+    cls = _KINDS.get(kind)
+    return cls.exit_code if cls is not None else 1
+
+
+def exit_code(rows: Iterable[Any]) -> int:
+    """The exit code of a command from its result rows (objects with ``status`` and ``error_kind``).
+
+    0 when no row has ``status == "error"``; otherwise the largest exit code among
+    the failed rows' kinds (2 for bad input wins over 1 for a failed measurement).
+    """
+    codes = [exit_code_of(getattr(r, "error_kind", "") or "") for r in rows if r.status == "error"]
+    return max(codes, default=0)

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import ConfigError, MeasurementError
+from .errors import ConfigError, MeasurementError, exit_code_of
 from .measures import INVARIANCE_REFERENCE, get_measure
 
 __all__ = [
@@ -386,10 +386,10 @@ def check_invariance_model(
     rows = [measure_model(m, train, specs, checkpoint=checkpoint, **kw) for m in (m64, rescaled)]
     for r in rows:
         if r.status == "error" and not r.results and not r.errors:
-            raise MeasurementError(r.error)
-        for msg in r.errors.values():
-            if msg.startswith("config:"):  # bad input (e.g. relative_flatness 'layer'): exit code 2
-                raise ConfigError(msg[len("config:") :].strip())
+            raise (ConfigError if exit_code_of(r.error_kind) == 2 else MeasurementError)(r.error)
+        for label, kind in r.error_kinds.items():
+            if exit_code_of(kind) == 2:  # bad input (e.g. relative_flatness 'layer'): exit code 2
+                raise ConfigError(r.errors[label])
     report = InvarianceReport(
         checkpoint=checkpoint, transform=transform, scale=float(scale), seed=int(seed), tol=float(tol),
         pairs=pairs, output_rel_change=change,

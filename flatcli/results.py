@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import exit_code_of
 from .measures import MeasureResult
 
 METRICS = ("train_loss", "train_acc", "test_loss", "test_acc", "gen_gap")
@@ -27,6 +28,13 @@ METRICS = ("train_loss", "train_acc", "test_loss", "test_acc", "gen_gap")
 
 @dataclass
 class Row:
+    """One checkpoint's results: measure values by label, metrics, hyperparameters, failures.
+
+    ``error``/``error_kind`` describe the row's failure (the first message, and the kind
+    with the largest exit code, see `flatcli.errors.exit_code`); ``errors`` and
+    ``error_kinds`` hold each failed measure's message and kind.
+    """
+
     checkpoint: str
     status: str = "ok"
     error: str = ""
@@ -35,6 +43,18 @@ class Row:
     metrics: dict[str, float] = field(default_factory=dict)
     hparams: dict[str, Any] = field(default_factory=dict)
     labels: list[str] = field(default_factory=list)  # configured labels, in order
+    error_kind: str = ""  # exception class of the failure ('' when ok)
+    error_kinds: dict[str, str] = field(default_factory=dict)  # label -> exception class
+
+    def fail(self, message: str, kind: str, label: str | None = None) -> None:
+        """Record a failure of the whole row (``label`` None) or of one measure."""
+        if label is not None:
+            self.errors[label] = message
+            self.error_kinds[label] = kind
+        self.status = "error"
+        self.error = self.error or message
+        if not self.error_kind or exit_code_of(kind) > exit_code_of(self.error_kind):
+            self.error_kind = kind
 
     def flat(self) -> dict[str, Any]:
         out: dict[str, Any] = {"checkpoint": self.checkpoint, "status": self.status, "error": self.error}
@@ -61,10 +81,12 @@ class Row:
         return out
 
     def to_json(self) -> dict[str, Any]:
+        """The row for results.json (full diagnostics, per-measure errors and their kinds)."""
         return {
             "checkpoint": self.checkpoint,
             "status": self.status,
             "error": self.error,
+            "error_kind": self.error_kind,
             "measures": {
                 lab: (
                     {
@@ -72,10 +94,15 @@ class Row:
                         "stderr": r.stderr,
                         "status": r.status,
                         "seconds": r.seconds,
-                        "diagnostics": _jsonable(r.diagnostics),
+                        "diagnostics": jsonable(r.diagnostics),
                     }
                     if (r := self.results.get(lab)) is not None
-                    else {"value": None, "status": "error", "error": self.errors.get(lab, "")}
+                    else {
+                        "value": None,
+                        "status": "error",
+                        "error": self.errors.get(lab, ""),
+                        "error_kind": self.error_kinds.get(lab, ""),
+                    }
                 )
                 for lab in self.labels
             },
@@ -84,15 +111,24 @@ class Row:
         }
 
 
-def _jsonable(v):
+def jsonable(v: Any, *, exact: bool = False) -> Any:
+    """A JSON-ready copy of ``v``: dict keys as strings, tuples as lists, tensors and arrays as lists.
+
+    ``exact=False`` (results.json, for any JSON reader): NaN becomes ``null`` and ±inf the
+    strings ``"inf"``/``"-inf"``. ``exact=True`` (sweep unit files, read back by flatcli):
+    non-finite floats stay floats (Python's json writes and reads NaN/Infinity), and
+    objects JSON cannot hold become their ``str``.
+    """
     if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
+        return {str(k): jsonable(x, exact=exact) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
+        return [jsonable(x, exact=exact) for x in v]
     if hasattr(v, "tolist"):
-        return v.tolist()
-    if isinstance(v, float) and not math.isfinite(v):
+        return jsonable(v.tolist(), exact=exact)
+    if isinstance(v, float) and not math.isfinite(v) and not exact:
         return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if exact and not (isinstance(v, (str, int, float, bool)) or v is None):
+        return str(v)
     return v
 
 
@@ -149,5 +185,5 @@ def write_results(outdir: str | os.PathLike, rows: list[Row], meta: dict[str, An
     outdir = Path(outdir)
     csv_path, json_path = outdir / "results.csv", outdir / "results.json"
     atomic_write(csv_path, to_csv(rows))
-    atomic_write(json_path, json.dumps(_jsonable({**meta, "rows": [r.to_json() for r in rows]}), indent=2))
+    atomic_write(json_path, json.dumps(jsonable({**meta, "rows": [r.to_json() for r in rows]}), indent=2))
     return csv_path, json_path

@@ -134,7 +134,8 @@ def test_unreadable_checkpoint_becomes_error_rows(tmp_path):
     assert (rep.computed, rep.errors, rep.exit_code) == (4, 2, 2)
     col = api.collect(tmp_path / "s")
     assert [r.status for r in col.rows] == ["ok", "error"]
-    assert col.rows[1].error.startswith("config: checkpoint")
+    assert col.rows[1].error.startswith("checkpoint") and col.rows[1].error_kind == "ConfigError"
+    assert col.exit_code == 2  # the same failure gets the same exit code in sweep and collect
 
 
 def test_changing_one_measure_recomputes_only_its_units(tmp_path):

@@ -79,23 +79,6 @@ def render_table(report: CorrelationReport):
     return t
 
 
-def print_table(console, table) -> None:
-    """Print a rich table without truncating columns when the output is not a terminal
-    (a file or a pipe gets the table's natural width instead of 80 columns)."""
-    if console.is_terminal:
-        console.print(table)
-        return
-    old = console.width
-    try:
-        from rich.measure import Measurement
-
-        need = Measurement.get(console, console.options.update_width(1000), table).maximum
-        console.width = max(old, need)
-        console.print(table)
-    finally:
-        console.width = old
-
-
 def to_markdown(report: CorrelationReport) -> str:
     cols = _header(report)
     lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "|".join("---" if k == "measure" else "---:" for _, k in cols) + "|"]

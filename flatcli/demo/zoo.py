@@ -170,8 +170,8 @@ def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | 
     from rich.table import Table
 
     from .. import api
-    from ..analysis.report import notes, print_table, render_table
-    from ..cli import render_rows
+    from ..analysis.report import notes, render_table
+    from ..console import print_table, render_rows
 
     console = console or Console()
     outdir = Path(outdir)

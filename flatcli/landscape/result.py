@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..results import _jsonable, atomic_write
+from ..results import atomic_write, jsonable
 
 CSV_METRICS = ("train_loss", "train_acc", "test_loss", "test_acc")
 
@@ -81,7 +81,7 @@ class LandscapeResult:
         return buf.getvalue()
 
     def to_json(self) -> dict[str, Any]:
-        return _jsonable(
+        return jsonable(
             {"kind": self.kind, "summary": self.summary, "seconds": self.seconds, **self.meta}
         )
 

@@ -1,7 +1,7 @@
-"""``python -m flatcli.sweep OUTDIR [--shard I/N] ...``: one sweep worker (see `flatcli.sweep.runner.main`)."""
+"""``python -m flatcli.sweep OUTDIR [--shard I/N] ...``: an alias of ``flatcli sweep-worker`` (one worker)."""
 
 import sys
 
-from .runner import main
+from ..cli import main
 
-sys.exit(main())
+main(["sweep-worker", *sys.argv[1:]])

@@ -3,7 +3,7 @@
 ``run_sweep`` writes ``OUTDIR/plan.json`` (the resolved config, every checkpoint with
 its fingerprint and hyperparameters, every unit) and then runs workers. A worker
 (`run_worker`) reads only the plan, so the same worker runs in this process, as a
-local subprocess pinned to one GPU (``python -m flatcli.sweep OUTDIR ...``),
+local subprocess pinned to one GPU (``flatcli sweep-worker OUTDIR ...``, a hidden command),
 or as one task of a SLURM array (`run_shard_task`, submitted through submitit).
 
 A worker walks its units (all of them, or those of its ``--shard I/N``), skips
@@ -24,7 +24,6 @@ others, so the collected table equals ``flatcli measure``'s).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import ConfigError
+from ..errors import ConfigError, exit_code, exit_code_of
 from ..jobs import Job
 from ..loading.checkpoints import fingerprint
 from ..measures import MeasureSpec
@@ -325,13 +324,12 @@ class SweepReport:
     jobs: list[str] = field(default_factory=list)  # submitted job ids (slurm)
     lines: list[str] = field(default_factory=list)  # what --dry-run would do / did
     dry_run: bool = False
-    config_errors: int = 0
+    error_kinds: list[str] = field(default_factory=list)  # kinds of the error units
 
     @property
     def exit_code(self) -> int:
-        if self.errors:
-            return 2 if self.config_errors == self.errors else 1
-        return 0
+        """`flatcli.errors.exit_code` over the error units of this shard."""
+        return max((exit_code_of(k) for k in self.error_kinds), default=0)
 
 
 def _gpu_list(gpus: str) -> list[int]:
@@ -395,7 +393,7 @@ def plan_workers(device: str, gpus: str | None, workers: int | None) -> list[Wor
 
 
 def _worker_argv(outdir, w: int, n: int, wp: WorkerPlan, shard, redo_before, retry_before, lock_timeout) -> list[str]:
-    argv = [sys.executable, "-m", "flatcli.sweep", str(outdir), "--worker", str(w), "--workers", str(n),
+    argv = [sys.executable, "-m", "flatcli", "sweep-worker", str(outdir), "--worker", str(w), "--workers", str(n),
             "--device", wp.device, "--lock-timeout", repr(float(lock_timeout))]
     if shard is not None:
         argv += ["--shard", f"{shard[0]}/{shard[1]}"]
@@ -407,7 +405,8 @@ def _worker_argv(outdir, w: int, n: int, wp: WorkerPlan, shard, redo_before, ret
 
 
 def _status_counts(store: Store, units: list[Unit], since: float, redo_before, retry_before):
-    computed = errors = config_errors = pending = 0
+    computed = pending = 0
+    kinds: list[str] = []
     for u in units:
         rec = store.read_unit(u.id)
         if rec is None or not store.is_done(u.id, redo_before, retry_before):
@@ -416,9 +415,8 @@ def _status_counts(store: Store, units: list[Unit], since: float, redo_before, r
         if float(rec.get("finished_at", 0)) >= since:
             computed += 1
         if rec.get("status") == "error":
-            errors += 1
-            config_errors += str(rec.get("error", "")).startswith("config:")
-    return computed, errors, config_errors, pending
+            kinds.append(rec.get("error_kind") or "")
+    return computed, kinds, pending
 
 
 def run_sweep(
@@ -499,8 +497,8 @@ def run_sweep(
             write_plan(outdir, plan)
     if not dry_run:
         store.clear_stale_locks_of_finished(lock_timeout)
-        c, e, ce, p = _status_counts(store, selected, t_start, redo_before, retry_before)
-        report.computed, report.errors, report.config_errors, report.pending = c, e, ce, p
+        c, kinds, p = _status_counts(store, selected, t_start, redo_before, retry_before)
+        report.computed, report.errors, report.error_kinds, report.pending = c, len(kinds), kinds, p
         if executor == "slurm" and not waited:
             report.pending = todo  # the array runs on its own: its units are not finished yet
     report.seconds = time.perf_counter() - t0
@@ -576,7 +574,7 @@ def _submit_slurm(report: SweepReport, plan: Plan, outdir: Path, store: Store, r
         report.lines.append("parameters: " + ", ".join(f"{k}={v}" for k, v in p.items()))
         for i in shards:
             k = sum(shard_of(u.id, n) == i for u in pending)
-            report.lines.append(f"task {i}: python -m flatcli.sweep {outdir} --shard {i}/{n}  ({k} units)")
+            report.lines.append(f"task {i}: flatcli sweep-worker {outdir} --shard {i}/{n}  ({k} units)")
         if not dry_run:
             write_plan(outdir, plan)
         return True
@@ -622,7 +620,8 @@ class CollectReport:
 
     @property
     def exit_code(self) -> int:
-        return 1 if any(r.status == "error" for r in self.rows) else 0
+        """`flatcli.errors.exit_code` over the collected rows."""
+        return exit_code(self.rows)
 
 
 def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) -> CollectReport:
@@ -693,47 +692,31 @@ def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) 
         "measure_data": meta_cfg.get("config", {}).get("measure_data"),
         "sweep": {"dir": str(outdir), "missing_units": len(missing), "stale_unit_files": stale},
     }
-    from ..results import _jsonable
+    from ..results import jsonable
 
     atomic_write(csv_path, to_csv(rows))
-    atomic_write(json_path, json.dumps(_jsonable({**meta, "rows": [r.to_json() for r in rows]}), indent=2))
+    atomic_write(json_path, json.dumps(jsonable({**meta, "rows": [r.to_json() for r in rows]}), indent=2))
     return CollectReport(rows=rows, labels=labels, csv_path=csv_path, json_path=json_path, missing=missing,
                          stale=stale, unreadable=unreadable, seconds_by_label=seconds,
                          devices=sorted(d for d in devices if d))
 
 
 # ------------------------------------------------------------------ worker entry point
-def main(argv: list[str] | None = None) -> int:
-    """``python -m flatcli.sweep OUTDIR [--shard I/N] ...``: one worker over a planned sweep."""
+def run_worker_process(outdir: str | os.PathLike, *, shard: str | None = None, worker: int = 0, workers: int = 1,
+                       device: str | None = None, redo_before: float | None = None,
+                       retry_before: float | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> str:
+    """The body of ``flatcli sweep-worker`` (a worker process of a pool or an array task).
+
+    Honours ``OMP_NUM_THREADS`` for torch's intra-op threads; returns the summary line.
+    Error units are results (rows with status "error"), not a failure of the worker.
+    """
     from .store import parse_shard
 
-    ap = argparse.ArgumentParser(prog="python -m flatcli.sweep", description=main.__doc__)
-    ap.add_argument("outdir")
-    ap.add_argument("--shard", default=None)
-    ap.add_argument("--worker", type=int, default=0)
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--redo-before", type=float, default=None)
-    ap.add_argument("--retry-before", type=float, default=None)
-    ap.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT)
-    a = ap.parse_args(argv)
-    from ..cli import quiet_torch_warnings
-
-    quiet_torch_warnings()
     if "OMP_NUM_THREADS" in os.environ:
         import torch
 
         torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
-    try:
-        st = run_worker(a.outdir, shard=parse_shard(a.shard), worker=a.worker, workers=a.workers,
-                        device=a.device, redo_before=a.redo_before, retry_before=a.retry_before,
-                        lock_timeout=a.lock_timeout)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    # Error units are results (rows with status "error"), not a worker failure.
-    print(f"[w{a.worker}] done: {st.computed} computed ({st.errors} errors), {st.skipped} already finished, "
-          f"{st.busy} left to other workers", file=sys.stderr, flush=True)
-    return 0
-
-
+    st = run_worker(outdir, shard=parse_shard(shard), worker=worker, workers=workers, device=device,
+                    redo_before=redo_before, retry_before=retry_before, lock_timeout=lock_timeout)
+    return (f"[w{worker}] done: {st.computed} computed ({st.errors} errors), {st.skipped} already finished, "
+            f"{st.busy} left to other workers")

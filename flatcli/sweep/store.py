@@ -40,7 +40,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..measures import MeasureResult, MeasureSpec
-from ..results import Row, atomic_write
+from ..results import Row, atomic_write, jsonable
 
 PLAN_FILE = "plan.json"
 UNITS_DIR = "units"
@@ -95,22 +95,9 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     return i, n
 
 
-# ------------------------------------------------------------------ JSON with exact floats
-def _plain(v: Any) -> Any:
-    """JSON-ready copy that keeps floats exactly (nan/inf stay floats: Python's json reads them back)."""
-    if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if hasattr(v, "tolist"):
-        return v.tolist()
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    return str(v)
-
-
 def dumps(obj: Any) -> str:
-    return json.dumps(_plain(obj), indent=1, allow_nan=True)
+    """JSON of a plan or unit record with floats kept exactly (NaN/inf included)."""
+    return json.dumps(jsonable(obj, exact=True), indent=1, allow_nan=True)
 
 
 # ------------------------------------------------------------------ locks
@@ -341,7 +328,9 @@ def unit_record(
         "labels": list(labels),
         "status": row.status,
         "error": row.error,
+        "error_kind": row.error_kind,
         "measure_error": row.errors.get(label),
+        "measure_error_kind": row.error_kinds.get(label),
         "result": None
         if res is None
         else {
@@ -388,9 +377,9 @@ def row_from_records(checkpoint: str, labels: list[str], records: dict[str, dict
             row.results[lab] = _result_from(rec["result"])
         if rec.get("measure_error"):
             row.errors[lab] = rec["measure_error"]
+            row.error_kinds[lab] = rec.get("measure_error_kind") or ""
         if rec.get("status") == "error":
-            row.status = "error"
-            row.error = row.error or rec.get("error", "")
+            row.fail(rec.get("error", ""), rec.get("error_kind") or "")
         if not row.metrics and rec.get("metrics"):
             row.metrics = {k: float(v) if v is not None else math.nan for k, v in rec["metrics"].items()}
         if not got_hparams and rec.get("hparams") is not None:

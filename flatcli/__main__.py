@@ -1,0 +1,5 @@
+"""``python -m flatcli``: the command line (see `flatcli.cli`)."""
+
+from .cli import main
+
+main()
