@@ -1,4 +1,4 @@
-"""The Python entry points: `measure`, `measure_model`, and helpers.
+"""The Python entry points: `measure`, `sweep`, `collect`, `correlate`, `landscape`, `check_invariance`.
 
 Everything the CLI does goes through here; the CLI only parses and renders.
 
@@ -9,13 +9,8 @@ Everything the CLI does goes through here; the CLI only parses and renders.
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import math
-import platform
 import re
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,188 +18,29 @@ from typing import Any
 
 import torch
 
-from . import __version__
-from .config import Config, from_dict, load_config, parse_measures
-from .engine import CurvatureEngine, Problem, eval_mode
-from .errors import ConfigError, FlatcliError, MeasurementError, error_kind, exit_code
+from .config import Config, from_dict, load_config, overrides, parse_measures
+from .errors import ConfigError, exit_code
 from .jobs import Job, resolve_jobs
-from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
-from .loading.data import load_split, subset
-from .loading.models import build_model
-from .measures import MeasureContext, MeasureSpec, run_measure
+from .loading.data import subset
+from .measures import MeasureSpec
+from .pipeline import (  # noqa: F401  (re-exported: the Python API)
+    DataCache,
+    as_specs,
+    check_labels,
+    load_init_state,
+    load_model,
+    manifest_train_data,
+    measure_job,
+    measure_model,
+    versions,
+)
 from .results import Row, write_results
+from .settings import DTYPES, Settings, resolve_device
 
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp64": torch.float64}
-
-
-def resolve_device(name: str | torch.device | None) -> torch.device:
-    """'auto' → cuda if available else cpu; validates cuda:N."""
-    if isinstance(name, torch.device):
-        return name
-    name = name or "auto"
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"runtime.device is {name!r} but no CUDA device is visible; use --device cpu")
-        dev = torch.device(name)
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"runtime.device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
-        return dev
-    try:
-        return torch.device(name)
-    except RuntimeError as e:
-        raise ConfigError(f"runtime.device: {e}") from None
-
-
-@contextlib.contextmanager
-def _precision(precision: str):
-    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    tf32 = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
-
-
-def as_specs(measures) -> list[MeasureSpec]:
-    """Measure specs from names (a list or 'a,b'), ``{name: options}`` entries or specs."""
-    if measures is None:
-        return []
-    if isinstance(measures, str):
-        measures = [m.strip() for m in measures.split(",") if m.strip()]
-    if all(isinstance(m, MeasureSpec) for m in measures):
-        return list(measures)
-    return parse_measures(list(measures), "measures")
-
-
-def _check_labels(model, x, y, loss: str, where: str, device, dtype) -> None:
-    if loss != "cross_entropy" or y.is_floating_point():
-        return
-    with torch.no_grad(), eval_mode(model):
-        xb = x[:2].to(device)
-        out = model(xb.to(dtype) if xb.is_floating_point() else xb)
-    if out.ndim != 2:
-        raise ConfigError(f"loss 'cross_entropy' needs outputs of shape (batch, classes); the model gives {tuple(out.shape)}")
-    c = out.shape[1]
-    lo, hi = int(y.min()), int(y.max())
-    if lo < 0 or hi >= c:
-        raise ConfigError(f"{where}: label {hi if hi >= c else lo} is outside the model's {c} outputs")
-
-
-def _metrics(model, data, loss, batch_size, device, dtype) -> tuple[float, float]:
-    x, y = data
-    prob = Problem(model, x, y, loss=loss, batch_size=batch_size, device=device, dtype=dtype)
-    return prob.evaluate()
-
-
-def _check_deterministic(problem: Problem) -> None:
-    x, y = problem.batches[0]
-    with torch.no_grad():
-        a = problem.batch_loss_sum(problem.params, x, y)
-        b = problem.batch_loss_sum(problem.params, x, y)
-    if not torch.equal(a, b) and not torch.allclose(a, b, rtol=1e-6, atol=0):
-        raise MeasurementError(
-            "the loss differs between two identical evaluations in eval mode "
-            f"({float(a):.6g} vs {float(b):.6g}); remove randomness from forward() (dropout via F.dropout(training=True), noise)"
-        )
-
-
-def describe_error(e: BaseException) -> str:
-    """One line for a failure: the message of a flatcli error, ``Type: message`` for anything else."""
-    return str(e) if isinstance(e, FlatcliError) else f"{type(e).__name__}: {e}"
-
-
-def measure_model(
-    model: torch.nn.Module,
-    train: tuple[torch.Tensor, torch.Tensor],
-    measures: Sequence[Any] | str,
-    *,
-    test: tuple[torch.Tensor, torch.Tensor] | None = None,
-    loss: str = "cross_entropy",
-    split: str = "train",
-    num_samples: int | str = "all",
-    batch_size: int = 256,
-    data_seed: int = 0,
-    seed: int = 0,
-    device: str | torch.device | None = "cpu",
-    precision: str = "fp32",
-    init_state: dict[str, torch.Tensor] | None = None,
-    hvp_mode: str = "auto",
-    block_size: int | None = None,
-    checkpoint: str = "<model>",
-    hparams: dict[str, Any] | None = None,
-    debug: bool = False,
-) -> Row:
-    """Measure one model. Returns a `Row` (a failed measure is recorded, not raised).
-
-    Parameters
-    ----------
-    model : the network (not modified; its train/eval mode is restored).
-    train, test : (x, y) tensors of the train and optional test split.
-    measures : names, ``{name: options}`` entries or `MeasureSpec` objects.
-    split, num_samples, batch_size, data_seed : the measurement set
-        (``measure_data`` in YAML).
-    seed : seed of every stochastic measure without its own ``seed``.
-    precision : "fp32", "tf32" or "fp64" (float64, for exact checks).
-    init_state : state dict at initialization (for ``distance_from_init``).
-    """
-    specs = as_specs(measures)
-    dev = resolve_device(device)
-    dtype = DTYPES.get(precision)
-    if dtype is None:
-        raise ConfigError(f"runtime.precision must be fp32, tf32 or fp64; got {precision!r}")
-    data = {"train": train, "test": test}
-    if data.get(split) is None:
-        raise ConfigError(f"measure_data.split is {split!r} but no {split} data is configured")
-    row = Row(checkpoint=checkpoint, labels=[s.label for s in specs], hparams=dict(hparams or {}))
-    original = next(iter(model.parameters()), None)
-    orig_device = original.device if original is not None else torch.device("cpu")
-    orig_dtype = original.dtype if original is not None else torch.float32
-    # Work on a copy when the model must change device or dtype: never mutate the caller's model.
-    work = model if (orig_device == dev and orig_dtype == dtype) else copy.deepcopy(model).to(dev, dtype)
-    with _precision(precision), eval_mode(work):
-        for split_name, d in data.items():
-            if d is not None:
-                _check_labels(work, d[0], d[1], loss, f"data.{split_name}", dev, dtype)
-        mx, my = subset(*data[split], num_samples, data_seed)
-        problem = Problem(work, mx, my, loss=loss, batch_size=batch_size, device=dev, dtype=dtype)
-        engine = CurvatureEngine(problem, hvp_mode=hvp_mode, block_size=block_size)
-        init_params = None
-        if init_state is not None:
-            init_params = {
-                n: init_state[n].to(dev, dtype) for n in problem.names if n in init_state
-            }
-        try:
-            engine.check_finite()
-            _check_deterministic(problem)
-        except FlatcliError as e:
-            row.fail(str(e), error_kind(e))
-            return row
-        for spec in specs:
-            ctx = MeasureContext(
-                problem=problem,
-                engine=engine,
-                seed=seed if spec.seed is None else spec.seed,
-                init_params=init_params,
-                extra={"test": test, "train": train, "loss": loss, "batch_size": batch_size, "init_state": init_state},
-            )
-            try:
-                row.results[spec.label] = run_measure(spec, ctx)
-            except Exception as e:  # one failed measure never loses the others
-                if debug and not isinstance(e, ConfigError):
-                    traceback.print_exc()
-                row.fail(f"{spec.label}: {describe_error(e)}", error_kind(e), spec.label)
-        tr = _metrics(work, train, loss, batch_size, dev, dtype)
-        row.metrics["train_loss"], row.metrics["train_acc"] = tr
-        if test is not None:
-            te = _metrics(work, test, loss, batch_size, dev, dtype)
-            row.metrics["test_loss"], row.metrics["test_acc"] = te
-            if not (math.isnan(tr[1]) or math.isnan(te[1])):
-                row.metrics["gen_gap"] = tr[1] - te[1]
-    return row
+__all__ = [
+    "MeasureReport", "check_invariance", "collect", "correlate", "landscape", "load", "load_model",
+    "measure", "measure_model", "select_measures", "sweep",
+]
 
 
 @dataclass
@@ -220,105 +56,19 @@ class MeasureReport:
         return exit_code(self.rows)
 
 
-def versions() -> dict[str, str]:
-    import numpy
-    import scipy
-
-    return {
-        "flatcli": __version__,
-        "torch": torch.__version__,
-        "numpy": numpy.__version__,
-        "scipy": scipy.__version__,
-        "python": platform.python_version(),
-    }
-
-
-class DataCache:
-    """Loads each configured split once per call."""
-
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
-        self._cache: dict[str, Any] = {}
-
-    def get(self, split: str, path: Path | None = None):
-        key = split if path is None else f"{split}:{path}"
-        if key not in self._cache:
-            if path is not None:
-                from .config import DataSource
-
-                src = DataSource(source="tensors", path=str(path))
-            else:
-                src = getattr(self.cfg.data, split)
-            self._cache[key] = (
-                None if src is None else load_split(src, split, self.cfg.base_dir, self.cfg.data.normalize)
-            )
-        return self._cache[key]
-
-
-def _read_hparams_from_keys(extras: dict, keys: list[str] | None) -> dict[str, Any]:
-    if not keys:
-        return {}
-    pool = dict(extras)
-    for nest in ("hparams", "hyperparameters", "config", "args"):
-        if isinstance(extras.get(nest), dict):
-            pool.update(extras[nest])
-    return {k: pool[k] for k in keys if k in pool and isinstance(pool[k], (int, float, str, bool))}
-
-
-def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache, device, debug=False) -> Row:
-    """Load one checkpoint and measure it. A failure (a bad file: kind ``ConfigError``, exit code 2)
-    becomes an error row, so other checkpoints still complete."""
-    labels = [s.label for s in specs]
-    try:
-        model, extras = load_model(cfg, job.path)
-        hp = dict(job.hparams)
-        hp.update(_read_hparams_from_keys(extras, cfg.hparams.from_keys))
-        init_state = None
-        if job.init_checkpoint is not None:
-            init_state = extract_state_dict(read_checkpoint(job.init_checkpoint, cfg.runtime.allow_unsafe_pickle), job.init_checkpoint)
-            load_into(copy.deepcopy(model), init_state, job.init_checkpoint)  # validates shapes
-        md = cfg.measure_data
-        return measure_model(
-            model,
-            data.get("train", job.train_data),
-            specs,
-            test=data.get("test"),
-            loss=cfg.loss,
-            split=md.split,
-            num_samples=md.num_samples,
-            batch_size=md.batch_size,
-            data_seed=md.seed,
-            seed=cfg.runtime.seed,
-            device=device,
-            precision=cfg.runtime.precision,
-            init_state=init_state,
-            hvp_mode=cfg.runtime.hvp_mode,
-            block_size=cfg.runtime.block_size,
-            checkpoint=job.checkpoint,
-            hparams=hp,
-            debug=debug,
-        )
-    except Exception as e:  # a checkpoint that fails to load never loses the others
-        if debug and not isinstance(e, ConfigError):
-            traceback.print_exc()
-        row = Row(checkpoint=job.checkpoint, labels=labels, hparams=dict(job.hparams))
-        row.fail(describe_error(e), error_kind(e))
-        return row
-
-
-def load(config: Config | str | Path | dict | None, overrides: dict[str, Any] | None = None) -> Config:
-    """A `Config` from a path, a mapping or a Config; ``overrides`` ({"runtime.seed": 3, ...},
-    None values ignored) win over everything, as CLI flags do."""
+def load(config: Config | str | Path | dict | None, changes: dict[str, Any] | None = None) -> Config:
+    """A `Config` from a path, a mapping or a Config; ``changes`` ({"runtime.seed": 3, ...},
+    None values ignored; see `flatcli.config.overrides`) win over everything, as CLI flags do."""
     if isinstance(config, Config):
         from .config import _set_path
 
-        for k, v in (overrides or {}).items():
+        for k, v in (changes or {}).items():
             if v is not None:
                 _set_path(config, k, v, "cli")
         return config
     if isinstance(config, dict):
-        return from_dict(config, overrides=overrides)
-    return load_config(config, overrides)
+        return from_dict(config, overrides=changes)
+    return load_config(config, changes)
 
 
 
@@ -390,15 +140,12 @@ def measure(
 
         if not have_matplotlib():
             raise ConfigError(f"--plots: {PLOT_HINT}")
-    overrides = {"runtime.device": device, "runtime.seed": seed, "output.dir": str(outdir) if outdir else None}
-    if allow_unsafe_pickle:
-        overrides["runtime.allow_unsafe_pickle"] = True
-    cfg = load(config, overrides)
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
     write = outdir is not None or cfg.provenance.get("output.dir", "default") != "default"
     if plots and not write:
         raise ConfigError("--plots needs an output directory (-o OUTDIR)")
     jobs, specs = _plan(cfg, checkpoints, measures)
-    dev = resolve_device(cfg.runtime.device)
+    st = Settings.from_config(cfg)
     data = DataCache(cfg)
     data.get("train")
     data.get("test")
@@ -407,7 +154,7 @@ def measure(
     for i, job in enumerate(jobs):
         if on_start:
             on_start(i, len(jobs), job)
-        row = measure_job(cfg, job, specs, data, dev, debug)
+        row = measure_job(cfg, job, specs, data, st, debug)
         rows.append(row)
         if on_row:
             on_row(i, len(jobs), row)
@@ -415,12 +162,12 @@ def measure(
         "config": cfg.to_dict(),
         "config_hash": cfg.hash(),
         "versions": versions(),
-        "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""),
+        "device": st.describe_device(),
         "measure_data": cfg.to_dict()["measure_data"],
     }
     report = MeasureReport(rows=rows, config=cfg, meta=meta, seconds=time.perf_counter() - t0)
     if write:
-        out = Path(cfg.output.dir if outdir is None else outdir)
+        out = cfg.output_dir(outdir)
         write_results(out, rows, meta)
         if plots:
             report.meta["plots"] = [str(q) for q in _artifacts(rows, specs, out / "plots")]
@@ -441,36 +188,6 @@ def _artifacts(rows: list[Row], specs, folder: Path) -> list[Path]:
                 continue
             paths += hook(res, folder / f"{i:03d}_{stem}_{lab}", f"{Path(row.checkpoint).name}: {lab}")
     return paths
-
-
-def load_model(cfg: Config, path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """Build the config's model and load one checkpoint into it (``model_kwargs`` stored in the
-    checkpoint override ``model.kwargs``). Returns ``(model, extras)``; the model is on the CPU."""
-    if not cfg.model.target:
-        raise ConfigError("config key 'model.target' is required")
-    obj = read_checkpoint(path, cfg.runtime.allow_unsafe_pickle)
-    extras = checkpoint_extras(obj)
-    kwargs = dict(cfg.model.kwargs)
-    if isinstance(extras.get("model_kwargs"), dict):
-        kwargs.update(extras["model_kwargs"])
-    model = build_model(cfg.model.target, kwargs, cfg.base_dir)
-    load_into(model, extract_state_dict(obj, path), path)
-    return model, extras
-
-
-def _manifest_train_data(cfg: Config, path: Path) -> Path | None:
-    """The manifest's ``train_data`` for ``path`` when the config's manifest lists that checkpoint."""
-    if not isinstance(cfg.checkpoints, dict):
-        return None
-    try:
-        jobs = resolve_jobs(cfg)
-    except ConfigError:
-        return None
-    target = Path(path).resolve()
-    for j in jobs:
-        if j.train_data is not None and j.path.resolve() == target:
-            return j.train_data
-    return None
 
 
 def landscape(
@@ -501,10 +218,7 @@ def landscape(
     """
     from .landscape import interpolation_landscape, slice_landscape, write_files
 
-    overrides: dict[str, Any] = {"runtime.device": device, "runtime.seed": seed}
-    if allow_unsafe_pickle:
-        overrides["runtime.allow_unsafe_pickle"] = True
-    cfg = load(config, overrides)
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
     if to is not None and dims != 1:
@@ -516,20 +230,20 @@ def landscape(
     model_b = load_model(cfg, Path(to).expanduser())[0] if to is not None else None
     data = DataCache(cfg)
     md = cfg.measure_data
-    train = data.get("train", _manifest_train_data(cfg, ckpt))
+    train = data.get("train", manifest_train_data(cfg, ckpt))
     test = data.get("test")
     first = next(iter(model.parameters()), None)
     cpu_dtype = first.dtype if first is not None else torch.float32
     for name, d in (("train", train), ("test", test)):
         if d is not None:
-            _check_labels(model, d[0], d[1], cfg.loss, f"data.{name}", torch.device("cpu"), cpu_dtype)
+            check_labels(model, d[0], d[1], cfg.loss, f"data.{name}", torch.device("cpu"), cpu_dtype)
     train = subset(*train, md.num_samples, md.seed)
     test = subset(*test, md.num_samples, md.seed) if test is not None else None
     common = dict(
         loss=cfg.loss, batch_size=md.batch_size, device=dev, dtype=dtype,
         points_per_pass=points_per_pass, on_progress=on_progress,
     )
-    with _precision(cfg.runtime.precision):
+    with Settings.from_config(cfg, dev).precision_context():
         if model_b is not None:
             res = interpolation_landscape(model, model_b, train, test, steps=steps, span=span, **common)
         else:
@@ -562,50 +276,33 @@ def sweep(
     measures: Sequence[str] | str | None = None,
     device: str | None = None,
     seed: int | None = None,
-    gpus: str | None = None,
-    workers: int | None = None,
-    shard: str | tuple[int, int] | None = None,
-    executor: str = "local",
-    resume: bool = True,
-    retry_failed: bool = False,
-    dry_run: bool = False,
-    lock_timeout: float = 600.0,
-    tasks: int | None = None,
-    slurm: dict[str, Any] | None = None,
-    cluster: str = "slurm",
-    wait: bool = False,
     allow_unsafe_pickle: bool | None = None,
     log: Callable[[str], None] | None = None,
     on_unit: Callable[[dict[str, Any]], None] | None = None,
     debug: bool = False,
+    **options: Any,
 ):
     """Measure every checkpoint of a config as resumable units of work in ``outdir``.
 
     One unit = one checkpoint × one measure, keyed by (checkpoint fingerprint, resolved
     measure config hash, flatcli version); each finished unit is one atomically written
-    file, so rerunning skips finished units (``resume=False`` recomputes, ``retry_failed``
-    reruns error units). ``gpus`` ("all" or "0,1") runs one worker per GPU, ``workers`` N CPU
-    workers; ``shard=(i, n)`` or "i/n" runs one deterministic part of the units;
-    ``executor="slurm"`` submits a job array through submitit (``cluster="local"`` or
-    "debug" run submitit's local backends). Returns a `flatcli.sweep.SweepReport`; merge
-    the rows with `collect`.
+    file, so rerunning skips finished units. ``options`` are those of
+    `flatcli.sweep.runner.SweepOptions` (the flags of ``flatcli sweep``): ``resume=False``
+    recomputes, ``retry_failed`` reruns error units, ``gpus`` ("all" or "0,1") runs one worker
+    per GPU, ``workers`` N CPU workers, ``shard=(i, n)`` or "i/n" runs one deterministic part of
+    the units, ``executor="slurm"`` submits a job array through submitit (``tasks``, ``slurm``
+    parameters, ``wait``; ``cluster="local"`` or "debug" run submitit's local backends),
+    ``dry_run`` only describes, ``lock_timeout`` makes silent locks stale. Returns a
+    `flatcli.sweep.SweepReport`; merge the rows with `collect`.
     """
-    from .sweep.runner import _default_log, run_sweep
-    from .sweep.store import parse_shard
+    from .sweep.runner import SweepOptions, _default_log, run_sweep
 
-    overrides = {"runtime.device": device, "runtime.seed": seed}
-    if allow_unsafe_pickle:
-        overrides["runtime.allow_unsafe_pickle"] = True
-    cfg = load(config, overrides)
+    opts = SweepOptions(**options)
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
     jobs, specs = _plan(cfg, checkpoints, measures)
-    if outdir is None:
-        outdir = cfg.resolve_path(cfg.output.dir) if cfg.provenance.get("output.dir") == "yaml" else Path(cfg.output.dir)
-    sh = parse_shard(shard) if isinstance(shard, str) else shard
-    return run_sweep(
-        cfg, specs, jobs, outdir, gpus=gpus, workers=workers, shard=sh, executor=executor, resume=resume,
-        retry_failed=retry_failed, dry_run=dry_run, lock_timeout=lock_timeout, tasks=tasks, slurm=slurm,
-        cluster=cluster, wait=wait, log=_default_log if log is None else log, on_unit=on_unit, debug=debug,
-    )
+    out = cfg.output_dir(outdir)
+    return run_sweep(cfg, specs, jobs, out, opts, log=_default_log if log is None else log, on_unit=on_unit,
+                     debug=debug)
 
 
 def collect(outdir: str | Path, output: str | Path | None = None):
@@ -649,3 +346,66 @@ def correlate(
     elif plots:
         raise ConfigError("--plots needs an output directory (-o OUTDIR)")
     return report
+
+
+# ------------------------------------------------------------------ check-invariance
+def check_invariance(
+    config: Any,
+    checkpoint: str | Path | None = None,
+    measures: Sequence[Any] | str | None = None,
+    *,
+    transform: str = "both",
+    scale: float = 10.0,
+    seed: int | None = None,
+    tol: float = 1e-6,
+    device: str | None = None,
+    data: tuple[torch.Tensor, torch.Tensor] | None = None,
+    loss: str = "cross_entropy",
+):
+    """The invariance check for one checkpoint of a config (path, dict or `Config`), or for a model.
+
+    With a config: the model is built and loaded as ``flatcli measure`` does (``model_kwargs``
+    stored in the checkpoint win; a manifest's ``train_data`` applies), the measurement set is
+    ``measure_data``, and ``measures`` defaults to the configured measures plus every measure
+    that claims invariance. With an ``nn.Module`` as ``config``: pass ``data=(x, y)``; see
+    `flatcli.invariance.check_invariance_model`. Returns an `flatcli.invariance.InvarianceReport`.
+    """
+    from .invariance import check_invariance_model, needs_init, prepare_specs
+
+    if isinstance(config, torch.nn.Module):
+        if data is None:
+            raise ConfigError("check_invariance(model, ...) needs data=(x, y)")
+        return check_invariance_model(config, data, measures, loss=loss, transform=transform, scale=scale,
+                                      seed=seed or 0, tol=tol, device=device or "cpu")
+    cfg = load(config, overrides(device=device, seed=seed))
+    if cfg.data.train is None:
+        raise ConfigError("config key 'data.train' is required")
+    job = _one_job(cfg, checkpoint)
+    if measures is None:
+        try:
+            chosen = select_measures(cfg, None)
+        except ConfigError:
+            chosen = []
+        specs = prepare_specs(chosen, add_invariant=True)
+    else:
+        specs = prepare_specs(select_measures(cfg, measures), add_invariant=False)
+    if job.init_checkpoint is None:
+        specs = [s for s in specs if not needs_init(s)]
+    model, _ = load_model(cfg, job.path)
+    init_state = load_init_state(cfg, job)
+    cache = DataCache(cfg)
+    return check_invariance_model(
+        model, cache.get("train", job.train_data or manifest_train_data(cfg, job.path)), specs,
+        test=cache.get("test"), settings=Settings.from_config(cfg), transform=transform, scale=scale, tol=tol,
+        init_state=init_state, checkpoint=job.checkpoint,
+    )
+
+
+def _one_job(cfg: Config, checkpoint: str | Path | None) -> Job:
+    if checkpoint is None:
+        jobs = resolve_jobs(cfg)
+        if len(jobs) != 1:
+            raise ConfigError(f"check-invariance takes one checkpoint; the config lists {len(jobs)}: pass one")
+        return jobs[0]
+    (job,) = resolve_jobs(cfg, [str(checkpoint)])
+    return job

@@ -85,10 +85,10 @@ def measure(
 
     if format not in ("table", "csv", "json"):
         raise ConfigError(f"--format must be table, csv or json; got {format!r}")
-    cfg = api.load(config, {"runtime.device": device, "runtime.seed": seed})
-    out = outdir if outdir is not None else Path(cfg.output.dir)
-    if outdir is None and not Path(cfg.output.dir).is_absolute():
-        out = cfg.base_dir / cfg.output.dir if cfg.provenance.get("output.dir") == "yaml" else Path(cfg.output.dir)
+    from .config import overrides
+
+    cfg = api.load(config, overrides(device=device, seed=seed))
+    out = cfg.output_dir(outdir)
     is_tty = err_console.is_terminal
     progress = None
     task = None
@@ -395,7 +395,7 @@ def check_invariance_cmd(
     """Rescale the network without changing its function; show which measures stay put (exit 0 if every claimed invariance holds)."""
     from rich.markup import escape
 
-    from .invariance import check_invariance
+    from .api import check_invariance
 
     rep = check_invariance(config, checkpoint, measures, transform=transform, scale=scale, seed=seed, tol=tol, device=device)
     console.print(f"[bold]{escape(rep.checkpoint)}[/bold]: {escape(rep.describe())}", highlight=False, soft_wrap=True)

@@ -112,7 +112,18 @@ class Config:
         q = Path(os.path.expanduser(str(p)))
         return q if q.is_absolute() else (self.base_dir / q)
 
+    def output_dir(self, explicit: str | os.PathLike | None = None) -> Path:
+        """Where results go: ``explicit`` (a CLI flag or API argument) as given; ``output.dir``
+        from the YAML relative to the config file's folder; from the environment or the
+        default (``out``) relative to the working directory."""
+        if explicit is not None:
+            return Path(os.path.expanduser(str(explicit)))
+        if self.provenance.get("output.dir") == "yaml":
+            return self.resolve_path(self.output.dir)
+        return Path(os.path.expanduser(self.output.dir))
+
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain data (what results.json records and the hash covers)."""
         return _to_plain(self)
 
     def hash(self) -> str:
@@ -282,6 +293,20 @@ def _validate(cfg: Config) -> None:
     if cfg.output.format not in ("table", "csv", "json"):
         raise ConfigError(f"config key 'output.format' must be table, csv or json; got {cfg.output.format!r}")
     cfg.measure_specs()
+
+
+def overrides(
+    *,
+    device: str | None = None,
+    seed: int | None = None,
+    precision: str | None = None,
+    allow_unsafe_pickle: bool | None = None,
+) -> dict[str, Any]:
+    """The config overrides of the common CLI flags / API keywords (None and False mean "not given")."""
+    out: dict[str, Any] = {"runtime.device": device, "runtime.seed": seed, "runtime.precision": precision}
+    if allow_unsafe_pickle:
+        out["runtime.allow_unsafe_pickle"] = True
+    return {k: v for k, v in out.items() if v is not None}
 
 
 ENV_VARS = {

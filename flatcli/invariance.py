@@ -35,7 +35,7 @@ with some options, which options the check turns on, and the remarks printed
 with it are the measure's own rules (`flatcli.measures.MeasureInfo`); this
 module names no measure.
 
->>> from flatcli.invariance import check_invariance
+>>> from flatcli.api import check_invariance
 >>> report = check_invariance("config.yaml", "runs/a.pt")       # doctest: +SKIP
 >>> report.exit_code, [(r.label, r.rel_change) for r in report.results]  # doctest: +SKIP
 """
@@ -47,7 +47,6 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,6 +54,7 @@ from torch import nn
 
 from .errors import ConfigError, MeasurementError, exit_code_of
 from .measures import INVARIANCE_REFERENCE, get_measure
+from .settings import Settings
 
 __all__ = [
     "RescalePair",
@@ -65,8 +65,8 @@ __all__ = [
     "node_wise_rescale",
     "layer_wise_rescale",
     "claims_invariance",
-    "check_invariance",
     "check_invariance_model",
+    "prepare_specs",
 ]
 
 TRANSFORMS = ("node", "layer", "both")
@@ -283,9 +283,9 @@ def claims_invariance(spec) -> bool:
     return spec.claims_invariance()[0]
 
 
-def _prepare_specs(measures, add_invariant: bool) -> list:
-    from .api import as_specs
+def prepare_specs(measures, add_invariant: bool) -> list:
     from .measures import INVARIANCE_REFERENCE, MeasureSpec, list_measures
+    from .pipeline import as_specs
 
     specs = as_specs(measures) if measures is not None else []
     if add_invariant:
@@ -322,20 +322,13 @@ def check_invariance_model(
     measures: Sequence[Any] | str | None = None,
     *,
     test: tuple[torch.Tensor, torch.Tensor] | None = None,
-    loss: str = "cross_entropy",
+    settings: Settings | None = None,
     transform: str = "both",
     scale: float = DEFAULT_SCALE,
-    seed: int = 0,
     tol: float = DEFAULT_TOL,
-    split: str = "train",
-    num_samples: int | str = "all",
-    batch_size: int = 256,
-    data_seed: int = 0,
-    device: str | torch.device | None = "cpu",
-    hvp_mode: str = "auto",
-    block_size: int | None = None,
     init_state: dict[str, torch.Tensor] | None = None,
     checkpoint: str = "<model>",
+    **fields: Any,
 ) -> InvarianceReport:
     """Rescale ``model`` without changing its function, measure both in float64, compare.
 
@@ -344,158 +337,89 @@ def check_invariance_model(
     model : the network (not modified).
     train, test : (x, y) data; the measurement set is ``split`` subsampled as in `flatcli.api.measure_model`.
     measures : names / ``{name: options}`` / `MeasureSpec` objects; None: every registered measure that
-        claims invariance. ``hessian_trace`` is always added as the non-invariant reference.
+        claims invariance. The non-invariant reference (the Hessian trace) is always added.
+    settings : a `flatcli.settings.Settings` (or its fields as keywords: ``loss``, ``split``,
+        ``num_samples``, ``batch_size``, ``data_seed``, ``device``, ``hvp_mode``, ``block_size``);
+        ``seed`` is the seed of the rescaling and of every stochastic measure (equal for both runs);
+        the precision is always fp64.
     transform : "node", "layer" or "both" (default); scale : α ranges over [1/scale, scale].
-    seed : seed of the rescaling and of every stochastic measure (equal for both runs).
     tol : relative change up to which a claimed invariance holds (default 1e-6).
 
     Returns an `InvarianceReport`; ``report.exit_code`` is 0 when every measure that claims
     invariance held it. Raises `MeasurementError` when no function-preserving rescaling exists.
     """
-    from .api import measure_model, resolve_device
-    from .engine import eval_mode
-    from .loading.data import subset
+    from .pipeline import measure_model
 
     if not (isinstance(tol, (int, float)) and tol > 0):
         raise ConfigError(f"--tol must be a positive float; got {tol!r}")
-    specs = _prepare_specs(measures, add_invariant=measures is None)
+    st = Settings.build(settings, **fields).replace(precision="fp64")
+    specs = prepare_specs(measures, add_invariant=measures is None)
     data = {"train": train, "test": test}
-    if data.get(split) is None:
-        raise ConfigError(f"measure_data.split is {split!r} but no {split} data is configured")
-    dev = resolve_device(device)
-    m64 = copy.deepcopy(model).to(dev, torch.float64)
-    mx, _ = subset(*data[split], num_samples, data_seed)
-    mx = mx.to(dev)
+    if data.get(st.split) is None:
+        raise ConfigError(f"measure_data.split is {st.split!r} but no {st.split} data is configured")
+    m64 = copy.deepcopy(model).to(st.device, torch.float64)
+    pairs, rescaled, change = _rescaled_copy(m64, data[st.split], st, transform, scale)
+    rows = [measure_model(m, train, specs, test=test, settings=st, init_state=init_state, checkpoint=checkpoint)
+            for m in (m64, rescaled)]
+    _raise_input_errors(rows)
+    report = InvarianceReport(
+        checkpoint=checkpoint, transform=transform, scale=float(scale), seed=int(st.seed), tol=float(tol),
+        pairs=pairs, output_rel_change=change,
+    )
+    for s in specs:
+        report.results.append(_compare(s, rows[0], rows[1], tol))
+        if s.name == INVARIANCE_REFERENCE and report.reference is None:
+            report.reference = s.label
+    return report
+
+
+def _rescaled_copy(m64: nn.Module, data, st: Settings, transform: str, scale: float):
+    """(pairs, rescaled copy, relative output change) for the float64 model ``m64``."""
+    from .engine import eval_mode
+    from .loading.data import subset
+
+    mx, _ = subset(*data, st.num_samples, st.data_seed)
+    mx = mx.to(st.device)
     mx = mx.double() if mx.is_floating_point() else mx
     with eval_mode(m64):
-        pairs = find_rescalable_pairs(m64, mx, seed=seed)
+        pairs = find_rescalable_pairs(m64, mx, seed=st.seed)
         if not pairs:
             raise MeasurementError(
                 "no function-preserving rescaling found: the model needs consecutive Linear/Conv layers "
                 "joined by positively homogeneous activations (ReLU, leaky ReLU, pooling)"
             )
-        rescaled = rescale(m64, pairs, transform, scale, seed)
+        rescaled = rescale(m64, pairs, transform, scale, st.seed)
         with eval_mode(rescaled):
             change = _rel_out_change(_forward(m64, mx), _forward(rescaled, mx))
     if change > OUTPUT_TOL:
         raise MeasurementError(f"the rescaled network's output changed by {change:.3g} (relative): not function-preserving")
-    kw = dict(
-        test=test, loss=loss, split=split, num_samples=num_samples, batch_size=batch_size, data_seed=data_seed,
-        seed=seed, device=dev, precision="fp64", hvp_mode=hvp_mode, block_size=block_size, init_state=init_state,
-    )
-    rows = [measure_model(m, train, specs, checkpoint=checkpoint, **kw) for m in (m64, rescaled)]
+    return pairs, rescaled, change
+
+
+def _raise_input_errors(rows) -> None:
+    """A failure on bad input (exit code 2) or of the whole row is the check's failure."""
     for r in rows:
         if r.status == "error" and not r.results and not r.errors:
             raise (ConfigError if exit_code_of(r.error_kind) == 2 else MeasurementError)(r.error)
         for label, kind in r.error_kinds.items():
             if exit_code_of(kind) == 2:  # bad input (e.g. relative_flatness 'layer'): exit code 2
                 raise ConfigError(r.errors[label])
-    report = InvarianceReport(
-        checkpoint=checkpoint, transform=transform, scale=float(scale), seed=int(seed), tol=float(tol),
-        pairs=pairs, output_rel_change=change,
-    )
-    for s in specs:
-        a, b = rows[0].results.get(s.label), rows[1].results.get(s.label)
-        claims = claims_invariance(s)
-        if a is None or b is None:
-            err = rows[0].errors.get(s.label) or rows[1].errors.get(s.label) or "failed"
-            report.results.append(
-                InvarianceResult(s.label, s.name, claims, math.nan, math.nan, math.nan, False if claims else None, error=err)
-            )
-            continue
-        rc = _rel(a.value, b.value)
-        info = get_measure(s.name)
-        note = (info.invariance_note(a, b, s.parsed()) if info.invariance_note else None) or ""
-        report.results.append(
-            InvarianceResult(s.label, s.name, claims, a.value, b.value, rc, (rc <= tol) if claims else None, note)
-        )
-        if s.name == INVARIANCE_REFERENCE and report.reference is None:
-            report.reference = s.label
-    return report
 
 
-def check_invariance(
-    config: Any,
-    checkpoint: str | Path | None = None,
-    measures: Sequence[Any] | str | None = None,
-    *,
-    transform: str = "both",
-    scale: float = DEFAULT_SCALE,
-    seed: int | None = None,
-    tol: float = DEFAULT_TOL,
-    device: str | None = None,
-    data: tuple[torch.Tensor, torch.Tensor] | None = None,
-    loss: str = "cross_entropy",
-) -> InvarianceReport:
-    """The invariance check for one checkpoint of a config (path, dict or `Config`), or for a model.
-
-    With a config: the model is built and loaded as ``flatcli measure`` does (``model_kwargs``
-    stored in the checkpoint win; a manifest's ``train_data`` applies), the measurement set is
-    ``measure_data``, and ``measures`` defaults to the configured measures plus every measure
-    that claims invariance. With an ``nn.Module`` as ``config``: pass ``data=(x, y)``; see
-    `check_invariance_model`.
-    """
-    if isinstance(config, nn.Module):
-        if data is None:
-            raise ConfigError("check_invariance(model, ...) needs data=(x, y)")
-        return check_invariance_model(
-            config, data, measures, loss=loss, transform=transform, scale=scale, seed=seed or 0, tol=tol,
-            device=device or "cpu",
-        )
-    from . import api
-    from .jobs import resolve_jobs
-
-    cfg = api.load(config, {"runtime.device": device, "runtime.seed": seed})
-    if cfg.data.train is None:
-        raise ConfigError("config key 'data.train' is required")
-    if checkpoint is None:
-        jobs = resolve_jobs(cfg)
-        if len(jobs) != 1:
-            raise ConfigError(f"check-invariance takes one checkpoint; the config lists {len(jobs)}: pass one")
-        job = jobs[0]
-    else:
-        (job,) = resolve_jobs(cfg, [str(checkpoint)])
-    train_data = job.train_data or api._manifest_train_data(cfg, job.path)
-    if measures is None:
-        try:
-            chosen = api.select_measures(cfg, None)
-        except ConfigError:
-            chosen = []
-        specs = _prepare_specs(chosen, add_invariant=True)
-    else:
-        specs = _prepare_specs(api.select_measures(cfg, measures), add_invariant=False)
-    init_state = None
-    if job.init_checkpoint is not None:
-        from .loading.checkpoints import extract_state_dict, read_checkpoint
-
-        obj = read_checkpoint(job.init_checkpoint, cfg.runtime.allow_unsafe_pickle)
-        init_state = extract_state_dict(obj, job.init_checkpoint)
-    else:
-        specs = [s for s in specs if not _needs_init(s)]
-    model, _ = api.load_model(cfg, job.path)
-    cache = api.DataCache(cfg)
-    md = cfg.measure_data
-    return check_invariance_model(
-        model,
-        cache.get("train", train_data),
-        specs,
-        test=cache.get("test"),
-        loss=cfg.loss,
-        transform=transform,
-        scale=scale,
-        seed=cfg.runtime.seed,
-        tol=tol,
-        split=md.split,
-        num_samples=md.num_samples,
-        batch_size=md.batch_size,
-        data_seed=md.seed,
-        device=api.resolve_device(cfg.runtime.device),
-        hvp_mode=cfg.runtime.hvp_mode,
-        block_size=cfg.runtime.block_size,
-        init_state=init_state,
-        checkpoint=job.checkpoint,
-    )
+def _compare(s, row_a, row_b, tol: float) -> InvarianceResult:
+    """One measure on the original (``row_a``) and the rescaled network (``row_b``)."""
+    a, b = row_a.results.get(s.label), row_b.results.get(s.label)
+    claims = claims_invariance(s)
+    if a is None or b is None:
+        err = row_a.errors.get(s.label) or row_b.errors.get(s.label) or "failed"
+        return InvarianceResult(s.label, s.name, claims, math.nan, math.nan, math.nan,
+                                False if claims else None, error=err)
+    rc = _rel(a.value, b.value)
+    info = get_measure(s.name)
+    note = (info.invariance_note(a, b, s.parsed()) if info.invariance_note else None) or ""
+    return InvarianceResult(s.label, s.name, claims, a.value, b.value, rc, (rc <= tol) if claims else None, note)
 
 
-def _needs_init(spec) -> bool:
+def needs_init(spec) -> bool:
+    """Whether the configured measure needs the initial parameters."""
     return get_measure(spec.name).needs_init

@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 from flatcli.cli import app
 from flatcli.demo.models import MLP
 from flatcli.errors import ConfigError, MeasurementError
+from flatcli.api import check_invariance
 from flatcli.invariance import (
     RescalePair,
-    check_invariance,
     check_invariance_model,
     claims_invariance,
     find_rescalable_pairs,

@@ -15,8 +15,8 @@ from flatcli.measures import MeasureContext, MeasureSpec, run_measure
 from flatcli.measures._bn import fold_batchnorm
 
 
-def run(p, name, init_params=None, extra=None):
-    ctx = MeasureContext(p, CurvatureEngine(p), init_params=init_params, extra=extra or {})
+def run(p, name, init_params=None, init_state=None):
+    ctx = MeasureContext(p, CurvatureEngine(p), init_params=init_params, init_state=init_state)
     return run_measure(MeasureSpec(name, name, {}), ctx)
 
 
@@ -213,7 +213,7 @@ def test_distance_from_init_folds_each_side_with_its_own_statistics():
         ((folded_first(model) - folded_first(init)) ** 2).sum()
         + ((model[3].weight - init[3].weight).detach() ** 2).sum()
     )
-    r = run(p, "distance_from_init", init_params=init_params, extra={"init_state": init_state})
+    r = run(p, "distance_from_init", init_params=init_params, init_state=init_state)
     assert r.value == pytest.approx(expected, rel=1e-12)
     # without the init state dict, a fresh BatchNorm's statistics (0, 1) are assumed: the same here
     assert run(p, "distance_from_init", init_params=init_params).value == pytest.approx(

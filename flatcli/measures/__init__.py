@@ -74,13 +74,14 @@ class MeasureContext:
     engine: the `CurvatureEngine` over ``problem``.
     seed: the seed of this measure (its own ``seed`` option or ``runtime.seed``).
     init_params: parameters at initialization (dict name -> tensor) or None.
+    init_state: the whole state dict at initialization (buffers included) or None.
     """
 
     problem: Any
     engine: Any
     seed: int = 0
     init_params: dict[str, torch.Tensor] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    init_state: dict[str, torch.Tensor] | None = None
 
     @property
     def model(self) -> torch.nn.Module:

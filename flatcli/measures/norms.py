@@ -114,7 +114,7 @@ def path_norm(ctx, opts) -> MeasureResult:
 def _init_buffers(ctx) -> dict[str, torch.Tensor]:
     """BatchNorm buffers at initialization: from the init state dict when present,
     otherwise those of a freshly built BatchNorm (running mean 0, variance 1)."""
-    state = ctx.extra.get("init_state") or {}
+    state = ctx.init_state or {}
     out = {}
     for mname, m in ctx.model.named_modules():
         if not isinstance(m, _BatchNorm) or m.running_mean is None:

@@ -8,7 +8,7 @@ or as one task of a SLURM array (`run_shard_task`, submitted through submitit).
 
 A worker walks its units (all of them, or those of its ``--shard I/N``), skips
 finished ones, claims the next with an ``O_CREAT|O_EXCL`` lock file, measures it
-(`flatcli.api.measure_job` with that one measure), writes the unit's row file
+(`flatcli.pipeline.measure_job` with that one measure), writes the unit's row file
 atomically and releases the lock. Units locked by a live worker are left to it;
 locks of dead workers (same host) or without a heartbeat for ``lock_timeout``
 seconds are broken.
@@ -228,12 +228,14 @@ def run_worker(
     start on different units. ``redo_before``/``retry_before`` are timestamps: units
     (error units) finished before them count as unfinished (``--no-resume``, ``--retry-failed``).
     """
-    from ..api import DataCache, measure_job, resolve_device
+    from ..pipeline import DataCache, measure_job
+    from ..settings import Settings
 
     store = Store(outdir)
     plan = load_plan(outdir)
     cfg = plan.cfg()
-    dev = resolve_device(device or cfg.runtime.device)
+    settings = Settings.from_config(cfg, device)
+    dev = settings.device
     data = data if data is not None else DataCache(cfg)
     units = plan.units_for(shard)
     k = (len(units) * worker) // max(1, workers)
@@ -257,7 +259,7 @@ def run_worker(
                 if delay:
                     time.sleep(delay)
                 job = plan.job(u.checkpoint_index)
-                row = measure_job(cfg, job, [plan.spec(u.label)], data, dev, debug)
+                row = measure_job(cfg, job, [plan.spec(u.label)], data, settings, debug)
                 rec = unit_record(
                     uid=u.id, key=u.key, checkpoint=job.checkpoint, checkpoint_index=u.checkpoint_index,
                     label=u.label, label_index=u.label_index, labels=plan.labels, row=row,
@@ -392,16 +394,67 @@ def plan_workers(device: str, gpus: str | None, workers: int | None) -> list[Wor
     return [WorkerPlan(device="cpu", env=env, label="cpu") for _ in range(n)]
 
 
-def _worker_argv(outdir, w: int, n: int, wp: WorkerPlan, shard, redo_before, retry_before, lock_timeout) -> list[str]:
-    argv = [sys.executable, "-m", "flatcli", "sweep-worker", str(outdir), "--worker", str(w), "--workers", str(n),
-            "--device", wp.device, "--lock-timeout", repr(float(lock_timeout))]
-    if shard is not None:
-        argv += ["--shard", f"{shard[0]}/{shard[1]}"]
-    if redo_before is not None:
-        argv += ["--redo-before", repr(redo_before)]
-    if retry_before is not None:
-        argv += ["--retry-before", repr(retry_before)]
-    return argv
+@dataclass(frozen=True)
+class SweepOptions:
+    """How a sweep runs: the options of ``flatcli sweep`` (see `flatcli.api.sweep`)."""
+
+    gpus: str | None = None
+    workers: int | None = None
+    shard: tuple[int, int] | str | None = None
+    executor: str = "local"
+    resume: bool = True
+    retry_failed: bool = False
+    dry_run: bool = False
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    tasks: int | None = None
+    slurm: dict[str, Any] | None = None
+    cluster: str = "slurm"
+    wait: bool = False
+
+    def __post_init__(self):
+        from .store import parse_shard
+
+        if isinstance(self.shard, str):
+            object.__setattr__(self, "shard", parse_shard(self.shard))
+        if self.executor not in ("local", "slurm"):
+            raise ConfigError(f"--executor must be local or slurm; got {self.executor!r}")
+        if self.lock_timeout <= 0:
+            raise ConfigError(f"--lock-timeout must be > 0 seconds; got {self.lock_timeout}")
+        if self.executor == "slurm" and self.shard is not None:
+            raise ConfigError("--shard and --executor slurm are exclusive: the job array makes its own shards")
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    """What every worker of one sweep run is told: its shard, the resume cut-offs, the lock timeout.
+
+    ``redo_before``/``retry_before``: units (error units) finished before these times count
+    as unfinished (``--no-resume``, ``--retry-failed``)."""
+
+    shard: tuple[int, int] | None
+    redo_before: float | None
+    retry_before: float | None
+    lock_timeout: float
+
+    @classmethod
+    def of(cls, opts: SweepOptions, start: float) -> WorkerArgs:
+        return cls(opts.shard, None if opts.resume else start, start if opts.retry_failed else None,
+                   opts.lock_timeout)
+
+    def argv(self) -> list[str]:
+        out = ["--lock-timeout", repr(float(self.lock_timeout))]
+        if self.shard is not None:
+            out += ["--shard", f"{self.shard[0]}/{self.shard[1]}"]
+        if self.redo_before is not None:
+            out += ["--redo-before", repr(self.redo_before)]
+        if self.retry_before is not None:
+            out += ["--retry-before", repr(self.retry_before)]
+        return out
+
+
+def _worker_argv(outdir, w: int, n: int, wp: WorkerPlan, args: WorkerArgs) -> list[str]:
+    return [sys.executable, "-m", "flatcli", "sweep-worker", str(outdir), "--worker", str(w), "--workers", str(n),
+            "--device", wp.device, *args.argv()]
 
 
 def _status_counts(store: Store, units: list[Unit], since: float, redo_before, retry_before):
@@ -424,92 +477,81 @@ def run_sweep(
     specs: list[MeasureSpec],
     jobs: list[Job],
     outdir: str | os.PathLike,
+    opts: SweepOptions | None = None,
     *,
-    gpus: str | None = None,
-    workers: int | None = None,
-    shard: tuple[int, int] | None = None,
-    executor: str = "local",
-    resume: bool = True,
-    retry_failed: bool = False,
-    dry_run: bool = False,
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-    tasks: int | None = None,
-    slurm: dict[str, Any] | None = None,
-    cluster: str = "slurm",
-    wait: bool = False,
     log: Callable[[str], None] | None = _default_log,
     on_unit: Callable[[dict[str, Any]], None] | None = None,
     debug: bool = False,
 ) -> SweepReport:
     """Plan the sweep into ``outdir`` and run (or submit, or describe) its workers."""
-    if executor not in ("local", "slurm"):
-        raise ConfigError(f"--executor must be local or slurm; got {executor!r}")
-    if lock_timeout <= 0:
-        raise ConfigError(f"--lock-timeout must be > 0 seconds; got {lock_timeout}")
+    opts = opts or SweepOptions()
     t_start = time.time()
     t0 = time.perf_counter()
     outdir = Path(outdir)
     store = Store(outdir)
     plan = build_plan(cfg, specs, jobs)
-    redo_before = None if resume else t_start
-    retry_before = t_start if retry_failed else None
-    selected = plan.units_for(shard)
-    already = sum(store.is_done(u.id, redo_before, retry_before) for u in selected)
+    args = WorkerArgs.of(opts, t_start)
+    selected = plan.units_for(opts.shard)
+    already = sum(store.is_done(u.id, args.redo_before, args.retry_before) for u in selected)
     report = SweepReport(outdir=outdir, units=len(plan.units), selected=len(selected), already_done=already,
-                         executor=executor, dry_run=dry_run)
+                         executor=opts.executor, dry_run=opts.dry_run)
     todo = len(selected) - already
-    head = (f"{len(plan.checkpoints)} checkpoints × {len(plan.specs)} measures = {len(plan.units)} units"
-            + (f"; shard {shard[0]}/{shard[1]} holds {len(selected)}" if shard else "")
-            + f"; {already} finished, {todo} to run")
-    report.lines.append(head)
-
+    shard = opts.shard
+    report.lines.append(
+        f"{len(plan.checkpoints)} checkpoints × {len(plan.specs)} measures = {len(plan.units)} units"
+        + (f"; shard {shard[0]}/{shard[1]} holds {len(selected)}" if shard else "")
+        + f"; {already} finished, {todo} to run"
+    )
     waited = True
-    if executor == "slurm":
-        if shard is not None:
-            raise ConfigError("--shard and --executor slurm are exclusive: the job array makes its own shards")
-        waited = _submit_slurm(report, plan, outdir, store, redo_before, retry_before, lock_timeout, tasks,
-                               slurm or {}, cluster, dry_run, wait)
+    if opts.executor == "slurm":
+        waited = _submit_slurm(report, plan, store, opts, args)
     else:
-        wps = plan_workers(cfg.runtime.device, gpus, workers)
-        report.workers = [wp.label for wp in wps]
-        if dry_run:
-            if len(wps) == 1:
-                report.lines.append(f"would run 1 worker in this process on {wps[0].label}")
-            else:
-                for w, wp in enumerate(wps):
-                    env = " ".join(f"{k}={v}" for k, v in wp.env.items())
-                    argv = _worker_argv(outdir, w, len(wps), wp, shard, redo_before, retry_before, lock_timeout)
-                    report.lines.append(f"would run: {env + ' ' if env else ''}{' '.join(argv[1:])}")
-        elif todo > 0:
-            write_plan(outdir, plan)
-            from ..api import DataCache
-
-            data = DataCache(cfg)  # load the data once here: a bad data config fails now, not per unit
-            data.get("train")
-            data.get("test")
-            if len(wps) == 1:
-                run_worker(outdir, shard=shard, device=wps[0].label, redo_before=redo_before,
-                           retry_before=retry_before, lock_timeout=lock_timeout, log=log, on_unit=on_unit,
-                           data=data, debug=debug)
-            else:
-                _run_pool(outdir, wps, shard, redo_before, retry_before, lock_timeout)
-        else:
-            write_plan(outdir, plan)
-    if not dry_run:
-        store.clear_stale_locks_of_finished(lock_timeout)
-        c, kinds, p = _status_counts(store, selected, t_start, redo_before, retry_before)
+        _run_local(report, cfg, plan, opts, args, todo, log=log, on_unit=on_unit, debug=debug)
+    if not opts.dry_run:
+        store.clear_stale_locks_of_finished(opts.lock_timeout)
+        c, kinds, p = _status_counts(store, selected, t_start, args.redo_before, args.retry_before)
         report.computed, report.errors, report.error_kinds, report.pending = c, len(kinds), kinds, p
-        if executor == "slurm" and not waited:
+        if opts.executor == "slurm" and not waited:
             report.pending = todo  # the array runs on its own: its units are not finished yet
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def _run_pool(outdir, wps: list[WorkerPlan], shard, redo_before, retry_before, lock_timeout) -> None:
+def _run_local(report: SweepReport, cfg, plan: Plan, opts: SweepOptions, args: WorkerArgs, todo: int, *,
+               log, on_unit, debug) -> None:
+    """Run (or with ``dry_run`` describe) the local workers: in this process, or one process per GPU/worker."""
+    from ..pipeline import DataCache
+
+    outdir = report.outdir
+    wps = plan_workers(cfg.runtime.device, opts.gpus, opts.workers)
+    report.workers = [wp.label for wp in wps]
+    if opts.dry_run:
+        if len(wps) == 1:
+            report.lines.append(f"would run 1 worker in this process on {wps[0].label}")
+        for w, wp in enumerate(wps if len(wps) > 1 else []):
+            env = " ".join(f"{k}={v}" for k, v in wp.env.items())
+            argv = _worker_argv(outdir, w, len(wps), wp, args)
+            report.lines.append(f"would run: {env + ' ' if env else ''}{' '.join(argv[1:])}")
+        return
+    write_plan(outdir, plan)
+    if todo == 0:
+        return
+    data = DataCache(cfg)  # load the data once here: a bad data config fails now, not per unit
+    data.get("train")
+    data.get("test")
+    if len(wps) == 1:
+        run_worker(outdir, shard=args.shard, device=wps[0].label, redo_before=args.redo_before,
+                   retry_before=args.retry_before, lock_timeout=args.lock_timeout, log=log, on_unit=on_unit,
+                   data=data, debug=debug)
+    else:
+        _run_pool(outdir, wps, args)
+
+
+def _run_pool(outdir, wps: list[WorkerPlan], args: WorkerArgs) -> None:
     procs = []
     try:
         for w, wp in enumerate(wps):
-            argv = _worker_argv(outdir, w, len(wps), wp, shard, redo_before, retry_before, lock_timeout)
+            argv = _worker_argv(outdir, w, len(wps), wp, args)
             procs.append(subprocess.Popen(argv, env={**os.environ, **wp.env}))
         codes = [p.wait() for p in procs]
     except BaseException:
@@ -555,9 +597,10 @@ def parse_slurm_params(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def _submit_slurm(report: SweepReport, plan: Plan, outdir: Path, store: Store, redo_before, retry_before,
-                  lock_timeout, tasks, params, cluster, dry_run, wait) -> bool:
+def _submit_slurm(report: SweepReport, plan: Plan, store: Store, opts: SweepOptions, args: WorkerArgs) -> bool:
     """Submit the array (or describe it); True when its tasks ran to completion here."""
+    outdir, tasks, params, cluster, dry_run = report.outdir, opts.tasks, opts.slurm or {}, opts.cluster, opts.dry_run
+    redo_before, retry_before, lock_timeout = args.redo_before, args.retry_before, args.lock_timeout
     pending = [u for u in plan.units if not store.is_done(u.id, redo_before, retry_before)]
     n = tasks if tasks is not None else max(1, min(len(plan.checkpoints), len(pending) or 1))
     if n < 1:
@@ -598,7 +641,7 @@ def _submit_slurm(report: SweepReport, plan: Plan, outdir: Path, store: Store, r
     report.jobs = [j.job_id for j in jobs]
     report.lines.append(f"submitted {len(jobs)} task(s) to {cluster}: {', '.join(report.jobs[:8])}"
                         + (" ..." if len(jobs) > 8 else ""))
-    if wait or cluster == "debug":
+    if opts.wait or cluster == "debug":
         for j in jobs:
             j.result()
         return True
@@ -630,7 +673,7 @@ def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) 
     Rows follow the plan's checkpoint order and have the same columns as ``flatcli measure``'s.
     Units missing from the plan's list are reported; unit files of older plans are ignored.
     """
-    from ..api import versions
+    from ..pipeline import versions
 
     outdir = Path(outdir)
     if not outdir.is_dir():

@@ -1,0 +1,268 @@
+"""Measuring one model or one checkpoint: the steps every pipeline shares.
+
+`measure_model` measures a model on tensors; `measure_job` loads one checkpoint of
+a config and measures it; `DataCache` loads each configured split once;
+`load_model` builds the config's model and loads a checkpoint into it. The API
+(`flatcli.api`), the sweep worker and the invariance check call these; nothing
+here knows about commands, tables or output files.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import platform
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import __version__
+from .config import Config, parse_measures
+from .engine import CurvatureEngine, Problem, eval_mode
+from .errors import ConfigError, FlatcliError, MeasurementError, error_kind
+from .jobs import Job, resolve_jobs
+from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
+from .loading.data import load_split, subset
+from .loading.models import build_model
+from .measures import MeasureContext, MeasureSpec, run_measure
+from .results import Row
+from .settings import Settings
+
+
+def as_specs(measures) -> list[MeasureSpec]:
+    """Measure specs from names (a list or 'a,b'), ``{name: options}`` entries or specs."""
+    if measures is None:
+        return []
+    if isinstance(measures, str):
+        measures = [m.strip() for m in measures.split(",") if m.strip()]
+    if all(isinstance(m, MeasureSpec) for m in measures):
+        return list(measures)
+    return parse_measures(list(measures), "measures")
+
+
+def check_labels(model, x, y, loss: str, where: str, device, dtype) -> None:
+    if loss != "cross_entropy" or y.is_floating_point():
+        return
+    with torch.no_grad(), eval_mode(model):
+        xb = x[:2].to(device)
+        out = model(xb.to(dtype) if xb.is_floating_point() else xb)
+    if out.ndim != 2:
+        raise ConfigError(f"loss 'cross_entropy' needs outputs of shape (batch, classes); the model gives {tuple(out.shape)}")
+    c = out.shape[1]
+    lo, hi = int(y.min()), int(y.max())
+    if lo < 0 or hi >= c:
+        raise ConfigError(f"{where}: label {hi if hi >= c else lo} is outside the model's {c} outputs")
+
+
+def _metrics(model, train, test, st: Settings) -> dict[str, float]:
+    """train/test loss and accuracy on the full splits, and ``gen_gap = train_acc − test_acc``."""
+    out: dict[str, float] = {}
+    for name, d in (("train", train), ("test", test)):
+        if d is None:
+            continue
+        prob = Problem(model, d[0], d[1], loss=st.loss, batch_size=st.batch_size, device=st.device, dtype=st.dtype)
+        out[f"{name}_loss"], out[f"{name}_acc"] = prob.evaluate()
+    if "test_acc" in out and not (math.isnan(out["train_acc"]) or math.isnan(out["test_acc"])):
+        out["gen_gap"] = out["train_acc"] - out["test_acc"]
+    return out
+
+
+def _check_deterministic(problem: Problem) -> None:
+    x, y = problem.batches[0]
+    with torch.no_grad():
+        a = problem.batch_loss_sum(problem.params, x, y)
+        b = problem.batch_loss_sum(problem.params, x, y)
+    if not torch.equal(a, b) and not torch.allclose(a, b, rtol=1e-6, atol=0):
+        raise MeasurementError(
+            "the loss differs between two identical evaluations in eval mode "
+            f"({float(a):.6g} vs {float(b):.6g}); remove randomness from forward() (dropout via F.dropout(training=True), noise)"
+        )
+
+
+def describe_error(e: BaseException) -> str:
+    """One line for a failure: the message of a flatcli error, ``Type: message`` for anything else."""
+    return str(e) if isinstance(e, FlatcliError) else f"{type(e).__name__}: {e}"
+
+
+def measure_model(
+    model: torch.nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    measures: Sequence[Any] | str,
+    *,
+    test: tuple[torch.Tensor, torch.Tensor] | None = None,
+    settings: Settings | None = None,
+    init_state: dict[str, torch.Tensor] | None = None,
+    checkpoint: str = "<model>",
+    hparams: dict[str, Any] | None = None,
+    debug: bool = False,
+    **fields: Any,
+) -> Row:
+    """Measure one model. Returns a `Row` (a failed measure is recorded, not raised).
+
+    Parameters
+    ----------
+    model : the network (not modified; its train/eval mode is restored).
+    train, test : (x, y) tensors of the train and optional test split.
+    measures : names, ``{name: options}`` entries or `MeasureSpec` objects.
+    settings : a `flatcli.settings.Settings`; its fields may also be given as keywords
+        (``loss``, ``split``, ``num_samples``, ``batch_size``, ``data_seed``, ``seed``,
+        ``device`` (default "cpu"), ``precision`` ("fp32", "tf32", "fp64"), ``hvp_mode``,
+        ``block_size``), which override it.
+    init_state : state dict at initialization (for ``distance_from_init``).
+    """
+    specs = as_specs(measures)
+    st = Settings.build(settings, **fields)
+    data = {"train": train, "test": test}
+    if data.get(st.split) is None:
+        raise ConfigError(f"measure_data.split is {st.split!r} but no {st.split} data is configured")
+    row = Row(checkpoint=checkpoint, labels=[s.label for s in specs], hparams=dict(hparams or {}))
+    work = _working_copy(model, st)
+    with st.precision_context(), eval_mode(work):
+        for split_name, d in data.items():
+            if d is not None:
+                check_labels(work, d[0], d[1], st.loss, f"data.{split_name}", st.device, st.dtype)
+        mx, my = subset(*data[st.split], st.num_samples, st.data_seed)
+        problem = Problem(work, mx, my, loss=st.loss, batch_size=st.batch_size, device=st.device, dtype=st.dtype)
+        engine = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size)
+        try:
+            engine.check_finite()
+            _check_deterministic(problem)
+        except FlatcliError as e:
+            row.fail(str(e), error_kind(e))
+            return row
+        init_params = None
+        if init_state is not None:
+            init_params = {n: init_state[n].to(st.device, st.dtype) for n in problem.names if n in init_state}
+        for spec in specs:
+            ctx = MeasureContext(problem=problem, engine=engine, seed=st.seed if spec.seed is None else spec.seed,
+                                 init_params=init_params, init_state=init_state)
+            try:
+                row.results[spec.label] = run_measure(spec, ctx)
+            except Exception as e:  # one failed measure never loses the others
+                if debug and not isinstance(e, ConfigError):
+                    traceback.print_exc()
+                row.fail(f"{spec.label}: {describe_error(e)}", error_kind(e), spec.label)
+        row.metrics.update(_metrics(work, train, test, st))
+    return row
+
+
+def _working_copy(model: torch.nn.Module, st: Settings) -> torch.nn.Module:
+    """``model`` itself when it is already on the device and dtype, else a converted copy
+    (the caller's model is never mutated)."""
+    first = next(iter(model.parameters()), None)
+    device = first.device if first is not None else torch.device("cpu")
+    dtype = first.dtype if first is not None else torch.float32
+    if device == st.device and dtype == st.dtype:
+        return model
+    return copy.deepcopy(model).to(st.device, st.dtype)
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import scipy
+
+    return {
+        "flatcli": __version__,
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+        "python": platform.python_version(),
+    }
+
+
+class DataCache:
+    """Loads each configured split once per call."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self._cache: dict[str, Any] = {}
+
+    def get(self, split: str, path: Path | None = None):
+        key = split if path is None else f"{split}:{path}"
+        if key not in self._cache:
+            if path is not None:
+                from .config import DataSource
+
+                src = DataSource(source="tensors", path=str(path))
+            else:
+                src = getattr(self.cfg.data, split)
+            self._cache[key] = (
+                None if src is None else load_split(src, split, self.cfg.base_dir, self.cfg.data.normalize)
+            )
+        return self._cache[key]
+
+
+def read_hparams_from_keys(extras: dict, keys: list[str] | None) -> dict[str, Any]:
+    if not keys:
+        return {}
+    pool = dict(extras)
+    for nest in ("hparams", "hyperparameters", "config", "args"):
+        if isinstance(extras.get(nest), dict):
+            pool.update(extras[nest])
+    return {k: pool[k] for k in keys if k in pool and isinstance(pool[k], (int, float, str, bool))}
+
+
+def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache, settings: Settings,
+                debug: bool = False) -> Row:
+    """Load one checkpoint and measure it. A failure (a bad file: kind ``ConfigError``, exit code 2)
+    becomes an error row, so other checkpoints still complete."""
+    labels = [s.label for s in specs]
+    try:
+        model, extras = load_model(cfg, job.path)
+        hp = dict(job.hparams)
+        hp.update(read_hparams_from_keys(extras, cfg.hparams.from_keys))
+        init_state = load_init_state(cfg, job, model)
+        return measure_model(
+            model, data.get("train", job.train_data), specs, test=data.get("test"), settings=settings,
+            init_state=init_state, checkpoint=job.checkpoint, hparams=hp, debug=debug,
+        )
+    except Exception as e:  # a checkpoint that fails to load never loses the others
+        if debug and not isinstance(e, ConfigError):
+            traceback.print_exc()
+        row = Row(checkpoint=job.checkpoint, labels=labels, hparams=dict(job.hparams))
+        row.fail(describe_error(e), error_kind(e))
+        return row
+
+
+def load_init_state(cfg: Config, job: Job, model: torch.nn.Module | None = None) -> dict[str, torch.Tensor] | None:
+    """The job's initialization state dict (None without one), shape-checked against ``model``."""
+    if job.init_checkpoint is None:
+        return None
+    init_state = extract_state_dict(read_checkpoint(job.init_checkpoint, cfg.runtime.allow_unsafe_pickle),
+                                    job.init_checkpoint)
+    if model is not None:
+        load_into(copy.deepcopy(model), init_state, job.init_checkpoint)  # validates shapes
+    return init_state
+
+
+def load_model(cfg: Config, path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Build the config's model and load one checkpoint into it (``model_kwargs`` stored in the
+    checkpoint override ``model.kwargs``). Returns ``(model, extras)``; the model is on the CPU."""
+    if not cfg.model.target:
+        raise ConfigError("config key 'model.target' is required")
+    obj = read_checkpoint(path, cfg.runtime.allow_unsafe_pickle)
+    extras = checkpoint_extras(obj)
+    kwargs = dict(cfg.model.kwargs)
+    if isinstance(extras.get("model_kwargs"), dict):
+        kwargs.update(extras["model_kwargs"])
+    model = build_model(cfg.model.target, kwargs, cfg.base_dir)
+    load_into(model, extract_state_dict(obj, path), path)
+    return model, extras
+
+
+def manifest_train_data(cfg: Config, path: Path) -> Path | None:
+    """The manifest's ``train_data`` for ``path`` when the config's manifest lists that checkpoint."""
+    if not isinstance(cfg.checkpoints, dict):
+        return None
+    try:
+        jobs = resolve_jobs(cfg)
+    except ConfigError:
+        return None
+    target = Path(path).resolve()
+    for j in jobs:
+        if j.train_data is not None and j.path.resolve() == target:
+            return j.train_data
+    return None

@@ -1,0 +1,127 @@
+"""How to measure, resolved once: the `Settings` every pipeline passes down whole.
+
+A `Config` (YAML + environment + CLI overrides, see `flatcli.config`) is turned
+into `Settings` by `Settings.from_config`; the Python entry points that take a
+model and tensors (`flatcli.api.measure_model`, `flatcli.invariance.check_invariance_model`)
+accept the same fields as keywords and build one with `Settings.build`. Nothing
+below the API unpacks a config into long argument lists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import ConfigError
+
+PRECISIONS = ("fp32", "tf32", "fp64")
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp64": torch.float64}
+
+
+def resolve_device(name: str | torch.device | None) -> torch.device:
+    """'auto' → cuda if available else cpu; validates cuda:N."""
+    if isinstance(name, torch.device):
+        return name
+    name = name or "auto"
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"runtime.device is {name!r} but no CUDA device is visible; use --device cpu")
+        dev = torch.device(name)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"runtime.device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        return dev
+    try:
+        return torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"runtime.device: {e}") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved measurement settings.
+
+    Parameters
+    ----------
+    device : where to compute (a `torch.device`; build with `resolve_device`).
+    precision : "fp32", "tf32" (TF32 matrix products on CUDA) or "fp64".
+    seed : seed of every stochastic measure without its own ``seed``.
+    loss : "cross_entropy" or "mse".
+    split, num_samples, batch_size, data_seed : the measurement set (``measure_data``).
+    hvp_mode, block_size : engine settings (``runtime.hvp_mode``, ``runtime.block_size``).
+    """
+
+    device: torch.device = torch.device("cpu")
+    precision: str = "fp32"
+    seed: int = 0
+    loss: str = "cross_entropy"
+    split: str = "train"
+    num_samples: int | str = "all"
+    batch_size: int = 256
+    data_seed: int = 0
+    hvp_mode: str = "auto"
+    block_size: int | None = None
+
+    def __post_init__(self):
+        if self.precision not in DTYPES:
+            raise ConfigError(f"runtime.precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating type of parameters and products (float64 for ``fp64``)."""
+        return DTYPES[self.precision]
+
+    @classmethod
+    def from_config(cls, cfg, device: str | torch.device | None = None) -> Settings:
+        """Settings of a `flatcli.config.Config` (``device`` overrides ``runtime.device``)."""
+        md, rt = cfg.measure_data, cfg.runtime
+        return cls(
+            device=resolve_device(device if device is not None else rt.device),
+            precision=rt.precision,
+            seed=rt.seed,
+            loss=cfg.loss,
+            split=md.split,
+            num_samples=md.num_samples,
+            batch_size=md.batch_size,
+            data_seed=md.seed,
+            hvp_mode=rt.hvp_mode,
+            block_size=rt.block_size,
+        )
+
+    @classmethod
+    def build(cls, settings: Settings | None = None, **fields: Any) -> Settings:
+        """``settings`` (default: the defaults) with the given fields replaced; None values ignored."""
+        base = settings if settings is not None else cls()
+        given = {k: v for k, v in fields.items() if v is not None}
+        unknown = set(given) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
+        if "device" in given:
+            given["device"] = resolve_device(given["device"])
+        return dataclasses.replace(base, **given)
+
+    def replace(self, **fields: Any) -> Settings:
+        """A copy with some fields changed."""
+        return Settings.build(self, **fields)
+
+    @contextlib.contextmanager
+    def precision_context(self):
+        """TF32 matrix products on for ``tf32``, off otherwise; the previous flags are restored."""
+        old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        tf32 = self.precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+    def describe_device(self) -> str:
+        """The device in words, e.g. ``cuda:0 (NVIDIA H100)``."""
+        dev = self.device
+        return str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else "")
