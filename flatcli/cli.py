@@ -7,6 +7,7 @@ one line on stderr; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import functools
+from enum import Enum
 import json
 import math
 import sys
@@ -14,19 +15,108 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
+
+try:  # typer ≥ 0.2x vendors click and raises its own copies of click's exceptions
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - older typer on top of click
+    from click import exceptions as click_exceptions
 from rich.table import Table
 
 from .console import console, err_console, fmt, progress_bar, quiet_torch_warnings, render_rows
 from .errors import ConfigError, FlatcliError
 
+class OneLineErrors(TyperGroup):
+    """Usage errors (a bad option value, a missing argument) as one line on stderr, exit code 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """Run the command; a usage error prints ``error: <message> (see '<command> --help')``."""
+        try:
+            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                              standalone_mode=False, **extra)
+        except click_exceptions.NoArgsIsHelpError as e:  # a bare command group: its help
+            print(e.ctx.get_help() if e.ctx is not None else e.format_message())
+            if not standalone_mode:
+                return 0
+            sys.exit(0)
+        except click_exceptions.UsageError as e:
+            where = e.ctx.command_path if e.ctx is not None else "flatcli"
+            err_console.print(f"[red]error:[/red] {e.format_message()} (see '{where} --help')",
+                              highlight=False, soft_wrap=True)
+            if not standalone_mode:
+                raise
+            sys.exit(2)
+        except typer.Abort:
+            err_console.print("interrupted")
+            if not standalone_mode:
+                raise
+            sys.exit(130)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        console.print(f"flatcli {__version__}", highlight=False)
+        raise typer.Exit(0)
+
+
 app = typer.Typer(
     name="flatcli",
+    cls=OneLineErrors,
     help="Measure how flat or sharp trained networks are, and how well each measure predicts generalization.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
+config_app = typer.Typer(cls=OneLineErrors, help="Inspect configs.", no_args_is_help=True)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+):
+    """Measure how flat or sharp trained networks are, and how well each measure predicts generalization."""
+
+
+class Format(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+class BiasBN(str, Enum):
+    zero = "zero"
+    keep = "keep"
+
+
+class Transform(str, Enum):
+    node = "node"
+    layer = "layer"
+    both = "both"
+
+
+class Executor(str, Enum):
+    local = "local"
+    slurm = "slurm"
+
+
+class SortBy(str, Enum):
+    psi = "psi"
+    kendall_tau_b = "kendall_tau_b"
+    jiang_tau = "jiang_tau"
+    spearman = "spearman"
+    pearson = "pearson"
+    cmi = "cmi"
+
+
+def _value(v):
+    """An Enum option's string (None stays None)."""
+    return v.value if isinstance(v, Enum) else v
 app.add_typer(config_app, name="config")
 
 
@@ -74,7 +164,7 @@ def measure(
     measures: Annotated[str | None, typer.Option("--measures", "-m", help="Comma-separated measure names or labels ('all' for every measure).")] = None,
     outdir: Annotated[Path | None, typer.Option("--outdir", "-o", help="Write results.csv and results.json here (default: output.dir).")] = None,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
-    format: Annotated[str, typer.Option("--format", help="table, csv or json on stdout.")] = "table",
+    format: Annotated[Format | None, typer.Option("--format", help="table, csv or json on stdout (default: output.format, table).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of every stochastic measure.")] = None,
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (runs code from the file: trusted files only).")] = False,
     plots: Annotated[bool, typer.Option("--plots", help="Draw each measure's plots (e.g. spectral densities) in OUTDIR/plots/ (needs matplotlib).")] = False,
@@ -83,11 +173,10 @@ def measure(
     """Compute the configured measures for each checkpoint; write OUTDIR/results.csv and results.json."""
     from . import api
 
-    if format not in ("table", "csv", "json"):
-        raise ConfigError(f"--format must be table, csv or json; got {format!r}")
     from .config import overrides
 
     cfg = api.load(config, overrides(device=device, seed=seed))
+    format = _value(format) or cfg.output.format
     out = cfg.output_dir(outdir)
     is_tty = err_console.is_terminal
     progress = None
@@ -160,11 +249,19 @@ def measures_cmd(
     from .measures import list_measures
     from .measures._options import describe_options
 
+    infos = list_measures(pattern)
+    if not infos:
+        import difflib
+
+        names = [m.name for m in list_measures()]
+        hint = difflib.get_close_matches(pattern, names, n=1)
+        raise ConfigError(f"no measure matches {pattern!r}." + (f" Did you mean '{hint[0]}'?" if hint
+                          else " Run 'flatcli measures' for the list."))
     t = Table(show_header=True, header_style="bold", show_lines=True)
     t.add_column("measure")
     t.add_column("description")
     t.add_column("options (default)")
-    for info in list_measures(pattern):
+    for info in infos:
         opts = ", ".join(f"{n} ({d})" for n, d, _ in describe_options(info.options)) or "-"
         desc = info.description + (f"\n[dim]{info.reference}[/dim]" if info.reference else "")
         t.add_row(info.name, desc, opts)
@@ -276,19 +373,19 @@ def sweep(
     outdir: Annotated[Path, typer.Option("--outdir", "-o", help="Sweep directory: plan.json, units/ (one file per finished unit), locks/.")] = ...,
     measures: Annotated[str | None, typer.Option("--measures", "-m", help="Comma-separated measure names or labels ('all' for every measure).")] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", help="'all' or indices like 0,1: one worker process per GPU (default: every visible GPU when the device is auto).")] = None,
-    workers: Annotated[int | None, typer.Option("--workers", help="CPU worker processes (default 1).")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", min=1, help="CPU worker processes (default 1).")] = None,
     shard: Annotated[str | None, typer.Option("--shard", help="I/N: run only shard I of N (for array schedulers); shards cover every unit exactly once.")] = None,
-    executor: Annotated[str, typer.Option("--executor", help="local, or slurm (a job array through submitit; needs the slurm extra: pip install 'flatcli\\[slurm]').")] = "local",
+    executor: Annotated[Executor, typer.Option("--executor", help="local, or slurm (a job array through submitit; needs the slurm extra: pip install 'flatcli\\[slurm]').")] = Executor.local,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip finished units (--no-resume recomputes them).")] = True,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Rerun units that finished with an error.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be run or submitted; run nothing.")] = False,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of every stochastic measure.")] = None,
-    tasks: Annotated[int | None, typer.Option("--tasks", help="slurm: number of array tasks (default: one per checkpoint).")] = None,
+    tasks: Annotated[int | None, typer.Option("--tasks", min=1, help="slurm: number of array tasks (default: one per checkpoint).")] = None,
     slurm: Annotated[list[str] | None, typer.Option("--slurm", help="slurm: submitit parameter KEY=VALUE (repeatable), e.g. slurm_partition=gpu, timeout_min=120.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="slurm: wait for the array to finish.")] = False,
     cluster: Annotated[str, typer.Option("--submitit-cluster", hidden=True, help="submitit backend: slurm, local or debug.")] = "slurm",
-    lock_timeout: Annotated[float, typer.Option("--lock-timeout", help="Seconds without a heartbeat after which another worker's lock is stale.")] = 600.0,
+    lock_timeout: Annotated[float, typer.Option("--lock-timeout", min=0.0, help="Seconds without a heartbeat after which another worker's lock is stale.")] = 600.0,
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (trusted files only).")] = False,
     debug: DebugOpt = False,
 ):
@@ -301,7 +398,7 @@ def sweep(
 
     report = api.sweep(
         config, outdir, measures=measures, device=device, seed=seed, gpus=gpus, workers=workers, shard=shard,
-        executor=executor, resume=resume, retry_failed=retry_failed, dry_run=dry_run, lock_timeout=lock_timeout,
+        executor=_value(executor), resume=resume, retry_failed=retry_failed, dry_run=dry_run, lock_timeout=lock_timeout,
         tasks=tasks, slurm=parse_slurm_params(slurm), cluster=cluster, wait=wait,
         allow_unsafe_pickle=allow_unsafe_pickle or None, log=log, debug=debug,
     )
@@ -385,9 +482,9 @@ def check_invariance_cmd(
     checkpoint: Annotated[Path, typer.Argument(help="The checkpoint to rescale.")],
     config: ConfigOpt = ...,
     measures: Annotated[str | None, typer.Option("--measures", "-m", help="Comma-separated measures or labels (default: the configured ones plus every measure that claims invariance).")] = None,
-    scale: Annotated[float, typer.Option("--scale", help="Rescaling factors range over [1/A, A].")] = 10.0,
-    transform: Annotated[str, typer.Option("--transform", help="node, layer or both (node-wise then layer-wise).")] = "both",
-    tol: Annotated[float, typer.Option("--tol", help="Relative change up to which a claimed invariance holds (float64).")] = 1e-6,
+    scale: Annotated[float, typer.Option("--scale", min=1.0, help="Rescaling factors range over [1/A, A].")] = 10.0,
+    transform: Annotated[Transform, typer.Option("--transform", help="node, layer or both (node-wise then layer-wise).")] = Transform.both,
+    tol: Annotated[float, typer.Option("--tol", min=0.0, help="Relative change up to which a claimed invariance holds (float64).")] = 1e-6,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the rescaling and of every stochastic measure (equal for both runs).")] = None,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
     debug: DebugOpt = False,
@@ -397,7 +494,7 @@ def check_invariance_cmd(
 
     from .api import check_invariance
 
-    rep = check_invariance(config, checkpoint, measures, transform=transform, scale=scale, seed=seed, tol=tol, device=device)
+    rep = check_invariance(config, checkpoint, measures, transform=_value(transform), scale=scale, seed=seed, tol=tol, device=device)
     console.print(f"[bold]{escape(rep.checkpoint)}[/bold]: {escape(rep.describe())}", highlight=False, soft_wrap=True)
     console.print(f"network output changed by {rep.output_rel_change:.2g} (relative, float64)", highlight=False)
     from rich import box

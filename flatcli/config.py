@@ -15,7 +15,8 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+import types
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -149,30 +150,52 @@ def _to_plain(obj):
 
 
 # ---------------------------------------------------------------- parsing
-_TYPE_OK = {
-    "str": lambda v: isinstance(v, str),
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "bool": lambda v: isinstance(v, bool),
-    "dict": lambda v: isinstance(v, dict),
-    "list": lambda v: isinstance(v, list),
-}
+def _members(tp: Any) -> tuple[Any, ...]:
+    """The alternatives of a union type (``X | None`` → (X, NoneType)), else (tp,)."""
+    if get_origin(tp) in (Union, types.UnionType):
+        return get_args(tp)
+    return (tp,)
 
 
-def _check_type(key: str, value: Any, annot: str) -> Any:
+def _accepts(tp: Any, value: Any) -> bool:
+    """Whether ``value`` (from YAML) fits the annotation ``tp`` (containers checked shallowly)."""
+    if tp is Any:
+        return True
+    if tp is type(None):
+        return value is None
+    base = get_origin(tp) or tp
+    if base is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(base, type) and isinstance(value, base)
+
+
+def _type_name(tp: Any) -> str:
+    base = get_origin(tp) or tp
+    return {str: "str", int: "int", float: "float", bool: "bool", dict: "dict", list: "list"}.get(
+        base, getattr(base, "__name__", str(base))
+    )
+
+
+def _check_type(key: str, value: Any, tp: Any) -> Any:
+    members = _members(tp)
     if value is None:
-        if "None" in annot:
+        if type(None) in members or tp is Any:
             return None
         raise ConfigError(f"config key '{key}' must not be empty")
-    if annot.startswith("Any"):
+    if any(_accepts(m, value) for m in members):
         return value
-    kinds = [a.strip().split("[")[0] for a in annot.split("|")]
-    for kind in kinds:
-        if kind == "None":
-            continue
-        if kind in _TYPE_OK and _TYPE_OK[kind](value):
-            return value
-    want = " or ".join(k for k in kinds if k != "None")
+    want = " or ".join(_type_name(m) for m in members if m is not type(None))
     raise ConfigError(f"config key '{key}' must be {want}; got {type(value).__name__} {value!r}")
+
+
+def _dataclass_of(tp: Any) -> type | None:
+    """The config dataclass a field holds (``DataSource | None`` → DataSource), else None."""
+    for m in _members(tp):
+        if dataclasses.is_dataclass(m):
+            return m
+    return None
 
 
 def _build(cls, raw: Any, prefix: str, prov: dict[str, str], origin: str):
@@ -180,6 +203,7 @@ def _build(cls, raw: Any, prefix: str, prov: dict[str, str], origin: str):
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"config key '{prefix or '(top level)'}' must be a mapping; got {type(raw).__name__}")
+    hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
     obj = cls()
     for key, value in raw.items():
@@ -191,36 +215,17 @@ def _build(cls, raw: Any, prefix: str, prov: dict[str, str], origin: str):
                 f" Valid keys here: {', '.join(fields)}."
             )
             raise ConfigError(msg)
-        f = fields[key]
-        annot = str(f.type)
-        sub = _dataclass_of(annot)
+        tp = hints[key]
+        sub = _dataclass_of(tp)
         if sub is not None:
-            if value is None and "None" in annot:
+            if value is None and type(None) in _members(tp):
                 setattr(obj, key, None)
             else:
                 setattr(obj, key, _build(sub, value, path, prov, origin))
         else:
-            setattr(obj, key, _check_type(path, value, annot))
+            setattr(obj, key, _check_type(path, value, tp))
             prov[path] = origin
     return obj
-
-
-def _dataclass_of(annot: str):
-    for name, cls in _SUBS.items():
-        if annot.split("|")[0].strip() == name:
-            return cls
-    return None
-
-
-_SUBS = {
-    "ModelConfig": ModelConfig,
-    "DataSource": DataSource,
-    "DataConfig": DataConfig,
-    "MeasureDataConfig": MeasureDataConfig,
-    "RuntimeConfig": RuntimeConfig,
-    "OutputConfig": OutputConfig,
-    "HParamsConfig": HParamsConfig,
-}
 
 
 def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
@@ -322,10 +327,10 @@ def _set_path(cfg: Config, path: str, value: Any, origin: str) -> None:
     obj = cfg
     for p in parts[:-1]:
         obj = getattr(obj, p)
-    f = {f.name: f for f in dataclasses.fields(obj)}[parts[-1]]
-    if "int" in str(f.type) and isinstance(value, str) and value.lstrip("-").isdigit():
+    tp = get_type_hints(type(obj))[parts[-1]]
+    if any(m is int for m in _members(tp)) and isinstance(value, str) and value.lstrip("-").isdigit():
         value = int(value)
-    setattr(obj, parts[-1], _check_type(path, value, str(f.type)))
+    setattr(obj, parts[-1], _check_type(path, value, tp))
     cfg.provenance[path] = origin
 
 

@@ -203,3 +203,33 @@ def test_measure_plots_the_spectrum_density(project, tmp_path):
     (project.parent / "noout.yaml").write_text(yaml.safe_dump(d))
     with pytest.raises(ConfigError, match="--plots needs an output directory"):
         api.measure(project.parent / "noout.yaml", plots=True)
+
+
+def test_version_and_unknown_measure_pattern():
+    from flatcli import __version__
+
+    res = run("--version")
+    assert res.exit_code == 0 and res.output.strip() == f"flatcli {__version__}"
+    res = run("measures", "hesian_trace")  # a typo: exit 2 with the close match, not an empty table
+    assert res.exit_code == 2 and "Did you mean 'hessian_trace'?" in out(res)
+    res = run("measures", "nosuch")
+    assert res.exit_code == 2 and "no measure matches 'nosuch'" in out(res)
+    res = run("measures", "hessian_*")
+    assert res.exit_code == 0 and "hessian_trace" in res.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["measure", "--nosuch"], "No such option: --nosuch"),
+        (["measure", "-c", "x.yaml", "--format", "xml"], "'xml' is not one of 'table', 'csv', 'json'"),
+        (["sweep", "-c", "x.yaml", "-o", "o", "--workers", "0"], "--workers"),
+        (["landscape", "-c", "x.yaml"], "Missing argument 'checkpoint'"),
+    ],
+)
+def test_usage_errors_are_one_line_with_exit_code_2(args, message):
+    res = run(*args)
+    text = res.output.strip()  # stdout and stderr together
+    assert res.exit_code == 2, text
+    assert message in text and len(text.splitlines()) == 1, text
+    assert text.startswith("error:") and "--help" in text

@@ -211,7 +211,7 @@ def test_cli_exit_codes(project):
     res = runner.invoke(app, [*args, "--transform", "layer", "--scale", "1e10"])  # one α per layer: absorbed by shifts
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["check-invariance", "-c", str(cfg), str(ckpt), "--transform", "channel"])
-    assert res.exit_code == 2 and "must be one of node, layer, both" in res.output
+    assert res.exit_code == 2 and "'channel' is not one of 'node', 'layer', 'both'" in res.output
     res = runner.invoke(app, ["check-invariance", "-c", str(cfg), str(ckpt.with_name("missing.pt"))])
     assert res.exit_code == 2 and "file not found" in res.output
 

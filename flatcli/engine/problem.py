@@ -20,7 +20,6 @@ Losses:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -162,9 +161,6 @@ class Problem:
     def batch_loss_sum(self, params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Sum of per-sample losses on one batch (divide by ``n`` for its share of L)."""
         return self.per_sample_loss(self.forward(params, x), y).sum()
-
-    def iter_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        yield from self.batches
 
     def loss(self, params=None) -> torch.Tensor:
         """L(θ): the sample-weighted mean loss over the measurement set (differentiable)."""

@@ -148,11 +148,14 @@ class CurvatureEngine:
 
     # ------------------------------------------------------------ bookkeeping
     def counters(self) -> dict[str, int]:
+        """Every counter the engine keeps: products, gradients, forwards, OOM retries, fallbacks."""
         return {
             "n_hvp": self.n_hvp,
+            "n_ggnvp": self.n_ggnvp,
             "n_grad": self.n_grad,
             "n_forward": self.n_forward,
             "oom_retries": self.oom_retries,
+            "fallbacks": self.fallbacks,
         }
 
     @property
