@@ -1,15 +1,38 @@
-"""flatcli: flatness and sharpness measures of trained networks, and how well they predict generalization."""
+"""flatcli: flatness and sharpness measures of trained networks, and how well they predict generalization.
 
-__version__ = "0.1.0"
+The Python API (everything the command line does):
+
+>>> import flatcli
+>>> report = flatcli.measure("cfg.yaml", measures="hessian_trace")   # doctest: +SKIP
+>>> flatcli.sweep("cfg.yaml", "runs/eval"); flatcli.collect("runs/eval")   # doctest: +SKIP
+>>> flatcli.correlate("runs/eval/results.csv", by="lr,width")      # doctest: +SKIP
+"""
+
+from ._version import __version__
+
+_API = (
+    "measure", "measure_model", "sweep", "collect", "correlate", "landscape", "check_invariance", "load",
+    "MeasureReport",
+)
+_MEASURES = ("list_measures", "register", "MeasureResult")
+__all__ = ["__version__", "Settings", *_API, *_MEASURES]
 
 
 def __getattr__(name):  # lazy, so `import flatcli` stays cheap
-    if name in ("measure", "measure_model", "load", "MeasureReport"):
+    if name in _API:
         from . import api
 
         return getattr(api, name)
-    if name in ("list_measures", "register", "MeasureResult"):
+    if name in _MEASURES:
         from . import measures
 
         return getattr(measures, name)
-    raise AttributeError(name)
+    if name == "Settings":
+        from .settings import Settings
+
+        return Settings
+    raise AttributeError(f"module 'flatcli' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -7,10 +7,10 @@ one line on stderr; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import functools
-from enum import Enum
 import json
 import math
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -25,6 +25,7 @@ from rich.table import Table
 
 from .console import console, err_console, fmt, progress_bar, quiet_torch_warnings, render_rows
 from .errors import ConfigError, FlatcliError
+
 
 class OneLineErrors(TyperGroup):
     """Usage errors (a bad option value, a missing argument) as one line on stderr, exit code 2."""
@@ -58,7 +59,7 @@ class OneLineErrors(TyperGroup):
 
 def _version(value: bool) -> None:
     if value:
-        from . import __version__
+        from ._version import __version__
 
         console.print(f"flatcli {__version__}", highlight=False)
         raise typer.Exit(0)
@@ -172,7 +173,6 @@ def measure(
 ):
     """Compute the configured measures for each checkpoint; write OUTDIR/results.csv and results.json."""
     from . import api
-
     from .config import overrides
 
     cfg = api.load(config, overrides(device=device, seed=seed))

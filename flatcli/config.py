@@ -13,9 +13,9 @@ import difflib
 import hashlib
 import json
 import os
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
-import types
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from . import __version__
+from ._version import __version__
 from .config import Config, parse_measures
 from .engine import CurvatureEngine, Problem, eval_mode
 from .errors import ConfigError, FlatcliError, MeasurementError, error_kind

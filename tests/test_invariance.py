@@ -7,10 +7,10 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
+from flatcli.api import check_invariance
 from flatcli.cli import app
 from flatcli.demo.models import MLP
 from flatcli.errors import ConfigError, MeasurementError
-from flatcli.api import check_invariance
 from flatcli.invariance import (
     RescalePair,
     check_invariance_model,

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .result import LandscapeResult
+if TYPE_CHECKING:  # annotations only: result.py imports this module to draw
+    from .result import LandscapeResult
 
 PLOT_HINT = "matplotlib is not installed: pip install 'flatcli[plot]' for PNG plots"
 FILES = {

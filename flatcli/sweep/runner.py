@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..errors import ConfigError, exit_code, exit_code_of
 from ..jobs import Job
 from ..loading.checkpoints import fingerprint
