@@ -65,6 +65,7 @@ from torch.func import grad as func_grad
 from torch.func import jvp, vjp, vmap
 
 from ..errors import MeasurementError
+from .operators import CurvatureOperator
 from .problem import Problem
 
 HVP_MODES = ("auto", "reverse", "forward", "finite_difference")
@@ -74,6 +75,41 @@ _CPU_MAX_BLOCK = 64
 _CPU_BLOCK_BYTES = 5e8
 _CPU_GRAPH_BYTES = 1.5e9
 _CPU_BATCHED_BELOW = 10_000  # parameters; measured, see docs/performance.md
+
+
+def _count(x: float) -> float:
+    """A counter value: an int when whole, else the fraction (rounded to 6 digits)."""
+    return int(x) if float(x).is_integer() else round(float(x), 6)
+
+
+class _Capture:
+    """A forward hook that records a module's input and output, or replaces its output."""
+
+    def __init__(self, module: torch.nn.Module, replace: torch.Tensor | None = None):
+        self.module, self.replace = module, replace
+        self.inputs: list[torch.Tensor] = []
+        self.outputs: list[torch.Tensor] = []
+
+    def __enter__(self):
+        self.handle = self.module.register_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+    def _hook(self, mod, inp, out):
+        self.inputs.append(inp[0])
+        self.outputs.append(out)
+        return self.replace
+
+    def single(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input, output) of the one call; a module that ran 0 or several times is an error."""
+        if len(self.inputs) != 1:
+            raise MeasurementError(
+                f"the layer ran {len(self.inputs)} times in one forward pass; it must run exactly once "
+                "(no weight sharing)"
+            )
+        return self.inputs[0], self.outputs[0]
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -115,6 +151,7 @@ class CurvatureEngine:
         reverse_batched: bool | None = None,
         cache_graphs: bool | None = None,
         fd_eps: float = 1e-3,
+        precision: str = "fp32",
     ):
         if hvp_mode not in HVP_MODES:
             raise ValueError(f"hvp_mode must be one of {HVP_MODES}, got {hvp_mode!r}")
@@ -139,15 +176,34 @@ class CurvatureEngine:
         self._block_size = int(block_size) if block_size else None
         self.batch_size = problem.batch_size
         self.batches = list(problem.batches)
+        self.precision = precision
         self.n_hvp = 0
-        self.n_grad = 0
-        self.n_forward = 0
         self.n_ggnvp = 0
+        self._grad_samples = 0  # samples whose gradient was taken (n per full gradient)
+        self._forward_samples = 0  # samples passed forward without a gradient
         self.oom_retries = 0
         self.fallbacks = 0
 
     # ------------------------------------------------------------ bookkeeping
-    def counters(self) -> dict[str, int]:
+    @property
+    def n_grad(self) -> float:
+        """Gradients taken, in full-set equivalents (a gradient over a batch of m samples counts m/n)."""
+        return _count(self._grad_samples / self.problem.n)
+
+    @n_grad.setter
+    def n_grad(self, value: float) -> None:
+        self._grad_samples = round(value * self.problem.n)
+
+    @property
+    def n_forward(self) -> float:
+        """Forward passes without a gradient, in full-set equivalents."""
+        return _count(self._forward_samples / self.problem.n)
+
+    @n_forward.setter
+    def n_forward(self, value: float) -> None:
+        self._forward_samples = round(value * self.problem.n)
+
+    def counters(self) -> dict[str, float]:
         """Every counter the engine keeps: products, gradients, forwards, OOM retries, fallbacks."""
         return {
             "n_hvp": self.n_hvp,
@@ -157,6 +213,58 @@ class CurvatureEngine:
             "oom_retries": self.oom_retries,
             "fallbacks": self.fallbacks,
         }
+
+    # ------------------------------------------------------------ precision
+    @property
+    def low_precision(self) -> bool:
+        """Whether products run with TF32 matrix multiplies (``precision="tf32"`` on CUDA), so that
+        converged quantities should be verified with `full_precision` products."""
+        return self.precision == "tf32" and self.device.type == "cuda"
+
+    @contextlib.contextmanager
+    def full_precision(self):
+        """TF32 off for the products inside (fp32 verification); the previous flags are restored."""
+        old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+    # ------------------------------------------------------------ operators
+    def _operator(self, product, name: str, precision: str | None) -> CurvatureOperator:
+        ctx = self.full_precision if precision == "fp32" and self.low_precision else None
+        return CurvatureOperator(product, self.num_params, device=self.device, dtype=self.problem.dtype,
+                                 name=name, precision_context=ctx)
+
+    def hessian(self, theta: torch.Tensor | None = None, *, precision: str | None = None) -> CurvatureOperator:
+        """The Hessian of L at θ (default: the model's parameters) as a linear operator.
+
+        ``precision="fp32"`` turns TF32 off during its products (the verification view of a
+        TF32 engine); None uses the engine's precision."""
+        th = None if theta is None else theta.detach().clone()
+        return self._operator(lambda V: self.hvp(V, theta=th), "hessian", precision)
+
+    def ggn(self, theta: torch.Tensor | None = None, *, precision: str | None = None) -> CurvatureOperator:
+        """The generalized Gauss-Newton matrix at θ as a linear operator (see `ggnvp`)."""
+        th = None if theta is None else theta.detach().clone()
+        return self._operator(lambda V: self.ggnvp(V, theta=th), "ggn", precision)
+
+    def fd_hessian(self, theta: torch.Tensor | None = None, *, eps: float | None = None,
+                   precision: str | None = None) -> CurvatureOperator:
+        """The Hessian by central differences of full gradients (see `fd_hvp`; step relative to
+        ‖θ‖ as ``runtime.hvp_mode: finite_difference`` when ``eps`` is None)."""
+        th = None if theta is None else theta.detach().clone()
+
+        def product(V):
+            if eps is None:
+                out = self._blocks(V, th, self._hvp_fd)
+                self.n_hvp += V.shape[0]
+                return out
+            return self.fd_hvp(V, eps=eps, theta=th)
+
+        return self._operator(product, "fd_hessian", precision)
 
     @property
     def block_size(self) -> int:
@@ -233,11 +341,12 @@ class CurvatureEngine:
         )
         with hooks:
             t = th.clone().requires_grad_(True)
-            (g,) = torch.autograd.grad(self._loss_fn(x, y)(t), t, create_graph=True)
-        return t, g, saved[0]
+            lb = self._loss_fn(x, y)(t)
+            (g,) = torch.autograd.grad(lb, t, create_graph=True)
+        return t, g, float(lb.detach()), saved[0]
 
     def _graphs_at(self, th: torch.Tensor):
-        """Yield (t, ∇L_B(t)) per batch, reusing graphs cached at the same θ.
+        """Yield (t, ∇L_B(t), L_B(t)) per batch, reusing graphs cached at the same θ.
 
         With ``cache_graphs=None`` (auto) the graphs are kept when the tensors
         saved for the first batch, scaled to the whole set, fit the budget
@@ -251,7 +360,7 @@ class CurvatureEngine:
         built = []
         for i, (x, y) in enumerate(self.batches):
             decide = i == 0 and self._cache_state == "unknown"
-            t, g, nbytes = self._graph(th, x, y, count=decide and self.cache_graphs is None)
+            t, g, lb, nbytes = self._graph(th, x, y, count=decide and self.cache_graphs is None)
             if decide:
                 fits = (
                     self.cache_graphs is True
@@ -260,8 +369,8 @@ class CurvatureEngine:
                 self._cache_state = "fits" if fits else "too_big"
                 keep = fits
             if keep:
-                built.append((t, g))
-            yield t, g
+                built.append((t, g, lb))
+            yield t, g, lb
         if keep:
             self._graphs = built
             self._graphs_theta = th.clone()
@@ -291,26 +400,165 @@ class CurvatureEngine:
         total = 0.0
         for x, y in self.batches:
             total += float(p.batch_loss_sum(params, x, y))
-        self.n_forward += 1
+        self._forward_samples += p.n
         return total / p.n
 
-    def loss_grad(self, theta: torch.Tensor | None = None) -> tuple[float, torch.Tensor]:
-        """(L(θ), ∇L(θ)) as a float and a flat vector."""
+    def loss_grad(self, theta: torch.Tensor | None = None, *, keep_graph: bool = False) -> tuple[float, torch.Tensor]:
+        """(L(θ), ∇L(θ)) as a float and a flat vector.
+
+        ``keep_graph``: build the per-batch gradient graphs (``create_graph``) and keep them
+        when they fit the cache budget, so that HVPs at the same θ that follow (an ascent step
+        that needs ∇L and H∇L) reuse this one forward and backward instead of rebuilding it."""
         p = self.problem
-        th = (p.theta if theta is None else theta).detach().requires_grad_(True)
-        params = p.unflatten(th)
-        total = 0.0
-        g = torch.zeros_like(th)
-        for x, y in self.batches:
-            s = p.batch_loss_sum(params, x, y) / p.n
-            (gb,) = torch.autograd.grad(s, th)
-            g += gb
-            total += float(s.detach())
-        self.n_grad += 1
-        return total, g.detach()
+        th = (p.theta if theta is None else theta).detach().to(self.device, p.dtype)
+        if keep_graph and self._cache_state != "too_big" and self.cache_graphs is not False:
+            total, g = 0.0, torch.zeros_like(th)
+            for _, gb, lb in self._graphs_at(th):
+                g += gb.detach()
+                total += lb
+            self._grad_samples += p.n
+            return total, g
+        return self._loss_grad_over(self.batches, th, p.n)
 
     def grad(self, theta: torch.Tensor | None = None) -> torch.Tensor:
+        """∇L(θ) as a flat vector."""
         return self.loss_grad(theta)[1]
+
+    def batch_loss_grad(self, x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor | None = None, *,
+                        need_grad: bool = True) -> tuple[float, torch.Tensor | None]:
+        """(L_B(θ), ∇L_B(θ)) for the mean loss over the given samples B (e.g. an m-sharpness batch),
+        computed in chunks of the engine's batch size; counted in samples (m/n of a gradient)."""
+        p = self.problem
+        th = (p.theta if theta is None else theta).detach().to(self.device, p.dtype)
+        chunks = [(x[i : i + self.batch_size], y[i : i + self.batch_size]) for i in range(0, len(x), self.batch_size)]
+        if need_grad:
+            return self._loss_grad_over(chunks, th, len(x))
+        with torch.no_grad():
+            params = p.unflatten(th)
+            total = sum(float(p.batch_loss_sum(params, xc, yc)) for xc, yc in chunks)
+        self._forward_samples += len(x)
+        return total / len(x), None
+
+    def _loss_grad_over(self, batches, th: torch.Tensor, n: int) -> tuple[float, torch.Tensor]:
+        """The one gradient loop: the mean loss over ``batches`` (n samples) and its gradient."""
+        p = self.problem
+        t = th.detach().clone().requires_grad_(True)
+        params = p.unflatten(t)
+        total = 0.0
+        g = torch.zeros_like(t)
+        for x, y in batches:
+            s = p.batch_loss_sum(params, x, y) / n
+            (gb,) = torch.autograd.grad(s, t)
+            g += gb
+            total += float(s.detach())
+            self._grad_samples += len(x)
+        return total, g.detach()
+
+    # ------------------------------------------------------------ forward passes and per-sample products
+    @torch.no_grad()
+    def outputs(self, theta: torch.Tensor | None = None):
+        """Yield (model outputs, labels) batch by batch (one forward pass over the set, no gradient)."""
+        p = self.problem
+        params = p.params if theta is None else p.unflatten(theta)
+        for x, y in self.batches:
+            yield p.forward(params, x), y
+            self._forward_samples += len(x)
+
+    def loss_and_error(self, theta: torch.Tensor | None = None) -> tuple[float, float]:
+        """(L(θ), 0-1 error of the argmax over the set) in one forward pass; the outputs must be
+        class scores (batch, classes) with integer labels."""
+        total, wrong = 0.0, 0
+        for out, y in self.outputs(theta):
+            total += float(self.problem.per_sample_loss(out, y).sum())
+            wrong += int((out.argmax(1) != y).sum())
+        return total / self.problem.n, wrong / self.problem.n
+
+    def per_sample_directional(self, v: torch.Tensor, theta: torch.Tensor | None = None,
+                               labels: torch.Tensor | None = None) -> torch.Tensor:
+        r"""The directional derivatives :math:`\langle v, \nabla_\theta \ell_i(\theta)\rangle` of every
+        sample's loss, shape (n,), in the set's order: one forward-mode product per batch (the
+        JVP of the vector of per-sample losses), or, when an operation has no forward-mode rule,
+        the double-backward trick (the gradient in u of ⟨v, J^T u⟩), also one pass per batch.
+        ``labels`` (n,) replace the set's labels (e.g. labels drawn from the model)."""
+        p = self.problem
+        th = (p.theta if theta is None else theta).detach().to(self.device, p.dtype)
+        v = v.detach().to(th)
+        out, i = [], 0
+        for x, y in self.batches:
+            yb = y if labels is None else labels[i : i + len(x)].to(y.device)
+            i += len(x)
+
+            def losses(t, x=x, yb=yb):
+                return p.per_sample_loss(p.forward(p.unflatten(t), x), yb)
+
+            out.append(self._jvp_rows(losses, th, v))
+            self._grad_samples += len(x)
+        return torch.cat(out)
+
+    def _jvp_rows(self, fn, th: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        try:
+            return jvp(fn, (th,), (v,))[1].detach()
+        except (RuntimeError, NotImplementedError) as e:
+            if _is_oom(e):
+                raise
+            self.fallbacks += 1
+            t = th.clone().requires_grad_(True)
+            ell = fn(t)
+            u = torch.zeros_like(ell, requires_grad=True)
+            (jt_u,) = torch.autograd.grad(ell, t, u, create_graph=True)
+            (jv,) = torch.autograd.grad(jt_u, u, v)
+            return jv.detach()
+
+    @torch.no_grad()
+    def module_io(self, module: torch.nn.Module, theta: torch.Tensor | None = None):
+        """Yield (x, y, module input, module output, model output) per batch: one forward pass
+        with a hook on ``module``, which must run exactly once per forward pass."""
+        p = self.problem
+        params = p.params if theta is None else p.unflatten(theta)
+        for x, y in self.batches:
+            with _Capture(module) as cap:
+                out = p.forward(params, x)
+            self._forward_samples += len(x)
+            yield x, y, *cap.single(), out
+
+    def module_output_hvp(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, z0: torch.Tensor,
+                          V: torch.Tensor) -> torch.Tensor:
+        r"""Per-sample Hessian-vector products of the loss in a module's output.
+
+        ``z0`` (B, d) is the module's output on the batch ``x``; returns (k, B, d) whose row n of
+        block r is :math:`\nabla_z^2 \ell(x_n) V_r`, the Hessian of sample n's loss with respect to
+        its own module output through the rest of the network (in eval mode a sample's loss
+        depends on its own output only). The output is replaced by a leaf tensor (a forward hook),
+        and one batched double backward of the summed losses with V_r repeated over the batch
+        gives every sample's product at once (a loop over r when an op has no batched rule)."""
+        p = self.problem
+        zz = z0.detach().clone().requires_grad_(True)
+        with _Capture(module, replace=zz):
+            out = p.forward(p.params, x)
+        s = p.per_sample_loss(out, y).sum()
+        (g,) = torch.autograd.grad(s, zz, create_graph=True)
+        k, (B, d) = V.shape[0], zz.shape
+        self._grad_samples += len(x)
+        if not g.requires_grad:  # the loss is linear in z
+            return torch.zeros(k, B, d, dtype=zz.dtype, device=zz.device)
+        Vb = V[:, None, :].expand(k, B, d).to(zz)
+        return self._pullback(g, zz, Vb, retain=False)
+
+    def _pullback(self, g: torch.Tensor, t: torch.Tensor, V: torch.Tensor, retain: bool) -> torch.Tensor:
+        """The one batched-VJP helper: rows ``V[k]`` pulled back through ``g``'s graph to ``t``,
+        as one vmapped backward (``is_grads_batched``), or a loop when an op has no batched rule."""
+        K = V.shape[0]
+        if K > 1 and self.reverse_batched:
+            try:
+                (hv,) = torch.autograd.grad(g, t, V, is_grads_batched=True, retain_graph=True)
+                return hv
+            except RuntimeError as e:
+                if _is_oom(e):
+                    raise
+                self.fallbacks += 1
+                self.reverse_batched = False
+        return torch.stack([torch.autograd.grad(g, t, V[k], retain_graph=retain or k < K - 1)[0]
+                            for k in range(K)])
 
     # ------------------------------------------------------------ second order
     def _blocks(self, V: torch.Tensor, theta: torch.Tensor | None, fn) -> torch.Tensor:
@@ -383,36 +631,28 @@ class CurvatureEngine:
 
     def _hvp_reverse(self, V: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(V)
-        K = V.shape[0]
-        for t, g in self._graphs_at(th):
+        for t, g, _ in self._graphs_at(th):
             keep = self._graphs is not None or self._cache_state == "fits"
-            if K > 1 and self.reverse_batched:
-                try:
-                    (hv,) = torch.autograd.grad(g, t, V, is_grads_batched=True, retain_graph=True)
-                    out += hv
-                    continue
-                except RuntimeError as e:
-                    if _is_oom(e):
-                        raise
-                    self.fallbacks += 1
-                    self.reverse_batched = False
-            for k in range(K):
-                (hv,) = torch.autograd.grad(g, t, V[k], retain_graph=keep or k < K - 1)
-                out[k] += hv
+            out += self._pullback(g, t, V, retain=keep)
         return out
 
     def _hvp_fd(self, V: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
-        """Central differences of full gradients along each unit direction (see the module docstring)."""
+        """Central differences along each unit direction with the relative step (module docstring)."""
         h = self.fd_eps * max(1.0, float(th.norm()))
+        norms = V.norm(dim=1)
+        return self._central_differences(V, th, torch.where(norms > 0, h / norms, torch.zeros_like(norms)))
+
+    def _central_differences(self, V: torch.Tensor, th: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """The one central-difference helper: row k is (∇L(θ + ε_k v_k) − ∇L(θ − ε_k v_k)) / 2ε_k,
+        two full gradients per row; rows with ε_k = 0 (zero vectors) cost nothing and give 0."""
         out = torch.zeros_like(V)
         for k in range(V.shape[0]):
-            n = float(V[k].norm())
-            if n == 0.0:
+            e = float(steps[k])
+            if e == 0.0:
                 continue
-            u = V[k] / n
-            gp = self.grad(th + h * u)
-            gm = self.grad(th - h * u)
-            out[k] = (gp - gm) * (n / (2 * h))
+            gp = self.grad(th + e * V[k])
+            gm = self.grad(th - e * V[k])
+            out[k] = (gp - gm) / (2 * e)
         return out
 
     def _hvp_forward(self, V: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
@@ -481,14 +721,8 @@ class CurvatureEngine:
         single = V.ndim == 1
         V2 = V.reshape(1, -1) if single else V
         th = (self.problem.theta if theta is None else theta).detach()
-        outs = []
-        for v in V2:
-            v = v.to(th)
-            gp = self.grad(th + eps * v)
-            gm = self.grad(th - eps * v)
-            outs.append((gp - gm) / (2 * eps))
+        out = self._central_differences(V2.to(th), th, torch.full((V2.shape[0],), float(eps)))
         self.n_hvp += V2.shape[0]
-        out = torch.stack(outs)
         return out[0] if single else out
 
     # ------------------------------------------------------------ checks

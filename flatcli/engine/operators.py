@@ -1,0 +1,132 @@
+r"""Curvature matrices as linear operators (the face curvlinops gives them).
+
+A `CurvatureOperator` is a symmetric :math:`P \times P` matrix over the
+measurement set that is never formed: ``op @ v`` multiplies a vector
+(shape ``(P,)``) and ``op @ V`` a block of columns (shape ``(P, K)``), exactly
+as a dense matrix would; ``op.matmat_rows(V)`` takes the engine's native layout,
+K vectors as rows ``(K, P)``, without transposes. Every operator counts its own
+products (``op.n_products``) on top of the engine's counters, and
+``op.to_scipy()`` gives a `scipy.sparse.linalg.LinearOperator` in float64 for
+scipy's solvers (``eigsh``, ``cg``, ...).
+
+Operators are handed out by the engine (`flatcli.engine.CurvatureEngine.hessian`,
+``.ggn``, ``.fd_hessian``) at a point θ (default: the model's parameters):
+
+* ``hessian``: :math:`H = \nabla^2 L(\theta)`, exact products (see
+  `flatcli.engine.products` for how they are batched);
+* ``ggn``: the generalized Gauss-Newton matrix :math:`G = \frac1n\sum_i J_i^\top H_{z,i} J_i`;
+* ``fd_hessian``: central differences of full gradients,
+  :math:`(\nabla L(\theta+hu)-\nabla L(\theta-hu))\|v\|/2h` with :math:`u = v/\|v\|`.
+
+``precision="fp32"`` gives the same operator with TF32 matrix products switched
+off during its products: the verification view of a TF32 engine (see
+``runtime.precision: auto``). `restrict` gives the block of one parameter set,
+:math:`P_b H P_b` (vectors zeroed outside the block before and after the product).
+
+References: Dangel, Tatzel & Hennig (curvlinops), ``_torch_base.py``;
+Martens 2020 (GGN), Pearlmutter 1994 (HVPs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+Product = Callable[[torch.Tensor], torch.Tensor]
+
+
+class CurvatureOperator:
+    """A symmetric P × P curvature matrix given by block products.
+
+    Parameters
+    ----------
+    product : ``V (K, P) -> M V`` for K row vectors (the engine's batched product).
+    dim : P.
+    device, dtype : where the vectors live and their type.
+    name : "hessian", "ggn", "fd_hessian" (for messages and diagnostics).
+    precision_context : a context-manager factory entered around every product
+        (e.g. TF32 off), or None.
+    """
+
+    def __init__(self, product: Product, dim: int, *, device=None, dtype=torch.float32, name: str = "operator",
+                 precision_context: Callable | None = None):
+        self._product = product
+        self.shape = (int(dim), int(dim))
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.dtype = dtype
+        self.name = name
+        self._context = precision_context
+        self.n_products = 0
+
+    # ------------------------------------------------------------ products
+    def matmat_rows(self, V: torch.Tensor) -> torch.Tensor:
+        """M V for V of shape (K, P) or (P,), vectors as rows (the engine's layout)."""
+        single = V.ndim == 1
+        V2 = V.reshape(1, -1) if single else V
+        if V2.ndim != 2 or V2.shape[1] != self.shape[1]:
+            raise ValueError(f"{self.name}: vectors must have shape (P,) or (K, P) with P = {self.shape[1]}; "
+                             f"got {tuple(V.shape)}")
+        if self._context is None:
+            out = self._product(V2)
+        else:
+            with self._context():
+                out = self._product(V2)
+        self.n_products += V2.shape[0]
+        return out[0] if single else out
+
+    def __call__(self, V: torch.Tensor) -> torch.Tensor:
+        """Same as `matmat_rows` (so an operator can stand where a block mat-vec is expected)."""
+        return self.matmat_rows(V)
+
+    def __matmul__(self, X: torch.Tensor) -> torch.Tensor:
+        """M x for x of shape (P,), or M X for X of shape (P, K) (columns), like a dense matrix."""
+        if not isinstance(X, torch.Tensor):
+            X = torch.as_tensor(np.asarray(X))
+        if X.ndim == 1:
+            return self.matmat_rows(X.to(self.device, self.dtype))
+        if X.ndim != 2 or X.shape[0] != self.shape[1]:
+            raise ValueError(f"{self.name}: expected shape (P,) or (P, K) with P = {self.shape[1]}; got {tuple(X.shape)}")
+        return self.matmat_rows(X.T.to(self.device, self.dtype)).T
+
+    # ------------------------------------------------------------ views
+    def restrict(self, index: slice | torch.Tensor) -> CurvatureOperator:
+        """The block :math:`P_b M P_b` of the coordinates ``index`` (a slice or a boolean mask),
+        still of shape P × P (zero outside the block): its trace is the block's trace and its
+        largest eigenvalue the block's."""
+        mask = torch.zeros(self.shape[1], dtype=torch.bool, device=self.device)
+        mask[index] = True
+        maskf = mask.to(self.dtype)
+
+        def product(V: torch.Tensor) -> torch.Tensor:
+            return self.matmat_rows(V * maskf) * maskf
+
+        return CurvatureOperator(product, self.shape[1], device=self.device, dtype=self.dtype,
+                                 name=f"{self.name}[block]")
+
+    def to_scipy(self):
+        """A `scipy.sparse.linalg.LinearOperator` view (float64 NumPy in and out)."""
+        from scipy.sparse.linalg import LinearOperator
+
+        def mv(x):
+            x = np.asarray(x, dtype=np.float64)
+            X = torch.as_tensor(x.reshape(self.shape[1], -1).T.copy(), device=self.device, dtype=self.dtype)
+            out = self.matmat_rows(X).double().cpu().numpy().T
+            return out.reshape(x.shape)
+
+        return LinearOperator(self.shape, matvec=mv, matmat=mv, rmatvec=mv, rmatmat=mv, dtype=np.float64)
+
+    def dense(self, block: int = 64) -> torch.Tensor:
+        """The whole matrix from unit-vector products (P products: tiny models and tests only)."""
+        P = self.shape[1]
+        cols = []
+        for i in range(0, P, block):
+            k = min(block, P - i)
+            E = torch.zeros(k, P, device=self.device, dtype=self.dtype)
+            E[torch.arange(k), torch.arange(i, i + k)] = 1.0
+            cols.append(self.matmat_rows(E))
+        return torch.cat(cols, 0).T
+
+    def __repr__(self) -> str:
+        return f"CurvatureOperator({self.name}, shape={self.shape}, dtype={self.dtype}, device={self.device})"
