@@ -1,0 +1,183 @@
+"""Curvature operators and the engine's first-order and per-sample products, against dense references."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from flatcli.engine import CurvatureEngine, Problem
+from flatcli.errors import MeasurementError
+
+DT = torch.float64
+
+
+def problem(act=nn.Tanh, n=11, batch_size=4, seed=0, loss="cross_entropy"):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 5), act(), nn.Linear(5, 3)).to(DT).eval()
+    x = torch.randn(n, 4, dtype=DT)
+    y = torch.randint(0, 3, (n,))
+    return Problem(model, x, y, loss=loss, batch_size=batch_size, dtype=DT)
+
+
+def dense_hessian(p, theta=None):
+    th = p.theta if theta is None else theta
+    return torch.func.hessian(lambda t: p.loss(p.unflatten(t)))(th)
+
+
+def dense_ggn(p):
+    """(1/n) Σ_i J_iᵀ H_z,i J_i from full Jacobians."""
+    th = p.theta
+    J = torch.func.jacrev(lambda t: p.forward(t, p.x))(th)  # (n, C, P)
+    G = torch.zeros(p.num_params, p.num_params, dtype=DT)
+    z = p.forward(th, p.x)
+    for i in range(p.n):
+        Hz = torch.func.hessian(lambda zz, i=i: p.per_sample_loss(zz[None], p.y[i : i + 1]).sum())(z[i])
+        G += J[i].T @ Hz @ J[i]
+    return G / p.n
+
+
+def test_operator_algebra_matches_the_dense_matrix():
+    p = problem()
+    eng = CurvatureEngine(p)
+    H = dense_hessian(p)
+    op = eng.hessian()
+    assert op.shape == (p.num_params, p.num_params)
+    g = torch.Generator().manual_seed(1)
+    v = torch.randn(p.num_params, generator=g, dtype=DT)
+    X = torch.randn(p.num_params, 3, generator=g, dtype=DT)
+    torch.testing.assert_close(op @ v, H @ v, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(op @ X, H @ X, rtol=1e-10, atol=1e-12)  # columns, like a dense matrix
+    torch.testing.assert_close(op.matmat_rows(X.T), (H @ X).T, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(op.dense(block=7), H, rtol=1e-10, atol=1e-12)
+    assert op.n_products == 1 + 3 + 3 + p.num_params
+    S = op.to_scipy()
+    np.testing.assert_allclose(S @ v.numpy(), (H @ v).numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(S.matmat(X.numpy()), (H @ X).numpy(), rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="shape"):
+        op @ torch.zeros(p.num_params + 1, dtype=DT)
+
+
+def test_scipy_eigsh_on_the_operator_finds_the_dense_top_eigenvalue():
+    from scipy.sparse.linalg import eigsh
+
+    p = problem()
+    H = dense_hessian(p)
+    top = float(eigsh(CurvatureEngine(p).hessian().to_scipy(), k=1, which="LA", tol=1e-10)[0][0])
+    assert top == pytest.approx(float(torch.linalg.eigvalsh(H)[-1]), rel=1e-8)
+
+
+def test_restrict_gives_the_block_and_its_trace():
+    p = problem()
+    H = dense_hessian(p)
+    sl = p.param_slices()["2.weight"]
+    B = CurvatureEngine(p).hessian().restrict(sl).dense()
+    ref = torch.zeros_like(H)
+    ref[sl, sl] = H[sl, sl]
+    torch.testing.assert_close(B, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_ggn_and_fd_operators_and_another_theta():
+    p = problem(loss="mse")
+    eng = CurvatureEngine(p)
+    torch.testing.assert_close(eng.ggn().dense(), dense_ggn(p), rtol=1e-9, atol=1e-11)
+    th = p.theta + 0.05
+    H = dense_hessian(p, th)
+    torch.testing.assert_close(eng.hessian(th).dense(), H, rtol=1e-9, atol=1e-11)
+    fd = eng.fd_hessian(th, eps=1e-4).dense()
+    torch.testing.assert_close(fd, H, rtol=1e-5, atol=1e-6)
+
+
+def test_full_precision_view_turns_tf32_off_only_during_its_products(monkeypatch):
+    p = problem()
+    eng = CurvatureEngine(p, precision="tf32")
+    assert not eng.low_precision  # on a CPU a tf32 engine has nothing to verify
+    monkeypatch.setattr(CurvatureEngine, "low_precision", property(lambda self: True))
+    seen = []
+    monkeypatch.setattr(eng, "hvp", lambda V, theta=None: (seen.append(torch.backends.cuda.matmul.allow_tf32), V)[1])
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    ones = torch.ones(1, p.num_params, dtype=DT)
+    eng.hessian()(ones)
+    eng.hessian(precision="fp32")(ones)
+    assert seen == [True, False] and torch.backends.cuda.matmul.allow_tf32 is True
+
+
+def test_loss_grad_with_kept_graph_is_reused_by_the_hvp_at_the_same_point():
+    p = problem()
+    eng = CurvatureEngine(p, cache_graphs=True)
+    th = p.theta + 0.01
+    loss, g = eng.loss_grad(th, keep_graph=True)
+    ref_loss = float(p.loss(p.unflatten(th)))
+    ref_g = torch.func.grad(lambda t: p.loss(p.unflatten(t)))(th)
+    assert loss == pytest.approx(ref_loss, rel=1e-12)
+    torch.testing.assert_close(g, ref_g, rtol=1e-12, atol=1e-14)
+    built = eng._graphs
+    hv = eng.hvp(g, theta=th)
+    assert eng._graphs is built  # no rebuild: the gradient's graphs served the product
+    torch.testing.assert_close(hv, dense_hessian(p, th) @ g, rtol=1e-10, atol=1e-12)
+    assert eng.n_grad == 1 and eng.n_hvp == 1
+
+
+def test_batch_loss_grad_is_the_mean_over_the_given_samples_and_counts_fractions():
+    p = problem(n=12, batch_size=5)
+    eng = CurvatureEngine(p)
+    xb, yb = p.x[2:9], p.y[2:9]
+    loss, g = eng.batch_loss_grad(xb, yb)
+    f = lambda t: p.per_sample_loss(p.forward(t, xb), yb).mean()  # noqa: E731
+    assert loss == pytest.approx(float(f(p.theta)), rel=1e-12)
+    torch.testing.assert_close(g, torch.func.grad(f)(p.theta), rtol=1e-12, atol=1e-14)
+    assert eng.n_grad == pytest.approx(7 / 12, abs=1e-6)
+    loss2, none = eng.batch_loss_grad(xb, yb, need_grad=False)
+    assert none is None and loss2 == pytest.approx(loss, rel=1e-12) and eng.n_forward == pytest.approx(7 / 12, abs=1e-6)
+
+
+def test_per_sample_directional_derivatives_match_per_sample_gradients():
+    p = problem(n=9, batch_size=4)
+    eng = CurvatureEngine(p)
+    v = torch.randn(p.num_params, generator=torch.Generator().manual_seed(3), dtype=DT)
+    G = torch.func.jacrev(lambda t: p.per_sample_loss(p.forward(t, p.x), p.y))(p.theta)  # (n, P)
+    torch.testing.assert_close(eng.per_sample_directional(v), G @ v, rtol=1e-10, atol=1e-12)
+    y2 = (p.y + 1) % 3
+    G2 = torch.func.jacrev(lambda t: p.per_sample_loss(p.forward(t, p.x), y2))(p.theta)
+    torch.testing.assert_close(eng.per_sample_directional(v, labels=y2), G2 @ v, rtol=1e-10, atol=1e-12)
+
+
+def test_module_output_hvp_matches_the_dense_per_sample_hessian():
+    p = problem(n=6, batch_size=6)
+    eng = CurvatureEngine(p)
+    layer = p.model[0]  # Linear(4, 5): its output goes through tanh and the head
+    (x, y, phi, z, out), = list(eng.module_io(layer))
+    torch.testing.assert_close(phi, x)
+    V = torch.eye(5, dtype=DT)
+    hv = eng.module_output_hvp(layer, x, y, z, V)  # (5, B, 5)
+    head = p.model[2]
+    for n in range(6):
+        def ell(zn, n=n):
+            return p.per_sample_loss(head(torch.tanh(zn))[None], y[n : n + 1]).sum()
+
+        Hn = torch.func.hessian(ell)(z[n])
+        torch.testing.assert_close(hv[:, n, :], Hn, rtol=1e-10, atol=1e-12)
+
+
+def test_a_layer_that_runs_twice_is_an_error():
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.fc(self.fc(x))
+
+    m = Twice().to(DT).eval()
+    p = Problem(m, torch.randn(4, 3, dtype=DT), torch.randint(0, 3, (4,)), dtype=DT)
+    with pytest.raises(MeasurementError, match="ran 2 times"):
+        list(CurvatureEngine(p).module_io(m.fc))
+
+
+def test_loss_and_error_in_one_pass():
+    p = problem(n=10)
+    eng = CurvatureEngine(p)
+    loss, err = eng.loss_and_error()
+    out = p.forward(p.params, p.x)
+    assert loss == pytest.approx(float(p.per_sample_loss(out, p.y).mean()), rel=1e-12)
+    assert err == pytest.approx(float((out.argmax(1) != p.y).double().mean()))
+    assert eng.n_forward == 1
