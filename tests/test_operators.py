@@ -94,11 +94,15 @@ def test_full_precision_view_turns_tf32_off_only_during_its_products(monkeypatch
     monkeypatch.setattr(CurvatureEngine, "low_precision", property(lambda self: True))
     seen = []
     monkeypatch.setattr(eng, "hvp", lambda V, theta=None: (seen.append(torch.backends.cuda.matmul.allow_tf32), V)[1])
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    ones = torch.ones(1, p.num_params, dtype=DT)
-    eng.hessian()(ones)
-    eng.hessian(precision="fp32")(ones)
-    assert seen == [True, False] and torch.backends.cuda.matmul.allow_tf32 is True
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        ones = torch.ones(1, p.num_params, dtype=DT)
+        eng.hessian()(ones)
+        eng.hessian(precision="fp32")(ones)
+        assert seen == [True, False] and torch.backends.cuda.matmul.allow_tf32 is True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def test_loss_grad_with_kept_graph_is_reused_by_the_hvp_at_the_same_point():
