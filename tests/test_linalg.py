@@ -62,7 +62,7 @@ def test_lanczos_algebraic_max_of_indefinite_matrix():
     assert abs(r.eigenvalues[0] - lam_max) / abs(lam_max) <= 1e-4
     assert r.residuals[0] <= 1e-6 * abs(r.eigenvalues[0])
     assert r.eigenvalues[-1] == pytest.approx(lam_min, rel=1e-6)
-    assert r.steps >= 20
+    assert r.steps >= linalg.certified_min_steps(A.shape[0])  # a small residual alone only finds *an* eigenvalue
 
 
 def test_lanczos_smallest():
@@ -115,7 +115,7 @@ def test_lanczos_exhausts_small_space_exactly():
 def test_lanczos_min_steps_and_max_steps():
     A = indefinite(seed=2)
     r = linalg.lanczos(mv_of(A), A.shape[0], tol=0.5, min_steps=20, generator=gen(), dtype=DT)
-    assert r.steps >= 20
+    assert r.steps >= linalg.certified_min_steps(A.shape[0])  # a small residual alone only finds *an* eigenvalue
     r = linalg.lanczos(mv_of(A), A.shape[0], tol=1e-14, max_steps=7, generator=gen(), dtype=DT)
     assert r.steps == 7 and not r.converged
 
@@ -315,3 +315,27 @@ def test_rademacher_signs_are_balanced_uncorrelated_and_blocking_invariant():
     g = gen(2)
     b = torch.cat([linalg.rademacher(2, 100, g), linalg.rademacher(3, 100, g)])
     assert torch.equal(a, b)
+
+
+def test_certified_floor_finds_the_top_where_a_bare_residual_test_stops_early():
+    # H = 0.9 I + 0.1 u uᵀ: a random start is an almost-eigenvector of the 0.9 cluster (relative
+    # residual ~ 0.1/√n), so a residual test alone accepts θ ≈ 0.9 at once; λmax = 1.
+    n = 40_000
+    u = torch.randn(n, generator=gen(5), dtype=DT)
+    u /= u.norm()
+
+    def mv(V):
+        return 0.9 * V + 0.1 * (V @ u)[:, None] * u[None, :]
+
+    bare = linalg.lanczos(mv, n, tol=1e-3, min_steps=1, generator=gen(1), dtype=DT)
+    assert bare.steps == 1 and bare.eigenvalues[0] < 0.91  # stopped on the cluster
+    r = linalg.lanczos(mv, n, tol=1e-3, generator=gen(1), dtype=DT)
+    assert r.steps >= linalg.certified_min_steps(n) or r.converged
+    assert r.eigenvalues[0] == pytest.approx(1.0, rel=1e-9)
+
+
+def test_certified_min_steps_matches_the_bound():
+    for n in (10, 1000, 10**6, 10**8):
+        k = linalg.certified_min_steps(n, eps=0.25, delta=0.01)
+        bound = lambda k, n=n: 1.648 * math.sqrt(n) * math.exp(-0.5 * (2 * k - 1))  # noqa: E731
+        assert bound(k) <= 0.01 and (k == 1 or bound(k - 1) > 0.01 or k == n)
