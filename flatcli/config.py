@@ -24,7 +24,7 @@ from .errors import ConfigError
 from .measures import MeasureSpec, get_measure
 from .measures._options import parse_options
 
-PRECISIONS = ("fp32", "tf32", "fp64")
+PRECISIONS = ("auto", "fp32", "tf32", "fp64")
 SOURCES = ("tensors", "torchvision", "imagefolder", "digits", "synthetic")
 
 
@@ -69,7 +69,7 @@ class MeasureDataConfig:
 @dataclass
 class RuntimeConfig:
     device: str = "auto"
-    precision: str = "fp32"
+    precision: str = "auto"
     seed: int = 0
     hvp_mode: str = "auto"
     block_size: int | None = None

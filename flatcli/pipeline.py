@@ -109,7 +109,7 @@ def measure_model(
     measures : names, ``{name: options}`` entries or `MeasureSpec` objects.
     settings : a `flatcli.settings.Settings`; its fields may also be given as keywords
         (``loss``, ``split``, ``num_samples``, ``batch_size``, ``data_seed``, ``seed``,
-        ``device`` (default "cpu"), ``precision`` ("fp32", "tf32", "fp64"), ``hvp_mode``,
+        ``device`` (default "cpu"), ``precision`` ("auto", "fp32", "tf32", "fp64"), ``hvp_mode``,
         ``block_size``), which override it.
     init_state : state dict at initialization (for ``distance_from_init``).
     """
@@ -126,7 +126,8 @@ def measure_model(
                 check_labels(work, d[0], d[1], st.loss, f"data.{split_name}", st.device, st.dtype)
         mx, my = subset(*data[st.split], st.num_samples, st.data_seed)
         problem = Problem(work, mx, my, loss=st.loss, batch_size=st.batch_size, device=st.device, dtype=st.dtype)
-        engine = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size)
+        engine = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size,
+                                 precision=st.effective_precision, verify=st.verifies())
         try:
             engine.check_finite()
             _check_deterministic(problem)

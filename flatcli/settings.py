@@ -18,8 +18,18 @@ import torch
 
 from .errors import ConfigError
 
-PRECISIONS = ("fp32", "tf32", "fp64")
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp64": torch.float64}
+PRECISIONS = ("auto", "fp32", "tf32", "fp64")
+DTYPES = {"auto": torch.float32, "fp32": torch.float32, "tf32": torch.float32, "fp64": torch.float64}
+
+
+def has_tensor_cores(device: torch.device) -> bool:
+    """Whether ``device`` is a CUDA device with TF32 tensor cores (compute capability ≥ 8.0, Ampere on)."""
+    if device.type != "cuda":
+        return False
+    try:
+        return torch.cuda.get_device_capability(device)[0] >= 8
+    except (RuntimeError, AssertionError):
+        return False
 
 
 def resolve_device(name: str | torch.device | None) -> torch.device:
@@ -49,7 +59,9 @@ class Settings:
     Parameters
     ----------
     device : where to compute (a `torch.device`; build with `resolve_device`).
-    precision : "fp32", "tf32" (TF32 matrix products on CUDA) or "fp64".
+    precision : "auto" (default: TF32 products on a CUDA device with tensor cores, every
+        converged quantity verified with fp32 products at the end; fp32 elsewhere), "fp32",
+        "tf32" (TF32 matrix products on CUDA, no verification) or "fp64".
     seed : seed of every stochastic measure without its own ``seed``.
     loss : "cross_entropy" or "mse".
     split, num_samples, batch_size, data_seed : the measurement set (``measure_data``).
@@ -57,7 +69,7 @@ class Settings:
     """
 
     device: torch.device = torch.device("cpu")
-    precision: str = "fp32"
+    precision: str = "auto"
     seed: int = 0
     loss: str = "cross_entropy"
     split: str = "train"
@@ -75,6 +87,14 @@ class Settings:
     def dtype(self) -> torch.dtype:
         """The floating type of parameters and products (float64 for ``fp64``)."""
         return DTYPES[self.precision]
+
+    @property
+    def effective_precision(self) -> str:
+        """The precision products run at: ``auto`` resolves to ``tf32`` on a CUDA device with
+        tensor cores and to ``fp32`` elsewhere."""
+        if self.precision == "auto":
+            return "tf32" if has_tensor_cores(self.device) else "fp32"
+        return self.precision
 
     @classmethod
     def from_config(cls, cfg, device: str | torch.device | None = None) -> Settings:
@@ -111,15 +131,19 @@ class Settings:
 
     @contextlib.contextmanager
     def precision_context(self):
-        """TF32 matrix products on for ``tf32``, off otherwise; the previous flags are restored."""
+        """TF32 matrix products on for an effective ``tf32``, off otherwise; the previous flags are restored."""
         old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        tf32 = self.precision == "tf32"
+        tf32 = self.effective_precision == "tf32"
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
         try:
             yield
         finally:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+    def verifies(self) -> bool:
+        """Whether converged quantities are re-checked with fp32 products (``auto`` running TF32)."""
+        return self.precision == "auto" and self.effective_precision == "tf32"
 
     def describe_device(self) -> str:
         """The device in words, e.g. ``cuda:0 (NVIDIA H100)``."""

@@ -138,6 +138,10 @@ class CurvatureEngine:
         Keep the per-batch gradient graphs between calls at the same θ. Default
         (None): when they fit the memory budget; False never; True always.
 
+    precision : "fp32", "tf32" (TF32 matrix products on CUDA) or "fp64": what the products run at.
+    verify : with TF32 products, ask measures to verify converged quantities in fp32
+        (`needs_verification`; ``runtime.precision: auto``).
+
     Counters ``n_hvp`` (Hessian- and GGN-vector products, one per vector),
     ``n_grad`` (full-set gradients), ``n_forward`` (full-set forward passes) and
     ``oom_retries`` are kept so measures can report their cost.
@@ -152,6 +156,7 @@ class CurvatureEngine:
         cache_graphs: bool | None = None,
         fd_eps: float = 1e-3,
         precision: str = "fp32",
+        verify: bool = False,
     ):
         if hvp_mode not in HVP_MODES:
             raise ValueError(f"hvp_mode must be one of {HVP_MODES}, got {hvp_mode!r}")
@@ -177,6 +182,7 @@ class CurvatureEngine:
         self.batch_size = problem.batch_size
         self.batches = list(problem.batches)
         self.precision = precision
+        self.verify = bool(verify)
         self.n_hvp = 0
         self.n_ggnvp = 0
         self._grad_samples = 0  # samples whose gradient was taken (n per full gradient)
@@ -220,6 +226,12 @@ class CurvatureEngine:
         """Whether products run with TF32 matrix multiplies (``precision="tf32"`` on CUDA), so that
         converged quantities should be verified with `full_precision` products."""
         return self.precision == "tf32" and self.device.type == "cuda"
+
+    @property
+    def needs_verification(self) -> bool:
+        """Whether measures should re-check converged quantities with fp32 products
+        (``runtime.precision: auto`` running TF32 products; an explicit ``tf32`` does not verify)."""
+        return self.verify and self.low_precision
 
     @contextlib.contextmanager
     def full_precision(self):
