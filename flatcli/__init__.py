@@ -8,6 +8,14 @@ def __getattr__(name):  # lazy, so `import flatcli` stays cheap
         from . import api
 
         return getattr(api, name)
+    if name in ("correlate", "collect"):  # the DataFrame forms (the report is df.attrs["report"])
+        from . import api
+
+        return getattr(api, f"{name}_frame")
+    if name == "read_results":
+        from . import results
+
+        return results.read_results
     if name in ("list_measures", "register", "MeasureResult"):
         from . import measures
 
