@@ -400,7 +400,7 @@ def correlate(
     plots: Annotated[bool, typer.Option("--plots", help="Scatter per measure and a ψ heatmap (needs matplotlib; with -o).")] = False,
     sort: Annotated[str | None, typer.Option("--sort", help="Rank by psi, kendall_tau_b, jiang_tau, spearman, pearson or cmi.")] = None,
     measures: Annotated[str | None, typer.Option("--measures", "-m", help="Measure columns, any numeric columns (default: the measures flatcli recorded, else every numeric column that is not the target, a metric or a hyperparameter).")] = None,
-    where: Annotated[str | None, typer.Option("--where", help="Keep only the rows matching this pandas query, e.g. \"hp_lr < 0.1 and train_acc >= 0.99\" (`quote` odd column names).")] = None,
+    where: Annotated[str | None, typer.Option("--where", help="Keep only the rows matching this pandas query (DataFrame.query), e.g. 'hp_lr < 0.1 and train_acc >= 0.99'; backquote names that are not identifiers.")] = None,
     max_train_loss: Annotated[float | None, typer.Option("--max-train-loss", help="Keep only the rows with train_loss ≤ this (models at a minimum; Jiang et al. use 0.01).")] = None,
     bootstrap: Annotated[int | None, typer.Option("--bootstrap", help="Resamples of the checkpoints for percentile intervals of Pearson, Spearman and Kendall τ-b (e.g. 1000).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap resampling.")] = 0,

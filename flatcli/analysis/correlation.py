@@ -601,7 +601,8 @@ def _measures(table: ResultsTable, measures: list[str], target: str, axis_cols: 
         for m in measures:
             if m not in table.columns:
                 raise ConfigError(f"-m {m!r}: no column {m} in {table.name} (numeric columns: {', '.join(numeric) or 'none'})")
-            if m not in numeric and not np.isfinite(table.numeric(m)).any():
+            values = table.frame[m]
+            if values.notna().any() and pd.to_numeric(values, errors="coerce").isna().all():
                 raise ConfigError(f"-m {m!r}: column {m} of {table.name} holds no numbers")
         return list(dict.fromkeys(measures)), "-m"
     if table.measures:
@@ -695,7 +696,7 @@ def correlate_table(
     if len(axes) == 1:
         notes.append(f"one hyperparameter axis: CMI conditions on {axes[0]} alone")
     elif not axes:
-        notes.append("no hyperparameter axes: Ψ undefined, CMI unconditional")
+        notes.append("no hyperparameter axes (name them with --by): Ψ undefined, CMI unconditional")
     if np.isfinite(gvals).sum() >= 2 and np.nanstd(gvals) == 0:
         notes.append(f"{target} is constant over the checkpoints: no statistic is defined")
     if sort is None:
