@@ -635,13 +635,12 @@ def collect_frame(outdir: str | Path, output: str | Path | None = None):
     """`collect`, returning the collected table as a DataFrame (``flatcli.collect``).
 
     One row per checkpoint with the columns of results.csv and the dtypes of
-    `flatcli.results` (numeric columns float64, ``status`` categorical); the
-    `flatcli.sweep.CollectReport` (missing units, paths, exit code) is ``df.attrs["report"]``.
+    `flatcli.results` (numeric columns float64, ``status`` categorical). The unfinished units,
+    unreadable files and exit code are in the `flatcli.sweep.CollectReport` that `collect`
+    returns (its ``to_pandas()`` is this table); it is not attached to the DataFrame, whose
+    ``attrs`` pandas deep-copies on every operation.
     """
-    report = collect(outdir, output)
-    table = report.to_pandas()
-    table.attrs["report"] = report
-    return table
+    return collect(outdir, output).to_pandas()
 
 
 def correlate(
@@ -714,7 +713,8 @@ def correlate_frame(results, **kwargs):
 
     Takes the arguments of `correlate`; one row per measure, best first, with the columns of
     correlations.csv. The `flatcli.analysis.CorrelationReport` (notes, warnings, the rows the
-    filters dropped, the grid) is ``df.attrs["report"]``, without its copy of the input rows.
+    filters dropped, the grid) is ``df.attrs["report"]``, without its copy of the input rows
+    (pandas deep-copies attrs on every operation: they stay small).
 
     >>> df = flatcli.correlate("results.csv", by=["lr", "width"], max_train_loss=0.01)  # doctest: +SKIP
     >>> df[["measure", "kendall_tau_b", "psi"]], df.attrs["report"].dropped            # doctest: +SKIP
@@ -723,5 +723,5 @@ def correlate_frame(results, **kwargs):
 
     report = correlate(results, **kwargs)
     table = report.to_pandas()
-    table.attrs["report"] = dataclasses.replace(report, table=None)  # attrs are deep-copied by pandas
+    table.attrs["report"] = dataclasses.replace(report, table=None)
     return table

@@ -112,9 +112,9 @@ def test_collect_returns_the_table(measured, tmp_path):
     cfg = report.config
     api.sweep(cfg, tmp_path / "s", log=lambda m: None)
     df = flatcli.collect(tmp_path / "s")
-    col = df.attrs["report"]
-    assert col.csv_path == tmp_path / "s" / "results.csv" and len(col.rows) == 3
-    pd.testing.assert_frame_equal(df, read_results(col.csv_path), check_exact=True)
+    assert isinstance(df, pd.DataFrame) and len(df) == 3
+    pd.testing.assert_frame_equal(df, read_results(tmp_path / "s" / "results.csv"), check_exact=True)
+    pd.testing.assert_frame_equal(df, api.collect(tmp_path / "s").to_pandas(), check_exact=True)
     pd.testing.assert_frame_equal(df.drop(columns=[c for c in df if c.endswith("_seconds")]),
                                   report.to_pandas().drop(columns=[c for c in df if c.endswith("_seconds")]),
                                   check_exact=True)
@@ -124,8 +124,10 @@ def test_correlate_takes_a_dataframe_and_returns_one(measured, tmp_path):
     report, path = measured
     df = report.to_pandas()
     by_path = api.correlate(path, outdir=tmp_path / "c")
+    df.attrs["big"] = list(range(10))  # the caller's attrs are not carried into the computation
     table = flatcli.correlate(df)
     assert isinstance(table, pd.DataFrame) and table.attrs["report"].source is None
+    assert set(table.attrs) == {"report"} and table.attrs["report"].table is None
     assert table["measure"].tolist() == [mc.measure for mc in by_path.measures]
     assert table.attrs["report"].measures_source.startswith("inferred")
     written = pd.read_csv(tmp_path / "c" / "correlations.csv")

@@ -181,7 +181,8 @@ def as_table(data: pd.DataFrame | ResultsTable | str | Path) -> ResultsTable:
             dup = sorted({str(c) for c in data.columns[data.columns.duplicated()]})
             raise ConfigError(f"the DataFrame has duplicate columns: {', '.join(dup)}")
         measures, source = detect_measures([str(c) for c in data.columns])
-        return ResultsTable(data, None, measures, source)
+        # without the caller's attrs: pandas deep-copies attrs on every operation
+        return ResultsTable(pd.DataFrame(data, copy=False) if data.attrs else data, None, measures, source)
     if isinstance(data, (str, Path)):
         return load_results(data)
     raise ConfigError(f"correlate takes a DataFrame or the path of a CSV; got {type(data).__name__}")
@@ -347,17 +348,22 @@ class CMI:
 
 
 def _normalized_cmi(pairs: pd.DataFrame, keys: list[str]) -> float:
-    """``I(V_μ; V_g | U) / H(V_g | U)`` from one row per pair (cell keys, ``vm``, ``vg``)."""
+    """``I(V_μ; V_g | U) / H(V_g | U)`` from one row per pair: the cell keys (U), ``vm`` ∈ {−1, 0, 1}
+    and ``vg`` ∈ {−1, 1}. The cells are a pandas ``groupby`` over the keys; the counts per
+    (cell, V_μ, V_g) a ``bincount``."""
     n = len(pairs)
-    joint = pairs.groupby(keys + ["vm", "vg"], sort=False).size()  # pairs per (cell, V_μ, V_g)
-    nu = joint.groupby(level=keys, sort=False).transform("sum")  # pairs per cell
-    pa = joint.groupby(level=keys + ["vm"], sort=False).transform("sum")  # V_μ marginal in the cell
-    pb = joint.groupby(level=keys + ["vg"], sort=False).transform("sum")  # V_g marginal in the cell
-    mi = float((joint * np.log(joint * nu / (pa * pb))).sum()) / n
-    cell_b = joint.groupby(level=keys + ["vg"], sort=False).sum()
-    cell_n = cell_b.groupby(level=keys, sort=False).transform("sum")
-    h = -float((cell_b * np.log(cell_b / cell_n)).sum()) / n
-    return mi / h if h > 1e-15 else math.nan
+    cell = pairs.groupby(keys, sort=False).ngroup().to_numpy()
+    ncell = int(cell.max()) + 1
+    code = (cell * 3 + pairs["vm"].to_numpy() + 1) * 2 + (pairs["vg"].to_numpy() > 0)
+    joint = np.bincount(code, minlength=ncell * 6).reshape(ncell, 3, 2).astype(float)
+    nu = joint.sum(axis=(1, 2))  # pairs per cell
+    pa = joint.sum(axis=2)  # V_μ marginal per cell
+    pb = joint.sum(axis=1)  # V_g marginal per cell
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = joint * nu[:, None, None] / (pa[:, :, None] * pb[:, None, :])
+        mi = np.where(joint > 0, joint * np.log(ratio), 0.0).sum() / n
+        h = -np.where(pb > 0, pb * np.log(pb / nu[:, None]), 0.0).sum() / n
+    return float(mi / h) if h > 1e-15 else math.nan
 
 
 def conditional_mi(m: np.ndarray, g: np.ndarray, hp: dict[str, list[str]], axes: list[str]) -> CMI:
