@@ -11,11 +11,10 @@ The Python API (everything the command line does):
 from ._version import __version__
 
 _API = (
-    "measure", "measure_model", "sweep", "collect", "correlate", "landscape", "check_invariance", "load",
-    "MeasureReport",
+    "measure", "measure_model", "sweep", "landscape", "check_invariance", "load", "MeasureReport",
 )
 _MEASURES = ("list_measures", "register", "MeasureResult")
-__all__ = ["__version__", "Settings", *_API, *_MEASURES]
+__all__ = ["__version__", "Settings", "collect", "correlate", "read_results", *_API, *_MEASURES]
 
 
 def __getattr__(name):  # lazy, so `import flatcli` stays cheap
@@ -23,6 +22,14 @@ def __getattr__(name):  # lazy, so `import flatcli` stays cheap
         from . import api
 
         return getattr(api, name)
+    if name in ("correlate", "collect"):  # the DataFrame forms (the report is df.attrs["report"])
+        from . import api
+
+        return getattr(api, f"{name}_frame")
+    if name == "read_results":
+        from . import results
+
+        return results.read_results
     if name in _MEASURES:
         from . import measures
 

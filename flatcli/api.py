@@ -50,6 +50,14 @@ class MeasureReport:
     meta: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
+    def to_pandas(self):
+        """One row per checkpoint, the columns of results.csv in its order; dtypes as documented
+        in `flatcli.results` (numeric columns float64, ``status`` categorical). Equal to
+        ``flatcli.results.read_results("OUTDIR/results.csv")``."""
+        from .results import to_frame
+
+        return to_frame(self.rows)
+
     @property
     def exit_code(self) -> int:
         """0 when every row is ok, else the exit code of the failures (`flatcli.errors.exit_code`)."""
@@ -307,14 +315,27 @@ def sweep(
 
 def collect(outdir: str | Path, output: str | Path | None = None):
     """Merge a sweep directory's unit files into ``results.csv`` and ``results.json`` (the
-    columns of `measure`'s results.csv). Returns a `flatcli.sweep.CollectReport`."""
+    columns of `measure`'s results.csv). Returns a `flatcli.sweep.CollectReport`; its
+    ``to_pandas()`` is the table (see `collect_frame`)."""
     from .sweep.runner import collect as _collect
 
     return _collect(outdir, output)
 
 
+def collect_frame(outdir: str | Path, output: str | Path | None = None):
+    """`collect`, returning the collected table as a DataFrame (``flatcli.collect``).
+
+    One row per checkpoint with the columns of results.csv and the dtypes of
+    `flatcli.results` (numeric columns float64, ``status`` categorical). The unfinished units,
+    unreadable files and exit code are in the `flatcli.sweep.CollectReport` that `collect`
+    returns (its ``to_pandas()`` is this table); it is not attached to the DataFrame, whose
+    ``attrs`` pandas deep-copies on every operation.
+    """
+    return collect(outdir, output).to_pandas()
+
+
 def correlate(
-    results: str | Path,
+    results,
     *,
     target: str = "gen_gap",
     by: Sequence[str] | str | None = None,
@@ -323,29 +344,78 @@ def correlate(
     sort: str | None = None,
     measures: Sequence[str] | str | None = None,
     color_by: str | None = None,
+    marker_by: str | None = None,
+    where: str | None = None,
+    max_train_loss: float | None = None,
+    bootstrap: int | None = None,
+    seed: int = 0,
+    confidence: float = 0.95,
 ):
-    """Correlate each measure of a results.csv with ``target``: Pearson, Spearman, Kendall τ-b,
-    Jiang's τ, granulated Kendall Ψ with every ψ_i over the hyperparameter axes ``by``
-    (default: every hp_* column that forms a grid axis) and the PGDL conditional mutual
-    information. Writes ``correlations.csv`` (and plots) into ``outdir`` when given.
-    Returns a `flatcli.analysis.CorrelationReport`, best measure first."""
-    from .analysis.correlation import correlate_table, load_results
+    """Correlate each measure of a table with ``target``: Pearson, Spearman, Kendall τ-b,
+    Jiang's τ, granulated Kendall Ψ with every ψ_i over the hyperparameter axes ``by`` and the
+    PGDL conditional mutual information (definitions: `flatcli.analysis.correlation`).
+
+    Parameters
+    ----------
+    results : a CSV path (flatcli's results.csv or any table, one row per checkpoint) or a
+        DataFrame (e.g. ``flatcli.measure(...).to_pandas()``).
+    target : the column to predict (default ``gen_gap``).
+    by : hyperparameter axes, columns of any name (``hp_<name>`` is found by ``<name>``);
+        default every ``hp_*`` column that forms a grid axis.
+    measures : the measure columns, any numeric columns; default the measures flatcli
+        recorded, else every numeric column that is not the target, a metric, an axis,
+        ``hp_*`` or a ``<column>_stderr`` (a note names them).
+    where : keep the rows matching this ``DataFrame.query`` expression, e.g.
+        ``"hp_lr < 0.1"``; the dropped rows are named in ``report.filters`` and the notes.
+    max_train_loss : keep the rows with ``train_loss <= max_train_loss`` (needs that column).
+    bootstrap, seed, confidence : with ``bootstrap`` N > 0, percentile intervals of Pearson,
+        Spearman and Kendall τ-b at level ``confidence`` from N resamples of the checkpoints
+        (``scipy.stats.bootstrap``, generator seeded by ``seed``: reproducible).
+    outdir, plots, color_by, marker_by : write ``correlations.csv`` (and the plots, coloured by
+        ``color_by`` and marked by ``marker_by``, default the first two axes) into ``outdir``.
+    sort : rank by psi, kendall_tau_b, jiang_tau, spearman, pearson or cmi (default Ψ with
+        axes, else Kendall τ-b).
+
+    Returns a `flatcli.analysis.CorrelationReport`, best measure first; ``report.to_pandas()``
+    is the correlations.csv table, ``report.warnings`` flags rows that are not at a minimum.
+    `correlate_frame` (``flatcli.correlate``) returns that DataFrame directly.
+    """
+    from .analysis.correlation import as_table, correlate_table
     from .analysis.report import write_csv
 
-    table = load_results(results)
-    if isinstance(measures, str):
-        measures = [m.strip() for m in measures.split(",") if m.strip()]
-    report = correlate_table(table, target=target, by=by, sort=sort, measures=list(measures) if measures else None)
+    if plots and outdir is None:
+        raise ConfigError("--plots needs an output directory (-o OUTDIR)")
+    report = correlate_table(
+        as_table(results), target=target, by=by, sort=sort, measures=measures, where=where,
+        max_train_loss=max_train_loss, bootstrap=bootstrap, seed=seed, confidence=confidence,
+    )
     if outdir is not None:
         out = Path(outdir)
         report.csv_path = write_csv(report, out / "correlations.csv")
         if plots:
             from .analysis.plots import plot_report
 
-            report.plots = plot_report(report, table, out / "plots", color_by=color_by)
-    elif plots:
-        raise ConfigError("--plots needs an output directory (-o OUTDIR)")
+            report.plots = plot_report(report, report.table, out / "plots", color_by=color_by, marker_by=marker_by)
     return report
+
+
+def correlate_frame(results, **kwargs):
+    """`correlate`, returning the ranked table as a DataFrame (``flatcli.correlate``).
+
+    Takes the arguments of `correlate`; one row per measure, best first, with the columns of
+    correlations.csv. The `flatcli.analysis.CorrelationReport` (notes, warnings, the rows the
+    filters dropped, the grid) is ``df.attrs["report"]``, without its copy of the input rows
+    (pandas deep-copies attrs on every operation: they stay small).
+
+    >>> df = flatcli.correlate("results.csv", by=["lr", "width"], max_train_loss=0.01)  # doctest: +SKIP
+    >>> df[["measure", "kendall_tau_b", "psi"]], df.attrs["report"].dropped            # doctest: +SKIP
+    """
+    import dataclasses
+
+    report = correlate(results, **kwargs)
+    table = report.to_pandas()
+    table.attrs["report"] = dataclasses.replace(report, table=None)
+    return table
 
 
 # ------------------------------------------------------------------ check-invariance

@@ -443,14 +443,20 @@ def collect(
 @app.command()
 @handle_errors
 def correlate(
-    results: Annotated[Path, typer.Argument(help="A results.csv (from 'flatcli measure' or 'flatcli collect').")],
+    results: Annotated[Path, typer.Argument(help="A table with one row per checkpoint: a results.csv from 'flatcli measure' or 'flatcli collect', or any CSV.")],
     target: Annotated[str, typer.Option("--target", help="Column to predict.")] = "gen_gap",
-    by: Annotated[str | None, typer.Option("--by", help="Hyperparameter axes for Ψ and CMI, e.g. width,lr (default: every hp_* column that forms a grid axis).")] = None,
+    by: Annotated[str | None, typer.Option("--by", help="Hyperparameter axes for Ψ and CMI: columns of any name, e.g. lr,width (hp_lr is found by lr; default: every hp_* column that forms a grid axis).")] = None,
     outdir: Annotated[Path | None, typer.Option("--outdir", "-o", help="Write correlations.csv (and plots/) here.")] = None,
     plots: Annotated[bool, typer.Option("--plots", help="Scatter per measure and a ψ heatmap (needs matplotlib; with -o).")] = False,
     sort: Annotated[str | None, typer.Option("--sort", help="Rank by psi, kendall_tau_b, jiang_tau, spearman, pearson or cmi.")] = None,
-    measures: Annotated[str | None, typer.Option("--measures", "-m", help="Only these measure columns.")] = None,
-    color_by: Annotated[str | None, typer.Option("--color-by", help="Hyperparameter colouring the scatter plots (default the first axis).")] = None,
+    measures: Annotated[str | None, typer.Option("--measures", "-m", help="Measure columns, any numeric columns (default: the measures flatcli recorded, else every numeric column that is not the target, a metric or a hyperparameter).")] = None,
+    where: Annotated[str | None, typer.Option("--where", help="Keep only the rows matching this pandas query (DataFrame.query), e.g. 'hp_lr < 0.1 and train_acc >= 0.99'; backquote names that are not identifiers.")] = None,
+    max_train_loss: Annotated[float | None, typer.Option("--max-train-loss", help="Keep only the rows with train_loss ≤ this (models at a minimum; Jiang et al. use 0.01).")] = None,
+    bootstrap: Annotated[int | None, typer.Option("--bootstrap", help="Resamples of the checkpoints for percentile intervals of Pearson, Spearman and Kendall τ-b (e.g. 1000).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap resampling.")] = 0,
+    confidence: Annotated[float, typer.Option("--confidence", help="Level of the bootstrap intervals.")] = 0.95,
+    color_by: Annotated[str | None, typer.Option("--color-by", help="Column colouring the scatter plots (default the first axis; 'none' for one colour).")] = None,
+    marker_by: Annotated[str | None, typer.Option("--marker-by", help="Column choosing the markers of the scatter plots (default the next axis; 'none' for one marker).")] = None,
     debug: DebugOpt = False,
 ):
     """Rank measures by how well they predict the gap: Pearson, Spearman, Kendall τ-b, Jiang τ, granulated Ψ, CMI."""
@@ -461,15 +467,19 @@ def correlate(
     if plots and outdir is None:
         outdir = results.parent
     rep = api.correlate(results, target=target, by=by, outdir=outdir, plots=plots, sort=sort, measures=measures,
-                        color_by=color_by)
+                        color_by=color_by, marker_by=marker_by, where=where, max_train_loss=max_train_loss,
+                        bootstrap=bootstrap, seed=seed, confidence=confidence)
     print_table(console, render_table(rep))
+    rows = f"{rep.n_rows} checkpoints" + (f" (of {rep.n_input}, after the filters)" if rep.filters else "")
     console.print(
-        f"{rep.n_rows} checkpoints; measures from {rep.measures_source}; n = checkpoints used "
+        f"{rows}; measures from {rep.measures_source}; n = checkpoints used "
         "(ψ groups and CMI pairs in correlations.csv)",
         highlight=False, soft_wrap=True,
     )
     for n in notes(rep):
-        err_console.print(f"note: {n}", highlight=False, soft_wrap=True)
+        err_console.print(f"note: {n}", highlight=False, soft_wrap=True, markup=False)
+    for w in rep.warnings:
+        err_console.print(f"warning: {w}", style="yellow", highlight=False, soft_wrap=True, markup=False)
     if rep.csv_path is not None:
         console.print(f"wrote {rep.csv_path}" + (f" and {len(rep.plots)} plots in {rep.plots[0].parent}" if rep.plots else ""),
                       highlight=False, soft_wrap=True)

@@ -11,7 +11,6 @@ They become ``hp_*`` columns.
 
 from __future__ import annotations
 
-import csv
 import glob
 import os
 import re
@@ -45,6 +44,29 @@ def _from_path(regex: str | None, path: str) -> dict[str, Any]:
         return {}
     m = re.search(regex, path)
     return {k: _coerce(v) for k, v in (m.groupdict() if m else {}).items() if v is not None}
+
+
+def _read_manifest(man: Path) -> list[dict[str, str]]:
+    """The manifest's rows as ``{column: text}`` (read by pandas as text, so `_coerce` decides
+    int/float/str exactly as for every other source; an empty field is ``""``, an unnamed
+    column and fields beyond the header are left out)."""
+    import warnings
+
+    import pandas as pd
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pd.errors.ParserWarning)  # a row longer than the header
+            table = pd.read_csv(man, dtype=str, keep_default_na=False, index_col=False)
+    except pd.errors.EmptyDataError:
+        raise ConfigError(f"checkpoints.manifest: {man} needs a 'path' column (the file is empty)") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"checkpoints.manifest: {man} is not a readable CSV: {first}") from None
+    if "path" not in table.columns:
+        raise ConfigError(f"checkpoints.manifest: {man} needs a 'path' column")
+    keep = [c for c in table.columns if not re.fullmatch(r"Unnamed: \d+", str(c))]
+    return table[keep].to_dict("records")
 
 
 def resolve_jobs(cfg, cli_paths: list[str] | None = None) -> list[Job]:
@@ -81,27 +103,23 @@ def resolve_jobs(cfg, cli_paths: list[str] | None = None) -> list[Job]:
         man = cfg.resolve_path(entries["manifest"])
         if not man.is_file():
             raise ConfigError(f"checkpoints.manifest: file not found: {man}")
-        with open(man, newline="") as f:
-            reader = csv.DictReader(f)
-            if not reader.fieldnames or "path" not in reader.fieldnames:
-                raise ConfigError(f"checkpoints.manifest: {man} needs a 'path' column")
-            for row in reader:
-                raw = row.pop("path")
-                p = Path(os.path.expanduser(raw))
-                p = p if p.is_absolute() else man.parent / p
-                init = row.pop("init_checkpoint", None)
-                ip = None
-                if init:
-                    ip = Path(os.path.expanduser(init))
-                    ip = ip if ip.is_absolute() else man.parent / ip
-                td = row.pop("train_data", None)
-                tp = None
-                if td:
-                    tp = Path(os.path.expanduser(td))
-                    tp = tp if tp.is_absolute() else man.parent / tp
-                hp = {k: _coerce(v) for k, v in row.items() if k}
-                hp.update(_from_path(regex, raw))
-                jobs.append(Job(raw, p, hp, ip or init_default, tp))
+        for row in _read_manifest(man):
+            raw = row.pop("path")
+            p = Path(os.path.expanduser(raw))
+            p = p if p.is_absolute() else man.parent / p
+            init = row.pop("init_checkpoint", None)
+            ip = None
+            if init:
+                ip = Path(os.path.expanduser(init))
+                ip = ip if ip.is_absolute() else man.parent / ip
+            td = row.pop("train_data", None)
+            tp = None
+            if td:
+                tp = Path(os.path.expanduser(td))
+                tp = tp if tp.is_absolute() else man.parent / tp
+            hp = {k: _coerce(v) for k, v in row.items() if k}
+            hp.update(_from_path(regex, raw))
+            jobs.append(Job(raw, p, hp, ip or init_default, tp))
     else:
         if not isinstance(entries, list):
             raise ConfigError("config key 'checkpoints' must be a list of paths/globs or {manifest: file.csv}")

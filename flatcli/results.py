@@ -6,11 +6,24 @@ diagnostics prefixed by its label (``<label>_stderr``, ``<label>_seconds``,
 ``<label>_<diagnostic>`` for scalar diagnostics; lists and dicts go to JSON
 only), then the metrics ``train_loss, train_acc, test_loss, test_acc, gen_gap``,
 then ``hp_*`` hyperparameters.
+
+Tables are pandas (imported when a table is made, so ``import flatcli`` stays cheap).
+`to_csv` writes the rows' Python values through pandas: integers stay integers, floats are
+written with their shortest round-trip repr (``pd.read_csv`` reads them back exactly), a
+missing value is an empty field (earlier versions wrote a failed measure's value as
+``nan``; both read as NaN). `to_frame` and `read_results` give the same DataFrame, with
+these dtypes:
+
+* ``checkpoint``, ``error``: text (pandas' default string dtype), ``""`` when empty;
+* ``status`` and every ``<label>_status``: categorical (missing: NaN);
+* every other numeric column (measure values, stderr, seconds, numeric diagnostics, metrics,
+  numeric ``hp_*``): float64, so a column keeps its dtype whether or not it has gaps;
+* boolean diagnostics (``True``/``False``): pandas' nullable ``boolean``;
+* other text (string hyperparameters or diagnostics): as pandas reads it.
 """
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import math
@@ -18,10 +31,14 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import exit_code_of
-from .measures import MeasureResult
+
+if TYPE_CHECKING:  # only an annotation: reading tables must not import torch
+    import pandas as pd
+
+    from .measures import MeasureResult
 
 METRICS = ("train_loss", "train_acc", "test_loss", "test_acc", "gen_gap")
 
@@ -146,19 +163,63 @@ def columns(rows: list[Row]) -> list[str]:
 
 
 def to_csv(rows: list[Row]) -> str:
-    buf = io.StringIO()
+    """results.csv's text: `columns` in order, one line per row (written by pandas)."""
+    import pandas as pd
+
     cols = columns(rows)
-    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: _fmt(v) for k, v in r.flat().items()})
-    return buf.getvalue()
+    if not cols:
+        return "\n"
+    table = pd.DataFrame([r.flat() for r in rows], columns=cols, dtype=object)
+    return table.to_csv(index=False, lineterminator="\n")
 
 
-def _fmt(v):
-    if isinstance(v, float):
-        return repr(v)
-    return v
+TEXT_COLUMNS = ("checkpoint", "error")
+
+
+def status_columns(cols) -> list[str]:
+    """``status`` and every ``<label>_status`` whose ``<label>`` is a column."""
+    have = set(cols)
+    return [c for c in cols if c == "status" or (c.endswith("_status") and c[: -len("_status")] in have)]
+
+
+def with_dtypes(table: pd.DataFrame) -> pd.DataFrame:
+    """The documented dtypes (module docstring) applied to a results table as pandas read it."""
+    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+    out = table.copy()
+    status = set(status_columns(out.columns))
+    for c in out.columns:
+        s = out[c]
+        if c in TEXT_COLUMNS:
+            out[c] = s.fillna("").astype(str)
+        elif c in status:
+            out[c] = s.astype("category")
+        elif is_bool_dtype(s) or (s.dtype == object and s.dropna().map(type).eq(bool).all() and s.notna().any()):
+            out[c] = s.astype("boolean")
+        elif is_numeric_dtype(s):
+            out[c] = s.astype("float64")
+    return out
+
+
+def read_results(source) -> pd.DataFrame:
+    """A results.csv (a path or a text buffer) as a DataFrame with the documented dtypes.
+
+    Also reads the results.csv of older flatcli versions (``nan`` fields read as NaN).
+    """
+    import pandas as pd
+
+    return with_dtypes(pd.read_csv(source))
+
+
+def to_frame(rows: list[Row]) -> pd.DataFrame:
+    """The rows as the DataFrame `read_results` gives for their results.csv: same columns,
+    values and dtypes (it is parsed from the same CSV text, so the two cannot drift)."""
+    text = to_csv(rows)
+    if not text.strip():
+        import pandas as pd
+
+        return pd.DataFrame()
+    return read_results(io.StringIO(text))
 
 
 def atomic_write(path: str | os.PathLike, text: str) -> None:

@@ -6,11 +6,13 @@ checkpoints where both are finite (n of them):
 * **Pearson** r, **Spearman** ρ and **Kendall τ-b** (``scipy.stats``; τ-b corrects for ties).
 * **Jiang's τ** (Jiang et al. 2020, "Fantastic generalization measures and where to find
   them", ICLR, eq. 2), without tie correction:
-  ``τ = 1/(n(n−1)) Σ_{i≠j} sign(μ_i − μ_j) sign(g_i − g_j)``.
+  ``τ = 1/(n(n−1)) Σ_{i≠j} sign(μ_i − μ_j) sign(g_i − g_j)``. Our own code: scipy's
+  ``kendalltau`` offers τ-b and τ-c, both tie-corrected.
 * **Granulated Kendall Ψ** (Jiang et al. 2020, eq. 3–4): for each hyperparameter axis i,
   ``ψ_i`` is the mean, over the groups of checkpoints that share the values of every other
   axis, of Jiang's τ within the group (only axis i varies in it); ``Ψ = mean_i ψ_i``.
-  Groups with fewer than two checkpoints carry no pair and are skipped (counted).
+  Groups with fewer than two checkpoints carry no pair and are skipped (counted). The groups
+  are a pandas ``groupby``; ``psi_<axis>_sem`` is ``scipy.stats.sem`` of the group τs.
 * **Conditional mutual information** as scored in the PGDL 2020 competition (Jiang et al.
   2020, NeurIPS competition report; "Fantastic...", §6): for ordered pairs of distinct
   checkpoints (i, j), ``V_μ = sign(μ_i − μ_j)`` and ``V_g = sign(g_i − g_j)``; ``U_S`` is the
@@ -19,58 +21,101 @@ checkpoints where both are finite (n of them):
   empirical probability of each cell of U_S); the score is ``min_S Î_S`` (a measure that
   only reads off a hyperparameter gets 0). Pairs with a tied gap carry no order and are
   dropped; ``V_μ`` keeps ties as a third value. With one axis S is that axis, with none
-  the mutual information is unconditional.
+  the mutual information is unconditional. The cell counts are a pandas ``groupby``; the
+  score itself is our own code (neither scipy nor pandas has the PGDL definition).
+* **Bootstrap intervals** (optional): percentile intervals of Pearson, Spearman and Kendall
+  τ-b from ``scipy.stats.bootstrap`` resampling checkpoints (pairs (μ_i, g_i)) with a seeded
+  generator; Ψ and CMI get none (their groups and cells fall apart under resampling).
 
 Every statistic comes with the number of checkpoints (or groups, or pairs) it used.
 Missing values, constant columns and incomplete hyperparameter grids become notes.
+
+Any table works: a results.csv of `flatcli measure`/`collect`, another CSV, or a DataFrame.
+Measures are the columns named by ``measures``, else those flatcli recorded (results.json's
+labels, or the columns X with an ``X_status`` column), else every numeric column that is not
+the target, a metric, a hyperparameter axis or a ``<column>_stderr``. Rows can be filtered
+(``where``, a ``DataFrame.query`` expression; ``max_train_loss``) before anything is computed.
 """
 
 from __future__ import annotations
 
-import csv
 import itertools
 import json
 import math
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ..errors import ConfigError
 
-NON_MEASURE = {"checkpoint", "status", "error", "train_loss", "train_acc", "test_loss", "test_acc", "gen_gap"}
+METRICS = ("train_loss", "train_acc", "test_loss", "test_acc", "gen_gap")
+NON_MEASURE = {"checkpoint", "status", "error", *METRICS}
 STATS = ("psi", "kendall_tau_b", "jiang_tau", "spearman", "pearson", "cmi")
+CI_STATS = ("pearson", "spearman", "kendall_tau_b")  # statistics with bootstrap intervals, `_scipy_stats` order
+CONVERGED_LOSS = 0.01  # Jiang et al. 2020 train every model to cross-entropy 0.01 ...
+CONVERGED_ACC = 0.99  # ... and accuracy is then ≥ 99%: rows beyond either are not at a minimum
+MAX_NAMES = 20  # names listed in a note; the report keeps them all
 
 
-# ------------------------------------------------------------------ the results table
+# ------------------------------------------------------------------ the table
 @dataclass
 class ResultsTable:
-    """A results.csv read as strings, with the measure columns identified."""
+    """A table of checkpoints (one row each) as a DataFrame, with the measure columns flatcli
+    recorded (empty for a table flatcli did not write)."""
 
-    path: Path
-    columns: list[str]
-    rows: list[dict[str, str]]
-    measures: list[str]
-    measures_source: str  # "results.json" or "inferred (columns X with X_status)"
+    frame: pd.DataFrame
+    path: Path | None = None
+    measures: list[str] = field(default_factory=list)
+    measures_source: str = ""  # "results.json", "inferred (columns X with X_status)" or ""
+
+    @property
+    def name(self) -> str:
+        return str(self.path) if self.path is not None else "the DataFrame"
+
+    @property
+    def columns(self) -> list[str]:
+        return [str(c) for c in self.frame.columns]
 
     def numeric(self, col: str) -> np.ndarray:
-        out = np.full(len(self.rows), np.nan)
-        for i, r in enumerate(self.rows):
-            v = r.get(col, "")
-            try:
-                out[i] = float(v) if v not in ("", None) else np.nan
-            except ValueError:
-                out[i] = np.nan
-        return out
+        """The column as float64 (values that are not numbers become NaN)."""
+        s = pd.to_numeric(self.frame[col], errors="coerce")
+        return s.to_numpy(dtype="float64", na_value=np.nan)
 
     def strings(self, col: str) -> list[str]:
-        return [str(r.get(col, "") or "") for r in self.rows]
+        """The column as labels: ``""`` when missing, ``"2"`` for the number 2.0."""
+        return [_label(v) for v in self.frame[col].tolist()]
 
     @property
     def hp_columns(self) -> list[str]:
         return [c for c in self.columns if c.startswith("hp_")]
+
+    def row_names(self) -> list[str]:
+        """What a row is called in messages: its ``checkpoint``; else the index when it holds
+        labels rather than row numbers; else the first column of distinct text values (a
+        model name); else its row number."""
+        f = self.frame
+        if "checkpoint" in f.columns:
+            return [_label(v) for v in f["checkpoint"].tolist()]
+        if not pd.api.types.is_integer_dtype(f.index):
+            return [str(v) for v in f.index.tolist()]
+        for c in f.columns:
+            s = f[c]
+            if not (pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s)) and s.notna().all() and s.is_unique:
+                return [str(v) for v in s.tolist()]
+        return [str(v) for v in f.index.tolist()]
+
+
+def _label(v: Any) -> str:
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+        return str(int(v))
+    return str(v)
 
 
 def _labels_from_json(path: Path) -> list[str] | None:
@@ -92,8 +137,9 @@ def _labels_from_json(path: Path) -> list[str] | None:
 
 
 def detect_measures(columns: list[str], csv_path: Path | None = None) -> tuple[list[str], str]:
-    """The measure value columns: results.json's labels when beside the CSV, else every
-    column X for which ``X_status`` exists (diagnostics, metrics and ``hp_*`` never count)."""
+    """The measure value columns flatcli recorded: results.json's labels when beside the CSV,
+    else every column X for which ``X_status`` exists (diagnostics, metrics and ``hp_*`` never
+    count). ``([], "")`` for a table without that metadata."""
     if csv_path is not None:
         for j in (csv_path.with_suffix(".json"), csv_path.parent / "results.json"):
             if j.is_file():
@@ -102,21 +148,139 @@ def detect_measures(columns: list[str], csv_path: Path | None = None) -> tuple[l
                     return labels, j.name
     cols = set(columns)
     labels = [c for c in columns if f"{c}_status" in cols and c not in NON_MEASURE and not c.startswith("hp_")]
-    return labels, "inferred (columns X with X_status)"
+    return (labels, "inferred (columns X with X_status)") if labels else ([], "")
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """Any CSV as pandas reads it; unreadable input is a one-line ConfigError naming the file."""
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise ConfigError(f"{path} is empty (no header row)") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"{path} is not a readable CSV: {first}") from None
 
 
 def load_results(path: str | Path) -> ResultsTable:
+    """A CSV table (flatcli's results.csv or any other) with flatcli's measure metadata when present."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"results file not found: {path}")
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        columns = list(reader.fieldnames or [])
-        rows = list(reader)
-    if not columns:
-        raise ConfigError(f"{path} is empty (no header row)")
-    measures, source = detect_measures(columns, path)
-    return ResultsTable(path, columns, rows, measures, source)
+    frame = read_table(path)
+    measures, source = detect_measures([str(c) for c in frame.columns], path)
+    return ResultsTable(frame, path, measures, source)
+
+
+def as_table(data: pd.DataFrame | ResultsTable | str | Path) -> ResultsTable:
+    """A `ResultsTable` from a path, a DataFrame (e.g. ``report.to_pandas()``) or a table."""
+    if isinstance(data, ResultsTable):
+        return data
+    if isinstance(data, pd.DataFrame):
+        if not data.columns.is_unique:
+            dup = sorted({str(c) for c in data.columns[data.columns.duplicated()]})
+            raise ConfigError(f"the DataFrame has duplicate columns: {', '.join(dup)}")
+        measures, source = detect_measures([str(c) for c in data.columns])
+        # without the caller's attrs: pandas deep-copies attrs on every operation
+        return ResultsTable(pd.DataFrame(data, copy=False) if data.attrs else data, None, measures, source)
+    if isinstance(data, (str, Path)):
+        return load_results(data)
+    raise ConfigError(f"correlate takes a DataFrame or the path of a CSV; got {type(data).__name__}")
+
+
+def numeric_columns(table: ResultsTable) -> list[str]:
+    """Columns holding numbers (booleans excluded), with at least one finite value."""
+    out = []
+    for c in table.columns:
+        s = table.frame[c]
+        if pd.api.types.is_bool_dtype(s) or not pd.api.types.is_numeric_dtype(s):
+            continue
+        if np.isfinite(table.numeric(c)).any():
+            out.append(c)
+    return out
+
+
+# ------------------------------------------------------------------ filters
+@dataclass
+class FilterInfo:
+    """What one filter left out: ``dropped`` of ``n_before`` rows, by name."""
+
+    option: str  # "--where 'lr < 0.1'" or "--max-train-loss 0.01"
+    n_before: int
+    dropped: list[str]
+
+    def describe(self) -> str:
+        names = ", ".join(self.dropped[:MAX_NAMES])
+        more = f", … ({len(self.dropped) - MAX_NAMES} more)" if len(self.dropped) > MAX_NAMES else ""
+        tail = f": {names}{more}" if self.dropped else ""
+        return f"{self.option} dropped {len(self.dropped)} of {self.n_before} rows{tail}"
+
+
+def _one_line(e: BaseException) -> str:
+    msg = " ".join(str(e).split())
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def filter_rows(
+    table: ResultsTable, *, where: str | None = None, max_train_loss: float | None = None
+) -> tuple[ResultsTable, list[FilterInfo]]:
+    """Rows kept by ``where`` (``DataFrame.query`` syntax, e.g. ``"hp_lr < 0.1 and train_acc > 0.99"``;
+    backquote odd names: ``"`asam_0.05` > 1"``) and then by ``train_loss <= max_train_loss``
+    (a row without a finite train_loss is dropped: it is not known to be at a minimum)."""
+    frame = table.frame  # filtered by position; the index (row names without a checkpoint column) is kept
+    names = table.row_names()
+    infos: list[FilterInfo] = []
+
+    def drop(option: str, keep: np.ndarray) -> None:
+        nonlocal frame, names
+        infos.append(FilterInfo(option, len(frame), [n for n, k in zip(names, keep, strict=True) if not k]))
+        frame, names = frame[keep], [n for n, k in zip(names, keep, strict=True) if k]
+
+    if where is not None and where.strip():
+        positional = frame.reset_index(drop=True)
+        try:
+            kept = positional.query(where)
+        except Exception as e:  # any error of the user's expression
+            raise ConfigError(f"--where {where!r} is not a valid expression on {table.name}: {_one_line(e)}") from None
+        if not isinstance(kept, pd.DataFrame):
+            raise ConfigError(f"--where {where!r} does not select rows of {table.name}")
+        drop(f"--where {where!r}", positional.index.isin(kept.index))
+    if max_train_loss is not None:
+        if "train_loss" not in frame.columns:
+            raise ConfigError(f"--max-train-loss needs a train_loss column; {table.name} has none")
+        loss = pd.to_numeric(frame["train_loss"], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+        drop(f"--max-train-loss {max_train_loss:g}", np.isfinite(loss) & (loss <= max_train_loss))
+    if not infos:
+        return table, infos
+    if frame.empty:
+        raise ConfigError(f"the filters left no rows of {table.name}: " + "; ".join(i.describe() for i in infos))
+    return ResultsTable(frame, table.path, table.measures, table.measures_source), infos
+
+
+def convergence_warning(table: ResultsTable, rows: np.ndarray) -> str | None:
+    """A warning when some of the ``rows`` (a mask) are not at a minimum: train_loss above 0.01
+    or train accuracy below 0.99 (Jiang et al. 2020 compare models that reached the loss target)."""
+    names = table.row_names()
+    bad = np.zeros(len(names), dtype=bool)
+    why = []
+    if "train_loss" in table.columns:
+        hit = rows & (table.numeric("train_loss") > CONVERGED_LOSS)
+        if hit.any():
+            why.append(f"train_loss > {CONVERGED_LOSS:g}")
+        bad |= hit
+    if "train_acc" in table.columns:
+        hit = rows & (table.numeric("train_acc") < CONVERGED_ACC)
+        if hit.any():
+            why.append(f"train_acc < {CONVERGED_ACC:g}")
+        bad |= hit
+    if not bad.any():
+        return None
+    listed = [n for n, b in zip(names, bad, strict=True) if b]
+    more = f", … ({len(listed) - MAX_NAMES} more)" if len(listed) > MAX_NAMES else ""
+    fix = (f"--max-train-loss {CONVERGED_LOSS:g} leaves them out" if "train_loss" in table.columns
+           else f"--where 'train_acc >= {CONVERGED_ACC:g}' leaves them out")
+    return (f"{len(listed)} of {int(rows.sum())} rows being correlated are not at a minimum ({' or '.join(why)}): "
+            f"{', '.join(listed[:MAX_NAMES])}{more}. Measures compare models at minima (Jiang et al. 2020); {fix}")
 
 
 # ------------------------------------------------------------------ statistics
@@ -140,6 +304,12 @@ class AxisPsi:
     groups: int  # groups used (≥ 2 checkpoints)
     n: int  # checkpoints in those groups
     skipped: int  # groups with fewer than 2 checkpoints
+    sem: float = math.nan  # standard error of that mean over the groups (scipy.stats.sem)
+
+
+def _group_keys(hp: dict[str, list[str]], axes: list[str], n: int) -> list[np.ndarray]:
+    keys = [np.asarray(hp[a], dtype=object) for a in axes]
+    return keys or [np.zeros(n, dtype=np.int64)]  # no other axis: one group of everything
 
 
 def granulated_kendall(
@@ -150,21 +320,21 @@ def granulated_kendall(
     ``hp[axis][k]`` is checkpoint k's value of that hyperparameter (as a string).
     Ψ is the mean of the finite ψ_i (nan when none is finite).
     """
+    from scipy import stats
+
+    frame = pd.DataFrame({"m": np.asarray(m, float), "g": np.asarray(g, float)})
     out: dict[str, AxisPsi] = {}
-    n = len(m)
     for ax in axes:
         others = [a for a in axes if a != ax]
-        groups: dict[tuple, list[int]] = {}
-        for k in range(n):
-            groups.setdefault(tuple(hp[a][k] for a in others), []).append(k)
         taus, used, skipped = [], 0, 0
-        for idx in groups.values():
-            if len(idx) < 2:
+        for _, grp in frame.groupby(_group_keys(hp, others, len(frame)), sort=False):
+            if len(grp) < 2:
                 skipped += 1
                 continue
-            taus.append(jiang_tau(m[idx], g[idx]))
-            used += len(idx)
-        out[ax] = AxisPsi(float(np.mean(taus)) if taus else math.nan, len(taus), used, skipped)
+            taus.append(jiang_tau(grp["m"].to_numpy(), grp["g"].to_numpy()))
+            used += len(grp)
+        sem = float(stats.sem(taus)) if len(taus) >= 2 else math.nan
+        out[ax] = AxisPsi(float(np.mean(taus)) if taus else math.nan, len(taus), used, skipped, sem)
     finite = [a.psi for a in out.values() if math.isfinite(a.psi)]
     return (float(np.mean(finite)) if finite else math.nan), out
 
@@ -177,9 +347,23 @@ class CMI:
     per_condition: dict[str, float] = field(default_factory=dict)
 
 
-def _codes(values: list[str]) -> tuple[np.ndarray, int]:
-    uniq = {v: i for i, v in enumerate(sorted(set(values)))}
-    return np.array([uniq[v] for v in values], dtype=np.int64), len(uniq)
+def _normalized_cmi(pairs: pd.DataFrame, keys: list[str]) -> float:
+    """``I(V_μ; V_g | U) / H(V_g | U)`` from one row per pair: the cell keys (U), ``vm`` ∈ {−1, 0, 1}
+    and ``vg`` ∈ {−1, 1}. The cells are a pandas ``groupby`` over the keys; the counts per
+    (cell, V_μ, V_g) a ``bincount``."""
+    n = len(pairs)
+    cell = pairs.groupby(keys, sort=False).ngroup().to_numpy()
+    ncell = int(cell.max()) + 1
+    code = (cell * 3 + pairs["vm"].to_numpy() + 1) * 2 + (pairs["vg"].to_numpy() > 0)
+    joint = np.bincount(code, minlength=ncell * 6).reshape(ncell, 3, 2).astype(float)
+    nu = joint.sum(axis=(1, 2))  # pairs per cell
+    pa = joint.sum(axis=2)  # V_μ marginal per cell
+    pb = joint.sum(axis=1)  # V_g marginal per cell
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = joint * nu[:, None, None] / (pa[:, :, None] * pb[:, None, :])
+        mi = np.where(joint > 0, joint * np.log(ratio), 0.0).sum() / n
+        h = -np.where(pb > 0, pb * np.log(pb / nu[:, None]), 0.0).sum() / n
+    return float(mi / h) if h > 1e-15 else math.nan
 
 
 def conditional_mi(m: np.ndarray, g: np.ndarray, hp: dict[str, list[str]], axes: list[str]) -> CMI:
@@ -194,34 +378,67 @@ def conditional_mi(m: np.ndarray, g: np.ndarray, hp: dict[str, list[str]], axes:
     npairs = len(i)
     if npairs == 0:
         return CMI(math.nan, "", 0)
-    if len(axes) >= 2:
-        conds = [tuple(c) for c in itertools.combinations(axes, 2)]
-    else:
-        conds = [tuple(axes)]
-    codes = {a: _codes(hp[a]) for a in axes}
+    conds = [tuple(c) for c in itertools.combinations(axes, 2)] if len(axes) >= 2 else [tuple(axes)]
+    codes = {a: pd.factorize(np.asarray(hp[a], dtype=object))[0] for a in axes}
     per: dict[str, float] = {}
     for cond in conds:
-        cell = np.zeros(npairs, dtype=np.int64)
-        for a in cond:
-            c, k = codes[a]
-            cell = (cell * k + c[i]) * k + c[j]
-        _, cell = np.unique(cell, return_inverse=True)
-        ncell = int(cell.max()) + 1
-        joint = np.zeros((ncell, 3, 2))  # V_μ ∈ {−1, 0, +1} × V_g ∈ {−1, +1}
-        np.add.at(joint, (cell, vm + 1, (vg > 0).astype(np.int64)), 1.0)
-        nu = joint.sum(axis=(1, 2))  # pairs per cell
-        pa = joint.sum(axis=2)  # V_μ marginal per cell
-        pb = joint.sum(axis=1)  # V_g marginal per cell
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = joint * nu[:, None, None] / (pa[:, :, None] * pb[:, None, :])
-            mi = np.where(joint > 0, joint * np.log(ratio), 0.0).sum() / npairs
-            h = -np.where(pb > 0, pb * np.log(pb / nu[:, None]), 0.0).sum() / npairs
-        per[" × ".join(cond) or "(none)"] = float(mi / h) if h > 1e-15 else math.nan
+        cells = {"all": np.zeros(npairs, dtype=np.int64)}  # the one cell when nothing is conditioned on
+        for k, a in enumerate(cond):
+            cells[f"u{k}_i"], cells[f"u{k}_j"] = codes[a][i], codes[a][j]  # U: the values of both checkpoints
+        pairs = pd.DataFrame({**cells, "vm": vm, "vg": vg})
+        per[" × ".join(cond) or "(none)"] = _normalized_cmi(pairs, list(cells))
     finite = {k: v for k, v in per.items() if math.isfinite(v)}
     if not finite:
         return CMI(math.nan, "", npairs, per)
     best = min(finite, key=finite.get)
     return CMI(max(0.0, finite[best]), best, npairs, per)
+
+
+def _scipy_stats(m: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """``[Pearson, Spearman, Kendall τ-b]`` of (m, g) from scipy.stats; nan where undefined."""
+    from scipy import stats
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # constant resamples: scipy warns and returns nan
+        return np.array([
+            stats.pearsonr(m, g).statistic,
+            stats.spearmanr(m, g).statistic,
+            stats.kendalltau(m, g, variant="b").statistic,
+        ], dtype=float)
+
+
+@dataclass
+class Interval:
+    lo: float
+    hi: float
+
+
+def bootstrap_intervals(
+    m: np.ndarray, g: np.ndarray, n_resamples: int, seed: int = 0, confidence: float = 0.95
+) -> tuple[dict[str, Interval], int]:
+    """Percentile intervals of Pearson, Spearman and Kendall τ-b over ``n_resamples`` resamples
+    of the checkpoints (``scipy.stats.bootstrap``, paired, generator seeded by ``seed``).
+
+    Returns the intervals and the number of resamples on which a statistic was undefined (a
+    resample whose measure or gap is constant); the intervals then come from the other
+    resamples (``numpy.nanquantile``, the same linear interpolation as scipy's).
+    """
+    from scipy import stats
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy's degenerate-distribution warning: handled below
+        res = stats.bootstrap((m, g), _scipy_stats, paired=True, vectorized=False, n_resamples=n_resamples,
+                              confidence_level=confidence, method="percentile",
+                              rng=np.random.default_rng(seed))
+    dist = np.asarray(res.bootstrap_distribution, dtype=float)  # (pearson, spearman, τ-b) × resamples
+    lo, hi = np.asarray(res.confidence_interval.low, float), np.asarray(res.confidence_interval.high, float)
+    undefined = int((~np.isfinite(dist)).any(axis=0).sum())
+    if undefined:
+        alpha = (1 - confidence) / 2
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-nan rows stay nan
+            lo, hi = np.nanquantile(dist, [alpha, 1 - alpha], axis=-1)
+    return {s: Interval(float(lo[k]), float(hi[k])) for k, s in enumerate(CI_STATS)}, undefined
 
 
 # ------------------------------------------------------------------ the report
@@ -252,6 +469,7 @@ class MeasureCorrelation:
     cmi: float = math.nan
     cmi_condition: str = ""
     cmi_pairs: int = 0
+    intervals: dict[str, Interval] = field(default_factory=dict)  # bootstrap, by statistic
     notes: list[str] = field(default_factory=list)
 
     def get(self, stat: str) -> float:
@@ -260,34 +478,58 @@ class MeasureCorrelation:
 
 @dataclass
 class CorrelationReport:
-    source: Path
+    source: Path | None  # the CSV read (None for a DataFrame)
     target: str
-    axes: list[str]  # hyperparameter axes (without the hp_ prefix)
+    axes: list[str]  # hyperparameter axes (a column's name, without an hp_ prefix)
     measures: list[MeasureCorrelation]  # ranked
     sort: str
     grid: GridInfo | None
-    n_rows: int
+    n_rows: int  # rows correlated (after the filters)
     measures_source: str
     notes: list[str] = field(default_factory=list)
     csv_path: Path | None = None  # correlations.csv, once written
     plots: list[Path] = field(default_factory=list)
+    axis_columns: dict[str, str] = field(default_factory=dict)  # axis -> its column
+    n_input: int = 0  # rows of the input table, before the filters
+    filters: list[FilterInfo] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # e.g. rows that are not at a minimum
+    bootstrap: int = 0  # resamples behind the intervals (0: none)
+    confidence: float = 0.95
+    seed: int = 0
+    table: ResultsTable | None = field(default=None, repr=False, compare=False)  # the filtered rows
+
+    @property
+    def dropped(self) -> list[str]:
+        """Names of the rows the filters left out."""
+        return [name for f in self.filters for name in f.dropped]
 
     def to_rows(self) -> list[dict[str, Any]]:
         out = []
         for rank, mc in enumerate(self.measures, 1):
-            d: dict[str, Any] = {
-                "rank": rank, "measure": mc.measure, "n": mc.n, "pearson": mc.pearson, "spearman": mc.spearman,
-                "kendall_tau_b": mc.kendall_tau_b, "jiang_tau": mc.jiang_tau, "psi": mc.psi,
-            }
+            d: dict[str, Any] = {"rank": rank, "measure": mc.measure, "n": mc.n}
+            for stat in CI_STATS:
+                d[stat] = mc.get(stat)
+                if self.bootstrap:
+                    iv = mc.intervals.get(stat)
+                    d[f"{stat}_lo"] = iv.lo if iv else math.nan
+                    d[f"{stat}_hi"] = iv.hi if iv else math.nan
+            d.update({"jiang_tau": mc.jiang_tau, "psi": mc.psi})
             for ax in self.axes:
                 a = mc.psi_axes.get(ax)
                 d[f"psi_{ax}"] = a.psi if a else math.nan
                 d[f"psi_{ax}_groups"] = a.groups if a else 0
                 d[f"psi_{ax}_n"] = a.n if a else 0
+                d[f"psi_{ax}_sem"] = a.sem if a else math.nan
             d.update({"cmi": mc.cmi, "cmi_condition": mc.cmi_condition, "cmi_pairs": mc.cmi_pairs,
                       "notes": "; ".join(mc.notes)})
             out.append(d)
         return out
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per measure, best first: the columns of correlations.csv (``rank``, ``measure``,
+        ``n``, the statistics, ``<stat>_lo``/``_hi`` with a bootstrap, per-axis ψ with its
+        group count, checkpoints and standard error, CMI with its condition and pairs, notes)."""
+        return pd.DataFrame(self.to_rows())
 
 
 def _grid(hp: dict[str, list[str]], axes: list[str]) -> GridInfo:
@@ -314,72 +556,138 @@ def _natural(v: str):
         return (1, 0.0, v)
 
 
-def _scipy_stats(m: np.ndarray, g: np.ndarray) -> tuple[float, float, float]:
-    from scipy import stats
+def _split(v: list[str] | str | None) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = v.split(",")
+    return [str(x).strip() for x in v if str(x).strip()]
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pr = float(stats.pearsonr(m, g).statistic)
-        sr = float(stats.spearmanr(m, g).statistic)
-        kt = float(stats.kendalltau(m, g, variant="b").statistic)
-    return pr, sr, kt
+
+def resolve_column(table: ResultsTable, name: str, option: str) -> tuple[str, str]:
+    """``(axis name, column)`` for a hyperparameter named on the command line: ``hp_<name>``
+    (flatcli's column for it), else the column ``name`` itself; ``hp_x`` names ``x``."""
+    cols = set(table.columns)
+    if name.startswith("hp_") and name in cols:
+        return name[3:], name
+    if f"hp_{name}" in cols:
+        return name, f"hp_{name}"
+    if name in cols:
+        return name, name
+    avail = ", ".join(c for c in table.columns if c not in NON_MEASURE) or "none"
+    raise ConfigError(f"{option} {name!r}: no column {name} or hp_{name} in {table.name} (columns: {avail})")
+
+
+def _axes(table: ResultsTable, by: list[str], notes: list[str]) -> dict[str, str]:
+    """Axis name -> column: the ``--by`` columns, else every ``hp_*`` column that forms a grid axis."""
+    if by:
+        out: dict[str, str] = {}
+        for b in by:
+            ax, col = resolve_column(table, b, "--by")
+            out.setdefault(ax, col)
+        return out
+    out = {}
+    for col in table.hp_columns:
+        vals = table.strings(col)
+        distinct = len(set(vals))
+        if distinct < 2:
+            notes.append(f"hyperparameter {col[3:]} is constant: not an axis")
+        elif distinct == len(vals) and len(vals) > 2:
+            notes.append(f"hyperparameter {col[3:]} differs on every checkpoint: not a grid axis (use --by to force)")
+        else:
+            out[col[3:]] = col
+    return out
+
+
+def _measures(table: ResultsTable, measures: list[str], target: str, axis_cols: set[str],
+              notes: list[str]) -> tuple[list[str], str]:
+    """The measure columns and where they came from (see the module docstring)."""
+    numeric = numeric_columns(table)
+    if measures:
+        for m in measures:
+            if m not in table.columns:
+                raise ConfigError(f"-m {m!r}: no column {m} in {table.name} (numeric columns: {', '.join(numeric) or 'none'})")
+            values = table.frame[m]
+            if values.notna().any() and pd.to_numeric(values, errors="coerce").isna().all():
+                raise ConfigError(f"-m {m!r}: column {m} of {table.name} holds no numbers")
+        return list(dict.fromkeys(measures)), "-m"
+    if table.measures:
+        return list(table.measures), table.measures_source
+    cols = set(table.columns)
+    taken = [c for c in numeric
+             if c != target and c not in NON_MEASURE and c not in axis_cols and not c.startswith("hp_")
+             and not re.fullmatch(r"Unnamed: \d+", c)
+             and not (c.endswith("_stderr") and c[: -len("_stderr")] in cols)]
+    if not taken:
+        raise ConfigError(
+            f"{table.name} holds no measure columns: name them with -m "
+            f"(numeric columns: {', '.join(numeric) or 'none'})"
+        )
+    notes.append(
+        "no flatcli metadata (results.json or X_status columns): took every numeric column that is not the "
+        f"target, a metric or a hyperparameter as a measure: {', '.join(taken)} (choose with -m)"
+    )
+    return taken, "numeric columns"
+
+
+def usable(table: ResultsTable, measure: str, target: str) -> np.ndarray:
+    """Rows where the measure and the target are finite and the measure did not fail."""
+    ok = np.isfinite(table.numeric(measure)) & np.isfinite(table.numeric(target))
+    if f"{measure}_status" in table.columns:
+        ok &= np.array([s != "error" for s in table.strings(f"{measure}_status")], dtype=bool)
+    return ok
 
 
 def correlate_table(
-    table: ResultsTable,
+    table: ResultsTable | pd.DataFrame,
     *,
     target: str = "gen_gap",
     by: list[str] | str | None = None,
     sort: str | None = None,
-    measures: list[str] | None = None,
+    measures: list[str] | str | None = None,
+    where: str | None = None,
+    max_train_loss: float | None = None,
+    bootstrap: int | None = None,
+    seed: int = 0,
+    confidence: float = 0.95,
 ) -> CorrelationReport:
-    """Every statistic of the module docstring for every measure of ``table``, ranked by ``sort``."""
+    """Every statistic of the module docstring for every measure of ``table``, ranked by ``sort``.
+
+    ``where``/``max_train_loss`` filter the rows first (`filter_rows`); ``bootstrap`` N adds
+    percentile intervals from N resamples (seeded by ``seed``) at level ``confidence``.
+    """
+    table = as_table(table)
+    if sort is not None and sort not in STATS:
+        raise ConfigError(f"--sort must be one of {', '.join(STATS)}; got {sort!r}")
+    if bootstrap is not None and bootstrap < 0:
+        raise ConfigError(f"--bootstrap must be ≥ 0 resamples; got {bootstrap}")
+    if not 0 < confidence < 1:
+        raise ConfigError(f"--confidence must be in (0, 1); got {confidence}")
+    if max_train_loss is not None and not max_train_loss >= 0:
+        raise ConfigError(f"--max-train-loss must be ≥ 0; got {max_train_loss}")
+    n_input = len(table.frame)
     notes: list[str] = []
     if target not in table.columns:
-        avail = ", ".join(c for c in table.columns if c in NON_MEASURE - {"checkpoint", "status", "error"}) or "none"
+        avail = ", ".join(c for c in table.columns if c in METRICS) or "none"
+        hint = "; gen_gap needs test data in the config (data.test)" if target == "gen_gap" else ""
         raise ConfigError(
-            f"--target {target!r} is not a column of {table.path} (metric columns present: {avail}); "
-            "gen_gap needs test data in the config (data.test)"
+            f"--target {target!r} is not a column of {table.name} (metric columns present: {avail}){hint}"
         )
-    labels = list(table.measures)
-    if measures:
-        unknown = [m for m in measures if m not in labels]
-        if unknown:
-            raise ConfigError(f"-m: {', '.join(unknown)} not among the measures of {table.path}: {', '.join(labels)}")
-        labels = list(measures)
-    if not labels:
-        raise ConfigError(f"{table.path} holds no measure columns (a measure column X has an X_status column)")
-    # hyperparameter axes
-    if isinstance(by, str):
-        by = [b.strip() for b in by.split(",") if b.strip()]
-    hp_cols = table.hp_columns
-    if by:
-        axes = []
-        for b in by:
-            col = b if b.startswith("hp_") else f"hp_{b}"
-            if col not in hp_cols:
-                avail = ", ".join(c[3:] for c in hp_cols) or "none"
-                raise ConfigError(f"--by {b!r}: no column {col} in {table.path} (hyperparameters: {avail})")
-            axes.append(col[3:])
-    else:
-        axes = []
-        for col in hp_cols:
-            vals = table.strings(col)
-            distinct = len(set(vals))
-            if distinct < 2:
-                notes.append(f"hyperparameter {col[3:]} is constant: not an axis")
-            elif distinct == len(vals) and len(vals) > 2:
-                notes.append(f"hyperparameter {col[3:]} differs on every checkpoint: not a grid axis (use --by to force)")
-            else:
-                axes.append(col[3:])
-    hp = {a: table.strings(f"hp_{a}") for a in axes}
+    table, filters = filter_rows(table, where=where, max_train_loss=max_train_loss)
+    notes += [f.describe() for f in filters]
+    axis_columns = _axes(table, _split(by), notes)
+    axes = list(axis_columns)
+    labels, measures_source = _measures(table, _split(measures), target, set(axis_columns.values()), notes)
+    hp = {a: table.strings(axis_columns[a]) for a in axes}
     gvals = table.numeric(target)
+    if not np.isfinite(gvals).any() and len(gvals) and not pd.api.types.is_numeric_dtype(table.frame[target]):
+        raise ConfigError(f"--target {target!r}: column {target} of {table.name} holds no numbers")
     n_target_missing = int((~np.isfinite(gvals)).sum())
     if n_target_missing:
         notes.append(f"{n_target_missing} of {len(gvals)} checkpoints have no finite {target}: left out")
     hp_ok = np.ones(len(gvals), dtype=bool)
     for a in axes:
-        miss = np.array([v == "" for v in hp[a]])
+        miss = np.array([v == "" for v in hp[a]], dtype=bool)
         if miss.any():
             notes.append(f"{int(miss.sum())} checkpoints have no value for hyperparameter {a}: left out of Ψ and CMI")
         hp_ok &= ~miss
@@ -394,19 +702,18 @@ def correlate_table(
     if len(axes) == 1:
         notes.append(f"one hyperparameter axis: CMI conditions on {axes[0]} alone")
     elif not axes:
-        notes.append("no hyperparameter axes: Ψ undefined, CMI unconditional")
+        notes.append("no hyperparameter axes (name them with --by): Ψ undefined, CMI unconditional")
     if np.isfinite(gvals).sum() >= 2 and np.nanstd(gvals) == 0:
         notes.append(f"{target} is constant over the checkpoints: no statistic is defined")
     if sort is None:
         sort = "psi" if axes else "kendall_tau_b"
-    if sort not in STATS:
-        raise ConfigError(f"--sort must be one of {', '.join(STATS)}; got {sort!r}")
 
     results = []
+    used_rows = np.zeros(len(gvals), dtype=bool)
     for lab in labels:
+        ok = usable(table, lab, target)
+        used_rows |= ok
         mvals = table.numeric(lab)
-        status = table.strings(f"{lab}_status") if f"{lab}_status" in table.columns else [""] * len(mvals)
-        ok = np.isfinite(mvals) & np.isfinite(gvals) & np.array([s != "error" for s in status])
         mc = MeasureCorrelation(measure=lab, n=int(ok.sum()))
         dropped = int((np.isfinite(gvals) & ~ok).sum())
         if dropped:
@@ -419,17 +726,20 @@ def correlate_table(
         elif np.ptp(m) == 0:
             mc.notes.append("constant over the checkpoints")
         elif np.ptp(g) > 0:
-            mc.pearson, mc.spearman, mc.kendall_tau_b = _scipy_stats(m, g)
+            mc.pearson, mc.spearman, mc.kendall_tau_b = (float(v) for v in _scipy_stats(m, g))
+            if bootstrap:
+                mc.intervals, undefined = bootstrap_intervals(m, g, bootstrap, seed, confidence)
+                if undefined:
+                    mc.notes.append(f"bootstrap: {undefined} of {bootstrap} resamples had a constant column "
+                                    "(statistics undefined): intervals from the others")
+        sel = ok & hp_ok
+        sub = {a: [v for v, s in zip(hp[a], sel, strict=True) if s] for a in axes}
         if mc.n >= 2 and axes:
-            sel = ok & hp_ok
-            sub = {a: [v for v, s in zip(hp[a], sel, strict=True) if s] for a in axes}
             mc.psi, mc.psi_axes = granulated_kendall(mvals[sel], gvals[sel], sub, axes)
             flat = [a for a, p in mc.psi_axes.items() if not math.isfinite(p.psi)]
             if flat:
                 mc.notes.append(f"ψ undefined for {', '.join(flat)} (no group with ≥ 2 checkpoints)")
         if mc.n >= 2:
-            sel = ok & hp_ok
-            sub = {a: [v for v, s in zip(hp[a], sel, strict=True) if s] for a in axes}
             c = conditional_mi(mvals[sel], gvals[sel], sub, axes)
             mc.cmi, mc.cmi_condition, mc.cmi_pairs = c.value, c.condition, c.pairs
             if c.pairs and not math.isfinite(c.value):
@@ -441,7 +751,10 @@ def correlate_table(
         return (0, -v) if math.isfinite(v) else (1, 0.0)
 
     results.sort(key=key)
+    warn = convergence_warning(table, used_rows)
     return CorrelationReport(
         source=table.path, target=target, axes=axes, measures=results, sort=sort, grid=grid,
-        n_rows=len(table.rows), measures_source=table.measures_source, notes=notes,
+        n_rows=len(table.frame), measures_source=measures_source, notes=notes, axis_columns=axis_columns,
+        n_input=n_input, filters=filters, warnings=[warn] if warn else [], bootstrap=int(bootstrap or 0),
+        confidence=confidence, seed=seed, table=table,
     )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from pathlib import Path
 from typing import Any
@@ -30,14 +28,12 @@ def _f(v: Any, signed: bool = True) -> str:
 
 
 def correlations_csv(report: CorrelationReport) -> str:
-    rows = report.to_rows()
-    buf = io.StringIO()
-    cols = list(rows[0]) if rows else ["rank", "measure"]
-    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: repr(v) if isinstance(v, float) else v for k, v in r.items()})
-    return buf.getvalue()
+    """correlations.csv's text: `CorrelationReport.to_pandas` written by pandas (floats with their
+    shortest round-trip repr, an undefined statistic as an empty field)."""
+    table = report.to_pandas()
+    if table.empty:
+        return "rank,measure\n"
+    return table.to_csv(index=False, lineterminator="\n")
 
 
 def write_csv(report: CorrelationReport, path: str | Path) -> Path:
@@ -58,7 +54,19 @@ def _header(report: CorrelationReport) -> list[tuple[str, str]]:
 
 def title(report: CorrelationReport) -> str:
     by = f", Ψ over {', '.join(report.axes)}" if report.axes else ""
-    return f"How well each measure predicts {report.target} (ranked by {TITLES[report.sort]}{by})"
+    ci = (f"; in brackets: {report.confidence:.0%} bootstrap intervals, {report.bootstrap} resamples"
+          if report.bootstrap else "")
+    return f"How well each measure predicts {report.target} (ranked by {TITLES[report.sort]}{by}{ci})"
+
+
+def _cell(r: dict[str, Any], key: str) -> str:
+    v = r[key]
+    if not isinstance(v, float):
+        return str(v)
+    s = _f(v, signed=key != "cmi")
+    if f"{key}_lo" in r and math.isfinite(r[f"{key}_lo"]):
+        s += f" [{r[f'{key}_lo']:+.2f}, {r[f'{key}_hi']:+.2f}]"
+    return s
 
 
 def render_table(report: CorrelationReport):
@@ -71,11 +79,7 @@ def render_table(report: CorrelationReport):
     for name, _ in cols:
         t.add_column(name, justify="left" if name == "measure" else "right", no_wrap=True)
     for r in report.to_rows():
-        cells = []
-        for _, key in cols:
-            v = r[key]
-            cells.append(_f(v, signed=key != "cmi") if isinstance(v, float) else str(v))
-        t.add_row(*cells)
+        t.add_row(*[_cell(r, key) for _, key in cols])
     return t
 
 
@@ -83,13 +87,15 @@ def to_markdown(report: CorrelationReport) -> str:
     cols = _header(report)
     lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "|".join("---" if k == "measure" else "---:" for _, k in cols) + "|"]
     for r in report.to_rows():
-        cells = [(_f(r[k], signed=k != "cmi") if isinstance(r[k], float) else str(r[k])) for _, k in cols]
+        cells = [_cell(r, k) for _, k in cols]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def notes(report: CorrelationReport) -> list[str]:
-    """Report-level notes, then per-measure ones (missing values, constant columns, undefined ψ)."""
+    """Report-level notes (filters and the rows they dropped, measure selection, grid), then
+    per-measure ones (missing values, constant columns, undefined ψ). Warnings are
+    ``report.warnings``."""
     out = list(report.notes)
     for mc in report.measures:
         out += [f"{mc.measure}: {n}" for n in mc.notes]

@@ -661,6 +661,13 @@ class CollectReport:
     seconds_by_label: dict[str, list[float]] = field(default_factory=dict)
     devices: list[str] = field(default_factory=list)
 
+    def to_pandas(self):
+        """The collected table as a DataFrame: the columns of results.csv, dtypes as documented
+        in `flatcli.results` (equal to ``flatcli.results.read_results(self.csv_path)``)."""
+        from ..results import to_frame
+
+        return to_frame(self.rows)
+
     @property
     def exit_code(self) -> int:
         """`flatcli.errors.exit_code` over the collected rows."""
