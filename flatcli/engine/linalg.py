@@ -295,7 +295,8 @@ class TraceResult:
 
 _M31 = 0x7FFFFFFF
 _MULT = 0x45D9F3B  # < 2**27: products of 31-bit values stay below 2**58, exact in int64
-_BITS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+# byte value -> its 8 bits as ±1 (little-endian), for one gather per probe instead of bit tests
+_SIGNS = ((torch.arange(256)[:, None] >> torch.arange(8)[None, :]) & 1).to(torch.float64) * 2 - 1
 
 
 def _hash31(x: torch.Tensor) -> torch.Tensor:
@@ -320,8 +321,18 @@ def rademacher(k: int, dim: int, generator: torch.Generator, device=None, dtype=
     base = _hash31(torch.arange(nchunk, device=dev, dtype=torch.int64))
     h = _hash31(base[None, :] ^ seeds).to(torch.int32)  # (k, nchunk), values < 2**31
     by = h.view(torch.uint8).reshape(k, nchunk, 4)[:, :, :3].reshape(k, nchunk * 3)
-    bits = (by[:, :, None] & _BITS.to(dev)).ne(0).reshape(k, nchunk * 24)[:, :dim]
-    return bits.to(dtype).mul_(2).sub_(1)
+    return _SIGNS.to(dev, dtype)[by.long()].reshape(k, nchunk * 24)[:, :dim]
+
+
+def rowdot(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """Row-wise dot products of two (K, P) blocks, as float64.
+
+    On CPU one batched BLAS dot (blocked accumulation: relative error ~1e-8 of Σ|aᵢbᵢ| in
+    float32, 7× faster than an elementwise product summed in float64 at P = 11M); on CUDA an
+    elementwise product summed in float64 (a batched matmul there could run in TF32)."""
+    if A.device.type == "cuda":
+        return (A * B).sum(1, dtype=torch.float64)
+    return torch.bmm(A[:, None, :], B[:, :, None]).reshape(A.shape[0]).to(torch.float64)
 
 
 def _mean_se(samples: list[float]) -> tuple[float, float]:
@@ -357,7 +368,7 @@ def hutchinson(
         k = min(max(min_probes - len(samples), block, 1), left)
         Z = rademacher(k, dim, generator, device, dtype)
         HZ = matvec(Z)
-        samples.extend((Z * HZ.to(Z.dtype)).sum(1, dtype=torch.float64).cpu().tolist())
+        samples.extend(rowdot(Z, HZ.to(Z.dtype)).cpu().tolist())
         if len(samples) >= min_probes:
             est, se = _mean_se(samples)
             if se <= tol * abs(est):
