@@ -34,7 +34,7 @@ from .pipeline import (  # noqa: F401  (re-exported: the Python API)
     measure_model,
     versions,
 )
-from .results import Row, write_results
+from .results import Row, ensure_writable_dir, write_results_or_fallback
 from .settings import DTYPES, Settings, resolve_device
 
 __all__ = [
@@ -45,10 +45,17 @@ __all__ = [
 
 @dataclass
 class MeasureReport:
+    """What `measure` returns: the rows, the resolved config, metadata, and where results went.
+
+    ``written_to`` is the folder of results.csv/json (a temporary fallback folder when the output
+    directory could not be written at the end; ``write_error`` then says why)."""
+
     rows: list[Row]
     config: Config
     meta: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    written_to: Path | None = None
+    write_error: str = ""
 
     def to_pandas(self):
         """One row per checkpoint, the columns of results.csv in its order; dtypes as documented
@@ -60,8 +67,9 @@ class MeasureReport:
 
     @property
     def exit_code(self) -> int:
-        """0 when every row is ok, else the exit code of the failures (`flatcli.errors.exit_code`)."""
-        return exit_code(self.rows)
+        """0 when every row is ok, else the exit code of the failures (`flatcli.errors.exit_code`);
+        1 when the results could only be written to the fallback folder."""
+        return max(exit_code(self.rows), 1 if self.write_error else 0)
 
 
 def load(config: Config | str | Path | dict | None, changes: dict[str, Any] | None = None) -> Config:
@@ -153,6 +161,7 @@ def measure(
     if plots and not write:
         raise ConfigError("--plots needs an output directory (-o OUTDIR)")
     jobs, specs = _plan(cfg, checkpoints, measures)
+    out = ensure_writable_dir(cfg.output_dir(outdir), "output directory") if write else None
     st = Settings.from_config(cfg)
     data = DataCache(cfg)
     data.get("train")
@@ -174,10 +183,9 @@ def measure(
         "measure_data": cfg.to_dict()["measure_data"],
     }
     report = MeasureReport(rows=rows, config=cfg, meta=meta, seconds=time.perf_counter() - t0)
-    if write:
-        out = cfg.output_dir(outdir)
-        write_results(out, rows, meta)
-        if plots:
+    if out is not None:
+        report.written_to, report.write_error = write_results_or_fallback(out, rows, meta)
+        if plots and not report.write_error:
             report.meta["plots"] = [str(q) for q in _artifacts(rows, specs, out / "plots")]
     return report
 
@@ -309,6 +317,8 @@ def sweep(
     cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
     jobs, specs = _plan(cfg, checkpoints, measures)
     out = cfg.output_dir(outdir)
+    if not opts.dry_run:
+        ensure_writable_dir(out, "sweep directory")
     return run_sweep(cfg, specs, jobs, out, opts, log=_default_log if log is None else log, on_unit=on_unit,
                      debug=debug)
 
@@ -319,6 +329,8 @@ def collect(outdir: str | Path, output: str | Path | None = None):
     ``to_pandas()`` is the table (see `collect_frame`)."""
     from .sweep.runner import collect as _collect
 
+    if output is not None:
+        ensure_writable_dir(Path(output).expanduser().parent, "the folder of --output")
     return _collect(outdir, output)
 
 
@@ -385,6 +397,8 @@ def correlate(
 
     if plots and outdir is None:
         raise ConfigError("--plots needs an output directory (-o OUTDIR)")
+    if outdir is not None:
+        ensure_writable_dir(outdir, "output directory")
     report = correlate_table(
         as_table(results), target=target, by=by, sort=sort, measures=measures, where=where,
         max_train_loss=max_train_loss, bootstrap=bootstrap, seed=seed, confidence=confidence,

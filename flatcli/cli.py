@@ -221,7 +221,9 @@ def measure(
     labels = report.rows[0].labels if report.rows else []
     if format == "table":
         console.print(render_rows(report.rows, labels))
-        console.print(f"wrote {out / 'results.csv'} and {out / 'results.json'} ({report.seconds:.1f}s)", highlight=False)
+        where = report.written_to or out
+        console.print(f"wrote {where / 'results.csv'} and {where / 'results.json'} ({report.seconds:.1f}s)",
+                      highlight=False)
     elif format == "csv":
         from .results import to_csv
 
@@ -235,6 +237,8 @@ def measure(
     for r in report.rows:
         if r.status != "ok":
             err_console.print(f"[red]error:[/red] {r.checkpoint}: {r.error}", highlight=False, soft_wrap=True)
+    if report.write_error:
+        err_console.print(f"[red]error:[/red] {report.write_error}", highlight=False, soft_wrap=True)
     raise typer.Exit(report.exit_code)
 
 

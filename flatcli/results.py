@@ -242,9 +242,46 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def ensure_writable_dir(path: str | os.PathLike, what: str = "the output directory") -> Path:
+    """Create ``path`` (with parents) and check a file can be written in it, before any work.
+
+    A path under a regular file, an existing file, or a folder without write permission is a
+    one-line `ConfigError` (exit code 2) naming ``what`` and the reason."""
+    from .errors import ConfigError
+
+    path = Path(path).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".flatcli-write-test.")
+        os.close(fd)
+        os.unlink(probe)
+    except FileExistsError:
+        raise ConfigError(f"{what} {path} exists and is not a directory") from None
+    except NotADirectoryError:
+        blocker = next((q for q in [path, *path.parents] if q.exists() and not q.is_dir()), path)
+        raise ConfigError(f"{what} {path} cannot be created: {blocker} is a file") from None
+    except OSError as e:
+        raise ConfigError(f"{what} {path} is not writable: {e.strerror or e}") from None
+    return path
+
+
 def write_results(outdir: str | os.PathLike, rows: list[Row], meta: dict[str, Any]) -> tuple[Path, Path]:
+    """Write ``results.csv`` and ``results.json`` into ``outdir`` atomically; return their paths."""
     outdir = Path(outdir)
     csv_path, json_path = outdir / "results.csv", outdir / "results.json"
     atomic_write(csv_path, to_csv(rows))
     atomic_write(json_path, json.dumps(jsonable({**meta, "rows": [r.to_json() for r in rows]}), indent=2))
     return csv_path, json_path
+
+
+def write_results_or_fallback(outdir: str | os.PathLike, rows: list[Row], meta: dict[str, Any]
+                              ) -> tuple[Path, str]:
+    """`write_results`, and when that fails (disk full, folder removed meanwhile) the same files in a
+    fresh temporary folder, so computed results are never lost. Returns (folder written, error or '')."""
+    try:
+        write_results(outdir, rows, meta)
+        return Path(outdir), ""
+    except OSError as e:
+        fallback = Path(tempfile.mkdtemp(prefix="flatcli-results-"))
+        write_results(fallback, rows, meta)
+        return fallback, f"could not write {outdir} ({e.strerror or e}); results written to {fallback} instead"

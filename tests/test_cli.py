@@ -1,5 +1,7 @@
 import csv
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -233,3 +235,43 @@ def test_usage_errors_are_one_line_with_exit_code_2(args, message):
     assert res.exit_code == 2, text
     assert message in text and len(text.splitlines()) == 1, text
     assert text.startswith("error:") and "--help" in text
+
+
+@pytest.mark.parametrize("command", ["measure", "sweep", "collect", "correlate"])
+def test_an_unusable_output_directory_fails_before_any_work(project, tmp_path, command, monkeypatch):
+    import flatcli.pipeline as pipeline
+
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    calls = []
+    monkeypatch.setattr(pipeline, "measure_model", lambda *a, **k: calls.append(1))
+    args = {
+        "measure": ["measure", "-c", project, "-o", afile / "sub"],
+        "sweep": ["sweep", "-c", project, "-o", afile / "sub"],
+        "collect": ["collect", tmp_path, "-o", afile / "sub" / "results.csv"],
+        "correlate": ["correlate", tmp_path / "r.csv", "-o", afile / "sub"],
+    }[command]
+    res = run(*args)
+    text = res.output.strip()
+    assert res.exit_code == 2, text
+    assert "afile is a file" in text and len(text.splitlines()) == 1, text
+    assert not calls  # nothing was measured before the error
+
+
+def test_results_survive_an_output_folder_that_vanishes(project, tmp_path, monkeypatch):
+    import flatcli.results as results
+
+    real = results.write_results
+    target = tmp_path / "o"
+
+    def flaky(outdir, rows, meta):
+        if Path(outdir) == target:
+            raise PermissionError(13, "Permission denied")
+        return real(outdir, rows, meta)
+
+    monkeypatch.setattr(results, "write_results", flaky)
+    res = run("measure", "-c", project, "-m", "frobenius_norm", "-o", target)
+    assert res.exit_code == 1
+    fallback = re.search(r"results written to (\S+) instead", res.output).group(1)
+    rows = list(csv.DictReader(open(Path(fallback) / "results.csv")))
+    assert [r["checkpoint"] for r in rows] == ["m0.pt", "m1.pt"] and rows[0]["frobenius_norm"]
