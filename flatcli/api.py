@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -559,6 +559,10 @@ def landscape(
     return res
 
 
+if TYPE_CHECKING:
+    from .landscape.connect import ConnectResult
+    from .landscape.trajectory import TrajectoryResult
+
 
 def _view_setup(config, device, seed, allow_unsafe_pickle):
     """Config, device and dtype for the trajectory-PCA and mode-connectivity views."""
@@ -611,7 +615,7 @@ def landscape_pca(
     plots: bool = True,
     allow_unsafe_pickle: bool | None = None,
     on_progress: Callable[[int, int], None] | None = None,
-):
+) -> TrajectoryResult:
     """Trajectory PCA (Li et al. 2018, Sec. 7): the top two PCA directions of {θ_t − θ_T} over a
     training run's checkpoints, the path projected on them and the loss over their plane around
     θ_T (the last checkpoint). See `flatcli.landscape.trajectory` for the definitions.
@@ -665,7 +669,7 @@ def landscape_connect(
     plots: bool = True,
     allow_unsafe_pickle: bool | None = None,
     on_progress: Callable[[int, int], None] | None = None,
-):
+) -> ConnectResult:
     """Mode connectivity (Garipov et al. 2018; Draxler et al. 2018): train the bend of a quadratic
     Bezier curve between checkpoints ``a`` and ``b`` on the training split, then evaluate the loss
     and accuracy along the curve and along the straight line, each with its barrier height. See

@@ -456,6 +456,28 @@ def test_batchnorm_statistics_recomputed_along_both_paths():
     )
 
 
+@pytest.mark.gpu
+def test_views_on_cuda_match_cpu():
+    states, _ = trajectory_states(T=4, bn=True)
+    train = blobs(20, 0)
+    kw = dict(model=mlp(bn=True), steps=3, batch_size=8, points_per_pass=4, dtype=torch.float64)
+    cpu = trajectory_landscape(states, train, device="cpu", **kw)
+    gpu = trajectory_landscape(states, train, device="cuda", **kw)
+    np.testing.assert_allclose(gpu.surface.train_loss, cpu.surface.train_loss, rtol=1e-10)
+    np.testing.assert_allclose(gpu.path["train_loss"], cpu.path["train_loss"], rtol=1e-10)
+    a, b = bn_net(0), bn_net(1)
+    g = torch.Generator().manual_seed(0)
+    x, y = (
+        torch.randn(11, 5, generator=g, dtype=torch.float64),
+        torch.randint(0, 3, (11,), generator=g),
+    )
+    ckw = dict(steps=3, bend_steps=5, bend_batch_size=4, batch_size=4, dtype=torch.float64)
+    c_cpu = connect_landscape(a, b, (x, y), device="cpu", **ckw)
+    c_gpu = connect_landscape(a, b, (x, y), device="cuda", **ckw)
+    np.testing.assert_allclose(c_gpu.line.train_loss, c_cpu.line.train_loss, rtol=1e-10)
+    np.testing.assert_allclose(c_gpu.curve.train_loss, c_cpu.curve.train_loss, rtol=1e-8)
+
+
 # ------------------------------------------------------------------ connect: bad input
 def test_connect_rejects_mismatch_nan_and_bad_options():
     train = blobs(20, 0)
