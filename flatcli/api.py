@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -280,6 +280,156 @@ def landscape(
     )
     if outdir is not None:
         write_files(res, outdir, plots=plots)
+    return res
+
+
+if TYPE_CHECKING:
+    from .landscape.connect import ConnectResult
+    from .landscape.trajectory import TrajectoryResult
+
+
+def _view_setup(config, device, seed, allow_unsafe_pickle):
+    """Config, device and dtype for the trajectory-PCA and mode-connectivity views."""
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
+    if cfg.data.train is None:
+        raise ConfigError("config key 'data.train' is required")
+    return cfg, resolve_device(cfg.runtime.device), DTYPES[cfg.runtime.precision]
+
+
+def _view_data(cfg: Config, model: torch.nn.Module, train_path: Path | None):
+    """(full train split, train measurement set, test measurement set or None), labels checked."""
+    data = DataCache(cfg)
+    md = cfg.measure_data
+    train, test = data.get("train", train_path), data.get("test")
+    first = next(iter(model.parameters()), None)
+    cpu_dtype = first.dtype if first is not None else torch.float32
+    for name, d in (("train", train), ("test", test)):
+        if d is not None:
+            check_labels(model, d[0], d[1], cfg.loss, f"data.{name}", torch.device("cpu"), cpu_dtype)
+    sub = subset(*train, md.num_samples, md.seed)
+    return train, sub, (subset(*test, md.num_samples, md.seed) if test is not None else None)
+
+
+def _view_meta(cfg: Config, dev: torch.device) -> dict[str, Any]:
+    return {
+        "loss": cfg.loss,
+        "measure_data": cfg.to_dict()["measure_data"],
+        "precision": cfg.runtime.precision,
+        "config_hash": cfg.hash(),
+        "versions": versions(),
+        "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""),
+    }
+
+
+def landscape_pca(
+    config: Config | str | Path | dict,
+    checkpoints: str | Path | Sequence[str | Path],
+    *,
+    steps: int = 25,
+    span: str | Sequence[float] | None = None,
+    solver: str = "auto",
+    sort: bool = True,
+    seed: int | None = None,
+    device: str | None = None,
+    points_per_pass: int | None = None,
+    outdir: str | Path | None = None,
+    plots: bool = True,
+    allow_unsafe_pickle: bool | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> TrajectoryResult:
+    """Trajectory PCA (Li et al. 2018, Sec. 7): the top two PCA directions of {θ_t − θ_T} over a
+    training run's checkpoints, the path projected on them and the loss over their plane around
+    θ_T (the last checkpoint). See `flatcli.landscape.trajectory` for the definitions.
+
+    ``checkpoints``: files and/or globs, sorted naturally (epoch_2 before epoch_10) unless
+    ``sort=False``; at least 3. The model, data and measurement sets come from ``config`` as for
+    `landscape` (a manifest's ``train_data`` for the last checkpoint is its training set).
+    ``seed`` (default ``runtime.seed``) seeds the randomized solver. With ``outdir``, writes
+    pca_grid.csv, pca_path.csv, pca.json and pca.png. Returns a
+    `flatcli.landscape.trajectory.TrajectoryResult`.
+    """
+    from .landscape.trajectory import (
+        LazyTrajectory,
+        trajectory_landscape,
+        trajectory_paths,
+        write_trajectory_files,
+    )
+
+    paths = trajectory_paths(checkpoints, sort=sort)
+    cfg, dev, dtype = _view_setup(config, device, seed, allow_unsafe_pickle)
+    model, _ = load_model(cfg, paths[-1])
+    _, train, test = _view_data(cfg, model, manifest_train_data(cfg, paths[-1]))
+    traj = LazyTrajectory(paths[:-1], lambda p: load_model(cfg, p)[0], last=model)
+    md = cfg.measure_data
+    with Settings.from_config(cfg).precision_context():
+        res = trajectory_landscape(
+            traj, train, test, labels=[str(p) for p in paths], steps=steps, span=span,
+            solver=solver, seed=cfg.runtime.seed, loss=cfg.loss, batch_size=md.batch_size,
+            device=dev, dtype=dtype, points_per_pass=points_per_pass, on_progress=on_progress,
+        )
+    res.meta.update(_view_meta(cfg, dev))
+    if outdir is not None:
+        write_trajectory_files(res, outdir, plots=plots)
+    return res
+
+
+def landscape_connect(
+    config: Config | str | Path | dict,
+    a: str | Path,
+    b: str | Path,
+    *,
+    steps: int = 25,
+    bend_steps: int = 1000,
+    bend_lr: float | None = None,
+    bend_optimizer: str = "adam",
+    bend_batch_size: int = 128,
+    seed: int | None = None,
+    device: str | None = None,
+    points_per_pass: int | None = None,
+    outdir: str | Path | None = None,
+    plots: bool = True,
+    allow_unsafe_pickle: bool | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> ConnectResult:
+    """Mode connectivity (Garipov et al. 2018; Draxler et al. 2018): train the bend of a quadratic
+    Bezier curve between checkpoints ``a`` and ``b`` on the training split, then evaluate the loss
+    and accuracy along the curve and along the straight line, each with its barrier height. See
+    `flatcli.landscape.connect` for the definitions.
+
+    The bend trains on the whole training split (``data.train``, or a manifest's ``train_data`` for
+    ``a``) with ``bend_steps`` steps of ``bend_optimizer`` (seed ``seed``, default
+    ``runtime.seed``); both paths are evaluated on the measurement sets, BatchNorm statistics
+    recomputed at every t on the train measurement set. With ``outdir``, writes connect.csv,
+    connect_fit.csv, bend.pt, connect.json and connect.png. Returns a
+    `flatcli.landscape.connect.ConnectResult`.
+    """
+    from .landscape.connect import connect_landscape, write_connect_files
+    from .landscape.trajectory import check_state
+
+    cfg, dev, dtype = _view_setup(config, device, seed, allow_unsafe_pickle)
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    model_a, extras = load_model(cfg, pa)
+    model_b, _ = load_model(cfg, pb)
+    check_state(model_b.state_dict(), model_a.state_dict(), str(b), str(a), "--connect")
+    da, db = manifest_train_data(cfg, pa), manifest_train_data(cfg, pb)
+    if da is not None and db is not None and da.resolve() != db.resolve():
+        raise ConfigError(
+            f"--connect: the manifest gives the two checkpoints different training sets ({da} vs {db}); "
+            "the bend is trained on one training set"
+        )
+    fit, train, test = _view_data(cfg, model_a, da if da is not None else db)
+    md = cfg.measure_data
+    with Settings.from_config(cfg).precision_context():
+        res = connect_landscape(
+            model_a, model_b, train, test, fit=fit, steps=steps, bend_steps=bend_steps,
+            bend_lr=bend_lr, bend_optimizer=bend_optimizer, bend_batch_size=bend_batch_size,
+            seed=cfg.runtime.seed, loss=cfg.loss, batch_size=md.batch_size, device=dev, dtype=dtype,
+            points_per_pass=points_per_pass, labels=(str(a), str(b)), on_progress=on_progress,
+        )
+    res.meta.update(_view_meta(cfg, dev))
+    if outdir is not None:
+        mk = extras.get("model_kwargs")
+        write_connect_files(res, outdir, plots=plots, checkpoint_extras={"model_kwargs": mk} if isinstance(mk, dict) else None)
     return res
 
 

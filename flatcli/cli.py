@@ -308,25 +308,44 @@ def demo(
 @app.command()
 @handle_errors
 def landscape(
-    checkpoint: Annotated[str, typer.Argument(help="Checkpoint at the centre of the slice (θ_a with --to).")],
+    checkpoints: Annotated[list[str], typer.Argument(help="Checkpoint at the centre of the slice (θ_a with --to); with --pca the trajectory's checkpoints (files or globs, in training order), with --connect the two endpoints.", show_default=False)],
     config: ConfigOpt = ...,
-    outdir: Annotated[Path, typer.Option("--outdir", "-o", help="Write landscape.csv, landscape.json and PNG plots here.")] = ...,
+    outdir: Annotated[Path, typer.Option("--outdir", "-o", help="Write landscape.csv, landscape.json and PNG plots here (pca_* files with --pca, connect* and bend.pt with --connect).")] = ...,
     dims: Annotated[int, typer.Option("--dims", help="1 or 2 filter-normalized random directions.")] = 1,
     steps: Annotated[int, typer.Option("--steps", help="Grid points per axis.")] = 25,
     span: Annotated[str | None, typer.Option("--span", help="Grid range 'a,b' (default -1,1; with --to -0.5,1.5).")] = None,
     to: Annotated[str | None, typer.Option("--to", help="Second checkpoint: interpolate (1-t)·θ_a + t·θ_b instead of slicing.")] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the random directions (default runtime.seed).")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the random directions; with --connect of the bend training, with --pca of the randomized solver (default runtime.seed).")] = None,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
     bias_bn: Annotated[str, typer.Option("--bias-bn", help="Direction on biases and norm layers: zero (Li et al.) or keep.")] = "zero",
     points_per_pass: Annotated[int | None, typer.Option("--points-per-pass", help="Grid points per vmapped forward pass (1 = loop; default: 1 for conv nets, else 8).")] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")] = True,
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (trusted files only).")] = False,
+    pca: Annotated[bool, typer.Option("--pca", help="Trajectory PCA (Li et al. 2018): CHECKPOINTS are a training run (≥ 3, sorted naturally); loss over the plane of its top-2 PCA directions around the last, with the path.")] = False,
+    connect: Annotated[bool, typer.Option("--connect", help="Mode connectivity (Garipov et al. 2018): CHECKPOINTS are A B; train the bend of a quadratic Bezier curve between them, loss and barrier along the curve and the line.")] = False,
+    solver: Annotated[str, typer.Option("--solver", help="--pca: auto, full (scikit-learn PCA) or randomized (randomized SVD, for large models).")] = "auto",
+    keep_order: Annotated[bool, typer.Option("--keep-order", help="--pca: keep the checkpoints in the order given instead of sorting them naturally.")] = False,
+    bend_steps: Annotated[int, typer.Option("--bend-steps", help="--connect: optimizer steps for the bend (the step budget).")] = 1000,
+    bend_lr: Annotated[float | None, typer.Option("--bend-lr", help="--connect: learning rate (default 1e-3 for adam, 1e-2 for sgd).")] = None,
+    bend_optimizer: Annotated[str, typer.Option("--bend-optimizer", help="--connect: adam or sgd (momentum 0.9).")] = "adam",
+    bend_batch_size: Annotated[int, typer.Option("--bend-batch-size", help="--connect: minibatch size of the bend training.")] = 128,
     debug: DebugOpt = False,
 ):
-    """Loss-landscape view: 1D/2D slices along filter-normalized random directions, or with --to the
-    linear interpolation between two checkpoints; writes a CSV of the grid and PNG plots."""
+    """Loss-landscape view: 1D/2D slices along filter-normalized random directions, with --to the
+    linear interpolation between two checkpoints, with --pca a training trajectory's PCA plane, with
+    --connect a fitted Bezier curve against the line; writes CSVs and PNG plots."""
     from . import api
 
+    if pca or connect:
+        _landscape_view(checkpoints, config, outdir, pca=pca, connect=connect, to=to, dims=dims, steps=steps, span=span,
+                        seed=seed, device=device, points_per_pass=points_per_pass, plots=plots,
+                        allow_unsafe_pickle=allow_unsafe_pickle, solver=solver, keep_order=keep_order,
+                        bend_steps=bend_steps, bend_lr=bend_lr, bend_optimizer=bend_optimizer,
+                        bend_batch_size=bend_batch_size)
+        return
+    if len(checkpoints) != 1:
+        raise ConfigError(f"landscape takes one checkpoint (several with --pca, two with --connect); got {len(checkpoints)}")
+    checkpoint = checkpoints[0]
     if bias_bn not in ("zero", "keep"):
         raise ConfigError(f"--bias-bn must be zero or keep; got {bias_bn!r}")
     if points_per_pass is not None and points_per_pass < 1:
@@ -365,6 +384,65 @@ def landscape(
     for split, d in res.meta.get("evaluator", {}).items():
         if d.get("vmap_fallback"):
             err_console.print(f"note: vmap failed on {split} ({d['vmap_fallback']}); evaluated point by point", highlight=False)
+    files = ", ".join(str(p) for p in res.files.values())
+    console.print(f"wrote {files} ({res.seconds:.1f}s)", highlight=False, soft_wrap=True)
+
+
+
+def _landscape_view(checkpoints, config, outdir, *, pca, connect, to, dims, steps, span, seed, device, points_per_pass,
+                    plots, allow_unsafe_pickle, solver, keep_order, bend_steps, bend_lr, bend_optimizer, bend_batch_size):
+    """``landscape --pca`` and ``landscape --connect``: check the option combination, call the API, render."""
+    from . import api
+
+    if pca and connect:
+        raise ConfigError("--pca and --connect are two different views; choose one")
+    flag = "--pca" if pca else "--connect"
+    if to is not None:
+        raise ConfigError(f"--to does not apply to {flag} (--connect A B already includes the straight line)")
+    if connect and len(checkpoints) != 2:
+        raise ConfigError(f"--connect needs exactly two checkpoints, A and B; got {len(checkpoints)}")
+    if connect and dims != 1:
+        raise ConfigError("--dims does not apply to --connect (paths are one-dimensional)")
+    if connect and span is not None:
+        raise ConfigError("--span does not apply to --connect (the curve is defined for t in [0, 1])")
+    if points_per_pass is not None and points_per_pass < 1:
+        raise ConfigError(f"--points-per-pass must be ≥ 1; got {points_per_pass}")
+    progress = task = None
+    if err_console.is_terminal:
+        progress = progress_bar("landscape")
+
+    def on_progress(done, total):
+        nonlocal task
+        if progress is not None:
+            if task is None:
+                progress.start()
+                task = progress.add_task("landscape", total=total)
+            progress.update(task, completed=done, total=total)
+
+    common = dict(steps=steps, seed=seed, device=device, points_per_pass=points_per_pass, outdir=outdir, plots=plots,
+                  allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=on_progress)
+    try:
+        if pca:
+            res = api.landscape_pca(config, checkpoints, span=span, solver=solver, sort=not keep_order, **common)
+        else:
+            res = api.landscape_connect(config, checkpoints[0], checkpoints[1], bend_steps=bend_steps, bend_lr=bend_lr,
+                                        bend_optimizer=bend_optimizer, bend_batch_size=bend_batch_size, **common)
+    finally:
+        if progress is not None:
+            progress.stop()
+    if pca:
+        grid = f"{len(res.surface.alpha)}×{len(res.surface.beta)}"
+        title = f"trajectory PCA of {len(res.meta['checkpoints'])} checkpoints ({grid} points, {res.meta['solver']} SVD)"
+    else:
+        title = f"mode connectivity {checkpoints[0]} → {checkpoints[1]} ({len(res.curve.alpha)} points, {res.meta['bend_steps']} bend steps)"
+    t = Table(title=title, header_style="bold")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    for k, v in res.summary.items():
+        t.add_row(k, ", ".join(fmt(x) for x in v) if isinstance(v, list) else fmt(v))
+    console.print(t)
+    if res.meta.get("plots"):
+        err_console.print(res.meta["plots"], highlight=False)
     files = ", ".join(str(p) for p in res.files.values())
     console.print(f"wrote {files} ({res.seconds:.1f}s)", highlight=False, soft_wrap=True)
 

@@ -226,7 +226,7 @@ def test_version_and_unknown_measure_pattern():
         (["measure", "--nosuch"], "No such option: --nosuch"),
         (["measure", "-c", "x.yaml", "--format", "xml"], "'xml' is not one of 'table', 'csv', 'json'"),
         (["sweep", "-c", "x.yaml", "-o", "o", "--workers", "0"], "--workers"),
-        (["landscape", "-c", "x.yaml"], "Missing argument 'checkpoint'"),
+        (["landscape", "-c", "x.yaml", "-o", "o"], "Missing argument 'checkpoints'"),
     ],
 )
 def test_usage_errors_are_one_line_with_exit_code_2(args, message):

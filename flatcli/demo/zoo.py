@@ -35,8 +35,12 @@ def _noisy_labels(y: torch.Tensor, frac: float, seed: int) -> torch.Tensor:
     return y
 
 
-def train_to_target(model, x, y, weight_decay: float, target: float = TARGET_LOSS, max_steps: int = MAX_STEPS, lr: float = 2e-3):
-    """Full-batch Adam until the train cross-entropy (eval mode, no regularizer) is ≤ target."""
+def train_to_target(model, x, y, weight_decay: float, target: float = TARGET_LOSS, max_steps: int = MAX_STEPS, lr: float = 2e-3,
+                    on_step=None):
+    """Full-batch Adam until the train cross-entropy (eval mode, no regularizer) is ≤ target.
+
+    ``on_step(step, model)``, when given, is called after every optimizer step (e.g. to save a
+    trajectory, `flatcli.demo.trajectory`); it must not change the model."""
     torch.set_flush_denormal(True)  # denormals slow CPU training by 10x near the target
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=0.0)
     lossf = torch.nn.functional.cross_entropy
@@ -52,6 +56,8 @@ def train_to_target(model, x, y, weight_decay: float, target: float = TARGET_LOS
         objective.backward()
         opt.step()
         steps += 1
+        if on_step is not None:
+            on_step(steps, model)
         if steps % 10 == 0:
             model.eval()
             with torch.no_grad():
@@ -59,6 +65,11 @@ def train_to_target(model, x, y, weight_decay: float, target: float = TARGET_LOS
             if loss <= target:
                 break
     return steps, loss
+
+
+def model_name(hp: dict) -> str:
+    """The zoo's name of the model with hyperparameters ``hp`` (width, weight_decay, label_noise)."""
+    return f"mlp_w{hp['width']}_wd{hp['weight_decay']:g}_noise{hp['label_noise']:g}"
 
 
 def train_zoo(outdir: Path, seed: int = 0, log=print) -> Path:
@@ -71,7 +82,7 @@ def train_zoo(outdir: Path, seed: int = 0, log=print) -> Path:
     keys = list(ZOO_GRID)
     for i, values in enumerate(itertools.product(*ZOO_GRID.values())):
         hp = dict(zip(keys, values, strict=True))
-        name = f"mlp_w{hp['width']}_wd{hp['weight_decay']:g}_noise{hp['label_noise']:g}"
+        name = model_name(hp)
         path = ck / f"{name}.pt"
         torch.manual_seed(seed * 1000 + i)
         model = MLP(64, hp["width"], 2, 10)

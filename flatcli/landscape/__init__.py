@@ -1,25 +1,43 @@
-"""Loss-landscape views: filter-normalized 1D/2D slices and interpolation between checkpoints.
+"""Loss-landscape views: slices, interpolation, trajectory PCA and mode connectivity.
 
 * `slice_landscape` — L(θ* + αδ [+ βη]) along seeded, filter-normalized random
   directions (Li et al. 2018), see `flatcli.landscape.slices`;
 * `interpolation_landscape` — L((1 − t)θ_a + tθ_b) and the barrier height
   (Goodfellow et al. 2015; Frankle et al. 2020), see `flatcli.landscape.interpolate`;
-* `write_files` — ``landscape.csv``, ``landscape.json`` and PNG plots.
+* `write_files` — ``landscape.csv``, ``landscape.json`` and PNG plots;
+* `trajectory_landscape` — the top-2 PCA directions of a training trajectory,
+  its projection and the loss over their plane (Li et al. 2018, Sec. 7), see
+  `flatcli.landscape.trajectory`; files by `write_trajectory_files`;
+* `connect_landscape` — a trained quadratic Bezier curve between two
+  checkpoints against the line, with BatchNorm statistics recomputed along
+  both (Garipov et al. 2018; Draxler et al. 2018), see
+  `flatcli.landscape.connect`; files by `write_connect_files`.
 
 From a config and checkpoint files, use `flatcli.api.landscape` (what
 ``flatcli landscape`` calls).
 """
 
+from .connect import ConnectResult, connect_landscape, write_connect_files
 from .directions import filter_norms, normalize_direction, random_direction
 from .evaluate import PointEvaluator
 from .interpolate import interpolation_landscape
 from .result import LandscapeResult, summarize, write_files
 from .slices import axis_grid, parse_span, slice_landscape
+from .trajectory import (
+    TrajectoryResult,
+    trajectory_landscape,
+    trajectory_paths,
+    trajectory_pca,
+    write_trajectory_files,
+)
 
 __all__ = [
+    "ConnectResult",
     "LandscapeResult",
     "PointEvaluator",
+    "TrajectoryResult",
     "axis_grid",
+    "connect_landscape",
     "filter_norms",
     "interpolation_landscape",
     "normalize_direction",
@@ -27,5 +45,10 @@ __all__ = [
     "random_direction",
     "slice_landscape",
     "summarize",
+    "trajectory_landscape",
+    "trajectory_paths",
+    "trajectory_pca",
+    "write_connect_files",
     "write_files",
+    "write_trajectory_files",
 ]

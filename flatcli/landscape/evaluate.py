@@ -168,3 +168,26 @@ class PointEvaluator:
             "vmap_fallback": self.fallback_reason,
             "n_forward": self.n_forward,
         }
+
+
+def evaluate_splits(
+    problems: dict[str, Problem],
+    chunk_fn: ChunkFn,
+    n_points: int,
+    points_per_pass: int | None = None,
+    on_advance: Callable[[int], None] | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    """Evaluate the same points on every split: ``({"train_loss": …, "train_acc": …, …}, diagnostics)``.
+
+    One `PointEvaluator` per split (``problems``: split name → `Problem`);
+    ``on_advance(k)`` is called after every pass with the number of points it
+    evaluated.
+    """
+    metrics: dict[str, np.ndarray] = {}
+    diags: dict[str, dict] = {}
+    for split, prob in problems.items():
+        ev = PointEvaluator(prob, points_per_pass)
+        loss, acc = ev.run(chunk_fn, n_points, on_advance)
+        metrics[f"{split}_loss"], metrics[f"{split}_acc"] = loss, acc
+        diags[split] = ev.diagnostics()
+    return metrics, diags

@@ -1,0 +1,542 @@
+r"""Mode connectivity: a trained quadratic Bezier curve between two checkpoints vs the straight line.
+
+Garipov, Izmailov, Podoprikhin, Vetrov, Wilson, "Loss Surfaces, Mode
+Connectivity, and Fast Ensembling of DNNs", NeurIPS 2018, Sec. 3; Draxler,
+Veschgini, Salmhofer, Hamprecht, "Essentially No Barriers in Neural Network
+Energy Landscape", ICML 2018. Two minima that the straight line separates by a
+loss barrier are often joined by a simple curve along which the loss stays low.
+
+**Curve** (Garipov et al. Sec. 3.2, the quadratic Bezier curve with endpoints
+θ_a, θ_b and one bend θ_c):
+
+.. math:: \phi_{\theta_c}(t) = (1 - t)^2\,\theta_a + 2t(1 - t)\,\theta_c + t^2\,\theta_b,
+          \qquad t \in [0, 1].
+
+**Training the bend** (Garipov et al. Sec. 3.1, the uniform-t objective):
+
+.. math:: \min_{\theta_c}\; \mathbb{E}_{t \sim U(0, 1)}\, L(\phi_{\theta_c}(t)),
+
+by stochastic optimization: each step draws one t uniformly and one minibatch
+of the training set (both from one seeded generator; minibatches come from a
+fresh permutation each epoch) and takes an Adam or SGD step on θ_c alone (the
+endpoints stay fixed). θ_c starts at the midpoint (θ_a + θ_b)/2, where the
+curve *is* the line, so training can only bend it away where that lowers the
+loss. The objective is the plain training loss, without weight decay.
+BatchNorm layers use the minibatch's statistics during this training (a point
+θ(t) has no running statistics); every other module is in eval mode.
+
+**Evaluation.** Both paths are evaluated on the same grid of t in [0, 1]
+(t = 0 and 1 included), in eval mode, on the measurement sets: the line
+θ(t) = (1 − t)θ_a + tθ_b as in `flatcli.landscape.interpolate`, the curve
+φ(t) above. Floating-point buffers other than BatchNorm statistics follow the
+line on both paths. For models with BatchNorm, the running statistics are
+**recomputed at every evaluated t on both paths** on the train measurement set
+(`flatcli.landscape.bnstats`), as Garipov et al. do, endpoints included: the
+values at t = 0 and 1 are then those of the checkpoints with freshly computed
+statistics, not with their stored ones.
+
+**Barrier** of each path (the summary's ``line_train_loss_barrier``,
+``curve_train_loss_barrier``, and the same for the test loss and the errors),
+as for the interpolation (`flatcli.landscape.result.summarize`):
+
+.. math:: B = \max_{t \in [0, 1]} L(\theta(t)) - \max(L(\theta(0)), L(\theta(1))) \;\ge 0.
+
+Draxler et al. (Sec. 2) call the height of the highest point of the best path
+the saddle energy; a curve barrier near 0 next to a positive line barrier says
+the two minima are connected by a low-loss path that the line misses.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.func import functional_call
+
+from ..engine import Problem, eval_mode
+from ..engine.problem import per_sample_loss
+from ..errors import ConfigError, MeasurementError
+from .bnstats import BatchNormRecomputer, batchnorm_buffer_names
+from .evaluate import ChunkFn, evaluate_splits
+from .result import LandscapeResult, summarize
+from .slices import axis_grid
+from .trajectory import check_state
+
+BEND_OPTIMIZERS = ("adam", "sgd")
+DEFAULT_BEND_LR = {"adam": 1e-3, "sgd": 1e-2}
+SGD_MOMENTUM = 0.9
+PATHS = ("line", "curve")
+
+
+def lr_factor(step: int, steps: int) -> float:
+    """Garipov et al.'s schedule as a function of the budget fraction a = step / steps: 1 up to
+    a = 0.5, then linear down to 0.01 at a = 0.9, then 0.01."""
+    a = step / max(steps, 1)
+    if a <= 0.5:
+        return 1.0
+    if a <= 0.9:
+        return 1.0 - (a - 0.5) / 0.4 * 0.99
+    return 0.01
+
+
+def bezier(
+    a: Mapping[str, torch.Tensor],
+    b: Mapping[str, torch.Tensor],
+    c: Mapping[str, torch.Tensor],
+    t: float | torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """φ(t) = (1 − t)²·a + 2t(1 − t)·c + t²·b for every name of ``a``.
+
+    ``t`` is a float or a tensor broadcastable against the parameters (e.g.
+    shape (K, 1, …) for K stacked points).
+    """
+    return {n: (1 - t) ** 2 * a[n] + 2 * t * (1 - t) * c[n] + t**2 * b[n] for n in a}
+
+
+def _line(
+    a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], t
+) -> dict[str, torch.Tensor]:
+    return {n: (1 - t) * a[n] + t * b[n] for n in a}
+
+
+@dataclass
+class ConnectResult:
+    """The line and the fitted Bezier curve between two checkpoints.
+
+    ``line`` and ``curve``: `LandscapeResult` of kind "interpolation" over the
+    same t grid in [0, 1] (``alpha`` is t), each with its own barrier summary.
+    ``bend``: the trained θ_c (trainable parameters, name → tensor, CPU).
+    ``history``: the bend training, arrays ``step``, ``t``, ``loss`` (the
+    minibatch loss at each step). ``summary``: the line's and the curve's
+    summaries prefixed ``line_`` and ``curve_``.
+    """
+
+    line: LandscapeResult
+    curve: LandscapeResult
+    bend: dict[str, torch.Tensor]
+    history: dict[str, np.ndarray]
+    summary: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
+    seconds: float = 0.0
+    kind: str = "connect"
+    bend_state: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def frame(self):
+        """Both paths as one pandas DataFrame: path, t, train_loss, train_acc, test_loss, test_acc."""
+        import pandas as pd
+
+        parts = []
+        for name, res in (("line", self.line), ("curve", self.curve)):
+            df = pd.DataFrame(res.rows()).rename(columns={"alpha": "t"})
+            df.insert(0, "path", name)
+            parts.append(df)
+        return pd.concat(parts, ignore_index=True)
+
+    def history_frame(self):
+        """The bend training as a pandas DataFrame: step, t, loss."""
+        import pandas as pd
+
+        return pd.DataFrame(self.history)
+
+    def to_json(self) -> dict[str, Any]:
+        from ..results import jsonable
+
+        return jsonable(
+            {"kind": self.kind, "summary": self.summary, "seconds": self.seconds, **self.meta}
+        )
+
+
+# ------------------------------------------------------------------ bend training
+def _batches(n: int, batch_size: int, gen: torch.Generator):
+    """Endless minibatch indices: a fresh permutation per epoch, incomplete last batch dropped
+    (the whole set when it is smaller than one batch)."""
+    bs = min(batch_size, n)
+    while True:
+        perm = torch.randperm(n, generator=gen)
+        for i in range(0, n - bs + 1, bs):
+            yield perm[i : i + bs]
+
+
+def fit_bend(
+    work: torch.nn.Module,
+    a: dict[str, torch.Tensor],
+    b: dict[str, torch.Tensor],
+    fit: tuple[torch.Tensor, torch.Tensor],
+    *,
+    init: Mapping[str, torch.Tensor] | None = None,
+    buffers: Callable[[float], dict[str, torch.Tensor]] | None = None,
+    steps: int = 1000,
+    lr: float | None = None,
+    optimizer: str = "adam",
+    batch_size: int = 128,
+    seed: int = 0,
+    loss: str = "cross_entropy",
+    on_step: Callable[[int], None] | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
+    """Train the bend θ_c of the Bezier curve between ``a`` and ``b`` (see the module docstring).
+
+    Parameters
+    ----------
+    work : the network, in the modes it should train in (BatchNorm train,
+        the rest eval); called through ``functional_call`` with the curve's
+        parameters and ``buffers(t)``; its own buffers may be updated.
+    a, b : the endpoints' trainable parameters (same device and dtype).
+    fit : (x, y) training data; minibatches are moved to ``a``'s device.
+    init : the starting bend (default the midpoint (a + b)/2).
+    buffers : t → buffers to pass (e.g. interpolated non-BatchNorm buffers).
+    steps, lr, optimizer, batch_size, seed : the step budget, learning rate
+        (default 1e-3 for Adam, 1e-2 for SGD with momentum 0.9), "adam" or
+        "sgd", minibatch size, seed of t and of the minibatches.
+
+    Returns
+    -------
+    (bend, history): the trained θ_c (detached) and arrays step, t, loss.
+    """
+    if optimizer not in BEND_OPTIMIZERS:
+        raise ConfigError(
+            f"--bend-optimizer must be one of {', '.join(BEND_OPTIMIZERS)}; got {optimizer!r}"
+        )
+    lr = DEFAULT_BEND_LR[optimizer] if lr is None else float(lr)
+    first = next(iter(a.values()))
+    x_all, y_all = fit
+    c = {
+        n: (init[n] if init is not None else (a[n] + b[n]) / 2)
+        .detach()
+        .to(first.device, first.dtype)
+        .clone()
+        .requires_grad_(True)
+        for n in a
+    }
+    params = list(c.values())
+    opt = (
+        torch.optim.Adam(params, lr=lr)
+        if optimizer == "adam"
+        else torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM)
+    )
+    gen = torch.Generator().manual_seed(int(seed))
+    batches = _batches(len(x_all), int(batch_size), gen)
+    hist_t = np.empty(int(steps))
+    hist_loss = np.empty(int(steps))
+    for k in range(int(steps)):
+        for group in opt.param_groups:
+            group["lr"] = lr * lr_factor(k, int(steps))
+        t = float(torch.rand((), generator=gen, dtype=torch.float64))
+        idx = next(batches)
+        x = x_all[idx].to(first.device)
+        if x.is_floating_point():
+            x = x.to(first.dtype)
+        y = y_all[idx].to(first.device)
+        if y.is_floating_point():
+            y = y.to(first.dtype)
+        point = bezier(a, b, c, t)
+        extra = buffers(t) if buffers is not None else {}
+        out = functional_call(work, {**extra, **point}, (x,))
+        value = per_sample_loss(out, y, loss).mean()
+        if not bool(torch.isfinite(value)):
+            raise MeasurementError(
+                f"bend training: the loss is {float(value.detach())} at step {k + 1} (t = {t:.3g}); "
+                "lower --bend-lr or check the data"
+            )
+        opt.zero_grad(set_to_none=True)
+        value.backward()
+        opt.step()
+        hist_t[k], hist_loss[k] = t, float(value.detach())
+        if on_step is not None:
+            on_step(k + 1)
+    bend = {n: v.detach() for n, v in c.items()}
+    return bend, {"step": np.arange(1, int(steps) + 1), "t": hist_t, "loss": hist_loss}
+
+
+# ------------------------------------------------------------------ evaluation
+def _path_chunks(
+    point: Callable[[torch.Tensor], dict[str, torch.Tensor]],
+    ts: np.ndarray,
+    like: torch.Tensor,
+    stacked: dict[str, torch.Tensor] | None = None,
+) -> ChunkFn:
+    """Points ``point(t)`` for t = ts[first:stop] (a (K,)-tensor), plus ``stacked[name][first:stop]``."""
+
+    def chunk(first: int, stop: int) -> dict[str, torch.Tensor]:
+        t = torch.as_tensor(ts[first:stop], dtype=like.dtype, device=like.device)
+        out = point(t)
+        for n, v in (stacked or {}).items():
+            out[n] = v[first:stop]
+        return out
+
+    return chunk
+
+
+def connect_landscape(
+    model_a: torch.nn.Module,
+    model_b: torch.nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    fit: tuple[torch.Tensor, torch.Tensor] | None = None,
+    steps: int = 25,
+    bend_steps: int = 1000,
+    bend_lr: float | None = None,
+    bend_optimizer: str = "adam",
+    bend_batch_size: int = 128,
+    bend_init: Mapping[str, torch.Tensor] | None = None,
+    seed: int = 0,
+    loss: str = "cross_entropy",
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    points_per_pass: int | None = None,
+    labels: tuple[str, str] = ("A", "B"),
+    on_progress: Callable[[int, int], None] | None = None,
+) -> ConnectResult:
+    """Fit a quadratic Bezier curve between two checkpoints; loss along it and along the line.
+
+    Parameters
+    ----------
+    model_a, model_b : the endpoints θ_a and θ_b (neither is modified);
+        ``model_a`` provides the network's code, ``model_b`` must match it in
+        parameter and buffer names and shapes.
+    train, test : (x, y) measurement sets: every point of both paths gets
+        train (and test) loss and accuracy; BatchNorm statistics are
+        recomputed on ``train``.
+    fit : (x, y) data the bend is trained on (default ``train``).
+    steps : points on the t grid over [0, 1] (t = 0 and 1 included).
+    bend_steps : optimizer steps of the bend training (0 keeps the midpoint:
+        the curve is then the line).
+    bend_lr, bend_optimizer, bend_batch_size : see `fit_bend`.
+    bend_init : starting bend, name → tensor (default the midpoint).
+    seed : seed of the bend training (t and minibatches).
+    labels : names of the two checkpoints for error messages.
+    on_progress : called as ``on_progress(done, total)``.
+
+    Returns
+    -------
+    `ConnectResult`: ``summary["line_train_loss_barrier"]`` and
+    ``summary["curve_train_loss_barrier"]`` (≥ 0; lower is better
+    connected), the same for the error and the test split, and both paths.
+
+    References
+    ----------
+    Garipov et al., NeurIPS 2018, Sec. 3.1–3.2 (Bezier curve, uniform-t
+    objective, recomputed BatchNorm statistics); Draxler et al., ICML 2018.
+
+    Examples
+    --------
+    >>> res = connect_landscape(model_a, model_b, (x, y), bend_steps=500)  # doctest: +SKIP
+    >>> res.summary["line_train_loss_barrier"], res.summary["curve_train_loss_barrier"]  # doctest: +SKIP
+    (0.45, 0.003)
+    """
+    if bend_optimizer not in BEND_OPTIMIZERS:
+        raise ConfigError(
+            f"--bend-optimizer must be one of {', '.join(BEND_OPTIMIZERS)}; got {bend_optimizer!r}"
+        )
+    if int(bend_steps) < 0:
+        raise ConfigError(f"--bend-steps must be ≥ 0; got {bend_steps}")
+    if bend_lr is not None and not (np.isfinite(bend_lr) and bend_lr > 0):
+        raise ConfigError(f"--bend-lr must be a positive number; got {bend_lr}")
+    if int(steps) < 2:
+        raise ConfigError(f"--steps must be ≥ 2; got {steps}")
+    t0 = time.perf_counter()
+    ts = axis_grid((0.0, 1.0), int(steps), include=(0.0, 1.0))
+    state_a, state_b = model_a.state_dict(), model_b.state_dict()
+    check_state(state_a, state_a, labels[0], labels[0], "--connect")
+    check_state(state_b, state_a, labels[1], labels[0], "--connect")
+    bn_names = batchnorm_buffer_names(model_a)
+    if bn_names and int(bend_batch_size) < 2:
+        raise ConfigError(
+            f"--bend-batch-size must be ≥ 2 for a model with BatchNorm; got {bend_batch_size}"
+        )
+    if int(bend_batch_size) < 1:
+        raise ConfigError(f"--bend-batch-size must be ≥ 1; got {bend_batch_size}")
+    with eval_mode(model_a), eval_mode(model_b):
+        kw = dict(loss=loss, batch_size=batch_size, device=device, dtype=dtype)
+        problems = {"train": Problem(model_a, *train, **kw)}
+        if test is not None:
+            problems["test"] = Problem(model_a, *test, **kw)
+        pa = problems["train"]
+        pb = Problem(model_b, train[0][:1], train[1][:1], **kw)
+        a, b = pa.params, {n: pb.params[n] for n in pa.names}
+        other = [n for n, v in pa.buffers.items() if v.is_floating_point() and n not in bn_names]
+        buf_a = {n: pa.buffers[n] for n in other}
+        buf_b = {n: pb.buffers[n] for n in other}
+        like = a[pa.names[0]] if pa.names else torch.zeros((), device=pa.device, dtype=pa.dtype)
+        n_pts = len(ts)
+        total = int(bend_steps) + (2 * n_pts if bn_names else 0) + 2 * n_pts * len(problems)
+        done = 0
+
+        def advance(k: int) -> None:
+            nonlocal done
+            done += k
+            if on_progress is not None:
+                on_progress(done, total)
+
+        def step_done(k: int) -> None:
+            advance(1)
+
+        work = copy.deepcopy(model_a).to(device=pa.device, dtype=pa.dtype)
+        for m in work.modules():  # BatchNorm on batch statistics, everything else in eval mode
+            m.train(isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
+        for p in work.parameters():
+            p.requires_grad_(False)
+        fit = train if fit is None else fit
+        bend, history = fit_bend(
+            work,
+            a,
+            b,
+            fit,
+            init=None if bend_init is None else {n: bend_init[n] for n in pa.names},
+            buffers=lambda t: _line(buf_a, buf_b, t),
+            steps=int(bend_steps),
+            lr=bend_lr,
+            optimizer=bend_optimizer,
+            batch_size=int(bend_batch_size),
+            seed=seed,
+            loss=loss,
+            on_step=step_done,
+        )
+        del work
+        recompute = BatchNormRecomputer(model_a, pa.device, pa.dtype) if bn_names else None
+        results = {}
+        for path in PATHS:
+
+            def point(t: torch.Tensor, path: str = path) -> dict[str, torch.Tensor]:
+                out = {}
+                for n, va in {**a, **buf_a}.items():
+                    tt = t.view((-1,) + (1,) * va.ndim)
+                    vb = b[n] if n in b else buf_b[n]
+                    if path == "curve" and n in bend:
+                        out[n] = bezier({n: va}, {n: vb}, {n: bend[n]}, tt)[n]
+                    else:
+                        out[n] = _line({n: va}, {n: vb}, tt)[n]
+                return out
+
+            stacked = None
+            if recompute is not None:
+                per_t = []
+                for t in ts:
+                    pt = {
+                        n: v[0]
+                        for n, v in point(
+                            torch.tensor([t], dtype=pa.dtype, device=pa.device)
+                        ).items()
+                    }
+                    per_t.append(recompute({n: pt[n] for n in pa.names}, pa.batches, pt))
+                    advance(1)
+                stacked = {n: torch.stack([s[n] for s in per_t]) for n in per_t[0]}
+            metrics, diags = evaluate_splits(
+                problems, _path_chunks(point, ts, like, stacked), n_pts, points_per_pass, advance
+            )
+            for split in problems:
+                lo = metrics[f"{split}_loss"]
+                bad = np.flatnonzero(np.isnan(lo))
+                if len(bad):
+                    raise MeasurementError(
+                        f"the {split} loss is NaN along the {path} at {len(bad)} of {n_pts} points "
+                        f"(first at t = {ts[bad[0]]:.4g})"
+                    )
+            res = LandscapeResult(kind="interpolation", alpha=ts, beta=None, **metrics)
+            res.meta = {"path": path, "evaluator": diags}
+            res.summary = summarize(res)
+            results[path] = res
+        mid = {n: (a[n] + b[n]) / 2 for n in pa.names}
+        bend_dist = float(sum((bend[n] - mid[n]).double().pow(2).sum() for n in pa.names) ** 0.5)
+        dist = float(sum((b[n] - a[n]).double().pow(2).sum() for n in pa.names) ** 0.5)
+        bend_state = {k: v.detach().to("cpu").clone() for k, v in state_a.items()}
+        for n in pa.names:
+            bend_state[n] = bend[n].detach().to("cpu", bend_state[n].dtype).clone()
+        meta = {
+            "checkpoints": list(labels),
+            "steps": int(steps),
+            "bend_steps": int(bend_steps),
+            "bend_optimizer": bend_optimizer,
+            "bend_lr": DEFAULT_BEND_LR[bend_optimizer] if bend_lr is None else float(bend_lr),
+            "bend_batch_size": min(int(bend_batch_size), len(fit[0])),
+            "n_fit": len(fit[0]),
+            "seed": int(seed),
+            "num_params": pa.num_params,
+            "n_train": pa.n,
+            "n_test": problems["test"].n if "test" in problems else None,
+            "distance": dist,
+            "bend_distance_from_midpoint": bend_dist,
+            "bn_recomputed": bn_names,
+            "fit_loss_first": float(history["loss"][: max(1, min(50, len(history["loss"])))].mean())
+            if len(history["loss"])
+            else None,
+            "fit_loss_last": float(history["loss"][-min(50, len(history["loss"])) :].mean())
+            if len(history["loss"])
+            else None,
+        }
+    out = ConnectResult(
+        line=results["line"],
+        curve=results["curve"],
+        bend={n: v.detach().to("cpu") for n, v in bend.items()},
+        history=history,
+        bend_state=bend_state,
+    )
+    out.summary = {
+        **{f"line_{k}": v for k, v in results["line"].summary.items()},
+        **{f"curve_{k}": v for k, v in results["curve"].summary.items()},
+    }
+    out.meta = meta
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def write_connect_files(
+    res: ConnectResult,
+    outdir: str | Path,
+    plots: bool = True,
+    checkpoint_extras: Mapping[str, Any] | None = None,
+) -> dict[str, Path]:
+    """Write ``connect.csv`` (both paths along t), ``connect_fit.csv`` (the bend training),
+    ``bend.pt``, ``connect.json`` and (with matplotlib) ``connect.png``.
+
+    ``bend.pt`` is a checkpoint like the endpoints' (``{"state_dict": …}``
+    plus ``checkpoint_extras``, e.g. ``model_kwargs``, and a ``curve`` entry
+    naming the endpoints): θ_c in place of the trainable parameters, the
+    other tensors (frozen parameters, buffers) θ_a's. The bend is a control
+    point, not a point on the curve; its buffers have no meaning of their own.
+    """
+    import json
+
+    from ..results import atomic_write
+
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    files = {
+        "csv": outdir / "connect.csv",
+        "fit": outdir / "connect_fit.csv",
+        "bend": outdir / "bend.pt",
+        "json": outdir / "connect.json",
+    }
+    atomic_write(files["csv"], res.frame().to_csv(index=False))
+    atomic_write(files["fit"], res.history_frame().to_csv(index=False))
+    obj = {
+        **dict(checkpoint_extras or {}),
+        "state_dict": res.bend_state,
+        "curve": {"kind": "quadratic_bezier", "endpoints": res.meta.get("checkpoints")},
+    }
+    tmp = files["bend"].with_suffix(".pt.tmp")
+    torch.save(obj, tmp)
+    tmp.replace(files["bend"])
+    if plots:
+        from .plots import PLOT_HINT, have_matplotlib
+
+        if have_matplotlib():
+            from .viewplots import plot_connect
+
+            files["plot"] = plot_connect(res, outdir / "connect.png")
+        else:
+            res.meta["plots"] = PLOT_HINT
+    res.files = files
+    atomic_write(
+        files["json"],
+        json.dumps({**res.to_json(), "files": {k: str(v) for k, v in files.items()}}, indent=2),
+    )
+    return files

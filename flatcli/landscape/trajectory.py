@@ -1,0 +1,600 @@
+r"""Trajectory PCA: the loss over the plane of a training trajectory's two main directions.
+
+Li, Xu, Taylor, Studer, Goldstein, "Visualizing the Loss Landscape of Neural
+Nets", NeurIPS 2018, Sec. 7 ("Visualizing optimization paths"). Random
+directions are nearly orthogonal to an optimization path in high dimension, so
+the path is drawn in the plane of its own principal directions. With
+checkpoints θ_1, …, θ_T of one training run (θ_T the last) and the T × P matrix
+
+.. math:: M = [\theta_1 - \theta_T; \;\dots;\; \theta_T - \theta_T]
+
+(one row per checkpoint, P trainable parameters; the last row is zero, as in
+Li et al.'s code, which lists the final model among the path's files), the
+directions v_1, v_2 are the top two principal components of M: the leading
+right singular vectors of the column-centred matrix M − 1μᵀ, μ the row mean,
+exactly what scikit-learn's ``PCA(n_components=2)`` returns (the sign of each
+component is fixed so that its largest-magnitude entry is positive). Centring
+makes them the principal directions of the trajectory points themselves. Each
+direction explains the variance
+
+.. math:: \lambda_k = \frac{s_k^2}{T - 1}, \qquad
+          r_k = \lambda_k \Big/ \frac{\lVert M - 1\mu^\top \rVert_F^2}{T - 1},
+
+s_k the k-th singular value (``explained_variance`` and
+``explained_variance_ratio``, as in scikit-learn). Three checkpoints are the
+least that define two directions. The directions are the raw, unit-norm
+principal components over every trainable parameter (no filter normalization:
+they come from the data, not from a random draw).
+
+Checkpoint t projects to the plane at
+
+.. math:: (\alpha_t, \beta_t) = \big((\theta_t - \theta_T)\cdot v_1,\;
+          (\theta_t - \theta_T)\cdot v_2\big),
+
+θ_T at the origin; ``distance_to_plane`` is the norm of what the plane misses,
+‖θ_t − θ_T − α_t v_1 − β_t v_2‖. The surface is the 2D slice of
+`flatcli.landscape.slices` with these directions,
+
+.. math:: f(\alpha, \beta) = L(\theta_T + \alpha v_1 + \beta v_2),
+
+evaluated by the same vmapped evaluator on a ``steps × steps`` grid that by
+default covers the projected path with a margin of `PATH_MARGIN` of its extent
+on each side (α = β = 0 is always on the grid). BatchNorm running statistics
+along the plane are θ_T's, as in the slices; each checkpoint's own loss (the
+path CSV) is evaluated with its own parameters and buffers.
+
+Solvers (``solver``): ``"full"`` is scikit-learn's ``PCA(svd_solver="full",
+copy=False)`` (exact; LAPACK works on one copy of M and returns a T × P factor);
+``"randomized"`` is scikit-learn's ``randomized_svd`` (Halko, Martinsson, Tropp
+2011) on M centred in place, with 10 oversamples and 7 power iterations: no
+copy of M at all, and exact to rounding when T ≤ 12 (the sketch then spans
+every row). ``"auto"`` uses "full" up to `FULL_MAX_ENTRIES` entries of M and
+"randomized" beyond. M is float64 and is built once (8·T·P bytes).
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..engine import Problem, eval_mode
+from ..errors import ConfigError, MeasurementError
+from .evaluate import evaluate_splits
+from .result import LandscapeResult, summarize
+from .slices import axis_grid, direction_chunks, parse_span
+
+PCA_SOLVERS = ("auto", "full", "randomized")
+FULL_MAX_ENTRIES = 10_000_000  # T·P up to which "auto" runs the full SVD
+PATH_MARGIN = 0.25  # default grid: the path's extent plus this fraction of it on each side
+MIN_CHECKPOINTS = 3
+
+
+# ------------------------------------------------------------------ checkpoint lists
+def natural_key(path: str | Path) -> list:
+    """Sort key that orders digit runs by value: ``epoch_2`` before ``epoch_10``."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(path))]
+
+
+def trajectory_paths(
+    checkpoints: str | Path | Sequence[str | Path], sort: bool = True
+) -> list[Path]:
+    """The checkpoint files of a trajectory, in training order.
+
+    Every entry with glob characters (``*?[``) is expanded; with ``sort``
+    (default) the whole list is then sorted naturally, so both a quoted glob
+    and a shell-expanded one (which the shell sorts as text: epoch_10 before
+    epoch_2) come out in training order. ``sort=False`` keeps the order given
+    (each glob's own matches still sorted naturally). Raises `ConfigError` for
+    a glob that matches nothing, a missing file, or fewer than 3 checkpoints.
+    """
+    entries = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
+    out: list[Path] = []
+    for e in entries:
+        s = str(Path(e).expanduser())
+        if glob.has_magic(s):
+            hits = sorted(glob.glob(s), key=natural_key)
+            if not hits:
+                raise ConfigError(f"--pca: the glob {str(e)!r} matches no file")
+            out += [Path(h) for h in hits]
+        else:
+            out.append(Path(s))
+    if sort:
+        out.sort(key=natural_key)
+    for p in out:
+        if not p.is_file():
+            raise ConfigError(f"--pca: checkpoint not found: {p}")
+    if len(out) < MIN_CHECKPOINTS:
+        raise ConfigError(
+            f"--pca needs at least {MIN_CHECKPOINTS} checkpoints; got {len(out)}"
+            + (f" ({', '.join(str(p) for p in out)})" if out else "")
+        )
+    return out
+
+
+class LazyTrajectory(Sequence):
+    """A trajectory whose items are loaded when accessed: ``loader(path)`` for each of ``paths``,
+    then ``last`` (θ_T, already loaded) when given. Nothing is cached, so one checkpoint is in
+    memory at a time besides ``last``."""
+
+    def __init__(
+        self,
+        paths: Sequence[str | Path],
+        loader: Callable[[Path], torch.nn.Module | Mapping[str, torch.Tensor]],
+        last: torch.nn.Module | Mapping[str, torch.Tensor] | None = None,
+    ):
+        self.paths = [Path(p) for p in paths]
+        self.loader = loader
+        self.last = last
+
+    def __len__(self) -> int:
+        return len(self.paths) + (self.last is not None)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.last if i == len(self.paths) else self.loader(self.paths[i])
+
+
+# ------------------------------------------------------------------ PCA
+@dataclass
+class TrajectoryPCA:
+    """The two principal directions of a trajectory matrix (see the module docstring).
+
+    ``components``: (2, P) unit rows; ``explained_variance`` λ_k and
+    ``explained_variance_ratio`` r_k; ``singular_values`` s_k; ``mean`` μ (P,);
+    ``solver``: "full" or "randomized".
+    """
+
+    components: np.ndarray
+    explained_variance: np.ndarray
+    explained_variance_ratio: np.ndarray
+    singular_values: np.ndarray
+    mean: np.ndarray
+    solver: str
+
+
+def _flip_signs(vt: np.ndarray) -> np.ndarray:
+    """Make the largest-magnitude entry of each row positive (scikit-learn's ``svd_flip`` on Vᵀ)."""
+    idx = np.argmax(np.abs(vt), axis=1)
+    signs = np.sign(vt[np.arange(vt.shape[0]), idx])
+    signs[signs == 0] = 1.0
+    return vt * signs[:, None]
+
+
+def trajectory_pca(matrix: np.ndarray, solver: str = "auto", seed: int = 0) -> TrajectoryPCA:
+    """Top two principal directions of the rows of ``matrix`` (T × P, T ≥ 3).
+
+    Parameters
+    ----------
+    matrix : float64 array, C-contiguous. It is centred **in place** (its
+        columns' mean subtracted) and not copied, so that a large trajectory
+        is held once; afterwards it holds M − 1μᵀ.
+    solver : "auto" (default), "full" (scikit-learn PCA, exact) or
+        "randomized" (randomized SVD, no copy of the matrix).
+    seed : seed of the randomized sketch.
+
+    Returns
+    -------
+    `TrajectoryPCA`.
+    """
+    if solver not in PCA_SOLVERS:
+        raise ConfigError(f"--solver must be one of {', '.join(PCA_SOLVERS)}; got {solver!r}")
+    if matrix.ndim != 2 or matrix.shape[0] < MIN_CHECKPOINTS:
+        raise ConfigError(
+            f"--pca needs at least {MIN_CHECKPOINTS} checkpoints; got {matrix.shape[0] if matrix.ndim == 2 else 0}"
+        )
+    if matrix.dtype != np.float64 or not matrix.flags.c_contiguous:
+        raise ValueError(
+            "trajectory_pca needs a C-contiguous float64 matrix (it is centred in place)"
+        )
+    t, p = matrix.shape
+    if solver == "auto":
+        solver = "full" if t * p <= FULL_MAX_ENTRIES else "randomized"
+    mean = matrix.mean(axis=0)
+    matrix -= mean
+    total = float(np.einsum("ij,ij->", matrix, matrix)) / (t - 1)
+    if not total > 0:
+        raise ConfigError(
+            f"--pca: all {t} checkpoints hold the same parameters; there is no path to project"
+        )
+    if solver == "full":
+        from sklearn.decomposition import PCA
+
+        pca = PCA(n_components=2, svd_solver="full", copy=False).fit(matrix)
+        mean = mean + pca.mean_  # the rounding-level mean PCA removed again
+        comps = np.asarray(pca.components_, dtype=np.float64)
+        sv = np.asarray(pca.singular_values_, dtype=np.float64)
+    else:
+        from sklearn.utils.extmath import randomized_svd
+
+        _, sv, vt = randomized_svd(
+            matrix, n_components=2, n_oversamples=10, n_iter=7, random_state=int(seed)
+        )
+        comps = _flip_signs(vt)
+    ev = sv**2 / (t - 1)
+    return TrajectoryPCA(
+        components=np.ascontiguousarray(comps),
+        explained_variance=ev,
+        explained_variance_ratio=ev / total,
+        singular_values=sv,
+        mean=mean,
+        solver=solver,
+    )
+
+
+# ------------------------------------------------------------------ result
+@dataclass
+class TrajectoryResult:
+    """A trajectory PCA view.
+
+    ``surface``: the 2D `LandscapeResult` over (α, β) (``alpha`` along v_1,
+    ``beta`` along v_2). ``path``: one entry per checkpoint, in order:
+    ``checkpoint`` (label), ``alpha``, ``beta``, ``distance_to_plane``, the
+    checkpoint's own ``train_loss``, ``train_acc`` (and ``test_*``), and
+    ``plane_train_loss`` (the loss at its projection on the plane).
+    ``explained_variance`` / ``explained_variance_ratio``: of v_1 and v_2;
+    ``components``: v_1 and v_2 as the rows of a (2, P) array, in the order of
+    the model's trainable parameters (``named_parameters``).
+    """
+
+    surface: LandscapeResult
+    path: dict[str, list | np.ndarray]
+    explained_variance: np.ndarray
+    explained_variance_ratio: np.ndarray
+    components: np.ndarray
+    summary: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
+    seconds: float = 0.0
+    kind: str = "pca"
+
+    def grid_frame(self):
+        """The grid as a pandas DataFrame: alpha, beta, train_loss, train_acc, test_loss, test_acc."""
+        import pandas as pd
+
+        return pd.DataFrame(self.surface.rows())
+
+    def path_frame(self):
+        """The projected path as a pandas DataFrame, one row per checkpoint."""
+        import pandas as pd
+
+        cols = [
+            "checkpoint",
+            "alpha",
+            "beta",
+            "distance_to_plane",
+            "train_loss",
+            "train_acc",
+            "test_loss",
+            "test_acc",
+            "plane_train_loss",
+        ]
+        n = len(self.path["checkpoint"])
+        return pd.DataFrame({c: self.path.get(c, [None] * n) for c in cols})
+
+    def to_json(self) -> dict[str, Any]:
+        from ..results import jsonable
+
+        return jsonable(
+            {
+                "kind": self.kind,
+                "summary": self.summary,
+                "explained_variance": self.explained_variance,
+                "explained_variance_ratio": self.explained_variance_ratio,
+                "seconds": self.seconds,
+                **self.meta,
+            }
+        )
+
+
+# ------------------------------------------------------------------ helpers
+def _state(item: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if isinstance(item, torch.nn.Module):
+        return dict(item.state_dict())
+    if isinstance(item, Mapping):
+        return dict(item)
+    raise TypeError(
+        f"a trajectory item must be an nn.Module or a state dict; got {type(item).__name__}"
+    )
+
+
+def check_state(
+    state: Mapping[str, torch.Tensor],
+    ref: Mapping[str, torch.Tensor],
+    label: str,
+    ref_label: str,
+    option: str,
+) -> None:
+    """`ConfigError` naming the checkpoint and tensor unless ``state`` matches ``ref`` in names and shapes
+    and its floating-point tensors are finite."""
+    missing = [n for n in ref if n not in state]
+    extra = [n for n in state if n not in ref]
+    shapes = [
+        f"{n} {tuple(state[n].shape)} vs {tuple(ref[n].shape)}"
+        for n in ref
+        if n in state and tuple(state[n].shape) != tuple(ref[n].shape)
+    ]
+    if missing or extra or shapes:
+        parts = shapes[:3]
+        if missing:
+            parts.append(f"missing {', '.join(missing[:3])}")
+        if extra:
+            parts.append(f"not in {ref_label}: {', '.join(extra[:3])}")
+        raise ConfigError(
+            f"{option}: checkpoint {label} has a different architecture than {ref_label}: "
+            + "; ".join(parts)
+        )
+    for n, v in state.items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise ConfigError(
+                f"{option}: checkpoint {label} holds non-finite values (NaN/inf) in {n}"
+            )
+
+
+def _auto_span(c: np.ndarray, margin: float) -> tuple[float, float]:
+    lo, hi = float(min(c.min(), 0.0)), float(max(c.max(), 0.0))
+    width = hi - lo
+    if width <= 0:
+        return -1.0, 1.0
+    return lo - margin * width, hi + margin * width
+
+
+def _nan_check(values: np.ndarray, what: str, where: Callable[[int], str]) -> None:
+    bad = np.flatnonzero(np.isnan(np.asarray(values, dtype=float).ravel()))
+    if len(bad):
+        raise MeasurementError(
+            f"the {what} is NaN at {len(bad)} of {np.asarray(values).size} points (first at {where(int(bad[0]))})"
+        )
+
+
+# ------------------------------------------------------------------ the view
+def trajectory_landscape(
+    trajectory: Sequence[torch.nn.Module | Mapping[str, torch.Tensor]],
+    train: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    model: torch.nn.Module | None = None,
+    labels: Sequence[str] | None = None,
+    steps: int = 25,
+    span: str | Sequence[float] | None = None,
+    solver: str = "auto",
+    seed: int = 0,
+    loss: str = "cross_entropy",
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    points_per_pass: int | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> TrajectoryResult:
+    """PCA directions of a training trajectory, its projection, and the loss over their plane.
+
+    Parameters
+    ----------
+    trajectory : T ≥ 3 checkpoints in training order, each an ``nn.Module``
+        or a state dict (name → tensor); the last is θ_T, the centre. Items
+        are read one at a time and not kept, so a lazy sequence that loads a
+        file on ``__getitem__`` holds one checkpoint in memory at a time (each
+        item is read once for the matrix and once per split for its own loss).
+    train, test : (x, y) data; every grid point and checkpoint gets train
+        (and test) loss and accuracy.
+    model : the network whose code evaluates the points (default: the last
+        item, which must then be a module). Not modified.
+    labels : a name per checkpoint for the path table (default "0", "1", …).
+    steps : grid points per axis.
+    span : (a, b) or "a,b" for both axes; default: each axis covers the
+        projected path plus `PATH_MARGIN` of its extent on each side.
+    solver : "auto", "full" or "randomized" (see the module docstring).
+    seed : seed of the randomized solver.
+    points_per_pass : grid points per vmapped forward pass (see `evaluate`).
+    on_progress : called as ``on_progress(done, total)``.
+
+    Returns
+    -------
+    `TrajectoryResult`; ``summary`` holds the explained variance ratios, the
+    grid's ``train_loss_center`` (θ_T), ``train_loss_min``/``max`` and the
+    first and last checkpoints' own train loss.
+
+    References
+    ----------
+    Li, Xu, Taylor, Studer, Goldstein, "Visualizing the Loss Landscape of
+    Neural Nets", NeurIPS 2018, Sec. 7.
+
+    Examples
+    --------
+    >>> res = trajectory_landscape([m1, m2, m3, m4], (x, y), steps=21)  # doctest: +SKIP
+    >>> res.explained_variance_ratio, res.surface.train_loss.shape  # doctest: +SKIP
+    (array([0.93, 0.05]), (21, 21))
+    """
+    if solver not in PCA_SOLVERS:
+        raise ConfigError(f"--solver must be one of {', '.join(PCA_SOLVERS)}; got {solver!r}")
+    n_ck = len(trajectory)
+    if n_ck < MIN_CHECKPOINTS:
+        raise ConfigError(f"--pca needs at least {MIN_CHECKPOINTS} checkpoints; got {n_ck}")
+    labels = [str(i) for i in range(n_ck)] if labels is None else [str(s) for s in labels]
+    if len(labels) != n_ck:
+        raise ValueError(f"{len(labels)} labels for {n_ck} checkpoints")
+    fixed_span = parse_span(span, (-1.0, 1.0)) if span is not None else None
+    steps_n = int(steps)
+    if steps_n < 2:
+        raise ConfigError(f"--steps must be ≥ 2; got {steps}")
+    t0 = time.perf_counter()
+    last = trajectory[n_ck - 1]
+    if model is None:
+        if not isinstance(last, torch.nn.Module):
+            raise ValueError("model is required when the trajectory holds state dicts")
+        model = last
+    centre_state = _state(last)
+    work = copy.deepcopy(model)
+    check_state(centre_state, work.state_dict(), labels[-1], "the model", "--pca")
+    work.load_state_dict(centre_state)
+    with eval_mode(work):
+        kw = dict(loss=loss, batch_size=batch_size, device=device, dtype=dtype)
+        problems = {"train": Problem(work, *train, **kw)}
+        if test is not None:
+            problems["test"] = Problem(work, *test, **kw)
+        pt = problems["train"]
+        names, ref_state = pt.names, work.state_dict()
+        float_buffers = [n for n, v in pt.buffers.items() if v.is_floating_point()]
+        # loading, grid (steps² points until the grid is known), own losses, plane points
+        total = n_ck + (steps_n**2 + n_ck) * len(problems) + n_ck
+        done = 0
+
+        def advance(k: int) -> None:
+            nonlocal done
+            done += k
+            if on_progress is not None:
+                on_progress(done, total)
+
+        # one dense T × P float64 matrix, filled row by row
+        theta_t = torch.cat(
+            [centre_state[n].detach().reshape(-1).to("cpu", torch.float64) for n in names]
+        )
+        mat = np.empty((n_ck, theta_t.numel()), dtype=np.float64)
+        for i in range(n_ck):
+            st = centre_state if i == n_ck - 1 else _state(trajectory[i])
+            check_state(st, ref_state, labels[i], labels[-1], "--pca")
+            row = torch.cat([st[n].detach().reshape(-1).to("cpu", torch.float64) for n in names])
+            mat[i] = (row - theta_t).numpy()
+            del st, row
+            advance(1)
+        pca = trajectory_pca(mat, solver=solver, seed=seed)
+        comps = pca.components
+        coords = mat @ comps.T + pca.mean @ comps.T  # (θ_t − θ_T)·v_k, from the centred rows
+        coords[-1] = 0.0  # θ_T − θ_T = 0 exactly (the centring leaves rounding there)
+        dist = np.zeros(n_ck)
+        for i in range(n_ck - 1):
+            resid = mat[i] + pca.mean - coords[i, 0] * comps[0] - coords[i, 1] * comps[1]
+            dist[i] = float(np.sqrt(resid @ resid))
+        del mat
+        dirs = [pt.unflatten(torch.as_tensor(c, dtype=pt.dtype, device=pt.device)) for c in comps]
+        if fixed_span is not None:
+            span_a = span_b = fixed_span
+        else:
+            span_a, span_b = (
+                _auto_span(coords[:, 0], PATH_MARGIN),
+                _auto_span(coords[:, 1], PATH_MARGIN),
+            )
+        alpha = axis_grid(span_a, steps_n)
+        beta = axis_grid(span_b, steps_n)
+        aa, bb = np.meshgrid(alpha, beta, indexing="ij")
+        grid = np.stack([aa.ravel(), bb.ravel()], axis=1)
+        total += (len(grid) - steps_n**2) * len(problems)
+        metrics, diags = evaluate_splits(
+            problems, direction_chunks(pt.params, dirs, grid), len(grid), points_per_pass, advance
+        )
+        shape = (len(alpha), len(beta))
+        metrics = {k: v.reshape(shape) for k, v in metrics.items()}
+        for split in problems:
+            _nan_check(
+                metrics[f"{split}_loss"],
+                f"{split} loss on the PCA plane",
+                lambda k: f"alpha={alpha[k // len(beta)]:.4g}, beta={beta[k % len(beta)]:.4g}",
+            )
+        plane, _ = evaluate_splits(
+            {"train": pt}, direction_chunks(pt.params, dirs, coords), n_ck, points_per_pass, advance
+        )
+
+        def own(first: int, stop: int) -> dict[str, torch.Tensor]:
+            sts = [
+                centre_state if i == n_ck - 1 else _state(trajectory[i]) for i in range(first, stop)
+            ]
+            return {
+                n: torch.stack([s[n].detach() for s in sts]).to(pt.device, pt.dtype)
+                for n in names + float_buffers
+            }
+
+        path_metrics, _ = evaluate_splits(problems, own, n_ck, points_per_pass, advance)
+        for split in problems:
+            _nan_check(
+                path_metrics[f"{split}_loss"], f"{split} loss of a checkpoint", lambda k: labels[k]
+            )
+        num_params, n_train = pt.num_params, pt.n
+    surface = LandscapeResult(kind="2d", alpha=alpha, beta=beta, **metrics)
+    surface.meta = {"directions": "pca", "span": [list(span_a), list(span_b)], "steps": steps_n}
+    surface.summary = summarize(surface)
+    path: dict[str, list | np.ndarray] = {
+        "checkpoint": labels,
+        "alpha": coords[:, 0],
+        "beta": coords[:, 1],
+        "distance_to_plane": dist,
+        **path_metrics,
+        "plane_train_loss": plane["train_loss"],
+    }
+    res = TrajectoryResult(
+        surface=surface,
+        path=path,
+        explained_variance=pca.explained_variance,
+        explained_variance_ratio=pca.explained_variance_ratio,
+        components=comps,
+    )
+    ratio = [float(r) for r in pca.explained_variance_ratio]
+    res.summary = {
+        "explained_variance_ratio_1": ratio[0],
+        "explained_variance_ratio_2": ratio[1],
+        **surface.summary,
+        "path_train_loss_first": float(path_metrics["train_loss"][0]),
+        "path_train_loss_last": float(path_metrics["train_loss"][-1]),
+        "path_max_distance_to_plane": float(dist.max()),
+    }
+    res.meta = {
+        "checkpoints": labels,
+        "solver": pca.solver,
+        "seed": int(seed),
+        "span": [list(span_a), list(span_b)],
+        "span_auto": fixed_span is None,
+        "steps": steps_n,
+        "num_params": num_params,
+        "n_train": n_train,
+        "n_test": problems["test"].n if "test" in problems else None,
+        "singular_values": pca.singular_values,
+        "evaluator": diags,
+    }
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def write_trajectory_files(
+    res: TrajectoryResult, outdir: str | Path, plots: bool = True
+) -> dict[str, Path]:
+    """Write ``pca_grid.csv``, ``pca_path.csv``, ``pca.json`` and (with matplotlib) ``pca.png``."""
+    import json
+
+    from ..results import atomic_write
+
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    files = {
+        "grid": outdir / "pca_grid.csv",
+        "path": outdir / "pca_path.csv",
+        "json": outdir / "pca.json",
+    }
+    atomic_write(files["grid"], res.grid_frame().to_csv(index=False))
+    atomic_write(files["path"], res.path_frame().to_csv(index=False))
+    if plots:
+        from .plots import PLOT_HINT, have_matplotlib
+
+        if have_matplotlib():
+            from .viewplots import plot_trajectory
+
+            files["plot"] = plot_trajectory(res, outdir / "pca.png")
+        else:
+            res.meta["plots"] = PLOT_HINT
+    res.files = files
+    atomic_write(
+        files["json"],
+        json.dumps({**res.to_json(), "files": {k: str(v) for k, v in files.items()}}, indent=2),
+    )
+    return files
