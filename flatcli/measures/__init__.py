@@ -45,6 +45,7 @@ _FAMILY_MODULES = [
     "flatcli.measures.pacbayes",
     "flatcli.measures.fisher_rao",
     "flatcli.measures.local_entropy",
+    "flatcli.measures.weightwatcher",
 ]
 
 
