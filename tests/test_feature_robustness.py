@@ -303,3 +303,12 @@ def test_check_invariance_holds_with_normalized_features(transform):
     rep = check_invariance_model(model, (x, y), measures, transform=transform, scale=10.0, seed=0, batch_size=24)
     fr = next(r for r in rep.results if r.name == "feature_robustness")
     assert fr.claims_invariance and fr.held and fr.rel_change <= 1e-9
+
+
+def test_representativeness_leaves_the_model_and_its_hooks_alone():
+    model = _mlp(nn.Tanh)
+    x, y = _data(n=30)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    measure(model, x, y, samples=3, curve=1, representativeness=True, normalize_features=True)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())

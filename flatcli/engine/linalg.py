@@ -278,10 +278,10 @@ def rademacher(k: int, dim: int, generator: torch.Generator, device=None, dtype=
     return bits.to(dtype).mul_(2).sub_(1)
 
 
-def _block_forms(Z: torch.Tensor, HZ: torch.Tensor, blocks) -> list[list[float]]:
-    """Per row of Z, the parts :math:`z_b^\top (Hz)_b` of :math:`z^\top Hz` over the blocks."""
-    prod = Z.double() * HZ.double()
-    return torch.stack([prod[:, b].sum(1) for b in blocks], 1).cpu().tolist()
+def _block_forms(prod: torch.Tensor, blocks) -> list[list[float]]:
+    """Per row of ``prod`` = Z ∘ HZ, the parts :math:`z_b^\top (Hz)_b` of :math:`z^\top Hz`
+    over the blocks (summed in float64, like the totals)."""
+    return torch.stack([prod[:, b].sum(1, dtype=torch.float64) for b in blocks], 1).cpu().tolist()
 
 
 def _mean_se(samples: list[float]) -> tuple[float, float]:
@@ -331,10 +331,10 @@ def hutchinson(
         left = max_probes - len(samples)
         k = min(max(min_probes - len(samples), block, 1), left)
         Z = rademacher(k, dim, generator, device, dtype)
-        HZ = matvec(Z)
-        samples.extend((Z * HZ.to(Z.dtype)).sum(1, dtype=torch.float64).cpu().tolist())
+        prod = Z * matvec(Z).to(Z.dtype)
+        samples.extend(prod.sum(1, dtype=torch.float64).cpu().tolist())
         if blocks is not None:
-            parts.extend(_block_forms(Z, HZ, blocks))
+            parts.extend(_block_forms(prod, blocks))
         if len(samples) >= min_probes:
             est, se = _mean_se(samples)
             if se <= tol * abs(est):
@@ -459,7 +459,7 @@ def hutchpp(
             growing = False
         samples.extend(new)
         if blocks is not None:
-            parts.extend(_block_forms(G, HG, blocks))
+            parts.extend(_block_forms(G * HG, blocks))
         if used >= min_probes and len(samples) >= min_samples:
             m, se = _mean_se(samples)
             if se <= tol * abs(low + m):
