@@ -59,3 +59,72 @@ def write_project(tmp: Path, *, width=8, n_ckpt=2, measures=None, extra=None) ->
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+class ConvBN(nn.Module):
+    """Conv (no bias) → BatchNorm2d → ReLU → flatten → Linear, on 1 × 6 × 6 inputs."""
+
+    def __init__(self, channels=4):
+        super().__init__()
+        self.conv = nn.Conv2d(1, channels, 3, bias=False)
+        self.bn = nn.BatchNorm2d(channels)
+        self.fc = nn.Linear(channels * 16, 3)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def conv_bn_setup(seed=0, n=64):
+    """A `ConvBN` (float64, eval mode) with running statistics from its data, random γ, β,
+    and labels it predicts itself: (model, x, y)."""
+    torch.manual_seed(seed)
+    m = ConvBN().double()
+    g = torch.Generator().manual_seed(seed + 1)
+    x = 3 * torch.randn(n, 1, 6, 6, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        m.train()
+        m.bn.momentum = None  # cumulative average: the statistics of x
+        m(x)
+        m.bn.weight.uniform_(0.5, 1.5)
+        m.bn.bias.uniform_(-0.2, 0.2)
+        m.eval()
+        y = m(x).argmax(1)
+    return m, x, y
+
+
+def rescale_conv_bn(model, c):
+    """A copy computing the same eval-mode function: conv weights × c, running mean × c,
+    running variance and BatchNorm's ε × c² (so that √(σ² + ε) scales exactly by c)."""
+    import copy
+
+    r = copy.deepcopy(model)
+    with torch.no_grad():
+        r.conv.weight.mul_(c)
+        r.bn.running_mean.mul_(c)
+        r.bn.running_var.mul_(c * c)
+    r.bn.eps = model.bn.eps * c * c
+    return r
+
+
+def conv_bn_folded_by_hand(model):
+    """The same function without BatchNorm: Conv with W' = diag(s) W and bias b' = −s∘μ + β,
+    s = γ/√(σ² + ε), then ReLU → flatten → Linear; parameters in the same order as a folded copy."""
+    import copy
+
+    class Plain(nn.Module):
+        def __init__(self, ch):
+            super().__init__()
+            self.conv = nn.Conv2d(1, ch, 3, bias=True)
+            self.bn = nn.Identity()
+            self.fc = copy.deepcopy(model.fc)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+    bn = model.bn
+    plain = Plain(model.conv.out_channels).double()
+    with torch.no_grad():
+        s = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+        plain.conv.weight.copy_(model.conv.weight * s[:, None, None, None])
+        plain.conv.bias.copy_(bn.bias - s * bn.running_mean)
+    return plain.eval()

@@ -105,3 +105,44 @@ def test_model_labels_need_cross_entropy():
     p = Problem(relu_net(bias=True), x, torch.randn(6, 3, dtype=torch.float64), loss="mse")
     with pytest.raises(ConfigError, match="labels"):
         run(p, labels="model")
+
+
+# ---------------------------------------------------------------- BatchNorm folding
+
+
+def _fr(model, x, y, **options):
+    from flatcli.api import measure_model
+
+    row = measure_model(model, (x, y), [{"fisher_rao_norm": options}], precision="fp64", batch_size=32)
+    assert not row.errors, row.errors
+    return row.results["fisher_rao_norm"]
+
+
+def test_folded_norm_equals_the_network_folded_by_hand():
+    # Raw parameters gave 0.652 here, the same eval-mode function without BatchNorm 0.257.
+    from tests.helpers import conv_bn_folded_by_hand, conv_bn_setup
+
+    model, x, y = conv_bn_setup()
+    plain = conv_bn_folded_by_hand(model)
+    a, b = _fr(model, x, y), _fr(plain, x, y)
+    assert a.diagnostics["folded_batchnorm"] == 1
+    assert a.value == pytest.approx(b.value, rel=1e-9)
+    p = Problem(plain, x, y, batch_size=16)
+    assert b.value == pytest.approx(direct(p, y), rel=1e-12)
+
+
+@pytest.mark.parametrize("c", [0.2, 5.0])
+def test_folded_norm_is_invariant_to_conv_bn_rescaling(c):
+    from tests.helpers import conv_bn_setup, rescale_conv_bn
+
+    model, x, y = conv_bn_setup()
+    assert _fr(rescale_conv_bn(model, c), x, y).value == pytest.approx(_fr(model, x, y).value, rel=1e-9)
+
+
+def test_fold_batchnorm_false_differentiates_the_raw_parameters():
+    from tests.helpers import conv_bn_setup
+
+    model, x, y = conv_bn_setup()
+    r = _fr(model, x, y, fold_batchnorm=False)
+    assert r.diagnostics["unfolded_batchnorm"] == "bn"
+    assert r.value == pytest.approx(direct(Problem(model.eval(), x, y, batch_size=16), y), rel=1e-12)

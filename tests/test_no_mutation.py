@@ -27,6 +27,7 @@ SMALL = {
     "max_steps": 25,
     "top_k": 2,
     "depth": 4,
+    "min_evals": 3,
 }
 
 

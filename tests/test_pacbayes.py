@@ -127,3 +127,68 @@ def test_error_criterion_needs_class_outputs():
     p, _, _ = least_squares()
     with pytest.raises(ConfigError, match="criterion: loss"):
         run(p)
+
+
+# ---------------------------------------------------------------- BatchNorm folding
+
+
+def _measure(model, x, y, seed=0, init_state=None, **options):
+    from flatcli.api import measure_model
+
+    row = measure_model(
+        model,
+        (x, y),
+        [{"pacbayes_flatness": options}],
+        precision="fp64",
+        batch_size=32,
+        seed=seed,
+        init_state=init_state,
+    )
+    assert not row.errors, row.errors
+    return row.results["pacbayes_flatness"]
+
+
+def test_folded_value_is_invariant_to_conv_bn_rescaling():
+    # A function-preserving rescaling of a Conv-BN pair (weights × c, running mean × c, variance × c²)
+    # moved 1/σ*² from 16384 (c = 0.2) to 3628 (c = 1, 5) on the raw parameters; folded it is one value.
+    from tests.helpers import conv_bn_setup, rescale_conv_bn
+
+    model, x, y = conv_bn_setup()
+    vals = []
+    for c in (0.2, 1.0, 5.0):
+        r = _measure(rescale_conv_bn(model, c), x, y)
+        assert r.status == "ok" and r.diagnostics["folded_batchnorm"] == 1
+        vals.append(r.value)
+    assert vals[0] == pytest.approx(vals[1], rel=1e-9) and vals[2] == pytest.approx(vals[1], rel=1e-9)
+
+
+def test_folded_value_equals_the_network_folded_by_hand():
+    from tests.helpers import conv_bn_folded_by_hand, conv_bn_setup
+
+    model, x, y = conv_bn_setup()
+    plain = conv_bn_folded_by_hand(model)
+    with torch.no_grad():
+        assert torch.allclose(plain(x), model(x), atol=1e-10)
+    a, b = _measure(model, x, y), _measure(plain, x, y)
+    assert b.diagnostics["folded_batchnorm"] == 0
+    assert a.value == pytest.approx(b.value, rel=1e-12)
+
+
+def test_fold_batchnorm_false_keeps_the_raw_parameterization():
+    from tests.helpers import conv_bn_setup, rescale_conv_bn
+
+    model, x, y = conv_bn_setup()
+    raw = [_measure(rescale_conv_bn(model, c), x, y, fold_batchnorm=False) for c in (0.2, 1.0)]
+    assert raw[0].diagnostics["unfolded_batchnorm"] == "bn"
+    assert raw[0].value != pytest.approx(raw[1].value, rel=0.1)  # the raw form is not invariant
+
+
+def test_folded_bound_measures_distance_in_folded_parameters():
+    # θ⁰ = θ with the same BatchNorm statistics: the folded distance is 0, bound = log(n/σ) + 10.
+    from tests.helpers import conv_bn_setup
+
+    model, x, y = conv_bn_setup()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    r = _measure(model, x, y, init_state=state)
+    s = r.diagnostics["sigma"]
+    assert r.diagnostics["bound"] == pytest.approx(math.log(len(x) / s) + 10, rel=1e-12)

@@ -192,3 +192,36 @@ def test_model_is_not_mutated_and_hooks_removed():
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
     assert all(not m._forward_hooks for m in model.modules())
+
+
+def _kappa_normalized_by(model, x, y, power):
+    """κ of the last layer with features divided by σ^power (σ their std over S) and W's columns
+    multiplied by it: power 1 is the measure's normalization, power 2 Theorem 4's literal "variance"
+    (cross-entropy, closed form H_z = diag(p) − ppᵀ)."""
+    layer = str(len(model) - 1)
+    phi = _features(model, layer, x)
+    scale = phi.std(0, unbiased=False) ** power
+    W = model[-1].weight.detach() * scale
+    with torch.no_grad():
+        p = torch.softmax(model(x), 1)
+    G = W @ W.T
+    hz = (p * torch.diagonal(G)).sum(1) - ((p @ G) * p).sum(1)
+    return float((((phi / scale) ** 2).sum(1) * hz).mean())
+
+
+def test_standard_deviation_not_variance_gives_the_invariance():
+    # Theorem 4 says "variance"; only σ (not σ²) cancels a node-wise rescaling φ_j → α_j φ_j:
+    # φ_j/σ_j is unchanged, φ_j/σ_j² scales by 1/α_j (numbers in relative_flatness's module docstring).
+    model = _mlp(nn.ReLU, widths=(5, 6, 4))
+    x, y = _data()
+    scaled = _mlp(nn.ReLU, widths=(5, 6, 4))
+    alpha = torch.linspace(0.2, 5.0, 6, dtype=torch.float64)
+    with torch.no_grad():
+        scaled[0].weight.mul_(alpha[:, None])
+        scaled[0].bias.mul_(alpha)
+        scaled[2].weight.div_(alpha[None, :])
+    std = [_kappa_normalized_by(m, x, y, 1) for m in (model, scaled)]
+    var = [_kappa_normalized_by(m, x, y, 2) for m in (model, scaled)]
+    assert std[0] == pytest.approx(_kappa(model, x, y, normalize_features=True).value, rel=1e-10)
+    assert std[1] == pytest.approx(std[0], rel=1e-10)
+    assert abs(var[1] - var[0]) > 0.1 * var[0]

@@ -41,10 +41,12 @@ _FAMILY_MODULES = [
     "flatcli.measures.norms",
     "flatcli.measures.normalized_sharpness",
     "flatcli.measures.relative_flatness",
+    "flatcli.measures.feature_robustness",
     "flatcli.measures.sharpness",
     "flatcli.measures.pacbayes",
     "flatcli.measures.fisher_rao",
     "flatcli.measures.local_entropy",
+    "flatcli.measures.weightwatcher",
 ]
 
 

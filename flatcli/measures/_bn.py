@@ -1,4 +1,4 @@
-r"""BatchNorm folding for the norm measures.
+r"""BatchNorm folding for the norm measures, PAC-Bayes flatness and the Fisher-Rao norm.
 
 In eval mode a BatchNorm layer is the per-channel affine map
 :math:`y = s \circ (z - \mu) + \beta` with :math:`s = \gamma / \sqrt{\sigma^2 + \epsilon}`
@@ -22,6 +22,12 @@ A folded BatchNorm is replaced by ``nn.Identity`` and the layer gets the bias b'
 (created when it had none). BatchNorms that cannot be folded (after a pooling or
 an activation, before a layer, ``track_running_stats=False``) stay in place and
 are listed in ``Folded.unfolded``.
+
+`folded_measurement` builds a `Problem` and `CurvatureEngine` over the folded copy
+for measures that perturb or differentiate the parameters (``pacbayes_flatness``,
+``fisher_rao_norm``): the reference implementation of Jiang et al. (2020) folds
+BatchNorm before its σ search, and on the folded parameterization these measures
+no longer depend on how a scale is split between a layer and its BatchNorm.
 """
 
 from __future__ import annotations
@@ -162,3 +168,102 @@ def fold_batchnorm(
         n for n, m in work.named_modules() if isinstance(m, _BatchNorm) and n not in folded_names
     ]
     return Folded(module=work, pairs=pairs, unfolded=unfolded)
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    """Whether ``model`` holds any BatchNorm module."""
+    return any(isinstance(m, _BatchNorm) for m in model.modules())
+
+
+@dataclass
+class FoldedMeasurement:
+    """The measurement problem of a measure that folds BatchNorm first.
+
+    problem, engine: a `Problem` and `CurvatureEngine` over the folded copy (the
+        measure's own ones when nothing was folded).
+    diagnostics: ``fold_batchnorm`` (whether folding was asked), ``folded_batchnorm``
+        (number of folds) and ``unfolded_batchnorm`` (names left in place).
+    """
+
+    problem: object
+    engine: object
+    diagnostics: dict
+    own: bool  # True: ``problem``/``engine`` are the context's own
+
+    def merge_counters(self, engine) -> None:
+        """Add this engine's cost counters to ``engine`` (the one `run_measure` reads)."""
+        if self.own or engine is None:
+            return
+        for k in ("n_hvp", "n_grad", "n_forward", "oom_retries"):
+            setattr(engine, k, getattr(engine, k) + getattr(self.engine, k))
+
+
+def folded_measurement(ctx, fold: bool) -> FoldedMeasurement:
+    """The problem a measure runs on: the context's own, or one over a BatchNorm-folded copy.
+
+    With ``fold`` and a model holding BatchNorm, the model is deep-copied with the
+    problem's parameters and buffers, every foldable BatchNorm is folded into its
+    preceding layer (`fold_batchnorm`), and a new `Problem` (same measurement set,
+    loss, batch size, device and dtype) and `CurvatureEngine` (same HVP mode) are
+    built over the copy: the same function in eval mode, parameterized by the folded
+    weights W' = diag(s) W and biases b' and without the BatchNorm affine parameters.
+    Without BatchNorm, or with ``fold`` false, the context's own problem is used.
+    """
+    from ..engine import CurvatureEngine, Problem
+
+    p = ctx.problem
+    if not fold or not has_batchnorm(ctx.model):
+        diag = {"fold_batchnorm": bool(fold), "folded_batchnorm": 0}
+        if not fold and has_batchnorm(ctx.model):
+            diag["unfolded_batchnorm"] = ",".join(
+                n for n, m in ctx.model.named_modules() if isinstance(m, _BatchNorm)
+            )
+        return FoldedMeasurement(p, ctx.engine, diag, True)
+    f = fold_batchnorm(ctx.model, {**p.params, **p.frozen}, p.buffers, dtype=p.dtype)
+    fp = Problem(
+        f.module, p.x, p.y, loss=p.loss_name, batch_size=p.batch_size, device=p.device, dtype=p.dtype
+    )
+    eng = ctx.engine
+    mode = "auto" if eng is None or eng._auto else eng.hvp_mode
+    fe = CurvatureEngine(fp, hvp_mode=mode, fd_eps=getattr(eng, "fd_eps", 1e-3))
+    diag = {
+        "fold_batchnorm": True,
+        "folded_batchnorm": len(f.pairs),
+        "unfolded_batchnorm": ",".join(f.unfolded),
+    }
+    return FoldedMeasurement(fp, fe, diag, False)
+
+
+def init_buffers(ctx) -> dict[str, torch.Tensor]:
+    """BatchNorm buffers at initialization: from the init state dict when present,
+    otherwise those of a freshly built BatchNorm (running mean 0, variance 1)."""
+    state = ctx.init_state or {}
+    out = {}
+    for mname, m in ctx.model.named_modules():
+        if not isinstance(m, _BatchNorm) or m.running_mean is None:
+            continue
+        pre = f"{mname}." if mname else ""
+        for attr, fresh in (("running_mean", torch.zeros_like), ("running_var", torch.ones_like)):
+            key = pre + attr
+            out[key] = state[key] if key in state else fresh(m.running_mean)
+    return out
+
+
+def folded_init_theta(ctx, fm: FoldedMeasurement) -> torch.Tensor | None:
+    """θ⁰ in the parameterization of ``fm.problem`` (flat), or None when it is not known.
+
+    Folded problems fold the initial parameters with the initial BatchNorm statistics
+    (`init_buffers`), as ``distance_from_init`` does."""
+    init = ctx.init_params
+    p = ctx.problem
+    if init is None or not all(n in init for n in p.names):
+        return None
+    if fm.own:
+        return p.flatten(init)
+    start = {n: init[n].to(p.device, p.dtype) for n in p.names}
+    f0 = fold_batchnorm(ctx.model, {**start, **p.frozen}, {**p.buffers, **init_buffers(ctx)}, dtype=p.dtype)
+    params0 = f0.params()
+    fp = fm.problem
+    if not all(n in params0 for n in fp.names):
+        return None
+    return fp.flatten({n: params0[n].to(fp.device, fp.dtype) for n in fp.names})

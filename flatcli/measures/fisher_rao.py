@@ -16,6 +16,14 @@ so ⟨θ, ∇_θ f⟩ = (L+1) f and the norm equals (L+1)² · mean ⟨∂ℓ/�
 ``labels: data`` uses the measurement set's labels; ``labels: model`` draws each
 label from the model's softmax (seeded), the "model Fisher" variant (cross-entropy
 only).
+
+BatchNorm. With ``fold_batchnorm: true`` (default) every BatchNorm that follows a
+Linear/Conv layer is folded into it first (`flatcli.measures._bn`) and θ is the
+folded parameter vector (W' = diag(γ/√(σ²+ε)) W, b'; no γ, β): the norm of the
+eval-mode function's own layers, as for the norm measures. On the raw
+parameterization a layer followed by BatchNorm is scale-invariant (degree 0), so
+its weights add nothing to ⟨θ, ∇ℓ⟩ while γ and β do: a different quantity, kept
+with ``fold_batchnorm: false``.
 """
 
 from __future__ import annotations
@@ -28,13 +36,17 @@ from torch.func import jvp
 
 from ..errors import ConfigError
 from . import MeasureResult, register
-from ._options import OneOf, opt
+from ._bn import folded_measurement
+from ._options import Bool, OneOf, opt
 
 
 @dataclass(frozen=True)
 class FisherRaoOptions:
     labels: str = opt(
         "data", OneOf("data", "model"), "labels from the data, or drawn from the model's softmax"
+    )
+    fold_batchnorm: bool = opt(
+        True, Bool(), "fold BatchNorm into the preceding layer first (θ = the folded parameters)"
     )
 
 
@@ -69,8 +81,16 @@ def fisher_rao_norm(ctx, opts: FisherRaoOptions) -> MeasureResult:
     ``labels: data`` (``stderr`` None). For ``labels: model`` the labels are a
     seeded draw and ``stderr`` is the standard error of the mean of the
     per-sample terms. Diagnostics: ``labels``, ``mean_abs_direction`` (mean of
-    \|⟨θ, ∇ℓ_i⟩\|), ``n_jvp`` (forward-mode passes over S)."""
-    p = ctx.problem
+    \|⟨θ, ∇ℓ_i⟩\|), ``n_jvp`` (forward-mode passes over S), ``folded_batchnorm``."""
+    fm = folded_measurement(ctx, opts.fold_batchnorm)
+    try:
+        return _fisher_rao(ctx, fm, opts)
+    finally:
+        fm.merge_counters(ctx.engine)
+
+
+def _fisher_rao(ctx, fm, opts: FisherRaoOptions) -> MeasureResult:
+    p = fm.problem
     theta = p.theta
     gen = ctx.generator()
     if opts.labels == "model" and p.loss_name != "cross_entropy":
@@ -86,11 +106,16 @@ def fisher_rao_norm(ctx, opts: FisherRaoOptions) -> MeasureResult:
             y = torch.multinomial(probs, 1, generator=gen)[:, 0].to(p.device)
         terms.append(directional_derivatives(p, theta, x, y).double())
     if opts.labels == "model":
-        ctx.engine.n_forward += 1
+        fm.engine.n_forward += 1
     d = torch.cat(terms)
     sq = d * d
     value = float(sq.mean())
-    diag = {"labels": opts.labels, "mean_abs_direction": float(d.abs().mean()), "n_jvp": 1}
+    diag = {
+        "labels": opts.labels,
+        "mean_abs_direction": float(d.abs().mean()),
+        "n_jvp": 1,
+        **fm.diagnostics,
+    }
     if not math.isfinite(value):
         return MeasureResult(value=value, diagnostics=diag, status="non_finite")
     stderr = (

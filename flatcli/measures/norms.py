@@ -19,11 +19,10 @@ import math
 
 import torch
 from torch.func import functional_call
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import ConfigError
 from . import MeasureResult, register
-from ._bn import Folded, fold_batchnorm
+from ._bn import Folded, fold_batchnorm, init_buffers
 from ._layers import weight_matrices
 
 
@@ -111,21 +110,6 @@ def path_norm(ctx, opts) -> MeasureResult:
     )
 
 
-def _init_buffers(ctx) -> dict[str, torch.Tensor]:
-    """BatchNorm buffers at initialization: from the init state dict when present,
-    otherwise those of a freshly built BatchNorm (running mean 0, variance 1)."""
-    state = ctx.init_state or {}
-    out = {}
-    for mname, m in ctx.model.named_modules():
-        if not isinstance(m, _BatchNorm) or m.running_mean is None:
-            continue
-        pre = f"{mname}." if mname else ""
-        for attr, fresh in (("running_mean", torch.zeros_like), ("running_var", torch.ones_like)):
-            key = pre + attr
-            out[key] = state[key] if key in state else fresh(m.running_mean)
-    return out
-
-
 @register(
     "distance_from_init",
     description="Squared distance from initialization Σ_l ‖W_l − W_l⁰‖_F² (needs init_checkpoint; BatchNorm folded).",
@@ -154,7 +138,7 @@ def distance_from_init(ctx, opts) -> MeasureResult:
     f = folded_model(ctx)
     init_params = {n: ctx.init_params[n].to(p.device, p.dtype) for n in p.names}
     f0 = fold_batchnorm(
-        ctx.model, {**init_params, **p.frozen}, {**p.buffers, **_init_buffers(ctx)}, dtype=p.dtype
+        ctx.model, {**init_params, **p.frozen}, {**p.buffers, **init_buffers(ctx)}, dtype=p.dtype
     )
     w, w0 = _weights(f), _weights(f0)
     per_layer = {name: float(((w[name] - w0[name].to(w[name])) ** 2).sum()) for name in w}

@@ -31,6 +31,15 @@ value). If even the smallest σ tried exceeds the target, status ``saturated``,
 ``saturated = "below"`` and value 1/σ_hi² with σ_hi = σ_max/2^depth (a lower
 bound).
 
+BatchNorm. With ``fold_batchnorm: true`` (default) every BatchNorm that follows a
+Linear/Conv layer is folded into it first (`flatcli.measures._bn`), as the
+reference implementation of Jiang et al. does before its σ search, and the noise
+is put on the folded parameters (W' = diag(γ/√(σ²+ε)) W, b'; no γ, β): the value
+then does not depend on how a scale is split between a layer and its BatchNorm
+(a function-preserving rescaling of a Conv-BN pair leaves it unchanged).
+``fold_batchnorm: false`` perturbs the raw parameters, BatchNorm's γ and β
+included. Diagnostics ``folded_batchnorm`` / ``unfolded_batchnorm``.
+
 Bound. When the initial parameters θ⁰ are known and the noise is isotropic the
 diagnostic ``bound`` is Jiang et al.'s (eq. 43 form)
 :math:`\|\theta - \theta^0\|^2 / (4\sigma^{*2}) + \log(n/\sigma^*) + 10`, n the
@@ -46,6 +55,7 @@ import torch
 
 from ..errors import ConfigError
 from . import MeasureResult, register
+from ._bn import folded_init_theta, folded_measurement
 from ._options import Bool, Integral, OneOf, Real, opt
 
 DEVIATION_TOL = 1e-2  # Jiang et al.'s ε_σ
@@ -64,10 +74,12 @@ class PacBayesOptions:
     depth: int = opt(15, Integral(1, None), "bisection steps")
     samples: int = opt(10, Integral(1, None), "Monte-Carlo draws per bisection step")
     magnitude_aware: bool = opt(False, Bool(), "u_i ~ N(0, σ²θ_i² + 1e-6) instead of N(0, σ²)")
+    fold_batchnorm: bool = opt(
+        True, Bool(), "fold BatchNorm into the preceding layer first (Jiang et al.'s reference does)"
+    )
 
 
-def _criterion_fn(ctx, criterion: str):
-    p, eng = ctx.problem, ctx.engine
+def _criterion_fn(p, eng, criterion: str):
     if criterion == "loss":
         return lambda th: eng.loss(th)
     x0, y0 = p.batches[0]
@@ -107,12 +119,22 @@ def pacbayes_flatness(ctx, opts: PacBayesOptions) -> MeasureResult:
     criterion at θ), ``bracket_lo``/``bracket_hi``, ``steps``, ``accepted``
     (stopped by the tolerance), ``saturated``, and ``bound`` when θ⁰ is known.
     """
-    p = ctx.problem
+    fm = folded_measurement(ctx, opts.fold_batchnorm)
+    try:
+        return _pacbayes(ctx, fm, opts)
+    finally:
+        fm.merge_counters(ctx.engine)
+
+
+def _pacbayes(ctx, fm, opts: PacBayesOptions) -> MeasureResult:
+    p = fm.problem
     theta = p.theta
-    crit = _criterion_fn(ctx, opts.criterion)
+    crit = _criterion_fn(p, fm.engine, opts.criterion)
     base = crit(theta)
     if not math.isfinite(base):
-        return MeasureResult(value=math.nan, diagnostics={"base": base}, status="non_finite")
+        return MeasureResult(
+            value=math.nan, diagnostics={"base": base, **fm.diagnostics}, status="non_finite"
+        )
     if opts.magnitude_aware:
         std_of = lambda s: torch.sqrt(s * s * theta * theta + MAGNITUDE_EPS**2)  # noqa: E731
     else:
@@ -135,7 +157,7 @@ def pacbayes_flatness(ctx, opts: PacBayesOptions) -> MeasureResult:
         )
         return mean, se
 
-    diag: dict = {"base": base, "criterion": opts.criterion}
+    diag: dict = {"base": base, "criterion": opts.criterion, **fm.diagnostics}
     d_max, se_max = deviation(opts.sigma_max)
     if d_max <= opts.target:
         diag.update(
@@ -167,11 +189,8 @@ def pacbayes_flatness(ctx, opts: PacBayesOptions) -> MeasureResult:
         return MeasureResult(value=1.0 / hi**2, diagnostics=diag, status="saturated")
     sigma = lo
     diag.update(sigma=sigma, deviation=lo_dev, deviation_stderr=lo_se, saturated="no")
-    if (
-        ctx.init_params is not None
-        and not opts.magnitude_aware
-        and all(n in ctx.init_params for n in p.names)
-    ):
-        dist2 = float(((theta - p.flatten(ctx.init_params).to(theta)) ** 2).sum())
+    theta0 = folded_init_theta(ctx, fm) if not opts.magnitude_aware else None
+    if theta0 is not None:
+        dist2 = float(((theta - theta0.to(theta)) ** 2).sum())
         diag["bound"] = dist2 / (4 * sigma**2) + math.log(p.n / sigma) + 10.0
     return MeasureResult(value=1.0 / sigma**2, diagnostics=diag)

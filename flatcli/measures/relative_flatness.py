@@ -43,6 +43,19 @@ the features themselves. The measure claims invariance only with
 ``normalize_features: true`` (``flatcli check-invariance`` turns it on unless
 it is set explicitly).
 
+Deliberate departure: the standard deviation, not the variance. Theorem 4's
+text divides by "the variance" :math:`\sigma_j` (its V = diag(σ_1, ...)); only
+the standard deviation makes the measure invariant. A node-wise rescaling
+:math:`\phi_j \to \alpha_j \phi_j` (incoming weights and bias × α_j, outgoing
+column × 1/α_j) leaves :math:`\phi_j/\sigma_j` unchanged but turns
+:math:`\phi_j/\sigma_j^2` into :math:`\phi_j/(\alpha_j\sigma_j^2)`; the cross
+terms :math:`\phi_j^2 \langle W_{:k}W_{:k}^\top, H_z\rangle` then scale by
+:math:`\alpha_k^2/\alpha_j^2`. Numbers (ReLU MLP 5-6-4, 25 samples, the
+classifier's κ; tests/test_relative_flatness.py), for α = 1, α = linspace(0.2, 5, 6)
+and its reverse: std-normalized 0.2871, 0.2871, 0.2871; variance-normalized
+0.4036, 5.671, 20.08; unnormalized 0.2960, 5.771, 11.04. (A layer-wise
+rescaling, all α_j equal, leaves all three unchanged.)
+
 Larger means sharper.
 """
 
@@ -65,25 +78,28 @@ class RelativeFlatnessOptions:
     normalize_features: bool = opt(False, Bool(), "divide features by their std over S (Theorem 4; invariant to node-wise rescaling)")
 
 
-def find_layer(model: nn.Module, name: str | None) -> tuple[str, nn.Linear]:
-    """The ``nn.Linear`` named ``name`` (default: the last ``nn.Linear`` in ``named_modules`` order)."""
+def find_layer(
+    model: nn.Module, name: str | None, measure: str = "relative_flatness"
+) -> tuple[str, nn.Linear]:
+    """The ``nn.Linear`` named ``name`` (default: the last ``nn.Linear`` in ``named_modules`` order);
+    ``measure`` names the measure in error messages."""
     modules = dict(model.named_modules())
     linears = [n for n, m in modules.items() if isinstance(m, nn.Linear)]
     if name is None:
         if not linears:
-            raise ConfigError("relative_flatness needs an nn.Linear layer; the model has none")
+            raise ConfigError(f"{measure} needs an nn.Linear layer; the model has none")
         name = linears[-1]
     if name not in modules:
         import difflib
 
         hint = difflib.get_close_matches(name, linears, n=1)
-        msg = f"The 'layer' parameter of relative_flatness names no module: {name!r}."
+        msg = f"The 'layer' parameter of {measure} names no module: {name!r}."
         msg += f" Did you mean {hint[0]!r}?" if hint else f" Linear layers: {', '.join(linears) or '(none)'}."
         raise ConfigError(msg)
     mod = modules[name]
     if not isinstance(mod, nn.Linear):
         raise ConfigError(
-            f"The 'layer' parameter of relative_flatness must name an nn.Linear layer; {name!r} is "
+            f"The 'layer' parameter of {measure} must name an nn.Linear layer; {name!r} is "
             f"{type(mod).__name__}. Linear layers: {', '.join(linears) or '(none)'}."
         )
     return name, mod
@@ -110,18 +126,18 @@ class _Capture:
         return self.replace
 
 
-def _run(problem, module, name, x, replace=None):
+def _run(problem, module, name, x, replace=None, measure="relative_flatness"):
     with _Capture(module, replace) as cap:
         out = problem.forward(problem.params, x)
     if len(cap.inputs) != 1:
         raise MeasurementError(
-            f"relative_flatness: layer {name!r} ran {len(cap.inputs)} times in one forward pass; "
+            f"{measure}: layer {name!r} ran {len(cap.inputs)} times in one forward pass; "
             "it must run exactly once (no weight sharing)"
         )
     phi, z = cap.inputs[0], cap.outputs[0]
     if phi.ndim != 2:
         raise MeasurementError(
-            f"relative_flatness: layer {name!r} gets inputs of shape {tuple(phi.shape)}; "
+            f"{measure}: layer {name!r} gets inputs of shape {tuple(phi.shape)}; "
             "it needs (batch, features), one feature vector per sample"
         )
     return out, phi, z
@@ -145,12 +161,12 @@ def _hz_products(problem, module, name, x, y, z0: torch.Tensor, V: torch.Tensor)
         return torch.stack([torch.autograd.grad(g, zz, Vb[r], retain_graph=True)[0] for r in range(k)])
 
 
-def _feature_std(problem, module, name) -> torch.Tensor:
+def _feature_std(problem, module, name, measure="relative_flatness") -> torch.Tensor:
     """Population standard deviation over S of each input feature of the layer (Chan's merge, float64)."""
     n_tot, mean, m2 = 0, None, None
     with torch.no_grad():
         for x, _ in problem.batches:
-            _, phi, _ = _run(problem, module, name, x)
+            _, phi, _ = _run(problem, module, name, x, measure=measure)
             phi = phi.double()
             b = phi.shape[0]
             bm = phi.mean(0)
