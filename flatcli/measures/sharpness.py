@@ -190,7 +190,7 @@ class WorstOptions:
     steps: int = opt(20, Integral(0, None), "Auto-PGD iterations per restart")
     restarts: int = opt(1, Integral(1, None), "random restarts; the maximum is reported")
     eigen_starts: int = opt(
-        2,
+        1,
         Integral(0, None),
         "top eigenvectors v of the scaled Hessian CHC whose ± starts (ρ·sign(v) in linf, ρv in l2) "
         "begin extra ascents in every batch; 0: random starts only",
@@ -308,7 +308,7 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     over the batches B (size ``batch_size``) of the measurement set shuffled with
     the seed; p ∈ {2, ∞}; c as in the module docstring. The inner maximum is taken
     by Auto-PGD in the rescaled coordinates z = δ/c from ``restarts`` seeded
-    random starts and, with ``eigen_starts = k > 0`` (default 2), from the 2k
+    random starts and, with ``eigen_starts = k > 0`` (default 1), from the 2k
     starts ±ρ·v_i (ℓ2) or ±ρ·s_i (ℓ∞), v_1..v_k the top eigenvectors of the
     scaled full-set Hessian CHC (C = diag(c)), found by Lanczos through the
     engine's HVPs (20 to 60 products), and s_i the corner of the box reached from
