@@ -26,6 +26,7 @@ from .measures import MeasureSpec
 from .pipeline import (  # noqa: F401  (re-exported: the Python API)
     DataCache,
     as_specs,
+    check_finite_model,
     check_labels,
     load_init_state,
     load_model,
@@ -239,6 +240,8 @@ def landscape(
         raise ConfigError("config key 'data.train' is required")
     if to is not None and dims != 1:
         raise ConfigError("--to interpolates along one line; --dims 2 does not apply to it")
+    if outdir is not None:
+        ensure_writable_dir(outdir, "output directory")
     dev = resolve_device(cfg.runtime.device)
     dtype = DTYPES[cfg.runtime.precision]
     ckpt = Path(checkpoint).expanduser()
@@ -253,6 +256,10 @@ def landscape(
     for name, d in (("train", train), ("test", test)):
         if d is not None:
             check_labels(model, d[0], d[1], cfg.loss, f"data.{name}", torch.device("cpu"), cpu_dtype)
+    st = Settings.from_config(cfg, dev)
+    check_finite_model(model, train, st)
+    if model_b is not None:
+        check_finite_model(model_b, train, st, f"the checkpoint {to}")
     train = subset(*train, md.num_samples, md.seed)
     test = subset(*test, md.num_samples, md.seed) if test is not None else None
     common = dict(
@@ -288,11 +295,13 @@ if TYPE_CHECKING:
     from .landscape.trajectory import TrajectoryResult
 
 
-def _view_setup(config, device, seed, allow_unsafe_pickle):
+def _view_setup(config, device, seed, allow_unsafe_pickle, outdir=None):
     """Config, device and dtype for the trajectory-PCA and mode-connectivity views."""
     cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
+    if outdir is not None:
+        ensure_writable_dir(outdir, "output directory")
     return cfg, resolve_device(cfg.runtime.device), DTYPES[cfg.runtime.precision]
 
 
@@ -356,7 +365,7 @@ def landscape_pca(
     )
 
     paths = trajectory_paths(checkpoints, sort=sort)
-    cfg, dev, dtype = _view_setup(config, device, seed, allow_unsafe_pickle)
+    cfg, dev, dtype = _view_setup(config, device, seed, allow_unsafe_pickle, outdir)
     model, _ = load_model(cfg, paths[-1])
     _, train, test = _view_data(cfg, model, manifest_train_data(cfg, paths[-1]))
     traj = LazyTrajectory(paths[:-1], lambda p: load_model(cfg, p)[0], last=model)
@@ -406,7 +415,7 @@ def landscape_connect(
     from .landscape.connect import connect_landscape, write_connect_files
     from .landscape.trajectory import check_state
 
-    cfg, dev, dtype = _view_setup(config, device, seed, allow_unsafe_pickle)
+    cfg, dev, dtype = _view_setup(config, device, seed, allow_unsafe_pickle, outdir)
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     model_a, extras = load_model(cfg, pa)
     model_b, _ = load_model(cfg, pb)

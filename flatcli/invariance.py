@@ -348,7 +348,7 @@ def check_invariance_model(
     Returns an `InvarianceReport`; ``report.exit_code`` is 0 when every measure that claims
     invariance held it. Raises `MeasurementError` when no function-preserving rescaling exists.
     """
-    from .pipeline import measure_model
+    from .pipeline import check_finite_model, measure_model
 
     if not (isinstance(tol, (int, float)) and tol > 0):
         raise ConfigError(f"--tol must be a positive float; got {tol!r}")
@@ -358,6 +358,7 @@ def check_invariance_model(
     if data.get(st.split) is None:
         raise ConfigError(f"measure_data.split is {st.split!r} but no {st.split} data is configured")
     m64 = copy.deepcopy(model).to(st.device, torch.float64)
+    check_finite_model(m64, data[st.split], st)
     pairs, rescaled, change = _rescaled_copy(m64, data[st.split], st, transform, scale)
     rows = [measure_model(m, train, specs, test=test, settings=st, init_state=init_state, checkpoint=checkpoint)
             for m in (m64, rescaled)]

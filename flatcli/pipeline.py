@@ -150,6 +150,18 @@ def measure_model(
     return row
 
 
+def check_finite_model(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor], settings: Settings,
+                       where: str = "the checkpoint") -> float:
+    """The loss of ``model`` on the measurement set (``settings``' split size and seed, eval mode);
+    a NaN or inf loss raises the same `MeasurementError` in every command (exit code 1), naming
+    the tensors that hold NaN/inf."""
+    st = settings
+    x, y = subset(*data, st.num_samples, st.data_seed)
+    with eval_mode(model):
+        prob = Problem(model, x, y, loss=st.loss, batch_size=st.batch_size, device=st.device, dtype=st.dtype)
+        return CurvatureEngine(prob).check_finite(where)
+
+
 def _working_copy(model: torch.nn.Module, st: Settings) -> torch.nn.Module:
     """``model`` itself when it is already on the device and dtype, else a converted copy
     (the caller's model is never mutated)."""

@@ -275,3 +275,38 @@ def test_results_survive_an_output_folder_that_vanishes(project, tmp_path, monke
     fallback = re.search(r"results written to (\S+) instead", res.output).group(1)
     rows = list(csv.DictReader(open(Path(fallback) / "results.csv")))
     assert [r["checkpoint"] for r in rows] == ["m0.pt", "m1.pt"] and rows[0]["frobenius_norm"]
+
+
+def test_a_nan_checkpoint_gets_one_message_and_exit_code_in_every_command(project, tmp_path):
+    good = project.parent / "m0.pt"
+    state = torch.load(good, weights_only=True)
+    name = next(k for k in state if k.endswith("weight"))
+    state[name][0, 0] = float("nan")
+    nan = project.parent / "nan.pt"
+    torch.save(state, nan)
+    third = project.parent / "m1.pt"
+    commands = {
+        "measure": ["measure", nan, "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "m"],
+        "check-invariance": ["check-invariance", "-c", project, nan],
+        "landscape": ["landscape", "-c", project, nan, "-o", tmp_path / "l", "--steps", "3", "--no-plots"],
+        "landscape --to": ["landscape", "-c", project, good, "--to", nan, "-o", tmp_path / "t", "--steps", "3",
+                           "--no-plots"],
+        "landscape --pca": ["landscape", "-c", project, "--pca", good, third, nan, "-o", tmp_path / "p",
+                            "--steps", "3", "--no-plots"],
+        "landscape --connect": ["landscape", "-c", project, "--connect", good, nan, "-o", tmp_path / "c",
+                                "--steps", "3", "--no-plots"],
+    }
+    for what, args in commands.items():
+        res = run(*args)
+        assert res.exit_code == 1, (what, res.output)
+        assert "is not finite" in res.output and f"NaN/inf in {name}" in res.output, (what, res.output)
+    cfg = yaml.safe_load(project.read_text())
+    cfg["checkpoints"] = ["m0.pt", "nan.pt"]
+    both = project.parent / "both.yaml"
+    both.write_text(yaml.safe_dump(cfg))
+    assert run("sweep", "-c", both, "-o", tmp_path / "s", "-m", "frobenius_norm").exit_code == 1
+    res = run("collect", tmp_path / "s")
+    assert res.exit_code == 1
+    rows = list(csv.DictReader(open(tmp_path / "s" / "results.csv")))
+    assert rows[0]["status"] == "ok" and rows[1]["status"] == "error"
+    assert "is not finite" in rows[1]["error"] and f"NaN/inf in {name}" in rows[1]["error"]

@@ -220,8 +220,8 @@ def test_trajectory_rejects_mismatch_nan_and_nan_loss():
         trajectory_landscape([states[0], wide, *states[2:]], train, model=mlp(), **F64)
     bad = {n: v.clone() for n, v in states[1].items()}
     bad["2.weight"][0, 0] = float("nan")
-    with pytest.raises(
-        ConfigError, match=r"checkpoint b holds non-finite values \(NaN/inf\) in 2\.weight"
+    with pytest.raises(  # the one NaN message of every command (exit code 1)
+        MeasurementError, match=r"the loss at checkpoint b is not finite: NaN/inf in 2\.weight"
     ):
         trajectory_landscape(
             [states[0], bad, *states[2:]], train, model=mlp(), labels="abcd", **F64
@@ -490,7 +490,7 @@ def test_connect_rejects_mismatch_nan_and_bad_options():
     with torch.no_grad():
         bad[0].bias[2] = float("inf")
     with pytest.raises(
-        ConfigError, match=r"checkpoint B holds non-finite values \(NaN/inf\) in 0\.bias"
+        MeasurementError, match=r"the loss at checkpoint B is not finite: NaN/inf in 0\.bias"
     ):
         connect_landscape(mlp(0), bad, train, **F64)
     x, y = train
@@ -715,12 +715,12 @@ def test_cli_pca_and_connect(tmp_path):
         (["--pca", *shell_glob[:2], str(tmp_path / "m2.pt")], 2, "different architecture"),
         (
             ["--pca", *shell_glob[:2], str(tmp_path / "nan.pt")],
-            2,
-            "non-finite values (NaN/inf) in classifier.weight",
+            1,
+            "is not finite: NaN/inf in classifier.weight",
         ),
         (["--pca", *shell_glob, "--solver", "qr"], 2, "--solver must be one of"),
         (["--connect", m0, str(tmp_path / "m2.pt")], 2, "different architecture"),
-        (["--connect", m0, str(tmp_path / "nan.pt")], 2, "non-finite"),
+        (["--connect", m0, str(tmp_path / "nan.pt")], 1, "is not finite: NaN/inf in classifier.weight"),
         (
             ["--connect", m0, m1, str(tmp_path / "m2.pt")],
             2,

@@ -60,6 +60,22 @@ def per_sample_loss(out: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tens
     raise ConfigError(f"The 'loss' key must be one of {', '.join(LOSSES)}. Got {loss!r} instead.")
 
 
+def nonfinite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating tensors holding NaN or inf."""
+    return [n for n, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
+def not_finite(where: str = "the checkpoint", loss: float | None = None,
+               tensors: list[str] | None = None) -> MeasurementError:
+    """The one error every command raises for a checkpoint whose loss is NaN or inf (exit code 1):
+    ``the loss at <where> is not finite (<loss>)[: NaN/inf in <tensors>]``."""
+    msg = f"the loss at {where} is not finite" + (f" ({loss})" if loss is not None else "")
+    if tensors:
+        more = f" and {len(tensors) - 3} more" if len(tensors) > 3 else ""
+        msg += f": NaN/inf in {', '.join(tensors[:3])}{more}"
+    return MeasurementError(msg)
+
+
 class Problem:
     """A model with functional parameters over a measurement set.
 

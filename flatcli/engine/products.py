@@ -66,7 +66,7 @@ from torch.func import jvp, vjp, vmap
 
 from ..errors import MeasurementError
 from .operators import CurvatureOperator
-from .problem import Problem
+from .problem import Problem, nonfinite_tensors, not_finite
 
 HVP_MODES = ("auto", "reverse", "forward", "finite_difference")
 
@@ -738,8 +738,11 @@ class CurvatureEngine:
         return out[0] if single else out
 
     # ------------------------------------------------------------ checks
-    def check_finite(self) -> float:
+    def check_finite(self, where: str = "the checkpoint") -> float:
+        """L(θ); a non-finite value raises `flatcli.engine.problem.not_finite`, naming the
+        parameters and buffers that hold NaN/inf."""
         val = self.loss()
         if not math.isfinite(val):
-            raise MeasurementError(f"the loss at the checkpoint is not finite ({val})")
+            p = self.problem
+            raise not_finite(where, val, nonfinite_tensors({**p.params, **p.frozen, **p.buffers}))
         return val

@@ -67,6 +67,7 @@ import numpy as np
 import torch
 
 from ..engine import Problem, eval_mode
+from ..engine.problem import nonfinite_tensors, not_finite
 from ..errors import ConfigError, MeasurementError
 from .evaluate import evaluate_splits
 from .result import LandscapeResult, summarize
@@ -337,11 +338,9 @@ def check_state(
             f"{option}: checkpoint {label} has a different architecture than {ref_label}: "
             + "; ".join(parts)
         )
-    for n, v in state.items():
-        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
-            raise ConfigError(
-                f"{option}: checkpoint {label} holds non-finite values (NaN/inf) in {n}"
-            )
+    bad = nonfinite_tensors(state)
+    if bad:
+        raise not_finite(f"checkpoint {label}", None, bad)
 
 
 def _auto_span(c: np.ndarray, margin: float) -> tuple[float, float]:
