@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - older typer on top of click
     from click import exceptions as click_exceptions
 from rich.table import Table
 
-from .console import console, err_console, fmt, progress_bar, quiet_torch_warnings, render_rows
+from .console import console, err_console, fmt, print_table, progress_bar, quiet_torch_warnings, render_rows
 from .errors import ConfigError, FlatcliError
 
 
@@ -220,7 +220,7 @@ def measure(
             progress.stop()
     labels = report.rows[0].labels if report.rows else []
     if format == "table":
-        console.print(render_rows(report.rows, labels))
+        print_table(console, render_rows(report.rows, labels))
         where = report.written_to or out
         console.print(f"wrote {where / 'results.csv'} and {where / 'results.json'} ({report.seconds:.1f}s)",
                       highlight=False)
@@ -269,7 +269,7 @@ def measures_cmd(
         opts = ", ".join(f"{n} ({d})" for n, d, _ in describe_options(info.options)) or "-"
         desc = info.description + (f"\n[dim]{info.reference}[/dim]" if info.reference else "")
         t.add_row(info.name, desc, opts)
-    console.print(t)
+    print_table(console, t)
 
 
 # ------------------------------------------------------------------ config show
@@ -378,7 +378,7 @@ def landscape(
     t.add_column("value", justify="right")
     for k, v in res.summary.items():
         t.add_row(k, ", ".join(fmt(x) for x in v) if isinstance(v, list) else fmt(v))
-    console.print(t)
+    print_table(console, t)
     if res.meta.get("plots"):
         err_console.print(res.meta["plots"], highlight=False)
     for split, d in res.meta.get("evaluator", {}).items():
@@ -440,7 +440,7 @@ def _landscape_view(checkpoints, config, outdir, *, pca, connect, to, dims, step
     t.add_column("value", justify="right")
     for k, v in res.summary.items():
         t.add_row(k, ", ".join(fmt(x) for x in v) if isinstance(v, list) else fmt(v))
-    console.print(t)
+    print_table(console, t)
     if res.meta.get("plots"):
         err_console.print(res.meta["plots"], highlight=False)
     files = ", ".join(str(p) for p in res.files.values())
@@ -544,7 +544,6 @@ def correlate(
     """Rank measures by how well they predict the gap: Pearson, Spearman, Kendall τ-b, Jiang τ, granulated Ψ, CMI."""
     from . import api
     from .analysis.report import notes, render_table
-    from .console import print_table
 
     if plots and outdir is None:
         outdir = results.parent
@@ -605,7 +604,7 @@ def check_invariance_cmd(
             held = "[green]yes[/green]" if r.held else "[red]NO[/red]"
         rel = "[red]error[/red]" if r.error else fmt(r.rel_change)
         t.add_row(name, claims, fmt(r.original), fmt(r.rescaled), rel, held)
-    console.print(t)
+    print_table(console, t)
     for r in rep.results:
         if r.note:
             console.print(f"* {r.label}: {r.note}", highlight=False, soft_wrap=True)

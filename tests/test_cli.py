@@ -310,3 +310,17 @@ def test_a_nan_checkpoint_gets_one_message_and_exit_code_in_every_command(projec
     rows = list(csv.DictReader(open(tmp_path / "s" / "results.csv")))
     assert rows[0]["status"] == "ok" and rows[1]["status"] == "error"
     assert "is not finite" in rows[1]["error"] and f"NaN/inf in {name}" in rows[1]["error"]
+
+
+def test_tables_are_full_width_when_stdout_is_not_a_terminal(tmp_path):
+    long_label = "hessian_trace_with_a_rather_long_label_for_the_column"
+    proj = write_project(tmp_path / "a_project_folder_with_a_long_name_to_wrap",
+                         measures=[{"hessian_trace": {"min_probes": 4, "max_probes": 4, "label": long_label}},
+                                   "frobenius_norm", "spectral_norm", "path_norm"])
+    ckpt = proj.parent / "m0.pt"
+    res = run("measure", ckpt, "-c", proj, "-o", tmp_path / "o")
+    assert res.exit_code == 0, res.output
+    assert long_label in res.output and "…" not in res.output  # never truncated
+    assert any(str(ckpt) in line for line in res.output.splitlines())  # the path on one line
+    res = run("measures")
+    assert res.exit_code == 0 and "…" not in res.output
