@@ -139,6 +139,7 @@ def measure(
     allow_unsafe_pickle: bool | None = None,
     on_row: Callable[[int, int, Row], None] | None = None,
     on_start: Callable[[int, int, Job], None] | None = None,
+    on_progress: Callable[[str, dict], None] | None = None,
     debug: bool = False,
     plots: bool = False,
 ) -> MeasureReport:
@@ -172,7 +173,7 @@ def measure(
     for i, job in enumerate(jobs):
         if on_start:
             on_start(i, len(jobs), job)
-        row = measure_job(cfg, job, specs, data, st, debug)
+        row = measure_job(cfg, job, specs, data, st, debug, progress=on_progress)
         rows.append(row)
         if on_row:
             on_row(i, len(jobs), row)
@@ -604,6 +605,7 @@ def check_invariance(
     device: str | None = None,
     data: tuple[torch.Tensor, torch.Tensor] | None = None,
     loss: str = "cross_entropy",
+    progress: Callable[[str, str, dict], None] | None = None,
 ):
     """The invariance check for one checkpoint of a config (path, dict or `Config`), or for a model.
 
@@ -619,7 +621,7 @@ def check_invariance(
         if data is None:
             raise ConfigError("check_invariance(model, ...) needs data=(x, y)")
         return check_invariance_model(config, data, measures, loss=loss, transform=transform, scale=scale,
-                                      seed=seed or 0, tol=tol, device=device or "cpu")
+                                      seed=seed or 0, tol=tol, device=device or "cpu", progress=progress)
     cfg = load(config, overrides(device=device, seed=seed))
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
@@ -640,7 +642,7 @@ def check_invariance(
     return check_invariance_model(
         model, cache.get("train", job.train_data or manifest_train_data(cfg, job.path)), specs,
         test=cache.get("test"), settings=Settings.from_config(cfg), transform=transform, scale=scale, tol=tol,
-        init_state=init_state, checkpoint=job.checkpoint,
+        init_state=init_state, checkpoint=job.checkpoint, progress=progress,
     )
 
 

@@ -10,6 +10,7 @@ import functools
 import json
 import math
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -23,7 +24,16 @@ except ImportError:  # pragma: no cover - older typer on top of click
     from click import exceptions as click_exceptions
 from rich.table import Table
 
-from .console import console, err_console, fmt, print_table, progress_bar, quiet_torch_warnings, render_rows
+from .console import (
+    console,
+    describe_progress,
+    err_console,
+    fmt,
+    print_table,
+    progress_bar,
+    quiet_torch_warnings,
+    render_rows,
+)
 from .errors import ConfigError, FlatcliError
 
 
@@ -188,8 +198,12 @@ def measure(
             if progress is None:
                 progress = progress_bar("{task.description}")
                 progress.start()
-                task = progress.add_task("measuring", total=n)
-            progress.update(task, description=f"measuring {job.checkpoint}")
+                task = progress.add_task("measuring", total=n, detail="")
+            progress.update(task, description=f"measuring {job.checkpoint}", detail="")
+
+    def on_progress(label, info):
+        if progress is not None:
+            progress.update(task, detail=describe_progress(label, info))
 
     def on_row(i, n, row):
         if progress is not None:
@@ -205,14 +219,8 @@ def measure(
 
     try:
         report = api.measure(
-            cfg,
-            checkpoints,
-            measures=measures,
-            outdir=out,
-            allow_unsafe_pickle=allow_unsafe_pickle or None,
-            on_row=on_row,
-            on_start=on_start,
-            debug=debug,
+            cfg, checkpoints, measures=measures, outdir=out, allow_unsafe_pickle=allow_unsafe_pickle or None,
+            on_row=on_row, on_start=on_start, on_progress=on_progress if is_tty else None, debug=debug,
             plots=plots,
         )
     finally:
@@ -359,7 +367,7 @@ def landscape(
         if progress is not None:
             if task is None:
                 progress.start()
-                task = progress.add_task("landscape", total=total)
+                task = progress.add_task("landscape", total=total, detail="")
             progress.update(task, completed=done)
 
     try:
@@ -416,7 +424,7 @@ def _landscape_view(checkpoints, config, outdir, *, pca, connect, to, dims, step
         if progress is not None:
             if task is None:
                 progress.start()
-                task = progress.add_task("landscape", total=total)
+                task = progress.add_task("landscape", total=total, detail="")
             progress.update(task, completed=done, total=total)
 
     common = dict(steps=steps, seed=seed, device=device, points_per_pass=points_per_pass, outdir=outdir, plots=plots,
@@ -585,7 +593,25 @@ def check_invariance_cmd(
 
     from .api import check_invariance
 
-    rep = check_invariance(config, checkpoint, measures, transform=_value(transform), scale=scale, seed=seed, tol=tol, device=device)
+    status = err_console.status("check-invariance: rescaling") if err_console.is_terminal else None
+    t0 = time.perf_counter()
+
+    def progress(stage, label, info):
+        if status is not None:
+            status.update(f"{stage} network: " + (describe_progress(label, info) if label else "measuring"))
+        elif not label:  # logs: one line per stage
+            n = 1 if stage == "original" else 2
+            print(f"[{n}/2] measuring the {stage} network ({time.perf_counter() - t0:.1f}s)", file=sys.stderr,
+                  flush=True)
+
+    if status is not None:
+        status.start()
+    try:
+        rep = check_invariance(config, checkpoint, measures, transform=_value(transform), scale=scale, seed=seed,
+                               tol=tol, device=device, progress=progress)
+    finally:
+        if status is not None:
+            status.stop()
     console.print(f"[bold]{escape(rep.checkpoint)}[/bold]: {escape(rep.describe())}", highlight=False, soft_wrap=True)
     console.print(f"network output changed by {rep.output_rel_change:.2g} (relative, float64)", highlight=False)
     from rich import box

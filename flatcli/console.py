@@ -55,11 +55,38 @@ def render_rows(rows, labels: list[str]) -> Table:
 
 
 def progress_bar(label: str):
-    """A transient rich progress bar on stderr (only used on a terminal): label, bar, n/N, elapsed."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """A transient rich progress bar on stderr (only used on a terminal): label, bar, k/N,
+    elapsed, remaining (ETA), and a detail field (``task.fields['detail']``: what runs now)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[detail]}"),
                     console=err_console, transient=True)
+
+
+def describe_progress(label: str, info: dict) -> str:
+    """One short line for a running measure: its label, products so far, and the estimator's
+    running value with its standard error or residual when it reports them."""
+    parts = [label]
+    if info.get("n_hvp"):
+        parts.append(f"{info['n_hvp']} HVPs")
+    if info.get("n_grad"):
+        parts.append(f"{fmt(float(info['n_grad']))} grads")
+    if "value" in info:
+        v = f"≈ {fmt(float(info['value']))}"
+        if info.get("stderr") is not None:
+            v += f" ± {float(info['stderr']):.2g}"
+        elif info.get("residual") is not None:
+            v += f" (residual {float(info['residual']):.1e})"
+        parts.append(v)
+    return " · ".join(parts)
 
 
 def print_table(console, table) -> None:

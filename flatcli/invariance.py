@@ -45,7 +45,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -328,6 +328,7 @@ def check_invariance_model(
     tol: float = DEFAULT_TOL,
     init_state: dict[str, torch.Tensor] | None = None,
     checkpoint: str = "<model>",
+    progress: Callable[[str, str, dict], None] | None = None,
     **fields: Any,
 ) -> InvarianceReport:
     """Rescale ``model`` without changing its function, measure both in float64, compare.
@@ -344,6 +345,8 @@ def check_invariance_model(
         the precision is always fp64.
     transform : "node", "layer" or "both" (default); scale : α ranges over [1/scale, scale].
     tol : relative change up to which a claimed invariance holds (default 1e-6).
+    progress : ``progress(stage, label, info)``: ``stage`` is "original" or "rescaled"; called with
+        an empty label when a stage starts, then as `flatcli.pipeline.measure_model`'s progress.
 
     Returns an `InvarianceReport`; ``report.exit_code`` is 0 when every measure that claims
     invariance held it. Raises `MeasurementError` when no function-preserving rescaling exists.
@@ -360,8 +363,14 @@ def check_invariance_model(
     m64 = copy.deepcopy(model).to(st.device, torch.float64)
     check_finite_model(m64, data[st.split], st)
     pairs, rescaled, change = _rescaled_copy(m64, data[st.split], st, transform, scale)
-    rows = [measure_model(m, train, specs, test=test, settings=st, init_state=init_state, checkpoint=checkpoint)
-            for m in (m64, rescaled)]
+    rows = []
+    for stage, m in (("original", m64), ("rescaled", rescaled)):
+        cb = None
+        if progress is not None:
+            progress(stage, "", {})
+            cb = lambda lab, info, stage=stage: progress(stage, lab, info)  # noqa: E731
+        rows.append(measure_model(m, train, specs, test=test, settings=st, init_state=init_state,
+                                  checkpoint=checkpoint, progress=cb))
     _raise_input_errors(rows)
     report = InvarianceReport(
         checkpoint=checkpoint, transform=transform, scale=float(scale), seed=int(st.seed), tol=float(tol),

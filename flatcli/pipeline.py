@@ -13,7 +13,7 @@ import copy
 import math
 import platform
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,7 @@ def measure_model(
     checkpoint: str = "<model>",
     hparams: dict[str, Any] | None = None,
     debug: bool = False,
+    progress: Callable[[str, dict], None] | None = None,
     **fields: Any,
 ) -> Row:
     """Measure one model. Returns a `Row` (a failed measure is recorded, not raised).
@@ -112,6 +113,9 @@ def measure_model(
         ``device`` (default "cpu"), ``precision`` ("auto", "fp32", "tf32", "fp64"), ``hvp_mode``,
         ``block_size``), which override it.
     init_state : state dict at initialization (for ``distance_from_init``).
+    progress : ``progress(label, info)`` while a measure runs: the engine's counters so far
+        (``n_hvp``, ``n_grad``, ...) and, from iterative estimators, ``probes``/``steps``,
+        ``value``, ``stderr``/``residual``.
     """
     specs = as_specs(measures)
     st = Settings.build(settings, **fields)
@@ -138,6 +142,7 @@ def measure_model(
         if init_state is not None:
             init_params = {n: init_state[n].to(st.device, st.dtype) for n in problem.names if n in init_state}
         for spec in specs:
+            engine.on_progress = None if progress is None else (lambda info, lab=spec.label: progress(lab, info))
             ctx = MeasureContext(problem=problem, engine=engine, seed=st.seed if spec.seed is None else spec.seed,
                                  init_params=init_params, init_state=init_state)
             try:
@@ -219,7 +224,7 @@ def read_hparams_from_keys(extras: dict, keys: list[str] | None) -> dict[str, An
 
 
 def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache, settings: Settings,
-                debug: bool = False) -> Row:
+                debug: bool = False, progress: Callable[[str, dict], None] | None = None) -> Row:
     """Load one checkpoint and measure it. A failure (a bad file: kind ``ConfigError``, exit code 2)
     becomes an error row, so other checkpoints still complete."""
     labels = [s.label for s in specs]
@@ -230,7 +235,7 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
         init_state = load_init_state(cfg, job, model)
         return measure_model(
             model, data.get("train", job.train_data), specs, test=data.get("test"), settings=settings,
-            init_state=init_state, checkpoint=job.checkpoint, hparams=hp, debug=debug,
+            init_state=init_state, checkpoint=job.checkpoint, hparams=hp, debug=debug, progress=progress,
         )
     except Exception as e:  # a checkpoint that fails to load never loses the others
         if debug and not isinstance(e, ConfigError):

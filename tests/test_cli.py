@@ -324,3 +324,22 @@ def test_tables_are_full_width_when_stdout_is_not_a_terminal(tmp_path):
     assert any(str(ckpt) in line for line in res.output.splitlines())  # the path on one line
     res = run("measures")
     assert res.exit_code == 0 and "…" not in res.output
+
+
+def test_progress_inside_measures_and_one_line_per_stage_in_logs(project, tmp_path):
+    from flatcli import api
+    from flatcli.console import describe_progress
+
+    seen = []
+    api.measure(project, measures="hessian_trace,hessian_lambda_max",
+                on_progress=lambda label, info: seen.append((label, dict(info))))
+    labels = {lab for lab, _ in seen}
+    assert labels == {"hessian_trace", "hessian_lambda_max"}
+    trace = [i for lab, i in seen if lab == "hessian_trace" and "stderr" in i]
+    assert trace and trace[-1]["probes"] == 8 and trace[-1]["n_hvp"] >= 8  # probes done, stderr so far
+    lam = [i for lab, i in seen if lab == "hessian_lambda_max" and "residual" in i]
+    assert [i["steps"] for i in lam] == sorted(i["steps"] for i in lam)
+    line = describe_progress("hessian_trace", trace[-1])
+    assert line.startswith("hessian_trace · ") and "HVPs" in line and "±" in line
+    res = run("check-invariance", "-c", project, project.parent / "m0.pt", "-m", "frobenius_norm")
+    assert "[1/2] measuring the original network" in res.output and "[2/2] measuring the rescaled" in res.output

@@ -85,6 +85,11 @@ def certified_min_steps(dim: int, eps: float = 0.25, delta: float = 0.01) -> int
     return int(min(dim, max(1, math.ceil((need + 1) / 2))))
 
 
+def _reporter(op) -> Callable[..., None]:
+    """The operator's progress hook, or a no-op for a bare mat-vec."""
+    return getattr(op, "report", None) or (lambda **info: None)
+
+
 def _as_product(op, dim, device, dtype):
     """(block product, dim, device, dtype) from an operator or from a bare ``V -> M V`` callable."""
     if hasattr(op, "matmat_rows") and hasattr(op, "shape"):
@@ -206,6 +211,7 @@ def lanczos(
     if which not in ("largest", "smallest"):
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
     matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
+    report = _reporter(op)
     max_steps = int(min(max_steps, dim))
     min_steps = certified_min_steps(dim) if min_steps is None else int(min_steps)
     min_steps = int(min(min_steps, max_steps))
@@ -223,6 +229,7 @@ def lanczos(
         if len(keep) == 0 or kry.e >= dim:
             converged = True  # invariant subspace: the Ritz values are exact
             break
+        report(steps=kry.e, value=float(evals[0]), residual=float(res[0] / max(abs(evals[0]), 1e-30)))
         if kry.e >= min_steps and np.all(res[:kk] <= tol * np.maximum(np.abs(evals[:kk]), 1e-30)):
             converged = True
             break
@@ -394,6 +401,7 @@ def hutchinson(
     `TraceResult.block_estimates`. Stopping looks at the total only.
     """
     matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
+    report = _reporter(op)
     samples: list[float] = []
     parts: list[list[float]] = []
 
@@ -417,6 +425,7 @@ def hutchinson(
             parts.extend(_block_forms(prod, blocks))
         if len(samples) >= min_probes:
             est, se = _mean_se(samples)
+            report(probes=len(samples), value=est, stderr=se)
             if se <= tol * abs(est):
                 return result(True)
     est, se = _mean_se(samples)
@@ -475,6 +484,7 @@ def hutchpp(
     exactly to each sample; see `TraceResult.block_estimates`.
     """
     matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
+    report = _reporter(op)
     nb = len(blocks) if blocks is not None else 0
     low_b = np.zeros(nb)
     parts: list[list[float]] = []
@@ -543,6 +553,7 @@ def hutchpp(
             parts.extend(_block_forms(G * HG, blocks))
         if used >= min_probes and len(samples) >= min_samples:
             m, se = _mean_se(samples)
+            report(probes=used, value=low + m, stderr=se)
             if se <= tol * abs(low + m):
                 return result(low + m, se, True, samples, low, Q.shape[1])
     if len(samples) < 2:

@@ -48,10 +48,12 @@ class CurvatureOperator:
     name : "hessian", "ggn", "fd_hessian" (for messages and diagnostics).
     precision_context : a context-manager factory entered around every product
         (e.g. TF32 off), or None.
+    report : ``report(**info)`` for progress (the engine's), called by the algorithms
+        driving the operator with their running estimate; None ignores it.
     """
 
     def __init__(self, product: Product, dim: int, *, device=None, dtype=torch.float32, name: str = "operator",
-                 precision_context: Callable | None = None):
+                 precision_context: Callable | None = None, report: Callable | None = None):
         self._product = product
         self.shape = (int(dim), int(dim))
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -59,6 +61,12 @@ class CurvatureOperator:
         self.name = name
         self._context = precision_context
         self.n_products = 0
+        self._report = report
+
+    def report(self, **info) -> None:
+        """Progress from an algorithm using this operator (e.g. probes so far and the stderr)."""
+        if self._report is not None:
+            self._report(**info)
 
     # ------------------------------------------------------------ products
     def matmat_rows(self, V: torch.Tensor) -> torch.Tensor:

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 
 import torch
 from torch.func import grad as func_grad
@@ -82,8 +83,9 @@ def _count(x: float) -> float:
     return int(x) if float(x).is_integer() else round(float(x), 6)
 
 
-class _Capture:
-    """A forward hook that records a module's input and output, or replaces its output."""
+class LayerCapture:
+    """A forward hook that records a module's input and output, or replaces its output
+    (``with LayerCapture(module) as cap: model(x)``; then ``cap.single()``)."""
 
     def __init__(self, module: torch.nn.Module, replace: torch.Tensor | None = None):
         self.module, self.replace = module, replace
@@ -189,6 +191,7 @@ class CurvatureEngine:
         self._forward_samples = 0  # samples passed forward without a gradient
         self.oom_retries = 0
         self.fallbacks = 0
+        self.on_progress: Callable[[dict], None] | None = None  # called after every product
 
     # ------------------------------------------------------------ bookkeeping
     @property
@@ -248,7 +251,7 @@ class CurvatureEngine:
     def _operator(self, product, name: str, precision: str | None) -> CurvatureOperator:
         ctx = self.full_precision if precision == "fp32" and self.low_precision else None
         return CurvatureOperator(product, self.num_params, device=self.device, dtype=self.problem.dtype,
-                                 name=name, precision_context=ctx)
+                                 name=name, precision_context=ctx, report=self.report)
 
     def hessian(self, theta: torch.Tensor | None = None, *, precision: str | None = None) -> CurvatureOperator:
         """The Hessian of L at θ (default: the model's parameters) as a linear operator.
@@ -528,7 +531,7 @@ class CurvatureEngine:
         p = self.problem
         params = p.params if theta is None else p.unflatten(theta)
         for x, y in self.batches:
-            with _Capture(module) as cap:
+            with LayerCapture(module) as cap:
                 out = p.forward(params, x)
             self._forward_samples += len(x)
             yield x, y, *cap.single(), out
@@ -545,7 +548,7 @@ class CurvatureEngine:
         gives every sample's product at once (a loop over r when an op has no batched rule)."""
         p = self.problem
         zz = z0.detach().clone().requires_grad_(True)
-        with _Capture(module, replace=zz):
+        with LayerCapture(module, replace=zz):
             out = p.forward(p.params, x)
         s = p.per_sample_loss(out, y).sum()
         (g,) = torch.autograd.grad(s, zz, create_graph=True)
@@ -618,7 +621,14 @@ class CurvatureEngine:
         """H V for V of shape (P,) or (K, P); H the Hessian of L at θ (default: the model's)."""
         out = self._blocks(V, theta, self._hvp_block)
         self.n_hvp += 1 if V.ndim == 1 else V.shape[0]
+        self.report()
         return out
+
+    def report(self, **info) -> None:
+        """Tell `on_progress` (when set) the counters so far and ``info`` (e.g. an estimate and
+        its standard error from the algorithm driving the products)."""
+        if self.on_progress is not None:
+            self.on_progress({**self.counters(), **info})
 
     def _hvp_block(self, V: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
         if self.hvp_mode == "finite_difference":
@@ -688,6 +698,7 @@ class CurvatureEngine:
         k = 1 if V.ndim == 1 else V.shape[0]
         self.n_hvp += k
         self.n_ggnvp += k
+        self.report()
         return out
 
     def _ggn_block(self, V: torch.Tensor, th: torch.Tensor) -> torch.Tensor:

@@ -67,6 +67,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..engine.products import LayerCapture
 from ..errors import ConfigError, MeasurementError
 from . import MeasureResult, register
 from ._options import Bool, Optional, Str, opt
@@ -105,29 +106,9 @@ def find_layer(
     return name, mod
 
 
-class _Capture:
-    """A forward hook that records the layer's input and output, or replaces its output."""
-
-    def __init__(self, module: nn.Module, replace: torch.Tensor | None = None):
-        self.module, self.replace = module, replace
-        self.inputs: list[torch.Tensor] = []
-        self.outputs: list[torch.Tensor] = []
-
-    def __enter__(self):
-        self.handle = self.module.register_forward_hook(self._hook)
-        return self
-
-    def __exit__(self, *exc):
-        self.handle.remove()
-
-    def _hook(self, mod, inp, out):
-        self.inputs.append(inp[0])
-        self.outputs.append(out)
-        return self.replace
-
-
-def _run(problem, module, name, x, replace=None, measure="relative_flatness"):
-    with _Capture(module, replace) as cap:
+def _run(problem, module, name, x, measure="relative_flatness"):
+    """(model output, layer input φ, layer output z) of one batch (a forward pass, no gradient)."""
+    with LayerCapture(module) as cap, torch.no_grad():
         out = problem.forward(problem.params, x)
     if len(cap.inputs) != 1:
         raise MeasurementError(
@@ -141,24 +122,6 @@ def _run(problem, module, name, x, replace=None, measure="relative_flatness"):
             "it needs (batch, features), one feature vector per sample"
         )
     return out, phi, z
-
-
-def _hz_products(problem, module, name, x, y, z0: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-    r"""(k, B, d): row n of block r is :math:`H_z(x_n) V_r`, the per-sample Hessian of the loss
-    in the layer output through the rest of the network."""
-    zz = z0.detach().clone().requires_grad_(True)
-    out, _, _ = _run(problem, module, name, x, replace=zz)
-    s = problem.per_sample_loss(out, y).sum()
-    (g,) = torch.autograd.grad(s, zz, create_graph=True)
-    k, (B, d) = V.shape[0], zz.shape
-    if not g.requires_grad:  # the loss is linear in z
-        return torch.zeros(k, B, d, dtype=zz.dtype, device=zz.device)
-    Vb = V[:, None, :].expand(k, B, d).to(zz)
-    try:
-        (hv,) = torch.autograd.grad(g, zz, Vb, is_grads_batched=True, retain_graph=True)
-        return hv
-    except RuntimeError:  # an op without a batched rule: one product at a time
-        return torch.stack([torch.autograd.grad(g, zz, Vb[r], retain_graph=True)[0] for r in range(k)])
 
 
 def _feature_std(problem, module, name, measure="relative_flatness") -> torch.Tensor:
@@ -260,7 +223,7 @@ def relative_flatness(ctx, opts: RelativeFlatnessOptions) -> MeasureResult:
             q = torch.full_like(phin2, 2.0 * float(torch.trace(G)))
             method = method or "closed_form"
         else:
-            hv = _hz_products(p, module, name, x, y, z, V.to(p.dtype)).double()  # (k, B, d)
+            hv = ctx.engine.module_output_hvp(module, x, y, z, V.to(p.dtype)).double()  # (k, B, d)
             z_hvps += V.shape[0]
             q = torch.einsum("st,snt->n", G, hv) if use_units else torch.einsum("jt,jnt->n", V, hv)
             method = "hvp"

@@ -243,6 +243,7 @@ def run_worker(
     delay = float(os.environ.get(DELAY_ENV) or 0.0)
     stats = WorkerStats()
     tag = f"w{worker}" + (f" shard {shard[0]}/{shard[1]}" if shard else "")
+    todo = sum(not store.is_done(u.id, redo_before, retry_before) for u in order)  # for "k/N" in the log
 
     def attempt(u: Unit) -> str:
         if store.is_done(u.id, redo_before, retry_before):
@@ -276,7 +277,7 @@ def run_worker(
             what = f"{res['seconds']:.2f}s" if res else ""
             err = f" {rec['measure_error'] or rec['error']}" if rec["status"] == "error" else ""
             st = res["status"] if res and rec["status"] == "ok" else rec["status"]
-            log(f"[{tag}] {job.checkpoint} {u.label} {st} {what}{err}".rstrip())
+            log(f"[{tag}] {job.checkpoint} {u.label} {st} {what} ({stats.computed}/{todo}){err}")
         if on_unit is not None:
             on_unit(rec)
         return "computed"
