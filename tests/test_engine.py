@@ -81,6 +81,49 @@ def test_ggnvp_matches_dense_gauss_newton(loss):
     assert eng.n_ggnvp == 5
 
 
+def _dense_ggn_diagonal(p):
+    th = p.theta
+    J = torch.func.jacrev(lambda t: p.forward(t, p.x).reshape(p.n, -1))(th)  # (n, C, P)
+    Z = p.forward(th, p.x).detach().reshape(p.n, -1)
+    Hz = torch.stack(
+        [torch.func.hessian(lambda z, i=i: p.per_sample_loss(z[None], p.y[i : i + 1]).sum())(Z[i]) for i in range(p.n)]
+    )
+    return torch.einsum("ncp,ncd,ndp->p", J, Hz, J) / p.n
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
+@pytest.mark.parametrize("act", [nn.ReLU, nn.Tanh])
+def test_ggn_diagonal_matches_dense_gauss_newton(loss, act):
+    p = tiny_problem(loss=loss, act=act, batch_size=4)  # batches 4, 4, 2
+    eng = CurvatureEngine(p)
+    d = eng.ggn_diagonal()
+    torch.testing.assert_close(d, _dense_ggn_diagonal(p), rtol=1e-10, atol=1e-13)
+    assert eng.n_vjp == 3 and eng.counters()["n_vjp"] == 3 and eng.n_hvp == 0
+    diagH = torch.diagonal(dense_hessian(p))
+    if act is nn.ReLU:  # piecewise linear in every parameter: the Hessian diagonal itself
+        torch.testing.assert_close(d, diagH, rtol=1e-10, atol=1e-13)
+    else:
+        assert float((d - diagH).abs().max()) > 1e-3
+
+
+def test_ggn_diagonal_is_the_hessian_diagonal_with_batchnorm_and_pooling_in_eval_mode():
+    from .test_invariance import _conv_bn
+
+    model, x, y = _conv_bn()
+    p = Problem(model, x, y, batch_size=5, dtype=DT)
+    torch.testing.assert_close(CurvatureEngine(p).ggn_diagonal(), torch.diagonal(dense_hessian(p)), rtol=1e-10, atol=1e-13)
+
+
+def test_ggn_diagonal_chunks_samples_and_takes_theta():
+    p = tiny_problem(act=nn.Tanh, batch_size=10)
+    th = p.theta + 0.1 * vecs(p, 1)[0]
+    eng = CurvatureEngine(p)
+    eng._jacobian_chunk = lambda C: 3  # chunks 3, 3, 3, 1 within the batch
+    q = Problem(p.model, p.x, p.y, batch_size=10, dtype=DT)
+    q.params = q.unflatten(th.clone())
+    torch.testing.assert_close(eng.ggn_diagonal(th), _dense_ggn_diagonal(q), rtol=1e-10, atol=1e-13)
+
+
 def test_fd_hvp_second_order_accurate():
     p = tiny_problem(act=nn.Tanh)
     H = dense_hessian(p)
