@@ -44,6 +44,10 @@ Generalized Gauss-Newton products :math:`G v = \frac1n\sum_i J_i^\top H_{z,i} J_
 per-sample loss in the outputs) are batched the same way: one vmapped JVP, one
 vmapped output-space HVP and one vmapped VJP per batch.
 
+``ggn_diagonal`` is the exact diagonal of that matrix (`flatcli.engine.ggn_diag`):
+C per-sample vector-Jacobian products per sample, by an outer-product rule for
+Linear layers and vmapped per-sample products for every other parameter.
+
 ``fd_hvp`` is the central difference
 :math:`(\nabla L(\theta + \epsilon v) - \nabla L(\theta - \epsilon v)) / 2\epsilon`,
 for models that are not twice differentiable. ``hvp_mode="finite_difference"``
@@ -62,9 +66,10 @@ import math
 
 import torch
 from torch.func import grad as func_grad
-from torch.func import jacrev, jvp, vjp, vmap
+from torch.func import jvp, vjp, vmap
 
 from ..errors import MeasurementError
+from . import ggn_diag
 from .problem import Problem
 
 HVP_MODES = ("auto", "reverse", "forward", "finite_difference")
@@ -145,6 +150,7 @@ class CurvatureEngine:
         self.n_forward = 0
         self.n_ggnvp = 0
         self.n_vjp = 0
+        self._linear_fast = None
         self.oom_retries = 0
         self.fallbacks = 0
 
@@ -469,71 +475,36 @@ class CurvatureEngine:
         return out
 
     def ggn_diagonal(self, theta: torch.Tensor | None = None) -> torch.Tensor:
-        r"""The exact diagonal of the generalized Gauss-Newton matrix, shape (P,).
+        r"""The exact diagonal of the generalized Gauss-Newton matrix at θ, shape (P,).
 
-        .. math::
-
-            \mathrm{diag}(G)_j = \frac1n \sum_i \sum_k \big[(A_i^\top J_i)_{kj}\big]^2,
-            \qquad A_i A_i^\top = \nabla_z^2 \ell(z_i, y_i),
-
-        with :math:`J_i` (C × P) the Jacobian of sample i's outputs. Closed-form
-        factors: cross-entropy, :math:`\nabla_z^2\ell = \mathrm{diag}(p) - pp^\top`
-        with :math:`A = \mathrm{diag}(\sqrt p) - p\sqrt p^\top`, which gives
-        :math:`\mathrm{diag}(G)_j = \frac1n\sum_i \sum_k p_{ik}(J_{i,kj} - \bar J_{i,j})^2`,
-        :math:`\bar J_i = \sum_k p_{ik} J_{i,k}` (the variance of the output
-        gradients under the softmax); MSE (per-sample :math:`\sum_c (f_c - y_c)^2`),
-        :math:`A = \sqrt2\, I`. Nonnegative by construction.
-
-        For networks that are piecewise linear in every single parameter
-        (Linear/Conv layers, ReLU/leaky ReLU, max/avg pooling, BatchNorm in eval
-        mode, each parameter used once), :math:`\partial^2 z/\partial\theta_j^2 = 0`,
-        so this is also the exact diagonal of the Hessian of L.
-
-        Cost: per sample, C vector-Jacobian products (one vmapped ``jacrev`` per
-        chunk of samples), i.e. C backward passes over the set; counted as C in
-        ``n_vjp``. Samples are chunked so a chunk's Jacobians (chunk × C × P
-        numbers) stay within ~256 MB on CPU or a tenth of free CUDA memory.
+        :math:`\mathrm{diag}(G)_j = \frac1n \sum_i \sum_k (a_{ik}^\top J_i)_j^2` with
+        :math:`\sum_k a_{ik}a_{ik}^\top` the per-sample output Hessian of the loss
+        (closed forms for cross-entropy and MSE): see `flatcli.engine.ggn_diag`.
+        Nonnegative. For networks that are piecewise linear in every single
+        parameter (Linear/Conv layers, ReLU/leaky ReLU, max/avg pooling, BatchNorm
+        in eval mode, each parameter used once),
+        :math:`\partial^2 z/\partial\theta_j^2 = 0`, so this is also the exact
+        diagonal of the Hessian of L. Cost: C backward passes over the set (C
+        outputs per sample), counted as C in ``n_vjp``.
         """
         p = self.problem
         th = (p.theta if theta is None else theta).detach().to(self.device, p.dtype)
-        if p.loss_name not in ("cross_entropy", "mse"):
-            raise MeasurementError(f"no Gauss-Newton factor for the loss {p.loss_name!r}")
-
-        def single(t, x):
-            return p.forward(p.unflatten(t), x[None]).reshape(-1)
-
-        jac = vmap(jacrev(single), in_dims=(None, 0))
-        out = torch.zeros_like(th)
-        C = None
-        for x, _ in self.batches:
-            with torch.no_grad():
-                z = p.forward(p.unflatten(th), x)
-            z = z.reshape(len(x), -1)
-            C = z.shape[1]
-            chunk = self._jacobian_chunk(C)
-            for i in range(0, len(x), chunk):
-                J = jac(th, x[i : i + chunk]).detach()  # (b, C, P)
-                if p.loss_name == "cross_entropy":
-                    prob = torch.softmax(z[i : i + chunk], dim=1)
-                    dev = J - torch.einsum("bc,bcp->bp", prob, J)[:, None, :]
-                    out += torch.einsum("bc,bcp->p", prob, dev * dev)
-                else:
-                    out += 2.0 * (J * J).sum((0, 1))
-        out /= p.n
-        self.n_vjp += int(C or 0)
+        if self._linear_fast is None:
+            self._linear_fast = ggn_diag.linear_fast_path(p, self.batches[0][0])
+        out, C = ggn_diag.ggn_diagonal(p, self.batches, th, self._jacobian_chunk, self._linear_fast)
+        self.n_vjp += int(C)
         return out
 
-    def _jacobian_chunk(self, C: int) -> int:
-        """Samples per vmapped Jacobian: chunk × C × P numbers within the memory budget."""
-        p = self.problem
-        elt = torch.finfo(p.dtype).bits // 8
-        budget = 2.56e8
+    def _jacobian_chunk(self, C: int, P: int) -> int:
+        """Samples per vmapped chunk of per-sample gradients: chunk × C × P numbers within the memory budget."""
+        elt = torch.finfo(self.problem.dtype).bits // 8
+        budget = _CPU_BLOCK_BYTES
         if self.device.type == "cuda":
             try:
                 budget = 0.1 * torch.cuda.mem_get_info(self.device)[0]
             except RuntimeError:
-                budget = 2.56e8
-        return int(max(1, budget // (3 * C * p.num_params * elt)))
+                budget = _CPU_BLOCK_BYTES
+        return int(max(1, budget // (2 * C * max(P, 1) * elt)))
 
     def fd_hvp(
         self, V: torch.Tensor, eps: float = 1e-3, theta: torch.Tensor | None = None
