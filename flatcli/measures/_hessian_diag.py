@@ -35,6 +35,15 @@ r"""The Hessian diagonal for the Tsuzuku et al. (2020) family, and its options.
   sample; works for non-smooth networks.
 * ``hutchinson``: :math:`\frac1m\sum_z z \circ Hz` (not rescaling-equivariant).
 
+Why ``auto`` is the default (``scripts/bench_ns_diag.py``, float64, NS against
+the unit-vector ``exact`` value): on a 5-4-4-3 ReLU MLP with one last-layer
+weight at 0 / 1e-6, and with 30% of every layer pruned, the former default
+``scaled`` (64 samples) gave 11.6× / 3.8× / 807× the exact NS, ``hutchinson``
+(64) 1.10× / 1.10× / 1.03×; on the demo MLP trained on digits (2.4k and 3.5k
+parameters) ``scaled`` gave 1.61× and 1.48×, and 2900× and 2300× once 50% of
+each layer was pruned, ``hutchinson`` 1.12–1.16×; ``auto`` matched ``exact`` to
+3e-16 in every case with 9 HVPs and 3 or 10 VJP passes (``exact``: 59 to 3466 HVPs).
+
 Stochastic estimates are returned in ``min(8, samples)`` groups so measures can
 report a delete-a-group jackknife standard error (`jackknife`), which includes
 the jackknife estimate of the bias (the clamp's bias is of order of the noise).
