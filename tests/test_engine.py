@@ -81,6 +81,78 @@ def test_ggnvp_matches_dense_gauss_newton(loss):
     assert eng.n_ggnvp == 5
 
 
+def _dense_ggn_diagonal(p):
+    th = p.theta
+    J = torch.func.jacrev(lambda t: p.forward(t, p.x).reshape(p.n, -1))(th)  # (n, C, P)
+    Z = p.forward(th, p.x).detach().reshape(p.n, -1)
+    Hz = torch.stack(
+        [torch.func.hessian(lambda z, i=i: p.per_sample_loss(z[None], p.y[i : i + 1]).sum())(Z[i]) for i in range(p.n)]
+    )
+    return torch.einsum("ncp,ncd,ndp->p", J, Hz, J) / p.n
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
+@pytest.mark.parametrize("act", [nn.ReLU, nn.Tanh])
+def test_ggn_diagonal_matches_dense_gauss_newton(loss, act, fast):
+    p = tiny_problem(loss=loss, act=act, batch_size=4)  # batches 4, 4, 2
+    eng = CurvatureEngine(p)
+    if not fast:  # every parameter through the vmapped per-sample products, 3 samples at a time
+        eng._linear_fast = []
+        eng._jacobian_chunk = lambda C, P: 3
+    d = eng.ggn_diagonal()
+    assert len(eng._linear_fast) == (2 if fast else 0)
+    torch.testing.assert_close(d, _dense_ggn_diagonal(p), rtol=1e-10, atol=1e-13)
+    assert eng.n_vjp == 3 and eng.counters()["n_vjp"] == 3 and eng.n_hvp == 0
+    diagH = torch.diagonal(dense_hessian(p))
+    if act is nn.ReLU:  # piecewise linear in every parameter: the Hessian diagonal itself
+        torch.testing.assert_close(d, diagH, rtol=1e-10, atol=1e-13)
+    else:
+        assert float((d - diagH).abs().max()) > 1e-3
+
+
+def test_ggn_diagonal_is_the_hessian_diagonal_with_batchnorm_and_pooling_in_eval_mode():
+    from .test_invariance import _conv_bn
+
+    model, x, y = _conv_bn()
+    p = Problem(model, x, y, batch_size=5, dtype=DT)
+    eng = CurvatureEngine(p)
+    d = eng.ggn_diagonal()  # fc1, fc2 by the outer-product rule, the convolutions and BatchNorms per sample
+    assert [m for m, _, _ in eng._linear_fast] == [model.fc1, model.fc2]
+    torch.testing.assert_close(d, torch.diagonal(dense_hessian(p)), rtol=1e-10, atol=1e-13)
+
+
+class _TiedInplace(nn.Module):
+    """fc1 → in-place ReLU → fc2 applied twice (shared weights) → head."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.head = nn.Linear(5, 4), nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = torch.relu_(self.fc1(x))
+        return self.head(torch.tanh(self.fc2(torch.relu(self.fc2(h)))))
+
+
+def test_ggn_diagonal_with_in_place_activations_and_a_layer_called_twice():
+    torch.manual_seed(0)
+    model = _TiedInplace().to(DT).eval()
+    x, y = torch.randn(9, 5, dtype=DT), torch.randint(0, 3, (9,))
+    p = Problem(model, x, y, batch_size=4, dtype=DT)
+    eng = CurvatureEngine(p)
+    d = eng.ggn_diagonal()
+    assert [m for m, _, _ in eng._linear_fast] == [model.fc1, model.head]  # fc2 runs twice: per sample
+    torch.testing.assert_close(d, _dense_ggn_diagonal(p), rtol=1e-10, atol=1e-13)
+
+
+def test_ggn_diagonal_at_another_theta():
+    p = tiny_problem(act=nn.Tanh, batch_size=10)
+    th = p.theta + 0.1 * vecs(p, 1)[0]
+    q = Problem(p.model, p.x, p.y, batch_size=10, dtype=DT)
+    q.params = q.unflatten(th.clone())
+    torch.testing.assert_close(CurvatureEngine(p).ggn_diagonal(th), _dense_ggn_diagonal(q), rtol=1e-10, atol=1e-13)
+
+
 def test_fd_hvp_second_order_accurate():
     p = tiny_problem(act=nn.Tanh)
     H = dense_hessian(p)

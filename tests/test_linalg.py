@@ -262,6 +262,55 @@ def test_scaled_diagonal_is_unbiased_and_exact_for_diagonal_matrices():
     assert float((z <= 4).float().mean()) > 0.9
 
 
+def _gn_plus_residual(seed=0):
+    """H = G + R on three tensors a (0:6), b (6:10), c (10:20): diag(R) = 0 on a only."""
+    n = 20
+    G = psd(n=n, seed=seed + 4)
+    g = gen(seed + 5)
+    R = torch.randn(n, n, generator=g, dtype=DT) * 0.3
+    R = R + R.T
+    R[torch.arange(6), torch.arange(6)] = 0.0
+    theta = torch.randn(n, generator=gen(seed + 6), dtype=DT)
+    return G, R, theta, {"a": slice(0, 6), "b": slice(6, 10), "c": slice(10, 20)}
+
+
+def test_checked_gauss_newton_diagonal_exact_where_verified_and_for_curved_tensors():
+    G, R, theta, tensors = _gn_plus_residual()
+    H = G + R
+    calls = []
+    res = linalg.checked_gauss_newton_diagonal(
+        mv_of(H, calls), mv_of(G), torch.diagonal(G), theta, tensors, check=3, tol=1e-8, generator=gen(), block=4
+    )
+    assert res.curved == ["b", "c"] and res.exact == ["b", "c"] and res.estimated == []
+    assert res.checked["a"] <= 1e-12 and res.residual_groups == []
+    torch.testing.assert_close(res.diag, torch.diagonal(H), rtol=0, atol=1e-12)
+    # 3 checks per tensor; b (4 entries) needs one more pass, c all 10 unit vectors
+    assert res.n_hvp == sum(calls) == 9 + 4 + 10
+    # only the tensors asked for are checked
+    res = linalg.checked_gauss_newton_diagonal(
+        mv_of(H), mv_of(G), torch.diagonal(G), theta, {"a": tensors["a"]}, tol=1e-8, generator=gen()
+    )
+    assert res.curved == [] and res.n_hvp == 3
+    torch.testing.assert_close(res.diag, torch.diagonal(G), rtol=0, atol=0)
+
+
+def test_checked_gauss_newton_diagonal_estimates_the_residual_over_budget():
+    G, R, theta, tensors = _gn_plus_residual()
+    H = G + R
+    errs = []
+    for m in (16, 256, 4096):
+        res = linalg.checked_gauss_newton_diagonal(
+            mv_of(H), mv_of(G), torch.diagonal(G), theta, tensors, max_exact=4, samples=m, tol=1e-8,
+            generator=gen(), block=512,
+        )
+        assert res.exact == ["b"] and res.estimated == ["c"] and len(res.residual_groups) == 8
+        assert sum(k for _, k in res.residual_groups) == m
+        est = res.diag + sum(s for s, _ in res.residual_groups) / m
+        torch.testing.assert_close(est[:10], torch.diagonal(H)[:10], rtol=0, atol=1e-12)  # a, b exact
+        errs.append(float((est[10:] - torch.diagonal(H)[10:]).abs().mean()))
+    assert errs[0] > errs[1] > errs[2] and errs[2] < 0.1 * errs[0]
+
+
 # ---------------------------------------------------------------------------- SLQ
 def test_slq_exact_quadrature_with_full_krylov_space():
     """With steps = dim the quadrature is exact per probe: P·vᵀf(A)v/‖v‖² for each Rademacher v."""

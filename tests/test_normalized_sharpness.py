@@ -1,5 +1,11 @@
-"""normalized_sharpness against an independent dense implementation (Tsuzuku et al. 2020, eq. 35)."""
+"""normalized_sharpness (eqs. 35, 17) and fisher_rao_term (eq. 16) against independent dense implementations.
 
+References: dense Hessian diagonals from `torch.func.hessian` in float64, the
+row-scale problem solved by scipy on the plain objective, and eq. 17 by a
+brute-force scalar minimization over σ for every β of the grid B.
+"""
+
+import copy
 import math
 
 import numpy as np
@@ -24,11 +30,16 @@ def _data(n=30, d=5, c=3, seed=1):
     return torch.randn(n, d, generator=g, dtype=torch.float64), torch.randint(0, c, (n,), generator=g)
 
 
+def _dense_diag(model, x, y, loss="cross_entropy"):
+    """(θ, diag ∇²L(θ)) from the dense float64 Hessian."""
+    prob = Problem(model.eval(), x, y, loss=loss, batch_size=len(x), dtype=torch.float64)
+    H = torch.func.hessian(lambda t: prob.loss(prob.unflatten(t)))(prob.theta)
+    return prob.theta, torch.diagonal(H).clone()
+
+
 def _reference_ns(model, x, y, box=20.0, loss="cross_entropy"):
     """Dense Hessian diagonal, M[i,k] = Σ_j max(D_ij, 0) W_kj², γ by scipy on the plain objective."""
-    prob = Problem(model, x, y, loss=loss, batch_size=len(x), dtype=torch.float64)
-    H = torch.func.hessian(lambda t: prob.loss(prob.unflatten(t)))(prob.theta)
-    diag = torch.diagonal(H)
+    _, diag = _dense_diag(model, x, y, loss)
     total = 0.0
     offset = 0
     for name, p in model.named_parameters():
@@ -91,7 +102,10 @@ def test_scaled_estimator_converges_to_exact(act):
     exact = _ns(model, x, y, hessian_diag="exact").value
     errs = []
     for samples in (16, 64, 256):
-        e = [abs(_ns(model, x, y, seed=s, batch_size=30, samples=samples).value - exact) / exact for s in range(3)]
+        e = [
+            abs(_ns(model, x, y, seed=s, batch_size=30, samples=samples, hessian_diag="scaled").value - exact) / exact
+            for s in range(3)
+        ]
         errs.append(float(np.mean(e)))
     assert errs[0] > errs[1] > errs[2]
     assert errs[2] < 0.35 * errs[0]
@@ -101,12 +115,13 @@ def test_stochastic_estimators_report_stderr_and_cost():
     model = _mlp(nn.Tanh)
     x, y = _data()
     exact = _ns(model, x, y, hessian_diag="exact").value
-    sc = _ns(model, x, y, samples=16)
+    sc = _ns(model, x, y, samples=16, hessian_diag="scaled")
     fd = _ns(model, x, y, samples=16, hessian_diag="finite_difference", radius=1e-4)
     hu = _ns(model, x, y, samples=16, hessian_diag="hutchinson")
     assert sc.diagnostics["n_hvp"] == 16 and fd.diagnostics["n_grad"] == 32 and hu.diagnostics["n_hvp"] == 16
     for r in (sc, fd, hu):
         assert r.stderr is not None and r.stderr > 0
+        assert r.stderr >= abs(r.diagnostics["jackknife_bias"])  # the stderr covers the jackknife bias
     # on a smooth network the finite-difference estimator is the scaled one up to O(r²) (same probes)
     assert abs(fd.value - sc.value) <= 1e-5 * sc.value
     assert abs(sc.value - exact) < 4 * sc.stderr + 0.05 * exact
@@ -140,3 +155,269 @@ def test_model_is_not_mutated():
     _ns(model, x, y, samples=8)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+# ------------------------------------------------------------------ the default estimator on hard cases
+def _prune(model, frac):
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                W = m.weight.view(-1)
+                W[W.abs().argsort()[: int(frac * W.numel())]] = 0.0
+    return model
+
+
+@pytest.fixture(scope="module")
+def trained_digits_mlp():
+    """The demo's MLP (64-16-16-10, ReLU) trained on 400 digits to the demo's loss target."""
+    from flatcli.demo.models import MLP
+    from flatcli.demo.zoo import train_to_target
+    from flatcli.loading.data import digits_split
+
+    x, y = digits_split("train")
+    x, y = x[:400], y[:400]
+    torch.manual_seed(0)
+    model = MLP(64, 16, 2, 10)
+    _, loss = train_to_target(model, x, y, weight_decay=0.0)
+    assert loss <= 0.01
+    return model.double().eval(), x.double(), y
+
+
+def _hard_case(name, trained):
+    x, y = _data()
+    model = _mlp(nn.ReLU)
+    if name in ("zero_weight", "tiny_weight"):
+        with torch.no_grad():
+            model[4].weight.view(-1)[1] = 0.0 if name == "zero_weight" else 1e-6
+    elif name == "pruned":
+        _prune(model, 0.3)
+    elif name == "trained":
+        model, x, y = trained
+    elif name == "trained_pruned":
+        model, x, y = trained
+        model = _prune(copy.deepcopy(model), 0.5)
+    return model, x, y
+
+
+HARD = ["zero_weight", "tiny_weight", "pruned", "trained", "trained_pruned"]
+
+
+@pytest.mark.parametrize("case", HARD)
+def test_default_is_exact_with_zero_tiny_and_pruned_weights_and_trained(case, trained_digits_mlp):
+    # the old default (hessian_diag: scaled, 64 samples) gives 0.1772 → 2.05, 0.675, 143 (pruned) and 1.6× / 2900× on
+    # the trained MLPs of scripts/bench_ns_diag.py; the exact Gauss-Newton diagonal is the Hessian diagonal here
+    model, x, y = _hard_case(case, trained_digits_mlp)
+    res = _ns(model, x, y, batch_size=64)
+    ref = _reference_ns(model, x, y)
+    assert abs(res.value - ref) <= 1e-8 * ref
+    d = res.diagnostics
+    assert res.stderr is None and d["hessian_diag"] == "auto" and d["diag_exact"] and d["diag_curved"] == []
+    assert d["n_hvp"] == 3 * 3 and d["n_vjp"] == (3 if case in HARD[:3] else 10)
+    fr = measure_model(model, (x, y), ["fisher_rao_term"], precision="fp64", batch_size=64).results["fisher_rao_term"]
+    theta, diag = _dense_diag(model, x, y)
+    assert abs(fr.value - float((diag * theta * theta).sum())) <= 1e-10 * abs(fr.value)
+
+
+def test_default_with_batchnorm_and_pooling_in_eval_mode():
+    from .test_invariance import _conv_bn
+
+    model, x, y = _conv_bn()
+    res = _ns(model, x, y)
+    assert abs(res.value - _reference_ns(model, x, y)) <= 1e-8 * res.value
+    assert res.diagnostics["diag_curved"] == [] and res.stderr is None
+
+
+@pytest.mark.parametrize("act", [nn.ReLU, nn.Tanh])
+def test_default_at_a_non_minimum_with_an_indefinite_hessian(act):
+    model = _mlp(act, seed=3)
+    x, y = _data(seed=4)
+    prob = Problem(model.eval(), x, y, batch_size=len(x), dtype=torch.float64)
+    H = torch.func.hessian(lambda t: prob.loss(prob.unflatten(t)))(prob.theta)
+    assert float(torch.linalg.eigvalsh(H)[0]) < -1e-3  # indefinite
+    theta, diag = _dense_diag(model, x, y)
+    res = _ns(model, x, y)
+    assert abs(res.value - _reference_ns(model, x, y)) <= 1e-8 * res.value
+    fr = measure_model(model, (x, y), ["fisher_rao_term"], precision="fp64", batch_size=7).results["fisher_rao_term"]
+    assert abs(fr.value - float((diag * theta * theta).sum())) <= 1e-10 * abs(fr.value)
+    if act is nn.Tanh:  # curvature of its own before the last tanh: those tensors are done by unit vectors
+        assert bool((diag < 0).any())  # FR keeps the negative entries
+        assert res.diagnostics["diag_curved"] == ["0.weight", "2.weight"]  # the outputs are linear in 4.weight
+        assert res.diagnostics["diag_exact_by_unit_vectors"] == ["2.weight", "0.weight"]
+        assert res.diagnostics["diag_check_max_gap"] > 1e-3
+    else:
+        assert bool((diag >= 0).all()) and res.diagnostics["diag_curved"] == []
+
+
+def test_default_over_the_exact_budget_estimates_the_residual_and_says_so():
+    model = _mlp(nn.Tanh)
+    x, y = _data()
+    exact = _ns(model, x, y, hessian_diag="exact").value
+    errs = []
+    for samples in (16, 1024):
+        res = _ns(model, x, y, max_exact=16, samples=samples, batch_size=30)
+        d = res.diagnostics
+        assert d["diag_exact_by_unit_vectors"] == ["2.weight"] and d["diag_estimated"] == ["0.weight"]
+        assert not d["diag_exact"] and res.stderr > 0 and d["samples"] == samples
+        errs.append(abs(res.value - exact))
+        assert errs[-1] <= 4 * res.stderr
+    assert errs[1] < 0.25 * errs[0]
+
+
+def test_ggn_option_is_the_gauss_newton_ns():
+    model = _mlp(nn.Tanh)
+    x, y = _data()
+    prob = Problem(model.eval(), x, y, batch_size=len(x), dtype=torch.float64)
+    J = torch.func.jacrev(lambda t: prob.forward(t, x))(prob.theta)
+    p = torch.softmax(prob.forward(prob.theta, x), 1).detach()
+    Hz = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
+    ggn_diag = torch.einsum("ncp,ncd,ndp->p", J, Hz, J) / len(x)
+    from flatcli.measures.normalized_sharpness import normalized_sharpness_from_diagonal
+
+    params = {n: t.detach() for n, t in model.named_parameters()}
+    ref, _ = normalized_sharpness_from_diagonal(model, params, prob.param_slices(), ggn_diag)
+    res = _ns(model, x, y, hessian_diag="ggn")
+    assert abs(res.value - ref) <= 1e-10 * ref and res.diagnostics["n_hvp"] == 0 and res.stderr is None
+
+
+# ------------------------------------------------------------------ parameter-wise NS₀ (eq. 17)
+def _reference_ns0(theta, diag, betas, lam):
+    """Σ_i min over β ∈ B (every point) and σ (bounded Brent) of F e^{2σ} + θ² e^{−2σ} + (σ − β)²/λ′."""
+    total = 0.0
+    for t, d in zip(theta.tolist(), diag.tolist(), strict=True):
+        F = max(d, 0.0)
+        best = math.inf
+        for b in betas:
+            r = scipy.optimize.minimize_scalar(
+                lambda s, b=b, F=F, t=t: F * math.exp(2 * s) + t * t * math.exp(-2 * s) + (s - b) ** 2 / lam,
+                bounds=(b - 40, b + 40), method="bounded", options={"xatol": 1e-12},
+            )
+            best = min(best, r.fun)
+        total += best
+    return total
+
+
+@pytest.mark.parametrize("lam", [0.1, 3.0])
+def test_parameter_wise_ns0_matches_brute_force_on_dense_diagonal(lam):
+    model = _mlp(nn.Tanh, seed=3)  # non-minimum: negative diagonal entries are clamped (eq. 31)
+    x, y = _data(seed=4)
+    with torch.no_grad():
+        model[2].weight.view(-1)[:3] = 0.0  # θ = 0 entries
+    theta, diag = _dense_diag(model, x, y)
+    assert bool((diag < 0).any()) and bool((theta == 0).any())
+    opts = {"form": "parameter", "lambda_prime": lam, "beta_range": 3.0, "beta_points": 7, "hessian_diag": "exact"}
+    res = _ns(model, x, y, **opts)
+    B = np.linspace(-3, 3, 7)
+    ref = _reference_ns0(theta, diag, B, lam)
+    assert abs(res.value - ref) <= 1e-9 * ref
+    d = res.diagnostics
+    F = diag.clamp_min(0)
+    assert abs(d["ns1"] - float((theta.abs() * F.sqrt()).sum())) <= 1e-12 * d["ns1"]
+    assert abs(d["fr"] - float((diag * theta * theta).sum())) <= 1e-12 * abs(d["fr"])
+    assert d["n_params"] == theta.numel() and d["n_ln_B"] == pytest.approx(theta.numel() * math.log(7))
+    assert abs(sum(d["tensors"].values()) - res.value) <= 1e-12 * res.value
+    assert _ns(model, x, y, form="parameter").value == pytest.approx(
+        _ns(model, x, y, form="parameter", hessian_diag="exact").value, rel=1e-10
+    )
+
+
+def test_parameter_wise_terms_closed_forms():
+    from flatcli.measures.normalized_sharpness import parameter_wise_terms
+
+    # σ* = ¼ ln(θ²/F) on a grid point: penalty 0, the term is 2|θ|√F (eq. 19's limit, reached exactly)
+    theta = np.array([0.5, -2.0, 3.0])
+    F = theta**2 / np.exp(4 * np.array([0.0, 1.0, -1.0]))
+    terms, sigma, beta, _ = parameter_wise_terms(theta, F, np.array([-1.0, 0.0, 1.0]), 0.7)
+    np.testing.assert_allclose(terms, 2 * np.abs(theta) * np.sqrt(F), rtol=1e-13)
+    np.testing.assert_allclose(sigma, [0.0, 1.0, -1.0], atol=1e-12)
+    # F = 0: min over σ of θ²e^{−2σ} + (σ − β)²/λ′ at the largest β; σ − β = ½ W(2λ′θ²e^{−2β}) (Lambert W)
+    from scipy.special import lambertw
+
+    lam, b = 2.0, 1.5
+    terms, sigma, beta, _ = parameter_wise_terms(np.array([0.8, 0.0]), np.array([0.0, 0.0]), np.array([-1.5, b]), lam)
+    w = 0.5 * float(lambertw(2 * lam * 0.64 * math.exp(-2 * b)).real)
+    assert sigma[0] == pytest.approx(b + w, abs=1e-12) and beta[0] == b
+    assert terms[0] == pytest.approx(0.64 * math.exp(-2 * (b + w)) + w * w / lam, rel=1e-12)
+    assert terms[1] == 0.0  # θ = F = 0
+
+
+def test_parameter_wise_rescaling_is_a_shift_of_the_grid():
+    from flatcli.measures.normalized_sharpness import parameter_wise_terms
+
+    g = np.random.default_rng(0)
+    theta, F = g.normal(size=50), g.uniform(0, 2, size=50)
+    c = np.exp(g.uniform(-2, 2, size=50))
+    B = np.linspace(-4, 4, 9)
+    a = parameter_wise_terms(c * theta, F / c**2, B, 0.5)[0]
+    b = np.array([parameter_wise_terms(theta[i : i + 1], F[i : i + 1], B - math.log(c[i]), 0.5)[0][0] for i in range(50)])
+    np.testing.assert_allclose(a, b, rtol=1e-11)
+    assert abs(a.sum() - parameter_wise_terms(theta, F, B, 0.5)[0].sum()) > 1e-2 * a.sum()
+
+
+def test_sec5_scale_dependence_parameter_wise_changes_node_wise_does_not():
+    """Prop. 4.2 / Sec. 5: the parameter-wise form is tied to the data-independent grid B (and its bound's
+    constants to b = max|θ| and M = max F); the node-wise NS of eq. 35 absorbs node scales exactly."""
+    from flatcli.demo.models import MLP
+    from flatcli.invariance import check_invariance_model, find_rescalable_pairs, node_wise_rescale
+
+    torch.manual_seed(0)
+    model = MLP(in_features=5, width=6, depth=2, num_classes=3).double().eval()
+    x, y = _data(n=24)
+    measures = [
+        "normalized_sharpness",
+        {"normalized_sharpness": {"form": "parameter", "label": "ns0"}},
+        "fisher_rao_term",
+        {"hessian_trace": {"method": "exact"}},
+    ]
+    rep = check_invariance_model(model, (x, y), measures, transform="node", scale=10.0, batch_size=24)
+    by = {r.label: r for r in rep.results}
+    assert by["normalized_sharpness"].claims_invariance and by["normalized_sharpness"].rel_change <= 1e-6
+    assert not by["ns0"].claims_invariance and by["ns0"].held is None and by["ns0"].rel_change > 1e-3
+    assert by["fisher_rao_term"].claims_invariance and by["fisher_rao_term"].rel_change <= 1e-6
+    assert rep.passed
+    rescaled = node_wise_rescale(model, find_rescalable_pairs(model, x), scale=10.0, seed=0)
+    a, b = (_ns(m, x, y, form="parameter", batch_size=24).diagnostics for m in (model, rescaled))
+    assert abs(a["ns1"] - b["ns1"]) <= 1e-9 * a["ns1"]  # eq. 19's limit is element-wise invariant ...
+    assert abs(a["b"] - b["b"]) > 0.1 * a["b"] and abs(a["M"] - b["M"]) > 0.1 * a["M"]  # ... Prop. 4.2's b, M are not
+
+
+def test_parameter_form_options_are_validated():
+    model = _mlp(nn.Tanh)
+    x, y = _data()
+    with pytest.raises(ConfigError, match="'form' parameter of normalized_sharpness must be one of 'node', 'parameter'"):
+        measure_model(model, (x, y), [{"normalized_sharpness": {"form": "row"}}], precision="fp64")
+    with pytest.raises(ConfigError, match="'lambda_prime' parameter of normalized_sharpness must be a float in"):
+        measure_model(model, (x, y), [{"normalized_sharpness": {"lambda_prime": 0}}], precision="fp64")
+    with pytest.raises(ConfigError, match="'beta_points' parameter"):
+        measure_model(model, (x, y), [{"normalized_sharpness": {"beta_points": 0}}], precision="fp64")
+    with pytest.raises(ConfigError, match="'max_exact' parameter of fisher_rao_term"):
+        measure_model(model, (x, y), [{"fisher_rao_term": {"max_exact": -1}}], precision="fp64")
+
+
+# ------------------------------------------------------------------ fisher_rao_term (eq. 16)
+@pytest.mark.parametrize("est", ["exact", "ggn", "scaled"])
+def test_fisher_rao_term_estimators(est):
+    model = _mlp(nn.ReLU)
+    x, y = _data()
+    theta, diag = _dense_diag(model, x, y)
+    ref = float((diag * theta * theta).sum())
+    r = measure_model(model, (x, y), [{"fisher_rao_term": {"hessian_diag": est, "samples": 256}}], precision="fp64", batch_size=30)
+    fr = r.results["fisher_rao_term"]
+    if est == "scaled":
+        assert fr.stderr > 0 and abs(fr.value - ref) <= 4 * fr.stderr
+    else:
+        assert abs(fr.value - ref) <= 1e-10 * ref and fr.stderr is None
+    assert abs(sum(fr.diagnostics["tensors"].values()) - fr.value) <= 1e-12 * abs(fr.value)
+
+
+def test_invariance_claims_follow_the_options():
+    from flatcli.invariance import claims_invariance
+    from flatcli.measures import MeasureSpec, get_measure
+
+    assert claims_invariance(MeasureSpec("normalized_sharpness", "ns"))
+    assert claims_invariance(MeasureSpec("normalized_sharpness", "ns", {"hessian_diag": "ggn"}))
+    assert not claims_invariance(MeasureSpec("normalized_sharpness", "ns0", {"form": "parameter"}))
+    claimed, why = MeasureSpec("normalized_sharpness", "ns0", {"form": "parameter"}).claims_invariance()
+    assert not claimed and "grid B" in why
+    assert claims_invariance(MeasureSpec("fisher_rao_term", "fr"))
+    assert not claims_invariance(MeasureSpec("fisher_rao_term", "fr", {"hessian_diag": "hutchinson"}))
+    assert "eq. 16" in get_measure("fisher_rao_term").reference

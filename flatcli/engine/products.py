@@ -44,6 +44,10 @@ Generalized Gauss-Newton products :math:`G v = \frac1n\sum_i J_i^\top H_{z,i} J_
 per-sample loss in the outputs) are batched the same way: one vmapped JVP, one
 vmapped output-space HVP and one vmapped VJP per batch.
 
+``ggn_diagonal`` is the exact diagonal of that matrix (`flatcli.engine.ggn_diag`):
+C per-sample vector-Jacobian products per sample, by an outer-product rule for
+Linear layers and vmapped per-sample products for every other parameter.
+
 ``fd_hvp`` is the central difference
 :math:`(\nabla L(\theta + \epsilon v) - \nabla L(\theta - \epsilon v)) / 2\epsilon`,
 for models that are not twice differentiable. ``hvp_mode="finite_difference"``
@@ -66,6 +70,7 @@ from torch.func import grad as func_grad
 from torch.func import jvp, vjp, vmap
 
 from ..errors import MeasurementError
+from . import ggn_diag
 from .operators import CurvatureOperator
 from .problem import Problem, nonfinite_tensors, not_finite
 
@@ -145,8 +150,9 @@ class CurvatureEngine:
         (`needs_verification`; ``runtime.precision: auto``).
 
     Counters ``n_hvp`` (Hessian- and GGN-vector products, one per vector),
-    ``n_grad`` (full-set gradients), ``n_forward`` (full-set forward passes) and
-    ``oom_retries`` are kept so measures can report their cost.
+    ``n_grad`` (full-set gradients), ``n_forward`` (full-set forward passes),
+    ``n_vjp`` (full-set passes of per-sample vector-Jacobian products, C per
+    `ggn_diagonal`) and ``oom_retries`` are kept so measures can report their cost.
     """
 
     def __init__(
@@ -189,6 +195,8 @@ class CurvatureEngine:
         self.n_ggnvp = 0
         self._grad_samples = 0  # samples whose gradient was taken (n per full gradient)
         self._forward_samples = 0  # samples passed forward without a gradient
+        self.n_vjp = 0
+        self._linear_fast = None
         self.oom_retries = 0
         self.fallbacks = 0
         self.on_progress: Callable[[dict], None] | None = None  # called after every product
@@ -219,6 +227,7 @@ class CurvatureEngine:
             "n_ggnvp": self.n_ggnvp,
             "n_grad": self.n_grad,
             "n_forward": self.n_forward,
+            "n_vjp": self.n_vjp,
             "oom_retries": self.oom_retries,
             "fallbacks": self.fallbacks,
         }
@@ -730,6 +739,38 @@ class CurvatureEngine:
                 for k in range(V.shape[0]):
                     out[k] += one(V[k])
         return out
+
+    def ggn_diagonal(self, theta: torch.Tensor | None = None) -> torch.Tensor:
+        r"""The exact diagonal of the generalized Gauss-Newton matrix at θ, shape (P,).
+
+        :math:`\mathrm{diag}(G)_j = \frac1n \sum_i \sum_k (a_{ik}^\top J_i)_j^2` with
+        :math:`\sum_k a_{ik}a_{ik}^\top` the per-sample output Hessian of the loss
+        (closed forms for cross-entropy and MSE): see `flatcli.engine.ggn_diag`.
+        Nonnegative. For networks that are piecewise linear in every single
+        parameter (Linear/Conv layers, ReLU/leaky ReLU, max/avg pooling, BatchNorm
+        in eval mode, each parameter used once),
+        :math:`\partial^2 z/\partial\theta_j^2 = 0`, so this is also the exact
+        diagonal of the Hessian of L. Cost: C backward passes over the set (C
+        outputs per sample), counted as C in ``n_vjp``.
+        """
+        p = self.problem
+        th = (p.theta if theta is None else theta).detach().to(self.device, p.dtype)
+        if self._linear_fast is None:
+            self._linear_fast = ggn_diag.linear_fast_path(p, self.batches[0][0])
+        out, C = ggn_diag.ggn_diagonal(p, self.batches, th, self._jacobian_chunk, self._linear_fast)
+        self.n_vjp += int(C)
+        return out
+
+    def _jacobian_chunk(self, C: int, P: int) -> int:
+        """Samples per vmapped chunk of per-sample gradients: chunk × C × P numbers within the memory budget."""
+        elt = torch.finfo(self.problem.dtype).bits // 8
+        budget = _CPU_BLOCK_BYTES
+        if self.device.type == "cuda":
+            try:
+                budget = 0.1 * torch.cuda.mem_get_info(self.device)[0]
+            except RuntimeError:
+                budget = _CPU_BLOCK_BYTES
+        return int(max(1, budget // (2 * C * max(P, 1) * elt)))
 
     def fd_hvp(
         self, V: torch.Tensor, eps: float = 1e-3, theta: torch.Tensor | None = None

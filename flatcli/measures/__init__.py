@@ -40,6 +40,7 @@ _FAMILY_MODULES = [
     "flatcli.measures.hessian",
     "flatcli.measures.norms",
     "flatcli.measures.normalized_sharpness",
+    "flatcli.measures.ns_bound",
     "flatcli.measures.relative_flatness",
     "flatcli.measures.feature_robustness",
     "flatcli.measures.sharpness",

@@ -1,0 +1,239 @@
+r"""The computable terms of Tsuzuku, Sato & Sugiyama's PAC-Bayes bound (ICML 2020, Thm. 6.1, eqs. 32–34).
+
+Our reading of the OCR'd theorem: for d weight matrices, λ from a finite set Λ
+independent of S, ε ∈ (0, 0.1], R > 0, a loss bounded in [0, 1] and
+max_i |θ̄_i| ≤ b, if every entry of F = max(D, 0) is at most M, there is a
+Gaussian posterior Q(θ | θ̄) with mean θ̄ and covariance Σ, ‖Σ‖_F = O(λ^{-1/2}),
+such that with probability 1 − δ over S and Q
+
+.. math::
+
+    L_D(Q) \le L_S(Q) + \frac{1}{\sqrt\lambda}\,\mathrm{NS}_2(R) + \frac{\Xi_3}{\lambda}
+    + \frac{\lambda}{2m}, \qquad
+    \mathrm{NS}_2(R) = \Big(\sum_l \min_{\gamma \in [-R, R]^{h_l}} (e^{\gamma})^\top F_l U_l^\top e^{-\gamma}\Big)^{1/2},
+    \qquad \Xi_3 = \tilde O(hd)\cdot C_{\epsilon,\delta,M,b,R,|\Lambda|},
+
+(eqs. 32, 33, 34; the paper prints the curvature term of eq. 32 as NS₃(R) and
+defines it in eq. 33 as eq. 26's NS₂(R) with the clamped estimate F̄ in place of
+H̄; we read both as the same quantity, which is `normalized_sharpness` with
+``box`` = R). m is the size of S, taken as the measurement set's n: measure on
+the whole training set for the bound to be one.
+
+What is computed (the measure's value is the sum of the first three):
+
+* L_S(Q) by Monte Carlo: ``mc_samples`` draws θ_k ~ Q (seeded), each
+  evaluated on S with a bounded loss (``mc_loss``): the 0-1 error (in [0, 1])
+  or the per-sample loss clipped at ``loss_clip`` (in [0, loss_clip]); the
+  reported upper end is the mean plus the two-sided Hoeffding half-width
+  :math:`B\sqrt{\ln(2/\delta')/(2K)}` (B the range of the loss, K the draws,
+  δ′ = ``confidence``), valid with probability 1 − δ′ over the draws (union with
+  the bound's δ: 1 − δ − δ′ overall).
+* NS₂(R)/√λ with λ = ``lam`` (default √m, the order the paper gives as optimal).
+* λ/(2m).
+
+Left symbolic: Ξ₃/λ (eq. 34 gives only its order, Õ(hd) times a constant in
+ε, δ, M, b, R and |Λ|, whose exact form is in the paper's Appendix D.5), and
+with it the union-bound costs of the discretized prior scales and of Λ. The
+second-order error term E(L_S, Q) of Props. 4.x/6.1 does not appear: Thm 6.1
+bounds L_D(Q) through the measured L_S(Q).
+
+**The posterior Q (our reconstruction).** The theorem only states
+‖Σ‖_F = O(λ^{-1/2}); its construction (Appendix D.5) is not in the text we
+have. We take the decomposition of eq. 23, W = η Diag(e^{γ/2}) V Diag(c^{1/2}),
+with V's posterior N(V̄, I): independent Gaussian noise on the entries of every
+weight matrix (biases and normalization parameters are not perturbed), with
+variances
+
+.. math::
+
+    \sigma^2_{l,ij} = \eta^2\, e^{\gamma_{l,i}}\, b_{l,j}, \qquad
+    b_{l,j} = \sum_k U_l[k, j]\, e^{-\gamma_{l,k}}, \qquad
+    \eta^2 = \frac{\sqrt{h/\lambda}}{\mathrm{NS}_2(R)}, \quad h = \sum_l (\text{columns of } W_l),
+
+γ_l the minimizer of eq. 33 (its common shift cancels). Under the second-order
+approximation this Q gives (A) = ½ Σ F σ² = ½ η² NS₂(R)² and, against a prior
+of equal variances, KL = ½ Σ U/σ² = h/(2η²); η balances the two, so that
+(A) = KL/λ = ½ √(h/λ) NS₂(R): the curvature term is NS₂(R)/√λ up to the
+factor √h/2, which the paper's Õ(hd) constants absorb. (The mirror choice
+σ² = η² e^{γ_i} / a_j, a_j = Σ_i F_ij e^{γ_i}, gives the same two values.)
+Diagnostics ``second_order_gap`` (½ η² NS₂², the surrogate-loss increase the
+second-order approximation predicts under Q) and ``kl_over_lam`` report them.
+Rows whose γ reaches +R (dead ReLU nodes: a zero row of F costs nothing to
+second order) get the largest noise the box allows; the Monte-Carlo term then
+shows how far the second-order picture is off.
+
+Invariance: Q moves with the weights under node-wise rescaling (σ_ij scales
+like W_ij) as long as no γ sits at the box, so at equal seeds L_S(Q) and the
+value are unchanged then; a row pinned at the box (dead node) keeps its noise
+while its weights rescale. The measure therefore claims no invariance.
+
+Larger means a looser bound (sharper).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, MeasurementError
+from . import MeasureResult, register
+from ._hessian_diag import DiagonalOptions, estimate_diagonal, jackknife
+from ._layers import weight_matrices
+from ._options import Integral, OneOf, Optional, Real, opt
+from .normalized_sharpness import normalized_sharpness_from_diagonal
+
+
+@dataclass(frozen=True)
+class NSBoundOptions(DiagonalOptions):
+    box: float = opt(20.0, Real(0, None, "neither"), "R: γ ∈ [-box, box] (eq. 33)")
+    lam: float | None = opt(None, Optional(Real(0, None, "neither")), "λ of eq. 32 (default √m)")
+    mc_samples: int = opt(100, Integral(2, None), "Monte-Carlo draws θ ~ Q for L_S(Q)")
+    confidence: float = opt(0.05, Real(0, 1, "neither"), "δ′ of the two-sided Hoeffding interval of L_S(Q)")
+    mc_loss: str = opt("error", OneOf("error", "clipped_loss"), "bounded loss of L_S(Q): 0-1 error or clipped loss")
+    loss_clip: float = opt(1.0, Real(0, None, "neither"), "clipped_loss: per-sample loss clipped to [0, loss_clip]")
+
+
+def posterior_std(W: torch.Tensor, D: torch.Tensor, gamma: np.ndarray, eta2: float) -> torch.Tensor:
+    r"""σ_ij = (η² e^{γ_i} b_j)^{1/2}, b_j = Σ_k W_kj² e^{−γ_k}, for W, D viewed as (rows × rest); shaped like W."""
+    W2 = W.reshape(W.shape[0], -1).double().cpu()
+    g = torch.as_tensor(gamma, dtype=torch.float64)
+    g = g - g.max()  # the common shift cancels; keep e^{γ} ≤ 1
+    b = (W2 * W2 * torch.exp(-g)[:, None]).sum(0)
+    return (eta2 * torch.exp(g)[:, None] * b[None, :]).sqrt().reshape(W.shape)
+
+
+def _bounded_loss(ctx, opts: NSBoundOptions):
+    """θ ↦ the mean bounded loss over S (forward passes only) and its range B."""
+    p = ctx.problem
+    if opts.mc_loss == "error":
+        x0, y0 = p.batches[0]
+        with torch.no_grad():
+            out = p.forward(p.params, x0[:2])
+        if out.ndim != 2 or out.shape[1] < 2 or y0.is_floating_point():
+            raise ConfigError(
+                "The 'mc_loss' parameter of ns_bound is 'error', which needs class outputs (batch, classes) "
+                f"and integer labels; the model gives {tuple(out.shape)}. Use mc_loss: clipped_loss."
+            )
+
+    @torch.no_grad()
+    def loss(th: torch.Tensor) -> float:
+        params = p.unflatten(th)
+        total = 0.0
+        for x, y in p.batches:
+            out = p.forward(params, x)
+            if opts.mc_loss == "error":
+                total += float((out.argmax(1) != y).sum())
+            else:
+                total += float(p.per_sample_loss(out, y).clamp(0.0, opts.loss_clip).sum())
+        ctx.engine.n_forward += 1
+        return total / p.n
+
+    return loss, (1.0 if opts.mc_loss == "error" else opts.loss_clip)
+
+
+def _ns(p, model, diag, box):
+    params = {n: t.detach() for n, t in p.params.items()}
+    return normalized_sharpness_from_diagonal(model, params, p.param_slices(), diag, box)
+
+
+@register(
+    "ns_bound",
+    options=NSBoundOptions,
+    description=(
+        "Computable part of Tsuzuku et al.'s PAC-Bayes bound: Hoeffding upper end of L_S(Q) by Monte Carlo "
+        "+ NS₂(R)/√λ + λ/(2m) (Ξ₃/λ left symbolic)."
+    ),
+    reference="Tsuzuku, Sato & Sugiyama, ICML 2020, Thm. 6.1 (eqs. 32–34), NS₂(R) of eqs. 26/33",
+    stochastic=True,
+    invariant=False,
+    cost="the diagonal of normalized_sharpness (hessian_diag) + mc_samples + 1 forward passes over S",
+)
+def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
+    r"""L̂_S(Q) + Hoeffding half-width + NS₂(R)/√λ + λ/(2m); larger = looser bound (sharper).
+
+    Parameters (options)
+    --------------------
+    hessian_diag, samples, radius, eps, check, max_exact : the diagonal, as in
+        `normalized_sharpness` (default ``auto``).
+    box : float, default 20 — R of eq. 33.
+    lam : float, default √m — λ of eq. 32.
+    mc_samples : int, default 100 — K draws from Q.
+    confidence : float, default 0.05 — δ′ of the Hoeffding interval.
+    mc_loss : {"error", "clipped_loss"}, default "error" — the bounded loss of L_S(Q).
+    loss_clip : float, default 1 — the range of ``clipped_loss``.
+
+    Diagnostics: ``ls_q`` (Monte-Carlo mean), ``ls_q_stderr``, ``ls_q_hoeffding``
+    ([lower, upper]), ``hoeffding_width``, ``ls_theta`` (the bounded loss at θ̄),
+    ``ns_r`` (NS₂(R)), ``curvature_term`` (NS₂(R)/√λ), ``lam``, ``lam_term``
+    (λ/2m), ``m``, ``h``, ``eta2``, ``second_order_gap`` (½η²NS₂²),
+    ``kl_over_lam`` (h/(2λη²)), ``posterior_std_max``, ``box_hit``,
+    ``symbolic`` (what is left out), the diagonal's ``diag_*`` and the engine's counts.
+
+    References: Tsuzuku, Sato & Sugiyama (2020), ICML, Thm. 6.1, eqs. 23, 26,
+    32–34; Hoeffding (1963).
+    """
+    p, model = ctx.problem, ctx.model
+    wms = [wm for wm in weight_matrices(model) if wm.param_name in p.param_slices()]
+    est = estimate_diagonal(ctx, opts, [wm.param_name for wm in wms])
+    diag = est.mean()
+    ns, sols = _ns(p, model, diag, opts.box)
+    ns_se, _ = jackknife(est, lambda d: _ns(p, model, d, opts.box)[0], ns)
+    if not (math.isfinite(ns) and ns > 0):
+        raise MeasurementError(f"ns_bound: NS₂(R) = {ns}; the posterior scale η² = √(h/λ)/NS₂(R) is undefined")
+    m = p.n
+    lam = float(opts.lam) if opts.lam is not None else math.sqrt(m)
+    h = sum(int(np.prod(wm.shape[1:])) for wm in wms)
+    eta2 = math.sqrt(h / lam) / ns
+    slices = p.param_slices()
+    theta = p.theta
+    std = torch.zeros(p.num_params, dtype=torch.float64)
+    for wm in wms:
+        sol = sols[wm.module_name or wm.param_name]
+        sl = slices[wm.param_name]
+        std[sl] = posterior_std(p.params[wm.param_name], diag[sl], sol.gamma, eta2).reshape(-1)
+    loss, B = _bounded_loss(ctx, opts)
+    ls_theta = loss(theta)
+    gen = ctx.generator(offset=1)
+    draws = []
+    for _ in range(opts.mc_samples):
+        eps_ = torch.randn(p.num_params, generator=gen, dtype=torch.float64)
+        draws.append(loss(theta + (std * eps_).to(theta.device, theta.dtype)))
+    draws = np.asarray(draws)
+    K = len(draws)
+    mean = float(draws.mean())
+    mc_se = float(draws.std(ddof=1) / math.sqrt(K))
+    width = B * math.sqrt(math.log(2.0 / opts.confidence) / (2 * K))
+    curvature = ns / math.sqrt(lam)
+    lam_term = lam / (2 * m)
+    value = mean + width + curvature + lam_term
+    stderr = math.sqrt(mc_se**2 + (0.0 if ns_se is None else ns_se / math.sqrt(lam)) ** 2)
+    hits = [k for k, s in sols.items() if s.box_hit]
+    diagnostics = {
+        **est.info,
+        "ls_q": mean,
+        "ls_q_stderr": mc_se,
+        "ls_q_hoeffding": [mean - width, mean + width],
+        "hoeffding_width": width,
+        "ls_theta": ls_theta,
+        "mc_loss": opts.mc_loss,
+        "loss_range": B,
+        "ns_r": ns,
+        "ns_r_stderr": ns_se,
+        "box": opts.box,
+        "curvature_term": curvature,
+        "lam": lam,
+        "lam_term": lam_term,
+        "m": m,
+        "h": h,
+        "eta2": eta2,
+        "second_order_gap": 0.5 * eta2 * ns * ns,
+        "kl_over_lam": h / (2 * lam * eta2),
+        "posterior_std_max": float(std.max()),
+        "box_hit": bool(hits),
+        "box_hit_layers": hits,
+        "symbolic": "Ξ₃/λ, Ξ₃ = Õ(hd)·C(ε, δ, M, b, R, |Λ|) (eq. 34); confidence 1 − δ − δ′",
+    }
+    return MeasureResult(value=value, stderr=stderr, diagnostics=diagnostics)
