@@ -84,7 +84,9 @@ def test_lambda_max_mlp_and_determinism():
     b = run(model, x, y, [{"hessian_lambda_max": {"tol": 1e-6}}], seed=3)["hessian_lambda_max"]
     assert abs(a.value - ev[-1]) <= 1e-4 * abs(ev[-1])
     assert a.value == b.value and a.diagnostics["steps"] == b.diagnostics["steps"]
-    assert a.diagnostics["steps"] >= 20
+    from flatcli.engine.linalg import certified_min_steps
+
+    assert a.diagnostics["steps"] >= certified_min_steps(sum(q.numel() for q in model.parameters()))
 
 
 # ---------------------------------------------------------------------------- trace
@@ -190,3 +192,51 @@ def test_plot_esd_writes_png(tmp_path):
     assert out.exists() and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="hessian_spectrum"):
         plot_esd({"value": 1.0}, tmp_path / "x.png")
+
+
+# ---------------------------------------------------------------------------- TF32 verification
+def _simulated_tf32(monkeypatch, model, x, y, bias):
+    """An engine whose products are (1 + bias)·H v while TF32 is on (a simulated low-precision
+    GPU product), and exact inside its fp32 verification context."""
+    p = Problem(model, x, y, batch_size=4, dtype=DT)
+    eng = CurvatureEngine(p, precision="tf32", verify=True)
+    monkeypatch.setattr(CurvatureEngine, "low_precision", property(lambda self: True))
+    exact = eng.hvp
+
+    def hvp(V, theta=None):
+        out = exact(V, theta=theta)
+        return out * (1 + bias) if torch.backends.cuda.matmul.allow_tf32 else out
+
+    monkeypatch.setattr(eng, "hvp", hvp)
+    return p, eng
+
+
+@pytest.fixture
+def tf32_on():
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def test_lambda_max_is_verified_in_fp32_when_products_run_in_tf32(monkeypatch, tf32_on):
+    model, x, y = mlp_data()
+    lam = dense_eigs(model, x, y, "cross_entropy")[-1]
+    p, eng = _simulated_tf32(monkeypatch, model, x, y, bias=1e-2)
+    r = run_measure(MeasureSpec("hessian_lambda_max", "l", {"tol": 1e-6}), MeasureContext(problem=p, engine=eng))
+    assert r.diagnostics["tf32_value"] == pytest.approx(1.01 * lam, rel=1e-6)  # the fast, biased one
+    assert r.value == pytest.approx(lam, rel=1e-6)  # reported: the fp32 Rayleigh quotient
+    assert r.diagnostics["residual"] <= 1e-6 and r.diagnostics["verified"] == "fp32" and r.status == "ok"
+
+
+@pytest.mark.parametrize("bias, status", [(0.3, "precision_warning"), (1e-9, "ok")])
+def test_trace_control_sample_flags_a_tf32_bias_larger_than_the_stderr(monkeypatch, tf32_on, bias, status):
+    model, x, y = mlp_data(seed=1)
+    tr = dense_eigs(model, x, y, "cross_entropy").sum()
+    p, eng = _simulated_tf32(monkeypatch, model, x, y, bias=bias)
+    spec = MeasureSpec("hessian_trace", "t", {"min_probes": 64, "max_probes": 64, "per_layer": "none"})
+    r = run_measure(spec, MeasureContext(problem=p, engine=eng))
+    d = r.diagnostics
+    assert d["fp32_control_probes"] == 8 and d["fp32_control_rel_diff"] == pytest.approx(bias, rel=1e-6)
+    assert r.status == status
+    assert abs(r.value - (1 + bias) * tr) <= 5 * r.stderr  # the estimate itself is the fast one

@@ -264,6 +264,35 @@ def _start_block(v0, block, k, dim, max_steps, generator) -> torch.Tensor:
     return v0[:b]
 
 
+@dataclass
+class PrecisionControl:
+    """A paired fp32 control sample of a trace estimate computed with fast (TF32) products.
+
+    ``diff`` is the mean over the control probes of :math:`z^\top (H_{fast} - H_{fp32}) z`
+    (the fast estimator's bias per probe), ``diff_stderr`` its standard error, ``rel_diff`` =
+    ``|diff| / |mean of z^T H_fp32 z|``; ``probes`` products with each operator."""
+
+    diff: float
+    diff_stderr: float
+    rel_diff: float
+    probes: int
+
+
+def precision_control(fast, exact, *, probes: int = 8, generator: torch.Generator) -> PrecisionControl:
+    r"""Compare a fast operator (TF32 products) with its fp32 view on the same Rademacher probes.
+
+    Each probe costs one product with each operator; the difference of the quadratic forms is
+    paired, so its mean estimates the bias the fast products put into a trace estimate
+    (independently of the Monte-Carlo noise of the estimate itself)."""
+    Z = rademacher(probes, exact.shape[1], generator, exact.device, exact.dtype)
+    qf = rowdot(Z, fast.matmat_rows(Z).to(Z.dtype)).cpu().numpy()
+    qe = rowdot(Z, exact.matmat_rows(Z).to(Z.dtype)).cpu().numpy()
+    d = qf - qe
+    se = float(np.std(d, ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.inf
+    mean_e = float(np.mean(qe))
+    return PrecisionControl(float(np.mean(d)), se, abs(float(np.mean(d))) / max(abs(mean_e), 1e-30), probes)
+
+
 def verify_eigenpair(op, x: torch.Tensor) -> tuple[float, float]:
     r"""(Rayleigh quotient, relative residual) of ``x`` under ``op``, from one product.
 

@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from ._options import parse_options
 
 __all__ = [
+    "Dims",
     "MeasureResult",
     "MeasureContext",
     "MeasureSpec",
@@ -97,7 +98,20 @@ class MeasureContext:
         return g
 
 
+@dataclass(frozen=True)
+class Dims:
+    """Sizes a cost estimate depends on: P parameters, n samples in the measurement set, C model
+    outputs, the parameter tensors' sizes, and the sizes of the weight matrices' layers."""
+
+    P: int
+    n: int
+    C: int = 1
+    tensors: tuple[int, ...] = ()
+    batches: int = 1
+
+
 Claim = Callable[[Any], "bool | str"]
+Estimate = Callable[[Any, Dims], "dict[str, int | tuple[int, int]]"]
 Note = Callable[[MeasureResult, MeasureResult, Any], "str | None"]
 Artifacts = Callable[[MeasureResult, Path, str], "list[Path]"]
 
@@ -115,6 +129,9 @@ class MeasureInfo:
         the check (e.g. that an optimizer hit its box).
     artifacts: ``(result, path_stem, title) -> [paths]``: files (plots) drawn from a
         result by ``flatcli measure --plots``.
+    estimate: ``(opts, dims) -> {counter: n or (least, most)}``: the products a run will count
+        (``n_hvp``, ``n_grad``, ``n_forward``, ``n_vjp``; full-set equivalents), exactly or as a
+        range for adaptive estimators; what ``--dry-run`` prints. Counters not named are 0.
     """
 
     name: str
@@ -129,6 +146,7 @@ class MeasureInfo:
     invariance_options: dict[str, Any] = field(default_factory=dict)
     invariance_note: Note | None = None
     artifacts: Artifacts | None = None
+    estimate: Estimate | None = None
 
     @property
     def may_claim_invariance(self) -> bool:
@@ -166,6 +184,7 @@ def register(
     invariance_options: dict[str, Any] | None = None,
     invariance_note: Note | None = None,
     artifacts: Artifacts | None = None,
+    estimate: Estimate | None = None,
 ):
     """Decorator registering a measure under ``name`` with its metadata (see `MeasureInfo`)."""
 
@@ -185,6 +204,7 @@ def register(
             invariance_options=dict(invariance_options or {}),
             invariance_note=invariance_note,
             artifacts=artifacts,
+            estimate=estimate,
         )
         return fn
 
@@ -239,6 +259,16 @@ class MeasureSpec:
     def claims_invariance(self) -> tuple[bool, str]:
         """(claimed, reason): whether this configured measure claims rescaling invariance."""
         return get_measure(self.name).claims_invariance(self.parsed())
+
+
+    def estimate(self, dims: Dims) -> dict[str, tuple[int, int]] | None:
+        """(least, most) of each counter a run of this spec will count, or None when the measure
+        declares no estimate."""
+        info = get_measure(self.name)
+        if info.estimate is None:
+            return None
+        raw = info.estimate(self.parsed(), dims)
+        return {k: (v if isinstance(v, tuple) else (v, v)) for k, v in raw.items()}
 
 
 # The measure `flatcli check-invariance` always adds as the non-invariant reference.

@@ -18,7 +18,8 @@ import torch
 from ..engine import linalg
 from ..errors import ConfigError
 from . import MeasureResult, register
-from ._options import Integral, OneOf, Real, opt
+from ..engine.linalg import certified_min_steps
+from ._options import Integral, OneOf, Optional, Real, opt
 
 # ---------------------------------------------------------------------------- λmax
 
@@ -29,6 +30,11 @@ class LambdaMaxOptions:
         1e-3, Real(0, 1, "neither"), "relative Ritz residual ‖Hv − λv‖ ≤ tol·|λ| to stop at"
     )
     max_steps: int = opt(100, Integral(1, None), "most Lanczos steps (each one HVP)")
+    min_steps: int | None = opt(
+        None, Optional(Integral(1, None)),
+        "fewest Lanczos steps (null: certified by the Kuczyński-Woźniakowski bound, see "
+        "flatcli.engine.linalg.certified_min_steps: 8 at P = 80, 12 at 84k, 14 at 11M)",
+    )
     per_layer: str = opt(
         "none",
         OneOf("none", "json", "columns"),
@@ -43,81 +49,81 @@ class LambdaMaxOptions:
     description="Largest algebraic eigenvalue of the loss Hessian (Lanczos, residual stopping); per-tensor block λmax with per_layer.",
     reference="Keskar et al. 2017; Lanczos with full reorthogonalization (Golub & Van Loan §10.1)",
     stochastic=True,
-    cost="one HVP per Lanczos step (≥ 20 steps); per_layer json/columns adds Σ_b min(P_b, 20…max_steps) HVPs "
+    cost="one HVP per Lanczos step (certified_min_steps(P) to max_steps) + 1 fp32 HVP with precision auto on "
+    "TF32 GPUs; per_layer json/columns adds Σ_b min(P_b, certified_min_steps(P_b)…max_steps) HVPs "
     "(one Lanczos per parameter tensor b of size P_b)",
+    estimate=lambda o, d: {"n_hvp": (min(d.P, o.min_steps or certified_min_steps(d.P)), min(d.P, o.max_steps))},
 )
 def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     r"""Largest algebraic eigenvalue :math:`\lambda_{\max}(H)`, larger means sharper.
 
-    Lanczos with full reorthogonalization from a seeded random start; at least 20
-    Krylov steps (or the dimension), stopped when the Ritz residual
-    :math:`\|Hv-\lambda v\|\le \mathrm{tol}\,|\lambda|`. Unlike power iteration,
-    the *algebraic* maximum is found even when a negative eigenvalue has the
-    largest magnitude. Diagnostics: ``residual`` (relative), ``steps``,
-    ``converged``, ``min_ritz`` (smallest Ritz value).
+    Lanczos with full reorthogonalization from a seeded random start, stopped when the
+    Ritz residual :math:`\|Hv-\lambda v\|\le \mathrm{tol}\,|\lambda|` after at least
+    ``min_steps`` Krylov steps (default: `flatcli.engine.linalg.certified_min_steps`, the
+    steps after which a random start finds the *top* eigenvalue, not just some eigenvalue,
+    with probability ≥ 99%; it replaces the earlier fixed floor of 20). Unlike power
+    iteration, the *algebraic* maximum is found even when a negative eigenvalue has the
+    largest magnitude. Diagnostics: ``residual`` (relative), ``steps``, ``converged``,
+    ``min_ritz`` (smallest Ritz value).
+
+    Precision (``runtime.precision: auto`` on a GPU with tensor cores): the Lanczos products
+    run in TF32, then the final Ritz vector gets one fp32 HVP; the reported value and residual
+    are its fp32 Rayleigh quotient and residual (``tf32_value`` and ``tf32_residual`` keep the
+    fast ones), and ``converged`` is judged in fp32.
 
     ``per_layer`` (``json`` or ``columns``): for every parameter tensor b, the
     largest algebraic eigenvalue of the diagonal block :math:`H_{bb} = P_b H P_b`
     (:math:`P_b` the coordinate projection onto the tensor; products through the
-    engine's HVP with vectors zero outside the block), by the same Lanczos in the
-    block's own dimension P_b (exact when P_b ≤ 20: the space is exhausted).
+    engine's Hessian operator with vectors zero outside the block), by the same Lanczos
+    in the block's own dimension P_b (exact when P_b is small: the space is exhausted).
     Diagnostics ``layers`` (name → block λmax), ``layers_residual`` and
     ``layers_converged``; ``columns`` adds the scalar diagnostics
     ``layer_<name>`` (CSV columns ``<label>_layer_<name>``). By Cauchy
     interlacing every block λmax is at most λmax(H). Cost: one Lanczos per tensor.
     """
     eng = ctx.engine
-    p = ctx.problem
+    verify = eng.needs_verification
     r = linalg.lanczos(
-        eng.hvp,
-        p.num_params,
-        max_steps=opts.max_steps,
-        min_steps=20,
-        tol=opts.tol,
-        k=1,
-        generator=ctx.generator(),
-        device=p.device,
-        dtype=p.dtype,
+        eng.hessian(), max_steps=opts.max_steps, min_steps=opts.min_steps, tol=opts.tol, k=1,
+        generator=ctx.generator(), return_vectors=verify,
     )
     lam = float(r.eigenvalues[0])
     rel = float(r.residuals[0] / max(abs(lam), 1e-30))
-    diag = {
-        "residual": rel,
-        "steps": r.steps,
-        "converged": bool(r.converged),
-        "min_ritz": float(r.eigenvalues[-1]),
-    }
+    converged = bool(r.converged)
+    diag = {"residual": rel, "steps": r.steps, "converged": converged, "min_ritz": float(r.eigenvalues[-1])}
+    if verify:
+        lam32, rel32 = linalg.verify_eigenpair(eng.hessian(precision="fp32"), r.ritz_vectors[0])
+        converged = converged and rel32 <= opts.tol
+        diag.update(tf32_value=lam, tf32_residual=rel, residual=rel32, converged=converged, verified="fp32")
+        lam = lam32
     if opts.per_layer != "none":
         diag.update(_block_lambda_max(ctx, opts))
-    return MeasureResult(
-        value=lam,
-        diagnostics=diag,
-        status="ok" if r.converged else "not_converged",
-    )
+    return MeasureResult(value=lam, diagnostics=diag, status="ok" if converged else "not_converged")
 
 
-def block_matvec(hvp, dim: int, sl: slice):
+def block_matvec(op, dim: int, sl: slice):
     """``V (K, P_b) -> (H P_b V)`` restricted to the block: the product of :math:`P_b H P_b`
-    in the block's own coordinates, one HVP per vector."""
+    in the block's own coordinates, one product of the operator ``op`` per vector."""
 
     def mv(V):
         full = torch.zeros(V.shape[0], dim, dtype=V.dtype, device=V.device)
         full[:, sl] = V
-        return hvp(full)[:, sl]
+        return op(full)[:, sl]
 
     return mv
 
 
 def _block_lambda_max(ctx, opts: LambdaMaxOptions) -> dict:
     eng, p = ctx.engine, ctx.problem
+    H = eng.hessian()
     lams, res, conv = {}, {}, {}
     for i, (name, sl) in enumerate(p.param_slices().items()):
         size = sl.stop - sl.start
         r = linalg.lanczos(
-            block_matvec(eng.hvp, p.num_params, sl),
+            block_matvec(H, p.num_params, sl),
             size,
             max_steps=opts.max_steps,
-            min_steps=20,
+            min_steps=opts.min_steps,
             tol=opts.tol,
             k=1,
             generator=ctx.generator(100 + i),
@@ -194,6 +200,13 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     tensor. Diagnostics ``layers`` (name → trace) and ``layers_stderr``;
     ``columns`` adds the scalar diagnostics ``layer_<name>`` and
     ``layer_<name>_stderr`` (CSV columns ``<label>_layer_<name>``).
+
+    Precision (``runtime.precision: auto`` on a GPU with tensor cores): the probes run with
+    TF32 products; a paired control sample of 8 probes computed with both TF32 and fp32
+    products (`flatcli.engine.linalg.precision_control`, 16 HVPs) estimates the bias TF32
+    puts into each probe: ``fp32_control_rel_diff`` and ``fp32_control_diff`` in the
+    diagnostics, and status ``precision_warning`` when that bias exceeds the estimate's
+    standard error. ``exact`` always uses fp32 products.
     """
     if opts.min_probes > opts.max_probes:
         raise ConfigError(
@@ -203,10 +216,9 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     eng = ctx.engine
     p = ctx.problem
     slices = p.param_slices()
+    H = eng.hessian(precision="fp32" if opts.method == "exact" else None)
     if opts.method == "exact":
-        d = linalg.exact_diagonal(
-            eng.hvp, p.num_params, block=eng.block_size, device=p.device, dtype=p.dtype
-        )
+        d = linalg.exact_diagonal(H, block=eng.block_size)
         diag = {"probes": p.num_params, "method": "exact"}
         if opts.per_layer != "none":
             tr = {n: float(d[sl].sum()) for n, sl in slices.items()}
@@ -214,15 +226,12 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
         return MeasureResult(value=float(d.sum()), stderr=0.0, diagnostics=diag)
     est = linalg.hutchpp if opts.method == "hutchpp" else linalg.hutchinson
     r = est(
-        eng.hvp,
-        p.num_params,
+        H,
         tol=opts.tol,
         min_probes=opts.min_probes,
         max_probes=opts.max_probes,
         block=eng.block_size,
         generator=ctx.generator(),
-        device=p.device,
-        dtype=p.dtype,
         blocks=list(slices.values()) if opts.per_layer != "none" else None,
     )
     fixed = opts.min_probes == opts.max_probes
@@ -245,12 +254,14 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
                 opts.per_layer,
             )
         )
-    return MeasureResult(
-        value=r.estimate,
-        stderr=r.stderr,
-        diagnostics=diag,
-        status="ok" if (r.converged or fixed) else "not_converged",
-    )
+    status = "ok" if (r.converged or fixed) else "not_converged"
+    if eng.needs_verification:
+        c = linalg.precision_control(H, eng.hessian(precision="fp32"), probes=CONTROL_PROBES,
+                                     generator=ctx.generator(7))
+        diag.update(fp32_control_rel_diff=c.rel_diff, fp32_control_diff=c.diff, fp32_control_probes=c.probes)
+        if abs(c.diff) > r.stderr:
+            status = "precision_warning"  # the TF32 bias exceeds the estimate's standard error
+    return MeasureResult(value=r.estimate, stderr=r.stderr, diagnostics=diag, status=status)
 
 
 def _layer_diagnostics(traces: dict, stderrs: dict, mode: str) -> dict:
@@ -266,17 +277,18 @@ def _layer_diagnostics(traces: dict, stderrs: dict, mode: str) -> dict:
 
 SPECTRUM_TOL = 1e-3
 DENSITY_POINTS = 128
+CONTROL_PROBES = 8
 
 
 @dataclass(frozen=True)
 class SpectrumOptions:
     top_k: int = opt(
-        10, Integral(1, None), "how many largest eigenvalues (block Lanczos, block size top_k)"
+        5, Integral(1, None), "how many largest eigenvalues (block Lanczos, block size top_k)"
     )
     slq_runs: int = opt(
-        10, Integral(1, None), "stochastic Lanczos quadrature runs (Rademacher starts)"
+        4, Integral(1, None), "stochastic Lanczos quadrature runs (Rademacher starts)"
     )
-    slq_steps: int = opt(80, Integral(2, None), "Lanczos steps per SLQ run")
+    slq_steps: int = opt(25, Integral(2, None), "Lanczos steps per SLQ run")
     z: float = opt(
         1.0, Real(0, None, "neither"), "shift z of the effective dimension N_eff(z) = Σ λ/(λ + z)"
     )
@@ -301,7 +313,12 @@ def _esd_artifacts(result: MeasureResult, stem: Path, title: str) -> list[Path]:
     description="Effective dimension N_eff(z) of the loss Hessian by SLQ; top-k eigenvalues, condition number and spectral density in diagnostics.",
     reference="Maddox, Benton & Wilson 2020 (N_eff, eq. 2); Ghorbani et al. 2019 and Ubaru et al. 2017 (SLQ)",
     stochastic=True,
-    cost="block Lanczos (≥ 20 HVPs, blocks of top_k) + slq_runs × slq_steps HVPs",
+    cost="block Lanczos (blocks of top_k; certified_min_steps(P) to max(50, 10·top_k) HVPs) + "
+    "slq_runs × slq_steps HVPs (defaults: at most 50 + 100 HVPs, PyHessian's density budget is 100)",
+    estimate=lambda o, d: {"n_hvp": (
+        min(d.P, max(min(d.P, o.top_k), certified_min_steps(d.P))) + o.slq_runs * min(o.slq_steps, d.P),
+        min(d.P, max(50, 10 * min(o.top_k, d.P))) + o.slq_runs * min(o.slq_steps, d.P),
+    )},
     artifacts=_esd_artifacts,
 )
 def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
@@ -310,7 +327,8 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
 
     * Effective dimension (Maddox, Benton & Wilson 2020, eq. 2) estimated by
       stochastic Lanczos quadrature (``slq_runs`` Rademacher starts,
-      ``slq_steps`` steps each, all runs batched): :math:`N_{\mathrm{eff}}(z) =
+      ``slq_steps`` steps each, all runs batched; the defaults, 4 × 25 + the top-k
+      Lanczos, stay within about 150 HVPs, sized for a ResNet-18 on thousands of samples): :math:`N_{\mathrm{eff}}(z) =
       \mathrm{Tr}\, f(H)` with :math:`f(\lambda) = \lambda_+/(\lambda_+ + z)`.
       Negative eigenvalues (saddle directions, small at a minimum) count 0:
       :math:`\lambda/(\lambda+z)` has a pole at :math:`-z`. ``stderr`` is the
@@ -323,9 +341,9 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
       make it blind to overall sharpness. Compare values only at equal ``z``
       and loss.
     * Top-k eigenvalues by block Lanczos (block size ``top_k``, full
-      reorthogonalization, at least 20 Krylov vectors, stopped when every one of
-      the k Ritz residuals is at most 1e-3 relative, at most
-      ``max(100, 20·top_k)`` HVPs); ``condition_number`` is
+      reorthogonalization, at least `flatcli.engine.linalg.certified_min_steps` Krylov
+      vectors, stopped when every one of the k Ritz residuals is at most 1e-3 relative, at
+      most ``max(50, 10·top_k)`` HVPs); ``condition_number`` is
       :math:`\lambda_1/\lambda_k` (None when :math:`\lambda_k \le 0`).
     * The spectral density on a grid of 128 points spanning the Ritz values
       (Gaussian kernel of width two grid steps), as lists ``density_grid`` and
@@ -333,34 +351,17 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
       ``slq_weights``), for `plot_esd`.
     """
     eng = ctx.engine
-    p = ctx.problem
-    P = p.num_params
+    P = ctx.problem.num_params
     k = min(opts.top_k, P)
+    H = eng.hessian()
     r = linalg.lanczos(
-        eng.hvp,
-        P,
-        max_steps=max(100, 20 * k),
-        min_steps=20,
-        tol=SPECTRUM_TOL,
-        k=k,
-        block=k,
-        generator=ctx.generator(),
-        device=p.device,
-        dtype=p.dtype,
+        H, max_steps=max(50, 10 * k), tol=SPECTRUM_TOL, k=k, block=k, generator=ctx.generator(),
     )
     top = [float(v) for v in r.eigenvalues[:k]]
     top_res = [float(res / max(abs(v), 1e-30)) for res, v in zip(r.residuals[:k], top, strict=True)]
     lam_k = top[-1]
     cond = top[0] / lam_k if lam_k > 0 else None
-    s = linalg.slq(
-        eng.hvp,
-        P,
-        runs=opts.slq_runs,
-        steps=opts.slq_steps,
-        generator=ctx.generator(1),
-        device=p.device,
-        dtype=p.dtype,
-    )
+    s = linalg.slq(H, runs=opts.slq_runs, steps=opts.slq_steps, generator=ctx.generator(1))
     neff, se = s.expect(lambda t: effective_dimension(t, opts.z))
     nodes = np.concatenate(s.nodes)
     lo = min(float(nodes.min()), top[-1])
