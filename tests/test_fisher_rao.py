@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-import flatcli.measures.fisher_rao as fr
 from flatcli.engine import CurvatureEngine, Problem
 from flatcli.errors import ConfigError
 from flatcli.measures import MeasureContext, MeasureSpec, run_measure
@@ -79,7 +78,9 @@ def test_double_backward_fallback_matches(monkeypatch):
     def no_forward_mode(*a, **k):
         raise NotImplementedError("no forward-mode rule")
 
-    monkeypatch.setattr(fr, "jvp", no_forward_mode)
+    import flatcli.engine.products as products
+
+    monkeypatch.setattr(products, "jvp", no_forward_mode)  # the engine's per-sample product falls back
     assert run(p).value == pytest.approx(direct(p, y), rel=1e-12)
 
 

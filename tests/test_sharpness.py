@@ -319,7 +319,7 @@ def test_worst_linf_default_reaches_90_percent_of_the_best_corner(seed, d):
     r = run(p, e, "sharpness_worst", rho=RHO, norm="linf")
     best = _best_corner(H, RHO)
     assert 0.9 * best <= r.value <= best * (1 + 1e-12)
-    assert r.diagnostics["eigen_starts"] == 2  # ± the top eigenvector (eigen_starts: 1) and r.diagnostics["n_hvp"] >= 5
+    assert r.diagnostics["eigen_starts"] == 2 and r.diagnostics["n_hvp"] >= 5  # ± the top eigenvector
 
 
 def test_worst_linf_on_the_separated_spectrum_fixture(at_minimum):

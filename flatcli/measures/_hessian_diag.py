@@ -164,7 +164,7 @@ def estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = No
     method = opts.hessian_diag
     info: dict = {"hessian_diag": method}
     if method == "exact":
-        d = linalg.exact_diagonal(eng.hvp, P, block=eng.block_size, device=p.device, dtype=p.dtype)
+        d = linalg.exact_diagonal(eng.hessian(), block=eng.block_size)
         return DiagonalEstimate(d, info=info)
     if method in ("ggn", "auto"):
         g = eng.ggn_diagonal().double().cpu()
@@ -173,8 +173,8 @@ def estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = No
         slices = p.param_slices()
         names = [n for n in (tensors if tensors is not None else p.names) if n in slices]
         res = linalg.checked_gauss_newton_diagonal(
-            eng.hvp,
-            eng.ggnvp,
+            eng.hessian(),
+            eng.ggn(),
             g,
             p.theta,
             {n: slices[n] for n in names},
@@ -200,12 +200,11 @@ def estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = No
     groups = []
     for k in _groups(opts.samples):
         if method == "scaled":
-            mean, _ = linalg.scaled_diagonal(eng.hvp, theta, samples=k, eps=opts.eps, block=eng.block_size, generator=gen)
+            mean, _ = linalg.scaled_diagonal(eng.hessian(), theta, samples=k, eps=opts.eps, block=eng.block_size,
+                                             generator=gen)
             groups.append((mean * k, k))
         elif method == "hutchinson":
-            mean, _ = linalg.hutchinson_diagonal(
-                eng.hvp, P, samples=k, block=eng.block_size, generator=gen, device=p.device, dtype=p.dtype
-            )
+            mean, _ = linalg.hutchinson_diagonal(eng.hessian(), samples=k, block=eng.block_size, generator=gen)
             groups.append((mean * k, k))
         else:
             groups.append((_fd_group(eng, theta, k, opts.radius, opts.eps, gen), k))

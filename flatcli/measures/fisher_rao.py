@@ -4,10 +4,10 @@ r"""Fisher-Rao norm (Liang, Poggio, Rakhlin & Stokes, AISTATS 2019).
 
 (the empirical form of their Definition 2 with the expectation over S). The
 directional derivatives :math:`\langle \theta, \nabla_\theta \ell_i \rangle` of
-all samples of a batch come from *one* forward-mode product: the Jacobian-vector
-product of the vector of per-sample losses in the direction θ. When an operation
-has no forward-mode rule, the same vector is obtained by the double-backward
-trick (the gradient with respect to v of ⟨θ, J^T v⟩), also one pass per batch.
+all samples of a batch come from *one* forward-mode product through the engine
+(`flatcli.engine.CurvatureEngine.per_sample_directional`): the Jacobian-vector
+product of the vector of per-sample losses in the direction θ (the double-backward
+trick when an operation has no forward-mode rule), one pass per batch.
 
 For bias-free ReLU networks with L hidden layers, f is (L+1)-homogeneous in θ,
 so ⟨θ, ∇_θ f⟩ = (L+1) f and the norm equals (L+1)² · mean ⟨∂ℓ/∂f, f⟩²
@@ -32,7 +32,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.func import jvp
 
 from ..errors import ConfigError
 from . import MeasureResult, register
@@ -48,24 +47,6 @@ class FisherRaoOptions:
     fold_batchnorm: bool = opt(
         True, Bool(), "fold BatchNorm into the preceding layer first (θ = the folded parameters)"
     )
-
-
-def directional_derivatives(problem, theta: torch.Tensor, x, y) -> torch.Tensor:
-    """⟨v, ∇_θ ℓ_i⟩ with v = θ for every sample i of the batch (one forward-mode product)."""
-
-    def losses(t):
-        return problem.per_sample_loss(problem.forward(problem.unflatten(t), x), y)
-
-    try:
-        _, tangent = jvp(losses, (theta,), (theta,))
-        return tangent.detach()
-    except RuntimeError:  # also a missing forward-mode rule (a subclass)
-        t = theta.detach().clone().requires_grad_(True)
-        ell = losses(t)
-        v = torch.zeros_like(ell, requires_grad=True)
-        (jt_v,) = torch.autograd.grad(ell, t, v, create_graph=True)
-        (out,) = torch.autograd.grad(jt_v, v, theta)
-        return out.detach()
 
 
 @register(
@@ -98,16 +79,13 @@ def _fisher_rao(ctx, fm, opts: FisherRaoOptions) -> MeasureResult:
             "The 'labels' parameter of fisher_rao_norm is 'model', which needs loss: cross_entropy "
             f"(labels drawn from the softmax); the loss is {p.loss_name!r}. Use labels: data."
         )
-    terms = []
-    for x, y in p.batches:
-        if opts.labels == "model":
-            with torch.no_grad():
-                probs = torch.softmax(p.forward(p.params, x).double(), dim=1).cpu()
-            y = torch.multinomial(probs, 1, generator=gen)[:, 0].to(p.device)
-        terms.append(directional_derivatives(p, theta, x, y).double())
-    if opts.labels == "model":
-        fm.engine.n_forward += 1
-    d = torch.cat(terms)
+    labels = None
+    if opts.labels == "model":  # one label per sample drawn from the softmax (one forward pass)
+        labels = torch.cat([
+            torch.multinomial(torch.softmax(out.double(), dim=1).cpu(), 1, generator=gen)[:, 0]
+            for out, _ in fm.engine.outputs()
+        ]).to(p.device)
+    d = fm.engine.per_sample_directional(theta, labels=labels).double()
     sq = d * d
     value = float(sq.mean())
     diag = {

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from ..engine import linalg
+from ..engine.linalg import certified_min_steps
 from ..errors import ConfigError
 from . import MeasureResult, register
-from ..engine.linalg import certified_min_steps
 from ._options import Integral, OneOf, Optional, Real, opt
 
 # ---------------------------------------------------------------------------- λmax

@@ -160,11 +160,9 @@ def inverse_margin(ctx, opts) -> MeasureResult:
     When γ ≤ 0 (more than 10% of S misclassified or on the boundary) the margin
     carries no scale: the value is ``inf`` (worse than any positive margin) with
     status ``non_positive_margin``; γ is in the diagnostic ``margin``."""
-    p = ctx.problem
     margins = []
     with torch.no_grad():
-        for x, y in p.batches:
-            out = p.forward(p.params, x)
+        for out, y in ctx.engine.outputs():
             if out.ndim != 2 or out.shape[1] < 2 or y.is_floating_point():
                 raise ConfigError(
                     f"inverse_margin needs class outputs (batch, classes) and integer labels; the model gives {tuple(out.shape)}"
@@ -174,7 +172,6 @@ def inverse_margin(ctx, opts) -> MeasureResult:
             others = out.scatter(1, y.long()[:, None], -math.inf)
             margins.append(fy - others.max(1).values)
     m = torch.cat(margins)
-    ctx.engine.n_forward += 1
     gamma = float(torch.quantile(m, 0.1))
     diag = {"margin": gamma, "median_margin": float(m.median())}
     if gamma <= 0:

@@ -118,17 +118,13 @@ def _bounded_loss(ctx, opts: NSBoundOptions):
                 f"and integer labels; the model gives {tuple(out.shape)}. Use mc_loss: clipped_loss."
             )
 
-    @torch.no_grad()
     def loss(th: torch.Tensor) -> float:
-        params = p.unflatten(th)
         total = 0.0
-        for x, y in p.batches:
-            out = p.forward(params, x)
+        for out, y in ctx.engine.outputs(th):  # one forward pass over S
             if opts.mc_loss == "error":
                 total += float((out.argmax(1) != y).sum())
             else:
                 total += float(p.per_sample_loss(out, y).clamp(0.0, opts.loss_clip).sum())
-        ctx.engine.n_forward += 1
         return total / p.n
 
     return loss, (1.0 if opts.mc_loss == "error" else opts.loss_clip)

@@ -91,14 +91,8 @@ def _criterion_fn(p, eng, criterion: str):
             f"(batch, classes) and integer labels; the model gives {tuple(out.shape)}. Use criterion: loss."
         )
 
-    @torch.no_grad()
     def error(th):
-        params = p.unflatten(th)
-        wrong = 0
-        for x, y in p.batches:
-            wrong += int((p.forward(params, x).argmax(1) != y).sum())
-        eng.n_forward += 1
-        return wrong / p.n
+        return eng.loss_and_error(th)[1]  # one forward pass over S
 
     return error
 

@@ -234,8 +234,9 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
     k = min(k, p.num_params)
     rank = min(max(k, MODEL_RANK), p.num_params)
     before = eng.n_hvp
+    H = eng.hessian()
     r = linalg.lanczos(
-        lambda V: c * eng.hvp(c * V),
+        lambda V: c * H(c * V),
         p.num_params,
         max_steps=60,
         min_steps=20,
@@ -257,28 +258,6 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
             z = rho * v
         starts += [z, -z]
     return starts, eng.n_hvp - before
-
-
-def _batch_loss_grad(problem, theta: torch.Tensor, xb, yb, chunk: int, need_grad: bool = True):
-    """(L_B(θ), ∇L_B(θ)) for one m-batch, accumulated in chunks of ``chunk`` samples."""
-    nb = len(xb)
-    if not need_grad:
-        with torch.no_grad():
-            params = problem.unflatten(theta)
-            tot = 0.0
-            for i in range(0, nb, chunk):
-                tot += float(problem.batch_loss_sum(params, xb[i : i + chunk], yb[i : i + chunk]))
-        return tot / nb, None
-    t = theta.detach().clone().requires_grad_(True)
-    params = problem.unflatten(t)
-    tot = 0.0
-    g = torch.zeros_like(t)
-    for i in range(0, nb, chunk):
-        s = problem.batch_loss_sum(params, xb[i : i + chunk], yb[i : i + chunk]) / nb
-        (gi,) = torch.autograd.grad(s, t)
-        g += gi
-        tot += float(s.detach())
-    return tot, g
 
 
 def m_batches(problem, batch_size: int, gen: torch.Generator):
@@ -344,16 +323,13 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     if not opts.first_order and opts.eigen_starts > 0:
         eig_starts, lanczos_hvps = eigen_starts(ctx, c, opts.eigen_starts, opts.rho, opts.norm)
     wins = {"eigen": 0, "random": 0, "zero": 0}
-    chunk = max(1, min(opts.batch_size, p.batch_size))
+    eng = ctx.engine
     per_batch: list[float] = []
     weights: list[float] = []
-    samples_grad = 0
-    samples_fwd = 0
     reductions = 0
     finite = True
     for xb, yb in batches:
-        base, g0 = _batch_loss_grad(p, theta, xb, yb, chunk, need_grad=opts.first_order)
-        samples_fwd += len(xb)
+        base, g0 = eng.batch_loss_grad(xb, yb, theta, need_grad=opts.first_order)
         if not math.isfinite(base):
             finite = False
             per_batch.append(base)
@@ -361,14 +337,12 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
             continue
 
         def fg(z, xb=xb, yb=yb, base=base):
-            val, gr = _batch_loss_grad(p, theta + c * z, xb, yb, chunk)
+            val, gr = eng.batch_loss_grad(xb, yb, theta + c * z)
             return val - base, (c * gr if gr is not None else None)
 
         if opts.first_order:
-            samples_grad += len(xb)
             z = opts.rho * _direction(c * g0, opts.norm)
-            val, _ = _batch_loss_grad(p, theta + c * z, xb, yb, chunk, need_grad=False)
-            samples_fwd += len(xb)
+            val, _ = eng.batch_loss_grad(xb, yb, theta + c * z, need_grad=False)
             best = val - base
             if not math.isfinite(best):
                 finite = False
@@ -381,7 +355,6 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
             ]
             for kind, z0 in starts:
                 r = apgd(fg, z0, opts.rho, opts.norm, opts.steps)
-                samples_grad += r.evals * len(xb)
                 reductions += r.reductions
                 if not r.finite:
                     finite = False
@@ -397,9 +370,7 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
         "batch_min": min(per_batch),
         "batch_max": max(per_batch),
         "reductions": reductions,
-        "n_grad": samples_grad / p.n,
-        "n_forward": samples_fwd / p.n,
-        "n_hvp": lanczos_hvps,
+        "lanczos_hvps": lanczos_hvps,
         "eigen_starts": len(eig_starts),
         **{f"best_start_{k}": v for k, v in wins.items()},
     }
@@ -594,9 +565,9 @@ def first_order_flatness(ctx, opts: FirstOrderOptions) -> MeasureResult:
     _, g_at = eng.loss_grad(theta)
     g0 = float(g_at.norm())
 
-    def fg(d):
+    def fg(d):  # ∇L and H∇L at the same point from one graph (loss_grad keeps it for the HVP)
         th = theta + d
-        _, g = eng.loss_grad(th)
+        _, g = eng.loss_grad(th, keep_graph=True)
         gn = float(g.norm())
         if not math.isfinite(gn):
             return gn, None
