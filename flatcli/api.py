@@ -192,6 +192,72 @@ def measure(
     return report
 
 
+@dataclass
+class CostPlan:
+    """What a run of the configured measures will cost: per checkpoint and measure label, the
+    (least, most) of each engine counter (``n_hvp``, ``n_grad``, ``n_forward``, ``n_vjp``; full-set
+    equivalents, ranges for adaptive estimators), and the sizes it was computed from."""
+
+    checkpoints: list[str]
+    labels: list[str]
+    costs: list[dict[str, dict[str, tuple[int, int]] | None]]  # per checkpoint: label -> counters
+    dims: list[Any]
+
+    def totals(self) -> dict[str, tuple[int, int]]:
+        """(least, most) of each counter summed over every checkpoint and measure."""
+        from .pipeline import COUNTERS
+
+        tot = {c: [0, 0] for c in COUNTERS}
+        for per in self.costs:
+            for est in per.values():
+                for c, (lo, hi) in (est or {}).items():
+                    tot[c][0] += lo
+                    tot[c][1] += hi
+        return {c: (lo, hi) for c, (lo, hi) in tot.items()}
+
+    def lines(self) -> list[str]:
+        """The plan in words: one line per measure (per checkpoint), then the totals."""
+        from .pipeline import COUNTERS
+
+        def rng(lo, hi):
+            return f"{lo}" if lo == hi else f"{lo}–{hi}"
+
+        names = {"n_hvp": "HVPs", "n_grad": "gradients", "n_forward": "forward passes", "n_vjp": "VJP passes"}
+        d0 = self.dims[0] if self.dims else None
+        out = [f"estimated products per checkpoint (P = {d0.P:,} parameters, n = {d0.n:,} samples; "
+               "gradients and passes over the whole measurement set):"] if d0 else []
+        for lab in self.labels:
+            est = self.costs[0].get(lab) if self.costs else None
+            if est is None:
+                out.append(f"  {lab}: no estimate declared")
+                continue
+            parts = [f"{rng(*est[c])} {names[c]}" for c in COUNTERS if est[c][1] > 0]
+            out.append(f"  {lab}: " + (", ".join(parts) or "parameters only"))
+        tot = self.totals()
+        parts = [f"{rng(*tot[c])} {names[c]}" for c in COUNTERS if tot[c][1] > 0]
+        out.append(f"total over {len(self.checkpoints)} checkpoint(s): " + (", ".join(parts) or "parameters only"))
+        return out
+
+
+def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | None = None, *,
+               measures: Sequence[str] | str | None = None, device: str | None = None) -> CostPlan:
+    """The products `measure`/`sweep` would spend (``--dry-run``), from the measures' declared cost
+    formulas and the models' sizes; loads each checkpoint's model but measures nothing."""
+    from .pipeline import estimate_products, problem_dims
+
+    cfg = load(config, overrides(device=device))
+    jobs, specs = _plan(cfg, checkpoints, measures)
+    st = Settings.from_config(cfg)
+    data = DataCache(cfg)
+    plan = CostPlan([j.checkpoint for j in jobs], [s.label for s in specs], [], [])
+    for job in jobs:
+        model, _ = load_model(cfg, job.path)
+        dims = problem_dims(model, data.get(st.split, job.train_data if st.split == "train" else None), st)
+        plan.dims.append(dims)
+        plan.costs.append(estimate_products(specs, dims))
+    return plan
+
+
 def _artifacts(rows: list[Row], specs, folder: Path) -> list[Path]:
     """Every measure's artifacts (its registry hook), ``NNN_<checkpoint stem>_<label>.*`` in ``folder``."""
     from .measures import get_measure

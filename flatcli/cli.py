@@ -179,10 +179,17 @@ def measure(
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of every stochastic measure.")] = None,
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (runs code from the file: trusted files only).")] = False,
     plots: Annotated[bool, typer.Option("--plots", help="Draw each measure's plots (e.g. spectral densities) in OUTDIR/plots/ (needs matplotlib).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the products (HVPs, gradients, forward passes) each measure will spend per checkpoint; measure nothing.")] = False,
     debug: DebugOpt = False,
 ):
     """Compute the configured measures for each checkpoint; write OUTDIR/results.csv and results.json."""
     from . import api
+
+    if dry_run:
+        plan = api.plan_costs(config, checkpoints, measures=measures, device=device)
+        for line in plan.lines():
+            console.print(line, highlight=False, soft_wrap=True, markup=False)
+        raise typer.Exit(0)
     from .config import overrides
 
     cfg = api.load(config, overrides(device=device, seed=seed))
@@ -494,6 +501,9 @@ def sweep(
     )
     for line in report.lines:
         console.print(line, highlight=False, soft_wrap=True)
+    if report.dry_run:
+        for line in api.plan_costs(config, measures=measures, device=device).lines():
+            console.print(line, highlight=False, soft_wrap=True, markup=False)
     if not report.dry_run:
         msg = f"{report.computed} units computed, {report.errors} with errors, {report.pending} not finished ({report.seconds:.1f}s)"
         if report.executor == "slurm" and report.jobs and not wait:

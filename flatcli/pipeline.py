@@ -27,7 +27,7 @@ from .jobs import Job, resolve_jobs
 from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
 from .loading.data import load_split, subset
 from .loading.models import build_model
-from .measures import MeasureContext, MeasureSpec, run_measure
+from .measures import Dims, MeasureContext, MeasureSpec, run_measure
 from .results import Row
 from .settings import Settings
 
@@ -165,6 +165,38 @@ def check_finite_model(model: torch.nn.Module, data: tuple[torch.Tensor, torch.T
     with eval_mode(model):
         prob = Problem(model, x, y, loss=st.loss, batch_size=st.batch_size, device=st.device, dtype=st.dtype)
         return CurvatureEngine(prob).check_finite(where)
+
+
+COUNTERS = ("n_hvp", "n_grad", "n_forward", "n_vjp")
+
+
+def problem_dims(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor], settings: Settings) -> Dims:
+    """The sizes a cost estimate needs (`flatcli.measures.Dims`), from one forward pass of two samples."""
+    from .measures._layers import weight_matrices
+
+    x, _ = subset(*data, settings.num_samples, settings.data_seed)
+    params = [q for q in model.parameters() if q.requires_grad]
+    with torch.no_grad(), eval_mode(model):
+        first = params[0] if params else None
+        xb = x[:2].to(first.device if first is not None else "cpu")
+        out = model(xb.to(first.dtype) if (first is not None and xb.is_floating_point()) else xb)
+    verify = settings.verifies()
+    return Dims(
+        P=int(sum(q.numel() for q in params)), n=len(x), C=int(out.reshape(out.shape[0], -1).shape[1]),
+        tensors=tuple(q.numel() for q in params),
+        matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model)),
+        verify=verify,
+    )
+
+
+def estimate_products(specs: Sequence[MeasureSpec], dims: Dims) -> dict[str, dict[str, tuple[int, int]] | None]:
+    """Per configured measure (label), the (least, most) of each engine counter a run will count
+    (None for a measure that declares no estimate). Full-set equivalents, like the counters."""
+    out = {}
+    for spec in specs:
+        est = spec.estimate(dims)
+        out[spec.label] = None if est is None else {c: est.get(c, (0, 0)) for c in COUNTERS}
+    return out
 
 
 def _working_copy(model: torch.nn.Module, st: Settings) -> torch.nn.Module:

@@ -343,3 +343,16 @@ def test_progress_inside_measures_and_one_line_per_stage_in_logs(project, tmp_pa
     assert line.startswith("hessian_trace · ") and "HVPs" in line and "±" in line
     res = run("check-invariance", "-c", project, project.parent / "m0.pt", "-m", "frobenius_norm")
     assert "[1/2] measuring the original network" in res.output and "[2/2] measuring the rescaled" in res.output
+
+
+def test_dry_run_prints_the_planned_products_and_measures_nothing(project, tmp_path, monkeypatch):
+    import flatcli.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "measure_model", lambda *a, **k: pytest.fail("measured in a dry run"))
+    res = run("measure", "-c", project, "--dry-run", "-o", tmp_path / "o")
+    assert res.exit_code == 0, res.output
+    assert "hessian_lambda_max: " in res.output and "hessian_trace: 8 HVPs" in res.output
+    assert "frobenius_norm: parameters only" in res.output and "total over 2 checkpoint(s)" in res.output
+    assert not (tmp_path / "o").exists()
+    res = run("sweep", "-c", project, "-o", tmp_path / "s", "--dry-run")
+    assert res.exit_code == 0 and "hessian_trace: 8 HVPs" in res.output

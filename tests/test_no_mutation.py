@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from flatcli.api import measure_model
-from flatcli.measures import list_measures
+from flatcli.measures import MeasureSpec, list_measures
 from flatcli.measures._options import option_fields
 
 # Small settings for options that exist on some measures (applied only where the option exists).
@@ -98,3 +98,40 @@ def test_measure_leaves_model_untouched(name):
         assert after[k].dtype == v.dtype and torch.equal(after[k], v), f"{name} changed {k}"
     assert {n: m.training for n, m in model.named_modules()} == modes
     assert all(p.grad is None for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------- cost estimates
+FIXED = {  # options that fix every adaptive count, so that the estimate is exact
+    "hessian_lambda_max": {"min_steps": 9, "max_steps": 9, "tol": 1e-300},
+    "hessian_trace": {"min_probes": 12, "max_probes": 12},
+    "pacbayes_flatness": {"samples": 2, "depth": 3, "sigma_max": 100.0},
+    "first_order_flatness": {"steps": 3},
+    "keskar_sharpness": {"steps": 3},
+    "sharpness_worst": {"steps": 3, "eigen_starts": 0, "batch_size": 8},
+    "weightwatcher_alpha": {"min_evals": 3},
+}
+
+
+def test_every_measure_declares_its_cost_and_the_estimate_matches_the_counted_products():
+    from flatcli.pipeline import COUNTERS, estimate_products, measure_model, problem_dims
+    from flatcli.settings import Settings
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 4)).double()
+    x = torch.randn(30, 5, dtype=torch.float64)
+    y = torch.randint(0, 4, (30,))
+    init = {k: v + 0.1 for k, v in model.state_dict().items()}
+    st = Settings(precision="fp64", batch_size=8)
+    dims = problem_dims(model, (x, y), st)
+    assert (dims.P, dims.n, dims.C, dims.matrices) == (64, 30, 4, (30, 24))
+    for info in list_measures():
+        assert info.estimate is not None, f"{info.name} declares no cost estimate"
+        spec = MeasureSpec(info.name, info.name, dict(FIXED.get(info.name, {})))
+        est = estimate_products([spec], dims)[info.name]
+        row = measure_model(model, (x, y), [spec], settings=st, init_state=init)
+        d = row.results[info.name].diagnostics
+        for c in COUNTERS:
+            lo, hi = est[c]
+            assert lo <= d.get(c, 0) <= hi, (info.name, c, d.get(c, 0), (lo, hi))
+        exact = [c for c in COUNTERS if est[c][0] == est[c][1]]
+        assert all(d.get(c, 0) == est[c][0] for c in exact), info.name

@@ -101,13 +101,15 @@ class MeasureContext:
 @dataclass(frozen=True)
 class Dims:
     """Sizes a cost estimate depends on: P parameters, n samples in the measurement set, C model
-    outputs, the parameter tensors' sizes, and the sizes of the weight matrices' layers."""
+    outputs, the parameter tensors' and weight matrices' sizes, and whether results are verified
+    in fp32 (see `flatcli.engine.CurvatureEngine.needs_verification`)."""
 
     P: int
     n: int
     C: int = 1
-    tensors: tuple[int, ...] = ()
-    batches: int = 1
+    tensors: tuple[int, ...] = ()  # sizes of the trainable parameter tensors
+    matrices: tuple[int, ...] = ()  # sizes of the weight matrices (Linear and Conv weights)
+    verify: bool = False  # precision auto with TF32 products: fp32 checks add products
 
 
 Claim = Callable[[Any], "bool | str"]

@@ -211,6 +211,21 @@ def estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = No
     return DiagonalEstimate(torch.zeros(P, dtype=torch.float64), groups, info)
 
 
+def diagonal_estimate(opts: DiagonalOptions, dims, tensors: tuple[int, ...]) -> dict:
+    """The products `estimate_diagonal` counts over ``tensors`` (their sizes), for dry-run plans."""
+    m = opts.hessian_diag
+    if m == "exact":
+        return {"n_hvp": dims.P}
+    if m == "ggn":
+        return {"n_vjp": dims.C}
+    if m in ("scaled", "hutchinson"):
+        return {"n_hvp": opts.samples}
+    if m == "finite_difference":
+        return {"n_grad": 2 * opts.samples}
+    checks = sum(min(opts.check, t) for t in tensors)
+    return {"n_vjp": dims.C, "n_hvp": (checks, checks + min(opts.max_exact, sum(tensors)) + opts.samples)}
+
+
 def equivariance_claim(opts: DiagonalOptions) -> bool | str:
     """Whether the diagonal transforms exactly like the Hessian's under function-preserving rescalings."""
     if opts.hessian_diag == "hutchinson":

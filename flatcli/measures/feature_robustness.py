@@ -154,6 +154,13 @@ def _note(a: MeasureResult, b: MeasureResult, opts: FeatureRobustnessOptions) ->
     return None
 
 
+def _estimate(o, d) -> dict:
+    forwards = 1 + 2 * o.samples * o.curve + int(o.normalize_features)
+    if o.representativeness:
+        forwards += 2 + o.kde_samples * (o.kde_folds - 1)
+    return {"n_forward": forwards}
+
+
 @register(
     NAME,
     options=FeatureRobustnessOptions,
@@ -165,6 +172,7 @@ def _note(a: MeasureResult, b: MeasureResult, opts: FeatureRobustnessOptions) ->
     invariance_note=_note,
     cost="1 + 2·samples·curve forward passes over S (+1 with normalize_features); representativeness adds "
     "2 + kde_samples·(kde_folds − 1) forward passes and kde_folds exact KDE evaluations (n_test × n_train kernel sums)",
+    estimate=_estimate,
 )
 def feature_robustness(ctx, opts: FeatureRobustnessOptions) -> MeasureResult:
     r"""Feature robustness :math:`\mathcal E_F(\delta)` of one Linear layer's input features,

@@ -56,6 +56,7 @@ class FisherRaoOptions:
     reference="Liang, Poggio, Rakhlin & Stokes 2019 (AISTATS, Def. 2 and Thm. 3.1); Jiang et al. 2020 (§C)",
     stochastic=False,
     cost="one forward-mode pass over S (labels: model adds one forward pass)",
+    estimate=lambda o, d: {"n_grad": 1, "n_forward": int(o.labels == "model")},
 )
 def fisher_rao_norm(ctx, opts: FisherRaoOptions) -> MeasureResult:
     r""":math:`\|\theta\|_{fr}^2`, larger means a larger predicted gap; exact for

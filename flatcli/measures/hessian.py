@@ -21,6 +21,8 @@ from ..errors import ConfigError
 from . import MeasureResult, register
 from ._options import Integral, OneOf, Optional, Real, opt
 
+CONTROL_PROBES = 8  # fp32 control probes of a TF32 trace (each one TF32 and one fp32 HVP)
+
 # ---------------------------------------------------------------------------- λmax
 
 
@@ -52,7 +54,8 @@ class LambdaMaxOptions:
     cost="one HVP per Lanczos step (certified_min_steps(P) to max_steps) + 1 fp32 HVP with precision auto on "
     "TF32 GPUs; per_layer json/columns adds Σ_b min(P_b, certified_min_steps(P_b)…max_steps) HVPs "
     "(one Lanczos per parameter tensor b of size P_b)",
-    estimate=lambda o, d: {"n_hvp": (min(d.P, o.min_steps or certified_min_steps(d.P)), min(d.P, o.max_steps))},
+    estimate=lambda o, d: {"n_hvp": (min(d.P, o.min_steps or certified_min_steps(d.P)) + int(d.verify),
+                                      min(d.P, o.max_steps) + int(d.verify))},
 )
 def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     r"""Largest algebraic eigenvalue :math:`\lambda_{\max}(H)`, larger means sharper.
@@ -159,6 +162,13 @@ class TraceOptions:
     )
 
 
+def _trace_estimate(o, d) -> dict:
+    if o.method == "exact":
+        return {"n_hvp": d.P}
+    control = 2 * CONTROL_PROBES if d.verify else 0
+    return {"n_hvp": (min(o.min_probes, o.max_probes) + control, o.max_probes + control)}
+
+
 @register(
     "hessian_trace",
     options=TraceOptions,
@@ -166,6 +176,7 @@ class TraceOptions:
     reference="Hutchinson 1989; Meyer et al. 2021 (Hutch++, Alg. 1); Yao et al. 2020 (PyHessian)",
     stochastic=True,
     cost="one HVP per probe (exact: one per parameter); per-tensor traces from the same probes at no extra HVP",
+    estimate=_trace_estimate,
 )
 def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     r""":math:`\mathrm{Tr}(H)`, larger means sharper.
@@ -277,7 +288,6 @@ def _layer_diagnostics(traces: dict, stderrs: dict, mode: str) -> dict:
 
 SPECTRUM_TOL = 1e-3
 DENSITY_POINTS = 128
-CONTROL_PROBES = 8
 
 
 @dataclass(frozen=True)

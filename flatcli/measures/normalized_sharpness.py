@@ -114,6 +114,7 @@ from ..errors import MeasurementError
 from . import MeasureResult, register
 from ._hessian_diag import (
     DiagonalOptions,
+    diagonal_estimate,
     equivariance_claim,
     estimate_diagonal,
     jackknife,
@@ -383,6 +384,7 @@ def _weight_names(p, model) -> list[str]:
         "ones, ≤ max_exact); ggn: C VJP passes; exact: P HVPs; scaled, hutchinson: samples HVPs; "
         "finite_difference: 2·samples gradients"
     ),
+    estimate=lambda o, d: diagonal_estimate(o, d, d.matrices),
 )
 def normalized_sharpness(ctx, opts: NormalizedSharpnessOptions) -> MeasureResult:
     r"""Normalized sharpness NS (eq. 35, ``form: node``) or NS₀(λ′) (eq. 17, ``form: parameter``); larger = sharper.
@@ -475,6 +477,7 @@ def _fr(p, diag: torch.Tensor) -> tuple[float, dict[str, float]]:
         "ones, ≤ max_exact); ggn: C VJP passes; exact: P HVPs; scaled, hutchinson: samples HVPs; "
         "finite_difference: 2·samples gradients"
     ),
+    estimate=lambda o, d: diagonal_estimate(o, d, d.tensors),
 )
 def fisher_rao_term(ctx, opts: FisherRaoTermOptions) -> MeasureResult:
     r""":math:`\mathrm{FR} = \sum_i [\nabla^2 L_S(\bar\theta)]_{ii}\, \bar\theta_i^2` (eq. 16), larger = sharper.

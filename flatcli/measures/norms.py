@@ -49,6 +49,7 @@ def _weights(f: Folded) -> dict[str, torch.Tensor]:
     description="Sum over weight matrices of the squared Frobenius norm, Σ_l ‖W_l‖_F² (BatchNorm folded).",
     reference="Jiang et al. 2020 (§C, eq. 40 'frob'); Neyshabur et al. 2017",
     cost="none (parameters only)",
+    estimate=lambda o, d: {},
 )
 def frobenius_norm(ctx, opts) -> MeasureResult:
     r""":math:`\sum_l \|W_l\|_F^2` over Linear and Conv weights (biases excluded, BatchNorm
@@ -65,6 +66,7 @@ def frobenius_norm(ctx, opts) -> MeasureResult:
     description="Log of the product of squared spectral norms, Σ_l log ‖W_l‖₂² (BatchNorm folded).",
     reference="Jiang et al. 2020 (§C, eq. 33 'log-prod-of-spec'); Bartlett et al. 2017; Neyshabur et al. 2018",
     cost="one SVD per weight matrix",
+    estimate=lambda o, d: {},
 )
 def spectral_norm(ctx, opts) -> MeasureResult:
     r""":math:`\sum_l \log \|W_l\|_2^2` (the log of :math:`\prod_l \|W_l\|_2^2`), with
@@ -82,6 +84,7 @@ def spectral_norm(ctx, opts) -> MeasureResult:
     description="Path norm: square every parameter, feed an all-ones input, sum the outputs (BatchNorm folded).",
     reference="Jiang et al. 2020 (§C, eq. 44 'path.norm'); Neyshabur, Salakhutdinov & Srebro 2015",
     cost="one forward pass of one input",
+    estimate=lambda o, d: {},
 )
 def path_norm(ctx, opts) -> MeasureResult:
     r""":math:`\sum f_{\theta^2}(\mathbf 1)`: every parameter (weights and biases, after
@@ -116,6 +119,7 @@ def path_norm(ctx, opts) -> MeasureResult:
     reference="Jiang et al. 2020 (§C, eq. 41 'dist.init' / frob-distance); Nagarajan & Kolter 2019",
     needs_init=True,
     cost="none (parameters only)",
+    estimate=lambda o, d: {},
 )
 def distance_from_init(ctx, opts) -> MeasureResult:
     r""":math:`\sum_l \|W_l - W^0_l\|_F^2` over the folded weight matrices of the
@@ -152,6 +156,7 @@ def distance_from_init(ctx, opts) -> MeasureResult:
     description="Inverse squared margin 1/γ², γ the 10th percentile over S of f_y − max_{j≠y} f_j.",
     reference="Jiang et al. 2020 (§C, eq. 21 '1/margin²'); Bartlett et al. 2017",
     cost="one forward pass over S",
+    estimate=lambda o, d: {"n_forward": 1},
 )
 def inverse_margin(ctx, opts) -> MeasureResult:
     r""":math:`1/\gamma^2` with γ the 10th percentile (linear interpolation,

@@ -80,7 +80,7 @@ import torch
 
 from ..errors import ConfigError, MeasurementError
 from . import MeasureResult, register
-from ._hessian_diag import DiagonalOptions, estimate_diagonal, jackknife
+from ._hessian_diag import DiagonalOptions, diagonal_estimate, estimate_diagonal, jackknife
 from ._layers import weight_matrices
 from ._options import Integral, OneOf, Optional, Real, opt
 from .normalized_sharpness import normalized_sharpness_from_diagonal
@@ -146,6 +146,7 @@ def _ns(p, model, diag, box):
     stochastic=True,
     invariant=False,
     cost="the diagonal of normalized_sharpness (hessian_diag) + mc_samples + 1 forward passes over S",
+    estimate=lambda o, d: {**diagonal_estimate(o, d, d.matrices), "n_forward": o.mc_samples + 1},
 )
 def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
     r"""L̂_S(Q) + Hoeffding half-width + NS₂(R)/√λ + λ/(2m); larger = looser bound (sharper).

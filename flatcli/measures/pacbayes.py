@@ -104,6 +104,7 @@ def _criterion_fn(p, eng, criterion: str):
     reference="Jiang et al. 2020 (§C.4, Alg. 1; 'pacbayes.flatness'); Dziugaite & Roy 2017",
     stochastic=True,
     cost="(depth + 1)·samples + 1 forward passes over S",
+    estimate=lambda o, d: {"n_forward": (1 + o.samples, 1 + o.samples * (o.depth + 1))},
 )
 def pacbayes_flatness(ctx, opts: PacBayesOptions) -> MeasureResult:
     r""":math:`1/\sigma^{*2}`, larger means sharper; see the module docstring.

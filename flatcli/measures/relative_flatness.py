@@ -167,6 +167,7 @@ def _note(a: MeasureResult, b: MeasureResult, opts: RelativeFlatnessOptions) -> 
     invariance_options={"normalize_features": True},
     invariance_note=_note,
     cost="forward passes (final classifier) or min(d, m) z-HVPs per batch (inner layer)",
+    estimate=lambda o, d: {"n_forward": 1 + int(o.normalize_features), "n_grad": (0, 1)},
 )
 def relative_flatness(ctx, opts: RelativeFlatnessOptions) -> MeasureResult:
     r"""Relative flatness :math:`\kappa` of one Linear layer, larger means sharper.
@@ -229,6 +230,7 @@ def relative_flatness(ctx, opts: RelativeFlatnessOptions) -> MeasureResult:
             method = "hvp"
         total += float((phin2 * q).sum())
         feat += float(phin2.sum())
+    ctx.engine.n_forward += 1 + int(opts.normalize_features)  # the forward passes of _run above
     kappa = total / p.n
     if not math.isfinite(kappa):
         raise MeasurementError(f"relative_flatness is not finite ({kappa})")

@@ -267,6 +267,14 @@ def m_batches(problem, batch_size: int, gen: torch.Generator):
     return [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, problem.n, batch_size)]
 
 
+def _worst_estimate(o, d) -> dict:
+    if o.first_order:
+        return {"n_grad": 1, "n_forward": 1}
+    lanczos = (min(d.P, 20), min(d.P, 60)) if o.eigen_starts > 0 else 0
+    evals = (o.restarts + 2 * min(o.eigen_starts, d.P)) * (o.steps + 1)
+    return {"n_grad": (1, evals), "n_forward": 1, "n_hvp": lanczos}
+
+
 @register(
     "sharpness_worst",
     options=WorstOptions,
@@ -278,6 +286,7 @@ def m_batches(problem, batch_size: int, gen: torch.Generator):
     cost="(restarts + 2·eigen_starts)·(steps+1) gradient passes over S, plus 20–60 HVPs "
     "(Lanczos for the eigen_starts eigenvectors; none when eigen_starts = 0) "
     "(first_order: 1 gradient + 1 forward)",
+    estimate=_worst_estimate,
 )
 def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     r"""Worst-case sharpness, larger means sharper.
@@ -407,6 +416,7 @@ class AverageOptions:
     "Andriushchenko et al. 2023 (average-case sharpness, eq. 2)",
     stochastic=True,
     cost="samples + 1 forward passes over S",
+    estimate=lambda o, d: {"n_forward": o.samples + 1},
 )
 def sharpness_average(ctx, opts: AverageOptions) -> MeasureResult:
     r"""Average-case sharpness over the full measurement-set loss, larger means sharper.
@@ -465,6 +475,7 @@ class KeskarOptions:
     reference="Keskar et al. 2017 (ICLR, eq. 4, Metric 2.1)",
     stochastic=True,
     cost="steps+1 gradient passes over S",
+    estimate=lambda o, d: {"n_grad": (1, o.steps + 1), "n_forward": 1},
 )
 def keskar_sharpness(ctx, opts: KeskarOptions) -> MeasureResult:
     r"""Keskar et al. (2017) sharpness, larger means sharper.
@@ -546,6 +557,7 @@ class FirstOrderOptions:
     reference="Zhang et al. 2023 (GAM, CVPR, Def. 3.1 and Lemma 4.1)",
     stochastic=True,
     cost="steps+1 gradients and steps+1 HVPs over S",
+    estimate=lambda o, d: {"n_grad": (2, o.steps + 2), "n_hvp": (0, o.steps + 1)},
 )
 def first_order_flatness(ctx, opts: FirstOrderOptions) -> MeasureResult:
     r"""First-order flatness (Zhang et al. 2023), larger means sharper.

@@ -169,6 +169,7 @@ class WeightWatcherOptions:
     "Clauset, Shalizi & Newman 2009 (SIAM Review, eq. 3.1 and §3.3)",
     stochastic=False,
     cost="one SVD per weight matrix (convolutions: one per kernel position) and an O(n²) KS scan over its n eigenvalues; no data",
+    estimate=lambda o, d: {},
 )
 def weightwatcher_alpha(ctx, opts: WeightWatcherOptions) -> MeasureResult:
     """Mean power-law exponent α over the layers; larger means a larger predicted gap.
