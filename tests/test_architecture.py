@@ -128,3 +128,68 @@ def test_no_import_cycles():
         if v not in index:
             visit(v)
     assert not cycles, f"import cycles: {cycles}"
+
+
+DERIVATIVES = {"grad", "jvp", "vjp", "vmap", "hessian", "jacrev", "jacfwd", "grad_and_value", "linearize"}
+
+
+def _autograd_uses(tree: ast.AST) -> set[str]:
+    """torch.autograd, torch.func derivative transforms and .backward() used in a module
+    (torch.func.functional_call, a plain forward pass, is not a derivative)."""
+    hits = set()
+    for n in ast.walk(tree):
+        text = ast.unparse(n) if isinstance(n, (ast.Attribute, ast.Import, ast.ImportFrom)) else ""
+        if "torch.autograd" in text or "functorch" in text:
+            hits.add(text)
+        if isinstance(n, ast.ImportFrom) and n.module == "torch.func":
+            hits |= {f"torch.func.{a.name}" for a in n.names if a.name in DERIVATIVES}
+        if isinstance(n, ast.Attribute) and n.attr in DERIVATIVES and ast.unparse(n.value) == "torch.func":
+            hits.add(text)
+        if isinstance(n, ast.Attribute) and n.attr == "backward":
+            hits.add(text)
+    return hits
+
+
+def test_measures_import_no_autograd():
+    """Statically: no module under flatcli/measures/ reaches for autograd or torch.func derivatives."""
+    offenders = {m: sorted(h) for m, p in MODULES.items() if m.startswith("flatcli.measures")
+                 and (h := _autograd_uses(ast.parse(p.read_text())))}
+    assert not offenders, f"autograd outside the engine: {offenders}"
+
+
+def test_every_measure_computes_its_derivatives_through_the_engine(monkeypatch):
+    """Dynamically: over the whole catalogue on a tiny model, every call of torch.autograd.grad
+    comes from flatcli/engine/ (the measures only drive the engine)."""
+    import inspect
+
+    import torch
+    from torch import nn
+
+    from flatcli.pipeline import measure_model
+
+    real = torch.autograd.grad
+    callers: set[str] = set()
+
+    def watched(*args, **kwargs):
+        for frame in inspect.stack()[1:]:
+            f = frame.filename.replace("\\\\", "/")
+            if "/torch/" in f:
+                continue
+            callers.add(f)
+            break
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", watched)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    x, y = torch.randn(12, 4, dtype=torch.float64), torch.randint(0, 3, (12,))
+    small = {"hessian_trace": {"min_probes": 8, "max_probes": 8}, "weightwatcher_alpha": {"min_evals": 3},
+             "sharpness_worst": {"steps": 2}, "pacbayes_flatness": {"samples": 2, "depth": 3},
+             "hessian_spectrum": {"slq_runs": 2, "slq_steps": 5}, "local_entropy": {"slq_runs": 2, "slq_steps": 5},
+             "ns_bound": {"mc_samples": 5}, "feature_robustness": {"samples": 2, "curve": 1}}
+    specs = [{m.name: small.get(m.name, {})} for m in list_measures()]
+    init = {k: v + 0.1 for k, v in model.state_dict().items()}
+    row = measure_model(model, (x, y), specs, precision="fp64", batch_size=6, init_state=init)
+    assert row.status == "ok", row.errors
+    engine = str(PKG / "engine")
+    assert callers and all(c.startswith(engine) for c in callers), sorted(callers)
