@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from . import MeasureResult, register
 from ._options import Integral, OneOf, Optional, Real, opt
 
+ESD_FLOOR = 1e-6  # density plots show values above this fraction of the peak
 CONTROL_PROBES = 8  # fp32 control probes of a TF32 trace (each one TF32 and one fp32 HVP)
 
 # ---------------------------------------------------------------------------- λmax
@@ -407,12 +408,13 @@ def plot_esd(result, path: str | Path, *, title: str | None = None) -> Path:
 
     ``result`` is the `MeasureResult` (or its diagnostics dict). Draws the SLQ
     density on a log axis (recomputed on a fine grid from the stored nodes and
-    weights when present) and marks the top-k eigenvalues. Needs matplotlib
+    weights when present), clipped to densities above 1e-6 of the peak (below that the
+    Gaussian smoothing's tails run down to 1e-300 and say nothing about the spectrum), and
+    marks the top-k eigenvalues (dashed) with λmax written beside the first. Needs matplotlib
     (``pip install 'flatcli[plot]'``); uses the Agg canvas, never pyplot.
     """
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        import matplotlib  # noqa: F401
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("plot_esd needs matplotlib: pip install 'flatcli[plot]'") from e
     diag = result if isinstance(result, dict) else result.diagnostics
@@ -430,12 +432,32 @@ def plot_esd(result, path: str | Path, *, title: str | None = None) -> Path:
         )
         grid = np.linspace(grid[0], grid[-1], 2000)
         dens = s.density(grid, 2 * (grid[1] - grid[0]))
+    fig = esd_figure(grid, dens, diag, title)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    return out
+
+
+def esd_figure(grid: np.ndarray, dens: np.ndarray, diag: dict, title: str | None = None):
+    """The figure of `plot_esd` (a matplotlib Figure on the Agg canvas)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(6.0, 4.2), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    ax.semilogy(grid, np.where(dens > 0, dens, np.nan), "-", lw=1.2, label="SLQ density")
+    floor = ESD_FLOOR * float(np.nanmax(dens)) if np.any(dens > 0) else 0.0
+    shown = np.where(dens > floor, dens, np.nan)  # below 1e-6 of the peak: Gaussian tails, not spectrum
+    ax.semilogy(grid, shown, "-", lw=1.2, label="SLQ density")
+    if floor > 0:
+        ax.set_ylim(floor, 2.0 * float(np.nanmax(dens)))
     for i, v in enumerate(diag.get("top_eigenvalues", [])):
-        ax.axvline(v, color="C3", lw=0.6, alpha=0.6, label="top-k eigenvalues" if i == 0 else None)
+        ax.axvline(v, color="C3", lw=0.6, alpha=0.6, ls="--", label="top-k eigenvalues" if i == 0 else None)
+    top = diag.get("top_eigenvalues") or []
+    if top:
+        ax.annotate(f"λmax = {top[0]:.4g}", xy=(top[0], 1), xycoords=("data", "axes fraction"),
+                    xytext=(-4, -12), textcoords="offset points", ha="right", fontsize=8, color="C3")
     ax.set_xlabel("eigenvalue")
     ax.set_ylabel("density")
     neff = diag.get("z")
@@ -449,7 +471,4 @@ def plot_esd(result, path: str | Path, *, title: str | None = None) -> Path:
     )
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    return out
+    return fig
