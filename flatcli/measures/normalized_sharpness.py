@@ -107,7 +107,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.optimize
 import torch
 
 from ..errors import MeasurementError
@@ -182,6 +181,8 @@ def solve_layer(M: np.ndarray, box: float, gamma0: np.ndarray | None = None) -> 
     with np.errstate(divide="ignore"):
         logM = np.where(mask, np.log(np.where(mask, M / scale, 1.0)), 0.0)
     x0 = np.zeros(h) if gamma0 is None else np.clip(np.asarray(gamma0, dtype=np.float64), -box, box)
+    import scipy.optimize  # here: 0.5 s at start-up otherwise, for every command that lists measures
+
     res = scipy.optimize.minimize(
         _log_objective,
         x0,
