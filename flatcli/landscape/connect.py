@@ -146,6 +146,7 @@ class ConnectResult:
         return pd.DataFrame(self.history)
 
     def to_json(self) -> dict[str, Any]:
+        """``connect.json`` as a JSON-ready dict: kind, summary, seconds and the meta entries."""
         from ..results import jsonable
 
         return jsonable(

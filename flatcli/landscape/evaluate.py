@@ -161,6 +161,8 @@ class PointEvaluator:
         return losses, accs
 
     def diagnostics(self) -> dict:
+        """How the points were evaluated: vmap or loop, points per pass (and whether chosen
+        automatically), the reason for a fallback to a loop, and the forward passes run."""
         return {
             "vmap": self.use_vmap,
             "points_per_pass": self.points_per_pass,

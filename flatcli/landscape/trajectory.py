@@ -286,6 +286,8 @@ class TrajectoryResult:
         return pd.DataFrame({c: self.path.get(c, [None] * n) for c in cols})
 
     def to_json(self) -> dict[str, Any]:
+        """``pca.json`` as a JSON-ready dict: kind, summary, explained variance (and its ratio),
+        seconds and the meta entries."""
         from ..results import jsonable
 
         return jsonable(
