@@ -205,40 +205,23 @@ def fit_bend(
             f"--bend-optimizer must be one of {', '.join(BEND_OPTIMIZERS)}; got {optimizer!r}"
         )
     lr = DEFAULT_BEND_LR[optimizer] if lr is None else float(lr)
-    first = next(iter(a.values()))
+    steps = int(steps)
+    like = next(iter(a.values()))
     x_all, y_all = fit
-    c = {
-        n: (init[n] if init is not None else (a[n] + b[n]) / 2)
-        .detach()
-        .to(first.device, first.dtype)
-        .clone()
-        .requires_grad_(True)
-        for n in a
-    }
-    params = list(c.values())
-    opt = (
-        torch.optim.Adam(params, lr=lr)
-        if optimizer == "adam"
-        else torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM)
-    )
+    c = _initial_bend(a, b, init, like)
+    opt = _bend_optimizer(list(c.values()), optimizer, lr)
     gen = torch.Generator().manual_seed(int(seed))
     batches = _batches(len(x_all), int(batch_size), gen)
-    hist_t = np.empty(int(steps))
-    hist_loss = np.empty(int(steps))
-    for k in range(int(steps)):
+    hist_t = np.empty(steps)
+    hist_loss = np.empty(steps)
+    for k in range(steps):
         for group in opt.param_groups:
-            group["lr"] = lr * lr_factor(k, int(steps))
+            group["lr"] = lr * lr_factor(k, steps)
         t = float(torch.rand((), generator=gen, dtype=torch.float64))
         idx = next(batches)
-        x = x_all[idx].to(first.device)
-        if x.is_floating_point():
-            x = x.to(first.dtype)
-        y = y_all[idx].to(first.device)
-        if y.is_floating_point():
-            y = y.to(first.dtype)
-        point = bezier(a, b, c, t)
+        x, y = _on_device_of(x_all[idx], like), _on_device_of(y_all[idx], like)
         extra = buffers(t) if buffers is not None else {}
-        out = functional_call(work, {**extra, **point}, (x,))
+        out = functional_call(work, {**extra, **bezier(a, b, c, t)}, (x,))
         value = per_sample_loss(out, y, loss).mean()
         if not bool(torch.isfinite(value)):
             raise MeasurementError(
@@ -252,7 +235,38 @@ def fit_bend(
         if on_step is not None:
             on_step(k + 1)
     bend = {n: v.detach() for n, v in c.items()}
-    return bend, {"step": np.arange(1, int(steps) + 1), "t": hist_t, "loss": hist_loss}
+    return bend, {"step": np.arange(1, steps + 1), "t": hist_t, "loss": hist_loss}
+
+
+def _initial_bend(
+    a: Mapping[str, torch.Tensor],
+    b: Mapping[str, torch.Tensor],
+    init: Mapping[str, torch.Tensor] | None,
+    like: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """The bend to start from, ``init`` or the midpoint (a + b)/2: fresh leaf tensors that require
+    gradients, on ``like``'s device and in its dtype."""
+    return {
+        n: (init[n] if init is not None else (a[n] + b[n]) / 2)
+        .detach()
+        .to(like.device, like.dtype)
+        .clone()
+        .requires_grad_(True)
+        for n in a
+    }
+
+
+def _bend_optimizer(params: list[torch.Tensor], optimizer: str, lr: float) -> torch.optim.Optimizer:
+    """Adam, or SGD with momentum `SGD_MOMENTUM`, over ``params``."""
+    if optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM)
+
+
+def _on_device_of(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``v`` on ``like``'s device, and in ``like``'s dtype when ``v`` is floating point."""
+    v = v.to(like.device)
+    return v.to(like.dtype) if v.is_floating_point() else v
 
 
 # ------------------------------------------------------------------ evaluation
