@@ -75,10 +75,12 @@ class ResultsTable:
 
     @property
     def name(self) -> str:
+        """What the table is called in messages: its path, or "the DataFrame"."""
         return str(self.path) if self.path is not None else "the DataFrame"
 
     @property
     def columns(self) -> list[str]:
+        """The column names, as strings."""
         return [str(c) for c in self.frame.columns]
 
     def numeric(self, col: str) -> np.ndarray:
@@ -92,6 +94,7 @@ class ResultsTable:
 
     @property
     def hp_columns(self) -> list[str]:
+        """The hyperparameter columns flatcli writes (``hp_<name>``)."""
         return [c for c in self.columns if c.startswith("hp_")]
 
     def row_names(self) -> list[str]:
@@ -210,6 +213,8 @@ class FilterInfo:
     dropped: list[str]
 
     def describe(self) -> str:
+        """One line: the option, how many of how many rows it dropped, and their names (the first
+        `MAX_NAMES`)."""
         names = ", ".join(self.dropped[:MAX_NAMES])
         more = f", … ({len(self.dropped) - MAX_NAMES} more)" if len(self.dropped) > MAX_NAMES else ""
         tail = f": {names}{more}" if self.dropped else ""
@@ -300,6 +305,9 @@ def jiang_tau(m: np.ndarray, g: np.ndarray) -> float:
 
 @dataclass
 class AxisPsi:
+    """ψ_i of one hyperparameter axis i (Jiang et al. 2020, eq. 3): the mean of Jiang's τ over the
+    groups of checkpoints that share every other axis's values, with what it used."""
+
     psi: float  # mean of Jiang's τ over the groups where only this axis varies
     groups: int  # groups used (≥ 2 checkpoints)
     n: int  # checkpoints in those groups
@@ -341,6 +349,10 @@ def granulated_kendall(
 
 @dataclass
 class CMI:
+    """The PGDL-2020 conditional mutual information score (see the module docstring):
+    ``min_S I(V_μ; V_g | U_S) / H(V_g | U_S)``, the S that gave it, the ordered pairs used, and
+    the normalized value for every conditioning set S (``per_condition``)."""
+
     value: float  # min over conditioning sets of I(Vμ;Vg|U)/H(Vg|U)
     condition: str  # the conditioning set that gave the minimum
     pairs: int  # ordered pairs used (distinct checkpoints, untied gap)
@@ -409,6 +421,8 @@ def _scipy_stats(m: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Interval:
+    """A bootstrap percentile interval [lo, hi] of one statistic."""
+
     lo: float
     hi: float
 
@@ -444,6 +458,10 @@ def bootstrap_intervals(
 # ------------------------------------------------------------------ the report
 @dataclass
 class GridInfo:
+    """The grid the checkpoints form over the hyperparameter axes: each axis's distinct values
+    (natural order), how many combinations a full grid has and how many are present, how many
+    hold several checkpoints, and a few missing ones."""
+
     axes: list[str]
     values: dict[str, list[str]]
     expected: int  # product of the numbers of distinct values
@@ -453,11 +471,21 @@ class GridInfo:
 
     @property
     def complete(self) -> bool:
+        """Whether every combination of the axes' values is present."""
         return self.observed == self.expected
 
 
 @dataclass
 class MeasureCorrelation:
+    """Every statistic of one measure against the target (NaN where undefined, see ``notes``).
+
+    ``n``: checkpoints with a finite measure and target (what Pearson, Spearman, Kendall τ-b
+    and Jiang's τ use); ``psi`` Ψ and ``psi_axes`` each axis's ψ_i; ``cmi`` the PGDL score,
+    ``cmi_condition`` its conditioning set and ``cmi_pairs`` the pairs it used; ``intervals``
+    the bootstrap intervals by statistic (with ``bootstrap``). Every statistic is larger when
+    the measure orders the checkpoints more like the target does; the ranking puts larger first.
+    """
+
     measure: str
     n: int
     pearson: float = math.nan
@@ -473,11 +501,16 @@ class MeasureCorrelation:
     notes: list[str] = field(default_factory=list)
 
     def get(self, stat: str) -> float:
+        """The statistic named ``stat`` (one of `STATS`)."""
         return getattr(self, stat)
 
 
 @dataclass
 class CorrelationReport:
+    """The result of `correlate_table`: every measure's statistics, best first by ``sort``, with
+    the axes, the grid, the filters applied, notes and warnings; ``table`` holds the rows that
+    were correlated (after the filters)."""
+
     source: Path | None  # the CSV read (None for a DataFrame)
     target: str
     axes: list[str]  # hyperparameter axes (a column's name, without an hp_ prefix)
@@ -504,6 +537,7 @@ class CorrelationReport:
         return [name for f in self.filters for name in f.dropped]
 
     def to_rows(self) -> list[dict[str, Any]]:
+        """One dict per measure, best first, with the columns of `to_pandas`."""
         out = []
         for rank, mc in enumerate(self.measures, 1):
             d: dict[str, Any] = {"rank": rank, "measure": mc.measure, "n": mc.n}
