@@ -61,6 +61,10 @@ DELAY_ENV = "FLATCLI_SWEEP_UNIT_DELAY"  # test hook: seconds to sleep inside eve
 # ------------------------------------------------------------------ the plan
 @dataclass(frozen=True)
 class Unit:
+    """One unit of work, a checkpoint × one measure: its id (the hash of ``key``), the indices of
+    its checkpoint and measure in the plan, the measure's label, and ``key`` (fingerprints,
+    measure hash, version)."""
+
     id: str
     checkpoint_index: int
     label: str
@@ -82,29 +86,35 @@ class Plan:
 
     @property
     def labels(self) -> list[str]:
+        """The measure labels, in the configured order."""
         return [s["label"] for s in self.specs]
 
     def spec(self, label: str) -> MeasureSpec:
+        """The `MeasureSpec` of the measure labelled ``label``."""
         s = next(s for s in self.specs if s["label"] == label)
         return MeasureSpec(name=s["name"], label=s["label"], options=dict(s["options"]), seed=s["seed"])
 
     def job(self, i: int) -> Job:
+        """The `Job` of checkpoint ``i`` (its resolved paths and hyperparameters)."""
         c = self.checkpoints[i]
         opt = lambda k: Path(c[k]) if c.get(k) else None  # noqa: E731
         return Job(c["checkpoint"], Path(c["path"]), dict(c["hparams"]), opt("init_checkpoint"), opt("train_data"))
 
     def units_for(self, shard: tuple[int, int] | None) -> list[Unit]:
+        """The units of shard ``(i, n)`` (`shard_of`), or every unit for None, in plan order."""
         if shard is None:
             return list(self.units)
         i, n = shard
         return [u for u in self.units if shard_of(u.id, n) == i]
 
     def cfg(self):
+        """The sweep's `flatcli.config.Config`, rebuilt from the plan (no environment overrides)."""
         from ..config import from_dict
 
         return from_dict(self.config, base_dir=self.base_dir, env={})
 
     def to_json(self) -> dict[str, Any]:
+        """The content of plan.json (format 1)."""
         return {
             "format": 1,
             "version": self.version,
@@ -122,6 +132,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Plan:
+        """The plan from the content of plan.json (`to_json`)."""
         return cls(
             config=d["config"],
             base_dir=d["base_dir"],
@@ -180,12 +191,14 @@ def build_plan(cfg, specs: list[MeasureSpec], jobs: list[Job]) -> Plan:
 
 
 def write_plan(outdir: str | os.PathLike, plan: Plan) -> Path:
+    """Write ``OUTDIR/plan.json`` atomically; returns its path."""
     path = Path(outdir) / PLAN_FILE
     atomic_write(path, dumps(plan.to_json()))
     return path
 
 
 def load_plan(outdir: str | os.PathLike) -> Plan:
+    """The plan in ``OUTDIR/plan.json``; `ConfigError` when it is missing or not a plan."""
     path = Path(outdir) / PLAN_FILE
     if not path.is_file():
         raise ConfigError(f"{path} not found: run 'flatcli sweep -c CONFIG -o {outdir}' first")
@@ -198,6 +211,8 @@ def load_plan(outdir: str | os.PathLike) -> Plan:
 # ------------------------------------------------------------------ the worker
 @dataclass
 class WorkerStats:
+    """What one worker did: units computed (of them with errors), already finished, left busy."""
+
     computed: int = 0
     errors: int = 0
     skipped: int = 0  # already finished
@@ -354,6 +369,9 @@ def run_shard_task(outdir: str, index: int, count: int, redo_before=None, retry_
 # ------------------------------------------------------------------ the coordinator
 @dataclass
 class SweepReport:
+    """What a sweep run did (or with ``dry_run`` would do): unit counts, workers, submitted jobs,
+    the lines it printed, and the kinds of the error units (for `exit_code`)."""
+
     outdir: Path
     units: int  # in the plan
     selected: int  # in this shard (= units without --shard)
@@ -395,6 +413,9 @@ def _gpu_list(gpus: str) -> list[int]:
 
 @dataclass(frozen=True)
 class WorkerPlan:
+    """One local worker: the device it is told to use, the environment it runs with (e.g.
+    ``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``) and its name in messages."""
+
     device: str
     env: dict[str, str]
     label: str
@@ -479,10 +500,12 @@ class WorkerArgs:
 
     @classmethod
     def of(cls, opts: SweepOptions, start: float) -> WorkerArgs:
+        """The arguments for a run of ``opts`` that started at time ``start``."""
         return cls(opts.shard, None if opts.resume else start, start if opts.retry_failed else None,
                    opts.lock_timeout)
 
     def argv(self) -> list[str]:
+        """These arguments as ``flatcli sweep-worker`` options."""
         out = ["--lock-timeout", repr(float(self.lock_timeout))]
         if self.shard is not None:
             out += ["--shard", f"{self.shard[0]}/{self.shard[1]}"]
@@ -692,6 +715,9 @@ def _submit_slurm(report: SweepReport, plan: Plan, store: Store, opts: SweepOpti
 # ------------------------------------------------------------------ collect
 @dataclass
 class CollectReport:
+    """The collected table: its rows and measure labels, the files written, the units not
+    finished, stale and unreadable unit files, run times by label and the devices used."""
+
     rows: list[Row]
     labels: list[str]
     csv_path: Path
