@@ -23,6 +23,9 @@ from .errors import ConfigError
 
 @dataclass(frozen=True)
 class Job:
+    """One checkpoint to measure: the path as given and resolved, its hyperparameters (the
+    ``hp_*`` columns), and its own init checkpoint and training set when it has them."""
+
     checkpoint: str  # the path as given (or as the glob produced it)
     path: Path  # resolved
     hparams: dict[str, Any] = field(default_factory=dict)
@@ -70,75 +73,106 @@ def _read_manifest(man: Path) -> list[dict[str, str]]:
 
 
 def resolve_jobs(cfg, cli_paths: list[str] | None = None) -> list[Job]:
-    """Expand the config's (or the CLI's) checkpoints into jobs, in a stable order."""
+    """Expand the config's (or the CLI's) checkpoints into jobs, in a stable order.
+
+    ``cli_paths`` replace the config's list; with a manifest in the config they are files whose
+    manifest rows (when they have one) supply the hyperparameters, init checkpoint and training
+    set. Raises `ConfigError` for a malformed entry, a glob without matches or a missing file.
+    """
     if cli_paths and isinstance(cfg.checkpoints, dict):
-        # paths given on the command line keep the manifest's metadata (hparams, init, train_data)
-        known = {j.path.resolve(): j for j in resolve_jobs(cfg)}
-        jobs = []
-        for e in cli_paths:
-            p = Path(os.path.expanduser(e))
-            if not p.is_file():
-                raise ConfigError(f"checkpoint: file not found: {p}")
-            hit = known.get(p.resolve())
-            jobs.append(
-                Job(e, p, hit.hparams, hit.init_checkpoint, hit.train_data)
-                if hit
-                else Job(e, p, _from_path(cfg.hparams.from_path, e), cfg.resolve_path(cfg.init_checkpoint) if cfg.init_checkpoint else None)
-            )
-        return jobs
+        return _cli_jobs_with_manifest(cfg, cli_paths)
     entries: Any = list(cli_paths) if cli_paths else cfg.checkpoints
     if isinstance(entries, str):
         entries = [entries]
     init_default = cfg.resolve_path(cfg.init_checkpoint) if cfg.init_checkpoint else None
+    regex = _path_regex(cfg)
+    if isinstance(entries, dict):
+        jobs = _manifest_jobs(cfg, entries, regex, init_default)
+    else:
+        jobs = _listed_jobs(cfg, entries, regex, init_default, from_cli=bool(cli_paths))
+    for j in jobs:
+        if not j.path.is_file():
+            raise ConfigError(f"checkpoint not found: {j.path}")
+    return jobs
+
+
+def _cli_jobs_with_manifest(cfg, cli_paths: list[str]) -> list[Job]:
+    """Jobs for files named on the command line when the config holds a manifest: a file that is
+    in the manifest keeps its row's metadata (hparams, init, train_data); any other gets the
+    config's ``hparams.from_path`` and ``init_checkpoint``."""
+    known = {j.path.resolve(): j for j in resolve_jobs(cfg)}
+    jobs = []
+    for e in cli_paths:
+        p = Path(os.path.expanduser(e))
+        if not p.is_file():
+            raise ConfigError(f"checkpoint: file not found: {p}")
+        hit = known.get(p.resolve())
+        jobs.append(
+            Job(e, p, hit.hparams, hit.init_checkpoint, hit.train_data)
+            if hit
+            else Job(e, p, _from_path(cfg.hparams.from_path, e), cfg.resolve_path(cfg.init_checkpoint) if cfg.init_checkpoint else None)
+        )
+    return jobs
+
+
+def _path_regex(cfg) -> str | None:
+    """``hparams.from_path``, checked to compile (`ConfigError` otherwise)."""
     regex = cfg.hparams.from_path
     if regex:
         try:
             re.compile(regex)
         except re.error as e:
             raise ConfigError(f"config key 'hparams.from_path' is not a valid regex: {e}") from None
-    jobs: list[Job] = []
-    if isinstance(entries, dict):
-        if set(entries) != {"manifest"}:
-            raise ConfigError("config key 'checkpoints' as a mapping takes exactly one key, 'manifest'")
-        man = cfg.resolve_path(entries["manifest"])
-        if not man.is_file():
-            raise ConfigError(f"checkpoints.manifest: file not found: {man}")
-        for row in _read_manifest(man):
-            raw = row.pop("path")
-            p = Path(os.path.expanduser(raw))
-            p = p if p.is_absolute() else man.parent / p
-            init = row.pop("init_checkpoint", None)
-            ip = None
-            if init:
-                ip = Path(os.path.expanduser(init))
-                ip = ip if ip.is_absolute() else man.parent / ip
-            td = row.pop("train_data", None)
-            tp = None
-            if td:
-                tp = Path(os.path.expanduser(td))
-                tp = tp if tp.is_absolute() else man.parent / tp
-            hp = {k: _coerce(v) for k, v in row.items() if k}
-            hp.update(_from_path(regex, raw))
-            jobs.append(Job(raw, p, hp, ip or init_default, tp))
-    else:
-        if not isinstance(entries, list):
-            raise ConfigError("config key 'checkpoints' must be a list of paths/globs or {manifest: file.csv}")
-        for e in entries:
-            if not isinstance(e, str):
-                raise ConfigError(f"config key 'checkpoints' holds a non-string entry {e!r}")
-            resolved = cfg.resolve_path(e) if not cli_paths else Path(os.path.expanduser(e))
-            if glob.has_magic(str(e)):
-                hits = sorted(glob.glob(str(resolved), recursive=True))
-                if not hits:
-                    raise ConfigError(f"checkpoints: the glob {e!r} matches no file")
-                for h in hits:
-                    jobs.append(Job(h, Path(h), _from_path(regex, h), init_default))
-            else:
-                if not resolved.is_file():
-                    where = "checkpoint" if cli_paths else "checkpoints"
-                    raise ConfigError(f"{where}: file not found: {resolved}")
-                jobs.append(Job(e, resolved, _from_path(regex, e), init_default))
-    for j in jobs:
-        if not j.path.is_file():
-            raise ConfigError(f"checkpoint not found: {j.path}")
+    return regex
+
+
+def _beside(man: Path, value: str) -> Path:
+    """A path from a manifest field: ``~`` expanded, relative to the manifest's folder."""
+    p = Path(os.path.expanduser(value))
+    return p if p.is_absolute() else man.parent / p
+
+
+def _manifest_jobs(cfg, entries: dict, regex: str | None, init_default: Path | None) -> list[Job]:
+    """One job per manifest row: ``path``, optional ``init_checkpoint`` (default the config's) and
+    ``train_data``; every other column, then the path regex's groups, are hyperparameters."""
+    if set(entries) != {"manifest"}:
+        raise ConfigError("config key 'checkpoints' as a mapping takes exactly one key, 'manifest'")
+    man = cfg.resolve_path(entries["manifest"])
+    if not man.is_file():
+        raise ConfigError(f"checkpoints.manifest: file not found: {man}")
+    jobs = []
+    for row in _read_manifest(man):
+        raw = row.pop("path")
+        init = row.pop("init_checkpoint", None)
+        td = row.pop("train_data", None)
+        hp = {k: _coerce(v) for k, v in row.items() if k}
+        hp.update(_from_path(regex, raw))
+        ip = _beside(man, init) if init else None
+        tp = _beside(man, td) if td else None
+        jobs.append(Job(raw, _beside(man, raw), hp, ip or init_default, tp))
+    return jobs
+
+
+def _listed_jobs(
+    cfg, entries: Any, regex: str | None, init_default: Path | None, *, from_cli: bool
+) -> list[Job]:
+    """Jobs for a list of paths and globs (globs expanded, sorted); relative paths are relative
+    to the config's folder, or to the working directory for paths ``from_cli``."""
+    if not isinstance(entries, list):
+        raise ConfigError("config key 'checkpoints' must be a list of paths/globs or {manifest: file.csv}")
+    jobs = []
+    for e in entries:
+        if not isinstance(e, str):
+            raise ConfigError(f"config key 'checkpoints' holds a non-string entry {e!r}")
+        resolved = cfg.resolve_path(e) if not from_cli else Path(os.path.expanduser(e))
+        if glob.has_magic(str(e)):
+            hits = sorted(glob.glob(str(resolved), recursive=True))
+            if not hits:
+                raise ConfigError(f"checkpoints: the glob {e!r} matches no file")
+            jobs += [Job(h, Path(h), _from_path(regex, h), init_default) for h in hits]
+        elif not resolved.is_file():
+            where = "checkpoint" if from_cli else "checkpoints"
+            raise ConfigError(f"{where}: file not found: {resolved}")
+        else:
+            jobs.append(Job(e, resolved, _from_path(regex, e), init_default))
     return jobs

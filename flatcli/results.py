@@ -74,6 +74,8 @@ class Row:
             self.error_kind = kind
 
     def flat(self) -> dict[str, Any]:
+        """The row as results.csv's cells, column name → value, in column order (see the module
+        docstring); a measure without a result has value NaN."""
         out: dict[str, Any] = {"checkpoint": self.checkpoint, "status": self.status, "error": self.error}
         for lab in self.labels:
             r = self.results.get(lab)
@@ -150,6 +152,8 @@ def jsonable(v: Any, *, exact: bool = False) -> Any:
 
 
 def columns(rows: list[Row]) -> list[str]:
+    """results.csv's columns for ``rows``: every row's `Row.flat` columns in first-seen order,
+    then the metrics (in `METRICS` order) and the ``hp_*`` columns last."""
     cols: list[str] = []
     seen = set()
     for r in rows:

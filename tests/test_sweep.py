@@ -373,3 +373,25 @@ def test_plan_is_what_workers_read(project):
     assert plan.cfg().to_dict() == api.load(cfg).to_dict()
     rows = list(csv.DictReader(io.StringIO(ref.read_text())))
     assert [r["checkpoint"] for r in rows] == [c["checkpoint"] for c in plan.checkpoints]
+
+
+def test_collect_without_a_plan_rebuilds_rows_from_the_unit_files(project, tmp_path):
+    """A sweep folder that lost plan.json: rows, labels and hyperparameters come from the unit
+    records, in the plan's order, so the table is the same; a unit without its file is missing."""
+    cfg, ref = project
+    out = tmp_path / "s"
+    (out / "units").mkdir(parents=True)
+    units = sorted((ref.parent / "units").glob("*.json"))
+    for p in units:
+        (out / "units" / p.name).write_bytes(p.read_bytes())
+    col = api.collect(out)
+    assert table(col.csv_path) == table(ref)
+    assert col.labels == ["frobenius_norm", "hessian_trace"] and col.missing == [] and col.stale == 0
+    gone = json.loads(units[0].read_text())
+    (out / "units" / units[0].name).unlink()
+    col = api.collect(out)
+    assert col.missing == [(gone["checkpoint"], gone["label"])]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match="holds no plan.json and no unit files"):
+        api.collect(empty)

@@ -75,10 +75,12 @@ class ResultsTable:
 
     @property
     def name(self) -> str:
+        """What the table is called in messages: its path, or "the DataFrame"."""
         return str(self.path) if self.path is not None else "the DataFrame"
 
     @property
     def columns(self) -> list[str]:
+        """The column names, as strings."""
         return [str(c) for c in self.frame.columns]
 
     def numeric(self, col: str) -> np.ndarray:
@@ -92,6 +94,7 @@ class ResultsTable:
 
     @property
     def hp_columns(self) -> list[str]:
+        """The hyperparameter columns flatcli writes (``hp_<name>``)."""
         return [c for c in self.columns if c.startswith("hp_")]
 
     def row_names(self) -> list[str]:
@@ -210,6 +213,8 @@ class FilterInfo:
     dropped: list[str]
 
     def describe(self) -> str:
+        """One line: the option, how many of how many rows it dropped, and their names (the first
+        `MAX_NAMES`)."""
         names = ", ".join(self.dropped[:MAX_NAMES])
         more = f", … ({len(self.dropped) - MAX_NAMES} more)" if len(self.dropped) > MAX_NAMES else ""
         tail = f": {names}{more}" if self.dropped else ""
@@ -300,6 +305,9 @@ def jiang_tau(m: np.ndarray, g: np.ndarray) -> float:
 
 @dataclass
 class AxisPsi:
+    """ψ_i of one hyperparameter axis i (Jiang et al. 2020, eq. 3): the mean of Jiang's τ over the
+    groups of checkpoints that share every other axis's values, with what it used."""
+
     psi: float  # mean of Jiang's τ over the groups where only this axis varies
     groups: int  # groups used (≥ 2 checkpoints)
     n: int  # checkpoints in those groups
@@ -341,6 +349,10 @@ def granulated_kendall(
 
 @dataclass
 class CMI:
+    """The PGDL-2020 conditional mutual information score (see the module docstring):
+    ``min_S I(V_μ; V_g | U_S) / H(V_g | U_S)``, the S that gave it, the ordered pairs used, and
+    the normalized value for every conditioning set S (``per_condition``)."""
+
     value: float  # min over conditioning sets of I(Vμ;Vg|U)/H(Vg|U)
     condition: str  # the conditioning set that gave the minimum
     pairs: int  # ordered pairs used (distinct checkpoints, untied gap)
@@ -409,6 +421,8 @@ def _scipy_stats(m: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Interval:
+    """A bootstrap percentile interval [lo, hi] of one statistic."""
+
     lo: float
     hi: float
 
@@ -444,6 +458,10 @@ def bootstrap_intervals(
 # ------------------------------------------------------------------ the report
 @dataclass
 class GridInfo:
+    """The grid the checkpoints form over the hyperparameter axes: each axis's distinct values
+    (natural order), how many combinations a full grid has and how many are present, how many
+    hold several checkpoints, and a few missing ones."""
+
     axes: list[str]
     values: dict[str, list[str]]
     expected: int  # product of the numbers of distinct values
@@ -453,11 +471,21 @@ class GridInfo:
 
     @property
     def complete(self) -> bool:
+        """Whether every combination of the axes' values is present."""
         return self.observed == self.expected
 
 
 @dataclass
 class MeasureCorrelation:
+    """Every statistic of one measure against the target (NaN where undefined, see ``notes``).
+
+    ``n``: checkpoints with a finite measure and target (what Pearson, Spearman, Kendall τ-b
+    and Jiang's τ use); ``psi`` Ψ and ``psi_axes`` each axis's ψ_i; ``cmi`` the PGDL score,
+    ``cmi_condition`` its conditioning set and ``cmi_pairs`` the pairs it used; ``intervals``
+    the bootstrap intervals by statistic (with ``bootstrap``). Every statistic is larger when
+    the measure orders the checkpoints more like the target does; the ranking puts larger first.
+    """
+
     measure: str
     n: int
     pearson: float = math.nan
@@ -473,11 +501,16 @@ class MeasureCorrelation:
     notes: list[str] = field(default_factory=list)
 
     def get(self, stat: str) -> float:
+        """The statistic named ``stat`` (one of `STATS`)."""
         return getattr(self, stat)
 
 
 @dataclass
 class CorrelationReport:
+    """The result of `correlate_table`: every measure's statistics, best first by ``sort``, with
+    the axes, the grid, the filters applied, notes and warnings; ``table`` holds the rows that
+    were correlated (after the filters)."""
+
     source: Path | None  # the CSV read (None for a DataFrame)
     target: str
     axes: list[str]  # hyperparameter axes (a column's name, without an hp_ prefix)
@@ -504,6 +537,7 @@ class CorrelationReport:
         return [name for f in self.filters for name in f.dropped]
 
     def to_rows(self) -> list[dict[str, Any]]:
+        """One dict per measure, best first, with the columns of `to_pandas`."""
         out = []
         for rank, mc in enumerate(self.measures, 1):
             d: dict[str, Any] = {"rank": rank, "measure": mc.measure, "n": mc.n}
@@ -638,6 +672,161 @@ def usable(table: ResultsTable, measure: str, target: str) -> np.ndarray:
     return ok
 
 
+def _check_options(
+    sort: str | None, bootstrap: int | None, confidence: float, max_train_loss: float | None
+) -> None:
+    """`ConfigError` for an unknown ``sort``, negative resamples, a confidence level outside
+    (0, 1) or a negative (or NaN) ``max_train_loss``."""
+    if sort is not None and sort not in STATS:
+        raise ConfigError(f"--sort must be one of {', '.join(STATS)}; got {sort!r}")
+    if bootstrap is not None and bootstrap < 0:
+        raise ConfigError(f"--bootstrap must be ≥ 0 resamples; got {bootstrap}")
+    if not 0 < confidence < 1:
+        raise ConfigError(f"--confidence must be in (0, 1); got {confidence}")
+    if max_train_loss is not None and not max_train_loss >= 0:
+        raise ConfigError(f"--max-train-loss must be ≥ 0; got {max_train_loss}")
+
+
+def _check_target(table: ResultsTable, target: str) -> None:
+    """`ConfigError` naming the metric columns present when ``target`` is not a column."""
+    if target not in table.columns:
+        avail = ", ".join(c for c in table.columns if c in METRICS) or "none"
+        hint = "; gen_gap needs test data in the config (data.test)" if target == "gen_gap" else ""
+        raise ConfigError(
+            f"--target {target!r} is not a column of {table.name} (metric columns present: {avail}){hint}"
+        )
+
+
+@dataclass
+class _Design:
+    """What every measure is correlated against: the (filtered) table, the target and its values
+    ``gvals``, the hyperparameter axes with every row's value of each (``hp``, labels, "" when
+    missing) and ``hp_ok``, the rows that have a value on every axis."""
+
+    table: ResultsTable
+    target: str
+    gvals: np.ndarray
+    axes: list[str]
+    hp: dict[str, list[str]]
+    hp_ok: np.ndarray
+
+    def grid(self) -> GridInfo | None:
+        """The grid the rows with every axis's value form; None without axes."""
+        if not self.axes:
+            return None
+        rows = {a: [v for v, ok in zip(self.hp[a], self.hp_ok, strict=True) if ok] for a in self.axes}
+        return _grid(rows, self.axes)
+
+
+def _design(
+    table: ResultsTable, target: str, axis_columns: dict[str, str], notes: list[str]
+) -> _Design:
+    """The target's values and the axes' values; `ConfigError` when the target holds no numbers;
+    notes for rows without a finite target and rows without a value on an axis."""
+    axes = list(axis_columns)
+    hp = {a: table.strings(axis_columns[a]) for a in axes}
+    gvals = table.numeric(target)
+    if not np.isfinite(gvals).any() and len(gvals) and not pd.api.types.is_numeric_dtype(table.frame[target]):
+        raise ConfigError(f"--target {target!r}: column {target} of {table.name} holds no numbers")
+    n_target_missing = int((~np.isfinite(gvals)).sum())
+    if n_target_missing:
+        notes.append(f"{n_target_missing} of {len(gvals)} checkpoints have no finite {target}: left out")
+    hp_ok = np.ones(len(gvals), dtype=bool)
+    for a in axes:
+        miss = np.array([v == "" for v in hp[a]], dtype=bool)
+        if miss.any():
+            notes.append(f"{int(miss.sum())} checkpoints have no value for hyperparameter {a}: left out of Ψ and CMI")
+        hp_ok &= ~miss
+    return _Design(table, target, gvals, axes, hp, hp_ok)
+
+
+def _design_notes(design: _Design, grid: GridInfo | None, notes: list[str]) -> None:
+    """Notes on the grid (incomplete, pooled duplicates), on one or no axis, and on a constant
+    target."""
+    axes, gvals = design.axes, design.gvals
+    if grid is not None and not grid.complete:
+        notes.append(
+            f"incomplete grid over {', '.join(axes)}: {grid.observed} of {grid.expected} combinations present"
+            + (f" (missing e.g. {'; '.join(grid.missing[:3])})" if grid.missing else "")
+        )
+    if grid is not None and grid.duplicates:
+        notes.append(f"{grid.duplicates} hyperparameter combination(s) hold several checkpoints (e.g. seeds): pooled in their groups")
+    if len(axes) == 1:
+        notes.append(f"one hyperparameter axis: CMI conditions on {axes[0]} alone")
+    elif not axes:
+        notes.append("no hyperparameter axes (name them with --by): Ψ undefined, CMI unconditional")
+    if np.isfinite(gvals).sum() >= 2 and np.nanstd(gvals) == 0:
+        notes.append(f"{design.target} is constant over the checkpoints: no statistic is defined")
+
+
+@dataclass(frozen=True)
+class _Bootstrap:
+    """Bootstrap settings: ``resamples`` (None or 0: no intervals), ``seed`` and ``confidence``."""
+
+    resamples: int | None
+    seed: int
+    confidence: float
+
+
+def _correlate_measure(
+    design: _Design, measure: str, boot: _Bootstrap
+) -> tuple[MeasureCorrelation, np.ndarray]:
+    """Every statistic of one measure, and the mask of the rows it used (`usable`)."""
+    ok = usable(design.table, measure, design.target)
+    mvals, gvals = design.table.numeric(measure), design.gvals
+    mc = MeasureCorrelation(measure=measure, n=int(ok.sum()))
+    dropped = int((np.isfinite(gvals) & ~ok).sum())
+    if dropped:
+        mc.notes.append(f"{dropped} checkpoint(s) without a value")
+    _pair_statistics(mc, mvals[ok], gvals[ok], boot)
+    sel = ok & design.hp_ok
+    sub = {a: [v for v, s in zip(design.hp[a], sel, strict=True) if s] for a in design.axes}
+    _grouped_statistics(mc, mvals[sel], gvals[sel], sub, design.axes)
+    return mc, ok
+
+
+def _pair_statistics(mc: MeasureCorrelation, m: np.ndarray, g: np.ndarray, boot: _Bootstrap) -> None:
+    """Jiang's τ (n ≥ 2); Pearson, Spearman, Kendall τ-b and their bootstrap intervals (n ≥ 3 and
+    neither column constant); a note where they are undefined."""
+    if mc.n >= 2:
+        mc.jiang_tau = jiang_tau(m, g)
+    if mc.n < 3:
+        mc.notes.append(f"only {mc.n} checkpoint(s): correlations need ≥ 3")
+    elif np.ptp(m) == 0:
+        mc.notes.append("constant over the checkpoints")
+    elif np.ptp(g) > 0:
+        mc.pearson, mc.spearman, mc.kendall_tau_b = (float(v) for v in _scipy_stats(m, g))
+        if boot.resamples:
+            mc.intervals, undefined = bootstrap_intervals(m, g, boot.resamples, boot.seed, boot.confidence)
+            if undefined:
+                mc.notes.append(f"bootstrap: {undefined} of {boot.resamples} resamples had a constant column "
+                                "(statistics undefined): intervals from the others")
+
+
+def _grouped_statistics(
+    mc: MeasureCorrelation, m: np.ndarray, g: np.ndarray, hp: dict[str, list[str]], axes: list[str]
+) -> None:
+    """Ψ with every ψ_i (with axes) and the CMI score over the rows with every axis's value
+    (n ≥ 2); a note where they are undefined."""
+    if mc.n < 2:
+        return
+    if axes:
+        mc.psi, mc.psi_axes = granulated_kendall(m, g, hp, axes)
+        flat = [a for a, p in mc.psi_axes.items() if not math.isfinite(p.psi)]
+        if flat:
+            mc.notes.append(f"ψ undefined for {', '.join(flat)} (no group with ≥ 2 checkpoints)")
+    c = conditional_mi(m, g, hp, axes)
+    mc.cmi, mc.cmi_condition, mc.cmi_pairs = c.value, c.condition, c.pairs
+    if c.pairs and not math.isfinite(c.value):
+        mc.notes.append("CMI undefined: the conditioning hyperparameters determine the gap order")
+
+
+def _rank_key(mc: MeasureCorrelation, sort: str) -> tuple[int, float]:
+    """Sort key: larger ``sort`` statistic first, undefined ones last (in their order)."""
+    v = mc.get(sort)
+    return (0, -v) if math.isfinite(v) else (1, 0.0)
+
+
 def correlate_table(
     table: ResultsTable | pd.DataFrame,
     *,
@@ -657,100 +846,30 @@ def correlate_table(
     percentile intervals from N resamples (seeded by ``seed``) at level ``confidence``.
     """
     table = as_table(table)
-    if sort is not None and sort not in STATS:
-        raise ConfigError(f"--sort must be one of {', '.join(STATS)}; got {sort!r}")
-    if bootstrap is not None and bootstrap < 0:
-        raise ConfigError(f"--bootstrap must be ≥ 0 resamples; got {bootstrap}")
-    if not 0 < confidence < 1:
-        raise ConfigError(f"--confidence must be in (0, 1); got {confidence}")
-    if max_train_loss is not None and not max_train_loss >= 0:
-        raise ConfigError(f"--max-train-loss must be ≥ 0; got {max_train_loss}")
+    _check_options(sort, bootstrap, confidence, max_train_loss)
     n_input = len(table.frame)
     notes: list[str] = []
-    if target not in table.columns:
-        avail = ", ".join(c for c in table.columns if c in METRICS) or "none"
-        hint = "; gen_gap needs test data in the config (data.test)" if target == "gen_gap" else ""
-        raise ConfigError(
-            f"--target {target!r} is not a column of {table.name} (metric columns present: {avail}){hint}"
-        )
+    _check_target(table, target)
     table, filters = filter_rows(table, where=where, max_train_loss=max_train_loss)
     notes += [f.describe() for f in filters]
     axis_columns = _axes(table, _split(by), notes)
     axes = list(axis_columns)
-    labels, measures_source = _measures(table, _split(measures), target, set(axis_columns.values()), notes)
-    hp = {a: table.strings(axis_columns[a]) for a in axes}
-    gvals = table.numeric(target)
-    if not np.isfinite(gvals).any() and len(gvals) and not pd.api.types.is_numeric_dtype(table.frame[target]):
-        raise ConfigError(f"--target {target!r}: column {target} of {table.name} holds no numbers")
-    n_target_missing = int((~np.isfinite(gvals)).sum())
-    if n_target_missing:
-        notes.append(f"{n_target_missing} of {len(gvals)} checkpoints have no finite {target}: left out")
-    hp_ok = np.ones(len(gvals), dtype=bool)
-    for a in axes:
-        miss = np.array([v == "" for v in hp[a]], dtype=bool)
-        if miss.any():
-            notes.append(f"{int(miss.sum())} checkpoints have no value for hyperparameter {a}: left out of Ψ and CMI")
-        hp_ok &= ~miss
-    grid = _grid({a: [v for v, ok in zip(hp[a], hp_ok, strict=True) if ok] for a in axes}, axes) if axes else None
-    if grid is not None and not grid.complete:
-        notes.append(
-            f"incomplete grid over {', '.join(axes)}: {grid.observed} of {grid.expected} combinations present"
-            + (f" (missing e.g. {'; '.join(grid.missing[:3])})" if grid.missing else "")
-        )
-    if grid is not None and grid.duplicates:
-        notes.append(f"{grid.duplicates} hyperparameter combination(s) hold several checkpoints (e.g. seeds): pooled in their groups")
-    if len(axes) == 1:
-        notes.append(f"one hyperparameter axis: CMI conditions on {axes[0]} alone")
-    elif not axes:
-        notes.append("no hyperparameter axes (name them with --by): Ψ undefined, CMI unconditional")
-    if np.isfinite(gvals).sum() >= 2 and np.nanstd(gvals) == 0:
-        notes.append(f"{target} is constant over the checkpoints: no statistic is defined")
+    labels, measures_source = _measures(
+        table, _split(measures), target, set(axis_columns.values()), notes
+    )
+    design = _design(table, target, axis_columns, notes)
+    grid = design.grid()
+    _design_notes(design, grid, notes)
     if sort is None:
         sort = "psi" if axes else "kendall_tau_b"
-
+    boot = _Bootstrap(bootstrap, seed, confidence)
     results = []
-    used_rows = np.zeros(len(gvals), dtype=bool)
+    used_rows = np.zeros(len(design.gvals), dtype=bool)
     for lab in labels:
-        ok = usable(table, lab, target)
+        mc, ok = _correlate_measure(design, lab, boot)
         used_rows |= ok
-        mvals = table.numeric(lab)
-        mc = MeasureCorrelation(measure=lab, n=int(ok.sum()))
-        dropped = int((np.isfinite(gvals) & ~ok).sum())
-        if dropped:
-            mc.notes.append(f"{dropped} checkpoint(s) without a value")
-        m, g = mvals[ok], gvals[ok]
-        if mc.n >= 2:
-            mc.jiang_tau = jiang_tau(m, g)
-        if mc.n < 3:
-            mc.notes.append(f"only {mc.n} checkpoint(s): correlations need ≥ 3")
-        elif np.ptp(m) == 0:
-            mc.notes.append("constant over the checkpoints")
-        elif np.ptp(g) > 0:
-            mc.pearson, mc.spearman, mc.kendall_tau_b = (float(v) for v in _scipy_stats(m, g))
-            if bootstrap:
-                mc.intervals, undefined = bootstrap_intervals(m, g, bootstrap, seed, confidence)
-                if undefined:
-                    mc.notes.append(f"bootstrap: {undefined} of {bootstrap} resamples had a constant column "
-                                    "(statistics undefined): intervals from the others")
-        sel = ok & hp_ok
-        sub = {a: [v for v, s in zip(hp[a], sel, strict=True) if s] for a in axes}
-        if mc.n >= 2 and axes:
-            mc.psi, mc.psi_axes = granulated_kendall(mvals[sel], gvals[sel], sub, axes)
-            flat = [a for a, p in mc.psi_axes.items() if not math.isfinite(p.psi)]
-            if flat:
-                mc.notes.append(f"ψ undefined for {', '.join(flat)} (no group with ≥ 2 checkpoints)")
-        if mc.n >= 2:
-            c = conditional_mi(mvals[sel], gvals[sel], sub, axes)
-            mc.cmi, mc.cmi_condition, mc.cmi_pairs = c.value, c.condition, c.pairs
-            if c.pairs and not math.isfinite(c.value):
-                mc.notes.append("CMI undefined: the conditioning hyperparameters determine the gap order")
         results.append(mc)
-
-    def key(mc: MeasureCorrelation):
-        v = mc.get(sort)
-        return (0, -v) if math.isfinite(v) else (1, 0.0)
-
-    results.sort(key=key)
+    results.sort(key=lambda mc: _rank_key(mc, sort))
     warn = convergence_warning(table, used_rows)
     return CorrelationReport(
         source=table.path, target=target, axes=axes, measures=results, sort=sort, grid=grid,

@@ -37,6 +37,7 @@ def correlations_csv(report: CorrelationReport) -> str:
 
 
 def write_csv(report: CorrelationReport, path: str | Path) -> Path:
+    """Write `correlations_csv` to ``path`` atomically; returns the path."""
     path = Path(path)
     atomic_write(path, correlations_csv(report))
     return path
@@ -53,6 +54,7 @@ def _header(report: CorrelationReport) -> list[tuple[str, str]]:
 
 
 def title(report: CorrelationReport) -> str:
+    """The table's title: the target, the ranking statistic, the Ψ axes and the bootstrap."""
     by = f", Ψ over {', '.join(report.axes)}" if report.axes else ""
     ci = (f"; in brackets: {report.confidence:.0%} bootstrap intervals, {report.bootstrap} resamples"
           if report.bootstrap else "")
@@ -84,6 +86,7 @@ def render_table(report: CorrelationReport):
 
 
 def to_markdown(report: CorrelationReport) -> str:
+    """The ranked table as a Markdown table, with the terminal table's columns and cells."""
     cols = _header(report)
     lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "|".join("---" if k == "measure" else "---:" for _, k in cols) + "|"]
     for r in report.to_rows():

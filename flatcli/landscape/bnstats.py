@@ -105,6 +105,11 @@ class BatchNormRecomputer:
         batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
         buffers: dict[str, torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
+        """The running statistics of the network at ``params``, one pass over ``batches``.
+
+        ``buffers`` supplies the non-BatchNorm buffers (BatchNorm ones in it
+        are ignored); returns name → tensor for every name in ``self.names``.
+        """
         state = self._fresh()
         fixed = {k: v for k, v in (buffers or {}).items() if k not in state}
         seen = 0

@@ -63,7 +63,7 @@ from ..engine import Problem, eval_mode
 from ..engine.problem import per_sample_loss
 from ..errors import ConfigError, MeasurementError
 from .bnstats import BatchNormRecomputer, batchnorm_buffer_names
-from .evaluate import ChunkFn, evaluate_splits
+from .evaluate import ChunkFn, Progress, evaluate_splits, split_problems
 from .result import LandscapeResult, summarize
 from .slices import axis_grid
 from .trajectory import check_state
@@ -146,6 +146,7 @@ class ConnectResult:
         return pd.DataFrame(self.history)
 
     def to_json(self) -> dict[str, Any]:
+        """``connect.json`` as a JSON-ready dict: kind, summary, seconds and the meta entries."""
         from ..results import jsonable
 
         return jsonable(
@@ -204,40 +205,23 @@ def fit_bend(
             f"--bend-optimizer must be one of {', '.join(BEND_OPTIMIZERS)}; got {optimizer!r}"
         )
     lr = DEFAULT_BEND_LR[optimizer] if lr is None else float(lr)
-    first = next(iter(a.values()))
+    steps = int(steps)
+    like = next(iter(a.values()))
     x_all, y_all = fit
-    c = {
-        n: (init[n] if init is not None else (a[n] + b[n]) / 2)
-        .detach()
-        .to(first.device, first.dtype)
-        .clone()
-        .requires_grad_(True)
-        for n in a
-    }
-    params = list(c.values())
-    opt = (
-        torch.optim.Adam(params, lr=lr)
-        if optimizer == "adam"
-        else torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM)
-    )
+    c = _initial_bend(a, b, init, like)
+    opt = _bend_optimizer(list(c.values()), optimizer, lr)
     gen = torch.Generator().manual_seed(int(seed))
     batches = _batches(len(x_all), int(batch_size), gen)
-    hist_t = np.empty(int(steps))
-    hist_loss = np.empty(int(steps))
-    for k in range(int(steps)):
+    hist_t = np.empty(steps)
+    hist_loss = np.empty(steps)
+    for k in range(steps):
         for group in opt.param_groups:
-            group["lr"] = lr * lr_factor(k, int(steps))
+            group["lr"] = lr * lr_factor(k, steps)
         t = float(torch.rand((), generator=gen, dtype=torch.float64))
         idx = next(batches)
-        x = x_all[idx].to(first.device)
-        if x.is_floating_point():
-            x = x.to(first.dtype)
-        y = y_all[idx].to(first.device)
-        if y.is_floating_point():
-            y = y.to(first.dtype)
-        point = bezier(a, b, c, t)
+        x, y = _on_device_of(x_all[idx], like), _on_device_of(y_all[idx], like)
         extra = buffers(t) if buffers is not None else {}
-        out = functional_call(work, {**extra, **point}, (x,))
+        out = functional_call(work, {**extra, **bezier(a, b, c, t)}, (x,))
         value = per_sample_loss(out, y, loss).mean()
         if not bool(torch.isfinite(value)):
             raise MeasurementError(
@@ -251,7 +235,38 @@ def fit_bend(
         if on_step is not None:
             on_step(k + 1)
     bend = {n: v.detach() for n, v in c.items()}
-    return bend, {"step": np.arange(1, int(steps) + 1), "t": hist_t, "loss": hist_loss}
+    return bend, {"step": np.arange(1, steps + 1), "t": hist_t, "loss": hist_loss}
+
+
+def _initial_bend(
+    a: Mapping[str, torch.Tensor],
+    b: Mapping[str, torch.Tensor],
+    init: Mapping[str, torch.Tensor] | None,
+    like: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """The bend to start from, ``init`` or the midpoint (a + b)/2: fresh leaf tensors that require
+    gradients, on ``like``'s device and in its dtype."""
+    return {
+        n: (init[n] if init is not None else (a[n] + b[n]) / 2)
+        .detach()
+        .to(like.device, like.dtype)
+        .clone()
+        .requires_grad_(True)
+        for n in a
+    }
+
+
+def _bend_optimizer(params: list[torch.Tensor], optimizer: str, lr: float) -> torch.optim.Optimizer:
+    """Adam, or SGD with momentum `SGD_MOMENTUM`, over ``params``."""
+    if optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM)
+
+
+def _on_device_of(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``v`` on ``like``'s device, and in ``like``'s dtype when ``v`` is floating point."""
+    v = v.to(like.device)
+    return v.to(like.dtype) if v.is_floating_point() else v
 
 
 # ------------------------------------------------------------------ evaluation
@@ -271,6 +286,141 @@ def _path_chunks(
         return out
 
     return chunk
+
+
+@dataclass
+class _Endpoints:
+    """The two checkpoints on the evaluation device.
+
+    ``problems``: a `Problem` per split over θ_a's network; ``a``, ``b``: the
+    trainable parameters of θ_a and θ_b; ``buf_a``, ``buf_b``: their
+    floating-point buffers other than the BatchNorm statistics (which follow
+    the line on both paths); ``bn_names``: the BatchNorm statistics, recomputed
+    at every evaluated t.
+    """
+
+    problems: dict[str, Problem]
+    a: dict[str, torch.Tensor]
+    b: dict[str, torch.Tensor]
+    buf_a: dict[str, torch.Tensor]
+    buf_b: dict[str, torch.Tensor]
+    bn_names: list[str]
+
+    @property
+    def train(self) -> Problem:
+        """The train split's `Problem` (θ_a's parameters, the device and dtype)."""
+        return self.problems["train"]
+
+    @property
+    def like(self) -> torch.Tensor:
+        """A tensor with the evaluation device and dtype."""
+        pa = self.train
+        return (
+            pa.params[pa.names[0]]
+            if pa.names
+            else torch.zeros((), device=pa.device, dtype=pa.dtype)
+        )
+
+
+def _endpoints(
+    model_a: torch.nn.Module,
+    model_b: torch.nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor] | None,
+    bn_names: list[str],
+    kw: dict[str, Any],
+) -> _Endpoints:
+    """The endpoints' problems and tensors (``kw``: loss, batch_size, device, dtype)."""
+    problems = split_problems(model_a, train, test, **kw)
+    pa = problems["train"]
+    pb = Problem(model_b, train[0][:1], train[1][:1], **kw)
+    other = [n for n, v in pa.buffers.items() if v.is_floating_point() and n not in bn_names]
+    return _Endpoints(
+        problems=problems,
+        a=pa.params,
+        b={n: pb.params[n] for n in pa.names},
+        buf_a={n: pa.buffers[n] for n in other},
+        buf_b={n: pb.buffers[n] for n in other},
+        bn_names=bn_names,
+    )
+
+
+@dataclass(frozen=True)
+class _BendOptions:
+    """How the bend is trained (see `fit_bend`)."""
+
+    steps: int
+    lr: float | None
+    optimizer: str
+    batch_size: int
+    seed: int
+
+    @property
+    def effective_lr(self) -> float:
+        """The learning rate used: ``lr`` or the optimizer's default."""
+        return DEFAULT_BEND_LR[self.optimizer] if self.lr is None else float(self.lr)
+
+
+def _check_connect_options(
+    steps: int, bend_steps: int, bend_lr: float | None, bend_optimizer: str
+) -> None:
+    """`ConfigError` for an unknown bend optimizer, negative bend steps, a bend learning rate that
+    is not a positive number, or a t grid of fewer than 2 points."""
+    if bend_optimizer not in BEND_OPTIMIZERS:
+        raise ConfigError(
+            f"--bend-optimizer must be one of {', '.join(BEND_OPTIMIZERS)}; got {bend_optimizer!r}"
+        )
+    if int(bend_steps) < 0:
+        raise ConfigError(f"--bend-steps must be ≥ 0; got {bend_steps}")
+    if bend_lr is not None and not (np.isfinite(bend_lr) and bend_lr > 0):
+        raise ConfigError(f"--bend-lr must be a positive number; got {bend_lr}")
+    if int(steps) < 2:
+        raise ConfigError(f"--steps must be ≥ 2; got {steps}")
+
+
+def _check_bend_batch_size(bend_batch_size: int, bn_names: list[str]) -> None:
+    """`ConfigError` unless a bend minibatch holds ≥ 1 sample (≥ 2 with BatchNorm, which trains on
+    the minibatch's statistics)."""
+    if bn_names and int(bend_batch_size) < 2:
+        raise ConfigError(
+            f"--bend-batch-size must be ≥ 2 for a model with BatchNorm; got {bend_batch_size}"
+        )
+    if int(bend_batch_size) < 1:
+        raise ConfigError(f"--bend-batch-size must be ≥ 1; got {bend_batch_size}")
+
+
+def _train_bend(
+    model_a: torch.nn.Module,
+    ends: _Endpoints,
+    fit: tuple[torch.Tensor, torch.Tensor],
+    init: Mapping[str, torch.Tensor] | None,
+    opts: _BendOptions,
+    loss: str,
+    progress: Progress,
+) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
+    """`fit_bend` on a private copy of the network with BatchNorm on batch statistics and every
+    other module in eval mode; the non-BatchNorm buffers follow the line."""
+    pa = ends.train
+    work = copy.deepcopy(model_a).to(device=pa.device, dtype=pa.dtype)
+    for m in work.modules():  # BatchNorm on batch statistics, everything else in eval mode
+        m.train(isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
+    for p in work.parameters():
+        p.requires_grad_(False)
+    return fit_bend(
+        work,
+        ends.a,
+        ends.b,
+        fit,
+        init=None if init is None else {n: init[n] for n in pa.names},
+        buffers=lambda t: _line(ends.buf_a, ends.buf_b, t),
+        steps=opts.steps,
+        lr=opts.lr,
+        optimizer=opts.optimizer,
+        batch_size=opts.batch_size,
+        seed=opts.seed,
+        loss=loss,
+        on_step=lambda k: progress.advance(1),
+    )
 
 
 def connect_landscape(
@@ -332,159 +482,170 @@ def connect_landscape(
     >>> res.summary["line_train_loss_barrier"], res.summary["curve_train_loss_barrier"]  # doctest: +SKIP
     (0.45, 0.003)
     """
-    if bend_optimizer not in BEND_OPTIMIZERS:
-        raise ConfigError(
-            f"--bend-optimizer must be one of {', '.join(BEND_OPTIMIZERS)}; got {bend_optimizer!r}"
-        )
-    if int(bend_steps) < 0:
-        raise ConfigError(f"--bend-steps must be ≥ 0; got {bend_steps}")
-    if bend_lr is not None and not (np.isfinite(bend_lr) and bend_lr > 0):
-        raise ConfigError(f"--bend-lr must be a positive number; got {bend_lr}")
-    if int(steps) < 2:
-        raise ConfigError(f"--steps must be ≥ 2; got {steps}")
+    _check_connect_options(steps, bend_steps, bend_lr, bend_optimizer)
     t0 = time.perf_counter()
     ts = axis_grid((0.0, 1.0), int(steps), include=(0.0, 1.0))
-    state_a, state_b = model_a.state_dict(), model_b.state_dict()
+    state_a = model_a.state_dict()
     check_state(state_a, state_a, labels[0], labels[0], "--connect")
-    check_state(state_b, state_a, labels[1], labels[0], "--connect")
+    check_state(model_b.state_dict(), state_a, labels[1], labels[0], "--connect")
     bn_names = batchnorm_buffer_names(model_a)
-    if bn_names and int(bend_batch_size) < 2:
-        raise ConfigError(
-            f"--bend-batch-size must be ≥ 2 for a model with BatchNorm; got {bend_batch_size}"
-        )
-    if int(bend_batch_size) < 1:
-        raise ConfigError(f"--bend-batch-size must be ≥ 1; got {bend_batch_size}")
+    _check_bend_batch_size(bend_batch_size, bn_names)
+    opts = _BendOptions(int(bend_steps), bend_lr, bend_optimizer, int(bend_batch_size), seed)
+    fit = train if fit is None else fit
     with eval_mode(model_a), eval_mode(model_b):
         kw = dict(loss=loss, batch_size=batch_size, device=device, dtype=dtype)
-        problems = {"train": Problem(model_a, *train, **kw)}
-        if test is not None:
-            problems["test"] = Problem(model_a, *test, **kw)
-        pa = problems["train"]
-        pb = Problem(model_b, train[0][:1], train[1][:1], **kw)
-        a, b = pa.params, {n: pb.params[n] for n in pa.names}
-        other = [n for n, v in pa.buffers.items() if v.is_floating_point() and n not in bn_names]
-        buf_a = {n: pa.buffers[n] for n in other}
-        buf_b = {n: pb.buffers[n] for n in other}
-        like = a[pa.names[0]] if pa.names else torch.zeros((), device=pa.device, dtype=pa.dtype)
-        n_pts = len(ts)
-        total = int(bend_steps) + (2 * n_pts if bn_names else 0) + 2 * n_pts * len(problems)
-        done = 0
-
-        def advance(k: int) -> None:
-            nonlocal done
-            done += k
-            if on_progress is not None:
-                on_progress(done, total)
-
-        def step_done(k: int) -> None:
-            advance(1)
-
-        work = copy.deepcopy(model_a).to(device=pa.device, dtype=pa.dtype)
-        for m in work.modules():  # BatchNorm on batch statistics, everything else in eval mode
-            m.train(isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
-        for p in work.parameters():
-            p.requires_grad_(False)
-        fit = train if fit is None else fit
-        bend, history = fit_bend(
-            work,
-            a,
-            b,
-            fit,
-            init=None if bend_init is None else {n: bend_init[n] for n in pa.names},
-            buffers=lambda t: _line(buf_a, buf_b, t),
-            steps=int(bend_steps),
-            lr=bend_lr,
-            optimizer=bend_optimizer,
-            batch_size=int(bend_batch_size),
-            seed=seed,
-            loss=loss,
-            on_step=step_done,
-        )
-        del work
+        ends = _endpoints(model_a, model_b, train, test, bn_names, kw)
+        n_evals = (2 * len(ts) if bn_names else 0) + 2 * len(ts) * len(ends.problems)
+        progress = Progress(opts.steps + n_evals, on_progress)
+        bend, history = _train_bend(model_a, ends, fit, bend_init, opts, loss, progress)
+        pa = ends.train
         recompute = BatchNormRecomputer(model_a, pa.device, pa.dtype) if bn_names else None
-        results = {}
-        for path in PATHS:
-
-            def point(t: torch.Tensor, path: str = path) -> dict[str, torch.Tensor]:
-                out = {}
-                for n, va in {**a, **buf_a}.items():
-                    tt = t.view((-1,) + (1,) * va.ndim)
-                    vb = b[n] if n in b else buf_b[n]
-                    if path == "curve" and n in bend:
-                        out[n] = bezier({n: va}, {n: vb}, {n: bend[n]}, tt)[n]
-                    else:
-                        out[n] = _line({n: va}, {n: vb}, tt)[n]
-                return out
-
-            stacked = None
-            if recompute is not None:
-                per_t = []
-                for t in ts:
-                    pt = {
-                        n: v[0]
-                        for n, v in point(
-                            torch.tensor([t], dtype=pa.dtype, device=pa.device)
-                        ).items()
-                    }
-                    per_t.append(recompute({n: pt[n] for n in pa.names}, pa.batches, pt))
-                    advance(1)
-                stacked = {n: torch.stack([s[n] for s in per_t]) for n in per_t[0]}
-            metrics, diags = evaluate_splits(
-                problems, _path_chunks(point, ts, like, stacked), n_pts, points_per_pass, advance
-            )
-            for split in problems:
-                lo = metrics[f"{split}_loss"]
-                bad = np.flatnonzero(np.isnan(lo))
-                if len(bad):
-                    raise MeasurementError(
-                        f"the {split} loss is NaN along the {path} at {len(bad)} of {n_pts} points "
-                        f"(first at t = {ts[bad[0]]:.4g})"
-                    )
-            res = LandscapeResult(kind="interpolation", alpha=ts, beta=None, **metrics)
-            res.meta = {"path": path, "evaluator": diags}
-            res.summary = summarize(res)
-            results[path] = res
-        mid = {n: (a[n] + b[n]) / 2 for n in pa.names}
-        bend_dist = float(sum((bend[n] - mid[n]).double().pow(2).sum() for n in pa.names) ** 0.5)
-        dist = float(sum((b[n] - a[n]).double().pow(2).sum() for n in pa.names) ** 0.5)
-        bend_state = {k: v.detach().to("cpu").clone() for k, v in state_a.items()}
-        for n in pa.names:
-            bend_state[n] = bend[n].detach().to("cpu", bend_state[n].dtype).clone()
-        meta = {
-            "checkpoints": list(labels),
-            "steps": int(steps),
-            "bend_steps": int(bend_steps),
-            "bend_optimizer": bend_optimizer,
-            "bend_lr": DEFAULT_BEND_LR[bend_optimizer] if bend_lr is None else float(bend_lr),
-            "bend_batch_size": min(int(bend_batch_size), len(fit[0])),
-            "n_fit": len(fit[0]),
-            "seed": int(seed),
-            "num_params": pa.num_params,
-            "n_train": pa.n,
-            "n_test": problems["test"].n if "test" in problems else None,
-            "distance": dist,
-            "bend_distance_from_midpoint": bend_dist,
-            "bn_recomputed": bn_names,
-            "fit_loss_first": float(history["loss"][: max(1, min(50, len(history["loss"])))].mean())
-            if len(history["loss"])
-            else None,
-            "fit_loss_last": float(history["loss"][-min(50, len(history["loss"])) :].mean())
-            if len(history["loss"])
-            else None,
-        }
+        evaluate = _PathEvaluator(ends, ts, recompute, points_per_pass, progress)
+        results = {path: evaluate(path, bend) for path in PATHS}
+        meta = _connect_meta(
+            ends, bend, history, opts, labels=labels, steps=int(steps), n_fit=len(fit[0])
+        )
     out = ConnectResult(
         line=results["line"],
         curve=results["curve"],
         bend={n: v.detach().to("cpu") for n, v in bend.items()},
         history=history,
-        bend_state=bend_state,
+        bend_state=_bend_state(state_a, bend, pa.names),
     )
-    out.summary = {
-        **{f"line_{k}": v for k, v in results["line"].summary.items()},
-        **{f"curve_{k}": v for k, v in results["curve"].summary.items()},
-    }
+    out.summary = {f"{path}_{k}": v for path in PATHS for k, v in results[path].summary.items()}
     out.meta = meta
     out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _path_point(
+    path: str, ends: _Endpoints, bend: Mapping[str, torch.Tensor]
+) -> Callable[[torch.Tensor], dict[str, torch.Tensor]]:
+    """The function t (a (K,)-tensor) → the K stacked points of ``path``: the curve φ(t) for the
+    trainable parameters on "curve", the line θ(t) otherwise (and for the buffers on both paths)."""
+    ends_a = {**ends.a, **ends.buf_a}
+
+    def point(t: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = {}
+        for n, va in ends_a.items():
+            tt = t.view((-1,) + (1,) * va.ndim)
+            vb = ends.b[n] if n in ends.b else ends.buf_b[n]
+            if path == "curve" and n in bend:
+                out[n] = bezier({n: va}, {n: vb}, {n: bend[n]}, tt)[n]
+            else:
+                out[n] = _line({n: va}, {n: vb}, tt)[n]
+        return out
+
+    return point
+
+
+@dataclass
+class _PathEvaluator:
+    """Evaluates a path between the endpoints at every t of ``ts`` on every split, with the
+    BatchNorm statistics recomputed at every t when ``recompute`` is given."""
+
+    ends: _Endpoints
+    ts: np.ndarray
+    recompute: BatchNormRecomputer | None
+    points_per_pass: int | None
+    progress: Progress
+
+    def __call__(self, path: str, bend: Mapping[str, torch.Tensor]) -> LandscapeResult:
+        """The line or the curve as a `LandscapeResult` of kind "interpolation" with its summary."""
+        point = _path_point(path, self.ends, bend)
+        stacked = None if self.recompute is None else self._statistics(point)
+        metrics, diags = evaluate_splits(
+            self.ends.problems,
+            _path_chunks(point, self.ts, self.ends.like, stacked),
+            len(self.ts),
+            self.points_per_pass,
+            self.progress.advance,
+        )
+        self._check_finite(metrics, path)
+        res = LandscapeResult(kind="interpolation", alpha=self.ts, beta=None, **metrics)
+        res.meta = {"path": path, "evaluator": diags}
+        res.summary = summarize(res)
+        return res
+
+    def _statistics(
+        self, point: Callable[[torch.Tensor], dict[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]:
+        """The BatchNorm statistics recomputed on the train set at each t, stacked along t."""
+        pa = self.ends.train
+        per_t = []
+        for t in self.ts:
+            at_t = point(torch.tensor([t], dtype=pa.dtype, device=pa.device))
+            pt = {n: v[0] for n, v in at_t.items()}
+            per_t.append(self.recompute({n: pt[n] for n in pa.names}, pa.batches, pt))
+            self.progress.advance(1)
+        return {n: torch.stack([s[n] for s in per_t]) for n in per_t[0]}
+
+    def _check_finite(self, metrics: dict[str, np.ndarray], path: str) -> None:
+        """`MeasurementError` when a split's loss is NaN anywhere along the path."""
+        n_pts = len(self.ts)
+        for split in self.ends.problems:
+            bad = np.flatnonzero(np.isnan(metrics[f"{split}_loss"]))
+            if len(bad):
+                raise MeasurementError(
+                    f"the {split} loss is NaN along the {path} at {len(bad)} of {n_pts} points "
+                    f"(first at t = {self.ts[bad[0]]:.4g})"
+                )
+
+
+def _norm(tensors: Mapping[str, torch.Tensor], names: list[str]) -> float:
+    """The Euclidean norm of the tensors ``names`` of ``tensors`` together, in float64."""
+    return float(sum(tensors[n].double().pow(2).sum() for n in names) ** 0.5)
+
+
+def _window_mean(values: np.ndarray, last: bool, width: int = 50) -> float | None:
+    """The mean of the first (or last) ``width`` values; None when there are none."""
+    if not len(values):
+        return None
+    if last:
+        return float(values[-min(width, len(values)) :].mean())
+    return float(values[: max(1, min(width, len(values)))].mean())
+
+
+def _connect_meta(
+    ends: _Endpoints,
+    bend: Mapping[str, torch.Tensor],
+    history: dict[str, np.ndarray],
+    opts: _BendOptions,
+    *,
+    labels: tuple[str, str],
+    steps: int,
+    n_fit: int,
+) -> dict[str, Any]:
+    """How the curve was made and where the bend went: `ConnectResult.meta`."""
+    pa, names = ends.train, ends.train.names
+    mid = {n: (ends.a[n] + ends.b[n]) / 2 for n in names}
+    return {
+        "checkpoints": list(labels),
+        "steps": steps,
+        "bend_steps": opts.steps,
+        "bend_optimizer": opts.optimizer,
+        "bend_lr": opts.effective_lr,
+        "bend_batch_size": min(opts.batch_size, n_fit),
+        "n_fit": n_fit,
+        "seed": int(opts.seed),
+        "num_params": pa.num_params,
+        "n_train": pa.n,
+        "n_test": ends.problems["test"].n if "test" in ends.problems else None,
+        "distance": _norm({n: ends.b[n] - ends.a[n] for n in names}, names),
+        "bend_distance_from_midpoint": _norm({n: bend[n] - mid[n] for n in names}, names),
+        "bn_recomputed": ends.bn_names,
+        "fit_loss_first": _window_mean(history["loss"], last=False),
+        "fit_loss_last": _window_mean(history["loss"], last=True),
+    }
+
+
+def _bend_state(
+    state_a: Mapping[str, torch.Tensor], bend: Mapping[str, torch.Tensor], names: list[str]
+) -> dict[str, torch.Tensor]:
+    """θ_a's state dict on the CPU with the bend in place of the trainable parameters."""
+    out = {k: v.detach().to("cpu").clone() for k, v in state_a.items()}
+    for n in names:
+        out[n] = bend[n].detach().to("cpu", out[n].dtype).clone()
     return out
 
 

@@ -27,6 +27,7 @@ functionally, and the caller keeps the model in eval mode (`eval_mode`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -41,6 +42,40 @@ ChunkFn = Callable[[int, int], dict[str, torch.Tensor]]
 
 AUTO_POINTS_PER_PASS = 8
 _CONV = (torch.nn.modules.conv._ConvNd,)
+
+
+@dataclass
+class Progress:
+    """A running count of work done (points evaluated, optimizer steps), reported to a callback.
+
+    ``advance(k)`` adds ``k`` to ``done`` and calls ``on_progress(done, total)``
+    when a callback is given; ``total`` may be corrected while the work runs
+    (e.g. once a grid's size is known).
+    """
+
+    total: int
+    on_progress: Callable[[int, int], None] | None = None
+    done: int = 0
+
+    def advance(self, k: int) -> None:
+        """Count ``k`` more units of work done and report."""
+        self.done += k
+        if self.on_progress is not None:
+            self.on_progress(self.done, self.total)
+
+
+def split_problems(
+    model: torch.nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor] | None,
+    **kw,
+) -> dict[str, Problem]:
+    """One `Problem` per split over ``model``: ``{"train": …}`` plus ``"test"`` when test data is
+    given; ``kw`` (loss, batch_size, device, dtype) goes to every `Problem`."""
+    problems = {"train": Problem(model, *train, **kw)}
+    if test is not None:
+        problems["test"] = Problem(model, *test, **kw)
+    return problems
 
 
 def auto_points_per_pass(model: torch.nn.Module) -> int:
@@ -161,6 +196,8 @@ class PointEvaluator:
         return losses, accs
 
     def diagnostics(self) -> dict:
+        """How the points were evaluated: vmap or loop, points per pass (and whether chosen
+        automatically), the reason for a fallback to a loop, and the forward passes run."""
         return {
             "vmap": self.use_vmap,
             "points_per_pass": self.points_per_pass,

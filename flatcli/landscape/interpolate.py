@@ -33,7 +33,7 @@ import torch
 
 from ..engine import Problem, eval_mode
 from ..errors import ConfigError
-from .evaluate import PointEvaluator
+from .evaluate import Progress, evaluate_splits, split_problems
 from .result import LandscapeResult, summarize
 from .slices import axis_grid, parse_span
 
@@ -104,9 +104,7 @@ def interpolation_landscape(
     ts = axis_grid((lo, hi), steps, include=(0.0, 1.0))
     with eval_mode(model_a), eval_mode(model_b):
         kw = dict(loss=loss, batch_size=batch_size, device=device, dtype=dtype)
-        problems = {"train": Problem(model_a, *train, **kw)}
-        if test is not None:
-            problems["test"] = Problem(model_a, *test, **kw)
+        problems = split_problems(model_a, train, test, **kw)
         pa = problems["train"]
         pb = Problem(model_b, train[0][:1], train[1][:1], **kw)
         _check_same_architecture(pa, pb)
@@ -119,22 +117,14 @@ def interpolation_landscape(
             )
         end_a = {**pa.params, **{n: pa.buffers[n] for n in float_buffers}}
         end_b = {**pb.params, **{n: pb.buffers[n] for n in float_buffers}}
-        chunk = interpolation_chunks(end_a, end_b, ts)
-        total = len(ts) * len(problems)
-        done = 0
-
-        def advance(k: int) -> None:
-            nonlocal done
-            done += k
-            if on_progress is not None:
-                on_progress(done, total)
-
-        metrics, diags = {}, {}
-        for split, prob in problems.items():
-            ev = PointEvaluator(prob, points_per_pass)
-            lo_, ac = ev.run(chunk, len(ts), advance)
-            metrics[f"{split}_loss"], metrics[f"{split}_acc"] = lo_, ac
-            diags[split] = ev.diagnostics()
+        progress = Progress(len(ts) * len(problems), on_progress)
+        metrics, diags = evaluate_splits(
+            problems,
+            interpolation_chunks(end_a, end_b, ts),
+            len(ts),
+            points_per_pass,
+            progress.advance,
+        )
         dist = float(sum((end_b[n] - end_a[n]).double().pow(2).sum() for n in pa.names) ** 0.5)
     res = LandscapeResult(kind="interpolation", alpha=ts, beta=None, **metrics)
     res.meta = {

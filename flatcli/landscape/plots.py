@@ -31,6 +31,7 @@ FILES = {
 
 
 def have_matplotlib() -> bool:
+    """Whether matplotlib can be imported (plots are skipped with `PLOT_HINT` otherwise)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:

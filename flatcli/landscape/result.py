@@ -47,6 +47,7 @@ class LandscapeResult:
     seconds: float = 0.0
 
     def metric(self, name: str) -> np.ndarray | None:
+        """The metric array ``name`` (e.g. "test_loss"); None for a split without data."""
         return getattr(self, name)
 
     def rows(self) -> list[dict[str, float | None]]:
@@ -67,6 +68,8 @@ class LandscapeResult:
         return out
 
     def to_csv(self) -> str:
+        """``landscape.csv`` as text: one row per grid point (see the module docstring); NaN and
+        missing values are empty cells, numbers are written with ``repr`` (round-trip exact)."""
         cols = ["alpha"] + (["beta"] if self.kind == "2d" else []) + list(CSV_METRICS)
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
@@ -81,6 +84,7 @@ class LandscapeResult:
         return buf.getvalue()
 
     def to_json(self) -> dict[str, Any]:
+        """``landscape.json`` as a JSON-ready dict: kind, summary, seconds and the meta entries."""
         return jsonable(
             {"kind": self.kind, "summary": self.summary, "seconds": self.seconds, **self.meta}
         )

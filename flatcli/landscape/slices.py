@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ..engine import Problem, eval_mode
+from ..engine import eval_mode
 from ..errors import ConfigError
 from .directions import cosine, random_direction
-from .evaluate import PointEvaluator
+from .evaluate import Progress, evaluate_splits, split_problems
 from .result import LandscapeResult, summarize
 
 DEFAULT_SPAN = (-1.0, 1.0)
@@ -81,6 +81,15 @@ def axis_grid(
         else:
             g = np.append(g, v)
     return np.unique(g)
+
+
+def grid_coefficients(alpha: np.ndarray, beta: np.ndarray | None = None) -> np.ndarray:
+    """The grid's points as rows of coefficients: (len(alpha), 1) for one axis; for two, the
+    (len(alpha)·len(beta), 2) pairs (α_i, β_j) with β fastest (the CSV order)."""
+    if beta is None:
+        return alpha[:, None]
+    aa, bb = np.meshgrid(alpha, beta, indexing="ij")
+    return np.stack([aa.ravel(), bb.ravel()], axis=1)
 
 
 def direction_chunks(
@@ -146,41 +155,22 @@ def slice_landscape(
     alpha = axis_grid((a, b), steps)
     beta = alpha.copy() if dims == 2 else None
     with eval_mode(model):
-        problems = {
-            "train": Problem(
-                model, *train, loss=loss, batch_size=batch_size, device=device, dtype=dtype
-            )
-        }
-        if test is not None:
-            problems["test"] = Problem(
-                model, *test, loss=loss, batch_size=batch_size, device=device, dtype=dtype
-            )
+        kw = dict(loss=loss, batch_size=batch_size, device=device, dtype=dtype)
+        problems = split_problems(model, train, test, **kw)
         base = problems["train"].params
         gen = torch.Generator().manual_seed(int(seed))
         dirs = [random_direction(base, gen, bias_bn) for _ in range(dims)]
-        if dims == 1:
-            coeffs = alpha[:, None]
-        else:
-            aa, bb = np.meshgrid(alpha, beta, indexing="ij")
-            coeffs = np.stack([aa.ravel(), bb.ravel()], axis=1)
-        n = len(coeffs)
-        total = n * len(problems)
-        done = 0
-
-        def advance(k: int) -> None:
-            nonlocal done
-            done += k
-            if on_progress is not None:
-                on_progress(done, total)
-
-        chunk = direction_chunks(base, dirs, coeffs)
-        metrics, diags = {}, {}
-        for split, prob in problems.items():
-            ev = PointEvaluator(prob, points_per_pass)
-            lo, ac = ev.run(chunk, n, advance)
-            shape = (len(alpha),) if dims == 1 else (len(alpha), len(beta))
-            metrics[f"{split}_loss"], metrics[f"{split}_acc"] = lo.reshape(shape), ac.reshape(shape)
-            diags[split] = ev.diagnostics()
+        coeffs = grid_coefficients(alpha, beta)
+        progress = Progress(len(coeffs) * len(problems), on_progress)
+        metrics, diags = evaluate_splits(
+            problems,
+            direction_chunks(base, dirs, coeffs),
+            len(coeffs),
+            points_per_pass,
+            progress.advance,
+        )
+        shape = (len(alpha),) if dims == 1 else (len(alpha), len(beta))
+        metrics = {k: v.reshape(shape) for k, v in metrics.items()}
     res = LandscapeResult(kind=f"{dims}d", alpha=alpha, beta=beta, **metrics)
     res.meta = {
         "seed": int(seed),

@@ -69,9 +69,9 @@ import torch
 from ..engine import Problem, eval_mode
 from ..engine.problem import nonfinite_tensors, not_finite
 from ..errors import ConfigError, MeasurementError
-from .evaluate import evaluate_splits
+from .evaluate import Progress, evaluate_splits, split_problems
 from .result import LandscapeResult, summarize
-from .slices import axis_grid, direction_chunks, parse_span
+from .slices import axis_grid, direction_chunks, grid_coefficients, parse_span
 
 PCA_SOLVERS = ("auto", "full", "randomized")
 FULL_MAX_ENTRIES = 10_000_000  # T·P up to which "auto" runs the full SVD
@@ -287,6 +287,8 @@ class TrajectoryResult:
         return pd.DataFrame({c: self.path.get(c, [None] * n) for c in cols})
 
     def to_json(self) -> dict[str, Any]:
+        """``pca.json`` as a JSON-ready dict: kind, summary, explained variance (and its ratio),
+        seconds and the meta entries."""
         from ..results import jsonable
 
         return jsonable(
@@ -359,6 +361,278 @@ def _nan_check(values: np.ndarray, what: str, where: Callable[[int], str]) -> No
         )
 
 
+# ------------------------------------------------------------------ steps of the view
+def _check_trajectory_options(
+    n_ck: int,
+    labels: Sequence[str] | None,
+    solver: str,
+    span: str | Sequence[float] | None,
+    steps: int,
+) -> tuple[list[str], tuple[float, float] | None, int]:
+    """The checked options: the labels (default "0", "1", …), the fixed span (None: automatic)
+    and the steps per axis; `ConfigError` (`ValueError` for the labels) otherwise."""
+    if solver not in PCA_SOLVERS:
+        raise ConfigError(f"--solver must be one of {', '.join(PCA_SOLVERS)}; got {solver!r}")
+    if n_ck < MIN_CHECKPOINTS:
+        raise ConfigError(f"--pca needs at least {MIN_CHECKPOINTS} checkpoints; got {n_ck}")
+    labels = [str(i) for i in range(n_ck)] if labels is None else [str(s) for s in labels]
+    if len(labels) != n_ck:
+        raise ValueError(f"{len(labels)} labels for {n_ck} checkpoints")
+    fixed_span = parse_span(span, (-1.0, 1.0)) if span is not None else None
+    steps_n = int(steps)
+    if steps_n < 2:
+        raise ConfigError(f"--steps must be ≥ 2; got {steps}")
+    return labels, fixed_span, steps_n
+
+
+def _centre_model(
+    trajectory: Sequence[torch.nn.Module | Mapping[str, torch.Tensor]],
+    model: torch.nn.Module | None,
+    labels: list[str],
+) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """A private copy of ``model`` (default: the last item) holding θ_T, and θ_T's state dict."""
+    last = trajectory[len(trajectory) - 1]
+    if model is None:
+        if not isinstance(last, torch.nn.Module):
+            raise ValueError("model is required when the trajectory holds state dicts")
+        model = last
+    centre_state = _state(last)
+    work = copy.deepcopy(model)
+    check_state(centre_state, work.state_dict(), labels[-1], "the model", "--pca")
+    work.load_state_dict(centre_state)
+    return work, centre_state
+
+
+@dataclass
+class _Checkpoints:
+    """The trajectory's items with θ_T's state read once; every other item is read when asked
+    for and not kept."""
+
+    items: Sequence[torch.nn.Module | Mapping[str, torch.Tensor]]
+    centre_state: dict[str, torch.Tensor]
+    labels: list[str]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def state(self, i: int) -> dict[str, torch.Tensor]:
+        """The state dict of checkpoint ``i``."""
+        return self.centre_state if i == len(self.items) - 1 else _state(self.items[i])
+
+
+@dataclass
+class _Plane:
+    """The PCA plane of a trajectory: the principal directions, each checkpoint's coordinates
+    (α_t, β_t) (a (T, 2) array, θ_T at the origin) and its ``distance_to_plane`` (T,)."""
+
+    pca: TrajectoryPCA
+    coords: np.ndarray
+    dist: np.ndarray
+
+
+def _flat(state: Mapping[str, torch.Tensor], names: Sequence[str]) -> torch.Tensor:
+    """The tensors ``names`` of ``state`` as one float64 CPU vector."""
+    return torch.cat([state[n].detach().reshape(-1).to("cpu", torch.float64) for n in names])
+
+
+def _trajectory_matrix(
+    ck: _Checkpoints,
+    ref_state: Mapping[str, torch.Tensor],
+    names: Sequence[str],
+    progress: Progress,
+) -> np.ndarray:
+    """The dense T × P float64 matrix M of rows θ_t − θ_T (trainable parameters ``names``), filled
+    row by row; each checkpoint is checked against ``ref_state`` first."""
+    theta_t = _flat(ck.centre_state, names)
+    mat = np.empty((len(ck), theta_t.numel()), dtype=np.float64)
+    for i in range(len(ck)):
+        st = ck.state(i)
+        check_state(st, ref_state, ck.labels[i], ck.labels[-1], "--pca")
+        row = _flat(st, names)
+        mat[i] = (row - theta_t).numpy()
+        del st, row
+        progress.advance(1)
+    return mat
+
+
+def _project(mat: np.ndarray, pca: TrajectoryPCA) -> tuple[np.ndarray, np.ndarray]:
+    """Each checkpoint's coordinates (θ_t − θ_T)·v_k and distance to the plane, from the rows of
+    M as `trajectory_pca` left them (centred)."""
+    comps = pca.components
+    coords = mat @ comps.T + pca.mean @ comps.T  # (θ_t − θ_T)·v_k, from the centred rows
+    coords[-1] = 0.0  # θ_T − θ_T = 0 exactly (the centring leaves rounding there)
+    dist = np.zeros(len(mat))
+    for i in range(len(mat) - 1):
+        resid = mat[i] + pca.mean - coords[i, 0] * comps[0] - coords[i, 1] * comps[1]
+        dist[i] = float(np.sqrt(resid @ resid))
+    return coords, dist
+
+
+def _trajectory_plane(
+    ck: _Checkpoints,
+    ref_state: Mapping[str, torch.Tensor],
+    names: Sequence[str],
+    solver: str,
+    seed: int,
+    progress: Progress,
+) -> _Plane:
+    """The PCA plane of the trajectory and the path's projection on it (M is freed on return)."""
+    mat = _trajectory_matrix(ck, ref_state, names, progress)
+    pca = trajectory_pca(mat, solver=solver, seed=seed)
+    coords, dist = _project(mat, pca)
+    return _Plane(pca, coords, dist)
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """The (α, β) grid over the plane: the axes, the spans they cover, whether the spans were
+    chosen automatically, and the steps per axis asked for."""
+
+    alpha: np.ndarray
+    beta: np.ndarray
+    spans: tuple[tuple[float, float], tuple[float, float]]
+    auto: bool
+    steps: int
+
+    @property
+    def span_lists(self) -> list[list[float]]:
+        """The spans as lists, as ``meta`` records them."""
+        return [list(self.spans[0]), list(self.spans[1])]
+
+
+def _plane_grid(coords: np.ndarray, fixed_span: tuple[float, float] | None, steps: int) -> _Grid:
+    """The grid over ``fixed_span`` on both axes, or by default over each axis's projected path
+    plus `PATH_MARGIN` of its extent on each side."""
+    if fixed_span is not None:
+        spans = (fixed_span, fixed_span)
+    else:
+        spans = (_auto_span(coords[:, 0], PATH_MARGIN), _auto_span(coords[:, 1], PATH_MARGIN))
+    return _Grid(
+        alpha=axis_grid(spans[0], steps),
+        beta=axis_grid(spans[1], steps),
+        spans=spans,
+        auto=fixed_span is None,
+        steps=steps,
+    )
+
+
+def _surface_metrics(
+    problems: dict[str, Problem],
+    dirs: list[dict[str, torch.Tensor]],
+    grid: _Grid,
+    points_per_pass: int | None,
+    progress: Progress,
+) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    """Loss and accuracy of every split over the grid, shaped (len(alpha), len(beta)), and the
+    evaluator's diagnostics; `MeasurementError` where a loss is NaN."""
+    alpha, beta = grid.alpha, grid.beta
+    coeffs = grid_coefficients(alpha, beta)
+    metrics, diags = evaluate_splits(
+        problems,
+        direction_chunks(problems["train"].params, dirs, coeffs),
+        len(coeffs),
+        points_per_pass,
+        progress.advance,
+    )
+    metrics = {k: v.reshape((len(alpha), len(beta))) for k, v in metrics.items()}
+    for split in problems:
+        _nan_check(
+            metrics[f"{split}_loss"],
+            f"{split} loss on the PCA plane",
+            lambda k: f"alpha={alpha[k // len(beta)]:.4g}, beta={beta[k % len(beta)]:.4g}",
+        )
+    return metrics, diags
+
+
+def _checkpoint_metrics(
+    problems: dict[str, Problem],
+    ck: _Checkpoints,
+    points_per_pass: int | None,
+    progress: Progress,
+) -> dict[str, np.ndarray]:
+    """Each checkpoint's own loss and accuracy (its parameters and floating-point buffers) on every
+    split; `MeasurementError` where a loss is NaN."""
+    pt = problems["train"]
+    keys = pt.names + [n for n, v in pt.buffers.items() if v.is_floating_point()]
+
+    def own(first: int, stop: int) -> dict[str, torch.Tensor]:
+        sts = [ck.state(i) for i in range(first, stop)]
+        return {n: torch.stack([s[n].detach() for s in sts]).to(pt.device, pt.dtype) for n in keys}
+
+    metrics, _ = evaluate_splits(problems, own, len(ck), points_per_pass, progress.advance)
+    for split in problems:
+        _nan_check(
+            metrics[f"{split}_loss"], f"{split} loss of a checkpoint", lambda k: ck.labels[k]
+        )
+    return metrics
+
+
+def _surface(metrics: dict[str, np.ndarray], grid: _Grid) -> LandscapeResult:
+    """The 2D `LandscapeResult` over the plane, with its meta and summary."""
+    surface = LandscapeResult(kind="2d", alpha=grid.alpha, beta=grid.beta, **metrics)
+    surface.meta = {"directions": "pca", "span": grid.span_lists, "steps": grid.steps}
+    surface.summary = summarize(surface)
+    return surface
+
+
+def _path_table(
+    labels: list[str],
+    plane: _Plane,
+    path_metrics: dict[str, np.ndarray],
+    plane_metrics: dict[str, np.ndarray],
+) -> dict[str, list | np.ndarray]:
+    """`TrajectoryResult.path`: one entry per checkpoint, in order."""
+    return {
+        "checkpoint": labels,
+        "alpha": plane.coords[:, 0],
+        "beta": plane.coords[:, 1],
+        "distance_to_plane": plane.dist,
+        **path_metrics,
+        "plane_train_loss": plane_metrics["train_loss"],
+    }
+
+
+def _trajectory_summary(
+    plane: _Plane, surface: LandscapeResult, path_metrics: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    """`TrajectoryResult.summary`: the explained variance ratios, the grid's summary, the first
+    and last checkpoints' own train loss and the largest distance to the plane."""
+    ratio = [float(r) for r in plane.pca.explained_variance_ratio]
+    return {
+        "explained_variance_ratio_1": ratio[0],
+        "explained_variance_ratio_2": ratio[1],
+        **surface.summary,
+        "path_train_loss_first": float(path_metrics["train_loss"][0]),
+        "path_train_loss_last": float(path_metrics["train_loss"][-1]),
+        "path_max_distance_to_plane": float(plane.dist.max()),
+    }
+
+
+def _trajectory_meta(
+    labels: list[str],
+    plane: _Plane,
+    grid: _Grid,
+    seed: int,
+    problems: dict[str, Problem],
+    diags: dict[str, dict],
+) -> dict[str, Any]:
+    """`TrajectoryResult.meta`: how the plane and the grid were made."""
+    pt = problems["train"]
+    return {
+        "checkpoints": labels,
+        "solver": plane.pca.solver,
+        "seed": int(seed),
+        "span": grid.span_lists,
+        "span_auto": grid.auto,
+        "steps": grid.steps,
+        "num_params": pt.num_params,
+        "n_train": pt.n,
+        "n_test": problems["test"].n if "test" in problems else None,
+        "singular_values": plane.pca.singular_values,
+        "evaluator": diags,
+    }
+
+
 # ------------------------------------------------------------------ the view
 def trajectory_landscape(
     trajectory: Sequence[torch.nn.Module | Mapping[str, torch.Tensor]],
@@ -417,150 +691,40 @@ def trajectory_landscape(
     >>> res.explained_variance_ratio, res.surface.train_loss.shape  # doctest: +SKIP
     (array([0.93, 0.05]), (21, 21))
     """
-    if solver not in PCA_SOLVERS:
-        raise ConfigError(f"--solver must be one of {', '.join(PCA_SOLVERS)}; got {solver!r}")
     n_ck = len(trajectory)
-    if n_ck < MIN_CHECKPOINTS:
-        raise ConfigError(f"--pca needs at least {MIN_CHECKPOINTS} checkpoints; got {n_ck}")
-    labels = [str(i) for i in range(n_ck)] if labels is None else [str(s) for s in labels]
-    if len(labels) != n_ck:
-        raise ValueError(f"{len(labels)} labels for {n_ck} checkpoints")
-    fixed_span = parse_span(span, (-1.0, 1.0)) if span is not None else None
-    steps_n = int(steps)
-    if steps_n < 2:
-        raise ConfigError(f"--steps must be ≥ 2; got {steps}")
+    labels, fixed_span, steps_n = _check_trajectory_options(n_ck, labels, solver, span, steps)
     t0 = time.perf_counter()
-    last = trajectory[n_ck - 1]
-    if model is None:
-        if not isinstance(last, torch.nn.Module):
-            raise ValueError("model is required when the trajectory holds state dicts")
-        model = last
-    centre_state = _state(last)
-    work = copy.deepcopy(model)
-    check_state(centre_state, work.state_dict(), labels[-1], "the model", "--pca")
-    work.load_state_dict(centre_state)
+    work, centre_state = _centre_model(trajectory, model, labels)
+    ck = _Checkpoints(trajectory, centre_state, labels)
     with eval_mode(work):
         kw = dict(loss=loss, batch_size=batch_size, device=device, dtype=dtype)
-        problems = {"train": Problem(work, *train, **kw)}
-        if test is not None:
-            problems["test"] = Problem(work, *test, **kw)
+        problems = split_problems(work, train, test, **kw)
         pt = problems["train"]
-        names, ref_state = pt.names, work.state_dict()
-        float_buffers = [n for n, v in pt.buffers.items() if v.is_floating_point()]
         # loading, grid (steps² points until the grid is known), own losses, plane points
-        total = n_ck + (steps_n**2 + n_ck) * len(problems) + n_ck
-        done = 0
-
-        def advance(k: int) -> None:
-            nonlocal done
-            done += k
-            if on_progress is not None:
-                on_progress(done, total)
-
-        # one dense T × P float64 matrix, filled row by row
-        theta_t = torch.cat(
-            [centre_state[n].detach().reshape(-1).to("cpu", torch.float64) for n in names]
+        progress = Progress(n_ck + (steps_n**2 + n_ck) * len(problems) + n_ck, on_progress)
+        plane = _trajectory_plane(ck, work.state_dict(), pt.names, solver, seed, progress)
+        dirs = [
+            pt.unflatten(torch.as_tensor(c, dtype=pt.dtype, device=pt.device))
+            for c in plane.pca.components
+        ]
+        grid = _plane_grid(plane.coords, fixed_span, steps_n)
+        progress.total += (len(grid.alpha) * len(grid.beta) - steps_n**2) * len(problems)
+        metrics, diags = _surface_metrics(problems, dirs, grid, points_per_pass, progress)
+        plane_chunks = direction_chunks(pt.params, dirs, plane.coords)
+        plane_metrics, _ = evaluate_splits(
+            {"train": pt}, plane_chunks, n_ck, points_per_pass, progress.advance
         )
-        mat = np.empty((n_ck, theta_t.numel()), dtype=np.float64)
-        for i in range(n_ck):
-            st = centre_state if i == n_ck - 1 else _state(trajectory[i])
-            check_state(st, ref_state, labels[i], labels[-1], "--pca")
-            row = torch.cat([st[n].detach().reshape(-1).to("cpu", torch.float64) for n in names])
-            mat[i] = (row - theta_t).numpy()
-            del st, row
-            advance(1)
-        pca = trajectory_pca(mat, solver=solver, seed=seed)
-        comps = pca.components
-        coords = mat @ comps.T + pca.mean @ comps.T  # (θ_t − θ_T)·v_k, from the centred rows
-        coords[-1] = 0.0  # θ_T − θ_T = 0 exactly (the centring leaves rounding there)
-        dist = np.zeros(n_ck)
-        for i in range(n_ck - 1):
-            resid = mat[i] + pca.mean - coords[i, 0] * comps[0] - coords[i, 1] * comps[1]
-            dist[i] = float(np.sqrt(resid @ resid))
-        del mat
-        dirs = [pt.unflatten(torch.as_tensor(c, dtype=pt.dtype, device=pt.device)) for c in comps]
-        if fixed_span is not None:
-            span_a = span_b = fixed_span
-        else:
-            span_a, span_b = (
-                _auto_span(coords[:, 0], PATH_MARGIN),
-                _auto_span(coords[:, 1], PATH_MARGIN),
-            )
-        alpha = axis_grid(span_a, steps_n)
-        beta = axis_grid(span_b, steps_n)
-        aa, bb = np.meshgrid(alpha, beta, indexing="ij")
-        grid = np.stack([aa.ravel(), bb.ravel()], axis=1)
-        total += (len(grid) - steps_n**2) * len(problems)
-        metrics, diags = evaluate_splits(
-            problems, direction_chunks(pt.params, dirs, grid), len(grid), points_per_pass, advance
-        )
-        shape = (len(alpha), len(beta))
-        metrics = {k: v.reshape(shape) for k, v in metrics.items()}
-        for split in problems:
-            _nan_check(
-                metrics[f"{split}_loss"],
-                f"{split} loss on the PCA plane",
-                lambda k: f"alpha={alpha[k // len(beta)]:.4g}, beta={beta[k % len(beta)]:.4g}",
-            )
-        plane, _ = evaluate_splits(
-            {"train": pt}, direction_chunks(pt.params, dirs, coords), n_ck, points_per_pass, advance
-        )
-
-        def own(first: int, stop: int) -> dict[str, torch.Tensor]:
-            sts = [
-                centre_state if i == n_ck - 1 else _state(trajectory[i]) for i in range(first, stop)
-            ]
-            return {
-                n: torch.stack([s[n].detach() for s in sts]).to(pt.device, pt.dtype)
-                for n in names + float_buffers
-            }
-
-        path_metrics, _ = evaluate_splits(problems, own, n_ck, points_per_pass, advance)
-        for split in problems:
-            _nan_check(
-                path_metrics[f"{split}_loss"], f"{split} loss of a checkpoint", lambda k: labels[k]
-            )
-        num_params, n_train = pt.num_params, pt.n
-    surface = LandscapeResult(kind="2d", alpha=alpha, beta=beta, **metrics)
-    surface.meta = {"directions": "pca", "span": [list(span_a), list(span_b)], "steps": steps_n}
-    surface.summary = summarize(surface)
-    path: dict[str, list | np.ndarray] = {
-        "checkpoint": labels,
-        "alpha": coords[:, 0],
-        "beta": coords[:, 1],
-        "distance_to_plane": dist,
-        **path_metrics,
-        "plane_train_loss": plane["train_loss"],
-    }
+        path_metrics = _checkpoint_metrics(problems, ck, points_per_pass, progress)
+    surface = _surface(metrics, grid)
     res = TrajectoryResult(
         surface=surface,
-        path=path,
-        explained_variance=pca.explained_variance,
-        explained_variance_ratio=pca.explained_variance_ratio,
-        components=comps,
+        path=_path_table(labels, plane, path_metrics, plane_metrics),
+        explained_variance=plane.pca.explained_variance,
+        explained_variance_ratio=plane.pca.explained_variance_ratio,
+        components=plane.pca.components,
     )
-    ratio = [float(r) for r in pca.explained_variance_ratio]
-    res.summary = {
-        "explained_variance_ratio_1": ratio[0],
-        "explained_variance_ratio_2": ratio[1],
-        **surface.summary,
-        "path_train_loss_first": float(path_metrics["train_loss"][0]),
-        "path_train_loss_last": float(path_metrics["train_loss"][-1]),
-        "path_max_distance_to_plane": float(dist.max()),
-    }
-    res.meta = {
-        "checkpoints": labels,
-        "solver": pca.solver,
-        "seed": int(seed),
-        "span": [list(span_a), list(span_b)],
-        "span_auto": fixed_span is None,
-        "steps": steps_n,
-        "num_params": num_params,
-        "n_train": n_train,
-        "n_test": problems["test"].n if "test" in problems else None,
-        "singular_values": pca.singular_values,
-        "evaluator": diags,
-    }
+    res.summary = _trajectory_summary(plane, surface, path_metrics)
+    res.meta = _trajectory_meta(labels, plane, grid, seed, problems, diags)
     res.seconds = time.perf_counter() - t0
     return res
 

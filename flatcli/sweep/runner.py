@@ -45,6 +45,7 @@ from .store import (
     DEFAULT_LOCK_TIMEOUT,
     PLAN_FILE,
     Heartbeat,
+    Lock,
     Store,
     dumps,
     measure_hash,
@@ -60,6 +61,10 @@ DELAY_ENV = "FLATCLI_SWEEP_UNIT_DELAY"  # test hook: seconds to sleep inside eve
 # ------------------------------------------------------------------ the plan
 @dataclass(frozen=True)
 class Unit:
+    """One unit of work, a checkpoint × one measure: its id (the hash of ``key``), the indices of
+    its checkpoint and measure in the plan, the measure's label, and ``key`` (fingerprints,
+    measure hash, version)."""
+
     id: str
     checkpoint_index: int
     label: str
@@ -81,29 +86,35 @@ class Plan:
 
     @property
     def labels(self) -> list[str]:
+        """The measure labels, in the configured order."""
         return [s["label"] for s in self.specs]
 
     def spec(self, label: str) -> MeasureSpec:
+        """The `MeasureSpec` of the measure labelled ``label``."""
         s = next(s for s in self.specs if s["label"] == label)
         return MeasureSpec(name=s["name"], label=s["label"], options=dict(s["options"]), seed=s["seed"])
 
     def job(self, i: int) -> Job:
+        """The `Job` of checkpoint ``i`` (its resolved paths and hyperparameters)."""
         c = self.checkpoints[i]
         opt = lambda k: Path(c[k]) if c.get(k) else None  # noqa: E731
         return Job(c["checkpoint"], Path(c["path"]), dict(c["hparams"]), opt("init_checkpoint"), opt("train_data"))
 
     def units_for(self, shard: tuple[int, int] | None) -> list[Unit]:
+        """The units of shard ``(i, n)`` (`shard_of`), or every unit for None, in plan order."""
         if shard is None:
             return list(self.units)
         i, n = shard
         return [u for u in self.units if shard_of(u.id, n) == i]
 
     def cfg(self):
+        """The sweep's `flatcli.config.Config`, rebuilt from the plan (no environment overrides)."""
         from ..config import from_dict
 
         return from_dict(self.config, base_dir=self.base_dir, env={})
 
     def to_json(self) -> dict[str, Any]:
+        """The content of plan.json (format 1)."""
         return {
             "format": 1,
             "version": self.version,
@@ -121,6 +132,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Plan:
+        """The plan from the content of plan.json (`to_json`)."""
         return cls(
             config=d["config"],
             base_dir=d["base_dir"],
@@ -179,12 +191,14 @@ def build_plan(cfg, specs: list[MeasureSpec], jobs: list[Job]) -> Plan:
 
 
 def write_plan(outdir: str | os.PathLike, plan: Plan) -> Path:
+    """Write ``OUTDIR/plan.json`` atomically; returns its path."""
     path = Path(outdir) / PLAN_FILE
     atomic_write(path, dumps(plan.to_json()))
     return path
 
 
 def load_plan(outdir: str | os.PathLike) -> Plan:
+    """The plan in ``OUTDIR/plan.json``; `ConfigError` when it is missing or not a plan."""
     path = Path(outdir) / PLAN_FILE
     if not path.is_file():
         raise ConfigError(f"{path} not found: run 'flatcli sweep -c CONFIG -o {outdir}' first")
@@ -197,6 +211,8 @@ def load_plan(outdir: str | os.PathLike) -> Plan:
 # ------------------------------------------------------------------ the worker
 @dataclass
 class WorkerStats:
+    """What one worker did: units computed (of them with errors), already finished, left busy."""
+
     computed: int = 0
     errors: int = 0
     skipped: int = 0  # already finished
@@ -228,79 +244,121 @@ def run_worker(
     start on different units. ``redo_before``/``retry_before`` are timestamps: units
     (error units) finished before them count as unfinished (``--no-resume``, ``--retry-failed``).
     """
-    from ..pipeline import DataCache, measure_job
+    from ..pipeline import DataCache
     from ..settings import Settings
 
     store = Store(outdir)
     plan = load_plan(outdir)
     cfg = plan.cfg()
     settings = Settings.from_config(cfg, device)
-    dev = settings.device
     data = data if data is not None else DataCache(cfg)
     units = plan.units_for(shard)
     k = (len(units) * worker) // max(1, workers)
-    order = units[k:] + units[:k]
-    delay = float(os.environ.get(DELAY_ENV) or 0.0)
-    stats = WorkerStats()
-    tag = f"w{worker}" + (f" shard {shard[0]}/{shard[1]}" if shard else "")
-    todo = sum(not store.is_done(u.id, redo_before, retry_before) for u in order)  # for "k/N" in the log
+    loop = _WorkerLoop(
+        store=store,
+        plan=plan,
+        cfg=cfg,
+        settings=settings,
+        data=data,
+        args=WorkerArgs(shard, redo_before, retry_before, lock_timeout),
+        delay=float(os.environ.get(DELAY_ENV) or 0.0),
+        tag=f"w{worker}" + (f" shard {shard[0]}/{shard[1]}" if shard else ""),
+        log=log,
+        on_unit=on_unit,
+        debug=debug,
+    )
+    return loop.run(units[k:] + units[:k])
 
-    def attempt(u: Unit) -> str:
-        if store.is_done(u.id, redo_before, retry_before):
-            store.clear_stale_lock(u.id, lock_timeout)  # left by a worker killed after its write
+
+@dataclass
+class _WorkerLoop:
+    """One worker's walk over its units (see `run_worker`): each unit is skipped when finished,
+    left when another worker holds its lock, else claimed, measured, written and reported."""
+
+    store: Store
+    plan: Plan
+    cfg: Any
+    settings: Any
+    data: Any  # the DataCache the units are measured on
+    args: WorkerArgs
+    delay: float  # seconds to sleep in every unit (the `DELAY_ENV` test hook)
+    tag: str  # the worker in log lines: "w0", "w1 shard 0/2"
+    log: Callable[[str], None] | None
+    on_unit: Callable[[dict[str, Any]], None] | None
+    debug: bool
+    stats: WorkerStats = field(default_factory=WorkerStats)
+    todo: int = 0  # units unfinished when the walk began: "k/N" in the log lines
+
+    def run(self, order: list[Unit]) -> WorkerStats:
+        """Attempt every unit in ``order``, then retry the busy ones while that frees some."""
+        a = self.args
+        self.todo = sum(not self.store.is_done(u.id, a.redo_before, a.retry_before) for u in order)
+        busy: list[Unit] = []
+        for u in order:
+            r = self.attempt(u)
+            if r == "done":
+                self.stats.skipped += 1
+            elif r == "busy":
+                busy.append(u)
+        # Second passes: a unit whose holder died (dead pid on this host) is claimable now.
+        while busy:
+            left = [u for u in busy if self.attempt(u) == "busy"]
+            if len(left) == len(busy):
+                break
+            busy = left
+        self.stats.busy = len(busy)
+        return self.stats
+
+    def attempt(self, u: Unit) -> str:
+        """Compute unit ``u`` unless finished or held: "done", "busy" or "computed"."""
+        store, a = self.store, self.args
+        if store.is_done(u.id, a.redo_before, a.retry_before):
+            store.clear_stale_lock(u.id, a.lock_timeout)  # left by a worker killed after its write
             return "done"
-        lock = store.claim(u.id, lock_timeout)
+        lock = store.claim(u.id, a.lock_timeout)
         if lock is None:
             return "busy"
         try:
-            if store.is_done(u.id, redo_before, retry_before):  # finished while we claimed
+            if store.is_done(u.id, a.redo_before, a.retry_before):  # finished while we claimed
                 return "done"
-            with Heartbeat(lock, lock_timeout / 4):
-                t0 = time.perf_counter()
-                if delay:
-                    time.sleep(delay)
-                job = plan.job(u.checkpoint_index)
-                row = measure_job(cfg, job, [plan.spec(u.label)], data, settings, debug)
-                rec = unit_record(
-                    uid=u.id, key=u.key, checkpoint=job.checkpoint, checkpoint_index=u.checkpoint_index,
-                    label=u.label, label_index=u.label_index, labels=plan.labels, row=row,
-                    device=str(dev), seconds=time.perf_counter() - t0,
-                )
-                store.write_unit(rec)
+            job, rec = self._compute(u, lock)
         finally:
             lock.release()
-        stats.computed += 1
+        self._count_and_report(u, job, rec)
+        return "computed"
+
+    def _compute(self, u: Unit, lock: Lock) -> tuple[Job, dict[str, Any]]:
+        """Measure the unit under a heartbeat on its lock and write its record."""
+        from ..pipeline import measure_job
+
+        with Heartbeat(lock, self.args.lock_timeout / 4):
+            t0 = time.perf_counter()
+            if self.delay:
+                time.sleep(self.delay)
+            plan = self.plan
+            job = plan.job(u.checkpoint_index)
+            row = measure_job(self.cfg, job, [plan.spec(u.label)], self.data, self.settings, self.debug)
+            rec = unit_record(
+                uid=u.id, key=u.key, checkpoint=job.checkpoint, checkpoint_index=u.checkpoint_index,
+                label=u.label, label_index=u.label_index, labels=plan.labels, row=row,
+                device=str(self.settings.device), seconds=time.perf_counter() - t0,
+            )
+            self.store.write_unit(rec)
+        return job, rec
+
+    def _count_and_report(self, u: Unit, job: Job, rec: dict[str, Any]) -> None:
+        """Count a computed unit (and an error), log its line and pass its record to ``on_unit``."""
+        self.stats.computed += 1
         res = rec["result"]
         if rec["status"] == "error":
-            stats.errors += 1
-        if log is not None:
+            self.stats.errors += 1
+        if self.log is not None:
             what = f"{res['seconds']:.2f}s" if res else ""
             err = f" {rec['measure_error'] or rec['error']}" if rec["status"] == "error" else ""
             st = res["status"] if res and rec["status"] == "ok" else rec["status"]
-            log(f"[{tag}] {job.checkpoint} {u.label} {st} {what} ({stats.computed}/{todo}){err}")
-        if on_unit is not None:
-            on_unit(rec)
-        return "computed"
-
-    busy: list[Unit] = []
-    for u in order:
-        r = attempt(u)
-        if r == "done":
-            stats.skipped += 1
-        elif r == "busy":
-            busy.append(u)
-    # Second passes: a unit whose holder died (dead pid on this host) is claimable now.
-    while busy:
-        left = []
-        for u in busy:
-            r = attempt(u)
-            if r == "busy":
-                left.append(u)
-        if len(left) == len(busy):
-            break
-        busy = left
-    stats.busy = len(busy)
-    return stats
+            self.log(f"[{self.tag}] {job.checkpoint} {u.label} {st} {what} ({self.stats.computed}/{self.todo}){err}")
+        if self.on_unit is not None:
+            self.on_unit(rec)
 
 
 def run_shard_task(outdir: str, index: int, count: int, redo_before=None, retry_before=None,
@@ -314,6 +372,9 @@ def run_shard_task(outdir: str, index: int, count: int, redo_before=None, retry_
 # ------------------------------------------------------------------ the coordinator
 @dataclass
 class SweepReport:
+    """What a sweep run did (or with ``dry_run`` would do): unit counts, workers, submitted jobs,
+    the lines it printed, and the kinds of the error units (for `exit_code`)."""
+
     outdir: Path
     units: int  # in the plan
     selected: int  # in this shard (= units without --shard)
@@ -355,6 +416,9 @@ def _gpu_list(gpus: str) -> list[int]:
 
 @dataclass(frozen=True)
 class WorkerPlan:
+    """One local worker: the device it is told to use, the environment it runs with (e.g.
+    ``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``) and its name in messages."""
+
     device: str
     env: dict[str, str]
     label: str
@@ -439,10 +503,12 @@ class WorkerArgs:
 
     @classmethod
     def of(cls, opts: SweepOptions, start: float) -> WorkerArgs:
+        """The arguments for a run of ``opts`` that started at time ``start``."""
         return cls(opts.shard, None if opts.resume else start, start if opts.retry_failed else None,
                    opts.lock_timeout)
 
     def argv(self) -> list[str]:
+        """These arguments as ``flatcli sweep-worker`` options."""
         out = ["--lock-timeout", repr(float(self.lock_timeout))]
         if self.shard is not None:
             out += ["--shard", f"{self.shard[0]}/{self.shard[1]}"]
@@ -652,6 +718,9 @@ def _submit_slurm(report: SweepReport, plan: Plan, store: Store, opts: SweepOpti
 # ------------------------------------------------------------------ collect
 @dataclass
 class CollectReport:
+    """The collected table: its rows and measure labels, the files written, the units not
+    finished, stale and unreadable unit files, run times by label and the devices used."""
+
     rows: list[Row]
     labels: list[str]
     csv_path: Path
@@ -686,7 +755,36 @@ def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) 
     outdir = Path(outdir)
     if not outdir.is_dir():
         raise ConfigError(f"collect: {outdir} is not a directory")
-    store = Store(outdir)
+    records, unreadable = _read_records(Store(outdir))
+    if (outdir / PLAN_FILE).is_file():
+        grouped = _group_by_plan(load_plan(outdir), records)
+    else:
+        grouped = _group_without_plan(outdir, records)
+    labels, by_ckpt = grouped.labels, grouped.by_ckpt
+    rows = [row_from_records(c, labels, by_ckpt[i], hp) for i, (c, hp) in enumerate(grouped.order)]
+    seconds, devices = _seconds_and_devices(by_ckpt, labels)
+    csv_path = Path(output) if output is not None else outdir / "results.csv"
+    json_path = csv_path.with_suffix(".json")
+    meta_cfg = grouped.meta_cfg
+    meta = {
+        **meta_cfg,
+        "labels": labels,
+        "versions": versions(),
+        "device": ", ".join(sorted(d for d in devices if d)),
+        "measure_data": meta_cfg.get("config", {}).get("measure_data"),
+        "sweep": {"dir": str(outdir), "missing_units": len(grouped.missing), "stale_unit_files": grouped.stale},
+    }
+    from ..results import jsonable
+
+    atomic_write(csv_path, to_csv(rows))
+    atomic_write(json_path, json.dumps(jsonable({**meta, "rows": [r.to_json() for r in rows]}), indent=2))
+    return CollectReport(rows=rows, labels=labels, csv_path=csv_path, json_path=json_path, missing=grouped.missing,
+                         stale=grouped.stale, unreadable=unreadable, seconds_by_label=seconds,
+                         devices=sorted(d for d in devices if d))
+
+
+def _read_records(store: Store) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Every readable unit record by unit id, and the paths of the unreadable unit files."""
     records: dict[str, dict[str, Any]] = {}
     unreadable = []
     for p, rec in store.iter_records():
@@ -694,38 +792,70 @@ def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) 
             unreadable.append(str(p))
         else:
             records[rec["unit"]] = rec
-    plan_path = outdir / PLAN_FILE
-    if plan_path.is_file():
-        plan = load_plan(outdir)
-        labels = plan.labels
-        order = [(c["checkpoint"], c["hparams"]) for c in plan.checkpoints]
-        by_ckpt: list[dict[str, dict]] = [{} for _ in plan.checkpoints]
-        missing = []
-        for u in plan.units:
-            rec = records.pop(u.id, None)
-            if rec is None:
-                missing.append((plan.checkpoints[u.checkpoint_index]["checkpoint"], u.label))
-            else:
-                by_ckpt[u.checkpoint_index][u.label] = rec
-        stale = len(records)
-        meta_cfg = {"config": plan.config, "config_hash": plan.config_hash}
-    else:
-        if not records:
-            raise ConfigError(f"collect: {outdir} holds no {PLAN_FILE} and no unit files; is it a sweep directory?")
-        recs = sorted(records.values(), key=lambda r: (r.get("checkpoint_index", 0), r.get("label_index", 0)))
-        labels = list(recs[0].get("labels") or [])
-        for r in recs:
-            if r["label"] not in labels:
-                labels.append(r["label"])
-        ckpts: dict[str, dict[str, dict]] = {}
-        for r in recs:
-            ckpts.setdefault(r["checkpoint"], {})[r["label"]] = r
-        order = [(c, {}) for c in ckpts]
-        by_ckpt = list(ckpts.values())
-        missing = [(c, lab) for c, recs_c in ckpts.items() for lab in labels if lab not in recs_c]
-        stale = 0
-        meta_cfg = {}
-    rows = [row_from_records(c, labels, by_ckpt[i], hp) for i, (c, hp) in enumerate(order)]
+    return records, unreadable
+
+
+@dataclass
+class _Grouped:
+    """Unit records grouped by checkpoint: the measure labels, the checkpoints in order with their
+    hyperparameters, each checkpoint's records by label, the (checkpoint, label) pairs without a
+    record, the number of stale records (not in the plan) and the plan's config for results.json."""
+
+    labels: list[str]
+    order: list[tuple[str, dict[str, Any]]]
+    by_ckpt: list[dict[str, dict[str, Any]]]
+    missing: list[tuple[str, str]]
+    stale: int
+    meta_cfg: dict[str, Any]
+
+
+def _group_by_plan(plan: Plan, records: dict[str, dict[str, Any]]) -> _Grouped:
+    """The records of the plan's units, in the plan's order; records of other units are stale."""
+    by_ckpt: list[dict[str, dict]] = [{} for _ in plan.checkpoints]
+    missing = []
+    for u in plan.units:
+        rec = records.pop(u.id, None)
+        if rec is None:
+            missing.append((plan.checkpoints[u.checkpoint_index]["checkpoint"], u.label))
+        else:
+            by_ckpt[u.checkpoint_index][u.label] = rec
+    return _Grouped(
+        labels=plan.labels,
+        order=[(c["checkpoint"], c["hparams"]) for c in plan.checkpoints],
+        by_ckpt=by_ckpt,
+        missing=missing,
+        stale=len(records),
+        meta_cfg={"config": plan.config, "config_hash": plan.config_hash},
+    )
+
+
+def _group_without_plan(outdir: Path, records: dict[str, dict[str, Any]]) -> _Grouped:
+    """The records alone (no plan.json): checkpoints and labels in the order the records give
+    (their indices); `ConfigError` when there is none."""
+    if not records:
+        raise ConfigError(f"collect: {outdir} holds no {PLAN_FILE} and no unit files; is it a sweep directory?")
+    recs = sorted(records.values(), key=lambda r: (r.get("checkpoint_index", 0), r.get("label_index", 0)))
+    labels = list(recs[0].get("labels") or [])
+    for r in recs:
+        if r["label"] not in labels:
+            labels.append(r["label"])
+    ckpts: dict[str, dict[str, dict]] = {}
+    for r in recs:
+        ckpts.setdefault(r["checkpoint"], {})[r["label"]] = r
+    return _Grouped(
+        labels=labels,
+        order=[(c, {}) for c in ckpts],
+        by_ckpt=list(ckpts.values()),
+        missing=[(c, lab) for c, recs_c in ckpts.items() for lab in labels if lab not in recs_c],
+        stale=0,
+        meta_cfg={},
+    )
+
+
+def _seconds_and_devices(
+    by_ckpt: list[dict[str, dict[str, Any]]], labels: list[str]
+) -> tuple[dict[str, list[float]], set[str]]:
+    """Each label's unit run times (units with a result) and the devices the units ran on."""
     seconds: dict[str, list[float]] = {lab: [] for lab in labels}
     devices = set()
     for recs_c in by_ckpt:
@@ -733,23 +863,7 @@ def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) 
             if rec.get("result") is not None:
                 seconds.setdefault(lab, []).append(float(rec["result"].get("seconds") or 0.0))
             devices.add(str(rec.get("worker", {}).get("device", "")))
-    csv_path = Path(output) if output is not None else outdir / "results.csv"
-    json_path = csv_path.with_suffix(".json")
-    meta = {
-        **meta_cfg,
-        "labels": labels,
-        "versions": versions(),
-        "device": ", ".join(sorted(d for d in devices if d)),
-        "measure_data": meta_cfg.get("config", {}).get("measure_data"),
-        "sweep": {"dir": str(outdir), "missing_units": len(missing), "stale_unit_files": stale},
-    }
-    from ..results import jsonable
-
-    atomic_write(csv_path, to_csv(rows))
-    atomic_write(json_path, json.dumps(jsonable({**meta, "rows": [r.to_json() for r in rows]}), indent=2))
-    return CollectReport(rows=rows, labels=labels, csv_path=csv_path, json_path=json_path, missing=missing,
-                         stale=stale, unreadable=unreadable, seconds_by_label=seconds,
-                         devices=sorted(d for d in devices if d))
+    return seconds, devices
 
 
 # ------------------------------------------------------------------ worker entry point

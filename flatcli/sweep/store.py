@@ -125,12 +125,14 @@ class Lock:
     token: str
 
     def touch(self) -> None:
+        """Refresh the lock file's modification time (its heartbeat)."""
         try:
             os.utime(self.path)
         except OSError:
             pass
 
     def release(self) -> None:
+        """Remove the lock file if it is still ours (its token); errors are ignored."""
         try:
             if json.loads(self.path.read_text()).get("token") == self.token:
                 self.path.unlink()
@@ -179,9 +181,11 @@ class Store:
 
     # -------------------------------------------------------------- units
     def unit_path(self, uid: str) -> Path:
+        """The path of the unit's file, ``units/<id>.json``."""
         return self.units_dir / f"{uid}.json"
 
     def read_unit(self, uid: str) -> dict[str, Any] | None:
+        """The unit's record; None when it has no file or the file is unreadable."""
         p = self.unit_path(uid)
         try:
             return json.loads(p.read_text())
@@ -191,6 +195,7 @@ class Store:
             return None  # unreadable: treated as not done (recomputed, then replaced)
 
     def write_unit(self, record: dict[str, Any]) -> Path:
+        """Write a unit record to its file atomically; returns the path."""
         path = self.unit_path(record["unit"])
         atomic_write(path, dumps(record))
         return path
@@ -222,6 +227,7 @@ class Store:
 
     # -------------------------------------------------------------- locks
     def lock_path(self, uid: str) -> Path:
+        """The path of the unit's lock file, ``locks/<id>.lock``."""
         return self.locks_dir / f"{uid}.lock"
 
     def claim(self, uid: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Lock | None:
@@ -298,6 +304,7 @@ class Store:
                    if self.read_unit(p.stem) is not None)
 
     def held_locks(self) -> list[Path]:
+        """The lock files present, sorted."""
         return sorted(self.locks_dir.glob("*.lock")) if self.locks_dir.is_dir() else []
 
 
