@@ -10,7 +10,6 @@ import functools
 import json
 import math
 import sys
-import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -25,12 +24,13 @@ except ImportError:  # pragma: no cover - older typer on top of click
 from rich.table import Table
 
 from .console import (
+    CheckpointProgress,
+    GridProgress,
+    StageProgress,
     console,
-    describe_progress,
     err_console,
     fmt,
     print_table,
-    progress_bar,
     quiet_torch_warnings,
     render_rows,
 )
@@ -95,28 +95,38 @@ def _root(
 
 
 class Format(str, Enum):
+    """Output formats of ``measure`` on stdout."""
+
     table = "table"
     csv = "csv"
     json = "json"
 
 
 class BiasBN(str, Enum):
+    """How landscape directions treat biases and normalization layers."""
+
     zero = "zero"
     keep = "keep"
 
 
 class Transform(str, Enum):
+    """Rescalings of ``check-invariance``."""
+
     node = "node"
     layer = "layer"
     both = "both"
 
 
 class Executor(str, Enum):
+    """Where ``sweep`` runs its workers."""
+
     local = "local"
     slurm = "slurm"
 
 
 class SortBy(str, Enum):
+    """Statistics ``correlate`` can rank by."""
+
     psi = "psi"
     kendall_tau_b = "kendall_tau_b"
     jiang_tau = "jiang_tau"
@@ -195,44 +205,21 @@ def measure(
     cfg = api.load(config, overrides(device=device, seed=seed))
     format = _value(format) or cfg.output.format
     out = cfg.output_dir(outdir)
-    is_tty = err_console.is_terminal
-    progress = None
-    task = None
-
-    def on_start(i, n, job):
-        nonlocal progress, task
-        if is_tty:
-            if progress is None:
-                progress = progress_bar("{task.description}")
-                progress.start()
-                task = progress.add_task("measuring", total=n, detail="")
-            progress.update(task, description=f"measuring {job.checkpoint}", detail="")
-
-    def on_progress(label, info):
-        if progress is not None:
-            progress.update(task, detail=describe_progress(label, info))
-
-    def on_row(i, n, row):
-        if progress is not None:
-            progress.advance(task)
-        secs = sum(r.seconds for r in row.results.values())
-        line = f"[{i + 1}/{n}] {row.checkpoint} {row.status} {secs:.1f}s"
-        if row.status != "ok":
-            line += f" {row.error}"
-        if is_tty and progress is not None:
-            progress.console.print(line, highlight=False, soft_wrap=True)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
+    shown = CheckpointProgress("measuring")
     try:
         report = api.measure(
             cfg, checkpoints, measures=measures, outdir=out, allow_unsafe_pickle=allow_unsafe_pickle or None,
-            on_row=on_row, on_start=on_start, on_progress=on_progress if is_tty else None, debug=debug,
-            plots=plots,
+            on_row=shown.row, on_start=shown.start, on_progress=shown.detail if shown.is_tty else None,
+            debug=debug, plots=plots,
         )
     finally:
-        if progress is not None:
-            progress.stop()
+        shown.stop()
+    _print_report(report, format, out)
+    raise typer.Exit(report.exit_code)
+
+
+def _print_report(report, format: str, out: Path) -> None:
+    """``measure``'s stdout (table, csv or json) and its error lines on stderr."""
     labels = report.rows[0].labels if report.rows else []
     if format == "table":
         print_table(console, render_rows(report.rows, labels))
@@ -254,7 +241,6 @@ def measure(
             err_console.print(f"[red]error:[/red] {r.checkpoint}: {r.error}", highlight=False, soft_wrap=True)
     if report.write_error:
         err_console.print(f"[red]error:[/red] {report.write_error}", highlight=False, soft_wrap=True)
-    raise typer.Exit(report.exit_code)
 
 
 # ------------------------------------------------------------------ measures
@@ -326,14 +312,14 @@ def landscape(
     checkpoints: Annotated[list[str], typer.Argument(help="Checkpoint at the centre of the slice (θ_a with --to); with --pca the trajectory's checkpoints (files or globs, in training order), with --connect the two endpoints.", show_default=False)],
     config: ConfigOpt = ...,
     outdir: Annotated[Path, typer.Option("--outdir", "-o", help="Write landscape.csv, landscape.json and PNG plots here (pca_* files with --pca, connect* and bend.pt with --connect).")] = ...,
-    dims: Annotated[int, typer.Option("--dims", help="1 or 2 filter-normalized random directions.")] = 1,
+    dims: Annotated[int, typer.Option("--dims", min=1, max=2, help="1 or 2 filter-normalized random directions.")] = 1,
     steps: Annotated[int, typer.Option("--steps", help="Grid points per axis.")] = 25,
     span: Annotated[str | None, typer.Option("--span", help="Grid range 'a,b' (default -1,1; with --to -0.5,1.5).")] = None,
     to: Annotated[str | None, typer.Option("--to", help="Second checkpoint: interpolate (1-t)·θ_a + t·θ_b instead of slicing.")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the random directions; with --connect of the bend training, with --pca of the randomized solver (default runtime.seed).")] = None,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
-    bias_bn: Annotated[str, typer.Option("--bias-bn", help="Direction on biases and norm layers: zero (Li et al.) or keep.")] = "zero",
-    points_per_pass: Annotated[int | None, typer.Option("--points-per-pass", help="Grid points per vmapped forward pass (1 = loop; default: 1 for conv nets, else 8).")] = None,
+    bias_bn: Annotated[BiasBN, typer.Option("--bias-bn", help="Direction on biases and norm layers: zero (Li et al.) or keep.")] = BiasBN.zero,
+    points_per_pass: Annotated[int | None, typer.Option("--points-per-pass", min=1, help="Grid points per vmapped forward pass (1 = loop; default: 1 for conv nets, else 8).")] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")] = True,
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (trusted files only).")] = False,
     pca: Annotated[bool, typer.Option("--pca", help="Trajectory PCA (Li et al. 2018): CHECKPOINTS are a training run (≥ 3, sorted naturally); loss over the plane of its top-2 PCA directions around the last, with the path.")] = False,
@@ -361,34 +347,23 @@ def landscape(
     if len(checkpoints) != 1:
         raise ConfigError(f"landscape takes one checkpoint (several with --pca, two with --connect); got {len(checkpoints)}")
     checkpoint = checkpoints[0]
-    if bias_bn not in ("zero", "keep"):
-        raise ConfigError(f"--bias-bn must be zero or keep; got {bias_bn!r}")
-    if points_per_pass is not None and points_per_pass < 1:
-        raise ConfigError(f"--points-per-pass must be ≥ 1; got {points_per_pass}")
-    progress = task = None
-    if err_console.is_terminal:
-        progress = progress_bar("landscape")
-
-    def on_progress(done, total):
-        nonlocal task
-        if progress is not None:
-            if task is None:
-                progress.start()
-                task = progress.add_task("landscape", total=total, detail="")
-            progress.update(task, completed=done)
-
-    try:
+    with GridProgress("landscape") as shown:
         res = api.landscape(
             config, checkpoint, to=to, dims=dims, steps=steps, span=span, seed=seed, device=device,
-            bias_bn=bias_bn, points_per_pass=points_per_pass, outdir=outdir, plots=plots,
-            allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=on_progress,
+            bias_bn=_value(bias_bn), points_per_pass=points_per_pass, outdir=outdir, plots=plots,
+            allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update,
         )
-    finally:
-        if progress is not None:
-            progress.stop()
     what = {"1d": "1D slice", "2d": "2D slice", "interpolation": "interpolation"}[res.kind]
     grid = f"{len(res.alpha)}" + (f"×{len(res.beta)}" if res.beta is not None else "")
-    t = Table(title=f"{what} of {checkpoint}" + (f" → {to}" if to else "") + f" ({grid} points)", header_style="bold")
+    _print_view(f"{what} of {checkpoint}" + (f" → {to}" if to else "") + f" ({grid} points)", res)
+    for split, d in res.meta.get("evaluator", {}).items():
+        if d.get("vmap_fallback"):
+            err_console.print(f"note: vmap failed on {split} ({d['vmap_fallback']}); evaluated point by point", highlight=False)
+
+
+def _print_view(title: str, res) -> None:
+    """A landscape view's summary table, its plots and files."""
+    t = Table(title=title, header_style="bold")
     t.add_column("quantity")
     t.add_column("value", justify="right")
     for k, v in res.summary.items():
@@ -396,19 +371,12 @@ def landscape(
     print_table(console, t)
     if res.meta.get("plots"):
         err_console.print(res.meta["plots"], highlight=False)
-    for split, d in res.meta.get("evaluator", {}).items():
-        if d.get("vmap_fallback"):
-            err_console.print(f"note: vmap failed on {split} ({d['vmap_fallback']}); evaluated point by point", highlight=False)
     files = ", ".join(str(p) for p in res.files.values())
     console.print(f"wrote {files} ({res.seconds:.1f}s)", highlight=False, soft_wrap=True)
 
 
-
-def _landscape_view(checkpoints, config, outdir, *, pca, connect, to, dims, steps, span, seed, device, points_per_pass,
-                    plots, allow_unsafe_pickle, solver, keep_order, bend_steps, bend_lr, bend_optimizer, bend_batch_size):
-    """``landscape --pca`` and ``landscape --connect``: check the option combination, call the API, render."""
-    from . import api
-
+def _check_view_options(checkpoints, *, pca, connect, to, dims, span) -> None:
+    """One-line errors for option combinations ``--pca``/``--connect`` do not take."""
     if pca and connect:
         raise ConfigError("--pca and --connect are two different views; choose one")
     flag = "--pca" if pca else "--connect"
@@ -420,46 +388,28 @@ def _landscape_view(checkpoints, config, outdir, *, pca, connect, to, dims, step
         raise ConfigError("--dims does not apply to --connect (paths are one-dimensional)")
     if connect and span is not None:
         raise ConfigError("--span does not apply to --connect (the curve is defined for t in [0, 1])")
-    if points_per_pass is not None and points_per_pass < 1:
-        raise ConfigError(f"--points-per-pass must be ≥ 1; got {points_per_pass}")
-    progress = task = None
-    if err_console.is_terminal:
-        progress = progress_bar("landscape")
 
-    def on_progress(done, total):
-        nonlocal task
-        if progress is not None:
-            if task is None:
-                progress.start()
-                task = progress.add_task("landscape", total=total, detail="")
-            progress.update(task, completed=done, total=total)
 
-    common = dict(steps=steps, seed=seed, device=device, points_per_pass=points_per_pass, outdir=outdir, plots=plots,
-                  allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=on_progress)
-    try:
+def _landscape_view(checkpoints, config, outdir, *, pca, connect, to, dims, steps, span, seed, device, points_per_pass,
+                    plots, allow_unsafe_pickle, solver, keep_order, bend_steps, bend_lr, bend_optimizer, bend_batch_size):
+    """``landscape --pca`` and ``landscape --connect``: check the option combination, call the API, render."""
+    from . import api
+
+    _check_view_options(checkpoints, pca=pca, connect=connect, to=to, dims=dims, span=span)
+    with GridProgress("landscape") as shown:
+        common = dict(steps=steps, seed=seed, device=device, points_per_pass=points_per_pass, outdir=outdir,
+                      plots=plots, allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update)
         if pca:
             res = api.landscape_pca(config, checkpoints, span=span, solver=solver, sort=not keep_order, **common)
         else:
             res = api.landscape_connect(config, checkpoints[0], checkpoints[1], bend_steps=bend_steps, bend_lr=bend_lr,
                                         bend_optimizer=bend_optimizer, bend_batch_size=bend_batch_size, **common)
-    finally:
-        if progress is not None:
-            progress.stop()
     if pca:
         grid = f"{len(res.surface.alpha)}×{len(res.surface.beta)}"
         title = f"trajectory PCA of {len(res.meta['checkpoints'])} checkpoints ({grid} points, {res.meta['solver']} SVD)"
     else:
         title = f"mode connectivity {checkpoints[0]} → {checkpoints[1]} ({len(res.curve.alpha)} points, {res.meta['bend_steps']} bend steps)"
-    t = Table(title=title, header_style="bold")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
-    for k, v in res.summary.items():
-        t.add_row(k, ", ".join(fmt(x) for x in v) if isinstance(v, list) else fmt(v))
-    print_table(console, t)
-    if res.meta.get("plots"):
-        err_console.print(res.meta["plots"], highlight=False)
-    files = ", ".join(str(p) for p in res.files.values())
-    console.print(f"wrote {files} ({res.seconds:.1f}s)", highlight=False, soft_wrap=True)
+    _print_view(title, res)
 
 
 # ------------------------------------------------------------------ sweep / collect / correlate
@@ -603,27 +553,31 @@ def check_invariance_cmd(
 
     from .api import check_invariance
 
-    status = err_console.status("check-invariance: rescaling") if err_console.is_terminal else None
-    t0 = time.perf_counter()
-
-    def progress(stage, label, info):
-        if status is not None:
-            status.update(f"{stage} network: " + (describe_progress(label, info) if label else "measuring"))
-        elif not label:  # logs: one line per stage
-            n = 1 if stage == "original" else 2
-            print(f"[{n}/2] measuring the {stage} network ({time.perf_counter() - t0:.1f}s)", file=sys.stderr,
-                  flush=True)
-
-    if status is not None:
-        status.start()
-    try:
+    with StageProgress("check-invariance: rescaling") as shown:
         rep = check_invariance(config, checkpoint, measures, transform=_value(transform), scale=scale, seed=seed,
-                               tol=tol, device=device, progress=progress)
-    finally:
-        if status is not None:
-            status.stop()
+                               tol=tol, device=device, progress=shown.update)
     console.print(f"[bold]{escape(rep.checkpoint)}[/bold]: {escape(rep.describe())}", highlight=False, soft_wrap=True)
     console.print(f"network output changed by {rep.output_rel_change:.2g} (relative, float64)", highlight=False)
+    print_table(console, _invariance_table(rep))
+    for r in rep.results:
+        if r.note:
+            console.print(f"* {r.label}: {r.note}", highlight=False, soft_wrap=True)
+        if r.error:
+            err_console.print(f"[red]error:[/red] {escape(r.error)}", highlight=False, soft_wrap=True)
+    ref = next((r for r in rep.results if r.label == rep.reference), None)
+    if ref is not None and ref.original and math.isfinite(ref.rescaled):
+        console.print(f"the Hessian trace changed by a factor {ref.rescaled / ref.original:.3g}", highlight=False)
+    claimed = [r for r in rep.results if r.claims_invariance]
+    bad = [r.label for r in claimed if not r.held]
+    if bad:
+        err_console.print(f"[red]invariance violated[/red] (tolerance {rep.tol:g}): {', '.join(bad)}", highlight=False)
+    else:
+        console.print(f"all {len(claimed)} measure(s) claiming invariance held it within {rep.tol:g}", highlight=False)
+    raise typer.Exit(rep.exit_code)
+
+
+def _invariance_table(rep) -> Table:
+    """The per-measure table of ``check-invariance``."""
     from rich import box
 
     t = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
@@ -640,22 +594,7 @@ def check_invariance_cmd(
             held = "[green]yes[/green]" if r.held else "[red]NO[/red]"
         rel = "[red]error[/red]" if r.error else fmt(r.rel_change)
         t.add_row(name, claims, fmt(r.original), fmt(r.rescaled), rel, held)
-    print_table(console, t)
-    for r in rep.results:
-        if r.note:
-            console.print(f"* {r.label}: {r.note}", highlight=False, soft_wrap=True)
-        if r.error:
-            err_console.print(f"[red]error:[/red] {escape(r.error)}", highlight=False, soft_wrap=True)
-    ref = next((r for r in rep.results if r.label == rep.reference), None)
-    if ref is not None and ref.original and math.isfinite(ref.rescaled):
-        console.print(f"the Hessian trace changed by a factor {ref.rescaled / ref.original:.3g}", highlight=False)
-    claimed = [r for r in rep.results if r.claims_invariance]
-    bad = [r.label for r in claimed if not r.held]
-    if bad:
-        err_console.print(f"[red]invariance violated[/red] (tolerance {rep.tol:g}): {', '.join(bad)}", highlight=False)
-    else:
-        console.print(f"all {len(claimed)} measure(s) claiming invariance held it within {rep.tol:g}", highlight=False)
-    raise typer.Exit(rep.exit_code)
+    return t
 
 
 # ------------------------------------------------------------------ sweep worker (hidden)

@@ -251,6 +251,8 @@ class InvarianceResult:
 
 @dataclass
 class InvarianceReport:
+    """The invariance check of one checkpoint: the rescaling and every measure's comparison."""
+
     checkpoint: str
     transform: str
     scale: float
@@ -268,9 +270,11 @@ class InvarianceReport:
 
     @property
     def exit_code(self) -> int:
+        """0 when every measure that claims invariance held it, else 1."""
         return 0 if self.passed else 1
 
     def describe(self) -> str:
+        """The rescaling in words (kind, range of factors, seed, layer pairs)."""
         kinds = {"node": "node-wise", "layer": "layer-wise", "both": "node-wise then layer-wise"}[self.transform]
         return (
             f"{kinds} rescaling, α ∈ [1/{self.scale:g}, {self.scale:g}], seed {self.seed}, "
@@ -284,6 +288,8 @@ def claims_invariance(spec) -> bool:
 
 
 def prepare_specs(measures, add_invariant: bool) -> list:
+    """The specs to check: ``measures`` (plus every measure that may claim invariance with
+    ``add_invariant``), each with its registry's invariance options, and the non-invariant reference."""
     from .measures import INVARIANCE_REFERENCE, MeasureSpec, list_measures
     from .pipeline import as_specs
 

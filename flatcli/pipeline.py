@@ -44,6 +44,7 @@ def as_specs(measures) -> list[MeasureSpec]:
 
 
 def check_labels(model, x, y, loss: str, where: str, device, dtype) -> None:
+    """A `ConfigError` naming ``where`` when cross-entropy labels fall outside the model's outputs."""
     if loss != "cross_entropy" or y.is_floating_point():
         return
     with torch.no_grad(), eval_mode(model):
@@ -211,6 +212,7 @@ def _working_copy(model: torch.nn.Module, st: Settings) -> torch.nn.Module:
 
 
 def versions() -> dict[str, str]:
+    """Versions of flatcli, torch, numpy, scipy and Python (recorded in results.json)."""
     import numpy
     import scipy
 
@@ -231,6 +233,7 @@ class DataCache:
         self._cache: dict[str, Any] = {}
 
     def get(self, split: str, path: Path | None = None):
+        """The split ``split`` as (x, y), loaded once (``path``: a tensors file replacing it)."""
         key = split if path is None else f"{split}:{path}"
         if key not in self._cache:
             if path is not None:
@@ -246,6 +249,7 @@ class DataCache:
 
 
 def read_hparams_from_keys(extras: dict, keys: list[str] | None) -> dict[str, Any]:
+    """Hyperparameters named ``keys`` from a checkpoint's extras (and its nested hparams dicts)."""
     if not keys:
         return {}
     pool = dict(extras)

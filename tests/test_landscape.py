@@ -472,7 +472,7 @@ def test_cli_end_to_end(tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in before)
     # bad input: exit code 2 with a one-line message
     for args, msg in (
-        (["--dims", "3"], "--dims must be 1 or 2"),
+        (["--dims", "3"], "Invalid value for '--dims'"),  # Typer enforces 1 ≤ dims ≤ 2
         (["--span", "1,0"], "span"),
         (["--bias-bn", "nope"], "--bias-bn"),
         (["--to", str(tmp_path / "m2.pt")], "different architectures"),

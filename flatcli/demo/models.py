@@ -19,4 +19,5 @@ class MLP(nn.Module):
         self.classifier = nn.Linear(d, num_classes, bias=bias)
 
     def forward(self, x):
+        """Logits of the flattened input."""
         return self.classifier(self.features(x.flatten(1)))

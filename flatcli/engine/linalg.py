@@ -328,6 +328,7 @@ class TraceResult:
 
     @property
     def n_hvp(self) -> int:
+        """Products with H spent (= ``probes``)."""
         return self.probes
 
     def block_estimates(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -514,83 +515,95 @@ def hutchpp(
     """
     matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
     report = _reporter(op)
-    nb = len(blocks) if blocks is not None else 0
-    low_b = np.zeros(nb)
-    parts: list[list[float]] = []
-
-    def lowparts(Qm, HQm):
-        if blocks is None:
-            return np.zeros(0)
-        prod = (Qm.T * HQm).double()
-        return np.array([float(prod[:, b].sum()) for b in blocks])
-
-    def result(est, se, conv, samples_, low_, q):
-        bs = np.asarray(parts, dtype=np.float64).reshape(len(parts), nb) if blocks is not None else None
-        bl = low_b.copy() if blocks is not None else None
-        return TraceResult(
-            est, se, used, conv, np.asarray(samples_), "hutchpp", low_, q,
-            block_samples=bs, block_low_rank=bl,
-        )
-
     fixed = sketch is not None or min_probes >= max_probes
     r = int(sketch) if sketch else max(1, min_probes // 3)
     r = max(1, min(r, dim, max(1, (max_probes - 2) // 2)))
-    S = rademacher(r, dim, generator, device, dtype)
-    Y = matvec(S).double()
-    Q = torch.linalg.qr(Y.T).Q  # (dim, r), float64
-    HQ = matvec(Q.T.to(dtype)).double()
-    low = float((Q.T * HQ).sum())
-    low_b += lowparts(Q, HQ)
-    used = 2 * r
-    if Q.shape[1] >= dim:
-        return result(low, 0.0, True, np.zeros(0), low, Q.shape[1])
+    sk = _Sketch(matvec, dtype, blocks)
+    sk.add(matvec(rademacher(r, dim, generator, device, dtype)).double())
+    used = r + sk.rank
+    if sk.rank >= dim:
+        return sk.result(used, [], [], 0.0, True)
     min_samples = 2 if fixed else min(16, max(2, max_probes - used))
     growing = not fixed
     step = min(block, max(8, r))
     samples: list[float] = []
+    parts: list[list[float]] = []
     while used < max_probes:
-        left = max_probes - used
         k = step if growing else max(min_probes - used, min_samples - len(samples), block, 1)
-        k = max(1, min(k, left))
-        G = rademacher(k, dim, generator, device, dtype).double()
-        G = G - (G @ Q) @ Q.T
+        k = max(1, min(k, max_probes - used))
+        G = sk.project(rademacher(k, dim, generator, device, dtype).double())
         HG = matvec(G.to(dtype)).double()
         used += k
-        new = (G * HG).sum(1).tolist()
         if growing:
-            cand = samples + new
-            m, se = _mean_se(cand)
-            est = low + m
-            need = (se / (tol * abs(est))) ** 2 * len(cand) if est and len(cand) > 1 else math.inf
-            budget_ok = Q.shape[1] + k <= min(dim - 1, max_probes // 3) and used + k < max_probes
-            if need > 4 * (Q.shape[1] + k) and budget_ok:
-                W = HG - (HG @ Q) @ Q.T
-                W = W - (W @ Q) @ Q.T  # twice is enough
-                Qn = torch.linalg.qr(W.T).Q
-                HQn = matvec(Qn.T.to(dtype)).double()
-                used += Qn.shape[1]
-                low += float((Qn.T * HQn).sum())
-                low_b += lowparts(Qn, HQn)
-                Q = torch.cat([Q, Qn], 1)
-                samples = []
-                parts = []
+            if _sketch_pays(samples + (G * HG).sum(1).tolist(), sk, k, tol, dim, max_probes, used):
+                used += sk.add(HG)  # the block's products lie in range(H), like HS: they join the sketch
+                samples, parts = [], []
                 step = min(block, 2 * step)
                 continue
             growing = False
-        samples.extend(new)
+        samples.extend((G * HG).sum(1).tolist())
         if blocks is not None:
             parts.extend(_block_forms(G * HG, blocks))
         if used >= min_probes and len(samples) >= min_samples:
             m, se = _mean_se(samples)
-            report(probes=used, value=low + m, stderr=se)
-            if se <= tol * abs(low + m):
-                return result(low + m, se, True, samples, low, Q.shape[1])
+            report(probes=used, value=sk.low + m, stderr=se)
+            if se <= tol * abs(sk.low + m):
+                return sk.result(used, samples, parts, se, True)
     if len(samples) < 2:
-        m = float(np.mean(samples)) if samples else 0.0
-        return result(low + m, math.inf, False, samples, low, Q.shape[1])
+        return sk.result(used, samples, parts, math.inf, False)
     m, se = _mean_se(samples)
-    est = low + m
-    return result(est, se, se <= tol * abs(est), samples, low, Q.shape[1])
+    return sk.result(used, samples, parts, se, se <= tol * abs(sk.low + m))
+
+
+class _Sketch:
+    r"""Hutch++'s exactly traced part: an orthonormal basis Q (float64) of sketched directions,
+    :math:`\mathrm{Tr}(Q^\top HQ)` and its parts per block of coordinates."""
+
+    def __init__(self, matvec, dtype, blocks):
+        self.matvec, self.dtype, self.blocks = matvec, dtype, blocks
+        self.Q: torch.Tensor | None = None
+        self.low = 0.0
+        self.low_b = np.zeros(len(blocks) if blocks is not None else 0)
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.Q is None else self.Q.shape[1]
+
+    def project(self, G: torch.Tensor) -> torch.Tensor:
+        """Rows of G with their components along Q removed (P g for P = I − QQᵀ)."""
+        return G if self.Q is None else G - (G @ self.Q) @ self.Q.T
+
+    def add(self, Y: torch.Tensor) -> int:
+        r"""Orthonormalize the rows of Y against Q (twice) and add them, tracing :math:`Q_n^\top HQ_n`
+        exactly; returns the products spent (one per new direction)."""
+        if self.Q is not None:
+            Y = self.project(self.project(Y))  # twice is enough
+        Qn = torch.linalg.qr(Y.T).Q
+        HQn = self.matvec(Qn.T.to(self.dtype)).double()
+        self.low += float((Qn.T * HQn).sum())
+        if self.blocks is not None:
+            prod = (Qn.T * HQn).double()
+            self.low_b += np.array([float(prod[:, b].sum()) for b in self.blocks])
+        self.Q = Qn if self.Q is None else torch.cat([self.Q, Qn], 1)
+        return Qn.shape[1]
+
+    def result(self, used: int, samples: list[float], parts: list, se: float, converged: bool) -> TraceResult:
+        """The estimate ``Tr(QᵀHQ) + mean(samples)`` as a `TraceResult`."""
+        m = float(np.mean(samples)) if samples else 0.0
+        nb = len(self.low_b)
+        bs = np.asarray(parts, dtype=np.float64).reshape(len(parts), nb) if self.blocks is not None else None
+        return TraceResult(self.low + m, se, used, converged, np.asarray(samples), "hutchpp", self.low, self.rank,
+                           block_samples=bs, block_low_rank=self.low_b.copy() if self.blocks is not None else None)
+
+
+def _sketch_pays(cand: list[float], sk: _Sketch, k: int, tol: float, dim: int, max_probes: int, used: int) -> bool:
+    """Whether the residual samples ``cand`` predict more than ``4 (r + k)`` further samples to reach
+    ``tol`` while the sketch may still grow by ``k`` (at most a third of the budget)."""
+    m, se = _mean_se(cand)
+    est = sk.low + m
+    need = (se / (tol * abs(est))) ** 2 * len(cand) if est and len(cand) > 1 else math.inf
+    budget_ok = sk.rank + k <= min(dim - 1, max_probes // 3) and used + k < max_probes
+    return need > 4 * (sk.rank + k) and budget_ok
 
 
 # ---------------------------------------------------------------------------- diagonals
@@ -814,6 +827,8 @@ def checked_gauss_newton_diagonal(
 # ---------------------------------------------------------------------------- SLQ
 @dataclass
 class SLQResult:
+    """Stochastic Lanczos quadrature nodes and weights per run, and the dimension P."""
+
     nodes: list[np.ndarray]  # Ritz values per run
     weights: list[np.ndarray]  # squared first components per run (sum to 1)
     dim: int

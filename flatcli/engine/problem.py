@@ -151,9 +151,11 @@ class Problem:
         return self.flatten(self.params)
 
     def flatten(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The parameters ``params`` (name → tensor) as one flat vector, in ``names`` order."""
         return torch.cat([params[n].reshape(-1) for n in self.names])
 
     def unflatten(self, vec: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The flat vector ``vec`` as name → tensor views (inverse of `flatten`)."""
         chunks = torch.split(vec, self.numels)
         return {n: c.view(s) for n, c, s in zip(self.names, chunks, self.shapes, strict=True)}
 
@@ -167,11 +169,13 @@ class Problem:
 
     # ------------------------------------------------------------ evaluation
     def forward(self, params: dict[str, torch.Tensor] | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Model outputs on ``x`` with the functional parameters ``params`` (a dict or a flat vector)."""
         if isinstance(params, torch.Tensor):
             params = self.unflatten(params)
         return functional_call(self.model, {**params, **self.frozen, **self.buffers}, (x,))
 
     def per_sample_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Per-sample losses of outputs ``out`` against labels ``y``, shape (B,)."""
         return per_sample_loss(out, y, self.loss_name)
 
     def batch_loss_sum(self, params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

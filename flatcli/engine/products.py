@@ -401,10 +401,12 @@ class CurvatureEngine:
 
     @property
     def num_params(self) -> int:
+        """P, the number of trainable parameters."""
         return self.problem.num_params
 
     @property
     def theta(self) -> torch.Tensor:
+        """The model's parameters as one flat vector (a copy)."""
         return self.problem.theta
 
     def _loss_fn(self, x: torch.Tensor, y: torch.Tensor):

@@ -75,6 +75,8 @@ def read_checkpoint(path: str | os.PathLike, allow_unsafe_pickle: bool = False) 
 
 
 def extract_state_dict(obj: Any, path: str | os.PathLike = "<checkpoint>") -> dict[str, torch.Tensor]:
+    """The state dict inside a loaded checkpoint (top level or nested under a usual key; prefixes
+    ``module.``/``_orig_mod.`` stripped); a `ConfigError` naming ``path`` when there is none."""
     if isinstance(obj, torch.nn.Module):
         obj = obj.state_dict()
     if isinstance(obj, dict):

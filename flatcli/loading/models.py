@@ -85,6 +85,8 @@ def resolve_target(target: str, base_dir: Path | str = "."):
 
 
 def build_model(target: str, kwargs: dict[str, Any] | None = None, base_dir: Path | str = ".") -> torch.nn.Module:
+    """Build the model ``target`` (``pkg.mod:Callable``, ``file.py:Callable``, ``torchvision:NAME``)
+    with ``kwargs``; a `ConfigError` naming the target when it fails."""
     factory = resolve_target(target, base_dir)
     try:
         model = factory(**(kwargs or {}))

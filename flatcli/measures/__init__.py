@@ -89,6 +89,7 @@ class MeasureContext:
 
     @property
     def model(self) -> torch.nn.Module:
+        """The network being measured (never mutated)."""
         return self.problem.model
 
     def generator(self, offset: int = 0) -> torch.Generator:
@@ -233,6 +234,7 @@ def list_measures(pattern: str = "*") -> list[MeasureInfo]:
 
 
 def get_measure(name: str) -> MeasureInfo:
+    """The registry entry of ``name``; a `ConfigError` suggesting the closest name otherwise."""
     _load_all()
     if name not in _REGISTRY:
         import difflib

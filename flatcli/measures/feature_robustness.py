@@ -102,6 +102,8 @@ NAME = "feature_robustness"
 
 @dataclass(frozen=True)
 class FeatureRobustnessOptions:
+    """Options of ``feature_robustness`` (see the measure's docstring)."""
+
     layer: str | None = opt(None, Optional(Str()), "module name of an nn.Linear layer (default: the last Linear)")
     delta: float = opt(0.1, Real(0, None, "neither"), "perturbation size δ: features φ → (I + δO)φ, O orthogonal")
     samples: int = opt(20, Integral(2, None), "random orthogonal matrices O (each used as the pair ±O)")

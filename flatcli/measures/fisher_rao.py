@@ -41,6 +41,8 @@ from ._options import Bool, OneOf, opt
 
 @dataclass(frozen=True)
 class FisherRaoOptions:
+    """Options of ``fisher_rao_norm``."""
+
     labels: str = opt(
         "data", OneOf("data", "model"), "labels from the data, or drawn from the model's softmax"
     )

@@ -29,6 +29,8 @@ CONTROL_PROBES = 8  # fp32 control probes of a TF32 trace (each one TF32 and one
 
 @dataclass(frozen=True)
 class LambdaMaxOptions:
+    """Options of ``hessian_lambda_max``."""
+
     tol: float = opt(
         1e-3, Real(0, 1, "neither"), "relative Ritz residual ‖Hv − λv‖ ≤ tol·|λ| to stop at"
     )
@@ -149,6 +151,8 @@ def _block_lambda_max(ctx, opts: LambdaMaxOptions) -> dict:
 
 @dataclass(frozen=True)
 class TraceOptions:
+    """Options of ``hessian_trace``."""
+
     method: str = opt("hutchinson", OneOf("hutchinson", "hutchpp", "exact"), "estimator")
     tol: float = opt(0.01, Real(0, 1, "neither"), "stop when stderr ≤ tol·|estimate|")
     min_probes: int = opt(16, Integral(2, None), "fewest Rademacher probes (HVPs)")
@@ -293,6 +297,8 @@ DENSITY_POINTS = 128
 
 @dataclass(frozen=True)
 class SpectrumOptions:
+    """Options of ``hessian_spectrum``."""
+
     top_k: int = opt(
         5, Integral(1, None), "how many largest eigenvalues (block Lanczos, block size top_k)"
     )

@@ -27,6 +27,8 @@ from ._options import Integral, Real, opt
 
 @dataclass(frozen=True)
 class LocalEntropyOptions:
+    """Options of ``local_entropy``."""
+
     gamma: float = opt(
         1.0,
         Real(0, None, "neither"),

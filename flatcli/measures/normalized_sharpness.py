@@ -124,6 +124,8 @@ from ._options import Integral, OneOf, Real, opt
 
 @dataclass(frozen=True)
 class NormalizedSharpnessOptions(DiagonalOptions):
+    """Options of ``normalized_sharpness`` (the diagonal estimator's, the box, the form)."""
+
     box: float = opt(20.0, Real(0, None, "neither"), "γ is restricted to the box [-box, box] (form: node)")
     form: str = opt("node", OneOf("node", "parameter"), "node: eq. 35 (node-wise); parameter: NS₀ of eq. 17")
     lambda_prime: float = opt(1.0, Real(0, None, "neither"), "λ′ of eq. 17 (form: parameter)")
@@ -144,7 +146,7 @@ class LayerSolution:
 
 
 def _log_objective(gamma: np.ndarray, logM: np.ndarray, mask: np.ndarray):
-    r"""log f(γ) with f = Σ M_ik exp(γ_i − γ_k), and its gradient, computed stably."""
+    r"""Log f(γ) with f = Σ M_ik exp(γ_i − γ_k), and its gradient, computed stably."""
     A = logM + gamma[:, None] - gamma[None, :]
     amax = float(A[mask].max())
     E = np.where(mask, np.exp(np.where(mask, A, amax) - amax), 0.0)
@@ -250,7 +252,7 @@ def beta_grid(beta_range: float, beta_points: int) -> np.ndarray:
 
 
 def _min_over_sigma(logF: np.ndarray, logT: np.ndarray, beta: np.ndarray, lam: float, sstar: np.ndarray):
-    r"""argmin and min over σ of g(σ) = F e^{2σ} + θ² e^{−2σ} + (σ − β)²/λ′, elementwise.
+    r"""Argmin and min over σ of g(σ) = F e^{2σ} + θ² e^{−2σ} + (σ − β)²/λ′, elementwise.
 
     ``logF``/``logT`` are log F and log θ² (−inf for zeros), ``sstar`` the
     unregularized optimum ¼ ln(θ²/F) (±inf when F or θ is zero). Safeguarded
@@ -457,6 +459,8 @@ def normalized_sharpness(ctx, opts: NormalizedSharpnessOptions) -> MeasureResult
 
 @dataclass(frozen=True)
 class FisherRaoTermOptions(DiagonalOptions):
+    """Options of ``fisher_rao_term`` (those of the Hessian-diagonal estimator)."""
+
     pass
 
 

@@ -88,6 +88,8 @@ from .normalized_sharpness import normalized_sharpness_from_diagonal
 
 @dataclass(frozen=True)
 class NSBoundOptions(DiagonalOptions):
+    """Options of ``ns_bound``."""
+
     box: float = opt(20.0, Real(0, None, "neither"), "R: γ ∈ [-box, box] (eq. 33)")
     lam: float | None = opt(None, Optional(Real(0, None, "neither")), "λ of eq. 32 (default √m)")
     mc_samples: int = opt(100, Integral(2, None), "Monte-Carlo draws θ ~ Q for L_S(Q)")

@@ -64,6 +64,8 @@ MAGNITUDE_EPS = 1e-3
 
 @dataclass(frozen=True)
 class PacBayesOptions:
+    """Options of ``pacbayes_flatness``."""
+
     target: float = opt(
         0.1, Real(0, None, "neither"), "allowed increase of the criterion under noise"
     )

@@ -75,6 +75,8 @@ from ._options import Bool, Optional, Str, opt
 
 @dataclass(frozen=True)
 class RelativeFlatnessOptions:
+    """Options of ``relative_flatness``."""
+
     layer: str | None = opt(None, Optional(Str()), "module name of an nn.Linear layer (default: the last Linear)")
     normalize_features: bool = opt(False, Bool(), "divide features by their std over S (Theorem 4; invariant to node-wise rescaling)")
 

@@ -99,6 +99,8 @@ def apgd_checkpoints(steps: int) -> list[int]:
 
 @dataclass
 class AscentResult:
+    """The outcome of one Auto-PGD ascent (`apgd`)."""
+
     value: float  # best objective found (the random start included)
     z: torch.Tensor  # where
     evals: int  # objective + gradient evaluations
@@ -178,6 +180,8 @@ def _nonfinite_value(vals: list[float]) -> float:
 
 @dataclass(frozen=True)
 class WorstOptions:
+    """Options of ``sharpness_worst``."""
+
     rho: float = opt(
         0.05, Real(0, None, "neither"), "radius ρ of the perturbation ball ‖δ/c‖_p ≤ ρ"
     )
@@ -265,6 +269,20 @@ def m_batches(problem, batch_size: int, gen: torch.Generator):
     perm = torch.randperm(problem.n, generator=gen).to(problem.x.device)
     x, y = problem.x[perm], problem.y[perm]
     return [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, problem.n, batch_size)]
+
+
+def _best_ascent(fg, starts, opts) -> tuple[float, str, int, bool]:
+    """(best value, the kind of start that won, step halvings, finite) of Auto-PGD from every start;
+    δ = 0 is a candidate (value 0, kind "zero"); a non-finite value stops at once."""
+    best, won, reductions = 0.0, "zero", 0
+    for kind, z0 in starts:
+        r = apgd(fg, z0, opts.rho, opts.norm, opts.steps)
+        reductions += r.reductions
+        if not r.finite:
+            return r.value, won, reductions, False
+        if r.value > best:
+            best, won = r.value, kind
+    return best, won, reductions, True
 
 
 def _worst_estimate(o, d) -> dict:
@@ -356,21 +374,13 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
             if not math.isfinite(best):
                 finite = False
         else:
-            best, won = 0.0, "zero"  # δ = 0
-            starts = [("eigen", z) for z in eig_starts]
-            starts += [
+            starts = [("eigen", z) for z in eig_starts] + [
                 ("random", random_start(p.num_params, opts.rho, opts.norm, gen, p.device, p.dtype))
                 for _ in range(opts.restarts)
             ]
-            for kind, z0 in starts:
-                r = apgd(fg, z0, opts.rho, opts.norm, opts.steps)
-                reductions += r.reductions
-                if not r.finite:
-                    finite = False
-                    best = r.value
-                    break
-                if r.value > best:
-                    best, won = r.value, kind
+            best, won, red, ok = _best_ascent(fg, starts, opts)
+            reductions += red
+            finite = finite and ok
             wins[won] += 1
         per_batch.append(best)
         weights.append(len(xb) / p.n)
@@ -399,6 +409,8 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
 
 @dataclass(frozen=True)
 class AverageOptions:
+    """Options of ``sharpness_average``."""
+
     rho: float = opt(
         0.01, Real(0, None, "neither"), "noise scale ρ: δ = ρ·c∘N(0, I) (l2) or ρ·c∘U[−1, 1] (linf)"
     )
@@ -459,6 +471,8 @@ def sharpness_average(ctx, opts: AverageOptions) -> MeasureResult:
 
 @dataclass(frozen=True)
 class KeskarOptions:
+    """Options of ``keskar_sharpness``."""
+
     epsilon: float = opt(
         1e-3, Real(0, None, "neither"), "box half-width factor: |y_i| ≤ ε(|θ_i| + 1)"
     )
@@ -542,6 +556,8 @@ def keskar_sharpness(ctx, opts: KeskarOptions) -> MeasureResult:
 
 @dataclass(frozen=True)
 class FirstOrderOptions:
+    """Options of ``first_order_flatness``."""
+
     rho: float = opt(0.05, Real(0, None, "neither"), "radius ρ of the ball ‖θ' − θ‖ ≤ ρ")
     steps: int = opt(
         20,

@@ -153,6 +153,8 @@ def layer_eigenvalues(W: torch.Tensor) -> np.ndarray:
 
 @dataclass(frozen=True)
 class WeightWatcherOptions:
+    """Options of ``weightwatcher_alpha``."""
+
     min_evals: int = opt(
         10, Integral(3, None), "skip layers with fewer eigenvalues above evals_thresh (WeightWatcher: 10)"
     )
