@@ -30,6 +30,8 @@ SOURCES = ("tensors", "torchvision", "imagefolder", "digits", "synthetic")
 
 @dataclass
 class ModelConfig:
+    """``model``: the factory (``target``) and its keyword arguments."""
+
     target: str = ""
     kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -53,6 +55,8 @@ class DataSource:
 
 @dataclass
 class DataConfig:
+    """``data``: the train and test splits and their normalization."""
+
     train: DataSource | None = None
     test: DataSource | None = None
     normalize: dict[str, list[float]] | None = None
@@ -60,6 +64,8 @@ class DataConfig:
 
 @dataclass
 class MeasureDataConfig:
+    """``measure_data``: the measurement set (split, size, batch size, seed)."""
+
     split: str = "train"
     num_samples: int | str = "all"
     batch_size: int = 256
@@ -68,6 +74,8 @@ class MeasureDataConfig:
 
 @dataclass
 class RuntimeConfig:
+    """``runtime``: device, precision, seed and engine options."""
+
     device: str = "auto"
     precision: str = "auto"
     seed: int = 0
@@ -78,18 +86,24 @@ class RuntimeConfig:
 
 @dataclass
 class OutputConfig:
+    """``output``: where results go and the default stdout format of ``measure``."""
+
     dir: str = "out"
     format: str = "table"
 
 
 @dataclass
 class HParamsConfig:
+    """``hparams``: hyperparameters read from checkpoint paths or the dicts stored in checkpoints."""
+
     from_path: str | None = None  # regex with named groups
     from_keys: list[str] | None = None  # keys of a dict stored in the checkpoint
 
 
 @dataclass
 class Config:
+    """A validated configuration (see the module docstring for precedence and provenance)."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     checkpoints: Any = field(default_factory=list)
     init_checkpoint: str | None = None
@@ -107,9 +121,11 @@ class Config:
 
     # ------------------------------------------------------------ derived
     def measure_specs(self) -> list[MeasureSpec]:
+        """The configured measures as `MeasureSpec` objects (validated)."""
         return parse_measures(self.measures, "measures")
 
     def resolve_path(self, p: str | os.PathLike) -> Path:
+        """A path from the config, relative to the config file's folder."""
         q = Path(os.path.expanduser(str(p)))
         return q if q.is_absolute() else (self.base_dir / q)
 
@@ -128,6 +144,7 @@ class Config:
         return _to_plain(self)
 
     def hash(self) -> str:
+        """A short hash of everything that determines results (outputs excluded)."""
         d = self.to_dict()
         d.pop("output", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -267,36 +284,44 @@ def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
     return specs
 
 
+CHOICES = {  # config keys with a fixed set of values
+    "loss": ("cross_entropy", "mse"),
+    "runtime.precision": PRECISIONS,
+    "runtime.hvp_mode": ("auto", "reverse", "forward", "finite_difference"),
+    "output.format": ("table", "csv", "json"),
+    "measure_data.split": ("train", "test"),
+}
+
+
+def _get(cfg: Config, path: str) -> Any:
+    obj = cfg
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def _validate(cfg: Config) -> None:
+    """Checks that span keys or depend on values (types were checked while building)."""
     for split_name in ("train", "test"):
         src = getattr(cfg.data, split_name)
-        if src is None:
-            continue
-        if src.source not in SOURCES:
+        if src is not None and src.source not in SOURCES:
             hint = difflib.get_close_matches(str(src.source), SOURCES, n=1)
             msg = f"config key 'data.{split_name}.source' must be one of {', '.join(SOURCES)}; got {src.source!r}."
             raise ConfigError(msg + (f" Did you mean '{hint[0]}'?" if hint else ""))
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"config key '{key}' must be one of {', '.join(allowed)}; got {value!r}")
     md = cfg.measure_data
-    if md.split not in ("train", "test"):
-        raise ConfigError(f"config key 'measure_data.split' must be 'train' or 'test'; got {md.split!r}")
     if isinstance(md.num_samples, str) and md.num_samples != "all":
         raise ConfigError(f"config key 'measure_data.num_samples' must be an int or 'all'; got {md.num_samples!r}")
     if isinstance(md.num_samples, int) and md.num_samples < 1:
         raise ConfigError(f"config key 'measure_data.num_samples' must be ≥ 1; got {md.num_samples}")
     if md.batch_size < 1:
         raise ConfigError(f"config key 'measure_data.batch_size' must be ≥ 1; got {md.batch_size}")
-    if cfg.loss not in ("cross_entropy", "mse"):
-        raise ConfigError(f"config key 'loss' must be 'cross_entropy' or 'mse'; got {cfg.loss!r}")
-    if cfg.runtime.precision not in PRECISIONS:
-        raise ConfigError(f"config key 'runtime.precision' must be one of {', '.join(PRECISIONS)}; got {cfg.runtime.precision!r}")
-    if cfg.runtime.hvp_mode not in ("auto", "reverse", "forward", "finite_difference"):
-        raise ConfigError("config key 'runtime.hvp_mode' must be auto, reverse, forward or finite_difference; "
-                          f"got {cfg.runtime.hvp_mode!r}")
     dev = cfg.runtime.device
     if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:") or dev == "mps"):
         raise ConfigError(f"config key 'runtime.device' must be auto, cpu, cuda or cuda:N; got {dev!r}")
-    if cfg.output.format not in ("table", "csv", "json"):
-        raise ConfigError(f"config key 'output.format' must be table, csv or json; got {cfg.output.format!r}")
     cfg.measure_specs()
 
 

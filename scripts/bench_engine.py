@@ -189,7 +189,7 @@ def flatcli_engine(task: Task, dtype=torch.float32, **kw) -> CurvatureEngine:
 
 
 def curvlinops_hessian(task: Task, crit):
-    """curvlinops' Hessian operator over the task's batches (the same data as flatcli's)."""
+    """Curvlinops' Hessian operator over the task's batches (the same data as flatcli's)."""
     from curvlinops import HessianLinearOperator
 
     params = [p for p in task.model.parameters() if p.requires_grad]
@@ -774,7 +774,7 @@ def bench_variants(task: Task, log, reps: int = 3) -> list[str]:
 
 # ---------------------------------------------------------------------------- report
 def add_ratios(rows: list[Row]) -> None:
-    """ratio = flatcli time / peer time for every peer row (< 1: flatcli is faster)."""
+    """Ratio = flatcli time / peer time for every peer row (< 1: flatcli is faster)."""
     groups: dict = {}
     for r in rows:
         groups.setdefault((r.task, r.quantity), []).append(r)

@@ -1,7 +1,7 @@
 """Print the README's measures table, generated from the registry's metadata.
 
-    python scripts/gen_measures_table.py            # print the table
-    python scripts/gen_measures_table.py --write    # replace it in README.md
+python scripts/gen_measures_table.py            # print the table
+python scripts/gen_measures_table.py --write    # replace it in README.md
 """
 
 from __future__ import annotations

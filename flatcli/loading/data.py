@@ -136,6 +136,7 @@ def digits_split(split: str):
 
 
 def synthetic(num_samples: int = 512, input_shape=(64,), num_classes: int = 10, seed: int = 0):
+    """Seeded Gaussian inputs of ``input_shape`` with uniform random labels (tests and smoke runs)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(num_samples, *input_shape, generator=g)
     teacher = torch.Generator().manual_seed(12345)  # one teacher for every split
@@ -176,6 +177,7 @@ def load_split(src, key: str, base_dir: Path, normalize=None):
 
 
 def apply_normalize(x: torch.Tensor, normalize: dict) -> torch.Tensor:
+    """``(x - mean) / std`` per channel (``data.normalize``); a `ConfigError` for malformed keys."""
     try:
         mean = torch.as_tensor(normalize["mean"], dtype=x.dtype)
         std = torch.as_tensor(normalize["std"], dtype=x.dtype)
