@@ -314,6 +314,31 @@ def landscape(
     ckpt = Path(checkpoint).expanduser()
     model, _ = load_model(cfg, ckpt)
     model_b = load_model(cfg, Path(to).expanduser())[0] if to is not None else None
+    md = cfg.measure_data
+    st = Settings.from_config(cfg, dev)
+    train, test = _landscape_data(cfg, ckpt, model, model_b, st, to)
+    common = dict(
+        loss=cfg.loss, batch_size=md.batch_size, device=dev, dtype=dtype,
+        points_per_pass=points_per_pass, on_progress=on_progress,
+    )
+    with st.precision_context():
+        if model_b is not None:
+            res = interpolation_landscape(model, model_b, train, test, steps=steps, span=span, **common)
+        else:
+            res = slice_landscape(
+                model, train, test, dims=dims, steps=steps, span=span, seed=cfg.runtime.seed, bias_bn=bias_bn, **common
+            )
+    res.meta.update(checkpoint=str(checkpoint), to=None if to is None else str(to), loss=cfg.loss,
+                    measure_data=cfg.to_dict()["measure_data"], precision=cfg.runtime.precision,
+                    config_hash=cfg.hash(), versions=versions(), device=st.describe_device())
+    if outdir is not None:
+        write_files(res, outdir, plots=plots)
+    return res
+
+
+def _landscape_data(cfg: Config, ckpt: Path, model, model_b, st: Settings, to):
+    """The train and test sets of a landscape view (the manifest's train_data for ``ckpt``), checked
+    (labels fit the model; the loss at both checkpoints finite) and subsampled as ``measure_data``."""
     data = DataCache(cfg)
     md = cfg.measure_data
     train = data.get("train", manifest_train_data(cfg, ckpt))
@@ -323,38 +348,12 @@ def landscape(
     for name, d in (("train", train), ("test", test)):
         if d is not None:
             check_labels(model, d[0], d[1], cfg.loss, f"data.{name}", torch.device("cpu"), cpu_dtype)
-    st = Settings.from_config(cfg, dev)
     check_finite_model(model, train, st)
     if model_b is not None:
         check_finite_model(model_b, train, st, f"the checkpoint {to}")
     train = subset(*train, md.num_samples, md.seed)
     test = subset(*test, md.num_samples, md.seed) if test is not None else None
-    common = dict(
-        loss=cfg.loss, batch_size=md.batch_size, device=dev, dtype=dtype,
-        points_per_pass=points_per_pass, on_progress=on_progress,
-    )
-    with Settings.from_config(cfg, dev).precision_context():
-        if model_b is not None:
-            res = interpolation_landscape(model, model_b, train, test, steps=steps, span=span, **common)
-        else:
-            res = slice_landscape(
-                model, train, test, dims=dims, steps=steps, span=span, seed=cfg.runtime.seed, bias_bn=bias_bn, **common
-            )
-    res.meta.update(
-        {
-            "checkpoint": str(checkpoint),
-            "to": None if to is None else str(to),
-            "loss": cfg.loss,
-            "measure_data": cfg.to_dict()["measure_data"],
-            "precision": cfg.runtime.precision,
-            "config_hash": cfg.hash(),
-            "versions": versions(),
-            "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""),
-        }
-    )
-    if outdir is not None:
-        write_files(res, outdir, plots=plots)
-    return res
+    return train, test
 
 
 if TYPE_CHECKING:
