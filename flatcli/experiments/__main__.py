@@ -19,8 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("name", help=f"'list', an experiment ({', '.join(available())}) or a spec YAML file")
     ap.add_argument("--quick", action="store_true", help="tiny grid, tiny models, few steps (a smoke test, seconds)")
     ap.add_argument("-o", "--outdir", default=None, help="output folder (default experiments-out/NAME[-quick])")
-    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                    help="models trained / sweep workers in parallel, one thread each (default: 2 or the core count)")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="models trained / sweep workers in parallel, one thread each; the numbers do not depend on it "
+                         "(default: 1 with --quick, else the core count up to 2)")
     ap.add_argument("--study", default=None, help="run only these studies (comma-separated)")
     ap.add_argument("--publish", default=None, metavar="DIR", help="copy the small outputs into DIR/NAME/ (e.g. docs/experiments)")
     a = ap.parse_args(argv)
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
             s = load_spec(n)
             print(f"{n:22s} {s.title} [{', '.join(st.name + ': ' + str(len(st.points())) + ' models' for st in s.studies)}]")
         return 0
+    if a.jobs is None:
+        a.jobs = 1 if a.quick else min(2, os.cpu_count() or 1)
     if a.jobs < 1:
         print(f"error: --jobs must be ≥ 1; got {a.jobs}", file=sys.stderr)
         return 2

@@ -142,8 +142,8 @@ def _resolve_path(name_or_path: str | Path) -> Path:
         hint = difflib.get_close_matches(str(name_or_path), names, n=1)
         raise ConfigError(
             f"unknown experiment {str(name_or_path)!r}"
-            + (f"; did you mean {hint[0]!r}?" if hint else "")
-            + f" Available: {', '.join(names)}."
+            + (f"; did you mean {hint[0]!r}?" if hint else ".")
+            + f" Available: {', '.join(names)} (or a spec YAML file)."
         )
     return SPEC_DIR / f"{name_or_path}.yaml"
 
