@@ -304,6 +304,11 @@ def test_quick_reparameterization(tmp_path):
         assert rel[("frobenius_norm", "layer", "1000.0")] > 1.0
         assert (sd / "results" / "plots" / "reparameterization.png").is_file()
     assert "| `hessian_trace` | no |" in rep.summary.read_text()
+    # rerunning reuses the trained networks and rescales them again, not their copies
+    logs: list[str] = []
+    run_experiment("reparameterization", out, quick=True, studies=["digits_mlp"], plots=False, log=logs.append)
+    assert any("reusing the 1 trained models" in m for m in logs) and any("0 to run" in m for m in logs)
+    assert len(_rows(out / "digits_mlp" / "manifest.csv")[1]) == 5
 
 
 @pytest.mark.slow

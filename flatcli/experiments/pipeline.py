@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MeasurementError
 from .spec import Spec, Study
 from .training import run_tasks
 
@@ -107,6 +107,19 @@ def single_threaded():
                 os.environ[k] = v
 
 
+TRAINING_COLUMNS = ["lr_effective", "steps", "epochs", "train_loss", "reached_target", "diverged", "seconds"]
+
+
+def _coerce(v: str) -> Any:
+    """A CSV cell back to the int, float or string it was written from."""
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
 def _fmt_hp(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
@@ -133,7 +146,7 @@ def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
         return list(r.fieldnames or []), list(r)
 
 
-def _absolute_paths(flat: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+def absolute_paths(flat: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     """The flatcli part of a spec with its relative data paths and model file made absolute."""
     out = json.loads(json.dumps(flat))
     for split in ("train", "test"):
@@ -223,7 +236,7 @@ class Experiment:
                 return self._read_records(sd, study)
         sd.mkdir(parents=True, exist_ok=True)
         stamp.unlink(missing_ok=True)
-        flat = _absolute_paths(study.flatcli, self.spec.path.parent)
+        flat = absolute_paths(study.flatcli, self.spec.path.parent)
         tasks = [
             {
                 "flatcli": flat, "base_dir": str(self.spec.path.parent), "outdir": str(sd), "name": n, "hp": hp,
@@ -239,34 +252,28 @@ class Experiment:
 
     def _write_training(self, sd: Path, study: Study, records: list[dict[str, Any]]) -> None:
         keys = list(study.grid)
-        manifest = [{**r["row"], **r["hp"]} for r in records]
         cols = ["path", "init_checkpoint"] + (["train_data"] if any("train_data" in r["row"] for r in records) else [])
-        write_csv(sd / "manifest.csv", manifest, cols + keys)
+        write_csv(sd / "manifest.csv", [{**r["row"], **r["hp"]} for r in records], cols + keys)
         rows = []
         for r in records:
             res = r["result"]
-            rows.append({"path": r["row"]["path"], **r["hp"], "lr_effective": res["lr"], "steps": res["steps"],
+            rows.append({**r["row"], **r["hp"], "lr_effective": res["lr"], "steps": res["steps"],
                          "epochs": res["epochs"], "train_loss": res["train_loss"],
                          "reached_target": int(res["reached_target"]), "diverged": int(res["diverged"]),
                          "seconds": round(res["seconds"], 2)})  # fmt: skip
-        write_csv(sd / "training.csv", rows)
+        write_csv(sd / "training.csv", rows, cols + keys + TRAINING_COLUMNS)
 
     def _read_records(self, sd: Path, study: Study) -> list[dict[str, Any]]:
-        from ..jobs import _coerce
-
-        _, man = read_csv(sd / "manifest.csv")
-        _, tr = read_csv(sd / "training.csv")
-        by_path = {t["path"]: t for t in tr}
+        """The records of an earlier training, from training.csv (the manifest may have grown since)."""
+        _, rows = read_csv(sd / "training.csv")
         out = []
-        for m in man:
-            row = {k: m[k] for k in ("path", "init_checkpoint", "train_data") if m.get(k)}
-            hp = {k: _coerce(m[k]) for k in study.grid}
-            t = by_path.get(m["path"], {})
+        for t in rows:
+            row = {k: t[k] for k in ("path", "init_checkpoint", "train_data") if t.get(k)}
+            hp = {k: _coerce(t[k]) for k in study.grid}
             res = {
-                "steps": int(t.get("steps", 0)), "epochs": int(t.get("epochs", 0)),
-                "train_loss": float(t.get("train_loss", "nan")), "reached_target": t.get("reached_target") == "1",
-                "diverged": t.get("diverged") == "1", "seconds": float(t.get("seconds", 0)),
-                "lr": float(t.get("lr_effective", "nan")),
+                "steps": int(t["steps"]), "epochs": int(t["epochs"]), "train_loss": float(t["train_loss"]),
+                "reached_target": t["reached_target"] == "1", "diverged": t["diverged"] == "1",
+                "seconds": float(t["seconds"]), "lr": float(t["lr_effective"]),
             }  # fmt: skip
             out.append({"row": row, "hp": hp, "result": res})
         return out
@@ -276,7 +283,7 @@ class Experiment:
 
     # ------------------------------------------------------------ measuring
     def flatcli_config(self, study: Study) -> dict[str, Any]:
-        flat = _absolute_paths(study.flatcli, self.spec.path.parent)
+        flat = absolute_paths(study.flatcli, self.spec.path.parent)
         runtime = {"device": "cpu", "seed": 0, **(flat.get("runtime") or {})}
         return {
             "model": flat["model"],
@@ -310,7 +317,7 @@ class Experiment:
         self.log(f"  sweep: {rep.lines[0]}; {rep.computed} computed, {rep.errors} with errors ({rep.seconds:.0f}s)")
         col = api.collect(sd / "sweep", sd / "results" / "results.csv")
         if col.missing:
-            raise ConfigError(f"{study.name}: {len(col.missing)} units of the sweep did not finish; rerun the command to resume")
+            raise MeasurementError(f"{study.name}: {len(col.missing)} units of the sweep did not finish; rerun the command to resume")
         return col.csv_path
 
     # ------------------------------------------------------------ analysis

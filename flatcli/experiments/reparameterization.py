@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..errors import MeasurementError
-from .pipeline import Experiment, StudyOutcome, _absolute_paths, pyplot, read_csv, write_csv
+from .pipeline import Experiment, StudyOutcome, absolute_paths, pyplot, read_csv, write_csv
 from .spec import Study
 
 OUTPUT_TOL = 1e-9  # relative change of the float64 output a rescaling may cause
@@ -45,7 +45,7 @@ class Reparameterization(Experiment):
         from ..loading.models import build_model
 
         rs = self.spec.rescale or {"transforms": ["layer", "node"], "scales": [10.0, 100.0, 1000.0], "seed": 0}
-        flat = _absolute_paths(study.flatcli, self.spec.path.parent)
+        flat = absolute_paths(study.flatcli, self.spec.path.parent)
         cfg = api.load({**flat, "checkpoints": []})
         x, _ = api.DataCache(cfg).get("train")
         x64 = x[:256].double()
