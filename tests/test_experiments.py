@@ -312,7 +312,7 @@ def test_quick_reparameterization(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("FLATCLI_SLOW_TESTS"), reason="set FLATCLI_SLOW_TESTS=1 (a ResNet-18 on the CPU, ~40 s)")
+@pytest.mark.skipif(not os.environ.get("FLATCLI_SLOW_TESTS"), reason="set FLATCLI_SLOW_TESTS=1 (ResNet-18s on the CPU, ~20 s)")
 def test_quick_cifar10_resnet18_on_synthetic_data(tmp_path):
     out = tmp_path / "exp5"
     rep = run_experiment("cifar10_resnet18", out, quick=True, plots=False, log=lambda m: None)

@@ -425,7 +425,7 @@ class Experiment:
         ]  # fmt: skip
 
 
-def _f(v: float) -> str:
+def fmt_stat(v: float) -> str:
     return "–" if v is None or not math.isfinite(v) else f"{v:+.2f}"
 
 
@@ -449,7 +449,7 @@ def correlation_table(spec: Spec, study: Study, o: StudyOutcome, stats=STATS) ->
         for k in stats:
             v = mc.get(k)
             sp = spread.get((mc.measure, k))
-            cells.append(_f(v) + (f" [{min(sp):+.2f}, {max(sp):+.2f}]" if sp and len(sp) >= 2 else ""))
+            cells.append(fmt_stat(v) + (f" [{min(sp):+.2f}, {max(sp):+.2f}]" if sp and len(sp) >= 2 else ""))
         pv = paper.get("values", {}).get(mc.measure)
         cells += [("–" if pv is None else f"{pv[i]:+.2f}" if isinstance(pv[i], (int, float)) else str(pv[i])) for i in range(len(pcols))]
         lines.append("| " + " | ".join(cells) + " |")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .pipeline import Experiment, StudyOutcome, correlation_table, pyplot, read_csv
+from .pipeline import Experiment, StudyOutcome, correlation_table, fmt_stat, pyplot, read_csv
 from .spec import Study
 
 NOISE = "label_noise"
@@ -48,7 +48,7 @@ class RandomLabels(Experiment):
             lines += ["Against the random-label fraction (Kendall τ-b, Spearman and Pearson with the fraction):", "",
                       "| measure | n | Kendall τ-b | Spearman | Pearson |", "|---|---|---|---|---|"]  # fmt: skip
             for mc in sorted(rep.measures, key=lambda m: -m.kendall_tau_b if math.isfinite(m.kendall_tau_b) else math.inf):
-                lines.append(f"| `{mc.measure}` | {mc.n} | {mc.kendall_tau_b:+.2f} | {mc.spearman:+.2f} | {mc.pearson:+.2f} |")
+                lines.append(f"| `{mc.measure}` | {mc.n} | {fmt_stat(mc.kendall_tau_b)} | {fmt_stat(mc.spearman)} | {fmt_stat(mc.pearson)} |")
             lines.append("")
         if "figure" in o.files:
             lines += [f"Figure (as the paper's Fig. 1): `{o.files['figure'].relative_to(self.outdir)}`.", ""]
