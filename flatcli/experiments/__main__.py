@@ -9,6 +9,7 @@ import warnings
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments, run the experiment, print its summary; returns the exit code."""
     from ..errors import FlatcliError
     from . import available, default_outdir, publish, run_experiment
 

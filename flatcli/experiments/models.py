@@ -33,6 +33,7 @@ class LeNet8(nn.Module):
         self.classifier = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for flat or image-shaped inputs."""
         return self.classifier(self.features(x.reshape(-1, 1, self.side, self.side)))
 
 
@@ -56,6 +57,7 @@ class LeNet1D(nn.Module):
         self.classifier = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for flat or channel-shaped signals."""
         return self.classifier(self.features(x.reshape(-1, 1, self.length)))
 
 
@@ -94,5 +96,6 @@ class CifarResNet18(nn.Module):
         self.fc = nn.Linear(cin, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for (N, 3, 32, 32) images."""
         out = self.layers(torch.relu(self.bn1(self.conv1(x))))
         return self.fc(torch.flatten(self.pool(out), 1))

@@ -44,6 +44,8 @@ STAT_TITLES = {"pearson": "Pearson", "kendall_tau_b": "Kendall τ-b", "psi": "Ψ
 
 @dataclass
 class StudyOutcome:
+    """What one study produced: counts, the correlation report, files, timings."""
+
     name: str
     folder: Path
     models: int
@@ -58,6 +60,8 @@ class StudyOutcome:
 
 @dataclass
 class ExperimentReport:
+    """The outcome of `Experiment.run`: one `StudyOutcome` per study and the summary's path."""
+
     spec: Spec
     outdir: Path
     studies: list[StudyOutcome]
@@ -66,6 +70,7 @@ class ExperimentReport:
 
 
 def have_matplotlib() -> bool:
+    """Whether the figures can be drawn."""
     return importlib.util.find_spec("matplotlib") is not None
 
 
@@ -125,10 +130,12 @@ def _fmt_hp(v: Any) -> str:
 
 
 def model_name(i: int, hp: dict[str, Any]) -> str:
+    """The checkpoint stem of grid point ``i``: its index and hyperparameters."""
     return f"{i:03d}_" + "_".join(f"{k}{_fmt_hp(v)}" for k, v in hp.items())
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str] | None = None) -> Path:
+    """Write ``rows`` atomically (temporary file, then rename); columns default to the first row's keys."""
     path.parent.mkdir(parents=True, exist_ok=True)
     cols = columns or (list(rows[0]) if rows else [])
     tmp = path.with_name(path.name + ".tmp")
@@ -141,6 +148,7 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str] | None 
 
 
 def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """The header and the rows (as strings) of a CSV file."""
     with open(path, newline="") as f:
         r = csv.DictReader(f)
         return list(r.fieldnames or []), list(r)
@@ -176,6 +184,7 @@ class Experiment:
 
     # ------------------------------------------------------------ the whole run
     def run(self, studies: list[str] | None = None) -> ExperimentReport:
+        """Run every study (or those named), single-threaded per process; write summary.md."""
         t0 = time.perf_counter()
         chosen = self.spec.studies
         if studies:
@@ -195,6 +204,7 @@ class Experiment:
         return ExperimentReport(self.spec, self.outdir, outcomes, summary, time.perf_counter() - t0)
 
     def run_study(self, study: Study) -> StudyOutcome:
+        """Train, prepare the checkpoints, write the config, measure and analyze one study."""
         sd = self.outdir / study.name
         t0 = time.perf_counter()
         records = self.train(study, sd)
@@ -213,6 +223,7 @@ class Experiment:
 
     # ------------------------------------------------------------ training
     def study_record(self, study: Study) -> dict[str, Any]:
+        """What determines the trained weights (compared with study.json to reuse a training)."""
         return {
             "flatcli": {k: study.flatcli[k] for k in ("model", "data")},
             "training": study.training,
@@ -283,6 +294,7 @@ class Experiment:
 
     # ------------------------------------------------------------ measuring
     def flatcli_config(self, study: Study) -> dict[str, Any]:
+        """The flatcli config of the study's sweep: its measures over the manifest's checkpoints."""
         flat = absolute_paths(study.flatcli, self.spec.path.parent)
         runtime = {"device": "cpu", "seed": 0, **(flat.get("runtime") or {})}
         return {
@@ -297,6 +309,7 @@ class Experiment:
         }
 
     def write_config(self, study: Study, sd: Path) -> Path:
+        """Write ``<study>/config.yaml``; returns its path."""
         cfg = self.flatcli_config(study)
         head = (
             f"# flatcli config of experiment {self.spec.name}, study {study.name} (written by "
@@ -350,6 +363,7 @@ class Experiment:
         return out, unconv, len(keep)
 
     def correlate(self, csv_path: Path, study: Study, outdir: Path | None, plots: bool, target: str = "gen_gap"):
+        """``flatcli correlate`` over the study's axes (`flatcli.api.correlate`)."""
         from .. import api
 
         return api.correlate(csv_path, target=target, by=study.axes or None, outdir=outdir,
@@ -373,6 +387,7 @@ class Experiment:
         return out
 
     def analyze(self, study: Study, sd: Path, results: Path, records: list[dict[str, Any]]) -> StudyOutcome:
+        """Keep the converged models, correlate them with the gap, and each seed's alone."""
         converged, unconv, kept = self.keep_converged(results)
         outcome = StudyOutcome(study.name, sd, models=kept + len(unconv), converged=kept, unconverged=unconv)
         outcome.files.update(results=results, converged=converged, unconverged=results.with_name("unconverged.csv"))
@@ -390,10 +405,12 @@ class Experiment:
 
     # ------------------------------------------------------------ the summary
     def correlate_command(self, study: Study, rel: str) -> str:
+        """The ``flatcli correlate`` command that reproduces the study's table from its folder."""
         by = f" --by {','.join(study.axes)}" if study.axes else ""
         return f"flatcli correlate {rel}/results/results_converged.csv{by}"
 
     def summary(self, outcomes: list[StudyOutcome]) -> str:
+        """summary.md: per study, the counts, timings, tables and the models left out."""
         s = self.spec
         lines = [f"# {s.title}", "", f"Experiment `{s.name}`" + (" (quick mode: a smoke test, not a result)" if s.quick else "")
                  + (f"; reference: {s.reference}" if s.reference else "") + ".", ""]  # fmt: skip
@@ -420,12 +437,14 @@ class Experiment:
         return "\n".join(lines) + "\n"
 
     def summary_sections(self, study: Study, o: StudyOutcome) -> list[str]:
+        """The study's tables (markdown lines); experiments with their own tables override it."""
         return correlation_table(self.spec, study, o) + [
             f"Reproduce: `{self.correlate_command(study, study.name)}` (in `{self.outdir}`).", "",
         ]  # fmt: skip
 
 
 def fmt_stat(v: float) -> str:
+    """A statistic as ``+0.12``, or ``–`` when undefined."""
     return "–" if v is None or not math.isfinite(v) else f"{v:+.2f}"
 
 

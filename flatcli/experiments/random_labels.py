@@ -23,7 +23,10 @@ NOISE = "label_noise"
 
 
 class RandomLabels(Experiment):
+    """Experiment 2: the generic analysis plus the correlation with the noise fraction and Fig. 1."""
+
     def analyze(self, study: Study, sd: Path, results: Path, records: list[dict[str, Any]]) -> StudyOutcome:
+        """The generic analysis, then every measure against the random-label fraction and the figure."""
         outcome = super().analyze(study, sd, results, records)
         if outcome.correlation is None or NOISE not in study.grid:
             return outcome
@@ -38,10 +41,12 @@ class RandomLabels(Experiment):
         return outcome
 
     def correlate_command(self, study: Study, rel: str) -> str:
+        """Both correlate commands: against the gap and against the fraction."""
         base = super().correlate_command(study, rel)
         return f"{base}` and `{base} --target hp_{NOISE}"
 
     def summary_sections(self, study: Study, o: StudyOutcome) -> list[str]:
+        """The table against the gap, the table against the fraction, the figure."""
         lines = ["Against the generalization gap:", ""] + correlation_table(self.spec, study, o)
         rep = o.extra.get("vs_noise")
         if rep is not None:

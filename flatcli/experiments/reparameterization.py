@@ -38,6 +38,8 @@ def _fmt(v: float) -> str:
 
 
 class Reparameterization(Experiment):
+    """Experiment 4: rescaled copies of every trained network, measured beside the originals."""
+
     def prepare_checkpoints(self, study: Study, sd: Path, records: list[dict[str, Any]]) -> None:
         """Add the rescaled copies of every trained network to the checkpoints and the manifest."""
         from .. import api
@@ -81,6 +83,7 @@ class Reparameterization(Experiment):
         (sd / "rescale.json").write_text(json.dumps({**rs, "pairs": [p.producer + "->" + p.consumer for p in pairs]}))
 
     def analyze(self, study: Study, sd: Path, results: Path, records: list[dict[str, Any]]) -> StudyOutcome:
+        """The table of relative changes (no correlation: every copy has its original's gap)."""
         _, unconv, kept = self.keep_converged(results)
         outcome = StudyOutcome(study.name, sd, models=kept + len(unconv), converged=kept, unconverged=unconv)
         table = relative_changes(results)
@@ -93,6 +96,7 @@ class Reparameterization(Experiment):
         return outcome
 
     def summary_sections(self, study: Study, o: StudyOutcome) -> list[str]:
+        """Median relative change per measure, transform and α."""
         table = o.extra.get("table") or []
         if not table:
             return ["No measurements.", ""]

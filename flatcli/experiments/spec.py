@@ -87,6 +87,8 @@ class Study:
 
 @dataclass
 class Spec:
+    """A loaded experiment spec: its studies (full or quick), target loss, the papers' numbers."""
+
     name: str
     title: str
     reference: str
@@ -202,6 +204,7 @@ def _as_list(v: Any) -> list[Any]:
 
 
 def _model_params(target: str, base_dir: Path) -> tuple[set[str], bool]:
+    """The model factory's parameter names and whether it takes **kwargs."""
     from ..loading.models import resolve_target
 
     fn = resolve_target(target, base_dir)
@@ -213,7 +216,8 @@ def _model_params(target: str, base_dir: Path) -> tuple[set[str], bool]:
     return set(sig.parameters), var_kw
 
 
-def _study(name: str, s: dict[str, Any], where: str, base_dir: Path) -> Study:
+def _flatcli_part(s: dict[str, Any], where: str, base_dir: Path) -> dict[str, Any]:
+    """The study's flatcli config (measure_options applied), validated by flatcli's own schema."""
     from ..config import from_dict
 
     flat = {k: s[k] for k in FLATCLI_KEYS if k in s}
@@ -227,49 +231,62 @@ def _study(name: str, s: dict[str, Any], where: str, base_dir: Path) -> Study:
         raise ConfigError(f"{where}: {e}") from None
     if not flat.get("measures"):
         raise ConfigError(f"{where}: 'measures' must list at least one measure")
-    training = dict(TRAINING_DEFAULTS)
-    training.update(_check_keys(s.get("training"), TRAINING_KEYS, f"{where}.training"))
-    _check_training(training, f"{where}.training")
-    grid_raw = s.get("grid") or {}
-    if not isinstance(grid_raw, dict):
-        raise ConfigError(f"{where}.grid must be a mapping of axis → list of values")
-    params, var_kw = _model_params(flat["model"]["target"], base_dir)
-    grid: dict[str, list[Any]] = {}
-    model_axes = []
-    for k, v in grid_raw.items():
-        vals = _as_list(v)
-        if not vals:
-            raise ConfigError(f"{where}.grid.{k} must hold at least one value")
-        if len(set(map(repr, vals))) != len(vals):
-            raise ConfigError(f"{where}.grid.{k} repeats a value: {vals}")
-        if k == "seed":
-            if not all(isinstance(x, int) and not isinstance(x, bool) for x in vals):
-                raise ConfigError(f"{where}.grid.seed must be a list of ints; got {vals}")
-        elif k in TRAINING_KEYS:
-            if k in NOT_A_GRID_AXIS:
-                raise ConfigError(f"{where}.grid.{k}: {k} is a training setting, not a grid axis; set it under 'training'")
-            for x in vals:
-                _check_training({**training, k: x}, f"{where}.grid.{k}")
-        elif k in params or var_kw:
-            model_axes.append(k)
-        else:
-            valid = sorted({"seed", *(t for t in TRAINING_KEYS if t not in NOT_A_GRID_AXIS), *params} - {"self"})
-            raise _unknown(k, valid, f"{where}.grid (training settings, 'seed' or arguments of {flat['model']['target']})")
-        grid[k] = vals
-    grid.setdefault("seed", [0])
-    axes_raw = s.get("axes")
-    if axes_raw is None:
+    return flat
+
+
+def _grid_axis(k: str, vals: list[Any], training: dict[str, Any], model: tuple[set[str], bool, str], where: str) -> bool:
+    """Validate one grid axis; True when it is an argument of the model (passed as a model kwarg)."""
+    if not vals:
+        raise ConfigError(f"{where}.grid.{k} must hold at least one value")
+    if len(set(map(repr, vals))) != len(vals):
+        raise ConfigError(f"{where}.grid.{k} repeats a value: {vals}")
+    params, var_kw, target = model
+    if k == "seed":
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in vals):
+            raise ConfigError(f"{where}.grid.seed must be a list of ints; got {vals}")
+        return False
+    if k in TRAINING_KEYS:
+        if k in NOT_A_GRID_AXIS:
+            raise ConfigError(f"{where}.grid.{k}: {k} is a training setting, not a grid axis; set it under 'training'")
+        for x in vals:
+            _check_training({**training, k: x}, f"{where}.grid.{k}")
+        return False
+    if k in params or var_kw:
+        return True
+    valid = sorted({"seed", *(t for t in TRAINING_KEYS if t not in NOT_A_GRID_AXIS), *params} - {"self"})
+    raise _unknown(k, valid, f"{where}.grid (training settings, 'seed' or arguments of {target})")
+
+
+def _axes(s: dict[str, Any], grid: dict[str, list[Any]], where: str) -> tuple[list[str], str | None]:
+    """The Ψ/CMI axes (default: every grid key but seed with several values) and the colour axis."""
+    if s.get("axes") is None:
         axes = [k for k, v in grid.items() if k != "seed" and len(v) > 1]
     else:
-        axes = [str(a) for a in _as_list(axes_raw)]
+        axes = [str(a) for a in _as_list(s["axes"])]
         for a in axes:
             if a not in grid:
                 raise ConfigError(f"{where}.axes: {a!r} is not a grid axis ({', '.join(grid)})")
     color_by = s.get("color_by")
     if color_by is not None and color_by not in grid:
         raise ConfigError(f"{where}.color_by: {color_by!r} is not a grid axis ({', '.join(grid)})")
-    if color_by is None and axes:
-        color_by = axes[0]
+    return axes, color_by if color_by is not None else (axes[0] if axes else None)
+
+
+def _study(name: str, s: dict[str, Any], where: str, base_dir: Path) -> Study:
+    """One merged study mapping → a validated `Study`."""
+    flat = _flatcli_part(s, where, base_dir)
+    training = dict(TRAINING_DEFAULTS)
+    training.update(_check_keys(s.get("training"), TRAINING_KEYS, f"{where}.training"))
+    _check_training(training, f"{where}.training")
+    grid_raw = s.get("grid") or {}
+    if not isinstance(grid_raw, dict):
+        raise ConfigError(f"{where}.grid must be a mapping of axis → list of values")
+    target = flat["model"]["target"]
+    model = (*_model_params(target, base_dir), target)
+    grid = {str(k): _as_list(v) for k, v in grid_raw.items()}
+    model_axes = [k for k, vals in grid.items() if _grid_axis(k, vals, training, model, where)]
+    grid.setdefault("seed", [0])
+    axes, color_by = _axes(s, grid, where)
     return Study(name, str(s.get("title", name)), flat, training, grid, axes, color_by, model_axes)
 
 

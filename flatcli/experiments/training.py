@@ -36,6 +36,8 @@ EVAL_CHUNK = 4096
 
 @dataclass(frozen=True)
 class TrainResult:
+    """How one model's training ended."""
+
     steps: int
     epochs: int
     train_loss: float  # eval-mode cross-entropy on the training labels, no regularizer
@@ -46,6 +48,7 @@ class TrainResult:
 
 
 def effective_lr(training: dict[str, Any]) -> float:
+    """The learning rate used: ``lr`` (or ``lr[optimizer]``) × ``lr_factor``."""
     lr = training["lr"]
     base = lr[training["optimizer"]] if isinstance(lr, dict) else lr
     return float(base) * float(training.get("lr_factor", 1.0))
