@@ -25,7 +25,7 @@ from .measures import MeasureSpec, get_measure
 from .measures._options import parse_options
 
 PRECISIONS = ("auto", "fp32", "tf32", "fp64")
-SOURCES = ("tensors", "torchvision", "imagefolder", "digits", "synthetic")
+SOURCES = ("tensors", "torchvision", "imagefolder", "digits", "synthetic", "mnist1d")
 
 
 @dataclass
@@ -44,13 +44,13 @@ class DataSource:
     path: str | None = None  # tensors, imagefolder
     name: str | None = None  # torchvision dataset class
     root: str | None = None  # torchvision
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)  # torchvision, imagefolder; mnist1d generator parameters
     download: bool = False
-    split: str | None = None  # digits: train | test (defaults to the key it sits under)
-    num_samples: int | None = None  # synthetic
+    split: str | None = None  # digits, mnist1d: train | test (defaults to the key it sits under)
+    num_samples: int | None = None  # synthetic; mnist1d (both splits together)
     input_shape: list[int] | None = None  # synthetic
     num_classes: int | None = None  # synthetic
-    seed: int = 0  # synthetic
+    seed: int = 0  # synthetic, mnist1d
 
 
 @dataclass

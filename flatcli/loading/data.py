@@ -13,6 +13,14 @@ Sources (config ``data.train`` / ``data.test``):
   (70/30, ``random_state=0``); ``split`` defaults to the key it sits under.
 * ``synthetic``: ``num_samples`` Gaussian inputs of ``input_shape`` with labels
   from a fixed random linear teacher over ``num_classes`` classes, seeded.
+* ``mnist1d``: MNIST-1D (Greydanus 2020; ``pip install mnist1d``), generated
+  procedurally and offline by ``mnist1d.data.make_dataset``: ``num_samples``
+  signals in total (default 5000) of length 40 over 10 classes, ``seed``
+  (default 0), any other generator parameter under ``kwargs`` (``train_split``,
+  default 0.8, ``iid_noise_scale``, ``shuffle_seq``, ...); ``split`` (train |
+  test) defaults to the key it sits under and picks a side of the generator's
+  own split. Deterministic, cached in-process, and the global NumPy / ``random``
+  states are left as they were.
 
 ``data.normalize: {mean: [...], std: [...]}`` is applied per channel (inputs of
 shape (N, C, ...)) or per feature / globally for flat inputs.
@@ -20,7 +28,10 @@ shape (N, C, ...)) or per feature / globally for flat inputs.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import os
+import random
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +146,81 @@ def digits_split(split: str):
     raise ConfigError(f"digits split must be 'train' or 'test'; got {split!r}")
 
 
+MNIST1D_DEFAULT_SAMPLES = 5000
+# make_dataset's parameters that a config may set under ``kwargs`` (num_samples and seed have
+# their own keys; the download URL is never used)
+MNIST1D_KWARGS = (
+    "train_split", "template_len", "padding", "scale_coeff", "max_translation", "corr_noise_scale",
+    "iid_noise_scale", "shear_scale", "shuffle_seq", "final_seq_length",
+)  # fmt: skip
+
+
+def _frozen(v):
+    return tuple(_frozen(i) for i in v) if isinstance(v, (list, tuple)) else v
+
+
+@functools.lru_cache(maxsize=8)
+def _mnist1d_arrays(num_samples: int, seed: int, items: tuple) -> dict[str, np.ndarray]:
+    try:
+        from mnist1d.data import get_dataset_args, make_dataset
+        from mnist1d.utils import ObjectView
+    except ImportError:
+        raise ConfigError(
+            "data source 'mnist1d' needs the mnist1d package: pip install 'flatcli[experiments]'"
+        ) from None
+    args = get_dataset_args(as_dict=True)
+    args.update({k: list(v) if isinstance(v, tuple) else v for k, v in items})
+    args.update(num_samples=num_samples, seed=seed)
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:  # make_dataset seeds NumPy's and Python's global generators: restore them afterwards
+        d = make_dataset(ObjectView(args))
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+    out = {k: np.ascontiguousarray(d[k]) for k in ("x", "y", "x_test", "y_test")}
+    for a in out.values():
+        a.setflags(write=False)
+    return out
+
+
+def mnist1d_split(split: str, num_samples: int | None = None, seed: int = 0, kwargs: dict | None = None, where: str = "data"):
+    """MNIST-1D generated offline (``mnist1d.data.make_dataset``); ``split`` is 'train' or 'test'.
+
+    ``num_samples`` counts both splits together (default 5000, the generator's); ``kwargs``
+    holds further generator parameters (`MNIST1D_KWARGS`). The same arguments always give
+    the same tensors (cached per process)."""
+    if split not in ("train", "test"):
+        raise ConfigError(f"{where}.split: mnist1d split must be 'train' or 'test'; got {split!r}")
+    n = MNIST1D_DEFAULT_SAMPLES if num_samples is None else num_samples
+    if isinstance(n, bool) or not isinstance(n, int) or n < 20:
+        raise ConfigError(f"{where}.num_samples: mnist1d needs an int ≥ 20 (two per class at least); got {n!r}")
+    kwargs = dict(kwargs or {})
+    for k in kwargs:
+        if k not in MNIST1D_KWARGS:
+            hint = difflib.get_close_matches(str(k), MNIST1D_KWARGS, n=1)
+            raise ConfigError(
+                f"{where}.kwargs: mnist1d has no parameter {k!r}."
+                + (f" Did you mean {hint[0]!r}?" if hint else f" Valid: {', '.join(MNIST1D_KWARGS)}.")
+            )
+    frac = kwargs.get("train_split", 0.8)
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1:
+        raise ConfigError(f"{where}.kwargs.train_split must be a float in (0, 1); got {frac!r}")
+    per_class = n // 10
+    n_train = int(per_class * 10 * frac)
+    if n_train < 1 or n_train >= per_class * 10:
+        raise ConfigError(
+            f"{where}: num_samples {n} with train_split {frac} leaves an empty split ({n_train} of {per_class * 10} for training)"
+        )
+    try:
+        d = _mnist1d_arrays(int(n), int(seed), tuple(sorted((k, _frozen(v)) for k, v in kwargs.items())))
+    except ConfigError:
+        raise
+    except Exception as e:  # a generator parameter of the wrong type or range
+        raise ConfigError(f"{where}: mnist1d could not generate the data with these parameters: {type(e).__name__}: {e}") from None
+    x, y = (d["x"], d["y"]) if split == "train" else (d["x_test"], d["y_test"])
+    return _to_tensor_pair(torch.tensor(x), torch.tensor(y), where)
+
+
 def synthetic(num_samples: int = 512, input_shape=(64,), num_classes: int = 10, seed: int = 0):
     """Seeded Gaussian inputs of ``input_shape`` with uniform random labels (tests and smoke runs)."""
     g = torch.Generator().manual_seed(seed)
@@ -162,6 +248,8 @@ def load_split(src, key: str, base_dir: Path, normalize=None):
         x, y = _load_imagefolder(src, base_dir, where)
     elif kind == "digits":
         x, y = digits_split(src.split or key)
+    elif kind == "mnist1d":
+        x, y = mnist1d_split(src.split or key, src.num_samples, src.seed, src.kwargs, where)
     elif kind == "synthetic":
         x, y = synthetic(
             src.num_samples or 512,

@@ -1,0 +1,510 @@
+"""One experiment, end to end, as a user would run it: train, write a manifest and a flatcli
+config, then ``flatcli sweep`` → ``collect`` → ``correlate`` through `flatcli.api`.
+
+Per study (``OUTDIR/<study>/``):
+
+* ``checkpoints/`` (final and ``.init.pt`` checkpoints), ``data/`` (noisy-label training sets),
+  ``manifest.csv`` (``path``, ``init_checkpoint``, ``train_data`` and one column per grid axis),
+  ``training.csv`` (steps, final train loss, ``reached_target`` per model), ``config.yaml``
+  (the flatcli config of the sweep), ``study.json`` (the resolved study: training is skipped
+  when it and the checkpoints are unchanged);
+* ``sweep/`` (one file per checkpoint × measure; rerunning resumes);
+* ``results/results.csv`` (every model), ``results_converged.csv`` (models whose train loss,
+  as flatcli measured it, is ≤ the target), ``unconverged.csv`` (the others, listed),
+  ``correlations.csv`` and ``plots/`` (on the converged models, Ψ over the study's axes),
+  ``by_seed/`` and ``correlations_by_seed.csv`` (the same statistics per seed: their spread is
+  the interval reported beside each value).
+
+``OUTDIR/summary.md`` holds the tables of every study with the papers' numbers beside ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import importlib.util
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError, MeasurementError
+from .spec import Spec, Study
+from .training import run_tasks
+
+STATS = ("pearson", "kendall_tau_b", "psi", "cmi")
+STAT_TITLES = {"pearson": "Pearson", "kendall_tau_b": "Kendall τ-b", "psi": "Ψ", "cmi": "CMI", "spearman": "Spearman"}
+
+
+@dataclass
+class StudyOutcome:
+    """What one study produced: counts, the correlation report, files, timings."""
+
+    name: str
+    folder: Path
+    models: int
+    converged: int
+    unconverged: list[dict[str, Any]] = field(default_factory=list)
+    correlation: Any = None  # flatcli.analysis.CorrelationReport on the converged models
+    by_seed: list[dict[str, Any]] = field(default_factory=list)  # rows of correlations_by_seed.csv
+    seconds: dict[str, float] = field(default_factory=dict)  # training, sweep, analysis
+    files: dict[str, Path] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ExperimentReport:
+    """The outcome of `Experiment.run`: one `StudyOutcome` per study and the summary's path."""
+
+    spec: Spec
+    outdir: Path
+    studies: list[StudyOutcome]
+    summary: Path
+    seconds: float
+
+
+def have_matplotlib() -> bool:
+    """Whether the figures can be drawn."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def pyplot():
+    """matplotlib.pyplot on the headless Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@contextlib.contextmanager
+def single_threaded():
+    """One thread per process, for torch and BLAS, here and in the worker processes started
+    inside (which read the environment): the same numbers on any core count, and no
+    oversubscription (a multi-threaded BLAS on the tiny L-BFGS solves of normalized sharpness
+    runs 10–20× slower on a loaded machine)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    threads = torch.get_num_threads()
+    old = {k: os.environ.get(k) for k in THREAD_VARS}
+    torch.set_num_threads(1)
+    os.environ.update({k: "1" for k in THREAD_VARS})
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        torch.set_num_threads(threads)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+TRAINING_COLUMNS = ["lr_effective", "steps", "epochs", "train_loss", "reached_target", "diverged", "seconds"]
+
+
+def _coerce(v: str) -> Any:
+    """A CSV cell back to the int, float or string it was written from."""
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+def _fmt_hp(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def model_name(i: int, hp: dict[str, Any]) -> str:
+    """The checkpoint stem of grid point ``i``: its index and hyperparameters."""
+    return f"{i:03d}_" + "_".join(f"{k}{_fmt_hp(v)}" for k, v in hp.items())
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str] | None = None) -> Path:
+    """Write ``rows`` atomically (temporary file, then rename); columns default to the first row's keys."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cols = columns or (list(rows[0]) if rows else [])
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+    return path
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """The header and the rows (as strings) of a CSV file."""
+    with open(path, newline="") as f:
+        r = csv.DictReader(f)
+        return list(r.fieldnames or []), list(r)
+
+
+def absolute_paths(flat: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """The flatcli part of a spec with its relative data paths and model file made absolute."""
+    out = json.loads(json.dumps(flat))
+    for split in ("train", "test"):
+        src = (out.get("data") or {}).get(split)
+        if isinstance(src, dict):
+            for key in ("path", "root"):
+                v = src.get(key)
+                if isinstance(v, str) and not os.path.isabs(os.path.expanduser(v)):
+                    src[key] = str((base_dir / v).resolve())
+    target = out["model"]["target"]
+    left, _, attr = target.rpartition(":")
+    if left.endswith(".py") and not os.path.isabs(left):
+        out["model"]["target"] = f"{(base_dir / left).resolve()}:{attr}"
+    return out
+
+
+class Experiment:
+    """The generic experiment: train every study's grid, measure, keep the converged models,
+    correlate. Subclasses add steps (`prepare_checkpoints`, `analyze`, `summary_sections`)."""
+
+    def __init__(self, spec: Spec, outdir: str | Path, jobs: int = 1, log=print, plots: bool = True):
+        self.spec = spec
+        self.outdir = Path(outdir)
+        self.jobs = max(1, int(jobs))
+        self.log = log
+        self.plots = plots and have_matplotlib()
+
+    # ------------------------------------------------------------ the whole run
+    def run(self, studies: list[str] | None = None) -> ExperimentReport:
+        """Run every study (or those named), single-threaded per process; write summary.md."""
+        t0 = time.perf_counter()
+        chosen = self.spec.studies
+        if studies:
+            names = [s.name for s in self.spec.studies]
+            unknown = [s for s in studies if s not in names]
+            if unknown:
+                raise ConfigError(f"--study: {', '.join(unknown)} not in {self.spec.name} (studies: {', '.join(names)})")
+            chosen = [s for s in self.spec.studies if s.name in studies]
+        self.outdir.mkdir(parents=True, exist_ok=True)
+        outcomes = []
+        with single_threaded():
+            for study in chosen:
+                self.log(f"== {self.spec.name} / {study.name}: {len(study.points())} models")
+                outcomes.append(self.run_study(study))
+        summary = self.outdir / "summary.md"
+        summary.write_text(self.summary(outcomes))
+        return ExperimentReport(self.spec, self.outdir, outcomes, summary, time.perf_counter() - t0)
+
+    def run_study(self, study: Study) -> StudyOutcome:
+        """Train, prepare the checkpoints, write the config, measure and analyze one study."""
+        sd = self.outdir / study.name
+        t0 = time.perf_counter()
+        records = self.train(study, sd)
+        self.prepare_checkpoints(study, sd, records)
+        cfg_path = self.write_config(study, sd)
+        t1 = time.perf_counter()
+        results = self.measure(study, sd, cfg_path)
+        t2 = time.perf_counter()
+        outcome = self.analyze(study, sd, results, records)
+        outcome.seconds = {"training": t1 - t0, "sweep": t2 - t1, "analysis": time.perf_counter() - t2}
+        self.log(
+            f"{study.name}: {outcome.converged}/{outcome.models} models at train loss ≤ {self.spec.target_loss:g}; "
+            f"training {t1 - t0:.0f}s, sweep {t2 - t1:.0f}s, analysis {outcome.seconds['analysis']:.0f}s"
+        )
+        return outcome
+
+    # ------------------------------------------------------------ training
+    def study_record(self, study: Study) -> dict[str, Any]:
+        """What determines the trained weights (compared with study.json to reuse a training)."""
+        return {
+            "flatcli": {k: study.flatcli[k] for k in ("model", "data")},
+            "training": study.training,
+            "grid": study.grid,
+            "target": self.spec.target_loss,
+        }
+
+    def train(self, study: Study, sd: Path) -> list[dict[str, Any]]:
+        """Train the grid (or reuse identical earlier training); write manifest.csv and training.csv."""
+        record = json.loads(json.dumps(self.study_record(study), default=str))
+        stamp = sd / "study.json"
+        points = study.points()
+        names = [model_name(i, hp) for i, hp in enumerate(points)]
+        if stamp.is_file() and (sd / "training.csv").is_file():
+            try:
+                same = json.loads(stamp.read_text()) == record
+            except ValueError:
+                same = False
+            if same and all((sd / "checkpoints" / f"{n}.pt").is_file() for n in names):
+                self.log(f"reusing the {len(points)} trained models in {sd} (delete {stamp.name} to retrain)")
+                return self._read_records(sd, study)
+        sd.mkdir(parents=True, exist_ok=True)
+        stamp.unlink(missing_ok=True)
+        flat = absolute_paths(study.flatcli, self.spec.path.parent)
+        tasks = [
+            {
+                "flatcli": flat, "base_dir": str(self.spec.path.parent), "outdir": str(sd), "name": n, "hp": hp,
+                "training": {**study.training, **{k: v for k, v in hp.items() if k in study.training}},
+                "model_axes": study.model_axes, "target": self.spec.target_loss,
+            }
+            for n, hp in zip(names, points, strict=True)
+        ]  # fmt: skip
+        records = run_tasks(tasks, self.jobs, log=lambda m: self.log("  " + m))
+        self._write_training(sd, study, records)
+        stamp.write_text(json.dumps(record, indent=1))
+        return records
+
+    def _write_training(self, sd: Path, study: Study, records: list[dict[str, Any]]) -> None:
+        keys = list(study.grid)
+        cols = ["path", "init_checkpoint"] + (["train_data"] if any("train_data" in r["row"] for r in records) else [])
+        write_csv(sd / "manifest.csv", [{**r["row"], **r["hp"]} for r in records], cols + keys)
+        rows = []
+        for r in records:
+            res = r["result"]
+            rows.append({**r["row"], **r["hp"], "lr_effective": res["lr"], "steps": res["steps"],
+                         "epochs": res["epochs"], "train_loss": res["train_loss"],
+                         "reached_target": int(res["reached_target"]), "diverged": int(res["diverged"]),
+                         "seconds": round(res["seconds"], 2)})  # fmt: skip
+        write_csv(sd / "training.csv", rows, cols + keys + TRAINING_COLUMNS)
+
+    def _read_records(self, sd: Path, study: Study) -> list[dict[str, Any]]:
+        """The records of an earlier training, from training.csv (the manifest may have grown since)."""
+        _, rows = read_csv(sd / "training.csv")
+        out = []
+        for t in rows:
+            row = {k: t[k] for k in ("path", "init_checkpoint", "train_data") if t.get(k)}
+            hp = {k: _coerce(t[k]) for k in study.grid}
+            res = {
+                "steps": int(t["steps"]), "epochs": int(t["epochs"]), "train_loss": float(t["train_loss"]),
+                "reached_target": t["reached_target"] == "1", "diverged": t["diverged"] == "1",
+                "seconds": float(t["seconds"]), "lr": float(t["lr_effective"]),
+            }  # fmt: skip
+            out.append({"row": row, "hp": hp, "result": res})
+        return out
+
+    def prepare_checkpoints(self, study: Study, sd: Path, records: list[dict[str, Any]]) -> None:
+        """A hook after training (the reparameterization experiment adds rescaled checkpoints)."""
+
+    # ------------------------------------------------------------ measuring
+    def flatcli_config(self, study: Study) -> dict[str, Any]:
+        """The flatcli config of the study's sweep: its measures over the manifest's checkpoints."""
+        flat = absolute_paths(study.flatcli, self.spec.path.parent)
+        runtime = {"device": "cpu", "seed": 0, **(flat.get("runtime") or {})}
+        return {
+            "model": flat["model"],
+            "checkpoints": {"manifest": "manifest.csv"},
+            "data": flat["data"],
+            "measure_data": flat.get("measure_data", {}),
+            "loss": flat.get("loss", "cross_entropy"),
+            "measures": flat["measures"],
+            "runtime": runtime,
+            "output": {"dir": "results"},
+        }
+
+    def write_config(self, study: Study, sd: Path) -> Path:
+        """Write ``<study>/config.yaml``; returns its path."""
+        cfg = self.flatcli_config(study)
+        head = (
+            f"# flatcli config of experiment {self.spec.name}, study {study.name} (written by "
+            f"`python -m flatcli.experiments {self.spec.name}`).\n# Measure again with: flatcli sweep -c config.yaml -o sweep\n"
+        )
+        path = sd / "config.yaml"
+        path.write_text(head + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
+        return path
+
+    def measure(self, study: Study, sd: Path, cfg_path: Path) -> Path:
+        """``flatcli sweep`` (resumable) then ``flatcli collect`` → results/results.csv."""
+        from .. import api
+
+        cfg = api.load(cfg_path)
+        cpu = cfg.runtime.device == "cpu"
+        rep = api.sweep(cfg_path, sd / "sweep", workers=self.jobs if cpu and self.jobs > 1 else None,
+                        log=lambda m: self.log("  " + m))  # fmt: skip
+        self.log(f"  sweep: {rep.lines[0]}; {rep.computed} computed, {rep.errors} with errors ({rep.seconds:.0f}s)")
+        col = api.collect(sd / "sweep", sd / "results" / "results.csv")
+        if col.missing:
+            raise MeasurementError(f"{study.name}: {len(col.missing)} units of the sweep did not finish; rerun the command to resume")
+        return col.csv_path
+
+    # ------------------------------------------------------------ analysis
+    def keep_converged(self, results: Path) -> tuple[Path, list[dict[str, Any]], int]:
+        """Split results.csv by flatcli's own ``train_loss`` (eval mode, the model's training labels).
+
+        Writes ``results_converged.csv`` (train_loss ≤ target) and ``unconverged.csv``; returns
+        (converged csv, unconverged rows, converged count). This is the filter that
+        ``flatcli correlate --max-train-loss TARGET`` applies to results.csv: with that option
+        the correlations are computed from results.csv directly.
+        """
+        cols, rows = read_csv(results)
+        keep, drop = [], []
+        for r in rows:
+            try:
+                loss = float(r.get("train_loss") or "nan")
+            except ValueError:
+                loss = math.nan
+            (keep if loss <= self.spec.target_loss else drop).append(r)
+        out = results.with_name("results_converged.csv")
+        write_csv(out, keep, cols)
+        hp_cols = [c for c in cols if c.startswith("hp_")]
+        unconv = [
+            {"checkpoint": r["checkpoint"], **{c: r.get(c, "") for c in hp_cols}, "train_loss": r.get("train_loss", ""),
+             "train_acc": r.get("train_acc", ""), "status": r.get("status", ""), "error": r.get("error", "")}
+            for r in drop
+        ]  # fmt: skip
+        write_csv(results.with_name("unconverged.csv"), unconv,
+                  ["checkpoint", *hp_cols, "train_loss", "train_acc", "status", "error"])  # fmt: skip
+        return out, unconv, len(keep)
+
+    def correlate(self, csv_path: Path, study: Study, outdir: Path | None, plots: bool, target: str = "gen_gap"):
+        """``flatcli correlate`` over the study's axes (`flatcli.api.correlate`)."""
+        from .. import api
+
+        return api.correlate(csv_path, target=target, by=study.axes or None, outdir=outdir,
+                             plots=plots and outdir is not None, color_by=study.color_by if plots else None)  # fmt: skip
+
+    def seed_spread(self, study: Study, converged: Path, target: str = "gen_gap") -> list[dict[str, Any]]:
+        """The correlation statistics on each seed's models alone (``by_seed/results_seed<S>.csv``)."""
+        if len(study.grid.get("seed", [])) < 2:
+            return []
+        cols, rows = read_csv(converged)
+        out = []
+        for s in study.grid["seed"]:
+            sub = [r for r in rows if r.get("hp_seed") == str(s)]
+            if len(sub) < 3:
+                continue
+            p = write_csv(converged.parent / "by_seed" / f"results_seed{s}.csv", sub, cols)
+            rep = self.correlate(p, study, None, False, target)
+            for mc in rep.measures:
+                out.append({"measure": mc.measure, "seed": s, "n": mc.n, "pearson": mc.pearson, "spearman": mc.spearman,
+                            "kendall_tau_b": mc.kendall_tau_b, "psi": mc.psi, "cmi": mc.cmi})  # fmt: skip
+        return out
+
+    def analyze(self, study: Study, sd: Path, results: Path, records: list[dict[str, Any]]) -> StudyOutcome:
+        """Keep the converged models, correlate them with the gap, and each seed's alone."""
+        converged, unconv, kept = self.keep_converged(results)
+        outcome = StudyOutcome(study.name, sd, models=kept + len(unconv), converged=kept, unconverged=unconv)
+        outcome.files.update(results=results, converged=converged, unconverged=results.with_name("unconverged.csv"))
+        if unconv:
+            self.log(f"  {len(unconv)} model(s) above the target train loss, left out of the correlations (unconverged.csv)")
+        if kept < 3:
+            self.log(f"  only {kept} converged model(s): no correlations")
+            return outcome
+        outcome.correlation = self.correlate(converged, study, sd / "results", self.plots)
+        outcome.files["correlations"] = sd / "results" / "correlations.csv"
+        outcome.by_seed = self.seed_spread(study, converged)
+        if outcome.by_seed:
+            outcome.files["correlations_by_seed"] = write_csv(sd / "results" / "correlations_by_seed.csv", outcome.by_seed)
+        return outcome
+
+    # ------------------------------------------------------------ the summary
+    def correlate_command(self, study: Study, rel: str) -> str:
+        """The ``flatcli correlate`` command that reproduces the study's table from its folder."""
+        by = f" --by {','.join(study.axes)}" if study.axes else ""
+        return f"flatcli correlate {rel}/results/results_converged.csv{by}"
+
+    def summary(self, outcomes: list[StudyOutcome]) -> str:
+        """summary.md: per study, the counts, timings, tables and the models left out."""
+        s = self.spec
+        lines = [f"# {s.title}", "", f"Experiment `{s.name}`" + (" (quick mode: a smoke test, not a result)" if s.quick else "")
+                 + (f"; reference: {s.reference}" if s.reference else "") + ".", ""]  # fmt: skip
+        for c in s.paper.get("claims", []):
+            lines.append(f"- paper: {c}")
+        if s.paper.get("claims"):
+            lines.append("")
+        for o in outcomes:
+            study = next(st for st in s.studies if st.name == o.name)
+            lines += [f"## {study.title}", ""]
+            lines.append(
+                f"{o.converged} of {o.models} models reached train cross-entropy ≤ {s.target_loss:g} (eval mode) and "
+                f"enter the correlations; time: training {o.seconds.get('training', 0):.0f} s, sweep "
+                f"{o.seconds.get('sweep', 0):.0f} s, analysis {o.seconds.get('analysis', 0):.0f} s."
+            )
+            lines.append("")
+            lines += self.summary_sections(study, o)
+            if o.unconverged:
+                lines += ["Left out (train loss above the target):", ""]
+                for u in o.unconverged:
+                    hp = ", ".join(f"{k[3:]}={v}" for k, v in u.items() if k.startswith("hp_"))
+                    lines.append(f"- `{u['checkpoint']}` ({hp}): train loss {u['train_loss']}")
+                lines.append("")
+        return "\n".join(lines) + "\n"
+
+    def summary_sections(self, study: Study, o: StudyOutcome) -> list[str]:
+        """The study's tables (markdown lines); experiments with their own tables override it."""
+        return correlation_table(self.spec, study, o) + [
+            f"Reproduce: `{self.correlate_command(study, study.name)}` (in `{self.outdir}`).", "",
+        ]  # fmt: skip
+
+
+def fmt_stat(v: float) -> str:
+    """A statistic as ``+0.12``, or ``–`` when undefined."""
+    return "–" if v is None or not math.isfinite(v) else f"{v:+.2f}"
+
+
+def correlation_table(spec: Spec, study: Study, o: StudyOutcome, stats=STATS) -> list[str]:
+    """Markdown rows: each measure's statistics with [min, max] over seeds, then the papers' values."""
+    if o.correlation is None:
+        return ["No correlations (fewer than 3 converged models).", ""]
+    paper = spec.paper
+    pcols = paper.get("columns", [])
+    pstat = STAT_TITLES.get(paper.get("statistic", "pearson"), paper.get("statistic", ""))
+    head = ["measure", "n"] + [STAT_TITLES[k] for k in stats] + [f"paper {pstat}: {c}" for c in pcols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    spread: dict[tuple[str, str], list[float]] = {}
+    for r in o.by_seed:
+        for k in stats:
+            v = r[k]
+            if v is not None and math.isfinite(v):
+                spread.setdefault((r["measure"], k), []).append(v)
+    for mc in o.correlation.measures:
+        cells = [f"`{mc.measure}`", str(mc.n)]
+        for k in stats:
+            v = mc.get(k)
+            sp = spread.get((mc.measure, k))
+            cells.append(fmt_stat(v) + (f" [{min(sp):+.2f}, {max(sp):+.2f}]" if sp and len(sp) >= 2 else ""))
+        pv = paper.get("values", {}).get(mc.measure)
+        cells += [("–" if pv is None else f"{pv[i]:+.2f}" if isinstance(pv[i], (int, float)) else str(pv[i])) for i in range(len(pcols))]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    if o.by_seed:
+        lines += ["Brackets: the smallest and largest value over the seeds, each seed's models correlated alone.", ""]
+    axes = ", ".join(study.axes) if study.axes else "none"
+    lines += [f"Ψ and CMI over the axes: {axes}.", ""]
+    return lines
+
+
+def publish(report: ExperimentReport, dest: str | Path) -> list[Path]:
+    """Copy the small outputs (CSV tables, summary, figures) into ``dest/<experiment>/``."""
+    base = Path(dest) / report.spec.name
+    copied = []
+    base.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(report.summary, base / "summary.md")
+    copied.append(base / "summary.md")
+    for o in report.studies:
+        d = base / o.name
+        d.mkdir(parents=True, exist_ok=True)
+        res = o.folder / "results"
+        for name in ("results.csv", "results_converged.csv", "unconverged.csv", "correlations.csv",
+                     "correlations_by_seed.csv", "relative_change.csv"):  # fmt: skip
+            for src in (res / name, res / "vs_noise" / name):
+                if src.is_file():
+                    dst = d / (f"vs_noise_{name}" if src.parent.name == "vs_noise" else name)
+                    shutil.copy2(src, dst)
+                    copied.append(dst)
+        for name in ("training.csv", "config.yaml"):
+            if (o.folder / name).is_file():
+                shutil.copy2(o.folder / name, d / name)
+                copied.append(d / name)
+        for fig in [res / "plots" / "scatter_all.png", res / "plots" / "psi_heatmap.png", *o.extra.get("figures", [])]:
+            if Path(fig).is_file():
+                shutil.copy2(fig, d / Path(fig).name)
+                copied.append(d / Path(fig).name)
+    return copied
+
