@@ -42,6 +42,8 @@ STATS = ("pearson", "kendall_tau_b", "psi", "cmi")
 STAT_TITLES = {"pearson": "Pearson", "kendall_tau_b": "Kendall τ-b", "psi": "Ψ", "cmi": "CMI", "spearman": "Spearman"}
 
 
+BOOTSTRAP = 1000  # resamples of the percentile intervals in correlations.csv (seed 0)
+
 @dataclass
 class StudyOutcome:
     """What one study produced: counts, the correlation report, files, timings."""
@@ -362,11 +364,14 @@ class Experiment:
                   ["checkpoint", *hp_cols, "train_loss", "train_acc", "status", "error"])  # fmt: skip
         return out, unconv, len(keep)
 
-    def correlate(self, csv_path: Path, study: Study, outdir: Path | None, plots: bool, target: str = "gen_gap"):
-        """``flatcli correlate`` over the study's axes (`flatcli.api.correlate`)."""
+    def correlate(self, csv_path: Path, study: Study, outdir: Path | None, plots: bool, target: str = "gen_gap",
+                  bootstrap: int | None = None):
+        """``flatcli correlate --max-train-loss TARGET`` over the study's axes (`flatcli.api.correlate`):
+        the models above the target train loss are left out (and named) by flatcli itself."""
         from .. import api
 
         return api.correlate(csv_path, target=target, by=study.axes or None, outdir=outdir,
+                             max_train_loss=self.spec.target_loss, bootstrap=bootstrap, seed=0,
                              plots=plots and outdir is not None, color_by=study.color_by if plots else None)  # fmt: skip
 
     def seed_spread(self, study: Study, converged: Path, target: str = "gen_gap") -> list[dict[str, Any]]:
@@ -396,7 +401,7 @@ class Experiment:
         if kept < 3:
             self.log(f"  only {kept} converged model(s): no correlations")
             return outcome
-        outcome.correlation = self.correlate(converged, study, sd / "results", self.plots)
+        outcome.correlation = self.correlate(results, study, sd / "results", self.plots, bootstrap=BOOTSTRAP)
         outcome.files["correlations"] = sd / "results" / "correlations.csv"
         outcome.by_seed = self.seed_spread(study, converged)
         if outcome.by_seed:
@@ -407,7 +412,8 @@ class Experiment:
     def correlate_command(self, study: Study, rel: str) -> str:
         """The ``flatcli correlate`` command that reproduces the study's table from its folder."""
         by = f" --by {','.join(study.axes)}" if study.axes else ""
-        return f"flatcli correlate {rel}/results/results_converged.csv{by}"
+        return (f"flatcli correlate {rel}/results/results.csv --max-train-loss {self.spec.target_loss:g}{by} "
+                f"--bootstrap {BOOTSTRAP} --seed 0")
 
     def summary(self, outcomes: list[StudyOutcome]) -> str:
         """summary.md: per study, the counts, timings, tables and the models left out."""
