@@ -221,3 +221,15 @@ def test_bad_measure_input_is_a_config_error():
     x, y = _data()
     with pytest.raises(ConfigError, match="'features.1' is ReLU"):
         check_invariance_model(model, (x, y), [{"relative_flatness": {"layer": "features.1"}}])
+
+
+@pytest.mark.parametrize("transform", ["node", "layer", "both"])
+def test_fisher_rao_path_norm_and_margin_are_invariant_and_claim_it(transform):
+    model = _mlp()
+    x, y = _data()
+    measures = ["fisher_rao_norm", "path_norm", "inverse_margin", "fisher_rao_term", "frobenius_norm"]
+    rep = check_invariance_model(model, (x, y), measures, transform=transform, scale=10.0, seed=0, batch_size=24)
+    by = {r.name: r for r in rep.results}
+    for name in ("fisher_rao_norm", "path_norm", "inverse_margin", "fisher_rao_term"):
+        assert by[name].claims_invariance and by[name].held and by[name].rel_change <= 1e-9, name
+    assert not by["frobenius_norm"].claims_invariance and by["frobenius_norm"].rel_change > 1e-2

@@ -13,6 +13,10 @@ For bias-free ReLU networks with L hidden layers, f is (L+1)-homogeneous in θ,
 so ⟨θ, ∇_θ f⟩ = (L+1) f and the norm equals (L+1)² · mean ⟨∂ℓ/∂f, f⟩²
 (their Theorem 3.1): the test oracle.
 
+Invariance: rescaling a hidden ReLU node (incoming weights and bias × α, outgoing weights × 1/α)
+scales those parameters' gradients by 1/α and α, so every product θ_j ∂ℓ/∂θ_j, and hence
+⟨θ, ∇ℓ⟩ and the norm, is unchanged (Liang et al. 2019, §3); the measure claims invariance.
+
 ``labels: data`` uses the measurement set's labels; ``labels: model`` draws each
 label from the model's softmax (seeded), the "model Fisher" variant (cross-entropy
 only).
@@ -59,6 +63,7 @@ class FisherRaoOptions:
     stochastic=False,
     cost="one forward-mode pass over S (labels: model adds one forward pass)",
     estimate=lambda o, d: {"n_grad": 1, "n_forward": int(o.labels == "model")},
+    invariant=True,
 )
 def fisher_rao_norm(ctx, opts: FisherRaoOptions) -> MeasureResult:
     r""":math:`\|\theta\|_{fr}^2`, larger means a larger predicted gap; exact for

@@ -85,13 +85,16 @@ def spectral_norm(ctx, opts) -> MeasureResult:
     reference="Jiang et al. 2020 (§C, eq. 44 'path.norm'); Neyshabur, Salakhutdinov & Srebro 2015",
     cost="one forward pass of one input",
     estimate=lambda o, d: {},
+    invariant=True,
 )
 def path_norm(ctx, opts) -> MeasureResult:
     r""":math:`\sum f_{\theta^2}(\mathbf 1)`: every parameter (weights and biases, after
     BatchNorm folding) squared, the network evaluated in eval mode on an all-ones
     input shaped like one sample of the measurement set, the outputs summed. For a
     ReLU network without biases this is the sum over input-output paths of the
-    product of squared weights. Larger means a larger predicted gap."""
+    product of squared weights. Larger means a larger predicted gap. Invariant to node-wise
+    rescaling of ReLU networks (each path's product of squared weights, biases included, keeps
+    its value), and the measure claims it."""
     p = ctx.problem
     x1 = p.x[:1]
     if not x1.is_floating_point():
@@ -157,6 +160,7 @@ def distance_from_init(ctx, opts) -> MeasureResult:
     reference="Jiang et al. 2020 (§C, eq. 21 '1/margin²'); Bartlett et al. 2017",
     cost="one forward pass over S",
     estimate=lambda o, d: {"n_forward": 1},
+    invariant=True,
 )
 def inverse_margin(ctx, opts) -> MeasureResult:
     r""":math:`1/\gamma^2` with γ the 10th percentile (linear interpolation,
@@ -164,7 +168,8 @@ def inverse_margin(ctx, opts) -> MeasureResult:
     :math:`f_y(x) - \max_{j \ne y} f_j(x)`. Larger means a larger predicted gap.
     When γ ≤ 0 (more than 10% of S misclassified or on the boundary) the margin
     carries no scale: the value is ``inf`` (worse than any positive margin) with
-    status ``non_positive_margin``; γ is in the diagnostic ``margin``."""
+    status ``non_positive_margin``; γ is in the diagnostic ``margin``. A function of the
+    outputs only, so invariant to every function-preserving reparameterization."""
     margins = []
     with torch.no_grad():
         for out, y in ctx.engine.outputs():
