@@ -383,5 +383,11 @@ def test_converged_filter_seed_spread_and_table(tmp_path):
     rep = exp.correlate(conv, study, tmp_path / "results", False)
     o = StudyOutcome("s", tmp_path, models=8, converged=7, correlation=rep, by_seed=spread)
     table = "\n".join(correlation_table(spec, study, o))
-    assert "| `normalized_sharpness` | 7 |" in table and "[+1.00, +1.00]" in table and "[-1.00, +1.00]" in table
+    # without a bootstrap the cells carry {min, max} over the seeds' own correlations
+    assert "| `normalized_sharpness` | 7 |" in table and "{+1.00, +1.00}" in table and "{-1.00, +1.00}" in table
     assert "+0.73 | +0.92 |" in table  # the paper's Pearson values beside ours
+    # with one, the bootstrap interval that `flatcli correlate --bootstrap 200 --seed 0` prints
+    rep = exp.correlate(conv, study, None, False, bootstrap=200)
+    iv = next(m for m in rep.measures if m.measure == "hessian_trace").intervals["kendall_tau_b"]
+    table = "\n".join(correlation_table(spec, study, StudyOutcome("s", tmp_path, models=8, converged=7, correlation=rep, by_seed=spread)))
+    assert f"[{iv.lo:+.2f}, {iv.hi:+.2f}]" in table and iv.lo < iv.hi

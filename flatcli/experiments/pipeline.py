@@ -455,7 +455,9 @@ def fmt_stat(v: float) -> str:
 
 
 def correlation_table(spec: Spec, study: Study, o: StudyOutcome, stats=STATS) -> list[str]:
-    """Markdown rows: each measure's statistics with [min, max] over seeds, then the papers' values."""
+    """Markdown rows: each measure's statistics with their 95% bootstrap interval [lo, hi] (as
+    ``flatcli correlate --bootstrap`` prints them) or, for Ψ and CMI, the {min, max} over seeds; then
+    the papers' values."""
     if o.correlation is None:
         return ["No correlations (fewer than 3 converged models).", ""]
     paper = spec.paper
@@ -473,14 +475,19 @@ def correlation_table(spec: Spec, study: Study, o: StudyOutcome, stats=STATS) ->
         cells = [f"`{mc.measure}`", str(mc.n)]
         for k in stats:
             v = mc.get(k)
+            iv = mc.intervals.get(k)
             sp = spread.get((mc.measure, k))
-            cells.append(fmt_stat(v) + (f" [{min(sp):+.2f}, {max(sp):+.2f}]" if sp and len(sp) >= 2 else ""))
+            if iv is not None and math.isfinite(iv.lo) and math.isfinite(iv.hi):
+                cells.append(f"{fmt_stat(v)} [{iv.lo:+.2f}, {iv.hi:+.2f}]")
+            else:
+                cells.append(fmt_stat(v) + (f" {{{min(sp):+.2f}, {max(sp):+.2f}}}" if sp and len(sp) >= 2 else ""))
         pv = paper.get("values", {}).get(mc.measure)
         cells += [("–" if pv is None else f"{pv[i]:+.2f}" if isinstance(pv[i], (int, float)) else str(pv[i])) for i in range(len(pcols))]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     if o.by_seed:
-        lines += ["Brackets: the smallest and largest value over the seeds, each seed's models correlated alone.", ""]
+        lines += ["[lo, hi]: 95% bootstrap interval over the models (1,000 resamples, seed 0); {min, max}: the "
+                  "value on each seed's models alone (`correlations_by_seed.csv`).", ""]
     axes = ", ".join(study.axes) if study.axes else "none"
     lines += [f"Ψ and CMI over the axes: {axes}.", ""]
     return lines
@@ -491,7 +498,11 @@ def publish(report: ExperimentReport, dest: str | Path) -> list[Path]:
     base = Path(dest) / report.spec.name
     copied = []
     base.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(report.summary, base / "summary.md")
+    text = report.summary.read_text()  # the published copy's commands refer to its own layout
+    for o in report.studies:
+        text = text.replace(f"{o.name}/results/results.csv", f"{o.name}/results.csv")
+    text = text.replace(f"(in `{report.outdir}`)", "(in this folder)")
+    (base / "summary.md").write_text(text)
     copied.append(base / "summary.md")
     for o in report.studies:
         d = base / o.name
