@@ -74,6 +74,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -101,6 +102,8 @@ GPU_DEFAULTS = {"n": 5000, "batch_size": 500, "width": 64}
 CPU_DEFAULTS = {"n": 64, "batch_size": 32, "width": 8}
 # (matmul.allow_tf32, cudnn.allow_tf32)
 REGIMES = {"torch defaults": (False, True), "strict fp32": (False, False)}
+# PyHessian calls loss.backward(create_graph=True) and says so on every run; we reset .grad after it
+warnings.filterwarnings("ignore", message=r"Using backward\(\) with create_graph=True")
 
 
 # ---------------------------------------------------------------------------- time and flags
@@ -237,7 +240,7 @@ def build_bench(args: argparse.Namespace, dev: torch.device, log: Callable[[str]
         training = {"source": f"checkpoint {args.checkpoint}", "train_ce": loss, "train_acc": acc,
                     "target": args.target_loss, "reached": loss <= args.target_loss}
     else:
-        log(f"training {args.width=} on {args.n} inputs to eval-mode train CE ≤ {args.target_loss:g} ...")
+        log(f"training the width-{args.width} ResNet-18 on {args.n} inputs to eval-mode train CE ≤ {args.target_loss:g} ...")
         training = train_to_target(model, x, y, target=args.target_loss, max_steps=args.train_steps,
                                    batch_size=min(args.train_batch, args.n), lr=args.lr,
                                    eval_batch=args.batch_size, seed=args.model_seed)
