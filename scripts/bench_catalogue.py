@@ -617,6 +617,7 @@ model = model.to(device).eval()
 d = torch.load(data, weights_only=True)
 x, y = d["x"].to(device), d["y"].to(device)
 loader = [(x[i : i + bs], y[i : i + bs]) for i in range(0, len(x), bs)]
+torch.manual_seed(0)  # the probes of the in-process PyHessian row
 if device.startswith("cuda"):
     torch.cuda.synchronize()
 t0 = time.perf_counter()
@@ -635,10 +636,15 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tupl
 
 
 def peer_process(bench: Bench, probes: int, precision: str, clock: Clock, report: Report) -> None:
-    """A fresh ``flatcli measure`` process vs a fresh PyHessian script, both end to end."""
+    """A fresh ``flatcli measure`` process vs a fresh PyHessian script, both end to end
+    (files in a temporary folder, removed afterwards)."""
+    with tempfile.TemporaryDirectory(prefix="flatcli-catalogue-") as tmp:
+        _peer_process(bench, probes, precision, clock, report, Path(tmp))
+
+
+def _peer_process(bench: Bench, probes: int, precision: str, clock: Clock, report: Report, tmp: Path) -> None:
     dev = bench.device
     comp = f"whole process, trace {probes} probes"
-    tmp = Path(tempfile.mkdtemp(prefix="flatcli-catalogue-"))
     torch.save({k: v.detach().cpu() for k, v in bench.model.state_dict().items()}, tmp / "model.pt")
     torch.save({"x": bench.x.cpu(), "y": bench.y.cpu()}, tmp / "data.pt")
     if bench.width == 64:
