@@ -769,6 +769,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     clock = Clock(args.deadline_s)
     dev = torch.device(args.device)
+    if dev.type == "cuda" and dev.index is None:  # cuda:N, so measure_model uses the model in place
+        dev = torch.device("cuda", torch.cuda.current_device())
     start_flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     base = Settings.build(device=dev, precision=args.precision, seed=args.seed, batch_size=args.batch_size,
                           num_samples="all")
