@@ -108,7 +108,7 @@ warnings.filterwarnings("ignore", message=r"Using backward\(\) with create_graph
 
 # ---------------------------------------------------------------------------- time and flags
 class Clock:
-    """Wall time since start and the budgets that decide whether a row may still start."""
+    """Wall time since the start, and the deadline after which no new row starts."""
 
     def __init__(self, deadline_s: float):
         self.t0 = time.perf_counter()
