@@ -29,7 +29,9 @@ same batches), timings CUDA-synchronized:
    pass) against flatcli's ``hessian_trace`` with ``min_probes = max_probes = 64``,
    in two regimes: *torch defaults* (cuDNN TF32 on, matmul TF32 off: PyHessian as
    users run it) vs flatcli at ``--precision`` (``auto``: TF32 products on tensor-core
-   GPUs), and *strict fp32* (both TF32 flags off) vs flatcli ``fp32``. Compute
+   GPUs; there also at plain ``tf32``, without ``auto``'s fp32 checks), and *strict
+   fp32* (both TF32 flags off) vs flatcli ``fp32``; flatcli sets its own TF32 flags
+   from its precision, the regime's flags apply to PyHessian. Compute
    seconds (PyHessian: its object and ``trace()``; flatcli: the measure's own
    seconds) and the ratio PyHessian / flatcli (> 1: flatcli is faster).
    (b) λmax: PyHessian's default ``eigenvalues()`` (power iteration, 100
@@ -38,7 +40,8 @@ same batches), timings CUDA-synchronized:
    HVPs, and the relative residual ‖Hv − λv‖/|λ| of each returned vector with
    strict-fp32 products (`flatcli.engine.linalg.verify_eigenpair` on the engine's
    Hessian operator; flatcli's Ritz vector is captured from the measure's own
-   Lanczos call), plus the TF32-vs-fp32 relative difference of flatcli's λmax.
+   Lanczos call), plus the relative difference of flatcli's λmax at ``auto`` (and of
+   its TF32 Ritz value, ``tf32_value``, where ``auto`` verifies it in fp32) from fp32's.
    (c) Whole processes: a fresh ``flatcli measure`` process (config, checkpoint and
    tensors file in a temporary folder; ``hessian_trace`` with 64 fixed probes at
    ``--precision``) vs a fresh PyHessian script process computing the same trace
@@ -471,32 +474,40 @@ def pyhessian_trace(bench: Bench, probes: int) -> tuple[list[float], float]:
     return vals, dt
 
 
-def peer_trace(bench: Bench, regime: str, precision: str, probes: int, base: Settings,
+def flatcli_trace_row(bench: Bench, comp: str, label: str, precision: str, probes: int,
+                      base: Settings) -> PeerRow:
+    """One ``hessian_trace`` run with ``probes`` fixed probes at ``precision``, as a peer row."""
+    entry = {"hessian_trace": {"min_probes": probes, "max_probes": probes}}
+    row, wall = measure_once(bench, entry, base.replace(precision=precision))
+    res = row.results.get("hessian_trace")
+    tool = f"flatcli hessian_trace ({precision})"
+    if res is None:
+        return PeerRow(comp, label, tool, note=row.error)
+    return PeerRow(comp, label, tool, res.seconds, res.diagnostics.get("n_hvp", math.nan), res.value,
+                   note=f"stderr {res.stderr / abs(res.value):.1%}; measure_model wall {wall:.2f} s")
+
+
+def peer_trace(bench: Bench, regime: str, precisions: list[str], probes: int, base: Settings,
                report: Report) -> None:
-    """flatcli's ``hessian_trace`` with ``probes`` fixed probes vs PyHessian's, in one regime."""
-    dev = bench.device
-    label = regime_label(regime, dev)
+    """Compare flatcli's ``hessian_trace`` with ``probes`` fixed probes (at each of ``precisions``;
+    the ratio is taken against the first) and PyHessian's, in one regime."""
+    label = regime_label(regime, bench.device)
     comp = f"trace, {probes} probes"
     with tf32_flags(*REGIMES[regime]):
-        entry = {"hessian_trace": {"min_probes": probes, "max_probes": probes}}
-        row, wall = measure_once(bench, entry, base.replace(precision=precision))
-        res = row.results.get("hessian_trace")
-        if res is None:
-            report.add(PeerRow(comp, label, f"flatcli hessian_trace ({precision})", note=row.error))
-            return
-        mine = PeerRow(comp, label, f"flatcli hessian_trace ({precision})", res.seconds,
-                       res.diagnostics.get("n_hvp", math.nan), res.value,
-                       note=f"stderr {res.stderr / abs(res.value):.1%}; measure_model wall {wall:.2f} s")
-        report.add(mine)
+        mine = [flatcli_trace_row(bench, comp, label, prec, probes, base) for prec in dict.fromkeys(precisions)]
+        for r in mine:
+            report.add(r)
         if pyhessian_class() is None:
             report.note(f"{comp} [{label}]: PyHessian is not installed (pip install pyhessian): skipped")
             return
         vals, dt = pyhessian_trace(bench, probes)
     est = float(np.mean(vals))
     se = float(np.std(vals, ddof=1) / math.sqrt(len(vals)))
-    report.add(PeerRow(comp, label, "PyHessian trace(maxIter=64)" if probes == 64 else
-                       f"PyHessian trace(maxIter={probes})", dt, len(vals), est,
-                       ratio=dt / mine.seconds, note=f"stderr {se / abs(est):.1%}; dataloader mode"))
+    note = f"stderr {se / abs(est):.1%}; dataloader mode"
+    for r in mine[1:]:
+        note += f"; {dt / r.seconds:.2f}× {r.tool}"
+    report.add(PeerRow(comp, label, f"PyHessian trace(maxIter={probes})", dt, len(vals), est,
+                       ratio=dt / mine[0].seconds, note=note))
 
 
 @contextlib.contextmanager
@@ -573,9 +584,12 @@ def peer_lambda(bench: Bench, tol: float, precision: str, base: Settings, report
                              resid, note=f"{res.status}; own residual {res.diagnostics.get('residual', math.nan):.1e}")
         if prec != "fp32":
             mine[prec].note += f"; effective {base.replace(precision=prec).effective_precision}"
-    if len(lams) == 2:
-        a, b = lams[precision], lams["fp32"]
-        mine[precision].note += f"; |λ({precision}) − λ(fp32)| / λ(fp32) = {abs(a - b) / abs(b):.1e}"
+        if "tf32_value" in res.diagnostics:  # auto on a tensor-core GPU: the value is fp32-verified
+            lams["tf32 Ritz value"] = float(res.diagnostics["tf32_value"])
+    if "fp32" in lams:
+        for key in (k for k in lams if k != "fp32"):
+            diff = abs(lams[key] - lams["fp32"]) / abs(lams["fp32"])
+            mine[precision].note += f"; |λ({key}) − λ(fp32)| / λ(fp32) = {diff:.1e}"
     for r in mine.values():
         report.add(r)
     if pyhessian_class() is None:
@@ -694,17 +708,21 @@ def _peer_process(bench: Bench, probes: int, precision: str, clock: Clock, repor
 
 
 def run_peers(bench: Bench, args: argparse.Namespace, base: Settings, clock: Clock, report: Report) -> None:
-    """The peer comparisons, most important first; a stage past the deadline is listed as skipped."""
+    """The peer comparisons, most important first; a stage past the deadline is listed as skipped.
+
+    At torch defaults flatcli runs at ``--precision`` and, where that is ``auto`` verifying TF32
+    products in fp32 (a tensor-core GPU), also at plain ``tf32``."""
+    default_precisions = [args.precision] + (["tf32"] if base.verifies() else [])
     stages: list[tuple[str, Callable[[], None]]] = [
         (f"trace, {args.probes} probes [torch defaults]",
-         lambda: peer_trace(bench, "torch defaults", args.precision, args.probes, base, report)),
+         lambda: peer_trace(bench, "torch defaults", default_precisions, args.probes, base, report)),
         ("λmax", lambda: peer_lambda(bench, args.lambda_tol, args.precision, base, report)),
     ]
     if not args.skip_process:
         stages.append((f"whole process, trace {args.probes} probes",
                        lambda: peer_process(bench, args.probes, args.precision, clock, report)))
     stages.append((f"trace, {args.probes} probes [strict fp32]",
-                   lambda: peer_trace(bench, "strict fp32", "fp32", args.probes, base, report)))
+                   lambda: peer_trace(bench, "strict fp32", ["fp32"], args.probes, base, report)))
     for name, fn in stages:
         if clock.past_deadline():
             report.note(f"{name}: skipped (deadline {clock.deadline_s:g} s reached)")
