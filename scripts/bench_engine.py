@@ -53,30 +53,14 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from _bench_common import device_name, sync, timed  # noqa: E402
 
 from flatcli.engine import CurvatureEngine, Problem, linalg  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- helpers
-def sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def device_name(dev: torch.device) -> str:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
-    name = platform.processor() or "CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {torch.get_num_threads()} threads"
-
-
 @dataclass
 class Row:
     task: str
@@ -106,14 +90,6 @@ def rel_residual(eng: CurvatureEngine, v: torch.Tensor, lam: float) -> float:
     r = float((eng.hvp(v) - lam * v).norm()) / abs(lam)
     eng.n_hvp = n0
     return r
-
-
-def timed(dev, fn):
-    sync(dev)
-    t0 = time.perf_counter()
-    out = fn()
-    sync(dev)
-    return out, time.perf_counter() - t0
 
 
 def best_of(dev, fn, repeats: int):
