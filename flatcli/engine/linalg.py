@@ -389,10 +389,11 @@ def rowdot(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     return torch.bmm(A[:, None, :], B[:, :, None]).reshape(A.shape[0]).to(torch.float64)
 
 
-def _block_forms(prod: torch.Tensor, blocks) -> list[list[float]]:
-    """Per row of ``prod`` = Z ∘ HZ, the parts :math:`z_b^\top (Hz)_b` of :math:`z^\top Hz`
-    over the blocks (summed in float64, like the totals)."""
-    return torch.stack([prod[:, b].sum(1, dtype=torch.float64) for b in blocks], 1).cpu().tolist()
+def _block_forms(Z: torch.Tensor, HZ: torch.Tensor, blocks) -> torch.Tensor:
+    """The parts :math:`z_b^\top (Hz)_b` of each row's :math:`z^\top Hz` over the blocks, (K, B)
+    float64, each by `rowdot` (on CPU a float64 sum of the elementwise product costs 2 s for 16
+    ResNet-18 probes, the batched dots a tenth of that)."""
+    return torch.stack([rowdot(Z[:, b], HZ[:, b]) for b in blocks], 1)
 
 
 def _mean_se(samples: list[float]) -> tuple[float, float]:
@@ -450,9 +451,9 @@ def hutchinson(
         if blocks is None:
             samples.extend(rowdot(Z, HZ).cpu().tolist())
         else:
-            prod = Z * HZ
-            samples.extend(prod.sum(1, dtype=torch.float64).cpu().tolist())
-            parts.extend(_block_forms(prod, blocks))
+            part = _block_forms(Z, HZ, blocks)  # the probe's form is the sum of its parts
+            samples.extend(part.sum(1).cpu().tolist())
+            parts.extend(part.cpu().tolist())
         if len(samples) >= min_probes:
             est, se = _mean_se(samples)
             report(probes=len(samples), value=est, stderr=se)
@@ -543,7 +544,7 @@ def hutchpp(
             growing = False
         samples.extend((G * HG).sum(1).tolist())
         if blocks is not None:
-            parts.extend(_block_forms(G * HG, blocks))
+            parts.extend(_block_forms(G, HG, blocks).tolist())
         if used >= min_probes and len(samples) >= min_samples:
             m, se = _mean_se(samples)
             report(probes=used, value=sk.low + m, stderr=se)

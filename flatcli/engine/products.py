@@ -663,11 +663,12 @@ class CurvatureEngine:
         return self._hvp_reverse(V, th)
 
     def _hvp_reverse(self, V: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(V)
+        out = None  # the first batch's products are the accumulator (no zero-filled (K, P) block)
         for t, g, _ in self._graphs_at(th):
             keep = self._graphs is not None or self._cache_state == "fits"
-            out += self._pullback(g, t, V, retain=keep)
-        return out
+            hv = self._pullback(g, t, V, retain=keep)
+            out = hv if out is None else out.add_(hv)
+        return torch.zeros_like(V) if out is None else out
 
     def _hvp_fd(self, V: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
         """Central differences along each unit direction with the relative step (module docstring)."""
