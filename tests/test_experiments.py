@@ -247,6 +247,12 @@ def test_quick_ns_regularization(tmp_path):
     assert any("reusing the 4 trained models" in m for m in logs)
     assert any("0 to run" in m for m in logs)
     assert (out / "digits" / "results" / "results.csv").read_text() == before
+    # the summary's work figures come from the files, so a rerun that reuses everything keeps them
+    from flatcli.experiments.pipeline import work_seconds
+
+    train_s, measure_s = work_seconds(out / "digits")
+    assert train_s > 0 and measure_s > 0
+    assert f"Work: training {train_s:.0f} s and measurement {measure_s:.0f} s" in (out / "summary.md").read_text()
 
 
 @pytest.fixture(scope="module")

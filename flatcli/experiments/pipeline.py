@@ -149,6 +149,21 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str] | None 
     return path
 
 
+def work_seconds(folder: Path) -> tuple[float, float]:
+    """Seconds of work behind a study, summed over its models: training (``training.csv``) and
+    measurement (every ``<measure>_seconds`` column of ``results/results.csv``); 0 where a file is missing."""
+
+    def total(path: Path, cols) -> float:
+        if not path.is_file():
+            return 0.0
+        header, rows = read_csv(path)
+        keep = [c for c in header if cols(c)]
+        return sum(float(r[c]) for r in rows for c in keep if r.get(c) not in (None, "") and math.isfinite(float(r[c])))
+
+    return (total(folder / "training.csv", lambda c: c == "seconds"),
+            total(folder / "results" / "results.csv", lambda c: c.endswith("_seconds")))
+
+
 def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     """The header and the rows (as strings) of a CSV file."""
     with open(path, newline="") as f:
@@ -427,10 +442,13 @@ class Experiment:
         for o in outcomes:
             study = next(st for st in s.studies if st.name == o.name)
             lines += [f"## {study.title}", ""]
+            train_s, measure_s = work_seconds(o.folder)
             lines.append(
                 f"{o.converged} of {o.models} models reached train cross-entropy ≤ {s.target_loss:g} (eval mode) and "
-                f"enter the correlations; time: training {o.seconds.get('training', 0):.0f} s, sweep "
-                f"{o.seconds.get('sweep', 0):.0f} s, analysis {o.seconds.get('analysis', 0):.0f} s."
+                f"enter the correlations. Work: training {train_s:.0f} s and measurement {measure_s:.0f} s, summed "
+                f"over the models (`training.csv`, the `*_seconds` columns of `results.csv`); this run's wall time: "
+                f"training {o.seconds.get('training', 0):.0f} s, sweep {o.seconds.get('sweep', 0):.0f} s, analysis "
+                f"{o.seconds.get('analysis', 0):.0f} s (a rerun reuses the trained models and finished units)."
             )
             lines.append("")
             lines += self.summary_sections(study, o)
