@@ -176,17 +176,17 @@ def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | 
     cfg_path = outdir / "config.yaml"
     if not (cfg_path.exists() and (outdir / "manifest.csv").exists()):
         console.print(f"training {len(list(itertools.product(*ZOO_GRID.values())))} MLPs on digits to train CE ≤ {TARGET_LOSS} ...")
-        cfg_path = train_zoo(outdir, seed=seed, log=lambda m: console.print("  " + m, highlight=False))
+        cfg_path = train_zoo(outdir, seed=seed, log=lambda m: console.print("  " + m, highlight=False, soft_wrap=True))
     else:
         console.print(f"reusing the zoo in {outdir} (delete it to retrain)")
     t1 = time.perf_counter()
 
     def log(msg: str) -> None:
-        console.print("  " + msg, highlight=False, markup=False)
+        console.print("  " + msg, highlight=False, markup=False, soft_wrap=True)
 
     sweep_dir = outdir / "sweep"
     rep = api.sweep(cfg_path, sweep_dir, measures=measures, workers=workers, device="cpu", log=log)
-    console.print(f"sweep: {rep.lines[0]}; {rep.computed} units computed in {rep.seconds:.1f}s", highlight=False)
+    console.print(f"sweep: {rep.lines[0]}; {rep.computed} units computed in {rep.seconds:.1f}s", highlight=False, soft_wrap=True)
     t2 = time.perf_counter()
     results = outdir / "results"
     col = api.collect(sweep_dir, results / "results.csv")
@@ -202,12 +202,12 @@ def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | 
                          color_by="label_noise")  # label noise drives the gap: colour by it
     print_table(console, render_table(corr))
     for n in notes(corr):
-        console.print(f"note: {n}", highlight=False)
+        console.print(f"note: {n}", highlight=False, soft_wrap=True)
     t3 = time.perf_counter()
     console.print(
         f"training {t1 - t0:.1f}s, sweep {t2 - t1:.1f}s, collect + correlate{' + plots' if plots else ''} "
         f"{t3 - t2:.1f}s; results in {results} (results.csv, results.json, correlations.csv"
         + (", plots/" if plots else "") + ")",
-        highlight=False,
+        highlight=False, soft_wrap=True,
     )
     return corr
