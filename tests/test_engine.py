@@ -40,6 +40,20 @@ def test_hvp_matches_dense_hessian(mode, batched):
     assert eng.n_hvp == 5 and eng.fallbacks == 0
 
 
+@pytest.mark.parametrize("mode,batched", MODES)
+@pytest.mark.parametrize("cache", [True, False])
+def test_rows_split_over_blocks_and_batches_fill_one_output(mode, batched, cache):
+    """7 vectors in blocks of 3 (3 + 3 + 1) over 4 batches: each block writes its rows of one
+    preallocated output, the first batch's products written and the later ones added."""
+    p = tiny_problem()
+    H = dense_hessian(p)
+    V = vecs(p, 7)
+    eng = CurvatureEngine(p, hvp_mode=mode, reverse_batched=batched, block_size=3, cache_graphs=cache)
+    torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)  # again: no stale rows
+    torch.testing.assert_close(eng.fd_hessian() @ V[:4].T, (V[:4] @ H).T, rtol=1e-4, atol=1e-6)
+
+
 def test_hvp_at_another_theta():
     p = tiny_problem(act=nn.Tanh)
     th = p.theta + 0.1 * vecs(p, 1)[0]
@@ -223,11 +237,11 @@ def _oom_once(eng, when):
     real = eng._hvp_block
     state = {"raised": 0}
 
-    def block(V, th):
+    def block(V, th, *dest):
         if state["raised"] == 0 and when(V):
             state["raised"] += 1
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(V, th)
+        return real(V, th, *dest)
 
     eng._hvp_block = block
     return state
@@ -261,7 +275,7 @@ def test_oom_with_nothing_left_to_halve_is_a_measurement_error():
     p = tiny_problem(batch_size=1, n=3)
     eng = CurvatureEngine(p, block_size=1)
 
-    def block(V, th):
+    def block(V, th, dest=None):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
     eng._hvp_block = block
@@ -273,7 +287,7 @@ def test_other_errors_are_not_retried():
     p = tiny_problem()
     eng = CurvatureEngine(p, block_size=4)
 
-    def block(V, th):
+    def block(V, th, dest=None):
         raise RuntimeError("shape mismatch")
 
     eng._hvp_block = block
@@ -334,7 +348,7 @@ def test_block_size_default_and_override():
     calls = []
     eng = CurvatureEngine(p, block_size=3)
     real = eng._hvp_block
-    eng._hvp_block = lambda V, th: calls.append(V.shape[0]) or real(V, th)
+    eng._hvp_block = lambda V, th, dest=None: calls.append(V.shape[0]) or real(V, th, dest)
     eng.hvp(vecs(p, 7))
     assert calls == [3, 3, 1]
     with pytest.raises(ValueError):

@@ -124,11 +124,11 @@ def test_block_size_from_free_memory_and_oom_backoff_on_cuda():
     eng = CurvatureEngine(p, hvp_mode="forward", block_size=8)
     real, state = eng._hvp_block, {"n": 0}
 
-    def block(V, th):
+    def block(V, th, dest=None):
         if state["n"] == 0 and V.shape[0] > 4:
             state["n"] += 1
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-        return real(V, th)
+        return real(V, th, dest)
 
     eng._hvp_block = block
     assert rel(eng.hvp(V), ref) <= 1e-6
