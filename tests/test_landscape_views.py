@@ -570,6 +570,25 @@ def test_view_files(tmp_path):
     assert meta["kind"] == "connect" and "curve_train_loss_barrier" in meta["summary"]
 
 
+def test_view_files_without_matplotlib(tmp_path, monkeypatch):
+    """Without matplotlib both views write their CSVs and JSON, no PNG, and say why in the JSON."""
+    import json
+
+    import flatcli.landscape.plots as plots
+
+    monkeypatch.setattr(plots, "have_matplotlib", lambda: False)
+    states, _ = trajectory_states(T=4)
+    train = blobs(20, 0)
+    tr = trajectory_landscape(states, train, model=mlp(), steps=3, **F64)
+    cn = connect_landscape(mlp(0), mlp(1), train, steps=3, bend_steps=2, **F64)
+    for files in (write_trajectory_files(tr, tmp_path / "pca"), write_connect_files(cn, tmp_path / "cn")):
+        assert "plot" not in files and all(p.is_file() for p in files.values())
+        meta = json.loads(files["json"].read_text())
+        assert meta["plots"] == plots.PLOT_HINT
+        assert set(meta["files"]) == set(files)
+    assert not list(tmp_path.rglob("*.png"))
+
+
 # ------------------------------------------------------------------ CLI end to end
 def write_project(tmp, nan_data=False):
     from flatcli.demo.models import MLP

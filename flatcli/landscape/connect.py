@@ -664,9 +664,8 @@ def write_connect_files(
     other tensors (frozen parameters, buffers) θ_a's. The bend is a control
     point, not a point on the curve; its buffers have no meaning of their own.
     """
-    import json
-
     from ..results import atomic_write
+    from .result import write_index
 
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -687,17 +686,8 @@ def write_connect_files(
     torch.save(obj, tmp)
     tmp.replace(files["bend"])
     if plots:
-        from .plots import PLOT_HINT, have_matplotlib
+        from .plots import draw_if_available
+        from .viewplots import plot_connect
 
-        if have_matplotlib():
-            from .viewplots import plot_connect
-
-            files["plot"] = plot_connect(res, outdir / "connect.png")
-        else:
-            res.meta["plots"] = PLOT_HINT
-    res.files = files
-    atomic_write(
-        files["json"],
-        json.dumps({**res.to_json(), "files": {k: str(v) for k, v in files.items()}}, indent=2),
-    )
-    return files
+        files.update(draw_if_available(res, plot_connect, outdir / "connect.png"))
+    return write_index(res, files)

@@ -120,14 +120,13 @@ def _levels(z: np.ndarray, n: int = 20) -> tuple[np.ndarray, bool]:
     return np.linspace(lo, hi, n), False
 
 
-def plot_contour(res: LandscapeResult, path: Path, title: str | None = None) -> Path:
-    """Filled contour of the train loss over (α, β), the checkpoint marked at (0, 0)."""
+def _loss_contours(fig, ax, alpha, beta, train_loss) -> None:
+    """Filled contours of the train loss over the (α, β) grid, with white lines and a colour bar
+    (log-spaced levels when the loss spans more than a decade; non-finite cells drawn as the top)."""
     from matplotlib.colors import LogNorm
 
-    fig = _figure(5.2, 4.4)
-    ax = fig.add_subplot()
-    z = np.asarray(res.train_loss, dtype=float)
-    A, B = np.meshgrid(res.alpha, res.beta, indexing="ij")
+    z = np.asarray(train_loss, dtype=float)
+    A, B = np.meshgrid(alpha, beta, indexing="ij")
     levels, log = _levels(z)
     zc = np.where(np.isfinite(z), z, levels[-1])
     cs = ax.contourf(
@@ -141,6 +140,13 @@ def plot_contour(res: LandscapeResult, path: Path, title: str | None = None) -> 
     )
     ax.contour(A, B, zc, levels=levels[::3], colors="white", linewidths=0.4)
     fig.colorbar(cs, ax=ax, label="train loss", format="%.3g")
+
+
+def plot_contour(res: LandscapeResult, path: Path, title: str | None = None) -> Path:
+    """Filled contour of the train loss over (α, β), the checkpoint marked at (0, 0)."""
+    fig = _figure(5.2, 4.4)
+    ax = fig.add_subplot()
+    _loss_contours(fig, ax, res.alpha, res.beta, res.train_loss)
     ax.plot([0], [0], "r+", ms=10)
     ax.set_xlabel("α (direction δ)")
     ax.set_ylabel("β (direction η)")
@@ -166,6 +172,14 @@ def plot_surface(res: LandscapeResult, path: Path, title: str | None = None) -> 
     fig.tight_layout()
     fig.savefig(path)
     return path
+
+
+def draw_if_available(res, draw, path: Path) -> dict[str, Path]:
+    """``{"plot": draw(res, path)}``, or {} with `PLOT_HINT` in ``res.meta`` without matplotlib."""
+    if not have_matplotlib():
+        res.meta["plots"] = PLOT_HINT
+        return {}
+    return {"plot": draw(res, path)}
 
 
 def plot_result(res: LandscapeResult, outdir: str | Path) -> dict[str, Path]:

@@ -157,6 +157,12 @@ def write_files(res: LandscapeResult, outdir: str | Path, plots: bool = True) ->
         from .plots import plot_result
 
         files.update(plot_result(res, outdir))
+    return write_index(res, files)
+
+
+def write_index(res, files: dict[str, Path]) -> dict[str, Path]:
+    """Record ``files`` on ``res`` (any landscape view's result) and write its JSON,
+    ``files["json"]``, with the list of every file written; return ``files``."""
     res.files = files
     atomic_write(
         files["json"],

@@ -733,9 +733,8 @@ def write_trajectory_files(
     res: TrajectoryResult, outdir: str | Path, plots: bool = True
 ) -> dict[str, Path]:
     """Write ``pca_grid.csv``, ``pca_path.csv``, ``pca.json`` and (with matplotlib) ``pca.png``."""
-    import json
-
     from ..results import atomic_write
+    from .result import write_index
 
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -747,17 +746,8 @@ def write_trajectory_files(
     atomic_write(files["grid"], res.grid_frame().to_csv(index=False))
     atomic_write(files["path"], res.path_frame().to_csv(index=False))
     if plots:
-        from .plots import PLOT_HINT, have_matplotlib
+        from .plots import draw_if_available
+        from .viewplots import plot_trajectory
 
-        if have_matplotlib():
-            from .viewplots import plot_trajectory
-
-            files["plot"] = plot_trajectory(res, outdir / "pca.png")
-        else:
-            res.meta["plots"] = PLOT_HINT
-    res.files = files
-    atomic_write(
-        files["json"],
-        json.dumps({**res.to_json(), "files": {k: str(v) for k, v in files.items()}}, indent=2),
-    )
-    return files
+        files.update(draw_if_available(res, plot_trajectory, outdir / "pca.png"))
+    return write_index(res, files)

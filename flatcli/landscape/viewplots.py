@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .plots import _figure, _levels, _positive
+from .plots import _figure, _loss_contours, _positive
 
 if TYPE_CHECKING:
     from .connect import ConnectResult
@@ -28,27 +28,11 @@ if TYPE_CHECKING:
 
 def plot_trajectory(res: TrajectoryResult, path: str | Path, title: str | None = None) -> Path:
     """Contours of the train loss over the plane of the two PCA directions, with the projected path."""
-    from matplotlib.colors import LogNorm
-
     s = res.surface
     r1, r2 = (float(r) for r in res.explained_variance_ratio)
     fig = _figure(5.8, 4.6)
     ax = fig.add_subplot()
-    z = np.asarray(s.train_loss, dtype=float)
-    A, B = np.meshgrid(s.alpha, s.beta, indexing="ij")
-    levels, log = _levels(z)
-    zc = np.where(np.isfinite(z), z, levels[-1])
-    cs = ax.contourf(
-        A,
-        B,
-        zc,
-        levels=levels,
-        cmap="viridis",
-        norm=LogNorm(levels[0], levels[-1]) if log else None,
-        extend="max",
-    )
-    ax.contour(A, B, zc, levels=levels[::3], colors="white", linewidths=0.4)
-    fig.colorbar(cs, ax=ax, label="train loss", format="%.3g")
+    _loss_contours(fig, ax, s.alpha, s.beta, s.train_loss)
     pa, pb = np.asarray(res.path["alpha"]), np.asarray(res.path["beta"])
     ax.plot(pa, pb, "-", color="red", lw=1.2, label="trajectory (projected)")
     ax.plot(pa, pb, "o", color="red", ms=2.5)
