@@ -95,7 +95,7 @@ from torch import nn
 from ..errors import ConfigError, MeasurementError
 from . import MeasureResult, register
 from ._options import Bool, Integral, Optional, Real, Str, opt
-from .relative_flatness import _feature_std, _run, find_layer
+from .relative_flatness import _claim, _feature_std, _note, _run, find_layer
 
 NAME = "feature_robustness"
 
@@ -122,12 +122,13 @@ def haar_orthogonal(m: int, k: int, gen: torch.Generator) -> torch.Tensor:
     return Q * torch.where(d < 0, -1.0, 1.0).to(Q)[:, None, :]
 
 
-class _Perturb:
-    """A forward pre-hook replacing the layer's input Φ by Φ + ((Φ ∘ inv) Mᵀ) ∘ scale."""
+class _EditInput:
+    """A forward pre-hook replacing the layer's input Φ by ``edit(Φ)`` while ``edit`` is set
+    (the feature perturbations of Def. 1 and the feature noise ξ of the KDE)."""
 
     def __init__(self, module: nn.Module):
         self.module = module
-        self.M = None
+        self.edit = None
 
     def __enter__(self):
         self.handle = self.module.register_forward_pre_hook(self._hook)
@@ -137,23 +138,7 @@ class _Perturb:
         self.handle.remove()
 
     def _hook(self, mod, args):
-        if self.M is None:
-            return None
-        phi = args[0]
-        M, inv, scale = self.M
-        return (phi + ((phi * inv) @ M.T) * scale, *args[1:])
-
-
-def _claim(opts: FeatureRobustnessOptions) -> bool | str:
-    if opts.normalize_features:
-        return True
-    return "invariant to node-wise rescaling only with normalize_features: true (Theorem 4)"
-
-
-def _note(a: MeasureResult, b: MeasureResult, opts: FeatureRobustnessOptions) -> str | None:
-    if opts.normalize_features:
-        return "measured with normalize_features: true (Petzka et al. 2021, Theorem 4)"
-    return None
+        return None if self.edit is None else (self.edit(args[0]), *args[1:])
 
 
 def _estimate(o, d) -> dict:
@@ -208,7 +193,7 @@ def feature_robustness(ctx, opts: FeatureRobustnessOptions) -> MeasureResult:
     Os = haar_orthogonal(m, opts.samples, ctx.generator()).to(dev, dtype)
     deltas = [opts.delta / 2**k for k in range(opts.curve)]
     inc = torch.zeros(len(deltas), opts.samples, dtype=torch.float64)  # Σ over S of the antithetic increase
-    with torch.no_grad(), _Perturb(module) as hook:
+    with torch.no_grad(), _EditInput(module) as hook:
         for x, y in p.batches:
             out, phi, _ = _run(p, module, name, x, measure=NAME)
             base = p.per_sample_loss(out, y).double()
@@ -216,9 +201,10 @@ def feature_robustness(ctx, opts: FeatureRobustnessOptions) -> MeasureResult:
                 for s in range(opts.samples):
                     tot = torch.zeros_like(base)
                     for sign in (1.0, -1.0):
-                        hook.M = (sign * d * Os[s], inv, scale)
+                        M = sign * d * Os[s]
+                        hook.edit = lambda phi, M=M: phi + ((phi * inv) @ M.T) * scale  # Φ + ((Φ∘inv)Mᵀ)∘scale
                         tot += p.per_sample_loss(p.forward(p.params, x), y).double()
-                        hook.M = None
+                        hook.edit = None
                     inc[a, s] += float((0.5 * tot - base).sum())
     passes += 1 + 2 * opts.samples * len(deltas)
     if ctx.engine is not None:
@@ -277,10 +263,11 @@ def representativeness(ctx, module, name, opts: FeatureRobustnessOptions, scale:
     def kernel_loss(idx: np.ndarray, xi: torch.Tensor) -> np.ndarray:
         """ℓ(ψ(φ_i + ξ_i), y_i) for the samples ``idx``, noise ξ in the normalized space."""
         out = []
-        with torch.no_grad(), _AddToInput(module) as hook:
+        with torch.no_grad(), _EditInput(module) as hook:
             for s in range(0, len(idx), p.batch_size):
                 j = torch.as_tensor(idx[s : s + p.batch_size], device=p.x.device)
-                hook.add = xi[s : s + p.batch_size].to(p.device, p.dtype) * scale
+                add = xi[s : s + p.batch_size].to(p.device, p.dtype) * scale
+                hook.edit = lambda phi, add=add: phi + add
                 out.append(p.per_sample_loss(p.forward(p.params, p.x[j]), p.y[j]).double().cpu())
         return torch.cat(out).numpy()
 
@@ -295,24 +282,6 @@ def representativeness(ctx, module, name, opts: FeatureRobustnessOptions, scale:
     if ctx.engine is not None:  # features and losses once, each training part kde_samples times
         ctx.engine.n_forward += 2 + opts.kde_samples * (opts.kde_folds - 1)
     return res
-
-
-class _AddToInput:
-    """A forward pre-hook adding ``add`` to the layer's input (feature noise ξ)."""
-
-    def __init__(self, module: nn.Module):
-        self.module = module
-        self.add = None
-
-    def __enter__(self):
-        self.handle = self.module.register_forward_pre_hook(self._hook)
-        return self
-
-    def __exit__(self, *exc):
-        self.handle.remove()
-
-    def _hook(self, mod, args):
-        return None if self.add is None else (args[0] + self.add, *args[1:])
 
 
 def kde_representativeness(Z, fold_model, delta: float, folds: int, draws: int, gen: torch.Generator) -> dict:
