@@ -253,3 +253,10 @@ def test_inverse_margin_is_tenth_percentile():
         and bad.status == "non_positive_margin"
         and bad.diagnostics["margin"] <= 0
     )
+
+
+def test_inverse_margin_needs_class_outputs():
+    x = torch.randn(12, 4, dtype=torch.float64)
+    p = Problem(nn.Linear(4, 1).double(), x, torch.randn(12, 1, dtype=torch.float64), loss="mse")
+    with pytest.raises(ConfigError, match=r"inverse_margin needs class outputs \(batch, classes\) and integer labels; the model gives \(12, 1\)"):
+        run(p, "inverse_margin")

@@ -1,4 +1,4 @@
-"""Helpers shared by measure families: weight matrices of a model.
+"""Helpers shared by measure families: weight matrices of a model, the class-output check.
 
 A *weight matrix* W_l (MEASURES.md) is the weight of every ``nn.Linear``
 (out × in) and every convolution reshaped to (out_channels × in_channels·kh·kw).
@@ -41,3 +41,16 @@ def weight_matrices(model: nn.Module, trainable_only: bool = True) -> list[Weigh
             pname = f"{mname}.weight" if mname else "weight"
             out.append(WeightMatrix(mname, pname, mod, tuple(w.shape)))
     return out
+
+
+def class_outputs_or_error(out: torch.Tensor, y: torch.Tensor, what: str, fix: str = "") -> None:
+    """Raise `ConfigError` unless ``out`` are class scores (batch, classes ≥ 2) and ``y`` integer
+    labels: ``"{what} needs class outputs (batch, classes) and integer labels; the model gives
+    (shape).{fix}"``."""
+    from ..errors import ConfigError
+
+    if out.ndim != 2 or out.shape[1] < 2 or y.is_floating_point():
+        raise ConfigError(
+            f"{what} needs class outputs (batch, classes) and integer labels; the model gives "
+            f"{tuple(out.shape)}.{' ' + fix if fix else ''}"
+        )

@@ -23,7 +23,7 @@ from torch.func import functional_call
 from ..errors import ConfigError
 from . import MeasureResult, register
 from ._bn import Folded, fold_batchnorm, init_buffers
-from ._layers import weight_matrices
+from ._layers import class_outputs_or_error, weight_matrices
 
 
 def folded_model(ctx) -> Folded:
@@ -173,10 +173,7 @@ def inverse_margin(ctx, opts) -> MeasureResult:
     margins = []
     with torch.no_grad():
         for out, y in ctx.engine.outputs():
-            if out.ndim != 2 or out.shape[1] < 2 or y.is_floating_point():
-                raise ConfigError(
-                    f"inverse_margin needs class outputs (batch, classes) and integer labels; the model gives {tuple(out.shape)}"
-                )
+            class_outputs_or_error(out, y, "inverse_margin")
             out = out.double()
             fy = out.gather(1, y.long()[:, None])[:, 0]
             others = out.scatter(1, y.long()[:, None], -math.inf)

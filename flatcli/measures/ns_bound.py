@@ -78,10 +78,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import ConfigError, MeasurementError
+from ..errors import MeasurementError
 from . import MeasureResult, register
 from ._hessian_diag import DiagonalOptions, diagonal_estimate, estimate_diagonal, jackknife
-from ._layers import weight_matrices
+from ._layers import class_outputs_or_error, weight_matrices
 from ._options import Integral, OneOf, Optional, Real, opt
 from .normalized_sharpness import normalized_sharpness_from_diagonal
 
@@ -114,11 +114,8 @@ def _bounded_loss(ctx, opts: NSBoundOptions):
         x0, y0 = p.batches[0]
         with torch.no_grad():
             out = p.forward(p.params, x0[:2])
-        if out.ndim != 2 or out.shape[1] < 2 or y0.is_floating_point():
-            raise ConfigError(
-                "The 'mc_loss' parameter of ns_bound is 'error', which needs class outputs (batch, classes) "
-                f"and integer labels; the model gives {tuple(out.shape)}. Use mc_loss: clipped_loss."
-            )
+        class_outputs_or_error(out, y0, "The 'mc_loss' parameter of ns_bound is 'error', which",
+                               "Use mc_loss: clipped_loss.")
 
     def loss(th: torch.Tensor) -> float:
         total = 0.0

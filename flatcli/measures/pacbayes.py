@@ -53,9 +53,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError
 from . import MeasureResult, register
 from ._bn import folded_init_theta, folded_measurement
+from ._layers import class_outputs_or_error
 from ._options import Bool, Integral, OneOf, Real, opt
 
 DEVIATION_TOL = 1e-2  # Jiang et al.'s ε_σ
@@ -87,11 +87,8 @@ def _criterion_fn(p, eng, criterion: str):
     x0, y0 = p.batches[0]
     with torch.no_grad():
         out = p.forward(p.params, x0[:2])
-    if out.ndim != 2 or out.shape[1] < 2 or y0.is_floating_point():
-        raise ConfigError(
-            "The 'criterion' parameter of pacbayes_flatness is 'error', which needs class outputs "
-            f"(batch, classes) and integer labels; the model gives {tuple(out.shape)}. Use criterion: loss."
-        )
+    class_outputs_or_error(out, y0, "The 'criterion' parameter of pacbayes_flatness is 'error', which",
+                           "Use criterion: loss.")
 
     def error(th):
         return eng.loss_and_error(th)[1]  # one forward pass over S
