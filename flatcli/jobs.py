@@ -33,7 +33,8 @@ class Job:
     train_data: Path | None = None  # per-checkpoint training set (tensors file), e.g. noisy labels
 
 
-def _coerce(v: str) -> Any:
+def coerce_cell(v: str) -> Any:
+    """A text cell (CSV, path regex group) as the int, float or string it reads as."""
     for cast in (int, float):
         try:
             return cast(v)
@@ -46,11 +47,11 @@ def _from_path(regex: str | None, path: str) -> dict[str, Any]:
     if not regex:
         return {}
     m = re.search(regex, path)
-    return {k: _coerce(v) for k, v in (m.groupdict() if m else {}).items() if v is not None}
+    return {k: coerce_cell(v) for k, v in (m.groupdict() if m else {}).items() if v is not None}
 
 
 def _read_manifest(man: Path) -> list[dict[str, str]]:
-    """The manifest's rows as ``{column: text}`` (read by pandas as text, so `_coerce` decides
+    """The manifest's rows as ``{column: text}`` (read by pandas as text, so `coerce_cell` decides
     int/float/str exactly as for every other source; an empty field is ``""``, an unnamed
     column and fields beyond the header are left out)."""
     import warnings
@@ -145,7 +146,7 @@ def _manifest_jobs(cfg, entries: dict, regex: str | None, init_default: Path | N
         raw = row.pop("path")
         init = row.pop("init_checkpoint", None)
         td = row.pop("train_data", None)
-        hp = {k: _coerce(v) for k, v in row.items() if k}
+        hp = {k: coerce_cell(v) for k, v in row.items() if k}
         hp.update(_from_path(regex, raw))
         ip = _beside(man, init) if init else None
         tp = _beside(man, td) if td else None

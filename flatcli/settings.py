@@ -9,7 +9,6 @@ below the API unpacks a config into long argument lists.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -129,17 +128,12 @@ class Settings:
         """A copy with some fields changed."""
         return Settings.build(self, **fields)
 
-    @contextlib.contextmanager
     def precision_context(self):
         """TF32 matrix products on for an effective ``tf32``, off otherwise; the previous flags are restored."""
-        old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        from .engine.products import tf32_flags
+
         tf32 = self.effective_precision == "tf32"
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
-        try:
-            yield
-        finally:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+        return tf32_flags(tf32, tf32)
 
     def verifies(self) -> bool:
         """Whether converged quantities are re-checked with fp32 products (``auto`` running TF32)."""

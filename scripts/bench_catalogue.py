@@ -96,6 +96,7 @@ from _bench_common import class_structured_data, device_name, resnet18, timed  #
 
 from flatcli import __version__  # noqa: E402
 from flatcli.engine import CurvatureEngine, Problem, eval_mode, linalg  # noqa: E402
+from flatcli.engine.products import tf32_flags  # noqa: E402
 from flatcli.measures import get_measure, list_measures  # noqa: E402
 from flatcli.pipeline import measure_model  # noqa: E402
 from flatcli.settings import Settings  # noqa: E402
@@ -122,17 +123,6 @@ class Clock:
 
     def past_deadline(self) -> bool:
         return self.elapsed() >= self.deadline_s
-
-
-@contextlib.contextmanager
-def tf32_flags(matmul: bool, cudnn: bool) -> Iterator[None]:
-    """Set torch's two TF32 switches inside; restore the previous values after."""
-    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
 def _zero_grads(model: nn.Module) -> None:

@@ -88,6 +88,17 @@ def _count(x: float) -> float:
     return int(x) if float(x).is_integer() else round(float(x), 6)
 
 
+@contextlib.contextmanager
+def tf32_flags(matmul: bool, cudnn: bool):
+    """Set torch's two TF32 switches (CUDA matmul, cuDNN) inside; the previous values are restored."""
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
 class LayerCapture:
     """A forward hook that records a module's input and output, or replaces its output
     (``with LayerCapture(module) as cap: model(x)``; then ``cap.single()``)."""
@@ -245,16 +256,9 @@ class CurvatureEngine:
         (``runtime.precision: auto`` running TF32 products; an explicit ``tf32`` does not verify)."""
         return self.verify and self.low_precision
 
-    @contextlib.contextmanager
     def full_precision(self):
         """TF32 off for the products inside (fp32 verification); the previous flags are restored."""
-        old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        try:
-            yield
-        finally:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+        return tf32_flags(False, False)
 
     # ------------------------------------------------------------ operators
     def _operator(self, product, name: str, precision: str | None) -> CurvatureOperator:

@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError, MeasurementError
+from ..jobs import coerce_cell
 from .spec import Spec, Study
 from .training import run_tasks
 
@@ -115,16 +116,6 @@ def single_threaded():
 
 
 TRAINING_COLUMNS = ["lr_effective", "steps", "epochs", "train_loss", "reached_target", "diverged", "seconds"]
-
-
-def _coerce(v: str) -> Any:
-    """A CSV cell back to the int, float or string it was written from."""
-    for cast in (int, float):
-        try:
-            return cast(v)
-        except ValueError:
-            pass
-    return v
 
 
 def _fmt_hp(v: Any) -> str:
@@ -297,7 +288,7 @@ class Experiment:
         out = []
         for t in rows:
             row = {k: t[k] for k in ("path", "init_checkpoint", "train_data") if t.get(k)}
-            hp = {k: _coerce(t[k]) for k in study.grid}
+            hp = {k: coerce_cell(t[k]) for k in study.grid}
             res = {
                 "steps": int(t["steps"]), "epochs": int(t["epochs"]), "train_loss": float(t["train_loss"]),
                 "reached_target": t["reached_target"] == "1", "diverged": t["diverged"] == "1",

@@ -37,7 +37,7 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import ConfigError, exit_code, exit_code_of
-from ..jobs import Job
+from ..jobs import Job, coerce_cell
 from ..loading.checkpoints import fingerprint
 from ..measures import MeasureSpec
 from ..results import Row, atomic_write, to_csv
@@ -645,12 +645,8 @@ SLURM_DEFAULTS = {"timeout_min": 240, "cpus_per_task": 4}
 
 
 def _coerce(v: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(v)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(v.lower(), v)
+    out = coerce_cell(v)
+    return {"true": True, "false": False}.get(out.lower(), out) if isinstance(out, str) else out
 
 
 def parse_slurm_params(items: list[str] | None) -> dict[str, Any]:
