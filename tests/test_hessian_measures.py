@@ -237,6 +237,31 @@ def test_lambda_max_is_verified_in_fp32_when_products_run_in_tf32(monkeypatch, t
     assert r.diagnostics["residual"] <= 1e-6 and r.diagnostics["verified"] == "fp32" and r.status == "ok"
 
 
+def test_lambda_max_finishes_in_fp32_when_tf32_rounding_keeps_the_residual_above_tol(monkeypatch, tf32_on):
+    """A simulated TF32 product H + E (E a fixed symmetric perturbation, ‖E‖ = 1% of λmax) has other
+    eigenvectors than H: its Ritz vector fails the fp32 check at tol 1e-8, so Lanczos continues in fp32
+    from it and reports λmax(H) to the tolerance (dense reference)."""
+    model, x, y = mlp_data()
+    lam = dense_eigs(model, x, y, "cross_entropy")[-1]
+    p, eng = _simulated_tf32(monkeypatch, model, x, y, bias=0.0)
+    g = torch.Generator().manual_seed(3)
+    E = torch.randn(p.num_params, p.num_params, generator=g, dtype=DT)
+    E = (E + E.T) / 2
+    E *= 0.01 * lam / torch.linalg.matrix_norm(E, 2)
+    exact = eng.hvp
+
+    def hvp(V, theta=None):
+        out = exact(V, theta=theta)
+        return out + V @ E if torch.backends.cuda.matmul.allow_tf32 else out
+
+    monkeypatch.setattr(eng, "hvp", hvp)
+    r = run_measure(MeasureSpec("hessian_lambda_max", "l", {"tol": 1e-8}), MeasureContext(problem=p, engine=eng))
+    d = r.diagnostics
+    assert abs(d["tf32_value"] - lam) > 1e-4 * lam  # the fast value is off
+    assert d["fp32_refine_steps"] >= 1 and d["residual"] <= 1e-8 and r.status == "ok"
+    assert r.value == pytest.approx(lam, rel=1e-10)
+
+
 @pytest.mark.parametrize("bias, status", [(0.3, "precision_warning"), (1e-9, "ok")])
 def test_trace_control_sample_flags_a_tf32_bias_larger_than_the_stderr(monkeypatch, tf32_on, bias, status):
     model, x, y = mlp_data(seed=1)
