@@ -27,7 +27,7 @@ from .pipeline import (  # noqa: F401  (re-exported: the Python API)
     DataCache,
     as_specs,
     check_finite_model,
-    check_labels,
+    check_targets,
     load_init_state,
     load_model,
     manifest_train_data,
@@ -36,7 +36,7 @@ from .pipeline import (  # noqa: F401  (re-exported: the Python API)
     versions,
 )
 from .results import Row, ensure_writable_dir, write_results_or_fallback
-from .settings import DTYPES, Settings, resolve_device
+from .settings import Settings
 
 __all__ = [
     "MeasureReport", "check_invariance", "collect", "correlate", "landscape", "load", "load_model",
@@ -309,25 +309,17 @@ def landscape(
         raise ConfigError("--to interpolates along one line; --dims 2 does not apply to it")
     if outdir is not None:
         ensure_writable_dir(outdir, "output directory")
-    dev = resolve_device(cfg.runtime.device)
-    dtype = DTYPES[cfg.runtime.precision]
+    st = Settings.from_config(cfg)
     ckpt = Path(checkpoint).expanduser()
     model, _ = load_model(cfg, ckpt)
     model_b = load_model(cfg, Path(to).expanduser())[0] if to is not None else None
-    md = cfg.measure_data
-    st = Settings.from_config(cfg, dev)
     train, test = _landscape_data(cfg, ckpt, model, model_b, st, to)
-    common = dict(
-        loss=cfg.loss, batch_size=md.batch_size, device=dev, dtype=dtype,
-        points_per_pass=points_per_pass, on_progress=on_progress,
-    )
+    common = dict(settings=st, points_per_pass=points_per_pass, on_progress=on_progress)
     with st.precision_context():
         if model_b is not None:
             res = interpolation_landscape(model, model_b, train, test, steps=steps, span=span, **common)
         else:
-            res = slice_landscape(
-                model, train, test, dims=dims, steps=steps, span=span, seed=cfg.runtime.seed, bias_bn=bias_bn, **common
-            )
+            res = slice_landscape(model, train, test, dims=dims, steps=steps, span=span, bias_bn=bias_bn, **common)
     res.meta.update(checkpoint=str(checkpoint), to=None if to is None else str(to), loss=cfg.loss,
                     measure_data=cfg.to_dict()["measure_data"], precision=cfg.runtime.precision,
                     config_hash=cfg.hash(), versions=versions(), device=st.describe_device())
@@ -340,20 +332,24 @@ def _landscape_data(cfg: Config, ckpt: Path, model, model_b, st: Settings, to):
     """The train and test sets of a landscape view (the manifest's train_data for ``ckpt``), checked
     (labels fit the model; the loss at both checkpoints finite) and subsampled as ``measure_data``."""
     data = DataCache(cfg)
-    md = cfg.measure_data
     train = data.get("train", manifest_train_data(cfg, ckpt))
     test = data.get("test")
+    _check_targets(cfg, model, train, test)
+    check_finite_model(model, train, st)
+    if model_b is not None:
+        check_finite_model(model_b, train, st, f"the checkpoint {to}")
+    train = subset(train, st.num_samples, st.data_seed)
+    test = subset(test, st.num_samples, st.data_seed) if test is not None else None
+    return train, test
+
+
+def _check_targets(cfg: Config, model, train, test) -> None:
+    """Labels fit the model (one forward pass of two rows per split, on the CPU)."""
     first = next(iter(model.parameters()), None)
     cpu_dtype = first.dtype if first is not None else torch.float32
     for name, d in (("train", train), ("test", test)):
         if d is not None:
-            check_labels(model, d[0], d[1], cfg.loss, f"data.{name}", torch.device("cpu"), cpu_dtype)
-    check_finite_model(model, train, st)
-    if model_b is not None:
-        check_finite_model(model_b, train, st, f"the checkpoint {to}")
-    train = subset(*train, md.num_samples, md.seed)
-    test = subset(*test, md.num_samples, md.seed) if test is not None else None
-    return train, test
+            check_targets(model, d, cfg.loss, f"data.{name}", torch.device("cpu"), cpu_dtype)
 
 
 if TYPE_CHECKING:
@@ -361,14 +357,14 @@ if TYPE_CHECKING:
     from .landscape.trajectory import TrajectoryResult
 
 
-def _view_setup(config, device, seed, allow_unsafe_pickle, outdir=None):
-    """Config, device and dtype for the trajectory-PCA and mode-connectivity views."""
+def _view_setup(config, device, seed, allow_unsafe_pickle, outdir=None) -> tuple[Config, Settings]:
+    """Config and settings for the trajectory-PCA and mode-connectivity views."""
     cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
     if outdir is not None:
         ensure_writable_dir(outdir, "output directory")
-    return cfg, resolve_device(cfg.runtime.device), DTYPES[cfg.runtime.precision]
+    return cfg, Settings.from_config(cfg)
 
 
 def _view_data(cfg: Config, model: torch.nn.Module, train_path: Path | None):
@@ -376,13 +372,9 @@ def _view_data(cfg: Config, model: torch.nn.Module, train_path: Path | None):
     data = DataCache(cfg)
     md = cfg.measure_data
     train, test = data.get("train", train_path), data.get("test")
-    first = next(iter(model.parameters()), None)
-    cpu_dtype = first.dtype if first is not None else torch.float32
-    for name, d in (("train", train), ("test", test)):
-        if d is not None:
-            check_labels(model, d[0], d[1], cfg.loss, f"data.{name}", torch.device("cpu"), cpu_dtype)
-    sub = subset(*train, md.num_samples, md.seed)
-    return train, sub, (subset(*test, md.num_samples, md.seed) if test is not None else None)
+    _check_targets(cfg, model, train, test)
+    sub = subset(train, md.num_samples, md.seed)
+    return train, sub, (subset(test, md.num_samples, md.seed) if test is not None else None)
 
 
 def _view_meta(cfg: Config, dev: torch.device) -> dict[str, Any]:
@@ -431,18 +423,16 @@ def landscape_pca(
     )
 
     paths = trajectory_paths(checkpoints, sort=sort)
-    cfg, dev, dtype = _view_setup(config, device, seed, allow_unsafe_pickle, outdir)
+    cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir)
     model, _ = load_model(cfg, paths[-1])
     _, train, test = _view_data(cfg, model, manifest_train_data(cfg, paths[-1]))
     traj = LazyTrajectory(paths[:-1], lambda p: load_model(cfg, p)[0], last=model)
-    md = cfg.measure_data
-    with Settings.from_config(cfg).precision_context():
+    with st.precision_context():
         res = trajectory_landscape(
-            traj, train, test, labels=[str(p) for p in paths], steps=steps, span=span,
-            solver=solver, seed=cfg.runtime.seed, loss=cfg.loss, batch_size=md.batch_size,
-            device=dev, dtype=dtype, points_per_pass=points_per_pass, on_progress=on_progress,
+            traj, train, test, labels=[str(p) for p in paths], steps=steps, span=span, solver=solver,
+            settings=st, points_per_pass=points_per_pass, on_progress=on_progress,
         )
-    res.meta.update(_view_meta(cfg, dev))
+    res.meta.update(_view_meta(cfg, st.device))
     if outdir is not None:
         write_trajectory_files(res, outdir, plots=plots)
     return res
@@ -481,7 +471,7 @@ def landscape_connect(
     from .landscape.connect import connect_landscape, write_connect_files
     from .landscape.trajectory import check_state
 
-    cfg, dev, dtype = _view_setup(config, device, seed, allow_unsafe_pickle, outdir)
+    cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir)
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     model_a, extras = load_model(cfg, pa)
     model_b, _ = load_model(cfg, pb)
@@ -493,15 +483,13 @@ def landscape_connect(
             "the bend is trained on one training set"
         )
     fit, train, test = _view_data(cfg, model_a, da if da is not None else db)
-    md = cfg.measure_data
-    with Settings.from_config(cfg).precision_context():
+    with st.precision_context():
         res = connect_landscape(
             model_a, model_b, train, test, fit=fit, steps=steps, bend_steps=bend_steps,
             bend_lr=bend_lr, bend_optimizer=bend_optimizer, bend_batch_size=bend_batch_size,
-            seed=cfg.runtime.seed, loss=cfg.loss, batch_size=md.batch_size, device=dev, dtype=dtype,
-            points_per_pass=points_per_pass, labels=(str(a), str(b)), on_progress=on_progress,
+            settings=st, points_per_pass=points_per_pass, labels=(str(a), str(b)), on_progress=on_progress,
         )
-    res.meta.update(_view_meta(cfg, dev))
+    res.meta.update(_view_meta(cfg, st.device))
     if outdir is not None:
         mk = extras.get("model_kwargs")
         write_connect_files(res, outdir, plots=plots, checkpoint_extras={"model_kwargs": mk} if isinstance(mk, dict) else None)

@@ -20,11 +20,13 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from .engine.engine import HVP_MODES
+from .engine.losses import LOSSES
+from .engine.precision import PRECISIONS
 from .errors import ConfigError
 from .measures import MeasureSpec, get_measure
 from .measures._options import parse_options
 
-PRECISIONS = ("auto", "fp32", "tf32", "fp64")
 SOURCES = ("tensors", "torchvision", "imagefolder", "digits", "synthetic", "mnist1d")
 
 
@@ -85,6 +87,15 @@ class RuntimeConfig:
 
 
 @dataclass
+class ParamsConfig:
+    """``params``: which parameters every measure perturbs and differentiates (glob patterns over
+    ``named_parameters()`` names; see `flatcli.engine.params`)."""
+
+    include: list[str] | None = None
+    exclude: list[str] | None = None
+
+
+@dataclass
 class OutputConfig:
     """``output``: where results go and the default stdout format of ``measure``."""
 
@@ -111,6 +122,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     measure_data: MeasureDataConfig = field(default_factory=MeasureDataConfig)
     loss: str = "cross_entropy"
+    params: ParamsConfig = field(default_factory=ParamsConfig)
     measures: list[Any] = field(default_factory=list)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
@@ -284,10 +296,10 @@ def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
     return specs
 
 
-CHOICES = {  # config keys with a fixed set of values
-    "loss": ("cross_entropy", "mse"),
+CHOICES = {  # config keys with a fixed set of values (the vocabularies are the engine's own)
+    "loss": tuple(LOSSES),
     "runtime.precision": PRECISIONS,
-    "runtime.hvp_mode": ("auto", "reverse", "forward", "finite_difference"),
+    "runtime.hvp_mode": HVP_MODES,
     "output.format": ("table", "csv", "json"),
     "measure_data.split": ("train", "test"),
 }
@@ -322,6 +334,10 @@ def _validate(cfg: Config) -> None:
     dev = cfg.runtime.device
     if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:") or dev == "mps"):
         raise ConfigError(f"config key 'runtime.device' must be auto, cpu, cuda or cuda:N; got {dev!r}")
+    for key in ("include", "exclude"):
+        pats = getattr(cfg.params, key)
+        if pats is not None and not all(isinstance(x, str) for x in pats):
+            raise ConfigError(f"config key 'params.{key}' must be a list of glob patterns; got {pats!r}")
     cfg.measure_specs()
 
 

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .engine.batch import Batch, model_output
 from .errors import ConfigError, MeasurementError, exit_code_of
 from .measures import INVARIANCE_REFERENCE, get_measure
 from .settings import Settings
@@ -105,7 +106,13 @@ def _out_channels(m: nn.Module) -> int:
     return m.weight.shape[0]
 
 
-def _leaf_order(model: nn.Module, x: torch.Tensor) -> list[str]:
+def _call(model: nn.Module, rows: Batch) -> torch.Tensor:
+    """The model's output tensor on a batch of named inputs."""
+    args, kwargs = rows.model_inputs()
+    return model_output(model(*args, **kwargs))
+
+
+def _leaf_order(model: nn.Module, x: Batch) -> list[str]:
     """Names of the leaf modules in the order they run on ``x``."""
     order: list[str] = []
     handles = []
@@ -114,7 +121,7 @@ def _leaf_order(model: nn.Module, x: torch.Tensor) -> list[str]:
             handles.append(mod.register_forward_hook(lambda m, i, o, name=name: order.append(name)))
     try:
         with torch.no_grad():
-            model(x)
+            _call(model, x)
     finally:
         for h in handles:
             h.remove()
@@ -165,22 +172,23 @@ def _rel_out_change(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max()) / max(float(a.abs().max()), 1e-300)
 
 
-def _forward(model: nn.Module, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
+def _forward(model: nn.Module, x: Batch, batch_size: int = 1024) -> torch.Tensor:
     with torch.no_grad():
-        return torch.cat([model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
+        return torch.cat([_call(model, rows) for rows in x.split(batch_size)])
 
 
-def find_rescalable_pairs(model: nn.Module, x: torch.Tensor, *, seed: int = 0, tol: float = OUTPUT_TOL) -> list[RescalePair]:
-    """Every (producer, consumer) pair whose node-wise rescaling alone keeps ``model``'s output on ``x``.
+def find_rescalable_pairs(model: nn.Module, x, *, seed: int = 0, tol: float = OUTPUT_TOL) -> list[RescalePair]:
+    """Every (producer, consumer) pair whose node-wise rescaling alone keeps ``model``'s output on ``x``
+    (an input tensor or a `flatcli.engine.batch.Batch` of named inputs).
 
     ``model`` must be in eval mode and float64 for the tolerance to be meaningful;
     it is restored exactly after each trial."""
-    xs = x[: min(len(x), 256)]
+    xs = Batch.of(x).select(slice(0, 256))
     base = _forward(model, xs)
     mods = dict(model.named_modules())
     g = torch.Generator().manual_seed(10_007 + seed)
     kept = []
-    for pair in _candidates(model, _leaf_order(model, xs[:2])):
+    for pair in _candidates(model, _leaf_order(model, xs.select(slice(0, 2)))):
         saved = {
             k: t.detach().clone()
             for name in (pair.producer, pair.consumer)
@@ -342,7 +350,8 @@ def check_invariance_model(
     Parameters
     ----------
     model : the network (not modified).
-    train, test : (x, y) data; the measurement set is ``split`` subsampled as in `flatcli.api.measure_model`.
+    train, test : the data (named tensors or (x, y) pairs); the measurement set is ``split``
+        subsampled as in `flatcli.api.measure_model`.
     measures : names / ``{name: options}`` / `MeasureSpec` objects; None: every registered measure that
         claims invariance. The non-invariant reference (the Hessian trace) is always added.
     settings : a `flatcli.settings.Settings` (or its fields as keywords: ``loss``, ``split``,
@@ -394,9 +403,7 @@ def _rescaled_copy(m64: nn.Module, data, st: Settings, transform: str, scale: fl
     from .engine import eval_mode
     from .loading.data import subset
 
-    mx, _ = subset(*data, st.num_samples, st.data_seed)
-    mx = mx.to(st.device)
-    mx = mx.double() if mx.is_floating_point() else mx
+    mx = subset(data, st.num_samples, st.data_seed).to(st.device, torch.float64)
     with eval_mode(m64):
         pairs = find_rescalable_pairs(m64, mx, seed=st.seed)
         if not pairs:

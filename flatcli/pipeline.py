@@ -21,7 +21,9 @@ import torch
 
 from ._version import __version__
 from .config import Config, parse_measures
-from .engine import CurvatureEngine, Problem, eval_mode
+from .engine import Batch, CurvatureEngine, Problem, eval_mode, get_loss
+from .engine import dist as ranks
+from .engine.batch import model_output
 from .errors import ConfigError, FlatcliError, MeasurementError, error_kind
 from .jobs import Job, resolve_jobs
 from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
@@ -43,43 +45,47 @@ def as_specs(measures) -> list[MeasureSpec]:
     return parse_measures(list(measures), "measures")
 
 
-def check_labels(model, x, y, loss: str, where: str, device, dtype) -> None:
-    """A `ConfigError` naming ``where`` when cross-entropy labels fall outside the model's outputs."""
-    if loss != "cross_entropy" or y.is_floating_point():
-        return
+def _problem(model, data, st: Settings) -> Problem:
+    """The problem of ``model`` over ``data`` with the settings' loss, batch size, device, dtype,
+    parameter selection and this process's ranks."""
+    return Problem(model, data, loss=st.loss, batch_size=st.batch_size, device=st.device, dtype=st.dtype,
+                   params=st.params, dist=ranks.current())
+
+
+def check_targets(model, data: Batch, loss: str, where: str, device, dtype) -> None:
+    """A `ConfigError` naming ``where`` when the data's targets do not fit the model's outputs and
+    the loss (labels outside the classes, a wrong output shape), from one forward pass of two rows."""
+    two = data.select(slice(0, 2)).to(device, dtype)
+    args, kwargs = two.model_inputs()
     with torch.no_grad(), eval_mode(model):
-        xb = x[:2].to(device)
-        out = model(xb.to(dtype) if xb.is_floating_point() else xb)
-    if out.ndim != 2:
-        raise ConfigError(f"loss 'cross_entropy' needs outputs of shape (batch, classes); the model gives {tuple(out.shape)}")
-    c = out.shape[1]
-    lo, hi = int(y.min()), int(y.max())
-    if lo < 0 or hi >= c:
-        raise ConfigError(f"{where}: label {hi if hi >= c else lo} is outside the model's {c} outputs")
+        out = model_output(model(*args, **kwargs))
+    get_loss(loss).check(out, two, data, where)
 
 
-def _metrics(model, train, test, st: Settings) -> dict[str, float]:
-    """train/test loss and accuracy on the full splits, and ``gen_gap = train_acc − test_acc``."""
+def _metrics(model, train: Batch | None, test: Batch | None, st: Settings) -> dict[str, float]:
+    """train/test loss and accuracy on the full splits (units of the loss: samples, or tokens for
+    ``causal_lm``), and ``gen_gap = train_acc − test_acc``."""
     out: dict[str, float] = {}
     for name, d in (("train", train), ("test", test)):
         if d is None:
             continue
-        prob = Problem(model, d[0], d[1], loss=st.loss, batch_size=st.batch_size, device=st.device, dtype=st.dtype)
-        out[f"{name}_loss"], out[f"{name}_acc"] = prob.evaluate()
+        out[f"{name}_loss"], out[f"{name}_acc"] = _problem(model, d, st).evaluate()
     if "test_acc" in out and not (math.isnan(out["train_acc"]) or math.isnan(out["test_acc"])):
         out["gen_gap"] = out["train_acc"] - out["test_acc"]
     return out
 
 
 def _check_deterministic(problem: Problem) -> None:
-    x, y = problem.batches[0]
+    if not problem.batches:
+        return
+    b = problem.batches[0]
     with torch.no_grad():
-        a = problem.batch_loss_sum(problem.params, x, y)
-        b = problem.batch_loss_sum(problem.params, x, y)
-    if not torch.equal(a, b) and not torch.allclose(a, b, rtol=1e-6, atol=0):
+        a = problem.batch_loss_sum(problem.params, b)
+        c = problem.batch_loss_sum(problem.params, b)
+    if not torch.equal(a, c) and not torch.allclose(a, c, rtol=1e-6, atol=0):
         raise MeasurementError(
             "the loss differs between two identical evaluations in eval mode "
-            f"({float(a):.6g} vs {float(b):.6g}); remove randomness from forward() (dropout via F.dropout(training=True), noise)"
+            f"({float(a):.6g} vs {float(c):.6g}); remove randomness from forward() (dropout via F.dropout(training=True), noise)"
         )
 
 
@@ -90,10 +96,10 @@ def describe_error(e: BaseException) -> str:
 
 def measure_model(
     model: torch.nn.Module,
-    train: tuple[torch.Tensor, torch.Tensor],
+    train,
     measures: Sequence[Any] | str,
     *,
-    test: tuple[torch.Tensor, torch.Tensor] | None = None,
+    test=None,
     settings: Settings | None = None,
     init_state: dict[str, torch.Tensor] | None = None,
     checkpoint: str = "<model>",
@@ -107,12 +113,14 @@ def measure_model(
     Parameters
     ----------
     model : the network (not modified; its train/eval mode is restored).
-    train, test : (x, y) tensors of the train and optional test split.
+    train, test : the train and optional test split: a `flatcli.engine.batch.Batch` or mapping of
+        named tensors (``x``/``y``, or ``input_ids``, ``attention_mask``, ``labels``...), or an
+        ``(x, y)`` pair.
     measures : names, ``{name: options}`` entries or `MeasureSpec` objects.
     settings : a `flatcli.settings.Settings`; its fields may also be given as keywords
         (``loss``, ``split``, ``num_samples``, ``batch_size``, ``data_seed``, ``seed``,
         ``device`` (default "cpu"), ``precision`` ("auto", "fp32", "tf32", "fp64"), ``hvp_mode``,
-        ``block_size``), which override it.
+        ``block_size``, ``params``), which override it.
     init_state : state dict at initialization (for ``distance_from_init``).
     progress : ``progress(label, info)`` while a measure runs: the engine's counters so far
         (``n_hvp``, ``n_grad``, ...) and, from iterative estimators, ``probes``/``steps``,
@@ -120,19 +128,19 @@ def measure_model(
     """
     specs = as_specs(measures)
     st = Settings.build(settings, **fields)
-    data = {"train": train, "test": test}
+    data = {"train": None if train is None else Batch.of(train, where="data.train"),
+            "test": None if test is None else Batch.of(test, where="data.test")}
     if data.get(st.split) is None:
         raise ConfigError(f"measure_data.split is {st.split!r} but no {st.split} data is configured")
     row = Row(checkpoint=checkpoint, labels=[s.label for s in specs], hparams=dict(hparams or {}))
     work = _working_copy(model, st)
     with st.precision_context(), eval_mode(work):
+        problem = _problem(work, subset(data[st.split], st.num_samples, st.data_seed), st)
         for split_name, d in data.items():
             if d is not None:
-                check_labels(work, d[0], d[1], st.loss, f"data.{split_name}", st.device, st.dtype)
-        mx, my = subset(*data[st.split], st.num_samples, st.data_seed)
-        problem = Problem(work, mx, my, loss=st.loss, batch_size=st.batch_size, device=st.device, dtype=st.dtype)
-        engine = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size,
-                                 precision=st.effective_precision, verify=st.verifies())
+                check_targets(work, d, st.loss, f"data.{split_name}", st.device, st.dtype)
+        row.selection = st.params.describe(work, problem.names)
+        engine = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision)
         try:
             engine.check_finite()
             _check_deterministic(problem)
@@ -143,50 +151,64 @@ def measure_model(
         if init_state is not None:
             init_params = {n: init_state[n].to(st.device, st.dtype) for n in problem.names if n in init_state}
         for spec in specs:
-            engine.on_progress = None if progress is None else (lambda info, lab=spec.label: progress(lab, info))
-            ctx = MeasureContext(problem=problem, engine=engine, seed=st.seed if spec.seed is None else spec.seed,
-                                 init_params=init_params, init_state=init_state)
-            try:
-                row.results[spec.label] = run_measure(spec, ctx)
-            except Exception as e:  # one failed measure never loses the others
-                if debug and not isinstance(e, ConfigError):
-                    traceback.print_exc()
-                row.fail(f"{spec.label}: {describe_error(e)}", error_kind(e), spec.label)
-        row.metrics.update(_metrics(work, train, test, st))
+            _run_one(row, spec, problem, engine, st, init_params, init_state, debug, progress)
+        row.metrics.update(_metrics(work, data["train"], data["test"], st))
     return row
 
 
-def check_finite_model(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor], settings: Settings,
-                       where: str = "the checkpoint") -> float:
+def _run_one(row: Row, spec: MeasureSpec, problem: Problem, engine: CurvatureEngine, st: Settings,
+             init_params, init_state, debug: bool, progress) -> None:
+    """Run one measure into ``row``; a failure is recorded and the other measures go on (in one
+    process). Across ranks, a failure that is not a deterministic check (the same on every rank)
+    ends the run, since the other ranks may wait in a collective this one never reaches."""
+    engine.on_progress = None if progress is None else (lambda info, lab=spec.label: progress(lab, info))
+    ctx = MeasureContext(problem=problem, engine=engine, seed=st.seed if spec.seed is None else spec.seed,
+                         init_params=init_params, init_state=init_state)
+    try:
+        row.results[spec.label] = run_measure(spec, ctx)
+    except Exception as e:  # one failed measure never loses the others
+        if problem.dist.active and not isinstance(e, FlatcliError):
+            raise ranks.RankFailure(f"rank {problem.dist.rank}: {spec.label}: {describe_error(e)}") from e
+        if debug and not isinstance(e, ConfigError):
+            traceback.print_exc()
+        row.fail(f"{spec.label}: {describe_error(e)}", error_kind(e), spec.label)
+
+
+def check_finite_model(model: torch.nn.Module, data, settings: Settings, where: str = "the checkpoint") -> float:
     """The loss of ``model`` on the measurement set (``settings``' split size and seed, eval mode);
     a NaN or inf loss raises the same `MeasurementError` in every command (exit code 1), naming
     the tensors that hold NaN/inf."""
     st = settings
-    x, y = subset(*data, st.num_samples, st.data_seed)
     with eval_mode(model):
-        prob = Problem(model, x, y, loss=st.loss, batch_size=st.batch_size, device=st.device, dtype=st.dtype)
+        prob = _problem(model, subset(data, st.num_samples, st.data_seed), st)
         return CurvatureEngine(prob).check_finite(where)
 
 
 COUNTERS = ("n_hvp", "n_grad", "n_forward", "n_vjp")
 
 
-def problem_dims(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor], settings: Settings) -> Dims:
-    """The sizes a cost estimate needs (`flatcli.measures.Dims`), from one forward pass of two samples."""
+def problem_dims(model: torch.nn.Module, data, settings: Settings) -> Dims:
+    """The sizes a cost estimate needs (`flatcli.measures.Dims`), from one forward pass of two rows:
+    P the selected parameters, n the scored units of the measurement set, C outputs per unit."""
     from .measures._layers import weight_matrices
 
-    x, _ = subset(*data, settings.num_samples, settings.data_seed)
-    params = [q for q in model.parameters() if q.requires_grad]
-    with torch.no_grad(), eval_mode(model):
-        first = params[0] if params else None
-        xb = x[:2].to(first.device if first is not None else "cpu")
-        out = model(xb.to(first.dtype) if (first is not None and xb.is_floating_point()) else xb)
-    verify = settings.verifies()
+    batch = subset(data, settings.num_samples, settings.data_seed)
+    first = next(iter(model.parameters()), None)
+    device = first.device if first is not None else torch.device("cpu")
+    dtype = first.dtype if first is not None else torch.float32
+    with eval_mode(model):
+        prob = Problem(model, batch, loss=settings.loss, batch_size=2, device=device, dtype=dtype,
+                       params=settings.params)
+        two = batch.select(slice(0, 2)).to(device, dtype)
+        with torch.no_grad():
+            Z = prob.loss_fn.scores(prob.forward(prob.params, two), two)[0]
+    chosen = set(prob.names)
+    named = dict(model.named_parameters())
     return Dims(
-        P=int(sum(q.numel() for q in params)), n=len(x), C=int(out.reshape(out.shape[0], -1).shape[1]),
-        tensors=tuple(q.numel() for q in params),
-        matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model)),
-        verify=verify,
+        P=prob.num_params, n=prob.n, C=int(Z.shape[-1]),
+        tensors=tuple(named[n].numel() for n in prob.names),
+        matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model, chosen)),
+        verify=settings.verifies(),
     )
 
 
@@ -232,8 +254,9 @@ class DataCache:
         self.cfg = cfg
         self._cache: dict[str, Any] = {}
 
-    def get(self, split: str, path: Path | None = None):
-        """The split ``split`` as (x, y), loaded once (``path``: a tensors file replacing it)."""
+    def get(self, split: str, path: Path | None = None) -> Batch | None:
+        """The split ``split`` as a `Batch` of named tensors, loaded once (``path``: a tensors file
+        replacing it), or None when it is not configured."""
         key = split if path is None else f"{split}:{path}"
         if key not in self._cache:
             if path is not None:

@@ -15,20 +15,11 @@ from typing import Any
 
 import torch
 
+from .engine.params import ParamSelection
+from .engine.precision import PRECISIONS, Precision, check_precision, has_tensor_cores
 from .errors import ConfigError
 
-PRECISIONS = ("auto", "fp32", "tf32", "fp64")
-DTYPES = {"auto": torch.float32, "fp32": torch.float32, "tf32": torch.float32, "fp64": torch.float64}
-
-
-def has_tensor_cores(device: torch.device) -> bool:
-    """Whether ``device`` is a CUDA device with TF32 tensor cores (compute capability ≥ 8.0, Ampere on)."""
-    if device.type != "cuda":
-        return False
-    try:
-        return torch.cuda.get_device_capability(device)[0] >= 8
-    except (RuntimeError, AssertionError):
-        return False
+__all__ = ["PRECISIONS", "Settings", "has_tensor_cores", "resolve_device"]
 
 
 def resolve_device(name: str | torch.device | None) -> torch.device:
@@ -53,18 +44,22 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 
 @dataclass(frozen=True)
 class Settings:
-    """The resolved measurement settings.
+    """The resolved measurement settings, passed whole to every path (measure, sweep, landscape,
+    PCA, connect, invariance, experiments). Validated here, once, in API terms.
 
     Parameters
     ----------
     device : where to compute (a `torch.device`; build with `resolve_device`).
     precision : "auto" (default: TF32 products on a CUDA device with tensor cores, every
         converged quantity verified with fp32 products at the end; fp32 elsewhere), "fp32",
-        "tf32" (TF32 matrix products on CUDA, no verification) or "fp64".
+        "tf32" (TF32 matrix products on CUDA, no verification) or "fp64"
+        (`flatcli.engine.precision`).
     seed : seed of every stochastic measure without its own ``seed``.
-    loss : "cross_entropy" or "mse".
+    loss : "cross_entropy", "mse" or "causal_lm" (`flatcli.engine.losses`).
     split, num_samples, batch_size, data_seed : the measurement set (``measure_data``).
     hvp_mode, block_size : engine settings (``runtime.hvp_mode``, ``runtime.block_size``).
+    params : the parameter selection every measure perturbs and differentiates
+        (`flatcli.engine.params.ParamSelection`; default everything).
     """
 
     device: torch.device = torch.device("cpu")
@@ -77,23 +72,43 @@ class Settings:
     data_seed: int = 0
     hvp_mode: str = "auto"
     block_size: int | None = None
+    params: ParamSelection = ParamSelection()
 
     def __post_init__(self):
-        if self.precision not in DTYPES:
-            raise ConfigError(f"runtime.precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        from .engine.engine import HVP_MODES
+        from .engine.losses import LOSSES
+
+        try:
+            check_precision(self.precision)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        _one_of("loss", self.loss, tuple(LOSSES))
+        _one_of("hvp_mode", self.hvp_mode, HVP_MODES)
+        _one_of("split", self.split, ("train", "test"))
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"batch_size must be an int ≥ 1; got {self.batch_size!r}")
+        n = self.num_samples
+        if n != "all" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"num_samples must be an int ≥ 1 or 'all'; got {n!r}")
+        if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
+            raise ConfigError(f"block_size must be an int ≥ 1; got {self.block_size!r}")
+        if not isinstance(self.params, ParamSelection):
+            object.__setattr__(self, "params", ParamSelection.of(self.params))
+
+    @property
+    def resolved_precision(self) -> Precision:
+        """The precision resolved for the device (`flatcli.engine.precision.Precision`)."""
+        return Precision.of(self.precision, self.device)
 
     @property
     def dtype(self) -> torch.dtype:
         """The floating type of parameters and products (float64 for ``fp64``)."""
-        return DTYPES[self.precision]
+        return self.resolved_precision.dtype
 
     @property
     def effective_precision(self) -> str:
-        """The precision products run at: ``auto`` resolves to ``tf32`` on a CUDA device with
-        tensor cores and to ``fp32`` elsewhere."""
-        if self.precision == "auto":
-            return "tf32" if has_tensor_cores(self.device) else "fp32"
-        return self.precision
+        """The precision products run at (``auto`` is ``tf32`` on a tensor-core GPU, else ``fp32``)."""
+        return self.resolved_precision.effective
 
     @classmethod
     def from_config(cls, cfg, device: str | torch.device | None = None) -> Settings:
@@ -110,6 +125,7 @@ class Settings:
             data_seed=md.seed,
             hvp_mode=rt.hvp_mode,
             block_size=rt.block_size,
+            params=ParamSelection.of(cfg.params),
         )
 
     @classmethod
@@ -130,16 +146,18 @@ class Settings:
 
     def precision_context(self):
         """TF32 matrix products on for an effective ``tf32``, off otherwise; the previous flags are restored."""
-        from .engine.products import tf32_flags
-
-        tf32 = self.effective_precision == "tf32"
-        return tf32_flags(tf32, tf32)
+        return self.resolved_precision.context()
 
     def verifies(self) -> bool:
         """Whether converged quantities are re-checked with fp32 products (``auto`` running TF32)."""
-        return self.precision == "auto" and self.effective_precision == "tf32"
+        return self.resolved_precision.verify
 
     def describe_device(self) -> str:
         """The device in words, e.g. ``cuda:0 (NVIDIA H100)``."""
         dev = self.device
         return str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else "")
+
+
+def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")

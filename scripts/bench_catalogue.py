@@ -96,7 +96,7 @@ from _bench_common import class_structured_data, device_name, resnet18, timed  #
 
 from flatcli import __version__  # noqa: E402
 from flatcli.engine import CurvatureEngine, Problem, eval_mode, linalg  # noqa: E402
-from flatcli.engine.products import tf32_flags  # noqa: E402
+from flatcli.engine.precision import tf32_flags  # noqa: E402
 from flatcli.measures import get_measure, list_measures  # noqa: E402
 from flatcli.pipeline import measure_model  # noqa: E402
 from flatcli.settings import Settings  # noqa: E402

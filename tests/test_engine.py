@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from flatcli.engine import CurvatureEngine, Problem, linalg
+from flatcli.engine import CurvatureEngine, Problem, ggn_diag, linalg
 from flatcli.errors import MeasurementError
 
 DT = torch.float64
@@ -66,7 +66,7 @@ def test_uneven_last_batch_equals_one_full_batch():
     V = vecs(tiny_problem(), 3)
     full = CurvatureEngine(tiny_problem(batch_size=10))
     uneven = CurvatureEngine(tiny_problem(batch_size=4))  # batches 4, 4, 2
-    assert [len(b[0]) for b in uneven.batches] == [4, 4, 2]
+    assert [b.rows for b in uneven.batches] == [4, 4, 2]
     torch.testing.assert_close(uneven.hvp(V), full.hvp(V), rtol=1e-12, atol=1e-13)
     torch.testing.assert_close(uneven.grad(), full.grad(), rtol=1e-12, atol=1e-13)
     assert uneven.loss() == pytest.approx(full.loss(), rel=1e-13)
@@ -77,13 +77,11 @@ def test_uneven_last_batch_equals_one_full_batch():
 def test_ggnvp_matches_dense_gauss_newton(loss):
     p = tiny_problem(loss=loss, act=nn.Tanh)
     th = p.theta
-    J = torch.func.jacrev(lambda t: p.forward(t, p.x))(th)  # (n, C, P)
-    Z = p.forward(th, p.x).detach()
+    J = torch.func.jacrev(lambda t: p.forward(t, p.batch))(th)  # (n, C, P)
+    Z = p.forward(th, p.batch).detach()
     Hz = torch.stack(
         [
-            torch.func.hessian(lambda z, i=i: p.per_sample_loss(z[None], p.y[i : i + 1]).sum())(
-                Z[i]
-            )
+            torch.func.hessian(lambda z, i=i: p.loss_fn.sum(z[None], p.batch.select(slice(i, i + 1))))(Z[i])
             for i in range(p.n)
         ]
     )
@@ -97,10 +95,11 @@ def test_ggnvp_matches_dense_gauss_newton(loss):
 
 def _dense_ggn_diagonal(p):
     th = p.theta
-    J = torch.func.jacrev(lambda t: p.forward(t, p.x).reshape(p.n, -1))(th)  # (n, C, P)
-    Z = p.forward(th, p.x).detach().reshape(p.n, -1)
+    J = torch.func.jacrev(lambda t: p.forward(t, p.batch).reshape(p.n, -1))(th)  # (n, C, P)
+    Z = p.forward(th, p.batch).detach().reshape(p.n, -1)
     Hz = torch.stack(
-        [torch.func.hessian(lambda z, i=i: p.per_sample_loss(z[None], p.y[i : i + 1]).sum())(Z[i]) for i in range(p.n)]
+        [torch.func.hessian(lambda z, i=i: p.loss_fn.sum(z[None], p.batch.select(slice(i, i + 1))))(Z[i])
+         for i in range(p.n)]
     )
     return torch.einsum("ncp,ncd,ndp->p", J, Hz, J) / p.n
 
@@ -108,14 +107,14 @@ def _dense_ggn_diagonal(p):
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
 @pytest.mark.parametrize("act", [nn.ReLU, nn.Tanh])
-def test_ggn_diagonal_matches_dense_gauss_newton(loss, act, fast):
+def test_ggn_diagonal_matches_dense_gauss_newton(loss, act, fast, monkeypatch):
     p = tiny_problem(loss=loss, act=act, batch_size=4)  # batches 4, 4, 2
     eng = CurvatureEngine(p)
     if not fast:  # every parameter through the vmapped per-sample products, 3 samples at a time
-        eng._linear_fast = []
-        eng._jacobian_chunk = lambda C, P: 3
+        monkeypatch.setattr(ggn_diag, "linear_fast_path", lambda problem, batch: [])
+        monkeypatch.setattr(eng.memory, "chunk_rows", lambda C, P: 3)
     d = eng.ggn_diagonal()
-    assert len(eng._linear_fast) == (2 if fast else 0)
+    assert len(ggn_diag.linear_fast_path(p, p.batches[0])) == (2 if fast else 0)
     torch.testing.assert_close(d, _dense_ggn_diagonal(p), rtol=1e-10, atol=1e-13)
     assert eng.n_vjp == 3 and eng.counters()["n_vjp"] == 3 and eng.n_hvp == 0
     diagH = torch.diagonal(dense_hessian(p))
@@ -132,7 +131,7 @@ def test_ggn_diagonal_is_the_hessian_diagonal_with_batchnorm_and_pooling_in_eval
     p = Problem(model, x, y, batch_size=5, dtype=DT)
     eng = CurvatureEngine(p)
     d = eng.ggn_diagonal()  # fc1, fc2 by the outer-product rule, the convolutions and BatchNorms per sample
-    assert [m for m, _, _ in eng._linear_fast] == [model.fc1, model.fc2]
+    assert [m for m, _, _ in ggn_diag.linear_fast_path(p, p.batches[0])] == [model.fc1, model.fc2]
     torch.testing.assert_close(d, torch.diagonal(dense_hessian(p)), rtol=1e-10, atol=1e-13)
 
 
@@ -155,14 +154,14 @@ def test_ggn_diagonal_with_in_place_activations_and_a_layer_called_twice():
     p = Problem(model, x, y, batch_size=4, dtype=DT)
     eng = CurvatureEngine(p)
     d = eng.ggn_diagonal()
-    assert [m for m, _, _ in eng._linear_fast] == [model.fc1, model.head]  # fc2 runs twice: per sample
+    assert [m for m, _, _ in ggn_diag.linear_fast_path(p, p.batches[0])] == [model.fc1, model.head]  # fc2 runs twice
     torch.testing.assert_close(d, _dense_ggn_diagonal(p), rtol=1e-10, atol=1e-13)
 
 
 def test_ggn_diagonal_at_another_theta():
     p = tiny_problem(act=nn.Tanh, batch_size=10)
     th = p.theta + 0.1 * vecs(p, 1)[0]
-    q = Problem(p.model, p.x, p.y, batch_size=10, dtype=DT)
+    q = Problem(p.model, p.batch, batch_size=10, dtype=DT)
     q.params = q.unflatten(th.clone())
     torch.testing.assert_close(CurvatureEngine(p).ggn_diagonal(th), _dense_ggn_diagonal(q), rtol=1e-10, atol=1e-13)
 
@@ -233,17 +232,22 @@ def test_loss_and_grad_match_autograd():
     assert eng.n_grad == 1
 
 
+def _patch_product(eng, fn):
+    """Replace the Hessian's per-batch product (the one method a curvature supplies)."""
+    eng.curvature["hessian"].product = fn
+
+
 def _oom_once(eng, when):
-    real = eng._hvp_block
+    real = eng.curvature["hessian"].product
     state = {"raised": 0}
 
-    def block(V, th, *dest):
+    def product(V, th, j, batch, out, accumulate):
         if state["raised"] == 0 and when(V):
             state["raised"] += 1
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(V, th, *dest)
+        return real(V, th, j, batch, out, accumulate)
 
-    eng._hvp_block = block
+    _patch_product(eng, product)
     return state
 
 
@@ -268,17 +272,17 @@ def test_oom_at_block_one_halves_the_batch():
     _oom_once(eng, lambda V: True)
     torch.testing.assert_close(eng.hvp(V), ref, rtol=1e-12, atol=1e-14)
     assert eng.oom_retries == 1 and eng.batch_size == 4
-    assert [len(b[0]) for b in eng.batches] == [4, 4, 2]
+    assert [b.rows for b in eng.batches] == [4, 4, 2]
 
 
 def test_oom_with_nothing_left_to_halve_is_a_measurement_error():
     p = tiny_problem(batch_size=1, n=3)
     eng = CurvatureEngine(p, block_size=1)
 
-    def block(V, th, dest=None):
+    def product(*args):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
-    eng._hvp_block = block
+    _patch_product(eng, product)
     with pytest.raises(MeasurementError, match="out of memory"):
         eng.hvp(vecs(p, 1)[0])
 
@@ -287,10 +291,10 @@ def test_other_errors_are_not_retried():
     p = tiny_problem()
     eng = CurvatureEngine(p, block_size=4)
 
-    def block(V, th, dest=None):
+    def product(*args):
         raise RuntimeError("shape mismatch")
 
-    eng._hvp_block = block
+    _patch_product(eng, product)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         eng.hvp(vecs(p, 4))
     assert eng.oom_retries == 0 and eng.block_size == 4
@@ -347,8 +351,14 @@ def test_block_size_default_and_override():
     assert CurvatureEngine(p, block_size=3).block_size == 3
     calls = []
     eng = CurvatureEngine(p, block_size=3)
-    real = eng._hvp_block
-    eng._hvp_block = lambda V, th, dest=None: calls.append(V.shape[0]) or real(V, th, dest)
+    real = eng.curvature["hessian"].product
+
+    def product(V, th, j, *rest):
+        if j == 0:  # the first batch of each block
+            calls.append(V.shape[0])
+        return real(V, th, j, *rest)
+
+    _patch_product(eng, product)
     eng.hvp(vecs(p, 7))
     assert calls == [3, 3, 1]
     with pytest.raises(ValueError):
@@ -360,7 +370,7 @@ def test_block_size_default_and_override():
 
 
 def test_auto_mode_on_cpu():
-    from flatcli.engine import products
+    from flatcli.engine import engine as products
 
     eng = CurvatureEngine(tiny_problem())
     assert (
@@ -407,7 +417,7 @@ def test_graph_cache_reuse_and_invalidation(cache):
     for _ in range(2):  # second call reuses the cached graphs
         torch.testing.assert_close(eng.hvp(V[0]), H @ V[0], rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)
-    assert (eng._graphs is not None) == (cache is not False)
+    assert (eng.graphs.entries is not None) == (cache is not False)
     th = p.theta + 0.05 * V[1]
     H2 = torch.func.hessian(lambda t: p.loss(p.unflatten(t)))(th)
     torch.testing.assert_close(eng.hvp(V, theta=th), V @ H2, rtol=1e-10, atol=1e-12)
@@ -417,9 +427,9 @@ def test_graph_cache_reuse_and_invalidation(cache):
 def test_graph_cache_too_big_is_not_kept(monkeypatch):
     p = tiny_problem()
     eng = CurvatureEngine(p, hvp_mode="reverse")
-    monkeypatch.setattr(eng, "_graph_budget", lambda: 10.0)  # bytes
+    monkeypatch.setattr(eng.graphs, "budget", lambda: 10.0)  # bytes
     eng.hvp(vecs(p, 2))
-    assert eng._graphs is None and eng._cache_state == "too_big"
+    assert eng.graphs.entries is None and eng.graphs.state == "too_big"
 
 
 def test_oom_drops_the_graph_cache_first():
@@ -427,7 +437,7 @@ def test_oom_drops_the_graph_cache_first():
     V = vecs(p, 4)
     eng = CurvatureEngine(p, hvp_mode="reverse", block_size=4)
     ref = eng.hvp(V)
-    assert eng._graphs is not None
+    assert eng.graphs.entries is not None
     _oom_once(eng, lambda V: True)
     torch.testing.assert_close(eng.hvp(V), ref, rtol=1e-12, atol=1e-14)
-    assert eng.oom_retries == 1 and eng._graphs is None and eng.block_size == 4
+    assert eng.oom_retries == 1 and eng.graphs.entries is None and eng.block_size == 4

@@ -207,7 +207,7 @@ def _simulated_tf32(monkeypatch, model, x, y, bias):
     """An engine whose products are (1 + bias)·H v while TF32 is on (a simulated low-precision
     GPU product), and exact inside its fp32 verification context."""
     p = Problem(model, x, y, batch_size=4, dtype=DT)
-    eng = CurvatureEngine(p, precision="tf32", verify=True)
+    eng = CurvatureEngine(p, precision="auto")
     monkeypatch.setattr(CurvatureEngine, "low_precision", property(lambda self: True))
     exact = eng.hvp
 

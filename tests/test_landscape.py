@@ -23,7 +23,8 @@ from flatcli.landscape import (
 )
 from flatcli.landscape.slices import direction_chunks
 
-F64 = dict(device="cpu", dtype=torch.float64)
+F64 = dict(device="cpu", precision="fp64")  # settings of a landscape view
+P64 = dict(device="cpu", dtype=torch.float64)  # the same for a Problem
 
 
 class ConvBN(nn.Module):
@@ -220,7 +221,7 @@ def test_interpolation_endpoints_reproduce_both_checkpoints(ppp):
     i0, i1 = list(res.alpha).index(0.0), list(res.alpha).index(1.0)
     for m, i in ((a, i0), (b, i1)):
         for split, data in (("train", train), ("test", test)):
-            loss, acc = Problem(m.eval(), *data, batch_size=4, **F64).evaluate()
+            loss, acc = Problem(m.eval(), *data, batch_size=4, **P64).evaluate()
             got = getattr(res, f"{split}_loss")[i]
             if ppp == 1:  # the same computation: bit for bit
                 assert got == loss
@@ -259,7 +260,7 @@ def test_vmap_batched_equals_loop_and_model_untouched():
     assert all(torch.equal(before[k], after[k]) for k in before)
     # the centre is the checkpoint itself
     with torch.no_grad():
-        center, _ = Problem(m.eval(), *train, batch_size=4, **F64).evaluate()
+        center, _ = Problem(m.eval(), *train, batch_size=4, **P64).evaluate()
     assert loop.summary["train_loss_center"] == center
 
 
@@ -267,7 +268,7 @@ def test_vmap_batched_equals_loop_and_model_untouched():
 def test_vmap_equals_loop_on_cuda():
     m = convbn()
     train = img_data(9, 0)
-    kw = dict(dims=2, steps=3, seed=1, batch_size=4, device="cuda", dtype=torch.float64)
+    kw = dict(dims=2, steps=3, seed=1, batch_size=4, device="cuda", precision="fp64")
     loop = slice_landscape(m, train, points_per_pass=1, **kw)
     batched = slice_landscape(m, train, points_per_pass=4, **kw)
     assert batched.meta["evaluator"]["train"]["vmap"]
@@ -309,7 +310,7 @@ def test_vmap_falls_back_to_loop():
 
 def test_out_of_memory_halves_points_per_pass():
     m = mlp()
-    prob = Problem(m.eval(), *vec_data(), batch_size=4, **F64)
+    prob = Problem(m.eval(), *vec_data(), batch_size=4, **P64)
     d = random_direction(prob.params, torch.Generator().manual_seed(0))
     coeffs = np.linspace(-1, 1, 7)[:, None]
     inner = direction_chunks(prob.params, [d], coeffs)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
+from flatcli.engine import Batch
 from flatcli.errors import ConfigError, MeasurementError
 from flatcli.landscape.bnstats import BatchNormRecomputer
 from flatcli.landscape.connect import connect_landscape, lr_factor, write_connect_files
@@ -22,7 +23,7 @@ from flatcli.landscape.trajectory import (
     write_trajectory_files,
 )
 
-F64 = dict(device="cpu", dtype=torch.float64)
+F64 = dict(device="cpu", precision="fp64")
 
 
 # ------------------------------------------------------------------ helpers
@@ -447,7 +448,7 @@ def test_batchnorm_statistics_recomputed_along_both_paths():
     # the recomputer on its own: stored statistics play no part
     rec = BatchNormRecomputer(a, "cpu", torch.float64)
     params = {n: v.detach() for n, v in a.named_parameters()}
-    st = rec(params, [(x[:4], None), (x[4:8], None), (x[8:], None)])
+    st = rec(params, Batch({"x": x}).split(4))
     mean, var = reference_bn_stats(params["0.weight"], params["0.bias"], x, 4)
     torch.testing.assert_close(st["1.running_mean"], mean, rtol=1e-13, atol=1e-15)
     torch.testing.assert_close(st["1.running_var"], var, rtol=1e-13, atol=1e-15)

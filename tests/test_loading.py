@@ -108,10 +108,11 @@ def test_tensors_pt_and_npz(tmp_path):
     torch.save({"x": x, "y": y}, tmp_path / "d.pt")
     np.savez(tmp_path / "d.npz", x=x.numpy(), y=y.numpy())
     for name in ("d.pt", "d.npz"):
-        xx, yy = load_split(DataSource(source="tensors", path=name), "train", tmp_path)
+        b = load_split(DataSource(source="tensors", path=name), "train", tmp_path)
+        xx, yy = b["x"], b["y"]
         assert torch.allclose(xx, x) and torch.equal(yy, y)
     torch.save({"inputs": x}, tmp_path / "e.pt")
-    with pytest.raises(ConfigError, match=r"data.train.path: .*must hold a dict with 'x' and 'y'; found inputs"):
+    with pytest.raises(ConfigError, match=r"data.train.path: .*must hold 'x' and 'y', or named tensors such as input_ids, attention_mask, labels; found inputs"):
         load_split(DataSource(source="tensors", path="e.pt"), "train", tmp_path)
     with pytest.raises(ConfigError, match="data.test.path: file not found"):
         load_split(DataSource(source="tensors", path="none.pt"), "test", tmp_path)
@@ -136,7 +137,8 @@ def test_torchvision_mnist_layout(tmp_path):
         _write_idx(raw / f"{prefix}-images-idx3-ubyte", imgs)
         _write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
     src = DataSource(source="torchvision", name="MNIST", root=str(tmp_path), kwargs={"train": False})
-    x, y = load_split(src, "test", tmp_path)
+    b = load_split(src, "test", tmp_path)
+    x, y = b["x"], b["y"]
     assert x.shape == (5, 1, 28, 28) and x.dtype == torch.float32
     assert torch.allclose(x[:, 0] * 255, torch.tensor(imgs, dtype=torch.float32))
     assert y.tolist() == labels.tolist()
@@ -153,7 +155,8 @@ def test_imagefolder(tmp_path):
         (tmp_path / "img" / cls).mkdir(parents=True)
         for i in range(2):
             Image.fromarray(np.full((4, 4, 3), val + i, dtype=np.uint8)).save(tmp_path / "img" / cls / f"{i}.png")
-    x, y = load_split(DataSource(source="imagefolder", path="img"), "train", tmp_path)
+    b = load_split(DataSource(source="imagefolder", path="img"), "train", tmp_path)
+    x, y = b["x"], b["y"]
     assert x.shape == (4, 3, 4, 4) and y.tolist() == [0, 0, 1, 1]
     assert abs(float(x[0, 0, 0, 0]) - 10 / 255) < 1e-6
 
@@ -171,7 +174,7 @@ def test_synthetic_seeded_and_normalize(tmp_path):
     s = DataSource(source="synthetic", num_samples=10, input_shape=[2, 3], num_classes=4, seed=1)
     a = load_split(s, "train", tmp_path)
     b = load_split(s, "train", tmp_path)
-    assert torch.equal(a[0], b[0]) and a[0].shape == (10, 2, 3) and int(a[1].max()) < 4
+    assert torch.equal(a["x"], b["x"]) and a["x"].shape == (10, 2, 3) and int(a["y"].max()) < 4
     x = torch.ones(3, 2, 4, 4)
     z = apply_normalize(x, {"mean": [1.0, 0.0], "std": [1.0, 2.0]})
     assert torch.allclose(z[:, 0], torch.zeros(3, 4, 4)) and torch.allclose(z[:, 1], torch.full((3, 4, 4), 0.5))
@@ -182,7 +185,7 @@ def test_synthetic_seeded_and_normalize(tmp_path):
 def test_subset_seeded_sorted():
     x = torch.arange(20).float()[:, None]
     y = torch.arange(20)
-    a = subset(x, y, 5, seed=3)
-    b = subset(x, y, 5, seed=3)
-    assert torch.equal(a[1], b[1]) and a[1].tolist() == sorted(a[1].tolist()) and len(a[1]) == 5
-    assert len(subset(x, y, "all", 0)[0]) == 20
+    a = subset((x, y), 5, seed=3)["y"]
+    b = subset((x, y), 5, seed=3)["y"]
+    assert torch.equal(a, b) and a.tolist() == sorted(a.tolist()) and len(a) == 5
+    assert subset((x, y), "all", 0).rows == 20

@@ -16,25 +16,25 @@ pytest.importorskip("mnist1d")
 
 def test_mnist1d_splits_shapes_and_determinism(tmp_path):
     src = DataSource(source="mnist1d", num_samples=200, seed=3, kwargs={"train_split": 0.75})
-    xtr, ytr = load_split(src, "train", tmp_path)
-    xte, yte = load_split(src, "test", tmp_path)
+    xtr, ytr = load_split(src, "train", tmp_path).values()
+    xte, yte = load_split(src, "test", tmp_path).values()
     assert xtr.shape == (150, 40) and xte.shape == (50, 40)
     assert xtr.dtype == torch.float32 and ytr.dtype == torch.int64
     assert set(ytr.tolist()) <= set(range(10)) and len(set(ytr.tolist())) == 10
     # the generator's own split of one data set: no signal appears in both
     assert not any(torch.equal(a, b) for a in xte[:10] for b in xtr)
     data_mod._mnist1d_arrays.cache_clear()
-    xtr2, ytr2 = load_split(src, "train", tmp_path)  # regenerated, not cached
+    xtr2, ytr2 = load_split(src, "train", tmp_path).values()  # regenerated, not cached
     assert torch.equal(xtr, xtr2) and torch.equal(ytr, ytr2)
     other = load_split(DataSource(source="mnist1d", num_samples=200, seed=4, kwargs={"train_split": 0.75}), "train", tmp_path)
-    assert not torch.equal(xtr, other[0])
+    assert not torch.equal(xtr, other["x"])
 
 
 def test_mnist1d_split_key_and_default_sizes():
     x, _ = mnist1d_split("train")
     assert x.shape == (4000, 40)  # the generator's defaults: 5000 signals, 80/20
     src = DataSource(source="mnist1d", split="test")
-    assert load_split(src, "train", ".")[0].shape == (1000, 40)  # 'split' wins over the key
+    assert load_split(src, "train", ".")["x"].shape == (1000, 40)  # 'split' wins over the key
 
 
 def test_mnist1d_returns_fresh_tensors():

@@ -267,8 +267,8 @@ def test_ggn_option_is_the_gauss_newton_ns():
     model = _mlp(nn.Tanh)
     x, y = _data()
     prob = Problem(model.eval(), x, y, batch_size=len(x), dtype=torch.float64)
-    J = torch.func.jacrev(lambda t: prob.forward(t, x))(prob.theta)
-    p = torch.softmax(prob.forward(prob.theta, x), 1).detach()
+    J = torch.func.jacrev(lambda t: prob.forward(t, prob.batch))(prob.theta)
+    p = torch.softmax(prob.forward(prob.theta, prob.batch), 1).detach()
     Hz = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
     ggn_diag = torch.einsum("ncp,ncd,ndp->p", J, Hz, J) / len(x)
     from flatcli.measures.normalized_sharpness import normalized_sharpness_from_diagonal

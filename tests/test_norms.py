@@ -255,8 +255,10 @@ def test_inverse_margin_is_tenth_percentile():
     )
 
 
-def test_inverse_margin_needs_class_outputs():
+def test_inverse_margin_is_not_applicable_without_class_outputs():
     x = torch.randn(12, 4, dtype=torch.float64)
     p = Problem(nn.Linear(4, 1).double(), x, torch.randn(12, 1, dtype=torch.float64), loss="mse")
-    with pytest.raises(ConfigError, match=r"inverse_margin needs class outputs \(batch, classes\) and integer labels; the model gives \(12, 1\)"):
-        run(p, "inverse_margin")
+    res = run(p, "inverse_margin")
+    assert res.status == "not_applicable" and math.isnan(res.value)
+    assert res.diagnostics["reason"] == ("needs class scores and integer labels; loss 'mse' on outputs of "
+                                         "shape (12, 1) gives none")

@@ -11,6 +11,11 @@ from flatcli.errors import MeasurementError
 DT = torch.float64
 
 
+def rows_loss(p, out, rows):
+    """Per-sample losses of outputs ``out`` on the rows ``rows`` of the measurement set."""
+    return p.loss_fn.per_unit(out, rows)
+
+
 def problem(act=nn.Tanh, n=11, batch_size=4, seed=0, loss="cross_entropy"):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(4, 5), act(), nn.Linear(5, 3)).to(DT).eval()
@@ -27,11 +32,11 @@ def dense_hessian(p, theta=None):
 def dense_ggn(p):
     """(1/n) Σ_i J_iᵀ H_z,i J_i from full Jacobians."""
     th = p.theta
-    J = torch.func.jacrev(lambda t: p.forward(t, p.x))(th)  # (n, C, P)
+    J = torch.func.jacrev(lambda t: p.forward(t, p.batch))(th)  # (n, C, P)
     G = torch.zeros(p.num_params, p.num_params, dtype=DT)
-    z = p.forward(th, p.x)
+    z = p.forward(th, p.batch)
     for i in range(p.n):
-        Hz = torch.func.hessian(lambda zz, i=i: p.per_sample_loss(zz[None], p.y[i : i + 1]).sum())(z[i])
+        Hz = torch.func.hessian(lambda zz, i=i: rows_loss(p, zz[None], p.batch.select([i])).sum())(z[i])
         G += J[i].T @ Hz @ J[i]
     return G / p.n
 
@@ -114,9 +119,9 @@ def test_loss_grad_with_kept_graph_is_reused_by_the_hvp_at_the_same_point():
     ref_g = torch.func.grad(lambda t: p.loss(p.unflatten(t)))(th)
     assert loss == pytest.approx(ref_loss, rel=1e-12)
     torch.testing.assert_close(g, ref_g, rtol=1e-12, atol=1e-14)
-    built = eng._graphs
+    built = eng.graphs.entries
     hv = eng.hvp(g, theta=th)
-    assert eng._graphs is built  # no rebuild: the gradient's graphs served the product
+    assert eng.graphs.entries is built  # no rebuild: the gradient's graphs served the product
     torch.testing.assert_close(hv, dense_hessian(p, th) @ g, rtol=1e-10, atol=1e-12)
     assert eng.n_grad == 1 and eng.n_hvp == 1
 
@@ -124,13 +129,13 @@ def test_loss_grad_with_kept_graph_is_reused_by_the_hvp_at_the_same_point():
 def test_batch_loss_grad_is_the_mean_over_the_given_samples_and_counts_fractions():
     p = problem(n=12, batch_size=5)
     eng = CurvatureEngine(p)
-    xb, yb = p.x[2:9], p.y[2:9]
-    loss, g = eng.batch_loss_grad(xb, yb)
-    f = lambda t: p.per_sample_loss(p.forward(t, xb), yb).mean()  # noqa: E731
+    rows = p.batch.select(slice(2, 9))
+    loss, g = eng.batch_loss_grad(rows)
+    f = lambda t: rows_loss(p, p.forward(t, rows), rows).mean()  # noqa: E731
     assert loss == pytest.approx(float(f(p.theta)), rel=1e-12)
     torch.testing.assert_close(g, torch.func.grad(f)(p.theta), rtol=1e-12, atol=1e-14)
     assert eng.n_grad == pytest.approx(7 / 12, abs=1e-6)
-    loss2, none = eng.batch_loss_grad(xb, yb, need_grad=False)
+    loss2, none = eng.batch_loss_grad(rows, need_grad=False)
     assert none is None and loss2 == pytest.approx(loss, rel=1e-12) and eng.n_forward == pytest.approx(7 / 12, abs=1e-6)
 
 
@@ -138,25 +143,26 @@ def test_per_sample_directional_derivatives_match_per_sample_gradients():
     p = problem(n=9, batch_size=4)
     eng = CurvatureEngine(p)
     v = torch.randn(p.num_params, generator=torch.Generator().manual_seed(3), dtype=DT)
-    G = torch.func.jacrev(lambda t: p.per_sample_loss(p.forward(t, p.x), p.y))(p.theta)  # (n, P)
-    torch.testing.assert_close(eng.per_sample_directional(v), G @ v, rtol=1e-10, atol=1e-12)
-    y2 = (p.y + 1) % 3
-    G2 = torch.func.jacrev(lambda t: p.per_sample_loss(p.forward(t, p.x), y2))(p.theta)
-    torch.testing.assert_close(eng.per_sample_directional(v, labels=y2), G2 @ v, rtol=1e-10, atol=1e-12)
+    G = torch.func.jacrev(lambda t: rows_loss(p, p.forward(t, p.batch), p.batch))(p.theta)  # (n, P)
+    torch.testing.assert_close(eng.per_unit_directional(v), G @ v, rtol=1e-10, atol=1e-12)
+    y2 = (p.batch["y"] + 1) % 3
+    other = p.batch.replace(y=y2)
+    G2 = torch.func.jacrev(lambda t: rows_loss(p, p.forward(t, other), other))(p.theta)
+    torch.testing.assert_close(eng.per_unit_directional(v, labels=y2), G2 @ v, rtol=1e-10, atol=1e-12)
 
 
 def test_module_output_hvp_matches_the_dense_per_sample_hessian():
     p = problem(n=6, batch_size=6)
     eng = CurvatureEngine(p)
     layer = p.model[0]  # Linear(4, 5): its output goes through tanh and the head
-    (x, y, phi, z, out), = list(eng.module_io(layer))
-    torch.testing.assert_close(phi, x)
+    (rows, phi, z, out), = list(eng.module_io(layer))
+    torch.testing.assert_close(phi, rows["x"])
     V = torch.eye(5, dtype=DT)
-    hv = eng.module_output_hvp(layer, x, y, z, V)  # (5, B, 5)
+    hv = eng.module_output_hvp(layer, rows, z, V)  # (5, B, 5)
     head = p.model[2]
     for n in range(6):
         def ell(zn, n=n):
-            return p.per_sample_loss(head(torch.tanh(zn))[None], y[n : n + 1]).sum()
+            return rows_loss(p, head(torch.tanh(zn))[None], rows.select([n])).sum()
 
         Hn = torch.func.hessian(ell)(z[n])
         torch.testing.assert_close(hv[:, n, :], Hn, rtol=1e-10, atol=1e-12)
@@ -181,7 +187,7 @@ def test_loss_and_error_in_one_pass():
     p = problem(n=10)
     eng = CurvatureEngine(p)
     loss, err = eng.loss_and_error()
-    out = p.forward(p.params, p.x)
-    assert loss == pytest.approx(float(p.per_sample_loss(out, p.y).mean()), rel=1e-12)
-    assert err == pytest.approx(float((out.argmax(1) != p.y).double().mean()))
+    out = p.forward(p.params, p.batch)
+    assert loss == pytest.approx(float(rows_loss(p, out, p.batch).mean()), rel=1e-12)
+    assert err == pytest.approx(float((out.argmax(1) != p.batch["y"]).double().mean()))
     assert eng.n_forward == 1

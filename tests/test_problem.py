@@ -17,7 +17,7 @@ def test_uneven_last_batch_equals_one_full_batch():
     x, y = tiny_data(n=23)
     full = CurvatureEngine(Problem(model, x, y, batch_size=23, dtype=torch.float64))
     uneven = CurvatureEngine(Problem(model, x, y, batch_size=5, dtype=torch.float64))  # 5,5,5,5,3
-    assert len(uneven.problem.batches) == 5 and len(uneven.problem.batches[-1][0]) == 3
+    assert len(uneven.problem.batches) == 5 and uneven.problem.batches[-1].rows == 3
     assert abs(full.loss() - uneven.loss()) < 1e-14
     torch.testing.assert_close(full.grad(), uneven.grad(), rtol=1e-12, atol=1e-14)
     V = torch.randn(3, full.num_params, dtype=torch.float64)

@@ -105,7 +105,8 @@ def test_worst_m_sharpness_is_weighted_mean_of_batch_maxima():
     p, e = linear_problem(X, y, w, batch_size=7)  # chunks of 7 inside m-batches of 16 (16, 16, 8)
     r = run(p, e, "sharpness_worst", seed=5, rho=RHO, batch_size=16, steps=60)
     expected = 0.0
-    for xb, _ in m_batches(p, 16, MeasureContext(p, e, seed=5).generator()):
+    for mb in m_batches(p, 16, MeasureContext(p, e, seed=5).generator()):
+        xb = mb["x"]
         HB = 2 * xb.T @ xb / len(xb)
         expected += len(xb) / n * 0.5 * RHO**2 * float(torch.linalg.eigvalsh(HB)[-1])
     assert r.diagnostics["batches"] == 3

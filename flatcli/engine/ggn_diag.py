@@ -7,9 +7,11 @@ r"""The exact diagonal of the generalized Gauss-Newton matrix.
 
 with :math:`J_i` (C × P) the Jacobian of sample i's C outputs and
 :math:`a_{ik}` the columns of a factor of the output-space loss Hessian, in
-closed form: cross-entropy, :math:`\nabla_z^2\ell = \mathrm{diag}(p) - pp^\top`
-with :math:`a_k = \sqrt{p_k}\,(e_k - p)`; MSE (per-sample
-:math:`\sum_c (f_c - y_c)^2`), :math:`a_k = \sqrt2\, e_k`. Nonnegative by
+closed form from the loss (`flatcli.engine.losses.Loss.ggn_factors`): cross-entropy,
+:math:`\nabla_z^2\ell = \mathrm{diag}(p) - pp^\top` with
+:math:`a_k = \sqrt{p_k}\,(e_k - p)`; MSE (per-sample :math:`\sum_c (f_c - y_c)^2`),
+:math:`a_k = \sqrt2\, e_k`. Only for losses whose units are rows (a ``causal_lm``
+sequence has T·V outputs: `flatcli.engine.losses.NotApplicable`). Nonnegative by
 construction. Each term is a per-sample vector-Jacobian product, so the
 diagonal costs C backward passes over the set (counted as C in the engine's
 ``n_vjp``), computed two ways:
@@ -41,28 +43,22 @@ import torch
 from torch import nn
 from torch.func import vjp, vmap
 
-from ..errors import MeasurementError
+from .batch import Batch
+from .losses import NotApplicable
 
-__all__ = ["output_cotangents", "linear_fast_path", "ggn_diagonal"]
-
-
-def output_cotangents(z: torch.Tensor, loss: str) -> torch.Tensor:
-    """The factor columns a_k of the per-sample output Hessian, shape (C, b, C): row [k, i] is a_ik."""
-    b, C = z.shape
-    if loss == "cross_entropy":
-        p = torch.softmax(z, dim=1)
-        eye = torch.eye(C, dtype=z.dtype, device=z.device)
-        return p.T.sqrt()[:, :, None] * (eye[:, None, :] - p[None, :, :])
-    if loss == "mse":
-        eye = torch.eye(C, dtype=z.dtype, device=z.device) * 2.0**0.5
-        return eye[:, None, :].expand(C, b, C)
-    raise MeasurementError(f"no Gauss-Newton factor for the loss {loss!r}")
+__all__ = ["linear_fast_path", "ggn_diagonal"]
 
 
-def linear_fast_path(problem, x: torch.Tensor) -> list[tuple[nn.Linear, str | None, str | None]]:
+def _factors(problem, z: torch.Tensor, batch) -> torch.Tensor:
+    """The loss's Gauss-Newton factors (C, b, C) of the per-row outputs ``z`` (b, C) of ``batch``."""
+    Z, t, _ = problem.loss_fn.scores(z, batch)
+    return problem.loss_fn.ggn_factors(Z.reshape(z.shape), t)
+
+
+def linear_fast_path(problem, batch) -> list[tuple[nn.Linear, str | None, str | None]]:
     """Linear layers the outer-product rule applies to: (module, weight name, bias name) in ``problem.names``.
 
-    Kept: called exactly once by a forward pass on ``x``, on a 2-D input whose
+    Kept: called exactly once by a forward pass on ``batch``, on a 2-D input whose
     first dimension is the batch, and holding parameters no other module holds.
     """
     model = problem.model
@@ -75,14 +71,15 @@ def linear_fast_path(problem, x: torch.Tensor) -> list[tuple[nn.Linear, str | No
     trainable = set(problem.names)
     calls: dict[nn.Module, list[bool]] = {}
     handles = []
+    rows = batch.rows
     for mod in model.modules():
         if isinstance(mod, nn.Linear):
             def hook(m, inp, out, calls=calls):
-                calls.setdefault(m, []).append(inp[0].ndim == 2 and inp[0].shape[0] == len(x))
+                calls.setdefault(m, []).append(inp[0].ndim == 2 and inp[0].shape[0] == rows)
             handles.append(mod.register_forward_hook(hook))
     try:
         with torch.no_grad():
-            problem.forward(problem.params, x)
+            problem.forward(problem.params, batch)
     finally:
         for h in handles:
             h.remove()
@@ -99,7 +96,7 @@ def linear_fast_path(problem, x: torch.Tensor) -> list[tuple[nn.Linear, str | No
     return out
 
 
-def _linear_part(problem, th, x, cots_fn, fast, slices, out):
+def _linear_part(problem, th, batch, fast, slices, out):
     """Accumulate Σ_i Σ_k (δ_ik x_iᵀ)² and Σ_i Σ_k δ_ik² into ``out`` for the fast Linear layers."""
     records: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -110,12 +107,12 @@ def _linear_part(problem, th, x, cots_fn, fast, slices, out):
     handles = [m.register_forward_hook(hook) for m, _, _ in fast]
     t = th.detach().requires_grad_(True)
     try:
-        z = problem.forward(problem.unflatten(t), x)
+        z = problem.forward(problem.unflatten(t), batch)
     finally:
         for h in handles:
             h.remove()
-    z = z.reshape(len(x), -1)
-    cots = cots_fn(z.detach())
+    z = z.reshape(batch.rows, -1)  # a loss whose units are rows scores this (`flatcli.engine.losses`)
+    cots = _factors(problem, z.detach(), batch)
     outs = [records[m][1] for m, _, _ in fast]
     for k in range(cots.shape[0]):
         deltas = torch.autograd.grad(z, outs, cots[k], retain_graph=k < cots.shape[0] - 1, allow_unused=True)
@@ -131,59 +128,59 @@ def _linear_part(problem, th, x, cots_fn, fast, slices, out):
     return z.shape[1]
 
 
-def _per_sample_part(problem, th, x, cots_fn, rest: list[str], slices, out, chunk_of: Callable[[int, int], int]):
+def _per_sample_part(problem, th, batch, rest: list[str], slices, out, chunk_of: Callable[[int, int], int]):
     """Accumulate Σ_i Σ_k (a_ikᵀ J_i)² for the parameters ``rest`` by vmapped per-sample VJPs."""
     base = problem.unflatten(th)
     idx = torch.cat([torch.arange(slices[n].start, slices[n].stop, device=th.device) for n in rest])
     sizes = [slices[n].stop - slices[n].start for n in rest]
 
-    def single(t_rest, xi):
+    def single(t_rest, row):
         params = dict(base)
         for n, piece in zip(rest, torch.split(t_rest, sizes), strict=True):
             params[n] = piece.view(base[n].shape)
-        return problem.forward(params, xi[None]).reshape(-1)
+        one = Batch({k: v[None] for k, v in row.items()})
+        return problem.forward(params, one).reshape(-1)
 
-    def per_sample(t_rest, xi, A):
-        _, pull = vjp(lambda tt: single(tt, xi), t_rest)
+    def per_sample(t_rest, row, A):
+        _, pull = vjp(lambda tt: single(tt, row), t_rest)
         return vmap(lambda a: pull(a)[0])(A)
 
     batched = vmap(per_sample, in_dims=(None, 0, 0))
     t_rest = th[idx]
     with torch.no_grad():
-        z = problem.forward(base, x).reshape(len(x), -1)
-    cots = cots_fn(z).transpose(0, 1)  # (b, C, C): sample i's cotangents a_ik as rows
+        z = problem.forward(base, batch).reshape(batch.rows, -1)
+    cots = _factors(problem, z, batch).transpose(0, 1)  # (b, C, C): sample i's cotangents a_ik as rows
     C = z.shape[1]
     step = chunk_of(C, len(idx))
     acc = torch.zeros(len(idx), dtype=th.dtype, device=th.device)
-    for i in range(0, len(x), step):
-        U = batched(t_rest, x[i : i + step], cots[i : i + step]).detach()  # (b, C, P')
+    rows = dict(batch.items())
+    for i in range(0, batch.rows, step):
+        chunk = {k: v[i : i + step] for k, v in rows.items()}
+        U = batched(t_rest, chunk, cots[i : i + step]).detach()  # (b, C, P')
         acc += U.square_().sum((0, 1))
     out[idx] += acc
     return C
 
 
-def ggn_diagonal(problem, batches, theta: torch.Tensor, chunk_of: Callable[[int, int], int], fast=None) -> tuple[torch.Tensor, int]:
-    """diag(G) at ``theta`` over ``batches`` (the module docstring); returns (diagonal, C).
-
-    ``chunk_of(C, P')``: samples per vmapped chunk; ``fast``: the `linear_fast_path`
-    layers (computed from the first batch when None).
-    """
+def ggn_diagonal(problem, batches, theta: torch.Tensor, chunk_of: Callable[[int, int], int]) -> tuple[torch.Tensor, int]:
+    """diag(G) at ``theta`` over ``batches`` (the module docstring), divided by the whole set's
+    units; returns (this rank's part, C). ``chunk_of(C, P')``: samples per vmapped chunk."""
     p = problem
+    if not p.loss_fn.units_are_rows:
+        raise NotApplicable(f"the exact Gauss-Newton diagonal needs per-row outputs; loss '{p.loss_name}' "
+                            "scores many units per row (use a stochastic diagonal: hessian_diag: hutchinson)")
     th = theta.detach()
-    if fast is None:
-        fast = linear_fast_path(p, batches[0][0])
+    out = torch.zeros_like(th)
+    if not batches:
+        return out, 0
+    fast = linear_fast_path(p, batches[0])
     slices = p.param_slices()
     done = {n for _, w, b in fast for n in (w, b) if n is not None}
     rest = [n for n in p.names if n not in done]
-
-    def cots_fn(z):
-        return output_cotangents(z, p.loss_name)
-
-    out = torch.zeros_like(th)
     C = 0
-    for x, _ in batches:
+    for b in batches:
         if fast:
-            C = _linear_part(p, th, x, cots_fn, fast, slices, out)
+            C = _linear_part(p, th, b, fast, slices, out)
         if rest:
-            C = _per_sample_part(p, th, x, cots_fn, rest, slices, out, chunk_of)
+            C = _per_sample_part(p, th, b, rest, slices, out, chunk_of)
     return out / p.n, C

@@ -13,7 +13,7 @@ Operators are handed out by the engine (`flatcli.engine.CurvatureEngine.hessian`
 ``.ggn``, ``.fd_hessian``) at a point θ (default: the model's parameters):
 
 * ``hessian``: :math:`H = \nabla^2 L(\theta)`, exact products (see
-  `flatcli.engine.products` for how they are batched);
+  `flatcli.engine.curvatures` for how they are batched);
 * ``ggn``: the generalized Gauss-Newton matrix :math:`G = \frac1n\sum_i J_i^\top H_{z,i} J_i`;
 * ``fd_hessian``: central differences of full gradients,
   :math:`(\nabla L(\theta+hu)-\nabla L(\theta-hu))\|v\|/2h` with :math:`u = v/\|v\|`.

@@ -1,20 +1,17 @@
-r"""The measurement problem: a model as functional parameters over a fixed data set.
+r"""The measurement problem: (model, batches, loss, parameter selection, reduction).
 
-The loss is the sample-weighted mean of the per-sample loss over the whole
-measurement set S,
+The loss is the mean of the per-unit loss over every scored unit u of the whole
+measurement set S (a unit is a sample for ``cross_entropy``/``mse``, a predicted
+token for ``causal_lm``, see `flatcli.engine.losses`),
 
-.. math:: L(\theta) = \frac{1}{n} \sum_{(x, y) \in S} \ell(f_\theta(x), y),
+.. math:: L(\theta) = \frac{1}{U} \sum_{u \in S} \ell_u(\theta),
 
-accumulated batch by batch as ``sum(per-sample losses) / n``, so an uneven last
-batch carries exactly its share. The model is never mutated: parameters are
-detached copies passed through :func:`torch.func.functional_call`, and the
-model is kept in eval mode while measuring (see `eval_mode`).
-
-Losses:
-* ``cross_entropy``: ``F.cross_entropy`` with integer labels.
-* ``mse``: per-sample ``sum_j (f_j(x) - y_j)^2``; integer labels with more than
-  one output are one-hot encoded; a single output is compared with ``y`` as is,
-  so ``f(x) = w.x`` gives ``L = mean (w.x - y)^2``.
+accumulated batch by batch as ``sum of the batch's unit losses / U``, so an uneven
+last batch, or a batch with more tokens, carries exactly its share; across ranks
+the sums are added (`flatcli.engine.dist`). θ is the selected parameters
+(`flatcli.engine.params`); the others stay fixed. The model is never mutated:
+parameters are detached copies passed through :func:`torch.func.functional_call`,
+and the model is kept in eval mode while measuring (see `eval_mode`).
 """
 
 from __future__ import annotations
@@ -22,12 +19,15 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 from torch.func import functional_call
 
 from ..errors import ConfigError, MeasurementError
+from .batch import Batch, model_output
+from .dist import Dist
+from .losses import LOSSES, get_loss
+from .params import ParamSelection
 
-LOSSES = ("cross_entropy", "mse")
+__all__ = ["Problem", "eval_mode", "LOSSES", "not_finite", "nonfinite_tensors"]
 
 
 @contextlib.contextmanager
@@ -40,24 +40,6 @@ def eval_mode(model: torch.nn.Module):
     finally:
         for m, t in modes:
             m.train(t)
-
-
-def per_sample_loss(out: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
-    """Per-sample losses, shape (B,)."""
-    if loss == "cross_entropy":
-        if out.ndim != 2:
-            raise MeasurementError(
-                f"loss 'cross_entropy' needs model outputs of shape (batch, classes); got {tuple(out.shape)}"
-            )
-        return F.cross_entropy(out, y.long(), reduction="none")
-    if loss == "mse":
-        out2 = out.reshape(out.shape[0], -1)
-        if y.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8) and out2.shape[1] > 1:
-            target = F.one_hot(y.long(), out2.shape[1]).to(out2.dtype)
-        else:
-            target = y.reshape(out2.shape[0], -1).to(out2.dtype)
-        return ((out2 - target) ** 2).sum(dim=1)
-    raise ConfigError(f"The 'loss' key must be one of {', '.join(LOSSES)}. Got {loss!r} instead.")
 
 
 def nonfinite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
@@ -84,47 +66,59 @@ class Problem:
     model : torch.nn.Module
         The network. It is not modified; put it in eval mode with `eval_mode`
         around any use of the problem (the API does).
-    x, y : torch.Tensor
-        The measurement set, in a fixed order.
-    loss : {"cross_entropy", "mse"}
-    batch_size : int
-        Samples per forward pass. Results do not depend on it.
-    device, dtype : where and in which floating type to compute
-        (float64 for exact tests).
+    data : a `flatcli.engine.batch.Batch` (named tensors), a mapping of tensors, or ``x``
+        with ``y`` given: the measurement set, in a fixed order.
+    loss : a loss name (``cross_entropy``, ``mse``, ``causal_lm``) or a `flatcli.engine.losses.Loss`.
+    batch_size : rows per forward pass. Results do not depend on it.
+    device, dtype : where and in which floating type to compute (float64 for exact tests).
+    params : the parameter selection (`flatcli.engine.params.ParamSelection` or
+        ``{include: [...], exclude: [...]}``); default every trainable parameter.
+    dist : the ranks (`flatcli.engine.dist.Dist`); each computes over its shard of rows.
+
+    Attributes
+    ----------
+    batch : the whole measurement set (every rank holds it), on ``device``.
+    batches : this rank's batches.
+    rows : rows of the whole set; ``n`` : scored units of the whole set (U, the normalizer).
+    names, params, frozen, buffers : the selected parameters (θ) and everything else.
     """
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        loss: str = "cross_entropy",
-        batch_size: int = 256,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ):
-        if loss not in LOSSES:
-            raise ConfigError(f"The 'loss' key must be one of {', '.join(LOSSES)}. Got {loss!r} instead.")
-        if len(x) != len(y):
-            raise ConfigError(f"inputs and labels differ in length: {len(x)} vs {len(y)}")
-        if len(x) == 0:
+    def __init__(self, model: torch.nn.Module, data, y: torch.Tensor | None = None, *, loss="cross_entropy",
+                 batch_size: int = 256, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 params=None, dist: Dist | None = None):
+        batch = Batch.of(data, y, where="the measurement set")
+        if batch.rows == 0:
             raise ConfigError("the measurement set is empty")
         self.model = model
-        self.loss_name = loss
+        self.loss_fn = get_loss(loss)
+        self.loss_name = self.loss_fn.name
         self.batch_size = int(batch_size)
+        self.dist = dist or Dist()
         first = next(iter(model.parameters()), None)
         self.device = torch.device(device) if device is not None else (
             first.device if first is not None else torch.device("cpu")
         )
         self.dtype = dtype or (first.dtype if first is not None else torch.float32)
-        named = list(model.named_parameters())
-        self.names = [n for n, p in named if p.requires_grad]
-        self.params = {
-            n: p.detach().to(self.device, self.dtype).clone() for n, p in named if p.requires_grad
-        }
-        self.frozen = {
-            n: p.detach().to(self.device, self.dtype) for n, p in named if not p.requires_grad
-        }
+        self.selection = ParamSelection.of(params)
+        self._set_parameters(model)
+        self.batch = batch.to(self.device, self.dtype)
+        self.rows = batch.rows
+        units = self.loss_fn.units(self.batch)
+        self.row_units = units
+        self.n = int(units.sum())
+        if self.n == 0:
+            raise ConfigError(f"the measurement set has no scored units for loss '{self.loss_name}' "
+                              "(every label is ignored)")
+        self.shard = self.dist.shard(self.rows)
+        self.batches = self.batch.select(self.shard).split(self.batch_size) if self._local_rows else []
+
+    def _set_parameters(self, model: torch.nn.Module) -> None:
+        names = self.selection.select(model)
+        chosen = set(names)
+        named = dict(model.named_parameters())
+        self.names = names
+        self.params = {n: named[n].detach().to(self.device, self.dtype).clone() for n in names}
+        self.frozen = {n: q.detach().to(self.device, self.dtype) for n, q in named.items() if n not in chosen}
         self.buffers = {
             n: (b.detach().to(self.device, self.dtype) if b.is_floating_point() else b.detach().to(self.device))
             for n, b in model.named_buffers()
@@ -132,22 +126,25 @@ class Problem:
         self.shapes = [self.params[n].shape for n in self.names]
         self.numels = [self.params[n].numel() for n in self.names]
         self.num_params = int(sum(self.numels))
-        x = x.to(self.device)
-        if x.is_floating_point():
-            x = x.to(self.dtype)
-        y = y.to(self.device)
-        if loss == "mse" and y.is_floating_point():
-            y = y.to(self.dtype)
-        self.x, self.y = x, y
-        self.n = len(x)
-        self.batches = [
-            (x[i : i + self.batch_size], y[i : i + self.batch_size]) for i in range(0, self.n, self.batch_size)
-        ]
+
+    @property
+    def _local_rows(self) -> int:
+        return self.shard.stop - self.shard.start
+
+    @property
+    def local_units(self) -> int:
+        """Scored units in this rank's shard."""
+        return int(self.row_units[self.shard].sum())
+
+    @property
+    def unit_offset(self) -> int:
+        """Index of this rank's first unit in the global unit order."""
+        return int(self.row_units[: self.shard.start].sum())
 
     # ------------------------------------------------------------ parameters
     @property
     def theta(self) -> torch.Tensor:
-        """The trainable parameters as one flat vector (a copy)."""
+        """The selected parameters as one flat vector (a copy)."""
         return self.flatten(self.params)
 
     def flatten(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -160,48 +157,61 @@ class Problem:
         return {n: c.view(s) for n, c, s in zip(self.names, chunks, self.shapes, strict=True)}
 
     def param_slices(self) -> dict[str, slice]:
-        """Where each named parameter lives in the flat vector."""
+        """Where each selected parameter lives in the flat vector."""
         out, i = {}, 0
         for n, k in zip(self.names, self.numels, strict=True):
             out[n] = slice(i, i + k)
             i += k
         return out
 
+    def units(self, batch: Batch) -> int:
+        """Scored units of a batch of rows."""
+        return int(self.loss_fn.units(batch).sum())
+
     # ------------------------------------------------------------ evaluation
-    def forward(self, params: dict[str, torch.Tensor] | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Model outputs on ``x`` with the functional parameters ``params`` (a dict or a flat vector)."""
+    def forward(self, params: dict[str, torch.Tensor] | torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Model outputs on ``batch`` with the functional parameters ``params`` (a dict or a flat vector)."""
         if isinstance(params, torch.Tensor):
             params = self.unflatten(params)
-        return functional_call(self.model, {**params, **self.frozen, **self.buffers}, (x,))
+        args, kwargs = batch.model_inputs()
+        out = functional_call(self.model, {**params, **self.frozen, **self.buffers}, args, kwargs)
+        return model_output(out)
 
-    def per_sample_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Per-sample losses of outputs ``out`` against labels ``y``, shape (B,)."""
-        return per_sample_loss(out, y, self.loss_name)
-
-    def batch_loss_sum(self, params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Sum of per-sample losses on one batch (divide by ``n`` for its share of L)."""
-        return self.per_sample_loss(self.forward(params, x), y).sum()
+    def batch_loss_sum(self, params, batch: Batch) -> torch.Tensor:
+        """Sum of the unit losses of one batch (divide by ``n`` for its share of L)."""
+        return self.loss_fn.sum(self.forward(params, batch), batch)
 
     def loss(self, params=None) -> torch.Tensor:
-        """L(θ): the sample-weighted mean loss over the measurement set (differentiable)."""
+        """L(θ) over this rank's batches, differentiable: the whole set's loss in one process
+        (what the exact tests differentiate with ``torch.func.hessian``)."""
         params = self.params if params is None else params
         total = None
-        for x, y in self.batches:
-            s = self.batch_loss_sum(params, x, y)
+        for b in self.batches:
+            s = self.batch_loss_sum(params, b)
             total = s if total is None else total + s
         return total / self.n
 
     @torch.no_grad()
     def evaluate(self, params=None) -> tuple[float, float]:
-        """(mean loss, accuracy) over the measurement set; accuracy is NaN for non-class outputs."""
+        """(mean loss, accuracy) over the measurement set (every rank); accuracy is NaN for
+        outputs that are not class scores."""
         params = self.params if params is None else params
-        loss_sum, correct = 0.0, 0
-        classify = True
-        for x, y in self.batches:
-            out = self.forward(params, x)
-            loss_sum += float(self.per_sample_loss(out, y).sum())
-            if out.ndim == 2 and out.shape[1] > 1 and not y.is_floating_point():
-                correct += int((out.argmax(1) == y).sum())
+        loss_sum, correct, unclassified = 0.0, 0.0, 0.0
+        for b in self.batches:
+            out = self.forward(params, b)
+            loss_sum += float(self.loss_fn.sum(out, b))
+            c = self.loss_fn.correct(out, b)
+            if c is None:
+                unclassified = 1.0
             else:
-                classify = False
-        return loss_sum / self.n, (correct / self.n if classify else float("nan"))
+                correct += c
+        loss_sum, correct, unclassified = self.dist.sum_float(loss_sum, correct, unclassified)
+        return loss_sum / self.n, (correct / self.n if unclassified == 0 else float("nan"))
+
+    def check_targets(self, where: str) -> None:
+        """A `ConfigError` naming ``where`` when the targets do not fit the model's outputs and the loss
+        (labels outside the classes, wrong output shape), from one forward pass of two rows."""
+        b = self.batch.select(slice(0, 2))
+        with torch.no_grad():
+            out = self.forward(self.params, b)
+        self.loss_fn.check(out, b, self.batch, where)

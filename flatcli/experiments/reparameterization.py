@@ -49,7 +49,7 @@ class Reparameterization(Experiment):
         rs = self.spec.rescale or {"transforms": ["layer", "node"], "scales": [10.0, 100.0, 1000.0], "seed": 0}
         flat = absolute_paths(study.flatcli, self.spec.path.parent)
         cfg = api.load({**flat, "checkpoints": []})
-        x, _ = api.DataCache(cfg).get("train")
+        x = api.DataCache(cfg).get("train")["x"]
         x64 = x[:256].double()
         keys = list(study.grid)
         rows = []

@@ -152,10 +152,11 @@ def _study_data(flat: dict[str, Any], base_dir: str) -> dict[str, Any]:
         from ..loading.data import load_split
 
         cfg = from_dict({**flat, "checkpoints": []}, base_dir=base_dir, env={})
-        x, y = DataCache(cfg).get("train")
-        raw_x, _ = load_split(cfg.data.train, "train", cfg.base_dir, None)
+        train = DataCache(cfg).get("train")
+        x, y = train["x"], train["y"]
+        raw_x = load_split(cfg.data.train, "train", cfg.base_dir, None)["x"]
         test = DataCache(cfg).get("test")
-        classes = int(max(int(y.max()), int(test[1].max()) if test is not None else 0)) + 1
+        classes = int(max(int(y.max()), int(test["y"].max()) if test is not None else 0)) + 1
         _DATA[key] = {"x": x, "y": y, "raw_x": raw_x, "classes": classes}
     return _DATA[key]
 

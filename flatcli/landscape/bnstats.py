@@ -102,7 +102,7 @@ class BatchNormRecomputer:
     def __call__(
         self,
         params: dict[str, torch.Tensor],
-        batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+        batches: Iterable,
         buffers: dict[str, torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
         """The running statistics of the network at ``params``, one pass over ``batches``.
@@ -113,10 +113,11 @@ class BatchNormRecomputer:
         state = self._fresh()
         fixed = {k: v for k, v in (buffers or {}).items() if k not in state}
         seen = 0
-        for x, _ in batches:
-            b = len(x)
+        for batch in batches:  # `flatcli.engine.batch.Batch` objects
+            b = batch.rows
             for m in self.layers.values():
                 m.momentum = b / (seen + b)
-            functional_call(self.work, {**fixed, **params, **state}, (x,))
+            args, kwargs = batch.model_inputs()
+            functional_call(self.work, {**fixed, **params, **state}, args, kwargs)
             seen += b
         return state

@@ -59,11 +59,12 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from ..engine import Problem, eval_mode
-from ..engine.problem import per_sample_loss
+from ..engine import Batch, Problem, eval_mode, get_loss
+from ..engine.batch import model_output
 from ..errors import ConfigError, MeasurementError
+from ..settings import Settings
 from .bnstats import BatchNormRecomputer, batchnorm_buffer_names
-from .evaluate import ChunkFn, Progress, evaluate_splits, split_problems
+from .evaluate import ChunkFn, Progress, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
 from .slices import axis_grid
 from .trajectory import check_state
@@ -189,7 +190,8 @@ def fit_bend(
         the rest eval); called through ``functional_call`` with the curve's
         parameters and ``buffers(t)``; its own buffers may be updated.
     a, b : the endpoints' trainable parameters (same device and dtype).
-    fit : (x, y) training data; minibatches are moved to ``a``'s device.
+    fit : the training data (a `flatcli.engine.batch.Batch` or an (x, y) pair); minibatches are
+        moved to ``a``'s device.
     init : the starting bend (default the midpoint (a + b)/2).
     buffers : t → buffers to pass (e.g. interpolated non-BatchNorm buffers).
     steps, lr, optimizer, batch_size, seed : the step budget, learning rate
@@ -207,11 +209,12 @@ def fit_bend(
     lr = DEFAULT_BEND_LR[optimizer] if lr is None else float(lr)
     steps = int(steps)
     like = next(iter(a.values()))
-    x_all, y_all = fit
+    data = Batch.of(fit)
+    loss_fn = get_loss(loss)
     c = _initial_bend(a, b, init, like)
     opt = _bend_optimizer(list(c.values()), optimizer, lr)
     gen = torch.Generator().manual_seed(int(seed))
-    batches = _batches(len(x_all), int(batch_size), gen)
+    batches = _batches(data.rows, int(batch_size), gen)
     hist_t = np.empty(steps)
     hist_loss = np.empty(steps)
     for k in range(steps):
@@ -219,10 +222,11 @@ def fit_bend(
             group["lr"] = lr * lr_factor(k, steps)
         t = float(torch.rand((), generator=gen, dtype=torch.float64))
         idx = next(batches)
-        x, y = _on_device_of(x_all[idx], like), _on_device_of(y_all[idx], like)
+        mb = data.select(idx).to(like.device, like.dtype)
         extra = buffers(t) if buffers is not None else {}
-        out = functional_call(work, {**extra, **bezier(a, b, c, t)}, (x,))
-        value = per_sample_loss(out, y, loss).mean()
+        args, kwargs = mb.model_inputs()
+        out = model_output(functional_call(work, {**extra, **bezier(a, b, c, t)}, args, kwargs))
+        value = loss_fn.sum(out, mb) / loss_fn.units(mb).sum().item()
         if not bool(torch.isfinite(value)):
             raise MeasurementError(
                 f"bend training: the loss is {float(value.detach())} at step {k + 1} (t = {t:.3g}); "
@@ -333,7 +337,7 @@ def _endpoints(
     """The endpoints' problems and tensors (``kw``: loss, batch_size, device, dtype)."""
     problems = split_problems(model_a, train, test, **kw)
     pa = problems["train"]
-    pb = Problem(model_b, train[0][:1], train[1][:1], **kw)
+    pb = Problem(model_b, Batch.of(train).select(slice(0, 1)), **kw)
     other = [n for n, v in pa.buffers.items() if v.is_floating_point() and n not in bn_names]
     return _Endpoints(
         problems=problems,
@@ -426,24 +430,21 @@ def _train_bend(
 def connect_landscape(
     model_a: torch.nn.Module,
     model_b: torch.nn.Module,
-    train: tuple[torch.Tensor, torch.Tensor],
-    test: tuple[torch.Tensor, torch.Tensor] | None = None,
+    train,
+    test=None,
     *,
-    fit: tuple[torch.Tensor, torch.Tensor] | None = None,
+    fit=None,
     steps: int = 25,
     bend_steps: int = 1000,
     bend_lr: float | None = None,
     bend_optimizer: str = "adam",
     bend_batch_size: int = 128,
     bend_init: Mapping[str, torch.Tensor] | None = None,
-    seed: int = 0,
-    loss: str = "cross_entropy",
-    batch_size: int = 256,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    settings: Settings | None = None,
     points_per_pass: int | None = None,
     labels: tuple[str, str] = ("A", "B"),
     on_progress: Callable[[int, int], None] | None = None,
+    **fields,
 ) -> ConnectResult:
     """Fit a quadratic Bezier curve between two checkpoints; loss along it and along the line.
 
@@ -461,7 +462,8 @@ def connect_landscape(
         the curve is then the line).
     bend_lr, bend_optimizer, bend_batch_size : see `fit_bend`.
     bend_init : starting bend, name → tensor (default the midpoint).
-    seed : seed of the bend training (t and minibatches).
+    settings : the `flatcli.settings.Settings` (loss, batch size, device, precision, ``seed``: the
+        seed of the bend training, t and minibatches); its fields may be given as keywords.
     labels : names of the two checkpoints for error messages.
     on_progress : called as ``on_progress(done, total)``.
 
@@ -482,6 +484,8 @@ def connect_landscape(
     >>> res.summary["line_train_loss_barrier"], res.summary["curve_train_loss_barrier"]  # doctest: +SKIP
     (0.45, 0.003)
     """
+    st = Settings.build(settings, **fields)
+    seed, loss = st.seed, st.loss
     _check_connect_options(steps, bend_steps, bend_lr, bend_optimizer)
     t0 = time.perf_counter()
     ts = axis_grid((0.0, 1.0), int(steps), include=(0.0, 1.0))
@@ -493,8 +497,7 @@ def connect_landscape(
     opts = _BendOptions(int(bend_steps), bend_lr, bend_optimizer, int(bend_batch_size), seed)
     fit = train if fit is None else fit
     with eval_mode(model_a), eval_mode(model_b):
-        kw = dict(loss=loss, batch_size=batch_size, device=device, dtype=dtype)
-        ends = _endpoints(model_a, model_b, train, test, bn_names, kw)
+        ends = _endpoints(model_a, model_b, train, test, bn_names, problem_kwargs(st))
         n_evals = (2 * len(ts) if bn_names else 0) + 2 * len(ts) * len(ends.problems)
         progress = Progress(opts.steps + n_evals, on_progress)
         bend, history = _train_bend(model_a, ends, fit, bend_init, opts, loss, progress)
@@ -503,7 +506,7 @@ def connect_landscape(
         evaluate = _PathEvaluator(ends, ts, recompute, points_per_pass, progress)
         results = {path: evaluate(path, bend) for path in PATHS}
         meta = _connect_meta(
-            ends, bend, history, opts, labels=labels, steps=int(steps), n_fit=len(fit[0])
+            ends, bend, history, opts, labels=labels, steps=int(steps), n_fit=Batch.of(fit).rows
         )
     out = ConnectResult(
         line=results["line"],

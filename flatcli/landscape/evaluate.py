@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
-from ..engine import Problem
+from ..engine import Batch, Problem
+from ..engine.batch import model_output
 from ..errors import MeasurementError
 
 # (first, stop) -> the stacked tensors of points first..stop-1: name -> (K, *shape)
@@ -64,17 +65,19 @@ class Progress:
             self.on_progress(self.done, self.total)
 
 
-def split_problems(
-    model: torch.nn.Module,
-    train: tuple[torch.Tensor, torch.Tensor],
-    test: tuple[torch.Tensor, torch.Tensor] | None,
-    **kw,
-) -> dict[str, Problem]:
+def problem_kwargs(settings) -> dict:
+    """The `Problem` arguments a landscape view takes from its `flatcli.settings.Settings`: loss,
+    batch size, device and dtype (views move every parameter: ``params`` applies to measures)."""
+    return dict(loss=settings.loss, batch_size=settings.batch_size, device=settings.device, dtype=settings.dtype)
+
+
+def split_problems(model: torch.nn.Module, train, test, **kw) -> dict[str, Problem]:
     """One `Problem` per split over ``model``: ``{"train": …}`` plus ``"test"`` when test data is
-    given; ``kw`` (loss, batch_size, device, dtype) goes to every `Problem`."""
-    problems = {"train": Problem(model, *train, **kw)}
+    given (each a `flatcli.engine.batch.Batch` or an (x, y) pair); ``kw`` (loss, batch_size, device,
+    dtype, params) goes to every `Problem`."""
+    problems = {"train": Problem(model, train, **kw)}
     if test is not None:
-        problems["test"] = Problem(model, *test, **kw)
+        problems["test"] = Problem(model, test, **kw)
     return problems
 
 
@@ -115,16 +118,17 @@ class PointEvaluator:
         fixed = {**p.frozen, **p.buffers}
         return {k: v for k, v in fixed.items() if k not in batched}
 
-    def _outputs(self, batched, fixed, x, k: int) -> torch.Tensor:
+    def _outputs(self, batched, fixed, batch: Batch, k: int) -> torch.Tensor:
         model = self.problem.model
+        args, kwargs = batch.model_inputs()
         if self.use_vmap:
 
-            def f(b, xx):
-                return functional_call(model, {**fixed, **b}, (xx,))
+            def f(b):
+                return model_output(functional_call(model, {**fixed, **b}, args, kwargs))
 
-            return vmap(f, in_dims=(0, None))(batched, x)
+            return vmap(f)(batched)
         outs = [
-            functional_call(model, {**fixed, **{n: v[i] for n, v in batched.items()}}, (x,))
+            model_output(functional_call(model, {**fixed, **{n: v[i] for n, v in batched.items()}}, args, kwargs))
             for i in range(k)
         ]
         return torch.stack(outs)
@@ -137,17 +141,22 @@ class PointEvaluator:
         loss_sum = torch.zeros(k, dtype=torch.float64, device=p.device)
         correct = torch.zeros(k, dtype=torch.int64, device=p.device)
         classify = True
-        for x, y in p.batches:
-            out = self._outputs(batched, fixed, x, k)  # (K, B, ...)
+        for b in p.batches:
+            out = self._outputs(batched, fixed, b, k)  # (K, B, ...)
             self.n_forward += 1
-            b = out.shape[1]
-            flat = out.reshape(k * b, *out.shape[2:])
-            yy = y.unsqueeze(0).expand(k, *y.shape).reshape(k * b, *y.shape[1:])
-            loss_sum += p.per_sample_loss(flat, yy).view(k, b).sum(1, dtype=torch.float64)
-            if out.ndim == 3 and out.shape[2] > 1 and not y.is_floating_point():
-                correct += (out.argmax(2) == y.unsqueeze(0)).sum(1)
-            else:
+            flat = out.reshape(k * out.shape[1], *out.shape[2:])
+            rep = Batch({n: t.repeat(k, *[1] * (t.ndim - 1)) for n, t in b.items()})  # the batch once per point
+            Z, t, mask = p.loss_fn.scores(flat, rep)
+            ell = p.loss_fn.unit_losses(Z, t)
+            ell = ell if mask is None else ell * mask
+            loss_sum += ell.view(k, -1).sum(1, dtype=torch.float64)
+            cls = p.loss_fn.classes(flat, rep)
+            if cls is None:
                 classify = False
+            else:
+                correct += (cls[0].argmax(-1) == cls[1]).view(k, -1).sum(1)
+        p.dist.sum_(loss_sum)
+        p.dist.sum_(correct)
         return loss_sum / p.n, correct.double() / p.n, classify
 
     # ------------------------------------------------------------ all points

@@ -31,9 +31,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ..engine import Problem, eval_mode
+from ..engine import Batch, Problem, eval_mode
 from ..errors import ConfigError
-from .evaluate import Progress, evaluate_splits, split_problems
+from ..settings import Settings
+from .evaluate import Progress, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
 from .slices import axis_grid, parse_span
 
@@ -80,33 +81,32 @@ def _check_same_architecture(pa: Problem, pb: Problem) -> None:
 def interpolation_landscape(
     model_a: torch.nn.Module,
     model_b: torch.nn.Module,
-    train: tuple[torch.Tensor, torch.Tensor],
-    test: tuple[torch.Tensor, torch.Tensor] | None = None,
+    train,
+    test=None,
     *,
     steps: int = 25,
     span: str | Sequence[float] | None = None,
-    loss: str = "cross_entropy",
-    batch_size: int = 256,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    settings: Settings | None = None,
     points_per_pass: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    **fields,
 ) -> LandscapeResult:
     """Loss and accuracy along θ(t) = (1 − t)θ_a + tθ_b (neither model is modified).
 
     ``model_a`` provides the function (its module code) and θ_a; ``model_b``
     only its parameters and buffers, which must match ``model_a``'s in names
-    and shapes. Returns a `LandscapeResult` of kind "interpolation" whose
-    ``alpha`` axis is t.
+    and shapes. ``settings`` (or its fields as keywords): loss, batch size, device, precision.
+    Returns a `LandscapeResult` of kind "interpolation" whose ``alpha`` axis is t.
     """
+    st = Settings.build(settings, **fields)
     lo, hi = parse_span(span, DEFAULT_SPAN)
     t0 = time.perf_counter()
     ts = axis_grid((lo, hi), steps, include=(0.0, 1.0))
     with eval_mode(model_a), eval_mode(model_b):
-        kw = dict(loss=loss, batch_size=batch_size, device=device, dtype=dtype)
+        kw = problem_kwargs(st)
         problems = split_problems(model_a, train, test, **kw)
         pa = problems["train"]
-        pb = Problem(model_b, train[0][:1], train[1][:1], **kw)
+        pb = Problem(model_b, Batch.of(train).select(slice(0, 1)), **kw)
         _check_same_architecture(pa, pb)
         float_buffers = [n for n, v in pa.buffers.items() if v.is_floating_point()]
         if sorted(float_buffers) != sorted(

@@ -30,8 +30,9 @@ import torch
 
 from ..engine import eval_mode
 from ..errors import ConfigError
+from ..settings import Settings
 from .directions import cosine, random_direction
-from .evaluate import Progress, evaluate_splits, split_problems
+from .evaluate import Progress, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
 
 DEFAULT_SPAN = (-1.0, 1.0)
@@ -113,31 +114,30 @@ def direction_chunks(
 
 def slice_landscape(
     model: torch.nn.Module,
-    train: tuple[torch.Tensor, torch.Tensor],
-    test: tuple[torch.Tensor, torch.Tensor] | None = None,
+    train,
+    test=None,
     *,
     dims: int = 1,
     steps: int = 25,
     span: str | Sequence[float] | None = None,
-    seed: int = 0,
     bias_bn: str = "zero",
-    loss: str = "cross_entropy",
-    batch_size: int = 256,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    settings: Settings | None = None,
     points_per_pass: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    **fields,
 ) -> LandscapeResult:
     """Evaluate a ``dims``-dimensional slice around the model's parameters.
 
     Parameters
     ----------
     model : the network at θ* (not modified).
-    train, test : (x, y) data; every point gets train (and test) loss and accuracy.
+    train, test : the data (batches of named tensors or (x, y) pairs); every point gets train
+        (and test) loss and accuracy.
     dims : 1 or 2 random directions.
     steps : grid points per axis over ``span`` (α = 0 is added when missing).
     span : (a, b) or "a,b"; default (−1, 1).
-    seed : seed of the directions (CPU generator, float64 draws).
+    settings : the `flatcli.settings.Settings` (loss, batch size, device, precision, ``seed``: the
+        seed of the directions, CPU generator, float64 draws); its fields may be given as keywords.
     bias_bn : "zero" (default, Li et al.) or "keep": the direction on 1-D
         parameters (biases, normalization layers); see `directions`.
     points_per_pass : grid points per vmapped forward pass (1 = loop; None =
@@ -149,14 +149,15 @@ def slice_landscape(
     `LandscapeResult` of kind "1d" or "2d".
     """
     if dims not in (1, 2):
-        raise ConfigError(f"--dims must be 1 or 2; got {dims}")
+        raise ConfigError(f"dims must be 1 or 2; got {dims}")
+    st = Settings.build(settings, **fields)
+    seed = st.seed
     a, b = parse_span(span, DEFAULT_SPAN)
     t0 = time.perf_counter()
     alpha = axis_grid((a, b), steps)
     beta = alpha.copy() if dims == 2 else None
     with eval_mode(model):
-        kw = dict(loss=loss, batch_size=batch_size, device=device, dtype=dtype)
-        problems = split_problems(model, train, test, **kw)
+        problems = split_problems(model, train, test, **problem_kwargs(st))
         base = problems["train"].params
         gen = torch.Generator().manual_seed(int(seed))
         dirs = [random_direction(base, gen, bias_bn) for _ in range(dims)]

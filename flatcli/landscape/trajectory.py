@@ -69,7 +69,8 @@ import torch
 from ..engine import Problem, eval_mode
 from ..engine.problem import nonfinite_tensors, not_finite
 from ..errors import ConfigError, MeasurementError
-from .evaluate import Progress, evaluate_splits, split_problems
+from ..settings import Settings
+from .evaluate import Progress, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
 from .slices import axis_grid, direction_chunks, grid_coefficients, parse_span
 
@@ -636,21 +637,18 @@ def _trajectory_meta(
 # ------------------------------------------------------------------ the view
 def trajectory_landscape(
     trajectory: Sequence[torch.nn.Module | Mapping[str, torch.Tensor]],
-    train: tuple[torch.Tensor, torch.Tensor],
-    test: tuple[torch.Tensor, torch.Tensor] | None = None,
+    train,
+    test=None,
     *,
     model: torch.nn.Module | None = None,
     labels: Sequence[str] | None = None,
     steps: int = 25,
     span: str | Sequence[float] | None = None,
     solver: str = "auto",
-    seed: int = 0,
-    loss: str = "cross_entropy",
-    batch_size: int = 256,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    settings: Settings | None = None,
     points_per_pass: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    **fields,
 ) -> TrajectoryResult:
     """PCA directions of a training trajectory, its projection, and the loss over their plane.
 
@@ -670,7 +668,8 @@ def trajectory_landscape(
     span : (a, b) or "a,b" for both axes; default: each axis covers the
         projected path plus `PATH_MARGIN` of its extent on each side.
     solver : "auto", "full" or "randomized" (see the module docstring).
-    seed : seed of the randomized solver.
+    settings : the `flatcli.settings.Settings` (loss, batch size, device, precision, ``seed``: the
+        seed of the randomized solver); its fields may be given as keywords.
     points_per_pass : grid points per vmapped forward pass (see `evaluate`).
     on_progress : called as ``on_progress(done, total)``.
 
@@ -691,14 +690,15 @@ def trajectory_landscape(
     >>> res.explained_variance_ratio, res.surface.train_loss.shape  # doctest: +SKIP
     (array([0.93, 0.05]), (21, 21))
     """
+    st = Settings.build(settings, **fields)
+    seed = st.seed
     n_ck = len(trajectory)
     labels, fixed_span, steps_n = _check_trajectory_options(n_ck, labels, solver, span, steps)
     t0 = time.perf_counter()
     work, centre_state = _centre_model(trajectory, model, labels)
     ck = _Checkpoints(trajectory, centre_state, labels)
     with eval_mode(work):
-        kw = dict(loss=loss, batch_size=batch_size, device=device, dtype=dtype)
-        problems = split_problems(work, train, test, **kw)
+        problems = split_problems(work, train, test, **problem_kwargs(st))
         pt = problems["train"]
         # loading, grid (steps² points until the grid is known), own losses, plane points
         progress = Progress(n_ck + (steps_n**2 + n_ck) * len(problems) + n_ck, on_progress)

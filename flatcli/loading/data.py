@@ -1,9 +1,13 @@
-"""Data sets as in-memory tensors ``(x, y)``.
+"""Data sets as in-memory batches of named tensors (`flatcli.engine.batch.Batch`).
 
 Sources (config ``data.train`` / ``data.test``):
 
-* ``tensors``: ``path`` to a ``.pt`` file holding a dict with ``x`` and ``y``
-  (read with ``weights_only=True``) or an ``.npz`` with arrays ``x`` and ``y``.
+* ``tensors``: ``path`` to a ``.pt`` file (read with ``weights_only=True``) or an
+  ``.npz``, holding ``x`` and ``y`` (images or features and class labels, as always),
+  or any named tensors with a common first dimension: ``input_ids``,
+  ``attention_mask``, ``token_type_ids``, ``pixel_values``, ``labels``... (``x`` goes
+  to the model positionally, ``y``/``labels`` is the target, every other key is passed
+  by keyword; see `flatcli.engine.batch`). A ``(x, y)`` pair also works.
 * ``torchvision``: ``name`` of a ``torchvision.datasets`` class, ``root``,
   ``kwargs`` (e.g. ``{train: false}``); never downloads unless ``download: true``.
   Images become float tensors in [0, 1] (``ToTensor``).
@@ -22,8 +26,11 @@ Sources (config ``data.train`` / ``data.test``):
   own split. Deterministic, cached in-process, and the global NumPy / ``random``
   states are left as they were.
 
-``data.normalize: {mean: [...], std: [...]}`` is applied per channel (inputs of
-shape (N, C, ...)) or per feature / globally for flat inputs.
+Every source but ``tensors`` gives ``x`` and ``y``: ``digits`` gives x of shape (N, 64)
+(the 8×8 images flattened, floats in [0, 1]) and y in 0..9; ``mnist1d`` x of shape (N, 40).
+
+``data.normalize: {mean: [...], std: [...]}`` is applied to ``x`` (or ``pixel_values``)
+per channel (inputs of shape (N, C, ...)) or per feature / globally for flat inputs.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..engine.batch import Batch
 from ..errors import ConfigError
 
 DIGITS_TEST_FRACTION = 0.3
@@ -58,24 +66,42 @@ def _to_tensor_pair(x, y, where: str):
     return x, y
 
 
-def _load_tensors(path: Path, where: str):
+def _named(obj: dict, where: str, path: Path) -> Batch:
+    """Named tensors from a file: ``x``/``y`` converted as always, every other array kept as is."""
+    if "x" in obj and "y" in obj:
+        x, y = _to_tensor_pair(obj["x"], obj["y"], where)
+        rest = {k: v for k, v in obj.items() if k not in ("x", "y")}
+        obj = {"x": x, "y": y, **rest}
+    out = {}
+    for k, v in obj.items():
+        try:
+            out[str(k)] = v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))
+        except (TypeError, ValueError, RuntimeError):
+            raise ConfigError(f"{where}.path: {path}: '{k}' is not an array of numbers") from None
+    if not any(k in out for k in ("x", "input_ids", "pixel_values", "inputs_embeds")) and len(out) < 2:
+        raise ConfigError(f"{where}.path: {path} must hold 'x' and 'y', or named tensors such as input_ids, "
+                          f"attention_mask, labels; found {', '.join(out) or 'nothing'}")
+    return Batch(out, where=f"{where}.path {path}")
+
+
+def _load_tensors(path: Path, where: str) -> Batch:
+    if path.is_dir():
+        raise ConfigError(f"{where}.path: {path} is a directory; give a .pt or .npz file of named tensors")
     if not path.is_file():
         raise ConfigError(f"{where}.path: file not found: {path}")
     if path.suffix == ".npz":
         with np.load(path, allow_pickle=False) as z:
-            if "x" not in z or "y" not in z:
-                raise ConfigError(f"{where}.path: {path} must hold arrays 'x' and 'y'; found {', '.join(z.files)}")
-            return _to_tensor_pair(z["x"], z["y"], where)
+            return _named({k: z[k] for k in z.files}, where, path)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ConfigError(f"{where}.path: {path} is not a tensor file readable with weights_only=True ({e})") from None
     if isinstance(obj, (tuple, list)) and len(obj) == 2:
-        return _to_tensor_pair(obj[0], obj[1], where)
-    if not isinstance(obj, dict) or "x" not in obj or "y" not in obj:
-        keys = ", ".join(map(str, obj.keys())) if isinstance(obj, dict) else type(obj).__name__
-        raise ConfigError(f"{where}.path: {path} must hold a dict with 'x' and 'y'; found {keys}")
-    return _to_tensor_pair(obj["x"], obj["y"], where)
+        return Batch.of(_to_tensor_pair(obj[0], obj[1], where))
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where}.path: {path} must hold a dict of named tensors (x and y, or input_ids, "
+                          f"attention_mask, labels, ...) or an (x, y) pair; found {type(obj).__name__}")
+    return _named(obj, where, path)
 
 
 def _stack_dataset(ds, where: str):
@@ -232,8 +258,8 @@ def synthetic(num_samples: int = 512, input_shape=(64,), num_classes: int = 10, 
     return x, y
 
 
-def load_split(src, key: str, base_dir: Path, normalize=None):
-    """Load the split configured as ``data.<key>``; returns (x, y) tensors on CPU."""
+def load_split(src, key: str, base_dir: Path, normalize=None) -> Batch:
+    """Load the split configured as ``data.<key>``: a `Batch` of named tensors on the CPU."""
     where = f"data.{key}"
     base_dir = Path(base_dir)
     kind = src.source
@@ -241,8 +267,9 @@ def load_split(src, key: str, base_dir: Path, normalize=None):
         if not src.path:
             raise ConfigError(f"{where}.path is required for source tensors")
         p = Path(os.path.expanduser(src.path))
-        x, y = _load_tensors(p if p.is_absolute() else base_dir / p, where)
-    elif kind == "torchvision":
+        batch = _load_tensors(p if p.is_absolute() else base_dir / p, where)
+        return normalized(batch, normalize) if normalize else batch
+    if kind == "torchvision":
         x, y = _load_torchvision(src, base_dir, where)
     elif kind == "imagefolder":
         x, y = _load_imagefolder(src, base_dir, where)
@@ -259,9 +286,17 @@ def load_split(src, key: str, base_dir: Path, normalize=None):
         )
     else:  # validated earlier
         raise ConfigError(f"{where}.source: unknown source {kind!r}")
-    if normalize:
-        x = apply_normalize(x, normalize)
-    return x, y
+    batch = Batch({"x": x, "y": y}, where=where)
+    return normalized(batch, normalize) if normalize else batch
+
+
+def normalized(batch: Batch, normalize: dict) -> Batch:
+    """``data.normalize`` applied to the batch's ``x`` (else ``pixel_values``)."""
+    key = "x" if "x" in batch else ("pixel_values" if "pixel_values" in batch else None)
+    if key is None:
+        raise ConfigError("data.normalize needs inputs named 'x' or 'pixel_values'; the data has "
+                          + ", ".join(batch))
+    return batch.replace(**{key: apply_normalize(batch[key], normalize)})
 
 
 def apply_normalize(x: torch.Tensor, normalize: dict) -> torch.Tensor:
@@ -281,11 +316,13 @@ def apply_normalize(x: torch.Tensor, normalize: dict) -> torch.Tensor:
     raise ConfigError(f"data.normalize has {mean.numel()} entries but inputs have shape {tuple(x.shape[1:])}")
 
 
-def subset(x: torch.Tensor, y: torch.Tensor, num_samples, seed: int):
-    """A seeded random subset of ``num_samples`` (or everything for 'all'), in a fixed order."""
-    n = len(x)
+def subset(data, num_samples, seed: int) -> Batch:
+    """A seeded random subset of ``num_samples`` rows of ``data`` (a `Batch` or an (x, y) pair;
+    everything for 'all'), in the data's order."""
+    batch = Batch.of(data)
+    n = batch.rows
     if num_samples == "all" or num_samples is None or num_samples >= n:
-        return x, y
+        return batch
     g = torch.Generator().manual_seed(int(seed))
     idx = torch.randperm(n, generator=g)[: int(num_samples)].sort().values
-    return x[idx], y[idx]
+    return batch.select(idx)

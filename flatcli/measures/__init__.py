@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import importlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..engine.losses import NotApplicable
 from ..errors import ConfigError
 from ._options import parse_options
 
@@ -34,6 +36,7 @@ __all__ = [
     "get_measure",
     "list_measures",
     "run_measure",
+    "NotApplicable",
 ]
 
 # One module per measure family; each registers its measures on import.
@@ -60,7 +63,9 @@ class MeasureResult:
     stderr: standard error of a stochastic estimate (None when exact).
     diagnostics: iterations, residuals, convergence flags, per-layer values...
     seconds: wall time of the measure.
-    status: "ok", or a short word such as "not_converged" / "saturated".
+    status: "ok", or a short word such as "not_converged" / "saturated" / "not_applicable"
+        (the measure does not apply to this model, loss or parameter selection; the reason is in
+        ``diagnostics["reason"]``).
     """
 
     value: float
@@ -280,13 +285,18 @@ INVARIANCE_REFERENCE = "hessian_trace"
 
 
 def run_measure(spec: MeasureSpec, ctx: MeasureContext) -> MeasureResult:
-    """Validate options, run the measure, time it and attach its cost."""
+    """Validate options, run the measure, time it and attach its cost. A measure that does not
+    apply to this model, loss or parameter selection (`NotApplicable`) gives a row with status
+    ``not_applicable``, value NaN and the reason in ``diagnostics["reason"]``: not a failure."""
     info = get_measure(spec.name)
     opts = parse_options(info.options, spec.options, spec.name)
     engine = ctx.engine
     before = engine.counters() if engine is not None else {}
     t0 = time.perf_counter()
-    res = info.fn(ctx, opts)
+    try:
+        res = info.fn(ctx, opts)
+    except NotApplicable as e:
+        res = MeasureResult(value=math.nan, diagnostics={"reason": str(e)}, status="not_applicable")
     seconds = time.perf_counter() - t0
     diag = dict(res.diagnostics)
     if engine is not None:

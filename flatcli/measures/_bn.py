@@ -39,6 +39,9 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..engine.losses import NotApplicable
+from ..errors import ConfigError
+
 _LAYER_FOR_BN = {
     nn.BatchNorm1d: (nn.Linear, nn.Conv1d),
     nn.BatchNorm2d: (nn.Conv2d,),
@@ -194,8 +197,7 @@ class FoldedMeasurement:
         """Add this engine's cost counters to ``engine`` (the one `run_measure` reads)."""
         if self.own or engine is None:
             return
-        for k in ("n_hvp", "n_grad", "n_forward", "oom_retries"):
-            setattr(engine, k, getattr(engine, k) + getattr(self.engine, k))
+        engine.tally.merge(self.engine.tally)
 
 
 def folded_measurement(ctx, fold: bool) -> FoldedMeasurement:
@@ -220,12 +222,16 @@ def folded_measurement(ctx, fold: bool) -> FoldedMeasurement:
             )
         return FoldedMeasurement(p, ctx.engine, diag, True)
     f = fold_batchnorm(ctx.model, {**p.params, **p.frozen}, p.buffers, dtype=p.dtype)
-    fp = Problem(
-        f.module, p.x, p.y, loss=p.loss_name, batch_size=p.batch_size, device=p.device, dtype=p.dtype
-    )
+    try:
+        fp = Problem(f.module, p.batch, loss=p.loss_fn, batch_size=p.batch_size, device=p.device, dtype=p.dtype,
+                     params=p.selection, dist=p.dist)
+    except ConfigError as e:
+        raise NotApplicable(f"with BatchNorm folded, {e} (folding removes the BatchNorm parameters; "
+                            "use fold_batchnorm: false to measure them)") from None
     eng = ctx.engine
-    mode = "auto" if eng is None or eng._auto else eng.hvp_mode
-    fe = CurvatureEngine(fp, hvp_mode=mode, fd_eps=getattr(eng, "fd_eps", 1e-3))
+    mode = "auto" if eng is None or eng.hvp_auto else eng.hvp_mode
+    fe = CurvatureEngine(fp, hvp_mode=mode, fd_eps=getattr(eng, "fd_eps", 1e-3),
+                         precision=eng.precision.name if eng is not None else "fp32")
     diag = {
         "fold_batchnorm": True,
         "folded_batchnorm": len(f.pairs),

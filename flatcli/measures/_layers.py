@@ -7,6 +7,7 @@ Biases and normalization parameters are not weight matrices.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -31,15 +32,27 @@ class WeightMatrix:
         return t.reshape(self.shape[0], -1)
 
 
-def weight_matrices(model: nn.Module, trainable_only: bool = True) -> list[WeightMatrix]:
+def weight_matrices(model: nn.Module, selected: Collection[str] | None = None, *,
+                    frozen: bool = False) -> list[WeightMatrix]:
+    """The model's weight matrices (module docstring), each once: those whose parameter is in
+    ``selected`` (names as ``named_parameters()`` gives them; a tied weight by its first name),
+    or, when ``selected`` is None, every trainable one (every one with ``frozen``)."""
+    canonical: dict[int, str] = {}
+    for n, q in model.named_parameters():
+        canonical.setdefault(id(q), n)
+    seen: set[int] = set()
     out = []
     for mname, mod in model.named_modules():
-        if isinstance(mod, (nn.Linear, *CONV_TYPES)) and getattr(mod, "weight", None) is not None:
-            w = mod.weight
-            if trainable_only and not w.requires_grad:
-                continue
-            pname = f"{mname}.weight" if mname else "weight"
-            out.append(WeightMatrix(mname, pname, mod, tuple(w.shape)))
+        w = getattr(mod, "weight", None)
+        if not isinstance(mod, (nn.Linear, *CONV_TYPES)) or not isinstance(w, torch.Tensor):
+            continue
+        pname = canonical.get(id(w))
+        if pname is None or id(w) in seen:
+            continue
+        if (pname not in selected) if selected is not None else not (w.requires_grad or frozen):
+            continue
+        seen.add(id(w))
+        out.append(WeightMatrix(mname, pname, mod, tuple(w.shape)))
     return out
 
 
@@ -54,3 +67,9 @@ def class_outputs_or_error(out: torch.Tensor, y: torch.Tensor, what: str, fix: s
             f"{what} needs class outputs (batch, classes) and integer labels; the model gives "
             f"{tuple(out.shape)}.{' ' + fix if fix else ''}"
         )
+
+
+def selected(problem) -> Collection[str] | None:
+    """The parameter names a measure over weight matrices restricts to: None (every weight matrix,
+    frozen ones included) without a parameter selection, else the selected names."""
+    return None if problem.selection.everything else set(problem.names)

@@ -95,7 +95,7 @@ from torch import nn
 from ..errors import ConfigError, MeasurementError
 from . import MeasureResult, register
 from ._options import Bool, Integral, Optional, Real, Str, opt
-from .relative_flatness import _claim, _feature_std, _note, _run, find_layer
+from .relative_flatness import _claim, _feature_std, _note, _run, find_layer, rows_only
 
 NAME = "feature_robustness"
 
@@ -193,22 +193,24 @@ def feature_robustness(ctx, opts: FeatureRobustnessOptions) -> MeasureResult:
     Os = haar_orthogonal(m, opts.samples, ctx.generator()).to(dev, dtype)
     deltas = [opts.delta / 2**k for k in range(opts.curve)]
     inc = torch.zeros(len(deltas), opts.samples, dtype=torch.float64)  # Σ over S of the antithetic increase
+    rows_only(p, NAME)
     with torch.no_grad(), _EditInput(module) as hook:
-        for x, y in p.batches:
-            out, phi, _ = _run(p, module, name, x, measure=NAME)
-            base = p.per_sample_loss(out, y).double()
+        for b in p.batches:
+            out, phi, _ = _run(p, module, name, b, measure=NAME)
+            base = p.loss_fn.per_unit(out, b).double()
             for a, d in enumerate(deltas):
                 for s in range(opts.samples):
                     tot = torch.zeros_like(base)
                     for sign in (1.0, -1.0):
                         M = sign * d * Os[s]
                         hook.edit = lambda phi, M=M: phi + ((phi * inv) @ M.T) * scale  # Φ + ((Φ∘inv)Mᵀ)∘scale
-                        tot += p.per_sample_loss(p.forward(p.params, x), y).double()
+                        tot += p.loss_fn.per_unit(p.forward(p.params, b), b).double()
                         hook.edit = None
                     inc[a, s] += float((0.5 * tot - base).sum())
     passes += 1 + 2 * opts.samples * len(deltas)
     if ctx.engine is not None:
-        ctx.engine.n_forward += passes
+        ctx.engine.sum_(inc)
+        ctx.engine.count(n_forward=passes)
     ef = inc / p.n  # (curve, samples): per-matrix antithetic E_F
     mean = ef.mean(1)
     se = ef.std(1, unbiased=True) / math.sqrt(opts.samples)
@@ -253,9 +255,11 @@ def representativeness(ctx, module, name, opts: FeatureRobustnessOptions, scale:
             f"The 'kde_folds' parameter of {NAME} ({opts.kde_folds}) needs at least "
             f"{2 * opts.kde_folds} samples; S has {p.n}."
         )
+    eng = ctx.engine
     with torch.no_grad():
-        Z = torch.cat([_run(p, module, name, x, measure=NAME)[1].double().cpu() for x, _ in p.batches])
-        own = torch.cat([p.per_sample_loss(p.forward(p.params, x), y).double().cpu() for x, y in p.batches])
+        Z = eng.gather(torch.cat([_run(p, module, name, b, measure=NAME)[1].double() for b in p.batches])).cpu()
+        own = eng.gather(torch.cat([p.loss_fn.per_unit(p.forward(p.params, b), b).double()
+                                    for b in p.batches])).cpu()
     sc = scale.double().cpu()
     inv = torch.where(sc > 0, 1.0 / torch.where(sc > 0, sc, torch.ones_like(sc)), torch.zeros_like(sc))
     Zn = Z * inv  # the (normalized) feature space the kernels live in
@@ -265,10 +269,10 @@ def representativeness(ctx, module, name, opts: FeatureRobustnessOptions, scale:
         out = []
         with torch.no_grad(), _EditInput(module) as hook:
             for s in range(0, len(idx), p.batch_size):
-                j = torch.as_tensor(idx[s : s + p.batch_size], device=p.x.device)
+                rows = p.batch.select(idx[s : s + p.batch_size])
                 add = xi[s : s + p.batch_size].to(p.device, p.dtype) * scale
                 hook.edit = lambda phi, add=add: phi + add
-                out.append(p.per_sample_loss(p.forward(p.params, p.x[j]), p.y[j]).double().cpu())
+                out.append(p.loss_fn.per_unit(p.forward(p.params, rows), rows).double().cpu())
         return torch.cat(out).numpy()
 
     res = kde_representativeness(
@@ -280,7 +284,7 @@ def representativeness(ctx, module, name, opts: FeatureRobustnessOptions, scale:
         ctx.generator(2),
     )
     if ctx.engine is not None:  # features and losses once, each training part kde_samples times
-        ctx.engine.n_forward += 2 + opts.kde_samples * (opts.kde_folds - 1)
+        ctx.engine.count(n_forward=2 + opts.kde_samples * (opts.kde_folds - 1))
     return res
 
 

@@ -5,7 +5,7 @@ r"""Fisher-Rao norm (Liang, Poggio, Rakhlin & Stokes, AISTATS 2019).
 (the empirical form of their Definition 2 with the expectation over S). The
 directional derivatives :math:`\langle \theta, \nabla_\theta \ell_i \rangle` of
 all samples of a batch come from *one* forward-mode product through the engine
-(`flatcli.engine.CurvatureEngine.per_sample_directional`): the Jacobian-vector
+(`flatcli.engine.CurvatureEngine.per_unit_directional`): the Jacobian-vector
 product of the vector of per-sample losses in the direction θ (the double-backward
 trick when an operation has no forward-mode rule), one pass per batch.
 
@@ -89,11 +89,9 @@ def _fisher_rao(ctx, fm, opts: FisherRaoOptions) -> MeasureResult:
         )
     labels = None
     if opts.labels == "model":  # one label per sample drawn from the softmax (one forward pass)
-        labels = torch.cat([
-            torch.multinomial(torch.softmax(out.double(), dim=1).cpu(), 1, generator=gen)[:, 0]
-            for out, _ in fm.engine.outputs()
-        ]).to(p.device)
-    d = fm.engine.per_sample_directional(theta, labels=labels).double()
+        probs = fm.engine.per_unit(lambda Z, t: torch.softmax(Z.double(), dim=1))
+        labels = torch.multinomial(probs.cpu(), 1, generator=gen)[:, 0].to(p.device)
+    d = fm.engine.per_unit_directional(theta, labels=labels).double()
     sq = d * d
     value = float(sq.mean())
     diag = {

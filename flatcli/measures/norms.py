@@ -20,10 +20,11 @@ import math
 import torch
 from torch.func import functional_call
 
+from ..engine.losses import NotApplicable
 from ..errors import ConfigError
 from . import MeasureResult, register
 from ._bn import Folded, fold_batchnorm, init_buffers
-from ._layers import class_outputs_or_error, weight_matrices
+from ._layers import class_outputs_or_error, selected, weight_matrices
 
 
 def folded_model(ctx) -> Folded:
@@ -36,11 +37,12 @@ def _bn_diag(f: Folded) -> dict:
     return {"folded_batchnorm": len(f.pairs), "unfolded_batchnorm": ",".join(f.unfolded)}
 
 
-def _weights(f: Folded) -> dict[str, torch.Tensor]:
-    """Folded weight matrices (rows × rest) in float64, by module name."""
+def _weights(f: Folded, names=None) -> dict[str, torch.Tensor]:
+    """Folded weight matrices (rows × rest) in float64, by module name (``names``: only those of
+    the selected parameters, `flatcli.measures._layers.selected`)."""
     return {
         wm.module_name: wm.as_matrix(wm.module.weight.detach()).double()
-        for wm in weight_matrices(f.module, False)
+        for wm in weight_matrices(f.module, names, frozen=True)
     }
 
 
@@ -55,7 +57,7 @@ def frobenius_norm(ctx, opts) -> MeasureResult:
     r""":math:`\sum_l \|W_l\|_F^2` over Linear and Conv weights (biases excluded, BatchNorm
     folded). Larger means a larger predicted gap. Diagnostics: ``layers`` (per layer)."""
     f = folded_model(ctx)
-    per_layer = {name: float((w * w).sum()) for name, w in _weights(f).items()}
+    per_layer = {name: float((w * w).sum()) for name, w in _weights(f, selected(ctx.problem)).items()}
     return MeasureResult(
         value=float(sum(per_layer.values())), diagnostics={"layers": per_layer, **_bn_diag(f)}
     )
@@ -74,7 +76,7 @@ def spectral_norm(ctx, opts) -> MeasureResult:
     reshaped to out × in·k). Larger means a larger predicted gap. Diagnostics:
     ``layers`` (per-layer ‖W_l‖₂)."""
     f = folded_model(ctx)
-    per_layer = {name: float(torch.linalg.matrix_norm(w, ord=2)) for name, w in _weights(f).items()}
+    per_layer = {name: float(torch.linalg.matrix_norm(w, ord=2)) for name, w in _weights(f, selected(ctx.problem)).items()}
     value = float(sum(2.0 * math.log(s) if s > 0 else -math.inf for s in per_layer.values()))
     return MeasureResult(value=value, diagnostics={"layers": per_layer, **_bn_diag(f)})
 
@@ -96,7 +98,10 @@ def path_norm(ctx, opts) -> MeasureResult:
     rescaling of ReLU networks (each path's product of squared weights, biases included, keeps
     its value), and the measure claims it."""
     p = ctx.problem
-    x1 = p.x[:1]
+    if "x" not in p.batch:
+        raise NotApplicable("path_norm feeds an all-ones input 'x' to the model; this data has named inputs "
+                            f"({', '.join(p.batch)})")
+    x1 = p.batch["x"][:1]
     if not x1.is_floating_point():
         raise ConfigError(
             "path_norm needs floating-point inputs (an all-ones input is fed to the model)"
@@ -147,7 +152,7 @@ def distance_from_init(ctx, opts) -> MeasureResult:
     f0 = fold_batchnorm(
         ctx.model, {**init_params, **p.frozen}, {**p.buffers, **init_buffers(ctx)}, dtype=p.dtype
     )
-    w, w0 = _weights(f), _weights(f0)
+    w, w0 = _weights(f, selected(p)), _weights(f0, selected(p))
     per_layer = {name: float(((w[name] - w0[name].to(w[name])) ** 2).sum()) for name in w}
     return MeasureResult(
         value=float(sum(per_layer.values())), diagnostics={"layers": per_layer, **_bn_diag(f)}
@@ -170,15 +175,13 @@ def inverse_margin(ctx, opts) -> MeasureResult:
     carries no scale: the value is ``inf`` (worse than any positive margin) with
     status ``non_positive_margin``; γ is in the diagnostic ``margin``. A function of the
     outputs only, so invariant to every function-preserving reparameterization."""
-    margins = []
-    with torch.no_grad():
-        for out, y in ctx.engine.outputs():
-            class_outputs_or_error(out, y, "inverse_margin")
-            out = out.double()
-            fy = out.gather(1, y.long()[:, None])[:, 0]
-            others = out.scatter(1, y.long()[:, None], -math.inf)
-            margins.append(fy - others.max(1).values)
-    m = torch.cat(margins)
+    def margin(Z, t):
+        class_outputs_or_error(Z, t, "inverse_margin")
+        Z = Z.double()
+        fy = Z.gather(1, t.long()[:, None])[:, 0]
+        return fy - Z.scatter(1, t.long()[:, None], -math.inf).max(1).values
+
+    m = ctx.engine.per_unit(margin, classes=True)
     gamma = float(torch.quantile(m, 0.1))
     diag = {"margin": gamma, "median_margin": float(m.median())}
     if gamma <= 0:

@@ -110,21 +110,22 @@ def posterior_std(W: torch.Tensor, D: torch.Tensor, gamma: np.ndarray, eta2: flo
 def _bounded_loss(ctx, opts: NSBoundOptions):
     """θ ↦ the mean bounded loss over S (forward passes only) and its range B."""
     p = ctx.problem
-    if opts.mc_loss == "error":
-        x0, y0 = p.batches[0]
+    error = opts.mc_loss == "error"
+    if error:
+        two = p.batch.select(slice(0, 2))
         with torch.no_grad():
-            out = p.forward(p.params, x0[:2])
-        class_outputs_or_error(out, y0, "The 'mc_loss' parameter of ns_bound is 'error', which",
-                               "Use mc_loss: clipped_loss.")
+            out = p.forward(p.params, two)
+        c = p.loss_fn.classes(out, two)
+        class_outputs_or_error(out if c is None else c[0], two.target if c is None else c[1],
+                               "The 'mc_loss' parameter of ns_bound is 'error', which", "Use mc_loss: clipped_loss.")
+
+    def unit(Z, t):
+        if error:
+            return (Z.argmax(-1) != t).double()
+        return p.loss_fn.unit_losses(Z, t).double().clamp(0.0, opts.loss_clip)
 
     def loss(th: torch.Tensor) -> float:
-        total = 0.0
-        for out, y in ctx.engine.outputs(th):  # one forward pass over S
-            if opts.mc_loss == "error":
-                total += float((out.argmax(1) != y).sum())
-            else:
-                total += float(p.per_sample_loss(out, y).clamp(0.0, opts.loss_clip).sum())
-        return total / p.n
+        return float(ctx.engine.per_unit(unit, th, classes=error).sum()) / p.n  # one forward pass over S
 
     return loss, (1.0 if opts.mc_loss == "error" else opts.loss_clip)
 

@@ -84,11 +84,12 @@ class PacBayesOptions:
 def _criterion_fn(p, eng, criterion: str):
     if criterion == "loss":
         return lambda th: eng.loss(th)
-    x0, y0 = p.batches[0]
+    two = p.batch.select(slice(0, 2))
     with torch.no_grad():
-        out = p.forward(p.params, x0[:2])
-    class_outputs_or_error(out, y0, "The 'criterion' parameter of pacbayes_flatness is 'error', which",
-                           "Use criterion: loss.")
+        out = p.forward(p.params, two)
+    c = p.loss_fn.classes(out, two)
+    class_outputs_or_error(out if c is None else c[0], two.target if c is None else c[1],
+                           "The 'criterion' parameter of pacbayes_flatness is 'error', which", "Use criterion: loss.")
 
     def error(th):
         return eng.loss_and_error(th)[1]  # one forward pass over S

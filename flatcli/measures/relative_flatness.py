@@ -67,7 +67,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine.products import LayerCapture
+from ..engine import LayerCapture, NotApplicable
 from ..errors import ConfigError, MeasurementError
 from . import MeasureResult, register
 from ._options import Bool, Optional, Str, opt
@@ -108,10 +108,17 @@ def find_layer(
     return name, mod
 
 
-def _run(problem, module, name, x, measure="relative_flatness"):
+def rows_only(problem, measure: str) -> None:
+    """`NotApplicable` unless the loss scores one unit per row (per-sample features and losses)."""
+    if not problem.loss_fn.units_are_rows:
+        raise NotApplicable(f"{measure} takes one feature vector and one loss per sample; loss "
+                            f"{problem.loss_name!r} scores many units (tokens) per row")
+
+
+def _run(problem, module, name, batch, measure="relative_flatness"):
     """(model output, layer input φ, layer output z) of one batch (a forward pass, no gradient)."""
     with LayerCapture(module) as cap, torch.no_grad():
-        out = problem.forward(problem.params, x)
+        out = problem.forward(problem.params, batch)
     if len(cap.inputs) != 1:
         raise MeasurementError(
             f"{measure}: layer {name!r} ran {len(cap.inputs)} times in one forward pass; "
@@ -128,22 +135,27 @@ def _run(problem, module, name, x, measure="relative_flatness"):
 
 def _feature_std(problem, module, name, measure="relative_flatness") -> torch.Tensor:
     """Population standard deviation over S of each input feature of the layer (Chan's merge, float64)."""
-    n_tot, mean, m2 = 0, None, None
+    parts = []
     with torch.no_grad():
-        for x, _ in problem.batches:
-            _, phi, _ = _run(problem, module, name, x, measure=measure)
+        for b in problem.batches:
+            _, phi, _ = _run(problem, module, name, b, measure=measure)
             phi = phi.double()
-            b = phi.shape[0]
             bm = phi.mean(0)
-            bm2 = ((phi - bm) ** 2).sum(0)
-            if mean is None:
-                n_tot, mean, m2 = b, bm, bm2
-            else:
-                delta = bm - mean
-                tot = n_tot + b
-                mean = mean + delta * b / tot
-                m2 = m2 + bm2 + delta**2 * n_tot * b / tot
-                n_tot = tot
+            parts.append(torch.cat([phi.new_tensor([phi.shape[0]]), bm, ((phi - bm) ** 2).sum(0)]))
+    if problem.dist.active:  # every rank's batches, in order
+        parts = list(problem.dist.gather_cat(torch.stack(parts) if parts else torch.zeros(0, 1 + 2 * module.in_features,
+                                                                                      dtype=torch.float64)))
+    n_tot, mean, m2 = 0.0, None, None
+    for part in parts:  # Chan et al.'s pairwise merge
+        b, bm, bm2 = float(part[0]), part[1 : 1 + module.in_features], part[1 + module.in_features :]
+        if mean is None:
+            n_tot, mean, m2 = b, bm, bm2
+        else:
+            delta = bm - mean
+            tot = n_tot + b
+            mean = mean + delta * b / tot
+            m2 = m2 + bm2 + delta**2 * n_tot * b / tot
+            n_tot = tot
     return (m2 / n_tot).sqrt()
 
 
@@ -190,6 +202,7 @@ def relative_flatness(ctx, opts: RelativeFlatnessOptions) -> MeasureResult:
     identity κ = 2‖w‖² mean ‖x‖² for f(x) = w·x with squared loss).
     """
     p = ctx.problem
+    rows_only(p, "relative_flatness")
     name, module = find_layer(ctx.model, opts.layer)
     wname = f"{name}.weight" if name else "weight"
     W = (p.params.get(wname) if wname in p.params else p.frozen.get(wname))
@@ -213,9 +226,9 @@ def relative_flatness(ctx, opts: RelativeFlatnessOptions) -> MeasureResult:
     feat = 0.0
     z_hvps = 0
     method = None
-    for x, y in p.batches:
+    for b in p.batches:
         with torch.no_grad():
-            out, phi, z = _run(p, module, name, x)
+            out, phi, z = _run(p, module, name, b)
         phin2 = ((phi.double() * inv[None, :]) ** 2).sum(1)  # ‖φ̃‖², (B,)
         final = out is z and p.loss_name in ("cross_entropy", "mse")
         if final and p.loss_name == "cross_entropy":
@@ -226,13 +239,14 @@ def relative_flatness(ctx, opts: RelativeFlatnessOptions) -> MeasureResult:
             q = torch.full_like(phin2, 2.0 * float(torch.trace(G)))
             method = method or "closed_form"
         else:
-            hv = ctx.engine.module_output_hvp(module, x, y, z, V.to(p.dtype)).double()  # (k, B, d)
+            hv = ctx.engine.module_output_hvp(module, b, z, V.to(p.dtype)).double()  # (k, B, d)
             z_hvps += V.shape[0]
             q = torch.einsum("st,snt->n", G, hv) if use_units else torch.einsum("jt,jnt->n", V, hv)
             method = "hvp"
         total += float((phin2 * q).sum())
         feat += float(phin2.sum())
-    ctx.engine.n_forward += 1 + int(opts.normalize_features)  # the forward passes of _run above
+    total, feat = p.dist.sum_float(total, feat)
+    ctx.engine.count(n_forward=1 + int(opts.normalize_features))  # the forward passes of _run above
     kappa = total / p.n
     if not math.isfinite(kappa):
         raise MeasurementError(f"relative_flatness is not finite ({kappa})")

@@ -265,10 +265,10 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
 
 
 def m_batches(problem, batch_size: int, gen: torch.Generator):
-    """The measurement set shuffled once with ``gen`` and cut into batches of ``batch_size``."""
-    perm = torch.randperm(problem.n, generator=gen).to(problem.x.device)
-    x, y = problem.x[perm], problem.y[perm]
-    return [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, problem.n, batch_size)]
+    """The measurement set's rows shuffled once with ``gen`` and cut into batches of ``batch_size``
+    rows (every rank draws the same permutation; the engine splits each batch over the ranks)."""
+    perm = torch.randperm(problem.rows, generator=gen)
+    return problem.batch.select(perm).split(batch_size)
 
 
 def _best_ascent(fg, starts, opts) -> tuple[float, str, int, bool]:
@@ -355,21 +355,21 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     weights: list[float] = []
     reductions = 0
     finite = True
-    for xb, yb in batches:
-        base, g0 = eng.batch_loss_grad(xb, yb, theta, need_grad=opts.first_order)
+    for mb in batches:
+        base, g0 = eng.batch_loss_grad(mb, theta, need_grad=opts.first_order)
         if not math.isfinite(base):
             finite = False
             per_batch.append(base)
-            weights.append(len(xb) / p.n)
+            weights.append(p.units(mb) / p.n)
             continue
 
-        def fg(z, xb=xb, yb=yb, base=base):
-            val, gr = eng.batch_loss_grad(xb, yb, theta + c * z)
+        def fg(z, mb=mb, base=base):
+            val, gr = eng.batch_loss_grad(mb, theta + c * z)
             return val - base, (c * gr if gr is not None else None)
 
         if opts.first_order:
             z = opts.rho * _direction(c * g0, opts.norm)
-            val, _ = eng.batch_loss_grad(xb, yb, theta + c * z, need_grad=False)
+            val, _ = eng.batch_loss_grad(mb, theta + c * z, need_grad=False)
             best = val - base
             if not math.isfinite(best):
                 finite = False
@@ -383,7 +383,7 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
             finite = finite and ok
             wins[won] += 1
         per_batch.append(best)
-        weights.append(len(xb) / p.n)
+        weights.append(p.units(mb) / p.n)
     diag = {
         "batches": len(batches),
         "batch_min": min(per_batch),

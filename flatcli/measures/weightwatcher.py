@@ -60,7 +60,7 @@ import torch
 
 from ..errors import MeasurementError
 from . import MeasureResult, register
-from ._layers import weight_matrices
+from ._layers import selected, weight_matrices
 from ._options import Integral, Real, opt
 
 EVALS_THRESH = 1e-5  # WeightWatcher's EVALS_THRESH
@@ -179,7 +179,7 @@ def weightwatcher_alpha(ctx, opts: WeightWatcherOptions) -> MeasureResult:
     See the module docstring for the ESD, the fit, α̂ and the orientation."""
     p = ctx.problem
     layers, skipped = {}, []
-    for wm in weight_matrices(ctx.model, trainable_only=False):
+    for wm in weight_matrices(ctx.model, selected(p), frozen=True):
         W = p.params.get(wm.param_name)
         if W is None:
             W = p.frozen.get(wm.param_name, wm.module.weight)

@@ -1,0 +1,201 @@
+r"""One small class per curvature, each with one batched product method.
+
+A curvature's `product` adds (or, for the first batch, writes) one batch's share of
+:math:`M V` for a block ``V`` of K vectors (shape ``(K, P)``); the loop over this rank's
+batches, the memory policy, the counters and the cross-rank sum live once in
+`flatcli.engine.loop`. Every share is the batch's sum of unit losses divided by the
+whole set's U, so the sum over batches (and ranks) is the product of the full-set matrix.
+
+* `Hessian`: :math:`H = \nabla^2 L(\theta)`.
+  ``"reverse"``: the batch's gradient graph (``create_graph``, cached across products at
+  the same θ, `flatcli.engine.graphs`) and one pull-back per vector, as one vmapped
+  backward (``is_grads_batched``) on CUDA and for models under 10k parameters on CPU, else
+  a loop (faster on CPU for larger models: docs/performance.md). ``"forward"``:
+  forward-over-reverse ``vmap(jvp(grad(L_B)))``, the fastest for blocks on GPUs; an
+  operation without a forward-mode rule falls back to ``"reverse"`` once and for all.
+  ``"auto"``: reverse on CPU; on CUDA forward for blocks and reverse through the cached
+  graphs for single vectors. A loss with ``analytic_hessian`` (``causal_lm``) uses
+  :math:`H v = J^\top H_z J v + \nabla_\theta(\langle z(\theta), r\rangle)'v` with
+  :math:`r = \partial L/\partial z` fixed: the Gauss-Newton part through the loss's analytic
+  output Hessian and the residual through a graph that is linear in the logits, so no
+  double-backward graph runs through ``log_softmax`` over the vocabulary.
+* `GGN`: :math:`G = \frac1U \sum_u J_u^\top \nabla_z^2\ell_u J_u`: a JVP, the loss's analytic
+  output-Hessian product, a VJP (vmapped over the vectors; a loop for sequence outputs).
+* `FiniteDifferenceHessian`: :math:`(\nabla L(\theta + h u) - \nabla L(\theta - h u))\|v\|/2h`
+  with :math:`u = v/\|v\|`, per batch, two batch gradients per vector; ``h`` relative
+  (``fd_eps``·max(1, ‖θ‖), ``runtime.hvp_mode: finite_difference``) or absolute (``eps``).
+
+Adding a curvature is one subclass with a `product` method, plus a test against a dense
+float64 reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.func import grad as func_grad
+from torch.func import jvp, vjp, vmap
+
+from .loop import is_oom
+
+
+class Curvature:
+    """Base class: ``product(V, θ, j, batch, out, accumulate)`` writes (``accumulate`` False) or adds
+    batch ``j``'s share of M V into ``out``."""
+
+    name = "curvature"
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    @property
+    def problem(self):
+        """The engine's problem."""
+        return self.engine.problem
+
+    def product(self, V, th, j, batch, out, accumulate) -> None:
+        """Batch ``j``'s share of M V into ``out`` (see the class docstring)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement product()")
+
+    def batch_loss(self, batch):
+        """θ ↦ this batch's share of L (sum of its unit losses / U)."""
+        p = self.problem
+
+        def f(t):
+            return p.batch_loss_sum(p.unflatten(t), batch) / p.n
+
+        return f
+
+    def forward_fn(self, batch):
+        """θ ↦ the model output on ``batch``."""
+        p = self.problem
+        return lambda t: p.forward(p.unflatten(t), batch)
+
+
+def _put(out: torch.Tensor, value: torch.Tensor, accumulate: bool) -> None:
+    if accumulate:
+        out.add_(value)
+    else:
+        out.copy_(value)
+
+
+class Hessian(Curvature):
+    """Exact Hessian products (module docstring)."""
+
+    name = "hessian"
+
+    def product(self, V, th, j, batch, out, accumulate) -> None:
+        """See `Curvature.product`."""
+        eng = self.engine
+        if self.problem.loss_fn.analytic_hessian and eng.analytic_hessian:
+            return self._analytic(V, th, j, batch, out, accumulate)
+        mode = eng.hvp_mode
+        if mode == "forward" and eng.hvp_auto and V.shape[0] == 1 and eng.graphs.keeping:
+            mode = "reverse"  # one vector at a time (Lanczos): a backward through a cached graph is cheaper
+        if mode == "forward":
+            try:
+                return _put(out, self._forward(V, th, batch), accumulate)
+            except (RuntimeError, NotImplementedError) as e:
+                if is_oom(e):
+                    raise
+                eng.tally.fallbacks += 1
+                eng.hvp_mode = "reverse"
+        t, g, _ = eng.graphs.get(th, j, batch, len(eng.batches))
+        eng.pullback(g, t, V, retain=eng.graphs.keeping, out=out, accumulate=accumulate)
+
+    def _forward(self, V, th, batch) -> torch.Tensor:
+        gfun = func_grad(self.batch_loss(batch))
+
+        def hv(v):
+            return jvp(gfun, (th,), (v,))[1]
+
+        return vmap(hv)(V) if V.shape[0] > 1 else hv(V[0])[None]
+
+    def _analytic(self, V, th, j, batch, out, accumulate) -> None:
+        eng = self.engine
+        e = eng.analytic_graphs.get(th, j, batch, len(eng.batches))
+        for k in range(V.shape[0]):  # one vector at a time: each holds a (rows, T, vocabulary) tangent
+            (res,) = torch.autograd.grad(e.g_res, e.t, V[k], retain_graph=True)
+            (jv,) = torch.autograd.grad(e.jt_u, e.u, V[k], retain_graph=True)
+            hjv = self.problem.loss_fn.output_hvp(e.z.detach(), batch, jv) / self.problem.n
+            (gn,) = torch.autograd.grad(e.z, e.t, hjv, retain_graph=True)
+            _put(out[k], res + gn, accumulate)
+
+
+class AnalyticEntry:
+    """One batch's graphs for the analytic Hessian product: the parameters ``t``, the logits
+    ``z`` (graph kept), the residual gradient ``g_res`` = ∇_t⟨z, r⟩ (``create_graph``, r fixed),
+    and ``jt_u`` = J(t)ᵀu with a zero leaf ``u`` (Jv = ∂(jt_u·v)/∂u)."""
+
+    __slots__ = ("t", "z", "g_res", "u", "jt_u")
+
+    def __init__(self, problem, th, batch):
+        self.t = th.clone().requires_grad_(True)
+        self.z = problem.forward(problem.unflatten(self.t), batch)
+        r = problem.loss_fn.output_grad(self.z, batch) / problem.n
+        (self.g_res,) = torch.autograd.grad((self.z * r).sum(), self.t, create_graph=True)
+        self.u = torch.zeros_like(self.z, requires_grad=True)
+        (self.jt_u,) = torch.autograd.grad(self.z, self.t, self.u, create_graph=True)
+
+
+class GGN(Curvature):
+    """Generalized Gauss-Newton products (module docstring)."""
+
+    name = "ggn"
+
+    def product(self, V, th, j, batch, out, accumulate) -> None:
+        """See `Curvature.product`."""
+        p = self.problem
+        fwd = self.forward_fn(batch)
+        z, vjp_fn = vjp(fwd, th)
+        z = z.detach()
+
+        def one(v):
+            jv = jvp(fwd, (th,), (v,))[1]
+            return vjp_fn(p.loss_fn.output_hvp(z, batch, jv) / p.n)[0]
+
+        if V.shape[0] > 1 and p.loss_fn.units_are_rows:
+            try:
+                return _put(out, vmap(one)(V), accumulate)
+            except (RuntimeError, NotImplementedError) as e:
+                if is_oom(e):
+                    raise
+                self.engine.tally.fallbacks += 1
+        for k in range(V.shape[0]):
+            _put(out[k], one(V[k]), accumulate)
+
+
+class FiniteDifferenceHessian(Curvature):
+    """Central differences of batch gradients (module docstring).
+
+    eps : None for the relative step ``fd_eps``·max(1, ‖θ‖) along unit directions (scaled back
+        by ‖v‖), or an absolute step ε along v itself.
+    """
+
+    name = "fd_hessian"
+
+    def __init__(self, engine, eps: float | None = None):
+        super().__init__(engine)
+        self.eps = eps
+
+    def steps(self, V: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
+        """The step ε_k of each row (0 for zero rows, which give 0)."""
+        if self.eps is not None:
+            return torch.full((V.shape[0],), float(self.eps), dtype=V.dtype, device=V.device)
+        h = self.engine.fd_eps * max(1.0, float(th.norm()))
+        norms = V.norm(dim=1)
+        return torch.where(norms > 0, h / norms, torch.zeros_like(norms))
+
+    def product(self, V, th, j, batch, out, accumulate) -> None:
+        """See `Curvature.product`."""
+        eng = self.engine
+        steps = self.steps(V, th)
+        f = self.batch_loss(batch)
+        for k in range(V.shape[0]):
+            e = float(steps[k])
+            if e == 0.0:
+                if not accumulate:
+                    out[k].zero_()
+                continue
+            gp = eng.batch_grad(f, th + e * V[k])
+            gm = eng.batch_grad(f, th - e * V[k])
+            _put(out[k], (gp - gm) / (2 * e), accumulate)

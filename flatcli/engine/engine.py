@@ -1,0 +1,549 @@
+r"""The engine measures talk to: losses, gradients, curvature operators and per-unit quantities.
+
+`CurvatureEngine` composes the pieces of the engine over a `flatcli.engine.problem.Problem`:
+the curvatures (`flatcli.engine.curvatures`: one class each), the shared loop with its
+counters, memory policy and cross-rank sum (`flatcli.engine.loop`), the graph caches
+(`flatcli.engine.graphs`) and the exact Gauss-Newton diagonal (`flatcli.engine.ggn_diag`).
+It knows nothing about measures; measures get every derivative from it.
+
+All quantities are exact sums over the whole measurement set (every rank's shard, summed),
+each batch weighted by its scored units over the set's U, so they equal those of the
+full-set mean loss whatever the batch size or the number of ranks.
+
+Two things measures may need to reduce themselves, when they loop over `module_io`:
+`sum_` (a tensor summed over ranks) and `gather` (per-row tensors in the global order).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch.func import jvp
+
+from ..errors import MeasurementError
+from . import ggn_diag
+from .batch import Batch
+from .curvatures import GGN, AnalyticEntry, FiniteDifferenceHessian, Hessian
+from .graphs import GraphCache
+from .loop import Counters, MemoryPolicy, ProductLoop, is_oom
+from .losses import NotApplicable
+from .operators import CurvatureOperator
+from .precision import Precision, tf32_flags
+from .problem import Problem, nonfinite_tensors, not_finite
+
+HVP_MODES = ("auto", "reverse", "forward", "finite_difference")
+_CPU_BATCHED_BELOW = 10_000  # parameters; measured, see docs/performance.md
+
+
+class LayerCapture:
+    """A forward hook that records a module's input and output, or replaces its output
+    (``with LayerCapture(module) as cap: model(x)``; then ``cap.single()``)."""
+
+    def __init__(self, module: torch.nn.Module, replace: torch.Tensor | None = None):
+        self.module, self.replace = module, replace
+        self.inputs: list[torch.Tensor] = []
+        self.outputs: list[torch.Tensor] = []
+
+    def __enter__(self):
+        self.handle = self.module.register_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+    def _hook(self, mod, inp, out):
+        self.inputs.append(inp[0])
+        self.outputs.append(out)
+        return self.replace
+
+    def single(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input, output) of the one call; a module that ran 0 or several times is an error."""
+        if len(self.inputs) != 1:
+            raise MeasurementError(
+                f"the layer ran {len(self.inputs)} times in one forward pass; it must run exactly once "
+                "(no weight sharing)"
+            )
+        return self.inputs[0], self.outputs[0]
+
+
+class CurvatureEngine:
+    """Losses, gradients, curvature operators and per-unit products over a `Problem`.
+
+    Parameters
+    ----------
+    problem : the model as functional parameters over the measurement set.
+    hvp_mode : {"auto", "reverse", "forward", "finite_difference"}: how Hessian products are
+        computed (`flatcli.engine.curvatures`); ``finite_difference`` makes every HVP of every
+        measure a central difference of two gradients (relative step ``fd_eps``).
+    block_size : most vectors multiplied at once (default: from free memory).
+    reverse_batched : pull K vectors back with one vmapped backward (default: on CUDA and for
+        models under 10k parameters; a loop otherwise, which is faster on CPU for large models).
+    cache_graphs : keep per-batch gradient graphs across products at one θ (None: when they fit).
+    precision : "auto", "fp32", "tf32" or "fp64", as ``runtime.precision`` (`flatcli.engine.precision`):
+        ``auto`` runs TF32 products on a tensor-core GPU and asks measures to verify converged
+        quantities in fp32 (`needs_verification`); the engine computes in the problem's dtype.
+    analytic_hessian : for a loss that offers it (``causal_lm``), Hessian products through its
+        analytic output Hessian (default True; False: plain double backward, for comparison).
+
+    Counters (`flatcli.engine.loop.Counters`): ``n_hvp``, ``n_ggnvp``, ``n_grad``, ``n_forward``,
+    ``n_vjp``, ``oom_retries``, ``fallbacks``.
+    """
+
+    def __init__(self, problem: Problem, hvp_mode: str = "auto", block_size: int | None = None,
+                 reverse_batched: bool | None = None, cache_graphs: bool | None = None, fd_eps: float = 1e-3,
+                 precision: str = "auto", analytic_hessian: bool = True):
+        if hvp_mode not in HVP_MODES:
+            raise ValueError(f"hvp_mode must be one of {HVP_MODES}, got {hvp_mode!r}")
+        if not (fd_eps > 0 and math.isfinite(fd_eps)):
+            raise ValueError(f"fd_eps must be a positive float, got {fd_eps!r}")
+        self.problem = problem
+        self.device = problem.device
+        self.dist = problem.dist
+        self.fd_eps = float(fd_eps)
+        self.hvp_auto = hvp_mode == "auto"
+        self.hvp_mode = ("forward" if self.device.type == "cuda" else "reverse") if hvp_mode == "auto" else hvp_mode
+        if reverse_batched is None:
+            reverse_batched = self.device.type == "cuda" or problem.num_params < _CPU_BATCHED_BELOW
+        self.reverse_batched = bool(reverse_batched)
+        self.precision = Precision.of(precision, self.device)
+        self.analytic_hessian = bool(analytic_hessian)
+        self.batch_size = problem.batch_size
+        self.batches = list(problem.batches)
+        self.tally = Counters(problem.n)
+        self.memory = MemoryPolicy(problem.num_params, problem.dtype, self.device, block_size, self._activation_bytes)
+        self.loop = ProductLoop(self)
+        self.graphs = GraphCache(self._gradient_graph, self.memory.graph_budget, cache_graphs)
+        self.analytic_graphs = GraphCache(lambda th, b: AnalyticEntry(problem, th, b), self.memory.graph_budget,
+                                          cache_graphs)
+        self.curvature = {"hessian": Hessian(self), "ggn": GGN(self), "fd_hessian": FiniteDifferenceHessian(self)}
+        self.on_progress: Callable[[dict], None] | None = None  # called after every product
+
+    # ------------------------------------------------------------ bookkeeping
+    def counters(self) -> dict[str, float]:
+        """Every counter the engine keeps (see `flatcli.engine.loop.Counters`)."""
+        return self.tally.as_dict()
+
+    n_hvp = property(lambda self: self.tally.n_hvp, doc="Hessian, GGN and finite-difference products.")
+    n_ggnvp = property(lambda self: self.tally.n_ggnvp, doc="GGN products.")
+    n_grad = property(lambda self: self.tally.n_grad, doc="Gradients (full-set equivalents).")
+    n_forward = property(lambda self: self.tally.n_forward, doc="Forward passes (full-set equivalents).")
+    n_vjp = property(lambda self: self.tally.n_vjp, doc="Per-sample VJP passes.")
+    oom_retries = property(lambda self: self.tally.oom_retries, doc="Out-of-memory retries.")
+    fallbacks = property(lambda self: self.tally.fallbacks, doc="Fallbacks to a slower product rule.")
+
+    def count(self, *, n_forward: float = 0, n_grad: float = 0) -> None:
+        """Add full-set passes a measure ran itself (forward passes through hooks on a layer)."""
+        self.tally.forward_units += n_forward * self.problem.n
+        self.tally.grad_units += n_grad * self.problem.n
+
+    def report(self, **info) -> None:
+        """Tell `on_progress` (when set) the counters so far and ``info`` (e.g. an estimate and its
+        standard error from the algorithm driving the products)."""
+        if self.on_progress is not None:
+            self.on_progress({**self.tally.as_dict(), **info})
+
+    @property
+    def num_params(self) -> int:
+        """P, the number of selected parameters."""
+        return self.problem.num_params
+
+    @property
+    def theta(self) -> torch.Tensor:
+        """The selected parameters as one flat vector (a copy)."""
+        return self.problem.theta
+
+    def _theta(self, theta: torch.Tensor | None) -> torch.Tensor:
+        p = self.problem
+        return (p.theta if theta is None else theta).detach().to(self.device, p.dtype)
+
+    # ------------------------------------------------------------ memory
+    @property
+    def block_size(self) -> int:
+        """Most vectors per product call (chosen from free memory unless given)."""
+        return self.memory.block_size
+
+    @block_size.setter
+    def block_size(self, value: int) -> None:
+        self.memory.block_size = value
+
+    def set_batch_size(self, bs: int) -> None:
+        """Re-cut this rank's shard into batches of ``bs`` rows (out-of-memory back-off)."""
+        p = self.problem
+        self.batch_size = bs
+        self.batches = p.batch.select(p.shard).split(bs) if p.shard.stop > p.shard.start else []
+        self.drop_graphs()
+
+    def drop_graphs(self, stop_caching: bool = False) -> bool:
+        """Free the cached graphs (``stop_caching``: and keep no more). True when something changed."""
+        a = self.graphs.drop(stop_caching)
+        b = self.analytic_graphs.drop(stop_caching)
+        return a or b
+
+    def _activation_bytes(self) -> int:
+        """Memory kept for backward by one forward pass over the first batch (CUDA)."""
+        p = self.problem
+        if not self.batches:
+            return 1
+        torch.cuda.synchronize(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        t = p.theta.requires_grad_(True)
+        s = p.batch_loss_sum(p.unflatten(t), self.batches[0])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        del s, t
+        return int(max(peak - base, 1))
+
+    # ------------------------------------------------------------ precision
+    @property
+    def low_precision(self) -> bool:
+        """Whether products run with TF32 matrix multiplies (``tf32``, or ``auto`` on a tensor-core GPU)."""
+        return self.precision.low
+
+    @property
+    def needs_verification(self) -> bool:
+        """Whether measures should re-check converged quantities with fp32 products
+        (``runtime.precision: auto`` running TF32 products; an explicit ``tf32`` does not verify)."""
+        return self.precision.name == "auto" and self.low_precision
+
+    def full_precision(self):
+        """TF32 off for the products inside (fp32 verification); the previous flags are restored."""
+        return tf32_flags(False, False)
+
+    # ------------------------------------------------------------ operators
+    def _operator(self, product, name: str, precision: str | None) -> CurvatureOperator:
+        ctx = self.full_precision if precision == "fp32" and self.low_precision else None
+        return CurvatureOperator(product, self.num_params, device=self.device, dtype=self.problem.dtype,
+                                 name=name, precision_context=ctx, report=self.report)
+
+    def hessian(self, theta: torch.Tensor | None = None, *, precision: str | None = None) -> CurvatureOperator:
+        """The Hessian of L at θ (default: the model's parameters) as a linear operator
+        (``precision="fp32"``: TF32 off during its products, the verification view)."""
+        th = None if theta is None else theta.detach().clone()
+        return self._operator(lambda V: self.hvp(V, theta=th), "hessian", precision)
+
+    def ggn(self, theta: torch.Tensor | None = None, *, precision: str | None = None) -> CurvatureOperator:
+        """The generalized Gauss-Newton matrix at θ as a linear operator (see `ggnvp`)."""
+        th = None if theta is None else theta.detach().clone()
+        return self._operator(lambda V: self.ggnvp(V, theta=th), "ggn", precision)
+
+    def fd_hessian(self, theta: torch.Tensor | None = None, *, eps: float | None = None,
+                   precision: str | None = None) -> CurvatureOperator:
+        """The Hessian by central differences of gradients (relative step as
+        ``runtime.hvp_mode: finite_difference`` when ``eps`` is None, else the absolute ``eps``)."""
+        th = None if theta is None else theta.detach().clone()
+        return self._operator(lambda V: self._fd(V, th, eps), "fd_hessian", precision)
+
+    # ------------------------------------------------------------ products
+    def _apply(self, curvature, V: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
+        out = self.loop.apply(curvature.product, V, theta)
+        self.report()
+        return out
+
+    def hvp(self, V: torch.Tensor, theta: torch.Tensor | None = None) -> torch.Tensor:
+        """H V for V of shape (P,) or (K, P); H the Hessian of L at θ (default: the model's)."""
+        if self.hvp_mode == "finite_difference":
+            return self._fd(V, theta, None)
+        out = self._apply(self.curvature["hessian"], V, theta)
+        self.tally.n_hvp += 1 if V.ndim == 1 else V.shape[0]
+        return out
+
+    def ggnvp(self, V: torch.Tensor, theta: torch.Tensor | None = None) -> torch.Tensor:
+        r""":math:`GV` for V of shape (P,) or (K, P), G the generalized Gauss-Newton matrix
+        :math:`\frac1U \sum_u J_u^\top \nabla_z^2 \ell_u J_u` (positive semi-definite for convex
+        losses). Counted in ``n_hvp`` and ``n_ggnvp``."""
+        out = self._apply(self.curvature["ggn"], V, theta)
+        k = 1 if V.ndim == 1 else V.shape[0]
+        self.tally.n_hvp += k
+        self.tally.n_ggnvp += k
+        return out
+
+    def fd_hvp(self, V: torch.Tensor, eps: float = 1e-3, theta: torch.Tensor | None = None) -> torch.Tensor:
+        r"""Central differences :math:`(\nabla L(\theta+\epsilon v) - \nabla L(\theta-\epsilon v))/2\epsilon`
+        with the absolute step ``eps``: two gradients per vector, exact up to :math:`O(\epsilon^2)`
+        for smooth losses and usable for non-smooth ones."""
+        if not (eps > 0 and math.isfinite(eps)):
+            raise ValueError(f"eps must be a positive float, got {eps!r}")
+        return self._fd(V, theta, eps)
+
+    def _fd(self, V: torch.Tensor, theta: torch.Tensor | None, eps: float | None) -> torch.Tensor:
+        fd = self.curvature["fd_hessian"]
+        fd.eps = eps
+        out = self._apply(fd, V, theta)
+        V2 = V.reshape(1, -1) if V.ndim == 1 else V
+        moved = int((fd.steps(V2.to(self.problem.dtype), self._theta(theta)) > 0).sum())
+        self.tally.n_hvp += V2.shape[0]
+        self.tally.grad_units += 2 * moved * self.problem.n
+        return out
+
+    def pullback(self, g: torch.Tensor, t: torch.Tensor, V: torch.Tensor, retain: bool,
+                 out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+        """The one batched-VJP helper: rows ``V[k]`` pulled back through ``g``'s graph to ``t``, as
+        one vmapped backward (``is_grads_batched``), or a loop when an op has no batched rule.
+        ``out``: write the rows there (``accumulate``: add them), making no stacked copy (on CPU a
+        fresh (K, P) block costs page faults as long as the products' arithmetic for ResNet-18)."""
+        K = V.shape[0]
+        if K > 1 and self.reverse_batched:
+            try:
+                (hv,) = torch.autograd.grad(g, t, V, is_grads_batched=True, retain_graph=True)
+                return hv if out is None else (out.add_(hv) if accumulate else out.copy_(hv))
+            except RuntimeError as e:
+                if is_oom(e):
+                    raise
+                self.tally.fallbacks += 1
+                self.reverse_batched = False
+        if out is None:
+            return torch.stack([torch.autograd.grad(g, t, V[k], retain_graph=retain or k < K - 1)[0]
+                                for k in range(K)])
+        for k in range(K):
+            (h,) = torch.autograd.grad(g, t, V[k], retain_graph=retain or k < K - 1)
+            if accumulate:
+                out[k].add_(h)
+            else:
+                out[k].copy_(h)
+        return out
+
+    def _gradient_graph(self, th: torch.Tensor, batch: Batch):
+        """(t, ∇ of the batch's share of L with its graph kept, the share's value)."""
+        p = self.problem
+        t = th.clone().requires_grad_(True)
+        lb = p.batch_loss_sum(p.unflatten(t), batch) / p.n
+        (g,) = torch.autograd.grad(lb, t, create_graph=True)
+        return t, g, float(lb.detach())
+
+    def ggn_diagonal(self, theta: torch.Tensor | None = None) -> torch.Tensor:
+        r"""The exact diagonal of the generalized Gauss-Newton matrix at θ, shape (P,):
+        :math:`\frac1U \sum_u \sum_k (a_{uk}^\top J_u)^2` with :math:`\sum_k a a^\top` the loss's
+        per-unit output Hessian (closed forms; `flatcli.engine.ggn_diag`). For networks that are
+        piecewise linear in every single parameter (Linear/Conv, ReLU/leaky ReLU, max/avg pooling,
+        BatchNorm in eval mode, each parameter used once) it is also the exact Hessian diagonal.
+        Cost: C backward passes over the set (C outputs per unit), counted as C in ``n_vjp``.
+        A loss whose units are not rows (``causal_lm``) raises `flatcli.engine.losses.NotApplicable`."""
+        p = self.problem
+        th = self._theta(theta)
+        out, C = ggn_diag.ggn_diagonal(p, self.batches, th, self.memory.chunk_rows)
+        self.dist.sum_(out)
+        self.tally.n_vjp += int(self.dist.gather_cat(torch.tensor([int(C)])).max())  # C of a rank with rows
+        return out
+
+    # ------------------------------------------------------------ zeroth and first order
+    @torch.no_grad()
+    def loss(self, theta: torch.Tensor | None = None) -> float:
+        """L(θ) over the measurement set (θ defaults to the model's parameters)."""
+        p = self.problem
+        params = p.unflatten(self._theta(theta))
+        total = sum(float(p.batch_loss_sum(params, b)) for b in self.batches)
+        self.tally.forward_units += p.n
+        return self.dist.sum_float(total)[0] / p.n
+
+    def loss_grad(self, theta: torch.Tensor | None = None, *, keep_graph: bool = False) -> tuple[float, torch.Tensor]:
+        """(L(θ), ∇L(θ)) as a float and a flat vector. ``keep_graph``: build the per-batch gradient
+        graphs (``create_graph``) and keep them when they fit, so that HVPs at the same θ that
+        follow (an ascent step that needs ∇L and H∇L) reuse this forward and backward."""
+        p = self.problem
+        th = self._theta(theta)
+        if keep_graph and self.graphs.keeping:
+            total, g = 0.0, torch.zeros_like(th)
+            for j, b in enumerate(self.batches):
+                _, gb, lb = self.graphs.get(th, j, b, len(self.batches))
+                g += gb.detach()
+                total += lb
+        else:
+            total, g = self._loss_grad_over(self.batches, th, p.n)
+        self.tally.grad_units += p.n
+        self.dist.sum_(g)
+        return self.dist.sum_float(total)[0], g
+
+    def grad(self, theta: torch.Tensor | None = None) -> torch.Tensor:
+        """∇L(θ) as a flat vector."""
+        return self.loss_grad(theta)[1]
+
+    def batch_grad(self, f: Callable[[torch.Tensor], torch.Tensor], th: torch.Tensor) -> torch.Tensor:
+        """∇f(θ) of a scalar function of the flat parameters (one batch's share of L)."""
+        t = th.detach().clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(f(t), t)
+        return g.detach()
+
+    def batch_loss_grad(self, batch: Batch, theta: torch.Tensor | None = None, *,
+                        need_grad: bool = True) -> tuple[float, torch.Tensor | None]:
+        """(L_B(θ), ∇L_B(θ)) for the mean loss over the rows ``batch`` (e.g. an m-sharpness batch
+        of the measurement set): its rows are split over the ranks and cut into the engine's
+        batch size; counted as the batch's share of a full-set pass."""
+        p = self.problem
+        th = self._theta(theta)
+        units = p.units(batch)
+        mine = batch.select(self.dist.shard(batch.rows))
+        chunks = mine.split(self.batch_size) if mine.rows else []
+        if need_grad:
+            total, g = self._loss_grad_over(chunks, th, units)
+            self.tally.grad_units += units
+            self.dist.sum_(g)
+            return self.dist.sum_float(total)[0], g
+        with torch.no_grad():
+            params = p.unflatten(th)
+            total = sum(float(p.batch_loss_sum(params, c)) for c in chunks)
+        self.tally.forward_units += units
+        return self.dist.sum_float(total)[0] / units, None
+
+    def _loss_grad_over(self, batches: list[Batch], th: torch.Tensor, n: int) -> tuple[float, torch.Tensor]:
+        """The one gradient loop: this rank's part of the mean loss over ``batches`` (n units in all,
+        every rank) and its gradient."""
+        p = self.problem
+        t = th.detach().clone().requires_grad_(True)
+        params = p.unflatten(t)
+        total = 0.0
+        g = torch.zeros_like(t)
+        for b in batches:
+            s = p.batch_loss_sum(params, b) / n
+            (gb,) = torch.autograd.grad(s, t)
+            g += gb
+            total += float(s.detach())
+        return total, g.detach()
+
+    # ------------------------------------------------------------ per-unit quantities
+    @torch.no_grad()
+    def per_unit(self, fn: Callable, theta: torch.Tensor | None = None, *, classes: bool = False):
+        """``fn(Z, t)`` of the scored units, batch by batch, concatenated over the whole set in unit
+        order (every rank gets all of it): Z (U_b, C) their outputs and t their targets as the loss
+        scores them, or, with ``classes``, their class scores and integer labels (a
+        `flatcli.engine.losses.NotApplicable` when the outputs are not class scores). ``fn`` returns
+        a tensor with one row per unit, or a tuple of them. One forward pass."""
+        p = self.problem
+        params = p.unflatten(self._theta(theta))
+        batches = self.batches or [p.batch.select(slice(0, 1))]  # a rank without rows joins with nothing
+        parts: list = []
+        for b in batches:
+            Z, t = self._units(p.forward(params, b), b, classes)
+            if not self.batches:
+                Z, t = Z[:0], t[:0]
+            r = fn(Z, t)
+            parts.append(r if isinstance(r, tuple) else (r,))
+        self.tally.forward_units += p.n
+        outs = [self.dist.gather_cat(torch.cat(cols)) for cols in zip(*parts, strict=True)]
+        return tuple(outs) if len(outs) > 1 else outs[0]
+
+    def _units(self, out: torch.Tensor, b: Batch, classes: bool):
+        loss = self.problem.loss_fn
+        if classes:
+            c = loss.classes(out, b)
+            if c is None:
+                raise NotApplicable(f"needs class scores and integer labels; loss {loss.name!r} on outputs of "
+                                    f"shape {tuple(out.shape)} gives none")
+            return c
+        Z, t, mask = loss.scores(out, b)
+        return (Z, t) if mask is None else (Z[mask], t[mask])
+
+    @torch.no_grad()
+    def loss_and_error(self, theta: torch.Tensor | None = None) -> tuple[float, float]:
+        """(L(θ), the 0-1 error of the argmax over the scored units) in one forward pass (the
+        outputs must be class scores)."""
+        p = self.problem
+        params = p.unflatten(self._theta(theta))
+        total, wrong = 0.0, 0.0
+        for b in self.batches:
+            out = p.forward(params, b)
+            total += float(p.loss_fn.sum(out, b))
+            Z, t = self._units(out, b, classes=True)
+            wrong += float((Z.argmax(-1) != t).sum())
+        self.tally.forward_units += p.n
+        total, wrong = self.dist.sum_float(total, wrong)
+        return total / p.n, wrong / p.n
+
+    def per_unit_directional(self, v: torch.Tensor, theta: torch.Tensor | None = None,
+                             labels: torch.Tensor | None = None) -> torch.Tensor:
+        r"""The directional derivatives :math:`\langle v, \nabla_\theta \ell_u(\theta)\rangle` of every
+        scored unit's loss, shape (U,), in unit order (every rank gets all): one forward-mode product
+        per batch (the JVP of the vector of unit losses), or, when an operation has no forward-mode
+        rule, the double-backward trick (also one pass per batch). ``labels`` (U,) replace the
+        units' targets (e.g. labels drawn from the model)."""
+        p = self.problem
+        th = self._theta(theta)
+        v = v.detach().to(th)
+        out, i = [], p.unit_offset
+        for b in self.batches:
+            ub = p.units(b)
+            lb = None if labels is None else labels[i : i + ub]
+            i += ub
+
+            def losses(t, b=b, lb=lb):
+                Z, tt, mask = p.loss_fn.scores(p.forward(p.unflatten(t), b), b)
+                if mask is not None:
+                    Z, tt = Z[mask], tt[mask]
+                return p.loss_fn.unit_losses(Z, tt if lb is None else lb.to(tt))
+
+            out.append(self._jvp_rows(losses, th, v))
+        self.tally.grad_units += p.n
+        local = torch.cat(out) if out else torch.zeros(0, dtype=th.dtype, device=th.device)
+        return self.dist.gather_cat(local)
+
+    def _jvp_rows(self, fn, th: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        try:
+            return jvp(fn, (th,), (v,))[1].detach()
+        except (RuntimeError, NotImplementedError) as e:
+            if is_oom(e):
+                raise
+            self.tally.fallbacks += 1
+            t = th.clone().requires_grad_(True)
+            ell = fn(t)
+            u = torch.zeros_like(ell, requires_grad=True)
+            (jt_u,) = torch.autograd.grad(ell, t, u, create_graph=True)
+            (jv,) = torch.autograd.grad(jt_u, u, v)
+            return jv.detach()
+
+    # ------------------------------------------------------------ layers
+    @torch.no_grad()
+    def module_io(self, module: torch.nn.Module, theta: torch.Tensor | None = None):
+        """Yield (batch, module input, module output, model output) for this rank's batches: one
+        forward pass with a hook on ``module``, which must run exactly once per forward pass.
+        Sums over these batches must go through `sum_` to cover every rank."""
+        p = self.problem
+        params = p.unflatten(self._theta(theta))
+        for b in self.batches:
+            with LayerCapture(module) as cap:
+                out = p.forward(params, b)
+            yield b, *cap.single(), out
+        self.tally.forward_units += p.n
+
+    def module_output_hvp(self, module: torch.nn.Module, batch: Batch, z0: torch.Tensor,
+                          V: torch.Tensor) -> torch.Tensor:
+        r"""Per-row Hessian-vector products of the loss in a module's output.
+
+        ``z0`` (B, d) is the module's output on ``batch``; returns (k, B, d) whose row n of block r
+        is :math:`\nabla_z^2 \ell(x_n) V_r`, the Hessian of row n's loss with respect to its own
+        module output through the rest of the network (in eval mode a row's loss depends on its own
+        output only). The output is replaced by a leaf tensor (a forward hook), and one batched
+        double backward of the summed losses with V_r repeated over the batch gives every row's
+        product at once (a loop over r when an op has no batched rule)."""
+        p = self.problem
+        zz = z0.detach().clone().requires_grad_(True)
+        with LayerCapture(module, replace=zz):
+            out = p.forward(p.params, batch)
+        s = p.loss_fn.sum(out, batch)
+        (g,) = torch.autograd.grad(s, zz, create_graph=True)
+        k, (B, d) = V.shape[0], zz.shape
+        self.tally.grad_units += p.units(batch) * self.dist.world
+        if not g.requires_grad:  # the loss is linear in z
+            return torch.zeros(k, B, d, dtype=zz.dtype, device=zz.device)
+        Vb = V[:, None, :].expand(k, B, d).to(zz)
+        return self.pullback(g, zz, Vb, retain=False)
+
+    # ------------------------------------------------------------ reductions for measures
+    def sum_(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed over the ranks, in place (a measure's sum over `module_io` batches)."""
+        return self.dist.sum_(t)
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Per-row tensors of this rank's batches concatenated over the ranks in row order."""
+        return self.dist.gather_cat(t)
+
+    # ------------------------------------------------------------ checks
+    def check_finite(self, where: str = "the checkpoint") -> float:
+        """L(θ); a non-finite value raises `flatcli.engine.problem.not_finite`, naming the
+        parameters and buffers that hold NaN/inf."""
+        val = self.loss()
+        if not math.isfinite(val):
+            p = self.problem
+            raise not_finite(where, val, nonfinite_tensors({**p.params, **p.frozen, **p.buffers}))
+        return val
