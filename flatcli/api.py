@@ -57,6 +57,7 @@ class MeasureReport:
     seconds: float = 0.0
     written_to: Path | None = None
     write_error: str = ""
+    rank: int = 0  # this process's rank under torchrun (only rank 0 writes and prints)
 
     def to_pandas(self):
         """One row per checkpoint, the columns of results.csv in its order; dtypes as documented
@@ -164,7 +165,10 @@ def measure(
         raise ConfigError("--plots needs an output directory (-o OUTDIR)")
     jobs, specs = _plan(cfg, checkpoints, measures)
     out = ensure_writable_dir(cfg.output_dir(outdir), "output directory") if write else None
-    st = Settings.from_config(cfg)
+    st, world = _join_ranks(Settings.from_config(cfg))
+    if not world.is_main:  # only rank 0 prints and writes; every rank computes
+        on_row = on_start = on_progress = None
+        out = None
     data = DataCache(cfg)
     data.get("train")
     data.get("test")
@@ -183,13 +187,24 @@ def measure(
         "versions": versions(),
         "device": st.describe_device(),
         "measure_data": cfg.to_dict()["measure_data"],
+        "ranks": world.world,
     }
-    report = MeasureReport(rows=rows, config=cfg, meta=meta, seconds=time.perf_counter() - t0)
+    report = MeasureReport(rows=rows, config=cfg, meta=meta, seconds=time.perf_counter() - t0, rank=world.rank)
     if out is not None:
         report.written_to, report.write_error = write_results_or_fallback(out, rows, meta)
         if plots and not report.write_error:
             report.meta["plots"] = [str(q) for q in _artifacts(rows, specs, out / "plots")]
     return report
+
+
+def _join_ranks(st: Settings):
+    """(settings, ranks): under torchrun (or any launcher setting RANK/WORLD_SIZE/LOCAL_RANK) this
+    process joins the others (gloo on the CPU, nccl with GPU ``cuda:LOCAL_RANK``) and measures its
+    shard of every measurement set; otherwise rank 0 of 1 and the settings unchanged."""
+    from .engine import dist
+
+    world, device = dist.init_from_env(st.device)
+    return (st.replace(device=device) if device != st.device else st), world
 
 
 @dataclass

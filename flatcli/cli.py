@@ -9,7 +9,9 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import sys
+import traceback
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -34,7 +36,7 @@ from .console import (
     quiet_torch_warnings,
     render_rows,
 )
-from .errors import ConfigError, FlatcliError
+from .errors import ConfigError, FlatcliError, RankFailure, is_peer_gone
 
 
 class OneLineErrors(TyperGroup):
@@ -163,6 +165,8 @@ def handle_errors(fn):
             raise typer.Exit(130) from None
         except (typer.Exit, typer.Abort, SystemExit):
             raise
+        except RankFailure as e:
+            _end_all_ranks(e, debug)
         except Exception as e:
             if debug:
                 raise
@@ -174,6 +178,19 @@ def handle_errors(fn):
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+def _end_all_ranks(e: BaseException, debug: bool) -> None:
+    """A failure on one rank of a distributed run: the other ranks may wait in a collective this one
+    never reaches, so the process ends at once (torchrun then stops the others; exit code 1). A rank
+    that fails only because a peer went away says nothing: the peer's message is the one error."""
+    if debug:
+        traceback.print_exception(e)
+    if not is_peer_gone(e):
+        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 # ------------------------------------------------------------------ measure
@@ -214,7 +231,8 @@ def measure(
         )
     finally:
         shown.stop()
-    _print_report(report, format, out)
+    if report.rank == 0:  # under torchrun only rank 0 prints; every rank has the exit code
+        _print_report(report, format, out)
     raise typer.Exit(report.exit_code)
 
 
@@ -241,6 +259,19 @@ def _print_report(report, format: str, out: Path) -> None:
             err_console.print(f"[red]error:[/red] {r.checkpoint}: {r.error}", highlight=False, soft_wrap=True)
     if report.write_error:
         err_console.print(f"[red]error:[/red] {report.write_error}", highlight=False, soft_wrap=True)
+
+
+def _end_all_ranks(e: BaseException, debug: bool) -> None:
+    """A failure on one rank of a distributed run: the other ranks may wait in a collective this one
+    never reaches, so the process ends at once (torchrun then stops the others; exit code 1). A rank
+    that fails only because a peer went away says nothing: the peer's message is the one error."""
+    if debug:
+        traceback.print_exception(e)
+    if not is_peer_gone(e):
+        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 # ------------------------------------------------------------------ measures

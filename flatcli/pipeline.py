@@ -139,7 +139,7 @@ def measure_model(
         for split_name, d in data.items():
             if d is not None:
                 check_targets(work, d, st.loss, f"data.{split_name}", st.device, st.dtype)
-        row.selection = st.params.describe(work, problem.names)
+        row.params = st.params.describe(work, problem.names)
         engine = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision)
         try:
             engine.check_finite()
@@ -296,7 +296,11 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
             model, data.get("train", job.train_data), specs, test=data.get("test"), settings=settings,
             init_state=init_state, checkpoint=job.checkpoint, hparams=hp, debug=debug, progress=progress,
         )
+    except ranks.RankFailure:
+        raise
     except Exception as e:  # a checkpoint that fails to load never loses the others
+        if ranks.current().active and not isinstance(e, FlatcliError):
+            raise ranks.RankFailure(f"rank {ranks.current().rank}: {job.checkpoint}: {describe_error(e)}") from e
         if debug and not isinstance(e, ConfigError):
             traceback.print_exc()
         row = Row(checkpoint=job.checkpoint, labels=labels, hparams=dict(job.hparams))

@@ -62,6 +62,7 @@ class Row:
     labels: list[str] = field(default_factory=list)  # configured labels, in order
     error_kind: str = ""  # exception class of the failure ('' when ok)
     error_kinds: dict[str, str] = field(default_factory=dict)  # label -> exception class
+    params: dict[str, Any] | None = None  # the parameter selection (patterns, names, count)
 
     def fail(self, message: str, kind: str, label: str | None = None) -> None:
         """Record a failure of the whole row (``label`` None) or of one measure."""
@@ -106,6 +107,7 @@ class Row:
             "status": self.status,
             "error": self.error,
             "error_kind": self.error_kind,
+            **({"params": self.params} if self.params is not None else {}),
             "measures": {
                 lab: (
                     {

@@ -113,8 +113,9 @@ class Hessian(Curvature):
     def _analytic(self, V, th, j, batch, out, accumulate) -> None:
         eng = self.engine
         e = eng.analytic_graphs.get(th, j, batch, len(eng.batches))
+        curved = e.g_res.requires_grad  # False when the logits are linear in θ (the head alone)
         for k in range(V.shape[0]):  # one vector at a time: each holds a (rows, T, vocabulary) tangent
-            (res,) = torch.autograd.grad(e.g_res, e.t, V[k], retain_graph=True)
+            res = torch.autograd.grad(e.g_res, e.t, V[k], retain_graph=True)[0] if curved else 0.0
             (jv,) = torch.autograd.grad(e.jt_u, e.u, V[k], retain_graph=True)
             hjv = self.problem.loss_fn.output_hvp(e.z.detach(), batch, jv) / self.problem.n
             (gn,) = torch.autograd.grad(e.z, e.t, hjv, retain_graph=True)

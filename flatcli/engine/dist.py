@@ -20,6 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import RankFailure
+
+__all__ = ["Dist", "RankFailure", "current", "env_rank", "init_from_env", "launched", "shutdown"]
+
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 TIMEOUT_MINUTES = 30
 
@@ -99,11 +103,12 @@ class Dist:
         return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
 
 
-class RankFailure(RuntimeError):
-    """A failure on one rank that the others cannot see: the run ends on every rank."""
-
-
 _CURRENT = Dist()
+
+
+def env_rank() -> int:
+    """The rank a launcher assigned to this process (``RANK``; 0 without a launcher)."""
+    return int(os.environ.get("RANK", "0")) if launched() else 0
 
 
 def launched() -> bool:

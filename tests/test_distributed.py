@@ -1,0 +1,144 @@
+"""Data-parallel measurement on torch.distributed: 2 CPU ranks (gloo) split the work, equal one
+process, write one results file; a failure on one rank ends every rank with one error."""
+
+import csv
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import yaml
+
+from flatcli.api import measure
+from flatcli.engine.dist import Dist
+
+MEASURES = [
+    {"hessian_lambda_max": {"tol": 1e-6}},
+    {"hessian_trace": {"min_probes": 32, "max_probes": 32}},
+    "normalized_sharpness",
+    {"sharpness_worst": {"rho": 0.05, "batch_size": 16, "steps": 10}},
+]
+
+LOGGED = textwrap.dedent('''
+    import os
+    import torch
+    from torch import nn
+
+    class Logged(nn.Module):
+        """A small MLP that appends the rows of every forward pass to a file per rank."""
+
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+        def forward(self, x):
+            with open(os.path.join(os.environ["SEEN_DIR"], f"seen_{os.environ.get('RANK', 'one')}.txt"), "a") as f:
+                f.write(f"{x.shape[0]}\\n")
+            return self.net(x)
+
+    class _FailsOnRank1(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            if os.environ.get("RANK") == "1":
+                raise RuntimeError("boom in backward on rank 1")
+            return g
+
+    class Fails(Logged):
+        """Forward passes work everywhere; a backward pass fails on rank 1 only."""
+
+        def forward(self, x):
+            return _FailsOnRank1.apply(self.net(x))
+''')
+
+
+def _setup(tmp_path, target: str, measures) -> str:
+    (tmp_path / "models.py").write_text(LOGGED)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import importlib
+
+        import models
+
+        importlib.reload(models)
+        torch.manual_seed(0)
+        torch.save(getattr(models, target)().state_dict(), tmp_path / "ck.pt")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("models", None)
+    g = torch.Generator().manual_seed(1)
+    torch.save({"x": torch.randn(40, 6, generator=g), "y": torch.randint(0, 3, (40,), generator=g)}, tmp_path / "data.pt")
+    cfg = {"model": {"target": f"models.py:{target}"}, "checkpoints": ["ck.pt"],
+           "data": {"train": {"source": "tensors", "path": "data.pt"}}, "measure_data": {"batch_size": 8},
+           "measures": measures, "runtime": {"device": "cpu", "precision": "fp64"}}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    return str(tmp_path / "cfg.yaml")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rows_seen(path) -> int:
+    return sum(int(line) for line in open(path))
+
+
+def test_shards_cover_the_rows_once_in_order():
+    for rows in (1, 7, 40):
+        parts = [Dist(rank=r, world=3).shard(rows) for r in range(3)]
+        assert [i for s in parts for i in range(s.start, s.stop)] == list(range(rows))
+        assert max(s.stop - s.start for s in parts) - min(s.stop - s.start for s in parts) <= 1
+
+
+def test_torchrun_two_ranks_split_the_work_and_equal_one_process(tmp_path):
+    cfg = _setup(tmp_path, "Logged", MEASURES)
+    env = {**os.environ, "SEEN_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "flatcli", "measure", "-c", cfg, "-o", str(tmp_path / "two"), "--format", "csv"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("ck.pt,ok") == 1  # one table, from rank 0
+    with open(tmp_path / "two" / "results.csv") as f:
+        (two,) = list(csv.DictReader(f))
+    seen = [_rows_seen(tmp_path / f"seen_{r}.txt") for r in (0, 1)]
+    os.environ["SEEN_DIR"] = str(tmp_path)
+    try:
+        (one,) = measure(cfg, outdir=tmp_path / "one").rows
+    finally:
+        del os.environ["SEEN_DIR"]
+    alone = _rows_seen(tmp_path / "seen_one.txt")
+    for r in seen:  # each rank forwards about half of what one process does
+        assert 0.45 * alone <= r <= 0.55 * alone, (seen, alone)
+    for lab in ("hessian_lambda_max", "normalized_sharpness", "sharpness_worst"):
+        assert float(two[lab]) == pytest.approx(one.results[lab].value, rel=1e-5), lab
+    assert float(two["hessian_trace"]) == pytest.approx(one.results["hessian_trace"].value, rel=1e-3)
+    assert float(two["train_loss"]) == pytest.approx(one.metrics["train_loss"], rel=1e-12)
+
+
+def test_a_failure_on_one_rank_ends_every_rank_with_one_error(tmp_path):
+    """Two ranks started as any launcher starts them (RANK, WORLD_SIZE...): rank 1 fails inside a
+    product while rank 0 waits for its share; both end, and only rank 1 says why."""
+    cfg = _setup(tmp_path, "Fails", ["hessian_trace"])
+    port = _free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "SEEN_DIR": str(tmp_path), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": str(rank),
+               "LOCAL_RANK": str(rank)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "flatcli", "measure", "-c", cfg, "-o", str(tmp_path / "out")],
+                                      cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [1, 1]
+    errors = [line for _, err in outs for line in err.splitlines() if line.startswith("error:")]
+    assert errors == ["error: rank 1: hessian_trace: RuntimeError: boom in backward on rank 1"], outs
+    assert not (tmp_path / "out" / "results.csv").exists()
