@@ -62,16 +62,17 @@ def test_causal_lm_loss_weighs_every_token_once_not_batch_means():
 
 
 @pytest.mark.parametrize("tie", [False, True])
-@pytest.mark.parametrize("analytic", [True, False])
-def test_causal_lm_hessian_products_match_the_dense_token_weighted_hessian(tie, analytic):
+@pytest.mark.parametrize("fused", [True, False])
+def test_causal_lm_hessian_products_match_the_dense_token_weighted_hessian(tie, fused):
     model, ids, mask = lm_setup(tie=tie)
     names = [n for n, _ in model.named_parameters()]
     assert ("head.weight" in names) != tie  # tied: one parameter
     f, theta = flat_fn(model, names, lambda call: lm_loss_all_tokens(call, ids, mask))
     H = torch.func.hessian(f)(theta)
-    p = Problem(model, {"input_ids": ids, "attention_mask": mask}, loss="causal_lm", batch_size=4, dtype=DT)
-    assert p.num_params == theta.numel()
-    eng = CurvatureEngine(p, analytic_hessian=analytic, block_size=2)
+    p = Problem(model, {"input_ids": ids, "attention_mask": mask}, loss="causal_lm", batch_size=4, dtype=DT,
+                fused_head=fused)
+    assert p.num_params == theta.numel() and p.head == ("head" if fused else None)
+    eng = CurvatureEngine(p, block_size=2)
     V = torch.randn(3, p.num_params, dtype=DT, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-9, atol=1e-11)
     torch.testing.assert_close(eng.hvp(V[0]), H @ V[0], rtol=1e-9, atol=1e-11)  # again, cached graphs

@@ -14,11 +14,9 @@ whole set's U, so the sum over batches (and ranks) is the product of the full-se
   forward-over-reverse ``vmap(jvp(grad(L_B)))``, the fastest for blocks on GPUs; an
   operation without a forward-mode rule falls back to ``"reverse"`` once and for all.
   ``"auto"``: reverse on CPU; on CUDA forward for blocks and reverse through the cached
-  graphs for single vectors. A loss with ``analytic_hessian`` (``causal_lm``) uses
-  :math:`H v = J^\top H_z J v + \nabla_\theta(\langle z(\theta), r\rangle)'v` with
-  :math:`r = \partial L/\partial z` fixed: the Gauss-Newton part through the loss's analytic
-  output Hessian and the residual through a graph that is linear in the logits, so no
-  double-backward graph runs through ``log_softmax`` over the vocabulary.
+  graphs for single vectors. With ``causal_lm`` and an LM head the batch loss is the fused,
+  chunked head + cross-entropy of `flatcli.engine.lmhead`, whose double backward is analytic:
+  no (tokens × vocabulary) graph through ``log_softmax`` is ever kept.
 * `GGN`: :math:`G = \frac1U \sum_u J_u^\top \nabla_z^2\ell_u J_u`: a JVP, the loss's analytic
   output-Hessian product, a VJP (vmapped over the vectors; a loop for sequence outputs).
 * `FiniteDifferenceHessian`: :math:`(\nabla L(\theta + h u) - \nabla L(\theta - h u))\|v\|/2h`
@@ -86,8 +84,6 @@ class Hessian(Curvature):
     def product(self, V, th, j, batch, out, accumulate) -> None:
         """See `Curvature.product`."""
         eng = self.engine
-        if self.problem.loss_fn.analytic_hessian and eng.analytic_hessian:
-            return self._analytic(V, th, j, batch, out, accumulate)
         mode = eng.hvp_mode
         if mode == "forward" and eng.hvp_auto and V.shape[0] == 1 and eng.graphs.keeping:
             mode = "reverse"  # one vector at a time (Lanczos): a backward through a cached graph is cheaper
@@ -110,33 +106,6 @@ class Hessian(Curvature):
 
         return vmap(hv)(V) if V.shape[0] > 1 else hv(V[0])[None]
 
-    def _analytic(self, V, th, j, batch, out, accumulate) -> None:
-        eng = self.engine
-        e = eng.analytic_graphs.get(th, j, batch, len(eng.batches))
-        curved = e.g_res.requires_grad  # False when the logits are linear in θ (the head alone)
-        for k in range(V.shape[0]):  # one vector at a time: each holds a (rows, T, vocabulary) tangent
-            res = torch.autograd.grad(e.g_res, e.t, V[k], retain_graph=True)[0] if curved else 0.0
-            (jv,) = torch.autograd.grad(e.jt_u, e.u, V[k], retain_graph=True)
-            hjv = self.problem.loss_fn.output_hvp(e.z.detach(), batch, jv) / self.problem.n
-            (gn,) = torch.autograd.grad(e.z, e.t, hjv, retain_graph=True)
-            _put(out[k], res + gn, accumulate)
-
-
-class AnalyticEntry:
-    """One batch's graphs for the analytic Hessian product: the parameters ``t``, the logits
-    ``z`` (graph kept), the residual gradient ``g_res`` = ∇_t⟨z, r⟩ (``create_graph``, r fixed),
-    and ``jt_u`` = J(t)ᵀu with a zero leaf ``u`` (Jv = ∂(jt_u·v)/∂u)."""
-
-    __slots__ = ("t", "z", "g_res", "u", "jt_u")
-
-    def __init__(self, problem, th, batch):
-        self.t = th.clone().requires_grad_(True)
-        self.z = problem.forward(problem.unflatten(self.t), batch)
-        r = problem.loss_fn.output_grad(self.z, batch) / problem.n
-        (self.g_res,) = torch.autograd.grad((self.z * r).sum(), self.t, create_graph=True)
-        self.u = torch.zeros_like(self.z, requires_grad=True)
-        (self.jt_u,) = torch.autograd.grad(self.z, self.t, self.u, create_graph=True)
-
 
 class GGN(Curvature):
     """Generalized Gauss-Newton products (module docstring)."""
@@ -147,12 +116,13 @@ class GGN(Curvature):
         """See `Curvature.product`."""
         p = self.problem
         fwd = self.forward_fn(batch)
-        z, vjp_fn = vjp(fwd, th)
-        z = z.detach()
+        _, vjp_fn = vjp(fwd, th)  # the graph of the outputs, not the outputs
 
         def one(v):
-            jv = jvp(fwd, (th,), (v,))[1]
-            return vjp_fn(p.loss_fn.output_hvp(z, batch, jv) / p.n)[0]
+            z, jv = jvp(fwd, (th,), (v,))
+            hjv = p.loss_fn.output_hvp(z.detach(), batch, jv)
+            del z, jv  # one (tokens × vocabulary) tensor less at the VJP
+            return vjp_fn(hjv.div_(p.n))[0]
 
         if V.shape[0] > 1 and p.loss_fn.units_are_rows:
             try:

@@ -25,7 +25,7 @@ from torch.func import jvp
 from ..errors import MeasurementError
 from . import ggn_diag
 from .batch import Batch
-from .curvatures import GGN, AnalyticEntry, FiniteDifferenceHessian, Hessian
+from .curvatures import GGN, FiniteDifferenceHessian, Hessian
 from .graphs import GraphCache
 from .loop import Counters, MemoryPolicy, ProductLoop, is_oom
 from .losses import NotApplicable
@@ -84,8 +84,6 @@ class CurvatureEngine:
     precision : "auto", "fp32", "tf32" or "fp64", as ``runtime.precision`` (`flatcli.engine.precision`):
         ``auto`` runs TF32 products on a tensor-core GPU and asks measures to verify converged
         quantities in fp32 (`needs_verification`); the engine computes in the problem's dtype.
-    analytic_hessian : for a loss that offers it (``causal_lm``), Hessian products through its
-        analytic output Hessian (default True; False: plain double backward, for comparison).
 
     Counters (`flatcli.engine.loop.Counters`): ``n_hvp``, ``n_ggnvp``, ``n_grad``, ``n_forward``,
     ``n_vjp``, ``oom_retries``, ``fallbacks``.
@@ -93,7 +91,7 @@ class CurvatureEngine:
 
     def __init__(self, problem: Problem, hvp_mode: str = "auto", block_size: int | None = None,
                  reverse_batched: bool | None = None, cache_graphs: bool | None = None, fd_eps: float = 1e-3,
-                 precision: str = "auto", analytic_hessian: bool = True):
+                 precision: str = "auto"):
         if hvp_mode not in HVP_MODES:
             raise ValueError(f"hvp_mode must be one of {HVP_MODES}, got {hvp_mode!r}")
         if not (fd_eps > 0 and math.isfinite(fd_eps)):
@@ -108,15 +106,12 @@ class CurvatureEngine:
             reverse_batched = self.device.type == "cuda" or problem.num_params < _CPU_BATCHED_BELOW
         self.reverse_batched = bool(reverse_batched)
         self.precision = Precision.of(precision, self.device)
-        self.analytic_hessian = bool(analytic_hessian)
         self.batch_size = problem.batch_size
         self.batches = list(problem.batches)
         self.tally = Counters(problem.n)
         self.memory = MemoryPolicy(problem.num_params, problem.dtype, self.device, block_size, self._activation_bytes)
         self.loop = ProductLoop(self)
         self.graphs = GraphCache(self._gradient_graph, self.memory.graph_budget, cache_graphs)
-        self.analytic_graphs = GraphCache(lambda th, b: AnalyticEntry(problem, th, b), self.memory.graph_budget,
-                                          cache_graphs)
         self.curvature = {"hessian": Hessian(self), "ggn": GGN(self), "fd_hessian": FiniteDifferenceHessian(self)}
         self.on_progress: Callable[[dict], None] | None = None  # called after every product
 
@@ -177,9 +172,7 @@ class CurvatureEngine:
 
     def drop_graphs(self, stop_caching: bool = False) -> bool:
         """Free the cached graphs (``stop_caching``: and keep no more). True when something changed."""
-        a = self.graphs.drop(stop_caching)
-        b = self.analytic_graphs.drop(stop_caching)
-        return a or b
+        return self.graphs.drop(stop_caching)
 
     def _activation_bytes(self) -> int:
         """Memory kept for backward by one forward pass over the first batch (CUDA)."""

@@ -51,7 +51,7 @@ class Loss:
     name: ClassVar[str] = ""
     classification: ClassVar[bool] = True  # outputs are class scores: accuracy, margins, errors
     units_are_rows: ClassVar[bool] = True  # one scored unit per row (per-row Gauss-Newton factors)
-    analytic_hessian: ClassVar[bool] = False  # Hessian products as Gauss-Newton + residual (see engine)
+    fused_head: ClassVar[bool] = False  # may fuse with an LM head (`flatcli.engine.lmhead`)
 
     def units(self, batch: Batch) -> torch.Tensor:
         """Scored units per row, shape (rows,), float."""
@@ -215,14 +215,14 @@ class CausalLM(Loss):
     labels are ``labels`` when the batch has them, else ``input_ids`` with the positions where
     ``attention_mask == 0`` set to −100; −100 is ignored. The loss is the mean over every
     scored token of the measurement set. Accuracy is next-token accuracy over the scored tokens.
-    Hessian products use the analytic softmax Hessian (Gauss-Newton part plus the residual
-    :math:`\sum_u r_u \nabla^2 z_u`, see `flatcli.engine.curvatures`), so no double-backward
-    graph runs through ``log_softmax`` over the vocabulary.
+    When the logits are the output of one ``nn.Linear`` (the LM head), the loss is computed fused
+    with it, chunked over tokens, with an analytic double backward (`flatcli.engine.lmhead`), so
+    no double-backward graph runs through ``log_softmax`` over the vocabulary.
     """
 
     name = "causal_lm"
     units_are_rows = False
-    analytic_hessian = True
+    fused_head = True
 
     def labels(self, batch: Batch) -> torch.Tensor:
         """The (rows, T) labels before the shift (−100 where ignored)."""
@@ -257,14 +257,16 @@ class CausalLM(Loss):
         return F.cross_entropy(Z, t, reduction="none")
 
     def output_hvp(self, out, batch, V):
-        """See `Loss.output_hvp`."""
-        lab = self.labels(batch)[:, 1:]
-        mask = (lab != IGNORE_INDEX).to(out.dtype)[..., None]
-        Vs = V[..., :-1, :] * mask
+        """See `Loss.output_hvp`: per sequence and chunk of positions, written into one output
+        (the last position and ignored labels give 0); no other (tokens × vocabulary) tensor."""
+        keep = (self.labels(batch)[:, 1:] != IGNORE_INDEX).to(out.dtype)[..., None]
         res = torch.zeros_like(V)
-        lead = V.shape[:-3]
-        Z = out[:, :-1, :].reshape(-1, out.shape[-1])
-        res[..., :-1, :] = _softmax_hvp(Z, Vs.reshape(*lead, -1, out.shape[-1])).reshape(Vs.shape) * mask
+        for r in range(out.shape[0]):
+            last = out.shape[1] - 1  # the last position predicts nothing
+            for sl in (slice(i, min(i + _CHUNK_UNITS, last)) for i in range(0, last, _CHUNK_UNITS)):
+                p = torch.softmax(out[r, sl].detach(), dim=-1)
+                v = V[..., r, sl, :]
+                res[..., r, sl, :] = p * (v - (p * v).sum(-1, keepdim=True)) * keep[r, sl]
         return res
 
     def check(self, out, rows, data, where):

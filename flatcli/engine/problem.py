@@ -24,7 +24,8 @@ from torch.func import functional_call
 from ..errors import ConfigError, MeasurementError
 from .batch import Batch, model_output
 from .dist import Dist
-from .losses import LOSSES, get_loss
+from .lmhead import HeadCapture, find_head, fused_loss_sum
+from .losses import IGNORE_INDEX, LOSSES, get_loss
 from .params import ParamSelection
 
 __all__ = ["Problem", "eval_mode", "LOSSES", "not_finite", "nonfinite_tensors"]
@@ -74,6 +75,9 @@ class Problem:
     params : the parameter selection (`flatcli.engine.params.ParamSelection` or
         ``{include: [...], exclude: [...]}``); default every trainable parameter.
     dist : the ranks (`flatcli.engine.dist.Dist`); each computes over its shard of rows.
+    fused_head : for a loss that allows it (``causal_lm``) and a model whose logits are the output of
+        one ``nn.Linear``, compute the loss fused with that head, chunked over tokens
+        (`flatcli.engine.lmhead`; ``head`` names it). False keeps the plain path (comparisons).
 
     Attributes
     ----------
@@ -85,7 +89,7 @@ class Problem:
 
     def __init__(self, model: torch.nn.Module, data, y: torch.Tensor | None = None, *, loss="cross_entropy",
                  batch_size: int = 256, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 params=None, dist: Dist | None = None):
+                 params=None, dist: Dist | None = None, fused_head: bool = True):
         batch = Batch.of(data, y, where="the measurement set")
         if batch.rows == 0:
             raise ConfigError("the measurement set is empty")
@@ -111,6 +115,10 @@ class Problem:
                               "(every label is ignored)")
         self.shard = self.dist.shard(self.rows)
         self.batches = self.batch.select(self.shard).split(self.batch_size) if self._local_rows else []
+        self.head: str | None = None
+        if fused_head and self.loss_fn.fused_head:
+            self.head = find_head(model, lambda b: self.forward(self.params, b), self.batch.select(slice(0, 2)))
+        self._head_module = dict(model.named_modules())[self.head] if self.head else None
 
     def _set_parameters(self, model: torch.nn.Module) -> None:
         names = self.selection.select(model)
@@ -178,8 +186,16 @@ class Problem:
         return model_output(out)
 
     def batch_loss_sum(self, params, batch: Batch) -> torch.Tensor:
-        """Sum of the unit losses of one batch (divide by ``n`` for its share of L)."""
-        return self.loss_fn.sum(self.forward(params, batch), batch)
+        """Sum of the unit losses of one batch (divide by ``n`` for its share of L); fused with the
+        LM head when there is one (``head``)."""
+        if self._head_module is None:
+            return self.loss_fn.sum(self.forward(params, batch), batch)
+        with HeadCapture(self._head_module) as cap:
+            self.forward(params, batch)
+        ((h, W, b),) = cap.seen
+        labels = self.loss_fn.labels(batch)[:, 1:].reshape(-1)
+        hh = h[:, :-1, :].reshape(-1, h.shape[-1])
+        return fused_loss_sum(hh, W, b, labels, labels != IGNORE_INDEX)
 
     def loss(self, params=None) -> torch.Tensor:
         """L(θ) over this rank's batches, differentiable: the whole set's loss in one process
