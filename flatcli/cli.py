@@ -145,8 +145,20 @@ ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config fil
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")]
 
 
+def _fail(e: BaseException, code: int, message: str, debug: bool):
+    """End a command on an error: with ``debug`` its traceback first, then the one-line message;
+    the exit code is the same with and without ``--debug``."""
+    if debug:
+        import traceback
+
+        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+    err_console.print(message, highlight=False, soft_wrap=True)
+    raise typer.Exit(code) from None
+
+
 def handle_errors(fn):
-    """Turn FlatcliError into a one-line message and its exit code (traceback with --debug)."""
+    """Turn FlatcliError into a one-line message and its exit code (``--debug`` adds the traceback
+    and keeps the exit code)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -154,24 +166,15 @@ def handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except FlatcliError as e:
-            if debug:
-                raise
-            err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-            raise typer.Exit(e.exit_code) from None
+            _fail(e, e.exit_code, f"[red]error:[/red] {e}", debug)
         except KeyboardInterrupt:
             err_console.print("interrupted")
             raise typer.Exit(130) from None
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except Exception as e:
-            if debug:
-                raise
-            err_console.print(
-                f"[red]error:[/red] {type(e).__name__}: {e} (run with --debug for the traceback)",
-                highlight=False,
-                soft_wrap=True,
-            )
-            raise typer.Exit(1) from None
+            hint = "" if debug else " (run with --debug for the traceback)"
+            _fail(e, 1, f"[red]error:[/red] {type(e).__name__}: {e}{hint}", debug)
 
     return wrapper
 

@@ -153,9 +153,13 @@ def test_unsafe_pickle_refused_then_allowed(project, tmp_path):
     assert res.exit_code == 0, out(res)
 
 
-def test_debug_shows_traceback(tmp_path):
-    res = runner.invoke(app, ["measure", "-c", str(tmp_path / "none.yaml"), "--debug"])
-    assert res.exit_code != 0 and res.exception is not None
+def test_debug_shows_traceback_and_keeps_the_exit_code(tmp_path):
+    args = ["measure", "-c", str(tmp_path / "none.yaml")]
+    plain, debug = run(*args), run(*args, "--debug")
+    assert plain.exit_code == debug.exit_code == 2  # a config error is a config error with --debug too
+    assert "Traceback (most recent call last)" not in out(plain) and "none.yaml" in out(plain)
+    assert "Traceback (most recent call last)" in out(debug) and "ConfigError" in out(debug)
+    assert "none.yaml" in out(debug).splitlines()[-1]  # the one-line message still ends the output
 
 
 def test_measures_lists_names_and_options():
