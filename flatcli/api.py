@@ -88,6 +88,15 @@ def load(config: Config | str | Path | dict | None, changes: dict[str, Any] | No
     return load_config(config, changes)
 
 
+def use_threads(cfg: Config, workers: int | None = None) -> str:
+    """Size torch's intra-op threads for this process from ``runtime.threads`` (`flatcli.threads`:
+    ``auto`` is OMP_NUM_THREADS when set, else cores // workers, workers defaulting to
+    LOCAL_WORLD_SIZE or 1); returns the choice in words for the log."""
+    from .threads import configure_threads
+
+    return str(configure_threads(cfg.runtime.threads, workers))
+
+
 
 def _plan(cfg: Config, checkpoints, measures) -> tuple[list[Job], list[MeasureSpec]]:
     """Validate what every pipeline needs; resolve the jobs and the measures to run."""
@@ -142,13 +151,15 @@ def measure(
     on_progress: Callable[[str, dict], None] | None = None,
     debug: bool = False,
     plots: bool = False,
+    threads: int | str | None = None,
 ) -> MeasureReport:
     """Measure every checkpoint of a config; write results when ``outdir`` is given.
 
     With ``plots`` (needs matplotlib and an output directory), every measure that
     draws artifacts (e.g. a spectral-density plot) writes them as
     ``OUTDIR/plots/<NNN>_<checkpoint stem>_<label>.png`` (NNN the checkpoint's
-    position); the paths are in ``report.meta["plots"]``.
+    position); the paths are in ``report.meta["plots"]``. ``threads`` (``runtime.threads``) sizes
+    torch's intra-op threads (`use_threads`; the choice is ``report.meta["threads"]``).
 
     Returns a `MeasureReport`; its ``exit_code`` is 0 when every row is ok, 2 when a
     checkpoint failed on bad input (file, state dict), 1 when a measurement failed.
@@ -158,13 +169,14 @@ def measure(
 
         if not have_matplotlib():
             raise ConfigError(f"--plots: {PLOT_HINT}")
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads))
     write = outdir is not None or cfg.provenance.get("output.dir", "default") != "default"
     if plots and not write:
         raise ConfigError("--plots needs an output directory (-o OUTDIR)")
     jobs, specs = _plan(cfg, checkpoints, measures)
     out = ensure_writable_dir(cfg.output_dir(outdir), "output directory") if write else None
     st = Settings.from_config(cfg)
+    threads_used = use_threads(cfg)
     data = DataCache(cfg)
     data.get("train")
     data.get("test")
@@ -183,6 +195,7 @@ def measure(
         "versions": versions(),
         "device": st.describe_device(),
         "measure_data": cfg.to_dict()["measure_data"],
+        "threads": threads_used,
     }
     report = MeasureReport(rows=rows, config=cfg, meta=meta, seconds=time.perf_counter() - t0)
     if out is not None:
@@ -290,6 +303,7 @@ def landscape(
     plots: bool = True,
     allow_unsafe_pickle: bool | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    threads: int | str | None = None,
 ):
     """Loss-landscape view of one checkpoint: a 1D/2D filter-normalized slice, or with ``to`` the
     linear interpolation to a second checkpoint. See `flatcli.landscape` for the definitions.
@@ -302,7 +316,7 @@ def landscape(
     """
     from .landscape import interpolation_landscape, slice_landscape, write_files
 
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads))
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
     if to is not None and dims != 1:
@@ -316,6 +330,7 @@ def landscape(
     model_b = load_model(cfg, Path(to).expanduser())[0] if to is not None else None
     md = cfg.measure_data
     st = Settings.from_config(cfg, dev)
+    threads_used = use_threads(cfg)
     train, test = _landscape_data(cfg, ckpt, model, model_b, st, to)
     common = dict(
         loss=cfg.loss, batch_size=md.batch_size, device=dev, dtype=dtype,
@@ -330,7 +345,7 @@ def landscape(
             )
     res.meta.update(checkpoint=str(checkpoint), to=None if to is None else str(to), loss=cfg.loss,
                     measure_data=cfg.to_dict()["measure_data"], precision=cfg.runtime.precision,
-                    config_hash=cfg.hash(), versions=versions(), device=st.describe_device())
+                    config_hash=cfg.hash(), versions=versions(), device=st.describe_device(), threads=threads_used)
     if outdir is not None:
         write_files(res, outdir, plots=plots)
     return res
@@ -361,13 +376,15 @@ if TYPE_CHECKING:
     from .landscape.trajectory import TrajectoryResult
 
 
-def _view_setup(config, device, seed, allow_unsafe_pickle, outdir=None):
-    """Config, device and dtype for the trajectory-PCA and mode-connectivity views."""
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
+def _view_setup(config, device, seed, allow_unsafe_pickle, outdir=None, threads=None):
+    """Config, device and dtype for the trajectory-PCA and mode-connectivity views (torch's
+    threads sized from ``runtime.threads``, see `use_threads`)."""
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads))
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
     if outdir is not None:
         ensure_writable_dir(outdir, "output directory")
+    use_threads(cfg)
     return cfg, resolve_device(cfg.runtime.device), DTYPES[cfg.runtime.precision]
 
 
@@ -386,7 +403,10 @@ def _view_data(cfg: Config, model: torch.nn.Module, train_path: Path | None):
 
 
 def _view_meta(cfg: Config, dev: torch.device) -> dict[str, Any]:
+    from .threads import plan_threads
+
     return {
+        "threads": str(plan_threads(cfg.runtime.threads)),
         "loss": cfg.loss,
         "measure_data": cfg.to_dict()["measure_data"],
         "precision": cfg.runtime.precision,
@@ -411,6 +431,7 @@ def landscape_pca(
     plots: bool = True,
     allow_unsafe_pickle: bool | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    threads: int | str | None = None,
 ) -> TrajectoryResult:
     """Trajectory PCA (Li et al. 2018, Sec. 7): the top two PCA directions of {θ_t − θ_T} over a
     training run's checkpoints, the path projected on them and the loss over their plane around
@@ -431,7 +452,7 @@ def landscape_pca(
     )
 
     paths = trajectory_paths(checkpoints, sort=sort)
-    cfg, dev, dtype = _view_setup(config, device, seed, allow_unsafe_pickle, outdir)
+    cfg, dev, dtype = _view_setup(config, device, seed, allow_unsafe_pickle, outdir, threads)
     model, _ = load_model(cfg, paths[-1])
     _, train, test = _view_data(cfg, model, manifest_train_data(cfg, paths[-1]))
     traj = LazyTrajectory(paths[:-1], lambda p: load_model(cfg, p)[0], last=model)
@@ -465,6 +486,7 @@ def landscape_connect(
     plots: bool = True,
     allow_unsafe_pickle: bool | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    threads: int | str | None = None,
 ) -> ConnectResult:
     """Mode connectivity (Garipov et al. 2018; Draxler et al. 2018): train the bend of a quadratic
     Bezier curve between checkpoints ``a`` and ``b`` on the training split, then evaluate the loss
@@ -481,7 +503,7 @@ def landscape_connect(
     from .landscape.connect import connect_landscape, write_connect_files
     from .landscape.trajectory import check_state
 
-    cfg, dev, dtype = _view_setup(config, device, seed, allow_unsafe_pickle, outdir)
+    cfg, dev, dtype = _view_setup(config, device, seed, allow_unsafe_pickle, outdir, threads)
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     model_a, extras = load_model(cfg, pa)
     model_b, _ = load_model(cfg, pb)
@@ -521,6 +543,7 @@ def sweep(
     log: Callable[[str], None] | None = None,
     on_unit: Callable[[dict[str, Any]], None] | None = None,
     debug: bool = False,
+    threads: int | str | None = None,
     **options: Any,
 ):
     """Measure every checkpoint of a config as resumable units of work in ``outdir``.
@@ -533,13 +556,17 @@ def sweep(
     per GPU, ``workers`` N CPU workers, ``shard=(i, n)`` or "i/n" runs one deterministic part of
     the units, ``executor="slurm"`` submits a job array through submitit (``tasks``, ``slurm``
     parameters, ``wait``; ``cluster="local"`` or "debug" run submitit's local backends),
-    ``dry_run`` only describes, ``lock_timeout`` makes silent locks stale. Returns a
-    `flatcli.sweep.SweepReport`; merge the rows with `collect`.
+    ``dry_run`` only describes, ``lock_timeout`` makes silent locks stale. ``threads``
+    (``runtime.threads``) sizes each local worker's intra-op threads (auto: OMP_NUM_THREADS when
+    set, else cores // workers: the workers never oversubscribe the cores; the choice is logged and
+    in ``report.threads``). Returns a `flatcli.sweep.SweepReport`; ``computed`` counts the units
+    this run's workers computed (``by_others`` those a concurrent sweep finished meanwhile). Merge
+    the rows with `collect`.
     """
     from .sweep.runner import SweepOptions, _default_log, run_sweep
 
     opts = SweepOptions(**options)
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads))
     jobs, specs = _plan(cfg, checkpoints, measures)
     out = cfg.output_dir(outdir)
     if not opts.dry_run:
@@ -671,6 +698,7 @@ def check_invariance(
     data: tuple[torch.Tensor, torch.Tensor] | None = None,
     loss: str = "cross_entropy",
     progress: Callable[[str, str, dict], None] | None = None,
+    threads: int | str | None = None,
 ):
     """The invariance check for one checkpoint of a config (path, dict or `Config`), or for a model.
 
@@ -678,7 +706,9 @@ def check_invariance(
     stored in the checkpoint win; a manifest's ``train_data`` applies), the measurement set is
     ``measure_data``, and ``measures`` defaults to the configured measures plus every measure
     that claims invariance. With an ``nn.Module`` as ``config``: pass ``data=(x, y)``; see
-    `flatcli.invariance.check_invariance_model`. Returns an `flatcli.invariance.InvarianceReport`.
+    `flatcli.invariance.check_invariance_model`. With a config, ``threads`` (``runtime.threads``)
+    sizes torch's threads (`use_threads`; the choice is ``report.threads``). Returns an
+    `flatcli.invariance.InvarianceReport`.
     """
     from .invariance import check_invariance_model, needs_init, prepare_specs
 
@@ -687,9 +717,10 @@ def check_invariance(
             raise ConfigError("check_invariance(model, ...) needs data=(x, y)")
         return check_invariance_model(config, data, measures, loss=loss, transform=transform, scale=scale,
                                       seed=seed or 0, tol=tol, device=device or "cpu", progress=progress)
-    cfg = load(config, overrides(device=device, seed=seed))
+    cfg = load(config, overrides(device=device, seed=seed, threads=threads))
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
+    threads_used = use_threads(cfg)
     job = _one_job(cfg, checkpoint)
     if measures is None:
         try:
@@ -704,11 +735,13 @@ def check_invariance(
     model, _ = load_model(cfg, job.path)
     init_state = load_init_state(cfg, job)
     cache = DataCache(cfg)
-    return check_invariance_model(
+    report = check_invariance_model(
         model, cache.get("train", job.train_data or manifest_train_data(cfg, job.path)), specs,
         test=cache.get("test"), settings=Settings.from_config(cfg), transform=transform, scale=scale, tol=tol,
         init_state=init_state, checkpoint=job.checkpoint, progress=progress,
     )
+    report.threads = threads_used
+    return report
 
 
 def _one_job(cfg: Config, checkpoint: str | Path | None) -> Job:

@@ -143,6 +143,10 @@ app.add_typer(config_app, name="config")
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.", envvar="FLATCLI_CONFIG")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")]
+ThreadsOpt = Annotated[str | None, typer.Option(
+    "--threads", envvar="FLATCLI_THREADS", show_default=False,
+    help="Intra-op CPU threads per worker process: N or auto (default runtime.threads, auto: OMP_NUM_THREADS "
+         "when set, else cores // workers).")]
 
 
 def _fail(e: BaseException, code: int, message: str, debug: bool):
@@ -154,6 +158,12 @@ def _fail(e: BaseException, code: int, message: str, debug: bool):
         traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
     err_console.print(message, highlight=False, soft_wrap=True)
     raise typer.Exit(code) from None
+
+
+def log_line(text: str | None) -> None:
+    """One informational line on stderr (e.g. the threads chosen), nothing when empty."""
+    if text:
+        err_console.print(text, highlight=False, markup=False, soft_wrap=True, style="dim")
 
 
 def handle_errors(fn):
@@ -193,6 +203,7 @@ def measure(
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (runs code from the file: trusted files only).")] = False,
     plots: Annotated[bool, typer.Option("--plots", help="Draw each measure's plots (e.g. spectral densities) in OUTDIR/plots/ (needs matplotlib).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the products (HVPs, gradients, forward passes) each measure will spend per checkpoint; measure nothing.")] = False,
+    threads: ThreadsOpt = None,
     debug: DebugOpt = False,
 ):
     """Compute the configured measures for each checkpoint; write OUTDIR/results.csv and results.json."""
@@ -205,7 +216,7 @@ def measure(
         raise typer.Exit(0)
     from .config import overrides
 
-    cfg = api.load(config, overrides(device=device, seed=seed))
+    cfg = api.load(config, overrides(device=device, seed=seed, threads=threads))
     format = _value(format) or cfg.output.format
     out = cfg.output_dir(outdir)
     shown = CheckpointProgress("measuring")
@@ -217,6 +228,7 @@ def measure(
         )
     finally:
         shown.stop()
+    log_line(report.meta.get("threads"))
     _print_report(report, format, out)
     raise typer.Exit(report.exit_code)
 
@@ -300,12 +312,13 @@ def demo(
     outdir: Annotated[Path, typer.Option("--outdir", "-o", help="Where checkpoints and results go.")] = Path("flatcli-demo"),
     measures: Annotated[str | None, typer.Option("--measures", "-m", help="Measures to run ('all' for the whole catalogue).")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    threads: ThreadsOpt = None,
     debug: DebugOpt = False,
 ):
     """Train a small zoo of MLPs on bundled digits to a fixed loss, measure them, rank measures by Kendall τ."""
     from .demo import run_demo
 
-    run_demo(outdir, measures=measures, seed=seed, console=console)
+    run_demo(outdir, measures=measures, seed=seed, console=console, threads=threads)
 
 
 # ------------------------------------------------------------------ landscape
@@ -333,6 +346,7 @@ def landscape(
     bend_lr: Annotated[float | None, typer.Option("--bend-lr", help="--connect: learning rate (default 1e-3 for adam, 1e-2 for sgd).")] = None,
     bend_optimizer: Annotated[str, typer.Option("--bend-optimizer", help="--connect: adam or sgd (momentum 0.9).")] = "adam",
     bend_batch_size: Annotated[int, typer.Option("--bend-batch-size", help="--connect: minibatch size of the bend training.")] = 128,
+    threads: ThreadsOpt = None,
     debug: DebugOpt = False,
 ):
     """Loss-landscape view: 1D/2D slices along filter-normalized random directions, with --to the
@@ -345,7 +359,7 @@ def landscape(
                         seed=seed, device=device, points_per_pass=points_per_pass, plots=plots,
                         allow_unsafe_pickle=allow_unsafe_pickle, solver=solver, keep_order=keep_order,
                         bend_steps=bend_steps, bend_lr=bend_lr, bend_optimizer=bend_optimizer,
-                        bend_batch_size=bend_batch_size)
+                        bend_batch_size=bend_batch_size, threads=threads)
         return
     if len(checkpoints) != 1:
         raise ConfigError(f"landscape takes one checkpoint (several with --pca, two with --connect); got {len(checkpoints)}")
@@ -354,7 +368,7 @@ def landscape(
         res = api.landscape(
             config, checkpoint, to=to, dims=dims, steps=steps, span=span, seed=seed, device=device,
             bias_bn=_value(bias_bn), points_per_pass=points_per_pass, outdir=outdir, plots=plots,
-            allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update,
+            allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update, threads=threads,
         )
     what = {"1d": "1D slice", "2d": "2D slice", "interpolation": "interpolation"}[res.kind]
     grid = f"{len(res.alpha)}" + (f"×{len(res.beta)}" if res.beta is not None else "")
@@ -366,6 +380,7 @@ def landscape(
 
 def _print_view(title: str, res) -> None:
     """A landscape view's summary table, its plots and files."""
+    log_line(res.meta.get("threads"))
     t = Table(title=title, header_style="bold")
     t.add_column("quantity")
     t.add_column("value", justify="right")
@@ -394,14 +409,16 @@ def _check_view_options(checkpoints, *, pca, connect, to, dims, span) -> None:
 
 
 def _landscape_view(checkpoints, config, outdir, *, pca, connect, to, dims, steps, span, seed, device, points_per_pass,
-                    plots, allow_unsafe_pickle, solver, keep_order, bend_steps, bend_lr, bend_optimizer, bend_batch_size):
+                    plots, allow_unsafe_pickle, solver, keep_order, bend_steps, bend_lr, bend_optimizer, bend_batch_size,
+                    threads):
     """``landscape --pca`` and ``landscape --connect``: check the option combination, call the API, render."""
     from . import api
 
     _check_view_options(checkpoints, pca=pca, connect=connect, to=to, dims=dims, span=span)
     with GridProgress("landscape") as shown:
         common = dict(steps=steps, seed=seed, device=device, points_per_pass=points_per_pass, outdir=outdir,
-                      plots=plots, allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update)
+                      plots=plots, allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update,
+                      threads=threads)
         if pca:
             res = api.landscape_pca(config, checkpoints, span=span, solver=solver, sort=not keep_order, **common)
         else:
@@ -437,6 +454,7 @@ def sweep(
     cluster: Annotated[str, typer.Option("--submitit-cluster", hidden=True, help="submitit backend: slurm, local or debug.")] = "slurm",
     lock_timeout: Annotated[float, typer.Option("--lock-timeout", min=0.0, help="Seconds without a heartbeat after which another worker's lock is stale.")] = 600.0,
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (trusted files only).")] = False,
+    threads: ThreadsOpt = None,
     debug: DebugOpt = False,
 ):
     """Measure a whole sweep as resumable units (checkpoint × measure); merge with 'flatcli collect'."""
@@ -450,7 +468,7 @@ def sweep(
         config, outdir, measures=measures, device=device, seed=seed, gpus=gpus, workers=workers, shard=shard,
         executor=_value(executor), resume=resume, retry_failed=retry_failed, dry_run=dry_run, lock_timeout=lock_timeout,
         tasks=tasks, slurm=parse_slurm_params(slurm), cluster=cluster, wait=wait,
-        allow_unsafe_pickle=allow_unsafe_pickle or None, log=log, debug=debug,
+        allow_unsafe_pickle=allow_unsafe_pickle or None, log=log, debug=debug, threads=threads,
     )
     for line in report.lines:
         console.print(line, highlight=False, soft_wrap=True)
@@ -458,7 +476,7 @@ def sweep(
         for line in api.plan_costs(config, measures=measures, device=device).lines():
             console.print(line, highlight=False, soft_wrap=True, markup=False)
     if not report.dry_run:
-        msg = f"{report.computed} units computed, {report.errors} with errors, {report.pending} not finished ({report.seconds:.1f}s)"
+        msg = report.summary()
         if report.executor == "slurm" and report.jobs and not wait:
             msg = f"submitted; when the array is done: flatcli collect {outdir}"
         else:
@@ -549,6 +567,7 @@ def check_invariance_cmd(
     tol: Annotated[float, typer.Option("--tol", min=0.0, help="Relative change up to which a claimed invariance holds (float64).")] = 1e-6,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the rescaling and of every stochastic measure (equal for both runs).")] = None,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
+    threads: ThreadsOpt = None,
     debug: DebugOpt = False,
 ):
     """Rescale the network without changing its function; show which measures stay put (exit 0 if every claimed invariance holds)."""
@@ -558,7 +577,8 @@ def check_invariance_cmd(
 
     with StageProgress("check-invariance: rescaling") as shown:
         rep = check_invariance(config, checkpoint, measures, transform=_value(transform), scale=scale, seed=seed,
-                               tol=tol, device=device, progress=shown.update)
+                               tol=tol, device=device, progress=shown.update, threads=threads)
+    log_line(rep.threads)
     console.print(f"[bold]{escape(rep.checkpoint)}[/bold]: {escape(rep.describe())}", highlight=False, soft_wrap=True)
     console.print(f"network output changed by {rep.output_rel_change:.2g} (relative, float64)", highlight=False)
     print_table(console, _invariance_table(rep))
@@ -612,13 +632,16 @@ def sweep_worker(
     redo_before: Annotated[float | None, typer.Option("--redo-before", help="Recompute units finished before this time.")] = None,
     retry_before: Annotated[float | None, typer.Option("--retry-before", help="Rerun error units finished before this time.")] = None,
     lock_timeout: Annotated[float, typer.Option("--lock-timeout", min=0.0, help="Seconds after which a silent lock is stale.")] = 600.0,
+    threads: ThreadsOpt = None,
+    run: Annotated[str | None, typer.Option("--run", help="Id of the sweep run this worker belongs to (stored in its unit records).")] = None,
     debug: DebugOpt = False,
 ):
     """One worker over a planned sweep: what 'flatcli sweep' runs per GPU and array schedulers run per task."""
     from .sweep.runner import run_worker_process
 
     line = run_worker_process(outdir, shard=shard, worker=worker, workers=workers, device=device,
-                              redo_before=redo_before, retry_before=retry_before, lock_timeout=lock_timeout)
+                              redo_before=redo_before, retry_before=retry_before, lock_timeout=lock_timeout,
+                              threads=threads, run=run)
     err_console.print(line, highlight=False, markup=False)
 
 

@@ -153,12 +153,14 @@ def measure_times(collected) -> list[tuple[str, float, float, int]]:
     return out
 
 
-def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | None = None):
+def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | None = None,
+             threads: int | str | None = None):
     """The full pipeline on the zoo: train (skipped when its checkpoints exist), sweep (local, CPU),
     collect, correlate with the gap over the zoo's grid, and plot (when matplotlib is installed).
 
     Writes ``OUTDIR/sweep/`` (plan and one file per checkpoint × measure; rerunning resumes),
     ``OUTDIR/results/results.csv``, ``results.json``, ``correlations.csv`` and ``plots/``.
+    ``threads`` sizes the sweep workers' intra-op threads (``runtime.threads``, `flatcli.threads`).
     Returns the `flatcli.analysis.CorrelationReport`.
     """
     import importlib.util
@@ -185,7 +187,7 @@ def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | 
         console.print("  " + msg, highlight=False, markup=False, soft_wrap=True)
 
     sweep_dir = outdir / "sweep"
-    rep = api.sweep(cfg_path, sweep_dir, measures=measures, workers=workers, device="cpu", log=log)
+    rep = api.sweep(cfg_path, sweep_dir, measures=measures, workers=workers, device="cpu", log=log, threads=threads)
     console.print(f"sweep: {rep.lines[0]}; {rep.computed} units computed in {rep.seconds:.1f}s", highlight=False, soft_wrap=True)
     t2 = time.perf_counter()
     results = outdir / "results"
