@@ -395,3 +395,33 @@ def test_collect_without_a_plan_rebuilds_rows_from_the_unit_files(project, tmp_p
     empty.mkdir()
     with pytest.raises(ConfigError, match="holds no plan.json and no unit files"):
         api.collect(empty)
+
+
+def test_each_sweep_counts_what_it_computed_itself(project, tmp_path):
+    """Two sweeps sharing a folder: while this one runs, another process finishes one unit and holds
+    the lock of another. This run reports only what its own workers computed, and names the rest
+    (the issue's "20 units computed" for 10 each came from counting every unit finished since start)."""
+    import copy
+    import socket
+
+    cfg, ref = project
+    out = tmp_path / "s"
+    seen: list[dict] = []
+
+    def other_sweep(rec):  # on this run's first unit: the other process finishes one, starts one
+        seen.append(rec)
+        if len(seen) > 1:
+            return
+        units = [u for u in load_plan(out).units if u.id != rec["unit"]]
+        theirs = copy.deepcopy(rec) | {"unit": units[-1].id, "run": "another-sweep"}
+        Store(out).write_unit(theirs)
+        (out / "locks").mkdir(exist_ok=True)
+        live = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "token": "x"}
+        (out / "locks" / f"{units[-2].id}.lock").write_text(json.dumps(live))
+
+    rep = api.sweep(cfg, out, log=quiet, on_unit=other_sweep)
+    assert (rep.computed, rep.by_others, rep.busy, rep.pending) == (6, 1, 1, 0)
+    assert len(seen) == 6
+    assert rep.summary().startswith(
+        "6 units computed (1 finished by another process meanwhile, 1 still running in another process), "
+        "0 with errors, 0 not finished")
