@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 try:  # typer ≥ 0.2x vendors click and raises its own copies of click's exceptions
     from typer._click import exceptions as click_exceptions
@@ -29,6 +29,7 @@ from .console import (
     StageProgress,
     console,
     err_console,
+    fit_width,
     fmt,
     print_table,
     quiet_torch_warnings,
@@ -36,9 +37,36 @@ from .console import (
 )
 from .errors import ConfigError, FlatcliError
 
+WIDE_HELP = 100  # columns from which --help uses typer's rich panels (narrower ones cut option names)
+
+
+def _fitting_help(cmd, format_help, ctx, formatter) -> None:
+    """``format_help`` of a command or group with typer's rich panels on a terminal of at least
+    `WIDE_HELP` columns, else with click's plain layout (option names whole, help text wrapped to
+    the width; also what a pipe gets)."""
+    if console.width >= WIDE_HELP:
+        return format_help(ctx, formatter)
+    mode, cmd.rich_markup_mode = cmd.rich_markup_mode, None
+    try:
+        return format_help(ctx, formatter)
+    finally:
+        cmd.rich_markup_mode = mode
+
+
+class FitHelp(TyperCommand):
+    """A command whose ``--help`` fits the terminal (see `_fitting_help`)."""
+
+    def format_help(self, ctx, formatter):
+        """The help in the layout that fits the width."""
+        return _fitting_help(self, super().format_help, ctx, formatter)
+
 
 class OneLineErrors(TyperGroup):
     """Usage errors (a bad option value, a missing argument) as one line on stderr, exit code 2."""
+
+    def format_help(self, ctx, formatter):
+        """The help in the layout that fits the width (see `_fitting_help`)."""
+        return _fitting_help(self, super().format_help, ctx, formatter)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """Run the command; a usage error prints ``error: <message> (see '<command> --help')``."""
@@ -143,6 +171,8 @@ app.add_typer(config_app, name="config")
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.", envvar="FLATCLI_CONFIG")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")]
+WideOpt = Annotated[bool, typer.Option(
+    "--wide", help="Print every table column even when the terminal is narrow (a pipe or a file always gets them all).")]
 ThreadsOpt = Annotated[str | None, typer.Option(
     "--threads", envvar="FLATCLI_THREADS", show_default=False,
     help="Intra-op CPU threads per worker process: N or auto (default runtime.threads, auto: OMP_NUM_THREADS "
@@ -190,7 +220,7 @@ def handle_errors(fn):
 
 
 # ------------------------------------------------------------------ measure
-@app.command()
+@app.command(cls=FitHelp)
 @handle_errors
 def measure(
     checkpoints: Annotated[list[str] | None, typer.Argument(help="Checkpoint files (default: the config's 'checkpoints').")] = None,
@@ -204,6 +234,7 @@ def measure(
     plots: Annotated[bool, typer.Option("--plots", help="Draw each measure's plots (e.g. spectral densities) in OUTDIR/plots/ (needs matplotlib).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the products (HVPs, gradients, forward passes) each measure will spend per checkpoint; measure nothing.")] = False,
     threads: ThreadsOpt = None,
+    wide: WideOpt = False,
     debug: DebugOpt = False,
 ):
     """Compute the configured measures for each checkpoint; write OUTDIR/results.csv and results.json."""
@@ -229,15 +260,15 @@ def measure(
     finally:
         shown.stop()
     log_line(report.meta.get("threads"))
-    _print_report(report, format, out)
+    _print_report(report, format, out, wide)
     raise typer.Exit(report.exit_code)
 
 
-def _print_report(report, format: str, out: Path) -> None:
+def _print_report(report, format: str, out: Path, wide: bool = False) -> None:
     """``measure``'s stdout (table, csv or json) and its error lines on stderr."""
     labels = report.rows[0].labels if report.rows else []
     if format == "table":
-        print_table(console, render_rows(report.rows, labels))
+        print_table(console, render_rows(report.rows, labels, fit_width(console, wide)), wide)
         where = report.written_to or out
         console.print(f"wrote {where / 'results.csv'} and {where / 'results.json'} ({report.seconds:.1f}s)",
                       highlight=False)
@@ -259,7 +290,7 @@ def _print_report(report, format: str, out: Path) -> None:
 
 
 # ------------------------------------------------------------------ measures
-@app.command("measures")
+@app.command("measures", cls=FitHelp)
 @handle_errors
 def measures_cmd(
     pattern: Annotated[str, typer.Argument(help="Shell wildcard over names.")] = "*",
@@ -289,7 +320,7 @@ def measures_cmd(
 
 
 # ------------------------------------------------------------------ config show
-@config_app.command("show")
+@config_app.command("show", cls=FitHelp)
 @handle_errors
 def config_show(config: ConfigOpt = ..., debug: DebugOpt = False):
     """Print the resolved config and where each value came from."""
@@ -306,23 +337,24 @@ def config_show(config: ConfigOpt = ..., debug: DebugOpt = False):
 
 
 # ------------------------------------------------------------------ demo
-@app.command()
+@app.command(cls=FitHelp)
 @handle_errors
 def demo(
     outdir: Annotated[Path, typer.Option("--outdir", "-o", help="Where checkpoints and results go.")] = Path("flatcli-demo"),
     measures: Annotated[str | None, typer.Option("--measures", "-m", help="Measures to run ('all' for the whole catalogue).")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     threads: ThreadsOpt = None,
+    wide: WideOpt = False,
     debug: DebugOpt = False,
 ):
     """Train a small zoo of MLPs on bundled digits to a fixed loss, measure them, rank measures by Kendall τ."""
     from .demo import run_demo
 
-    run_demo(outdir, measures=measures, seed=seed, console=console, threads=threads)
+    run_demo(outdir, measures=measures, seed=seed, console=console, threads=threads, wide=wide)
 
 
 # ------------------------------------------------------------------ landscape
-@app.command()
+@app.command(cls=FitHelp)
 @handle_errors
 def landscape(
     checkpoints: Annotated[list[str], typer.Argument(help="Checkpoint at the centre of the slice (θ_a with --to); with --pca the trajectory's checkpoints (files or globs, in training order), with --connect the two endpoints.", show_default=False)],
@@ -433,7 +465,7 @@ def _landscape_view(checkpoints, config, outdir, *, pca, connect, to, dims, step
 
 
 # ------------------------------------------------------------------ sweep / collect / correlate
-@app.command()
+@app.command(cls=FitHelp)
 @handle_errors
 def sweep(
     config: ConfigOpt = ...,
@@ -442,7 +474,7 @@ def sweep(
     gpus: Annotated[str | None, typer.Option("--gpus", help="'all' or indices like 0,1: one worker process per GPU (default: every visible GPU when the device is auto).")] = None,
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="CPU worker processes (default 1).")] = None,
     shard: Annotated[str | None, typer.Option("--shard", help="I/N: run only shard I of N (for array schedulers); shards cover every unit exactly once.")] = None,
-    executor: Annotated[Executor, typer.Option("--executor", help="local, or slurm (a job array through submitit; needs the slurm extra: pip install 'flatcli\\[slurm]').")] = Executor.local,
+    executor: Annotated[Executor, typer.Option("--executor", help="local, or slurm (a job array through submitit; needs submitit, the slurm extra of flatcli).")] = Executor.local,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip finished units (--no-resume recomputes them).")] = True,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Rerun units that finished with an error.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be run or submitted; run nothing.")] = False,
@@ -485,7 +517,7 @@ def sweep(
     raise typer.Exit(report.exit_code)
 
 
-@app.command()
+@app.command(cls=FitHelp)
 @handle_errors
 def collect(
     outdir: Annotated[Path, typer.Argument(help="A sweep directory.")],
@@ -511,7 +543,7 @@ def collect(
     raise typer.Exit(rep.exit_code)
 
 
-@app.command()
+@app.command(cls=FitHelp)
 @handle_errors
 def correlate(
     results: Annotated[Path, typer.Argument(help="A table with one row per checkpoint: a results.csv from 'flatcli measure' or 'flatcli collect', or any CSV.")],
@@ -526,6 +558,7 @@ def correlate(
     bootstrap: Annotated[int | None, typer.Option("--bootstrap", help="Resamples of the checkpoints for percentile intervals of Pearson, Spearman and Kendall τ-b (e.g. 1000).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap resampling.")] = 0,
     confidence: Annotated[float, typer.Option("--confidence", help="Level of the bootstrap intervals.")] = 0.95,
+    wide: WideOpt = False,
     color_by: Annotated[str | None, typer.Option("--color-by", help="Column colouring the scatter plots (default the first axis; 'none' for one colour).")] = None,
     marker_by: Annotated[str | None, typer.Option("--marker-by", help="Column choosing the markers of the scatter plots (default the next axis; 'none' for one marker).")] = None,
     debug: DebugOpt = False,
@@ -539,7 +572,7 @@ def correlate(
     rep = api.correlate(results, target=target, by=by, outdir=outdir, plots=plots, sort=sort, measures=measures,
                         color_by=color_by, marker_by=marker_by, where=where, max_train_loss=max_train_loss,
                         bootstrap=bootstrap, seed=seed, confidence=confidence)
-    print_table(console, render_table(rep))
+    print_table(console, render_table(rep, fit_width(console, wide)), wide)
     rows = f"{rep.n_rows} checkpoints" + (f" (of {rep.n_input}, after the filters)" if rep.filters else "")
     console.print(
         f"{rows}; measures from {rep.measures_source}; n = checkpoints used "
@@ -556,7 +589,7 @@ def correlate(
 
 
 # ------------------------------------------------------------------ check-invariance
-@app.command("check-invariance")
+@app.command("check-invariance", cls=FitHelp)
 @handle_errors
 def check_invariance_cmd(
     checkpoint: Annotated[Path, typer.Argument(help="The checkpoint to rescale.")],
@@ -621,7 +654,7 @@ def _invariance_table(rep) -> Table:
 
 
 # ------------------------------------------------------------------ sweep worker (hidden)
-@app.command("sweep-worker", hidden=True)
+@app.command("sweep-worker", hidden=True, cls=FitHelp)
 @handle_errors
 def sweep_worker(
     outdir: Annotated[Path, typer.Argument(help="A planned sweep directory (holds plan.json).")],
