@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .loading.checkpoints import missing_checkpoint
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def resolve_jobs(cfg, cli_paths: list[str] | None = None) -> list[Job]:
         jobs = _listed_jobs(cfg, entries, regex, init_default, from_cli=bool(cli_paths))
     for j in jobs:
         if not j.path.is_file():
-            raise ConfigError(f"checkpoint not found: {j.path}")
+            raise missing_checkpoint(j.path)
     return jobs
 
 
@@ -106,7 +107,7 @@ def _cli_jobs_with_manifest(cfg, cli_paths: list[str]) -> list[Job]:
     for e in cli_paths:
         p = Path(os.path.expanduser(e))
         if not p.is_file():
-            raise ConfigError(f"checkpoint: file not found: {p}")
+            raise missing_checkpoint(p)
         hit = known.get(p.resolve())
         jobs.append(
             Job(e, p, hit.hparams, hit.init_checkpoint, hit.train_data)
@@ -172,8 +173,7 @@ def _listed_jobs(
                 raise ConfigError(f"checkpoints: the glob {e!r} matches no file")
             jobs += [Job(h, Path(h), _from_path(regex, h), init_default) for h in hits]
         elif not resolved.is_file():
-            where = "checkpoint" if from_cli else "checkpoints"
-            raise ConfigError(f"{where}: file not found: {resolved}")
+            raise missing_checkpoint(resolved, "" if from_cli else "config key 'checkpoints': ")
         else:
             jobs.append(Job(e, resolved, _from_path(regex, e), init_default))
     return jobs
