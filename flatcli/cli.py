@@ -550,7 +550,7 @@ def correlate(
     target: Annotated[str, typer.Option("--target", help="Column to predict.")] = "gen_gap",
     by: Annotated[str | None, typer.Option("--by", help="Hyperparameter axes for Ψ and CMI: columns of any name, e.g. lr,width (hp_lr is found by lr; default: every hp_* column that forms a grid axis).")] = None,
     outdir: Annotated[Path | None, typer.Option("--outdir", "-o", help="Write correlations.csv (and plots/) here.")] = None,
-    plots: Annotated[bool, typer.Option("--plots", help="Scatter per measure and a ψ heatmap (needs matplotlib; with -o).")] = False,
+    plots: Annotated[bool, typer.Option("--plots", help="Scatter per measure and a ψ heatmap in OUTDIR/plots (needs matplotlib and -o OUTDIR).")] = False,
     sort: Annotated[str | None, typer.Option("--sort", help="Rank by psi, kendall_tau_b, jiang_tau, spearman, pearson or cmi.")] = None,
     measures: Annotated[str | None, typer.Option("--measures", "-m", help="Measure columns, any numeric columns (default: the measures flatcli recorded, else every numeric column that is not the target, a metric or a hyperparameter).")] = None,
     where: Annotated[str | None, typer.Option("--where", help="Keep only the rows matching this pandas query (DataFrame.query), e.g. 'hp_lr < 0.1 and train_acc >= 0.99'; backquote names that are not identifiers.")] = None,
@@ -567,8 +567,6 @@ def correlate(
     from . import api
     from .analysis.report import notes, render_table
 
-    if plots and outdir is None:
-        outdir = results.parent
     rep = api.correlate(results, target=target, by=by, outdir=outdir, plots=plots, sort=sort, measures=measures,
                         color_by=color_by, marker_by=marker_by, where=where, max_train_loss=max_train_loss,
                         bootstrap=bootstrap, seed=seed, confidence=confidence)

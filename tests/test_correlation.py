@@ -255,6 +255,17 @@ def test_cli_correlate_with_plots(tmp_path):
     assert res.exit_code == 2 and "--by 'nope'" in res.output
 
 
+def test_correlate_plots_without_an_output_folder_is_a_usage_error(tmp_path, monkeypatch):
+    """--plots writes into -o OUTDIR, as its help says; without -o nothing lands in the working folder."""
+    rows = grid_rows(lambda k, hp: float(k), lambda k, hp: float(k % 5))
+    path = write_results(tmp_path / "results.csv", rows)
+    monkeypatch.chdir(tmp_path)
+    before = set(tmp_path.iterdir())
+    res = runner.invoke(app, ["correlate", path.name, "--by", "a,b", "--plots"])
+    assert res.exit_code == 2 and "--plots needs an output directory (-o OUTDIR)" in res.output
+    assert set(tmp_path.iterdir()) == before
+
+
 # ------------------------------------------------------------------ small grids, ties, bootstrap size
 def grid_frame(seeds: int, seed: int = 1):
     """3 lr × 3 width × ``seeds`` seeds; a gap driven by lr and width, a measure that tracks it."""
