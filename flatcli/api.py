@@ -614,6 +614,7 @@ def correlate(
     bootstrap: int | None = None,
     seed: int = 0,
     confidence: float = 0.95,
+    progress: Callable[[int, int], None] | None = None,
 ):
     """Correlate each measure of a table with ``target``: Pearson, Spearman, Kendall τ-b,
     Jiang's τ, granulated Kendall Ψ with every ψ_i over the hyperparameter axes ``by`` and the
@@ -638,7 +639,8 @@ def correlate(
     outdir, plots, color_by, marker_by : write ``correlations.csv`` (and the plots, coloured by
         ``color_by`` and marked by ``marker_by``, default the first two axes) into ``outdir``.
     sort : rank by psi, kendall_tau_b, jiang_tau, spearman, pearson or cmi (default Ψ with
-        axes, else Kendall τ-b).
+        axes, else Kendall τ-b); ties go to the larger Kendall τ-b, then by name.
+    progress : called as ``progress(done, total)`` after each measure.
 
     Returns a `flatcli.analysis.CorrelationReport`, best measure first; ``report.to_pandas()``
     is the correlations.csv table, ``report.warnings`` flags rows that are not at a minimum.
@@ -653,7 +655,7 @@ def correlate(
         ensure_writable_dir(outdir, "output directory")
     report = correlate_table(
         as_table(results), target=target, by=by, sort=sort, measures=measures, where=where,
-        max_train_loss=max_train_loss, bootstrap=bootstrap, seed=seed, confidence=confidence,
+        max_train_loss=max_train_loss, bootstrap=bootstrap, seed=seed, confidence=confidence, progress=progress,
     )
     if outdir is not None:
         out = Path(outdir)

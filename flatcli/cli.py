@@ -567,9 +567,11 @@ def correlate(
     from . import api
     from .analysis.report import notes, render_table
 
-    rep = api.correlate(results, target=target, by=by, outdir=outdir, plots=plots, sort=sort, measures=measures,
-                        color_by=color_by, marker_by=marker_by, where=where, max_train_loss=max_train_loss,
-                        bootstrap=bootstrap, seed=seed, confidence=confidence)
+    with GridProgress("correlate: measures bootstrapped" if bootstrap else "correlate") as shown:
+        rep = api.correlate(results, target=target, by=by, outdir=outdir, plots=plots, sort=sort, measures=measures,
+                            color_by=color_by, marker_by=marker_by, where=where, max_train_loss=max_train_loss,
+                            bootstrap=bootstrap, seed=seed, confidence=confidence,
+                            progress=shown.update if bootstrap else None)
     print_table(console, render_table(rep, fit_width(console, wide)), wide)
     rows = f"{rep.n_rows} checkpoints" + (f" (of {rep.n_input}, after the filters)" if rep.filters else "")
     console.print(

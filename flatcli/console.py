@@ -220,21 +220,40 @@ class StageProgress:
 
 
 class GridProgress:
-    """A transient bar over grid points on a terminal (``update(done, total)``); nothing in logs."""
+    """Progress over a count of work (grid points, steps, measures): ``update(done, total)``. On a
+    terminal a transient bar; in logs (stderr not a terminal) a line every ``every`` seconds and
+    one at the end (``label: k/N (p%), Ts elapsed, about Rs left``), so long piped runs are not
+    silent."""
 
-    def __init__(self, label: str):
+    def __init__(self, label: str, every: float = 10.0, clock=None):
+        import time
+
         self.label = label
         self.bar = progress_bar(label) if err_console.is_terminal else None
         self.task = None
+        self.every = every
+        self.clock = clock or time.monotonic
+        self.t0 = self.last = self.clock()
 
     def update(self, done: int, total: int) -> None:
-        """Points evaluated so far of ``total``."""
+        """Work done so far of ``total``."""
         if self.bar is None:
+            self._log(done, total)
             return
         if self.task is None:
             self.bar.start()
             self.task = self.bar.add_task(self.label, total=total, detail="")
         self.bar.update(self.task, completed=done, total=total)
+
+    def _log(self, done: int, total: int) -> None:
+        now = self.clock()
+        if done < total and now - self.last < self.every:
+            return
+        self.last = now
+        spent = now - self.t0
+        left = f", about {spent * (total - done) / done:.0f}s left" if 0 < done < total else ""
+        pct = f" ({100 * done / total:.0f}%)" if total else ""
+        print(f"{self.label}: {done}/{total}{pct}, {spent:.0f}s elapsed{left}", file=sys.stderr, flush=True)
 
     def __enter__(self):
         return self

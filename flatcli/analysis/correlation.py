@@ -44,6 +44,7 @@ import json
 import math
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -930,11 +931,13 @@ def correlate_table(
     bootstrap: int | None = None,
     seed: int = 0,
     confidence: float = 0.95,
+    progress: Callable[[int, int], None] | None = None,
 ) -> CorrelationReport:
     """Every statistic of the module docstring for every measure of ``table``, ranked by ``sort``.
 
     ``where``/``max_train_loss`` filter the rows first (`filter_rows`); ``bootstrap`` N adds
     percentile intervals from N resamples (seeded by ``seed``) at level ``confidence``.
+    ``progress(done, total)`` is called after each measure (the bootstrap takes seconds each).
     """
     table = as_table(table)
     _check_options(sort, bootstrap, confidence, max_train_loss)
@@ -956,10 +959,12 @@ def correlate_table(
     boot = _Bootstrap(bootstrap, seed, confidence)
     results = []
     used_rows = np.zeros(len(design.gvals), dtype=bool)
-    for lab in labels:
+    for k, lab in enumerate(labels, 1):
         mc, ok = _correlate_measure(design, lab, boot)
         used_rows |= ok
         results.append(mc)
+        if progress is not None:
+            progress(k, len(labels))
     results.sort(key=lambda mc: _rank_key(mc, sort))
     cmi_check = _cmi_check(design)
     warns = [w for w in (convergence_warning(table, used_rows), cmi_check.warning() if cmi_check else "") if w]
