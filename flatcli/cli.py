@@ -347,7 +347,7 @@ def demo(
     wide: WideOpt = False,
     debug: DebugOpt = False,
 ):
-    """Train a small zoo of MLPs on bundled digits to a fixed loss, measure them, rank measures by Kendall τ."""
+    """Train a small zoo of MLPs on bundled digits to a fixed loss, measure them, rank the measures by granulated Kendall Ψ (ties by Kendall τ-b)."""
     from .demo import run_demo
 
     run_demo(outdir, measures=measures, seed=seed, console=console, threads=threads, wide=wide)

@@ -209,6 +209,16 @@ def test_trajectory_paths_sort_naturally_and_check(tmp_path):
         trajectory_paths([str(tmp_path / "epoch_*.pt")])
 
 
+def test_pca_grid_has_exactly_steps_points_per_axis():
+    """--pca --steps 11 is an 11 × 11 grid (the last checkpoint, at 0, is one of its points), over
+    the automatic span of the path (the new user got 12 × 12)."""
+    states, _ = trajectory_states(T=4)
+    res = trajectory_landscape(states, blobs(20, 0), model=mlp(), steps=11, **F64)
+    for axis in (res.surface.alpha, res.surface.beta):
+        assert len(axis) == 11 and 0.0 in axis and np.all(np.diff(axis) > 0)
+    assert np.asarray(res.surface.train_loss).shape == (11, 11)
+
+
 def test_trajectory_rejects_mismatch_nan_and_nan_loss():
     states, _ = trajectory_states(T=4)
     train = blobs(20, 0)

@@ -116,3 +116,9 @@ def test_help_on_80_columns_shows_every_option_whole(command, terminal80):
         for opt in p.opts + p.secondary_opts:
             if opt.startswith("--") and not getattr(p, "hidden", False):
                 assert re.search(rf"{re.escape(opt)}(?![\w-])", res.stdout), opt
+
+
+def test_demo_help_says_it_ranks_by_psi():
+    res = runner.invoke(app, ["demo", "--help"])
+    text = " ".join(res.stdout.split())
+    assert res.exit_code == 0 and "granulated Kendall Ψ" in text and "rank measures by Kendall τ" not in text
