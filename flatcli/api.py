@@ -209,15 +209,23 @@ def measure(
 class CostPlan:
     """What a run of the configured measures will cost: per checkpoint and measure label, the
     (least, most) of each engine counter (``n_hvp``, ``n_grad``, ``n_forward``, ``n_vjp``; full-set
-    equivalents, ranges for adaptive estimators), and the sizes it was computed from."""
+    equivalents, ranges for adaptive estimators), and the sizes it was computed from; ``errors``
+    holds (checkpoint, message) for every checkpoint that could not be loaded (no costs for it)."""
 
     checkpoints: list[str]
     labels: list[str]
-    costs: list[dict[str, dict[str, tuple[int, int]] | None]]  # per checkpoint: label -> counters
-    dims: list[Any]
+    costs: list[dict[str, dict[str, tuple[int, int]] | None]]  # per loaded checkpoint: label -> counters
+    dims: list[Any]  # per loaded checkpoint
+    loaded: list[str] = field(default_factory=list)  # the checkpoints ``costs`` and ``dims`` are of
+    errors: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """2 when a checkpoint could not be loaded (bad input), else 0."""
+        return 2 if self.errors else 0
 
     def totals(self) -> dict[str, tuple[int, int]]:
-        """(least, most) of each counter summed over every checkpoint and measure."""
+        """(least, most) of each counter summed over every loaded checkpoint and measure."""
         from .pipeline import COUNTERS
 
         tot = {c: [0, 0] for c in COUNTERS}
@@ -229,33 +237,46 @@ class CostPlan:
         return {c: (lo, hi) for c, (lo, hi) in tot.items()}
 
     def lines(self) -> list[str]:
-        """The plan in words: one line per measure (per checkpoint), then the totals."""
-        from .pipeline import COUNTERS
-
-        def rng(lo, hi):
-            return f"{lo}" if lo == hi else f"{lo}–{hi}"
-
-        names = {"n_hvp": "HVPs", "n_grad": "gradients", "n_forward": "forward passes", "n_vjp": "VJP passes"}
-        d0 = self.dims[0] if self.dims else None
-        out = [f"estimated products per checkpoint (P = {d0.P:,} parameters, n = {d0.n:,} samples; "
-               "gradients and passes over the whole measurement set):"] if d0 else []
-        for lab in self.labels:
-            est = self.costs[0].get(lab) if self.costs else None
-            if est is None:
-                out.append(f"  {lab}: no estimate declared")
-                continue
-            parts = [f"{rng(*est[c])} {names[c]}" for c in COUNTERS if est[c][1] > 0]
-            out.append(f"  {lab}: " + (", ".join(parts) or "parameters only"))
-        tot = self.totals()
-        parts = [f"{rng(*tot[c])} {names[c]}" for c in COUNTERS if tot[c][1] > 0]
-        out.append(f"total over {len(self.checkpoints)} checkpoint(s): " + (", ".join(parts) or "parameters only"))
+        """The plan in words: per group of checkpoints of one size, one line per measure; then a
+        line per checkpoint that could not be loaded, and the totals."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for k, d in enumerate(self.dims):
+            groups.setdefault((d.P, d.n), []).append(k)
+        out = []
+        for (P, n), ks in groups.items():
+            which = "" if len(groups) == 1 else f" for {_names([self.loaded[k] for k in ks])}"
+            out.append(f"estimated products per checkpoint{which} (P = {P:,} parameters, n = {n:,} samples; "
+                       "gradients and passes over the whole measurement set):")
+            out += [f"  {lab}: {_describe_cost(self.costs[ks[0]].get(lab))}" for lab in self.labels]
+        out += [f"checkpoint {c}: cannot be loaded: {e}" for c, e in self.errors]
+        loaded = len(self.loaded)
+        out.append(f"total over {loaded} checkpoint(s)" + (f" ({len(self.errors)} could not be loaded)" if self.errors
+                   else "") + ": " + _describe_cost(self.totals(), empty="parameters only"))
         return out
+
+
+def _names(names: list[str], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _describe_cost(est: dict[str, tuple[int, int]] | None, empty: str = "parameters only") -> str:
+    """``12 HVPs, 3–5 gradients``: the counters with work, each a count or a range."""
+    from .pipeline import COUNTERS
+
+    if est is None:
+        return "no estimate declared"
+    names = {"n_hvp": "HVPs", "n_grad": "gradients", "n_forward": "forward passes", "n_vjp": "VJP passes"}
+    parts = [f"{lo}" + ("" if lo == hi else f"–{hi}") + f" {names[c]}" for c in COUNTERS
+             for lo, hi in [est.get(c, (0, 0))] if hi > 0]
+    return ", ".join(parts) or empty
 
 
 def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | None = None, *,
                measures: Sequence[str] | str | None = None, device: str | None = None) -> CostPlan:
     """The products `measure`/`sweep` would spend (``--dry-run``), from the measures' declared cost
-    formulas and the models' sizes; loads each checkpoint's model but measures nothing."""
+    formulas and each checkpoint's model size; loads every checkpoint's model but measures nothing.
+    A checkpoint that cannot be loaded is reported in ``errors`` (the others are still planned)."""
+    from .errors import FlatcliError
     from .pipeline import estimate_products, problem_dims
 
     cfg = load(config, overrides(device=device))
@@ -264,10 +285,15 @@ def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | 
     data = DataCache(cfg)
     plan = CostPlan([j.checkpoint for j in jobs], [s.label for s in specs], [], [])
     for job in jobs:
-        model, _ = load_model(cfg, job.path)
+        try:
+            model, _ = load_model(cfg, job.path)
+        except FlatcliError as e:
+            plan.errors.append((job.checkpoint, str(e)))
+            continue
         dims = problem_dims(model, data.get(st.split, job.train_data if st.split == "train" else None), st)
         plan.dims.append(dims)
         plan.costs.append(estimate_products(specs, dims))
+        plan.loaded.append(job.checkpoint)
     return plan
 
 

@@ -244,7 +244,7 @@ def measure(
         plan = api.plan_costs(config, checkpoints, measures=measures, device=device)
         for line in plan.lines():
             console.print(line, highlight=False, soft_wrap=True, markup=False)
-        raise typer.Exit(0)
+        raise typer.Exit(plan.exit_code)
     from .config import overrides
 
     cfg = api.load(config, overrides(device=device, seed=seed, threads=threads))
@@ -505,8 +505,10 @@ def sweep(
     for line in report.lines:
         console.print(line, highlight=False, soft_wrap=True)
     if report.dry_run:
-        for line in api.plan_costs(config, measures=measures, device=device).lines():
+        plan = api.plan_costs(config, measures=measures, device=device)
+        for line in plan.lines():
             console.print(line, highlight=False, soft_wrap=True, markup=False)
+        raise typer.Exit(max(report.exit_code, plan.exit_code))
     if not report.dry_run:
         msg = report.summary()
         if report.executor == "slurm" and report.jobs and not wait:

@@ -360,3 +360,25 @@ def test_dry_run_prints_the_planned_products_and_measures_nothing(project, tmp_p
     assert not (tmp_path / "o").exists()
     res = run("sweep", "-c", project, "-o", tmp_path / "s", "--dry-run")
     assert res.exit_code == 0 and "hessian_trace: 8 HVPs" in res.output
+
+
+def test_dry_run_sizes_each_checkpoint_and_names_every_bad_one(tmp_path):
+    """Checkpoints of two widths get their own parameter counts; every checkpoint that cannot be
+    loaded gets its own line (the dry run goes on past the first) and the exit code is 2."""
+    from flatcli.demo.models import MLP
+
+    proj = write_project(tmp_path / "p", measures=[{"hessian_trace": {"min_probes": 8, "max_probes": 8}}])
+    torch.manual_seed(0)
+    torch.save({"state_dict": MLP(16, 32, 1, 4).state_dict(), "model_kwargs": {"width": 32}}, proj.parent / "wide.pt")
+    torch.save(MLP(16, 32, 1, 4).state_dict(), proj.parent / "no_kwargs.pt")  # width 32 into the width-8 model
+    (proj.parent / "junk.pt").write_bytes(b"\x00junk" * 50)
+    names = ["m0.pt", "junk.pt", "wide.pt", "no_kwargs.pt", "m1.pt"]
+    res = run("measure", *[proj.parent / n for n in names], "-c", proj, "--dry-run")
+    assert res.exit_code == 2, res.output
+    text = out(res)
+    for width in (8, 32):
+        P = sum(p.numel() for p in MLP(16, width, 1, 4).parameters())
+        assert f"(P = {P:,} parameters" in text
+    assert re.search(r"checkpoint \S*junk.pt: cannot be loaded: .*not a readable checkpoint", text)
+    assert re.search(r"checkpoint \S*no_kwargs.pt: cannot be loaded: .*shape mismatches", text)
+    assert "total over 3 checkpoint(s) (2 could not be loaded): 24 HVPs" in text
