@@ -382,3 +382,27 @@ def test_dry_run_sizes_each_checkpoint_and_names_every_bad_one(tmp_path):
     assert re.search(r"checkpoint \S*junk.pt: cannot be loaded: .*not a readable checkpoint", text)
     assert re.search(r"checkpoint \S*no_kwargs.pt: cannot be loaded: .*shape mismatches", text)
     assert "total over 3 checkpoint(s) (2 could not be loaded): 24 HVPs" in text
+
+
+def test_checkpoint_column_holds_glob_matches_as_the_glob_is_written(tmp_path, monkeypatch):
+    """A relative glob in the config matches relative to the config's folder and its matches stay
+    relative (the README's "the path as given"); an absolute glob gives absolute paths."""
+    proj = write_project(tmp_path / "p", measures=["frobenius_norm"], n_ckpt=2)
+    (proj.parent / "runs" / "a").mkdir(parents=True)
+    (proj.parent / "runs" / "b").mkdir()
+    (proj.parent / "m0.pt").rename(proj.parent / "runs" / "a" / "best.pt")
+    (proj.parent / "m1.pt").rename(proj.parent / "runs" / "b" / "best.pt")
+    cfg = yaml.safe_load(proj.read_text())
+    cfg["checkpoints"] = ["runs/*/best.pt"]
+    proj.write_text(yaml.safe_dump(cfg))
+    monkeypatch.chdir(tmp_path)  # elsewhere than the config's folder
+    res = run("measure", "-c", proj, "-o", tmp_path / "o", "--format", "csv")
+    assert res.exit_code == 0, out(res)
+    assert [r["checkpoint"] for r in csv.DictReader(open(tmp_path / "o" / "results.csv"))] == [
+        "runs/a/best.pt", "runs/b/best.pt"]
+    cfg["checkpoints"] = [str(proj.parent / "runs" / "*" / "best.pt")]
+    proj.write_text(yaml.safe_dump(cfg))
+    res = run("measure", "-c", proj, "-o", tmp_path / "o2")
+    assert res.exit_code == 0, out(res)
+    assert [r["checkpoint"] for r in csv.DictReader(open(tmp_path / "o2" / "results.csv"))] == [
+        str(proj.parent / "runs" / d / "best.pt") for d in "ab"]
