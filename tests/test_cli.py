@@ -406,3 +406,12 @@ def test_checkpoint_column_holds_glob_matches_as_the_glob_is_written(tmp_path, m
     assert res.exit_code == 0, out(res)
     assert [r["checkpoint"] for r in csv.DictReader(open(tmp_path / "o2" / "results.csv"))] == [
         str(proj.parent / "runs" / d / "best.pt") for d in "ab"]
+
+
+def test_a_directory_given_as_a_checkpoint_is_named_as_one(project, tmp_path):
+    (tmp_path / "run").mkdir()
+    torch.save({}, tmp_path / "run" / "final.pt")
+    res = run("measure", tmp_path / "run", "-c", project)
+    assert res.exit_code == 2
+    assert "run is a directory, not a checkpoint file; it holds final.pt: pass one of them" in out(res)
+    assert "file not found" not in out(res)
