@@ -292,7 +292,7 @@ def brute_pairs_per_cell(df, axes):
 
 def test_cmi_warns_on_a_small_grid_and_gives_the_chance_level():
     """18 models (the new user's case): too few pairs per cell; the warning says what CMI needs and
-    what a random measure scores there, which an independent 200-draw estimate confirms."""
+    what a random measure scores there, which an independent 100-draw estimate confirms."""
     small = grid_frame(seeds=2)
     rep = correlate_table(small, measures="sharp", by="lr,width,seed")
     chk = rep.cmi_check
@@ -301,7 +301,7 @@ def test_cmi_warns_on_a_small_grid_and_gives_the_chance_level():
     hp = {a: [str(v) for v in small[a]] for a in ("lr", "width", "seed")}
     rng = np.random.default_rng(99)
     draws = np.array([conditional_mi(rng.random(18), small["gen_gap"].to_numpy(), hp, list(hp)).value
-                      for _ in range(200)])
+                      for _ in range(100)])
     assert abs(chk.chance - draws.mean()) <= 4 * draws.std() / math.sqrt(20)  # the mean of its 20 draws
     assert chk.chance > 0.05  # on this grid noise scores well above 0: the reason for the warning
     large = correlate_table(grid_frame(seeds=8), measures="sharp", by="lr,width")

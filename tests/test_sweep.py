@@ -302,12 +302,20 @@ def test_kill_9_mid_sweep_then_resume_equals_uninterrupted(project, tmp_path):
 
 
 def test_concurrent_workers_never_duplicate_or_corrupt(project, tmp_path, monkeypatch, capfd):
+    """Two worker processes on one directory; on a (mocked) 2-core machine each runs 1 thread,
+    observed inside the workers (every unit file records its worker's torch.get_num_threads())."""
+    from flatcli import threads
+
     cfg, ref = project
     out = tmp_path / "s"
     monkeypatch.setenv(DELAY_ENV, "0.2")  # inherited by the worker processes
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    rep = api.sweep(cfg, out, workers=2, log=quiet)  # two worker processes on one directory
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # auto: cores // workers, not the caller's choice
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    lines: list[str] = []
+    rep = api.sweep(cfg, out, workers=2, log=lines.append)  # two worker processes on one directory
     assert (rep.computed, rep.pending, rep.workers) == (8, 0, ["cpu", "cpu"])
+    assert rep.threads == "threads: 1 per worker (2 workers on 2 cores)" and rep.threads in lines
+    assert {json.loads(p.read_text())["worker"]["threads"] for p in (out / "units").iterdir()} == {1}
     err = capfd.readouterr().err
     computed = [ln.split("] ", 1)[1].rsplit(" ", 2)[0] for ln in err.splitlines()
                 if ln.startswith("[w") and "] ck/" in ln]
