@@ -89,6 +89,15 @@ def load(config: Config | str | Path | dict | None, changes: dict[str, Any] | No
     return load_config(config, changes)
 
 
+def use_threads(cfg: Config, workers: int | None = None) -> str:
+    """Size torch's intra-op threads for this process from ``runtime.threads`` (`flatcli.threads`:
+    ``auto`` is OMP_NUM_THREADS when set, else cores // workers, workers defaulting to
+    LOCAL_WORLD_SIZE or 1); returns the choice in words for the log."""
+    from .threads import configure_threads
+
+    return str(configure_threads(cfg.runtime.threads, workers))
+
+
 
 def _plan(cfg: Config, checkpoints, measures) -> tuple[list[Job], list[MeasureSpec]]:
     """Validate what every pipeline needs; resolve the jobs and the measures to run."""
@@ -143,13 +152,15 @@ def measure(
     on_progress: Callable[[str, dict], None] | None = None,
     debug: bool = False,
     plots: bool = False,
+    threads: int | str | None = None,
 ) -> MeasureReport:
     """Measure every checkpoint of a config; write results when ``outdir`` is given.
 
     With ``plots`` (needs matplotlib and an output directory), every measure that
     draws artifacts (e.g. a spectral-density plot) writes them as
     ``OUTDIR/plots/<NNN>_<checkpoint stem>_<label>.png`` (NNN the checkpoint's
-    position); the paths are in ``report.meta["plots"]``.
+    position); the paths are in ``report.meta["plots"]``. ``threads`` (``runtime.threads``) sizes
+    torch's intra-op threads (`use_threads`; the choice is ``report.meta["threads"]``).
 
     Returns a `MeasureReport`; its ``exit_code`` is 0 when every row is ok, 2 when a
     checkpoint failed on bad input (file, state dict), 1 when a measurement failed.
@@ -159,13 +170,14 @@ def measure(
 
         if not have_matplotlib():
             raise ConfigError(f"--plots: {PLOT_HINT}")
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads))
     write = outdir is not None or cfg.provenance.get("output.dir", "default") != "default"
     if plots and not write:
         raise ConfigError("--plots needs an output directory (-o OUTDIR)")
     jobs, specs = _plan(cfg, checkpoints, measures)
     out = ensure_writable_dir(cfg.output_dir(outdir), "output directory") if write else None
     st, world = _join_ranks(Settings.from_config(cfg))
+    threads_used = use_threads(cfg)
     if not world.is_main:  # only rank 0 prints and writes; every rank computes
         on_row = on_start = on_progress = None
         out = None
@@ -188,6 +200,7 @@ def measure(
         "device": st.describe_device(),
         "measure_data": cfg.to_dict()["measure_data"],
         "ranks": world.world,
+        "threads": threads_used,
     }
     report = MeasureReport(rows=rows, config=cfg, meta=meta, seconds=time.perf_counter() - t0, rank=world.rank)
     if out is not None:
@@ -211,15 +224,23 @@ def _join_ranks(st: Settings):
 class CostPlan:
     """What a run of the configured measures will cost: per checkpoint and measure label, the
     (least, most) of each engine counter (``n_hvp``, ``n_grad``, ``n_forward``, ``n_vjp``; full-set
-    equivalents, ranges for adaptive estimators), and the sizes it was computed from."""
+    equivalents, ranges for adaptive estimators), and the sizes it was computed from; ``errors``
+    holds (checkpoint, message) for every checkpoint that could not be loaded (no costs for it)."""
 
     checkpoints: list[str]
     labels: list[str]
-    costs: list[dict[str, dict[str, tuple[int, int]] | None]]  # per checkpoint: label -> counters
-    dims: list[Any]
+    costs: list[dict[str, dict[str, tuple[int, int]] | None]]  # per loaded checkpoint: label -> counters
+    dims: list[Any]  # per loaded checkpoint
+    loaded: list[str] = field(default_factory=list)  # the checkpoints ``costs`` and ``dims`` are of
+    errors: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """2 when a checkpoint could not be loaded (bad input), else 0."""
+        return 2 if self.errors else 0
 
     def totals(self) -> dict[str, tuple[int, int]]:
-        """(least, most) of each counter summed over every checkpoint and measure."""
+        """(least, most) of each counter summed over every loaded checkpoint and measure."""
         from .pipeline import COUNTERS
 
         tot = {c: [0, 0] for c in COUNTERS}
@@ -231,33 +252,46 @@ class CostPlan:
         return {c: (lo, hi) for c, (lo, hi) in tot.items()}
 
     def lines(self) -> list[str]:
-        """The plan in words: one line per measure (per checkpoint), then the totals."""
-        from .pipeline import COUNTERS
-
-        def rng(lo, hi):
-            return f"{lo}" if lo == hi else f"{lo}–{hi}"
-
-        names = {"n_hvp": "HVPs", "n_grad": "gradients", "n_forward": "forward passes", "n_vjp": "VJP passes"}
-        d0 = self.dims[0] if self.dims else None
-        out = [f"estimated products per checkpoint (P = {d0.P:,} parameters, n = {d0.n:,} samples; "
-               "gradients and passes over the whole measurement set):"] if d0 else []
-        for lab in self.labels:
-            est = self.costs[0].get(lab) if self.costs else None
-            if est is None:
-                out.append(f"  {lab}: no estimate declared")
-                continue
-            parts = [f"{rng(*est[c])} {names[c]}" for c in COUNTERS if est[c][1] > 0]
-            out.append(f"  {lab}: " + (", ".join(parts) or "parameters only"))
-        tot = self.totals()
-        parts = [f"{rng(*tot[c])} {names[c]}" for c in COUNTERS if tot[c][1] > 0]
-        out.append(f"total over {len(self.checkpoints)} checkpoint(s): " + (", ".join(parts) or "parameters only"))
+        """The plan in words: per group of checkpoints of one size, one line per measure; then a
+        line per checkpoint that could not be loaded, and the totals."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for k, d in enumerate(self.dims):
+            groups.setdefault((d.P, d.n), []).append(k)
+        out = []
+        for (P, n), ks in groups.items():
+            which = "" if len(groups) == 1 else f" for {_names([self.loaded[k] for k in ks])}"
+            out.append(f"estimated products per checkpoint{which} (P = {P:,} parameters, n = {n:,} samples; "
+                       "gradients and passes over the whole measurement set):")
+            out += [f"  {lab}: {_describe_cost(self.costs[ks[0]].get(lab))}" for lab in self.labels]
+        out += [f"checkpoint {c}: cannot be loaded: {e}" for c, e in self.errors]
+        loaded = len(self.loaded)
+        out.append(f"total over {loaded} checkpoint(s)" + (f" ({len(self.errors)} could not be loaded)" if self.errors
+                   else "") + ": " + _describe_cost(self.totals(), empty="parameters only"))
         return out
+
+
+def _names(names: list[str], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _describe_cost(est: dict[str, tuple[int, int]] | None, empty: str = "parameters only") -> str:
+    """``12 HVPs, 3–5 gradients``: the counters with work, each a count or a range."""
+    from .pipeline import COUNTERS
+
+    if est is None:
+        return "no estimate declared"
+    names = {"n_hvp": "HVPs", "n_grad": "gradients", "n_forward": "forward passes", "n_vjp": "VJP passes"}
+    parts = [f"{lo}" + ("" if lo == hi else f"–{hi}") + f" {names[c]}" for c in COUNTERS
+             for lo, hi in [est.get(c, (0, 0))] if hi > 0]
+    return ", ".join(parts) or empty
 
 
 def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | None = None, *,
                measures: Sequence[str] | str | None = None, device: str | None = None) -> CostPlan:
     """The products `measure`/`sweep` would spend (``--dry-run``), from the measures' declared cost
-    formulas and the models' sizes; loads each checkpoint's model but measures nothing."""
+    formulas and each checkpoint's model size; loads every checkpoint's model but measures nothing.
+    A checkpoint that cannot be loaded is reported in ``errors`` (the others are still planned)."""
+    from .errors import FlatcliError
     from .pipeline import estimate_products, problem_dims
 
     cfg = load(config, overrides(device=device))
@@ -266,10 +300,15 @@ def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | 
     data = DataCache(cfg)
     plan = CostPlan([j.checkpoint for j in jobs], [s.label for s in specs], [], [])
     for job in jobs:
-        model, _ = load_model(cfg, job.path)
+        try:
+            model, _ = load_model(cfg, job.path)
+        except FlatcliError as e:
+            plan.errors.append((job.checkpoint, str(e)))
+            continue
         dims = problem_dims(model, data.get(st.split, job.train_data if st.split == "train" else None), st)
         plan.dims.append(dims)
         plan.costs.append(estimate_products(specs, dims))
+        plan.loaded.append(job.checkpoint)
     return plan
 
 
@@ -305,6 +344,7 @@ def landscape(
     plots: bool = True,
     allow_unsafe_pickle: bool | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    threads: int | str | None = None,
 ):
     """Loss-landscape view of one checkpoint: a 1D/2D filter-normalized slice, or with ``to`` the
     linear interpolation to a second checkpoint. See `flatcli.landscape` for the definitions.
@@ -317,7 +357,7 @@ def landscape(
     """
     from .landscape import interpolation_landscape, slice_landscape, write_files
 
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads))
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
     if to is not None and dims != 1:
@@ -328,6 +368,7 @@ def landscape(
     ckpt = Path(checkpoint).expanduser()
     model, _ = load_model(cfg, ckpt)
     model_b = load_model(cfg, Path(to).expanduser())[0] if to is not None else None
+    threads_used = use_threads(cfg)
     train, test = _landscape_data(cfg, ckpt, model, model_b, st, to)
     common = dict(settings=st, points_per_pass=points_per_pass, on_progress=on_progress)
     with st.precision_context():
@@ -337,7 +378,7 @@ def landscape(
             res = slice_landscape(model, train, test, dims=dims, steps=steps, span=span, bias_bn=bias_bn, **common)
     res.meta.update(checkpoint=str(checkpoint), to=None if to is None else str(to), loss=cfg.loss,
                     measure_data=cfg.to_dict()["measure_data"], precision=cfg.runtime.precision,
-                    config_hash=cfg.hash(), versions=versions(), device=st.describe_device())
+                    config_hash=cfg.hash(), versions=versions(), device=st.describe_device(), threads=threads_used)
     if outdir is not None:
         write_files(res, outdir, plots=plots)
     return res
@@ -372,13 +413,15 @@ if TYPE_CHECKING:
     from .landscape.trajectory import TrajectoryResult
 
 
-def _view_setup(config, device, seed, allow_unsafe_pickle, outdir=None) -> tuple[Config, Settings]:
-    """Config and settings for the trajectory-PCA and mode-connectivity views."""
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
+def _view_setup(config, device, seed, allow_unsafe_pickle, outdir=None, threads=None) -> tuple[Config, Settings]:
+    """Config and settings for the trajectory-PCA and mode-connectivity views (torch's threads
+    sized from ``runtime.threads``, see `use_threads`)."""
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads))
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
     if outdir is not None:
         ensure_writable_dir(outdir, "output directory")
+    use_threads(cfg)
     return cfg, Settings.from_config(cfg)
 
 
@@ -393,7 +436,10 @@ def _view_data(cfg: Config, model: torch.nn.Module, train_path: Path | None):
 
 
 def _view_meta(cfg: Config, dev: torch.device) -> dict[str, Any]:
+    from .threads import plan_threads
+
     return {
+        "threads": str(plan_threads(cfg.runtime.threads)),
         "loss": cfg.loss,
         "measure_data": cfg.to_dict()["measure_data"],
         "precision": cfg.runtime.precision,
@@ -418,6 +464,7 @@ def landscape_pca(
     plots: bool = True,
     allow_unsafe_pickle: bool | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    threads: int | str | None = None,
 ) -> TrajectoryResult:
     """Trajectory PCA (Li et al. 2018, Sec. 7): the top two PCA directions of {θ_t − θ_T} over a
     training run's checkpoints, the path projected on them and the loss over their plane around
@@ -438,7 +485,7 @@ def landscape_pca(
     )
 
     paths = trajectory_paths(checkpoints, sort=sort)
-    cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir)
+    cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir, threads)
     model, _ = load_model(cfg, paths[-1])
     _, train, test = _view_data(cfg, model, manifest_train_data(cfg, paths[-1]))
     traj = LazyTrajectory(paths[:-1], lambda p: load_model(cfg, p)[0], last=model)
@@ -470,6 +517,7 @@ def landscape_connect(
     plots: bool = True,
     allow_unsafe_pickle: bool | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    threads: int | str | None = None,
 ) -> ConnectResult:
     """Mode connectivity (Garipov et al. 2018; Draxler et al. 2018): train the bend of a quadratic
     Bezier curve between checkpoints ``a`` and ``b`` on the training split, then evaluate the loss
@@ -486,7 +534,7 @@ def landscape_connect(
     from .landscape.connect import connect_landscape, write_connect_files
     from .landscape.trajectory import check_state
 
-    cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir)
+    cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir, threads)
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     model_a, extras = load_model(cfg, pa)
     model_b, _ = load_model(cfg, pb)
@@ -524,6 +572,7 @@ def sweep(
     log: Callable[[str], None] | None = None,
     on_unit: Callable[[dict[str, Any]], None] | None = None,
     debug: bool = False,
+    threads: int | str | None = None,
     **options: Any,
 ):
     """Measure every checkpoint of a config as resumable units of work in ``outdir``.
@@ -536,13 +585,17 @@ def sweep(
     per GPU, ``workers`` N CPU workers, ``shard=(i, n)`` or "i/n" runs one deterministic part of
     the units, ``executor="slurm"`` submits a job array through submitit (``tasks``, ``slurm``
     parameters, ``wait``; ``cluster="local"`` or "debug" run submitit's local backends),
-    ``dry_run`` only describes, ``lock_timeout`` makes silent locks stale. Returns a
-    `flatcli.sweep.SweepReport`; merge the rows with `collect`.
+    ``dry_run`` only describes, ``lock_timeout`` makes silent locks stale. ``threads``
+    (``runtime.threads``) sizes each local worker's intra-op threads (auto: OMP_NUM_THREADS when
+    set, else cores // workers: the workers never oversubscribe the cores; the choice is logged and
+    in ``report.threads``). Returns a `flatcli.sweep.SweepReport`; ``computed`` counts the units
+    this run's workers computed (``by_others`` those a concurrent sweep finished meanwhile). Merge
+    the rows with `collect`.
     """
     from .sweep.runner import SweepOptions, _default_log, run_sweep
 
     opts = SweepOptions(**options)
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle))
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads))
     jobs, specs = _plan(cfg, checkpoints, measures)
     out = cfg.output_dir(outdir)
     if not opts.dry_run:
@@ -590,6 +643,7 @@ def correlate(
     bootstrap: int | None = None,
     seed: int = 0,
     confidence: float = 0.95,
+    progress: Callable[[int, int], None] | None = None,
 ):
     """Correlate each measure of a table with ``target``: Pearson, Spearman, Kendall τ-b,
     Jiang's τ, granulated Kendall Ψ with every ψ_i over the hyperparameter axes ``by`` and the
@@ -614,7 +668,8 @@ def correlate(
     outdir, plots, color_by, marker_by : write ``correlations.csv`` (and the plots, coloured by
         ``color_by`` and marked by ``marker_by``, default the first two axes) into ``outdir``.
     sort : rank by psi, kendall_tau_b, jiang_tau, spearman, pearson or cmi (default Ψ with
-        axes, else Kendall τ-b).
+        axes, else Kendall τ-b); ties go to the larger Kendall τ-b, then by name.
+    progress : called as ``progress(done, total)`` after each measure.
 
     Returns a `flatcli.analysis.CorrelationReport`, best measure first; ``report.to_pandas()``
     is the correlations.csv table, ``report.warnings`` flags rows that are not at a minimum.
@@ -629,7 +684,7 @@ def correlate(
         ensure_writable_dir(outdir, "output directory")
     report = correlate_table(
         as_table(results), target=target, by=by, sort=sort, measures=measures, where=where,
-        max_train_loss=max_train_loss, bootstrap=bootstrap, seed=seed, confidence=confidence,
+        max_train_loss=max_train_loss, bootstrap=bootstrap, seed=seed, confidence=confidence, progress=progress,
     )
     if outdir is not None:
         out = Path(outdir)
@@ -674,6 +729,7 @@ def check_invariance(
     data: tuple[torch.Tensor, torch.Tensor] | None = None,
     loss: str = "cross_entropy",
     progress: Callable[[str, str, dict], None] | None = None,
+    threads: int | str | None = None,
 ):
     """The invariance check for one checkpoint of a config (path, dict or `Config`), or for a model.
 
@@ -681,7 +737,9 @@ def check_invariance(
     stored in the checkpoint win; a manifest's ``train_data`` applies), the measurement set is
     ``measure_data``, and ``measures`` defaults to the configured measures plus every measure
     that claims invariance. With an ``nn.Module`` as ``config``: pass ``data=(x, y)``; see
-    `flatcli.invariance.check_invariance_model`. Returns an `flatcli.invariance.InvarianceReport`.
+    `flatcli.invariance.check_invariance_model`. With a config, ``threads`` (``runtime.threads``)
+    sizes torch's threads (`use_threads`; the choice is ``report.threads``). Returns an
+    `flatcli.invariance.InvarianceReport`.
     """
     from .invariance import check_invariance_model, needs_init, prepare_specs
 
@@ -690,9 +748,10 @@ def check_invariance(
             raise ConfigError("check_invariance(model, ...) needs data=(x, y)")
         return check_invariance_model(config, data, measures, loss=loss, transform=transform, scale=scale,
                                       seed=seed or 0, tol=tol, device=device or "cpu", progress=progress)
-    cfg = load(config, overrides(device=device, seed=seed))
+    cfg = load(config, overrides(device=device, seed=seed, threads=threads))
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
+    threads_used = use_threads(cfg)
     job = _one_job(cfg, checkpoint)
     if measures is None:
         try:
@@ -707,11 +766,13 @@ def check_invariance(
     model, _ = load_model(cfg, job.path)
     init_state = load_init_state(cfg, job)
     cache = DataCache(cfg)
-    return check_invariance_model(
+    report = check_invariance_model(
         model, cache.get("train", job.train_data or manifest_train_data(cfg, job.path)), specs,
         test=cache.get("test"), settings=Settings.from_config(cfg), transform=transform, scale=scale, tol=tol,
         init_state=init_state, checkpoint=job.checkpoint, progress=progress,
     )
+    report.threads = threads_used
+    return report
 
 
 def _one_job(cfg: Config, checkpoint: str | Path | None) -> Job:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 try:  # typer ≥ 0.2x vendors click and raises its own copies of click's exceptions
     from typer._click import exceptions as click_exceptions
@@ -31,6 +31,7 @@ from .console import (
     StageProgress,
     console,
     err_console,
+    fit_width,
     fmt,
     print_table,
     quiet_torch_warnings,
@@ -38,9 +39,36 @@ from .console import (
 )
 from .errors import ConfigError, FlatcliError, RankFailure, is_peer_gone
 
+WIDE_HELP = 100  # columns from which --help uses typer's rich panels (narrower ones cut option names)
+
+
+def _fitting_help(cmd, format_help, ctx, formatter) -> None:
+    """``format_help`` of a command or group with typer's rich panels on a terminal of at least
+    `WIDE_HELP` columns, else with click's plain layout (option names whole, help text wrapped to
+    the width; also what a pipe gets)."""
+    if console.width >= WIDE_HELP:
+        return format_help(ctx, formatter)
+    mode, cmd.rich_markup_mode = cmd.rich_markup_mode, None
+    try:
+        return format_help(ctx, formatter)
+    finally:
+        cmd.rich_markup_mode = mode
+
+
+class FitHelp(TyperCommand):
+    """A command whose ``--help`` fits the terminal (see `_fitting_help`)."""
+
+    def format_help(self, ctx, formatter):
+        """The help in the layout that fits the width."""
+        return _fitting_help(self, super().format_help, ctx, formatter)
+
 
 class OneLineErrors(TyperGroup):
     """Usage errors (a bad option value, a missing argument) as one line on stderr, exit code 2."""
+
+    def format_help(self, ctx, formatter):
+        """The help in the layout that fits the width (see `_fitting_help`)."""
+        return _fitting_help(self, super().format_help, ctx, formatter)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """Run the command; a usage error prints ``error: <message> (see '<command> --help')``."""
@@ -145,10 +173,34 @@ app.add_typer(config_app, name="config")
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.", envvar="FLATCLI_CONFIG")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")]
+WideOpt = Annotated[bool, typer.Option(
+    "--wide", help="Print every table column even when the terminal is narrow (a pipe or a file always gets them all).")]
+ThreadsOpt = Annotated[str | None, typer.Option(
+    "--threads", envvar="FLATCLI_THREADS", show_default=False,
+    help="Intra-op CPU threads per worker process: N or auto (default runtime.threads, auto: OMP_NUM_THREADS "
+         "when set, else cores // workers).")]
+
+
+def _fail(e: BaseException, code: int, message: str, debug: bool):
+    """End a command on an error: with ``debug`` its traceback first, then the one-line message;
+    the exit code is the same with and without ``--debug``."""
+    if debug:
+        import traceback
+
+        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+    err_console.print(message, highlight=False, soft_wrap=True)
+    raise typer.Exit(code) from None
+
+
+def log_line(text: str | None) -> None:
+    """One informational line on stderr (e.g. the threads chosen), nothing when empty."""
+    if text:
+        err_console.print(text, highlight=False, markup=False, soft_wrap=True, style="dim")
 
 
 def handle_errors(fn):
-    """Turn FlatcliError into a one-line message and its exit code (traceback with --debug)."""
+    """Turn FlatcliError into a one-line message and its exit code (``--debug`` adds the traceback
+    and keeps the exit code)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -156,10 +208,7 @@ def handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except FlatcliError as e:
-            if debug:
-                raise
-            err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-            raise typer.Exit(e.exit_code) from None
+            _fail(e, e.exit_code, f"[red]error:[/red] {e}", debug)
         except KeyboardInterrupt:
             err_console.print("interrupted")
             raise typer.Exit(130) from None
@@ -168,14 +217,8 @@ def handle_errors(fn):
         except RankFailure as e:
             _end_all_ranks(e, debug)
         except Exception as e:
-            if debug:
-                raise
-            err_console.print(
-                f"[red]error:[/red] {type(e).__name__}: {e} (run with --debug for the traceback)",
-                highlight=False,
-                soft_wrap=True,
-            )
-            raise typer.Exit(1) from None
+            hint = "" if debug else " (run with --debug for the traceback)"
+            _fail(e, 1, f"[red]error:[/red] {type(e).__name__}: {e}{hint}", debug)
 
     return wrapper
 
@@ -194,7 +237,7 @@ def _end_all_ranks(e: BaseException, debug: bool) -> None:
 
 
 # ------------------------------------------------------------------ measure
-@app.command()
+@app.command(cls=FitHelp)
 @handle_errors
 def measure(
     checkpoints: Annotated[list[str] | None, typer.Argument(help="Checkpoint files (default: the config's 'checkpoints').")] = None,
@@ -207,6 +250,8 @@ def measure(
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (runs code from the file: trusted files only).")] = False,
     plots: Annotated[bool, typer.Option("--plots", help="Draw each measure's plots (e.g. spectral densities) in OUTDIR/plots/ (needs matplotlib).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the products (HVPs, gradients, forward passes) each measure will spend per checkpoint; measure nothing.")] = False,
+    threads: ThreadsOpt = None,
+    wide: WideOpt = False,
     debug: DebugOpt = False,
 ):
     """Compute the configured measures for each checkpoint; write OUTDIR/results.csv and results.json."""
@@ -216,10 +261,10 @@ def measure(
         plan = api.plan_costs(config, checkpoints, measures=measures, device=device)
         for line in plan.lines():
             console.print(line, highlight=False, soft_wrap=True, markup=False)
-        raise typer.Exit(0)
+        raise typer.Exit(plan.exit_code)
     from .config import overrides
 
-    cfg = api.load(config, overrides(device=device, seed=seed))
+    cfg = api.load(config, overrides(device=device, seed=seed, threads=threads))
     format = _value(format) or cfg.output.format
     out = cfg.output_dir(outdir)
     shown = CheckpointProgress("measuring")
@@ -232,15 +277,16 @@ def measure(
     finally:
         shown.stop()
     if report.rank == 0:  # under torchrun only rank 0 prints; every rank has the exit code
-        _print_report(report, format, out)
+        log_line(report.meta.get("threads"))
+        _print_report(report, format, out, wide)
     raise typer.Exit(report.exit_code)
 
 
-def _print_report(report, format: str, out: Path) -> None:
+def _print_report(report, format: str, out: Path, wide: bool = False) -> None:
     """``measure``'s stdout (table, csv or json) and its error lines on stderr."""
     labels = report.rows[0].labels if report.rows else []
     if format == "table":
-        print_table(console, render_rows(report.rows, labels))
+        print_table(console, render_rows(report.rows, labels, fit_width(console, wide)), wide)
         where = report.written_to or out
         console.print(f"wrote {where / 'results.csv'} and {where / 'results.json'} ({report.seconds:.1f}s)",
                       highlight=False)
@@ -275,7 +321,7 @@ def _end_all_ranks(e: BaseException, debug: bool) -> None:
 
 
 # ------------------------------------------------------------------ measures
-@app.command("measures")
+@app.command("measures", cls=FitHelp)
 @handle_errors
 def measures_cmd(
     pattern: Annotated[str, typer.Argument(help="Shell wildcard over names.")] = "*",
@@ -305,7 +351,7 @@ def measures_cmd(
 
 
 # ------------------------------------------------------------------ config show
-@config_app.command("show")
+@config_app.command("show", cls=FitHelp)
 @handle_errors
 def config_show(config: ConfigOpt = ..., debug: DebugOpt = False):
     """Print the resolved config and where each value came from."""
@@ -322,22 +368,24 @@ def config_show(config: ConfigOpt = ..., debug: DebugOpt = False):
 
 
 # ------------------------------------------------------------------ demo
-@app.command()
+@app.command(cls=FitHelp)
 @handle_errors
 def demo(
     outdir: Annotated[Path, typer.Option("--outdir", "-o", help="Where checkpoints and results go.")] = Path("flatcli-demo"),
     measures: Annotated[str | None, typer.Option("--measures", "-m", help="Measures to run ('all' for the whole catalogue).")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    threads: ThreadsOpt = None,
+    wide: WideOpt = False,
     debug: DebugOpt = False,
 ):
-    """Train a small zoo of MLPs on bundled digits to a fixed loss, measure them, rank measures by Kendall τ."""
+    """Train a small zoo of MLPs on bundled digits to a fixed loss, measure them, rank the measures by granulated Kendall Ψ (ties by Kendall τ-b)."""
     from .demo import run_demo
 
-    run_demo(outdir, measures=measures, seed=seed, console=console)
+    run_demo(outdir, measures=measures, seed=seed, console=console, threads=threads, wide=wide)
 
 
 # ------------------------------------------------------------------ landscape
-@app.command()
+@app.command(cls=FitHelp)
 @handle_errors
 def landscape(
     checkpoints: Annotated[list[str], typer.Argument(help="Checkpoint at the centre of the slice (θ_a with --to); with --pca the trajectory's checkpoints (files or globs, in training order), with --connect the two endpoints.", show_default=False)],
@@ -361,6 +409,7 @@ def landscape(
     bend_lr: Annotated[float | None, typer.Option("--bend-lr", help="--connect: learning rate (default 1e-3 for adam, 1e-2 for sgd).")] = None,
     bend_optimizer: Annotated[str, typer.Option("--bend-optimizer", help="--connect: adam or sgd (momentum 0.9).")] = "adam",
     bend_batch_size: Annotated[int, typer.Option("--bend-batch-size", help="--connect: minibatch size of the bend training.")] = 128,
+    threads: ThreadsOpt = None,
     debug: DebugOpt = False,
 ):
     """Loss-landscape view: 1D/2D slices along filter-normalized random directions, with --to the
@@ -373,7 +422,7 @@ def landscape(
                         seed=seed, device=device, points_per_pass=points_per_pass, plots=plots,
                         allow_unsafe_pickle=allow_unsafe_pickle, solver=solver, keep_order=keep_order,
                         bend_steps=bend_steps, bend_lr=bend_lr, bend_optimizer=bend_optimizer,
-                        bend_batch_size=bend_batch_size)
+                        bend_batch_size=bend_batch_size, threads=threads)
         return
     if len(checkpoints) != 1:
         raise ConfigError(f"landscape takes one checkpoint (several with --pca, two with --connect); got {len(checkpoints)}")
@@ -382,7 +431,7 @@ def landscape(
         res = api.landscape(
             config, checkpoint, to=to, dims=dims, steps=steps, span=span, seed=seed, device=device,
             bias_bn=_value(bias_bn), points_per_pass=points_per_pass, outdir=outdir, plots=plots,
-            allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update,
+            allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update, threads=threads,
         )
     what = {"1d": "1D slice", "2d": "2D slice", "interpolation": "interpolation"}[res.kind]
     grid = f"{len(res.alpha)}" + (f"×{len(res.beta)}" if res.beta is not None else "")
@@ -394,6 +443,7 @@ def landscape(
 
 def _print_view(title: str, res) -> None:
     """A landscape view's summary table, its plots and files."""
+    log_line(res.meta.get("threads"))
     t = Table(title=title, header_style="bold")
     t.add_column("quantity")
     t.add_column("value", justify="right")
@@ -422,14 +472,16 @@ def _check_view_options(checkpoints, *, pca, connect, to, dims, span) -> None:
 
 
 def _landscape_view(checkpoints, config, outdir, *, pca, connect, to, dims, steps, span, seed, device, points_per_pass,
-                    plots, allow_unsafe_pickle, solver, keep_order, bend_steps, bend_lr, bend_optimizer, bend_batch_size):
+                    plots, allow_unsafe_pickle, solver, keep_order, bend_steps, bend_lr, bend_optimizer, bend_batch_size,
+                    threads):
     """``landscape --pca`` and ``landscape --connect``: check the option combination, call the API, render."""
     from . import api
 
     _check_view_options(checkpoints, pca=pca, connect=connect, to=to, dims=dims, span=span)
     with GridProgress("landscape") as shown:
         common = dict(steps=steps, seed=seed, device=device, points_per_pass=points_per_pass, outdir=outdir,
-                      plots=plots, allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update)
+                      plots=plots, allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update,
+                      threads=threads)
         if pca:
             res = api.landscape_pca(config, checkpoints, span=span, solver=solver, sort=not keep_order, **common)
         else:
@@ -444,7 +496,7 @@ def _landscape_view(checkpoints, config, outdir, *, pca, connect, to, dims, step
 
 
 # ------------------------------------------------------------------ sweep / collect / correlate
-@app.command()
+@app.command(cls=FitHelp)
 @handle_errors
 def sweep(
     config: ConfigOpt = ...,
@@ -453,7 +505,7 @@ def sweep(
     gpus: Annotated[str | None, typer.Option("--gpus", help="'all' or indices like 0,1: one worker process per GPU (default: every visible GPU when the device is auto).")] = None,
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="CPU worker processes (default 1).")] = None,
     shard: Annotated[str | None, typer.Option("--shard", help="I/N: run only shard I of N (for array schedulers); shards cover every unit exactly once.")] = None,
-    executor: Annotated[Executor, typer.Option("--executor", help="local, or slurm (a job array through submitit; needs the slurm extra: pip install 'flatcli\\[slurm]').")] = Executor.local,
+    executor: Annotated[Executor, typer.Option("--executor", help="local, or slurm (a job array through submitit; needs submitit, the slurm extra of flatcli).")] = Executor.local,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip finished units (--no-resume recomputes them).")] = True,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Rerun units that finished with an error.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be run or submitted; run nothing.")] = False,
@@ -465,6 +517,7 @@ def sweep(
     cluster: Annotated[str, typer.Option("--submitit-cluster", hidden=True, help="submitit backend: slurm, local or debug.")] = "slurm",
     lock_timeout: Annotated[float, typer.Option("--lock-timeout", min=0.0, help="Seconds without a heartbeat after which another worker's lock is stale.")] = 600.0,
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (trusted files only).")] = False,
+    threads: ThreadsOpt = None,
     debug: DebugOpt = False,
 ):
     """Measure a whole sweep as resumable units (checkpoint × measure); merge with 'flatcli collect'."""
@@ -478,15 +531,17 @@ def sweep(
         config, outdir, measures=measures, device=device, seed=seed, gpus=gpus, workers=workers, shard=shard,
         executor=_value(executor), resume=resume, retry_failed=retry_failed, dry_run=dry_run, lock_timeout=lock_timeout,
         tasks=tasks, slurm=parse_slurm_params(slurm), cluster=cluster, wait=wait,
-        allow_unsafe_pickle=allow_unsafe_pickle or None, log=log, debug=debug,
+        allow_unsafe_pickle=allow_unsafe_pickle or None, log=log, debug=debug, threads=threads,
     )
     for line in report.lines:
         console.print(line, highlight=False, soft_wrap=True)
     if report.dry_run:
-        for line in api.plan_costs(config, measures=measures, device=device).lines():
+        plan = api.plan_costs(config, measures=measures, device=device)
+        for line in plan.lines():
             console.print(line, highlight=False, soft_wrap=True, markup=False)
+        raise typer.Exit(max(report.exit_code, plan.exit_code))
     if not report.dry_run:
-        msg = f"{report.computed} units computed, {report.errors} with errors, {report.pending} not finished ({report.seconds:.1f}s)"
+        msg = report.summary()
         if report.executor == "slurm" and report.jobs and not wait:
             msg = f"submitted; when the array is done: flatcli collect {outdir}"
         else:
@@ -495,7 +550,7 @@ def sweep(
     raise typer.Exit(report.exit_code)
 
 
-@app.command()
+@app.command(cls=FitHelp)
 @handle_errors
 def collect(
     outdir: Annotated[Path, typer.Argument(help="A sweep directory.")],
@@ -521,14 +576,14 @@ def collect(
     raise typer.Exit(rep.exit_code)
 
 
-@app.command()
+@app.command(cls=FitHelp)
 @handle_errors
 def correlate(
     results: Annotated[Path, typer.Argument(help="A table with one row per checkpoint: a results.csv from 'flatcli measure' or 'flatcli collect', or any CSV.")],
     target: Annotated[str, typer.Option("--target", help="Column to predict.")] = "gen_gap",
     by: Annotated[str | None, typer.Option("--by", help="Hyperparameter axes for Ψ and CMI: columns of any name, e.g. lr,width (hp_lr is found by lr; default: every hp_* column that forms a grid axis).")] = None,
     outdir: Annotated[Path | None, typer.Option("--outdir", "-o", help="Write correlations.csv (and plots/) here.")] = None,
-    plots: Annotated[bool, typer.Option("--plots", help="Scatter per measure and a ψ heatmap (needs matplotlib; with -o).")] = False,
+    plots: Annotated[bool, typer.Option("--plots", help="Scatter per measure and a ψ heatmap in OUTDIR/plots (needs matplotlib and -o OUTDIR).")] = False,
     sort: Annotated[str | None, typer.Option("--sort", help="Rank by psi, kendall_tau_b, jiang_tau, spearman, pearson or cmi.")] = None,
     measures: Annotated[str | None, typer.Option("--measures", "-m", help="Measure columns, any numeric columns (default: the measures flatcli recorded, else every numeric column that is not the target, a metric or a hyperparameter).")] = None,
     where: Annotated[str | None, typer.Option("--where", help="Keep only the rows matching this pandas query (DataFrame.query), e.g. 'hp_lr < 0.1 and train_acc >= 0.99'; backquote names that are not identifiers.")] = None,
@@ -536,6 +591,7 @@ def correlate(
     bootstrap: Annotated[int | None, typer.Option("--bootstrap", help="Resamples of the checkpoints for percentile intervals of Pearson, Spearman and Kendall τ-b (e.g. 1000).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap resampling.")] = 0,
     confidence: Annotated[float, typer.Option("--confidence", help="Level of the bootstrap intervals.")] = 0.95,
+    wide: WideOpt = False,
     color_by: Annotated[str | None, typer.Option("--color-by", help="Column colouring the scatter plots (default the first axis; 'none' for one colour).")] = None,
     marker_by: Annotated[str | None, typer.Option("--marker-by", help="Column choosing the markers of the scatter plots (default the next axis; 'none' for one marker).")] = None,
     debug: DebugOpt = False,
@@ -544,12 +600,12 @@ def correlate(
     from . import api
     from .analysis.report import notes, render_table
 
-    if plots and outdir is None:
-        outdir = results.parent
-    rep = api.correlate(results, target=target, by=by, outdir=outdir, plots=plots, sort=sort, measures=measures,
-                        color_by=color_by, marker_by=marker_by, where=where, max_train_loss=max_train_loss,
-                        bootstrap=bootstrap, seed=seed, confidence=confidence)
-    print_table(console, render_table(rep))
+    with GridProgress("correlate: measures bootstrapped" if bootstrap else "correlate") as shown:
+        rep = api.correlate(results, target=target, by=by, outdir=outdir, plots=plots, sort=sort, measures=measures,
+                            color_by=color_by, marker_by=marker_by, where=where, max_train_loss=max_train_loss,
+                            bootstrap=bootstrap, seed=seed, confidence=confidence,
+                            progress=shown.update if bootstrap else None)
+    print_table(console, render_table(rep, fit_width(console, wide)), wide)
     rows = f"{rep.n_rows} checkpoints" + (f" (of {rep.n_input}, after the filters)" if rep.filters else "")
     console.print(
         f"{rows}; measures from {rep.measures_source}; n = checkpoints used "
@@ -566,7 +622,7 @@ def correlate(
 
 
 # ------------------------------------------------------------------ check-invariance
-@app.command("check-invariance")
+@app.command("check-invariance", cls=FitHelp)
 @handle_errors
 def check_invariance_cmd(
     checkpoint: Annotated[Path, typer.Argument(help="The checkpoint to rescale.")],
@@ -577,6 +633,7 @@ def check_invariance_cmd(
     tol: Annotated[float, typer.Option("--tol", min=0.0, help="Relative change up to which a claimed invariance holds (float64).")] = 1e-6,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the rescaling and of every stochastic measure (equal for both runs).")] = None,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
+    threads: ThreadsOpt = None,
     debug: DebugOpt = False,
 ):
     """Rescale the network without changing its function; show which measures stay put (exit 0 if every claimed invariance holds)."""
@@ -586,7 +643,8 @@ def check_invariance_cmd(
 
     with StageProgress("check-invariance: rescaling") as shown:
         rep = check_invariance(config, checkpoint, measures, transform=_value(transform), scale=scale, seed=seed,
-                               tol=tol, device=device, progress=shown.update)
+                               tol=tol, device=device, progress=shown.update, threads=threads)
+    log_line(rep.threads)
     console.print(f"[bold]{escape(rep.checkpoint)}[/bold]: {escape(rep.describe())}", highlight=False, soft_wrap=True)
     console.print(f"network output changed by {rep.output_rel_change:.2g} (relative, float64)", highlight=False)
     print_table(console, _invariance_table(rep))
@@ -629,7 +687,7 @@ def _invariance_table(rep) -> Table:
 
 
 # ------------------------------------------------------------------ sweep worker (hidden)
-@app.command("sweep-worker", hidden=True)
+@app.command("sweep-worker", hidden=True, cls=FitHelp)
 @handle_errors
 def sweep_worker(
     outdir: Annotated[Path, typer.Argument(help="A planned sweep directory (holds plan.json).")],
@@ -640,13 +698,16 @@ def sweep_worker(
     redo_before: Annotated[float | None, typer.Option("--redo-before", help="Recompute units finished before this time.")] = None,
     retry_before: Annotated[float | None, typer.Option("--retry-before", help="Rerun error units finished before this time.")] = None,
     lock_timeout: Annotated[float, typer.Option("--lock-timeout", min=0.0, help="Seconds after which a silent lock is stale.")] = 600.0,
+    threads: ThreadsOpt = None,
+    run: Annotated[str | None, typer.Option("--run", help="Id of the sweep run this worker belongs to (stored in its unit records).")] = None,
     debug: DebugOpt = False,
 ):
     """One worker over a planned sweep: what 'flatcli sweep' runs per GPU and array schedulers run per task."""
     from .sweep.runner import run_worker_process
 
     line = run_worker_process(outdir, shard=shard, worker=worker, workers=workers, device=device,
-                              redo_before=redo_before, retry_before=retry_before, lock_timeout=lock_timeout)
+                              redo_before=redo_before, retry_before=retry_before, lock_timeout=lock_timeout,
+                              threads=threads, run=run)
     err_console.print(line, highlight=False, markup=False)
 
 

@@ -26,6 +26,7 @@ from .engine.precision import PRECISIONS
 from .errors import ConfigError
 from .measures import MeasureSpec, get_measure
 from .measures._options import parse_options
+from .threads import check_threads
 
 SOURCES = ("tensors", "torchvision", "imagefolder", "digits", "synthetic", "mnist1d")
 
@@ -84,6 +85,7 @@ class RuntimeConfig:
     hvp_mode: str = "auto"
     block_size: int | None = None
     allow_unsafe_pickle: bool = False
+    threads: int | str = "auto"  # intra-op threads per worker process (flatcli.threads)
 
 
 @dataclass
@@ -159,6 +161,7 @@ class Config:
         """A short hash of everything that determines results (outputs excluded)."""
         d = self.to_dict()
         d.pop("output", None)
+        d["runtime"].pop("threads", None)  # how fast, not what: results do not depend on it
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -338,6 +341,7 @@ def _validate(cfg: Config) -> None:
         pats = getattr(cfg.params, key)
         if pats is not None and not all(isinstance(x, str) for x in pats):
             raise ConfigError(f"config key 'params.{key}' must be a list of glob patterns; got {pats!r}")
+    cfg.runtime.threads = check_threads(cfg.runtime.threads, "config key 'runtime.threads'")
     cfg.measure_specs()
 
 
@@ -347,9 +351,11 @@ def overrides(
     seed: int | None = None,
     precision: str | None = None,
     allow_unsafe_pickle: bool | None = None,
+    threads: int | str | None = None,
 ) -> dict[str, Any]:
     """The config overrides of the common CLI flags / API keywords (None and False mean "not given")."""
-    out: dict[str, Any] = {"runtime.device": device, "runtime.seed": seed, "runtime.precision": precision}
+    out: dict[str, Any] = {"runtime.device": device, "runtime.seed": seed, "runtime.precision": precision,
+                           "runtime.threads": threads}
     if allow_unsafe_pickle:
         out["runtime.allow_unsafe_pickle"] = True
     return {k: v for k, v in out.items() if v is not None}
@@ -359,6 +365,7 @@ ENV_VARS = {
     "FLATCLI_DEVICE": "runtime.device",
     "FLATCLI_SEED": "runtime.seed",
     "FLATCLI_PRECISION": "runtime.precision",
+    "FLATCLI_THREADS": "runtime.threads",
     "FLATCLI_OUTPUT_DIR": "output.dir",
 }
 

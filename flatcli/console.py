@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
@@ -27,32 +28,146 @@ def fmt(v) -> str:
     return str(v)
 
 
-def render_rows(rows, labels: list[str]) -> Table:
-    """The per-checkpoint results table: value ± stderr (status) per measure, then the metrics."""
-    t = Table(show_header=True, header_style="bold")
-    t.add_column("checkpoint", overflow="fold")
-    t.add_column("status")
-    for lab in labels:
-        t.add_column(lab, justify="right")
-    extra = [m for m in ("train_acc", "test_acc", "gen_gap") if any(m in r.metrics for r in rows)]
-    for m in extra:
-        t.add_column(m, justify="right")
-    for r in rows:
-        vals = []
-        for lab in labels:
-            res = r.results.get(lab)
-            if res is None:
-                vals.append("[red]error[/red]")
-            else:
-                s = fmt(res.value)
-                if res.stderr:
-                    s += f" ± {res.stderr:.2g}"
-                if res.status != "ok":
-                    s += f" ({res.status})"
-                vals.append(s)
-        status = "ok" if r.status == "ok" else "[red]error[/red]"
-        t.add_row(r.checkpoint, status, *vals, *[fmt(r.metrics.get(m)) for m in extra])
+# ------------------------------------------------------------------ tables that fit the terminal
+@dataclass
+class Column:
+    """One column of a table that may have to fit a narrow terminal: its header and cells (rich
+    markup allowed), alignment, ``priority`` (when the table is too wide, columns leave by
+    decreasing priority, the rightmost first; priority 0 always stays) and ``fold`` (a name or
+    path that may wrap onto several lines, counted at ``min_width`` when fitting)."""
+
+    header: str
+    cells: list[str]
+    justify: str = "right"
+    priority: int = 0
+    fold: bool = False
+    min_width: int = 12
+
+
+def _cell_len(text: str) -> int:
+    from rich.text import Text
+
+    return max((Text.from_markup(line).cell_len for line in text.split("\n")), default=0)
+
+
+def wrap_name(name: str, width: int) -> str:
+    """``name`` on lines of at most ``width`` cells, broken after ``_``, ``/``, ``-`` or at spaces (a
+    piece longer than ``width`` stays whole): ``hessian_lambda_max`` at 12 → ``hessian_\nlambda_max``."""
+    import re
+
+    pieces = [p for p in re.split(r"(?<=[_/ -])", name) if p]
+    lines = [""]
+    for piece in pieces:
+        if lines[-1] and len((lines[-1] + piece).rstrip()) > width:
+            lines.append("")
+        lines[-1] += piece
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _natural(col: Column, wrap: bool = True) -> tuple[str, int]:
+    """The column's header (with ``wrap``, wrapped to its cells' width) and its width when nothing
+    is cut."""
+    cells = max((_cell_len(c) for c in col.cells), default=0)
+    header = wrap_name(col.header, max(cells, 6)) if wrap and not col.fold else col.header
+    width = max(cells, _cell_len(header))
+    return header, (min(width, col.min_width) if col.fold else width)
+
+
+def fit_columns(cols: list[Column], width: int | None) -> tuple[list[Column], list[Column]]:
+    """The columns that fit ``width`` terminal cells in rich's default box (each column takes its
+    width + 3), and those left out: by decreasing priority, the rightmost first. None keeps all."""
+    if width is None:
+        return list(cols), []
+    widths = {id(c): _natural(c)[1] for c in cols}
+    kept = list(cols)
+    order = sorted(cols, key=lambda c: (c.priority, cols.index(c)), reverse=True)
+    for c in order:
+        if sum(widths[id(k)] + 3 for k in kept) + 1 <= width or c.priority == 0:
+            break
+        kept.remove(c)
+    return kept, [c for c in cols if c not in kept]
+
+
+def _fold_width(kept: list[Column], width: int | None) -> int | None:
+    """The width each folding column gets: the room the others leave, shared (None: unlimited)."""
+    folds = [c for c in kept if c.fold]
+    if width is None or not folds:
+        return None
+    room = width - 1 - sum(_natural(c)[1] + 3 for c in kept if not c.fold) - 3 * len(folds)
+    return max(min(c.min_width for c in folds), room // len(folds))
+
+
+def build_table(cols: list[Column], width: int | None = None, **table_kwargs) -> Table:
+    """A rich Table of the columns that fit ``width`` (`fit_columns`; None: all of them), headers
+    wrapped at ``_`` to their cells' width, numbers never cut, names and paths wrapped at ``_``
+    and ``/`` into the room left; the caption names what was left out (``--wide`` shows it)."""
+    kept, dropped = fit_columns(cols, width)
+    fold = _fold_width(kept, width)
+    t = Table(**table_kwargs)
+    for c in kept:
+        header, w = _natural(c, wrap=width is not None)
+        t.add_column(header, justify=c.justify, no_wrap=not c.fold, overflow="fold" if c.fold else "ellipsis",
+                     min_width=None if c.fold else w, max_width=fold if c.fold else None)
+    for i in range(max((len(c.cells) for c in kept), default=0)):
+        t.add_row(*[wrap_name(c.cells[i], fold) if c.fold and fold else c.cells[i] for c in kept])
+    if dropped:
+        left = ", ".join(c.header.replace("\n", " ") for c in dropped)
+        note = f"not shown at {width} columns: {left} (--wide shows every column)"
+        t.caption = f"{t.caption}; {note}" if t.caption else note
+        t.caption_justify = "left"
     return t
+
+
+def fit_width(console, wide: bool = False) -> int | None:
+    """The width tables must fit: the terminal's; None (every column, natural width) with ``wide``
+    and when the output is not a terminal (a file or a pipe gets full-width tables, see `print_table`)."""
+    return None if wide or not console.is_terminal else console.width
+
+
+def common_dir(names: list[str]) -> str:
+    """The folder every name in ``names`` lies in ('' when they share none)."""
+    import os
+
+    try:
+        d = os.path.commonpath([os.path.dirname(n) for n in names]) if names else ""
+    except ValueError:  # absolute and relative paths mixed
+        return ""
+    return d
+
+
+def _value_cell(res) -> str:
+    """A measure's table cell: value ± stderr (status); an error in red."""
+    if res is None:
+        return "[red]error[/red]"
+    s = fmt(res.value)
+    if res.stderr:
+        s += f" ± {res.stderr:.2g}"
+    if res.status != "ok":
+        s += f" ({res.status})"
+    return s
+
+
+def render_rows(rows, labels: list[str], width: int | None = None) -> Table:
+    """The per-checkpoint results table: value ± stderr (status) per measure, then the metrics.
+
+    With ``width`` (a terminal's), it fits: checkpoints are shown relative to the folder they
+    share (named in the caption) and wrap, headers wrap at ``_``, and the last measures and the
+    accuracies leave first (gen_gap stays after the first measure); the caption names them."""
+    names = [r.checkpoint for r in rows]
+    where = common_dir(names) if width is not None and len(names) > 0 else ""
+    if where:
+        import os
+
+        names = [os.path.relpath(n, where) for n in names]
+    cols = [Column("checkpoint", names, justify="left", fold=True, min_width=16),
+            Column("status", ["ok" if r.status == "ok" else "[red]error[/red]" for r in rows], justify="left")]
+    cols += [Column(lab, [_value_cell(r.results.get(lab)) for r in rows], priority=1 if i == 0 else 3 + i)
+             for i, lab in enumerate(labels)]
+    for m, prio in (("train_acc", 100), ("test_acc", 100), ("gen_gap", 2)):
+        if any(m in r.metrics for r in rows):
+            cols.append(Column(m, [fmt(r.metrics.get(m)) for r in rows], priority=prio))
+    return build_table(cols, width, show_header=True, header_style="bold",
+                       caption=f"checkpoints in {where}/" if where else None)
 
 
 def progress_bar(label: str):
@@ -105,21 +220,40 @@ class StageProgress:
 
 
 class GridProgress:
-    """A transient bar over grid points on a terminal (``update(done, total)``); nothing in logs."""
+    """Progress over a count of work (grid points, steps, measures): ``update(done, total)``. On a
+    terminal a transient bar; in logs (stderr not a terminal) a line every ``every`` seconds and
+    one at the end (``label: k/N (p%), Ts elapsed, about Rs left``), so long piped runs are not
+    silent."""
 
-    def __init__(self, label: str):
+    def __init__(self, label: str, every: float = 10.0, clock=None):
+        import time
+
         self.label = label
         self.bar = progress_bar(label) if err_console.is_terminal else None
         self.task = None
+        self.every = every
+        self.clock = clock or time.monotonic
+        self.t0 = self.last = self.clock()
 
     def update(self, done: int, total: int) -> None:
-        """Points evaluated so far of ``total``."""
+        """Work done so far of ``total``."""
         if self.bar is None:
+            self._log(done, total)
             return
         if self.task is None:
             self.bar.start()
             self.task = self.bar.add_task(self.label, total=total, detail="")
         self.bar.update(self.task, completed=done, total=total)
+
+    def _log(self, done: int, total: int) -> None:
+        now = self.clock()
+        if done < total and now - self.last < self.every:
+            return
+        self.last = now
+        spent = now - self.t0
+        left = f", about {spent * (total - done) / done:.0f}s left" if 0 < done < total else ""
+        pct = f" ({100 * done / total:.0f}%)" if total else ""
+        print(f"{self.label}: {done}/{total}{pct}, {spent:.0f}s elapsed{left}", file=sys.stderr, flush=True)
 
     def __enter__(self):
         return self
@@ -191,10 +325,11 @@ def describe_progress(label: str, info: dict) -> str:
     return " · ".join(parts)
 
 
-def print_table(console, table) -> None:
+def print_table(console, table, wide: bool = False) -> None:
     """Print a rich table without truncating columns when the output is not a terminal
-    (a file or a pipe gets the table's natural width instead of 80 columns)."""
-    if console.is_terminal:
+    (a file or a pipe gets the table's natural width instead of 80 columns), or with ``wide``
+    (``--wide``: lines longer than the terminal rather than squeezed columns)."""
+    if console.is_terminal and not wide:
         console.print(table)
         return
     old = console.width

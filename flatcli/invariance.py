@@ -270,6 +270,7 @@ class InvarianceReport:
     output_rel_change: float
     results: list[InvarianceResult] = field(default_factory=list)
     reference: str | None = None  # label of the Hessian-trace row
+    threads: str = ""  # torch's intra-op threads in words (set by flatcli.api.check_invariance)
 
     @property
     def passed(self) -> bool:

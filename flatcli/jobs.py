@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .loading.checkpoints import missing_checkpoint
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class Job:
     """One checkpoint to measure: the path as given and resolved, its hyperparameters (the
     ``hp_*`` columns), and its own init checkpoint and training set when it has them."""
 
-    checkpoint: str  # the path as given (or as the glob produced it)
+    checkpoint: str  # the path as given (or a glob's match, written as the glob is)
     path: Path  # resolved
     hparams: dict[str, Any] = field(default_factory=dict)
     init_checkpoint: Path | None = None
@@ -93,7 +94,7 @@ def resolve_jobs(cfg, cli_paths: list[str] | None = None) -> list[Job]:
         jobs = _listed_jobs(cfg, entries, regex, init_default, from_cli=bool(cli_paths))
     for j in jobs:
         if not j.path.is_file():
-            raise ConfigError(f"checkpoint not found: {j.path}")
+            raise missing_checkpoint(j.path)
     return jobs
 
 
@@ -106,7 +107,7 @@ def _cli_jobs_with_manifest(cfg, cli_paths: list[str]) -> list[Job]:
     for e in cli_paths:
         p = Path(os.path.expanduser(e))
         if not p.is_file():
-            raise ConfigError(f"checkpoint: file not found: {p}")
+            raise missing_checkpoint(p)
         hit = known.get(p.resolve())
         jobs.append(
             Job(e, p, hit.hparams, hit.init_checkpoint, hit.train_data)
@@ -154,11 +155,19 @@ def _manifest_jobs(cfg, entries: dict, regex: str | None, init_default: Path | N
     return jobs
 
 
+def _glob(pattern: str, root: str | os.PathLike | None) -> list[str]:
+    """The matches of ``pattern``, sorted, written as the pattern is: relative to ``root`` (the
+    config's folder, for a relative pattern in the config) or to the working directory."""
+    return sorted(glob.glob(pattern, root_dir=root, recursive=True))
+
+
 def _listed_jobs(
     cfg, entries: Any, regex: str | None, init_default: Path | None, *, from_cli: bool
 ) -> list[Job]:
     """Jobs for a list of paths and globs (globs expanded, sorted); relative paths are relative
-    to the config's folder, or to the working directory for paths ``from_cli``."""
+    to the config's folder, or to the working directory for paths ``from_cli``. A job's
+    ``checkpoint`` (the results' column) is the path as written, or a glob's match as the glob is
+    written (``runs/*/best.pt`` in a config gives ``runs/a/best.pt``, whatever the folder)."""
     if not isinstance(entries, list):
         raise ConfigError("config key 'checkpoints' must be a list of paths/globs or {manifest: file.csv}")
     jobs = []
@@ -167,13 +176,13 @@ def _listed_jobs(
             raise ConfigError(f"config key 'checkpoints' holds a non-string entry {e!r}")
         resolved = cfg.resolve_path(e) if not from_cli else Path(os.path.expanduser(e))
         if glob.has_magic(str(e)):
-            hits = sorted(glob.glob(str(resolved), recursive=True))
+            root = None if from_cli or os.path.isabs(os.path.expanduser(e)) else cfg.base_dir
+            hits = _glob(os.path.expanduser(e), root)
             if not hits:
                 raise ConfigError(f"checkpoints: the glob {e!r} matches no file")
-            jobs += [Job(h, Path(h), _from_path(regex, h), init_default) for h in hits]
+            jobs += [Job(h, Path(root) / h if root else Path(h), _from_path(regex, h), init_default) for h in hits]
         elif not resolved.is_file():
-            where = "checkpoint" if from_cli else "checkpoints"
-            raise ConfigError(f"{where}: file not found: {resolved}")
+            raise missing_checkpoint(resolved, "" if from_cli else "config key 'checkpoints': ")
         else:
             jobs.append(Job(e, resolved, _from_path(regex, e), init_default))
     return jobs

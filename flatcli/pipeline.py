@@ -28,7 +28,7 @@ from .errors import ConfigError, FlatcliError, MeasurementError, error_kind
 from .jobs import Job, resolve_jobs
 from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
 from .loading.data import load_split, subset
-from .loading.models import build_model
+from .loading.models import build_model, import_dirs
 from .measures import Dims, MeasureContext, MeasureSpec, run_measure
 from .results import Row
 from .settings import Settings
@@ -312,8 +312,8 @@ def load_init_state(cfg: Config, job: Job, model: torch.nn.Module | None = None)
     """The job's initialization state dict (None without one), shape-checked against ``model``."""
     if job.init_checkpoint is None:
         return None
-    init_state = extract_state_dict(read_checkpoint(job.init_checkpoint, cfg.runtime.allow_unsafe_pickle),
-                                    job.init_checkpoint)
+    init_state = extract_state_dict(read_checkpoint(job.init_checkpoint, cfg.runtime.allow_unsafe_pickle,
+                                                    import_dirs(cfg.model.target, cfg.base_dir)), job.init_checkpoint)
     if model is not None:
         load_into(copy.deepcopy(model), init_state, job.init_checkpoint)  # validates shapes
     return init_state
@@ -324,7 +324,7 @@ def load_model(cfg: Config, path: str | Path) -> tuple[torch.nn.Module, dict[str
     checkpoint override ``model.kwargs``). Returns ``(model, extras)``; the model is on the CPU."""
     if not cfg.model.target:
         raise ConfigError("config key 'model.target' is required")
-    obj = read_checkpoint(path, cfg.runtime.allow_unsafe_pickle)
+    obj = read_checkpoint(path, cfg.runtime.allow_unsafe_pickle, import_dirs(cfg.model.target, cfg.base_dir))
     extras = checkpoint_extras(obj)
     kwargs = dict(cfg.model.kwargs)
     if isinstance(extras.get("model_kwargs"), dict):

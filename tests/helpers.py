@@ -128,3 +128,22 @@ def conv_bn_folded_by_hand(model):
         plain.conv.weight.copy_(model.conv.weight * s[:, None, None, None])
         plain.conv.bias.copy_(bn.bias - s * bn.running_mean)
     return plain.eval()
+
+
+def record_tf32_flags(monkeypatch, bias: float = 0.0) -> list[bool]:
+    """Record ``torch.backends.cuda.matmul.allow_tf32`` inside every `CurvatureEngine.hvp` call (the
+    list returned grows as products run). ``bias`` simulates a TF32 product on the CPU, where the flag
+    changes nothing: while the flag is on, products come out as (1 + bias)·H v."""
+    from flatcli.engine import CurvatureEngine
+
+    seen: list[bool] = []
+    real = CurvatureEngine.hvp
+
+    def hvp(self, V, theta=None):
+        on = bool(torch.backends.cuda.matmul.allow_tf32)
+        seen.append(on)
+        out = real(self, V, theta=theta)
+        return out * (1 + bias) if on and bias else out
+
+    monkeypatch.setattr(CurvatureEngine, "hvp", hvp)
+    return seen

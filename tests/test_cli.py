@@ -84,7 +84,7 @@ def _edit(project, **changes):
     [
         (lambda c: c.update(measure_data={"batch_sise": 2}), "Unknown config key 'measure_data.batch_sise'. Did you mean 'measure_data.batch_size'?"),
         (lambda c: c.update(measure_data={"batch_size": "x"}), "config key 'measure_data.batch_size' must be int"),
-        (lambda c: c.update(checkpoints=["nothere.pt"]), "checkpoints: file not found"),
+        (lambda c: c.update(checkpoints=["nothere.pt"]), "config key 'checkpoints': checkpoint not found"),
         (lambda c: c.update(measures=[{"hessian_trace": {"tol": 2}}]), "The 'tol' parameter of hessian_trace must be a float in (0, 1). Got 2 instead."),
         (lambda c: c["model"].update(target="flatcli.demo.models:Nope"), "model.target: 'flatcli.demo.models' has no attribute 'Nope'"),
         (lambda c: c["data"]["train"].update(source="tensors", path="nofile.pt"), "data.train.path: file not found"),
@@ -153,9 +153,13 @@ def test_unsafe_pickle_refused_then_allowed(project, tmp_path):
     assert res.exit_code == 0, out(res)
 
 
-def test_debug_shows_traceback(tmp_path):
-    res = runner.invoke(app, ["measure", "-c", str(tmp_path / "none.yaml"), "--debug"])
-    assert res.exit_code != 0 and res.exception is not None
+def test_debug_shows_traceback_and_keeps_the_exit_code(tmp_path):
+    args = ["measure", "-c", str(tmp_path / "none.yaml")]
+    plain, debug = run(*args), run(*args, "--debug")
+    assert plain.exit_code == debug.exit_code == 2  # a config error is a config error with --debug too
+    assert "Traceback (most recent call last)" not in out(plain) and "none.yaml" in out(plain)
+    assert "Traceback (most recent call last)" in out(debug) and "ConfigError" in out(debug)
+    assert "none.yaml" in out(debug).splitlines()[-1]  # the one-line message still ends the output
 
 
 def test_measures_lists_names_and_options():
@@ -356,3 +360,58 @@ def test_dry_run_prints_the_planned_products_and_measures_nothing(project, tmp_p
     assert not (tmp_path / "o").exists()
     res = run("sweep", "-c", project, "-o", tmp_path / "s", "--dry-run")
     assert res.exit_code == 0 and "hessian_trace: 8 HVPs" in res.output
+
+
+def test_dry_run_sizes_each_checkpoint_and_names_every_bad_one(tmp_path):
+    """Checkpoints of two widths get their own parameter counts; every checkpoint that cannot be
+    loaded gets its own line (the dry run goes on past the first) and the exit code is 2."""
+    from flatcli.demo.models import MLP
+
+    proj = write_project(tmp_path / "p", measures=[{"hessian_trace": {"min_probes": 8, "max_probes": 8}}])
+    torch.manual_seed(0)
+    torch.save({"state_dict": MLP(16, 32, 1, 4).state_dict(), "model_kwargs": {"width": 32}}, proj.parent / "wide.pt")
+    torch.save(MLP(16, 32, 1, 4).state_dict(), proj.parent / "no_kwargs.pt")  # width 32 into the width-8 model
+    (proj.parent / "junk.pt").write_bytes(b"\x00junk" * 50)
+    names = ["m0.pt", "junk.pt", "wide.pt", "no_kwargs.pt", "m1.pt"]
+    res = run("measure", *[proj.parent / n for n in names], "-c", proj, "--dry-run")
+    assert res.exit_code == 2, res.output
+    text = out(res)
+    for width in (8, 32):
+        P = sum(p.numel() for p in MLP(16, width, 1, 4).parameters())
+        assert f"(P = {P:,} parameters" in text
+    assert re.search(r"checkpoint \S*junk.pt: cannot be loaded: .*not a readable checkpoint", text)
+    assert re.search(r"checkpoint \S*no_kwargs.pt: cannot be loaded: .*shape mismatches", text)
+    assert "total over 3 checkpoint(s) (2 could not be loaded): 24 HVPs" in text
+
+
+def test_checkpoint_column_holds_glob_matches_as_the_glob_is_written(tmp_path, monkeypatch):
+    """A relative glob in the config matches relative to the config's folder and its matches stay
+    relative (the README's "the path as given"); an absolute glob gives absolute paths."""
+    proj = write_project(tmp_path / "p", measures=["frobenius_norm"], n_ckpt=2)
+    (proj.parent / "runs" / "a").mkdir(parents=True)
+    (proj.parent / "runs" / "b").mkdir()
+    (proj.parent / "m0.pt").rename(proj.parent / "runs" / "a" / "best.pt")
+    (proj.parent / "m1.pt").rename(proj.parent / "runs" / "b" / "best.pt")
+    cfg = yaml.safe_load(proj.read_text())
+    cfg["checkpoints"] = ["runs/*/best.pt"]
+    proj.write_text(yaml.safe_dump(cfg))
+    monkeypatch.chdir(tmp_path)  # elsewhere than the config's folder
+    res = run("measure", "-c", proj, "-o", tmp_path / "o", "--format", "csv")
+    assert res.exit_code == 0, out(res)
+    assert [r["checkpoint"] for r in csv.DictReader(open(tmp_path / "o" / "results.csv"))] == [
+        "runs/a/best.pt", "runs/b/best.pt"]
+    cfg["checkpoints"] = [str(proj.parent / "runs" / "*" / "best.pt")]
+    proj.write_text(yaml.safe_dump(cfg))
+    res = run("measure", "-c", proj, "-o", tmp_path / "o2")
+    assert res.exit_code == 0, out(res)
+    assert [r["checkpoint"] for r in csv.DictReader(open(tmp_path / "o2" / "results.csv"))] == [
+        str(proj.parent / "runs" / d / "best.pt") for d in "ab"]
+
+
+def test_a_directory_given_as_a_checkpoint_is_named_as_one(project, tmp_path):
+    (tmp_path / "run").mkdir()
+    torch.save({}, tmp_path / "run" / "final.pt")
+    res = run("measure", tmp_path / "run", "-c", project)
+    assert res.exit_code == 2
+    assert "run is a directory, not a checkpoint file; it holds final.pt: pass one of them" in out(res)
+    assert "file not found" not in out(res)

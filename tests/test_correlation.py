@@ -253,3 +253,84 @@ def test_cli_correlate_with_plots(tmp_path):
     assert {"scatter_mu.png", "scatter_all.png", "psi_heatmap.png"} <= plots
     res = runner.invoke(app, ["correlate", str(path), "--by", "nope"])
     assert res.exit_code == 2 and "--by 'nope'" in res.output
+
+
+def test_correlate_plots_without_an_output_folder_is_a_usage_error(tmp_path, monkeypatch):
+    """--plots writes into -o OUTDIR, as its help says; without -o nothing lands in the working folder."""
+    rows = grid_rows(lambda k, hp: float(k), lambda k, hp: float(k % 5))
+    path = write_results(tmp_path / "results.csv", rows)
+    monkeypatch.chdir(tmp_path)
+    before = set(tmp_path.iterdir())
+    res = runner.invoke(app, ["correlate", path.name, "--by", "a,b", "--plots"])
+    assert res.exit_code == 2 and "--plots needs an output directory (-o OUTDIR)" in res.output
+    assert set(tmp_path.iterdir()) == before
+
+
+# ------------------------------------------------------------------ small grids, ties, bootstrap size
+def grid_frame(seeds: int, seed: int = 1):
+    """3 lr × 3 width × ``seeds`` seeds; a gap driven by lr and width, a measure that tracks it."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for lr, w, s in itertools.product([0.01, 0.1, 0.3], [64, 128, 256], range(seeds)):
+        gap = 0.05 + 0.1 * lr + 1e-4 * w + rng.normal(scale=0.01)
+        rows.append({"lr": lr, "width": w, "seed": s, "gen_gap": gap, "sharp": 10 * gap + rng.normal(scale=0.03)})
+    return pd.DataFrame(rows)
+
+
+def brute_pairs_per_cell(df, axes):
+    """Fewest untied ordered pairs per occupied cell (U_i, U_j) over every pair of axes, by loops."""
+    g = df["gen_gap"].to_numpy()
+    best = math.inf
+    for a, b in itertools.combinations(axes, 2):
+        pairs = [(i, j) for i in range(len(g)) for j in range(len(g)) if i != j and g[i] != g[j]]
+        cells = {(df[a][i], df[b][i], df[a][j], df[b][j]) for i, j in pairs}
+        best = min(best, len(pairs) / len(cells))
+    return best
+
+
+def test_cmi_warns_on_a_small_grid_and_gives_the_chance_level():
+    """18 models (the new user's case): too few pairs per cell; the warning says what CMI needs and
+    what a random measure scores there, which an independent 100-draw estimate confirms."""
+    small = grid_frame(seeds=2)
+    rep = correlate_table(small, measures="sharp", by="lr,width,seed")
+    chk = rep.cmi_check
+    assert chk.pairs_per_cell == pytest.approx(brute_pairs_per_cell(small, ["lr", "width", "seed"]), rel=1e-12)
+    assert not chk.reliable and any("CMI is not reliable on this grid" in w and "needs ≳ 10" in w for w in rep.warnings)
+    hp = {a: [str(v) for v in small[a]] for a in ("lr", "width", "seed")}
+    rng = np.random.default_rng(99)
+    draws = np.array([conditional_mi(rng.random(18), small["gen_gap"].to_numpy(), hp, list(hp)).value
+                      for _ in range(100)])
+    assert abs(chk.chance - draws.mean()) <= 4 * draws.std() / math.sqrt(20)  # the mean of its 20 draws
+    assert chk.chance > 0.05  # on this grid noise scores well above 0: the reason for the warning
+    large = correlate_table(grid_frame(seeds=8), measures="sharp", by="lr,width")
+    assert large.cmi_check.reliable and not large.warnings
+
+
+def test_ties_in_the_ranking_statistic_are_broken_by_kendall_tau_then_by_name():
+    """Two measures with Ψ = 1: one orders every checkpoint like the gap (τ-b = 1), the other only
+    within the Ψ groups. The first ranks first whatever the column order; equal ones go by name."""
+    import pandas as pd
+
+    rows = [{"a": a, "b": b, "gen_gap": a + 10 * b} for a, b in itertools.product(range(2), range(3))]
+    df = pd.DataFrame(rows)
+    df["within_groups"] = 100 * df["a"] + df["b"]  # ψ_a = ψ_b = 1, but orders a before b
+    df["exact"] = df["gen_gap"]
+    df["copy_of_exact"] = df["gen_gap"]
+    rep = correlate_table(df, measures="within_groups,exact,copy_of_exact", by="a,b")
+    assert [mc.psi for mc in rep.measures] == [1.0, 1.0, 1.0]
+    assert rep.measures[2].kendall_tau_b < rep.measures[0].kendall_tau_b == pytest.approx(1.0, abs=1e-12)
+    assert [mc.measure for mc in rep.measures] == ["copy_of_exact", "exact", "within_groups"]
+
+
+def test_bootstrap_needs_enough_resamples_for_its_interval(tmp_path):
+    df = grid_frame(seeds=2)
+    path = tmp_path / "t.csv"
+    df.to_csv(path, index=False)
+    res = runner.invoke(app, ["correlate", str(path), "-m", "sharp", "--bootstrap", "1"])
+    assert res.exit_code == 2 and "--bootstrap 1: a 95% percentile interval needs at least 100 resamples" in res.output
+    with pytest.raises(ConfigError, match="needs at least 500 resamples"):
+        correlate_table(df, measures="sharp", bootstrap=100, confidence=0.99)
+    mc = correlate_table(df, measures="sharp", bootstrap=100).measures[0]
+    assert mc.intervals["kendall_tau_b"].lo <= mc.kendall_tau_b <= mc.intervals["kendall_tau_b"].hi

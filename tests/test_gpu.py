@@ -122,15 +122,15 @@ def test_block_size_from_free_memory_and_oom_backoff_on_cuda():
     V = vecs(p.num_params, 8, "cuda", torch.float32)
     ref = CurvatureEngine(p, hvp_mode="forward", block_size=8).hvp(V)
     eng = CurvatureEngine(p, hvp_mode="forward", block_size=8)
-    real, state = eng._hvp_block, {"n": 0}
+    real, state = eng.curvature["hessian"].product, {"n": 0}
 
-    def block(V, th, dest=None):
+    def product(V, th, j, batch, out, accumulate):
         if state["n"] == 0 and V.shape[0] > 4:
             state["n"] += 1
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-        return real(V, th, dest)
+        return real(V, th, j, batch, out, accumulate)
 
-    eng._hvp_block = block
+    eng.curvature["hessian"].product = product
     assert rel(eng.hvp(V), ref) <= 1e-6
     assert eng.oom_retries == 1 and eng.block_size == 4
 
@@ -159,23 +159,54 @@ def test_measures_on_cuda_match_cpu_fp64():
     )
 
 
-def test_resnet18_forward_reverse_agree_and_tf32_runs():
+def resnet18_problem():
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10).eval().cuda()
     x = torch.randn(16, 3, 32, 32)
     y = torch.randint(0, 10, (16,))
+    return model, x, y
+
+
+def test_resnet18_forward_and_reverse_hvp_agree():
+    model, x, y = resnet18_problem()
     p = Problem(model, x, y, batch_size=8, device="cuda", dtype=torch.float32)
     V = vecs(p.num_params, 4, "cuda", torch.float32)
     a = CurvatureEngine(p, hvp_mode="forward", block_size=4).hvp(V)
     b = CurvatureEngine(p, hvp_mode="reverse", reverse_batched=False, cache_graphs=False).hvp(V)
     assert rel(a, b) <= 1e-3
-    row = measure_model(
-        model,
-        (x, y),
-        [{"hessian_trace": {"min_probes": 8, "max_probes": 8}}],
-        precision="tf32",
-        device="cuda",
-        batch_size=8,
-    )
-    assert row.status == "ok", row.errors
+
+
+def test_tf32_products_differ_from_fp32_and_lambda_max_is_verified_in_fp32(monkeypatch):
+    """precision auto on a tensor-core GPU: TF32 is on inside the Lanczos products (observed there),
+    raw TF32 products differ from fp32 ones by far more than fp32's own run-to-run noise, and the
+    fp32-verified λmax lands within 1e-4 (relative) of an fp32 run. The CPU twin with a simulated
+    TF32 product is test_hessian_measures.py::test_precision_auto_runs_lanczos_in_tf32_and_verifies_in_fp32_through_the_pipeline."""
+    from flatcli.engine.precision import tf32_flags
+    from flatcli.settings import has_tensor_cores
+
+    from .helpers import record_tf32_flags
+
+    if not has_tensor_cores(torch.device("cuda")):
+        pytest.skip("needs a GPU with TF32 tensor cores (compute capability ≥ 8.0)")
+    model, x, y = resnet18_problem()
+    p = Problem(model, x, y, batch_size=8, device="cuda", dtype=torch.float32)
+    eng = CurvatureEngine(p)
+    V = vecs(p.num_params, 2, "cuda", torch.float32)
+    with tf32_flags(False, False):
+        fp32, fp32_again = eng.hvp(V), eng.hvp(V)
+    with tf32_flags(True, True):
+        tf32 = eng.hvp(V)
+    assert rel(tf32, fp32) > max(100 * rel(fp32_again, fp32), 1e-5)
+
+    seen = record_tf32_flags(monkeypatch)
+    spec = [{"hessian_lambda_max": {"tol": 5e-5, "max_steps": 200}}]
+    auto = measure_model(model, (x, y), spec, precision="auto", device="cuda", batch_size=8)
+    in_auto = list(seen)
+    seen.clear()
+    ref = measure_model(model, (x, y), spec, precision="fp32", device="cuda", batch_size=8)
+    a, r = auto.results["hessian_lambda_max"], ref.results["hessian_lambda_max"]
+    assert auto.status == ref.status == "ok", (auto.errors, ref.errors)
+    assert any(in_auto) and in_auto[-1] is False and not any(seen)
+    assert a.diagnostics["verified"] == "fp32"
+    assert abs(a.value - r.value) <= 1e-4 * abs(r.value)

@@ -262,6 +262,32 @@ def test_lambda_max_finishes_in_fp32_when_tf32_rounding_keeps_the_residual_above
     assert r.value == pytest.approx(lam, rel=1e-10)
 
 
+def test_precision_auto_runs_lanczos_in_tf32_and_verifies_in_fp32_through_the_pipeline(monkeypatch):
+    """The CPU twin of test_gpu.py's TF32 test: a tensor-core GPU is simulated (products biased by
+    1% while TF32 is on). measure_model with precision auto must turn TF32 on for the Lanczos
+    products (observed inside them), off for the fp32 verification, and report λmax within 1e-4 of
+    the fp32 run; the biased TF32 value is kept in the diagnostics."""
+    from flatcli.engine import precision
+
+    from .helpers import record_tf32_flags
+
+    model, x, y = mlp_data()
+    model, x = model.float(), x.float()
+    monkeypatch.setattr(precision, "has_tensor_cores", lambda device: True)
+    monkeypatch.setattr(CurvatureEngine, "low_precision", property(lambda self: True))
+    seen = record_tf32_flags(monkeypatch, bias=1e-2)
+    spec = [{"hessian_lambda_max": {"tol": 1e-5}}]
+    auto = measure_model(model, (x, y), spec, precision="auto", batch_size=4).results["hessian_lambda_max"]
+    in_auto = list(seen)
+    seen.clear()
+    fp32 = measure_model(model, (x, y), spec, precision="fp32", batch_size=4).results["hessian_lambda_max"]
+    assert any(in_auto) and in_auto[-1] is False  # Lanczos in TF32, the last product (verification) fp32
+    assert not any(seen)  # precision fp32: TF32 never on
+    assert auto.diagnostics["verified"] == "fp32" and auto.status == fp32.status == "ok"
+    assert auto.diagnostics["tf32_value"] == pytest.approx(1.01 * fp32.value, rel=1e-4)
+    assert auto.value == pytest.approx(fp32.value, rel=1e-4)
+
+
 @pytest.mark.parametrize("bias, status", [(0.3, "precision_warning"), (1e-9, "ok")])
 def test_trace_control_sample_flags_a_tf32_bias_larger_than_the_stderr(monkeypatch, tf32_on, bias, status):
     model, x, y = mlp_data(seed=1)

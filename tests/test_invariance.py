@@ -213,7 +213,7 @@ def test_cli_exit_codes(project):
     res = runner.invoke(app, ["check-invariance", "-c", str(cfg), str(ckpt), "--transform", "channel"])
     assert res.exit_code == 2 and "'channel' is not one of 'node', 'layer', 'both'" in res.output
     res = runner.invoke(app, ["check-invariance", "-c", str(cfg), str(ckpt.with_name("missing.pt"))])
-    assert res.exit_code == 2 and "file not found" in res.output
+    assert res.exit_code == 2 and "checkpoint not found" in res.output
 
 
 def test_bad_measure_input_is_a_config_error():

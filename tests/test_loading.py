@@ -78,6 +78,78 @@ def test_missing_and_garbage_checkpoint(tmp_path):
         read_checkpoint(tmp_path / "junk.pt")
 
 
+@pytest.mark.parametrize("allow", [False, True])
+def test_random_bytes_are_not_a_checkpoint_and_never_unpickled(tmp_path, allow, monkeypatch):
+    """A corrupt file is named as such; the unsafe flag is never suggested for it, and with the flag
+    it is still not unpickled (torch.load(weights_only=False) is not called)."""
+    (tmp_path / "corrupt.pt").write_bytes(np.random.default_rng(0).bytes(4096))
+    real = torch.load
+
+    def load(*a, weights_only=True, **k):
+        assert weights_only, "a file that is not a torch.save file was unpickled"
+        return real(*a, weights_only=weights_only, **k)
+
+    monkeypatch.setattr(torch, "load", load)
+    with pytest.raises(ConfigError) as e:
+        read_checkpoint(tmp_path / "corrupt.pt", allow_unsafe_pickle=allow)
+    msg = str(e.value)
+    assert "corrupt.pt is not a readable checkpoint" in msg
+    assert "--allow-unsafe-pickle" not in msg and "weights_only" not in msg
+
+
+def test_a_directory_is_named_with_the_checkpoints_in_it(tmp_path):
+    (tmp_path / "run").mkdir()
+    with pytest.raises(ConfigError, match=r"run is a directory, not a checkpoint file; pass a checkpoint file"):
+        read_checkpoint(tmp_path / "run")
+    for name in ("final.pt", "best.safetensors", "notes.txt"):
+        (tmp_path / "run" / name).write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"is a directory, not a checkpoint file; it holds best.safetensors, final.pt: pass"):
+        read_checkpoint(tmp_path / "run")
+
+
+def test_width_mismatch_hints_at_model_kwargs(tmp_path):
+    torch.save(nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 2)).state_dict(), tmp_path / "wide.pt")
+    with pytest.raises(ConfigError, match=r"shape mismatches: 0.weight: checkpoint \(5, 4\) vs model \(3, 4\).*"
+                                          r"set them under model.kwargs or save them in the checkpoint as 'model_kwargs'"):
+        load_checkpoint(_model(), tmp_path / "wide.pt")
+
+
+def test_unsafe_pickle_of_a_class_beside_the_config_loads_without_pythonpath(tmp_path, monkeypatch):
+    """A full pickle of models.Net (trained by a script beside models.py) unpickles with
+    --allow-unsafe-pickle when the config sits beside models.py, as model.target resolves it."""
+    import sys
+
+    from flatcli import api
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "models.py").write_text(
+        "from torch import nn\n"
+        "class Net(nn.Sequential):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 10))\n"
+    )
+    sys.path.insert(0, str(proj))  # the user's training script, run from proj/
+    try:
+        import models
+
+        torch.save(models.Net(), proj / "full.pt")
+    finally:
+        sys.path.remove(str(proj))
+        del sys.modules["models"]
+    monkeypatch.delitem(sys.modules, "models", raising=False)  # whatever loading imports is dropped after
+    cfg = {"model": {"target": "models.py:Net"}, "checkpoints": ["full.pt"],
+           "data": {"train": {"source": "digits"}}, "measure_data": {"num_samples": 32},
+           "measures": ["frobenius_norm"], "runtime": {"device": "cpu"}}
+    (proj / "config.yaml").write_text(__import__("yaml").safe_dump(cfg))
+    monkeypatch.chdir(tmp_path)  # not the config's folder: nothing is importable by accident
+    refused = api.measure(proj / "config.yaml")
+    assert refused.rows[0].status == "error" and "models.Net" in refused.rows[0].error
+    rep = api.measure(proj / "config.yaml", allow_unsafe_pickle=True)
+    assert rep.rows[0].status == "ok", rep.rows[0].error
+    assert str(proj) not in sys.path
+
+
 def test_extras_carry_model_kwargs(tmp_path):
     torch.save({"state_dict": _model().state_dict(), "model_kwargs": {"width": 3}, "hparams": {"lr": 0.1}}, tmp_path / "c.pt")
     ex = checkpoint_extras(read_checkpoint(tmp_path / "c.pt"))

@@ -302,12 +302,20 @@ def test_kill_9_mid_sweep_then_resume_equals_uninterrupted(project, tmp_path):
 
 
 def test_concurrent_workers_never_duplicate_or_corrupt(project, tmp_path, monkeypatch, capfd):
+    """Two worker processes on one directory; on a (mocked) 2-core machine each runs 1 thread,
+    observed inside the workers (every unit file records its worker's torch.get_num_threads())."""
+    from flatcli import threads
+
     cfg, ref = project
     out = tmp_path / "s"
     monkeypatch.setenv(DELAY_ENV, "0.2")  # inherited by the worker processes
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    rep = api.sweep(cfg, out, workers=2, log=quiet)  # two worker processes on one directory
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # auto: cores // workers, not the caller's choice
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    lines: list[str] = []
+    rep = api.sweep(cfg, out, workers=2, log=lines.append)  # two worker processes on one directory
     assert (rep.computed, rep.pending, rep.workers) == (8, 0, ["cpu", "cpu"])
+    assert rep.threads == "threads: 1 per worker (2 workers on 2 cores)" and rep.threads in lines
+    assert {json.loads(p.read_text())["worker"]["threads"] for p in (out / "units").iterdir()} == {1}
     err = capfd.readouterr().err
     computed = [ln.split("] ", 1)[1].rsplit(" ", 2)[0] for ln in err.splitlines()
                 if ln.startswith("[w") and "] ck/" in ln]
@@ -395,3 +403,33 @@ def test_collect_without_a_plan_rebuilds_rows_from_the_unit_files(project, tmp_p
     empty.mkdir()
     with pytest.raises(ConfigError, match="holds no plan.json and no unit files"):
         api.collect(empty)
+
+
+def test_each_sweep_counts_what_it_computed_itself(project, tmp_path):
+    """Two sweeps sharing a folder: while this one runs, another process finishes one unit and holds
+    the lock of another. This run reports only what its own workers computed, and names the rest
+    (the issue's "20 units computed" for 10 each came from counting every unit finished since start)."""
+    import copy
+    import socket
+
+    cfg, ref = project
+    out = tmp_path / "s"
+    seen: list[dict] = []
+
+    def other_sweep(rec):  # on this run's first unit: the other process finishes one, starts one
+        seen.append(rec)
+        if len(seen) > 1:
+            return
+        units = [u for u in load_plan(out).units if u.id != rec["unit"]]
+        theirs = copy.deepcopy(rec) | {"unit": units[-1].id, "run": "another-sweep"}
+        Store(out).write_unit(theirs)
+        (out / "locks").mkdir(exist_ok=True)
+        live = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "token": "x"}
+        (out / "locks" / f"{units[-2].id}.lock").write_text(json.dumps(live))
+
+    rep = api.sweep(cfg, out, log=quiet, on_unit=other_sweep)
+    assert (rep.computed, rep.by_others, rep.busy, rep.pending) == (6, 1, 1, 0)
+    assert len(seen) == 6
+    assert rep.summary().startswith(
+        "6 units computed (1 finished by another process meanwhile, 1 still running in another process), "
+        "0 with errors, 0 not finished")

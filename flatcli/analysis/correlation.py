@@ -44,6 +44,7 @@ import json
 import math
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -378,25 +379,43 @@ def _normalized_cmi(pairs: pd.DataFrame, keys: list[str]) -> float:
     return float(mi / h) if h > 1e-15 else math.nan
 
 
+def _conditions(axes: list[str]) -> list[tuple[str, ...]]:
+    """The conditioning sets S of the CMI score: every pair of axes (the one axis, or none)."""
+    return [tuple(c) for c in itertools.combinations(axes, 2)] if len(axes) >= 2 else [tuple(axes)]
+
+
+def _ordered_pairs(g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ordered pairs (i, j) of distinct checkpoints with untied gaps, and V_g = sign(g_i − g_j)."""
+    i, j = np.nonzero(~np.eye(len(g), dtype=bool))
+    vg = _sign(g[i] - g[j])
+    keep = vg != 0
+    return i[keep], j[keep], vg[keep]
+
+
+def _cell_keys(i: np.ndarray, j: np.ndarray, codes: dict[str, np.ndarray], cond: tuple[str, ...]) -> dict:
+    """U_S of every pair: the values of both checkpoints on each axis of ``cond`` (one cell without)."""
+    cells = {"all": np.zeros(len(i), dtype=np.int64)}
+    for k, a in enumerate(cond):
+        cells[f"u{k}_i"], cells[f"u{k}_j"] = codes[a][i], codes[a][j]
+    return cells
+
+
+def _axis_codes(hp: dict[str, list[str]], axes: list[str]) -> dict[str, np.ndarray]:
+    return {a: pd.factorize(np.asarray(hp[a], dtype=object))[0] for a in axes}
+
+
 def conditional_mi(m: np.ndarray, g: np.ndarray, hp: dict[str, list[str]], axes: list[str]) -> CMI:
     """PGDL-2020 conditional mutual information score (see the module docstring); natural log."""
     m, g = np.asarray(m, float), np.asarray(g, float)
-    n = len(m)
-    i, j = np.nonzero(~np.eye(n, dtype=bool))
-    vg = _sign(g[i] - g[j])
-    keep = vg != 0
-    i, j, vg = i[keep], j[keep], vg[keep]
+    i, j, vg = _ordered_pairs(g)
     vm = _sign(m[i] - m[j])
     npairs = len(i)
     if npairs == 0:
         return CMI(math.nan, "", 0)
-    conds = [tuple(c) for c in itertools.combinations(axes, 2)] if len(axes) >= 2 else [tuple(axes)]
-    codes = {a: pd.factorize(np.asarray(hp[a], dtype=object))[0] for a in axes}
+    codes = _axis_codes(hp, axes)
     per: dict[str, float] = {}
-    for cond in conds:
-        cells = {"all": np.zeros(npairs, dtype=np.int64)}  # the one cell when nothing is conditioned on
-        for k, a in enumerate(cond):
-            cells[f"u{k}_i"], cells[f"u{k}_j"] = codes[a][i], codes[a][j]  # U: the values of both checkpoints
+    for cond in _conditions(axes):
+        cells = _cell_keys(i, j, codes, cond)
         pairs = pd.DataFrame({**cells, "vm": vm, "vg": vg})
         per[" × ".join(cond) or "(none)"] = _normalized_cmi(pairs, list(cells))
     finite = {k: v for k, v in per.items() if math.isfinite(v)}
@@ -404,6 +423,62 @@ def conditional_mi(m: np.ndarray, g: np.ndarray, hp: dict[str, list[str]], axes:
         return CMI(math.nan, "", npairs, per)
     best = min(finite, key=finite.get)
     return CMI(max(0.0, finite[best]), best, npairs, per)
+
+
+MIN_PAIRS_PER_CELL = 10  # plug-in MI is biased up by ≈ 1/(pairs in the cell) nats, against H ≤ log 2
+CHANCE_DRAWS = 20
+
+
+@dataclass
+class CMICheck:
+    """Whether the grid is large enough for the CMI score. ``pairs_per_cell``: the fewest untied
+    ordered pairs per occupied cell U_S, averaged over the cells, among the conditioning sets S
+    (``condition`` the S that has so few). On small grids the plug-in estimate is biased towards 1
+    (a cell of one or two pairs is "explained" by anything); ``chance`` is then the mean score of
+    `CHANCE_DRAWS` random orderings on the same grid and gaps, ``chance_hi`` their 95th percentile:
+    scores below it say nothing."""
+
+    pairs_per_cell: float
+    condition: str
+    chance: float = math.nan
+    chance_hi: float = math.nan
+
+    @property
+    def reliable(self) -> bool:
+        """Whether every conditioning set leaves at least `MIN_PAIRS_PER_CELL` pairs per cell."""
+        return self.pairs_per_cell >= MIN_PAIRS_PER_CELL
+
+    def warning(self) -> str:
+        """The warning for an unreliable grid (empty when reliable)."""
+        if self.reliable:
+            return ""
+        return (
+            f"CMI is not reliable on this grid: conditioning on {self.condition} leaves "
+            f"{self.pairs_per_cell:.1f} ordered pairs per cell, and CMI needs ≳ {MIN_PAIRS_PER_CELL} "
+            "(several checkpoints for every combination of values of each two axes); a random measure scores "
+            f"{self.chance:.2f} on average here (95th percentile {self.chance_hi:.2f}): ignore CMI values below that"
+        )
+
+
+def check_cmi_grid(g: np.ndarray, hp: dict[str, list[str]], axes: list[str], seed: int = 0) -> CMICheck | None:
+    """`CMICheck` of the gaps ``g`` on the grid ``hp`` (None without two distinct gaps); the chance
+    level is computed only when the grid is too small (random orderings seeded by ``seed``)."""
+    g = np.asarray(g, float)
+    i, j, _ = _ordered_pairs(g)
+    if len(i) == 0:
+        return None
+    codes = _axis_codes(hp, axes)
+    per = {" × ".join(c) or "(none)": len(i) / pd.DataFrame(_cell_keys(i, j, codes, c)).drop_duplicates().shape[0]
+           for c in _conditions(axes)}
+    cond = min(per, key=per.get)
+    check = CMICheck(per[cond], cond)
+    if not check.reliable:
+        rng = np.random.default_rng(seed)
+        draws = [conditional_mi(rng.random(len(g)), g, hp, axes).value for _ in range(CHANCE_DRAWS)]
+        draws = [d for d in draws if math.isfinite(d)]
+        if draws:
+            check.chance, check.chance_hi = float(np.mean(draws)), float(np.quantile(draws, 0.95))
+    return check
 
 
 def _scipy_stats(m: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -530,6 +605,7 @@ class CorrelationReport:
     confidence: float = 0.95
     seed: int = 0
     table: ResultsTable | None = field(default=None, repr=False, compare=False)  # the filtered rows
+    cmi_check: CMICheck | None = None  # whether the grid is large enough for CMI
 
     @property
     def dropped(self) -> list[str]:
@@ -672,6 +748,12 @@ def usable(table: ResultsTable, measure: str, target: str) -> np.ndarray:
     return ok
 
 
+def min_resamples(confidence: float) -> int:
+    """The fewest bootstrap resamples whose percentile interval at level ``confidence`` has at least
+    2.5 resamples beyond each end: ⌈5 / (1 − confidence)⌉ (100 for 95%)."""
+    return math.ceil(5 / (1 - confidence) - 1e-9)
+
+
 def _check_options(
     sort: str | None, bootstrap: int | None, confidence: float, max_train_loss: float | None
 ) -> None:
@@ -683,6 +765,12 @@ def _check_options(
         raise ConfigError(f"--bootstrap must be ≥ 0 resamples; got {bootstrap}")
     if not 0 < confidence < 1:
         raise ConfigError(f"--confidence must be in (0, 1); got {confidence}")
+    least = min_resamples(confidence)
+    if bootstrap and bootstrap < least:
+        raise ConfigError(
+            f"--bootstrap {bootstrap}: a {confidence:.0%} percentile interval needs at least {least} resamples "
+            f"(5 / (1 − confidence): 2.5 beyond each end); 1000 is usual"
+        )
     if max_train_loss is not None and not max_train_loss >= 0:
         raise ConfigError(f"--max-train-loss must be ≥ 0; got {max_train_loss}")
 
@@ -821,10 +909,14 @@ def _grouped_statistics(
         mc.notes.append("CMI undefined: the conditioning hyperparameters determine the gap order")
 
 
-def _rank_key(mc: MeasureCorrelation, sort: str) -> tuple[int, float]:
-    """Sort key: larger ``sort`` statistic first, undefined ones last (in their order)."""
-    v = mc.get(sort)
-    return (0, -v) if math.isfinite(v) else (1, 0.0)
+def _rank_key(mc: MeasureCorrelation, sort: str) -> tuple:
+    """Sort key: larger ``sort`` statistic first, undefined ones last; ties (equal to 12 digits, as
+    Ψ's means of a few group τs often are) broken by the larger Kendall τ-b, then by name."""
+
+    def desc(v: float) -> tuple[int, float]:
+        return (0, -round(v, 12)) if math.isfinite(v) else (1, 0.0)
+
+    return (*desc(mc.get(sort)), *desc(mc.kendall_tau_b), mc.measure)
 
 
 def correlate_table(
@@ -839,11 +931,13 @@ def correlate_table(
     bootstrap: int | None = None,
     seed: int = 0,
     confidence: float = 0.95,
+    progress: Callable[[int, int], None] | None = None,
 ) -> CorrelationReport:
     """Every statistic of the module docstring for every measure of ``table``, ranked by ``sort``.
 
     ``where``/``max_train_loss`` filter the rows first (`filter_rows`); ``bootstrap`` N adds
     percentile intervals from N resamples (seeded by ``seed``) at level ``confidence``.
+    ``progress(done, total)`` is called after each measure (the bootstrap takes seconds each).
     """
     table = as_table(table)
     _check_options(sort, bootstrap, confidence, max_train_loss)
@@ -865,15 +959,25 @@ def correlate_table(
     boot = _Bootstrap(bootstrap, seed, confidence)
     results = []
     used_rows = np.zeros(len(design.gvals), dtype=bool)
-    for lab in labels:
+    for k, lab in enumerate(labels, 1):
         mc, ok = _correlate_measure(design, lab, boot)
         used_rows |= ok
         results.append(mc)
+        if progress is not None:
+            progress(k, len(labels))
     results.sort(key=lambda mc: _rank_key(mc, sort))
-    warn = convergence_warning(table, used_rows)
+    cmi_check = _cmi_check(design)
+    warns = [w for w in (convergence_warning(table, used_rows), cmi_check.warning() if cmi_check else "") if w]
     return CorrelationReport(
         source=table.path, target=target, axes=axes, measures=results, sort=sort, grid=grid,
         n_rows=len(table.frame), measures_source=measures_source, notes=notes, axis_columns=axis_columns,
-        n_input=n_input, filters=filters, warnings=[warn] if warn else [], bootstrap=int(bootstrap or 0),
-        confidence=confidence, seed=seed, table=table,
+        n_input=n_input, filters=filters, warnings=warns, bootstrap=int(bootstrap or 0),
+        confidence=confidence, seed=seed, table=table, cmi_check=cmi_check,
     )
+
+
+def _cmi_check(design: _Design) -> CMICheck | None:
+    """`check_cmi_grid` over the rows with a finite target and every axis's value."""
+    sel = design.hp_ok & np.isfinite(design.gvals)
+    hp = {a: [v for v, s in zip(design.hp[a], sel, strict=True) if s] for a in design.axes}
+    return check_cmi_grid(design.gvals[sel], hp, design.axes)

@@ -71,18 +71,27 @@ def _cell(r: dict[str, Any], key: str) -> str:
     return s
 
 
-def render_table(report: CorrelationReport):
-    """A rich Table, best measure first; the number of checkpoints each statistic used is in 'n'
-    (ψ groups and CMI pairs are in correlations.csv)."""
-    from rich.table import Table
+def _priority(report: CorrelationReport, key: str) -> int:
+    """Which columns leave first when the table must fit a narrow terminal: never the rank, the
+    measure, n or the ranking statistic; then Kendall τ-b and Ψ, Spearman, Pearson, Jiang τ, CMI,
+    and the per-axis ψ first of all."""
+    if key in ("rank", "measure", "n", report.sort):
+        return 0
+    order = ["kendall_tau_b", "psi", "spearman", "pearson", "jiang_tau", "cmi"]
+    return 1 + order.index(key) if key in order else len(order) + 1
 
-    t = Table(title=title(report), header_style="bold", title_justify="left")
-    cols = _header(report)
-    for name, _ in cols:
-        t.add_column(name, justify="left" if name == "measure" else "right", no_wrap=True)
-    for r in report.to_rows():
-        t.add_row(*[_cell(r, key) for _, key in cols])
-    return t
+
+def render_table(report: CorrelationReport, width: int | None = None):
+    """A rich Table, best measure first; the number of checkpoints each statistic used is in 'n'
+    (ψ groups and CMI pairs are in correlations.csv). With ``width`` (a terminal's) it fits: long
+    measure names wrap, the least telling columns leave first and the caption names them."""
+    from ..console import Column, build_table
+
+    rows = report.to_rows()
+    cols = [Column(name, [_cell(r, key) for r in rows], justify="left" if key == "measure" else "right",
+                   priority=_priority(report, key), fold=key == "measure", min_width=14)
+            for name, key in _header(report)]
+    return build_table(cols, width, title=title(report), header_style="bold", title_justify="left")
 
 
 def to_markdown(report: CorrelationReport) -> str:

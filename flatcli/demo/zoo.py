@@ -153,12 +153,15 @@ def measure_times(collected) -> list[tuple[str, float, float, int]]:
     return out
 
 
-def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | None = None):
+def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | None = None,
+             threads: int | str | None = None, wide: bool = False):
     """The full pipeline on the zoo: train (skipped when its checkpoints exist), sweep (local, CPU),
     collect, correlate with the gap over the zoo's grid, and plot (when matplotlib is installed).
 
     Writes ``OUTDIR/sweep/`` (plan and one file per checkpoint × measure; rerunning resumes),
     ``OUTDIR/results/results.csv``, ``results.json``, ``correlations.csv`` and ``plots/``.
+    ``threads`` sizes the sweep workers' intra-op threads (``runtime.threads``, `flatcli.threads`);
+    tables fit a terminal's width unless ``wide``.
     Returns the `flatcli.analysis.CorrelationReport`.
     """
     import importlib.util
@@ -168,7 +171,7 @@ def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | 
 
     from .. import api
     from ..analysis.report import notes, render_table
-    from ..console import print_table, render_rows
+    from ..console import fit_width, print_table, render_rows
 
     console = console or Console()
     outdir = Path(outdir)
@@ -185,12 +188,13 @@ def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | 
         console.print("  " + msg, highlight=False, markup=False, soft_wrap=True)
 
     sweep_dir = outdir / "sweep"
-    rep = api.sweep(cfg_path, sweep_dir, measures=measures, workers=workers, device="cpu", log=log)
+    rep = api.sweep(cfg_path, sweep_dir, measures=measures, workers=workers, device="cpu", log=log, threads=threads)
     console.print(f"sweep: {rep.lines[0]}; {rep.computed} units computed in {rep.seconds:.1f}s", highlight=False, soft_wrap=True)
     t2 = time.perf_counter()
     results = outdir / "results"
     col = api.collect(sweep_dir, results / "results.csv")
-    print_table(console, render_rows(col.rows, col.labels))
+    width = fit_width(console, wide)
+    print_table(console, render_rows(col.rows, col.labels, width), wide)
     tt = Table(title="wall time per measure (this and earlier runs of the sweep)", header_style="bold", title_justify="left")
     for name in ("measure", "total s", "s / checkpoint", "checkpoints"):
         tt.add_column(name, justify="left" if name == "measure" else "right")
@@ -200,7 +204,7 @@ def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | 
     plots = importlib.util.find_spec("matplotlib") is not None
     corr = api.correlate(results / "results.csv", by=list(ZOO_GRID), outdir=results, plots=plots,
                          color_by="label_noise")  # label noise drives the gap: colour by it
-    print_table(console, render_table(corr))
+    print_table(console, render_table(corr, width), wide)
     for n in notes(corr):
         console.print(f"note: {n}", highlight=False, soft_wrap=True)
     t3 = time.perf_counter()

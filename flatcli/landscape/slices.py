@@ -68,12 +68,18 @@ def axis_grid(
     """``steps`` evenly spaced values over ``span`` (float64) plus the values in ``include``.
 
     A grid value within 1e-9·(b − a) of an included value is snapped onto it,
-    so e.g. linspace(−0.5, 1.5, 25) holds exactly 0 and 1.
+    so e.g. linspace(−0.5, 1.5, 25) holds exactly 0 and 1. When only 0 (the checkpoint) is to be
+    included, the span holds it inside and there are ≥ 3 steps, the interior value nearest to 0
+    becomes 0: exactly ``steps`` points with the span's ends (a slice or a PCA plane of
+    ``--steps 11`` is 11 × 11, never 12 × 12; the spacing next to 0 may then be uneven).
     """
     if int(steps) < 2:
         raise ConfigError(f"--steps must be ≥ 2; got {steps}")
     a, b = span
     g = np.linspace(a, b, int(steps))
+    if tuple(include) == (0.0,) and a < 0 < b and len(g) >= 3:
+        g[1 + int(np.argmin(np.abs(g[1:-1])))] = 0.0
+        return g
     tol = 1e-9 * (b - a)
     for v in include:
         near = np.abs(g - v) <= tol

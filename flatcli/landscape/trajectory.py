@@ -69,6 +69,7 @@ import torch
 from ..engine import Problem, eval_mode
 from ..engine.problem import nonfinite_tensors, not_finite
 from ..errors import ConfigError, MeasurementError
+from ..loading.checkpoints import missing_checkpoint
 from ..settings import Settings
 from .evaluate import Progress, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
@@ -113,7 +114,7 @@ def trajectory_paths(
         out.sort(key=natural_key)
     for p in out:
         if not p.is_file():
-            raise ConfigError(f"--pca: checkpoint not found: {p}")
+            raise missing_checkpoint(p, "--pca: ")
     if len(out) < MIN_CHECKPOINTS:
         raise ConfigError(
             f"--pca needs at least {MIN_CHECKPOINTS} checkpoints; got {len(out)}"

@@ -11,7 +11,11 @@
   so one config covers a sweep over widths) and ``hparams`` (read by
   ``hparams.from_keys``).
 * A mismatch with the model lists missing and unexpected keys and shape
-  mismatches, naming the file.
+  mismatches, naming the file (shape mismatches with a hint about
+  ``model_kwargs``).
+* A file that is not a torch.save file (random bytes, truncated) is "not a
+  readable checkpoint", never an invitation to ``--allow-unsafe-pickle``;
+  a directory is named as one, with the checkpoint-like files in it.
 """
 
 from __future__ import annotations
@@ -38,11 +42,63 @@ def fingerprint(path: str | os.PathLike) -> str:
     return h.hexdigest()[:16]
 
 
-def read_checkpoint(path: str | os.PathLike, allow_unsafe_pickle: bool = False) -> Any:
-    """The raw object stored in a checkpoint file."""
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".pkl", ".tar")
+
+
+def missing_checkpoint(path: str | os.PathLike, where: str = "") -> ConfigError:
+    """The error for a checkpoint path that is not a file (``where`` prefixes it, e.g. "--pca: "): a
+    directory, naming the checkpoint-like files in it if any, or not found."""
+    p = Path(path)
+    if not p.is_dir():
+        return ConfigError(f"{where}checkpoint not found: {p}")
+    found = sorted(q.name for q in p.iterdir() if q.is_file() and q.suffix in CHECKPOINT_SUFFIXES)
+    inside = (f"; it holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}: pass one of them"
+              if found else "; pass a checkpoint file (a torch.save file or .safetensors)")
+    return ConfigError(f"{where}checkpoint {p} is a directory, not a checkpoint file{inside}")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _legacy_torch_file(p: Path) -> bool:
+    """Whether ``p`` starts like a pre-zip torch.save file (a pickle of torch's magic number)."""
+    import pickletools
+
+    from torch.serialization import MAGIC_NUMBER
+
+    try:
+        with open(p, "rb") as f:
+            ops = list(pickletools.genops(f))  # the first pickle only (genops stops at STOP)
+    except Exception:
+        return False
+    return any(arg == MAGIC_NUMBER for _, arg, _ in ops)
+
+
+def pickle_globals(p: Path) -> list[str] | None:
+    """The classes a torch.save file would import when unpickled fully ([] for a plain state dict,
+    or a pre-zip file, whose classes are not listed); None when ``p`` is not a torch.save file at
+    all (random bytes, a truncated or foreign file): such a file must never be unpickled."""
+    from torch.serialization import get_unsafe_globals_in_checkpoint
+
+    try:
+        return list(get_unsafe_globals_in_checkpoint(str(p)))
+    except Exception:
+        return [] if _legacy_torch_file(p) else None
+
+
+def read_checkpoint(path: str | os.PathLike, allow_unsafe_pickle: bool = False, import_dirs=()) -> Any:
+    """The raw object stored in a checkpoint file.
+
+    ``torch.load(weights_only=True)`` first. A file that is not a torch.save file (or safetensors)
+    is "not a readable checkpoint", whatever ``allow_unsafe_pickle`` says. A full pickle is refused
+    with the classes it would import, unless ``allow_unsafe_pickle``: it is then unpickled with
+    ``import_dirs`` (`flatcli.loading.models.import_dirs`) importable, so that its classes resolve
+    the way ``model.target`` does."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"checkpoint not found: {p}")
+        raise missing_checkpoint(p)
     if p.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -53,25 +109,35 @@ def read_checkpoint(path: str | os.PathLike, allow_unsafe_pickle: bool = False) 
     try:
         return torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle.UnpicklingError and friends
-        if allow_unsafe_pickle:
-            try:
-                return torch.load(p, map_location="cpu", weights_only=False)
-            except Exception as e2:
-                raise ConfigError(f"checkpoint {p}: cannot be read even as a full pickle ({e2})") from e2
-        needed = []
-        try:
-            from torch.serialization import get_unsafe_globals_in_checkpoint
+        return _read_refused(p, e, allow_unsafe_pickle, import_dirs)
 
-            needed = get_unsafe_globals_in_checkpoint(str(p))
-        except Exception:
-            pass
-        if needed or "weights_only" in str(e) or "Unsupported global" in str(e):
-            names = ", ".join(needed[:8]) + (" ..." if len(needed) > 8 else "")
+
+def _read_refused(p: Path, e: Exception, allow_unsafe_pickle: bool, import_dirs) -> Any:
+    """A file ``torch.load(weights_only=True)`` refused: unpickle it fully when allowed and it is a
+    torch.save file, else the error that says which of the two it is."""
+    needed = pickle_globals(p)
+    if needed is None:
+        raise ConfigError(f"checkpoint {p} is not a readable checkpoint: neither a torch.save file nor "
+                          "safetensors (truncated, corrupt, or another format)") from None
+    if allow_unsafe_pickle:
+        from .models import importable
+
+        try:
+            with importable(list(import_dirs)):
+                return torch.load(p, map_location="cpu", weights_only=False)
+        except ModuleNotFoundError as e2:
             raise ConfigError(
-                f"checkpoint {p} is a full pickle that would import {names or 'arbitrary classes'}; "
-                "save a state_dict instead, or pass --allow-unsafe-pickle if you trust this file"
-            ) from None
-        raise ConfigError(f"checkpoint {p}: not a readable torch checkpoint ({type(e).__name__}: {e})") from None
+                f"checkpoint {p}: unpickling it needs the module {e2.name!r}, which is not importable from the "
+                f"config's folder, the model.target file's folder or PYTHONPATH") from None
+        except Exception as e2:
+            raise ConfigError(f"checkpoint {p}: cannot be read even as a full pickle ({_first_line(e2)})") from e2
+    if needed:
+        names = ", ".join(needed[:8]) + (" ..." if len(needed) > 8 else "")
+        raise ConfigError(
+            f"checkpoint {p} is a full pickle that would import {names}; "
+            "save a state_dict instead, or pass --allow-unsafe-pickle if you trust this file"
+        ) from None
+    raise ConfigError(f"checkpoint {p}: not a readable torch checkpoint ({type(e).__name__}: {_first_line(e)})") from None
 
 
 def extract_state_dict(obj: Any, path: str | os.PathLike = "<checkpoint>") -> dict[str, torch.Tensor]:
@@ -130,7 +196,9 @@ def load_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], path: str | o
             parts.append("unexpected keys: " + ", ".join(unexpected[:6]) + (" ..." if len(unexpected) > 6 else ""))
         if shapes:
             parts.append("shape mismatches: " + "; ".join(shapes[:6]) + (" ..." if len(shapes) > 6 else ""))
-        raise ConfigError(f"checkpoint {path} does not match the model: " + "; ".join(parts))
+        hint = ("; if it was built with other model arguments (e.g. a width), set them under model.kwargs or "
+                "save them in the checkpoint as 'model_kwargs' beside its 'state_dict'") if shapes else ""
+        raise ConfigError(f"checkpoint {path} does not match the model: " + "; ".join(parts) + hint)
     model.load_state_dict(sd, strict=False)
 
 

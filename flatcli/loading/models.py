@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -38,6 +39,40 @@ def _load_file_module(path: Path):
     return mod
 
 
+def _target_file(left: str, base_dir: Path | str) -> Path | None:
+    """The file of a ``path/to/file.py`` target's left part (relative to ``base_dir``), None for a
+    module name."""
+    if not (left.endswith(".py") or "/" in left or "\\" in left):
+        return None
+    p = Path(left)
+    return p if p.is_absolute() else Path(base_dir) / p
+
+
+def import_dirs(target: str, base_dir: Path | str = ".") -> list[Path]:
+    """The folders a full pickled checkpoint may import its classes from, besides ``sys.path``: the
+    config file's folder and, for a ``path/to/file.py:Class`` target, that file's folder. A model
+    class in ``models.py`` beside the config then unpickles as ``models.Class`` without PYTHONPATH."""
+    dirs = [Path(base_dir).resolve()]
+    left = target.rsplit(":", 1)[0] if target and ":" in target else ""
+    f = _target_file(left, base_dir)
+    if f is not None:
+        dirs.append(f.resolve().parent)
+    return list(dict.fromkeys(dirs))
+
+
+@contextlib.contextmanager
+def importable(dirs: list[Path]):
+    """``dirs`` at the front of ``sys.path`` inside (those that were not there are removed after)."""
+    added = [str(d) for d in dirs if str(d) not in sys.path]
+    sys.path[:0] = added
+    try:
+        yield
+    finally:
+        for d in added:
+            if d in sys.path:
+                sys.path.remove(d)
+
+
 def resolve_target(target: str, base_dir: Path | str = "."):
     """The callable named by ``target``."""
     if not target or ":" not in target:
@@ -64,10 +99,8 @@ def resolve_target(target: str, base_dir: Path | str = "."):
             return torchvision.models.get_model(attr, **kw)
 
         return factory
-    if left.endswith(".py") or "/" in left or "\\" in left:
-        p = Path(left)
-        if not p.is_absolute():
-            p = Path(base_dir) / p
+    p = _target_file(left, base_dir)
+    if p is not None:
         mod = _load_file_module(p)
     else:
         try:

@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,12 +238,15 @@ def run_worker(
     on_unit: Callable[[dict[str, Any]], None] | None = None,
     data=None,
     debug: bool = False,
+    run: str | None = None,
 ) -> WorkerStats:
     """Compute the unfinished units of ``outdir``'s plan (of one shard), claiming each with a lock.
 
     ``worker``/``workers`` only rotate the starting point so that workers of one pool
     start on different units. ``redo_before``/``retry_before`` are timestamps: units
     (error units) finished before them count as unfinished (``--no-resume``, ``--retry-failed``).
+    ``run`` (the id of the sweep run this worker belongs to) is stored in every unit record it
+    writes, so that each sweep counts what it computed itself.
     """
     from ..pipeline import DataCache
     from ..settings import Settings
@@ -260,7 +264,7 @@ def run_worker(
         cfg=cfg,
         settings=settings,
         data=data,
-        args=WorkerArgs(shard, redo_before, retry_before, lock_timeout),
+        args=WorkerArgs(shard, redo_before, retry_before, lock_timeout, run),
         delay=float(os.environ.get(DELAY_ENV) or 0.0),
         tag=f"w{worker}" + (f" shard {shard[0]}/{shard[1]}" if shard else ""),
         log=log,
@@ -329,6 +333,8 @@ class _WorkerLoop:
 
     def _compute(self, u: Unit, lock: Lock) -> tuple[Job, dict[str, Any]]:
         """Measure the unit under a heartbeat on its lock and write its record."""
+        import torch
+
         from ..pipeline import measure_job
 
         with Heartbeat(lock, self.args.lock_timeout / 4):
@@ -341,7 +347,8 @@ class _WorkerLoop:
             rec = unit_record(
                 uid=u.id, key=u.key, checkpoint=job.checkpoint, checkpoint_index=u.checkpoint_index,
                 label=u.label, label_index=u.label_index, labels=plan.labels, row=row,
-                device=str(self.settings.device), seconds=time.perf_counter() - t0,
+                device=str(self.settings.device), seconds=time.perf_counter() - t0, run=self.args.run,
+                threads=torch.get_num_threads(),
             )
             self.store.write_unit(rec)
         return job, rec
@@ -362,10 +369,10 @@ class _WorkerLoop:
 
 
 def run_shard_task(outdir: str, index: int, count: int, redo_before=None, retry_before=None,
-                   lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> dict[str, int]:
+                   lock_timeout: float = DEFAULT_LOCK_TIMEOUT, run: str | None = None) -> dict[str, int]:
     """One task of a job array (what submitit pickles): the worker over shard ``index/count``."""
     st = run_worker(outdir, shard=(index, count), redo_before=redo_before, retry_before=retry_before,
-                    lock_timeout=lock_timeout)
+                    lock_timeout=lock_timeout, run=run)
     return {"computed": st.computed, "errors": st.errors, "skipped": st.skipped, "busy": st.busy}
 
 
@@ -379,9 +386,11 @@ class SweepReport:
     units: int  # in the plan
     selected: int  # in this shard (= units without --shard)
     already_done: int  # finished before this run (and kept)
-    computed: int = 0
+    computed: int = 0  # by this run's workers
     errors: int = 0  # error units of this shard (whenever computed)
-    pending: int = 0  # unfinished units of this shard after the run
+    pending: int = 0  # unfinished units of this shard after the run, not held by a live worker
+    by_others: int = 0  # finished during this run by other processes (e.g. a concurrent sweep)
+    busy: int = 0  # held by another live worker when this run ended (still being computed there)
     seconds: float = 0.0
     executor: str = "local"
     workers: list[str] = field(default_factory=list)
@@ -389,11 +398,22 @@ class SweepReport:
     lines: list[str] = field(default_factory=list)  # what --dry-run would do / did
     dry_run: bool = False
     error_kinds: list[str] = field(default_factory=list)  # kinds of the error units
+    threads: str = ""  # the intra-op threads chosen per local worker, in words (flatcli.threads)
 
     @property
     def exit_code(self) -> int:
         """`flatcli.errors.exit_code` over the error units of this shard."""
         return max((exit_code_of(k) for k in self.error_kinds), default=0)
+
+    def summary(self) -> str:
+        """What this run did, in one line: the units its own workers computed, then what other
+        processes sharing the folder finished meanwhile or still hold, the errors, the rest."""
+        out = f"{self.computed} units computed"
+        others = [f"{n} {what}" for n, what in ((self.by_others, "finished by another process meanwhile"),
+                                                 (self.busy, "still running in another process")) if n]
+        if others:
+            out += f" ({', '.join(others)})"
+        return out + f", {self.errors} with errors, {self.pending} not finished ({self.seconds:.1f}s)"
 
 
 def _gpu_list(gpus: str) -> list[int]:
@@ -417,15 +437,20 @@ def _gpu_list(gpus: str) -> list[int]:
 @dataclass(frozen=True)
 class WorkerPlan:
     """One local worker: the device it is told to use, the environment it runs with (e.g.
-    ``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``) and its name in messages."""
+    ``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``), its name in messages and its intra-op threads."""
 
     device: str
     env: dict[str, str]
     label: str
+    threads: int = 1
 
 
-def plan_workers(device: str, gpus: str | None, workers: int | None) -> list[WorkerPlan]:
-    """One worker per GPU (``--gpus``, or every visible GPU when the device is auto/cuda), else CPU workers."""
+def plan_workers(device: str, gpus: str | None, workers: int | None, threads: int | str = "auto") -> list[WorkerPlan]:
+    """One worker per GPU (``--gpus``, or every visible GPU when the device is auto/cuda), else CPU
+    workers; each with the intra-op threads `flatcli.threads.choose_threads` gives ``threads`` for
+    that many workers on this machine (W workers on C cores: C // W each with ``auto``)."""
+    from ..threads import choose_threads
+
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers must be ≥ 1; got {workers}")
     ids: list[int] = []
@@ -448,15 +473,16 @@ def plan_workers(device: str, gpus: str | None, workers: int | None) -> list[Wor
     if ids:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         phys = [v.strip() for v in visible.split(",")] if visible else None
+        k = choose_threads(threads, len(ids))
         out = []
         for i in ids:
             p = phys[i] if phys and i < len(phys) else str(i)
-            out.append(WorkerPlan(device="cuda:0", env={"CUDA_VISIBLE_DEVICES": p}, label=f"cuda:{i}"))
+            env = {"CUDA_VISIBLE_DEVICES": p, "OMP_NUM_THREADS": str(k)}
+            out.append(WorkerPlan(device="cuda:0", env=env, label=f"cuda:{i}", threads=k))
         return out
     n = workers or 1
-    threads = str(max(1, (os.cpu_count() or 1) // n))
-    env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": threads}
-    return [WorkerPlan(device="cpu", env=env, label="cpu") for _ in range(n)]
+    k = choose_threads(threads, n)
+    return [WorkerPlan(device="cpu", env={"OMP_NUM_THREADS": str(k)}, label="cpu", threads=k) for _ in range(n)]
 
 
 @dataclass(frozen=True)
@@ -500,16 +526,19 @@ class WorkerArgs:
     redo_before: float | None
     retry_before: float | None
     lock_timeout: float
+    run: str | None = None  # the sweep run's id, stored in the unit records its workers write
 
     @classmethod
-    def of(cls, opts: SweepOptions, start: float) -> WorkerArgs:
-        """The arguments for a run of ``opts`` that started at time ``start``."""
+    def of(cls, opts: SweepOptions, start: float, run: str | None = None) -> WorkerArgs:
+        """The arguments for a run ``run`` of ``opts`` that started at time ``start``."""
         return cls(opts.shard, None if opts.resume else start, start if opts.retry_failed else None,
-                   opts.lock_timeout)
+                   opts.lock_timeout, run)
 
     def argv(self) -> list[str]:
         """These arguments as ``flatcli sweep-worker`` options."""
         out = ["--lock-timeout", repr(float(self.lock_timeout))]
+        if self.run is not None:
+            out += ["--run", self.run]
         if self.shard is not None:
             out += ["--shard", f"{self.shard[0]}/{self.shard[1]}"]
         if self.redo_before is not None:
@@ -521,22 +550,39 @@ class WorkerArgs:
 
 def _worker_argv(outdir, w: int, n: int, wp: WorkerPlan, args: WorkerArgs) -> list[str]:
     return [sys.executable, "-m", "flatcli", "sweep-worker", str(outdir), "--worker", str(w), "--workers", str(n),
-            "--device", wp.device, *args.argv()]
+            "--device", wp.device, "--threads", str(wp.threads), *args.argv()]
 
 
-def _status_counts(store: Store, units: list[Unit], since: float, redo_before, retry_before):
-    computed = pending = 0
-    kinds: list[str] = []
+@dataclass
+class _Counts:
+    """The units of one sweep run's selection after it ran (see `SweepReport`)."""
+
+    computed: int = 0
+    by_others: int = 0
+    busy: int = 0
+    pending: int = 0
+    kinds: list[str] = field(default_factory=list)
+
+
+def _status_counts(store: Store, units: list[Unit], since: float, args: WorkerArgs) -> _Counts:
+    """Count the units this run computed (its id in their records), those other processes finished
+    meanwhile, those still held by a live worker, and the unfinished rest; the error kinds."""
+    out = _Counts()
     for u in units:
         rec = store.read_unit(u.id)
-        if rec is None or not store.is_done(u.id, redo_before, retry_before):
-            pending += 1
+        if rec is None or not store.is_done(u.id, args.redo_before, args.retry_before):
+            if store.is_held(u.id, args.lock_timeout):
+                out.busy += 1
+            else:
+                out.pending += 1
             continue
-        if float(rec.get("finished_at", 0)) >= since:
-            computed += 1
+        if args.run is not None and rec.get("run") == args.run:
+            out.computed += 1
+        elif float(rec.get("finished_at", 0)) >= since:
+            out.by_others += 1
         if rec.get("status") == "error":
-            kinds.append(rec.get("error_kind") or "")
-    return computed, kinds, pending
+            out.kinds.append(rec.get("error_kind") or "")
+    return out
 
 
 def run_sweep(
@@ -557,7 +603,7 @@ def run_sweep(
     outdir = Path(outdir)
     store = Store(outdir)
     plan = build_plan(cfg, specs, jobs)
-    args = WorkerArgs.of(opts, t_start)
+    args = WorkerArgs.of(opts, t_start, run=uuid.uuid4().hex[:12])
     selected = plan.units_for(opts.shard)
     already = sum(store.is_done(u.id, args.redo_before, args.retry_before) for u in selected)
     report = SweepReport(outdir=outdir, units=len(plan.units), selected=len(selected), already_done=already,
@@ -576,8 +622,9 @@ def run_sweep(
         _run_local(report, cfg, plan, opts, args, todo, log=log, on_unit=on_unit, debug=debug)
     if not opts.dry_run:
         store.clear_stale_locks_of_finished(opts.lock_timeout)
-        c, kinds, p = _status_counts(store, selected, t_start, args.redo_before, args.retry_before)
-        report.computed, report.errors, report.error_kinds, report.pending = c, len(kinds), kinds, p
+        n = _status_counts(store, selected, t_start, args)
+        report.computed, report.by_others, report.busy, report.pending = n.computed, n.by_others, n.busy, n.pending
+        report.errors, report.error_kinds = len(n.kinds), n.kinds
         if opts.executor == "slurm" and not waited:
             report.pending = todo  # the array runs on its own: its units are not finished yet
     report.seconds = time.perf_counter() - t0
@@ -588,11 +635,14 @@ def _run_local(report: SweepReport, cfg, plan: Plan, opts: SweepOptions, args: W
                log, on_unit, debug) -> None:
     """Run (or with ``dry_run`` describe) the local workers: in this process, or one process per GPU/worker."""
     from ..pipeline import DataCache
+    from ..threads import apply_threads, plan_threads
 
     outdir = report.outdir
-    wps = plan_workers(cfg.runtime.device, opts.gpus, opts.workers)
+    wps = plan_workers(cfg.runtime.device, opts.gpus, opts.workers, cfg.runtime.threads)
     report.workers = [wp.label for wp in wps]
+    report.threads = str(plan_threads(cfg.runtime.threads, len(wps)))
     if opts.dry_run:
+        report.lines.append(report.threads)
         if len(wps) == 1:
             report.lines.append(f"would run 1 worker in this process on {wps[0].label}")
         for w, wp in enumerate(wps if len(wps) > 1 else []):
@@ -603,13 +653,16 @@ def _run_local(report: SweepReport, cfg, plan: Plan, opts: SweepOptions, args: W
     write_plan(outdir, plan)
     if todo == 0:
         return
+    if log is not None:
+        log(report.threads)
     data = DataCache(cfg)  # load the data once here: a bad data config fails now, not per unit
     data.get("train")
     data.get("test")
     if len(wps) == 1:
+        apply_threads(wps[0].threads)
         run_worker(outdir, shard=args.shard, device=wps[0].label, redo_before=args.redo_before,
                    retry_before=args.retry_before, lock_timeout=args.lock_timeout, log=log, on_unit=on_unit,
-                   data=data, debug=debug)
+                   data=data, debug=debug, run=args.run)
     else:
         _run_pool(outdir, wps, args)
 
@@ -699,7 +752,7 @@ def _submit_slurm(report: SweepReport, plan: Plan, store: Store, opts: SweepOpti
     out = str(outdir.resolve())
     jobs = ex.map_array(
         run_shard_task, [out] * len(shards), shards, [n] * len(shards), [redo_before] * len(shards),
-        [retry_before] * len(shards), [lock_timeout] * len(shards),
+        [retry_before] * len(shards), [lock_timeout] * len(shards), [args.run] * len(shards),
     )
     report.jobs = [j.job_id for j in jobs]
     report.lines.append(f"submitted {len(jobs)} task(s) to {cluster}: {', '.join(report.jobs[:8])}"
@@ -865,19 +918,24 @@ def _seconds_and_devices(
 # ------------------------------------------------------------------ worker entry point
 def run_worker_process(outdir: str | os.PathLike, *, shard: str | None = None, worker: int = 0, workers: int = 1,
                        device: str | None = None, redo_before: float | None = None,
-                       retry_before: float | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> str:
+                       retry_before: float | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+                       threads: int | str | None = None, run: str | None = None) -> str:
     """The body of ``flatcli sweep-worker`` (a worker process of a pool or an array task).
 
-    Honours ``OMP_NUM_THREADS`` for torch's intra-op threads; returns the summary line.
-    Error units are results (rows with status "error"), not a failure of the worker.
+    Sets torch's intra-op (and inter-op) threads first: ``threads`` (what the pool's coordinator
+    chose), else the plan's ``runtime.threads`` for ``workers`` workers on this machine's cores
+    (`flatcli.threads`). Returns the summary line. Error units are results (rows with status
+    "error"), not a failure of the worker.
     """
+    import torch
+
+    from ..threads import apply_threads, choose_threads
     from .store import parse_shard
 
-    if "OMP_NUM_THREADS" in os.environ:
-        import torch
-
-        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+    if threads is None:
+        threads = load_plan(outdir).config.get("runtime", {}).get("threads", "auto")
+    apply_threads(choose_threads(threads, workers), interop=True)
     st = run_worker(outdir, shard=parse_shard(shard), worker=worker, workers=workers, device=device,
-                    redo_before=redo_before, retry_before=retry_before, lock_timeout=lock_timeout)
+                    redo_before=redo_before, retry_before=retry_before, lock_timeout=lock_timeout, run=run)
     return (f"[w{worker}] done: {st.computed} computed ({st.errors} errors), {st.skipped} already finished, "
-            f"{st.busy} left to other workers")
+            f"{st.busy} left to other workers; {torch.get_num_threads()} thread(s)")

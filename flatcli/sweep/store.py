@@ -290,6 +290,19 @@ class Store:
             except OSError:
                 pass
 
+    def is_held(self, uid: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> bool:
+        """Whether the unit's lock is held by a live worker (a lock that is not stale)."""
+        path = self.lock_path(uid)
+        try:
+            text, mtime = path.read_text(), path.stat().st_mtime
+        except FileNotFoundError:
+            return False
+        try:
+            info = json.loads(text) if text else {}
+        except ValueError:
+            info = {}
+        return not info or not lock_is_stale(info, mtime, timeout)
+
     def clear_stale_lock(self, uid: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> bool:
         """Remove the unit's lock if it is stale (a worker killed after writing the unit file but
         before releasing its lock leaves one behind). True when a lock was removed."""
@@ -321,8 +334,11 @@ def unit_record(
     row: Row,
     device: str,
     seconds: float,
+    run: str | None = None,
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    """The JSON stored for one finished unit (``row`` is `measure_job`'s row for this one measure)."""
+    """The JSON stored for one finished unit (``row`` is `measure_job`'s row for this one measure;
+    ``run`` the id of the sweep run that computed it, ``threads`` its worker's intra-op threads)."""
     res = row.results.get(label)
     return {
         "format": FORMAT,
@@ -349,7 +365,8 @@ def unit_record(
         },
         "metrics": row.metrics,
         "hparams": row.hparams,
-        "worker": {"host": _host(), "pid": os.getpid(), "device": device},
+        "worker": {"host": _host(), "pid": os.getpid(), "device": device, "threads": threads},
+        "run": run,
         "seconds": seconds,
         "finished_at": time.time(),
     }

@@ -1,0 +1,120 @@
+"""Intra-op threads: how many CPU threads torch uses in each flatcli process, chosen in one place.
+
+torch sizes its intra-op pool to the whole machine in every process. W worker processes on C
+cores then run W·C threads, and on a loaded machine that oversubscription costs far more than
+it saves (a 20-unit sweep on 2 busy cores took 4 s with one thread per worker and 11–63 s with
+the defaults). flatcli therefore chooses the count itself:
+
+* ``requested`` an int ≥ 1 (``runtime.threads``, ``--threads``, ``FLATCLI_THREADS``): that many
+  threads in each worker;
+* ``"auto"`` (the default) with ``OMP_NUM_THREADS`` set in the environment: that many (the user's
+  explicit choice, e.g. because other jobs share the machine);
+* ``"auto"`` otherwise: ``max(1, C // W)`` for W local workers on C cores, so that the workers
+  together never use more threads than there are cores.
+
+C is the number of CPUs this process may run on (its affinity mask, else ``os.cpu_count()``).
+W is ``workers`` when given, else ``LOCAL_WORLD_SIZE`` (set by torchrun for the processes of
+one machine), else 1.
+
+>>> choose_threads(2, workers=8)
+2
+>>> str(ThreadChoice(n=1, workers=2, cores=2, source="auto"))
+'threads: 1 per worker (2 workers on 2 cores)'
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .errors import ConfigError
+
+AUTO = "auto"
+
+
+def available_cores() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def local_workers(workers: int | None = None) -> int:
+    """The number of flatcli processes sharing this machine's cores: ``workers`` when given, else
+    ``LOCAL_WORLD_SIZE`` (torchrun), else 1."""
+    if workers is not None:
+        return max(1, int(workers))
+    env = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return max(1, int(env)) if env.strip().isdigit() else 1
+
+
+def check_threads(requested: int | str | None, where: str = "runtime.threads") -> int | str:
+    """``requested`` validated: an int ≥ 1 (also as text, e.g. from an environment variable) or
+    ``"auto"`` (None means auto); a `ConfigError` naming ``where`` otherwise."""
+    if requested is None or requested == AUTO:
+        return AUTO
+    if isinstance(requested, str) and requested.strip().isdigit():
+        requested = int(requested)
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+        raise ConfigError(f"{where} must be an int ≥ 1 or 'auto'; got {requested!r}")
+    return requested
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """The threads each worker uses, and why: ``source`` is "requested", "OMP_NUM_THREADS" or
+    "auto" (cores // workers)."""
+
+    n: int
+    workers: int
+    cores: int
+    source: str
+
+    def __str__(self) -> str:
+        ws = f"{self.workers} worker{'s' if self.workers != 1 else ''}"
+        why = {"requested": "; requested", "OMP_NUM_THREADS": "; from OMP_NUM_THREADS"}.get(self.source, "")
+        return f"threads: {self.n} per worker ({ws} on {self.cores} cores{why})"
+
+
+def plan_threads(requested: int | str | None = AUTO, workers: int | None = None,
+                 cores: int | None = None) -> ThreadChoice:
+    """The thread count per worker for ``workers`` local workers on ``cores`` CPUs (defaults:
+    `local_workers`, `available_cores`), with the reason (see the module docstring)."""
+    req = check_threads(requested)
+    w, c = local_workers(workers), cores or available_cores()
+    if req != AUTO:
+        return ThreadChoice(int(req), w, c, "requested")
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) >= 1:
+        return ThreadChoice(int(omp), w, c, "OMP_NUM_THREADS")
+    return ThreadChoice(max(1, c // w), w, c, "auto")
+
+
+def choose_threads(requested: int | str | None = AUTO, workers: int | None = None, cores: int | None = None) -> int:
+    """Intra-op threads for each of ``workers`` processes on ``cores`` CPUs: ``requested`` when it is
+    an int; for ``"auto"`` ``OMP_NUM_THREADS`` when set, else ``max(1, cores // workers)``.
+    ``workers`` defaults to ``LOCAL_WORLD_SIZE`` (torchrun) or 1, ``cores`` to this process's CPUs."""
+    return plan_threads(requested, workers, cores).n
+
+
+def apply_threads(n: int, interop: bool = False) -> None:
+    """Set torch's intra-op threads to ``n``; with ``interop`` also its inter-op pool, which torch
+    allows only once, before any parallel work (a fresh worker process): skipped when too late."""
+    torch.set_num_threads(max(1, int(n)))
+    if interop:
+        try:
+            torch.set_num_interop_threads(max(1, int(n)))
+        except RuntimeError:  # already set, or parallel work has started in this process
+            pass
+
+
+def configure_threads(requested: int | str | None = AUTO, workers: int | None = None,
+                      cores: int | None = None) -> ThreadChoice:
+    """`plan_threads`, applied to this process (`apply_threads`); returns the choice (its ``str`` is
+    the log line, e.g. "threads: 1 per worker (2 workers on 2 cores)")."""
+    choice = plan_threads(requested, workers, cores)
+    apply_threads(choice.n)
+    return choice
