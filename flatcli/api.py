@@ -143,7 +143,7 @@ def measure(
     checkpoints: Sequence[str] | None = None,
     *,
     measures: Sequence[str] | str | None = None,
-    device: str | None = None,
+    device: str | None = None, precision: str | None = None,
     seed: int | None = None,
     outdir: str | Path | None = None,
     allow_unsafe_pickle: bool | None = None,
@@ -170,7 +170,7 @@ def measure(
 
         if not have_matplotlib():
             raise ConfigError(f"--plots: {PLOT_HINT}")
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads))
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads, precision=precision))
     write = outdir is not None or cfg.provenance.get("output.dir", "default") != "default"
     if plots and not write:
         raise ConfigError("--plots needs an output directory (-o OUTDIR)")
@@ -233,6 +233,7 @@ class CostPlan:
     dims: list[Any]  # per loaded checkpoint
     loaded: list[str] = field(default_factory=list)  # the checkpoints ``costs`` and ``dims`` are of
     errors: list[tuple[str, str]] = field(default_factory=list)
+    params: dict[str, Any] | None = None  # the parameter selection on the first loaded model
 
     @property
     def exit_code(self) -> int:
@@ -257,7 +258,7 @@ class CostPlan:
         groups: dict[tuple[int, int], list[int]] = {}
         for k, d in enumerate(self.dims):
             groups.setdefault((d.P, d.n), []).append(k)
-        out = []
+        out = [_describe_params(self.params)] if self.params else []
         for (P, n), ks in groups.items():
             which = "" if len(groups) == 1 else f" for {_names([self.loaded[k] for k in ks])}"
             out.append(f"estimated products per checkpoint{which} (P = {P:,} parameters, n = {n:,} samples; "
@@ -268,6 +269,15 @@ class CostPlan:
         out.append(f"total over {loaded} checkpoint(s)" + (f" ({len(self.errors)} could not be loaded)" if self.errors
                    else "") + ": " + _describe_cost(self.totals(), empty="parameters only"))
         return out
+
+
+def _describe_params(sel: dict[str, Any]) -> str:
+    """``params: include head.* → 1 tensor, 28 parameters: head.weight`` (every trainable one when
+    no patterns are given)."""
+    pats = [f"include {', '.join(sel['include'])}"] if sel["include"] else []
+    pats += [f"exclude {', '.join(sel['exclude'])}"] if sel["exclude"] else []
+    head = f"params: {'; '.join(pats)} → " if pats else "params: every trainable parameter → "
+    return head + f"{sel['tensors']} tensor(s), {sel['count']:,} parameters: {_names(sel['names'], 6)}"
 
 
 def _names(names: list[str], most: int = 3) -> str:
@@ -287,14 +297,15 @@ def _describe_cost(est: dict[str, tuple[int, int]] | None, empty: str = "paramet
 
 
 def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | None = None, *,
-               measures: Sequence[str] | str | None = None, device: str | None = None) -> CostPlan:
+               measures: Sequence[str] | str | None = None, device: str | None = None,
+               precision: str | None = None) -> CostPlan:
     """The products `measure`/`sweep` would spend (``--dry-run``), from the measures' declared cost
     formulas and each checkpoint's model size; loads every checkpoint's model but measures nothing.
     A checkpoint that cannot be loaded is reported in ``errors`` (the others are still planned)."""
     from .errors import FlatcliError
     from .pipeline import estimate_products, problem_dims
 
-    cfg = load(config, overrides(device=device))
+    cfg = load(config, overrides(device=device, precision=precision))
     jobs, specs = _plan(cfg, checkpoints, measures)
     st = Settings.from_config(cfg)
     data = DataCache(cfg)
@@ -306,6 +317,8 @@ def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | 
             plan.errors.append((job.checkpoint, str(e)))
             continue
         dims = problem_dims(model, data.get(st.split, job.train_data if st.split == "train" else None), st)
+        if plan.params is None:
+            plan.params = st.params.describe(model, st.params.select(model))
         plan.dims.append(dims)
         plan.costs.append(estimate_products(specs, dims))
         plan.loaded.append(job.checkpoint)
@@ -337,7 +350,7 @@ def landscape(
     steps: int = 25,
     span: str | Sequence[float] | None = None,
     seed: int | None = None,
-    device: str | None = None,
+    device: str | None = None, precision: str | None = None,
     bias_bn: str = "zero",
     points_per_pass: int | None = None,
     outdir: str | Path | None = None,
@@ -357,7 +370,7 @@ def landscape(
     """
     from .landscape import interpolation_landscape, slice_landscape, write_files
 
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads))
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads, precision=precision))
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
     if to is not None and dims != 1:
@@ -413,10 +426,11 @@ if TYPE_CHECKING:
     from .landscape.trajectory import TrajectoryResult
 
 
-def _view_setup(config, device, seed, allow_unsafe_pickle, outdir=None, threads=None) -> tuple[Config, Settings]:
+def _view_setup(config, device, seed, allow_unsafe_pickle, outdir=None, threads=None,
+                precision=None) -> tuple[Config, Settings]:
     """Config and settings for the trajectory-PCA and mode-connectivity views (torch's threads
     sized from ``runtime.threads``, see `use_threads`)."""
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads))
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads, precision=precision))
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
     if outdir is not None:
@@ -458,7 +472,7 @@ def landscape_pca(
     solver: str = "auto",
     sort: bool = True,
     seed: int | None = None,
-    device: str | None = None,
+    device: str | None = None, precision: str | None = None,
     points_per_pass: int | None = None,
     outdir: str | Path | None = None,
     plots: bool = True,
@@ -485,7 +499,7 @@ def landscape_pca(
     )
 
     paths = trajectory_paths(checkpoints, sort=sort)
-    cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir, threads)
+    cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir, threads, precision)
     model, _ = load_model(cfg, paths[-1])
     _, train, test = _view_data(cfg, model, manifest_train_data(cfg, paths[-1]))
     traj = LazyTrajectory(paths[:-1], lambda p: load_model(cfg, p)[0], last=model)
@@ -511,7 +525,7 @@ def landscape_connect(
     bend_optimizer: str = "adam",
     bend_batch_size: int = 128,
     seed: int | None = None,
-    device: str | None = None,
+    device: str | None = None, precision: str | None = None,
     points_per_pass: int | None = None,
     outdir: str | Path | None = None,
     plots: bool = True,
@@ -534,7 +548,7 @@ def landscape_connect(
     from .landscape.connect import connect_landscape, write_connect_files
     from .landscape.trajectory import check_state
 
-    cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir, threads)
+    cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir, threads, precision)
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     model_a, extras = load_model(cfg, pa)
     model_b, _ = load_model(cfg, pb)
@@ -566,7 +580,7 @@ def sweep(
     *,
     checkpoints: Sequence[str] | None = None,
     measures: Sequence[str] | str | None = None,
-    device: str | None = None,
+    device: str | None = None, precision: str | None = None,
     seed: int | None = None,
     allow_unsafe_pickle: bool | None = None,
     log: Callable[[str], None] | None = None,
@@ -595,7 +609,7 @@ def sweep(
     from .sweep.runner import SweepOptions, _default_log, run_sweep
 
     opts = SweepOptions(**options)
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads))
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads, precision=precision))
     jobs, specs = _plan(cfg, checkpoints, measures)
     out = cfg.output_dir(outdir)
     if not opts.dry_run:
@@ -725,7 +739,7 @@ def check_invariance(
     scale: float = 10.0,
     seed: int | None = None,
     tol: float = 1e-6,
-    device: str | None = None,
+    device: str | None = None, precision: str | None = None,
     data: tuple[torch.Tensor, torch.Tensor] | None = None,
     loss: str = "cross_entropy",
     progress: Callable[[str, str, dict], None] | None = None,
@@ -748,7 +762,7 @@ def check_invariance(
             raise ConfigError("check_invariance(model, ...) needs data=(x, y)")
         return check_invariance_model(config, data, measures, loss=loss, transform=transform, scale=scale,
                                       seed=seed or 0, tol=tol, device=device or "cpu", progress=progress)
-    cfg = load(config, overrides(device=device, seed=seed, threads=threads))
+    cfg = load(config, overrides(device=device, seed=seed, threads=threads, precision=precision))
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
     threads_used = use_threads(cfg)

@@ -181,6 +181,21 @@ ThreadsOpt = Annotated[str | None, typer.Option(
          "when set, else cores // workers).")]
 
 
+class Precision(str, Enum):
+    """``runtime.precision`` (`flatcli.engine.precision`)."""
+
+    auto = "auto"
+    fp32 = "fp32"
+    tf32 = "tf32"
+    fp64 = "fp64"
+
+
+PrecisionOpt = Annotated[Precision | None, typer.Option(
+    "--precision", envvar="FLATCLI_PRECISION", show_default=False,
+    help="auto (TF32 products on a tensor-core GPU, verified in fp32; fp32 elsewhere), fp32, tf32 or fp64 "
+         "(default runtime.precision).")]
+
+
 def _fail(e: BaseException, code: int, message: str, debug: bool):
     """End a command on an error: with ``debug`` its traceback first, then the one-line message;
     the exit code is the same with and without ``--debug``."""
@@ -251,20 +266,22 @@ def measure(
     plots: Annotated[bool, typer.Option("--plots", help="Draw each measure's plots (e.g. spectral densities) in OUTDIR/plots/ (needs matplotlib).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the products (HVPs, gradients, forward passes) each measure will spend per checkpoint; measure nothing.")] = False,
     threads: ThreadsOpt = None,
+    precision: PrecisionOpt = None,
     wide: WideOpt = False,
     debug: DebugOpt = False,
 ):
     """Compute the configured measures for each checkpoint; write OUTDIR/results.csv and results.json."""
     from . import api
 
+    precision = _value(precision)
     if dry_run:
-        plan = api.plan_costs(config, checkpoints, measures=measures, device=device)
+        plan = api.plan_costs(config, checkpoints, measures=measures, device=device, precision=precision)
         for line in plan.lines():
             console.print(line, highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(plan.exit_code)
     from .config import overrides
 
-    cfg = api.load(config, overrides(device=device, seed=seed, threads=threads))
+    cfg = api.load(config, overrides(device=device, seed=seed, threads=threads, precision=precision))
     format = _value(format) or cfg.output.format
     out = cfg.output_dir(outdir)
     shown = CheckpointProgress("measuring")
@@ -305,19 +322,6 @@ def _print_report(report, format: str, out: Path, wide: bool = False) -> None:
             err_console.print(f"[red]error:[/red] {r.checkpoint}: {r.error}", highlight=False, soft_wrap=True)
     if report.write_error:
         err_console.print(f"[red]error:[/red] {report.write_error}", highlight=False, soft_wrap=True)
-
-
-def _end_all_ranks(e: BaseException, debug: bool) -> None:
-    """A failure on one rank of a distributed run: the other ranks may wait in a collective this one
-    never reaches, so the process ends at once (torchrun then stops the others; exit code 1). A rank
-    that fails only because a peer went away says nothing: the peer's message is the one error."""
-    if debug:
-        traceback.print_exception(e)
-    if not is_peer_gone(e):
-        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
 
 
 # ------------------------------------------------------------------ measures
@@ -410,6 +414,7 @@ def landscape(
     bend_optimizer: Annotated[str, typer.Option("--bend-optimizer", help="--connect: adam or sgd (momentum 0.9).")] = "adam",
     bend_batch_size: Annotated[int, typer.Option("--bend-batch-size", help="--connect: minibatch size of the bend training.")] = 128,
     threads: ThreadsOpt = None,
+    precision: PrecisionOpt = None,
     debug: DebugOpt = False,
 ):
     """Loss-landscape view: 1D/2D slices along filter-normalized random directions, with --to the
@@ -422,7 +427,7 @@ def landscape(
                         seed=seed, device=device, points_per_pass=points_per_pass, plots=plots,
                         allow_unsafe_pickle=allow_unsafe_pickle, solver=solver, keep_order=keep_order,
                         bend_steps=bend_steps, bend_lr=bend_lr, bend_optimizer=bend_optimizer,
-                        bend_batch_size=bend_batch_size, threads=threads)
+                        bend_batch_size=bend_batch_size, threads=threads, precision=_value(precision))
         return
     if len(checkpoints) != 1:
         raise ConfigError(f"landscape takes one checkpoint (several with --pca, two with --connect); got {len(checkpoints)}")
@@ -432,6 +437,7 @@ def landscape(
             config, checkpoint, to=to, dims=dims, steps=steps, span=span, seed=seed, device=device,
             bias_bn=_value(bias_bn), points_per_pass=points_per_pass, outdir=outdir, plots=plots,
             allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update, threads=threads,
+            precision=_value(precision),
         )
     what = {"1d": "1D slice", "2d": "2D slice", "interpolation": "interpolation"}[res.kind]
     grid = f"{len(res.alpha)}" + (f"×{len(res.beta)}" if res.beta is not None else "")
@@ -473,7 +479,7 @@ def _check_view_options(checkpoints, *, pca, connect, to, dims, span) -> None:
 
 def _landscape_view(checkpoints, config, outdir, *, pca, connect, to, dims, steps, span, seed, device, points_per_pass,
                     plots, allow_unsafe_pickle, solver, keep_order, bend_steps, bend_lr, bend_optimizer, bend_batch_size,
-                    threads):
+                    threads, precision):
     """``landscape --pca`` and ``landscape --connect``: check the option combination, call the API, render."""
     from . import api
 
@@ -481,7 +487,7 @@ def _landscape_view(checkpoints, config, outdir, *, pca, connect, to, dims, step
     with GridProgress("landscape") as shown:
         common = dict(steps=steps, seed=seed, device=device, points_per_pass=points_per_pass, outdir=outdir,
                       plots=plots, allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update,
-                      threads=threads)
+                      threads=threads, precision=precision)
         if pca:
             res = api.landscape_pca(config, checkpoints, span=span, solver=solver, sort=not keep_order, **common)
         else:
@@ -518,6 +524,7 @@ def sweep(
     lock_timeout: Annotated[float, typer.Option("--lock-timeout", min=0.0, help="Seconds without a heartbeat after which another worker's lock is stale.")] = 600.0,
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (trusted files only).")] = False,
     threads: ThreadsOpt = None,
+    precision: PrecisionOpt = None,
     debug: DebugOpt = False,
 ):
     """Measure a whole sweep as resumable units (checkpoint × measure); merge with 'flatcli collect'."""
@@ -532,11 +539,12 @@ def sweep(
         executor=_value(executor), resume=resume, retry_failed=retry_failed, dry_run=dry_run, lock_timeout=lock_timeout,
         tasks=tasks, slurm=parse_slurm_params(slurm), cluster=cluster, wait=wait,
         allow_unsafe_pickle=allow_unsafe_pickle or None, log=log, debug=debug, threads=threads,
+        precision=_value(precision),
     )
     for line in report.lines:
         console.print(line, highlight=False, soft_wrap=True)
     if report.dry_run:
-        plan = api.plan_costs(config, measures=measures, device=device)
+        plan = api.plan_costs(config, measures=measures, device=device, precision=_value(precision))
         for line in plan.lines():
             console.print(line, highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(max(report.exit_code, plan.exit_code))

@@ -206,3 +206,17 @@ def test_batch_contract_and_model_outputs():
     assert loss.units(Batch({"input_ids": ids, "attention_mask": mask})).tolist() == [2.0, 1.0]
     with pytest.raises(ConfigError, match="The 'loss' key must be one of cross_entropy, mse, causal_lm"):
         get_loss("ctc")
+
+
+def test_dry_run_prints_the_parameter_selection(tmp_path):
+    from typer.testing import CliRunner
+
+    from flatcli.cli import app
+
+    model, ids, mask = lm_setup()
+    cfg = _write_lm_config(tmp_path, ids, mask, model, {"params": {"include": ["head.*", "mix.*"],
+                                                                   "exclude": ["*.bias"]}})
+    res = CliRunner().invoke(app, ["measure", "-c", str(cfg), "-m", "hessian_trace", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    first = res.output.splitlines()[0]
+    assert first == "params: include head.*, mix.*; exclude *.bias → 2 tensor(s), 60 parameters: mix.weight, head.weight"
