@@ -152,7 +152,7 @@ def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
 
     Parameters (options)
     --------------------
-    hessian_diag, samples, radius, eps, check, max_exact : the diagonal, as in
+    hessian_diag, samples, radius, eps, check, check_probes, max_exact : the diagonal, as in
         `normalized_sharpness` (default ``auto``).
     box : float, default 20 — R of eq. 33.
     lam : float, default √m — λ of eq. 32.
