@@ -6,6 +6,7 @@ The Python API (everything the command line does):
 >>> report = flatcli.measure("cfg.yaml", measures="hessian_trace")   # doctest: +SKIP
 >>> flatcli.sweep("cfg.yaml", "runs/eval"); flatcli.collect("runs/eval")   # doctest: +SKIP
 >>> flatcli.correlate("runs/eval/results.csv", by="lr,width")      # doctest: +SKIP
+>>> flatcli.compare("runs/eval/results.csv", "relative_flatness", "hessian_trace")   # doctest: +SKIP
 """
 
 from ._version import __version__
@@ -14,7 +15,7 @@ _API = (
     "measure", "measure_model", "sweep", "landscape", "check_invariance", "load", "MeasureReport",
 )
 _MEASURES = ("list_measures", "register", "MeasureResult")
-__all__ = ["__version__", "Settings", "collect", "correlate", "read_results", *_API, *_MEASURES]
+__all__ = ["__version__", "Settings", "collect", "compare", "correlate", "read_results", *_API, *_MEASURES]
 
 
 def __getattr__(name):  # lazy, so `import flatcli` stays cheap
@@ -26,6 +27,10 @@ def __getattr__(name):  # lazy, so `import flatcli` stays cheap
         from . import api
 
         return getattr(api, f"{name}_frame")
+    if name == "compare":  # paired comparison of two measures' correlations (a DataFrame)
+        from .analysis.compare import compare_measures
+
+        return compare_measures
     if name == "read_results":
         from . import results
 

@@ -602,6 +602,7 @@ def correlate(
     wide: WideOpt = False,
     color_by: Annotated[str | None, typer.Option("--color-by", help="Column colouring the scatter plots (default the first axis; 'none' for one colour).")] = None,
     marker_by: Annotated[str | None, typer.Option("--marker-by", help="Column choosing the markers of the scatter plots (default the next axis; 'none' for one marker).")] = None,
+    compare: CompareOpt = None,
     debug: DebugOpt = False,
 ):
     """Rank measures by how well they predict the gap: Pearson, Spearman, Kendall τ-b, Jiang τ, granulated Ψ, CMI."""
@@ -627,6 +628,36 @@ def correlate(
     if rep.csv_path is not None:
         console.print(f"wrote {rep.csv_path}" + (f" and {len(rep.plots)} plots in {rep.plots[0].parent}" if rep.plots else ""),
                       highlight=False, soft_wrap=True)
+    if compare:
+        _print_comparison(results, compare, target=target, bootstrap=bootstrap, seed=seed, confidence=confidence,
+                          where=where, max_train_loss=max_train_loss, outdir=outdir)
+
+
+# ------------------------------------------------------------------ correlate --compare
+CompareOpt = Annotated[str | None, typer.Option(
+    "--compare",
+    help="A,B: paired bootstrap over the checkpoints of the difference of A's and B's correlations with the target "
+         "(Kendall τ-b, Spearman, Pearson; Zou's interval for Pearson); says 'A ranks above B' only when the interval "
+         "excludes 0, else 'tied'. Uses --bootstrap (default 2000), --seed and --confidence.")]
+
+
+def _print_comparison(results, compare: str, *, target, bootstrap, seed, confidence, where, max_train_loss, outdir) -> None:
+    """Run `flatcli.analysis.compare.compare_measures` for ``A,B`` and print one line per statistic
+    (and write comparison.csv beside correlations.csv)."""
+    from .analysis.compare import compare_measures, describe
+
+    names = [x.strip() for x in compare.split(",") if x.strip()]
+    if len(names) != 2:
+        raise ConfigError(f"--compare takes two measures as A,B; got {compare!r}")
+    df = compare_measures(results, names[0], names[1], target=target, bootstrap=bootstrap or 2000, seed=seed,
+                          confidence=confidence, where=where, max_train_loss=max_train_loss)
+    console.print(f"paired comparison with {target} ({names[0]} vs {names[1]}):", highlight=False, soft_wrap=True)
+    for line in describe(df):
+        console.print("  " + line, highlight=False, soft_wrap=True, markup=False)
+    if outdir is not None:
+        path = Path(outdir) / "comparison.csv"
+        df.to_csv(path, index=False)
+        console.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
 # ------------------------------------------------------------------ check-invariance

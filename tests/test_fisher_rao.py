@@ -146,3 +146,35 @@ def test_fold_batchnorm_false_differentiates_the_raw_parameters():
     r = _fr(model, x, y, fold_batchnorm=False)
     assert r.diagnostics["unfolded_batchnorm"] == "bn"
     assert r.value == pytest.approx(direct(Problem(model.eval(), x, y, batch_size=16), y), rel=1e-12)
+
+
+def test_eval_mode_batchnorm_leaves_the_layer_before_it_active_and_the_default_is_folded():
+    """The former docstring said weights before a BatchNorm add nothing to ⟨θ, ∇ℓ⟩ in the raw
+    parameterization; in eval mode (running statistics) they do: per sample ⟨W, ∇_Wℓ⟩ = ⟨s∘z, ∇_yℓ⟩
+    (z the conv output, y the BatchNorm output, s = γ/√(σ²+ε)), here nonzero on average. The raw and the
+    folded values differ (0.652 vs 0.257) and the default reports the folded one."""
+    from tests.helpers import conv_bn_folded_by_hand, conv_bn_setup
+
+    model, x, y = conv_bn_setup()
+    bn = model.bn
+    s = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).detach()
+    dirs = []
+    for i in range(len(x)):
+        z = model.conv(x[i : i + 1])
+        out = bn(z)
+        out.retain_grad()
+        loss = nn.functional.cross_entropy(model.fc(torch.relu(out).flatten(1)), y[i : i + 1])
+        (gw,) = torch.autograd.grad(loss, model.conv.weight, retain_graph=True)
+        (gy,) = torch.autograd.grad(loss, out)
+        wdir = float((model.conv.weight.detach() * gw).sum())
+        assert wdir == pytest.approx(float((s[None, :, None, None] * z.detach() * gy).sum()), rel=1e-9, abs=1e-15)
+        dirs.append(wdir)
+    assert abs(sum(dirs) / len(dirs)) > 1e-3  # not "nothing"
+    raw = direct(Problem(model.eval(), x, y, batch_size=16), y)
+    folded = direct(Problem(conv_bn_folded_by_hand(model), x, y, batch_size=16), y)
+    assert raw == pytest.approx(0.652, abs=5e-4) and folded == pytest.approx(0.257, abs=5e-4)
+    r = _fr(model, x, y)  # default: fold_batchnorm true
+    assert r.value == pytest.approx(folded, rel=1e-12)
+    assert r.diagnostics["raw_parameterization_value"] == pytest.approx(raw, rel=1e-12)
+    assert r.diagnostics["n_jvp"] == 2
+    assert "raw_parameterization_value" not in _fr(model, x, y, fold_batchnorm=False).diagnostics

@@ -212,10 +212,62 @@ def test_default_is_exact_with_zero_tiny_and_pruned_weights_and_trained(case, tr
     assert abs(res.value - ref) <= 1e-8 * ref
     d = res.diagnostics
     assert res.stderr is None and d["hessian_diag"] == "auto" and d["diag_exact"] and d["diag_curved"] == []
-    assert d["n_hvp"] == 3 * 3 and d["n_vjp"] == (3 if case in HARD[:3] else 10)
+    assert d["n_hvp"] == 3 * (3 + 2 * 2) and d["n_vjp"] == (3 if case in HARD[:3] else 10)  # coordinates, probes
     fr = measure_model(model, (x, y), ["fisher_rao_term"], precision="fp64", batch_size=64).results["fisher_rao_term"]
     theta, diag = _dense_diag(model, x, y)
     assert abs(fr.value - float((diag * theta * theta).sum())) <= 1e-10 * abs(fr.value)
+
+
+class FusedQKV(nn.Module):
+    """One self-attention block with a fused input projection Linear(E, 3E) (nn.MultiheadAttention's
+    in_proj_weight): the outputs are curved in the query and key rows, linear in the value rows."""
+
+    def __init__(self, E=4, T=3, C=3):
+        super().__init__()
+        self.E, self.T = E, T
+        self.qkv = nn.Linear(E, 3 * E)
+        self.out = nn.Linear(E * T, C)
+
+    def forward(self, x):
+        h = x.view(x.shape[0], self.T, self.E)
+        q, k, v = self.qkv(h).split(self.E, dim=-1)
+        a = torch.softmax(q @ k.transpose(1, 2) / self.E**0.5, dim=-1)
+        return self.out((a @ v).reshape(x.shape[0], -1))
+
+
+class MixedRows(nn.Module):
+    """A hidden layer of 16 rows, tanh on the first 2 and ReLU on the other 14: curvature in 2 rows only."""
+
+    def __init__(self, d=5, h=16, c=3, curved=2):
+        super().__init__()
+        self.fc1, self.fc2, self.curved = nn.Linear(d, h), nn.Linear(h, c), curved
+
+    def forward(self, x):
+        z = self.fc1(x)
+        return self.fc2(torch.cat([torch.tanh(z[:, : self.curved]), torch.relu(z[:, self.curved :])], 1))
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("kind", ["fused_qkv", "mixed_rows"])
+def test_default_check_finds_curvature_in_a_few_rows(kind, seed):
+    # The former check (3 coordinates per tensor) declared these exact while the Fisher-Rao term was off:
+    # fused QKV seed 1 −4.2%; mixed rows seeds 0, 1, 2, 4, 5, 7: −2.2%, +0.9%, +3.4%, +7.8%, −0.2%, −3.6%.
+    torch.manual_seed(seed)
+    model = (FusedQKV() if kind == "fused_qkv" else MixedRows()).double()
+    g = torch.Generator().manual_seed(100 + seed)
+    x = torch.randn(24, 12 if kind == "fused_qkv" else 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (24,), generator=g)
+    row = measure_model(model, (x, y), ["fisher_rao_term", "normalized_sharpness"], precision="fp64",
+                        batch_size=24, seed=seed)
+    theta, diag = _dense_diag(model, x, y)
+    fr, ns = row.results["fisher_rao_term"], row.results["normalized_sharpness"]
+    assert abs(fr.value - float((diag * theta * theta).sum())) <= 1e-10 * abs(fr.value)
+    assert abs(ns.value - _reference_ns(model, x, y)) <= 1e-8 * ns.value
+    first = "qkv" if kind == "fused_qkv" else "fc1"
+    for r in (fr, ns):
+        assert r.diagnostics["diag_exact"] and r.stderr is None
+        assert f"{first}.weight" in r.diagnostics["diag_curved"]
+    assert not any(n.startswith(("out", "fc2")) for n in fr.diagnostics["diag_curved"])  # linear in the last layer
 
 
 def test_default_with_batchnorm_and_pooling_in_eval_mode():

@@ -70,16 +70,23 @@ def test_error_mode_terms_and_cost():
     m = 30
     assert d["m"] == m and d["lam"] == pytest.approx(math.sqrt(m))
     assert d["ns_r"] == pytest.approx(ns, rel=1e-8)
-    assert d["curvature_term"] == pytest.approx(ns / m**0.25, rel=1e-8)
+    # the sampled posterior's KL/λ = ½√(h/λ)·NS₂(R) (h = 5 + 4 + 4 columns); the former value NS₂(R)/√λ
+    # was the printed eq. 32 term, √h/2 = 1.80 times smaller than KL/λ here
+    h = 13
+    assert d["h"] == h and d["ns_over_sqrt_lam"] == pytest.approx(ns / m**0.25, rel=1e-8)
+    assert d["curvature_term"] == pytest.approx(0.5 * math.sqrt(h / math.sqrt(m)) * ns, rel=1e-8)
+    assert d["curvature_term"] == pytest.approx(d["kl_over_lam"], rel=1e-12)
     assert d["lam_term"] == pytest.approx(math.sqrt(m) / (2 * m))
     width = math.sqrt(math.log(2 / 0.1) / (2 * 40))
     assert d["hoeffding_width"] == pytest.approx(width, rel=1e-12)
     assert d["ls_q_hoeffding"] == pytest.approx([d["ls_q"] - width, d["ls_q"] + width])
     assert 0.0 <= d["ls_q"] <= 1.0 and d["loss_range"] == 1.0
     assert r.value == pytest.approx(d["ls_q"] + width + d["curvature_term"] + d["lam_term"], rel=1e-12)
-    assert d["n_forward"] == 41 and d["n_hvp"] == 9 and d["n_vjp"] == 3
+    assert d["n_forward"] == 41 and d["n_hvp"] == 3 * (3 + 2 * 2) and d["n_vjp"] == 3
     assert r.stderr == pytest.approx(d["ls_q_stderr"])  # exact diagonal: only the Monte-Carlo error
     assert "Ξ₃/λ" in d["symbolic"]
+    assert r.value >= 1.0 and d["vacuous"] and d["vacuous_by"] == pytest.approx(r.value - 1.0)
+    assert r.status == "vacuous"  # an error bound ≥ 1 says nothing, and the output says so
     assert _bound(model, x, y, mc_samples=40, confidence=0.1).value == r.value  # seeded
     assert _bound(model, x, y, mc_samples=40, confidence=0.1, seed=1).value != r.value
 
@@ -134,3 +141,12 @@ def test_dense_diagonal_reference_for_its_ns_term():
     r = _bound(model, x, y, mc_samples=4)
     assert r.diagnostics["ns_r"] == pytest.approx(_reference_ns(model, x, y), rel=1e-8)
     assert np.isfinite(r.value)
+
+
+def test_a_bound_below_the_loss_range_is_not_flagged_vacuous():
+    model = _mlp(nn.ReLU)
+    x, y = _data()
+    r = _bound(model, x, y, mc_samples=40, mc_loss="clipped_loss", loss_clip=50.0)
+    d = r.diagnostics
+    assert d["loss_range"] == 50.0 and r.value < 50.0
+    assert r.status == "ok" and not d["vacuous"] and d["vacuous_by"] == pytest.approx(r.value - 50.0)

@@ -24,10 +24,20 @@ only).
 BatchNorm. With ``fold_batchnorm: true`` (default) every BatchNorm that follows a
 Linear/Conv layer is folded into it first (`flatcli.measures._bn`) and θ is the
 folded parameter vector (W' = diag(γ/√(σ²+ε)) W, b'; no γ, β): the norm of the
-eval-mode function's own layers, as for the norm measures. On the raw
-parameterization a layer followed by BatchNorm is scale-invariant (degree 0), so
-its weights add nothing to ⟨θ, ∇ℓ⟩ while γ and β do: a different quantity, kept
-with ``fold_batchnorm: false``.
+eval-mode function's own layers, as for the norm measures. The raw
+parameterization (W, b, γ, β) is a different quantity, kept with
+``fold_batchnorm: false``: in eval mode BatchNorm is a fixed affine map (running
+statistics), so the layer before it is *not* scale-invariant and its weights do
+contribute to ⟨θ, ∇ℓ⟩ (only batch statistics, in train mode, would make it
+degree 0). Per sample, with z = Wx + b, s = γ/√(σ²+ε) and the BatchNorm output
+y = s∘(z − μ) + β: the folded pair contributes :math:`\langle y, \nabla_y \ell\rangle`;
+the raw one contributes that through γ and β, plus :math:`\langle W, \nabla_W\ell\rangle +
+\langle b, \nabla_b\ell\rangle = \langle s \circ z, \nabla_y \ell\rangle` (= ⟨y − β + s∘μ, ∇_yℓ⟩,
+summed over positions for convolutions), so the scale direction is
+counted twice in the raw form: on the ConvBN test network the raw value is 0.652,
+the folded one 0.257 (tests/test_fisher_rao.py). When something was folded, the
+diagnostic ``raw_parameterization_value`` reports the raw form as well (one more
+forward-mode pass over S).
 """
 
 from __future__ import annotations
@@ -61,8 +71,9 @@ class FisherRaoOptions:
     description="Fisher-Rao norm: mean over S of ⟨θ, ∇_θ ℓ(x, y; θ)⟩² (forward-mode, per-sample).",
     reference="Liang, Poggio, Rakhlin & Stokes 2019 (AISTATS, Def. 2 and Thm. 3.1); Jiang et al. 2020 (§C)",
     stochastic=False,
-    cost="one forward-mode pass over S (labels: model adds one forward pass)",
-    estimate=lambda o, d: {"n_grad": 1, "n_forward": int(o.labels == "model")},
+    cost="one forward-mode pass over S (labels: model adds one forward pass; a folded BatchNorm one more "
+    "forward-mode pass for raw_parameterization_value)",
+    estimate=lambda o, d: {"n_grad": (1, 1 + int(o.fold_batchnorm)), "n_forward": int(o.labels == "model")},
     invariant=True,
 )
 def fisher_rao_norm(ctx, opts: FisherRaoOptions) -> MeasureResult:
@@ -70,12 +81,21 @@ def fisher_rao_norm(ctx, opts: FisherRaoOptions) -> MeasureResult:
     ``labels: data`` (``stderr`` None). For ``labels: model`` the labels are a
     seeded draw and ``stderr`` is the standard error of the mean of the
     per-sample terms. Diagnostics: ``labels``, ``mean_abs_direction`` (mean of
-    \|⟨θ, ∇ℓ_i⟩\|), ``n_jvp`` (forward-mode passes over S), ``folded_batchnorm``."""
+    \|⟨θ, ∇ℓ_i⟩\|), ``n_jvp`` (forward-mode passes over S), ``folded_batchnorm``, and
+    ``raw_parameterization_value`` (the same mean on the unfolded W, b, γ, β) when a
+    BatchNorm was folded."""
     fm = folded_measurement(ctx, opts.fold_batchnorm)
     try:
-        return _fisher_rao(ctx, fm, opts)
+        res = _fisher_rao(ctx, fm, opts)
     finally:
         fm.merge_counters(ctx.engine)
+    if fm.own:
+        return res
+    labels = res.diagnostics.pop("_labels")
+    d = ctx.engine.per_unit_directional(ctx.problem.theta, labels=labels).double()
+    res.diagnostics["raw_parameterization_value"] = float((d * d).mean())
+    res.diagnostics["n_jvp"] += 1
+    return res
 
 
 def _fisher_rao(ctx, fm, opts: FisherRaoOptions) -> MeasureResult:
@@ -100,6 +120,8 @@ def _fisher_rao(ctx, fm, opts: FisherRaoOptions) -> MeasureResult:
         "n_jvp": 1,
         **fm.diagnostics,
     }
+    if not fm.own:
+        diag["_labels"] = labels  # the same draws for the raw parameterization
     if not math.isfinite(value):
         return MeasureResult(value=value, diagnostics=diag, status="non_finite")
     stderr = (

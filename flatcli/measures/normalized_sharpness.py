@@ -383,7 +383,7 @@ def _weight_names(p, model) -> list[str]:
     invariant=_claim,
     invariance_note=_note,
     cost=(
-        "auto: C VJP passes over S (C outputs) + check HVPs per weight matrix (+ unit vectors of curved "
+        "auto: C VJP passes over S (C outputs) + check + 2·check_probes products per weight matrix (+ unit vectors of curved "
         "ones, ≤ max_exact); ggn: C VJP passes; exact: P HVPs; scaled, hutchinson: samples HVPs; "
         "finite_difference: 2·samples gradients"
     ),
@@ -400,7 +400,9 @@ def normalized_sharpness(ctx, opts: NormalizedSharpnessOptions) -> MeasureResult
     samples : int, default 64 — probes of the stochastic estimators.
     radius : float, default 1e-3 — r of ``finite_difference``.
     eps : float, default 1e-8 — keeps |θ| away from 0 (``scaled``, ``finite_difference``).
-    check : int, default 3 — coordinates per tensor ``auto`` verifies.
+    check : int, default 3 — coordinates per tensor where ``auto`` compares H_ii with the Gauss-Newton G_ii.
+    check_probes : int, default 2 — Gaussian probes per tensor where ``auto`` checks that the remainder
+        block P(H − G)P vanishes (its false-pass probability is in `flatcli.measures._hessian_diag`).
     max_exact : int, default 4096 — unit-vector HVPs ``auto`` may spend on curved tensors.
     box : float, default 20 — γ ∈ [−box, box]^h (the R of eqs. 26/33).
     form : {"node", "parameter"}, default "node".
@@ -478,7 +480,7 @@ def _fr(p, diag: torch.Tensor) -> tuple[float, dict[str, float]]:
     stochastic=True,
     invariant=equivariance_claim,
     cost=(
-        "auto: C VJP passes over S (C outputs) + check HVPs per parameter tensor (+ unit vectors of curved "
+        "auto: C VJP passes over S (C outputs) + check + 2·check_probes products per parameter tensor (+ unit vectors of curved "
         "ones, ≤ max_exact); ggn: C VJP passes; exact: P HVPs; scaled, hutchinson: samples HVPs; "
         "finite_difference: 2·samples gradients"
     ),
@@ -489,7 +491,7 @@ def fisher_rao_term(ctx, opts: FisherRaoTermOptions) -> MeasureResult:
 
     Options: the Hessian-diagonal options of `normalized_sharpness`
     (``hessian_diag`` default ``auto``, ``samples``, ``radius``, ``eps``,
-    ``check``, ``max_exact``). The diagonal is not clamped: at a non-minimum
+    ``check``, ``check_probes``, ``max_exact``). The diagonal is not clamped: at a non-minimum
     with an indefinite Hessian FR may be negative. Invariant to element-wise
     function-preserving rescalings (node-wise, layer-wise, BatchNorm-aware);
     see the module docstring.

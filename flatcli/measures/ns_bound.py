@@ -19,7 +19,25 @@ H̄; we read both as the same quantity, which is `normalized_sharpness` with
 ``box`` = R). m is the size of S, taken as the measurement set's n: measure on
 the whole training set for the bound to be one.
 
-What is computed (the measure's value is the sum of the first three):
+**Which terms, for the posterior that is sampled.** Thm 6.1 comes from the
+PAC-Bayes bound of its eq. 1, :math:`L_D(Q) \le L_S(Q) + \lambda/2m +
+(\ln(1/\delta) + \mathrm{KL}(Q\|P))/\lambda`, with L_S(Q) measured (Monte Carlo
+and Hoeffding) and the posterior variance chosen by the second-order
+approximation to balance the loss increase (A) against KL/λ (B) (eq. 4). For the
+posterior below (variances η²e^{γ_i}b_j on weight matrices, prior of equal
+variances and mean 0) the KL is exactly h/(2η²), and (A) ≈ ½η²NS₂(R)²; the
+balance η² = √(h/λ)/NS₂(R) makes both
+
+.. math:: \frac{\mathrm{KL}(Q\|P)}{\lambda} = \frac{h}{2\lambda\eta^2} = \frac{\sqrt h}{2}\,\frac{\mathrm{NS}_2(R)}{\sqrt\lambda}.
+
+That is the bound's curvature term for the Q that is sampled: the printed
+NS₂(R)/√λ times √h/2. The factor is multiplicative on a λ^{-1/2} term, so the
+additive Ξ₃/λ cannot absorb it (the former version reported NS₂(R)/√λ and said
+it could; its diagnostics had ``kl_over_lam / curvature_term`` = √h/2 = 5.66 at
+h = 128). No posterior of this family gives NS₂(R)/√λ for both (A) and (B): a KL/λ
+of NS₂(R)/√λ needs η² = h/(2√λ NS₂(R)), and then (A) ≈ (h/4)·NS₂(R)/√λ.
+
+What is computed (the measure's value is the sum of the terms below):
 
 * L_S(Q) by Monte Carlo: ``mc_samples`` draws θ_k ~ Q (seeded), each
   evaluated on S with a bounded loss (``mc_loss``): the 0-1 error (in [0, 1])
@@ -28,14 +46,23 @@ What is computed (the measure's value is the sum of the first three):
   :math:`B\sqrt{\ln(2/\delta')/(2K)}` (B the range of the loss, K the draws,
   δ′ = ``confidence``), valid with probability 1 − δ′ over the draws (union with
   the bound's δ: 1 − δ − δ′ overall).
-* NS₂(R)/√λ with λ = ``lam`` (default √m, the order the paper gives as optimal).
+* KL(Q‖P)/λ = ½√(h/λ)·NS₂(R) (``curvature_term``) with λ = ``lam`` (default √m,
+  the order the paper gives as optimal); the paper's printed NS₂(R)/√λ is in
+  ``ns_over_sqrt_lam``.
 * λ/(2m).
 
-Left symbolic: Ξ₃/λ (eq. 34 gives only its order, Õ(hd) times a constant in
-ε, δ, M, b, R and |Λ|, whose exact form is in the paper's Appendix D.5), and
-with it the union-bound costs of the discretized prior scales and of Λ. The
-second-order error term E(L_S, Q) of Props. 4.x/6.1 does not appear: Thm 6.1
-bounds L_D(Q) through the measured L_S(Q).
+Left symbolic: Ξ₃/λ: ln(1/δ)/λ and the union-bound costs of choosing the prior's
+scales (γ, η) and λ from finite grids (eq. 34 gives only its order, Õ(hd) times a
+constant in ε, δ, M, b, R and |Λ|, whose exact form is in the paper's Appendix
+D.5). The second-order error term E(L_S, Q) of Props. 4.x/6.1 does not appear:
+Thm 6.1 bounds L_D(Q) through the measured L_S(Q).
+
+**Vacuous bounds are said so.** The value bounds the expected bounded loss, which
+never exceeds its range B (1 for the error). When the value is ≥ B the bound says
+nothing, even before Ξ₃/λ is added: the status is then ``vacuous`` and the
+diagnostic ``vacuous`` true (with ``vacuous_by`` = value − B). The posterior's own
+error is ``ls_q``; at chance level (e.g. 0.9 for 10 classes) the noise of Q has
+destroyed the network's function, a second sign the bound cannot be tight.
 
 **The posterior Q (our reconstruction).** The theorem only states
 ‖Σ‖_F = O(λ^{-1/2}); its construction (Appendix D.5) is not in the text we
@@ -52,12 +79,11 @@ variances
 
 γ_l the minimizer of eq. 33 (its common shift cancels). Under the second-order
 approximation this Q gives (A) = ½ Σ F σ² = ½ η² NS₂(R)² and, against a prior
-of equal variances, KL = ½ Σ U/σ² = h/(2η²); η balances the two, so that
-(A) = KL/λ = ½ √(h/λ) NS₂(R): the curvature term is NS₂(R)/√λ up to the
-factor √h/2, which the paper's Õ(hd) constants absorb. (The mirror choice
+of mean 0 and equal variances, KL = ½ Σ U/σ² = h/(2η²); η balances the two, so that
+(A) = KL/λ = ½ √(h/λ) NS₂(R) (above). (The mirror choice
 σ² = η² e^{γ_i} / a_j, a_j = Σ_i F_ij e^{γ_i}, gives the same two values.)
 Diagnostics ``second_order_gap`` (½ η² NS₂², the surrogate-loss increase the
-second-order approximation predicts under Q) and ``kl_over_lam`` report them.
+second-order approximation predicts under Q) and ``kl_over_lam`` (= ``curvature_term``) report them.
 Rows whose γ reaches +R (dead ReLU nodes: a zero row of F costs nothing to
 second order) get the largest noise the box allows; the Monte-Carlo term then
 shows how far the second-order picture is off.
@@ -139,8 +165,8 @@ def _ns(p, model, diag, box):
     "ns_bound",
     options=NSBoundOptions,
     description=(
-        "Computable part of Tsuzuku et al.'s PAC-Bayes bound: Hoeffding upper end of L_S(Q) by Monte Carlo "
-        "+ NS₂(R)/√λ + λ/(2m) (Ξ₃/λ left symbolic)."
+        "Computable part of Tsuzuku et al.'s PAC-Bayes bound for the sampled posterior Q: Hoeffding upper end of "
+        "L_S(Q) by Monte Carlo + KL(Q‖P)/λ = ½√(h/λ)·NS₂(R) + λ/(2m) (Ξ₃/λ left symbolic); status vacuous when ≥ the loss range."
     ),
     reference="Tsuzuku, Sato & Sugiyama, ICML 2020, Thm. 6.1 (eqs. 32–34), NS₂(R) of eqs. 26/33",
     stochastic=True,
@@ -149,11 +175,11 @@ def _ns(p, model, diag, box):
     estimate=lambda o, d: {**diagonal_estimate(o, d, d.matrices), "n_forward": o.mc_samples + 1},
 )
 def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
-    r"""L̂_S(Q) + Hoeffding half-width + NS₂(R)/√λ + λ/(2m); larger = looser bound (sharper).
+    r"""L̂_S(Q) + Hoeffding half-width + ½√(h/λ)·NS₂(R) + λ/(2m); larger = looser bound (sharper).
 
     Parameters (options)
     --------------------
-    hessian_diag, samples, radius, eps, check, max_exact : the diagonal, as in
+    hessian_diag, samples, radius, eps, check, check_probes, max_exact : the diagonal, as in
         `normalized_sharpness` (default ``auto``).
     box : float, default 20 — R of eq. 33.
     lam : float, default √m — λ of eq. 32.
@@ -164,10 +190,12 @@ def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
 
     Diagnostics: ``ls_q`` (Monte-Carlo mean), ``ls_q_stderr``, ``ls_q_hoeffding``
     ([lower, upper]), ``hoeffding_width``, ``ls_theta`` (the bounded loss at θ̄),
-    ``ns_r`` (NS₂(R)), ``curvature_term`` (NS₂(R)/√λ), ``lam``, ``lam_term``
-    (λ/2m), ``m``, ``h``, ``eta2``, ``second_order_gap`` (½η²NS₂²),
-    ``kl_over_lam`` (h/(2λη²)), ``posterior_std_max``, ``box_hit``,
-    ``symbolic`` (what is left out), the diagonal's ``diag_*`` and the engine's counts.
+    ``ns_r`` (NS₂(R)), ``curvature_term`` (KL/λ = ½√(h/λ)·NS₂(R)), ``ns_over_sqrt_lam``
+    (the paper's printed NS₂(R)/√λ), ``lam``, ``lam_term`` (λ/2m), ``m``, ``h``,
+    ``eta2``, ``second_order_gap`` (½η²NS₂²), ``kl_over_lam`` (h/(2λη²)),
+    ``posterior_std_max``, ``box_hit``, ``vacuous`` and ``vacuous_by`` (value − B;
+    status ``vacuous`` when ≥ 0), ``symbolic`` (what is left out), the diagonal's
+    ``diag_*`` and the engine's counts.
 
     References: Tsuzuku, Sato & Sugiyama (2020), ICML, Thm. 6.1, eqs. 23, 26,
     32–34; Hoeffding (1963).
@@ -203,10 +231,10 @@ def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
     mean = float(draws.mean())
     mc_se = float(draws.std(ddof=1) / math.sqrt(K))
     width = B * math.sqrt(math.log(2.0 / opts.confidence) / (2 * K))
-    curvature = ns / math.sqrt(lam)
+    curvature = h / (2 * lam * eta2)  # KL(Q‖P)/λ = ½√(h/λ)·NS₂(R)
     lam_term = lam / (2 * m)
     value = mean + width + curvature + lam_term
-    stderr = math.sqrt(mc_se**2 + (0.0 if ns_se is None else ns_se / math.sqrt(lam)) ** 2)
+    stderr = math.sqrt(mc_se**2 + (0.0 if ns_se is None else 0.5 * math.sqrt(h / lam) * ns_se) ** 2)
     hits = [k for k, s in sols.items() if s.box_hit]
     diagnostics = {
         **est.info,
@@ -221,6 +249,7 @@ def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
         "ns_r_stderr": ns_se,
         "box": opts.box,
         "curvature_term": curvature,
+        "ns_over_sqrt_lam": ns / math.sqrt(lam),
         "lam": lam,
         "lam_term": lam_term,
         "m": m,
@@ -231,6 +260,9 @@ def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
         "posterior_std_max": float(std.max()),
         "box_hit": bool(hits),
         "box_hit_layers": hits,
+        "vacuous": value >= B,
+        "vacuous_by": value - B,
         "symbolic": "Ξ₃/λ, Ξ₃ = Õ(hd)·C(ε, δ, M, b, R, |Λ|) (eq. 34); confidence 1 − δ − δ′",
     }
-    return MeasureResult(value=value, stderr=stderr, diagnostics=diagnostics)
+    status = "vacuous" if value >= B else "ok"
+    return MeasureResult(value=value, stderr=stderr, diagnostics=diagnostics, status=status)

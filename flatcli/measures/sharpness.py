@@ -28,7 +28,8 @@ best value did not improve since (condition 2). Steps are normalized gradients
 seeded random point inside the ball (uniform in the ball / box): at an exact
 minimum the gradient vanishes and an ascent from δ = 0 never moves.
 ``sharpness_worst`` also starts from the top Hessian eigenvectors (``eigen_starts``:
-±ρv in ℓ2, refined sign corners in ℓ∞; see its docstring). δ = 0 is
+±ρv in ℓ2, refined sign corners in ℓ∞) and, in ℓ∞, searches the box corners with the true
+loss (exhaustively when 2^P ≤ ``corners``; see its docstring). δ = 0 is
 kept as a candidate, so worst-case values are ≥ 0, and the value is the maximum
 over restarts. A non-finite perturbed loss stops the ascent and is reported with
 status ``non_finite`` (value ``inf`` for +inf, ``nan`` for NaN), never clipped.
@@ -200,6 +201,12 @@ class WorstOptions:
         "begin extra ascents in every batch; 0: random starts only",
     )
     first_order: bool = opt(False, Bool(), "SAM's one-step value instead of the ascent")
+    corners: int = opt(
+        4096,
+        Integral(0, None),
+        "linf: loss evaluations per batch for the corner search: every one of the 2^P corners when 2^P ≤ corners, "
+        "else one-flip local searches of the true loss (when P ≤ corners); 0: off",
+    )
 
 
 MODEL_RANK = 10  # Ritz pairs in the low-rank model of CHC used by the corner search
@@ -227,7 +234,8 @@ def corner_search(s: torch.Tensor, V: torch.Tensor, lam: torch.Tensor, max_flips
 
 
 def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
-    """(starts, HVPs): ascent starts from the top-k eigenvectors v_i of CHC (C = diag(c)).
+    """(starts, HVPs, patterns): ascent starts from the top-k eigenvectors v_i of CHC (C = diag(c)),
+    and (ℓ∞) the ± refined sign corners of all the model's Ritz vectors, starts of `corner_maximum`.
 
     Lanczos through the engine's HVPs of the full-set loss at θ (at least 20 and at
     most 60 products, stopped once the top ``max(k, MODEL_RANK)`` Ritz residuals are
@@ -254,14 +262,15 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
     V = r.ritz_vectors
     V = V / V.norm(dim=1, keepdim=True)
     lam = torch.as_tensor(r.eigenvalues[: V.shape[0]], dtype=V.dtype, device=V.device)
-    starts = []
-    for v in V[:k]:
+    starts, patterns = [], []
+    for i, v in enumerate(V):
         if norm == "linf":
-            z = rho * corner_search(torch.where(v >= 0, 1.0, -1.0).to(V), V, lam)
-        else:
-            z = rho * v
-        starts += [z, -z]
-    return starts, eng.n_hvp - before
+            sgn = corner_search(torch.where(v >= 0, 1.0, -1.0).to(V), V, lam)
+            patterns += [sgn, -sgn]
+        if i < k:
+            z = rho * (sgn if norm == "linf" else v)
+            starts += [z, -z]
+    return starts, eng.n_hvp - before, patterns
 
 
 def m_batches(problem, batch_size: int, gen: torch.Generator):
@@ -271,18 +280,78 @@ def m_batches(problem, batch_size: int, gen: torch.Generator):
     return problem.batch.select(perm).split(batch_size)
 
 
-def _best_ascent(fg, starts, opts) -> tuple[float, str, int, bool]:
-    """(best value, the kind of start that won, step halvings, finite) of Auto-PGD from every start;
-    δ = 0 is a candidate (value 0, kind "zero"); a non-finite value stops at once."""
-    best, won, reductions = 0.0, "zero", 0
+def _best_ascent(fg, starts, opts) -> tuple[float, str, int, bool, list]:
+    """(best value, the kind of start that won, step halvings, finite, each ascent's best point) of
+    Auto-PGD from every start; δ = 0 is a candidate (value 0, kind "zero"); a non-finite value stops at once."""
+    best, won, reductions, points = 0.0, "zero", 0, []
     for kind, z0 in starts:
         r = apgd(fg, z0, opts.rho, opts.norm, opts.steps)
         reductions += r.reductions
         if not r.finite:
-            return r.value, won, reductions, False
+            return r.value, won, reductions, False, points
+        points.append(r.z)
         if r.value > best:
             best, won = r.value, kind
-    return best, won, reductions, True
+    return best, won, reductions, True, points
+
+
+def _all_corners(P: int, chunk: int = 1024):
+    """Every s ∈ {±1}^P, in blocks of ``chunk`` rows (binary counting)."""
+    bits = 2 ** torch.arange(P - 1, -1, -1)
+    for start in range(0, 2**P, chunk):
+        idx = torch.arange(start, min(start + chunk, 2**P))
+        yield torch.where((idx[:, None] // bits) % 2 == 1, 1.0, -1.0).to(torch.float64)
+
+
+def _one_flip_search(f, s: torch.Tensor, value: float, budget: int) -> tuple[float, torch.Tensor, int, bool]:
+    """Best-improvement one-flip local search of f over corners from s: (value, corner, evaluations, whether
+    it stopped at a one-flip local maximum rather than at the budget)."""
+    used = 0
+    while used + len(s) <= budget:
+        vals = []
+        for j in range(len(s)):
+            t = s.clone()
+            t[j] = -t[j]
+            vals.append(f(t))
+        used += len(s)
+        j = max(range(len(s)), key=vals.__getitem__)
+        if not vals[j] > value:
+            return value, s, used, True
+        s = s.clone()
+        s[j] = -s[j]
+        value = vals[j]
+    return value, s, used, False
+
+
+def corner_maximum(f, P: int, starts: list[torch.Tensor], budget: int) -> tuple[float, int, str]:
+    r"""The largest f(s) over corners s ∈ {±1}^P found within ``budget`` evaluations: (value, evaluations, mode).
+
+    ``mode`` "exhaustive": 2^P ≤ budget, every corner evaluated (the exact maximum over corners);
+    "local": one-flip local searches of f (`_one_flip_search`) from each sign pattern of ``starts`` in turn,
+    each ending at a corner no single flip improves; "budget": the budget ran out during a search;
+    "off": P > budget (a single sweep does not fit). f may return non-finite values; they are skipped."""
+    def safe(t):
+        v = f(t)
+        return v if math.isfinite(v) else -math.inf
+
+    if P <= 30 and 2**P <= budget:
+        return max(safe(t) for block in _all_corners(P) for t in block), 2**P, "exhaustive"
+    if P > budget:
+        return -math.inf, 0, "off"
+    best, used, seen, mode = -math.inf, 0, set(), "local"
+    for z in starts:
+        s = torch.where(z >= 0, 1.0, -1.0).to(torch.float64).cpu()
+        key = tuple(s.tolist())
+        if key in seen or used + 1 + P > budget:
+            mode = mode if key in seen else "budget"
+            continue
+        seen.add(key)
+        v0 = safe(s)
+        v, _, k, done = _one_flip_search(safe, s, v0, budget - used - 1)
+        used += 1 + k
+        best = max(best, v)
+        mode = mode if done else "budget"
+    return best, used, mode
 
 
 def _worst_estimate(o, d) -> dict:
@@ -290,7 +359,8 @@ def _worst_estimate(o, d) -> dict:
         return {"n_grad": 1, "n_forward": 1}
     lanczos = (min(d.P, 20), min(d.P, 60)) if o.eigen_starts > 0 else 0
     evals = (o.restarts + 2 * min(o.eigen_starts, d.P)) * (o.steps + 1)
-    return {"n_grad": (1, evals), "n_forward": 1, "n_hvp": lanczos}
+    corners = o.corners if o.norm == "linf" and d.P <= o.corners else 0
+    return {"n_grad": (1, evals), "n_forward": (1, 1 + corners), "n_hvp": lanczos}
 
 
 @register(
@@ -302,7 +372,8 @@ def _worst_estimate(o, d) -> dict:
     stochastic=True,
     invariant=False,
     cost="(restarts + 2·eigen_starts)·(steps+1) gradient passes over S, plus 20–60 HVPs "
-    "(Lanczos for the eigen_starts eigenvectors; none when eigen_starts = 0) "
+    "(Lanczos for the eigen_starts eigenvectors; none when eigen_starts = 0); linf: up to corners "
+    "forward passes over S for the corner search (2^P when 2^P ≤ corners) "
     "(first_order: 1 gradient + 1 forward)",
     estimate=_worst_estimate,
 )
@@ -330,7 +401,23 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     on some problems where the default reaches it (tests/test_sharpness.py). The
     same full-set eigenvectors start the ascent of every m-batch (they approximate
     the batch Hessians' top directions). Diagnostic ``best_start`` counts the
-    batches whose maximum came from an ``eigen``, a ``random`` start or ``zero``. ``first_order: true`` gives
+    batches whose maximum came from an ``eigen``, a ``random`` start, the ``corner`` search or ``zero``.
+
+    ℓ∞ corner search (``corners``, default 4096 loss evaluations per batch). After the
+    ascents, the corners z = ρs, s ∈ {±1}^P, are searched with the true batch loss
+    (`corner_maximum`): when 2^P ≤ ``corners`` (P ≤ 12 by default) every corner is
+    evaluated, so the value is at least the exact maximum over the corners (which is the
+    maximum over the box when the loss is convex in δ, e.g. at a minimum of a quadratic);
+    otherwise, while a sweep fits (P ≤ ``corners``), best-improvement one-flip searches run
+    from the sign pattern of every ascent's best point and from ± the refined sign corners
+    of the 10 Ritz vectors, each ending at a corner no single flip improves, until the
+    budget is spent. That second mode is a heuristic, not a certificate: on Linear(2, 3) →
+    ReLU → Linear(3, 2) nets (17 parameters) with cross-entropy, 40 seeds × ρ ∈ {0.05, 0.2},
+    it reached the brute-force corner maximum in all 80 cases (428 evaluations on
+    average), where the ascents alone reached 56–100% (below 99% in 17 of 80). Beyond
+    P > ``corners`` only the ascents run. Diagnostics ``corner_search`` (``exhaustive``,
+    ``local``, ``budget`` when a search was cut short, ``off``) and ``corner_evals``.
+    ``first_order: true`` gives
     SAM's one-step value instead: z = ρ ∇_z/‖∇_z‖ (ℓ2) or ρ sign(∇_z) (ℓ∞) with
     :math:`\nabla_z = c \circ \nabla L_B(\theta)`, and the loss difference there
     (at an exact minimum the gradient is round-off and its direction arbitrary:
@@ -342,57 +429,35 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     (Lanczos products), ``best_start_eigen``/``best_start_random``/``best_start_zero``.
     """
     p = ctx.problem
-    theta = p.theta
     c = scale_vector(p, opts.adaptive, opts.eta)
     gen = ctx.generator()
     batches = m_batches(p, opts.batch_size, gen)
-    eig_starts, lanczos_hvps = [], 0
+    eig_starts, lanczos_hvps, patterns = [], 0, []
     if not opts.first_order and opts.eigen_starts > 0:
-        eig_starts, lanczos_hvps = eigen_starts(ctx, c, opts.eigen_starts, opts.rho, opts.norm)
-    wins = {"eigen": 0, "random": 0, "zero": 0}
-    eng = ctx.engine
+        eig_starts, lanczos_hvps, patterns = eigen_starts(ctx, c, opts.eigen_starts, opts.rho, opts.norm)
+    tally = {"wins": {"eigen": 0, "random": 0, "zero": 0, "corner": 0}, "reductions": 0, "corner_evals": 0,
+             "corner_modes": set()}
     per_batch: list[float] = []
     weights: list[float] = []
-    reductions = 0
     finite = True
     for mb in batches:
-        base, g0 = eng.batch_loss_grad(mb, theta, need_grad=opts.first_order)
-        if not math.isfinite(base):
-            finite = False
-            per_batch.append(base)
-            weights.append(p.units(mb) / p.n)
-            continue
-
-        def fg(z, mb=mb, base=base):
-            val, gr = eng.batch_loss_grad(mb, theta + c * z)
-            return val - base, (c * gr if gr is not None else None)
-
-        if opts.first_order:
-            z = opts.rho * _direction(c * g0, opts.norm)
-            val, _ = eng.batch_loss_grad(mb, theta + c * z, need_grad=False)
-            best = val - base
-            if not math.isfinite(best):
-                finite = False
-        else:
-            starts = [("eigen", z) for z in eig_starts] + [
-                ("random", random_start(p.num_params, opts.rho, opts.norm, gen, p.device, p.dtype))
-                for _ in range(opts.restarts)
-            ]
-            best, won, red, ok = _best_ascent(fg, starts, opts)
-            reductions += red
-            finite = finite and ok
-            wins[won] += 1
+        best = _batch_worst(ctx, mb, c, opts, eig_starts, patterns, gen, tally)
+        finite = finite and math.isfinite(best)
         per_batch.append(best)
         weights.append(p.units(mb) / p.n)
     diag = {
         "batches": len(batches),
         "batch_min": min(per_batch),
         "batch_max": max(per_batch),
-        "reductions": reductions,
+        "reductions": tally["reductions"],
         "lanczos_hvps": lanczos_hvps,
         "eigen_starts": len(eig_starts),
-        **{f"best_start_{k}": v for k, v in wins.items()},
+        **{f"best_start_{k}": v for k, v in tally["wins"].items()},
     }
+    if opts.norm == "linf" and not opts.first_order:
+        modes = tally["corner_modes"]
+        diag["corner_search"] = next((m for m in ("off", "budget", "local") if m in modes), "exhaustive")
+        diag["corner_evals"] = tally["corner_evals"]
     if not finite:
         bad = [v for v in per_batch if not math.isfinite(v)]
         diag["non_finite_batches"] = len(bad)
@@ -402,6 +467,42 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
         t = torch.tensor(per_batch, dtype=torch.float64)
         diag["batch_stderr"] = float(t.std(unbiased=True) / math.sqrt(len(per_batch)))
     return MeasureResult(value=value, diagnostics=diag)
+
+
+def _batch_worst(ctx, mb, c, opts: WorstOptions, eig_starts, patterns, gen, tally) -> float:
+    """One batch's worst case: SAM's step, or the ascents and (ℓ∞) the corner search; updates ``tally``."""
+    p, eng = ctx.problem, ctx.engine
+    theta = p.theta
+    base, g0 = eng.batch_loss_grad(mb, theta, need_grad=opts.first_order)
+    if not math.isfinite(base):
+        return base
+    if opts.first_order:
+        z = opts.rho * _direction(c * g0, opts.norm)
+        val, _ = eng.batch_loss_grad(mb, theta + c * z, need_grad=False)
+        return val - base
+
+    def fg(z):
+        val, gr = eng.batch_loss_grad(mb, theta + c * z)
+        return val - base, (c * gr if gr is not None else None)
+
+    starts = [("eigen", z) for z in eig_starts] + [
+        ("random", random_start(p.num_params, opts.rho, opts.norm, gen, p.device, p.dtype))
+        for _ in range(opts.restarts)
+    ]
+    best, won, red, ok, points = _best_ascent(fg, starts, opts)
+    tally["reductions"] += red
+    if ok and opts.norm == "linf" and opts.corners > 0:
+        def f(sgn):
+            z = opts.rho * sgn.to(theta.device, theta.dtype)
+            return eng.batch_loss_grad(mb, theta + c * z, need_grad=False)[0] - base
+
+        value, used, mode = corner_maximum(f, p.num_params, points + patterns, opts.corners)
+        tally["corner_evals"] += used
+        tally["corner_modes"].add(mode)
+        if value > best:
+            best, won = value, "corner"
+    tally["wins"][won] += 1
+    return best
 
 
 # ---------------------------------------------------------------- sharpness_average

@@ -18,12 +18,30 @@ Per layer (every ``nn.Linear`` and convolution weight, as WeightWatcher does):
   ``conv2D_Wmats`` with its default ``pool=True``; the PyTorch layout is known,
   so WeightWatcher's channels-first/last guess, which misreads convolutions with
   ``out + in < kh + kw``, is not needed; Conv1d and Conv3d are sliced the same way).
-* Fit: eigenvalues above 1e-5 (WeightWatcher's ``EVALS_THRESH``; option
-  ``evals_thresh``) are fitted to a continuous power law by maximum likelihood
-  with :math:`x_{\min}` chosen by the Kolmogorov-Smirnov distance (Clauset,
-  Shalizi & Newman 2009, eq. 3.1 and §3.3), see `fit_power_law`. Layers with
-  fewer than ``min_evals`` (default 10, WeightWatcher's ``min_evals``) such
-  eigenvalues, or fewer than 3 distinct ones, are skipped and listed.
+* Fit: WeightWatcher 0.7.7's own (`ww_fit`, its ``WW_powerlaw.WWFit``): the
+  eigenvalues above 1e-5 (``EVALS_THRESH``; option ``evals_thresh``) are fitted to
+  a continuous power law by maximum likelihood with :math:`x_{\min}` chosen by the
+  Kolmogorov-Smirnov distance (Clauset, Shalizi & Newman 2009, eq. 3.1 and §3.3)
+  when there are at least 20 of them, and by its small-sample fit below 20
+  (bias-corrected MLE over tails of at least 8 points, :math:`x_{\min}` by the KS
+  distance). The former fit used Clauset's recipe at every size
+  (`fit_power_law`, which equals the ``powerlaw`` package): on a 10-eigenvalue
+  layer (any 10-class head) it gave α = 5.17 where WeightWatcher gives 2.04 (issue 20's
+  layer), 2.14 vs 1.61 on the 10-eigenvalue layer of tests/test_weightwatcher.py.
+* Layers with fewer than ``min_evals`` eigenvalues (default 8, WeightWatcher
+  0.7.7's ``DEFAULT_MIN_EVALS``; its docstring says 10), counted as it counts
+  them (all ``min(out, in)`` eigenvalues, times the kernel positions of a
+  convolution, before the threshold), are skipped and listed, with their number
+  of eigenvalues above the threshold.
+
+Where flatcli and WeightWatcher 0.7.7 (default ``analyze()``) still differ,
+deliberately: a layer with fewer than 3 distinct eigenvalues above the threshold
+is skipped here (WeightWatcher fits the degenerate set, α = 1 for one value);
+layers with more than 15,000 eigenvalues or a dimension above 50,000
+(WeightWatcher's ``max_evals``, ``max_N``) are fitted here and skipped there; the
+reported ``sigma`` is (α − 1)/√n_tail also where WeightWatcher's small-sample
+fallback reports −1/√N (a quirk of its bookkeeping); α itself is the same on
+every layer both fit (tests/test_weightwatcher.py, against the package).
 
 Value: the mean of α over the fitted layers. Orientation: Martin & Mahoney find
 that smaller α (heavier-tailed, better-trained layers) goes with better test
@@ -139,6 +157,84 @@ def fit_power_law(x) -> PowerLawFit:
     return PowerLawFit(a, float(u[cand[best]]), float(D[best]), (a - 1) / math.sqrt(nt), nt, N)
 
 
+SMALL_N_CUTOFF = 20  # WeightWatcher 0.7.7 (WW_powerlaw.SMALL_N_CUTOFF): below it, the small-sample fit
+SMALL_N_TAIL = 8  # its k_min: the smallest tail the small-sample fit considers
+
+
+def ww_fit(x) -> PowerLawFit:
+    r"""WeightWatcher 0.7.7's power-law fit (``WW_powerlaw.WWFit``, its default ``pl_package``).
+
+    On the sorted values :math:`x_0 \le \dots \le x_{N-1}`, every position
+    :math:`i \le N-2` is a candidate :math:`x_{\min} = x_i` with the tail
+    :math:`x_i, \dots, x_{N-1}` (n = N − i points, ties counted per position):
+
+    * N ≥ 20 (`SMALL_N_CUTOFF`): the MLE :math:`\alpha_i = 1 + n / \sum_{j\ge i}\log(x_j/x_i)`
+      and the KS distance :math:`D_i = \max_{j \ge i} |1 - (x_j/x_i)^{1-\alpha_i} - (j-i)/n|`;
+      the first candidate with the smallest D. For distinct values this is
+      `fit_power_law` with one more candidate, the two-point tail (D = 1 − e⁻² − ½ = 0.365).
+    * N < 20: the small-sample fit (``fit_powerlaw_smallN``): only tails of n ≥ 8
+      points, the bias-corrected MLE :math:`\alpha_i = 1 + (n - 1)/\sum_{j\ge i}\log(x_j/x_i)`
+      (tails with that sum ≤ 1e-12 skipped), the first candidate with the smallest
+      KS distance :math:`D_i` as above (``fit_powerlaw_smallN`` ranks them by
+      :math:`D_i - 0.868/\sqrt n`, but ``WWFit.__init__`` then re-selects by the
+      smallest D, and that is what it reports); when no tail qualifies (N < 8), the
+      whole set is the tail.
+
+    ``sigma`` = (α − 1)/√n as WeightWatcher reports it. Needs at least two values;
+    tests/test_weightwatcher.py compares it with the package on every regime.
+    """
+    x = np.sort(np.asarray(x, dtype=np.float64))
+    if x.size < 2 or x[0] <= 0 or not np.all(np.isfinite(x)):
+        raise ValueError("ww_fit needs at least two finite positive values")
+    if x.size < SMALL_N_CUTOFF:
+        return _ww_small_n(x)
+    return _ww_standard(x)
+
+
+def _ww_standard(x: np.ndarray) -> PowerLawFit:
+    N = x.size
+    logx = np.log(x)
+    suffix = np.cumsum(logx[::-1])[::-1]  # Σ_{j ≥ i} log x_j
+    i = np.arange(N - 1)
+    n = (N - i).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        alpha = 1.0 + n / (suffix[:-1] - n * logx[:-1])
+    D = np.ones(N - 1)
+    for s in range(0, N - 1, _CHUNK):
+        k = i[s : s + _CHUNK]
+        j = np.arange(int(k[0]), N)[None, :]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            theo = 1.0 - np.power(x[None, int(k[0]) :] / x[k][:, None], 1.0 - alpha[k][:, None])
+        emp = (j - k[:, None]) / n[k][:, None]
+        d = np.where(j >= k[:, None], np.abs(theo - emp), -np.inf).max(1)
+        D[s : s + len(k)] = np.where(alpha[k] > 1, d, 1.0)
+    best = int(np.argmin(D))
+    a = float(alpha[best])
+    return PowerLawFit(a, float(x[best]), float(D[best]), (a - 1) / math.sqrt(N - best), int(N - best), N)
+
+
+def _ww_small_n(x: np.ndarray) -> PowerLawFit:
+    N = x.size
+    logx = np.log(x)
+    alpha, D = np.zeros(N - 1), np.ones(N - 1)
+    for i in range(N - 1):
+        n = N - i
+        s = float(np.sum(logx[i:]) - n * logx[i])
+        if n < SMALL_N_TAIL or s <= 1e-12:
+            continue
+        alpha[i] = 1.0 + (n - 1.0) / s
+        D[i] = float(np.max(np.abs(np.arange(n) / n - (1.0 - (x[i:] / x[i]) ** (1.0 - alpha[i])))))
+    if not alpha.any():  # no tail of 8 or more: the whole set
+        s = float(np.sum(logx) - N * logx[0])
+        if s <= 1e-12:
+            return PowerLawFit(1.0, float(x[0]), 1.0, 0.0, N, N)
+        alpha[0] = 1.0 + (N - 1.0) / s
+        D[0] = float(np.max(np.abs(np.arange(N) / N - (1.0 - (x / x[0]) ** (1.0 - alpha[0])))))
+    best = int(np.argmin(D))
+    a, n = float(alpha[best]), N - best
+    return PowerLawFit(a, float(x[best]), float(D[best]), (a - 1) / math.sqrt(n), n, N)
+
+
 def layer_eigenvalues(W: torch.Tensor) -> np.ndarray:
     """Eigenvalues of :math:`W^\\top W` pooled over a convolution's kernel positions (float64)."""
     W = W.detach().double()
@@ -156,17 +252,39 @@ class WeightWatcherOptions:
     """Options of ``weightwatcher_alpha``."""
 
     min_evals: int = opt(
-        10, Integral(3, None), "skip layers with fewer eigenvalues above evals_thresh (WeightWatcher: 10)"
+        8, Integral(1, None), "skip layers with fewer eigenvalues (min(out, in) × kernel positions; WeightWatcher 0.7.7: 8)"
     )
     evals_thresh: float = opt(
         EVALS_THRESH, Real(0, None, "left"), "eigenvalues at or below this are left out of the fit (WeightWatcher: 1e-5)"
     )
 
 
+def layer_fit(W: torch.Tensor, opts: WeightWatcherOptions) -> tuple[dict | None, int]:
+    """(the layer's fit as reported per layer, or None when it is skipped; its number of eigenvalues
+    above ``evals_thresh``). Skipped: fewer than ``min_evals`` eigenvalues in all, or fewer than 3
+    distinct ones above the threshold."""
+    ev = layer_eigenvalues(W)
+    nz = ev[ev > opts.evals_thresh]
+    if len(ev) < opts.min_evals or len(np.unique(nz)) < 3:
+        return None, len(nz)
+    f = ww_fit(nz)
+    lam_max = float(ev[-1])
+    return {
+        "alpha": f.alpha,
+        "xmin": f.xmin,
+        "D": f.D,
+        "sigma": f.sigma,
+        "n_evals": int(len(ev)),
+        "n_tail": f.n_tail,
+        "lambda_max": lam_max,
+        "alpha_weighted": f.alpha * math.log10(lam_max),
+    }, len(nz)
+
+
 @register(
     "weightwatcher_alpha",
     options=WeightWatcherOptions,
-    description="WeightWatcher α: mean over layers of the power-law exponent of the ESD of WᵀW (MLE, x_min by KS); α̂ = Σ α log λmax in diagnostics (data-free).",
+    description="WeightWatcher 0.7.7 α: mean over layers of the power-law exponent of the ESD of WᵀW (its MLE fit, x_min by KS; small-sample fit below 20 eigenvalues); α̂ = Σ α log λmax in diagnostics (data-free).",
     reference="Martin & Mahoney 2021 (Nature Communications 12:4122, α and weighted α̂; JMLR 22, heavy-tailed ESD); "
     "Clauset, Shalizi & Newman 2009 (SIAM Review, eq. 3.1 and §3.3)",
     stochastic=False,
@@ -183,23 +301,11 @@ def weightwatcher_alpha(ctx, opts: WeightWatcherOptions) -> MeasureResult:
         W = p.params.get(wm.param_name)
         if W is None:
             W = p.frozen.get(wm.param_name, wm.module.weight)
-        ev = layer_eigenvalues(W)
-        nz = ev[ev > opts.evals_thresh]
-        if len(nz) < opts.min_evals or len(np.unique(nz)) < 3:
-            skipped.append(f"{wm.module_name} ({len(nz)} eigenvalues)")
-            continue
-        f = fit_power_law(nz)
-        lam_max = float(ev[-1])
-        layers[wm.module_name] = {
-            "alpha": f.alpha,
-            "xmin": f.xmin,
-            "D": f.D,
-            "sigma": f.sigma,
-            "n_evals": int(len(ev)),
-            "n_tail": f.n_tail,
-            "lambda_max": lam_max,
-            "alpha_weighted": f.alpha * math.log10(lam_max),
-        }
+        fit, n_above = layer_fit(W, opts)
+        if fit is None:
+            skipped.append(f"{wm.module_name} ({n_above} eigenvalues)")
+        else:
+            layers[wm.module_name] = fit
     if not layers:
         raise MeasurementError(
             "weightwatcher_alpha: no layer has enough eigenvalues for a power-law fit "

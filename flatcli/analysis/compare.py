@@ -1,0 +1,196 @@
+r"""Paired comparison of two measures' correlations with the gap, over the same checkpoints.
+
+Does measure A predict the generalization gap better than measure B, or can the
+checkpoints at hand not tell? For each statistic s ∈ {Kendall τ-b, Spearman,
+Pearson}, the difference :math:`d = s(A, g) - s(B, g)` of the two correlations
+with the target g (signed: every flatcli measure is oriented so that larger
+predicts a larger gap) is bootstrapped *over checkpoints*: each of ``bootstrap``
+resamples draws n checkpoints with replacement (numpy ``default_rng(seed)``:
+reproducible) and recomputes both correlations on the *same* resampled rows, so
+the dependence between the two correlations (they share g, and A and B are
+usually correlated) is kept. Reported per statistic:
+
+* the observed difference and the percentile interval of the resampled
+  differences at level ``confidence`` (resamples where a statistic is undefined,
+  a constant resampled column, are left out and counted);
+* ``p_value``: the two-sided bootstrap fraction
+  :math:`\min(1, 2\min(P^*(d^* \le 0), P^*(d^* \ge 0)))`, a p-value-like
+  summary of how often the resampled difference reaches 0 (not an exact test);
+* ``verdict``: "A ranks above B" when the interval lies above 0, "B ranks above
+  A" when below, "tied" when it contains 0;
+* for Pearson also Zou's (2007) interval for two dependent overlapping
+  correlations, from Fisher-z intervals of r_A, r_B and r_AB = corr(A, B)
+  (Zou, G. Y., "Toward using confidence intervals to compare correlations",
+  Psychological Methods 12(4), 399–413, 2007; their example r = 0.396 and 0.179,
+  r_AB = 0.088, n = 66 gives [−0.093, 0.517]).
+
+Only rows where A, B and the target are all finite (and neither measure failed)
+are used: both correlations are over the same models. Everything is in
+`compare_measures` (``flatcli.compare``), which returns a DataFrame.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError
+from .correlation import as_table, filter_rows, usable
+
+STATISTICS = ("kendall_tau_b", "spearman", "pearson")
+_CHUNK_ELEMENTS = 4_000_000  # resamples × n × n sign products held at once (Kendall)
+
+
+def pearson_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Pearson's r of every row pair (X[k], Y[k]); NaN where a row is constant."""
+    Xc = X - X.mean(1, keepdims=True)
+    Yc = Y - Y.mean(1, keepdims=True)
+    den = np.sqrt((Xc * Xc).sum(1) * (Yc * Yc).sum(1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, (Xc * Yc).sum(1) / np.where(den > 0, den, 1.0), np.nan)
+
+
+def spearman_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Spearman's ρ of every row pair: Pearson's r of the average ranks (ties share their mean rank)."""
+    from scipy.stats import rankdata
+
+    return pearson_rows(rankdata(X, axis=1), rankdata(Y, axis=1))
+
+
+def kendall_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    r"""Kendall's τ-b of every row pair: :math:`(C - D)/\sqrt{(n_0 - n_1)(n_0 - n_2)}` over the pairs
+    i < j, ties in X (n_1) or Y (n_2) excluded from the denominator's counts; NaN where a row is constant."""
+    K, n = X.shape
+    out = np.empty(K)
+    iu = np.triu_indices(n, 1)
+    step = max(1, _CHUNK_ELEMENTS // max(1, n * n))
+    for s in range(0, K, step):
+        dx = np.sign(X[s : s + step, :, None] - X[s : s + step, None, :])[:, iu[0], iu[1]]
+        dy = np.sign(Y[s : s + step, :, None] - Y[s : s + step, None, :])[:, iu[0], iu[1]]
+        den = np.sqrt((dx != 0).sum(1) * (dy != 0).sum(1).astype(float))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[s : s + step] = np.where(den > 0, (dx * dy).sum(1) / np.where(den > 0, den, 1.0), np.nan)
+    return out
+
+
+_ROWS = {"kendall_tau_b": kendall_rows, "spearman": spearman_rows, "pearson": pearson_rows}
+
+
+def zou_interval(r_a: float, r_b: float, r_ab: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    r"""Zou's (2007) interval for :math:`r_A - r_B`, two correlations with a common variable g
+    (dependent, overlapping), :math:`r_{AB}` the correlation of A and B, n observations.
+
+    With Fisher-z intervals :math:`(l_i, u_i) = \tanh(\operatorname{atanh} r_i \mp z/\sqrt{n-3})` and
+    :math:`c = \frac{(r_{AB} - \frac12 r_A r_B)(1 - r_A^2 - r_B^2 - r_{AB}^2) + r_{AB}^3}{(1 - r_A^2)(1 - r_B^2)}`,
+
+    .. math:: L = r_A - r_B - \sqrt{(r_A - l_A)^2 + (u_B - r_B)^2 - 2c(r_A - l_A)(u_B - r_B)},
+    .. math:: U = r_A - r_B + \sqrt{(u_A - r_A)^2 + (r_B - l_B)^2 - 2c(u_A - r_A)(r_B - l_B)}.
+
+    NaN when n ≤ 3 or a correlation is ±1."""
+    if n <= 3 or max(abs(r_a), abs(r_b)) >= 1:
+        return math.nan, math.nan
+    z = NormalDist().inv_cdf(0.5 + confidence / 2) / math.sqrt(n - 3)
+    la, ua = math.tanh(math.atanh(r_a) - z), math.tanh(math.atanh(r_a) + z)
+    lb, ub = math.tanh(math.atanh(r_b) - z), math.tanh(math.atanh(r_b) + z)
+    c = ((r_ab - 0.5 * r_a * r_b) * (1 - r_a**2 - r_b**2 - r_ab**2) + r_ab**3) / ((1 - r_a**2) * (1 - r_b**2))
+    d = r_a - r_b
+    lo = d - math.sqrt(max(0.0, (r_a - la) ** 2 + (ub - r_b) ** 2 - 2 * c * (r_a - la) * (ub - r_b)))
+    hi = d + math.sqrt(max(0.0, (ua - r_a) ** 2 + (r_b - lb) ** 2 - 2 * c * (ua - r_a) * (r_b - lb)))
+    return lo, hi
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, g: np.ndarray, resamples: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Per statistic, the resampled differences s(a*, g*) − s(b*, g*) over ``resamples`` draws of the rows with
+    replacement (the same rows for both measures; ``default_rng(seed)``); NaN where undefined."""
+    n = len(g)
+    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    A, B, G = a[idx], b[idx], g[idx]
+    return {s: _ROWS[s](A, G) - _ROWS[s](B, G) for s in STATISTICS}
+
+
+def _verdict(lo: float, hi: float, a: str, b: str) -> str:
+    if lo > 0:
+        return f"{a} ranks above {b}"
+    if hi < 0:
+        return f"{b} ranks above {a}"
+    return "tied" if math.isfinite(lo) and math.isfinite(hi) else "undefined"
+
+
+def _row(stat, va, vb, diffs, confidence, names) -> dict:
+    ok = np.isfinite(diffs)
+    d = diffs[ok]
+    alpha = (1 - confidence) / 2
+    lo, hi = (float(q) for q in np.quantile(d, [alpha, 1 - alpha])) if len(d) else (math.nan, math.nan)
+    p = min(1.0, 2 * min(float((d <= 0).mean()), float((d >= 0).mean()))) if len(d) else math.nan
+    return {"statistic": stat, "measure_a": names[0], "measure_b": names[1], "a": va, "b": vb,
+            "difference": va - vb, "lo": lo, "hi": hi, "confidence": confidence, "p_value": p,
+            "resamples": int(ok.sum()), "undefined_resamples": int((~ok).sum()),
+            "verdict": _verdict(lo, hi, *names)}
+
+
+def compare_measures(
+    data,
+    a: str,
+    b: str,
+    *,
+    target: str = "gen_gap",
+    bootstrap: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    where: str | None = None,
+    max_train_loss: float | None = None,
+) -> pd.DataFrame:
+    """Paired bootstrap comparison of the correlations of measures ``a`` and ``b`` with ``target``
+    (module docstring). ``data``: a results CSV path, a DataFrame or a `ResultsTable`; ``where``
+    and ``max_train_loss`` filter rows as in `flatcli.correlate`.
+
+    Returns one row per statistic (kendall_tau_b, spearman, pearson) with columns ``statistic,
+    measure_a, measure_b, n, a, b, difference, lo, hi, confidence, p_value, resamples,
+    undefined_resamples, verdict, zou_lo, zou_hi`` (Zou's interval for Pearson only; NaN otherwise).
+
+    Example: ``flatcli.compare("results.csv", "relative_flatness", "hessian_trace", bootstrap=2000)``.
+    """
+    if a == b:
+        raise ConfigError(f"--compare needs two different measures; got {a!r} twice")
+    if bootstrap < 1:
+        raise ConfigError(f"--bootstrap must be ≥ 1 resample for --compare; got {bootstrap}")
+    if not 0 < confidence < 1:
+        raise ConfigError(f"--confidence must be in (0, 1); got {confidence}")
+    table, _ = filter_rows(as_table(data), where=where, max_train_loss=max_train_loss)
+    for col, what in ((a, "--compare"), (b, "--compare"), (target, "--target")):
+        if col not in table.columns:
+            raise ConfigError(f"{what} {col!r}: no column {col} in {table.name}")
+    ok = usable(table, a, target) & usable(table, b, target)
+    va, vb, g = table.numeric(a)[ok], table.numeric(b)[ok], table.numeric(target)[ok]
+    n = int(ok.sum())
+    if n < 3 or min(np.ptp(va), np.ptp(vb), np.ptp(g)) == 0:
+        raise ConfigError(f"--compare {a},{b}: needs ≥ 3 checkpoints with both values and a non-constant "
+                          f"{target}, {a} and {b}; {table.name} has {n} usable rows")
+    diffs = paired_bootstrap(va, vb, g, bootstrap, seed)
+    rows = []
+    for s in STATISTICS:
+        ra, rb = (float(_ROWS[s](v[None], g[None])[0]) for v in (va, vb))
+        row = _row(s, ra, rb, diffs[s], confidence, (a, b))
+        row["zou_lo"], row["zou_hi"] = (zou_interval(ra, rb, float(pearson_rows(va[None], vb[None])[0]), n, confidence)
+                                        if s == "pearson" else (math.nan, math.nan))
+        rows.append({**row, "n": n})
+    cols = ["statistic", "measure_a", "measure_b", "n", "a", "b", "difference", "lo", "hi", "confidence",
+            "p_value", "resamples", "undefined_resamples", "verdict", "zou_lo", "zou_hi"]
+    return pd.DataFrame(rows)[cols]
+
+
+def describe(df: pd.DataFrame) -> list[str]:
+    """One line per statistic of a `compare_measures` table, for the command line."""
+    lines = []
+    for r in df.itertuples():
+        zou = f"; Zou (2007) [{r.zou_lo:+.3f}, {r.zou_hi:+.3f}]" if r.statistic == "pearson" and math.isfinite(r.zou_lo) else ""
+        p = f"p ≈ {r.p_value:.2g}" if r.p_value > 0 or r.resamples == 0 else f"p < {1 / r.resamples:.1g}"
+        lines.append(
+            f"{r.statistic}: {r.measure_a} {r.a:+.3f} − {r.measure_b} {r.b:+.3f} = {r.difference:+.3f}, "
+            f"{100 * r.confidence:g}% interval [{r.lo:+.3f}, {r.hi:+.3f}] ({r.resamples} resamples, "
+            f"{p}, n = {r.n}){zou}: {r.verdict}"
+        )
+    return lines
