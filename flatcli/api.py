@@ -22,6 +22,7 @@ from .config import Config, from_dict, load_config, overrides, parse_measures
 from .errors import ConfigError, exit_code
 from .jobs import Job, resolve_jobs
 from .loading.data import subset
+from .loading.text import TOKENIZED_DIR
 from .measures import MeasureSpec
 from .pipeline import (  # noqa: F401  (re-exported: the Python API)
     DataCache,
@@ -91,7 +92,7 @@ def load(config: Config | str | Path | dict | None, changes: dict[str, Any] | No
 
 def _plan(cfg: Config, checkpoints, measures) -> tuple[list[Job], list[MeasureSpec]]:
     """Validate what every pipeline needs; resolve the jobs and the measures to run."""
-    if not cfg.model.target:
+    if not cfg.model.target and cfg.model.source != "huggingface":
         raise ConfigError("config key 'model.target' is required")
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
@@ -165,7 +166,7 @@ def measure(
     jobs, specs = _plan(cfg, checkpoints, measures)
     out = ensure_writable_dir(cfg.output_dir(outdir), "output directory") if write else None
     st = Settings.from_config(cfg)
-    data = DataCache(cfg)
+    data = DataCache(cfg, None if out is None else out / TOKENIZED_DIR)
     data.get("train")
     data.get("test")
     t0 = time.perf_counter()

@@ -92,9 +92,22 @@ def resolve_jobs(cfg, cli_paths: list[str] | None = None) -> list[Job]:
     else:
         jobs = _listed_jobs(cfg, entries, regex, init_default, from_cli=bool(cli_paths))
     for j in jobs:
-        if not j.path.is_file():
-            raise ConfigError(f"checkpoint not found: {j.path}")
+        if not _exists(cfg, j.path):
+            raise ConfigError(f"checkpoint not found: {j.path}" + _kind_hint(cfg))
     return jobs
+
+
+def _directories(cfg) -> bool:
+    """Whether checkpoints are directories (``save_pretrained`` folders of a Hugging Face model)."""
+    return getattr(cfg.model, "source", "python") == "huggingface"
+
+
+def _exists(cfg, p: Path) -> bool:
+    return p.is_dir() if _directories(cfg) else p.is_file()
+
+
+def _kind_hint(cfg) -> str:
+    return " (with model.source: huggingface a checkpoint is a save_pretrained directory)" if _directories(cfg) else ""
 
 
 def _cli_jobs_with_manifest(cfg, cli_paths: list[str]) -> list[Job]:
@@ -105,8 +118,8 @@ def _cli_jobs_with_manifest(cfg, cli_paths: list[str]) -> list[Job]:
     jobs = []
     for e in cli_paths:
         p = Path(os.path.expanduser(e))
-        if not p.is_file():
-            raise ConfigError(f"checkpoint: file not found: {p}")
+        if not _exists(cfg, p):
+            raise ConfigError(f"checkpoint: file not found: {p}{_kind_hint(cfg)}")
         hit = known.get(p.resolve())
         jobs.append(
             Job(e, p, hit.hparams, hit.init_checkpoint, hit.train_data)
@@ -168,12 +181,15 @@ def _listed_jobs(
         resolved = cfg.resolve_path(e) if not from_cli else Path(os.path.expanduser(e))
         if glob.has_magic(str(e)):
             hits = sorted(glob.glob(str(resolved), recursive=True))
+            if _directories(cfg):  # save_pretrained directories only
+                hits = [h for h in hits if Path(h).is_dir()]
             if not hits:
-                raise ConfigError(f"checkpoints: the glob {e!r} matches no file")
+                kind = "directory" if _directories(cfg) else "file"
+                raise ConfigError(f"checkpoints: the glob {e!r} matches no {kind}")
             jobs += [Job(h, Path(h), _from_path(regex, h), init_default) for h in hits]
-        elif not resolved.is_file():
+        elif not _exists(cfg, resolved):
             where = "checkpoint" if from_cli else "checkpoints"
-            raise ConfigError(f"{where}: file not found: {resolved}")
+            raise ConfigError(f"{where}: file not found: {resolved}{_kind_hint(cfg)}")
         else:
             jobs.append(Job(e, resolved, _from_path(regex, e), init_default))
     return jobs
