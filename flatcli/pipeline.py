@@ -89,9 +89,21 @@ def _check_deterministic(problem: Problem) -> None:
         )
 
 
+# known failures of third-party code, and what to do about them (appended to the message)
+_HINTS = (
+    ("_scaled_dot_product_", "fused attention (SDPA) has no second derivative: load the model with "
+                             "model.kwargs.attn_implementation: eager (flatcli's default)"),
+)
+
+
 def describe_error(e: BaseException) -> str:
-    """One line for a failure: the message of a flatcli error, ``Type: message`` for anything else."""
-    return str(e) if isinstance(e, FlatcliError) else f"{type(e).__name__}: {e}"
+    """One line for a failure: the message of a flatcli error, ``Type: message`` for anything else
+    (with the fix for known third-party failures)."""
+    if isinstance(e, FlatcliError):
+        return str(e)
+    msg = f"{type(e).__name__}: {e}"
+    hint = next((h for key, h in _HINTS if key in msg), None)
+    return f"{msg} ({hint})" if hint else msg
 
 
 def measure_model(

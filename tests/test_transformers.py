@@ -238,3 +238,10 @@ def test_sdpa_and_eager_attention_give_the_same_loss(hf):
         with torch.no_grad():
             losses[impl] = float(Problem(model, Batch(dict(batch.items())), loss="causal_lm").loss())
     assert losses["eager"] == pytest.approx(losses["sdpa"], rel=1e-6)
+    # SDPA's fused kernel has no double backward here: the failure names the fix
+    from flatcli.api import measure_model
+
+    row = measure_model(model, Batch(dict(batch.items())), [{"hessian_lambda_max": {"max_steps": 3}}],
+                        loss="causal_lm")
+    if row.status != "ok":
+        assert "attn_implementation: eager" in row.errors["hessian_lambda_max"], row.errors
