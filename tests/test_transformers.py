@@ -34,6 +34,7 @@ def hf(tmp_path_factory):
         "tok": H.save_tokenizer(root / "tok"),
         "tokbert": H.save_tokenizer(root / "tokbert", bert=True),
         "gpt2": H.save_gpt2(root / "gpt2", n_embd=4),
+        "gpt2_init": H.save_gpt2(root / "gpt2_init", seed=1, n_embd=4),
         "bert": H.save_bert(root / "bert", hidden=4),
         "vit": H.save_vit(root / "vit"),
         "lm": H.write_jsonl(root / "lm.jsonl", H.text_rows()),
@@ -192,11 +193,14 @@ def test_measure_all_gives_a_value_or_a_reason(hf, tmp_path, name):
     """``flatcli measure -m all``: no measure fails; the ones that do not apply say why; adaptive
     worst-case (m-)sharpness and average sharpness run."""
     make = {"gpt2": gpt2_config, "bert": bert_config}[name]
-    cfg = make(hf, tmp_path / "c.yaml", measures=CHEAP)
+    extra = {"init_checkpoint": str(hf["gpt2_init"])} if name == "gpt2" else {}
+    cfg = make(hf, tmp_path / "c.yaml", measures=CHEAP, **extra)
     res, text = run("measure", "-c", cfg, "-m", "all", "-o", tmp_path / "o")
     assert res.exit_code == 0, text
     row = measured(tmp_path / "o")
     status = {k: v["status"] for k, v in row["measures"].items()}
+    if name == "gpt2":  # the init checkpoint is a directory too; Conv1D projections and the tied head count once
+        assert row["measures"]["distance_from_init"]["value"] == pytest.approx(_distance(hf), rel=1e-5)
     assert "error" not in status.values(), status
     na = {k for k, s in status.items() if s == "not_applicable"}
     assert na == NOT_APPLICABLE[name], status
@@ -204,6 +208,16 @@ def test_measure_all_gives_a_value_or_a_reason(hf, tmp_path, name):
         assert row["measures"][k]["diagnostics"]["reason"], k
     for k in ("sharpness_worst", "sharpness_average", "hessian_lambda_max", "hessian_trace", "fisher_rao_norm"):
         assert status[k] == "ok", (k, status[k])
+
+
+def _distance(hf) -> float:
+    """Σ ‖W − W⁰‖² over GPT-2's weight matrices: the four Conv1D projections and the head (= wte)."""
+    tf = H.transformers()
+    a, b = (tf.GPT2LMHeadModel.from_pretrained(hf[k], local_files_only=True) for k in ("gpt2", "gpt2_init"))
+    sa, sb = a.state_dict(), b.state_dict()
+    keys = [k for k in sa if k.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))] + ["lm_head.weight"]
+    assert len(keys) == 5
+    return float(sum(((sa[k].double() - sb[k].double()) ** 2).sum() for k in keys))
 
 
 def test_dry_run_and_one_line_errors(hf, tmp_path):
