@@ -236,26 +236,30 @@ def test_dry_run_and_one_line_errors(hf, tmp_path):
     assert res.exit_code == 2 and "AutoModelForCausalLM'" in text, text
 
 
-def test_sdpa_and_eager_attention_give_the_same_loss(hf):
-    """Both attention implementations compute the same function (on padded batches too)."""
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_sdpa_and_eager_attention_give_the_same_loss(hf, name):
+    """Both attention implementations compute the same function on padded batches (causal and
+    bidirectional masks); under SDPA a Hessian measure fails with a message naming the fix."""
+    from flatcli.api import measure_model
     from flatcli.config import DataSource
     from flatcli.engine import Batch, Problem
     from flatcli.loading.hf import load_pretrained
     from flatcli.loading.text import tokenize
 
-    src = DataSource(source="text", path=str(hf["lm"]), text_field="text", tokenizer=str(hf["tok"]))
-    batch = tokenize(src, hf["lm"], hf["tok"], "data.train")
+    cls, data, tok, loss, fields = {
+        "gpt2": ("AutoModelForCausalLM", "lm", "tok", "causal_lm", {}),
+        "bert": ("AutoModelForSequenceClassification", "cls", "tokbert", "cross_entropy", {"label_field": "label"}),
+    }[name]
+    src = DataSource(source="text", path=str(hf[data]), text_field="text", tokenizer=str(hf[tok]), **fields)
+    batch = Batch(dict(tokenize(src, hf[data], hf[tok], "data.train").items()))
+    assert (batch["attention_mask"] == 0).any()
     losses = {}
     for impl in ("eager", "sdpa"):
-        model, info = load_pretrained("AutoModelForCausalLM", hf["gpt2"], {"attn_implementation": impl})
+        model, info = load_pretrained(cls, hf[name], {"attn_implementation": impl})
         assert info["attn_implementation"] == impl
         with torch.no_grad():
-            losses[impl] = float(Problem(model, Batch(dict(batch.items())), loss="causal_lm").loss())
+            losses[impl] = float(Problem(model, batch, loss=loss).loss())
     assert losses["eager"] == pytest.approx(losses["sdpa"], rel=1e-6)
-    # SDPA's fused kernel has no double backward here: the failure names the fix
-    from flatcli.api import measure_model
-
-    row = measure_model(model, Batch(dict(batch.items())), [{"hessian_lambda_max": {"max_steps": 3}}],
-                        loss="causal_lm")
-    if row.status != "ok":
+    row = measure_model(model, batch, [{"hessian_lambda_max": {"max_steps": 3}}], loss=loss)
+    if row.status != "ok":  # no double backward through the fused kernel in this torch
         assert "attn_implementation: eager" in row.errors["hessian_lambda_max"], row.errors
