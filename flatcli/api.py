@@ -22,6 +22,7 @@ from .config import Config, from_dict, load_config, overrides, parse_measures
 from .errors import ConfigError, exit_code
 from .jobs import Job, resolve_jobs
 from .loading.data import subset
+from .loading.text import TOKENIZED_DIR
 from .measures import MeasureSpec
 from .pipeline import (  # noqa: F401  (re-exported: the Python API)
     DataCache,
@@ -101,7 +102,7 @@ def use_threads(cfg: Config, workers: int | None = None) -> str:
 
 def _plan(cfg: Config, checkpoints, measures) -> tuple[list[Job], list[MeasureSpec]]:
     """Validate what every pipeline needs; resolve the jobs and the measures to run."""
-    if not cfg.model.target:
+    if not cfg.model.target and cfg.model.source != "huggingface":
         raise ConfigError("config key 'model.target' is required")
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
@@ -180,8 +181,9 @@ def measure(
     threads_used = use_threads(cfg)
     if not world.is_main:  # only rank 0 prints and writes; every rank computes
         on_row = on_start = on_progress = None
+    data = DataCache(cfg, None if out is None else out / TOKENIZED_DIR)
+    if not world.is_main:
         out = None
-    data = DataCache(cfg)
     data.get("train")
     data.get("test")
     t0 = time.perf_counter()

@@ -28,14 +28,24 @@ from .measures import MeasureSpec, get_measure
 from .measures._options import parse_options
 from .threads import check_threads
 
-SOURCES = ("tensors", "torchvision", "imagefolder", "digits", "synthetic", "mnist1d")
+SOURCES = ("tensors", "torchvision", "imagefolder", "digits", "synthetic", "mnist1d", "text")
+
+
+MODEL_SOURCES = ("python", "huggingface")
+# keys added after configs were first hashed: a key at its default is left out of `Config.to_dict`,
+# so the hash (and a sweep's units) of a config that does not use it stay what they were
+_NEW = {"omit_default": True}
 
 
 @dataclass
 class ModelConfig:
-    """``model``: the factory (``target``) and its keyword arguments."""
+    """``model``: the factory (``target``) and its keyword arguments, or, with ``source: huggingface``,
+    a ``transformers`` class (YAML key ``class``) whose ``from_pretrained`` reads each checkpoint
+    directory with ``kwargs`` (`flatcli.loading.hf`)."""
 
+    source: str = field(default="python", metadata=_NEW)
     target: str = ""
+    class_: str = field(default="", metadata={**_NEW, "yaml": "class"})
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -54,6 +64,14 @@ class DataSource:
     input_shape: list[int] | None = None  # synthetic
     num_classes: int | None = None  # synthetic
     seed: int = 0  # synthetic, mnist1d
+    # text (`flatcli.loading.text`); left out of the config's hash and results.json while unset
+    tokenizer: str | None = field(default=None, metadata=_NEW)  # a save_pretrained tokenizer directory
+    text_field: str | None = field(default=None, metadata=_NEW)
+    text_pair_field: str | None = field(default=None, metadata=_NEW)  # second segment (sentence pairs)
+    label_field: str | None = field(default=None, metadata=_NEW)  # integer class labels (none for causal_lm)
+    max_length: int | None = field(default=None, metadata=_NEW)
+    padding: str = field(default="longest", metadata=_NEW)  # longest (over the file) | max_length
+    truncation: bool = field(default=True, metadata=_NEW)
 
 
 @dataclass
@@ -165,12 +183,18 @@ class Config:
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def yaml_key(f: dataclasses.Field) -> str:
+    """A field's YAML key (``class`` for the Python field ``class_``)."""
+    return f.metadata.get("yaml", f.name)
+
+
 def _to_plain(obj):
     if dataclasses.is_dataclass(obj):
         return {
-            f.name: _to_plain(getattr(obj, f.name))
+            yaml_key(f): _to_plain(getattr(obj, f.name))
             for f in dataclasses.fields(obj)
             if not f.metadata.get("internal")
+            and not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default)
         }
     if isinstance(obj, dict):
         return {k: _to_plain(v) for k, v in obj.items()}
@@ -236,7 +260,7 @@ def _build(cls, raw: Any, prefix: str, prov: dict[str, str], origin: str):
     if not isinstance(raw, dict):
         raise ConfigError(f"config key '{prefix or '(top level)'}' must be a mapping; got {type(raw).__name__}")
     hints = get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    fields = {yaml_key(f): f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
     obj = cls()
     for key, value in raw.items():
         path = f"{prefix}.{key}" if prefix else str(key)
@@ -247,15 +271,16 @@ def _build(cls, raw: Any, prefix: str, prov: dict[str, str], origin: str):
                 f" Valid keys here: {', '.join(fields)}."
             )
             raise ConfigError(msg)
-        tp = hints[key]
+        attr = fields[key].name
+        tp = hints[attr]
         sub = _dataclass_of(tp)
         if sub is not None:
             if value is None and type(None) in _members(tp):
-                setattr(obj, key, None)
+                setattr(obj, attr, None)
             else:
-                setattr(obj, key, _build(sub, value, path, prov, origin))
+                setattr(obj, attr, _build(sub, value, path, prov, origin))
         else:
-            setattr(obj, key, _check_type(path, value, tp))
+            setattr(obj, attr, _check_type(path, value, tp))
             prov[path] = origin
     return obj
 
@@ -305,6 +330,7 @@ CHOICES = {  # config keys with a fixed set of values (the vocabularies are the 
     "runtime.hvp_mode": HVP_MODES,
     "output.format": ("table", "csv", "json"),
     "measure_data.split": ("train", "test"),
+    "model.source": MODEL_SOURCES,
 }
 
 
@@ -319,10 +345,8 @@ def _validate(cfg: Config) -> None:
     """Checks that span keys or depend on values (types were checked while building)."""
     for split_name in ("train", "test"):
         src = getattr(cfg.data, split_name)
-        if src is not None and src.source not in SOURCES:
-            hint = difflib.get_close_matches(str(src.source), SOURCES, n=1)
-            msg = f"config key 'data.{split_name}.source' must be one of {', '.join(SOURCES)}; got {src.source!r}."
-            raise ConfigError(msg + (f" Did you mean '{hint[0]}'?" if hint else ""))
+        if src is not None:
+            _validate_source(src, f"data.{split_name}")
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         if value not in allowed:
@@ -342,7 +366,52 @@ def _validate(cfg: Config) -> None:
         if pats is not None and not all(isinstance(x, str) for x in pats):
             raise ConfigError(f"config key 'params.{key}' must be a list of glob patterns; got {pats!r}")
     cfg.runtime.threads = check_threads(cfg.runtime.threads, "config key 'runtime.threads'")
+    _validate_model(cfg.model)
     cfg.measure_specs()
+
+
+def _validate_source(src: DataSource, where: str) -> None:
+    if src.source not in SOURCES:
+        hint = difflib.get_close_matches(str(src.source), SOURCES, n=1)
+        msg = f"config key '{where}.source' must be one of {', '.join(SOURCES)}; got {src.source!r}."
+        raise ConfigError(msg + (f" Did you mean '{hint[0]}'?" if hint else ""))
+    _validate_text(src, where)
+
+
+def _validate_model(m: ModelConfig) -> None:
+    """``model``: ``target`` for Python factories, ``class`` (and no ``target``) for Hugging Face."""
+    if m.source == "huggingface":
+        if m.target:
+            raise ConfigError("config key 'model.target' does not apply with model.source: huggingface; "
+                              "name the transformers class in 'model.class' (e.g. AutoModelForCausalLM)")
+        if not m.class_:
+            raise ConfigError("config key 'model.class' is required with model.source: huggingface "
+                              "(e.g. AutoModelForCausalLM, AutoModelForSequenceClassification)")
+    elif m.class_:
+        raise ConfigError("config key 'model.class' needs model.source: huggingface "
+                          "(Python factories are named by 'model.target')")
+
+
+TEXT_KEYS = ("tokenizer", "text_field", "text_pair_field", "label_field", "max_length")
+
+
+def _validate_text(src: DataSource, where: str) -> None:
+    """The text source's keys: ``path``, ``tokenizer`` and ``text_field`` required, ``padding`` one of
+    longest | max_length (max_length needs ``max_length``); text keys only with ``source: text``."""
+    if src.source != "text":
+        used = [k for k in TEXT_KEYS if getattr(src, k) is not None]
+        if used:
+            raise ConfigError(f"config key '{where}.{used[0]}' needs {where}.source: text")
+        return
+    for key in ("path", "tokenizer", "text_field"):
+        if not getattr(src, key):
+            raise ConfigError(f"config key '{where}.{key}' is required for source text")
+    if src.padding not in ("longest", "max_length"):
+        raise ConfigError(f"config key '{where}.padding' must be one of longest, max_length; got {src.padding!r}")
+    if src.max_length is not None and src.max_length < 2:
+        raise ConfigError(f"config key '{where}.max_length' must be ≥ 2; got {src.max_length}")
+    if src.padding == "max_length" and src.max_length is None:
+        raise ConfigError(f"config key '{where}.max_length' is required with padding: max_length")
 
 
 def overrides(
@@ -386,7 +455,7 @@ def _defaults_provenance(obj, prefix: str, prov: dict[str, str]) -> None:
     for f in dataclasses.fields(obj):
         if f.metadata.get("internal"):
             continue
-        path = f"{prefix}.{f.name}" if prefix else f.name
+        path = f"{prefix}.{yaml_key(f)}" if prefix else yaml_key(f)
         v = getattr(obj, f.name)
         if dataclasses.is_dataclass(v):
             _defaults_provenance(v, path, prov)

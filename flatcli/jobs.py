@@ -93,9 +93,27 @@ def resolve_jobs(cfg, cli_paths: list[str] | None = None) -> list[Job]:
     else:
         jobs = _listed_jobs(cfg, entries, regex, init_default, from_cli=bool(cli_paths))
     for j in jobs:
-        if not j.path.is_file():
-            raise missing_checkpoint(j.path)
+        if not _exists(cfg, j.path):
+            raise _missing(cfg, j.path)
     return jobs
+
+
+def _directories(cfg) -> bool:
+    """Whether checkpoints are directories (``save_pretrained`` folders of a Hugging Face model)."""
+    return getattr(cfg.model, "source", "python") == "huggingface"
+
+
+def _exists(cfg, p: Path) -> bool:
+    return p.is_dir() if _directories(cfg) else p.is_file()
+
+
+def _missing(cfg, p: Path, where: str = ""):
+    """The error for a checkpoint that is not there: a save_pretrained directory for a Hugging Face
+    model, else a file (`flatcli.loading.checkpoints.missing_checkpoint` names a directory's files)."""
+    if _directories(cfg):
+        return ConfigError(f"{where}checkpoint not found: {p} (with model.source: huggingface a checkpoint "
+                           "is a save_pretrained directory)")
+    return missing_checkpoint(p, where)
 
 
 def _cli_jobs_with_manifest(cfg, cli_paths: list[str]) -> list[Job]:
@@ -106,8 +124,8 @@ def _cli_jobs_with_manifest(cfg, cli_paths: list[str]) -> list[Job]:
     jobs = []
     for e in cli_paths:
         p = Path(os.path.expanduser(e))
-        if not p.is_file():
-            raise missing_checkpoint(p)
+        if not _exists(cfg, p):
+            raise _missing(cfg, p)
         hit = known.get(p.resolve())
         jobs.append(
             Job(e, p, hit.hparams, hit.init_checkpoint, hit.train_data)
@@ -178,11 +196,15 @@ def _listed_jobs(
         if glob.has_magic(str(e)):
             root = None if from_cli or os.path.isabs(os.path.expanduser(e)) else cfg.base_dir
             hits = _glob(os.path.expanduser(e), root)
+            full = [Path(root) / h if root else Path(h) for h in hits]
+            if _directories(cfg):  # save_pretrained directories only
+                keep = [i for i, f in enumerate(full) if f.is_dir()]
+                hits, full = [hits[i] for i in keep], [full[i] for i in keep]
             if not hits:
-                raise ConfigError(f"checkpoints: the glob {e!r} matches no file")
-            jobs += [Job(h, Path(root) / h if root else Path(h), _from_path(regex, h), init_default) for h in hits]
-        elif not resolved.is_file():
-            raise missing_checkpoint(resolved, "" if from_cli else "config key 'checkpoints': ")
+                raise ConfigError(f"checkpoints: the glob {e!r} matches no {'directory' if _directories(cfg) else 'file'}")
+            jobs += [Job(h, f, _from_path(regex, h), init_default) for h, f in zip(hits, full, strict=True)]
+        elif not _exists(cfg, resolved):
+            raise _missing(cfg, resolved, "" if from_cli else "config key 'checkpoints': ")
         else:
             jobs.append(Job(e, resolved, _from_path(regex, e), init_default))
     return jobs

@@ -89,9 +89,21 @@ def _check_deterministic(problem: Problem) -> None:
         )
 
 
+# known failures of third-party code, and what to do about them (appended to the message)
+_HINTS = (
+    ("_scaled_dot_product_", "fused attention (SDPA) has no second derivative: load the model with "
+                             "model.kwargs.attn_implementation: eager (flatcli's default)"),
+)
+
+
 def describe_error(e: BaseException) -> str:
-    """One line for a failure: the message of a flatcli error, ``Type: message`` for anything else."""
-    return str(e) if isinstance(e, FlatcliError) else f"{type(e).__name__}: {e}"
+    """One line for a failure: the message of a flatcli error, ``Type: message`` for anything else
+    (with the fix for known third-party failures)."""
+    if isinstance(e, FlatcliError):
+        return str(e)
+    msg = f"{type(e).__name__}: {e}"
+    hint = next((h for key, h in _HINTS if key in msg), None)
+    return f"{msg} ({hint})" if hint else msg
 
 
 def measure_model(
@@ -248,10 +260,12 @@ def versions() -> dict[str, str]:
 
 
 class DataCache:
-    """Loads each configured split once per call."""
+    """Loads each configured split once per call (``cache_dir``: where the ``text`` source keeps its
+    tokenized tensors across runs, ``OUTDIR/tokenized`` for measure and sweep)."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, cache_dir: Path | None = None):
         self.cfg = cfg
+        self.cache_dir = cache_dir
         self._cache: dict[str, Any] = {}
 
     def get(self, split: str, path: Path | None = None) -> Batch | None:
@@ -266,7 +280,8 @@ class DataCache:
             else:
                 src = getattr(self.cfg.data, split)
             self._cache[key] = (
-                None if src is None else load_split(src, split, self.cfg.base_dir, self.cfg.data.normalize)
+                None if src is None
+                else load_split(src, split, self.cfg.base_dir, self.cfg.data.normalize, self.cache_dir)
             )
         return self._cache[key]
 
@@ -292,10 +307,12 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
         hp = dict(job.hparams)
         hp.update(read_hparams_from_keys(extras, cfg.hparams.from_keys))
         init_state = load_init_state(cfg, job, model)
-        return measure_model(
+        row = measure_model(
             model, data.get("train", job.train_data), specs, test=data.get("test"), settings=settings,
             init_state=init_state, checkpoint=job.checkpoint, hparams=hp, debug=debug, progress=progress,
         )
+        row.model = extras.get("model_info")
+        return row
     except ranks.RankFailure:
         raise
     except Exception as e:  # a checkpoint that fails to load never loses the others
@@ -309,11 +326,17 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
 
 
 def load_init_state(cfg: Config, job: Job, model: torch.nn.Module | None = None) -> dict[str, torch.Tensor] | None:
-    """The job's initialization state dict (None without one), shape-checked against ``model``."""
+    """The job's initialization state dict (None without one), shape-checked against ``model``
+    (a ``save_pretrained`` directory with ``model.source: huggingface``)."""
     if job.init_checkpoint is None:
         return None
-    init_state = extract_state_dict(read_checkpoint(job.init_checkpoint, cfg.runtime.allow_unsafe_pickle,
-                                                    import_dirs(cfg.model.target, cfg.base_dir)), job.init_checkpoint)
+    if cfg.model.source == "huggingface":
+        init_model, _ = load_model(cfg, job.init_checkpoint)
+        init_state = dict(init_model.state_dict())
+    else:
+        init_state = extract_state_dict(read_checkpoint(job.init_checkpoint, cfg.runtime.allow_unsafe_pickle,
+                                                        import_dirs(cfg.model.target, cfg.base_dir)),
+                                        job.init_checkpoint)
     if model is not None:
         load_into(copy.deepcopy(model), init_state, job.init_checkpoint)  # validates shapes
     return init_state
@@ -321,7 +344,15 @@ def load_init_state(cfg: Config, job: Job, model: torch.nn.Module | None = None)
 
 def load_model(cfg: Config, path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Build the config's model and load one checkpoint into it (``model_kwargs`` stored in the
-    checkpoint override ``model.kwargs``). Returns ``(model, extras)``; the model is on the CPU."""
+    checkpoint override ``model.kwargs``). Returns ``(model, extras)``; the model is on the CPU.
+    With ``model.source: huggingface`` the checkpoint is a ``save_pretrained`` directory read
+    offline by ``transformers`` (`flatcli.loading.hf`), and ``extras["model_info"]`` describes
+    the model for results.json."""
+    if cfg.model.source == "huggingface":
+        from .loading.hf import load_pretrained
+
+        model, info = load_pretrained(cfg.model.class_, path, cfg.model.kwargs)
+        return model, {"model_info": info}
     if not cfg.model.target:
         raise ConfigError("config key 'model.target' is required")
     obj = read_checkpoint(path, cfg.runtime.allow_unsafe_pickle, import_dirs(cfg.model.target, cfg.base_dir))

@@ -204,12 +204,14 @@ def test_zero_and_tiny_layers_are_skipped_and_listed():
     assert d["layers_fitted"] == 2
 
 
-def test_no_fittable_layer_is_an_error():
+def test_no_fittable_layer_is_not_applicable():
     model = nn.Sequential(nn.Flatten(), nn.Linear(108, 4)).double()
     g = torch.Generator().manual_seed(0)
     x = torch.randn(8, 3, 6, 6, generator=g, dtype=torch.float64)
     row = measure_model(model, (x, torch.zeros(8, dtype=torch.long)), ["weightwatcher_alpha"], precision="fp64")
-    assert "no layer has enough eigenvalues" in row.errors["weightwatcher_alpha"]
+    r = row.results["weightwatcher_alpha"]
+    assert row.status == "ok" and r.status == "not_applicable"
+    assert "no layer has enough eigenvalues" in r.diagnostics["reason"]
 
 
 # ---------------------------------------------------------------- against WeightWatcher 0.7.7 itself

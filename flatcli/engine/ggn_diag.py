@@ -28,7 +28,9 @@ diagonal costs C backward passes over the set (counted as C in the engine's
 * every other parameter (convolutions, BatchNorm, anything else): per-sample
   vector-Jacobian products with ``vmap``, in chunks of samples whose
   gradients (chunk × C × P' numbers, twice for the work space) stay within ~500 MB
-  on CPU or a tenth of free CUDA memory.
+  on CPU or a tenth of free CUDA memory. A model whose forward branches on its inputs'
+  values (Hugging Face mask helpers ask ``attention_mask.all()``), which ``vmap`` over
+  rows cannot trace, gets the same products one row at a time.
 
 A parameter that is also used outside its Linear layer's call (e.g. a weight
 read directly in ``forward``) is invisible to the hook; `checked_gauss_newton_diagonal`
@@ -44,6 +46,7 @@ from torch import nn
 from torch.func import vjp, vmap
 
 from .batch import Batch
+from .loop import is_oom
 from .losses import NotApplicable
 
 __all__ = ["linear_fast_path", "ggn_diagonal"]
@@ -154,10 +157,21 @@ def _per_sample_part(problem, th, batch, rest: list[str], slices, out, chunk_of:
     step = chunk_of(C, len(idx))
     acc = torch.zeros(len(idx), dtype=th.dtype, device=th.device)
     rows = dict(batch.items())
+    looped = False
     for i in range(0, batch.rows, step):
         chunk = {k: v[i : i + step] for k, v in rows.items()}
-        U = batched(t_rest, chunk, cots[i : i + step]).detach()  # (b, C, P')
-        acc += U.square_().sum((0, 1))
+        if not looped:
+            try:
+                U = batched(t_rest, chunk, cots[i : i + step]).detach()  # (b, C, P')
+                acc += U.square_().sum((0, 1))
+                continue
+            except RuntimeError as e:  # data-dependent control flow on a row (a Hugging Face mask check)
+                if is_oom(e):
+                    raise
+                looped = True
+        for r in range(len(cots[i : i + step])):  # one row at a time, the C cotangents still vmapped
+            U = per_sample(t_rest, {k: v[r] for k, v in chunk.items()}, cots[i + r]).detach()
+            acc += U.square_().sum(0)
     out[idx] += acc
     return C
 

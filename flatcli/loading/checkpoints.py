@@ -34,11 +34,22 @@ PREFIXES = ("module.", "_orig_mod.")
 
 
 def fingerprint(path: str | os.PathLike) -> str:
-    """sha256 of the file's bytes (first 16 hex digits): the checkpoint's identity in sweeps."""
+    """sha256 of the file's bytes (first 16 hex digits): the checkpoint's identity in sweeps. For a
+    ``save_pretrained`` directory: of the names and bytes of its ``config.json`` and safetensors
+    files (optimizer states and other files a trainer leaves beside them are not read)."""
+    p = Path(path)
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    files = [p]
+    if p.is_dir():
+        files = sorted(q for q in p.iterdir() if q.is_file() and (q.name == "config.json" or ".safetensors" in q.name))
+        if not files:
+            raise FileNotFoundError(f"{p} holds no config.json or safetensors file")
+    for q in files:
+        if q is not p:
+            h.update(q.name.encode() + b"\0")
+        with open(q, "rb") as f:
+            for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                h.update(chunk)
     return h.hexdigest()[:16]
 
 

@@ -17,6 +17,9 @@ Sources (config ``data.train`` / ``data.test``):
   (70/30, ``random_state=0``); ``split`` defaults to the key it sits under.
 * ``synthetic``: ``num_samples`` Gaussian inputs of ``input_shape`` with labels
   from a fixed random linear teacher over ``num_classes`` classes, seeded.
+* ``text``: a local JSON-lines, CSV or Parquet file of texts tokenized by a local tokenizer
+  directory (`flatcli.loading.text`; needs ``pip install 'flatcli[transformers]'``), giving
+  ``input_ids``, ``attention_mask`` and, with ``label_field``, ``labels``.
 * ``mnist1d``: MNIST-1D (Greydanus 2020; ``pip install mnist1d``), generated
   procedurally and offline by ``mnist1d.data.make_dataset``: ``num_samples``
   signals in total (default 5000) of length 40 over 10 classes, ``seed``
@@ -258,11 +261,16 @@ def synthetic(num_samples: int = 512, input_shape=(64,), num_classes: int = 10, 
     return x, y
 
 
-def load_split(src, key: str, base_dir: Path, normalize=None) -> Batch:
-    """Load the split configured as ``data.<key>``: a `Batch` of named tensors on the CPU."""
+def load_split(src, key: str, base_dir: Path, normalize=None, cache_dir: Path | None = None) -> Batch:
+    """Load the split configured as ``data.<key>``: a `Batch` of named tensors on the CPU
+    (``cache_dir``: where the ``text`` source keeps its tokenized tensors)."""
     where = f"data.{key}"
     base_dir = Path(base_dir)
     kind = src.source
+    if kind == "text":
+        from .text import load_text
+
+        return load_text(src, where, base_dir, cache_dir)
     if kind == "tensors":
         if not src.path:
             raise ConfigError(f"{where}.path is required for source tensors")

@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..engine import linalg
+from ..engine import NotApplicable, linalg
 from ._options import Integral, OneOf, Real, opt
 
 JACKKNIFE_GROUPS = 8
@@ -166,6 +166,21 @@ def _fd_group(eng, theta: torch.Tensor, k: int, radius: float, eps: float, gener
     return acc
 
 
+def _ggn_diagonal(eng, method: str) -> torch.Tensor:
+    """The exact Gauss-Newton diagonal; where the loss cannot give it (``causal_lm``: every token of a
+    sequence shares the row's backward pass) `NotApplicable` with the alternatives. ``auto`` does not
+    switch estimators silently: a stochastic diagonal of a large model is noisy, and NS of a noisy
+    diagonal is not comparable with NS of an exact one across a sweep."""
+    try:
+        return eng.ggn_diagonal().double().cpu()
+    except NotApplicable:
+        raise NotApplicable(
+            f"hessian_diag: {method} needs the exact Gauss-Newton diagonal, which loss "
+            f"{eng.problem.loss_name!r} cannot give (it scores many units per row); choose hessian_diag: "
+            "scaled (rescaling-equivariant, samples HVPs), hutchinson (samples HVPs) or exact (one HVP per parameter)"
+        ) from None
+
+
 def estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = None) -> DiagonalEstimate:
     """The Hessian diagonal by ``opts.hessian_diag``; ``tensors``: the parameter names that matter (default all).
 
@@ -180,7 +195,7 @@ def estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = No
         d = linalg.exact_diagonal(eng.hessian(), block=eng.block_size)
         return DiagonalEstimate(d, info=info)
     if method in ("ggn", "auto"):
-        g = eng.ggn_diagonal().double().cpu()
+        g = _ggn_diagonal(eng, method)
         if method == "ggn":
             return DiagonalEstimate(g, info=info)
         slices = p.param_slices()

@@ -102,10 +102,10 @@ def _fisher_rao(ctx, fm, opts: FisherRaoOptions) -> MeasureResult:
     p = fm.problem
     theta = p.theta
     gen = ctx.generator()
-    if opts.labels == "model" and p.loss_name != "cross_entropy":
+    if opts.labels == "model" and p.loss_name not in ("cross_entropy", "causal_lm"):
         raise ConfigError(
-            "The 'labels' parameter of fisher_rao_norm is 'model', which needs loss: cross_entropy "
-            f"(labels drawn from the softmax); the loss is {p.loss_name!r}. Use labels: data."
+            "The 'labels' parameter of fisher_rao_norm is 'model', which needs loss: cross_entropy or "
+            f"causal_lm (labels drawn from the softmax); the loss is {p.loss_name!r}. Use labels: data."
         )
     labels = None
     if opts.labels == "model":  # one label per sample drawn from the softmax (one forward pass)

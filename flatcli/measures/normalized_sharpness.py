@@ -235,7 +235,8 @@ def normalized_sharpness_from_diagonal(
         W = params[wm.param_name]
         D = diag[slices[wm.param_name]].reshape(W.shape)
         key = wm.module_name or wm.param_name
-        sols[key] = solve_layer(layer_matrix(W, D), box, None if warm is None else warm.get(key))
+        M = layer_matrix(wm.as_matrix(W), wm.as_matrix(D))
+        sols[key] = solve_layer(M, box, None if warm is None else warm.get(key))
     if not sols:
         raise MeasurementError("normalized_sharpness: the model has no trainable Linear or Conv weight matrix")
     total = sum(s.value for s in sols.values())

@@ -210,7 +210,7 @@ def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
         raise MeasurementError(f"ns_bound: NS₂(R) = {ns}; the posterior scale η² = √(h/λ)/NS₂(R) is undefined")
     m = p.n
     lam = float(opts.lam) if opts.lam is not None else math.sqrt(m)
-    h = sum(int(np.prod(wm.shape[1:])) for wm in wms)
+    h = sum(wm.columns for wm in wms)
     eta2 = math.sqrt(h / lam) / ns
     slices = p.param_slices()
     theta = p.theta
@@ -218,7 +218,9 @@ def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
     for wm in wms:
         sol = sols[wm.module_name or wm.param_name]
         sl = slices[wm.param_name]
-        std[sl] = posterior_std(p.params[wm.param_name], diag[sl], sol.gamma, eta2).reshape(-1)
+        W = p.params[wm.param_name]
+        s = posterior_std(wm.as_matrix(W), wm.as_matrix(diag[sl].reshape(W.shape)), sol.gamma, eta2)
+        std[sl] = wm.from_matrix(s).reshape(-1)
     loss, B = _bounded_loss(ctx, opts)
     ls_theta = loss(theta)
     gen = ctx.generator(offset=1)

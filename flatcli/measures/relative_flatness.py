@@ -112,7 +112,32 @@ def rows_only(problem, measure: str) -> None:
     """`NotApplicable` unless the loss scores one unit per row (per-sample features and losses)."""
     if not problem.loss_fn.units_are_rows:
         raise NotApplicable(f"{measure} takes one feature vector and one loss per sample; loss "
-                            f"{problem.loss_name!r} scores many units (tokens) per row")
+                            f"{problem.loss_name!r} scores many units (tokens) per row, so no layer qualifies "
+                            "(a classifier's head on (batch, features) inputs does, with cross_entropy or mse)")
+
+
+def feature_layers(problem) -> list[str]:
+    """The ``nn.Linear`` layers that run once per forward pass on (batch, features) inputs: those
+    the measure can use (one forward pass of one row with a hook on every Linear)."""
+    shapes: dict[str, list[int]] = {}
+    handles = []
+    for n, m in problem.model.named_modules():
+        if isinstance(m, nn.Linear):
+            handles.append(m.register_forward_hook(
+                lambda mod, inp, out, n=n: shapes.setdefault(n, []).append(inp[0].ndim)))
+    try:
+        with torch.no_grad():
+            problem.forward(problem.params, problem.batch.select(slice(0, 1)))
+    finally:
+        for h in handles:
+            h.remove()
+    return [n for n, dims in shapes.items() if dims == [2]]
+
+
+def _not_two_dimensional(problem, name: str, shape, measure: str) -> NotApplicable:
+    ok = feature_layers(problem)
+    return NotApplicable(f"layer {name!r} gets inputs of shape {shape}, not (batch, features); layers that "
+                         f"qualify: {', '.join(ok) if ok else 'none in this model'} (set {measure}'s 'layer')")
 
 
 def _run(problem, module, name, batch, measure="relative_flatness"):
@@ -126,10 +151,7 @@ def _run(problem, module, name, batch, measure="relative_flatness"):
         )
     phi, z = cap.inputs[0], cap.outputs[0]
     if phi.ndim != 2:
-        raise MeasurementError(
-            f"{measure}: layer {name!r} gets inputs of shape {tuple(phi.shape)}; "
-            "it needs (batch, features), one feature vector per sample"
-        )
+        raise _not_two_dimensional(problem, name, tuple(phi.shape), measure)
     return out, phi, z
 
 

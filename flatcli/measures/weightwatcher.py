@@ -76,8 +76,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import MeasurementError
-from . import MeasureResult, register
+from . import MeasureResult, NotApplicable, register
 from ._layers import selected, weight_matrices
 from ._options import Integral, Real, opt
 
@@ -306,9 +305,9 @@ def weightwatcher_alpha(ctx, opts: WeightWatcherOptions) -> MeasureResult:
             skipped.append(f"{wm.module_name} ({n_above} eigenvalues)")
         else:
             layers[wm.module_name] = fit
-    if not layers:
-        raise MeasurementError(
-            "weightwatcher_alpha: no layer has enough eigenvalues for a power-law fit "
+    if not layers:  # a model too small (or too sparse) for the fit: the measure does not apply
+        raise NotApplicable(
+            "no layer has enough eigenvalues for a power-law fit "
             f"(min_evals = {opts.min_evals}); skipped: {', '.join(skipped) or '(no Linear/Conv layers)'}"
         )
     alphas = [v["alpha"] for v in layers.values()]

@@ -40,6 +40,7 @@ from .._version import __version__
 from ..errors import ConfigError, exit_code, exit_code_of
 from ..jobs import Job, coerce_cell
 from ..loading.checkpoints import fingerprint
+from ..loading.text import TOKENIZED_DIR
 from ..measures import MeasureSpec
 from ..results import Row, atomic_write, to_csv
 from .store import (
@@ -255,7 +256,7 @@ def run_worker(
     plan = load_plan(outdir)
     cfg = plan.cfg()
     settings = Settings.from_config(cfg, device)
-    data = data if data is not None else DataCache(cfg)
+    data = data if data is not None else DataCache(cfg, Path(outdir) / TOKENIZED_DIR)
     units = plan.units_for(shard)
     k = (len(units) * worker) // max(1, workers)
     loop = _WorkerLoop(
@@ -655,7 +656,7 @@ def _run_local(report: SweepReport, cfg, plan: Plan, opts: SweepOptions, args: W
         return
     if log is not None:
         log(report.threads)
-    data = DataCache(cfg)  # load the data once here: a bad data config fails now, not per unit
+    data = DataCache(cfg, Path(outdir) / TOKENIZED_DIR)  # load the data once: a bad data config fails now
     data.get("train")
     data.get("test")
     if len(wps) == 1:

@@ -1,0 +1,180 @@
+"""The ``text`` data source: a local table of texts tokenized by a local tokenizer.
+
+``data.train: {source: text, path: data/train.jsonl, text_field: text, tokenizer: tok/, max_length: 128}``
+
+* ``path``: JSON lines (``.jsonl``; ``.json`` as JSON lines or one JSON array), CSV (``.csv``)
+  or Parquet (``.parquet``, needs ``pyarrow``), read with pandas; nothing is downloaded.
+* ``text_field``: the column of texts; ``text_pair_field``: an optional second segment
+  (sentence pairs, as BERT's MNLI inputs); ``label_field``: optional class labels (integers;
+  they become ``labels``, the target of ``cross_entropy``). Without ``label_field`` the batch
+  holds ``input_ids`` and ``attention_mask`` only, which is what ``loss: causal_lm`` needs: its
+  labels are the input ids with padded positions ignored (`flatcli.engine.losses.CausalLM`).
+* ``tokenizer``: a directory written by ``save_pretrained`` (read offline by
+  ``transformers.AutoTokenizer``); ``max_length`` (default: the tokenizer's), ``truncation``
+  (default true) and ``padding``: ``longest`` (default: every row padded to the longest row
+  of the file) or ``max_length``. Padding is always on the right, so positions count from 0 in
+  every row; a tokenizer without a pad token pads with its end-of-text token (padded positions
+  are masked out, their id never matters). ``token_type_ids`` are kept when the tokenizer
+  returns them (its ``model_input_names``), as ``transformers`` does.
+
+Tokenization happens once per data set: the tensors are cached in ``<cache_dir>`` (flatcli
+measure/sweep: ``OUTDIR/tokenized/``) under a key of the file's bytes, the tokenizer
+directory's files, the fields, ``max_length``, padding, truncation and the ``tokenizers``
+version; a later run (or another sweep worker) loads them with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..engine.batch import Batch
+from ..errors import ConfigError
+from .checkpoints import fingerprint
+
+CACHE_VERSION = 1
+TOKENIZED_DIR = "tokenized"  # the cache's folder in an output directory
+
+
+def load_text(src, where: str, base_dir: Path, cache_dir: Path | None = None) -> Batch:
+    """The text split ``src`` (a `flatcli.config.DataSource` with ``source: text``) as a `Batch` of
+    ``input_ids``, ``attention_mask`` (``token_type_ids``) and, with ``label_field``, ``labels``;
+    read from ``cache_dir`` when it was tokenized before."""
+    path = _resolve(src.path, base_dir)
+    tok_dir = _resolve(src.tokenizer, base_dir)
+    if not path.is_file():
+        raise ConfigError(f"{where}.path: file not found: {path}")
+    if not tok_dir.is_dir():
+        raise ConfigError(f"{where}.tokenizer: directory not found: {tok_dir}")
+    key = cache_key(src, path, tok_dir)
+    cached = None if cache_dir is None else Path(cache_dir) / f"{path.stem}-{key}.pt"
+    if cached is not None and cached.is_file():
+        try:
+            return Batch(torch.load(cached, map_location="cpu", weights_only=True), where=f"{where} (cache {cached})")
+        except Exception:  # an unreadable cache file is rebuilt
+            pass
+    batch = tokenize(src, path, tok_dir, where)
+    if cached is not None:
+        _atomic_save(dict(batch.items()), cached)
+    return batch
+
+
+def _resolve(p: str, base_dir: Path) -> Path:
+    q = Path(os.path.expanduser(str(p)))
+    return q if q.is_absolute() else Path(base_dir) / q
+
+
+def _dir_hash(d: Path) -> str:
+    h = hashlib.sha256()
+    for q in sorted(x for x in d.rglob("*") if x.is_file()):
+        h.update(str(q.relative_to(d)).encode() + b"\0" + fingerprint(q).encode())
+    return h.hexdigest()[:16]
+
+
+def cache_key(src, path: Path, tok_dir: Path) -> str:
+    """The cache key of a tokenized split (see the module docstring)."""
+    try:
+        import tokenizers
+
+        tv = tokenizers.__version__
+    except ImportError:
+        tv = None
+    spec = {
+        "v": CACHE_VERSION, "file": fingerprint(path), "tokenizer": _dir_hash(tok_dir), "tokenizers": tv,
+        "fields": [src.text_field, src.text_pair_field, src.label_field],
+        "max_length": src.max_length, "padding": src.padding, "truncation": src.truncation,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_table(path: Path, where: str):
+    """The file as a pandas DataFrame (JSON lines, JSON, CSV or Parquet by suffix)."""
+    import pandas as pd
+
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".jsonl", ".ndjson"):
+            return pd.read_json(path, lines=True)
+        if suffix == ".json":
+            try:
+                return pd.read_json(path, lines=True)
+            except ValueError:
+                return pd.read_json(path)
+        if suffix in (".csv", ".tsv"):
+            return pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",")
+        if suffix == ".parquet":
+            return pd.read_parquet(path)
+    except ImportError as e:
+        raise ConfigError(f"{where}.path: reading {path.name} needs a Parquet engine: pip install pyarrow ({e})") from None
+    except ValueError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{where}.path: {path} is not readable as {suffix[1:]}: {first}") from None
+    raise ConfigError(f"{where}.path: {path} must be .jsonl, .json, .csv, .tsv or .parquet")
+
+
+def _column(table, field: str, key: str, where: str, path: Path) -> list:
+    if field not in table.columns:
+        cols = ", ".join(map(str, table.columns))
+        raise ConfigError(f"{where}.{key}: {path} has no column {field!r} (columns: {cols})")
+    return table[field].tolist()
+
+
+def _texts(table, field: str, key: str, where: str, path: Path) -> list[str]:
+    values = _column(table, field, key, where, path)
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise ConfigError(f"{where}.{key}: row {i} of {path} has no text in {field!r} (got {v!r})")
+    return values
+
+
+def _labels(table, field: str, where: str, path: Path) -> torch.Tensor:
+    values = _column(table, field, "label_field", where, path)
+    try:
+        t = torch.as_tensor(values)
+    except (TypeError, ValueError, RuntimeError):
+        raise ConfigError(f"{where}.label_field: the {field!r} column of {path} must hold numbers "
+                          "(integer class ids); map names to ids before measuring") from None
+    if t.is_floating_point() and bool((t == t.round()).all()):
+        t = t.long()
+    return t if t.is_floating_point() else t.long()
+
+
+def tokenize(src, path: Path, tok_dir: Path, where: str) -> Batch:
+    """Read and tokenize the split (no cache)."""
+    from .hf import load_tokenizer
+
+    table = read_table(path, where)
+    if len(table) == 0:
+        raise ConfigError(f"{where}.path: {path} holds no rows")
+    texts = _texts(table, src.text_field, "text_field", where, path)
+    pairs = _texts(table, src.text_pair_field, "text_pair_field", where, path) if src.text_pair_field else None
+    tok = load_tokenizer(tok_dir, where)
+    tok.padding_side = "right"
+    if tok.pad_token is None:
+        if tok.eos_token is None:
+            raise ConfigError(f"{where}.tokenizer: {tok_dir} has neither a pad nor an end-of-text token; "
+                              "set one (tokenizer.pad_token = ...) and save it again")
+        tok.pad_token = tok.eos_token
+    enc = tok(texts, pairs, max_length=src.max_length, truncation=bool(src.truncation),
+              padding="max_length" if src.padding == "max_length" else "longest", return_tensors="pt")
+    out = {k: v for k, v in enc.items() if isinstance(v, torch.Tensor)}
+    if src.label_field:
+        out["labels"] = _labels(table, src.label_field, where, path)
+    return Batch(out, where=f"{where}.path {path}")
+
+
+def _atomic_save(obj: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
