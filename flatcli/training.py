@@ -397,6 +397,11 @@ def describe(record: TrainRecord) -> str:
     return f"{hp}: {r.steps} steps, train CE {r.train_loss:.4f} {state} ({r.seconds:.1f}s)"
 
 
+def default_jobs() -> int:
+    """Models trained in parallel by default: one single-threaded process per core, up to 2."""
+    return min(2, os.cpu_count() or 1)
+
+
 def run_tasks(tasks: Sequence[TrainTask], jobs: int = 1, log: Callable[[str], None] | None = None) -> list[TrainRecord]:
     """`train_model` over ``tasks``, in this process (jobs = 1) or a pool of ``jobs`` spawned
     processes; the records come back in the order of ``tasks`` and are the same either way."""

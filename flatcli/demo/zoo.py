@@ -11,7 +11,15 @@ from pathlib import Path
 
 import yaml
 
-from ..training import LossTarget, Recipe, TrainTask, model_name, run_tasks, write_manifest
+from ..training import (
+    LossTarget,
+    Recipe,
+    TrainTask,
+    default_jobs,
+    model_name,
+    run_tasks,
+    write_manifest,
+)
 
 # width × weight decay × label-noise fraction: 8 models
 ZOO_GRID = {"width": [64, 256], "weight_decay": [0.0, 1e-4], "label_noise": [0.0, 0.2]}
@@ -46,11 +54,12 @@ def zoo_tasks(outdir: str | Path, seed: int = 0) -> list[TrainTask]:
     return tasks
 
 
-def train_zoo(outdir: Path, seed: int = 0, log=print) -> Path:
-    """Train every model of `ZOO_GRID`; write checkpoints, manifest.csv, training.csv and a config.
-    Returns the config path."""
+def train_zoo(outdir: Path, seed: int = 0, log=print, jobs: int | None = None) -> Path:
+    """Train every model of `ZOO_GRID` (``jobs`` single-threaded processes, default one per core up
+    to 2: the weights do not depend on it); write checkpoints, manifest.csv, training.csv and a
+    config. Returns the config path."""
     outdir = Path(outdir)
-    records = run_tasks(zoo_tasks(outdir, seed), jobs=1, log=log)
+    records = run_tasks(zoo_tasks(outdir, seed), jobs=default_jobs() if jobs is None else jobs, log=log)
     write_manifest(outdir, records, list(ZOO_GRID))
     from ..measures import list_measures
 

@@ -26,7 +26,6 @@ manifest and a flatcli config, then measure and correlate through `flatcli.api` 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +72,9 @@ def default_outdir(name: str | Path, quick: bool = False) -> Path:
 
 def default_jobs(quick: bool) -> int:
     """Models trained (and sweep workers) in parallel: 1 with --quick, else the cores up to 2."""
-    return 1 if quick else min(2, os.cpu_count() or 1)
+    from ..training import default_jobs as cores
+
+    return 1 if quick else cores()
 
 
 def run_experiment(
