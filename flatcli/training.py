@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -119,6 +119,18 @@ class Evaluation:
     accuracy: float
 
 
+class Criterion(Protocol):
+    """When training stops: ``met`` over the evaluations so far (the latest last)."""
+
+    def met(self, history: Sequence[Evaluation]) -> bool:
+        """Whether the model counts as trained."""
+        ...
+
+    def describe(self) -> str:
+        """The criterion in words."""
+        ...
+
+
 @dataclass(frozen=True)
 class LossTarget:
     """Converged when the latest eval-mode train cross-entropy is ≤ ``target`` (Jiang et al. 2020).
@@ -191,7 +203,7 @@ def train_to_target(
     recipe: Recipe,
     *,
     seed: int = 0,
-    criterion: Any = None,
+    criterion: Criterion | None = None,
     on_step: Callable[[int, torch.nn.Module], None] | None = None,
 ) -> TrainResult:
     """Train ``model`` in place on (x, y) until ``criterion`` holds (default `LossTarget` 0.01).
@@ -208,7 +220,7 @@ def train_to_target(
         return _train(model, x, y, recipe, seed, criterion or LossTarget(), on_step)
 
 
-def _train(model, x, y, recipe: Recipe, seed: int, criterion, on_step) -> TrainResult:
+def _train(model, x, y, recipe: Recipe, seed: int, criterion: Criterion, on_step) -> TrainResult:
     from .settings import resolve_device
 
     t0 = time.perf_counter()
@@ -296,7 +308,7 @@ class TrainTask:
     data: dict[str, Any]
     recipe: Recipe
     hparams: dict[str, Any] = field(default_factory=dict)
-    criterion: Any = field(default_factory=LossTarget)
+    criterion: Criterion = field(default_factory=LossTarget)
     seed: int = 0
     noise_seed: int | None = None
     label_noise: float | None = None
