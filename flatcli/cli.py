@@ -114,6 +114,10 @@ app = typer.Typer(
     add_completion=False,
 )
 config_app = typer.Typer(cls=OneLineErrors, help="Inspect configs.", no_args_is_help=True)
+experiments_app = typer.Typer(
+    cls=OneLineErrors, no_args_is_help=True,
+    help="Reproduce the seed papers' experiments: train a grid of models to a loss target, then sweep, collect, correlate.",
+)  # fmt: skip
 
 
 @app.callback()
@@ -169,6 +173,7 @@ def _value(v):
     """An Enum option's string (None stays None)."""
     return v.value if isinstance(v, Enum) else v
 app.add_typer(config_app, name="config")
+app.add_typer(experiments_app, name="experiments")
 
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.", envvar="FLATCLI_CONFIG")]
@@ -386,6 +391,51 @@ def demo(
     from .demo import run_demo
 
     run_demo(outdir, measures=measures, seed=seed, console=console, threads=threads, wide=wide)
+
+
+# ------------------------------------------------------------------ experiments
+@experiments_app.command("list")
+@handle_errors
+def experiments_list(debug: DebugOpt = False):
+    """List the experiments with their studies and the models of each full grid."""
+    from .experiments import list_experiments
+
+    t = Table(show_header=True, header_style="bold")
+    for col in ("experiment", "title", "studies (models)"):
+        t.add_column(col)
+    for e in list_experiments():
+        t.add_row(e.name, f"{e.title}\n[dim]{e.reference}[/dim]", ", ".join(f"{s}: {n}" for s, n in e.studies))
+    print_table(console, t)
+
+
+@experiments_app.command("run")
+@handle_errors
+def experiments_run(
+    name: Annotated[str, typer.Argument(help="An experiment (see 'flatcli experiments list') or a spec YAML file.")],
+    quick: Annotated[bool, typer.Option("--quick", help="Tiny grid, tiny models, few steps: a smoke test of the pipeline (seconds), not a result.")] = False,
+    outdir: Annotated[Path | None, typer.Option("--outdir", "-o", help="Output folder (default experiments-out/NAME, NAME-quick with --quick).")] = None,
+    jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="Models trained and sweep workers in parallel, one thread each; the numbers do not depend on it (default 1 with --quick, else the cores up to 2).")] = None,
+    study: Annotated[str | None, typer.Option("--study", help="Run only these studies (comma-separated).")] = None,
+    publish: Annotated[Path | None, typer.Option("--publish", metavar="DIR", help="Copy the small outputs (tables, summary, figures) into DIR/NAME/, e.g. docs/experiments.")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N for training and measuring (default: the spec's).", envvar="FLATCLI_DEVICE")] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the figures (needs matplotlib).")] = True,
+    debug: DebugOpt = False,
+):
+    """Run one experiment: train its grid to the loss target, flatcli sweep, collect, correlate; print summary.md."""
+    from .experiments import publish as publish_outputs
+    from .experiments import run_experiment
+
+    def log(msg: str) -> None:
+        err_console.print(msg, highlight=False, soft_wrap=True, markup=False)
+
+    studies = [s.strip() for s in study.split(",") if s.strip()] if study else None
+    rep = run_experiment(name, outdir, quick=quick, jobs=jobs, studies=studies, plots=plots, device=device, log=log)
+    console.print(rep.summary.read_text(), highlight=False, soft_wrap=True, markup=False)
+    console.print(f"done in {rep.seconds:.0f}s; outputs in {rep.outdir} (summary.md)", highlight=False, soft_wrap=True)
+    if publish is not None:
+        files = publish_outputs(rep, publish)
+        console.print(f"published {len(files)} files to {publish / rep.spec.name}", highlight=False, soft_wrap=True)
+    raise typer.Exit(rep.exit_code)
 
 
 # ------------------------------------------------------------------ landscape

@@ -181,6 +181,28 @@ def to_csv(rows: list[Row]) -> str:
     return table.to_csv(index=False, lineterminator="\n")
 
 
+def write_table(path: str | os.PathLike, rows: list[dict[str, Any]], columns: list[str] | None = None) -> Path:
+    """Plain rows (mappings) as a CSV, written atomically through pandas (`atomic_write`): the
+    ``columns`` in order (default: the first row's keys; other keys are left out), values as
+    `to_csv` writes them (integers stay integers, floats in their shortest round-trip repr), a
+    missing key an empty field. Manifests, training logs and the experiments' tables use it."""
+    import pandas as pd
+
+    cols = list(columns) if columns is not None else (list(rows[0]) if rows else [])
+    table = pd.DataFrame(rows, columns=cols, dtype=object)
+    atomic_write(path, table.to_csv(index=False, lineterminator="\n"))
+    return Path(path)
+
+
+def read_table(path: str | os.PathLike) -> tuple[list[str], list[dict[str, str]]]:
+    """A CSV's header and rows with every cell as the text written (no type guessing; an empty
+    field is ``""``): what `write_table` wrote, for code that copies or filters rows."""
+    import pandas as pd
+
+    table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    return list(table.columns), table.to_dict("records")
+
+
 TEXT_COLUMNS = ("checkpoint", "error")
 
 

@@ -120,14 +120,18 @@ class Task:
 
 
 def mlp_task(dev, batch_size, ref_dtype, train_steps=1500) -> Task:
+    import dataclasses
+
     from flatcli.demo.models import MLP
-    from flatcli.demo.zoo import train_to_target
+    from flatcli.demo.zoo import RECIPE
     from flatcli.loading.data import digits_split
+    from flatcli.training import LossTarget, train_to_target
 
     torch.manual_seed(0)
     x, y = digits_split("train")
     model = MLP(64, 256, 2, 10)
-    train_to_target(model, x, y, weight_decay=0.0, target=0.05, max_steps=train_steps)
+    recipe = dataclasses.replace(RECIPE, max_steps=train_steps, dtype="float32")  # the demo's recipe, float32 for speed
+    train_to_target(model, x, y, recipe, criterion=LossTarget(0.05))
     model.eval().to(dev)
     return Task("mlp-digits", model, x.to(dev), y.to(dev), batch_size or len(x), dev, ref_dtype)
 

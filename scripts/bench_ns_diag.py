@@ -17,6 +17,7 @@ auto's fallback to unit vectors on curved tensors. Prints a markdown table.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -25,8 +26,9 @@ from torch import nn
 
 from flatcli.api import measure_model
 from flatcli.demo.models import MLP
-from flatcli.demo.zoo import train_to_target
+from flatcli.demo.zoo import RECIPE
 from flatcli.loading.data import digits_split
+from flatcli.training import train_to_target
 
 ESTIMATORS = [("exact", {}), ("scaled", {"samples": 64}), ("hutchinson", {"samples": 64}), ("auto", {})]
 
@@ -66,7 +68,8 @@ def cases(which):
         for width, wd in ((24, 0.0), (32, 1e-4)):
             torch.manual_seed(width)
             m = MLP(64, width, 2, 10)
-            steps, loss = train_to_target(m, xd, yd, weight_decay=wd)
+            res = train_to_target(m, xd, yd, dataclasses.replace(RECIPE, weight_decay=wd))
+            steps, loss = res.steps, res.train_loss
             m = m.double()
             P = sum(p.numel() for p in m.parameters())
             yield f"digits MLP w{width} wd{wd:g} ({P} params, {steps} steps, loss {loss:.3g})", m, (xd.double(), yd), 256

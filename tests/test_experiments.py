@@ -1,28 +1,32 @@
-"""The experiment package: specs, training to a loss target, and every experiment's --quick
-mode end to end (train → manifest → flatcli sweep → collect → converged filter → correlate)."""
+"""The experiment package: specs (parsing, merging, grids, recipes, the papers' numbers), the
+analysis steps on synthetic tables, the ``flatcli experiments`` commands, and one end-to-end
+smoke per experiment at the smallest size that still trains → sweeps → collects → correlates
+(through a spec derived from the shipped one: its quick mode with fewer models and measures)."""
 
 from __future__ import annotations
 
 import csv
-import math
-import os
+import re
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from typer.testing import CliRunner
 
-from flatcli.config import load_config
+from flatcli.cli import app
+from flatcli.config import load_config, parse_measures
 from flatcli.errors import ConfigError
-from flatcli.experiments import available, load_spec, run_experiment
-from flatcli.experiments.__main__ import main
-from flatcli.experiments.pipeline import Experiment
-from flatcli.experiments.training import noisy_labels, train_to_target
+from flatcli.experiments import available, list_experiments, load_spec, publish, run_experiment
+from flatcli.experiments.pipeline import Experiment, StudyOutcome, correlation_table, work_seconds
+from flatcli.experiments.spec import Study, merge
 
 pytest.importorskip("mnist1d")
 
 ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT / "flatcli" / "experiments" / "specs"
 EXPERIMENTS = ["ns_regularization", "random_labels", "relative_flatness", "reparameterization", "cifar10_resnet18"]
+runner = CliRunner()
 
 
 def _rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -32,9 +36,32 @@ def _rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 
 
 def _labels(study) -> list[str]:
-    from flatcli.config import parse_measures
-
     return [s.label for s in parse_measures(study.flatcli["measures"])]
+
+
+def _out(res) -> str:
+    text = res.output
+    try:
+        text += res.stderr
+    except (ValueError, AttributeError):
+        pass
+    return text
+
+
+def small_spec(tmp_path: Path, name: str, measures: list, study: str | None = None, **quick) -> Path:
+    """The shipped spec ``name`` with its quick mode cut down: ``measures`` (with the quick
+    options of those kept), no bootstrap, and ``quick`` merged into the quick block (into
+    ``study``'s own quick block when given)."""
+    raw = yaml.safe_load((SPECS / f"{name}.yaml").read_text())
+    names = {m if isinstance(m, str) else next(iter(m)) for m in measures}
+    opts = {k: v for k, v in raw["quick"].get("measure_options", {}).items() if k in names}
+    raw["quick"] = merge(raw["quick"], {"measures": measures, "bootstrap": 0, **({} if study else quick)})
+    raw["quick"]["measure_options"] = opts
+    if study:
+        raw["studies"][study]["quick"] = merge(raw["studies"][study].get("quick") or {}, quick)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
 
 
 # ------------------------------------------------------------------ specs
@@ -48,7 +75,7 @@ def test_specs_load_and_follow_the_rules(name, quick):
     spec = load_spec(name, quick=quick)
     assert spec.name == name and spec.studies
     if not quick:
-        assert spec.target_loss == 0.01  # Jiang et al. 2020's target
+        assert spec.target_loss == 0.01 and spec.bootstrap == 1000  # Jiang et al. 2020's target
     for st in spec.studies:
         assert "seed" in st.grid and all(a in st.grid for a in st.axes)
         assert _labels(st)
@@ -64,12 +91,40 @@ def test_quick_measure_options_keep_labels_and_columns():
         assert _labels(a) == _labels(b)
     ns = [m for m in quick.studies[0].flatcli["measures"] if isinstance(m, dict) and "normalized_sharpness" in m]
     assert ns == [{"normalized_sharpness": {"samples": 8}}]  # the quick options merged into the default NS
+    assert quick.bootstrap == 20
 
 
-def test_exp1_paper_values_from_tsuzuku_tables():
-    p = load_spec("ns_regularization").paper
-    assert p["columns"] == ["MNIST MLP", "CIFAR-10 MLP"]
-    assert p["values"] == {"normalized_sharpness": [0.73, 0.92], "hessian_trace": [-0.62, -0.42], "frobenius_norm": [0.58, 0.72]}
+def _paper_tables(text: str) -> dict[str, dict[str, list[float]]]:
+    """Tsuzuku et al. 2020's Tables 1–2 as text: data set → row name → {column: value}."""
+    tables = {}
+    for m in re.finditer(r"Table \d\. Correlation coefficients.*?trained on (\w+)\.\s+(.*?)(?=Table \d\.|\Z)", text, re.S):
+        lines = [ln.strip() for ln in m.group(2).splitlines() if ln.strip()]
+        head = lines[0].split()
+        rows = {}
+        for ln in lines[1:]:
+            nums = re.findall(r"[−-]?\d+\.\d+", ln)
+            rows[ln[: ln.index(nums[0])].strip()] = dict(zip(head, (float(v.replace("−", "-")) for v in nums), strict=True))
+        tables[m.group(1)] = rows
+    return tables
+
+
+def test_exp1_paper_values_match_tsuzuku_tables_1_and_2():
+    """The spec's paper numbers are read off the paper's text (Sec. 8.2, Tables 1–2: MNIST and
+    CIFAR10, MLP column). tests/data holds the tables verbatim from the text extraction in the
+    shared papers folder; when that folder is beside the checkout, the excerpt is checked
+    against it too."""
+    excerpt = (ROOT / "tests" / "data" / "tsuzuku2020_tables_1_2.txt").read_text()
+    for papers in (ROOT.parent / "shared" / "papers", ROOT.parent.parent / "shared" / "papers"):
+        full = papers / "tsuzuku2020-normalized-flat-minima.txt"
+        if full.is_file():
+            assert excerpt in full.read_text()
+    tables = _paper_tables(excerpt)
+    rows = {"normalized_sharpness": "Normalized sharpness", "hessian_trace": "Trace of Hessian", "frobenius_norm": "Frobenius norm"}
+    paper = load_spec("ns_regularization").paper
+    assert paper["columns"] == ["MNIST MLP", "CIFAR-10 MLP"] and paper["statistic"] == "pearson"
+    assert set(paper["values"]) == set(rows)
+    for label, row in rows.items():
+        assert paper["values"][label] == [tables["MNIST"][row]["MLP"], tables["CIFAR10"][row]["MLP"]], label
 
 
 def test_shipped_cifar_configs_match_the_spec():
@@ -82,7 +137,7 @@ def test_shipped_cifar_configs_match_the_spec():
 
 
 def _write_spec(tmp_path: Path, **over) -> Path:
-    raw = yaml.safe_load((ROOT / "flatcli" / "experiments" / "specs" / "ns_regularization.yaml").read_text())
+    raw = yaml.safe_load((SPECS / "ns_regularization.yaml").read_text())
     for k, v in over.items():
         cur = raw
         keys = k.split(".")
@@ -99,13 +154,16 @@ def _write_spec(tmp_path: Path, **over) -> Path:
     [
         ({"studie": {}}, r"unknown key 'studie'. Did you mean 'studies'\?"),
         ({"studies.digits.grid": {"weight_decay": [0.0], "batch_sise": [32]}}, r"grid .*unknown key 'batch_sise'. Did you mean 'batch_size'\?"),
-        ({"training": {"optimizer": "rmsprop"}}, r"optimizer must be one of sgd, adam; got 'rmsprop'"),
+        ({"training": {"optimizer": "rmsprop"}}, r"optimizer must be one of sgd, adam, adamw; got 'rmsprop'"),
         ({"training": {"momentum": 1.0}}, r"momentum must be a number in \[0, 1\); got 1.0"),
+        ({"training": {"l2": -1.0}}, r"l2 must be a number ≥ 0; got -1.0"),
+        ({"training": {"dtype": "float16"}}, r"dtype must be float32 or float64; got 'float16'"),
         ({"studies.digits.grid": {"max_steps": [10, 20]}}, r"max_steps is a training setting, not a grid axis"),
         ({"axes": ["width"]}, r"axes: 'width' is not a grid axis"),
         ({"quick": {"measure_options": {"local_entropy": {"gamma": 2.0}}}}, r"'local_entropy' is not among the configured measures"),
         ({"measures": ["hessian_trac"]}, r"studies\.\w+: Unknown measure 'hessian_trac'. Did you mean 'hessian_trace'\?"),
         ({"target_loss": 0}, r"target_loss must be a positive number; got 0"),
+        ({"quick": {"bootstrap": -1}}, r"bootstrap must be an int ≥ 0 .*; got -1"),
         ({"studies.digits.grid": {"seed": [0, 0]}}, r"grid.seed repeats a value"),
     ],
 )
@@ -115,92 +173,80 @@ def test_bad_specs_are_one_line_config_errors(tmp_path, over, match):
         load_spec(path, quick=True)
 
 
-def test_unknown_experiment_suggests_and_exits_2(capsys):
-    with pytest.raises(ConfigError, match=r"unknown experiment 'random_label'; did you mean 'random_labels'\?"):
-        load_spec("random_label")
-    assert main(["random_label", "--quick"]) == 2
-    assert "error: unknown experiment" in capsys.readouterr().err
-    assert main(["list"]) == 0
-    assert "ns_regularization" in capsys.readouterr().out
+def test_grid_points_recipes_and_tasks():
+    """Grid expansion (last axis fastest), the recipe of each point (training axes override the
+    defaults; lr per optimizer × lr_factor), model axes as model kwargs, seeds, label noise."""
+    spec = load_spec("relative_flatness")
+    st = next(s for s in spec.studies if s.name == "digits")
+    pts = st.points()
+    assert len(pts) == 2 * 2 * 2 * 3 and pts[:2] == [
+        {"optimizer": "sgd", "batch_size": 32, "lr_factor": 1.0, "seed": 0},
+        {"optimizer": "sgd", "batch_size": 32, "lr_factor": 1.0, "seed": 1}]  # fmt: skip
+    adam3 = {"optimizer": "adam", "batch_size": 128, "lr_factor": 3.0, "seed": 2}
+    recipe, noise = st.recipe(adam3)
+    assert (recipe.optimizer, recipe.batch_size, recipe.momentum, noise) == ("adam", 128, 0.9, None)
+    assert recipe.lr == pytest.approx(0.003) and st.recipe(pts[0])[0].lr == pytest.approx(0.01)
+    assert st.recipe(adam3, device="cuda:1")[0].device == "cuda:1"
+    tasks = Experiment(spec, "out").tasks(st, Path("out/digits"))
+    assert [t.name for t in tasks[:2]] == ["000_optimizersgd_batch_size32_lr_factor1_seed0",
+                                           "001_optimizersgd_batch_size32_lr_factor1_seed1"]  # fmt: skip
+    assert [t.seed for t in tasks[:3]] == [0, 1, 2] and all(t.criterion.target == 0.01 for t in tasks)
+    noisy = load_spec("random_labels").studies[0]
+    assert noisy.recipe({"label_noise": 0.4, "seed": 1})[1] == 0.4 and noisy.recipe({"label_noise": 0.0, "seed": 1})[1] == 0.0
+    cifar = load_spec("cifar10_resnet18", quick=True)
+    task = Experiment(cifar, "out").tasks(cifar.studies[0], Path("out/r"))[0]
+    assert task.model_kwargs["width"] == 4 and task.recipe.batch_size == 16 and task.criterion.target == 2.0
 
 
-# ------------------------------------------------------------------ training
-def _tiny_problem(seed=0, n=60):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 5, generator=g)
-    y = (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
-    return x, y
+# ------------------------------------------------------------------ the command line
+def test_experiments_list_and_the_module_alias(capsys):
+    res = runner.invoke(app, ["experiments", "list"])
+    assert res.exit_code == 0, _out(res)
+    for info in list_experiments():
+        assert info.name in res.stdout
+    exp1 = next(e for e in list_experiments() if e.name == "ns_regularization")
+    assert exp1.studies == (("mnist1d", 24), ("digits", 24)) and "Tsuzuku" in exp1.reference
+    from flatcli.experiments.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["random_label", "--quick"])
+    assert e.value.code == 2
+    assert "unknown experiment 'random_label'; did you mean 'random_labels'?" in capsys.readouterr().err
 
 
-def _tiny_model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["random_label", "--quick"], "error: unknown experiment 'random_label'; did you mean 'random_labels'?"),
+        (["ns_regularization", "--quick", "--study", "cifar"], "error: --study: cifar not in ns_regularization (studies: mnist1d, digits)"),
+        (["ns_regularization", "--quick", "--device", "tpu:9"], "error: runtime.device:"),
+        (["ns_regularization", "--jobs", "0"], "error: Invalid value for '--jobs'"),
+    ],
+)
+def test_experiments_run_usage_and_config_errors_exit_2(tmp_path, args, message):
+    res = runner.invoke(app, ["experiments", "run", *args, "-o", str(tmp_path / "o")])
+    assert res.exit_code == 2, _out(res)
+    assert message in _out(res) and "Traceback" not in _out(res)
+    assert not (tmp_path / "o" / "mnist1d").exists()  # nothing trained
 
 
-TRAIN = {"optimizer": "adam", "lr": 0.02, "lr_factor": 1.0, "batch_size": 16, "weight_decay": 1e-4,
-         "momentum": 0.9, "max_steps": 3000, "eval_every": None}  # fmt: skip
+def test_a_failed_measurement_exits_1(tmp_path):
+    """Models that diverge have NaN weights: their sweep units fail, the experiment exits 1."""
+    spec = small_spec(tmp_path, "ns_regularization", ["frobenius_norm"], grid={"weight_decay": [0.0],
+                      "batch_size": [64], "lr": [1.0e6], "seed": [0, 1, 2]})  # fmt: skip
+    res = runner.invoke(app, ["experiments", "run", str(spec), "--quick", "--study", "digits", "-o", str(tmp_path / "o"), "--no-plots"])
+    assert res.exit_code == 1, _out(res)
+    _, train = _rows(tmp_path / "o" / "digits" / "training.csv")
+    diverged = {r["path"] for r in train if r["diverged"] == "1"}
+    _, results = _rows(tmp_path / "o" / "digits" / "results" / "results.csv")
+    assert diverged and {r["checkpoint"] for r in results if r["status"] == "error"} == diverged
+    assert "error" in _out(res)
 
 
-def test_train_to_target_stops_at_the_eval_mode_target_and_is_deterministic():
-    x, y = _tiny_problem()
-    a, b = _tiny_model(), _tiny_model()
-    ra = train_to_target(a, x, y, TRAIN, seed=3, target=0.05)
-    rb = train_to_target(b, x, y, TRAIN, seed=3, target=0.05)
-    assert ra.reached_target and ra.train_loss <= 0.05 and not ra.diverged
-    with torch.no_grad():
-        assert float(torch.nn.functional.cross_entropy(a.eval()(x), y)) == pytest.approx(ra.train_loss, rel=1e-6)
-    assert (ra.steps, ra.train_loss) == (rb.steps, rb.train_loss)
-    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
-    assert ra.steps % 4 == 0  # checked once per epoch (60 samples / 16 → 4 steps)
-
-
-def test_train_to_target_records_a_miss_and_a_divergence():
-    x, y = _tiny_problem()
-    r = train_to_target(_tiny_model(), x, y, {**TRAIN, "max_steps": 5}, seed=0, target=1e-4)
-    assert not r.reached_target and r.steps == 5 and math.isfinite(r.train_loss)
-    r = train_to_target(_tiny_model(), x * 1e4, y, {**TRAIN, "optimizer": "sgd", "lr": 1e3}, seed=0, target=1e-4)
-    assert not r.reached_target and r.diverged and r.steps < TRAIN["max_steps"]
-
-
-def test_weight_decay_only_on_weights():
-    from flatcli.experiments.training import _optimizer
-
-    opt = _optimizer(_tiny_model(), {**TRAIN, "optimizer": "sgd", "weight_decay": 5e-4})
-    decayed = [p.ndim for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]]
-    plain = [p.ndim for g in opt.param_groups if g["weight_decay"] == 0 for p in g["params"]]
-    assert decayed == [2, 2] and plain == [1, 1]
-
-
-def test_noisy_labels_are_seeded_nested_and_of_the_right_fraction():
-    y = torch.arange(1000) % 10
-    a = noisy_labels(y, 0.4, seed=1, num_classes=10)
-    assert torch.equal(a, noisy_labels(y, 0.4, seed=1, num_classes=10))
-    changed = (a != y).float().mean().item()
-    assert 0.4 * 0.8 < changed <= 0.4  # a random class may equal the true one (p = 1/10)
-    b = noisy_labels(y, 0.8, seed=1, num_classes=10)
-    assert bool(((a != y) <= (b != y)).all())  # the corrupted sets are nested
-    assert torch.equal(noisy_labels(y, 0.0, seed=1, num_classes=10), y)
-
-
-def test_parallel_training_gives_the_same_checkpoints(tmp_path):
-    """Two spawned workers (one thread each) write the same weights as one process does."""
-    spec = load_spec("ns_regularization", quick=True)
-    study = spec.studies[1]  # digits
-    exp = Experiment(spec, tmp_path / "a", jobs=1, log=lambda m: None)
-    rec1 = exp.train(study, tmp_path / "a" / "digits")
-    exp2 = Experiment(spec, tmp_path / "b", jobs=2, log=lambda m: None)
-    rec2 = exp2.train(study, tmp_path / "b" / "digits")
-    assert [r["result"]["steps"] for r in rec1] == [r["result"]["steps"] for r in rec2]
-    for r in rec1:
-        a = torch.load(tmp_path / "a" / "digits" / r["row"]["path"], weights_only=True)["state_dict"]
-        b = torch.load(tmp_path / "b" / "digits" / r["row"]["path"], weights_only=True)["state_dict"]
-        assert all(torch.equal(a[k], b[k]) for k in a)
-    _, m = _rows(tmp_path / "a" / "digits" / "manifest.csv")
-    assert list(m[0]) == ["path", "init_checkpoint", "weight_decay", "batch_size", "lr", "seed"]
-
-
-# ------------------------------------------------------------------ quick modes, end to end
+# ------------------------------------------------------------------ the end-to-end smokes
 def _check_study(out: Path, spec, study, *, converged_min: int = 3) -> tuple[list[str], list[dict[str, str]]]:
+    """The files of a trained, swept and collected study; the training's own eval-mode train
+    loss equals the one flatcli measures on the same checkpoint and labels."""
     sd = out / study.name
     n = len(study.points())
     labels = _labels(study)
@@ -214,6 +260,9 @@ def _check_study(out: Path, spec, study, *, converged_min: int = 3) -> tuple[lis
     assert len(rows) >= n
     assert set(labels) <= set(cols) and {"train_loss", "gen_gap"} <= set(cols)
     assert all(f"hp_{k}" in cols for k in study.grid)
+    measured = {r["checkpoint"]: float(r["train_loss"]) for r in rows}
+    for t in train:
+        assert measured[t["path"]] == pytest.approx(float(t["train_loss"]), rel=1e-4), t["path"]
     _, conv = _rows(sd / "results" / "results_converged.csv")
     _, unconv = _rows(sd / "results" / "unconverged.csv")
     assert len(conv) + len(unconv) == len(rows) and len(conv) >= converged_min
@@ -230,26 +279,24 @@ def _check_correlations(sd: Path, labels: list[str], n_conv: int, axes: list[str
     assert max(int(r["n"]) for r in corr) == n_conv
 
 
-def test_quick_ns_regularization(tmp_path):
+def test_ns_regularization_smoke_through_the_cli(tmp_path):
+    spec = small_spec(tmp_path, "ns_regularization", ["normalized_sharpness", "hessian_trace", "frobenius_norm"],
+                      grid={"weight_decay": [0.0, 5.0e-4, 1.0e-3], "batch_size": [64], "lr": [0.05], "seed": [0]})  # fmt: skip
     out = tmp_path / "exp1"
-    rep = run_experiment("ns_regularization", out, quick=True, log=lambda m: None)
-    spec = rep.spec
-    for st in spec.studies:
-        labels, conv = _check_study(out, spec, st)
-        _check_correlations(out / st.name, labels, len(conv), st.axes)
-        assert (out / st.name / "results" / "plots" / "scatter_all.png").is_file()
-    text = rep.summary.read_text()
-    assert "| `normalized_sharpness` |" in text and "+0.73 | +0.92 |" in text and "quick mode" in text
+    args = ["experiments", "run", str(spec), "--quick", "--study", "digits", "-o", str(out), "--no-plots"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, _out(res)
+    assert "| `normalized_sharpness` |" in res.stdout and "+0.73 | +0.92 |" in res.stdout and "quick mode" in res.stdout
+    assert "[1/3] weight_decay=0.0" in _out(res)  # progress on stderr
+    (st,) = [s for s in load_spec(spec, quick=True).studies if s.name == "digits"]
+    labels, conv = _check_study(out, load_spec(spec, quick=True), st)
+    _check_correlations(out / "digits", labels, len(conv), ["weight_decay"])
     # rerunning reuses the models and the sweep, and gives the same table
     before = (out / "digits" / "results" / "results.csv").read_text()
-    logs: list[str] = []
-    run_experiment("ns_regularization", out, quick=True, studies=["digits"], plots=False, log=logs.append)
-    assert any("reusing the 4 trained models" in m for m in logs)
-    assert any("0 to run" in m for m in logs)
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0 and "reusing the 3 trained models" in _out(res) and "0 to run" in _out(res)
     assert (out / "digits" / "results" / "results.csv").read_text() == before
     # the summary's work figures come from the files, so a rerun that reuses everything keeps them
-    from flatcli.experiments.pipeline import work_seconds
-
     train_s, measure_s = work_seconds(out / "digits")
     assert train_s > 0 and measure_s > 0
     assert f"Work: training {train_s:.0f} s and measurement {measure_s:.0f} s" in (out / "summary.md").read_text()
@@ -257,92 +304,95 @@ def test_quick_ns_regularization(tmp_path):
 
 @pytest.fixture(scope="module")
 def exp2(tmp_path_factory):
-    out = tmp_path_factory.mktemp("exp2")
-    return out, run_experiment("random_labels", out, quick=True, log=lambda m: None)
+    tmp = tmp_path_factory.mktemp("exp2")
+    spec = small_spec(tmp, "random_labels", ["normalized_sharpness", "frobenius_norm"],
+                      grid={"label_noise": [0.0, 0.25, 0.5, 1.0], "seed": [0]})  # fmt: skip
+    return tmp / "out", run_experiment(spec, tmp / "out", quick=True, log=lambda m: None)
 
 
-def test_quick_random_labels(exp2):
+def test_random_labels_smoke(exp2):
     out, rep = exp2
     (st,) = rep.spec.studies
     labels, conv = _check_study(out, rep.spec, st)
     _check_correlations(out / st.name, labels, len(conv), ["label_noise"])
     _, man = _rows(out / st.name / "manifest.csv")
-    assert all(r["train_data"].startswith("data/train_noise") for r in man)
-    assert len({r["train_data"] for r in man}) == len(man)  # one label set per fraction and seed
+    assert [r["train_data"] for r in man] == [f"data/train_noise{f}_seed0.pt" for f in ("0", "0.25", "0.5", "1")]
     _, unconv = _rows(out / st.name / "results" / "unconverged.csv")
-    assert unconv and all(r["hp_label_noise"] == "1.0" for r in unconv)  # random labels: not fitted in 300 steps
-    cols, vs = _rows(out / st.name / "results" / "vs_noise" / "correlations.csv")
+    assert [r["hp_label_noise"] for r in unconv] == ["1.0"]  # random labels: not fitted in 400 steps
+    _, vs = _rows(out / st.name / "results" / "vs_noise" / "correlations.csv")
     assert sorted(r["measure"] for r in vs) == sorted(labels)
     assert (out / st.name / "results" / "plots" / "random_labels.png").is_file()
+    assert (out / st.name / "results" / "plots" / "scatter_all.png").is_file()
     assert "Against the random-label fraction" in rep.summary.read_text()
 
 
-def test_quick_relative_flatness(tmp_path):
+def test_relative_flatness_smoke(tmp_path):
+    spec = small_spec(tmp_path, "relative_flatness", ["relative_flatness", {"relative_flatness": {
+        "normalize_features": True, "label": "relative_flatness_normalized"}}, "frobenius_norm"])  # fmt: skip
     out = tmp_path / "exp3"
-    rep = run_experiment("relative_flatness", out, quick=True, plots=False, log=lambda m: None)
-    for st in rep.spec.studies:
-        labels, conv = _check_study(out, rep.spec, st)
-        assert labels[:2] == ["relative_flatness", "relative_flatness_normalized"]
-        _check_correlations(out / st.name, labels, len(conv), st.axes)
-        _, train = _rows(out / st.name / "training.csv")
-        assert {r["lr_effective"] for r in train} == {"0.1", "0.01"}  # lr per optimizer × lr_factor
+    rep = run_experiment(spec, out, quick=True, studies=["mnist1d"], plots=False, log=lambda m: None)
+    (st,) = [s for s in rep.spec.studies if s.name == "mnist1d"]
+    labels, conv = _check_study(out, rep.spec, st)
+    assert labels == ["relative_flatness", "relative_flatness_normalized", "frobenius_norm"]
+    _check_correlations(out / st.name, labels, len(conv), st.axes)
+    _, train = _rows(out / st.name / "training.csv")
+    assert {r["lr_effective"] for r in train} == {"0.1", "0.01"}  # lr per optimizer × lr_factor
 
 
-def test_quick_reparameterization(tmp_path):
+def test_reparameterization_smoke(tmp_path):
+    measures = ["hessian_trace", "normalized_sharpness", {"relative_flatness": {"normalize_features": True,
+                "label": "relative_flatness_normalized"}}, "path_norm", "frobenius_norm"]  # fmt: skip
+    spec = small_spec(tmp_path, "reparameterization", measures)
     out = tmp_path / "exp4"
-    rep = run_experiment("reparameterization", out, quick=True, log=lambda m: None)
-    for st in rep.spec.studies:
-        sd = out / st.name
-        _, man = _rows(sd / "manifest.csv")
-        assert [(r["transform"], r["scale"]) for r in man] == [
-            ("none", "1.0"), ("layer", "10.0"), ("layer", "1000.0"), ("node", "10.0"), ("node", "1000.0")]
-        _check_study(out, rep.spec, st, converged_min=0)
-        cols, table = _rows(sd / "results" / "relative_change.csv")
-        assert cols == ["measure", "claims_invariance", "transform", "scale", "median", "max", "n"]
-        assert len(table) == len(_labels(st)) * 4
-        rel = {(r["measure"], r["transform"], r["scale"]): float(r["median"]) for r in table}
-        for t in ("layer", "node"):  # Dinh et al.: the trace moves, the invariant measures stay
-            assert rel[("hessian_trace", t, "1000.0")] > 1.0
-            assert rel[("relative_flatness_normalized", t, "1000.0")] < 1e-4
-            assert rel[("normalized_sharpness", t, "1000.0")] < 1e-4
-            assert rel[("path_norm", t, "1000.0")] < 1e-4
-        assert rel[("frobenius_norm", "layer", "1000.0")] > 1.0
-        assert (sd / "results" / "plots" / "reparameterization.png").is_file()
+    rep = run_experiment(spec, out, quick=True, studies=["digits_mlp"], log=lambda m: None)
+    (st,) = [s for s in rep.spec.studies if s.name == "digits_mlp"]
+    sd = out / st.name
+    _, man = _rows(sd / "manifest.csv")
+    assert [(r["transform"], r["scale"]) for r in man] == [
+        ("none", "1.0"), ("layer", "10.0"), ("layer", "1000.0"), ("node", "10.0"), ("node", "1000.0")]
+    _check_study(out, rep.spec, st, converged_min=0)
+    cols, table = _rows(sd / "results" / "relative_change.csv")
+    assert cols == ["measure", "claims_invariance", "transform", "scale", "median", "max", "n"]
+    assert len(table) == len(_labels(st)) * 4
+    rel = {(r["measure"], r["transform"], r["scale"]): float(r["median"]) for r in table}
+    for t in ("layer", "node"):  # Dinh et al.: the trace moves, the invariant measures stay
+        assert rel[("hessian_trace", t, "1000.0")] > 1.0
+        assert rel[("relative_flatness_normalized", t, "1000.0")] < 1e-4
+        assert rel[("normalized_sharpness", t, "1000.0")] < 1e-4
+        assert rel[("path_norm", t, "1000.0")] < 1e-4
+    assert rel[("frobenius_norm", "layer", "1000.0")] > 1.0
+    assert (sd / "results" / "plots" / "reparameterization.png").is_file()
     assert "| `hessian_trace` | no |" in rep.summary.read_text()
     # rerunning reuses the trained networks and rescales them again, not their copies
     logs: list[str] = []
-    run_experiment("reparameterization", out, quick=True, studies=["digits_mlp"], plots=False, log=logs.append)
+    run_experiment(spec, out, quick=True, studies=["digits_mlp"], plots=False, log=logs.append)
     assert any("reusing the 1 trained models" in m for m in logs) and any("0 to run" in m for m in logs)
-    assert len(_rows(out / "digits_mlp" / "manifest.csv")[1]) == 5
+    assert len(_rows(sd / "manifest.csv")[1]) == 5
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("FLATCLI_SLOW_TESTS"), reason="set FLATCLI_SLOW_TESTS=1 (ResNet-18s on the CPU, ~20 s)")
-def test_quick_cifar10_resnet18_on_synthetic_data(tmp_path):
+def test_cifar10_resnet18_smoke_on_synthetic_data(tmp_path):
+    """The GPU recipe at a tiny size on the CPU (synthetic 3×32×32 data, width-4 ResNet-18 with
+    BatchNorm): trained in training mode (running statistics move), judged in eval mode (the
+    training's train loss is the one flatcli measures), swept and collected."""
+    spec = small_spec(tmp_path, "cifar10_resnet18", ["frobenius_norm", "hessian_trace"], study="optimizers",
+                      grid={"optimizer": ["sgd", "adam"], "batch_size": [16], "lr_factor": [1.0], "seed": [0]},
+                      training={"max_steps": 12})  # fmt: skip
     out = tmp_path / "exp5"
-    rep = run_experiment("cifar10_resnet18", out, quick=True, plots=False, log=lambda m: None)
-    for st in rep.spec.studies:
-        _check_study(out, rep.spec, st, converged_min=0)
-
-
-def test_cifar10_resnet18_trains_one_grid_point(tmp_path):
-    """The GPU recipe's training step runs (CPU, synthetic CIFAR-shaped data, width-4 ResNet-18)."""
-    from flatcli.experiments.training import train_task
-
-    spec = load_spec("cifar10_resnet18", quick=True)
-    st = spec.studies[0]
-    hp = st.points()[1]
-    rec = train_task({"flatcli": st.flatcli, "base_dir": str(spec.path.parent), "outdir": str(tmp_path), "name": "m",
-                      "hp": hp, "training": {**st.training, **{k: v for k, v in hp.items() if k in st.training}},
-                      "model_axes": st.model_axes, "target": spec.target_loss})  # fmt: skip
-    assert rec["result"]["steps"] >= 1 and (tmp_path / "checkpoints" / "m.pt").is_file()
-    obj = torch.load(tmp_path / "checkpoints" / "m.pt", weights_only=True)
-    assert obj["model_kwargs"]["width"] == 4 and obj["hparams"] == hp
+    rep = run_experiment(spec, out, quick=True, studies=["optimizers"], plots=False, log=lambda m: None)
+    st = next(s for s in rep.spec.studies if s.name == "optimizers")
+    _check_study(out, rep.spec, st, converged_min=0)
+    sd = out / "optimizers"
+    _, train = _rows(sd / "training.csv")
+    assert len(train) == 2 and all(r["reached_target"] == "1" or r["steps"] == "12" for r in train)
+    for r in train:
+        init = torch.load(sd / r["init_checkpoint"], weights_only=True)["state_dict"]
+        final = torch.load(sd / r["path"], weights_only=True)
+        assert final["model_kwargs"]["width"] == 4 and final["hparams"]["optimizer"] == r["optimizer"]
+        assert not torch.equal(init["bn1.running_mean"], final["state_dict"]["bn1.running_mean"])
+        assert int(final["state_dict"]["bn1.num_batches_tracked"]) == int(r["steps"])
 
 
 def test_publish_copies_the_small_outputs(exp2, tmp_path):
-    from flatcli.experiments import publish
-
     _, rep = exp2
     files = publish(rep, tmp_path / "docs")
     names = {p.relative_to(tmp_path / "docs").as_posix() for p in files}
@@ -350,14 +400,12 @@ def test_publish_copies_the_small_outputs(exp2, tmp_path):
             "random_labels/digits/vs_noise_correlations.csv", "random_labels/digits/unconverged.csv",
             "random_labels/digits/training.csv", "random_labels/digits/random_labels.png"} <= names  # fmt: skip
     assert not any(n.endswith(".pt") for n in names)
+    assert "(in this folder)" in (tmp_path / "docs" / "random_labels" / "summary.md").read_text()
 
 
-
+# ------------------------------------------------------------------ the analysis on a synthetic table
 def test_converged_filter_seed_spread_and_table(tmp_path):
     """keep_converged splits results.csv by train_loss; each seed's models are correlated alone."""
-    from flatcli.experiments.pipeline import StudyOutcome, correlation_table
-    from flatcli.experiments.spec import Study
-
     spec = load_spec("ns_regularization")
     study = Study("s", "s", {}, {}, {"weight_decay": [0.0, 1e-4, 2e-4, 3e-4], "seed": [0, 1]}, ["weight_decay"], "weight_decay")
     rows = []
@@ -392,8 +440,10 @@ def test_converged_filter_seed_spread_and_table(tmp_path):
     # without a bootstrap the cells carry {min, max} over the seeds' own correlations
     assert "| `normalized_sharpness` | 7 |" in table and "{+1.00, +1.00}" in table and "{-1.00, +1.00}" in table
     assert "+0.73 | +0.92 |" in table  # the paper's Pearson values beside ours
+    assert "(1,000 resamples, seed 0)" in table  # the spec's bootstrap, as correlations.csv was made
     # with one, the bootstrap interval that `flatcli correlate --bootstrap 200 --seed 0` prints
     rep = exp.correlate(conv, study, None, False, bootstrap=200)
     iv = next(m for m in rep.measures if m.measure == "hessian_trace").intervals["kendall_tau_b"]
     table = "\n".join(correlation_table(spec, study, StudyOutcome("s", tmp_path, models=8, converged=7, correlation=rep, by_seed=spread)))
     assert f"[{iv.lo:+.2f}, {iv.hi:+.2f}]" in table and iv.lo < iv.hi
+    assert exp.correlate_command(study, "s").endswith("--by weight_decay --bootstrap 1000 --seed 0")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -793,26 +794,21 @@ def test_cli_pca_and_connect(tmp_path):
 
 # ------------------------------------------------------------------ demo: opt-in trajectory
 def test_demo_train_trajectory_follows_the_zoo_recipe(tmp_path):
-    from flatcli.demo.models import MLP
     from flatcli.demo.trajectory import train_trajectory, zoo_models
-    from flatcli.demo.zoo import train_to_target
-    from flatcli.loading.data import digits_split
+    from flatcli.training import train_model
 
-    name = "mlp_w256_wd0.0001_noise0"
+    name = "mlp_w64_wd0.0001_noise0"  # the cheapest zoo model to train (260 steps of a width-64 MLP)
     paths = train_trajectory(tmp_path, name, every=40, log=lambda m: None)
     steps = [torch.load(p, weights_only=True)["step"] for p in paths]
     assert steps[:3] == [0, 40, 80] and steps == sorted(steps) and len(steps) >= 3
     assert trajectory_paths(str(tmp_path / "trajectory" / name / "step_*.pt")) == paths
-    # the same model as train_zoo trains: same seed, data, optimizer and target
-    i, hp = zoo_models()[name]
-    torch.manual_seed(i)
-    ref = MLP(64, hp["width"], 2, 10)
-    init = {k: v.clone() for k, v in ref.state_dict().items()}
-    x, y = digits_split("train")
-    n, _ = train_to_target(ref, x, y, hp["weight_decay"])
+    # the same model as train_zoo trains: its own task (seed, data, recipe and target)
+    task = zoo_models()[name]
+    rec = train_model(dataclasses.replace(task, outdir=str(tmp_path / "zoo")))
+    init, final = (torch.load(tmp_path / "zoo" / p, weights_only=True) for p in (rec.init_checkpoint, rec.path))
     first, last = (torch.load(p, weights_only=True) for p in (paths[0], paths[-1]))
-    assert last["step"] == n and last["model_kwargs"]["width"] == 256
-    assert all(torch.equal(first["state_dict"][k], v) for k, v in init.items())
-    assert all(torch.equal(last["state_dict"][k], v) for k, v in ref.state_dict().items())
+    assert last["step"] == rec.result.steps and last["model_kwargs"]["width"] == 64
+    assert all(torch.equal(first["state_dict"][k], v) for k, v in init["state_dict"].items())
+    assert all(torch.equal(last["state_dict"][k], v) for k, v in final["state_dict"].items())
     with pytest.raises(ConfigError, match="no zoo model named"):
         train_trajectory(tmp_path, "mlp_w9")

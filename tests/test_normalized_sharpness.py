@@ -171,15 +171,15 @@ def _prune(model, frac):
 def trained_digits_mlp():
     """The demo's MLP (64-16-16-10, ReLU) trained on 400 digits to the demo's loss target."""
     from flatcli.demo.models import MLP
-    from flatcli.demo.zoo import train_to_target
+    from flatcli.demo.zoo import RECIPE
     from flatcli.loading.data import digits_split
+    from flatcli.training import train_to_target
 
     x, y = digits_split("train")
     x, y = x[:400], y[:400]
     torch.manual_seed(0)
     model = MLP(64, 16, 2, 10)
-    _, loss = train_to_target(model, x, y, weight_decay=0.0)
-    assert loss <= 0.01
+    assert train_to_target(model, x, y, RECIPE).train_loss <= 0.01
     return model.double().eval(), x.double(), y
 
 

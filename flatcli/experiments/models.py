@@ -12,15 +12,21 @@ import torch
 from torch import nn
 
 
+def _dropout(p: float) -> list[nn.Module]:
+    """A Dropout layer before the classifier when ``p > 0`` (none otherwise: checkpoints keep their keys)."""
+    return [nn.Dropout(p)] if p > 0 else []
+
+
 class LeNet8(nn.Module):
     """LeNet-like CNN for 8×8 single-channel images given flat (N, 64) or as (N, 1, 8, 8).
 
     conv3×3(1→c1) → ReLU → maxpool2 → conv3×3(c1→c2) → ReLU → maxpool2 → flatten (c2·2·2)
-    → Linear(→ hidden) → ReLU → Linear(→ num_classes). The last Linear is the classifier on
-    the penultimate features (relative flatness's default layer).
+    → Linear(→ hidden) → ReLU [→ Dropout(dropout)] → Linear(→ num_classes). The last Linear is
+    the classifier on the penultimate features (relative flatness's default layer).
     """
 
-    def __init__(self, channels: tuple[int, int] | list[int] = (8, 16), hidden: int = 32, num_classes: int = 10, side: int = 8):
+    def __init__(self, channels: tuple[int, int] | list[int] = (8, 16), hidden: int = 32, num_classes: int = 10, side: int = 8,
+                 dropout: float = 0.0):
         super().__init__()
         c1, c2 = channels
         self.side = side
@@ -28,7 +34,7 @@ class LeNet8(nn.Module):
             nn.Conv2d(1, c1, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(),
-            nn.Linear(c2 * (side // 4) ** 2, hidden), nn.ReLU(),
+            nn.Linear(c2 * (side // 4) ** 2, hidden), nn.ReLU(), *_dropout(dropout),
         )  # fmt: skip
         self.classifier = nn.Linear(hidden, num_classes)
 
@@ -41,10 +47,11 @@ class LeNet1D(nn.Module):
     """LeNet-like 1D CNN for MNIST-1D signals given flat (N, length) or as (N, 1, length).
 
     conv5(1→c1) → ReLU → maxpool2 → conv5(c1→c2) → ReLU → maxpool2 → flatten (c2·length/4)
-    → Linear(→ hidden) → ReLU → Linear(→ num_classes).
+    → Linear(→ hidden) → ReLU [→ Dropout(dropout)] → Linear(→ num_classes).
     """
 
-    def __init__(self, channels: tuple[int, int] | list[int] = (8, 16), hidden: int = 32, num_classes: int = 10, length: int = 40):
+    def __init__(self, channels: tuple[int, int] | list[int] = (8, 16), hidden: int = 32, num_classes: int = 10, length: int = 40,
+                 dropout: float = 0.0):
         super().__init__()
         c1, c2 = channels
         self.length = length
@@ -52,7 +59,7 @@ class LeNet1D(nn.Module):
             nn.Conv1d(1, c1, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),
             nn.Conv1d(c1, c2, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),
             nn.Flatten(),
-            nn.Linear(c2 * (length // 4), hidden), nn.ReLU(),
+            nn.Linear(c2 * (length // 4), hidden), nn.ReLU(), *_dropout(dropout),
         )  # fmt: skip
         self.classifier = nn.Linear(hidden, num_classes)
 

@@ -20,9 +20,6 @@ Per study (``OUTDIR/<study>/``):
 
 from __future__ import annotations
 
-import contextlib
-import csv
-import importlib.util
 import json
 import math
 import os
@@ -35,15 +32,22 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError, MeasurementError
-from ..jobs import coerce_cell
+from ..landscape.plots import have_matplotlib
+from ..results import read_table, write_table
+from ..training import (
+    TrainRecord,
+    TrainTask,
+    model_name,
+    read_training,
+    run_tasks,
+    single_threaded,
+    write_manifest,
+)
 from .spec import Spec, Study
-from .training import run_tasks
 
 STATS = ("pearson", "kendall_tau_b", "psi", "cmi")
 STAT_TITLES = {"pearson": "Pearson", "kendall_tau_b": "Kendall τ-b", "psi": "Ψ", "cmi": "CMI", "spearman": "Spearman"}
 
-
-BOOTSTRAP = 1000  # resamples of the percentile intervals in correlations.csv (seed 0)
 
 @dataclass
 class StudyOutcome:
@@ -59,6 +63,7 @@ class StudyOutcome:
     seconds: dict[str, float] = field(default_factory=dict)  # training, sweep, analysis
     files: dict[str, Path] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    exit_code: int = 0  # the sweep's: 1 when a unit failed
 
 
 @dataclass
@@ -71,10 +76,10 @@ class ExperimentReport:
     summary: Path
     seconds: float
 
-
-def have_matplotlib() -> bool:
-    """Whether the figures can be drawn."""
-    return importlib.util.find_spec("matplotlib") is not None
+    @property
+    def exit_code(self) -> int:
+        """0, or 1 when a measurement of any study failed (its rows carry the errors)."""
+        return max((o.exit_code for o in self.studies), default=0)
 
 
 def pyplot():
@@ -87,59 +92,6 @@ def pyplot():
     return plt
 
 
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-@contextlib.contextmanager
-def single_threaded():
-    """One thread per process, for torch and BLAS, here and in the worker processes started
-    inside (which read the environment): the same numbers on any core count, and no
-    oversubscription (a multi-threaded BLAS on the tiny L-BFGS solves of normalized sharpness
-    runs 10–20× slower on a loaded machine)."""
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    threads = torch.get_num_threads()
-    old = {k: os.environ.get(k) for k in THREAD_VARS}
-    torch.set_num_threads(1)
-    os.environ.update({k: "1" for k in THREAD_VARS})
-    try:
-        with threadpool_limits(limits=1):
-            yield
-    finally:
-        torch.set_num_threads(threads)
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-TRAINING_COLUMNS = ["lr_effective", "steps", "epochs", "train_loss", "reached_target", "diverged", "seconds"]
-
-
-def _fmt_hp(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
-def model_name(i: int, hp: dict[str, Any]) -> str:
-    """The checkpoint stem of grid point ``i``: its index and hyperparameters."""
-    return f"{i:03d}_" + "_".join(f"{k}{_fmt_hp(v)}" for k, v in hp.items())
-
-
-def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str] | None = None) -> Path:
-    """Write ``rows`` atomically (temporary file, then rename); columns default to the first row's keys."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    cols = columns or (list(rows[0]) if rows else [])
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, path)
-    return path
-
-
 def work_seconds(folder: Path) -> tuple[float, float]:
     """Seconds of work behind a study, summed over its models: training (``training.csv``) and
     measurement (every ``<measure>_seconds`` column of ``results/results.csv``); 0 where a file is missing."""
@@ -147,19 +99,12 @@ def work_seconds(folder: Path) -> tuple[float, float]:
     def total(path: Path, cols) -> float:
         if not path.is_file():
             return 0.0
-        header, rows = read_csv(path)
+        header, rows = read_table(path)
         keep = [c for c in header if cols(c)]
         return sum(float(r[c]) for r in rows for c in keep if r.get(c) not in (None, "") and math.isfinite(float(r[c])))
 
     return (total(folder / "training.csv", lambda c: c == "seconds"),
             total(folder / "results" / "results.csv", lambda c: c.endswith("_seconds")))
-
-
-def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    """The header and the rows (as strings) of a CSV file."""
-    with open(path, newline="") as f:
-        r = csv.DictReader(f)
-        return list(r.fieldnames or []), list(r)
 
 
 def absolute_paths(flat: dict[str, Any], base_dir: Path) -> dict[str, Any]:
@@ -183,12 +128,14 @@ class Experiment:
     """The generic experiment: train every study's grid, measure, keep the converged models,
     correlate. Subclasses add steps (`prepare_checkpoints`, `analyze`, `summary_sections`)."""
 
-    def __init__(self, spec: Spec, outdir: str | Path, jobs: int = 1, log=print, plots: bool = True):
+    def __init__(self, spec: Spec, outdir: str | Path, jobs: int = 1, log=print, plots: bool = True,
+                 device: str | None = None):
         self.spec = spec
         self.outdir = Path(outdir)
         self.jobs = max(1, int(jobs))
         self.log = log
         self.plots = plots and have_matplotlib()
+        self.device = device  # overrides training.device and runtime.device of every study
 
     # ------------------------------------------------------------ the whole run
     def run(self, studies: list[str] | None = None) -> ExperimentReport:
@@ -219,9 +166,10 @@ class Experiment:
         self.prepare_checkpoints(study, sd, records)
         cfg_path = self.write_config(study, sd)
         t1 = time.perf_counter()
-        results = self.measure(study, sd, cfg_path)
+        results, code = self.measure(study, sd, cfg_path)
         t2 = time.perf_counter()
         outcome = self.analyze(study, sd, results, records)
+        outcome.exit_code = code
         outcome.seconds = {"training": t1 - t0, "sweep": t2 - t1, "analysis": time.perf_counter() - t2}
         self.log(
             f"{study.name}: {outcome.converged}/{outcome.models} models at train loss ≤ {self.spec.target_loss:g}; "
@@ -237,74 +185,52 @@ class Experiment:
             "training": study.training,
             "grid": study.grid,
             "target": self.spec.target_loss,
+            **({"device": self.device} if self.device else {}),
         }
 
-    def train(self, study: Study, sd: Path) -> list[dict[str, Any]]:
+    def tasks(self, study: Study, sd: Path) -> list[TrainTask]:
+        """One `TrainTask` per grid point: the grid's model axes are model kwargs, its training
+        axes override the recipe, ``seed`` seeds initialization, batch order and label noise."""
+        flat = absolute_paths(study.flatcli, self.spec.path.parent)
+        out = []
+        for i, hp in enumerate(study.points()):
+            recipe, noise = study.recipe(hp, self.device)
+            kwargs = {**flat["model"].get("kwargs", {}), **{k: hp[k] for k in study.model_axes}}
+            out.append(TrainTask(
+                name=model_name(hp, index=i), outdir=str(sd), model_target=flat["model"]["target"], model_kwargs=kwargs,
+                data=flat["data"], recipe=recipe, hparams=hp, criterion=self.spec.criterion, seed=int(hp["seed"]),
+                label_noise=noise, base_dir=str(self.spec.path.parent),
+            ))  # fmt: skip
+        return out
+
+    def train(self, study: Study, sd: Path) -> list[TrainRecord]:
         """Train the grid (or reuse identical earlier training); write manifest.csv and training.csv."""
         record = json.loads(json.dumps(self.study_record(study), default=str))
         stamp = sd / "study.json"
-        points = study.points()
-        names = [model_name(i, hp) for i, hp in enumerate(points)]
+        tasks = self.tasks(study, sd)
         if stamp.is_file() and (sd / "training.csv").is_file():
             try:
                 same = json.loads(stamp.read_text()) == record
             except ValueError:
                 same = False
-            if same and all((sd / "checkpoints" / f"{n}.pt").is_file() for n in names):
-                self.log(f"reusing the {len(points)} trained models in {sd} (delete {stamp.name} to retrain)")
-                return self._read_records(sd, study)
+            if same and all((sd / "checkpoints" / f"{t.name}.pt").is_file() for t in tasks):
+                self.log(f"reusing the {len(tasks)} trained models in {sd} (delete {stamp.name} to retrain)")
+                return read_training(sd / "training.csv", list(study.grid))
         sd.mkdir(parents=True, exist_ok=True)
         stamp.unlink(missing_ok=True)
-        flat = absolute_paths(study.flatcli, self.spec.path.parent)
-        tasks = [
-            {
-                "flatcli": flat, "base_dir": str(self.spec.path.parent), "outdir": str(sd), "name": n, "hp": hp,
-                "training": {**study.training, **{k: v for k, v in hp.items() if k in study.training}},
-                "model_axes": study.model_axes, "target": self.spec.target_loss,
-            }
-            for n, hp in zip(names, points, strict=True)
-        ]  # fmt: skip
         records = run_tasks(tasks, self.jobs, log=lambda m: self.log("  " + m))
-        self._write_training(sd, study, records)
+        write_manifest(sd, records, list(study.grid))
         stamp.write_text(json.dumps(record, indent=1))
         return records
 
-    def _write_training(self, sd: Path, study: Study, records: list[dict[str, Any]]) -> None:
-        keys = list(study.grid)
-        cols = ["path", "init_checkpoint"] + (["train_data"] if any("train_data" in r["row"] for r in records) else [])
-        write_csv(sd / "manifest.csv", [{**r["row"], **r["hp"]} for r in records], cols + keys)
-        rows = []
-        for r in records:
-            res = r["result"]
-            rows.append({**r["row"], **r["hp"], "lr_effective": res["lr"], "steps": res["steps"],
-                         "epochs": res["epochs"], "train_loss": res["train_loss"],
-                         "reached_target": int(res["reached_target"]), "diverged": int(res["diverged"]),
-                         "seconds": round(res["seconds"], 2)})  # fmt: skip
-        write_csv(sd / "training.csv", rows, cols + keys + TRAINING_COLUMNS)
-
-    def _read_records(self, sd: Path, study: Study) -> list[dict[str, Any]]:
-        """The records of an earlier training, from training.csv (the manifest may have grown since)."""
-        _, rows = read_csv(sd / "training.csv")
-        out = []
-        for t in rows:
-            row = {k: t[k] for k in ("path", "init_checkpoint", "train_data") if t.get(k)}
-            hp = {k: coerce_cell(t[k]) for k in study.grid}
-            res = {
-                "steps": int(t["steps"]), "epochs": int(t["epochs"]), "train_loss": float(t["train_loss"]),
-                "reached_target": t["reached_target"] == "1", "diverged": t["diverged"] == "1",
-                "seconds": float(t["seconds"]), "lr": float(t["lr_effective"]),
-            }  # fmt: skip
-            out.append({"row": row, "hp": hp, "result": res})
-        return out
-
-    def prepare_checkpoints(self, study: Study, sd: Path, records: list[dict[str, Any]]) -> None:
+    def prepare_checkpoints(self, study: Study, sd: Path, records: list[TrainRecord]) -> None:
         """A hook after training (the reparameterization experiment adds rescaled checkpoints)."""
 
     # ------------------------------------------------------------ measuring
     def flatcli_config(self, study: Study) -> dict[str, Any]:
         """The flatcli config of the study's sweep: its measures over the manifest's checkpoints."""
         flat = absolute_paths(study.flatcli, self.spec.path.parent)
-        runtime = {"device": "cpu", "seed": 0, **(flat.get("runtime") or {})}
+        runtime = {"device": "cpu", "seed": 0, **(flat.get("runtime") or {}), **({"device": self.device} if self.device else {})}
         return {
             "model": flat["model"],
             "checkpoints": {"manifest": "manifest.csv"},
@@ -321,14 +247,15 @@ class Experiment:
         cfg = self.flatcli_config(study)
         head = (
             f"# flatcli config of experiment {self.spec.name}, study {study.name} (written by "
-            f"`python -m flatcli.experiments {self.spec.name}`).\n# Measure again with: flatcli sweep -c config.yaml -o sweep\n"
+            f"`flatcli experiments run {self.spec.name}`).\n# Measure again with: flatcli sweep -c config.yaml -o sweep\n"
         )
         path = sd / "config.yaml"
         path.write_text(head + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
         return path
 
-    def measure(self, study: Study, sd: Path, cfg_path: Path) -> Path:
-        """``flatcli sweep`` (resumable) then ``flatcli collect`` → results/results.csv."""
+    def measure(self, study: Study, sd: Path, cfg_path: Path) -> tuple[Path, int]:
+        """``flatcli sweep`` (resumable) then ``flatcli collect`` → results/results.csv; returns its
+        path and the sweep's exit code (1 when a unit failed: its row carries the error)."""
         from .. import api
 
         cfg = api.load(cfg_path)
@@ -339,7 +266,7 @@ class Experiment:
         col = api.collect(sd / "sweep", sd / "results" / "results.csv")
         if col.missing:
             raise MeasurementError(f"{study.name}: {len(col.missing)} units of the sweep did not finish; rerun the command to resume")
-        return col.csv_path
+        return col.csv_path, rep.exit_code
 
     # ------------------------------------------------------------ analysis
     def keep_converged(self, results: Path) -> tuple[Path, list[dict[str, Any]], int]:
@@ -350,7 +277,7 @@ class Experiment:
         ``flatcli correlate --max-train-loss TARGET`` applies to results.csv: with that option
         the correlations are computed from results.csv directly.
         """
-        cols, rows = read_csv(results)
+        cols, rows = read_table(results)
         keep, drop = [], []
         for r in rows:
             try:
@@ -359,14 +286,14 @@ class Experiment:
                 loss = math.nan
             (keep if loss <= self.spec.target_loss else drop).append(r)
         out = results.with_name("results_converged.csv")
-        write_csv(out, keep, cols)
+        write_table(out, keep, cols)
         hp_cols = [c for c in cols if c.startswith("hp_")]
         unconv = [
             {"checkpoint": r["checkpoint"], **{c: r.get(c, "") for c in hp_cols}, "train_loss": r.get("train_loss", ""),
              "train_acc": r.get("train_acc", ""), "status": r.get("status", ""), "error": r.get("error", "")}
             for r in drop
         ]  # fmt: skip
-        write_csv(results.with_name("unconverged.csv"), unconv,
+        write_table(results.with_name("unconverged.csv"), unconv,
                   ["checkpoint", *hp_cols, "train_loss", "train_acc", "status", "error"])  # fmt: skip
         return out, unconv, len(keep)
 
@@ -384,20 +311,20 @@ class Experiment:
         """The correlation statistics on each seed's models alone (``by_seed/results_seed<S>.csv``)."""
         if len(study.grid.get("seed", [])) < 2:
             return []
-        cols, rows = read_csv(converged)
+        cols, rows = read_table(converged)
         out = []
         for s in study.grid["seed"]:
             sub = [r for r in rows if r.get("hp_seed") == str(s)]
             if len(sub) < 3:
                 continue
-            p = write_csv(converged.parent / "by_seed" / f"results_seed{s}.csv", sub, cols)
+            p = write_table(converged.parent / "by_seed" / f"results_seed{s}.csv", sub, cols)
             rep = self.correlate(p, study, None, False, target)
             for mc in rep.measures:
                 out.append({"measure": mc.measure, "seed": s, "n": mc.n, "pearson": mc.pearson, "spearman": mc.spearman,
                             "kendall_tau_b": mc.kendall_tau_b, "psi": mc.psi, "cmi": mc.cmi})  # fmt: skip
         return out
 
-    def analyze(self, study: Study, sd: Path, results: Path, records: list[dict[str, Any]]) -> StudyOutcome:
+    def analyze(self, study: Study, sd: Path, results: Path, records: list[TrainRecord]) -> StudyOutcome:
         """Keep the converged models, correlate them with the gap, and each seed's alone."""
         converged, unconv, kept = self.keep_converged(results)
         outcome = StudyOutcome(study.name, sd, models=kept + len(unconv), converged=kept, unconverged=unconv)
@@ -407,19 +334,19 @@ class Experiment:
         if kept < 3:
             self.log(f"  only {kept} converged model(s): no correlations")
             return outcome
-        outcome.correlation = self.correlate(results, study, sd / "results", self.plots, bootstrap=BOOTSTRAP)
+        outcome.correlation = self.correlate(results, study, sd / "results", self.plots, bootstrap=self.spec.bootstrap or None)
         outcome.files["correlations"] = sd / "results" / "correlations.csv"
         outcome.by_seed = self.seed_spread(study, converged)
         if outcome.by_seed:
-            outcome.files["correlations_by_seed"] = write_csv(sd / "results" / "correlations_by_seed.csv", outcome.by_seed)
+            outcome.files["correlations_by_seed"] = write_table(sd / "results" / "correlations_by_seed.csv", outcome.by_seed)
         return outcome
 
     # ------------------------------------------------------------ the summary
     def correlate_command(self, study: Study, rel: str) -> str:
         """The ``flatcli correlate`` command that reproduces the study's table from its folder."""
         by = f" --by {','.join(study.axes)}" if study.axes else ""
-        return (f"flatcli correlate {rel}/results/results.csv --max-train-loss {self.spec.target_loss:g}{by} "
-                f"--bootstrap {BOOTSTRAP} --seed 0")
+        boot = f" --bootstrap {self.spec.bootstrap} --seed 0" if self.spec.bootstrap else ""
+        return f"flatcli correlate {rel}/results/results.csv --max-train-loss {self.spec.target_loss:g}{by}{boot}"
 
     def summary(self, outcomes: list[StudyOutcome]) -> str:
         """summary.md: per study, the counts, timings, tables and the models left out."""
@@ -495,7 +422,7 @@ def correlation_table(spec: Spec, study: Study, o: StudyOutcome, stats=STATS) ->
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     if o.by_seed:
-        lines += ["[lo, hi]: 95% bootstrap interval over the models (1,000 resamples, seed 0); {min, max}: the "
+        lines += [f"[lo, hi]: 95% bootstrap interval over the models ({spec.bootstrap:,} resamples, seed 0); {{min, max}}: the "
                   "value on each seed's models alone (`correlations_by_seed.csv`).", ""]
     axes = ", ".join(study.axes) if study.axes else "none"
     lines += [f"Ψ and CMI over the axes: {axes}.", ""]

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from .pipeline import Experiment, StudyOutcome, correlation_table, fmt_stat, pyplot, read_csv
+from ..results import read_table
+from ..training import TrainRecord
+from .pipeline import Experiment, StudyOutcome, correlation_table, fmt_stat, pyplot
 from .spec import Study
 
 NOISE = "label_noise"
@@ -25,7 +26,7 @@ NOISE = "label_noise"
 class RandomLabels(Experiment):
     """Experiment 2: the generic analysis plus the correlation with the noise fraction and Fig. 1."""
 
-    def analyze(self, study: Study, sd: Path, results: Path, records: list[dict[str, Any]]) -> StudyOutcome:
+    def analyze(self, study: Study, sd: Path, results: Path, records: list[TrainRecord]) -> StudyOutcome:
         """The generic analysis, then every measure against the random-label fraction and the figure."""
         outcome = super().analyze(study, sd, results, records)
         if outcome.correlation is None or NOISE not in study.grid:
@@ -64,7 +65,7 @@ class RandomLabels(Experiment):
 def noise_means(csv_path: Path, labels: list[str]) -> tuple[list[float], dict[str, tuple[np.ndarray, np.ndarray]]]:
     """Per measure (and gen_gap): mean and std over seeds of the value rescaled to [0, 1] by its
     min and max over all rows, at each noise fraction (sorted)."""
-    _, rows = read_csv(csv_path)
+    _, rows = read_table(csv_path)
     fr = np.array([float(r[f"hp_{NOISE}"]) for r in rows])
     levels = sorted(set(fr.tolist()))
     out = {}

@@ -25,7 +25,9 @@ from typing import Any
 import torch
 
 from ..errors import MeasurementError
-from .pipeline import Experiment, StudyOutcome, absolute_paths, pyplot, read_csv, write_csv
+from ..results import read_table, write_table
+from ..training import TrainRecord
+from .pipeline import Experiment, StudyOutcome, absolute_paths, pyplot
 from .spec import Study
 
 OUTPUT_TOL = 1e-9  # relative change of the float64 output a rescaling may cause
@@ -40,7 +42,7 @@ def _fmt(v: float) -> str:
 class Reparameterization(Experiment):
     """Experiment 4: rescaled copies of every trained network, measured beside the originals."""
 
-    def prepare_checkpoints(self, study: Study, sd: Path, records: list[dict[str, Any]]) -> None:
+    def prepare_checkpoints(self, study: Study, sd: Path, records: list[TrainRecord]) -> None:
         """Add the rescaled copies of every trained network to the checkpoints and the manifest."""
         from .. import api
         from ..invariance import find_rescalable_pairs, rescale
@@ -54,15 +56,15 @@ class Reparameterization(Experiment):
         keys = list(study.grid)
         rows = []
         for b, rec in enumerate(records):
-            hp = {k: rec["hp"][k] for k in keys}
-            rows.append({**rec["row"], **hp, "base": b, "transform": "none", "scale": 1.0})
-            obj = torch.load(sd / rec["row"]["path"], map_location="cpu", weights_only=True)
+            hp = {k: rec.hparams[k] for k in keys}
+            rows.append({"path": rec.path, "init_checkpoint": rec.init_checkpoint, **hp, "base": b, "transform": "none", "scale": 1.0})
+            obj = torch.load(sd / rec.path, map_location="cpu", weights_only=True)
             model = build_model(flat["model"]["target"], obj["model_kwargs"], self.spec.path.parent)
             model.load_state_dict(obj["state_dict"])
             m64 = model.double().eval()
             pairs = find_rescalable_pairs(m64, x64, seed=rs["seed"])
             if not pairs:
-                raise MeasurementError(f"{rec['row']['path']}: no function-preserving rescaling found")
+                raise MeasurementError(f"{rec.path}: no function-preserving rescaling found")
             with torch.no_grad():
                 base_out = m64(x64)
             for t in rs["transforms"]:
@@ -72,22 +74,22 @@ class Reparameterization(Experiment):
                         change = float((r(x64) - base_out).abs().max() / base_out.abs().max())
                     if change > OUTPUT_TOL:
                         raise MeasurementError(f"rescaling {t} ×{a:g} changed the output by {change:.2g}: not function-preserving")
-                    name = Path(rec["row"]["path"]).stem + f"_{t}{a:g}"
+                    name = Path(rec.path).stem + f"_{t}{a:g}"
                     path = f"checkpoints/{name}.pt"
                     sd32 = {k: v.float() for k, v in r.state_dict().items()}
                     if not (sd / path).is_file() or not _same(sd / path, sd32):
                         torch.save({"state_dict": sd32, "model_kwargs": obj["model_kwargs"],
                                     "hparams": {**hp, "transform": t, "scale": a}}, sd / path)  # fmt: skip
                     rows.append({"path": path, "init_checkpoint": "", **hp, "base": b, "transform": t, "scale": a})
-        write_csv(sd / "manifest.csv", rows, ["path", "init_checkpoint", *keys, "base", "transform", "scale"])
+        write_table(sd / "manifest.csv", rows, ["path", "init_checkpoint", *keys, "base", "transform", "scale"])
         (sd / "rescale.json").write_text(json.dumps({**rs, "pairs": [p.producer + "->" + p.consumer for p in pairs]}))
 
-    def analyze(self, study: Study, sd: Path, results: Path, records: list[dict[str, Any]]) -> StudyOutcome:
+    def analyze(self, study: Study, sd: Path, results: Path, records: list[TrainRecord]) -> StudyOutcome:
         """The table of relative changes (no correlation: every copy has its original's gap)."""
         _, unconv, kept = self.keep_converged(results)
         outcome = StudyOutcome(study.name, sd, models=kept + len(unconv), converged=kept, unconverged=unconv)
         table = relative_changes(results)
-        outcome.files["relative_change"] = write_csv(sd / "results" / "relative_change.csv", table)
+        outcome.files["relative_change"] = write_table(sd / "results" / "relative_change.csv", table)
         outcome.extra["table"] = table
         if self.plots and table:
             fig = change_figure(table, sd / "results" / "plots" / "reparameterization.png", study.title)
@@ -136,7 +138,7 @@ def relative_changes(results: Path) -> list[dict[str, Any]]:
     if cfg_path.is_file():
         for s in load_config(cfg_path).measure_specs():
             claims[s.label] = "yes" if claims_invariance(s) else "no"
-    _, rows = read_csv(results)
+    _, rows = read_table(results)
     base_val: dict[tuple[str, str], float] = {}
     for r in rows:
         if r.get("hp_transform") == "none":

@@ -7,12 +7,15 @@ what flatcli measures on them (a flatcli config without ``checkpoints``: ``model
 ``--quick`` mode (a tiny grid, tiny models, few steps) used by the tests.
 
 Top-level keys: ``experiment`` (the name), ``title``, ``reference``, ``target_loss`` (train
-cross-entropy in eval mode every model must reach; default 0.01), ``measures``, ``model``,
-``data``, ``measure_data``, ``loss``, ``runtime``, ``measure_options`` (measure name → options
-merged into every configured entry of that measure, labels kept: the quick mode's cheap
-settings), ``training``, ``grid``, ``axes`` and ``color_by`` (defaults for every study), ``studies`` (name → study: any of the defaults'
-keys), ``quick`` (overrides merged into every study, plus ``target_loss`` and ``rescale``; a
-study's own ``quick`` is merged after it), ``paper`` (the papers' numbers printed beside ours:
+cross-entropy in eval mode every model must reach; default 0.01), ``bootstrap`` (resamples of
+the correlations' intervals; default 1000), ``measures``, ``model``, ``data``,
+``measure_data``, ``loss``, ``runtime``, ``measure_options`` (measure name → options merged
+into every configured entry of that measure, labels kept: the quick mode's cheap settings),
+``training`` (`TRAINING_DEFAULTS`' keys: the `flatcli.training.Recipe` plus ``lr`` per
+optimizer, ``lr_factor`` and ``label_noise``), ``grid``, ``axes`` and ``color_by`` (defaults
+for every study), ``studies`` (name → study: any of the defaults' keys), ``quick`` (overrides
+merged into every study, plus ``target_loss``, ``bootstrap`` and ``rescale``; a study's own
+``quick`` is merged after it), ``paper`` (the papers' numbers printed beside ours:
 ``statistic``, ``columns``, ``values: {measure label: [one value per column]}``, ``claims``)
 and ``rescale`` (the reparameterization experiment: ``transforms``, ``scales``, ``seed``).
 
@@ -32,23 +35,26 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..training import DTYPES, LossTarget, Recipe
+from ..training import OPTIMIZERS as TRAINING_OPTIMIZERS
 
 SPEC_DIR = Path(__file__).parent / "specs"
 
 FLATCLI_KEYS = ("model", "data", "measure_data", "loss", "measures", "runtime")
 TRAINING_KEYS = (
-    "optimizer", "lr", "lr_factor", "batch_size", "weight_decay", "momentum", "label_noise",
-    "max_steps", "eval_every", "device",
+    "optimizer", "lr", "lr_factor", "batch_size", "weight_decay", "l2", "momentum", "label_noise",
+    "max_steps", "eval_every", "dtype", "device",
 )  # fmt: skip
-NOT_A_GRID_AXIS = ("max_steps", "eval_every", "device")
+NOT_A_GRID_AXIS = ("max_steps", "eval_every", "dtype", "device")
 STUDY_KEYS = (*FLATCLI_KEYS, "measure_options", "training", "grid", "axes", "color_by", "title")
 TOP_KEYS = (
-    "experiment", "title", "reference", "target_loss", *STUDY_KEYS, "studies", "quick", "paper", "rescale",
+    "experiment", "title", "reference", "target_loss", "bootstrap", *STUDY_KEYS, "studies", "quick", "paper", "rescale",
 )  # fmt: skip
-QUICK_KEYS = (*STUDY_KEYS, "target_loss", "rescale")
+QUICK_KEYS = (*STUDY_KEYS, "target_loss", "bootstrap", "rescale")
 PAPER_KEYS = ("statistic", "columns", "values", "claims")
 RESCALE_KEYS = ("transforms", "scales", "seed")
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = TRAINING_OPTIMIZERS
+BOOTSTRAP = 1000  # resamples of the percentile intervals in correlations.csv (seed 0)
 WHOLE = ("grid", "measures", "data")  # replaced whole when merged
 TRAINING_DEFAULTS: dict[str, Any] = {
     "optimizer": "sgd",
@@ -56,10 +62,12 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "lr_factor": 1.0,
     "batch_size": 32,
     "weight_decay": 0.0,
+    "l2": 0.0,
     "momentum": 0.9,
     "label_noise": 0.0,
     "max_steps": 20000,
     "eval_every": None,  # None: once per epoch
+    "dtype": "float32",
     "device": "cpu",
 }
 
@@ -84,6 +92,20 @@ class Study:
         keys = list(self.grid)
         return [dict(zip(keys, vals, strict=True)) for vals in itertools.product(*self.grid.values())]
 
+    def recipe(self, hp: dict[str, Any], device: str | None = None) -> tuple[Recipe, float | None]:
+        """The training recipe of grid point ``hp`` (its training axes override ``training``) and
+        its label-noise fraction (None: the data's own labels). The learning rate is ``lr`` (or
+        ``lr[optimizer]``) × ``lr_factor``; ``device`` overrides ``training.device``."""
+        t = {**self.training, **{k: v for k, v in hp.items() if k in self.training}}
+        lr = t["lr"][t["optimizer"]] if isinstance(t["lr"], dict) else t["lr"]
+        recipe = Recipe(
+            optimizer=t["optimizer"], lr=float(lr) * float(t["lr_factor"]), momentum=float(t["momentum"]),
+            batch_size=int(t["batch_size"]), weight_decay=float(t["weight_decay"]), l2=float(t["l2"]),
+            max_steps=int(t["max_steps"]), eval_every=t["eval_every"], dtype=t["dtype"], device=device or t["device"],
+        )  # fmt: skip
+        noise = float(t["label_noise"]) if "label_noise" in hp or t["label_noise"] > 0 else None
+        return recipe, noise
+
 
 @dataclass
 class Spec:
@@ -98,6 +120,12 @@ class Spec:
     rescale: dict[str, Any] | None
     quick: bool
     path: Path
+    bootstrap: int = BOOTSTRAP  # resamples of the bootstrap intervals (0: none)
+
+    @property
+    def criterion(self) -> LossTarget:
+        """When a model counts as trained: its train cross-entropy ≤ ``target_loss`` (eval mode)."""
+        return LossTarget(self.target_loss)
 
 
 def available() -> list[str]:
@@ -196,7 +224,15 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> Spec:
         rescale=_rescale(rescale, f"{where}: rescale") if rescale is not None else None,
         quick=quick,
         path=path,
+        bootstrap=_bootstrap(quick_over.get("bootstrap", raw.get("bootstrap", BOOTSTRAP)) if quick
+                             else raw.get("bootstrap", BOOTSTRAP), where),
     )
+
+
+def _bootstrap(v: Any, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ConfigError(f"{where}: bootstrap must be an int ≥ 0 (resamples; 0: no intervals); got {v!r}")
+    return v
 
 
 def _as_list(v: Any) -> list[Any]:
@@ -331,15 +367,18 @@ def _check_training(t: dict[str, Any], where: str) -> None:
     checks = {
         "lr_factor": lambda v: _num(v) and v > 0,
         "weight_decay": lambda v: _num(v) and v >= 0,
+        "l2": lambda v: _num(v) and v >= 0,
         "momentum": lambda v: _num(v) and 0 <= v < 1,
         "label_noise": lambda v: _num(v) and 0 <= v <= 1,
         "batch_size": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
         "max_steps": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
         "eval_every": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
         "device": lambda v: isinstance(v, str) and (v in ("cpu", "cuda", "auto") or v.startswith("cuda:")),
+        "dtype": lambda v: v in DTYPES,
     }
     need = {
-        "lr_factor": "a positive number", "weight_decay": "a number ≥ 0", "momentum": "a number in [0, 1)",
+        "lr_factor": "a positive number", "weight_decay": "a number ≥ 0", "l2": "a number ≥ 0",
+        "momentum": "a number in [0, 1)", "dtype": " or ".join(DTYPES),
         "label_noise": "a fraction in [0, 1]", "batch_size": "an int ≥ 1", "max_steps": "an int ≥ 1",
         "eval_every": "an int ≥ 1 (steps) or null (once per epoch)", "device": "cpu, cuda, cuda:N or auto",
     }  # fmt: skip
