@@ -177,13 +177,12 @@ class ProductLoop:
     def back_off(self, e: BaseException) -> None:
         """One step of the out-of-memory policy (drop graphs, halve the block, halve the batch)."""
         eng = self.engine
-        if eng.drop_graphs(stop_caching=True):
-            pass  # the cached graphs were freed: retry with everything else unchanged
-        elif eng.memory.block_size > 1:
+        freed = eng.drop_graphs(stop_caching=True)  # the cached graphs go first; then the block, then the batch
+        if not freed and eng.memory.block_size > 1:
             eng.memory.block_size = eng.memory.block_size // 2
-        elif eng.batch_size > 1:
+        elif not freed and eng.batch_size > 1:
             eng.set_batch_size(eng.batch_size // 2)
-        else:
+        elif not freed:
             raise MeasurementError(
                 "out of memory for a single vector on a single sample; use a smaller model or another device"
             ) from e
