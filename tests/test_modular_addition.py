@@ -1,4 +1,4 @@
-"""Experiment 5 (modular addition): the ``modular_addition`` data source, the transformer (its
+"""Experiment 6 (modular addition): the ``modular_addition`` data source, the transformer (its
 logits, and its second derivatives through the engine against a dense float64 Hessian, attention
 included), integer token ids through training and measurement, grid axes over
 ``data.train.kwargs``, and a smoke of train → sweep → collect → correlate at the tiniest size."""

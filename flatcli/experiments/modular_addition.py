@@ -1,4 +1,4 @@
-"""Experiment 5: a small transformer on modular addition, the grokking task (Power et al. 2022).
+"""Experiment 6: a small transformer on modular addition, the grokking task (Power et al. 2022).
 
 Each model trains on its own fraction of the p² pairs (the grid axis ``train_fraction``, a key
 of ``data.train.kwargs``: the pipeline saves every model's training set and lists it in the
@@ -32,7 +32,7 @@ COMPARE_STAT = "kendall_tau_b"
 
 
 class ModularAddition(Experiment):
-    """Experiment 5: the generic analysis, paired comparisons with the best measure, the figure."""
+    """Experiment 6: the generic analysis, paired comparisons with the best measure, the figure."""
 
     def analyze(self, study: Study, sd: Path, results: Path, records: list[TrainRecord]) -> StudyOutcome:
         """The generic analysis, then the comparisons and the figure."""
