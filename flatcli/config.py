@@ -28,7 +28,7 @@ from .measures import MeasureSpec, get_measure
 from .measures._options import parse_options
 from .threads import check_threads
 
-SOURCES = ("tensors", "torchvision", "imagefolder", "digits", "synthetic", "mnist1d", "text")
+SOURCES = ("tensors", "torchvision", "imagefolder", "digits", "synthetic", "mnist1d", "text", "modular_addition")
 
 
 MODEL_SOURCES = ("python", "huggingface")
@@ -57,13 +57,13 @@ class DataSource:
     path: str | None = None  # tensors, imagefolder
     name: str | None = None  # torchvision dataset class
     root: str | None = None  # torchvision
-    kwargs: dict[str, Any] = field(default_factory=dict)  # torchvision, imagefolder; mnist1d generator parameters
+    kwargs: dict[str, Any] = field(default_factory=dict)  # torchvision, imagefolder; mnist1d, modular_addition parameters
     download: bool = False
-    split: str | None = None  # digits, mnist1d: train | test (defaults to the key it sits under)
+    split: str | None = None  # digits, mnist1d, modular_addition: train | test (defaults to the key it sits under)
     num_samples: int | None = None  # synthetic; mnist1d (both splits together)
     input_shape: list[int] | None = None  # synthetic
     num_classes: int | None = None  # synthetic
-    seed: int = 0  # synthetic, mnist1d
+    seed: int = 0  # synthetic, mnist1d, modular_addition (the split)
     # text (`flatcli.loading.text`); left out of the config's hash and results.json while unset
     tokenizer: str | None = field(default=None, metadata=_NEW)  # a save_pretrained tokenizer directory
     text_field: str | None = field(default=None, metadata=_NEW)

@@ -228,7 +228,7 @@ def _train(model, x, y, recipe: Recipe, seed: int, criterion: Criterion, on_step
     first = next(model.parameters(), None)
     home = (first.device, first.dtype) if first is not None else (torch.device("cpu"), torch.float32)
     model.to(device=dev, dtype=dt)
-    x, y = x.to(device=dev, dtype=dt), y.to(dev)
+    x, y = (x.to(device=dev, dtype=dt) if x.is_floating_point() else x.to(dev)), y.to(dev)  # token ids stay integers
     n = len(x)
     bs = min(int(recipe.batch_size or n), n)
     every = int(recipe.eval_every or math.ceil(n / bs))
@@ -293,12 +293,15 @@ def model_name(hp: dict[str, Any], index: int | None = None, prefix: str = "", s
 @dataclass(frozen=True)
 class TrainTask:
     """One model to train and save under ``outdir``: ``checkpoints/<name>.pt`` (and ``.init.pt``),
-    plus ``data/train_noise<f>_seed<s>.pt`` when ``label_noise`` is set.
+    plus its training set, ``train_data`` (a path relative to ``outdir``) or, when ``label_noise``
+    is set, ``data/train_noise<f>_seed<s>.pt``.
 
     ``data`` is a flatcli ``data`` mapping (paths relative to ``base_dir``); the model is
     ``model_target(**model_kwargs)`` built after ``torch.manual_seed(seed)``; ``seed`` also
     seeds the batch order, ``noise_seed`` (default ``seed``) the label noise; ``hparams`` are
-    recorded in the checkpoint and the manifest.
+    recorded in the checkpoint and the manifest. ``train_data`` is for a training set that is
+    the task's own (its ``data.train`` differs from the study's, e.g. a training fraction): the
+    sweep then measures the model on that file (the manifest's ``train_data`` column).
     """
 
     name: str
@@ -313,6 +316,7 @@ class TrainTask:
     noise_seed: int | None = None
     label_noise: float | None = None
     base_dir: str = "."
+    train_data: str = ""
 
 
 @dataclass(frozen=True)
@@ -327,11 +331,12 @@ class TrainRecord:
     lr: float = math.nan  # the learning rate used
 
 
-_DATA: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = {}
+_DATA: dict[str, tuple[torch.Tensor, torch.Tensor, Any, int]] = {}
 
 
-def _training_data(data: dict[str, Any], base_dir: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """(x normalized, y, x as stored, number of classes) of a ``data`` mapping, once per process."""
+def _training_data(data: dict[str, Any], base_dir: str) -> tuple[torch.Tensor, torch.Tensor, Any, int]:
+    """(x normalized, the target (``y`` or ``labels``), the training split as the source gives it (a
+    `flatcli.engine.batch.Batch`, not normalized), number of classes) of a ``data`` mapping, once per process."""
     key = json.dumps([data, base_dir], sort_keys=True, default=str)
     if key not in _DATA:
         from .config import from_dict
@@ -341,11 +346,11 @@ def _training_data(data: dict[str, Any], base_dir: str) -> tuple[torch.Tensor, t
         cfg = from_dict({"data": data, "checkpoints": []}, base_dir=base_dir, env={})
         cache = DataCache(cfg)
         train = cache.get("train")
-        x, y = train["x"], train["y"]
-        raw_x = x if not cfg.data.normalize else load_split(cfg.data.train, "train", cfg.base_dir, None)["x"]
+        x, y = train["x"], train.target
+        raw = train if not cfg.data.normalize else load_split(cfg.data.train, "train", cfg.base_dir, None)
         test = cache.get("test")
-        classes = max(int(y.max()), int(test["y"].max()) if test is not None else 0) + 1
-        _DATA[key] = (x, y, raw_x, classes)
+        classes = max(int(y.max()), int(test.target.max()) if test is not None else 0) + 1
+        _DATA[key] = (x, y, raw, classes)
     return _DATA[key]
 
 
@@ -365,10 +370,25 @@ def float_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def task_data(task: TrainTask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The task's training set: inputs (normalized as configured), labels (with the task's label
     noise) and the inputs as the data source stores them (for a noisy-label file)."""
-    x, y, raw_x, classes = _training_data(task.data, task.base_dir)
+    x, y, raw, classes = _training_data(task.data, task.base_dir)
     if task.label_noise is not None:
         y = noisy_labels(y, float(task.label_noise), _noise_seed(task), classes)
-    return x, y, raw_x
+    return x, y, raw["x"]
+
+
+def save_train_data(task: TrainTask, y: torch.Tensor) -> str:
+    """Save the task's own training set (``task.train_data``, or the noisy-label file) with the
+    labels ``y`` and the other tensors as its data source stores them; returns its path
+    relative to ``task.outdir`` ('' when the task trains on the study's training set)."""
+    if task.train_data:
+        rel = task.train_data
+    elif task.label_noise is not None:
+        rel = f"data/train_noise{task.label_noise:g}_seed{_noise_seed(task)}.pt"
+    else:
+        return ""
+    raw = _training_data(task.data, task.base_dir)[2]
+    _save({**dict(raw), raw.target_key: y}, Path(task.outdir) / rel)
+    return rel
 
 
 def _noise_seed(task: TrainTask) -> int:
@@ -385,15 +405,12 @@ def init_model(task: TrainTask) -> torch.nn.Module:
 
 def train_model(task: TrainTask) -> TrainRecord:
     """Build, train (`train_to_target`) and save one model; returns its record. Checkpoints hold
-    ``state_dict`` (float32), ``model_kwargs`` and ``hparams``; a noisy-label training set is
-    saved beside them (``x`` as the data source stores it, for the flatcli config)."""
+    ``state_dict`` (float32), ``model_kwargs`` and ``hparams``; the task's own training set
+    (noisy labels, or ``train_data``) is saved beside them (`save_train_data`)."""
     with single_threaded():
         out = Path(task.outdir)
-        x, y, raw_x = task_data(task)
-        train_data = ""
-        if task.label_noise is not None:
-            train_data = f"data/train_noise{task.label_noise:g}_seed{_noise_seed(task)}.pt"
-            _save({"x": raw_x, "y": y}, out / train_data)
+        x, y, _ = task_data(task)
+        train_data = save_train_data(task, y)
         model = init_model(task)
         rel, init = f"checkpoints/{task.name}.pt", f"checkpoints/{task.name}.init.pt"
         _save({"state_dict": float_state(model), "model_kwargs": task.model_kwargs}, out / init)

@@ -25,7 +25,8 @@ pytest.importorskip("mnist1d")
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "flatcli" / "experiments" / "specs"
-EXPERIMENTS = ["ns_regularization", "random_labels", "relative_flatness", "reparameterization", "cifar10_resnet18"]
+EXPERIMENTS = ["ns_regularization", "random_labels", "relative_flatness", "reparameterization", "cifar10_resnet18",
+               "modular_addition"]
 runner = CliRunner()
 
 

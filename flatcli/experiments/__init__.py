@@ -20,6 +20,8 @@ manifest and a flatcli config, then measure and correlate through `flatcli.api` 
   (Petzka et al. 2021, Sec. 6, Fig. 5).
 * ``reparameterization``: each measure's relative change under function-preserving layer- and
   node-wise rescalings (Dinh et al. 2017).
+* ``modular_addition``: a one-block transformer on a + b mod 59 over training fraction × weight
+  decay, every measure against the gap (Power et al. 2022's grokking task).
 * ``cifar10_resnet18``: experiments 1 and 3 for a CIFAR-10 ResNet-18 (needs CIFAR-10 on disk;
   meant for a GPU).
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .modular_addition import ModularAddition
 from .pipeline import Experiment, ExperimentReport, publish
 from .random_labels import RandomLabels
 from .reparameterization import Reparameterization
@@ -42,6 +45,7 @@ __all__ = [
 RUNNERS: dict[str, type[Experiment]] = {
     "random_labels": RandomLabels,
     "reparameterization": Reparameterization,
+    "modular_addition": ModularAddition,
 }
 
 

@@ -3,7 +3,8 @@ config, then ``flatcli sweep`` → ``collect`` → ``correlate`` through `flatcl
 
 Per study (``OUTDIR/<study>/``):
 
-* ``checkpoints/`` (final and ``.init.pt`` checkpoints), ``data/`` (noisy-label training sets),
+* ``checkpoints/`` (final and ``.init.pt`` checkpoints), ``data/`` (the training sets that are a
+  model's own: noisy labels, or a grid over ``data.train.kwargs`` such as a training fraction),
   ``manifest.csv`` (``path``, ``init_checkpoint``, ``train_data`` and one column per grid axis),
   ``training.csv`` (steps, final train loss, ``reached_target`` per model), ``config.yaml``
   (the flatcli config of the sweep), ``study.json`` (the resolved study: training is skipped
@@ -190,16 +191,23 @@ class Experiment:
 
     def tasks(self, study: Study, sd: Path) -> list[TrainTask]:
         """One `TrainTask` per grid point: the grid's model axes are model kwargs, its training
-        axes override the recipe, ``seed`` seeds initialization, batch order and label noise."""
+        axes override the recipe, its data axes ``data.train.kwargs`` (the model's own training
+        set, saved as ``data/<axes>.pt``), ``seed`` seeds initialization, batch order and label noise."""
         flat = absolute_paths(study.flatcli, self.spec.path.parent)
         out = []
         for i, hp in enumerate(study.points()):
             recipe, noise = study.recipe(hp, self.device)
             kwargs = {**flat["model"].get("kwargs", {}), **{k: hp[k] for k in study.model_axes}}
+            data, own = flat["data"], ""
+            if study.data_axes:
+                train = {**data["train"], "kwargs": {**data["train"]["kwargs"], **{k: hp[k] for k in study.data_axes}}}
+                data = {**data, "train": train}
+                named = {**{k: hp[k] for k in study.data_axes}, **({"noise": noise, "seed": hp["seed"]} if noise is not None else {})}
+                own = f"data/{model_name(named)}.pt"
             out.append(TrainTask(
                 name=model_name(hp, index=i), outdir=str(sd), model_target=flat["model"]["target"], model_kwargs=kwargs,
-                data=flat["data"], recipe=recipe, hparams=hp, criterion=self.spec.criterion, seed=int(hp["seed"]),
-                label_noise=noise, base_dir=str(self.spec.path.parent),
+                data=data, recipe=recipe, hparams=hp, criterion=self.spec.criterion, seed=int(hp["seed"]),
+                label_noise=noise, base_dir=str(self.spec.path.parent), train_data=own,
             ))  # fmt: skip
         return out
 
@@ -445,7 +453,7 @@ def publish(report: ExperimentReport, dest: str | Path) -> list[Path]:
         d.mkdir(parents=True, exist_ok=True)
         res = o.folder / "results"
         for name in ("results.csv", "results_converged.csv", "unconverged.csv", "correlations.csv",
-                     "correlations_by_seed.csv", "relative_change.csv"):  # fmt: skip
+                     "correlations_by_seed.csv", "relative_change.csv", "comparisons.csv"):  # fmt: skip
             for src in (res / name, res / "vs_noise" / name):
                 if src.is_file():
                     dst = d / (f"vs_noise_{name}" if src.parent.name == "vs_noise" else name)

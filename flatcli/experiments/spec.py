@@ -84,6 +84,7 @@ class Study:
     axes: list[str]  # the hyperparameter axes for Ψ and CMI (correlate --by)
     color_by: str | None
     model_axes: list[str] = field(default_factory=list)  # grid keys passed to the model as kwargs
+    data_axes: list[str] = field(default_factory=list)  # grid keys set in data.train.kwargs (per-model training sets)
 
     def points(self) -> list[dict[str, Any]]:
         """Every grid point, in a fixed order (the last key varies fastest)."""
@@ -270,8 +271,10 @@ def _flatcli_part(s: dict[str, Any], where: str, base_dir: Path) -> dict[str, An
     return flat
 
 
-def _grid_axis(k: str, vals: list[Any], training: dict[str, Any], model: tuple[set[str], bool, str], where: str) -> bool:
-    """Validate one grid axis; True when it is an argument of the model (passed as a model kwarg)."""
+def _grid_axis(k: str, vals: list[Any], training: dict[str, Any], model: tuple[set[str], bool, str], where: str,
+               data_keys: set[str] = frozenset()) -> bool:
+    """Validate one grid axis; True when it is an argument of the model (passed as a model kwarg).
+    A key of ``data.train.kwargs`` (``data_keys``) is valid too: a data axis, possibly also a model argument."""
     if not vals:
         raise ConfigError(f"{where}.grid.{k} must hold at least one value")
     if len(set(map(repr, vals))) != len(vals):
@@ -287,10 +290,21 @@ def _grid_axis(k: str, vals: list[Any], training: dict[str, Any], model: tuple[s
         for x in vals:
             _check_training({**training, k: x}, f"{where}.grid.{k}")
         return False
-    if k in params or var_kw:
+    if k in params or (var_kw and k not in data_keys):
         return True
-    valid = sorted({"seed", *(t for t in TRAINING_KEYS if t not in NOT_A_GRID_AXIS), *params} - {"self"})
-    raise _unknown(k, valid, f"{where}.grid (training settings, 'seed' or arguments of {target})")
+    if k in data_keys:
+        return False
+    valid = sorted({"seed", *(t for t in TRAINING_KEYS if t not in NOT_A_GRID_AXIS), *params, *data_keys} - {"self"})
+    raise _unknown(k, valid, f"{where}.grid (training settings, 'seed', keys of data.train.kwargs or arguments of {target})")
+
+
+def _data_keys(flat: dict[str, Any], where: str) -> set[str]:
+    """The keys of ``data.train.kwargs``: grid axes that give each model its own training set. A key
+    that ``data.test.kwargs`` sets too cannot vary: every model of a study shares the test set."""
+    data = flat.get("data") or {}
+    keys = set(((data.get("train") or {}).get("kwargs")) or {})
+    shared = keys & set(((data.get("test") or {}).get("kwargs")) or {})
+    return keys - shared
 
 
 def _axes(s: dict[str, Any], grid: dict[str, list[Any]], where: str) -> tuple[list[str], str | None]:
@@ -320,10 +334,12 @@ def _study(name: str, s: dict[str, Any], where: str, base_dir: Path) -> Study:
     target = flat["model"]["target"]
     model = (*_model_params(target, base_dir), target)
     grid = {str(k): _as_list(v) for k, v in grid_raw.items()}
-    model_axes = [k for k, vals in grid.items() if _grid_axis(k, vals, training, model, where)]
+    data_keys = _data_keys(flat, where)
+    model_axes = [k for k, vals in grid.items() if _grid_axis(k, vals, training, model, where, data_keys)]
+    data_axes = [k for k in grid if k in data_keys]
     grid.setdefault("seed", [0])
     axes, color_by = _axes(s, grid, where)
-    return Study(name, str(s.get("title", name)), flat, training, grid, axes, color_by, model_axes)
+    return Study(name, str(s.get("title", name)), flat, training, grid, axes, color_by, model_axes, data_axes)
 
 
 def _with_options(measures: list[Any], options: Any, where: str) -> list[Any]:

@@ -20,6 +20,15 @@ Sources (config ``data.train`` / ``data.test``):
 * ``text``: a local JSON-lines, CSV or Parquet file of texts tokenized by a local tokenizer
   directory (`flatcli.loading.text`; needs ``pip install 'flatcli[transformers]'``), giving
   ``input_ids``, ``attention_mask`` and, with ``label_field``, ``labels``.
+* ``modular_addition``: every pair (a, b) of residues mod ``kwargs.p`` (default 97) as token ids
+  ``x = (a, b, p)`` (int64, shape (N, 3); token p is ``=``) with ``labels = (a + b) mod p``
+  (Power et al. 2022), generated in memory. A permutation of the p² pairs seeded by ``seed``
+  (default 0) puts its first ``kwargs.test_fraction`` (default 0.3) in the test split and the
+  next ``kwargs.train_fraction`` (default 0.5) in the train split (round(f_test · p²) and
+  round((f_test + f_train) · p²) − round(f_test · p²) pairs), so the test split does not
+  depend on the training fraction and, for one seed, smaller training sets are subsets of
+  larger ones; ``split`` (train | test) defaults to the key it sits under; rows come in pair
+  order. The token ids stay integers everywhere (no ``data.normalize``).
 * ``mnist1d``: MNIST-1D (Greydanus 2020; ``pip install mnist1d``), generated
   procedurally and offline by ``mnist1d.data.make_dataset``: ``num_samples``
   signals in total (default 5000) of length 40 over 10 classes, ``seed``
@@ -29,7 +38,7 @@ Sources (config ``data.train`` / ``data.test``):
   own split. Deterministic, cached in-process, and the global NumPy / ``random``
   states are left as they were.
 
-Every source but ``tensors`` gives ``x`` and ``y``: ``digits`` gives x of shape (N, 64)
+Every source but ``tensors`` and ``modular_addition`` gives ``x`` and ``y``: ``digits`` gives x of shape (N, 64)
 (the 8×8 images flattened, floats in [0, 1]) and y in 0..9; ``mnist1d`` x of shape (N, 40).
 
 ``data.normalize: {mean: [...], std: [...]}`` is applied to ``x`` (or ``pixel_values``)
@@ -250,6 +259,37 @@ def mnist1d_split(split: str, num_samples: int | None = None, seed: int = 0, kwa
     return _to_tensor_pair(torch.tensor(x), torch.tensor(y), where)
 
 
+MODULAR_KWARGS = {"p": 97, "train_fraction": 0.5, "test_fraction": 0.3}
+
+
+def modular_addition_split(split: str, kwargs: dict | None = None, seed: int = 0, where: str = "data") -> Batch:
+    """The ``split`` ('train' or 'test') of a + b mod p: ``x`` (N, 3) int64 token ids (a, b, p) and
+    ``labels`` (N,) int64; ``kwargs``: ``p``, ``train_fraction``, ``test_fraction`` (`MODULAR_KWARGS`)."""
+    if split not in ("train", "test"):
+        raise ConfigError(f"{where}.split: modular_addition split must be 'train' or 'test'; got {split!r}")
+    for k in kwargs or {}:
+        if k not in MODULAR_KWARGS:
+            hint = difflib.get_close_matches(str(k), list(MODULAR_KWARGS), n=1)
+            raise ConfigError(f"{where}.kwargs: modular_addition has no parameter {k!r}."
+                              + (f" Did you mean {hint[0]!r}?" if hint else f" Valid: {', '.join(MODULAR_KWARGS)}."))
+    a = {**MODULAR_KWARGS, **(kwargs or {})}
+    p, ftr, fte = a["p"], a["train_fraction"], a["test_fraction"]
+    if isinstance(p, bool) or not isinstance(p, int) or p < 2:
+        raise ConfigError(f"{where}.kwargs.p must be an int ≥ 2; got {p!r}")
+    for k, f in (("train_fraction", ftr), ("test_fraction", fte)):
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1:
+            raise ConfigError(f"{where}.kwargs.{k} must be a fraction in (0, 1); got {f!r}")
+    n_test = round(fte * p * p)
+    n_train = round((fte + ftr) * p * p) - n_test  # rounded cumulatively: fractions summing to 1 take every pair
+    if fte + ftr > 1 + 1e-9 or min(n_test, n_train) < 1:
+        raise ConfigError(f"{where}.kwargs: train_fraction {ftr} + test_fraction {fte} of the {p * p} pairs must "
+                          "be ≤ 1 and leave each split at least one pair")
+    perm = torch.randperm(p * p, generator=torch.Generator().manual_seed(int(seed)))
+    pairs = (perm[:n_test] if split == "test" else perm[n_test : n_test + n_train]).sort().values
+    x = torch.stack([pairs // p, pairs % p, torch.full_like(pairs, p)], 1)
+    return Batch({"x": x, "labels": (x[:, 0] + x[:, 1]) % p}, where=where)
+
+
 def synthetic(num_samples: int = 512, input_shape=(64,), num_classes: int = 10, seed: int = 0):
     """Seeded Gaussian inputs of ``input_shape`` with uniform random labels (tests and smoke runs)."""
     g = torch.Generator().manual_seed(seed)
@@ -271,6 +311,10 @@ def load_split(src, key: str, base_dir: Path, normalize=None, cache_dir: Path | 
         from .text import load_text
 
         return load_text(src, where, base_dir, cache_dir)
+    if kind == "modular_addition":
+        if normalize:
+            raise ConfigError(f"{where}: modular_addition gives token ids; data.normalize does not apply")
+        return modular_addition_split(src.split or key, src.kwargs, src.seed, where)
     if kind == "tensors":
         if not src.path:
             raise ConfigError(f"{where}.path is required for source tensors")
