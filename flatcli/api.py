@@ -195,6 +195,7 @@ def measure(
         rows.append(row)
         if on_row:
             on_row(i, len(jobs), row)
+    _leave_ranks(world)
     meta = {
         "config": cfg.to_dict(),
         "config_hash": cfg.hash(),
@@ -220,6 +221,12 @@ def _join_ranks(st: Settings):
 
     world, device = dist.init_from_env(st.device)
     return (st.replace(device=device) if device != st.device else st), world
+
+
+def _leave_ranks(world) -> None:
+    from .engine import dist
+
+    dist.leave(world)
 
 
 @dataclass

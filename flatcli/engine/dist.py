@@ -14,6 +14,7 @@ A single process uses `Dist()` (rank 0 of 1), whose reductions do nothing.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import torch
 
 from ..errors import RankFailure
 
-__all__ = ["Dist", "RankFailure", "current", "env_rank", "init_from_env", "launched", "shutdown"]
+__all__ = ["Dist", "RankFailure", "current", "env_rank", "init_from_env", "launched", "leave", "shutdown"]
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 TIMEOUT_MINUTES = 30
@@ -104,6 +105,7 @@ class Dist:
 
 
 _CURRENT = Dist()
+_OWNED = False  # whether flatcli created the process group (and so must destroy it)
 
 
 def env_rank() -> int:
@@ -136,14 +138,28 @@ def init_from_env(device: torch.device) -> tuple[Dist, torch.device]:
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not torch.distributed.is_initialized():
+        global _OWNED
         torch.distributed.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=TIMEOUT_MINUTES))
+        _OWNED = True
+        # A process that ends with its group alive can abort in gloo's threads during interpreter
+        # teardown (SIGABRT, "terminate called without an active exception"), failing the launch.
+        atexit.register(shutdown)
     _CURRENT = Dist(rank=rank, world=world, local_rank=local, local_world=local_world, backend=backend)
     return _CURRENT, device
 
 
 def shutdown() -> None:
-    """Leave the process group (end of a distributed command)."""
-    global _CURRENT
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    """Leave the process group flatcli created (a group the caller created is left alone)."""
+    global _CURRENT, _OWNED
+    if _OWNED and torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    _OWNED = False
     _CURRENT = Dist()
+
+
+def leave(world: Dist) -> None:
+    """End of a distributed command: wait for every rank (their last collective is done), then
+    destroy the group if flatcli created it, so that no rank exits with gloo/nccl threads alive."""
+    if world.active:
+        world.barrier()
+        shutdown()
