@@ -172,7 +172,7 @@ class Experiment:
         outcome.exit_code = code
         outcome.seconds = {"training": t1 - t0, "sweep": t2 - t1, "analysis": time.perf_counter() - t2}
         self.log(
-            f"{study.name}: {outcome.converged}/{outcome.models} models at train loss ≤ {self.spec.target_loss:g}; "
+            f"{study.name}: {outcome.converged}/{outcome.models} models met the criterion; "
             f"training {t1 - t0:.0f}s, sweep {t2 - t1:.0f}s, analysis {outcome.seconds['analysis']:.0f}s"
         )
         return outcome
@@ -185,6 +185,7 @@ class Experiment:
             "training": study.training,
             "grid": study.grid,
             "target": self.spec.target_loss,
+            **({"criterion": self.spec.criterion.describe()} if self.spec.plateau is not None else {}),
             **({"device": self.device} if self.device else {}),
         }
 
@@ -219,7 +220,7 @@ class Experiment:
         sd.mkdir(parents=True, exist_ok=True)
         stamp.unlink(missing_ok=True)
         records = run_tasks(tasks, self.jobs, log=lambda m: self.log("  " + m))
-        write_manifest(sd, records, list(study.grid))
+        write_manifest(sd, records, list(study.grid), converged_column=self.spec.plateau is not None)
         stamp.write_text(json.dumps(record, indent=1))
         return records
 
@@ -269,22 +270,37 @@ class Experiment:
         return col.csv_path, rep.exit_code
 
     # ------------------------------------------------------------ analysis
-    def keep_converged(self, results: Path) -> tuple[Path, list[dict[str, Any]], int]:
-        """Split results.csv by flatcli's own ``train_loss`` (eval mode, the model's training labels).
+    @property
+    def converged_filter(self) -> tuple[str | None, float | None]:
+        """``(where, max_train_loss)`` of `flatcli.api.correlate` that keeps the converged models:
+        ``--max-train-loss TARGET`` (flatcli's own train loss), or with a plateau criterion
+        ``--where "hp_converged == 1"`` (the manifest's record of the training criterion)."""
+        if self.spec.plateau is not None:
+            return "hp_converged == 1", None
+        return None, self.spec.target_loss
 
-        Writes ``results_converged.csv`` (train_loss ≤ target) and ``unconverged.csv``; returns
-        (converged csv, unconverged rows, converged count). This is the filter that
-        ``flatcli correlate --max-train-loss TARGET`` applies to results.csv: with that option
-        the correlations are computed from results.csv directly.
+    def is_converged(self, row: dict[str, Any]) -> bool:
+        """Whether a results.csv row passes `converged_filter`."""
+        if self.spec.plateau is not None:
+            return str(row.get("hp_converged", "")).strip() in ("1", "1.0", "True")
+        try:
+            return float(row.get("train_loss") or "nan") <= self.spec.target_loss
+        except ValueError:
+            return False
+
+    def keep_converged(self, results: Path) -> tuple[Path, list[dict[str, Any]], int]:
+        """Split results.csv by `is_converged`: flatcli's own ``train_loss`` (eval mode, the
+        model's training labels) ≤ target, or with a plateau criterion the manifest's ``converged``.
+
+        Writes ``results_converged.csv`` and ``unconverged.csv``; returns (converged csv,
+        unconverged rows, converged count). This is the filter that ``flatcli correlate
+        --max-train-loss TARGET`` (or ``--where "hp_converged == 1"``) applies to results.csv:
+        with that option the correlations are computed from results.csv directly.
         """
         cols, rows = read_table(results)
         keep, drop = [], []
         for r in rows:
-            try:
-                loss = float(r.get("train_loss") or "nan")
-            except ValueError:
-                loss = math.nan
-            (keep if loss <= self.spec.target_loss else drop).append(r)
+            (keep if self.is_converged(r) else drop).append(r)
         out = results.with_name("results_converged.csv")
         write_table(out, keep, cols)
         hp_cols = [c for c in cols if c.startswith("hp_")]
@@ -303,8 +319,9 @@ class Experiment:
         the models above the target train loss are left out (and named) by flatcli itself."""
         from .. import api
 
-        return api.correlate(csv_path, target=target, by=study.axes or None, outdir=outdir,
-                             max_train_loss=self.spec.target_loss, bootstrap=bootstrap, seed=0,
+        where, max_loss = self.converged_filter
+        return api.correlate(csv_path, target=target, by=study.axes or None, outdir=outdir, where=where,
+                             max_train_loss=max_loss, bootstrap=bootstrap, seed=0,
                              plots=plots and outdir is not None, color_by=study.color_by if plots else None)  # fmt: skip
 
     def seed_spread(self, study: Study, converged: Path, target: str = "gen_gap") -> list[dict[str, Any]]:
@@ -330,7 +347,7 @@ class Experiment:
         outcome = StudyOutcome(study.name, sd, models=kept + len(unconv), converged=kept, unconverged=unconv)
         outcome.files.update(results=results, converged=converged, unconverged=results.with_name("unconverged.csv"))
         if unconv:
-            self.log(f"  {len(unconv)} model(s) above the target train loss, left out of the correlations (unconverged.csv)")
+            self.log(f"  {len(unconv)} model(s) did not meet the convergence criterion, left out of the correlations (unconverged.csv)")
         if kept < 3:
             self.log(f"  only {kept} converged model(s): no correlations")
             return outcome
@@ -346,7 +363,13 @@ class Experiment:
         """The ``flatcli correlate`` command that reproduces the study's table from its folder."""
         by = f" --by {','.join(study.axes)}" if study.axes else ""
         boot = f" --bootstrap {self.spec.bootstrap} --seed 0" if self.spec.bootstrap else ""
-        return f"flatcli correlate {rel}/results/results.csv --max-train-loss {self.spec.target_loss:g}{by}{boot}"
+        return f"flatcli correlate {rel}/results/results.csv {self.filter_option}{by}{boot}"
+
+    @property
+    def filter_option(self) -> str:
+        """`converged_filter` as ``flatcli correlate`` options."""
+        where, max_loss = self.converged_filter
+        return f'--where "{where}"' if where else f"--max-train-loss {max_loss:g}"
 
     def summary(self, outcomes: list[StudyOutcome]) -> str:
         """summary.md: per study, the counts, timings, tables and the models left out."""
@@ -362,8 +385,8 @@ class Experiment:
             lines += [f"## {study.title}", ""]
             train_s, measure_s = work_seconds(o.folder)
             lines.append(
-                f"{o.converged} of {o.models} models reached train cross-entropy ≤ {s.target_loss:g} (eval mode) and "
-                f"enter the correlations. Work: training {train_s:.0f} s and measurement {measure_s:.0f} s, summed "
+                f"{o.converged} of {o.models} models met the convergence criterion ({s.criterion.describe()}) and "
+                f"enter the correlations ({self.filter_option}). Work: training {train_s:.0f} s and measurement {measure_s:.0f} s, summed "
                 f"over the models (`training.csv`, the `*_seconds` columns of `results.csv`); this run's wall time: "
                 f"training {o.seconds.get('training', 0):.0f} s, sweep {o.seconds.get('sweep', 0):.0f} s, analysis "
                 f"{o.seconds.get('analysis', 0):.0f} s (a rerun reuses the trained models and finished units)."
@@ -371,10 +394,10 @@ class Experiment:
             lines.append("")
             lines += self.summary_sections(study, o)
             if o.unconverged:
-                lines += ["Left out (train loss above the target):", ""]
+                lines += ["Left out (convergence criterion not met):", ""]
                 for u in o.unconverged:
                     hp = ", ".join(f"{k[3:]}={v}" for k, v in u.items() if k.startswith("hp_"))
-                    lines.append(f"- `{u['checkpoint']}` ({hp}): train loss {u['train_loss']}")
+                    lines.append(f"- `{u['checkpoint']}` ({hp}): train loss {u['train_loss']}, train accuracy {u['train_acc']}")
                 lines.append("")
         return "\n".join(lines) + "\n"
 

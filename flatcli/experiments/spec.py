@@ -8,7 +8,11 @@ what flatcli measures on them (a flatcli config without ``checkpoints``: ``model
 
 Top-level keys: ``experiment`` (the name), ``title``, ``reference``, ``target_loss`` (train
 cross-entropy in eval mode every model must reach; default 0.01), ``bootstrap`` (resamples of
-the correlations' intervals; default 1000), ``measures``, ``model``, ``data``,
+the correlations' intervals; default 1000), ``plateau`` (optional: the `flatcli.training.Plateau`
+criterion's ``min_accuracy``, ``window`` and ``rtol``; a model then also counts as trained when it
+fits its training set with the loss on a plateau, for regularization too strong to reach
+``target_loss``; such a study's models are filtered by the manifest column ``converged``,
+``hp_converged`` in results.csv, instead of by train loss), ``measures``, ``model``, ``data``,
 ``measure_data``, ``loss``, ``runtime``, ``measure_options`` (measure name → options merged
 into every configured entry of that measure, labels kept: the quick mode's cheap settings),
 ``training`` (`TRAINING_DEFAULTS`' keys: the `flatcli.training.Recipe` plus ``lr`` per
@@ -35,7 +39,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from ..training import DTYPES, LossTarget, Recipe
+from ..training import DTYPES, LossTarget, Plateau, Recipe
 from ..training import OPTIMIZERS as TRAINING_OPTIMIZERS
 
 SPEC_DIR = Path(__file__).parent / "specs"
@@ -48,9 +52,11 @@ TRAINING_KEYS = (
 NOT_A_GRID_AXIS = ("max_steps", "eval_every", "dtype", "device")
 STUDY_KEYS = (*FLATCLI_KEYS, "measure_options", "training", "grid", "axes", "color_by", "title")
 TOP_KEYS = (
-    "experiment", "title", "reference", "target_loss", "bootstrap", *STUDY_KEYS, "studies", "quick", "paper", "rescale",
+    "experiment", "title", "reference", "target_loss", "plateau", "bootstrap", *STUDY_KEYS, "studies", "quick", "paper",
+    "rescale",
 )  # fmt: skip
-QUICK_KEYS = (*STUDY_KEYS, "target_loss", "bootstrap", "rescale")
+QUICK_KEYS = (*STUDY_KEYS, "target_loss", "plateau", "bootstrap", "rescale")
+PLATEAU_KEYS = ("min_accuracy", "window", "rtol")
 PAPER_KEYS = ("statistic", "columns", "values", "claims")
 RESCALE_KEYS = ("transforms", "scales", "seed")
 OPTIMIZERS = TRAINING_OPTIMIZERS
@@ -121,10 +127,14 @@ class Spec:
     quick: bool
     path: Path
     bootstrap: int = BOOTSTRAP  # resamples of the bootstrap intervals (0: none)
+    plateau: dict[str, Any] | None = None  # Plateau's settings; None: LossTarget
 
     @property
-    def criterion(self) -> LossTarget:
-        """When a model counts as trained: its train cross-entropy ≤ ``target_loss`` (eval mode)."""
+    def criterion(self) -> LossTarget | Plateau:
+        """When a model counts as trained: its train cross-entropy ≤ ``target_loss`` (eval mode),
+        or, with ``plateau``, that or 100% train accuracy on a plateau (`flatcli.training.Plateau`)."""
+        if self.plateau is not None:
+            return Plateau(self.target_loss, **self.plateau)
         return LossTarget(self.target_loss)
 
 
@@ -196,6 +206,10 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> Spec:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t > 0 and math.isfinite(t)):
             raise ConfigError(f"{where}: target_loss must be a positive number; got {t!r}")
     target = targets[1] if quick else targets[0]
+    plateau = [_plateau(raw.get("plateau"), target, where)]
+    if "plateau" in quick_over:
+        plateau.append(_plateau(merge(raw.get("plateau") or {}, quick_over["plateau"] or {}), target, f"{where}: quick"))
+    plateau = plateau[-1] if quick else plateau[0]
     defaults = {k: raw[k] for k in STUDY_KEYS if k in raw}
     studies_raw = _check_keys(raw.get("studies"), list(raw.get("studies") or {}), f"{where}: studies")
     if not studies_raw:
@@ -223,10 +237,25 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> Spec:
         paper=_paper(raw.get("paper"), f"{where}: paper"),
         rescale=_rescale(rescale, f"{where}: rescale") if rescale is not None else None,
         quick=quick,
+        plateau=plateau,
         path=path,
         bootstrap=_bootstrap(quick_over.get("bootstrap", raw.get("bootstrap", BOOTSTRAP)) if quick
                              else raw.get("bootstrap", BOOTSTRAP), where),
     )
+
+
+def _plateau(raw: Any, target: float, where: str) -> dict[str, Any] | None:
+    """The ``plateau`` mapping, checked by building the criterion (None when absent)."""
+    if raw is None:
+        return None
+    p = _check_keys(raw, PLATEAU_KEYS, f"{where}: plateau")
+    try:
+        Plateau(float(target), **p)
+    except TypeError as e:
+        raise ConfigError(f"{where}: plateau: {e}") from None
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return dict(p)
 
 
 def _bootstrap(v: Any, where: str) -> int:
