@@ -59,6 +59,9 @@ def small_spec(tmp_path: Path, name: str, measures: list, study: str | None = No
     opts = {k: v for k, v in raw["quick"].get("measure_options", {}).items() if k in names}
     raw["quick"] = merge(raw["quick"], {"measures": measures, "bootstrap": 0, **({} if study else quick)})
     raw["quick"]["measure_options"] = opts
+    labels = {m.label for m in parse_measures(measures)}  # the compare pairs among the measures kept
+    pairs = [p for st in (raw, *raw["studies"].values()) for p in st.get("compare", [])]
+    raw["quick"]["compare"] = [p for p in pairs if all(x in labels or x == "*" for x in p.split(","))]
     if study:
         raw["studies"][study]["quick"] = merge(raw["studies"][study].get("quick") or {}, quick)
     path = tmp_path / f"{name}.yaml"
@@ -98,7 +101,7 @@ def test_quick_measure_options_keep_labels_and_columns():
         assert _labels(a) == _labels(b)
     ns = [m for m in quick.studies[0].flatcli["measures"] if isinstance(m, dict) and "normalized_sharpness" in m]
     assert ns == [{"normalized_sharpness": {"samples": 8}}]  # the quick options merged into the default NS
-    assert quick.bootstrap == 20
+    assert quick.bootstrap == 100  # the fewest a 95% interval takes: `flatcli experiments run NAME --quick` works
 
 
 def _paper_tables(text: str) -> dict[str, dict[str, list[float]]]:
@@ -157,9 +160,27 @@ def _write_spec(tmp_path: Path, **over) -> Path:
     return p
 
 
+def test_compare_pairs_expand_and_are_checked(tmp_path):
+    """``compare``: "A,B" or [A, B] by label; "A,*" is A against every other measure, each
+    unordered pair once; a label that is not a measure of the study is a config error."""
+    st = load_spec("relative_flatness").studies[0]
+    labels = _labels(st)
+    rf = [b for a, b in st.compare if a == "relative_flatness"]
+    assert rf == [x for x in labels if x != "relative_flatness"]
+    fr = [b for a, b in st.compare if a == "fisher_rao_norm"]
+    assert fr == [x for x in labels if x not in ("relative_flatness", "fisher_rao_norm")]  # (FR, RF) is (RF, FR)
+    assert load_spec("ns_regularization").studies[0].compare[:2] == [("normalized_sharpness", "hessian_trace"),
+                                                                  ("normalized_sharpness", "frobenius_norm")]  # fmt: skip
+    p = _write_spec(tmp_path, compare=[["hessian_trace", "frobenius_norm"], "hessian_trace, path_norm"])
+    assert load_spec(p).studies[0].compare == [("hessian_trace", "frobenius_norm"), ("hessian_trace", "path_norm")]
+
+
 @pytest.mark.parametrize(
     ("over", "match"),
     [
+        ({"compare": ["normalized_sharpnes,*"]}, r"compare: 'normalized_sharpnes' is not a measure label of the study; "
+                                                  r"did you mean 'normalized_sharpness'\?"),
+        ({"compare": ["hessian_trace"]}, r"compare: each entry must name two different measures"),
         ({"studie": {}}, r"unknown key 'studie'. Did you mean 'studies'\?"),
         ({"studies.digits.grid": {"weight_decay": [0.0], "batch_sise": [32]}}, r"grid .*unknown key 'batch_sise'. Did you mean 'batch_size'\?"),
         ({"training": {"optimizer": "rmsprop"}}, r"optimizer must be one of sgd, adam, adamw; got 'rmsprop'"),
@@ -171,7 +192,8 @@ def _write_spec(tmp_path: Path, **over) -> Path:
         ({"quick": {"measure_options": {"local_entropy": {"gamma": 2.0}}}}, r"'local_entropy' is not among the configured measures"),
         ({"measures": ["hessian_trac"]}, r"studies\.\w+: Unknown measure 'hessian_trac'. Did you mean 'hessian_trace'\?"),
         ({"target_loss": 0}, r"target_loss must be a positive number; got 0"),
-        ({"quick": {"bootstrap": -1}}, r"bootstrap must be an int ≥ 0 .*; got -1"),
+        ({"quick": {"bootstrap": -1}}, r"bootstrap must be 0 \(no intervals\) or an int ≥ 100 .*; got -1"),
+        ({"quick": {"bootstrap": 20}}, r"bootstrap must be 0 \(no intervals\) or an int ≥ 100 .*; got 20"),
         ({"studies.digits.grid": {"seed": [0, 0]}}, r"grid.seed repeats a value"),
         ({"plateau": {"windw": 5}}, r"plateau: unknown key 'windw'. Did you mean 'window'\?"),
         ({"quick": {"plateau": {"rtol": 1.5}}}, r"quick: plateau rtol must be in \[0, 1\); got 1.5"),
@@ -299,7 +321,8 @@ def _check_correlations(sd: Path, labels: list[str], n_conv: int, axes: list[str
 
 def test_ns_regularization_smoke_through_the_cli(tmp_path):
     spec = small_spec(tmp_path, "ns_regularization", ["normalized_sharpness", "hessian_trace", "frobenius_norm"],
-                      grid={"l2": [0.0, 0.003, 0.01], "weight_decay": [0.0], "dropout": [0.0], "seed": [0]})  # fmt: skip
+                      grid={"l2": [0.0, 0.003, 0.01], "weight_decay": [0.0], "dropout": [0.0], "seed": [0]},
+                      bootstrap=100)  # fmt: skip
     out = tmp_path / "exp1"
     args = ["experiments", "run", str(spec), "--quick", "--study", "digits", "-o", str(out), "--no-plots"]
     res = runner.invoke(app, args)
@@ -307,6 +330,12 @@ def test_ns_regularization_smoke_through_the_cli(tmp_path):
     assert "| `normalized_sharpness` |" in res.stdout and "+0.73 | +0.92 |" in res.stdout and "quick mode" in res.stdout
     assert "[1/3] l2=0.0" in _out(res)  # progress on stderr
     assert '--where "hp_converged == 1" --by l2,weight_decay,dropout' in res.stdout  # the plateau criterion's filter
+    # normalized sharpness against every other measure, as `flatcli correlate --compare` computes it
+    cols, comp = _rows(out / "digits" / "results" / "comparisons.csv")
+    assert [(r["measure_a"], r["measure_b"], r["statistic"]) for r in comp][::3] == [
+        ("normalized_sharpness", "hessian_trace", "kendall_tau_b"), ("normalized_sharpness", "frobenius_norm", "kendall_tau_b")]
+    assert all(int(r["resamples"]) + int(r["undefined_resamples"]) == 100 for r in comp) and "zou_lo" in cols
+    assert "| `normalized_sharpness` | `hessian_trace` | 3 |" in res.stdout and "--compare A,B" in res.stdout
     (st,) = [s for s in load_spec(spec, quick=True).studies if s.name == "digits"]
     labels, conv = _check_study(out, load_spec(spec, quick=True), st)
     _check_correlations(out / "digits", labels, len(conv), ["weight_decay"])

@@ -12,8 +12,9 @@ Per study (``OUTDIR/<study>/``):
 * ``results/results.csv`` (every model), ``results_converged.csv`` (models whose train loss,
   as flatcli measured it, is ≤ the target), ``unconverged.csv`` (the others, listed),
   ``correlations.csv`` and ``plots/`` (on the converged models, Ψ over the study's axes),
-  ``by_seed/`` and ``correlations_by_seed.csv`` (the same statistics per seed: their spread is
-  the interval reported beside each value).
+  ``by_seed/`` and ``correlations_by_seed.csv`` (the same statistics on each seed's models alone;
+  the {min, max} beside Ψ and CMI in the tables), ``comparisons.csv`` (``flatcli correlate
+  --compare A,B`` for the study's ``compare`` pairs: paired bootstrap over the models).
 
 ``OUTDIR/summary.md`` holds the tables of every study with the papers' numbers beside ours.
 """
@@ -60,6 +61,7 @@ class StudyOutcome:
     unconverged: list[dict[str, Any]] = field(default_factory=list)
     correlation: Any = None  # flatcli.analysis.CorrelationReport on the converged models
     by_seed: list[dict[str, Any]] = field(default_factory=list)  # rows of correlations_by_seed.csv
+    comparisons: Any = None  # pandas DataFrame of `flatcli.analysis.compare` rows (the study's `compare` pairs)
     seconds: dict[str, float] = field(default_factory=dict)  # training, sweep, analysis
     files: dict[str, Path] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -356,7 +358,36 @@ class Experiment:
         outcome.by_seed = self.seed_spread(study, converged)
         if outcome.by_seed:
             outcome.files["correlations_by_seed"] = write_table(sd / "results" / "correlations_by_seed.csv", outcome.by_seed)
+        outcome.comparisons = self.compare(study, results, sd / "results" / "comparisons.csv")
+        if outcome.comparisons is not None:
+            outcome.files["comparisons"] = sd / "results" / "comparisons.csv"
         return outcome
+
+    def compare(self, study: Study, results: Path, out: Path, target: str = "gen_gap"):
+        """``flatcli correlate --compare A,B`` for each of the study's ``compare`` pairs on the
+        converged models (paired bootstrap, the spec's ``bootstrap`` resamples, seed 0), written to
+        ``out``; None without pairs or resamples. A pair that cannot be compared (fewer than 3
+        usable models, a constant column) is logged and skipped."""
+        import pandas as pd
+
+        from ..analysis.compare import compare_measures
+
+        if not study.compare or not self.spec.bootstrap:
+            return None
+        where, max_loss = self.converged_filter
+        frames = []
+        for a, b in study.compare:
+            try:
+                frames.append(compare_measures(results, a, b, target=target, bootstrap=self.spec.bootstrap, seed=0,
+                                               where=where, max_train_loss=max_loss))  # fmt: skip
+            except ConfigError as e:
+                self.log(f"  --compare {a},{b} skipped: {e}")
+        if not frames:
+            return None
+        df = pd.concat(frames, ignore_index=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out, index=False)
+        return df
 
     # ------------------------------------------------------------ the summary
     def correlate_command(self, study: Study, rel: str) -> str:
@@ -405,7 +436,7 @@ class Experiment:
         """The study's tables (markdown lines); experiments with their own tables override it."""
         return correlation_table(self.spec, study, o) + [
             f"Reproduce: `{self.correlate_command(study, study.name)}` (in `{self.outdir}`).", "",
-        ]  # fmt: skip
+        ] + comparison_table(o.comparisons, self.correlate_command(study, study.name))  # fmt: skip
 
 
 def fmt_stat(v: float) -> str:
@@ -452,6 +483,35 @@ def correlation_table(spec: Spec, study: Study, o: StudyOutcome, stats=STATS) ->
     return lines
 
 
+def comparison_table(df, command: str, target: str = "the gap") -> list[str]:
+    """Markdown rows of `Experiment.compare`'s table: per pair, the differences of Kendall τ-b and
+    Pearson with their 95% paired-bootstrap intervals (and Zou's for Pearson) and the verdicts."""
+    if df is None or len(df) == 0:
+        return []
+    first = df.iloc[0]
+    lines = [f"Paired comparisons of the correlations with {target} (`{command} --compare A,B`: the same "
+             f"{int(first['resamples'] + first['undefined_resamples']):,} resamples of the models for both measures, "
+             "seed 0; \"A ranks above B\" only when the 95% interval of the difference excludes 0, else \"tied\"):", "",
+             "| A | B | n | Kendall τ-b: A − B [95%] | τ-b verdict | Pearson: A − B [95%] (Zou) | Pearson verdict |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+
+    def verdict(r) -> str:
+        return "A above" if r["lo"] > 0 else "B above" if r["hi"] < 0 else r["verdict"]  # tied or undefined
+
+    for (a, b), g in df.groupby(["measure_a", "measure_b"], sort=False):
+        rows = {r["statistic"]: r for _, r in g.iterrows()}
+        k, p = rows.get("kendall_tau_b"), rows.get("pearson")
+        cells = [f"`{a}`", f"`{b}`", str(int(g["n"].iloc[0]))]
+        for r, zou in ((k, False), (p, True)):
+            if r is None:
+                cells += ["–", "–"]
+                continue
+            extra = f" ({r['zou_lo']:+.2f}, {r['zou_hi']:+.2f})" if zou and math.isfinite(r["zou_lo"]) else ""
+            cells += [f"{fmt_stat(r['difference'])} [{r['lo']:+.2f}, {r['hi']:+.2f}]{extra}", verdict(r)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def publish(report: ExperimentReport, dest: str | Path) -> list[Path]:
     """Copy the small outputs (CSV tables, summary, figures) into ``dest/<experiment>/``."""
     base = Path(dest) / report.spec.name
@@ -468,7 +528,7 @@ def publish(report: ExperimentReport, dest: str | Path) -> list[Path]:
         d.mkdir(parents=True, exist_ok=True)
         res = o.folder / "results"
         for name in ("results.csv", "results_converged.csv", "unconverged.csv", "correlations.csv",
-                     "correlations_by_seed.csv", "relative_change.csv"):  # fmt: skip
+                     "correlations_by_seed.csv", "comparisons.csv", "relative_change.csv"):  # fmt: skip
             for src in (res / name, res / "vs_noise" / name):
                 if src.is_file():
                     dst = d / (f"vs_noise_{name}" if src.parent.name == "vs_noise" else name)

@@ -16,8 +16,9 @@ fits its training set with the loss on a plateau, for regularization too strong 
 ``measure_data``, ``loss``, ``runtime``, ``measure_options`` (measure name → options merged
 into every configured entry of that measure, labels kept: the quick mode's cheap settings),
 ``training`` (`TRAINING_DEFAULTS`' keys: the `flatcli.training.Recipe` plus ``lr`` per
-optimizer, ``lr_factor`` and ``label_noise``), ``grid``, ``axes`` and ``color_by`` (defaults
-for every study), ``studies`` (name → study: any of the defaults' keys), ``quick`` (overrides
+optimizer, ``lr_factor`` and ``label_noise``), ``grid``, ``axes``, ``color_by`` and ``compare``
+(measure pairs ``"A,B"``, ``"A,*"`` for A against every other measure, whose correlations with
+the gap the summary compares by ``flatcli correlate --compare A,B``) (defaults for every study), ``studies`` (name → study: any of the defaults' keys), ``quick`` (overrides
 merged into every study, plus ``target_loss``, ``bootstrap`` and ``rescale``; a study's own
 ``quick`` is merged after it), ``paper`` (the papers' numbers printed beside ours:
 ``statistic``, ``columns``, ``values: {measure label: [one value per column]}``, ``claims``)
@@ -50,7 +51,7 @@ TRAINING_KEYS = (
     "max_steps", "eval_every", "dtype", "device",
 )  # fmt: skip
 NOT_A_GRID_AXIS = ("max_steps", "eval_every", "dtype", "device")
-STUDY_KEYS = (*FLATCLI_KEYS, "measure_options", "training", "grid", "axes", "color_by", "title")
+STUDY_KEYS = (*FLATCLI_KEYS, "measure_options", "training", "grid", "axes", "color_by", "compare", "title")
 TOP_KEYS = (
     "experiment", "title", "reference", "target_loss", "plateau", "bootstrap", *STUDY_KEYS, "studies", "quick", "paper",
     "rescale",
@@ -61,6 +62,7 @@ PAPER_KEYS = ("statistic", "columns", "values", "claims")
 RESCALE_KEYS = ("transforms", "scales", "seed")
 OPTIMIZERS = TRAINING_OPTIMIZERS
 BOOTSTRAP = 1000  # resamples of the percentile intervals in correlations.csv (seed 0)
+MIN_BOOTSTRAP = 100  # the fewest `flatcli correlate --bootstrap` takes for 95% intervals
 WHOLE = ("grid", "measures", "data")  # replaced whole when merged
 TRAINING_DEFAULTS: dict[str, Any] = {
     "optimizer": "sgd",
@@ -90,6 +92,7 @@ class Study:
     axes: list[str]  # the hyperparameter axes for Ψ and CMI (correlate --by)
     color_by: str | None
     model_axes: list[str] = field(default_factory=list)  # grid keys passed to the model as kwargs
+    compare: list[tuple[str, str]] = field(default_factory=list)  # measure pairs for `flatcli correlate --compare`
 
     def points(self) -> list[dict[str, Any]]:
         """Every grid point, in a fixed order (the last key varies fastest)."""
@@ -259,8 +262,10 @@ def _plateau(raw: Any, target: float, where: str) -> dict[str, Any] | None:
 
 
 def _bootstrap(v: Any, where: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ConfigError(f"{where}: bootstrap must be an int ≥ 0 (resamples; 0: no intervals); got {v!r}")
+    """0 (no intervals) or at least the 100 resamples `flatcli correlate` takes for a 95% interval."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or 0 < v < MIN_BOOTSTRAP:
+        raise ConfigError(f"{where}: bootstrap must be 0 (no intervals) or an int ≥ {MIN_BOOTSTRAP} (resamples: a 95% "
+                          f"percentile interval needs 5 / 0.05); got {v!r}")
     return v
 
 
@@ -352,7 +357,30 @@ def _study(name: str, s: dict[str, Any], where: str, base_dir: Path) -> Study:
     model_axes = [k for k, vals in grid.items() if _grid_axis(k, vals, training, model, where)]
     grid.setdefault("seed", [0])
     axes, color_by = _axes(s, grid, where)
-    return Study(name, str(s.get("title", name)), flat, training, grid, axes, color_by, model_axes)
+    compare = _compare(s.get("compare"), flat["measures"], f"{where}.compare")
+    return Study(name, str(s.get("title", name)), flat, training, grid, axes, color_by, model_axes, compare)
+
+
+def _compare(raw: Any, measures: list[Any], where: str) -> list[tuple[str, str]]:
+    """Measure pairs (``"A,B"`` or ``[A, B]``; ``B = "*"``: A against every other measure), by label."""
+    from ..config import parse_measures
+
+    if raw is None:
+        return []
+    labels = [m.label for m in parse_measures(measures)]
+    out: list[tuple[str, str]] = []
+    for item in _as_list(raw):
+        pair = [str(x).strip() for x in (item.split(",") if isinstance(item, str) else _as_list(item))]
+        if len(pair) != 2 or pair[0] == pair[1]:
+            raise ConfigError(f"{where}: each entry must name two different measures, 'A,B' or [A, B]; got {item!r}")
+        for lab in pair[:1] + ([] if pair[1] == "*" else pair[1:]):
+            if lab not in labels:
+                hint = difflib.get_close_matches(lab, labels, n=1)
+                raise ConfigError(f"{where}: {lab!r} is not a measure label of the study"
+                                  + (f"; did you mean {hint[0]!r}?" if hint else f" ({', '.join(labels)})"))
+        bs = [b for b in labels if b != pair[0]] if pair[1] == "*" else [pair[1]]
+        out += [(pair[0], b) for b in bs if (pair[0], b) not in out and (b, pair[0]) not in out]
+    return out
 
 
 def _with_options(measures: list[Any], options: Any, where: str) -> list[Any]:
