@@ -336,6 +336,10 @@ def test_ns_regularization_smoke_through_the_cli(tmp_path):
         ("normalized_sharpness", "hessian_trace", "kendall_tau_b"), ("normalized_sharpness", "frobenius_norm", "kendall_tau_b")]
     assert all(int(r["resamples"]) + int(r["undefined_resamples"]) == 100 for r in comp) and "zou_lo" in cols
     assert "| `normalized_sharpness` | `hessian_trace` | 3 |" in res.stdout and "--compare A,B" in res.stdout
+    assert "- differs from the paper: data: MNIST-1D" in res.stdout  # the spec's paper.setup
+    _, conv = _rows(out / "digits" / "results" / "results_converged.csv")
+    gaps = [float(r["gen_gap"]) for r in conv]
+    assert f"the 3 converged models: {min(gaps):.3f} to {max(gaps):.3f}." in res.stdout
     (st,) = [s for s in load_spec(spec, quick=True).studies if s.name == "digits"]
     labels, conv = _check_study(out, load_spec(spec, quick=True), st)
     _check_correlations(out / "digits", labels, len(conv), ["weight_decay"])

@@ -409,7 +409,9 @@ class Experiment:
                  + (f"; reference: {s.reference}" if s.reference else "") + ".", ""]  # fmt: skip
         for c in s.paper.get("claims", []):
             lines.append(f"- paper: {c}")
-        if s.paper.get("claims"):
+        for c in s.paper.get("setup", []):
+            lines.append(f"- differs from the paper: {c}")
+        if s.paper.get("claims") or s.paper.get("setup"):
             lines.append("")
         for o in outcomes:
             study = next(st for st in s.studies if st.name == o.name)
@@ -422,6 +424,10 @@ class Experiment:
                 f"training {o.seconds.get('training', 0):.0f} s, sweep {o.seconds.get('sweep', 0):.0f} s, analysis "
                 f"{o.seconds.get('analysis', 0):.0f} s (a rerun reuses the trained models and finished units)."
             )
+            gaps = gap_range(o.files.get("converged"))
+            if gaps is not None:
+                lines.append(f"Generalization gap (train accuracy − test accuracy) of the {gaps[2]} converged models: "
+                             f"{gaps[0]:.3f} to {gaps[1]:.3f}.")
             lines.append("")
             lines += self.summary_sections(study, o)
             if o.unconverged:
@@ -437,6 +443,21 @@ class Experiment:
         return correlation_table(self.spec, study, o) + [
             f"Reproduce: `{self.correlate_command(study, study.name)}` (in `{self.outdir}`).", "",
         ] + comparison_table(o.comparisons, self.correlate_command(study, study.name))  # fmt: skip
+
+
+def gap_range(path: Path | None, column: str = "gen_gap") -> tuple[float, float, int] | None:
+    """(min, max, count) of the finite ``gen_gap`` values of a results table; None without any."""
+    if path is None or not Path(path).is_file():
+        return None
+    vals = []
+    for r in read_table(path)[1]:
+        try:
+            v = float(r.get(column) or "nan")
+        except ValueError:
+            continue
+        if math.isfinite(v):
+            vals.append(v)
+    return (min(vals), max(vals), len(vals)) if vals else None
 
 
 def fmt_stat(v: float) -> str:

@@ -21,7 +21,8 @@ optimizer, ``lr_factor`` and ``label_noise``), ``grid``, ``axes``, ``color_by`` 
 the gap the summary compares by ``flatcli correlate --compare A,B``) (defaults for every study), ``studies`` (name → study: any of the defaults' keys), ``quick`` (overrides
 merged into every study, plus ``target_loss``, ``bootstrap`` and ``rescale``; a study's own
 ``quick`` is merged after it), ``paper`` (the papers' numbers printed beside ours:
-``statistic``, ``columns``, ``values: {measure label: [one value per column]}``, ``claims``)
+``statistic``, ``columns``, ``values: {measure label: [one value per column]}``, ``claims``, and
+``setup``: how our setup differs from the paper's, one line each)
 and ``rescale`` (the reparameterization experiment: ``transforms``, ``scales``, ``seed``).
 
 Merging: mappings merge key by key; ``grid``, ``measures``, ``data`` and lists are replaced whole.
@@ -58,7 +59,7 @@ TOP_KEYS = (
 )  # fmt: skip
 QUICK_KEYS = (*STUDY_KEYS, "target_loss", "plateau", "bootstrap", "rescale")
 PLATEAU_KEYS = ("min_accuracy", "window", "rtol")
-PAPER_KEYS = ("statistic", "columns", "values", "claims")
+PAPER_KEYS = ("statistic", "columns", "values", "claims", "setup")
 RESCALE_KEYS = ("transforms", "scales", "seed")
 OPTIMIZERS = TRAINING_OPTIMIZERS
 BOOTSTRAP = 1000  # resamples of the percentile intervals in correlations.csv (seed 0)
@@ -457,6 +458,7 @@ def _paper(raw: Any, where: str) -> dict[str, Any]:
         "columns": cols,
         "values": {str(k): _as_list(v) for k, v in values.items()},
         "claims": [str(c) for c in _as_list(p.get("claims", []))],
+        "setup": [str(c) for c in _as_list(p.get("setup", []))],
     }
 
 
