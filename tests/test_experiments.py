@@ -181,6 +181,7 @@ def test_compare_pairs_expand_and_are_checked(tmp_path):
         ({"compare": ["normalized_sharpnes,*"]}, r"compare: 'normalized_sharpnes' is not a measure label of the study; "
                                                   r"did you mean 'normalized_sharpness'\?"),
         ({"compare": ["hessian_trace"]}, r"compare: each entry must name two different measures"),
+        ({"subsets": {"no dropout": ""}}, r"subsets.no dropout must be a pandas query on results.csv"),
         ({"studie": {}}, r"unknown key 'studie'. Did you mean 'studies'\?"),
         ({"studies.digits.grid": {"weight_decay": [0.0], "batch_sise": [32]}}, r"grid .*unknown key 'batch_sise'. Did you mean 'batch_size'\?"),
         ({"training": {"optimizer": "rmsprop"}}, r"optimizer must be one of sgd, adam, adamw; got 'rmsprop'"),
@@ -507,13 +508,15 @@ def test_plateau_studies_are_filtered_by_the_recorded_criterion(tmp_path):
     the criterion is left out, and `flatcli correlate --where "hp_converged == 1"` does the same."""
     spec = load_spec("ns_regularization")
     assert isinstance(spec.criterion, Plateau)
-    study = Study("s", "s", {}, {}, {"l2": [0.0, 1e-3, 3e-3], "seed": [0, 1]}, ["l2"], "l2")
+    study = Study("s", "s", {}, {}, {"l2": [0.0, 1e-3, 3e-3], "seed": [0, 1, 2]}, ["l2"], "l2",
+                  compare=[("hessian_trace", "frobenius_norm")], subsets={"weak": "hp_l2 < 0.002", "none": "hp_l2 == 0"})
     rows = []
-    for seed in (0, 1):
+    for seed in (0, 1, 2):
         for i, l2 in enumerate(study.grid["l2"]):
             gap = 0.3 - 0.05 * i + 0.01 * seed
             rows.append({"checkpoint": f"m{seed}{i}.pt", "status": "ok", "error": "", "hessian_trace": 1 / gap,
-                         "hessian_trace_status": "ok", "train_loss": [0.008, 0.03, 0.2][i], "train_acc": [1.0, 1.0, 0.97][i],
+                         "hessian_trace_status": "ok", "frobenius_norm": (seed - 1) * gap, "frobenius_norm_status": "ok",
+                         "train_loss": [0.008, 0.03, 0.2][i], "train_acc": [1.0, 1.0, 0.97][i],
                          "test_acc": 1 - gap, "gen_gap": gap, "hp_l2": l2, "hp_seed": seed,
                          "hp_converged": int(i < 2)})  # fmt: skip
     res = tmp_path / "results" / "results.csv"
@@ -525,11 +528,25 @@ def test_plateau_studies_are_filtered_by_the_recorded_criterion(tmp_path):
     exp = Experiment(spec, tmp_path, log=lambda m: None)
     assert exp.converged_filter == ("hp_converged == 1", None)
     conv, unconv, kept = exp.keep_converged(res)
-    assert kept == 4 and [u["checkpoint"] for u in unconv] == ["m02.pt", "m12.pt"]
-    assert sorted(r["train_loss"] for r in _rows(conv)[1]) == ["0.008", "0.008", "0.03", "0.03"]  # plateau models kept
+    assert kept == 6 and [u["checkpoint"] for u in unconv] == ["m02.pt", "m12.pt", "m22.pt"]
+    assert sorted(r["train_loss"] for r in _rows(conv)[1]) == ["0.008"] * 3 + ["0.03"] * 3  # plateau models kept
     rep = exp.correlate(res, study, None, False)
-    assert [m.n for m in rep.measures] == [4] and rep.measures[0].kendall_tau_b == pytest.approx(-1.0)
+    trace = next(m for m in rep.measures if m.measure == "hessian_trace")
+    assert trace.n == 6 and trace.kendall_tau_b == pytest.approx(-1.0)
     assert exp.correlate_command(study, "s") == ('flatcli correlate s/results/results.csv --where "hp_converged == 1" '
                                                  "--by l2 --bootstrap 1000 --seed 0")  # fmt: skip
     res_cli = runner.invoke(app, ["correlate", str(res), "--where", "hp_converged == 1", "--by", "l2"])
-    assert res_cli.exit_code == 0 and "dropped 2 of 6 rows: m02.pt, m12.pt" in _out(res_cli)
+    assert res_cli.exit_code == 0 and "dropped 3 of 9 rows: m02.pt, m12.pt, m22.pt" in _out(res_cli)
+    # the study's compare pairs and subsets, on the same converged models
+    comp = exp.compare(study, res, tmp_path / "comparisons.csv")
+    assert list(comp["n"]) == [6, 6, 6] and comp.iloc[0]["a"] == pytest.approx(-1.0)
+    weak = exp.subset(study, res, "weak", "hp_l2 < 0.002", tmp_path / "weak")
+    assert weak["axes"] == ["l2"] and weak["where"] == "(hp_converged == 1) and (hp_l2 < 0.002)"
+    assert {m.n for m in weak["correlation"].measures} == {6} and list(weak["comparisons"]["n"]) == [6, 6, 6]
+    none = exp.subset(study, res, "none", "hp_l2 == 0", tmp_path / "none")
+    assert none["axes"] == [] and {m.n for m in none["correlation"].measures} == {3}  # l2 constant: no Ψ axis
+    assert exp.correlate_command(study, "s", "hp_l2 == 0", []) == (
+        'flatcli correlate s/results/results.csv --where "(hp_converged == 1) and (hp_l2 == 0)" --bootstrap 1000 --seed 0')
+    assert exp.subset(study, res, "few", "hp_l2 > 0.002", tmp_path / "few") is None  # no converged model left
+    lines = "\n".join(exp.subset_sections(study, StudyOutcome("s", tmp_path, 9, 6, subsets=[weak, none])))
+    assert "### Subset: weak" in lines and '--where "(hp_converged == 1) and (hp_l2 < 0.002)" --by l2 ' in lines

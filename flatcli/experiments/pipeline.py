@@ -62,6 +62,7 @@ class StudyOutcome:
     correlation: Any = None  # flatcli.analysis.CorrelationReport on the converged models
     by_seed: list[dict[str, Any]] = field(default_factory=list)  # rows of correlations_by_seed.csv
     comparisons: Any = None  # pandas DataFrame of `flatcli.analysis.compare` rows (the study's `compare` pairs)
+    subsets: list[dict[str, Any]] = field(default_factory=list)  # per subset: title, where, axes, correlation, comparisons
     seconds: dict[str, float] = field(default_factory=dict)  # training, sweep, analysis
     files: dict[str, Path] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -361,9 +362,41 @@ class Experiment:
         outcome.comparisons = self.compare(study, results, sd / "results" / "comparisons.csv")
         if outcome.comparisons is not None:
             outcome.files["comparisons"] = sd / "results" / "comparisons.csv"
+        for i, (title, expr) in enumerate(study.subsets.items(), 1):
+            sub = self.subset(study, results, title, expr, sd / "results" / f"subset{i}")
+            if sub is not None:
+                outcome.subsets.append(sub)
         return outcome
 
-    def compare(self, study: Study, results: Path, out: Path, target: str = "gen_gap"):
+    def where(self, expr: str | None = None) -> str | None:
+        """The converged filter's ``--where`` (if any) and ``expr``, joined by ``and``."""
+        base = self.converged_filter[0]
+        parts = [p for p in (base, expr) if p]
+        return parts[0] if len(parts) == 1 else " and ".join(f"({p})" for p in parts) if parts else None
+
+    def subset(self, study: Study, results: Path, title: str, expr: str, out: Path) -> dict[str, Any] | None:
+        """The converged models matching ``expr`` correlated (over the axes that still vary) and
+        compared alone, into ``out/correlations.csv`` and ``out/comparisons.csv``; None (logged)
+        when fewer than 3 models remain."""
+        from .. import api
+        from ..analysis.correlation import as_table, filter_rows
+
+        where = self.where(expr)
+        try:
+            table, _ = filter_rows(as_table(results), where=where, max_train_loss=self.converged_filter[1])
+        except ConfigError as e:
+            self.log(f"  subset {title!r} skipped: {e}")
+            return None
+        if len(table.frame) < 3:
+            self.log(f"  subset {title!r} skipped: {len(table.frame)} converged model(s)")
+            return None
+        axes = [a for a in study.axes if f"hp_{a}" in table.frame and table.frame[f"hp_{a}"].nunique() > 1]
+        rep = api.correlate(results, by=axes or None, outdir=out, where=where, max_train_loss=self.converged_filter[1],
+                            bootstrap=self.spec.bootstrap or None, seed=0)  # fmt: skip
+        comps = self.compare(study, results, out / "comparisons.csv", extra_where=expr)
+        return {"title": title, "expr": expr, "where": where, "axes": axes, "correlation": rep, "comparisons": comps, "dir": out}
+
+    def compare(self, study: Study, results: Path, out: Path, target: str = "gen_gap", extra_where: str | None = None):
         """``flatcli correlate --compare A,B`` for each of the study's ``compare`` pairs on the
         converged models (paired bootstrap, the spec's ``bootstrap`` resamples, seed 0), written to
         ``out``; None without pairs or resamples. A pair that cannot be compared (fewer than 3
@@ -374,7 +407,7 @@ class Experiment:
 
         if not study.compare or not self.spec.bootstrap:
             return None
-        where, max_loss = self.converged_filter
+        where, max_loss = self.where(extra_where), self.converged_filter[1]
         frames = []
         for a, b in study.compare:
             try:
@@ -390,17 +423,23 @@ class Experiment:
         return df
 
     # ------------------------------------------------------------ the summary
-    def correlate_command(self, study: Study, rel: str) -> str:
-        """The ``flatcli correlate`` command that reproduces the study's table from its folder."""
-        by = f" --by {','.join(study.axes)}" if study.axes else ""
+    def correlate_command(self, study: Study, rel: str, expr: str | None = None, axes: list[str] | None = None) -> str:
+        """The ``flatcli correlate`` command that reproduces the study's table (or a subset's:
+        ``expr``, ``axes``) from its folder."""
+        axes = study.axes if axes is None else axes
+        by = f" --by {','.join(axes)}" if axes else ""
         boot = f" --bootstrap {self.spec.bootstrap} --seed 0" if self.spec.bootstrap else ""
-        return f"flatcli correlate {rel}/results/results.csv {self.filter_option}{by}{boot}"
+        return f"flatcli correlate {rel}/results/results.csv {self.filter_options(expr)}{by}{boot}"
+
+    def filter_options(self, expr: str | None = None) -> str:
+        """`converged_filter` (and ``expr``) as ``flatcli correlate`` options."""
+        where, max_loss = self.where(expr), self.converged_filter[1]
+        return " ".join(([f'--where "{where}"'] if where else []) + ([f"--max-train-loss {max_loss:g}"] if max_loss is not None else []))
 
     @property
     def filter_option(self) -> str:
         """`converged_filter` as ``flatcli correlate`` options."""
-        where, max_loss = self.converged_filter
-        return f'--where "{where}"' if where else f"--max-train-loss {max_loss:g}"
+        return self.filter_options()
 
     def summary(self, outcomes: list[StudyOutcome]) -> str:
         """summary.md: per study, the counts, timings, tables and the models left out."""
@@ -433,8 +472,9 @@ class Experiment:
             if o.unconverged:
                 lines += ["Left out (convergence criterion not met):", ""]
                 for u in o.unconverged:
-                    hp = ", ".join(f"{k[3:]}={v}" for k, v in u.items() if k.startswith("hp_"))
-                    lines.append(f"- `{u['checkpoint']}` ({hp}): train loss {u['train_loss']}, train accuracy {u['train_acc']}")
+                    hp = ", ".join(f"{k[3:]}={v}" for k, v in u.items() if k.startswith("hp_") and k != "hp_converged")
+                    lines.append(f"- `{u['checkpoint']}` ({hp}): train loss {_num(u['train_loss'], '.4f')}, "
+                                 f"train accuracy {_num(u['train_acc'], '.4f')}")
                 lines.append("")
         return "\n".join(lines) + "\n"
 
@@ -442,7 +482,28 @@ class Experiment:
         """The study's tables (markdown lines); experiments with their own tables override it."""
         return correlation_table(self.spec, study, o) + [
             f"Reproduce: `{self.correlate_command(study, study.name)}` (in `{self.outdir}`).", "",
-        ] + comparison_table(o.comparisons, self.correlate_command(study, study.name))  # fmt: skip
+        ] + comparison_table(o.comparisons, self.correlate_command(study, study.name)) + self.subset_sections(study, o)  # fmt: skip
+
+    def subset_sections(self, study: Study, o: StudyOutcome) -> list[str]:
+        """Per subset of the spec: its correlation table, command and paired comparisons."""
+        lines: list[str] = []
+        for sub in o.subsets:
+            cmd = self.correlate_command(study, study.name, sub["expr"], sub["axes"])
+            part = StudyOutcome(o.name, o.folder, models=o.models, converged=o.converged, correlation=sub["correlation"])
+            lines += [f"### Subset: {sub['title']}", "",
+                      f"The converged models with `{sub['where']}`, correlated alone (Ψ over {', '.join(sub['axes']) or 'no axis'}):", ""]
+            lines += correlation_table(self.spec, Study(study.name, study.title, {}, {}, study.grid, sub["axes"], None), part)
+            lines += [f"Reproduce: `{cmd}` (in `{self.outdir}`).", ""]
+            lines += comparison_table(sub["comparisons"], cmd)
+        return lines
+
+
+def _num(cell: Any, spec: str) -> str:
+    """A table cell formatted as a number when it is one, else as it is."""
+    try:
+        return format(float(cell), spec)
+    except (TypeError, ValueError):
+        return str(cell)
 
 
 def gap_range(path: Path | None, column: str = "gen_gap") -> tuple[float, float, int] | None:

@@ -18,7 +18,9 @@ into every configured entry of that measure, labels kept: the quick mode's cheap
 ``training`` (`TRAINING_DEFAULTS`' keys: the `flatcli.training.Recipe` plus ``lr`` per
 optimizer, ``lr_factor`` and ``label_noise``), ``grid``, ``axes``, ``color_by`` and ``compare``
 (measure pairs ``"A,B"``, ``"A,*"`` for A against every other measure, whose correlations with
-the gap the summary compares by ``flatcli correlate --compare A,B``) (defaults for every study), ``studies`` (name → study: any of the defaults' keys), ``quick`` (overrides
+the gap the summary compares by ``flatcli correlate --compare A,B``) and ``subsets`` (title →
+``flatcli correlate --where`` query, e.g. ``hp_dropout == 0``: those converged models correlated
+and compared alone as well) (defaults for every study), ``studies`` (name → study: any of the defaults' keys), ``quick`` (overrides
 merged into every study, plus ``target_loss``, ``bootstrap`` and ``rescale``; a study's own
 ``quick`` is merged after it), ``paper`` (the papers' numbers printed beside ours:
 ``statistic``, ``columns``, ``values: {measure label: [one value per column]}``, ``claims``, and
@@ -52,7 +54,7 @@ TRAINING_KEYS = (
     "max_steps", "eval_every", "dtype", "device",
 )  # fmt: skip
 NOT_A_GRID_AXIS = ("max_steps", "eval_every", "dtype", "device")
-STUDY_KEYS = (*FLATCLI_KEYS, "measure_options", "training", "grid", "axes", "color_by", "compare", "title")
+STUDY_KEYS = (*FLATCLI_KEYS, "measure_options", "training", "grid", "axes", "color_by", "compare", "subsets", "title")
 TOP_KEYS = (
     "experiment", "title", "reference", "target_loss", "plateau", "bootstrap", *STUDY_KEYS, "studies", "quick", "paper",
     "rescale",
@@ -94,6 +96,7 @@ class Study:
     color_by: str | None
     model_axes: list[str] = field(default_factory=list)  # grid keys passed to the model as kwargs
     compare: list[tuple[str, str]] = field(default_factory=list)  # measure pairs for `flatcli correlate --compare`
+    subsets: dict[str, str] = field(default_factory=dict)  # title → pandas query: the models also analysed alone
 
     def points(self) -> list[dict[str, Any]]:
         """Every grid point, in a fixed order (the last key varies fastest)."""
@@ -359,7 +362,12 @@ def _study(name: str, s: dict[str, Any], where: str, base_dir: Path) -> Study:
     grid.setdefault("seed", [0])
     axes, color_by = _axes(s, grid, where)
     compare = _compare(s.get("compare"), flat["measures"], f"{where}.compare")
-    return Study(name, str(s.get("title", name)), flat, training, grid, axes, color_by, model_axes, compare)
+    subsets = _check_keys(s.get("subsets"), list(s.get("subsets") or {}), f"{where}.subsets")
+    for title, expr in subsets.items():
+        if not isinstance(expr, str) or not expr.strip():
+            raise ConfigError(f"{where}.subsets.{title} must be a pandas query on results.csv, e.g. 'hp_dropout == 0'; got {expr!r}")
+    return Study(name, str(s.get("title", name)), flat, training, grid, axes, color_by, model_axes, compare,
+                 {str(k): str(v) for k, v in subsets.items()})
 
 
 def _compare(raw: Any, measures: list[Any], where: str) -> list[tuple[str, str]]:
