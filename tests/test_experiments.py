@@ -506,7 +506,7 @@ def test_plateau_studies_are_filtered_by_the_recorded_criterion(tmp_path):
     """With a plateau criterion the manifest's ``converged`` (``hp_converged`` in results.csv), not
     the train loss, decides: a model on a plateau above the target loss is kept, one that missed
     the criterion is left out, and `flatcli correlate --where "hp_converged == 1"` does the same."""
-    spec = load_spec("ns_regularization")
+    spec = dataclasses.replace(load_spec("ns_regularization"), bootstrap=100)  # the fewest resamples: a fast test
     assert isinstance(spec.criterion, Plateau)
     study = Study("s", "s", {}, {}, {"l2": [0.0, 1e-3, 3e-3], "seed": [0, 1, 2]}, ["l2"], "l2",
                   compare=[("hessian_trace", "frobenius_norm")], subsets={"weak": "hp_l2 < 0.002", "none": "hp_l2 == 0"})
@@ -534,7 +534,7 @@ def test_plateau_studies_are_filtered_by_the_recorded_criterion(tmp_path):
     trace = next(m for m in rep.measures if m.measure == "hessian_trace")
     assert trace.n == 6 and trace.kendall_tau_b == pytest.approx(-1.0)
     assert exp.correlate_command(study, "s") == ('flatcli correlate s/results/results.csv --where "hp_converged == 1" '
-                                                 "--by l2 --bootstrap 1000 --seed 0")  # fmt: skip
+                                                 "--by l2 --bootstrap 100 --seed 0")  # fmt: skip
     res_cli = runner.invoke(app, ["correlate", str(res), "--where", "hp_converged == 1", "--by", "l2"])
     assert res_cli.exit_code == 0 and "dropped 3 of 9 rows: m02.pt, m12.pt, m22.pt" in _out(res_cli)
     # the study's compare pairs and subsets, on the same converged models
@@ -546,7 +546,7 @@ def test_plateau_studies_are_filtered_by_the_recorded_criterion(tmp_path):
     none = exp.subset(study, res, "none", "hp_l2 == 0", tmp_path / "none")
     assert none["axes"] == [] and {m.n for m in none["correlation"].measures} == {3}  # l2 constant: no Ψ axis
     assert exp.correlate_command(study, "s", "hp_l2 == 0", []) == (
-        'flatcli correlate s/results/results.csv --where "(hp_converged == 1) and (hp_l2 == 0)" --bootstrap 1000 --seed 0')
+        'flatcli correlate s/results/results.csv --where "(hp_converged == 1) and (hp_l2 == 0)" --bootstrap 100 --seed 0')
     assert exp.subset(study, res, "few", "hp_l2 > 0.002", tmp_path / "few") is None  # no converged model left
     lines = "\n".join(exp.subset_sections(study, StudyOutcome("s", tmp_path, 9, 6, subsets=[weak, none])))
     assert "### Subset: weak" in lines and '--where "(hp_converged == 1) and (hp_l2 < 0.002)" --by l2 ' in lines
