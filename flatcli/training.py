@@ -3,8 +3,9 @@
 Measures taken away from a minimum are dominated by the residual gradient, so every model is
 trained until a convergence criterion holds (`LossTarget`: the cross-entropy over the whole
 training set, evaluated in eval mode without any regularizer, ≤ 0.01, as Jiang et al. 2020
-do) or until ``max_steps``; a model that misses it is recorded (``reached_target = 0``), not
-hidden.
+do; or `Plateau`: that target, or train accuracy 100% with the loss on a plateau, for
+regularization too strong to reach it) or until ``max_steps``; a model that misses it is
+recorded (``reached_target = 0``), not hidden.
 
 A `Recipe` says how: the optimizer (``sgd`` with momentum, ``adam``, or ``adamw`` with
 decoupled weight decay, Loshchilov & Hutter 2019), learning rate, batch size, the optimizer's
@@ -149,6 +150,67 @@ class LossTarget:
     def describe(self) -> str:
         """The criterion in words."""
         return f"train cross-entropy ≤ {self.target:g} (eval mode)"
+
+
+@dataclass(frozen=True)
+class Plateau:
+    r"""Converged at the loss target, or at a plateau of a model that fits its training set: for
+    regularization too strong for the target (an l2 penalty or weight decay holds the weights,
+    hence the margins, small; the eval-mode cross-entropy levels off above it).
+
+    ``met`` holds when the latest eval-mode train cross-entropy is ≤ ``target`` (as `LossTarget`),
+    or when all of
+
+    * the latest train accuracy is ≥ ``min_accuracy`` (default 1.0: every training point fitted),
+    * there are at least ``2·window`` evaluations after the initial one, and
+    * the loss has stopped falling: with :math:`\bar L_1` the mean loss of the last ``window``
+      evaluations and :math:`\bar L_0` that of the ``window`` before them,
+      :math:`\bar L_1 \ge (1 - \text{rtol})\,\bar L_0`.
+
+    Evaluations come once per epoch by default (``Recipe.eval_every``), so ``window`` is in
+    epochs then. Comparing window means, not single values, keeps mini-batch noise from hiding
+    (or faking) a plateau.
+    """
+
+    target: float = 0.01
+    min_accuracy: float = 1.0
+    window: int = 10
+    rtol: float = 0.01
+
+    def __post_init__(self):
+        from .errors import ConfigError
+
+        if not (self.target > 0 and math.isfinite(self.target)):
+            raise ConfigError(f"plateau target must be a positive number; got {self.target!r}")
+        if not 0 < self.min_accuracy <= 1:
+            raise ConfigError(f"plateau min_accuracy must be in (0, 1]; got {self.min_accuracy!r}")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ConfigError(f"plateau window must be an int ≥ 1 (evaluations); got {self.window!r}")
+        if not 0 <= self.rtol < 1:
+            raise ConfigError(f"plateau rtol must be in [0, 1); got {self.rtol!r}")
+
+    def plateaued(self, history: Sequence[Evaluation]) -> bool:
+        """Whether the mean loss of the last ``window`` evaluations is ≥ (1 − rtol) × that of the
+        ``window`` before (the initial evaluation, before any step, never counts)."""
+        w = self.window
+        if len(history) - 1 < 2 * w:
+            return False
+        recent = sum(e.loss for e in history[-w:]) / w
+        before = sum(e.loss for e in history[-2 * w : -w]) / w
+        return recent >= (1.0 - self.rtol) * before
+
+    def met(self, history: Sequence[Evaluation]) -> bool:
+        """At the loss target, or fitting the training set on a plateau (class docstring)."""
+        last = history[-1]
+        if last.loss <= self.target:
+            return True
+        return last.accuracy >= self.min_accuracy and self.plateaued(history)
+
+    def describe(self) -> str:
+        """The criterion in words."""
+        return (f"train cross-entropy ≤ {self.target:g} (eval mode), or train accuracy ≥ {self.min_accuracy:.0%} "
+                f"with the loss on a plateau (mean of the last {self.window} evaluations ≥ {1 - self.rtol:g} × "
+                f"the mean of the {self.window} before)")
 
 
 @dataclass(frozen=True)
@@ -458,10 +520,16 @@ def run_tasks(tasks: Sequence[TrainTask], jobs: int = 1, log: Callable[[str], No
 RESULT_COLUMNS = ["lr_effective", "steps", "epochs", "train_loss", "train_acc", "reached_target", "diverged", "seconds"]
 
 
-def write_manifest(folder: str | Path, records: Sequence[TrainRecord], hp_keys: Sequence[str]) -> tuple[Path, Path]:
+def write_manifest(folder: str | Path, records: Sequence[TrainRecord], hp_keys: Sequence[str],
+                   converged_column: bool = False) -> tuple[Path, Path]:
     """Write ``folder/manifest.csv`` (the checkpoints, their initializations, noisy-label
     training sets and hyperparameters: what ``checkpoints: {manifest: manifest.csv}`` reads)
-    and ``folder/training.csv`` (the same and how training ended). Returns both paths."""
+    and ``folder/training.csv`` (the same and how training ended). Returns both paths.
+
+    ``converged_column`` adds a manifest column ``converged`` (1 when training met its criterion,
+    i.e. ``reached_target``): flatcli's results.csv then carries it as ``hp_converged``, the
+    filter ``flatcli correlate --where "hp_converged == 1"`` for a criterion that is not a train
+    loss bound (`Plateau`)."""
     from .results import write_table
 
     folder = Path(folder)
@@ -470,10 +538,11 @@ def write_manifest(folder: str | Path, records: Sequence[TrainRecord], hp_keys: 
     for r in records:
         res = r.result
         rows.append({"path": r.path, "init_checkpoint": r.init_checkpoint, "train_data": r.train_data, **r.hparams,
+                     "converged": int(res.reached_target),
                      "lr_effective": r.lr, "steps": res.steps, "epochs": res.epochs, "train_loss": res.train_loss,
                      "train_acc": res.train_acc, "reached_target": int(res.reached_target),
                      "diverged": int(res.diverged), "seconds": round(res.seconds, 2)})  # fmt: skip
-    manifest = write_table(folder / "manifest.csv", rows, files + list(hp_keys))
+    manifest = write_table(folder / "manifest.csv", rows, files + list(hp_keys) + (["converged"] if converged_column else []))
     training = write_table(folder / "training.csv", rows, files + list(hp_keys) + RESULT_COLUMNS)
     return manifest, training
 

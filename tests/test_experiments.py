@@ -6,6 +6,7 @@ smoke per experiment at the smallest size that still trains → sweeps → colle
 from __future__ import annotations
 
 import csv
+import dataclasses
 import re
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from flatcli.errors import ConfigError
 from flatcli.experiments import available, list_experiments, load_spec, publish, run_experiment
 from flatcli.experiments.pipeline import Experiment, StudyOutcome, correlation_table, work_seconds
 from flatcli.experiments.spec import Study, merge
+from flatcli.training import LossTarget, Plateau
 
 pytest.importorskip("mnist1d")
 
@@ -58,6 +60,9 @@ def small_spec(tmp_path: Path, name: str, measures: list, study: str | None = No
     opts = {k: v for k, v in raw["quick"].get("measure_options", {}).items() if k in names}
     raw["quick"] = merge(raw["quick"], {"measures": measures, "bootstrap": 0, **({} if study else quick)})
     raw["quick"]["measure_options"] = opts
+    labels = {m.label for m in parse_measures(measures)}  # the compare pairs among the measures kept
+    pairs = [p for st in (raw, *raw["studies"].values()) for p in st.get("compare", [])]
+    raw["quick"]["compare"] = [p for p in pairs if all(x in labels or x == "*" for x in p.split(","))]
     if study:
         raw["studies"][study]["quick"] = merge(raw["studies"][study].get("quick") or {}, quick)
     path = tmp_path / f"{name}.yaml"
@@ -82,8 +87,13 @@ def test_specs_load_and_follow_the_rules(name, quick):
         assert _labels(st)
         if not quick and name in ("ns_regularization", "relative_flatness"):
             assert len(st.points()) >= 24 and len(st.grid["seed"]) >= 2
-        if not quick and name == "ns_regularization":
-            assert max(st.grid["weight_decay"]) <= 5e-4  # the target stays reachable
+        if not quick and name == "ns_regularization":  # Tsuzuku's regularizers, each at ≥ 2 strengths besides 0
+            assert st.axes == ["l2", "weight_decay", "dropout"] and st.training["optimizer"] == "adamw"
+            assert all(len(st.grid[a]) >= 3 and st.grid[a][0] == 0 for a in st.axes) and st.model_axes == ["dropout"]
+    if not quick and name == "ns_regularization":
+        assert spec.criterion == Plateau(0.01, min_accuracy=1.0, window=10, rtol=0.01)
+    elif not quick:
+        assert spec.criterion == LossTarget(0.01)
 
 
 def test_quick_measure_options_keep_labels_and_columns():
@@ -92,7 +102,7 @@ def test_quick_measure_options_keep_labels_and_columns():
         assert _labels(a) == _labels(b)
     ns = [m for m in quick.studies[0].flatcli["measures"] if isinstance(m, dict) and "normalized_sharpness" in m]
     assert ns == [{"normalized_sharpness": {"samples": 8}}]  # the quick options merged into the default NS
-    assert quick.bootstrap == 20
+    assert quick.bootstrap == 100  # the fewest a 95% interval takes: `flatcli experiments run NAME --quick` works
 
 
 def _paper_tables(text: str) -> dict[str, dict[str, list[float]]]:
@@ -122,7 +132,8 @@ def test_exp1_paper_values_match_tsuzuku_tables_1_and_2():
     tables = _paper_tables(excerpt)
     rows = {"normalized_sharpness": "Normalized sharpness", "hessian_trace": "Trace of Hessian", "frobenius_norm": "Frobenius norm"}
     paper = load_spec("ns_regularization").paper
-    assert paper["columns"] == ["MNIST MLP", "CIFAR-10 MLP"] and paper["statistic"] == "pearson"
+    assert paper["columns"] == ["MNIST MLP", "CIFAR-10 MLP"]
+    assert paper["statistic"] == "correlation coefficient" and "Correlation coefficients" in excerpt  # not named Pearson
     assert set(paper["values"]) == set(rows)
     for label, row in rows.items():
         assert paper["values"][label] == [tables["MNIST"][row]["MLP"], tables["CIFAR10"][row]["MLP"]], label
@@ -150,9 +161,28 @@ def _write_spec(tmp_path: Path, **over) -> Path:
     return p
 
 
+def test_compare_pairs_expand_and_are_checked(tmp_path):
+    """``compare``: "A,B" or [A, B] by label; "A,*" is A against every other measure, each
+    unordered pair once; a label that is not a measure of the study is a config error."""
+    st = load_spec("relative_flatness").studies[0]
+    labels = _labels(st)
+    rf = [b for a, b in st.compare if a == "relative_flatness"]
+    assert rf == [x for x in labels if x != "relative_flatness"]
+    fr = [b for a, b in st.compare if a == "fisher_rao_norm"]
+    assert fr == [x for x in labels if x not in ("relative_flatness", "fisher_rao_norm")]  # (FR, RF) is (RF, FR)
+    assert load_spec("ns_regularization").studies[0].compare[:2] == [("normalized_sharpness", "hessian_trace"),
+                                                                  ("normalized_sharpness", "frobenius_norm")]  # fmt: skip
+    p = _write_spec(tmp_path, compare=[["hessian_trace", "frobenius_norm"], "hessian_trace, path_norm"])
+    assert load_spec(p).studies[0].compare == [("hessian_trace", "frobenius_norm"), ("hessian_trace", "path_norm")]
+
+
 @pytest.mark.parametrize(
     ("over", "match"),
     [
+        ({"compare": ["normalized_sharpnes,*"]}, r"compare: 'normalized_sharpnes' is not a measure label of the study; "
+                                                  r"did you mean 'normalized_sharpness'\?"),
+        ({"compare": ["hessian_trace"]}, r"compare: each entry must name two different measures"),
+        ({"subsets": {"no dropout": ""}}, r"subsets.no dropout must be a pandas query on results.csv"),
         ({"studie": {}}, r"unknown key 'studie'. Did you mean 'studies'\?"),
         ({"studies.digits.grid": {"weight_decay": [0.0], "batch_sise": [32]}}, r"grid .*unknown key 'batch_sise'. Did you mean 'batch_size'\?"),
         ({"training": {"optimizer": "rmsprop"}}, r"optimizer must be one of sgd, adam, adamw; got 'rmsprop'"),
@@ -164,8 +194,12 @@ def _write_spec(tmp_path: Path, **over) -> Path:
         ({"quick": {"measure_options": {"local_entropy": {"gamma": 2.0}}}}, r"'local_entropy' is not among the configured measures"),
         ({"measures": ["hessian_trac"]}, r"studies\.\w+: Unknown measure 'hessian_trac'. Did you mean 'hessian_trace'\?"),
         ({"target_loss": 0}, r"target_loss must be a positive number; got 0"),
-        ({"quick": {"bootstrap": -1}}, r"bootstrap must be an int ≥ 0 .*; got -1"),
+        ({"quick": {"bootstrap": -1}}, r"bootstrap must be 0 \(no intervals\) or an int ≥ 100 .*; got -1"),
+        ({"quick": {"bootstrap": 20}}, r"bootstrap must be 0 \(no intervals\) or an int ≥ 100 .*; got 20"),
         ({"studies.digits.grid": {"seed": [0, 0]}}, r"grid.seed repeats a value"),
+        ({"plateau": {"windw": 5}}, r"plateau: unknown key 'windw'. Did you mean 'window'\?"),
+        ({"quick": {"plateau": {"rtol": 1.5}}}, r"quick: plateau rtol must be in \[0, 1\); got 1.5"),
+        ({"plateau": {"window": 2.5}}, r"plateau window must be an int ≥ 1 \(evaluations\); got 2.5"),
     ],
 )
 def test_bad_specs_are_one_line_config_errors(tmp_path, over, match):
@@ -206,7 +240,7 @@ def test_experiments_list_and_the_module_alias(capsys):
     for info in list_experiments():
         assert info.name in res.stdout
     exp1 = next(e for e in list_experiments() if e.name == "ns_regularization")
-    assert exp1.studies == (("mnist1d", 24), ("digits", 24)) and "Tsuzuku" in exp1.reference
+    assert exp1.studies == (("mnist1d", 54), ("digits", 54)) and "Tsuzuku" in exp1.reference
     from flatcli.experiments.__main__ import main
 
     with pytest.raises(SystemExit) as e:
@@ -233,8 +267,8 @@ def test_experiments_run_usage_and_config_errors_exit_2(tmp_path, args, message)
 
 def test_a_failed_measurement_exits_1(tmp_path):
     """Models that diverge have NaN weights: their sweep units fail, the experiment exits 1."""
-    spec = small_spec(tmp_path, "ns_regularization", ["frobenius_norm"], grid={"weight_decay": [0.0],
-                      "batch_size": [64], "lr": [1.0e6], "seed": [0, 1, 2]})  # fmt: skip
+    spec = small_spec(tmp_path, "ns_regularization", ["frobenius_norm"], grid={"optimizer": ["sgd"], "lr": [1.0e6], "l2": [0.0], "weight_decay": [0.0], "dropout": [0.0],
+                      "seed": [0, 1, 2]})  # fmt: skip
     res = runner.invoke(app, ["experiments", "run", str(spec), "--quick", "--study", "digits", "-o", str(tmp_path / "o"), "--no-plots"])
     assert res.exit_code == 1, _out(res)
     _, train = _rows(tmp_path / "o" / "digits" / "training.csv")
@@ -267,8 +301,15 @@ def _check_study(out: Path, spec, study, *, converged_min: int = 3) -> tuple[lis
     _, conv = _rows(sd / "results" / "results_converged.csv")
     _, unconv = _rows(sd / "results" / "unconverged.csv")
     assert len(conv) + len(unconv) == len(rows) and len(conv) >= converged_min
-    assert all(float(r["train_loss"]) <= spec.target_loss for r in conv)
-    assert all(float(r["train_loss"]) > spec.target_loss for r in unconv)
+    if spec.plateau is None:
+        assert all(float(r["train_loss"]) <= spec.target_loss for r in conv)
+        assert all(float(r["train_loss"]) > spec.target_loss for r in unconv)
+    else:  # the training's criterion, recorded in the manifest, decides
+        met = {t["path"]: t["reached_target"] for t in train}
+        assert all(met[r["checkpoint"]] == r["hp_converged"] == "1" for r in conv)
+        assert all(met[r["checkpoint"]] == r["hp_converged"] == "0" for r in unconv)
+        acc = spec.criterion.min_accuracy
+        assert all(float(r["train_loss"]) <= spec.target_loss or float(r["train_acc"]) >= acc for r in conv)
     return labels, conv
 
 
@@ -282,13 +323,25 @@ def _check_correlations(sd: Path, labels: list[str], n_conv: int, axes: list[str
 
 def test_ns_regularization_smoke_through_the_cli(tmp_path):
     spec = small_spec(tmp_path, "ns_regularization", ["normalized_sharpness", "hessian_trace", "frobenius_norm"],
-                      grid={"weight_decay": [0.0, 5.0e-4, 1.0e-3], "batch_size": [64], "lr": [0.05], "seed": [0]})  # fmt: skip
+                      grid={"l2": [0.0, 0.003, 0.01], "weight_decay": [0.0], "dropout": [0.0], "seed": [0]},
+                      bootstrap=100)  # fmt: skip
     out = tmp_path / "exp1"
     args = ["experiments", "run", str(spec), "--quick", "--study", "digits", "-o", str(out), "--no-plots"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, _out(res)
     assert "| `normalized_sharpness` |" in res.stdout and "+0.73 | +0.92 |" in res.stdout and "quick mode" in res.stdout
-    assert "[1/3] weight_decay=0.0" in _out(res)  # progress on stderr
+    assert "[1/3] l2=0.0" in _out(res)  # progress on stderr
+    assert '--where "hp_converged == 1" --by l2,weight_decay,dropout' in res.stdout  # the plateau criterion's filter
+    # normalized sharpness against every other measure, as `flatcli correlate --compare` computes it
+    cols, comp = _rows(out / "digits" / "results" / "comparisons.csv")
+    assert [(r["measure_a"], r["measure_b"], r["statistic"]) for r in comp][::3] == [
+        ("normalized_sharpness", "hessian_trace", "kendall_tau_b"), ("normalized_sharpness", "frobenius_norm", "kendall_tau_b")]
+    assert all(int(r["resamples"]) + int(r["undefined_resamples"]) == 100 for r in comp) and "zou_lo" in cols
+    assert "| `normalized_sharpness` | `hessian_trace` | 3 |" in res.stdout and "--compare A,B" in res.stdout
+    assert "- differs from the paper: data: MNIST-1D" in res.stdout  # the spec's paper.setup
+    _, conv = _rows(out / "digits" / "results" / "results_converged.csv")
+    gaps = [float(r["gen_gap"]) for r in conv]
+    assert f"the 3 converged models: {min(gaps):.3f} to {max(gaps):.3f}." in res.stdout
     (st,) = [s for s in load_spec(spec, quick=True).studies if s.name == "digits"]
     labels, conv = _check_study(out, load_spec(spec, quick=True), st)
     _check_correlations(out / "digits", labels, len(conv), ["weight_decay"])
@@ -407,7 +460,7 @@ def test_publish_copies_the_small_outputs(exp2, tmp_path):
 # ------------------------------------------------------------------ the analysis on a synthetic table
 def test_converged_filter_seed_spread_and_table(tmp_path):
     """keep_converged splits results.csv by train_loss; each seed's models are correlated alone."""
-    spec = load_spec("ns_regularization")
+    spec = dataclasses.replace(load_spec("ns_regularization"), plateau=None)  # a LossTarget criterion
     study = Study("s", "s", {}, {}, {"weight_decay": [0.0, 1e-4, 2e-4, 3e-4], "seed": [0, 1]}, ["weight_decay"], "weight_decay")
     rows = []
     for seed in (0, 1):
@@ -448,3 +501,53 @@ def test_converged_filter_seed_spread_and_table(tmp_path):
     table = "\n".join(correlation_table(spec, study, StudyOutcome("s", tmp_path, models=8, converged=7, correlation=rep, by_seed=spread)))
     assert f"[{iv.lo:+.2f}, {iv.hi:+.2f}]" in table and iv.lo < iv.hi
     assert exp.correlate_command(study, "s").endswith("--by weight_decay --bootstrap 1000 --seed 0")
+
+
+def test_plateau_studies_are_filtered_by_the_recorded_criterion(tmp_path):
+    """With a plateau criterion the manifest's ``converged`` (``hp_converged`` in results.csv), not
+    the train loss, decides: a model on a plateau above the target loss is kept, one that missed
+    the criterion is left out, and `flatcli correlate --where "hp_converged == 1"` does the same."""
+    spec = dataclasses.replace(load_spec("ns_regularization"), bootstrap=100)  # the fewest resamples: a fast test
+    assert isinstance(spec.criterion, Plateau)
+    study = Study("s", "s", {}, {}, {"l2": [0.0, 1e-3, 3e-3], "seed": [0, 1, 2]}, ["l2"], "l2",
+                  compare=[("hessian_trace", "frobenius_norm")], subsets={"weak": "hp_l2 < 0.002", "none": "hp_l2 == 0"})
+    rows = []
+    for seed in (0, 1, 2):
+        for i, l2 in enumerate(study.grid["l2"]):
+            gap = 0.3 - 0.05 * i + 0.01 * seed
+            rows.append({"checkpoint": f"m{seed}{i}.pt", "status": "ok", "error": "", "hessian_trace": 1 / gap,
+                         "hessian_trace_status": "ok", "frobenius_norm": (seed - 1) * gap, "frobenius_norm_status": "ok",
+                         "train_loss": [0.008, 0.03, 0.2][i], "train_acc": [1.0, 1.0, 0.97][i],
+                         "test_acc": 1 - gap, "gen_gap": gap, "hp_l2": l2, "hp_seed": seed,
+                         "hp_converged": int(i < 2)})  # fmt: skip
+    res = tmp_path / "results" / "results.csv"
+    res.parent.mkdir()
+    with open(res, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    exp = Experiment(spec, tmp_path, log=lambda m: None)
+    assert exp.converged_filter == ("hp_converged == 1", None)
+    conv, unconv, kept = exp.keep_converged(res)
+    assert kept == 6 and [u["checkpoint"] for u in unconv] == ["m02.pt", "m12.pt", "m22.pt"]
+    assert sorted(r["train_loss"] for r in _rows(conv)[1]) == ["0.008"] * 3 + ["0.03"] * 3  # plateau models kept
+    rep = exp.correlate(res, study, None, False)
+    trace = next(m for m in rep.measures if m.measure == "hessian_trace")
+    assert trace.n == 6 and trace.kendall_tau_b == pytest.approx(-1.0)
+    assert exp.correlate_command(study, "s") == ('flatcli correlate s/results/results.csv --where "hp_converged == 1" '
+                                                 "--by l2 --bootstrap 100 --seed 0")  # fmt: skip
+    res_cli = runner.invoke(app, ["correlate", str(res), "--where", "hp_converged == 1", "--by", "l2"])
+    assert res_cli.exit_code == 0 and "dropped 3 of 9 rows: m02.pt, m12.pt, m22.pt" in _out(res_cli)
+    # the study's compare pairs and subsets, on the same converged models
+    comp = exp.compare(study, res, tmp_path / "comparisons.csv")
+    assert list(comp["n"]) == [6, 6, 6] and comp.iloc[0]["a"] == pytest.approx(-1.0)
+    weak = exp.subset(study, res, "weak", "hp_l2 < 0.002", tmp_path / "weak")
+    assert weak["axes"] == ["l2"] and weak["where"] == "(hp_converged == 1) and (hp_l2 < 0.002)"
+    assert {m.n for m in weak["correlation"].measures} == {6} and list(weak["comparisons"]["n"]) == [6, 6, 6]
+    none = exp.subset(study, res, "none", "hp_l2 == 0", tmp_path / "none")
+    assert none["axes"] == [] and {m.n for m in none["correlation"].measures} == {3}  # l2 constant: no Ψ axis
+    assert exp.correlate_command(study, "s", "hp_l2 == 0", []) == (
+        'flatcli correlate s/results/results.csv --where "(hp_converged == 1) and (hp_l2 == 0)" --bootstrap 100 --seed 0')
+    assert exp.subset(study, res, "few", "hp_l2 > 0.002", tmp_path / "few") is None  # no converged model left
+    lines = "\n".join(exp.subset_sections(study, StudyOutcome("s", tmp_path, 9, 6, subsets=[weak, none])))
+    assert "### Subset: weak" in lines and '--where "(hp_converged == 1) and (hp_l2 < 0.002)" --by l2 ' in lines

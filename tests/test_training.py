@@ -12,6 +12,7 @@ import torch
 from flatcli.training import (
     Evaluation,
     LossTarget,
+    Plateau,
     Recipe,
     TrainTask,
     _optimizer,
@@ -91,6 +92,59 @@ def test_a_criterion_object_decides_when_training_stops():
     assert r.reached_target and r.train_acc >= 0.9 and r.train_loss > 0.05
     assert seen[-1][-2].accuracy < 0.9 and [e.step for e in seen[-1]] == list(range(0, r.steps + 1, 4))
     assert LossTarget(0.5).met([Evaluation(0, 0.5, 0.0)]) and not LossTarget(0.5).met([Evaluation(0, 0.51, 1.0)])
+
+
+def _history(losses, accuracy=1.0):
+    """Evaluations 0..len-1 (the first is the initial one, before any step)."""
+    return [Evaluation(i, float(v), accuracy) for i, v in enumerate(losses)]
+
+
+def test_plateau_criterion_on_histories():
+    """Plateau(window 5, rtol 1%): the target alone suffices; otherwise 100% train accuracy, at
+    least 2 windows after the initial evaluation, and window means that fell by < 1%."""
+    c = Plateau(target=0.01, window=5, rtol=0.01)
+    assert c.met(_history([2.0, 0.009], accuracy=0.5))  # the loss target, whatever the accuracy
+    flat = [0.05] * 11  # the initial evaluation is not a step of training: 2·window evaluations after it
+    assert c.met(_history(flat)) and not c.met(_history(flat[:-1]))
+    assert not c.met(_history(flat, accuracy=0.999))  # a plateau below 100% train accuracy is not converged
+    # geometric decay: window means fall by 1 − 0.99⁵ ≈ 4.9% (still training) vs 1 − 0.999⁵ ≈ 0.5% (plateau)
+    assert not c.met(_history([2.0] + [0.1 * 0.99**k for k in range(30)]))
+    assert c.met(_history([2.0] + [0.1 * 0.999**k for k in range(30)]))
+    # mini-batch noise: the last value is the lowest yet, but the window means have stopped falling
+    noisy = [2.0, 0.05, 0.06, 0.055, 0.05, 0.06, 0.06, 0.05, 0.06, 0.057, 0.048]  # window sums 0.275, 0.275
+    assert c.met(_history(noisy))
+    # a rising loss is not falling either; only the last 2 windows count (the early drop is old)
+    assert c.met(_history([2.0, 1.0, 0.5, 0.2] + [0.04] * 5 + [0.045] * 5))
+    assert "plateau" in c.describe() and "0.01" in c.describe()
+
+
+@pytest.mark.parametrize("kw", [{"window": 0}, {"rtol": 1.0}, {"min_accuracy": 0.0}, {"target": 0.0}])
+def test_plateau_rejects_bad_settings(kw):
+    from flatcli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"plateau {next(iter(kw))}"):
+        Plateau(**kw)
+
+
+def test_strong_l2_misses_the_loss_target_but_stops_on_the_plateau():
+    """An l2 penalty too strong for train CE ≤ 0.01: LossTarget runs to max_steps, Plateau stops
+    earlier at 100% train accuracy, and its loss then changes by < rtol between windows."""
+    x, y = _tiny_problem()
+    recipe = Recipe(optimizer="adamw", lr=0.02, batch_size=16, l2=0.05, max_steps=600)
+    miss = train_to_target(_tiny_model(), x, y, recipe, criterion=LossTarget(0.01))
+    assert not miss.reached_target and miss.steps == 600 and miss.train_loss > 0.05
+    c = Plateau(target=0.01, window=10, rtol=0.01)
+    seen = []
+
+    class Recording(Plateau):
+        def met(self, history):
+            seen[:] = list(history)
+            return super().met(history)
+
+    hit = train_to_target(_tiny_model(), x, y, recipe, criterion=Recording(**dataclasses.asdict(c)))
+    assert hit.reached_target and hit.steps < 600 and hit.train_acc == 1.0 and hit.train_loss > 0.05
+    assert c.met(seen) and not c.met(seen[:-1])  # stopped at the first evaluation that met it
+    assert hit.train_loss == pytest.approx(miss.train_loss, rel=0.1)  # the plateau is where it stays
 
 
 def test_weight_decay_and_l2_only_on_weights_and_adamw_decouples():

@@ -13,8 +13,9 @@ Per study (``OUTDIR/<study>/``):
 * ``results/results.csv`` (every model), ``results_converged.csv`` (models whose train loss,
   as flatcli measured it, is ≤ the target), ``unconverged.csv`` (the others, listed),
   ``correlations.csv`` and ``plots/`` (on the converged models, Ψ over the study's axes),
-  ``by_seed/`` and ``correlations_by_seed.csv`` (the same statistics per seed: their spread is
-  the interval reported beside each value).
+  ``by_seed/`` and ``correlations_by_seed.csv`` (the same statistics on each seed's models alone;
+  the {min, max} beside Ψ and CMI in the tables), ``comparisons.csv`` (``flatcli correlate
+  --compare A,B`` for the study's ``compare`` pairs: paired bootstrap over the models).
 
 ``OUTDIR/summary.md`` holds the tables of every study with the papers' numbers beside ours.
 """
@@ -61,6 +62,8 @@ class StudyOutcome:
     unconverged: list[dict[str, Any]] = field(default_factory=list)
     correlation: Any = None  # flatcli.analysis.CorrelationReport on the converged models
     by_seed: list[dict[str, Any]] = field(default_factory=list)  # rows of correlations_by_seed.csv
+    comparisons: Any = None  # pandas DataFrame of `flatcli.analysis.compare` rows (the study's `compare` pairs)
+    subsets: list[dict[str, Any]] = field(default_factory=list)  # per subset: title, where, axes, correlation, comparisons
     seconds: dict[str, float] = field(default_factory=dict)  # training, sweep, analysis
     files: dict[str, Path] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -173,7 +176,7 @@ class Experiment:
         outcome.exit_code = code
         outcome.seconds = {"training": t1 - t0, "sweep": t2 - t1, "analysis": time.perf_counter() - t2}
         self.log(
-            f"{study.name}: {outcome.converged}/{outcome.models} models at train loss ≤ {self.spec.target_loss:g}; "
+            f"{study.name}: {outcome.converged}/{outcome.models} models met the criterion; "
             f"training {t1 - t0:.0f}s, sweep {t2 - t1:.0f}s, analysis {outcome.seconds['analysis']:.0f}s"
         )
         return outcome
@@ -186,6 +189,7 @@ class Experiment:
             "training": study.training,
             "grid": study.grid,
             "target": self.spec.target_loss,
+            **({"criterion": self.spec.criterion.describe()} if self.spec.plateau is not None else {}),
             **({"device": self.device} if self.device else {}),
         }
 
@@ -227,7 +231,7 @@ class Experiment:
         sd.mkdir(parents=True, exist_ok=True)
         stamp.unlink(missing_ok=True)
         records = run_tasks(tasks, self.jobs, log=lambda m: self.log("  " + m))
-        write_manifest(sd, records, list(study.grid))
+        write_manifest(sd, records, list(study.grid), converged_column=self.spec.plateau is not None)
         stamp.write_text(json.dumps(record, indent=1))
         return records
 
@@ -277,22 +281,37 @@ class Experiment:
         return col.csv_path, rep.exit_code
 
     # ------------------------------------------------------------ analysis
-    def keep_converged(self, results: Path) -> tuple[Path, list[dict[str, Any]], int]:
-        """Split results.csv by flatcli's own ``train_loss`` (eval mode, the model's training labels).
+    @property
+    def converged_filter(self) -> tuple[str | None, float | None]:
+        """``(where, max_train_loss)`` of `flatcli.api.correlate` that keeps the converged models:
+        ``--max-train-loss TARGET`` (flatcli's own train loss), or with a plateau criterion
+        ``--where "hp_converged == 1"`` (the manifest's record of the training criterion)."""
+        if self.spec.plateau is not None:
+            return "hp_converged == 1", None
+        return None, self.spec.target_loss
 
-        Writes ``results_converged.csv`` (train_loss ≤ target) and ``unconverged.csv``; returns
-        (converged csv, unconverged rows, converged count). This is the filter that
-        ``flatcli correlate --max-train-loss TARGET`` applies to results.csv: with that option
-        the correlations are computed from results.csv directly.
+    def is_converged(self, row: dict[str, Any]) -> bool:
+        """Whether a results.csv row passes `converged_filter`."""
+        if self.spec.plateau is not None:
+            return str(row.get("hp_converged", "")).strip() in ("1", "1.0", "True")
+        try:
+            return float(row.get("train_loss") or "nan") <= self.spec.target_loss
+        except ValueError:
+            return False
+
+    def keep_converged(self, results: Path) -> tuple[Path, list[dict[str, Any]], int]:
+        """Split results.csv by `is_converged`: flatcli's own ``train_loss`` (eval mode, the
+        model's training labels) ≤ target, or with a plateau criterion the manifest's ``converged``.
+
+        Writes ``results_converged.csv`` and ``unconverged.csv``; returns (converged csv,
+        unconverged rows, converged count). This is the filter that ``flatcli correlate
+        --max-train-loss TARGET`` (or ``--where "hp_converged == 1"``) applies to results.csv:
+        with that option the correlations are computed from results.csv directly.
         """
         cols, rows = read_table(results)
         keep, drop = [], []
         for r in rows:
-            try:
-                loss = float(r.get("train_loss") or "nan")
-            except ValueError:
-                loss = math.nan
-            (keep if loss <= self.spec.target_loss else drop).append(r)
+            (keep if self.is_converged(r) else drop).append(r)
         out = results.with_name("results_converged.csv")
         write_table(out, keep, cols)
         hp_cols = [c for c in cols if c.startswith("hp_")]
@@ -311,8 +330,9 @@ class Experiment:
         the models above the target train loss are left out (and named) by flatcli itself."""
         from .. import api
 
-        return api.correlate(csv_path, target=target, by=study.axes or None, outdir=outdir,
-                             max_train_loss=self.spec.target_loss, bootstrap=bootstrap, seed=0,
+        where, max_loss = self.converged_filter
+        return api.correlate(csv_path, target=target, by=study.axes or None, outdir=outdir, where=where,
+                             max_train_loss=max_loss, bootstrap=bootstrap, seed=0,
                              plots=plots and outdir is not None, color_by=study.color_by if plots else None)  # fmt: skip
 
     def seed_spread(self, study: Study, converged: Path, target: str = "gen_gap") -> list[dict[str, Any]]:
@@ -338,7 +358,7 @@ class Experiment:
         outcome = StudyOutcome(study.name, sd, models=kept + len(unconv), converged=kept, unconverged=unconv)
         outcome.files.update(results=results, converged=converged, unconverged=results.with_name("unconverged.csv"))
         if unconv:
-            self.log(f"  {len(unconv)} model(s) above the target train loss, left out of the correlations (unconverged.csv)")
+            self.log(f"  {len(unconv)} model(s) did not meet the convergence criterion, left out of the correlations (unconverged.csv)")
         if kept < 3:
             self.log(f"  only {kept} converged model(s): no correlations")
             return outcome
@@ -347,14 +367,87 @@ class Experiment:
         outcome.by_seed = self.seed_spread(study, converged)
         if outcome.by_seed:
             outcome.files["correlations_by_seed"] = write_table(sd / "results" / "correlations_by_seed.csv", outcome.by_seed)
+        outcome.comparisons = self.compare(study, results, sd / "results" / "comparisons.csv")
+        if outcome.comparisons is not None:
+            outcome.files["comparisons"] = sd / "results" / "comparisons.csv"
+        for i, (title, expr) in enumerate(study.subsets.items(), 1):
+            sub = self.subset(study, results, title, expr, sd / "results" / f"subset{i}")
+            if sub is not None:
+                outcome.subsets.append(sub)
         return outcome
 
+    def where(self, expr: str | None = None) -> str | None:
+        """The converged filter's ``--where`` (if any) and ``expr``, joined by ``and``."""
+        base = self.converged_filter[0]
+        parts = [p for p in (base, expr) if p]
+        return parts[0] if len(parts) == 1 else " and ".join(f"({p})" for p in parts) if parts else None
+
+    def subset(self, study: Study, results: Path, title: str, expr: str, out: Path) -> dict[str, Any] | None:
+        """The converged models matching ``expr`` correlated (over the axes that still vary) and
+        compared alone, into ``out/correlations.csv`` and ``out/comparisons.csv``; None (logged)
+        when fewer than 3 models remain."""
+        from .. import api
+        from ..analysis.correlation import as_table, filter_rows
+
+        where = self.where(expr)
+        try:
+            table, _ = filter_rows(as_table(results), where=where, max_train_loss=self.converged_filter[1])
+        except ConfigError as e:
+            self.log(f"  subset {title!r} skipped: {e}")
+            return None
+        if len(table.frame) < 3:
+            self.log(f"  subset {title!r} skipped: {len(table.frame)} converged model(s)")
+            return None
+        axes = [a for a in study.axes if f"hp_{a}" in table.frame and table.frame[f"hp_{a}"].nunique() > 1]
+        rep = api.correlate(results, by=axes or None, outdir=out, where=where, max_train_loss=self.converged_filter[1],
+                            bootstrap=self.spec.bootstrap or None, seed=0)  # fmt: skip
+        comps = self.compare(study, results, out / "comparisons.csv", extra_where=expr)
+        return {"title": title, "expr": expr, "where": where, "axes": axes, "correlation": rep, "comparisons": comps, "dir": out}
+
+    def compare(self, study: Study, results: Path, out: Path, target: str = "gen_gap", extra_where: str | None = None):
+        """``flatcli correlate --compare A,B`` for each of the study's ``compare`` pairs on the
+        converged models (paired bootstrap, the spec's ``bootstrap`` resamples, seed 0), written to
+        ``out``; None without pairs or resamples. A pair that cannot be compared (fewer than 3
+        usable models, a constant column) is logged and skipped."""
+        import pandas as pd
+
+        from ..analysis.compare import compare_measures
+
+        if not study.compare or not self.spec.bootstrap:
+            return None
+        where, max_loss = self.where(extra_where), self.converged_filter[1]
+        frames = []
+        for a, b in study.compare:
+            try:
+                frames.append(compare_measures(results, a, b, target=target, bootstrap=self.spec.bootstrap, seed=0,
+                                               where=where, max_train_loss=max_loss))  # fmt: skip
+            except ConfigError as e:
+                self.log(f"  --compare {a},{b} skipped: {e}")
+        if not frames:
+            return None
+        df = pd.concat(frames, ignore_index=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out, index=False)
+        return df
+
     # ------------------------------------------------------------ the summary
-    def correlate_command(self, study: Study, rel: str) -> str:
-        """The ``flatcli correlate`` command that reproduces the study's table from its folder."""
-        by = f" --by {','.join(study.axes)}" if study.axes else ""
+    def correlate_command(self, study: Study, rel: str, expr: str | None = None, axes: list[str] | None = None) -> str:
+        """The ``flatcli correlate`` command that reproduces the study's table (or a subset's:
+        ``expr``, ``axes``) from its folder."""
+        axes = study.axes if axes is None else axes
+        by = f" --by {','.join(axes)}" if axes else ""
         boot = f" --bootstrap {self.spec.bootstrap} --seed 0" if self.spec.bootstrap else ""
-        return f"flatcli correlate {rel}/results/results.csv --max-train-loss {self.spec.target_loss:g}{by}{boot}"
+        return f"flatcli correlate {rel}/results/results.csv {self.filter_options(expr)}{by}{boot}"
+
+    def filter_options(self, expr: str | None = None) -> str:
+        """`converged_filter` (and ``expr``) as ``flatcli correlate`` options."""
+        where, max_loss = self.where(expr), self.converged_filter[1]
+        return " ".join(([f'--where "{where}"'] if where else []) + ([f"--max-train-loss {max_loss:g}"] if max_loss is not None else []))
+
+    @property
+    def filter_option(self) -> str:
+        """`converged_filter` as ``flatcli correlate`` options."""
+        return self.filter_options()
 
     def summary(self, outcomes: list[StudyOutcome]) -> str:
         """summary.md: per study, the counts, timings, tables and the models left out."""
@@ -363,26 +456,33 @@ class Experiment:
                  + (f"; reference: {s.reference}" if s.reference else "") + ".", ""]  # fmt: skip
         for c in s.paper.get("claims", []):
             lines.append(f"- paper: {c}")
-        if s.paper.get("claims"):
+        for c in s.paper.get("setup", []):
+            lines.append(f"- differs from the paper: {c}")
+        if s.paper.get("claims") or s.paper.get("setup"):
             lines.append("")
         for o in outcomes:
             study = next(st for st in s.studies if st.name == o.name)
             lines += [f"## {study.title}", ""]
             train_s, measure_s = work_seconds(o.folder)
             lines.append(
-                f"{o.converged} of {o.models} models reached train cross-entropy ≤ {s.target_loss:g} (eval mode) and "
-                f"enter the correlations. Work: training {train_s:.0f} s and measurement {measure_s:.0f} s, summed "
+                f"{o.converged} of {o.models} models met the convergence criterion ({s.criterion.describe()}) and "
+                f"enter the correlations ({self.filter_option}). Work: training {train_s:.0f} s and measurement {measure_s:.0f} s, summed "
                 f"over the models (`training.csv`, the `*_seconds` columns of `results.csv`); this run's wall time: "
                 f"training {o.seconds.get('training', 0):.0f} s, sweep {o.seconds.get('sweep', 0):.0f} s, analysis "
                 f"{o.seconds.get('analysis', 0):.0f} s (a rerun reuses the trained models and finished units)."
             )
+            gaps = gap_range(o.files.get("converged"))
+            if gaps is not None:
+                lines.append(f"Generalization gap (train accuracy − test accuracy) of the {gaps[2]} converged models: "
+                             f"{gaps[0]:.3f} to {gaps[1]:.3f}.")
             lines.append("")
             lines += self.summary_sections(study, o)
             if o.unconverged:
-                lines += ["Left out (train loss above the target):", ""]
+                lines += ["Left out (convergence criterion not met):", ""]
                 for u in o.unconverged:
-                    hp = ", ".join(f"{k[3:]}={v}" for k, v in u.items() if k.startswith("hp_"))
-                    lines.append(f"- `{u['checkpoint']}` ({hp}): train loss {u['train_loss']}")
+                    hp = ", ".join(f"{k[3:]}={v}" for k, v in u.items() if k.startswith("hp_") and k != "hp_converged")
+                    lines.append(f"- `{u['checkpoint']}` ({hp}): train loss {_num(u['train_loss'], '.4f')}, "
+                                 f"train accuracy {_num(u['train_acc'], '.4f')}")
                 lines.append("")
         return "\n".join(lines) + "\n"
 
@@ -390,7 +490,43 @@ class Experiment:
         """The study's tables (markdown lines); experiments with their own tables override it."""
         return correlation_table(self.spec, study, o) + [
             f"Reproduce: `{self.correlate_command(study, study.name)}` (in `{self.outdir}`).", "",
-        ]  # fmt: skip
+        ] + comparison_table(o.comparisons, self.correlate_command(study, study.name)) + self.subset_sections(study, o)  # fmt: skip
+
+    def subset_sections(self, study: Study, o: StudyOutcome) -> list[str]:
+        """Per subset of the spec: its correlation table, command and paired comparisons."""
+        lines: list[str] = []
+        for sub in o.subsets:
+            cmd = self.correlate_command(study, study.name, sub["expr"], sub["axes"])
+            part = StudyOutcome(o.name, o.folder, models=o.models, converged=o.converged, correlation=sub["correlation"])
+            lines += [f"### Subset: {sub['title']}", "",
+                      f"The converged models with `{sub['where']}`, correlated alone (Ψ over {', '.join(sub['axes']) or 'no axis'}):", ""]
+            lines += correlation_table(self.spec, Study(study.name, study.title, {}, {}, study.grid, sub["axes"], None), part)
+            lines += [f"Reproduce: `{cmd}` (in `{self.outdir}`).", ""]
+            lines += comparison_table(sub["comparisons"], cmd)
+        return lines
+
+
+def _num(cell: Any, spec: str) -> str:
+    """A table cell formatted as a number when it is one, else as it is."""
+    try:
+        return format(float(cell), spec)
+    except (TypeError, ValueError):
+        return str(cell)
+
+
+def gap_range(path: Path | None, column: str = "gen_gap") -> tuple[float, float, int] | None:
+    """(min, max, count) of the finite ``gen_gap`` values of a results table; None without any."""
+    if path is None or not Path(path).is_file():
+        return None
+    vals = []
+    for r in read_table(path)[1]:
+        try:
+            v = float(r.get(column) or "nan")
+        except ValueError:
+            continue
+        if math.isfinite(v):
+            vals.append(v)
+    return (min(vals), max(vals), len(vals)) if vals else None
 
 
 def fmt_stat(v: float) -> str:
@@ -435,6 +571,35 @@ def correlation_table(spec: Spec, study: Study, o: StudyOutcome, stats=STATS) ->
     axes = ", ".join(study.axes) if study.axes else "none"
     lines += [f"Ψ and CMI over the axes: {axes}.", ""]
     return lines
+
+
+def comparison_table(df, command: str, target: str = "the gap") -> list[str]:
+    """Markdown rows of `Experiment.compare`'s table: per pair, the differences of Kendall τ-b and
+    Pearson with their 95% paired-bootstrap intervals (and Zou's for Pearson) and the verdicts."""
+    if df is None or len(df) == 0:
+        return []
+    first = df.iloc[0]
+    lines = [f"Paired comparisons of the correlations with {target} (`{command} --compare A,B`: the same "
+             f"{int(first['resamples'] + first['undefined_resamples']):,} resamples of the models for both measures, "
+             "seed 0; \"A ranks above B\" only when the 95% interval of the difference excludes 0, else \"tied\"):", "",
+             "| A | B | n | Kendall τ-b: A − B [95%] | τ-b verdict | Pearson: A − B [95%] (Zou) | Pearson verdict |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+
+    def verdict(r) -> str:
+        return "A above" if r["lo"] > 0 else "B above" if r["hi"] < 0 else r["verdict"]  # tied or undefined
+
+    for (a, b), g in df.groupby(["measure_a", "measure_b"], sort=False):
+        rows = {r["statistic"]: r for _, r in g.iterrows()}
+        k, p = rows.get("kendall_tau_b"), rows.get("pearson")
+        cells = [f"`{a}`", f"`{b}`", str(int(g["n"].iloc[0]))]
+        for r, zou in ((k, False), (p, True)):
+            if r is None:
+                cells += ["–", "–"]
+                continue
+            extra = f" ({r['zou_lo']:+.2f}, {r['zou_hi']:+.2f})" if zou and math.isfinite(r["zou_lo"]) else ""
+            cells += [f"{fmt_stat(r['difference'])} [{r['lo']:+.2f}, {r['hi']:+.2f}]{extra}", verdict(r)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def publish(report: ExperimentReport, dest: str | Path) -> list[Path]:

@@ -3,7 +3,8 @@
 The same MLP is trained to the loss target on training sets whose labels are random for a
 fraction 0 → 1 of the samples (one nested corruption per seed). Besides the generic correlation
 with the gap, every measure is correlated with the noise fraction itself
-(``results/vs_noise/correlations.csv``, ``flatcli correlate --target hp_label_noise``), and
+(``results/vs_noise/correlations.csv``, ``flatcli correlate --target hp_label_noise``; with the
+study's ``compare`` pairs also ``results/vs_noise/comparisons.csv``), and
 ``results/plots/random_labels.png`` redraws the paper's Fig. 1: each measure rescaled to [0, 1]
 by its minimum and maximum over the models, mean ± standard deviation over seeds per fraction.
 """
@@ -17,7 +18,14 @@ import numpy as np
 
 from ..results import read_table
 from ..training import TrainRecord
-from .pipeline import Experiment, StudyOutcome, correlation_table, fmt_stat, pyplot
+from .pipeline import (
+    Experiment,
+    StudyOutcome,
+    comparison_table,
+    correlation_table,
+    fmt_stat,
+    pyplot,
+)
 from .spec import Study
 
 NOISE = "label_noise"
@@ -33,8 +41,10 @@ class RandomLabels(Experiment):
             return outcome
         conv = outcome.files["converged"]
         vs = sd / "results" / "vs_noise"
-        outcome.extra["vs_noise"] = self.correlate(conv, study, vs, False, target=f"hp_{NOISE}")
+        outcome.extra["vs_noise"] = self.correlate(conv, study, vs, False, target=f"hp_{NOISE}",
+                                                   bootstrap=self.spec.bootstrap or None)  # fmt: skip
         outcome.files["vs_noise"] = vs / "correlations.csv"
+        outcome.extra["vs_noise_comparisons"] = self.compare(study, results, vs / "comparisons.csv", target=f"hp_{NOISE}")
         if self.plots:
             fig = noise_figure(conv, outcome.correlation.measures, sd / "results" / "plots" / "random_labels.png", study.title)
             outcome.extra["figures"] = [fig]
@@ -49,17 +59,31 @@ class RandomLabels(Experiment):
     def summary_sections(self, study: Study, o: StudyOutcome) -> list[str]:
         """The table against the gap, the table against the fraction, the figure."""
         lines = ["Against the generalization gap:", ""] + correlation_table(self.spec, study, o)
+        base = super().correlate_command(study, study.name)
+        lines += comparison_table(o.comparisons, base)
         rep = o.extra.get("vs_noise")
         if rep is not None:
-            lines += ["Against the random-label fraction (Kendall τ-b, Spearman and Pearson with the fraction):", "",
+            lines += ["Against the random-label fraction (Kendall τ-b, Spearman and Pearson with the fraction, "
+                      "[95% bootstrap interval]):", "",
                       "| measure | n | Kendall τ-b | Spearman | Pearson |", "|---|---|---|---|---|"]  # fmt: skip
             for mc in sorted(rep.measures, key=lambda m: -m.kendall_tau_b if math.isfinite(m.kendall_tau_b) else math.inf):
-                lines.append(f"| `{mc.measure}` | {mc.n} | {fmt_stat(mc.kendall_tau_b)} | {fmt_stat(mc.spearman)} | {fmt_stat(mc.pearson)} |")
+                lines.append(f"| `{mc.measure}` | {mc.n} | " + " | ".join(_with_interval(mc, k) for k in
+                                                                        ("kendall_tau_b", "spearman", "pearson")) + " |")
             lines.append("")
+            lines += comparison_table(o.extra.get("vs_noise_comparisons"), f"{base} --target hp_{NOISE}",
+                                      target="the random-label fraction")
         if "figure" in o.files:
             lines += [f"Figure (as the paper's Fig. 1): `{o.files['figure'].relative_to(self.outdir)}`.", ""]
         lines += [f"Reproduce: `{self.correlate_command(study, study.name)}` (in `{self.outdir}`).", ""]
         return lines
+
+
+def _with_interval(mc, stat: str) -> str:
+    """A statistic with its bootstrap interval, ``+0.91 [+0.81, +0.96]``, when it has one."""
+    iv = mc.intervals.get(stat)
+    if iv is not None and math.isfinite(iv.lo) and math.isfinite(iv.hi):
+        return f"{fmt_stat(mc.get(stat))} [{iv.lo:+.2f}, {iv.hi:+.2f}]"
+    return fmt_stat(mc.get(stat))
 
 
 def noise_means(csv_path: Path, labels: list[str]) -> tuple[list[float], dict[str, tuple[np.ndarray, np.ndarray]]]:

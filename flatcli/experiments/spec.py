@@ -8,15 +8,23 @@ what flatcli measures on them (a flatcli config without ``checkpoints``: ``model
 
 Top-level keys: ``experiment`` (the name), ``title``, ``reference``, ``target_loss`` (train
 cross-entropy in eval mode every model must reach; default 0.01), ``bootstrap`` (resamples of
-the correlations' intervals; default 1000), ``measures``, ``model``, ``data``,
+the correlations' intervals; default 1000), ``plateau`` (optional: the `flatcli.training.Plateau`
+criterion's ``min_accuracy``, ``window`` and ``rtol``; a model then also counts as trained when it
+fits its training set with the loss on a plateau, for regularization too strong to reach
+``target_loss``; such a study's models are filtered by the manifest column ``converged``,
+``hp_converged`` in results.csv, instead of by train loss), ``measures``, ``model``, ``data``,
 ``measure_data``, ``loss``, ``runtime``, ``measure_options`` (measure name → options merged
 into every configured entry of that measure, labels kept: the quick mode's cheap settings),
 ``training`` (`TRAINING_DEFAULTS`' keys: the `flatcli.training.Recipe` plus ``lr`` per
-optimizer, ``lr_factor`` and ``label_noise``), ``grid``, ``axes`` and ``color_by`` (defaults
-for every study), ``studies`` (name → study: any of the defaults' keys), ``quick`` (overrides
+optimizer, ``lr_factor`` and ``label_noise``), ``grid``, ``axes``, ``color_by`` and ``compare``
+(measure pairs ``"A,B"``, ``"A,*"`` for A against every other measure, whose correlations with
+the gap the summary compares by ``flatcli correlate --compare A,B``) and ``subsets`` (title →
+``flatcli correlate --where`` query, e.g. ``hp_dropout == 0``: those converged models correlated
+and compared alone as well) (defaults for every study), ``studies`` (name → study: any of the defaults' keys), ``quick`` (overrides
 merged into every study, plus ``target_loss``, ``bootstrap`` and ``rescale``; a study's own
 ``quick`` is merged after it), ``paper`` (the papers' numbers printed beside ours:
-``statistic``, ``columns``, ``values: {measure label: [one value per column]}``, ``claims``)
+``statistic``, ``columns``, ``values: {measure label: [one value per column]}``, ``claims``, and
+``setup``: how our setup differs from the paper's, one line each)
 and ``rescale`` (the reparameterization experiment: ``transforms``, ``scales``, ``seed``).
 
 Merging: mappings merge key by key; ``grid``, ``measures``, ``data`` and lists are replaced whole.
@@ -35,7 +43,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from ..training import DTYPES, LossTarget, Recipe
+from ..training import DTYPES, LossTarget, Plateau, Recipe
 from ..training import OPTIMIZERS as TRAINING_OPTIMIZERS
 
 SPEC_DIR = Path(__file__).parent / "specs"
@@ -46,15 +54,18 @@ TRAINING_KEYS = (
     "max_steps", "eval_every", "dtype", "device",
 )  # fmt: skip
 NOT_A_GRID_AXIS = ("max_steps", "eval_every", "dtype", "device")
-STUDY_KEYS = (*FLATCLI_KEYS, "measure_options", "training", "grid", "axes", "color_by", "title")
+STUDY_KEYS = (*FLATCLI_KEYS, "measure_options", "training", "grid", "axes", "color_by", "compare", "subsets", "title")
 TOP_KEYS = (
-    "experiment", "title", "reference", "target_loss", "bootstrap", *STUDY_KEYS, "studies", "quick", "paper", "rescale",
+    "experiment", "title", "reference", "target_loss", "plateau", "bootstrap", *STUDY_KEYS, "studies", "quick", "paper",
+    "rescale",
 )  # fmt: skip
-QUICK_KEYS = (*STUDY_KEYS, "target_loss", "bootstrap", "rescale")
-PAPER_KEYS = ("statistic", "columns", "values", "claims")
+QUICK_KEYS = (*STUDY_KEYS, "target_loss", "plateau", "bootstrap", "rescale")
+PLATEAU_KEYS = ("min_accuracy", "window", "rtol")
+PAPER_KEYS = ("statistic", "columns", "values", "claims", "setup")
 RESCALE_KEYS = ("transforms", "scales", "seed")
 OPTIMIZERS = TRAINING_OPTIMIZERS
 BOOTSTRAP = 1000  # resamples of the percentile intervals in correlations.csv (seed 0)
+MIN_BOOTSTRAP = 100  # the fewest `flatcli correlate --bootstrap` takes for 95% intervals
 WHOLE = ("grid", "measures", "data")  # replaced whole when merged
 TRAINING_DEFAULTS: dict[str, Any] = {
     "optimizer": "sgd",
@@ -85,6 +96,8 @@ class Study:
     color_by: str | None
     model_axes: list[str] = field(default_factory=list)  # grid keys passed to the model as kwargs
     data_axes: list[str] = field(default_factory=list)  # grid keys set in data.train.kwargs (per-model training sets)
+    compare: list[tuple[str, str]] = field(default_factory=list)  # measure pairs for `flatcli correlate --compare`
+    subsets: dict[str, str] = field(default_factory=dict)  # title → pandas query: the models also analysed alone
 
     def points(self) -> list[dict[str, Any]]:
         """Every grid point, in a fixed order (the last key varies fastest)."""
@@ -122,10 +135,14 @@ class Spec:
     quick: bool
     path: Path
     bootstrap: int = BOOTSTRAP  # resamples of the bootstrap intervals (0: none)
+    plateau: dict[str, Any] | None = None  # Plateau's settings; None: LossTarget
 
     @property
-    def criterion(self) -> LossTarget:
-        """When a model counts as trained: its train cross-entropy ≤ ``target_loss`` (eval mode)."""
+    def criterion(self) -> LossTarget | Plateau:
+        """When a model counts as trained: its train cross-entropy ≤ ``target_loss`` (eval mode),
+        or, with ``plateau``, that or 100% train accuracy on a plateau (`flatcli.training.Plateau`)."""
+        if self.plateau is not None:
+            return Plateau(self.target_loss, **self.plateau)
         return LossTarget(self.target_loss)
 
 
@@ -197,6 +214,10 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> Spec:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t > 0 and math.isfinite(t)):
             raise ConfigError(f"{where}: target_loss must be a positive number; got {t!r}")
     target = targets[1] if quick else targets[0]
+    plateau = [_plateau(raw.get("plateau"), target, where)]
+    if "plateau" in quick_over:
+        plateau.append(_plateau(merge(raw.get("plateau") or {}, quick_over["plateau"] or {}), target, f"{where}: quick"))
+    plateau = plateau[-1] if quick else plateau[0]
     defaults = {k: raw[k] for k in STUDY_KEYS if k in raw}
     studies_raw = _check_keys(raw.get("studies"), list(raw.get("studies") or {}), f"{where}: studies")
     if not studies_raw:
@@ -224,15 +245,32 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> Spec:
         paper=_paper(raw.get("paper"), f"{where}: paper"),
         rescale=_rescale(rescale, f"{where}: rescale") if rescale is not None else None,
         quick=quick,
+        plateau=plateau,
         path=path,
         bootstrap=_bootstrap(quick_over.get("bootstrap", raw.get("bootstrap", BOOTSTRAP)) if quick
                              else raw.get("bootstrap", BOOTSTRAP), where),
     )
 
 
+def _plateau(raw: Any, target: float, where: str) -> dict[str, Any] | None:
+    """The ``plateau`` mapping, checked by building the criterion (None when absent)."""
+    if raw is None:
+        return None
+    p = _check_keys(raw, PLATEAU_KEYS, f"{where}: plateau")
+    try:
+        Plateau(float(target), **p)
+    except TypeError as e:
+        raise ConfigError(f"{where}: plateau: {e}") from None
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return dict(p)
+
+
 def _bootstrap(v: Any, where: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ConfigError(f"{where}: bootstrap must be an int ≥ 0 (resamples; 0: no intervals); got {v!r}")
+    """0 (no intervals) or at least the 100 resamples `flatcli correlate` takes for a 95% interval."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or 0 < v < MIN_BOOTSTRAP:
+        raise ConfigError(f"{where}: bootstrap must be 0 (no intervals) or an int ≥ {MIN_BOOTSTRAP} (resamples: a 95% "
+                          f"percentile interval needs 5 / 0.05); got {v!r}")
     return v
 
 
@@ -339,7 +377,35 @@ def _study(name: str, s: dict[str, Any], where: str, base_dir: Path) -> Study:
     data_axes = [k for k in grid if k in data_keys]
     grid.setdefault("seed", [0])
     axes, color_by = _axes(s, grid, where)
-    return Study(name, str(s.get("title", name)), flat, training, grid, axes, color_by, model_axes, data_axes)
+    compare = _compare(s.get("compare"), flat["measures"], f"{where}.compare")
+    subsets = _check_keys(s.get("subsets"), list(s.get("subsets") or {}), f"{where}.subsets")
+    for title, expr in subsets.items():
+        if not isinstance(expr, str) or not expr.strip():
+            raise ConfigError(f"{where}.subsets.{title} must be a pandas query on results.csv, e.g. 'hp_dropout == 0'; got {expr!r}")
+    return Study(name, str(s.get("title", name)), flat, training, grid, axes, color_by, model_axes, data_axes,
+                 compare, {str(k): str(v) for k, v in subsets.items()})
+
+
+def _compare(raw: Any, measures: list[Any], where: str) -> list[tuple[str, str]]:
+    """Measure pairs (``"A,B"`` or ``[A, B]``; ``B = "*"``: A against every other measure), by label."""
+    from ..config import parse_measures
+
+    if raw is None:
+        return []
+    labels = [m.label for m in parse_measures(measures)]
+    out: list[tuple[str, str]] = []
+    for item in _as_list(raw):
+        pair = [str(x).strip() for x in (item.split(",") if isinstance(item, str) else _as_list(item))]
+        if len(pair) != 2 or pair[0] == pair[1]:
+            raise ConfigError(f"{where}: each entry must name two different measures, 'A,B' or [A, B]; got {item!r}")
+        for lab in pair[:1] + ([] if pair[1] == "*" else pair[1:]):
+            if lab not in labels:
+                hint = difflib.get_close_matches(lab, labels, n=1)
+                raise ConfigError(f"{where}: {lab!r} is not a measure label of the study"
+                                  + (f"; did you mean {hint[0]!r}?" if hint else f" ({', '.join(labels)})"))
+        bs = [b for b in labels if b != pair[0]] if pair[1] == "*" else [pair[1]]
+        out += [(pair[0], b) for b in bs if (pair[0], b) not in out and (b, pair[0]) not in out]
+    return out
 
 
 def _with_options(measures: list[Any], options: Any, where: str) -> list[Any]:
@@ -416,6 +482,7 @@ def _paper(raw: Any, where: str) -> dict[str, Any]:
         "columns": cols,
         "values": {str(k): _as_list(v) for k, v in values.items()},
         "claims": [str(c) for c in _as_list(p.get("claims", []))],
+        "setup": [str(c) for c in _as_list(p.get("setup", []))],
     }
 
 
