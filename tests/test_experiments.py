@@ -458,6 +458,16 @@ def test_publish_copies_the_small_outputs(exp2, tmp_path):
 
 
 # ------------------------------------------------------------------ the analysis on a synthetic table
+def _write_results(path, rows):
+    """A results.csv of ``rows`` (dicts with the same keys) at ``path``."""
+    path.parent.mkdir()
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
 def test_converged_filter_seed_spread_and_table(tmp_path):
     """keep_converged splits results.csv by train_loss; each seed's models are correlated alone."""
     spec = dataclasses.replace(load_spec("ns_regularization"), plateau=None)  # a LossTarget criterion
@@ -471,12 +481,7 @@ def test_converged_filter_seed_spread_and_table(tmp_path):
                          "hessian_trace": -gap if seed == 0 else gap, "hessian_trace_status": "ok",
                          "train_loss": 0.005 if i < 3 or seed == 0 else 0.02, "train_acc": 1.0, "test_loss": 1.0,
                          "test_acc": 1 - gap, "gen_gap": gap, "hp_weight_decay": wd, "hp_seed": seed})  # fmt: skip
-    res = tmp_path / "results" / "results.csv"
-    res.parent.mkdir()
-    with open(res, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    res = _write_results(tmp_path / "results" / "results.csv", rows)
     exp = Experiment(spec, tmp_path, log=lambda m: None)
     conv, unconv, kept = exp.keep_converged(res)
     assert kept == 7 and [u["checkpoint"] for u in unconv] == ["m13.pt"] and unconv[0]["train_loss"] == "0.02"
@@ -520,12 +525,7 @@ def test_plateau_studies_are_filtered_by_the_recorded_criterion(tmp_path):
                          "train_loss": [0.008, 0.03, 0.2][i], "train_acc": [1.0, 1.0, 0.97][i],
                          "test_acc": 1 - gap, "gen_gap": gap, "hp_l2": l2, "hp_seed": seed,
                          "hp_converged": int(i < 2)})  # fmt: skip
-    res = tmp_path / "results" / "results.csv"
-    res.parent.mkdir()
-    with open(res, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    res = _write_results(tmp_path / "results" / "results.csv", rows)
     exp = Experiment(spec, tmp_path, log=lambda m: None)
     assert exp.converged_filter == ("hp_converged == 1", None)
     conv, unconv, kept = exp.keep_converged(res)
