@@ -441,3 +441,23 @@ def test_oom_drops_the_graph_cache_first():
     _oom_once(eng, lambda V: True)
     torch.testing.assert_close(eng.hvp(V), ref, rtol=1e-12, atol=1e-14)
     assert eng.oom_retries == 1 and eng.graphs.entries is None and eng.block_size == 4
+
+
+def test_map_batches_solves_each_batch_whole_and_forbids_full_set_products():
+    """`map_batches` returns fn of every batch in order (equal to calling `batch_loss_grad` on each),
+    counts their work, and raises on a full-set product inside fn, on one process as on many."""
+    p = tiny_problem(batch_size=4, n=10)
+    eng = CurvatureEngine(p)
+    parts = [p.batch.select(slice(i, i + 3)) for i in (0, 3, 6)]
+    got = eng.map_batches(parts, lambda b: eng.batch_loss_grad(b))
+    assert eng.n_grad == pytest.approx(9 / 10)
+    for b, (loss, g) in zip(parts, got, strict=True):
+        t = p.theta.detach().clone().requires_grad_(True)
+        ref = p.batch_loss_sum(p.unflatten(t), b) / b.rows
+        (gr,) = torch.autograd.grad(ref, t)
+        assert loss == pytest.approx(float(ref.detach()), rel=1e-12)
+        torch.testing.assert_close(g, gr, rtol=1e-10, atol=1e-14)
+    for full in (lambda b: eng.loss(), lambda b: eng.hvp(p.theta), lambda b: eng.loss_grad()):
+        with pytest.raises(RuntimeError, match="map_batches"):
+            eng.map_batches(parts[:1], full)
+    assert eng.loss() == pytest.approx(float(p.loss(p.unflatten(p.theta))), rel=1e-12)  # local mode ended

@@ -91,6 +91,14 @@ class Dist:
         torch.distributed.all_gather(parts, pad)
         return torch.cat([p[: int(s)] for p, s in zip(parts, sizes, strict=True)]).to(t.device)
 
+    def gather_objects(self, obj):
+        """Every rank's picklable ``obj``, in rank order (``[obj]`` on one process)."""
+        if not self.active:
+            return [obj]
+        out = [None] * self.world
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
     def any(self, flag: bool) -> bool:
         """Whether ``flag`` holds on some rank."""
         return self.sum_float(1.0 if flag else 0.0)[0] > 0

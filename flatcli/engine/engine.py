@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.func import jvp
@@ -26,6 +27,7 @@ from ..errors import MeasurementError
 from . import ggn_diag
 from .batch import Batch
 from .curvatures import GGN, FiniteDifferenceHessian, Hessian
+from .dist import Dist
 from .graphs import GraphCache
 from .loop import Counters, MemoryPolicy, ProductLoop, is_oom
 from .losses import NotApplicable
@@ -114,6 +116,7 @@ class CurvatureEngine:
         self.graphs = GraphCache(self._gradient_graph, self.memory.graph_budget, cache_graphs)
         self.curvature = {"hessian": Hessian(self), "ggn": GGN(self), "fd_hessian": FiniteDifferenceHessian(self)}
         self.on_progress: Callable[[dict], None] | None = None  # called after every product
+        self._local = False  # inside map_batches: batch products on this rank alone
 
     # ------------------------------------------------------------ bookkeeping
     def counters(self) -> dict[str, float]:
@@ -231,6 +234,7 @@ class CurvatureEngine:
 
     # ------------------------------------------------------------ products
     def _apply(self, curvature, V: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
+        self._not_local("curvature products")
         out = self.loop.apply(curvature.product, V, theta)
         self.report()
         return out
@@ -314,6 +318,7 @@ class CurvatureEngine:
         BatchNorm in eval mode, each parameter used once) it is also the exact Hessian diagonal.
         Cost: C backward passes over the set (C outputs per unit), counted as C in ``n_vjp``.
         A loss whose units are not rows (``causal_lm``) raises `flatcli.engine.losses.NotApplicable`."""
+        self._not_local("full-set products")
         p = self.problem
         th = self._theta(theta)
         out, C = ggn_diag.ggn_diagonal(p, self.batches, th, self.memory.chunk_rows)
@@ -325,6 +330,7 @@ class CurvatureEngine:
     @torch.no_grad()
     def loss(self, theta: torch.Tensor | None = None) -> float:
         """L(θ) over the measurement set (θ defaults to the model's parameters)."""
+        self._not_local("full-set products")
         p = self.problem
         params = p.unflatten(self._theta(theta))
         total = sum(float(p.batch_loss_sum(params, b)) for b in self.batches)
@@ -335,6 +341,7 @@ class CurvatureEngine:
         """(L(θ), ∇L(θ)) as a float and a flat vector. ``keep_graph``: build the per-batch gradient
         graphs (``create_graph``) and keep them when they fit, so that HVPs at the same θ that
         follow (an ascent step that needs ∇L and H∇L) reuse this forward and backward."""
+        self._not_local("full-set products")
         p = self.problem
         th = self._theta(theta)
         if keep_graph and self.graphs.keeping:
@@ -367,18 +374,47 @@ class CurvatureEngine:
         p = self.problem
         th = self._theta(theta)
         units = p.units(batch)
-        mine = batch.select(self.dist.shard(batch.rows))
+        dist = Dist() if self._local else self.dist  # inside map_batches: the whole batch, here
+        mine = batch.select(dist.shard(batch.rows))
         chunks = mine.split(self.batch_size) if mine.rows else []
         if need_grad:
             total, g = self._loss_grad_over(chunks, th, units)
             self.tally.grad_units += units
-            self.dist.sum_(g)
-            return self.dist.sum_float(total)[0], g
+            dist.sum_(g)
+            return dist.sum_float(total)[0], g
         with torch.no_grad():
             params = p.unflatten(th)
             total = sum(float(p.batch_loss_sum(params, c)) for c in chunks)
         self.tally.forward_units += units
-        return self.dist.sum_float(total)[0] / units, None
+        return dist.sum_float(total)[0] / units, None
+
+    def map_batches(self, batches: list[Batch], fn: Callable[[Batch], Any]) -> list[Any]:
+        """``[fn(b) for b in batches]`` for independent per-batch problems (m-sharpness), with the
+        batches dealt round-robin to the ranks: each batch is computed whole on one rank, inside
+        ``fn`` `batch_loss_grad` stays local (no communication per step), and the results (any
+        picklable values) are gathered in batch order on every rank, as are the counters. A batch
+        is computed exactly as one process computes it, so the results equal one process's.
+        Inside ``fn`` only `batch_loss_grad` may be called (a full-set product would see only
+        this rank's shard: it raises, on one process too, so that a measure that works on one
+        process works on many)."""
+        before = self.tally.as_raw()
+        self._local = True
+        try:
+            mine = {i: fn(batches[i]) for i in range(self.dist.rank, len(batches), self.dist.world)}
+        finally:
+            self._local = False
+        if not self.dist.active:
+            return [mine[i] for i in range(len(batches))]
+        grown = [a - b for a, b in zip(self.tally.as_raw(), before, strict=True)]
+        self.tally.add_raw([d - g for d, g in zip(self.dist.sum_float(*grown), grown, strict=True)])
+        done: dict[int, Any] = {}
+        for part in self.dist.gather_objects(mine):
+            done.update(part)
+        return [done[i] for i in range(len(batches))]
+
+    def _not_local(self, what: str) -> None:
+        if self._local:
+            raise RuntimeError(f"{what} are not available inside CurvatureEngine.map_batches (only batch_loss_grad)")
 
     def _loss_grad_over(self, batches: list[Batch], th: torch.Tensor, n: int) -> tuple[float, torch.Tensor]:
         """The one gradient loop: this rank's part of the mean loss over ``batches`` (n units in all,
@@ -403,6 +439,7 @@ class CurvatureEngine:
         scores them, or, with ``classes``, their class scores and integer labels (a
         `flatcli.engine.losses.NotApplicable` when the outputs are not class scores). ``fn`` returns
         a tensor with one row per unit, or a tuple of them. One forward pass."""
+        self._not_local("full-set products")
         p = self.problem
         params = p.unflatten(self._theta(theta))
         batches = self.batches or [p.batch.select(slice(0, 1))]  # a rank without rows joins with nothing

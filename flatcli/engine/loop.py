@@ -53,9 +53,21 @@ class Counters:
         self.oom_retries = 0
         self.fallbacks = 0
 
+    _FIELDS = ("n_hvp", "n_ggnvp", "grad_units", "forward_units", "n_vjp", "oom_retries", "fallbacks")
+
+    def as_raw(self) -> list[float]:
+        """The raw counts (units, not full-set equivalents), in `_FIELDS` order."""
+        return [float(getattr(self, k)) for k in self._FIELDS]
+
+    def add_raw(self, values: list[float]) -> None:
+        """Add raw counts in `_FIELDS` order (e.g. the other ranks' share of `map_batches` work)."""
+        for k, v in zip(self._FIELDS, values, strict=True):
+            cur = getattr(self, k)
+            setattr(self, k, cur + (v if isinstance(cur, float) else int(round(v))))
+
     def merge(self, other: Counters) -> None:
         """Add another engine's counts (over the same units: a BatchNorm-folded copy of the problem)."""
-        for k in ("n_hvp", "n_ggnvp", "grad_units", "forward_units", "n_vjp", "oom_retries", "fallbacks"):
+        for k in self._FIELDS:
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
     @property

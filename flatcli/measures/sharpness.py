@@ -437,14 +437,30 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
         eig_starts, lanczos_hvps, patterns = eigen_starts(ctx, c, opts.eigen_starts, opts.rho, opts.norm)
     tally = {"wins": {"eigen": 0, "random": 0, "zero": 0, "corner": 0}, "reductions": 0, "corner_evals": 0,
              "corner_modes": set()}
+    # Each batch's random starts come from the generator state at that batch (the draws of one
+    # process, batch after batch), so that the batches can be solved on any rank
+    # (engine.map_batches) with the same starts; only the states are kept, not the draws.
+    states = []
+    for _ in batches:
+        states.append(gen.get_state())
+        for _ in range(0 if opts.first_order else opts.restarts):
+            random_start(p.num_params, opts.rho, opts.norm, gen, "cpu", torch.float64)
+    work = list(zip(batches, states, strict=True))
+    outcomes = ctx.engine.map_batches(
+        work, lambda item: _batch_worst(ctx, item[0], c, opts, eig_starts, patterns, item[1]))
     per_batch: list[float] = []
     weights: list[float] = []
     finite = True
-    for mb in batches:
-        best = _batch_worst(ctx, mb, c, opts, eig_starts, patterns, gen, tally)
+    for (mb, _), (best, won, red, evals, mode) in zip(work, outcomes, strict=True):
         finite = finite and math.isfinite(best)
         per_batch.append(best)
         weights.append(p.units(mb) / p.n)
+        if won is not None:
+            tally["wins"][won] += 1
+        tally["reductions"] += red
+        tally["corner_evals"] += evals
+        if mode is not None:
+            tally["corner_modes"].add(mode)
     diag = {
         "batches": len(batches),
         "batch_min": min(per_batch),
@@ -469,40 +485,42 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     return MeasureResult(value=value, diagnostics=diag)
 
 
-def _batch_worst(ctx, mb, c, opts: WorstOptions, eig_starts, patterns, gen, tally) -> float:
-    """One batch's worst case: SAM's step, or the ascents and (ℓ∞) the corner search; updates ``tally``."""
+def _batch_worst(ctx, mb, c, opts: WorstOptions, eig_starts, patterns, random_state):
+    """One batch's worst case: SAM's step, or the ascents from ``eig_starts`` and ``restarts``
+    random starts drawn from the generator state ``random_state``, and (ℓ∞) the corner search. Returns (value, the start that won or None,
+    Auto-PGD reductions, corner evaluations, corner-search mode or None): a batch's whole record,
+    so that batches can be solved on different ranks."""
     p, eng = ctx.problem, ctx.engine
     theta = p.theta
     base, g0 = eng.batch_loss_grad(mb, theta, need_grad=opts.first_order)
     if not math.isfinite(base):
-        return base
+        return base, None, 0, 0, None
     if opts.first_order:
         z = opts.rho * _direction(c * g0, opts.norm)
         val, _ = eng.batch_loss_grad(mb, theta + c * z, need_grad=False)
-        return val - base
+        return val - base, None, 0, 0, None
 
     def fg(z):
         val, gr = eng.batch_loss_grad(mb, theta + c * z)
         return val - base, (c * gr if gr is not None else None)
 
+    gen = torch.Generator()
+    gen.set_state(random_state)
     starts = [("eigen", z) for z in eig_starts] + [
         ("random", random_start(p.num_params, opts.rho, opts.norm, gen, p.device, p.dtype))
         for _ in range(opts.restarts)
     ]
     best, won, red, ok, points = _best_ascent(fg, starts, opts)
-    tally["reductions"] += red
+    evals, mode = 0, None
     if ok and opts.norm == "linf" and opts.corners > 0:
         def f(sgn):
             z = opts.rho * sgn.to(theta.device, theta.dtype)
             return eng.batch_loss_grad(mb, theta + c * z, need_grad=False)[0] - base
 
-        value, used, mode = corner_maximum(f, p.num_params, points + patterns, opts.corners)
-        tally["corner_evals"] += used
-        tally["corner_modes"].add(mode)
+        value, evals, mode = corner_maximum(f, p.num_params, points + patterns, opts.corners)
         if value > best:
             best, won = value, "corner"
-    tally["wins"][won] += 1
-    return best
+    return best, won, red, evals, mode
 
 
 # ---------------------------------------------------------------- sharpness_average
