@@ -388,9 +388,10 @@ class CurvatureEngine:
         self.tally.forward_units += units
         return dist.sum_float(total)[0] / units, None
 
-    def map_batches(self, batches: list[Batch], fn: Callable[[Batch], Any]) -> list[Any]:
-        """``[fn(b) for b in batches]`` for independent per-batch problems (m-sharpness), with the
-        batches dealt round-robin to the ranks: each batch is computed whole on one rank, inside
+    def map_batches(self, batches: list[Any], fn: Callable[[Any], Any]) -> list[Any]:
+        """``[fn(b) for b in batches]`` for independent per-batch problems (m-sharpness; an item
+        may carry more than its `Batch`, e.g. a random state), with the items dealt round-robin
+        to the ranks: each batch is computed whole on one rank, inside
         ``fn`` `batch_loss_grad` stays local (no communication per step), and the results (any
         picklable values) are gathered in batch order on every rank, as are the counters. A batch
         is computed exactly as one process computes it, so the results equal one process's.

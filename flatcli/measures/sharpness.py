@@ -487,9 +487,10 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
 
 def _batch_worst(ctx, mb, c, opts: WorstOptions, eig_starts, patterns, random_state):
     """One batch's worst case: SAM's step, or the ascents from ``eig_starts`` and ``restarts``
-    random starts drawn from the generator state ``random_state``, and (ℓ∞) the corner search. Returns (value, the start that won or None,
-    Auto-PGD reductions, corner evaluations, corner-search mode or None): a batch's whole record,
-    so that batches can be solved on different ranks."""
+    random starts drawn from the generator state ``random_state``, and (ℓ∞) the corner search.
+    Returns (value, the start that won or None, Auto-PGD reductions, corner evaluations,
+    corner-search mode or None): the batch's whole record, so that batches can be solved on
+    different ranks."""
     p, eng = ctx.problem, ctx.engine
     theta = p.theta
     base, g0 = eng.batch_loss_grad(mb, theta, need_grad=opts.first_order)
