@@ -110,6 +110,8 @@ def test_bad_requests_are_config_errors():
         compare_measures(df, "A", "D")
     with pytest.raises(ConfigError, match="needs ≥ 3 checkpoints"):
         compare_measures(df.head(2), "A", "B")
+    with pytest.raises(ConfigError, match="B is constant over the 40 usable rows"):
+        compare_measures(df.assign(B=1.0), "A", "B")
 
 
 def test_cli_compare(tmp_path):

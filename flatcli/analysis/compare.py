@@ -166,9 +166,13 @@ def compare_measures(
     ok = usable(table, a, target) & usable(table, b, target)
     va, vb, g = table.numeric(a)[ok], table.numeric(b)[ok], table.numeric(target)[ok]
     n = int(ok.sum())
-    if n < 3 or min(np.ptp(va), np.ptp(vb), np.ptp(g)) == 0:
-        raise ConfigError(f"--compare {a},{b}: needs ≥ 3 checkpoints with both values and a non-constant "
-                          f"{target}, {a} and {b}; {table.name} has {n} usable rows")
+    if n < 3:
+        raise ConfigError(f"--compare {a},{b}: needs ≥ 3 checkpoints with both values and {target}; "
+                          f"{table.name} has {n} usable rows")
+    flat = [col for col, v in ((target, g), (a, va), (b, vb)) if np.ptp(v) == 0]
+    if flat:
+        raise ConfigError(f"--compare {a},{b}: {', '.join(flat)} is constant over the {n} usable rows of "
+                          f"{table.name}: no correlation to compare")
     diffs = paired_bootstrap(va, vb, g, bootstrap, seed)
     rows = []
     for s in STATISTICS:
