@@ -177,7 +177,7 @@ def test_params_include_restricts_lambda_max_to_the_head_block(tmp_path):
     rep = measure(cfg, measures=[{"hessian_lambda_max": {"tol": 1e-8}}, "frobenius_norm"], outdir=tmp_path / "out")
     row = rep.rows[0]
     assert row.results["hessian_lambda_max"].value == pytest.approx(lam_head, rel=1e-4)
-    assert row.results["frobenius_norm"].value == pytest.approx(float((model.head.weight**2).sum()), rel=1e-12)
+    assert row.results["frobenius_norm"].value == pytest.approx(float((model.head.weight.detach()**2).sum()), rel=1e-12)
     sel = json.loads((tmp_path / "out" / "results.json").read_text())["rows"][0]["params"]
     assert sel["names"] == ["head.weight"] and sel["count"] == sizes["head.weight"]
 

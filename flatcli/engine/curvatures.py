@@ -29,6 +29,8 @@ float64 reference.
 
 from __future__ import annotations
 
+import abc
+
 import torch
 from torch.func import grad as func_grad
 from torch.func import jvp, vjp, vmap
@@ -36,7 +38,7 @@ from torch.func import jvp, vjp, vmap
 from .loop import is_oom
 
 
-class Curvature:
+class Curvature(abc.ABC):
     """Base class: ``product(V, θ, j, batch, out, accumulate)`` writes (``accumulate`` False) or adds
     batch ``j``'s share of M V into ``out``."""
 
@@ -50,9 +52,9 @@ class Curvature:
         """The engine's problem."""
         return self.engine.problem
 
+    @abc.abstractmethod
     def product(self, V, th, j, batch, out, accumulate) -> None:
         """Batch ``j``'s share of M V into ``out`` (see the class docstring)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement product()")
 
     def batch_loss(self, batch):
         """θ ↦ this batch's share of L (sum of its unit losses / U)."""

@@ -27,6 +27,7 @@ Adding a loss is one subclass registered in `LOSSES` plus a test against
 
 from __future__ import annotations
 
+import abc
 from typing import ClassVar
 
 import torch
@@ -44,7 +45,7 @@ class NotApplicable(MeasurementError):
     the measure's row gets status ``not_applicable`` with this message as the reason."""
 
 
-class Loss:
+class Loss(abc.ABC):
     """Base class: see the module docstring. Subclasses set ``name`` and implement `scores`,
     `unit_losses` and `output_hvp`."""
 
@@ -64,17 +65,17 @@ class Loss:
             raise ConfigError(f"loss '{self.name}' needs a target: name it 'y' or 'labels' in the data")
         return t
 
+    @abc.abstractmethod
     def scores(self, out: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(Z (N, C), t, mask (N,) or None) of the N candidate units of a batch."""
-        raise NotImplementedError(f"{type(self).__name__} must implement scores()")
 
+    @abc.abstractmethod
     def unit_losses(self, Z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """The loss of each unit, shape (N,)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement unit_losses()")
 
+    @abc.abstractmethod
     def output_hvp(self, out: torch.Tensor, batch: Batch, V: torch.Tensor) -> torch.Tensor:
         """:math:`\\nabla^2_{out}(\\sum_u \\ell_u) V` for V shaped like ``out`` (or (K, *out.shape))."""
-        raise NotImplementedError(f"{type(self).__name__} must implement output_hvp()")
 
     def ggn_factors(self, Z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """Factor columns of the per-unit output Hessian, shape (C, N, C): row [k, u] is a_uk."""
