@@ -147,3 +147,13 @@ def record_tf32_flags(monkeypatch, bias: float = 0.0) -> list[bool]:
 
     monkeypatch.setattr(CurvatureEngine, "hvp", hvp)
     return seen
+
+
+def cli_output(res) -> str:
+    """A CliRunner result's stdout and, where the runner keeps it apart, stderr."""
+    text = res.output
+    try:
+        text += res.stderr
+    except (ValueError, AttributeError):
+        pass
+    return text

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from flatcli.cli import app
 
-from .helpers import write_project
+from .helpers import cli_output, write_project
 
 runner = CliRunner()
 
@@ -19,13 +19,8 @@ def run(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
-def out(res):
-    text = res.output
-    try:
-        text += res.stderr
-    except (ValueError, AttributeError):
-        pass
-    return text
+def out(res) -> str:
+    return cli_output(res)
 
 
 @pytest.fixture

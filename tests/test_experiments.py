@@ -23,6 +23,8 @@ from flatcli.experiments.pipeline import Experiment, StudyOutcome, correlation_t
 from flatcli.experiments.spec import Study, merge
 from flatcli.training import LossTarget, Plateau
 
+from .helpers import cli_output
+
 pytest.importorskip("mnist1d")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,12 +45,7 @@ def _labels(study) -> list[str]:
 
 
 def _out(res) -> str:
-    text = res.output
-    try:
-        text += res.stderr
-    except (ValueError, AttributeError):
-        pass
-    return text
+    return cli_output(res)
 
 
 def small_spec(tmp_path: Path, name: str, measures: list, study: str | None = None, **quick) -> Path:

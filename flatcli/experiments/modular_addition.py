@@ -24,7 +24,7 @@ import numpy as np
 
 from ..results import read_table, write_table
 from ..training import TrainRecord
-from .pipeline import Experiment, StudyOutcome, correlation_table, fmt_stat, pyplot
+from .pipeline import Experiment, StudyOutcome, correlation_table, fmt_stat, pyplot, save_figure
 from .spec import Study
 
 FRACTION, DECAY = "train_fraction", "weight_decay"
@@ -143,8 +143,4 @@ def fraction_figure(csv_path: Path, labels: list[str], path: Path, title: str) -
         ax.axis("off")
     fig.supxlabel("training fraction of the p² pairs", fontsize=8)
     fig.suptitle(f"{title}: gap and measures vs. training fraction (mean ± std over seeds)", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -96,6 +96,15 @@ def pyplot():
     return plt
 
 
+def save_figure(fig, path: Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` (creating its folder), close it; returns ``path``."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    pyplot().close(fig)
+    return path
+
+
 def work_seconds(folder: Path) -> tuple[float, float]:
     """Seconds of work behind a study, summed over its models: training (``training.csv``) and
     measurement (every ``<measure>_seconds`` column of ``results/results.csv``); 0 where a file is missing."""

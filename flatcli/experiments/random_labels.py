@@ -25,6 +25,7 @@ from .pipeline import (
     correlation_table,
     fmt_stat,
     pyplot,
+    save_figure,
 )
 from .spec import Study
 
@@ -126,8 +127,4 @@ def noise_figure(csv_path: Path, measures, path: Path, title: str) -> Path:
     fig.supxlabel("random-label fraction", fontsize=8)
     fig.supylabel("value rescaled to [0, 1] (mean ± std over seeds)", fontsize=8)
     fig.suptitle(f"{title}: measures vs. random labels (cf. Tsuzuku et al. 2020, Fig. 1)", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -27,7 +27,7 @@ import torch
 from ..errors import MeasurementError
 from ..results import read_table, write_table
 from ..training import TrainRecord
-from .pipeline import Experiment, StudyOutcome, absolute_paths, pyplot
+from .pipeline import Experiment, StudyOutcome, absolute_paths, pyplot, save_figure
 from .spec import Study
 
 OUTPUT_TOL = 1e-9  # relative change of the float64 output a rescaling may cause
@@ -194,8 +194,4 @@ def change_figure(table: list[dict[str, Any]], path: Path, title: str) -> Path:
     axes.flat[0].set_ylabel("median relative change |μ′ − μ| / |μ|", fontsize=8)
     axes.flat[-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.suptitle(f"{title}: measures under function-preserving rescalings (dashed: claims invariance)", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
