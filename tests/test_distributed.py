@@ -143,3 +143,28 @@ def test_a_failure_on_one_rank_ends_every_rank_with_one_error(tmp_path):
     errors = [line for _, err in outs for line in err.splitlines() if line.startswith("error:")]
     assert errors == ["error: rank 1: hessian_trace: RuntimeError: boom in backward on rank 1"], outs
     assert not (tmp_path / "out" / "results.csv").exists()
+
+
+def test_flatcli_destroys_the_process_group_it_created_and_only_that(monkeypatch):
+    """A rank that ends with its gloo group alive can abort at interpreter exit (SIGABRT in CI):
+    `leave` destroys the group `init_from_env` created, and leaves a group the caller created."""
+    import torch.distributed as td
+
+    from flatcli.engine import dist
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(dist, "launched", lambda: True)  # one rank: a group without a second process
+    world, _ = dist.init_from_env(torch.device("cpu"))
+    assert td.is_initialized()
+    dist.leave(world)
+    assert not td.is_initialized()
+    td.init_process_group("gloo", rank=0, world_size=1)  # the caller's own group
+    try:
+        world, _ = dist.init_from_env(torch.device("cpu"))
+        dist.leave(world)
+        assert td.is_initialized()
+    finally:
+        td.destroy_process_group()

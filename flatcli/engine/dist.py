@@ -170,4 +170,4 @@ def leave(world: Dist) -> None:
     destroy the group if flatcli created it, so that no rank exits with gloo/nccl threads alive."""
     if world.active:
         world.barrier()
-        shutdown()
+    shutdown()
