@@ -37,17 +37,18 @@ def _table(n=40, noise_a=0.3, noise_b=2.0, seed=0):
     })
 
 
-def test_row_statistics_match_scipy_with_ties():
+@pytest.mark.parametrize("n", [12, 200])  # all rows at once from sign matrices; scipy per row above 150 columns
+def test_row_statistics_match_scipy_with_ties(n):
     rng = np.random.default_rng(1)
-    X = rng.integers(0, 5, size=(30, 12)).astype(float)  # many ties, as in bootstrap resamples
-    Y = rng.normal(size=(30, 12)).round(1)
-    for k in range(30):
-        assert kendall_rows(X[k : k + 1], Y[k : k + 1])[0] == pytest.approx(
-            stats.kendalltau(X[k], Y[k], variant="b").statistic, rel=1e-12)
-        assert spearman_rows(X[k : k + 1], Y[k : k + 1])[0] == pytest.approx(stats.spearmanr(X[k], Y[k]).statistic, rel=1e-12)
-        assert pearson_rows(X[k : k + 1], Y[k : k + 1])[0] == pytest.approx(stats.pearsonr(X[k], Y[k]).statistic, rel=1e-12)
-    const = np.ones((1, 12))
-    assert all(math.isnan(f(const, Y[:1])[0]) for f in (kendall_rows, spearman_rows, pearson_rows))
+    X = rng.integers(0, 5, size=(30, n)).astype(float)  # many ties, as in bootstrap resamples
+    Y = rng.normal(size=(30, n)).round(1)
+    X[7] = 2.0  # a constant row among the others
+    tau, rho, r = kendall_rows(X, Y), spearman_rows(X, Y), pearson_rows(X, Y)
+    assert np.isnan(tau[7]) and np.isnan(rho[7]) and np.isnan(r[7])
+    for k in set(range(30)) - {7}:
+        assert tau[k] == pytest.approx(stats.kendalltau(X[k], Y[k], variant="b").statistic, rel=1e-12)
+        assert rho[k] == pytest.approx(stats.spearmanr(X[k], Y[k]).statistic, rel=1e-12)
+        assert r[k] == pytest.approx(stats.pearsonr(X[k], Y[k]).statistic, rel=1e-12)
 
 
 def test_each_resample_is_the_scipy_difference_on_the_same_rows():

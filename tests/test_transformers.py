@@ -170,7 +170,7 @@ CHEAP = [  # every measure, with options that keep the run to seconds
     {"hessian_lambda_max": {"tol": 1e-2, "max_steps": 20}},
     {"hessian_trace": {"min_probes": 4, "max_probes": 4}},
     {"hessian_spectrum": {"top_k": 2, "slq_runs": 1, "slq_steps": 4}},
-    {"local_entropy": {"slq_runs": 1, "slq_steps": 4}},
+    {"local_entropy": {"method": "slq", "slq_runs": 2, "max_runs": 2, "slq_steps": 4}},  # not dense (440 HVPs on GPT-2)
     {"first_order_flatness": {"steps": 2}},
     {"keskar_sharpness": {"steps": 2}},
     {"sharpness_worst": {"adaptive": True, "steps": 2, "batch_size": 2, "eigen_starts": 0}},

@@ -38,42 +38,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
-from .correlation import as_table, filter_rows, usable
+from .correlation import as_table, filter_rows, kendall_rows, pearson_rows, spearman_rows, usable
 
 STATISTICS = ("kendall_tau_b", "spearman", "pearson")
-_CHUNK_ELEMENTS = 4_000_000  # resamples × n × n sign products held at once (Kendall)
-
-
-def pearson_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
-    """Pearson's r of every row pair (X[k], Y[k]); NaN where a row is constant."""
-    Xc = X - X.mean(1, keepdims=True)
-    Yc = Y - Y.mean(1, keepdims=True)
-    den = np.sqrt((Xc * Xc).sum(1) * (Yc * Yc).sum(1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, (Xc * Yc).sum(1) / np.where(den > 0, den, 1.0), np.nan)
-
-
-def spearman_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
-    """Spearman's ρ of every row pair: Pearson's r of the average ranks (ties share their mean rank)."""
-    from scipy.stats import rankdata
-
-    return pearson_rows(rankdata(X, axis=1), rankdata(Y, axis=1))
-
-
-def kendall_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
-    r"""Kendall's τ-b of every row pair: :math:`(C - D)/\sqrt{(n_0 - n_1)(n_0 - n_2)}` over the pairs
-    i < j, ties in X (n_1) or Y (n_2) excluded from the denominator's counts; NaN where a row is constant."""
-    K, n = X.shape
-    out = np.empty(K)
-    iu = np.triu_indices(n, 1)
-    step = max(1, _CHUNK_ELEMENTS // max(1, n * n))
-    for s in range(0, K, step):
-        dx = np.sign(X[s : s + step, :, None] - X[s : s + step, None, :])[:, iu[0], iu[1]]
-        dy = np.sign(Y[s : s + step, :, None] - Y[s : s + step, None, :])[:, iu[0], iu[1]]
-        den = np.sqrt((dx != 0).sum(1) * (dy != 0).sum(1).astype(float))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out[s : s + step] = np.where(den > 0, (dx * dy).sum(1) / np.where(den > 0, den, 1.0), np.nan)
-    return out
 
 
 _ROWS = {"kendall_tau_b": kendall_rows, "spearman": spearman_rows, "pearson": pearson_rows}

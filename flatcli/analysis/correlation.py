@@ -481,6 +481,53 @@ def check_cmi_grid(g: np.ndarray, hp: dict[str, list[str]], axes: list[str], see
     return check
 
 
+_CHUNK_ELEMENTS = 8_000_000  # resamples × n × n int8 signs held at once (Kendall)
+_KENDALL_PAIRWISE_MAX = 150
+
+
+def pearson_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Pearson's r of every row pair (X[k], Y[k]); NaN where a row is constant."""
+    Xc = X - X.mean(1, keepdims=True)
+    Yc = Y - Y.mean(1, keepdims=True)
+    den = np.sqrt((Xc * Xc).sum(1) * (Yc * Yc).sum(1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, (Xc * Yc).sum(1) / np.where(den > 0, den, 1.0), np.nan)
+
+
+def spearman_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Spearman's ρ of every row pair: Pearson's r of the average ranks (ties share their mean rank)."""
+    from scipy.stats import rankdata
+
+    return pearson_rows(rankdata(X, axis=1), rankdata(Y, axis=1))
+
+
+def kendall_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    r"""Kendall's τ-b of every row pair: :math:`(C - D)/\sqrt{(n_0 - n_1)(n_0 - n_2)}` over the pairs
+    i < j, ties in X (n_1) or Y (n_2) excluded from the denominator's counts; NaN where a row is constant.
+
+    Up to ``_KENDALL_PAIRWISE_MAX`` columns all rows at once from int8 sign matrices (O(n²) per row,
+    15× faster than a scipy call per row at 48 columns, 1.4× at 128); above, scipy.stats.kendalltau
+    per row (O(n log n); the crossover measured with 1,000 rows)."""
+    K, n = X.shape
+    if n > _KENDALL_PAIRWISE_MAX:
+        from scipy.stats import kendalltau
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a constant row: nan, as below
+            return np.array([kendalltau(X[k], Y[k], variant="b").statistic for k in range(K)], dtype=float)
+    out = np.empty(K)
+    step = max(1, _CHUNK_ELEMENTS // max(1, n * n))
+    for s in range(0, K, step):
+        x, y = X[s : s + step], Y[s : s + step]
+        sx = np.sign(x[:, :, None] - x[:, None, :]).astype(np.int8)  # both triangles: every count doubled
+        sy = np.sign(y[:, :, None] - y[:, None, :]).astype(np.int8)
+        num = np.einsum("kij,kij->k", sx, sy, dtype=np.int64)
+        den = np.sqrt(np.count_nonzero(sx, axis=(1, 2)) * np.count_nonzero(sy, axis=(1, 2)).astype(float))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[s : s + step] = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+    return out
+
+
 def _scipy_stats(m: np.ndarray, g: np.ndarray) -> np.ndarray:
     """``[Pearson, Spearman, Kendall τ-b]`` of (m, g) from scipy.stats; nan where undefined."""
     from scipy import stats
@@ -502,11 +549,24 @@ class Interval:
     hi: float
 
 
+def _row_stats(m: np.ndarray, g: np.ndarray, axis: int = -1) -> np.ndarray:
+    """``[Pearson, Spearman, Kendall τ-b]`` of every resample (scipy's vectorized bootstrap
+    statistic): arrays (..., n) → (3, ...)."""
+    m, g = np.moveaxis(m, axis, -1), np.moveaxis(g, axis, -1)
+    M, G = m.reshape(-1, m.shape[-1]), g.reshape(-1, g.shape[-1])
+    return np.stack([f(M, G) for f in (pearson_rows, spearman_rows, kendall_rows)]).reshape(3, *m.shape[:-1])
+
+
 def bootstrap_intervals(
     m: np.ndarray, g: np.ndarray, n_resamples: int, seed: int = 0, confidence: float = 0.95
 ) -> tuple[dict[str, Interval], int]:
     """Percentile intervals of Pearson, Spearman and Kendall τ-b over ``n_resamples`` resamples
-    of the checkpoints (``scipy.stats.bootstrap``, paired, generator seeded by ``seed``).
+    of the checkpoints (``scipy.stats.bootstrap``, paired, generator seeded by ``seed``). The
+    statistics of all resamples are computed at once (`pearson_rows`, `spearman_rows`,
+    `kendall_rows`, equal to scipy.stats' to rounding): 1,000 resamples of 48 / 150 / 400
+    checkpoints take 0.03 / 0.25 / 0.30 s instead of 0.78 / 0.84 / 0.93 s with scipy's call per
+    resample (``scripts/bench_bootstrap.py --n 48,150,400``, one thread of this project's 2-core CPU
+    machine, scipy 1.17).
 
     Returns the intervals and the number of resamples on which a statistic was undefined (a
     resample whose measure or gap is constant); the intervals then come from the other
@@ -516,7 +576,7 @@ def bootstrap_intervals(
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy's degenerate-distribution warning: handled below
-        res = stats.bootstrap((m, g), _scipy_stats, paired=True, vectorized=False, n_resamples=n_resamples,
+        res = stats.bootstrap((m, g), _row_stats, paired=True, vectorized=True, n_resamples=n_resamples,
                               confidence_level=confidence, method="percentile",
                               rng=np.random.default_rng(seed))
     dist = np.asarray(res.bootstrap_distribution, dtype=float)  # (pearson, spearman, τ-b) × resamples
