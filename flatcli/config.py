@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import os
@@ -254,12 +255,18 @@ def _dataclass_of(tp: Any) -> type | None:
     return None
 
 
+@functools.cache
+def _hints(cls) -> dict[str, Any]:
+    """A config dataclass's resolved field types (evaluated once per class, not per config read)."""
+    return get_type_hints(cls)
+
+
 def _build(cls, raw: Any, prefix: str, prov: dict[str, str], origin: str):
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"config key '{prefix or '(top level)'}' must be a mapping; got {type(raw).__name__}")
-    hints = get_type_hints(cls)
+    hints = _hints(cls)
     fields = {yaml_key(f): f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
     obj = cls()
     for key, value in raw.items():
@@ -444,7 +451,7 @@ def _set_path(cfg: Config, path: str, value: Any, origin: str) -> None:
     obj = cfg
     for p in parts[:-1]:
         obj = getattr(obj, p)
-    tp = get_type_hints(type(obj))[parts[-1]]
+    tp = _hints(type(obj))[parts[-1]]
     if any(m is int for m in _members(tp)) and isinstance(value, str) and value.lstrip("-").isdigit():
         value = int(value)
     setattr(obj, parts[-1], _check_type(path, value, tp))

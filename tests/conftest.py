@@ -13,6 +13,21 @@ import torch  # noqa: E402
 torch.set_num_threads(1)  # tiny test models: threading overhead dominates
 
 
+def _cache_cli_commands() -> None:
+    """CliRunner.invoke converts the Typer app into a click command on every call (32 ms for
+    flatcli's, ~150 calls in the suite); the command is stateless between invocations, so the
+    tests build it once per app. Without the private hook (another typer) nothing changes."""
+    import functools
+
+    import typer.testing
+
+    if hasattr(typer.testing, "_get_command"):
+        typer.testing._get_command = functools.lru_cache(maxsize=None)(typer.testing._get_command)
+
+
+_cache_cli_commands()
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
