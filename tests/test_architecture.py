@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -29,11 +30,18 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(name: str) -> set[str]:
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for every test of this file (none modifies it)."""
+    return ast.parse(path.read_text())
+
+
+@functools.cache
+def _imports(name: str) -> frozenset[str]:
     """flatcli modules imported anywhere in module ``name`` (function-level imports included)."""
     path = MODULES[name]
     pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     typing_only = {  # `if TYPE_CHECKING:` imports exist for annotations only: no runtime edge
         id(n) for node in ast.walk(tree)
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
@@ -54,12 +62,12 @@ def _imports(name: str) -> set[str]:
         else:
             continue
         found |= {t for t in targets if t in MODULES and t != name}
-    return found
+    return frozenset(found)
 
 
 def _string_constants(path: Path) -> set[str]:
     """String literals of a module, docstrings excluded."""
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     docs = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -154,7 +162,7 @@ def _autograd_uses(tree: ast.AST) -> set[str]:
 def test_measures_import_no_autograd():
     """Statically: no module under flatcli/measures/ reaches for autograd or torch.func derivatives."""
     offenders = {m: sorted(h) for m, p in MODULES.items() if m.startswith("flatcli.measures")
-                 and (h := _autograd_uses(ast.parse(p.read_text())))}
+                 and (h := _autograd_uses(_tree(p)))}
     assert not offenders, f"autograd outside the engine: {offenders}"
 
 
@@ -199,7 +207,7 @@ def test_functions_stay_short():
     """No function body (docstring excluded) over 75 lines; ruff's complexity rules do the rest."""
     long = []
     for mod, path in MODULES.items():
-        for n in ast.walk(ast.parse(path.read_text())):
+        for n in ast.walk(_tree(path)):
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = n.body[0] if n.body and isinstance(n.body[0], ast.Expr) and isinstance(
                     getattr(n.body[0], "value", None), ast.Constant) else None
