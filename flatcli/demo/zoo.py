@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from ..config import safe_yaml
 from ..training import (
     LossTarget,
     Recipe,
@@ -34,7 +35,7 @@ DATA = {"train": {"source": "digits"}, "test": {"source": "digits"}}
 
 def default_measures() -> list:
     """The demo's measure list (``flatcli/demo/measures.yaml``; configuration, not code)."""
-    return yaml.safe_load((Path(__file__).parent / "measures.yaml").read_text())
+    return safe_yaml((Path(__file__).parent / "measures.yaml").read_text())
 
 
 def zoo_tasks(outdir: str | Path, seed: int = 0) -> list[TrainTask]:

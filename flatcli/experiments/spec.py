@@ -42,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from ..config import safe_yaml
 from ..errors import ConfigError
 from ..training import DTYPES, LossTarget, Plateau, Recipe
 from ..training import OPTIMIZERS as TRAINING_OPTIMIZERS
@@ -200,7 +201,7 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> Spec:
     """Read, merge and validate a spec (a shipped experiment's name or a YAML path)."""
     path = _resolve_path(name_or_path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = safe_yaml(path.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"experiment spec {path} is not valid YAML: {e}") from None
     where = path.name
