@@ -178,6 +178,28 @@ def test_cmi_matches_brute_force():
     assert res.pairs == sum(1 for i in range(12) for j in range(12) if i != j and g[i] != g[j])
 
 
+def test_cmi_cells_are_the_same_partition_with_one_integer_key_or_unique_rows():
+    """The cells U_S of the pairs: one mixed-radix int64 key per pair, or (when the axes have too
+    many values for one key) numpy's unique rows: both group the pairs exactly as their values do."""
+    from flatcli.analysis.correlation import _cell_ids
+
+    rng = np.random.default_rng(0)
+    small = {"a": rng.integers(0, 3, 14), "b": rng.integers(0, 4, 14)}
+    huge = {k: v * 2**40 for k, v in small.items()}  # the same grid, codes too large for one key
+    i, j = np.nonzero(~np.eye(14, dtype=bool))
+
+    def groups(cell):
+        return sorted(sorted(np.flatnonzero(cell == c).tolist()) for c in np.unique(cell))
+
+    truth = groups(np.unique([f"{small['a'][p]},{small['a'][q]},{small['b'][p]},{small['b'][q]}"
+                              for p, q in zip(i, j, strict=True)], return_inverse=True)[1])
+    for codes in (small, huge):
+        cell = _cell_ids(i, j, codes, ("a", "b"))
+        assert cell.min() == 0 and cell.max() == len(np.unique(cell)) - 1  # numbered 0..cells−1
+        assert groups(cell) == truth
+    assert groups(_cell_ids(i, j, small, ())) == [list(range(len(i)))]
+
+
 # ------------------------------------------------------------------ robustness and reporting
 def test_only_measure_columns_count_and_notes_not_crashes(tmp_path):
     rows = grid_rows(lambda k, hp: k % 5, lambda k, hp: (k * 7) % 11)

