@@ -1,0 +1,47 @@
+r"""Matrix-free linear algebra for symmetric operators given as block mat-vecs.
+
+Every routine takes ``matvec(V) -> H V`` for a block ``V`` of shape ``(K, P)``
+and returns its result together with diagnostics (steps, residuals, standard
+errors, converged flags, number of products). Small projected problems are
+solved in float64. Random probes come from a seeded CPU ``torch.Generator``;
+drawing K probes at once gives the same probes as K single draws, so results do
+not depend on how products are blocked.
+
+References
+----------
+Block Lanczos with full reorthogonalization: Golub & Van Loan, *Matrix
+Computations*, 4th ed., §10.1 and §10.3.6 (block Lanczos); the Ritz residual
+identity :math:`\|Hx - \theta x\| = \|R\,y_{\text{last}}\|` (§10.1.4).
+Hutchinson (1989); Hutch++: Meyer, Musco, Musco & Woodruff, SOSA 2021, Alg. 1.
+Stochastic Lanczos quadrature: Ubaru, Chen & Saad, SIMAX 2017, §3 (eq. 3.5);
+Ghorbani, Krishnan & Xiao, ICML 2019, §2. Diagonal estimators: Bekas, Kokiopoulou
+& Saad 2007; Tsuzuku, Sato & Sugiyama, ICML 2020, eq. 29.
+"""
+
+from ._common import MatVec, rademacher, rowdot
+from .diagonal import (
+    CheckedDiagonal,
+    _check_coordinates,
+    checked_gauss_newton_diagonal,
+    exact_diagonal,
+    hutchinson_diagonal,
+    remainder_block_gaps,
+    scaled_diagonal,
+)
+from .lanczos import (
+    LanczosResult,
+    PrecisionControl,
+    certified_min_steps,
+    lanczos,
+    precision_control,
+    verify_eigenpair,
+)
+from .slq import SLQResult, slq, slq_group_size
+from .trace import TraceResult, hutchinson, hutchpp
+
+__all__ = [
+    "MatVec", "rademacher", "rowdot", "CheckedDiagonal", "checked_gauss_newton_diagonal", "exact_diagonal",
+    "hutchinson_diagonal", "remainder_block_gaps", "scaled_diagonal", "LanczosResult", "PrecisionControl",
+    "certified_min_steps", "lanczos", "precision_control", "verify_eigenpair", "SLQResult", "slq",
+    "slq_group_size", "TraceResult", "hutchinson", "hutchpp", "_check_coordinates",
+]
