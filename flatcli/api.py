@@ -555,13 +555,13 @@ def landscape_connect(
     `flatcli.landscape.connect.ConnectResult`.
     """
     from .landscape.connect import connect_landscape, write_connect_files
-    from .landscape.trajectory import check_state
+    from .loading.checkpoints import check_state
 
     cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir, threads, precision)
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     model_a, extras = load_model(cfg, pa)
     model_b, _ = load_model(cfg, pb)
-    check_state(model_b.state_dict(), model_a.state_dict(), str(b), str(a), "--connect")
+    check_state(model_b.state_dict(), model_a.state_dict(), str(b), str(a), "landscape connect")
     da, db = manifest_train_data(cfg, pa), manifest_train_data(cfg, pb)
     if da is not None and db is not None and da.resolve() != db.resolve():
         raise ConfigError(

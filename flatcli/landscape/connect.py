@@ -62,12 +62,12 @@ from torch.func import functional_call
 from ..engine import Batch, Problem, eval_mode, get_loss
 from ..engine.batch import model_output
 from ..errors import ConfigError, MeasurementError
+from ..loading.checkpoints import check_state
 from ..settings import Settings
 from .bnstats import BatchNormRecomputer, batchnorm_buffer_names
 from .evaluate import ChunkFn, Progress, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
 from .slices import axis_grid
-from .trajectory import check_state
 
 BEND_OPTIMIZERS = ("adam", "sgd")
 DEFAULT_BEND_LR = {"adam": 1e-3, "sgd": 1e-2}
@@ -490,8 +490,8 @@ def connect_landscape(
     t0 = time.perf_counter()
     ts = axis_grid((0.0, 1.0), int(steps), include=(0.0, 1.0))
     state_a = model_a.state_dict()
-    check_state(state_a, state_a, labels[0], labels[0], "--connect")
-    check_state(model_b.state_dict(), state_a, labels[1], labels[0], "--connect")
+    check_state(state_a, state_a, labels[0], labels[0], "landscape connect")
+    check_state(model_b.state_dict(), state_a, labels[1], labels[0], "landscape connect")
     bn_names = batchnorm_buffer_names(model_a)
     _check_bend_batch_size(bend_batch_size, bn_names)
     opts = _BendOptions(int(bend_steps), bend_lr, bend_optimizer, int(bend_batch_size), seed)

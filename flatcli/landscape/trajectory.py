@@ -67,9 +67,8 @@ import numpy as np
 import torch
 
 from ..engine import Problem, eval_mode
-from ..engine.problem import nonfinite_tensors, not_finite
 from ..errors import ConfigError, MeasurementError
-from ..loading.checkpoints import missing_checkpoint
+from ..loading.checkpoints import check_state, missing_checkpoint
 from ..settings import Settings
 from .evaluate import Progress, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
@@ -316,37 +315,6 @@ def _state(item: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torc
     )
 
 
-def check_state(
-    state: Mapping[str, torch.Tensor],
-    ref: Mapping[str, torch.Tensor],
-    label: str,
-    ref_label: str,
-    option: str,
-) -> None:
-    """`ConfigError` naming the checkpoint and tensor unless ``state`` matches ``ref`` in names and shapes
-    and its floating-point tensors are finite."""
-    missing = [n for n in ref if n not in state]
-    extra = [n for n in state if n not in ref]
-    shapes = [
-        f"{n} {tuple(state[n].shape)} vs {tuple(ref[n].shape)}"
-        for n in ref
-        if n in state and tuple(state[n].shape) != tuple(ref[n].shape)
-    ]
-    if missing or extra or shapes:
-        parts = shapes[:3]
-        if missing:
-            parts.append(f"missing {', '.join(missing[:3])}")
-        if extra:
-            parts.append(f"not in {ref_label}: {', '.join(extra[:3])}")
-        raise ConfigError(
-            f"{option}: checkpoint {label} has a different architecture than {ref_label}: "
-            + "; ".join(parts)
-        )
-    bad = nonfinite_tensors(state)
-    if bad:
-        raise not_finite(f"checkpoint {label}", None, bad)
-
-
 def _auto_span(c: np.ndarray, margin: float) -> tuple[float, float]:
     lo, hi = float(min(c.min(), 0.0)), float(max(c.max(), 0.0))
     width = hi - lo
@@ -400,7 +368,7 @@ def _centre_model(
         model = last
     centre_state = _state(last)
     work = copy.deepcopy(model)
-    check_state(centre_state, work.state_dict(), labels[-1], "the model", "--pca")
+    check_state(centre_state, work.state_dict(), labels[-1], "the model", "landscape pca")
     work.load_state_dict(centre_state)
     return work, centre_state
 
@@ -449,7 +417,7 @@ def _trajectory_matrix(
     mat = np.empty((len(ck), theta_t.numel()), dtype=np.float64)
     for i in range(len(ck)):
         st = ck.state(i)
-        check_state(st, ref_state, ck.labels[i], ck.labels[-1], "--pca")
+        check_state(st, ref_state, ck.labels[i], ck.labels[-1], "landscape pca")
         row = _flat(st, names)
         mat[i] = (row - theta_t).numpy()
         del st, row
