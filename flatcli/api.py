@@ -500,11 +500,11 @@ def landscape_pca(
     pca_grid.csv, pca_path.csv, pca.json and pca.png. Returns a
     `flatcli.landscape.trajectory.TrajectoryResult`.
     """
+    from .landscape.output import write_trajectory_files
     from .landscape.trajectory import (
         LazyTrajectory,
         trajectory_landscape,
         trajectory_paths,
-        write_trajectory_files,
     )
 
     paths = trajectory_paths(checkpoints, sort=sort)
@@ -554,7 +554,7 @@ def landscape_connect(
     connect_fit.csv, bend.pt, connect.json and connect.png. Returns a
     `flatcli.landscape.connect.ConnectResult`.
     """
-    from .landscape.connect import connect_landscape, write_connect_files
+    from .landscape import connect_landscape, write_connect_files
     from .loading.checkpoints import check_state
 
     cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir, threads, precision)

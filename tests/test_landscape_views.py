@@ -14,14 +14,14 @@ from torch import nn
 
 from flatcli.engine import Batch
 from flatcli.errors import ConfigError, MeasurementError
+from flatcli.landscape import write_connect_files, write_trajectory_files
 from flatcli.landscape.bnstats import BatchNormRecomputer
-from flatcli.landscape.connect import connect_landscape, lr_factor, write_connect_files
+from flatcli.landscape.connect import connect_landscape, lr_factor
 from flatcli.landscape.trajectory import (
     PATH_MARGIN,
     trajectory_landscape,
     trajectory_paths,
     trajectory_pca,
-    write_trajectory_files,
 )
 
 F64 = dict(device="cpu", precision="fp64")

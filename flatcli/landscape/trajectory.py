@@ -696,27 +696,3 @@ def trajectory_landscape(
     res.meta = _trajectory_meta(labels, plane, grid, seed, problems, diags)
     res.seconds = time.perf_counter() - t0
     return res
-
-
-def write_trajectory_files(
-    res: TrajectoryResult, outdir: str | Path, plots: bool = True
-) -> dict[str, Path]:
-    """Write ``pca_grid.csv``, ``pca_path.csv``, ``pca.json`` and (with matplotlib) ``pca.png``."""
-    from ..results import atomic_write
-    from .result import write_index
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
-    files = {
-        "grid": outdir / "pca_grid.csv",
-        "path": outdir / "pca_path.csv",
-        "json": outdir / "pca.json",
-    }
-    atomic_write(files["grid"], res.grid_frame().to_csv(index=False))
-    atomic_write(files["path"], res.path_frame().to_csv(index=False))
-    if plots:
-        from .plots import draw_if_available
-        from .viewplots import plot_trajectory
-
-        files.update(draw_if_available(res, plot_trajectory, outdir / "pca.png"))
-    return write_index(res, files)
