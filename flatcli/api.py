@@ -698,8 +698,9 @@ def correlate(
     is the correlations.csv table, ``report.warnings`` flags rows that are not at a minimum.
     `correlate_frame` (``flatcli.correlate``) returns that DataFrame directly.
     """
-    from .analysis.correlation import as_table, correlate_table
+    from .analysis.correlation import correlate_table
     from .analysis.report import write_csv
+    from .analysis.table import as_table
 
     if plots and outdir is None:
         raise ConfigError("--plots needs an output directory (-o OUTDIR)")

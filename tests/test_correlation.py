@@ -14,13 +14,9 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from flatcli import api
-from flatcli.analysis.correlation import (
-    conditional_mi,
-    correlate_table,
-    granulated_kendall,
-    jiang_tau,
-    load_results,
-)
+from flatcli.analysis.correlation import correlate_table
+from flatcli.analysis.statistics import conditional_mi, granulated_kendall, jiang_tau
+from flatcli.analysis.table import load_results
 from flatcli.cli import app
 from flatcli.errors import ConfigError
 
@@ -181,7 +177,7 @@ def test_cmi_matches_brute_force():
 def test_cmi_cells_are_the_same_partition_with_one_integer_key_or_unique_rows():
     """The cells U_S of the pairs: one mixed-radix int64 key per pair, or (when the axes have too
     many values for one key) numpy's unique rows: both group the pairs exactly as their values do."""
-    from flatcli.analysis.correlation import _cell_ids
+    from flatcli.analysis.statistics import _cell_ids
 
     rng = np.random.default_rng(0)
     small = {"a": rng.integers(0, 3, 14), "b": rng.integers(0, 4, 14)}

@@ -38,7 +38,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
-from .correlation import as_table, filter_rows, kendall_rows, pearson_rows, spearman_rows, usable
+from .statistics import kendall_rows, pearson_rows, spearman_rows
+from .table import as_table, filter_rows, usable
 
 STATISTICS = ("kendall_tau_b", "spearman", "pearson")
 

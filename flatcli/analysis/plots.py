@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
-from .correlation import CorrelationReport, ResultsTable, _natural, resolve_column, usable
+from .correlation import CorrelationReport
+from .table import ResultsTable, _natural, resolve_column, usable
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
 

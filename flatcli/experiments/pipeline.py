@@ -396,7 +396,7 @@ class Experiment:
         compared alone, into ``out/correlations.csv`` and ``out/comparisons.csv``; None (logged)
         when fewer than 3 models remain."""
         from .. import api
-        from ..analysis.correlation import as_table, filter_rows
+        from ..analysis.table import as_table, filter_rows
 
         where = self.where(expr)
         try:
