@@ -615,7 +615,8 @@ def sweep(
     this run's workers computed (``by_others`` those a concurrent sweep finished meanwhile). Merge
     the rows with `collect`.
     """
-    from .sweep.runner import SweepOptions, _default_log, run_sweep
+    from .sweep.runner import SweepOptions, run_sweep
+    from .sweep.worker import _default_log
 
     opts = SweepOptions(**options)
     cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads, precision=precision))
@@ -631,7 +632,7 @@ def collect(outdir: str | Path, output: str | Path | None = None):
     """Merge a sweep directory's unit files into ``results.csv`` and ``results.json`` (the
     columns of `measure`'s results.csv). Returns a `flatcli.sweep.CollectReport`; its
     ``to_pandas()`` is the table (see `collect_frame`)."""
-    from .sweep.runner import collect as _collect
+    from .sweep.collect import collect as _collect
 
     if output is not None:
         ensure_writable_dir(Path(output).expanduser().parent, "the folder of --output")

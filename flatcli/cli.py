@@ -792,7 +792,7 @@ def sweep_worker(
     debug: DebugOpt = False,
 ):
     """One worker over a planned sweep: what 'flatcli sweep' runs per GPU and array schedulers run per task."""
-    from .sweep.runner import run_worker_process
+    from .sweep.worker import run_worker_process
 
     line = run_worker_process(outdir, shard=shard, worker=worker, workers=workers, device=device,
                               redo_before=redo_before, retry_before=retry_before, lock_timeout=lock_timeout,

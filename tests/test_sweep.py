@@ -21,8 +21,10 @@ from typer.testing import CliRunner
 from flatcli import api
 from flatcli.cli import app
 from flatcli.errors import ConfigError
-from flatcli.sweep.runner import DELAY_ENV, build_plan, load_plan, plan_workers
+from flatcli.sweep.plan import build_plan, load_plan
+from flatcli.sweep.runner import plan_workers
 from flatcli.sweep.store import Store, parse_shard, shard_of
+from flatcli.sweep.worker import DELAY_ENV
 
 runner = CliRunner()
 MEASURES = ["frobenius_norm", {"hessian_trace": {"max_probes": 8, "min_probes": 4, "tol": 0.5}}]

@@ -14,7 +14,9 @@ from flatcli import api, threads
 from flatcli.cli import app
 from flatcli.errors import ConfigError
 from flatcli.jobs import resolve_jobs
-from flatcli.sweep.runner import build_plan, load_plan, plan_workers, run_worker_process, write_plan
+from flatcli.sweep.plan import build_plan, load_plan, write_plan
+from flatcli.sweep.runner import plan_workers
+from flatcli.sweep.worker import run_worker_process
 from flatcli.threads import choose_threads, plan_threads
 
 from .helpers import write_project
