@@ -170,11 +170,11 @@ def measure(
         from .landscape.plots import PLOT_HINT, have_matplotlib
 
         if not have_matplotlib():
-            raise ConfigError(f"--plots: {PLOT_HINT}")
+            raise ConfigError(f"`plots`: {PLOT_HINT}")
     cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads, precision=precision))
     write = outdir is not None or cfg.provenance.get("output.dir", "default") != "default"
     if plots and not write:
-        raise ConfigError("--plots needs an output directory (-o OUTDIR)")
+        raise ConfigError("`plots` needs an output directory (`outdir`)")
     jobs, specs = _plan(cfg, checkpoints, measures)
     out = ensure_writable_dir(cfg.output_dir(outdir), "output directory") if write else None
     st, world = _join_ranks(Settings.from_config(cfg))
@@ -383,7 +383,7 @@ def landscape(
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
     if to is not None and dims != 1:
-        raise ConfigError("--to interpolates along one line; --dims 2 does not apply to it")
+        raise ConfigError("`to` interpolates along one line; `dims` 2 does not apply to it")
     if outdir is not None:
         ensure_writable_dir(outdir, "output directory")
     st = Settings.from_config(cfg)
@@ -565,7 +565,7 @@ def landscape_connect(
     da, db = manifest_train_data(cfg, pa), manifest_train_data(cfg, pb)
     if da is not None and db is not None and da.resolve() != db.resolve():
         raise ConfigError(
-            f"--connect: the manifest gives the two checkpoints different training sets ({da} vs {db}); "
+            f"`connect`: the manifest gives the two checkpoints different training sets ({da} vs {db}); "
             "the bend is trained on one training set"
         )
     fit, train, test = _view_data(cfg, model_a, da if da is not None else db)
@@ -704,7 +704,7 @@ def correlate(
     from .analysis.table import as_table
 
     if plots and outdir is None:
-        raise ConfigError("--plots needs an output directory (-o OUTDIR)")
+        raise ConfigError("`plots` needs an output directory (`outdir`)")
     if outdir is not None:
         ensure_writable_dir(outdir, "output directory")
     report = correlate_table(

@@ -10,6 +10,7 @@ import functools
 import json
 import math
 import os
+import re
 import sys
 import traceback
 from enum import Enum
@@ -212,6 +213,29 @@ def _fail(e: BaseException, code: int, message: str, debug: bool):
     raise typer.Exit(code) from None
 
 
+@functools.cache
+def _flags() -> dict[str, str]:
+    """The one table from API parameter names to command-line flags (``max_train_loss`` →
+    ``--max-train-loss``), read off every command's options."""
+    table: dict[str, str] = {}
+
+    def walk(cmd) -> None:
+        for p in cmd.params:
+            if getattr(p, "param_type_name", "") == "option":
+                table.setdefault(p.name, max((o for o in p.opts if o.startswith("--")), key=len, default=p.opts[0]))
+        for sub in getattr(cmd, "commands", {}).values():
+            walk(sub)
+
+    walk(typer.main.get_command(app))
+    return table
+
+
+def cli_message(e: BaseException | str) -> str:
+    """An error's message in command-line terms: each API parameter the layers below name as
+    ```name``` (they never name a flag) becomes its flag; other text is left as it is."""
+    return re.sub(r"`([a-z_]+)`", lambda m: _flags().get(m.group(1), m.group(0)), str(e))
+
+
 def log_line(text: str | None) -> None:
     """One informational line on stderr (e.g. the threads chosen), nothing when empty."""
     if text:
@@ -228,7 +252,7 @@ def handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except FlatcliError as e:
-            _fail(e, e.exit_code, f"[red]error:[/red] {e}", debug)
+            _fail(e, e.exit_code, f"[red]error:[/red] {cli_message(e)}", debug)
         except KeyboardInterrupt:
             err_console.print("interrupted")
             raise typer.Exit(130) from None
@@ -289,7 +313,7 @@ def measure(
     cfg = api.load(config, overrides(device=device, seed=seed, threads=threads, precision=precision))
     format = _value(format) or cfg.output.format
     out = cfg.output_dir(outdir)
-    shown = CheckpointProgress("measuring")
+    shown = CheckpointProgress("measuring", message=cli_message)
     try:
         report = api.measure(
             cfg, checkpoints, measures=measures, outdir=out, allow_unsafe_pickle=allow_unsafe_pickle or None,

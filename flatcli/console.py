@@ -267,8 +267,9 @@ class CheckpointProgress:
     """Progress over checkpoints: on a terminal a bar (k/N, elapsed, ETA, the running measure's
     products and estimate), in logs one line per checkpoint on stderr (``[k/N] name status time``)."""
 
-    def __init__(self, verb: str):
+    def __init__(self, verb: str, message=None):
         self.verb = verb
+        self.message = message or (lambda text: text)  # the CLI's wording of an error (its flags)
         self.is_tty = err_console.is_terminal
         self.bar = None
         self.task = None
@@ -295,7 +296,7 @@ class CheckpointProgress:
         secs = sum(r.seconds for r in row.results.values())
         line = f"[{i + 1}/{n}] {row.checkpoint} {row.status} {secs:.1f}s"
         if row.status != "ok":
-            line += f" {row.error}"
+            line += f" {self.message(row.error)}"
         if self.bar is not None:
             self.bar.console.print(line, highlight=False, soft_wrap=True)
         else:

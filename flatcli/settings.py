@@ -31,7 +31,7 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"runtime.device is {name!r} but no CUDA device is visible; use --device cpu")
+            raise ConfigError(f"runtime.device is {name!r} but no CUDA device is visible; use `device` cpu")
         dev = torch.device(name)
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ConfigError(f"runtime.device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")

@@ -215,3 +215,28 @@ def test_functions_stay_short():
                 if lines > 75:
                     long.append(f"{mod}.{n.name}: {lines}")
     assert not long, long
+
+
+def test_no_flag_text_in_raises_below_the_cli():
+    """Errors below cli.py name API parameters (```where```), never command-line flags: cli.py alone
+    turns them into flags (`flatcli.cli.cli_message`), so Python users never read of a flag."""
+    import re
+
+    found = []
+    for mod, path in MODULES.items():
+        if mod in ("flatcli.cli",) or mod.endswith("__main__"):
+            continue
+        for n in ast.walk(_tree(path)):
+            if isinstance(n, ast.Raise) and n.exc is not None:
+                texts = [c.value for c in ast.walk(n.exc) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+                if any(re.search(r"(?<![\w-])--[a-z]", t) for t in texts):
+                    found.append(f"{mod}:{n.lineno}")
+    assert not found, found
+
+
+def test_the_cli_turns_api_parameters_into_flags():
+    from flatcli.cli import cli_message
+    from flatcli.errors import ConfigError
+
+    msg = cli_message(ConfigError("`max_train_loss` must be ≥ 0 with `where`; `not_a_param` stays"))
+    assert msg == "--max-train-loss must be ≥ 0 with --where; `not_a_param` stays"

@@ -235,9 +235,9 @@ def test_default_axes_skip_constant_and_unique_columns(tmp_path):
     assert mc.kendall_tau_b == pytest.approx(-1.0) and mc.psi == pytest.approx(-1.0)
     rep2 = correlate_table(load_results(tmp_path / "results.csv"), by="a,hp_b")
     assert rep2.axes == ["a", "b"] and set(rep2.measures[0].psi_axes) == {"a", "b"}
-    with pytest.raises(ConfigError, match="--by 'lr'"):
+    with pytest.raises(ConfigError, match="`by` 'lr'"):
         correlate_table(load_results(tmp_path / "results.csv"), by="lr")
-    with pytest.raises(ConfigError, match="--target 'test_gap'"):
+    with pytest.raises(ConfigError, match="`target` 'test_gap'"):
         correlate_table(load_results(tmp_path / "results.csv"), target="test_gap")
 
 
@@ -280,7 +280,7 @@ def test_correlate_plots_without_an_output_folder_is_a_usage_error(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     before = set(tmp_path.iterdir())
     res = runner.invoke(app, ["correlate", path.name, "--by", "a,b", "--plots"])
-    assert res.exit_code == 2 and "--plots needs an output directory (-o OUTDIR)" in res.output
+    assert res.exit_code == 2 and "--plots needs an output directory (--outdir)" in res.output
     assert set(tmp_path.iterdir()) == before
 
 

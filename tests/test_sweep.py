@@ -195,7 +195,7 @@ def test_shards_partition_units_exactly_once(project, tmp_path):
     assert table(out / "results.csv") == table(ref)
     assert parse_shard("2/4") == (2, 4)
     for bad in ("4/4", "1", "a/b", "-1/2"):
-        with pytest.raises(ConfigError, match="--shard"):
+        with pytest.raises(ConfigError, match="`shard`"):
             parse_shard(bad)
 
 
@@ -336,7 +336,7 @@ def test_plan_workers_cpu_and_gpu_flags():
     wps = plan_workers("cpu", None, 3)
     assert [w.device for w in wps] == ["cpu"] * 3
     assert len(plan_workers("cpu", None, None)) == 1
-    with pytest.raises(ConfigError, match="--workers"):
+    with pytest.raises(ConfigError, match="`workers`"):
         plan_workers("cpu", None, 0)
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="no CUDA device"):

@@ -221,7 +221,7 @@ def _axes(table: ResultsTable, by: list[str], notes: list[str]) -> dict[str, str
     if by:
         out: dict[str, str] = {}
         for b in by:
-            ax, col = resolve_column(table, b, "--by")
+            ax, col = resolve_column(table, b, "`by`")
             out.setdefault(ax, col)
         return out
     out = {}
@@ -280,19 +280,19 @@ def _check_options(
     """`ConfigError` for an unknown ``sort``, negative resamples, a confidence level outside
     (0, 1) or a negative (or NaN) ``max_train_loss``."""
     if sort is not None and sort not in STATS:
-        raise ConfigError(f"--sort must be one of {', '.join(STATS)}; got {sort!r}")
+        raise ConfigError(f"`sort` must be one of {', '.join(STATS)}; got {sort!r}")
     if bootstrap is not None and bootstrap < 0:
-        raise ConfigError(f"--bootstrap must be ≥ 0 resamples; got {bootstrap}")
+        raise ConfigError(f"`bootstrap` must be ≥ 0 resamples; got {bootstrap}")
     if not 0 < confidence < 1:
-        raise ConfigError(f"--confidence must be in (0, 1); got {confidence}")
+        raise ConfigError(f"`confidence` must be in (0, 1); got {confidence}")
     least = min_resamples(confidence)
     if bootstrap and bootstrap < least:
         raise ConfigError(
-            f"--bootstrap {bootstrap}: a {confidence:.0%} percentile interval needs at least {least} resamples "
+            f"`bootstrap` {bootstrap}: a {confidence:.0%} percentile interval needs at least {least} resamples "
             f"(5 / (1 − confidence): 2.5 beyond each end); 1000 is usual"
         )
     if max_train_loss is not None and not max_train_loss >= 0:
-        raise ConfigError(f"--max-train-loss must be ≥ 0; got {max_train_loss}")
+        raise ConfigError(f"`max_train_loss` must be ≥ 0; got {max_train_loss}")
 
 
 def _check_target(table: ResultsTable, target: str) -> None:
@@ -301,7 +301,7 @@ def _check_target(table: ResultsTable, target: str) -> None:
         avail = ", ".join(c for c in table.columns if c in METRICS) or "none"
         hint = "; gen_gap needs test data in the config (data.test)" if target == "gen_gap" else ""
         raise ConfigError(
-            f"--target {target!r} is not a column of {table.name} (metric columns present: {avail}){hint}"
+            f"`target` {target!r} is not a column of {table.name} (metric columns present: {avail}){hint}"
         )
 
 
@@ -335,7 +335,7 @@ def _design(
     hp = {a: table.strings(axis_columns[a]) for a in axes}
     gvals = table.numeric(target)
     if not np.isfinite(gvals).any() and len(gvals) and not pd.api.types.is_numeric_dtype(table.frame[target]):
-        raise ConfigError(f"--target {target!r}: column {target} of {table.name} holds no numbers")
+        raise ConfigError(f"`target` {target!r}: column {target} of {table.name} holds no numbers")
     n_target_missing = int((~np.isfinite(gvals)).sum())
     if n_target_missing:
         notes.append(f"{n_target_missing} of {len(gvals)} checkpoints have no finite {target}: left out")

@@ -204,13 +204,13 @@ def filter_rows(
         try:
             kept = positional.query(where)
         except Exception as e:  # any error of the user's expression
-            raise ConfigError(f"--where {where!r} is not a valid expression on {table.name}: {_one_line(e)}") from None
+            raise ConfigError(f"`where` {where!r} is not a valid expression on {table.name}: {_one_line(e)}") from None
         if not isinstance(kept, pd.DataFrame):
-            raise ConfigError(f"--where {where!r} does not select rows of {table.name}")
+            raise ConfigError(f"`where` {where!r} does not select rows of {table.name}")
         drop(f"--where {where!r}", positional.index.isin(kept.index))
     if max_train_loss is not None:
         if "train_loss" not in frame.columns:
-            raise ConfigError(f"--max-train-loss needs a train_loss column; {table.name} has none")
+            raise ConfigError(f"`max_train_loss` needs a train_loss column; {table.name} has none")
         loss = pd.to_numeric(frame["train_loss"], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
         drop(f"--max-train-loss {max_train_loss:g}", np.isfinite(loss) & (loss <= max_train_loss))
     if not infos:

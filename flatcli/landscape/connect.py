@@ -204,7 +204,7 @@ def fit_bend(
     """
     if optimizer not in BEND_OPTIMIZERS:
         raise ConfigError(
-            f"--bend-optimizer must be one of {', '.join(BEND_OPTIMIZERS)}; got {optimizer!r}"
+            f"`bend_optimizer` must be one of {', '.join(BEND_OPTIMIZERS)}; got {optimizer!r}"
         )
     lr = DEFAULT_BEND_LR[optimizer] if lr is None else float(lr)
     steps = int(steps)
@@ -230,7 +230,7 @@ def fit_bend(
         if not bool(torch.isfinite(value)):
             raise MeasurementError(
                 f"bend training: the loss is {float(value.detach())} at step {k + 1} (t = {t:.3g}); "
-                "lower --bend-lr or check the data"
+                "lower `bend_lr` or check the data"
             )
         opt.zero_grad(set_to_none=True)
         value.backward()
@@ -372,14 +372,14 @@ def _check_connect_options(
     is not a positive number, or a t grid of fewer than 2 points."""
     if bend_optimizer not in BEND_OPTIMIZERS:
         raise ConfigError(
-            f"--bend-optimizer must be one of {', '.join(BEND_OPTIMIZERS)}; got {bend_optimizer!r}"
+            f"`bend_optimizer` must be one of {', '.join(BEND_OPTIMIZERS)}; got {bend_optimizer!r}"
         )
     if int(bend_steps) < 0:
-        raise ConfigError(f"--bend-steps must be ≥ 0; got {bend_steps}")
+        raise ConfigError(f"`bend_steps` must be ≥ 0; got {bend_steps}")
     if bend_lr is not None and not (np.isfinite(bend_lr) and bend_lr > 0):
-        raise ConfigError(f"--bend-lr must be a positive number; got {bend_lr}")
+        raise ConfigError(f"`bend_lr` must be a positive number; got {bend_lr}")
     if int(steps) < 2:
-        raise ConfigError(f"--steps must be ≥ 2; got {steps}")
+        raise ConfigError(f"`steps` must be ≥ 2; got {steps}")
 
 
 def _check_bend_batch_size(bend_batch_size: int, bn_names: list[str]) -> None:
@@ -387,10 +387,10 @@ def _check_bend_batch_size(bend_batch_size: int, bn_names: list[str]) -> None:
     the minibatch's statistics)."""
     if bn_names and int(bend_batch_size) < 2:
         raise ConfigError(
-            f"--bend-batch-size must be ≥ 2 for a model with BatchNorm; got {bend_batch_size}"
+            f"`bend_batch_size` must be ≥ 2 for a model with BatchNorm; got {bend_batch_size}"
         )
     if int(bend_batch_size) < 1:
-        raise ConfigError(f"--bend-batch-size must be ≥ 1; got {bend_batch_size}")
+        raise ConfigError(f"`bend_batch_size` must be ≥ 1; got {bend_batch_size}")
 
 
 def _train_bend(

@@ -105,7 +105,7 @@ def trajectory_paths(
         if glob.has_magic(s):
             hits = sorted(glob.glob(s), key=natural_key)
             if not hits:
-                raise ConfigError(f"--pca: the glob {str(e)!r} matches no file")
+                raise ConfigError(f"`pca`: the glob {str(e)!r} matches no file")
             out += [Path(h) for h in hits]
         else:
             out.append(Path(s))
@@ -113,10 +113,10 @@ def trajectory_paths(
         out.sort(key=natural_key)
     for p in out:
         if not p.is_file():
-            raise missing_checkpoint(p, "--pca: ")
+            raise missing_checkpoint(p, "`pca`: ")
     if len(out) < MIN_CHECKPOINTS:
         raise ConfigError(
-            f"--pca needs at least {MIN_CHECKPOINTS} checkpoints; got {len(out)}"
+            f"`pca` needs at least {MIN_CHECKPOINTS} checkpoints; got {len(out)}"
             + (f" ({', '.join(str(p) for p in out)})" if out else "")
         )
     return out
@@ -193,10 +193,10 @@ def trajectory_pca(matrix: np.ndarray, solver: str = "auto", seed: int = 0) -> T
     `TrajectoryPCA`.
     """
     if solver not in PCA_SOLVERS:
-        raise ConfigError(f"--solver must be one of {', '.join(PCA_SOLVERS)}; got {solver!r}")
+        raise ConfigError(f"`solver` must be one of {', '.join(PCA_SOLVERS)}; got {solver!r}")
     if matrix.ndim != 2 or matrix.shape[0] < MIN_CHECKPOINTS:
         raise ConfigError(
-            f"--pca needs at least {MIN_CHECKPOINTS} checkpoints; got {matrix.shape[0] if matrix.ndim == 2 else 0}"
+            f"`pca` needs at least {MIN_CHECKPOINTS} checkpoints; got {matrix.shape[0] if matrix.ndim == 2 else 0}"
         )
     if matrix.dtype != np.float64 or not matrix.flags.c_contiguous:
         raise ValueError(
@@ -210,7 +210,7 @@ def trajectory_pca(matrix: np.ndarray, solver: str = "auto", seed: int = 0) -> T
     total = float(np.einsum("ij,ij->", matrix, matrix)) / (t - 1)
     if not total > 0:
         raise ConfigError(
-            f"--pca: all {t} checkpoints hold the same parameters; there is no path to project"
+            f"`pca`: all {t} checkpoints hold the same parameters; there is no path to project"
         )
     if solver == "full":
         from sklearn.decomposition import PCA
@@ -342,16 +342,16 @@ def _check_trajectory_options(
     """The checked options: the labels (default "0", "1", …), the fixed span (None: automatic)
     and the steps per axis; `ConfigError` (`ValueError` for the labels) otherwise."""
     if solver not in PCA_SOLVERS:
-        raise ConfigError(f"--solver must be one of {', '.join(PCA_SOLVERS)}; got {solver!r}")
+        raise ConfigError(f"`solver` must be one of {', '.join(PCA_SOLVERS)}; got {solver!r}")
     if n_ck < MIN_CHECKPOINTS:
-        raise ConfigError(f"--pca needs at least {MIN_CHECKPOINTS} checkpoints; got {n_ck}")
+        raise ConfigError(f"`pca` needs at least {MIN_CHECKPOINTS} checkpoints; got {n_ck}")
     labels = [str(i) for i in range(n_ck)] if labels is None else [str(s) for s in labels]
     if len(labels) != n_ck:
         raise ValueError(f"{len(labels)} labels for {n_ck} checkpoints")
     fixed_span = parse_span(span, (-1.0, 1.0)) if span is not None else None
     steps_n = int(steps)
     if steps_n < 2:
-        raise ConfigError(f"--steps must be ≥ 2; got {steps}")
+        raise ConfigError(f"`steps` must be ≥ 2; got {steps}")
     return labels, fixed_span, steps_n
 
 

@@ -147,7 +147,7 @@ def _read_refused(p: Path, e: Exception, allow_unsafe_pickle: bool, import_dirs)
         names = ", ".join(needed[:8]) + (" ..." if len(needed) > 8 else "")
         raise ConfigError(
             f"checkpoint {p} is a full pickle that would import {names}; "
-            "save a state_dict instead, or pass --allow-unsafe-pickle if you trust this file"
+            "save a state_dict instead, or pass `allow_unsafe_pickle` if you trust this file"
         ) from None
     raise ConfigError(f"checkpoint {p}: not a readable torch checkpoint ({type(e).__name__}: {_first_line(e)})") from None
 

@@ -96,17 +96,17 @@ def _gpu_list(gpus: str) -> list[int]:
     import torch
 
     if not torch.cuda.is_available():
-        raise ConfigError(f"--gpus {gpus}: no CUDA device is visible; drop --gpus to run on CPU workers")
+        raise ConfigError(f"`gpus` {gpus}: no CUDA device is visible; drop `gpus` to run on CPU workers")
     n = torch.cuda.device_count()
     if gpus == "all":
         return list(range(n))
     try:
         ids = [int(g) for g in gpus.split(",") if g.strip()]
     except ValueError:
-        raise ConfigError(f"--gpus must be 'all' or a comma-separated list of indices like 0,1; got {gpus!r}") from None
+        raise ConfigError(f"`gpus` must be 'all' or a comma-separated list of indices like 0,1; got {gpus!r}") from None
     bad = [g for g in ids if not 0 <= g < n]
     if bad or not ids:
-        raise ConfigError(f"--gpus {gpus}: {n} CUDA device(s) visible (indices 0..{n - 1})")
+        raise ConfigError(f"`gpus` {gpus}: {n} CUDA device(s) visible (indices 0..{n - 1})")
     return ids
 
 
@@ -128,24 +128,24 @@ def plan_workers(device: str, gpus: str | None, workers: int | None, threads: in
     from ..threads import choose_threads
 
     if workers is not None and workers < 1:
-        raise ConfigError(f"--workers must be ≥ 1; got {workers}")
+        raise ConfigError(f"`workers` must be ≥ 1; got {workers}")
     ids: list[int] = []
     if gpus is not None:
         if workers is not None:
-            raise ConfigError("--workers is for CPU sweeps; with --gpus there is one worker per GPU")
+            raise ConfigError("`workers` is for CPU sweeps; with `gpus` there is one worker per GPU")
         ids = _gpu_list(gpus)
     elif device in ("auto", "cuda") or device.startswith("cuda"):
         import torch
 
         if workers is not None and device != "auto":
-            raise ConfigError(f"--workers runs CPU workers but runtime.device is {device!r}; use --gpus (or --device cpu)")
+            raise ConfigError(f"`workers` runs CPU workers but runtime.device is {device!r}; use `gpus` (or `device` cpu)")
         if torch.cuda.is_available() and workers is None:
             if device.startswith("cuda:"):
                 ids = [int(device.split(":")[1])]
             else:
                 ids = list(range(torch.cuda.device_count()))
         elif device.startswith("cuda"):
-            raise ConfigError(f"runtime.device is {device!r} but no CUDA device is visible; use --device cpu")
+            raise ConfigError(f"runtime.device is {device!r} but no CUDA device is visible; use `device` cpu")
     if ids:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         phys = [v.strip() for v in visible.split(",")] if visible else None
@@ -184,11 +184,11 @@ class SweepOptions:
         if isinstance(self.shard, str):
             object.__setattr__(self, "shard", parse_shard(self.shard))
         if self.executor not in ("local", "slurm"):
-            raise ConfigError(f"--executor must be local or slurm; got {self.executor!r}")
+            raise ConfigError(f"`executor` must be local or slurm; got {self.executor!r}")
         if self.lock_timeout <= 0:
-            raise ConfigError(f"--lock-timeout must be > 0 seconds; got {self.lock_timeout}")
+            raise ConfigError(f"`lock_timeout` must be > 0 seconds; got {self.lock_timeout}")
         if self.executor == "slurm" and self.shard is not None:
-            raise ConfigError("--shard and --executor slurm are exclusive: the job array makes its own shards")
+            raise ConfigError("`shard` and `executor` slurm are exclusive: the job array makes its own shards")
 
 
 def _worker_argv(outdir, w: int, n: int, wp: WorkerPlan, args: WorkerArgs) -> list[str]:
@@ -350,7 +350,7 @@ def parse_slurm_params(items: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for it in items or []:
         if "=" not in it:
-            raise ConfigError(f"--slurm takes KEY=VALUE (a submitit parameter); got {it!r}")
+            raise ConfigError(f"`slurm` takes KEY=VALUE (a submitit parameter); got {it!r}")
         k, v = it.split("=", 1)
         out[k.strip()] = _coerce(v.strip())
     return out
@@ -363,7 +363,7 @@ def _submit_slurm(report: SweepReport, plan: Plan, store: Store, opts: SweepOpti
     pending = [u for u in plan.units if not store.is_done(u.id, redo_before, retry_before)]
     n = tasks if tasks is not None else max(1, min(len(plan.checkpoints), len(pending) or 1))
     if n < 1:
-        raise ConfigError(f"--tasks must be ≥ 1; got {n}")
+        raise ConfigError(f"`tasks` must be ≥ 1; got {n}")
     shards = sorted({shard_of(u.id, n) for u in pending})
     device = plan.config.get("runtime", {}).get("device", "auto")
     p = {**SLURM_DEFAULTS, "gpus_per_node": 0 if device == "cpu" else 1, "name": "flatcli-sweep",
@@ -383,15 +383,15 @@ def _submit_slurm(report: SweepReport, plan: Plan, store: Store, opts: SweepOpti
     try:
         import submitit
     except ImportError:
-        raise ConfigError("--executor slurm needs submitit: pip install 'flatcli[slurm]'") from None
+        raise ConfigError("`executor` slurm needs submitit: pip install 'flatcli[slurm]'") from None
     if cluster == "slurm" and shutil.which("sbatch") is None:
-        raise ConfigError("--executor slurm: 'sbatch' is not on PATH (run on a SLURM login node, or use --dry-run)")
+        raise ConfigError("`executor` slurm: 'sbatch' is not on PATH (run on a SLURM login node, or use `dry_run`)")
     write_plan(outdir, plan)
     ex = submitit.AutoExecutor(folder=outdir / "slurm" / "%j", cluster=cluster)
     try:
         ex.update_parameters(**p)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"--slurm parameters rejected by submitit: {e}") from None
+        raise ConfigError(f"`slurm` parameters rejected by submitit: {e}") from None
     out = str(outdir.resolve())
     jobs = ex.map_array(
         run_shard_task, [out] * len(shards), shards, [n] * len(shards), [redo_before] * len(shards),
