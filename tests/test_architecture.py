@@ -240,3 +240,25 @@ def test_the_cli_turns_api_parameters_into_flags():
 
     msg = cli_message(ConfigError("`max_train_loss` must be ≥ 0 with `where`; `not_a_param` stays"))
     assert msg == "--max-train-loss must be ≥ 0 with --where; `not_a_param` stays"
+
+
+def test_measures_touch_no_engine_internals():
+    """Measures use the engine's interface (docs/architecture.md), never its state objects (counters,
+    memory policy, product loop, graph cache, curvature classes) or private members, and build no
+    `Problem` or `CurvatureEngine` themselves: `CurvatureEngine.derive(model)` is the one way to get
+    one for another model (a BatchNorm-folded copy)."""
+    import re
+
+    internals = {"tally", "memory", "loop", "graphs", "curvature", "batches", "_options"}
+    found = []
+    for mod, path in MODULES.items():
+        if not mod.startswith("flatcli.measures"):
+            continue
+        src = path.read_text()
+        for m in re.finditer(r"\b(?:eng|engine)\.(\w+)", src):
+            if m.group(1) in internals or m.group(1).startswith("_"):
+                found.append(f"{mod}: .{m.group(1)}")
+        for n in ast.walk(_tree(path)):
+            if isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] in ("Problem", "CurvatureEngine"):
+                found.append(f"{mod}:{n.lineno}: {ast.unparse(n.func)}(...)")
+    assert not found, found

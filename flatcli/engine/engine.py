@@ -99,6 +99,9 @@ class CurvatureEngine:
         if not (fd_eps > 0 and math.isfinite(fd_eps)):
             raise ValueError(f"fd_eps must be a positive float, got {fd_eps!r}")
         self.problem = problem
+        # what the caller asked for, as given: `derive` builds an engine for another model with them
+        self._options = dict(hvp_mode=hvp_mode, block_size=block_size, reverse_batched=reverse_batched,
+                             cache_graphs=cache_graphs, fd_eps=fd_eps, precision=precision)
         self.device = problem.device
         self.dist = problem.dist
         self.fd_eps = float(fd_eps)
@@ -117,6 +120,17 @@ class CurvatureEngine:
         self.curvature = {"hessian": Hessian(self), "ggn": GGN(self), "fd_hessian": FiniteDifferenceHessian(self)}
         self.on_progress: Callable[[dict], None] | None = None  # called after every product
         self._local = False  # inside map_batches: batch products on this rank alone
+
+    def derive(self, model: torch.nn.Module) -> CurvatureEngine:
+        """An engine with this one's settings (HVP mode, block size, graph caching, finite-difference
+        step, precision) over `Problem.derive` of ``model``: the problem a measure needs for a
+        transformed copy of the model (a BatchNorm-folded one) without touching engine internals."""
+        return CurvatureEngine(self.problem.derive(model), **self._options)
+
+    def merge_counts(self, other: CurvatureEngine) -> None:
+        """Add ``other``'s cost counters to this engine's (a derived engine's products count
+        towards the measure that ran them)."""
+        self.tally.merge(other.tally)
 
     # ------------------------------------------------------------ bookkeeping
     def counters(self) -> dict[str, float]:
