@@ -229,8 +229,8 @@ def handle_errors(fn):
             return fn(*args, **kwargs)
         except FlatcliError as e:
             _fail(e, e.exit_code, f"[red]error:[/red] {e}", debug)
-        except KeyboardInterrupt:
-            err_console.print("interrupted")
+        except KeyboardInterrupt as e:  # `measure` says what it kept (flatcli.api.MeasureInterrupted)
+            err_console.print(str(e) or "interrupted", highlight=False, soft_wrap=True, markup=False)
             raise typer.Exit(130) from None
         except (typer.Exit, typer.Abort, SystemExit):
             raise
@@ -270,12 +270,14 @@ def measure(
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (runs code from the file: trusted files only).")] = False,
     plots: Annotated[bool, typer.Option("--plots", help="Draw each measure's plots (e.g. spectral densities) in OUTDIR/plots/ (needs matplotlib).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the products (HVPs, gradients, forward passes) each measure will spend per checkpoint; measure nothing.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Reuse the finished measures of OUTDIR/results.json (same checkpoint file, config and measure options); compute the rest.")] = False,
     threads: ThreadsOpt = None,
     precision: PrecisionOpt = None,
     wide: WideOpt = False,
     debug: DebugOpt = False,
 ):
-    """Compute the configured measures for each checkpoint; write OUTDIR/results.csv and results.json."""
+    """Compute the configured measures for each checkpoint; write OUTDIR/results.csv and results.json
+    (after every finished measure: Ctrl-C keeps what finished, exit code 130)."""
     from . import api
 
     precision = _value(precision)
@@ -294,7 +296,7 @@ def measure(
         report = api.measure(
             cfg, checkpoints, measures=measures, outdir=out, allow_unsafe_pickle=allow_unsafe_pickle or None,
             on_row=shown.row, on_start=shown.start, on_progress=shown.detail if shown.is_tty else None,
-            debug=debug, plots=plots,
+            debug=debug, plots=plots, resume=resume, on_measure=shown.measure,
         )
     finally:
         shown.stop()
