@@ -269,7 +269,7 @@ def measure(
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of every stochastic measure.")] = None,
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (runs code from the file: trusted files only).")] = False,
     plots: Annotated[bool, typer.Option("--plots", help="Draw each measure's plots (e.g. spectral densities) in OUTDIR/plots/ (needs matplotlib).")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the products (HVPs, gradients, forward passes) each measure will spend per checkpoint; measure nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print per checkpoint and measure the products (HVPs, gradients, forward passes), predicted seconds and peak memory (from one forward pass, gradient and HVP block timed on the checkpoint), or not_applicable with its reason; measure nothing (--format json: a JSON list).")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Reuse the finished measures of OUTDIR/results.json (same checkpoint file, config and measure options); compute the rest.")] = False,
     threads: ThreadsOpt = None,
     precision: PrecisionOpt = None,
@@ -283,8 +283,13 @@ def measure(
     precision = _value(precision)
     if dry_run:
         plan = api.plan_costs(config, checkpoints, measures=measures, device=device, precision=precision)
-        for line in plan.lines():
-            console.print(line, highlight=False, soft_wrap=True, markup=False)
+        if _value(format) == "json":  # one entry per checkpoint × measure; unloadable checkpoints on stderr
+            sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
+            for c, e in plan.errors:
+                err_console.print(f"[red]error:[/red] checkpoint {c}: cannot be loaded: {e}", highlight=False, soft_wrap=True)
+        else:
+            for line in plan.lines():
+                console.print(line, highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(plan.exit_code)
     from .config import overrides
 

@@ -264,7 +264,7 @@ def problem_dims(model: torch.nn.Module, data, settings: Settings) -> Dims:
     chosen = set(prob.names)
     named = dict(model.named_parameters())
     return Dims(
-        P=prob.num_params, n=prob.n, C=int(Z.shape[-1]),
+        P=prob.num_params, n=prob.n, C=int(Z.shape[-1]), rows=int(batch.rows),
         tensors=tuple(named[n].numel() for n in prob.names),
         matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model, chosen)),
         verify=settings.verifies(),
