@@ -9,7 +9,8 @@ reason when it will end ``not_applicable``.
 The model of time: a product call of k vectors costs ``a + b·k`` seconds, ``a`` and ``b``
 fitted from the one-vector and the block timing (the second of two one-vector products, so
 graph caching is in its steady state); a gradient or per-sample VJP pass costs the timed
-gradient, a forward pass the timed forward pass. Memory: parameters, gradient and the vectors
+gradient, a forward pass the timed forward pass, and a P-length dot product or axpy of the
+estimator's own (``vector_ops``: Lanczos's reorthogonalization) a timed projection's share. Memory: parameters, gradient and the vectors
 the estimator keeps (P numbers each, the dtype's size) plus the measured peak of one block
 product.
 """
@@ -48,6 +49,8 @@ class ProductTimes:
     memory: str
     P: int
     element: int
+    vector_op: float = 0.0  # seconds of one P-length dot product or axpy (a 16-vector basis projection / 32)
+    batched_vector_op: float = 0.0  # the same in runs of their own bases (SLQ's lockstep projection)
 
     def hvp_seconds(self, n: float, k: int) -> float:
         """Seconds of ``n`` HVPs in calls of ``k`` vectors (0: the engine's block size)."""
@@ -113,6 +116,20 @@ def _timed(fn, repeat: int = 1) -> float:
     return best
 
 
+def _project(Q: torch.Tensor, w: torch.Tensor) -> None:
+    """W − Qᵀ(Q w): one reorthogonalization pass against the rows of Q (2 vector ops per row)."""
+    w = w - (Q @ w) @ Q
+    if w.device.type == "cuda":
+        torch.cuda.synchronize(w.device)
+
+
+def _project_runs(Q: torch.Tensor, W: torch.Tensor) -> None:
+    """Each row of W against its own basis Q[r] (SLQ's step, `flatcli.engine.linalg.slq`)."""
+    W = W - torch.einsum("rj,rjp->rp", torch.einsum("rjp,rp->rj", Q, W), Q)
+    if W.device.type == "cuda":
+        torch.cuda.synchronize(W.device)
+
+
 def time_products(model: torch.nn.Module, data, st: Settings) -> tuple[ProductTimes, Problem]:
     """Time the products on ``model`` over ``data``'s measurement set (the settings' size, seed,
     device, dtype and precision), as `flatcli.pipeline.measure_model` builds them: a few seconds
@@ -135,8 +152,11 @@ def time_products(model: torch.nn.Module, data, st: Settings) -> tuple[ProductTi
         hvpk = _timed(lambda: eng.hvp(V))
         peak, how = measure_peak(lambda: eng.hvp(V), torch.device(st.device))
         eng.drop_graphs()
+        vector_op = _timed(lambda: _project(V, v), 3) / (2 * V.shape[0])
+        B = V[: 2 * (k // 2)].reshape(2, k // 2, P)  # 2 runs, each with a basis of k // 2 vectors
+        batched_op = _timed(lambda: _project_runs(B, V[:2]), 3) / (4 * (k // 2))
     times = ProductTimes(forward, grad, hvp1, hvpk, k, eng.block_size, peak, how, P,
-                         torch.finfo(st.dtype).bits // 8)
+                         torch.finfo(st.dtype).bits // 8, vector_op, batched_op)
     return times, problem
 
 
@@ -173,7 +193,8 @@ def predict(spec, dims, times: ProductTimes, problem: Problem | None = None) -> 
     def seconds(i: int) -> float:
         passes = est.get("n_grad", (0, 0))[i] + est.get("n_vjp", (0, 0))[i]
         return (times.hvp_seconds(hvps[i], block) + passes * times.grad
-                + est.get("n_forward", (0, 0))[i] * times.forward)
+                + est.get("n_forward", (0, 0))[i] * times.forward + est.get("vector_ops", (0, 0))[i] * times.vector_op
+                + est.get("batched_vector_ops", (0, 0))[i] * times.batched_vector_op)
 
     keeps = est.get("vectors", (0, 0))[1] + (times.engine_block if block == 0 else block) * (hvps[1] > 0)
     product = times.product_bytes if hvps[1] > 0 or est.get("n_grad", (0, 0))[1] > 0 else 0

@@ -144,7 +144,9 @@ class MeasureInfo:
         range for adaptive estimators; what ``--dry-run`` prints. Counters not named are 0. Two
         optional keys shape the predicted seconds and memory (`flatcli.predict`): ``hvp_block``,
         the vectors one product call multiplies (default 1; 0: the engine's block size), and
-        ``vectors``, the P-length vectors the estimator keeps (default: one block).
+        ``vectors``, the P-length vectors the estimator keeps (default: one block), and
+        ``vector_ops``, the P-length dot products and axpys of its own (reorthogonalization against
+        one basis), ``batched_vector_ops`` those of runs in lockstep, each against its own basis (SLQ).
     applicable: ``(opts, problem) -> reason | None``: a cheap check, on the measurement set's
         `flatcli.engine.Problem` before any product, of what would make the measure end
         ``not_applicable`` (the loss, the layers); ``--dry-run`` prints the reason instead of a cost.

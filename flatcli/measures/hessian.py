@@ -59,7 +59,10 @@ class LambdaMaxOptions:
     "(one Lanczos per parameter tensor b of size P_b)",
     estimate=lambda o, d: {"n_hvp": (min(d.P, o.min_steps or certified_min_steps(d.P)) + int(d.verify),
                                       (1 + int(d.verify)) * min(d.P, o.max_steps) + int(d.verify)),  # + fp32 refinement
-                           "hvp_block": 1, "vectors": min(d.P, o.max_steps)},  # one vector a step; the Krylov basis
+                           "hvp_block": 1, "vectors": min(d.P, o.max_steps),  # one vector a step; the Krylov basis
+                           # full reorthogonalization, twice: 2·j dot products and axpys at step j
+                           "vector_ops": (2 * min(d.P, o.min_steps or certified_min_steps(d.P), o.max_steps) ** 2,
+                                          2 * min(d.P, o.max_steps) ** 2)},
 )
 def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     r"""Largest algebraic eigenvalue :math:`\lambda_{\max}(H)`, larger means sharper.
@@ -353,7 +356,10 @@ def _esd_artifacts(result: MeasureResult, stem: Path, title: str) -> list[Path]:
         min(d.P, max(min(d.P, o.top_k), certified_min_steps(d.P))) + o.slq_runs * min(o.slq_steps, d.P),
         min(d.P, max(50, 10 * min(o.top_k, d.P))) + o.slq_runs * min(o.slq_steps, d.P),
     ), "hvp_block": min(o.top_k, o.slq_runs),  # block Lanczos (top_k vectors), SLQ runs in lockstep
-        "vectors": min(d.P, max(50, 10 * min(o.top_k, d.P))) + o.slq_runs * min(o.slq_steps, d.P)},
+        "vectors": min(d.P, max(50, 10 * min(o.top_k, d.P))) + o.slq_runs * min(o.slq_steps, d.P),
+        # reorthogonalization, twice: the Lanczos basis (m vectors); each SLQ run against its own basis
+        "vector_ops": (2 * min(d.P, max(o.top_k, certified_min_steps(d.P))) ** 2, 2 * min(d.P, max(50, 10 * o.top_k)) ** 2),
+        "batched_vector_ops": 2 * o.slq_runs * min(o.slq_steps, d.P) ** 2},
     artifacts=_esd_artifacts,
 )
 def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
