@@ -253,8 +253,8 @@ def handle_errors(fn):
             return fn(*args, **kwargs)
         except FlatcliError as e:
             _fail(e, e.exit_code, f"[red]error:[/red] {cli_message(e)}", debug)
-        except KeyboardInterrupt:
-            err_console.print("interrupted")
+        except KeyboardInterrupt as e:  # `measure` says what it kept (flatcli.api.MeasureInterrupted)
+            err_console.print(str(e) or "interrupted", highlight=False, soft_wrap=True, markup=False)
             raise typer.Exit(130) from None
         except (typer.Exit, typer.Abort, SystemExit):
             raise
@@ -293,20 +293,27 @@ def measure(
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of every stochastic measure.")] = None,
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (runs code from the file: trusted files only).")] = False,
     plots: Annotated[bool, typer.Option("--plots", help="Draw each measure's plots (e.g. spectral densities) in OUTDIR/plots/ (needs matplotlib).")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the products (HVPs, gradients, forward passes) each measure will spend per checkpoint; measure nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print per checkpoint and measure the products (HVPs, gradients, forward passes), predicted seconds and peak memory (from one forward pass, gradient and HVP block timed on the checkpoint), or not_applicable with its reason; measure nothing (--format json: a JSON list).")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Reuse the finished measures of OUTDIR/results.json (same checkpoint file, config and measure options); compute the rest.")] = False,
     threads: ThreadsOpt = None,
     precision: PrecisionOpt = None,
     wide: WideOpt = False,
     debug: DebugOpt = False,
 ):
-    """Compute the configured measures for each checkpoint; write OUTDIR/results.csv and results.json."""
+    """Compute the configured measures for each checkpoint; write OUTDIR/results.csv and results.json
+    (after every finished measure: Ctrl-C keeps what finished, exit code 130)."""
     from . import api
 
     precision = _value(precision)
     if dry_run:
         plan = api.plan_costs(config, checkpoints, measures=measures, device=device, precision=precision)
-        for line in plan.lines():
-            console.print(line, highlight=False, soft_wrap=True, markup=False)
+        if _value(format) == "json":  # one entry per checkpoint × measure; unloadable checkpoints on stderr
+            sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
+            for c, e in plan.errors:
+                err_console.print(f"[red]error:[/red] checkpoint {c}: cannot be loaded: {e}", highlight=False, soft_wrap=True)
+        else:
+            for line in plan.lines():
+                console.print(line, highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(plan.exit_code)
     from .config import overrides
 
@@ -318,7 +325,7 @@ def measure(
         report = api.measure(
             cfg, checkpoints, measures=measures, outdir=out, allow_unsafe_pickle=allow_unsafe_pickle or None,
             on_row=shown.row, on_start=shown.start, on_progress=shown.detail if shown.is_tty else None,
-            debug=debug, plots=plots,
+            debug=debug, plots=plots, resume=resume, on_measure=shown.measure,
         )
     finally:
         shown.stop()

@@ -106,9 +106,10 @@ class MeasureContext:
 
 @dataclass(frozen=True)
 class Dims:
-    """Sizes a cost estimate depends on: P parameters, n samples in the measurement set, C model
-    outputs, the parameter tensors' and weight matrices' sizes, and whether results are verified
-    in fp32 (see `flatcli.engine.CurvatureEngine.needs_verification`)."""
+    """Sizes a cost estimate depends on: P parameters, n scored units in the measurement set
+    (samples; tokens for ``causal_lm``) in ``rows`` rows (sequences), C model outputs, the
+    parameter tensors' and weight matrices' sizes, and whether results are verified in fp32 (see
+    `flatcli.engine.CurvatureEngine.needs_verification`)."""
 
     P: int
     n: int
@@ -116,6 +117,7 @@ class Dims:
     tensors: tuple[int, ...] = ()  # sizes of the trainable parameter tensors
     matrices: tuple[int, ...] = ()  # sizes of the weight matrices (Linear and Conv weights)
     verify: bool = False  # precision auto with TF32 products: fp32 checks add products
+    rows: int = 0  # rows of the measurement set (0: as many as n)
 
 
 Claim = Callable[[Any], "bool | str"]
@@ -139,7 +141,15 @@ class MeasureInfo:
         result by ``flatcli measure --plots``.
     estimate: ``(opts, dims) -> {counter: n or (least, most)}``: the products a run will count
         (``n_hvp``, ``n_grad``, ``n_forward``, ``n_vjp``; full-set equivalents), exactly or as a
-        range for adaptive estimators; what ``--dry-run`` prints. Counters not named are 0.
+        range for adaptive estimators; what ``--dry-run`` prints. Counters not named are 0. Two
+        optional keys shape the predicted seconds and memory (`flatcli.predict`): ``hvp_block``,
+        the vectors one product call multiplies (default 1; 0: the engine's block size), and
+        ``vectors``, the P-length vectors the estimator keeps (default: one block), and
+        ``vector_ops``, the P-length dot products and axpys of its own (reorthogonalization against
+        one basis), ``batched_vector_ops`` those of runs in lockstep, each against its own basis (SLQ).
+    applicable: ``(opts, problem) -> reason | None``: a cheap check, on the measurement set's
+        `flatcli.engine.Problem` before any product, of what would make the measure end
+        ``not_applicable`` (the loss, the layers); ``--dry-run`` prints the reason instead of a cost.
     """
 
     name: str
@@ -155,6 +165,7 @@ class MeasureInfo:
     invariance_note: Note | None = None
     artifacts: Artifacts | None = None
     estimate: Estimate | None = None
+    applicable: Callable[[Any, Any], str | None] | None = None
 
     @property
     def may_claim_invariance(self) -> bool:
@@ -193,6 +204,7 @@ def register(
     invariance_note: Note | None = None,
     artifacts: Artifacts | None = None,
     estimate: Estimate | None = None,
+    applicable: Callable[[Any, Any], str | None] | None = None,
 ):
     """Decorator registering a measure under ``name`` with its metadata (see `MeasureInfo`)."""
 
@@ -213,6 +225,7 @@ def register(
             invariance_note=invariance_note,
             artifacts=artifacts,
             estimate=estimate,
+            applicable=applicable,
         )
         return fn
 
@@ -277,7 +290,14 @@ class MeasureSpec:
         if info.estimate is None:
             return None
         raw = info.estimate(self.parsed(), dims)
-        return {k: (v if isinstance(v, tuple) else (v, v)) for k, v in raw.items()}
+        # a range never starts above its cap (a floor of steps above max_steps runs max_steps)
+        return {k: (min(v), v[1]) if isinstance(v, tuple) else (v, v) for k, v in raw.items()}
+
+    def not_applicable(self, problem) -> str | None:
+        """The reason this spec will end ``not_applicable`` on ``problem`` (its registry
+        ``applicable`` check), or None when it will run (or cannot tell before running)."""
+        info = get_measure(self.name)
+        return None if info.applicable is None else info.applicable(self.parsed(), problem)
 
 
 # The measure `flatcli check-invariance` always adds as the non-invariant reference.

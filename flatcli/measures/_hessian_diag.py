@@ -240,6 +240,16 @@ def estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = No
     return DiagonalEstimate(torch.zeros(P, dtype=torch.float64), groups, info)
 
 
+def diagonal_reason(opts: DiagonalOptions, problem) -> str | None:
+    """Why `estimate_diagonal` will end ``not_applicable`` on ``problem`` (None: it will not): the
+    Gauss-Newton diagonals (``ggn``, ``auto``) need a loss that scores one unit per row."""
+    if opts.hessian_diag in ("ggn", "auto") and not problem.loss_fn.units_are_rows:
+        return (f"hessian_diag: {opts.hessian_diag} needs the exact Gauss-Newton diagonal, which loss "
+                f"{problem.loss_name!r} cannot give (it scores many units per row); choose hessian_diag: "
+                "scaled, hutchinson or exact")
+    return None
+
+
 def diagonal_estimate(opts: DiagonalOptions, dims, tensors: tuple[int, ...]) -> dict:
     """The products `estimate_diagonal` counts over ``tensors`` (their sizes), for dry-run plans."""
     m = opts.hessian_diag

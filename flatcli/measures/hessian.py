@@ -58,7 +58,11 @@ class LambdaMaxOptions:
     "TF32 GPUs; per_layer json/columns adds Σ_b min(P_b, certified_min_steps(P_b)…max_steps) HVPs "
     "(one Lanczos per parameter tensor b of size P_b)",
     estimate=lambda o, d: {"n_hvp": (min(d.P, o.min_steps or certified_min_steps(d.P)) + int(d.verify),
-                                      (1 + int(d.verify)) * min(d.P, o.max_steps) + int(d.verify))},  # + fp32 refinement
+                                      (1 + int(d.verify)) * min(d.P, o.max_steps) + int(d.verify)),  # + fp32 refinement
+                           "hvp_block": 1, "vectors": min(d.P, o.max_steps),  # one vector a step; the Krylov basis
+                           # full reorthogonalization, twice: 2·j dot products and axpys at step j
+                           "vector_ops": (2 * min(d.P, o.min_steps or certified_min_steps(d.P), o.max_steps) ** 2,
+                                          2 * min(d.P, o.max_steps) ** 2)},
 )
 def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     r"""Largest algebraic eigenvalue :math:`\lambda_{\max}(H)`, larger means sharper.
@@ -180,10 +184,14 @@ class TraceOptions:
 
 
 def _trace_estimate(o, d) -> dict:
+    """Probes (HVPs) in blocks of the engine's block size (``hvp_block`` 0); Hutch++ keeps its
+    sketch (up to a third of the probes) beside the block."""
     if o.method == "exact":
-        return {"n_hvp": d.P}
+        return {"n_hvp": d.P, "hvp_block": 0}
     control = 2 * CONTROL_PROBES if d.verify else 0
-    return {"n_hvp": (min(o.min_probes, o.max_probes) + control, o.max_probes + control)}
+    sketch = min(d.P, o.max_probes // 3) if o.method == "hutchpp" else 0
+    return {"n_hvp": (min(o.min_probes, o.max_probes) + control, o.max_probes + control), "hvp_block": 0,
+            "vectors": sketch}
 
 
 @register(
@@ -347,7 +355,11 @@ def _esd_artifacts(result: MeasureResult, stem: Path, title: str) -> list[Path]:
     estimate=lambda o, d: {"n_hvp": (
         min(d.P, max(min(d.P, o.top_k), certified_min_steps(d.P))) + o.slq_runs * min(o.slq_steps, d.P),
         min(d.P, max(50, 10 * min(o.top_k, d.P))) + o.slq_runs * min(o.slq_steps, d.P),
-    )},
+    ), "hvp_block": min(o.top_k, o.slq_runs),  # block Lanczos (top_k vectors), SLQ runs in lockstep
+        "vectors": min(d.P, max(50, 10 * min(o.top_k, d.P))) + o.slq_runs * min(o.slq_steps, d.P),
+        # reorthogonalization, twice: the Lanczos basis (m vectors); each SLQ run against its own basis
+        "vector_ops": (2 * min(d.P, max(o.top_k, certified_min_steps(d.P))) ** 2, 2 * min(d.P, max(50, 10 * o.top_k)) ** 2),
+        "batched_vector_ops": 2 * o.slq_runs * min(o.slq_steps, d.P) ** 2},
     artifacts=_esd_artifacts,
 )
 def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
