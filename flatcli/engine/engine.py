@@ -86,6 +86,9 @@ class CurvatureEngine:
     precision : "auto", "fp32", "tf32" or "fp64", as ``runtime.precision`` (`flatcli.engine.precision`):
         ``auto`` runs TF32 products on a tensor-core GPU and asks measures to verify converged
         quantities in fp32 (`needs_verification`); the engine computes in the problem's dtype.
+    max_device_vectors : most basis vectors the Krylov estimators keep on the device
+        (``runtime.max_device_vectors``): an int, None (unbounded) or "auto" (from free CUDA memory,
+        unbounded on CPU); the rest lives in host memory (`flatcli.engine.linalg._store`).
 
     Counters (`flatcli.engine.loop.Counters`): ``n_hvp``, ``n_ggnvp``, ``n_grad``, ``n_forward``,
     ``n_vjp``, ``oom_retries``, ``fallbacks``.
@@ -93,12 +96,13 @@ class CurvatureEngine:
 
     def __init__(self, problem: Problem, hvp_mode: str = "auto", block_size: int | None = None,
                  reverse_batched: bool | None = None, cache_graphs: bool | None = None, fd_eps: float = 1e-3,
-                 precision: str = "auto"):
+                 precision: str = "auto", max_device_vectors: int | str | None = "auto"):
         if hvp_mode not in HVP_MODES:
             raise ValueError(f"hvp_mode must be one of {HVP_MODES}, got {hvp_mode!r}")
         if not (fd_eps > 0 and math.isfinite(fd_eps)):
             raise ValueError(f"fd_eps must be a positive float, got {fd_eps!r}")
         self.problem = problem
+        self.max_device_vectors = max_device_vectors
         self.device = problem.device
         self.dist = problem.dist
         self.fd_eps = float(fd_eps)
@@ -212,7 +216,8 @@ class CurvatureEngine:
     def _operator(self, product, name: str, precision: str | None) -> CurvatureOperator:
         ctx = self.full_precision if precision == "fp32" and self.low_precision else None
         return CurvatureOperator(product, self.num_params, device=self.device, dtype=self.problem.dtype,
-                                 name=name, precision_context=ctx, report=self.report)
+                                 name=name, precision_context=ctx, report=self.report,
+                                 max_device_vectors=self.max_device_vectors)
 
     def hessian(self, theta: torch.Tensor | None = None, *, precision: str | None = None) -> CurvatureOperator:
         """The Hessian of L at θ (default: the model's parameters) as a linear operator
