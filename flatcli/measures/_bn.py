@@ -231,7 +231,9 @@ def folded_measurement(ctx, fold: bool) -> FoldedMeasurement:
     eng = ctx.engine
     mode = "auto" if eng is None or eng.hvp_auto else eng.hvp_mode
     fe = CurvatureEngine(fp, hvp_mode=mode, fd_eps=getattr(eng, "fd_eps", 1e-3),
-                         precision=eng.precision.name if eng is not None else "fp32")
+                         precision=eng.precision.name if eng is not None else "fp32",
+                         recompute=eng.recompute if eng is not None else "false",
+                         max_device_vectors=eng.max_device_vectors if eng is not None else "auto")
     diag = {
         "fold_batchnorm": True,
         "folded_batchnorm": len(f.pairs),

@@ -193,7 +193,7 @@ def hutchpp(
     fixed = sketch is not None or min_probes >= max_probes
     r = int(sketch) if sketch else max(1, min_probes // 3)
     r = max(1, min(r, dim, max(1, (max_probes - 2) // 2)))
-    sk = _Sketch(matvec, dtype, blocks, BasisStore(dim, device, torch.float64,
+    sk = _Sketch(matvec, dtype, blocks, BasisStore(dim, device, torch.float64, max_rows=max_probes,
                  capacity=device_capacity(op, max_device_vectors, dim, device, torch.float64)))
     sk.add(matvec(rademacher(r, dim, generator, device, dtype)).double())
     used = r + sk.rank
