@@ -15,10 +15,13 @@ are skipped with a message.
 
     python scripts/bench_large.py --size 10M --rows 4                      # fp32, recompute off/on
     python scripts/bench_large.py --size 10M --size 30M --precision fp32 --precision bf16
-    python scripts/bench_large.py --size 10M --eigenthings /path/to/venv/bin/python
+    python scripts/bench_large.py --size 10M --eigenthings /tmp/he/lib
 
-``--eigenthings PYTHON`` also runs hessian-eigenthings' Lanczos (8 steps) on the same model and tokens
-with that interpreter (a separate environment with ``hessian-eigenthings`` installed), when given.
+``--eigenthings DIR`` also runs hessian-eigenthings' Lanczos (``--eigenthings-steps``, default 8) on the same
+model and tokens, importing ``hessian_eigenthings`` from DIR (its wheel unpacked there:
+``pip download --no-deps hessian-eigenthings`` and unzip; it needs only torch, numpy, scipy and tqdm,
+which flatcli's environment has), with its Hugging Face loss (``model(**batch).loss``, the same
+mean over the non-padded next tokens here: one batch).
 """
 
 from __future__ import annotations
@@ -98,22 +101,18 @@ def run_one(args) -> dict:
 
 EIGENTHINGS = r"""
 import json, sys, time, torch
-sys.path.insert(0, {root!r})
+sys.path[:0] = [{root!r}, {lib!r}]
 from scripts.bench_large import build, _status
-from hessian_eigenthings import compute_hessian_eigenthings
+from hessian_eigenthings import HessianOperator, hf_lm_loss, lanczos
 torch.set_num_threads({threads})
 model, batch = build({size!r}, {vocab}, {rows}, {length})
-ids, mask = batch["input_ids"], batch["attention_mask"]
-labels = ids.masked_fill(mask == 0, -100)
-loader = [({{"input_ids": ids, "attention_mask": mask}}, labels)]
-def loss(out, y):
-    z = out.logits[:, :-1]
-    return torch.nn.functional.cross_entropy(z.reshape(-1, z.shape[-1]), y[:, 1:].reshape(-1), ignore_index=-100)
+batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+op = HessianOperator(model, [batch], hf_lm_loss())
 t0 = time.perf_counter()
-vals, _ = compute_hessian_eigenthings(model, loader, loss, num_eigenthings=1, mode="lanczos", use_gpu=False,
-                                      max_possible_gpu_samples=None, max_steps={steps})
-print(json.dumps({{"lambda_max": float(vals[0]), "seconds": time.perf_counter() - t0, "steps": {steps},
-                  "peak_rss_bytes": _status("VmHWM")}}))
+res = lanczos(op, k=1, max_iter={steps}, which="LA", seed=0)
+secs = time.perf_counter() - t0
+print(json.dumps({{"lambda_max": float(res.eigenvalues[0]), "seconds": secs, "steps": res.iterations,
+                  "seconds_per_product": secs / max(res.iterations, 1), "peak_rss_bytes": _status("VmHWM")}}))
 """
 
 
@@ -129,7 +128,7 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=40)
     ap.add_argument("--probes", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--eigenthings", help="a Python interpreter with hessian-eigenthings installed")
+    ap.add_argument("--eigenthings", help="a folder holding the hessian_eigenthings package (an unpacked wheel)")
     ap.add_argument("--eigenthings-steps", type=int, default=8)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -148,9 +147,9 @@ def main() -> None:
                 line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else json.dumps({"error": out.stderr[-2000:]})
                 print(json.dumps({"size": size, "precision": prec, "recompute": rec, **json.loads(line)}), flush=True)
         if args.eigenthings:
-            code = EIGENTHINGS.format(root=str(ROOT), threads=args.threads, size=size, vocab=args.vocab, rows=args.rows,
+            code = EIGENTHINGS.format(root=str(ROOT), lib=args.eigenthings, threads=args.threads, size=size, vocab=args.vocab, rows=args.rows,
                                       length=args.length, steps=args.eigenthings_steps)
-            out = subprocess.run([args.eigenthings, "-c", code], env=env, capture_output=True, text=True, check=False)
+            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
             line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else json.dumps({"error": out.stderr[-2000:]})
             print(json.dumps({"size": size, "tool": "hessian-eigenthings", **json.loads(line)}), flush=True)
 
