@@ -105,6 +105,10 @@ class RuntimeConfig:
     block_size: int | None = None
     allow_unsafe_pickle: bool = False
     threads: int | str = "auto"  # intra-op threads per worker process (flatcli.threads)
+    # issue 27 (memory): activation checkpointing in Hessian products (flatcli.engine.recompute), and the
+    # most basis vectors Krylov estimators keep on the device (flatcli.engine.linalg._store)
+    recompute: bool | str = field(default="auto", metadata=_NEW)
+    max_device_vectors: int | str | None = field(default="auto", metadata=_NEW)
 
 
 @dataclass
@@ -172,9 +176,10 @@ class Config:
             return self.resolve_path(self.output.dir)
         return Path(os.path.expanduser(self.output.dir))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The config as plain data (what results.json records and the hash covers)."""
-        return _to_plain(self)
+    def to_dict(self, defaults: bool = False) -> dict[str, Any]:
+        """The config as plain data (what results.json records and the hash covers); ``defaults``: with
+        the keys added later at their defaults too (``flatcli config show``)."""
+        return _to_plain(self, defaults)
 
     def hash(self) -> str:
         """A short hash of everything that determines results (outputs excluded)."""
@@ -189,18 +194,18 @@ def yaml_key(f: dataclasses.Field) -> str:
     return f.metadata.get("yaml", f.name)
 
 
-def _to_plain(obj):
+def _to_plain(obj, defaults: bool = False):
     if dataclasses.is_dataclass(obj):
         return {
-            yaml_key(f): _to_plain(getattr(obj, f.name))
+            yaml_key(f): _to_plain(getattr(obj, f.name), defaults)
             for f in dataclasses.fields(obj)
             if not f.metadata.get("internal")
-            and not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default)
+            and (defaults or not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default))
         }
     if isinstance(obj, dict):
-        return {k: _to_plain(v) for k, v in obj.items()}
+        return {k: _to_plain(v, defaults) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_to_plain(v) for v in obj]
+        return [_to_plain(v, defaults) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
     return obj
@@ -373,8 +378,18 @@ def _validate(cfg: Config) -> None:
         if pats is not None and not all(isinstance(x, str) for x in pats):
             raise ConfigError(f"config key 'params.{key}' must be a list of glob patterns; got {pats!r}")
     cfg.runtime.threads = check_threads(cfg.runtime.threads, "config key 'runtime.threads'")
+    _validate_memory(cfg.runtime)
     _validate_model(cfg.model)
     cfg.measure_specs()
+
+
+def _validate_memory(rt: RuntimeConfig) -> None:
+    """``runtime.recompute`` (true, false, auto) and ``runtime.max_device_vectors`` (an int ≥ 1, auto or null)."""
+    if not (isinstance(rt.recompute, bool) or rt.recompute == "auto"):
+        raise ConfigError(f"config key 'runtime.recompute' must be true, false or auto; got {rt.recompute!r}")
+    mdv = rt.max_device_vectors
+    if not (mdv is None or mdv == "auto" or (isinstance(mdv, int) and not isinstance(mdv, bool) and mdv >= 1)):
+        raise ConfigError(f"config key 'runtime.max_device_vectors' must be an int ≥ 1, auto or null; got {mdv!r}")
 
 
 def _validate_source(src: DataSource, where: str) -> None:

@@ -159,7 +159,8 @@ def measure_model(
             if d is not None:
                 check_targets(work, d, st.loss, f"data.{split_name}", st.device, st.dtype)
         row.params = st.params.describe(work, problem.names)
-        engine = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision)
+        engine = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision,
+                                 recompute=st.recompute, max_device_vectors=st.max_device_vectors)
         try:
             engine.check_finite()
             _check_deterministic(problem)

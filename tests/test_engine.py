@@ -471,7 +471,7 @@ def test_derive_keeps_every_setting_and_gives_the_other_models_products():
 
     p = tiny_problem(batch_size=4)
     eng = CurvatureEngine(p, hvp_mode="finite_difference", block_size=2, cache_graphs=False, fd_eps=2e-3,
-                          precision="fp64")
+                          precision="fp64", max_device_vectors=5)
     other = copy.deepcopy(p.model)
     with torch.no_grad():
         for q in other.parameters():
@@ -480,7 +480,7 @@ def test_derive_keeps_every_setting_and_gives_the_other_models_products():
     assert d.problem.model is other and d.problem is not p
     assert (d.hvp_mode, d.fd_eps, d.memory.block_size, d.precision.name) == ("finite_difference", 2e-3, 2, "fp64")
     assert d.problem.batch_size == 4 and d.problem.names == p.names and d.problem.n == p.n
-    assert not d.graphs.keeping
+    assert not d.graphs.keeping and d.max_device_vectors == 5
     d.hvp_mode = "reverse"  # the exact product, to compare with the dense Hessian of the other model
     H = dense_hessian(d.problem)
     V = vecs(d.problem)

@@ -160,7 +160,7 @@ def config_show(config: ConfigOpt = ..., debug: DebugOpt = False):
 
     cfg = api.load(config)
     console.print(f"# {config}  (hash {cfg.hash()})", highlight=False)
-    console.print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip(), highlight=False)
+    console.print(yaml.safe_dump(cfg.to_dict(defaults=True), sort_keys=False).rstrip(), highlight=False)
     console.print("\n# where each value came from", highlight=False)
     for k in sorted(cfg.provenance):
         console.print(f"#   {k}: {cfg.provenance[k]}", highlight=False)

@@ -34,6 +34,7 @@ from .losses import NotApplicable
 from .operators import CurvatureOperator
 from .precision import Precision, tf32_flags
 from .problem import Problem, nonfinite_tensors, not_finite
+from .recompute import checkpointed_blocks, find_blocks, parse_recompute, predicted_product_bytes
 
 HVP_MODES = ("auto", "reverse", "forward", "finite_difference")
 _CPU_BATCHED_BELOW = 10_000  # parameters; measured, see docs/performance.md
@@ -86,6 +87,13 @@ class CurvatureEngine:
     precision : "auto", "fp32", "tf32" or "fp64", as ``runtime.precision`` (`flatcli.engine.precision`):
         ``auto`` runs TF32 products on a tensor-core GPU and asks measures to verify converged
         quantities in fp32 (`needs_verification`); the engine computes in the problem's dtype.
+    max_device_vectors : most basis vectors the Krylov estimators keep on the device
+        (``runtime.max_device_vectors``): an int, None (unbounded) or "auto" (from free CUDA memory,
+        unbounded on CPU); the rest lives in host memory (`flatcli.engine.linalg._store`).
+    recompute : "false", "true" or "auto" (``runtime.recompute``; booleans accepted): Hessian products
+        with per-block activation checkpointing (`flatcli.engine.recompute`), reverse mode, no
+        gradient graphs cached across products. ``auto`` turns it on when the model has blocks and
+        the predicted peak of a product does not fit in free memory (`recompute_active`).
 
     Counters (`flatcli.engine.loop.Counters`): ``n_hvp``, ``n_ggnvp``, ``n_grad``, ``n_forward``,
     ``n_vjp``, ``oom_retries``, ``fallbacks``.
@@ -93,7 +101,8 @@ class CurvatureEngine:
 
     def __init__(self, problem: Problem, hvp_mode: str = "auto", block_size: int | None = None,
                  reverse_batched: bool | None = None, cache_graphs: bool | None = None, fd_eps: float = 1e-3,
-                 precision: str = "auto"):
+                 precision: str = "auto", max_device_vectors: int | str | None = "auto",
+                 recompute: str | bool = "false"):
         if hvp_mode not in HVP_MODES:
             raise ValueError(f"hvp_mode must be one of {HVP_MODES}, got {hvp_mode!r}")
         if not (fd_eps > 0 and math.isfinite(fd_eps)):
@@ -101,7 +110,11 @@ class CurvatureEngine:
         self.problem = problem
         # what the caller asked for, as given: `derive` builds an engine for another model with them
         self._options = dict(hvp_mode=hvp_mode, block_size=block_size, reverse_batched=reverse_batched,
-                             cache_graphs=cache_graphs, fd_eps=fd_eps, precision=precision)
+                             cache_graphs=cache_graphs, fd_eps=fd_eps, precision=precision,
+                             max_device_vectors=max_device_vectors, recompute=recompute)
+        self.max_device_vectors = max_device_vectors
+        self.recompute = parse_recompute(recompute)
+        self._recompute_on: bool | None = None  # decided at the first product (auto)
         self.device = problem.device
         self.dist = problem.dist
         self.fd_eps = float(fd_eps)
@@ -116,7 +129,8 @@ class CurvatureEngine:
         self.tally = Counters(problem.n)
         self.memory = MemoryPolicy(problem.num_params, problem.dtype, self.device, block_size, self._activation_bytes)
         self.loop = ProductLoop(self)
-        self.graphs = GraphCache(self._gradient_graph, self.memory.graph_budget, cache_graphs)
+        self.graphs = GraphCache(self._gradient_graph, self.memory.graph_budget,
+                                 False if self.recompute == "true" else cache_graphs)
         self.curvature = {"hessian": Hessian(self), "ggn": GGN(self), "fd_hessian": FiniteDifferenceHessian(self)}
         self.on_progress: Callable[[dict], None] | None = None  # called after every product
         self._local = False  # inside map_batches: batch products on this rank alone
@@ -226,7 +240,8 @@ class CurvatureEngine:
     def _operator(self, product, name: str, precision: str | None) -> CurvatureOperator:
         ctx = self.full_precision if precision == "fp32" and self.low_precision else None
         return CurvatureOperator(product, self.num_params, device=self.device, dtype=self.problem.dtype,
-                                 name=name, precision_context=ctx, report=self.report)
+                                 name=name, precision_context=ctx, report=self.report,
+                                 max_device_vectors=self.max_device_vectors)
 
     def hessian(self, theta: torch.Tensor | None = None, *, precision: str | None = None) -> CurvatureOperator:
         """The Hessian of L at θ (default: the model's parameters) as a linear operator
@@ -316,11 +331,34 @@ class CurvatureEngine:
                 out[k].copy_(h)
         return out
 
+    @property
+    def recompute_active(self) -> bool:
+        """Whether Hessian products recompute activations (``recompute``; ``auto``: the model has
+        blocks and `flatcli.engine.recompute.predicted_product_bytes` exceeds 80% of the free memory,
+        decided once, at the first product)."""
+        if self._recompute_on is None:
+            blocks = find_blocks(self.problem.model)
+            on = self.recompute == "true"
+            if self.recompute == "auto" and blocks and self.batches:
+                need, free = predicted_product_bytes(self.problem, self.batches[0], len(self.batches), self.device)
+                on = free is not None and need > 0.8 * free
+            self._recompute_on = bool(on and blocks)
+            self._blocks = blocks
+            if on:
+                self.graphs.drop(stop=True)
+                self.graphs.state = "off"
+        return self._recompute_on
+
     def _gradient_graph(self, th: torch.Tensor, batch: Batch):
-        """(t, ∇ of the batch's share of L with its graph kept, the share's value)."""
+        """(t, ∇ of the batch's share of L with its graph kept, the share's value); with
+        `recompute_active`, the forward runs its blocks checkpointed."""
         p = self.problem
         t = th.clone().requires_grad_(True)
-        lb = p.batch_loss_sum(p.unflatten(t), batch) / p.n
+        if self.recompute_active:
+            with checkpointed_blocks(self._blocks):
+                lb = p.batch_loss_sum(p.unflatten(t), batch) / p.n
+        else:
+            lb = p.batch_loss_sum(p.unflatten(t), batch) / p.n
         (g,) = torch.autograd.grad(lb, t, create_graph=True)
         return t, g, float(lb.detach())
 

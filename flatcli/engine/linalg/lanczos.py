@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ._common import _as_product, _reporter, rademacher, rowdot
+from ._store import BasisStore, device_capacity
 
 
 @dataclass
@@ -35,6 +36,7 @@ class LanczosResult:
     block: int = 1
     block_steps: int = 0
     n_hvp: int = 0
+    device_vectors: int = 0  # most basis vectors on the device at once (`BasisStore.peak_resident`)
 
 
 
@@ -60,27 +62,28 @@ def certified_min_steps(dim: int, eps: float = 0.25, delta: float = 0.01) -> int
 
 
 class _BlockKrylov:
-    """The state of (block) Lanczos: basis buffer, projected matrix T, and Ritz pairs."""
+    """The state of (block) Lanczos: basis (a `BasisStore`), projected matrix T, and Ritz pairs."""
 
-    def __init__(self, X: torch.Tensor, max_steps: int, dtype):
+    def __init__(self, X: torch.Tensor, max_steps: int, dtype, capacity: int | None = None):
         b, dim = X.shape
         self.dtype = dtype
-        self.Q = torch.empty(min(max_steps, max(4 * b, 32)), dim, device=X.device, dtype=dtype)
-        self.Q[:b] = torch.linalg.qr(X.T).Q.T.to(dtype)
+        self.Q = BasisStore(dim, X.device, dtype, capacity=capacity, max_rows=max_steps)
+        self.Q.append(torch.linalg.qr(X.T).Q.T.to(dtype))
         self.T = np.zeros((max_steps, max_steps), dtype=np.float64)
         self.s, self.e = 0, b
         self.max_steps = max_steps
 
+    def block(self) -> torch.Tensor:
+        """The newest block of the basis (the input of the next product), on the device."""
+        return self.Q.rows(self.s, self.e)
+
     def orthogonalize(self, W: torch.Tensor) -> torch.Tensor:
         """W − Q(QᵀW) against the whole basis; a second pass only where the first cancelled much
         (Daniel, Gragg, Kaufman & Stewart 1976: "twice is enough"). Fills T's new columns."""
-        Qa = self.Q[: self.e]
         before = W.norm(dim=1)
-        C = Qa @ W.T
-        W = W - C.T @ Qa
+        W, C = self.Q.project_out(W)
         if bool((W.norm(dim=1) < 0.7071 * before).any()):
-            C2 = Qa @ W.T
-            W = W - C2.T @ Qa
+            W, C2 = self.Q.project_out(W)
             C = C + C2
         C = C.double().cpu().numpy()
         s, e = self.s, self.e
@@ -109,16 +112,11 @@ class _BlockKrylov:
         return evals, evecs, res, R, Qnext
 
     def extend(self, Qnext: torch.Tensor, keep: np.ndarray) -> None:
-        """Append the kept directions of the next block (growing the buffer by doubling)."""
+        """Append the kept directions of the next block."""
         width = min(len(keep), self.max_steps - self.e)
         Qn = Qnext[torch.as_tensor(keep[:width], device=Qnext.device)]
         self.s, self.e = self.e, self.e + width
-        if self.e > self.Q.shape[0]:
-            grown = torch.empty(min(self.max_steps, max(2 * self.Q.shape[0], self.e)), self.Q.shape[1],
-                                device=self.Q.device, dtype=self.dtype)
-            grown[: self.s] = self.Q[: self.s]
-            self.Q = grown
-        self.Q[self.s : self.e] = Qn
+        self.Q.append(Qn)
 
 
 def lanczos(
@@ -136,6 +134,7 @@ def lanczos(
     dtype=None,
     return_vectors: bool = False,
     block: int | None = None,
+    max_device_vectors: int | str | None = "auto",
 ) -> LanczosResult:
     r"""(Block) Lanczos with full reorthogonalization for the ``k`` extreme eigenvalues.
 
@@ -166,6 +165,11 @@ def lanczos(
     which : "largest" or "smallest" (algebraic).
     v0 : start vector(s), shape (P,) or (block, P); default seeded Gaussian.
     block : block size (default ``k``).
+    max_device_vectors : most basis vectors on the device at once (`flatcli.engine.linalg._store`:
+        the basis lives in host memory, pinned on CUDA, and reorthogonalization streams it in
+        chunks; values equal the all-on-device run to rounding). ``"auto"``: the operator's
+        ``max_device_vectors`` (``runtime.max_device_vectors``) when it has one, else
+        `default_capacity` (unbounded on CPU); None: unbounded. Raised to the block size when smaller.
     """
     if which not in ("largest", "smallest"):
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
@@ -175,11 +179,13 @@ def lanczos(
     min_steps = certified_min_steps(dim) if min_steps is None else int(min_steps)
     min_steps = int(min(min_steps, max_steps))
     X = _start_block(v0, block, k, dim, max_steps, generator)
-    kry = _BlockKrylov(X.to(device=device, dtype=torch.float64), max_steps, dtype)
+    cap = device_capacity(op, max_device_vectors, dim, device, dtype)
+    cap = None if cap is None else max(int(cap), X.shape[0])
+    kry = _BlockKrylov(X.to(device=device, dtype=torch.float64), max_steps, dtype, capacity=cap)
     converged = False
     nblock = 0
     while True:
-        W = kry.orthogonalize(matvec(kry.Q[kry.s : kry.e]).to(dtype))
+        W = kry.orthogonalize(matvec(kry.block()).to(dtype))
         nblock += 1
         evals, evecs, res, R, Qnext = kry.ritz(W, which)
         kk = min(k, kry.e)
@@ -199,12 +205,13 @@ def lanczos(
     ritz = None
     if return_vectors:
         S = torch.as_tensor(evecs[:, : min(k, e)], dtype=dtype, device=kry.Q.device)
-        ritz = (kry.Q[:e].T @ S).T
+        ritz = kry.Q.combine(S)
     T = kry.T[:e, :e]
     return LanczosResult(
         eigenvalues=evals, residuals=res, steps=e, converged=converged,
         alphas=np.diag(T).copy() if b == 1 else None, betas=np.diag(T, -1).copy() if b == 1 else None,
         ritz_vectors=ritz, first_components=evecs[0, :].copy(), block=b, block_steps=nblock, n_hvp=e,
+        device_vectors=kry.Q.peak_resident,
     )
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ._common import _as_product, _reporter, rademacher, rowdot
+from ._store import BasisStore, device_capacity
 
 
 @dataclass
@@ -144,6 +145,7 @@ def hutchpp(
     device=None,
     dtype=None,
     blocks: list[slice] | None = None,
+    max_device_vectors: int | str | None = "auto",
 ) -> TraceResult:
     r"""Hutch++ (Meyer, Musco, Musco & Woodruff 2021, Alg. 1) with stderr stopping and a growing sketch.
 
@@ -181,13 +183,18 @@ def hutchpp(
     :math:`(Pg)_b^\top (HPg)_b` of the residual samples (unbiased for
     :math:`\mathrm{Tr}_b(PH)` since :math:`\mathbb{E}[Pg\,g^\top P] = P`), which sum
     exactly to each sample; see `TraceResult.block_estimates`.
+
+    ``max_device_vectors`` (as in `flatcli.engine.linalg.lanczos.lanczos`): the sketch's basis Q
+    lives in host memory with at most that many of its vectors on the device at once (projections
+    stream it in chunks); estimates equal the all-on-device run's to rounding.
     """
     matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
     report = _reporter(op)
     fixed = sketch is not None or min_probes >= max_probes
     r = int(sketch) if sketch else max(1, min_probes // 3)
     r = max(1, min(r, dim, max(1, (max_probes - 2) // 2)))
-    sk = _Sketch(matvec, dtype, blocks)
+    sk = _Sketch(matvec, dtype, blocks, BasisStore(dim, device, torch.float64, max_rows=max_probes,
+                 capacity=device_capacity(op, max_device_vectors, dim, device, torch.float64)))
     sk.add(matvec(rademacher(r, dim, generator, device, dtype)).double())
     used = r + sk.rank
     if sk.rank >= dim:
@@ -228,24 +235,24 @@ class _Sketch:
     r"""Hutch++'s exactly traced part: an orthonormal basis Q (float64) of sketched directions,
     :math:`\mathrm{Tr}(Q^\top HQ)` and its parts per block of coordinates."""
 
-    def __init__(self, matvec, dtype, blocks):
+    def __init__(self, matvec, dtype, blocks, store: BasisStore):
         self.matvec, self.dtype, self.blocks = matvec, dtype, blocks
-        self.Q: torch.Tensor | None = None
+        self.Q = store  # rows: the orthonormal sketch directions (float64)
         self.low = 0.0
         self.low_b = np.zeros(len(blocks) if blocks is not None else 0)
 
     @property
     def rank(self) -> int:
-        return 0 if self.Q is None else self.Q.shape[1]
+        return len(self.Q)
 
     def project(self, G: torch.Tensor) -> torch.Tensor:
         """Rows of G with their components along Q removed (P g for P = I − QQᵀ)."""
-        return G if self.Q is None else G - (G @ self.Q) @ self.Q.T
+        return G if len(self.Q) == 0 else self.Q.project_out(G)[0]
 
     def add(self, Y: torch.Tensor) -> int:
         r"""Orthonormalize the rows of Y against Q (twice) and add them, tracing :math:`Q_n^\top HQ_n`
         exactly; returns the products spent (one per new direction)."""
-        if self.Q is not None:
+        if len(self.Q):
             Y = self.project(self.project(Y))  # twice is enough
         Qn = torch.linalg.qr(Y.T).Q
         HQn = self.matvec(Qn.T.to(self.dtype)).double()
@@ -253,7 +260,7 @@ class _Sketch:
         if self.blocks is not None:
             prod = (Qn.T * HQn).double()
             self.low_b += np.array([float(prod[:, b].sum()) for b in self.blocks])
-        self.Q = Qn if self.Q is None else torch.cat([self.Q, Qn], 1)
+        self.Q.append(Qn.T)
         return Qn.shape[1]
 
     def result(self, used: int, samples: list[float], parts: list, se: float, converged: bool) -> TraceResult:
