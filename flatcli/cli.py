@@ -195,6 +195,19 @@ class Precision(str, Enum):
     fp64 = "fp64"
 
 
+BudgetOpt = Annotated[str | None, typer.Option(
+    "--budget", envvar="FLATCLI_BUDGET", show_default=False,
+    help="Seconds for one checkpoint's measures together: 90, 90s, 10m or 1h (runtime.budget), shared by "
+         "predicted cost; a measure stopped by it reports its estimate so far with status budget.")]
+
+
+def _budget(text: str | None) -> float | None:
+    """``--budget`` in seconds (a `ConfigError` naming the flag for a bad value), None when not given."""
+    from .config import parse_seconds
+
+    return None if text is None else parse_seconds(text, "--budget")
+
+
 PrecisionOpt = Annotated[Precision | None, typer.Option(
     "--precision", envvar="FLATCLI_PRECISION", show_default=False,
     help="auto (TF32 products on a tensor-core GPU, verified in fp32; fp32 elsewhere), fp32, tf32 or fp64 "
@@ -272,6 +285,7 @@ def measure(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the products (HVPs, gradients, forward passes) each measure will spend per checkpoint; measure nothing.")] = False,
     threads: ThreadsOpt = None,
     precision: PrecisionOpt = None,
+    budget: BudgetOpt = None,
     wide: WideOpt = False,
     debug: DebugOpt = False,
 ):
@@ -286,7 +300,8 @@ def measure(
         raise typer.Exit(plan.exit_code)
     from .config import overrides
 
-    cfg = api.load(config, overrides(device=device, seed=seed, threads=threads, precision=precision))
+    cfg = api.load(config, overrides(device=device, seed=seed, threads=threads, precision=precision,
+                                     budget=_budget(budget)))
     format = _value(format) or cfg.output.format
     out = cfg.output_dir(outdir)
     shown = CheckpointProgress("measuring")
@@ -575,6 +590,7 @@ def sweep(
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (trusted files only).")] = False,
     threads: ThreadsOpt = None,
     precision: PrecisionOpt = None,
+    budget: BudgetOpt = None,
     debug: DebugOpt = False,
 ):
     """Measure a whole sweep as resumable units (checkpoint × measure); merge with 'flatcli collect'."""
@@ -589,7 +605,7 @@ def sweep(
         executor=_value(executor), resume=resume, retry_failed=retry_failed, dry_run=dry_run, lock_timeout=lock_timeout,
         tasks=tasks, slurm=parse_slurm_params(slurm), cluster=cluster, wait=wait,
         allow_unsafe_pickle=allow_unsafe_pickle or None, log=log, debug=debug, threads=threads,
-        precision=_value(precision),
+        precision=_value(precision), budget=_budget(budget),
     )
     for line in report.lines:
         console.print(line, highlight=False, soft_wrap=True)

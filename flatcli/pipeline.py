@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ._version import __version__
+from .budget import BudgetPlan
 from .config import Config, parse_measures
 from .engine import Batch, CurvatureEngine, Problem, eval_mode, get_loss
 from .engine import dist as ranks
@@ -118,6 +119,7 @@ def measure_model(
     hparams: dict[str, Any] | None = None,
     debug: bool = False,
     progress: Callable[[str, dict], None] | None = None,
+    budget_among: Sequence[MeasureSpec] | None = None,
     **fields: Any,
 ) -> Row:
     """Measure one model. Returns a `Row` (a failed measure is recorded, not raised).
@@ -137,6 +139,9 @@ def measure_model(
     progress : ``progress(label, info)`` while a measure runs: the engine's counters so far
         (``n_hvp``, ``n_grad``, ...) and, from iterative estimators, ``probes``/``steps``,
         ``value``, ``stderr``/``residual``.
+    budget_among : with ``settings.budget``, the measures the checkpoint's budget is split among
+        when ``measures`` are only some of them (a sweep's unit): each then gets its fixed share
+        (`flatcli.budget.BudgetPlan`).
     """
     specs = as_specs(measures)
     st = Settings.build(settings, **fields)
@@ -162,20 +167,22 @@ def measure_model(
         init_params = None
         if init_state is not None:
             init_params = {n: init_state[n].to(st.device, st.dtype) for n in problem.names if n in init_state}
-        for spec in specs:
-            _run_one(row, spec, problem, engine, st, init_params, init_state, debug, progress)
+        plan = BudgetPlan.of(st.budget, specs, lambda: problem_dims(work, data[st.split], st), budget_among)
+        for i, spec in enumerate(specs):
+            share = None if plan is None else plan.share(i)
+            _run_one(row, spec, problem, engine, st, init_params, init_state, debug, progress, share)
         row.metrics.update(_metrics(work, data["train"], data["test"], st))
     return row
 
 
 def _run_one(row: Row, spec: MeasureSpec, problem: Problem, engine: CurvatureEngine, st: Settings,
-             init_params, init_state, debug: bool, progress) -> None:
+             init_params, init_state, debug: bool, progress, share: float | None = None) -> None:
     """Run one measure into ``row``; a failure is recorded and the other measures go on (in one
     process). Across ranks, a failure that is not a deterministic check (the same on every rank)
     ends the run, since the other ranks may wait in a collective this one never reaches."""
     engine.on_progress = None if progress is None else (lambda info, lab=spec.label: progress(lab, info))
     ctx = MeasureContext(problem=problem, engine=engine, seed=st.seed if spec.seed is None else spec.seed,
-                         init_params=init_params, init_state=init_state)
+                         init_params=init_params, init_state=init_state, max_seconds=share)
     try:
         row.results[spec.label] = run_measure(spec, ctx)
     except Exception as e:  # one failed measure never loses the others
@@ -298,7 +305,8 @@ def read_hparams_from_keys(extras: dict, keys: list[str] | None) -> dict[str, An
 
 
 def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache, settings: Settings,
-                debug: bool = False, progress: Callable[[str, dict], None] | None = None) -> Row:
+                debug: bool = False, progress: Callable[[str, dict], None] | None = None,
+                budget_among: Sequence[MeasureSpec] | None = None) -> Row:
     """Load one checkpoint and measure it. A failure (a bad file: kind ``ConfigError``, exit code 2)
     becomes an error row, so other checkpoints still complete."""
     labels = [s.label for s in specs]
@@ -310,6 +318,7 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
         row = measure_model(
             model, data.get("train", job.train_data), specs, test=data.get("test"), settings=settings,
             init_state=init_state, checkpoint=job.checkpoint, hparams=hp, debug=debug, progress=progress,
+            budget_among=budget_among,
         )
         row.model = extras.get("model_info")
         return row

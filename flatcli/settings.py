@@ -60,6 +60,8 @@ class Settings:
     hvp_mode, block_size : engine settings (``runtime.hvp_mode``, ``runtime.block_size``).
     params : the parameter selection every measure perturbs and differentiates
         (`flatcli.engine.params.ParamSelection`; default everything).
+    budget : seconds for one checkpoint's measures together (``runtime.budget``, ``--budget``;
+        None: no cap), shared among them by predicted cost (`flatcli.budget`).
     """
 
     device: torch.device = torch.device("cpu")
@@ -73,6 +75,7 @@ class Settings:
     hvp_mode: str = "auto"
     block_size: int | None = None
     params: ParamSelection = ParamSelection()
+    budget: float | None = None
 
     def __post_init__(self):
         from .engine.engine import HVP_MODES
@@ -92,6 +95,10 @@ class Settings:
             raise ConfigError(f"num_samples must be an int ≥ 1 or 'all'; got {n!r}")
         if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
             raise ConfigError(f"block_size must be an int ≥ 1; got {self.block_size!r}")
+        if self.budget is not None:
+            from .config import parse_seconds
+
+            object.__setattr__(self, "budget", parse_seconds(self.budget, "budget"))
         if not isinstance(self.params, ParamSelection):
             object.__setattr__(self, "params", ParamSelection.of(self.params))
 
@@ -126,6 +133,7 @@ class Settings:
             hvp_mode=rt.hvp_mode,
             block_size=rt.block_size,
             params=ParamSelection.of(cfg.params),
+            budget=rt.budget,
         )
 
     @classmethod

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ._common import MatVec, _as_product, _tridiag_eig, rademacher
+from .budget import Budget, no_budget
 
 
 @dataclass
@@ -21,6 +22,7 @@ class SLQResult:
     weights: list[np.ndarray]  # squared first components per run (sum to 1)
     dim: int
     n_hvp: int = 0
+    stopped_by_budget: bool = False  # fewer runs than asked: the `Budget` ran out
 
     def expect(self, fn: Callable[[np.ndarray], np.ndarray]) -> tuple[float, float]:
         r"""Estimate :math:`\mathrm{Tr}\, f(H) \approx \frac{P}{R}\sum_r \sum_i w_{ri} f(t_{ri})`
@@ -113,6 +115,7 @@ def slq(
     device=None,
     dtype=None,
     block: int | None = None,
+    budget: Budget | None = None,
 ) -> SLQResult:
     r"""Stochastic Lanczos quadrature (Ubaru, Chen & Saad 2017, eq. 3.5).
 
@@ -125,16 +128,29 @@ def slq(
     Runs proceed in lockstep, ``block`` at a time (default: as many as
     `slq_group_size` allows), each step one block product. Probe r is the same
     whatever the grouping, so results do not depend on ``block``.
+
+    ``budget`` (a `Budget`): checked before each group of runs; a group is cut to the runs whose
+    ``steps`` products the budget still allows, and when it is spent the runs done so far are the
+    result (``stopped_by_budget``; the first run always runs, so there is a value).
     """
     matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
     steps = int(min(steps, dim))
     g = int(block) if block else slq_group_size(dim, steps, runs, device=device, dtype=dtype)
     g = max(1, min(g, runs))
+    budget = budget if budget is not None else no_budget()
     V0 = rademacher(runs, dim, generator, dtype=torch.float64)
     nodes, weights = [], []
-    for i in range(0, runs, g):
-        for a, b in _lanczos_runs(matvec, V0[i : i + g].to(device), steps, dtype):
+    used, i = 0, 0
+    while i < runs:
+        n = budget.allow(min(g, runs - i) * steps, used) // steps
+        n = max(n, 1) if i == 0 else n
+        if n == 0:
+            break
+        for a, b in _lanczos_runs(matvec, V0[i : i + n].to(device), steps, dtype):
             t, S = _tridiag_eig(a, b)
             nodes.append(t)
             weights.append(S[0, :] ** 2)
-    return SLQResult(nodes, weights, dim, n_hvp=int(sum(len(t) for t in nodes)))
+            used += len(t)
+        i += n
+    budget.spend(used)
+    return SLQResult(nodes, weights, dim, n_hvp=used, stopped_by_budget=i < runs)
