@@ -313,6 +313,10 @@ def run_measure(spec: MeasureSpec, ctx: MeasureContext) -> MeasureResult:
     engine = ctx.engine
     before = engine.counters() if engine is not None else {}
     ctx.budget = spec.budget(ctx.max_seconds)
+    dist = getattr(ctx.problem, "dist", None)
+    if dist is not None and dist.active:  # every rank stops at the same block
+        ctx.budget.agree = dist.any
+        ctx.budget.agree_count = lambda n: int(dist.sum_float(n)[0] // dist.world)
     t0 = time.perf_counter()
     try:
         res = info.fn(ctx, opts)

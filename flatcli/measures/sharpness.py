@@ -234,7 +234,7 @@ def corner_search(s: torch.Tensor, V: torch.Tensor, lam: torch.Tensor, max_flips
 
 
 def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
-    """(starts, HVPs, patterns): ascent starts from the top-k eigenvectors v_i of CHC (C = diag(c)),
+    """(starts, HVPs, patterns, stopped by the budget): ascent starts from the top-k eigenvectors v_i of CHC (C = diag(c)),
     and (ℓ∞) the ± refined sign corners of all the model's Ritz vectors, starts of `corner_maximum`.
 
     Lanczos through the engine's HVPs of the full-set loss at θ (at least 20 and at
@@ -258,6 +258,7 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
         device=p.device,
         dtype=p.dtype,
         return_vectors=True,
+        budget=ctx.budget,
     )
     V = r.ritz_vectors
     V = V / V.norm(dim=1, keepdim=True)
@@ -270,7 +271,7 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
         if i < k:
             z = rho * (sgn if norm == "linf" else v)
             starts += [z, -z]
-    return starts, eng.n_hvp - before, patterns
+    return starts, eng.n_hvp - before, patterns, r.stopped_by_budget
 
 
 def m_batches(problem, batch_size: int, gen: torch.Generator):
@@ -423,6 +424,9 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     (at an exact minimum the gradient is round-off and its direction arbitrary:
     the one-step value is then that of some direction of the ball; use the ascent).
 
+    Caps (``max_seconds``, ``max_hvps``, ``runtime.budget``) stop the eigen-start Lanczos early
+    (rougher starts, status ``budget``); the ascents themselves always run (they are the value).
+
     Diagnostics: ``batches``, ``batch_min``, ``batch_max``, ``batch_stderr``
     (spread across batches, not an error of the maximum), ``reductions`` (Auto-PGD
     step halvings), ``n_grad``/``n_forward`` (full-set equivalents), ``n_hvp``
@@ -432,9 +436,9 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     c = scale_vector(p, opts.adaptive, opts.eta)
     gen = ctx.generator()
     batches = m_batches(p, opts.batch_size, gen)
-    eig_starts, lanczos_hvps, patterns = [], 0, []
+    eig_starts, lanczos_hvps, patterns, stopped = [], 0, [], False
     if not opts.first_order and opts.eigen_starts > 0:
-        eig_starts, lanczos_hvps, patterns = eigen_starts(ctx, c, opts.eigen_starts, opts.rho, opts.norm)
+        eig_starts, lanczos_hvps, patterns, stopped = eigen_starts(ctx, c, opts.eigen_starts, opts.rho, opts.norm)
     tally = {"wins": {"eigen": 0, "random": 0, "zero": 0, "corner": 0}, "reductions": 0, "corner_evals": 0,
              "corner_modes": set()}
     # Each batch's random starts come from the generator state at that batch (the draws of one
@@ -482,7 +486,7 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     if len(per_batch) > 1:
         t = torch.tensor(per_batch, dtype=torch.float64)
         diag["batch_stderr"] = float(t.std(unbiased=True) / math.sqrt(len(per_batch)))
-    return MeasureResult(value=value, diagnostics=diag)
+    return MeasureResult(value=value, diagnostics=diag, status="budget" if stopped else "ok")
 
 
 def _batch_worst(ctx, mb, c, opts: WorstOptions, eig_starts, patterns, random_state):

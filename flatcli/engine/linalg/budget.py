@@ -8,8 +8,13 @@ shared, and the clock runs from the budget's creation.
 
 What is guaranteed: a product cap is never passed, except that an estimator always does its first
 unit of work (Lanczos: one block; Hutchinson/Hutch++: two probes, the fewest with a standard error;
-SLQ: one run), so that a value exists; a time cap is checked between blocks, so it is passed by at
-most one block of products.
+SLQ: one run), so that a value exists; a time cap is checked between blocks, and blocks are cut to
+the products the time left allows at the speed seen so far (`Budget.allow`; two products while
+no speed is known), so it is passed by about one product (or one SLQ run, or the first unit).
+
+Across ranks (torchrun) every product is collective, so every rank must stop at the same block:
+``agree`` (whether the time is up on some rank) and ``agree_count`` (one count for all ranks) make
+the time decisions common; product caps are deterministic and need neither.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ class Budget:
     clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
     spent: int = 0  # products spent by earlier calls under this budget
     start: float = field(default=math.nan, repr=False)
+    agree: Callable[[bool], bool] | None = field(default=None, repr=False)  # ranks: the flag on some rank
+    agree_count: Callable[[int], int] | None = field(default=None, repr=False)  # ranks: one count for all
 
     def __post_init__(self):
         if math.isnan(self.start):
@@ -57,8 +64,11 @@ class Budget:
         return max(0, int(self.max_products) - self.spent - int(n_products))
 
     def out_of_time(self) -> bool:
-        """Whether the time cap is reached."""
-        return self.max_seconds is not None and self.elapsed() >= self.max_seconds
+        """Whether the time cap is reached (on some rank, with ``agree``)."""
+        if self.max_seconds is None:
+            return False
+        late = self.elapsed() >= self.max_seconds
+        return self.agree(late) if self.agree is not None else late
 
     def exhausted(self, n_products: int = 0) -> bool:
         """Whether the cap is reached once the caller has spent ``n_products`` products in this call."""
@@ -66,11 +76,19 @@ class Budget:
 
     def allow(self, k: int, n_products: int = 0) -> int:
         """How many of ``k`` wanted products the caller may do now (``n_products`` already done in this
-        call): ``k`` cut to the products left; 0 when the time is up."""
+        call): ``k`` cut to the products left and, under a time cap, to those the seconds left allow at
+        the speed seen so far (elapsed / products; 2 before any product: the first block measures the
+        speed); 0 when the time is up."""
         if self.out_of_time():
             return 0
         left = self.left(n_products)
-        return int(k) if left is None else int(min(k, left))
+        k = int(k) if left is None else int(min(k, left))
+        if self.max_seconds is not None and k > 0:
+            done = self.spent + int(n_products)
+            fit = 2 if done == 0 else int((self.max_seconds - self.elapsed()) * done / max(self.elapsed(), 1e-9))
+            fit = self.agree_count(fit) if self.agree_count is not None else fit
+            k = max(1, min(k, fit))
+        return k
 
     def spend(self, n: int) -> None:
         """Record ``n`` products spent by a finished call."""
