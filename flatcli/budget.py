@@ -3,8 +3,10 @@
 Each measure gets, when it starts, the seconds left of the checkpoint's budget times its share of
 the predicted cost of the measures not yet run: ``left × w_i / Σ_{j ≥ i} w_j``. The time already
 spent is thereby subtracted, and what an earlier measure left unused flows to the later ones.
-The weight ``w`` of a measure is the middle of its registry ``estimate`` (the (least, most)
-products it will count, `flatcli.measures.MeasureSpec.estimate`), in HVP equivalents: one HVP
+The weight ``w`` of a measure is the geometric mean of the least and the most of its registry
+``estimate`` (the products it will count, `flatcli.measures.MeasureSpec.estimate`; the geometric
+mean because adaptive estimators' caps, e.g. local_entropy's 400 SLQ runs, lie far above what they
+usually spend), in HVP equivalents: one HVP
 counts 1, a gradient or a VJP 0.5, a forward pass 0.2 (a Hessian-vector product is a double
 backward, about twice a gradient; a gradient about 2–3 forward passes). A measure without an
 estimate counts as one HVP. The share is the measure's ``max_seconds`` unless it set a smaller
@@ -17,6 +19,7 @@ the configured measures (``among``).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -26,11 +29,12 @@ WEIGHTS = {"n_hvp": 1.0, "n_grad": 0.5, "n_vjp": 0.5, "n_forward": 0.2}
 
 
 def predicted_cost(spec: MeasureSpec, dims: Dims) -> float:
-    """The middle of ``spec``'s predicted products in HVP equivalents (1 without an estimate)."""
+    """The geometric mean of ``spec``'s least and most predicted products, in HVP equivalents (1
+    without an estimate)."""
     est = spec.estimate(dims)
     if not est:
         return 1.0
-    cost = sum(WEIGHTS.get(k, 0.0) * 0.5 * (lo + hi) for k, (lo, hi) in est.items())
+    cost = sum(WEIGHTS.get(k, 0.0) * math.sqrt(lo * hi) for k, (lo, hi) in est.items())
     return max(1.0, float(cost))
 
 

@@ -141,16 +141,17 @@ def test_the_checkpoint_budget_is_shared_by_predicted_cost():
     specs = parse_measures(["hessian_lambda_max", {"hessian_trace": {"min_probes": 10, "max_probes": 30}},
                             "frobenius_norm"])
     w = [predicted_cost(s, d) for s in specs]
-    assert w == [(linalg.certified_min_steps(1000) + 100) / 2, 20.0, 1.0]  # λmax: certified floor … max_steps
+    w_lmax, w_trace = math.sqrt(linalg.certified_min_steps(1000) * 100), math.sqrt(10 * 30)
+    assert w == [pytest.approx(w_lmax), pytest.approx(w_trace), 1.0]  # λmax: certified floor … max_steps
     t = [0.0]
     plan = BudgetPlan(100.0, w, clock=lambda: t[0])
     assert plan.share(0) == pytest.approx(100 * w[0] / sum(w))
     t[0] = 10.0  # the first measure took 10 s: the rest of the budget is split among the others
-    assert plan.share(1) == pytest.approx(90 * 20 / 21)
+    assert plan.share(1) == pytest.approx(90 * w_trace / (w_trace + 1))
     t[0] = 200.0
     assert plan.share(2) == 0.0
     fixed = BudgetPlan.of(100.0, specs[1:2], lambda: d, among=specs)  # a sweep's unit: a fixed share
-    assert fixed.share(0) == pytest.approx(100 * 20 / sum(w))
+    assert fixed.share(0) == pytest.approx(100 * w_trace / sum(w))
 
 
 # ------------------------------------------------------------------ configuration

@@ -47,13 +47,14 @@ class SLQResult:
 
 
 def _lanczos_runs(
-    matvec: MatVec, V0: torch.Tensor, steps: int, dtype
+    matvec: MatVec, V0: torch.Tensor, steps: int, dtype, stop: Callable[[], bool] | None = None
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Independent single-vector Lanczos recurrences run in lockstep.
 
     Each step multiplies the current vectors of all live runs as one block; each
     run is fully reorthogonalized against its own basis (twice). Returns the
-    tridiagonal (alphas, betas) of every run.
+    tridiagonal (alphas, betas) of every run. ``stop()`` true after a step ends every run there
+    (a shorter run is a Gauss quadrature with fewer nodes: still an estimate).
     """
     R, dim = V0.shape
     m = min(steps, dim)
@@ -72,13 +73,14 @@ def _lanczos_runs(
         for _ in range(2):
             W = W - torch.einsum("rj,rjp->rp", torch.einsum("rjp,rp->rj", Qa, W), Qa)
         bnorm = W.norm(dim=1)
+        halt = stop is not None and stop()
         a_np, b_np = a.double().cpu().numpy(), bnorm.double().cpu().numpy()
         keep = []
         for pos, r in enumerate(live):
             alphas[r, j] = a_np[pos]
             betas[r, j] = b_np[pos]
             scale = max(1.0, float(np.max(np.abs(alphas[r, : j + 1]))))
-            if j + 1 >= m or b_np[pos] <= 1e-10 * scale:
+            if j + 1 >= m or b_np[pos] <= 1e-10 * scale or halt:
                 length[r] = j + 1
             else:
                 keep.append(pos)
@@ -131,7 +133,8 @@ def slq(
 
     ``budget`` (a `Budget`): checked before each group of runs; a group is cut to the runs whose
     ``steps`` products the budget still allows, and when it is spent the runs done so far are the
-    result (``stopped_by_budget``; the first run always runs, so there is a value).
+    result (``stopped_by_budget``; the first group always runs, so there is a value, but under a time
+    cap its runs end at the step where the time is up: fewer quadrature nodes).
     """
     matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
     steps = int(min(steps, dim))
@@ -146,11 +149,13 @@ def slq(
         n = max(n, 1) if i == 0 else n
         if n == 0:
             break
-        for a, b in _lanczos_runs(matvec, V0[i : i + n].to(device), steps, dtype):
+        cut = budget.out_of_time if (budget.max_seconds is not None and i == 0) else None
+        for a, b in _lanczos_runs(matvec, V0[i : i + n].to(device), steps, dtype, cut):
             t, S = _tridiag_eig(a, b)
             nodes.append(t)
             weights.append(S[0, :] ** 2)
             used += len(t)
         i += n
     budget.spend(used)
-    return SLQResult(nodes, weights, dim, n_hvp=used, stopped_by_budget=i < runs)
+    short = any(len(t) < steps for t in nodes) and budget.out_of_time()
+    return SLQResult(nodes, weights, dim, n_hvp=used, stopped_by_budget=i < runs or short)
