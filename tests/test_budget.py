@@ -128,8 +128,15 @@ def test_every_iterative_measure_maps_its_cap_to_status_budget():
 
 
 def test_a_spent_checkpoint_budget_stops_iterative_measures_and_flags_the_others():
-    row = _measure(["hessian_lambda_max", "hessian_trace", "frobenius_norm"], budget=1e-9)
+    row = _measure(["hessian_lambda_max", "hessian_trace", "frobenius_norm", "first_order_flatness",
+                    {"sharpness_worst": {"restarts": 3}}, "keskar_sharpness"], budget=1e-9)
     res = row.results
+    full = _measure(["first_order_flatness", {"sharpness_worst": {"restarts": 3}}]).results
+    for lab in ("first_order_flatness", "sharpness_worst", "keskar_sharpness"):  # ascents end early
+        assert res[lab].status == "budget", lab
+    assert res["sharpness_worst"].diagnostics["n_grad"] < full["sharpness_worst"].diagnostics["n_grad"]
+    assert res["first_order_flatness"].diagnostics["n_hvp"] == 2 < full["first_order_flatness"].diagnostics["n_hvp"]
+    assert 0 < res["first_order_flatness"].value <= full["first_order_flatness"].value  # the best point so far
     assert res["hessian_lambda_max"].status == "budget" and res["hessian_lambda_max"].diagnostics["steps"] == 1
     assert res["hessian_trace"].status == "budget" and res["hessian_trace"].diagnostics["probes"] == 2
     assert res["frobenius_norm"].status == "ok" and res["frobenius_norm"].diagnostics["over_budget"] is True
