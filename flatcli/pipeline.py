@@ -168,21 +168,24 @@ def measure_model(
         if init_state is not None:
             init_params = {n: init_state[n].to(st.device, st.dtype) for n in problem.names if n in init_state}
         plan = BudgetPlan.of(st.budget, specs, lambda: problem_dims(work, data[st.split], st), budget_among)
+        shared: dict[str, Any] = {}  # products the checkpoint's measures share (the Hessian diagonal)
         for i, spec in enumerate(specs):
             share = None if plan is None else plan.share(i)
-            _run_one(row, spec, problem, engine, st, init_params, init_state, debug, progress, share)
+            _run_one(row, spec, problem, engine, st, init_params, init_state, debug, progress, share, shared)
         row.metrics.update(_metrics(work, data["train"], data["test"], st))
     return row
 
 
 def _run_one(row: Row, spec: MeasureSpec, problem: Problem, engine: CurvatureEngine, st: Settings,
-             init_params, init_state, debug: bool, progress, share: float | None = None) -> None:
+             init_params, init_state, debug: bool, progress, share: float | None = None,
+             shared: dict[str, Any] | None = None) -> None:
     """Run one measure into ``row``; a failure is recorded and the other measures go on (in one
     process). Across ranks, a failure that is not a deterministic check (the same on every rank)
     ends the run, since the other ranks may wait in a collective this one never reaches."""
     engine.on_progress = None if progress is None else (lambda info, lab=spec.label: progress(lab, info))
     ctx = MeasureContext(problem=problem, engine=engine, seed=st.seed if spec.seed is None else spec.seed,
-                         init_params=init_params, init_state=init_state, max_seconds=share)
+                         init_params=init_params, init_state=init_state, max_seconds=share,
+                         cache=shared if shared is not None else {})
     try:
         row.results[spec.label] = run_measure(spec, ctx)
     except Exception as e:  # one failed measure never loses the others

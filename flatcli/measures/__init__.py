@@ -96,6 +96,7 @@ class MeasureContext:
     init_state: dict[str, torch.Tensor] | None = None
     max_seconds: float | None = None  # this measure's share of the checkpoint's runtime.budget
     budget: Budget = field(default_factory=Budget)  # set by `run_measure`: pass it to the estimators
+    cache: dict[str, Any] = field(default_factory=dict)  # shared by one checkpoint's measures (same θ, data)
 
     @property
     def model(self) -> torch.nn.Module:
