@@ -183,7 +183,7 @@ WideOpt = Annotated[bool, typer.Option(
 ThreadsOpt = Annotated[str | None, typer.Option(
     "--threads", envvar="FLATCLI_THREADS", show_default=False,
     help="Intra-op CPU threads per worker process: N or auto (default runtime.threads, auto: OMP_NUM_THREADS "
-         "when set, else cores // workers).")]
+         "when set, else free cores // workers, the free cores being this process's cores less the load).")]
 
 
 class Precision(str, Enum):
