@@ -248,3 +248,21 @@ def test_lanczos_stops_at_the_absolute_floor_when_the_top_eigenvalue_is_zero():
     big = linalg.lanczos(lambda V: V @ A + 2 * V, 300, max_steps=100, tol=1e-3, dtype=torch.float32,
                          generator=gen(3))
     assert big.converged and not big.near_zero  # λmax = 2: the relative test, unchanged
+
+
+def test_a_sweep_gives_each_unit_its_fixed_share_and_keys_capped_units_apart(tmp_path):
+    from flatcli.config import load_config
+    from flatcli.sweep.store import measure_hash
+
+    cfg = write_project(tmp_path / "p", measures=[{"hessian_trace": {"min_probes": 8, "max_probes": 8}},
+                                                  "frobenius_norm"], n_ckpt=1)
+    rep = api.sweep(cfg, tmp_path / "s", budget="1m", log=lambda m: None)
+    assert rep.computed == 2
+    import json
+
+    units = [json.loads(p.read_text()) for p in (tmp_path / "s" / "units").glob("*.json")]
+    shares = {u["label"]: u["result"]["diagnostics"]["budget_seconds"] for u in units}
+    assert sum(shares.values()) == pytest.approx(60.0) and shares["hessian_trace"] > shares["frobenius_norm"] > 0
+    plain, capped = load_config(cfg), load_config(cfg, {"runtime.budget": 60})
+    spec = plain.measure_specs()[0]
+    assert measure_hash(plain.to_dict(), spec) != measure_hash(capped.to_dict(), spec)
