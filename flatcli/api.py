@@ -157,6 +157,7 @@ def measure(
     threads: int | str | None = None,
     resume: bool = False,
     on_measure: Callable[[Row, str, bool], None] | None = None,
+    budget: float | str | None = None,
 ) -> MeasureReport:
     """Measure every checkpoint of a config; write results when ``outdir`` is given.
 
@@ -175,7 +176,8 @@ def measure(
     draws artifacts (e.g. a spectral-density plot) writes them as
     ``OUTDIR/plots/<NNN>_<checkpoint stem>_<label>.png`` (NNN the checkpoint's
     position); the paths are in ``report.meta["plots"]``. ``threads`` (``runtime.threads``) sizes
-    torch's intra-op threads (`use_threads`; the choice is ``report.meta["threads"]``).
+    torch's intra-op threads (`use_threads`; the choice is ``report.meta["threads"]``). ``budget``
+    (``runtime.budget``: seconds or "10m") caps each checkpoint's measures together (`flatcli.budget`).
 
     Returns a `MeasureReport`; its ``exit_code`` is 0 when every row is ok, 2 when a
     checkpoint failed on bad input (file, state dict), 1 when a measurement failed.
@@ -185,7 +187,8 @@ def measure(
 
         if not have_matplotlib():
             raise ConfigError(f"`plots`: {PLOT_HINT}")
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads, precision=precision))
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads,
+                                 precision=precision, budget=budget))
     write = outdir is not None or cfg.provenance.get("output.dir", "default") != "default"
     if plots and not write:
         raise ConfigError("`plots` needs an output directory (`outdir`)")
@@ -821,6 +824,7 @@ def sweep(
     on_unit: Callable[[dict[str, Any]], None] | None = None,
     debug: bool = False,
     threads: int | str | None = None,
+    budget: float | str | None = None,
     **options: Any,
 ):
     """Measure every checkpoint of a config as resumable units of work in ``outdir``.
@@ -838,13 +842,15 @@ def sweep(
     set, else cores // workers: the workers never oversubscribe the cores; the choice is logged and
     in ``report.threads``). Returns a `flatcli.sweep.SweepReport`; ``computed`` counts the units
     this run's workers computed (``by_others`` those a concurrent sweep finished meanwhile). Merge
-    the rows with `collect`.
+    the rows with `collect`. ``budget`` (``runtime.budget``: seconds or "10m") caps each
+    checkpoint's measures together, each unit getting its fixed share (`flatcli.budget`).
     """
     from .sweep.runner import SweepOptions, run_sweep
     from .sweep.worker import _default_log
 
     opts = SweepOptions(**options)
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads, precision=precision))
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads,
+                                 precision=precision, budget=budget))
     jobs, specs = _plan(cfg, checkpoints, measures)
     out = cfg.output_dir(outdir)
     if not opts.dry_run:

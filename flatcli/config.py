@@ -13,6 +13,7 @@ import difflib
 import functools
 import hashlib
 import json
+import math
 import os
 import types
 from dataclasses import dataclass, field
@@ -109,6 +110,7 @@ class RuntimeConfig:
     # most basis vectors Krylov estimators keep on the device (flatcli.engine.linalg._store)
     recompute: bool | str = field(default="auto", metadata=_NEW)
     max_device_vectors: int | str | None = field(default="auto", metadata=_NEW)
+    budget: float | str | None = field(default=None, metadata=_NEW)  # seconds per checkpoint (parse_seconds)
 
 
 @dataclass
@@ -297,10 +299,36 @@ def _build(cls, raw: Any, prefix: str, prov: dict[str, str], origin: str):
     return obj
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_seconds(value: Any, where: str = "runtime.budget") -> float:
+    """Seconds from ``value``: a number, or text as ``90``, ``90s``, ``10m``, ``1.5h``; a
+    `ConfigError` naming ``where`` for anything else (zero, negative, another unit).
+
+    >>> parse_seconds("10m"), parse_seconds(90), parse_seconds("1h")
+    (600.0, 90.0, 3600.0)
+    """
+    given = value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        unit = _UNITS.get(text[-1:], None) if text else None
+        try:
+            value = float(text[:-1] if unit else text) * (unit or 1.0)
+        except ValueError:
+            value = None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{where} must be a positive number of seconds or a duration like 90s, 10m, 1h; "
+                          f"got {given!r}")
+    return float(value)
+
+
 def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
     """``measures`` entries: ``name``, ``{name: {options}}`` or ``{name: null}``.
 
-    ``label`` and ``seed`` are taken out of the options; labels must be unique.
+    ``label``, ``seed`` and the caps ``max_seconds`` (seconds or a duration like ``90s``, see
+    `parse_seconds`) and ``max_hvps`` (an int ≥ 1) are taken out of the options; labels must be
+    unique.
     Options are validated against the measure's declared constraints.
     """
     if raw is None:
@@ -324,8 +352,9 @@ def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
         seed = opts.pop("seed", None)
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise ConfigError(f"config key '{where}.{name}.seed' must be an int; got {seed!r}")
+        caps = _measure_caps(opts, f"config key '{where}.{name}")
         parse_options(info.options, opts, info.name)  # validate now, fail early
-        specs.append(MeasureSpec(name=info.name, label=label, options=opts, seed=seed))
+        specs.append(MeasureSpec(name=info.name, label=label, options=opts, seed=seed, **caps))
     labels = [s.label for s in specs]
     dup = {lab for lab in labels if labels.count(lab) > 1}
     if dup:
@@ -334,6 +363,22 @@ def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
             "give each repeated measure a distinct 'label'"
         )
     return specs
+
+
+def _measure_caps(opts: dict, where: str) -> dict[str, Any]:
+    """The common options ``max_seconds`` and ``max_hvps``, taken out of ``opts`` and validated."""
+    caps: dict[str, Any] = {}
+    secs = opts.pop("max_seconds", None)
+    if secs is not None:
+        caps["max_seconds"] = parse_seconds(secs, f"{where}.max_seconds'")
+    hvps = opts.pop("max_hvps", None)
+    if hvps is not None:
+        if isinstance(hvps, float) and hvps.is_integer():
+            hvps = int(hvps)
+        if isinstance(hvps, bool) or not isinstance(hvps, int) or hvps < 1:
+            raise ConfigError(f"{where}.max_hvps' must be an int ≥ 1; got {hvps!r}")
+        caps["max_hvps"] = hvps
+    return caps
 
 
 CHOICES = {  # config keys with a fixed set of values (the vocabularies are the engine's own)
@@ -379,6 +424,8 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"config key 'params.{key}' must be a list of glob patterns; got {pats!r}")
     cfg.runtime.threads = check_threads(cfg.runtime.threads, "config key 'runtime.threads'")
     _validate_memory(cfg.runtime)
+    if cfg.runtime.budget is not None:
+        cfg.runtime.budget = parse_seconds(cfg.runtime.budget, "config key 'runtime.budget'")
     _validate_model(cfg.model)
     cfg.measure_specs()
 
@@ -443,10 +490,11 @@ def overrides(
     precision: str | None = None,
     allow_unsafe_pickle: bool | None = None,
     threads: int | str | None = None,
+    budget: float | str | None = None,
 ) -> dict[str, Any]:
     """The config overrides of the common CLI flags / API keywords (None and False mean "not given")."""
     out: dict[str, Any] = {"runtime.device": device, "runtime.seed": seed, "runtime.precision": precision,
-                           "runtime.threads": threads}
+                           "runtime.threads": threads, "runtime.budget": budget}
     if allow_unsafe_pickle:
         out["runtime.allow_unsafe_pickle"] = True
     return {k: v for k, v in out.items() if v is not None}
@@ -457,6 +505,7 @@ ENV_VARS = {
     "FLATCLI_SEED": "runtime.seed",
     "FLATCLI_PRECISION": "runtime.precision",
     "FLATCLI_THREADS": "runtime.threads",
+    "FLATCLI_BUDGET": "runtime.budget",
     "FLATCLI_OUTPUT_DIR": "output.dir",
 }
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ._version import __version__
+from .budget import BudgetPlan
 from .config import Config, parse_measures
 from .engine import Batch, CurvatureEngine, Problem, eval_mode, get_loss
 from .engine import dist as ranks
@@ -120,6 +121,7 @@ def measure_model(
     progress: Callable[[str, dict], None] | None = None,
     on_measure: Callable[[Row, str], None] | None = None,
     reuse: dict[str, Any] | None = None,
+    budget_among: Sequence[MeasureSpec] | None = None,
     **fields: Any,
 ) -> Row:
     """Measure one model. Returns a `Row` (a failed measure is recorded, not raised).
@@ -144,6 +146,9 @@ def measure_model(
         `flatcli.api.measure` writes to disk after every measure).
     reuse : label → `flatcli.measures.MeasureResult` of an earlier run (``measure --resume``):
         those measures are not run again; their results go into the row as they are.
+    budget_among : with ``settings.budget``, the measures the checkpoint's budget is split among
+        when ``measures`` are only some of them (a sweep's unit): each then gets its fixed share
+        (`flatcli.budget.BudgetPlan`).
     """
     specs = as_specs(measures)
     st = Settings.build(settings, **fields)
@@ -171,12 +176,15 @@ def measure_model(
         if init_state is not None:
             init_params = {n: init_state[n].to(st.device, st.dtype) for n in problem.names if n in init_state}
         plans = _planned_hvps(specs, work, data[st.split], st) if progress is not None else {}
-        for spec in specs:
+        plan = BudgetPlan.of(st.budget, specs, lambda: problem_dims(work, data[st.split], st), budget_among)
+        shared: dict[str, Any] = {}  # products the checkpoint's measures share (the Hessian diagonal)
+        for i, spec in enumerate(specs):
             if reuse and spec.label in reuse:
                 row.results[spec.label] = reuse[spec.label]
             else:
+                share = None if plan is None else plan.share(i)
                 _run_one(row, spec, problem, engine, st, init_params, init_state, debug,
-                         _measure_progress(progress, spec.label, engine, plans.get(spec.label)))
+                         _measure_progress(progress, spec.label, engine, plans.get(spec.label)), share, shared)
             if on_measure is not None:
                 on_measure(row, spec.label)
         row.metrics.update(_metrics(work, data["train"], data["test"], st))
@@ -216,14 +224,16 @@ def _measure_progress(progress, label: str, engine: CurvatureEngine, planned):
 
 
 def _run_one(row: Row, spec: MeasureSpec, problem: Problem, engine: CurvatureEngine, st: Settings,
-             init_params, init_state, debug: bool, progress) -> None:
+             init_params, init_state, debug: bool, progress, share: float | None = None,
+             shared: dict[str, Any] | None = None) -> None:
     """Run one measure into ``row``; a failure is recorded and the other measures go on (in one
     process). Across ranks, a failure that is not a deterministic check (the same on every rank)
     ends the run, since the other ranks may wait in a collective this one never reaches.
     ``progress(info)``: the engine's progress hook for this measure (`_measure_progress`)."""
     engine.on_progress = progress
     ctx = MeasureContext(problem=problem, engine=engine, seed=st.seed if spec.seed is None else spec.seed,
-                         init_params=init_params, init_state=init_state)
+                         init_params=init_params, init_state=init_state, max_seconds=share,
+                         cache=shared if shared is not None else {})
     try:
         row.results[spec.label] = run_measure(spec, ctx)
     except Exception as e:  # one failed measure never loses the others
@@ -347,7 +357,8 @@ def read_hparams_from_keys(extras: dict, keys: list[str] | None) -> dict[str, An
 
 def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache, settings: Settings,
                 debug: bool = False, progress: Callable[[str, dict], None] | None = None,
-                on_measure: Callable[[Row, str], None] | None = None, reuse: dict[str, Any] | None = None) -> Row:
+                on_measure: Callable[[Row, str], None] | None = None, reuse: dict[str, Any] | None = None,
+                budget_among: Sequence[MeasureSpec] | None = None) -> Row:
     """Load one checkpoint and measure it. A failure (a bad file: kind ``ConfigError``, exit code 2)
     becomes an error row, so other checkpoints still complete. ``on_measure`` and ``reuse``: as
     `measure_model`'s."""
@@ -360,7 +371,7 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
         row = measure_model(
             model, data.get("train", job.train_data), specs, test=data.get("test"), settings=settings,
             init_state=init_state, checkpoint=job.checkpoint, hparams=hp, debug=debug, progress=progress,
-            on_measure=on_measure, reuse=reuse,
+            on_measure=on_measure, reuse=reuse, budget_among=budget_among,
         )
         row.model = extras.get("model_info")
         return row

@@ -64,6 +64,8 @@ class Settings:
         (``runtime.max_device_vectors``: an int, "auto" or None; `flatcli.engine.linalg._store`).
     params : the parameter selection every measure perturbs and differentiates
         (`flatcli.engine.params.ParamSelection`; default everything).
+    budget : seconds for one checkpoint's measures together (``runtime.budget``, ``--budget``;
+        None: no cap), shared among them by predicted cost (`flatcli.budget`).
     """
 
     device: torch.device = torch.device("cpu")
@@ -79,6 +81,7 @@ class Settings:
     params: ParamSelection = ParamSelection()
     recompute: str = "auto"
     max_device_vectors: int | str | None = "auto"
+    budget: float | None = None
 
     def __post_init__(self):
         from .engine.engine import HVP_MODES
@@ -99,6 +102,10 @@ class Settings:
         if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
             raise ConfigError(f"block_size must be an int ≥ 1; got {self.block_size!r}")
         self._check_memory()
+        if self.budget is not None:
+            from .config import parse_seconds
+
+            object.__setattr__(self, "budget", parse_seconds(self.budget, "budget"))
         if not isinstance(self.params, ParamSelection):
             object.__setattr__(self, "params", ParamSelection.of(self.params))
 
@@ -146,6 +153,7 @@ class Settings:
             params=ParamSelection.of(cfg.params),
             recompute=rt.recompute,
             max_device_vectors=rt.max_device_vectors,
+            budget=rt.budget,
         )
 
     @classmethod

@@ -313,10 +313,12 @@ def test_concurrent_workers_never_duplicate_or_corrupt(project, tmp_path, monkey
     monkeypatch.setenv(DELAY_ENV, "0.2")  # inherited by the worker processes
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # auto: cores // workers, not the caller's choice
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    monkeypatch.setattr(threads, "machine_load", lambda: 0.5)  # an idle machine: both cores free
     lines: list[str] = []
     rep = api.sweep(cfg, out, workers=2, log=lines.append)  # two worker processes on one directory
     assert (rep.computed, rep.pending, rep.workers) == (8, 0, ["cpu", "cpu"])
-    assert rep.threads == "threads: 1 per worker (2 workers on 2 cores)" and rep.threads in lines
+    assert rep.threads == "threads: 1 per worker (2 workers on 2 cores; load 0.50 leaves 2 free)"
+    assert rep.threads in lines
     assert {json.loads(p.read_text())["worker"]["threads"] for p in (out / "units").iterdir()} == {1}
     err = capfd.readouterr().err
     computed = [ln.split("] ", 1)[1].rsplit(" ", 2)[0] for ln in err.splitlines()

@@ -171,7 +171,7 @@ WideOpt = Annotated[bool, typer.Option(
 ThreadsOpt = Annotated[str | None, typer.Option(
     "--threads", envvar="FLATCLI_THREADS", show_default=False,
     help="Intra-op CPU threads per worker process: N or auto (default runtime.threads, auto: OMP_NUM_THREADS "
-         "when set, else cores // workers).")]
+         "when set, else free cores // workers, the free cores being this process's cores less the load).")]
 
 
 class Precision(str, Enum):
@@ -181,6 +181,19 @@ class Precision(str, Enum):
     fp32 = "fp32"
     tf32 = "tf32"
     fp64 = "fp64"
+
+
+BudgetOpt = Annotated[str | None, typer.Option(
+    "--budget", envvar="FLATCLI_BUDGET", show_default=False,
+    help="Seconds for one checkpoint's measures together: 90, 90s, 10m or 1h (runtime.budget), shared by "
+         "predicted cost; a measure stopped by it reports its estimate so far with status budget.")]
+
+
+def _budget(text: str | None) -> float | None:
+    """``--budget`` in seconds (a `ConfigError` naming the flag for a bad value), None when not given."""
+    from ..config import parse_seconds
+
+    return None if text is None else parse_seconds(text, "--budget")
 
 
 PrecisionOpt = Annotated[Precision | None, typer.Option(

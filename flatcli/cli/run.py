@@ -22,6 +22,7 @@ from ..console import (
 )
 from ..errors import ConfigError
 from ._app import (
+    BudgetOpt,
     ConfigOpt,
     DebugOpt,
     Executor,
@@ -30,6 +31,7 @@ from ._app import (
     PrecisionOpt,
     ThreadsOpt,
     WideOpt,
+    _budget,
     _value,
     app,
     cli_message,
@@ -56,6 +58,7 @@ def measure(
     resume: Annotated[bool, typer.Option("--resume", help="Reuse the finished measures of OUTDIR/results.json (same checkpoint file, config and measure options); compute the rest.")] = False,
     threads: ThreadsOpt = None,
     precision: PrecisionOpt = None,
+    budget: BudgetOpt = None,
     wide: WideOpt = False,
     debug: DebugOpt = False,
 ):
@@ -76,7 +79,8 @@ def measure(
         raise typer.Exit(plan.exit_code)
     from ..config import overrides
 
-    cfg = api.load(config, overrides(device=device, seed=seed, threads=threads, precision=precision))
+    cfg = api.load(config, overrides(device=device, seed=seed, threads=threads, precision=precision,
+                                     budget=_budget(budget)))
     format = _value(format) or cfg.output.format
     out = cfg.output_dir(outdir)
     shown = CheckpointProgress("measuring", message=cli_message)
@@ -254,6 +258,7 @@ def sweep(
     allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (trusted files only).")] = False,
     threads: ThreadsOpt = None,
     precision: PrecisionOpt = None,
+    budget: BudgetOpt = None,
     debug: DebugOpt = False,
 ):
     """Measure a whole sweep as resumable units (checkpoint × measure); merge with 'flatcli collect'."""
@@ -268,7 +273,7 @@ def sweep(
         executor=_value(executor), resume=resume, retry_failed=retry_failed, dry_run=dry_run, lock_timeout=lock_timeout,
         tasks=tasks, slurm=parse_slurm_params(slurm), cluster=cluster, wait=wait,
         allow_unsafe_pickle=allow_unsafe_pickle or None, log=log, debug=debug, threads=threads,
-        precision=_value(precision),
+        precision=_value(precision), budget=_budget(budget),
     )
     for line in report.lines:
         console.print(line, highlight=False, soft_wrap=True)

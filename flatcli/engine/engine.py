@@ -134,6 +134,7 @@ class CurvatureEngine:
         self.curvature = {"hessian": Hessian(self), "ggn": GGN(self), "fd_hessian": FiniteDifferenceHessian(self)}
         self.on_progress: Callable[[dict], None] | None = None  # called after every product
         self._local = False  # inside map_batches: batch products on this rank alone
+        self._shared = False  # inside map_batches with fewer batches than ranks: rows split over the ranks
 
     def derive(self, model: torch.nn.Module) -> CurvatureEngine:
         """An engine with this one's settings (HVP mode, block size, graph caching, finite-difference
@@ -449,7 +450,21 @@ class CurvatureEngine:
         is computed exactly as one process computes it, so the results equal one process's.
         Inside ``fn`` only `batch_loss_grad` may be called (a full-set product would see only
         this rank's shard: it raises, on one process too, so that a measure that works on one
-        process works on many)."""
+        process works on many).
+
+        Fewer batches than ranks (one m-batch on 2 ranks): dealing whole batches would leave ranks
+        idle, so every rank runs ``fn`` on every batch instead and `batch_loss_grad` splits each
+        batch's rows over the ranks (losses and gradients summed across them), as outside
+        ``map_batches``: each rank forwards about 1/R of the rows, and the values equal one
+        process's up to the order of the sums. ``fn`` must then take the same steps on every rank
+        (it does when it depends only on the item and on what `batch_loss_grad` returns, which is
+        the same on every rank)."""
+        if self.dist.active and len(batches) < self.dist.world:
+            self._shared = True
+            try:
+                return [fn(b) for b in batches]
+            finally:
+                self._shared = False
         before = self.tally.as_raw()
         self._local = True
         try:
@@ -466,7 +481,7 @@ class CurvatureEngine:
         return [done[i] for i in range(len(batches))]
 
     def _not_local(self, what: str) -> None:
-        if self._local:
+        if self._local or self._shared:
             raise RuntimeError(f"{what} are not available inside CurvatureEngine.map_batches (only batch_loss_grad)")
 
     def _loss_grad_over(self, batches: list[Batch], th: torch.Tensor, n: int) -> tuple[float, torch.Tensor]:

@@ -18,7 +18,10 @@ reported as the value (larger means sharper). Two ways to compute it (``method``
   Ritz values below 0 clipped to 0, runs added in rounds until the standard error
   over runs is at most ``tol`` × |estimate| (at least ``slq_runs``, at most
   ``max_runs`` runs; status ``not_converged`` when the cap stops it), like
-  ``hessian_trace``'s ``tol``.
+  ``hessian_trace``'s ``tol``. A budget (``max_seconds``, ``max_hvps``, ``runtime.budget``)
+  ends the rounds early: the estimate of the runs done, status ``budget``. The value is
+  :math:`\ge 0` and 0 only when :math:`H_+ = 0`, where every run gives 0 and the stderr is 0 too,
+  so the relative ``tol`` needs no near-zero floor here.
 
 Why (tests/test_local_entropy.py): the former default, a fixed 4 × 25 SLQ, gave
 0.465 ± 0.164 (35% standard error) against the exact 0.415 on a tiny tanh MLP;
@@ -117,13 +120,14 @@ def _local_entropy_slq(ctx, opts: LocalEntropyOptions) -> MeasureResult:
     runs_max = max(opts.slq_runs, opts.max_runs)
     k = min(opts.slq_runs, runs_max)
     while True:
-        r = linalg.slq(H, runs=k, steps=opts.slq_steps, generator=gen)
+        r = linalg.slq(H, runs=k, steps=opts.slq_steps, generator=gen, budget=ctx.budget)
         nodes += r.nodes
         weights += r.weights
         value, se = linalg.SLQResult(nodes, weights, r.dim).expect(f)
         done = len(nodes)
         converged = done >= opts.slq_runs and done > 1 and se <= opts.tol * abs(value)
-        if converged or done >= runs_max:
+        stopped = not converged and done < runs_max and (r.stopped_by_budget or ctx.budget.exhausted())
+        if converged or done >= runs_max or stopped:
             break
         need = math.ceil(done * (se / (opts.tol * abs(value))) ** 2) - done if value and done > 1 else done
         k = int(min(runs_max - done, max(opts.slq_runs, min(need, done))))  # at most double per round
@@ -138,5 +142,5 @@ def _local_entropy_slq(ctx, opts: LocalEntropyOptions) -> MeasureResult:
         "min_ritz": float(min(np.min(t) for t in nodes)),
         "negative_weight": neg,
     }
-    return MeasureResult(value=value, stderr=se if len(nodes) > 1 else None, diagnostics=diag,
-                         status="ok" if converged or runs_max == opts.slq_runs else "not_converged")
+    status = "budget" if stopped else "ok" if converged or runs_max == opts.slq_runs else "not_converged"
+    return MeasureResult(value=value, stderr=se if len(nodes) > 1 else None, diagnostics=diag, status=status)

@@ -58,7 +58,8 @@ class Plan:
     def spec(self, label: str) -> MeasureSpec:
         """The `MeasureSpec` of the measure labelled ``label``."""
         s = next(s for s in self.specs if s["label"] == label)
-        return MeasureSpec(name=s["name"], label=s["label"], options=dict(s["options"]), seed=s["seed"])
+        return MeasureSpec(name=s["name"], label=s["label"], options=dict(s["options"]), seed=s["seed"],
+                           max_seconds=s.get("max_seconds"), max_hvps=s.get("max_hvps"))
 
     def job(self, i: int) -> Job:
         """The `Job` of checkpoint ``i`` (its resolved paths and hyperparameters)."""
@@ -150,7 +151,9 @@ def build_plan(cfg, specs: list[MeasureSpec], jobs: list[Job]) -> Plan:
         base_dir=str(Path(cfg.base_dir).resolve()),
         config_hash=cfg.hash(),
         version=__version__,
-        specs=[{"name": s.name, "label": s.label, "options": s.options, "seed": s.seed} for s in specs],
+        specs=[{"name": s.name, "label": s.label, "options": s.options, "seed": s.seed,
+                **{k: getattr(s, k) for k in ("max_seconds", "max_hvps") if getattr(s, k) is not None}}
+               for s in specs],
         checkpoints=checkpoints,
         units=units,
     )

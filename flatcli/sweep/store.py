@@ -69,6 +69,10 @@ def measure_hash(config: dict[str, Any], spec: MeasureSpec) -> str:
         "runtime": {k: rt.get(k) for k in ("precision", "seed", "hvp_mode", "block_size")},
         "measure": {"name": spec.name, "label": spec.label, "seed": spec.seed, "options": opts},
     }
+    caps = {k: v for k, v in (("budget", rt.get("budget")), ("max_seconds", spec.max_seconds),
+                              ("max_hvps", spec.max_hvps)) if v is not None}
+    if caps:  # a capped value is another result; keys without caps are those of earlier versions
+        key["caps"] = caps
     return _sha(key)[:16]
 
 

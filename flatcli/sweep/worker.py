@@ -163,7 +163,8 @@ class _WorkerLoop:
                 time.sleep(self.delay)
             plan = self.plan
             job = plan.job(u.checkpoint_index)
-            row = measure_job(self.cfg, job, [plan.spec(u.label)], self.data, self.settings, self.debug)
+            row = measure_job(self.cfg, job, [plan.spec(u.label)], self.data, self.settings, self.debug,
+                              budget_among=[plan.spec(lab) for lab in plan.labels])
             rec = unit_record(
                 uid=u.id, key=u.key, checkpoint=job.checkpoint, checkpoint_index=u.checkpoint_index,
                 label=u.label, label_index=u.label_index, labels=plan.labels, row=row,

@@ -11,6 +11,7 @@ import torch
 
 from ._common import _as_product, _reporter, rademacher, rowdot
 from ._store import BasisStore, device_capacity
+from .budget import Budget, no_budget
 
 
 @dataclass
@@ -37,6 +38,8 @@ class LanczosResult:
     block_steps: int = 0
     n_hvp: int = 0
     device_vectors: int = 0  # most basis vectors on the device at once (`BasisStore.peak_resident`)
+    near_zero: bool = False  # a wanted Ritz value below tol·max|θ|: stopped at the absolute floor
+    stopped_by_budget: bool = False  # the `Budget` ran out before the residual test was met
 
 
 
@@ -135,6 +138,7 @@ def lanczos(
     return_vectors: bool = False,
     block: int | None = None,
     max_device_vectors: int | str | None = "auto",
+    budget: Budget | None = None,
 ) -> LanczosResult:
     r"""(Block) Lanczos with full reorthogonalization for the ``k`` extreme eigenvalues.
 
@@ -157,6 +161,18 @@ def lanczos(
     ``min_steps`` (default: `certified_min_steps` of the dimension) makes a small
     residual certify the *extreme* eigenvalue, not just some eigenvalue.
 
+    Near zero: a relative test cannot be met by a Ritz value at 0, so the tolerance has an
+    absolute floor: the residual test is :math:`\|Hx_i - \theta_i x_i\| \le \mathrm{tol}\cdot
+    \max(|\theta_i|, \mathrm{tol}\cdot s)` with :math:`s = \max_j |\theta_j|` (all Ritz values:
+    the estimate of :math:`\|H\|_2` on the way). A wanted value with :math:`|\theta_i| <
+    \mathrm{tol}\cdot s` is 0 at the tolerance's resolution of the spectrum; it is then known to
+    :math:`\mathrm{tol}^2 s` absolutely (``near_zero`` set when such a value stopped the run).
+    Values above :math:`\mathrm{tol}\cdot s`, the usual case, keep the relative test unchanged.
+
+    ``budget`` (a `Budget`): the Krylov space stops growing when it is spent (checked between
+    blocks; a product cap also bounds ``max_steps``); the result then has the Ritz values so far
+    and ``stopped_by_budget``.
+
     Parameters
     ----------
     op : a `flatcli.engine.operators.CurvatureOperator`, or ``V (K, P) -> H V`` with ``dim``.
@@ -175,14 +191,19 @@ def lanczos(
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
     matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
     report = _reporter(op)
+    budget = budget if budget is not None else no_budget()
     max_steps = int(min(max_steps, dim))
+    wanted = max_steps
+    left = budget.left()
+    if left is not None:
+        max_steps = int(min(max_steps, max(left, int(block or k or 1), 1)))  # the first block always runs
     min_steps = certified_min_steps(dim) if min_steps is None else int(min_steps)
     min_steps = int(min(min_steps, max_steps))
     X = _start_block(v0, block, k, dim, max_steps, generator)
     cap = device_capacity(op, max_device_vectors, dim, device, dtype)
     cap = None if cap is None else max(int(cap), X.shape[0])
     kry = _BlockKrylov(X.to(device=device, dtype=torch.float64), max_steps, dtype, capacity=cap)
-    converged = False
+    converged = stopped = near_zero = False
     nblock = 0
     while True:
         W = kry.orthogonalize(matvec(kry.block()).to(dtype))
@@ -195,10 +216,14 @@ def lanczos(
             converged = True  # invariant subspace: the Ritz values are exact
             break
         report(steps=kry.e, value=float(evals[0]), residual=float(res[0] / max(abs(evals[0]), 1e-30)))
-        if kry.e >= min_steps and np.all(res[:kk] <= tol * np.maximum(np.abs(evals[:kk]), 1e-30)):
-            converged = True
+        spread = float(np.max(np.abs(evals)))  # max |θ|: the estimate of ‖H‖₂ so far
+        small = np.abs(evals[:kk]) < tol * spread  # 0 at the tolerance's resolution: the absolute floor
+        floor = np.maximum(np.abs(evals[:kk]), max(tol * spread, 1e-30))
+        if kry.e >= min_steps and np.all(res[:kk] <= tol * floor):
+            converged, near_zero = True, bool(small.any())
             break
-        if kry.e >= max_steps:
+        if kry.e >= max_steps or budget.exhausted(kry.e):
+            stopped = kry.e < wanted
             break
         kry.extend(Qnext, keep)
     e, b = kry.e, X.shape[0]
@@ -207,11 +232,13 @@ def lanczos(
         S = torch.as_tensor(evecs[:, : min(k, e)], dtype=dtype, device=kry.Q.device)
         ritz = kry.Q.combine(S)
     T = kry.T[:e, :e]
+    budget.spend(e)
     return LanczosResult(
         eigenvalues=evals, residuals=res, steps=e, converged=converged,
         alphas=np.diag(T).copy() if b == 1 else None, betas=np.diag(T, -1).copy() if b == 1 else None,
         ritz_vectors=ritz, first_components=evecs[0, :].copy(), block=b, block_steps=nblock, n_hvp=e,
         device_vectors=kry.Q.peak_resident,
+        near_zero=near_zero, stopped_by_budget=stopped,
     )
 
 

@@ -12,6 +12,7 @@ import torch
 
 from ._common import MatVec, _as_product, _tridiag_eig, rademacher
 from ._store import BasisStore, device_capacity
+from .budget import Budget, no_budget
 
 
 @dataclass
@@ -22,6 +23,7 @@ class SLQResult:
     weights: list[np.ndarray]  # squared first components per run (sum to 1)
     dim: int
     n_hvp: int = 0
+    stopped_by_budget: bool = False  # fewer runs than asked: the `Budget` ran out
 
     def expect(self, fn: Callable[[np.ndarray], np.ndarray]) -> tuple[float, float]:
         r"""Estimate :math:`\mathrm{Tr}\, f(H) \approx \frac{P}{R}\sum_r \sum_i w_{ri} f(t_{ri})`
@@ -91,14 +93,16 @@ class _RunBases:
 
 
 def _lanczos_runs(
-    matvec: MatVec, V0: torch.Tensor, steps: int, dtype, capacity: int | None = None
+    matvec: MatVec, V0: torch.Tensor, steps: int, dtype, capacity: int | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Independent single-vector Lanczos recurrences run in lockstep.
 
     Each step multiplies the current vectors of all live runs as one block; each
     run is fully reorthogonalized against its own basis (twice), kept on the device or,
     with a ``capacity``, in host memory (`_RunBases`). Returns the tridiagonal (alphas, betas)
-    of every run.
+    of every run. ``stop()`` true after a step ends every run there (a shorter run is a Gauss
+    quadrature with fewer nodes: still an estimate).
     """
     R, dim = V0.shape
     m = min(steps, dim)
@@ -114,13 +118,14 @@ def _lanczos_runs(
         a = (W * q).sum(1)
         W = bases.reorthogonalize(W, live, j)
         bnorm = W.norm(dim=1)
+        halt = stop is not None and stop()
         a_np, b_np = a.double().cpu().numpy(), bnorm.double().cpu().numpy()
         keep = []
         for pos, r in enumerate(live):
             alphas[r, j] = a_np[pos]
             betas[r, j] = b_np[pos]
             scale = max(1.0, float(np.max(np.abs(alphas[r, : j + 1]))))
-            if j + 1 >= m or b_np[pos] <= 1e-10 * scale:
+            if j + 1 >= m or b_np[pos] <= 1e-10 * scale or halt:
                 length[r] = j + 1
             else:
                 keep.append(pos)
@@ -159,6 +164,7 @@ def slq(
     dtype=None,
     block: int | None = None,
     max_device_vectors: int | str | None = "auto",
+    budget: Budget | None = None,
 ) -> SLQResult:
     r"""Stochastic Lanczos quadrature (Ubaru, Chen & Saad 2017, eq. 3.5).
 
@@ -175,17 +181,32 @@ def slq(
     ``max_device_vectors`` (as in `flatcli.engine.linalg.lanczos.lanczos`): with a bound below
     ``steps`` each run's basis lives in host memory and is streamed in chunks for its
     reorthogonalization; the nodes and weights equal the all-on-device run's to rounding.
+    ``budget`` (a `Budget`): checked before each group of runs; a group is cut to the runs whose
+    ``steps`` products the budget still allows, and when it is spent the runs done so far are the
+    result (``stopped_by_budget``; the first group always runs, so there is a value, but under a time
+    cap its runs end at the step where the time is up: fewer quadrature nodes).
     """
     matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
     steps = int(min(steps, dim))
     g = int(block) if block else slq_group_size(dim, steps, runs, device=device, dtype=dtype)
     g = max(1, min(g, runs))
+    budget = budget if budget is not None else no_budget()
     cap = device_capacity(op, max_device_vectors, dim, device, dtype)
     V0 = rademacher(runs, dim, generator, dtype=torch.float64)
     nodes, weights = [], []
-    for i in range(0, runs, g):
-        for a, b in _lanczos_runs(matvec, V0[i : i + g].to(device), steps, dtype, cap):
+    used, i = 0, 0
+    while i < runs:
+        n = budget.allow(min(g, runs - i) * steps, used) // steps
+        n = max(n, 1) if i == 0 else n
+        if n == 0:
+            break
+        cut = budget.out_of_time if (budget.max_seconds is not None and i == 0) else None
+        for a, b in _lanczos_runs(matvec, V0[i : i + n].to(device), steps, dtype, cap, cut):
             t, S = _tridiag_eig(a, b)
             nodes.append(t)
             weights.append(S[0, :] ** 2)
-    return SLQResult(nodes, weights, dim, n_hvp=int(sum(len(t) for t in nodes)))
+            used += len(t)
+        i += n
+    budget.spend(used)
+    short = any(len(t) < steps for t in nodes) and budget.out_of_time()
+    return SLQResult(nodes, weights, dim, n_hvp=used, stopped_by_budget=i < runs or short)
