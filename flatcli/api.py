@@ -243,6 +243,9 @@ class CostPlan:
     loaded: list[str] = field(default_factory=list)  # the checkpoints ``costs`` and ``dims`` are of
     errors: list[tuple[str, str]] = field(default_factory=list)
     params: dict[str, Any] | None = None  # the parameter selection on the first loaded model
+    dtypes: list[str] = field(default_factory=list)  # per loaded checkpoint: the type it loads in
+    dtype_setting: str = "auto"  # model.dtype
+    precision: str = ""  # runtime.precision, resolved for the device (e.g. "bf16", "fp32")
 
     @property
     def exit_code(self) -> int:
@@ -268,6 +271,8 @@ class CostPlan:
         for k, d in enumerate(self.dims):
             groups.setdefault((d.P, d.n), []).append(k)
         out = [_describe_params(self.params)] if self.params else []
+        if self.dtypes:
+            out.append(_describe_dtypes(self.dtypes, self.dtype_setting, self.precision))
         for (P, n), ks in groups.items():
             which = "" if len(groups) == 1 else f" for {_names([self.loaded[k] for k in ks])}"
             out.append(f"estimated products per checkpoint{which} (P = {P:,} parameters, n = {n:,} samples; "
@@ -278,6 +283,17 @@ class CostPlan:
         out.append(f"total over {loaded} checkpoint(s)" + (f" ({len(self.errors)} could not be loaded)" if self.errors
                    else "") + ": " + _describe_cost(self.totals(), empty="parameters only"))
         return out
+
+
+_PRODUCTS = {"bf16": "forward and products in bfloat16, vectors and sums in float32, verified in float32",
+             "tf32": "TF32 products", "fp32": "float32", "fp64": "float64"}
+
+
+def _describe_dtypes(dtypes: list[str], setting: str, precision: str) -> str:
+    """``model dtype: bfloat16 (model.dtype: auto); products: bf16 (forward and products in ...)``."""
+    kinds = ", ".join(dict.fromkeys(dtypes))
+    return (f"model dtype: {kinds} (model.dtype: {setting}); products: {precision}"
+            + (f" ({_PRODUCTS[precision]})" if precision in _PRODUCTS else ""))
 
 
 def _describe_params(sel: dict[str, Any]) -> str:
@@ -312,13 +328,15 @@ def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | 
     formulas and each checkpoint's model size; loads every checkpoint's model but measures nothing.
     A checkpoint that cannot be loaded is reported in ``errors`` (the others are still planned)."""
     from .errors import FlatcliError
+    from .loading.models import model_dtype
     from .pipeline import estimate_products, problem_dims
 
     cfg = load(config, overrides(device=device, precision=precision))
     jobs, specs = _plan(cfg, checkpoints, measures)
     st = Settings.from_config(cfg)
     data = DataCache(cfg)
-    plan = CostPlan([j.checkpoint for j in jobs], [s.label for s in specs], [], [])
+    plan = CostPlan([j.checkpoint for j in jobs], [s.label for s in specs], [], [],
+                    dtype_setting=cfg.model.dtype, precision=st.effective_precision)
     for job in jobs:
         try:
             model, _ = load_model(cfg, job.path)
@@ -331,6 +349,7 @@ def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | 
         plan.dims.append(dims)
         plan.costs.append(estimate_products(specs, dims))
         plan.loaded.append(job.checkpoint)
+        plan.dtypes.append(model_dtype(model))
     return plan
 
 

@@ -23,8 +23,9 @@ import yaml
 
 from .engine.engine import HVP_MODES
 from .engine.losses import LOSSES
-from .engine.precision import PRECISIONS
+from .engine.precision import FP16_REFUSED, PRECISIONS
 from .errors import ConfigError
+from .loading.models import MODEL_DTYPES
 from .measures import MeasureSpec, get_measure
 from .measures._options import parse_options
 from .threads import check_threads
@@ -42,12 +43,16 @@ _NEW = {"omit_default": True}
 class ModelConfig:
     """``model``: the factory (``target``) and its keyword arguments, or, with ``source: huggingface``,
     a ``transformers`` class (YAML key ``class``) whose ``from_pretrained`` reads each checkpoint
-    directory with ``kwargs`` (`flatcli.loading.hf`)."""
+    directory with ``kwargs`` (`flatcli.loading.hf`). ``dtype`` (auto | float32 | bfloat16 |
+    float16): the type the checkpoint is loaded in; ``auto`` is its stored type for Hugging Face
+    directories and ``.safetensors`` files, float32 for the rest (how it is measured is
+    ``runtime.precision``'s business: fp32 upcasts, bf16 keeps bfloat16 products)."""
 
     source: str = field(default="python", metadata=_NEW)
     target: str = ""
     class_: str = field(default="", metadata={**_NEW, "yaml": "class"})
     kwargs: dict[str, Any] = field(default_factory=dict)
+    dtype: str = field(default="auto", metadata=_NEW)
 
 
 @dataclass
@@ -338,6 +343,7 @@ CHOICES = {  # config keys with a fixed set of values (the vocabularies are the 
     "output.format": ("table", "csv", "json"),
     "measure_data.split": ("train", "test"),
     "model.source": MODEL_SOURCES,
+    "model.dtype": MODEL_DTYPES,
 }
 
 
@@ -354,6 +360,8 @@ def _validate(cfg: Config) -> None:
         src = getattr(cfg.data, split_name)
         if src is not None:
             _validate_source(src, f"data.{split_name}")
+    if cfg.runtime.precision == "fp16":
+        raise ConfigError(f"config key 'runtime.precision': {FP16_REFUSED}")
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         if value not in allowed:

@@ -28,7 +28,7 @@ from .errors import ConfigError, FlatcliError, MeasurementError, error_kind
 from .jobs import Job, resolve_jobs
 from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
 from .loading.data import load_split, subset
-from .loading.models import build_model, import_dirs
+from .loading.models import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
 from .measures import Dims, MeasureContext, MeasureSpec, run_measure
 from .results import Row
 from .settings import Settings
@@ -49,7 +49,7 @@ def _problem(model, data, st: Settings) -> Problem:
     """The problem of ``model`` over ``data`` with the settings' loss, batch size, device, dtype,
     parameter selection and this process's ranks."""
     return Problem(model, data, loss=st.loss, batch_size=st.batch_size, device=st.device, dtype=st.dtype,
-                   params=st.params, dist=ranks.current())
+                   params=st.params, dist=ranks.current(), compute_dtype=st.compute_dtype)
 
 
 def check_targets(model, data: Batch, loss: str, where: str, device, dtype) -> None:
@@ -131,7 +131,7 @@ def measure_model(
     measures : names, ``{name: options}`` entries or `MeasureSpec` objects.
     settings : a `flatcli.settings.Settings`; its fields may also be given as keywords
         (``loss``, ``split``, ``num_samples``, ``batch_size``, ``data_seed``, ``seed``,
-        ``device`` (default "cpu"), ``precision`` ("auto", "fp32", "tf32", "fp64"), ``hvp_mode``,
+        ``device`` (default "cpu"), ``precision`` ("auto", "fp32", "tf32", "bf16", "fp64"), ``hvp_mode``,
         ``block_size``, ``params``), which override it.
     init_state : state dict at initialization (for ``distance_from_init``).
     progress : ``progress(label, info)`` while a measure runs: the engine's counters so far
@@ -150,7 +150,7 @@ def measure_model(
         problem = _problem(work, subset(data[st.split], st.num_samples, st.data_seed), st)
         for split_name, d in data.items():
             if d is not None:
-                check_targets(work, d, st.loss, f"data.{split_name}", st.device, st.dtype)
+                check_targets(work, d, st.loss, f"data.{split_name}", st.device, _dtype_of(work))
         row.params = st.params.describe(work, problem.names)
         engine = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision)
         try:
@@ -234,13 +234,19 @@ def estimate_products(specs: Sequence[MeasureSpec], dims: Dims) -> dict[str, dic
     return out
 
 
+def _dtype_of(model: torch.nn.Module) -> torch.dtype:
+    first = next(iter(model.parameters()), None)
+    return first.dtype if first is not None else torch.float32
+
+
 def _working_copy(model: torch.nn.Module, st: Settings) -> torch.nn.Module:
-    """``model`` itself when it is already on the device and dtype, else a converted copy
-    (the caller's model is never mutated)."""
+    """``model`` itself when it is already on the device and dtype (θ's, or, with ``precision: bf16``,
+    also bfloat16: the problem reads θ from it in float32 and its forward runs in bfloat16 whatever
+    the module's own type), else a converted copy (the caller's model is never mutated)."""
     first = next(iter(model.parameters()), None)
     device = first.device if first is not None else torch.device("cpu")
-    dtype = first.dtype if first is not None else torch.float32
-    if device == st.device and dtype == st.dtype:
+    dtype = _dtype_of(model)
+    if device == st.device and dtype in (st.dtype, st.compute_dtype):
         return model
     return copy.deepcopy(model).to(st.device, st.dtype)
 
@@ -351,7 +357,7 @@ def load_model(cfg: Config, path: str | Path) -> tuple[torch.nn.Module, dict[str
     if cfg.model.source == "huggingface":
         from .loading.hf import load_pretrained
 
-        model, info = load_pretrained(cfg.model.class_, path, cfg.model.kwargs)
+        model, info = load_pretrained(cfg.model.class_, path, cfg.model.kwargs, cfg.model.dtype)
         return model, {"model_info": info}
     if not cfg.model.target:
         raise ConfigError("config key 'model.target' is required")
@@ -361,8 +367,11 @@ def load_model(cfg: Config, path: str | Path) -> tuple[torch.nn.Module, dict[str
     if isinstance(extras.get("model_kwargs"), dict):
         kwargs.update(extras["model_kwargs"])
     model = build_model(cfg.model.target, kwargs, cfg.base_dir)
-    load_into(model, extract_state_dict(obj, path), path)
-    return model, extras
+    sd = extract_state_dict(obj, path)
+    load_into(model, sd, path)
+    dtype = stored_dtype(sd, path) if cfg.model.dtype == "auto" else cfg.model.dtype
+    model = in_dtype(model, dtype)
+    return model, {**extras, "model_info": {"source": "python", "dtype": model_dtype(model)}}
 
 
 def manifest_train_data(cfg: Config, path: Path) -> Path | None:
