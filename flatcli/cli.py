@@ -192,12 +192,14 @@ class Precision(str, Enum):
     auto = "auto"
     fp32 = "fp32"
     tf32 = "tf32"
+    bf16 = "bf16"
     fp64 = "fp64"
 
 
 PrecisionOpt = Annotated[Precision | None, typer.Option(
     "--precision", envvar="FLATCLI_PRECISION", show_default=False,
-    help="auto (TF32 products on a tensor-core GPU, verified in fp32; fp32 elsewhere), fp32, tf32 or fp64 "
+    help="auto (TF32 products on a tensor-core GPU, verified in fp32; fp32 elsewhere), fp32, tf32, bf16 "
+         "(bfloat16 forward and products, float32 vectors and sums, verified in fp32) or fp64 "
          "(default runtime.precision).")]
 
 
@@ -370,7 +372,7 @@ def config_show(config: ConfigOpt = ..., debug: DebugOpt = False):
 
     cfg = api.load(config)
     console.print(f"# {config}  (hash {cfg.hash()})", highlight=False)
-    console.print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip(), highlight=False)
+    console.print(yaml.safe_dump(cfg.to_dict(defaults=True), sort_keys=False).rstrip(), highlight=False)
     console.print("\n# where each value came from", highlight=False)
     for k in sorted(cfg.provenance):
         console.print(f"#   {k}: {cfg.provenance[k]}", highlight=False)

@@ -177,9 +177,10 @@ class Config:
             return self.resolve_path(self.output.dir)
         return Path(os.path.expanduser(self.output.dir))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The config as plain data (what results.json records and the hash covers)."""
-        return _to_plain(self)
+    def to_dict(self, defaults: bool = False) -> dict[str, Any]:
+        """The config as plain data (what results.json records and the hash covers); ``defaults``:
+        with the keys added later at their defaults too (``config show``), which are left out otherwise."""
+        return _to_plain(self, defaults)
 
     def hash(self) -> str:
         """A short hash of everything that determines results (outputs excluded)."""
@@ -194,18 +195,18 @@ def yaml_key(f: dataclasses.Field) -> str:
     return f.metadata.get("yaml", f.name)
 
 
-def _to_plain(obj):
+def _to_plain(obj, defaults: bool = False):
     if dataclasses.is_dataclass(obj):
         return {
-            yaml_key(f): _to_plain(getattr(obj, f.name))
+            yaml_key(f): _to_plain(getattr(obj, f.name), defaults)
             for f in dataclasses.fields(obj)
             if not f.metadata.get("internal")
-            and not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default)
+            and (defaults or not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default))
         }
     if isinstance(obj, dict):
-        return {k: _to_plain(v) for k, v in obj.items()}
+        return {k: _to_plain(v, defaults) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_to_plain(v) for v in obj]
+        return [_to_plain(v, defaults) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
     return obj

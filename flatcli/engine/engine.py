@@ -114,7 +114,8 @@ class CurvatureEngine:
         if self.precision.name == "bf16":
             if self.hvp_mode == "finite_difference":
                 raise ConfigError(BF16_FD_REFUSED)
-            problem.compute_dtype = self.precision.compute_dtype  # the engine owns the products' precision
+        # the engine owns the products' precision: bf16 lowers the problem's forward, the others keep θ's type
+        problem.compute_dtype = self.precision.compute_dtype if self.precision.name == "bf16" else problem.dtype
         self.batch_size = problem.batch_size
         self.batches = list(problem.batches)
         self.tally = Counters(problem.n)
