@@ -169,7 +169,9 @@ def test_bf16_lambda_max_matches_the_dense_hessian_of_the_bf16_weights(hf, tmp_p
     lam = float(torch.linalg.eigvalsh(dense_hessian_rows(hf[name], name, batch))[-1])
     assert rel(d["bf16_value"], lam) < 1e-2
     assert rel(m["value"], lam) < 1e-4 and d["verified"] == "fp32"
-    assert 0 < d["fp32_control_rel_diff"] < 1e-2  # bfloat16 arithmetic differs from float32's, a little
+    # bfloat16 arithmetic (unit roundoff 3.9e-3) moves the value by far more than float32's would (the
+    # Ritz value and the Rayleigh quotient of its vector agree to ~tol² in one precision), but less than 1e-2
+    assert 1e-5 < d["fp32_control_rel_diff"] < 1e-2
     res, text = run("measure", "-c", cfg, "--dry-run")
     assert res.exit_code == 0 and "model dtype: bfloat16 (model.dtype: auto); products: bf16" in text, text
 
