@@ -9,6 +9,7 @@ here knows about commands, tables or output files.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import platform
@@ -30,6 +31,7 @@ from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_int
 from .loading.data import load_split, subset
 from .loading.models import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
 from .measures import Dims, MeasureContext, MeasureSpec, run_measure
+from .measures.hessian import LOW_PRECISION_MEASURES
 from .results import Row
 from .settings import Settings
 
@@ -69,7 +71,9 @@ def _metrics(model, train: Batch | None, test: Batch | None, st: Settings) -> di
     for name, d in (("train", train), ("test", test)):
         if d is None:
             continue
-        out[f"{name}_loss"], out[f"{name}_acc"] = _problem(model, d, st).evaluate()
+        prob = _problem(model, d, st)
+        with prob.full_precision():  # float32 forward under bf16 too: the metrics are not estimates
+            out[f"{name}_loss"], out[f"{name}_acc"] = prob.evaluate()
     if "test_acc" in out and not (math.isnan(out["train_acc"]) or math.isnan(out["test_acc"])):
         out["gen_gap"] = out["train_acc"] - out["test_acc"]
     return out
@@ -176,8 +180,12 @@ def _run_one(row: Row, spec: MeasureSpec, problem: Problem, engine: CurvatureEng
     engine.on_progress = None if progress is None else (lambda info, lab=spec.label: progress(lab, info))
     ctx = MeasureContext(problem=problem, engine=engine, seed=st.seed if spec.seed is None else spec.seed,
                          init_params=init_params, init_state=init_state)
+    fp32 = problem.lowered and spec.name not in LOW_PRECISION_MEASURES
     try:
-        row.results[spec.label] = run_measure(spec, ctx)
+        with engine.full_precision() if fp32 else contextlib.nullcontext():
+            row.results[spec.label] = run_measure(spec, ctx)
+        if fp32:  # bf16 applies to the verified Hessian estimators only: loss differences are not verified
+            row.results[spec.label].diagnostics["products"] = "fp32"
     except Exception as e:  # one failed measure never loses the others
         if problem.dist.active and not isinstance(e, FlatcliError):
             raise ranks.RankFailure(f"rank {problem.dist.rank}: {spec.label}: {describe_error(e)}") from e

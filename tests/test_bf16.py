@@ -221,3 +221,18 @@ def test_fp16_and_bf16_finite_differences_are_refused_in_one_line(hf, tmp_path):
         res, text = run("measure", "-c", cfg, "-o", tmp_path / "o")
         assert res.exit_code == 2 and msg in text and "Traceback" not in text, text
         assert not (tmp_path / "o" / "results.json").exists()
+
+
+def test_bf16_leaves_the_other_measures_and_the_metrics_in_float32(hf, tmp_path):
+    """Under bf16 only the verified Hessian estimators run bfloat16 products; a loss-difference measure
+    (first-order flatness) and the train metrics give the float32 run's values, marked ``products: fp32``."""
+    rows = {}
+    for prec in ("fp32", "bf16"):
+        cfg = config(hf, tmp_path / f"{prec}.yaml", "gpt2", measures=[{"first_order_flatness": {"steps": 2}}],
+                     runtime={"precision": prec})
+        res, text = run("measure", "-c", cfg, "-o", tmp_path / prec)
+        assert res.exit_code == 0, text
+        rows[prec] = measured(tmp_path / prec)
+    a, b = (rows[p]["measures"]["first_order_flatness"] for p in ("fp32", "bf16"))
+    assert b["value"] == pytest.approx(a["value"], rel=1e-9) and b["diagnostics"]["products"] == "fp32"
+    assert rows["bf16"]["metrics"]["train_loss"] == pytest.approx(rows["fp32"]["metrics"]["train_loss"], rel=1e-9)
