@@ -7,8 +7,9 @@ Lanczos (tol 1e-3) with bf16 products, the float32 Rayleigh quotient of its Ritz
 with float32 products continued from that vector to tol 1e-3 (the float32 λmax; the tests check both
 against dense Hessians on the tiny models); the trace's bias from paired probes (the same Rademacher
 probes through bf16 and float32 products, as the measure's control sample), beside the float32
-Hutchinson estimate of those probes and its standard error; seconds per product in each precision
-and the process's peak resident memory.
+Hutchinson estimate of those probes and its standard error, and, for models under 5,000 parameters,
+the exact float32 trace (the relative bias is taken against it when there is one, else against the
+estimate); seconds per product in each precision and the process's peak resident memory.
 
     python scripts/bench_bf16.py                  # the tests' tiny GPT-2 and BERT, and a 10M GPT-2
     python scripts/bench_bf16.py --models gpt2-10m --probes 8
@@ -46,6 +47,7 @@ def gpt2_10m(tf):
     return tf.GPT2LMHeadModel(cfg), "causal_lm", 8192, (2, 32)
 
 
+EXACT_BELOW = 5000  # parameters: the exact trace is computed for models up to this size
 MODELS = {"gpt2-tiny": tiny_gpt2, "bert-tiny": tiny_bert, "gpt2-10m": gpt2_10m}
 
 
@@ -100,6 +102,9 @@ def measure(name: str, probes: int, tol: float) -> dict:
                          generator=torch.Generator().manual_seed(1))
     out["lam_fp32"], out["steps_fp32"] = float(r32.eigenvalues[0]), r32.steps
     out.update(paired_probes(eng, probes))
+    if eng.num_params <= EXACT_BELOW:  # the exact float32 trace (one product per parameter) as the scale
+        with eng.full_precision():
+            out["trace_exact"] = float(linalg.exact_diagonal(eng.hessian(), block=64).sum())
     out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return out
 
@@ -119,9 +124,11 @@ def main() -> None:
     for name in args.models.split(","):
         r = measure(name.strip(), args.probes, args.tol)
         rel = (r["lam_bf16"] - r["lam_fp32"]) / abs(r["lam_fp32"])
-        rel_tr = abs(r["trace_bias"]) / abs(r["trace_fp32"])
+        scale = r.get("trace_exact", r["trace_fp32"])
+        rel_tr = abs(r["trace_bias"]) / abs(scale)
+        exact = f" (exact {r['trace_exact']:.5g})" if "trace_exact" in r else ""
         print(f"| {r['model']} | {r['P']:,} | {r['tokens']} | {r['lam_fp32']:.5g} | {r['lam_bf16']:.5g} ({rel:+.2e}) | "
-              f"{r['lam_bf16_rq32']:.5g} | {r['trace_fp32']:.5g} ± {r['trace_stderr']:.2g} | "
+              f"{r['lam_bf16_rq32']:.5g} | {r['trace_fp32']:.5g} ± {r['trace_stderr']:.2g}{exact} | "
               f"{r['trace_bias']:+.3g} ± {r['trace_bias_se']:.2g} ({rel_tr:.1e}) | "
               f"{r['sec_fp32']:.3f} / {r['sec_bf16']:.3f} | {r['peak_rss_gib']:.2f} GiB |", flush=True)
 
