@@ -111,9 +111,8 @@ class CurvatureEngine:
             reverse_batched = self.device.type == "cuda" or problem.num_params < _CPU_BATCHED_BELOW
         self.reverse_batched = bool(reverse_batched)
         self.precision = Precision.of(precision, self.device)
-        if self.precision.name == "bf16":
-            if self.hvp_mode == "finite_difference":
-                raise ConfigError(BF16_FD_REFUSED)
+        if self.precision.name == "bf16" and self.hvp_mode == "finite_difference":
+            raise ConfigError(BF16_FD_REFUSED)
         # the engine owns the products' precision: bf16 lowers the problem's forward, the others keep θ's type
         problem.compute_dtype = self.precision.compute_dtype if self.precision.name == "bf16" else problem.dtype
         self.batch_size = problem.batch_size

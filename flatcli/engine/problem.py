@@ -232,7 +232,7 @@ class Problem:
         """Model outputs on ``batch`` with the functional parameters ``params`` (a dict or a flat
         vector), in ``dtype`` (computed in ``compute_dtype``)."""
         out = self._call(params, batch)
-        return out.to(self.dtype) if out.is_floating_point() else out
+        return out.to(self.dtype) if self.lowered and out.is_floating_point() else out
 
     def batch_loss_sum(self, params, batch: Batch) -> torch.Tensor:
         """Sum of the unit losses of one batch (divide by ``n`` for its share of L); fused with the
