@@ -404,6 +404,9 @@ class CostPlan:
         """``--dry-run --format json``: one entry per loaded checkpoint × measure (`flatcli.predict.Prediction`)."""
         return [pred.to_json(ckpt, lab) for ckpt, per in zip(self.loaded, self.predictions, strict=True)
                 for lab, pred in per.items()]
+    dtypes: list[str] = field(default_factory=list)  # per loaded checkpoint: the type it loads in
+    dtype_setting: str = "auto"  # model.dtype
+    precision: str = ""  # runtime.precision, resolved for the device (e.g. "bf16", "fp32")
 
     @property
     def exit_code(self) -> int:
@@ -429,6 +432,8 @@ class CostPlan:
         for k, d in enumerate(self.dims):
             groups.setdefault((d.P, d.n), []).append(k)
         out = [_describe_params(self.params)] if self.params else []
+        if self.dtypes:
+            out.append(_describe_dtypes(self.dtypes, self.dtype_setting, self.precision))
         for (P, _), ks in groups.items():
             which = "" if len(groups) == 1 else f" for {_names([self.loaded[k] for k in ks])}"
             out.append(f"estimated products per checkpoint{which} (P = {P:,} parameters, {_describe_n(self.dims[ks[0]])}; "
@@ -493,6 +498,17 @@ def _describe_plan(est, pred) -> str:
     return text
 
 
+_PRODUCTS = {"bf16": "forward and products in bfloat16, vectors and sums in float32, verified in float32",
+             "tf32": "TF32 products", "fp32": "float32", "fp64": "float64"}
+
+
+def _describe_dtypes(dtypes: list[str], setting: str, precision: str) -> str:
+    """``model dtype: bfloat16 (model.dtype: auto); products: bf16 (forward and products in ...)``."""
+    kinds = ", ".join(dict.fromkeys(dtypes))
+    return (f"model dtype: {kinds} (model.dtype: {setting}); products: {precision}"
+            + (f" ({_PRODUCTS[precision]})" if precision in _PRODUCTS else ""))
+
+
 def _describe_params(sel: dict[str, Any]) -> str:
     """``params: include head.* → 1 tensor, 28 parameters: head.weight`` (every trainable one when
     no patterns are given)."""
@@ -530,6 +546,7 @@ def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | 
     one block, and one block product's memory), and every measure gets a `flatcli.predict.Prediction`
     (seconds, peak bytes, or ``not_applicable`` with the reason) in ``predictions``."""
     from .errors import FlatcliError
+    from .loading.models import model_dtype
     from .pipeline import estimate_products, problem_dims
     from .predict import predict, time_products
 
@@ -537,7 +554,8 @@ def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | 
     jobs, specs = _plan(cfg, checkpoints, measures)
     st = Settings.from_config(cfg)
     data = DataCache(cfg)
-    plan = CostPlan([j.checkpoint for j in jobs], [s.label for s in specs], [], [])
+    plan = CostPlan([j.checkpoint for j in jobs], [s.label for s in specs], [], [],
+                    dtype_setting=cfg.model.dtype, precision=st.effective_precision)
     groups: dict[tuple[int, int], Any] = {}  # (P, n) -> (ProductTimes, Problem) of its first checkpoint
     for job in jobs:
         try:
@@ -551,6 +569,7 @@ def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | 
         plan.dims.append(dims)
         plan.costs.append(estimate_products(specs, dims))
         plan.loaded.append(job.checkpoint)
+        plan.dtypes.append(model_dtype(model))
         if timed:
             key = (dims.P, dims.n)
             if key not in groups:

@@ -24,8 +24,9 @@ import yaml
 
 from .engine.engine import HVP_MODES
 from .engine.losses import LOSSES
-from .engine.precision import PRECISIONS
+from .engine.precision import FP16_REFUSED, PRECISIONS
 from .errors import ConfigError
+from .loading.models import MODEL_DTYPES
 from .measures import MeasureSpec, get_measure
 from .measures._options import parse_options
 from .threads import check_threads
@@ -43,12 +44,16 @@ _NEW = {"omit_default": True}
 class ModelConfig:
     """``model``: the factory (``target``) and its keyword arguments, or, with ``source: huggingface``,
     a ``transformers`` class (YAML key ``class``) whose ``from_pretrained`` reads each checkpoint
-    directory with ``kwargs`` (`flatcli.loading.hf`)."""
+    directory with ``kwargs`` (`flatcli.loading.hf`). ``dtype`` (auto | float32 | bfloat16 |
+    float16): the type the checkpoint is loaded in; ``auto`` is its stored type for Hugging Face
+    directories and ``.safetensors`` files, float32 for the rest (how it is measured is
+    ``runtime.precision``'s business: fp32 upcasts, bf16 keeps bfloat16 products)."""
 
     source: str = field(default="python", metadata=_NEW)
     target: str = ""
     class_: str = field(default="", metadata={**_NEW, "yaml": "class"})
     kwargs: dict[str, Any] = field(default_factory=dict)
+    dtype: str = field(default="auto", metadata=_NEW)
 
 
 @dataclass
@@ -179,8 +184,8 @@ class Config:
         return Path(os.path.expanduser(self.output.dir))
 
     def to_dict(self, defaults: bool = False) -> dict[str, Any]:
-        """The config as plain data (what results.json records and the hash covers); ``defaults``: with
-        the keys added later at their defaults too (``flatcli config show``)."""
+        """The config as plain data (what results.json records and the hash covers); ``defaults``:
+        with the keys added later at their defaults too (``config show``), which are left out otherwise."""
         return _to_plain(self, defaults)
 
     def hash(self) -> str:
@@ -388,6 +393,7 @@ CHOICES = {  # config keys with a fixed set of values (the vocabularies are the 
     "output.format": ("table", "csv", "json"),
     "measure_data.split": ("train", "test"),
     "model.source": MODEL_SOURCES,
+    "model.dtype": MODEL_DTYPES,
 }
 
 
@@ -404,6 +410,8 @@ def _validate(cfg: Config) -> None:
         src = getattr(cfg.data, split_name)
         if src is not None:
             _validate_source(src, f"data.{split_name}")
+    if cfg.runtime.precision == "fp16":
+        raise ConfigError(f"config key 'runtime.precision': {FP16_REFUSED}")
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         if value not in allowed:
@@ -422,12 +430,17 @@ def _validate(cfg: Config) -> None:
         pats = getattr(cfg.params, key)
         if pats is not None and not all(isinstance(x, str) for x in pats):
             raise ConfigError(f"config key 'params.{key}' must be a list of glob patterns; got {pats!r}")
-    cfg.runtime.threads = check_threads(cfg.runtime.threads, "config key 'runtime.threads'")
-    _validate_memory(cfg.runtime)
-    if cfg.runtime.budget is not None:
-        cfg.runtime.budget = parse_seconds(cfg.runtime.budget, "config key 'runtime.budget'")
+    _validate_runtime(cfg.runtime)
     _validate_model(cfg.model)
     cfg.measure_specs()
+
+
+def _validate_runtime(rt: RuntimeConfig) -> None:
+    """``runtime.threads``, ``runtime.budget`` and the memory settings (`_validate_memory`)."""
+    rt.threads = check_threads(rt.threads, "config key 'runtime.threads'")
+    _validate_memory(rt)
+    if rt.budget is not None:
+        rt.budget = parse_seconds(rt.budget, "config key 'runtime.budget'")
 
 
 def _validate_memory(rt: RuntimeConfig) -> None:

@@ -9,6 +9,7 @@ here knows about commands, tables or output files.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import platform
@@ -29,8 +30,9 @@ from .errors import ConfigError, FlatcliError, MeasurementError, error_kind
 from .jobs import Job, resolve_jobs
 from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
 from .loading.data import load_split, subset
-from .loading.models import build_model, import_dirs
+from .loading.models import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
 from .measures import Dims, MeasureContext, MeasureSpec, run_measure
+from .measures.hessian import LOW_PRECISION_MEASURES
 from .results import Row
 from .settings import Settings
 
@@ -50,7 +52,7 @@ def _problem(model, data, st: Settings) -> Problem:
     """The problem of ``model`` over ``data`` with the settings' loss, batch size, device, dtype,
     parameter selection and this process's ranks."""
     return Problem(model, data, loss=st.loss, batch_size=st.batch_size, device=st.device, dtype=st.dtype,
-                   params=st.params, dist=ranks.current())
+                   params=st.params, dist=ranks.current(), compute_dtype=st.compute_dtype)
 
 
 def check_targets(model, data: Batch, loss: str, where: str, device, dtype) -> None:
@@ -70,7 +72,9 @@ def _metrics(model, train: Batch | None, test: Batch | None, st: Settings) -> di
     for name, d in (("train", train), ("test", test)):
         if d is None:
             continue
-        out[f"{name}_loss"], out[f"{name}_acc"] = _problem(model, d, st).evaluate()
+        prob = _problem(model, d, st)
+        with prob.full_precision():  # float32 forward under bf16 too: the metrics are not estimates
+            out[f"{name}_loss"], out[f"{name}_acc"] = prob.evaluate()
     if "test_acc" in out and not (math.isnan(out["train_acc"]) or math.isnan(out["test_acc"])):
         out["gen_gap"] = out["train_acc"] - out["test_acc"]
     return out
@@ -135,7 +139,7 @@ def measure_model(
     measures : names, ``{name: options}`` entries or `MeasureSpec` objects.
     settings : a `flatcli.settings.Settings`; its fields may also be given as keywords
         (``loss``, ``split``, ``num_samples``, ``batch_size``, ``data_seed``, ``seed``,
-        ``device`` (default "cpu"), ``precision`` ("auto", "fp32", "tf32", "fp64"), ``hvp_mode``,
+        ``device`` (default "cpu"), ``precision`` ("auto", "fp32", "tf32", "bf16", "fp64"), ``hvp_mode``,
         ``block_size``, ``params``), which override it.
     init_state : state dict at initialization (for ``distance_from_init``).
     progress : ``progress(label, info)`` while a measure runs: the engine's counters of this
@@ -162,7 +166,7 @@ def measure_model(
         problem = _problem(work, subset(data[st.split], st.num_samples, st.data_seed), st)
         for split_name, d in data.items():
             if d is not None:
-                check_targets(work, d, st.loss, f"data.{split_name}", st.device, st.dtype)
+                check_targets(work, d, st.loss, f"data.{split_name}", st.device, _dtype_of(work))
         row.params = st.params.describe(work, problem.names)
         engine = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision,
                                  recompute=st.recompute, max_device_vectors=st.max_device_vectors)
@@ -234,8 +238,12 @@ def _run_one(row: Row, spec: MeasureSpec, problem: Problem, engine: CurvatureEng
     ctx = MeasureContext(problem=problem, engine=engine, seed=st.seed if spec.seed is None else spec.seed,
                          init_params=init_params, init_state=init_state, max_seconds=share,
                          cache=shared if shared is not None else {})
+    fp32 = problem.lowered and spec.name not in LOW_PRECISION_MEASURES
     try:
-        row.results[spec.label] = run_measure(spec, ctx)
+        with engine.full_precision() if fp32 else contextlib.nullcontext():
+            row.results[spec.label] = run_measure(spec, ctx)
+        if fp32:  # bf16 applies to the verified Hessian estimators only: loss differences are not verified
+            row.results[spec.label].diagnostics["products"] = "fp32"
     except Exception as e:  # one failed measure never loses the others
         if problem.dist.active and not isinstance(e, FlatcliError):
             raise ranks.RankFailure(f"rank {problem.dist.rank}: {spec.label}: {describe_error(e)}") from e
@@ -292,13 +300,19 @@ def estimate_products(specs: Sequence[MeasureSpec], dims: Dims) -> dict[str, dic
     return out
 
 
+def _dtype_of(model: torch.nn.Module) -> torch.dtype:
+    first = next(iter(model.parameters()), None)
+    return first.dtype if first is not None else torch.float32
+
+
 def _working_copy(model: torch.nn.Module, st: Settings) -> torch.nn.Module:
-    """``model`` itself when it is already on the device and dtype, else a converted copy
-    (the caller's model is never mutated)."""
+    """``model`` itself when it is already on the device and dtype (θ's, or, with ``precision: bf16``,
+    also bfloat16: the problem reads θ from it in float32 and its forward runs in bfloat16 whatever
+    the module's own type), else a converted copy (the caller's model is never mutated)."""
     first = next(iter(model.parameters()), None)
     device = first.device if first is not None else torch.device("cpu")
-    dtype = first.dtype if first is not None else torch.float32
-    if device == st.device and dtype == st.dtype:
+    dtype = _dtype_of(model)
+    if device == st.device and dtype in (st.dtype, st.compute_dtype):
         return model
     return copy.deepcopy(model).to(st.device, st.dtype)
 
@@ -413,7 +427,7 @@ def load_model(cfg: Config, path: str | Path) -> tuple[torch.nn.Module, dict[str
     if cfg.model.source == "huggingface":
         from .loading.hf import load_pretrained
 
-        model, info = load_pretrained(cfg.model.class_, path, cfg.model.kwargs)
+        model, info = load_pretrained(cfg.model.class_, path, cfg.model.kwargs, cfg.model.dtype)
         return model, {"model_info": info}
     if not cfg.model.target:
         raise ConfigError("config key 'model.target' is required")
@@ -423,8 +437,11 @@ def load_model(cfg: Config, path: str | Path) -> tuple[torch.nn.Module, dict[str
     if isinstance(extras.get("model_kwargs"), dict):
         kwargs.update(extras["model_kwargs"])
     model = build_model(cfg.model.target, kwargs, cfg.base_dir)
-    load_into(model, extract_state_dict(obj, path), path)
-    return model, extras
+    sd = extract_state_dict(obj, path)
+    load_into(model, sd, path)
+    dtype = stored_dtype(sd, path) if cfg.model.dtype == "auto" else cfg.model.dtype
+    model = in_dtype(model, dtype)
+    return model, {**extras, "model_info": {"source": "python", "dtype": model_dtype(model)}}
 
 
 def manifest_train_data(cfg: Config, path: Path) -> Path | None:

@@ -16,7 +16,13 @@ from typing import Any
 import torch
 
 from .engine.params import ParamSelection
-from .engine.precision import PRECISIONS, Precision, check_precision, has_tensor_cores
+from .engine.precision import (
+    BF16_FD_REFUSED,
+    PRECISIONS,
+    Precision,
+    check_precision,
+    has_tensor_cores,
+)
 from .errors import ConfigError
 
 __all__ = ["PRECISIONS", "Settings", "has_tensor_cores", "resolve_device"]
@@ -52,8 +58,9 @@ class Settings:
     device : where to compute (a `torch.device`; build with `resolve_device`).
     precision : "auto" (default: TF32 products on a CUDA device with tensor cores, every
         converged quantity verified with fp32 products at the end; fp32 elsewhere), "fp32",
-        "tf32" (TF32 matrix products on CUDA, no verification) or "fp64"
-        (`flatcli.engine.precision`).
+        "tf32" (TF32 matrix products on CUDA, no verification), "bf16" (the model's forward and
+        products in bfloat16, vectors and reductions in float32, converged quantities verified in
+        fp32) or "fp64" (`flatcli.engine.precision`).
     seed : seed of every stochastic measure without its own ``seed``.
     loss : "cross_entropy", "mse" or "causal_lm" (`flatcli.engine.losses`).
     split, num_samples, batch_size, data_seed : the measurement set (``measure_data``).
@@ -93,6 +100,8 @@ class Settings:
             raise ConfigError(str(e)) from None
         _one_of("loss", self.loss, tuple(LOSSES))
         _one_of("hvp_mode", self.hvp_mode, HVP_MODES)
+        if self.precision == "bf16" and self.hvp_mode == "finite_difference":
+            raise ConfigError(BF16_FD_REFUSED)
         _one_of("split", self.split, ("train", "test"))
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be an int ≥ 1; got {self.batch_size!r}")
@@ -129,6 +138,11 @@ class Settings:
     def dtype(self) -> torch.dtype:
         """The floating type of parameters and products (float64 for ``fp64``)."""
         return self.resolved_precision.dtype
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The floating type the model's forward and the products run in (bfloat16 for ``bf16``)."""
+        return self.resolved_precision.compute_dtype
 
     @property
     def effective_precision(self) -> str:

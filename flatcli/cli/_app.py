@@ -180,6 +180,7 @@ class Precision(str, Enum):
     auto = "auto"
     fp32 = "fp32"
     tf32 = "tf32"
+    bf16 = "bf16"
     fp64 = "fp64"
 
 
@@ -198,7 +199,8 @@ def _budget(text: str | None) -> float | None:
 
 PrecisionOpt = Annotated[Precision | None, typer.Option(
     "--precision", envvar="FLATCLI_PRECISION", show_default=False,
-    help="auto (TF32 products on a tensor-core GPU, verified in fp32; fp32 elsewhere), fp32, tf32 or fp64 "
+    help="auto (TF32 products on a tensor-core GPU, verified in fp32; fp32 elsewhere), fp32, tf32, bf16 "
+         "(bfloat16 forward and products, float32 vectors and sums, verified in fp32) or fp64 "
          "(default runtime.precision).")]
 
 

@@ -16,6 +16,7 @@ Two things measures may need to reduce themselves, when they loop over `module_i
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 from torch.func import jvp
 
-from ..errors import MeasurementError
+from ..errors import ConfigError, MeasurementError
 from . import ggn_diag
 from .batch import Batch
 from .curvatures import GGN, FiniteDifferenceHessian, Hessian
@@ -32,7 +33,7 @@ from .graphs import GraphCache
 from .loop import Counters, MemoryPolicy, ProductLoop, is_oom
 from .losses import NotApplicable
 from .operators import CurvatureOperator
-from .precision import Precision, tf32_flags
+from .precision import BF16_FD_REFUSED, Precision, tf32_flags
 from .problem import Problem, nonfinite_tensors, not_finite
 from .recompute import checkpointed_blocks, find_blocks, parse_recompute, predicted_product_bytes
 
@@ -84,9 +85,11 @@ class CurvatureEngine:
     reverse_batched : pull K vectors back with one vmapped backward (default: on CUDA and for
         models under 10k parameters; a loop otherwise, which is faster on CPU for large models).
     cache_graphs : keep per-batch gradient graphs across products at one θ (None: when they fit).
-    precision : "auto", "fp32", "tf32" or "fp64", as ``runtime.precision`` (`flatcli.engine.precision`):
-        ``auto`` runs TF32 products on a tensor-core GPU and asks measures to verify converged
-        quantities in fp32 (`needs_verification`); the engine computes in the problem's dtype.
+    precision : "auto", "fp32", "tf32", "bf16" or "fp64", as ``runtime.precision``
+        (`flatcli.engine.precision`): ``auto`` runs TF32 products on a tensor-core GPU and asks
+        measures to verify converged quantities in fp32 (`needs_verification`); ``bf16`` sets the
+        problem's forward to bfloat16 (``Problem.compute_dtype``; vectors stay in the problem's
+        dtype) and verifies likewise; the engine computes in the problem's dtype otherwise.
     max_device_vectors : most basis vectors the Krylov estimators keep on the device
         (``runtime.max_device_vectors``): an int, None (unbounded) or "auto" (from free CUDA memory,
         unbounded on CPU); the rest lives in host memory (`flatcli.engine.linalg._store`).
@@ -124,6 +127,10 @@ class CurvatureEngine:
             reverse_batched = self.device.type == "cuda" or problem.num_params < _CPU_BATCHED_BELOW
         self.reverse_batched = bool(reverse_batched)
         self.precision = Precision.of(precision, self.device)
+        if self.precision.name == "bf16" and self.hvp_mode == "finite_difference":
+            raise ConfigError(BF16_FD_REFUSED)
+        # the engine owns the products' precision: bf16 lowers the problem's forward, the others keep θ's type
+        problem.compute_dtype = self.precision.compute_dtype if self.precision.name == "bf16" else problem.dtype
         self.batch_size = problem.batch_size
         self.batches = list(problem.batches)
         self.tally = Counters(problem.n)
@@ -224,18 +231,37 @@ class CurvatureEngine:
     # ------------------------------------------------------------ precision
     @property
     def low_precision(self) -> bool:
-        """Whether products run with TF32 matrix multiplies (``tf32``, or ``auto`` on a tensor-core GPU)."""
+        """Whether products run below fp32: TF32 matrix multiplies (``tf32``, or ``auto`` on a
+        tensor-core GPU) or bfloat16 (``bf16``)."""
         return self.precision.low
 
     @property
     def needs_verification(self) -> bool:
         """Whether measures should re-check converged quantities with fp32 products
-        (``runtime.precision: auto`` running TF32 products; an explicit ``tf32`` does not verify)."""
-        return self.precision.name == "auto" and self.low_precision
+        (``runtime.precision: auto`` running TF32 products, and ``bf16``; an explicit ``tf32`` does
+        not verify)."""
+        return (self.precision.name == "auto" and self.low_precision) or self.precision.name == "bf16"
 
+    @property
+    def low_name(self) -> str:
+        """What the fast products run at (``tf32`` or ``bf16``): the prefix of the measures' fast
+        diagnostics (``tf32_value``, ``bf16_value``)."""
+        return "bf16" if self.precision.name == "bf16" else "tf32"
+
+    @contextlib.contextmanager
     def full_precision(self):
-        """TF32 off for the products inside (fp32 verification); the previous flags are restored."""
-        return tf32_flags(False, False)
+        """fp32 products inside (the verification view): TF32 off, and a bf16 problem's forward in
+        float32 (the model's weights upcast; the cached bf16 gradient graphs are dropped on the way
+        in and out, since they hold the other precision's arithmetic). Everything is restored after."""
+        lowered = self.problem.lowered
+        if lowered:
+            self.drop_graphs()
+        try:
+            with tf32_flags(False, False), self.problem.full_precision():
+                yield
+        finally:
+            if lowered:
+                self.drop_graphs()
 
     # ------------------------------------------------------------ operators
     def _operator(self, product, name: str, precision: str | None) -> CurvatureOperator:

@@ -8,7 +8,19 @@ in Python, and the engine's own argument) is one of
   the end (the measures say how); fp32 elsewhere;
 * ``fp32``: strict fp32 (TF32 off);
 * ``tf32``: TF32 products on CUDA, no verification;
+* ``bf16``: the model's forward and every curvature product in bfloat16 (weights and
+  activations), while θ, the estimators' vectors and every reduction (dot products, norms,
+  Lanczos recurrences, Hutchinson sums, the loss's sum over units, the LM head's softmax) stay
+  float32: `Precision.dtype` is float32 and `Precision.compute_dtype` bfloat16, and the problem
+  casts θ to bfloat16 inside its forward (`flatcli.engine.problem.Problem`), so autograd returns
+  float32 products of bfloat16 arithmetic. Converged quantities are verified with float32
+  products, as for ``auto`` on TF32 (the measures say how);
 * ``fp64``: float64 parameters, data and products (exact references, tests).
+
+``fp16`` is not offered: float16's range (largest 65504, smallest normal 6.1e-5) cannot hold
+the products of a mean loss over many units without loss scaling (a gradient share of one unit
+of a 10⁵-token set and its curvature products underflow, a sum of squared logits overflows),
+and a dynamic loss scale for second derivatives is not built; bfloat16 has float32's range.
 
 `Precision.of` validates and resolves it for a device; everything else asks the
 resulting object (``dtype``, ``effective``, ``verify``, ``context()``).
@@ -21,7 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
-PRECISIONS = ("auto", "fp32", "tf32", "fp64")
+PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp64")
+FP16_REFUSED = ("fp16 is not offered: float16's range (largest 65504, smallest normal 6.1e-5) does not hold "
+                "second derivatives of a mean loss without loss scaling; use bf16 (float32's range)")
 
 
 def has_tensor_cores(device: torch.device) -> bool:
@@ -44,9 +58,16 @@ def tf32_flags(matmul: bool, cudnn: bool):
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
+BF16_FD_REFUSED = ("runtime.hvp_mode: finite_difference with runtime.precision: bf16 is unsound: bfloat16 "
+                   "gradients carry relative errors near 4e-3, which a difference of two gradients at a step of "
+                   "1e-3 turns into noise larger than the curvature; use hvp_mode auto (exact products) or "
+                   "precision fp32")
+
 
 def check_precision(value: str) -> str:
     """``value`` when it is one of `PRECISIONS`, else a ValueError with the one message."""
+    if value == "fp16":
+        raise ValueError(f"precision {FP16_REFUSED}")
     if value not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {value!r}")
     return value
@@ -66,8 +87,13 @@ class Precision:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The floating type of parameters, data and products."""
+        """The floating type of θ, data, the estimators' vectors and the products they receive."""
         return torch.float64 if self.name == "fp64" else torch.float32
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The floating type the model's forward and the products run in (bfloat16 for ``bf16``)."""
+        return torch.bfloat16 if self.name == "bf16" else self.dtype
 
     @property
     def effective(self) -> str:
@@ -81,14 +107,16 @@ class Precision:
 
     @property
     def low(self) -> bool:
-        """Whether products use TF32 matrix multiplies."""
-        return self.effective == "tf32"
+        """Whether products run below fp32 (TF32 matrix multiplies, or bfloat16)."""
+        return self.effective in ("tf32", "bf16")
 
     @property
     def verify(self) -> bool:
-        """Whether converged quantities are re-checked with fp32 products (``auto`` running TF32)."""
-        return self.name == "auto" and self.low
+        """Whether converged quantities are re-checked with fp32 products (``auto`` running TF32,
+        and ``bf16`` always)."""
+        return (self.name == "auto" and self.low) or self.name == "bf16"
 
     def context(self):
         """TF32 matrix products on for an effective ``tf32``, off otherwise; flags restored after."""
-        return tf32_flags(self.low, self.low)
+        tf32 = self.effective == "tf32"
+        return tf32_flags(tf32, tf32)

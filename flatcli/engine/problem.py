@@ -76,7 +76,16 @@ class Problem:
         with ``y`` given: the measurement set, in a fixed order.
     loss : a loss name (``cross_entropy``, ``mse``, ``causal_lm``) or a `flatcli.engine.losses.Loss`.
     batch_size : rows per forward pass. Results do not depend on it.
-    device, dtype : where and in which floating type to compute (float64 for exact tests).
+    device, dtype : where, and the floating type of θ, the data and the products (float64 for exact
+        tests).
+    compute_dtype : the floating type the model's forward runs in (default ``dtype``). Lower than
+        ``dtype`` (bfloat16 with ``runtime.precision: bf16``): θ, the other parameters, the buffers
+        and the floating inputs are cast to it inside `forward`, whose output is cast back to
+        ``dtype``, so the loss and its sum over units are computed in ``dtype`` (the LM head too:
+        its input and weight are cast back before the fused head); the casts are differentiable,
+        so gradients and curvature products come back in ``dtype``, computed in ``compute_dtype``
+        through the model. `full_precision` runs the forward in ``dtype`` for a while (the
+        verification products).
     params : the parameter selection (`flatcli.engine.params.ParamSelection` or
         ``{include: [...], exclude: [...]}``); default every trainable parameter.
     dist : the ranks (`flatcli.engine.dist.Dist`); each computes over its shard of rows.
@@ -94,7 +103,8 @@ class Problem:
 
     def __init__(self, model: torch.nn.Module, data, y: torch.Tensor | None = None, *, loss="cross_entropy",
                  batch_size: int = 256, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 params=None, dist: Dist | None = None, fused_head: bool = True):
+                 params=None, dist: Dist | None = None, fused_head: bool = True,
+                 compute_dtype: torch.dtype | None = None):
         batch = Batch.of(data, y, where="the measurement set")
         if batch.rows == 0:
             raise ConfigError("the measurement set is empty")
@@ -108,6 +118,7 @@ class Problem:
             first.device if first is not None else torch.device("cpu")
         )
         self.dtype = dtype or (first.dtype if first is not None else torch.float32)
+        self.compute_dtype = compute_dtype or self.dtype
         self.selection = ParamSelection.of(params)
         self._set_parameters(model)
         self.batch = batch.to(self.device, self.dtype)
@@ -123,7 +134,7 @@ class Problem:
         self.head: str | None = None
         self.fused_head = bool(fused_head)
         if fused_head and self.loss_fn.fused_head:
-            self.head = find_head(model, lambda b: self.forward(self.params, b), self.batch.select(slice(0, 2)))
+            self.head = find_head(model, lambda b: self._call(self.params, b), self.batch.select(slice(0, 2)))
         self._head_module = dict(model.named_modules())[self.head] if self.head else None
 
     def derive(self, model: torch.nn.Module) -> Problem:
@@ -194,16 +205,42 @@ class Problem:
         return int(self.loss_fn.units(batch).sum())
 
     # ------------------------------------------------------------ evaluation
-    def forward(self, params: dict[str, torch.Tensor] | torch.Tensor, batch: Batch) -> torch.Tensor:
-        """Model outputs on ``batch`` with the functional parameters ``params`` (a dict or a flat vector)."""
+    @property
+    def lowered(self) -> bool:
+        """Whether the forward runs in a lower floating type than θ (``compute_dtype`` < ``dtype``)."""
+        return self.compute_dtype != self.dtype
+
+    @contextlib.contextmanager
+    def full_precision(self):
+        """Inside, the forward runs in ``dtype`` (θ's type): the verification view of a bf16 problem."""
+        old = self.compute_dtype
+        self.compute_dtype = self.dtype
+        try:
+            yield self
+        finally:
+            self.compute_dtype = old
+
+    def _call(self, params: dict[str, torch.Tensor] | torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The model's output on ``batch`` in ``compute_dtype`` (see the class docstring)."""
         if isinstance(params, torch.Tensor):
             params = self.unflatten(params)
         args, kwargs = batch.model_inputs()
         tensors = {**params, **self.frozen, **self.buffers}
+        if self.lowered:
+            low = self.compute_dtype
+            tensors = {n: t.to(low) if t.is_floating_point() else t for n, t in tensors.items()}
+            args = tuple(a.to(low) if a.is_floating_point() else a for a in args)
+            kwargs = {k: v.to(low) if v.is_floating_point() else v for k, v in kwargs.items()}
         for alias, name in self.aliases.items():
             tensors[alias] = tensors[name]
         out = functional_call(self.model, tensors, args, kwargs, tie_weights=False)
         return model_output(out)
+
+    def forward(self, params: dict[str, torch.Tensor] | torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Model outputs on ``batch`` with the functional parameters ``params`` (a dict or a flat
+        vector), in ``dtype`` (computed in ``compute_dtype``)."""
+        out = self._call(params, batch)
+        return out.to(self.dtype) if self.lowered and out.is_floating_point() else out
 
     def batch_loss_sum(self, params, batch: Batch) -> torch.Tensor:
         """Sum of the unit losses of one batch (divide by ``n`` for its share of L); fused with the
@@ -211,8 +248,10 @@ class Problem:
         if self._head_module is None:
             return self.loss_fn.sum(self.forward(params, batch), batch)
         with HeadCapture(self._head_module) as cap:
-            self.forward(params, batch)
+            self._call(params, batch)
         ((h, W, b),) = cap.seen
+        if self.lowered:  # the head's softmax and the sum over tokens in θ's type
+            h, W, b = h.to(self.dtype), W.to(self.dtype), (None if b is None else b.to(self.dtype))
         labels = self.loss_fn.labels(batch)[:, 1:].reshape(-1)
         hh = h[:, :-1, :].reshape(-1, h.shape[-1])
         return fused_loss_sum(hh, W, b, labels, labels != IGNORE_INDEX)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from .models import model_dtype
 
 EXTRA_HINT = "pip install 'flatcli[transformers]'"
 DEFAULT_ATTENTION = "eager"
@@ -88,16 +89,20 @@ def check_directory(path: str | os.PathLike) -> Path:
     return p
 
 
-def load_pretrained(class_name: str, path: str | os.PathLike, kwargs: dict[str, Any] | None = None
-                    ) -> tuple[torch.nn.Module, dict[str, Any]]:
+def load_pretrained(class_name: str, path: str | os.PathLike, kwargs: dict[str, Any] | None = None,
+                    dtype: str = "float32") -> tuple[torch.nn.Module, dict[str, Any]]:
     """``(model, info)``: the model of the directory ``path`` built by ``transformers.<class_name>``,
-    offline, in float32, eval mode, ``use_cache`` off; ``info`` is what results.json records
-    (class, architecture, attention implementation, parameter count, tied parameters)."""
+    offline, eval mode, ``use_cache`` off, in ``dtype`` (``model.dtype``: ``auto`` is the
+    checkpoint's stored type, transformers' ``dtype="auto"``: config.json's ``dtype``/``torch_dtype``,
+    else the safetensors tensors' type; ``model.kwargs.dtype`` wins when given); ``info`` is what
+    results.json records (class, architecture, attention implementation, parameter count, tied
+    parameters, dtype)."""
     cls = model_class(class_name)
     p = check_directory(path)
     kw = dict(kwargs or {})
     kw.setdefault("attn_implementation", DEFAULT_ATTENTION)
-    kw.setdefault("dtype", torch.float32)
+    if "torch_dtype" not in kw:
+        kw.setdefault("dtype", "auto" if dtype == "auto" else getattr(torch, dtype))
     try:
         model = cls.from_pretrained(str(p), local_files_only=True, use_safetensors=True, **kw)
     except (OSError, ValueError, TypeError, KeyError) as e:
@@ -125,6 +130,7 @@ def describe(model: torch.nn.Module, class_name: str = "") -> dict[str, Any]:
         "model_type": getattr(cfg, "model_type", None),
         "attn_implementation": getattr(cfg, "_attn_implementation", None),
         "parameters": int(sum(q.numel() for q in model.parameters())),
+        "dtype": model_dtype(model),
         "tied": tied,
     }
 

@@ -21,6 +21,8 @@ import torch
 
 from ..errors import ConfigError
 
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
 
 def _load_file_module(path: Path):
     if not path.is_file():
@@ -130,3 +132,26 @@ def build_model(target: str, kwargs: dict[str, Any] | None = None, base_dir: Pat
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"model.target {target!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def model_dtype(model: torch.nn.Module) -> str:
+    """The floating type of the model's parameters (``float32``, ``bfloat16``...; ``mixed`` when they
+    differ, e.g. a class that keeps some modules in float32)."""
+    kinds = {str(q.dtype).removeprefix("torch.") for q in model.parameters() if q.is_floating_point()}
+    return kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else "float32")
+
+
+def stored_dtype(sd: dict[str, torch.Tensor], path: Path | str) -> str | None:
+    """``model.dtype: auto`` for a Python model: the one floating type of a ``.safetensors`` file's
+    tensors (None, i.e. the model as its factory builds it, float32 as a rule, for torch.save files
+    and for safetensors files whose tensors mix types)."""
+    if Path(path).suffix != ".safetensors":
+        return None
+    kinds = {str(t.dtype).removeprefix("torch.") for t in sd.values() if t.is_floating_point()}
+    return kinds.pop() if len(kinds) == 1 and next(iter(kinds)) in MODEL_DTYPES else None
+
+
+def in_dtype(model: torch.nn.Module, dtype: str | None) -> torch.nn.Module:
+    """``model`` with its floating parameters and buffers in ``dtype`` (a `MODEL_DTYPES` name other
+    than ``auto``; None leaves it as it is)."""
+    return model if dtype is None else model.to(getattr(torch, dtype))

@@ -23,6 +23,10 @@ from ._options import Integral, OneOf, Optional, Real, opt
 
 ESD_FLOOR = 1e-6  # density plots show values above this fraction of the peak
 CONTROL_PROBES = 8  # fp32 control probes of a TF32 trace (each one TF32 and one fp32 HVP)
+# measures whose products run in bfloat16 under runtime.precision: bf16 (λmax and traces verified in fp32,
+# the spectrum unverified as with TF32); every other measure runs with a float32 forward there
+# (`flatcli.pipeline`), since its loss differences and per-sample quantities are not verified
+LOW_PRECISION_MEASURES = ("hessian_lambda_max", "hessian_trace", "hessian_spectrum")
 
 # ---------------------------------------------------------------------------- λmax
 
@@ -55,7 +59,7 @@ class LambdaMaxOptions:
     reference="Keskar et al. 2017; Lanczos with full reorthogonalization (Golub & Van Loan §10.1)",
     stochastic=True,
     cost="one HVP per Lanczos step (certified_min_steps(P) to max_steps) + 1 fp32 HVP with precision auto on "
-    "TF32 GPUs; per_layer json/columns adds Σ_b min(P_b, certified_min_steps(P_b)…max_steps) HVPs "
+    "TF32 GPUs and with bf16; per_layer json/columns adds Σ_b min(P_b, certified_min_steps(P_b)…max_steps) HVPs "
     "(one Lanczos per parameter tensor b of size P_b)",
     estimate=lambda o, d: {"n_hvp": (min(d.P, o.min_steps or certified_min_steps(d.P)) + int(d.verify),
                                       (1 + int(d.verify)) * min(d.P, o.max_steps) + int(d.verify)),  # + fp32 refinement
@@ -91,6 +95,13 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     residual was 1.3e-2), Lanczos continues in fp32 from the TF32 vector until the fp32 residual
     meets ``tol`` (``fp32_refine_steps`` fp32 HVPs; the TF32 run's steps keep the certified floor,
     the refinement starts next to the top eigenvector and needs no floor of its own).
+    ``fp32_control_rel_diff`` is :math:`|\lambda_{\rm fast} - \lambda_{\rm fp32}|/|\lambda_{\rm fp32}|`,
+    the fast value against the fp32 Rayleigh quotient of its own Ritz vector.
+
+    ``runtime.precision: bf16`` is verified the same way (``bf16_value``, ``bf16_residual``): the
+    Lanczos products run through the model in bfloat16 (vectors and recurrences in float32), the
+    final Ritz vector's product runs with the weights upcast to float32, and the fp32 refinement, if
+    any, too (it needs the float32 forward's memory). Measured bias of the bf16 value: docs/performance.md.
 
     ``per_layer`` (``json`` or ``columns``): for every parameter tensor b, the
     largest algebraic eigenvalue of the diagonal block :math:`H_{bb} = P_b H P_b`
@@ -116,8 +127,10 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     if verify:
         H32 = eng.hessian(precision="fp32")
         lam32, rel32 = linalg.verify_eigenpair(H32, r.ritz_vectors[0])
-        diag.update(tf32_value=lam, tf32_residual=rel, verified="fp32", fp32_refine_steps=0)
-        if rel32 > opts.tol:  # TF32's rounding keeps the residual above tol: finish in fp32 from its vector
+        low = eng.low_name  # tf32 or bf16
+        diag.update({f"{low}_value": lam, f"{low}_residual": rel, "verified": "fp32", "fp32_refine_steps": 0,
+                     "fp32_control_rel_diff": abs(lam - lam32) / max(abs(lam32), 1e-30)})
+        if rel32 > opts.tol:  # the fast products' rounding keeps the residual above tol: finish in fp32 from its vector
             r32 = linalg.lanczos(H32, max_steps=opts.max_steps, min_steps=1, tol=opts.tol, k=1,
                                  v0=r.ritz_vectors[0], generator=ctx.generator(1), budget=ctx.budget)
             lam32 = float(r32.eigenvalues[0])
@@ -272,7 +285,8 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     products (`flatcli.engine.linalg.precision_control`, 16 HVPs) estimates the bias TF32
     puts into each probe: ``fp32_control_rel_diff`` and ``fp32_control_diff`` in the
     diagnostics, and status ``precision_warning`` when that bias exceeds the estimate's
-    standard error. ``exact`` always uses fp32 products.
+    standard error. ``exact`` always uses fp32 products. ``runtime.precision: bf16`` is checked by
+    the same paired control (bfloat16 against float32 products through the model).
     """
     if opts.min_probes > opts.max_probes:
         raise ConfigError(
