@@ -32,8 +32,8 @@ def main() -> None:
     for cap in (None, 16, 4):
         g = torch.Generator().manual_seed(0)
         t0 = time.perf_counter()
-        r = linalg.lanczos(lambda V: V * d, dim=args.dim, max_steps=args.steps, min_steps=args.steps, tol=1e-12,
-                           generator=g, max_device_vectors=cap)
+        r = linalg.lanczos(linalg.as_operator(lambda V: V * d, args.dim, max_device_vectors=cap), generator=g,
+                           stop=linalg.KrylovStop(tol=1e-12, min_steps=args.steps, max_steps=args.steps))
         secs = time.perf_counter() - t0
         ref = r.eigenvalues[0] if ref is None else ref
         print(f"max_device_vectors={cap}: {secs:.2f} s, {r.steps} steps, lambda_max {r.eigenvalues[0]:.12f} "

@@ -94,17 +94,18 @@ def measure(name: str, probes: int, tol: float) -> dict:
     eng = CurvatureEngine(Problem(model, data, loss=loss, batch_size=shape[0]), precision="bf16")
     out = {"model": name, "P": eng.num_params, "tokens": shape[0] * shape[1]}
     r, out["sec_bf16"] = timed_products(eng, lambda: linalg.lanczos(
-        eng.hessian(), max_steps=60, tol=tol, k=1, generator=torch.Generator().manual_seed(1), return_vectors=True))
+        eng.hessian(), k=1, stop=linalg.KrylovStop(tol=tol, max_steps=60), generator=torch.Generator().manual_seed(1),
+        return_vectors=True))
     H32 = eng.hessian(precision="fp32")
     out["lam_bf16"], out["steps_bf16"] = float(r.eigenvalues[0]), r.steps
     out["lam_bf16_rq32"] = linalg.verify_eigenpair(H32, r.ritz_vectors[0])[0]
-    r32 = linalg.lanczos(H32, max_steps=60, tol=tol, k=1, min_steps=1, v0=r.ritz_vectors[0],
+    r32 = linalg.lanczos(H32, k=1, v0=r.ritz_vectors[0], stop=linalg.KrylovStop(tol=tol, min_steps=1, max_steps=60),
                          generator=torch.Generator().manual_seed(1))
     out["lam_fp32"], out["steps_fp32"] = float(r32.eigenvalues[0]), r32.steps
     out.update(paired_probes(eng, probes))
     if eng.num_params <= EXACT_BELOW:  # the exact float32 trace (one product per parameter) as the scale
         with eng.full_precision():
-            out["trace_exact"] = float(linalg.exact_diagonal(eng.hessian(), block=64).sum())
+            out["trace_exact"] = float(linalg.exact_diagonal(linalg.as_operator(eng.hessian(), block_size=64)).sum())
     out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return out
 

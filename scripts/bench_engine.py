@@ -194,14 +194,9 @@ def bench_lambda(
             1e-7 if task.ref_dtype == torch.float64 else 1e-6
         )  # float32 products are good to ~1e-6
         return linalg.lanczos(
-            eng.hvp,
-            eng.num_params,
-            tol=rtol,
-            min_steps=20,
-            max_steps=ref_steps,
+            linalg.as_operator(eng.hvp, eng.num_params, device=dev, dtype=task.ref_dtype),
+            stop=linalg.KrylovStop(tol=rtol, min_steps=20, max_steps=ref_steps),
             generator=g,
-            device=dev,
-            dtype=task.ref_dtype,
         )
 
     r, dt = timed(dev, ref)
@@ -215,13 +210,9 @@ def bench_lambda(
         eng = flatcli_engine(task)
         g = torch.Generator().manual_seed(0)
         res = linalg.lanczos(
-            eng.hvp,
-            eng.num_params,
-            tol=tol,
-            min_steps=20,
-            max_steps=300,
+            linalg.as_operator(eng.hvp, eng.num_params, device=dev),
+            stop=linalg.KrylovStop(tol=tol, min_steps=20, max_steps=300),
             generator=g,
-            device=dev,
             return_vectors=True,
         )
         return res, eng
@@ -375,14 +366,9 @@ def bench_trace(
         eng = flatcli_engine(task)
         g = torch.Generator().manual_seed(321)
         return linalg.hutchpp(
-            eng.hvp,
-            eng.num_params,
-            tol=1e-6,
-            min_probes=ref_probes,
-            max_probes=ref_probes,
-            block=eng.block_size,
+            linalg.as_operator(eng.hvp, eng.num_params, device=dev, block_size=eng.block_size),
+            stop=linalg.ProbeStop(tol=1e-6, min_probes=ref_probes, max_probes=ref_probes),
             generator=g,
-            device=dev,
         )
 
     r, dt = timed(dev, ref)
@@ -400,14 +386,9 @@ def bench_trace(
             g = torch.Generator().manual_seed(0)
             f = getattr(linalg, method)
             return f(
-                eng.hvp,
-                eng.num_params,
-                tol=tol,
-                min_probes=16,
-                max_probes=max_probes,
-                block=eng.block_size,
+                linalg.as_operator(eng.hvp, eng.num_params, device=dev, block_size=eng.block_size),
+                stop=linalg.ProbeStop(tol=tol, min_probes=16, max_probes=max_probes),
                 generator=g,
-                device=dev,
             ), eng
 
         (res, eng), dt = timed(dev, flat)

@@ -87,9 +87,11 @@ def run_one(args) -> dict:
     base = _status("VmRSS")
     g = torch.Generator().manual_seed(3)
     t0 = time.perf_counter()
-    lz = linalg.lanczos(eng.hessian(), k=1, block=1, tol=args.tol, max_steps=args.max_steps, generator=g)
+    lz = linalg.lanczos(eng.hessian(), k=1, block=1, stop=linalg.KrylovStop(tol=args.tol, max_steps=args.max_steps),
+                        generator=g)
     t1 = time.perf_counter()
-    tr = linalg.hutchinson(eng.hessian(), min_probes=args.probes, max_probes=args.probes, block=4, generator=g)
+    tr = linalg.hutchinson(linalg.as_operator(eng.hessian(), block_size=4), generator=g,
+                           stop=linalg.ProbeStop(min_probes=args.probes, max_probes=args.probes))
     t2 = time.perf_counter()
     return {"size": args.size, "params": p.num_params, "precision": args.precision, "recompute": args.recompute,
             "recompute_active": eng.recompute_active, "lambda_max": float(lz.eigenvalues[0]),

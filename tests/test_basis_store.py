@@ -54,11 +54,11 @@ def counting(monkeypatch):
 @pytest.mark.parametrize("cap,block", [(2, 1), (7, 1), (3, 2)])
 def test_lanczos_offloaded_equals_on_device_to_rounding(counting, cap, block):
     A, ev = clustered()
-    kw = dict(dim=A.shape[0], k=2, tol=1e-10, max_steps=120, generator=gen(1), dtype=DT, block=block,
+    kw = dict(k=2, stop=linalg.KrylovStop(tol=1e-10, max_steps=120), generator=gen(1), block=block,
               return_vectors=True)
-    ref = linalg.lanczos(lambda V: V @ A, max_device_vectors=None, **kw)
+    ref = linalg.lanczos(linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=None), **kw)
     kw["generator"] = gen(1)
-    off = linalg.lanczos(lambda V: V @ A, max_device_vectors=cap, **kw)
+    off = linalg.lanczos(linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=cap), **kw)
     assert off.steps == ref.steps > 40  # the hard case: many steps, every one reorthogonalized
     np.testing.assert_allclose(off.eigenvalues, ref.eigenvalues, rtol=0, atol=1e-12)
     np.testing.assert_allclose(off.residuals, ref.residuals, rtol=0, atol=1e-12)
@@ -73,9 +73,11 @@ def test_lanczos_offloaded_equals_on_device_to_rounding(counting, cap, block):
 
 def test_slq_offloaded_equals_on_device_to_rounding(counting):
     A, ev = clustered(120)
-    kw = dict(dim=A.shape[0], runs=3, steps=30, dtype=DT)
-    ref = linalg.slq(lambda V: V @ A, generator=gen(2), max_device_vectors=None, **kw)
-    off = linalg.slq(lambda V: V @ A, generator=gen(2), max_device_vectors=4, **kw)
+    kw = dict(runs=3, steps=30)
+    ref = linalg.slq(linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=None),
+                     generator=gen(2), **kw)
+    off = linalg.slq(linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=4),
+                     generator=gen(2), **kw)
     for a, b in zip(ref.nodes + ref.weights, off.nodes + off.weights, strict=True):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
     stores = [s for s in counting.stores if s.offloaded]
@@ -86,9 +88,11 @@ def test_slq_offloaded_equals_on_device_to_rounding(counting):
 
 def test_hutchpp_offloaded_equals_on_device_to_rounding(counting):
     A, ev = clustered(150)
-    kw = dict(dim=A.shape[0], tol=1e-3, min_probes=12, max_probes=90, dtype=DT)
-    ref = linalg.hutchpp(lambda V: V @ A, generator=gen(3), max_device_vectors=None, **kw)
-    off = linalg.hutchpp(lambda V: V @ A, generator=gen(3), max_device_vectors=3, **kw)
+    kw = dict(stop=linalg.ProbeStop(tol=1e-3, min_probes=12, max_probes=90))
+    ref = linalg.hutchpp(linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=None),
+                         generator=gen(3), **kw)
+    off = linalg.hutchpp(linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=3),
+                         generator=gen(3), **kw)
     assert off.sketch == ref.sketch > 3 and off.probes == ref.probes
     assert off.estimate == pytest.approx(ref.estimate, rel=1e-12)
     assert off.stderr == pytest.approx(ref.stderr, rel=1e-9)
@@ -118,7 +122,8 @@ def test_engine_setting_reaches_lanczos_and_model_lambda_max_is_exact(counting):
     eng = CurvatureEngine(p, max_device_vectors=2)
     op = eng.hessian()
     assert op.max_device_vectors == 2
-    res = linalg.lanczos(op, k=3, block=1, tol=1e-10, max_steps=p.num_params, generator=gen(4))
+    res = linalg.lanczos(op, k=3, block=1, stop=linalg.KrylovStop(tol=1e-10, max_steps=p.num_params),
+                         generator=gen(4))
     assert counting.stores[-1].offloaded and res.device_vectors == 2
     np.testing.assert_allclose(res.eigenvalues[:3], exact[::-1][:3], rtol=1e-9, atol=1e-12)
 
@@ -128,4 +133,4 @@ def test_default_capacity_is_unbounded_on_cpu_and_bad_values_are_refused():
     with pytest.raises(ValueError, match="max_device_vectors"):
         BasisStore(10, "cpu", DT, capacity=0)
     with pytest.raises(ValueError, match="max_device_vectors"):
-        linalg.lanczos(lambda V: V, dim=10, max_device_vectors=-1)
+        linalg.lanczos(linalg.as_operator(lambda V: V, dim=10, max_device_vectors=-1))

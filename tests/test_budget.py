@@ -45,8 +45,8 @@ def gen(seed: int) -> torch.Generator:
 def test_capped_hutchinson_returns_the_estimate_and_stderr_of_its_probes():
     A = sym(40, 0)
     b = Budget(max_products=40)
-    r = linalg.hutchinson(lambda V: V @ A, 40, tol=1e-9, min_probes=16, block=16, generator=gen(3), dtype=DT,
-                          budget=b)
+    r = linalg.hutchinson(linalg.as_operator(lambda V: V @ A, 40, dtype=DT, block_size=16),
+                          stop=linalg.ProbeStop(tol=1e-9, min_probes=16, budget=b), generator=gen(3))
     assert r.stopped_by_budget and not r.converged and r.probes == 40 and b.spent == 40
     Z = linalg.rademacher(40, 40, gen(3), dtype=DT)  # the same probes, drawn at once
     q = ((Z @ A) * Z).sum(1)
@@ -57,8 +57,8 @@ def test_capped_hutchinson_returns_the_estimate_and_stderr_of_its_probes():
 
 def test_capped_hutchpp_stays_within_its_products():
     A = sym(60, 1)
-    r = linalg.hutchpp(lambda V: V @ A, 60, tol=1e-9, min_probes=16, generator=gen(4), dtype=DT,
-                       budget=Budget(max_products=30))
+    r = linalg.hutchpp(linalg.as_operator(lambda V: V @ A, 60, dtype=DT), generator=gen(4),
+                       stop=linalg.ProbeStop(tol=1e-9, min_probes=16, budget=Budget(max_products=30)))
     assert r.stopped_by_budget and not r.converged and r.probes <= 30
     assert math.isfinite(r.estimate) and math.isfinite(r.stderr)
     assert abs(r.estimate - float(torch.trace(A))) < 6 * r.stderr
@@ -67,7 +67,8 @@ def test_capped_hutchpp_stays_within_its_products():
 def test_capped_lanczos_returns_the_ritz_values_of_its_krylov_space():
     A = sym(60, 2)
     v0 = torch.randn(60, generator=gen(5), dtype=DT)
-    r = linalg.lanczos(lambda V: V @ A, 60, max_steps=50, tol=1e-12, v0=v0, dtype=DT, budget=Budget(max_products=6))
+    r = linalg.lanczos(linalg.as_operator(lambda V: V @ A, 60, dtype=DT), v0=v0,
+                       stop=linalg.KrylovStop(tol=1e-12, max_steps=50, budget=Budget(max_products=6)))
     assert r.steps == 6 and r.stopped_by_budget and not r.converged
     K = torch.stack([torch.linalg.matrix_power(A, j) @ v0 for j in range(6)], 1)
     Q = torch.linalg.qr(K).Q  # the 6-dimensional Krylov space, in float64
@@ -78,21 +79,25 @@ def test_capped_lanczos_returns_the_ritz_values_of_its_krylov_space():
 def test_capped_slq_keeps_whole_runs_and_shares_the_budget():
     A = sym(30, 3)
     b = Budget(max_products=12)
-    s = linalg.slq(lambda V: V @ A, 30, runs=10, steps=5, generator=gen(6), dtype=DT, budget=b)
+    s = linalg.slq(linalg.as_operator(lambda V: V @ A, 30, dtype=DT), runs=10, steps=5, generator=gen(6), budget=b)
     assert len(s.nodes) == 2 and s.n_hvp == 10 and s.stopped_by_budget and b.spent == 10
-    full = linalg.slq(lambda V: V @ A, 30, runs=10, steps=5, generator=gen(6), dtype=DT)
+    full = linalg.slq(linalg.as_operator(lambda V: V @ A, 30, dtype=DT), runs=10, steps=5, generator=gen(6))
     np.testing.assert_allclose(np.concatenate(s.nodes), np.concatenate(full.nodes[:2]), rtol=1e-12)
-    r = linalg.lanczos(lambda V: V @ A, 30, max_steps=20, dtype=DT, generator=gen(7), budget=b)
+    r = linalg.lanczos(linalg.as_operator(lambda V: V @ A, 30, dtype=DT), generator=gen(7),
+                       stop=linalg.KrylovStop(max_steps=20, budget=b))
     assert r.steps == 2 and r.stopped_by_budget  # what the SLQ left of the shared cap
 
 
 def test_an_exhausted_budget_still_gives_a_value():
     A = sym(30, 4)
     b = Budget(max_seconds=0.0)
-    r = linalg.hutchinson(lambda V: V @ A, 30, generator=gen(1), dtype=DT, budget=b)
+    r = linalg.hutchinson(linalg.as_operator(lambda V: V @ A, 30, dtype=DT), generator=gen(1),
+                          stop=linalg.ProbeStop(budget=b))
     assert r.probes == 2 and r.stopped_by_budget and math.isfinite(r.stderr)
-    assert linalg.lanczos(lambda V: V @ A, 30, dtype=DT, generator=gen(1), budget=b).steps == 1
-    assert len(linalg.slq(lambda V: V @ A, 30, runs=4, steps=3, generator=gen(1), dtype=DT, budget=b).nodes) == 1
+    assert linalg.lanczos(linalg.as_operator(lambda V: V @ A, 30, dtype=DT), generator=gen(1),
+                          stop=linalg.KrylovStop(budget=b)).steps == 1
+    s = linalg.slq(linalg.as_operator(lambda V: V @ A, 30, dtype=DT), runs=4, steps=3, generator=gen(1), budget=b)
+    assert len(s.nodes) == 1
 
 
 # ------------------------------------------------------------------ measures under caps
@@ -233,7 +238,8 @@ def test_a_zero_trace_stops_at_its_floor_with_status_near_zero(method):
 
 def test_a_positive_definite_trace_never_uses_the_floor():
     A = sym(50, 5, eigs=np.geomspace(1e-3, 10.0, 50))
-    r = linalg.hutchinson(lambda V: V @ A, 50, tol=0.01, max_probes=4000, generator=gen(2), dtype=DT)
+    r = linalg.hutchinson(linalg.as_operator(lambda V: V @ A, 50, dtype=DT), generator=gen(2),
+                          stop=linalg.ProbeStop(tol=0.01, max_probes=4000))
     assert r.converged and not r.near_zero and r.stderr <= 0.01 * abs(r.estimate)
 
 
@@ -242,11 +248,12 @@ def test_lanczos_stops_at_the_absolute_floor_when_the_top_eigenvalue_is_zero():
     stalls near 1e-9 while |θ| ~ 1e-8, so ‖Hx − θx‖ ≤ 1e-3·|θ| is out of reach (all 100 steps,
     not converged, without the floor); the floor tol²·max|θ| = 1e-6 is met."""
     A = sym(300, 6, eigs=np.concatenate([[0.0], -np.linspace(0.5, 1.0, 299)])).float()
-    r = linalg.lanczos(lambda V: V @ A, 300, max_steps=100, tol=1e-3, dtype=torch.float32, generator=gen(3))
+    r = linalg.lanczos(linalg.as_operator(lambda V: V @ A, 300, dtype=torch.float32), generator=gen(3),
+                       stop=linalg.KrylovStop(tol=1e-3, max_steps=100))
     assert r.converged and r.near_zero and r.steps < 50
     assert abs(r.eigenvalues[0]) < 1e-6  # known to tol²·‖H‖ absolutely
-    big = linalg.lanczos(lambda V: V @ A + 2 * V, 300, max_steps=100, tol=1e-3, dtype=torch.float32,
-                         generator=gen(3))
+    big = linalg.lanczos(linalg.as_operator(lambda V: V @ A + 2 * V, 300, dtype=torch.float32), generator=gen(3),
+                         stop=linalg.KrylovStop(tol=1e-3, max_steps=100))
     assert big.converged and not big.near_zero  # λmax = 2: the relative test, unchanged
 
 

@@ -98,7 +98,8 @@ def test_hutchpp_with_a_sketch_that_spans_everything_is_exact_per_block():
     A = A + A.T
     blocks = [slice(0, 2), slice(2, 7), slice(7, 9)]
     r = linalg.hutchpp(
-        lambda V: V @ A, 9, min_probes=30, max_probes=30, generator=g, dtype=DT, blocks=blocks
+        linalg.as_operator(lambda V: V @ A, 9, dtype=DT), stop=linalg.ProbeStop(min_probes=30, max_probes=30),
+        generator=g, blocks=blocks
     )
     est, se = r.block_estimates()
     for b, e, s in zip(blocks, est, se, strict=True):

@@ -34,6 +34,11 @@ def mv_of(A, counter=None):
     return mv
 
 
+def op_of(A, counter=None, n=None, **kw):
+    """``A`` as an estimator's operator (float64 vectors, a bare mat-vec through `linalg.as_operator`)."""
+    return linalg.as_operator(mv_of(A, counter), A.shape[0] if n is None else n, dtype=DT, **kw)
+
+
 def indefinite(n=80, seed=0):
     """Most negative eigenvalue has the largest magnitude: power iteration picks it."""
     g = gen(seed)
@@ -57,7 +62,7 @@ def test_lanczos_algebraic_max_of_indefinite_matrix():
     lam_max, lam_min = float(ev[-1]), float(ev[0])
     assert abs(lam_min) > lam_max  # the case power iteration gets wrong
     assert power_iteration(A) == pytest.approx(lam_min, rel=1e-6)
-    r = linalg.lanczos(mv_of(A), A.shape[0], tol=1e-6, generator=gen(), dtype=DT)
+    r = linalg.lanczos(op_of(A), stop=linalg.KrylovStop(tol=1e-6), generator=gen())
     assert r.converged
     assert abs(r.eigenvalues[0] - lam_max) / abs(lam_max) <= 1e-4
     assert r.residuals[0] <= 1e-6 * abs(r.eigenvalues[0])
@@ -68,14 +73,14 @@ def test_lanczos_algebraic_max_of_indefinite_matrix():
 def test_lanczos_smallest():
     A = indefinite(seed=3)
     ev = torch.linalg.eigvalsh(A)
-    r = linalg.lanczos(mv_of(A), A.shape[0], tol=1e-8, which="smallest", generator=gen(), dtype=DT)
+    r = linalg.lanczos(op_of(A), stop=linalg.KrylovStop(tol=1e-8), which="smallest", generator=gen())
     assert r.eigenvalues[0] == pytest.approx(float(ev[0]), rel=1e-6)
 
 
 def test_lanczos_residuals_are_true_ritz_residuals():
     A = indefinite(seed=1)
     r = linalg.lanczos(
-        mv_of(A), A.shape[0], tol=1e-3, k=3, block=1, generator=gen(), dtype=DT, return_vectors=True
+        op_of(A), stop=linalg.KrylovStop(tol=1e-3), k=3, block=1, generator=gen(), return_vectors=True
     )
     X = r.ritz_vectors
     for i in range(3):
@@ -95,7 +100,7 @@ def test_block_lanczos_topk_with_multiplicity(block):
     ref = torch.linalg.eigvalsh(A).flip(0)[:4].numpy()
     calls = []
     r = linalg.lanczos(
-        mv_of(A, calls), n, k=4, block=block or 4, tol=1e-8, max_steps=n, generator=gen(), dtype=DT
+        op_of(A, calls, n), k=4, block=block or 4, stop=linalg.KrylovStop(tol=1e-8, max_steps=n), generator=gen()
     )
     assert r.converged
     np.testing.assert_allclose(r.eigenvalues[:4], ref, rtol=1e-8)
@@ -105,7 +110,7 @@ def test_block_lanczos_topk_with_multiplicity(block):
 
 def test_lanczos_exhausts_small_space_exactly():
     A = sym([3.0, -1.0, 0.5, 2.0, 0.1])
-    r = linalg.lanczos(mv_of(A), 5, tol=1e-12, generator=gen(), dtype=DT)
+    r = linalg.lanczos(op_of(A, n=5), stop=linalg.KrylovStop(tol=1e-12), generator=gen())
     assert r.converged and r.steps <= 5
     np.testing.assert_allclose(
         np.sort(r.eigenvalues), np.sort(torch.linalg.eigvalsh(A).numpy()), atol=1e-12
@@ -114,16 +119,16 @@ def test_lanczos_exhausts_small_space_exactly():
 
 def test_lanczos_min_steps_and_max_steps():
     A = indefinite(seed=2)
-    r = linalg.lanczos(mv_of(A), A.shape[0], tol=0.5, min_steps=20, generator=gen(), dtype=DT)
+    r = linalg.lanczos(op_of(A), stop=linalg.KrylovStop(tol=0.5, min_steps=20), generator=gen())
     assert r.steps >= linalg.certified_min_steps(A.shape[0])  # a small residual alone only finds *an* eigenvalue
-    r = linalg.lanczos(mv_of(A), A.shape[0], tol=1e-14, max_steps=7, generator=gen(), dtype=DT)
+    r = linalg.lanczos(op_of(A), stop=linalg.KrylovStop(tol=1e-14, max_steps=7), generator=gen())
     assert r.steps == 7 and not r.converged
 
 
 def test_lanczos_deterministic_under_seed():
     A = indefinite(seed=4)
-    a = linalg.lanczos(mv_of(A), A.shape[0], tol=1e-4, generator=gen(11), dtype=DT)
-    b = linalg.lanczos(mv_of(A), A.shape[0], tol=1e-4, generator=gen(11), dtype=DT)
+    a = linalg.lanczos(op_of(A), stop=linalg.KrylovStop(tol=1e-4), generator=gen(11))
+    b = linalg.lanczos(op_of(A), stop=linalg.KrylovStop(tol=1e-4), generator=gen(11))
     np.testing.assert_array_equal(a.eigenvalues, b.eigenvalues)
     assert a.steps == b.steps
 
@@ -141,7 +146,7 @@ def psd(n=120, seed=0, decay=False):
 def test_trace_within_three_stderr(method):
     A = psd()
     f = getattr(linalg, method)
-    r = f(mv_of(A), A.shape[0], tol=0.01, generator=gen(), dtype=DT)
+    r = f(op_of(A), stop=linalg.ProbeStop(tol=0.01), generator=gen())
     assert r.converged and r.stderr <= 0.01 * abs(r.estimate)
     assert abs(r.estimate - float(A.trace())) <= 3 * r.stderr
 
@@ -155,15 +160,7 @@ def test_trace_converges_as_probes_grow(method):
     for m in (12, 96, 768):
         e = [
             abs(
-                f(
-                    mv_of(A),
-                    A.shape[0],
-                    min_probes=m,
-                    max_probes=m,
-                    tol=1e-9,
-                    generator=gen(s),
-                    dtype=DT,
-                ).estimate
+                f(op_of(A), stop=linalg.ProbeStop(tol=1e-9, min_probes=m, max_probes=m), generator=gen(s)).estimate
                 - tr
             )
             for s in range(6)
@@ -174,8 +171,8 @@ def test_trace_converges_as_probes_grow(method):
 
 def test_hutchpp_beats_hutchinson_on_decaying_spectrum():
     A = psd(seed=6, decay=True)
-    h = linalg.hutchinson(mv_of(A), A.shape[0], tol=0.01, generator=gen(), dtype=DT)
-    hp = linalg.hutchpp(mv_of(A), A.shape[0], tol=0.01, min_probes=24, generator=gen(), dtype=DT)
+    h = linalg.hutchinson(op_of(A), stop=linalg.ProbeStop(tol=0.01), generator=gen())
+    hp = linalg.hutchpp(op_of(A), stop=linalg.ProbeStop(tol=0.01, min_probes=24), generator=gen())
     assert hp.probes < h.probes
 
 
@@ -186,8 +183,9 @@ def test_hutchpp_sketch_grows_when_it_pays():
     A = sym(ev, 11)  # decaying spectrum: the top of it carries most of the trace
     tr = float(A.trace())
     calls_a, calls_f = [], []
-    a = linalg.hutchpp(mv_of(A, calls_a), n, tol=0.01, max_probes=2000, generator=gen(1), dtype=DT)
-    f = linalg.hutchpp(mv_of(A, calls_f), n, tol=0.01, max_probes=2000, sketch=5, generator=gen(1), dtype=DT)
+    a = linalg.hutchpp(op_of(A, calls_a, n), stop=linalg.ProbeStop(tol=0.01, max_probes=2000), generator=gen(1))
+    f = linalg.hutchpp(op_of(A, calls_f, n), stop=linalg.ProbeStop(tol=0.01, max_probes=2000), sketch=5,
+                       generator=gen(1))
     assert a.sketch > 5 and f.sketch == 5  # an explicit sketch is kept fixed
     assert a.converged and f.converged and a.probes < 0.7 * f.probes  # 74 vs 122
     assert a.probes == sum(calls_a) and f.probes == sum(calls_f)
@@ -201,7 +199,7 @@ def test_hutchpp_exact_for_low_rank():
     g = gen(8)
     B = torch.randn(n, 3, generator=g, dtype=DT)
     A = B @ B.T  # rank 3
-    r = linalg.hutchpp(mv_of(A), n, min_probes=12, max_probes=12, generator=gen(), dtype=DT)
+    r = linalg.hutchpp(op_of(A, n=n), stop=linalg.ProbeStop(min_probes=12, max_probes=12), generator=gen())
     assert r.sketch == 4
     assert r.estimate == pytest.approx(float(A.trace()), rel=1e-10)
     assert r.stderr <= 1e-10 * abs(r.estimate)
@@ -212,7 +210,7 @@ def test_hutchinson_fixed_count_and_probe_accounting():
     A = psd(n=40)
     calls = []
     r = linalg.hutchinson(
-        mv_of(A, calls), 40, min_probes=20, max_probes=20, block=8, generator=gen(), dtype=DT
+        op_of(A, calls, 40, block_size=8), stop=linalg.ProbeStop(min_probes=20, max_probes=20), generator=gen()
     )
     assert r.probes == 20 == sum(calls) == len(r.samples)
 
@@ -220,10 +218,10 @@ def test_hutchinson_fixed_count_and_probe_accounting():
 def test_trace_deterministic_and_independent_of_block():
     A = psd(n=60, seed=9)
     a = linalg.hutchinson(
-        mv_of(A), 60, min_probes=32, max_probes=32, block=4, generator=gen(3), dtype=DT
+        op_of(A, n=60, block_size=4), stop=linalg.ProbeStop(min_probes=32, max_probes=32), generator=gen(3)
     )
     b = linalg.hutchinson(
-        mv_of(A), 60, min_probes=32, max_probes=32, block=32, generator=gen(3), dtype=DT
+        op_of(A, n=60, block_size=32), stop=linalg.ProbeStop(min_probes=32, max_probes=32), generator=gen(3)
     )
     assert a.estimate == b.estimate
 
@@ -231,7 +229,7 @@ def test_trace_deterministic_and_independent_of_block():
 # ---------------------------------------------------------------------------- diagonals
 def test_exact_diagonal():
     A = indefinite(n=30)
-    d = linalg.exact_diagonal(mv_of(A), 30, block=7, dtype=DT)
+    d = linalg.exact_diagonal(op_of(A, n=30, block_size=7))
     torch.testing.assert_close(d, torch.diagonal(A), rtol=0, atol=1e-12)
 
 
@@ -240,7 +238,7 @@ def test_hutchinson_diagonal_converges():
     errs = []
     for m in (8, 128, 2048):
         mean, se = linalg.hutchinson_diagonal(
-            mv_of(A), 30, samples=m, block=64, generator=gen(), dtype=DT
+            op_of(A, n=30, block_size=64), samples=m, generator=gen()
         )
         errs.append(float((mean - torch.diagonal(A)).abs().mean()))
     assert errs[0] > errs[1] > errs[2]
@@ -257,7 +255,7 @@ def test_scaled_diagonal_is_unbiased_and_exact_for_diagonal_matrices():
         mean, torch.diagonal(D), rtol=1e-12, atol=1e-12
     )  # zero variance for diagonal H
     A = psd(n=n, seed=3)
-    mean, se = linalg.scaled_diagonal(mv_of(A), theta, samples=4096, block=512, generator=gen())
+    mean, se = linalg.scaled_diagonal(op_of(A, block_size=512), theta, samples=4096, generator=gen())
     z = ((mean - torch.diagonal(A)) / se).abs()
     assert float((z <= 4).float().mean()) > 0.9
 
@@ -280,7 +278,8 @@ def test_checked_gauss_newton_diagonal_exact_where_verified_and_for_curved_tenso
     H = G + R
     calls = []
     res = linalg.checked_gauss_newton_diagonal(
-        mv_of(H, calls), mv_of(G), torch.diagonal(G), theta, tensors, check=3, tol=1e-8, generator=gen(), block=4
+        op_of(H, calls, block_size=4), mv_of(G), torch.diagonal(G), theta, tensors,
+        rules=linalg.DiagonalCheck(tol=1e-8, check=3), generator=gen()
     )
     assert res.curved == ["b", "c"] and res.exact == ["b", "c"] and res.estimated == []
     assert res.checked["a"] <= 1e-12 and res.residual_groups == []
@@ -289,7 +288,8 @@ def test_checked_gauss_newton_diagonal_exact_where_verified_and_for_curved_tenso
     assert res.n_hvp == sum(calls) == 9 + 6 + 4 + 10 and res.n_ggnvp == 6
     # only the tensors asked for are checked
     res = linalg.checked_gauss_newton_diagonal(
-        mv_of(H), mv_of(G), torch.diagonal(G), theta, {"a": tensors["a"]}, tol=1e-8, generator=gen()
+        mv_of(H), mv_of(G), torch.diagonal(G), theta, {"a": tensors["a"]}, rules=linalg.DiagonalCheck(1e-8),
+        generator=gen()
     )
     assert res.curved == [] and res.n_hvp == 3 + 2
     torch.testing.assert_close(res.diag, torch.diagonal(G), rtol=0, atol=0)
@@ -313,8 +313,8 @@ def test_checked_diagonal_finds_curvature_confined_to_a_few_rows(seed):
     G, R, theta = _confined_residual(2, seed)
     H = G + R
     t = {"w": slice(0, 80)}
-    res = linalg.checked_gauss_newton_diagonal(mv_of(H), mv_of(G), torch.diagonal(G), theta, t, tol=1e-8,
-                                               generator=gen(seed))
+    res = linalg.checked_gauss_newton_diagonal(mv_of(H), mv_of(G), torch.diagonal(G), theta, t,
+                                               rules=linalg.DiagonalCheck(1e-8), generator=gen(seed))
     assert res.curved == ["w"] and res.exact == ["w"]
     torch.testing.assert_close(res.diag, torch.diagonal(H), rtol=0, atol=1e-12)
     # the coordinate check alone (largest G_ii, largest |θ_i|, one random entry) misses it on some seeds
@@ -329,8 +329,8 @@ def test_checked_diagonal_flags_a_zero_diagonal_bilinear_block_and_stays_exact()
     R[:6, :6] = R[:6, :6] + R[:6, :6].T
     R[torch.arange(6), torch.arange(6)] = 0.0  # diag(R_aa) = 0, R_aa ≠ 0
     H = G + R
-    res = linalg.checked_gauss_newton_diagonal(mv_of(H), mv_of(G), torch.diagonal(G), theta, tensors, tol=1e-8,
-                                               generator=gen())
+    res = linalg.checked_gauss_newton_diagonal(mv_of(H), mv_of(G), torch.diagonal(G), theta, tensors,
+                                               rules=linalg.DiagonalCheck(1e-8), generator=gen())
     assert res.curved == ["a", "b", "c"]  # conservative: a costs its unit vectors, the result stays exact
     torch.testing.assert_close(res.diag, torch.diagonal(H), rtol=0, atol=1e-12)
 
@@ -350,8 +350,8 @@ def test_remainder_block_false_pass_rate_is_within_the_stated_bound():
     bound = 5.6 * tol / (1 - tol) * T / delta + 1.6e-8
     g = gen(11)
     N = 2000
-    gaps = linalg.remainder_block_gaps(mv_of(G + R), mv_of(G), {f"t{k}": slice(0, n) for k in range(N)}, n,
-                                       probes=1, generator=g, block=500, device="cpu", dtype=DT)
+    gaps = linalg.remainder_block_gaps(linalg.as_operator(mv_of(G + R), n, device="cpu", dtype=DT, block_size=500),
+                                       mv_of(G), {f"t{k}": slice(0, n) for k in range(N)}, probes=1, generator=g)
     rate = sum(v <= tol for v in gaps.values()) / N
     assert abs(rate - exact) <= 4 * math.sqrt(exact * (1 - exact) / N)
     assert exact <= bound
@@ -364,7 +364,7 @@ def test_slq_exact_quadrature_with_full_krylov_space():
     A = indefinite(n=n, seed=5)
     ev, U = torch.linalg.eigh(A)
     runs = 5
-    s = linalg.slq(mv_of(A), n, runs=runs, steps=n, generator=gen(4), dtype=DT)
+    s = linalg.slq(op_of(A, n=n), runs=runs, steps=n, generator=gen(4))
     V = linalg.rademacher(runs, n, gen(4), dtype=DT)
     fA = U @ torch.diag(torch.exp(ev / 10)) @ U.T
     per_run = n * (torch.einsum("rp,pq,rq->r", V, fA, V) / (V * V).sum(1))
@@ -378,7 +378,7 @@ def test_slq_exact_quadrature_with_full_krylov_space():
 def test_slq_estimates_trace_functions():
     A = psd(n=100, seed=7)
     ev = torch.linalg.eigvalsh(A).numpy()
-    s = linalg.slq(mv_of(A), 100, runs=30, steps=40, generator=gen(), dtype=DT)
+    s = linalg.slq(op_of(A, n=100), runs=30, steps=40, generator=gen())
     for fn in (np.log1p, lambda t: t / (t + 0.1)):
         est, se = s.expect(fn)
         assert abs(est - fn(ev).sum()) <= 4 * se
@@ -386,9 +386,9 @@ def test_slq_estimates_trace_functions():
 
 def test_slq_independent_of_grouping_and_density_integrates():
     A = indefinite(n=40, seed=6)
-    a = linalg.slq(mv_of(A), 40, runs=6, steps=15, generator=gen(2), dtype=DT, block=1)
+    a = linalg.slq(op_of(A, n=40), runs=6, steps=15, generator=gen(2), block=1)
     calls = []
-    b = linalg.slq(mv_of(A, calls), 40, runs=6, steps=15, generator=gen(2), dtype=DT, block=6)
+    b = linalg.slq(op_of(A, calls, 40), runs=6, steps=15, generator=gen(2), block=6)
     assert max(calls) == 6 and b.n_hvp == 6 * 15
     for x, y in zip(a.nodes, b.nodes, strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-10)
@@ -422,9 +422,9 @@ def test_certified_floor_finds_the_top_where_a_bare_residual_test_stops_early():
     def mv(V):
         return 0.9 * V + 0.1 * (V @ u)[:, None] * u[None, :]
 
-    bare = linalg.lanczos(mv, n, tol=1e-3, min_steps=1, generator=gen(1), dtype=DT)
+    bare = linalg.lanczos(linalg.as_operator(mv, n, dtype=DT), stop=linalg.KrylovStop(1e-3, 1), generator=gen(1))
     assert bare.steps == 1 and bare.eigenvalues[0] < 0.91  # stopped on the cluster
-    r = linalg.lanczos(mv, n, tol=1e-3, generator=gen(1), dtype=DT)
+    r = linalg.lanczos(linalg.as_operator(mv, n, dtype=DT), stop=linalg.KrylovStop(tol=1e-3), generator=gen(1))
     assert r.steps >= linalg.certified_min_steps(n) or r.converged
     assert r.eigenvalues[0] == pytest.approx(1.0, rel=1e-9)
 

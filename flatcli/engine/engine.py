@@ -268,7 +268,7 @@ class CurvatureEngine:
         ctx = self.full_precision if precision == "fp32" and self.low_precision else None
         return CurvatureOperator(product, self.num_params, device=self.device, dtype=self.problem.dtype,
                                  name=name, precision_context=ctx, report=self.report,
-                                 max_device_vectors=self.max_device_vectors)
+                                 max_device_vectors=self.max_device_vectors, block_size=lambda: self.memory.block_size)
 
     def hessian(self, theta: torch.Tensor | None = None, *, precision: str | None = None) -> CurvatureOperator:
         """The Hessian of L at θ (default: the model's parameters) as a linear operator

@@ -53,12 +53,16 @@ class CurvatureOperator:
     max_device_vectors : most basis vectors the Krylov estimators driving this operator keep on
         the device (``runtime.max_device_vectors``; "auto": from free memory, unbounded on CPU;
         `flatcli.engine.linalg._store`).
+    block_size : most vectors per product call for the estimators driving this operator: an int, or
+        a callable read at each access (the engine's ``runtime.block_size``, which its out-of-memory
+        back-off may lower); None: the estimators' default.
     """
 
     def __init__(self, product: Product, dim: int, *, device=None, dtype=torch.float32, name: str = "operator",
                  precision_context: Callable | None = None, report: Callable | None = None,
-                 max_device_vectors: int | str | None = "auto"):
+                 max_device_vectors: int | str | None = "auto", block_size: int | Callable[[], int] | None = None):
         self.max_device_vectors = max_device_vectors
+        self._block_size = block_size
         self._product = product
         self.shape = (int(dim), int(dim))
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -67,6 +71,12 @@ class CurvatureOperator:
         self._context = precision_context
         self.n_products = 0
         self._report = report
+
+    @property
+    def block_size(self) -> int | None:
+        """Vectors per product call the estimators use (None: their default)."""
+        b = self._block_size
+        return b() if callable(b) else b
 
     def report(self, **info) -> None:
         """Progress from an algorithm using this operator (e.g. probes so far and the stderr)."""
@@ -116,7 +126,8 @@ class CurvatureOperator:
             return self.matmat_rows(V * maskf) * maskf
 
         return CurvatureOperator(product, self.shape[1], device=self.device, dtype=self.dtype,
-                                 name=f"{self.name}[block]", max_device_vectors=self.max_device_vectors)
+                                 name=f"{self.name}[block]", max_device_vectors=self.max_device_vectors,
+                                 block_size=self._block_size)
 
     def to_scipy(self):
         """A `scipy.sparse.linalg.LinearOperator` view (float64 NumPy in and out)."""

@@ -222,7 +222,7 @@ def _estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = N
     method = opts.hessian_diag
     info: dict = {"hessian_diag": method}
     if method == "exact":
-        d = linalg.exact_diagonal(eng.hessian(), block=eng.block_size)
+        d = linalg.exact_diagonal(eng.hessian())
         return DiagonalEstimate(d, info=info)
     if method in ("ggn", "auto"):
         g = _ggn_diagonal(eng, method)
@@ -236,14 +236,9 @@ def _estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = N
             g,
             p.theta,
             {n: slices[n] for n in names},
-            check=opts.check,
-            probes=opts.check_probes,
-            max_exact=opts.max_exact,
-            samples=opts.samples,
-            groups=JACKKNIFE_GROUPS,
-            tol=check_tolerance(p),
+            rules=linalg.DiagonalCheck(tol=check_tolerance(p), check=opts.check, probes=opts.check_probes,
+                                       max_exact=opts.max_exact, samples=opts.samples, groups=JACKKNIFE_GROUPS),
             generator=ctx.generator(),
-            block=eng.block_size,
         )
         info.update(
             diag_check_tol=res.tol,
@@ -259,11 +254,10 @@ def _estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = N
     groups = []
     for k in _groups(opts.samples):
         if method == "scaled":
-            mean, _ = linalg.scaled_diagonal(eng.hessian(), theta, samples=k, eps=opts.eps, block=eng.block_size,
-                                             generator=gen)
+            mean, _ = linalg.scaled_diagonal(eng.hessian(), theta, samples=k, eps=opts.eps, generator=gen)
             groups.append((mean * k, k))
         elif method == "hutchinson":
-            mean, _ = linalg.hutchinson_diagonal(eng.hessian(), samples=k, block=eng.block_size, generator=gen)
+            mean, _ = linalg.hutchinson_diagonal(eng.hessian(), samples=k, generator=gen)
             groups.append((mean * k, k))
         else:
             groups.append((_fd_group(eng, theta, k, opts.radius, opts.eps, gen), k))

@@ -115,10 +115,8 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     """
     eng = ctx.engine
     verify = eng.needs_verification
-    r = linalg.lanczos(
-        eng.hessian(), max_steps=opts.max_steps, min_steps=opts.min_steps, tol=opts.tol, k=1,
-        generator=ctx.generator(), return_vectors=verify, budget=ctx.budget,
-    )
+    stop = linalg.KrylovStop(tol=opts.tol, min_steps=opts.min_steps, max_steps=opts.max_steps, budget=ctx.budget)
+    r = linalg.lanczos(eng.hessian(), k=1, generator=ctx.generator(), return_vectors=verify, stop=stop)
     lam = float(r.eigenvalues[0])
     rel = float(r.residuals[0] / max(abs(lam), 1e-30))
     converged = bool(r.converged)
@@ -131,8 +129,8 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
         diag.update({f"{low}_value": lam, f"{low}_residual": rel, "verified": "fp32", "fp32_refine_steps": 0,
                      "fp32_control_rel_diff": abs(lam - lam32) / max(abs(lam32), 1e-30)})
         if rel32 > opts.tol:  # the fast products' rounding keeps the residual above tol: finish in fp32 from its vector
-            r32 = linalg.lanczos(H32, max_steps=opts.max_steps, min_steps=1, tol=opts.tol, k=1,
-                                 v0=r.ritz_vectors[0], generator=ctx.generator(1), budget=ctx.budget)
+            r32 = linalg.lanczos(H32, k=1, v0=r.ritz_vectors[0], generator=ctx.generator(1),
+                                 stop=linalg.KrylovStop(opts.tol, 1, opts.max_steps, ctx.budget))
             lam32 = float(r32.eigenvalues[0])
             rel32 = float(r32.residuals[0] / max(abs(lam32), 1e-30))
             diag["fp32_refine_steps"] = r32.steps
@@ -175,16 +173,10 @@ def _block_lambda_max(ctx, opts: LambdaMaxOptions) -> dict:
     for i, (name, sl) in enumerate(p.param_slices().items()):
         size = sl.stop - sl.start
         r = linalg.lanczos(
-            block_matvec(H, p.num_params, sl),
-            size,
-            max_steps=opts.max_steps,
-            min_steps=opts.min_steps,
-            tol=opts.tol,
+            linalg.as_operator(block_matvec(H, p.num_params, sl), size, device=p.device, dtype=p.dtype),
             k=1,
             generator=ctx.generator(100 + i),
-            device=p.device,
-            dtype=p.dtype,
-            budget=ctx.budget,
+            stop=linalg.KrylovStop(opts.tol, opts.min_steps, opts.max_steps, ctx.budget),
         )
         lam = float(r.eigenvalues[0])
         lams[name] = lam
@@ -298,7 +290,7 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     slices = p.param_slices()
     H = eng.hessian(precision="fp32" if opts.method == "exact" else None)
     if opts.method == "exact":
-        d = linalg.exact_diagonal(H, block=eng.block_size)
+        d = linalg.exact_diagonal(H)
         diag = {"probes": p.num_params, "method": "exact"}
         if opts.per_layer != "none":
             tr = {n: float(d[sl].sum()) for n, sl in slices.items()}
@@ -307,13 +299,9 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     est = linalg.hutchpp if opts.method == "hutchpp" else linalg.hutchinson
     r = est(
         H,
-        tol=opts.tol,
-        min_probes=opts.min_probes,
-        max_probes=opts.max_probes,
-        block=eng.block_size,
+        stop=linalg.ProbeStop(opts.tol, opts.min_probes, opts.max_probes, ctx.budget),
         generator=ctx.generator(),
         blocks=list(slices.values()) if opts.per_layer != "none" else None,
-        budget=ctx.budget,
     )
     fixed = opts.min_probes == opts.max_probes
     diag = {
@@ -447,7 +435,8 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
     steps, left = max(50, 10 * k), ctx.budget.left()
     if left is not None:  # a product cap leaves one SLQ run its products: the value is N_eff's
         steps = max(k, min(steps, left - min(opts.slq_steps, P)))
-    r = linalg.lanczos(H, max_steps=steps, tol=SPECTRUM_TOL, k=k, block=k, generator=ctx.generator(), budget=ctx.budget)
+    r = linalg.lanczos(H, k=k, block=k, generator=ctx.generator(),
+                       stop=linalg.KrylovStop(tol=SPECTRUM_TOL, max_steps=steps, budget=ctx.budget))
     top = [float(v) for v in r.eigenvalues[:k]]
     top_res = [float(res / max(abs(v), 1e-30)) for res, v in zip(r.residuals[:k], top, strict=True)]
     lam_k = top[-1]

@@ -254,17 +254,11 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
     before = eng.n_hvp
     H = eng.hessian()
     r = linalg.lanczos(
-        lambda V: c * H(c * V),
-        p.num_params,
-        max_steps=60,
-        min_steps=20,
-        tol=1e-2,
+        linalg.as_operator(lambda V: c * H(c * V), p.num_params, device=p.device, dtype=p.dtype),
         k=rank,
         generator=ctx.generator(7),
-        device=p.device,
-        dtype=p.dtype,
         return_vectors=True,
-        budget=ctx.budget,
+        stop=linalg.KrylovStop(tol=1e-2, min_steps=20, max_steps=60, budget=ctx.budget),
     )
     V = r.ritz_vectors
     V = V / V.norm(dim=1, keepdim=True)

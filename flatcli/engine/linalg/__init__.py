@@ -1,7 +1,12 @@
 r"""Matrix-free linear algebra for symmetric operators given as block mat-vecs.
 
-Every routine takes ``matvec(V) -> H V`` for a block ``V`` of shape ``(K, P)``
-and returns its result together with diagnostics (steps, residuals, standard
+Every estimator takes an operator: a `flatcli.engine.operators.CurvatureOperator`, or
+`as_operator` of a bare ``matvec(V) -> H V`` for a block ``V`` of shape ``(K, P)`` and its
+dimension; the operator supplies P, the device and dtype of the vectors, the vectors per product
+(``block_size``), the basis-store capacity (``max_device_vectors``) and the progress hook, so no
+estimator takes more than 8 parameters. Stopping rules travel in one frozen object per family
+(`KrylovStop`, `ProbeStop`, `DiagonalCheck`; the `Budget` inside the first two). Every routine
+returns its result together with diagnostics (steps, residuals, standard
 errors, converged flags, number of products). Small projected problems are
 solved in float64. Random probes come from a seeded CPU ``torch.Generator``;
 drawing K probes at once gives the same probes as K single draws, so results do
@@ -18,7 +23,7 @@ Ghorbani, Krishnan & Xiao, ICML 2019, §2. Diagonal estimators: Bekas, Kokiopoul
 & Saad 2007; Tsuzuku, Sato & Sugiyama, ICML 2020, eq. 29.
 """
 
-from ._common import MatVec, rademacher, rowdot
+from ._common import MatVec, Operator, as_operator, rademacher, rowdot
 from .budget import Budget
 from .diagonal import (
     CheckedDiagonal,
@@ -38,10 +43,11 @@ from .lanczos import (
     verify_eigenpair,
 )
 from .slq import SLQResult, slq, slq_group_size
+from .stop import DiagonalCheck, KrylovStop, ProbeStop
 from .trace import NearZeroFloor, TraceResult, hutchinson, hutchpp
 
 __all__ = [
-    "Budget", "NearZeroFloor", "MatVec", "rademacher", "rowdot", "CheckedDiagonal", "checked_gauss_newton_diagonal", "exact_diagonal",
+    "Budget", "NearZeroFloor", "MatVec", "Operator", "as_operator", "KrylovStop", "ProbeStop", "DiagonalCheck", "rademacher", "rowdot", "CheckedDiagonal", "checked_gauss_newton_diagonal", "exact_diagonal",
     "hutchinson_diagonal", "remainder_block_gaps", "scaled_diagonal", "LanczosResult", "PrecisionControl",
     "certified_min_steps", "lanczos", "precision_control", "verify_eigenpair", "SLQResult", "slq",
     "slq_group_size", "TraceResult", "hutchinson", "hutchpp", "_check_coordinates",

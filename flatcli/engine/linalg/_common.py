@@ -21,19 +21,68 @@ def _tridiag_eig(alphas, betas):
     return scipy.linalg.eigh_tridiagonal(a, b)
 
 
-def _reporter(op) -> Callable[..., None]:
-    """The operator's progress hook, or a no-op for a bare mat-vec."""
-    return getattr(op, "report", None) or (lambda **info: None)
+DEFAULT_BLOCK = 16  # vectors per product for a bare mat-vec (the estimators' former ``block`` default)
 
 
-def _as_product(op, dim, device, dtype):
-    """(block product, dim, device, dtype) from an operator or from a bare ``V -> M V`` callable."""
+class Operator:
+    """What an estimator needs of a symmetric P × P operator (made by `as_operator`).
+
+    ``matmat_rows(V)``: M V for V of shape (K, P); ``shape`` (P, P) and ``dim``; ``device`` and
+    ``dtype`` of the vectors (probes and bases are made there); ``block_size``: most vectors per
+    product call (the engine's ``runtime.block_size`` for an engine operator, `DEFAULT_BLOCK` for a
+    bare mat-vec); ``max_device_vectors``: the basis-store capacity (`flatcli.engine.linalg._store`);
+    ``report(**info)``: the progress hook (a no-op for a bare mat-vec)."""
+
+    def __init__(self, product: MatVec, dim: int, *, device, dtype, block_size: int,
+                 max_device_vectors, report: Callable[..., None] | None):
+        self.matmat_rows = product
+        self.shape = (int(dim), int(dim))
+        self.device, self.dtype = device, dtype
+        self.block_size = int(block_size)
+        self.max_device_vectors = max_device_vectors
+        self._report = report
+
+    @property
+    def dim(self) -> int:
+        """P."""
+        return self.shape[1]
+
+    def report(self, **info) -> None:
+        """Progress from the estimator driving this operator (forwarded to the wrapped operator's hook)."""
+        if self._report is not None:
+            self._report(**info)
+
+    def __call__(self, V: torch.Tensor) -> torch.Tensor:
+        """Same as ``matmat_rows``."""
+        return self.matmat_rows(V)
+
+
+def as_operator(op, dim: int | None = None, *, device=None, dtype=None, block_size: int | None = None,
+                max_device_vectors: int | str | None = "auto") -> Operator:
+    """The one adapter in front of every estimator: an `Operator` from a curvature operator (anything with
+    ``matmat_rows`` and ``shape``: `flatcli.engine.operators.CurvatureOperator`, or an `Operator`) or
+    from a bare ``V (K, P) -> M V`` callable, which needs ``dim``.
+
+    From an operator, ``dim``, ``device``, ``dtype``, ``block_size``, ``max_device_vectors`` and
+    ``report`` are its own; the keywords override them (``max_device_vectors="auto"`` and None for
+    the others: keep the operator's). A bare callable gets ``device`` (None: the default device),
+    ``dtype`` (default float32), ``block_size`` (default `DEFAULT_BLOCK`) and ``max_device_vectors``
+    as given, and no progress hook."""
     if hasattr(op, "matmat_rows") and hasattr(op, "shape"):
-        return (op.matmat_rows, op.shape[1], device if device is not None else op.device,
-                op.dtype if dtype is None else dtype)
+        return Operator(op.matmat_rows, op.shape[1], device=device if device is not None else op.device,
+                        dtype=op.dtype if dtype is None else dtype,
+                        block_size=block_size or getattr(op, "block_size", None) or DEFAULT_BLOCK,
+                        max_device_vectors=(getattr(op, "max_device_vectors", "auto") if _is_auto(max_device_vectors)
+                                            else max_device_vectors),
+                        report=getattr(op, "report", None))
     if dim is None:
         raise TypeError("a bare mat-vec needs its dimension: pass dim")
-    return op, int(dim), device, torch.float32 if dtype is None else dtype
+    return Operator(op, int(dim), device=device, dtype=torch.float32 if dtype is None else dtype,
+                    block_size=block_size or DEFAULT_BLOCK, max_device_vectors=max_device_vectors, report=None)
+
+
+def _is_auto(setting) -> bool:
+    return isinstance(setting, str) and setting == "auto"
 
 
 _M31 = 0x7FFFFFFF

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._common import MatVec, _as_product, rademacher
+from ._common import MatVec, as_operator, rademacher
+from .stop import DiagonalCheck
 
 
 def _unit_block_diagonal(matvec: MatVec, idx: torch.Tensor, dim: int, *, block: int, device, dtype) -> torch.Tensor:
@@ -23,10 +24,12 @@ def _unit_block_diagonal(matvec: MatVec, idx: torch.Tensor, dim: int, *, block: 
     return out
 
 
-def exact_diagonal(op, dim: int | None = None, *, block: int = 16, device=None, dtype=None):
-    """The diagonal of H from unit-vector products (dim products; small models only)."""
-    matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
-    return _unit_block_diagonal(matvec, torch.arange(dim), dim, block=block, device=device, dtype=dtype)
+def exact_diagonal(op):
+    """The diagonal of H from unit-vector products (P products, ``op.block_size`` at a time; small
+    models only). ``op``: an operator or anything `as_operator` takes."""
+    op = as_operator(op)
+    return _unit_block_diagonal(op.matmat_rows, torch.arange(op.dim), op.dim, block=op.block_size,
+                                device=op.device, dtype=op.dtype)
 
 
 def _mean_stderr(acc, acc2, samples):
@@ -35,20 +38,12 @@ def _mean_stderr(acc, acc2, samples):
     return mean, (var / samples).sqrt()
 
 
-def hutchinson_diagonal(
-    op,
-    dim: int | None = None,
-    *,
-    samples: int,
-    block: int = 16,
-    generator,
-    device=None,
-    dtype=None,
-):
+def hutchinson_diagonal(op, *, samples: int, generator):
     r"""Plain diagonal estimator (Bekas et al. 2007)
     :math:`\mathrm{diag}(H) \approx \frac1m\sum_i z_i \circ H z_i`, Rademacher :math:`z_i`.
-    Returns (mean, stderr) as float64 CPU tensors."""
-    matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
+    Probes go ``op.block_size`` at a time. Returns (mean, stderr) as float64 CPU tensors."""
+    op = as_operator(op)
+    matvec, dim, device, dtype, block = op.matmat_rows, op.dim, op.device, op.dtype, op.block_size
     acc = torch.zeros(dim, dtype=torch.float64, device=device)
     acc2 = torch.zeros(dim, dtype=torch.float64, device=device)
     done = 0
@@ -62,23 +57,17 @@ def hutchinson_diagonal(
     return _mean_stderr(acc.cpu(), acc2.cpu(), samples)
 
 
-def scaled_diagonal(
-    op,
-    theta: torch.Tensor,
-    *,
-    samples: int,
-    eps: float = 1e-8,
-    block: int = 16,
-    generator,
-):
+def scaled_diagonal(op, theta: torch.Tensor, *, samples: int, eps: float = 1e-8, generator):
     r"""The |θ|-scaled diagonal estimator (Tsuzuku et al. 2020, eq. 29 as r → 0):
 
     .. math:: D \approx \frac1m \sum_i s_i \circ H(|\theta| \circ s_i) \,/\, |\theta|,
 
     with Rademacher ``s_i`` and exact HVPs; ``|θ|`` is replaced by ``|θ| + eps``
     only where θ = 0. Unbiased for diag(H), and it transforms like the true
-    diagonal under node rescaling sample by sample. Returns (mean, stderr)."""
-    matvec = _as_product(op, theta.numel(), theta.device, theta.dtype)[0]
+    diagonal under node rescaling sample by sample. Probes go ``op.block_size`` at a time (vectors on
+    θ's device, in θ's dtype). Returns (mean, stderr)."""
+    op = as_operator(op, theta.numel(), device=theta.device, dtype=theta.dtype)
+    matvec, block = op.matmat_rows, op.block_size
     a = theta.detach().abs()
     a = torch.where(a == 0, torch.full_like(a, eps), a)
     dim = theta.numel()
@@ -142,15 +131,18 @@ def _relative_gap(diff: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch
     return torch.where(scale == 0, torch.zeros_like(gap), gap)
 
 
-def remainder_block_gaps(hvp: MatVec, ggnvp: MatVec, tensors: dict[str, slice], dim: int, *, probes: int,
-                         generator: torch.Generator, block: int, device, dtype) -> dict[str, float]:
+def remainder_block_gaps(hvp, ggnvp: MatVec, tensors: dict[str, slice], *, probes: int,
+                         generator: torch.Generator) -> dict[str, float]:
     r"""Per tensor t (name → slice): the largest relative gap
     :math:`\|P_t(H - G)z\| / \max(\|P_t Hz\|, \|P_t Gz\|)` over ``probes`` seeded
     standard Gaussian probes z supported on t (0 where both products vanish).
 
     The gap is 0 exactly when the remainder block :math:`P_t(H - G)P_t` maps z to 0,
-    which for a nonzero block has probability 0. Probes are multiplied ``block`` at
+    which for a nonzero block has probability 0. ``hvp``: an operator or anything `as_operator`
+    takes (P, device, dtype, block size); probes are multiplied ``hvp.block_size`` at
     a time (one Hessian and one Gauss-Newton product each)."""
+    hvp = as_operator(hvp)
+    dim, block, device, dtype = hvp.dim, hvp.block_size, hvp.device, hvp.dtype
     rows = [(name, sl, z) for name, sl in tensors.items()
             for z in torch.randn(probes, sl.stop - sl.start, generator=generator, dtype=torch.float64)]
     worst = dict.fromkeys(tensors, 0.0)
@@ -208,14 +200,8 @@ def checked_gauss_newton_diagonal(
     theta: torch.Tensor,
     tensors: dict[str, slice],
     *,
-    check: int = 3,
-    probes: int = 2,
-    max_exact: int = 4096,
-    samples: int = 64,
-    groups: int = 8,
-    tol: float,
+    rules: DiagonalCheck,
     generator: torch.Generator,
-    block: int = 16,
 ):
     r"""The Hessian diagonal from the exact Gauss-Newton diagonal, verified tensor by tensor.
 
@@ -224,7 +210,10 @@ def checked_gauss_newton_diagonal(
     are piecewise linear in a tensor t *jointly* (Linear/Conv weights and biases
     followed by ReLU-type activations, pooling, BatchNorm in eval mode, each used
     once), the whole block :math:`R_{tt} = P_t R P_t` vanishes. Two checks per
-    tensor of ``tensors`` (name → slice of the flat vector); it is *curved* when one fails:
+    tensor of ``tensors`` (name → slice of the flat vector); it is *curved* when one fails
+    (``tol``, ``check``, ``probes``, ``max_exact``, ``samples``, ``groups``: fields of ``rules``, a
+    `DiagonalCheck`; ``hvp`` is an operator or anything `as_operator` takes, its ``block_size``
+    vectors per product, vectors on θ's device in θ's dtype):
 
     1. coordinates: at ``check`` coordinates (the largest :math:`G_{ii}`, the largest
        :math:`|\theta_i|`, seeded random ones; all of a tensor that small)
@@ -269,22 +258,24 @@ def checked_gauss_newton_diagonal(
     """
     dim = theta.numel()
     device, dtype = theta.device, theta.dtype
+    hvp = as_operator(hvp, dim, device=device, dtype=dtype)
+    tol, check, probes, samples = rules.tol, rules.check, rules.probes, rules.samples
     g = ggn_diag.detach().double().cpu()
     th = theta.detach().cpu()
     out = CheckedDiagonal(diag=g.clone(), tol=tol)
     if not tensors:
         return out
-    kw = {"block": block, "device": device, "dtype": dtype}
+    kw = {"block": hvp.block_size, "device": device, "dtype": dtype}
     idx, h, owner, out.checked = _coordinate_check(hvp, g, th, tensors, check, generator, **kw)
     out.n_hvp += len(idx)
     large = {n: sl for n, sl in tensors.items() if sl.stop - sl.start > check}
     if large and probes > 0:
-        blocks = remainder_block_gaps(hvp, ggnvp, large, dim, probes=probes, generator=generator, **kw)
+        blocks = remainder_block_gaps(hvp, ggnvp, large, probes=probes, generator=generator)
         out.checked.update({n: max(out.checked[n], v) for n, v in blocks.items()})
         out.n_hvp += probes * len(large)
         out.n_ggnvp += probes * len(large)
     out.curved = [n for n in tensors if out.checked[n] > tol]
-    budget = max_exact
+    budget = rules.max_exact
     for name in sorted(out.curved, key=lambda n: tensors[n].stop - tensors[n].start):
         sl = tensors[name]
         size = sl.stop - sl.start
@@ -303,7 +294,7 @@ def checked_gauss_newton_diagonal(
         mask = torch.zeros(dim, dtype=dtype, device=device)
         for name in out.estimated:
             mask[tensors[name]] = 1.0
-        out.residual_groups = _residual_groups(hvp, ggnvp, mask, samples, groups, generator, **kw)
+        out.residual_groups = _residual_groups(hvp, ggnvp, mask, samples, rules.groups, generator, **kw)
         out.n_hvp += samples
         out.n_ggnvp += samples
     return out

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ._common import _as_product, _reporter, rademacher, rowdot
+from ._common import as_operator, rademacher, rowdot
 from ._store import BasisStore, device_capacity
-from .budget import Budget, no_budget
+from .stop import KrylovStop
 
 
 @dataclass
@@ -124,21 +124,14 @@ class _BlockKrylov:
 
 def lanczos(
     op,
-    dim: int | None = None,
     *,
-    max_steps: int = 100,
-    min_steps: int | None = None,
-    tol: float = 1e-3,
     k: int = 1,
     which: str = "largest",
+    block: int | None = None,
     v0: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
-    device=None,
-    dtype=None,
     return_vectors: bool = False,
-    block: int | None = None,
-    max_device_vectors: int | str | None = "auto",
-    budget: Budget | None = None,
+    stop: KrylovStop = KrylovStop(),
 ) -> LanczosResult:
     r"""(Block) Lanczos with full reorthogonalization for the ``k`` extreme eigenvalues.
 
@@ -154,8 +147,8 @@ def lanczos(
     extremes: with ``which="largest"`` the largest eigenvalue is found even when
     a negative eigenvalue has larger magnitude.
 
-    Stops once the Krylov dimension is at least ``min_steps`` and the residuals
-    :math:`\|Hx_i - \theta_i x_i\|` of the ``k`` wanted Ritz pairs are at most
+    Stops (``stop``, a `KrylovStop`) once the Krylov dimension is at least ``min_steps`` and the
+    residuals :math:`\|Hx_i - \theta_i x_i\|` of the ``k`` wanted Ritz pairs are at most
     ``tol * |\theta_i|``; or when the space is exhausted (an invariant subspace:
     the Ritz values are then exact); or at ``max_steps`` basis vectors.
     ``min_steps`` (default: `certified_min_steps` of the dimension) makes a small
@@ -169,38 +162,38 @@ def lanczos(
     :math:`\mathrm{tol}^2 s` absolutely (``near_zero`` set when such a value stopped the run).
     Values above :math:`\mathrm{tol}\cdot s`, the usual case, keep the relative test unchanged.
 
-    ``budget`` (a `Budget`): the Krylov space stops growing when it is spent (checked between
+    ``stop.budget`` (a `Budget`): the Krylov space stops growing when it is spent (checked between
     blocks; a product cap also bounds ``max_steps``); the result then has the Ritz values so far
     and ``stopped_by_budget``.
 
     Parameters
     ----------
-    op : a `flatcli.engine.operators.CurvatureOperator`, or ``V (K, P) -> H V`` with ``dim``.
-    dim : P (taken from the operator when one is given).
+    op : a `flatcli.engine.operators.CurvatureOperator`, or any operator of `as_operator` (a bare
+        ``V (K, P) -> H V`` as ``as_operator(mv, dim)``): it gives P, the device and dtype of the
+        basis, the progress hook and ``max_device_vectors``, the most basis vectors on the device
+        at once (`flatcli.engine.linalg._store`: the basis lives in host memory, pinned on CUDA, and
+        reorthogonalization streams it in chunks; values equal the all-on-device run to rounding;
+        raised to the block size when smaller).
     k : how many extreme pairs must converge.
     which : "largest" or "smallest" (algebraic).
+    block : block size of the Krylov space (default ``k``); not the operator's ``block_size``.
     v0 : start vector(s), shape (P,) or (block, P); default seeded Gaussian.
-    block : block size (default ``k``).
-    max_device_vectors : most basis vectors on the device at once (`flatcli.engine.linalg._store`:
-        the basis lives in host memory, pinned on CUDA, and reorthogonalization streams it in
-        chunks; values equal the all-on-device run to rounding). ``"auto"``: the operator's
-        ``max_device_vectors`` (``runtime.max_device_vectors``) when it has one, else
-        `default_capacity` (unbounded on CPU); None: unbounded. Raised to the block size when smaller.
+    stop : tolerance, fewest and most steps, budget (`KrylovStop`).
     """
     if which not in ("largest", "smallest"):
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
-    matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
-    report = _reporter(op)
-    budget = budget if budget is not None else no_budget()
-    max_steps = int(min(max_steps, dim))
+    op = as_operator(op)
+    matvec, dim, device, dtype, report = op.matmat_rows, op.dim, op.device, op.dtype, op.report
+    budget, tol = stop.the_budget(), stop.tol
+    max_steps = int(min(stop.max_steps, dim))
     wanted = max_steps
     left = budget.left()
     if left is not None:
         max_steps = int(min(max_steps, max(left, int(block or k or 1), 1)))  # the first block always runs
-    min_steps = certified_min_steps(dim) if min_steps is None else int(min_steps)
+    min_steps = certified_min_steps(dim) if stop.min_steps is None else int(stop.min_steps)
     min_steps = int(min(min_steps, max_steps))
     X = _start_block(v0, block, k, dim, max_steps, generator)
-    cap = device_capacity(op, max_device_vectors, dim, device, dtype)
+    cap = device_capacity(op, op.max_device_vectors, dim, device, dtype)
     cap = None if cap is None else max(int(cap), X.shape[0])
     kry = _BlockKrylov(X.to(device=device, dtype=torch.float64), max_steps, dtype, capacity=cap)
     converged = stopped = near_zero = False

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._common import MatVec, _as_product, _tridiag_eig, rademacher
+from ._common import MatVec, _tridiag_eig, as_operator, rademacher
 from ._store import BasisStore, device_capacity
 from .budget import Budget, no_budget
 
@@ -155,15 +155,11 @@ def slq_group_size(dim: int, steps: int, runs: int, *, device=None, dtype=torch.
 
 def slq(
     op,
-    dim: int | None = None,
     *,
     runs: int = 10,
     steps: int = 80,
     generator: torch.Generator,
-    device=None,
-    dtype=None,
     block: int | None = None,
-    max_device_vectors: int | str | None = "auto",
     budget: Budget | None = None,
 ) -> SLQResult:
     r"""Stochastic Lanczos quadrature (Ubaru, Chen & Saad 2017, eq. 3.5).
@@ -178,6 +174,7 @@ def slq(
     `slq_group_size` allows), each step one block product. Probe r is the same
     whatever the grouping, so results do not depend on ``block``.
 
+    ``op``: an operator or anything `as_operator` takes (P, device, dtype from it). Its
     ``max_device_vectors`` (as in `flatcli.engine.linalg.lanczos.lanczos`): with a bound below
     ``steps`` each run's basis lives in host memory and is streamed in chunks for its
     reorthogonalization; the nodes and weights equal the all-on-device run's to rounding.
@@ -186,12 +183,13 @@ def slq(
     result (``stopped_by_budget``; the first group always runs, so there is a value, but under a time
     cap its runs end at the step where the time is up: fewer quadrature nodes).
     """
-    matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
+    op = as_operator(op)
+    matvec, dim, device, dtype = op.matmat_rows, op.dim, op.device, op.dtype
     steps = int(min(steps, dim))
     g = int(block) if block else slq_group_size(dim, steps, runs, device=device, dtype=dtype)
     g = max(1, min(g, runs))
     budget = budget if budget is not None else no_budget()
-    cap = device_capacity(op, max_device_vectors, dim, device, dtype)
+    cap = device_capacity(op, op.max_device_vectors, dim, device, dtype)
     V0 = rademacher(runs, dim, generator, dtype=torch.float64)
     nodes, weights = [], []
     used, i = 0, 0

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ._common import _as_product, _reporter, rademacher, rowdot
+from ._common import as_operator, rademacher, rowdot
 from ._store import BasisStore, device_capacity
 from .budget import Budget, no_budget
 from .slq import slq
+from .stop import ProbeStop
 
 NEAR_ZERO_RUNS, NEAR_ZERO_STEPS = 4, 10  # the SLQ estimate of Tr|H| behind the near-zero floor
 
@@ -116,8 +117,8 @@ class NearZeroFloor:
             if abs(est) >= 2 * se or budget.allow(cost, used) < cost:
                 return False
             g = torch.Generator().manual_seed(self.seed)
-            r = slq(self.matvec, self.dim, runs=NEAR_ZERO_RUNS, steps=NEAR_ZERO_STEPS, generator=g,
-                    device=self.device, dtype=self.dtype)
+            op = as_operator(self.matvec, self.dim, device=self.device, dtype=self.dtype)
+            r = slq(op, runs=NEAR_ZERO_RUNS, steps=NEAR_ZERO_STEPS, generator=g)
             self.scale, self.products = max(0.0, r.expect(np.abs)[0]), r.n_hvp
         return se <= self.tol * max(self.scale, abs(est))
 
@@ -130,28 +131,21 @@ def _first(k: int, budget: Budget, used: int, least: int) -> int:
 
 def hutchinson(
     op,
-    dim: int | None = None,
     *,
-    tol: float = 0.01,
-    min_probes: int = 16,
-    max_probes: int = 1000,
-    block: int = 16,
+    stop: ProbeStop = ProbeStop(),
     generator: torch.Generator,
-    device=None,
-    dtype=None,
     blocks: list[slice] | None = None,
-    budget: Budget | None = None,
 ) -> TraceResult:
     r"""Hutchinson's estimator :math:`\mathrm{Tr}(H) \approx \frac1m \sum_i z_i^\top H z_i`.
 
-    Rademacher probes, drawn and multiplied in blocks of ``block``; the first
-    block holds ``min_probes``. Stops when the standard error of the mean,
+    Rademacher probes, drawn and multiplied in blocks of the operator's ``block_size``; the first
+    block holds ``min_probes``. ``stop`` (a `ProbeStop`): stops when the standard error of the mean,
     :math:`s/\sqrt{m}` (``s`` the sample standard deviation of the
     :math:`z_i^\top H z_i`), is at most ``tol * |estimate|`` (``converged``), or at the
     absolute floor ``tol * Tr|H|`` of a trace near 0 (`NearZeroFloor`: ``converged`` and
     ``near_zero``), or at ``max_probes``, or when ``budget`` (a `Budget`, checked between
     blocks) is spent (``stopped_by_budget``, with the estimate so far).
-    ``op`` is an operator, or ``V (K, P) -> H V`` with ``dim``. ``probes`` counts every
+    ``op`` is an operator, or anything `as_operator` takes. ``probes`` counts every
     product (the floor's 40 included).
 
 
@@ -162,9 +156,9 @@ def hutchinson(
     every probe sum exactly to its :math:`z^\top Hz`; see
     `TraceResult.block_estimates`. Stopping looks at the total only.
     """
-    matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
-    report = _reporter(op)
-    budget = budget if budget is not None else no_budget()
+    op = as_operator(op)
+    matvec, dim, device, dtype, report, block = op.matmat_rows, op.dim, op.device, op.dtype, op.report, op.block_size
+    budget, tol, min_probes, max_probes = stop.the_budget(), stop.tol, stop.min_probes, stop.max_probes
     floor = NearZeroFloor(matvec, dim, tol, generator, device, dtype)
     samples: list[float] = []
     parts: list[list[float]] = []
@@ -206,19 +200,11 @@ def hutchinson(
 
 def hutchpp(
     op,
-    dim: int | None = None,
     *,
-    tol: float = 0.01,
-    min_probes: int = 16,
-    max_probes: int = 1000,
-    block: int = 16,
+    stop: ProbeStop = ProbeStop(),
     sketch: int | None = None,
     generator: torch.Generator,
-    device=None,
-    dtype=None,
     blocks: list[slice] | None = None,
-    max_device_vectors: int | str | None = "auto",
-    budget: Budget | None = None,
 ) -> TraceResult:
     r"""Hutch++ (Meyer, Musco, Musco & Woodruff 2021, Alg. 1) with stderr stopping and a growing sketch.
 
@@ -260,20 +246,20 @@ def hutchpp(
     :math:`\mathrm{Tr}_b(PH)` since :math:`\mathbb{E}[Pg\,g^\top P] = P`), which sum
     exactly to each sample; see `TraceResult.block_estimates`.
 
-    ``max_device_vectors`` (as in `flatcli.engine.linalg.lanczos.lanczos`): the sketch's basis Q
+    The operator's ``max_device_vectors`` (as in `flatcli.engine.linalg.lanczos.lanczos`): the sketch's basis Q
     lives in host memory with at most that many of its vectors on the device at once (projections
     stream it in chunks); estimates equal the all-on-device run's to rounding.
     """
-    matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
-    report = _reporter(op)
-    budget = budget if budget is not None else no_budget()
+    op = as_operator(op)
+    matvec, dim, device, dtype, report, block = op.matmat_rows, op.dim, op.device, op.dtype, op.report, op.block_size
+    budget, tol, min_probes, max_probes = stop.the_budget(), stop.tol, stop.min_probes, stop.max_probes
     left = budget.left()
     cap = max_probes if left is None else max(2, min(max_probes, left))  # products this call may spend
     fixed = sketch is not None or min_probes >= cap
     r = int(sketch) if sketch else max(1, min_probes // 3)
     r = max(1, min(r, dim, max(1, (cap - 2) // 2)))
     sk = _Sketch(matvec, dtype, blocks, BasisStore(dim, device, torch.float64, max_rows=max_probes,
-                 capacity=device_capacity(op, max_device_vectors, dim, device, torch.float64)), budget)
+                 capacity=device_capacity(op, op.max_device_vectors, dim, device, torch.float64)), budget)
     sk.floor = NearZeroFloor(matvec, dim, tol, generator, device, dtype)
     sk.add(matvec(rademacher(r, dim, generator, device, dtype)).double())
     used = r + sk.rank
