@@ -4,6 +4,7 @@
 * Nothing below the CLI imports ``flatcli.cli`` (entry-point ``__main__`` modules excepted).
 * The engine knows nothing of measures.
 * No import cycles between flatcli modules (imports inside functions count too).
+* No public estimator of ``flatcli.engine.linalg`` takes more than 8 parameters.
 """
 
 from __future__ import annotations
@@ -250,7 +251,7 @@ def test_measures_touch_no_engine_internals():
     one for another model (a BatchNorm-folded copy)."""
     import re
 
-    internals = {"tally", "memory", "loop", "graphs", "curvature", "batches", "_options"}
+    internals = {"tally", "memory", "loop", "graphs", "curvature", "batches", "_options", "block_size"}
     found = []
     for mod, path in MODULES.items():
         if not mod.startswith("flatcli.measures"):
@@ -263,3 +264,32 @@ def test_measures_touch_no_engine_internals():
             if isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] in ("Problem", "CurvatureEngine"):
                 found.append(f"{mod}:{n.lineno}: {ast.unparse(n.func)}(...)")
     assert not found, found
+
+
+MAX_ESTIMATOR_PARAMS = 8
+
+
+def test_linalg_public_functions_take_at_most_eight_parameters():
+    """Estimators take an operator (which carries P, device, dtype, block size, basis-store capacity and
+    the progress hook) and a stopping-rule object (`KrylovStop`, `ProbeStop`, `DiagonalCheck`), not the
+    operator's fields one by one: every public function of ``flatcli.engine.linalg`` (its ``__all__``
+    and the public names of its modules) has at most 8 parameters."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import flatcli.engine.linalg as la
+
+    funcs = {f"linalg.{n}": getattr(la, n) for n in la.__all__ if not n.startswith("_")}
+    for info in pkgutil.iter_modules(la.__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{la.__name__}.{info.name}")
+        funcs.update({f"{info.name}.{n}": f for n, f in vars(mod).items()
+                      if not n.startswith("_") and getattr(f, "__module__", None) == mod.__name__})
+    funcs = {n: f for n, f in funcs.items() if inspect.isfunction(f)}
+    assert {"linalg.lanczos", "linalg.hutchinson", "linalg.hutchpp", "linalg.slq", "linalg.as_operator",
+            "linalg.checked_gauss_newton_diagonal", "linalg.remainder_block_gaps"} <= set(funcs)
+    wide = {n: len(inspect.signature(f).parameters) for n, f in funcs.items()
+            if len(inspect.signature(f).parameters) > MAX_ESTIMATOR_PARAMS}
+    assert not wide, f"public linalg functions with more than {MAX_ESTIMATOR_PARAMS} parameters: {wide}"
