@@ -191,3 +191,42 @@ def test_loss_and_error_in_one_pass():
     assert loss == pytest.approx(float(rows_loss(p, out, p.batch).mean()), rel=1e-12)
     assert err == pytest.approx(float((out.argmax(1) != p.batch["y"]).double().mean()))
     assert eng.n_forward == 1
+
+
+def test_as_operator_carries_the_engine_settings_to_the_estimators():
+    """`linalg.as_operator`: an engine operator's P, device, dtype, block size (followed when the engine
+    lowers it), basis-store capacity and progress hook reach the estimators; keywords override them; a
+    bare mat-vec needs its dimension and gets the former defaults."""
+    from flatcli.engine import linalg
+    from flatcli.engine.operators import CurvatureOperator
+
+    p = problem()
+    eng = CurvatureEngine(p, block_size=3, max_device_vectors=5)
+    H = eng.hessian()
+    op = linalg.as_operator(H)
+    assert (op.dim, op.device, op.dtype, op.block_size, op.max_device_vectors) == (p.num_params, H.device, DT, 3, 5)
+    V = torch.randn(2, p.num_params, dtype=DT, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(op.matmat_rows(V), V @ dense_hessian(p), rtol=1e-10, atol=1e-12)
+    eng.block_size = 2  # what the out-of-memory back-off does: the operator follows
+    assert linalg.as_operator(H).block_size == 2 and H.restrict(slice(0, 3)).block_size == 2
+    over = linalg.as_operator(op, block_size=7, max_device_vectors=None)
+    assert (over.block_size, over.max_device_vectors, over.dim) == (7, None, p.num_params)
+    with pytest.raises(TypeError, match="dim"):
+        linalg.as_operator(lambda V: V)
+    n = 30
+    A = 10 * torch.eye(n, dtype=DT) + 0.1 * torch.randn(n, n, dtype=DT, generator=torch.Generator().manual_seed(2))
+    A = 0.5 * (A + A.T)
+    calls, seen = [], []
+
+    def mv(V):
+        calls.append(V.shape[0])
+        return V @ A
+
+    bare = linalg.as_operator(mv, n, dtype=DT)
+    assert (bare.block_size, bare.max_device_vectors, bare.dtype) == (16, "auto", DT)
+    stop = linalg.ProbeStop(tol=1e-12, min_probes=2, max_probes=12)
+    linalg.hutchinson(linalg.as_operator(mv, n, dtype=DT, block_size=5), stop=stop, generator=torch.Generator())
+    assert calls == [5, 5, 2]  # the operator's block size, not a keyword of the estimator
+    hooked = CurvatureOperator(lambda V: V @ A, n, dtype=DT, report=lambda **info: seen.append(info), block_size=4)
+    r = linalg.hutchinson(hooked, stop=stop, generator=torch.Generator())
+    assert [s["probes"] for s in seen] == [4, 8, 12] and seen[-1]["value"] == r.estimate
