@@ -278,12 +278,29 @@ class DataCache:
 
                 src = DataSource(source="tensors", path=str(path))
             else:
-                src = getattr(self.cfg.data, split)
+                src = self._with_tokenizer(getattr(self.cfg.data, split))
             self._cache[key] = (
                 None if src is None
                 else load_split(src, split, self.cfg.base_dir, self.cfg.data.normalize, self.cache_dir)
             )
         return self._cache[key]
+
+
+    def _with_tokenizer(self, src):
+        """A text source without ``tokenizer``: the first Hugging Face checkpoint folder holding one."""
+        if src is None or src.source != "text" or src.tokenizer is not None or self.cfg.model.source != "huggingface":
+            return src
+        import dataclasses
+
+        from .jobs import resolve_jobs
+        from .loading.text import checkpoint_tokenizer
+
+        try:
+            folders = [j.path for j in resolve_jobs(self.cfg)]
+        except ConfigError:
+            return src
+        found = checkpoint_tokenizer(folders)
+        return src if found is None else dataclasses.replace(src, tokenizer=str(found))
 
 
 def read_hparams_from_keys(extras: dict, keys: list[str] | None) -> dict[str, Any]:
