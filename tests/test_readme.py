@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -21,15 +23,15 @@ def test_readme_commands_match_ci():
     assert test_line in readme and test_line in ci
 
 
+@pytest.mark.slow
 def test_text_data_example_runs(tmp_path):
     """The README's "Text data and tokenizers" block, extracted between its markers and run with bash in an
-    empty folder: it builds a tokenizer with `tokenizers`, saves it, writes the config and measures."""
+    empty folder: it builds a tokenizer with `tokenizers`, saves it, writes the config and measures. Two
+    fresh processes importing transformers: ~25 s of CPU (2-core VM, torch 2.14.1)."""
     import os
     import re
     import subprocess
     import sys
-
-    import pytest
 
     pytest.importorskip("transformers")
     readme = (ROOT / "README.md").read_text()
@@ -43,4 +45,4 @@ def test_text_data_example_runs(tmp_path):
     out = tmp_path / "lm_demo" / "out"
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert len(rows) == 1 and rows[0]["status"] == "ok", rows
-    assert {"hessian_lambda_max", "fisher_rao_norm"} <= set(rows[0]["results"])
+    assert set(rows[0]["measures"]) == {"hessian_lambda_max", "fisher_rao_norm"}
