@@ -9,6 +9,7 @@ Everything the CLI does goes through here; the CLI only parses and renders.
 
 from __future__ import annotations
 
+import copy
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +37,7 @@ from .pipeline import (  # noqa: F401  (re-exported: the Python API)
     measure_model,
     versions,
 )
-from .results import Row, ensure_writable_dir, write_results_or_fallback
+from .results import Row, ensure_writable_dir, write_results, write_results_or_fallback
 from .settings import Settings
 
 __all__ = [
@@ -154,14 +155,29 @@ def measure(
     debug: bool = False,
     plots: bool = False,
     threads: int | str | None = None,
+    resume: bool = False,
+    on_measure: Callable[[Row, str, bool], None] | None = None,
+    budget: float | str | None = None,
 ) -> MeasureReport:
     """Measure every checkpoint of a config; write results when ``outdir`` is given.
+
+    Results that survive: with an output directory, results.csv and results.json are rewritten
+    (atomically: temp file + ``os.replace``) after every finished measure, the measures still to
+    run marked ``interrupted``, so a Ctrl-C or a ``kill -9`` keeps every finished measure. On
+    Ctrl-C (KeyboardInterrupt) the files are written once more and `MeasureInterrupted` (a
+    KeyboardInterrupt; the CLI exits 130) is raised. Every measure in results.json carries its
+    key (``rows[i].keys``: the sweep's unit id of checkpoint fingerprint, resolved measure config
+    and flatcli version, `measure_keys`); with ``resume`` the measures of OUTDIR/results.json
+    whose key matches and whose status is not ``interrupted`` or ``error`` are reused, not run.
+    ``on_measure(row, label, reused)`` is called after each measure (``reused``: taken from the
+    earlier run).
 
     With ``plots`` (needs matplotlib and an output directory), every measure that
     draws artifacts (e.g. a spectral-density plot) writes them as
     ``OUTDIR/plots/<NNN>_<checkpoint stem>_<label>.png`` (NNN the checkpoint's
     position); the paths are in ``report.meta["plots"]``. ``threads`` (``runtime.threads``) sizes
-    torch's intra-op threads (`use_threads`; the choice is ``report.meta["threads"]``).
+    torch's intra-op threads (`use_threads`; the choice is ``report.meta["threads"]``). ``budget``
+    (``runtime.budget``: seconds or "10m") caps each checkpoint's measures together (`flatcli.budget`).
 
     Returns a `MeasureReport`; its ``exit_code`` is 0 when every row is ok, 2 when a
     checkpoint failed on bad input (file, state dict), 1 when a measurement failed.
@@ -170,33 +186,25 @@ def measure(
         from .landscape.plots import PLOT_HINT, have_matplotlib
 
         if not have_matplotlib():
-            raise ConfigError(f"--plots: {PLOT_HINT}")
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads, precision=precision))
+            raise ConfigError(f"`plots`: {PLOT_HINT}")
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads,
+                                 precision=precision, budget=budget))
     write = outdir is not None or cfg.provenance.get("output.dir", "default") != "default"
     if plots and not write:
-        raise ConfigError("--plots needs an output directory (-o OUTDIR)")
+        raise ConfigError("`plots` needs an output directory (`outdir`)")
     jobs, specs = _plan(cfg, checkpoints, measures)
     out = ensure_writable_dir(cfg.output_dir(outdir), "output directory") if write else None
     st, world = _join_ranks(Settings.from_config(cfg))
     threads_used = use_threads(cfg)
     if not world.is_main:  # only rank 0 prints and writes; every rank computes
-        on_row = on_start = on_progress = None
+        on_row = on_start = on_progress = on_measure = None
     data = DataCache(cfg, None if out is None else out / TOKENIZED_DIR)
+    shared = out  # every rank reads OUTDIR/results.json for --resume: they must reuse the same measures
     if not world.is_main:
         out = None
     _check_before_data(cfg, jobs, st)
     data.get("train")
     data.get("test")
-    t0 = time.perf_counter()
-    rows: list[Row] = []
-    for i, job in enumerate(jobs):
-        if on_start:
-            on_start(i, len(jobs), job)
-        row = measure_job(cfg, job, specs, data, st, debug, progress=on_progress)
-        rows.append(row)
-        if on_row:
-            on_row(i, len(jobs), row)
-    _leave_ranks(world)
     meta = {
         "config": cfg.to_dict(),
         "config_hash": cfg.hash(),
@@ -206,12 +214,158 @@ def measure(
         "ranks": world.world,
         "threads": threads_used,
     }
+    saver = _Saver(cfg, shared, out is not None, meta, jobs, specs, resume)
+    t0 = time.perf_counter()
+    rows = _measure_all(cfg, specs, data, st, saver, debug, on_start, on_row, on_progress, on_measure)
+    _leave_ranks(world)
     report = MeasureReport(rows=rows, config=cfg, meta=meta, seconds=time.perf_counter() - t0, rank=world.rank)
     if out is not None:
-        report.written_to, report.write_error = write_results_or_fallback(out, rows, meta)
+        report.written_to, report.write_error = write_results_or_fallback(out, rows, {**meta, "complete": True})
         if plots and not report.write_error:
             report.meta["plots"] = [str(q) for q in _artifacts(rows, specs, out / "plots")]
     return report
+
+
+class MeasureInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `measure`: the finished measures were written (the message says where)."""
+
+
+def measure_keys(cfg: Config, job: Job, specs: Sequence[MeasureSpec]) -> dict[str, str]:
+    """Label → the key of one checkpoint × measure: the sweep's unit id (`flatcli.sweep.store`:
+    sha256 fingerprints of the checkpoint, its init checkpoint and training set, the resolved
+    measure configuration with defaults filled in, the flatcli version). Empty when a file cannot
+    be read (nothing is reused then)."""
+    from ._version import __version__
+    from .loading.checkpoints import fingerprint
+    from .sweep.store import measure_hash, unit_id
+
+    try:
+        fps = {"checkpoint": fingerprint(job.path),
+               "init": None if job.init_checkpoint is None else fingerprint(job.init_checkpoint),
+               "train_data": None if job.train_data is None else fingerprint(job.train_data)}
+    except OSError:
+        return {}
+    config = cfg.to_dict()
+    return {s.label: unit_id(fps, measure_hash(config, s), __version__) for s in specs}
+
+
+REUSABLE = frozenset({"ok", "not_converged", "saturated", "not_applicable", "near_zero", "budget"})
+
+
+def previous_results(outdir: Path) -> dict[str, Any]:
+    """Key → `MeasureResult` of every finished measure in OUTDIR/results.json (``measure
+    --resume``); measures ``interrupted`` or in ``error`` are not finished. An unreadable or
+    missing file gives nothing (everything is computed)."""
+    import json
+
+    from .sweep.store import _result_from
+
+    try:
+        rows = json.loads((Path(outdir) / "results.json").read_text()).get("rows") or []
+    except (OSError, ValueError, AttributeError):
+        return {}
+    out = {}
+    for r in rows:
+        for lab, key in (r.get("keys") or {}).items():
+            m = (r.get("measures") or {}).get(lab)
+            if isinstance(m, dict) and m.get("status") in REUSABLE:
+                out[key] = _result_from({**m, "value": _json_float(m.get("value"))})
+    return out
+
+
+def _json_float(v: Any) -> float:
+    """A value as results.json writes it (null for NaN, "inf"/"-inf") back as a float."""
+    return float("nan") if v is None else float(v)
+
+
+class _Saver:
+    """results.csv/json after every finished measure of `measure` (nothing without an output
+    directory): the rows done, the running row, and the rest ``interrupted``."""
+
+    def __init__(self, cfg: Config, folder: Path | None, write: bool, meta: dict[str, Any], jobs: list[Job],
+                 specs: list[MeasureSpec], resume: bool):
+        self.cfg, self.meta, self.jobs, self.specs = cfg, meta, jobs, specs
+        self.folder = folder  # OUTDIR (on every rank: --resume reads it)
+        self.out = folder if write else None  # where to write (rank 0)
+        self.old = previous_results(folder) if resume and folder is not None else {}
+        self.current: Row | None = None
+        self.keys: dict[str, str] = {}
+        self.reuse: dict[str, Any] = {}
+
+    def start(self, job: Job) -> tuple[dict[str, str], dict[str, Any]]:
+        """(keys, results to reuse) of the checkpoint that starts."""
+        self.current = None
+        self.keys = measure_keys(self.cfg, job, self.specs) if self.folder is not None else {}
+        self.reuse = {lab: self.old[k] for lab, k in self.keys.items() if k in self.old}
+        return self.keys, self.reuse
+
+    def _rows(self, rows: list[Row]) -> list[Row]:
+        """Every checkpoint's row: those done, the running one, then the rest, each measure that
+        has no result marked ``interrupted``."""
+        from .measures import MeasureResult
+
+        labels = [s.label for s in self.specs]
+        running = [self.current] if self.current is not None and (not rows or rows[-1] is not self.current) else []
+        out = list(rows) + running
+        out += [Row(checkpoint=j.checkpoint, labels=labels, hparams=dict(j.hparams))
+                for j in self.jobs[len(out):]]
+        copies = []
+        for r in out:
+            c = copy.copy(r)
+            c.results = dict(r.results)
+            for lab in labels:
+                if lab not in c.results and lab not in c.errors:
+                    c.results[lab] = MeasureResult(value=float("nan"), status="interrupted")
+                    c.status = "interrupted" if c.status == "ok" else c.status
+            copies.append(c)
+        return copies
+
+    def save(self, rows: list[Row], current: Row) -> None:
+        """Write after one finished measure of ``current`` (the row of the running checkpoint)."""
+        current.keys = self.keys
+        self.current = current
+        if self.out is not None:
+            write_results(self.out, self._rows(rows), self._meta())
+
+    def _meta(self) -> dict[str, Any]:
+        return {**self.meta, "complete": False}
+
+    def interrupt(self, rows: list[Row]) -> str:
+        """Write on Ctrl-C; the message for the user."""
+        if self.out is None:
+            return "interrupted"
+        done = self._rows(rows)
+        write_results(self.out, done, self._meta())
+        n = sum(r.status != "interrupted" for row in done for r in row.results.values())
+        return f"interrupted: {n} finished measure(s) kept in {self.out / 'results.csv'}"
+
+
+def _measure_all(cfg: Config, specs: list[MeasureSpec], data: DataCache, st: Settings, saver: _Saver, debug: bool,
+                 on_start, on_row, on_progress, on_measure) -> list[Row]:
+    """Every checkpoint's row (`measure`), the results written after each measure by ``saver``;
+    Ctrl-C raises `MeasureInterrupted` once what finished is written."""
+    rows: list[Row] = []
+
+    def finished(row: Row, label: str) -> None:
+        saver.save(rows, row)
+        if on_measure:
+            on_measure(row, label, label in saver.reuse)
+
+    jobs = saver.jobs
+    try:
+        for i, job in enumerate(jobs):
+            if on_start:
+                on_start(i, len(jobs), job)
+            keys, reuse = saver.start(job)
+            row = measure_job(cfg, job, specs, data, st, debug, progress=on_progress, on_measure=finished,
+                              reuse=reuse)
+            row.keys = keys
+            rows.append(row)
+            if on_row:
+                on_row(i, len(jobs), row)
+    except KeyboardInterrupt:
+        raise MeasureInterrupted(saver.interrupt(rows)) from None
+    return rows
 
 
 def _join_ranks(st: Settings):
@@ -244,6 +398,13 @@ class CostPlan:
     loaded: list[str] = field(default_factory=list)  # the checkpoints ``costs`` and ``dims`` are of
     errors: list[tuple[str, str]] = field(default_factory=list)
     params: dict[str, Any] | None = None  # the parameter selection on the first loaded model
+    predictions: list[dict[str, Any]] = field(default_factory=list)  # per loaded checkpoint: label -> Prediction
+    times: list[Any] = field(default_factory=list)  # per loaded checkpoint: its group's ProductTimes
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """``--dry-run --format json``: one entry per loaded checkpoint × measure (`flatcli.predict.Prediction`)."""
+        return [pred.to_json(ckpt, lab) for ckpt, per in zip(self.loaded, self.predictions, strict=True)
+                for lab, pred in per.items()]
 
     @property
     def exit_code(self) -> int:
@@ -269,16 +430,68 @@ class CostPlan:
         for k, d in enumerate(self.dims):
             groups.setdefault((d.P, d.n), []).append(k)
         out = [_describe_params(self.params)] if self.params else []
-        for (P, n), ks in groups.items():
+        for (P, _), ks in groups.items():
             which = "" if len(groups) == 1 else f" for {_names([self.loaded[k] for k in ks])}"
-            out.append(f"estimated products per checkpoint{which} (P = {P:,} parameters, n = {n:,} samples; "
+            out.append(f"estimated products per checkpoint{which} (P = {P:,} parameters, {_describe_n(self.dims[ks[0]])}; "
                        "gradients and passes over the whole measurement set):")
-            out += [f"  {lab}: {_describe_cost(self.costs[ks[0]].get(lab))}" for lab in self.labels]
+            if self.times:
+                out.append(f"  timed: {_describe_times(self.times[ks[0]])}")
+            out += [f"  {lab}: {_describe_plan(self.costs[ks[0]].get(lab), self.predictions[ks[0]].get(lab) if self.predictions else None)}"
+                    for lab in self.labels]
         out += [f"checkpoint {c}: cannot be loaded: {e}" for c, e in self.errors]
         loaded = len(self.loaded)
+        secs = [sum(p.seconds[i] for per in self.predictions for p in per.values()) for i in (0, 1)]
         out.append(f"total over {loaded} checkpoint(s)" + (f" ({len(self.errors)} could not be loaded)" if self.errors
-                   else "") + ": " + _describe_cost(self.totals(), empty="parameters only"))
+                   else "") + ": " + _describe_cost(self.totals(), empty="parameters only")
+                   + (f"; about {_range(secs, _secs)}" if self.predictions else ""))
         return out
+
+
+def _describe_n(d) -> str:
+    """``n = 40 samples``, or ``n = 64 sequences (728 tokens)`` when the loss scores many units
+    (tokens) per row: the count the user set (``measure_data.num_samples``) first."""
+    if d.rows and d.rows != d.n:
+        return f"n = {d.rows:,} sequences ({d.n:,} scored tokens)"
+    return f"n = {d.n:,} samples"
+
+
+def _secs(x: float) -> str:
+    return f"{x:.2g} s" if x < 10 else f"{x:,.0f} s"
+
+
+def _bytes(x: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if x < 1024 or unit == "GiB":
+            return f"{x:.3g} {unit}" if unit != "B" else f"{int(x)} B"
+        x /= 1024
+    return f"{x:.3g} GiB"
+
+
+def _range(pair, show) -> str:
+    """``1.2 s`` or ``1.2–3.4 s`` (the unit once)."""
+    lo, hi = show(pair[0]), show(pair[1])
+    if lo == hi:
+        return lo
+    a, unit = lo.rsplit(" ", 1)
+    b, unit2 = hi.rsplit(" ", 1)
+    return f"{a}–{b} {unit}" if unit == unit2 else f"{lo}–{hi}"
+
+
+def _describe_times(t) -> str:
+    """The timed products of a size group, in words."""
+    return (f"forward {_secs(t.forward)}, gradient {_secs(t.grad)}, HVP {_secs(t.hvp1)} (1 vector), "
+            f"{_secs(t.hvp_block)} ({t.block} vectors); one product's memory {_bytes(t.product_bytes)} ({t.memory})")
+
+
+def _describe_plan(est, pred) -> str:
+    """One measure's line: its products, then the predicted seconds and peak memory, or
+    ``not_applicable`` with the reason instead of a cost."""
+    if pred is not None and pred.status == "not_applicable":
+        return f"not_applicable: {pred.reason}"
+    text = _describe_cost(est)
+    if pred is not None:
+        text += f"; {_range(pred.seconds, _secs)}, peak {_bytes(pred.peak_bytes)}"
+    return text
 
 
 def _describe_params(sel: dict[str, Any]) -> str:
@@ -308,18 +521,25 @@ def _describe_cost(est: dict[str, tuple[int, int]] | None, empty: str = "paramet
 
 def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | None = None, *,
                measures: Sequence[str] | str | None = None, device: str | None = None,
-               precision: str | None = None) -> CostPlan:
+               precision: str | None = None, timed: bool = True) -> CostPlan:
     """The products `measure`/`sweep` would spend (``--dry-run``), from the measures' declared cost
     formulas and each checkpoint's model size; loads every checkpoint's model but measures nothing.
-    A checkpoint that cannot be loaded is reported in ``errors`` (the others are still planned)."""
+    A checkpoint that cannot be loaded is reported in ``errors`` (the others are still planned).
+
+    With ``timed``, one checkpoint of each size group has its products timed on the measurement
+    set (`flatcli.predict.time_products`: a forward pass, a gradient, HVPs of one vector and of
+    one block, and one block product's memory), and every measure gets a `flatcli.predict.Prediction`
+    (seconds, peak bytes, or ``not_applicable`` with the reason) in ``predictions``."""
     from .errors import FlatcliError
     from .pipeline import estimate_products, problem_dims
+    from .predict import predict, time_products
 
     cfg = load(config, overrides(device=device, precision=precision))
     jobs, specs = _plan(cfg, checkpoints, measures)
     st = Settings.from_config(cfg)
     data = DataCache(cfg)
     plan = CostPlan([j.checkpoint for j in jobs], [s.label for s in specs], [], [])
+    groups: dict[tuple[int, int], Any] = {}  # (P, n) -> (ProductTimes, Problem) of its first checkpoint
     for job in jobs:
         try:
             model, _ = load_model(cfg, job.path)
@@ -332,6 +552,14 @@ def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | 
         plan.dims.append(dims)
         plan.costs.append(estimate_products(specs, dims))
         plan.loaded.append(job.checkpoint)
+        if timed:
+            key = (dims.P, dims.n)
+            if key not in groups:
+                with st.precision_context():
+                    groups[key] = time_products(model, data.get(st.split, job.train_data if st.split == "train" else None), st)
+            times, problem = groups[key]
+            plan.times.append(times)
+            plan.predictions.append({s.label: predict(s, dims, times, problem) for s in specs})
     return plan
 
 
@@ -406,7 +634,7 @@ def landscape(
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
     if to is not None and dims != 1:
-        raise ConfigError("--to interpolates along one line; --dims 2 does not apply to it")
+        raise ConfigError("`to` interpolates along one line; `dims` 2 does not apply to it")
     if outdir is not None:
         ensure_writable_dir(outdir, "output directory")
     st = Settings.from_config(cfg)
@@ -523,11 +751,11 @@ def landscape_pca(
     pca_grid.csv, pca_path.csv, pca.json and pca.png. Returns a
     `flatcli.landscape.trajectory.TrajectoryResult`.
     """
+    from .landscape.output import write_trajectory_files
     from .landscape.trajectory import (
         LazyTrajectory,
         trajectory_landscape,
         trajectory_paths,
-        write_trajectory_files,
     )
 
     paths = trajectory_paths(checkpoints, sort=sort)
@@ -577,18 +805,18 @@ def landscape_connect(
     connect_fit.csv, bend.pt, connect.json and connect.png. Returns a
     `flatcli.landscape.connect.ConnectResult`.
     """
-    from .landscape.connect import connect_landscape, write_connect_files
-    from .landscape.trajectory import check_state
+    from .landscape import connect_landscape, write_connect_files
+    from .loading.checkpoints import check_state
 
     cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir, threads, precision)
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     model_a, extras = load_model(cfg, pa)
     model_b, _ = load_model(cfg, pb)
-    check_state(model_b.state_dict(), model_a.state_dict(), str(b), str(a), "--connect")
+    check_state(model_b.state_dict(), model_a.state_dict(), str(b), str(a), "landscape connect")
     da, db = manifest_train_data(cfg, pa), manifest_train_data(cfg, pb)
     if da is not None and db is not None and da.resolve() != db.resolve():
         raise ConfigError(
-            f"--connect: the manifest gives the two checkpoints different training sets ({da} vs {db}); "
+            f"`connect`: the manifest gives the two checkpoints different training sets ({da} vs {db}); "
             "the bend is trained on one training set"
         )
     fit, train, test = _view_data(cfg, model_a, da if da is not None else db)
@@ -619,6 +847,7 @@ def sweep(
     on_unit: Callable[[dict[str, Any]], None] | None = None,
     debug: bool = False,
     threads: int | str | None = None,
+    budget: float | str | None = None,
     **options: Any,
 ):
     """Measure every checkpoint of a config as resumable units of work in ``outdir``.
@@ -636,12 +865,15 @@ def sweep(
     set, else cores // workers: the workers never oversubscribe the cores; the choice is logged and
     in ``report.threads``). Returns a `flatcli.sweep.SweepReport`; ``computed`` counts the units
     this run's workers computed (``by_others`` those a concurrent sweep finished meanwhile). Merge
-    the rows with `collect`.
+    the rows with `collect`. ``budget`` (``runtime.budget``: seconds or "10m") caps each
+    checkpoint's measures together, each unit getting its fixed share (`flatcli.budget`).
     """
-    from .sweep.runner import SweepOptions, _default_log, run_sweep
+    from .sweep.runner import SweepOptions, run_sweep
+    from .sweep.worker import _default_log
 
     opts = SweepOptions(**options)
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads, precision=precision))
+    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads,
+                                 precision=precision, budget=budget))
     jobs, specs = _plan(cfg, checkpoints, measures)
     out = cfg.output_dir(outdir)
     if not opts.dry_run:
@@ -654,7 +886,7 @@ def collect(outdir: str | Path, output: str | Path | None = None):
     """Merge a sweep directory's unit files into ``results.csv`` and ``results.json`` (the
     columns of `measure`'s results.csv). Returns a `flatcli.sweep.CollectReport`; its
     ``to_pandas()`` is the table (see `collect_frame`)."""
-    from .sweep.runner import collect as _collect
+    from .sweep.collect import collect as _collect
 
     if output is not None:
         ensure_writable_dir(Path(output).expanduser().parent, "the folder of --output")
@@ -721,11 +953,12 @@ def correlate(
     is the correlations.csv table, ``report.warnings`` flags rows that are not at a minimum.
     `correlate_frame` (``flatcli.correlate``) returns that DataFrame directly.
     """
-    from .analysis.correlation import as_table, correlate_table
+    from .analysis.correlation import correlate_table
     from .analysis.report import write_csv
+    from .analysis.table import as_table
 
     if plots and outdir is None:
-        raise ConfigError("--plots needs an output directory (-o OUTDIR)")
+        raise ConfigError("`plots` needs an output directory (`outdir`)")
     if outdir is not None:
         ensure_writable_dir(outdir, "output directory")
     report = correlate_table(

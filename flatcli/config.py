@@ -13,6 +13,7 @@ import difflib
 import functools
 import hashlib
 import json
+import math
 import os
 import types
 from dataclasses import dataclass, field
@@ -106,6 +107,11 @@ class RuntimeConfig:
     block_size: int | None = None
     allow_unsafe_pickle: bool = False
     threads: int | str = "auto"  # intra-op threads per worker process (flatcli.threads)
+    # issue 27 (memory): activation checkpointing in Hessian products (flatcli.engine.recompute), and the
+    # most basis vectors Krylov estimators keep on the device (flatcli.engine.linalg._store)
+    recompute: bool | str = field(default="auto", metadata=_NEW)
+    max_device_vectors: int | str | None = field(default="auto", metadata=_NEW)
+    budget: float | str | None = field(default=None, metadata=_NEW)  # seconds per checkpoint (parse_seconds)
 
 
 @dataclass
@@ -173,9 +179,10 @@ class Config:
             return self.resolve_path(self.output.dir)
         return Path(os.path.expanduser(self.output.dir))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The config as plain data (what results.json records and the hash covers)."""
-        return _to_plain(self)
+    def to_dict(self, defaults: bool = False) -> dict[str, Any]:
+        """The config as plain data (what results.json records and the hash covers); ``defaults``: with
+        the keys added later at their defaults too (``flatcli config show``)."""
+        return _to_plain(self, defaults)
 
     def hash(self) -> str:
         """A short hash of everything that determines results (outputs excluded)."""
@@ -190,18 +197,18 @@ def yaml_key(f: dataclasses.Field) -> str:
     return f.metadata.get("yaml", f.name)
 
 
-def _to_plain(obj):
+def _to_plain(obj, defaults: bool = False):
     if dataclasses.is_dataclass(obj):
         return {
-            yaml_key(f): _to_plain(getattr(obj, f.name))
+            yaml_key(f): _to_plain(getattr(obj, f.name), defaults)
             for f in dataclasses.fields(obj)
             if not f.metadata.get("internal")
-            and not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default)
+            and (defaults or not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default))
         }
     if isinstance(obj, dict):
-        return {k: _to_plain(v) for k, v in obj.items()}
+        return {k: _to_plain(v, defaults) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_to_plain(v) for v in obj]
+        return [_to_plain(v, defaults) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
     return obj
@@ -293,10 +300,36 @@ def _build(cls, raw: Any, prefix: str, prov: dict[str, str], origin: str):
     return obj
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_seconds(value: Any, where: str = "runtime.budget") -> float:
+    """Seconds from ``value``: a number, or text as ``90``, ``90s``, ``10m``, ``1.5h``; a
+    `ConfigError` naming ``where`` for anything else (zero, negative, another unit).
+
+    >>> parse_seconds("10m"), parse_seconds(90), parse_seconds("1h")
+    (600.0, 90.0, 3600.0)
+    """
+    given = value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        unit = _UNITS.get(text[-1:], None) if text else None
+        try:
+            value = float(text[:-1] if unit else text) * (unit or 1.0)
+        except ValueError:
+            value = None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{where} must be a positive number of seconds or a duration like 90s, 10m, 1h; "
+                          f"got {given!r}")
+    return float(value)
+
+
 def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
     """``measures`` entries: ``name``, ``{name: {options}}`` or ``{name: null}``.
 
-    ``label`` and ``seed`` are taken out of the options; labels must be unique.
+    ``label``, ``seed`` and the caps ``max_seconds`` (seconds or a duration like ``90s``, see
+    `parse_seconds`) and ``max_hvps`` (an int ≥ 1) are taken out of the options; labels must be
+    unique.
     Options are validated against the measure's declared constraints.
     """
     if raw is None:
@@ -320,8 +353,9 @@ def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
         seed = opts.pop("seed", None)
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise ConfigError(f"config key '{where}.{name}.seed' must be an int; got {seed!r}")
+        caps = _measure_caps(opts, f"config key '{where}.{name}")
         parse_options(info.options, opts, info.name)  # validate now, fail early
-        specs.append(MeasureSpec(name=info.name, label=label, options=opts, seed=seed))
+        specs.append(MeasureSpec(name=info.name, label=label, options=opts, seed=seed, **caps))
     labels = [s.label for s in specs]
     dup = {lab for lab in labels if labels.count(lab) > 1}
     if dup:
@@ -330,6 +364,22 @@ def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
             "give each repeated measure a distinct 'label'"
         )
     return specs
+
+
+def _measure_caps(opts: dict, where: str) -> dict[str, Any]:
+    """The common options ``max_seconds`` and ``max_hvps``, taken out of ``opts`` and validated."""
+    caps: dict[str, Any] = {}
+    secs = opts.pop("max_seconds", None)
+    if secs is not None:
+        caps["max_seconds"] = parse_seconds(secs, f"{where}.max_seconds'")
+    hvps = opts.pop("max_hvps", None)
+    if hvps is not None:
+        if isinstance(hvps, float) and hvps.is_integer():
+            hvps = int(hvps)
+        if isinstance(hvps, bool) or not isinstance(hvps, int) or hvps < 1:
+            raise ConfigError(f"{where}.max_hvps' must be an int ≥ 1; got {hvps!r}")
+        caps["max_hvps"] = hvps
+    return caps
 
 
 CHOICES = {  # config keys with a fixed set of values (the vocabularies are the engine's own)
@@ -374,8 +424,20 @@ def _validate(cfg: Config) -> None:
         if pats is not None and not all(isinstance(x, str) for x in pats):
             raise ConfigError(f"config key 'params.{key}' must be a list of glob patterns; got {pats!r}")
     cfg.runtime.threads = check_threads(cfg.runtime.threads, "config key 'runtime.threads'")
+    _validate_memory(cfg.runtime)
+    if cfg.runtime.budget is not None:
+        cfg.runtime.budget = parse_seconds(cfg.runtime.budget, "config key 'runtime.budget'")
     _validate_model(cfg.model)
     cfg.measure_specs()
+
+
+def _validate_memory(rt: RuntimeConfig) -> None:
+    """``runtime.recompute`` (true, false, auto) and ``runtime.max_device_vectors`` (an int ≥ 1, auto or null)."""
+    if not (isinstance(rt.recompute, bool) or rt.recompute == "auto"):
+        raise ConfigError(f"config key 'runtime.recompute' must be true, false or auto; got {rt.recompute!r}")
+    mdv = rt.max_device_vectors
+    if not (mdv is None or mdv == "auto" or (isinstance(mdv, int) and not isinstance(mdv, bool) and mdv >= 1)):
+        raise ConfigError(f"config key 'runtime.max_device_vectors' must be an int ≥ 1, auto or null; got {mdv!r}")
 
 
 def _validate_source(src: DataSource, where: str) -> None:
@@ -440,10 +502,11 @@ def overrides(
     precision: str | None = None,
     allow_unsafe_pickle: bool | None = None,
     threads: int | str | None = None,
+    budget: float | str | None = None,
 ) -> dict[str, Any]:
     """The config overrides of the common CLI flags / API keywords (None and False mean "not given")."""
     out: dict[str, Any] = {"runtime.device": device, "runtime.seed": seed, "runtime.precision": precision,
-                           "runtime.threads": threads}
+                           "runtime.threads": threads, "runtime.budget": budget}
     if allow_unsafe_pickle:
         out["runtime.allow_unsafe_pickle"] = True
     return {k: v for k, v in out.items() if v is not None}
@@ -454,6 +517,7 @@ ENV_VARS = {
     "FLATCLI_SEED": "runtime.seed",
     "FLATCLI_PRECISION": "runtime.precision",
     "FLATCLI_THREADS": "runtime.threads",
+    "FLATCLI_BUDGET": "runtime.budget",
     "FLATCLI_OUTPUT_DIR": "output.dir",
 }
 

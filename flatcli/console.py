@@ -267,8 +267,9 @@ class CheckpointProgress:
     """Progress over checkpoints: on a terminal a bar (k/N, elapsed, ETA, the running measure's
     products and estimate), in logs one line per checkpoint on stderr (``[k/N] name status time``)."""
 
-    def __init__(self, verb: str):
+    def __init__(self, verb: str, message=None):
         self.verb = verb
+        self.message = message or (lambda text: text)  # the CLI's wording of an error (its flags)
         self.is_tty = err_console.is_terminal
         self.bar = None
         self.task = None
@@ -288,6 +289,14 @@ class CheckpointProgress:
         if self.bar is not None:
             self.bar.update(self.task, detail=describe_progress(label, info))
 
+    def measure(self, row, label: str, reused: bool = False) -> None:
+        """A measure is done (``on_measure``): in logs one line (`measure_line`); on a terminal
+        the bar's detail is cleared for the next one."""
+        if self.bar is not None:
+            self.bar.update(self.task, detail="")
+        else:
+            print(measure_line(row, label, reused), file=sys.stderr, flush=True)
+
     def row(self, i: int, n: int, row) -> None:
         """A checkpoint is done (``on_row``): one line, above the bar on a terminal."""
         if self.bar is not None:
@@ -295,7 +304,7 @@ class CheckpointProgress:
         secs = sum(r.seconds for r in row.results.values())
         line = f"[{i + 1}/{n}] {row.checkpoint} {row.status} {secs:.1f}s"
         if row.status != "ok":
-            line += f" {row.error}"
+            line += f" {self.message(row.error)}"
         if self.bar is not None:
             self.bar.console.print(line, highlight=False, soft_wrap=True)
         else:
@@ -307,12 +316,46 @@ class CheckpointProgress:
             self.bar.stop()
 
 
+def _products(counts: dict) -> list[str]:
+    """``12 HVPs``, ``3 grads``: the products in ``counts`` that were spent."""
+    out = []
+    if counts.get("n_hvp"):
+        out.append(f"{int(counts['n_hvp']):,} HVPs")
+    if counts.get("n_grad"):
+        out.append(f"{fmt(float(counts['n_grad']))} grads")
+    return out
+
+
+def measure_line(row, label: str, reused: bool = False) -> str:
+    """One log line for a finished measure: ``checkpoint · label · 1.2s · 15 HVPs · value ±
+    stderr · status`` (a failed one: ``error: message``; ``reused`` from ``--resume``)."""
+    res = row.results.get(label)
+    if res is None:
+        return f"{row.checkpoint} · {label} · error: {row.errors.get(label, row.error)}"
+    parts = [row.checkpoint, label, f"{res.seconds:.2f}s", *_products(res.diagnostics)]
+    value = fmt(res.value) + (f" ± {res.stderr:.2g}" if res.stderr else "")
+    parts += [value, res.status + (" (reused)" if reused else "")]
+    return " · ".join(parts)
+
+
+def _time_left(info: dict) -> str | None:
+    """``≤ 12s left``: the most HVPs the estimate plans, at the pace so far (None before the first
+    product or without a plan)."""
+    planned, done, spent = info.get("planned_hvps"), info.get("n_hvp"), info.get("seconds")
+    if not planned or not done or spent is None:
+        return None
+    left = max(planned[1] - done, 0) * spent / done
+    return f"≤ {left:.0f}s left"
+
+
 def describe_progress(label: str, info: dict) -> str:
-    """One short line for a running measure: its label, products so far, and the estimator's
-    running value with its standard error or residual when it reports them."""
+    """One short line for a running measure: its label, products so far (of the most planned),
+    the estimator's running value with its standard error or residual when it reports them, and
+    the time left at most (the planned products at the pace so far)."""
     parts = [label]
+    planned = info.get("planned_hvps")
     if info.get("n_hvp"):
-        parts.append(f"{info['n_hvp']} HVPs")
+        parts.append(f"{int(info['n_hvp']):,}" + (f"/{planned[1]:,}" if planned else "") + " HVPs")
     if info.get("n_grad"):
         parts.append(f"{fmt(float(info['n_grad']))} grads")
     if "value" in info:
@@ -322,6 +365,9 @@ def describe_progress(label: str, info: dict) -> str:
         elif info.get("residual") is not None:
             v += f" (residual {float(info['residual']):.1e})"
         parts.append(v)
+    left = _time_left(info)
+    if left:
+        parts.append(left)
     return " · ".join(parts)
 
 

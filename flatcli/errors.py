@@ -31,7 +31,10 @@ class FlatcliError(Exception):
 
 
 class ConfigError(FlatcliError):
-    """Bad user input: a config key, a file, a CLI option. Exit code 2."""
+    """Bad user input: a config key, a file, an API parameter. Exit code 2.
+
+    A message names an API parameter as ```name``` (``"`where` 'x > 1' selects no rows"``), never
+    as a command-line flag: the CLI alone turns ```name``` into its flag (``--where``)."""
 
     exit_code = 2
 

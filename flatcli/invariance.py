@@ -222,7 +222,7 @@ def rescale(model: nn.Module, pairs: Sequence[RescalePair], kind: str = "both", 
     if kind not in TRANSFORMS:
         raise ConfigError(f"the rescaling must be one of {', '.join(TRANSFORMS)}; got {kind!r}")
     if not (isinstance(scale, (int, float)) and scale >= 1.0 and math.isfinite(scale)):
-        raise ConfigError(f"--scale must be a float ≥ 1; got {scale!r}")
+        raise ConfigError(f"`scale` must be a float ≥ 1; got {scale!r}")
     out = copy.deepcopy(model)
     g = torch.Generator().manual_seed(int(seed))
     for k in (("node", "layer") if kind == "both" else (kind,)):
@@ -370,7 +370,7 @@ def check_invariance_model(
     from .pipeline import check_finite_model, measure_model
 
     if not (isinstance(tol, (int, float)) and tol > 0):
-        raise ConfigError(f"--tol must be a positive float; got {tol!r}")
+        raise ConfigError(f"`tol` must be a positive float; got {tol!r}")
     st = Settings.build(settings, **fields).replace(precision="fp64")
     specs = prepare_specs(measures, add_invariant=measures is None)
     data = {"train": train, "test": test}

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ._version import __version__
+from .budget import BudgetPlan
 from .config import Config, parse_measures
 from .engine import Batch, CurvatureEngine, Problem, eval_mode, get_loss
 from .engine import dist as ranks
@@ -118,6 +119,9 @@ def measure_model(
     hparams: dict[str, Any] | None = None,
     debug: bool = False,
     progress: Callable[[str, dict], None] | None = None,
+    on_measure: Callable[[Row, str], None] | None = None,
+    reuse: dict[str, Any] | None = None,
+    budget_among: Sequence[MeasureSpec] | None = None,
     **fields: Any,
 ) -> Row:
     """Measure one model. Returns a `Row` (a failed measure is recorded, not raised).
@@ -134,9 +138,17 @@ def measure_model(
         ``device`` (default "cpu"), ``precision`` ("auto", "fp32", "tf32", "fp64"), ``hvp_mode``,
         ``block_size``, ``params``), which override it.
     init_state : state dict at initialization (for ``distance_from_init``).
-    progress : ``progress(label, info)`` while a measure runs: the engine's counters so far
-        (``n_hvp``, ``n_grad``, ...) and, from iterative estimators, ``probes``/``steps``,
-        ``value``, ``stderr``/``residual``.
+    progress : ``progress(label, info)`` while a measure runs: the engine's counters of this
+        measure so far (``n_hvp``, ``n_grad``, ...), ``seconds`` since it started,
+        ``planned_hvps`` ((least, most) from its estimate, or None) and, from iterative
+        estimators, ``probes``/``steps``, ``value``, ``stderr``/``residual``.
+    on_measure : ``on_measure(row, label)`` after each measure finishes (the row so far: what
+        `flatcli.api.measure` writes to disk after every measure).
+    reuse : label → `flatcli.measures.MeasureResult` of an earlier run (``measure --resume``):
+        those measures are not run again; their results go into the row as they are.
+    budget_among : with ``settings.budget``, the measures the checkpoint's budget is split among
+        when ``measures`` are only some of them (a sweep's unit): each then gets its fixed share
+        (`flatcli.budget.BudgetPlan`).
     """
     specs = as_specs(measures)
     st = Settings.build(settings, **fields)
@@ -152,7 +164,8 @@ def measure_model(
             if d is not None:
                 check_targets(work, d, st.loss, f"data.{split_name}", st.device, st.dtype)
         row.params = st.params.describe(work, problem.names)
-        engine = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision)
+        engine = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision,
+                                 recompute=st.recompute, max_device_vectors=st.max_device_vectors)
         try:
             engine.check_finite()
             _check_deterministic(problem)
@@ -162,20 +175,65 @@ def measure_model(
         init_params = None
         if init_state is not None:
             init_params = {n: init_state[n].to(st.device, st.dtype) for n in problem.names if n in init_state}
-        for spec in specs:
-            _run_one(row, spec, problem, engine, st, init_params, init_state, debug, progress)
+        plans = _planned_hvps(specs, work, data[st.split], st) if progress is not None else {}
+        plan = BudgetPlan.of(st.budget, specs, lambda: problem_dims(work, data[st.split], st), budget_among)
+        shared: dict[str, Any] = {}  # products the checkpoint's measures share (the Hessian diagonal)
+        for i, spec in enumerate(specs):
+            if reuse and spec.label in reuse:
+                row.results[spec.label] = reuse[spec.label]
+            else:
+                share = None if plan is None else plan.share(i)
+                _run_one(row, spec, problem, engine, st, init_params, init_state, debug,
+                         _measure_progress(progress, spec.label, engine, plans.get(spec.label)), share, shared)
+            if on_measure is not None:
+                on_measure(row, spec.label)
         row.metrics.update(_metrics(work, data["train"], data["test"], st))
     return row
 
 
+def _planned_hvps(specs, model, data, st: Settings) -> dict[str, tuple[int, int]]:
+    """Label → (least, most) HVPs its estimate declares (for the live line's time left); empty
+    when the sizes cannot be had from a two-row forward pass."""
+    try:
+        dims = problem_dims(model, data, st)
+    except Exception:  # only a progress display: never fail a run for it
+        return {}
+    out = {}
+    for spec in specs:
+        est = spec.estimate(dims) or {}
+        if est.get("n_hvp", (0, 0))[1] > 0:
+            out[spec.label] = est["n_hvp"]
+    return out
+
+
+def _measure_progress(progress, label: str, engine: CurvatureEngine, planned):
+    """The engine's ``on_progress`` for one measure: ``progress(label, info)`` with the counters
+    counted from the measure's start, ``seconds`` since then and ``planned_hvps`` (least, most)."""
+    if progress is None:
+        return None
+    import time
+
+    before = engine.counters()
+    t0 = time.perf_counter()
+
+    def report(info: dict) -> None:
+        own = {k: info[k] - before.get(k, 0) for k in COUNTERS if k in info}
+        progress(label, {**info, **own, "seconds": time.perf_counter() - t0, "planned_hvps": planned})
+
+    return report
+
+
 def _run_one(row: Row, spec: MeasureSpec, problem: Problem, engine: CurvatureEngine, st: Settings,
-             init_params, init_state, debug: bool, progress) -> None:
+             init_params, init_state, debug: bool, progress, share: float | None = None,
+             shared: dict[str, Any] | None = None) -> None:
     """Run one measure into ``row``; a failure is recorded and the other measures go on (in one
     process). Across ranks, a failure that is not a deterministic check (the same on every rank)
-    ends the run, since the other ranks may wait in a collective this one never reaches."""
-    engine.on_progress = None if progress is None else (lambda info, lab=spec.label: progress(lab, info))
+    ends the run, since the other ranks may wait in a collective this one never reaches.
+    ``progress(info)``: the engine's progress hook for this measure (`_measure_progress`)."""
+    engine.on_progress = progress
     ctx = MeasureContext(problem=problem, engine=engine, seed=st.seed if spec.seed is None else spec.seed,
-                         init_params=init_params, init_state=init_state)
+                         init_params=init_params, init_state=init_state, max_seconds=share,
+                         cache=shared if shared is not None else {})
     try:
         row.results[spec.label] = run_measure(spec, ctx)
     except Exception as e:  # one failed measure never loses the others
@@ -217,7 +275,7 @@ def problem_dims(model: torch.nn.Module, data, settings: Settings) -> Dims:
     chosen = set(prob.names)
     named = dict(model.named_parameters())
     return Dims(
-        P=prob.num_params, n=prob.n, C=int(Z.shape[-1]),
+        P=prob.num_params, n=prob.n, C=int(Z.shape[-1]), rows=int(batch.rows),
         tensors=tuple(named[n].numel() for n in prob.names),
         matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model, chosen)),
         verify=settings.verifies(),
@@ -315,9 +373,12 @@ def read_hparams_from_keys(extras: dict, keys: list[str] | None) -> dict[str, An
 
 
 def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache, settings: Settings,
-                debug: bool = False, progress: Callable[[str, dict], None] | None = None) -> Row:
+                debug: bool = False, progress: Callable[[str, dict], None] | None = None,
+                on_measure: Callable[[Row, str], None] | None = None, reuse: dict[str, Any] | None = None,
+                budget_among: Sequence[MeasureSpec] | None = None) -> Row:
     """Load one checkpoint and measure it. A failure (a bad file: kind ``ConfigError``, exit code 2)
-    becomes an error row, so other checkpoints still complete."""
+    becomes an error row, so other checkpoints still complete. ``on_measure`` and ``reuse``: as
+    `measure_model`'s."""
     labels = [s.label for s in specs]
     try:
         model, extras = load_model(cfg, job.path)
@@ -329,6 +390,7 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
         row = measure_model(
             model, train, specs, test=test, settings=settings,
             init_state=init_state, checkpoint=job.checkpoint, hparams=hp, debug=debug, progress=progress,
+            on_measure=on_measure, reuse=reuse, budget_among=budget_among,
         )
         row.model = extras.get("model_info")
         return row

@@ -64,6 +64,7 @@ class Row:
     error_kinds: dict[str, str] = field(default_factory=dict)  # label -> exception class
     params: dict[str, Any] | None = None  # the parameter selection (patterns, names, count)
     model: dict[str, Any] | None = None  # Hugging Face models: class, attention implementation, ties
+    keys: dict[str, str] = field(default_factory=dict)  # label -> key for `measure --resume` (flatcli.api)
 
     def fail(self, message: str, kind: str, label: str | None = None) -> None:
         """Record a failure of the whole row (``label`` None) or of one measure."""
@@ -131,6 +132,7 @@ class Row:
             "metrics": self.metrics,
             "hparams": self.hparams,
             **({"model": jsonable(self.model)} if self.model else {}),
+            **({"keys": dict(self.keys)} if self.keys else {}),
         }
 
 

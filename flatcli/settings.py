@@ -31,7 +31,7 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"runtime.device is {name!r} but no CUDA device is visible; use --device cpu")
+            raise ConfigError(f"runtime.device is {name!r} but no CUDA device is visible; use `device` cpu")
         dev = torch.device(name)
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ConfigError(f"runtime.device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
@@ -58,8 +58,14 @@ class Settings:
     loss : "cross_entropy", "mse" or "causal_lm" (`flatcli.engine.losses`).
     split, num_samples, batch_size, data_seed : the measurement set (``measure_data``).
     hvp_mode, block_size : engine settings (``runtime.hvp_mode``, ``runtime.block_size``).
+    recompute : "auto", "true" or "false" (``runtime.recompute``; booleans accepted): activation
+        checkpointing in Hessian products (`flatcli.engine.recompute`).
+    max_device_vectors : most basis vectors the Krylov estimators keep on the device
+        (``runtime.max_device_vectors``: an int, "auto" or None; `flatcli.engine.linalg._store`).
     params : the parameter selection every measure perturbs and differentiates
         (`flatcli.engine.params.ParamSelection`; default everything).
+    budget : seconds for one checkpoint's measures together (``runtime.budget``, ``--budget``;
+        None: no cap), shared among them by predicted cost (`flatcli.budget`).
     """
 
     device: torch.device = torch.device("cpu")
@@ -73,6 +79,9 @@ class Settings:
     hvp_mode: str = "auto"
     block_size: int | None = None
     params: ParamSelection = ParamSelection()
+    recompute: str = "auto"
+    max_device_vectors: int | str | None = "auto"
+    budget: float | None = None
 
     def __post_init__(self):
         from .engine.engine import HVP_MODES
@@ -92,8 +101,24 @@ class Settings:
             raise ConfigError(f"num_samples must be an int ≥ 1 or 'all'; got {n!r}")
         if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
             raise ConfigError(f"block_size must be an int ≥ 1; got {self.block_size!r}")
+        self._check_memory()
+        if self.budget is not None:
+            from .config import parse_seconds
+
+            object.__setattr__(self, "budget", parse_seconds(self.budget, "budget"))
         if not isinstance(self.params, ParamSelection):
             object.__setattr__(self, "params", ParamSelection.of(self.params))
+
+    def _check_memory(self) -> None:
+        from .engine.recompute import parse_recompute
+
+        try:
+            object.__setattr__(self, "recompute", parse_recompute(self.recompute))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        mdv = self.max_device_vectors
+        if not (mdv is None or mdv == "auto" or (isinstance(mdv, int) and not isinstance(mdv, bool) and mdv >= 1)):
+            raise ConfigError(f"max_device_vectors must be an int ≥ 1, 'auto' or None; got {mdv!r}")
 
     @property
     def resolved_precision(self) -> Precision:
@@ -126,6 +151,9 @@ class Settings:
             hvp_mode=rt.hvp_mode,
             block_size=rt.block_size,
             params=ParamSelection.of(cfg.params),
+            recompute=rt.recompute,
+            max_device_vectors=rt.max_device_vectors,
+            budget=rt.budget,
         )
 
     @classmethod

@@ -9,21 +9,30 @@ the defaults). flatcli therefore chooses the count itself:
   threads in each worker;
 * ``"auto"`` (the default) with ``OMP_NUM_THREADS`` set in the environment: that many (the user's
   explicit choice, e.g. because other jobs share the machine);
-* ``"auto"`` otherwise: ``max(1, C // W)`` for W local workers on C cores, so that the workers
-  together never use more threads than there are cores.
+* ``"auto"`` otherwise: ``max(1, F // W)`` for W local workers on F free cores, so that the
+  workers together never use more threads than there are cores left to them.
 
-C is the number of CPUs this process may run on (its affinity mask, else ``os.cpu_count()``).
-W is ``workers`` when given, else ``LOCAL_WORLD_SIZE`` (set by torchrun for the processes of
-one machine), else 1.
+C is the number of CPUs this process may run on (its affinity mask, ``os.sched_getaffinity(0)``,
+else ``os.cpu_count()``). F, the free cores, is
+``max(1, min(C, round(C − load + min(1, load))))`` with ``load`` the machine's 1-minute load
+average (``os.getloadavg()``; taken as 0 where the OS has none): the runnable tasks of other
+processes occupy that many cores, and this process, busy importing torch when it reads the load,
+is counted in it for at most one core (never more than the load itself, so an idle machine keeps
+all its cores). Why: on a 2-core machine at load ≈ 8, two threads made λmax 10× slower than one
+(19.5 s vs 1.95 s, issue 26); at low load the two were equal. W is ``workers`` when given, else
+``LOCAL_WORLD_SIZE`` (set by torchrun for the processes of one machine), else 1.
 
 >>> choose_threads(2, workers=8)
 2
+>>> choose_threads("auto", workers=1, cores=2, load=8.0)
+1
 >>> str(ThreadChoice(n=1, workers=2, cores=2, source="auto"))
 'threads: 1 per worker (2 workers on 2 cores)'
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -40,6 +49,22 @@ def available_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # macOS, Windows
         return max(1, os.cpu_count() or 1)
+
+
+def machine_load() -> float | None:
+    """The machine's 1-minute load average (runnable tasks), or None where the OS has none."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):  # Windows
+        return None
+
+
+def free_cores(cores: int, load: float | None) -> int:
+    """Cores left to this process on ``cores`` CPUs at 1-minute load ``load`` (module docstring):
+    ``max(1, min(cores, round(cores − load + min(1, load))))``; all of them when the load is unknown."""
+    if load is None or not math.isfinite(load) or load < 0:
+        return cores
+    return max(1, min(cores, round(cores - load + min(1.0, load))))
 
 
 def local_workers(workers: int | None = None) -> int:
@@ -66,23 +91,29 @@ def check_threads(requested: int | str | None, where: str = "runtime.threads") -
 @dataclass(frozen=True)
 class ThreadChoice:
     """The threads each worker uses, and why: ``source`` is "requested", "OMP_NUM_THREADS" or
-    "auto" (cores // workers)."""
+    "auto" (free cores // workers; ``load`` the 1-minute load average it saw, ``free`` the cores
+    it left, see `free_cores`)."""
 
     n: int
     workers: int
     cores: int
     source: str
+    load: float | None = None
+    free: int | None = None
 
     def __str__(self) -> str:
         ws = f"{self.workers} worker{'s' if self.workers != 1 else ''}"
         why = {"requested": "; requested", "OMP_NUM_THREADS": "; from OMP_NUM_THREADS"}.get(self.source, "")
+        if self.source == "auto" and self.load is not None:
+            why = f"; load {self.load:.2f} leaves {self.free} free"
         return f"threads: {self.n} per worker ({ws} on {self.cores} cores{why})"
 
 
 def plan_threads(requested: int | str | None = AUTO, workers: int | None = None,
-                 cores: int | None = None) -> ThreadChoice:
-    """The thread count per worker for ``workers`` local workers on ``cores`` CPUs (defaults:
-    `local_workers`, `available_cores`), with the reason (see the module docstring)."""
+                 cores: int | None = None, load: float | None = None) -> ThreadChoice:
+    """The thread count per worker for ``workers`` local workers on ``cores`` CPUs at 1-minute load
+    ``load`` (defaults: `local_workers`, `available_cores`, `machine_load`), with the reason (see
+    the module docstring)."""
     req = check_threads(requested)
     w, c = local_workers(workers), cores or available_cores()
     if req != AUTO:
@@ -90,14 +121,19 @@ def plan_threads(requested: int | str | None = AUTO, workers: int | None = None,
     omp = os.environ.get("OMP_NUM_THREADS", "").strip()
     if omp.isdigit() and int(omp) >= 1:
         return ThreadChoice(int(omp), w, c, "OMP_NUM_THREADS")
-    return ThreadChoice(max(1, c // w), w, c, "auto")
+    ld = machine_load() if load is None else float(load)
+    free = free_cores(c, ld)
+    return ThreadChoice(max(1, free // w), w, c, "auto", ld, free)
 
 
-def choose_threads(requested: int | str | None = AUTO, workers: int | None = None, cores: int | None = None) -> int:
+def choose_threads(requested: int | str | None = AUTO, workers: int | None = None, cores: int | None = None,
+                   load: float | None = None) -> int:
     """Intra-op threads for each of ``workers`` processes on ``cores`` CPUs: ``requested`` when it is
-    an int; for ``"auto"`` ``OMP_NUM_THREADS`` when set, else ``max(1, cores // workers)``.
-    ``workers`` defaults to ``LOCAL_WORLD_SIZE`` (torchrun) or 1, ``cores`` to this process's CPUs."""
-    return plan_threads(requested, workers, cores).n
+    an int; for ``"auto"`` ``OMP_NUM_THREADS`` when set, else ``max(1, free // workers)`` with
+    ``free`` the cores the machine's ``load`` leaves (`free_cores`). ``workers`` defaults to
+    ``LOCAL_WORLD_SIZE`` (torchrun) or 1, ``cores`` to this process's CPUs, ``load`` to the
+    machine's 1-minute load average."""
+    return plan_threads(requested, workers, cores, load).n
 
 
 def apply_threads(n: int, interop: bool = False) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 import scipy
 from scipy import stats
 
-from flatcli.analysis.correlation import _scipy_stats, bootstrap_intervals
+from flatcli.analysis.statistics import _scipy_stats, bootstrap_intervals
 
 
 def per_resample(m, g, resamples, seed):

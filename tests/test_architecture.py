@@ -93,8 +93,9 @@ def test_no_module_outside_measures_names_a_measure():
 
 
 def test_nothing_below_the_cli_imports_it():
-    entry = {"flatcli.cli", "flatcli.__main__", "flatcli.sweep.__main__", "flatcli.experiments.__main__"}
-    bad = [m for m in MODULES if m not in entry and "flatcli.cli" in _imports(m)]
+    entry = {"flatcli.__main__", "flatcli.sweep.__main__", "flatcli.experiments.__main__"}
+    cli = [m for m in MODULES if m == "flatcli.cli" or m.startswith("flatcli.cli.")]
+    bad = [m for m in MODULES if m not in entry and m not in cli and any(i in cli for i in _imports(m))]
     assert not bad, f"modules importing flatcli.cli: {bad}"
 
 
@@ -215,3 +216,50 @@ def test_functions_stay_short():
                 if lines > 75:
                     long.append(f"{mod}.{n.name}: {lines}")
     assert not long, long
+
+
+def test_no_flag_text_in_raises_below_the_cli():
+    """Errors below cli.py name API parameters (```where```), never command-line flags: cli.py alone
+    turns them into flags (`flatcli.cli.cli_message`), so Python users never read of a flag."""
+    import re
+
+    found = []
+    for mod, path in MODULES.items():
+        if mod == "flatcli.cli" or mod.startswith("flatcli.cli.") or mod.endswith("__main__"):
+            continue
+        for n in ast.walk(_tree(path)):
+            if isinstance(n, ast.Raise) and n.exc is not None:
+                texts = [c.value for c in ast.walk(n.exc) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+                if any(re.search(r"(?<![\w-])--[a-z]", t) for t in texts):
+                    found.append(f"{mod}:{n.lineno}")
+    assert not found, found
+
+
+def test_the_cli_turns_api_parameters_into_flags():
+    from flatcli.cli import cli_message
+    from flatcli.errors import ConfigError
+
+    msg = cli_message(ConfigError("`max_train_loss` must be ≥ 0 with `where`; `not_a_param` stays"))
+    assert msg == "--max-train-loss must be ≥ 0 with --where; `not_a_param` stays"
+
+
+def test_measures_touch_no_engine_internals():
+    """Measures use the engine's interface (docs/architecture.md), never its state objects (counters,
+    memory policy, product loop, graph cache, curvature classes) or private members, and build no
+    `Problem` or `CurvatureEngine` themselves: `CurvatureEngine.derive(model)` is the one way to get
+    one for another model (a BatchNorm-folded copy)."""
+    import re
+
+    internals = {"tally", "memory", "loop", "graphs", "curvature", "batches", "_options"}
+    found = []
+    for mod, path in MODULES.items():
+        if not mod.startswith("flatcli.measures"):
+            continue
+        src = path.read_text()
+        for m in re.finditer(r"\b(?:eng|engine)\.(\w+)", src):
+            if m.group(1) in internals or m.group(1).startswith("_"):
+                found.append(f"{mod}: .{m.group(1)}")
+        for n in ast.walk(_tree(path)):
+            if isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] in ("Problem", "CurvatureEngine"):
+                found.append(f"{mod}:{n.lineno}: {ast.unparse(n.func)}(...)")
+    assert not found, found

@@ -202,7 +202,7 @@ def test_measure_plots_the_spectrum_density(project, tmp_path):
 
     del d["output"]  # nowhere to write: refused before measuring
     (project.parent / "noout.yaml").write_text(yaml.safe_dump(d))
-    with pytest.raises(ConfigError, match="--plots needs an output directory"):
+    with pytest.raises(ConfigError, match="`plots` needs an output directory"):
         api.measure(project.parent / "noout.yaml", plots=True)
 
 

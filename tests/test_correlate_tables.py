@@ -15,13 +15,9 @@ from typer.testing import CliRunner
 
 import flatcli
 from flatcli import api
-from flatcli.analysis.correlation import (
-    as_table,
-    bootstrap_intervals,
-    correlate_table,
-    granulated_kendall,
-    jiang_tau,
-)
+from flatcli.analysis.correlation import correlate_table
+from flatcli.analysis.statistics import bootstrap_intervals, granulated_kendall, jiang_tau
+from flatcli.analysis.table import as_table
 from flatcli.cli import app
 
 runner = CliRunner()

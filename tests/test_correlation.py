@@ -14,13 +14,9 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from flatcli import api
-from flatcli.analysis.correlation import (
-    conditional_mi,
-    correlate_table,
-    granulated_kendall,
-    jiang_tau,
-    load_results,
-)
+from flatcli.analysis.correlation import correlate_table
+from flatcli.analysis.statistics import conditional_mi, granulated_kendall, jiang_tau
+from flatcli.analysis.table import load_results
 from flatcli.cli import app
 from flatcli.errors import ConfigError
 
@@ -181,7 +177,7 @@ def test_cmi_matches_brute_force():
 def test_cmi_cells_are_the_same_partition_with_one_integer_key_or_unique_rows():
     """The cells U_S of the pairs: one mixed-radix int64 key per pair, or (when the axes have too
     many values for one key) numpy's unique rows: both group the pairs exactly as their values do."""
-    from flatcli.analysis.correlation import _cell_ids
+    from flatcli.analysis.statistics import _cell_ids
 
     rng = np.random.default_rng(0)
     small = {"a": rng.integers(0, 3, 14), "b": rng.integers(0, 4, 14)}
@@ -239,9 +235,9 @@ def test_default_axes_skip_constant_and_unique_columns(tmp_path):
     assert mc.kendall_tau_b == pytest.approx(-1.0) and mc.psi == pytest.approx(-1.0)
     rep2 = correlate_table(load_results(tmp_path / "results.csv"), by="a,hp_b")
     assert rep2.axes == ["a", "b"] and set(rep2.measures[0].psi_axes) == {"a", "b"}
-    with pytest.raises(ConfigError, match="--by 'lr'"):
+    with pytest.raises(ConfigError, match="`by` 'lr'"):
         correlate_table(load_results(tmp_path / "results.csv"), by="lr")
-    with pytest.raises(ConfigError, match="--target 'test_gap'"):
+    with pytest.raises(ConfigError, match="`target` 'test_gap'"):
         correlate_table(load_results(tmp_path / "results.csv"), target="test_gap")
 
 
@@ -284,7 +280,7 @@ def test_correlate_plots_without_an_output_folder_is_a_usage_error(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     before = set(tmp_path.iterdir())
     res = runner.invoke(app, ["correlate", path.name, "--by", "a,b", "--plots"])
-    assert res.exit_code == 2 and "--plots needs an output directory (-o OUTDIR)" in res.output
+    assert res.exit_code == 2 and "--plots needs an output directory (--outdir)" in res.output
     assert set(tmp_path.iterdir()) == before
 
 

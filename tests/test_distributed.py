@@ -168,3 +168,33 @@ def test_flatcli_destroys_the_process_group_it_created_and_only_that(monkeypatch
         assert td.is_initialized()
     finally:
         td.destroy_process_group()
+
+
+def test_one_m_batch_is_split_over_the_ranks_and_time_caps_stop_every_rank_together(tmp_path):
+    """sharpness_worst with a single m-batch (batch_size ≥ the 40 rows) on 2 ranks: each rank forwards
+    about half of the rows one process forwards (before, rank 0 took the whole batch and rank 1
+    idled), and the value equals one process's. The trace under a time cap already spent decides
+    on both ranks at once (they agree through a collective), so the run ends instead of hanging."""
+    cfg = _setup(tmp_path, "Logged", [{"sharpness_worst": {"rho": 0.05, "batch_size": 64, "steps": 10}},
+                                      {"hessian_trace": {"max_seconds": 1e-6, "tol": 1e-9}}])
+    env = {**os.environ, "SEEN_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "flatcli", "measure", "-c", cfg, "-o", str(tmp_path / "two"), "--format", "csv"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    with open(tmp_path / "two" / "results.csv") as f:
+        (two,) = list(csv.DictReader(f))
+    seen = [_rows_seen(tmp_path / f"seen_{r}.txt") for r in (0, 1)]
+    os.environ["SEEN_DIR"] = str(tmp_path)
+    try:
+        (one,) = measure(cfg, outdir=tmp_path / "one").rows
+    finally:
+        del os.environ["SEEN_DIR"]
+    alone = _rows_seen(tmp_path / "seen_one.txt")
+    for r in seen:
+        assert 0.45 * alone <= r <= 0.55 * alone, (seen, alone)
+    assert int(two["sharpness_worst_batches"]) == 1
+    assert float(two["sharpness_worst"]) == pytest.approx(one.results["sharpness_worst"].value, rel=1e-9)
+    assert two["hessian_trace_status"] == "budget" and two["hessian_trace_probes"] == "2"

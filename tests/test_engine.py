@@ -461,3 +461,31 @@ def test_map_batches_solves_each_batch_whole_and_forbids_full_set_products():
         with pytest.raises(RuntimeError, match="map_batches"):
             eng.map_batches(parts[:1], full)
     assert eng.loss() == pytest.approx(float(p.loss(p.unflatten(p.theta))), rel=1e-12)  # local mode ended
+
+
+def test_derive_keeps_every_setting_and_gives_the_other_models_products():
+    """`CurvatureEngine.derive(model)`: the settings the caller chose (HVP mode, block size, graph
+    caching, finite-difference step, precision, batch size, selection) carry over, and the products
+    are the other model's (its dense Hessian), not the first one's."""
+    import copy
+
+    p = tiny_problem(batch_size=4)
+    eng = CurvatureEngine(p, hvp_mode="finite_difference", block_size=2, cache_graphs=False, fd_eps=2e-3,
+                          precision="fp64", max_device_vectors=5)
+    other = copy.deepcopy(p.model)
+    with torch.no_grad():
+        for q in other.parameters():
+            q.mul_(1.5)
+    d = eng.derive(other)
+    assert d.problem.model is other and d.problem is not p
+    assert (d.hvp_mode, d.fd_eps, d.memory.block_size, d.precision.name) == ("finite_difference", 2e-3, 2, "fp64")
+    assert d.problem.batch_size == 4 and d.problem.names == p.names and d.problem.n == p.n
+    assert not d.graphs.keeping and d.max_device_vectors == 5
+    d.hvp_mode = "reverse"  # the exact product, to compare with the dense Hessian of the other model
+    H = dense_hessian(d.problem)
+    V = vecs(d.problem)
+    torch.testing.assert_close(d.hvp(V), V @ H, rtol=1e-9, atol=1e-12)
+    assert not torch.allclose(V @ H, V @ dense_hessian(p), rtol=1e-3)
+    d.merge_counts(d)  # counters add up
+    eng.merge_counts(d)
+    assert eng.n_hvp == 2 * V.shape[0]

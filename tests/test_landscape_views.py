@@ -14,14 +14,14 @@ from torch import nn
 
 from flatcli.engine import Batch
 from flatcli.errors import ConfigError, MeasurementError
+from flatcli.landscape import write_connect_files, write_trajectory_files
 from flatcli.landscape.bnstats import BatchNormRecomputer
-from flatcli.landscape.connect import connect_landscape, lr_factor, write_connect_files
+from flatcli.landscape.connect import connect_landscape, lr_factor
 from flatcli.landscape.trajectory import (
     PATH_MARGIN,
     trajectory_landscape,
     trajectory_paths,
     trajectory_pca,
-    write_trajectory_files,
 )
 
 F64 = dict(device="cpu", precision="fp64")
@@ -118,7 +118,7 @@ def test_pca_directions_match_numpy_svd(solver, T):
 def test_pca_auto_solver_and_bad_input():
     m = np.random.default_rng(0).standard_normal((4, 10))
     assert trajectory_pca(m.copy()).solver == "full"
-    with pytest.raises(ConfigError, match="--solver must be one of"):
+    with pytest.raises(ConfigError, match="`solver` must be one of"):
         trajectory_pca(m.copy(), solver="qr")
     with pytest.raises(ConfigError, match="at least 3 checkpoints; got 2"):
         trajectory_pca(m[:2].copy())
@@ -203,7 +203,7 @@ def test_trajectory_paths_sort_naturally_and_check(tmp_path):
     assert trajectory_paths(shell_order) == natural
     assert trajectory_paths(str(tmp_path / "step_*.pt")) == natural
     assert trajectory_paths(shell_order, sort=False) == shell_order
-    with pytest.raises(ConfigError, match=r"--pca needs at least 3 checkpoints; got 2"):
+    with pytest.raises(ConfigError, match=r"`pca` needs at least 3 checkpoints; got 2"):
         trajectory_paths(natural[:2])
     with pytest.raises(ConfigError, match="checkpoint not found: .*nope.pt"):
         trajectory_paths([*natural, tmp_path / "nope.pt"])
@@ -522,10 +522,10 @@ def test_connect_rejects_mismatch_nan_and_bad_options():
         connect_landscape(mlp(0), mlp(1), (x, y), bend_batch_size=20, **F64)
     with pytest.raises(MeasurementError, match="train loss is NaN along the line"):
         connect_landscape(mlp(0), mlp(1), (x, y), bend_steps=0, **F64)
-    with pytest.raises(ConfigError, match="--bend-optimizer must be one of adam, sgd"):
+    with pytest.raises(ConfigError, match="`bend_optimizer` must be one of adam, sgd"):
         connect_landscape(mlp(0), mlp(1), train, bend_optimizer="lbfgs", **F64)
     with pytest.raises(
-        ConfigError, match="--bend-batch-size must be ≥ 2 for a model with BatchNorm"
+        ConfigError, match="`bend_batch_size` must be ≥ 2 for a model with BatchNorm"
     ):
         connect_landscape(
             bn_net(0),

@@ -48,7 +48,7 @@ def test_safetensors(tmp_path):
 
 def test_full_pickle_refused_then_allowed(tmp_path):
     torch.save(_model(), tmp_path / "full.pt")
-    with pytest.raises(ConfigError, match=r"full pickle that would import .*torch\.nn\.modules.*--allow-unsafe-pickle"):
+    with pytest.raises(ConfigError, match=r"full pickle that would import .*torch\.nn\.modules.*`allow_unsafe_pickle`"):
         read_checkpoint(tmp_path / "full.pt")
     obj = read_checkpoint(tmp_path / "full.pt", allow_unsafe_pickle=True)
     assert isinstance(obj, nn.Module)

@@ -25,7 +25,9 @@ LONG = ["normalized_sharpness_with_a_long_label", "relative_flatness", "hessian_
 @pytest.fixture
 def terminal80(monkeypatch):
     """stdout is an 80-column terminal (what `flatcli.console.fit_width` and --help see)."""
-    monkeypatch.setattr(cli, "console", Console(force_terminal=True, width=80, color_system=None))
+    term = Console(force_terminal=True, width=80, color_system=None)
+    for mod in (cli._app, cli.run, cli.views):  # every module of the command line that prints
+        monkeypatch.setattr(mod, "console", term)
 
 
 def grid_table(path):

@@ -475,3 +475,26 @@ def test_invariance_claims_follow_the_options():
     assert claims_invariance(MeasureSpec("fisher_rao_term", "fr"))
     assert not claims_invariance(MeasureSpec("fisher_rao_term", "fr", {"hessian_diag": "hutchinson"}))
     assert "eq. 16" in get_measure("fisher_rao_term").reference
+
+
+def test_one_checkpoints_measures_share_the_hessian_diagonal():
+    """normalized_sharpness, ns_bound and fisher_rao_term need the same diagonal: the first measure
+    computes it (P unit-vector HVPs with ``exact``), the others spend no products on it and give
+    the values they give when each is measured alone; other options compute their own."""
+    from .helpers import tiny_data, tiny_mlp
+
+    model, (x, y) = tiny_mlp(seed=3), tiny_data(n=24)
+    P = sum(t.numel() for t in model.parameters())
+    names = ("normalized_sharpness", "ns_bound", "fisher_rao_term")
+    specs = [{n: {"hessian_diag": "exact"}} for n in names] + [
+        {"fisher_rao_term": {"hessian_diag": "scaled", "samples": 8, "label": "fr_scaled"}}]
+    together = measure_model(model, (x, y), specs, precision="fp64", batch_size=8).results
+    assert together["normalized_sharpness"].diagnostics["n_hvp"] == P
+    for n in names[1:]:
+        assert together[n].diagnostics["n_hvp"] == 0 and together[n].diagnostics["diag_shared"] is True, n
+    assert together["fr_scaled"].diagnostics["n_hvp"] == 8 and "diag_shared" not in together["fr_scaled"].diagnostics
+    for n in names:
+        alone = measure_model(model, (x, y), [{n: {"hessian_diag": "exact"}}], precision="fp64", batch_size=8)
+        assert together[n].value == alone.results[n].value, n
+    auto = measure_model(model, (x, y), ["normalized_sharpness", "ns_bound"], precision="fp64", batch_size=8).results
+    assert auto["ns_bound"].diagnostics["n_vjp"] == 0 and auto["ns_bound"].diagnostics["diag_shared"] is True

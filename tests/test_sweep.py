@@ -21,8 +21,10 @@ from typer.testing import CliRunner
 from flatcli import api
 from flatcli.cli import app
 from flatcli.errors import ConfigError
-from flatcli.sweep.runner import DELAY_ENV, build_plan, load_plan, plan_workers
+from flatcli.sweep.plan import build_plan, load_plan
+from flatcli.sweep.runner import plan_workers
 from flatcli.sweep.store import Store, parse_shard, shard_of
+from flatcli.sweep.worker import DELAY_ENV
 
 runner = CliRunner()
 MEASURES = ["frobenius_norm", {"hessian_trace": {"max_probes": 8, "min_probes": 4, "tol": 0.5}}]
@@ -193,7 +195,7 @@ def test_shards_partition_units_exactly_once(project, tmp_path):
     assert table(out / "results.csv") == table(ref)
     assert parse_shard("2/4") == (2, 4)
     for bad in ("4/4", "1", "a/b", "-1/2"):
-        with pytest.raises(ConfigError, match="--shard"):
+        with pytest.raises(ConfigError, match="`shard`"):
             parse_shard(bad)
 
 
@@ -311,10 +313,12 @@ def test_concurrent_workers_never_duplicate_or_corrupt(project, tmp_path, monkey
     monkeypatch.setenv(DELAY_ENV, "0.2")  # inherited by the worker processes
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # auto: cores // workers, not the caller's choice
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    monkeypatch.setattr(threads, "machine_load", lambda: 0.5)  # an idle machine: both cores free
     lines: list[str] = []
     rep = api.sweep(cfg, out, workers=2, log=lines.append)  # two worker processes on one directory
     assert (rep.computed, rep.pending, rep.workers) == (8, 0, ["cpu", "cpu"])
-    assert rep.threads == "threads: 1 per worker (2 workers on 2 cores)" and rep.threads in lines
+    assert rep.threads == "threads: 1 per worker (2 workers on 2 cores; load 0.50 leaves 2 free)"
+    assert rep.threads in lines
     assert {json.loads(p.read_text())["worker"]["threads"] for p in (out / "units").iterdir()} == {1}
     err = capfd.readouterr().err
     computed = [ln.split("] ", 1)[1].rsplit(" ", 2)[0] for ln in err.splitlines()
@@ -334,7 +338,7 @@ def test_plan_workers_cpu_and_gpu_flags():
     wps = plan_workers("cpu", None, 3)
     assert [w.device for w in wps] == ["cpu"] * 3
     assert len(plan_workers("cpu", None, None)) == 1
-    with pytest.raises(ConfigError, match="--workers"):
+    with pytest.raises(ConfigError, match="`workers`"):
         plan_workers("cpu", None, 0)
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="no CUDA device"):

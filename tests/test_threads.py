@@ -14,12 +14,15 @@ from flatcli import api, threads
 from flatcli.cli import app
 from flatcli.errors import ConfigError
 from flatcli.jobs import resolve_jobs
-from flatcli.sweep.runner import build_plan, load_plan, plan_workers, run_worker_process, write_plan
+from flatcli.sweep.plan import build_plan, load_plan, write_plan
+from flatcli.sweep.runner import plan_workers
+from flatcli.sweep.worker import run_worker_process
 from flatcli.threads import choose_threads, plan_threads
 
 from .helpers import write_project
 
 runner = CliRunner()
+REAL_MACHINE_LOAD = threads.machine_load  # before the autouse fixture replaces it
 
 
 @pytest.fixture(autouse=True)
@@ -28,6 +31,7 @@ def _restore_threads(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.delenv("FLATCLI_THREADS", raising=False)
+    monkeypatch.setattr(threads, "machine_load", lambda: 0.0)  # an idle machine unless a test says otherwise
     old = torch.get_num_threads()
     yield
     torch.set_num_threads(old)
@@ -49,10 +53,30 @@ def test_requested_counts_win_then_omp_num_threads_then_local_world_size(monkeyp
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun: 4 ranks on this machine
     assert choose_threads("auto", cores=16) == 4
     assert choose_threads("auto", workers=2, cores=16) == 8  # explicit workers win
-    assert str(plan_threads("auto", cores=16)) == "threads: 4 per worker (4 workers on 16 cores)"
+    assert str(plan_threads("auto", cores=16)) == "threads: 4 per worker (4 workers on 16 cores; load 0.00 leaves 16 free)"
     for bad in (0, -1, "many", 1.5, True):
         with pytest.raises(ConfigError, match="must be an int ≥ 1 or 'auto'"):
             choose_threads(bad, 1, 2)
+
+
+@pytest.mark.parametrize("cores, load, workers, expected", [
+    (2, 8.0, 1, 1),  # the machine: 2 cores at load ≈ 8 -> one thread, not two
+    (2, 0.1, 1, 2),  # idle: every core (this process counts in the load for at most itself)
+    (2, 1.0, 1, 2),  # the load is this process alone
+    (2, 2.0, 1, 1),  # one other busy task: one core left (and this process)
+    (16, 6.0, 1, 11),  # 16 − 6 + 1
+    (16, 6.0, 2, 5),  # the free cores divided among the workers
+    (16, 40.0, 4, 1),
+])
+def test_auto_counts_the_free_cores_from_affinity_and_load(monkeypatch, cores, load, workers, expected):
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (load, load, load), raising=False)
+    monkeypatch.setattr(threads, "machine_load", REAL_MACHINE_LOAD)
+    choice = plan_threads("auto", workers)
+    assert choice.n == expected and choice.cores == cores and choice.load == load
+    assert f"on {cores} cores; load {load:.2f} leaves {choice.free} free" in str(choice)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's explicit choice is kept whatever the load
+    assert plan_threads("auto", workers).n == 3
 
 
 def test_config_key_env_and_hash():

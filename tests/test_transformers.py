@@ -3,6 +3,7 @@ save_pretrained, measured through the CLI and checked against dense float64 Hess
 model's own loss (eval mode, padding masked, tied weights once)."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import yaml
 from torch.func import functional_call
 from typer.testing import CliRunner
 
+from flatcli import api
 from flatcli.cli import app
 
 from . import hf_models as H
@@ -308,3 +310,22 @@ def test_sdpa_and_eager_attention_give_the_same_loss(hf, name):
     row = measure_model(model, batch, [{"hessian_lambda_max": {"max_steps": 3}}], loss=loss)
     if row.status != "ok":  # no double backward through the fused kernel in this torch
         assert "attn_implementation: eager" in row.errors["hessian_lambda_max"], row.errors
+
+
+def test_dry_run_names_sequences_and_tokens_and_what_will_not_apply(hf, tmp_path):
+    """On causal_lm the count is the sequences set (tokens beside them); measures that would end
+    not_applicable say so with the run's reason instead of a cost (checked against a real run)."""
+    names = ["hessian_lambda_max", "normalized_sharpness", "relative_flatness"]
+    cfg = gpt2_config(hf, tmp_path / "c.yaml", measures=names)
+    res, text = run("measure", "-c", cfg, "--dry-run")
+    assert res.exit_code == 0, text
+    m = re.search(r"n = (\d+) sequences \((\d+) scored tokens\)", text)
+    assert m and int(m.group(1)) == len(H.text_rows()) and int(m.group(2)) > int(m.group(1)), text
+    res, _ = run("measure", "-c", cfg, "--dry-run", "--format", "json")
+    plan = {e["measure"]: e for e in json.loads(res.stdout)}
+    assert plan["hessian_lambda_max"]["status"] == "ok" and plan["hessian_lambda_max"]["seconds_high"] > 0
+    report = api.measure(cfg, measures="normalized_sharpness,relative_flatness")
+    for lab in ("normalized_sharpness", "relative_flatness"):
+        got = report.rows[0].results[lab]
+        assert got.status == plan[lab]["status"] == "not_applicable", (lab, plan[lab])
+        assert plan[lab]["seconds_low"] is None and "'causal_lm'" in plan[lab]["reason"]

@@ -38,7 +38,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
-from .correlation import as_table, filter_rows, kendall_rows, pearson_rows, spearman_rows, usable
+from .statistics import kendall_rows, pearson_rows, spearman_rows
+from .table import as_table, filter_rows, usable
 
 STATISTICS = ("kendall_tau_b", "spearman", "pearson")
 
@@ -121,11 +122,11 @@ def compare_measures(
     Example: ``flatcli.compare("results.csv", "relative_flatness", "hessian_trace", bootstrap=2000)``.
     """
     if a == b:
-        raise ConfigError(f"--compare needs two different measures; got {a!r} twice")
+        raise ConfigError(f"`compare` needs two different measures; got {a!r} twice")
     if bootstrap < 1:
-        raise ConfigError(f"--bootstrap must be ≥ 1 resample for --compare; got {bootstrap}")
+        raise ConfigError(f"`bootstrap` must be ≥ 1 resample for `compare`; got {bootstrap}")
     if not 0 < confidence < 1:
-        raise ConfigError(f"--confidence must be in (0, 1); got {confidence}")
+        raise ConfigError(f"`confidence` must be in (0, 1); got {confidence}")
     table, _ = filter_rows(as_table(data), where=where, max_train_loss=max_train_loss)
     for col, what in ((a, "--compare"), (b, "--compare"), (target, "--target")):
         if col not in table.columns:
@@ -134,11 +135,11 @@ def compare_measures(
     va, vb, g = table.numeric(a)[ok], table.numeric(b)[ok], table.numeric(target)[ok]
     n = int(ok.sum())
     if n < 3:
-        raise ConfigError(f"--compare {a},{b}: needs ≥ 3 checkpoints with both values and {target}; "
+        raise ConfigError(f"`compare` {a},{b}: needs ≥ 3 checkpoints with both values and {target}; "
                           f"{table.name} has {n} usable rows")
     flat = [col for col, v in ((target, g), (a, va), (b, vb)) if np.ptp(v) == 0]
     if flat:
-        raise ConfigError(f"--compare {a},{b}: {', '.join(flat)} is constant over the {n} usable rows of "
+        raise ConfigError(f"`compare` {a},{b}: {', '.join(flat)} is constant over the {n} usable rows of "
                           f"{table.name}: no correlation to compare")
     diffs = paired_bootstrap(va, vb, g, bootstrap, seed)
     rows = []

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
-from .correlation import CorrelationReport, ResultsTable, _natural, resolve_column, usable
+from .correlation import CorrelationReport
+from .table import ResultsTable, _natural, resolve_column, usable
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
 
@@ -29,7 +30,7 @@ def _figure(**kwargs):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise ConfigError("--plots needs matplotlib: pip install 'flatcli[plot]'") from None
+        raise ConfigError("`plots` needs matplotlib: pip install 'flatcli[plot]'") from None
     fig = Figure(**kwargs)
     FigureCanvasAgg(fig)
     return fig
@@ -130,8 +131,8 @@ def plot_report(report: CorrelationReport, table: ResultsTable | None = None, ou
     _figure()  # fails early with the install hint when matplotlib is missing
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    color = _encoding(report, table, color_by, "--color-by")
-    marker = _encoding(report, table, marker_by, "--marker-by", avoid=color[1] if color else None)
+    color = _encoding(report, table, color_by, "`color_by`")
+    marker = _encoding(report, table, marker_by, "`marker_by`", avoid=color[1] if color else None)
     paths: list[Path] = []
     for mc in report.measures:
         fig = _figure(figsize=(4, 3.2), dpi=120)

@@ -87,7 +87,7 @@ class Hessian(Curvature):
     def product(self, V, th, j, batch, out, accumulate) -> None:
         """See `Curvature.product`."""
         eng = self.engine
-        mode = eng.hvp_mode
+        mode = "reverse" if eng.recompute_active else eng.hvp_mode  # checkpointing runs in reverse mode
         if mode == "forward" and eng.hvp_auto and V.shape[0] == 1 and eng.graphs.keeping:
             mode = "reverse"  # one vector at a time (Lanczos): a backward through a cached graph is cheaper
         if mode == "forward":

@@ -34,6 +34,7 @@ from .losses import NotApplicable
 from .operators import CurvatureOperator
 from .precision import Precision, tf32_flags
 from .problem import Problem, nonfinite_tensors, not_finite
+from .recompute import checkpointed_blocks, find_blocks, parse_recompute, predicted_product_bytes
 
 HVP_MODES = ("auto", "reverse", "forward", "finite_difference")
 _CPU_BATCHED_BELOW = 10_000  # parameters; measured, see docs/performance.md
@@ -86,6 +87,13 @@ class CurvatureEngine:
     precision : "auto", "fp32", "tf32" or "fp64", as ``runtime.precision`` (`flatcli.engine.precision`):
         ``auto`` runs TF32 products on a tensor-core GPU and asks measures to verify converged
         quantities in fp32 (`needs_verification`); the engine computes in the problem's dtype.
+    max_device_vectors : most basis vectors the Krylov estimators keep on the device
+        (``runtime.max_device_vectors``): an int, None (unbounded) or "auto" (from free CUDA memory,
+        unbounded on CPU); the rest lives in host memory (`flatcli.engine.linalg._store`).
+    recompute : "false", "true" or "auto" (``runtime.recompute``; booleans accepted): Hessian products
+        with per-block activation checkpointing (`flatcli.engine.recompute`), reverse mode, no
+        gradient graphs cached across products. ``auto`` turns it on when the model has blocks and
+        the predicted peak of a product does not fit in free memory (`recompute_active`).
 
     Counters (`flatcli.engine.loop.Counters`): ``n_hvp``, ``n_ggnvp``, ``n_grad``, ``n_forward``,
     ``n_vjp``, ``oom_retries``, ``fallbacks``.
@@ -93,12 +101,20 @@ class CurvatureEngine:
 
     def __init__(self, problem: Problem, hvp_mode: str = "auto", block_size: int | None = None,
                  reverse_batched: bool | None = None, cache_graphs: bool | None = None, fd_eps: float = 1e-3,
-                 precision: str = "auto"):
+                 precision: str = "auto", max_device_vectors: int | str | None = "auto",
+                 recompute: str | bool = "false"):
         if hvp_mode not in HVP_MODES:
             raise ValueError(f"hvp_mode must be one of {HVP_MODES}, got {hvp_mode!r}")
         if not (fd_eps > 0 and math.isfinite(fd_eps)):
             raise ValueError(f"fd_eps must be a positive float, got {fd_eps!r}")
         self.problem = problem
+        # what the caller asked for, as given: `derive` builds an engine for another model with them
+        self._options = dict(hvp_mode=hvp_mode, block_size=block_size, reverse_batched=reverse_batched,
+                             cache_graphs=cache_graphs, fd_eps=fd_eps, precision=precision,
+                             max_device_vectors=max_device_vectors, recompute=recompute)
+        self.max_device_vectors = max_device_vectors
+        self.recompute = parse_recompute(recompute)
+        self._recompute_on: bool | None = None  # decided at the first product (auto)
         self.device = problem.device
         self.dist = problem.dist
         self.fd_eps = float(fd_eps)
@@ -113,10 +129,23 @@ class CurvatureEngine:
         self.tally = Counters(problem.n)
         self.memory = MemoryPolicy(problem.num_params, problem.dtype, self.device, block_size, self._activation_bytes)
         self.loop = ProductLoop(self)
-        self.graphs = GraphCache(self._gradient_graph, self.memory.graph_budget, cache_graphs)
+        self.graphs = GraphCache(self._gradient_graph, self.memory.graph_budget,
+                                 False if self.recompute == "true" else cache_graphs)
         self.curvature = {"hessian": Hessian(self), "ggn": GGN(self), "fd_hessian": FiniteDifferenceHessian(self)}
         self.on_progress: Callable[[dict], None] | None = None  # called after every product
         self._local = False  # inside map_batches: batch products on this rank alone
+        self._shared = False  # inside map_batches with fewer batches than ranks: rows split over the ranks
+
+    def derive(self, model: torch.nn.Module) -> CurvatureEngine:
+        """An engine with this one's settings (HVP mode, block size, graph caching, finite-difference
+        step, precision) over `Problem.derive` of ``model``: the problem a measure needs for a
+        transformed copy of the model (a BatchNorm-folded one) without touching engine internals."""
+        return CurvatureEngine(self.problem.derive(model), **self._options)
+
+    def merge_counts(self, other: CurvatureEngine) -> None:
+        """Add ``other``'s cost counters to this engine's (a derived engine's products count
+        towards the measure that ran them)."""
+        self.tally.merge(other.tally)
 
     # ------------------------------------------------------------ bookkeeping
     def counters(self) -> dict[str, float]:
@@ -212,7 +241,8 @@ class CurvatureEngine:
     def _operator(self, product, name: str, precision: str | None) -> CurvatureOperator:
         ctx = self.full_precision if precision == "fp32" and self.low_precision else None
         return CurvatureOperator(product, self.num_params, device=self.device, dtype=self.problem.dtype,
-                                 name=name, precision_context=ctx, report=self.report)
+                                 name=name, precision_context=ctx, report=self.report,
+                                 max_device_vectors=self.max_device_vectors)
 
     def hessian(self, theta: torch.Tensor | None = None, *, precision: str | None = None) -> CurvatureOperator:
         """The Hessian of L at θ (default: the model's parameters) as a linear operator
@@ -302,11 +332,34 @@ class CurvatureEngine:
                 out[k].copy_(h)
         return out
 
+    @property
+    def recompute_active(self) -> bool:
+        """Whether Hessian products recompute activations (``recompute``; ``auto``: the model has
+        blocks and `flatcli.engine.recompute.predicted_product_bytes` exceeds 80% of the free memory,
+        decided once, at the first product)."""
+        if self._recompute_on is None:
+            blocks = find_blocks(self.problem.model)
+            on = self.recompute == "true"
+            if self.recompute == "auto" and blocks and self.batches:
+                need, free = predicted_product_bytes(self.problem, self.batches[0], len(self.batches), self.device)
+                on = free is not None and need > 0.8 * free
+            self._recompute_on = bool(on and blocks)
+            self._blocks = blocks
+            if on:
+                self.graphs.drop(stop=True)
+                self.graphs.state = "off"
+        return self._recompute_on
+
     def _gradient_graph(self, th: torch.Tensor, batch: Batch):
-        """(t, ∇ of the batch's share of L with its graph kept, the share's value)."""
+        """(t, ∇ of the batch's share of L with its graph kept, the share's value); with
+        `recompute_active`, the forward runs its blocks checkpointed."""
         p = self.problem
         t = th.clone().requires_grad_(True)
-        lb = p.batch_loss_sum(p.unflatten(t), batch) / p.n
+        if self.recompute_active:
+            with checkpointed_blocks(self._blocks):
+                lb = p.batch_loss_sum(p.unflatten(t), batch) / p.n
+        else:
+            lb = p.batch_loss_sum(p.unflatten(t), batch) / p.n
         (g,) = torch.autograd.grad(lb, t, create_graph=True)
         return t, g, float(lb.detach())
 
@@ -397,7 +450,21 @@ class CurvatureEngine:
         is computed exactly as one process computes it, so the results equal one process's.
         Inside ``fn`` only `batch_loss_grad` may be called (a full-set product would see only
         this rank's shard: it raises, on one process too, so that a measure that works on one
-        process works on many)."""
+        process works on many).
+
+        Fewer batches than ranks (one m-batch on 2 ranks): dealing whole batches would leave ranks
+        idle, so every rank runs ``fn`` on every batch instead and `batch_loss_grad` splits each
+        batch's rows over the ranks (losses and gradients summed across them), as outside
+        ``map_batches``: each rank forwards about 1/R of the rows, and the values equal one
+        process's up to the order of the sums. ``fn`` must then take the same steps on every rank
+        (it does when it depends only on the item and on what `batch_loss_grad` returns, which is
+        the same on every rank)."""
+        if self.dist.active and len(batches) < self.dist.world:
+            self._shared = True
+            try:
+                return [fn(b) for b in batches]
+            finally:
+                self._shared = False
         before = self.tally.as_raw()
         self._local = True
         try:
@@ -414,7 +481,7 @@ class CurvatureEngine:
         return [done[i] for i in range(len(batches))]
 
     def _not_local(self, what: str) -> None:
-        if self._local:
+        if self._local or self._shared:
             raise RuntimeError(f"{what} are not available inside CurvatureEngine.map_batches (only batch_loss_grad)")
 
     def _loss_grad_over(self, batches: list[Batch], th: torch.Tensor, n: int) -> tuple[float, torch.Tensor]:

@@ -50,10 +50,15 @@ class CurvatureOperator:
         (e.g. TF32 off), or None.
     report : ``report(**info)`` for progress (the engine's), called by the algorithms
         driving the operator with their running estimate; None ignores it.
+    max_device_vectors : most basis vectors the Krylov estimators driving this operator keep on
+        the device (``runtime.max_device_vectors``; "auto": from free memory, unbounded on CPU;
+        `flatcli.engine.linalg._store`).
     """
 
     def __init__(self, product: Product, dim: int, *, device=None, dtype=torch.float32, name: str = "operator",
-                 precision_context: Callable | None = None, report: Callable | None = None):
+                 precision_context: Callable | None = None, report: Callable | None = None,
+                 max_device_vectors: int | str | None = "auto"):
+        self.max_device_vectors = max_device_vectors
         self._product = product
         self.shape = (int(dim), int(dim))
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -111,7 +116,7 @@ class CurvatureOperator:
             return self.matmat_rows(V * maskf) * maskf
 
         return CurvatureOperator(product, self.shape[1], device=self.device, dtype=self.dtype,
-                                 name=f"{self.name}[block]")
+                                 name=f"{self.name}[block]", max_device_vectors=self.max_device_vectors)
 
     def to_scipy(self):
         """A `scipy.sparse.linalg.LinearOperator` view (float64 NumPy in and out)."""

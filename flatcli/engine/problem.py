@@ -121,9 +121,17 @@ class Problem:
         self.shard = self.dist.shard(self.rows)
         self.batches = self.batch.select(self.shard).split(self.batch_size) if self._local_rows else []
         self.head: str | None = None
+        self.fused_head = bool(fused_head)
         if fused_head and self.loss_fn.fused_head:
             self.head = find_head(model, lambda b: self.forward(self.params, b), self.batch.select(slice(0, 2)))
         self._head_module = dict(model.named_modules())[self.head] if self.head else None
+
+    def derive(self, model: torch.nn.Module) -> Problem:
+        """The same problem (measurement set, loss, batch size, device, dtype, parameter selection,
+        ranks, fused head) over another ``model``, e.g. a BatchNorm-folded copy: the one supported
+        way to build a problem for another model, so that no setting is dropped on the way."""
+        return Problem(model, self.batch, loss=self.loss_fn, batch_size=self.batch_size, device=self.device,
+                       dtype=self.dtype, params=self.selection, dist=self.dist, fused_head=self.fused_head)
 
     def _set_parameters(self, model: torch.nn.Module) -> None:
         names = self.selection.select(model)

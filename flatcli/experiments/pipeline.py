@@ -159,7 +159,7 @@ class Experiment:
             names = [s.name for s in self.spec.studies]
             unknown = [s for s in studies if s not in names]
             if unknown:
-                raise ConfigError(f"--study: {', '.join(unknown)} not in {self.spec.name} (studies: {', '.join(names)})")
+                raise ConfigError(f"`study`: {', '.join(unknown)} not in {self.spec.name} (studies: {', '.join(names)})")
             chosen = [s for s in self.spec.studies if s.name in studies]
         self.outdir.mkdir(parents=True, exist_ok=True)
         outcomes = []
@@ -396,7 +396,7 @@ class Experiment:
         compared alone, into ``out/correlations.csv`` and ``out/comparisons.csv``; None (logged)
         when fewer than 3 models remain."""
         from .. import api
-        from ..analysis.correlation import as_table, filter_rows
+        from ..analysis.table import as_table, filter_rows
 
         where = self.where(expr)
         try:

@@ -136,7 +136,7 @@ def _same(path: Path, sd: dict[str, torch.Tensor]) -> bool:
 
 def relative_changes(results: Path) -> list[dict[str, Any]]:
     """Per measure × transform × scale: median and max over base networks of the relative change."""
-    from ..analysis.correlation import load_results
+    from ..analysis.table import load_results
     from ..config import load_config
     from ..invariance import claims_invariance
 

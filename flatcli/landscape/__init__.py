@@ -4,7 +4,8 @@
   directions (Li et al. 2018), see `flatcli.landscape.slices`;
 * `interpolation_landscape` — L((1 − t)θ_a + tθ_b) and the barrier height
   (Goodfellow et al. 2015; Frankle et al. 2020), see `flatcli.landscape.interpolate`;
-* `write_files` — ``landscape.csv``, ``landscape.json`` and PNG plots;
+* `write_files` — ``landscape.csv``, ``landscape.json`` and PNG plots (every view's
+  writer is in `flatcli.landscape.output`, the one module that joins results to plots);
 * `trajectory_landscape` — the top-2 PCA directions of a training trajectory,
   its projection and the loss over their plane (Li et al. 2018, Sec. 7), see
   `flatcli.landscape.trajectory`; files by `write_trajectory_files`;
@@ -17,18 +18,18 @@ From a config and checkpoint files, use `flatcli.api.landscape` (what
 ``flatcli landscape`` calls).
 """
 
-from .connect import ConnectResult, connect_landscape, write_connect_files
+from .connect import ConnectResult, connect_landscape
 from .directions import filter_norms, normalize_direction, random_direction
 from .evaluate import PointEvaluator
 from .interpolate import interpolation_landscape
-from .result import LandscapeResult, summarize, write_files
+from .output import write_connect_files, write_files, write_trajectory_files
+from .result import LandscapeResult, summarize
 from .slices import axis_grid, parse_span, slice_landscape
 from .trajectory import (
     TrajectoryResult,
     trajectory_landscape,
     trajectory_paths,
     trajectory_pca,
-    write_trajectory_files,
 )
 
 __all__ = [

@@ -62,12 +62,12 @@ from torch.func import functional_call
 from ..engine import Batch, Problem, eval_mode, get_loss
 from ..engine.batch import model_output
 from ..errors import ConfigError, MeasurementError
+from ..loading.checkpoints import check_state
 from ..settings import Settings
 from .bnstats import BatchNormRecomputer, batchnorm_buffer_names
 from .evaluate import ChunkFn, Progress, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
 from .slices import axis_grid
-from .trajectory import check_state
 
 BEND_OPTIMIZERS = ("adam", "sgd")
 DEFAULT_BEND_LR = {"adam": 1e-3, "sgd": 1e-2}
@@ -204,7 +204,7 @@ def fit_bend(
     """
     if optimizer not in BEND_OPTIMIZERS:
         raise ConfigError(
-            f"--bend-optimizer must be one of {', '.join(BEND_OPTIMIZERS)}; got {optimizer!r}"
+            f"`bend_optimizer` must be one of {', '.join(BEND_OPTIMIZERS)}; got {optimizer!r}"
         )
     lr = DEFAULT_BEND_LR[optimizer] if lr is None else float(lr)
     steps = int(steps)
@@ -230,7 +230,7 @@ def fit_bend(
         if not bool(torch.isfinite(value)):
             raise MeasurementError(
                 f"bend training: the loss is {float(value.detach())} at step {k + 1} (t = {t:.3g}); "
-                "lower --bend-lr or check the data"
+                "lower `bend_lr` or check the data"
             )
         opt.zero_grad(set_to_none=True)
         value.backward()
@@ -372,14 +372,14 @@ def _check_connect_options(
     is not a positive number, or a t grid of fewer than 2 points."""
     if bend_optimizer not in BEND_OPTIMIZERS:
         raise ConfigError(
-            f"--bend-optimizer must be one of {', '.join(BEND_OPTIMIZERS)}; got {bend_optimizer!r}"
+            f"`bend_optimizer` must be one of {', '.join(BEND_OPTIMIZERS)}; got {bend_optimizer!r}"
         )
     if int(bend_steps) < 0:
-        raise ConfigError(f"--bend-steps must be ≥ 0; got {bend_steps}")
+        raise ConfigError(f"`bend_steps` must be ≥ 0; got {bend_steps}")
     if bend_lr is not None and not (np.isfinite(bend_lr) and bend_lr > 0):
-        raise ConfigError(f"--bend-lr must be a positive number; got {bend_lr}")
+        raise ConfigError(f"`bend_lr` must be a positive number; got {bend_lr}")
     if int(steps) < 2:
-        raise ConfigError(f"--steps must be ≥ 2; got {steps}")
+        raise ConfigError(f"`steps` must be ≥ 2; got {steps}")
 
 
 def _check_bend_batch_size(bend_batch_size: int, bn_names: list[str]) -> None:
@@ -387,10 +387,10 @@ def _check_bend_batch_size(bend_batch_size: int, bn_names: list[str]) -> None:
     the minibatch's statistics)."""
     if bn_names and int(bend_batch_size) < 2:
         raise ConfigError(
-            f"--bend-batch-size must be ≥ 2 for a model with BatchNorm; got {bend_batch_size}"
+            f"`bend_batch_size` must be ≥ 2 for a model with BatchNorm; got {bend_batch_size}"
         )
     if int(bend_batch_size) < 1:
-        raise ConfigError(f"--bend-batch-size must be ≥ 1; got {bend_batch_size}")
+        raise ConfigError(f"`bend_batch_size` must be ≥ 1; got {bend_batch_size}")
 
 
 def _train_bend(
@@ -490,8 +490,8 @@ def connect_landscape(
     t0 = time.perf_counter()
     ts = axis_grid((0.0, 1.0), int(steps), include=(0.0, 1.0))
     state_a = model_a.state_dict()
-    check_state(state_a, state_a, labels[0], labels[0], "--connect")
-    check_state(model_b.state_dict(), state_a, labels[1], labels[0], "--connect")
+    check_state(state_a, state_a, labels[0], labels[0], "landscape connect")
+    check_state(model_b.state_dict(), state_a, labels[1], labels[0], "landscape connect")
     bn_names = batchnorm_buffer_names(model_a)
     _check_bend_batch_size(bend_batch_size, bn_names)
     opts = _BendOptions(int(bend_steps), bend_lr, bend_optimizer, int(bend_batch_size), seed)
@@ -650,47 +650,3 @@ def _bend_state(
     for n in names:
         out[n] = bend[n].detach().to("cpu", out[n].dtype).clone()
     return out
-
-
-def write_connect_files(
-    res: ConnectResult,
-    outdir: str | Path,
-    plots: bool = True,
-    checkpoint_extras: Mapping[str, Any] | None = None,
-) -> dict[str, Path]:
-    """Write ``connect.csv`` (both paths along t), ``connect_fit.csv`` (the bend training),
-    ``bend.pt``, ``connect.json`` and (with matplotlib) ``connect.png``.
-
-    ``bend.pt`` is a checkpoint like the endpoints' (``{"state_dict": …}``
-    plus ``checkpoint_extras``, e.g. ``model_kwargs``, and a ``curve`` entry
-    naming the endpoints): θ_c in place of the trainable parameters, the
-    other tensors (frozen parameters, buffers) θ_a's. The bend is a control
-    point, not a point on the curve; its buffers have no meaning of their own.
-    """
-    from ..results import atomic_write
-    from .result import write_index
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
-    files = {
-        "csv": outdir / "connect.csv",
-        "fit": outdir / "connect_fit.csv",
-        "bend": outdir / "bend.pt",
-        "json": outdir / "connect.json",
-    }
-    atomic_write(files["csv"], res.frame().to_csv(index=False))
-    atomic_write(files["fit"], res.history_frame().to_csv(index=False))
-    obj = {
-        **dict(checkpoint_extras or {}),
-        "state_dict": res.bend_state,
-        "curve": {"kind": "quadratic_bezier", "endpoints": res.meta.get("checkpoints")},
-    }
-    tmp = files["bend"].with_suffix(".pt.tmp")
-    torch.save(obj, tmp)
-    tmp.replace(files["bend"])
-    if plots:
-        from .plots import draw_if_available
-        from .viewplots import plot_connect
-
-        files.update(draw_if_available(res, plot_connect, outdir / "connect.png"))
-    return write_index(res, files)

@@ -70,7 +70,7 @@ def _check_same_architecture(pa: Problem, pb: Problem) -> None:
         ]
         missing = sorted(set(pa.names) ^ set(pb.names))
         raise ConfigError(
-            "--to: the two checkpoints have different architectures; "
+            "`to`: the two checkpoints have different architectures; "
             + "; ".join(
                 diff[:4]
                 + ([f"parameters in only one: {', '.join(missing[:4])}"] if missing else [])
@@ -113,7 +113,7 @@ def interpolation_landscape(
             n for n, v in pb.buffers.items() if v.is_floating_point()
         ):
             raise ConfigError(
-                "--to: the two checkpoints hold different buffers (BatchNorm statistics)"
+                "`to`: the two checkpoints hold different buffers (BatchNorm statistics)"
             )
         end_a = {**pa.params, **{n: pa.buffers[n] for n in float_buffers}}
         end_b = {**pb.params, **{n: pb.buffers[n] for n in float_buffers}}

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # annotations only: result.py imports this module to draw
+if TYPE_CHECKING:  # annotations only: output.py imports both
     from .result import LandscapeResult
 
 PLOT_HINT = "matplotlib is not installed: pip install 'flatcli[plot]' for PNG plots"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..results import atomic_write, jsonable
+from ..results import jsonable
 
 CSV_METRICS = ("train_loss", "train_acc", "test_loss", "test_acc")
 
@@ -146,26 +145,3 @@ def summarize(res: LandscapeResult) -> dict[str, Any]:
         if res.kind == "1d":
             out[f"{s}_loss_rise"] = out[f"{s}_loss_max"] - center
     return out
-
-
-def write_files(res: LandscapeResult, outdir: str | Path, plots: bool = True) -> dict[str, Path]:
-    """Write landscape.csv, landscape.json and (with matplotlib) the PNG plots; return the paths."""
-    outdir = Path(outdir)
-    files = {"csv": outdir / "landscape.csv", "json": outdir / "landscape.json"}
-    atomic_write(files["csv"], res.to_csv())
-    if plots:
-        from .plots import plot_result
-
-        files.update(plot_result(res, outdir))
-    return write_index(res, files)
-
-
-def write_index(res, files: dict[str, Path]) -> dict[str, Path]:
-    """Record ``files`` on ``res`` (any landscape view's result) and write its JSON,
-    ``files["json"]``, with the list of every file written; return ``files``."""
-    res.files = files
-    atomic_write(
-        files["json"],
-        json.dumps({**res.to_json(), "files": {k: str(v) for k, v in files.items()}}, indent=2),
-    )
-    return files

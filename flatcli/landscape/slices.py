@@ -51,7 +51,7 @@ def parse_span(
         except ValueError:
             vals = []
         if len(vals) != 2:
-            raise ConfigError(f"--span must be two numbers 'a,b' (e.g. -1,1); got {span!r}")
+            raise ConfigError(f"`span` must be two numbers 'a,b' (e.g. -1,1); got {span!r}")
     else:
         vals = [float(v) for v in span]
         if len(vals) != 2:
@@ -74,7 +74,7 @@ def axis_grid(
     ``--steps 11`` is 11 × 11, never 12 × 12; the spacing next to 0 may then be uneven).
     """
     if int(steps) < 2:
-        raise ConfigError(f"--steps must be ≥ 2; got {steps}")
+        raise ConfigError(f"`steps` must be ≥ 2; got {steps}")
     a, b = span
     g = np.linspace(a, b, int(steps))
     if tuple(include) == (0.0,) and a < 0 < b and len(g) >= 3:

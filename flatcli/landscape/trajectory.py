@@ -67,9 +67,8 @@ import numpy as np
 import torch
 
 from ..engine import Problem, eval_mode
-from ..engine.problem import nonfinite_tensors, not_finite
 from ..errors import ConfigError, MeasurementError
-from ..loading.checkpoints import missing_checkpoint
+from ..loading.checkpoints import check_state, missing_checkpoint
 from ..settings import Settings
 from .evaluate import Progress, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
@@ -106,7 +105,7 @@ def trajectory_paths(
         if glob.has_magic(s):
             hits = sorted(glob.glob(s), key=natural_key)
             if not hits:
-                raise ConfigError(f"--pca: the glob {str(e)!r} matches no file")
+                raise ConfigError(f"`pca`: the glob {str(e)!r} matches no file")
             out += [Path(h) for h in hits]
         else:
             out.append(Path(s))
@@ -114,10 +113,10 @@ def trajectory_paths(
         out.sort(key=natural_key)
     for p in out:
         if not p.is_file():
-            raise missing_checkpoint(p, "--pca: ")
+            raise missing_checkpoint(p, "`pca`: ")
     if len(out) < MIN_CHECKPOINTS:
         raise ConfigError(
-            f"--pca needs at least {MIN_CHECKPOINTS} checkpoints; got {len(out)}"
+            f"`pca` needs at least {MIN_CHECKPOINTS} checkpoints; got {len(out)}"
             + (f" ({', '.join(str(p) for p in out)})" if out else "")
         )
     return out
@@ -194,10 +193,10 @@ def trajectory_pca(matrix: np.ndarray, solver: str = "auto", seed: int = 0) -> T
     `TrajectoryPCA`.
     """
     if solver not in PCA_SOLVERS:
-        raise ConfigError(f"--solver must be one of {', '.join(PCA_SOLVERS)}; got {solver!r}")
+        raise ConfigError(f"`solver` must be one of {', '.join(PCA_SOLVERS)}; got {solver!r}")
     if matrix.ndim != 2 or matrix.shape[0] < MIN_CHECKPOINTS:
         raise ConfigError(
-            f"--pca needs at least {MIN_CHECKPOINTS} checkpoints; got {matrix.shape[0] if matrix.ndim == 2 else 0}"
+            f"`pca` needs at least {MIN_CHECKPOINTS} checkpoints; got {matrix.shape[0] if matrix.ndim == 2 else 0}"
         )
     if matrix.dtype != np.float64 or not matrix.flags.c_contiguous:
         raise ValueError(
@@ -211,7 +210,7 @@ def trajectory_pca(matrix: np.ndarray, solver: str = "auto", seed: int = 0) -> T
     total = float(np.einsum("ij,ij->", matrix, matrix)) / (t - 1)
     if not total > 0:
         raise ConfigError(
-            f"--pca: all {t} checkpoints hold the same parameters; there is no path to project"
+            f"`pca`: all {t} checkpoints hold the same parameters; there is no path to project"
         )
     if solver == "full":
         from sklearn.decomposition import PCA
@@ -316,37 +315,6 @@ def _state(item: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torc
     )
 
 
-def check_state(
-    state: Mapping[str, torch.Tensor],
-    ref: Mapping[str, torch.Tensor],
-    label: str,
-    ref_label: str,
-    option: str,
-) -> None:
-    """`ConfigError` naming the checkpoint and tensor unless ``state`` matches ``ref`` in names and shapes
-    and its floating-point tensors are finite."""
-    missing = [n for n in ref if n not in state]
-    extra = [n for n in state if n not in ref]
-    shapes = [
-        f"{n} {tuple(state[n].shape)} vs {tuple(ref[n].shape)}"
-        for n in ref
-        if n in state and tuple(state[n].shape) != tuple(ref[n].shape)
-    ]
-    if missing or extra or shapes:
-        parts = shapes[:3]
-        if missing:
-            parts.append(f"missing {', '.join(missing[:3])}")
-        if extra:
-            parts.append(f"not in {ref_label}: {', '.join(extra[:3])}")
-        raise ConfigError(
-            f"{option}: checkpoint {label} has a different architecture than {ref_label}: "
-            + "; ".join(parts)
-        )
-    bad = nonfinite_tensors(state)
-    if bad:
-        raise not_finite(f"checkpoint {label}", None, bad)
-
-
 def _auto_span(c: np.ndarray, margin: float) -> tuple[float, float]:
     lo, hi = float(min(c.min(), 0.0)), float(max(c.max(), 0.0))
     width = hi - lo
@@ -374,16 +342,16 @@ def _check_trajectory_options(
     """The checked options: the labels (default "0", "1", …), the fixed span (None: automatic)
     and the steps per axis; `ConfigError` (`ValueError` for the labels) otherwise."""
     if solver not in PCA_SOLVERS:
-        raise ConfigError(f"--solver must be one of {', '.join(PCA_SOLVERS)}; got {solver!r}")
+        raise ConfigError(f"`solver` must be one of {', '.join(PCA_SOLVERS)}; got {solver!r}")
     if n_ck < MIN_CHECKPOINTS:
-        raise ConfigError(f"--pca needs at least {MIN_CHECKPOINTS} checkpoints; got {n_ck}")
+        raise ConfigError(f"`pca` needs at least {MIN_CHECKPOINTS} checkpoints; got {n_ck}")
     labels = [str(i) for i in range(n_ck)] if labels is None else [str(s) for s in labels]
     if len(labels) != n_ck:
         raise ValueError(f"{len(labels)} labels for {n_ck} checkpoints")
     fixed_span = parse_span(span, (-1.0, 1.0)) if span is not None else None
     steps_n = int(steps)
     if steps_n < 2:
-        raise ConfigError(f"--steps must be ≥ 2; got {steps}")
+        raise ConfigError(f"`steps` must be ≥ 2; got {steps}")
     return labels, fixed_span, steps_n
 
 
@@ -400,7 +368,7 @@ def _centre_model(
         model = last
     centre_state = _state(last)
     work = copy.deepcopy(model)
-    check_state(centre_state, work.state_dict(), labels[-1], "the model", "--pca")
+    check_state(centre_state, work.state_dict(), labels[-1], "the model", "landscape pca")
     work.load_state_dict(centre_state)
     return work, centre_state
 
@@ -449,7 +417,7 @@ def _trajectory_matrix(
     mat = np.empty((len(ck), theta_t.numel()), dtype=np.float64)
     for i in range(len(ck)):
         st = ck.state(i)
-        check_state(st, ref_state, ck.labels[i], ck.labels[-1], "--pca")
+        check_state(st, ref_state, ck.labels[i], ck.labels[-1], "landscape pca")
         row = _flat(st, names)
         mat[i] = (row - theta_t).numpy()
         del st, row
@@ -728,27 +696,3 @@ def trajectory_landscape(
     res.meta = _trajectory_meta(labels, plane, grid, seed, problems, diags)
     res.seconds = time.perf_counter() - t0
     return res
-
-
-def write_trajectory_files(
-    res: TrajectoryResult, outdir: str | Path, plots: bool = True
-) -> dict[str, Path]:
-    """Write ``pca_grid.csv``, ``pca_path.csv``, ``pca.json`` and (with matplotlib) ``pca.png``."""
-    from ..results import atomic_write
-    from .result import write_index
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
-    files = {
-        "grid": outdir / "pca_grid.csv",
-        "path": outdir / "pca_path.csv",
-        "json": outdir / "pca.json",
-    }
-    atomic_write(files["grid"], res.grid_frame().to_csv(index=False))
-    atomic_write(files["path"], res.path_frame().to_csv(index=False))
-    if plots:
-        from .plots import draw_if_available
-        from .viewplots import plot_trajectory
-
-        files.update(draw_if_available(res, plot_trajectory, outdir / "pca.png"))
-    return write_index(res, files)

@@ -8,8 +8,8 @@
   and the fitted curve on a log axis, and the train/test error beside it; the
   title states both barrier heights.
 
-This module imports `flatcli.landscape.plots` (figure helpers) and nothing
-imports it at module level, so it adds no import cycle.
+This module imports `flatcli.landscape.plots` (figure helpers); only
+`flatcli.landscape.output` imports it.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..engine.problem import nonfinite_tensors, not_finite
 from ..errors import ConfigError
 
 NEST_KEYS = ("state_dict", "model_state_dict", "model", "net")
@@ -146,7 +147,7 @@ def _read_refused(p: Path, e: Exception, allow_unsafe_pickle: bool, import_dirs)
         names = ", ".join(needed[:8]) + (" ..." if len(needed) > 8 else "")
         raise ConfigError(
             f"checkpoint {p} is a full pickle that would import {names}; "
-            "save a state_dict instead, or pass --allow-unsafe-pickle if you trust this file"
+            "save a state_dict instead, or pass `allow_unsafe_pickle` if you trust this file"
         ) from None
     raise ConfigError(f"checkpoint {p}: not a readable torch checkpoint ({type(e).__name__}: {_first_line(e)})") from None
 
@@ -187,16 +188,21 @@ def checkpoint_extras(obj: Any) -> dict[str, Any]:
     return {}
 
 
+def state_mismatch(state: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> tuple[list, list, list]:
+    """(names missing from ``state``, names not in ``ref``, ``(name, shape, ref shape)`` of
+    tensors whose shapes differ): the one comparison of two state dicts that loading a
+    checkpoint and the landscape views' "same architecture" checks share."""
+    missing = [k for k in ref if k not in state]
+    extra = [k for k in state if k not in ref]
+    shapes = [(k, tuple(state[k].shape), tuple(ref[k].shape))
+              for k in ref if k in state and tuple(state[k].shape) != tuple(ref[k].shape)]
+    return missing, extra, shapes
+
+
 def load_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], path: str | os.PathLike = "<checkpoint>") -> None:
     """Load ``sd`` strictly, with an error that lists every mismatch."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in sd]
-    unexpected = [k for k in sd if k not in own]
-    shapes = [
-        f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
-        for k in own
-        if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)
-    ]
+    missing, unexpected, mismatched = state_mismatch(sd, model.state_dict())
+    shapes = [f"{k}: checkpoint {a} vs model {b}" for k, a, b in mismatched]
     # num_batches_tracked is harmless when absent
     missing = [k for k in missing if not k.endswith("num_batches_tracked")]
     if missing or unexpected or shapes:
@@ -211,6 +217,26 @@ def load_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], path: str | o
                 "save them in the checkpoint as 'model_kwargs' beside its 'state_dict'") if shapes else ""
         raise ConfigError(f"checkpoint {path} does not match the model: " + "; ".join(parts) + hint)
     model.load_state_dict(sd, strict=False)
+
+
+def check_state(state: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], label: str, ref_label: str,
+                context: str) -> None:
+    """`ConfigError` naming the checkpoint and tensor unless ``state`` matches ``ref`` in names and
+    shapes, and `MeasurementError` unless its floating-point tensors are finite. ``context`` names
+    what compares them (``landscape pca``, ``landscape connect``) at the start of the message."""
+    missing, extra, mismatched = state_mismatch(state, ref)
+    if missing or extra or mismatched:
+        parts = [f"{k} {a} vs {b}" for k, a, b in mismatched[:3]]
+        if missing:
+            parts.append(f"missing {', '.join(missing[:3])}")
+        if extra:
+            parts.append(f"not in {ref_label}: {', '.join(extra[:3])}")
+        raise ConfigError(
+            f"{context}: checkpoint {label} has a different architecture than {ref_label}: " + "; ".join(parts)
+        )
+    bad = nonfinite_tensors(state)
+    if bad:
+        raise not_finite(f"checkpoint {label}", None, bad)
 
 
 def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike, allow_unsafe_pickle: bool = False) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..engine.linalg.budget import Budget
 from ..engine.losses import NotApplicable
 from ..errors import ConfigError
 from ._options import parse_options
@@ -65,7 +66,9 @@ class MeasureResult:
     seconds: wall time of the measure.
     status: "ok", or a short word such as "not_converged" / "saturated" / "not_applicable"
         (the measure does not apply to this model, loss or parameter selection; the reason is in
-        ``diagnostics["reason"]``).
+        ``diagnostics["reason"]``) / "budget" (its cap, ``max_seconds``, ``max_hvps`` or its share
+        of ``runtime.budget``, stopped it: the value is the estimate so far, with its stderr) /
+        "near_zero" (a relative tolerance on a quantity near 0 was met at its absolute floor).
     """
 
     value: float
@@ -91,6 +94,9 @@ class MeasureContext:
     seed: int = 0
     init_params: dict[str, torch.Tensor] | None = None
     init_state: dict[str, torch.Tensor] | None = None
+    max_seconds: float | None = None  # this measure's share of the checkpoint's runtime.budget
+    budget: Budget = field(default_factory=Budget)  # set by `run_measure`: pass it to the estimators
+    cache: dict[str, Any] = field(default_factory=dict)  # shared by one checkpoint's measures (same θ, data)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -106,9 +112,10 @@ class MeasureContext:
 
 @dataclass(frozen=True)
 class Dims:
-    """Sizes a cost estimate depends on: P parameters, n samples in the measurement set, C model
-    outputs, the parameter tensors' and weight matrices' sizes, and whether results are verified
-    in fp32 (see `flatcli.engine.CurvatureEngine.needs_verification`)."""
+    """Sizes a cost estimate depends on: P parameters, n scored units in the measurement set
+    (samples; tokens for ``causal_lm``) in ``rows`` rows (sequences), C model outputs, the
+    parameter tensors' and weight matrices' sizes, and whether results are verified in fp32 (see
+    `flatcli.engine.CurvatureEngine.needs_verification`)."""
 
     P: int
     n: int
@@ -116,6 +123,7 @@ class Dims:
     tensors: tuple[int, ...] = ()  # sizes of the trainable parameter tensors
     matrices: tuple[int, ...] = ()  # sizes of the weight matrices (Linear and Conv weights)
     verify: bool = False  # precision auto with TF32 products: fp32 checks add products
+    rows: int = 0  # rows of the measurement set (0: as many as n)
 
 
 Claim = Callable[[Any], "bool | str"]
@@ -139,7 +147,15 @@ class MeasureInfo:
         result by ``flatcli measure --plots``.
     estimate: ``(opts, dims) -> {counter: n or (least, most)}``: the products a run will count
         (``n_hvp``, ``n_grad``, ``n_forward``, ``n_vjp``; full-set equivalents), exactly or as a
-        range for adaptive estimators; what ``--dry-run`` prints. Counters not named are 0.
+        range for adaptive estimators; what ``--dry-run`` prints. Counters not named are 0. Two
+        optional keys shape the predicted seconds and memory (`flatcli.predict`): ``hvp_block``,
+        the vectors one product call multiplies (default 1; 0: the engine's block size), and
+        ``vectors``, the P-length vectors the estimator keeps (default: one block), and
+        ``vector_ops``, the P-length dot products and axpys of its own (reorthogonalization against
+        one basis), ``batched_vector_ops`` those of runs in lockstep, each against its own basis (SLQ).
+    applicable: ``(opts, problem) -> reason | None``: a cheap check, on the measurement set's
+        `flatcli.engine.Problem` before any product, of what would make the measure end
+        ``not_applicable`` (the loss, the layers); ``--dry-run`` prints the reason instead of a cost.
     """
 
     name: str
@@ -155,6 +171,7 @@ class MeasureInfo:
     invariance_note: Note | None = None
     artifacts: Artifacts | None = None
     estimate: Estimate | None = None
+    applicable: Callable[[Any, Any], str | None] | None = None
 
     @property
     def may_claim_invariance(self) -> bool:
@@ -193,6 +210,7 @@ def register(
     invariance_note: Note | None = None,
     artifacts: Artifacts | None = None,
     estimate: Estimate | None = None,
+    applicable: Callable[[Any, Any], str | None] | None = None,
 ):
     """Decorator registering a measure under ``name`` with its metadata (see `MeasureInfo`)."""
 
@@ -213,6 +231,7 @@ def register(
             invariance_note=invariance_note,
             artifacts=artifacts,
             estimate=estimate,
+            applicable=applicable,
         )
         return fn
 
@@ -253,12 +272,21 @@ def get_measure(name: str) -> MeasureInfo:
 
 @dataclass(frozen=True)
 class MeasureSpec:
-    """One configured measure: registry name, column label, raw options and own seed."""
+    """One configured measure: registry name, column label, raw options, own seed and own caps
+    (the common options ``max_seconds`` and ``max_hvps``, see `run_measure`)."""
 
     name: str
     label: str
     options: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None
+    max_seconds: float | None = None
+    max_hvps: int | None = None
+
+    def budget(self, share: float | None = None) -> Budget:
+        """A fresh `Budget` (its clock starts now): ``max_hvps`` products, and the smaller of
+        ``max_seconds`` and ``share`` (this measure's part of ``runtime.budget``) in seconds."""
+        secs = [v for v in (self.max_seconds, share) if v is not None]
+        return Budget(max_seconds=min(secs) if secs else None, max_products=self.max_hvps)
 
     def parsed(self):
         """The validated options dataclass of this spec."""
@@ -277,7 +305,14 @@ class MeasureSpec:
         if info.estimate is None:
             return None
         raw = info.estimate(self.parsed(), dims)
-        return {k: (v if isinstance(v, tuple) else (v, v)) for k, v in raw.items()}
+        # a range never starts above its cap (a floor of steps above max_steps runs max_steps)
+        return {k: (min(v), v[1]) if isinstance(v, tuple) else (v, v) for k, v in raw.items()}
+
+    def not_applicable(self, problem) -> str | None:
+        """The reason this spec will end ``not_applicable`` on ``problem`` (its registry
+        ``applicable`` check), or None when it will run (or cannot tell before running)."""
+        info = get_measure(self.name)
+        return None if info.applicable is None else info.applicable(self.parsed(), problem)
 
 
 # The measure `flatcli check-invariance` always adds as the non-invariant reference.
@@ -287,11 +322,22 @@ INVARIANCE_REFERENCE = "hessian_trace"
 def run_measure(spec: MeasureSpec, ctx: MeasureContext) -> MeasureResult:
     """Validate options, run the measure, time it and attach its cost. A measure that does not
     apply to this model, loss or parameter selection (`NotApplicable`) gives a row with status
-    ``not_applicable``, value NaN and the reason in ``diagnostics["reason"]``: not a failure."""
+    ``not_applicable``, value NaN and the reason in ``diagnostics["reason"]``: not a failure.
+
+    Caps: ``ctx.budget`` is set to `MeasureSpec.budget` of ``ctx.max_seconds``; the iterative
+    estimators (Lanczos, Hutchinson, Hutch++, SLQ) stop when it is spent, and the measure reports
+    status ``budget`` with its estimate so far. Measures without an iterative estimator (norms,
+    exact diagonals, sharpness ascents) cannot stop early: they run to the end, and when they pass
+    a time cap the diagnostics say so (``over_budget``, with ``budget_seconds``)."""
     info = get_measure(spec.name)
     opts = parse_options(info.options, spec.options, spec.name)
     engine = ctx.engine
     before = engine.counters() if engine is not None else {}
+    ctx.budget = spec.budget(ctx.max_seconds)
+    dist = getattr(ctx.problem, "dist", None)
+    if dist is not None and dist.active:  # every rank stops at the same block
+        ctx.budget.agree = dist.any
+        ctx.budget.agree_count = lambda n: int(dist.sum_float(n)[0] // dist.world)
     t0 = time.perf_counter()
     try:
         res = info.fn(ctx, opts)
@@ -299,6 +345,11 @@ def run_measure(spec: MeasureSpec, ctx: MeasureContext) -> MeasureResult:
         res = MeasureResult(value=math.nan, diagnostics={"reason": str(e)}, status="not_applicable")
     seconds = time.perf_counter() - t0
     diag = dict(res.diagnostics)
+    cap = ctx.budget.max_seconds
+    if cap is not None:
+        diag["budget_seconds"] = cap
+        if seconds > cap and res.status != "budget":
+            diag["over_budget"] = True
     if engine is not None:
         after = engine.counters()
         for k, v in after.items():

@@ -195,9 +195,9 @@ class FoldedMeasurement:
 
     def merge_counters(self, engine) -> None:
         """Add this engine's cost counters to ``engine`` (the one `run_measure` reads)."""
-        if self.own or engine is None:
+        if self.own:
             return
-        engine.tally.merge(self.engine.tally)
+        engine.merge_counts(self.engine)
 
 
 def folded_measurement(ctx, fold: bool) -> FoldedMeasurement:
@@ -206,13 +206,12 @@ def folded_measurement(ctx, fold: bool) -> FoldedMeasurement:
     With ``fold`` and a model holding BatchNorm, the model is deep-copied with the
     problem's parameters and buffers, every foldable BatchNorm is folded into its
     preceding layer (`fold_batchnorm`), and a new `Problem` (same measurement set,
-    loss, batch size, device and dtype) and `CurvatureEngine` (same HVP mode) are
-    built over the copy: the same function in eval mode, parameterized by the folded
-    weights W' = diag(s) W and biases b' and without the BatchNorm affine parameters.
+    loss, batch size, device, dtype, selection, ranks) and `CurvatureEngine` (same
+    settings) are derived for the copy (`CurvatureEngine.derive`): the same function in eval
+    mode, parameterized by the folded weights W' = diag(s) W and biases b' and without the
+    BatchNorm affine parameters.
     Without BatchNorm, or with ``fold`` false, the context's own problem is used.
     """
-    from ..engine import CurvatureEngine, Problem
-
     p = ctx.problem
     if not fold or not has_batchnorm(ctx.model):
         diag = {"fold_batchnorm": bool(fold), "folded_batchnorm": 0}
@@ -223,15 +222,11 @@ def folded_measurement(ctx, fold: bool) -> FoldedMeasurement:
         return FoldedMeasurement(p, ctx.engine, diag, True)
     f = fold_batchnorm(ctx.model, {**p.params, **p.frozen}, p.buffers, dtype=p.dtype)
     try:
-        fp = Problem(f.module, p.batch, loss=p.loss_fn, batch_size=p.batch_size, device=p.device, dtype=p.dtype,
-                     params=p.selection, dist=p.dist)
+        fe = ctx.engine.derive(f.module)
     except ConfigError as e:
         raise NotApplicable(f"with BatchNorm folded, {e} (folding removes the BatchNorm parameters; "
                             "use fold_batchnorm: false to measure them)") from None
-    eng = ctx.engine
-    mode = "auto" if eng is None or eng.hvp_auto else eng.hvp_mode
-    fe = CurvatureEngine(fp, hvp_mode=mode, fd_eps=getattr(eng, "fd_eps", 1e-3),
-                         precision=eng.precision.name if eng is not None else "fp32")
+    fp = fe.problem
     diag = {
         "fold_batchnorm": True,
         "folded_batchnorm": len(f.pairs),

@@ -61,6 +61,7 @@ the jackknife estimate of the bias (the clamp's bias is of order of the noise).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -186,7 +187,36 @@ def estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = No
 
     Only ``auto`` uses ``tensors`` (it checks and completes only those); every
     estimator returns the full-length vector.
+
+    Shared within one checkpoint's run: ``normalized_sharpness``, ``ns_bound`` and
+    ``fisher_rao_term`` need the same diagonal, so the first computes it and the others take it
+    from ``ctx.cache`` (one dict per checkpoint) when everything it depends on is equal: the
+    estimator and its options, the seed, the problem (θ, data, parameter selection) and, for
+    ``auto``, the tensors it checks. A shared estimate spends no products and says so
+    (``diag_shared`` in the diagnostics); its values are those of the first computation.
     """
+    key = _diagonal_key(ctx, opts, tensors)
+    cache = ctx.cache.setdefault("hessian_diagonal", {})
+    if key in cache:
+        est = cache[key]
+        return DiagonalEstimate(est.fixed, list(est.groups), {**est.info, "diag_shared": True})
+    est = _estimate_diagonal(ctx, opts, tensors)
+    cache[key] = est
+    return est
+
+
+def _diagonal_key(ctx, opts: DiagonalOptions, tensors: list[str] | None) -> tuple:
+    """What a diagonal estimate depends on (the problem by identity: one per checkpoint's run)."""
+    p = ctx.problem
+    fields = tuple(getattr(opts, f.name) for f in dataclasses.fields(DiagonalOptions))
+    names = None
+    if opts.hessian_diag == "auto":
+        names = tuple(tensors) if tensors is not None else tuple(p.names)
+    return id(p), id(ctx.engine), ctx.seed, fields, names
+
+
+def _estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = None) -> DiagonalEstimate:
+    """`estimate_diagonal` without the cache."""
     eng, p = ctx.engine, ctx.problem
     P = p.num_params
     method = opts.hessian_diag
@@ -238,6 +268,16 @@ def estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = No
         else:
             groups.append((_fd_group(eng, theta, k, opts.radius, opts.eps, gen), k))
     return DiagonalEstimate(torch.zeros(P, dtype=torch.float64), groups, info)
+
+
+def diagonal_reason(opts: DiagonalOptions, problem) -> str | None:
+    """Why `estimate_diagonal` will end ``not_applicable`` on ``problem`` (None: it will not): the
+    Gauss-Newton diagonals (``ggn``, ``auto``) need a loss that scores one unit per row."""
+    if opts.hessian_diag in ("ggn", "auto") and not problem.loss_fn.units_are_rows:
+        return (f"hessian_diag: {opts.hessian_diag} needs the exact Gauss-Newton diagonal, which loss "
+                f"{problem.loss_name!r} cannot give (it scores many units per row); choose hessian_diag: "
+                "scaled, hutchinson or exact")
+    return None
 
 
 def diagonal_estimate(opts: DiagonalOptions, dims, tensors: tuple[int, ...]) -> dict:

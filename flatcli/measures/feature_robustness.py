@@ -110,7 +110,15 @@ from torch import nn
 from ..errors import ConfigError, MeasurementError
 from . import MeasureResult, register
 from ._options import Bool, Integral, Optional, Real, Str, opt
-from .relative_flatness import _claim, _feature_std, _note, _run, find_layer, rows_only
+from .relative_flatness import (
+    _claim,
+    _feature_std,
+    _note,
+    _run,
+    find_layer,
+    rows_only,
+    rows_only_reason,
+)
 
 NAME = "feature_robustness"
 
@@ -175,6 +183,7 @@ def _estimate(o, d) -> dict:
     cost="1 + 2·samples·curve forward passes over S (+1 with normalize_features); representativeness adds "
     "2·samples + 2 + kde_samples·(kde_folds − 1) forward passes and kde_folds exact KDE evaluations (n_test × n_train kernel sums)",
     estimate=_estimate,
+    applicable=lambda o, p: rows_only_reason(p, NAME),
 )
 def feature_robustness(ctx, opts: FeatureRobustnessOptions) -> MeasureResult:
     r"""Feature robustness :math:`\mathcal E_F(\delta)` of one Linear layer's input features,

@@ -58,7 +58,11 @@ class LambdaMaxOptions:
     "TF32 GPUs; per_layer json/columns adds Σ_b min(P_b, certified_min_steps(P_b)…max_steps) HVPs "
     "(one Lanczos per parameter tensor b of size P_b)",
     estimate=lambda o, d: {"n_hvp": (min(d.P, o.min_steps or certified_min_steps(d.P)) + int(d.verify),
-                                      (1 + int(d.verify)) * min(d.P, o.max_steps) + int(d.verify))},  # + fp32 refinement
+                                      (1 + int(d.verify)) * min(d.P, o.max_steps) + int(d.verify)),  # + fp32 refinement
+                           "hvp_block": 1, "vectors": min(d.P, o.max_steps),  # one vector a step; the Krylov basis
+                           # full reorthogonalization, twice: 2·j dot products and axpys at step j
+                           "vector_ops": (2 * min(d.P, o.min_steps or certified_min_steps(d.P), o.max_steps) ** 2,
+                                          2 * min(d.P, o.max_steps) ** 2)},
 )
 def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     r"""Largest algebraic eigenvalue :math:`\lambda_{\max}(H)`, larger means sharper.
@@ -71,6 +75,13 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     iteration, the *algebraic* maximum is found even when a negative eigenvalue has the
     largest magnitude. Diagnostics: ``residual`` (relative), ``steps``, ``converged``,
     ``min_ritz`` (smallest Ritz value).
+
+    Near zero: when λmax is 0 at the tolerance's resolution of the spectrum
+    (:math:`|\lambda| < \mathrm{tol}\cdot\max|\theta|`, e.g. a Hessian whose top eigenvalue is 0
+    under larger negative ones) the relative residual test cannot be met; Lanczos then stops at
+    the absolute floor :math:`\mathrm{tol}^2 \max|\theta|` (`flatcli.engine.linalg.lanczos`) and the
+    status is ``near_zero``. Caps (``max_seconds``, ``max_hvps``, ``runtime.budget``): the
+    Ritz value so far, status ``budget``.
 
     Precision (``runtime.precision: auto`` on a GPU with tensor cores): the Lanczos products
     run in TF32, then the final Ritz vector gets one fp32 HVP; the reported value and residual
@@ -95,28 +106,41 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     verify = eng.needs_verification
     r = linalg.lanczos(
         eng.hessian(), max_steps=opts.max_steps, min_steps=opts.min_steps, tol=opts.tol, k=1,
-        generator=ctx.generator(), return_vectors=verify,
+        generator=ctx.generator(), return_vectors=verify, budget=ctx.budget,
     )
     lam = float(r.eigenvalues[0])
     rel = float(r.residuals[0] / max(abs(lam), 1e-30))
     converged = bool(r.converged)
     diag = {"residual": rel, "steps": r.steps, "converged": converged, "min_ritz": float(r.eigenvalues[-1])}
+    stopped, near_zero = r.stopped_by_budget, r.near_zero
     if verify:
         H32 = eng.hessian(precision="fp32")
         lam32, rel32 = linalg.verify_eigenpair(H32, r.ritz_vectors[0])
         diag.update(tf32_value=lam, tf32_residual=rel, verified="fp32", fp32_refine_steps=0)
         if rel32 > opts.tol:  # TF32's rounding keeps the residual above tol: finish in fp32 from its vector
             r32 = linalg.lanczos(H32, max_steps=opts.max_steps, min_steps=1, tol=opts.tol, k=1,
-                                 v0=r.ritz_vectors[0], generator=ctx.generator(1))
+                                 v0=r.ritz_vectors[0], generator=ctx.generator(1), budget=ctx.budget)
             lam32 = float(r32.eigenvalues[0])
             rel32 = float(r32.residuals[0] / max(abs(lam32), 1e-30))
             diag["fp32_refine_steps"] = r32.steps
-        converged = rel32 <= opts.tol
+            stopped, near_zero = stopped or r32.stopped_by_budget, r32.near_zero
+        converged = rel32 <= opts.tol or (near_zero and rel32 * abs(lam32) <= opts.tol**2 * max(
+            abs(lam32), abs(diag["min_ritz"])))
         diag.update(residual=rel32, converged=converged)
         lam = lam32
     if opts.per_layer != "none":
         diag.update(_block_lambda_max(ctx, opts))
-    return MeasureResult(value=lam, diagnostics=diag, status="ok" if converged else "not_converged")
+    return MeasureResult(value=lam, diagnostics=diag, status=_status(converged, near_zero, stopped))
+
+
+def _status(converged: bool, near_zero: bool, stopped: bool) -> str:
+    """A measure's status from its estimator's flags: ``budget`` when its cap stopped it first,
+    ``near_zero`` when a relative tolerance was met at its absolute floor (`flatcli.engine.linalg`)."""
+    if stopped and not converged:
+        return "budget"
+    if not converged:
+        return "not_converged"
+    return "near_zero" if near_zero else "ok"
 
 
 def block_matvec(op, dim: int, sl: slice):
@@ -147,6 +171,7 @@ def _block_lambda_max(ctx, opts: LambdaMaxOptions) -> dict:
             generator=ctx.generator(100 + i),
             device=p.device,
             dtype=p.dtype,
+            budget=ctx.budget,
         )
         lam = float(r.eigenvalues[0])
         lams[name] = lam
@@ -180,10 +205,14 @@ class TraceOptions:
 
 
 def _trace_estimate(o, d) -> dict:
+    """Probes (HVPs) in blocks of the engine's block size (``hvp_block`` 0); Hutch++ keeps its
+    sketch (up to a third of the probes) beside the block."""
     if o.method == "exact":
-        return {"n_hvp": d.P}
+        return {"n_hvp": d.P, "hvp_block": 0}
     control = 2 * CONTROL_PROBES if d.verify else 0
-    return {"n_hvp": (min(o.min_probes, o.max_probes) + control, o.max_probes + control)}
+    sketch = min(d.P, o.max_probes // 3) if o.method == "hutchpp" else 0
+    return {"n_hvp": (min(o.min_probes, o.max_probes) + control, o.max_probes + control), "hvp_block": 0,
+            "vectors": sketch}
 
 
 @register(
@@ -217,6 +246,15 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
 
     ``exact``: the sum of the diagonal from unit-vector HVPs (one per
     parameter, small models only).
+
+    Near zero (``hutchinson``, ``hutchpp``): a trace near 0 (an indefinite Hessian whose
+    curvatures cancel, e.g. at a zero initialization) cannot meet ``stderr ≤ tol·|estimate|``;
+    the estimators stop at the absolute floor ``stderr ≤ tol·Tr|H|`` instead, with status
+    ``near_zero`` and ``abs_trace`` (the SLQ estimate of Tr|H|, 40 HVPs, computed only when the
+    estimate is within two standard errors of 0) in the diagnostics
+    (`flatcli.engine.linalg.NearZeroFloor`; for a PSD Hessian Tr|H| = Tr H and nothing changes).
+    Caps (``max_seconds``, ``max_hvps``, ``runtime.budget``): the estimate and stderr of the
+    probes done, status ``budget``; ``exact`` cannot stop early.
 
     Per-layer traces (``per_layer``, default ``json``): for every parameter
     tensor b, :math:`\mathrm{Tr}(H_{bb})` from the same products: each probe's
@@ -261,6 +299,7 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
         block=eng.block_size,
         generator=ctx.generator(),
         blocks=list(slices.values()) if opts.per_layer != "none" else None,
+        budget=ctx.budget,
     )
     fixed = opts.min_probes == opts.max_probes
     diag = {
@@ -269,6 +308,8 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
         "converged": bool(r.converged or fixed),
         "method": opts.method,
     }
+    if r.abs_trace is not None:
+        diag["abs_trace"] = r.abs_trace  # the SLQ estimate of Tr|H| behind the near-zero floor
     if opts.method == "hutchpp":
         diag["sketch"] = r.sketch
         diag["low_rank_trace"] = r.low_rank
@@ -282,7 +323,7 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
                 opts.per_layer,
             )
         )
-    status = "ok" if (r.converged or fixed) else "not_converged"
+    status = _status(r.converged or fixed, r.near_zero, r.stopped_by_budget)
     if eng.needs_verification:
         c = linalg.precision_control(H, eng.hessian(precision="fp32"), probes=CONTROL_PROBES,
                                      generator=ctx.generator(7))
@@ -347,7 +388,11 @@ def _esd_artifacts(result: MeasureResult, stem: Path, title: str) -> list[Path]:
     estimate=lambda o, d: {"n_hvp": (
         min(d.P, max(min(d.P, o.top_k), certified_min_steps(d.P))) + o.slq_runs * min(o.slq_steps, d.P),
         min(d.P, max(50, 10 * min(o.top_k, d.P))) + o.slq_runs * min(o.slq_steps, d.P),
-    )},
+    ), "hvp_block": min(o.top_k, o.slq_runs),  # block Lanczos (top_k vectors), SLQ runs in lockstep
+        "vectors": min(d.P, max(50, 10 * min(o.top_k, d.P))) + o.slq_runs * min(o.slq_steps, d.P),
+        # reorthogonalization, twice: the Lanczos basis (m vectors); each SLQ run against its own basis
+        "vector_ops": (2 * min(d.P, max(o.top_k, certified_min_steps(d.P))) ** 2, 2 * min(d.P, max(50, 10 * o.top_k)) ** 2),
+        "batched_vector_ops": 2 * o.slq_runs * min(o.slq_steps, d.P) ** 2},
     artifacts=_esd_artifacts,
 )
 def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
@@ -377,6 +422,8 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
       vectors, stopped when every one of the k Ritz residuals is at most 1e-3 relative, at
       most ``max(50, 10·top_k)`` HVPs); ``condition_number`` is
       :math:`\lambda_1/\lambda_k` (None when :math:`\lambda_k \le 0`).
+    * Caps (``max_seconds``, ``max_hvps``, ``runtime.budget``) stop the top-k Lanczos and then
+      the SLQ runs (at least one) early: status ``budget``, ``slq_runs`` the runs done.
     * The spectral density on a grid of 128 points spanning the Ritz values
       (Gaussian kernel of width two grid steps), as lists ``density_grid`` and
       ``density``; the SLQ nodes and weights too (``slq_nodes``,
@@ -386,14 +433,15 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
     P = ctx.problem.num_params
     k = min(opts.top_k, P)
     H = eng.hessian()
-    r = linalg.lanczos(
-        H, max_steps=max(50, 10 * k), tol=SPECTRUM_TOL, k=k, block=k, generator=ctx.generator(),
-    )
+    steps, left = max(50, 10 * k), ctx.budget.left()
+    if left is not None:  # a product cap leaves one SLQ run its products: the value is N_eff's
+        steps = max(k, min(steps, left - min(opts.slq_steps, P)))
+    r = linalg.lanczos(H, max_steps=steps, tol=SPECTRUM_TOL, k=k, block=k, generator=ctx.generator(), budget=ctx.budget)
     top = [float(v) for v in r.eigenvalues[:k]]
     top_res = [float(res / max(abs(v), 1e-30)) for res, v in zip(r.residuals[:k], top, strict=True)]
     lam_k = top[-1]
     cond = top[0] / lam_k if lam_k > 0 else None
-    s = linalg.slq(H, runs=opts.slq_runs, steps=opts.slq_steps, generator=ctx.generator(1))
+    s = linalg.slq(H, runs=opts.slq_runs, steps=opts.slq_steps, generator=ctx.generator(1), budget=ctx.budget)
     neff, se, se_runs, quad = s.stderr(lambda t: effective_dimension(t, opts.z))
     nodes = np.concatenate(s.nodes)
     lo = min(float(nodes.min()), top[-1])
@@ -404,7 +452,8 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
     dens = s.density(grid, sigma)
     return MeasureResult(
         value=neff,
-        stderr=se if opts.slq_runs > 1 else None,
+        stderr=se if len(s.nodes) > 1 else None,
+        status="budget" if s.stopped_by_budget or (r.stopped_by_budget and not r.converged) else "ok",
         diagnostics={
             "z": opts.z,
             "lambda_max": top[0],
@@ -413,7 +462,7 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
             "top_converged": bool(r.converged),
             "lanczos_steps": r.steps,
             "condition_number": cond,
-            "slq_runs": opts.slq_runs,
+            "slq_runs": len(s.nodes),
             "stderr_runs": se_runs,
             "quadrature_error": quad,
             "slq_steps": int(max(len(t) for t in s.nodes)),

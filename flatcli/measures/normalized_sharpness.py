@@ -114,6 +114,7 @@ from . import MeasureResult, register
 from ._hessian_diag import (
     DiagonalOptions,
     diagonal_estimate,
+    diagonal_reason,
     equivariance_claim,
     estimate_diagonal,
     jackknife,
@@ -389,6 +390,7 @@ def _weight_names(p, model) -> list[str]:
         "finite_difference: 2·samples gradients"
     ),
     estimate=lambda o, d: diagonal_estimate(o, d, d.matrices),
+    applicable=lambda o, p: diagonal_reason(o, p),
 )
 def normalized_sharpness(ctx, opts: NormalizedSharpnessOptions) -> MeasureResult:
     r"""Normalized sharpness NS (eq. 35, ``form: node``) or NS₀(λ′) (eq. 17, ``form: parameter``); larger = sharper.
@@ -486,6 +488,7 @@ def _fr(p, diag: torch.Tensor) -> tuple[float, dict[str, float]]:
         "finite_difference: 2·samples gradients"
     ),
     estimate=lambda o, d: diagonal_estimate(o, d, d.tensors),
+    applicable=lambda o, p: diagonal_reason(o, p),
 )
 def fisher_rao_term(ctx, opts: FisherRaoTermOptions) -> MeasureResult:
     r""":math:`\mathrm{FR} = \sum_i [\nabla^2 L_S(\bar\theta)]_{ii}\, \bar\theta_i^2` (eq. 16), larger = sharper.

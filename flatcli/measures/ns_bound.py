@@ -106,7 +106,13 @@ import torch
 
 from ..errors import MeasurementError
 from . import MeasureResult, register
-from ._hessian_diag import DiagonalOptions, diagonal_estimate, estimate_diagonal, jackknife
+from ._hessian_diag import (
+    DiagonalOptions,
+    diagonal_estimate,
+    diagonal_reason,
+    estimate_diagonal,
+    jackknife,
+)
 from ._layers import class_outputs_or_error, weight_matrices
 from ._options import Integral, OneOf, Optional, Real, opt
 from .normalized_sharpness import normalized_sharpness_from_diagonal
@@ -173,6 +179,7 @@ def _ns(p, model, diag, box):
     invariant=False,
     cost="the diagonal of normalized_sharpness (hessian_diag) + mc_samples + 1 forward passes over S",
     estimate=lambda o, d: {**diagonal_estimate(o, d, d.matrices), "n_forward": o.mc_samples + 1},
+    applicable=lambda o, p: diagonal_reason(o, p),
 )
 def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
     r"""L̂_S(Q) + Hoeffding half-width + ½√(h/λ)·NS₂(R) + λ/(2m); larger = looser bound (sharper).

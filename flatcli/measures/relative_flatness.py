@@ -110,10 +110,19 @@ def find_layer(
 
 def rows_only(problem, measure: str) -> None:
     """`NotApplicable` unless the loss scores one unit per row (per-sample features and losses)."""
-    if not problem.loss_fn.units_are_rows:
-        raise NotApplicable(f"{measure} takes one feature vector and one loss per sample; loss "
-                            f"{problem.loss_name!r} scores many units (tokens) per row, so no layer qualifies "
-                            "(a classifier's head on (batch, features) inputs does, with cross_entropy or mse)")
+    reason = rows_only_reason(problem, measure)
+    if reason:
+        raise NotApplicable(reason)
+
+
+def rows_only_reason(problem, measure: str) -> str | None:
+    """Why ``measure`` is not applicable when the loss scores many units per row (None: it is);
+    the ``applicable`` check of the measures that need per-sample features."""
+    if problem.loss_fn.units_are_rows:
+        return None
+    return (f"{measure} takes one feature vector and one loss per sample; loss "
+            f"{problem.loss_name!r} scores many units (tokens) per row, so no layer qualifies "
+            "(a classifier's head on (batch, features) inputs does, with cross_entropy or mse)")
 
 
 def feature_layers(problem) -> list[str]:
@@ -204,6 +213,7 @@ def _note(a: MeasureResult, b: MeasureResult, opts: RelativeFlatnessOptions) -> 
     invariance_note=_note,
     cost="forward passes (final classifier) or min(d, m) z-HVPs per batch (inner layer)",
     estimate=lambda o, d: {"n_forward": 1 + int(o.normalize_features), "n_grad": (0, 1)},
+    applicable=lambda o, p: rows_only_reason(p, "relative_flatness"),
 )
 def relative_flatness(ctx, opts: RelativeFlatnessOptions) -> MeasureResult:
     r"""Relative flatness :math:`\kappa` of one Linear layer, larger means sharper.

@@ -108,17 +108,21 @@ class AscentResult:
     reductions: int  # step halvings
     final_step: float
     finite: bool
+    stopped: bool = False  # ``stop()`` ended the ascent early: ``value`` is the best so far
 
 
 FG = Callable[[torch.Tensor], tuple[float, torch.Tensor | None]]
 
 
-def apgd(fg: FG, z0: torch.Tensor, rho: float, norm: str, steps: int) -> AscentResult:
+def apgd(fg: FG, z0: torch.Tensor, rho: float, norm: str, steps: int,
+         stop: Callable[[], bool] | None = None) -> AscentResult:
     r"""Maximize f over :math:`\|z\|_p \le \rho` by Auto-PGD (Croce & Hein 2020, Alg. 1).
 
     ``fg(z)`` returns ``(f(z), ∇f(z))``. Initial step η = 2ρ, momentum α = 0.75,
     ``steps`` iterations after the start point (``steps + 1`` evaluations).
-    Stops at once when f is not finite.
+    Stops at once when f is not finite; and after an iteration where ``stop()`` (a budget) is
+    true, with the best point so far (``stopped``; every evaluated point lies in the ball, so
+    the value is still a lower bound of the maximum).
     """
     alpha = 0.75
     eta = 2.0 * rho
@@ -147,6 +151,8 @@ def apgd(fg: FG, z0: torch.Tensor, rho: float, norm: str, steps: int) -> AscentR
     fmax_last = f0  # f_max at w_0 = 0
     w_last = 0
     for k in range(1, steps):
+        if stop is not None and stop():
+            return AscentResult(fmax, xmax, evals, reductions, eta, True, stopped=True)
         z = _project(x + eta * _direction(g, norm), rho, norm)
         xn = _project(x + alpha * (z - x) + (1 - alpha) * (x - x_prev), rho, norm)
         fn, gn = fg(xn)
@@ -234,7 +240,7 @@ def corner_search(s: torch.Tensor, V: torch.Tensor, lam: torch.Tensor, max_flips
 
 
 def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
-    """(starts, HVPs, patterns): ascent starts from the top-k eigenvectors v_i of CHC (C = diag(c)),
+    """(starts, HVPs, patterns, stopped by the budget): ascent starts from the top-k eigenvectors v_i of CHC (C = diag(c)),
     and (ℓ∞) the ± refined sign corners of all the model's Ritz vectors, starts of `corner_maximum`.
 
     Lanczos through the engine's HVPs of the full-set loss at θ (at least 20 and at
@@ -258,6 +264,7 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
         device=p.device,
         dtype=p.dtype,
         return_vectors=True,
+        budget=ctx.budget,
     )
     V = r.ritz_vectors
     V = V / V.norm(dim=1, keepdim=True)
@@ -270,7 +277,7 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
         if i < k:
             z = rho * (sgn if norm == "linf" else v)
             starts += [z, -z]
-    return starts, eng.n_hvp - before, patterns
+    return starts, eng.n_hvp - before, patterns, r.stopped_by_budget
 
 
 def m_batches(problem, batch_size: int, gen: torch.Generator):
@@ -280,12 +287,15 @@ def m_batches(problem, batch_size: int, gen: torch.Generator):
     return problem.batch.select(perm).split(batch_size)
 
 
-def _best_ascent(fg, starts, opts) -> tuple[float, str, int, bool, list]:
+def _best_ascent(fg, starts, opts, stop=None) -> tuple[float, str, int, bool, list]:
     """(best value, the kind of start that won, step halvings, finite, each ascent's best point) of
-    Auto-PGD from every start; δ = 0 is a candidate (value 0, kind "zero"); a non-finite value stops at once."""
+    Auto-PGD from every start; δ = 0 is a candidate (value 0, kind "zero"); a non-finite value stops at once.
+    ``stop()`` true (a budget) ends the ascent under way and skips the remaining starts."""
     best, won, reductions, points = 0.0, "zero", 0, []
     for kind, z0 in starts:
-        r = apgd(fg, z0, opts.rho, opts.norm, opts.steps)
+        if points and stop is not None and stop():
+            break
+        r = apgd(fg, z0, opts.rho, opts.norm, opts.steps, stop=stop)
         reductions += r.reductions
         if not r.finite:
             return r.value, won, reductions, False, points
@@ -427,6 +437,11 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     (at an exact minimum the gradient is round-off and its direction arbitrary:
     the one-step value is then that of some direction of the ball; use the ascent).
 
+    Caps (``max_seconds``, ``max_hvps``, ``runtime.budget``) stop the eigen-start Lanczos early
+    (rougher starts), and on one process a time cap also ends the ascents (the best point so
+    far, remaining starts skipped; under torchrun the ascents always run): status ``budget``,
+    the value a lower bound of the maximum.
+
     Diagnostics: ``batches``, ``batch_min``, ``batch_max``, ``batch_stderr``
     (spread across batches, not an error of the maximum), ``reductions`` (Auto-PGD
     step halvings), ``n_grad``/``n_forward`` (full-set equivalents), ``n_hvp``
@@ -436,9 +451,9 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     c = scale_vector(p, opts.adaptive, opts.eta)
     gen = ctx.generator()
     batches = m_batches(p, opts.batch_size, gen)
-    eig_starts, lanczos_hvps, patterns = [], 0, []
+    eig_starts, lanczos_hvps, patterns, stopped = [], 0, [], False
     if not opts.first_order and opts.eigen_starts > 0:
-        eig_starts, lanczos_hvps, patterns = eigen_starts(ctx, c, opts.eigen_starts, opts.rho, opts.norm)
+        eig_starts, lanczos_hvps, patterns, stopped = eigen_starts(ctx, c, opts.eigen_starts, opts.rho, opts.norm)
     tally = {"wins": {"eigen": 0, "random": 0, "zero": 0, "corner": 0}, "reductions": 0, "corner_evals": 0,
              "corner_modes": set()}
     # Each batch's random starts come from the generator state at that batch (the draws of one
@@ -450,8 +465,17 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
         for _ in range(0 if opts.first_order else opts.restarts):
             random_start(p.num_params, opts.rho, opts.norm, gen, "cpu", torch.float64)
     work = list(zip(batches, states, strict=True))
+    fired: list[bool] = []
+
+    def stop() -> bool:  # one process only: ranks would have to agree inside map_batches
+        late = ctx.budget.out_of_time()
+        fired.extend([True] if late else [])
+        return late
+
+    own = None if p.dist.active else stop
     outcomes = ctx.engine.map_batches(
-        work, lambda item: _batch_worst(ctx, item[0], c, opts, eig_starts, patterns, item[1]))
+        work, lambda item: _batch_worst(ctx, item[0], c, opts, eig_starts, patterns, item[1], own))
+    stopped = stopped or bool(fired)
     per_batch: list[float] = []
     weights: list[float] = []
     finite = True
@@ -486,10 +510,10 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     if len(per_batch) > 1:
         t = torch.tensor(per_batch, dtype=torch.float64)
         diag["batch_stderr"] = float(t.std(unbiased=True) / math.sqrt(len(per_batch)))
-    return MeasureResult(value=value, diagnostics=diag)
+    return MeasureResult(value=value, diagnostics=diag, status="budget" if stopped else "ok")
 
 
-def _batch_worst(ctx, mb, c, opts: WorstOptions, eig_starts, patterns, random_state):
+def _batch_worst(ctx, mb, c, opts: WorstOptions, eig_starts, patterns, random_state, stop=None):
     """One batch's worst case: SAM's step, or the ascents from ``eig_starts`` and ``restarts``
     random starts drawn from the generator state ``random_state``, and (ℓ∞) the corner search.
     Returns (value, the start that won or None, Auto-PGD reductions, corner evaluations,
@@ -515,7 +539,7 @@ def _batch_worst(ctx, mb, c, opts: WorstOptions, eig_starts, patterns, random_st
         ("random", random_start(p.num_params, opts.rho, opts.norm, gen, p.device, p.dtype))
         for _ in range(opts.restarts)
     ]
-    best, won, red, ok, points = _best_ascent(fg, starts, opts)
+    best, won, red, ok, points = _best_ascent(fg, starts, opts, stop)
     evals, mode = 0, None
     if ok and opts.norm == "linf" and opts.corners > 0:
         def f(sgn):
@@ -664,7 +688,7 @@ def keskar_sharpness(ctx, opts: KeskarOptions) -> MeasureResult:
             return val - base, c * (A.T @ g)
 
     z0 = random_start(dim, opts.epsilon, "linf", gen, p.device, p.dtype)
-    r = apgd(fg, z0, opts.epsilon, "linf", opts.steps)
+    r = apgd(fg, z0, opts.epsilon, "linf", opts.steps, stop=ctx.budget.out_of_time)
     diag = {"loss": base, "dimension": dim, "reductions": r.reductions}
     if not r.finite:
         return MeasureResult(
@@ -672,7 +696,7 @@ def keskar_sharpness(ctx, opts: KeskarOptions) -> MeasureResult:
         )
     best = max(0.0, r.value)
     diag["max_increase"] = best
-    return MeasureResult(value=100.0 * best / (1.0 + base), diagnostics=diag)
+    return MeasureResult(value=100.0 * best / (1.0 + base), diagnostics=diag, status="budget" if r.stopped else "ok")
 
 
 # ---------------------------------------------------------------- first_order_flatness
@@ -709,7 +733,8 @@ def first_order_flatness(ctx, opts: FirstOrderOptions) -> MeasureResult:
     point of the ball, θ' = θ kept as a candidate. Full-set loss over S.
     The value is R; the diagnostic ``r_over_rho2`` = R/ρ² equals λmax(H) at a
     minimum of a quadratic (the paper's Lemma 4.1). ``max_grad_norm`` is the
-    maximum of ‖∇L‖ found.
+    maximum of ‖∇L‖ found. A time cap (``max_seconds``, ``runtime.budget``) ends the ascent
+    early with the best point so far (a lower bound of the maximum), status ``budget``.
     """
     p, eng = ctx.problem, ctx.engine
     theta = p.theta
@@ -728,7 +753,7 @@ def first_order_flatness(ctx, opts: FirstOrderOptions) -> MeasureResult:
         return gn, eng.hvp(g / gn, theta=th)
 
     d0 = random_start(p.num_params, opts.rho, "l2", gen, p.device, p.dtype)
-    r = apgd(fg, d0, opts.rho, "l2", opts.steps)
+    r = apgd(fg, d0, opts.rho, "l2", opts.steps, stop=ctx.budget.out_of_time)
     diag = {"grad_norm_at_theta": g0, "reductions": r.reductions}
     if not r.finite or not math.isfinite(g0):
         return MeasureResult(
@@ -737,4 +762,4 @@ def first_order_flatness(ctx, opts: FirstOrderOptions) -> MeasureResult:
     best = max(g0, r.value)
     R = opts.rho * best
     diag.update(max_grad_norm=best, r_over_rho2=R / opts.rho**2)
-    return MeasureResult(value=R, diagnostics=diag)
+    return MeasureResult(value=R, diagnostics=diag, status="budget" if r.stopped else "ok")

@@ -1,11 +1,15 @@
 """Sweeps: plan units of work (checkpoint × measure), run workers locally, by shard or on SLURM, collect rows.
 
-See `flatcli.sweep.store` (unit keys, atomic row files, locks) and `flatcli.sweep.runner`
-(plan, worker loop, pools, submitit, collect).
+See `flatcli.sweep.plan` (units, plan.json), `flatcli.sweep.worker` (the worker loop),
+`flatcli.sweep.runner` (pools, shards, submitit), `flatcli.sweep.collect` (one table back) and
+`flatcli.sweep.store` (unit keys, atomic row files, locks).
 """
 
-from .runner import CollectReport, Plan, SweepReport, collect, load_plan, run_sweep, run_worker
+from .collect import CollectReport, collect
+from .plan import Plan, load_plan
+from .runner import SweepReport, run_sweep
 from .store import Store, parse_shard, shard_of
+from .worker import run_worker
 
 __all__ = [
     "CollectReport",

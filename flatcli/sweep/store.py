@@ -69,6 +69,10 @@ def measure_hash(config: dict[str, Any], spec: MeasureSpec) -> str:
         "runtime": {k: rt.get(k) for k in ("precision", "seed", "hvp_mode", "block_size")},
         "measure": {"name": spec.name, "label": spec.label, "seed": spec.seed, "options": opts},
     }
+    caps = {k: v for k, v in (("budget", rt.get("budget")), ("max_seconds", spec.max_seconds),
+                              ("max_hvps", spec.max_hvps)) if v is not None}
+    if caps:  # a capped value is another result; keys without caps are those of earlier versions
+        key["caps"] = caps
     return _sha(key)[:16]
 
 
@@ -89,9 +93,9 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     try:
         i, n = (int(p) for p in str(text).split("/"))
     except ValueError:
-        raise ConfigError(f"--shard must look like I/N (e.g. 0/4); got {text!r}") from None
+        raise ConfigError(f"`shard` must look like I/N (e.g. 0/4); got {text!r}") from None
     if n < 1 or not 0 <= i < n:
-        raise ConfigError(f"--shard I/N needs N ≥ 1 and 0 ≤ I < N; got {text!r}")
+        raise ConfigError(f"`shard` I/N needs N ≥ 1 and 0 ≤ I < N; got {text!r}")
     return i, n
 
 

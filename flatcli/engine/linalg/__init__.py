@@ -19,6 +19,7 @@ Ghorbani, Krishnan & Xiao, ICML 2019, §2. Diagonal estimators: Bekas, Kokiopoul
 """
 
 from ._common import MatVec, rademacher, rowdot
+from .budget import Budget
 from .diagonal import (
     CheckedDiagonal,
     _check_coordinates,
@@ -37,10 +38,10 @@ from .lanczos import (
     verify_eigenpair,
 )
 from .slq import SLQResult, gauss_rule, slq, slq_group_size, t_factor
-from .trace import TraceResult, hutchinson, hutchpp
+from .trace import NearZeroFloor, TraceResult, hutchinson, hutchpp
 
 __all__ = [
-    "MatVec", "rademacher", "rowdot", "CheckedDiagonal", "checked_gauss_newton_diagonal", "exact_diagonal",
+    "Budget", "NearZeroFloor", "MatVec", "rademacher", "rowdot", "CheckedDiagonal", "checked_gauss_newton_diagonal", "exact_diagonal",
     "hutchinson_diagonal", "remainder_block_gaps", "scaled_diagonal", "LanczosResult", "PrecisionControl",
     "certified_min_steps", "lanczos", "precision_control", "verify_eigenpair", "SLQResult", "gauss_rule", "slq",
     "slq_group_size", "t_factor", "TraceResult", "hutchinson", "hutchpp", "_check_coordinates",

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 
 from ._common import _as_product, _reporter, rademacher, rowdot
+from ._store import BasisStore, device_capacity
+from .budget import Budget, no_budget
 
 
 @dataclass
@@ -35,6 +37,9 @@ class LanczosResult:
     block: int = 1
     block_steps: int = 0
     n_hvp: int = 0
+    device_vectors: int = 0  # most basis vectors on the device at once (`BasisStore.peak_resident`)
+    near_zero: bool = False  # a wanted Ritz value below tol·max|θ|: stopped at the absolute floor
+    stopped_by_budget: bool = False  # the `Budget` ran out before the residual test was met
 
 
 
@@ -60,27 +65,28 @@ def certified_min_steps(dim: int, eps: float = 0.25, delta: float = 0.01) -> int
 
 
 class _BlockKrylov:
-    """The state of (block) Lanczos: basis buffer, projected matrix T, and Ritz pairs."""
+    """The state of (block) Lanczos: basis (a `BasisStore`), projected matrix T, and Ritz pairs."""
 
-    def __init__(self, X: torch.Tensor, max_steps: int, dtype):
+    def __init__(self, X: torch.Tensor, max_steps: int, dtype, capacity: int | None = None):
         b, dim = X.shape
         self.dtype = dtype
-        self.Q = torch.empty(min(max_steps, max(4 * b, 32)), dim, device=X.device, dtype=dtype)
-        self.Q[:b] = torch.linalg.qr(X.T).Q.T.to(dtype)
+        self.Q = BasisStore(dim, X.device, dtype, capacity=capacity, max_rows=max_steps)
+        self.Q.append(torch.linalg.qr(X.T).Q.T.to(dtype))
         self.T = np.zeros((max_steps, max_steps), dtype=np.float64)
         self.s, self.e = 0, b
         self.max_steps = max_steps
 
+    def block(self) -> torch.Tensor:
+        """The newest block of the basis (the input of the next product), on the device."""
+        return self.Q.rows(self.s, self.e)
+
     def orthogonalize(self, W: torch.Tensor) -> torch.Tensor:
         """W − Q(QᵀW) against the whole basis; a second pass only where the first cancelled much
         (Daniel, Gragg, Kaufman & Stewart 1976: "twice is enough"). Fills T's new columns."""
-        Qa = self.Q[: self.e]
         before = W.norm(dim=1)
-        C = Qa @ W.T
-        W = W - C.T @ Qa
+        W, C = self.Q.project_out(W)
         if bool((W.norm(dim=1) < 0.7071 * before).any()):
-            C2 = Qa @ W.T
-            W = W - C2.T @ Qa
+            W, C2 = self.Q.project_out(W)
             C = C + C2
         C = C.double().cpu().numpy()
         s, e = self.s, self.e
@@ -109,16 +115,11 @@ class _BlockKrylov:
         return evals, evecs, res, R, Qnext
 
     def extend(self, Qnext: torch.Tensor, keep: np.ndarray) -> None:
-        """Append the kept directions of the next block (growing the buffer by doubling)."""
+        """Append the kept directions of the next block."""
         width = min(len(keep), self.max_steps - self.e)
         Qn = Qnext[torch.as_tensor(keep[:width], device=Qnext.device)]
         self.s, self.e = self.e, self.e + width
-        if self.e > self.Q.shape[0]:
-            grown = torch.empty(min(self.max_steps, max(2 * self.Q.shape[0], self.e)), self.Q.shape[1],
-                                device=self.Q.device, dtype=self.dtype)
-            grown[: self.s] = self.Q[: self.s]
-            self.Q = grown
-        self.Q[self.s : self.e] = Qn
+        self.Q.append(Qn)
 
 
 def lanczos(
@@ -136,6 +137,8 @@ def lanczos(
     dtype=None,
     return_vectors: bool = False,
     block: int | None = None,
+    max_device_vectors: int | str | None = "auto",
+    budget: Budget | None = None,
 ) -> LanczosResult:
     r"""(Block) Lanczos with full reorthogonalization for the ``k`` extreme eigenvalues.
 
@@ -158,6 +161,18 @@ def lanczos(
     ``min_steps`` (default: `certified_min_steps` of the dimension) makes a small
     residual certify the *extreme* eigenvalue, not just some eigenvalue.
 
+    Near zero: a relative test cannot be met by a Ritz value at 0, so the tolerance has an
+    absolute floor: the residual test is :math:`\|Hx_i - \theta_i x_i\| \le \mathrm{tol}\cdot
+    \max(|\theta_i|, \mathrm{tol}\cdot s)` with :math:`s = \max_j |\theta_j|` (all Ritz values:
+    the estimate of :math:`\|H\|_2` on the way). A wanted value with :math:`|\theta_i| <
+    \mathrm{tol}\cdot s` is 0 at the tolerance's resolution of the spectrum; it is then known to
+    :math:`\mathrm{tol}^2 s` absolutely (``near_zero`` set when such a value stopped the run).
+    Values above :math:`\mathrm{tol}\cdot s`, the usual case, keep the relative test unchanged.
+
+    ``budget`` (a `Budget`): the Krylov space stops growing when it is spent (checked between
+    blocks; a product cap also bounds ``max_steps``); the result then has the Ritz values so far
+    and ``stopped_by_budget``.
+
     Parameters
     ----------
     op : a `flatcli.engine.operators.CurvatureOperator`, or ``V (K, P) -> H V`` with ``dim``.
@@ -166,20 +181,32 @@ def lanczos(
     which : "largest" or "smallest" (algebraic).
     v0 : start vector(s), shape (P,) or (block, P); default seeded Gaussian.
     block : block size (default ``k``).
+    max_device_vectors : most basis vectors on the device at once (`flatcli.engine.linalg._store`:
+        the basis lives in host memory, pinned on CUDA, and reorthogonalization streams it in
+        chunks; values equal the all-on-device run to rounding). ``"auto"``: the operator's
+        ``max_device_vectors`` (``runtime.max_device_vectors``) when it has one, else
+        `default_capacity` (unbounded on CPU); None: unbounded. Raised to the block size when smaller.
     """
     if which not in ("largest", "smallest"):
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
     matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
     report = _reporter(op)
+    budget = budget if budget is not None else no_budget()
     max_steps = int(min(max_steps, dim))
+    wanted = max_steps
+    left = budget.left()
+    if left is not None:
+        max_steps = int(min(max_steps, max(left, int(block or k or 1), 1)))  # the first block always runs
     min_steps = certified_min_steps(dim) if min_steps is None else int(min_steps)
     min_steps = int(min(min_steps, max_steps))
     X = _start_block(v0, block, k, dim, max_steps, generator)
-    kry = _BlockKrylov(X.to(device=device, dtype=torch.float64), max_steps, dtype)
-    converged = False
+    cap = device_capacity(op, max_device_vectors, dim, device, dtype)
+    cap = None if cap is None else max(int(cap), X.shape[0])
+    kry = _BlockKrylov(X.to(device=device, dtype=torch.float64), max_steps, dtype, capacity=cap)
+    converged = stopped = near_zero = False
     nblock = 0
     while True:
-        W = kry.orthogonalize(matvec(kry.Q[kry.s : kry.e]).to(dtype))
+        W = kry.orthogonalize(matvec(kry.block()).to(dtype))
         nblock += 1
         evals, evecs, res, R, Qnext = kry.ritz(W, which)
         kk = min(k, kry.e)
@@ -189,22 +216,29 @@ def lanczos(
             converged = True  # invariant subspace: the Ritz values are exact
             break
         report(steps=kry.e, value=float(evals[0]), residual=float(res[0] / max(abs(evals[0]), 1e-30)))
-        if kry.e >= min_steps and np.all(res[:kk] <= tol * np.maximum(np.abs(evals[:kk]), 1e-30)):
-            converged = True
+        spread = float(np.max(np.abs(evals)))  # max |θ|: the estimate of ‖H‖₂ so far
+        small = np.abs(evals[:kk]) < tol * spread  # 0 at the tolerance's resolution: the absolute floor
+        floor = np.maximum(np.abs(evals[:kk]), max(tol * spread, 1e-30))
+        if kry.e >= min_steps and np.all(res[:kk] <= tol * floor):
+            converged, near_zero = True, bool(small.any())
             break
-        if kry.e >= max_steps:
+        if kry.e >= max_steps or budget.exhausted(kry.e):
+            stopped = kry.e < wanted
             break
         kry.extend(Qnext, keep)
     e, b = kry.e, X.shape[0]
     ritz = None
     if return_vectors:
         S = torch.as_tensor(evecs[:, : min(k, e)], dtype=dtype, device=kry.Q.device)
-        ritz = (kry.Q[:e].T @ S).T
+        ritz = kry.Q.combine(S)
     T = kry.T[:e, :e]
+    budget.spend(e)
     return LanczosResult(
         eigenvalues=evals, residuals=res, steps=e, converged=converged,
         alphas=np.diag(T).copy() if b == 1 else None, betas=np.diag(T, -1).copy() if b == 1 else None,
         ritz_vectors=ritz, first_components=evecs[0, :].copy(), block=b, block_steps=nblock, n_hvp=e,
+        device_vectors=kry.Q.peak_resident,
+        near_zero=near_zero, stopped_by_budget=stopped,
     )
 
 

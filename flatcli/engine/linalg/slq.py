@@ -11,6 +11,8 @@ import numpy as np
 import torch
 
 from ._common import MatVec, _as_product, _tridiag_eig, rademacher
+from ._store import BasisStore, device_capacity
+from .budget import Budget, no_budget
 
 
 @dataclass
@@ -22,6 +24,7 @@ class SLQResult:
     dim: int
     n_hvp: int = 0
     steps: int = 0  # Lanczos steps requested per run (0: unknown; a shorter run ended on an invariant subspace)
+    stopped_by_budget: bool = False  # fewer runs than asked: the `Budget` ran out
 
     def expect(self, fn: Callable[[np.ndarray], np.ndarray]) -> tuple[float, float]:
         r"""Estimate :math:`\mathrm{Tr}\, f(H) \approx \frac{P}{R}\sum_r \sum_i w_{ri} f(t_{ri})`
@@ -52,7 +55,7 @@ class SLQResult:
         diffs = np.zeros((len(self.nodes), 2))
         for r, (t, w) in enumerate(zip(self.nodes, self.weights, strict=True)):
             m = len(t)
-            if m >= self.dim or m < 3 or (self.steps and m < self.steps):
+            if m >= self.dim or m < 3 or (self.steps and m < self.steps and not self.stopped_by_budget):
                 continue
             q = float(np.sum(w * fn(t)))
             diffs[r] = [q - float(np.sum(wk * fn(tk))) for tk, wk in (gauss_rule(t, w, k) for k in (m - 1, m - 2))]
@@ -114,39 +117,85 @@ def gauss_rule(nodes: np.ndarray, weights: np.ndarray, k: int) -> tuple[np.ndarr
     return ev, S[0, :] ** 2
 
 
+class _RunBases:
+    """The Lanczos bases of R runs in lockstep: one (R, m, P) device tensor, or with a ``capacity``
+    one offloaded `BasisStore` per run (reorthogonalized run by run, so at most ``capacity`` basis
+    vectors are on the device at once)."""
+
+    def __init__(self, R: int, m: int, dim: int, device, dtype, capacity: int | None):
+        self.R = R
+        self.stores = None
+        if capacity is not None and capacity < m:
+            self.stores = [BasisStore(dim, device, dtype, capacity=capacity, max_rows=m) for _ in range(R)]
+        else:
+            self.Q = torch.zeros(R, m, dim, device=device, dtype=dtype)
+
+    @property
+    def peak_resident(self) -> int:
+        """Most basis vectors on the device at once."""
+        if self.stores is None:
+            return int(self.Q.shape[0] * self.Q.shape[1])
+        return max(s.peak_resident for s in self.stores)
+
+    def put(self, live: list[int], j: int, q: torch.Tensor) -> None:
+        """Step j's vectors ``q`` of the live runs."""
+        if self.stores is None:
+            self.Q[torch.as_tensor(live, device=q.device), j] = q
+            return
+        for pos, r in enumerate(live):
+            self.stores[r].append(q[pos : pos + 1])
+
+    def reorthogonalize(self, W: torch.Tensor, live: list[int], j: int) -> torch.Tensor:
+        """Each live run's row of W against its own basis (steps 0..j), twice."""
+        if self.stores is not None:
+            rows = []
+            for pos, r in enumerate(live):
+                w = W[pos : pos + 1]
+                for _ in range(2):
+                    w, _c = self.stores[r].project_out(w)
+                rows.append(w)
+            return torch.cat(rows)
+        idx = torch.as_tensor(live, device=W.device)
+        Qa = self.Q[:, : j + 1] if len(live) == self.R else self.Q[idx, : j + 1]
+        for _ in range(2):
+            W = W - torch.einsum("rj,rjp->rp", torch.einsum("rjp,rp->rj", Qa, W), Qa)
+        return W
+
+
 def _lanczos_runs(
-    matvec: MatVec, V0: torch.Tensor, steps: int, dtype
+    matvec: MatVec, V0: torch.Tensor, steps: int, dtype, capacity: int | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Independent single-vector Lanczos recurrences run in lockstep.
 
     Each step multiplies the current vectors of all live runs as one block; each
-    run is fully reorthogonalized against its own basis (twice). Returns the
-    tridiagonal (alphas, betas) of every run.
+    run is fully reorthogonalized against its own basis (twice), kept on the device or,
+    with a ``capacity``, in host memory (`_RunBases`). Returns the tridiagonal (alphas, betas)
+    of every run. ``stop()`` true after a step ends every run there (a shorter run is a Gauss
+    quadrature with fewer nodes: still an estimate).
     """
     R, dim = V0.shape
     m = min(steps, dim)
-    Q = torch.zeros(R, m, dim, device=V0.device, dtype=dtype)
+    bases = _RunBases(R, m, dim, V0.device, dtype, capacity)
     q = V0.to(dtype) / V0.to(dtype).norm(dim=1, keepdim=True)
     alphas = np.zeros((R, m))
     betas = np.zeros((R, m))
     length = np.full(R, m)
     live = list(range(R))
     for j in range(m):
-        idx = torch.as_tensor(live, device=V0.device)
-        Q[idx, j] = q
+        bases.put(live, j, q)
         W = matvec(q).to(dtype)
         a = (W * q).sum(1)
-        Qa = Q[:, : j + 1] if len(live) == R else Q[idx, : j + 1]
-        for _ in range(2):
-            W = W - torch.einsum("rj,rjp->rp", torch.einsum("rjp,rp->rj", Qa, W), Qa)
+        W = bases.reorthogonalize(W, live, j)
         bnorm = W.norm(dim=1)
+        halt = stop is not None and stop()
         a_np, b_np = a.double().cpu().numpy(), bnorm.double().cpu().numpy()
         keep = []
         for pos, r in enumerate(live):
             alphas[r, j] = a_np[pos]
             betas[r, j] = b_np[pos]
             scale = max(1.0, float(np.max(np.abs(alphas[r, : j + 1]))))
-            if j + 1 >= m or b_np[pos] <= 1e-10 * scale:
+            if j + 1 >= m or b_np[pos] <= 1e-10 * scale or halt:
                 length[r] = j + 1
             else:
                 keep.append(pos)
@@ -155,6 +204,7 @@ def _lanczos_runs(
         kt = torch.as_tensor(keep, device=V0.device)
         q = W[kt] / bnorm[kt, None]
         live = [live[pos] for pos in keep]
+    _lanczos_runs.last_device_vectors = bases.peak_resident  # instrumentation (tests)
     return [(alphas[r, : length[r]], betas[r, : length[r] - 1]) for r in range(R)]
 
 
@@ -183,6 +233,8 @@ def slq(
     device=None,
     dtype=None,
     block: int | None = None,
+    max_device_vectors: int | str | None = "auto",
+    budget: Budget | None = None,
 ) -> SLQResult:
     r"""Stochastic Lanczos quadrature (Ubaru, Chen & Saad 2017, eq. 3.5).
 
@@ -195,16 +247,36 @@ def slq(
     Runs proceed in lockstep, ``block`` at a time (default: as many as
     `slq_group_size` allows), each step one block product. Probe r is the same
     whatever the grouping, so results do not depend on ``block``.
+
+    ``max_device_vectors`` (as in `flatcli.engine.linalg.lanczos.lanczos`): with a bound below
+    ``steps`` each run's basis lives in host memory and is streamed in chunks for its
+    reorthogonalization; the nodes and weights equal the all-on-device run's to rounding.
+    ``budget`` (a `Budget`): checked before each group of runs; a group is cut to the runs whose
+    ``steps`` products the budget still allows, and when it is spent the runs done so far are the
+    result (``stopped_by_budget``; the first group always runs, so there is a value, but under a time
+    cap its runs end at the step where the time is up: fewer quadrature nodes).
     """
     matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
     steps = int(min(steps, dim))
     g = int(block) if block else slq_group_size(dim, steps, runs, device=device, dtype=dtype)
     g = max(1, min(g, runs))
+    budget = budget if budget is not None else no_budget()
+    cap = device_capacity(op, max_device_vectors, dim, device, dtype)
     V0 = rademacher(runs, dim, generator, dtype=torch.float64)
     nodes, weights = [], []
-    for i in range(0, runs, g):
-        for a, b in _lanczos_runs(matvec, V0[i : i + g].to(device), steps, dtype):
+    used, i = 0, 0
+    while i < runs:
+        n = budget.allow(min(g, runs - i) * steps, used) // steps
+        n = max(n, 1) if i == 0 else n
+        if n == 0:
+            break
+        cut = budget.out_of_time if (budget.max_seconds is not None and i == 0) else None
+        for a, b in _lanczos_runs(matvec, V0[i : i + n].to(device), steps, dtype, cap, cut):
             t, S = _tridiag_eig(a, b)
             nodes.append(t)
             weights.append(S[0, :] ** 2)
-    return SLQResult(nodes, weights, dim, n_hvp=int(sum(len(t) for t in nodes)), steps=steps)
+            used += len(t)
+        i += n
+    budget.spend(used)
+    short = any(len(t) < steps for t in nodes) and budget.out_of_time()
+    return SLQResult(nodes, weights, dim, n_hvp=used, stopped_by_budget=i < runs or short, steps=steps)

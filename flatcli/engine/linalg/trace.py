@@ -10,6 +10,11 @@ import numpy as np
 import torch
 
 from ._common import _as_product, _reporter, rademacher, rowdot
+from ._store import BasisStore, device_capacity
+from .budget import Budget, no_budget
+from .slq import slq
+
+NEAR_ZERO_RUNS, NEAR_ZERO_STEPS = 4, 10  # the SLQ estimate of Tr|H| behind the near-zero floor
 
 
 @dataclass
@@ -30,6 +35,9 @@ class TraceResult:
     sketch: int = 0
     block_samples: np.ndarray | None = field(repr=False, default=None)  # (len(samples), blocks)
     block_low_rank: np.ndarray | None = field(repr=False, default=None)  # (blocks,)
+    near_zero: bool = False  # stopped at the absolute floor tol·Tr|H| (`NearZeroFloor`), not at tol·|estimate|
+    abs_trace: float | None = None  # the SLQ estimate of Tr|H| behind that floor, when one was computed
+    stopped_by_budget: bool = False  # the `Budget` ran out before the tolerance was met
 
     @property
     def n_hvp(self) -> int:
@@ -70,6 +78,56 @@ def _mean_se(samples: list[float]) -> tuple[float, float]:
     return est, se
 
 
+class NearZeroFloor:
+    r"""The absolute floor under a relative tolerance on a trace that may be 0.
+
+    ``stderr ≤ tol·|estimate|`` cannot be met when the trace is near 0 (an indefinite Hessian
+    whose positive and negative curvature cancel): the estimator would walk to ``max_probes``.
+    The floor is ``stderr ≤ tol·T`` with :math:`T pprox \mathrm{Tr}|H| = \sum_i |\lambda_i|`,
+    the size the trace would have if all curvature had one sign: the trace is then known to
+    ``tol`` of the curvature's total magnitude. For a positive semi-definite H,
+    :math:`\mathrm{Tr}|H| = \mathrm{Tr}\,H`, so the floor is the relative tolerance itself and
+    changes nothing. T is estimated once, only when needed (the relative test fails and
+    :math:`|	ext{estimate}| < 2\,	ext{stderr}`: the trace is not distinguishable from 0), by
+    stochastic Lanczos quadrature of :math:`f(t) = |t|` (`NEAR_ZERO_RUNS` = 4 Rademacher starts ×
+    `NEAR_ZERO_STEPS` = 10 steps, 40 products, seeded from the estimator's generator's seed so
+    the probes that follow are unchanged); the floor uses ``max(T, |estimate|)``.
+
+    Cost of reaching it: Hutchinson's variance per probe is :math:`2\|H\|_F^2` minus the diagonal
+    part, so about :math:`2\|H\|_F^2 / (\mathrm{tol}\cdot\mathrm{Tr}|H|)^2 = 2 / (\mathrm{tol}^2\,
+    r_{eff})` probes, :math:`r_{eff} = (\mathrm{Tr}|H|)^2/\|H\|_F^2` the effective rank: few on
+    a network's Hessian with many eigenvalues of similar size, and ``max_probes`` still bounds it.
+    """
+
+    def __init__(self, matvec, dim: int, tol: float, generator: torch.Generator, device, dtype):
+        self.matvec, self.dim, self.tol = matvec, dim, tol
+        self.seed = int(generator.initial_seed()) ^ 0x5EED
+        self.device, self.dtype = device, dtype
+        self.scale: float | None = None
+        self.products = 0
+
+    def reached(self, est: float, se: float, budget: Budget, used: int) -> bool:
+        """Whether ``se`` is within the floor (computing T first when the test needs it and the
+        budget allows its products); False while the relative tolerance may still be met."""
+        if se <= self.tol * abs(est):
+            return False
+        if self.scale is None:
+            cost = NEAR_ZERO_RUNS * min(NEAR_ZERO_STEPS, self.dim)
+            if abs(est) >= 2 * se or budget.allow(cost, used) < cost:
+                return False
+            g = torch.Generator().manual_seed(self.seed)
+            r = slq(self.matvec, self.dim, runs=NEAR_ZERO_RUNS, steps=NEAR_ZERO_STEPS, generator=g,
+                    device=self.device, dtype=self.dtype)
+            self.scale, self.products = max(0.0, r.expect(np.abs)[0]), r.n_hvp
+        return se <= self.tol * max(self.scale, abs(est))
+
+
+def _first(k: int, budget: Budget, used: int, least: int) -> int:
+    """Products of the next block: ``k`` cut to the budget, but at least ``least`` while nothing is done."""
+    allowed = budget.allow(k, used)
+    return max(allowed, min(k, least)) if used == 0 else allowed
+
+
 def hutchinson(
     op,
     dim: int | None = None,
@@ -82,14 +140,19 @@ def hutchinson(
     device=None,
     dtype=None,
     blocks: list[slice] | None = None,
+    budget: Budget | None = None,
 ) -> TraceResult:
     r"""Hutchinson's estimator :math:`\mathrm{Tr}(H) \approx \frac1m \sum_i z_i^\top H z_i`.
 
     Rademacher probes, drawn and multiplied in blocks of ``block``; the first
     block holds ``min_probes``. Stops when the standard error of the mean,
     :math:`s/\sqrt{m}` (``s`` the sample standard deviation of the
-    :math:`z_i^\top H z_i`), is at most ``tol * |estimate|``, or at ``max_probes``.
-    ``op`` is an operator, or ``V (K, P) -> H V`` with ``dim``.
+    :math:`z_i^\top H z_i`), is at most ``tol * |estimate|`` (``converged``), or at the
+    absolute floor ``tol * Tr|H|`` of a trace near 0 (`NearZeroFloor`: ``converged`` and
+    ``near_zero``), or at ``max_probes``, or when ``budget`` (a `Budget`, checked between
+    blocks) is spent (``stopped_by_budget``, with the estimate so far).
+    ``op`` is an operator, or ``V (K, P) -> H V`` with ``dim``. ``probes`` counts every
+    product (the floor's 40 included).
 
 
     ``blocks`` (slices partitioning the coordinates, e.g. parameter tensors): the
@@ -101,19 +164,25 @@ def hutchinson(
     """
     matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
     report = _reporter(op)
+    budget = budget if budget is not None else no_budget()
+    floor = NearZeroFloor(matvec, dim, tol, generator, device, dtype)
     samples: list[float] = []
     parts: list[list[float]] = []
 
-    def result(converged):
+    def result(converged, near_zero=False, stopped=False):
         est, se = _mean_se(samples)
         bs = np.asarray(parts, dtype=np.float64) if blocks is not None else None
-        return TraceResult(
-            est, se, len(samples), converged, np.asarray(samples), block_samples=bs
-        )
+        n = len(samples) + floor.products
+        budget.spend(n)
+        return TraceResult(est, se, n, converged, np.asarray(samples), block_samples=bs, near_zero=near_zero,
+                           abs_trace=floor.scale, stopped_by_budget=stopped)
 
     while len(samples) < max_probes:
         left = max_probes - len(samples)
-        k = min(max(min_probes - len(samples), block, 1), left)
+        k = _first(min(max(min_probes - len(samples), block, 1), left), budget,
+                   len(samples) + floor.products, 2)
+        if k == 0:
+            return result(False, stopped=True)
         Z = rademacher(k, dim, generator, device, dtype)
         HZ = matvec(Z).to(Z.dtype)
         if blocks is None:
@@ -122,11 +191,15 @@ def hutchinson(
             part = _block_forms(Z, HZ, blocks)  # the probe's form is the sum of its parts
             samples.extend(part.sum(1).cpu().tolist())
             parts.extend(part.cpu().tolist())
+        est, se = _mean_se(samples)
         if len(samples) >= min_probes:
-            est, se = _mean_se(samples)
             report(probes=len(samples), value=est, stderr=se)
             if se <= tol * abs(est):
                 return result(True)
+            if floor.reached(est, se, budget, len(samples)):
+                return result(True, near_zero=True)
+        if len(samples) < max_probes and budget.exhausted(len(samples) + floor.products):
+            return result(False, stopped=True)
     est, se = _mean_se(samples)
     return result(se <= tol * abs(est))
 
@@ -144,6 +217,8 @@ def hutchpp(
     device=None,
     dtype=None,
     blocks: list[slice] | None = None,
+    max_device_vectors: int | str | None = "auto",
+    budget: Budget | None = None,
 ) -> TraceResult:
     r"""Hutch++ (Meyer, Musco, Musco & Woodruff 2021, Alg. 1) with stderr stopping and a growing sketch.
 
@@ -157,7 +232,10 @@ def hutchpp(
     :math:`\mathrm{Tr}(H) = \mathrm{Tr}(Q^\top HQ) + \mathrm{Tr}(PHP)` for every
     :math:`Q`, the estimate is unbiased conditionally on the sketch, so the
     reported stderr, that of the residual mean, is the whole standard error.
-    ``probes`` counts all products with H.
+    ``probes`` counts all products with H. Stops like `hutchinson`: at ``tol`` relative, at the
+    near-zero floor (`NearZeroFloor`, the same Tr|H| scale: the residual's stderr is the whole
+    stderr), at ``max_probes``, or when ``budget`` is spent (the sketch is then sized to the
+    products the budget leaves, ``stopped_by_budget`` set).
 
     Sketch size. With a fixed budget (``min_probes == max_probes``) or an
     explicit ``sketch``, the split is Alg. 1's: ``r = min_probes // 3`` (or
@@ -181,30 +259,41 @@ def hutchpp(
     :math:`(Pg)_b^\top (HPg)_b` of the residual samples (unbiased for
     :math:`\mathrm{Tr}_b(PH)` since :math:`\mathbb{E}[Pg\,g^\top P] = P`), which sum
     exactly to each sample; see `TraceResult.block_estimates`.
+
+    ``max_device_vectors`` (as in `flatcli.engine.linalg.lanczos.lanczos`): the sketch's basis Q
+    lives in host memory with at most that many of its vectors on the device at once (projections
+    stream it in chunks); estimates equal the all-on-device run's to rounding.
     """
     matvec, dim, device, dtype = _as_product(op, dim, device, dtype)
     report = _reporter(op)
-    fixed = sketch is not None or min_probes >= max_probes
+    budget = budget if budget is not None else no_budget()
+    left = budget.left()
+    cap = max_probes if left is None else max(2, min(max_probes, left))  # products this call may spend
+    fixed = sketch is not None or min_probes >= cap
     r = int(sketch) if sketch else max(1, min_probes // 3)
-    r = max(1, min(r, dim, max(1, (max_probes - 2) // 2)))
-    sk = _Sketch(matvec, dtype, blocks)
+    r = max(1, min(r, dim, max(1, (cap - 2) // 2)))
+    sk = _Sketch(matvec, dtype, blocks, BasisStore(dim, device, torch.float64, max_rows=max_probes,
+                 capacity=device_capacity(op, max_device_vectors, dim, device, torch.float64)), budget)
+    sk.floor = NearZeroFloor(matvec, dim, tol, generator, device, dtype)
     sk.add(matvec(rademacher(r, dim, generator, device, dtype)).double())
     used = r + sk.rank
     if sk.rank >= dim:
         return sk.result(used, [], [], 0.0, True)
-    min_samples = 2 if fixed else min(16, max(2, max_probes - used))
+    min_samples = 2 if fixed else min(16, max(2, cap - used))
     growing = not fixed
     step = min(block, max(8, r))
     samples: list[float] = []
     parts: list[list[float]] = []
-    while used < max_probes:
+    while used < cap:
         k = step if growing else max(min_probes - used, min_samples - len(samples), block, 1)
-        k = max(1, min(k, max_probes - used))
+        k = budget.allow(max(1, min(k, cap - used)), used + sk.floor.products)
+        if k == 0:
+            break
         G = sk.project(rademacher(k, dim, generator, device, dtype).double())
         HG = matvec(G.to(dtype)).double()
         used += k
         if growing:
-            if _sketch_pays(samples + (G * HG).sum(1).tolist(), sk, k, tol, dim, max_probes, used):
+            if _sketch_pays(samples + (G * HG).sum(1).tolist(), sk, k, tol, dim, cap, used):
                 used += sk.add(HG)  # the block's products lie in range(H), like HS: they join the sketch
                 samples, parts = [], []
                 step = min(block, 2 * step)
@@ -213,39 +302,49 @@ def hutchpp(
         samples.extend((G * HG).sum(1).tolist())
         if blocks is not None:
             parts.extend(_block_forms(G, HG, blocks).tolist())
-        if used >= min_probes and len(samples) >= min_samples:
+        if used >= min(min_probes, cap) and len(samples) >= min_samples:
             m, se = _mean_se(samples)
             report(probes=used, value=sk.low + m, stderr=se)
             if se <= tol * abs(sk.low + m):
                 return sk.result(used, samples, parts, se, True)
+            if sk.floor.reached(sk.low + m, se, budget, used):
+                return sk.result(used, samples, parts, se, True, near_zero=True)
+    return _hutchpp_stopped(sk, used, samples, parts, tol, max_probes)
+
+
+def _hutchpp_stopped(sk: _Sketch, used: int, samples: list, parts: list, tol: float, max_probes: int) -> TraceResult:
+    """Hutch++'s result when its products ran out: ``max_probes``, or the budget before it."""
+    stopped = used < max_probes
     if len(samples) < 2:
-        return sk.result(used, samples, parts, math.inf, False)
+        return sk.result(used, samples, parts, math.inf, False, stopped=stopped)
     m, se = _mean_se(samples)
-    return sk.result(used, samples, parts, se, se <= tol * abs(sk.low + m))
+    return sk.result(used, samples, parts, se, se <= tol * abs(sk.low + m), stopped=stopped)
 
 
 class _Sketch:
     r"""Hutch++'s exactly traced part: an orthonormal basis Q (float64) of sketched directions,
     :math:`\mathrm{Tr}(Q^\top HQ)` and its parts per block of coordinates."""
 
-    def __init__(self, matvec, dtype, blocks):
+    def __init__(self, matvec, dtype, blocks, store: BasisStore, budget: Budget | None = None):
         self.matvec, self.dtype, self.blocks = matvec, dtype, blocks
-        self.Q: torch.Tensor | None = None
+        self.Q = store  # rows: the orthonormal sketch directions (float64)
+        self.budget = budget if budget is not None else no_budget()
+        self.floor: NearZeroFloor | None = None
         self.low = 0.0
         self.low_b = np.zeros(len(blocks) if blocks is not None else 0)
 
     @property
     def rank(self) -> int:
-        return 0 if self.Q is None else self.Q.shape[1]
+        return len(self.Q)
 
     def project(self, G: torch.Tensor) -> torch.Tensor:
         """Rows of G with their components along Q removed (P g for P = I − QQᵀ)."""
-        return G if self.Q is None else G - (G @ self.Q) @ self.Q.T
+        return G if len(self.Q) == 0 else self.Q.project_out(G)[0]
 
     def add(self, Y: torch.Tensor) -> int:
         r"""Orthonormalize the rows of Y against Q (twice) and add them, tracing :math:`Q_n^\top HQ_n`
         exactly; returns the products spent (one per new direction)."""
-        if self.Q is not None:
+        if len(self.Q):
             Y = self.project(self.project(Y))  # twice is enough
         Qn = torch.linalg.qr(Y.T).Q
         HQn = self.matvec(Qn.T.to(self.dtype)).double()
@@ -253,16 +352,23 @@ class _Sketch:
         if self.blocks is not None:
             prod = (Qn.T * HQn).double()
             self.low_b += np.array([float(prod[:, b].sum()) for b in self.blocks])
-        self.Q = Qn if self.Q is None else torch.cat([self.Q, Qn], 1)
+        self.Q.append(Qn.T)
         return Qn.shape[1]
 
-    def result(self, used: int, samples: list[float], parts: list, se: float, converged: bool) -> TraceResult:
-        """The estimate ``Tr(QᵀHQ) + mean(samples)`` as a `TraceResult`."""
+    def result(self, used: int, samples: list[float], parts: list, se: float, converged: bool,
+               near_zero: bool = False, stopped: bool = False) -> TraceResult:
+        """The estimate ``Tr(QᵀHQ) + mean(samples)`` as a `TraceResult` (``used`` products, plus the
+        near-zero floor's when it was computed, recorded in the budget)."""
         m = float(np.mean(samples)) if samples else 0.0
         nb = len(self.low_b)
         bs = np.asarray(parts, dtype=np.float64).reshape(len(parts), nb) if self.blocks is not None else None
-        return TraceResult(self.low + m, se, used, converged, np.asarray(samples), "hutchpp", self.low, self.rank,
-                           block_samples=bs, block_low_rank=self.low_b.copy() if self.blocks is not None else None)
+        extra = self.floor.products if self.floor is not None else 0
+        self.budget.spend(used + extra)
+        return TraceResult(self.low + m, se, used + extra, converged, np.asarray(samples), "hutchpp", self.low,
+                           self.rank, block_samples=bs,
+                           block_low_rank=self.low_b.copy() if self.blocks is not None else None,
+                           near_zero=near_zero, abs_trace=self.floor.scale if self.floor is not None else None,
+                           stopped_by_budget=stopped)
 
 
 def _sketch_pays(cand: list[float], sk: _Sketch, k: int, tol: float, dim: int, max_probes: int, used: int) -> bool:

@@ -1,0 +1,5 @@
+"""``python -m flatcli.cli``: the command line."""
+
+from . import main
+
+main()

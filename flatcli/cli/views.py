@@ -1,0 +1,296 @@
+"""Commands that look at results and landscapes: landscape (slice, interpolation, PCA,
+connectivity), correlate (with --compare) and check-invariance."""
+
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..console import (
+    GridProgress,
+    StageProgress,
+    console,
+    err_console,
+    fit_width,
+    fmt,
+    print_table,
+)
+from ..errors import ConfigError
+from ._app import (
+    BiasBN,
+    ConfigOpt,
+    DebugOpt,
+    FitHelp,
+    PrecisionOpt,
+    ThreadsOpt,
+    Transform,
+    WideOpt,
+    _value,
+    app,
+    handle_errors,
+    log_line,
+)
+
+
+@app.command(cls=FitHelp)
+@handle_errors
+def landscape(
+    checkpoints: Annotated[list[str], typer.Argument(help="Checkpoint at the centre of the slice (θ_a with --to); with --pca the trajectory's checkpoints (files or globs, in training order), with --connect the two endpoints.", show_default=False)],
+    config: ConfigOpt = ...,
+    outdir: Annotated[Path, typer.Option("--outdir", "-o", help="Write landscape.csv, landscape.json and PNG plots here (pca_* files with --pca, connect* and bend.pt with --connect).")] = ...,
+    dims: Annotated[int, typer.Option("--dims", min=1, max=2, help="1 or 2 filter-normalized random directions.")] = 1,
+    steps: Annotated[int, typer.Option("--steps", help="Grid points per axis.")] = 25,
+    span: Annotated[str | None, typer.Option("--span", help="Grid range 'a,b' (default -1,1; with --to -0.5,1.5).")] = None,
+    to: Annotated[str | None, typer.Option("--to", help="Second checkpoint: interpolate (1-t)·θ_a + t·θ_b instead of slicing.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the random directions; with --connect of the bend training, with --pca of the randomized solver (default runtime.seed).")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
+    bias_bn: Annotated[BiasBN, typer.Option("--bias-bn", help="Direction on biases and norm layers: zero (Li et al.) or keep.")] = BiasBN.zero,
+    points_per_pass: Annotated[int | None, typer.Option("--points-per-pass", min=1, help="Grid points per vmapped forward pass (1 = loop; default: 1 for conv nets, else 8).")] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")] = True,
+    allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (trusted files only).")] = False,
+    pca: Annotated[bool, typer.Option("--pca", help="Trajectory PCA (Li et al. 2018): CHECKPOINTS are a training run (≥ 3, sorted naturally); loss over the plane of its top-2 PCA directions around the last, with the path.")] = False,
+    connect: Annotated[bool, typer.Option("--connect", help="Mode connectivity (Garipov et al. 2018): CHECKPOINTS are A B; train the bend of a quadratic Bezier curve between them, loss and barrier along the curve and the line.")] = False,
+    solver: Annotated[str, typer.Option("--solver", help="--pca: auto, full (scikit-learn PCA) or randomized (randomized SVD, for large models).")] = "auto",
+    keep_order: Annotated[bool, typer.Option("--keep-order", help="--pca: keep the checkpoints in the order given instead of sorting them naturally.")] = False,
+    bend_steps: Annotated[int, typer.Option("--bend-steps", help="--connect: optimizer steps for the bend (the step budget).")] = 1000,
+    bend_lr: Annotated[float | None, typer.Option("--bend-lr", help="--connect: learning rate (default 1e-3 for adam, 1e-2 for sgd).")] = None,
+    bend_optimizer: Annotated[str, typer.Option("--bend-optimizer", help="--connect: adam or sgd (momentum 0.9).")] = "adam",
+    bend_batch_size: Annotated[int, typer.Option("--bend-batch-size", help="--connect: minibatch size of the bend training.")] = 128,
+    threads: ThreadsOpt = None,
+    precision: PrecisionOpt = None,
+    debug: DebugOpt = False,
+):
+    """Loss-landscape view: 1D/2D slices along filter-normalized random directions, with --to the
+    linear interpolation between two checkpoints, with --pca a training trajectory's PCA plane, with
+    --connect a fitted Bezier curve against the line; writes CSVs and PNG plots."""
+    from .. import api
+
+    if pca or connect:
+        _landscape_view(checkpoints, config, outdir, pca=pca, connect=connect, to=to, dims=dims, steps=steps, span=span,
+                        seed=seed, device=device, points_per_pass=points_per_pass, plots=plots,
+                        allow_unsafe_pickle=allow_unsafe_pickle, solver=solver, keep_order=keep_order,
+                        bend_steps=bend_steps, bend_lr=bend_lr, bend_optimizer=bend_optimizer,
+                        bend_batch_size=bend_batch_size, threads=threads, precision=_value(precision))
+        return
+    if len(checkpoints) != 1:
+        raise ConfigError(f"landscape takes one checkpoint (several with --pca, two with --connect); got {len(checkpoints)}")
+    checkpoint = checkpoints[0]
+    with GridProgress("landscape") as shown:
+        res = api.landscape(
+            config, checkpoint, to=to, dims=dims, steps=steps, span=span, seed=seed, device=device,
+            bias_bn=_value(bias_bn), points_per_pass=points_per_pass, outdir=outdir, plots=plots,
+            allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update, threads=threads,
+            precision=_value(precision),
+        )
+    what = {"1d": "1D slice", "2d": "2D slice", "interpolation": "interpolation"}[res.kind]
+    grid = f"{len(res.alpha)}" + (f"×{len(res.beta)}" if res.beta is not None else "")
+    _print_view(f"{what} of {checkpoint}" + (f" → {to}" if to else "") + f" ({grid} points)", res)
+    for split, d in res.meta.get("evaluator", {}).items():
+        if d.get("vmap_fallback"):
+            err_console.print(f"note: vmap failed on {split} ({d['vmap_fallback']}); evaluated point by point", highlight=False)
+
+
+def _print_view(title: str, res) -> None:
+    """A landscape view's summary table, its plots and files."""
+    log_line(res.meta.get("threads"))
+    t = Table(title=title, header_style="bold")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    for k, v in res.summary.items():
+        t.add_row(k, ", ".join(fmt(x) for x in v) if isinstance(v, list) else fmt(v))
+    print_table(console, t)
+    if res.meta.get("plots"):
+        err_console.print(res.meta["plots"], highlight=False)
+    files = ", ".join(str(p) for p in res.files.values())
+    console.print(f"wrote {files} ({res.seconds:.1f}s)", highlight=False, soft_wrap=True)
+
+
+def _check_view_options(checkpoints, *, pca, connect, to, dims, span) -> None:
+    """One-line errors for option combinations ``--pca``/``--connect`` do not take."""
+    if pca and connect:
+        raise ConfigError("--pca and --connect are two different views; choose one")
+    flag = "--pca" if pca else "--connect"
+    if to is not None:
+        raise ConfigError(f"--to does not apply to {flag} (--connect A B already includes the straight line)")
+    if connect and len(checkpoints) != 2:
+        raise ConfigError(f"--connect needs exactly two checkpoints, A and B; got {len(checkpoints)}")
+    if connect and dims != 1:
+        raise ConfigError("--dims does not apply to --connect (paths are one-dimensional)")
+    if connect and span is not None:
+        raise ConfigError("--span does not apply to --connect (the curve is defined for t in [0, 1])")
+
+
+def _landscape_view(checkpoints, config, outdir, *, pca, connect, to, dims, steps, span, seed, device, points_per_pass,
+                    plots, allow_unsafe_pickle, solver, keep_order, bend_steps, bend_lr, bend_optimizer, bend_batch_size,
+                    threads, precision):
+    """``landscape --pca`` and ``landscape --connect``: check the option combination, call the API, render."""
+    from .. import api
+
+    _check_view_options(checkpoints, pca=pca, connect=connect, to=to, dims=dims, span=span)
+    with GridProgress("landscape") as shown:
+        common = dict(steps=steps, seed=seed, device=device, points_per_pass=points_per_pass, outdir=outdir,
+                      plots=plots, allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update,
+                      threads=threads, precision=precision)
+        if pca:
+            res = api.landscape_pca(config, checkpoints, span=span, solver=solver, sort=not keep_order, **common)
+        else:
+            res = api.landscape_connect(config, checkpoints[0], checkpoints[1], bend_steps=bend_steps, bend_lr=bend_lr,
+                                        bend_optimizer=bend_optimizer, bend_batch_size=bend_batch_size, **common)
+    if pca:
+        grid = f"{len(res.surface.alpha)}×{len(res.surface.beta)}"
+        title = f"trajectory PCA of {len(res.meta['checkpoints'])} checkpoints ({grid} points, {res.meta['solver']} SVD)"
+    else:
+        title = f"mode connectivity {checkpoints[0]} → {checkpoints[1]} ({len(res.curve.alpha)} points, {res.meta['bend_steps']} bend steps)"
+    _print_view(title, res)
+
+
+# ------------------------------------------------------------------ sweep / collect / correlate
+
+
+@app.command(cls=FitHelp)
+@handle_errors
+def correlate(
+    results: Annotated[Path, typer.Argument(help="A table with one row per checkpoint: a results.csv from 'flatcli measure' or 'flatcli collect', or any CSV.")],
+    target: Annotated[str, typer.Option("--target", help="Column to predict.")] = "gen_gap",
+    by: Annotated[str | None, typer.Option("--by", help="Hyperparameter axes for Ψ and CMI: columns of any name, e.g. lr,width (hp_lr is found by lr; default: every hp_* column that forms a grid axis).")] = None,
+    outdir: Annotated[Path | None, typer.Option("--outdir", "-o", help="Write correlations.csv (and plots/) here.")] = None,
+    plots: Annotated[bool, typer.Option("--plots", help="Scatter per measure and a ψ heatmap in OUTDIR/plots (needs matplotlib and -o OUTDIR).")] = False,
+    sort: Annotated[str | None, typer.Option("--sort", help="Rank by psi, kendall_tau_b, jiang_tau, spearman, pearson or cmi.")] = None,
+    measures: Annotated[str | None, typer.Option("--measures", "-m", help="Measure columns, any numeric columns (default: the measures flatcli recorded, else every numeric column that is not the target, a metric or a hyperparameter).")] = None,
+    where: Annotated[str | None, typer.Option("--where", help="Keep only the rows matching this pandas query (DataFrame.query), e.g. 'hp_lr < 0.1 and train_acc >= 0.99'; backquote names that are not identifiers.")] = None,
+    max_train_loss: Annotated[float | None, typer.Option("--max-train-loss", help="Keep only the rows with train_loss ≤ this (models at a minimum; Jiang et al. use 0.01).")] = None,
+    bootstrap: Annotated[int | None, typer.Option("--bootstrap", help="Resamples of the checkpoints for percentile intervals of Pearson, Spearman and Kendall τ-b (e.g. 1000).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap resampling.")] = 0,
+    confidence: Annotated[float, typer.Option("--confidence", help="Level of the bootstrap intervals.")] = 0.95,
+    wide: WideOpt = False,
+    color_by: Annotated[str | None, typer.Option("--color-by", help="Column colouring the scatter plots (default the first axis; 'none' for one colour).")] = None,
+    marker_by: Annotated[str | None, typer.Option("--marker-by", help="Column choosing the markers of the scatter plots (default the next axis; 'none' for one marker).")] = None,
+    compare: CompareOpt = None,
+    debug: DebugOpt = False,
+):
+    """Rank measures by how well they predict the gap: Pearson, Spearman, Kendall τ-b, Jiang τ, granulated Ψ, CMI."""
+    from .. import api
+    from ..analysis.report import notes, render_table
+
+    with GridProgress("correlate: measures bootstrapped" if bootstrap else "correlate") as shown:
+        rep = api.correlate(results, target=target, by=by, outdir=outdir, plots=plots, sort=sort, measures=measures,
+                            color_by=color_by, marker_by=marker_by, where=where, max_train_loss=max_train_loss,
+                            bootstrap=bootstrap, seed=seed, confidence=confidence,
+                            progress=shown.update if bootstrap else None)
+    print_table(console, render_table(rep, fit_width(console, wide)), wide)
+    rows = f"{rep.n_rows} checkpoints" + (f" (of {rep.n_input}, after the filters)" if rep.filters else "")
+    console.print(
+        f"{rows}; measures from {rep.measures_source}; n = checkpoints used "
+        "(ψ groups and CMI pairs in correlations.csv)",
+        highlight=False, soft_wrap=True,
+    )
+    for n in notes(rep):
+        err_console.print(f"note: {n}", highlight=False, soft_wrap=True, markup=False)
+    for w in rep.warnings:
+        err_console.print(f"warning: {w}", style="yellow", highlight=False, soft_wrap=True, markup=False)
+    if rep.csv_path is not None:
+        console.print(f"wrote {rep.csv_path}" + (f" and {len(rep.plots)} plots in {rep.plots[0].parent}" if rep.plots else ""),
+                      highlight=False, soft_wrap=True)
+    if compare:
+        _print_comparison(results, compare, target=target, bootstrap=bootstrap, seed=seed, confidence=confidence,
+                          where=where, max_train_loss=max_train_loss, outdir=outdir)
+
+
+# ------------------------------------------------------------------ correlate --compare
+CompareOpt = Annotated[str | None, typer.Option(
+    "--compare",
+    help="A,B: paired bootstrap over the checkpoints of the difference of A's and B's correlations with the target "
+         "(Kendall τ-b, Spearman, Pearson; Zou's interval for Pearson); says 'A ranks above B' only when the interval "
+         "excludes 0, else 'tied'. Uses --bootstrap (default 2000), --seed and --confidence.")]
+
+
+def _print_comparison(results, compare: str, *, target, bootstrap, seed, confidence, where, max_train_loss, outdir) -> None:
+    """Run `flatcli.analysis.compare.compare_measures` for ``A,B`` and print one line per statistic
+    (and write comparison.csv beside correlations.csv)."""
+    from ..analysis.compare import compare_measures, describe
+
+    names = [x.strip() for x in compare.split(",") if x.strip()]
+    if len(names) != 2:
+        raise ConfigError(f"--compare takes two measures as A,B; got {compare!r}")
+    df = compare_measures(results, names[0], names[1], target=target, bootstrap=bootstrap or 2000, seed=seed,
+                          confidence=confidence, where=where, max_train_loss=max_train_loss)
+    console.print(f"paired comparison with {target} ({names[0]} vs {names[1]}):", highlight=False, soft_wrap=True)
+    for line in describe(df):
+        console.print("  " + line, highlight=False, soft_wrap=True, markup=False)
+    if outdir is not None:
+        path = Path(outdir) / "comparison.csv"
+        df.to_csv(path, index=False)
+        console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+
+
+# ------------------------------------------------------------------ check-invariance
+@app.command("check-invariance", cls=FitHelp)
+@handle_errors
+def check_invariance_cmd(
+    checkpoint: Annotated[Path, typer.Argument(help="The checkpoint to rescale.")],
+    config: ConfigOpt = ...,
+    measures: Annotated[str | None, typer.Option("--measures", "-m", help="Comma-separated measures or labels (default: the configured ones plus every measure that claims invariance).")] = None,
+    scale: Annotated[float, typer.Option("--scale", min=1.0, help="Rescaling factors range over [1/A, A].")] = 10.0,
+    transform: Annotated[Transform, typer.Option("--transform", help="node, layer or both (node-wise then layer-wise).")] = Transform.both,
+    tol: Annotated[float, typer.Option("--tol", min=0.0, help="Relative change up to which a claimed invariance holds (float64).")] = 1e-6,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the rescaling and of every stochastic measure (equal for both runs).")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
+    threads: ThreadsOpt = None,
+    debug: DebugOpt = False,
+):
+    """Rescale the network without changing its function; show which measures stay put (exit 0 if every claimed invariance holds)."""
+    from rich.markup import escape
+
+    from ..api import check_invariance
+
+    with StageProgress("check-invariance: rescaling") as shown:
+        rep = check_invariance(config, checkpoint, measures, transform=_value(transform), scale=scale, seed=seed,
+                               tol=tol, device=device, progress=shown.update, threads=threads)
+    log_line(rep.threads)
+    console.print(f"[bold]{escape(rep.checkpoint)}[/bold]: {escape(rep.describe())}", highlight=False, soft_wrap=True)
+    console.print(f"network output changed by {rep.output_rel_change:.2g} (relative, float64)", highlight=False)
+    print_table(console, _invariance_table(rep))
+    for r in rep.results:
+        if r.note:
+            console.print(f"* {r.label}: {r.note}", highlight=False, soft_wrap=True)
+        if r.error:
+            err_console.print(f"[red]error:[/red] {escape(r.error)}", highlight=False, soft_wrap=True)
+    ref = next((r for r in rep.results if r.label == rep.reference), None)
+    if ref is not None and ref.original and math.isfinite(ref.rescaled):
+        console.print(f"the Hessian trace changed by a factor {ref.rescaled / ref.original:.3g}", highlight=False)
+    claimed = [r for r in rep.results if r.claims_invariance]
+    bad = [r.label for r in claimed if not r.held]
+    if bad:
+        err_console.print(f"[red]invariance violated[/red] (tolerance {rep.tol:g}): {', '.join(bad)}", highlight=False)
+    else:
+        console.print(f"all {len(claimed)} measure(s) claiming invariance held it within {rep.tol:g}", highlight=False)
+    raise typer.Exit(rep.exit_code)
+
+
+def _invariance_table(rep) -> Table:
+    """The per-measure table of ``check-invariance``."""
+    from rich import box
+
+    t = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    t.add_column("measure", no_wrap=True)
+    for col, just in (("claims\ninvariance", "left"), ("original", "right"), ("rescaled", "right"),
+                      ("rel.\nchange", "right"), ("held?", "left")):
+        t.add_column(col, justify=just, no_wrap=True)
+    for r in rep.results:
+        name = r.label + ("*" if r.note else "")
+        claims = "yes" if r.claims_invariance else "no"
+        if r.held is None:
+            held = "[dim]ref.[/dim]" if r.label == rep.reference else "-"
+        else:
+            held = "[green]yes[/green]" if r.held else "[red]NO[/red]"
+        rel = "[red]error[/red]" if r.error else fmt(r.rel_change)
+        t.add_row(name, claims, fmt(r.original), fmt(r.rescaled), rel, held)
+    return t
+
+
+# ------------------------------------------------------------------ sweep worker (hidden)

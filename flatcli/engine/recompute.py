@@ -1,0 +1,173 @@
+r"""Recomputed activations (``runtime.recompute``): per-block activation checkpointing of the
+model's forward pass inside every Hessian-vector product.
+
+A reverse-mode Hessian product differentiates the gradient's graph (``create_graph``), which holds
+the activations of every layer saved by the forward pass and, again, those the first backward
+saves for the second. `checkpointed_blocks` runs each *block* of the model (every element of its
+outermost ``nn.ModuleList``\ s: GPT-2's ``transformer.h``, BERT's and ViT's ``encoder.layer``)
+under :func:`torch.utils.checkpoint.checkpoint` with ``use_reentrant=False``: the forward keeps
+only each block's inputs, and a block's activations are recomputed when the backward reaches it.
+
+Why exact. The non-reentrant variant records the recomputation with the autograd graph (it
+recomputes under ``enable_grad`` during the ``create_graph`` backward), so the second backward
+differentiates through the recomputed tensors; PyTorch documents it as supporting higher-order
+gradients, which the reentrant variant does not. One trap is specific to
+:func:`torch.func.functional_call`, which swaps the functional parameters into the modules only
+while the forward runs: a block recomputed later would read the model's own parameters and the
+graph would lose its path to θ. So each block's parameters and buffers are read when it is called
+(they are then the functional ones) and passed to the checkpointed function as *inputs*, which
+rebinds them with ``functional_call`` when it runs, first time and recomputation alike.
+tests/test_recompute.py checks the products against those without recomputation on tiny GPT-2 and
+BERT models in float64 (to rounding), and against a dense Hessian built row by row.
+
+What it saves, and what it does not: the forward's saved activations of the whole model are
+replaced by one block's plus the blocks' inputs; the graph the ``create_graph`` backward builds
+still holds what *it* saves (the double backward needs those tensors), and per-batch gradient graphs
+are no longer cached across products (`flatcli.engine.graphs`; the engine turns caching off). The
+recomputed activations are kept alive by the first backward's graph until the second backward, and
+the second backward recomputes each block once more (the checkpointed function runs three times per
+block and gradient graph). Measured (docs/performance.md, scripts/bench_large.py, GPT-2 shapes on
+CPU): the same values; peak memory 0-3% lower over a whole λmax + trace run at 2M and 10M parameters
+(18% for one product at 2M); 1.1-2× the time per product. A real saving needs products that keep no
+gradient graph (forward-over-reverse with checkpointing), which the fused LM head does not support yet.
+
+Models without a ``ModuleList`` of blocks are run as they are (`find_blocks` returns nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+from torch import nn
+from torch.func import functional_call
+from torch.utils.checkpoint import checkpoint
+
+RECOMPUTE = ("auto", "true", "false")
+
+_state = threading.local()
+
+
+def find_blocks(model: nn.Module) -> list[nn.Module]:
+    """The elements of the outermost ``nn.ModuleList``\\ s of ``model`` with parameters (lists nested
+    inside an element are left to it)."""
+    blocks: list[nn.Module] = []
+
+    def walk(m: nn.Module) -> None:
+        for child in m.children():
+            if isinstance(child, nn.ModuleList):
+                blocks.extend(b for b in child if any(True for _ in b.parameters()))
+            else:
+                walk(child)
+
+    walk(model)
+    return blocks
+
+
+def _checkpointed_forward(block: nn.Module, original):
+    """``block.forward`` replaced by a checkpointed call that passes the block's current tensors
+    (the functional parameters while ``functional_call`` runs) as inputs."""
+
+    def forward(*args, **kwargs):
+        if getattr(_state, "inside", False) or not torch.is_grad_enabled():
+            return original(*args, **kwargs)
+        args, kwargs = _without_cache(args, kwargs)
+        names = [n for n, _ in block.named_parameters(remove_duplicate=False)]
+        names += [n for n, _ in block.named_buffers(remove_duplicate=False)]
+        tensors = [*(t for _, t in block.named_parameters(remove_duplicate=False)),
+                   *(t for _, t in block.named_buffers(remove_duplicate=False))]
+        n = len(names)
+
+        def run(*flat):
+            _state.inside = True
+            try:
+                return functional_call(block, dict(zip(names, flat[:n], strict=True)), flat[n:], kwargs,
+                                       tie_weights=False, strict=False)
+            finally:
+                _state.inside = False
+
+        return checkpoint(run, *tensors, *args, use_reentrant=False, preserve_rng_state=False)
+
+    return forward
+
+
+def _is_cache(x) -> bool:
+    """A Hugging Face key/value cache (duck-typed: ``transformers.Cache`` has these methods)."""
+    return hasattr(x, "get_seq_length") and hasattr(x, "update")
+
+
+def _without_cache(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The block's arguments with any key/value cache replaced by None and ``use_cache`` off: a
+    recomputed block would append its keys and values to the cache a second time (as Hugging Face's
+    own gradient checkpointing does, which passes no cache to checkpointed layers)."""
+    args = tuple(None if _is_cache(a) else a for a in args)
+    kwargs = {k: (None if _is_cache(v) else v) for k, v in kwargs.items()}
+    if "use_cache" in kwargs:
+        kwargs["use_cache"] = False
+    return args, kwargs
+
+
+@contextlib.contextmanager
+def checkpointed_blocks(blocks: list[nn.Module]):
+    """Run ``blocks`` with activation checkpointing inside the context (their ``forward`` is
+    restored on exit; recomputation later, in backward, needs no patch)."""
+    saved = []
+    try:
+        for b in blocks:
+            had = "forward" in b.__dict__
+            saved.append((b, had, b.__dict__.get("forward")))
+            b.forward = _checkpointed_forward(b, b.forward)
+        yield
+    finally:
+        for b, had, f in reversed(saved):
+            if had:
+                b.forward = f
+            else:
+                del b.forward
+
+
+def parse_recompute(value) -> str:
+    """``runtime.recompute`` as one of "auto", "true", "false" (YAML booleans accepted)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value not in RECOMPUTE:
+        raise ValueError(f"recompute must be true, false or auto; got {value!r}")
+    return value
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Free memory of ``device``: CUDA's free bytes, else the host's ``MemAvailable`` (Linux; None
+    where it cannot be read)."""
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except RuntimeError:
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def predicted_product_bytes(problem, batch, batches: int, device: torch.device) -> tuple[int, int | None]:
+    """(predicted peak bytes of one Hessian product without recomputation, free bytes).
+
+    The rule of ``runtime.recompute: auto``: one forward pass over the first batch with grad,
+    counting the bytes its graph saves (``S``, `flatcli.engine.graphs.saved_bytes_counter`), then
+    ``3 S + 6 P b`` (the forward's saved tensors, about twice as much again saved by the
+    ``create_graph`` backward, and six P-vectors of ``b`` bytes: θ, its gradient, the vectors and
+    products). The forward is not counted in ``n_forward`` (it measures, it does not compute)."""
+    from .graphs import saved_bytes_counter
+
+    t = problem.theta.detach().requires_grad_(True)
+    hooks, total = saved_bytes_counter()
+    with hooks:
+        s = problem.batch_loss_sum(problem.unflatten(t), batch)
+    del s, t
+    elt = torch.finfo(problem.dtype).bits // 8
+    return int(3 * total[0] + 6 * problem.num_params * elt), free_bytes(device)

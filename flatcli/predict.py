@@ -1,0 +1,203 @@
+"""Predicted seconds and memory of a run (``--dry-run``), from products timed on the real model.
+
+`time_products` times one forward pass, one gradient and Hessian-vector products (one vector,
+then one block) over the measurement set of a checkpoint, and measures the memory one block
+product takes; `predict` turns a measure's declared counts (its registry ``estimate``: products,
+``hvp_block``, ``vectors``) into seconds and a peak-memory figure, or its ``applicable`` check's
+reason when it will end ``not_applicable``.
+
+The model of time: a product call of k vectors costs ``a + b·k`` seconds, ``a`` and ``b``
+fitted from the one-vector and the block timing (the second of two one-vector products, so
+graph caching is in its steady state); a gradient or per-sample VJP pass costs the timed
+gradient, a forward pass the timed forward pass, and a P-length dot product or axpy of the
+estimator's own (``vector_ops``: Lanczos's reorthogonalization) a timed projection's share. Memory: parameters, gradient and the vectors
+the estimator keeps (P numbers each, the dtype's size) plus the measured peak of one block
+product.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .engine import CurvatureEngine, Problem, eval_mode
+from .engine import dist as ranks
+from .loading.data import subset
+from .settings import Settings
+
+BLOCK = 16  # vectors of the timed block product (fewer when the engine's block is smaller)
+
+
+@dataclass
+class ProductTimes:
+    """Seconds of one forward pass, one gradient, one HVP of one vector and one of ``block``
+    vectors over the measurement set; ``engine_block`` the engine's block size; ``product_bytes``
+    the memory one block product took (``memory``: how it was measured); P, element size."""
+
+    forward: float
+    grad: float
+    hvp1: float
+    hvp_block: float
+    block: int
+    engine_block: int
+    product_bytes: int
+    memory: str
+    P: int
+    element: int
+    vector_op: float = 0.0  # seconds of one P-length dot product or axpy (a 16-vector basis projection / 32)
+    batched_vector_op: float = 0.0  # the same in runs of their own bases (SLQ's lockstep projection)
+
+    def hvp_seconds(self, n: float, k: int) -> float:
+        """Seconds of ``n`` HVPs in calls of ``k`` vectors (0: the engine's block size)."""
+        k = max(1, self.engine_block if k == 0 else k)
+        b = max((self.hvp_block - self.hvp1) / (self.block - 1), 0.0) if self.block > 1 else self.hvp1
+        a = max(self.hvp1 - b, 0.0)
+        return n * (a / k + b)
+
+
+def _rss_bytes(field: str) -> int | None:
+    """VmRSS/VmHWM of this process from /proc (Linux), None elsewhere."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    """Reset the kernel's peak-RSS mark (Linux ≥ 4.0: write 5 to /proc/self/clear_refs)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure_peak(fn, device: torch.device) -> tuple[int, str]:
+    """(bytes, how) the call ``fn()`` took above what was in use before it.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the
+    allocated memory before. CPU on Linux: the peak resident set (VmHWM) after resetting it through
+    /proc/self/clear_refs, minus the resident set (VmRSS) before: repeatable, unlike the
+    process-lifetime ``ru_maxrss``, which is the fallback elsewhere (then 0 when the call stays
+    below an earlier peak)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return max(int(torch.cuda.max_memory_allocated(device) - base), 0), "torch.cuda.max_memory_allocated"
+    before = _rss_bytes("VmRSS")
+    if before is not None and _reset_peak():
+        fn()
+        return max((_rss_bytes("VmHWM") or before) - before, 0), "peak RSS (VmHWM reset via /proc/self/clear_refs)"
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fn()
+    return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start, 0) * 1024, "ru_maxrss increase"
+
+
+def _timed(fn, repeat: int = 1) -> float:
+    """The shortest of ``repeat`` timings of ``fn()`` (one when it takes a second or more)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        if best >= 1.0:
+            break
+    return best
+
+
+def _project(Q: torch.Tensor, w: torch.Tensor) -> None:
+    """W − Qᵀ(Q w): one reorthogonalization pass against the rows of Q (2 vector ops per row)."""
+    w = w - (Q @ w) @ Q
+    if w.device.type == "cuda":
+        torch.cuda.synchronize(w.device)
+
+
+def _project_runs(Q: torch.Tensor, W: torch.Tensor) -> None:
+    """Each row of W against its own basis Q[r] (SLQ's step, `flatcli.engine.linalg.slq`)."""
+    W = W - torch.einsum("rj,rjp->rp", torch.einsum("rjp,rp->rj", Q, W), Q)
+    if W.device.type == "cuda":
+        torch.cuda.synchronize(W.device)
+
+
+def time_products(model: torch.nn.Module, data, st: Settings) -> tuple[ProductTimes, Problem]:
+    """Time the products on ``model`` over ``data``'s measurement set (the settings' size, seed,
+    device, dtype and precision), as `flatcli.pipeline.measure_model` builds them: a few seconds
+    at most on models whose products take well under a second. Returns the times and the
+    `Problem` (for the measures' ``applicable`` checks)."""
+    work = model.to(st.device, st.dtype)
+    with st.precision_context(), eval_mode(work):
+        problem = Problem(work, subset(data, st.num_samples, st.data_seed), loss=st.loss, batch_size=st.batch_size,
+                          device=st.device, dtype=st.dtype, params=st.params, dist=ranks.current())
+        eng = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision)
+        P = problem.num_params
+        gen = torch.Generator().manual_seed(0)
+        v = torch.randn(P, generator=gen).to(st.device, st.dtype)
+        k = max(2, min(BLOCK, eng.block_size))
+        V = torch.randn(k, P, generator=gen).to(st.device, st.dtype)
+        forward = _timed(eng.loss, 2)
+        grad = _timed(eng.grad, 2)
+        eng.hvp(v)  # builds (and may cache) the gradient graphs
+        hvp1 = _timed(lambda: eng.hvp(v), 2)
+        took: list[float] = []  # the block product, timed inside the memory probe (one call for both)
+        peak, how = measure_peak(lambda: took.append(_timed(lambda: eng.hvp(V))), torch.device(st.device))
+        hvpk = took[0]
+        eng.drop_graphs()
+        vector_op = _timed(lambda: _project(V, v), 3) / (2 * V.shape[0])
+        B = V[: 2 * (k // 2)].reshape(2, k // 2, P)  # 2 runs, each with a basis of k // 2 vectors
+        batched_op = _timed(lambda: _project_runs(B, V[:2]), 3) / (4 * (k // 2))
+    times = ProductTimes(forward, grad, hvp1, hvpk, k, eng.block_size, peak, how, P,
+                         torch.finfo(st.dtype).bits // 8, vector_op, batched_op)
+    return times, problem
+
+
+@dataclass
+class Prediction:
+    """One measure on one checkpoint: HVPs (least, most), seconds (least, most), peak bytes, and
+    ``status`` "ok" or "not_applicable" (then ``reason``; no cost)."""
+
+    hvps: tuple[int, int] = (0, 0)
+    seconds: tuple[float, float] = (0.0, 0.0)
+    peak_bytes: int = 0
+    status: str = "ok"
+    reason: str = ""
+
+    def to_json(self, checkpoint: str, label: str) -> dict[str, Any]:
+        """The ``--dry-run --format json`` entry."""
+        out: dict[str, Any] = {"checkpoint": checkpoint, "measure": label, "status": self.status}
+        if self.status == "not_applicable":
+            return {**out, "hvps_low": None, "hvps_high": None, "seconds_low": None, "seconds_high": None,
+                    "peak_bytes": None, "reason": self.reason}
+        return {**out, "hvps_low": self.hvps[0], "hvps_high": self.hvps[1], "seconds_low": self.seconds[0],
+                "seconds_high": self.seconds[1], "peak_bytes": self.peak_bytes}
+
+
+def predict(spec, dims, times: ProductTimes, problem: Problem | None = None) -> Prediction:
+    """The `Prediction` of one measure spec from its declared estimate and the timed products."""
+    reason = spec.not_applicable(problem) if problem is not None else None
+    if reason:
+        return Prediction(status="not_applicable", reason=reason)
+    est = spec.estimate(dims) or {}
+    block = est.get("hvp_block", (1, 1))[1]
+    hvps = est.get("n_hvp", (0, 0))
+
+    def seconds(i: int) -> float:
+        passes = est.get("n_grad", (0, 0))[i] + est.get("n_vjp", (0, 0))[i]
+        return (times.hvp_seconds(hvps[i], block) + passes * times.grad
+                + est.get("n_forward", (0, 0))[i] * times.forward + est.get("vector_ops", (0, 0))[i] * times.vector_op
+                + est.get("batched_vector_ops", (0, 0))[i] * times.batched_vector_op)
+
+    keeps = est.get("vectors", (0, 0))[1] + (times.engine_block if block == 0 else block) * (hvps[1] > 0)
+    product = times.product_bytes if hvps[1] > 0 or est.get("n_grad", (0, 0))[1] > 0 else 0
+    peak = times.element * times.P * (2 + keeps) + product
+    return Prediction(hvps=(int(hvps[0]), int(hvps[1])), seconds=(seconds(0), seconds(1)), peak_bytes=int(peak))

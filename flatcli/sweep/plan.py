@@ -1,0 +1,177 @@
+"""The plan of a sweep: its units (checkpoint × measure) with their keys, written to and read
+from ``OUTDIR/plan.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+from ..errors import ConfigError
+from ..jobs import Job
+from ..loading.checkpoints import fingerprint
+from ..measures import MeasureSpec
+from ..results import atomic_write
+from .store import (
+    PLAN_FILE,
+    dumps,
+    measure_hash,
+    shard_of,
+    unit_id,
+)
+
+
+# ------------------------------------------------------------------ the plan
+@dataclass(frozen=True)
+class Unit:
+    """One unit of work, a checkpoint × one measure: its id (the hash of ``key``), the indices of
+    its checkpoint and measure in the plan, the measure's label, and ``key`` (fingerprints,
+    measure hash, version)."""
+
+    id: str
+    checkpoint_index: int
+    label: str
+    label_index: int
+    key: dict[str, Any]
+
+
+@dataclass
+class Plan:
+    """What a sweep computes; ``OUTDIR/plan.json`` (no timestamps: every shard writes the same file)."""
+
+    config: dict[str, Any]
+    base_dir: str
+    config_hash: str
+    version: str
+    specs: list[dict[str, Any]]  # name, label, options, seed
+    checkpoints: list[dict[str, Any]]  # checkpoint, path, fingerprint, init_checkpoint, train_data, hparams
+    units: list[Unit]
+
+    @property
+    def labels(self) -> list[str]:
+        """The measure labels, in the configured order."""
+        return [s["label"] for s in self.specs]
+
+    def spec(self, label: str) -> MeasureSpec:
+        """The `MeasureSpec` of the measure labelled ``label``."""
+        s = next(s for s in self.specs if s["label"] == label)
+        return MeasureSpec(name=s["name"], label=s["label"], options=dict(s["options"]), seed=s["seed"],
+                           max_seconds=s.get("max_seconds"), max_hvps=s.get("max_hvps"))
+
+    def job(self, i: int) -> Job:
+        """The `Job` of checkpoint ``i`` (its resolved paths and hyperparameters)."""
+        c = self.checkpoints[i]
+        opt = lambda k: Path(c[k]) if c.get(k) else None  # noqa: E731
+        return Job(c["checkpoint"], Path(c["path"]), dict(c["hparams"]), opt("init_checkpoint"), opt("train_data"))
+
+    def units_for(self, shard: tuple[int, int] | None) -> list[Unit]:
+        """The units of shard ``(i, n)`` (`shard_of`), or every unit for None, in plan order."""
+        if shard is None:
+            return list(self.units)
+        i, n = shard
+        return [u for u in self.units if shard_of(u.id, n) == i]
+
+    def cfg(self):
+        """The sweep's `flatcli.config.Config`, rebuilt from the plan (no environment overrides)."""
+        from ..config import from_dict
+
+        return from_dict(self.config, base_dir=self.base_dir, env={})
+
+    def to_json(self) -> dict[str, Any]:
+        """The content of plan.json (format 1)."""
+        return {
+            "format": 1,
+            "version": self.version,
+            "config_hash": self.config_hash,
+            "base_dir": self.base_dir,
+            "config": self.config,
+            "measures": self.specs,
+            "checkpoints": self.checkpoints,
+            "units": [
+                {"id": u.id, "checkpoint_index": u.checkpoint_index, "label": u.label,
+                 "label_index": u.label_index, "key": u.key}
+                for u in self.units
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Plan:
+        """The plan from the content of plan.json (`to_json`)."""
+        return cls(
+            config=d["config"],
+            base_dir=d["base_dir"],
+            config_hash=d["config_hash"],
+            version=d["version"],
+            specs=d["measures"],
+            checkpoints=d["checkpoints"],
+            units=[Unit(u["id"], u["checkpoint_index"], u["label"], u["label_index"], u["key"]) for u in d["units"]],
+        )
+
+
+def build_plan(cfg, specs: list[MeasureSpec], jobs: list[Job]) -> Plan:
+    """Fingerprint every checkpoint (and its init checkpoint / training set) and list the units."""
+    config = cfg.to_dict()
+    fps: dict[str, str] = {}
+
+    def fp(p: Path | None) -> str | None:
+        if p is None:
+            return None
+        k = str(Path(p).resolve())
+        if k not in fps:
+            try:
+                fps[k] = fingerprint(p)
+            except FileNotFoundError:
+                raise ConfigError(f"file not found: {p}") from None
+        return fps[k]
+
+    mh = {s.label: measure_hash(config, s) for s in specs}
+    checkpoints, units = [], []
+    for ci, job in enumerate(jobs):
+        key_fp = {"checkpoint": fp(job.path), "init": fp(job.init_checkpoint), "train_data": fp(job.train_data)}
+        checkpoints.append({
+            "checkpoint": job.checkpoint,
+            "path": str(Path(job.path).resolve()),
+            "fingerprint": key_fp["checkpoint"],
+            "init_checkpoint": str(Path(job.init_checkpoint).resolve()) if job.init_checkpoint else None,
+            "train_data": str(Path(job.train_data).resolve()) if job.train_data else None,
+            "hparams": dict(job.hparams),
+        })
+        for li, s in enumerate(specs):
+            key = {"fingerprints": key_fp, "measure_hash": mh[s.label], "version": __version__}
+            units.append(Unit(unit_id(key_fp, mh[s.label], __version__), ci, s.label, li, key))
+    ids = [u.id for u in units]
+    if len(set(ids)) != len(ids):
+        dup = sorted({checkpoints[u.checkpoint_index]["checkpoint"] for u in units if ids.count(u.id) > 1})
+        raise ConfigError(f"the same checkpoint file is listed more than once: {', '.join(dup[:4])}")
+    return Plan(
+        config=config,
+        base_dir=str(Path(cfg.base_dir).resolve()),
+        config_hash=cfg.hash(),
+        version=__version__,
+        specs=[{"name": s.name, "label": s.label, "options": s.options, "seed": s.seed,
+                **{k: getattr(s, k) for k in ("max_seconds", "max_hvps") if getattr(s, k) is not None}}
+               for s in specs],
+        checkpoints=checkpoints,
+        units=units,
+    )
+
+
+def write_plan(outdir: str | os.PathLike, plan: Plan) -> Path:
+    """Write ``OUTDIR/plan.json`` atomically; returns its path."""
+    path = Path(outdir) / PLAN_FILE
+    atomic_write(path, dumps(plan.to_json()))
+    return path
+
+
+def load_plan(outdir: str | os.PathLike) -> Plan:
+    """The plan in ``OUTDIR/plan.json``; `ConfigError` when it is missing or not a plan."""
+    path = Path(outdir) / PLAN_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: run 'flatcli sweep -c CONFIG -o {outdir}' first")
+    try:
+        return Plan.from_json(json.loads(path.read_text()))
+    except (ValueError, KeyError) as e:
+        raise ConfigError(f"{path} is not a flatcli sweep plan ({type(e).__name__}: {e})") from None
