@@ -120,6 +120,7 @@ def measure(
     shared = out  # every rank reads OUTDIR/results.json for --resume: they must reuse the same measures
     if not world.is_main:
         out = None
+    _check_before_data(cfg, jobs, st)
     data.get("train")
     data.get("test")
     meta = {
@@ -301,6 +302,28 @@ def _leave_ranks(world) -> None:
     dist.leave(world)
 
 
+
+
+def _check_before_data(cfg, jobs, st) -> None:
+    """Cheap checks against the first checkpoint's model before any data is loaded or tokenized:
+    the ``params`` selection matches its parameter names, and a text split's ``max_length`` fits its
+    positions (Hugging Face ``n_positions``/``max_position_embeddings``). Only when there is
+    something to check; a checkpoint that cannot be loaded is left to its row."""
+    from ..errors import FlatcliError
+    from ..loading.hf import check_positions
+    from ..pipeline import load_model
+
+    texts = [(k, s) for k in ("train", "test") if (s := getattr(cfg.data, k)) is not None
+             and s.source == "text" and s.max_length is not None]
+    if not jobs or (st.params.everything and not (texts and cfg.model.source == "huggingface")):
+        return
+    try:
+        model, _ = load_model(cfg, jobs[0].path)
+    except FlatcliError:
+        return
+    st.params.select(model)
+    for k, s in texts:
+        check_positions(model, f"data.{k}.max_length", s.max_length, jobs[0].path)
 
 
 def _artifacts(rows: list[Row], specs, folder: Path) -> list[Path]:

@@ -89,9 +89,9 @@ def fisher_rao_norm(ctx, opts: FisherRaoOptions) -> MeasureResult:
         res = _fisher_rao(ctx, fm, opts)
     finally:
         fm.merge_counters(ctx.engine)
-    if fm.own:
+    labels = res.diagnostics.pop("_labels", None)
+    if fm.own or not fm.diagnostics["folded_batchnorm"]:  # nothing folded: the raw form is the value
         return res
-    labels = res.diagnostics.pop("_labels")
     d = ctx.engine.per_unit_directional(ctx.problem.theta, labels=labels).double()
     res.diagnostics["raw_parameterization_value"] = float((d * d).mean())
     res.diagnostics["n_jvp"] += 1
