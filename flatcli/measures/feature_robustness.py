@@ -108,6 +108,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, MeasurementError
+from ..stats import mean_stderr
 from . import MeasureResult, register
 from ._options import Bool, Integral, Optional, Real, Str, opt
 from .relative_flatness import (
@@ -229,8 +230,7 @@ def feature_robustness(ctx, opts: FeatureRobustnessOptions) -> MeasureResult:
         ctx.engine.sum_(inc)
         ctx.engine.count(n_forward=passes)
     ef = inc[: len(deltas)] / p.n  # (curve, samples): per-matrix antithetic E_F
-    mean = ef.mean(1)
-    se = ef.std(1, unbiased=True) / math.sqrt(opts.samples)
+    mean, se = mean_stderr(ef, axis=1)
     if not bool(torch.isfinite(mean).all()):
         raise MeasurementError(f"{NAME}: the perturbed loss is not finite")
     curve = [
@@ -260,7 +260,7 @@ def feature_robustness(ctx, opts: FeatureRobustnessOptions) -> MeasureResult:
     if opts.representativeness:
         ek = inc[-1] / p.n
         diag["e_f_kernel"] = float(ek.mean())
-        diag["e_f_kernel_stderr"] = float(ek.std(unbiased=True) / math.sqrt(opts.samples))
+        diag["e_f_kernel_stderr"] = float(mean_stderr(ek)[1])
         rep = representativeness(ctx, module, name, opts, scale)
         diag.update(rep)
         diag["bound"] = diag["e_f_kernel"] + rep["representativeness"]
@@ -391,7 +391,7 @@ def kde_representativeness(Z, fold_model, delta: float, folds: int, draws: int, 
     reps_a = np.asarray(reps)
     return {
         "representativeness": float(reps_a.mean()),
-        "representativeness_stderr": float(reps_a.std(ddof=1) / math.sqrt(folds)),
+        "representativeness_stderr": mean_stderr(reps_a)[1],
         "kde_bandwidth": h,
         "kde_loglik": float(np.mean(logliks)) if logliks else math.nan,
         "kde_folds": folds,
