@@ -44,6 +44,7 @@ import torch
 
 from ..engine import linalg
 from ..errors import ConfigError
+from ..stats import mean_stderr
 from . import MeasureResult, register
 from ._ascent import _direction, _nonfinite_value, apgd, random_start, scale_vector
 from ._options import Bool, Integral, OneOf, Optional, Real, opt
@@ -320,8 +321,6 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     eig_starts, lanczos_hvps, patterns, stopped = [], 0, [], False
     if not opts.first_order and opts.eigen_starts > 0:
         eig_starts, lanczos_hvps, patterns, stopped = eigen_starts(ctx, c, opts.eigen_starts, opts.rho, opts.norm)
-    tally = {"wins": {"eigen": 0, "random": 0, "zero": 0, "corner": 0}, "reductions": 0, "corner_evals": 0,
-             "corner_modes": set()}
     # Each batch's random starts come from the generator state at that batch (the draws of one
     # process, batch after batch), so that the batches can be solved on any rank
     # (engine.map_batches) with the same starts; only the states are kept, not the draws.
@@ -342,11 +341,17 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     outcomes = ctx.engine.map_batches(
         work, lambda item: _batch_worst(ctx, item[0], c, opts, eig_starts, patterns, item[1], own))
     stopped = stopped or bool(fired)
+    return _worst_result(p, opts, work, outcomes, len(eig_starts), lanczos_hvps, stopped)
+
+
+def _worst_result(p, opts: WorstOptions, work, outcomes, n_eigen: int, lanczos_hvps: int, stopped: bool) -> MeasureResult:
+    """`sharpness_worst`'s value (the |B|/n-weighted mean of the batches' maxima) and diagnostics
+    from the batches' outcomes ``(best, winning start, reductions, corner evaluations, mode)``."""
+    tally = {"wins": {"eigen": 0, "random": 0, "zero": 0, "corner": 0}, "reductions": 0, "corner_evals": 0,
+             "corner_modes": set()}
     per_batch: list[float] = []
     weights: list[float] = []
-    finite = True
     for (mb, _), (best, won, red, evals, mode) in zip(work, outcomes, strict=True):
-        finite = finite and math.isfinite(best)
         per_batch.append(best)
         weights.append(p.units(mb) / p.n)
         if won is not None:
@@ -356,28 +361,26 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
         if mode is not None:
             tally["corner_modes"].add(mode)
     diag = {
-        "batches": len(batches),
+        "batches": len(work),
         "batch_min": min(per_batch),
         "batch_max": max(per_batch),
         "reductions": tally["reductions"],
         "lanczos_hvps": lanczos_hvps,
-        "eigen_starts": len(eig_starts),
+        "eigen_starts": n_eigen,
         **{f"best_start_{k}": v for k, v in tally["wins"].items()},
     }
     if opts.norm == "linf" and not opts.first_order:
         modes = tally["corner_modes"]
         diag["corner_search"] = next((m for m in ("off", "budget", "local") if m in modes), "exhaustive")
         diag["corner_evals"] = tally["corner_evals"]
-    if not finite:
-        bad = [v for v in per_batch if not math.isfinite(v)]
+    bad = [v for v in per_batch if not math.isfinite(v)]
+    if bad:
         diag["non_finite_batches"] = len(bad)
         return MeasureResult(value=_nonfinite_value(bad), diagnostics=diag, status="non_finite")
     value = sum(w * v for w, v in zip(weights, per_batch, strict=True))
     if len(per_batch) > 1:
-        t = torch.tensor(per_batch, dtype=torch.float64)
-        diag["batch_stderr"] = float(t.std(unbiased=True) / math.sqrt(len(per_batch)))
+        diag["batch_stderr"] = mean_stderr(per_batch)[1]
     return MeasureResult(value=value, diagnostics=diag, status="budget" if stopped else "ok")
-
 
 def _batch_worst(ctx, mb, c, opts: WorstOptions, eig_starts, patterns, random_state, stop=None):
     """One batch's worst case: SAM's step, or the ascents from ``eig_starts`` and ``restarts``
@@ -473,11 +476,8 @@ def sharpness_average(ctx, opts: AverageOptions) -> MeasureResult:
         bad = [v for v in vals if not math.isfinite(v)]
         diag["non_finite_samples"] = len(bad)
         return MeasureResult(value=_nonfinite_value(bad), diagnostics=diag, status="non_finite")
-    return MeasureResult(
-        value=float(t.mean()),
-        stderr=float(t.std(unbiased=True) / math.sqrt(len(vals))),
-        diagnostics=diag,
-    )
+    mean, se = mean_stderr(t)
+    return MeasureResult(value=float(mean), stderr=float(se), diagnostics=diag)
 
 
 # ---------------------------------------------------------------- keskar_sharpness
