@@ -79,6 +79,7 @@ class DataSource:
     max_length: int | None = field(default=None, metadata=_NEW)
     padding: str = field(default="longest", metadata=_NEW)  # longest (over the file) | max_length
     truncation: bool = field(default=True, metadata=_NEW)
+    text_split: str | None = field(default=None, metadata=_NEW)  # .txt: lines (default) | windows
 
 
 @dataclass
@@ -474,20 +475,31 @@ def _validate_model(m: ModelConfig) -> None:
                           "(Python factories are named by 'model.target')")
 
 
-TEXT_KEYS = ("tokenizer", "text_field", "text_pair_field", "label_field", "max_length")
+TEXT_KEYS = ("tokenizer", "text_field", "text_pair_field", "label_field", "max_length", "text_split")
 
 
 def _validate_text(src: DataSource, where: str) -> None:
-    """The text source's keys: ``path``, ``tokenizer`` and ``text_field`` required, ``padding`` one of
-    longest | max_length (max_length needs ``max_length``); text keys only with ``source: text``."""
+    """The text source's keys: ``path`` required, ``text_field`` too except for a ``.txt`` file,
+    ``tokenizer`` unless the checkpoint folders hold one (checked when loading), ``padding`` one of
+    longest | max_length (max_length needs ``max_length``), ``text_split`` (``.txt`` only) one of
+    lines | windows (windows needs ``max_length``); text keys only with ``source: text``."""
     if src.source != "text":
         used = [k for k in TEXT_KEYS if getattr(src, k) is not None]
         if used:
             raise ConfigError(f"config key '{where}.{used[0]}' needs {where}.source: text")
         return
-    for key in ("path", "tokenizer", "text_field"):
-        if not getattr(src, key):
-            raise ConfigError(f"config key '{where}.{key}' is required for source text")
+    if not src.path:
+        raise ConfigError(f"config key '{where}.path' is required for source text")
+    txt = str(src.path).lower().endswith(".txt")
+    if not txt and not src.text_field:
+        raise ConfigError(f"config key '{where}.text_field' is required for source text (except for a .txt file)")
+    if src.text_split is not None:
+        if not txt:
+            raise ConfigError(f"config key '{where}.text_split' applies to a .txt file only; got path {src.path}")
+        if src.text_split not in ("lines", "windows"):
+            raise ConfigError(f"config key '{where}.text_split' must be one of lines, windows; got {src.text_split!r}")
+        if src.text_split == "windows" and src.max_length is None:
+            raise ConfigError(f"config key '{where}.max_length' is required with text_split: windows")
     if src.padding not in ("longest", "max_length"):
         raise ConfigError(f"config key '{where}.padding' must be one of longest, max_length; got {src.padding!r}")
     if src.max_length is not None and src.max_length < 2:

@@ -350,12 +350,29 @@ class DataCache:
 
                 src = DataSource(source="tensors", path=str(path))
             else:
-                src = getattr(self.cfg.data, split)
+                src = self._with_tokenizer(getattr(self.cfg.data, split))
             self._cache[key] = (
                 None if src is None
                 else load_split(src, split, self.cfg.base_dir, self.cfg.data.normalize, self.cache_dir)
             )
         return self._cache[key]
+
+
+    def _with_tokenizer(self, src):
+        """A text source without ``tokenizer``: the first Hugging Face checkpoint folder holding one."""
+        if src is None or src.source != "text" or src.tokenizer is not None or self.cfg.model.source != "huggingface":
+            return src
+        import dataclasses
+
+        from .jobs import resolve_jobs
+        from .loading.text import checkpoint_tokenizer
+
+        try:
+            folders = [j.path for j in resolve_jobs(self.cfg)]
+        except ConfigError:
+            return src
+        found = checkpoint_tokenizer(folders)
+        return src if found is None else dataclasses.replace(src, tokenizer=str(found))
 
 
 def read_hparams_from_keys(extras: dict, keys: list[str] | None) -> dict[str, Any]:
@@ -379,11 +396,13 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
     labels = [s.label for s in specs]
     try:
         model, extras = load_model(cfg, job.path)
+        settings.params.select(model)  # a selection that matches nothing fails before any data is loaded
         hp = dict(job.hparams)
         hp.update(read_hparams_from_keys(extras, cfg.hparams.from_keys))
         init_state = load_init_state(cfg, job, model)
+        train, test = _checked_data(cfg, job, model, data)
         row = measure_model(
-            model, data.get("train", job.train_data), specs, test=data.get("test"), settings=settings,
+            model, train, specs, test=test, settings=settings,
             init_state=init_state, checkpoint=job.checkpoint, hparams=hp, debug=debug, progress=progress,
             on_measure=on_measure, reuse=reuse, budget_among=budget_among,
         )
@@ -399,6 +418,24 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
         row = Row(checkpoint=job.checkpoint, labels=labels, hparams=dict(job.hparams))
         row.fail(describe_error(e), error_kind(e))
         return row
+
+
+def _checked_data(cfg: Config, job: Job, model, data: DataCache):
+    """The train and test splits, their token sequence lengths checked against the model's
+    positions (a Hugging Face model's ``n_positions``/``max_position_embeddings``): the configured
+    ``max_length`` before tokenizing, the tokenized width after."""
+    from .loading.hf import check_positions
+
+    out = []
+    for split in ("train", "test"):
+        src = getattr(cfg.data, split)
+        if src is not None and src.source == "text" and (split == "test" or job.train_data is None):
+            check_positions(model, f"data.{split}.max_length", src.max_length, job.path)
+        batch = data.get(split, job.train_data) if split == "train" else data.get(split)
+        if batch is not None and "input_ids" in batch and batch["input_ids"].dim() == 2:
+            check_positions(model, f"data.{split} (tokenized length)", batch["input_ids"].shape[1], job.path)
+        out.append(batch)
+    return out
 
 
 def load_init_state(cfg: Config, job: Job, model: torch.nn.Module | None = None) -> dict[str, torch.Tensor] | None:

@@ -157,7 +157,7 @@ def test_bf16_lambda_max_matches_the_dense_hessian_of_the_bf16_weights(hf, tmp_p
     float64 λmax of the stored weights, the fp32-verified value within 1e-4; the control difference
     is reported and is not zero (the products really ran in bfloat16); results.json records the
     dtype; the dry run names it."""
-    lam_opts = {"hessian_lambda_max": {"tol": 1e-5, "max_steps": 200}}
+    lam_opts = {"hessian_lambda_max": {"tol": 1e-4, "max_steps": 100}}
     cfg = config(hf, tmp_path / "c.yaml", name, measures=[lam_opts], runtime={"precision": "bf16"})
     res, text = run("measure", "-c", cfg, "-o", tmp_path / "o")
     assert res.exit_code == 0, text

@@ -413,7 +413,13 @@ def test_reparameterization_smoke(tmp_path):
         assert rel[("path_norm", t, "1000.0")] < 1e-4
     assert rel[("frobenius_norm", "layer", "1000.0")] > 1.0
     assert (sd / "results" / "plots" / "reparameterization.png").is_file()
-    assert "| `hessian_trace` | no |" in rep.summary.read_text()
+    summary = rep.summary.read_text()
+    assert "| `hessian_trace` | no |" in summary
+    # the counts are over the trained networks (1 in quick mode), not over them and their 4 copies
+    (o,) = rep.studies
+    assert o.models == 1 and o.extra["checkpoints"] == 5
+    assert "1 trained network(s), measured with their rescaled copies (5 checkpoints in all)" in summary
+    assert " of 5 models" not in summary and "trained networks)" not in summary
     # rerunning reuses the trained networks and rescales them again, not their copies
     logs: list[str] = []
     run_experiment(spec, out, quick=True, studies=["digits_mlp"], plots=False, log=logs.append)

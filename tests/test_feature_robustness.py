@@ -368,3 +368,26 @@ def test_representativeness_leaves_the_model_and_its_hooks_alone():
     measure(model, x, y, samples=3, curve=1, representativeness=True, normalize_features=True)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_negative_bound_is_not_a_bound():
+    # Issue 29: 10→64→5 ReLU nets, δ = 0.5: for a network measured on its own S the two terms of the
+    # bound nearly cancel and their sum falls below 0 for some seeds. A negative sum is kept as
+    # computed (E_F(A_δ) + representativeness, both written out in the diagnostics) with status
+    # not_a_bound; a non-negative one keeps status ok. Both cases must occur over these seeds.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 5)).double()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(40, 10, generator=g, dtype=DT), torch.randint(0, 5, (40,), generator=g)
+    signs = set()
+    for seed in range(6):
+        r = measure(model, x, y, seed=seed, samples=4, curve=1, delta=0.5, representativeness=True,
+                    kde_folds=4, kde_samples=1, batch_size=40)["feature_robustness"]
+        d = r.diagnostics
+        assert d["bound"] == pytest.approx(d["e_f_kernel"] + d["representativeness"], rel=1e-12)
+        negative = d["e_f_kernel"] + d["representativeness"] < 0
+        signs.add(negative)
+        assert r.status == ("not_a_bound" if negative else "ok")
+        assert d["bound_is_a_bound"] is (not negative)
+        assert r.value == d["curve"][0]["e_f"] > 0  # the value itself is untouched
+    assert signs == {True, False}

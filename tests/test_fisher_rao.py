@@ -178,3 +178,19 @@ def test_eval_mode_batchnorm_leaves_the_layer_before_it_active_and_the_default_i
     assert r.diagnostics["raw_parameterization_value"] == pytest.approx(raw, rel=1e-12)
     assert r.diagnostics["n_jvp"] == 2
     assert "raw_parameterization_value" not in _fr(model, x, y, fold_batchnorm=False).diagnostics
+
+
+def test_raw_parameterization_value_only_when_something_was_folded():
+    # A BatchNorm after a ReLU cannot be folded into a layer: nothing is folded, the measured form is
+    # the raw one, and no second "raw" value is reported (issue 29); the value is the raw direct one.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.BatchNorm1d(6), nn.Linear(6, 3)).double()
+    with torch.no_grad():
+        model[2].running_mean.uniform_(-0.5, 0.5)
+        model[2].running_var.uniform_(0.5, 2.0)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(16, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (16,), generator=g)
+    r = _fr(model, x, y)
+    assert r.diagnostics["folded_batchnorm"] == 0 and r.diagnostics["unfolded_batchnorm"] == "2"
+    assert "raw_parameterization_value" not in r.diagnostics and "_labels" not in r.diagnostics
+    assert r.value == pytest.approx(direct(Problem(model.eval(), x, y, batch_size=16), y), rel=1e-12)

@@ -74,13 +74,72 @@ def test_csv_pairs_and_one_line_errors(tmp_path, tok):
 
 def test_text_config_keys_are_validated():
     base = {"model": {"target": "x:y"}}
+    with pytest.raises(ConfigError, match="'data.train.text_field' is required for source text"):
+        from_dict({**base, "data": {"train": {"source": "text", "path": "d.jsonl", "tokenizer": "k"}}})
+    with pytest.raises(ConfigError, match="'data.train.text_split' must be one of lines, windows"):
+        from_dict({**base, "data": {"train": {"source": "text", "path": "d.txt", "text_split": "pages"}}})
+    with pytest.raises(ConfigError, match="'data.train.max_length' is required with text_split: windows"):
+        from_dict({**base, "data": {"train": {"source": "text", "path": "d.txt", "text_split": "windows"}}})
+    with pytest.raises(ConfigError, match="'data.train.text_split' applies to a .txt file only"):
+        from_dict({**base, "data": {"train": {"source": "text", "path": "d.csv", "text_field": "t", "text_split": "lines"}}})
+    # no tokenizer and no checkpoint folder holding one: one line when loading
+    cfg = from_dict({**base, "data": {"train": {"source": "text", "path": "d.txt"}}})
     with pytest.raises(ConfigError, match="'data.train.tokenizer' is required for source text"):
-        from_dict({**base, "data": {"train": {"source": "text", "path": "d.jsonl", "text_field": "text"}}})
+        text_source.load_text(cfg.data.train, "data.train", ".")
     with pytest.raises(ConfigError, match="'data.train.text_field' needs data.train.source: text"):
         from_dict({**base, "data": {"train": {"source": "tensors", "path": "d.pt", "text_field": "text"}}})
     with pytest.raises(ConfigError, match="'data.train.max_length' is required with padding: max_length"):
         from_dict({**base, "data": {"train": {"source": "text", "path": "d", "text_field": "t", "tokenizer": "k",
                                               "padding": "max_length"}}})
+
+
+def test_txt_one_document_per_line(tmp_path, tok):
+    data = tmp_path / "corpus.txt"
+    data.write_text("\n".join(H.SENTENCES[:3]) + "\n\n  \n" + H.SENTENCES[3] + "\n")  # blank lines skipped
+    src = DataSource(source="text", path=str(data), tokenizer=str(tok))
+    b = text_source.load_text(src, "data.train", tmp_path)
+    vocab = H.transformers().PreTrainedTokenizerFast.from_pretrained(tok).get_vocab()
+    assert set(b) == {"input_ids", "attention_mask"} and b["input_ids"].shape[0] == 4
+    for s, ids, mask in zip(H.SENTENCES[:4], b["input_ids"], b["attention_mask"], strict=True):
+        words = s.split()
+        assert mask.tolist()[: len(words)] == [1] * len(words) and int(mask.sum()) == len(words)
+        assert ids[: len(words)].tolist() == [vocab[w] for w in words]
+
+
+def test_txt_one_document_in_max_length_windows(tmp_path, tok):
+    data = tmp_path / "book.txt"
+    data.write_text("\n".join(H.SENTENCES))
+    words = " ".join(H.SENTENCES).split()  # 43 words, one token each
+    src = DataSource(source="text", path=str(data), tokenizer=str(tok), text_split="windows", max_length=10)
+    b = text_source.load_text(src, "data.train", tmp_path, tmp_path / "cache")
+    vocab = H.transformers().PreTrainedTokenizerFast.from_pretrained(tok).get_vocab()
+    n = len(words)
+    assert b["input_ids"].shape == (math.ceil(n / 10), 10)
+    flat = b["input_ids"][b["attention_mask"].bool()].tolist()
+    assert flat == [vocab[w] for w in words]  # every token once, in order, windows of 10
+    assert b["attention_mask"].sum(1).tolist() == [10] * (n // 10) + ([n % 10] if n % 10 else [])
+    lines = text_source.load_text(DataSource(source="text", path=str(data), tokenizer=str(tok), text_split="lines"),
+                                  "data.train", tmp_path, tmp_path / "cache")
+    assert lines["input_ids"].shape[0] == len(H.SENTENCES)  # the other split: a different cache entry
+    with pytest.raises(ConfigError, match=r"data.train.path: .*must be .jsonl, .json, .csv, .tsv, .parquet or .txt"):
+        text_source.read_table(tmp_path / "x.md", "data.train")
+
+
+def test_tokenizer_from_the_checkpoint_folder(tmp_path):
+    from flatcli.pipeline import DataCache
+
+    H.transformers()
+    ckpt = H.save_gpt2(tmp_path / "gpt2")
+    data = tmp_path / "c.txt"
+    data.write_text("\n".join(H.SENTENCES))
+    cfg = from_dict({"model": {"source": "huggingface", "class": "AutoModelForCausalLM"}, "checkpoints": [str(ckpt)],
+                     "data": {"train": {"source": "text", "path": str(data)}}})
+    with pytest.raises(ConfigError, match="'data.train.tokenizer' is required"):  # the folder has none yet
+        DataCache(cfg).get("train")
+    H.save_tokenizer(ckpt)  # the tokenizer saved inside the checkpoint folder
+    b = DataCache(cfg).get("train")
+    ref = text_source.load_text(DataSource(source="text", path=str(data), tokenizer=str(ckpt)), "data.train", tmp_path)
+    assert torch.equal(b["input_ids"], ref["input_ids"]) and b["input_ids"].shape[0] == len(H.SENTENCES)
 
 
 # ---------------------------------------------------------------- model config and checkpoints

@@ -14,7 +14,8 @@ from torch import nn
 
 from flatcli.engine import CurvatureEngine, Problem
 from flatcli.measures import MeasureContext, MeasureSpec, run_measure
-from flatcli.measures.sharpness import apgd_checkpoints, m_batches
+from flatcli.measures._ascent import apgd_checkpoints
+from flatcli.measures.sharpness import m_batches
 
 RHO = 0.1
 

@@ -238,6 +238,51 @@ def test_dry_run_and_one_line_errors(hf, tmp_path):
     assert res.exit_code == 2 and "AutoModelForCausalLM'" in text, text
 
 
+def test_max_length_above_the_models_positions_is_one_config_line(hf, tmp_path):
+    # n_positions is 16 here; 32 tokens would index past the position table (formerly an IndexError, exit 1)
+    cfg = gpt2_config(hf, tmp_path / "c.yaml", measures=["frobenius_norm"])
+    d = yaml.safe_load(cfg.read_text())
+    d["data"]["train"]["max_length"] = 32
+    cfg.write_text(yaml.safe_dump(d))
+    res, text = run("measure", "-c", cfg)
+    assert res.exit_code == 2 and "data.train.max_length is 32" in text and "n_positions 16" in text, text
+    assert "Traceback" not in text and "IndexError" not in text, text
+    # without max_length, texts tokenized longer than the positions: the same line with the width
+    long = H.write_jsonl(tmp_path / "long.jsonl", [{"text": " ".join(H.SENTENCES)}])
+    d["data"]["train"].pop("max_length")
+    d["data"]["train"]["path"] = str(long)
+    cfg.write_text(yaml.safe_dump(d))
+    res, text = run("measure", "-c", cfg)
+    n = len(" ".join(H.SENTENCES).split())
+    assert res.exit_code == 2 and f"(tokenized length) is {n}" in text and "n_positions 16" in text, text
+
+
+def test_truncated_safetensors_is_not_a_readable_checkpoint(hf, tmp_path):
+    import shutil
+
+    for cut in (20, -100):  # inside the header; inside the tensors' bytes
+        bad = tmp_path / f"cut{cut}"
+        shutil.copytree(hf["gpt2"], bad)
+        f = bad / "model.safetensors"
+        data = f.read_bytes()
+        f.write_bytes(data[:cut])
+        cfg = gpt2_config(hf, tmp_path / "c.yaml", measures=["frobenius_norm"])
+        res, text = run("measure", str(bad), "-c", cfg)
+        assert res.exit_code == 2 and "not a readable checkpoint" in text and str(f) in text, text
+        assert "SafetensorError" not in text and "Traceback" not in text, text
+
+
+def test_params_selection_is_checked_before_the_data(hf, tmp_path):
+    # the data file is missing: were the data loaded first, that would be the error reported
+    cfg = gpt2_config(hf, tmp_path / "c.yaml", measures=["frobenius_norm"], params={"include": ["nomatch.*"]})
+    d = yaml.safe_load(cfg.read_text())
+    d["data"]["train"]["path"] = str(tmp_path / "absent.jsonl")
+    cfg.write_text(yaml.safe_dump(d))
+    res, text = run("measure", "-c", cfg)
+    assert res.exit_code == 2 and "'nomatch.*' matches no trainable parameter" in text, text
+    assert "absent.jsonl" not in text, text
+
+
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
 def test_sdpa_and_eager_attention_give_the_same_loss(hf, name):
     """Both attention implementations compute the same function on padded batches (causal and

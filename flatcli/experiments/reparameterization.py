@@ -86,8 +86,14 @@ class Reparameterization(Experiment):
 
     def analyze(self, study: Study, sd: Path, results: Path, records: list[TrainRecord]) -> StudyOutcome:
         """The table of relative changes (no correlation: every copy has its original's gap)."""
-        _, unconv, kept = self.keep_converged(results)
-        outcome = StudyOutcome(study.name, sd, models=kept + len(unconv), converged=kept, unconverged=unconv)
+        _, unconv, _ = self.keep_converged(results)
+        # the criterion is about the trained networks: a rescaled copy computes its original's function
+        # (same loss), so the counts are over the originals, not over originals + copies
+        _, rows = read_table(results)
+        originals = [r for r in rows if str(r.get("hp_transform", "none")) == "none"]
+        kept = sum(1 for r in originals if self.is_converged(r))
+        outcome = StudyOutcome(study.name, sd, models=len(originals), converged=kept, unconverged=unconv)
+        outcome.extra["checkpoints"] = len(rows)
         table = relative_changes(results)
         outcome.files["relative_change"] = write_table(sd / "results" / "relative_change.csv", table)
         outcome.extra["table"] = table
@@ -104,7 +110,9 @@ class Reparameterization(Experiment):
             return ["No measurements.", ""]
         cols = sorted({(r["transform"], r["scale"]) for r in table}, key=lambda c: (c[0], c[1]))
         head = ["measure", "claims invariance"] + [f"{t} ×{a:g}" for t, a in cols]
-        lines = ["Median over the trained networks of the relative change |μ′ − μ| / |μ| (float32 weights: "
+        lines = [f"{o.models} trained network(s), measured with their rescaled copies ({o.extra.get('checkpoints', '?')} "
+                 "checkpoints in all).", "",
+                 "Median over the trained networks of the relative change |μ′ − μ| / |μ| (float32 weights: "
                  "≈ 1e-7 is exact invariance):", "",
                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
         measures = list(dict.fromkeys(r["measure"] for r in table))

@@ -103,6 +103,7 @@ def load_pretrained(class_name: str, path: str | os.PathLike, kwargs: dict[str, 
     kw.setdefault("attn_implementation", DEFAULT_ATTENTION)
     if "torch_dtype" not in kw:
         kw.setdefault("dtype", "auto" if dtype == "auto" else getattr(torch, dtype))
+    check_safetensors(p)
     try:
         model = cls.from_pretrained(str(p), local_files_only=True, use_safetensors=True, **kw)
     except (OSError, ValueError, TypeError, KeyError) as e:
@@ -112,6 +113,46 @@ def load_pretrained(class_name: str, path: str | os.PathLike, kwargs: dict[str, 
         model.config.use_cache = False  # no key/value cache in the outputs
     model.eval()
     return model, describe(model, class_name)
+
+
+def check_safetensors(folder: Path) -> None:
+    """Every ``*.safetensors`` file of the folder has a readable header and holds its tensors' bytes
+    (a truncated or damaged file is a `ConfigError` naming it, not the library's SafetensorError)."""
+    import json
+    import struct
+
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        size = f.stat().st_size
+        why = None
+        try:
+            with open(f, "rb") as fh:
+                head = fh.read(8)
+                n = struct.unpack("<Q", head)[0] if len(head) == 8 else None
+                meta = json.loads(fh.read(n)) if n is not None and 8 + n <= size else None
+        except (OSError, ValueError, UnicodeDecodeError) as e:
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            meta = None
+        if meta is None or not isinstance(meta, dict):
+            why = why or "its header is incomplete"
+        else:
+            ends = [v["data_offsets"][1] for k, v in meta.items()
+                    if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v]
+            if 8 + n + max(ends, default=0) > size:
+                why = f"it holds {size} bytes, its header describes {8 + n + max(ends)}"
+        if why:
+            raise ConfigError(f"checkpoint {f} is not a readable checkpoint (truncated or damaged: {why})")
+
+
+def check_positions(model, what: str, length: int | None, path) -> None:
+    """A `ConfigError` naming both numbers when ``length`` exceeds the model's positions."""
+    cfg = getattr(model, "config", None)
+    limit = None
+    for key in ("n_positions", "max_position_embeddings"):
+        limit = limit or getattr(cfg, key, None)
+    if length is not None and isinstance(limit, int) and length > limit:
+        key = "n_positions" if getattr(cfg, "n_positions", None) else "max_position_embeddings"
+        raise ConfigError(f"{what} is {length} but the model of {path} has {key} {limit}: "
+                          f"set max_length ≤ {limit}")
 
 
 def describe(model: torch.nn.Module, class_name: str = "") -> dict[str, Any]:

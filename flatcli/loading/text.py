@@ -4,13 +4,21 @@
 
 * ``path``: JSON lines (``.jsonl``; ``.json`` as JSON lines or one JSON array), CSV (``.csv``)
   or Parquet (``.parquet``, needs ``pyarrow``), read with pandas; nothing is downloaded.
+* ``path`` may also be plain text (``.txt``, UTF-8), read two ways, ``text_split``:
+  ``lines`` (default): one document per non-empty line (``text_field`` not needed);
+  ``windows``: the whole file is one document, tokenized once (no special tokens added) and cut
+  into consecutive windows of ``max_length`` tokens (required), the last one shorter (padded,
+  masked) when the token count is not a multiple; ``label_field``/``text_pair_field`` do not
+  apply to ``.txt``.
 * ``text_field``: the column of texts; ``text_pair_field``: an optional second segment
   (sentence pairs, as BERT's MNLI inputs); ``label_field``: optional class labels (integers;
   they become ``labels``, the target of ``cross_entropy``). Without ``label_field`` the batch
   holds ``input_ids`` and ``attention_mask`` only, which is what ``loss: causal_lm`` needs: its
   labels are the input ids with padded positions ignored (`flatcli.engine.losses.CausalLM`).
 * ``tokenizer``: a directory written by ``save_pretrained`` (read offline by
-  ``transformers.AutoTokenizer``); ``max_length`` (default: the tokenizer's), ``truncation``
+  ``transformers.AutoTokenizer``); when omitted with ``model.source: huggingface``, the first
+  checkpoint folder holding a tokenizer (``tokenizer.json`` or ``tokenizer_config.json``, as
+  ``save_pretrained`` of a tokenizer writes them) is used (`checkpoint_tokenizer`); ``max_length`` (default: the tokenizer's), ``truncation``
   (default true) and ``padding``: ``longest`` (default: every row padded to the longest row
   of the file) or ``max_length``. Padding is always on the right, so positions count from 0 in
   every row; a tokenizer without a pad token pads with its end-of-text token (padded positions
@@ -46,6 +54,9 @@ def load_text(src, where: str, base_dir: Path, cache_dir: Path | None = None) ->
     ``input_ids``, ``attention_mask`` (``token_type_ids``) and, with ``label_field``, ``labels``;
     read from ``cache_dir`` when it was tokenized before."""
     path = _resolve(src.path, base_dir)
+    if src.tokenizer is None:
+        raise ConfigError(f"config key '{where}.tokenizer' is required for source text "
+                          "(no checkpoint folder holds a tokenizer)")
     tok_dir = _resolve(src.tokenizer, base_dir)
     if not path.is_file():
         raise ConfigError(f"{where}.path: file not found: {path}")
@@ -89,6 +100,8 @@ def cache_key(src, path: Path, tok_dir: Path) -> str:
         "fields": [src.text_field, src.text_pair_field, src.label_field],
         "max_length": src.max_length, "padding": src.padding, "truncation": src.truncation,
     }
+    if getattr(src, "text_split", None):
+        spec["text_split"] = src.text_split
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -114,7 +127,7 @@ def read_table(path: Path, where: str):
     except ValueError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"{where}.path: {path} is not readable as {suffix[1:]}: {first}") from None
-    raise ConfigError(f"{where}.path: {path} must be .jsonl, .json, .csv, .tsv or .parquet")
+    raise ConfigError(f"{where}.path: {path} must be .jsonl, .json, .csv, .tsv, .parquet or .txt")
 
 
 def _column(table, field: str, key: str, where: str, path: Path) -> list:
@@ -144,22 +157,79 @@ def _labels(table, field: str, where: str, path: Path) -> torch.Tensor:
     return t if t.is_floating_point() else t.long()
 
 
-def tokenize(src, path: Path, tok_dir: Path, where: str) -> Batch:
-    """Read and tokenize the split (no cache)."""
-    from .hf import load_tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
-    table = read_table(path, where)
-    if len(table) == 0:
-        raise ConfigError(f"{where}.path: {path} holds no rows")
-    texts = _texts(table, src.text_field, "text_field", where, path)
-    pairs = _texts(table, src.text_pair_field, "text_pair_field", where, path) if src.text_pair_field else None
-    tok = load_tokenizer(tok_dir, where)
+
+def checkpoint_tokenizer(folders) -> Path | None:
+    """The first of ``folders`` (checkpoint directories) holding a saved tokenizer, or None."""
+    for d in folders:
+        d = Path(d)
+        if d.is_dir() and any((d / f).is_file() for f in TOKENIZER_FILES):
+            return d
+    return None
+
+
+def _read_txt(path: Path, where: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}.path: {path} is not UTF-8 text: {e.reason} at byte {e.start}") from None
+
+
+def _pad_token(tok, tok_dir: Path, where: str) -> None:
     tok.padding_side = "right"
     if tok.pad_token is None:
         if tok.eos_token is None:
             raise ConfigError(f"{where}.tokenizer: {tok_dir} has neither a pad nor an end-of-text token; "
                               "set one (tokenizer.pad_token = ...) and save it again")
         tok.pad_token = tok.eos_token
+
+
+def _windows(tok, text: str, max_length: int, path: Path, where: str) -> dict:
+    """One document cut into windows of max_length tokens (the last one padded and masked)."""
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < 2:
+        raise ConfigError(f"{where}.path: {path} holds fewer than 2 tokens")
+    rows = [ids[i : i + max_length] for i in range(0, len(ids), max_length)]
+    if len(rows[-1]) < 2:  # a 1-token window has no next-token target
+        rows.pop()
+    input_ids = torch.full((len(rows), len(rows[0])), int(tok.pad_token_id), dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for r, w in enumerate(rows):
+        input_ids[r, : len(w)] = torch.as_tensor(w)
+        mask[r, : len(w)] = 1
+    return {"input_ids": input_ids, "attention_mask": mask}
+
+
+def _tokenize_txt(src, path: Path, tok, tok_dir: Path, where: str) -> Batch:
+    text = _read_txt(path, where)
+    if src.label_field or src.text_pair_field:
+        raise ConfigError(f"{where}: label_field and text_pair_field need a table (.jsonl, .csv, ...), not {path.name}")
+    if (src.text_split or "lines") == "windows":
+        return Batch(_windows(tok, text, int(src.max_length), path, where), where=f"{where}.path {path}")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise ConfigError(f"{where}.path: {path} holds no non-empty lines")
+    enc = tok(lines, max_length=src.max_length, truncation=bool(src.truncation),
+              padding="max_length" if src.padding == "max_length" else "longest", return_tensors="pt")
+    return Batch({k: v for k, v in enc.items() if isinstance(v, torch.Tensor)}, where=f"{where}.path {path}")
+
+
+def tokenize(src, path: Path, tok_dir: Path, where: str) -> Batch:
+    """Read and tokenize the split (no cache)."""
+    from .hf import load_tokenizer
+
+    if path.suffix.lower() == ".txt":
+        tok = load_tokenizer(tok_dir, where)
+        _pad_token(tok, tok_dir, where)
+        return _tokenize_txt(src, path, tok, tok_dir, where)
+    table = read_table(path, where)
+    if len(table) == 0:
+        raise ConfigError(f"{where}.path: {path} holds no rows")
+    texts = _texts(table, src.text_field, "text_field", where, path)
+    pairs = _texts(table, src.text_pair_field, "text_pair_field", where, path) if src.text_pair_field else None
+    tok = load_tokenizer(tok_dir, where)
+    _pad_token(tok, tok_dir, where)
     enc = tok(texts, pairs, max_length=src.max_length, truncation=bool(src.truncation),
               padding="max_length" if src.padding == "max_length" else "longest", return_tensors="pt")
     out = {k: v for k, v in enc.items() if isinstance(v, torch.Tensor)}

@@ -82,9 +82,14 @@ each fold's training part (their code for Fig. 4), so the held-out losses are te
 losses; flatcli measures a given network trained on S, so for ``feature_robustness``
 the held-out losses are training losses and the estimate is close to
 :math:`-\mathcal E_F(\mathcal A_\delta)` (in expectation over the draws exactly so when
-the folds are equal: the bound is then close to 0), i.e. it says how the network's loss at its training
-features compares with its loss under the kernel mixture, not how representative S is
-of unseen data. `kde_representativeness` accepts a per-fold predictor for the paper's
+the folds are equal: the bound is then close to 0, and negative about as often as positive), i.e. it says
+how the network's loss at its training features compares with its loss under the kernel
+mixture, not how representative S is of unseen data. A negative ``bound`` bounds no gap
+(a generalization gap can be negative, but a bound below 0 only restates that the two
+estimates nearly cancel): it is reported unclamped, as computed, with status
+``not_a_bound`` and ``bound_is_a_bound`` false, so that it cannot read as a bound; the
+value (E_F(δ)) is unaffected. It bounds the gap approximately only in the paper's
+setting (ψ refitted per fold) and where it is ≥ 0. `kde_representativeness` accepts a per-fold predictor for the paper's
 use. The authors' code differs in two further ways, deliberately not copied: it
 weights losses by raw kernel density values (which scale like :math:`h^{-m}`) and
 passes δ‖φ(x_i)‖ as sample weights of a bandwidth-1 KDE rather than as bandwidths.
@@ -103,6 +108,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, MeasurementError
+from ..stats import mean_stderr
 from . import MeasureResult, register
 from ._options import Bool, Integral, Optional, Real, Str, opt
 from .relative_flatness import (
@@ -189,7 +195,9 @@ def feature_robustness(ctx, opts: FeatureRobustnessOptions) -> MeasureResult:
     ``normalize_features``, ``zero_std_features``, ``forward_passes``; with
     ``representativeness``: ``representativeness``, ``representativeness_stderr``,
     ``e_f_kernel`` (E_F under Prop. 2's A_δ) and its ``e_f_kernel_stderr``, ``bound``
-    (their sum), ``kde_bandwidth``, ``kde_loglik``, ``kde_folds``.
+    (their sum, kept as computed even when negative), ``bound_is_a_bound`` (bound ≥ 0),
+    ``kde_bandwidth``, ``kde_loglik``, ``kde_folds``. Status ``not_a_bound`` when the
+    bound is negative (the value, E_F(δ), is unaffected; see the module docstring).
 
     Options: ``layer`` (last Linear), ``delta`` (0.1), ``samples`` (20),
     ``curve`` (4), ``normalize_features`` (False), ``representativeness`` (False),
@@ -222,8 +230,7 @@ def feature_robustness(ctx, opts: FeatureRobustnessOptions) -> MeasureResult:
         ctx.engine.sum_(inc)
         ctx.engine.count(n_forward=passes)
     ef = inc[: len(deltas)] / p.n  # (curve, samples): per-matrix antithetic E_F
-    mean = ef.mean(1)
-    se = ef.std(1, unbiased=True) / math.sqrt(opts.samples)
+    mean, se = mean_stderr(ef, axis=1)
     if not bool(torch.isfinite(mean).all()):
         raise MeasurementError(f"{NAME}: the perturbed loss is not finite")
     curve = [
@@ -253,11 +260,13 @@ def feature_robustness(ctx, opts: FeatureRobustnessOptions) -> MeasureResult:
     if opts.representativeness:
         ek = inc[-1] / p.n
         diag["e_f_kernel"] = float(ek.mean())
-        diag["e_f_kernel_stderr"] = float(ek.std(unbiased=True) / math.sqrt(opts.samples))
+        diag["e_f_kernel_stderr"] = float(mean_stderr(ek)[1])
         rep = representativeness(ctx, module, name, opts, scale)
         diag.update(rep)
         diag["bound"] = diag["e_f_kernel"] + rep["representativeness"]
-    return MeasureResult(value=value, stderr=float(se[0]), diagnostics=diag)
+        diag["bound_is_a_bound"] = diag["bound"] >= 0
+    status = "not_a_bound" if opts.representativeness and diag["bound"] < 0 else "ok"
+    return MeasureResult(value=value, stderr=float(se[0]), diagnostics=diag, status=status)
 
 
 def _antithetic_increases(p, module, name, Os, sizes, inv, scale) -> torch.Tensor:
@@ -382,7 +391,7 @@ def kde_representativeness(Z, fold_model, delta: float, folds: int, draws: int, 
     reps_a = np.asarray(reps)
     return {
         "representativeness": float(reps_a.mean()),
-        "representativeness_stderr": float(reps_a.std(ddof=1) / math.sqrt(folds)),
+        "representativeness_stderr": mean_stderr(reps_a)[1],
         "kde_bandwidth": h,
         "kde_loglik": float(np.mean(logliks)) if logliks else math.nan,
         "kde_folds": folds,

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
+from ..stats import mean_stderr
 from . import MeasureResult, register
 from ._bn import folded_measurement
 from ._options import Bool, OneOf, opt
@@ -89,9 +90,9 @@ def fisher_rao_norm(ctx, opts: FisherRaoOptions) -> MeasureResult:
         res = _fisher_rao(ctx, fm, opts)
     finally:
         fm.merge_counters(ctx.engine)
-    if fm.own:
+    labels = res.diagnostics.pop("_labels", None)
+    if fm.own or not fm.diagnostics["folded_batchnorm"]:  # nothing folded: the raw form is the value
         return res
-    labels = res.diagnostics.pop("_labels")
     d = ctx.engine.per_unit_directional(ctx.problem.theta, labels=labels).double()
     res.diagnostics["raw_parameterization_value"] = float((d * d).mean())
     res.diagnostics["n_jvp"] += 1
@@ -125,8 +126,8 @@ def _fisher_rao(ctx, fm, opts: FisherRaoOptions) -> MeasureResult:
     if not math.isfinite(value):
         return MeasureResult(value=value, diagnostics=diag, status="non_finite")
     stderr = (
-        float(sq.std(unbiased=True) / math.sqrt(len(sq)))
-        if opts.labels == "model" and len(sq) > 1
+        float(mean_stderr(sq)[1])
+        if opts.labels == "model"
         else None
     )
     return MeasureResult(value=value, stderr=stderr, diagnostics=diag)

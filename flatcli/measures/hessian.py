@@ -407,8 +407,11 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
       Lanczos, stay within about 150 HVPs, sized for a ResNet-18 on thousands of samples): :math:`N_{\mathrm{eff}}(z) =
       \mathrm{Tr}\, f(H)` with :math:`f(\lambda) = \lambda_+/(\lambda_+ + z)`.
       Negative eigenvalues (saddle directions, small at a minimum) count 0:
-      :math:`\lambda/(\lambda+z)` has a pole at :math:`-z`. ``stderr`` is the
-      standard error over runs.
+      :math:`\lambda/(\lambda+z)` has a pole at :math:`-z`. ``stderr`` combines the
+      standard error over runs (diagnostic ``stderr_runs``, times Student's t factor for
+      few runs) with an estimate of the Lanczos quadrature error, which is the same in
+      every run and which the spread over runs does not show (``quadrature_error``;
+      `flatcli.engine.linalg.SLQResult.stderr`).
     * ``z`` (default 1.0) is a fixed curvature threshold in loss units, the
       prior precision of Maddox et al.'s Bayesian reading: a direction counts as
       determined by the data when its curvature exceeds ``z``. A fixed ``z``
@@ -442,7 +445,7 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
     lam_k = top[-1]
     cond = top[0] / lam_k if lam_k > 0 else None
     s = linalg.slq(H, runs=opts.slq_runs, steps=opts.slq_steps, generator=ctx.generator(1), budget=ctx.budget)
-    neff, se = s.expect(lambda t: effective_dimension(t, opts.z))
+    neff, se, se_runs, quad = s.stderr(lambda t: effective_dimension(t, opts.z))
     nodes = np.concatenate(s.nodes)
     lo = min(float(nodes.min()), top[-1])
     hi = max(float(nodes.max()), top[0])
@@ -463,6 +466,8 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
             "lanczos_steps": r.steps,
             "condition_number": cond,
             "slq_runs": len(s.nodes),
+            "stderr_runs": se_runs,
+            "quadrature_error": quad,
             "slq_steps": int(max(len(t) for t in s.nodes)),
             "density_grid": grid.tolist(),
             "density": dens.tolist(),

@@ -105,6 +105,7 @@ import numpy as np
 import torch
 
 from ..errors import MeasurementError
+from ..stats import mean_stderr
 from . import MeasureResult, register
 from ._hessian_diag import (
     DiagonalOptions,
@@ -237,8 +238,7 @@ def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
         draws.append(loss(theta + (std * eps_).to(theta.device, theta.dtype)))
     draws = np.asarray(draws)
     K = len(draws)
-    mean = float(draws.mean())
-    mc_se = float(draws.std(ddof=1) / math.sqrt(K))
+    mean, mc_se = mean_stderr(draws)
     width = B * math.sqrt(math.log(2.0 / opts.confidence) / (2 * K))
     curvature = h / (2 * lam * eta2)  # KL(Q‖P)/λ = ½√(h/λ)·NS₂(R)
     lam_term = lam / (2 * m)

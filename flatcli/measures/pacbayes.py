@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..stats import mean_stderr
 from . import MeasureResult, register
 from ._bn import folded_init_theta, folded_measurement
 from ._layers import class_outputs_or_error
@@ -144,13 +145,9 @@ def _pacbayes(ctx, fm, opts: PacBayesOptions) -> MeasureResult:
             # a non-finite perturbed loss is an infinitely large deviation
             vals.append(v if math.isfinite(v) else math.inf)
         t = torch.tensor(vals, dtype=torch.float64)
-        mean = float(t.mean())
-        se = (
-            float(t.std(unbiased=True) / math.sqrt(len(vals)))
-            if len(vals) > 1 and math.isfinite(mean)
-            else math.nan
-        )
-        return mean, se
+        mean, se = mean_stderr(t)
+        mean = float(mean)
+        return mean, (float(se) if math.isfinite(mean) else math.nan)
 
     diag: dict = {"base": base, "criterion": opts.criterion, **fm.diagnostics}
     d_max, se_max = deviation(opts.sigma_max)

@@ -191,6 +191,12 @@ class SweepOptions:
             raise ConfigError("`shard` and `executor` slurm are exclusive: the job array makes its own shards")
 
 
+def _worker_args(opts: SweepOptions, start: float, run: str | None = None) -> WorkerArgs:
+    """The arguments for a run ``run`` of ``opts`` that started at time ``start``."""
+    return WorkerArgs(opts.shard, None if opts.resume else start, start if opts.retry_failed else None,
+                      opts.lock_timeout, run)
+
+
 def _worker_argv(outdir, w: int, n: int, wp: WorkerPlan, args: WorkerArgs) -> list[str]:
     return [sys.executable, "-m", "flatcli", "sweep-worker", str(outdir), "--worker", str(w), "--workers", str(n),
             "--device", wp.device, "--threads", str(wp.threads), *args.argv()]
@@ -246,7 +252,7 @@ def run_sweep(
     outdir = Path(outdir)
     store = Store(outdir)
     plan = build_plan(cfg, specs, jobs)
-    args = WorkerArgs.of(opts, t_start, run=uuid.uuid4().hex[:12])
+    args = _worker_args(opts, t_start, run=uuid.uuid4().hex[:12])
     selected = plan.units_for(opts.shard)
     already = sum(store.is_done(u.id, args.redo_before, args.retry_before) for u in selected)
     report = SweepReport(outdir=outdir, units=len(plan.units), selected=len(selected), already_done=already,

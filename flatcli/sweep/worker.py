@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..jobs import Job
 from ..loading.text import TOKENIZED_DIR
@@ -22,9 +22,6 @@ from .store import (
     Store,
     unit_record,
 )
-
-if TYPE_CHECKING:
-    from .runner import SweepOptions
 
 DELAY_ENV = "FLATCLI_SWEEP_UNIT_DELAY"  # test hook: seconds to sleep inside every unit
 
@@ -237,12 +234,6 @@ class WorkerArgs:
     retry_before: float | None
     lock_timeout: float
     run: str | None = None  # the sweep run's id, stored in the unit records its workers write
-
-    @classmethod
-    def of(cls, opts: SweepOptions, start: float, run: str | None = None) -> WorkerArgs:
-        """The arguments for a run ``run`` of ``opts`` that started at time ``start``."""
-        return cls(opts.shard, None if opts.resume else start, start if opts.retry_failed else None,
-                   opts.lock_timeout, run)
 
     def argv(self) -> list[str]:
         """These arguments as ``flatcli sweep-worker`` options."""

@@ -42,13 +42,13 @@ from .lanczos import (
     precision_control,
     verify_eigenpair,
 )
-from .slq import SLQResult, slq, slq_group_size
+from .slq import SLQResult, gauss_rule, slq, slq_group_size, t_factor
 from .stop import DiagonalCheck, KrylovStop, ProbeStop
 from .trace import NearZeroFloor, TraceResult, hutchinson, hutchpp
 
 __all__ = [
     "Budget", "NearZeroFloor", "MatVec", "Operator", "as_operator", "KrylovStop", "ProbeStop", "DiagonalCheck", "rademacher", "rowdot", "CheckedDiagonal", "checked_gauss_newton_diagonal", "exact_diagonal",
     "hutchinson_diagonal", "remainder_block_gaps", "scaled_diagonal", "LanczosResult", "PrecisionControl",
-    "certified_min_steps", "lanczos", "precision_control", "verify_eigenpair", "SLQResult", "slq",
-    "slq_group_size", "TraceResult", "hutchinson", "hutchpp", "_check_coordinates",
+    "certified_min_steps", "lanczos", "precision_control", "verify_eigenpair", "SLQResult", "gauss_rule", "slq",
+    "slq_group_size", "t_factor", "TraceResult", "hutchinson", "hutchpp", "_check_coordinates",
 ]

@@ -1,0 +1,63 @@
+"""The Python entry points: `measure`, `sweep`, `collect`, `correlate`, `landscape`, `check_invariance`.
+
+Everything the CLI does goes through here; the CLI only parses and renders. One module per
+concern: `_common` (configs, threads, selections), `measure`, `plan` (dry runs), `views`
+(landscapes, the invariance check), `analysis` (sweeps, collect, correlate); every public name is
+here.
+
+>>> import flatcli
+>>> report = flatcli.measure("configs/digits_mlp.yaml")            # doctest: +SKIP
+>>> report.rows[0].results["hessian_trace"].value                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from ..pipeline import (  # noqa: F401  (re-exported: the Python API)
+    DataCache,
+    as_specs,
+    check_finite_model,
+    check_targets,
+    load_init_state,
+    load_model,
+    manifest_train_data,
+    measure_job,
+    measure_model,
+    versions,
+)
+from ._common import load, select_measures, use_threads
+from .analysis import collect, collect_frame, correlate, correlate_frame, sweep
+from .measure import (
+    REUSABLE,
+    MeasureInterrupted,
+    MeasureReport,
+    measure,
+    measure_keys,
+    previous_results,
+)
+from .plan import CostPlan, plan_costs
+from .views import check_invariance, landscape, landscape_connect, landscape_pca
+
+__all__ = [
+    "CostPlan",
+    "MeasureInterrupted",
+    "MeasureReport",
+    "REUSABLE",
+    "check_invariance",
+    "collect",
+    "collect_frame",
+    "correlate",
+    "correlate_frame",
+    "landscape",
+    "landscape_connect",
+    "landscape_pca",
+    "load",
+    "load_model",
+    "measure",
+    "measure_keys",
+    "measure_model",
+    "plan_costs",
+    "previous_results",
+    "select_measures",
+    "sweep",
+    "use_threads",
+]

@@ -1,0 +1,89 @@
+"""What every entry point shares: loading a config, choosing threads, selecting measures and
+checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config import Config, from_dict, load_config, parse_measures
+from ..errors import ConfigError
+from ..jobs import Job, resolve_jobs
+from ..measures import MeasureSpec
+
+
+def load(config: Config | str | Path | dict | None, changes: dict[str, Any] | None = None) -> Config:
+    """A `Config` from a path, a mapping or a Config; ``changes`` ({"runtime.seed": 3, ...},
+    None values ignored; see `flatcli.config.overrides`) win over everything, as CLI flags do."""
+    if isinstance(config, Config):
+        from ..config import _set_path
+
+        for k, v in (changes or {}).items():
+            if v is not None:
+                _set_path(config, k, v, "cli")
+        return config
+    if isinstance(config, dict):
+        return from_dict(config, overrides=changes)
+    return load_config(config, changes)
+
+
+def use_threads(cfg: Config, workers: int | None = None) -> str:
+    """Size torch's intra-op threads for this process from ``runtime.threads`` (`flatcli.threads`:
+    ``auto`` is OMP_NUM_THREADS when set, else cores // workers, workers defaulting to
+    LOCAL_WORLD_SIZE or 1); returns the choice in words for the log."""
+    from ..threads import configure_threads
+
+    return str(configure_threads(cfg.runtime.threads, workers))
+
+
+
+def _plan(cfg: Config, checkpoints, measures) -> tuple[list[Job], list[MeasureSpec]]:
+    """Validate what every pipeline needs; resolve the jobs and the measures to run."""
+    if not cfg.model.target and cfg.model.source != "huggingface":
+        raise ConfigError("config key 'model.target' is required")
+    if cfg.data.train is None:
+        raise ConfigError("config key 'data.train' is required")
+    jobs = resolve_jobs(cfg, list(checkpoints) if checkpoints else None)
+    if not jobs:
+        raise ConfigError("no checkpoints: list them under 'checkpoints' or pass paths on the command line")
+    specs = select_measures(cfg, measures, has_init=any(j.init_checkpoint is not None for j in jobs))
+    return jobs, specs
+
+def select_measures(cfg: Config, names: Sequence[str] | str | None, has_init: bool | None = None) -> list[MeasureSpec]:
+    """The config's measures, or those named (``-m``): a configured label or measure name keeps
+    its configured options; another registered name runs with defaults; 'all' runs every measure."""
+    specs = cfg.measure_specs()
+    if names is None:
+        if not specs:
+            raise ConfigError("no measures configured: add a 'measures' list to the config or pass -m NAME,...")
+        return specs
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    if list(names) == ["all"]:
+        from ..measures import list_measures
+
+        chosen = []
+        by_name = {s.name: s for s in specs}
+        for info in list_measures():
+            if info.needs_init and not (has_init if has_init is not None else cfg.init_checkpoint):
+                continue
+            chosen.append(by_name.get(info.name, MeasureSpec(info.name, info.name)))
+        return chosen
+    out = []
+    for n in names:
+        hit = [s for s in specs if s.label == n] or [s for s in specs if s.name == n]
+        out.extend(hit if hit else parse_measures([n], "-m"))
+    return out
+
+
+
+
+def _one_job(cfg: Config, checkpoint: str | Path | None) -> Job:
+    if checkpoint is None:
+        jobs = resolve_jobs(cfg)
+        if len(jobs) != 1:
+            raise ConfigError(f"check-invariance takes one checkpoint; the config lists {len(jobs)}: pass one")
+        return jobs[0]
+    (job,) = resolve_jobs(cfg, [str(checkpoint)])
+    return job

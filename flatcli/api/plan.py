@@ -1,0 +1,215 @@
+"""`plan_costs`: what a run will cost (``--dry-run``): products per measure, predicted seconds and
+peak memory, or not_applicable with its reason."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import Config, overrides
+from ..pipeline import (
+    DataCache,
+    load_model,
+)
+from ..settings import Settings
+from ._common import _plan, load
+
+
+@dataclass
+class CostPlan:
+    """What a run of the configured measures will cost: per checkpoint and measure label, the
+    (least, most) of each engine counter (``n_hvp``, ``n_grad``, ``n_forward``, ``n_vjp``; full-set
+    equivalents, ranges for adaptive estimators), and the sizes it was computed from; ``errors``
+    holds (checkpoint, message) for every checkpoint that could not be loaded (no costs for it)."""
+
+    checkpoints: list[str]
+    labels: list[str]
+    costs: list[dict[str, dict[str, tuple[int, int]] | None]]  # per loaded checkpoint: label -> counters
+    dims: list[Any]  # per loaded checkpoint
+    loaded: list[str] = field(default_factory=list)  # the checkpoints ``costs`` and ``dims`` are of
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    params: dict[str, Any] | None = None  # the parameter selection on the first loaded model
+    predictions: list[dict[str, Any]] = field(default_factory=list)  # per loaded checkpoint: label -> Prediction
+    times: list[Any] = field(default_factory=list)  # per loaded checkpoint: its group's ProductTimes
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """``--dry-run --format json``: one entry per loaded checkpoint × measure (`flatcli.predict.Prediction`)."""
+        return [pred.to_json(ckpt, lab) for ckpt, per in zip(self.loaded, self.predictions, strict=True)
+                for lab, pred in per.items()]
+    dtypes: list[str] = field(default_factory=list)  # per loaded checkpoint: the type it loads in
+    dtype_setting: str = "auto"  # model.dtype
+    precision: str = ""  # runtime.precision, resolved for the device (e.g. "bf16", "fp32")
+
+    @property
+    def exit_code(self) -> int:
+        """2 when a checkpoint could not be loaded (bad input), else 0."""
+        return 2 if self.errors else 0
+
+    def totals(self) -> dict[str, tuple[int, int]]:
+        """(least, most) of each counter summed over every loaded checkpoint and measure."""
+        from ..pipeline import COUNTERS
+
+        tot = {c: [0, 0] for c in COUNTERS}
+        for per in self.costs:
+            for est in per.values():
+                for c, (lo, hi) in (est or {}).items():
+                    tot[c][0] += lo
+                    tot[c][1] += hi
+        return {c: (lo, hi) for c, (lo, hi) in tot.items()}
+
+    def lines(self) -> list[str]:
+        """The plan in words: per group of checkpoints of one size, one line per measure; then a
+        line per checkpoint that could not be loaded, and the totals."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for k, d in enumerate(self.dims):
+            groups.setdefault((d.P, d.n), []).append(k)
+        out = [_describe_params(self.params)] if self.params else []
+        if self.dtypes:
+            out.append(_describe_dtypes(self.dtypes, self.dtype_setting, self.precision))
+        for (P, _), ks in groups.items():
+            which = "" if len(groups) == 1 else f" for {_names([self.loaded[k] for k in ks])}"
+            out.append(f"estimated products per checkpoint{which} (P = {P:,} parameters, {_describe_n(self.dims[ks[0]])}; "
+                       "gradients and passes over the whole measurement set):")
+            if self.times:
+                out.append(f"  timed: {_describe_times(self.times[ks[0]])}")
+            out += [f"  {lab}: {_describe_plan(self.costs[ks[0]].get(lab), self.predictions[ks[0]].get(lab) if self.predictions else None)}"
+                    for lab in self.labels]
+        out += [f"checkpoint {c}: cannot be loaded: {e}" for c, e in self.errors]
+        loaded = len(self.loaded)
+        secs = [sum(p.seconds[i] for per in self.predictions for p in per.values()) for i in (0, 1)]
+        out.append(f"total over {loaded} checkpoint(s)" + (f" ({len(self.errors)} could not be loaded)" if self.errors
+                   else "") + ": " + _describe_cost(self.totals(), empty="parameters only")
+                   + (f"; about {_range(secs, _secs)}" if self.predictions else ""))
+        return out
+
+
+def _describe_n(d) -> str:
+    """``n = 40 samples``, or ``n = 64 sequences (728 tokens)`` when the loss scores many units
+    (tokens) per row: the count the user set (``measure_data.num_samples``) first."""
+    if d.rows and d.rows != d.n:
+        return f"n = {d.rows:,} sequences ({d.n:,} scored tokens)"
+    return f"n = {d.n:,} samples"
+
+
+def _secs(x: float) -> str:
+    return f"{x:.2g} s" if x < 10 else f"{x:,.0f} s"
+
+
+def _bytes(x: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if x < 1024 or unit == "GiB":
+            return f"{x:.3g} {unit}" if unit != "B" else f"{int(x)} B"
+        x /= 1024
+    return f"{x:.3g} GiB"
+
+
+def _range(pair, show) -> str:
+    """``1.2 s`` or ``1.2–3.4 s`` (the unit once)."""
+    lo, hi = show(pair[0]), show(pair[1])
+    if lo == hi:
+        return lo
+    a, unit = lo.rsplit(" ", 1)
+    b, unit2 = hi.rsplit(" ", 1)
+    return f"{a}–{b} {unit}" if unit == unit2 else f"{lo}–{hi}"
+
+
+def _describe_times(t) -> str:
+    """The timed products of a size group, in words."""
+    return (f"forward {_secs(t.forward)}, gradient {_secs(t.grad)}, HVP {_secs(t.hvp1)} (1 vector), "
+            f"{_secs(t.hvp_block)} ({t.block} vectors); one product's memory {_bytes(t.product_bytes)} ({t.memory})")
+
+
+def _describe_plan(est, pred) -> str:
+    """One measure's line: its products, then the predicted seconds and peak memory, or
+    ``not_applicable`` with the reason instead of a cost."""
+    if pred is not None and pred.status == "not_applicable":
+        return f"not_applicable: {pred.reason}"
+    text = _describe_cost(est)
+    if pred is not None:
+        text += f"; {_range(pred.seconds, _secs)}, peak {_bytes(pred.peak_bytes)}"
+    return text
+
+
+_PRODUCTS = {"bf16": "forward and products in bfloat16, vectors and sums in float32, verified in float32",
+             "tf32": "TF32 products", "fp32": "float32", "fp64": "float64"}
+
+
+def _describe_dtypes(dtypes: list[str], setting: str, precision: str) -> str:
+    """``model dtype: bfloat16 (model.dtype: auto); products: bf16 (forward and products in ...)``."""
+    kinds = ", ".join(dict.fromkeys(dtypes))
+    return (f"model dtype: {kinds} (model.dtype: {setting}); products: {precision}"
+            + (f" ({_PRODUCTS[precision]})" if precision in _PRODUCTS else ""))
+
+
+def _describe_params(sel: dict[str, Any]) -> str:
+    """``params: include head.* → 1 tensor, 28 parameters: head.weight`` (every trainable one when
+    no patterns are given)."""
+    pats = [f"include {', '.join(sel['include'])}"] if sel["include"] else []
+    pats += [f"exclude {', '.join(sel['exclude'])}"] if sel["exclude"] else []
+    head = f"params: {'; '.join(pats)} → " if pats else "params: every trainable parameter → "
+    return head + f"{sel['tensors']} tensor(s), {sel['count']:,} parameters: {_names(sel['names'], 6)}"
+
+
+def _names(names: list[str], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _describe_cost(est: dict[str, tuple[int, int]] | None, empty: str = "parameters only") -> str:
+    """``12 HVPs, 3–5 gradients``: the counters with work, each a count or a range."""
+    from ..pipeline import COUNTERS
+
+    if est is None:
+        return "no estimate declared"
+    names = {"n_hvp": "HVPs", "n_grad": "gradients", "n_forward": "forward passes", "n_vjp": "VJP passes"}
+    parts = [f"{lo}" + ("" if lo == hi else f"–{hi}") + f" {names[c]}" for c in COUNTERS
+             for lo, hi in [est.get(c, (0, 0))] if hi > 0]
+    return ", ".join(parts) or empty
+
+
+def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | None = None, *,
+               measures: Sequence[str] | str | None = None, device: str | None = None,
+               precision: str | None = None, timed: bool = True) -> CostPlan:
+    """The products `measure`/`sweep` would spend (``--dry-run``), from the measures' declared cost
+    formulas and each checkpoint's model size; loads every checkpoint's model but measures nothing.
+    A checkpoint that cannot be loaded is reported in ``errors`` (the others are still planned).
+
+    With ``timed``, one checkpoint of each size group has its products timed on the measurement
+    set (`flatcli.predict.time_products`: a forward pass, a gradient, HVPs of one vector and of
+    one block, and one block product's memory), and every measure gets a `flatcli.predict.Prediction`
+    (seconds, peak bytes, or ``not_applicable`` with the reason) in ``predictions``."""
+    from ..errors import FlatcliError
+    from ..loading.models import model_dtype
+    from ..pipeline import estimate_products, problem_dims
+    from ..predict import predict, time_products
+
+    cfg = load(config, overrides(device=device, precision=precision))
+    jobs, specs = _plan(cfg, checkpoints, measures)
+    st = Settings.from_config(cfg)
+    data = DataCache(cfg)
+    plan = CostPlan([j.checkpoint for j in jobs], [s.label for s in specs], [], [],
+                    dtype_setting=cfg.model.dtype, precision=st.effective_precision)
+    groups: dict[tuple[int, int], Any] = {}  # (P, n) -> (ProductTimes, Problem) of its first checkpoint
+    for job in jobs:
+        try:
+            model, _ = load_model(cfg, job.path)
+        except FlatcliError as e:
+            plan.errors.append((job.checkpoint, str(e)))
+            continue
+        dims = problem_dims(model, data.get(st.split, job.train_data if st.split == "train" else None), st)
+        if plan.params is None:
+            plan.params = st.params.describe(model, st.params.select(model))
+        plan.dims.append(dims)
+        plan.costs.append(estimate_products(specs, dims))
+        plan.loaded.append(job.checkpoint)
+        plan.dtypes.append(model_dtype(model))
+        if timed:
+            key = (dims.P, dims.n)
+            if key not in groups:
+                with st.precision_context():
+                    groups[key] = time_products(model, data.get(st.split, job.train_data if st.split == "train" else None), st)
+            times, problem = groups[key]
+            plan.times.append(times)
+            plan.predictions.append({s.label: predict(s, dims, times, problem) for s in specs})
+    return plan
