@@ -211,8 +211,17 @@ def test_every_measure_computes_its_derivatives_through_the_engine(monkeypatch):
     assert callers and all(c.startswith(engine) for c in callers), sorted(callers)
 
 
+def test_modules_stay_under_700_lines():
+    """No module over 700 lines: a larger one is split along its responsibilities (as linalg,
+    correlation, the sweep runner, the CLI and the API were)."""
+    big = {mod: n for mod, path in MODULES.items() if (n := len(path.read_text().splitlines())) > 700}
+    assert not big, big
+
+
 def test_functions_stay_short():
-    """No function body (docstring excluded) over 75 lines; ruff's complexity rules do the rest."""
+    """No function body (docstring excluded) over 75 lines; ruff's complexity rules do the rest.
+    Docstrings are not counted: the numerical routines document their method and references
+    there (`lanczos` is 111 lines with its 50-line docstring, 58 of code)."""
     long = []
     for mod, path in MODULES.items():
         for n in ast.walk(_tree(path)):
