@@ -98,8 +98,10 @@ def test_shards_cover_the_rows_once_in_order():
         assert max(s.stop - s.start for s in parts) - min(s.stop - s.start for s in parts) <= 1
 
 
-def test_torchrun_two_ranks_split_the_work_and_equal_one_process(tmp_path):
-    cfg = _setup(tmp_path, "Logged", MEASURES)
+def _two_ranks_then_one(cfg: str, tmp_path):
+    """``flatcli measure`` under torchrun with 2 ranks (results in tmp_path/two), then the same
+    config in this process: (torchrun's completed process, its results row, rows each rank
+    forwarded, the one-process row, rows one process forwarded)."""
     env = {**os.environ, "SEEN_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
     run = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -107,8 +109,6 @@ def test_torchrun_two_ranks_split_the_work_and_equal_one_process(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "terminate called" not in run.stderr  # each rank destroyed its process group before exit
-    assert run.stdout.count("ck.pt,ok") == 1  # one table, from rank 0
     with open(tmp_path / "two" / "results.csv") as f:
         (two,) = list(csv.DictReader(f))
     seen = [_rows_seen(tmp_path / f"seen_{r}.txt") for r in (0, 1)]
@@ -117,7 +117,14 @@ def test_torchrun_two_ranks_split_the_work_and_equal_one_process(tmp_path):
         (one,) = measure(cfg, outdir=tmp_path / "one").rows
     finally:
         del os.environ["SEEN_DIR"]
-    alone = _rows_seen(tmp_path / "seen_one.txt")
+    return run, two, seen, one, _rows_seen(tmp_path / "seen_one.txt")
+
+
+def test_torchrun_two_ranks_split_the_work_and_equal_one_process(tmp_path):
+    cfg = _setup(tmp_path, "Logged", MEASURES)
+    run, two, seen, one, alone = _two_ranks_then_one(cfg, tmp_path)
+    assert "terminate called" not in run.stderr  # each rank destroyed its process group before exit
+    assert run.stdout.count("ck.pt,ok") == 1  # one table, from rank 0
     for r in seen:  # each rank forwards about half of what one process does
         assert 0.45 * alone <= r <= 0.55 * alone, (seen, alone)
     for lab in ("hessian_lambda_max", "normalized_sharpness", "sharpness_worst"):
@@ -177,22 +184,7 @@ def test_one_m_batch_is_split_over_the_ranks_and_time_caps_stop_every_rank_toget
     on both ranks at once (they agree through a collective), so the run ends instead of hanging."""
     cfg = _setup(tmp_path, "Logged", [{"sharpness_worst": {"rho": 0.05, "batch_size": 64, "steps": 10}},
                                       {"hessian_trace": {"max_seconds": 1e-6, "tol": 1e-9}}])
-    env = {**os.environ, "SEEN_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "flatcli", "measure", "-c", cfg, "-o", str(tmp_path / "two"), "--format", "csv"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    with open(tmp_path / "two" / "results.csv") as f:
-        (two,) = list(csv.DictReader(f))
-    seen = [_rows_seen(tmp_path / f"seen_{r}.txt") for r in (0, 1)]
-    os.environ["SEEN_DIR"] = str(tmp_path)
-    try:
-        (one,) = measure(cfg, outdir=tmp_path / "one").rows
-    finally:
-        del os.environ["SEEN_DIR"]
-    alone = _rows_seen(tmp_path / "seen_one.txt")
+    _, two, seen, one, alone = _two_ranks_then_one(cfg, tmp_path)
     for r in seen:
         assert 0.45 * alone <= r <= 0.55 * alone, (seen, alone)
     assert int(two["sharpness_worst_batches"]) == 1
