@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -157,3 +158,15 @@ def cli_output(res) -> str:
     except (ValueError, AttributeError):
         pass
     return text
+
+
+def measured(outdir):
+    """The first row of OUTDIR/results.json, which must be ``ok``."""
+    row = json.loads((Path(outdir) / "results.json").read_text())["rows"][0]
+    assert row["status"] == "ok", row
+    return row
+
+
+def rel(a, b):
+    """|a − b| / |b|."""
+    return abs(a - b) / abs(b)

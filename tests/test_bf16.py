@@ -18,6 +18,7 @@ from flatcli.errors import ConfigError
 from flatcli.pipeline import load_model
 
 from . import hf_models as H
+from .helpers import measured, rel
 
 H.transformers()  # skips the module without transformers
 runner = CliRunner()
@@ -94,16 +95,6 @@ def dense_hessian_rows(folder, kind: str, batch: dict) -> torch.Tensor:
     eye = torch.eye(flat.numel(), dtype=flat.dtype)  # row i = ∂(g · e_i)/∂θ, 64 rows per batched backward
     rows = [torch.autograd.grad(g, flat, E, retain_graph=True, is_grads_batched=True)[0] for E in eye.split(64)]
     return torch.cat(rows)
-
-
-def measured(outdir):
-    row = json.loads((outdir / "results.json").read_text())["rows"][0]
-    assert row["status"] == "ok", row
-    return row
-
-
-def rel(a, b):
-    return abs(a - b) / abs(b)
 
 
 # ---------------------------------------------------------------- model.dtype

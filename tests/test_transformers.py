@@ -16,6 +16,7 @@ from flatcli import api
 from flatcli.cli import app
 
 from . import hf_models as H
+from .helpers import measured, rel
 
 H.transformers()  # skips the module without transformers
 runner = CliRunner()
@@ -104,16 +105,6 @@ def dense_hessian(folder, cls: str, kind: str, batch: dict, include=None) -> tor
 
     flat = torch.cat([q.reshape(-1) for _, q in chosen]).double()
     return torch.func.hessian(loss)(flat)
-
-
-def measured(outdir):
-    row = json.loads((outdir / "results.json").read_text())["rows"][0]
-    assert row["status"] == "ok", row
-    return row
-
-
-def rel(a, b):
-    return abs(a - b) / abs(b)
 
 
 def exact_measures():
