@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...stats import mean_stderr_of_sums
 from ._common import MatVec, as_operator, rademacher
 from .stop import DiagonalCheck
 
@@ -32,12 +33,6 @@ def exact_diagonal(op):
                                 device=op.device, dtype=op.dtype)
 
 
-def _mean_stderr(acc, acc2, samples):
-    mean = acc / samples
-    var = (acc2 / samples - mean**2).clamp_min(0) * samples / max(samples - 1, 1)
-    return mean, (var / samples).sqrt()
-
-
 def hutchinson_diagonal(op, *, samples: int, generator):
     r"""Plain diagonal estimator (Bekas et al. 2007)
     :math:`\mathrm{diag}(H) \approx \frac1m\sum_i z_i \circ H z_i`, Rademacher :math:`z_i`.
@@ -54,7 +49,7 @@ def hutchinson_diagonal(op, *, samples: int, generator):
         acc += D.sum(0)
         acc2 += (D * D).sum(0)
         done += k
-    return _mean_stderr(acc.cpu(), acc2.cpu(), samples)
+    return mean_stderr_of_sums(acc.cpu(), acc2.cpu(), samples)
 
 
 def scaled_diagonal(op, theta: torch.Tensor, *, samples: int, eps: float = 1e-8, generator):
@@ -81,7 +76,7 @@ def scaled_diagonal(op, theta: torch.Tensor, *, samples: int, eps: float = 1e-8,
         acc += D.sum(0)
         acc2 += (D * D).sum(0)
         done += k
-    return _mean_stderr(acc.cpu(), acc2.cpu(), samples)
+    return mean_stderr_of_sums(acc.cpu(), acc2.cpu(), samples)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ...stats import mean_stderr
 from ._common import as_operator, rademacher, rowdot
 from ._store import BasisStore, device_capacity
 from .stop import KrylovStop
@@ -274,9 +275,9 @@ def precision_control(fast, exact, *, probes: int = 8, generator: torch.Generato
     qf = rowdot(Z, fast.matmat_rows(Z).to(Z.dtype)).cpu().numpy()
     qe = rowdot(Z, exact.matmat_rows(Z).to(Z.dtype)).cpu().numpy()
     d = qf - qe
-    se = float(np.std(d, ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.inf
+    bias, se = mean_stderr(d)
     mean_e = float(np.mean(qe))
-    return PrecisionControl(float(np.mean(d)), se, abs(float(np.mean(d))) / max(abs(mean_e), 1e-30), probes)
+    return PrecisionControl(bias, se, abs(bias) / max(abs(mean_e), 1e-30), probes)
 
 
 def verify_eigenpair(op, x: torch.Tensor) -> tuple[float, float]:
