@@ -75,9 +75,11 @@ def test_dry_run_json_lists_every_checkpoint_and_measure(tmp_path):
     plan = json.loads(res.stdout)
     assert [(e["checkpoint"], e["measure"]) for e in plan] == [
         (c, m) for c in ("m0.pt", "m1.pt") for m in ("hessian_lambda_max", "hessian_trace", "frobenius_norm")]
-    keys = {"checkpoint", "measure", "hvps_low", "hvps_high", "seconds_low", "seconds_high", "peak_bytes", "status"}
+    keys = {"checkpoint", "measure", "hvps_low", "hvps_high", "seconds_low", "seconds_high", "peak_bytes", "status",
+            "stops_early"}
     assert all(set(e) == keys and e["status"] == "ok" for e in plan)
     lam, trace, frob = plan[:3]
+    assert (lam["stops_early"], trace["stops_early"], frob["stops_early"]) == (True, True, False)
     assert (lam["hvps_low"], lam["hvps_high"]) == (8, 8) and (trace["hvps_low"], trace["hvps_high"]) == (8, 8)
     assert 0 < trace["seconds_low"] == trace["seconds_high"] and frob["seconds_high"] == 0
     P = 16 * 8 + 8 + 8 * 4 + 4
