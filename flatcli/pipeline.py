@@ -234,8 +234,8 @@ def _not_started(row: Row, spec: MeasureSpec, problem: Problem, fit: Fit, share:
     """Whether ``spec`` cannot stop early and does not fit its cap (`flatcli.predict.Fit`): then
     its row gets status ``budget``, value NaN and the reason (``started: False``) instead of a run.
     Ranks agree: one rank's verdict holds for all (their collectives stay in step)."""
-    try:
-        verdict = fit.reason(spec, share)
+    try:  # a measure that will end not_applicable runs (and says so at once)
+        verdict = None if spec.not_applicable(problem) else fit.reason(spec, share)
     except Exception:  # a prediction that cannot be made never stops a measure
         verdict = None
     if problem.dist.active and problem.dist.any(verdict is not None) and verdict is None:

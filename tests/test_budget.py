@@ -22,7 +22,7 @@ from flatcli.engine.linalg import Budget
 from flatcli.errors import ConfigError
 from flatcli.measures import Dims
 
-from .helpers import tiny_data, tiny_mlp, write_project
+from .helpers import TinyBN, tiny_data, tiny_mlp, write_project
 
 DT = torch.float64
 
@@ -168,6 +168,8 @@ def test_a_measure_that_cannot_stop_early_starts_only_when_its_prediction_fits()
     assert res["roomy"].status == "ok" and res["roomy"].value == alone.value and res["roomy"].diagnostics["n_hvp"] == P
     assert res["stops"].status == "budget" and math.isfinite(res["stops"].value)  # started, stopped at its cap
     assert res["free"].status == "ok"  # no products to predict: it always starts
+    folded = _measure([{"fisher_rao_norm": {"max_seconds": 1e-9}}], model=TinyBN().double(), params={"include": ["bn.*"]})
+    assert folded.results["fisher_rao_norm"].status == "not_applicable"  # its own reason, not the cap's
 
 
 def test_the_checkpoint_budget_is_shared_by_predicted_cost():
