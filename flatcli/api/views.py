@@ -166,12 +166,7 @@ def landscape(
         return _pca(cfg, st, spec, given, common, (outdir, plots))
     if view == "connect":
         return _connect(cfg, st, spec, given, common, (outdir, plots))
-    res = _slice(cfg, st, spec, given, common, threads_used)
-    if outdir is not None:
-        from ..landscape import write_files
-
-        write_files(res, outdir, plots=plots)
-    return res
+    return _slice(cfg, st, spec, given, common, (outdir, plots), threads_used)
 
 
 def _view_setup(config, run: RunOptions | None, outdir) -> tuple[Config, Settings, str]:
@@ -187,9 +182,10 @@ def _view_setup(config, run: RunOptions | None, outdir) -> tuple[Config, Setting
     return cfg, Settings.from_config(cfg), threads_used
 
 
-def _slice(cfg: Config, st: Settings, spec, given: list, common: dict, threads_used: str):
-    """The slice and interpolation views (``spec`` a `SliceView` or an `InterpolateView`)."""
-    from ..landscape import interpolation_landscape, slice_landscape
+def _slice(cfg: Config, st: Settings, spec, given: list, common: dict, out: tuple, threads_used: str):
+    """The slice and interpolation views (``spec`` a `SliceView` or an `InterpolateView`; ``given``
+    [θ] or [θ_a, θ_b]); ``out`` = (outdir or None, plots)."""
+    from ..landscape import interpolation_landscape, slice_landscape, write_files
 
     ckpt = Path(given[0]).expanduser()
     to = given[1] if len(given) > 1 else None
@@ -206,6 +202,8 @@ def _slice(cfg: Config, st: Settings, spec, given: list, common: dict, threads_u
     res.meta.update(checkpoint=str(given[0]), to=None if to is None else str(to), loss=cfg.loss,
                     measure_data=cfg.to_dict()["measure_data"], precision=cfg.runtime.precision,
                     config_hash=cfg.hash(), versions=versions(), device=st.describe_device(), threads=threads_used)
+    if out[0] is not None:
+        write_files(res, out[0], plots=out[1])
     return res
 
 
