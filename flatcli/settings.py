@@ -1,10 +1,16 @@
-"""How to measure, resolved once: the `Settings` every pipeline passes down whole.
+"""How to measure, resolved once: the `Settings` every pipeline passes down whole, and the
+`RunOptions` a call gives to change the config's run settings.
 
-A `Config` (YAML + environment + CLI overrides, see `flatcli.config`) is turned
-into `Settings` by `Settings.from_config`; the Python entry points that take a
-model and tensors (`flatcli.api.measure_model`, `flatcli.invariance.check_invariance_model`)
-accept the same fields as keywords and build one with `Settings.build`. Nothing
-below the API unpacks a config into long argument lists.
+The path of a run's settings: a `Config` (YAML + environment, see `flatcli.config`) takes a
+call's `RunOptions` (device, precision, seed, threads, allow_unsafe_pickle, budget: what the
+CLI's shared flags set and every config-taking entry point of `flatcli.api` accepts as
+``run=``) as overrides of its ``runtime.*`` keys; `Settings.from_config` then resolves the
+config into `Settings`. So `RunOptions` is what `Settings` is built from (through the config),
+not a third copy: it holds only the unresolved, optional per-call values (None: keep the
+config's). The Python entry points that take a model and tensors (`flatcli.api.measure_model`,
+`flatcli.invariance.check_invariance_model`) have no config: they accept `Settings` fields as
+keywords and build one with `Settings.build`. Nothing below the API unpacks a config into long
+argument lists.
 """
 
 from __future__ import annotations
@@ -25,7 +31,60 @@ from .engine.precision import (
 )
 from .errors import ConfigError
 
-__all__ = ["PRECISIONS", "Settings", "has_tensor_cores", "resolve_device"]
+__all__ = ["PRECISIONS", "RunOptions", "Settings", "has_tensor_cores", "resolve_device"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How one call runs, over the config: the options every entry point of `flatcli.api` that
+    takes a config shares (``run=RunOptions(...)``), and the CLI builds once from its shared flags
+    (``--device``, ``--precision``, ``--seed``, ``--threads``, ``--allow-unsafe-pickle``,
+    ``--budget``).
+
+    Each field overrides its ``runtime.*`` config key, as the flag does; None (and False for
+    ``allow_unsafe_pickle``) keeps the config's value. The config validates the values (a bad
+    one is a `flatcli.errors.ConfigError` naming the key) when the entry point loads it; the
+    resolved form is `Settings` (`Settings.from_config`). A field an entry point does not use is
+    ignored (the landscape views have no ``budget``; `flatcli.api.correlate`, which has no config,
+    uses only ``seed``, the seed of its bootstrap, default 0).
+
+    The entry points take no separate ``device``/``precision``/``seed``/``threads``/
+    ``allow_unsafe_pickle``/``budget`` keywords: passing one raises a TypeError that names
+    ``run=RunOptions(...)`` (one object rather than a block of keywords repeated in every
+    signature; see `flatcli.api._common.takes_run`).
+
+    Parameters
+    ----------
+    device : "auto", "cpu" or "cuda:N" (``runtime.device``).
+    precision : "auto", "fp32", "tf32", "bf16" or "fp64" (``runtime.precision``; see `Settings`).
+    seed : seed of every stochastic measure and view without its own (``runtime.seed``).
+    threads : intra-op CPU threads per process, an int or "auto" (``runtime.threads``).
+    allow_unsafe_pickle : load full pickled checkpoints (``runtime.allow_unsafe_pickle``:
+        trusted files only).
+    budget : seconds (or "10m") for one checkpoint's measures together (``runtime.budget``).
+    """
+
+    device: str | None = None
+    precision: str | None = None
+    seed: int | None = None
+    threads: int | str | None = None
+    allow_unsafe_pickle: bool | None = None
+    budget: float | str | None = None
+
+    def changes(self) -> dict[str, Any]:
+        """The config overrides (``{"runtime.device": "cpu", ...}``) of the fields given."""
+        from .config import overrides
+
+        return overrides(**dataclasses.asdict(self))
+
+    @classmethod
+    def of(cls, run: RunOptions | None) -> RunOptions:
+        """``run``, or the defaults (nothing overridden) for None; a TypeError for anything else."""
+        if run is None:
+            return cls()
+        if not isinstance(run, cls):
+            raise TypeError(f"run must be a flatcli.api.RunOptions; got {type(run).__name__}")
+        return run
 
 
 def resolve_device(name: str | torch.device | None) -> torch.device:

@@ -23,7 +23,7 @@ def main(demo: str) -> None:
     for ck in sorted((Path(demo) / "checkpoints").glob("*.pt"), reverse=True):
         if ck.stem.endswith(".init"):  # the initializations kept for distance_from_init
             continue
-        rep = api.check_invariance(cfg, ck, MEASURES, seed=0)
+        rep = api.check_invariance(cfg, ck, MEASURES, run=api.RunOptions(seed=0))
         r = {x.name: x for x in rep.results}
         ns, rf = r["normalized_sharpness"], r["relative_flatness"]
 

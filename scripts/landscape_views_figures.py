@@ -6,9 +6,9 @@ DEMO_DIR is a demo zoo (``flatcli demo -o DEMO_DIR`` or `flatcli.demo.train_zoo`
 here when it has no config.yaml); IMG_DIR defaults to docs/img. The same through the CLI:
 
     python -m flatcli.demo.trajectory DEMO_DIR mlp_w256_wd0_noise0 5
-    flatcli landscape --pca 'DEMO_DIR/trajectory/mlp_w256_wd0_noise0/step_*.pt' \\
+    flatcli landscape pca 'DEMO_DIR/trajectory/mlp_w256_wd0_noise0/step_*.pt' \\
         -c DEMO_DIR/config.yaml -o DEMO_DIR/landscape_pca
-    flatcli landscape --connect DEMO_DIR/checkpoints/mlp_w256_wd0_noise0.pt \\
+    flatcli landscape connect DEMO_DIR/checkpoints/mlp_w256_wd0_noise0.pt \\
         DEMO_DIR/checkpoints/mlp_w256_wd0.0001_noise0.pt -c DEMO_DIR/config.yaml -o DEMO_DIR/landscape_connect
 """
 
@@ -33,19 +33,20 @@ def main(demo: Path, img: Path) -> None:
     t0 = time.perf_counter()
     train_trajectory(demo, TRAJECTORY_MODEL, every=EVERY)
     t1 = time.perf_counter()
-    pca = api.landscape_pca(
+    pca = api.landscape(
         cfg,
         str(demo / "trajectory" / TRAJECTORY_MODEL / "step_*.pt"),
+        "pca",
         outdir=demo / "landscape_pca",
     )
     t2 = time.perf_counter()
     a, b = (demo / "checkpoints" / f"{n}.pt" for n in PAIR)
-    con = api.landscape_connect(cfg, a, b, outdir=demo / "landscape_connect")
+    con = api.landscape(cfg, [a, b], "connect", outdir=demo / "landscape_connect")
     t3 = time.perf_counter()
     img.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(pca.files["plot"], img / "landscape_pca_trajectory.png")
     shutil.copyfile(con.files["plot"], img / "landscape_connect.png")
-    print(f"trajectory training {t1 - t0:.1f}s, --pca {t2 - t1:.1f}s, --connect {t3 - t2:.1f}s")
+    print(f"trajectory training {t1 - t0:.1f}s, pca {t2 - t1:.1f}s, connect {t3 - t2:.1f}s")
     for k, v in {**pca.summary, **pca.meta["evaluator"]["train"]}.items():
         print(f"  pca {k}: {v}")
     print(f"  pca checkpoints {len(pca.meta['checkpoints'])}, grid {pca.surface.train_loss.shape}")

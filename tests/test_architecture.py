@@ -322,3 +322,25 @@ def test_linalg_public_functions_take_at_most_eight_parameters():
     wide = {n: len(inspect.signature(f).parameters) for n, f in funcs.items()
             if len(inspect.signature(f).parameters) > MAX_ESTIMATOR_PARAMS}
     assert not wide, f"public linalg functions with more than {MAX_ESTIMATOR_PARAMS} parameters: {wide}"
+
+
+RUN_OPTION_NAMES = ("device", "precision", "seed", "threads", "allow_unsafe_pickle", "budget")
+CONFIG_ENTRY_POINTS = ("measure", "sweep", "plan_costs", "landscape", "check_invariance", "correlate")
+
+
+def test_api_functions_take_the_run_options_as_one_object():
+    """No public function of flatcli.api takes a run option (device, precision, seed, threads,
+    allow_unsafe_pickle, budget) as a parameter of its own; every entry point that takes a config
+    takes ``run`` (a `RunOptions`) instead."""
+    import inspect
+
+    from flatcli import api
+
+    public = {n: getattr(api, n) for n in dir(api) if not n.startswith("_")}
+    found = []
+    for name, obj in public.items():
+        if inspect.isfunction(obj):
+            params = inspect.signature(obj).parameters
+            found += [f"{name}({p})" for p in params if p in RUN_OPTION_NAMES]
+    assert not found, found
+    assert all("run" in inspect.signature(public[n]).parameters for n in CONFIG_ENTRY_POINTS)

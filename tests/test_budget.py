@@ -287,7 +287,7 @@ def test_a_sweep_gives_each_unit_its_fixed_share_and_keys_capped_units_apart(tmp
 
     cfg = write_project(tmp_path / "p", measures=[{"hessian_trace": {"min_probes": 8, "max_probes": 8}},
                                                   "frobenius_norm"], n_ckpt=1)
-    rep = api.sweep(cfg, tmp_path / "s", budget="1m", log=lambda m: None)
+    rep = api.sweep(cfg, tmp_path / "s", run=api.RunOptions(budget="1m"), log=lambda m: None)
     assert rep.computed == 2
     import json
 

@@ -225,7 +225,10 @@ def test_version_and_unknown_measure_pattern():
         (["measure", "--nosuch"], "No such option: --nosuch"),
         (["measure", "-c", "x.yaml", "--format", "xml"], "'xml' is not one of 'table', 'csv', 'json'"),
         (["sweep", "-c", "x.yaml", "-o", "o", "--workers", "0"], "--workers"),
-        (["landscape", "-c", "x.yaml", "-o", "o"], "Missing argument 'checkpoints'"),
+        (["landscape", "slice", "-c", "x.yaml", "-o", "o"], "Missing argument 'checkpoint'"),
+        (["landscape", "pca", "-c", "x.yaml", "-o", "o"], "Missing argument 'checkpoints'"),
+        (["landscape", "contour", "-c", "x.yaml"], "No such command 'contour'"),
+        (["landscape", "-c", "x.yaml", "m0.pt"], "No such option: -c"),
     ],
 )
 def test_usage_errors_are_one_line_with_exit_code_2(args, message):
@@ -287,13 +290,14 @@ def test_a_nan_checkpoint_gets_one_message_and_exit_code_in_every_command(projec
     commands = {
         "measure": ["measure", nan, "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "m"],
         "check-invariance": ["check-invariance", "-c", project, nan],
-        "landscape": ["landscape", "-c", project, nan, "-o", tmp_path / "l", "--steps", "3", "--no-plots"],
-        "landscape --to": ["landscape", "-c", project, good, "--to", nan, "-o", tmp_path / "t", "--steps", "3",
-                           "--no-plots"],
-        "landscape --pca": ["landscape", "-c", project, "--pca", good, third, nan, "-o", tmp_path / "p",
-                            "--steps", "3", "--no-plots"],
-        "landscape --connect": ["landscape", "-c", project, "--connect", good, nan, "-o", tmp_path / "c",
-                                "--steps", "3", "--no-plots"],
+        "landscape slice": ["landscape", "slice", "-c", project, nan, "-o", tmp_path / "l", "--steps", "3",
+                            "--no-plots"],
+        "landscape interpolate": ["landscape", "interpolate", "-c", project, good, nan, "-o", tmp_path / "t",
+                                  "--steps", "3", "--no-plots"],
+        "landscape pca": ["landscape", "pca", "-c", project, good, third, nan, "-o", tmp_path / "p",
+                          "--steps", "3", "--no-plots"],
+        "landscape connect": ["landscape", "connect", "-c", project, good, nan, "-o", tmp_path / "c",
+                              "--steps", "3", "--no-plots"],
     }
     for what, args in commands.items():
         res = run(*args)

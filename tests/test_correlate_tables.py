@@ -159,9 +159,9 @@ def test_warning_when_rows_not_at_a_minimum_are_correlated(foreign, tmp_path):
 # ------------------------------------------------------------------ bootstrap intervals
 def test_bootstrap_intervals_contain_the_estimate_and_are_reproducible(foreign, tmp_path):
     kw = dict(measures="sharp,trace", by="lr,width", max_train_loss=0.01, bootstrap=400)
-    a = api.correlate(foreign, seed=7, outdir=tmp_path / "a", **kw)
-    b = api.correlate(foreign, seed=7, **kw)
-    c = api.correlate(foreign, seed=8, **kw)
+    a = api.correlate(foreign, run=api.RunOptions(seed=7), outdir=tmp_path / "a", **kw)
+    b = api.correlate(foreign, run=api.RunOptions(seed=7), **kw)
+    c = api.correlate(foreign, run=api.RunOptions(seed=8), **kw)
     for mc in a.measures:
         for stat in ("pearson", "spearman", "kendall_tau_b"):
             iv = mc.intervals[stat]

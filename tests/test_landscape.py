@@ -414,6 +414,7 @@ def test_cli_end_to_end(tmp_path):
         app,
         [
             "landscape",
+            "slice",
             "-c",
             str(cfg),
             str(tmp_path / "m0.pt"),
@@ -431,6 +432,7 @@ def test_cli_end_to_end(tmp_path):
         app,
         [
             "landscape",
+            "slice",
             "-c",
             str(cfg),
             str(tmp_path / "m0.pt"),
@@ -455,10 +457,10 @@ def test_cli_end_to_end(tmp_path):
         app,
         [
             "landscape",
+            "interpolate",
             "-c",
             str(cfg),
             str(tmp_path / "m0.pt"),
-            "--to",
             str(tmp_path / "m1.pt"),
             "-o",
             str(tmp_path / "o3"),
@@ -474,27 +476,30 @@ def test_cli_end_to_end(tmp_path):
     after = torch.load(tmp_path / "m0.pt")["state_dict"]
     assert all(torch.equal(before[k], after[k]) for k in before)
     # bad input: exit code 2 with a one-line message
+    m1, m2 = str(tmp_path / "m1.pt"), str(tmp_path / "m2.pt")
     for args, msg in (
-        (["--dims", "3"], "Invalid value for '--dims'"),  # Typer enforces 1 ≤ dims ≤ 2
-        (["--span", "1,0"], "span"),
-        (["--bias-bn", "nope"], "--bias-bn"),
-        (["--to", str(tmp_path / "m2.pt")], "different architectures"),
-        (["--to", str(tmp_path / "m1.pt"), "--dims", "2"], "--to"),
+        (["slice", "--dims", "3"], "Invalid value for '--dims'"),  # Typer enforces 1 ≤ dims ≤ 2
+        (["slice", "--span", "1,0"], "span"),
+        (["slice", "--bias-bn", "nope"], "--bias-bn"),
+        (["interpolate", m2], "different architectures"),
+        (["interpolate", m1, "--dims", "2"], "No such option: --dims"),  # not an option of this view
+        (["slice", m1], "Got unexpected extra argument"),
     ):
         r = runner.invoke(
             app,
             [
                 "landscape",
+                args[0],
                 "-c",
                 str(cfg),
                 str(tmp_path / "m0.pt"),
                 "-o",
                 str(tmp_path / "bad"),
-                *args,
+                *args[1:],
             ],
         )
         assert r.exit_code == 2, (args, r.output)
-        assert msg in r.output
+        assert msg in r.output and len(r.output.strip().splitlines()) == 1, (args, r.output)
 
 
 def test_api_uses_manifest_train_data(tmp_path):

@@ -212,7 +212,7 @@ def test_trajectory_paths_sort_naturally_and_check(tmp_path):
 
 
 def test_pca_grid_has_exactly_steps_points_per_axis():
-    """--pca --steps 11 is an 11 × 11 grid (the last checkpoint, at 0, is one of its points), over
+    """landscape pca --steps 11 is an 11 × 11 grid (the last checkpoint, at 0, is one of its points), over
     the automatic span of the path (the new user got 12 × 12)."""
     states, _ = trajectory_states(T=4)
     res = trajectory_landscape(states, blobs(20, 0), model=mlp(), steps=11, **F64)
@@ -682,7 +682,7 @@ def test_cli_pca_and_connect(tmp_path):
         app,
         [
             "landscape",
-            "--pca",
+            "pca",
             *shell_glob,
             "-c",
             str(cfg),
@@ -704,7 +704,7 @@ def test_cli_pca_and_connect(tmp_path):
         app,
         [
             "landscape",
-            "--pca",
+            "pca",
             str(tmp_path / "step_*.pt"),
             "-c",
             str(cfg),
@@ -724,7 +724,7 @@ def test_cli_pca_and_connect(tmp_path):
         app,
         [
             "landscape",
-            "--connect",
+            "connect",
             str(tmp_path / "m0.pt"),
             str(tmp_path / "m1.pt"),
             "-c",
@@ -752,27 +752,24 @@ def test_cli_pca_and_connect(tmp_path):
     assert bend.features[0].weight.shape == (6, 8)
     m0, m1 = str(tmp_path / "m0.pt"), str(tmp_path / "m1.pt")
     bad = [
-        (["--pca", m0, m1], 2, "--pca needs at least 3 checkpoints; got 2"),
-        (["--pca", *shell_glob[:2], str(tmp_path / "m2.pt")], 2, "different architecture"),
+        (["pca", m0, m1], 2, "landscape pca needs at least 3 checkpoints; got 2"),
+        (["pca", *shell_glob[:2], str(tmp_path / "m2.pt")], 2, "different architecture"),
         (
-            ["--pca", *shell_glob[:2], str(tmp_path / "nan.pt")],
+            ["pca", *shell_glob[:2], str(tmp_path / "nan.pt")],
             1,
             "is not finite: NaN/inf in classifier.weight",
         ),
-        (["--pca", *shell_glob, "--solver", "qr"], 2, "--solver must be one of"),
-        (["--connect", m0, str(tmp_path / "m2.pt")], 2, "different architecture"),
-        (["--connect", m0, str(tmp_path / "nan.pt")], 1, "is not finite: NaN/inf in classifier.weight"),
-        (
-            ["--connect", m0, m1, str(tmp_path / "m2.pt")],
-            2,
-            "--connect needs exactly two checkpoints",
-        ),
-        (["--connect", "--pca", m0, m1], 2, "choose one"),
-        (["--connect", m0, m1, "--span", "0,1"], 2, "--span does not apply to --connect"),
-        (["--connect", m0, m1, "--to", m1], 2, "--to does not apply"),
-        (["--connect", m0, m1, "--bend-optimizer", "lbfgs"], 2, "--bend-optimizer must be one of"),
-        (["--connect", m0, m1, "--bend-steps", "-1"], 2, "--bend-steps must be ≥ 0"),
-        ([m0, m1], 2, "landscape takes one checkpoint"),
+        (["pca", *shell_glob, "--solver", "qr"], 2, "--solver must be one of"),
+        (["connect", m0, str(tmp_path / "m2.pt")], 2, "different architecture"),
+        (["connect", m0, str(tmp_path / "nan.pt")], 1, "is not finite: NaN/inf in classifier.weight"),
+        (["connect", m0, m1, str(tmp_path / "m2.pt")], 2, "Got unexpected extra argument"),
+        (["connect", m0], 2, "Missing argument 'b'"),
+        (["connect", m0, m1, "--span", "0,1"], 2, "No such option: --span"),
+        (["connect", m0, m1, "--to", m1], 2, "No such option: --to"),
+        (["connect", m0, m1, "--bend-optimizer", "lbfgs"], 2, "--bend-optimizer must be one of"),
+        (["connect", m0, m1, "--bend-steps", "-1"], 2, "--bend-steps must be ≥ 0"),
+        (["pca", *shell_glob, "--bend-steps", "3"], 2, "No such option: --bend-steps"),
+        (["contour", m0], 2, "No such command 'contour'"),
     ]
     for args, code, msg in bad:
         r = runner.invoke(app, ["landscape", *args, "-c", str(cfg), "-o", str(tmp_path / "bad")])
@@ -781,8 +778,8 @@ def test_cli_pca_and_connect(tmp_path):
     # a NaN loss is a failed measurement: exit code 1
     nan_cfg = write_project(tmp_path, nan_data=True)
     for args, msg in (
-        (["--connect", m0, m1], "bend training: the loss is nan"),
-        (["--pca", *shell_glob], "loss on the PCA plane is NaN"),
+        (["connect", m0, m1], "bend training: the loss is nan"),
+        (["pca", *shell_glob], "loss on the PCA plane is NaN"),
     ):
         r = runner.invoke(
             app,

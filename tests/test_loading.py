@@ -145,7 +145,7 @@ def test_unsafe_pickle_of_a_class_beside_the_config_loads_without_pythonpath(tmp
     monkeypatch.chdir(tmp_path)  # not the config's folder: nothing is importable by accident
     refused = api.measure(proj / "config.yaml")
     assert refused.rows[0].status == "error" and "models.Net" in refused.rows[0].error
-    rep = api.measure(proj / "config.yaml", allow_unsafe_pickle=True)
+    rep = api.measure(proj / "config.yaml", run=api.RunOptions(allow_unsafe_pickle=True))
     assert rep.rows[0].status == "ok", rep.rows[0].error
     assert str(proj) not in sys.path
 

@@ -106,14 +106,17 @@ def test_measure_fits_80_columns(tmp_path, terminal80, monkeypatch):
     assert ckpts[0] in wide.stdout and "test_acc" in wide.stdout and "not shown" not in wide.stdout
 
 
-@pytest.mark.parametrize("command", ["sweep", "landscape", "measure", "correlate"])
+@pytest.mark.parametrize("command", ["sweep", "landscape slice", "landscape connect", "measure", "correlate"])
 def test_help_on_80_columns_shows_every_option_whole(command, terminal80):
-    res = runner.invoke(app, [command, "--help"])
+    res = runner.invoke(app, [*command.split(), "--help"])
     assert res.exit_code == 0
     assert max(len(ln) for ln in res.stdout.splitlines()) <= 80
     import typer.main
 
-    params = typer.main.get_command(app).commands[command].params
+    cmd = typer.main.get_command(app)
+    for name in command.split():
+        cmd = cmd.commands[name]
+    params = cmd.params
     for p in params:
         for opt in p.opts + p.secondary_opts:
             if opt.startswith("--") and not getattr(p, "hidden", False):

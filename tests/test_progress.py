@@ -31,7 +31,7 @@ def test_grid_progress_logs_every_few_seconds_and_at_the_end(capsys):
 
 def test_piped_landscape_and_bootstrap_report_progress(tmp_path):
     cfg = write_project(tmp_path)
-    res = runner.invoke(app, ["landscape", "-c", str(cfg), str(tmp_path / "m0.pt"), "-o", str(tmp_path / "o"),
+    res = runner.invoke(app, ["landscape", "slice", "-c", str(cfg), str(tmp_path / "m0.pt"), "-o", str(tmp_path / "o"),
                               "--steps", "3", "--no-plots"])
     assert res.exit_code == 0, res.output
     assert re.search(r"^landscape: (\d+)/\1 \(100%\), \d+s elapsed$", res.output, re.M), res.output

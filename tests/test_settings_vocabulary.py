@@ -52,7 +52,7 @@ def test_precision_flag_on_measure_and_landscape(tmp_path):
     assert meta["config"]["runtime"]["precision"] == "fp64"
     bad = runner.invoke(app, ["measure", "-c", str(project), "--precision", "fp16"])
     assert bad.exit_code == 2 and "'fp16' is not one of 'auto', 'fp32', 'tf32', 'bf16', 'fp64'" in bad.output
-    view = runner.invoke(app, ["landscape", "-c", str(project), str(project.parent / "m0.pt"), "-o", str(tmp_path / "l"), "--steps", "3",
+    view = runner.invoke(app, ["landscape", "slice", "-c", str(project), str(project.parent / "m0.pt"), "-o", str(tmp_path / "l"), "--steps", "3",
                                "--no-plots", "--precision", "fp64"])
     assert view.exit_code == 0, view.output
     assert json.loads((tmp_path / "l" / "landscape.json").read_text())["precision"] == "fp64"

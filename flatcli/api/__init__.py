@@ -1,5 +1,9 @@
 """The Python entry points: `measure`, `sweep`, `collect`, `correlate`, `landscape`, `check_invariance`.
 
+Every entry point that takes a config takes ``run=RunOptions(device=..., precision=..., seed=...,
+threads=..., allow_unsafe_pickle=..., budget=...)`` (`flatcli.settings.RunOptions`: the config's
+``runtime.*`` overrides, what the CLI's shared flags build) instead of separate keywords.
+
 Everything the CLI does goes through here; the CLI only parses and renders. One module per
 concern: `_common` (configs, threads, selections), `measure`, `plan` (dry runs), `views`
 (landscapes, the invariance check), `analysis` (sweeps, collect, correlate); every public name is
@@ -16,7 +20,6 @@ from ..pipeline import (  # noqa: F401  (re-exported: the Python API)
     DataCache,
     as_specs,
     check_finite_model,
-    check_targets,
     load_init_state,
     load_model,
     manifest_train_data,
@@ -24,6 +27,7 @@ from ..pipeline import (  # noqa: F401  (re-exported: the Python API)
     measure_model,
     versions,
 )
+from ..settings import RunOptions
 from ._common import load, select_measures, use_threads
 from .analysis import collect, collect_frame, correlate, correlate_frame, sweep
 from .measure import (
@@ -35,21 +39,24 @@ from .measure import (
     previous_results,
 )
 from .plan import CostPlan, plan_costs
-from .views import check_invariance, landscape, landscape_connect, landscape_pca
+from .views import ConnectView, InterpolateView, PCAView, SliceView, check_invariance, landscape
 
 __all__ = [
+    "ConnectView",
     "CostPlan",
+    "InterpolateView",
     "MeasureInterrupted",
     "MeasureReport",
+    "PCAView",
     "REUSABLE",
+    "RunOptions",
+    "SliceView",
     "check_invariance",
     "collect",
     "collect_frame",
     "correlate",
     "correlate_frame",
     "landscape",
-    "landscape_connect",
-    "landscape_pca",
     "load",
     "load_model",
     "measure",

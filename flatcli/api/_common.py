@@ -3,14 +3,39 @@ checkpoints."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..config import Config, from_dict, load_config, parse_measures
 from ..errors import ConfigError
 from ..jobs import Job, resolve_jobs
 from ..measures import MeasureSpec
+from ..settings import RunOptions
+
+RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunOptions))
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def takes_run(fn: F) -> F:
+    """Mark an entry point that takes ``run: RunOptions``: a call that passes one of its fields as
+    a keyword of its own (``device="cpu"``, the signature before `RunOptions`) gets a TypeError
+    naming ``run=RunOptions(...)`` instead of Python's bare "unexpected keyword" (or, where the
+    entry point takes ``**options``, an error from deeper down). The signature is unchanged
+    (``functools.wraps``: `inspect.signature` and help show the function's own)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        old = sorted(RUN_FIELDS & kwargs.keys())
+        if old:
+            given = ", ".join(f"{k}={kwargs[k]!r}" for k in old)
+            raise TypeError(f"{fn.__name__}() takes the run options as one object: "
+                            f"run=RunOptions({given}), not {', '.join(old)}=")
+        return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def load(config: Config | str | Path | dict | None, changes: dict[str, Any] | None = None) -> Config:
@@ -26,6 +51,11 @@ def load(config: Config | str | Path | dict | None, changes: dict[str, Any] | No
     if isinstance(config, dict):
         return from_dict(config, overrides=changes)
     return load_config(config, changes)
+
+
+def load_run(config: Config | str | Path | dict | None, run: RunOptions | None) -> Config:
+    """`load` with a call's `RunOptions` as the overrides (None: the config as it is)."""
+    return load(config, RunOptions.of(run).changes())
 
 
 def use_threads(cfg: Config, workers: int | None = None) -> str:

@@ -6,27 +6,25 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, overrides
+from ..config import Config
 from ..errors import ConfigError
 from ..results import ensure_writable_dir
-from ._common import _plan, load
+from ..settings import RunOptions
+from ._common import _plan, load_run, takes_run
 
 
 # ------------------------------------------------------------------ sweeps, collect, correlate
+@takes_run
 def sweep(
     config: Config | str | Path | dict,
     outdir: str | Path | None = None,
     *,
     checkpoints: Sequence[str] | None = None,
     measures: Sequence[str] | str | None = None,
-    device: str | None = None, precision: str | None = None,
-    seed: int | None = None,
-    allow_unsafe_pickle: bool | None = None,
+    run: RunOptions | None = None,
     log: Callable[[str], None] | None = None,
     on_unit: Callable[[dict[str, Any]], None] | None = None,
     debug: bool = False,
-    threads: int | str | None = None,
-    budget: float | str | None = None,
     **options: Any,
 ):
     """Measure every checkpoint of a config as resumable units of work in ``outdir``.
@@ -39,20 +37,20 @@ def sweep(
     per GPU, ``workers`` N CPU workers, ``shard=(i, n)`` or "i/n" runs one deterministic part of
     the units, ``executor="slurm"`` submits a job array through submitit (``tasks``, ``slurm``
     parameters, ``wait``; ``cluster="local"`` or "debug" run submitit's local backends),
-    ``dry_run`` only describes, ``lock_timeout`` makes silent locks stale. ``threads``
-    (``runtime.threads``) sizes each local worker's intra-op threads (auto: OMP_NUM_THREADS when
-    set, else cores // workers: the workers never oversubscribe the cores; the choice is logged and
-    in ``report.threads``). Returns a `flatcli.sweep.SweepReport`; ``computed`` counts the units
-    this run's workers computed (``by_others`` those a concurrent sweep finished meanwhile). Merge
-    the rows with `collect`. ``budget`` (``runtime.budget``: seconds or "10m") caps each
-    checkpoint's measures together, each unit getting its fixed share (`flatcli.budget`).
+    ``dry_run`` only describes, ``lock_timeout`` makes silent locks stale. ``run``
+    (`flatcli.api.RunOptions`) overrides the config's ``runtime.*`` keys: ``run.threads`` sizes
+    each local worker's intra-op threads (auto: OMP_NUM_THREADS when set, else cores // workers:
+    the workers never oversubscribe the cores; the choice is logged and in ``report.threads``),
+    ``run.budget`` (seconds or "10m") caps each checkpoint's measures together, each unit getting
+    its fixed share (`flatcli.budget`). Returns a `flatcli.sweep.SweepReport`; ``computed``
+    counts the units this run's workers computed (``by_others`` those a concurrent sweep finished
+    meanwhile). Merge the rows with `collect`.
     """
     from ..sweep.runner import SweepOptions, run_sweep
     from ..sweep.worker import _default_log
 
     opts = SweepOptions(**options)
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads,
-                                 precision=precision, budget=budget))
+    cfg = load_run(config, run)
     jobs, specs = _plan(cfg, checkpoints, measures)
     out = cfg.output_dir(outdir)
     if not opts.dry_run:
@@ -84,49 +82,50 @@ def collect_frame(outdir: str | Path, output: str | Path | None = None):
     return collect(outdir, output).to_pandas()
 
 
+@takes_run
 def correlate(
     results,
     *,
-    target: str = "gen_gap",
-    by: Sequence[str] | str | None = None,
     outdir: str | Path | None = None,
     plots: bool = False,
-    sort: str | None = None,
-    measures: Sequence[str] | str | None = None,
     color_by: str | None = None,
     marker_by: str | None = None,
-    where: str | None = None,
-    max_train_loss: float | None = None,
-    bootstrap: int | None = None,
-    seed: int = 0,
-    confidence: float = 0.95,
-    progress: Callable[[int, int], None] | None = None,
+    run: RunOptions | None = None,
+    **table_options: Any,
 ):
     """Correlate each measure of a table with ``target``: Pearson, Spearman, Kendall τ-b,
     Jiang's τ, granulated Kendall Ψ with every ψ_i over the hyperparameter axes ``by`` and the
     PGDL conditional mutual information (definitions: `flatcli.analysis.correlation`).
 
+    The statistics are `flatcli.analysis.correlation.correlate_table`'s: ``table_options`` are
+    its keywords, passed through as they are (one list of them, its signature; an unknown one is
+    its TypeError). This function adds the input forms, the files and the plots.
+
     Parameters
     ----------
     results : a CSV path (flatcli's results.csv or any table, one row per checkpoint) or a
         DataFrame (e.g. ``flatcli.measure(...).to_pandas()``).
-    target : the column to predict (default ``gen_gap``).
-    by : hyperparameter axes, columns of any name (``hp_<name>`` is found by ``<name>``);
-        default every ``hp_*`` column that forms a grid axis.
-    measures : the measure columns, any numeric columns; default the measures flatcli
-        recorded, else every numeric column that is not the target, a metric, an axis,
-        ``hp_*`` or a ``<column>_stderr`` (a note names them).
-    where : keep the rows matching this ``DataFrame.query`` expression, e.g.
-        ``"hp_lr < 0.1"``; the dropped rows are named in ``report.filters`` and the notes.
-    max_train_loss : keep the rows with ``train_loss <= max_train_loss`` (needs that column).
-    bootstrap, seed, confidence : with ``bootstrap`` N > 0, percentile intervals of Pearson,
-        Spearman and Kendall τ-b at level ``confidence`` from N resamples of the checkpoints
-        (``scipy.stats.bootstrap``, generator seeded by ``seed``: reproducible).
     outdir, plots, color_by, marker_by : write ``correlations.csv`` (and the plots, coloured by
         ``color_by`` and marked by ``marker_by``, default the first two axes) into ``outdir``.
-    sort : rank by psi, kendall_tau_b, jiang_tau, spearman, pearson or cmi (default Ψ with
-        axes, else Kendall τ-b); ties go to the larger Kendall τ-b, then by name.
-    progress : called as ``progress(done, total)`` after each measure.
+    run : `flatcli.api.RunOptions`; only ``run.seed`` applies: the seed of the bootstrap's
+        generator (default 0). A ``seed=`` keyword raises a TypeError naming ``run=RunOptions(seed=...)``.
+    table_options : ``correlate_table``'s keywords:
+
+        - ``target``: the column to predict (default ``gen_gap``).
+        - ``by``: hyperparameter axes, columns of any name (``hp_<name>`` is found by ``<name>``);
+          default every ``hp_*`` column that forms a grid axis.
+        - ``measures``: the measure columns, any numeric columns; default the measures flatcli
+          recorded, else every numeric column that is not the target, a metric, an axis,
+          ``hp_*`` or a ``<column>_stderr`` (a note names them).
+        - ``where``: keep the rows matching this ``DataFrame.query`` expression, e.g.
+          ``"hp_lr < 0.1"``; the dropped rows are named in ``report.filters`` and the notes.
+        - ``max_train_loss``: keep the rows with ``train_loss <= max_train_loss`` (needs that column).
+        - ``bootstrap``, ``confidence``: with ``bootstrap`` N > 0, percentile intervals of Pearson,
+          Spearman and Kendall τ-b at level ``confidence`` from N resamples of the checkpoints
+          (``scipy.stats.bootstrap``, generator seeded by ``run.seed``: reproducible).
+        - ``sort``: rank by psi, kendall_tau_b, jiang_tau, spearman, pearson or cmi (default Ψ
+          with axes, else Kendall τ-b); ties go to the larger Kendall τ-b, then by name.
+        - ``progress``: called as ``progress(done, total)`` after each measure.
 
     Returns a `flatcli.analysis.CorrelationReport`, best measure first; ``report.to_pandas()``
     is the correlations.csv table, ``report.warnings`` flags rows that are not at a minimum.
@@ -140,10 +139,8 @@ def correlate(
         raise ConfigError("`plots` needs an output directory (`outdir`)")
     if outdir is not None:
         ensure_writable_dir(outdir, "output directory")
-    report = correlate_table(
-        as_table(results), target=target, by=by, sort=sort, measures=measures, where=where,
-        max_train_loss=max_train_loss, bootstrap=bootstrap, seed=seed, confidence=confidence, progress=progress,
-    )
+    seed = RunOptions.of(run).seed
+    report = correlate_table(as_table(results), seed=0 if seed is None else seed, **table_options)
     if outdir is not None:
         out = Path(outdir)
         report.csv_path = write_csv(report, out / "correlations.csv")

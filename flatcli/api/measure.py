@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, overrides
+from ..config import Config
 from ..errors import ConfigError, exit_code
 from ..jobs import Job
 from ..loading.text import TOKENIZED_DIR
@@ -22,8 +22,8 @@ from ..pipeline import (
     versions,
 )
 from ..results import Row, ensure_writable_dir, write_results, write_results_or_fallback
-from ..settings import Settings
-from ._common import _plan, load, use_threads
+from ..settings import RunOptions, Settings
+from ._common import _plan, load_run, takes_run, use_threads
 
 
 @dataclass
@@ -58,24 +58,21 @@ class MeasureReport:
 
 
 
+@takes_run
 def measure(
     config: Config | str | Path | dict,
     checkpoints: Sequence[str] | None = None,
     *,
     measures: Sequence[str] | str | None = None,
-    device: str | None = None, precision: str | None = None,
-    seed: int | None = None,
+    run: RunOptions | None = None,
     outdir: str | Path | None = None,
-    allow_unsafe_pickle: bool | None = None,
     on_row: Callable[[int, int, Row], None] | None = None,
     on_start: Callable[[int, int, Job], None] | None = None,
     on_progress: Callable[[str, dict], None] | None = None,
     debug: bool = False,
     plots: bool = False,
-    threads: int | str | None = None,
     resume: bool = False,
     on_measure: Callable[[Row, str, bool], None] | None = None,
-    budget: float | str | None = None,
 ) -> MeasureReport:
     """Measure every checkpoint of a config; write results when ``outdir`` is given.
 
@@ -93,9 +90,12 @@ def measure(
     With ``plots`` (needs matplotlib and an output directory), every measure that
     draws artifacts (e.g. a spectral-density plot) writes them as
     ``OUTDIR/plots/<NNN>_<checkpoint stem>_<label>.png`` (NNN the checkpoint's
-    position); the paths are in ``report.meta["plots"]``. ``threads`` (``runtime.threads``) sizes
-    torch's intra-op threads (`use_threads`; the choice is ``report.meta["threads"]``). ``budget``
-    (``runtime.budget``: seconds or "10m") caps each checkpoint's measures together (`flatcli.budget`).
+    position); the paths are in ``report.meta["plots"]``. ``run`` (`flatcli.api.RunOptions`:
+    device, precision, seed, threads, allow_unsafe_pickle, budget) overrides the config's
+    ``runtime.*`` keys: ``run.threads`` sizes torch's intra-op threads (`use_threads`; the choice
+    is ``report.meta["threads"]``), ``run.budget`` (seconds or "10m") caps each checkpoint's
+    measures together (`flatcli.budget`). The old separate keywords (``device=`` ...) raise a
+    TypeError naming ``run=RunOptions(...)``.
 
     Returns a `MeasureReport`; its ``exit_code`` is 0 when every row is ok, 2 when a
     checkpoint failed on bad input (file, state dict), 1 when a measurement failed.
@@ -105,8 +105,7 @@ def measure(
 
         if not have_matplotlib():
             raise ConfigError(f"`plots`: {PLOT_HINT}")
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads,
-                                 precision=precision, budget=budget))
+    cfg = load_run(config, run)
     write = outdir is not None or cfg.provenance.get("output.dir", "default") != "default"
     if plots and not write:
         raise ConfigError("`plots` needs an output directory (`outdir`)")

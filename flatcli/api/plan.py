@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, overrides
+from ..config import Config
 from ..pipeline import (
     DataCache,
     load_model,
 )
-from ..settings import Settings
-from ._common import _plan, load
+from ..settings import RunOptions, Settings
+from ._common import _plan, load_run, takes_run
 
 
 @dataclass
@@ -170,9 +170,10 @@ def _describe_cost(est: dict[str, tuple[int, int]] | None, empty: str = "paramet
     return ", ".join(parts) or empty
 
 
+@takes_run
 def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | None = None, *,
-               measures: Sequence[str] | str | None = None, device: str | None = None,
-               precision: str | None = None, timed: bool = True) -> CostPlan:
+               measures: Sequence[str] | str | None = None, run: RunOptions | None = None,
+               timed: bool = True) -> CostPlan:
     """The products `measure`/`sweep` would spend (``--dry-run``), from the measures' declared cost
     formulas and each checkpoint's model size; loads every checkpoint's model but measures nothing.
     A checkpoint that cannot be loaded is reported in ``errors`` (the others are still planned).
@@ -180,13 +181,15 @@ def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | 
     With ``timed``, one checkpoint of each size group has its products timed on the measurement
     set (`flatcli.predict.time_products`: a forward pass, a gradient, HVPs of one vector and of
     one block, and one block product's memory), and every measure gets a `flatcli.predict.Prediction`
-    (seconds, peak bytes, or ``not_applicable`` with the reason) in ``predictions``."""
+    (seconds, peak bytes, or ``not_applicable`` with the reason) in ``predictions``. ``run``
+    (`flatcli.api.RunOptions`) overrides the config's ``runtime.*`` keys; its device and
+    precision are those the products are planned and timed at."""
     from ..errors import FlatcliError
     from ..loading.models import model_dtype
     from ..pipeline import estimate_products, problem_dims
     from ..predict import predict, time_products
 
-    cfg = load(config, overrides(device=device, precision=precision))
+    cfg = load_run(config, run)
     jobs, specs = _plan(cfg, checkpoints, measures)
     st = Settings.from_config(cfg)
     data = DataCache(cfg)

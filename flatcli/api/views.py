@@ -1,15 +1,17 @@
-"""The landscape views (`landscape`: slices and interpolation, `landscape_pca`, `landscape_connect`)
+"""The landscape views (`landscape`: slice, interpolate, pca and connect, chosen by ``view``)
 and `check_invariance`."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..config import Config, overrides
+from ..config import Config
 from ..errors import ConfigError
 from ..loading.data import subset
 from ..pipeline import (
@@ -22,63 +24,186 @@ from ..pipeline import (
     versions,
 )
 from ..results import ensure_writable_dir
-from ..settings import Settings
-from ._common import _one_job, load, select_measures, use_threads
+from ..settings import RunOptions, Settings
+from ._common import _one_job, load_run, select_measures, takes_run, use_threads
+
+if TYPE_CHECKING:
+    from ..landscape.connect import ConnectResult
+    from ..landscape.trajectory import TrajectoryResult
 
 
+@dataclass(frozen=True)
+class SliceView:
+    """``view="slice"``: a 1D/2D filter-normalized slice around one checkpoint (`flatcli.landscape.slices`).
+
+    ``dims`` 1 or 2 random directions; ``steps`` grid points per axis; ``span`` the grid range
+    "a,b" (default -1,1); ``bias_bn`` "zero" (Li et al.) or "keep" for biases and norm layers."""
+
+    dims: int = 1
+    steps: int = 25
+    span: str | Sequence[float] | None = None
+    bias_bn: str = "zero"
+
+
+@dataclass(frozen=True)
+class InterpolateView:
+    """``view="interpolate"``: the line (1 − t)·θ_a + t·θ_b between two checkpoints, with its
+    barrier (`flatcli.landscape.interpolate`); ``span`` default -0.5,1.5."""
+
+    steps: int = 25
+    span: str | Sequence[float] | None = None
+
+
+@dataclass(frozen=True)
+class PCAView:
+    """``view="pca"``: trajectory PCA (Li et al. 2018, Sec. 7; `flatcli.landscape.trajectory`).
+
+    ``solver`` "auto", "full" or "randomized" (seeded by ``run.seed``); ``sort`` the checkpoints
+    naturally (epoch_2 before epoch_10), else keep the order given."""
+
+    steps: int = 25
+    span: str | Sequence[float] | None = None
+    solver: str = "auto"
+    sort: bool = True
+
+
+@dataclass(frozen=True)
+class ConnectView:
+    """``view="connect"``: mode connectivity (Garipov et al. 2018; `flatcli.landscape.connect`).
+
+    The bend trains ``bend_steps`` steps of ``bend_optimizer`` ("adam" or "sgd", learning rate
+    ``bend_lr``, default 1e-3 for adam and 1e-2 for sgd) on minibatches of ``bend_batch_size``,
+    seeded by ``run.seed``."""
+
+    steps: int = 25
+    bend_steps: int = 1000
+    bend_lr: float | None = None
+    bend_optimizer: str = "adam"
+    bend_batch_size: int = 128
+
+
+VIEWS: dict[str, type] = {"slice": SliceView, "interpolate": InterpolateView, "pca": PCAView, "connect": ConnectView}
+_ARITY = {"slice": (1, "one checkpoint"), "interpolate": (2, "two checkpoints, A and B"),
+          "connect": (2, "exactly two checkpoints, A and B")}
+
+
+def _view_spec(view: str, options: dict[str, Any]):
+    """The view's options object (its defaults filled in); a `ConfigError` naming the first
+    option that does not belong to the view, or the view when it is unknown."""
+    if view not in VIEWS:
+        raise ConfigError(f"`view` must be one of {', '.join(VIEWS)}; got {view!r}")
+    cls = VIEWS[view]
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    bad = [k for k in options if k not in allowed]
+    if bad:
+        raise ConfigError(f"`{bad[0]}` does not apply to the {view} view (its options: {', '.join(allowed)})")
+    return cls(**options)
+
+
+def _view_checkpoints(view: str, checkpoints) -> list:
+    """The checkpoints as a list, their number checked for a view that takes a fixed number."""
+    given = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
+    if view in _ARITY and len(given) != _ARITY[view][0]:
+        raise ConfigError(f"`{view}` takes {_ARITY[view][1]}; got {len(given)}")
+    return given
+
+
+@takes_run
 def landscape(
     config: Config | str | Path | dict,
-    checkpoint: str | Path,
+    checkpoints: str | Path | Sequence[str | Path],
+    view: str = "slice",
     *,
-    to: str | Path | None = None,
-    dims: int = 1,
-    steps: int = 25,
-    span: str | Sequence[float] | None = None,
-    seed: int | None = None,
-    device: str | None = None, precision: str | None = None,
-    bias_bn: str = "zero",
-    points_per_pass: int | None = None,
+    run: RunOptions | None = None,
     outdir: str | Path | None = None,
     plots: bool = True,
-    allow_unsafe_pickle: bool | None = None,
+    points_per_pass: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
-    threads: int | str | None = None,
+    **options: Any,
 ):
-    """Loss-landscape view of one checkpoint: a 1D/2D filter-normalized slice, or with ``to`` the
-    linear interpolation to a second checkpoint. See `flatcli.landscape` for the definitions.
+    """A loss-landscape view of checkpoints: one API for the four views, chosen by ``view``.
+
+    - ``"slice"`` (default): ``checkpoints`` is one checkpoint; a 1D/2D filter-normalized slice
+      around it (options of `SliceView`: ``dims``, ``steps``, ``span``, ``bias_bn``).
+    - ``"interpolate"``: two checkpoints ``[a, b]``; the linear interpolation between them
+      (`InterpolateView`: ``steps``, ``span``).
+    - ``"pca"``: a training run's checkpoints (files and/or globs, at least 3); the top two PCA
+      directions of {θ_t − θ_T}, the path projected on them and the loss over their plane
+      around θ_T, the last checkpoint (`PCAView`: ``steps``, ``span``, ``solver``, ``sort``).
+    - ``"connect"``: two checkpoints ``[a, b]``; a quadratic Bezier curve between them whose bend
+      is trained on the whole training split, against the straight line, each with its barrier
+      (`ConnectView`: ``steps``, ``bend_steps``, ``bend_lr``, ``bend_optimizer``,
+      ``bend_batch_size``).
+
+    ``options`` are the view's (an option of another view is a `ConfigError` naming it; the
+    view-option classes hold the defaults). ``run`` (`flatcli.api.RunOptions`) overrides the
+    config's ``runtime.*`` keys: ``run.seed`` (default ``runtime.seed``) seeds the slice's random
+    directions, the PCA's randomized solver and the bend training; ``run.device``,
+    ``run.precision``, ``run.threads`` and ``run.allow_unsafe_pickle`` apply to every view (the
+    old keywords of these names raise a TypeError naming ``run=RunOptions(...)``).
 
     Train and (when ``data.test`` is configured) test loss and accuracy are evaluated at every grid
     point on ``measure_data.num_samples`` samples of each split (seed ``measure_data.seed``), in eval
-    mode, at ``runtime.precision``. When the config's manifest lists ``checkpoint`` with a
-    ``train_data`` column, that file is its training set. With ``outdir``, writes landscape.csv,
-    landscape.json and PNG plots there. Returns a `flatcli.landscape.LandscapeResult`.
+    mode, at ``runtime.precision`` (connect: BatchNorm statistics recomputed at every t on the train
+    measurement set). When the config's manifest lists a checkpoint with a ``train_data`` column,
+    that file is its training set (the slice's checkpoint, the last of a trajectory, connect's A or
+    B). With ``outdir``, writes the view's files there: landscape.csv, landscape.json and PNG plots
+    (slice, interpolate); pca_grid.csv, pca_path.csv, pca.json and pca.png (pca); connect.csv,
+    connect_fit.csv, bend.pt, connect.json and connect.png (connect). ``points_per_pass``: grid
+    points per vmapped forward pass. Returns a `flatcli.landscape.LandscapeResult` (slice,
+    interpolate), a `flatcli.landscape.trajectory.TrajectoryResult` (pca) or a
+    `flatcli.landscape.connect.ConnectResult` (connect).
     """
-    from ..landscape import interpolation_landscape, slice_landscape, write_files
+    spec = _view_spec(view, options)
+    given = _view_checkpoints(view, checkpoints)
+    common = dict(points_per_pass=points_per_pass, on_progress=on_progress)
+    if view == "pca":
+        from ..landscape.trajectory import trajectory_paths
 
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads, precision=precision))
+        given = trajectory_paths(given, sort=spec.sort)
+    cfg, st, threads_used = _view_setup(config, run, outdir)
+    if view == "pca":
+        return _pca(cfg, st, spec, given, common, (outdir, plots))
+    if view == "connect":
+        return _connect(cfg, st, spec, given, common, (outdir, plots))
+    return _slice(cfg, st, spec, given, common, (outdir, plots), threads_used)
+
+
+def _view_setup(config, run: RunOptions | None, outdir) -> tuple[Config, Settings, str]:
+    """Config, settings and the threads chosen (in words) of a landscape view: the config
+    loaded with the run options, ``data.train`` required, the output directory writable, torch's
+    threads sized from ``runtime.threads`` (`use_threads`)."""
+    cfg = load_run(config, run)
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
-    if to is not None and dims != 1:
-        raise ConfigError("`to` interpolates along one line; `dims` 2 does not apply to it")
     if outdir is not None:
         ensure_writable_dir(outdir, "output directory")
-    st = Settings.from_config(cfg)
-    ckpt = Path(checkpoint).expanduser()
+    threads_used = use_threads(cfg)
+    return cfg, Settings.from_config(cfg), threads_used
+
+
+def _slice(cfg: Config, st: Settings, spec, given: list, common: dict, out: tuple, threads_used: str):
+    """The slice and interpolation views (``spec`` a `SliceView` or an `InterpolateView`; ``given``
+    [θ] or [θ_a, θ_b]); ``out`` = (outdir or None, plots)."""
+    from ..landscape import interpolation_landscape, slice_landscape, write_files
+
+    ckpt = Path(given[0]).expanduser()
+    to = given[1] if len(given) > 1 else None
     model, _ = load_model(cfg, ckpt)
     model_b = load_model(cfg, Path(to).expanduser())[0] if to is not None else None
-    threads_used = use_threads(cfg)
     train, test = _landscape_data(cfg, ckpt, model, model_b, st, to)
-    common = dict(settings=st, points_per_pass=points_per_pass, on_progress=on_progress)
     with st.precision_context():
         if model_b is not None:
-            res = interpolation_landscape(model, model_b, train, test, steps=steps, span=span, **common)
+            res = interpolation_landscape(model, model_b, train, test, steps=spec.steps, span=spec.span, settings=st,
+                                          **common)
         else:
-            res = slice_landscape(model, train, test, dims=dims, steps=steps, span=span, bias_bn=bias_bn, **common)
-    res.meta.update(checkpoint=str(checkpoint), to=None if to is None else str(to), loss=cfg.loss,
+            res = slice_landscape(model, train, test, dims=spec.dims, steps=spec.steps, span=spec.span,
+                                  bias_bn=spec.bias_bn, settings=st, **common)
+    res.meta.update(checkpoint=str(given[0]), to=None if to is None else str(to), loss=cfg.loss,
                     measure_data=cfg.to_dict()["measure_data"], precision=cfg.runtime.precision,
                     config_hash=cfg.hash(), versions=versions(), device=st.describe_device(), threads=threads_used)
-    if outdir is not None:
-        write_files(res, outdir, plots=plots)
+    if out[0] is not None:
+        write_files(res, out[0], plots=out[1])
     return res
 
 
@@ -106,24 +231,6 @@ def _check_targets(cfg: Config, model, train, test) -> None:
             check_targets(model, d, cfg.loss, f"data.{name}", torch.device("cpu"), cpu_dtype)
 
 
-if TYPE_CHECKING:
-    from ..landscape.connect import ConnectResult
-    from ..landscape.trajectory import TrajectoryResult
-
-
-def _view_setup(config, device, seed, allow_unsafe_pickle, outdir=None, threads=None,
-                precision=None) -> tuple[Config, Settings]:
-    """Config and settings for the trajectory-PCA and mode-connectivity views (torch's threads
-    sized from ``runtime.threads``, see `use_threads`)."""
-    cfg = load(config, overrides(device=device, seed=seed, allow_unsafe_pickle=allow_unsafe_pickle, threads=threads, precision=precision))
-    if cfg.data.train is None:
-        raise ConfigError("config key 'data.train' is required")
-    if outdir is not None:
-        ensure_writable_dir(outdir, "output directory")
-    use_threads(cfg)
-    return cfg, Settings.from_config(cfg)
-
-
 def _view_data(cfg: Config, model: torch.nn.Module, train_path: Path | None):
     """(full train split, train measurement set, test measurement set or None), labels checked."""
     data = DataCache(cfg)
@@ -148,92 +255,31 @@ def _view_meta(cfg: Config, dev: torch.device) -> dict[str, Any]:
     }
 
 
-def landscape_pca(
-    config: Config | str | Path | dict,
-    checkpoints: str | Path | Sequence[str | Path],
-    *,
-    steps: int = 25,
-    span: str | Sequence[float] | None = None,
-    solver: str = "auto",
-    sort: bool = True,
-    seed: int | None = None,
-    device: str | None = None, precision: str | None = None,
-    points_per_pass: int | None = None,
-    outdir: str | Path | None = None,
-    plots: bool = True,
-    allow_unsafe_pickle: bool | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
-    threads: int | str | None = None,
-) -> TrajectoryResult:
-    """Trajectory PCA (Li et al. 2018, Sec. 7): the top two PCA directions of {θ_t − θ_T} over a
-    training run's checkpoints, the path projected on them and the loss over their plane around
-    θ_T (the last checkpoint). See `flatcli.landscape.trajectory` for the definitions.
-
-    ``checkpoints``: files and/or globs, sorted naturally (epoch_2 before epoch_10) unless
-    ``sort=False``; at least 3. The model, data and measurement sets come from ``config`` as for
-    `landscape` (a manifest's ``train_data`` for the last checkpoint is its training set).
-    ``seed`` (default ``runtime.seed``) seeds the randomized solver. With ``outdir``, writes
-    pca_grid.csv, pca_path.csv, pca.json and pca.png. Returns a
-    `flatcli.landscape.trajectory.TrajectoryResult`.
-    """
+def _pca(cfg: Config, st: Settings, spec: PCAView, paths: list[Path], common: dict, out: tuple) -> TrajectoryResult:
+    """The trajectory-PCA view of ``paths`` (in training order); ``out`` = (outdir or None, plots)."""
     from ..landscape.output import write_trajectory_files
-    from ..landscape.trajectory import (
-        LazyTrajectory,
-        trajectory_landscape,
-        trajectory_paths,
-    )
+    from ..landscape.trajectory import LazyTrajectory, trajectory_landscape
 
-    paths = trajectory_paths(checkpoints, sort=sort)
-    cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir, threads, precision)
     model, _ = load_model(cfg, paths[-1])
     _, train, test = _view_data(cfg, model, manifest_train_data(cfg, paths[-1]))
     traj = LazyTrajectory(paths[:-1], lambda p: load_model(cfg, p)[0], last=model)
     with st.precision_context():
         res = trajectory_landscape(
-            traj, train, test, labels=[str(p) for p in paths], steps=steps, span=span, solver=solver,
-            settings=st, points_per_pass=points_per_pass, on_progress=on_progress,
+            traj, train, test, labels=[str(p) for p in paths], steps=spec.steps, span=spec.span, solver=spec.solver,
+            settings=st, **common,
         )
     res.meta.update(_view_meta(cfg, st.device))
-    if outdir is not None:
-        write_trajectory_files(res, outdir, plots=plots)
+    if out[0] is not None:
+        write_trajectory_files(res, out[0], plots=out[1])
     return res
 
 
-def landscape_connect(
-    config: Config | str | Path | dict,
-    a: str | Path,
-    b: str | Path,
-    *,
-    steps: int = 25,
-    bend_steps: int = 1000,
-    bend_lr: float | None = None,
-    bend_optimizer: str = "adam",
-    bend_batch_size: int = 128,
-    seed: int | None = None,
-    device: str | None = None, precision: str | None = None,
-    points_per_pass: int | None = None,
-    outdir: str | Path | None = None,
-    plots: bool = True,
-    allow_unsafe_pickle: bool | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
-    threads: int | str | None = None,
-) -> ConnectResult:
-    """Mode connectivity (Garipov et al. 2018; Draxler et al. 2018): train the bend of a quadratic
-    Bezier curve between checkpoints ``a`` and ``b`` on the training split, then evaluate the loss
-    and accuracy along the curve and along the straight line, each with its barrier height. See
-    `flatcli.landscape.connect` for the definitions.
-
-    The bend trains on the whole training split (``data.train``, or a manifest's ``train_data`` for
-    ``a``) with ``bend_steps`` steps of ``bend_optimizer`` (seed ``seed``, default
-    ``runtime.seed``); both paths are evaluated on the measurement sets, BatchNorm statistics
-    recomputed at every t on the train measurement set. With ``outdir``, writes connect.csv,
-    connect_fit.csv, bend.pt, connect.json and connect.png. Returns a
-    `flatcli.landscape.connect.ConnectResult`.
-    """
+def _connect(cfg: Config, st: Settings, spec: ConnectView, given: list, common: dict, out: tuple) -> ConnectResult:
+    """The mode-connectivity view between ``given`` = [a, b]; ``out`` = (outdir or None, plots)."""
     from ..landscape import connect_landscape, write_connect_files
     from ..loading.checkpoints import check_state
 
-    cfg, st = _view_setup(config, device, seed, allow_unsafe_pickle, outdir, threads, precision)
+    a, b = given
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     model_a, extras = load_model(cfg, pa)
     model_b, _ = load_model(cfg, pb)
@@ -247,19 +293,18 @@ def landscape_connect(
     fit, train, test = _view_data(cfg, model_a, da if da is not None else db)
     with st.precision_context():
         res = connect_landscape(
-            model_a, model_b, train, test, fit=fit, steps=steps, bend_steps=bend_steps,
-            bend_lr=bend_lr, bend_optimizer=bend_optimizer, bend_batch_size=bend_batch_size,
-            settings=st, points_per_pass=points_per_pass, labels=(str(a), str(b)), on_progress=on_progress,
+            model_a, model_b, train, test, fit=fit, steps=spec.steps, bend_steps=spec.bend_steps,
+            bend_lr=spec.bend_lr, bend_optimizer=spec.bend_optimizer, bend_batch_size=spec.bend_batch_size,
+            settings=st, labels=(str(a), str(b)), **common,
         )
     res.meta.update(_view_meta(cfg, st.device))
-    if outdir is not None:
+    if out[0] is not None:
         mk = extras.get("model_kwargs")
-        write_connect_files(res, outdir, plots=plots, checkpoint_extras={"model_kwargs": mk} if isinstance(mk, dict) else None)
+        write_connect_files(res, out[0], plots=out[1], checkpoint_extras={"model_kwargs": mk} if isinstance(mk, dict) else None)
     return res
 
 
-
-
+@takes_run
 def check_invariance(
     config: Any,
     checkpoint: str | Path | None = None,
@@ -267,13 +312,11 @@ def check_invariance(
     *,
     transform: str = "both",
     scale: float = 10.0,
-    seed: int | None = None,
     tol: float = 1e-6,
-    device: str | None = None, precision: str | None = None,
+    run: RunOptions | None = None,
     data: tuple[torch.Tensor, torch.Tensor] | None = None,
     loss: str = "cross_entropy",
     progress: Callable[[str, str, dict], None] | None = None,
-    threads: int | str | None = None,
 ):
     """The invariance check for one checkpoint of a config (path, dict or `Config`), or for a model.
 
@@ -281,18 +324,21 @@ def check_invariance(
     stored in the checkpoint win; a manifest's ``train_data`` applies), the measurement set is
     ``measure_data``, and ``measures`` defaults to the configured measures plus every measure
     that claims invariance. With an ``nn.Module`` as ``config``: pass ``data=(x, y)``; see
-    `flatcli.invariance.check_invariance_model`. With a config, ``threads`` (``runtime.threads``)
-    sizes torch's threads (`use_threads`; the choice is ``report.threads``). Returns an
-    `flatcli.invariance.InvarianceReport`.
+    `flatcli.invariance.check_invariance_model`. ``run`` (`flatcli.api.RunOptions`): ``run.seed``
+    seeds the rescaling and every stochastic measure (equal for both runs); with a config it
+    overrides the ``runtime.*`` keys (``run.threads`` sizes torch's threads, `use_threads`; the
+    choice is ``report.threads``); with a model only ``run.seed`` (default 0) and ``run.device``
+    (default "cpu") apply. Returns an `flatcli.invariance.InvarianceReport`.
     """
     from ..invariance import check_invariance_model, needs_init, prepare_specs
 
     if isinstance(config, torch.nn.Module):
         if data is None:
             raise ConfigError("check_invariance(model, ...) needs data=(x, y)")
+        opts = RunOptions.of(run)
         return check_invariance_model(config, data, measures, loss=loss, transform=transform, scale=scale,
-                                      seed=seed or 0, tol=tol, device=device or "cpu", progress=progress)
-    cfg = load(config, overrides(device=device, seed=seed, threads=threads, precision=precision))
+                                      seed=opts.seed or 0, tol=tol, device=opts.device or "cpu", progress=progress)
+    cfg = load_run(config, run)
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
     threads_used = use_threads(cfg)

@@ -160,8 +160,15 @@ class SortBy(str, Enum):
 def _value(v):
     """An Enum option's string (None stays None)."""
     return v.value if isinstance(v, Enum) else v
+landscape_app = typer.Typer(
+    cls=OneLineErrors, no_args_is_help=True,
+    help="Loss-landscape views, one sub-command each: slice (1D/2D, filter-normalized random directions), "
+         "interpolate (the line between two checkpoints), pca (a training trajectory's PCA plane), connect "
+         "(a fitted Bezier curve against the line); each writes CSVs, JSON and PNG plots.",
+)  # fmt: skip
 app.add_typer(config_app, name="config")
 app.add_typer(experiments_app, name="experiments")
+app.add_typer(landscape_app, name="landscape")
 
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.", envvar="FLATCLI_CONFIG")]
@@ -197,6 +204,21 @@ def _budget(text: str | None) -> float | None:
     return None if text is None else parse_seconds(text, "--budget")
 
 
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")]
+UnsafePickleOpt = Annotated[bool, typer.Option(
+    "--allow-unsafe-pickle", help="Load full pickled checkpoints (runs code from the file: trusted files only).")]
+
+
+def run_options(*, device: str | None = None, precision=None, seed: int | None = None, threads: str | None = None,
+                allow_unsafe_pickle: bool = False, budget: str | None = None):
+    """The `flatcli.api.RunOptions` of a command's shared flags, built once and passed to every API
+    call of the command (an Enum's value, ``--budget`` in seconds, an unset switch as None)."""
+    from ..settings import RunOptions
+
+    return RunOptions(device=device, precision=_value(precision), seed=seed, threads=threads,
+                      allow_unsafe_pickle=allow_unsafe_pickle or None, budget=_budget(budget))
+
+
 PrecisionOpt = Annotated[Precision | None, typer.Option(
     "--precision", envvar="FLATCLI_PRECISION", show_default=False,
     help="auto (TF32 products on a tensor-core GPU, verified in fp32; fp32 elsewhere), fp32, tf32, bf16 "
@@ -228,7 +250,10 @@ def _flags() -> dict[str, str]:
         for sub in getattr(cmd, "commands", {}).values():
             walk(sub)
 
-    walk(typer.main.get_command(app))
+    root = typer.main.get_command(app)
+    walk(root)
+    for view in getattr(root.commands.get("landscape"), "commands", {}):  # `pca` -> landscape pca
+        table.setdefault(view, f"landscape {view}")
     return table
 
 

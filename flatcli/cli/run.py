@@ -25,13 +25,14 @@ from ._app import (
     BudgetOpt,
     ConfigOpt,
     DebugOpt,
+    DeviceOpt,
     Executor,
     FitHelp,
     Format,
     PrecisionOpt,
     ThreadsOpt,
+    UnsafePickleOpt,
     WideOpt,
-    _budget,
     _value,
     app,
     cli_message,
@@ -39,6 +40,7 @@ from ._app import (
     experiments_app,
     handle_errors,
     log_line,
+    run_options,
 )
 
 
@@ -49,10 +51,10 @@ def measure(
     config: ConfigOpt = ...,
     measures: Annotated[str | None, typer.Option("--measures", "-m", help="Comma-separated measure names or labels ('all' for every measure).")] = None,
     outdir: Annotated[Path | None, typer.Option("--outdir", "-o", help="Write results.csv and results.json here (default: output.dir).")] = None,
-    device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
+    device: DeviceOpt = None,
     format: Annotated[Format | None, typer.Option("--format", help="table, csv or json on stdout (default: output.format, table).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of every stochastic measure.")] = None,
-    allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (runs code from the file: trusted files only).")] = False,
+    allow_unsafe_pickle: UnsafePickleOpt = False,
     plots: Annotated[bool, typer.Option("--plots", help="Draw each measure's plots (e.g. spectral densities) in OUTDIR/plots/ (needs matplotlib).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print per checkpoint and measure the products (HVPs, gradients, forward passes), predicted seconds and peak memory (from one forward pass, gradient and HVP block timed on the checkpoint), or not_applicable with its reason; measure nothing (--format json: a JSON list).")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Reuse the finished measures of OUTDIR/results.json (same checkpoint file, config and measure options); compute the rest.")] = False,
@@ -66,9 +68,10 @@ def measure(
     (after every finished measure: Ctrl-C keeps what finished, exit code 130)."""
     from .. import api
 
-    precision = _value(precision)
+    run = run_options(device=device, precision=precision, seed=seed, threads=threads,
+                      allow_unsafe_pickle=allow_unsafe_pickle, budget=budget)
     if dry_run:
-        plan = api.plan_costs(config, checkpoints, measures=measures, device=device, precision=precision)
+        plan = api.plan_costs(config, checkpoints, measures=measures, run=run)
         if _value(format) == "json":  # one entry per checkpoint × measure; unloadable checkpoints on stderr
             sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
             for c, e in plan.errors:
@@ -77,16 +80,13 @@ def measure(
             for line in plan.lines():
                 console.print(line, highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(plan.exit_code)
-    from ..config import overrides
-
-    cfg = api.load(config, overrides(device=device, seed=seed, threads=threads, precision=precision,
-                                     budget=_budget(budget)))
+    cfg = api.load(config, run.changes())
     format = _value(format) or cfg.output.format
     out = cfg.output_dir(outdir)
     shown = CheckpointProgress("measuring", message=cli_message)
     try:
         report = api.measure(
-            cfg, checkpoints, measures=measures, outdir=out, allow_unsafe_pickle=allow_unsafe_pickle or None,
+            cfg, checkpoints, measures=measures, outdir=out, run=run,
             on_row=shown.row, on_start=shown.start, on_progress=shown.detail if shown.is_tty else None,
             debug=debug, plots=plots, resume=resume, on_measure=shown.measure,
         )
@@ -248,14 +248,14 @@ def sweep(
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip finished units (--no-resume recomputes them).")] = True,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Rerun units that finished with an error.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be run or submitted; run nothing.")] = False,
-    device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
+    device: DeviceOpt = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of every stochastic measure.")] = None,
     tasks: Annotated[int | None, typer.Option("--tasks", min=1, help="slurm: number of array tasks (default: one per checkpoint).")] = None,
     slurm: Annotated[list[str] | None, typer.Option("--slurm", help="slurm: submitit parameter KEY=VALUE (repeatable), e.g. slurm_partition=gpu, timeout_min=120.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="slurm: wait for the array to finish.")] = False,
     cluster: Annotated[str, typer.Option("--submitit-cluster", hidden=True, help="submitit backend: slurm, local or debug.")] = "slurm",
     lock_timeout: Annotated[float, typer.Option("--lock-timeout", min=0.0, help="Seconds without a heartbeat after which another worker's lock is stale.")] = 600.0,
-    allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (trusted files only).")] = False,
+    allow_unsafe_pickle: UnsafePickleOpt = False,
     threads: ThreadsOpt = None,
     precision: PrecisionOpt = None,
     budget: BudgetOpt = None,
@@ -268,17 +268,17 @@ def sweep(
     def log(msg: str) -> None:
         err_console.print(msg, highlight=False, soft_wrap=True, markup=False)
 
+    run = run_options(device=device, precision=precision, seed=seed, threads=threads,
+                      allow_unsafe_pickle=allow_unsafe_pickle, budget=budget)
     report = api.sweep(
-        config, outdir, measures=measures, device=device, seed=seed, gpus=gpus, workers=workers, shard=shard,
+        config, outdir, measures=measures, run=run, gpus=gpus, workers=workers, shard=shard,
         executor=_value(executor), resume=resume, retry_failed=retry_failed, dry_run=dry_run, lock_timeout=lock_timeout,
-        tasks=tasks, slurm=parse_slurm_params(slurm), cluster=cluster, wait=wait,
-        allow_unsafe_pickle=allow_unsafe_pickle or None, log=log, debug=debug, threads=threads,
-        precision=_value(precision), budget=_budget(budget),
+        tasks=tasks, slurm=parse_slurm_params(slurm), cluster=cluster, wait=wait, log=log, debug=debug,
     )
     for line in report.lines:
         console.print(line, highlight=False, soft_wrap=True)
     if report.dry_run:
-        plan = api.plan_costs(config, measures=measures, device=device, precision=_value(precision))
+        plan = api.plan_costs(config, measures=measures, run=run)
         for line in plan.lines():
             console.print(line, highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(max(report.exit_code, plan.exit_code))

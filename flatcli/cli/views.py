@@ -1,9 +1,11 @@
-"""Commands that look at results and landscapes: landscape (slice, interpolation, PCA,
-connectivity), correlate (with --compare) and check-invariance."""
+"""Commands that look at results and landscapes: landscape slice|interpolate|pca|connect,
+correlate (with --compare) and check-invariance."""
 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from pathlib import Path
 from typing import Annotated
@@ -25,74 +27,141 @@ from ._app import (
     BiasBN,
     ConfigOpt,
     DebugOpt,
+    DeviceOpt,
     FitHelp,
     PrecisionOpt,
     ThreadsOpt,
     Transform,
+    UnsafePickleOpt,
     WideOpt,
     _value,
     app,
     handle_errors,
+    landscape_app,
     log_line,
+    run_options,
+)
+
+# ------------------------------------------------------------------ landscape slice|interpolate|pca|connect
+StepsOpt = Annotated[int, typer.Option("--steps", help="Grid points per axis.")]
+SpanOpt = Annotated[str | None, typer.Option("--span", show_default=False, help="Grid range 'a,b' (default -1,1; interpolate -0.5,1.5).")]
+
+# The options every view takes, declared once (name, annotation, default): `view_command` appends
+# them to each view's own parameters, so the four commands do not repeat them.
+_SHARED = (
+    ("config", ConfigOpt, ...),
+    ("outdir", Annotated[Path, typer.Option("--outdir", "-o", help="Write the view's CSV, JSON and PNG files here.")], ...),
+    ("seed", Annotated[int | None, typer.Option("--seed", show_default=False, help="Seed of the random directions (slice), the randomized solver (pca) or the bend training (connect); default runtime.seed.")], None),
+    ("device", DeviceOpt, None),
+    ("precision", PrecisionOpt, None),
+    ("threads", ThreadsOpt, None),
+    ("allow_unsafe_pickle", UnsafePickleOpt, False),
+    ("points_per_pass", Annotated[int | None, typer.Option("--points-per-pass", min=1, show_default=False, help="Grid points per vmapped forward pass (1 = loop; default: 1 for conv nets, else 8).")], None),
+    ("plots", Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")], True),
+    ("debug", DebugOpt, False),
 )
 
 
-@app.command(cls=FitHelp)
-@handle_errors
-def landscape(
-    checkpoints: Annotated[list[str], typer.Argument(help="Checkpoint at the centre of the slice (θ_a with --to); with --pca the trajectory's checkpoints (files or globs, in training order), with --connect the two endpoints.", show_default=False)],
-    config: ConfigOpt = ...,
-    outdir: Annotated[Path, typer.Option("--outdir", "-o", help="Write landscape.csv, landscape.json and PNG plots here (pca_* files with --pca, connect* and bend.pt with --connect).")] = ...,
+def view_command(view: str):
+    """Register ``flatcli landscape VIEW`` from a function of the view's own parameters (its
+    checkpoints and options) returning ``(checkpoints, options)``: the command's signature is
+    those parameters followed by the shared ones of `_SHARED` (``inspect.Signature``, which Typer
+    reads), and it runs `flatcli.api.landscape` with one `flatcli.api.RunOptions` and renders."""
+
+    def register(fn):
+        own = list(inspect.signature(fn, eval_str=True).parameters.values())
+        shared = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=t, default=d) for n, t, d in _SHARED]
+
+        @functools.wraps(fn)
+        def command(**kw):
+            common = {n: kw.pop(n) for n, _, _ in _SHARED}
+            checkpoints, options = fn(**kw)
+            _show_view(view, checkpoints, options, **common)
+
+        command.__signature__ = inspect.Signature(own + shared)
+        landscape_app.command(view, cls=FitHelp)(handle_errors(command))
+        return command
+
+    return register
+
+
+@view_command("slice")
+def landscape_slice(
+    checkpoint: Annotated[str, typer.Argument(help="The checkpoint at the centre of the slice.", show_default=False)],
     dims: Annotated[int, typer.Option("--dims", min=1, max=2, help="1 or 2 filter-normalized random directions.")] = 1,
-    steps: Annotated[int, typer.Option("--steps", help="Grid points per axis.")] = 25,
-    span: Annotated[str | None, typer.Option("--span", help="Grid range 'a,b' (default -1,1; with --to -0.5,1.5).")] = None,
-    to: Annotated[str | None, typer.Option("--to", help="Second checkpoint: interpolate (1-t)·θ_a + t·θ_b instead of slicing.")] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the random directions; with --connect of the bend training, with --pca of the randomized solver (default runtime.seed).")] = None,
-    device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
+    steps: StepsOpt = 25,
+    span: SpanOpt = None,
     bias_bn: Annotated[BiasBN, typer.Option("--bias-bn", help="Direction on biases and norm layers: zero (Li et al.) or keep.")] = BiasBN.zero,
-    points_per_pass: Annotated[int | None, typer.Option("--points-per-pass", min=1, help="Grid points per vmapped forward pass (1 = loop; default: 1 for conv nets, else 8).")] = None,
-    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")] = True,
-    allow_unsafe_pickle: Annotated[bool, typer.Option("--allow-unsafe-pickle", help="Load full pickled checkpoints (trusted files only).")] = False,
-    pca: Annotated[bool, typer.Option("--pca", help="Trajectory PCA (Li et al. 2018): CHECKPOINTS are a training run (≥ 3, sorted naturally); loss over the plane of its top-2 PCA directions around the last, with the path.")] = False,
-    connect: Annotated[bool, typer.Option("--connect", help="Mode connectivity (Garipov et al. 2018): CHECKPOINTS are A B; train the bend of a quadratic Bezier curve between them, loss and barrier along the curve and the line.")] = False,
-    solver: Annotated[str, typer.Option("--solver", help="--pca: auto, full (scikit-learn PCA) or randomized (randomized SVD, for large models).")] = "auto",
-    keep_order: Annotated[bool, typer.Option("--keep-order", help="--pca: keep the checkpoints in the order given instead of sorting them naturally.")] = False,
-    bend_steps: Annotated[int, typer.Option("--bend-steps", help="--connect: optimizer steps for the bend (the step budget).")] = 1000,
-    bend_lr: Annotated[float | None, typer.Option("--bend-lr", help="--connect: learning rate (default 1e-3 for adam, 1e-2 for sgd).")] = None,
-    bend_optimizer: Annotated[str, typer.Option("--bend-optimizer", help="--connect: adam or sgd (momentum 0.9).")] = "adam",
-    bend_batch_size: Annotated[int, typer.Option("--bend-batch-size", help="--connect: minibatch size of the bend training.")] = 128,
-    threads: ThreadsOpt = None,
-    precision: PrecisionOpt = None,
-    debug: DebugOpt = False,
 ):
-    """Loss-landscape view: 1D/2D slices along filter-normalized random directions, with --to the
-    linear interpolation between two checkpoints, with --pca a training trajectory's PCA plane, with
-    --connect a fitted Bezier curve against the line; writes CSVs and PNG plots."""
+    """1D/2D slice of the loss along filter-normalized random directions (Li et al. 2018)."""
+    return [checkpoint], dict(dims=dims, steps=steps, span=span, bias_bn=_value(bias_bn))
+
+
+@view_command("interpolate")
+def landscape_interpolate(
+    a: Annotated[str, typer.Argument(help="θ_a, the start (t = 0).", show_default=False)],
+    b: Annotated[str, typer.Argument(help="θ_b, the end (t = 1).", show_default=False)],
+    steps: StepsOpt = 25,
+    span: SpanOpt = None,
+):
+    """The loss along the line (1-t)·θ_a + t·θ_b between two checkpoints, with its barrier."""
+    return [a, b], dict(steps=steps, span=span)
+
+
+@view_command("pca")
+def landscape_pca(
+    checkpoints: Annotated[list[str], typer.Argument(help="A training run's checkpoints (≥ 3; files or globs, sorted naturally).", show_default=False)],
+    steps: StepsOpt = 25,
+    span: SpanOpt = None,
+    solver: Annotated[str, typer.Option("--solver", help="auto, full (scikit-learn PCA) or randomized (randomized SVD, for large models).")] = "auto",
+    keep_order: Annotated[bool, typer.Option("--keep-order", help="Keep the checkpoints in the order given instead of sorting them naturally.")] = False,
+):
+    """Trajectory PCA (Li et al. 2018): the loss over the plane of a training run's top-2 PCA directions around its last checkpoint, with the path."""
+    return checkpoints, dict(steps=steps, span=span, solver=solver, sort=not keep_order)
+
+
+@view_command("connect")
+def landscape_connect(
+    a: Annotated[str, typer.Argument(help="Endpoint A.", show_default=False)],
+    b: Annotated[str, typer.Argument(help="Endpoint B.", show_default=False)],
+    steps: StepsOpt = 25,
+    bend_steps: Annotated[int, typer.Option("--bend-steps", help="Optimizer steps for the bend (the step budget).")] = 1000,
+    bend_lr: Annotated[float | None, typer.Option("--bend-lr", show_default=False, help="Learning rate (default 1e-3 for adam, 1e-2 for sgd).")] = None,
+    bend_optimizer: Annotated[str, typer.Option("--bend-optimizer", help="adam or sgd (momentum 0.9).")] = "adam",
+    bend_batch_size: Annotated[int, typer.Option("--bend-batch-size", help="Minibatch size of the bend training.")] = 128,
+):
+    """Mode connectivity (Garipov et al. 2018): train the bend of a quadratic Bezier curve between A and B; loss and barrier along the curve and the line."""
+    return [a, b], dict(steps=steps, bend_steps=bend_steps, bend_lr=bend_lr, bend_optimizer=bend_optimizer,
+                        bend_batch_size=bend_batch_size)
+
+
+def _show_view(view: str, checkpoints: list[str], options: dict, *, config, outdir, seed, device, precision, threads,
+               allow_unsafe_pickle, points_per_pass, plots, debug) -> None:
+    """Run one landscape view through `flatcli.api.landscape` and print its summary."""
     from .. import api
 
-    if pca or connect:
-        _landscape_view(checkpoints, config, outdir, pca=pca, connect=connect, to=to, dims=dims, steps=steps, span=span,
-                        seed=seed, device=device, points_per_pass=points_per_pass, plots=plots,
-                        allow_unsafe_pickle=allow_unsafe_pickle, solver=solver, keep_order=keep_order,
-                        bend_steps=bend_steps, bend_lr=bend_lr, bend_optimizer=bend_optimizer,
-                        bend_batch_size=bend_batch_size, threads=threads, precision=_value(precision))
-        return
-    if len(checkpoints) != 1:
-        raise ConfigError(f"landscape takes one checkpoint (several with --pca, two with --connect); got {len(checkpoints)}")
-    checkpoint = checkpoints[0]
+    run = run_options(device=device, precision=precision, seed=seed, threads=threads,
+                      allow_unsafe_pickle=allow_unsafe_pickle)
     with GridProgress("landscape") as shown:
-        res = api.landscape(
-            config, checkpoint, to=to, dims=dims, steps=steps, span=span, seed=seed, device=device,
-            bias_bn=_value(bias_bn), points_per_pass=points_per_pass, outdir=outdir, plots=plots,
-            allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update, threads=threads,
-            precision=_value(precision),
-        )
+        res = api.landscape(config, checkpoints, view, run=run, outdir=outdir, plots=plots,
+                            points_per_pass=points_per_pass, on_progress=shown.update, **options)
+    _print_view(_view_title(view, checkpoints, res), res)
+    for split, d in res.meta.get("evaluator", {}).items():
+        if view in ("slice", "interpolate") and d.get("vmap_fallback"):
+            err_console.print(f"note: vmap failed on {split} ({d['vmap_fallback']}); evaluated point by point", highlight=False)
+
+
+def _view_title(view: str, checkpoints: list[str], res) -> str:
+    """The title of a view's summary table."""
+    if view == "pca":
+        grid = f"{len(res.surface.alpha)}×{len(res.surface.beta)}"
+        return f"trajectory PCA of {len(res.meta['checkpoints'])} checkpoints ({grid} points, {res.meta['solver']} SVD)"
+    if view == "connect":
+        return (f"mode connectivity {checkpoints[0]} → {checkpoints[1]} ({len(res.curve.alpha)} points, "
+                f"{res.meta['bend_steps']} bend steps)")
     what = {"1d": "1D slice", "2d": "2D slice", "interpolation": "interpolation"}[res.kind]
     grid = f"{len(res.alpha)}" + (f"×{len(res.beta)}" if res.beta is not None else "")
-    _print_view(f"{what} of {checkpoint}" + (f" → {to}" if to else "") + f" ({grid} points)", res)
-    for split, d in res.meta.get("evaluator", {}).items():
-        if d.get("vmap_fallback"):
-            err_console.print(f"note: vmap failed on {split} ({d['vmap_fallback']}); evaluated point by point", highlight=False)
+    return f"{what} of {checkpoints[0]}" + (f" → {checkpoints[1]}" if view == "interpolate" else "") + f" ({grid} points)"
 
 
 def _print_view(title: str, res) -> None:
@@ -108,45 +177,6 @@ def _print_view(title: str, res) -> None:
         err_console.print(res.meta["plots"], highlight=False)
     files = ", ".join(str(p) for p in res.files.values())
     console.print(f"wrote {files} ({res.seconds:.1f}s)", highlight=False, soft_wrap=True)
-
-
-def _check_view_options(checkpoints, *, pca, connect, to, dims, span) -> None:
-    """One-line errors for option combinations ``--pca``/``--connect`` do not take."""
-    if pca and connect:
-        raise ConfigError("--pca and --connect are two different views; choose one")
-    flag = "--pca" if pca else "--connect"
-    if to is not None:
-        raise ConfigError(f"--to does not apply to {flag} (--connect A B already includes the straight line)")
-    if connect and len(checkpoints) != 2:
-        raise ConfigError(f"--connect needs exactly two checkpoints, A and B; got {len(checkpoints)}")
-    if connect and dims != 1:
-        raise ConfigError("--dims does not apply to --connect (paths are one-dimensional)")
-    if connect and span is not None:
-        raise ConfigError("--span does not apply to --connect (the curve is defined for t in [0, 1])")
-
-
-def _landscape_view(checkpoints, config, outdir, *, pca, connect, to, dims, steps, span, seed, device, points_per_pass,
-                    plots, allow_unsafe_pickle, solver, keep_order, bend_steps, bend_lr, bend_optimizer, bend_batch_size,
-                    threads, precision):
-    """``landscape --pca`` and ``landscape --connect``: check the option combination, call the API, render."""
-    from .. import api
-
-    _check_view_options(checkpoints, pca=pca, connect=connect, to=to, dims=dims, span=span)
-    with GridProgress("landscape") as shown:
-        common = dict(steps=steps, seed=seed, device=device, points_per_pass=points_per_pass, outdir=outdir,
-                      plots=plots, allow_unsafe_pickle=allow_unsafe_pickle or None, on_progress=shown.update,
-                      threads=threads, precision=precision)
-        if pca:
-            res = api.landscape_pca(config, checkpoints, span=span, solver=solver, sort=not keep_order, **common)
-        else:
-            res = api.landscape_connect(config, checkpoints[0], checkpoints[1], bend_steps=bend_steps, bend_lr=bend_lr,
-                                        bend_optimizer=bend_optimizer, bend_batch_size=bend_batch_size, **common)
-    if pca:
-        grid = f"{len(res.surface.alpha)}×{len(res.surface.beta)}"
-        title = f"trajectory PCA of {len(res.meta['checkpoints'])} checkpoints ({grid} points, {res.meta['solver']} SVD)"
-    else:
-        title = f"mode connectivity {checkpoints[0]} → {checkpoints[1]} ({len(res.curve.alpha)} points, {res.meta['bend_steps']} bend steps)"
-    _print_view(title, res)
 
 
 # ------------------------------------------------------------------ sweep / collect / correlate
@@ -180,7 +210,7 @@ def correlate(
     with GridProgress("correlate: measures bootstrapped" if bootstrap else "correlate") as shown:
         rep = api.correlate(results, target=target, by=by, outdir=outdir, plots=plots, sort=sort, measures=measures,
                             color_by=color_by, marker_by=marker_by, where=where, max_train_loss=max_train_loss,
-                            bootstrap=bootstrap, seed=seed, confidence=confidence,
+                            bootstrap=bootstrap, run=run_options(seed=seed), confidence=confidence,
                             progress=shown.update if bootstrap else None)
     print_table(console, render_table(rep, fit_width(console, wide)), wide)
     rows = f"{rep.n_rows} checkpoints" + (f" (of {rep.n_input}, after the filters)" if rep.filters else "")
@@ -239,7 +269,7 @@ def check_invariance_cmd(
     transform: Annotated[Transform, typer.Option("--transform", help="node, layer or both (node-wise then layer-wise).")] = Transform.both,
     tol: Annotated[float, typer.Option("--tol", min=0.0, help="Relative change up to which a claimed invariance holds (float64).")] = 1e-6,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the rescaling and of every stochastic measure (equal for both runs).")] = None,
-    device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")] = None,
+    device: DeviceOpt = None,
     threads: ThreadsOpt = None,
     debug: DebugOpt = False,
 ):
@@ -249,8 +279,8 @@ def check_invariance_cmd(
     from ..api import check_invariance
 
     with StageProgress("check-invariance: rescaling") as shown:
-        rep = check_invariance(config, checkpoint, measures, transform=_value(transform), scale=scale, seed=seed,
-                               tol=tol, device=device, progress=shown.update, threads=threads)
+        rep = check_invariance(config, checkpoint, measures, transform=_value(transform), scale=scale, tol=tol,
+                               run=run_options(seed=seed, device=device, threads=threads), progress=shown.update)
     log_line(rep.threads)
     console.print(f"[bold]{escape(rep.checkpoint)}[/bold]: {escape(rep.describe())}", highlight=False, soft_wrap=True)
     console.print(f"network output changed by {rep.output_rel_change:.2g} (relative, float64)", highlight=False)

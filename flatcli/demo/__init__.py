@@ -6,7 +6,7 @@ than for a fixed number of steps, so that measures are compared at minima.
 The zoo varies width, weight decay and the fraction of randomized training
 labels (label noise widens the generalization gap). `train_trajectory` (opt-in)
 retrains one of them with its parameters saved every few steps, for
-``flatcli landscape --pca``.
+``flatcli landscape pca``.
 """
 
 from .trajectory import train_trajectory

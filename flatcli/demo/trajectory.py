@@ -1,4 +1,4 @@
-"""Opt-in: one demo-zoo model retrained with its parameters saved along the way (for ``landscape --pca``).
+"""Opt-in: one demo-zoo model retrained with its parameters saved along the way (for ``landscape pca``).
 
 `train_zoo` saves only each model's final and initial parameters. `train_trajectory`
 retrains one zoo model from its own `flatcli.training.TrainTask` (same initialization, labels,

@@ -144,7 +144,7 @@ def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | 
         console.print("  " + msg, highlight=False, markup=False, soft_wrap=True)
 
     sweep_dir = outdir / "sweep"
-    rep = api.sweep(cfg_path, sweep_dir, measures=measures, workers=workers, device="cpu", log=log, threads=threads)
+    rep = api.sweep(cfg_path, sweep_dir, measures=measures, workers=workers, run=api.RunOptions(device="cpu", threads=threads), log=log)
     console.print(f"sweep: {rep.lines[0]}; {rep.computed} units computed in {rep.seconds:.1f}s", highlight=False, soft_wrap=True)
     t2 = time.perf_counter()
     results = outdir / "results"

@@ -341,7 +341,7 @@ class Experiment:
 
         where, max_loss = self.converged_filter
         return api.correlate(csv_path, target=target, by=study.axes or None, outdir=outdir, where=where,
-                             max_train_loss=max_loss, bootstrap=bootstrap, seed=0,
+                             max_train_loss=max_loss, bootstrap=bootstrap, run=api.RunOptions(seed=0),
                              plots=plots and outdir is not None, color_by=study.color_by if plots else None)  # fmt: skip
 
     def seed_spread(self, study: Study, converged: Path, target: str = "gen_gap") -> list[dict[str, Any]]:
@@ -409,7 +409,7 @@ class Experiment:
             return None
         axes = [a for a in study.axes if f"hp_{a}" in table.frame and table.frame[f"hp_{a}"].nunique() > 1]
         rep = api.correlate(results, by=axes or None, outdir=out, where=where, max_train_loss=self.converged_filter[1],
-                            bootstrap=self.spec.bootstrap or None, seed=0)  # fmt: skip
+                            bootstrap=self.spec.bootstrap or None, run=api.RunOptions(seed=0))  # fmt: skip
         comps = self.compare(study, results, out / "comparisons.csv", extra_where=expr)
         return {"title": title, "expr": expr, "where": where, "axes": axes, "correlation": rep, "comparisons": comps, "dir": out}
 
