@@ -25,9 +25,10 @@ from typing import Any
 import torch
 from torch.func import jvp
 
-from ..errors import ConfigError, MeasurementError
+from ..errors import ConfigError
 from . import ggn_diag
 from .batch import Batch
+from .capture import LayerCapture
 from .curvatures import GGN, Curvature, FiniteDifferenceHessian, Hessian
 from .dist import Dist
 from .loop import ProductState, is_oom
@@ -50,37 +51,6 @@ def _on_state(name: str, doc: str, settable: bool = False) -> property:
         setattr(self.state, name, value)
 
     return property(get, put if settable else None, doc=doc)
-
-
-class LayerCapture:
-    """A forward hook that records a module's input and output, or replaces its output
-    (``with LayerCapture(module) as cap: model(x)``; then ``cap.single()``)."""
-
-    def __init__(self, module: torch.nn.Module, replace: torch.Tensor | None = None):
-        self.module, self.replace = module, replace
-        self.inputs: list[torch.Tensor] = []
-        self.outputs: list[torch.Tensor] = []
-
-    def __enter__(self):
-        self.handle = self.module.register_forward_hook(self._hook)
-        return self
-
-    def __exit__(self, *exc):
-        self.handle.remove()
-
-    def _hook(self, mod, inp, out):
-        self.inputs.append(inp[0])
-        self.outputs.append(out)
-        return self.replace
-
-    def single(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input, output) of the one call; a module that ran 0 or several times is an error."""
-        if len(self.inputs) != 1:
-            raise MeasurementError(
-                f"the layer ran {len(self.inputs)} times in one forward pass; it must run exactly once "
-                "(no weight sharing)"
-            )
-        return self.inputs[0], self.outputs[0]
 
 
 class CurvatureEngine:
