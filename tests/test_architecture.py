@@ -5,6 +5,7 @@
 * The engine knows nothing of measures.
 * No import cycles between flatcli modules (imports inside functions count too).
 * No public estimator of ``flatcli.engine.linalg`` takes more than 8 parameters.
+* Curvatures and the product loop receive a ``ProductState``, never the engine.
 """
 
 from __future__ import annotations
@@ -344,3 +345,38 @@ def test_api_functions_take_the_run_options_as_one_object():
             found += [f"{name}({p})" for p in params if p in RUN_OPTION_NAMES]
     assert not found, found
     assert all("run" in inspect.signature(public[n]).parameters for n in CONFIG_ENTRY_POINTS)
+
+
+PRODUCT_MODULES = ("flatcli.engine.curvatures", "flatcli.engine.loop")
+ENGINE_NAMES = {"engine", "eng", "CurvatureEngine"}
+
+
+def test_curvatures_and_the_product_loop_receive_no_engine():
+    """Operators own their loop (issue 28): curvatures and `ProductLoop` get a `ProductState`, never the
+    engine. Statically, no identifier, parameter, attribute or import named ``engine``/``eng``/
+    ``CurvatureEngine`` in engine/curvatures.py and engine/loop.py, and every ``__init__`` there takes
+    ``state``; dynamically, nothing reachable from an engine's curvatures (their loops and state) is
+    the engine."""
+    from flatcli.engine import CurvatureEngine, Problem
+
+    from .helpers import tiny_data, tiny_mlp
+
+    found = []
+    for mod in PRODUCT_MODULES:
+        for n in ast.walk(_tree(MODULES[mod])):
+            names = {getattr(n, "id", None), getattr(n, "arg", None), getattr(n, "attr", None)}
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                names |= {a.asname or a.name for a in n.names} | {getattr(n, "module", None)}
+            if isinstance(n, ast.ClassDef) and n.name in ("Curvature", "ProductLoop"):
+                init = next(f for f in n.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+                if [a.arg for a in init.args.args[:2]] != ["self", "state"]:
+                    found.append(f"{mod}: {n.name}.__init__ takes {[a.arg for a in init.args.args]}")
+            found += [f"{mod}:{n.lineno}: {name}" for name in names & ENGINE_NAMES]
+    x, y = tiny_data(n=6)
+    eng = CurvatureEngine(Problem(tiny_mlp(), x, y, batch_size=3, dtype=x.dtype))
+    for name, curvature in eng.curvature.items():
+        for owner in (curvature, curvature.loop, curvature.state):
+            found += [f"curvature {name!r}: {type(owner).__name__}.{k}" for k, v in vars(owner).items()
+                      if isinstance(v, CurvatureEngine)]
+        assert curvature.state is eng.state and curvature.loop.state is eng.state
+    assert not found, f"engine references in the curvatures or the product loop: {found}"

@@ -370,7 +370,7 @@ def test_block_size_default_and_override():
 
 
 def test_auto_mode_on_cpu():
-    from flatcli.engine import engine as products
+    from flatcli.engine import loop as products
 
     eng = CurvatureEngine(tiny_problem())
     assert (

@@ -111,7 +111,7 @@ def test_block_size_from_free_memory_and_oom_backoff_on_cuda():
     p = conv_problem(torch.float32, "cuda")
     eng = CurvatureEngine(p)
     assert 1 <= eng.block_size <= 32
-    assert eng._activation_bytes() > 0
+    assert eng.state.activation_bytes() > 0
     V = vecs(p.num_params, 8, "cuda", torch.float32)
     ref = CurvatureEngine(p, hvp_mode="forward", block_size=8).hvp(V)
     eng = CurvatureEngine(p, hvp_mode="forward", block_size=8)

@@ -7,7 +7,8 @@ curvature, `flatcli.engine.curvatures`) and per-unit quantities over it;
 """
 
 from .batch import Batch
-from .engine import CurvatureEngine, LayerCapture
+from .capture import LayerCapture
+from .engine import CurvatureEngine
 from .losses import LOSSES, Loss, NotApplicable, get_loss
 from .params import ParamSelection
 from .problem import Problem, eval_mode

@@ -1,10 +1,15 @@
 r"""One small class per curvature, each with one batched product method.
 
 A curvature's `product` adds (or, for the first batch, writes) one batch's share of
-:math:`M V` for a block ``V`` of K vectors (shape ``(K, P)``); the loop over this rank's
-batches, the memory policy, the counters and the cross-rank sum live once in
-`flatcli.engine.loop`. Every share is the batch's sum of unit losses divided by the
-whole set's U, so the sum over batches (and ranks) is the product of the full-set matrix.
+:math:`M V` for a block ``V`` of K vectors (shape ``(K, P)``). Everything else is the base
+class's: `Curvature.apply` runs the loop over this rank's batches in blocks with the
+out-of-memory back-off and the cross-rank sum (`flatcli.engine.loop.ProductLoop`),
+`Curvature.count` adds the product's cost to the counters, and the unit weighting (every share
+is the batch's sum of unit losses divided by the whole set's U, so the sum over batches and
+ranks is the product of the full-set matrix) is `Curvature.batch_loss` and
+`flatcli.engine.loop.ProductState.share`/``weigh``. A curvature receives the
+`flatcli.engine.loop.ProductState` (problem, batches, memory policy, counters, graph cache,
+product mode), never the engine.
 
 * `Hessian`: :math:`H = \nabla^2 L(\theta)`.
   ``"reverse"``: the batch's gradient graph (``create_graph``, cached across products at
@@ -24,8 +29,8 @@ whole set's U, so the sum over batches (and ranks) is the product of the full-se
   with :math:`u = v/\|v\|`, per batch, two batch gradients per vector; ``h`` relative
   (``fd_eps``·max(1, ‖θ‖), ``runtime.hvp_mode: finite_difference``) or absolute (``eps``).
 
-Adding a curvature is one subclass with a `product` method, plus a test against a dense
-float64 reference.
+Adding a curvature is one subclass with a `product` method (and a `count` when its cost is not
+one product per vector), plus a test against a dense float64 reference.
 """
 
 from __future__ import annotations
@@ -36,22 +41,33 @@ import torch
 from torch.func import grad as func_grad
 from torch.func import jvp, vmap
 
-from .loop import is_oom
+from .loop import ProductLoop, ProductState, is_oom
 
 
 class Curvature(abc.ABC):
-    """Base class: ``product(V, θ, j, batch, out, accumulate)`` writes (``accumulate`` False) or adds
-    batch ``j``'s share of M V into ``out``."""
+    """Base class: the loop, the weighting and the counting; a subclass supplies ``product(V, θ, j,
+    batch, out, accumulate)``, which writes (``accumulate`` False) or adds batch ``j``'s share of
+    M V into ``out``."""
 
     name = "curvature"
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, state: ProductState):
+        self.state = state
+        self.loop = ProductLoop(state)
 
     @property
     def problem(self):
-        """The engine's problem."""
-        return self.engine.problem
+        """The problem the products are taken over."""
+        return self.state.problem
+
+    def apply(self, V: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
+        """M V for V of shape (P,) or (K, P): `product` over this rank's batches, in blocks with
+        the out-of-memory back-off, summed over ranks (`flatcli.engine.loop.ProductLoop`)."""
+        return self.loop.apply(self.product, V, theta)
+
+    def count(self, V: torch.Tensor, theta: torch.Tensor | None) -> None:
+        """Add the cost of `apply` (V, θ) to the counters: one product per vector."""
+        self.state.tally.n_hvp += 1 if V.ndim == 1 else V.shape[0]
 
     @abc.abstractmethod
     def product(self, V, th, j, batch, out, accumulate) -> None:
@@ -59,12 +75,7 @@ class Curvature(abc.ABC):
 
     def batch_loss(self, batch):
         """θ ↦ this batch's share of L (sum of its unit losses / U)."""
-        p = self.problem
-
-        def f(t):
-            return p.batch_loss_sum(p.unflatten(t), batch) / p.n
-
-        return f
+        return lambda t: self.state.share(t, batch)
 
     def forward_fn(self, batch):
         """θ ↦ the model output on ``batch``."""
@@ -86,20 +97,16 @@ class Hessian(Curvature):
 
     def product(self, V, th, j, batch, out, accumulate) -> None:
         """See `Curvature.product`."""
-        eng = self.engine
-        mode = "reverse" if eng.recompute_active else eng.hvp_mode  # checkpointing runs in reverse mode
-        if mode == "forward" and eng.hvp_auto and V.shape[0] == 1 and eng.graphs.keeping:
-            mode = "reverse"  # one vector at a time (Lanczos): a backward through a cached graph is cheaper
-        if mode == "forward":
+        st = self.state
+        if st.hessian_mode(V.shape[0]) == "forward":
             try:
                 return _put(out, self._forward(V, th, batch), accumulate)
             except (RuntimeError, NotImplementedError) as e:
                 if is_oom(e):
                     raise
-                eng.tally.fallbacks += 1
-                eng.hvp_mode = "reverse"
-        t, g, _ = eng.graphs.get(th, j, batch, len(eng.batches))
-        eng.pullback(g, t, V, retain=eng.graphs.keeping, out=out, accumulate=accumulate)
+                st.forward_failed()
+        t, g, _ = st.graphs.get(th, j, batch, len(st.batches))
+        st.pullback(g, t, V, retain=st.graphs.keeping, out=out, accumulate=accumulate)
 
     def _forward(self, V, th, batch) -> torch.Tensor:
         gfun = func_grad(self.batch_loss(batch))
@@ -115,15 +122,20 @@ class GGN(Curvature):
 
     name = "ggn"
 
+    def count(self, V: torch.Tensor, theta: torch.Tensor | None) -> None:
+        """One product per vector, in ``n_hvp`` and ``n_ggnvp``."""
+        super().count(V, theta)
+        self.state.tally.n_ggnvp += 1 if V.ndim == 1 else V.shape[0]
+
     def product(self, V, th, j, batch, out, accumulate) -> None:
         """See `Curvature.product`. The VJP is a plain backward through the outputs' graph
-        (`CurvatureEngine.pullback`: batched or a loop), not ``torch.func.vjp``, whose first call
+        (`flatcli.engine.loop.ProductState.pullback`: batched or a loop), not ``torch.func.vjp``, whose first call
         in a process imports ``torch._dynamo`` (and pandas): 1.3 s of every process that runs
         normalized sharpness, ns_bound or the Fisher-Rao term on an MLP (`flatcli measure` on
         tests/test_distributed.py's config: 6.3 → 4.6 s). Per product it is as fast (medians of 9
         interleaved rounds, 1 and 8 vectors, 64-16-16-10 and 784-256-256-10 MLPs and a small CNN,
         one CPU thread: 0.80-1.04× of the torch.func time) and gives the same values."""
-        p, eng = self.problem, self.engine
+        p, st = self.problem, self.state
         fwd = self.forward_fn(batch)
         t = th.detach().requires_grad_(True)
         with torch.enable_grad():
@@ -131,7 +143,7 @@ class GGN(Curvature):
 
         def hjv(v):
             zv, jv = jvp(fwd, (th,), (v,))
-            return p.loss_fn.output_hvp(zv.detach(), batch, jv).div_(p.n)  # zv, jv freed before the VJP
+            return st.weigh(p.loss_fn.output_hvp(zv.detach(), batch, jv))  # zv, jv freed before the VJP
 
         if V.shape[0] > 1 and p.loss_fn.units_are_rows:
             try:
@@ -139,12 +151,12 @@ class GGN(Curvature):
             except (RuntimeError, NotImplementedError) as e:
                 if is_oom(e):
                     raise
-                eng.tally.fallbacks += 1
+                st.tally.fallbacks += 1
             else:
-                eng.pullback(z, t, H, retain=False, out=out, accumulate=accumulate)
+                st.pullback(z, t, H, retain=False, out=out, accumulate=accumulate)
                 return
         for k in range(V.shape[0]):
-            eng.pullback(z, t, hjv(V[k])[None], retain=k < V.shape[0] - 1, out=out[k : k + 1], accumulate=accumulate)
+            st.pullback(z, t, hjv(V[k])[None], retain=k < V.shape[0] - 1, out=out[k : k + 1], accumulate=accumulate)
 
 
 class FiniteDifferenceHessian(Curvature):
@@ -156,21 +168,29 @@ class FiniteDifferenceHessian(Curvature):
 
     name = "fd_hessian"
 
-    def __init__(self, engine, eps: float | None = None):
-        super().__init__(engine)
+    def __init__(self, state: ProductState, eps: float | None = None):
+        super().__init__(state)
         self.eps = eps
 
     def steps(self, V: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
         """The step ε_k of each row (0 for zero rows, which give 0)."""
         if self.eps is not None:
             return torch.full((V.shape[0],), float(self.eps), dtype=V.dtype, device=V.device)
-        h = self.engine.fd_eps * max(1.0, float(th.norm()))
+        h = self.state.fd_eps * max(1.0, float(th.norm()))
         norms = V.norm(dim=1)
         return torch.where(norms > 0, h / norms, torch.zeros_like(norms))
 
+    def count(self, V: torch.Tensor, theta: torch.Tensor | None) -> None:
+        """One product per vector, and two full-set gradients per vector that moved θ."""
+        st = self.state
+        V2 = V.reshape(1, -1) if V.ndim == 1 else V
+        moved = int((self.steps(V2.to(st.problem.dtype), st.theta_of(theta)) > 0).sum())
+        st.tally.n_hvp += V2.shape[0]
+        st.tally.grad_units += 2 * moved * st.problem.n
+
     def product(self, V, th, j, batch, out, accumulate) -> None:
         """See `Curvature.product`."""
-        eng = self.engine
+        st = self.state
         steps = self.steps(V, th)
         f = self.batch_loss(batch)
         for k in range(V.shape[0]):
@@ -179,6 +199,6 @@ class FiniteDifferenceHessian(Curvature):
                 if not accumulate:
                     out[k].zero_()
                 continue
-            gp = eng.batch_grad(f, th + e * V[k])
-            gm = eng.batch_grad(f, th - e * V[k])
+            gp = st.batch_grad(f, th + e * V[k])
+            gm = st.batch_grad(f, th - e * V[k])
             _put(out[k], (gp - gm) / (2 * e), accumulate)

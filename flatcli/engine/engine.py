@@ -1,10 +1,11 @@
 r"""The engine measures talk to: losses, gradients, curvature operators and per-unit quantities.
 
-`CurvatureEngine` composes the pieces of the engine over a `flatcli.engine.problem.Problem`:
-the curvatures (`flatcli.engine.curvatures`: one class each), the shared loop with its
-counters, memory policy and cross-rank sum (`flatcli.engine.loop`), the graph caches
-(`flatcli.engine.graphs`) and the exact Gauss-Newton diagonal (`flatcli.engine.ggn_diag`).
-It knows nothing about measures; measures get every derivative from it.
+`CurvatureEngine` is the facade measures talk to over a `flatcli.engine.problem.Problem`. It
+builds one `flatcli.engine.loop.ProductState` (batches, memory policy, counters, graph cache,
+product mode) and hands it to the curvatures (`flatcli.engine.curvatures`: one class each, which
+own their loop, weighting and counting); it adds the loss and gradient loops, per-unit
+quantities, the precision views, `map_batches` and the exact Gauss-Newton diagonal
+(`flatcli.engine.ggn_diag`). It knows nothing about measures; measures get every derivative from it.
 
 All quantities are exact sums over the whole measurement set (every rank's shard, summed),
 each batch weighted by its scored units over the set's U, so they equal those of the
@@ -24,52 +25,32 @@ from typing import Any
 import torch
 from torch.func import jvp
 
-from ..errors import ConfigError, MeasurementError
+from ..errors import ConfigError
 from . import ggn_diag
 from .batch import Batch
-from .curvatures import GGN, FiniteDifferenceHessian, Hessian
+from .capture import LayerCapture
+from .curvatures import GGN, Curvature, FiniteDifferenceHessian, Hessian
 from .dist import Dist
-from .graphs import GraphCache
-from .loop import Counters, MemoryPolicy, ProductLoop, is_oom
+from .loop import ProductState, is_oom
 from .losses import NotApplicable
 from .operators import CurvatureOperator
 from .precision import BF16_FD_REFUSED, Precision, tf32_flags
 from .problem import Problem, nonfinite_tensors, not_finite
-from .recompute import checkpointed_blocks, find_blocks, parse_recompute, predicted_product_bytes
+from .recompute import parse_recompute
 
 HVP_MODES = ("auto", "reverse", "forward", "finite_difference")
-_CPU_BATCHED_BELOW = 10_000  # parameters; measured, see docs/performance.md
 
 
-class LayerCapture:
-    """A forward hook that records a module's input and output, or replaces its output
-    (``with LayerCapture(module) as cap: model(x)``; then ``cap.single()``)."""
+def _on_state(name: str, doc: str, settable: bool = False) -> property:
+    """An engine attribute that lives on its `flatcli.engine.loop.ProductState`."""
 
-    def __init__(self, module: torch.nn.Module, replace: torch.Tensor | None = None):
-        self.module, self.replace = module, replace
-        self.inputs: list[torch.Tensor] = []
-        self.outputs: list[torch.Tensor] = []
+    def get(self):
+        return getattr(self.state, name)
 
-    def __enter__(self):
-        self.handle = self.module.register_forward_hook(self._hook)
-        return self
+    def put(self, value):
+        setattr(self.state, name, value)
 
-    def __exit__(self, *exc):
-        self.handle.remove()
-
-    def _hook(self, mod, inp, out):
-        self.inputs.append(inp[0])
-        self.outputs.append(out)
-        return self.replace
-
-    def single(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input, output) of the one call; a module that ran 0 or several times is an error."""
-        if len(self.inputs) != 1:
-            raise MeasurementError(
-                f"the layer ran {len(self.inputs)} times in one forward pass; it must run exactly once "
-                "(no weight sharing)"
-            )
-        return self.inputs[0], self.outputs[0]
+    return property(get, put if settable else None, doc=doc)
 
 
 class CurvatureEngine:
@@ -110,35 +91,23 @@ class CurvatureEngine:
             raise ValueError(f"hvp_mode must be one of {HVP_MODES}, got {hvp_mode!r}")
         if not (fd_eps > 0 and math.isfinite(fd_eps)):
             raise ValueError(f"fd_eps must be a positive float, got {fd_eps!r}")
+        parse_recompute(recompute)  # a bad value raises before the precision is read (the state keeps the parsed one)
         self.problem = problem
         # what the caller asked for, as given: `derive` builds an engine for another model with them
         self._options = dict(hvp_mode=hvp_mode, block_size=block_size, reverse_batched=reverse_batched,
                              cache_graphs=cache_graphs, fd_eps=fd_eps, precision=precision,
                              max_device_vectors=max_device_vectors, recompute=recompute)
         self.max_device_vectors = max_device_vectors
-        self.recompute = parse_recompute(recompute)
-        self._recompute_on: bool | None = None  # decided at the first product (auto)
         self.device = problem.device
         self.dist = problem.dist
-        self.fd_eps = float(fd_eps)
-        self.hvp_auto = hvp_mode == "auto"
-        self.hvp_mode = ("forward" if self.device.type == "cuda" else "reverse") if hvp_mode == "auto" else hvp_mode
-        if reverse_batched is None:
-            reverse_batched = self.device.type == "cuda" or problem.num_params < _CPU_BATCHED_BELOW
-        self.reverse_batched = bool(reverse_batched)
         self.precision = Precision.of(precision, self.device)
-        if self.precision.name == "bf16" and self.hvp_mode == "finite_difference":
+        if self.precision.name == "bf16" and hvp_mode == "finite_difference":
             raise ConfigError(BF16_FD_REFUSED)
         # the engine owns the products' precision: bf16 lowers the problem's forward, the others keep θ's type
         problem.compute_dtype = self.precision.compute_dtype if self.precision.name == "bf16" else problem.dtype
-        self.batch_size = problem.batch_size
-        self.batches = list(problem.batches)
-        self.tally = Counters(problem.n)
-        self.memory = MemoryPolicy(problem.num_params, problem.dtype, self.device, block_size, self._activation_bytes)
-        self.loop = ProductLoop(self)
-        self.graphs = GraphCache(self._gradient_graph, self.memory.graph_budget,
-                                 False if self.recompute == "true" else cache_graphs)
-        self.curvature = {"hessian": Hessian(self), "ggn": GGN(self), "fd_hessian": FiniteDifferenceHessian(self)}
+        self.state = ProductState(problem, hvp_mode=hvp_mode, block_size=block_size, reverse_batched=reverse_batched,
+                                  cache_graphs=cache_graphs, fd_eps=fd_eps, recompute=recompute)
+        self.curvature: dict[str, Curvature] = {c.name: c(self.state) for c in (Hessian, GGN, FiniteDifferenceHessian)}
         self.on_progress: Callable[[dict], None] | None = None  # called after every product
         self._local = False  # inside map_batches: batch products on this rank alone
         self._shared = False  # inside map_batches with fewer batches than ranks: rows split over the ranks
@@ -189,8 +158,22 @@ class CurvatureEngine:
         return self.problem.theta
 
     def _theta(self, theta: torch.Tensor | None) -> torch.Tensor:
-        p = self.problem
-        return (p.theta if theta is None else theta).detach().to(self.device, p.dtype)
+        return self.state.theta_of(theta)
+
+    # ------------------------------------------------------------ the products' state
+    batches = _on_state("batches", "This rank's batches (re-cut by the out-of-memory back-off).")
+    batch_size = _on_state("batch_size", "Rows per batch (halved by the out-of-memory back-off).")
+    tally = _on_state("tally", "The cost counters (`flatcli.engine.loop.Counters`).")
+    memory = _on_state("memory", "Block size and out-of-memory policy (`flatcli.engine.loop.MemoryPolicy`).")
+    graphs = _on_state("graphs", "The per-batch gradient graphs kept across products (`flatcli.engine.graphs`).")
+    hvp_mode = _on_state("hvp_mode", "How Hessian products run (``auto`` resolved; ``reverse`` after a "
+                         "forward-mode fallback).", settable=True)
+    hvp_auto = _on_state("hvp_auto", "Whether ``hvp_mode`` was ``auto``.")
+    fd_eps = _on_state("fd_eps", "The relative finite-difference step.")
+    reverse_batched = _on_state("reverse_batched", "Whether pull-backs run as one vmapped backward.", settable=True)
+    recompute = _on_state("recompute", "``runtime.recompute``: auto, true or false.")
+    recompute_active = _on_state("recompute_active", "Whether Hessian products recompute activations "
+                                 "(`flatcli.engine.loop.ProductState.recompute_active`).")
 
     # ------------------------------------------------------------ memory
     @property
@@ -202,31 +185,9 @@ class CurvatureEngine:
     def block_size(self, value: int) -> None:
         self.memory.block_size = value
 
-    def set_batch_size(self, bs: int) -> None:
-        """Re-cut this rank's shard into batches of ``bs`` rows (out-of-memory back-off)."""
-        p = self.problem
-        self.batch_size = bs
-        self.batches = p.batch.select(p.shard).split(bs) if p.shard.stop > p.shard.start else []
-        self.drop_graphs()
-
     def drop_graphs(self, stop_caching: bool = False) -> bool:
         """Free the cached graphs (``stop_caching``: and keep no more). True when something changed."""
-        return self.graphs.drop(stop_caching)
-
-    def _activation_bytes(self) -> int:
-        """Memory kept for backward by one forward pass over the first batch (CUDA)."""
-        p = self.problem
-        if not self.batches:
-            return 1
-        torch.cuda.synchronize(self.device)
-        base = torch.cuda.memory_allocated(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        t = p.theta.requires_grad_(True)
-        s = p.batch_loss_sum(p.unflatten(t), self.batches[0])
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        del s, t
-        return int(max(peak - base, 1))
+        return self.state.drop_graphs(stop_caching)
 
     # ------------------------------------------------------------ precision
     @property
@@ -289,29 +250,25 @@ class CurvatureEngine:
         return self._operator(lambda V: self._fd(V, th, eps), "fd_hessian", precision)
 
     # ------------------------------------------------------------ products
-    def _apply(self, curvature, V: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
+    def _apply(self, name: str, V: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
         self._not_local("curvature products")
-        out = self.loop.apply(curvature.product, V, theta)
+        curvature = self.curvature[name]
+        out = curvature.apply(V, theta)
         self.report()
+        curvature.count(V, theta)
         return out
 
     def hvp(self, V: torch.Tensor, theta: torch.Tensor | None = None) -> torch.Tensor:
         """H V for V of shape (P,) or (K, P); H the Hessian of L at θ (default: the model's)."""
         if self.hvp_mode == "finite_difference":
             return self._fd(V, theta, None)
-        out = self._apply(self.curvature["hessian"], V, theta)
-        self.tally.n_hvp += 1 if V.ndim == 1 else V.shape[0]
-        return out
+        return self._apply("hessian", V, theta)
 
     def ggnvp(self, V: torch.Tensor, theta: torch.Tensor | None = None) -> torch.Tensor:
         r""":math:`GV` for V of shape (P,) or (K, P), G the generalized Gauss-Newton matrix
         :math:`\frac1U \sum_u J_u^\top \nabla_z^2 \ell_u J_u` (positive semi-definite for convex
         losses). Counted in ``n_hvp`` and ``n_ggnvp``."""
-        out = self._apply(self.curvature["ggn"], V, theta)
-        k = 1 if V.ndim == 1 else V.shape[0]
-        self.tally.n_hvp += k
-        self.tally.n_ggnvp += k
-        return out
+        return self._apply("ggn", V, theta)
 
     def fd_hvp(self, V: torch.Tensor, eps: float = 1e-3, theta: torch.Tensor | None = None) -> torch.Tensor:
         r"""Central differences :math:`(\nabla L(\theta+\epsilon v) - \nabla L(\theta-\epsilon v))/2\epsilon`
@@ -322,72 +279,8 @@ class CurvatureEngine:
         return self._fd(V, theta, eps)
 
     def _fd(self, V: torch.Tensor, theta: torch.Tensor | None, eps: float | None) -> torch.Tensor:
-        fd = self.curvature["fd_hessian"]
-        fd.eps = eps
-        out = self._apply(fd, V, theta)
-        V2 = V.reshape(1, -1) if V.ndim == 1 else V
-        moved = int((fd.steps(V2.to(self.problem.dtype), self._theta(theta)) > 0).sum())
-        self.tally.n_hvp += V2.shape[0]
-        self.tally.grad_units += 2 * moved * self.problem.n
-        return out
-
-    def pullback(self, g: torch.Tensor, t: torch.Tensor, V: torch.Tensor, retain: bool,
-                 out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
-        """The one batched-VJP helper: rows ``V[k]`` pulled back through ``g``'s graph to ``t``, as
-        one vmapped backward (``is_grads_batched``), or a loop when an op has no batched rule.
-        ``out``: write the rows there (``accumulate``: add them), making no stacked copy (on CPU a
-        fresh (K, P) block costs page faults as long as the products' arithmetic for ResNet-18)."""
-        K = V.shape[0]
-        if K > 1 and self.reverse_batched:
-            try:
-                (hv,) = torch.autograd.grad(g, t, V, is_grads_batched=True, retain_graph=True)
-                return hv if out is None else (out.add_(hv) if accumulate else out.copy_(hv))
-            except RuntimeError as e:
-                if is_oom(e):
-                    raise
-                self.tally.fallbacks += 1
-                self.reverse_batched = False
-        if out is None:
-            return torch.stack([torch.autograd.grad(g, t, V[k], retain_graph=retain or k < K - 1)[0]
-                                for k in range(K)])
-        for k in range(K):
-            (h,) = torch.autograd.grad(g, t, V[k], retain_graph=retain or k < K - 1)
-            if accumulate:
-                out[k].add_(h)
-            else:
-                out[k].copy_(h)
-        return out
-
-    @property
-    def recompute_active(self) -> bool:
-        """Whether Hessian products recompute activations (``recompute``; ``auto``: the model has
-        blocks and `flatcli.engine.recompute.predicted_product_bytes` exceeds 80% of the free memory,
-        decided once, at the first product)."""
-        if self._recompute_on is None:
-            blocks = find_blocks(self.problem.model)
-            on = self.recompute == "true"
-            if self.recompute == "auto" and blocks and self.batches:
-                need, free = predicted_product_bytes(self.problem, self.batches[0], len(self.batches), self.device)
-                on = free is not None and need > 0.8 * free
-            self._recompute_on = bool(on and blocks)
-            self._blocks = blocks
-            if on:
-                self.graphs.drop(stop=True)
-                self.graphs.state = "off"
-        return self._recompute_on
-
-    def _gradient_graph(self, th: torch.Tensor, batch: Batch):
-        """(t, ∇ of the batch's share of L with its graph kept, the share's value); with
-        `recompute_active`, the forward runs its blocks checkpointed."""
-        p = self.problem
-        t = th.clone().requires_grad_(True)
-        if self.recompute_active:
-            with checkpointed_blocks(self._blocks):
-                lb = p.batch_loss_sum(p.unflatten(t), batch) / p.n
-        else:
-            lb = p.batch_loss_sum(p.unflatten(t), batch) / p.n
-        (g,) = torch.autograd.grad(lb, t, create_graph=True)
-        return t, g, float(lb.detach())
+        self.curvature["fd_hessian"].eps = eps
+        return self._apply("fd_hessian", V, theta)
 
     def ggn_diagonal(self, theta: torch.Tensor | None = None) -> torch.Tensor:
         r"""The exact diagonal of the generalized Gauss-Newton matrix at θ, shape (P,):
@@ -438,12 +331,6 @@ class CurvatureEngine:
     def grad(self, theta: torch.Tensor | None = None) -> torch.Tensor:
         """∇L(θ) as a flat vector."""
         return self.loss_grad(theta)[1]
-
-    def batch_grad(self, f: Callable[[torch.Tensor], torch.Tensor], th: torch.Tensor) -> torch.Tensor:
-        """∇f(θ) of a scalar function of the flat parameters (one batch's share of L)."""
-        t = th.detach().clone().requires_grad_(True)
-        (g,) = torch.autograd.grad(f(t), t)
-        return g.detach()
 
     def batch_loss_grad(self, batch: Batch, theta: torch.Tensor | None = None, *,
                         need_grad: bool = True) -> tuple[float, torch.Tensor | None]:
@@ -651,7 +538,7 @@ class CurvatureEngine:
         if not g.requires_grad:  # the loss is linear in z
             return torch.zeros(k, B, d, dtype=zz.dtype, device=zz.device)
         Vb = V[:, None, :].expand(k, B, d).to(zz)
-        return self.pullback(g, zz, Vb, retain=False)
+        return self.state.pullback(g, zz, Vb, retain=False)
 
     # ------------------------------------------------------------ reductions for measures
     def sum_(self, t: torch.Tensor) -> torch.Tensor:

@@ -1,23 +1,35 @@
-"""What every product shares, in one place: counters, the memory policy and the loop over
-this rank's batches with the cross-rank sum (precision: `flatcli.engine.precision`).
+"""What every product shares, in one place: counters, the memory policy, the products' state and
+the loop over this rank's batches with the cross-rank sum (precision: `flatcli.engine.precision`).
 
 * `Counters`: products and passes, in full-set equivalents (a gradient over a batch of u
   of the U units counts u/U), so measures report their cost whatever the batching.
 * `MemoryPolicy`: how many vectors go through one product call (``block_size``; chosen from
   free memory unless given) and the out-of-memory back-off: cached graphs are dropped first,
   then the block is halved, then the batch size; every retry is counted in ``oom_retries``.
+* `ProductState`: everything a curvature product reads or changes (the problem, this rank's
+  batches, the memory policy, the counters, the gradient-graph cache, the Hessian product mode
+  and its once-and-for-all fallback, activation recomputation, the finite-difference step) and
+  the helpers they share (`ProductState.pullback`, `ProductState.batch_grad`, the unit weighting
+  `ProductState.share`). `flatcli.engine.engine.CurvatureEngine` builds one and hands it to
+  every curvature; no curvature sees the engine.
 * `ProductLoop.apply`: a curvature's product of a block of vectors ``V`` (K, P) summed over
   this rank's batches into one preallocated output, then over ranks.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
 
 from ..errors import MeasurementError
+from .batch import Batch
+from .graphs import GraphCache
+from .problem import Problem
+from .recompute import checkpointed_blocks, find_blocks, parse_recompute, predicted_product_bytes
 
+_CPU_BATCHED_BELOW = 10_000  # parameters; measured, see docs/performance.md
 _CUDA_MAX_BLOCK = 32
 _CPU_MAX_BLOCK = 64
 CPU_BLOCK_BYTES = 5e8
@@ -144,32 +156,187 @@ class MemoryPolicy:
         return int(max(1, budget // (2 * C * max(P, 1) * elt)))
 
 
+class ProductState:
+    """What the curvature products read and change, built once per engine (module docstring).
+
+    Parameters
+    ----------
+    problem : the model as functional parameters over the measurement set.
+    hvp_mode : "auto", "reverse", "forward" or "finite_difference" (checked by the engine); ``auto``
+        is resolved here (forward on CUDA, reverse elsewhere) and remembered in ``hvp_auto``.
+    block_size, reverse_batched, cache_graphs, fd_eps, recompute : as `CurvatureEngine`'s.
+
+    Attributes a product may change: ``batches`` and ``batch_size`` (re-cut by the out-of-memory
+    back-off, `set_batch_size`), ``hvp_mode`` (``reverse`` for good after a forward-mode failure,
+    `forward_failed`), ``reverse_batched`` (off for good after a batched pull-back failure),
+    ``tally`` and ``memory.block_size``.
+    """
+
+    def __init__(self, problem: Problem, *, hvp_mode: str, block_size: int | None, reverse_batched: bool | None,
+                 cache_graphs: bool | None, fd_eps: float, recompute: str | bool):
+        self.problem = problem
+        self.device = problem.device
+        self.fd_eps = float(fd_eps)
+        self.hvp_auto = hvp_mode == "auto"
+        self.hvp_mode = ("forward" if self.device.type == "cuda" else "reverse") if hvp_mode == "auto" else hvp_mode
+        if reverse_batched is None:
+            reverse_batched = self.device.type == "cuda" or problem.num_params < _CPU_BATCHED_BELOW
+        self.reverse_batched = bool(reverse_batched)
+        self.recompute = parse_recompute(recompute)
+        self._recompute_on: bool | None = None  # decided at the first product (auto)
+        self.batch_size = problem.batch_size
+        self.batches: list[Batch] = list(problem.batches)
+        self.tally = Counters(problem.n)
+        self.memory = MemoryPolicy(problem.num_params, problem.dtype, self.device, block_size, self.activation_bytes)
+        self.graphs = GraphCache(self.gradient_graph, self.memory.graph_budget,
+                                 False if self.recompute == "true" else cache_graphs)
+
+    def theta_of(self, theta: torch.Tensor | None) -> torch.Tensor:
+        """θ (default: the model's parameters), detached, on the problem's device and dtype."""
+        p = self.problem
+        return (p.theta if theta is None else theta).detach().to(self.device, p.dtype)
+
+    # ------------------------------------------------------------ unit weighting
+    def share(self, t: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """A batch's share of L at the flat parameters ``t``: the sum of its unit losses over the
+        whole set's U (so the shares of every batch and rank add up to the full-set mean loss)."""
+        p = self.problem
+        return p.batch_loss_sum(p.unflatten(t), batch) / p.n
+
+    def weigh(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (a sum over a batch's units) divided by U in place: its share of the full set."""
+        return x.div_(self.problem.n)
+
+    # ------------------------------------------------------------ Hessian product mode
+    def hessian_mode(self, k: int) -> str:
+        """How a Hessian product of ``k`` vectors runs: ``reverse`` while recomputing activations;
+        with ``auto``, single vectors go through the cached graphs (a backward is cheaper than
+        forward-over-reverse when the graph is kept)."""
+        mode = "reverse" if self.recompute_active else self.hvp_mode  # checkpointing runs in reverse mode
+        if mode == "forward" and self.hvp_auto and k == 1 and self.graphs.keeping:
+            mode = "reverse"  # one vector at a time (Lanczos): a backward through a cached graph is cheaper
+        return mode
+
+    def forward_failed(self) -> None:
+        """An operation without a forward-mode rule: count the fallback, reverse mode from now on."""
+        self.tally.fallbacks += 1
+        self.hvp_mode = "reverse"
+
+    @property
+    def recompute_active(self) -> bool:
+        """Whether Hessian products recompute activations (``recompute``; ``auto``: the model has
+        blocks and `flatcli.engine.recompute.predicted_product_bytes` exceeds 80% of the free memory,
+        decided once, at the first product)."""
+        if self._recompute_on is None:
+            blocks = find_blocks(self.problem.model)
+            on = self.recompute == "true"
+            if self.recompute == "auto" and blocks and self.batches:
+                need, free = predicted_product_bytes(self.problem, self.batches[0], len(self.batches), self.device)
+                on = free is not None and need > 0.8 * free
+            self._recompute_on = bool(on and blocks)
+            self._blocks = blocks
+            if on:
+                self.graphs.drop(stop=True)
+                self.graphs.state = "off"
+        return self._recompute_on
+
+    # ------------------------------------------------------------ derivatives the curvatures share
+    def gradient_graph(self, th: torch.Tensor, batch: Batch):
+        """(t, ∇ of the batch's share of L with its graph kept, the share's value): the entries of
+        ``graphs``; with `recompute_active`, the forward runs its blocks checkpointed."""
+        t = th.clone().requires_grad_(True)
+        with checkpointed_blocks(self._blocks) if self.recompute_active else contextlib.nullcontext():
+            lb = self.share(t, batch)
+        (g,) = torch.autograd.grad(lb, t, create_graph=True)
+        return t, g, float(lb.detach())
+
+    def pullback(self, g: torch.Tensor, t: torch.Tensor, V: torch.Tensor, retain: bool,
+                 out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+        """The one batched-VJP helper: rows ``V[k]`` pulled back through ``g``'s graph to ``t``, as
+        one vmapped backward (``is_grads_batched``), or a loop when an op has no batched rule.
+        ``out``: write the rows there (``accumulate``: add them), making no stacked copy (on CPU a
+        fresh (K, P) block costs page faults as long as the products' arithmetic for ResNet-18)."""
+        K = V.shape[0]
+        if K > 1 and self.reverse_batched:
+            try:
+                (hv,) = torch.autograd.grad(g, t, V, is_grads_batched=True, retain_graph=True)
+                return hv if out is None else (out.add_(hv) if accumulate else out.copy_(hv))
+            except RuntimeError as e:
+                if is_oom(e):
+                    raise
+                self.tally.fallbacks += 1
+                self.reverse_batched = False
+        if out is None:
+            return torch.stack([torch.autograd.grad(g, t, V[k], retain_graph=retain or k < K - 1)[0]
+                                for k in range(K)])
+        for k in range(K):
+            (h,) = torch.autograd.grad(g, t, V[k], retain_graph=retain or k < K - 1)
+            if accumulate:
+                out[k].add_(h)
+            else:
+                out[k].copy_(h)
+        return out
+
+    @staticmethod
+    def batch_grad(f: Callable[[torch.Tensor], torch.Tensor], th: torch.Tensor) -> torch.Tensor:
+        """∇f(θ) of a scalar function of the flat parameters (one batch's share of L)."""
+        t = th.detach().clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(f(t), t)
+        return g.detach()
+
+    # ------------------------------------------------------------ memory
+    def set_batch_size(self, bs: int) -> None:
+        """Re-cut this rank's shard into batches of ``bs`` rows (out-of-memory back-off)."""
+        p = self.problem
+        self.batch_size = bs
+        self.batches = p.batch.select(p.shard).split(bs) if p.shard.stop > p.shard.start else []
+        self.drop_graphs()
+
+    def drop_graphs(self, stop_caching: bool = False) -> bool:
+        """Free the cached graphs (``stop_caching``: and keep no more). True when something changed."""
+        return self.graphs.drop(stop_caching)
+
+    def activation_bytes(self) -> int:
+        """Memory kept for backward by one forward pass over the first batch (CUDA)."""
+        p = self.problem
+        if not self.batches:
+            return 1
+        torch.cuda.synchronize(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        t = p.theta.requires_grad_(True)
+        s = p.batch_loss_sum(p.unflatten(t), self.batches[0])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        del s, t
+        return int(max(peak - base, 1))
+
+
 class ProductLoop:
     """Products of blocks of vectors over this rank's batches, summed over ranks.
 
-    ``engine`` supplies ``problem``, ``batches`` (this rank's, possibly re-cut after an OOM),
-    ``memory`` (`MemoryPolicy`), ``tally`` (`Counters`), ``drop_graphs`` (caches to drop on OOM) and
-    ``set_batch_size``.
+    ``state`` (`ProductState`) supplies the problem, this rank's ``batches`` (re-cut after an OOM),
+    the ``memory`` policy, the ``tally`` and the graph cache to drop on OOM.
     """
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, state: ProductState):
+        self.state = state
 
     def apply(self, product, V: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
         """``product(V_block, θ, batch_index, batch, out, accumulate)`` summed over the batches, for
         V of shape (P,) or (K, P), in blocks with out-of-memory back-off; then summed over ranks."""
-        eng = self.engine
-        p = eng.problem
+        st = self.state
+        p = st.problem
         single = V.ndim == 1
         V2 = V.reshape(1, -1) if single else V
         if V2.ndim != 2 or V2.shape[1] != p.num_params:
             raise ValueError(f"vectors must have shape (P,) or (K, P) with P = {p.num_params}; got {tuple(V.shape)}")
         V2 = V2.to(p.device, p.dtype)
-        th = (p.theta if theta is None else theta).detach().to(p.device, p.dtype)
+        th = st.theta_of(theta)
         out = torch.empty_like(V2)  # the first batch writes its rows, later ones add
         i = 0
         while i < V2.shape[0]:
-            k = min(eng.memory.block_size, V2.shape[0] - i)
+            k = min(st.memory.block_size, V2.shape[0] - i)
             try:
                 self._block(product, V2[i : i + k], th, out[i : i + k])
                 i += k
@@ -181,23 +348,23 @@ class ProductLoop:
         return out[0] if single else out
 
     def _block(self, product, V: torch.Tensor, th: torch.Tensor, out: torch.Tensor) -> None:
-        for j, b in enumerate(self.engine.batches):
+        for j, b in enumerate(self.state.batches):
             product(V, th, j, b, out, j > 0)
-        if not self.engine.batches:
+        if not self.state.batches:
             out.zero_()
 
     def back_off(self, e: BaseException) -> None:
         """One step of the out-of-memory policy (drop graphs, halve the block, halve the batch)."""
-        eng = self.engine
-        freed = eng.drop_graphs(stop_caching=True)  # the cached graphs go first; then the block, then the batch
-        if not freed and eng.memory.block_size > 1:
-            eng.memory.block_size = eng.memory.block_size // 2
-        elif not freed and eng.batch_size > 1:
-            eng.set_batch_size(eng.batch_size // 2)
+        st = self.state
+        freed = st.drop_graphs(stop_caching=True)  # the cached graphs go first; then the block, then the batch
+        if not freed and st.memory.block_size > 1:
+            st.memory.block_size = st.memory.block_size // 2
+        elif not freed and st.batch_size > 1:
+            st.set_batch_size(st.batch_size // 2)
         elif not freed:
             raise MeasurementError(
                 "out of memory for a single vector on a single sample; use a smaller model or another device"
             ) from e
-        eng.tally.oom_retries += 1
-        if eng.device.type == "cuda":
+        st.tally.oom_retries += 1
+        if st.device.type == "cuda":
             torch.cuda.empty_cache()
