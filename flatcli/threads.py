@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import ConfigError
+from .validation import validate
 
 AUTO = "auto"
 
@@ -79,13 +79,9 @@ def local_workers(workers: int | None = None) -> int:
 def check_threads(requested: int | str | None, where: str = "runtime.threads") -> int | str:
     """``requested`` validated: an int ≥ 1 (also as text, e.g. from an environment variable) or
     ``"auto"`` (None means auto); a `ConfigError` naming ``where`` otherwise."""
-    if requested is None or requested == AUTO:
+    if requested is None:
         return AUTO
-    if isinstance(requested, str) and requested.strip().isdigit():
-        requested = int(requested)
-    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
-        raise ConfigError(f"{where} must be an int ≥ 1 or 'auto'; got {requested!r}")
-    return requested
+    return validate("threads", requested, where)  # the one rule (flatcli.validation)
 
 
 @dataclass(frozen=True)
