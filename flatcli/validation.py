@@ -31,6 +31,7 @@ import abc
 import dataclasses
 import difflib
 import math
+import numbers
 import re
 from typing import Any
 
@@ -126,14 +127,16 @@ class Real(Check):
 
 
 class Integral(Check):
-    """An int in ``[lo, hi]`` (a float with an integer value accepted; ``text``: also digits as text,
-    as environment variables give them)."""
+    """An int in ``[lo, hi]`` (a float with an integer value and numpy's ints accepted, kept as
+    ``int``; ``text``: also digits as text, as environment variables give them)."""
 
     def __init__(self, lo=None, hi=None, text: bool = False):
         self.lo, self.hi, self.text = lo, hi, text
 
     def coerce(self, v):
         if isinstance(v, float) and v.is_integer():
+            return int(v)
+        if isinstance(v, numbers.Integral) and not isinstance(v, bool):  # numpy's ints too
             return int(v)
         if self.text and isinstance(v, str) and re.fullmatch(r"\s*-?\d+\s*", v):
             return int(v)
