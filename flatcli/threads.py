@@ -76,7 +76,7 @@ def local_workers(workers: int | None = None) -> int:
     return max(1, int(env)) if env.strip().isdigit() else 1
 
 
-def check_threads(requested: int | str | None, where: str = "runtime.threads") -> int | str:
+def check_threads(requested: int | str | None, where: str = "threads") -> int | str:
     """``requested`` validated: an int ≥ 1 (also as text, e.g. from an environment variable) or
     ``"auto"`` (None means auto); a `ConfigError` naming ``where`` otherwise."""
     if requested is None:

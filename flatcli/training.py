@@ -185,8 +185,7 @@ class Plateau:
     def __post_init__(self):
         from .errors import ConfigError
 
-        if not (self.target > 0 and math.isfinite(self.target)):
-            raise ConfigError(f"plateau target must be a positive number; got {self.target!r}")
+        validate("target_loss", self.target, "plateau target", rules=TRAINING)  # the spec's target_loss rule
         if not 0 < self.min_accuracy <= 1:
             raise ConfigError(f"plateau min_accuracy must be in (0, 1]; got {self.min_accuracy!r}")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:

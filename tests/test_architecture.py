@@ -125,9 +125,9 @@ def _vocabularies() -> dict[str, frozenset[str]]:
     def sets(check):
         if isinstance(check, OneOf):
             yield frozenset(v for v in check.values if isinstance(v, str))
-        for inner in getattr(check, "checks", ()) + ((check.inner,) if isinstance(check, Optional) else ()):
+        inners = check.checks if isinstance(check, Either) else (check.inner,) if isinstance(check, Optional) else ()
+        for inner in inners:
             yield from sets(inner)
-        assert isinstance(check, (OneOf, Either, Optional)) or not hasattr(check, "values")
 
     out = {}
     for table, rules in (("SETTINGS", SETTINGS), ("TRAINING", TRAINING)):
