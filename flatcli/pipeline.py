@@ -31,8 +31,9 @@ from .jobs import Job, resolve_jobs
 from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
 from .loading.data import load_split, subset
 from .loading.models import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
-from .measures import Dims, MeasureContext, MeasureSpec, run_measure
+from .measures import Dims, MeasureContext, MeasureResult, MeasureSpec, run_measure
 from .measures.hessian import LOW_PRECISION_MEASURES
+from .predict import Fit
 from .results import Row
 from .settings import Settings
 
@@ -182,13 +183,15 @@ def measure_model(
         plans = _planned_hvps(specs, work, data[st.split], st) if progress is not None else {}
         plan = BudgetPlan.of(st.budget, specs, lambda: problem_dims(work, data[st.split], st), budget_among)
         shared: dict[str, Any] = {}  # products the checkpoint's measures share (the Hessian diagonal)
+        fit = Fit(engine, lambda: problem_dims(work, data[st.split], st))
         for i, spec in enumerate(specs):
             if reuse and spec.label in reuse:
                 row.results[spec.label] = reuse[spec.label]
             else:
                 share = None if plan is None else plan.share(i)
-                _run_one(row, spec, problem, engine, st, init_params, init_state, debug,
-                         _measure_progress(progress, spec.label, engine, plans.get(spec.label)), share, shared)
+                if not _not_started(row, spec, problem, fit, share):
+                    _run_one(row, spec, problem, engine, st, init_params, init_state, debug,
+                             _measure_progress(progress, spec.label, engine, plans.get(spec.label)), share, shared)
             if on_measure is not None:
                 on_measure(row, spec.label)
         row.metrics.update(_metrics(work, data["train"], data["test"], st))
@@ -225,6 +228,24 @@ def _measure_progress(progress, label: str, engine: CurvatureEngine, planned):
         progress(label, {**info, **own, "seconds": time.perf_counter() - t0, "planned_hvps": planned})
 
     return report
+
+
+def _not_started(row: Row, spec: MeasureSpec, problem: Problem, fit: Fit, share: float | None) -> bool:
+    """Whether ``spec`` cannot stop early and does not fit its cap (`flatcli.predict.Fit`): then
+    its row gets status ``budget``, value NaN and the reason (``started: False``) instead of a run.
+    Ranks agree: one rank's verdict holds for all (their collectives stay in step)."""
+    try:  # a measure that will end not_applicable runs (and says so at once)
+        verdict = None if spec.not_applicable(problem) else fit.reason(spec, share)
+    except Exception:  # a prediction that cannot be made never stops a measure
+        verdict = None
+    if problem.dist.active and problem.dist.any(verdict is not None) and verdict is None:
+        verdict = ("not started: another rank predicted it would not fit its budget", {})
+    if verdict is None:
+        return False
+    why, diag = verdict
+    row.results[spec.label] = MeasureResult(value=math.nan, status="budget",
+                                            diagnostics={"reason": why, "started": False, **diag})
+    return True
 
 
 def _run_one(row: Row, spec: MeasureSpec, problem: Problem, engine: CurvatureEngine, st: Settings,

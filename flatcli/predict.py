@@ -161,20 +161,76 @@ def time_products(model: torch.nn.Module, data, st: Settings) -> tuple[ProductTi
     return times, problem
 
 
+def quick_times(engine: CurvatureEngine) -> ProductTimes:
+    """Seconds of one forward pass, one gradient and one one-vector HVP (the second of two) on the
+    engine's own problem, for `Fit`: under a second on the models whose measures it guards. A
+    block product is taken as that many one-vector products (an upper bound: blocks are
+    cheaper per vector), and no memory is probed."""
+    P = engine.num_params
+    v = torch.randn(P, generator=torch.Generator().manual_seed(0)).to(engine.theta.device, engine.theta.dtype)
+    forward = _timed(engine.loss)
+    grad = _timed(engine.grad)
+    engine.hvp(v)
+    hvp1 = _timed(lambda: engine.hvp(v))
+    return ProductTimes(forward, grad, hvp1, hvp1, 1, 1, 0, "not measured", P,
+                        torch.finfo(engine.theta.dtype).bits // 8)
+
+
+class Fit:
+    """Whether a measure that cannot stop early (`flatcli.measures.MeasureSpec.stops_early`) fits
+    its cap, before it starts: the least products its estimate declares against ``max_hvps``, and
+    the least predicted seconds (`predict`, from `quick_times`, timed on this checkpoint the first
+    time a check needs them) against the smaller of ``max_seconds`` and its share of
+    ``runtime.budget``. A measure without a cap, that stops early, or without an estimate always
+    starts. ``dims``: computes the checkpoint's `flatcli.measures.Dims` (once, when needed)."""
+
+    def __init__(self, engine: CurvatureEngine, dims):
+        self.engine, self._dims_fn = engine, dims
+        self._dims = self._times = None
+
+    def reason(self, spec, share: float | None) -> tuple[str, dict[str, Any]] | None:
+        """(why not to start, diagnostics) when ``spec`` does not fit its cap; None to start it."""
+        secs = [v for v in (spec.max_seconds, share) if v is not None]
+        if spec.stops_early() or (not secs and spec.max_hvps is None):
+            return None
+        if self._dims is None:
+            self._dims = self._dims_fn()
+        est = spec.estimate(self._dims)
+        if est is None or not any(hi for _, hi in est.values()):
+            return None  # no estimate, or no work that takes time: start it
+        least = est.get("n_hvp", (0, 0))[0]
+        if spec.max_hvps is not None and least > spec.max_hvps:
+            return (f"not started: it needs at least {least} HVPs, more than max_hvps = {spec.max_hvps}, and "
+                    "cannot stop early", {"predicted_hvps": list(est["n_hvp"])})
+        if not secs:
+            return None
+        if self._times is None:
+            self._times = quick_times(self.engine)
+        pred = predict(spec, self._dims, self._times)
+        if pred.seconds[0] <= min(secs):
+            return None
+        return (f"not started: predicted {pred.seconds[0]:.3g}–{pred.seconds[1]:.3g} s, more than its "
+                f"{min(secs):.3g} s budget, and it cannot stop early",
+                {"predicted_seconds": list(pred.seconds), "budget_seconds": min(secs)})
+
+
 @dataclass
 class Prediction:
     """One measure on one checkpoint: HVPs (least, most), seconds (least, most), peak bytes, and
-    ``status`` "ok" or "not_applicable" (then ``reason``; no cost)."""
+    ``status`` "ok" or "not_applicable" (then ``reason``; no cost); ``stops_early``: whether a cap
+    stops it with its estimate so far (else it is started under a cap only when it fits: `Fit`)."""
 
     hvps: tuple[int, int] = (0, 0)
     seconds: tuple[float, float] = (0.0, 0.0)
     peak_bytes: int = 0
     status: str = "ok"
     reason: str = ""
+    stops_early: bool = False
 
     def to_json(self, checkpoint: str, label: str) -> dict[str, Any]:
         """The ``--dry-run --format json`` entry."""
-        out: dict[str, Any] = {"checkpoint": checkpoint, "measure": label, "status": self.status}
+        out: dict[str, Any] = {"checkpoint": checkpoint, "measure": label, "status": self.status,
+                               "stops_early": self.stops_early}
         if self.status == "not_applicable":
             return {**out, "hvps_low": None, "hvps_high": None, "seconds_low": None, "seconds_high": None,
                     "peak_bytes": None, "reason": self.reason}
@@ -200,4 +256,5 @@ def predict(spec, dims, times: ProductTimes, problem: Problem | None = None) -> 
     keeps = est.get("vectors", (0, 0))[1] + (times.engine_block if block == 0 else block) * (hvps[1] > 0)
     product = times.product_bytes if hvps[1] > 0 or est.get("n_grad", (0, 0))[1] > 0 else 0
     peak = times.element * times.P * (2 + keeps) + product
-    return Prediction(hvps=(int(hvps[0]), int(hvps[1])), seconds=(seconds(0), seconds(1)), peak_bytes=int(peak))
+    return Prediction(hvps=(int(hvps[0]), int(hvps[1])), seconds=(seconds(0), seconds(1)), peak_bytes=int(peak),
+                      stops_early=spec.stops_early())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import sys
 from pathlib import Path
 
@@ -103,13 +104,25 @@ def test_nothing_below_the_cli_imports_it():
     assert not bad, f"modules importing flatcli.cli: {bad}"
 
 
-BOTTOM = {"flatcli.errors", "flatcli.validation"}  # the bottom of the import graph: anything may import them
+# the bottom of the import graph, which the engine may use: they import nothing of flatcli but each other
+# (flatcli.validation, the one validation vocabulary, raises flatcli.errors' ConfigError)
+LEAVES = ("flatcli.errors", "flatcli.stats", "flatcli.validation")
 
 
 def test_engine_knows_nothing_of_measures():
-    bad = {m: sorted(i for i in _imports(m) if not i.startswith("flatcli.engine") and i not in BOTTOM)
+    bad = {m: sorted(i for i in _imports(m) if not i.startswith("flatcli.engine") and i not in LEAVES)
            for m in MODULES if m.startswith("flatcli.engine")}
     assert not any(bad.values()), bad
+    assert all(i in LEAVES for leaf in LEAVES for i in _imports(leaf, typing_too=True))
+
+
+def test_one_standard_error_of_a_mean():
+    """Every estimator takes its standard error from `flatcli.stats` (issue 28): no ``std(...,
+    ddof=1)`` / ``unbiased=True`` / ``sqrt(len(`` idiom left in the engine's estimators or the measures."""
+    pat = re.compile(r"ddof\s*=\s*1|unbiased\s*=\s*True|/\s*(?:math\.|np\.)?sqrt\(\s*len\(")
+    offenders = [str(f.relative_to(PKG)) for f in sorted(PKG.rglob("*.py"))
+                 if f.name != "stats.py" and pat.search(f.read_text())]
+    assert not offenders, f"standard errors written by hand: {offenders}"
 
 
 def test_the_vocabulary_sits_at_the_bottom():

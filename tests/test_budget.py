@@ -22,7 +22,7 @@ from flatcli.engine.linalg import Budget
 from flatcli.errors import ConfigError
 from flatcli.measures import Dims
 
-from .helpers import tiny_data, tiny_mlp, write_project
+from .helpers import TinyBN, tiny_data, tiny_mlp, write_project
 
 DT = torch.float64
 
@@ -146,6 +146,30 @@ def test_a_spent_checkpoint_budget_stops_iterative_measures_and_flags_the_others
     assert res["hessian_trace"].status == "budget" and res["hessian_trace"].diagnostics["probes"] == 2
     assert res["frobenius_norm"].status == "ok" and res["frobenius_norm"].diagnostics["over_budget"] is True
     assert all(math.isfinite(r.value) and r.diagnostics["budget_seconds"] <= 1e-9 for r in res.values())
+
+
+def test_a_measure_that_cannot_stop_early_starts_only_when_its_prediction_fits():
+    """The exact trace (one unit-vector HVP per parameter) cannot stop early: under a cap its least
+    predicted seconds or HVPs must fit, else it is not started (status ``budget``, NaN, the
+    reason); a measure that stops early starts whatever its cap."""
+    P = sum(p.numel() for p in tiny_mlp(seed=1).parameters())
+    row = _measure([{"hessian_trace": {"method": "exact", "max_seconds": 1e-6, "label": "tight"}},
+                    {"hessian_trace": {"method": "exact", "max_seconds": 1e6, "label": "roomy"}},
+                    {"hessian_trace": {"method": "exact", "max_hvps": P - 1, "label": "few"}},
+                    {"hessian_trace": {"max_seconds": 1e-6, "label": "stops"}},
+                    {"frobenius_norm": {"max_seconds": 1e-9, "label": "free"}}])
+    res = row.results
+    alone = _measure([{"hessian_trace": {"method": "exact"}}]).results["hessian_trace"]
+    for lab in ("tight", "few"):
+        assert res[lab].status == "budget" and math.isnan(res[lab].value), lab
+        assert res[lab].diagnostics["started"] is False and "n_hvp" not in res[lab].diagnostics, lab
+    assert res["tight"].diagnostics["predicted_seconds"][0] > 1e-6 and "cannot stop early" in res["tight"].diagnostics["reason"]
+    assert res["few"].diagnostics["predicted_hvps"] == [P, P] and f"max_hvps = {P - 1}" in res["few"].diagnostics["reason"]
+    assert res["roomy"].status == "ok" and res["roomy"].value == alone.value and res["roomy"].diagnostics["n_hvp"] == P
+    assert res["stops"].status == "budget" and math.isfinite(res["stops"].value)  # started, stopped at its cap
+    assert res["free"].status == "ok"  # no products to predict: it always starts
+    folded = _measure([{"fisher_rao_norm": {"max_seconds": 1e-9}}], model=TinyBN().double(), params={"include": ["bn.*"]})
+    assert folded.results["fisher_rao_norm"].status == "not_applicable"  # its own reason, not the cap's
 
 
 def test_the_checkpoint_budget_is_shared_by_predicted_cost():

@@ -75,12 +75,48 @@ def test_dry_run_json_lists_every_checkpoint_and_measure(tmp_path):
     plan = json.loads(res.stdout)
     assert [(e["checkpoint"], e["measure"]) for e in plan] == [
         (c, m) for c in ("m0.pt", "m1.pt") for m in ("hessian_lambda_max", "hessian_trace", "frobenius_norm")]
-    keys = {"checkpoint", "measure", "hvps_low", "hvps_high", "seconds_low", "seconds_high", "peak_bytes", "status"}
+    keys = {"checkpoint", "measure", "hvps_low", "hvps_high", "seconds_low", "seconds_high", "peak_bytes", "status",
+            "stops_early"}
     assert all(set(e) == keys and e["status"] == "ok" for e in plan)
     lam, trace, frob = plan[:3]
+    assert (lam["stops_early"], trace["stops_early"], frob["stops_early"]) == (True, True, False)
     assert (lam["hvps_low"], lam["hvps_high"]) == (8, 8) and (trace["hvps_low"], trace["hvps_high"]) == (8, 8)
     assert 0 < trace["seconds_low"] == trace["seconds_high"] and frob["seconds_high"] == 0
     P = 16 * 8 + 8 + 8 * 4 + 4
     assert frob["peak_bytes"] == 4 * P * 2 and lam["peak_bytes"] > 4 * P * (2 + 8)
     text = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run"]).output
     assert "hessian_lambda_max: 8 HVPs; " in text and "timed: forward " in text and ", peak " in text
+
+
+def test_applicable_checks_predict_the_runs_not_applicable_reasons():
+    """``--dry-run`` prints not_applicable with the reason the run will give, for path_norm on
+    named inputs and for BatchNorm folding when the parameter selection names the folded
+    BatchNorm parameters; an applicable configuration predicts a run (None)."""
+    from flatcli.api import measure_model
+    from flatcli.config import parse_measures
+    from flatcli.engine import ParamSelection, Problem
+
+    from .helpers import TinyBN, tiny_data
+    from .token_models import TokenClassifier, padded_tokens
+
+    torch.manual_seed(3)
+    lm = TokenClassifier().double().eval()
+    ids, mask = padded_tokens(6, 5, 9, seed=3)
+    named = {"input_ids": ids, "attention_mask": mask, "labels": torch.arange(6) % 3}
+    bn = TinyBN().double().eval()
+    x, y = tiny_data(n=12)
+    cases = [(lm, named, None, "path_norm", True),
+             (bn, (x, y), {"include": ["bn.*"]}, "fisher_rao_norm", True),
+             (bn, (x, y), {"include": ["bn.*"]}, "pacbayes_flatness", True),
+             (bn, (x, y), {"include": ["fc1.*", "fc2.*"]}, "fisher_rao_norm", False)]
+    for model, data, params, name, skipped in cases:
+        spec = parse_measures([name])[0]
+        sel = ParamSelection.of(params) if params else None
+        batch = data if isinstance(data, dict) else {"x": data[0], "y": data[1]}
+        predicted = spec.not_applicable(Problem(model, batch, batch_size=6, dtype=torch.float64, params=sel))
+        assert (predicted is not None) == skipped, (name, params, predicted)
+        res = measure_model(model, data, [name], precision="fp64", batch_size=6, params=params).results[name]
+        if predicted is None:
+            assert res.status == "ok", (name, params, res.diagnostics)
+        else:
+            assert res.status == "not_applicable" and res.diagnostics["reason"] == predicted, (name, params)

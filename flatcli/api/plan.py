@@ -123,12 +123,14 @@ def _describe_times(t) -> str:
 
 def _describe_plan(est, pred) -> str:
     """One measure's line: its products, then the predicted seconds and peak memory, or
-    ``not_applicable`` with the reason instead of a cost."""
+    ``not_applicable`` with the reason instead of a cost; "cannot stop early" for a measure a cap
+    does not stop (under a budget it is started only when its prediction fits)."""
     if pred is not None and pred.status == "not_applicable":
         return f"not_applicable: {pred.reason}"
     text = _describe_cost(est)
     if pred is not None:
         text += f"; {_range(pred.seconds, _secs)}, peak {_bytes(pred.peak_bytes)}"
+        text += "" if pred.stops_early or pred.seconds[1] == 0 else "; cannot stop early"
     return text
 
 

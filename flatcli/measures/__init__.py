@@ -156,6 +156,10 @@ class MeasureInfo:
     applicable: ``(opts, problem) -> reason | None``: a cheap check, on the measurement set's
         `flatcli.engine.Problem` before any product, of what would make the measure end
         ``not_applicable`` (the loss, the layers); ``--dry-run`` prints the reason instead of a cost.
+    stops_early: whether the measure stops at its cap with the estimate so far (status ``budget``):
+        its iterative estimator checks `flatcli.engine.linalg.Budget` between blocks; a bool or a
+        function of the parsed options. A measure that cannot stop early is started under a cap
+        only when its predicted seconds fit (`flatcli.pipeline`); ``--dry-run`` says which.
     """
 
     name: str
@@ -172,6 +176,7 @@ class MeasureInfo:
     artifacts: Artifacts | None = None
     estimate: Estimate | None = None
     applicable: Callable[[Any, Any], str | None] | None = None
+    stops_early: bool | Callable[[Any], bool] = False
 
     @property
     def may_claim_invariance(self) -> bool:
@@ -211,6 +216,7 @@ def register(
     artifacts: Artifacts | None = None,
     estimate: Estimate | None = None,
     applicable: Callable[[Any, Any], str | None] | None = None,
+    stops_early: bool | Callable[[Any], bool] = False,
 ):
     """Decorator registering a measure under ``name`` with its metadata (see `MeasureInfo`)."""
 
@@ -232,6 +238,7 @@ def register(
             artifacts=artifacts,
             estimate=estimate,
             applicable=applicable,
+            stops_early=stops_early,
         )
         return fn
 
@@ -308,6 +315,12 @@ class MeasureSpec:
         # a range never starts above its cap (a floor of steps above max_steps runs max_steps)
         return {k: (min(v), v[1]) if isinstance(v, tuple) else (v, v) for k, v in raw.items()}
 
+    def stops_early(self) -> bool:
+        """Whether this configured measure stops at its cap with its estimate so far
+        (`MeasureInfo.stops_early`)."""
+        flag = get_measure(self.name).stops_early
+        return bool(flag(self.parsed()) if callable(flag) else flag)
+
     def not_applicable(self, problem) -> str | None:
         """The reason this spec will end ``not_applicable`` on ``problem`` (its registry
         ``applicable`` check), or None when it will run (or cannot tell before running)."""
@@ -327,7 +340,8 @@ def run_measure(spec: MeasureSpec, ctx: MeasureContext) -> MeasureResult:
     Caps: ``ctx.budget`` is set to `MeasureSpec.budget` of ``ctx.max_seconds``; the iterative
     estimators (Lanczos, Hutchinson, Hutch++, SLQ) stop when it is spent, and the measure reports
     status ``budget`` with its estimate so far. Measures without an iterative estimator (norms,
-    exact diagonals, sharpness ascents) cannot stop early: they run to the end, and when they pass
+    exact diagonals, average sharpness) cannot stop early: `flatcli.pipeline` starts them under a cap
+    only when their predicted seconds fit; once started they run to the end, and when they pass
     a time cap the diagnostics say so (``over_budget``, with ``budget_seconds``)."""
     info = get_measure(spec.name)
     opts = parse_options(info.options, spec.options, spec.name)

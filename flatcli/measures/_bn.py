@@ -200,6 +200,25 @@ class FoldedMeasurement:
         engine.merge_counts(self.engine)
 
 
+def _unfoldable(e: Exception) -> str:
+    return (f"with BatchNorm folded, {e} (folding removes the BatchNorm parameters; "
+            "use fold_batchnorm: false to measure them)")
+
+
+def folding_reason(problem, fold: bool) -> str | None:
+    """The measures' ``applicable`` check of `folded_measurement`: the reason it will end
+    ``not_applicable`` (the parameter selection names BatchNorm parameters folding removes), from
+    a folded copy of the model and its problem (no products), or None."""
+    if not fold or not has_batchnorm(problem.model):
+        return None
+    f = fold_batchnorm(problem.model, {**problem.params, **problem.frozen}, problem.buffers, dtype=problem.dtype)
+    try:
+        problem.derive(f.module)
+    except ConfigError as e:
+        return _unfoldable(e)
+    return None
+
+
 def folded_measurement(ctx, fold: bool) -> FoldedMeasurement:
     """The problem a measure runs on: the context's own, or one over a BatchNorm-folded copy.
 
@@ -224,8 +243,7 @@ def folded_measurement(ctx, fold: bool) -> FoldedMeasurement:
     try:
         fe = ctx.engine.derive(f.module)
     except ConfigError as e:
-        raise NotApplicable(f"with BatchNorm folded, {e} (folding removes the BatchNorm parameters; "
-                            "use fold_batchnorm: false to measure them)") from None
+        raise NotApplicable(_unfoldable(e)) from None
     fp = fe.problem
     diag = {
         "fold_batchnorm": True,

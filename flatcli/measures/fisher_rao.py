@@ -50,7 +50,7 @@ import torch
 from ..errors import ConfigError
 from ..stats import mean_stderr
 from . import MeasureResult, register
-from ._bn import folded_measurement
+from ._bn import folded_measurement, folding_reason
 from ._options import Bool, OneOf, opt
 
 
@@ -75,6 +75,7 @@ class FisherRaoOptions:
     cost="one forward-mode pass over S (labels: model adds one forward pass; a folded BatchNorm one more "
     "forward-mode pass for raw_parameterization_value)",
     estimate=lambda o, d: {"n_grad": (1, 1 + int(o.fold_batchnorm)), "n_forward": int(o.labels == "model")},
+    applicable=lambda o, p: folding_reason(p, o.fold_batchnorm),
     invariant=True,
 )
 def fisher_rao_norm(ctx, opts: FisherRaoOptions) -> MeasureResult:

@@ -54,6 +54,7 @@ class LambdaMaxOptions:
 
 @register(
     "hessian_lambda_max",
+    stops_early=True,  # its estimator checks the budget between blocks
     options=LambdaMaxOptions,
     description="Largest algebraic eigenvalue of the loss Hessian (Lanczos, residual stopping); per-tensor block λmax with per_layer.",
     reference="Keskar et al. 2017; Lanczos with full reorthogonalization (Golub & Van Loan §10.1)",
@@ -222,6 +223,7 @@ def _trace_estimate(o, d) -> dict:
 
 @register(
     "hessian_trace",
+    stops_early=lambda o: o.method != "exact",  # its estimator checks the budget between blocks
     options=TraceOptions,
     description="Trace of the loss Hessian (Hutchinson or Hutch++ with stderr stopping, or exact); per-tensor traces in diagnostics.",
     reference="Hutchinson 1989; Meyer et al. 2021 (Hutch++, Alg. 1); Yao et al. 2020 (PyHessian)",
@@ -381,6 +383,7 @@ def _esd_artifacts(result: MeasureResult, stem: Path, title: str) -> list[Path]:
 
 @register(
     "hessian_spectrum",
+    stops_early=True,  # its estimator checks the budget between blocks
     options=SpectrumOptions,
     description="Effective dimension N_eff(z) of the loss Hessian by SLQ; top-k eigenvalues, condition number and spectral density in diagnostics.",
     reference="Maddox, Benton & Wilson 2020 (N_eff, eq. 2); Ghorbani et al. 2019 and Ubaru et al. 2017 (SLQ)",

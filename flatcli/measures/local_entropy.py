@@ -91,6 +91,7 @@ def _f(gamma: float):
 
 @register(
     "local_entropy",
+    stops_early=True,  # its estimator checks the budget between blocks
     options=LocalEntropyOptions,
     description="Local-entropy volume loss ½ log det(I + H₊/γ): dense eigenvalues for small models, "
     "else stochastic Lanczos quadrature to a relative standard error tol.",

@@ -81,12 +81,20 @@ def spectral_norm(ctx, opts) -> MeasureResult:
     return MeasureResult(value=value, diagnostics={"layers": per_layer, **_bn_diag(f)})
 
 
+def _path_norm_reason(problem) -> str | None:
+    """Why path_norm does not apply (named inputs: no single input to feed ones to), or None."""
+    if "x" in problem.batch:
+        return None
+    return f"path_norm feeds an all-ones input 'x' to the model; this data has named inputs ({', '.join(problem.batch)})"
+
+
 @register(
     "path_norm",
     description="Path norm: square every parameter, feed an all-ones input, sum the outputs (BatchNorm folded).",
     reference="Jiang et al. 2020 (§C, eq. 44 'path.norm'); Neyshabur, Salakhutdinov & Srebro 2015",
     cost="one forward pass of one input",
     estimate=lambda o, d: {},
+    applicable=lambda o, p: _path_norm_reason(p),
     invariant=True,
 )
 def path_norm(ctx, opts) -> MeasureResult:
@@ -98,9 +106,9 @@ def path_norm(ctx, opts) -> MeasureResult:
     rescaling of ReLU networks (each path's product of squared weights, biases included, keeps
     its value), and the measure claims it."""
     p = ctx.problem
-    if "x" not in p.batch:
-        raise NotApplicable("path_norm feeds an all-ones input 'x' to the model; this data has named inputs "
-                            f"({', '.join(p.batch)})")
+    reason = _path_norm_reason(p)
+    if reason:
+        raise NotApplicable(reason)
     x1 = p.batch["x"][:1]
     if not x1.is_floating_point():
         raise ConfigError(

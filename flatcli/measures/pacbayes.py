@@ -55,7 +55,7 @@ import torch
 
 from ..stats import mean_stderr
 from . import MeasureResult, register
-from ._bn import folded_init_theta, folded_measurement
+from ._bn import folded_init_theta, folded_measurement, folding_reason
 from ._layers import class_outputs_or_error
 from ._options import Bool, Integral, OneOf, Real, opt
 
@@ -106,6 +106,7 @@ def _criterion_fn(p, eng, criterion: str):
     stochastic=True,
     cost="(depth + 1)·samples + 1 forward passes over S",
     estimate=lambda o, d: {"n_forward": (1 + o.samples, 1 + o.samples * (o.depth + 1))},
+    applicable=lambda o, p: folding_reason(p, o.fold_batchnorm),
 )
 def pacbayes_flatness(ctx, opts: PacBayesOptions) -> MeasureResult:
     r""":math:`1/\sigma^{*2}`, larger means sharper; see the module docstring.

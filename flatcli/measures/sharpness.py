@@ -236,6 +236,7 @@ def _worst_estimate(o, d) -> dict:
 
 @register(
     "sharpness_worst",
+    stops_early=True,  # its estimator checks the budget between blocks
     options=WorstOptions,
     description="Worst-case (m-)sharpness: mean over batches of max_{‖δ/c‖_p≤ρ} L_B(θ+δ) − L_B(θ) (Auto-PGD).",
     reference="Keskar et al. 2017; Foret et al. 2021 (SAM, eq. 1); Kwon et al. 2021 (ASAM, eq. 8); "
@@ -492,6 +493,7 @@ class KeskarOptions:
 
 @register(
     "keskar_sharpness",
+    stops_early=True,  # its estimator checks the budget between blocks
     options=KeskarOptions,
     description="Keskar's ε-sharpness: 100·(max over the box |y_i| ≤ ε(|θ_i|+1) of L(θ+y) − L(θ))/(1+L(θ)).",
     reference="Keskar et al. 2017 (ICLR, eq. 4, Metric 2.1)",
@@ -576,6 +578,7 @@ class FirstOrderOptions:
 
 @register(
     "first_order_flatness",
+    stops_early=True,  # its estimator checks the budget between blocks
     options=FirstOrderOptions,
     description="GAM's first-order flatness R = ρ·max_{‖θ'−θ‖≤ρ} ‖∇L(θ')‖ (value R; R/ρ² in diagnostics).",
     reference="Zhang et al. 2023 (GAM, CVPR, Def. 3.1 and Lemma 4.1)",

@@ -1,6 +1,28 @@
-"""Diagonal estimators: exact unit blocks, Hutchinson (Bekas, Kokiopoulou & Saad 2007), the
+r"""Diagonal estimators: exact unit blocks, Hutchinson (Bekas, Kokiopoulou & Saad 2007), the
 scaled diagonal and the Gauss-Newton diagonal checked against the Hessian (Tsuzuku et al. 2020,
-eq. 29)."""
+eq. 29).
+
+`checked_gauss_newton_diagonal`'s guarantee of check 2 (a false pass is a tensor declared exact whose diagonal
+is not). In exact arithmetic a tensor with :math:`R_{tt} \ne 0` fails with
+probability 1. With the tolerance: a pass implies :math:`\|R_{tt}z\| \le
+\tau\|G_{tt}z\|`, :math:`\tau = \mathrm{tol}/(1-\mathrm{tol})`; if some
+:math:`|R_{ii}| = \delta`, the row :math:`r_i` of :math:`R_{tt}` has norm
+:math:`\ge \delta`, so :math:`r_i^\top z \sim N(0, \|r_i\|^2)` lands in
+:math:`[-a, a]` with probability :math:`\le a\sqrt{2/\pi}/\delta`, and Gaussian
+concentration gives :math:`\|G_{tt}z\| \le 7\|G_{tt}\|_F \le 7\,\mathrm{Tr}\,G_{tt}`
+except with probability :math:`e^{-18} < 1.6\cdot10^{-8}`. Hence one probe passes with probability at most
+
+.. math:: p_1 = 5.6\,\tau\,\mathrm{Tr}(G_{tt})/\delta + 1.6\cdot10^{-8},
+
+and all ``probes`` independent probes with probability at most :math:`p_1^{\text{probes}}`.
+For a diagonal error of 1% of :math:`\mathrm{Tr}\,G_{tt}` (δ = 0.01 Tr): float64
+(tol 1.5e-8) :math:`p_1 \le 8.4\cdot10^{-6}`, two probes :math:`\le 7\cdot10^{-11}`;
+float32 (tol 3.5e-4) :math:`p_1 \le 0.2`, two probes :math:`\le 0.04`, so larger
+errors (≥ 10% of the trace: ≤ 4e-4) are what float32 resolves. A block with
+:math:`R_{tt} \ne 0` but a zero diagonal (a bilinear interaction between two
+rows of one tensor) is flagged too: its diagonal is then computed exactly, a
+cost, not an error.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...stats import mean_stderr_of_sums
 from ._common import MatVec, as_operator, rademacher
 from .stop import DiagonalCheck
 
@@ -32,12 +55,6 @@ def exact_diagonal(op):
                                 device=op.device, dtype=op.dtype)
 
 
-def _mean_stderr(acc, acc2, samples):
-    mean = acc / samples
-    var = (acc2 / samples - mean**2).clamp_min(0) * samples / max(samples - 1, 1)
-    return mean, (var / samples).sqrt()
-
-
 def hutchinson_diagonal(op, *, samples: int, generator):
     r"""Plain diagonal estimator (Bekas et al. 2007)
     :math:`\mathrm{diag}(H) \approx \frac1m\sum_i z_i \circ H z_i`, Rademacher :math:`z_i`.
@@ -54,7 +71,7 @@ def hutchinson_diagonal(op, *, samples: int, generator):
         acc += D.sum(0)
         acc2 += (D * D).sum(0)
         done += k
-    return _mean_stderr(acc.cpu(), acc2.cpu(), samples)
+    return mean_stderr_of_sums(acc.cpu(), acc2.cpu(), samples)
 
 
 def scaled_diagonal(op, theta: torch.Tensor, *, samples: int, eps: float = 1e-8, generator):
@@ -81,7 +98,7 @@ def scaled_diagonal(op, theta: torch.Tensor, *, samples: int, eps: float = 1e-8,
         acc += D.sum(0)
         acc2 += (D * D).sum(0)
         done += k
-    return _mean_stderr(acc.cpu(), acc2.cpu(), samples)
+    return mean_stderr_of_sums(acc.cpu(), acc2.cpu(), samples)
 
 
 @dataclass
@@ -223,26 +240,8 @@ def checked_gauss_newton_diagonal(
        ``check``: :math:`\|P_t(H - G)z\| \le \mathrm{tol}\cdot\max(\|P_tHz\|, \|P_tGz\|)`
        for ``probes`` seeded Gaussian probes z supported on t.
 
-    Guarantee of check 2 (a false pass is a tensor declared exact whose diagonal
-    is not). In exact arithmetic a tensor with :math:`R_{tt} \ne 0` fails with
-    probability 1. With the tolerance: a pass implies :math:`\|R_{tt}z\| \le
-    \tau\|G_{tt}z\|`, :math:`\tau = \mathrm{tol}/(1-\mathrm{tol})`; if some
-    :math:`|R_{ii}| = \delta`, the row :math:`r_i` of :math:`R_{tt}` has norm
-    :math:`\ge \delta`, so :math:`r_i^\top z \sim N(0, \|r_i\|^2)` lands in
-    :math:`[-a, a]` with probability :math:`\le a\sqrt{2/\pi}/\delta`, and Gaussian
-    concentration gives :math:`\|G_{tt}z\| \le 7\|G_{tt}\|_F \le 7\,\mathrm{Tr}\,G_{tt}`
-    except with probability :math:`e^{-18} < 1.6\cdot10^{-8}`. Hence one probe passes with probability at most
-
-    .. math:: p_1 = 5.6\,\tau\,\mathrm{Tr}(G_{tt})/\delta + 1.6\cdot10^{-8},
-
-    and all ``probes`` independent probes with probability at most :math:`p_1^{\text{probes}}`.
-    For a diagonal error of 1% of :math:`\mathrm{Tr}\,G_{tt}` (δ = 0.01 Tr): float64
-    (tol 1.5e-8) :math:`p_1 \le 8.4\cdot10^{-6}`, two probes :math:`\le 7\cdot10^{-11}`;
-    float32 (tol 3.5e-4) :math:`p_1 \le 0.2`, two probes :math:`\le 0.04`, so larger
-    errors (≥ 10% of the trace: ≤ 4e-4) are what float32 resolves. A block with
-    :math:`R_{tt} \ne 0` but a zero diagonal (a bilinear interaction between two
-    rows of one tensor) is flagged too: its diagonal is then computed exactly, a
-    cost, not an error.
+    Guarantee of check 2: a false pass has probability at most :math:`p_1^{\text{probes}}`,
+    :math:`p_1 = 5.6\,\tau\,\mathrm{Tr}(G_{tt})/\delta + 1.6\cdot10^{-8}` (proof in the module docstring).
 
     Curved tensors, smallest first, get their exact diagonal from unit vectors
     while the products stay within ``max_exact``; the rest keep

@@ -1,5 +1,18 @@
-"""Block Lanczos with full reorthogonalization, its certified step count, and the precision
-controls of converged eigenpairs (Golub & Van Loan §10.1, §10.3.6)."""
+r"""Block Lanczos with full reorthogonalization, its certified step count, and the precision
+controls of converged eigenpairs (Golub & Van Loan §10.1, §10.3.6).
+
+`lanczos`: unlike power iteration, the Ritz values converge to the *algebraic*
+extremes: with ``which="largest"`` the largest eigenvalue is found even when
+a negative eigenvalue has larger magnitude.
+
+Near zero: a relative test cannot be met by a Ritz value at 0, so the tolerance has an
+absolute floor: the residual test is :math:`\|Hx_i - \theta_i x_i\| \le \mathrm{tol}\cdot
+\max(|\theta_i|, \mathrm{tol}\cdot s)` with :math:`s = \max_j |\theta_j|` (all Ritz values:
+the estimate of :math:`\|H\|_2` on the way). A wanted value with :math:`|\theta_i| <
+\mathrm{tol}\cdot s` is 0 at the tolerance's resolution of the spectrum; it is then known to
+:math:`\mathrm{tol}^2 s` absolutely (``near_zero`` set when such a value stopped the run).
+Values above :math:`\mathrm{tol}\cdot s`, the usual case, keep the relative test unchanged.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ...stats import mean_stderr
 from ._common import as_operator, rademacher, rowdot
 from ._store import BasisStore, device_capacity
 from .stop import KrylovStop
@@ -143,10 +157,6 @@ def lanczos(
     A block start finds eigenvalues of multiplicity up to ``block``; with
     ``block=1`` this is classical Lanczos.
 
-    Unlike power iteration, the Ritz values converge to the *algebraic*
-    extremes: with ``which="largest"`` the largest eigenvalue is found even when
-    a negative eigenvalue has larger magnitude.
-
     Stops (``stop``, a `KrylovStop`) once the Krylov dimension is at least ``min_steps`` and the
     residuals :math:`\|Hx_i - \theta_i x_i\|` of the ``k`` wanted Ritz pairs are at most
     ``tol * |\theta_i|``; or when the space is exhausted (an invariant subspace:
@@ -154,13 +164,8 @@ def lanczos(
     ``min_steps`` (default: `certified_min_steps` of the dimension) makes a small
     residual certify the *extreme* eigenvalue, not just some eigenvalue.
 
-    Near zero: a relative test cannot be met by a Ritz value at 0, so the tolerance has an
-    absolute floor: the residual test is :math:`\|Hx_i - \theta_i x_i\| \le \mathrm{tol}\cdot
-    \max(|\theta_i|, \mathrm{tol}\cdot s)` with :math:`s = \max_j |\theta_j|` (all Ritz values:
-    the estimate of :math:`\|H\|_2` on the way). A wanted value with :math:`|\theta_i| <
-    \mathrm{tol}\cdot s` is 0 at the tolerance's resolution of the spectrum; it is then known to
-    :math:`\mathrm{tol}^2 s` absolutely (``near_zero`` set when such a value stopped the run).
-    Values above :math:`\mathrm{tol}\cdot s`, the usual case, keep the relative test unchanged.
+    Near zero: the relative test has an absolute floor (module docstring); ``near_zero`` is set
+    when it stopped the run.
 
     ``stop.budget`` (a `Budget`): the Krylov space stops growing when it is spent (checked between
     blocks; a product cap also bounds ``max_steps``); the result then has the Ritz values so far
@@ -274,9 +279,9 @@ def precision_control(fast, exact, *, probes: int = 8, generator: torch.Generato
     qf = rowdot(Z, fast.matmat_rows(Z).to(Z.dtype)).cpu().numpy()
     qe = rowdot(Z, exact.matmat_rows(Z).to(Z.dtype)).cpu().numpy()
     d = qf - qe
-    se = float(np.std(d, ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.inf
+    bias, se = mean_stderr(d)
     mean_e = float(np.mean(qe))
-    return PrecisionControl(float(np.mean(d)), se, abs(float(np.mean(d))) / max(abs(mean_e), 1e-30), probes)
+    return PrecisionControl(bias, se, abs(bias) / max(abs(mean_e), 1e-30), probes)
 
 
 def verify_eigenpair(op, x: torch.Tensor) -> tuple[float, float]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ...stats import mean_stderr
 from ._common import MatVec, _tridiag_eig, as_operator, rademacher
 from ._store import BasisStore, device_capacity
 from .budget import Budget, no_budget
@@ -35,8 +36,7 @@ class SLQResult:
                 for t, w in zip(self.nodes, self.weights, strict=True)
             ]
         )
-        se = float(vals.std(ddof=1) / math.sqrt(len(vals))) if len(vals) > 1 else float("nan")
-        return float(vals.mean()), se
+        return mean_stderr(vals)
 
     def quadrature_error(self, fn: Callable[[np.ndarray], np.ndarray]) -> float:
         r"""An estimate (meant as a bound) of the Lanczos-quadrature error of `expect`'s value,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ...stats import mean_stderr
 from ._common import as_operator, rademacher, rowdot
 from ._store import BasisStore, device_capacity
 from .budget import Budget, no_budget
@@ -57,8 +58,8 @@ class TraceResult:
         m = bs.shape[0]
         if m == 0:
             return low.copy(), np.zeros_like(low)
-        se = bs.std(0, ddof=1) / math.sqrt(m) if m > 1 else np.full(bs.shape[1], math.inf)
-        return low + bs.mean(0), se
+        mean, se = mean_stderr(bs, axis=0)
+        return low + mean, se
 
 
 # byte value -> its 8 bits as ±1 (little-endian), for one gather per probe instead of bit tests
@@ -71,12 +72,6 @@ def _block_forms(Z: torch.Tensor, HZ: torch.Tensor, blocks) -> torch.Tensor:
     float64, each by `rowdot` (on CPU a float64 sum of the elementwise product costs 2 s for 16
     ResNet-18 probes, the batched dots a tenth of that)."""
     return torch.stack([rowdot(Z[:, b], HZ[:, b]) for b in blocks], 1)
-
-
-def _mean_se(samples: list[float]) -> tuple[float, float]:
-    est = float(np.mean(samples))
-    se = float(np.std(samples, ddof=1) / math.sqrt(len(samples))) if len(samples) > 1 else math.inf
-    return est, se
 
 
 class NearZeroFloor:
@@ -164,7 +159,7 @@ def hutchinson(
     parts: list[list[float]] = []
 
     def result(converged, near_zero=False, stopped=False):
-        est, se = _mean_se(samples)
+        est, se = mean_stderr(samples)
         bs = np.asarray(parts, dtype=np.float64) if blocks is not None else None
         n = len(samples) + floor.products
         budget.spend(n)
@@ -185,7 +180,7 @@ def hutchinson(
             part = _block_forms(Z, HZ, blocks)  # the probe's form is the sum of its parts
             samples.extend(part.sum(1).cpu().tolist())
             parts.extend(part.cpu().tolist())
-        est, se = _mean_se(samples)
+        est, se = mean_stderr(samples)
         if len(samples) >= min_probes:
             report(probes=len(samples), value=est, stderr=se)
             if se <= tol * abs(est):
@@ -194,7 +189,7 @@ def hutchinson(
                 return result(True, near_zero=True)
         if len(samples) < max_probes and budget.exhausted(len(samples) + floor.products):
             return result(False, stopped=True)
-    est, se = _mean_se(samples)
+    est, se = mean_stderr(samples)
     return result(se <= tol * abs(est))
 
 
@@ -289,7 +284,7 @@ def hutchpp(
         if blocks is not None:
             parts.extend(_block_forms(G, HG, blocks).tolist())
         if used >= min(min_probes, cap) and len(samples) >= min_samples:
-            m, se = _mean_se(samples)
+            m, se = mean_stderr(samples)
             report(probes=used, value=sk.low + m, stderr=se)
             if se <= tol * abs(sk.low + m):
                 return sk.result(used, samples, parts, se, True)
@@ -303,7 +298,7 @@ def _hutchpp_stopped(sk: _Sketch, used: int, samples: list, parts: list, tol: fl
     stopped = used < max_probes
     if len(samples) < 2:
         return sk.result(used, samples, parts, math.inf, False, stopped=stopped)
-    m, se = _mean_se(samples)
+    m, se = mean_stderr(samples)
     return sk.result(used, samples, parts, se, se <= tol * abs(sk.low + m), stopped=stopped)
 
 
@@ -360,7 +355,7 @@ class _Sketch:
 def _sketch_pays(cand: list[float], sk: _Sketch, k: int, tol: float, dim: int, max_probes: int, used: int) -> bool:
     """Whether the residual samples ``cand`` predict more than ``4 (r + k)`` further samples to reach
     ``tol`` while the sketch may still grow by ``k`` (at most a third of the budget)."""
-    m, se = _mean_se(cand)
+    m, se = mean_stderr(cand)
     est = sk.low + m
     need = (se / (tol * abs(est))) ** 2 * len(cand) if est and len(cand) > 1 else math.inf
     budget_ok = sk.rank + k <= min(dim - 1, max_probes // 3) and used + k < max_probes
