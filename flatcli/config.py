@@ -13,7 +13,6 @@ import difflib
 import functools
 import hashlib
 import json
-import math
 import os
 import types
 from dataclasses import dataclass, field
@@ -22,14 +21,13 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from .engine.engine import HVP_MODES
-from .engine.losses import LOSSES
-from .engine.precision import FP16_REFUSED, PRECISIONS
 from .errors import ConfigError
 from .loading.models import MODEL_DTYPES
 from .measures import MeasureSpec, get_measure
-from .measures._options import parse_options
-from .threads import check_threads
+from .validation import parse_options, validate
+from .validation import (
+    parse_seconds as parse_seconds,  # re-exported: config keys and CLI flags take durations
+)
 
 SOURCES = ("tensors", "torchvision", "imagefolder", "digits", "synthetic", "mnist1d", "text", "modular_addition")
 
@@ -38,6 +36,12 @@ MODEL_SOURCES = ("python", "huggingface")
 # keys added after configs were first hashed: a key at its default is left out of `Config.to_dict`,
 # so the hash (and a sweep's units) of a config that does not use it stay what they were
 _NEW = {"omit_default": True}
+
+
+def _rule(name: str, **more: Any) -> dict[str, Any]:
+    """Field metadata of a key checked by the rule ``name`` of `flatcli.validation.SETTINGS` (the
+    rule `flatcli.settings.Settings` uses too), instead of by its annotation (`_check_settings`)."""
+    return {"setting": name, **more}
 
 
 @dataclass
@@ -95,28 +99,30 @@ class DataConfig:
 class MeasureDataConfig:
     """``measure_data``: the measurement set (split, size, batch size, seed)."""
 
-    split: str = "train"
-    num_samples: int | str = "all"
-    batch_size: int = 256
-    seed: int = 0
+    split: str = field(default="train", metadata=_rule("split"))
+    num_samples: int | str = field(default="all", metadata=_rule("num_samples"))
+    batch_size: int = field(default=256, metadata=_rule("batch_size"))
+    seed: int = field(default=0, metadata=_rule("data_seed"))
 
 
 @dataclass
 class RuntimeConfig:
     """``runtime``: device, precision, seed and engine options."""
 
-    device: str = "auto"
-    precision: str = "auto"
-    seed: int = 0
-    hvp_mode: str = "auto"
-    block_size: int | None = None
+    device: str = field(default="auto", metadata=_rule("device"))
+    precision: str = field(default="auto", metadata=_rule("precision"))
+    seed: int = field(default=0, metadata=_rule("seed"))
+    hvp_mode: str = field(default="auto", metadata=_rule("hvp_mode"))
+    block_size: int | None = field(default=None, metadata=_rule("block_size"))
     allow_unsafe_pickle: bool = False
-    threads: int | str = "auto"  # intra-op threads per worker process (flatcli.threads)
+    # intra-op threads per worker process (flatcli.threads)
+    threads: int | str = field(default="auto", metadata=_rule("threads"))
     # issue 27 (memory): activation checkpointing in Hessian products (flatcli.engine.recompute), and the
     # most basis vectors Krylov estimators keep on the device (flatcli.engine.linalg._store)
-    recompute: bool | str = field(default="auto", metadata=_NEW)
-    max_device_vectors: int | str | None = field(default="auto", metadata=_NEW)
-    budget: float | str | None = field(default=None, metadata=_NEW)  # seconds per checkpoint (parse_seconds)
+    recompute: bool | str = field(default="auto", metadata=_rule("recompute", **_NEW))
+    max_device_vectors: int | str | None = field(default="auto", metadata=_rule("max_device_vectors", **_NEW))
+    # seconds per checkpoint (parse_seconds)
+    budget: float | str | None = field(default=None, metadata=_rule("budget", **_NEW))
 
 
 @dataclass
@@ -154,7 +160,7 @@ class Config:
     hparams: HParamsConfig = field(default_factory=HParamsConfig)
     data: DataConfig = field(default_factory=DataConfig)
     measure_data: MeasureDataConfig = field(default_factory=MeasureDataConfig)
-    loss: str = "cross_entropy"
+    loss: str = field(default="cross_entropy", metadata=_rule("loss"))
     params: ParamsConfig = field(default_factory=ParamsConfig)
     measures: list[Any] = field(default_factory=list)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -300,33 +306,25 @@ def _build(cls, raw: Any, prefix: str, prov: dict[str, str], origin: str):
             else:
                 setattr(obj, attr, _build(sub, value, path, prov, origin))
         else:
-            setattr(obj, attr, _check_type(path, value, tp))
+            setattr(obj, attr, _checked(fields[key], path, value, tp))
             prov[path] = origin
     return obj
 
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+def _checked(f: dataclasses.Field, path: str, value: Any, tp: Any) -> Any:
+    """``value`` type-checked against its annotation, or kept as given for a key with a rule
+    (checked with the other values in `_check_settings`, after the environment and CLI overrides)."""
+    return value if f.metadata.get("setting") else _check_type(path, value, tp)
 
 
-def parse_seconds(value: Any, where: str = "runtime.budget") -> float:
-    """Seconds from ``value``: a number, or text as ``90``, ``90s``, ``10m``, ``1.5h``; a
-    `ConfigError` naming ``where`` for anything else (zero, negative, another unit).
-
-    >>> parse_seconds("10m"), parse_seconds(90), parse_seconds("1h")
-    (600.0, 90.0, 3600.0)
-    """
-    given = value
-    if isinstance(value, str):
-        text = value.strip().lower()
-        unit = _UNITS.get(text[-1:], None) if text else None
-        try:
-            value = float(text[:-1] if unit else text) * (unit or 1.0)
-        except ValueError:
-            value = None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{where} must be a positive number of seconds or a duration like 90s, 10m, 1h; "
-                          f"got {given!r}")
-    return float(value)
+def _check_settings(obj: Any, prefix: str) -> None:
+    """The keys of one section that have a rule in `flatcli.validation.SETTINGS`, each checked (and
+    coerced: a duration to seconds) by it; errors name the config key."""
+    for f in dataclasses.fields(obj):
+        name = f.metadata.get("setting")
+        if name:
+            key = f"config key '{prefix}{yaml_key(f)}'"
+            setattr(obj, f.name, validate(name, getattr(obj, f.name), key))
 
 
 def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
@@ -356,8 +354,8 @@ def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
         info = get_measure(str(name))
         label = str(opts.pop("label", name))
         seed = opts.pop("seed", None)
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise ConfigError(f"config key '{where}.{name}.seed' must be an int; got {seed!r}")
+        if seed is not None:
+            seed = validate("seed", seed, f"config key '{where}.{name}.seed'")
         caps = _measure_caps(opts, f"config key '{where}.{name}")
         parse_options(info.options, opts, info.name)  # validate now, fail early
         specs.append(MeasureSpec(name=info.name, label=label, options=opts, seed=seed, **caps))
@@ -379,20 +377,12 @@ def _measure_caps(opts: dict, where: str) -> dict[str, Any]:
         caps["max_seconds"] = parse_seconds(secs, f"{where}.max_seconds'")
     hvps = opts.pop("max_hvps", None)
     if hvps is not None:
-        if isinstance(hvps, float) and hvps.is_integer():
-            hvps = int(hvps)
-        if isinstance(hvps, bool) or not isinstance(hvps, int) or hvps < 1:
-            raise ConfigError(f"{where}.max_hvps' must be an int ≥ 1; got {hvps!r}")
-        caps["max_hvps"] = hvps
+        caps["max_hvps"] = validate("max_hvps", hvps, f"{where}.max_hvps'")
     return caps
 
 
-CHOICES = {  # config keys with a fixed set of values (the vocabularies are the engine's own)
-    "loss": tuple(LOSSES),
-    "runtime.precision": PRECISIONS,
-    "runtime.hvp_mode": HVP_MODES,
+CHOICES = {  # config keys with a fixed set of values and no rule in flatcli.validation (used in one place)
     "output.format": ("table", "csv", "json"),
-    "measure_data.split": ("train", "test"),
     "model.source": MODEL_SOURCES,
     "model.dtype": MODEL_DTYPES,
 }
@@ -411,46 +401,19 @@ def _validate(cfg: Config) -> None:
         src = getattr(cfg.data, split_name)
         if src is not None:
             _validate_source(src, f"data.{split_name}")
-    if cfg.runtime.precision == "fp16":
-        raise ConfigError(f"config key 'runtime.precision': {FP16_REFUSED}")
+    _check_settings(cfg, "")
+    _check_settings(cfg.measure_data, "measure_data.")
+    _check_settings(cfg.runtime, "runtime.")
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         if value not in allowed:
             raise ConfigError(f"config key '{key}' must be one of {', '.join(allowed)}; got {value!r}")
-    md = cfg.measure_data
-    if isinstance(md.num_samples, str) and md.num_samples != "all":
-        raise ConfigError(f"config key 'measure_data.num_samples' must be an int or 'all'; got {md.num_samples!r}")
-    if isinstance(md.num_samples, int) and md.num_samples < 1:
-        raise ConfigError(f"config key 'measure_data.num_samples' must be ≥ 1; got {md.num_samples}")
-    if md.batch_size < 1:
-        raise ConfigError(f"config key 'measure_data.batch_size' must be ≥ 1; got {md.batch_size}")
-    dev = cfg.runtime.device
-    if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:") or dev == "mps"):
-        raise ConfigError(f"config key 'runtime.device' must be auto, cpu, cuda or cuda:N; got {dev!r}")
     for key in ("include", "exclude"):
         pats = getattr(cfg.params, key)
         if pats is not None and not all(isinstance(x, str) for x in pats):
             raise ConfigError(f"config key 'params.{key}' must be a list of glob patterns; got {pats!r}")
-    _validate_runtime(cfg.runtime)
     _validate_model(cfg.model)
     cfg.measure_specs()
-
-
-def _validate_runtime(rt: RuntimeConfig) -> None:
-    """``runtime.threads``, ``runtime.budget`` and the memory settings (`_validate_memory`)."""
-    rt.threads = check_threads(rt.threads, "config key 'runtime.threads'")
-    _validate_memory(rt)
-    if rt.budget is not None:
-        rt.budget = parse_seconds(rt.budget, "config key 'runtime.budget'")
-
-
-def _validate_memory(rt: RuntimeConfig) -> None:
-    """``runtime.recompute`` (true, false, auto) and ``runtime.max_device_vectors`` (an int ≥ 1, auto or null)."""
-    if not (isinstance(rt.recompute, bool) or rt.recompute == "auto"):
-        raise ConfigError(f"config key 'runtime.recompute' must be true, false or auto; got {rt.recompute!r}")
-    mdv = rt.max_device_vectors
-    if not (mdv is None or mdv == "auto" or (isinstance(mdv, int) and not isinstance(mdv, bool) and mdv >= 1)):
-        raise ConfigError(f"config key 'runtime.max_device_vectors' must be an int ≥ 1, auto or null; got {mdv!r}")
 
 
 def _validate_source(src: DataSource, where: str) -> None:
@@ -543,7 +506,8 @@ def _set_path(cfg: Config, path: str, value: Any, origin: str) -> None:
     tp = _hints(type(obj))[parts[-1]]
     if any(m is int for m in _members(tp)) and isinstance(value, str) and value.lstrip("-").isdigit():
         value = int(value)
-    setattr(obj, parts[-1], _check_type(path, value, tp))
+    f = next(f for f in dataclasses.fields(obj) if f.name == parts[-1])
+    setattr(obj, parts[-1], _checked(f, path, value, tp))
     cfg.provenance[path] = origin
 
 

@@ -22,14 +22,9 @@ from typing import Any
 import torch
 
 from .engine.params import ParamSelection
-from .engine.precision import (
-    BF16_FD_REFUSED,
-    PRECISIONS,
-    Precision,
-    check_precision,
-    has_tensor_cores,
-)
+from .engine.precision import BF16_FD_REFUSED, PRECISIONS, Precision, has_tensor_cores
 from .errors import ConfigError
+from .validation import validate
 
 __all__ = ["PRECISIONS", "RunOptions", "Settings", "has_tensor_cores", "resolve_device"]
 
@@ -87,24 +82,23 @@ class RunOptions:
         return run
 
 
-def resolve_device(name: str | torch.device | None) -> torch.device:
-    """'auto' → cuda if available else cpu; validates cuda:N."""
+def resolve_device(name: str | torch.device | None, where: str = "device") -> torch.device:
+    """'auto' → cuda if available else cpu; a name is checked with the rule ``device`` of
+    `flatcli.validation` (auto, cpu, cuda, cuda:N) and cuda:N against the visible devices; errors
+    name ``where`` (the API parameter, or the config key). A `torch.device` passes through."""
     if isinstance(name, torch.device):
         return name
-    name = name or "auto"
+    name = validate("device", name or "auto", where)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"runtime.device is {name!r} but no CUDA device is visible; use `device` cpu")
+            raise ConfigError(f"{where} is {name!r} but no CUDA device is visible; use `device` cpu")
         dev = torch.device(name)
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"runtime.device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+            raise ConfigError(f"{where} {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
         return dev
-    try:
-        return torch.device(name)
-    except RuntimeError as e:
-        raise ConfigError(f"runtime.device: {e}") from None
+    return torch.device(name)
 
 
 @dataclass(frozen=True)
@@ -150,43 +144,17 @@ class Settings:
     budget: float | None = None
 
     def __post_init__(self):
-        from .engine.engine import HVP_MODES
-        from .engine.losses import LOSSES
-
-        try:
-            check_precision(self.precision)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        _one_of("loss", self.loss, tuple(LOSSES))
-        _one_of("hvp_mode", self.hvp_mode, HVP_MODES)
+        """Every field but ``device`` (a `torch.device`, see `resolve_device`) and ``params`` is checked
+        with its rule in `flatcli.validation.SETTINGS`, the one the config sections use; errors name
+        the field (the API parameter)."""
+        for name in _CHECKED:
+            object.__setattr__(self, name, validate(name, getattr(self, name)))
         if self.precision == "bf16" and self.hvp_mode == "finite_difference":
             raise ConfigError(BF16_FD_REFUSED)
-        _one_of("split", self.split, ("train", "test"))
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigError(f"batch_size must be an int ≥ 1; got {self.batch_size!r}")
-        n = self.num_samples
-        if n != "all" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ConfigError(f"num_samples must be an int ≥ 1 or 'all'; got {n!r}")
-        if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
-            raise ConfigError(f"block_size must be an int ≥ 1; got {self.block_size!r}")
-        self._check_memory()
-        if self.budget is not None:
-            from .config import parse_seconds
-
-            object.__setattr__(self, "budget", parse_seconds(self.budget, "budget"))
+        if isinstance(self.recompute, bool):
+            object.__setattr__(self, "recompute", "true" if self.recompute else "false")
         if not isinstance(self.params, ParamSelection):
             object.__setattr__(self, "params", ParamSelection.of(self.params))
-
-    def _check_memory(self) -> None:
-        from .engine.recompute import parse_recompute
-
-        try:
-            object.__setattr__(self, "recompute", parse_recompute(self.recompute))
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        mdv = self.max_device_vectors
-        if not (mdv is None or mdv == "auto" or (isinstance(mdv, int) and not isinstance(mdv, bool) and mdv >= 1)):
-            raise ConfigError(f"max_device_vectors must be an int ≥ 1, 'auto' or None; got {mdv!r}")
 
     @property
     def resolved_precision(self) -> Precision:
@@ -213,7 +181,7 @@ class Settings:
         """Settings of a `flatcli.config.Config` (``device`` overrides ``runtime.device``)."""
         md, rt = cfg.measure_data, cfg.runtime
         return cls(
-            device=resolve_device(device if device is not None else rt.device),
+            device=resolve_device(device) if device is not None else resolve_device(rt.device, "runtime.device"),
             precision=rt.precision,
             seed=rt.seed,
             loss=cfg.loss,
@@ -259,6 +227,5 @@ class Settings:
         return str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else "")
 
 
-def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+_CHECKED = ("precision", "seed", "loss", "split", "num_samples", "batch_size", "data_seed", "hvp_mode", "block_size",
+            "recompute", "max_device_vectors", "budget")

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import ConfigError
+from .validation import validate
 
 AUTO = "auto"
 
@@ -76,16 +76,12 @@ def local_workers(workers: int | None = None) -> int:
     return max(1, int(env)) if env.strip().isdigit() else 1
 
 
-def check_threads(requested: int | str | None, where: str = "runtime.threads") -> int | str:
+def check_threads(requested: int | str | None, where: str = "threads") -> int | str:
     """``requested`` validated: an int ≥ 1 (also as text, e.g. from an environment variable) or
     ``"auto"`` (None means auto); a `ConfigError` naming ``where`` otherwise."""
-    if requested is None or requested == AUTO:
+    if requested is None:
         return AUTO
-    if isinstance(requested, str) and requested.strip().isdigit():
-        requested = int(requested)
-    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
-        raise ConfigError(f"{where} must be an int ≥ 1 or 'auto'; got {requested!r}")
-    return requested
+    return validate("threads", requested, where)  # the one rule (flatcli.validation)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ training ended); `run_tasks` runs many, in this process or in a pool of spawned 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -45,9 +46,11 @@ from typing import Any, Protocol
 
 import torch
 
+from .validation import OPTIMIZERS as OPTIMIZERS  # re-exported: the vocabulary is declared there
+from .validation import TRAINING, TRAINING_DTYPES, validate
+
 EVAL_CHUNK = 4096
-OPTIMIZERS = ("sgd", "adam", "adamw")
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {name: getattr(torch, name) for name in TRAINING_DTYPES}  # float32, float64
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -89,6 +92,9 @@ class Recipe:
     the criterion once per epoch. ``momentum`` applies to sgd; ``weight_decay`` is the
     optimizer's (coupled for sgd and adam, decoupled for adamw); ``l2`` adds ``l2/2 · Σ‖W‖²``
     to the objective. Both penalties skip parameters with fewer than 2 dimensions.
+
+    Every field is checked with its rule in `flatcli.validation.TRAINING` (the experiment spec's
+    ``training`` keys use the same rules); errors name the field.
     """
 
     optimizer: str = "sgd"
@@ -103,12 +109,11 @@ class Recipe:
     device: str = "cpu"
 
     def __post_init__(self):
-        from .errors import ConfigError
-
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {self.optimizer!r}")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "batch_size" and value is None:  # full-batch
+                continue
+            object.__setattr__(self, f.name, validate(f.name, value, rules=TRAINING))
 
 
 @dataclass(frozen=True)
@@ -180,8 +185,7 @@ class Plateau:
     def __post_init__(self):
         from .errors import ConfigError
 
-        if not (self.target > 0 and math.isfinite(self.target)):
-            raise ConfigError(f"plateau target must be a positive number; got {self.target!r}")
+        validate("target_loss", self.target, "plateau target", rules=TRAINING)  # the spec's target_loss rule
         if not 0 < self.min_accuracy <= 1:
             raise ConfigError(f"plateau min_accuracy must be in (0, 1]; got {self.min_accuracy!r}")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:

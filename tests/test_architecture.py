@@ -105,14 +105,16 @@ def test_nothing_below_the_cli_imports_it():
     assert not bad, f"modules importing flatcli.cli: {bad}"
 
 
-LEAVES = ("flatcli.errors", "flatcli.stats")  # modules the engine may use: they import nothing of flatcli
+# the bottom of the import graph, which the engine may use: they import nothing of flatcli but each other
+# (flatcli.validation, the one validation vocabulary, raises flatcli.errors' ConfigError)
+LEAVES = ("flatcli.errors", "flatcli.stats", "flatcli.validation")
 
 
 def test_engine_knows_nothing_of_measures():
     bad = {m: sorted(i for i in _imports(m) if not i.startswith("flatcli.engine") and i not in LEAVES)
            for m in MODULES if m.startswith("flatcli.engine")}
     assert not any(bad.values()), bad
-    assert not any(i.startswith("flatcli") for leaf in LEAVES for i in _imports(leaf))
+    assert all(i in LEAVES for leaf in LEAVES for i in _imports(leaf, typing_too=True))
 
 
 def test_one_standard_error_of_a_mean():
@@ -122,6 +124,81 @@ def test_one_standard_error_of_a_mean():
     offenders = [str(f.relative_to(PKG)) for f in sorted(PKG.rglob("*.py"))
                  if f.name != "stats.py" and pat.search(f.read_text())]
     assert not offenders, f"standard errors written by hand: {offenders}"
+
+
+def test_the_vocabulary_sits_at_the_bottom():
+    """flatcli.validation (the one validation vocabulary) imports nothing of flatcli but the errors."""
+    assert _imports("flatcli.validation", typing_too=True) <= {"flatcli.errors"}
+    assert _imports("flatcli.errors", typing_too=True) == frozenset()
+
+
+def _vocabularies() -> dict[str, frozenset[str]]:
+    """The allowed-values sets of the rules of flatcli.validation with at least two strings."""
+    from flatcli.validation import SETTINGS, TRAINING, Either, OneOf, Optional
+
+    def sets(check):
+        if isinstance(check, OneOf):
+            yield frozenset(v for v in check.values if isinstance(v, str))
+        inners = check.checks if isinstance(check, Either) else (check.inner,) if isinstance(check, Optional) else ()
+        for inner in inners:
+            yield from sets(inner)
+
+    out = {}
+    for table, rules in (("SETTINGS", SETTINGS), ("TRAINING", TRAINING)):
+        for name, rule in rules.items():
+            for s in sets(rule.check):
+                if len(s) >= 2:
+                    out[f"{table}[{name!r}]"] = s
+    return out
+
+
+def _literal_string_sets(tree: ast.AST):
+    """(line, strings) of every tuple, list or set literal and every dict literal's keys made of
+    two or more string constants."""
+    for n in ast.walk(tree):
+        elts = n.elts if isinstance(n, (ast.Tuple, ast.List, ast.Set)) else n.keys if isinstance(n, ast.Dict) else None
+        if elts and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in elts) and len(elts) >= 2:
+            yield n.lineno, frozenset(e.value for e in elts)
+
+
+def test_allowed_values_are_spelled_out_once():
+    """No module but flatcli.validation spells out the allowed values of a shared setting (a literal
+    tuple, list, set or dict keys holding all of them: ``("cross_entropy", "mse", "causal_lm")``,
+    ``("sgd", "adam", "adamw")``): a second copy would drift; import the rule or its tuple instead.
+    (A subset is logic, not a copy: ``("cross_entropy", "mse")`` for a measure that applies to two
+    losses, ``("bf16", "tf32")`` for the precisions that verify.)"""
+    vocab = _vocabularies()
+    assert {"SETTINGS['loss']", "SETTINGS['precision']", "SETTINGS['hvp_mode']", "TRAINING['optimizer']"} <= set(vocab)
+    split = vocab.pop("SETTINGS['split']")  # train/test also name data splits everywhere: only as the rule's copy
+    found = []
+    for mod, path in MODULES.items():
+        if mod == "flatcli.validation":
+            continue
+        for line, strings in _literal_string_sets(_tree(path)):
+            hits = [name for name, allowed in vocab.items() if allowed <= strings]
+            if hits:
+                found.append(f"{mod}:{line}: {sorted(strings)} repeats {', '.join(hits)}")
+    assert not found, found
+    assert split == {"train", "test"}
+
+
+def test_config_settings_and_spec_take_their_rules_from_the_vocabulary():
+    """The config sections, `Settings`, the experiment spec, the training recipe and the engine's
+    constructors call `flatcli.validation.validate` (the rule, not a copy of it)."""
+    callers = {"flatcli.config", "flatcli.settings", "flatcli.experiments.spec", "flatcli.training",
+               "flatcli.threads", "flatcli.engine.engine", "flatcli.engine.loop", "flatcli.engine.losses",
+               "flatcli.engine.precision", "flatcli.engine.recompute"}
+    missing = sorted(m for m in callers if "flatcli.validation" not in _imports(m)
+                     or "validate" not in {n.id for n in ast.walk(_tree(MODULES[m])) if isinstance(n, ast.Name)}
+                     | {n.attr for n in ast.walk(_tree(MODULES[m])) if isinstance(n, ast.Attribute)})
+    assert not missing, missing
+
+
+def test_the_loss_registry_matches_its_rule():
+    from flatcli.engine.losses import LOSSES
+    from flatcli.validation import LOSS_NAMES
+
+    assert tuple(LOSSES) == LOSS_NAMES
 
 
 @pytest.mark.parametrize("typing_too", [False, True], ids=["runtime", "with-type-checking"])

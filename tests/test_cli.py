@@ -78,7 +78,7 @@ def _edit(project, **changes):
     "mutate, message",
     [
         (lambda c: c.update(measure_data={"batch_sise": 2}), "Unknown config key 'measure_data.batch_sise'. Did you mean 'measure_data.batch_size'?"),
-        (lambda c: c.update(measure_data={"batch_size": "x"}), "config key 'measure_data.batch_size' must be int"),
+        (lambda c: c.update(measure_data={"batch_size": "x"}), "config key 'measure_data.batch_size' must be an int ≥ 1; got 'x'"),
         (lambda c: c.update(checkpoints=["nothere.pt"]), "config key 'checkpoints': checkpoint not found"),
         (lambda c: c.update(measures=[{"hessian_trace": {"tol": 2}}]), "The 'tol' parameter of hessian_trace must be a float in (0, 1). Got 2 instead."),
         (lambda c: c["model"].update(target="flatcli.demo.models:Nope"), "model.target: 'flatcli.demo.models' has no attribute 'Nope'"),

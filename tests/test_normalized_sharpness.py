@@ -437,9 +437,9 @@ def test_sec5_scale_dependence_parameter_wise_changes_node_wise_does_not():
 def test_parameter_form_options_are_validated():
     model = _mlp(nn.Tanh)
     x, y = _data()
-    with pytest.raises(ConfigError, match="'form' parameter of normalized_sharpness must be one of 'node', 'parameter'"):
+    with pytest.raises(ConfigError, match="'form' parameter of normalized_sharpness must be one of node, parameter"):
         measure_model(model, (x, y), [{"normalized_sharpness": {"form": "row"}}], precision="fp64")
-    with pytest.raises(ConfigError, match="'lambda_prime' parameter of normalized_sharpness must be a float in"):
+    with pytest.raises(ConfigError, match="'lambda_prime' parameter of normalized_sharpness must be a float > 0. Got 0 instead."):
         measure_model(model, (x, y), [{"normalized_sharpness": {"lambda_prime": 0}}], precision="fp64")
     with pytest.raises(ConfigError, match="'beta_points' parameter"):
         measure_model(model, (x, y), [{"normalized_sharpness": {"beta_points": 0}}], precision="fp64")

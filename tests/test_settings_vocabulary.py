@@ -21,7 +21,7 @@ runner = CliRunner()
 def test_settings_validate_in_api_terms():
     with pytest.raises(ConfigError, match=r"^precision must be one of auto, fp32, tf32, bf16, fp64; got 'half'$"):
         Settings(precision="half")
-    with pytest.raises(ConfigError, match=r"^precision fp16 is not offered: float16's range .* use bf16"):
+    with pytest.raises(ConfigError, match=r"^precision: fp16 is not offered: float16's range .* use bf16"):
         Settings(precision="fp16")
     with pytest.raises(ConfigError, match=r"^loss must be one of cross_entropy, mse, causal_lm; got 'nll'$"):
         Settings(loss="nll")

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.func import jvp
 
+from .. import validation
 from ..errors import ConfigError
 from . import ggn_diag
 from .batch import Batch
@@ -38,7 +39,7 @@ from .precision import BF16_FD_REFUSED, Precision, tf32_flags
 from .problem import Problem, nonfinite_tensors, not_finite
 from .recompute import parse_recompute
 
-HVP_MODES = ("auto", "reverse", "forward", "finite_difference")
+HVP_MODES = validation.HVP_MODES  # the vocabulary is declared once, in flatcli.validation
 
 
 def _on_state(name: str, doc: str, settable: bool = False) -> property:
@@ -79,6 +80,12 @@ class CurvatureEngine:
         gradient graphs cached across products. ``auto`` turns it on when the model has blocks and
         the predicted peak of a product does not fit in free memory (`recompute_active`).
 
+    Arguments are checked at this boundary with the rules of `flatcli.validation` (``hvp_mode``,
+    ``precision``, ``recompute``, ``block_size``, ``max_device_vectors``: the same rule and wording
+    as the config and `flatcli.settings.Settings`, raised as ValueError as they always were): the
+    engine is a public entry point (``flatcli.engine.CurvatureEngine``, built directly by tests and
+    library users), so it does not rely on `Settings` having checked them.
+
     Counters (`flatcli.engine.loop.Counters`): ``n_hvp``, ``n_ggnvp``, ``n_grad``, ``n_forward``,
     ``n_vjp``, ``oom_retries``, ``fallbacks``.
     """
@@ -87,8 +94,7 @@ class CurvatureEngine:
                  reverse_batched: bool | None = None, cache_graphs: bool | None = None, fd_eps: float = 1e-3,
                  precision: str = "auto", max_device_vectors: int | str | None = "auto",
                  recompute: str | bool = "false"):
-        if hvp_mode not in HVP_MODES:
-            raise ValueError(f"hvp_mode must be one of {HVP_MODES}, got {hvp_mode!r}")
+        validation.validate("hvp_mode", hvp_mode, error=ValueError)
         if not (fd_eps > 0 and math.isfinite(fd_eps)):
             raise ValueError(f"fd_eps must be a positive float, got {fd_eps!r}")
         parse_recompute(recompute)  # a bad value raises before the precision is read (the state keeps the parsed one)
@@ -97,7 +103,7 @@ class CurvatureEngine:
         self._options = dict(hvp_mode=hvp_mode, block_size=block_size, reverse_batched=reverse_batched,
                              cache_graphs=cache_graphs, fd_eps=fd_eps, precision=precision,
                              max_device_vectors=max_device_vectors, recompute=recompute)
-        self.max_device_vectors = max_device_vectors
+        self.max_device_vectors = validation.validate("max_device_vectors", max_device_vectors, error=ValueError)
         self.device = problem.device
         self.dist = problem.dist
         self.precision = Precision.of(precision, self.device)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import MeasurementError
+from ..validation import validate
 from .batch import Batch
 from .graphs import GraphCache
 from .problem import Problem
@@ -106,8 +107,7 @@ class MemoryPolicy:
 
     def __init__(self, num_params: int, dtype: torch.dtype, device: torch.device, block_size: int | None,
                  activation_bytes: Callable[[], int]):
-        if block_size is not None and int(block_size) < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        block_size = validate("block_size", block_size, error=ValueError)
         self.num_params, self.dtype, self.device = num_params, dtype, device
         self._block = int(block_size) if block_size else None
         self._activation_bytes = activation_bytes

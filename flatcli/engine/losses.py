@@ -21,8 +21,9 @@ A loss supplies
   :math:`\sum_k a_k a_k^\top = \nabla_z^2\ell` per unit (the exact Gauss-Newton diagonal), for
   losses whose units are rows.
 
-Adding a loss is one subclass registered in `LOSSES` plus a test against
-``torch.func.hessian`` of its own mean.
+Adding a loss is one subclass registered in `LOSSES`, its name added to the rule ``loss``
+(`flatcli.validation.LOSS_NAMES`; tests/test_architecture.py checks the two agree), plus a test
+against ``torch.func.hessian`` of its own mean.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, MeasurementError
+from ..validation import validate
 from .batch import Batch
 
 IGNORE_INDEX = -100
@@ -293,7 +295,4 @@ def get_loss(loss: str | Loss) -> Loss:
     """The loss plug-in named ``loss`` (an instance passes through); a `ConfigError` otherwise."""
     if isinstance(loss, Loss):
         return loss
-    cls = LOSSES.get(str(loss))
-    if cls is None:
-        raise ConfigError(f"The 'loss' key must be one of {', '.join(LOSSES)}. Got {loss!r} instead.")
-    return cls()
+    return LOSSES[validate("loss", loss)]()

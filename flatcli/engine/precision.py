@@ -33,9 +33,11 @@ from dataclasses import dataclass
 
 import torch
 
-PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp64")
-FP16_REFUSED = ("fp16 is not offered: float16's range (largest 65504, smallest normal 6.1e-5) does not hold "
-                "second derivatives of a mean loss without loss scaling; use bf16 (float32's range)")
+from ..validation import (
+    FP16_REFUSED as FP16_REFUSED,  # re-exported: the vocabulary is declared there
+)
+from ..validation import PRECISIONS as PRECISIONS
+from ..validation import validate
 
 
 def has_tensor_cores(device: torch.device) -> bool:
@@ -65,12 +67,9 @@ BF16_FD_REFUSED = ("runtime.hvp_mode: finite_difference with runtime.precision: 
 
 
 def check_precision(value: str) -> str:
-    """``value`` when it is one of `PRECISIONS`, else a ValueError with the one message."""
-    if value == "fp16":
-        raise ValueError(f"precision {FP16_REFUSED}")
-    if value not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {value!r}")
-    return value
+    """``value`` when it is one of `PRECISIONS`, else a ValueError with the one message (the rule
+    ``precision`` of `flatcli.validation`: `Precision.of` is the engine's public entry point)."""
+    return validate("precision", value, error=ValueError)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,8 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
-RECOMPUTE = ("auto", "true", "false")
+from ..validation import RECOMPUTE as RECOMPUTE  # re-exported: the vocabulary is declared there
+from ..validation import validate
 
 _state = threading.local()
 
@@ -129,10 +130,9 @@ def checkpointed_blocks(blocks: list[nn.Module]):
 
 def parse_recompute(value) -> str:
     """``runtime.recompute`` as one of "auto", "true", "false" (YAML booleans accepted)."""
+    value = validate("recompute", value, error=ValueError)  # the one rule (flatcli.validation)
     if isinstance(value, bool):
         return "true" if value else "false"
-    if value not in RECOMPUTE:
-        raise ValueError(f"recompute must be true, false or auto; got {value!r}")
     return value
 
 

@@ -106,7 +106,7 @@ def run_experiment(
     if device is not None:
         from ..settings import resolve_device
 
-        resolve_device(device)  # a one-line error before any training
+        resolve_device(device, "`device`")  # a one-line error before any training
     spec = load_spec(name, quick=quick)
     runner = RUNNERS.get(spec.name, Experiment)
     out = Path(outdir) if outdir is not None else default_outdir(name, quick)

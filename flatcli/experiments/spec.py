@@ -44,8 +44,9 @@ import yaml
 
 from ..config import safe_yaml
 from ..errors import ConfigError
-from ..training import DTYPES, LossTarget, Plateau, Recipe
-from ..training import OPTIMIZERS as TRAINING_OPTIMIZERS
+from ..training import LossTarget, Plateau, Recipe
+from ..validation import OPTIMIZERS as OPTIMIZERS  # re-exported: the vocabulary is declared there
+from ..validation import TRAINING, validate
 
 SPEC_DIR = Path(__file__).parent / "specs"
 
@@ -64,7 +65,6 @@ QUICK_KEYS = (*STUDY_KEYS, "target_loss", "plateau", "bootstrap", "rescale")
 PLATEAU_KEYS = ("min_accuracy", "window", "rtol")
 PAPER_KEYS = ("statistic", "columns", "values", "claims", "setup")
 RESCALE_KEYS = ("transforms", "scales", "seed")
-OPTIMIZERS = TRAINING_OPTIMIZERS
 BOOTSTRAP = 1000  # resamples of the percentile intervals in correlations.csv (seed 0)
 MIN_BOOTSTRAP = 100  # the fewest `flatcli correlate --bootstrap` takes for 95% intervals
 WHOLE = ("grid", "measures", "data")  # replaced whole when merged
@@ -212,8 +212,7 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> Spec:
     quick_over = _check_keys(raw.get("quick"), QUICK_KEYS, f"{where}: quick")
     targets = (raw.get("target_loss", 0.01), quick_over.get("target_loss", raw.get("target_loss", 0.01)))
     for t in targets:
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t > 0 and math.isfinite(t)):
-            raise ConfigError(f"{where}: target_loss must be a positive number; got {t!r}")
+        validate("target_loss", t, f"{where}: target_loss", rules=TRAINING)
     target = targets[1] if quick else targets[0]
     plateau = [_plateau(raw.get("plateau"), target, where)]
     if "plateau" in quick_over:
@@ -434,40 +433,22 @@ def _num(v: Any) -> bool:
 
 
 def _check_training(t: dict[str, Any], where: str) -> None:
-    if t["optimizer"] not in OPTIMIZERS:
-        raise ConfigError(f"{where}: optimizer must be one of {', '.join(OPTIMIZERS)}; got {t['optimizer']!r}")
+    """The ``training`` keys, each with its rule in `flatcli.validation.TRAINING` (the rules
+    `flatcli.training.Recipe` checks too); ``lr`` may also be a mapping optimizer → lr."""
+    validate("optimizer", t["optimizer"], f"{where}: optimizer", rules=TRAINING)
     lr = t["lr"]
     if isinstance(lr, dict):
         for k, v in lr.items():
             if k not in OPTIMIZERS:
                 raise _unknown(k, OPTIMIZERS, f"{where}.lr (a learning rate per optimizer)")
-            if not (_num(v) and v > 0):
-                raise ConfigError(f"{where}.lr.{k} must be a positive number; got {v!r}")
+            validate("lr", v, f"{where}.lr.{k}", rules=TRAINING)
         if t["optimizer"] not in lr:
             raise ConfigError(f"{where}.lr gives no learning rate for optimizer {t['optimizer']!r}")
-    elif not (_num(lr) and lr > 0):
-        raise ConfigError(f"{where}: lr must be a positive number or a mapping optimizer → lr; got {lr!r}")
-    checks = {
-        "lr_factor": lambda v: _num(v) and v > 0,
-        "weight_decay": lambda v: _num(v) and v >= 0,
-        "l2": lambda v: _num(v) and v >= 0,
-        "momentum": lambda v: _num(v) and 0 <= v < 1,
-        "label_noise": lambda v: _num(v) and 0 <= v <= 1,
-        "batch_size": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-        "max_steps": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-        "eval_every": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
-        "device": lambda v: isinstance(v, str) and (v in ("cpu", "cuda", "auto") or v.startswith("cuda:")),
-        "dtype": lambda v: v in DTYPES,
-    }
-    need = {
-        "lr_factor": "a positive number", "weight_decay": "a number ≥ 0", "l2": "a number ≥ 0",
-        "momentum": "a number in [0, 1)", "dtype": " or ".join(DTYPES),
-        "label_noise": "a fraction in [0, 1]", "batch_size": "an int ≥ 1", "max_steps": "an int ≥ 1",
-        "eval_every": "an int ≥ 1 (steps) or null (once per epoch)", "device": "cpu, cuda, cuda:N or auto",
-    }  # fmt: skip
-    for k, ok in checks.items():
-        if not ok(t[k]):
-            raise ConfigError(f"{where}: {k} must be {need[k]}; got {t[k]!r}")
+    else:
+        validate("lr", lr, f"{where}: lr", rules=TRAINING)
+    for k in TRAINING_KEYS:
+        if k not in ("optimizer", "lr"):
+            validate(k, t[k], f"{where}: {k}", rules=TRAINING)
 
 
 def _paper(raw: Any, where: str) -> dict[str, Any]:

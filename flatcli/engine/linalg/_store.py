@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import torch
 
+from ...validation import validate
+
 
 def default_capacity(dim: int, device, dtype, fraction: float = 0.25) -> int | None:
     """``runtime.max_device_vectors: auto``: unbounded on CPU (host memory is device memory), on CUDA
@@ -59,8 +61,9 @@ class BasisStore:
     """
 
     def __init__(self, dim: int, device, dtype, capacity: int | None = None, max_rows: int | None = None):
-        if capacity is not None and int(capacity) < 1:
-            raise ValueError(f"max_device_vectors must be a positive int, got {capacity!r}")
+        capacity = validate("max_device_vectors", capacity, error=ValueError)
+        if capacity == "auto":  # resolved by `device_capacity` before a store is built
+            raise ValueError("max_device_vectors must be resolved (an int ≥ 1 or null) before a store is built")
         self.dim, self.dtype = int(dim), dtype
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.max_rows = max_rows
@@ -164,6 +167,4 @@ def device_capacity(op, setting, dim: int, device, dtype) -> int | None:
         setting = getattr(op, "max_device_vectors", "auto")
     if isinstance(setting, str) and setting == "auto":
         return default_capacity(dim, device, dtype)
-    if setting is not None and (isinstance(setting, bool) or not isinstance(setting, int) or setting < 1):
-        raise ValueError(f"max_device_vectors must be a positive int, 'auto' or None; got {setting!r}")
-    return setting
+    return validate("max_device_vectors", setting, error=ValueError)
