@@ -12,6 +12,7 @@ from torch.func import functional_call, hessian
 
 from flatcli.engine import CurvatureEngine, Problem, linalg
 from flatcli.measures import MeasureContext, MeasureSpec, run_measure
+from flatcli.measures._slq_shared import STREAM
 
 
 def run(p, seed=0, **options):
@@ -68,7 +69,7 @@ def test_probes_reproduce_dense_matrix_function(tanh_net):
     assert evals.min() < -1e-6  # clipping of negative curvature matters here
     gamma, runs = 0.1, 4
     fH = evecs @ np.diag(f_clipped(evals, gamma)) @ evecs.T
-    gen = MeasureContext(p, None, seed=0).generator()
+    gen = MeasureContext(p, None, seed=0).generator(STREAM)  # the shared SLQ probe stream
     forms = []
     for _ in range(runs):
         z = linalg.rademacher(1, p.num_params, gen, dtype=torch.float64)[0].numpy()
@@ -221,3 +222,47 @@ def test_gauss_rule_is_the_shorter_lanczos_run():
     t, w = linalg.gauss_rule(full.nodes[0], full.weights[0], 7)
     np.testing.assert_allclose(t, short.nodes[0], rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(w, short.weights[0], rtol=1e-8, atol=1e-12)
+
+
+def test_spectrum_and_local_entropy_share_their_slq_runs():
+    """hessian_spectrum and local_entropy draw their SLQ starts from one stream: in one checkpoint's
+    run the second measure computes only the runs the first did not (none when the first did as many),
+    and each value is the one it gives measured alone; another seed computes its own runs."""
+    from flatcli.pipeline import measure_model
+
+    from .helpers import tiny_data, tiny_mlp
+
+    model, (x, y) = tiny_mlp(seed=3), tiny_data(n=24)  # P = 53
+    steps = 10
+    le = {"local_entropy": {"method": "slq", "slq_runs": 8, "max_runs": 8, "slq_steps": steps, "gamma": 0.1}}
+    sp = {"hessian_spectrum": {"slq_runs": 4, "slq_steps": steps, "top_k": 2}}
+    sp8 = {"hessian_spectrum": {"slq_runs": 8, "slq_steps": steps, "top_k": 2}}
+
+    def run(*specs):
+        return measure_model(model, (x, y), list(specs), precision="fp64", batch_size=8).results
+
+    alone_le, alone_sp = run(le)["local_entropy"], run(sp)["hessian_spectrum"]
+    assert alone_le.diagnostics["n_hvp"] == 8 * steps and alone_le.diagnostics["runs"] == 8
+    lanczos = alone_sp.diagnostics["n_hvp"] - 4 * steps
+    assert lanczos == alone_sp.diagnostics["lanczos_steps"] > 0
+    # spectrum first (4 runs): local_entropy computes the other 4 of its 8
+    a = run(sp, le)
+    assert a["local_entropy"].diagnostics["n_hvp"] == 4 * steps
+    assert a["local_entropy"].value == pytest.approx(alone_le.value, rel=1e-12)
+    assert a["local_entropy"].stderr == pytest.approx(alone_le.stderr, rel=1e-9)
+    assert a["hessian_spectrum"].value == pytest.approx(alone_sp.value, rel=1e-12)
+    # local_entropy first (8 runs): the spectrum spends only its top-k Lanczos products
+    b = run(le, sp)
+    assert b["hessian_spectrum"].diagnostics["n_hvp"] == lanczos
+    assert b["hessian_spectrum"].value == pytest.approx(alone_sp.value, rel=1e-12)
+    assert b["hessian_spectrum"].stderr == pytest.approx(alone_sp.stderr, rel=1e-9)
+    np.testing.assert_allclose(np.concatenate(b["hessian_spectrum"].diagnostics["slq_nodes"]),
+                               np.concatenate(alone_sp.diagnostics["slq_nodes"]), rtol=1e-10, atol=1e-12)
+    # a spectrum of 8 runs first: local_entropy spends no products at all
+    c = run(sp8, le)
+    assert c["local_entropy"].diagnostics["n_hvp"] == 0
+    assert c["local_entropy"].value == pytest.approx(alone_le.value, rel=1e-12)
+    # another seed: its own stream, its own products
+    d = run(le, {"hessian_spectrum": {**sp["hessian_spectrum"], "seed": 5}})
+    assert d["hessian_spectrum"].diagnostics["n_hvp"] == alone_sp.diagnostics["n_hvp"]
+    assert d["hessian_spectrum"].value != pytest.approx(alone_sp.value, rel=1e-6)
