@@ -266,3 +266,30 @@ def test_spectrum_and_local_entropy_share_their_slq_runs():
     d = run(le, {"hessian_spectrum": {**sp["hessian_spectrum"], "seed": 5}})
     assert d["hessian_spectrum"].diagnostics["n_hvp"] == alone_sp.diagnostics["n_hvp"]
     assert d["hessian_spectrum"].value != pytest.approx(alone_sp.value, rel=1e-6)
+
+
+def test_shared_slq_runs_cut_by_a_time_cap_are_not_kept():
+    """Runs a time cap ends early (fewer Lanczos steps) go to the measure that ran them, not into the
+    shared runs: the next measure computes the whole runs, the ones a fresh stream gives; the
+    complete runs of a product cap are kept and cost the next measure nothing."""
+    from flatcli.engine.linalg import Budget
+    from flatcli.measures._slq_shared import SharedSLQ
+
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(30, 30, generator=g, dtype=torch.float64)
+    op = linalg.as_operator(lambda V: V @ (A + A.T), 30, dtype=torch.float64)
+    fresh = SharedSLQ(op, 10, torch.Generator().manual_seed(4)).runs(4)
+    s = SharedSLQ(op, 10, torch.Generator().manual_seed(4))
+    cut = s.runs(4, Budget(max_seconds=1e-12))
+    assert cut.stopped_by_budget and max(len(t) for t in cut.nodes) < 10 and s.nodes == []
+    again = s.runs(4)
+    assert again.n_hvp == 40 and all(len(t) == 10 for t in again.nodes)
+    for a, b in zip(again.nodes, fresh.nodes, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    p = SharedSLQ(op, 10, torch.Generator().manual_seed(4))
+    two = p.runs(4, Budget(max_products=20))  # two whole runs fit
+    assert two.stopped_by_budget and len(two.nodes) == 2 and len(p.nodes) == 2
+    rest = p.runs(4)
+    assert rest.n_hvp == 20
+    for a, b in zip(rest.nodes, fresh.nodes, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
