@@ -293,3 +293,33 @@ def test_shared_slq_runs_cut_by_a_time_cap_are_not_kept():
     assert rest.n_hvp == 20
     for a, b in zip(rest.nodes, fresh.nodes, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def _dense_hessian_rows(p, x, y) -> torch.Tensor:
+    """The cross-entropy Hessian at θ in float64, row by row: double backward of each gradient entry."""
+    theta = p.theta.detach().clone().requires_grad_(True)
+    loss = nn.functional.cross_entropy(functional_call(p.model, p.unflatten(theta), (x,)), y)
+    (g,) = torch.autograd.grad(loss, theta, create_graph=True)
+    rows = [torch.autograd.grad(g[i], theta, retain_graph=True)[0] for i in range(len(g))]
+    return torch.stack(rows).detach()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_slq_stops_adding_runs_when_the_quadrature_error_alone_is_above_tol(seed):
+    # 8-16-4 tanh MLP (212 parameters), 4 Lanczos steps: the quadrature error (1.4-2.0) is 30-45×
+    # tol·value, so no number of runs meets tol; the runs stop at a third of it (8 runs, 32 HVPs)
+    # where the former rule (half of tol·value) ran to max_runs (400 runs, 1,600 HVPs).
+    p = _tanh_mlp((8, 16, 4), 64, seed)
+    g = torch.Generator().manual_seed(seed + 1)  # _tanh_mlp's data
+    x = torch.randn(64, 8, generator=g, dtype=torch.float64)
+    H = _dense_hessian_rows(p, x, torch.randint(0, 4, (64,), generator=g))
+    assert torch.allclose(H, CurvatureEngine(p).hessian().dense().double(), atol=1e-10)  # the same problem
+    ref = float(f_clipped(torch.linalg.eigvalsh(0.5 * (H + H.T)).numpy(), 1.0).sum())
+    r = run(p, seed=seed, method="slq", slq_steps=4, tol=0.01)
+    d = r.diagnostics
+    target, se_t, quad = 0.01 * abs(r.value), d["stderr_runs"] * d["t_factor"], d["quadrature_error"]
+    assert r.status == "not_converged" and quad > 1.5 * target
+    assert se_t > 0.5 * target  # the former rule would have gone on
+    assert se_t <= quad / 3 and d["runs"] == 8 and d["n_hvp"] == 32
+    assert r.stderr <= math.sqrt(1 + 1 / 9) * quad * (1 + 1e-12)
+    assert abs(r.value - ref) <= 2 * r.stderr
