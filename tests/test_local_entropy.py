@@ -295,7 +295,7 @@ def test_shared_slq_runs_cut_by_a_time_cap_are_not_kept():
         np.testing.assert_allclose(a, b, rtol=1e-12)
 
 
-def _dense_hessian_rows(p, x, y) -> torch.Tensor:
+def _ce_hessian_rows(p, x, y) -> torch.Tensor:
     """The cross-entropy Hessian at θ in float64, row by row: double backward of each gradient entry."""
     theta = p.theta.detach().clone().requires_grad_(True)
     loss = nn.functional.cross_entropy(functional_call(p.model, p.unflatten(theta), (x,)), y)
@@ -312,7 +312,7 @@ def test_slq_stops_adding_runs_when_the_quadrature_error_alone_is_above_tol(seed
     p = _tanh_mlp((8, 16, 4), 64, seed)
     g = torch.Generator().manual_seed(seed + 1)  # _tanh_mlp's data
     x = torch.randn(64, 8, generator=g, dtype=torch.float64)
-    H = _dense_hessian_rows(p, x, torch.randint(0, 4, (64,), generator=g))
+    H = _ce_hessian_rows(p, x, torch.randint(0, 4, (64,), generator=g))
     assert torch.allclose(H, CurvatureEngine(p).hessian().dense().double(), atol=1e-10)  # the same problem
     ref = float(f_clipped(torch.linalg.eigvalsh(0.5 * (H + H.T)).numpy(), 1.0).sum())
     r = run(p, seed=seed, method="slq", slq_steps=4, tol=0.01)
