@@ -12,6 +12,7 @@ from torch.func import functional_call, hessian
 
 from flatcli.engine import CurvatureEngine, Problem, linalg
 from flatcli.measures import MeasureContext, MeasureSpec, run_measure
+from flatcli.measures._slq_shared import STREAM
 
 
 def run(p, seed=0, **options):
@@ -68,7 +69,7 @@ def test_probes_reproduce_dense_matrix_function(tanh_net):
     assert evals.min() < -1e-6  # clipping of negative curvature matters here
     gamma, runs = 0.1, 4
     fH = evecs @ np.diag(f_clipped(evals, gamma)) @ evecs.T
-    gen = MeasureContext(p, None, seed=0).generator()
+    gen = MeasureContext(p, None, seed=0).generator(STREAM)  # the shared SLQ probe stream
     forms = []
     for _ in range(runs):
         z = linalg.rademacher(1, p.num_params, gen, dtype=torch.float64)[0].numpy()
@@ -221,3 +222,104 @@ def test_gauss_rule_is_the_shorter_lanczos_run():
     t, w = linalg.gauss_rule(full.nodes[0], full.weights[0], 7)
     np.testing.assert_allclose(t, short.nodes[0], rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(w, short.weights[0], rtol=1e-8, atol=1e-12)
+
+
+def test_spectrum_and_local_entropy_share_their_slq_runs():
+    """hessian_spectrum and local_entropy draw their SLQ starts from one stream: in one checkpoint's
+    run the second measure computes only the runs the first did not (none when the first did as many),
+    and each value is the one it gives measured alone; another seed computes its own runs."""
+    from flatcli.pipeline import measure_model
+
+    from .helpers import tiny_data, tiny_mlp
+
+    model, (x, y) = tiny_mlp(seed=3), tiny_data(n=24)  # P = 53
+    steps = 10
+    le = {"local_entropy": {"method": "slq", "slq_runs": 8, "max_runs": 8, "slq_steps": steps, "gamma": 0.1}}
+    sp = {"hessian_spectrum": {"slq_runs": 4, "slq_steps": steps, "top_k": 2}}
+    sp8 = {"hessian_spectrum": {"slq_runs": 8, "slq_steps": steps, "top_k": 2}}
+
+    def run(*specs):
+        return measure_model(model, (x, y), list(specs), precision="fp64", batch_size=8).results
+
+    alone_le, alone_sp = run(le)["local_entropy"], run(sp)["hessian_spectrum"]
+    assert alone_le.diagnostics["n_hvp"] == 8 * steps and alone_le.diagnostics["runs"] == 8
+    lanczos = alone_sp.diagnostics["n_hvp"] - 4 * steps
+    assert lanczos == alone_sp.diagnostics["lanczos_steps"] > 0
+    # spectrum first (4 runs): local_entropy computes the other 4 of its 8
+    a = run(sp, le)
+    assert a["local_entropy"].diagnostics["n_hvp"] == 4 * steps
+    assert a["local_entropy"].value == pytest.approx(alone_le.value, rel=1e-12)
+    assert a["local_entropy"].stderr == pytest.approx(alone_le.stderr, rel=1e-9)
+    assert a["hessian_spectrum"].value == pytest.approx(alone_sp.value, rel=1e-12)
+    # local_entropy first (8 runs): the spectrum spends only its top-k Lanczos products
+    b = run(le, sp)
+    assert b["hessian_spectrum"].diagnostics["n_hvp"] == lanczos
+    assert b["hessian_spectrum"].value == pytest.approx(alone_sp.value, rel=1e-12)
+    assert b["hessian_spectrum"].stderr == pytest.approx(alone_sp.stderr, rel=1e-9)
+    np.testing.assert_allclose(np.concatenate(b["hessian_spectrum"].diagnostics["slq_nodes"]),
+                               np.concatenate(alone_sp.diagnostics["slq_nodes"]), rtol=1e-10, atol=1e-12)
+    # a spectrum of 8 runs first: local_entropy spends no products at all
+    c = run(sp8, le)
+    assert c["local_entropy"].diagnostics["n_hvp"] == 0
+    assert c["local_entropy"].value == pytest.approx(alone_le.value, rel=1e-12)
+    # another seed: its own stream, its own products
+    d = run(le, {"hessian_spectrum": {**sp["hessian_spectrum"], "seed": 5}})
+    assert d["hessian_spectrum"].diagnostics["n_hvp"] == alone_sp.diagnostics["n_hvp"]
+    assert d["hessian_spectrum"].value != pytest.approx(alone_sp.value, rel=1e-6)
+
+
+def test_shared_slq_runs_cut_by_a_time_cap_are_not_kept():
+    """Runs a time cap ends early (fewer Lanczos steps) go to the measure that ran them, not into the
+    shared runs: the next measure computes the whole runs, the ones a fresh stream gives; the
+    complete runs of a product cap are kept and cost the next measure nothing."""
+    from flatcli.engine.linalg import Budget
+    from flatcli.measures._slq_shared import SharedSLQ
+
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(30, 30, generator=g, dtype=torch.float64)
+    op = linalg.as_operator(lambda V: V @ (A + A.T), 30, dtype=torch.float64)
+    fresh = SharedSLQ(op, 10, torch.Generator().manual_seed(4)).runs(4)
+    s = SharedSLQ(op, 10, torch.Generator().manual_seed(4))
+    cut = s.runs(4, Budget(max_seconds=1e-12))
+    assert cut.stopped_by_budget and max(len(t) for t in cut.nodes) < 10 and s.nodes == []
+    again = s.runs(4)
+    assert again.n_hvp == 40 and all(len(t) == 10 for t in again.nodes)
+    for a, b in zip(again.nodes, fresh.nodes, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    p = SharedSLQ(op, 10, torch.Generator().manual_seed(4))
+    two = p.runs(4, Budget(max_products=20))  # two whole runs fit
+    assert two.stopped_by_budget and len(two.nodes) == 2 and len(p.nodes) == 2
+    rest = p.runs(4)
+    assert rest.n_hvp == 20
+    for a, b in zip(rest.nodes, fresh.nodes, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def _ce_hessian_rows(p, x, y) -> torch.Tensor:
+    """The cross-entropy Hessian at θ in float64, row by row: double backward of each gradient entry."""
+    theta = p.theta.detach().clone().requires_grad_(True)
+    loss = nn.functional.cross_entropy(functional_call(p.model, p.unflatten(theta), (x,)), y)
+    (g,) = torch.autograd.grad(loss, theta, create_graph=True)
+    rows = [torch.autograd.grad(g[i], theta, retain_graph=True)[0] for i in range(len(g))]
+    return torch.stack(rows).detach()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_slq_stops_adding_runs_when_the_quadrature_error_alone_is_above_tol(seed):
+    # 8-16-4 tanh MLP (212 parameters), 4 Lanczos steps: the quadrature error (1.4-2.0) is 30-45×
+    # tol·value, so no number of runs meets tol; the runs stop at a third of it (8 runs, 32 HVPs)
+    # where the former rule (half of tol·value) ran to max_runs (400 runs, 1,600 HVPs).
+    p = _tanh_mlp((8, 16, 4), 64, seed)
+    g = torch.Generator().manual_seed(seed + 1)  # _tanh_mlp's data
+    x = torch.randn(64, 8, generator=g, dtype=torch.float64)
+    H = _ce_hessian_rows(p, x, torch.randint(0, 4, (64,), generator=g))
+    assert torch.allclose(H, CurvatureEngine(p).hessian().dense().double(), atol=1e-10)  # the same problem
+    ref = float(f_clipped(torch.linalg.eigvalsh(0.5 * (H + H.T)).numpy(), 1.0).sum())
+    r = run(p, seed=seed, method="slq", slq_steps=4, tol=0.01)
+    d = r.diagnostics
+    target, se_t, quad = 0.01 * abs(r.value), d["stderr_runs"] * d["t_factor"], d["quadrature_error"]
+    assert r.status == "not_converged" and quad > 1.5 * target
+    assert se_t > 0.5 * target  # the former rule would have gone on
+    assert se_t <= quad / 3 and d["runs"] == 8 and d["n_hvp"] == 32
+    assert r.stderr <= math.sqrt(1 + 1 / 9) * quad * (1 + 1e-12)
+    assert abs(r.value - ref) <= 2 * r.stderr

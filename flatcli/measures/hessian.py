@@ -20,6 +20,7 @@ from ..engine.linalg import certified_min_steps
 from ..errors import ConfigError
 from . import MeasureResult, register
 from ._options import Integral, OneOf, Optional, Real, opt
+from ._slq_shared import shared_slq
 
 ESD_FLOOR = 1e-6  # density plots show values above this fraction of the peak
 CONTROL_PROBES = 8  # fp32 control probes of a TF32 trace (each one TF32 and one fp32 HVP)
@@ -427,6 +428,10 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
       vectors, stopped when every one of the k Ritz residuals is at most 1e-3 relative, at
       most ``max(50, 10·top_k)`` HVPs); ``condition_number`` is
       :math:`\lambda_1/\lambda_k` (None when :math:`\lambda_k \le 0`).
+    * The SLQ runs are shared with ``local_entropy`` in one checkpoint's run (same seed and
+      ``slq_steps``): whichever measure runs second takes the runs the first one did and
+      computes only the ones it needs beyond them (`flatcli.measures._slq_shared`); values are
+      those it computes alone.
     * Caps (``max_seconds``, ``max_hvps``, ``runtime.budget``) stop the top-k Lanczos and then
       the SLQ runs (at least one) early: status ``budget``, ``slq_runs`` the runs done.
     * The spectral density on a grid of 128 points spanning the Ritz values
@@ -447,7 +452,7 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
     top_res = [float(res / max(abs(v), 1e-30)) for res, v in zip(r.residuals[:k], top, strict=True)]
     lam_k = top[-1]
     cond = top[0] / lam_k if lam_k > 0 else None
-    s = linalg.slq(H, runs=opts.slq_runs, steps=opts.slq_steps, generator=ctx.generator(1), budget=ctx.budget)
+    s = shared_slq(ctx, opts.slq_steps).runs(opts.slq_runs, ctx.budget)  # shared with local_entropy
     neff, se, se_runs, quad = s.stderr(lambda t: effective_dimension(t, opts.z))
     nodes = np.concatenate(s.nodes)
     lo = min(float(nodes.min()), top[-1])

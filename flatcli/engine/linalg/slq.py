@@ -228,9 +228,10 @@ def slq(
     *,
     runs: int = 10,
     steps: int = 80,
-    generator: torch.Generator,
+    generator: torch.Generator | None = None,
     block: int | None = None,
     budget: Budget | None = None,
+    starts: torch.Tensor | None = None,
 ) -> SLQResult:
     r"""Stochastic Lanczos quadrature (Ubaru, Chen & Saad 2017, eq. 3.5).
 
@@ -252,15 +253,22 @@ def slq(
     ``steps`` products the budget still allows, and when it is spent the runs done so far are the
     result (``stopped_by_budget``; the first group always runs, so there is a value, but under a time
     cap its runs end at the step where the time is up: fewer quadrature nodes).
+    ``starts`` (R, P): the runs' start vectors instead of ``runs`` Rademacher draws from
+    ``generator`` (for a caller that continues one stream of probes over several calls: the
+    measures' shared SLQ runs); ``runs`` is then R.
     """
     op = as_operator(op)
     matvec, dim, device, dtype = op.matmat_rows, op.dim, op.device, op.dtype
+    if starts is not None:
+        runs = int(starts.shape[0])
+    elif generator is None:
+        raise ValueError("slq needs a generator or the start vectors (starts)")
     steps = int(min(steps, dim))
     g = int(block) if block else slq_group_size(dim, steps, runs, device=device, dtype=dtype)
     g = max(1, min(g, runs))
     budget = budget if budget is not None else no_budget()
     cap = device_capacity(op, op.max_device_vectors, dim, device, dtype)
-    V0 = rademacher(runs, dim, generator, dtype=torch.float64)
+    V0 = starts.to(torch.float64) if starts is not None else rademacher(runs, dim, generator, dtype=torch.float64)
     nodes, weights = [], []
     used, i = 0, 0
     while i < runs:
