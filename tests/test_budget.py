@@ -267,6 +267,29 @@ def test_a_positive_definite_trace_never_uses_the_floor():
     assert r.converged and not r.near_zero and r.stderr <= 0.01 * abs(r.estimate)
 
 
+@pytest.mark.parametrize("method", ["hutchinson", "hutchpp"])
+def test_a_trace_small_at_the_spectrums_scale_stops_at_its_floor(method):
+    """Tr A = 20 of Tr|A| ≈ 420 (eigenvalues ±[0.5, 1.5], the positive ones 10% larger): 1% of 20
+    needs about 20,000 probes, so the relative test is out of reach within max_probes although the
+    trace is many standard errors from 0. The estimator takes the floor tol·Tr|A| (status
+    near_zero) after a few dozen probes and its estimate covers the exact trace."""
+    P = 400
+    eigs = np.concatenate([1.1 * np.linspace(0.5, 1.5, P // 2), -np.linspace(0.5, 1.5, P // 2)])
+    A = sym(P, 7, eigs=eigs)
+    exact, mag = float(eigs.sum()), float(np.abs(eigs).sum())
+    est = linalg.hutchpp if method == "hutchpp" else linalg.hutchinson
+    r = est(linalg.as_operator(lambda V: V @ A, P, dtype=DT), generator=gen(5), stop=linalg.ProbeStop(tol=0.01))
+    assert r.near_zero and r.converged and r.probes < (300 if method == "hutchinson" else 600), r  # cap: 1,000
+    assert abs(r.abs_trace - mag) < 0.2 * mag and r.stderr <= 0.01 * r.abs_trace
+    assert abs(r.estimate - exact) < 4 * r.stderr and abs(r.estimate) > 2 * r.stderr  # not indistinguishable from 0
+    # mild cancellation (Tr|A| = 1.5 Tr A): not near 0, so the relative test stays (out of reach
+    # within the cap) although the floor tol·Tr|A| would be met within it (tried: it stops near_zero)
+    mild = np.concatenate([np.linspace(0.5, 1.5, 300), -np.linspace(0.5, 1.5, 60)])
+    q = est(linalg.as_operator(lambda V: V @ sym(360, 8, eigs=mild), 360, dtype=DT), generator=gen(5),
+            stop=linalg.ProbeStop(tol=0.002, max_probes=1000))
+    assert not q.near_zero and not q.converged and q.probes >= 1000 and q.stderr > 0.002 * abs(q.estimate)
+
+
 def test_lanczos_stops_at_the_absolute_floor_when_the_top_eigenvalue_is_zero():
     """λmax = 0 under eigenvalues in [−1, −0.5], products in float32 (as on a network): the residual
     stalls near 1e-9 while |θ| ~ 1e-8, so ‖Hx − θx‖ ≤ 1e-3·|θ| is out of reach (all 100 steps,

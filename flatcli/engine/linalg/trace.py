@@ -83,11 +83,21 @@ class NearZeroFloor:
     the size the trace would have if all curvature had one sign: the trace is then known to
     ``tol`` of the curvature's total magnitude. For a positive semi-definite H,
     :math:`\mathrm{Tr}|H| = \mathrm{Tr}\,H`, so the floor is the relative tolerance itself and
-    changes nothing. T is estimated once, only when needed (the relative test fails and
-    :math:`|	ext{estimate}| < 2\,	ext{stderr}`: the trace is not distinguishable from 0), by
-    stochastic Lanczos quadrature of :math:`f(t) = |t|` (`NEAR_ZERO_RUNS` = 4 Rademacher starts ×
-    `NEAR_ZERO_STEPS` = 10 steps, 40 products, seeded from the estimator's generator's seed so
-    the probes that follow are unchanged); the floor uses ``max(T, |estimate|)``.
+    changes nothing.
+
+    When it applies: T is estimated once, only when the relative test fails and either the
+    trace is not distinguishable from 0 (:math:`|	ext{estimate}| < 2\,	ext{stderr}`) or the
+    relative test cannot be met within ``max_probes`` (at the spread seen so far it needs
+    :math:`m\,(	ext{stderr}/(\mathrm{tol}\,|	ext{estimate}|))^2` samples, more than the cap
+    leaves), by stochastic Lanczos quadrature of :math:`f(t) = |t|` (`NEAR_ZERO_RUNS` = 4
+    Rademacher starts × `NEAR_ZERO_STEPS` = 10 steps, 40 products, seeded from the estimator's
+    generator's seed so the probes that follow are unchanged). The floor then holds while the
+    trace is near 0 at the spectrum's scale: indistinguishable from 0, or at most half of T
+    (:math:`\mathrm{Tr}|H| \ge 2|\mathrm{Tr}\,H|`: at least a third of the curvature's magnitude
+    cancels); it uses ``max(T, |estimate|)``. A trace that is not near 0 (T about
+    :math:`|	ext{estimate}|`, as for a PSD Hessian) keeps the relative test and walks to
+    ``max_probes`` as before. Example (the tiny GPT-2 of issue 26, random weights): trace 38 of
+    :math:`\mathrm{Tr}|H| pprox 1{,}550` (2.5%), 1% of 38 would need about 7,100 probes.
 
     Cost of reaching it: Hutchinson's variance per probe is :math:`2\|H\|_F^2` minus the diagonal
     part, so about :math:`2\|H\|_F^2 / (\mathrm{tol}\cdot\mathrm{Tr}|H|)^2 = 2 / (\mathrm{tol}^2\,
@@ -95,26 +105,43 @@ class NearZeroFloor:
     a network's Hessian with many eigenvalues of similar size, and ``max_probes`` still bounds it.
     """
 
-    def __init__(self, matvec, dim: int, tol: float, generator: torch.Generator, device, dtype):
-        self.matvec, self.dim, self.tol = matvec, dim, tol
+    CANCEL = 2.0  # near 0 at the spectrum's scale: Tr|H| ≥ CANCEL·|Tr H|
+
+    def __init__(self, matvec, dim: int, stop: ProbeStop, generator: torch.Generator, device, dtype):
+        self.matvec, self.dim, self.tol, self.max_probes = matvec, dim, stop.tol, stop.max_probes
         self.seed = int(generator.initial_seed()) ^ 0x5EED
         self.device, self.dtype = device, dtype
         self.scale: float | None = None
         self.products = 0
 
-    def reached(self, est: float, se: float, budget: Budget, used: int) -> bool:
+    def _out_of_reach(self, est: float, se: float, used: int, samples: int) -> bool:
+        """Whether ``stderr ≤ tol·|est|`` needs more samples than ``max_probes`` leaves (False when
+        none are left: a fixed count, ``min_probes = max_probes``, spends no products on T)."""
+        if used >= self.max_probes:
+            return False
+        if est == 0 or not math.isfinite(se):
+            return True
+        return samples * (se / (self.tol * abs(est))) ** 2 > samples + max(0, self.max_probes - used)
+
+    def reached(self, est: float, se: float, budget: Budget, used: int, samples: int | None = None) -> bool:
         """Whether ``se`` is within the floor (computing T first when the test needs it and the
-        budget allows its products); False while the relative tolerance may still be met."""
+        budget allows its products); False while the relative tolerance may still be met.
+        ``samples``: the samples behind ``se`` (default ``used``, the products spent)."""
         if se <= self.tol * abs(est):
             return False
+        near = abs(est) < 2 * se
         if self.scale is None:
             cost = NEAR_ZERO_RUNS * min(NEAR_ZERO_STEPS, self.dim)
-            if abs(est) >= 2 * se or budget.allow(cost, used) < cost:
+            if not (near or self._out_of_reach(est, se, used, used if samples is None else samples)):
+                return False
+            if budget.allow(cost, used) < cost:
                 return False
             g = torch.Generator().manual_seed(self.seed)
             op = as_operator(self.matvec, self.dim, device=self.device, dtype=self.dtype)
             r = slq(op, runs=NEAR_ZERO_RUNS, steps=NEAR_ZERO_STEPS, generator=g)
             self.scale, self.products = max(0.0, r.expect(np.abs)[0]), r.n_hvp
+        if not near and self.scale < self.CANCEL * abs(est):
+            return False
         return se <= self.tol * max(self.scale, abs(est))
 
 
@@ -154,7 +181,7 @@ def hutchinson(
     op = as_operator(op)
     matvec, dim, device, dtype, report, block = op.matmat_rows, op.dim, op.device, op.dtype, op.report, op.block_size
     budget, tol, min_probes, max_probes = stop.the_budget(), stop.tol, stop.min_probes, stop.max_probes
-    floor = NearZeroFloor(matvec, dim, tol, generator, device, dtype)
+    floor = NearZeroFloor(matvec, dim, stop, generator, device, dtype)
     samples: list[float] = []
     parts: list[list[float]] = []
 
@@ -255,7 +282,7 @@ def hutchpp(
     r = max(1, min(r, dim, max(1, (cap - 2) // 2)))
     sk = _Sketch(matvec, dtype, blocks, BasisStore(dim, device, torch.float64, max_rows=max_probes,
                  capacity=device_capacity(op, op.max_device_vectors, dim, device, torch.float64)), budget)
-    sk.floor = NearZeroFloor(matvec, dim, tol, generator, device, dtype)
+    sk.floor = NearZeroFloor(matvec, dim, stop, generator, device, dtype)
     sk.add(matvec(rademacher(r, dim, generator, device, dtype)).double())
     used = r + sk.rank
     if sk.rank >= dim:
@@ -288,7 +315,7 @@ def hutchpp(
             report(probes=used, value=sk.low + m, stderr=se)
             if se <= tol * abs(sk.low + m):
                 return sk.result(used, samples, parts, se, True)
-            if sk.floor.reached(sk.low + m, se, budget, used):
+            if sk.floor.reached(sk.low + m, se, budget, used, len(samples)):
                 return sk.result(used, samples, parts, se, True, near_zero=True)
     return _hutchpp_stopped(sk, used, samples, parts, tol, max_probes)
 
