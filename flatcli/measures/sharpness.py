@@ -111,13 +111,15 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
     and (ℓ∞) the ± refined sign corners of all the model's Ritz vectors, starts of `corner_maximum`.
 
     Lanczos through the engine's HVPs of the full-set loss at θ (at least 20 and at
-    most 60 products, stopped once the top ``max(k, MODEL_RANK)`` Ritz residuals are
-    at most 1e-2 relative), seeded. ℓ2: ±ρ·v_i. ℓ∞: ±ρ·s_i with s_i the corner
+    most 60 products, stopped once the top ``k`` Ritz residuals, ℓ∞: ``max(k, MODEL_RANK)``
+    for the corner search's model, are at most 1e-2 relative), seeded. ℓ2 uses only the
+    top ``k``: waiting for 10 pairs there cost 60 instead of about 20 products (the tiny GPT-2
+    of issue 26 under ``-m all``). ℓ2: ±ρ·v_i. ℓ∞: ±ρ·s_i with s_i the corner
     `corner_search` reaches from sign(v_i) on the rank-``MODEL_RANK`` Ritz model of
     CHC (no further HVPs)."""
     p, eng = ctx.problem, ctx.engine
     k = min(k, p.num_params)
-    rank = min(max(k, MODEL_RANK), p.num_params)
+    rank = min(max(k, MODEL_RANK) if norm == "linf" else max(k, 1), p.num_params)
     before = eng.n_hvp
     H = eng.hessian()
     r = linalg.lanczos(
