@@ -311,18 +311,19 @@ def test_modules_stay_under_700_lines():
 
 
 def test_functions_stay_short():
-    """No function body (docstring excluded) over 75 lines; ruff's complexity rules do the rest.
-    Docstrings are not counted: the numerical routines document their method and references
-    there (`lanczos` is 111 lines with its 50-line docstring, 58 of code)."""
+    """No function over 100 lines with its docstring, nor over 75 lines of code; ruff's complexity
+    rules do the rest. Long derivations and proofs go to the module docstring (`lanczos`'s
+    near-zero floor, `checked_gauss_newton_diagonal`'s false-pass bound)."""
     long = []
     for mod, path in MODULES.items():
         for n in ast.walk(_tree(path)):
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = n.body[0] if n.body and isinstance(n.body[0], ast.Expr) and isinstance(
                     getattr(n.body[0], "value", None), ast.Constant) else None
-                lines = n.end_lineno - n.lineno + 1 - ((doc.end_lineno - doc.lineno + 1) if doc else 0)
-                if lines > 75:
-                    long.append(f"{mod}.{n.name}: {lines}")
+                total = n.end_lineno - n.lineno + 1
+                code = total - ((doc.end_lineno - doc.lineno + 1) if doc else 0)
+                if total > 100 or code > 75:
+                    long.append(f"{mod}.{n.name}: {total} lines, {code} of code")
     assert not long, long
 
 

@@ -4,6 +4,17 @@ All three use exact Hessian-vector products over the whole measurement set
 (`flatcli.engine.CurvatureEngine.hvp`), so no mini-batch bias enters
 (:math:`\mathbb{E}[\lambda_{\max}(H_B)] \ge \lambda_{\max}(H)`), and report their
 cost (``n_hvp``) and convergence in diagnostics.
+
+`hessian_trace`'s per-layer traces (``per_layer``, default ``json``): for every parameter
+tensor b, :math:`\mathrm{Tr}(H_{bb})` from the same products: each probe's
+:math:`z^\top Hz` is split into its parts :math:`z_b^\top (Hz)_b`, unbiased for
+the block traces and summing exactly to the probe's value, so the per-layer
+estimates sum to the total (up to rounding) and each has its own standard
+error (Hutch++: the sketch part split exactly, the residual samples split
+likewise; `flatcli.engine.linalg.hutchpp`); ``exact``: the diagonal summed per
+tensor. Diagnostics ``layers`` (name → trace) and ``layers_stderr``;
+``columns`` adds the scalar diagnostics ``layer_<name>`` and
+``layer_<name>_stderr`` (CSV columns ``<label>_layer_<name>``).
 """
 
 from __future__ import annotations
@@ -255,25 +266,15 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     ``exact``: the sum of the diagonal from unit-vector HVPs (one per
     parameter, small models only).
 
-    Near zero (``hutchinson``, ``hutchpp``): a trace near 0 (an indefinite Hessian whose
-    curvatures cancel, e.g. at a zero initialization) cannot meet ``stderr ≤ tol·|estimate|``;
-    the estimators stop at the absolute floor ``stderr ≤ tol·Tr|H|`` instead, with status
-    ``near_zero`` and ``abs_trace`` (the SLQ estimate of Tr|H|, 40 HVPs, computed only when the
-    estimate is within two standard errors of 0) in the diagnostics
-    (`flatcli.engine.linalg.NearZeroFloor`; for a PSD Hessian Tr|H| = Tr H and nothing changes).
+    Near zero (``hutchinson``, ``hutchpp``): a trace near 0 at the spectrum's scale (an
+    indefinite Hessian whose curvatures cancel: within two standard errors of 0, or at most half
+    of Tr|H| when ``tol`` is out of reach within ``max_probes``) stops at the absolute floor
+    ``stderr ≤ tol·Tr|H|``, status ``near_zero``, ``abs_trace`` (Tr|H| by SLQ, 40 HVPs) in the
+    diagnostics (`flatcli.engine.linalg.NearZeroFloor`; PSD: Tr|H| = Tr H, nothing changes).
     Caps (``max_seconds``, ``max_hvps``, ``runtime.budget``): the estimate and stderr of the
     probes done, status ``budget``; ``exact`` cannot stop early.
 
-    Per-layer traces (``per_layer``, default ``json``): for every parameter
-    tensor b, :math:`\mathrm{Tr}(H_{bb})` from the same products: each probe's
-    :math:`z^\top Hz` is split into its parts :math:`z_b^\top (Hz)_b`, unbiased for
-    the block traces and summing exactly to the probe's value, so the per-layer
-    estimates sum to the total (up to rounding) and each has its own standard
-    error (Hutch++: the sketch part split exactly, the residual samples split
-    likewise; `flatcli.engine.linalg.hutchpp`); ``exact``: the diagonal summed per
-    tensor. Diagnostics ``layers`` (name → trace) and ``layers_stderr``;
-    ``columns`` adds the scalar diagnostics ``layer_<name>`` and
-    ``layer_<name>_stderr`` (CSV columns ``<label>_layer_<name>``).
+    Per-layer traces (``per_layer``): from the same products (module docstring).
 
     Precision (``runtime.precision: auto`` on a GPU with tensor cores): the probes run with
     TF32 products; a paired control sample of 8 probes computed with both TF32 and fp32

@@ -164,12 +164,9 @@ def lanczos(
     ``min_steps`` (default: `certified_min_steps` of the dimension) makes a small
     residual certify the *extreme* eigenvalue, not just some eigenvalue.
 
-    Near zero: the relative test has an absolute floor (module docstring); ``near_zero`` is set
-    when it stopped the run.
-
+    Near zero: the relative test has an absolute floor (module docstring; ``near_zero``).
     ``stop.budget`` (a `Budget`): the Krylov space stops growing when it is spent (checked between
-    blocks; a product cap also bounds ``max_steps``); the result then has the Ritz values so far
-    and ``stopped_by_budget``.
+    blocks; a product cap also bounds ``max_steps``), with the Ritz values so far and ``stopped_by_budget``.
 
     Parameters
     ----------
