@@ -2,11 +2,12 @@
 models with random weights (`scripts/bench_large.py`'s ``build``), ``causal_lm``, each setting in a
 fresh process.
 
-Schemes: ``reverse`` (double backward through the gradient's graph, today's default on CPU),
-``forward`` (``torch.func`` jvp of grad, ``runtime.hvp_mode: forward``), ``recompute-reverse``
-(per-block checkpointing under the double backward, the first ``runtime.recompute``) and
-``recompute`` (checkpointed forward-over-reverse with dual tensors, what ``runtime.recompute: true``
-runs now). Each child builds the model and tokens, runs ``--products`` products of one vector
+Schemes: ``reverse`` (double backward through the gradient's graph, the default on CPU),
+``forward`` (``torch.func`` jvp of grad, ``runtime.hvp_mode: forward``) and ``recompute``
+(per-block checkpointing under the double backward, ``runtime.recompute: true``). A fourth scheme,
+checkpointed forward-over-reverse with `torch.autograd.forward_ad` dual tensors over a plain
+backward, was measured in commit 90a0af2 and dropped (more memory, not less: docs/performance.md).
+Each child builds the model and tokens, runs ``--products`` products of one vector
 (gradient graphs are not cached across products), and reports seconds per product (each), the peak
 resident set of the whole process (``VmHWM``) and the resident set before the first product, and
 the relative difference of its last product from ``--check``'s (the reverse product, when given).
@@ -27,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SCHEMES = ("reverse", "forward", "recompute-reverse", "recompute")
+SCHEMES = ("reverse", "forward", "recompute")
 
 
 def run_one(args) -> dict:
@@ -40,10 +41,8 @@ def run_one(args) -> dict:
     torch.set_num_threads(args.threads)
     model, batch = build(args.size, args.vocab, args.rows, args.length)
     p = Problem(model, batch, loss="causal_lm", batch_size=args.rows)
-    rec = args.scheme.startswith("recompute")
-    eng = CurvatureEngine(p, cache_graphs=False, precision=args.precision, recompute=rec,
+    eng = CurvatureEngine(p, cache_graphs=False, precision=args.precision, recompute=args.scheme == "recompute",
                           hvp_mode="forward" if args.scheme == "forward" else "reverse")
-    eng.recompute_dual = args.scheme == "recompute"
     v = torch.randn(1, p.num_params, generator=torch.Generator().manual_seed(3))
     base = _status("VmRSS")
     secs, hv = [], None

@@ -33,12 +33,10 @@ from __future__ import annotations
 import abc
 
 import torch
-from torch.autograd import forward_ad as fwAD
 from torch.func import grad as func_grad
 from torch.func import jvp, vmap
 
 from .loop import is_oom
-from .recompute import checkpointed_blocks
 
 
 class Curvature(abc.ABC):
@@ -89,18 +87,7 @@ class Hessian(Curvature):
     def product(self, V, th, j, batch, out, accumulate) -> None:
         """See `Curvature.product`."""
         eng = self.engine
-        mode = "dual" if eng.recompute_active and eng.recompute_dual else eng.hvp_mode  # dual tensors over a backward
-        if eng.recompute_active and mode != "dual":
-            mode = "reverse"  # checkpointing otherwise runs under the double backward
-        if mode == "dual":
-            try:
-                return self._dual(V, th, batch, out, accumulate)
-            except (RuntimeError, NotImplementedError) as e:  # an operation without a forward-mode rule
-                if is_oom(e):
-                    raise
-                eng.tally.fallbacks += 1
-                eng.recompute_dual = False
-                mode = "reverse"
+        mode = "reverse" if eng.recompute_active else eng.hvp_mode  # checkpointing runs in reverse mode
         if mode == "forward" and eng.hvp_auto and V.shape[0] == 1 and eng.graphs.keeping:
             mode = "reverse"  # one vector at a time (Lanczos): a backward through a cached graph is cheaper
         if mode == "forward":
@@ -113,26 +100,6 @@ class Hessian(Curvature):
                 eng.hvp_mode = "reverse"
         t, g, _ = eng.graphs.get(th, j, batch, len(eng.batches))
         eng.pullback(g, t, V, retain=eng.graphs.keeping, out=out, accumulate=accumulate)
-
-    def _dual(self, V, th, batch, out, accumulate) -> None:
-        """Forward-over-reverse with recomputed activations (``runtime.recompute``): per vector, θ as a
-        `torch.autograd.forward_ad` dual tensor (tangent v), the forward with its blocks checkpointed
-        (`flatcli.engine.recompute.checkpointed_blocks`) and one ordinary backward; the gradient's
-        tangent is H v. The backward builds no graph, so each block's recomputed activations are
-        freed as soon as the backward leaves it."""
-        eng = self.engine
-        f = self.batch_loss(batch)
-        for k in range(V.shape[0]):
-            with fwAD.dual_level():
-                t = th.detach().clone().requires_grad_(True)
-                with checkpointed_blocks(eng._blocks):
-                    lb = f(fwAD.make_dual(t, V[k]))
-                (g,) = torch.autograd.grad(lb, t)
-                hv = fwAD.unpack_dual(g).tangent
-                if hv is None:
-                    hv = torch.zeros_like(t)
-                _put(out[k], hv, accumulate)
-                del lb, g, hv
 
     def _forward(self, V, th, batch) -> torch.Tensor:
         gfun = func_grad(self.batch_loss(batch))

@@ -117,7 +117,6 @@ class CurvatureEngine:
                              max_device_vectors=max_device_vectors, recompute=recompute)
         self.max_device_vectors = max_device_vectors
         self.recompute = parse_recompute(recompute)
-        self.recompute_dual = True  # recomputed products as dual tensors over a backward (False: reverse, the fallback)
         self._recompute_on: bool | None = None  # decided at the first product (auto)
         self.device = problem.device
         self.dist = problem.dist
