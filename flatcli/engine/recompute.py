@@ -163,20 +163,37 @@ def free_bytes(device: torch.device) -> int | None:
     return None
 
 
+HEAD_CHUNK_TENSORS = 8  # chunk-sized tensors alive at once in the fused head's Hessian product (lmhead)
+
+
 def predicted_product_bytes(problem, batch, batches: int, device: torch.device) -> tuple[int, int | None]:
     """(predicted peak bytes of one Hessian product without recomputation, free bytes).
 
-    The rule of ``runtime.recompute: auto``: one forward pass over the first batch with grad,
-    counting the bytes its graph saves (``S``, `flatcli.engine.graphs.saved_bytes_counter`), then
-    ``3 S + 6 P b`` (the forward's saved tensors, about twice as much again saved by the
-    ``create_graph`` backward, and six P-vectors of ``b`` bytes: θ, its gradient, the vectors and
-    products). The forward is not counted in ``n_forward`` (it measures, it does not compute)."""
+    The rule of ``runtime.recompute: auto``: one gradient with its graph (``create_graph``) over the
+    first batch, counting the distinct storages saved by the forward pass and by the ``create_graph``
+    backward (``S_f + S_b``, `flatcli.engine.graphs.saved_bytes_counter`), then
+    ``S_f + S_b + 6 P b + W``: six P-vectors of ``b`` bytes (θ, its gradient, the vectors, the
+    products and the backward's flat copies) and, with a fused LM head, its chunk workspace ``W``
+    (`HEAD_CHUNK_TENSORS` chunks of logits, `flatcli.engine.lmhead`). Measured against the peak
+    resident set of one product in a fresh process (scripts/bench_hvp_memory.py, GPT-2 shapes,
+    8 × 128 tokens, fp32; docs/performance.md): predicted / measured 1.02 (2M), 1.08 (10M),
+    1.20 (30M). The earlier rule ``3 S_f + 6 P b`` (the backward assumed to save twice the forward;
+    it saves about as much here) gave 0.84, 1.28 and 1.55. The gradient is not counted in
+    ``n_grad`` (it measures, it does not compute)."""
     from .graphs import saved_bytes_counter
+    from .lmhead import CHUNK_ELEMENTS
 
     t = problem.theta.detach().requires_grad_(True)
     hooks, total = saved_bytes_counter()
     with hooks:
         s = problem.batch_loss_sum(problem.unflatten(t), batch)
+        if s.requires_grad:
+            (g,) = torch.autograd.grad(s, t, create_graph=True)
+            del g
     del s, t
     elt = torch.finfo(problem.dtype).bits // 8
-    return int(3 * total[0] + 6 * problem.num_params * elt), free_bytes(device)
+    head = 0
+    if problem.head is not None:  # logits of one chunk: at most CHUNK_ELEMENTS, at most the batch's tokens
+        vocab = dict(problem.model.named_modules())[problem.head].out_features
+        head = HEAD_CHUNK_TENSORS * min(CHUNK_ELEMENTS, problem.units(batch) * vocab) * elt
+    return int(total[0] + 6 * problem.num_params * elt + head), free_bytes(device)
