@@ -2,6 +2,12 @@
 checkpointing (`flatcli.engine.recompute`) equal plain double-backward products on tiny GPT-2 and
 BERT models in float64, at the model's θ and elsewhere, and really recompute."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -101,3 +107,44 @@ def test_auto_turns_on_only_when_the_predicted_peak_does_not_fit(monkeypatch):
     assert CurvatureEngine(p, recompute="auto").recompute_active is True
     with pytest.raises(ValueError, match="recompute"):
         CurvatureEngine(p, recompute="sometimes")
+
+
+PEAK_CHILD = r"""
+import json, sys
+from pathlib import Path
+import torch
+import transformers
+from flatcli.engine import CurvatureEngine, Problem
+from flatcli.engine.recompute import predicted_product_bytes
+
+def status(key):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key + ":"))
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+cfg = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=128, n_layer=2, n_head=4,
+                              attn_implementation="eager")
+model = transformers.GPT2LMHeadModel(cfg).eval()
+ids = torch.randint(0, 256, (8, 64), generator=torch.Generator().manual_seed(1))
+p = Problem(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, loss="causal_lm", batch_size=8)
+eng = CurvatureEngine(p, cache_graphs=False)
+v = torch.randn(1, p.num_params, generator=torch.Generator().manual_seed(2))
+eng.hvp(v)  # warm-up: lazy initialisation out of the measured product
+need, _ = predicted_product_bytes(p, p.batch, 1, p.device)
+Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set (VmHWM)
+before = status("VmRSS")
+eng.hvp(v)
+print(json.dumps({"predicted": need, "measured": status("VmHWM") - before}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS")
+def test_predicted_product_bytes_brackets_a_measured_peak_within_1_5():
+    """`predicted_product_bytes` (the rule of ``recompute: auto``) against the peak resident set one
+    product adds in a fresh process (freed blocks returned to the system, ``MALLOC_MMAP_THRESHOLD_``)."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", PEAK_CHILD], env=env, capture_output=True, text=True, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["measured"] > 20e6  # the product's own memory, well above allocator noise
+    assert r["measured"] / 1.5 <= r["predicted"] <= 1.5 * r["measured"], r

@@ -22,8 +22,14 @@ chunk:
      \dot g_b = \mathbf 1^\top \dot R.
 
 A reverse-over-reverse Hessian-vector product through the model then runs these closed forms for
-the head and ordinary autograd for the body. A third derivative is not supported. Forward-mode
-products fall back to reverse mode (the engine does this on its own).
+the head and ordinary autograd for the body. A third derivative is not supported.
+
+Forward-over-reverse products (``torch.func.jvp`` of ``torch.func.grad``, vmapped over a block of
+vectors, and `torch.autograd.forward_ad` dual tensors through an ordinary backward) run the same
+closed forms: ``_LinearCEGrad``'s forward-mode rule is the Hessian product above, ``_LinearCE``'s
+is :math:`\sum_t R_t\cdot\dot z_t`. Both functions use the ``setup_context`` form and
+``generate_vmap_rule`` (which ``torch.func`` requires), and the chunk loops write nothing in place
+into fresh buffers where a vmapped tangent would land.
 
 `find_head` decides whether the fused form applies: the model's output must be the very tensor an
 ``nn.Linear`` returned (checked with a forward hook on one batch); a model that post-processes its
@@ -45,82 +51,155 @@ def _chunks(n: int, vocab: int):
 
 
 def _probs_and_residual(h, W, b, labels, keep, sl):
-    """(P, R) of one chunk: softmax of its logits and R = P − one-hot on scored tokens (0 elsewhere)."""
+    """(P, R) of one chunk: softmax of its logits and R = P − one-hot on scored tokens (0 elsewhere).
+    Out of place (a scatter and a mask), so that it runs under ``vmap`` as well."""
     z = h[sl] @ W.T
     if b is not None:
         z = z + b
     P = torch.softmax(z, dim=-1)
-    R = P.clone()
-    k = keep[sl]
-    rows = torch.nonzero(k).squeeze(1)
-    R[rows, labels[sl][rows]] -= 1.0
-    R[~k] = 0.0
-    return P, R
+    k = keep[sl][:, None]
+    R = P.scatter_add(-1, labels[sl][:, None], -k.to(P.dtype).expand(-1, 1))
+    return P, torch.where(k, R, torch.zeros((), dtype=R.dtype))
+
+
+def _gradient(h, W, b, labels, keep):
+    """(g_h, g_W, g_b) of f (module docstring), chunk by chunk."""
+    gh = torch.zeros_like(h)
+    gW = torch.zeros_like(W)
+    gb = torch.zeros_like(b) if b is not None else None
+    for sl in _chunks(h.shape[0], W.shape[0]):
+        _, R = _probs_and_residual(h, W, b, labels, keep, sl)
+        gh[sl] = R @ W
+        gW += R.T @ h[sl]
+        if gb is not None:
+            gb += R.sum(0)
+    return gh, gW, gb
+
+
+def _hessian_product(h, W, b, labels, keep, ch, cW, cb):
+    r""":math:`\nabla^2 f\,(c_h, c_W, c_b)` (module docstring; any of the c may be None: zero), chunk
+    by chunk. Written without in-place writes into fresh buffers (chunks concatenated, sums out of
+    place), so that it runs under ``vmap`` with batched c and unbatched h, W, b: the same code is the
+    double backward (`_LinearCEGrad.backward`) and the forward-mode rule (`_LinearCEGrad.jvp`)."""
+    parts, oW, ob = [], None, None
+    for sl in _chunks(h.shape[0], W.shape[0]):
+        P, R = _probs_and_residual(h, W, b, labels, keep, sl)
+        zd = None
+        for term in (None if ch is None else ch[sl] @ W.T, None if cW is None else h[sl] @ cW.T, cb):
+            if term is not None:
+                zd = term if zd is None else zd + term
+        if zd is None:  # every cotangent zero
+            zd = torch.zeros_like(P)
+        Rd = torch.where(keep[sl][:, None], P * (zd - (P * zd).sum(-1, keepdim=True)), torch.zeros((), dtype=P.dtype))
+        oh = Rd @ W
+        dW = Rd.T @ h[sl]
+        if cW is not None:
+            oh = oh + R @ cW
+        if ch is not None:
+            dW = dW + R.T @ ch[sl]
+        parts.append(oh)
+        oW = dW if oW is None else oW + dW
+        if b is not None:
+            ob = Rd.sum(0) if ob is None else ob + Rd.sum(0)
+    return torch.cat(parts), oW, ob
+
+
+def _scaled(t, s):
+    return None if t is None else t * s
 
 
 class _LinearCEGrad(torch.autograd.Function):
-    """(g_h, g_W, g_b) of f, times the incoming scalar ``scale`` (module docstring)."""
+    """(g_h, g_W, g_b) of f, times the incoming scalar ``scale`` (module docstring). Its backward and
+    its forward-mode rule (``jvp``) are the same Hessian product (the Hessian is symmetric);
+    ``generate_vmap_rule`` lets ``torch.func.vmap`` run it over a block of vectors."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, h, W, b, labels, keep, scale):
-        gh = torch.zeros_like(h)
-        gW = torch.zeros_like(W)
-        gb = torch.zeros_like(b) if b is not None else None
-        for sl in _chunks(h.shape[0], W.shape[0]):
-            _, R = _probs_and_residual(h, W, b, labels, keep, sl)
-            gh[sl] = R @ W
-            gW += R.T @ h[sl]
-            if gb is not None:
-                gb += R.sum(0)
-        ctx.save_for_backward(h, W, b if b is not None else torch.empty(0), labels, keep, scale)
+    def forward(h, W, b, labels, keep, scale):
+        gh, gW, gb = _gradient(h, W, b, labels, keep)
+        return gh * scale, gW * scale, _scaled(gb, scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        h, W, b, labels, keep, scale = inputs
+        saved = (h, W, b if b is not None else h.new_empty(0), labels, keep, scale)
+        ctx.save_for_backward(*saved)
+        ctx.save_for_forward(*saved)
         ctx.has_bias = b is not None
-        return gh * scale, gW * scale, (gb * scale if gb is not None else None)
+
+    @staticmethod
+    def _saved(ctx):
+        h, W, b, labels, keep, scale = ctx.saved_tensors
+        return h, W, (b if ctx.has_bias else None), labels, keep, scale
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, ch, cW, cb):
-        h, W, b, labels, keep, scale = ctx.saved_tensors
-        b = b if ctx.has_bias else None
-        ch = torch.zeros_like(h) if ch is None else ch
-        cW = torch.zeros_like(W) if cW is None else cW
-        oh, oW = torch.zeros_like(h), torch.zeros_like(W)
-        ob = torch.zeros_like(b) if b is not None else None
-        for sl in _chunks(h.shape[0], W.shape[0]):
-            P, R = _probs_and_residual(h, W, b, labels, keep, sl)
-            zd = ch[sl] @ W.T + h[sl] @ cW.T
-            if b is not None and cb is not None:
-                zd = zd + cb
-            Rd = P * (zd - (P * zd).sum(-1, keepdim=True))
-            Rd[~keep[sl]] = 0.0
-            oh[sl] = Rd @ W + R @ cW
-            oW += Rd.T @ h[sl] + R.T @ ch[sl]
-            if ob is not None:
-                ob += Rd.sum(0)
-        return oh * scale, oW * scale, (ob * scale if ob is not None else None), None, None, None
+        h, W, b, labels, keep, scale = _LinearCEGrad._saved(ctx)
+        oh, oW, ob = _hessian_product(h, W, b, labels, keep, ch, cW, cb)
+        return oh * scale, oW * scale, _scaled(ob, scale), None, None, None
+
+    @staticmethod
+    def jvp(ctx, dh, dW, db, _labels, _keep, dscale):
+        h, W, b, labels, keep, scale = _LinearCEGrad._saved(ctx)
+        oh, oW, ob = _hessian_product(h, W, b, labels, keep, dh, dW, db if b is not None else None)
+        out = [oh * scale, oW * scale, _scaled(ob, scale)]
+        if dscale is not None:  # the incoming scalar's own tangent: the gradient times it
+            out = [None if o is None else o + g * dscale for o, g in zip(out, _gradient(h, W, b, labels, keep), strict=True)]
+        return tuple(out)
 
 
 class _LinearCE(torch.autograd.Function):
-    """f(h, W, b): the summed next-token cross-entropy of the scored tokens (module docstring)."""
+    r"""f(h, W, b): the summed next-token cross-entropy of the scored tokens (module docstring).
+    Its forward-mode rule is :math:`\sum_t R_t \cdot \dot z_t` (the gradient's pairing with the
+    tangents), computed chunk by chunk."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, h, W, b, labels, keep):
+    def forward(h, W, b, labels, keep):
         total = h.new_zeros(())
         for sl in _chunks(h.shape[0], W.shape[0]):
             z = h[sl] @ W.T
             if b is not None:
                 z = z + b
             k = keep[sl]
-            ell = torch.logsumexp(z[k], dim=-1) - z[k].gather(1, labels[sl][k][:, None])[:, 0]
-            total = total + ell.sum()
-        ctx.save_for_backward(h, W, b if b is not None else torch.empty(0), labels, keep)
-        ctx.has_bias = b is not None
+            ell = torch.logsumexp(z, dim=-1) - z.gather(1, labels[sl][:, None])[:, 0]
+            total = total + torch.where(k, ell, torch.zeros((), dtype=ell.dtype)).sum()
         return total
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        h, W, b, labels, keep = inputs
+        saved = (h, W, b if b is not None else h.new_empty(0), labels, keep)
+        ctx.save_for_backward(*saved)
+        ctx.save_for_forward(*saved)
+        ctx.has_bias = b is not None
 
     @staticmethod
     def backward(ctx, g):
         h, W, b, labels, keep = ctx.saved_tensors
         gh, gW, gb = _LinearCEGrad.apply(h, W, b if ctx.has_bias else None, labels, keep, g)
         return gh, gW, gb, None, None
+
+    @staticmethod
+    def jvp(ctx, dh, dW, db, _labels, _keep):
+        h, W, b, labels, keep = ctx.saved_tensors
+        b = b if ctx.has_bias else None
+        total = None
+        for sl in _chunks(h.shape[0], W.shape[0]):
+            _, R = _probs_and_residual(h, W, b, labels, keep, sl)
+            terms = []
+            if dh is not None:
+                terms.append((R @ W * dh[sl]).sum())
+            if dW is not None:
+                terms.append((R.T @ h[sl] * dW).sum())
+            if db is not None and b is not None:
+                terms.append((R.sum(0) * db).sum())
+            for t in terms:
+                total = t if total is None else total + t
+        return total if total is not None else h.new_zeros(())
 
 
 def fused_loss_sum(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, labels: torch.Tensor,

@@ -28,8 +28,17 @@ recomputed activations are kept alive by the first backward's graph until the se
 the second backward recomputes each block once more (the checkpointed function runs three times per
 block and gradient graph). Measured (docs/performance.md, scripts/bench_large.py, GPT-2 shapes on
 CPU): the same values; peak memory 0-3% lower over a whole λmax + trace run at 2M and 10M parameters
-(18% for one product at 2M); 1.1-2× the time per product. A real saving needs products that keep no
-gradient graph (forward-over-reverse with checkpointing), which the fused LM head does not support yet.
+(18% for one product at 2M); 1.1-2× the time per product.
+
+Products that keep no gradient graph (forward-over-reverse with checkpointing) were tried once the
+fused LM head had forward-mode rules (commit 90a0af2: `torch.autograd.forward_ad` dual tensors
+through the checkpointed forward and one plain backward; exact to 1e-9 on the tests' GPT-2 and BERT)
+and measured (scripts/bench_hvp_memory.py: 10M GPT-2, 8 × 128 tokens, fp32, one product, peak
+resident set of a fresh process): 2.18 GB, against 1.76 GB for the double backward and 1.63 GB for
+this checkpointed double backward; the dual product peaked 1.01 GB over the resident set before it
+without checkpointing and 1.21 GB with it (tangents double every saved tensor, and checkpointing
+under forward AD did not lower the peak). So ``runtime.recompute`` stays the checkpointed double
+backward.
 
 Models without a ``ModuleList`` of blocks are run as they are (`find_blocks` returns nothing).
 """
@@ -154,20 +163,37 @@ def free_bytes(device: torch.device) -> int | None:
     return None
 
 
+HEAD_CHUNK_TENSORS = 8  # chunk-sized tensors alive at once in the fused head's Hessian product (lmhead)
+
+
 def predicted_product_bytes(problem, batch, batches: int, device: torch.device) -> tuple[int, int | None]:
     """(predicted peak bytes of one Hessian product without recomputation, free bytes).
 
-    The rule of ``runtime.recompute: auto``: one forward pass over the first batch with grad,
-    counting the bytes its graph saves (``S``, `flatcli.engine.graphs.saved_bytes_counter`), then
-    ``3 S + 6 P b`` (the forward's saved tensors, about twice as much again saved by the
-    ``create_graph`` backward, and six P-vectors of ``b`` bytes: θ, its gradient, the vectors and
-    products). The forward is not counted in ``n_forward`` (it measures, it does not compute)."""
+    The rule of ``runtime.recompute: auto``: one gradient with its graph (``create_graph``) over the
+    first batch, counting the distinct storages saved by the forward pass and by the ``create_graph``
+    backward (``S_f + S_b``, `flatcli.engine.graphs.saved_bytes_counter`), then
+    ``S_f + S_b + 6 P b + W``: six P-vectors of ``b`` bytes (θ, its gradient, the vectors, the
+    products and the backward's flat copies) and, with a fused LM head, its chunk workspace ``W``
+    (`HEAD_CHUNK_TENSORS` chunks of logits, `flatcli.engine.lmhead`). Measured against the peak
+    resident set of one product in a fresh process (scripts/bench_hvp_memory.py, GPT-2 shapes,
+    8 × 128 tokens, fp32; docs/performance.md): predicted / measured 1.02 (2M), 1.08 (10M),
+    1.20 (30M). The earlier rule ``3 S_f + 6 P b`` (the backward assumed to save twice the forward;
+    it saves about as much here) gave 0.84, 1.28 and 1.55. The gradient is not counted in
+    ``n_grad`` (it measures, it does not compute)."""
     from .graphs import saved_bytes_counter
+    from .lmhead import CHUNK_ELEMENTS
 
     t = problem.theta.detach().requires_grad_(True)
     hooks, total = saved_bytes_counter()
     with hooks:
         s = problem.batch_loss_sum(problem.unflatten(t), batch)
+        if s.requires_grad:
+            (g,) = torch.autograd.grad(s, t, create_graph=True)
+            del g
     del s, t
     elt = torch.finfo(problem.dtype).bits // 8
-    return int(3 * total[0] + 6 * problem.num_params * elt), free_bytes(device)
+    head = 0
+    if problem.head is not None:  # logits of one chunk: at most CHUNK_ELEMENTS, at most the batch's tokens
+        vocab = dict(problem.model.named_modules())[problem.head].out_features
+        head = HEAD_CHUNK_TENSORS * min(CHUNK_ELEMENTS, problem.units(batch) * vocab) * elt
+    return int(total[0] + 6 * problem.num_params * elt + head), free_bytes(device)

@@ -1,0 +1,101 @@
+"""Peak resident memory and seconds of one Hessian-vector product per product scheme, on GPT-2-shaped
+models with random weights (`scripts/bench_large.py`'s ``build``), ``causal_lm``, each setting in a
+fresh process.
+
+Schemes: ``reverse`` (double backward through the gradient's graph, the default on CPU),
+``forward`` (``torch.func`` jvp of grad, ``runtime.hvp_mode: forward``) and ``recompute``
+(per-block checkpointing under the double backward, ``runtime.recompute: true``). A fourth scheme,
+checkpointed forward-over-reverse with `torch.autograd.forward_ad` dual tensors over a plain
+backward, was measured in commit 90a0af2 and dropped (more memory, not less: docs/performance.md).
+Each child builds the model and tokens, runs ``--products`` products of one vector
+(gradient graphs are not cached across products), and reports seconds per product (each), the peak
+resident set of the whole process (``VmHWM``) and the resident set before the first product, and
+the relative difference of its last product from ``--check``'s (the reverse product, when given).
+
+    python scripts/bench_hvp_memory.py --size 10M --size 30M --precision fp32 --precision bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SCHEMES = ("reverse", "forward", "recompute")
+
+
+def run_one(args) -> dict:
+    """One scheme in this process."""
+    import torch
+
+    from flatcli.engine import CurvatureEngine, Problem
+    from scripts.bench_large import _status, build
+
+    torch.set_num_threads(args.threads)
+    model, batch = build(args.size, args.vocab, args.rows, args.length)
+    p = Problem(model, batch, loss="causal_lm", batch_size=args.rows)
+    eng = CurvatureEngine(p, cache_graphs=False, precision=args.precision, recompute=args.scheme == "recompute",
+                          hvp_mode="forward" if args.scheme == "forward" else "reverse")
+    v = torch.randn(1, p.num_params, generator=torch.Generator().manual_seed(3))
+    base = _status("VmRSS")
+    secs, hv = [], None
+    for _ in range(args.products):
+        t0 = time.perf_counter()
+        hv = eng.hvp(v)
+        secs.append(time.perf_counter() - t0)
+    out = {"params": p.num_params, "seconds": secs, "peak_rss_bytes": _status("VmHWM"), "rss_before_bytes": base,
+           "fallbacks": eng.fallbacks, "vHv": float(v[0] @ hv[0])}
+    if args.save:
+        torch.save(hv, args.save)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", action="append", help="model size of scripts/bench_large.py (repeatable; default 10M)")
+    ap.add_argument("--precision", action="append", help="runtime.precision (repeatable; default fp32)")
+    ap.add_argument("--scheme", action="append", choices=SCHEMES, help="(repeatable; default all)")
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--length", type=int, default=128)
+    ap.add_argument("--products", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--save", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        args.size, args.precision, args.scheme = args.size[0], args.precision[0], args.scheme[0]
+        print(json.dumps(run_one(args)))
+        return
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
+    common = ["--vocab", args.vocab, "--rows", args.rows, "--length", args.length, "--products", args.products,
+              "--threads", args.threads]
+    for size in args.size or ["10M"]:
+        for prec in args.precision or ["fp32"]:
+            ref = None
+            for scheme in args.scheme or SCHEMES:
+                save = f"/tmp/bench_hvp_{os.getpid()}_{scheme}.pt"
+                cmd = [sys.executable, __file__, "--one", "--size", size, "--precision", prec, "--scheme", scheme,
+                       "--save", save, *common]
+                out = subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True, check=False)
+                line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else json.dumps({"error": out.stderr[-2000:]})
+                row = {"size": size, "precision": prec, "scheme": scheme, **json.loads(line)}
+                if os.path.exists(save):
+                    import torch
+
+                    hv = torch.load(save, weights_only=True)
+                    os.remove(save)
+                    ref = hv if ref is None else ref
+                    row["rel_diff_vs_first"] = float((hv - ref).norm() / ref.norm())
+                print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
