@@ -260,6 +260,24 @@ def test_a_zero_trace_stops_at_its_floor_with_status_near_zero(method):
     assert abs(r.value) < 4 * r.stderr  # the exact trace, 0, within the error bar
 
 
+def test_the_floor_reads_tr_abs_h_from_the_spectrums_slq_runs():
+    """After hessian_spectrum in one checkpoint's run, the trace's floor takes Tr|H| from the SLQ
+    runs it kept (no products of its own), equal to the SLQ estimate of Σ|λ| from the spectrum's
+    runs (its nodes and weights in its diagnostics); alone it computes its own 4 × 10-step SLQ."""
+    model, x, y = _zero_linear()
+    abs_trace = float(torch.linalg.eigvalsh(_dense_hessian(model, x, y)).abs().sum())
+    trace = {"hessian_trace": {"tol": 0.02}}
+    both = _measure([{"hessian_spectrum": {"slq_runs": 4, "slq_steps": 12}}, trace], model=model, loss="mse",
+                    data=(x, y)).results
+    alone = _measure([trace], model=model, loss="mse", data=(x, y)).results["hessian_trace"]
+    r, spec = both["hessian_trace"], both["hessian_spectrum"].diagnostics
+    P = sum(p.numel() for p in model.parameters())
+    kept = np.mean([P * np.sum(np.asarray(w) * np.abs(t)) for t, w in zip(spec["slq_nodes"], spec["slq_weights"], strict=True)])
+    assert r.status == alone.status == "near_zero"
+    assert r.diagnostics["abs_trace"] == pytest.approx(kept, rel=1e-12) != alone.diagnostics["abs_trace"]
+    assert 0.7 * abs_trace < r.diagnostics["abs_trace"] < 1.3 * abs_trace
+
+
 def test_a_positive_definite_trace_never_uses_the_floor():
     A = sym(50, 5, eigs=np.geomspace(1e-3, 10.0, 50))
     r = linalg.hutchinson(linalg.as_operator(lambda V: V @ A, 50, dtype=DT), generator=gen(2),

@@ -18,6 +18,7 @@ measure that ran them but are not kept: they are not the runs another measure wo
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..engine import linalg
@@ -66,3 +67,18 @@ def shared_slq(ctx, steps: int) -> SharedSLQ:
     if key not in cache:
         cache[key] = SharedSLQ(eng.hessian(), steps, ctx.generator(STREAM))
     return cache[key]
+
+
+def kept_abs_trace(ctx, runs: int = 4) -> float | None:
+    """Tr|H| from SLQ runs this checkpoint's measures already computed for this measure's problem,
+    engine, seed and precision (at least ``runs`` complete runs, any steps; the most steps first),
+    or None: the near-zero floor of `hessian_trace` then computes its own (40 products)."""
+    p, eng = ctx.problem, ctx.engine
+    precision = (str(p.compute_dtype), bool(torch.backends.cuda.matmul.allow_tf32))
+    found = [(k[3], v) for k, v in ctx.cache.get("slq_runs", {}).items()
+             if k[:3] == (id(p), id(eng), ctx.seed) and k[4] == precision and len(v.nodes) >= runs]
+    if not found:
+        return None
+    shared = max(found, key=lambda kv: kv[0])[1]
+    r = linalg.SLQResult(shared.nodes, shared.weights, shared.op.dim, n_hvp=0, steps=shared.steps)
+    return float(r.expect(np.abs)[0])

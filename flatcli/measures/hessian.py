@@ -31,7 +31,7 @@ from ..engine.linalg import certified_min_steps
 from ..errors import ConfigError
 from . import MeasureResult, register
 from ._options import Integral, OneOf, Optional, Real, opt
-from ._slq_shared import shared_slq
+from ._slq_shared import kept_abs_trace, shared_slq
 
 ESD_FLOOR = 1e-6  # density plots show values above this fraction of the peak
 CONTROL_PROBES = 8  # fp32 control probes of a TF32 trace (each one TF32 and one fp32 HVP)
@@ -303,7 +303,7 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     est = linalg.hutchpp if opts.method == "hutchpp" else linalg.hutchinson
     r = est(
         H,
-        stop=linalg.ProbeStop(opts.tol, opts.min_probes, opts.max_probes, ctx.budget),
+        stop=linalg.ProbeStop(opts.tol, opts.min_probes, opts.max_probes, ctx.budget, lambda: kept_abs_trace(ctx)),
         generator=ctx.generator(),
         blocks=list(slices.values()) if opts.per_layer != "none" else None,
     )

@@ -4,7 +4,8 @@ signature holds what it computes and the stopping rules travel together.
 * `KrylovStop` (`flatcli.engine.linalg.lanczos`): relative residual tolerance, fewest and most
   Krylov steps, and a `Budget`;
 * `ProbeStop` (`flatcli.engine.linalg.hutchinson`, `~flatcli.engine.linalg.hutchpp`): relative
-  standard-error tolerance, fewest and most probes, and a `Budget`;
+  standard-error tolerance, fewest and most probes, a `Budget`, and optionally where to read an
+  estimate of Tr|H| a measure already has (the near-zero floor's scale, `NearZeroFloor`);
 * `DiagonalCheck` (`flatcli.engine.linalg.checked_gauss_newton_diagonal`): the tolerance of its
   Gauss-Newton checks and the work each may spend.
 
@@ -14,6 +15,7 @@ fixed size (runs × steps) and takes its `Budget` directly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .budget import Budget, no_budget
@@ -44,6 +46,7 @@ class ProbeStop:
     min_probes: int = 16
     max_probes: int = 1000
     budget: Budget | None = None
+    abs_trace: Callable[[], float | None] | None = None  # Tr|H| known already (None: the near-zero floor computes it)
 
     def the_budget(self) -> Budget:
         """``budget``, or a budget without caps."""

@@ -91,7 +91,8 @@ class NearZeroFloor:
     :math:`m\,(	ext{stderr}/(\mathrm{tol}\,|	ext{estimate}|))^2` samples, more than the cap
     leaves), by stochastic Lanczos quadrature of :math:`f(t) = |t|` (`NEAR_ZERO_RUNS` = 4
     Rademacher starts × `NEAR_ZERO_STEPS` = 10 steps, 40 products, seeded from the estimator's
-    generator's seed so the probes that follow are unchanged). The floor then holds while the
+    generator's seed so the probes that follow are unchanged), or read from ``stop.abs_trace``
+    when the caller has SLQ runs of the same operator already (no products). The floor then holds while the
     trace is near 0 at the spectrum's scale: indistinguishable from 0, or at most half of T
     (:math:`\mathrm{Tr}|H| \ge 2|\mathrm{Tr}\,H|`: at least a third of the curvature's magnitude
     cancels); it uses ``max(T, |estimate|)``. A trace that is not near 0 (T about
@@ -109,6 +110,7 @@ class NearZeroFloor:
 
     def __init__(self, matvec, dim: int, stop: ProbeStop, generator: torch.Generator, device, dtype):
         self.matvec, self.dim, self.tol, self.max_probes = matvec, dim, stop.tol, stop.max_probes
+        self.known = stop.abs_trace
         self.seed = int(generator.initial_seed()) ^ 0x5EED
         self.device, self.dtype = device, dtype
         self.scale: float | None = None
@@ -134,12 +136,16 @@ class NearZeroFloor:
             cost = NEAR_ZERO_RUNS * min(NEAR_ZERO_STEPS, self.dim)
             if not (near or self._out_of_reach(est, se, used, used if samples is None else samples)):
                 return False
-            if budget.allow(cost, used) < cost:
+            known = self.known() if self.known is not None else None
+            if known is not None:  # SLQ runs the caller already has: no products
+                self.scale = max(0.0, float(known))
+            elif budget.allow(cost, used) < cost:
                 return False
-            g = torch.Generator().manual_seed(self.seed)
-            op = as_operator(self.matvec, self.dim, device=self.device, dtype=self.dtype)
-            r = slq(op, runs=NEAR_ZERO_RUNS, steps=NEAR_ZERO_STEPS, generator=g)
-            self.scale, self.products = max(0.0, r.expect(np.abs)[0]), r.n_hvp
+            else:
+                g = torch.Generator().manual_seed(self.seed)
+                op = as_operator(self.matvec, self.dim, device=self.device, dtype=self.dtype)
+                r = slq(op, runs=NEAR_ZERO_RUNS, steps=NEAR_ZERO_STEPS, generator=g)
+                self.scale, self.products = max(0.0, r.expect(np.abs)[0]), r.n_hvp
         if not near and self.scale < self.CANCEL * abs(est):
             return False
         return se <= self.tol * max(self.scale, abs(est))
