@@ -137,7 +137,7 @@ def test_slq_tol_stops_the_runs_and_the_cap_is_reported():
     p = _tanh_mlp((8, 16, 4), 64)
     loose = run(p, method="slq", tol=0.2)
     tight = run(p, method="slq", tol=0.05)
-    assert loose.diagnostics["runs"] == 8 < tight.diagnostics["runs"]
+    assert loose.diagnostics["runs"] == 4 < tight.diagnostics["runs"]  # the loose tol: the first round
     assert tight.diagnostics["rel_stderr"] <= 0.05 and loose.diagnostics["rel_stderr"] <= 0.2
     # 3 Lanczos steps: a quadrature error above tol·|value| that more runs cannot reduce; the status says so
     short = run(p, method="slq", tol=0.2, slq_steps=3)
@@ -307,7 +307,7 @@ def _ce_hessian_rows(p, x, y) -> torch.Tensor:
 @pytest.mark.parametrize("seed", range(3))
 def test_slq_stops_adding_runs_when_the_quadrature_error_alone_is_above_tol(seed):
     # 8-16-4 tanh MLP (212 parameters), 4 Lanczos steps: the quadrature error (1.4-2.0) is 30-45×
-    # tol·value, so no number of runs meets tol; the runs stop at a third of it (8 runs, 32 HVPs)
+    # tol·value, so no number of runs meets tol; the runs stop at a third of it (4 or 8 runs: one or two rounds)
     # where the former rule (half of tol·value) ran to max_runs (400 runs, 1,600 HVPs).
     p = _tanh_mlp((8, 16, 4), 64, seed)
     g = torch.Generator().manual_seed(seed + 1)  # _tanh_mlp's data
@@ -320,6 +320,6 @@ def test_slq_stops_adding_runs_when_the_quadrature_error_alone_is_above_tol(seed
     target, se_t, quad = 0.01 * abs(r.value), d["stderr_runs"] * d["t_factor"], d["quadrature_error"]
     assert r.status == "not_converged" and quad > 1.5 * target
     assert se_t > 0.5 * target  # the former rule would have gone on
-    assert se_t <= quad / 3 and d["runs"] == 8 and d["n_hvp"] == 32
+    assert se_t <= quad / 3 and d["runs"] <= 8 and d["n_hvp"] == 4 * d["runs"]
     assert r.stderr <= math.sqrt(1 + 1 / 9) * quad * (1 + 1e-12)
     assert abs(r.value - ref) <= 2 * r.stderr

@@ -81,7 +81,7 @@ class LocalEntropyOptions:
     method: str = opt("auto", OneOf("auto", "dense", "slq"), "auto: dense when P ≤ dense_max, else slq")
     dense_max: int = opt(512, Integral(0, None), "auto uses dense eigenvalues up to this many parameters")
     tol: float = opt(0.03, Real(0, 1, "neither"), "slq: stop once stderr ≤ tol·|estimate|")
-    slq_runs: int = opt(8, Integral(1, None), "slq: Rademacher starts at least (and per round)")
+    slq_runs: int = opt(4, Integral(1, None), "slq: Rademacher starts at least (and per round)")
     max_runs: int = opt(400, Integral(1, None), "slq: Rademacher starts at most")
     slq_steps: int = opt(25, Integral(1, None), "Lanczos steps per SLQ run (one HVP each)")
 
