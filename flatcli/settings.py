@@ -118,8 +118,9 @@ class Settings:
     loss : "cross_entropy", "mse" or "causal_lm" (`flatcli.engine.losses`).
     split, num_samples, batch_size, data_seed : the measurement set (``measure_data``).
     hvp_mode, block_size : engine settings (``runtime.hvp_mode``, ``runtime.block_size``).
-    recompute : "auto", "true" or "false" (``runtime.recompute``; booleans accepted): activation
-        checkpointing in Hessian products (`flatcli.engine.recompute`).
+    recompute : "auto", "true" or "false" (``runtime.recompute``; booleans accepted): Hessian products
+        keeping one block's activations at a time (`flatcli.engine.segments`, or checkpointing,
+        `flatcli.engine.recompute`, on models that are not chains of blocks).
     max_device_vectors : most basis vectors the Krylov estimators keep on the device
         (``runtime.max_device_vectors``: an int, "auto" or None; `flatcli.engine.linalg._store`).
     params : the parameter selection every measure perturbs and differentiates

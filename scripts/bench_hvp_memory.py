@@ -3,8 +3,10 @@ models with random weights (`scripts/bench_large.py`'s ``build``), ``causal_lm``
 fresh process.
 
 Schemes: ``reverse`` (double backward through the gradient's graph, the default on CPU),
-``forward`` (``torch.func`` jvp of grad, ``runtime.hvp_mode: forward``) and ``recompute``
-(per-block checkpointing under the double backward, ``runtime.recompute: true``). A fourth scheme,
+``forward`` (``torch.func`` jvp of grad, ``runtime.hvp_mode: forward``), ``recompute``
+(``runtime.recompute: true``: block by block, `flatcli.engine.segments`, on these chains of
+blocks) and ``checkpoint`` (``runtime.recompute: true`` on a model that is not a chain: per-block
+checkpointing under the double backward, forced here by hiding the chain). A fifth scheme,
 checkpointed forward-over-reverse with `torch.autograd.forward_ad` dual tensors over a plain
 backward, was measured in commit 90a0af2 and dropped (more memory, not less: docs/performance.md).
 Each child builds the model and tokens, runs ``--products`` products of one vector
@@ -28,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SCHEMES = ("reverse", "forward", "recompute")
+SCHEMES = ("reverse", "forward", "recompute", "checkpoint")
 
 
 def run_one(args) -> dict:
@@ -39,9 +41,13 @@ def run_one(args) -> dict:
     from scripts.bench_large import _status, build
 
     torch.set_num_threads(args.threads)
+    if args.scheme == "checkpoint":  # the fallback of recompute: true, as on a model that is not a chain
+        from flatcli.engine import segments
+
+        segments.BlockChain.find = classmethod(lambda cls, problem: (None, "hidden by the benchmark"))
     model, batch = build(args.size, args.vocab, args.rows, args.length)
     p = Problem(model, batch, loss="causal_lm", batch_size=args.rows)
-    eng = CurvatureEngine(p, cache_graphs=False, precision=args.precision, recompute=args.scheme == "recompute",
+    eng = CurvatureEngine(p, cache_graphs=False, precision=args.precision, recompute=args.scheme in ("recompute", "checkpoint"),
                           hvp_mode="forward" if args.scheme == "forward" else "reverse")
     v = torch.randn(1, p.num_params, generator=torch.Generator().manual_seed(3))
     base = _status("VmRSS")
@@ -51,7 +57,8 @@ def run_one(args) -> dict:
         hv = eng.hvp(v)
         secs.append(time.perf_counter() - t0)
     out = {"params": p.num_params, "seconds": secs, "peak_rss_bytes": _status("VmHWM"), "rss_before_bytes": base,
-           "fallbacks": eng.fallbacks, "vHv": float(v[0] @ hv[0])}
+           "fallbacks": eng.fallbacks, "vHv": float(v[0] @ hv[0]),
+           "block_by_block": eng.state.chain is not None}
     if args.save:
         torch.save(hv, args.save)
     return out

@@ -1,5 +1,6 @@
 """Recomputed activations (issue 27, point 4): Hessian products with per-block activation
-checkpointing (`flatcli.engine.recompute`) equal plain double-backward products on tiny GPT-2 and
+checkpointing (`flatcli.engine.recompute`, the fallback of ``recompute: true`` on models that are not
+chains of blocks; the block-by-block product has tests/test_segments.py) equal plain double-backward products on tiny GPT-2 and
 BERT models in float64, at the model's θ and elsewhere, and really recompute."""
 
 import json
@@ -69,6 +70,11 @@ def reference_hvp(model, batch, loss, theta, V):
 
 @pytest.mark.parametrize("make", [gpt2, bert])
 def test_recomputed_hvp_equals_double_backward(make, monkeypatch):
+    """The checkpointed double backward: what ``recompute: true`` runs on a model whose blocks are
+    not a chain (`flatcli.engine.segments`; here the chain is hidden to reach it)."""
+    from flatcli.engine import segments
+
+    monkeypatch.setattr(segments.BlockChain, "find", classmethod(lambda cls, problem: (None, "hidden")))
     model, batch, loss = make()
     calls = []
     real = recompute.functional_call
@@ -85,7 +91,7 @@ def test_recomputed_hvp_equals_double_backward(make, monkeypatch):
         torch.testing.assert_close(hv_on, ref, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(off.hvp(V, theta=th), ref, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(on.hvp(V[0], theta=th), ref[0], rtol=1e-9, atol=1e-12)
-    assert on.recompute_active and not off.recompute_active
+    assert on.recompute_active and not off.recompute_active and on.state.chain is None
     nb = len(recompute.find_blocks(model))
     assert nb == 2
     # every product: each block's checkpointed function runs in the forward and again in the backward

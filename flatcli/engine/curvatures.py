@@ -98,6 +98,10 @@ class Hessian(Curvature):
     def product(self, V, th, j, batch, out, accumulate) -> None:
         """See `Curvature.product`."""
         st = self.state
+        if st.recompute_active and st.chain is not None:  # block by block (flatcli.engine.segments)
+            for k in range(V.shape[0]):
+                st.chain.hvp(V[k], th, batch, out=out[k], accumulate=accumulate)
+            return None
         if st.hessian_mode(V.shape[0]) == "forward":
             try:
                 return _put(out, self._forward(V, th, batch), accumulate)

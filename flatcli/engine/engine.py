@@ -76,8 +76,9 @@ class CurvatureEngine:
         (``runtime.max_device_vectors``): an int, None (unbounded) or "auto" (from free CUDA memory,
         unbounded on CPU); the rest lives in host memory (`flatcli.engine.linalg._store`).
     recompute : "false", "true" or "auto" (``runtime.recompute``; booleans accepted): Hessian products
-        with per-block activation checkpointing (`flatcli.engine.recompute`), reverse mode, no
-        gradient graphs cached across products. ``auto`` turns it on when the model has blocks and
+        that keep one block's activations at a time: block by block on a chain of blocks
+        (`flatcli.engine.segments`), else with per-block activation checkpointing
+        (`flatcli.engine.recompute`); no gradient graphs cached across products. ``auto`` turns it on when the model has blocks and
         the predicted peak of a product does not fit in free memory (`recompute_active`).
 
     Arguments are checked at this boundary with the rules of `flatcli.validation` (``hvp_mode``,

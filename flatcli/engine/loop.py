@@ -29,6 +29,7 @@ from .batch import Batch
 from .graphs import GraphCache
 from .problem import Problem
 from .recompute import checkpointed_blocks, find_blocks, parse_recompute, predicted_product_bytes
+from .segments import BlockChain
 
 _CPU_BATCHED_BELOW = 10_000  # parameters; measured, see docs/performance.md
 _CUDA_MAX_BLOCK = 32
@@ -184,6 +185,8 @@ class ProductState:
         self.reverse_batched = bool(reverse_batched)
         self.recompute = parse_recompute(recompute)
         self._recompute_on: bool | None = None  # decided at the first product (auto)
+        self.chain: BlockChain | None = None  # the block-by-block product, when recomputing on a chain
+        self.chain_reason: str | None = None  # why not, when recomputing without it
         self.batch_size = problem.batch_size
         self.batches: list[Batch] = list(problem.batches)
         self.tally = Counters(problem.n)
@@ -235,6 +238,8 @@ class ProductState:
                 on = free is not None and need > 0.8 * free
             self._recompute_on = bool(on and blocks)
             self._blocks = blocks
+            if self._recompute_on:
+                self.chain, self.chain_reason = BlockChain.find(self.problem)
             if on:
                 self.graphs.drop(stop=True)
                 self.graphs.state = "off"

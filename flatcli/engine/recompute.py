@@ -30,15 +30,14 @@ block and gradient graph). Measured (docs/performance.md, scripts/bench_large.py
 CPU): the same values; peak memory 0-3% lower over a whole λmax + trace run at 2M and 10M parameters
 (18% for one product at 2M); 1.1-2× the time per product.
 
-Products that keep no gradient graph (forward-over-reverse with checkpointing) were tried once the
-fused LM head had forward-mode rules (commit 90a0af2: `torch.autograd.forward_ad` dual tensors
-through the checkpointed forward and one plain backward; exact to 1e-9 on the tests' GPT-2 and BERT)
-and measured (scripts/bench_hvp_memory.py: 10M GPT-2, 8 × 128 tokens, fp32, one product, peak
-resident set of a fresh process): 2.18 GB, against 1.76 GB for the double backward and 1.63 GB for
-this checkpointed double backward; the dual product peaked 1.01 GB over the resident set before it
-without checkpointing and 1.21 GB with it (tangents double every saved tensor, and checkpointing
-under forward AD did not lower the peak). So ``runtime.recompute`` stays the checkpointed double
-backward.
+Products that keep no gradient graph: `torch.autograd.forward_ad` dual tensors through this
+checkpointed forward and one plain backward (commit 90a0af2) did not lower the peak (tangents
+double every saved tensor and the backward still held every block's). What does is to take the
+product *block by block* (`flatcli.engine.segments`: a JVP of each block's forward, then a JVP of
+each block's VJP from the last, keeping only the boundary tensors), so ``runtime.recompute: true``
+runs that on a model whose blocks form a chain (GPT-2, BERT, ViT: checked on the first batch), and
+this checkpointed double backward on the others (the reason is kept in
+``ProductState.chain_reason``). Measured in docs/performance.md.
 
 Models without a ``ModuleList`` of blocks are run as they are (`find_blocks` returns nothing).
 """
