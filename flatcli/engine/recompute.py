@@ -165,20 +165,28 @@ def free_bytes(device: torch.device) -> int | None:
 HEAD_CHUNK_TENSORS = 8  # chunk-sized tensors alive at once in the fused head's Hessian product (lmhead)
 
 
-def predicted_product_bytes(problem, batch, batches: int, device: torch.device) -> tuple[int, int | None]:
-    """(predicted peak bytes of one Hessian product without recomputation, free bytes).
+def predicted_product_bytes(problem, batch, batches: int, device: torch.device,
+                            by_blocks: int = 0) -> tuple[int, int | None]:
+    """(predicted peak bytes of one Hessian product, free bytes); ``by_blocks``: the number of
+    blocks of a block-by-block product (`flatcli.engine.segments`), 0 for the double backward.
 
-    The rule of ``runtime.recompute: auto``: one gradient with its graph (``create_graph``) over the
-    first batch, counting the distinct storages saved by the forward pass and by the ``create_graph``
-    backward (``S_f + S_b``, `flatcli.engine.graphs.saved_bytes_counter`), then
-    ``S_f + S_b + 6 P b + W``: six P-vectors of ``b`` bytes (θ, its gradient, the vectors, the
-    products and the backward's flat copies) and, with a fused LM head, its chunk workspace ``W``
-    (`HEAD_CHUNK_TENSORS` chunks of logits, `flatcli.engine.lmhead`). Measured against the peak
-    resident set of one product in a fresh process (scripts/bench_hvp_memory.py, GPT-2 shapes,
-    8 × 128 tokens, fp32; docs/performance.md): predicted / measured 1.02 (2M), 1.08 (10M),
-    1.20 (30M). The earlier rule ``3 S_f + 6 P b`` (the backward assumed to save twice the forward;
-    it saves about as much here) gave 0.84, 1.28 and 1.55. The gradient is not counted in
-    ``n_grad`` (it measures, it does not compute)."""
+    Both rules start from one gradient with its graph (``create_graph``) over the first batch,
+    counting the distinct storages saved by the forward pass and by the ``create_graph`` backward
+    (``S = S_f + S_b``, `flatcli.engine.graphs.saved_bytes_counter`), P-vectors of ``b`` bytes
+    and, with a fused LM head, its chunk workspace ``W`` (`HEAD_CHUNK_TENSORS` chunks of logits,
+    `flatcli.engine.lmhead`).
+
+    * Double backward (the rule of ``runtime.recompute: auto``): ``S + 6 P b + W``: the whole
+      graph, and six P-vectors (θ, its gradient, the vectors, the products and the backward's flat
+      copies). Measured against the peak resident set of one product in a fresh process
+      (scripts/bench_hvp_memory.py, GPT-2 shapes, 8 × 128 tokens, fp32; docs/performance.md):
+      predicted / measured 1.02 (2M), 1.08 (10M), 1.20 (30M).
+    * Block by block, L blocks: ``2 S / L + 3 P b + W``: one block's share of the graph, twice
+      (activations and their tangents), and three P-vectors (θ, the vector, the product); the
+      boundary tensors (2(L+1) of tokens × width) are below the rounding of this rule. Measured
+      the same way: 1.23 (2M), 1.20 (10M).
+
+    The gradient is not counted in ``n_grad`` (it measures, it does not compute)."""
     from .graphs import saved_bytes_counter
     from .lmhead import CHUNK_ELEMENTS
 
@@ -195,4 +203,6 @@ def predicted_product_bytes(problem, batch, batches: int, device: torch.device) 
     if problem.head is not None:  # logits of one chunk: at most CHUNK_ELEMENTS, at most the batch's tokens
         vocab = dict(problem.model.named_modules())[problem.head].out_features
         head = HEAD_CHUNK_TENSORS * min(CHUNK_ELEMENTS, problem.units(batch) * vocab) * elt
+    if by_blocks:
+        return int(2 * total[0] / by_blocks + 3 * problem.num_params * elt + head), free_bytes(device)
     return int(total[0] + 6 * problem.num_params * elt + head), free_bytes(device)
