@@ -59,6 +59,11 @@ def run_one(args) -> dict:
     out = {"params": p.num_params, "seconds": secs, "peak_rss_bytes": _status("VmHWM"), "rss_before_bytes": base,
            "fallbacks": eng.fallbacks, "vHv": float(v[0] @ hv[0]),
            "block_by_block": eng.state.chain is not None}
+    if args.scheme in ("reverse", "recompute"):  # the rules of predicted_product_bytes, after the peak was read
+        from flatcli.engine.recompute import predicted_product_bytes
+
+        blocks = len(eng.state.chain.blocks) if eng.state.chain is not None else 0
+        out["predicted_bytes"] = predicted_product_bytes(p, p.batches[0], 1, p.device, by_blocks=blocks)[0]
     if args.save:
         torch.save(hv, args.save)
     return out

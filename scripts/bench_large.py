@@ -98,7 +98,20 @@ def run_one(args) -> dict:
             "lambda_rel_residual": float(lz.residuals[0] / abs(lz.eigenvalues[0])), "lanczos_steps": lz.steps,
             "lambda_seconds": t1 - t0, "trace": tr.estimate, "trace_stderr": tr.stderr, "trace_seconds": t2 - t1,
             "seconds_per_product": (t1 - t0) / lz.steps, "peak_rss_bytes": _status("VmHWM"),
-            "rss_before_bytes": base, "threads": args.threads}
+            "rss_before_bytes": base, "threads": args.threads, "block_by_block": eng.state.chain is not None,
+            "predicted_peak_bytes": _predicted_peak(p, eng, base, lz.steps)}
+
+
+def _predicted_peak(p, eng, base: int, steps: int) -> int:
+    """The resident set before the measurement, one product (`predicted_product_bytes`, the rule of the
+    product that ran) and the Lanczos basis (``steps`` + 2 P-vectors of θ's type, on the device: CPU)."""
+    import torch
+
+    from flatcli.engine.recompute import predicted_product_bytes
+
+    blocks = len(eng.state.chain.blocks) if eng.state.chain is not None else 0
+    product = predicted_product_bytes(p, p.batches[0], 1, p.device, by_blocks=blocks)[0]
+    return int(base + product + (steps + 2) * p.num_params * (torch.finfo(p.dtype).bits // 8))
 
 
 EIGENTHINGS = r"""
