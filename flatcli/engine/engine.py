@@ -301,6 +301,7 @@ class CurvatureEngine:
         th = self._theta(theta)
         out, C = ggn_diag.ggn_diagonal(p, self.batches, th, self.memory.chunk_rows)
         self.dist.sum_(out)
+        p.mask(out, inplace=True)  # diag(M G M): a tied head's share of the padding rows too
         self.tally.n_vjp += int(self.dist.gather_cat(torch.tensor([int(C)])).max())  # C of a rank with rows
         return out
 
@@ -332,6 +333,7 @@ class CurvatureEngine:
             total, g = self._loss_grad_over(self.batches, th, p.n)
         self.tally.grad_units += p.n
         self.dist.sum_(g)
+        p.mask(g, inplace=True)  # padding rows frozen (`flatcli.engine.problem`): a tied head's share too
         return self.dist.sum_float(total)[0], g
 
     def grad(self, theta: torch.Tensor | None = None) -> torch.Tensor:
@@ -353,6 +355,7 @@ class CurvatureEngine:
             total, g = self._loss_grad_over(chunks, th, units)
             self.tally.grad_units += units
             dist.sum_(g)
+            p.mask(g, inplace=True)
             return dist.sum_float(total)[0], g
         with torch.no_grad():
             params = p.unflatten(th)
@@ -477,7 +480,7 @@ class CurvatureEngine:
         units' targets (e.g. labels drawn from the model)."""
         p = self.problem
         th = self._theta(theta)
-        v = v.detach().to(th)
+        v = p.mask(v.detach().to(th))  # padding rows frozen: the same in forward mode and in the fallback
         out, i = [], p.unit_offset
         for b in self.batches:
             ub = p.units(b)
