@@ -5,7 +5,7 @@ product M·G·v, and with a tied head none of these. The engine takes every curv
 Checked on a tiny float64 BERT (pad token 0 present) and a hand-made embedding model (tied and
 untied head) against dense references built by double backward from a copy of the model whose
 embedding has no ``padding_idx`` (its gradient is not masked: the true Hessian of L), with M applied
-on both sides"""
+on both sides."""
 
 import copy
 
