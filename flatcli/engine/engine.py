@@ -9,7 +9,9 @@ quantities, the precision views, `map_batches` and the exact Gauss-Newton diagon
 
 All quantities are exact sums over the whole measurement set (every rank's shard, summed),
 each batch weighted by its scored units over the set's U, so they equal those of the
-full-set mean loss whatever the batch size or the number of ranks.
+full-set mean loss whatever the batch size or the number of ranks. An embedding's padding rows
+are frozen coordinates (`flatcli.engine.problem`): gradients, curvature products (M A M), the
+exact Gauss-Newton diagonal and the directions of `per_unit_directional` have them masked.
 
 Two things measures may need to reduce themselves, when they loop over `module_io`:
 `sum_` (a tensor summed over ranks) and `gather` (per-row tensors in the global order).
