@@ -36,7 +36,9 @@ None when there is none, so other models take no extra step); `mask` applies M, 
 applies it around every product (`flatcli.engine.loop.ProductLoop.apply`), to gradients (a no-op
 unless a tied head reaches the row), to the directions of per-unit directional derivatives and to
 the exact Gauss-Newton diagonal. Measures that move θ themselves (random or ascent perturbations)
-are not masked: a perturbation of the row does change the loss.
+are not masked: a perturbation of the row does change the loss when the pad token is attended (a
+tokenizer's padding, the pad token only under ``attention_mask`` 0, leaves the loss independent of
+the row, and every product was already symmetric there).
 """
 
 from __future__ import annotations
