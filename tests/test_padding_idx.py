@@ -12,6 +12,7 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch.func import grad, jvp
 
 from flatcli.engine import CurvatureEngine, Problem
 
@@ -196,6 +197,9 @@ def test_no_padding_idx_no_change(make):
     t = p.theta.requires_grad_(True)
     (gr,) = torch.autograd.grad(p.batch_loss_sum(p.unflatten(t), p.batches[0]) / p.n, t, create_graph=True)
     (want,) = torch.autograd.grad(gr, t, v)
+    assert torch.equal(got, want)
+    got = CurvatureEngine(p, hvp_mode="forward").hvp(v)
+    want = jvp(grad(lambda t: p.batch_loss_sum(p.unflatten(t), p.batches[0]) / p.n), (p.theta,), (v,))[1]
     assert torch.equal(got, want)
 
 
