@@ -133,6 +133,8 @@ def test_hessian_modes_agree_symmetric_and_equal_masked_dense(name):
             one = e.hvp(V[0], theta=theta)
             assert rel(one, want[0]) < 1e-10
     assert rel(got["reverse", True], got["forward", True]) < 1e-10
+    got["recompute", True] = CurvatureEngine(p, recompute=True).hvp(V, theta=theta)  # BERT: per-block products
+    assert rel(got["recompute", True], want) < 1e-10
     # symmetric operator: uᵀ(Hv) = vᵀ(Hu)
     for key, HV in got.items():
         assert abs(float(V[0] @ HV[1] - V[1] @ HV[0])) < 1e-10 * float(HV.norm()) * float(V.norm()), key
