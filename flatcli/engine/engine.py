@@ -9,7 +9,9 @@ quantities, the precision views, `map_batches` and the exact Gauss-Newton diagon
 
 All quantities are exact sums over the whole measurement set (every rank's shard, summed),
 each batch weighted by its scored units over the set's U, so they equal those of the
-full-set mean loss whatever the batch size or the number of ranks.
+full-set mean loss whatever the batch size or the number of ranks. An embedding's padding rows
+are frozen coordinates (`flatcli.engine.problem`): gradients, curvature products (M A M), the
+exact Gauss-Newton diagonal and the directions of `per_unit_directional` have them masked.
 
 Two things measures may need to reduce themselves, when they loop over `module_io`:
 `sum_` (a tensor summed over ranks) and `gather` (per-row tensors in the global order).
@@ -302,6 +304,7 @@ class CurvatureEngine:
         th = self._theta(theta)
         out, C = ggn_diag.ggn_diagonal(p, self.batches, th, self.memory.chunk_rows)
         self.dist.sum_(out)
+        p.mask(out, inplace=True)  # diag(M G M): a tied head's share of the padding rows too
         self.tally.n_vjp += int(self.dist.gather_cat(torch.tensor([int(C)])).max())  # C of a rank with rows
         return out
 
@@ -333,6 +336,7 @@ class CurvatureEngine:
             total, g = self._loss_grad_over(self.batches, th, p.n)
         self.tally.grad_units += p.n
         self.dist.sum_(g)
+        p.mask(g, inplace=True)  # padding rows frozen (`flatcli.engine.problem`): a tied head's share too
         return self.dist.sum_float(total)[0], g
 
     def grad(self, theta: torch.Tensor | None = None) -> torch.Tensor:
@@ -354,6 +358,7 @@ class CurvatureEngine:
             total, g = self._loss_grad_over(chunks, th, units)
             self.tally.grad_units += units
             dist.sum_(g)
+            p.mask(g, inplace=True)
             return dist.sum_float(total)[0], g
         with torch.no_grad():
             params = p.unflatten(th)
@@ -478,7 +483,7 @@ class CurvatureEngine:
         units' targets (e.g. labels drawn from the model)."""
         p = self.problem
         th = self._theta(theta)
-        v = v.detach().to(th)
+        v = p.mask(v.detach().to(th))  # padding rows frozen: the same in forward mode and in the fallback
         out, i = [], p.unit_offset
         for b in self.batches:
             ub = p.units(b)

@@ -329,14 +329,16 @@ class ProductLoop:
 
     def apply(self, product, V: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
         """``product(V_block, θ, batch_index, batch, out, accumulate)`` summed over the batches, for
-        V of shape (P,) or (K, P), in blocks with out-of-memory back-off; then summed over ranks."""
+        V of shape (P,) or (K, P), in blocks with out-of-memory back-off; then summed over ranks.
+        With padding rows (`flatcli.engine.problem.Problem.mask`), M is applied to V before and to
+        the output after: every curvature A is taken as M A M, symmetric in every product mode."""
         st = self.state
         p = st.problem
         single = V.ndim == 1
         V2 = V.reshape(1, -1) if single else V
         if V2.ndim != 2 or V2.shape[1] != p.num_params:
             raise ValueError(f"vectors must have shape (P,) or (K, P) with P = {p.num_params}; got {tuple(V.shape)}")
-        V2 = V2.to(p.device, p.dtype)
+        V2 = p.mask(V2.to(p.device, p.dtype))  # a copy when masked: the caller's V is left alone
         th = st.theta_of(theta)
         out = torch.empty_like(V2)  # the first batch writes its rows, later ones add
         i = 0
@@ -350,6 +352,7 @@ class ProductLoop:
                     raise
                 self.back_off(e)
         p.dist.sum_(out)
+        p.mask(out, inplace=True)
         return out[0] if single else out
 
     def _block(self, product, V: torch.Tensor, th: torch.Tensor, out: torch.Tensor) -> None:

@@ -17,6 +17,28 @@ alias name is given its canonical tensor and ``functional_call`` runs with
 ``tie_weights=False``, which skips the module walk it otherwise repeats on every
 forward pass (``functional_call`` of a 64-16-16-10 MLP on 128 rows: 96 instead of 127 µs,
 medians of 20 interleaved rounds, one thread of the 2-core CPU machine).
+
+Padding rows are frozen coordinates. PyTorch zeroes the gradient of the row ``padding_idx`` of an
+``nn.Embedding`` (BERT's word embedding: the pad token 0) in every backward through the lookup, so
+training never moves that row; but the forward pass still reads it, so the Hessian H of L has
+nonzero entries there, and the products disagree. With M the diagonal 0/1 matrix that zeroes the
+row's entries of a flat vector, forward-over-reverse computes :math:`M H v` while double backward
+computes :math:`M H M v` (its second backward goes through the lookup's masked backward too), and
+the Gauss-Newton product (a JVP, which carries the row's tangent, then a masked VJP)
+:math:`M G v`: operators that are not symmetric, whatever Lanczos, SLQ and Hutchinson assume (a
+tiny float64 BERT: forward and reverse 4.9e-4 apart, relative; scripts/padding_modes.py). When the
+weight is tied to an output head, the head's gradient reaches the row unmasked and no mode gives a
+clean matrix. The engine takes every curvature as :math:`M A M` (A the Hessian, the Gauss-Newton
+matrix or their finite differences), the curvature of the loss restricted to the coordinates
+training can move: symmetric, the same in every product mode. The rows' flat indices are found
+once, here (`padding_index`: every ``nn.Embedding`` with a ``padding_idx`` whose weight is selected;
+None when there is none, so other models take no extra step); `mask` applies M, and the engine
+applies it around every product (`flatcli.engine.loop.ProductLoop.apply`), to gradients (a no-op
+unless a tied head reaches the row), to the directions of per-unit directional derivatives and to
+the exact Gauss-Newton diagonal. Measures that move θ themselves (random or ascent perturbations)
+are not masked: a perturbation of the row does change the loss when the pad token is attended (a
+tokenizer's padding, the pad token only under ``attention_mask`` 0, leaves the loss independent of
+the row, and every product was already symmetric there).
 """
 
 from __future__ import annotations
@@ -162,6 +184,33 @@ class Problem:
         self.shapes = [self.params[n].shape for n in self.names]
         self.numels = [self.params[n].numel() for n in self.names]
         self.num_params = int(sum(self.numels))
+        self.padding_index = self._padding_index(model)
+
+    def _padding_index(self, model: torch.nn.Module) -> torch.Tensor | None:
+        """Flat indices of the selected embedding rows that PyTorch never trains (the ``padding_idx``
+        row of every ``nn.Embedding`` whose weight is in θ), sorted; None when there is none."""
+        slices = self.param_slices()
+        canonical = {id(q): n for n, q in model.named_parameters()}
+        rows = []
+        for mod in model.modules():
+            if not isinstance(mod, torch.nn.Embedding) or mod.padding_idx is None:
+                continue
+            name = canonical.get(id(mod.weight))
+            if name in slices:
+                start = slices[name].start + int(mod.padding_idx) * mod.embedding_dim  # nn.Embedding makes it >= 0
+                rows.append(torch.arange(start, start + mod.embedding_dim))
+        if not rows:
+            return None
+        return torch.unique(torch.cat(rows)).to(self.device)
+
+    def mask(self, x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        """M x: ``x`` (..., P) with the entries of the padding rows (`padding_index`) set to 0 (a copy
+        unless ``inplace``); ``x`` itself when the problem has none (module docstring)."""
+        idx = self.padding_index
+        if idx is None:
+            return x
+        idx = idx.to(x.device)
+        return x.index_fill_(-1, idx, 0) if inplace else x.index_fill(-1, idx, 0)
 
     @property
     def _local_rows(self) -> int:
