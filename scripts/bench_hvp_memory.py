@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SCHEMES = ("reverse", "forward", "recompute", "checkpoint")
+PEER = "eigenthings"  # hessian-eigenthings' HessianOperator.matvec, with --eigenthings DIR
 
 
 def run_one(args) -> dict:
@@ -41,6 +42,8 @@ def run_one(args) -> dict:
     from scripts.bench_large import _status, build
 
     torch.set_num_threads(args.threads)
+    if args.scheme == PEER:
+        return _run_peer(args)
     if args.scheme == "checkpoint":  # the fallback of recompute: true, as on a model that is not a chain
         from flatcli.engine import segments
 
@@ -69,11 +72,43 @@ def run_one(args) -> dict:
     return out
 
 
+def _run_peer(args) -> dict:
+    """One product of hessian-eigenthings 1.0 (``HessianOperator(model, [batch], hf_lm_loss()).matvec``:
+    ``model(**batch).loss``, the mean over the scored next tokens, as flatcli's), the same model, tokens
+    and vector; fp32 only."""
+    import torch
+
+    from scripts.bench_large import _status, build
+
+    sys.path.insert(0, args.eigenthings)
+    from hessian_eigenthings import HessianOperator, hf_lm_loss
+
+    model, batch = build(args.size, args.vocab, args.rows, args.length)
+    batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    op = HessianOperator(model, [batch], hf_lm_loss())
+    P = sum(q.numel() for q in model.parameters())
+    v = torch.randn(1, P, generator=torch.Generator().manual_seed(3))
+    base = _status("VmRSS")
+    secs, hv = [], None
+    for _ in range(args.products):
+        t0 = time.perf_counter()
+        hv = op.matvec(v[0])
+        secs.append(time.perf_counter() - t0)
+    hv = torch.as_tensor(hv).reshape(1, -1)
+    out = {"params": P, "seconds": secs, "peak_rss_bytes": _status("VmHWM"), "rss_before_bytes": base,
+           "vHv": float(v[0] @ hv[0])}
+    if args.save:
+        torch.save(hv, args.save)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", action="append", help="model size of scripts/bench_large.py (repeatable; default 10M)")
     ap.add_argument("--precision", action="append", help="runtime.precision (repeatable; default fp32)")
-    ap.add_argument("--scheme", action="append", choices=SCHEMES, help="(repeatable; default all)")
+    ap.add_argument("--scheme", action="append", choices=[*SCHEMES, PEER],
+                    help="(repeatable; default the four of flatcli; eigenthings needs --eigenthings)")
+    ap.add_argument("--eigenthings", help="a folder holding the hessian_eigenthings package (its wheel unpacked)")
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--length", type=int, default=128)
@@ -88,7 +123,7 @@ def main() -> None:
         return
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
     common = ["--vocab", args.vocab, "--rows", args.rows, "--length", args.length, "--products", args.products,
-              "--threads", args.threads]
+              "--threads", args.threads, *(["--eigenthings", args.eigenthings] if args.eigenthings else [])]
     for size in args.size or ["10M"]:
         for prec in args.precision or ["fp32"]:
             ref = None
