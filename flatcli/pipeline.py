@@ -449,6 +449,21 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
         return row
 
 
+def first_checkpoint_fits(cfg: Config, job: Job | None, specs: Sequence[MeasureSpec], settings: Settings) -> bool:
+    """Whether ``job``'s model passes the memory check (`flatcli.memory.check_model`), for a command
+    that loads the data once before its checkpoints (so that a bad data config fails first): it
+    loads the data then only when the first checkpoint fits; otherwise each checkpoint loads it when
+    it gets there, after its own check. True when the check is off, there is no checkpoint, or the
+    model cannot be loaded (its row says why). Loads that model once more than the run does."""
+    if job is None or not settings.check_memory:
+        return True
+    try:
+        model, _ = load_model(cfg, job.path)
+        return check_model(model, specs, settings).fits
+    except FlatcliError:
+        return True
+
+
 def _checked_data(cfg: Config, job: Job, model, data: DataCache):
     """The train and test splits, their token sequence lengths checked against the model's
     positions (a Hugging Face model's ``n_positions``/``max_position_embeddings``): the configured

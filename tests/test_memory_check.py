@@ -244,3 +244,22 @@ def test_the_dry_run_prints_the_verdict(tmp_path, monkeypatch):
     res = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run", "--format", "json"])
     entry = json.loads(res.stdout)[0]
     assert entry["status"] == "ok" and [m["fits"] for m in entry["memory"]] == [True, True]
+
+
+def test_a_sweep_unit_that_will_not_fit_fails_before_the_data(tmp_path, monkeypatch):
+    """The sweep path: each unit (checkpoint × measure) is checked in `measure_job`; the runner loads
+    the data up front only when the first checkpoint fits, so a sweep that will not fit loads none;
+    the unit of a measure that fits (the Frobenius norm) still runs."""
+    loads = []
+    real = pipeline.load_split
+    monkeypatch.setattr(pipeline, "load_split", lambda *a, **k: loads.append(a) or real(*a, **k))
+    free(monkeypatch, 4 * P_of(8) * 23 - 1)
+    cfg = project(tmp_path, measures=[LAMBDA])
+    res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(tmp_path / "s")])
+    assert res.exit_code == 1, res.output
+    assert loads == [] and "will not fit" in res.output
+    free(monkeypatch, 4 * P_of(8) * 2 + 2_000)  # θ and gradient: the norm fits, the data is loaded for it
+    cfg = project(tmp_path / "b", measures=["frobenius_norm"])
+    res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(tmp_path / "b" / "s")])
+    assert res.exit_code == 0, res.output
+    assert loads
