@@ -132,6 +132,18 @@ class MemoryVerdict:
                 "skipped": self.skipped or None, "verdict": self.line()}
 
 
+def refuse(verdict: MemoryVerdict, dist) -> None:
+    """Raise ``verdict``'s `MeasurementError` when it will not fit here or, with several ranks
+    (``dist``: `flatcli.engine.dist.Dist`), on another one: their collectives stay in step, so
+    every rank fails the checkpoint together (every rank calls this: it is a collective)."""
+    elsewhere = dist.active and dist.any(not verdict.fits)
+    if not verdict.fits:
+        raise verdict.error()
+    if elsewhere:
+        raise MeasurementError("will not fit on another rank (its row of the log says why); "
+                               "runtime.check_memory: false skips this check")
+
+
 # ------------------------------------------------------------------ what each measure keeps
 def vectors_kept(spec: MeasureSpec, dims: Dims, engine_block: int = 1) -> tuple[int, int]:
     """(declared, block): the P-vectors ``spec``'s estimate declares it keeps (``vectors``: a basis,

@@ -33,7 +33,7 @@ from .loading.data import load_split, subset
 from .loading.models import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
 from .measures import Dims, MeasureContext, MeasureResult, MeasureSpec, run_measure
 from .measures.hessian import LOW_PRECISION_MEASURES
-from .memory import check_model, check_products, copies_model
+from .memory import check_model, check_products, copies_model, refuse
 from .predict import Fit
 from .results import Row
 from .settings import Settings
@@ -176,10 +176,8 @@ def measure_model(
             engine.check_finite()
             _check_deterministic(problem)
             if st.check_memory:  # before the first product: one product's activations and the vectors
-                verdict = check_products(problem, [s for s in specs if not (reuse and s.label in reuse)],
-                                         problem_dims(work, data[st.split], st), st)
-                if not verdict.fits:
-                    raise verdict.error()
+                refuse(check_products(problem, [s for s in specs if not (reuse and s.label in reuse)],
+                                      problem_dims(work, data[st.split], st), st), problem.dist)
         except FlatcliError as e:
             row.fail(str(e), error_kind(e))
             return row
@@ -423,9 +421,7 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
         model, extras = load_model(cfg, job.path)
         settings.params.select(model)  # a selection that matches nothing fails before any data is loaded
         if settings.check_memory:  # weights, θ and the measures' P-vectors: before any data is loaded
-            verdict = check_model(model, [s for s in specs if not (reuse and s.label in reuse)], settings)
-            if not verdict.fits:
-                raise verdict.error()
+            refuse(check_model(model, [s for s in specs if not (reuse and s.label in reuse)], settings), ranks.current())
         hp = dict(job.hparams)
         hp.update(read_hparams_from_keys(extras, cfg.hparams.from_keys))
         init_state = load_init_state(cfg, job, model)

@@ -263,3 +263,22 @@ def test_a_sweep_unit_that_will_not_fit_fails_before_the_data(tmp_path, monkeypa
     res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(tmp_path / "b" / "s")])
     assert res.exit_code == 0, res.output
     assert loads
+
+
+def test_ranks_fail_a_checkpoint_together():
+    """Under torchrun a rank whose own verdict fits still fails when another rank's does not (their
+    collectives stay in step); one process fails only on its own verdict."""
+
+    class Ranks:
+        def __init__(self, active, other):
+            self.active, self.other = active, other
+
+        def any(self, flag):
+            return flag or self.other
+
+    fits = memory.MemoryVerdict("model", need=1, free=2)
+    memory.refuse(fits, Ranks(False, True))  # one process: nothing else counts
+    with pytest.raises(memory.MeasurementError, match="will not fit on another rank"):
+        memory.refuse(fits, Ranks(True, True))
+    with pytest.raises(memory.MeasurementError, match="^will not fit: needs at least 3 B"):
+        memory.refuse(memory.MemoryVerdict("model", need=3, free=2), Ranks(True, False))
