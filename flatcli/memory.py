@@ -112,8 +112,10 @@ class MemoryVerdict:
     def line(self) -> str:
         """``fits: needs at least 1.2 MiB of 20 GiB available (MemAvailable)`` or ``will not fit: …; try …``."""
         what = ", ".join(f"{_PARTS.get(k, k)} {_gib(v)}" for k, v in self.parts.items() if v)
+        if self.skipped and not self.need:
+            return f"not checked: {self.skipped}"
         if self.skipped:
-            return f"fits: {what} ({self.skipped})" if self.need else f"not checked: {self.skipped}"
+            what += f"; {self.skipped}"
         if self.fits:
             return f"fits: needs at least {_gib(self.need)} ({what}) of {self._free_words()}"
         who = f" ({', '.join(self.measures)})" if self.measures else ""
@@ -262,16 +264,24 @@ def check_products(problem, specs: Sequence[MeasureSpec], dims: Dims, st: Settin
     vectors = max(most - 1, 0) * P * elt  # the product's six P-vectors count one input: the rest of the basis
     free = free_bytes(st.device)
     base = (6 * P * elt + vectors)
-    if free is not None and free >= SKIP_FACTOR * (base + _batch_bytes(problem.batches[0])):
-        return MemoryVerdict("products", base, free, {"vectors": base}, device=str(st.device),
-                             skipped=f"with one batch, under 1/{SKIP_FACTOR} of {_gib(free)} free; activations not counted")
-    product, _ = predicted_product_bytes(problem, problem.batches[0], len(problem.batches), st.device)
-    blocks = bool(find_blocks(problem.model))
     labels = tuple(lab for lab, r in declared.items() if r == most)
-    recomputes = blocks and (st.recompute == "true" or (st.recompute == "auto" and free is not None
-                                                        and product > AUTO_RECOMPUTE * free))
-    if recomputes:  # activations recomputed: not predicted; the vectors alone are checked
-        return MemoryVerdict("products", base, free, {"vectors": base}, labels, device=str(st.device))
+
+    def vectors_only(why: str) -> MemoryVerdict:
+        return MemoryVerdict("products", base, free, {"vectors": base}, labels, device=str(st.device), skipped=why)
+
+    if free is None:
+        return vectors_only("free memory unknown")
+    if st.hvp_mode == "finite_difference":
+        return vectors_only("finite-difference products keep no gradient graph; activations not counted")
+    if free >= SKIP_FACTOR * (base + _batch_bytes(problem.batches[0])):
+        return vectors_only(f"with one batch, under 1/{SKIP_FACTOR} of {_gib(free)} free; activations not counted")
+    try:
+        product, _ = predicted_product_bytes(problem, problem.batches[0], len(problem.batches), st.device)
+    except Exception as e:  # the counting pass failed (no double backward): the measures will say why
+        return vectors_only(f"one product could not be predicted ({type(e).__name__}); activations not counted")
+    blocks = bool(find_blocks(problem.model))
+    if blocks and (st.recompute == "true" or (st.recompute == "auto" and product > AUTO_RECOMPUTE * free)):
+        return vectors_only("activations recomputed (runtime.recompute): not counted")
     parts = {"product": int(product), "vectors": int(vectors)}
     v = MemoryVerdict("products", sum(parts.values()), free, parts, labels, device=str(st.device))
     if not v.fits:

@@ -282,3 +282,23 @@ def test_ranks_fail_a_checkpoint_together():
         memory.refuse(fits, Ranks(True, True))
     with pytest.raises(memory.MeasurementError, match="^will not fit: needs at least 3 B"):
         memory.refuse(memory.MemoryVerdict("model", need=3, free=2), Ranks(True, False))
+
+
+def test_a_product_that_cannot_be_predicted_or_is_a_finite_difference_checks_the_vectors_only(tmp_path, monkeypatch):
+    """The counting pass raising (a model without a double backward) never fails a checkpoint: the
+    measures run and say why themselves; finite-difference products (two gradients, no graph) are not
+    predicted with a create_graph pass."""
+    calls = []
+
+    def broken(*a):
+        calls.append(1)
+        raise RuntimeError("derivative for _scaled_dot_product_attention is not implemented")
+
+    monkeypatch.setattr(memory, "predicted_product_bytes", broken)
+    free(monkeypatch, 500_000)
+    cfg = project(tmp_path / "a")
+    assert runner.invoke(app, ["measure", "-c", str(cfg), "-o", str(tmp_path / "a" / "o")]).exit_code == 0
+    assert calls == [1]
+    cfg = project(tmp_path / "b", runtime={"hvp_mode": "finite_difference"})
+    assert runner.invoke(app, ["measure", "-c", str(cfg), "-o", str(tmp_path / "b" / "o")]).exit_code == 0
+    assert calls == [1]
