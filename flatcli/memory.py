@@ -36,7 +36,9 @@ CUDA's free bytes, ``torch.cuda.mem_get_info``; on CPU the host's ``MemAvailable
    (``true``, or ``auto`` with blocks (`find_blocks`) and a product above 80% of free memory, as
    `flatcli.engine.loop.ProductState.recompute_active` decides), the product's activations are
    recomputed and not predicted: only the vectors are checked, so a run that auto-recompute makes
-   fit is never refused.
+   fit is never refused. Likewise with ``hvp_mode: finite_difference`` (a product is two gradients,
+   no graph kept) and when the counting pass itself fails (a model without a double backward: its
+   Hessian measures fail on their own and say why, the others still run).
 
    Cost rule: the counting pass is one forward and backward over one batch. It is skipped when
    the free memory is at least `SKIP_FACTOR` (1,000) times the P-vectors counted plus the bytes of
