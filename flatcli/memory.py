@@ -91,7 +91,8 @@ class MemoryVerdict:
     """Whether a run fits: ``need`` bytes counted (``parts``: what of), ``free`` bytes of the device
     (None: unknown, then it fits), ``measures`` the label(s) that need the most, ``suggestions`` the
     settings that shrink the part that is too big; ``stage``: ``model`` (before the data) or
-    ``products`` (with the activations of one product); ``skipped``: why no check was made."""
+    ``products`` (with the activations of one product); ``skipped``: what was not counted and why
+    (with ``need`` 0: nothing was checked)."""
 
     stage: str
     need: int = 0
