@@ -33,6 +33,7 @@ from .loading.data import load_split, subset
 from .loading.models import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
 from .measures import Dims, MeasureContext, MeasureResult, MeasureSpec, run_measure
 from .measures.hessian import LOW_PRECISION_MEASURES
+from .memory import check_model, check_products, copies_model, refuse
 from .predict import Fit
 from .results import Row
 from .settings import Settings
@@ -174,6 +175,9 @@ def measure_model(
         try:
             engine.check_finite()
             _check_deterministic(problem)
+            if st.check_memory:  # before the first product: one product's activations and the vectors
+                refuse(check_products(problem, [s for s in specs if not (reuse and s.label in reuse)],
+                                      problem_dims(work, data[st.split], st), st), problem.dist)
         except FlatcliError as e:
             row.fail(str(e), error_kind(e))
             return row
@@ -330,10 +334,7 @@ def _working_copy(model: torch.nn.Module, st: Settings) -> torch.nn.Module:
     """``model`` itself when it is already on the device and dtype (θ's, or, with ``precision: bf16``,
     also bfloat16: the problem reads θ from it in float32 and its forward runs in bfloat16 whatever
     the module's own type), else a converted copy (the caller's model is never mutated)."""
-    first = next(iter(model.parameters()), None)
-    device = first.device if first is not None else torch.device("cpu")
-    dtype = _dtype_of(model)
-    if device == st.device and dtype in (st.dtype, st.compute_dtype):
+    if not copies_model(model, st):
         return model
     return copy.deepcopy(model).to(st.device, st.dtype)
 
@@ -413,11 +414,14 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
                 budget_among: Sequence[MeasureSpec] | None = None) -> Row:
     """Load one checkpoint and measure it. A failure (a bad file: kind ``ConfigError``, exit code 2)
     becomes an error row, so other checkpoints still complete. ``on_measure`` and ``reuse``: as
-    `measure_model`'s."""
+    `measure_model`'s. With ``settings.check_memory``, a model whose measures will not fit in the
+    device's free memory fails here, before any data is loaded (`flatcli.memory.check_model`)."""
     labels = [s.label for s in specs]
     try:
         model, extras = load_model(cfg, job.path)
         settings.params.select(model)  # a selection that matches nothing fails before any data is loaded
+        if settings.check_memory:  # weights, θ and the measures' P-vectors: before any data is loaded
+            refuse(check_model(model, [s for s in specs if not (reuse and s.label in reuse)], settings), ranks.current())
         hp = dict(job.hparams)
         hp.update(read_hparams_from_keys(extras, cfg.hparams.from_keys))
         init_state = load_init_state(cfg, job, model)
@@ -439,6 +443,21 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
         row = Row(checkpoint=job.checkpoint, labels=labels, hparams=dict(job.hparams))
         row.fail(describe_error(e), error_kind(e))
         return row
+
+
+def first_checkpoint_fits(cfg: Config, job: Job | None, specs: Sequence[MeasureSpec], settings: Settings) -> bool:
+    """Whether ``job``'s model passes the memory check (`flatcli.memory.check_model`), for a command
+    that loads the data once before its checkpoints (so that a bad data config fails first): it
+    loads the data then only when the first checkpoint fits; otherwise each checkpoint loads it when
+    it gets there, after its own check. True when the check is off, there is no checkpoint, or the
+    model cannot be loaded (its row says why). Loads that model once more than the run does."""
+    if job is None or not settings.check_memory:
+        return True
+    try:
+        model, _ = load_model(cfg, job.path)
+        return check_model(model, specs, settings).fits
+    except FlatcliError:
+        return True
 
 
 def _checked_data(cfg: Config, job: Job, model, data: DataCache):

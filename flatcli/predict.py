@@ -28,6 +28,7 @@ import torch
 from .engine import CurvatureEngine, Problem, eval_mode
 from .engine import dist as ranks
 from .loading.data import subset
+from .memory import vectors_kept
 from .settings import Settings
 
 BLOCK = 16  # vectors of the timed block product (fewer when the engine's block is smaller)
@@ -130,15 +131,19 @@ def _project_runs(Q: torch.Tensor, W: torch.Tensor) -> None:
         torch.cuda.synchronize(W.device)
 
 
-def time_products(model: torch.nn.Module, data, st: Settings) -> tuple[ProductTimes, Problem]:
+def time_products(model: torch.nn.Module, data, st: Settings, check=None) -> tuple[ProductTimes | None, Problem]:
     """Time the products on ``model`` over ``data``'s measurement set (the settings' size, seed,
     device, dtype and precision), as `flatcli.pipeline.measure_model` builds them: a few seconds
     at most on models whose products take well under a second. Returns the times and the
-    `Problem` (for the measures' ``applicable`` checks)."""
+    `Problem` (for the measures' ``applicable`` checks). ``check(problem)``: called before any
+    product (the memory check, `flatcli.memory.check_products`); when it returns False nothing is
+    timed and the times are None."""
     work = model.to(st.device, st.dtype)
     with st.precision_context(), eval_mode(work):
         problem = Problem(work, subset(data, st.num_samples, st.data_seed), loss=st.loss, batch_size=st.batch_size,
                           device=st.device, dtype=st.dtype, params=st.params, dist=ranks.current())
+        if check is not None and not check(problem):
+            return None, problem
         eng = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision)
         P = problem.num_params
         gen = torch.Generator().manual_seed(0)
@@ -217,7 +222,8 @@ class Fit:
 @dataclass
 class Prediction:
     """One measure on one checkpoint: HVPs (least, most), seconds (least, most), peak bytes, and
-    ``status`` "ok" or "not_applicable" (then ``reason``; no cost); ``stops_early``: whether a cap
+    ``status`` "ok", "not_applicable" or "will_not_fit" (the memory check refused the checkpoint,
+    `flatcli.memory`; nothing was timed) (then ``reason``; no cost); ``stops_early``: whether a cap
     stops it with its estimate so far (else it is started under a cap only when it fits: `Fit`)."""
 
     hvps: tuple[int, int] = (0, 0)
@@ -231,7 +237,7 @@ class Prediction:
         """The ``--dry-run --format json`` entry."""
         out: dict[str, Any] = {"checkpoint": checkpoint, "measure": label, "status": self.status,
                                "stops_early": self.stops_early}
-        if self.status == "not_applicable":
+        if self.status != "ok":
             return {**out, "hvps_low": None, "hvps_high": None, "seconds_low": None, "seconds_high": None,
                     "peak_bytes": None, "reason": self.reason}
         return {**out, "hvps_low": self.hvps[0], "hvps_high": self.hvps[1], "seconds_low": self.seconds[0],
@@ -253,7 +259,8 @@ def predict(spec, dims, times: ProductTimes, problem: Problem | None = None) -> 
                 + est.get("n_forward", (0, 0))[i] * times.forward + est.get("vector_ops", (0, 0))[i] * times.vector_op
                 + est.get("batched_vector_ops", (0, 0))[i] * times.batched_vector_op)
 
-    keeps = est.get("vectors", (0, 0))[1] + (times.engine_block if block == 0 else block) * (hvps[1] > 0)
+    declared, inputs = vectors_kept(spec, dims, times.engine_block)
+    keeps = declared + inputs
     product = times.product_bytes if hvps[1] > 0 or est.get("n_grad", (0, 0))[1] > 0 else 0
     peak = times.element * times.P * (2 + keeps) + product
     return Prediction(hvps=(int(hvps[0]), int(hvps[1])), seconds=(seconds(0), seconds(1)), peak_bytes=int(peak),

@@ -127,6 +127,9 @@ class Settings:
         (`flatcli.engine.params.ParamSelection`; default everything).
     budget : seconds for one checkpoint's measures together (``runtime.budget``, ``--budget``;
         None: no cap), shared among them by predicted cost (`flatcli.budget`).
+    check_memory : whether a run's predicted peak memory is checked against the device's free
+        memory before the data and before the first product (``runtime.check_memory``,
+        `flatcli.memory`); a run that will not fit fails its checkpoint with suggestions.
     """
 
     device: torch.device = torch.device("cpu")
@@ -143,6 +146,7 @@ class Settings:
     recompute: str = "auto"
     max_device_vectors: int | str | None = "auto"
     budget: float | None = None
+    check_memory: bool = True
 
     def __post_init__(self):
         """Every field but ``device`` (a `torch.device`, see `resolve_device`) and ``params`` is checked
@@ -196,6 +200,7 @@ class Settings:
             recompute=rt.recompute,
             max_device_vectors=rt.max_device_vectors,
             budget=rt.budget,
+            check_memory=rt.check_memory,
         )
 
     @classmethod
@@ -229,4 +234,4 @@ class Settings:
 
 
 _CHECKED = ("precision", "seed", "loss", "split", "num_samples", "batch_size", "data_seed", "hvp_mode", "block_size",
-            "recompute", "max_device_vectors", "budget")
+            "recompute", "max_device_vectors", "budget", "check_memory")

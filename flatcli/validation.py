@@ -306,6 +306,8 @@ SETTINGS: dict[str, Rule] = {
                                "most Krylov basis vectors kept on the device (null: unbounded)"),
     "recompute": Rule(Either(Bool(), OneOf(*RECOMPUTE), words="true, false or auto"),
                       "activation checkpointing in Hessian products (flatcli.engine.recompute)"),
+    "check_memory": Rule(Bool(), "check before loading the data and before the first product that the run fits in "
+                         "free memory (flatcli.memory)"),
     "budget": Rule(Optional(Seconds()), "seconds for one checkpoint's measures (null: no cap)"),
     "max_hvps": Rule(Integral(1), "a measure's most Hessian-vector products (measures[i].NAME.max_hvps)"),
 }

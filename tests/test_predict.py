@@ -75,7 +75,7 @@ def test_dry_run_json_lists_every_checkpoint_and_measure(tmp_path):
     plan = json.loads(res.stdout)
     assert [(e["checkpoint"], e["measure"]) for e in plan] == [
         (c, m) for c in ("m0.pt", "m1.pt") for m in ("hessian_lambda_max", "hessian_trace", "frobenius_norm")]
-    keys = {"checkpoint", "measure", "hvps_low", "hvps_high", "seconds_low", "seconds_high", "peak_bytes", "status",
+    keys = {"checkpoint", "measure", "hvps_low", "hvps_high", "seconds_low", "seconds_high", "peak_bytes", "status", "memory",
             "stops_early"}
     assert all(set(e) == keys and e["status"] == "ok" for e in plan)
     lam, trace, frob = plan[:3]

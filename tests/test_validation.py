@@ -38,6 +38,7 @@ SHARED = [
     ("seed", "x", "must be an int; got 'x'"),
     ("max_device_vectors", 0, "must be an int ≥ 1, auto or null; got 0"),
     ("recompute", "sometimes", "must be true, false or auto; got 'sometimes'"),
+    ("check_memory", "maybe", "must be a bool (true or false); got 'maybe'"),
     ("budget", "soon", "must be a positive number of seconds or a duration like 90s, 10m, 1h or null; got 'soon'"),
     ("threads", 0, "must be an int ≥ 1 or auto; got 0"),
 ]
@@ -46,7 +47,7 @@ CONFIG_KEY = {"device": "runtime.device", "precision": "runtime.precision", "los
               "hvp_mode": "runtime.hvp_mode", "batch_size": "measure_data.batch_size",
               "num_samples": "measure_data.num_samples", "block_size": "runtime.block_size", "seed": "runtime.seed",
               "max_device_vectors": "runtime.max_device_vectors", "recompute": "runtime.recompute",
-              "budget": "runtime.budget", "threads": "runtime.threads"}
+              "budget": "runtime.budget", "threads": "runtime.threads", "check_memory": "runtime.check_memory"}
 
 
 def _said(subject: str, words: str) -> str:

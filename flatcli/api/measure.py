@@ -119,9 +119,9 @@ def measure(
     shared = out  # every rank reads OUTDIR/results.json for --resume: they must reuse the same measures
     if not world.is_main:
         out = None
-    _check_before_data(cfg, jobs, st)
-    data.get("train")
-    data.get("test")
+    if _check_before_data(cfg, jobs, st, specs):  # the first checkpoint fits (or is not checked)
+        data.get("train")  # load the data once: a bad data config fails now
+        data.get("test")
     meta = {
         "config": cfg.to_dict(),
         "config_hash": cfg.hash(),
@@ -303,26 +303,34 @@ def _leave_ranks(world) -> None:
 
 
 
-def _check_before_data(cfg, jobs, st) -> None:
+def _check_before_data(cfg, jobs, st, specs) -> bool:
     """Cheap checks against the first checkpoint's model before any data is loaded or tokenized:
     the ``params`` selection matches its parameter names, and a text split's ``max_length`` fits its
     positions (Hugging Face ``n_positions``/``max_position_embeddings``). Only when there is
-    something to check; a checkpoint that cannot be loaded is left to its row."""
+    something to check; a checkpoint that cannot be loaded is left to its row.
+
+    Returns whether the data is to be loaded now: False when ``runtime.check_memory`` finds that the
+    first checkpoint will not fit (`flatcli.memory.check_model`); then each checkpoint loads the
+    data when it gets there, after its own check, and one that will not fit never loads it. (The
+    check loads the first checkpoint's model once more, as the selection check does.)"""
     from ..errors import FlatcliError
     from ..loading.hf import check_positions
+    from ..memory import check_model
     from ..pipeline import load_model
 
     texts = [(k, s) for k in ("train", "test") if (s := getattr(cfg.data, k)) is not None
              and s.source == "text" and s.max_length is not None]
-    if not jobs or (st.params.everything and not (texts and cfg.model.source == "huggingface")):
-        return
+    if not jobs or (st.params.everything and not (texts and cfg.model.source == "huggingface")
+                    and not st.check_memory):
+        return True
     try:
         model, _ = load_model(cfg, jobs[0].path)
     except FlatcliError:
-        return
+        return True
     st.params.select(model)
     for k, s in texts:
         check_positions(model, f"data.{k}.max_length", s.max_length, jobs[0].path)
+    return not st.check_memory or check_model(model, specs, st).fits
 
 
 def _artifacts(rows: list[Row], specs, folder: Path) -> list[Path]:

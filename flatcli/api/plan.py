@@ -32,11 +32,17 @@ class CostPlan:
     errors: list[tuple[str, str]] = field(default_factory=list)
     params: dict[str, Any] | None = None  # the parameter selection on the first loaded model
     predictions: list[dict[str, Any]] = field(default_factory=list)  # per loaded checkpoint: label -> Prediction
-    times: list[Any] = field(default_factory=list)  # per loaded checkpoint: its group's ProductTimes
+    times: list[Any] = field(default_factory=list)  # per loaded checkpoint: its group's ProductTimes (None: not timed)
+    memory: list[list[Any]] = field(default_factory=list)  # per loaded checkpoint: its MemoryVerdicts (flatcli.memory)
 
     def to_json(self) -> list[dict[str, Any]]:
-        """``--dry-run --format json``: one entry per loaded checkpoint × measure (`flatcli.predict.Prediction`)."""
-        return [pred.to_json(ckpt, lab) for ckpt, per in zip(self.loaded, self.predictions, strict=True)
+        """``--dry-run --format json``: one entry per loaded checkpoint × measure (`flatcli.predict.Prediction`),
+        with ``memory``: the checkpoint's memory verdicts (`flatcli.memory.MemoryVerdict.to_json`:
+        ``fits``, ``need_bytes``, ``free_bytes``, ``suggestions``, ``verdict``; empty when
+        ``runtime.check_memory`` is false)."""
+        mem = self.memory or [[] for _ in self.loaded]
+        return [{**pred.to_json(ckpt, lab), "memory": [v.to_json() for v in verdicts]}
+                for ckpt, per, verdicts in zip(self.loaded, self.predictions, mem, strict=True)
                 for lab, pred in per.items()]
     dtypes: list[str] = field(default_factory=list)  # per loaded checkpoint: the type it loads in
     dtype_setting: str = "auto"  # model.dtype
@@ -72,8 +78,9 @@ class CostPlan:
             which = "" if len(groups) == 1 else f" for {_names([self.loaded[k] for k in ks])}"
             out.append(f"estimated products per checkpoint{which} (P = {P:,} parameters, {_describe_n(self.dims[ks[0]])}; "
                        "gradients and passes over the whole measurement set):")
-            if self.times:
+            if self.times and self.times[ks[0]] is not None:
                 out.append(f"  timed: {_describe_times(self.times[ks[0]])}")
+            out += [f"  memory ({v.stage}): {v.line()}" for v in (self.memory[ks[0]] if self.memory else [])]
             out += [f"  {lab}: {_describe_plan(self.costs[ks[0]].get(lab), self.predictions[ks[0]].get(lab) if self.predictions else None)}"
                     for lab in self.labels]
         out += [f"checkpoint {c}: cannot be loaded: {e}" for c, e in self.errors]
@@ -128,6 +135,8 @@ def _describe_plan(est, pred) -> str:
     if pred is not None and pred.status == "not_applicable":
         return f"not_applicable: {pred.reason}"
     text = _describe_cost(est)
+    if pred is not None and pred.status == "will_not_fit":
+        return text + "; not timed (the checkpoint will not fit in memory)"
     if pred is not None:
         text += f"; {_range(pred.seconds, _secs)}, peak {_bytes(pred.peak_bytes)}"
         text += "" if pred.stops_early or pred.seconds[1] == 0 else "; cannot stop early"
@@ -181,13 +190,18 @@ def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | 
     With ``timed``, one checkpoint of each size group has its products timed on the measurement
     set (`flatcli.predict.time_products`: a forward pass, a gradient, HVPs of one vector and of
     one block, and one block product's memory), and every measure gets a `flatcli.predict.Prediction`
-    (seconds, peak bytes, or ``not_applicable`` with the reason) in ``predictions``. ``run``
+    (seconds, peak bytes, or ``not_applicable`` with the reason) in ``predictions``. With
+    ``runtime.check_memory`` each checkpoint gets the run's memory verdicts in ``memory``
+    (`flatcli.memory`: before the data, and with the timed checkpoint's first batch before its
+    products); a checkpoint that will not fit is not timed (its measures get status
+    ``will_not_fit``). ``run``
     (`flatcli.api.RunOptions`) overrides the config's ``runtime.*`` keys; its device and
     precision are those the products are planned and timed at."""
     from ..errors import FlatcliError
     from ..loading.models import model_dtype
+    from ..memory import check_model
     from ..pipeline import estimate_products, problem_dims
-    from ..predict import predict, time_products
+    from ..predict import Prediction, predict
 
     cfg = load_run(config, run)
     jobs, specs = _plan(cfg, checkpoints, measures)
@@ -209,12 +223,37 @@ def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | 
         plan.costs.append(estimate_products(specs, dims))
         plan.loaded.append(job.checkpoint)
         plan.dtypes.append(model_dtype(model))
+        verdicts = [check_model(model, specs, st)] if st.check_memory else []
         if timed:
-            key = (dims.P, dims.n)
+            key = (dims.P, dims.n, all(v.fits for v in verdicts))
             if key not in groups:
-                with st.precision_context():
-                    groups[key] = time_products(model, data.get(st.split, job.train_data if st.split == "train" else None), st)
-            times, problem = groups[key]
+                groups[key] = _timed_group(model, data.get(st.split, job.train_data if st.split == "train" else None),
+                                           st, specs, dims, verdicts)
+            times, problem, more = groups[key]
+            verdicts += more
             plan.times.append(times)
-            plan.predictions.append({s.label: predict(s, dims, times, problem) for s in specs})
+            plan.predictions.append({s.label: Prediction(status="will_not_fit", reason=verdicts[-1].line())
+                                     if times is None else predict(s, dims, times, problem) for s in specs})
+        plan.memory.append(verdicts)
     return plan
+
+
+def _timed_group(model, data, st: Settings, specs, dims, verdicts) -> tuple[Any, Any, list[Any]]:
+    """(ProductTimes or None, Problem or None, the products' memory verdicts) of one size group:
+    nothing is timed when the model's verdict says it will not fit, or the products' (checked on
+    the problem before any product) does."""
+    from ..memory import check_products
+    from ..predict import time_products
+
+    if not all(v.fits for v in verdicts):
+        return None, None, []
+    more: list[Any] = []
+
+    def check(problem) -> bool:
+        if st.check_memory:
+            more.append(check_products(problem, specs, dims, st))
+        return all(v.fits for v in more)
+
+    with st.precision_context():
+        times, problem = time_products(model, data, st, check)
+    return times, problem, more

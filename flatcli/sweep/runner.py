@@ -283,7 +283,8 @@ def run_sweep(
 def _run_local(report: SweepReport, cfg, plan: Plan, opts: SweepOptions, args: WorkerArgs, todo: int, *,
                log, on_unit, debug) -> None:
     """Run (or with ``dry_run`` describe) the local workers: in this process, or one process per GPU/worker."""
-    from ..pipeline import DataCache
+    from ..pipeline import DataCache, first_checkpoint_fits
+    from ..settings import Settings
     from ..threads import apply_threads, plan_threads
 
     outdir = report.outdir
@@ -304,9 +305,11 @@ def _run_local(report: SweepReport, cfg, plan: Plan, opts: SweepOptions, args: W
         return
     if log is not None:
         log(report.threads)
-    data = DataCache(cfg, Path(outdir) / TOKENIZED_DIR)  # load the data once: a bad data config fails now
-    data.get("train")
-    data.get("test")
+    data = DataCache(cfg, Path(outdir) / TOKENIZED_DIR)  # load the data once: a bad data config fails now,
+    if first_checkpoint_fits(cfg, plan.job(0) if plan.checkpoints else None,  # unless the first will not fit
+                             [plan.spec(lab) for lab in plan.labels], Settings.from_config(cfg, wps[0].label)):
+        data.get("train")
+        data.get("test")
     if len(wps) == 1:
         apply_threads(wps[0].threads)
         run_worker(outdir, shard=args.shard, device=wps[0].label, redo_before=args.redo_before,

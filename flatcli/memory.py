@@ -1,0 +1,308 @@
+"""Peak memory predicted and checked before a run (``runtime.check_memory``, issue 27).
+
+Two checks, each against the free memory of the device (`flatcli.engine.recompute.free_bytes`:
+CUDA's free bytes, ``torch.cuda.mem_get_info``; on CPU the host's ``MemAvailable``):
+
+1. **Before the data** (`check_model`, in `flatcli.pipeline.measure_job` after the model is loaded
+   and its parameter selection checked, before any split is loaded or tokenized). From the model
+   alone it counts the *least* memory the run will add:
+
+   * the weights of the working copy the measures run on, when one is made (`copies_model`: the
+     model is not already on the device in θ's or the forward's type; every parameter and buffer
+     in θ's type). On CPU a model that is used as loaded adds nothing: it is already resident, so
+     ``MemAvailable`` has it;
+   * θ and its gradient: 2 P-vectors of the selected parameters (P) in θ's type (float32 under
+     ``auto``, ``fp32``, ``tf32`` and ``bf16``, whose vectors and reductions stay float32; float64
+     under ``fp64``), as ``--dry-run``'s peak (`flatcli.predict.predict`) counts them;
+   * the P-vectors the measure that keeps the most declares (its registry ``estimate``'s
+     ``vectors``: a Lanczos or SLQ basis, a Hutch++ sketch) plus one product input when it takes
+     Hessian products (`vectors_kept`; a block of the engine's block size counts as one vector:
+     the engine shrinks its blocks to the memory there is). On CUDA the bases are bounded by
+     ``runtime.max_device_vectors`` (``auto``: a quarter of free memory,
+     `flatcli.engine.linalg._store.default_capacity`); the rows beyond live in host memory and
+     are not counted. On CPU host and device are one memory and every row counts.
+
+   Not counted: activations (saved tensors of the forward and backward passes), which depend on
+   the data, the data itself, and dense matrices a measure builds for tiny models without
+   declaring them. So the figure is a lower bound: a run it refuses cannot fit.
+
+2. **Before the first product** (`check_products`, in `flatcli.pipeline.measure_model` once the
+   measurement set is on the device; only when a chosen measure takes Hessian products): the
+   activations. `flatcli.engine.recompute.predicted_product_bytes` (the rule of
+   ``runtime.recompute: auto``: one forward and one ``create_graph`` backward over the first batch
+   with saved-tensor counting hooks, plus six P-vectors) gives one product's peak; the check adds
+   the largest Hessian measure's declared vectors beyond those six and compares the sum with the
+   free memory then (the working copy, θ and the data are already resident). When recompute is on
+   (``true``, or ``auto`` with blocks (`find_blocks`) and a product above 80% of free memory, as
+   `flatcli.engine.loop.ProductState.recompute_active` decides), the product's activations are
+   recomputed and not predicted: only the vectors are checked, so a run that auto-recompute makes
+   fit is never refused. Likewise with ``hvp_mode: finite_difference`` (a product is two gradients,
+   no graph kept) and when the counting pass itself fails (a model without a double backward: its
+   Hessian measures fail on their own and say why, the others still run).
+
+   Cost rule: the counting pass is one forward and backward over one batch. It is skipped when
+   the free memory is at least `SKIP_FACTOR` (1,000) times the P-vectors counted plus the bytes of
+   one batch of inputs: activations would have to exceed a thousand times those for the run not to
+   fit, which the tests' tiny models never approach (a small convolutional net on large images
+   could; then the run's own out-of-memory back-off still applies).
+
+A failed check is a `flatcli.errors.MeasurementError` (exit code 1), not a `ConfigError`: the config
+is valid and the same run fits on a larger device or with more free memory; the verdict depends on
+the machine's state, like an out-of-memory error, and fails one checkpoint's row
+(`flatcli.pipeline.measure_job` turns it into an error row; the other checkpoints go on). Its one
+line names the checkpoint, the measure(s) that need the most, the bytes predicted against the bytes
+free, and the settings that shrink the part that is too big (`MemoryVerdict.suggestions`).
+``runtime.check_memory: false`` turns both checks off (for a machine whose ``MemAvailable``
+misleads, e.g. a container limit it does not show).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .engine.linalg._store import default_capacity
+from .engine.recompute import find_blocks, free_bytes, predicted_product_bytes
+from .errors import MeasurementError
+from .measures import Dims, MeasureSpec
+from .measures.hessian import LOW_PRECISION_MEASURES
+from .settings import Settings
+
+SKIP_FACTOR = 1000  # the counting pass is skipped when free memory ≥ this × (P-vectors + one batch)
+AUTO_RECOMPUTE = 0.8  # runtime.recompute: auto turns on above this share of free memory (engine/loop.py's rule)
+
+
+_PARTS = {"theta_gradient": "θ and gradient", "product": "one product"}  # parts' keys in words
+
+
+def _gib(x: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(x) < 1024 or unit == "GiB":
+            return f"{int(x)} B" if unit == "B" else f"{x:.3g} {unit}"
+        x /= 1024
+    return f"{x:.3g} GiB"
+
+
+@dataclass
+class MemoryVerdict:
+    """Whether a run fits: ``need`` bytes counted (``parts``: what of), ``free`` bytes of the device
+    (None: unknown, then it fits), ``measures`` the label(s) that need the most, ``suggestions`` the
+    settings that shrink the part that is too big; ``stage``: ``model`` (before the data) or
+    ``products`` (with the activations of one product); ``skipped``: what was not counted and why
+    (with ``need`` 0: nothing was checked)."""
+
+    stage: str
+    need: int = 0
+    free: int | None = None
+    parts: dict[str, int] = field(default_factory=dict)
+    measures: tuple[str, ...] = ()
+    suggestions: tuple[str, ...] = ()
+    device: str = "cpu"
+    skipped: str = ""
+
+    @property
+    def fits(self) -> bool:
+        """Whether the counted bytes fit in the free memory (unknown free memory fits)."""
+        return self.free is None or self.need <= self.free
+
+    def _free_words(self) -> str:
+        where = "free on " + self.device if self.device.startswith("cuda") else "available (MemAvailable)"
+        return "free memory unknown" if self.free is None else f"{_gib(self.free)} {where}"
+
+    def line(self) -> str:
+        """``fits: needs at least 1.2 MiB of 20 GiB available (MemAvailable)`` or ``will not fit: …; try …``."""
+        what = ", ".join(f"{_PARTS.get(k, k)} {_gib(v)}" for k, v in self.parts.items() if v)
+        if self.skipped and not self.need:
+            return f"not checked: {self.skipped}"
+        if self.skipped:
+            what += f"; {self.skipped}"
+        if self.fits:
+            return f"fits: needs at least {_gib(self.need)} ({what}) of {self._free_words()}"
+        who = f" ({', '.join(self.measures)})" if self.measures else ""
+        text = f"will not fit: needs at least {_gib(self.need)}{who}: {what}; {self._free_words()}"
+        return text + ("; try " + "; or ".join(self.suggestions) if self.suggestions else "")
+
+    def error(self) -> MeasurementError:
+        """The one-line failure of a checkpoint's row (the row names the checkpoint, and the CLI's
+        line prints it first: ``error: m0.pt: will not fit: ...``)."""
+        return MeasurementError(f"{self.line()} (runtime.check_memory: false skips this check)")
+
+    def to_json(self) -> dict[str, Any]:
+        """``--dry-run --format json``'s ``memory`` entry."""
+        return {"stage": self.stage, "fits": self.fits, "need_bytes": self.need, "free_bytes": self.free,
+                "parts": dict(self.parts), "measures": list(self.measures), "suggestions": list(self.suggestions),
+                "skipped": self.skipped or None, "verdict": self.line()}
+
+
+def refuse(verdict: MemoryVerdict, dist) -> None:
+    """Raise ``verdict``'s `MeasurementError` when it will not fit here or, with several ranks
+    (``dist``: `flatcli.engine.dist.Dist`), on another one: their collectives stay in step, so
+    every rank fails the checkpoint together (every rank calls this: it is a collective)."""
+    elsewhere = dist.active and dist.any(not verdict.fits)
+    if not verdict.fits:
+        raise verdict.error()
+    if elsewhere:
+        raise MeasurementError("will not fit on another rank (its row of the log says why); "
+                               "runtime.check_memory: false skips this check")
+
+
+# ------------------------------------------------------------------ what each measure keeps
+def vectors_kept(spec: MeasureSpec, dims: Dims, engine_block: int = 1) -> tuple[int, int]:
+    """(declared, block): the P-vectors ``spec``'s estimate declares it keeps (``vectors``: a basis,
+    a sketch) and those of one product input when it takes Hessian products (``hvp_block``; 0: the
+    engine's block, ``engine_block``). `flatcli.predict.predict` counts the same."""
+    est = spec.estimate(dims) or {}
+    block = est.get("hvp_block", (1, 1))[1]
+    takes = est.get("n_hvp", (0, 0))[1] > 0
+    return int(est.get("vectors", (0, 0))[1]), int((engine_block if block == 0 else block) * takes)
+
+
+def takes_hessian_products(spec: MeasureSpec, dims: Dims) -> bool:
+    """Whether ``spec``'s estimate declares Hessian-vector products."""
+    return (spec.estimate(dims) or {}).get("n_hvp", (0, 0))[1] > 0
+
+
+def model_dims(model: torch.nn.Module, st: Settings) -> Dims:
+    """The `Dims` a memory need depends on, from the model alone (no data): P and the sizes of the
+    selected tensors and weight matrices; n, C and rows are 1 (unknown before the data; no declared
+    ``vectors`` depends on them)."""
+    from .measures._layers import weight_matrices
+
+    names = st.params.select(model)
+    named = dict(model.named_parameters())
+    chosen = set(names)
+    return Dims(P=int(sum(named[n].numel() for n in names)), n=1, C=1, rows=1,
+                tensors=tuple(named[n].numel() for n in names),
+                matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model, chosen)),
+                verify=st.verifies())
+
+
+def copies_model(model: torch.nn.Module, st: Settings) -> bool:
+    """Whether measuring ``model`` makes a working copy (`flatcli.pipeline` then converts one): it is
+    not on the device already, in θ's type or (``bf16``) the forward's."""
+    first = next(iter(model.parameters()), None)
+    device = first.device if first is not None else torch.device("cpu")
+    dtype = first.dtype if first is not None else torch.float32
+    return not (device == st.device and dtype in (st.dtype, st.compute_dtype))
+
+
+def _element(st: Settings) -> int:
+    return torch.finfo(st.dtype).bits // 8
+
+
+def _device_rows(declared: int, P: int, st: Settings) -> int:
+    """The declared basis rows held on the device: all on CPU; on CUDA at most
+    ``runtime.max_device_vectors`` (``auto``: `default_capacity`)."""
+    if st.device.type != "cuda" or declared == 0:
+        return declared
+    cap = st.max_device_vectors
+    if cap == "auto":
+        cap = default_capacity(P, st.device, st.dtype)
+    return declared if cap is None else min(declared, int(cap))
+
+
+# ------------------------------------------------------------------ 1. before the data
+def check_model(model: torch.nn.Module, specs: Sequence[MeasureSpec], st: Settings) -> MemoryVerdict:
+    """The least memory measuring ``model`` with ``specs`` adds (module docstring, 1), against the
+    device's free memory."""
+    dims = model_dims(model, st)
+    P, elt = dims.P, _element(st)
+    weights = 0
+    if copies_model(model, st):
+        tensors = [*model.parameters(), *model.buffers()]
+        weights = sum(t.numel() * (elt if t.is_floating_point() else t.element_size()) for t in tensors)
+    kept = {s.label: vectors_kept(s, dims) for s in specs}
+    rows = {lab: _device_rows(d, P, st) + b for lab, (d, b) in kept.items()}
+    most = max(rows.values(), default=0)
+    parts = {"weights": int(weights), "theta_gradient": 2 * P * elt, "vectors": most * P * elt}
+    v = MemoryVerdict("model", sum(parts.values()), free_bytes(st.device), parts,
+                      tuple(lab for lab, r in rows.items() if r == most and most > 0), device=str(st.device))
+    if not v.fits:
+        v.suggestions = tuple(_model_suggestions(v, model, st, P, kept, rows))
+    return v
+
+
+def _model_suggestions(v: MemoryVerdict, model, st: Settings, P: int, kept, rows) -> list[str]:
+    """Settings that shrink the counted part enough to fit (only those)."""
+    elt, free, out = _element(st), v.free or 0, []
+    fixed = v.parts["weights"] + 2 * P * elt
+    if st.device.type == "cuda" and v.measures:
+        lab = v.measures[0]
+        k = (free - fixed - kept[lab][1] * P * elt) // (P * elt)
+        if 1 <= k < rows[lab] - kept[lab][1]:
+            out.append(f"runtime.max_device_vectors: {k} (the other basis rows in host memory)")
+    if st.precision == "fp64" and v.need // 2 <= free:
+        out.append("runtime.precision: fp32 (halves every P-vector and the weights)")
+    if (v.parts["weights"] and st.device.type == "cpu" and st.precision != "bf16"
+            and next(model.parameters()).dtype == torch.bfloat16 and v.need - v.parts["weights"] <= free):
+        out.append("runtime.precision: bf16 (uses the bfloat16 weights as loaded, no float32 copy)")
+    per_param = elt * (2 + max(rows.values(), default=0))
+    fit_p = (free - v.parts["weights"]) // per_param
+    if 1 <= fit_p < P:
+        out.append(f"a parameter subset of at most {fit_p:,} of the {P:,} parameters (params: include/exclude)")
+    others = [r for lab, r in rows.items() if lab not in v.measures]
+    if others and fixed + max(others) * P * elt <= free:
+        out.append(f"leaving out {', '.join(v.measures)} (the other measures fit)")
+    return out
+
+
+# ------------------------------------------------------------------ 2. before the first product
+def _batch_bytes(batch) -> int:
+    return int(sum(t.numel() * t.element_size() for t in batch.values()))
+
+
+def check_products(problem, specs: Sequence[MeasureSpec], dims: Dims, st: Settings) -> MemoryVerdict:
+    """One Hessian product's predicted peak plus the largest Hessian measure's declared vectors,
+    against the free memory now (module docstring, 2). ``problem``: the measurement set's
+    `flatcli.engine.Problem` on the device; ``dims``: its sizes (`flatcli.pipeline.problem_dims`)."""
+    hess = [s for s in specs if takes_hessian_products(s, dims)]
+    if not hess or not problem.batches:
+        return MemoryVerdict("products", device=str(st.device), skipped="no Hessian products")
+    P, elt = problem.num_params, _element(st)
+    declared = {s.label: _device_rows(vectors_kept(s, dims)[0], P, st) for s in hess}
+    most = max(declared.values())
+    vectors = max(most - 1, 0) * P * elt  # the product's six P-vectors count one input: the rest of the basis
+    free = free_bytes(st.device)
+    base = (6 * P * elt + vectors)
+    labels = tuple(lab for lab, r in declared.items() if r == most)
+
+    def vectors_only(why: str) -> MemoryVerdict:
+        return MemoryVerdict("products", base, free, {"vectors": base}, labels, device=str(st.device), skipped=why)
+
+    if free is None:
+        return vectors_only("free memory unknown")
+    if st.hvp_mode == "finite_difference":
+        return vectors_only("finite-difference products keep no gradient graph; activations not counted")
+    if free >= SKIP_FACTOR * (base + _batch_bytes(problem.batches[0])):
+        return vectors_only(f"with one batch, under 1/{SKIP_FACTOR} of {_gib(free)} free; activations not counted")
+    try:
+        product, _ = predicted_product_bytes(problem, problem.batches[0], len(problem.batches), st.device)
+    except Exception as e:  # the counting pass failed (no double backward): the measures will say why
+        return vectors_only(f"one product could not be predicted ({type(e).__name__}); activations not counted")
+    blocks = bool(find_blocks(problem.model))
+    if blocks and (st.recompute == "true" or (st.recompute == "auto" and product > AUTO_RECOMPUTE * free)):
+        return vectors_only("activations recomputed (runtime.recompute): not counted")
+    parts = {"product": int(product), "vectors": int(vectors)}
+    v = MemoryVerdict("products", sum(parts.values()), free, parts, labels, device=str(st.device))
+    if not v.fits:
+        v.suggestions = tuple(_product_suggestions(v, problem, hess, st, blocks, base))
+    return v
+
+
+def _product_suggestions(v: MemoryVerdict, problem, hess, st: Settings, blocks: bool, base: int) -> list[str]:
+    """Settings that shrink the activations of a product (the part beyond the P-vectors)."""
+    free, out = v.free or 0, []
+    act = max(v.need - base, 1)
+    if blocks and st.recompute == "false":
+        out.append("runtime.recompute: true (recomputes each block's activations in the products)")
+    rows = problem.batches[0].rows
+    fit = int(rows * (free - base) / act) if free > base else 0
+    if 1 <= fit < rows:
+        out.append(f"measure_data.batch_size: {fit} (activations grow with the rows of a batch; now {rows})")
+    if (st.precision != "bf16" and st.precision != "fp64" and any(s.name in LOW_PRECISION_MEASURES for s in hess)
+            and base + act // 2 <= free):
+        out.append("runtime.precision: bf16 (the forward's activations in bfloat16)")
+    return out
