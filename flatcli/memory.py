@@ -34,9 +34,11 @@ CUDA's free bytes, ``torch.cuda.mem_get_info``; on CPU the host's ``MemAvailable
    the largest Hessian measure's declared vectors beyond those six and compares the sum with the
    free memory then (the working copy, θ and the data are already resident). When recompute is on
    (``true``, or ``auto`` with blocks (`find_blocks`) and a product above 80% of free memory, as
-   `flatcli.engine.loop.ProductState.recompute_active` decides), the product's activations are
-   recomputed and not predicted: only the vectors are checked, so a run that auto-recompute makes
-   fit is never refused. Likewise with ``hvp_mode: finite_difference`` (a product is two gradients,
+   `flatcli.engine.loop.ProductState.recompute_active` decides), the product is the block-by-block
+   one (`flatcli.engine.segments`) and is predicted by its own rule (``predicted_product_bytes(...,
+   by_blocks=L)``); on blocks that are not a chain it checkpoints, is not predicted, and only the
+   vectors are checked. A run that auto-recompute makes fit is never refused, and
+   ``runtime.recompute: true`` is suggested only when its predicted product fits. Likewise with ``hvp_mode: finite_difference`` (a product is two gradients,
    no graph kept) and when the counting pass itself fails (a model without a double backward: its
    Hessian measures fail on their own and say why, the others still run).
 
@@ -283,21 +285,40 @@ def check_products(problem, specs: Sequence[MeasureSpec], dims: Dims, st: Settin
     except Exception as e:  # the counting pass failed (no double backward): the measures will say why
         return vectors_only(f"one product could not be predicted ({type(e).__name__}); activations not counted")
     blocks = bool(find_blocks(problem.model))
+    chain = _chain_product(problem, st) if blocks else None  # block by block: (bytes, blocks) or None
     if blocks and (st.recompute == "true" or (st.recompute == "auto" and product > AUTO_RECOMPUTE * free)):
-        return vectors_only("activations recomputed (runtime.recompute): not counted")
+        if chain is None:
+            return vectors_only("activations recomputed with checkpointing (runtime.recompute): not counted")
+        product = chain[0]
     parts = {"product": int(product), "vectors": int(vectors)}
     v = MemoryVerdict("products", sum(parts.values()), free, parts, labels, device=str(st.device))
     if not v.fits:
-        v.suggestions = tuple(_product_suggestions(v, problem, hess, st, blocks, base))
+        v.suggestions = tuple(_product_suggestions(v, problem, hess, st, blocks, base, chain, vectors))
     return v
 
 
-def _product_suggestions(v: MemoryVerdict, problem, hess, st: Settings, blocks: bool, base: int) -> list[str]:
-    """Settings that shrink the activations of a product (the part beyond the P-vectors)."""
+def _chain_product(problem, st: Settings) -> tuple[int, int] | None:
+    """(predicted bytes, blocks) of one block-by-block product (`flatcli.engine.segments`), or None
+    when the model's blocks are not a chain (then ``recompute`` checkpoints, and is not predicted)."""
+    from .engine.segments import BlockChain
+
+    chain, _ = BlockChain.find(problem)
+    if chain is None:
+        return None
+    n = len(chain.blocks)
+    return predicted_product_bytes(problem, problem.batches[0], len(problem.batches), st.device, by_blocks=n)[0], n
+
+
+def _product_suggestions(v: MemoryVerdict, problem, hess, st: Settings, blocks: bool, base: int,
+                         chain: tuple[int, int] | None, vectors: int) -> list[str]:
+    """Settings that shrink the activations of a product (the part beyond the P-vectors);
+    ``runtime.recompute: true`` when its block-by-block product is predicted to fit (``chain``), or
+    on blocks that are not a chain (checkpointing: not predicted, so offered as a try)."""
     free, out = v.free or 0, []
     act = max(v.need - base, 1)
-    if blocks and st.recompute == "false":
-        out.append("runtime.recompute: true (recomputes each block's activations in the products)")
+    if blocks and st.recompute != "true" and (chain is None or chain[0] + vectors <= free):
+        how = f"block by block, {_gib(chain[0])} per product" if chain else "per-block checkpointing"
+        out.append(f"runtime.recompute: true (keeps one block's activations at a time: {how})")
     rows = problem.batches[0].rows
     fit = int(rows * (free - base) / act) if free > base else 0
     if 1 <= fit < rows:

@@ -302,3 +302,49 @@ def test_a_product_that_cannot_be_predicted_or_is_a_finite_difference_checks_the
     cfg = project(tmp_path / "b", runtime={"hvp_mode": "finite_difference"})
     assert runner.invoke(app, ["measure", "-c", str(cfg), "-o", str(tmp_path / "b" / "o")]).exit_code == 0
     assert calls == [1]
+
+
+class ChainBlocks(nn.Module):
+    """Two Linear+tanh blocks in a ModuleList, each taking the previous one's output: a chain
+    (`flatcli.engine.segments.BlockChain`), so ``recompute: true`` takes products block by block."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(2)])
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("chain_bytes", [10**5, 10**6])
+def test_a_chain_is_predicted_block_by_block_and_recompute_is_suggested_only_when_it_fits(monkeypatch, chain_bytes):
+    """On a chain of blocks the product of ``recompute: true`` is predicted by its own rule
+    (``by_blocks``), not skipped; ``recompute: false`` that does not fit suggests ``recompute: true``
+    only when that prediction fits."""
+    from flatcli.pipeline import problem_dims
+
+    seen = []
+
+    def predicted(*a, by_blocks=0):
+        seen.append(by_blocks)
+        return (chain_bytes if by_blocks else 10**6), None
+
+    monkeypatch.setattr(memory, "predicted_product_bytes", predicted)
+    free(monkeypatch, 500_000)
+    torch.manual_seed(0)
+    model = ChainBlocks().double()
+    data = Batch.of((torch.randn(20, 6, dtype=torch.float64), torch.randint(0, 3, (20,))))
+    problem = Problem(model, data, loss="cross_entropy", batch_size=10, dtype=torch.float64)
+    specs = [MeasureSpec("hessian_lambda_max", "lam", {"max_steps": 20})]
+    verdicts = {}
+    for rec in ("true", "false"):
+        st = Settings(precision="fp64", recompute=rec, batch_size=10)
+        verdicts[rec] = memory.check_products(problem, specs, problem_dims(model, data, st), st)
+    assert 2 in seen  # the chain's two blocks
+    on, off = verdicts["true"], verdicts["false"]
+    assert not on.skipped and on.parts["product"] == chain_bytes
+    assert on.fits is (chain_bytes == 10**5) and not off.fits
+    assert ("runtime.recompute: true" in off.line()) is (chain_bytes == 10**5)
