@@ -85,7 +85,7 @@ class BlockChain:
     block_names: list[list[str]]  # selected parameter names of each block
     outer_names: list[str]  # selected names outside every block (prefix and suffix)
     tails: list = field(default_factory=list)  # per block: None (returns a tensor) or its tuple's tail
-    calls: dict = field(default_factory=dict)  # id(batch) → (batch, list[_Call])
+    calls: tuple = ()  # (batch, list[_Call]) of the last batch seen
 
     # ------------------------------------------------------------ finding the chain
     @classmethod
@@ -153,10 +153,10 @@ class BlockChain:
     def block_calls(self, batch) -> list[_Call]:
         """The blocks' arguments other than the hidden state on ``batch`` (θ-free: checked by
         `find`), from one pass of the prefix with pass-through blocks (no grad); the last block
-        stops it. Kept per batch (the batch is kept with them, so its id is not reused)."""
-        key = id(batch)
-        if key in self.calls:
-            return self.calls[key][1]
+        stops it. Kept for the last batch only (the vectors of a block reuse it; masks of every
+        batch kept at once would grow with the measurement set)."""
+        if self.calls and self.calls[0] is batch:
+            return self.calls[1]
         p = self.problem
         out: list[_Call] = []
         n = len(self.blocks)
@@ -176,7 +176,7 @@ class BlockChain:
                 p._call(p.params, batch)
             except _Reached:
                 pass
-        self.calls[key] = (batch, out)
+        self.calls = (batch, out)
         return out
 
     # ------------------------------------------------------------ the segments as functions
