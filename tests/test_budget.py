@@ -308,6 +308,19 @@ def test_a_trace_small_at_the_spectrums_scale_stops_at_its_floor(method):
     assert not q.near_zero and not q.converged and q.probes >= 1000 and q.stderr > 0.002 * abs(q.estimate)
 
 
+def test_a_fixed_probe_count_near_zero_spends_no_products_on_the_floor():
+    """min_probes = max_probes (a fixed count, as scripts/bench_large.py's 4 or 16 probes): a trace
+    within 2σ of 0 at its last probe has no probe left to save, so Tr|A| is not computed (it cost
+    40 more products, 10× a 4-probe trace, before this was fixed) and the result is not_converged."""
+    P = 400
+    eigs = np.concatenate([np.linspace(0.5, 1.5, P // 2), -np.linspace(0.5, 1.5, P // 2)])  # Tr A = 0
+    A = sym(P, 7, eigs=eigs)
+    r = linalg.hutchinson(linalg.as_operator(lambda V: V @ A, P, dtype=DT), generator=gen(5),
+                          stop=linalg.ProbeStop(tol=0.01, min_probes=8, max_probes=8))
+    assert abs(r.estimate) < 2 * r.stderr  # near 0: the case that used to compute Tr|A|
+    assert r.probes == 8 and r.abs_trace is None and not r.near_zero and not r.converged, r
+
+
 def test_lanczos_stops_at_the_absolute_floor_when_the_top_eigenvalue_is_zero():
     """λmax = 0 under eigenvalues in [−1, −0.5], products in float32 (as on a network): the residual
     stalls near 1e-9 while |θ| ~ 1e-8, so ‖Hx − θx‖ ≤ 1e-3·|θ| is out of reach (all 100 steps,

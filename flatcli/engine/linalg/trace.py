@@ -134,6 +134,8 @@ class NearZeroFloor:
         near = abs(est) < 2 * se
         if self.scale is None:
             cost = NEAR_ZERO_RUNS * min(NEAR_ZERO_STEPS, self.dim)
+            if used >= self.max_probes and self.known is None:
+                return False  # no probe left to save: T's products would only relabel the result
             if not (near or self._out_of_reach(est, se, used, used if samples is None else samples)):
                 return False
             known = self.known() if self.known is not None else None
