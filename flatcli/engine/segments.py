@@ -116,10 +116,10 @@ class BlockChain:
         for i, b in enumerate(self.blocks):
             handles.append(b.register_forward_hook(
                 lambda m, a, kw, out, i=i: seen.append((i, a, kw, out)), with_kwargs=True))
-        t = p.theta.requires_grad_(True)
+        params = {n: x.detach().requires_grad_(True) for n, x in p.params.items()}  # θ's storage, no copy
         try:
-            with torch.enable_grad():
-                p.batch_loss_sum(p.unflatten(t), batch)
+            with torch.enable_grad():  # one row: the structure is the batch's, the saved activations 1/rows
+                p.batch_loss_sum(params, batch.select(slice(0, 1)))
         finally:
             for h in handles:
                 h.remove()
