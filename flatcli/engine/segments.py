@@ -29,7 +29,7 @@ block's activations twice (the forward's and the ``create_graph`` backward's); w
 block's forward runs twice (step 1 and step 3) with tangents, about 2× a double-backward product
 (docs/performance.md has the measurements).
 
-When it applies (`BlockChain.find`, checked on the first batch with one forward pass): the model
+When it applies (`BlockChain.find`, checked with one forward pass over the first row): the model
 has an outermost ``nn.ModuleList`` of blocks (`flatcli.engine.recompute.find_blocks`), called once
 each, in order, each block's first input is the previous block's output (the tensor itself, or
 the first element of a tuple whose other elements carry no gradient), no other block argument
@@ -250,7 +250,7 @@ class BlockChain:
         p = self.problem
         calls = self.block_calls(batch)
         if v._base is not None and v._base.shape != th.shape:
-            v = v.clone()  # a row of a (K, P) block: forward AD would copy its tangents' larger base (see below)
+            v = v.clone()  # a row of a (K, P) block: forward AD would copy its tangents' larger base
         theta = {n: x.detach() for n, x in p.unflatten(th).items()}
         vd = p.unflatten(v)
         if out is None:
