@@ -197,7 +197,7 @@ class ProductState:
     def theta_of(self, theta: torch.Tensor | None) -> torch.Tensor:
         """θ (default: the model's parameters), detached, on the problem's device and dtype."""
         p = self.problem
-        return (p.theta if theta is None else theta).detach().to(self.device, p.dtype)
+        return (p.theta_flat if theta is None else theta).detach().to(self.device, p.dtype)
 
     # ------------------------------------------------------------ unit weighting
     def share(self, t: torch.Tensor, batch: Batch) -> torch.Tensor:

@@ -171,7 +171,15 @@ class Problem:
         chosen = set(names)
         named = dict(model.named_parameters())
         self.names = names
-        self.params = {n: named[n].detach().to(self.device, self.dtype).clone() for n in names}
+        numels = [named[n].numel() for n in names]
+        # one flat storage, the parameters views of it: products read θ there without a copy (theta_flat)
+        self._flat = torch.empty(int(sum(numels)), device=self.device, dtype=self.dtype)
+        self.params = {}
+        i = 0
+        for n, k in zip(names, numels, strict=True):
+            self._flat[i : i + k].copy_(named[n].detach().reshape(-1))
+            self.params[n] = self._flat[i : i + k].view(named[n].shape)
+            i += k
         self.frozen = {n: q.detach().to(self.device, self.dtype) for n, q in named.items() if n not in chosen}
         self.buffers = {
             n: (b.detach().to(self.device, self.dtype) if b.is_floating_point() else b.detach().to(self.device))
@@ -231,6 +239,13 @@ class Problem:
     def theta(self) -> torch.Tensor:
         """The selected parameters as one flat vector (a copy)."""
         return self.flatten(self.params)
+
+    @property
+    def theta_flat(self) -> torch.Tensor:
+        """The selected parameters as one flat vector *shared* with ``params`` (not a copy: read it,
+        never write it). What the curvature products read at the model's θ: `theta` would copy P
+        numbers per product (1.24 GB at 311M parameters)."""
+        return self._flat
 
     def flatten(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
         """The parameters ``params`` (name → tensor) as one flat vector, in ``names`` order."""
