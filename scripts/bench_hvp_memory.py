@@ -10,7 +10,9 @@ checkpointing under the double backward, forced here by hiding the chain). A fif
 checkpointed forward-over-reverse with `torch.autograd.forward_ad` dual tensors over a plain
 backward, was measured in commit 90a0af2 and dropped (more memory, not less: docs/performance.md).
 Each child builds the model and tokens, runs ``--products`` products of one vector
-(gradient graphs are not cached across products), and reports seconds per product (each), the peak
+(gradient graphs are not cached across products, except in the scheme ``cached``: the engine's
+default, which keeps the first backward's graph across the products at one θ when it fits, as a
+Lanczos run does; its first product builds the graph, the later ones reuse it), and reports seconds per product (each), the peak
 resident set of the whole process (``VmHWM``) and the resident set before the first product, and
 the relative difference of its last product from ``--check``'s (the reverse product, when given).
 
@@ -31,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SCHEMES = ("reverse", "forward", "recompute", "checkpoint")
+CACHED = "cached"  # reverse with the engine's default cache_graphs (None: the gradient graph kept across products at one θ)
 PEER = "eigenthings"  # hessian-eigenthings' HessianOperator.matvec, with --eigenthings DIR
 
 
@@ -39,7 +42,7 @@ def run_one(args) -> dict:
     import torch
 
     from flatcli.engine import CurvatureEngine, Problem
-    from scripts.bench_large import _status, build
+    from scripts.bench_large import _status, build, matmul_mode
 
     torch.set_num_threads(args.threads)
     if args.scheme == PEER:
@@ -50,19 +53,20 @@ def run_one(args) -> dict:
         segments.BlockChain.find = classmethod(lambda cls, problem: (None, "hidden by the benchmark"))
     model, batch = build(args.size, args.vocab, args.rows, args.length)
     p = Problem(model, batch, loss="causal_lm", batch_size=args.rows)
-    eng = CurvatureEngine(p, cache_graphs=False, precision=args.precision, recompute=args.scheme in ("recompute", "checkpoint"),
+    eng = CurvatureEngine(p, cache_graphs=None if args.scheme == CACHED else False, precision=args.precision, recompute=args.scheme in ("recompute", "checkpoint"),
                           hvp_mode="forward" if args.scheme == "forward" else "reverse")
     v = torch.randn(1, p.num_params, generator=torch.Generator().manual_seed(3))
     base = _status("VmRSS")
     secs, hv = [], None
     for _ in range(args.products):
         t0 = time.perf_counter()
-        hv = eng.hvp(v)
+        with matmul_mode(args.bf16_matmul):
+            hv = eng.hvp(v)
         secs.append(time.perf_counter() - t0)
-    out = {"params": p.num_params, "seconds": secs, "peak_rss_bytes": _status("VmHWM"), "rss_before_bytes": base,
+    out = {"bf16_matmul": args.bf16_matmul, "params": p.num_params, "seconds": secs, "peak_rss_bytes": _status("VmHWM"), "rss_before_bytes": base,
            "fallbacks": eng.fallbacks, "vHv": float(v[0] @ hv[0]),
            "block_by_block": eng.state.chain is not None}
-    if args.scheme in ("reverse", "recompute"):  # the rules of predicted_product_bytes, after the peak was read
+    if args.scheme in ("reverse", "recompute", CACHED):  # the rules of predicted_product_bytes, after the peak was read
         from flatcli.engine.recompute import predicted_product_bytes
 
         blocks = len(eng.state.chain.blocks) if eng.state.chain is not None else 0
@@ -106,7 +110,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", action="append", help="model size of scripts/bench_large.py (repeatable; default 10M)")
     ap.add_argument("--precision", action="append", help="runtime.precision (repeatable; default fp32)")
-    ap.add_argument("--scheme", action="append", choices=[*SCHEMES, PEER],
+    ap.add_argument("--scheme", action="append", choices=[*SCHEMES, CACHED, PEER],
                     help="(repeatable; default the four of flatcli; eigenthings needs --eigenthings)")
     ap.add_argument("--eigenthings", help="a folder holding the hessian_eigenthings package (its wheel unpacked)")
     ap.add_argument("--vocab", type=int, default=8192)
@@ -114,6 +118,8 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--products", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--bf16-matmul", choices=["native", "fp32"], default="native",
+                    help="fp32: bf16 matrix products by the float32 kernel, rounded to bf16 (bench_large.matmul_mode)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--save", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -123,7 +129,7 @@ def main() -> None:
         return
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
     common = ["--vocab", args.vocab, "--rows", args.rows, "--length", args.length, "--products", args.products,
-              "--threads", args.threads, *(["--eigenthings", args.eigenthings] if args.eigenthings else [])]
+              "--threads", args.threads, "--bf16-matmul", args.bf16_matmul, *(["--eigenthings", args.eigenthings] if args.eigenthings else [])]
     for size in args.size or ["10M"]:
         for prec in args.precision or ["fp32"]:
             ref = None

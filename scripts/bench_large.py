@@ -53,6 +53,44 @@ def _status(key: str) -> int:
     raise KeyError(key)
 
 
+def matmul_mode(kind: str):
+    """A context for ``--bf16-matmul``: ``native`` does nothing; ``fp32`` is a dispatch mode under
+    which every bfloat16 matrix product (``mm``, ``addmm``, ``bmm``, ``baddbmm``: ``nn.Linear``,
+    GPT-2's ``Conv1D``, eager attention and their derivatives) is computed by the float32 kernel and
+    rounded to bfloat16.
+
+    For CPUs without bfloat16 matrix instructions (this project's AVX2 machine): PyTorch's reference
+    bf16 kernel runs there at 0.2-0.4 GFLOP/s against 28-35 GFLOP/s in float32 (a 1024 x 1024 x 4096
+    product: 41.8 s against 0.31 s), which puts one bf16 product of a 350M model past 50 minutes. The
+    arithmetic is a GPU's bf16 GEMM (bf16 operands, float32 accumulation, a bf16 result) up to the
+    order of summation; every tensor kept between operations has the dtype and shape it has with the
+    native kernel, and the float32 copies of one product's operands live only inside it, so a peak
+    memory measured under this mode bounds the native one from above (compared at 2M and 10M in
+    docs/performance.md). Seconds under it are not bf16 seconds."""
+    import contextlib
+
+    if kind != "fp32":
+        return contextlib.nullcontext()
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map
+
+    aten = torch.ops.aten
+    ops = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+
+    def up(t):
+        return t.float() if isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 else t
+
+    class Fp32Matmuls(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in ops and any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args):
+                return func(*tree_map(up, args), **tree_map(up, kwargs)).to(torch.bfloat16)
+            return func(*args, **kwargs)
+
+    return Fp32Matmuls()
+
+
 def build(size: str, vocab: int, rows: int, length: int):
     """(model, batch): a GPT-2 LM head model with random weights (seed 0), eager attention, and
     ``rows`` × ``length`` random tokens (seed 1), the last quarter of the first row padded."""
@@ -86,19 +124,20 @@ def run_one(args) -> dict:
     eng = CurvatureEngine(p, cache_graphs=False, precision=args.precision, recompute=args.recompute)
     base = _status("VmRSS")
     g = torch.Generator().manual_seed(3)
-    t0 = time.perf_counter()
-    lz = linalg.lanczos(eng.hessian(), k=1, block=1, stop=linalg.KrylovStop(tol=args.tol, max_steps=args.max_steps),
-                        generator=g)
-    t1 = time.perf_counter()
-    tr = linalg.hutchinson(linalg.as_operator(eng.hessian(), block_size=4), generator=g,
-                           stop=linalg.ProbeStop(min_probes=args.probes, max_probes=args.probes))
-    t2 = time.perf_counter()
+    with matmul_mode(args.bf16_matmul):
+        t0 = time.perf_counter()
+        lz = linalg.lanczos(eng.hessian(), k=1, block=1,
+                            stop=linalg.KrylovStop(tol=args.tol, max_steps=args.max_steps), generator=g)
+        t1 = time.perf_counter()
+        tr = linalg.hutchinson(linalg.as_operator(eng.hessian(), block_size=4), generator=g,
+                               stop=linalg.ProbeStop(min_probes=args.probes, max_probes=args.probes)) if args.probes else None
+        t2 = time.perf_counter()
     return {"size": args.size, "params": p.num_params, "precision": args.precision, "recompute": args.recompute,
             "recompute_active": eng.recompute_active, "lambda_max": float(lz.eigenvalues[0]),
             "lambda_rel_residual": float(lz.residuals[0] / abs(lz.eigenvalues[0])), "lanczos_steps": lz.steps,
-            "lambda_seconds": t1 - t0, "trace": tr.estimate, "trace_stderr": tr.stderr, "trace_seconds": t2 - t1,
+            "lambda_seconds": t1 - t0, "trace": tr and tr.estimate, "trace_stderr": tr and tr.stderr, "trace_seconds": t2 - t1,
             "seconds_per_product": (t1 - t0) / lz.steps, "peak_rss_bytes": _status("VmHWM"),
-            "rss_before_bytes": base, "threads": args.threads, "block_by_block": eng.state.chain is not None,
+            "rss_before_bytes": base, "threads": args.threads, "bf16_matmul": args.bf16_matmul, "block_by_block": eng.state.chain is not None,
             "predicted_peak_bytes": _predicted_peak(p, eng, base, lz.steps)}
 
 
@@ -143,6 +182,8 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=40)
     ap.add_argument("--probes", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--bf16-matmul", choices=["native", "fp32"], default="native",
+                    help="fp32: bf16 matrix products by the float32 kernel, rounded to bf16 (matmul_mode)")
     ap.add_argument("--eigenthings", help="a folder holding the hessian_eigenthings package (an unpacked wheel)")
     ap.add_argument("--eigenthings-steps", type=int, default=8)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
@@ -153,7 +194,8 @@ def main() -> None:
         return
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
     common = ["--vocab", args.vocab, "--rows", args.rows, "--length", args.length, "--tol", args.tol,
-              "--max-steps", args.max_steps, "--probes", args.probes, "--threads", args.threads]
+              "--max-steps", args.max_steps, "--probes", args.probes, "--threads", args.threads,
+              "--bf16-matmul", args.bf16_matmul]
     for size in args.size or ["10M"]:
         for prec in args.precision or ["fp32"]:
             for rec in args.recompute or ["false", "true"]:
