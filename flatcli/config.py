@@ -121,6 +121,8 @@ class RuntimeConfig:
     # most basis vectors Krylov estimators keep on the device (flatcli.engine.linalg._store)
     recompute: bool | str = field(default="auto", metadata=_rule("recompute", **_NEW))
     max_device_vectors: int | str | None = field(default="auto", metadata=_rule("max_device_vectors", **_NEW))
+    # the most Lanczos basis vectors kept at all; beyond it thick restarts (flatcli.engine.linalg.lanczos)
+    max_basis_vectors: int | str | None = field(default="auto", metadata=_rule("max_basis_vectors", **_NEW))
     # predicted peak memory checked against free memory before the data and the first product (flatcli.memory)
     check_memory: bool = field(default=True, metadata=_rule("check_memory", **_NEW))
     # seconds per checkpoint (parse_seconds)

@@ -171,7 +171,8 @@ def measure_model(
                 check_targets(work, d, st.loss, f"data.{split_name}", st.device, _dtype_of(work))
         row.params = st.params.describe(work, problem.names)
         engine = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision,
-                                 recompute=st.recompute, max_device_vectors=st.max_device_vectors)
+                                 recompute=st.recompute, max_device_vectors=st.max_device_vectors,
+                                 max_basis_vectors=st.max_basis_vectors)
         try:
             engine.check_finite()
             _check_deterministic(problem)
@@ -311,7 +312,7 @@ def problem_dims(model: torch.nn.Module, data, settings: Settings) -> Dims:
         P=prob.num_params, n=prob.n, C=int(Z.shape[-1]), rows=int(batch.rows),
         tensors=tuple(named[n].numel() for n in prob.names),
         matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model, chosen)),
-        verify=settings.verifies(),
+        verify=settings.verifies(), max_basis=settings.basis_cap(prob.num_params),
     )
 
 

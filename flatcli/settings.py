@@ -123,6 +123,9 @@ class Settings:
         `flatcli.engine.recompute`, on models that are not chains of blocks).
     max_device_vectors : most basis vectors the Krylov estimators keep on the device
         (``runtime.max_device_vectors``: an int, "auto" or None; `flatcli.engine.linalg._store`).
+    max_basis_vectors : most Lanczos basis vectors kept at all, device and host
+        (``runtime.max_basis_vectors``: an int, "auto" or None; beyond it Lanczos thick-restarts,
+        `flatcli.engine.linalg.lanczos`).
     params : the parameter selection every measure perturbs and differentiates
         (`flatcli.engine.params.ParamSelection`; default everything).
     budget : seconds for one checkpoint's measures together (``runtime.budget``, ``--budget``;
@@ -145,6 +148,7 @@ class Settings:
     params: ParamSelection = ParamSelection()
     recompute: str = "auto"
     max_device_vectors: int | str | None = "auto"
+    max_basis_vectors: int | str | None = "auto"
     budget: float | None = None
     check_memory: bool = True
 
@@ -199,6 +203,7 @@ class Settings:
             params=ParamSelection.of(cfg.params),
             recompute=rt.recompute,
             max_device_vectors=rt.max_device_vectors,
+            max_basis_vectors=rt.max_basis_vectors,
             budget=rt.budget,
             check_memory=rt.check_memory,
         )
@@ -223,6 +228,14 @@ class Settings:
         """TF32 matrix products on for an effective ``tf32``, off otherwise; the previous flags are restored."""
         return self.resolved_precision.context()
 
+    def basis_cap(self, P: int) -> int | None:
+        """``runtime.max_basis_vectors`` for cost estimates (`flatcli.measures.Dims.max_basis`): an
+        int as given, None (unbounded), ``auto``: the P-vectors that fit in half the free host memory
+        (the rule of `flatcli.engine.linalg.lanczos.basis_limit`, before the certified floor)."""
+        from .engine.linalg.lanczos import basis_limit
+
+        return basis_limit(None, self.max_basis_vectors, P, self.dtype, rows=2**62, floor=1)
+
     def verifies(self) -> bool:
         """Whether converged quantities are re-checked with fp32 products (``auto`` running TF32)."""
         return self.resolved_precision.verify
@@ -234,4 +247,4 @@ class Settings:
 
 
 _CHECKED = ("precision", "seed", "loss", "split", "num_samples", "batch_size", "data_seed", "hvp_mode", "block_size",
-            "recompute", "max_device_vectors", "budget", "check_memory")
+            "recompute", "max_device_vectors", "max_basis_vectors", "budget", "check_memory")

@@ -304,6 +304,9 @@ SETTINGS: dict[str, Rule] = {
     "threads": Rule(Either(Integral(1, text=True), _AUTO), "intra-op threads per worker (flatcli.threads)"),
     "max_device_vectors": Rule(Optional(Either(Integral(1), _AUTO)),
                                "most Krylov basis vectors kept on the device (null: unbounded)"),
+    "max_basis_vectors": Rule(Optional(Either(Integral(1), _AUTO)),
+                              "most Lanczos basis vectors kept at all, device and host; beyond it Lanczos "
+                              "thick-restarts (auto: what fits in half the free host memory; null: unbounded)"),
     "recompute": Rule(Either(Bool(), OneOf(*RECOMPUTE), words="true, false or auto"),
                       "activation checkpointing in Hessian products (flatcli.engine.recompute)"),
     "check_memory": Rule(Bool(), "check before loading the data and before the first product that the run fits in "

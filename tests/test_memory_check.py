@@ -348,3 +348,21 @@ def test_a_chain_is_predicted_block_by_block_and_recompute_is_suggested_only_whe
     assert not on.skipped and on.parts["product"] == chain_bytes
     assert on.fits is (chain_bytes == 10**5) and not off.fits
     assert ("runtime.recompute: true" in off.line()) is (chain_bytes == 10**5)
+
+
+def test_on_cpu_an_unbounded_basis_that_does_not_fit_suggests_max_basis_vectors(tmp_path, monkeypatch):
+    """With ``runtime.max_basis_vectors: null`` a 60-step Lanczos basis is counted whole; when only a
+    smaller basis fits, the cap that fits (above the certified step count) is suggested, and with
+    that cap the same check passes."""
+    from flatcli.engine.linalg import certified_min_steps
+
+    P = P_of(8)
+    spec = [MeasureSpec("hessian_lambda_max", "lam", {"max_steps": 60})]
+    model = MLP(16, 8, 1, 4)
+    free(monkeypatch, 4 * P * (2 + 30 + 1))  # θ and gradient, one product input and 30 basis vectors
+    v = memory.check_model(model, spec, Settings(max_basis_vectors=None))
+    assert not v.fits and v.parts["vectors"] == 4 * P * (60 + 1)
+    assert certified_min_steps(P) < 30
+    assert "runtime.max_basis_vectors: 30 (Lanczos restarts beyond it)" in v.line()
+    ok = memory.check_model(model, spec, Settings(max_basis_vectors=30))
+    assert ok.fits and ok.parts["vectors"] == 4 * P * (30 + 1)

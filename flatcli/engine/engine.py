@@ -77,6 +77,9 @@ class CurvatureEngine:
     max_device_vectors : most basis vectors the Krylov estimators keep on the device
         (``runtime.max_device_vectors``): an int, None (unbounded) or "auto" (from free CUDA memory,
         unbounded on CPU); the rest lives in host memory (`flatcli.engine.linalg._store`).
+    max_basis_vectors : most Lanczos basis vectors kept at all, device and host
+        (``runtime.max_basis_vectors``): an int, None (unbounded) or "auto" (what fits in half the
+        free host memory); beyond it Lanczos thick-restarts (`flatcli.engine.linalg.lanczos`).
     recompute : "false", "true" or "auto" (``runtime.recompute``; booleans accepted): Hessian products
         that keep one block's activations at a time: block by block on a chain of blocks
         (`flatcli.engine.segments`), else with per-block activation checkpointing
@@ -84,7 +87,7 @@ class CurvatureEngine:
         the predicted peak of a product does not fit in free memory (`recompute_active`).
 
     Arguments are checked at this boundary with the rules of `flatcli.validation` (``hvp_mode``,
-    ``precision``, ``recompute``, ``block_size``, ``max_device_vectors``: the same rule and wording
+    ``precision``, ``recompute``, ``block_size``, ``max_device_vectors``, ``max_basis_vectors``: the same rule and wording
     as the config and `flatcli.settings.Settings`, raised as ValueError as they always were): the
     engine is a public entry point (``flatcli.engine.CurvatureEngine``, built directly by tests and
     library users), so it does not rely on `Settings` having checked them.
@@ -96,7 +99,7 @@ class CurvatureEngine:
     def __init__(self, problem: Problem, hvp_mode: str = "auto", block_size: int | None = None,
                  reverse_batched: bool | None = None, cache_graphs: bool | None = None, fd_eps: float = 1e-3,
                  precision: str = "auto", max_device_vectors: int | str | None = "auto",
-                 recompute: str | bool = "false"):
+                 recompute: str | bool = "false", max_basis_vectors: int | str | None = "auto"):
         validation.validate("hvp_mode", hvp_mode, error=ValueError)
         if not (fd_eps > 0 and math.isfinite(fd_eps)):
             raise ValueError(f"fd_eps must be a positive float, got {fd_eps!r}")
@@ -105,8 +108,10 @@ class CurvatureEngine:
         # what the caller asked for, as given: `derive` builds an engine for another model with them
         self._options = dict(hvp_mode=hvp_mode, block_size=block_size, reverse_batched=reverse_batched,
                              cache_graphs=cache_graphs, fd_eps=fd_eps, precision=precision,
-                             max_device_vectors=max_device_vectors, recompute=recompute)
+                             max_device_vectors=max_device_vectors, recompute=recompute,
+                             max_basis_vectors=max_basis_vectors)
         self.max_device_vectors = validation.validate("max_device_vectors", max_device_vectors, error=ValueError)
+        self.max_basis_vectors = validation.validate("max_basis_vectors", max_basis_vectors, error=ValueError)
         self.device = problem.device
         self.dist = problem.dist
         self.precision = Precision.of(precision, self.device)
@@ -238,7 +243,8 @@ class CurvatureEngine:
         ctx = self.full_precision if precision == "fp32" and self.low_precision else None
         return CurvatureOperator(product, self.num_params, device=self.device, dtype=self.problem.dtype,
                                  name=name, precision_context=ctx, report=self.report,
-                                 max_device_vectors=self.max_device_vectors, block_size=lambda: self.memory.block_size)
+                                 max_device_vectors=self.max_device_vectors, max_basis_vectors=self.max_basis_vectors,
+                                 block_size=lambda: self.memory.block_size)
 
     def hessian(self, theta: torch.Tensor | None = None, *, precision: str | None = None) -> CurvatureOperator:
         """The Hessian of L at θ (default: the model's parameters) as a linear operator

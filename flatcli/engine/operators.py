@@ -53,6 +53,8 @@ class CurvatureOperator:
     max_device_vectors : most basis vectors the Krylov estimators driving this operator keep on
         the device (``runtime.max_device_vectors``; "auto": from free memory, unbounded on CPU;
         `flatcli.engine.linalg._store`).
+    max_basis_vectors : most Lanczos basis vectors kept at all (``runtime.max_basis_vectors``;
+        `flatcli.engine.linalg.lanczos.basis_limit`).
     block_size : most vectors per product call for the estimators driving this operator: an int, or
         a callable read at each access (the engine's ``runtime.block_size``, which its out-of-memory
         back-off may lower); None: the estimators' default.
@@ -60,8 +62,10 @@ class CurvatureOperator:
 
     def __init__(self, product: Product, dim: int, *, device=None, dtype=torch.float32, name: str = "operator",
                  precision_context: Callable | None = None, report: Callable | None = None,
-                 max_device_vectors: int | str | None = "auto", block_size: int | Callable[[], int] | None = None):
+                 max_device_vectors: int | str | None = "auto", block_size: int | Callable[[], int] | None = None,
+                 max_basis_vectors: int | str | None = "auto"):
         self.max_device_vectors = max_device_vectors
+        self.max_basis_vectors = max_basis_vectors
         self._block_size = block_size
         self._product = product
         self.shape = (int(dim), int(dim))
@@ -127,7 +131,7 @@ class CurvatureOperator:
 
         return CurvatureOperator(product, self.shape[1], device=self.device, dtype=self.dtype,
                                  name=f"{self.name}[block]", max_device_vectors=self.max_device_vectors,
-                                 block_size=self._block_size)
+                                 block_size=self._block_size, max_basis_vectors=self.max_basis_vectors)
 
     def to_scipy(self):
         """A `scipy.sparse.linalg.LinearOperator` view (float64 NumPy in and out)."""

@@ -124,6 +124,7 @@ class Dims:
     matrices: tuple[int, ...] = ()  # sizes of the weight matrices (Linear and Conv weights)
     verify: bool = False  # precision auto with TF32 products: fp32 checks add products
     rows: int = 0  # rows of the measurement set (0: as many as n)
+    max_basis: int | None = None  # most Lanczos basis vectors (runtime.max_basis_vectors, resolved; None: unbounded)
 
 
 Claim = Callable[[Any], "bool | str"]

@@ -64,6 +64,16 @@ class LambdaMaxOptions:
     )
 
 
+def lanczos_basis(d, max_steps: int, min_steps: int | None) -> int:
+    """P-vectors of λmax's Lanczos basis: one a step up to ``max_steps``, at most the thick-restart
+    cap ``d.max_basis`` (``runtime.max_basis_vectors``), which Lanczos raises to the certified step
+    count (`flatcli.engine.linalg.lanczos.basis_limit`)."""
+    rows = min(d.P, max_steps)
+    if d.max_basis is None:
+        return rows
+    return min(rows, max(d.max_basis, min_steps or certified_min_steps(d.P), 3))
+
+
 @register(
     "hessian_lambda_max",
     stops_early=True,  # its estimator checks the budget between blocks
@@ -76,7 +86,7 @@ class LambdaMaxOptions:
     "(one Lanczos per parameter tensor b of size P_b)",
     estimate=lambda o, d: {"n_hvp": (min(d.P, o.min_steps or certified_min_steps(d.P)) + int(d.verify),
                                       (1 + int(d.verify)) * min(d.P, o.max_steps) + int(d.verify)),  # + fp32 refinement
-                           "hvp_block": 1, "vectors": min(d.P, o.max_steps),  # one vector a step; the Krylov basis
+                           "hvp_block": 1, "vectors": lanczos_basis(d, o.max_steps, o.min_steps),  # the Krylov basis
                            # full reorthogonalization, twice: 2·j dot products and axpys at step j
                            "vector_ops": (2 * min(d.P, o.min_steps or certified_min_steps(d.P), o.max_steps) ** 2,
                                           2 * min(d.P, o.max_steps) ** 2)},
@@ -133,7 +143,8 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     lam = float(r.eigenvalues[0])
     rel = float(r.residuals[0] / max(abs(lam), 1e-30))
     converged = bool(r.converged)
-    diag = {"residual": rel, "steps": r.steps, "converged": converged, "min_ritz": float(r.eigenvalues[-1])}
+    diag = {"residual": rel, "steps": r.steps, "converged": converged, "min_ritz": float(r.eigenvalues[-1]),
+            "basis_vectors": r.basis_vectors, "restarts": r.restarts}
     stopped, near_zero = r.stopped_by_budget, r.near_zero
     if verify:
         H32 = eng.hessian(precision="fp32")

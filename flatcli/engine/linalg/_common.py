@@ -31,15 +31,17 @@ class Operator:
     ``dtype`` of the vectors (probes and bases are made there); ``block_size``: most vectors per
     product call (the engine's ``runtime.block_size`` for an engine operator, `DEFAULT_BLOCK` for a
     bare mat-vec); ``max_device_vectors``: the basis-store capacity (`flatcli.engine.linalg._store`);
+    ``max_basis_vectors``: Lanczos' thick-restart cap (`flatcli.engine.linalg.lanczos.basis_limit`);
     ``report(**info)``: the progress hook (a no-op for a bare mat-vec)."""
 
     def __init__(self, product: MatVec, dim: int, *, device, dtype, block_size: int,
-                 max_device_vectors, report: Callable[..., None] | None):
+                 max_device_vectors, report: Callable[..., None] | None, max_basis_vectors="auto"):
         self.matmat_rows = product
         self.shape = (int(dim), int(dim))
         self.device, self.dtype = device, dtype
         self.block_size = int(block_size)
         self.max_device_vectors = max_device_vectors
+        self.max_basis_vectors = max_basis_vectors
         self._report = report
 
     @property
@@ -63,8 +65,8 @@ def as_operator(op, dim: int | None = None, *, device=None, dtype=None, block_si
     ``matmat_rows`` and ``shape``: `flatcli.engine.operators.CurvatureOperator`, or an `Operator`) or
     from a bare ``V (K, P) -> M V`` callable, which needs ``dim``.
 
-    From an operator, ``dim``, ``device``, ``dtype``, ``block_size``, ``max_device_vectors`` and
-    ``report`` are its own; the keywords override them (``max_device_vectors="auto"`` and None for
+    From an operator, ``dim``, ``device``, ``dtype``, ``block_size``, ``max_device_vectors``,
+    ``max_basis_vectors`` and ``report`` are its own; the keywords override them (``max_device_vectors="auto"`` and None for
     the others: keep the operator's). A bare callable gets ``device`` (None: the default device),
     ``dtype`` (default float32), ``block_size`` (default `DEFAULT_BLOCK`) and ``max_device_vectors``
     as given, and no progress hook."""
@@ -74,7 +76,7 @@ def as_operator(op, dim: int | None = None, *, device=None, dtype=None, block_si
                         block_size=block_size or getattr(op, "block_size", None) or DEFAULT_BLOCK,
                         max_device_vectors=(getattr(op, "max_device_vectors", "auto") if _is_auto(max_device_vectors)
                                             else max_device_vectors),
-                        report=getattr(op, "report", None))
+                        report=getattr(op, "report", None), max_basis_vectors=getattr(op, "max_basis_vectors", "auto"))
     if dim is None:
         raise TypeError("a bare mat-vec needs its dimension: pass dim")
     return Operator(op, int(dim), device=device, dtype=torch.float32 if dtype is None else dtype,

@@ -109,6 +109,28 @@ class BasisStore:
             self._resident(need)
         self._n += k
 
+    def restart(self, S: torch.Tensor, rows: torch.Tensor) -> None:
+        """Replace the basis by ``Sᵀ Q`` (S: (n, j) coefficients of the n rows, j ≤ n) followed by
+        ``rows`` (k, P): a thick restart (`flatcli.engine.linalg.lanczos`). In place, a slice of
+        columns at a time, so it needs no second basis: at most n × 2²² / n elements more."""
+        n, j = S.shape
+        if n != self._n or j > n:
+            raise ValueError(f"restart coefficients of shape {tuple(S.shape)} for a basis of {self._n} rows")
+        step = max(1, (1 << 22) // max(n, 1))
+        for a in range(0, self.dim, step):
+            b = min(self.dim, a + step)
+            if self.offloaded:
+                cols = torch.stack([h[a:b] for h in self._host[:n]]).to(self.device)
+                new = (S.T.to(self.device, self.dtype) @ cols).cpu()
+                for i in range(j):
+                    self._host[i][a:b].copy_(new[i])
+            else:
+                self._buf[:j, a:b] = S.T.to(self.device, self.dtype) @ self._buf[:n, a:b]
+        if self.offloaded:
+            del self._host[j:]
+        self._n = j
+        self.append(rows)
+
     # ------------------------------------------------------------ reading
     def _chunks(self, start: int = 0, stop: int | None = None):
         """(offset, device tensor of rows) over [start, stop), at most ``capacity`` rows each."""

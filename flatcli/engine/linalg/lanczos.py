@@ -12,6 +12,22 @@ the estimate of :math:`\|H\|_2` on the way). A wanted value with :math:`|\theta_
 \mathrm{tol}\cdot s` is 0 at the tolerance's resolution of the spectrum; it is then known to
 :math:`\mathrm{tol}^2 s` absolutely (``near_zero`` set when such a value stopped the run).
 Values above :math:`\mathrm{tol}\cdot s`, the usual case, keep the relative test unchanged.
+
+Thick restarts (``max_basis``, ``runtime.max_basis_vectors``; Wu & Simon, SIMAX 22, 2000): full
+reorthogonalization keeps one P-vector a step (40 steps of a 1B-parameter model: 160 GB in float32),
+and host offload (`flatcli.engine.linalg._store`) only moves them. With a cap m, when the basis is
+full before the run stops, it becomes the `restart_keep` (about m/2) best Ritz vectors and the
+residual direction of the last block, T becomes diag(θ₁..θⱼ), and Lanczos goes on with full
+reorthogonalization in that subspace of the Krylov space; the next orthogonalization projects the
+new block's product on every basis row, which fills T's border (the coupling
+:math:`R\,y[s{:}e]` of the residual identity) from the data.
+The wanted Ritz values never get worse at a restart (the new space holds the old Ritz vectors; Cauchy
+interlacing), and the cap is raised to ``min_steps`` (and to k + 2 blocks), so the first cycle is a
+plain Krylov space of the certified dimension and the certificate of ``min_steps`` carries over. The
+price is more products for the same residual where the top of the spectrum is not separated
+(docs/performance.md). ``steps`` counts products; once restarted, T is no longer tridiagonal, so
+``alphas``, ``betas`` and ``first_components`` (SLQ's) are None. Restarting was chosen over
+selective reorthogonalization (Parlett & Scott 1979), which bounds the work, not the basis.
 """
 
 from __future__ import annotations
@@ -34,7 +50,7 @@ class LanczosResult:
 
     eigenvalues: all Ritz values, descending for ``which="largest"``.
     residuals: Ritz residual norms ‖Hx − θx‖ matching ``eigenvalues``.
-    steps: Krylov-space dimension reached (= number of products).
+    steps: products (= the Krylov-space dimension reached, without restarts).
     converged: the ``k`` wanted pairs met the residual test (or the space is exact).
     """
 
@@ -54,6 +70,8 @@ class LanczosResult:
     device_vectors: int = 0  # most basis vectors on the device at once (`BasisStore.peak_resident`)
     near_zero: bool = False  # a wanted Ritz value below tol·max|θ|: stopped at the absolute floor
     stopped_by_budget: bool = False  # the `Budget` ran out before the residual test was met
+    basis_vectors: int = 0  # most basis vectors kept (the thick-restart cap, or the step cap)
+    restarts: int = 0  # thick restarts (``max_basis``)
 
 
 
@@ -79,16 +97,20 @@ def certified_min_steps(dim: int, eps: float = 0.25, delta: float = 0.01) -> int
 
 
 class _BlockKrylov:
-    """The state of (block) Lanczos: basis (a `BasisStore`), projected matrix T, and Ritz pairs."""
+    """The state of (block) Lanczos: basis (a `BasisStore`), projected matrix T, and Ritz pairs.
 
-    def __init__(self, X: torch.Tensor, max_steps: int, dtype, capacity: int | None = None):
+    ``max_rows``: the most basis rows (the step cap, or the thick-restart cap ``max_basis``)."""
+
+    def __init__(self, X: torch.Tensor, max_rows: int, dtype, capacity: int | None = None):
         b, dim = X.shape
         self.dtype = dtype
-        self.Q = BasisStore(dim, X.device, dtype, capacity=capacity, max_rows=max_steps)
+        self.Q = BasisStore(dim, X.device, dtype, capacity=capacity, max_rows=max_rows)
         self.Q.append(torch.linalg.qr(X.T).Q.T.to(dtype))
-        self.T = np.zeros((max_steps, max_steps), dtype=np.float64)
+        self.T = np.zeros((max_rows, max_rows), dtype=np.float64)
         self.s, self.e = 0, b
-        self.max_steps = max_steps
+        self.block_width = b
+        self.max_rows = max_rows
+        self.restarts = 0
 
     def block(self) -> torch.Tensor:
         """The newest block of the basis (the input of the next product), on the device."""
@@ -128,12 +150,64 @@ class _BlockKrylov:
         res = np.linalg.norm(R @ evecs[s:e, :], axis=0)
         return evals, evecs, res, R, Qnext
 
-    def extend(self, Qnext: torch.Tensor, keep: np.ndarray) -> None:
-        """Append the kept directions of the next block."""
-        width = min(len(keep), self.max_steps - self.e)
+    def room(self) -> int:
+        """Rows the basis can still take."""
+        return self.max_rows - self.e
+
+    def extend(self, Qnext: torch.Tensor, keep: np.ndarray, most: int) -> None:
+        """Append the kept directions of the next block (at most ``most``)."""
+        width = min(len(keep), self.room(), most)
         Qn = Qnext[torch.as_tensor(keep[:width], device=Qnext.device)]
         self.s, self.e = self.e, self.e + width
         self.Q.append(Qn)
+
+    def grow(self, evals, evecs, Qnext: torch.Tensor, keep: np.ndarray, k: int, most: int) -> None:
+        """The next block of the basis: appended, or after a thick restart when the basis is full."""
+        b = self.block_width
+        if self.room() < min(len(keep), b):
+            self.restart(evals, evecs, Qnext, keep, restart_keep(self.max_rows, k, b), most)
+        else:
+            self.extend(Qnext, keep, most)
+
+    def restart(self, evals, evecs, Qnext: torch.Tensor, keep: np.ndarray, j: int, most: int) -> None:
+        """Thick restart (Wu & Simon 2000): the basis becomes the ``j`` first Ritz vectors (in
+        ``which`` order) and the kept directions of the next block; T becomes diag(θ₁..θⱼ). Its
+        border (the coupling ``R y[s:e]`` of the residual identity) is filled by the next
+        orthogonalization, which projects the new block's product on every basis row."""
+        keep = keep[: min(len(keep), most)]
+        S = torch.as_tensor(evecs[:, :j].copy(), dtype=self.dtype)
+        self.Q.restart(S, Qnext[torch.as_tensor(keep, device=Qnext.device)])
+        self.T[:] = 0.0
+        self.T[np.arange(j), np.arange(j)] = evals[:j]
+        self.s, self.e = j, j + len(keep)
+        self.restarts += 1
+
+
+def restart_keep(max_basis: int, k: int, block: int) -> int:
+    """Ritz vectors a thick restart keeps: about half the basis, at least ``k``, leaving room for
+    two more blocks (the next block and one product of it)."""
+    return int(max(k, min((max_basis - block) // 2, max_basis - 2 * block)))
+
+
+def basis_limit(op, setting, dim: int, dtype, rows: int, floor: int) -> int | None:
+    r"""The most Lanczos basis rows, from ``setting`` (``runtime.max_basis_vectors``): an int
+    (raised to ``floor``), None (unbounded), or ``"auto"``: the operator's setting when it has
+    one, else unbounded when ``rows`` P-vectors fit in half the free host memory
+    (`flatcli.engine.recompute.free_bytes` of the CPU: ``MemAvailable``) and otherwise as many as
+    fit there, at least ``floor``. ``rows``: the basis the run would build without a cap."""
+    if isinstance(setting, str) and setting == "auto":
+        setting = getattr(op, "max_basis_vectors", "auto")
+    if isinstance(setting, str) and setting == "auto":
+        from ..recompute import free_bytes
+
+        free = free_bytes(torch.device("cpu"))
+        if free is None:
+            return None
+        fit = int(0.5 * free // max(1, dim * (torch.finfo(dtype).bits // 8)))
+        return None if fit >= rows else max(fit, floor)
+    if setting is None:
+        return None
+    return max(int(setting), floor)
 
 
 def lanczos(
@@ -157,16 +231,12 @@ def lanczos(
     A block start finds eigenvalues of multiplicity up to ``block``; with
     ``block=1`` this is classical Lanczos.
 
-    Stops (``stop``, a `KrylovStop`) once the Krylov dimension is at least ``min_steps`` and the
+    Stops (``stop``, a `KrylovStop`) after at least ``min_steps`` products (default:
+    `certified_min_steps`, which makes a small residual certify the *extreme* eigenvalue) once the
     residuals :math:`\|Hx_i - \theta_i x_i\|` of the ``k`` wanted Ritz pairs are at most
-    ``tol * |\theta_i|``; or when the space is exhausted (an invariant subspace:
-    the Ritz values are then exact); or at ``max_steps`` basis vectors.
-    ``min_steps`` (default: `certified_min_steps` of the dimension) makes a small
-    residual certify the *extreme* eigenvalue, not just some eigenvalue.
-
-    Near zero: the relative test has an absolute floor (module docstring; ``near_zero``).
-    ``stop.budget`` (a `Budget`): the Krylov space stops growing when it is spent (checked between
-    blocks; a product cap also bounds ``max_steps``), with the Ritz values so far and ``stopped_by_budget``.
+    ``tol * |\theta_i|`` (near zero: an absolute floor, module docstring); when the space is
+    exhausted (an invariant subspace: exact Ritz values); or at ``max_steps`` products, or when
+    ``stop.budget`` is spent (checked between blocks; ``stopped_by_budget``).
 
     Parameters
     ----------
@@ -180,7 +250,8 @@ def lanczos(
     which : "largest" or "smallest" (algebraic).
     block : block size of the Krylov space (default ``k``); not the operator's ``block_size``.
     v0 : start vector(s), shape (P,) or (block, P); default seeded Gaussian.
-    stop : tolerance, fewest and most steps, budget (`KrylovStop`).
+    stop : tolerance, fewest and most steps, budget, and the most basis vectors kept
+        (``max_basis``, `basis_limit`; beyond it thick restarts, module docstring) (`KrylovStop`).
     """
     if which not in ("largest", "smallest"):
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
@@ -195,12 +266,14 @@ def lanczos(
     min_steps = certified_min_steps(dim) if stop.min_steps is None else int(stop.min_steps)
     min_steps = int(min(min_steps, max_steps))
     X = _start_block(v0, block, k, dim, max_steps, generator)
+    b = X.shape[0]
+    rows = min(basis_limit(op, stop.max_basis, dim, dtype, max_steps, floor=max(min_steps, k + 2 * b)) or max_steps, max_steps)
     cap = device_capacity(op, op.max_device_vectors, dim, device, dtype)
-    cap = None if cap is None else max(int(cap), X.shape[0])
-    kry = _BlockKrylov(X.to(device=device, dtype=torch.float64), max_steps, dtype, capacity=cap)
+    kry = _BlockKrylov(X.to(device=device, dtype=torch.float64), rows, dtype, capacity=None if cap is None else max(int(cap), b))
     converged = stopped = near_zero = False
-    nblock = 0
+    nblock = nprod = 0
     while True:
+        nprod += kry.e - kry.s
         W = kry.orthogonalize(matvec(kry.block()).to(dtype))
         nblock += 1
         evals, evecs, res, R, Qnext = kry.ritz(W, which)
@@ -210,30 +283,32 @@ def lanczos(
         if len(keep) == 0 or kry.e >= dim:
             converged = True  # invariant subspace: the Ritz values are exact
             break
-        report(steps=kry.e, value=float(evals[0]), residual=float(res[0] / max(abs(evals[0]), 1e-30)))
+        report(steps=nprod, value=float(evals[0]), residual=float(res[0] / max(abs(evals[0]), 1e-30)))
         spread = float(np.max(np.abs(evals)))  # max |θ|: the estimate of ‖H‖₂ so far
         small = np.abs(evals[:kk]) < tol * spread  # 0 at the tolerance's resolution: the absolute floor
         floor = np.maximum(np.abs(evals[:kk]), max(tol * spread, 1e-30))
-        if kry.e >= min_steps and np.all(res[:kk] <= tol * floor):
+        if nprod >= min_steps and np.all(res[:kk] <= tol * floor):
             converged, near_zero = True, bool(small.any())
             break
-        if kry.e >= max_steps or budget.exhausted(kry.e):
-            stopped = kry.e < wanted
+        if nprod >= max_steps or budget.exhausted(nprod):
+            stopped = nprod < wanted
             break
-        kry.extend(Qnext, keep)
-    e, b = kry.e, X.shape[0]
+        kry.grow(evals, evecs, Qnext, keep, k, max_steps - nprod)
+    e = kry.e
     ritz = None
     if return_vectors:
         S = torch.as_tensor(evecs[:, : min(k, e)], dtype=dtype, device=kry.Q.device)
         ritz = kry.Q.combine(S)
     T = kry.T[:e, :e]
-    budget.spend(e)
+    budget.spend(nprod)
+    plain = kry.restarts == 0
     return LanczosResult(
-        eigenvalues=evals, residuals=res, steps=e, converged=converged,
-        alphas=np.diag(T).copy() if b == 1 else None, betas=np.diag(T, -1).copy() if b == 1 else None,
-        ritz_vectors=ritz, first_components=evecs[0, :].copy(), block=b, block_steps=nblock, n_hvp=e,
-        device_vectors=kry.Q.peak_resident,
-        near_zero=near_zero, stopped_by_budget=stopped,
+        eigenvalues=evals, residuals=res, steps=nprod, converged=converged,
+        alphas=np.diag(T).copy() if b == 1 and plain else None,
+        betas=np.diag(T, -1).copy() if b == 1 and plain else None,
+        ritz_vectors=ritz, first_components=evecs[0, :].copy() if plain else None, block=b, block_steps=nblock,
+        n_hvp=nprod, device_vectors=kry.Q.peak_resident, near_zero=near_zero, stopped_by_budget=stopped,
+        basis_vectors=rows, restarts=kry.restarts,
     )
 
 
