@@ -70,7 +70,8 @@ def run_one(args) -> dict:
         from flatcli.engine.recompute import predicted_product_bytes
 
         blocks = len(eng.state.chain.blocks) if eng.state.chain is not None else 0
-        out["predicted_bytes"] = predicted_product_bytes(p, p.batches[0], 1, p.device, by_blocks=blocks)[0]
+        with matmul_mode(args.bf16_matmul):  # its counting pass runs the bf16 forward too
+            out["predicted_bytes"] = predicted_product_bytes(p, p.batches[0], 1, p.device, by_blocks=blocks)[0]
     if args.save:
         torch.save(hv, args.save)
     return out

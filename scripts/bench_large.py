@@ -138,10 +138,10 @@ def run_one(args) -> dict:
             "lambda_seconds": t1 - t0, "trace": tr and tr.estimate, "trace_stderr": tr and tr.stderr, "trace_seconds": t2 - t1,
             "seconds_per_product": (t1 - t0) / lz.steps, "peak_rss_bytes": _status("VmHWM"),
             "rss_before_bytes": base, "threads": args.threads, "bf16_matmul": args.bf16_matmul, "block_by_block": eng.state.chain is not None,
-            "predicted_peak_bytes": _predicted_peak(p, eng, base, lz.steps)}
+            "predicted_peak_bytes": _predicted_peak(p, eng, base, lz.steps, args.bf16_matmul)}
 
 
-def _predicted_peak(p, eng, base: int, steps: int) -> int:
+def _predicted_peak(p, eng, base: int, steps: int, bf16_matmul: str = "native") -> int:
     """The resident set before the measurement, one product (`predicted_product_bytes`, the rule of the
     product that ran) and the Lanczos basis (``steps`` + 2 P-vectors of θ's type, on the device: CPU)."""
     import torch
@@ -149,7 +149,8 @@ def _predicted_peak(p, eng, base: int, steps: int) -> int:
     from flatcli.engine.recompute import predicted_product_bytes
 
     blocks = len(eng.state.chain.blocks) if eng.state.chain is not None else 0
-    product = predicted_product_bytes(p, p.batches[0], 1, p.device, by_blocks=blocks)[0]
+    with matmul_mode(bf16_matmul):  # the counting pass runs the forward in the problem's compute type
+        product = predicted_product_bytes(p, p.batches[0], 1, p.device, by_blocks=blocks)[0]
     return int(base + product + (steps + 2) * p.num_params * (torch.finfo(p.dtype).bits // 8))
 
 
