@@ -30,8 +30,8 @@ CUDA's free bytes, ``torch.cuda.mem_get_info``; on CPU the host's ``MemAvailable
    measurement set is on the device; only when a chosen measure takes Hessian products): the
    activations. `flatcli.engine.recompute.predicted_product_bytes` (the rule of
    ``runtime.recompute: auto``: one forward and one ``create_graph`` backward over the first batch
-   with saved-tensor counting hooks, plus six P-vectors) gives one product's peak; the check adds
-   the largest Hessian measure's declared vectors beyond those six and compares the sum with the
+   with saved-tensor counting hooks, plus five P-vectors) gives one product's peak; the check adds
+   the largest Hessian measure's declared vectors beyond those five and compares the sum with the
    free memory then (the working copy, θ and the data are already resident). When recompute is on
    (``true``, or ``auto`` with blocks (`find_blocks`) and a product above 80% of free memory, as
    `flatcli.engine.loop.ProductState.recompute_active` decides), the product is the block-by-block
@@ -274,9 +274,9 @@ def check_products(problem, specs: Sequence[MeasureSpec], dims: Dims, st: Settin
     P, elt = problem.num_params, _element(st)
     declared = {s.label: _device_rows(vectors_kept(s, dims)[0], P, st) for s in hess}
     most = max(declared.values())
-    vectors = max(most - 1, 0) * P * elt  # the product's six P-vectors count one input: the rest of the basis
+    vectors = max(most - 1, 0) * P * elt  # the product's five P-vectors count one input: the rest of the basis
     free = free_bytes(st.device)
-    base = (6 * P * elt + vectors)
+    base = (5 * P * elt + vectors)
     labels = tuple(lab for lab, r in declared.items() if r == most)
 
     def vectors_only(why: str) -> MemoryVerdict:

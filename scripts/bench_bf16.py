@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import platform
 import resource
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -47,8 +49,15 @@ def gpt2_10m(tf):
     return tf.GPT2LMHeadModel(cfg), "causal_lm", 8192, (2, 32)
 
 
+def gpt2_124m(tf):
+    """GPT-2 small's blocks (12 layers of width 768, 12 heads) with vocabulary 8,192: 91.4M parameters,
+    2 × 32 tokens."""
+    cfg = tf.GPT2Config(vocab_size=8192, n_positions=64, n_embd=768, n_layer=12, n_head=12, attn_implementation="eager")
+    return tf.GPT2LMHeadModel(cfg), "causal_lm", 8192, (2, 32)
+
+
 EXACT_BELOW = 5000  # parameters: the exact trace is computed for models up to this size
-MODELS = {"gpt2-tiny": tiny_gpt2, "bert-tiny": tiny_bert, "gpt2-10m": gpt2_10m}
+MODELS = {"gpt2-tiny": tiny_gpt2, "bert-tiny": tiny_bert, "gpt2-10m": gpt2_10m, "gpt2-124m": gpt2_124m}
 
 
 def data_for(loss: str, vocab: int, shape: tuple[int, int], seed: int = 0) -> dict:
@@ -97,11 +106,12 @@ def measure(name: str, probes: int, tol: float) -> dict:
         eng.hessian(), k=1, stop=linalg.KrylovStop(tol=tol, max_steps=60), generator=torch.Generator().manual_seed(1),
         return_vectors=True))
     H32 = eng.hessian(precision="fp32")
-    out["lam_bf16"], out["steps_bf16"] = float(r.eigenvalues[0]), r.steps
+    out["lam_bf16"], out["steps_bf16"], out["restarts_bf16"] = float(r.eigenvalues[0]), r.steps, r.restarts
     out["lam_bf16_rq32"] = linalg.verify_eigenpair(H32, r.ritz_vectors[0])[0]
     r32 = linalg.lanczos(H32, k=1, v0=r.ritz_vectors[0], stop=linalg.KrylovStop(tol=tol, min_steps=1, max_steps=60),
                          generator=torch.Generator().manual_seed(1))
     out["lam_fp32"], out["steps_fp32"] = float(r32.eigenvalues[0]), r32.steps
+    out["basis_vectors"] = r.basis_vectors
     out.update(paired_probes(eng, probes))
     if eng.num_params <= EXACT_BELOW:  # the exact float32 trace (one product per parameter) as the scale
         with eng.full_precision():
@@ -116,14 +126,20 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
     ap.add_argument("--probes", type=int, default=8, help="Rademacher probes of the trace control")
     ap.add_argument("--tol", type=float, default=1e-3, help="Lanczos' relative residual to stop at")
+    ap.add_argument("--bf16-matmul", choices=["native", "fp32"], default="native",
+                    help="fp32: bf16 matrix products by the float32 kernel, rounded to bf16 "
+                         "(scripts/bench_large.py's matmul_mode; for CPUs without bf16 matrix units)")
     args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from scripts.bench_large import matmul_mode
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, CPU")
     print("| model | P | tokens | λmax fp32 | λmax bf16 (rel. bias) | fp32 RQ of the bf16 vector | "
           "trace fp32 ± stderr | bf16 trace bias ± se (rel.) | s/product fp32 / bf16 | peak RSS |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        r = measure(name.strip(), args.probes, args.tol)
+        with matmul_mode(args.bf16_matmul):
+            r = measure(name.strip(), args.probes, args.tol)
         rel = (r["lam_bf16"] - r["lam_fp32"]) / abs(r["lam_fp32"])
         scale = r.get("trace_exact", r["trace_fp32"])
         rel_tr = abs(r["trace_bias"]) / abs(scale)
@@ -132,6 +148,7 @@ def main() -> None:
               f"{r['lam_bf16_rq32']:.5g} | {r['trace_fp32']:.5g} ± {r['trace_stderr']:.2g}{exact} | "
               f"{r['trace_bias']:+.3g} ± {r['trace_bias_se']:.2g} ({rel_tr:.1e}) | "
               f"{r['sec_fp32']:.3f} / {r['sec_bf16']:.3f} | {r['peak_rss_gib']:.2f} GiB |", flush=True)
+        print("#", {k: r[k] for k in ("steps_bf16", "restarts_bf16", "basis_vectors", "steps_fp32")}, flush=True)
 
 
 if __name__ == "__main__":

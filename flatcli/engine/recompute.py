@@ -176,15 +176,18 @@ def predicted_product_bytes(problem, batch, batches: int, device: torch.device,
     and, with a fused LM head, its chunk workspace ``W`` (`HEAD_CHUNK_TENSORS` chunks of logits,
     `flatcli.engine.lmhead`).
 
-    * Double backward (the rule of ``runtime.recompute: auto``): ``S + 6 P b + W``: the whole
-      graph, and six P-vectors (θ, its gradient, the vectors, the products and the backward's flat
-      copies). Measured against the peak resident set of one product in a fresh process
-      (scripts/bench_hvp_memory.py, GPT-2 shapes, 8 × 128 tokens, fp32; docs/performance.md):
-      predicted / measured 1.02 (2M), 1.08 (10M), 1.20 (30M).
+    * Double backward (the rule of ``runtime.recompute: auto``): ``S + 5 P b + W``: the whole
+      graph, and five P-vectors (the gradient, the vectors, the products and the backward's flat
+      copies; θ is read in place, `flatcli.engine.Problem.theta_flat`, since it stopped being
+      copied per product: six before). Measured against the peak resident set of one product in a
+      fresh process (scripts/bench_hvp_memory.py, GPT-2 shapes, 8 × 128 tokens; docs/performance.md):
+      predicted / measured 1.13 (30M), 1.18 (124M shape), 1.36 (350M shape), 1.13 (10M, bf16).
     * Block by block, L blocks: ``2 S / L + 3 P b + W``: one block's share of the graph, twice
       (activations and their tangents), and three P-vectors (θ, the vector, the product); the
       boundary tensors (2(L+1) of tokens × width) are below the rounding of this rule. Measured
-      the same way: 1.23 (2M), 1.20 (10M).
+      the same way: 1.23 (2M), 1.20 (10M), 0.99 (30M), 0.88 (124M shape) before θ was read in
+      place; since, 1.37 (350M shape) and 1.28 (350M, bf16), 1.18 (10M, bf16): the θ it still counts
+      is the margin kept on the side that does not refuse a run that fits too late.
 
     The gradient is not counted in ``n_grad`` (it measures, it does not compute)."""
     from .graphs import saved_bytes_counter
@@ -205,4 +208,4 @@ def predicted_product_bytes(problem, batch, batches: int, device: torch.device,
         head = HEAD_CHUNK_TENSORS * min(CHUNK_ELEMENTS, problem.units(batch) * vocab) * elt
     if by_blocks:
         return int(2 * total[0] / by_blocks + 3 * problem.num_params * elt + head), free_bytes(device)
-    return int(total[0] + 6 * problem.num_params * elt + head), free_bytes(device)
+    return int(total[0] + 5 * problem.num_params * elt + head), free_bytes(device)
