@@ -150,3 +150,11 @@ def test_max_basis_vectors_is_checked():
     with pytest.raises(ConfigError, match="max_basis_vectors must be an int ≥ 1, auto or null; got 0"):
         measure_model(nn.Linear(2, 1), (torch.randn(4, 2), torch.randn(4, 1)), ["hessian_lambda_max"], loss="mse",
                       max_basis_vectors=0)
+
+
+def test_without_a_cap_a_block_run_ends_on_a_partial_block_not_a_restart():
+    """Blocks of 3 and a step cap of 10: the last block is cut to one row, as before thick restarts."""
+    A = clustered(n=200)
+    r = linalg.lanczos(op_of(A), k=3, block=3, generator=torch.Generator().manual_seed(0),
+                       stop=linalg.KrylovStop(tol=1e-12, max_steps=10, max_basis=None))
+    assert r.restarts == 0 and r.steps == 10 and not r.converged

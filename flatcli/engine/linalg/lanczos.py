@@ -99,10 +99,12 @@ def certified_min_steps(dim: int, eps: float = 0.25, delta: float = 0.01) -> int
 class _BlockKrylov:
     """The state of (block) Lanczos: basis (a `BasisStore`), projected matrix T, and Ritz pairs.
 
-    ``max_rows``: the most basis rows (the step cap, or the thick-restart cap ``max_basis``)."""
+    ``max_rows``: the most basis rows (the step cap, or with ``capped`` the thick-restart cap
+    ``max_basis``)."""
 
-    def __init__(self, X: torch.Tensor, max_rows: int, dtype, capacity: int | None = None):
+    def __init__(self, X: torch.Tensor, max_rows: int, dtype, capacity: int | None = None, capped: bool = False):
         b, dim = X.shape
+        self.capped = capped  # max_rows is a thick-restart cap (else the step cap: a last partial block)
         self.dtype = dtype
         self.Q = BasisStore(dim, X.device, dtype, capacity=capacity, max_rows=max_rows)
         self.Q.append(torch.linalg.qr(X.T).Q.T.to(dtype))
@@ -164,7 +166,7 @@ class _BlockKrylov:
     def grow(self, evals, evecs, Qnext: torch.Tensor, keep: np.ndarray, k: int, most: int) -> None:
         """The next block of the basis: appended, or after a thick restart when the basis is full."""
         b = self.block_width
-        if self.room() < min(len(keep), b):
+        if self.capped and self.room() < min(len(keep), b):
             self.restart(evals, evecs, Qnext, keep, restart_keep(self.max_rows, k, b), most)
         else:
             self.extend(Qnext, keep, most)
@@ -269,7 +271,8 @@ def lanczos(
     b = X.shape[0]
     rows = min(basis_limit(op, stop.max_basis, dim, dtype, max_steps, floor=max(min_steps, k + 2 * b)) or max_steps, max_steps)
     cap = device_capacity(op, op.max_device_vectors, dim, device, dtype)
-    kry = _BlockKrylov(X.to(device=device, dtype=torch.float64), rows, dtype, capacity=None if cap is None else max(int(cap), b))
+    kry = _BlockKrylov(X.to(device=device, dtype=torch.float64), rows, dtype, capacity=None if cap is None else max(int(cap), b),
+                       capped=rows < max_steps)
     converged = stopped = near_zero = False
     nblock = nprod = 0
     while True:
