@@ -13,7 +13,7 @@ bytes and P are linear in the number of blocks L, so the peak of a λmax run wit
 ``base``: the resident set before the first product, ``--base-mb`` + ``--base-bytes-per-param`` × P
 (the defaults fit the benchmark's measured rows: 930 MB at 10.06M and 4,552 MB at 310.8M parameters,
 fp32 model, tokens, Python and torch); ``product``: the rule of the setting (double backward:
-S + 6Pb + W; block by block: 2S/L + 3Pb + W); ``basis``: the Lanczos basis, three ways: ``full``, 40
+S + 5Pb + W; block by block: 2S/L + 3Pb + W); ``basis``: the Lanczos basis, three ways: ``full``, 40
 vectors (no restarts, as before ``runtime.max_basis_vectors``); ``certified``, thick restarts at
 `certified_min_steps`(P) vectors (the least ``max_basis_vectors`` keeps); ``uncertified``, 3 (with
 ``min_steps`` lowered by the user, which drops the certificate). The largest L whose peak fits
@@ -39,7 +39,7 @@ FULL_BASIS = 40  # steps of a whole basis without restarts (random GPT-2s need 2
 
 
 def counted(d: int, heads: int, layers: int, precision: str, rows: int, length: int) -> tuple[int, int, int]:
-    """(P, S + 6Pb + W, 2S/L + 3Pb + W) of a ``layers``-block model: the two product rules."""
+    """(P, S + 5Pb + W, 2S/L + 3Pb + W) of a ``layers``-block model: the two product rules."""
     import torch
     import transformers
 
@@ -79,16 +79,16 @@ def main() -> None:
         for precision in ("fp32", "bf16"):
             (P1, r1, c1), (P2, r2, c2) = (counted(d, heads, n, precision, args.rows, args.length) for n in (1, 2))
             dP, b = P2 - P1, VECTOR_BYTES
-            # rules: rev = S + 6Pb + W, chain = 2S/L + 3Pb + W; at L = 1, chain − rev = S − 3Pb
-            S1 = c1 - r1 + 3 * P1 * b
-            W = r1 - S1 - 6 * P1 * b
-            S2 = r2 - 6 * P2 * b - W
+            # rules: rev = S + 5Pb + W, chain = 2S/L + 3Pb + W; at L = 1, chain − rev = S − 2Pb
+            S1 = c1 - r1 + 2 * P1 * b
+            W = r1 - S1 - 5 * P1 * b
+            S2 = r2 - 5 * P2 * b - W
             dS = S2 - S1
 
             def peak(L, scheme, basis, P1=P1, dP=dP, S1=S1, dS=dS, W=W, b=b):
                 P = P1 + (L - 1) * dP
                 S = S1 + (L - 1) * dS
-                product = S + 6 * P * b + W if scheme == "double backward" else 2 * S / L + 3 * P * b + W
+                product = S + 5 * P * b + W if scheme == "double backward" else 2 * S / L + 3 * P * b + W
                 rows = certified_min_steps(P) if basis == "certified" else FULL_BASIS if basis == "full" else 3
                 return P, args.base_mb * 1e6 + args.base_bytes_per_param * P + product + rows * P * b
 

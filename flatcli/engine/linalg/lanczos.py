@@ -271,8 +271,7 @@ def lanczos(
     b = X.shape[0]
     rows = min(basis_limit(op, stop.max_basis, dim, dtype, max_steps, floor=max(min_steps, k + 2 * b)) or max_steps, max_steps)
     cap = device_capacity(op, op.max_device_vectors, dim, device, dtype)
-    kry = _BlockKrylov(X.to(device=device, dtype=torch.float64), rows, dtype, capacity=None if cap is None else max(int(cap), b),
-                       capped=rows < max_steps)
+    kry = _BlockKrylov(X.to(device=device, dtype=torch.float64), rows, dtype, cap and max(int(cap), b), rows < max_steps)
     converged = stopped = near_zero = False
     nblock = nprod = 0
     while True:
