@@ -58,15 +58,20 @@ class BasisStore:
     device, dtype : where and in which type the rows are used.
     capacity : most rows on the device at once; None keeps every row on the device.
     max_rows : most rows ever stored (sizes the device buffer of the unbounded store).
+    preallocate : allocate the device buffer for ``max_rows`` at the first row (a thick-restart cap:
+        the buffer is that size anyway, and growing it by doubling would hold the old and the new
+        buffer at once, up to 1.5 × the cap's memory for a moment).
     """
 
-    def __init__(self, dim: int, device, dtype, capacity: int | None = None, max_rows: int | None = None):
+    def __init__(self, dim: int, device, dtype, capacity: int | None = None, max_rows: int | None = None,
+                 preallocate: bool = False):
         capacity = validate("max_device_vectors", capacity, error=ValueError)
         if capacity == "auto":  # resolved by `device_capacity` before a store is built
             raise ValueError("max_device_vectors must be resolved (an int ≥ 1 or null) before a store is built")
         self.dim, self.dtype = int(dim), dtype
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.max_rows = max_rows
+        self.preallocate = bool(preallocate and max_rows)
         self.capacity = None if capacity is None or (max_rows is not None and capacity >= max_rows) else int(capacity)
         self._n = 0
         self._buf: torch.Tensor | None = None  # device buffer (unbounded store)
@@ -100,6 +105,7 @@ class BasisStore:
             need = self._n + k
             if self._buf is None or need > self._buf.shape[0]:
                 size = max(need, 2 * (0 if self._buf is None else self._buf.shape[0]), 32)
+                size = self.max_rows if self.preallocate else size
                 size = min(size, self.max_rows) if self.max_rows is not None else size
                 grown = torch.empty(max(size, need), self.dim, device=self.device, dtype=self.dtype)
                 if self._n:

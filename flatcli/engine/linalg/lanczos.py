@@ -106,7 +106,7 @@ class _BlockKrylov:
         b, dim = X.shape
         self.capped = capped  # max_rows is a thick-restart cap (else the step cap: a last partial block)
         self.dtype = dtype
-        self.Q = BasisStore(dim, X.device, dtype, capacity=capacity, max_rows=max_rows)
+        self.Q = BasisStore(dim, X.device, dtype, capacity=capacity, max_rows=max_rows, preallocate=capped)
         self.Q.append(torch.linalg.qr(X.T).Q.T.to(dtype))
         self.T = np.zeros((max_rows, max_rows), dtype=np.float64)
         self.s, self.e = 0, b
