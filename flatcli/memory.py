@@ -177,10 +177,10 @@ def model_dims(model: torch.nn.Module, st: Settings) -> Dims:
     names = st.params.select(model)
     named = dict(model.named_parameters())
     chosen = set(names)
-    return Dims(P=int(sum(named[n].numel() for n in names)), n=1, C=1, rows=1,
-                tensors=tuple(named[n].numel() for n in names),
+    P = int(sum(named[n].numel() for n in names))
+    return Dims(P=P, n=1, C=1, rows=1, tensors=tuple(named[n].numel() for n in names),
                 matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model, chosen)),
-                verify=st.verifies(), max_basis=st.basis_cap(int(sum(named[n].numel() for n in names))))
+                verify=st.verifies(), max_basis=st.basis_cap(P))
 
 
 def copies_model(model: torch.nn.Module, st: Settings) -> bool:
@@ -224,18 +224,17 @@ def check_model(model: torch.nn.Module, specs: Sequence[MeasureSpec], st: Settin
     v = MemoryVerdict("model", sum(parts.values()), free_bytes(st.device), parts,
                       tuple(lab for lab, r in rows.items() if r == most and most > 0), device=str(st.device))
     if not v.fits:
-        v.suggestions = tuple(_model_suggestions(v, model, st, P, kept, rows, (specs, dims)))
+        v.suggestions = tuple(_model_suggestions(v, model, st, kept, rows, specs, dims))
     return v
 
 
-def _model_suggestions(v: MemoryVerdict, model, st: Settings, P: int, kept, rows, specs_dims) -> list[str]:
+def _model_suggestions(v: MemoryVerdict, model, st: Settings, kept, rows, specs, dims: Dims) -> list[str]:
     """Settings that shrink the counted part enough to fit (only those)."""
-    elt, free, out = _element(st), v.free or 0, []
+    P, elt, free, out = dims.P, _element(st), v.free or 0, []
     fixed = v.parts["weights"] + 2 * P * elt
     if st.device.type == "cpu" and v.measures:  # a Lanczos basis capped by thick restarts
         lab = v.measures[0]
         k = (free - fixed - kept[lab][1] * P * elt) // (P * elt)
-        specs, dims = specs_dims
         spec = next(s for s in specs if s.label == lab)
         if 1 <= k < kept[lab][0] and vectors_kept(spec, dataclasses.replace(dims, max_basis=int(k)))[0] <= k:
             out.append(f"runtime.max_basis_vectors: {k} (Lanczos restarts beyond it)")

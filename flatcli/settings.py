@@ -231,10 +231,10 @@ class Settings:
     def basis_cap(self, P: int) -> int | None:
         """``runtime.max_basis_vectors`` for cost estimates (`flatcli.measures.Dims.max_basis`): an
         int as given, None (unbounded), ``auto``: the P-vectors that fit in half the free host memory
-        (the rule of `flatcli.engine.linalg.lanczos.basis_limit`, before the certified floor)."""
-        from .engine.linalg.lanczos import basis_limit
+        (`flatcli.engine.linalg.lanczos.host_fit`, before the floor of `basis_floor`)."""
+        from .engine.linalg.lanczos import host_fit
 
-        return basis_limit(None, self.max_basis_vectors, P, self.dtype, rows=2**62, floor=1)
+        return host_fit(P, self.dtype) if self.max_basis_vectors == "auto" else self.max_basis_vectors
 
     def verifies(self) -> bool:
         """Whether converged quantities are re-checked with fp32 products (``auto`` running TF32)."""

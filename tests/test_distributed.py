@@ -190,3 +190,20 @@ def test_one_m_batch_is_split_over_the_ranks_and_time_caps_stop_every_rank_toget
     assert int(two["sharpness_worst_batches"]) == 1
     assert float(two["sharpness_worst"]) == pytest.approx(one.results["sharpness_worst"].value, rel=1e-9)
     assert two["hessian_trace_status"] == "budget" and two["hessian_trace_probes"] == "2"
+
+
+def test_ranks_that_see_different_free_memory_agree_on_the_lanczos_basis_cap(tmp_path):
+    """``runtime.max_basis_vectors: auto`` on 2 ranks, rank 1 seeing room for 12 basis vectors and
+    rank 0 for thousands: both must run the same Lanczos (its products are collectives), so the cap
+    is the least over the ranks and λmax equals one process's (which restarts or not: the value
+    is the same to the tolerance); a rank-local cap desynchronizes the products."""
+    cfg = _setup(tmp_path, "Logged", [{"hessian_lambda_max": {"tol": 1e-8, "max_steps": 80}}])
+    (tmp_path / "models.py").write_text(LOGGED + textwrap.dedent('''
+        import flatcli.engine.recompute as _recompute
+
+        if os.environ.get("RANK") == "1":  # room for 12 float64 vectors of the 83 parameters, twice
+            _recompute.free_bytes = lambda device: 2 * 12 * 83 * 8
+    '''))
+    run, two, _, one, _ = _two_ranks_then_one(cfg, tmp_path)
+    assert float(two["hessian_lambda_max"]) == pytest.approx(one.results["hessian_lambda_max"].value, rel=1e-7)
+    assert two["hessian_lambda_max_restarts"] not in ("", "0"), two["hessian_lambda_max_restarts"]

@@ -76,6 +76,14 @@ class Dist:
         t = self.sum_(torch.tensor(values, dtype=torch.float64, device=self._comm_device()))
         return tuple(float(v) for v in t.cpu())
 
+    def min_int(self, value: int) -> int:
+        """The smallest of the ranks' ``value``s (a collective when active)."""
+        if not self.active:
+            return int(value)
+        t = torch.tensor([int(value)], dtype=torch.long, device=self._comm_device())
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+        return int(t.item())
+
     def gather_cat(self, t: torch.Tensor) -> torch.Tensor:
         """Each rank's ``t`` (same trailing shape, any first dimension) concatenated in rank order."""
         if not self.active:

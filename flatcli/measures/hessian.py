@@ -71,7 +71,7 @@ def lanczos_basis(d, max_steps: int, min_steps: int | None) -> int:
     rows = min(d.P, max_steps)
     if d.max_basis is None:
         return rows
-    return min(rows, max(d.max_basis, min_steps or certified_min_steps(d.P), 3))
+    return min(rows, max(d.max_basis, linalg.basis_floor(d.P, 1, 1, min_steps)))
 
 
 @register(
@@ -200,7 +200,7 @@ def _block_lambda_max(ctx, opts: LambdaMaxOptions) -> dict:
             linalg.as_operator(block_matvec(H, p.num_params, sl), size, device=p.device, dtype=p.dtype),
             k=1,
             generator=ctx.generator(100 + i),
-            stop=linalg.KrylovStop(opts.tol, opts.min_steps, opts.max_steps, ctx.budget),
+            stop=linalg.KrylovStop(opts.tol, opts.min_steps, opts.max_steps, ctx.budget, eng.basis_rows(size)),
         )
         lam = float(r.eigenvalues[0])
         lams[name] = lam

@@ -127,7 +127,7 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
         k=rank,
         generator=ctx.generator(7),
         return_vectors=True,
-        stop=linalg.KrylovStop(tol=1e-2, min_steps=20, max_steps=60, budget=ctx.budget),
+        stop=linalg.KrylovStop(tol=1e-2, min_steps=20, max_steps=60, budget=ctx.budget, max_basis=eng.max_basis_vectors),
     )
     V = r.ritz_vectors
     V = V / V.norm(dim=1, keepdim=True)

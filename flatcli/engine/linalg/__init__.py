@@ -37,6 +37,7 @@ from .diagonal import (
 from .lanczos import (
     LanczosResult,
     PrecisionControl,
+    basis_floor,
     certified_min_steps,
     lanczos,
     precision_control,
@@ -49,6 +50,6 @@ from .trace import NearZeroFloor, TraceResult, hutchinson, hutchpp
 __all__ = [
     "Budget", "NearZeroFloor", "MatVec", "Operator", "as_operator", "KrylovStop", "ProbeStop", "DiagonalCheck", "rademacher", "rowdot", "CheckedDiagonal", "checked_gauss_newton_diagonal", "exact_diagonal",
     "hutchinson_diagonal", "remainder_block_gaps", "scaled_diagonal", "LanczosResult", "PrecisionControl",
-    "certified_min_steps", "lanczos", "precision_control", "verify_eigenpair", "SLQResult", "gauss_rule", "slq",
+    "basis_floor", "certified_min_steps", "lanczos", "precision_control", "verify_eigenpair", "SLQResult", "gauss_rule", "slq",
     "slq_group_size", "t_factor", "TraceResult", "hutchinson", "hutchpp", "_check_coordinates",
 ]

@@ -191,25 +191,33 @@ def restart_keep(max_basis: int, k: int, block: int) -> int:
     return int(max(k, min((max_basis - block) // 2, max_basis - 2 * block)))
 
 
-def basis_limit(op, setting, dim: int, dtype, rows: int, floor: int) -> int | None:
-    r"""The most Lanczos basis rows, from ``setting`` (``runtime.max_basis_vectors``): an int
-    (raised to ``floor``), None (unbounded), or ``"auto"``: the operator's setting when it has
-    one, else unbounded when ``rows`` P-vectors fit in half the free host memory
-    (`flatcli.engine.recompute.free_bytes` of the CPU: ``MemAvailable``) and otherwise as many as
-    fit there, at least ``floor``. ``rows``: the basis the run would build without a cap."""
+def host_fit(dim: int, dtype) -> int | None:
+    """Vectors of ``dim`` coordinates of ``dtype`` that fit in half the free host memory
+    (`flatcli.engine.recompute.free_bytes` of the CPU: ``MemAvailable``; None where unknown): what
+    ``runtime.max_basis_vectors: auto`` allows."""
+    from ..recompute import free_bytes
+
+    free = free_bytes(torch.device("cpu"))
+    return None if free is None else int(0.5 * free // max(1, dim * (torch.finfo(dtype).bits // 8)))
+
+
+def basis_floor(dim: int, k: int, block: int, min_steps: int | None) -> int:
+    """The least cap a Lanczos basis takes: the fewest steps (``min_steps``, default
+    `certified_min_steps`), so that the first cycle certifies, and ``k`` + 2 blocks of room."""
+    return max(certified_min_steps(dim) if min_steps is None else int(min_steps), k + 2 * block)
+
+
+def basis_limit(op, setting, dim: int, dtype, rows: int, floor: int) -> int:
+    r"""The most Lanczos basis rows, at most ``rows`` (the basis the run would build without a cap),
+    from ``setting`` (``runtime.max_basis_vectors``): an int (raised to ``floor``, `basis_floor`),
+    None (unbounded), or ``"auto"``: the operator's setting when it has one (the engine resolves its
+    own ``auto`` once, the same on every rank), else what fits in half the free host memory
+    (`host_fit`), at least ``floor``."""
     if isinstance(setting, str) and setting == "auto":
         setting = getattr(op, "max_basis_vectors", "auto")
     if isinstance(setting, str) and setting == "auto":
-        from ..recompute import free_bytes
-
-        free = free_bytes(torch.device("cpu"))
-        if free is None:
-            return None
-        fit = int(0.5 * free // max(1, dim * (torch.finfo(dtype).bits // 8)))
-        return None if fit >= rows else max(fit, floor)
-    if setting is None:
-        return None
-    return max(int(setting), floor)
+        setting = host_fit(dim, dtype)
+    return rows if setting is None else min(rows, max(int(setting), floor))
 
 
 def lanczos(
@@ -269,7 +277,7 @@ def lanczos(
     min_steps = int(min(min_steps, max_steps))
     X = _start_block(v0, block, k, dim, max_steps, generator)
     b = X.shape[0]
-    rows = min(basis_limit(op, stop.max_basis, dim, dtype, max_steps, floor=max(min_steps, k + 2 * b)) or max_steps, max_steps)
+    rows = basis_limit(op, stop.max_basis, dim, dtype, max_steps, basis_floor(dim, k, b, min_steps))
     cap = device_capacity(op, op.max_device_vectors, dim, device, dtype)
     kry = _BlockKrylov(X.to(device=device, dtype=torch.float64), rows, dtype, cap and max(int(cap), b), rows < max_steps)
     converged = stopped = near_zero = False
