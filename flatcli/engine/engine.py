@@ -79,7 +79,7 @@ class CurvatureEngine:
         unbounded on CPU); the rest lives in host memory (`flatcli.engine.linalg._store`).
     max_basis_vectors : most Lanczos basis vectors kept at all, device and host
         (``runtime.max_basis_vectors``): an int, None (unbounded) or "auto" (what fits in half the
-        free host memory when the engine is built, the least over the ranks: `_basis_cap`); beyond
+        free host memory at its first use, the least over the ranks: the property); beyond
         it Lanczos thick-restarts (`flatcli.engine.linalg.lanczos`).
     recompute : "false", "true" or "auto" (``runtime.recompute``; booleans accepted): Hessian products
         that keep one block's activations at a time: block by block on a chain of blocks
@@ -114,8 +114,8 @@ class CurvatureEngine:
         self.max_device_vectors = validation.validate("max_device_vectors", max_device_vectors, error=ValueError)
         self.device = problem.device
         self.dist = problem.dist
-        self.max_basis_vectors = self._basis_cap(validation.validate("max_basis_vectors", max_basis_vectors,
-                                                                     error=ValueError))
+        self._basis_setting = validation.validate("max_basis_vectors", max_basis_vectors, error=ValueError)
+        self._basis_resolved = False
         self.precision = Precision.of(precision, self.device)
         if self.precision.name == "bf16" and hvp_mode == "finite_difference":
             raise ConfigError(BF16_FD_REFUSED)
@@ -240,18 +240,21 @@ class CurvatureEngine:
             if lowered:
                 self.drop_graphs()
 
-    def _basis_cap(self, setting):
-        """``runtime.max_basis_vectors`` resolved once, the same on every rank: ``auto`` becomes the
-        P-vectors that fit in half the free host memory (`flatcli.engine.linalg.lanczos.host_fit`),
-        the least over the ranks, since every rank must run the same Lanczos (its products are
-        collectives); an int or None stays."""
-        if setting != "auto":
-            return setting
-        from .linalg.lanczos import host_fit
+    @property
+    def max_basis_vectors(self) -> int | None:
+        """``runtime.max_basis_vectors`` resolved at its first use (the first operator: every rank
+        gets there together, as the products are collectives) and kept: ``auto`` becomes the P-vectors
+        that fit in half the free host memory (`flatcli.engine.linalg.lanczos.host_fit`), the least
+        over the ranks, since every rank must run the same Lanczos; an int or None stays."""
+        if not self._basis_resolved:
+            if self._basis_setting == "auto":
+                from .linalg.lanczos import host_fit
 
-        fit = host_fit(self.problem.num_params, self.problem.dtype)
-        fit = self.dist.min_int(2**62 if fit is None else fit)
-        return None if fit >= 2**62 else fit
+                fit = host_fit(self.problem.num_params, self.problem.dtype)
+                fit = self.dist.min_int(2**62 if fit is None else fit)
+                self._basis_setting = None if fit >= 2**62 else fit
+            self._basis_resolved = True
+        return self._basis_setting
 
     def basis_rows(self, dim: int) -> int | None:
         """The basis cap for vectors of ``dim`` coordinates (a parameter block's Lanczos): the
