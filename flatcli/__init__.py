@@ -12,10 +12,26 @@ The Python API (everything the command line does):
 from ._version import __version__
 
 _API = (
-    "measure", "measure_model", "sweep", "landscape", "check_invariance", "load", "MeasureReport", "RunOptions",
+    "measure",
+    "measure_model",
+    "sweep",
+    "landscape",
+    "check_invariance",
+    "load",
+    "MeasureReport",
+    "RunOptions",
 )
 _MEASURES = ("list_measures", "register", "MeasureResult")
-__all__ = ["__version__", "Settings", "collect", "compare", "correlate", "read_results", *_API, *_MEASURES]
+__all__ = [
+    "__version__",
+    "Settings",
+    "collect",
+    "compare",
+    "correlate",
+    "read_results",
+    *_API,
+    *_MEASURES,
+]
 
 
 def __getattr__(name):  # lazy, so `import flatcli` stays cheap

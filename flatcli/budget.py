@@ -52,15 +52,29 @@ class BudgetPlan:
     11.2
     """
 
-    def __init__(self, total: float, weights: Sequence[float], clock: Callable[[], float] = time.perf_counter,
-                 fixed: Sequence[float] | None = None):
-        self.total, self.weights, self.clock = float(total), [max(1e-12, float(w)) for w in weights], clock
+    def __init__(
+        self,
+        total: float,
+        weights: Sequence[float],
+        clock: Callable[[], float] = time.perf_counter,
+        fixed: Sequence[float] | None = None,
+    ):
+        self.total, self.weights, self.clock = (
+            float(total),
+            [max(1e-12, float(w)) for w in weights],
+            clock,
+        )
         self.fixed = None if fixed is None else list(fixed)
         self.start = clock()
 
     @classmethod
-    def of(cls, total: float | None, specs: Sequence[MeasureSpec], dims: Callable[[], Dims],
-           among: Sequence[MeasureSpec] | None = None) -> BudgetPlan | None:
+    def of(
+        cls,
+        total: float | None,
+        specs: Sequence[MeasureSpec],
+        dims: Callable[[], Dims],
+        among: Sequence[MeasureSpec] | None = None,
+    ) -> BudgetPlan | None:
         """The plan of ``total`` seconds over ``specs`` (``dims`` computes the sizes the estimates need,
         called only with a budget); None without a budget. With ``among`` (every measure of the
         checkpoint, ``specs`` some of them), each of ``specs`` gets its fixed share of ``total``."""

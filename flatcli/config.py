@@ -29,7 +29,16 @@ from .validation import (
     parse_seconds as parse_seconds,  # re-exported: config keys and CLI flags take durations
 )
 
-SOURCES = ("tensors", "torchvision", "imagefolder", "digits", "synthetic", "mnist1d", "text", "modular_addition")
+SOURCES = (
+    "tensors",
+    "torchvision",
+    "imagefolder",
+    "digits",
+    "synthetic",
+    "mnist1d",
+    "text",
+    "modular_addition",
+)
 
 
 MODEL_SOURCES = ("python", "huggingface")
@@ -68,18 +77,28 @@ class DataSource:
     path: str | None = None  # tensors, imagefolder
     name: str | None = None  # torchvision dataset class
     root: str | None = None  # torchvision
-    kwargs: dict[str, Any] = field(default_factory=dict)  # torchvision, imagefolder; mnist1d, modular_addition parameters
+    kwargs: dict[str, Any] = field(
+        default_factory=dict
+    )  # torchvision, imagefolder; mnist1d, modular_addition parameters
     download: bool = False
-    split: str | None = None  # digits, mnist1d, modular_addition: train | test (defaults to the key it sits under)
+    split: str | None = (
+        None  # digits, mnist1d, modular_addition: train | test (defaults to the key it sits under)
+    )
     num_samples: int | None = None  # synthetic; mnist1d (both splits together)
     input_shape: list[int] | None = None  # synthetic
     num_classes: int | None = None  # synthetic
     seed: int = 0  # synthetic, mnist1d, modular_addition (the split)
     # text (`flatcli.loading.text`); left out of the config's hash and results.json while unset
-    tokenizer: str | None = field(default=None, metadata=_NEW)  # a save_pretrained tokenizer directory
+    tokenizer: str | None = field(
+        default=None, metadata=_NEW
+    )  # a save_pretrained tokenizer directory
     text_field: str | None = field(default=None, metadata=_NEW)
-    text_pair_field: str | None = field(default=None, metadata=_NEW)  # second segment (sentence pairs)
-    label_field: str | None = field(default=None, metadata=_NEW)  # integer class labels (none for causal_lm)
+    text_pair_field: str | None = field(
+        default=None, metadata=_NEW
+    )  # second segment (sentence pairs)
+    label_field: str | None = field(
+        default=None, metadata=_NEW
+    )  # integer class labels (none for causal_lm)
     max_length: int | None = field(default=None, metadata=_NEW)
     padding: str = field(default="longest", metadata=_NEW)  # longest (over the file) | max_length
     truncation: bool = field(default=True, metadata=_NEW)
@@ -120,9 +139,13 @@ class RuntimeConfig:
     # issue 27 (memory): Hessian products keeping one block at a time (flatcli.engine.segments), and the
     # most basis vectors Krylov estimators keep on the device (flatcli.engine.linalg._store)
     recompute: bool | str = field(default="auto", metadata=_rule("recompute", **_NEW))
-    max_device_vectors: int | str | None = field(default="auto", metadata=_rule("max_device_vectors", **_NEW))
+    max_device_vectors: int | str | None = field(
+        default="auto", metadata=_rule("max_device_vectors", **_NEW)
+    )
     # the most Lanczos basis vectors kept at all; beyond it thick restarts (flatcli.engine.linalg.lanczos)
-    max_basis_vectors: int | str | None = field(default="auto", metadata=_rule("max_basis_vectors", **_NEW))
+    max_basis_vectors: int | str | None = field(
+        default="auto", metadata=_rule("max_basis_vectors", **_NEW)
+    )
     # predicted peak memory checked against free memory before the data and the first product (flatcli.memory)
     check_memory: bool = field(default=True, metadata=_rule("check_memory", **_NEW))
     # seconds per checkpoint (parse_seconds)
@@ -218,7 +241,10 @@ def _to_plain(obj, defaults: bool = False):
             yaml_key(f): _to_plain(getattr(obj, f.name), defaults)
             for f in dataclasses.fields(obj)
             if not f.metadata.get("internal")
-            and (defaults or not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default))
+            and (
+                defaults
+                or not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default)
+            )
         }
     if isinstance(obj, dict):
         return {k: _to_plain(v, defaults) for k, v in obj.items()}
@@ -288,7 +314,9 @@ def _build(cls, raw: Any, prefix: str, prov: dict[str, str], origin: str):
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"config key '{prefix or '(top level)'}' must be a mapping; got {type(raw).__name__}")
+        raise ConfigError(
+            f"config key '{prefix or '(top level)'}' must be a mapping; got {type(raw).__name__}"
+        )
     hints = _hints(cls)
     fields = {yaml_key(f): f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
     obj = cls()
@@ -297,8 +325,10 @@ def _build(cls, raw: Any, prefix: str, prov: dict[str, str], origin: str):
         if key not in fields:
             hint = difflib.get_close_matches(str(key), list(fields), n=1)
             msg = f"Unknown config key '{path}'."
-            msg += f" Did you mean '{(prefix + '.' if prefix else '') + hint[0]}'?" if hint else (
-                f" Valid keys here: {', '.join(fields)}."
+            msg += (
+                f" Did you mean '{(prefix + '.' if prefix else '') + hint[0]}'?"
+                if hint
+                else (f" Valid keys here: {', '.join(fields)}.")
             )
             raise ConfigError(msg)
         attr = fields[key].name
@@ -342,7 +372,9 @@ def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
     if raw is None:
         return []
     if not isinstance(raw, list):
-        raise ConfigError(f"config key '{key}' must be a list of measure names or {{name: options}} entries")
+        raise ConfigError(
+            f"config key '{key}' must be a list of measure names or {{name: options}} entries"
+        )
     specs: list[MeasureSpec] = []
     for i, entry in enumerate(raw):
         where = f"{key}[{i}]"
@@ -354,7 +386,9 @@ def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
             if not isinstance(opts, dict):
                 raise ConfigError(f"config key '{where}.{name}' must be a mapping of options")
         else:
-            raise ConfigError(f"config key '{where}' must be a measure name or a one-key mapping {{name: options}}")
+            raise ConfigError(
+                f"config key '{where}' must be a measure name or a one-key mapping {{name: options}}"
+            )
         info = get_measure(str(name))
         label = str(opts.pop("label", name))
         seed = opts.pop("seed", None)
@@ -411,11 +445,15 @@ def _validate(cfg: Config) -> None:
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         if value not in allowed:
-            raise ConfigError(f"config key '{key}' must be one of {', '.join(allowed)}; got {value!r}")
+            raise ConfigError(
+                f"config key '{key}' must be one of {', '.join(allowed)}; got {value!r}"
+            )
     for key in ("include", "exclude"):
         pats = getattr(cfg.params, key)
         if pats is not None and not all(isinstance(x, str) for x in pats):
-            raise ConfigError(f"config key 'params.{key}' must be a list of glob patterns; got {pats!r}")
+            raise ConfigError(
+                f"config key 'params.{key}' must be a list of glob patterns; got {pats!r}"
+            )
     _validate_model(cfg.model)
     cfg.measure_specs()
 
@@ -423,7 +461,9 @@ def _validate(cfg: Config) -> None:
 def _validate_source(src: DataSource, where: str) -> None:
     if src.source not in SOURCES:
         hint = difflib.get_close_matches(str(src.source), SOURCES, n=1)
-        msg = f"config key '{where}.source' must be one of {', '.join(SOURCES)}; got {src.source!r}."
+        msg = (
+            f"config key '{where}.source' must be one of {', '.join(SOURCES)}; got {src.source!r}."
+        )
         raise ConfigError(msg + (f" Did you mean '{hint[0]}'?" if hint else ""))
     _validate_text(src, where)
 
@@ -432,17 +472,30 @@ def _validate_model(m: ModelConfig) -> None:
     """``model``: ``target`` for Python factories, ``class`` (and no ``target``) for Hugging Face."""
     if m.source == "huggingface":
         if m.target:
-            raise ConfigError("config key 'model.target' does not apply with model.source: huggingface; "
-                              "name the transformers class in 'model.class' (e.g. AutoModelForCausalLM)")
+            raise ConfigError(
+                "config key 'model.target' does not apply with model.source: huggingface; "
+                "name the transformers class in 'model.class' (e.g. AutoModelForCausalLM)"
+            )
         if not m.class_:
-            raise ConfigError("config key 'model.class' is required with model.source: huggingface "
-                              "(e.g. AutoModelForCausalLM, AutoModelForSequenceClassification)")
+            raise ConfigError(
+                "config key 'model.class' is required with model.source: huggingface "
+                "(e.g. AutoModelForCausalLM, AutoModelForSequenceClassification)"
+            )
     elif m.class_:
-        raise ConfigError("config key 'model.class' needs model.source: huggingface "
-                          "(Python factories are named by 'model.target')")
+        raise ConfigError(
+            "config key 'model.class' needs model.source: huggingface "
+            "(Python factories are named by 'model.target')"
+        )
 
 
-TEXT_KEYS = ("tokenizer", "text_field", "text_pair_field", "label_field", "max_length", "text_split")
+TEXT_KEYS = (
+    "tokenizer",
+    "text_field",
+    "text_pair_field",
+    "label_field",
+    "max_length",
+    "text_split",
+)
 
 
 def _validate_text(src: DataSource, where: str) -> None:
@@ -459,16 +512,26 @@ def _validate_text(src: DataSource, where: str) -> None:
         raise ConfigError(f"config key '{where}.path' is required for source text")
     txt = str(src.path).lower().endswith(".txt")
     if not txt and not src.text_field:
-        raise ConfigError(f"config key '{where}.text_field' is required for source text (except for a .txt file)")
+        raise ConfigError(
+            f"config key '{where}.text_field' is required for source text (except for a .txt file)"
+        )
     if src.text_split is not None:
         if not txt:
-            raise ConfigError(f"config key '{where}.text_split' applies to a .txt file only; got path {src.path}")
+            raise ConfigError(
+                f"config key '{where}.text_split' applies to a .txt file only; got path {src.path}"
+            )
         if src.text_split not in ("lines", "windows"):
-            raise ConfigError(f"config key '{where}.text_split' must be one of lines, windows; got {src.text_split!r}")
+            raise ConfigError(
+                f"config key '{where}.text_split' must be one of lines, windows; got {src.text_split!r}"
+            )
         if src.text_split == "windows" and src.max_length is None:
-            raise ConfigError(f"config key '{where}.max_length' is required with text_split: windows")
+            raise ConfigError(
+                f"config key '{where}.max_length' is required with text_split: windows"
+            )
     if src.padding not in ("longest", "max_length"):
-        raise ConfigError(f"config key '{where}.padding' must be one of longest, max_length; got {src.padding!r}")
+        raise ConfigError(
+            f"config key '{where}.padding' must be one of longest, max_length; got {src.padding!r}"
+        )
     if src.max_length is not None and src.max_length < 2:
         raise ConfigError(f"config key '{where}.max_length' must be ≥ 2; got {src.max_length}")
     if src.padding == "max_length" and src.max_length is None:
@@ -485,8 +548,13 @@ def overrides(
     budget: float | str | None = None,
 ) -> dict[str, Any]:
     """The config overrides of the common CLI flags / API keywords (None and False mean "not given")."""
-    out: dict[str, Any] = {"runtime.device": device, "runtime.seed": seed, "runtime.precision": precision,
-                           "runtime.threads": threads, "runtime.budget": budget}
+    out: dict[str, Any] = {
+        "runtime.device": device,
+        "runtime.seed": seed,
+        "runtime.precision": precision,
+        "runtime.threads": threads,
+        "runtime.budget": budget,
+    }
     if allow_unsafe_pickle:
         out["runtime.allow_unsafe_pickle"] = True
     return {k: v for k, v in out.items() if v is not None}
@@ -508,7 +576,11 @@ def _set_path(cfg: Config, path: str, value: Any, origin: str) -> None:
     for p in parts[:-1]:
         obj = getattr(obj, p)
     tp = _hints(type(obj))[parts[-1]]
-    if any(m is int for m in _members(tp)) and isinstance(value, str) and value.lstrip("-").isdigit():
+    if (
+        any(m is int for m in _members(tp))
+        and isinstance(value, str)
+        and value.lstrip("-").isdigit()
+    ):
         value = int(value)
     f = next(f for f in dataclasses.fields(obj) if f.name == parts[-1])
     setattr(obj, parts[-1], _checked(f, path, value, tp))
@@ -571,7 +643,9 @@ def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"config file {p} is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+        raise ConfigError(
+            f"config file {p} is not valid YAML{where}: {getattr(e, 'problem', e)}"
+        ) from None
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(f"config file {p} must hold a mapping at the top level")
     cfg = from_dict(raw, base_dir=p.resolve().parent, overrides=overrides)

@@ -106,8 +106,14 @@ def build_table(cols: list[Column], width: int | None = None, **table_kwargs) ->
     t = Table(**table_kwargs)
     for c in kept:
         header, w = _natural(c, wrap=width is not None)
-        t.add_column(header, justify=c.justify, no_wrap=not c.fold, overflow="fold" if c.fold else "ellipsis",
-                     min_width=None if c.fold else w, max_width=fold if c.fold else None)
+        t.add_column(
+            header,
+            justify=c.justify,
+            no_wrap=not c.fold,
+            overflow="fold" if c.fold else "ellipsis",
+            min_width=None if c.fold else w,
+            max_width=fold if c.fold else None,
+        )
     for i in range(max((len(c.cells) for c in kept), default=0)):
         t.add_row(*[wrap_name(c.cells[i], fold) if c.fold and fold else c.cells[i] for c in kept])
     if dropped:
@@ -159,15 +165,30 @@ def render_rows(rows, labels: list[str], width: int | None = None) -> Table:
         import os
 
         names = [os.path.relpath(n, where) for n in names]
-    cols = [Column("checkpoint", names, justify="left", fold=True, min_width=16),
-            Column("status", ["ok" if r.status == "ok" else "[red]error[/red]" for r in rows], justify="left")]
-    cols += [Column(lab, [_value_cell(r.results.get(lab)) for r in rows], priority=1 if i == 0 else 3 + i)
-             for i, lab in enumerate(labels)]
+    cols = [
+        Column("checkpoint", names, justify="left", fold=True, min_width=16),
+        Column(
+            "status",
+            ["ok" if r.status == "ok" else "[red]error[/red]" for r in rows],
+            justify="left",
+        ),
+    ]
+    cols += [
+        Column(
+            lab, [_value_cell(r.results.get(lab)) for r in rows], priority=1 if i == 0 else 3 + i
+        )
+        for i, lab in enumerate(labels)
+    ]
     for m, prio in (("train_acc", 100), ("test_acc", 100), ("gen_gap", 2)):
         if any(m in r.metrics for r in rows):
             cols.append(Column(m, [fmt(r.metrics.get(m)) for r in rows], priority=prio))
-    return build_table(cols, width, show_header=True, header_style="bold",
-                       caption=f"checkpoints in {where}/" if where else None)
+    return build_table(
+        cols,
+        width,
+        show_header=True,
+        header_style="bold",
+        caption=f"checkpoints in {where}/" if where else None,
+    )
 
 
 def progress_bar(label: str):
@@ -182,9 +203,17 @@ def progress_bar(label: str):
         TimeRemainingColumn,
     )
 
-    return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[detail]}"),
-                    console=err_console, transient=True)
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[detail]}"),
+        console=err_console,
+        transient=True,
+    )
 
 
 class StageProgress:
@@ -203,11 +232,16 @@ class StageProgress:
         import time
 
         if self.status is not None:
-            self.status.update(f"{stage} network: " + (describe_progress(label, info) if label else "measuring"))
+            self.status.update(
+                f"{stage} network: " + (describe_progress(label, info) if label else "measuring")
+            )
         elif not label:
             k = self.stages.index(stage) + 1 if stage in self.stages else 0
-            print(f"[{k}/{len(self.stages)}] measuring the {stage} network ({time.perf_counter() - self.t0:.1f}s)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[{k}/{len(self.stages)}] measuring the {stage} network ({time.perf_counter() - self.t0:.1f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def __enter__(self):
         if self.status is not None:
@@ -253,7 +287,11 @@ class GridProgress:
         spent = now - self.t0
         left = f", about {spent * (total - done) / done:.0f}s left" if 0 < done < total else ""
         pct = f" ({100 * done / total:.0f}%)" if total else ""
-        print(f"{self.label}: {done}/{total}{pct}, {spent:.0f}s elapsed{left}", file=sys.stderr, flush=True)
+        print(
+            f"{self.label}: {done}/{total}{pct}, {spent:.0f}s elapsed{left}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def __enter__(self):
         return self
@@ -393,4 +431,6 @@ def quiet_torch_warnings() -> None:
     """Hide torch's internal deprecation notice raised by torch.func's forward mode (not actionable)."""
     import warnings
 
-    warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning
+    )

@@ -50,14 +50,21 @@ class RankFailure(Exception):
     in a collective this rank never reaches): the run ends on every rank (`flatcli.engine.dist`)."""
 
 
-_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "socket closed")
+_PEER_GONE = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "socket closed",
+)
 
 
 def is_peer_gone(exc: BaseException) -> bool:
     """Whether ``exc`` (or its cause) only says that another rank of the process group went away."""
     while exc is not None:
         name = type(exc).__name__
-        if name in ("DistNetworkError", "DistBackendError") or any(s in str(exc).lower() for s in _PEER_GONE):
+        if name in ("DistNetworkError", "DistBackendError") or any(
+            s in str(exc).lower() for s in _PEER_GONE
+        ):
             return True
         exc = exc.__cause__
     return False

@@ -136,7 +136,12 @@ def _candidates(model: nn.Module, order: list[str]) -> list[RescalePair]:
         if isinstance(pm, _WEIGHT_LAYERS):
             if i + 1 < len(order) and isinstance(mods[order[i + 1]], _BN):
                 continue  # the BatchNorm after it is the producer
-        elif not (isinstance(pm, _BN) and pm.affine and i > 0 and isinstance(mods[order[i - 1]], _WEIGHT_LAYERS)):
+        elif not (
+            isinstance(pm, _BN)
+            and pm.affine
+            and i > 0
+            and isinstance(mods[order[i - 1]], _WEIGHT_LAYERS)
+        ):
             continue
         if getattr(pm, "weight", None) is None:
             continue
@@ -177,7 +182,9 @@ def _forward(model: nn.Module, x: Batch, batch_size: int = 1024) -> torch.Tensor
         return torch.cat([_call(model, rows) for rows in x.split(batch_size)])
 
 
-def find_rescalable_pairs(model: nn.Module, x, *, seed: int = 0, tol: float = OUTPUT_TOL) -> list[RescalePair]:
+def find_rescalable_pairs(
+    model: nn.Module, x, *, seed: int = 0, tol: float = OUTPUT_TOL
+) -> list[RescalePair]:
     """Every (producer, consumer) pair whose node-wise rescaling alone keeps ``model``'s output on ``x``
     (an input tensor or a `flatcli.engine.batch.Batch` of named inputs).
 
@@ -194,7 +201,9 @@ def find_rescalable_pairs(model: nn.Module, x, *, seed: int = 0, tol: float = OU
             for name in (pair.producer, pair.consumer)
             for k, t in ((f"{name}.{n}", p) for n, p in mods[name].named_parameters(recurse=False))
         }
-        alpha = torch.exp(torch.empty(pair.channels, dtype=torch.float64).uniform_(-1.0, 1.0, generator=g))
+        alpha = torch.exp(
+            torch.empty(pair.channels, dtype=torch.float64).uniform_(-1.0, 1.0, generator=g)
+        )
         _apply(model, pair, alpha)
         ok = _rel_out_change(base, _forward(model, xs)) <= tol
         with torch.no_grad():
@@ -209,12 +218,20 @@ def find_rescalable_pairs(model: nn.Module, x, *, seed: int = 0, tol: float = OU
 def _factors(kind: str, pair: RescalePair, scale: float, g: torch.Generator) -> torch.Tensor:
     ls = math.log(scale)
     if kind == "node":
-        return torch.exp(ls * torch.empty(pair.channels, dtype=torch.float64).uniform_(-1.0, 1.0, generator=g))
+        return torch.exp(
+            ls * torch.empty(pair.channels, dtype=torch.float64).uniform_(-1.0, 1.0, generator=g)
+        )
     sign = 1.0 if float(torch.rand((), generator=g)) < 0.5 else -1.0
     return torch.full((pair.channels,), math.exp(sign * ls), dtype=torch.float64)
 
 
-def rescale(model: nn.Module, pairs: Sequence[RescalePair], kind: str = "both", scale: float = DEFAULT_SCALE, seed: int = 0) -> nn.Module:
+def rescale(
+    model: nn.Module,
+    pairs: Sequence[RescalePair],
+    kind: str = "both",
+    scale: float = DEFAULT_SCALE,
+    seed: int = 0,
+) -> nn.Module:
     """A rescaled copy of ``model`` (the original is untouched).
 
     kind: ``"node"`` (α_i log-uniform in [1/scale, scale] per node), ``"layer"``
@@ -225,18 +242,22 @@ def rescale(model: nn.Module, pairs: Sequence[RescalePair], kind: str = "both", 
         raise ConfigError(f"`scale` must be a float ≥ 1; got {scale!r}")
     out = copy.deepcopy(model)
     g = torch.Generator().manual_seed(int(seed))
-    for k in (("node", "layer") if kind == "both" else (kind,)):
+    for k in ("node", "layer") if kind == "both" else (kind,):
         for pair in pairs:
             _apply(out, pair, _factors(k, pair, scale, g))
     return out
 
 
-def node_wise_rescale(model: nn.Module, pairs: Sequence[RescalePair], scale: float = DEFAULT_SCALE, seed: int = 0) -> nn.Module:
+def node_wise_rescale(
+    model: nn.Module, pairs: Sequence[RescalePair], scale: float = DEFAULT_SCALE, seed: int = 0
+) -> nn.Module:
     """Every hidden node of every pair rescaled by its own α_i, log-uniform in [1/scale, scale]."""
     return rescale(model, pairs, "node", scale, seed)
 
 
-def layer_wise_rescale(model: nn.Module, pairs: Sequence[RescalePair], scale: float = DEFAULT_SCALE, seed: int = 0) -> nn.Module:
+def layer_wise_rescale(
+    model: nn.Module, pairs: Sequence[RescalePair], scale: float = DEFAULT_SCALE, seed: int = 0
+) -> nn.Module:
     """Every pair rescaled by one α ∈ {scale, 1/scale} (producer × α, consumer × 1/α)."""
     return rescale(model, pairs, "layer", scale, seed)
 
@@ -284,10 +305,13 @@ class InvarianceReport:
 
     def describe(self) -> str:
         """The rescaling in words (kind, range of factors, seed, layer pairs)."""
-        kinds = {"node": "node-wise", "layer": "layer-wise", "both": "node-wise then layer-wise"}[self.transform]
+        kinds = {"node": "node-wise", "layer": "layer-wise", "both": "node-wise then layer-wise"}[
+            self.transform
+        ]
         return (
             f"{kinds} rescaling, α ∈ [1/{self.scale:g}, {self.scale:g}], seed {self.seed}, "
-            f"{len(self.pairs)} layer pair(s): " + ", ".join(f"{p.producer}→{p.consumer}" for p in self.pairs)
+            f"{len(self.pairs)} layer pair(s): "
+            + ", ".join(f"{p.producer}→{p.consumer}" for p in self.pairs)
         )
 
 
@@ -312,13 +336,21 @@ def prepare_specs(measures, add_invariant: bool) -> list:
         ]
     out = []
     for s in specs:
-        extra = {k: v for k, v in get_measure(s.name).invariance_options.items() if k not in (s.options or {})}
+        extra = {
+            k: v
+            for k, v in get_measure(s.name).invariance_options.items()
+            if k not in (s.options or {})
+        }
         if extra:
             s = dataclasses.replace(s, options={**(s.options or {}), **extra})
         out.append(s)
     if not any(s.name == INVARIANCE_REFERENCE for s in out):
         labels = {s.label for s in out}
-        label = INVARIANCE_REFERENCE if INVARIANCE_REFERENCE not in labels else f"{INVARIANCE_REFERENCE}_reference"
+        label = (
+            INVARIANCE_REFERENCE
+            if INVARIANCE_REFERENCE not in labels
+            else f"{INVARIANCE_REFERENCE}_reference"
+        )
         out.append(MeasureSpec(INVARIANCE_REFERENCE, label))
     return out
 
@@ -375,7 +407,9 @@ def check_invariance_model(
     specs = prepare_specs(measures, add_invariant=measures is None)
     data = {"train": train, "test": test}
     if data.get(st.split) is None:
-        raise ConfigError(f"measure_data.split is {st.split!r} but no {st.split} data is configured")
+        raise ConfigError(
+            f"measure_data.split is {st.split!r} but no {st.split} data is configured"
+        )
     m64 = copy.deepcopy(model).to(st.device, torch.float64)
     check_finite_model(m64, data[st.split], st)
     pairs, rescaled, change = _rescaled_copy(m64, data[st.split], st, transform, scale)
@@ -385,12 +419,27 @@ def check_invariance_model(
         if progress is not None:
             progress(stage, "", {})
             cb = lambda lab, info, stage=stage: progress(stage, lab, info)  # noqa: E731
-        rows.append(measure_model(m, train, specs, test=test, settings=st, init_state=init_state,
-                                  checkpoint=checkpoint, progress=cb))
+        rows.append(
+            measure_model(
+                m,
+                train,
+                specs,
+                test=test,
+                settings=st,
+                init_state=init_state,
+                checkpoint=checkpoint,
+                progress=cb,
+            )
+        )
     _raise_input_errors(rows)
     report = InvarianceReport(
-        checkpoint=checkpoint, transform=transform, scale=float(scale), seed=int(st.seed), tol=float(tol),
-        pairs=pairs, output_rel_change=change,
+        checkpoint=checkpoint,
+        transform=transform,
+        scale=float(scale),
+        seed=int(st.seed),
+        tol=float(tol),
+        pairs=pairs,
+        output_rel_change=change,
     )
     for s in specs:
         report.results.append(_compare(s, rows[0], rows[1], tol))
@@ -416,7 +465,9 @@ def _rescaled_copy(m64: nn.Module, data, st: Settings, transform: str, scale: fl
         with eval_mode(rescaled):
             change = _rel_out_change(_forward(m64, mx), _forward(rescaled, mx))
     if change > OUTPUT_TOL:
-        raise MeasurementError(f"the rescaled network's output changed by {change:.3g} (relative): not function-preserving")
+        raise MeasurementError(
+            f"the rescaled network's output changed by {change:.3g} (relative): not function-preserving"
+        )
     return pairs, rescaled, change
 
 
@@ -436,12 +487,22 @@ def _compare(s, row_a, row_b, tol: float) -> InvarianceResult:
     claims = claims_invariance(s)
     if a is None or b is None:
         err = row_a.errors.get(s.label) or row_b.errors.get(s.label) or "failed"
-        return InvarianceResult(s.label, s.name, claims, math.nan, math.nan, math.nan,
-                                False if claims else None, error=err)
+        return InvarianceResult(
+            s.label,
+            s.name,
+            claims,
+            math.nan,
+            math.nan,
+            math.nan,
+            False if claims else None,
+            error=err,
+        )
     rc = _rel(a.value, b.value)
     info = get_measure(s.name)
     note = (info.invariance_note(a, b, s.parsed()) if info.invariance_note else None) or ""
-    return InvarianceResult(s.label, s.name, claims, a.value, b.value, rc, (rc <= tol) if claims else None, note)
+    return InvarianceResult(
+        s.label, s.name, claims, a.value, b.value, rc, (rc <= tol) if claims else None, note
+    )
 
 
 def needs_init(spec) -> bool:

@@ -64,7 +64,9 @@ def _read_manifest(man: Path) -> list[dict[str, str]]:
             warnings.simplefilter("ignore", pd.errors.ParserWarning)  # a row longer than the header
             table = pd.read_csv(man, dtype=str, keep_default_na=False, index_col=False)
     except pd.errors.EmptyDataError:
-        raise ConfigError(f"checkpoints.manifest: {man} needs a 'path' column (the file is empty)") from None
+        raise ConfigError(
+            f"checkpoints.manifest: {man} needs a 'path' column (the file is empty)"
+        ) from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"checkpoints.manifest: {man} is not a readable CSV: {first}") from None
@@ -111,8 +113,10 @@ def _missing(cfg, p: Path, where: str = ""):
     """The error for a checkpoint that is not there: a save_pretrained directory for a Hugging Face
     model, else a file (`flatcli.loading.checkpoints.missing_checkpoint` names a directory's files)."""
     if _directories(cfg):
-        return ConfigError(f"{where}checkpoint not found: {p} (with model.source: huggingface a checkpoint "
-                           "is a save_pretrained directory)")
+        return ConfigError(
+            f"{where}checkpoint not found: {p} (with model.source: huggingface a checkpoint "
+            "is a save_pretrained directory)"
+        )
     return missing_checkpoint(p, where)
 
 
@@ -130,7 +134,12 @@ def _cli_jobs_with_manifest(cfg, cli_paths: list[str]) -> list[Job]:
         jobs.append(
             Job(e, p, hit.hparams, hit.init_checkpoint, hit.train_data)
             if hit
-            else Job(e, p, _from_path(cfg.hparams.from_path, e), cfg.resolve_path(cfg.init_checkpoint) if cfg.init_checkpoint else None)
+            else Job(
+                e,
+                p,
+                _from_path(cfg.hparams.from_path, e),
+                cfg.resolve_path(cfg.init_checkpoint) if cfg.init_checkpoint else None,
+            )
         )
     return jobs
 
@@ -187,7 +196,9 @@ def _listed_jobs(
     ``checkpoint`` (the results' column) is the path as written, or a glob's match as the glob is
     written (``runs/*/best.pt`` in a config gives ``runs/a/best.pt``, whatever the folder)."""
     if not isinstance(entries, list):
-        raise ConfigError("config key 'checkpoints' must be a list of paths/globs or {manifest: file.csv}")
+        raise ConfigError(
+            "config key 'checkpoints' must be a list of paths/globs or {manifest: file.csv}"
+        )
     jobs = []
     for e in entries:
         if not isinstance(e, str):
@@ -201,8 +212,13 @@ def _listed_jobs(
                 keep = [i for i, f in enumerate(full) if f.is_dir()]
                 hits, full = [hits[i] for i in keep], [full[i] for i in keep]
             if not hits:
-                raise ConfigError(f"checkpoints: the glob {e!r} matches no {'directory' if _directories(cfg) else 'file'}")
-            jobs += [Job(h, f, _from_path(regex, h), init_default) for h, f in zip(hits, full, strict=True)]
+                raise ConfigError(
+                    f"checkpoints: the glob {e!r} matches no {'directory' if _directories(cfg) else 'file'}"
+                )
+            jobs += [
+                Job(h, f, _from_path(regex, h), init_default)
+                for h, f in zip(hits, full, strict=True)
+            ]
         elif not _exists(cfg, resolved):
             raise _missing(cfg, resolved, "" if from_cli else "config key 'checkpoints': ")
         else:

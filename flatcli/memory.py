@@ -75,7 +75,9 @@ from .measures.hessian import LOW_PRECISION_MEASURES
 from .settings import Settings
 
 SKIP_FACTOR = 1000  # the counting pass is skipped when free memory ≥ this × (P-vectors + one batch)
-AUTO_RECOMPUTE = 0.8  # runtime.recompute: auto turns on above this share of free memory (engine/loop.py's rule)
+AUTO_RECOMPUTE = (
+    0.8  # runtime.recompute: auto turns on above this share of free memory (engine/loop.py's rule)
+)
 
 
 _PARTS = {"theta_gradient": "θ and gradient", "product": "one product"}  # parts' keys in words
@@ -112,7 +114,11 @@ class MemoryVerdict:
         return self.free is None or self.need <= self.free
 
     def _free_words(self) -> str:
-        where = "free on " + self.device if self.device.startswith("cuda") else "available (MemAvailable)"
+        where = (
+            "free on " + self.device
+            if self.device.startswith("cuda")
+            else "available (MemAvailable)"
+        )
         return "free memory unknown" if self.free is None else f"{_gib(self.free)} {where}"
 
     def line(self) -> str:
@@ -135,9 +141,17 @@ class MemoryVerdict:
 
     def to_json(self) -> dict[str, Any]:
         """``--dry-run --format json``'s ``memory`` entry."""
-        return {"stage": self.stage, "fits": self.fits, "need_bytes": self.need, "free_bytes": self.free,
-                "parts": dict(self.parts), "measures": list(self.measures), "suggestions": list(self.suggestions),
-                "skipped": self.skipped or None, "verdict": self.line()}
+        return {
+            "stage": self.stage,
+            "fits": self.fits,
+            "need_bytes": self.need,
+            "free_bytes": self.free,
+            "parts": dict(self.parts),
+            "measures": list(self.measures),
+            "suggestions": list(self.suggestions),
+            "skipped": self.skipped or None,
+            "verdict": self.line(),
+        }
 
 
 def refuse(verdict: MemoryVerdict, dist) -> None:
@@ -148,8 +162,10 @@ def refuse(verdict: MemoryVerdict, dist) -> None:
     if not verdict.fits:
         raise verdict.error()
     if elsewhere:
-        raise MeasurementError("will not fit on another rank (its row of the log says why); "
-                               "runtime.check_memory: false skips this check")
+        raise MeasurementError(
+            "will not fit on another rank (its row of the log says why); "
+            "runtime.check_memory: false skips this check"
+        )
 
 
 # ------------------------------------------------------------------ what each measure keeps
@@ -178,9 +194,16 @@ def model_dims(model: torch.nn.Module, st: Settings) -> Dims:
     named = dict(model.named_parameters())
     chosen = set(names)
     P = int(sum(named[n].numel() for n in names))
-    return Dims(P=P, n=1, C=1, rows=1, tensors=tuple(named[n].numel() for n in names),
-                matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model, chosen)),
-                verify=st.verifies(), max_basis=st.basis_cap(P))
+    return Dims(
+        P=P,
+        n=1,
+        C=1,
+        rows=1,
+        tensors=tuple(named[n].numel() for n in names),
+        matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model, chosen)),
+        verify=st.verifies(),
+        max_basis=st.basis_cap(P),
+    )
 
 
 def copies_model(model: torch.nn.Module, st: Settings) -> bool:
@@ -208,7 +231,9 @@ def _device_rows(declared: int, P: int, st: Settings) -> int:
 
 
 # ------------------------------------------------------------------ 1. before the data
-def check_model(model: torch.nn.Module, specs: Sequence[MeasureSpec], st: Settings) -> MemoryVerdict:
+def check_model(
+    model: torch.nn.Module, specs: Sequence[MeasureSpec], st: Settings
+) -> MemoryVerdict:
     """The least memory measuring ``model`` with ``specs`` adds (module docstring, 1), against the
     device's free memory."""
     dims = model_dims(model, st)
@@ -216,19 +241,29 @@ def check_model(model: torch.nn.Module, specs: Sequence[MeasureSpec], st: Settin
     weights = 0
     if copies_model(model, st):
         tensors = [*model.parameters(), *model.buffers()]
-        weights = sum(t.numel() * (elt if t.is_floating_point() else t.element_size()) for t in tensors)
+        weights = sum(
+            t.numel() * (elt if t.is_floating_point() else t.element_size()) for t in tensors
+        )
     kept = {s.label: vectors_kept(s, dims) for s in specs}
     rows = {lab: _device_rows(d, P, st) + b for lab, (d, b) in kept.items()}
     most = max(rows.values(), default=0)
     parts = {"weights": int(weights), "theta_gradient": 2 * P * elt, "vectors": most * P * elt}
-    v = MemoryVerdict("model", sum(parts.values()), free_bytes(st.device), parts,
-                      tuple(lab for lab, r in rows.items() if r == most and most > 0), device=str(st.device))
+    v = MemoryVerdict(
+        "model",
+        sum(parts.values()),
+        free_bytes(st.device),
+        parts,
+        tuple(lab for lab, r in rows.items() if r == most and most > 0),
+        device=str(st.device),
+    )
     if not v.fits:
         v.suggestions = tuple(_model_suggestions(v, model, st, kept, rows, specs, dims))
     return v
 
 
-def _model_suggestions(v: MemoryVerdict, model, st: Settings, kept, rows, specs, dims: Dims) -> list[str]:
+def _model_suggestions(
+    v: MemoryVerdict, model, st: Settings, kept, rows, specs, dims: Dims
+) -> list[str]:
     """Settings that shrink the counted part enough to fit (only those)."""
     P, elt, free, out = dims.P, _element(st), v.free or 0, []
     fixed = v.parts["weights"] + 2 * P * elt
@@ -236,7 +271,10 @@ def _model_suggestions(v: MemoryVerdict, model, st: Settings, kept, rows, specs,
         lab = v.measures[0]
         k = (free - fixed - kept[lab][1] * P * elt) // (P * elt)
         spec = next(s for s in specs if s.label == lab)
-        if 1 <= k < kept[lab][0] and vectors_kept(spec, dataclasses.replace(dims, max_basis=int(k)))[0] <= k:
+        if (
+            1 <= k < kept[lab][0]
+            and vectors_kept(spec, dataclasses.replace(dims, max_basis=int(k)))[0] <= k
+        ):
             out.append(f"runtime.max_basis_vectors: {k} (Lanczos restarts beyond it)")
     if st.device.type == "cuda" and v.measures:
         lab = v.measures[0]
@@ -245,13 +283,20 @@ def _model_suggestions(v: MemoryVerdict, model, st: Settings, kept, rows, specs,
             out.append(f"runtime.max_device_vectors: {k} (the other basis rows in host memory)")
     if st.precision == "fp64" and v.need // 2 <= free:
         out.append("runtime.precision: fp32 (halves every P-vector and the weights)")
-    if (v.parts["weights"] and st.device.type == "cpu" and st.precision != "bf16"
-            and next(model.parameters()).dtype == torch.bfloat16 and v.need - v.parts["weights"] <= free):
+    if (
+        v.parts["weights"]
+        and st.device.type == "cpu"
+        and st.precision != "bf16"
+        and next(model.parameters()).dtype == torch.bfloat16
+        and v.need - v.parts["weights"] <= free
+    ):
         out.append("runtime.precision: bf16 (uses the bfloat16 weights as loaded, no float32 copy)")
     per_param = elt * (2 + max(rows.values(), default=0))
     fit_p = (free - v.parts["weights"]) // per_param
     if 1 <= fit_p < P:
-        out.append(f"a parameter subset of at most {fit_p:,} of the {P:,} parameters (params: include/exclude)")
+        out.append(
+            f"a parameter subset of at most {fit_p:,} of the {P:,} parameters (params: include/exclude)"
+        )
     others = [r for lab, r in rows.items() if lab not in v.measures]
     if others and fixed + max(others) * P * elt <= free:
         out.append(f"leaving out {', '.join(v.measures)} (the other measures fit)")
@@ -263,7 +308,9 @@ def _batch_bytes(batch) -> int:
     return int(sum(t.numel() * t.element_size() for t in batch.values()))
 
 
-def check_products(problem, specs: Sequence[MeasureSpec], dims: Dims, st: Settings) -> MemoryVerdict:
+def check_products(
+    problem, specs: Sequence[MeasureSpec], dims: Dims, st: Settings
+) -> MemoryVerdict:
     """One Hessian product's predicted peak plus the largest Hessian measure's declared vectors,
     against the free memory now (module docstring, 2). ``problem``: the measurement set's
     `flatcli.engine.Problem` on the device; ``dims``: its sizes (`flatcli.pipeline.problem_dims`)."""
@@ -273,34 +320,56 @@ def check_products(problem, specs: Sequence[MeasureSpec], dims: Dims, st: Settin
     P, elt = problem.num_params, _element(st)
     declared = {s.label: _device_rows(vectors_kept(s, dims)[0], P, st) for s in hess}
     most = max(declared.values())
-    vectors = max(most - 1, 0) * P * elt  # the product's five P-vectors count one input: the rest of the basis
+    vectors = (
+        max(most - 1, 0) * P * elt
+    )  # the product's five P-vectors count one input: the rest of the basis
     free = free_bytes(st.device)
-    base = (5 * P * elt + vectors)
+    base = 5 * P * elt + vectors
     labels = tuple(lab for lab, r in declared.items() if r == most)
 
     def vectors_only(why: str) -> MemoryVerdict:
-        return MemoryVerdict("products", base, free, {"vectors": base}, labels, device=str(st.device), skipped=why)
+        return MemoryVerdict(
+            "products", base, free, {"vectors": base}, labels, device=str(st.device), skipped=why
+        )
 
     if free is None:
         return vectors_only("free memory unknown")
     if st.hvp_mode == "finite_difference":
-        return vectors_only("finite-difference products keep no gradient graph; activations not counted")
+        return vectors_only(
+            "finite-difference products keep no gradient graph; activations not counted"
+        )
     if free >= SKIP_FACTOR * (base + _batch_bytes(problem.batches[0])):
-        return vectors_only(f"with one batch, under 1/{SKIP_FACTOR} of {_gib(free)} free; activations not counted")
+        return vectors_only(
+            f"with one batch, under 1/{SKIP_FACTOR} of {_gib(free)} free; activations not counted"
+        )
     try:
-        product, _ = predicted_product_bytes(problem, problem.batches[0], len(problem.batches), st.device)
-    except Exception as e:  # the counting pass failed (no double backward): the measures will say why
-        return vectors_only(f"one product could not be predicted ({type(e).__name__}); activations not counted")
+        product, _ = predicted_product_bytes(
+            problem, problem.batches[0], len(problem.batches), st.device
+        )
+    except (
+        Exception
+    ) as e:  # the counting pass failed (no double backward): the measures will say why
+        return vectors_only(
+            f"one product could not be predicted ({type(e).__name__}); activations not counted"
+        )
     blocks = bool(find_blocks(problem.model))
-    chain = _chain_product(problem, st) if blocks else None  # block by block: (bytes, blocks) or None
-    if blocks and (st.recompute == "true" or (st.recompute == "auto" and product > AUTO_RECOMPUTE * free)):
+    chain = (
+        _chain_product(problem, st) if blocks else None
+    )  # block by block: (bytes, blocks) or None
+    if blocks and (
+        st.recompute == "true" or (st.recompute == "auto" and product > AUTO_RECOMPUTE * free)
+    ):
         if chain is None:
-            return vectors_only("activations recomputed with checkpointing (runtime.recompute): not counted")
+            return vectors_only(
+                "activations recomputed with checkpointing (runtime.recompute): not counted"
+            )
         product = chain[0]
     parts = {"product": int(product), "vectors": int(vectors)}
     v = MemoryVerdict("products", sum(parts.values()), free, parts, labels, device=str(st.device))
     if not v.fits:
-        v.suggestions = tuple(_product_suggestions(v, problem, hess, st, blocks, base, chain, vectors))
+        v.suggestions = tuple(
+            _product_suggestions(v, problem, hess, st, blocks, base, chain, vectors)
+        )
     return v
 
 
@@ -313,24 +382,42 @@ def _chain_product(problem, st: Settings) -> tuple[int, int] | None:
     if chain is None:
         return None
     n = len(chain.blocks)
-    return predicted_product_bytes(problem, problem.batches[0], len(problem.batches), st.device, by_blocks=n)[0], n
+    return predicted_product_bytes(
+        problem, problem.batches[0], len(problem.batches), st.device, by_blocks=n
+    )[0], n
 
 
-def _product_suggestions(v: MemoryVerdict, problem, hess, st: Settings, blocks: bool, base: int,
-                         chain: tuple[int, int] | None, vectors: int) -> list[str]:
+def _product_suggestions(
+    v: MemoryVerdict,
+    problem,
+    hess,
+    st: Settings,
+    blocks: bool,
+    base: int,
+    chain: tuple[int, int] | None,
+    vectors: int,
+) -> list[str]:
     """Settings that shrink the activations of a product (the part beyond the P-vectors);
     ``runtime.recompute: true`` when its block-by-block product is predicted to fit (``chain``), or
     on blocks that are not a chain (checkpointing: not predicted, so offered as a try)."""
     free, out = v.free or 0, []
     act = max(v.need - base, 1)
     if blocks and st.recompute != "true" and (chain is None or chain[0] + vectors <= free):
-        how = f"block by block, {_gib(chain[0])} per product" if chain else "per-block checkpointing"
+        how = (
+            f"block by block, {_gib(chain[0])} per product" if chain else "per-block checkpointing"
+        )
         out.append(f"runtime.recompute: true (keeps one block's activations at a time: {how})")
     rows = problem.batches[0].rows
     fit = int(rows * (free - base) / act) if free > base else 0
     if 1 <= fit < rows:
-        out.append(f"measure_data.batch_size: {fit} (activations grow with the rows of a batch; now {rows})")
-    if (st.precision != "bf16" and st.precision != "fp64" and any(s.name in LOW_PRECISION_MEASURES for s in hess)
-            and base + act // 2 <= free):
+        out.append(
+            f"measure_data.batch_size: {fit} (activations grow with the rows of a batch; now {rows})"
+        )
+    if (
+        st.precision != "bf16"
+        and st.precision != "fp64"
+        and any(s.name in LOW_PRECISION_MEASURES for s in hess)
+        and base + act // 2 <= free
+    ):
         out.append("runtime.precision: bf16 (the forward's activations in bfloat16)")
     return out

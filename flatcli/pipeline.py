@@ -53,8 +53,17 @@ def as_specs(measures) -> list[MeasureSpec]:
 def _problem(model, data, st: Settings) -> Problem:
     """The problem of ``model`` over ``data`` with the settings' loss, batch size, device, dtype,
     parameter selection and this process's ranks."""
-    return Problem(model, data, loss=st.loss, batch_size=st.batch_size, device=st.device, dtype=st.dtype,
-                   params=st.params, dist=ranks.current(), compute_dtype=st.compute_dtype)
+    return Problem(
+        model,
+        data,
+        loss=st.loss,
+        batch_size=st.batch_size,
+        device=st.device,
+        dtype=st.dtype,
+        params=st.params,
+        dist=ranks.current(),
+        compute_dtype=st.compute_dtype,
+    )
 
 
 def check_targets(model, data: Batch, loss: str, where: str, device, dtype) -> None:
@@ -98,8 +107,11 @@ def _check_deterministic(problem: Problem) -> None:
 
 # known failures of third-party code, and what to do about them (appended to the message)
 _HINTS = (
-    ("_scaled_dot_product_", "fused attention (SDPA) has no second derivative: load the model with "
-                             "model.kwargs.attn_implementation: eager (flatcli's default)"),
+    (
+        "_scaled_dot_product_",
+        "fused attention (SDPA) has no second derivative: load the model with "
+        "model.kwargs.attn_implementation: eager (flatcli's default)",
+    ),
 )
 
 
@@ -158,10 +170,14 @@ def measure_model(
     """
     specs = as_specs(measures)
     st = Settings.build(settings, **fields)
-    data = {"train": None if train is None else Batch.of(train, where="data.train"),
-            "test": None if test is None else Batch.of(test, where="data.test")}
+    data = {
+        "train": None if train is None else Batch.of(train, where="data.train"),
+        "test": None if test is None else Batch.of(test, where="data.test"),
+    }
     if data.get(st.split) is None:
-        raise ConfigError(f"measure_data.split is {st.split!r} but no {st.split} data is configured")
+        raise ConfigError(
+            f"measure_data.split is {st.split!r} but no {st.split} data is configured"
+        )
     row = Row(checkpoint=checkpoint, labels=[s.label for s in specs], hparams=dict(hparams or {}))
     work = _working_copy(model, st)
     with st.precision_context(), eval_mode(work):
@@ -170,24 +186,45 @@ def measure_model(
             if d is not None:
                 check_targets(work, d, st.loss, f"data.{split_name}", st.device, _dtype_of(work))
         row.params = st.params.describe(work, problem.names)
-        engine = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision,
-                                 recompute=st.recompute, max_device_vectors=st.max_device_vectors,
-                                 max_basis_vectors=st.max_basis_vectors)
+        engine = CurvatureEngine(
+            problem,
+            hvp_mode=st.hvp_mode,
+            block_size=st.block_size,
+            precision=st.precision,
+            recompute=st.recompute,
+            max_device_vectors=st.max_device_vectors,
+            max_basis_vectors=st.max_basis_vectors,
+        )
         try:
             engine.check_finite()
             _check_deterministic(problem)
-            if st.check_memory:  # before the first product: one product's activations and the vectors
-                refuse(check_products(problem, [s for s in specs if not (reuse and s.label in reuse)],
-                                      problem_dims(work, data[st.split], st), st), problem.dist)
+            if (
+                st.check_memory
+            ):  # before the first product: one product's activations and the vectors
+                refuse(
+                    check_products(
+                        problem,
+                        [s for s in specs if not (reuse and s.label in reuse)],
+                        problem_dims(work, data[st.split], st),
+                        st,
+                    ),
+                    problem.dist,
+                )
         except FlatcliError as e:
             row.fail(str(e), error_kind(e))
             return row
         init_params = None
         if init_state is not None:
-            init_params = {n: init_state[n].to(st.device, st.dtype) for n in problem.names if n in init_state}
+            init_params = {
+                n: init_state[n].to(st.device, st.dtype) for n in problem.names if n in init_state
+            }
         plans = _planned_hvps(specs, work, data[st.split], st) if progress is not None else {}
-        plan = BudgetPlan.of(st.budget, specs, lambda: problem_dims(work, data[st.split], st), budget_among)
-        shared: dict[str, Any] = {}  # products the checkpoint's measures share (the Hessian diagonal)
+        plan = BudgetPlan.of(
+            st.budget, specs, lambda: problem_dims(work, data[st.split], st), budget_among
+        )
+        shared: dict[
+            str, Any
+        ] = {}  # products the checkpoint's measures share (the Hessian diagonal)
         fit = Fit(engine, lambda: problem_dims(work, data[st.split], st))
         for i, spec in enumerate(specs):
             if reuse and spec.label in reuse:
@@ -195,8 +232,19 @@ def measure_model(
             else:
                 share = None if plan is None else plan.share(i)
                 if not _not_started(row, spec, problem, fit, share):
-                    _run_one(row, spec, problem, engine, st, init_params, init_state, debug,
-                             _measure_progress(progress, spec.label, engine, plans.get(spec.label)), share, shared)
+                    _run_one(
+                        row,
+                        spec,
+                        problem,
+                        engine,
+                        st,
+                        init_params,
+                        init_state,
+                        debug,
+                        _measure_progress(progress, spec.label, engine, plans.get(spec.label)),
+                        share,
+                        shared,
+                    )
             if on_measure is not None:
                 on_measure(row, spec.label)
         row.metrics.update(_metrics(work, data["train"], data["test"], st))
@@ -230,12 +278,16 @@ def _measure_progress(progress, label: str, engine: CurvatureEngine, planned):
 
     def report(info: dict) -> None:
         own = {k: info[k] - before.get(k, 0) for k in COUNTERS if k in info}
-        progress(label, {**info, **own, "seconds": time.perf_counter() - t0, "planned_hvps": planned})
+        progress(
+            label, {**info, **own, "seconds": time.perf_counter() - t0, "planned_hvps": planned}
+        )
 
     return report
 
 
-def _not_started(row: Row, spec: MeasureSpec, problem: Problem, fit: Fit, share: float | None) -> bool:
+def _not_started(
+    row: Row, spec: MeasureSpec, problem: Problem, fit: Fit, share: float | None
+) -> bool:
     """Whether ``spec`` cannot stop early and does not fit its cap (`flatcli.predict.Fit`): then
     its row gets status ``budget``, value NaN and the reason (``started: False``) instead of a run.
     Ranks agree: one rank's verdict holds for all (their collectives stay in step)."""
@@ -248,22 +300,39 @@ def _not_started(row: Row, spec: MeasureSpec, problem: Problem, fit: Fit, share:
     if verdict is None:
         return False
     why, diag = verdict
-    row.results[spec.label] = MeasureResult(value=math.nan, status="budget",
-                                            diagnostics={"reason": why, "started": False, **diag})
+    row.results[spec.label] = MeasureResult(
+        value=math.nan, status="budget", diagnostics={"reason": why, "started": False, **diag}
+    )
     return True
 
 
-def _run_one(row: Row, spec: MeasureSpec, problem: Problem, engine: CurvatureEngine, st: Settings,
-             init_params, init_state, debug: bool, progress, share: float | None = None,
-             shared: dict[str, Any] | None = None) -> None:
+def _run_one(
+    row: Row,
+    spec: MeasureSpec,
+    problem: Problem,
+    engine: CurvatureEngine,
+    st: Settings,
+    init_params,
+    init_state,
+    debug: bool,
+    progress,
+    share: float | None = None,
+    shared: dict[str, Any] | None = None,
+) -> None:
     """Run one measure into ``row``; a failure is recorded and the other measures go on (in one
     process). Across ranks, a failure that is not a deterministic check (the same on every rank)
     ends the run, since the other ranks may wait in a collective this one never reaches.
     ``progress(info)``: the engine's progress hook for this measure (`_measure_progress`)."""
     engine.on_progress = progress
-    ctx = MeasureContext(problem=problem, engine=engine, seed=st.seed if spec.seed is None else spec.seed,
-                         init_params=init_params, init_state=init_state, max_seconds=share,
-                         cache=shared if shared is not None else {})
+    ctx = MeasureContext(
+        problem=problem,
+        engine=engine,
+        seed=st.seed if spec.seed is None else spec.seed,
+        init_params=init_params,
+        init_state=init_state,
+        max_seconds=share,
+        cache=shared if shared is not None else {},
+    )
     fp32 = problem.lowered and spec.name not in LOW_PRECISION_MEASURES
     try:
         with engine.full_precision() if fp32 else contextlib.nullcontext():
@@ -272,13 +341,17 @@ def _run_one(row: Row, spec: MeasureSpec, problem: Problem, engine: CurvatureEng
             row.results[spec.label].diagnostics["products"] = "fp32"
     except Exception as e:  # one failed measure never loses the others
         if problem.dist.active and not isinstance(e, FlatcliError):
-            raise ranks.RankFailure(f"rank {problem.dist.rank}: {spec.label}: {describe_error(e)}") from e
+            raise ranks.RankFailure(
+                f"rank {problem.dist.rank}: {spec.label}: {describe_error(e)}"
+            ) from e
         if debug and not isinstance(e, ConfigError):
             traceback.print_exc()
         row.fail(f"{spec.label}: {describe_error(e)}", error_kind(e), spec.label)
 
 
-def check_finite_model(model: torch.nn.Module, data, settings: Settings, where: str = "the checkpoint") -> float:
+def check_finite_model(
+    model: torch.nn.Module, data, settings: Settings, where: str = "the checkpoint"
+) -> float:
     """The loss of ``model`` on the measurement set (``settings``' split size and seed, eval mode);
     a NaN or inf loss raises the same `MeasurementError` in every command (exit code 1), naming
     the tensors that hold NaN/inf."""
@@ -301,22 +374,35 @@ def problem_dims(model: torch.nn.Module, data, settings: Settings) -> Dims:
     device = first.device if first is not None else torch.device("cpu")
     dtype = first.dtype if first is not None else torch.float32
     with eval_mode(model):
-        prob = Problem(model, batch, loss=settings.loss, batch_size=2, device=device, dtype=dtype,
-                       params=settings.params)
+        prob = Problem(
+            model,
+            batch,
+            loss=settings.loss,
+            batch_size=2,
+            device=device,
+            dtype=dtype,
+            params=settings.params,
+        )
         two = batch.select(slice(0, 2)).to(device, dtype)
         with torch.no_grad():
             Z = prob.loss_fn.scores(prob.forward(prob.params, two), two)[0]
     chosen = set(prob.names)
     named = dict(model.named_parameters())
     return Dims(
-        P=prob.num_params, n=prob.n, C=int(Z.shape[-1]), rows=int(batch.rows),
+        P=prob.num_params,
+        n=prob.n,
+        C=int(Z.shape[-1]),
+        rows=int(batch.rows),
         tensors=tuple(named[n].numel() for n in prob.names),
         matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model, chosen)),
-        verify=settings.verifies(), max_basis=settings.basis_cap(prob.num_params),
+        verify=settings.verifies(),
+        max_basis=settings.basis_cap(prob.num_params),
     )
 
 
-def estimate_products(specs: Sequence[MeasureSpec], dims: Dims) -> dict[str, dict[str, tuple[int, int]] | None]:
+def estimate_products(
+    specs: Sequence[MeasureSpec], dims: Dims
+) -> dict[str, dict[str, tuple[int, int]] | None]:
     """Per configured measure (label), the (least, most) of each engine counter a run will count
     (None for a measure that declares no estimate). Full-set equivalents, like the counters."""
     out = {}
@@ -375,15 +461,22 @@ class DataCache:
             else:
                 src = self._with_tokenizer(getattr(self.cfg.data, split))
             self._cache[key] = (
-                None if src is None
-                else load_split(src, split, self.cfg.base_dir, self.cfg.data.normalize, self.cache_dir)
+                None
+                if src is None
+                else load_split(
+                    src, split, self.cfg.base_dir, self.cfg.data.normalize, self.cache_dir
+                )
             )
         return self._cache[key]
 
-
     def _with_tokenizer(self, src):
         """A text source without ``tokenizer``: the first Hugging Face checkpoint folder holding one."""
-        if src is None or src.source != "text" or src.tokenizer is not None or self.cfg.model.source != "huggingface":
+        if (
+            src is None
+            or src.source != "text"
+            or src.tokenizer is not None
+            or self.cfg.model.source != "huggingface"
+        ):
             return src
         import dataclasses
 
@@ -409,10 +502,18 @@ def read_hparams_from_keys(extras: dict, keys: list[str] | None) -> dict[str, An
     return {k: pool[k] for k in keys if k in pool and isinstance(pool[k], (int, float, str, bool))}
 
 
-def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache, settings: Settings,
-                debug: bool = False, progress: Callable[[str, dict], None] | None = None,
-                on_measure: Callable[[Row, str], None] | None = None, reuse: dict[str, Any] | None = None,
-                budget_among: Sequence[MeasureSpec] | None = None) -> Row:
+def measure_job(
+    cfg: Config,
+    job: Job,
+    specs: list[MeasureSpec],
+    data: DataCache,
+    settings: Settings,
+    debug: bool = False,
+    progress: Callable[[str, dict], None] | None = None,
+    on_measure: Callable[[Row, str], None] | None = None,
+    reuse: dict[str, Any] | None = None,
+    budget_among: Sequence[MeasureSpec] | None = None,
+) -> Row:
     """Load one checkpoint and measure it. A failure (a bad file: kind ``ConfigError``, exit code 2)
     becomes an error row, so other checkpoints still complete. ``on_measure`` and ``reuse``: as
     `measure_model`'s. With ``settings.check_memory``, a model whose measures will not fit in the
@@ -420,17 +521,36 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
     labels = [s.label for s in specs]
     try:
         model, extras = load_model(cfg, job.path)
-        settings.params.select(model)  # a selection that matches nothing fails before any data is loaded
-        if settings.check_memory:  # weights, θ and the measures' P-vectors: before any data is loaded
-            refuse(check_model(model, [s for s in specs if not (reuse and s.label in reuse)], settings), ranks.current())
+        settings.params.select(
+            model
+        )  # a selection that matches nothing fails before any data is loaded
+        if (
+            settings.check_memory
+        ):  # weights, θ and the measures' P-vectors: before any data is loaded
+            refuse(
+                check_model(
+                    model, [s for s in specs if not (reuse and s.label in reuse)], settings
+                ),
+                ranks.current(),
+            )
         hp = dict(job.hparams)
         hp.update(read_hparams_from_keys(extras, cfg.hparams.from_keys))
         init_state = load_init_state(cfg, job, model)
         train, test = _checked_data(cfg, job, model, data)
         row = measure_model(
-            model, train, specs, test=test, settings=settings,
-            init_state=init_state, checkpoint=job.checkpoint, hparams=hp, debug=debug, progress=progress,
-            on_measure=on_measure, reuse=reuse, budget_among=budget_among,
+            model,
+            train,
+            specs,
+            test=test,
+            settings=settings,
+            init_state=init_state,
+            checkpoint=job.checkpoint,
+            hparams=hp,
+            debug=debug,
+            progress=progress,
+            on_measure=on_measure,
+            reuse=reuse,
+            budget_among=budget_among,
         )
         row.model = extras.get("model_info")
         return row
@@ -438,7 +558,9 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
         raise
     except Exception as e:  # a checkpoint that fails to load never loses the others
         if ranks.current().active and not isinstance(e, FlatcliError):
-            raise ranks.RankFailure(f"rank {ranks.current().rank}: {job.checkpoint}: {describe_error(e)}") from e
+            raise ranks.RankFailure(
+                f"rank {ranks.current().rank}: {job.checkpoint}: {describe_error(e)}"
+            ) from e
         if debug and not isinstance(e, ConfigError):
             traceback.print_exc()
         row = Row(checkpoint=job.checkpoint, labels=labels, hparams=dict(job.hparams))
@@ -446,7 +568,9 @@ def measure_job(cfg: Config, job: Job, specs: list[MeasureSpec], data: DataCache
         return row
 
 
-def first_checkpoint_fits(cfg: Config, job: Job | None, specs: Sequence[MeasureSpec], settings: Settings) -> bool:
+def first_checkpoint_fits(
+    cfg: Config, job: Job | None, specs: Sequence[MeasureSpec], settings: Settings
+) -> bool:
     """Whether ``job``'s model passes the memory check (`flatcli.memory.check_model`), for a command
     that loads the data once before its checkpoints (so that a bad data config fails first): it
     loads the data then only when the first checkpoint fits; otherwise each checkpoint loads it when
@@ -474,12 +598,16 @@ def _checked_data(cfg: Config, job: Job, model, data: DataCache):
             check_positions(model, f"data.{split}.max_length", src.max_length, job.path)
         batch = data.get(split, job.train_data) if split == "train" else data.get(split)
         if batch is not None and "input_ids" in batch and batch["input_ids"].dim() == 2:
-            check_positions(model, f"data.{split} (tokenized length)", batch["input_ids"].shape[1], job.path)
+            check_positions(
+                model, f"data.{split} (tokenized length)", batch["input_ids"].shape[1], job.path
+            )
         out.append(batch)
     return out
 
 
-def load_init_state(cfg: Config, job: Job, model: torch.nn.Module | None = None) -> dict[str, torch.Tensor] | None:
+def load_init_state(
+    cfg: Config, job: Job, model: torch.nn.Module | None = None
+) -> dict[str, torch.Tensor] | None:
     """The job's initialization state dict (None without one), shape-checked against ``model``
     (a ``save_pretrained`` directory with ``model.source: huggingface``)."""
     if job.init_checkpoint is None:
@@ -488,9 +616,14 @@ def load_init_state(cfg: Config, job: Job, model: torch.nn.Module | None = None)
         init_model, _ = load_model(cfg, job.init_checkpoint)
         init_state = dict(init_model.state_dict())
     else:
-        init_state = extract_state_dict(read_checkpoint(job.init_checkpoint, cfg.runtime.allow_unsafe_pickle,
-                                                        import_dirs(cfg.model.target, cfg.base_dir)),
-                                        job.init_checkpoint)
+        init_state = extract_state_dict(
+            read_checkpoint(
+                job.init_checkpoint,
+                cfg.runtime.allow_unsafe_pickle,
+                import_dirs(cfg.model.target, cfg.base_dir),
+            ),
+            job.init_checkpoint,
+        )
     if model is not None:
         load_into(copy.deepcopy(model), init_state, job.init_checkpoint)  # validates shapes
     return init_state
@@ -509,7 +642,9 @@ def load_model(cfg: Config, path: str | Path) -> tuple[torch.nn.Module, dict[str
         return model, {"model_info": info}
     if not cfg.model.target:
         raise ConfigError("config key 'model.target' is required")
-    obj = read_checkpoint(path, cfg.runtime.allow_unsafe_pickle, import_dirs(cfg.model.target, cfg.base_dir))
+    obj = read_checkpoint(
+        path, cfg.runtime.allow_unsafe_pickle, import_dirs(cfg.model.target, cfg.base_dir)
+    )
     extras = checkpoint_extras(obj)
     kwargs = dict(cfg.model.kwargs)
     if isinstance(extras.get("model_kwargs"), dict):

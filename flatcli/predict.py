@@ -50,13 +50,21 @@ class ProductTimes:
     memory: str
     P: int
     element: int
-    vector_op: float = 0.0  # seconds of one P-length dot product or axpy (a 16-vector basis projection / 32)
-    batched_vector_op: float = 0.0  # the same in runs of their own bases (SLQ's lockstep projection)
+    vector_op: float = (
+        0.0  # seconds of one P-length dot product or axpy (a 16-vector basis projection / 32)
+    )
+    batched_vector_op: float = (
+        0.0  # the same in runs of their own bases (SLQ's lockstep projection)
+    )
 
     def hvp_seconds(self, n: float, k: int) -> float:
         """Seconds of ``n`` HVPs in calls of ``k`` vectors (0: the engine's block size)."""
         k = max(1, self.engine_block if k == 0 else k)
-        b = max((self.hvp_block - self.hvp1) / (self.block - 1), 0.0) if self.block > 1 else self.hvp1
+        b = (
+            max((self.hvp_block - self.hvp1) / (self.block - 1), 0.0)
+            if self.block > 1
+            else self.hvp1
+        )
         a = max(self.hvp1 - b, 0.0)
         return n * (a / k + b)
 
@@ -95,14 +103,20 @@ def measure_peak(fn, device: torch.device) -> tuple[int, str]:
         torch.cuda.reset_peak_memory_stats(device)
         fn()
         torch.cuda.synchronize(device)
-        return max(int(torch.cuda.max_memory_allocated(device) - base), 0), "torch.cuda.max_memory_allocated"
+        return max(
+            int(torch.cuda.max_memory_allocated(device) - base), 0
+        ), "torch.cuda.max_memory_allocated"
     before = _rss_bytes("VmRSS")
     if before is not None and _reset_peak():
         fn()
-        return max((_rss_bytes("VmHWM") or before) - before, 0), "peak RSS (VmHWM reset via /proc/self/clear_refs)"
+        return max(
+            (_rss_bytes("VmHWM") or before) - before, 0
+        ), "peak RSS (VmHWM reset via /proc/self/clear_refs)"
     start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     fn()
-    return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start, 0) * 1024, "ru_maxrss increase"
+    return max(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start, 0
+    ) * 1024, "ru_maxrss increase"
 
 
 def _timed(fn, repeat: int = 1) -> float:
@@ -131,7 +145,9 @@ def _project_runs(Q: torch.Tensor, W: torch.Tensor) -> None:
         torch.cuda.synchronize(W.device)
 
 
-def time_products(model: torch.nn.Module, data, st: Settings, check=None) -> tuple[ProductTimes | None, Problem]:
+def time_products(
+    model: torch.nn.Module, data, st: Settings, check=None
+) -> tuple[ProductTimes | None, Problem]:
     """Time the products on ``model`` over ``data``'s measurement set (the settings' size, seed,
     device, dtype and precision), as `flatcli.pipeline.measure_model` builds them: a few seconds
     at most on models whose products take well under a second. Returns the times and the
@@ -140,11 +156,21 @@ def time_products(model: torch.nn.Module, data, st: Settings, check=None) -> tup
     timed and the times are None."""
     work = model.to(st.device, st.dtype)
     with st.precision_context(), eval_mode(work):
-        problem = Problem(work, subset(data, st.num_samples, st.data_seed), loss=st.loss, batch_size=st.batch_size,
-                          device=st.device, dtype=st.dtype, params=st.params, dist=ranks.current())
+        problem = Problem(
+            work,
+            subset(data, st.num_samples, st.data_seed),
+            loss=st.loss,
+            batch_size=st.batch_size,
+            device=st.device,
+            dtype=st.dtype,
+            params=st.params,
+            dist=ranks.current(),
+        )
         if check is not None and not check(problem):
             return None, problem
-        eng = CurvatureEngine(problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision)
+        eng = CurvatureEngine(
+            problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision
+        )
         P = problem.num_params
         gen = torch.Generator().manual_seed(0)
         v = torch.randn(P, generator=gen).to(st.device, st.dtype)
@@ -154,15 +180,31 @@ def time_products(model: torch.nn.Module, data, st: Settings, check=None) -> tup
         grad = _timed(eng.grad, 2)
         eng.hvp(v)  # builds (and may cache) the gradient graphs
         hvp1 = _timed(lambda: eng.hvp(v), 2)
-        took: list[float] = []  # the block product, timed inside the memory probe (one call for both)
-        peak, how = measure_peak(lambda: took.append(_timed(lambda: eng.hvp(V))), torch.device(st.device))
+        took: list[
+            float
+        ] = []  # the block product, timed inside the memory probe (one call for both)
+        peak, how = measure_peak(
+            lambda: took.append(_timed(lambda: eng.hvp(V))), torch.device(st.device)
+        )
         hvpk = took[0]
         eng.drop_graphs()
         vector_op = _timed(lambda: _project(V, v), 3) / (2 * V.shape[0])
         B = V[: 2 * (k // 2)].reshape(2, k // 2, P)  # 2 runs, each with a basis of k // 2 vectors
         batched_op = _timed(lambda: _project_runs(B, V[:2]), 3) / (4 * (k // 2))
-    times = ProductTimes(forward, grad, hvp1, hvpk, k, eng.block_size, peak, how, P,
-                         torch.finfo(st.dtype).bits // 8, vector_op, batched_op)
+    times = ProductTimes(
+        forward,
+        grad,
+        hvp1,
+        hvpk,
+        k,
+        eng.block_size,
+        peak,
+        how,
+        P,
+        torch.finfo(st.dtype).bits // 8,
+        vector_op,
+        batched_op,
+    )
     return times, problem
 
 
@@ -172,13 +214,25 @@ def quick_times(engine: CurvatureEngine) -> ProductTimes:
     block product is taken as that many one-vector products (an upper bound: blocks are
     cheaper per vector), and no memory is probed."""
     P = engine.num_params
-    v = torch.randn(P, generator=torch.Generator().manual_seed(0)).to(engine.theta.device, engine.theta.dtype)
+    v = torch.randn(P, generator=torch.Generator().manual_seed(0)).to(
+        engine.theta.device, engine.theta.dtype
+    )
     forward = _timed(engine.loss)
     grad = _timed(engine.grad)
     engine.hvp(v)
     hvp1 = _timed(lambda: engine.hvp(v))
-    return ProductTimes(forward, grad, hvp1, hvp1, 1, 1, 0, "not measured", P,
-                        torch.finfo(engine.theta.dtype).bits // 8)
+    return ProductTimes(
+        forward,
+        grad,
+        hvp1,
+        hvp1,
+        1,
+        1,
+        0,
+        "not measured",
+        P,
+        torch.finfo(engine.theta.dtype).bits // 8,
+    )
 
 
 class Fit:
@@ -205,8 +259,11 @@ class Fit:
             return None  # no estimate, or no work that takes time: start it
         least = est.get("n_hvp", (0, 0))[0]
         if spec.max_hvps is not None and least > spec.max_hvps:
-            return (f"not started: it needs at least {least} HVPs, more than max_hvps = {spec.max_hvps}, and "
-                    "cannot stop early", {"predicted_hvps": list(est["n_hvp"])})
+            return (
+                f"not started: it needs at least {least} HVPs, more than max_hvps = {spec.max_hvps}, and "
+                "cannot stop early",
+                {"predicted_hvps": list(est["n_hvp"])},
+            )
         if not secs:
             return None
         if self._times is None:
@@ -214,9 +271,11 @@ class Fit:
         pred = predict(spec, self._dims, self._times)
         if pred.seconds[0] <= min(secs):
             return None
-        return (f"not started: predicted {pred.seconds[0]:.3g}–{pred.seconds[1]:.3g} s, more than its "
-                f"{min(secs):.3g} s budget, and it cannot stop early",
-                {"predicted_seconds": list(pred.seconds), "budget_seconds": min(secs)})
+        return (
+            f"not started: predicted {pred.seconds[0]:.3g}–{pred.seconds[1]:.3g} s, more than its "
+            f"{min(secs):.3g} s budget, and it cannot stop early",
+            {"predicted_seconds": list(pred.seconds), "budget_seconds": min(secs)},
+        )
 
 
 @dataclass
@@ -235,13 +294,30 @@ class Prediction:
 
     def to_json(self, checkpoint: str, label: str) -> dict[str, Any]:
         """The ``--dry-run --format json`` entry."""
-        out: dict[str, Any] = {"checkpoint": checkpoint, "measure": label, "status": self.status,
-                               "stops_early": self.stops_early}
+        out: dict[str, Any] = {
+            "checkpoint": checkpoint,
+            "measure": label,
+            "status": self.status,
+            "stops_early": self.stops_early,
+        }
         if self.status != "ok":
-            return {**out, "hvps_low": None, "hvps_high": None, "seconds_low": None, "seconds_high": None,
-                    "peak_bytes": None, "reason": self.reason}
-        return {**out, "hvps_low": self.hvps[0], "hvps_high": self.hvps[1], "seconds_low": self.seconds[0],
-                "seconds_high": self.seconds[1], "peak_bytes": self.peak_bytes}
+            return {
+                **out,
+                "hvps_low": None,
+                "hvps_high": None,
+                "seconds_low": None,
+                "seconds_high": None,
+                "peak_bytes": None,
+                "reason": self.reason,
+            }
+        return {
+            **out,
+            "hvps_low": self.hvps[0],
+            "hvps_high": self.hvps[1],
+            "seconds_low": self.seconds[0],
+            "seconds_high": self.seconds[1],
+            "peak_bytes": self.peak_bytes,
+        }
 
 
 def predict(spec, dims, times: ProductTimes, problem: Problem | None = None) -> Prediction:
@@ -255,13 +331,21 @@ def predict(spec, dims, times: ProductTimes, problem: Problem | None = None) -> 
 
     def seconds(i: int) -> float:
         passes = est.get("n_grad", (0, 0))[i] + est.get("n_vjp", (0, 0))[i]
-        return (times.hvp_seconds(hvps[i], block) + passes * times.grad
-                + est.get("n_forward", (0, 0))[i] * times.forward + est.get("vector_ops", (0, 0))[i] * times.vector_op
-                + est.get("batched_vector_ops", (0, 0))[i] * times.batched_vector_op)
+        return (
+            times.hvp_seconds(hvps[i], block)
+            + passes * times.grad
+            + est.get("n_forward", (0, 0))[i] * times.forward
+            + est.get("vector_ops", (0, 0))[i] * times.vector_op
+            + est.get("batched_vector_ops", (0, 0))[i] * times.batched_vector_op
+        )
 
     declared, inputs = vectors_kept(spec, dims, times.engine_block)
     keeps = declared + inputs
     product = times.product_bytes if hvps[1] > 0 or est.get("n_grad", (0, 0))[1] > 0 else 0
     peak = times.element * times.P * (2 + keeps) + product
-    return Prediction(hvps=(int(hvps[0]), int(hvps[1])), seconds=(seconds(0), seconds(1)), peak_bytes=int(peak),
-                      stops_early=spec.stops_early())
+    return Prediction(
+        hvps=(int(hvps[0]), int(hvps[1])),
+        seconds=(seconds(0), seconds(1)),
+        peak_bytes=int(peak),
+        stops_early=spec.stops_early(),
+    )

@@ -63,8 +63,12 @@ class Row:
     error_kind: str = ""  # exception class of the failure ('' when ok)
     error_kinds: dict[str, str] = field(default_factory=dict)  # label -> exception class
     params: dict[str, Any] | None = None  # the parameter selection (patterns, names, count)
-    model: dict[str, Any] | None = None  # Hugging Face models: class, attention implementation, ties
-    keys: dict[str, str] = field(default_factory=dict)  # label -> key for `measure --resume` (flatcli.api)
+    model: dict[str, Any] | None = (
+        None  # Hugging Face models: class, attention implementation, ties
+    )
+    keys: dict[str, str] = field(
+        default_factory=dict
+    )  # label -> key for `measure --resume` (flatcli.api)
 
     def fail(self, message: str, kind: str, label: str | None = None) -> None:
         """Record a failure of the whole row (``label`` None) or of one measure."""
@@ -79,7 +83,11 @@ class Row:
     def flat(self) -> dict[str, Any]:
         """The row as results.csv's cells, column name → value, in column order (see the module
         docstring); a measure without a result has value NaN."""
-        out: dict[str, Any] = {"checkpoint": self.checkpoint, "status": self.status, "error": self.error}
+        out: dict[str, Any] = {
+            "checkpoint": self.checkpoint,
+            "status": self.status,
+            "error": self.error,
+        }
         for lab in self.labels:
             r = self.results.get(lab)
             out[lab] = r.value if r is not None else float("nan")
@@ -183,7 +191,9 @@ def to_csv(rows: list[Row]) -> str:
     return table.to_csv(index=False, lineterminator="\n")
 
 
-def write_table(path: str | os.PathLike, rows: list[dict[str, Any]], columns: list[str] | None = None) -> Path:
+def write_table(
+    path: str | os.PathLike, rows: list[dict[str, Any]], columns: list[str] | None = None
+) -> Path:
     """Plain rows (mappings) as a CSV, written atomically through pandas (`atomic_write`): the
     ``columns`` in order (default: the first row's keys; other keys are left out), values as
     `to_csv` writes them (integers stay integers, floats in their shortest round-trip repr), a
@@ -211,7 +221,9 @@ TEXT_COLUMNS = ("checkpoint", "error")
 def status_columns(cols) -> list[str]:
     """``status`` and every ``<label>_status`` whose ``<label>`` is a column."""
     have = set(cols)
-    return [c for c in cols if c == "status" or (c.endswith("_status") and c[: -len("_status")] in have)]
+    return [
+        c for c in cols if c == "status" or (c.endswith("_status") and c[: -len("_status")] in have)
+    ]
 
 
 def with_dtypes(table: pd.DataFrame) -> pd.DataFrame:
@@ -226,7 +238,9 @@ def with_dtypes(table: pd.DataFrame) -> pd.DataFrame:
             out[c] = s.fillna("").astype(str)
         elif c in status:
             out[c] = s.astype("category")
-        elif is_bool_dtype(s) or (s.dtype == object and s.dropna().map(type).eq(bool).all() and s.notna().any()):
+        elif is_bool_dtype(s) or (
+            s.dtype == object and s.dropna().map(type).eq(bool).all() and s.notna().any()
+        ):
             out[c] = s.astype("boolean")
         elif is_numeric_dtype(s):
             out[c] = s.astype("float64")
@@ -297,17 +311,22 @@ def ensure_writable_dir(path: str | os.PathLike, what: str = "the output directo
     return path
 
 
-def write_results(outdir: str | os.PathLike, rows: list[Row], meta: dict[str, Any]) -> tuple[Path, Path]:
+def write_results(
+    outdir: str | os.PathLike, rows: list[Row], meta: dict[str, Any]
+) -> tuple[Path, Path]:
     """Write ``results.csv`` and ``results.json`` into ``outdir`` atomically; return their paths."""
     outdir = Path(outdir)
     csv_path, json_path = outdir / "results.csv", outdir / "results.json"
     atomic_write(csv_path, to_csv(rows))
-    atomic_write(json_path, json.dumps(jsonable({**meta, "rows": [r.to_json() for r in rows]}), indent=2))
+    atomic_write(
+        json_path, json.dumps(jsonable({**meta, "rows": [r.to_json() for r in rows]}), indent=2)
+    )
     return csv_path, json_path
 
 
-def write_results_or_fallback(outdir: str | os.PathLike, rows: list[Row], meta: dict[str, Any]
-                              ) -> tuple[Path, str]:
+def write_results_or_fallback(
+    outdir: str | os.PathLike, rows: list[Row], meta: dict[str, Any]
+) -> tuple[Path, str]:
     """`write_results`, and when that fails (disk full, folder removed meanwhile) the same files in a
     fresh temporary folder, so computed results are never lost. Returns (folder written, error or '')."""
     try:
@@ -316,4 +335,7 @@ def write_results_or_fallback(outdir: str | os.PathLike, rows: list[Row], meta: 
     except OSError as e:
         fallback = Path(tempfile.mkdtemp(prefix="flatcli-results-"))
         write_results(fallback, rows, meta)
-        return fallback, f"could not write {outdir} ({e.strerror or e}); results written to {fallback} instead"
+        return (
+            fallback,
+            f"could not write {outdir} ({e.strerror or e}); results written to {fallback} instead",
+        )

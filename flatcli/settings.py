@@ -93,10 +93,14 @@ def resolve_device(name: str | torch.device | None, where: str = "device") -> to
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"{where} is {name!r} but no CUDA device is visible; use `device` cpu")
+            raise ConfigError(
+                f"{where} is {name!r} but no CUDA device is visible; use `device` cpu"
+            )
         dev = torch.device(name)
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"{where} {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+            raise ConfigError(
+                f"{where} {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible"
+            )
         return dev
     return torch.device(name)
 
@@ -190,7 +194,9 @@ class Settings:
         """Settings of a `flatcli.config.Config` (``device`` overrides ``runtime.device``)."""
         md, rt = cfg.measure_data, cfg.runtime
         return cls(
-            device=resolve_device(device) if device is not None else resolve_device(rt.device, "runtime.device"),
+            device=resolve_device(device)
+            if device is not None
+            else resolve_device(rt.device, "runtime.device"),
             precision=rt.precision,
             seed=rt.seed,
             loss=cfg.loss,
@@ -234,7 +240,9 @@ class Settings:
         (`flatcli.engine.linalg.lanczos.host_fit`, before the floor of `basis_floor`)."""
         from .engine.linalg.lanczos import host_fit
 
-        return host_fit(P, self.dtype) if self.max_basis_vectors == "auto" else self.max_basis_vectors
+        return (
+            host_fit(P, self.dtype) if self.max_basis_vectors == "auto" else self.max_basis_vectors
+        )
 
     def verifies(self) -> bool:
         """Whether converged quantities are re-checked with fp32 products (``auto`` running TF32)."""
@@ -246,5 +254,19 @@ class Settings:
         return str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else "")
 
 
-_CHECKED = ("precision", "seed", "loss", "split", "num_samples", "batch_size", "data_seed", "hvp_mode", "block_size",
-            "recompute", "max_device_vectors", "max_basis_vectors", "budget", "check_memory")
+_CHECKED = (
+    "precision",
+    "seed",
+    "loss",
+    "split",
+    "num_samples",
+    "batch_size",
+    "data_seed",
+    "hvp_mode",
+    "block_size",
+    "recompute",
+    "max_device_vectors",
+    "max_basis_vectors",
+    "budget",
+    "check_memory",
+)

@@ -45,8 +45,11 @@ def mean_stderr_of_sums(total: Any, total_sq: Any, n: int) -> tuple[Any, Any]:
     tensors): the same numbers as `mean_stderr` of the samples, up to rounding; one sample: inf."""
     mean = total / n
     if n < 2:
-        return mean, (torch.full_like(mean, math.inf) if isinstance(mean, torch.Tensor)
-                      else np.full(np.shape(mean), math.inf))
+        return mean, (
+            torch.full_like(mean, math.inf)
+            if isinstance(mean, torch.Tensor)
+            else np.full(np.shape(mean), math.inf)
+        )
     var = total_sq / n - mean**2
     var = var.clamp_min(0) if isinstance(var, torch.Tensor) else np.maximum(var, 0)
     return mean, (var * n / (n - 1) / n) ** 0.5

@@ -99,14 +99,20 @@ class ThreadChoice:
 
     def __str__(self) -> str:
         ws = f"{self.workers} worker{'s' if self.workers != 1 else ''}"
-        why = {"requested": "; requested", "OMP_NUM_THREADS": "; from OMP_NUM_THREADS"}.get(self.source, "")
+        why = {"requested": "; requested", "OMP_NUM_THREADS": "; from OMP_NUM_THREADS"}.get(
+            self.source, ""
+        )
         if self.source == "auto" and self.load is not None:
             why = f"; load {self.load:.2f} leaves {self.free} free"
         return f"threads: {self.n} per worker ({ws} on {self.cores} cores{why})"
 
 
-def plan_threads(requested: int | str | None = AUTO, workers: int | None = None,
-                 cores: int | None = None, load: float | None = None) -> ThreadChoice:
+def plan_threads(
+    requested: int | str | None = AUTO,
+    workers: int | None = None,
+    cores: int | None = None,
+    load: float | None = None,
+) -> ThreadChoice:
     """The thread count per worker for ``workers`` local workers on ``cores`` CPUs at 1-minute load
     ``load`` (defaults: `local_workers`, `available_cores`, `machine_load`), with the reason (see
     the module docstring)."""
@@ -122,8 +128,12 @@ def plan_threads(requested: int | str | None = AUTO, workers: int | None = None,
     return ThreadChoice(max(1, free // w), w, c, "auto", ld, free)
 
 
-def choose_threads(requested: int | str | None = AUTO, workers: int | None = None, cores: int | None = None,
-                   load: float | None = None) -> int:
+def choose_threads(
+    requested: int | str | None = AUTO,
+    workers: int | None = None,
+    cores: int | None = None,
+    load: float | None = None,
+) -> int:
     """Intra-op threads for each of ``workers`` processes on ``cores`` CPUs: ``requested`` when it is
     an int; for ``"auto"`` ``OMP_NUM_THREADS`` when set, else ``max(1, free // workers)`` with
     ``free`` the cores the machine's ``load`` leaves (`free_cores`). ``workers`` defaults to
@@ -143,8 +153,9 @@ def apply_threads(n: int, interop: bool = False) -> None:
             pass
 
 
-def configure_threads(requested: int | str | None = AUTO, workers: int | None = None,
-                      cores: int | None = None) -> ThreadChoice:
+def configure_threads(
+    requested: int | str | None = AUTO, workers: int | None = None, cores: int | None = None
+) -> ThreadChoice:
     """`plan_threads`, applied to this process (`apply_threads`); returns the choice (its ``str`` is
     the log line, e.g. "threads: 1 per worker (2 workers on 2 cores)")."""
     choice = plan_threads(requested, workers, cores)

@@ -185,11 +185,15 @@ class Plateau:
     def __post_init__(self):
         from .errors import ConfigError
 
-        validate("target_loss", self.target, "plateau target", rules=TRAINING)  # the spec's target_loss rule
+        validate(
+            "target_loss", self.target, "plateau target", rules=TRAINING
+        )  # the spec's target_loss rule
         if not 0 < self.min_accuracy <= 1:
             raise ConfigError(f"plateau min_accuracy must be in (0, 1]; got {self.min_accuracy!r}")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
-            raise ConfigError(f"plateau window must be an int ≥ 1 (evaluations); got {self.window!r}")
+            raise ConfigError(
+                f"plateau window must be an int ≥ 1 (evaluations); got {self.window!r}"
+            )
         if not 0 <= self.rtol < 1:
             raise ConfigError(f"plateau rtol must be in [0, 1); got {self.rtol!r}")
 
@@ -212,9 +216,11 @@ class Plateau:
 
     def describe(self) -> str:
         """The criterion in words."""
-        return (f"train cross-entropy ≤ {self.target:g} (eval mode), or train accuracy ≥ {self.min_accuracy:.0%} "
-                f"with the loss on a plateau (mean of the last {self.window} evaluations ≥ {1 - self.rtol:g} × "
-                f"the mean of the {self.window} before)")
+        return (
+            f"train cross-entropy ≤ {self.target:g} (eval mode), or train accuracy ≥ {self.min_accuracy:.0%} "
+            f"with the loss on a plateau (mean of the last {self.window} evaluations ≥ {1 - self.rtol:g} × "
+            f"the mean of the {self.window} before)"
+        )
 
 
 @dataclass(frozen=True)
@@ -243,7 +249,9 @@ def _optimizer(model: torch.nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
 
 def l2_penalty(model: torch.nn.Module, l2: float) -> torch.Tensor:
     """``l2/2 · Σ‖W‖²`` over the parameters with ≥ 2 dimensions (weight matrices, kernels)."""
-    return 0.5 * l2 * sum((p * p).sum() for p in model.parameters() if p.requires_grad and p.ndim >= 2)
+    return (
+        0.5 * l2 * sum((p * p).sum() for p in model.parameters() if p.requires_grad and p.ndim >= 2)
+    )
 
 
 @torch.no_grad()
@@ -292,9 +300,14 @@ def _train(model, x, y, recipe: Recipe, seed: int, criterion: Criterion, on_step
     t0 = time.perf_counter()
     dev, dt = resolve_device(recipe.device), DTYPES[recipe.dtype]
     first = next(model.parameters(), None)
-    home = (first.device, first.dtype) if first is not None else (torch.device("cpu"), torch.float32)
+    home = (
+        (first.device, first.dtype) if first is not None else (torch.device("cpu"), torch.float32)
+    )
     model.to(device=dev, dtype=dt)
-    x, y = (x.to(device=dev, dtype=dt) if x.is_floating_point() else x.to(dev)), y.to(dev)  # token ids stay integers
+    x, y = (
+        (x.to(device=dev, dtype=dt) if x.is_floating_point() else x.to(dev)),
+        y.to(dev),
+    )  # token ids stay integers
     n = len(x)
     bs = min(int(recipe.batch_size or n), n)
     every = int(recipe.eval_every or math.ceil(n / bs))
@@ -303,7 +316,11 @@ def _train(model, x, y, recipe: Recipe, seed: int, criterion: Criterion, on_step
     history = [evaluate(model, x, y)]
 
     def done() -> bool:
-        return criterion.met(history) or not math.isfinite(history[-1].loss) or history[-1].step >= recipe.max_steps
+        return (
+            criterion.met(history)
+            or not math.isfinite(history[-1].loss)
+            or history[-1].step >= recipe.max_steps
+        )
 
     steps = epochs = 0
     while not done():
@@ -347,12 +364,23 @@ def noisy_labels(y: torch.Tensor, frac: float, seed: int, num_classes: int) -> t
     return out
 
 
-def model_name(hp: dict[str, Any], index: int | None = None, prefix: str = "", short: dict[str, str] | None = None) -> str:
+def model_name(
+    hp: dict[str, Any],
+    index: int | None = None,
+    prefix: str = "",
+    short: dict[str, str] | None = None,
+) -> str:
     """A checkpoint stem from hyperparameters: ``[index_][prefix_]key<value>_...``, e.g.
     ``003_weight_decay0.0005_seed1`` or, with ``short={"width": "w"}`` and prefix ``mlp``, ``mlp_w64``."""
     short = short or {}
     parts = ([f"{index:03d}"] if index is not None else []) + ([prefix] if prefix else [])
-    return "_".join(parts + [f"{short.get(k, k)}{v:g}" if isinstance(v, float) else f"{short.get(k, k)}{v}" for k, v in hp.items()])
+    return "_".join(
+        parts
+        + [
+            f"{short.get(k, k)}{v:g}" if isinstance(v, float) else f"{short.get(k, k)}{v}"
+            for k, v in hp.items()
+        ]
+    )
 
 
 # ------------------------------------------------------------------ one model, many models
@@ -400,7 +428,9 @@ class TrainRecord:
 _DATA: dict[str, tuple[torch.Tensor, torch.Tensor, Any, int]] = {}
 
 
-def _training_data(data: dict[str, Any], base_dir: str) -> tuple[torch.Tensor, torch.Tensor, Any, int]:
+def _training_data(
+    data: dict[str, Any], base_dir: str
+) -> tuple[torch.Tensor, torch.Tensor, Any, int]:
     """(x normalized, the target (``y`` or ``labels``), the training split as the source gives it (a
     `flatcli.engine.batch.Batch`, not normalized), number of classes) of a ``data`` mapping, once per process."""
     key = json.dumps([data, base_dir], sort_keys=True, default=str)
@@ -413,7 +443,11 @@ def _training_data(data: dict[str, Any], base_dir: str) -> tuple[torch.Tensor, t
         cache = DataCache(cfg)
         train = cache.get("train")
         x, y = train["x"], train.target
-        raw = train if not cfg.data.normalize else load_split(cfg.data.train, "train", cfg.base_dir, None)
+        raw = (
+            train
+            if not cfg.data.normalize
+            else load_split(cfg.data.train, "train", cfg.base_dir, None)
+        )
         test = cache.get("test")
         classes = max(int(y.max()), int(test.target.max()) if test is not None else 0) + 1
         _DATA[key] = (x, y, raw, classes)
@@ -430,7 +464,9 @@ def _save(obj: dict[str, Any], path: Path) -> None:
 
 def float_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A copy of the model's state on the CPU with floating tensors in float32 (as checkpoints hold them)."""
-    return {k: (v.float() if v.is_floating_point() else v).cpu() for k, v in model.state_dict().items()}
+    return {
+        k: (v.float() if v.is_floating_point() else v).cpu() for k, v in model.state_dict().items()
+    }
 
 
 def task_data(task: TrainTask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -481,7 +517,14 @@ def train_model(task: TrainTask) -> TrainRecord:
         rel, init = f"checkpoints/{task.name}.pt", f"checkpoints/{task.name}.init.pt"
         _save({"state_dict": float_state(model), "model_kwargs": task.model_kwargs}, out / init)
         res = train_to_target(model, x, y, task.recipe, seed=task.seed, criterion=task.criterion)
-        _save({"state_dict": float_state(model), "model_kwargs": task.model_kwargs, "hparams": task.hparams}, out / rel)
+        _save(
+            {
+                "state_dict": float_state(model),
+                "model_kwargs": task.model_kwargs,
+                "hparams": task.hparams,
+            },
+            out / rel,
+        )
         return TrainRecord(rel, init, dict(task.hparams), res, train_data, task.recipe.lr)
 
 
@@ -498,7 +541,9 @@ def default_jobs() -> int:
     return min(2, os.cpu_count() or 1)
 
 
-def run_tasks(tasks: Sequence[TrainTask], jobs: int = 1, log: Callable[[str], None] | None = None) -> list[TrainRecord]:
+def run_tasks(
+    tasks: Sequence[TrainTask], jobs: int = 1, log: Callable[[str], None] | None = None
+) -> list[TrainRecord]:
     """`train_model` over ``tasks``, in this process (jobs = 1) or a pool of ``jobs`` spawned
     processes; the records come back in the order of ``tasks`` and are the same either way."""
     done: list[TrainRecord] = []
@@ -514,18 +559,33 @@ def run_tasks(tasks: Sequence[TrainTask], jobs: int = 1, log: Callable[[str], No
         return done
     import multiprocessing as mp
 
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(
+        max_workers=min(jobs, len(tasks)), mp_context=mp.get_context("spawn")
+    ) as pool:
         for rec in pool.map(train_model, tasks):
             report(rec)
     return done
 
 
 # ------------------------------------------------------------------ manifest.csv and training.csv
-RESULT_COLUMNS = ["lr_effective", "steps", "epochs", "train_loss", "train_acc", "reached_target", "diverged", "seconds"]
+RESULT_COLUMNS = [
+    "lr_effective",
+    "steps",
+    "epochs",
+    "train_loss",
+    "train_acc",
+    "reached_target",
+    "diverged",
+    "seconds",
+]
 
 
-def write_manifest(folder: str | Path, records: Sequence[TrainRecord], hp_keys: Sequence[str],
-                   converged_column: bool = False) -> tuple[Path, Path]:
+def write_manifest(
+    folder: str | Path,
+    records: Sequence[TrainRecord],
+    hp_keys: Sequence[str],
+    converged_column: bool = False,
+) -> tuple[Path, Path]:
     """Write ``folder/manifest.csv`` (the checkpoints, their initializations, noisy-label
     training sets and hyperparameters: what ``checkpoints: {manifest: manifest.csv}`` reads)
     and ``folder/training.csv`` (the same and how training ended). Returns both paths.
@@ -537,7 +597,9 @@ def write_manifest(folder: str | Path, records: Sequence[TrainRecord], hp_keys: 
     from .results import write_table
 
     folder = Path(folder)
-    files = ["path", "init_checkpoint"] + (["train_data"] if any(r.train_data for r in records) else [])
+    files = ["path", "init_checkpoint"] + (
+        ["train_data"] if any(r.train_data for r in records) else []
+    )
     rows = []
     for r in records:
         res = r.result
@@ -546,7 +608,11 @@ def write_manifest(folder: str | Path, records: Sequence[TrainRecord], hp_keys: 
                      "lr_effective": r.lr, "steps": res.steps, "epochs": res.epochs, "train_loss": res.train_loss,
                      "train_acc": res.train_acc, "reached_target": int(res.reached_target),
                      "diverged": int(res.diverged), "seconds": round(res.seconds, 2)})  # fmt: skip
-    manifest = write_table(folder / "manifest.csv", rows, files + list(hp_keys) + (["converged"] if converged_column else []))
+    manifest = write_table(
+        folder / "manifest.csv",
+        rows,
+        files + list(hp_keys) + (["converged"] if converged_column else []),
+    )
     training = write_table(folder / "training.csv", rows, files + list(hp_keys) + RESULT_COLUMNS)
     return manifest, training
 
@@ -565,5 +631,14 @@ def read_training(path: str | Path, hp_keys: Sequence[str]) -> list[TrainRecord]
                           train_acc=num(t.get("train_acc")), reached_target=t["reached_target"] == "1",
                           diverged=t["diverged"] == "1", seconds=num(t["seconds"]))  # fmt: skip
         hp = {k: coerce_cell(t[k]) for k in hp_keys}
-        out.append(TrainRecord(t["path"], t["init_checkpoint"], hp, res, t.get("train_data", ""), num(t.get("lr_effective"))))
+        out.append(
+            TrainRecord(
+                t["path"],
+                t["init_checkpoint"],
+                hp,
+                res,
+                t.get("train_data", ""),
+                num(t.get("lr_effective")),
+            )
+        )
     return out

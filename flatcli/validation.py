@@ -46,8 +46,10 @@ SPLITS = ("train", "test")  # measure_data.split
 OPTIMIZERS = ("sgd", "adam", "adamw")  # flatcli.training
 TRAINING_DTYPES = ("float32", "float64")  # flatcli.training.Recipe.dtype
 
-FP16_REFUSED = ("fp16 is not offered: float16's range (largest 65504, smallest normal 6.1e-5) does not hold "
-                "second derivatives of a mean loss without loss scaling; use bf16 (float32's range)")
+FP16_REFUSED = (
+    "fp16 is not offered: float16's range (largest 65504, smallest normal 6.1e-5) does not hold "
+    "second derivatives of a mean loss without loss scaling; use bf16 (float32's range)"
+)
 
 
 # ------------------------------------------------------------------ checks
@@ -118,8 +120,12 @@ class Real(Check):
     def ok(self, v):
         if not isinstance(v, float) or isinstance(v, bool) or not math.isfinite(v):
             return False
-        lo_ok = self.lo is None or (v >= self.lo if self.closed in ("both", "left") else v > self.lo)
-        hi_ok = self.hi is None or (v <= self.hi if self.closed in ("both", "right") else v < self.hi)
+        lo_ok = self.lo is None or (
+            v >= self.lo if self.closed in ("both", "left") else v > self.lo
+        )
+        hi_ok = self.hi is None or (
+            v <= self.hi if self.closed in ("both", "right") else v < self.hi
+        )
         return lo_ok and hi_ok
 
     def describe(self):
@@ -247,7 +253,9 @@ class Device(Check):
     the host)."""
 
     def ok(self, v):
-        return isinstance(v, str) and (v in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", v) is not None)
+        return isinstance(v, str) and (
+            v in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", v) is not None
+        )
 
     def describe(self):
         return "auto, cpu, cuda or cuda:N"
@@ -292,43 +300,71 @@ _BATCH = Integral(1)
 
 SETTINGS: dict[str, Rule] = {
     "device": Rule(Device(), "where to compute"),
-    "precision": Rule(OneOf(*PRECISIONS, refused={"fp16": FP16_REFUSED}), "products' precision (flatcli.engine.precision)"),
+    "precision": Rule(
+        OneOf(*PRECISIONS, refused={"fp16": FP16_REFUSED}),
+        "products' precision (flatcli.engine.precision)",
+    ),
     "loss": Rule(OneOf(*LOSS_NAMES), "the loss plug-in (flatcli.engine.losses)"),
-    "hvp_mode": Rule(OneOf(*HVP_MODES), "how Hessian-vector products are taken (flatcli.engine.engine)"),
+    "hvp_mode": Rule(
+        OneOf(*HVP_MODES), "how Hessian-vector products are taken (flatcli.engine.engine)"
+    ),
     "split": Rule(OneOf(*SPLITS), "the measurement set's split"),
     "batch_size": Rule(_BATCH, "examples per batch"),
     "num_samples": Rule(Either(Integral(1), OneOf("all")), "examples in the measurement set"),
     "seed": Rule(Integral(), "seed of the stochastic measures"),
     "data_seed": Rule(Integral(), "seed of the measurement set's subset"),
-    "block_size": Rule(Optional(Integral(1)), "most vectors per product call (null: from free memory)"),
-    "threads": Rule(Either(Integral(1, text=True), _AUTO), "intra-op threads per worker (flatcli.threads)"),
-    "max_device_vectors": Rule(Optional(Either(Integral(1), _AUTO)),
-                               "most Krylov basis vectors kept on the device (null: unbounded)"),
-    "max_basis_vectors": Rule(Optional(Either(Integral(1), _AUTO)),
-                              "most Lanczos basis vectors kept at all, device and host; beyond it Lanczos "
-                              "thick-restarts (auto: what fits in half the free host memory; null: unbounded)"),
-    "recompute": Rule(Either(Bool(), OneOf(*RECOMPUTE), words="true, false or auto"),
-                      "activation checkpointing in Hessian products (flatcli.engine.recompute)"),
-    "check_memory": Rule(Bool(), "check before loading the data and before the first product that the run fits in "
-                         "free memory (flatcli.memory)"),
+    "block_size": Rule(
+        Optional(Integral(1)), "most vectors per product call (null: from free memory)"
+    ),
+    "threads": Rule(
+        Either(Integral(1, text=True), _AUTO), "intra-op threads per worker (flatcli.threads)"
+    ),
+    "max_device_vectors": Rule(
+        Optional(Either(Integral(1), _AUTO)),
+        "most Krylov basis vectors kept on the device (null: unbounded)",
+    ),
+    "max_basis_vectors": Rule(
+        Optional(Either(Integral(1), _AUTO)),
+        "most Lanczos basis vectors kept at all, device and host; beyond it Lanczos "
+        "thick-restarts (auto: what fits in half the free host memory; null: unbounded)",
+    ),
+    "recompute": Rule(
+        Either(Bool(), OneOf(*RECOMPUTE), words="true, false or auto"),
+        "activation checkpointing in Hessian products (flatcli.engine.recompute)",
+    ),
+    "check_memory": Rule(
+        Bool(),
+        "check before loading the data and before the first product that the run fits in "
+        "free memory (flatcli.memory)",
+    ),
     "budget": Rule(Optional(Seconds()), "seconds for one checkpoint's measures (null: no cap)"),
-    "max_hvps": Rule(Integral(1), "a measure's most Hessian-vector products (measures[i].NAME.max_hvps)"),
+    "max_hvps": Rule(
+        Integral(1), "a measure's most Hessian-vector products (measures[i].NAME.max_hvps)"
+    ),
 }
 
 TRAINING: dict[str, Rule] = {
     "optimizer": Rule(OneOf(*OPTIMIZERS), "the optimizer"),
-    "lr": Rule(Real(0, None, "neither", text=False), "learning rate (a spec may give one per optimizer)"),
-    "lr_factor": Rule(Real(0, None, "neither", text=False), "factor on the learning rate (a grid axis)"),
+    "lr": Rule(
+        Real(0, None, "neither", text=False), "learning rate (a spec may give one per optimizer)"
+    ),
+    "lr_factor": Rule(
+        Real(0, None, "neither", text=False), "factor on the learning rate (a grid axis)"
+    ),
     "momentum": Rule(Real(0, 1, "left", text=False), "sgd's momentum"),
     "batch_size": Rule(_BATCH, "examples per step"),
     "weight_decay": Rule(Real(0, None, text=False), "the optimizer's weight decay"),
     "l2": Rule(Real(0, None, text=False), "l2/2 · Σ‖W‖² added to the objective"),
     "label_noise": Rule(Real(0, 1, text=False), "fraction of training labels replaced at random"),
     "max_steps": Rule(Integral(1), "most optimizer steps"),
-    "eval_every": Rule(Optional(Integral(1)), "steps between checks of the criterion (null: once per epoch)"),
+    "eval_every": Rule(
+        Optional(Integral(1)), "steps between checks of the criterion (null: once per epoch)"
+    ),
     "dtype": Rule(OneOf(*TRAINING_DTYPES), "the parameters' floating type"),
     "device": SETTINGS["device"],
-    "target_loss": Rule(Real(0, None, "neither", text=False), "train cross-entropy every model must reach"),
+    "target_loss": Rule(
+        Real(0, None, "neither", text=False), "train cross-entropy every model must reach"
+    ),
 }
 
 
@@ -340,8 +376,14 @@ def message(subject: str, check: Check, given: Any) -> str:
     return f"{subject} must be {check.describe()}; got {given!r}"
 
 
-def validate(name: str, value: Any, subject: str | None = None, *, rules: dict[str, Rule] = SETTINGS,
-             error: type[Exception] = ConfigError) -> Any:
+def validate(
+    name: str,
+    value: Any,
+    subject: str | None = None,
+    *,
+    rules: dict[str, Rule] = SETTINGS,
+    error: type[Exception] = ConfigError,
+) -> Any:
     """``value`` (coerced) when setting ``name`` of ``rules`` accepts it, else ``error`` (a
     `ConfigError` by default; the engine's constructors raise ValueError, as they always have)
     saying `message` with ``subject`` (the config key or API parameter; default ``name``)."""

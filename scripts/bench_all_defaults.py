@@ -27,9 +27,16 @@ import time
 from pathlib import Path
 
 CONFIG = {
-    "model": {"source": "huggingface", "class": "AutoModelForCausalLM", "kwargs": {"attn_implementation": "eager"}},
+    "model": {
+        "source": "huggingface",
+        "class": "AutoModelForCausalLM",
+        "kwargs": {"attn_implementation": "eager"},
+    },
     "checkpoints": ["ckpt"],
-    "data": {"train": {"source": "tensors", "path": "train.pt"}, "test": {"source": "tensors", "path": "test.pt"}},
+    "data": {
+        "train": {"source": "tensors", "path": "train.pt"},
+        "test": {"source": "tensors", "path": "test.pt"},
+    },
     "measure_data": {"split": "train", "num_samples": 64, "batch_size": 64, "seed": 0},
     "loss": "causal_lm",
     "runtime": {"device": "cpu", "seed": 0},
@@ -43,13 +50,24 @@ def build(folder: Path) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    cfg = tf.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32, use_cache=False,
-                        bos_token_id=1, eos_token_id=1, pad_token_id=0)
+    cfg = tf.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=100,
+        n_positions=32,
+        use_cache=False,
+        bos_token_id=1,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
     tf.GPT2LMHeadModel(cfg).save_pretrained(folder / "ckpt")
     g = torch.Generator().manual_seed(0)
     for split in ("train", "test"):
         ids = torch.randint(2, 100, (64, 32), generator=g)
-        torch.save({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, folder / f"{split}.pt")
+        torch.save(
+            {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, folder / f"{split}.pt"
+        )
     path = folder / "gpt2.yaml"
     path.write_text(json.dumps(CONFIG, indent=1))  # JSON is YAML
     return path
@@ -58,8 +76,20 @@ def build(folder: Path) -> Path:
 def run(config: Path, code: Path, out: Path, budget: str | None) -> dict:
     """One ``flatcli measure -m all --threads 1`` process with ``PYTHONPATH=code``: its results row,
     wall seconds and load averages."""
-    cmd = [sys.executable, "-m", "flatcli", "measure", "-c", str(config), "-m", "all", "--threads", "1",
-           "-o", str(out)] + (["--budget", budget] if budget else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "flatcli",
+        "measure",
+        "-c",
+        str(config),
+        "-m",
+        "all",
+        "--threads",
+        "1",
+        "-o",
+        str(out),
+    ] + (["--budget", budget] if budget else [])
     env = {**os.environ, "PYTHONPATH": str(code.resolve())}
     before = os.getloadavg()[0]
     t0 = time.perf_counter()
@@ -74,14 +104,21 @@ def run(config: Path, code: Path, out: Path, budget: str | None) -> dict:
 
 def labels(row: dict) -> list[str]:
     """The measures of a results row (those with a ``<label>_seconds`` column)."""
-    return [k[: -len("_seconds")] for k in row if k.endswith("_seconds") and not k.endswith("_budget_seconds")]
+    return [
+        k[: -len("_seconds")]
+        for k in row
+        if k.endswith("_seconds") and not k.endswith("_budget_seconds")
+    ]
 
 
 def cell(row: dict, lab: str) -> str:
     """Seconds · products · value ± stderr · status of one measure."""
     sec = float(row.get(f"{lab}_seconds") or 0.0)
-    prods = " + ".join(f"{row[f'{lab}_{k}']} {k[2:]}" for k in ("n_hvp", "n_grad")
-                       if row.get(f"{lab}_{k}") not in (None, "", "0"))
+    prods = " + ".join(
+        f"{row[f'{lab}_{k}']} {k[2:]}"
+        for k in ("n_hvp", "n_grad")
+        if row.get(f"{lab}_{k}") not in (None, "", "0")
+    )
     val, se = row.get(lab, ""), row.get(f"{lab}_stderr", "")
     v = f"{float(val):.4g}" if val not in ("", None) else "–"
     if se not in ("", None):
@@ -91,7 +128,9 @@ def cell(row: dict, lab: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--code", action="append", type=Path, help="a flatcli checkout (repeat to compare)")
+    ap.add_argument(
+        "--code", action="append", type=Path, help="a flatcli checkout (repeat to compare)"
+    )
     ap.add_argument("--out", type=Path, default=Path("/tmp/flatcli-bench-all"))
     ap.add_argument("--budget", default=None, help="--budget for every run (default: none)")
     args = ap.parse_args()
@@ -105,7 +144,9 @@ def main() -> None:
         print(f"| {lab} | " + " | ".join(cell(r["row"], lab) for r in runs) + " |")
     for c, r in zip(codes, runs, strict=True):
         total = sum(float(r["row"].get(f"{lab}_seconds") or 0.0) for lab in labels(r["row"]))
-        print(f"{c}: {total:.1f} s measuring, {r['wall']:.1f} s wall, load {r['load'][0]:.2f} -> {r['load'][1]:.2f}")
+        print(
+            f"{c}: {total:.1f} s measuring, {r['wall']:.1f} s wall, load {r['load'][0]:.2f} -> {r['load'][1]:.2f}"
+        )
 
 
 if __name__ == "__main__":

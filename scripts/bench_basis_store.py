@@ -32,12 +32,17 @@ def main() -> None:
     for cap in (None, 16, 4):
         g = torch.Generator().manual_seed(0)
         t0 = time.perf_counter()
-        r = linalg.lanczos(linalg.as_operator(lambda V: V * d, args.dim, max_device_vectors=cap), generator=g,
-                           stop=linalg.KrylovStop(tol=1e-12, min_steps=args.steps, max_steps=args.steps))
+        r = linalg.lanczos(
+            linalg.as_operator(lambda V: V * d, args.dim, max_device_vectors=cap),
+            generator=g,
+            stop=linalg.KrylovStop(tol=1e-12, min_steps=args.steps, max_steps=args.steps),
+        )
         secs = time.perf_counter() - t0
         ref = r.eigenvalues[0] if ref is None else ref
-        print(f"max_device_vectors={cap}: {secs:.2f} s, {r.steps} steps, lambda_max {r.eigenvalues[0]:.12f} "
-              f"(diff from all-on-device {abs(r.eigenvalues[0] - ref):.1e}), peak device vectors {r.device_vectors}")
+        print(
+            f"max_device_vectors={cap}: {secs:.2f} s, {r.steps} steps, lambda_max {r.eigenvalues[0]:.12f} "
+            f"(diff from all-on-device {abs(r.eigenvalues[0] - ref):.1e}), peak device vectors {r.device_vectors}"
+        )
 
 
 if __name__ == "__main__":

@@ -32,32 +32,62 @@ from flatcli.loading.hf import transformers_module
 
 def tiny_gpt2(tf):
     """The shape of tests/hf_models.save_gpt2(n_embd=4): 1 layer, 2 heads, a 31-token vocabulary."""
-    cfg = tf.GPT2Config(vocab_size=31, n_positions=16, n_embd=4, n_layer=1, n_head=2, attn_implementation="eager")
+    cfg = tf.GPT2Config(
+        vocab_size=31, n_positions=16, n_embd=4, n_layer=1, n_head=2, attn_implementation="eager"
+    )
     return tf.GPT2LMHeadModel(cfg), "causal_lm", 31, (5, 12)
 
 
 def tiny_bert(tf):
     """The shape of tests/hf_models.save_bert(hidden=4): 1 layer, 2 heads, 2 labels."""
-    cfg = tf.BertConfig(vocab_size=31, hidden_size=4, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
-                        max_position_embeddings=16, type_vocab_size=2, num_labels=2, attn_implementation="eager")
+    cfg = tf.BertConfig(
+        vocab_size=31,
+        hidden_size=4,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=8,
+        max_position_embeddings=16,
+        type_vocab_size=2,
+        num_labels=2,
+        attn_implementation="eager",
+    )
     return tf.BertForSequenceClassification(cfg), "cross_entropy", 31, (5, 12)
 
 
 def gpt2_10m(tf):
     """GPT-2 of 10.0M parameters: 6 layers of width 320, 5 heads, vocabulary 8,192, 2 × 32 tokens."""
-    cfg = tf.GPT2Config(vocab_size=8192, n_positions=64, n_embd=320, n_layer=6, n_head=5, attn_implementation="eager")
+    cfg = tf.GPT2Config(
+        vocab_size=8192,
+        n_positions=64,
+        n_embd=320,
+        n_layer=6,
+        n_head=5,
+        attn_implementation="eager",
+    )
     return tf.GPT2LMHeadModel(cfg), "causal_lm", 8192, (2, 32)
 
 
 def gpt2_124m(tf):
     """GPT-2 small's blocks (12 layers of width 768, 12 heads) with vocabulary 8,192: 91.4M parameters,
     2 × 32 tokens."""
-    cfg = tf.GPT2Config(vocab_size=8192, n_positions=64, n_embd=768, n_layer=12, n_head=12, attn_implementation="eager")
+    cfg = tf.GPT2Config(
+        vocab_size=8192,
+        n_positions=64,
+        n_embd=768,
+        n_layer=12,
+        n_head=12,
+        attn_implementation="eager",
+    )
     return tf.GPT2LMHeadModel(cfg), "causal_lm", 8192, (2, 32)
 
 
 EXACT_BELOW = 5000  # parameters: the exact trace is computed for models up to this size
-MODELS = {"gpt2-tiny": tiny_gpt2, "bert-tiny": tiny_bert, "gpt2-10m": gpt2_10m, "gpt2-124m": gpt2_124m}
+MODELS = {
+    "gpt2-tiny": tiny_gpt2,
+    "bert-tiny": tiny_bert,
+    "gpt2-10m": gpt2_10m,
+    "gpt2-124m": gpt2_124m,
+}
 
 
 def data_for(loss: str, vocab: int, shape: tuple[int, int], seed: int = 0) -> dict:
@@ -65,7 +95,7 @@ def data_for(loss: str, vocab: int, shape: tuple[int, int], seed: int = 0) -> di
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(4, vocab, shape, generator=g)
     mask = torch.ones_like(ids)
-    mask[0, 2 * shape[1] // 3:] = 0
+    mask[0, 2 * shape[1] // 3 :] = 0
     out = {"input_ids": ids, "attention_mask": mask}
     if loss == "cross_entropy":
         out["labels"] = torch.arange(shape[0]) % 2
@@ -86,11 +116,18 @@ def paired_probes(eng: CurvatureEngine, probes: int, seed: int = 2) -> dict:
     g = torch.Generator().manual_seed(seed)
     Z = (torch.randint(0, 2, (probes, eng.num_params), generator=g) * 2 - 1).float()
     qf = (Z * eng.hessian().matmat_rows(Z)).sum(1).double()
-    (q32, sec32) = timed_products(eng, lambda: (Z * eng.hessian(precision="fp32").matmat_rows(Z)).sum(1).double())
+    (q32, sec32) = timed_products(
+        eng, lambda: (Z * eng.hessian(precision="fp32").matmat_rows(Z)).sum(1).double()
+    )
     d = qf - q32
-    se = probes ** -0.5
-    return {"trace_fp32": float(q32.mean()), "trace_stderr": float(q32.std() * se), "trace_bias": float(d.mean()),
-            "trace_bias_se": float(d.std() * se), "sec_fp32": sec32}
+    se = probes**-0.5
+    return {
+        "trace_fp32": float(q32.mean()),
+        "trace_stderr": float(q32.std() * se),
+        "trace_bias": float(d.mean()),
+        "trace_bias_se": float(d.std() * se),
+        "sec_fp32": sec32,
+    }
 
 
 def measure(name: str, probes: int, tol: float) -> dict:
@@ -102,20 +139,40 @@ def measure(name: str, probes: int, tol: float) -> dict:
     data = data_for(loss, vocab, shape)
     eng = CurvatureEngine(Problem(model, data, loss=loss, batch_size=shape[0]), precision="bf16")
     out = {"model": name, "P": eng.num_params, "tokens": shape[0] * shape[1]}
-    r, out["sec_bf16"] = timed_products(eng, lambda: linalg.lanczos(
-        eng.hessian(), k=1, stop=linalg.KrylovStop(tol=tol, max_steps=60), generator=torch.Generator().manual_seed(1),
-        return_vectors=True))
+    r, out["sec_bf16"] = timed_products(
+        eng,
+        lambda: linalg.lanczos(
+            eng.hessian(),
+            k=1,
+            stop=linalg.KrylovStop(tol=tol, max_steps=60),
+            generator=torch.Generator().manual_seed(1),
+            return_vectors=True,
+        ),
+    )
     H32 = eng.hessian(precision="fp32")
-    out["lam_bf16"], out["steps_bf16"], out["restarts_bf16"] = float(r.eigenvalues[0]), r.steps, r.restarts
+    out["lam_bf16"], out["steps_bf16"], out["restarts_bf16"] = (
+        float(r.eigenvalues[0]),
+        r.steps,
+        r.restarts,
+    )
     out["lam_bf16_rq32"] = linalg.verify_eigenpair(H32, r.ritz_vectors[0])[0]
-    r32 = linalg.lanczos(H32, k=1, v0=r.ritz_vectors[0], stop=linalg.KrylovStop(tol=tol, min_steps=1, max_steps=60),
-                         generator=torch.Generator().manual_seed(1))
+    r32 = linalg.lanczos(
+        H32,
+        k=1,
+        v0=r.ritz_vectors[0],
+        stop=linalg.KrylovStop(tol=tol, min_steps=1, max_steps=60),
+        generator=torch.Generator().manual_seed(1),
+    )
     out["lam_fp32"], out["steps_fp32"] = float(r32.eigenvalues[0]), r32.steps
     out["basis_vectors"] = r.basis_vectors
     out.update(paired_probes(eng, probes))
-    if eng.num_params <= EXACT_BELOW:  # the exact float32 trace (one product per parameter) as the scale
+    if (
+        eng.num_params <= EXACT_BELOW
+    ):  # the exact float32 trace (one product per parameter) as the scale
         with eng.full_precision():
-            out["trace_exact"] = float(linalg.exact_diagonal(linalg.as_operator(eng.hessian(), block_size=64)).sum())
+            out["trace_exact"] = float(
+                linalg.exact_diagonal(linalg.as_operator(eng.hessian(), block_size=64)).sum()
+            )
     out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return out
 
@@ -123,19 +180,30 @@ def measure(name: str, probes: int, tol: float) -> dict:
 def main() -> None:
     """Print one table row per model."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
+    ap.add_argument(
+        "--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS)
+    )
     ap.add_argument("--probes", type=int, default=8, help="Rademacher probes of the trace control")
     ap.add_argument("--tol", type=float, default=1e-3, help="Lanczos' relative residual to stop at")
-    ap.add_argument("--bf16-matmul", choices=["native", "fp32"], default="native",
-                    help="fp32: bf16 matrix products by the float32 kernel, rounded to bf16 "
-                         "(scripts/bench_large.py's matmul_mode; for CPUs without bf16 matrix units)")
+    ap.add_argument(
+        "--bf16-matmul",
+        choices=["native", "fp32"],
+        default="native",
+        help="fp32: bf16 matrix products by the float32 kernel, rounded to bf16 "
+        "(scripts/bench_large.py's matmul_mode; for CPUs without bf16 matrix units)",
+    )
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from scripts.bench_large import matmul_mode
-    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, CPU")
-    print("| model | P | tokens | λmax fp32 | λmax bf16 (rel. bias) | fp32 RQ of the bf16 vector | "
-          "trace fp32 ± stderr | bf16 trace bias ± se (rel.) | s/product fp32 / bf16 | peak RSS |")
+
+    print(
+        f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, CPU"
+    )
+    print(
+        "| model | P | tokens | λmax fp32 | λmax bf16 (rel. bias) | fp32 RQ of the bf16 vector | "
+        "trace fp32 ± stderr | bf16 trace bias ± se (rel.) | s/product fp32 / bf16 | peak RSS |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         with matmul_mode(args.bf16_matmul):
@@ -144,11 +212,18 @@ def main() -> None:
         scale = r.get("trace_exact", r["trace_fp32"])
         rel_tr = abs(r["trace_bias"]) / abs(scale)
         exact = f" (exact {r['trace_exact']:.5g})" if "trace_exact" in r else ""
-        print(f"| {r['model']} | {r['P']:,} | {r['tokens']} | {r['lam_fp32']:.5g} | {r['lam_bf16']:.5g} ({rel:+.2e}) | "
-              f"{r['lam_bf16_rq32']:.5g} | {r['trace_fp32']:.5g} ± {r['trace_stderr']:.2g}{exact} | "
-              f"{r['trace_bias']:+.3g} ± {r['trace_bias_se']:.2g} ({rel_tr:.1e}) | "
-              f"{r['sec_fp32']:.3f} / {r['sec_bf16']:.3f} | {r['peak_rss_gib']:.2f} GiB |", flush=True)
-        print("#", {k: r[k] for k in ("steps_bf16", "restarts_bf16", "basis_vectors", "steps_fp32")}, flush=True)
+        print(
+            f"| {r['model']} | {r['P']:,} | {r['tokens']} | {r['lam_fp32']:.5g} | {r['lam_bf16']:.5g} ({rel:+.2e}) | "
+            f"{r['lam_bf16_rq32']:.5g} | {r['trace_fp32']:.5g} ± {r['trace_stderr']:.2g}{exact} | "
+            f"{r['trace_bias']:+.3g} ± {r['trace_bias_se']:.2g} ({rel_tr:.1e}) | "
+            f"{r['sec_fp32']:.3f} / {r['sec_bf16']:.3f} | {r['peak_rss_gib']:.2f} GiB |",
+            flush=True,
+        )
+        print(
+            "#",
+            {k: r[k] for k in ("steps_bf16", "restarts_bf16", "basis_vectors", "steps_fp32")},
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

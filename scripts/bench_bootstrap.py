@@ -28,8 +28,16 @@ def per_resample(m, g, resamples, seed):
     """The former path: scipy.stats.bootstrap with one scipy call per resample and statistic."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = stats.bootstrap((m, g), _scipy_stats, paired=True, vectorized=False, n_resamples=resamples,
-                              confidence_level=0.95, method="percentile", rng=np.random.default_rng(seed))
+        res = stats.bootstrap(
+            (m, g),
+            _scipy_stats,
+            paired=True,
+            vectorized=False,
+            n_resamples=resamples,
+            confidence_level=0.95,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
     return np.asarray(res.confidence_interval.low), np.asarray(res.confidence_interval.high)
 
 
@@ -43,13 +51,17 @@ def best(fn, repeat):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--n", default="48,200", help="checkpoints, comma-separated")
     ap.add_argument("--resamples", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args(argv)
-    print(f"# {platform.processor() or platform.machine()}, numpy {np.__version__}, scipy {scipy.__version__}; "
-          f"{a.resamples} resamples, best of {a.repeat}")
+    print(
+        f"# {platform.processor() or platform.machine()}, numpy {np.__version__}, scipy {scipy.__version__}; "
+        f"{a.resamples} resamples, best of {a.repeat}"
+    )
     print("| n | scipy per resample (s) | all at once (s) | ratio | max |Δ interval end| |")
     print("|---|---|---|---|---|")
     for n in (int(v) for v in a.n.split(",")):
@@ -57,8 +69,12 @@ def main(argv=None) -> int:
         g = rng.normal(size=n)
         m = g + rng.normal(size=n)
         m[: n // 10] = m[n // 10 : 2 * (n // 10)]  # ties
-        t_old, (lo_old, hi_old) = best(lambda m=m, g=g: per_resample(m, g, a.resamples, 0), a.repeat)
-        t_new, (iv, _) = best(lambda m=m, g=g: bootstrap_intervals(m, g, a.resamples, seed=0), a.repeat)
+        t_old, (lo_old, hi_old) = best(
+            lambda m=m, g=g: per_resample(m, g, a.resamples, 0), a.repeat
+        )
+        t_new, (iv, _) = best(
+            lambda m=m, g=g: bootstrap_intervals(m, g, a.resamples, seed=0), a.repeat
+        )
         lo_new = np.array([v.lo for v in iv.values()])
         hi_new = np.array([v.hi for v in iv.values()])
         diff = float(max(np.abs(lo_new - lo_old).max(), np.abs(hi_new - hi_old).max()))

@@ -162,7 +162,9 @@ class Bench:
 
 
 @torch.no_grad()
-def eval_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[float, float]:
+def eval_loss(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) in eval mode over (x, y)."""
     with eval_mode(model):
         loss, correct = 0.0, 0
@@ -230,18 +232,40 @@ def build_bench(args: argparse.Namespace, dev: torch.device, log: Callable[[str]
         model.load_state_dict(state.get("state_dict", state) if isinstance(state, dict) else state)
         model.eval()
         loss, acc = eval_loss(model, x, y, args.batch_size)
-        training = {"source": f"checkpoint {args.checkpoint}", "train_ce": loss, "train_acc": acc,
-                    "target": args.target_loss, "reached": loss <= args.target_loss}
+        training = {
+            "source": f"checkpoint {args.checkpoint}",
+            "train_ce": loss,
+            "train_acc": acc,
+            "target": args.target_loss,
+            "reached": loss <= args.target_loss,
+        }
     else:
-        log(f"training the width-{args.width} ResNet-18 on {args.n} inputs to eval-mode train CE ≤ {args.target_loss:g} ...")
-        training = train_to_target(model, x, y, target=args.target_loss, max_steps=args.train_steps,
-                                   batch_size=min(args.train_batch, args.n), lr=args.lr,
-                                   eval_batch=args.batch_size, seed=args.model_seed)
+        log(
+            f"training the width-{args.width} ResNet-18 on {args.n} inputs to eval-mode train CE ≤ {args.target_loss:g} ..."
+        )
+        training = train_to_target(
+            model,
+            x,
+            y,
+            target=args.target_loss,
+            max_steps=args.train_steps,
+            batch_size=min(args.train_batch, args.n),
+            lr=args.lr,
+            eval_batch=args.batch_size,
+            seed=args.model_seed,
+        )
     if args.save_checkpoint is not None:
         args.save_checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, args.save_checkpoint)
+        torch.save(
+            {k: v.detach().cpu() for k, v in model.state_dict().items()}, args.save_checkpoint
+        )
         training["saved_to"] = str(args.save_checkpoint)
-    log("model: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in training.items()))
+    log(
+        "model: "
+        + ", ".join(
+            f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in training.items()
+        )
+    )
     return Bench(model.eval(), init_state, x, y, args.batch_size, args.width, dev, training)
 
 
@@ -256,7 +280,12 @@ def warm_up(bench: Bench) -> None:
         eng.hvp(torch.ones(2, eng.num_params, device=bench.device))
     pyh = pyhessian_class()
     if pyh is not None:
-        h = pyh(bench.model, nn.CrossEntropyLoss(), dataloader=[(x, y)], cuda=bench.device.type == "cuda")
+        h = pyh(
+            bench.model,
+            nn.CrossEntropyLoss(),
+            dataloader=[(x, y)],
+            cuda=bench.device.type == "cuda",
+        )
         h.dataloader_hv_product([torch.ones_like(p) for p in h.params])
         _zero_grads(bench.model)
     timed(bench.device, lambda: None)
@@ -312,12 +341,18 @@ class Report:
     def add(self, row: MeasureRow | PeerRow) -> None:
         if isinstance(row, MeasureRow):
             self.catalogue.append(row)
-            print(f"  {row.measure}: {row.status}, {row.seconds:.2f} s, {_count(row.n_hvp)} HVPs, "
-                  f"value {row.value:.6g} {row.note}", flush=True)
+            print(
+                f"  {row.measure}: {row.status}, {row.seconds:.2f} s, {_count(row.n_hvp)} HVPs, "
+                f"value {row.value:.6g} {row.note}",
+                flush=True,
+            )
         else:
             self.peers.append(row)
-            print(f"  {row.comparison} [{row.regime}] {row.tool}: {row.seconds:.2f} s, "
-                  f"{_count(row.n_hvp)} HVPs, value {row.value:.6g} {row.note}", flush=True)
+            print(
+                f"  {row.comparison} [{row.regime}] {row.tool}: {row.seconds:.2f} s, "
+                f"{_count(row.n_hvp)} HVPs, value {row.value:.6g} {row.note}",
+                flush=True,
+            )
         self.write()
 
     def note(self, msg: str) -> None:
@@ -328,8 +363,11 @@ class Report:
     def header(self) -> list[str]:
         m = self.meta
         tr = m["training"]
-        train = (f"{tr['source']}: {tr.get('steps', '?')} steps ({tr.get('optimizer', '')}), "
-                 if "steps" in tr else f"{tr['source']}: ")
+        train = (
+            f"{tr['source']}: {tr.get('steps', '?')} steps ({tr.get('optimizer', '')}), "
+            if "steps" in tr
+            else f"{tr['source']}: "
+        )
         train += f"eval-mode train CE {tr['train_ce']:.4g} (target {tr['target']:g}"
         train += ")" if tr["reached"] else ", NOT reached)"
         if "seconds" in tr:
@@ -380,11 +418,19 @@ class Report:
     def markdown(self) -> str:
         parts = ["# flatcli catalogue benchmark", "", *self.header(), ""]
         if self.catalogue:
-            parts += ["## Catalogue (one measure_model call per measure, default options)", "",
-                      *self.catalogue_table(), ""]
+            parts += [
+                "## Catalogue (one measure_model call per measure, default options)",
+                "",
+                *self.catalogue_table(),
+                "",
+            ]
         if self.peers:
-            parts += ["## flatcli vs PyHessian (same process, same device, same batches)", "",
-                      *self.peer_table(), ""]
+            parts += [
+                "## flatcli vs PyHessian (same process, same device, same batches)",
+                "",
+                *self.peer_table(),
+                "",
+            ]
         if self.notes:
             parts += ["## Notes", "", *[f"- {n}" for n in self.notes], ""]
         return "\n".join(parts)
@@ -394,8 +440,12 @@ class Report:
             return
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "catalogue.md").write_text(self.markdown())
-        data = {"meta": self.meta, "catalogue": [asdict(r) for r in self.catalogue],
-                "peers": [asdict(r) for r in self.peers], "notes": self.notes}
+        data = {
+            "meta": self.meta,
+            "catalogue": [asdict(r) for r in self.catalogue],
+            "peers": [asdict(r) for r in self.peers],
+            "notes": self.notes,
+        }
         text = json.dumps(data, indent=1, default=str).replace("NaN", "null")
         (self.out / "catalogue.json").write_text(text)
 
@@ -403,12 +453,22 @@ class Report:
 # ---------------------------------------------------------------------------- catalogue
 def measure_once(bench: Bench, entry: Any, settings: Settings):
     """One `measure_model` call on the bench problem; (Row, wall seconds)."""
-    return timed(bench.device, lambda: measure_model(
-        bench.model, (bench.x, bench.y), [entry], settings=settings, init_state=bench.init_state))
+    return timed(
+        bench.device,
+        lambda: measure_model(
+            bench.model, (bench.x, bench.y), [entry], settings=settings, init_state=bench.init_state
+        ),
+    )
 
 
-def run_catalogue(bench: Bench, names: list[str], settings: Settings, budget_s: float,
-                  clock: Clock, report: Report) -> None:
+def run_catalogue(
+    bench: Bench,
+    names: list[str],
+    settings: Settings,
+    budget_s: float,
+    clock: Clock,
+    report: Report,
+) -> None:
     spent = 0.0
     for name in names:
         if spent >= budget_s or clock.past_deadline():
@@ -427,10 +487,22 @@ def run_catalogue(bench: Bench, names: list[str], settings: Settings, budget_s: 
             note.append(f"stderr {res.stderr:.3g}")
         for key in ("steps", "probes", "converged", "residual"):
             if key in d and isinstance(d[key], (int, float, bool)):
-                note.append(f"{key} {d[key]:.2g}" if isinstance(d[key], float) else f"{key} {d[key]}")
-        report.add(MeasureRow(name, res.status, res.seconds, wall, float(d.get("n_hvp", math.nan)),
-                              float(d.get("n_grad", math.nan)), float(d.get("n_forward", math.nan)),
-                              res.value, "; ".join(note)))
+                note.append(
+                    f"{key} {d[key]:.2g}" if isinstance(d[key], float) else f"{key} {d[key]}"
+                )
+        report.add(
+            MeasureRow(
+                name,
+                res.status,
+                res.seconds,
+                wall,
+                float(d.get("n_hvp", math.nan)),
+                float(d.get("n_grad", math.nan)),
+                float(d.get("n_forward", math.nan)),
+                res.value,
+                "; ".join(note),
+            )
+        )
 
 
 # ---------------------------------------------------------------------------- peers
@@ -453,8 +525,12 @@ def pyhessian_trace(bench: Bench, probes: int) -> tuple[list[float], float]:
     torch.manual_seed(0)
 
     def run() -> list[float]:
-        h = pyh(bench.model, nn.CrossEntropyLoss(), dataloader=bench.batches,
-                cuda=bench.device.type == "cuda")
+        h = pyh(
+            bench.model,
+            nn.CrossEntropyLoss(),
+            dataloader=bench.batches,
+            cuda=bench.device.type == "cuda",
+        )
         return h.trace(maxIter=probes, tol=-math.inf)  # tol=-inf: its stopping test never passes
 
     vals, dt = timed(bench.device, run)
@@ -464,8 +540,9 @@ def pyhessian_trace(bench: Bench, probes: int) -> tuple[list[float], float]:
     return vals, dt
 
 
-def flatcli_trace_row(bench: Bench, comp: str, label: str, precision: str, probes: int,
-                      base: Settings) -> PeerRow:
+def flatcli_trace_row(
+    bench: Bench, comp: str, label: str, precision: str, probes: int, base: Settings
+) -> PeerRow:
     """One ``hessian_trace`` run with ``probes`` fixed probes at ``precision``, as a peer row."""
     entry = {"hessian_trace": {"min_probes": probes, "max_probes": probes}}
     row, wall = measure_once(bench, entry, base.replace(precision=precision))
@@ -473,22 +550,35 @@ def flatcli_trace_row(bench: Bench, comp: str, label: str, precision: str, probe
     tool = f"flatcli hessian_trace ({precision})"
     if res is None:
         return PeerRow(comp, label, tool, note=row.error)
-    return PeerRow(comp, label, tool, res.seconds, res.diagnostics.get("n_hvp", math.nan), res.value,
-                   note=f"stderr {res.stderr / abs(res.value):.1%}; measure_model wall {wall:.2f} s")
+    return PeerRow(
+        comp,
+        label,
+        tool,
+        res.seconds,
+        res.diagnostics.get("n_hvp", math.nan),
+        res.value,
+        note=f"stderr {res.stderr / abs(res.value):.1%}; measure_model wall {wall:.2f} s",
+    )
 
 
-def peer_trace(bench: Bench, regime: str, precisions: list[str], probes: int, base: Settings,
-               report: Report) -> None:
+def peer_trace(
+    bench: Bench, regime: str, precisions: list[str], probes: int, base: Settings, report: Report
+) -> None:
     """Compare flatcli's ``hessian_trace`` with ``probes`` fixed probes (at each of ``precisions``;
     the ratio is taken against the first) and PyHessian's, in one regime."""
     label = regime_label(regime, bench.device)
     comp = f"trace, {probes} probes"
     with tf32_flags(*REGIMES[regime]):
-        mine = [flatcli_trace_row(bench, comp, label, prec, probes, base) for prec in dict.fromkeys(precisions)]
+        mine = [
+            flatcli_trace_row(bench, comp, label, prec, probes, base)
+            for prec in dict.fromkeys(precisions)
+        ]
         for r in mine:
             report.add(r)
         if pyhessian_class() is None:
-            report.note(f"{comp} [{label}]: PyHessian is not installed (pip install pyhessian): skipped")
+            report.note(
+                f"{comp} [{label}]: PyHessian is not installed (pip install pyhessian): skipped"
+            )
             return
         vals, dt = pyhessian_trace(bench, probes)
     est = float(np.mean(vals))
@@ -496,8 +586,18 @@ def peer_trace(bench: Bench, regime: str, precisions: list[str], probes: int, ba
     note = f"stderr {se / abs(est):.1%}; dataloader mode"
     for r in mine[1:]:
         note += f"; {dt / r.seconds:.2f}× {r.tool}"
-    report.add(PeerRow(comp, label, f"PyHessian trace(maxIter={probes})", dt, len(vals), est,
-                       ratio=dt / mine[0].seconds, note=note))
+    report.add(
+        PeerRow(
+            comp,
+            label,
+            f"PyHessian trace(maxIter={probes})",
+            dt,
+            len(vals),
+            est,
+            ratio=dt / mine[0].seconds,
+            note=note,
+        )
+    )
 
 
 @contextlib.contextmanager
@@ -536,8 +636,12 @@ def pyhessian_lambda(bench: Bench) -> tuple[float, torch.Tensor, int, float]:
     count = [0]
 
     def run():
-        h = pyh(bench.model, nn.CrossEntropyLoss(), dataloader=bench.batches,
-                cuda=bench.device.type == "cuda")
+        h = pyh(
+            bench.model,
+            nn.CrossEntropyLoss(),
+            dataloader=bench.batches,
+            cuda=bench.device.type == "cuda",
+        )
         orig = h.dataloader_hv_product
 
         def counted(v):
@@ -563,15 +667,25 @@ def peer_lambda(bench: Bench, tol: float, precision: str, base: Settings, report
         regime = f"flatcli precision {prec}"
         tool = f"flatcli hessian_lambda_max ({prec})"
         with tf32_flags(*REGIMES["torch defaults"]), captured_lanczos() as runs:
-            row, wall = measure_once(bench, {"hessian_lambda_max": {"tol": tol}}, base.replace(precision=prec))
+            row, wall = measure_once(
+                bench, {"hessian_lambda_max": {"tol": tol}}, base.replace(precision=prec)
+            )
         res = row.results.get("hessian_lambda_max")
         if res is None or not runs:
             report.add(PeerRow(comp, regime, tool, note=row.error))
             continue
         _, resid = fp32_residual(bench, runs[-1].ritz_vectors[0])
         lams[prec] = res.value
-        mine[prec] = PeerRow(comp, regime, tool, res.seconds, res.diagnostics.get("n_hvp", math.nan), res.value,
-                             resid, note=f"{res.status}; own residual {res.diagnostics.get('residual', math.nan):.1e}")
+        mine[prec] = PeerRow(
+            comp,
+            regime,
+            tool,
+            res.seconds,
+            res.diagnostics.get("n_hvp", math.nan),
+            res.value,
+            resid,
+            note=f"{res.status}; own residual {res.diagnostics.get('residual', math.nan):.1e}",
+        )
         if prec != "fp32":
             mine[prec].note += f"; effective {base.replace(precision=prec).effective_precision}"
         if "tf32_value" in res.diagnostics:  # auto on a tensor-core GPU: the value is fp32-verified
@@ -590,9 +704,19 @@ def peer_lambda(bench: Bench, tol: float, precision: str, base: Settings, report
         with tf32_flags(*REGIMES[regime]):
             lam, v, n, dt = pyhessian_lambda(bench)
         _, resid = fp32_residual(bench, v)
-        report.add(PeerRow(comp, regime_label(regime, dev), "PyHessian eigenvalues() (default)", dt, n, lam,
-                           resid, ratio=dt / ref.seconds if ref else math.nan,
-                           note=f"power iteration, stop on 1e-3 rel. change; vs {ref.tool if ref else '-'}"))
+        report.add(
+            PeerRow(
+                comp,
+                regime_label(regime, dev),
+                "PyHessian eigenvalues() (default)",
+                dt,
+                n,
+                lam,
+                resid,
+                ratio=dt / ref.seconds if ref else math.nan,
+                note=f"power iteration, stop on 1e-3 rel. change; vs {ref.tool if ref else '-'}",
+            )
+        )
 
 
 # ---------------------------------------------------------------------------- whole processes
@@ -633,7 +757,9 @@ print(json.dumps({"probes": len(vals), "trace": sum(vals) / len(vals), "seconds"
 """
 
 
-def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[subprocess.CompletedProcess, float]:
+def _run(
+    cmd: list[str], cwd: Path, env: dict[str, str], timeout: float
+) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.perf_counter()
     out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     return out, time.perf_counter() - t0
@@ -646,7 +772,9 @@ def peer_process(bench: Bench, probes: int, precision: str, clock: Clock, report
         _peer_process(bench, probes, precision, clock, report, Path(tmp))
 
 
-def _peer_process(bench: Bench, probes: int, precision: str, clock: Clock, report: Report, tmp: Path) -> None:
+def _peer_process(
+    bench: Bench, probes: int, precision: str, clock: Clock, report: Report, tmp: Path
+) -> None:
     dev = bench.device
     comp = f"whole process, trace {probes} probes"
     torch.save({k: v.detach().cpu() for k, v in bench.model.state_dict().items()}, tmp / "model.pt")
@@ -656,26 +784,62 @@ def _peer_process(bench: Bench, probes: int, precision: str, clock: Clock, repor
     else:
         target, kwargs = f"{COMMON}:resnet18", f"{{width: {bench.width}, num_classes: 10}}"
     devname = "cuda" if dev.type == "cuda" else "cpu"
-    (tmp / "config.yaml").write_text(FLATCLI_CONFIG.format(
-        target=target, kwargs=kwargs, batch_size=bench.batch_size, probes=probes, device=devname,
-        precision=precision))
+    (tmp / "config.yaml").write_text(
+        FLATCLI_CONFIG.format(
+            target=target,
+            kwargs=kwargs,
+            batch_size=bench.batch_size,
+            probes=probes,
+            device=devname,
+            precision=precision,
+        )
+    )
     (tmp / "pyhessian_trace.py").write_text(PYHESSIAN_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    left = max(30.0, clock.deadline_s - clock.elapsed()) if math.isfinite(clock.deadline_s) else None
-    flat_cmd = [sys.executable, "-m", "flatcli.cli", "measure", str(tmp / "model.pt"), "-c",
-                str(tmp / "config.yaml"), "-o", str(tmp / "out"), "--format", "csv"]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
+    left = (
+        max(30.0, clock.deadline_s - clock.elapsed()) if math.isfinite(clock.deadline_s) else None
+    )
+    flat_cmd = [
+        sys.executable,
+        "-m",
+        "flatcli.cli",
+        "measure",
+        str(tmp / "model.pt"),
+        "-c",
+        str(tmp / "config.yaml"),
+        "-o",
+        str(tmp / "out"),
+        "--format",
+        "csv",
+    ]
     out, dt = _run(flat_cmd, tmp, env, left)
     if out.returncode != 0:
-        report.add(PeerRow(comp, "process", f"flatcli measure ({precision})", dt,
-                           note=f"failed ({out.returncode}): {out.stderr.strip()[-300:]}"))
+        report.add(
+            PeerRow(
+                comp,
+                "process",
+                f"flatcli measure ({precision})",
+                dt,
+                note=f"failed ({out.returncode}): {out.stderr.strip()[-300:]}",
+            )
+        )
         return
     import pandas as pd
 
     res = pd.read_csv(tmp / "out" / "results.csv").iloc[0]
     inner = float(res["hessian_trace_seconds"])
-    mine = PeerRow(comp, f"flatcli precision {precision}", f"flatcli measure ({precision})", dt,
-                   float(res.get("hessian_trace_n_hvp", probes)), float(res["hessian_trace"]),
-                   note=f"measurement {inner:.2f} s, rest of the process {dt - inner:.2f} s")
+    mine = PeerRow(
+        comp,
+        f"flatcli precision {precision}",
+        f"flatcli measure ({precision})",
+        dt,
+        float(res.get("hessian_trace_n_hvp", probes)),
+        float(res["hessian_trace"]),
+        note=f"measurement {inner:.2f} s, rest of the process {dt - inner:.2f} s",
+    )
     report.add(mine)
     if pyhessian_class() is None:
         report.note(f"{comp}: PyHessian is not installed: skipped")
@@ -683,43 +847,87 @@ def _peer_process(bench: Bench, probes: int, precision: str, clock: Clock, repor
     if clock.past_deadline():
         report.add(PeerRow(comp, "torch defaults", "PyHessian script", note="skipped (deadline)"))
         return
-    left = max(30.0, clock.deadline_s - clock.elapsed()) if math.isfinite(clock.deadline_s) else None
-    cmd = [sys.executable, str(tmp / "pyhessian_trace.py"), str(COMMON), str(bench.width), str(tmp / "model.pt"),
-           str(tmp / "data.pt"), str(bench.batch_size), str(probes), devname]
+    left = (
+        max(30.0, clock.deadline_s - clock.elapsed()) if math.isfinite(clock.deadline_s) else None
+    )
+    cmd = [
+        sys.executable,
+        str(tmp / "pyhessian_trace.py"),
+        str(COMMON),
+        str(bench.width),
+        str(tmp / "model.pt"),
+        str(tmp / "data.pt"),
+        str(bench.batch_size),
+        str(probes),
+        devname,
+    ]
     out, dt = _run(cmd, tmp, env, left)
     if out.returncode != 0:
-        report.add(PeerRow(comp, "torch defaults", "PyHessian script", dt,
-                           note=f"failed ({out.returncode}): {out.stderr.strip()[-300:]}"))
+        report.add(
+            PeerRow(
+                comp,
+                "torch defaults",
+                "PyHessian script",
+                dt,
+                note=f"failed ({out.returncode}): {out.stderr.strip()[-300:]}",
+            )
+        )
         return
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    report.add(PeerRow(comp, regime_label("torch defaults", dev), "PyHessian script", dt, r["probes"],
-                       r["trace"], ratio=dt / mine.seconds,
-                       note=f"measurement {r['seconds']:.2f} s, rest of the process {dt - r['seconds']:.2f} s"))
+    report.add(
+        PeerRow(
+            comp,
+            regime_label("torch defaults", dev),
+            "PyHessian script",
+            dt,
+            r["probes"],
+            r["trace"],
+            ratio=dt / mine.seconds,
+            note=f"measurement {r['seconds']:.2f} s, rest of the process {dt - r['seconds']:.2f} s",
+        )
+    )
 
 
-def run_peers(bench: Bench, args: argparse.Namespace, base: Settings, clock: Clock, report: Report) -> None:
+def run_peers(
+    bench: Bench, args: argparse.Namespace, base: Settings, clock: Clock, report: Report
+) -> None:
     """The peer comparisons, most important first; a stage past the deadline is listed as skipped.
 
     At torch defaults flatcli runs at ``--precision`` and, where that is ``auto`` verifying TF32
     products in fp32 (a tensor-core GPU), also at plain ``tf32``."""
     default_precisions = [args.precision] + (["tf32"] if base.verifies() else [])
     stages: list[tuple[str, Callable[[], None]]] = [
-        (f"trace, {args.probes} probes [torch defaults]",
-         lambda: peer_trace(bench, "torch defaults", default_precisions, args.probes, base, report)),
+        (
+            f"trace, {args.probes} probes [torch defaults]",
+            lambda: peer_trace(
+                bench, "torch defaults", default_precisions, args.probes, base, report
+            ),
+        ),
         ("λmax", lambda: peer_lambda(bench, args.lambda_tol, args.precision, base, report)),
     ]
     if not args.skip_process:
-        stages.append((f"whole process, trace {args.probes} probes",
-                       lambda: peer_process(bench, args.probes, args.precision, clock, report)))
-    stages.append((f"trace, {args.probes} probes [strict fp32]",
-                   lambda: peer_trace(bench, "strict fp32", ["fp32"], args.probes, base, report)))
+        stages.append(
+            (
+                f"whole process, trace {args.probes} probes",
+                lambda: peer_process(bench, args.probes, args.precision, clock, report),
+            )
+        )
+    stages.append(
+        (
+            f"trace, {args.probes} probes [strict fp32]",
+            lambda: peer_trace(bench, "strict fp32", ["fp32"], args.probes, base, report),
+        )
+    )
     for name, fn in stages:
         if clock.past_deadline():
             report.note(f"{name}: skipped (deadline {clock.deadline_s:g} s reached)")
             continue
         try:
             fn()
-        except (RuntimeError, subprocess.TimeoutExpired) as e:  # OOM or a timed-out process: keep the rest
+        except (
+            RuntimeError,
+            subprocess.TimeoutExpired,
+        ) as e:  # OOM or a timed-out process: keep the rest
             report.note(f"{name}: failed: {type(e).__name__}: {str(e)[:300]}")
             _zero_grads(bench.model)
             if bench.device.type == "cuda":
@@ -730,33 +938,70 @@ def run_peers(bench: Bench, args: argparse.Namespace, base: Settings, clock: Clo
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when available)")
-    ap.add_argument("--cpu-small", action="store_true",
-                    help="the scaled-down problem (the default on a CPU) even on a GPU")
-    ap.add_argument("--n", type=int, default=None, help="inputs (default 5000 on GPU, 64 scaled down)")
-    ap.add_argument("--batch-size", type=int, default=None, help="measure batch size (default 500 / 32)")
-    ap.add_argument("--width", type=int, default=None,
-                    help="ResNet-18 base width (default 64 = torchvision's resnet18; 8 scaled down)")
-    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "tf32", "fp64"],
-                    help="Settings.precision of the catalogue and of flatcli's peer rows at torch defaults")
+    ap.add_argument(
+        "--cpu-small",
+        action="store_true",
+        help="the scaled-down problem (the default on a CPU) even on a GPU",
+    )
+    ap.add_argument(
+        "--n", type=int, default=None, help="inputs (default 5000 on GPU, 64 scaled down)"
+    )
+    ap.add_argument(
+        "--batch-size", type=int, default=None, help="measure batch size (default 500 / 32)"
+    )
+    ap.add_argument(
+        "--width",
+        type=int,
+        default=None,
+        help="ResNet-18 base width (default 64 = torchvision's resnet18; 8 scaled down)",
+    )
+    ap.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "fp32", "tf32", "fp64"],
+        help="Settings.precision of the catalogue and of flatcli's peer rows at torch defaults",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of the stochastic measures")
     ap.add_argument("--data-seed", type=int, default=0, help="seed of the class-structured data")
-    ap.add_argument("--model-seed", type=int, default=0, help="seed of the initialization and of training")
-    ap.add_argument("--checkpoint", type=Path, default=None, help="load this state dict instead of training")
-    ap.add_argument("--save-checkpoint", type=Path, default=None, help="save the trained state dict here")
-    ap.add_argument("--target-loss", type=float, default=0.01, help="eval-mode train CE to train to")
+    ap.add_argument(
+        "--model-seed", type=int, default=0, help="seed of the initialization and of training"
+    )
+    ap.add_argument(
+        "--checkpoint", type=Path, default=None, help="load this state dict instead of training"
+    )
+    ap.add_argument(
+        "--save-checkpoint", type=Path, default=None, help="save the trained state dict here"
+    )
+    ap.add_argument(
+        "--target-loss", type=float, default=0.01, help="eval-mode train CE to train to"
+    )
     ap.add_argument("--train-steps", type=int, default=3000, help="most training steps")
     ap.add_argument("--train-batch", type=int, default=128, help="training mini-batch")
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     ap.add_argument("--measures", default="all", help="comma list of measures, 'all' or 'none'")
-    ap.add_argument("--budget-s", type=float, default=math.inf,
-                    help="catalogue time budget: measures that would start after it are skipped")
-    ap.add_argument("--deadline-s", type=float, default=math.inf,
-                    help="seconds from the start after which no new measure or peer row starts")
-    ap.add_argument("--probes", type=int, default=64, help="Hutchinson probes of the trace comparisons")
-    ap.add_argument("--lambda-tol", type=float, default=1e-4, help="flatcli λmax residual tolerance")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=math.inf,
+        help="catalogue time budget: measures that would start after it are skipped",
+    )
+    ap.add_argument(
+        "--deadline-s",
+        type=float,
+        default=math.inf,
+        help="seconds from the start after which no new measure or peer row starts",
+    )
+    ap.add_argument(
+        "--probes", type=int, default=64, help="Hutchinson probes of the trace comparisons"
+    )
+    ap.add_argument(
+        "--lambda-tol", type=float, default=1e-4, help="flatcli λmax residual tolerance"
+    )
     ap.add_argument("--skip-peers", action="store_true", help="no PyHessian comparisons")
     ap.add_argument("--skip-process", action="store_true", help="no whole-process comparison")
-    ap.add_argument("--out", type=Path, default=None, help="folder for catalogue.md and catalogue.json")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="folder for catalogue.md and catalogue.json"
+    )
     args = ap.parse_args(argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -769,7 +1014,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     elif args.measures == "none":
         args.measure_names = []
     else:
-        args.measure_names = [get_measure(m.strip()).name for m in args.measures.split(",") if m.strip()]
+        args.measure_names = [
+            get_measure(m.strip()).name for m in args.measures.split(",") if m.strip()
+        ]
     return args
 
 
@@ -780,22 +1027,39 @@ def main(argv: list[str] | None = None) -> int:
     if dev.type == "cuda" and dev.index is None:  # cuda:N, so measure_model uses the model in place
         dev = torch.device("cuda", torch.cuda.current_device())
     start_flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    base = Settings.build(device=dev, precision=args.precision, seed=args.seed, batch_size=args.batch_size,
-                          num_samples="all")
+    base = Settings.build(
+        device=dev,
+        precision=args.precision,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        num_samples="all",
+    )
     bench = build_bench(args, dev, print)
     meta = {
-        "device": device_name(dev), "device_type": dev.type, "torch": torch.__version__,
-        "flatcli": __version__, "python": platform.python_version(), "model": bench.model_name(),
-        "num_params": bench.num_params, "n": args.n, "batch_size": args.batch_size,
-        "data_seed": args.data_seed, "precision": args.precision,
-        "effective_precision": base.effective_precision, "tf32_at_start": start_flags,
-        "training": bench.training, "command": " ".join(sys.argv if argv is None else ["bench_catalogue.py", *argv]),
+        "device": device_name(dev),
+        "device_type": dev.type,
+        "torch": torch.__version__,
+        "flatcli": __version__,
+        "python": platform.python_version(),
+        "model": bench.model_name(),
+        "num_params": bench.num_params,
+        "n": args.n,
+        "batch_size": args.batch_size,
+        "data_seed": args.data_seed,
+        "precision": args.precision,
+        "effective_precision": base.effective_precision,
+        "tf32_at_start": start_flags,
+        "training": bench.training,
+        "command": " ".join(sys.argv if argv is None else ["bench_catalogue.py", *argv]),
     }
     report = Report(meta, args.out)
     report.write()
     warm_up(bench)
     if args.measure_names:
-        print(f"catalogue: {len(args.measure_names)} measures at precision {args.precision}", flush=True)
+        print(
+            f"catalogue: {len(args.measure_names)} measures at precision {args.precision}",
+            flush=True,
+        )
         run_catalogue(bench, args.measure_names, base, args.budget_s, clock, report)
     if not args.skip_peers:
         if pyhessian_class() is None:

@@ -97,16 +97,29 @@ def _product(kind: str, model, ids, mask, v: torch.Tensor):
     from flatcli.engine import CurvatureEngine, Problem
 
     if kind.startswith("flatcli"):
-        p = Problem(model, {"input_ids": ids, "attention_mask": mask}, loss="causal_lm", batch_size=len(ids))
+        p = Problem(
+            model, {"input_ids": ids, "attention_mask": mask}, loss="causal_lm", batch_size=len(ids)
+        )
         eng = CurvatureEngine(p, cache_graphs=False)
         return eng.hvp(v) if kind == "flatcli-hvp" else eng.ggnvp(v)
     names, logits_of, loss_of_logits = _plain_loss(model, ids, mask)
     params = {n: q.detach() for n, q in model.named_parameters()}
     shapes = [params[n].shape for n in names]
-    vs = dict(zip(names, [c.view(s) for c, s in zip(torch.split(v, [s.numel() for s in shapes]), shapes, strict=True)], strict=True))
+    vs = dict(
+        zip(
+            names,
+            [
+                c.view(s)
+                for c, s in zip(torch.split(v, [s.numel() for s in shapes]), shapes, strict=True)
+            ],
+            strict=True,
+        )
+    )
     if kind == "plain-hvp":
         leaves = {n: t.clone().requires_grad_(True) for n, t in params.items()}
-        g = torch.autograd.grad(loss_of_logits(logits_of(leaves)), list(leaves.values()), create_graph=True)
+        g = torch.autograd.grad(
+            loss_of_logits(logits_of(leaves)), list(leaves.values()), create_graph=True
+        )
         dot = sum((gi * vs[n]).sum() for gi, n in zip(g, names, strict=True))
         return torch.cat([h.reshape(-1) for h in torch.autograd.grad(dot, list(leaves.values()))])
     z, pull = vjp(logits_of, params)
@@ -143,29 +156,55 @@ def main() -> None:
     if args.one:
         print(json.dumps(run_one(args.one, args)))
         return
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
     res, outs = {}, {}
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     for kind in KINDS:
         save = tmp / f"bench_causal_lm_{os.getpid()}_{kind}.pt"
-        cmd = [sys.executable, __file__, "--one", kind, "--save", str(save), "--vocab", str(args.vocab),
-               "--width", str(args.width), "--rows", str(args.rows), "--length", str(args.length)]
-        res[kind] = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
+        cmd = [
+            sys.executable,
+            __file__,
+            "--one",
+            kind,
+            "--save",
+            str(save),
+            "--vocab",
+            str(args.vocab),
+            "--width",
+            str(args.width),
+            "--rows",
+            str(args.rows),
+            "--length",
+            str(args.length),
+        ]
+        res[kind] = json.loads(
+            subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+        )
         outs[kind] = torch.load(save)
         save.unlink()
     logits_mb = args.rows * args.length * args.vocab * 4 / 2**20
-    print(f"causal LM: vocabulary {args.vocab}, width {args.width}, {args.rows} × {args.length} tokens, "
-          f"{res[KINDS[0]]['params']:,} parameters; one logits tensor = {logits_mb:.0f} MiB; "
-          f"torch {torch.__version__}, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
+    print(
+        f"causal LM: vocabulary {args.vocab}, width {args.width}, {args.rows} × {args.length} tokens, "
+        f"{res[KINDS[0]]['params']:,} parameters; one logits tensor = {logits_mb:.0f} MiB; "
+        f"torch {torch.__version__}, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}"
+    )
     print(f"{'product':<14}{'seconds':>9}{'peak extra MiB':>16}")
     for kind in KINDS:
         r = res[kind]
         print(f"{kind:<14}{r['seconds']:>9.2f}{r['peak_bytes'] / 2**20:>16.0f}")
     for what in ("hvp", "ggn"):
         a, b = res[f"flatcli-{what}"], res[f"plain-{what}"]
-        rel = float((outs[f"flatcli-{what}"] - outs[f"plain-{what}"]).norm() / outs[f"plain-{what}"].norm())
-        print(f"{what}: flatcli / plain peak memory {a['peak_bytes'] / b['peak_bytes']:.2f}, "
-              f"time {a['seconds'] / b['seconds']:.2f}; relative difference of the products {rel:.1e}")
+        rel = float(
+            (outs[f"flatcli-{what}"] - outs[f"plain-{what}"]).norm() / outs[f"plain-{what}"].norm()
+        )
+        print(
+            f"{what}: flatcli / plain peak memory {a['peak_bytes'] / b['peak_bytes']:.2f}, "
+            f"time {a['seconds'] / b['seconds']:.2f}; relative difference of the products {rel:.1e}"
+        )
 
 
 if __name__ == "__main__":

@@ -130,7 +130,9 @@ def mlp_task(dev, batch_size, ref_dtype, train_steps=1500) -> Task:
     torch.manual_seed(0)
     x, y = digits_split("train")
     model = MLP(64, 256, 2, 10)
-    recipe = dataclasses.replace(RECIPE, max_steps=train_steps, dtype="float32")  # the demo's recipe, float32 for speed
+    recipe = dataclasses.replace(
+        RECIPE, max_steps=train_steps, dtype="float32"
+    )  # the demo's recipe, float32 for speed
     train_to_target(model, x, y, recipe, criterion=LossTarget(0.05))
     model.eval().to(dev)
     return Task("mlp-digits", model, x.to(dev), y.to(dev), batch_size or len(x), dev, ref_dtype)

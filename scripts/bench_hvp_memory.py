@@ -47,14 +47,23 @@ def run_one(args) -> dict:
     torch.set_num_threads(args.threads)
     if args.scheme == PEER:
         return _run_peer(args)
-    if args.scheme == "checkpoint":  # the fallback of recompute: true, as on a model that is not a chain
+    if (
+        args.scheme == "checkpoint"
+    ):  # the fallback of recompute: true, as on a model that is not a chain
         from flatcli.engine import segments
 
-        segments.BlockChain.find = classmethod(lambda cls, problem: (None, "hidden by the benchmark"))
+        segments.BlockChain.find = classmethod(
+            lambda cls, problem: (None, "hidden by the benchmark")
+        )
     model, batch = build(args.size, args.vocab, args.rows, args.length)
     p = Problem(model, batch, loss="causal_lm", batch_size=args.rows)
-    eng = CurvatureEngine(p, cache_graphs=None if args.scheme == CACHED else False, precision=args.precision, recompute=args.scheme in ("recompute", "checkpoint"),
-                          hvp_mode="forward" if args.scheme == "forward" else "reverse")
+    eng = CurvatureEngine(
+        p,
+        cache_graphs=None if args.scheme == CACHED else False,
+        precision=args.precision,
+        recompute=args.scheme in ("recompute", "checkpoint"),
+        hvp_mode="forward" if args.scheme == "forward" else "reverse",
+    )
     v = torch.randn(1, p.num_params, generator=torch.Generator().manual_seed(3))
     base = _status("VmRSS")
     secs, hv = [], None
@@ -63,15 +72,28 @@ def run_one(args) -> dict:
         with matmul_mode(args.bf16_matmul):
             hv = eng.hvp(v)
         secs.append(time.perf_counter() - t0)
-    out = {"bf16_matmul": args.bf16_matmul, "params": p.num_params, "seconds": secs, "peak_rss_bytes": _status("VmHWM"), "rss_before_bytes": base,
-           "fallbacks": eng.fallbacks, "vHv": float(v[0] @ hv[0]),
-           "block_by_block": eng.state.chain is not None}
-    if args.scheme in ("reverse", "recompute", CACHED):  # the rules of predicted_product_bytes, after the peak was read
+    out = {
+        "bf16_matmul": args.bf16_matmul,
+        "params": p.num_params,
+        "seconds": secs,
+        "peak_rss_bytes": _status("VmHWM"),
+        "rss_before_bytes": base,
+        "fallbacks": eng.fallbacks,
+        "vHv": float(v[0] @ hv[0]),
+        "block_by_block": eng.state.chain is not None,
+    }
+    if args.scheme in (
+        "reverse",
+        "recompute",
+        CACHED,
+    ):  # the rules of predicted_product_bytes, after the peak was read
         from flatcli.engine.recompute import predicted_product_bytes
 
         blocks = len(eng.state.chain.blocks) if eng.state.chain is not None else 0
         with matmul_mode(args.bf16_matmul):  # its counting pass runs the bf16 forward too
-            out["predicted_bytes"] = predicted_product_bytes(p, p.batches[0], 1, p.device, by_blocks=blocks)[0]
+            out["predicted_bytes"] = predicted_product_bytes(
+                p, p.batches[0], 1, p.device, by_blocks=blocks
+            )[0]
     if args.save:
         torch.save(hv, args.save)
     return out
@@ -100,8 +122,13 @@ def _run_peer(args) -> dict:
         hv = op.matvec(v[0])
         secs.append(time.perf_counter() - t0)
     hv = torch.as_tensor(hv).reshape(1, -1)
-    out = {"params": P, "seconds": secs, "peak_rss_bytes": _status("VmHWM"), "rss_before_bytes": base,
-           "vHv": float(v[0] @ hv[0])}
+    out = {
+        "params": P,
+        "seconds": secs,
+        "peak_rss_bytes": _status("VmHWM"),
+        "rss_before_bytes": base,
+        "vHv": float(v[0] @ hv[0]),
+    }
     if args.save:
         torch.save(hv, args.save)
     return out
@@ -109,18 +136,35 @@ def _run_peer(args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", action="append", help="model size of scripts/bench_large.py (repeatable; default 10M)")
-    ap.add_argument("--precision", action="append", help="runtime.precision (repeatable; default fp32)")
-    ap.add_argument("--scheme", action="append", choices=[*SCHEMES, CACHED, PEER],
-                    help="(repeatable; default the four of flatcli; eigenthings needs --eigenthings)")
-    ap.add_argument("--eigenthings", help="a folder holding the hessian_eigenthings package (its wheel unpacked)")
+    ap.add_argument(
+        "--size",
+        action="append",
+        help="model size of scripts/bench_large.py (repeatable; default 10M)",
+    )
+    ap.add_argument(
+        "--precision", action="append", help="runtime.precision (repeatable; default fp32)"
+    )
+    ap.add_argument(
+        "--scheme",
+        action="append",
+        choices=[*SCHEMES, CACHED, PEER],
+        help="(repeatable; default the four of flatcli; eigenthings needs --eigenthings)",
+    )
+    ap.add_argument(
+        "--eigenthings",
+        help="a folder holding the hessian_eigenthings package (its wheel unpacked)",
+    )
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--products", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--bf16-matmul", choices=["native", "fp32"], default="native",
-                    help="fp32: bf16 matrix products by the float32 kernel, rounded to bf16 (bench_large.matmul_mode)")
+    ap.add_argument(
+        "--bf16-matmul",
+        choices=["native", "fp32"],
+        default="native",
+        help="fp32: bf16 matrix products by the float32 kernel, rounded to bf16 (bench_large.matmul_mode)",
+    )
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--save", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -129,17 +173,48 @@ def main() -> None:
         print(json.dumps(run_one(args)))
         return
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
-    common = ["--vocab", args.vocab, "--rows", args.rows, "--length", args.length, "--products", args.products,
-              "--threads", args.threads, "--bf16-matmul", args.bf16_matmul, *(["--eigenthings", args.eigenthings] if args.eigenthings else [])]
+    common = [
+        "--vocab",
+        args.vocab,
+        "--rows",
+        args.rows,
+        "--length",
+        args.length,
+        "--products",
+        args.products,
+        "--threads",
+        args.threads,
+        "--bf16-matmul",
+        args.bf16_matmul,
+        *(["--eigenthings", args.eigenthings] if args.eigenthings else []),
+    ]
     for size in args.size or ["10M"]:
         for prec in args.precision or ["fp32"]:
             ref = None
             for scheme in args.scheme or SCHEMES:
                 save = f"/tmp/bench_hvp_{os.getpid()}_{scheme}.pt"
-                cmd = [sys.executable, __file__, "--one", "--size", size, "--precision", prec, "--scheme", scheme,
-                       "--save", save, *common]
-                out = subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True, check=False)
-                line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else json.dumps({"error": out.stderr[-2000:]})
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    "--size",
+                    size,
+                    "--precision",
+                    prec,
+                    "--scheme",
+                    scheme,
+                    "--save",
+                    save,
+                    *common,
+                ]
+                out = subprocess.run(
+                    [str(c) for c in cmd], env=env, capture_output=True, text=True, check=False
+                )
+                line = (
+                    out.stdout.strip().splitlines()[-1]
+                    if out.stdout.strip()
+                    else json.dumps({"error": out.stderr[-2000:]})
+                )
                 row = {"size": size, "precision": prec, "scheme": scheme, **json.loads(line)}
                 if os.path.exists(save):
                     import torch

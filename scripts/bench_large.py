@@ -84,7 +84,9 @@ def matmul_mode(kind: str):
     class Fp32Matmuls(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if func in ops and any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args):
+            if func in ops and any(
+                isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args
+            ):
                 return func(*tree_map(up, args), **tree_map(up, kwargs)).to(torch.bfloat16)
             return func(*args, **kwargs)
 
@@ -99,8 +101,16 @@ def build(size: str, vocab: int, rows: int, length: int):
 
     d, layers, heads = SIZES[size]
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=length, n_embd=d, n_layer=layers, n_head=heads,
-                                  bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    cfg = transformers.GPT2Config(
+        vocab_size=vocab,
+        n_positions=length,
+        n_embd=d,
+        n_layer=layers,
+        n_head=heads,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
+    )
     model = transformers.GPT2LMHeadModel(cfg).eval()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, vocab, (rows, length), generator=g)
@@ -117,7 +127,9 @@ def run_one(args) -> dict:
     from flatcli.engine.precision import PRECISIONS
 
     if args.precision not in PRECISIONS:
-        return {"skipped": f"runtime.precision {args.precision!r} is not in this engine ({', '.join(PRECISIONS)})"}
+        return {
+            "skipped": f"runtime.precision {args.precision!r} is not in this engine ({', '.join(PRECISIONS)})"
+        }
     torch.set_num_threads(args.threads)
     model, batch = build(args.size, args.vocab, args.rows, args.length)
     p = Problem(model, batch, loss="causal_lm", batch_size=args.rows)
@@ -126,19 +138,45 @@ def run_one(args) -> dict:
     g = torch.Generator().manual_seed(3)
     with matmul_mode(args.bf16_matmul):
         t0 = time.perf_counter()
-        lz = linalg.lanczos(eng.hessian(), k=1, block=1,
-                            stop=linalg.KrylovStop(tol=args.tol, max_steps=args.max_steps), generator=g)
+        lz = linalg.lanczos(
+            eng.hessian(),
+            k=1,
+            block=1,
+            stop=linalg.KrylovStop(tol=args.tol, max_steps=args.max_steps),
+            generator=g,
+        )
         t1 = time.perf_counter()
-        tr = linalg.hutchinson(linalg.as_operator(eng.hessian(), block_size=4), generator=g,
-                               stop=linalg.ProbeStop(min_probes=args.probes, max_probes=args.probes)) if args.probes else None
+        tr = (
+            linalg.hutchinson(
+                linalg.as_operator(eng.hessian(), block_size=4),
+                generator=g,
+                stop=linalg.ProbeStop(min_probes=args.probes, max_probes=args.probes),
+            )
+            if args.probes
+            else None
+        )
         t2 = time.perf_counter()
-    return {"size": args.size, "params": p.num_params, "precision": args.precision, "recompute": args.recompute,
-            "recompute_active": eng.recompute_active, "lambda_max": float(lz.eigenvalues[0]),
-            "lambda_rel_residual": float(lz.residuals[0] / abs(lz.eigenvalues[0])), "lanczos_steps": lz.steps,
-            "lambda_seconds": t1 - t0, "trace": tr and tr.estimate, "trace_stderr": tr and tr.stderr, "trace_seconds": t2 - t1,
-            "seconds_per_product": (t1 - t0) / lz.steps, "peak_rss_bytes": _status("VmHWM"),
-            "rss_before_bytes": base, "threads": args.threads, "bf16_matmul": args.bf16_matmul, "block_by_block": eng.state.chain is not None,
-            "predicted_peak_bytes": _predicted_peak(p, eng, base, lz.steps, args.bf16_matmul)}
+    return {
+        "size": args.size,
+        "params": p.num_params,
+        "precision": args.precision,
+        "recompute": args.recompute,
+        "recompute_active": eng.recompute_active,
+        "lambda_max": float(lz.eigenvalues[0]),
+        "lambda_rel_residual": float(lz.residuals[0] / abs(lz.eigenvalues[0])),
+        "lanczos_steps": lz.steps,
+        "lambda_seconds": t1 - t0,
+        "trace": tr and tr.estimate,
+        "trace_stderr": tr and tr.stderr,
+        "trace_seconds": t2 - t1,
+        "seconds_per_product": (t1 - t0) / lz.steps,
+        "peak_rss_bytes": _status("VmHWM"),
+        "rss_before_bytes": base,
+        "threads": args.threads,
+        "bf16_matmul": args.bf16_matmul,
+        "block_by_block": eng.state.chain is not None,
+        "predicted_peak_bytes": _predicted_peak(p, eng, base, lz.steps, args.bf16_matmul),
+    }
 
 
 def _predicted_peak(p, eng, base: int, steps: int, bf16_matmul: str = "native") -> int:
@@ -149,7 +187,9 @@ def _predicted_peak(p, eng, base: int, steps: int, bf16_matmul: str = "native") 
     from flatcli.engine.recompute import predicted_product_bytes
 
     blocks = len(eng.state.chain.blocks) if eng.state.chain is not None else 0
-    with matmul_mode(bf16_matmul):  # the counting pass runs the forward in the problem's compute type
+    with matmul_mode(
+        bf16_matmul
+    ):  # the counting pass runs the forward in the problem's compute type
         product = predicted_product_bytes(p, p.batches[0], 1, p.device, by_blocks=blocks)[0]
     return int(base + product + (steps + 2) * p.num_params * (torch.finfo(p.dtype).bits // 8))
 
@@ -173,9 +213,15 @@ print(json.dumps({{"lambda_max": float(res.eigenvalues[0]), "seconds": secs, "st
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", action="append", choices=list(SIZES), help="model size (repeatable; default 10M)")
-    ap.add_argument("--precision", action="append", help="runtime.precision (repeatable; default fp32)")
-    ap.add_argument("--recompute", action="append", choices=["false", "true"], help="(repeatable; default both)")
+    ap.add_argument(
+        "--size", action="append", choices=list(SIZES), help="model size (repeatable; default 10M)"
+    )
+    ap.add_argument(
+        "--precision", action="append", help="runtime.precision (repeatable; default fp32)"
+    )
+    ap.add_argument(
+        "--recompute", action="append", choices=["false", "true"], help="(repeatable; default both)"
+    )
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--length", type=int, default=128)
@@ -183,33 +229,97 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=40)
     ap.add_argument("--probes", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--bf16-matmul", choices=["native", "fp32"], default="native",
-                    help="fp32: bf16 matrix products by the float32 kernel, rounded to bf16 (matmul_mode)")
-    ap.add_argument("--eigenthings", help="a folder holding the hessian_eigenthings package (an unpacked wheel)")
+    ap.add_argument(
+        "--bf16-matmul",
+        choices=["native", "fp32"],
+        default="native",
+        help="fp32: bf16 matrix products by the float32 kernel, rounded to bf16 (matmul_mode)",
+    )
+    ap.add_argument(
+        "--eigenthings", help="a folder holding the hessian_eigenthings package (an unpacked wheel)"
+    )
     ap.add_argument("--eigenthings-steps", type=int, default=8)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        args.size, args.precision, args.recompute = args.size[0], args.precision[0], args.recompute[0]
+        args.size, args.precision, args.recompute = (
+            args.size[0],
+            args.precision[0],
+            args.recompute[0],
+        )
         print(json.dumps(run_one(args)))
         return
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
-    common = ["--vocab", args.vocab, "--rows", args.rows, "--length", args.length, "--tol", args.tol,
-              "--max-steps", args.max_steps, "--probes", args.probes, "--threads", args.threads,
-              "--bf16-matmul", args.bf16_matmul]
+    common = [
+        "--vocab",
+        args.vocab,
+        "--rows",
+        args.rows,
+        "--length",
+        args.length,
+        "--tol",
+        args.tol,
+        "--max-steps",
+        args.max_steps,
+        "--probes",
+        args.probes,
+        "--threads",
+        args.threads,
+        "--bf16-matmul",
+        args.bf16_matmul,
+    ]
     for size in args.size or ["10M"]:
         for prec in args.precision or ["fp32"]:
             for rec in args.recompute or ["false", "true"]:
-                cmd = [sys.executable, __file__, "--one", "--size", size, "--precision", prec, "--recompute", rec, *common]
-                out = subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True, check=False)
-                line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else json.dumps({"error": out.stderr[-2000:]})
-                print(json.dumps({"size": size, "precision": prec, "recompute": rec, **json.loads(line)}), flush=True)
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    "--size",
+                    size,
+                    "--precision",
+                    prec,
+                    "--recompute",
+                    rec,
+                    *common,
+                ]
+                out = subprocess.run(
+                    [str(c) for c in cmd], env=env, capture_output=True, text=True, check=False
+                )
+                line = (
+                    out.stdout.strip().splitlines()[-1]
+                    if out.stdout.strip()
+                    else json.dumps({"error": out.stderr[-2000:]})
+                )
+                print(
+                    json.dumps(
+                        {"size": size, "precision": prec, "recompute": rec, **json.loads(line)}
+                    ),
+                    flush=True,
+                )
         if args.eigenthings:
-            code = EIGENTHINGS.format(root=str(ROOT), lib=args.eigenthings, threads=args.threads, size=size, vocab=args.vocab, rows=args.rows,
-                                      length=args.length, steps=args.eigenthings_steps)
-            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
-            line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else json.dumps({"error": out.stderr[-2000:]})
-            print(json.dumps({"size": size, "tool": "hessian-eigenthings", **json.loads(line)}), flush=True)
+            code = EIGENTHINGS.format(
+                root=str(ROOT),
+                lib=args.eigenthings,
+                threads=args.threads,
+                size=size,
+                vocab=args.vocab,
+                rows=args.rows,
+                length=args.length,
+                steps=args.eigenthings_steps,
+            )
+            out = subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+            )
+            line = (
+                out.stdout.strip().splitlines()[-1]
+                if out.stdout.strip()
+                else json.dumps({"error": out.stderr[-2000:]})
+            )
+            print(
+                json.dumps({"size": size, "tool": "hessian-eigenthings", **json.loads(line)}),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

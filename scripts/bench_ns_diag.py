@@ -30,7 +30,12 @@ from flatcli.demo.zoo import RECIPE
 from flatcli.loading.data import digits_split
 from flatcli.training import train_to_target
 
-ESTIMATORS = [("exact", {}), ("scaled", {"samples": 64}), ("hutchinson", {"samples": 64}), ("auto", {})]
+ESTIMATORS = [
+    ("exact", {}),
+    ("scaled", {"samples": 64}),
+    ("hutchinson", {"samples": 64}),
+    ("auto", {}),
+]
 
 
 def tiny(act=nn.ReLU, seed=0):
@@ -40,7 +45,9 @@ def tiny(act=nn.ReLU, seed=0):
 
 def tiny_data():
     g = torch.Generator().manual_seed(1)
-    return torch.randn(30, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (30,), generator=g)
+    return torch.randn(30, 5, generator=g, dtype=torch.float64), torch.randint(
+        0, 3, (30,), generator=g
+    )
 
 
 def prune(model, frac):
@@ -72,22 +79,38 @@ def cases(which):
             steps, loss = res.steps, res.train_loss
             m = m.double()
             P = sum(p.numel() for p in m.parameters())
-            yield f"digits MLP w{width} wd{wd:g} ({P} params, {steps} steps, loss {loss:.3g})", m, (xd.double(), yd), 256
+            yield (
+                f"digits MLP w{width} wd{wd:g} ({P} params, {steps} steps, loss {loss:.3g})",
+                m,
+                (xd.double(), yd),
+                256,
+            )
             yield "  same, 50% pruned per layer", prune(m, 0.5), (xd.double(), yd), 256
 
 
 def run(model, data, bs, est, opts):
     t = time.perf_counter()
     row = measure_model(
-        model, data, [{"normalized_sharpness": {"hessian_diag": est, **opts}}], precision="fp64", batch_size=bs, seed=0
+        model,
+        data,
+        [{"normalized_sharpness": {"hessian_diag": est, **opts}}],
+        precision="fp64",
+        batch_size=bs,
+        seed=0,
     )
     r = row.results["normalized_sharpness"]
     return r, time.perf_counter() - t
 
 
 def main():
-    which = sys.argv[sys.argv.index("--cases") + 1].split(",") if "--cases" in sys.argv else ["tiny", "trained"]
-    print("| case | estimator | NS | stderr | ratio to exact | rel. error | error / stderr | HVPs | VJP passes | s |")
+    which = (
+        sys.argv[sys.argv.index("--cases") + 1].split(",")
+        if "--cases" in sys.argv
+        else ["tiny", "trained"]
+    )
+    print(
+        "| case | estimator | NS | stderr | ratio to exact | rel. error | error / stderr | HVPs | VJP passes | s |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, model, data, bs in cases(which):
         exact = None

@@ -42,7 +42,12 @@ def mlp_case():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
     x, y = class_structured_data(256, 0, shape=(1, 28, 28))
-    return "MLP 784-128-10, 256 samples", model, (x, y), {"loss": "cross_entropy", "batch_size": 256}
+    return (
+        "MLP 784-128-10, 256 samples",
+        model,
+        (x, y),
+        {"loss": "cross_entropy", "batch_size": 256},
+    )
 
 
 def resnet_case():
@@ -50,7 +55,12 @@ def resnet_case():
     torch.manual_seed(0)
     model = resnet18(width=8, num_classes=10)
     x, y = class_structured_data(16, 0)
-    return "ResNet-18 width 8, 16 samples", model, (x, y), {"loss": "cross_entropy", "batch_size": 16}
+    return (
+        "ResNet-18 width 8, 16 samples",
+        model,
+        (x, y),
+        {"loss": "cross_entropy", "batch_size": 16},
+    )
 
 
 def gpt2_case():
@@ -58,14 +68,27 @@ def gpt2_case():
     import transformers as tf
 
     torch.manual_seed(0)
-    cfg = tf.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64, use_cache=False,
-                        bos_token_id=0, eos_token_id=0)
+    cfg = tf.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=100,
+        n_positions=64,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     cfg._attn_implementation = "eager"
     model = tf.GPT2LMHeadModel(cfg).eval()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 100, (16, 32), generator=g)
     data = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    return "GPT-2 2×32, vocab 100, 16×32 tokens", model, data, {"loss": "causal_lm", "batch_size": 16}
+    return (
+        "GPT-2 2×32, vocab 100, 16×32 tokens",
+        model,
+        data,
+        {"loss": "causal_lm", "batch_size": 16},
+    )
 
 
 def run_case(case, device: str) -> list[dict]:
@@ -96,31 +119,50 @@ def run_case(case, device: str) -> list[dict]:
         ran = res.diagnostics["n_hvp"]
         span = pred.hvps[1] - pred.hvps[0]  # the prediction at the products ran, between its ends
         at_count = lo + (hi - lo) * ((ran - pred.hvps[0]) / span if span else 0.0)
-        out.append({"model": name, "P": dims.P, "measure": spec.name, "hvps": f"{pred.hvps[0]}–{pred.hvps[1]}",
-                    "ran": int(res.diagnostics["n_hvp"]), "predicted": f"{lo:.2f}–{hi:.2f}",
-                    "measured": res.seconds, "ratio": res.seconds / at_count if at_count else float("nan"),
-                    "inside": lo / 2 <= res.seconds <= 2 * hi, "timing": timing})
+        out.append(
+            {
+                "model": name,
+                "P": dims.P,
+                "measure": spec.name,
+                "hvps": f"{pred.hvps[0]}–{pred.hvps[1]}",
+                "ran": int(res.diagnostics["n_hvp"]),
+                "predicted": f"{lo:.2f}–{hi:.2f}",
+                "measured": res.seconds,
+                "ratio": res.seconds / at_count if at_count else float("nan"),
+                "inside": lo / 2 <= res.seconds <= 2 * hi,
+                "timing": timing,
+            }
+        )
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--models", default="mlp,resnet,gpt2", help="comma-separated: mlp, resnet, gpt2")
+    ap.add_argument(
+        "--models", default="mlp,resnet,gpt2", help="comma-separated: mlp, resnet, gpt2"
+    )
     args = ap.parse_args()
     cases = {"mlp": mlp_case, "resnet": resnet_case, "gpt2": gpt2_case}
     dev = torch.device(args.device)
     print(f"device: {device_name(dev)}; torch {torch.__version__}")
-    print("| model | P | measure | HVPs predicted | HVPs ran | seconds predicted | seconds measured "
-          "| measured / predicted at the HVPs ran | within ×2 of the range |")
+    print(
+        "| model | P | measure | HVPs predicted | HVPs ran | seconds predicted | seconds measured "
+        "| measured / predicted at the HVPs ran | within ×2 of the range |"
+    )
     print("|---|---:|---|---:|---:|---:|---:|---:|---|")
     t0 = time.perf_counter()
     for key in args.models.split(","):
         rows = run_case(cases[key](), args.device)
         for r in rows:
-            print(f"| {r['model']} | {r['P']:,} | {r['measure']} | {r['hvps']} | {r['ran']} | {r['predicted']} "
-                  f"| {r['measured']:.2f} | {r['ratio']:.2f} | {'yes' if r['inside'] else 'no'} |", flush=True)
-        print(f"<!-- {rows[0]['model']}: products timed in {rows[0]['timing']:.1f} s -->", flush=True)
+            print(
+                f"| {r['model']} | {r['P']:,} | {r['measure']} | {r['hvps']} | {r['ran']} | {r['predicted']} "
+                f"| {r['measured']:.2f} | {r['ratio']:.2f} | {'yes' if r['inside'] else 'no'} |",
+                flush=True,
+            )
+        print(
+            f"<!-- {rows[0]['model']}: products timed in {rows[0]['timing']:.1f} s -->", flush=True
+        )
     print(f"total {time.perf_counter() - t0:.0f} s")
 
 

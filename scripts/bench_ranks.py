@@ -33,28 +33,35 @@ MEASURES = [
     {"sharpness_worst": {"rho": 0.05, "batch_size": 256}},
 ]
 
-MODEL = '''
+MODEL = """
 from torch import nn
 
 
 class MLP(nn.Sequential):
     def __init__(self, width=256):
         super().__init__(nn.Linear(784, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
-'''
+"""
 
 
 def _prepare(folder: Path, n: int, width: int, batch: int) -> Path:
     (folder / "models.py").write_text(MODEL)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(784, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+    model = nn.Sequential(
+        nn.Linear(784, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+    )
     torch.save(model.state_dict(), folder / "ck.pt")
     g = torch.Generator().manual_seed(1)
     x = torch.randn(n, 784, generator=g)
     y = (x[:, :10] + 0.5 * torch.randn(n, 10, generator=g)).argmax(1)
     torch.save({"x": x, "y": y}, folder / "data.pt")
-    cfg = {"model": {"target": "models.py:MLP", "kwargs": {"width": width}}, "checkpoints": ["ck.pt"],
-           "data": {"train": {"source": "tensors", "path": "data.pt"}}, "measure_data": {"batch_size": batch},
-           "measures": MEASURES, "runtime": {"device": "cpu", "precision": "fp32"}}
+    cfg = {
+        "model": {"target": "models.py:MLP", "kwargs": {"width": width}},
+        "checkpoints": ["ck.pt"],
+        "data": {"train": {"source": "tensors", "path": "data.pt"}},
+        "measure_data": {"batch_size": batch},
+        "measures": MEASURES,
+        "runtime": {"device": "cpu", "precision": "fp32"},
+    }
     (folder / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     return folder / "cfg.yaml"
 
@@ -80,15 +87,34 @@ def main() -> None:
         folder = Path(tmp)
         cfg = str(_prepare(folder, args.n, args.width, args.batch_size))
         one = _run([sys.executable, "-m", "flatcli", "measure", "-c", cfg], folder, "one")
-        two = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                    "-m", "flatcli", "measure", "-c", cfg], folder, "two")
-    print(f"MLP 784-{args.width}-{args.width}-10, n = {args.n}, batch {args.batch_size}, fp32, CPU, "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')} per rank, torch {torch.__version__}")
+        two = _run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                "-m",
+                "flatcli",
+                "measure",
+                "-c",
+                cfg,
+            ],
+            folder,
+            "two",
+        )
+    print(
+        f"MLP 784-{args.width}-{args.width}-10, n = {args.n}, batch {args.batch_size}, fp32, CPU, "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')} per rank, torch {torch.__version__}"
+    )
     print(f"{'measure':<22}{'1 rank s':>10}{'2 ranks s':>11}{'ratio':>8}{'rel. diff':>11}")
     for name, a in one[1].items():
         b = two[1][name]
         rel = abs(a["value"] - b["value"]) / abs(a["value"])
-        print(f"{name:<22}{a['seconds']:>10.2f}{b['seconds']:>11.2f}{b['seconds'] / a['seconds']:>8.2f}{rel:>11.1e}")
+        print(
+            f"{name:<22}{a['seconds']:>10.2f}{b['seconds']:>11.2f}{b['seconds'] / a['seconds']:>8.2f}{rel:>11.1e}"
+        )
     print(f"{'whole process':<22}{one[0]:>10.2f}{two[0]:>11.2f}{two[0] / one[0]:>8.2f}")
 
 

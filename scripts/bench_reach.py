@@ -38,7 +38,9 @@ VECTOR_BYTES = 4  # θ and every P-vector stay float32 under bf16
 FULL_BASIS = 40  # steps of a whole basis without restarts (random GPT-2s need 25-40 to 1e-3)
 
 
-def counted(d: int, heads: int, layers: int, precision: str, rows: int, length: int) -> tuple[int, int, int]:
+def counted(
+    d: int, heads: int, layers: int, precision: str, rows: int, length: int
+) -> tuple[int, int, int]:
     """(P, S + 5Pb + W, 2S/L + 3Pb + W) of a ``layers``-block model: the two product rules."""
     import torch
     import transformers
@@ -48,11 +50,24 @@ def counted(d: int, heads: int, layers: int, precision: str, rows: int, length: 
     from scripts.bench_large import matmul_mode
 
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=8192, n_positions=length, n_embd=d, n_layer=layers, n_head=heads,
-                                  bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    cfg = transformers.GPT2Config(
+        vocab_size=8192,
+        n_positions=length,
+        n_embd=d,
+        n_layer=layers,
+        n_head=heads,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
+    )
     model = transformers.GPT2LMHeadModel(cfg).eval()
     ids = torch.randint(0, 8192, (rows, length), generator=torch.Generator().manual_seed(1))
-    p = Problem(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, loss="causal_lm", batch_size=rows)
+    p = Problem(
+        model,
+        {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+        loss="causal_lm",
+        batch_size=rows,
+    )
     CurvatureEngine(p, precision=precision)  # sets the forward's dtype
     with matmul_mode("fp32" if precision == "bf16" else "native"):
         rev = predicted_product_bytes(p, p.batches[0], 1, p.device)[0]
@@ -77,7 +92,9 @@ def main() -> None:
     limit = args.memory_gb * 1e9
     for d, heads in WIDTHS.items():
         for precision in ("fp32", "bf16"):
-            (P1, r1, c1), (P2, r2, c2) = (counted(d, heads, n, precision, args.rows, args.length) for n in (1, 2))
+            (P1, r1, c1), (P2, r2, c2) = (
+                counted(d, heads, n, precision, args.rows, args.length) for n in (1, 2)
+            )
             dP, b = P2 - P1, VECTOR_BYTES
             # rules: rev = S + 5Pb + W, chain = 2S/L + 3Pb + W; at L = 1, chain − rev = S − 2Pb
             S1 = c1 - r1 + 2 * P1 * b
@@ -88,22 +105,44 @@ def main() -> None:
             def peak(L, scheme, basis, P1=P1, dP=dP, S1=S1, dS=dS, W=W, b=b):
                 P = P1 + (L - 1) * dP
                 S = S1 + (L - 1) * dS
-                product = S + 5 * P * b + W if scheme == "double backward" else 2 * S / L + 3 * P * b + W
-                rows = certified_min_steps(P) if basis == "certified" else FULL_BASIS if basis == "full" else 3
-                return P, args.base_mb * 1e6 + args.base_bytes_per_param * P + product + rows * P * b
+                product = (
+                    S + 5 * P * b + W if scheme == "double backward" else 2 * S / L + 3 * P * b + W
+                )
+                rows = (
+                    certified_min_steps(P)
+                    if basis == "certified"
+                    else FULL_BASIS
+                    if basis == "full"
+                    else 3
+                )
+                return (
+                    P,
+                    args.base_mb * 1e6 + args.base_bytes_per_param * P + product + rows * P * b,
+                )
 
             for scheme in ("double backward", "block by block"):
-                row = {"n_embd": d, "precision": precision, "scheme": scheme,
-                       "S_per_block_mb": round(dS / 1e6, 1), "S_two_blocks_mb": round(S2 / 1e6, 1)}
+                row = {
+                    "n_embd": d,
+                    "precision": precision,
+                    "scheme": scheme,
+                    "S_per_block_mb": round(dS / 1e6, 1),
+                    "S_two_blocks_mb": round(S2 / 1e6, 1),
+                }
                 for basis in ("full", "certified", "uncertified"):
                     L = 0
                     while peak(L + 1, scheme, basis)[1] <= limit and L < 400:
                         L += 1
                     P, need = peak(max(L, 1), scheme, basis)
-                    row[basis] = {"largest_layers": L, "params": int(P) if L else 0,
-                                  "peak_gb": round(need / 1e9, 2) if L else None,
-                                  "family_peak_gb": round(peak(FAMILY[d], scheme, basis)[1] / 1e9, 2)}
-                row["family_depth"], row["family_params"] = FAMILY[d], int(P1 + (FAMILY[d] - 1) * dP)
+                    row[basis] = {
+                        "largest_layers": L,
+                        "params": int(P) if L else 0,
+                        "peak_gb": round(need / 1e9, 2) if L else None,
+                        "family_peak_gb": round(peak(FAMILY[d], scheme, basis)[1] / 1e9, 2),
+                    }
+                row["family_depth"], row["family_params"] = (
+                    FAMILY[d],
+                    int(P1 + (FAMILY[d] - 1) * dP),
+                )
                 print(json.dumps(row), flush=True)
 
 

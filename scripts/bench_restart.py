@@ -31,8 +31,12 @@ def clustered(n: int = 3000):
     from flatcli.engine import linalg
 
     g = torch.Generator().manual_seed(0)
-    ev = torch.cat([torch.tensor([10.0, 9.9, 9.8, -5.0, -4.95], dtype=torch.float64),
-                    torch.rand(n - 5, generator=g, dtype=torch.float64) * 9.5 - 3])
+    ev = torch.cat(
+        [
+            torch.tensor([10.0, 9.9, 9.8, -5.0, -4.95], dtype=torch.float64),
+            torch.rand(n - 5, generator=g, dtype=torch.float64) * 9.5 - 3,
+        ]
+    )
     Q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
     A = (Q * ev) @ Q.T
     return linalg.as_operator(lambda V: V @ A, n, dtype=torch.float64)
@@ -83,13 +87,31 @@ def main() -> None:
         for cap in args.cap or ["none", "32", "16"]:
             mb = None if cap == "none" else int(cap)
             t0 = time.perf_counter()
-            r = linalg.lanczos(op, k=args.k, generator=torch.Generator().manual_seed(3),
-                               stop=linalg.KrylovStop(tol=args.tol, max_steps=args.max_steps, max_basis=mb))
+            r = linalg.lanczos(
+                op,
+                k=args.k,
+                generator=torch.Generator().manual_seed(3),
+                stop=linalg.KrylovStop(tol=args.tol, max_steps=args.max_steps, max_basis=mb),
+            )
             lam = float(r.eigenvalues[0])
-            print(json.dumps({"model": name, "P": P, "k": args.k, "cap": cap, "lambda_max": lam,
-                              "rel_residual": float(r.residuals[0] / abs(lam)), "converged": bool(r.converged),
-                              "products": r.steps, "restarts": r.restarts, "basis_vectors": r.basis_vectors,
-                              "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "model": name,
+                        "P": P,
+                        "k": args.k,
+                        "cap": cap,
+                        "lambda_max": lam,
+                        "rel_residual": float(r.residuals[0] / abs(lam)),
+                        "converged": bool(r.converged),
+                        "products": r.steps,
+                        "restarts": r.restarts,
+                        "basis_vectors": r.basis_vectors,
+                        "seconds": round(time.perf_counter() - t0, 2),
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,16 @@ import torch
 
 def build(tf, n_layer, n_embd, vocab, seed):
     torch.manual_seed(seed)
-    cfg = tf.GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=max(1, n_embd // 16), vocab_size=vocab,
-                        n_positions=64, use_cache=False, bos_token_id=0, eos_token_id=0)
+    cfg = tf.GPT2Config(
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=max(1, n_embd // 16),
+        vocab_size=vocab,
+        n_positions=64,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     cfg._attn_implementation = "eager"
     return tf.GPT2LMHeadModel(cfg).eval()
 
@@ -38,7 +46,7 @@ def batches(vocab, n_batches, rows, tokens, seed, padded=False):
         ids = torch.randint(0, vocab, (rows, tokens), generator=g)
         mask = torch.ones_like(ids)
         if padded:  # batch i keeps tokens − 4i positions of each row
-            mask[:, tokens - 4 * i:] = 0
+            mask[:, tokens - 4 * i :] = 0
         labels = ids.masked_fill(mask == 0, -100)
         out.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
     return out
@@ -55,8 +63,14 @@ def flatcli_measure(model, data, spec):
     from flatcli.engine import Batch
 
     batch = Batch.cat([Batch({k: v for k, v in b.items() if k != "labels"}) for b in data])
-    row = measure_model(model, batch, [spec], loss="causal_lm", batch_size=data[0]["input_ids"].shape[0],
-                        precision="fp32")
+    row = measure_model(
+        model,
+        batch,
+        [spec],
+        loss="causal_lm",
+        batch_size=data[0]["input_ids"].shape[0],
+        precision="fp32",
+    )
     (r,) = row.results.values()
     if row.status != "ok":
         raise RuntimeError(row.error)
@@ -92,10 +106,14 @@ def lambda_rows(model, data, ref):
         rows.append((f"flatcli Lanczos, tol {tol:g}", r.value, r.diagnostics["n_hvp"], r.seconds))
     for steps in (10, 20, 40):
         op = eig_op(model, data)
-        res, s = timed(lambda op=op, steps=steps: he.lanczos(op, k=1, max_iter=steps, which="LA", seed=0))
+        res, s = timed(
+            lambda op=op, steps=steps: he.lanczos(op, k=1, max_iter=steps, which="LA", seed=0)
+        )
         rows.append((f"eigenthings lanczos, max_iter {steps}", float(res.eigenvalues[0]), op.n, s))
     op = eig_op(model, data)
-    res, s = timed(lambda: he.power_iteration_one(op, seed=0))  # (λ, v, residual, iterations, converged)
+    res, s = timed(
+        lambda: he.power_iteration_one(op, seed=0)
+    )  # (λ, v, residual, iterations, converged)
     rows.append(("eigenthings power_iteration_one (defaults: tol 1e-4)", float(res[0]), op.n, s))
     print(f"\nλmax (reference: flatcli Lanczos at tol 1e-7 = {ref:.6g})")
     print("| method | λmax | rel. diff | HVPs | seconds |\n|---|---|---|---|---|")
@@ -108,19 +126,38 @@ def trace_rows(model, data, budget, exact=None):
 
     rows = []
     for method in ("hutchinson", "hutchpp"):
-        r = flatcli_measure(model, data, {"hessian_trace": {"method": method, "min_probes": budget,
-                                                            "max_probes": budget}})
-        rows.append((f"flatcli {method}, {budget} probes", r.value, r.stderr, r.diagnostics["n_hvp"], r.seconds))
+        r = flatcli_measure(
+            model,
+            data,
+            {"hessian_trace": {"method": method, "min_probes": budget, "max_probes": budget}},
+        )
+        rows.append(
+            (
+                f"flatcli {method}, {budget} probes",
+                r.value,
+                r.stderr,
+                r.diagnostics["n_hvp"],
+                r.seconds,
+            )
+        )
     for method in ("hutchinson", "hutch++"):
         op = eig_op(model, data)
         res, s = timed(lambda op=op, m=method: he.trace(op, num_matvecs=budget, method=m, seed=0))
         rows.append((f"eigenthings {method}, {budget} matvecs", res.estimate, res.stderr, op.n, s))
     head = f"exact trace {exact:.6g}" if exact is not None else "no exact reference"
     print(f"\ntrace ({head})")
-    print("| method | trace | stderr | " + ("error / stderr | " if exact is not None else "") + "HVPs | seconds |")
+    print(
+        "| method | trace | stderr | "
+        + ("error / stderr | " if exact is not None else "")
+        + "HVPs | seconds |"
+    )
     print("|---|---|---|" + ("---|" if exact is not None else "") + "---|---|")
     for name, v, se, n, s in rows:
-        z = f" {abs(v - exact) / se:.2f} |" if exact is not None and se else (" – |" if exact is not None else "")
+        z = (
+            f" {abs(v - exact) / se:.2f} |"
+            if exact is not None and se
+            else (" – |" if exact is not None else "")
+        )
         print(f"| {name} | {v:.6g} | {se:.3g} |{z} {n} | {s:.2f} |")
 
 
@@ -128,11 +165,19 @@ def section(tf, title, n_layer, n_embd, vocab, args, exact_trace=False):
     model = build(tf, n_layer, n_embd, vocab, args.seed)
     P = sum(q.numel() for q in model.parameters())
     data = batches(vocab, args.batches, args.rows, args.tokens, args.seed)
-    print(f"\n## {title}: GPT-2 n_layer {n_layer}, n_embd {n_embd}, vocab {vocab}, P = {P:,} (tied lm_head); "
-          f"{args.batches} batches × {args.rows} rows × {args.tokens} tokens")
-    ref = flatcli_measure(model, data, {"hessian_lambda_max": {"tol": 1e-7, "max_steps": 300}}).value
+    print(
+        f"\n## {title}: GPT-2 n_layer {n_layer}, n_embd {n_embd}, vocab {vocab}, P = {P:,} (tied lm_head); "
+        f"{args.batches} batches × {args.rows} rows × {args.tokens} tokens"
+    )
+    ref = flatcli_measure(
+        model, data, {"hessian_lambda_max": {"tol": 1e-7, "max_steps": 300}}
+    ).value
     lambda_rows(model, data, ref)
-    exact = flatcli_measure(model, data, {"hessian_trace": {"method": "exact"}}).value if exact_trace else None
+    exact = (
+        flatcli_measure(model, data, {"hessian_trace": {"method": "exact"}}).value
+        if exact_trace
+        else None
+    )
     trace_rows(model, data, args.budget, exact)
     return model
 
@@ -144,9 +189,11 @@ def padded_section(model, vocab, args):
     fl = flatcli_measure(model, data, {"hessian_lambda_max": {"tol": 1e-7, "max_steps": 300}}).value
     op = eig_op(model, data)
     res = he.lanczos(op, k=1, max_iter=60, which="LA", seed=0)
-    print(f"\npadded batches of unequal token counts: flatcli λmax {fl:.6g} (token-weighted mean), "
-          f"eigenthings {float(res.eigenvalues[0]):.6g} (mean of batch means): relative difference "
-          f"{abs(fl - float(res.eigenvalues[0])) / abs(fl):.1e}")
+    print(
+        f"\npadded batches of unequal token counts: flatcli λmax {fl:.6g} (token-weighted mean), "
+        f"eigenthings {float(res.eigenvalues[0]):.6g} (mean of batch means): relative difference "
+        f"{abs(fl - float(res.eigenvalues[0])) / abs(fl):.1e}"
+    )
 
 
 def main() -> None:
@@ -157,18 +204,26 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=4)
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--budget", type=int, default=48, help="products per trace estimate (a multiple of 3)")
+    ap.add_argument(
+        "--budget", type=int, default=48, help="products per trace estimate (a multiple of 3)"
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tiny", action="store_true", help="also a 1.3k-parameter GPT-2 with the exact trace")
-    ap.add_argument("--padded", action="store_true", help="also λmax on padded batches of unequal token counts")
+    ap.add_argument(
+        "--tiny", action="store_true", help="also a 1.3k-parameter GPT-2 with the exact trace"
+    )
+    ap.add_argument(
+        "--padded", action="store_true", help="also λmax on padded batches of unequal token counts"
+    )
     args = ap.parse_args()
     import hessian_eigenthings as he
 
     from flatcli.loading.hf import transformers_module
 
     tf = transformers_module()
-    print(f"# flatcli vs hessian-eigenthings {he.__version__}: torch {torch.__version__}, transformers "
-          f"{tf.__version__}, {platform.processor() or 'CPU'}, {torch.get_num_threads()} thread(s)")
+    print(
+        f"# flatcli vs hessian-eigenthings {he.__version__}: torch {torch.__version__}, transformers "
+        f"{tf.__version__}, {platform.processor() or 'CPU'}, {torch.get_num_threads()} thread(s)"
+    )
     if args.tiny:
         section(tf, "tiny", 1, 8, 39, args, exact_trace=True)
     model = section(tf, "small", args.n_layer, args.n_embd, args.vocab, args)

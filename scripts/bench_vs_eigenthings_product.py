@@ -31,7 +31,9 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--eigenthings", required=True, help="a folder holding the hessian_eigenthings package")
+    ap.add_argument(
+        "--eigenthings", required=True, help="a folder holding the hessian_eigenthings package"
+    )
     args = ap.parse_args()
     sys.path.insert(0, args.eigenthings)
     import torch
@@ -42,8 +44,13 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     model, batch = build(args.size, args.vocab, args.rows, args.length)
-    eng = CurvatureEngine(Problem(model, dict(batch), loss="causal_lm", batch_size=args.rows), cache_graphs=False)
-    labelled = {**batch, "labels": batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)}
+    eng = CurvatureEngine(
+        Problem(model, dict(batch), loss="causal_lm", batch_size=args.rows), cache_graphs=False
+    )
+    labelled = {
+        **batch,
+        "labels": batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100),
+    }
     op = HessianOperator(model, [labelled], hf_lm_loss())
     v = torch.randn(eng.num_params, generator=torch.Generator().manual_seed(3))
     tools = {"flatcli": lambda: eng.hvp(v[None])[0], "eigenthings": lambda: op.matvec(v)}
@@ -55,8 +62,11 @@ def main() -> None:
             out[name] = tools[name]()
             secs[name] = time.perf_counter() - t0
         diff = float((out["flatcli"] - out["eigenthings"]).norm() / out["eigenthings"].norm())
-        print(f"round {r} ({order[0]} first): flatcli {secs['flatcli']:.2f} s, eigenthings {secs['eigenthings']:.2f} s, "
-              f"ratio {secs['flatcli'] / secs['eigenthings']:.2f}, rel. difference {diff:.1e}", flush=True)
+        print(
+            f"round {r} ({order[0]} first): flatcli {secs['flatcli']:.2f} s, eigenthings {secs['eigenthings']:.2f} s, "
+            f"ratio {secs['flatcli'] / secs['eigenthings']:.2f}, rel. difference {diff:.1e}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,16 @@ def main() -> None:
     n_embd, n_layer, n_head = (int(a) for a in sys.argv[2:5])
     tf = transformers()
     torch.manual_seed(0)
-    cfg = tf.GPT2Config(vocab_size=vocab_size(), n_positions=16, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
-                        bos_token_id=3, eos_token_id=3, pad_token_id=0)
+    cfg = tf.GPT2Config(
+        vocab_size=vocab_size(),
+        n_positions=16,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        bos_token_id=3,
+        eos_token_id=3,
+        pad_token_id=0,
+    )
     tf.GPT2LMHeadModel(cfg).save_pretrained(out / "gpt2")
     save_tokenizer(out / "tok")
     write_jsonl(out / "train.jsonl", text_rows())

@@ -31,7 +31,9 @@ def table() -> str:
         if m.needs_init:
             flags.append("needs init_checkpoint")
         desc = m.description.replace("|", "\\|") + (f" *({', '.join(flags)})*" if flags else "")
-        lines.append(f"| `{m.name}` | {desc} | {m.reference.replace('|', '/')} | {m.cost.replace('|', '/')} | {opts} |")
+        lines.append(
+            f"| `{m.name}` | {desc} | {m.reference.replace('|', '/')} | {m.cost.replace('|', '/')} | {opts} |"
+        )
     return "\n".join(lines)
 
 

@@ -34,27 +34,42 @@ def one(variant: str, rows: int, tokens: int, threads: int, seed: int) -> dict:
     torch.set_num_threads(threads)
     tf = transformers_module()
     torch.manual_seed(seed)
-    cfg = tf.GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024, use_cache=False)
+    cfg = tf.GPT2Config(
+        n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024, use_cache=False
+    )
     cfg._attn_implementation = "eager"
     model = tf.GPT2LMHeadModel(cfg).eval()
-    ids = torch.randint(0, cfg.vocab_size, (rows, tokens), generator=torch.Generator().manual_seed(seed))
+    ids = torch.randint(
+        0, cfg.vocab_size, (rows, tokens), generator=torch.Generator().manual_seed(seed)
+    )
     batch = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with eval_mode(model):
-        prob = Problem(model, batch, loss="causal_lm", batch_size=rows, fused_head=variant == "fused")
+        prob = Problem(
+            model, batch, loss="causal_lm", batch_size=rows, fused_head=variant == "fused"
+        )
         eng = CurvatureEngine(prob)
         v = torch.randn(prob.num_params, generator=torch.Generator().manual_seed(seed + 1))
         t0 = time.perf_counter()
         eng.hvp(v)  # first product: forward, gradient graph, one pull-back
         first = time.perf_counter() - t0
         t0 = time.perf_counter()
-        hv = eng.hvp(v)  # a product through the cached graph (what every Lanczos step after the first costs)
+        hv = eng.hvp(
+            v
+        )  # a product through the cached graph (what every Lanczos step after the first costs)
         again = time.perf_counter() - t0
     return {
-        "variant": variant, "parameters": prob.num_params, "rows": rows, "tokens": tokens, "threads": threads,
-        "first_hvp_s": round(first, 2), "cached_hvp_s": round(again, 2),
+        "variant": variant,
+        "parameters": prob.num_params,
+        "rows": rows,
+        "tokens": tokens,
+        "threads": threads,
+        "first_hvp_s": round(first, 2),
+        "cached_hvp_s": round(again, 2),
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-        "model_rss_gib": round(rss0 / 2**20, 2), "vhv": float(v @ hv), "torch": torch.__version__,
+        "model_rss_gib": round(rss0 / 2**20, 2),
+        "vhv": float(v @ hv),
+        "torch": torch.__version__,
     }
 
 
@@ -70,8 +85,20 @@ def main() -> None:
         print(json.dumps(one(a.variant, a.rows, a.tokens, a.threads, a.seed)))
         return
     for variant in ("fused", "double_backward"):
-        cmd = [sys.executable, __file__, "--variant", variant, "--rows", str(a.rows), "--tokens", str(a.tokens),
-               "--threads", str(a.threads), "--seed", str(a.seed)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--variant",
+            variant,
+            "--rows",
+            str(a.rows),
+            "--tokens",
+            str(a.tokens),
+            "--threads",
+            str(a.threads),
+            "--seed",
+            str(a.seed),
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         print(out.stdout.strip() or out.stderr.strip().splitlines()[-1])
 

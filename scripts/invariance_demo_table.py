@@ -18,7 +18,9 @@ MEASURES = "hessian_lambda_max,hessian_trace,frobenius_norm,normalized_sharpness
 def main(demo: str) -> None:
     """Print the table for every checkpoint of the demo folder ``demo``."""
     cfg = Path(demo) / "config.yaml"
-    print("| checkpoint | NS → rel. change | RF (normalized) → rel. change | trace factor | λmax factor | held |")
+    print(
+        "| checkpoint | NS → rel. change | RF (normalized) → rel. change | trace factor | λmax factor | held |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
     for ck in sorted((Path(demo) / "checkpoints").glob("*.pt"), reverse=True):
         if ck.stem.endswith(".init"):  # the initializations kept for distance_from_init
@@ -31,8 +33,10 @@ def main(demo: str) -> None:
             return f"{abs(x.rescaled / x.original):.3g}"
 
         held = all(x.held for x in rep.results if x.claims_invariance)
-        print(f"| {ck.stem} | {ns.original:.4g} → {ns.rel_change:.2g} | {rf.original:.4g} → {rf.rel_change:.2g} | "
-              f"{factor(r['hessian_trace'])} | {factor(r['hessian_lambda_max'])} | {'yes' if held else 'no'} |")
+        print(
+            f"| {ck.stem} | {ns.original:.4g} → {ns.rel_change:.2g} | {rf.original:.4g} → {rf.rel_change:.2g} | "
+            f"{factor(r['hessian_trace'])} | {factor(r['hessian_lambda_max'])} | {'yes' if held else 'no'} |"
+        )
 
 
 if __name__ == "__main__":

@@ -21,8 +21,16 @@ DT = torch.float64
 def model():
     """tests/test_padding_idx.py's tiny BERT: one layer, hidden 8, vocabulary 20, random weights."""
     torch.manual_seed(0)
-    cfg = tf.BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=16, max_position_embeddings=16, num_labels=2, attn_implementation="eager")
+    cfg = tf.BertConfig(
+        vocab_size=20,
+        hidden_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=16,
+        num_labels=2,
+        attn_implementation="eager",
+    )
     return tf.BertForSequenceClassification(cfg).to(DT).eval()
 
 
@@ -40,8 +48,11 @@ def inputs():
     padded[pmask == 0] = 0
     attended = padded.clone()
     attended[1, 3] = 0
-    return [("random ids, pad token attended", ids, mask), ("tokenizer padding", padded, pmask),
-            ("tokenizer padding + one attended pad token", attended, pmask)]
+    return [
+        ("random ids, pad token attended", ids, mask),
+        ("tokenizer padding", padded, pmask),
+        ("tokenizer padding + one attended pad token", attended, pmask),
+    ]
 
 
 def main() -> None:
@@ -49,8 +60,13 @@ def main() -> None:
     m = model()
     print(f"flatcli from {flatcli.__file__}, torch {torch.__version__}")
     for name, ids, mask in inputs():
-        p = Problem(m, {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 1, 0])},
-                    loss="cross_entropy", batch_size=2, dtype=DT)
+        p = Problem(
+            m,
+            {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 1, 0])},
+            loss="cross_entropy",
+            batch_size=2,
+            dtype=DT,
+        )
         V = torch.randn(2, p.num_params, generator=torch.Generator().manual_seed(2), dtype=DT)
         r = CurvatureEngine(p, hvp_mode="reverse").hvp(V)
         f = CurvatureEngine(p, hvp_mode="forward").hvp(V)

@@ -44,7 +44,11 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-steps", type=int, default=30000)
     ap.add_argument("--width", type=int, default=None, help="the MLP's width (default the spec's)")
-    ap.add_argument("--runs", default="", help="e.g. none:0,l2:3e-4,dropout:0.2 (default: every level of LEVELS)")
+    ap.add_argument(
+        "--runs",
+        default="",
+        help="e.g. none:0,l2:3e-4,dropout:0.2 (default: every level of LEVELS)",
+    )
     args = ap.parse_args()
     spec = load_spec("ns_regularization")
     study = next(s for s in spec.studies if s.name == args.study)
@@ -54,8 +58,10 @@ def main() -> None:
     from flatcli.loading.models import build_model
 
     crit = Plateau()
-    print(f"# {args.study} (width {args.width or 'as in the spec'}): adamw lr {args.lr}, batch {args.batch_size}, "
-          f"seed {args.seed}; {crit.describe()}")
+    print(
+        f"# {args.study} (width {args.width or 'as in the spec'}): adamw lr {args.lr}, batch {args.batch_size}, "
+        f"seed {args.seed}; {crit.describe()}"
+    )
     print("regularizer,strength,steps,train_ce,train_acc,test_acc,gap,met,seconds")
     runs = [("none", 0.0)] + [(k, v) for k, vals in LEVELS.items() for v in vals]
     if args.runs:
@@ -68,13 +74,22 @@ def main() -> None:
         if reg == "dropout":
             kwargs["dropout"] = val
         model = build_model(flat["model"]["target"], kwargs, spec.path.parent)
-        recipe = Recipe(optimizer="adamw", lr=args.lr, batch_size=args.batch_size, max_steps=args.max_steps,
-                        l2=val if reg == "l2" else 0.0, weight_decay=val if reg == "weight_decay" else 0.0)
+        recipe = Recipe(
+            optimizer="adamw",
+            lr=args.lr,
+            batch_size=args.batch_size,
+            max_steps=args.max_steps,
+            l2=val if reg == "l2" else 0.0,
+            weight_decay=val if reg == "weight_decay" else 0.0,
+        )
         t0 = time.perf_counter()
         r = train_to_target(model, x, y, recipe, seed=args.seed, criterion=crit)
         te = evaluate(model, xt, yt)
-        print(f"{reg},{val:g},{r.steps},{r.train_loss:.4f},{r.train_acc:.4f},{te.accuracy:.4f},"
-              f"{r.train_acc - te.accuracy:.4f},{int(r.reached_target)},{time.perf_counter() - t0:.1f}", flush=True)
+        print(
+            f"{reg},{val:g},{r.steps},{r.train_loss:.4f},{r.train_acc:.4f},{te.accuracy:.4f},"
+            f"{r.train_acc - te.accuracy:.4f},{int(r.reached_target)},{time.perf_counter() - t0:.1f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -104,11 +104,16 @@ def main() -> int:
     import weightwatcher as ww
 
     if ww.__version__ != VERSION:
-        print(f"weightwatcher {ww.__version__} installed; the reference is for {VERSION}", file=sys.stderr)
+        print(
+            f"weightwatcher {ww.__version__} installed; the reference is for {VERSION}",
+            file=sys.stderr,
+        )
         return 1
     vals = weightwatcher_values(reference_model())
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"weightwatcher": VERSION, "layers": vals}, indent=1, sort_keys=True) + "\n")
+    OUT.write_text(
+        json.dumps({"weightwatcher": VERSION, "layers": vals}, indent=1, sort_keys=True) + "\n"
+    )
     summary = ", ".join(f"{k} α={v['alpha']:.5g}" for k, v in vals.items())
     print(f"wrote {OUT}: {summary}")
     return 0

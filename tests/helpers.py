@@ -43,15 +43,32 @@ def write_project(tmp: Path, *, width=8, n_ckpt=2, measures=None, extra=None) ->
         torch.manual_seed(i)
         torch.save(MLP(16, width, 1, 4).state_dict(), tmp / f"m{i}.pt")
     cfg = {
-        "model": {"target": "flatcli.demo.models:MLP", "kwargs": {"in_features": 16, "width": width, "depth": 1, "num_classes": 4}},
+        "model": {
+            "target": "flatcli.demo.models:MLP",
+            "kwargs": {"in_features": 16, "width": width, "depth": 1, "num_classes": 4},
+        },
         "checkpoints": [f"m{i}.pt" for i in range(n_ckpt)],
         "data": {
-            "train": {"source": "synthetic", "num_samples": 40, "input_shape": [16], "num_classes": 4},
-            "test": {"source": "synthetic", "num_samples": 30, "input_shape": [16], "num_classes": 4},
+            "train": {
+                "source": "synthetic",
+                "num_samples": 40,
+                "input_shape": [16],
+                "num_classes": 4,
+            },
+            "test": {
+                "source": "synthetic",
+                "num_samples": 30,
+                "input_shape": [16],
+                "num_classes": 4,
+            },
         },
         "measure_data": {"split": "train", "num_samples": "all", "batch_size": 16, "seed": 0},
         "measures": measures
-        or [{"hessian_lambda_max": {"tol": 1e-3}}, {"hessian_trace": {"min_probes": 8, "max_probes": 8}}, "frobenius_norm"],
+        or [
+            {"hessian_lambda_max": {"tol": 1e-3}},
+            {"hessian_trace": {"min_probes": 8, "max_probes": 8}},
+            "frobenius_norm",
+        ],
         "runtime": {"device": "cpu", "seed": 0},
         "output": {"dir": "out"},
     }

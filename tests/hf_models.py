@@ -48,11 +48,14 @@ def save_tokenizer(folder: Path, *, bert: bool = False) -> Path:
     names = ["input_ids", "attention_mask"]
     if bert:
         tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+        )
         names = ["input_ids", "token_type_ids", "attention_mask"]
-    fast = tf.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
-                                      model_input_names=names)
+    fast = tf.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", model_input_names=names
+    )
     fast.save_pretrained(folder)
     return folder
 
@@ -72,8 +75,17 @@ def save_gpt2(folder: Path, seed: int = 0, n_embd: int = 8, **kw) -> Path:
     """A 1-layer GPT-2 LM head model (tied lm_head/wte), eager attention."""
     tf = transformers()
     torch.manual_seed(seed)
-    cfg = tf.GPT2Config(vocab_size=vocab_size(), n_positions=16, n_embd=n_embd, n_layer=1, n_head=2,
-                        bos_token_id=3, eos_token_id=3, pad_token_id=0, **kw)
+    cfg = tf.GPT2Config(
+        vocab_size=vocab_size(),
+        n_positions=16,
+        n_embd=n_embd,
+        n_layer=1,
+        n_head=2,
+        bos_token_id=3,
+        eos_token_id=3,
+        pad_token_id=0,
+        **kw,
+    )
     tf.GPT2LMHeadModel(cfg).save_pretrained(folder)
     return folder
 
@@ -82,9 +94,19 @@ def save_bert(folder: Path, seed: int = 0, hidden: int = 8) -> Path:
     """A 1-layer BERT sequence classifier over 2 labels."""
     tf = transformers()
     torch.manual_seed(seed)
-    cfg = tf.BertConfig(vocab_size=vocab_size(), hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=2 * hidden, max_position_embeddings=16, type_vocab_size=2,
-                        num_labels=2, pad_token_id=0, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    cfg = tf.BertConfig(
+        vocab_size=vocab_size(),
+        hidden_size=hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=16,
+        type_vocab_size=2,
+        num_labels=2,
+        pad_token_id=0,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+    )
     tf.BertForSequenceClassification(cfg).save_pretrained(folder)
     return folder
 
@@ -93,8 +115,16 @@ def save_vit(folder: Path, seed: int = 0, hidden: int = 8) -> Path:
     """A 1-layer ViT image classifier on 8×8 single-channel images (4 patches) over 3 labels."""
     tf = transformers()
     torch.manual_seed(seed)
-    cfg = tf.ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=hidden, num_hidden_layers=1,
-                       num_attention_heads=2, intermediate_size=2 * hidden, num_labels=3)
+    cfg = tf.ViTConfig(
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        num_labels=3,
+    )
     tf.ViTForImageClassification(cfg).save_pretrained(folder)
     return folder
 
@@ -107,6 +137,7 @@ def text_rows(labels: bool = False) -> list[dict]:
 def image_tensors(path: Path, n: int = 6, seed: int = 0) -> Path:
     """A tensors file of ``pixel_values`` (n, 1, 8, 8) and ``labels`` in 0..2."""
     g = torch.Generator().manual_seed(seed)
-    torch.save({"pixel_values": torch.randn(n, 1, 8, 8, generator=g),
-                "labels": torch.arange(n) % 3}, path)
+    torch.save(
+        {"pixel_values": torch.randn(n, 1, 8, 8, generator=g), "labels": torch.arange(n) % 3}, path
+    )
     return path

@@ -26,7 +26,12 @@ def clustered(n=240, seed=0):
     """A symmetric matrix whose top eigenvalues are clustered (1, 0.999, 0.998) over a dense bulk: Lanczos
     needs many steps and loses orthogonality without full reorthogonalization."""
     g = gen(seed)
-    ev = torch.cat([torch.tensor([1.0, 0.999, 0.998], dtype=DT), torch.rand(n - 3, generator=g, dtype=DT) * 0.99])
+    ev = torch.cat(
+        [
+            torch.tensor([1.0, 0.999, 0.998], dtype=DT),
+            torch.rand(n - 3, generator=g, dtype=DT) * 0.99,
+        ]
+    )
     U, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=DT))
     return U @ torch.diag(ev) @ U.T, ev
 
@@ -46,24 +51,41 @@ class Counting:
 @pytest.fixture
 def counting(monkeypatch):
     c = Counting()
-    for name in ("lanczos", "slq", "trace"):  # the modules (the package re-exports functions of the same names)
-        monkeypatch.setattr(importlib.import_module(f"flatcli.engine.linalg.{name}"), "BasisStore", c)
+    for name in (
+        "lanczos",
+        "slq",
+        "trace",
+    ):  # the modules (the package re-exports functions of the same names)
+        monkeypatch.setattr(
+            importlib.import_module(f"flatcli.engine.linalg.{name}"), "BasisStore", c
+        )
     return c
 
 
 @pytest.mark.parametrize("cap,block", [(2, 1), (7, 1), (3, 2)])
 def test_lanczos_offloaded_equals_on_device_to_rounding(counting, cap, block):
     A, ev = clustered()
-    kw = dict(k=2, stop=linalg.KrylovStop(tol=1e-10, max_steps=120), generator=gen(1), block=block,
-              return_vectors=True)
-    ref = linalg.lanczos(linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=None), **kw)
+    kw = dict(
+        k=2,
+        stop=linalg.KrylovStop(tol=1e-10, max_steps=120),
+        generator=gen(1),
+        block=block,
+        return_vectors=True,
+    )
+    ref = linalg.lanczos(
+        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=None), **kw
+    )
     kw["generator"] = gen(1)
-    off = linalg.lanczos(linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=cap), **kw)
+    off = linalg.lanczos(
+        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=cap), **kw
+    )
     assert off.steps == ref.steps > 40  # the hard case: many steps, every one reorthogonalized
     np.testing.assert_allclose(off.eigenvalues, ref.eigenvalues, rtol=0, atol=1e-12)
     np.testing.assert_allclose(off.residuals, ref.residuals, rtol=0, atol=1e-12)
     torch.testing.assert_close(off.ritz_vectors, ref.ritz_vectors, rtol=0, atol=1e-10)
-    np.testing.assert_allclose(off.eigenvalues[:2], [1.0, 0.999], atol=1e-9)  # and right (exact eigenvalues)
+    np.testing.assert_allclose(
+        off.eigenvalues[:2], [1.0, 0.999], atol=1e-9
+    )  # and right (exact eigenvalues)
     store = counting.stores[-1]
     assert store.offloaded and len(store) == off.steps
     assert off.device_vectors == store.peak_resident == max(cap, block)  # never more than the cap
@@ -74,25 +96,39 @@ def test_lanczos_offloaded_equals_on_device_to_rounding(counting, cap, block):
 def test_slq_offloaded_equals_on_device_to_rounding(counting):
     A, ev = clustered(120)
     kw = dict(runs=3, steps=30)
-    ref = linalg.slq(linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=None),
-                     generator=gen(2), **kw)
-    off = linalg.slq(linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=4),
-                     generator=gen(2), **kw)
+    ref = linalg.slq(
+        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=None),
+        generator=gen(2),
+        **kw,
+    )
+    off = linalg.slq(
+        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=4),
+        generator=gen(2),
+        **kw,
+    )
     for a, b in zip(ref.nodes + ref.weights, off.nodes + off.weights, strict=True):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
     stores = [s for s in counting.stores if s.offloaded]
     assert len(stores) == 3 and all(len(s) == 30 and s.peak_resident == 4 for s in stores)
     est, _ = off.expect(lambda t: t)
-    assert abs(est - float(ev.sum())) < 0.2 * float(ev.sum())  # the estimator still estimates the trace
+    assert abs(est - float(ev.sum())) < 0.2 * float(
+        ev.sum()
+    )  # the estimator still estimates the trace
 
 
 def test_hutchpp_offloaded_equals_on_device_to_rounding(counting):
     A, ev = clustered(150)
     kw = dict(stop=linalg.ProbeStop(tol=1e-3, min_probes=12, max_probes=90))
-    ref = linalg.hutchpp(linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=None),
-                         generator=gen(3), **kw)
-    off = linalg.hutchpp(linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=3),
-                         generator=gen(3), **kw)
+    ref = linalg.hutchpp(
+        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=None),
+        generator=gen(3),
+        **kw,
+    )
+    off = linalg.hutchpp(
+        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=3),
+        generator=gen(3),
+        **kw,
+    )
     assert off.sketch == ref.sketch > 3 and off.probes == ref.probes
     assert off.estimate == pytest.approx(ref.estimate, rel=1e-12)
     assert off.stderr == pytest.approx(ref.stderr, rel=1e-9)
@@ -122,8 +158,13 @@ def test_engine_setting_reaches_lanczos_and_model_lambda_max_is_exact(counting):
     eng = CurvatureEngine(p, max_device_vectors=2)
     op = eng.hessian()
     assert op.max_device_vectors == 2
-    res = linalg.lanczos(op, k=3, block=1, stop=linalg.KrylovStop(tol=1e-10, max_steps=p.num_params),
-                         generator=gen(4))
+    res = linalg.lanczos(
+        op,
+        k=3,
+        block=1,
+        stop=linalg.KrylovStop(tol=1e-10, max_steps=p.num_params),
+        generator=gen(4),
+    )
     assert counting.stores[-1].offloaded and res.device_vectors == 2
     np.testing.assert_allclose(res.eigenvalues[:3], exact[::-1][:3], rtol=1e-9, atol=1e-12)
 

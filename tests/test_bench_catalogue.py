@@ -9,7 +9,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench_catalogue():
-    spec = importlib.util.spec_from_file_location("bench_catalogue", ROOT / "scripts" / "bench_catalogue.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_catalogue", ROOT / "scripts" / "bench_catalogue.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclasses look their module up
     spec.loader.exec_module(mod)
@@ -22,7 +24,18 @@ TINY = ["--device", "cpu", "--n", "8", "--batch-size", "4", "--width", "2", "--t
 def test_catalogue_and_peers_write_their_rows(tmp_path):
     bc = _bench_catalogue()
     names = ["frobenius_norm", "distance_from_init", "hessian_lambda_max"]
-    rc = bc.main([*TINY, "--measures", ",".join(names), "--probes", "4", "--skip-process", "--out", str(tmp_path)])
+    rc = bc.main(
+        [
+            *TINY,
+            "--measures",
+            ",".join(names),
+            "--probes",
+            "4",
+            "--skip-process",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     data = json.loads((tmp_path / "catalogue.json").read_text())
     assert [r["measure"] for r in data["catalogue"]] == names
@@ -43,8 +56,18 @@ def test_catalogue_and_peers_write_their_rows(tmp_path):
 
 def test_budget_skips_measures_and_lists_them(tmp_path):
     bc = _bench_catalogue()
-    rc = bc.main([*TINY, "--measures", "frobenius_norm,path_norm", "--budget-s", "0", "--skip-peers",
-                  "--out", str(tmp_path)])
+    rc = bc.main(
+        [
+            *TINY,
+            "--measures",
+            "frobenius_norm,path_norm",
+            "--budget-s",
+            "0",
+            "--skip-peers",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     rows = json.loads((tmp_path / "catalogue.json").read_text())["catalogue"]
     assert [(r["measure"], r["status"]) for r in rows] == [

@@ -42,11 +42,16 @@ def resave(src, dst, cls, dtype):
 def hf(tmp_path_factory):
     """bfloat16 and float32 tiny GPT-2 and BERT, tokenizers and text, built once for the module."""
     root = tmp_path_factory.mktemp("hf16")
-    out = {"tok": H.save_tokenizer(root / "tok"), "tokbert": H.save_tokenizer(root / "tokbert", bert=True),
-           "gpt2_32": H.save_gpt2(root / "gpt2_32", n_embd=4), "bert_32": H.save_bert(root / "bert_32", hidden=4),
-           "lm": H.write_jsonl(root / "lm.jsonl", H.text_rows()[:5]),
-           "cls": H.write_jsonl(root / "cls.jsonl",
-                                [{**r, "pair": "the cat sat"} for r in H.text_rows(labels=True)[:5]])}
+    out = {
+        "tok": H.save_tokenizer(root / "tok"),
+        "tokbert": H.save_tokenizer(root / "tokbert", bert=True),
+        "gpt2_32": H.save_gpt2(root / "gpt2_32", n_embd=4),
+        "bert_32": H.save_bert(root / "bert_32", hidden=4),
+        "lm": H.write_jsonl(root / "lm.jsonl", H.text_rows()[:5]),
+        "cls": H.write_jsonl(
+            root / "cls.jsonl", [{**r, "pair": "the cat sat"} for r in H.text_rows(labels=True)[:5]]
+        ),
+    }
     for name in ("gpt2", "bert"):
         out[name] = resave(out[f"{name}_32"], root / name, CLASSES[name], torch.bfloat16)
     return out
@@ -56,14 +61,31 @@ def config(hf, path, name, model=None, **extra):
     """A measure config for the ``name`` checkpoint (gpt2, bert, gpt2_32, bert_32)."""
     kind = name.split("_")[0]
     if kind == "gpt2":
-        data = {"source": "text", "path": str(hf["lm"]), "text_field": "text", "tokenizer": str(hf["tok"]),
-                "max_length": 12}
+        data = {
+            "source": "text",
+            "path": str(hf["lm"]),
+            "text_field": "text",
+            "tokenizer": str(hf["tok"]),
+            "max_length": 12,
+        }
         extra.setdefault("loss", "causal_lm")
     else:
-        data = {"source": "text", "path": str(hf["cls"]), "text_field": "text", "text_pair_field": "pair",
-                "label_field": "label", "tokenizer": str(hf["tokbert"]), "max_length": 16}
-    cfg = {"model": {"source": "huggingface", "class": CLASSES[kind], **(model or {})}, "checkpoints": [str(hf[name])],
-           "data": {"train": data}, "measure_data": {"batch_size": 3}, **extra}
+        data = {
+            "source": "text",
+            "path": str(hf["cls"]),
+            "text_field": "text",
+            "text_pair_field": "pair",
+            "label_field": "label",
+            "tokenizer": str(hf["tokbert"]),
+            "max_length": 16,
+        }
+    cfg = {
+        "model": {"source": "huggingface", "class": CLASSES[kind], **(model or {})},
+        "checkpoints": [str(hf[name])],
+        "data": {"train": data},
+        "measure_data": {"batch_size": 3},
+        **extra,
+    }
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -75,9 +97,12 @@ def dense_hessian_rows(folder, kind: str, batch: dict) -> torch.Tensor:
     by row, each row the gradient of one gradient coordinate (double backward, rows batched with
     ``is_grads_batched``; not ``torch.func.hessian``, whose LayerNorm rows were wrong, issue 27)."""
     tf = H.transformers()
-    model = getattr(tf, CLASSES[kind]).from_pretrained(folder, local_files_only=True, attn_implementation="eager",
-                                                       dtype="auto")
-    assert next(model.parameters()).dtype == torch.bfloat16  # the reference is of the stored bf16 weights
+    model = getattr(tf, CLASSES[kind]).from_pretrained(
+        folder, local_files_only=True, attn_implementation="eager", dtype="auto"
+    )
+    assert (
+        next(model.parameters()).dtype == torch.bfloat16
+    )  # the reference is of the stored bf16 weights
     model = model.double().eval()
     named = [(n, q.detach()) for n, q in model.named_parameters()]
     inputs = {k: v for k, v in batch.items() if k != "labels"}
@@ -87,13 +112,21 @@ def dense_hessian_rows(folder, kind: str, batch: dict) -> torch.Tensor:
     logits = functional_call(model, params, (), {**inputs, "return_dict": True}).logits
     if kind == "gpt2":
         labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                               ignore_index=IGNORE)
+        loss = F.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]),
+            labels[:, 1:].reshape(-1),
+            ignore_index=IGNORE,
+        )
     else:
         loss = F.cross_entropy(logits, batch["labels"])
     (g,) = torch.autograd.grad(loss, flat, create_graph=True)
-    eye = torch.eye(flat.numel(), dtype=flat.dtype)  # row i = ∂(g · e_i)/∂θ, 64 rows per batched backward
-    rows = [torch.autograd.grad(g, flat, E, retain_graph=True, is_grads_batched=True)[0] for E in eye.split(64)]
+    eye = torch.eye(
+        flat.numel(), dtype=flat.dtype
+    )  # row i = ∂(g · e_i)/∂θ, 64 rows per batched backward
+    rows = [
+        torch.autograd.grad(g, flat, E, retain_graph=True, is_grads_batched=True)[0]
+        for E in eye.split(64)
+    ]
     return torch.cat(rows)
 
 
@@ -101,7 +134,11 @@ def dense_hessian_rows(folder, kind: str, batch: dict) -> torch.Tensor:
 def test_model_dtype_auto_keeps_the_stored_type_and_an_override_wins(hf, tmp_path):
     """auto: a bf16 save_pretrained directory loads in bfloat16, a float32 one in float32; an explicit
     model.dtype converts; a bad value is a one-line config error naming model.dtype."""
-    for name, want in (("gpt2", torch.bfloat16), ("gpt2_32", torch.float32), ("bert", torch.bfloat16)):
+    for name, want in (
+        ("gpt2", torch.bfloat16),
+        ("gpt2_32", torch.float32),
+        ("bert", torch.bfloat16),
+    ):
         model, extras = load_model(load(config(hf, tmp_path / f"{name}.yaml", name)), hf[name])
         assert {q.dtype for q in model.parameters()} == {want}, name
         assert extras["model_info"]["dtype"] == str(want).removeprefix("torch.")
@@ -111,13 +148,20 @@ def test_model_dtype_auto_keeps_the_stored_type_and_an_override_wins(hf, tmp_pat
         assert {q.dtype for q in model.parameters()} == {want}
     up = load(config(hf, tmp_path / "up.yaml", "gpt2_32", model={"dtype": "bfloat16"}))
     assert {q.dtype for q in load_model(up, hf["gpt2_32"])[0].parameters()} == {torch.bfloat16}
-    with pytest.raises(ConfigError, match=r"^config key 'model.dtype' must be one of auto, float32, bfloat16, "
-                                          r"float16; got 'bf16'$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^config key 'model.dtype' must be one of auto, float32, bfloat16, "
+        r"float16; got 'bf16'$",
+    ):
         load(config(hf, tmp_path / "bad.yaml", "gpt2", model={"dtype": "bf16"}))
-    res, text = run("measure", "-c", config(hf, tmp_path / "bad.yaml", "gpt2", model={"dtype": "half"}))
+    res, text = run(
+        "measure", "-c", config(hf, tmp_path / "bad.yaml", "gpt2", model={"dtype": "half"})
+    )
     assert res.exit_code == 2 and "model.dtype" in text and "Traceback" not in text
     res, text = run("config", "show", "-c", config(hf, tmp_path / "show.yaml", "gpt2"))
-    assert res.exit_code == 0 and "  dtype: auto\n" in text and "#   model.dtype: default" in text, text
+    assert (
+        res.exit_code == 0 and "  dtype: auto\n" in text and "#   model.dtype: default" in text
+    ), text
 
 
 def test_model_dtype_of_python_models_safetensors_and_torch_save(tmp_path):
@@ -129,15 +173,32 @@ def test_model_dtype_of_python_models_safetensors_and_torch_save(tmp_path):
     sd = {k: v.to(torch.bfloat16) for k, v in torch.nn.Linear(3, 2).state_dict().items()}
     save_file(sd, str(tmp_path / "m.safetensors"))
     torch.save(sd, tmp_path / "m.pt")
-    base = {"model": {"target": "torch.nn:Linear", "kwargs": {"in_features": 3, "out_features": 2}},
-            "data": {"train": {"source": "synthetic", "num_samples": 4, "input_shape": [3], "num_classes": 2}}}
-    cases = [("m.safetensors", "auto", torch.bfloat16), ("m.pt", "auto", torch.float32),
-             ("m.safetensors", "float32", torch.float32), ("m.pt", "bfloat16", torch.bfloat16)]
+    base = {
+        "model": {"target": "torch.nn:Linear", "kwargs": {"in_features": 3, "out_features": 2}},
+        "data": {
+            "train": {"source": "synthetic", "num_samples": 4, "input_shape": [3], "num_classes": 2}
+        },
+    }
+    cases = [
+        ("m.safetensors", "auto", torch.bfloat16),
+        ("m.pt", "auto", torch.float32),
+        ("m.safetensors", "float32", torch.float32),
+        ("m.pt", "bfloat16", torch.bfloat16),
+    ]
     for f, setting, want in cases:
-        cfg = load({**base, "model": {**base["model"], "dtype": setting}, "checkpoints": [str(tmp_path / f)]})
+        cfg = load(
+            {
+                **base,
+                "model": {**base["model"], "dtype": setting},
+                "checkpoints": [str(tmp_path / f)],
+            }
+        )
         model, extras = load_model(cfg, tmp_path / f)
         assert model.weight.dtype == want, (f, setting)
-        assert extras["model_info"] == {"source": "python", "dtype": str(want).removeprefix("torch.")}
+        assert extras["model_info"] == {
+            "source": "python",
+            "dtype": str(want).removeprefix("torch."),
+        }
         assert torch.equal(model.weight.float(), sd["weight"].float())  # bf16 values, exactly
 
 
@@ -164,7 +225,9 @@ def test_bf16_lambda_max_matches_the_dense_hessian_of_the_bf16_weights(hf, tmp_p
     # Ritz value and the Rayleigh quotient of its vector agree to ~tol² in one precision), but less than 1e-2
     assert 1e-5 < d["fp32_control_rel_diff"] < 1e-2
     res, text = run("measure", "-c", cfg, "--dry-run")
-    assert res.exit_code == 0 and "model dtype: bfloat16 (model.dtype: auto); products: bf16" in text, text
+    assert (
+        res.exit_code == 0 and "model dtype: bfloat16 (model.dtype: auto); products: bf16" in text
+    ), text
 
 
 def test_bf16_trace_reports_the_paired_control(hf, tmp_path):
@@ -173,17 +236,23 @@ def test_bf16_trace_reports_the_paired_control(hf, tmp_path):
     cfg = config(hf, tmp_path / "c.yaml", "gpt2", measures=[opts], runtime={"precision": "bf16"})
     res, text = run("measure", "-c", cfg, "-o", tmp_path / "o")
     assert res.exit_code == 0, text
-    m = json.loads((tmp_path / "o" / "results.json").read_text())["rows"][0]["measures"]["hessian_trace"]
+    m = json.loads((tmp_path / "o" / "results.json").read_text())["rows"][0]["measures"][
+        "hessian_trace"
+    ]
     d = m["diagnostics"]
     assert d["fp32_control_probes"] == 8 and 0 < d["fp32_control_rel_diff"] < 5e-2
-    assert m["status"] == ("precision_warning" if abs(d["fp32_control_diff"]) > m["stderr"] else "ok")
+    assert m["status"] == (
+        "precision_warning" if abs(d["fp32_control_diff"]) > m["stderr"] else "ok"
+    )
 
 
 def test_bf16_products_are_float32_vectors_computed_in_bfloat16(hf):
     """The engine's bf16 Hessian products on a float32 GPT-2: float32 results within 2e-2 of the
     float32 products (relative norm), not equal to them; the problem's θ stays float32."""
     tf = H.transformers()
-    model = tf.AutoModelForCausalLM.from_pretrained(hf["gpt2"], local_files_only=True, attn_implementation="eager")
+    model = tf.AutoModelForCausalLM.from_pretrained(
+        hf["gpt2"], local_files_only=True, attn_implementation="eager"
+    )
     model = model.float().eval()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(4, H.vocab_size(), (3, 10), generator=g)
@@ -205,8 +274,13 @@ def test_bf16_products_are_float32_vectors_computed_in_bfloat16(hf):
 def test_fp16_and_bf16_finite_differences_are_refused_in_one_line(hf, tmp_path):
     """fp16 is not offered (range), and bf16 finite-difference products are unsound: one-line config
     errors, exit code 2, before any checkpoint is loaded."""
-    cases = [({"precision": "fp16"}, "'runtime.precision': fp16 is not offered"),
-             ({"precision": "bf16", "hvp_mode": "finite_difference"}, "finite_difference with runtime.precision: bf16")]
+    cases = [
+        ({"precision": "fp16"}, "'runtime.precision': fp16 is not offered"),
+        (
+            {"precision": "bf16", "hvp_mode": "finite_difference"},
+            "finite_difference with runtime.precision: bf16",
+        ),
+    ]
     for rt, msg in cases:
         cfg = config(hf, tmp_path / "c.yaml", "gpt2", measures=["hessian_lambda_max"], runtime=rt)
         res, text = run("measure", "-c", cfg, "-o", tmp_path / "o")
@@ -219,11 +293,20 @@ def test_bf16_leaves_the_other_measures_and_the_metrics_in_float32(hf, tmp_path)
     (first-order flatness) and the train metrics give the float32 run's values, marked ``products: fp32``."""
     rows = {}
     for prec in ("fp32", "bf16"):
-        cfg = config(hf, tmp_path / f"{prec}.yaml", "gpt2", measures=[{"first_order_flatness": {"steps": 2}}],
-                     runtime={"precision": prec})
+        cfg = config(
+            hf,
+            tmp_path / f"{prec}.yaml",
+            "gpt2",
+            measures=[{"first_order_flatness": {"steps": 2}}],
+            runtime={"precision": prec},
+        )
         res, text = run("measure", "-c", cfg, "-o", tmp_path / prec)
         assert res.exit_code == 0, text
         rows[prec] = measured(tmp_path / prec)
     a, b = (rows[p]["measures"]["first_order_flatness"] for p in ("fp32", "bf16"))
-    assert b["value"] == pytest.approx(a["value"], rel=1e-9) and b["diagnostics"]["products"] == "fp32"
-    assert rows["bf16"]["metrics"]["train_loss"] == pytest.approx(rows["fp32"]["metrics"]["train_loss"], rel=1e-9)
+    assert (
+        b["value"] == pytest.approx(a["value"], rel=1e-9) and b["diagnostics"]["products"] == "fp32"
+    )
+    assert rows["bf16"]["metrics"]["train_loss"] == pytest.approx(
+        rows["fp32"]["metrics"]["train_loss"], rel=1e-9
+    )

@@ -34,9 +34,25 @@ def test_measure_end_to_end_writes_csv_and_json(project, tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "o" / "results.csv")))
     assert [r["checkpoint"] for r in rows] == ["m0.pt", "m1.pt"]
     cols = list(rows[0])
-    assert cols[:6] == ["checkpoint", "status", "error", "hessian_lambda_max", "hessian_trace", "frobenius_norm"]
-    for c in ["hessian_trace_stderr", "hessian_lambda_max_min_ritz", "hessian_lambda_max_residual",
-              "hessian_lambda_max_converged", "train_loss", "train_acc", "test_loss", "test_acc", "gen_gap"]:
+    assert cols[:6] == [
+        "checkpoint",
+        "status",
+        "error",
+        "hessian_lambda_max",
+        "hessian_trace",
+        "frobenius_norm",
+    ]
+    for c in [
+        "hessian_trace_stderr",
+        "hessian_lambda_max_min_ritz",
+        "hessian_lambda_max_residual",
+        "hessian_lambda_max_converged",
+        "train_loss",
+        "train_acc",
+        "test_loss",
+        "test_acc",
+        "gen_gap",
+    ]:
         assert c in cols, c
     assert cols.index("gen_gap") > cols.index("frobenius_norm_seconds")
     r = rows[0]
@@ -49,15 +65,32 @@ def test_measure_end_to_end_writes_csv_and_json(project, tmp_path):
 def test_table_format_prints_only_the_table(project, tmp_path):
     res = run("measure", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o")
     assert res.exit_code == 0, out(res)
-    assert "frobenius_norm" in res.stdout and '"checkpoint"' not in res.stdout and "checkpoint,status" not in res.stdout
+    assert (
+        "frobenius_norm" in res.stdout
+        and '"checkpoint"' not in res.stdout
+        and "checkpoint,status" not in res.stdout
+    )
 
 
 def test_measure_cli_checkpoints_and_measure_selection(project, tmp_path):
-    res = run("measure", project.parent / "m1.pt", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o", "--format", "csv")
+    res = run(
+        "measure",
+        project.parent / "m1.pt",
+        "-c",
+        project,
+        "-m",
+        "frobenius_norm",
+        "-o",
+        tmp_path / "o",
+        "--format",
+        "csv",
+    )
     assert res.exit_code == 0, out(res)
     lines = res.stdout.strip().splitlines()
     assert lines[0].startswith("checkpoint,status,error,frobenius_norm,") and len(lines) == 2
-    res = run("measure", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o2", "--format", "json")
+    res = run(
+        "measure", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o2", "--format", "json"
+    )
     assert res.exit_code == 0
     assert len(json.loads(res.stdout)) == 2
 
@@ -77,12 +110,30 @@ def _edit(project, **changes):
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda c: c.update(measure_data={"batch_sise": 2}), "Unknown config key 'measure_data.batch_sise'. Did you mean 'measure_data.batch_size'?"),
-        (lambda c: c.update(measure_data={"batch_size": "x"}), "config key 'measure_data.batch_size' must be an int ≥ 1; got 'x'"),
-        (lambda c: c.update(checkpoints=["nothere.pt"]), "config key 'checkpoints': checkpoint not found"),
-        (lambda c: c.update(measures=[{"hessian_trace": {"tol": 2}}]), "The 'tol' parameter of hessian_trace must be a float in (0, 1). Got 2 instead."),
-        (lambda c: c["model"].update(target="flatcli.demo.models:Nope"), "model.target: 'flatcli.demo.models' has no attribute 'Nope'"),
-        (lambda c: c["data"]["train"].update(source="tensors", path="nofile.pt"), "data.train.path: file not found"),
+        (
+            lambda c: c.update(measure_data={"batch_sise": 2}),
+            "Unknown config key 'measure_data.batch_sise'. Did you mean 'measure_data.batch_size'?",
+        ),
+        (
+            lambda c: c.update(measure_data={"batch_size": "x"}),
+            "config key 'measure_data.batch_size' must be an int ≥ 1; got 'x'",
+        ),
+        (
+            lambda c: c.update(checkpoints=["nothere.pt"]),
+            "config key 'checkpoints': checkpoint not found",
+        ),
+        (
+            lambda c: c.update(measures=[{"hessian_trace": {"tol": 2}}]),
+            "The 'tol' parameter of hessian_trace must be a float in (0, 1). Got 2 instead.",
+        ),
+        (
+            lambda c: c["model"].update(target="flatcli.demo.models:Nope"),
+            "model.target: 'flatcli.demo.models' has no attribute 'Nope'",
+        ),
+        (
+            lambda c: c["data"]["train"].update(source="tensors", path="nofile.pt"),
+            "data.train.path: file not found",
+        ),
     ],
 )
 def test_config_errors_exit_2_one_line(project, tmp_path, mutate, message):
@@ -143,15 +194,30 @@ def test_unsafe_pickle_refused_then_allowed(project, tmp_path):
 
     torch.save(MLP(16, 8, 1, 4), project.parent / "m0.pt")
     res = run("measure", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o")
-    assert res.exit_code == 2 and "--allow-unsafe-pickle" in out(res) and "flatcli.demo.models.MLP" in out(res)
-    res = run("measure", "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "o", "--allow-unsafe-pickle")
+    assert (
+        res.exit_code == 2
+        and "--allow-unsafe-pickle" in out(res)
+        and "flatcli.demo.models.MLP" in out(res)
+    )
+    res = run(
+        "measure",
+        "-c",
+        project,
+        "-m",
+        "frobenius_norm",
+        "-o",
+        tmp_path / "o",
+        "--allow-unsafe-pickle",
+    )
     assert res.exit_code == 0, out(res)
 
 
 def test_debug_shows_traceback_and_keeps_the_exit_code(tmp_path):
     args = ["measure", "-c", str(tmp_path / "none.yaml")]
     plain, debug = run(*args), run(*args, "--debug")
-    assert plain.exit_code == debug.exit_code == 2  # a config error is a config error with --debug too
+    assert (
+        plain.exit_code == debug.exit_code == 2
+    )  # a config error is a config error with --debug too
     assert "Traceback (most recent call last)" not in out(plain) and "none.yaml" in out(plain)
     assert "Traceback (most recent call last)" in out(debug) and "ConfigError" in out(debug)
     assert "none.yaml" in out(debug).splitlines()[-1]  # the one-line message still ends the output
@@ -176,11 +242,22 @@ def test_cli_paths_keep_manifest_metadata(tmp_path):
     import shutil
 
     shutil.copy(proj.parent / "m0.pt", proj.parent / "init0.pt")
-    (proj.parent / "man.csv").write_text("path,init_checkpoint,lr\nm0.pt,init0.pt,0.1\nm1.pt,,0.2\n")
+    (proj.parent / "man.csv").write_text(
+        "path,init_checkpoint,lr\nm0.pt,init0.pt,0.1\nm1.pt,,0.2\n"
+    )
     cfg = yaml.safe_load(proj.read_text())
     cfg["checkpoints"] = {"manifest": "man.csv"}
     proj.write_text(yaml.safe_dump(cfg))
-    res = run("measure", proj.parent / "m0.pt", "-c", proj, "-m", "frobenius_norm,distance_from_init", "-o", tmp_path / "o")
+    res = run(
+        "measure",
+        proj.parent / "m0.pt",
+        "-c",
+        proj,
+        "-m",
+        "frobenius_norm,distance_from_init",
+        "-o",
+        tmp_path / "o",
+    )
     assert res.exit_code == 0, out(res)
     row = next(csv.DictReader(open(tmp_path / "o" / "results.csv")))
     assert row["hp_lr"] == "0.1" and float(row["distance_from_init"]) == 0.0
@@ -189,7 +266,9 @@ def test_cli_paths_keep_manifest_metadata(tmp_path):
 def test_measure_plots_the_spectrum_density(project, tmp_path):
     pytest.importorskip("matplotlib")
     d = yaml.safe_load(project.read_text())
-    d["measures"] = [{"hessian_spectrum": {"top_k": 2, "slq_runs": 2, "slq_steps": 10, "label": "esd"}}]
+    d["measures"] = [
+        {"hessian_spectrum": {"top_k": 2, "slq_runs": 2, "slq_steps": 10, "label": "esd"}}
+    ]
     project.write_text(yaml.safe_dump(d))
     res = run("measure", "-c", project, "-o", tmp_path / "o", "--plots", "--format", "csv")
     assert res.exit_code == 0, out(res)
@@ -223,7 +302,10 @@ def test_version_and_unknown_measure_pattern():
     "args, message",
     [
         (["measure", "--nosuch"], "No such option: --nosuch"),
-        (["measure", "-c", "x.yaml", "--format", "xml"], "'xml' is not one of 'table', 'csv', 'json'"),
+        (
+            ["measure", "-c", "x.yaml", "--format", "xml"],
+            "'xml' is not one of 'table', 'csv', 'json'",
+        ),
         (["sweep", "-c", "x.yaml", "-o", "o", "--workers", "0"], "--workers"),
         (["landscape", "slice", "-c", "x.yaml", "-o", "o"], "Missing argument 'checkpoint'"),
         (["landscape", "pca", "-c", "x.yaml", "-o", "o"], "Missing argument 'checkpoints'"),
@@ -240,7 +322,9 @@ def test_usage_errors_are_one_line_with_exit_code_2(args, message):
 
 
 @pytest.mark.parametrize("command", ["measure", "sweep", "collect", "correlate"])
-def test_an_unusable_output_directory_fails_before_any_work(project, tmp_path, command, monkeypatch):
+def test_an_unusable_output_directory_fails_before_any_work(
+    project, tmp_path, command, monkeypatch
+):
     import flatcli.pipeline as pipeline
 
     afile = tmp_path / "afile"
@@ -290,19 +374,66 @@ def test_a_nan_checkpoint_gets_one_message_and_exit_code_in_every_command(projec
     commands = {
         "measure": ["measure", nan, "-c", project, "-m", "frobenius_norm", "-o", tmp_path / "m"],
         "check-invariance": ["check-invariance", "-c", project, nan],
-        "landscape slice": ["landscape", "slice", "-c", project, nan, "-o", tmp_path / "l", "--steps", "3",
-                            "--no-plots"],
-        "landscape interpolate": ["landscape", "interpolate", "-c", project, good, nan, "-o", tmp_path / "t",
-                                  "--steps", "3", "--no-plots"],
-        "landscape pca": ["landscape", "pca", "-c", project, good, third, nan, "-o", tmp_path / "p",
-                          "--steps", "3", "--no-plots"],
-        "landscape connect": ["landscape", "connect", "-c", project, good, nan, "-o", tmp_path / "c",
-                              "--steps", "3", "--no-plots"],
+        "landscape slice": [
+            "landscape",
+            "slice",
+            "-c",
+            project,
+            nan,
+            "-o",
+            tmp_path / "l",
+            "--steps",
+            "3",
+            "--no-plots",
+        ],
+        "landscape interpolate": [
+            "landscape",
+            "interpolate",
+            "-c",
+            project,
+            good,
+            nan,
+            "-o",
+            tmp_path / "t",
+            "--steps",
+            "3",
+            "--no-plots",
+        ],
+        "landscape pca": [
+            "landscape",
+            "pca",
+            "-c",
+            project,
+            good,
+            third,
+            nan,
+            "-o",
+            tmp_path / "p",
+            "--steps",
+            "3",
+            "--no-plots",
+        ],
+        "landscape connect": [
+            "landscape",
+            "connect",
+            "-c",
+            project,
+            good,
+            nan,
+            "-o",
+            tmp_path / "c",
+            "--steps",
+            "3",
+            "--no-plots",
+        ],
     }
     for what, args in commands.items():
         res = run(*args)
         assert res.exit_code == 1, (what, res.output)
-        assert "is not finite" in res.output and f"NaN/inf in {name}" in res.output, (what, res.output)
+        assert "is not finite" in res.output and f"NaN/inf in {name}" in res.output, (
+            what,
+            res.output,
+        )
     cfg = yaml.safe_load(project.read_text())
     cfg["checkpoints"] = ["m0.pt", "nan.pt"]
     both = project.parent / "both.yaml"
@@ -317,9 +448,15 @@ def test_a_nan_checkpoint_gets_one_message_and_exit_code_in_every_command(projec
 
 def test_tables_are_full_width_when_stdout_is_not_a_terminal(tmp_path):
     long_label = "hessian_trace_with_a_rather_long_label_for_the_column"
-    proj = write_project(tmp_path / "a_project_folder_with_a_long_name_to_wrap",
-                         measures=[{"hessian_trace": {"min_probes": 4, "max_probes": 4, "label": long_label}},
-                                   "frobenius_norm", "spectral_norm", "path_norm"])
+    proj = write_project(
+        tmp_path / "a_project_folder_with_a_long_name_to_wrap",
+        measures=[
+            {"hessian_trace": {"min_probes": 4, "max_probes": 4, "label": long_label}},
+            "frobenius_norm",
+            "spectral_norm",
+            "path_norm",
+        ],
+    )
     ckpt = proj.parent / "m0.pt"
     res = run("measure", ckpt, "-c", proj, "-o", tmp_path / "o")
     assert res.exit_code == 0, res.output
@@ -334,28 +471,42 @@ def test_progress_inside_measures_and_one_line_per_stage_in_logs(project, tmp_pa
     from flatcli.console import describe_progress
 
     seen = []
-    api.measure(project, [str(project.parent / "m0.pt")], measures="hessian_trace,hessian_lambda_max",
-                on_progress=lambda label, info: seen.append((label, dict(info))))
+    api.measure(
+        project,
+        [str(project.parent / "m0.pt")],
+        measures="hessian_trace,hessian_lambda_max",
+        on_progress=lambda label, info: seen.append((label, dict(info))),
+    )
     labels = {lab for lab, _ in seen}
     assert labels == {"hessian_trace", "hessian_lambda_max"}
     trace = [i for lab, i in seen if lab == "hessian_trace" and "stderr" in i]
-    assert trace and trace[-1]["probes"] == 8 and trace[-1]["n_hvp"] >= 8  # probes done, stderr so far
+    assert (
+        trace and trace[-1]["probes"] == 8 and trace[-1]["n_hvp"] >= 8
+    )  # probes done, stderr so far
     lam = [i for lab, i in seen if lab == "hessian_lambda_max" and "residual" in i]
     assert [i["steps"] for i in lam] == sorted(i["steps"] for i in lam)
     line = describe_progress("hessian_trace", trace[-1])
     assert line.startswith("hessian_trace · ") and "HVPs" in line and "±" in line
     res = run("check-invariance", "-c", project, project.parent / "m0.pt", "-m", "frobenius_norm")
-    assert "[1/2] measuring the original network" in res.output and "[2/2] measuring the rescaled" in res.output
+    assert (
+        "[1/2] measuring the original network" in res.output
+        and "[2/2] measuring the rescaled" in res.output
+    )
 
 
 def test_dry_run_prints_the_planned_products_and_measures_nothing(project, tmp_path, monkeypatch):
     import flatcli.pipeline as pipeline
 
-    monkeypatch.setattr(pipeline, "measure_model", lambda *a, **k: pytest.fail("measured in a dry run"))
+    monkeypatch.setattr(
+        pipeline, "measure_model", lambda *a, **k: pytest.fail("measured in a dry run")
+    )
     res = run("measure", "-c", project, "--dry-run", "-o", tmp_path / "o")
     assert res.exit_code == 0, res.output
     assert "hessian_lambda_max: " in res.output and "hessian_trace: 8 HVPs" in res.output
-    assert "frobenius_norm: parameters only" in res.output and "total over 2 checkpoint(s)" in res.output
+    assert (
+        "frobenius_norm: parameters only" in res.output
+        and "total over 2 checkpoint(s)" in res.output
+    )
     assert not (tmp_path / "o").exists()
     res = run("sweep", "-c", project, "-o", tmp_path / "s", "--dry-run")
     assert res.exit_code == 0 and "hessian_trace: 8 HVPs" in res.output
@@ -366,10 +517,17 @@ def test_dry_run_sizes_each_checkpoint_and_names_every_bad_one(tmp_path):
     loaded gets its own line (the dry run goes on past the first) and the exit code is 2."""
     from flatcli.demo.models import MLP
 
-    proj = write_project(tmp_path / "p", measures=[{"hessian_trace": {"min_probes": 8, "max_probes": 8}}])
+    proj = write_project(
+        tmp_path / "p", measures=[{"hessian_trace": {"min_probes": 8, "max_probes": 8}}]
+    )
     torch.manual_seed(0)
-    torch.save({"state_dict": MLP(16, 32, 1, 4).state_dict(), "model_kwargs": {"width": 32}}, proj.parent / "wide.pt")
-    torch.save(MLP(16, 32, 1, 4).state_dict(), proj.parent / "no_kwargs.pt")  # width 32 into the width-8 model
+    torch.save(
+        {"state_dict": MLP(16, 32, 1, 4).state_dict(), "model_kwargs": {"width": 32}},
+        proj.parent / "wide.pt",
+    )
+    torch.save(
+        MLP(16, 32, 1, 4).state_dict(), proj.parent / "no_kwargs.pt"
+    )  # width 32 into the width-8 model
     (proj.parent / "junk.pt").write_bytes(b"\x00junk" * 50)
     names = ["m0.pt", "junk.pt", "wide.pt", "no_kwargs.pt", "m1.pt"]
     res = run("measure", *[proj.parent / n for n in names], "-c", proj, "--dry-run")
@@ -398,13 +556,16 @@ def test_checkpoint_column_holds_glob_matches_as_the_glob_is_written(tmp_path, m
     res = run("measure", "-c", proj, "-o", tmp_path / "o", "--format", "csv")
     assert res.exit_code == 0, out(res)
     assert [r["checkpoint"] for r in csv.DictReader(open(tmp_path / "o" / "results.csv"))] == [
-        "runs/a/best.pt", "runs/b/best.pt"]
+        "runs/a/best.pt",
+        "runs/b/best.pt",
+    ]
     cfg["checkpoints"] = [str(proj.parent / "runs" / "*" / "best.pt")]
     proj.write_text(yaml.safe_dump(cfg))
     res = run("measure", "-c", proj, "-o", tmp_path / "o2")
     assert res.exit_code == 0, out(res)
     assert [r["checkpoint"] for r in csv.DictReader(open(tmp_path / "o2" / "results.csv"))] == [
-        str(proj.parent / "runs" / d / "best.pt") for d in "ab"]
+        str(proj.parent / "runs" / d / "best.pt") for d in "ab"
+    ]
 
 
 def test_a_directory_given_as_a_checkpoint_is_named_as_one(project, tmp_path):
@@ -412,5 +573,7 @@ def test_a_directory_given_as_a_checkpoint_is_named_as_one(project, tmp_path):
     torch.save({}, tmp_path / "run" / "final.pt")
     res = run("measure", tmp_path / "run", "-c", project)
     assert res.exit_code == 2
-    assert "run is a directory, not a checkpoint file; it holds final.pt: pass one of them" in out(res)
+    assert "run is a directory, not a checkpoint file; it holds final.pt: pass one of them" in out(
+        res
+    )
     assert "file not found" not in out(res)

@@ -29,15 +29,19 @@ from flatcli.errors import ConfigError
 def _table(n=40, noise_a=0.3, noise_b=2.0, seed=0):
     rng = np.random.default_rng(seed)
     g = rng.normal(size=n)
-    return pd.DataFrame({
-        "gen_gap": g,
-        "A": g + noise_a * rng.normal(size=n),
-        "B": g + noise_b * rng.normal(size=n),
-        "C": g + noise_b * rng.normal(size=n),
-    })
+    return pd.DataFrame(
+        {
+            "gen_gap": g,
+            "A": g + noise_a * rng.normal(size=n),
+            "B": g + noise_b * rng.normal(size=n),
+            "C": g + noise_b * rng.normal(size=n),
+        }
+    )
 
 
-@pytest.mark.parametrize("n", [12, 200])  # all rows at once from sign matrices; scipy per row above 150 columns
+@pytest.mark.parametrize(
+    "n", [12, 200]
+)  # all rows at once from sign matrices; scipy per row above 150 columns
 def test_row_statistics_match_scipy_with_ties(n):
     rng = np.random.default_rng(1)
     X = rng.integers(0, 5, size=(30, n)).astype(float)  # many ties, as in bootstrap resamples
@@ -46,7 +50,9 @@ def test_row_statistics_match_scipy_with_ties(n):
     tau, rho, r = kendall_rows(X, Y), spearman_rows(X, Y), pearson_rows(X, Y)
     assert np.isnan(tau[7]) and np.isnan(rho[7]) and np.isnan(r[7])
     for k in set(range(30)) - {7}:
-        assert tau[k] == pytest.approx(stats.kendalltau(X[k], Y[k], variant="b").statistic, rel=1e-12)
+        assert tau[k] == pytest.approx(
+            stats.kendalltau(X[k], Y[k], variant="b").statistic, rel=1e-12
+        )
         assert rho[k] == pytest.approx(stats.spearmanr(X[k], Y[k]).statistic, rel=1e-12)
         assert r[k] == pytest.approx(stats.pearsonr(X[k], Y[k]).statistic, rel=1e-12)
 
@@ -76,9 +82,13 @@ def test_clearly_better_measure_ranks_above_and_the_interval_excludes_zero():
     assert list(out["statistic"]) == list(STATISTICS) and (out["n"] == 40).all()
     assert (out["lo"] > 0).all() and (out["verdict"] == "A ranks above B").all()
     t = out.set_index("statistic")
-    assert t.loc["kendall_tau_b", "a"] == pytest.approx(stats.kendalltau(df.A, df.gen_gap).statistic, rel=1e-12)
+    assert t.loc["kendall_tau_b", "a"] == pytest.approx(
+        stats.kendalltau(df.A, df.gen_gap).statistic, rel=1e-12
+    )
     assert t.loc["pearson", "difference"] == pytest.approx(
-        stats.pearsonr(df.A, df.gen_gap).statistic - stats.pearsonr(df.B, df.gen_gap).statistic, rel=1e-12)
+        stats.pearsonr(df.A, df.gen_gap).statistic - stats.pearsonr(df.B, df.gen_gap).statistic,
+        rel=1e-12,
+    )
     assert t.loc["pearson", "zou_lo"] > 0 and math.isnan(t.loc["spearman", "zou_lo"])
     assert (out["p_value"] < 0.05).all()
     # reversed order: the same evidence, the other way round
@@ -119,7 +129,9 @@ def test_cli_compare(tmp_path):
     path = tmp_path / "results.csv"
     _table().to_csv(path, index=False)
     runner = CliRunner()
-    res = runner.invoke(app, ["correlate", str(path), "-m", "A,B,C", "--compare", "A,B", "-o", str(tmp_path)])
+    res = runner.invoke(
+        app, ["correlate", str(path), "-m", "A,B,C", "--compare", "A,B", "-o", str(tmp_path)]
+    )
     assert res.exit_code == 0, res.output
     assert "paired comparison with gen_gap (A vs B):" in res.output
     assert res.output.count("A ranks above B") == 3 and "Zou (2007)" in res.output

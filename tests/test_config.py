@@ -5,12 +5,17 @@ from flatcli.errors import ConfigError
 
 
 def test_unknown_key_suggests_closest():
-    with pytest.raises(ConfigError, match=r"Unknown config key 'measure_data.batch_sise'. Did you mean 'measure_data.batch_size'\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"Unknown config key 'measure_data.batch_sise'. Did you mean 'measure_data.batch_size'\?",
+    ):
         from_dict({"measure_data": {"batch_sise": 3}})
 
 
 def test_unknown_top_level_key():
-    with pytest.raises(ConfigError, match=r"Unknown config key 'mesures'. Did you mean 'measures'\?"):
+    with pytest.raises(
+        ConfigError, match=r"Unknown config key 'mesures'. Did you mean 'measures'\?"
+    ):
         from_dict({"mesures": []})
 
 
@@ -18,26 +23,38 @@ def test_wrong_type_names_key():
     with pytest.raises(ConfigError, match=r"config key 'hparams.from_path' must be str; got int 3"):
         from_dict({"hparams": {"from_path": 3}})
     # a key with a rule (flatcli.validation.SETTINGS) says the rule, type and range in one wording
-    with pytest.raises(ConfigError, match=r"^config key 'measure_data.batch_size' must be an int ≥ 1; got 'big'$"):
+    with pytest.raises(
+        ConfigError, match=r"^config key 'measure_data.batch_size' must be an int ≥ 1; got 'big'$"
+    ):
         from_dict({"measure_data": {"batch_size": "big"}})
 
 
 def test_measure_option_message_is_sklearn_style():
-    with pytest.raises(ConfigError, match=r"The 'tol' parameter of hessian_trace must be a float in \(0, 1\)\. Got 0 instead\."):
+    with pytest.raises(
+        ConfigError,
+        match=r"The 'tol' parameter of hessian_trace must be a float in \(0, 1\)\. Got 0 instead\.",
+    ):
         from_dict({"measures": [{"hessian_trace": {"tol": 0}}]})
 
 
 def test_unknown_measure_and_option():
-    with pytest.raises(ConfigError, match=r"Unknown measure 'hessian_trac'. Did you mean 'hessian_trace'\?"):
+    with pytest.raises(
+        ConfigError, match=r"Unknown measure 'hessian_trac'. Did you mean 'hessian_trace'\?"
+    ):
         from_dict({"measures": ["hessian_trac"]})
-    with pytest.raises(ConfigError, match=r"Unknown option 'max_step' for measure hessian_lambda_max. Did you mean 'max_steps'\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"Unknown option 'max_step' for measure hessian_lambda_max. Did you mean 'max_steps'\?",
+    ):
         from_dict({"measures": [{"hessian_lambda_max": {"max_step": 3}}]})
 
 
 def test_duplicate_labels_rejected_and_labels_allow_repeats():
     with pytest.raises(ConfigError, match="more than once"):
         from_dict({"measures": ["hessian_trace", {"hessian_trace": {"tol": 0.1}}]})
-    cfg = from_dict({"measures": ["hessian_trace", {"hessian_trace": {"tol": 0.1, "label": "tr_loose"}}]})
+    cfg = from_dict(
+        {"measures": ["hessian_trace", {"hessian_trace": {"tol": 0.1, "label": "tr_loose"}}]}
+    )
     assert [s.label for s in cfg.measure_specs()] == ["hessian_trace", "tr_loose"]
     assert cfg.measure_specs()[1].options == {"tol": 0.1}
 
@@ -54,7 +71,9 @@ def test_precedence_cli_over_env_over_yaml(tmp_path):
     assert cfg.runtime.seed == 3 and cfg.provenance["runtime.seed"] == "yaml"
     cfg = from_dict({"runtime": {"seed": 3}}, env={"FLATCLI_SEED": "5"})
     assert cfg.runtime.seed == 5 and cfg.provenance["runtime.seed"] == "env FLATCLI_SEED"
-    cfg = from_dict({"runtime": {"seed": 3}}, env={"FLATCLI_SEED": "5"}, overrides={"runtime.seed": 7})
+    cfg = from_dict(
+        {"runtime": {"seed": 3}}, env={"FLATCLI_SEED": "5"}, overrides={"runtime.seed": 7}
+    )
     assert cfg.runtime.seed == 7 and cfg.provenance["runtime.seed"] == "cli"
     assert cfg.provenance["loss"] == "default"
 

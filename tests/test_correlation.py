@@ -31,7 +31,9 @@ def write_results(path, rows, labels=None):
         w.writeheader()
         w.writerows(rows)
     if labels is not None:
-        path.with_suffix(".json").write_text(json.dumps({"rows": [{"measures": {lab: {} for lab in labels}}]}))
+        path.with_suffix(".json").write_text(
+            json.dumps({"rows": [{"measures": {lab: {} for lab in labels}}]})
+        )
     return path
 
 
@@ -40,9 +42,19 @@ def grid_rows(m_fn, g_fn, axes=(("a", (0, 1, 2)), ("b", (0, 1)), ("c", (0, 1))))
     rows = []
     for k, vals in enumerate(itertools.product(*[v for _, v in axes])):
         hp = dict(zip(names, vals, strict=True))
-        rows.append({"checkpoint": f"m{k}.pt", "status": "ok", "error": "", "mu": repr(float(m_fn(k, hp))),
-                     "mu_status": "ok", "mu_stderr": "0.5", "mu_seconds": "1.0", "gen_gap": repr(float(g_fn(k, hp))),
-                     **{f"hp_{a}": v for a, v in hp.items()}})
+        rows.append(
+            {
+                "checkpoint": f"m{k}.pt",
+                "status": "ok",
+                "error": "",
+                "mu": repr(float(m_fn(k, hp))),
+                "mu_status": "ok",
+                "mu_stderr": "0.5",
+                "mu_seconds": "1.0",
+                "gen_gap": repr(float(g_fn(k, hp))),
+                **{f"hp_{a}": v for a, v in hp.items()},
+            }
+        )
     return rows
 
 
@@ -60,7 +72,9 @@ def test_jiang_tau_equals_kendall_without_ties_and_counts_pairs_with_ties():
         c += s > 0
         d += s < 0
     assert jiang_tau(m2, g2) == pytest.approx((c - d) / 21, abs=1e-15)
-    assert jiang_tau(m2, g2) != pytest.approx(stats.kendalltau(m2, g2).statistic)  # τ-b differs with ties
+    assert jiang_tau(m2, g2) != pytest.approx(
+        stats.kendalltau(m2, g2).statistic
+    )  # τ-b differs with ties
     assert math.isnan(jiang_tau(np.array([1.0]), np.array([2.0])))
 
 
@@ -74,7 +88,9 @@ def test_table_statistics_match_scipy(tmp_path):
     assert mc.n == 12
     assert mc.pearson == pytest.approx(stats.pearsonr(mv, gv).statistic, abs=1e-12)
     assert mc.spearman == pytest.approx(stats.spearmanr(mv, gv).statistic, abs=1e-12)
-    assert mc.kendall_tau_b == pytest.approx(stats.kendalltau(mv, gv, variant="b").statistic, abs=1e-12)
+    assert mc.kendall_tau_b == pytest.approx(
+        stats.kendalltau(mv, gv, variant="b").statistic, abs=1e-12
+    )
     assert mc.jiang_tau == pytest.approx(jiang_tau(mv, gv), abs=1e-15)
     assert rep.axes == ["a", "b", "c"]
 
@@ -101,8 +117,12 @@ def test_granulated_psi_incomplete_grid_skips_singleton_groups():
     m, g = np.array([1.0, 2.0, 3.0]), np.array([0.1, 0.2, 0.05])
     hp = {"a": ["0", "1", "0"], "b": ["0", "0", "1"]}
     psi, axes = granulated_kendall(m, g, hp, ["a", "b"])
-    assert axes["a"].psi == 1.0 and axes["a"].groups == 1 and axes["a"].skipped == 1  # (0,0)→(1,0): ++
-    assert axes["b"].psi == -1.0 and axes["b"].groups == 1 and axes["b"].skipped == 1  # (0,0)→(0,1): m↑ g↓
+    assert (
+        axes["a"].psi == 1.0 and axes["a"].groups == 1 and axes["a"].skipped == 1
+    )  # (0,0)→(1,0): ++
+    assert (
+        axes["b"].psi == -1.0 and axes["b"].groups == 1 and axes["b"].skipped == 1
+    )  # (0,0)→(0,1): m↑ g↓
     assert psi == 0.0
 
 
@@ -187,8 +207,15 @@ def test_cmi_cells_are_the_same_partition_with_one_integer_key_or_unique_rows():
     def groups(cell):
         return sorted(sorted(np.flatnonzero(cell == c).tolist()) for c in np.unique(cell))
 
-    truth = groups(np.unique([f"{small['a'][p]},{small['a'][q]},{small['b'][p]},{small['b'][q]}"
-                              for p, q in zip(i, j, strict=True)], return_inverse=True)[1])
+    truth = groups(
+        np.unique(
+            [
+                f"{small['a'][p]},{small['a'][q]},{small['b'][p]},{small['b'][q]}"
+                for p, q in zip(i, j, strict=True)
+            ],
+            return_inverse=True,
+        )[1]
+    )
     for codes in (small, huge):
         cell = _cell_ids(i, j, codes, ("a", "b"))
         assert cell.min() == 0 and cell.max() == len(np.unique(cell)) - 1  # numbered 0..cells−1
@@ -205,7 +232,9 @@ def test_only_measure_columns_count_and_notes_not_crashes(tmp_path):
         r["gappy"] = "" if r["checkpoint"] in ("m1.pt", "m4.pt") else r["mu"]  # missing values
         r["gappy_status"] = "error" if r["checkpoint"] == "m1.pt" else "ok"
         r["train_acc"] = "1.0"
-    rows = [r for r in rows if not (r["hp_a"] == 2 and r["hp_b"] == 1 and r["hp_c"] == 1)]  # incomplete grid
+    rows = [
+        r for r in rows if not (r["hp_a"] == 2 and r["hp_b"] == 1 and r["hp_c"] == 1)
+    ]  # incomplete grid
     path = write_results(tmp_path / "results.csv", rows)
     rep = correlate_table(load_results(path))
     names = {mc.measure for mc in rep.measures}
@@ -213,7 +242,9 @@ def test_only_measure_columns_count_and_notes_not_crashes(tmp_path):
     assert rep.measures_source.startswith("inferred")
     by = {mc.measure: mc for mc in rep.measures}
     assert by["gappy"].n == len(rows) - 2
-    assert math.isnan(by["flat"].kendall_tau_b) and "constant over the checkpoints" in by["flat"].notes
+    assert (
+        math.isnan(by["flat"].kendall_tau_b) and "constant over the checkpoints" in by["flat"].notes
+    )
     assert by["flat"].jiang_tau == 0.0
     assert any("incomplete grid" in n and "11 of 12" in n for n in rep.notes)
     assert rep.grid is not None and not rep.grid.complete and rep.grid.missing == ["a=2, b=1, c=1"]
@@ -264,7 +295,9 @@ def test_cli_correlate_with_plots(tmp_path):
     rng = np.random.default_rng(6)
     rows = grid_rows(lambda k, hp: rng.normal(), lambda k, hp: rng.normal())
     path = write_results(tmp_path / "results.csv", rows)
-    res = runner.invoke(app, ["correlate", str(path), "--by", "a,b", "-o", str(tmp_path / "c"), "--plots"])
+    res = runner.invoke(
+        app, ["correlate", str(path), "--by", "a,b", "-o", str(tmp_path / "c"), "--plots"]
+    )
     assert res.exit_code == 0, res.output
     assert "Kendall τ-b" in res.output and "ψ a" in res.output
     plots = {p.name for p in (tmp_path / "c" / "plots").iterdir()}
@@ -293,7 +326,15 @@ def grid_frame(seeds: int, seed: int = 1):
     rows = []
     for lr, w, s in itertools.product([0.01, 0.1, 0.3], [64, 128, 256], range(seeds)):
         gap = 0.05 + 0.1 * lr + 1e-4 * w + rng.normal(scale=0.01)
-        rows.append({"lr": lr, "width": w, "seed": s, "gen_gap": gap, "sharp": 10 * gap + rng.normal(scale=0.03)})
+        rows.append(
+            {
+                "lr": lr,
+                "width": w,
+                "seed": s,
+                "gen_gap": gap,
+                "sharp": 10 * gap + rng.normal(scale=0.03),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -314,13 +355,23 @@ def test_cmi_warns_on_a_small_grid_and_gives_the_chance_level():
     small = grid_frame(seeds=2)
     rep = correlate_table(small, measures="sharp", by="lr,width,seed")
     chk = rep.cmi_check
-    assert chk.pairs_per_cell == pytest.approx(brute_pairs_per_cell(small, ["lr", "width", "seed"]), rel=1e-12)
-    assert not chk.reliable and any("CMI is not reliable on this grid" in w and "needs ≳ 10" in w for w in rep.warnings)
+    assert chk.pairs_per_cell == pytest.approx(
+        brute_pairs_per_cell(small, ["lr", "width", "seed"]), rel=1e-12
+    )
+    assert not chk.reliable and any(
+        "CMI is not reliable on this grid" in w and "needs ≳ 10" in w for w in rep.warnings
+    )
     hp = {a: [str(v) for v in small[a]] for a in ("lr", "width", "seed")}
     rng = np.random.default_rng(99)
-    draws = np.array([conditional_mi(rng.random(18), small["gen_gap"].to_numpy(), hp, list(hp)).value
-                      for _ in range(100)])
-    assert abs(chk.chance - draws.mean()) <= 4 * draws.std() / math.sqrt(20)  # the mean of its 20 draws
+    draws = np.array(
+        [
+            conditional_mi(rng.random(18), small["gen_gap"].to_numpy(), hp, list(hp)).value
+            for _ in range(100)
+        ]
+    )
+    assert abs(chk.chance - draws.mean()) <= 4 * draws.std() / math.sqrt(
+        20
+    )  # the mean of its 20 draws
     assert chk.chance > 0.05  # on this grid noise scores well above 0: the reason for the warning
     large = correlate_table(grid_frame(seeds=8), measures="sharp", by="lr,width")
     assert large.cmi_check.reliable and not large.warnings
@@ -331,14 +382,20 @@ def test_ties_in_the_ranking_statistic_are_broken_by_kendall_tau_then_by_name():
     within the Ψ groups. The first ranks first whatever the column order; equal ones go by name."""
     import pandas as pd
 
-    rows = [{"a": a, "b": b, "gen_gap": a + 10 * b} for a, b in itertools.product(range(2), range(3))]
+    rows = [
+        {"a": a, "b": b, "gen_gap": a + 10 * b} for a, b in itertools.product(range(2), range(3))
+    ]
     df = pd.DataFrame(rows)
     df["within_groups"] = 100 * df["a"] + df["b"]  # ψ_a = ψ_b = 1, but orders a before b
     df["exact"] = df["gen_gap"]
     df["copy_of_exact"] = df["gen_gap"]
     rep = correlate_table(df, measures="within_groups,exact,copy_of_exact", by="a,b")
     assert [mc.psi for mc in rep.measures] == [1.0, 1.0, 1.0]
-    assert rep.measures[2].kendall_tau_b < rep.measures[0].kendall_tau_b == pytest.approx(1.0, abs=1e-12)
+    assert (
+        rep.measures[2].kendall_tau_b
+        < rep.measures[0].kendall_tau_b
+        == pytest.approx(1.0, abs=1e-12)
+    )
     assert [mc.measure for mc in rep.measures] == ["copy_of_exact", "exact", "within_groups"]
 
 
@@ -347,7 +404,10 @@ def test_bootstrap_needs_enough_resamples_for_its_interval(tmp_path):
     path = tmp_path / "t.csv"
     df.to_csv(path, index=False)
     res = runner.invoke(app, ["correlate", str(path), "-m", "sharp", "--bootstrap", "1"])
-    assert res.exit_code == 2 and "--bootstrap 1: a 95% percentile interval needs at least 100 resamples" in res.output
+    assert (
+        res.exit_code == 2
+        and "--bootstrap 1: a 95% percentile interval needs at least 100 resamples" in res.output
+    )
     with pytest.raises(ConfigError, match="needs at least 500 resamples"):
         correlate_table(df, measures="sharp", bootstrap=100, confidence=0.99)
     mc = correlate_table(df, measures="sharp", bootstrap=100).measures[0]

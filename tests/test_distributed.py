@@ -73,10 +73,18 @@ def _setup(tmp_path, target: str, measures) -> str:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("models", None)
     g = torch.Generator().manual_seed(1)
-    torch.save({"x": torch.randn(40, 6, generator=g), "y": torch.randint(0, 3, (40,), generator=g)}, tmp_path / "data.pt")
-    cfg = {"model": {"target": f"models.py:{target}"}, "checkpoints": ["ck.pt"],
-           "data": {"train": {"source": "tensors", "path": "data.pt"}}, "measure_data": {"batch_size": 8},
-           "measures": measures, "runtime": {"device": "cpu", "precision": "fp64"}}
+    torch.save(
+        {"x": torch.randn(40, 6, generator=g), "y": torch.randint(0, 3, (40,), generator=g)},
+        tmp_path / "data.pt",
+    )
+    cfg = {
+        "model": {"target": f"models.py:{target}"},
+        "checkpoints": ["ck.pt"],
+        "data": {"train": {"source": "tensors", "path": "data.pt"}},
+        "measure_data": {"batch_size": 8},
+        "measures": measures,
+        "runtime": {"device": "cpu", "precision": "fp64"},
+    }
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     return str(tmp_path / "cfg.yaml")
 
@@ -104,9 +112,28 @@ def _two_ranks_then_one(cfg: str, tmp_path):
     forwarded, the one-process row, rows one process forwarded)."""
     env = {**os.environ, "SEEN_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
     run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "flatcli", "measure", "-c", cfg, "-o", str(tmp_path / "two"), "--format", "csv"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "flatcli",
+            "measure",
+            "-c",
+            cfg,
+            "-o",
+            str(tmp_path / "two"),
+            "--format",
+            "csv",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     with open(tmp_path / "two" / "results.csv") as f:
@@ -129,7 +156,9 @@ def test_torchrun_two_ranks_split_the_work_and_equal_one_process(tmp_path):
         assert 0.45 * alone <= r <= 0.55 * alone, (seen, alone)
     for lab in ("hessian_lambda_max", "normalized_sharpness", "sharpness_worst"):
         assert float(two[lab]) == pytest.approx(one.results[lab].value, rel=1e-5), lab
-    assert float(two["hessian_trace"]) == pytest.approx(one.results["hessian_trace"].value, rel=1e-3)
+    assert float(two["hessian_trace"]) == pytest.approx(
+        one.results["hessian_trace"].value, rel=1e-3
+    )
     assert float(two["train_loss"]) == pytest.approx(one.metrics["train_loss"], rel=1e-12)
 
 
@@ -140,15 +169,42 @@ def test_a_failure_on_one_rank_ends_every_rank_with_one_error(tmp_path):
     port = _free_port()
     procs = []
     for rank in (0, 1):
-        env = {**os.environ, "SEEN_DIR": str(tmp_path), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": str(rank),
-               "LOCAL_RANK": str(rank)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "flatcli", "measure", "-c", cfg, "-o", str(tmp_path / "out")],
-                                      cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = {
+            **os.environ,
+            "SEEN_DIR": str(tmp_path),
+            "OMP_NUM_THREADS": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+        }
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "flatcli",
+                    "measure",
+                    "-c",
+                    cfg,
+                    "-o",
+                    str(tmp_path / "out"),
+                ],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [1, 1]
     errors = [line for _, err in outs for line in err.splitlines() if line.startswith("error:")]
-    assert errors == ["error: rank 1: hessian_trace: RuntimeError: boom in backward on rank 1"], outs
+    assert errors == ["error: rank 1: hessian_trace: RuntimeError: boom in backward on rank 1"], (
+        outs
+    )
     assert not (tmp_path / "out" / "results.csv").exists()
 
 
@@ -163,7 +219,9 @@ def test_flatcli_destroys_the_process_group_it_created_and_only_that(monkeypatch
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(dist, "launched", lambda: True)  # one rank: a group without a second process
+    monkeypatch.setattr(
+        dist, "launched", lambda: True
+    )  # one rank: a group without a second process
     world, _ = dist.init_from_env(torch.device("cpu"))
     assert td.is_initialized()
     dist.leave(world)
@@ -182,13 +240,21 @@ def test_one_m_batch_is_split_over_the_ranks_and_time_caps_stop_every_rank_toget
     about half of the rows one process forwards (before, rank 0 took the whole batch and rank 1
     idled), and the value equals one process's. The trace under a time cap already spent decides
     on both ranks at once (they agree through a collective), so the run ends instead of hanging."""
-    cfg = _setup(tmp_path, "Logged", [{"sharpness_worst": {"rho": 0.05, "batch_size": 64, "steps": 10}},
-                                      {"hessian_trace": {"max_seconds": 1e-6, "tol": 1e-9}}])
+    cfg = _setup(
+        tmp_path,
+        "Logged",
+        [
+            {"sharpness_worst": {"rho": 0.05, "batch_size": 64, "steps": 10}},
+            {"hessian_trace": {"max_seconds": 1e-6, "tol": 1e-9}},
+        ],
+    )
     _, two, seen, one, alone = _two_ranks_then_one(cfg, tmp_path)
     for r in seen:
         assert 0.45 * alone <= r <= 0.55 * alone, (seen, alone)
     assert int(two["sharpness_worst_batches"]) == 1
-    assert float(two["sharpness_worst"]) == pytest.approx(one.results["sharpness_worst"].value, rel=1e-9)
+    assert float(two["sharpness_worst"]) == pytest.approx(
+        one.results["sharpness_worst"].value, rel=1e-9
+    )
     assert two["hessian_trace_status"] == "budget" and two["hessian_trace_probes"] == "2"
 
 
@@ -198,12 +264,17 @@ def test_ranks_that_see_different_free_memory_agree_on_the_lanczos_basis_cap(tmp
     is the least over the ranks and λmax equals one process's (which restarts or not: the value
     is the same to the tolerance); a rank-local cap desynchronizes the products."""
     cfg = _setup(tmp_path, "Logged", [{"hessian_lambda_max": {"tol": 1e-8, "max_steps": 80}}])
-    (tmp_path / "models.py").write_text(LOGGED + textwrap.dedent('''
+    (tmp_path / "models.py").write_text(
+        LOGGED
+        + textwrap.dedent("""
         import flatcli.engine.recompute as _recompute
 
         if os.environ.get("RANK") == "1":  # room for 12 float64 vectors of the 83 parameters, twice
             _recompute.free_bytes = lambda device: 2 * 12 * 83 * 8
-    '''))
+    """)
+    )
     run, two, _, one, _ = _two_ranks_then_one(cfg, tmp_path)
-    assert float(two["hessian_lambda_max"]) == pytest.approx(one.results["hessian_lambda_max"].value, rel=1e-7)
+    assert float(two["hessian_lambda_max"]) == pytest.approx(
+        one.results["hessian_lambda_max"].value, rel=1e-7
+    )
     assert two["hessian_lambda_max_restarts"] not in ("", "0"), two["hessian_lambda_max_restarts"]

@@ -48,7 +48,9 @@ def test_rows_split_over_blocks_and_batches_fill_one_output(mode, batched, cache
     p = tiny_problem()
     H = dense_hessian(p)
     V = vecs(p, 7)
-    eng = CurvatureEngine(p, hvp_mode=mode, reverse_batched=batched, block_size=3, cache_graphs=cache)
+    eng = CurvatureEngine(
+        p, hvp_mode=mode, reverse_batched=batched, block_size=3, cache_graphs=cache
+    )
     torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)  # again: no stale rows
     torch.testing.assert_close(eng.fd_hessian() @ V[:4].T, (V[:4] @ H).T, rtol=1e-4, atol=1e-6)
@@ -81,7 +83,9 @@ def test_ggnvp_matches_dense_gauss_newton(loss):
     Z = p.forward(th, p.batch).detach()
     Hz = torch.stack(
         [
-            torch.func.hessian(lambda z, i=i: p.loss_fn.sum(z[None], p.batch.select(slice(i, i + 1))))(Z[i])
+            torch.func.hessian(
+                lambda z, i=i: p.loss_fn.sum(z[None], p.batch.select(slice(i, i + 1)))
+            )(Z[i])
             for i in range(p.n)
         ]
     )
@@ -98,8 +102,12 @@ def _dense_ggn_diagonal(p):
     J = torch.func.jacrev(lambda t: p.forward(t, p.batch).reshape(p.n, -1))(th)  # (n, C, P)
     Z = p.forward(th, p.batch).detach().reshape(p.n, -1)
     Hz = torch.stack(
-        [torch.func.hessian(lambda z, i=i: p.loss_fn.sum(z[None], p.batch.select(slice(i, i + 1))))(Z[i])
-         for i in range(p.n)]
+        [
+            torch.func.hessian(
+                lambda z, i=i: p.loss_fn.sum(z[None], p.batch.select(slice(i, i + 1)))
+            )(Z[i])
+            for i in range(p.n)
+        ]
     )
     return torch.einsum("ncp,ncd,ndp->p", J, Hz, J) / p.n
 
@@ -130,7 +138,9 @@ def test_ggn_diagonal_is_the_hessian_diagonal_with_batchnorm_and_pooling_in_eval
     model, x, y = _conv_bn()
     p = Problem(model, x, y, batch_size=5, dtype=DT)
     eng = CurvatureEngine(p)
-    d = eng.ggn_diagonal()  # fc1, fc2 by the outer-product rule, the convolutions and BatchNorms per sample
+    d = (
+        eng.ggn_diagonal()
+    )  # fc1, fc2 by the outer-product rule, the convolutions and BatchNorms per sample
     assert [m for m, _, _ in ggn_diag.linear_fast_path(p, p.batches[0])] == [model.fc1, model.fc2]
     torch.testing.assert_close(d, torch.diagonal(dense_hessian(p)), rtol=1e-10, atol=1e-13)
 
@@ -154,7 +164,10 @@ def test_ggn_diagonal_with_in_place_activations_and_a_layer_called_twice():
     p = Problem(model, x, y, batch_size=4, dtype=DT)
     eng = CurvatureEngine(p)
     d = eng.ggn_diagonal()
-    assert [m for m, _, _ in ggn_diag.linear_fast_path(p, p.batches[0])] == [model.fc1, model.head]  # fc2 runs twice
+    assert [m for m, _, _ in ggn_diag.linear_fast_path(p, p.batches[0])] == [
+        model.fc1,
+        model.head,
+    ]  # fc2 runs twice
     torch.testing.assert_close(d, _dense_ggn_diagonal(p), rtol=1e-10, atol=1e-13)
 
 
@@ -163,7 +176,9 @@ def test_ggn_diagonal_at_another_theta():
     th = p.theta + 0.1 * vecs(p, 1)[0]
     q = Problem(p.model, p.batch, batch_size=10, dtype=DT)
     q.params = q.unflatten(th.clone())
-    torch.testing.assert_close(CurvatureEngine(p).ggn_diagonal(th), _dense_ggn_diagonal(q), rtol=1e-10, atol=1e-13)
+    torch.testing.assert_close(
+        CurvatureEngine(p).ggn_diagonal(th), _dense_ggn_diagonal(q), rtol=1e-10, atol=1e-13
+    )
 
 
 def test_fd_hvp_second_order_accurate():
@@ -208,14 +223,24 @@ def test_finite_difference_mode_through_measures_and_config():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3)).to(DT)
     x, y = torch.randn(20, 5, dtype=DT), torch.randint(0, 3, (20,))
-    ms = [{"hessian_lambda_max": {"tol": 1e-8}}, {"hessian_trace": {"min_probes": 8, "max_probes": 8}}]
-    rows = {m: measure_model(model, (x, y), ms, precision="fp64", hvp_mode=m, batch_size=7)
-            for m in ("reverse", "finite_difference")}
+    ms = [
+        {"hessian_lambda_max": {"tol": 1e-8}},
+        {"hessian_trace": {"min_probes": 8, "max_probes": 8}},
+    ]
+    rows = {
+        m: measure_model(model, (x, y), ms, precision="fp64", hvp_mode=m, batch_size=7)
+        for m in ("reverse", "finite_difference")
+    }
     for lab in ("hessian_lambda_max", "hessian_trace"):
         a, b = rows["reverse"].results[lab], rows["finite_difference"].results[lab]
         assert b.value == pytest.approx(a.value, rel=1e-6), lab
-        assert b.diagnostics["n_grad"] == 2 * b.diagnostics["n_hvp"] and a.diagnostics["n_grad"] == 0
-    assert from_dict({"runtime": {"hvp_mode": "finite_difference"}}).runtime.hvp_mode == "finite_difference"
+        assert (
+            b.diagnostics["n_grad"] == 2 * b.diagnostics["n_hvp"] and a.diagnostics["n_grad"] == 0
+        )
+    assert (
+        from_dict({"runtime": {"hvp_mode": "finite_difference"}}).runtime.hvp_mode
+        == "finite_difference"
+    )
     with pytest.raises(ConfigError, match="runtime.hvp_mode"):
         from_dict({"runtime": {"hvp_mode": "fd"}})
 
@@ -390,8 +415,11 @@ def test_lanczos_on_engine_matches_dense_and_is_deterministic():
     for _ in range(2):
         g = torch.Generator()
         g.manual_seed(5)
-        r = linalg.lanczos(linalg.as_operator(CurvatureEngine(p).hvp, p.num_params, dtype=DT),
-                           stop=linalg.KrylovStop(tol=1e-6), generator=g)
+        r = linalg.lanczos(
+            linalg.as_operator(CurvatureEngine(p).hvp, p.num_params, dtype=DT),
+            stop=linalg.KrylovStop(tol=1e-6),
+            generator=g,
+        )
         runs.append(r)
         assert abs(r.eigenvalues[0] - float(ev[-1])) <= 1e-4 * abs(float(ev[-1]))
     assert runs[0].eigenvalues[0] == runs[1].eigenvalues[0]
@@ -461,7 +489,9 @@ def test_map_batches_solves_each_batch_whole_and_forbids_full_set_products():
     for full in (lambda b: eng.loss(), lambda b: eng.hvp(p.theta), lambda b: eng.loss_grad()):
         with pytest.raises(RuntimeError, match="map_batches"):
             eng.map_batches(parts[:1], full)
-    assert eng.loss() == pytest.approx(float(p.loss(p.unflatten(p.theta))), rel=1e-12)  # local mode ended
+    assert eng.loss() == pytest.approx(
+        float(p.loss(p.unflatten(p.theta))), rel=1e-12
+    )  # local mode ended
 
 
 def test_derive_keeps_every_setting_and_gives_the_other_models_products():
@@ -471,18 +501,32 @@ def test_derive_keeps_every_setting_and_gives_the_other_models_products():
     import copy
 
     p = tiny_problem(batch_size=4)
-    eng = CurvatureEngine(p, hvp_mode="finite_difference", block_size=2, cache_graphs=False, fd_eps=2e-3,
-                          precision="fp64", max_device_vectors=5)
+    eng = CurvatureEngine(
+        p,
+        hvp_mode="finite_difference",
+        block_size=2,
+        cache_graphs=False,
+        fd_eps=2e-3,
+        precision="fp64",
+        max_device_vectors=5,
+    )
     other = copy.deepcopy(p.model)
     with torch.no_grad():
         for q in other.parameters():
             q.mul_(1.5)
     d = eng.derive(other)
     assert d.problem.model is other and d.problem is not p
-    assert (d.hvp_mode, d.fd_eps, d.memory.block_size, d.precision.name) == ("finite_difference", 2e-3, 2, "fp64")
+    assert (d.hvp_mode, d.fd_eps, d.memory.block_size, d.precision.name) == (
+        "finite_difference",
+        2e-3,
+        2,
+        "fp64",
+    )
     assert d.problem.batch_size == 4 and d.problem.names == p.names and d.problem.n == p.n
     assert not d.graphs.keeping and d.max_device_vectors == 5
-    d.hvp_mode = "reverse"  # the exact product, to compare with the dense Hessian of the other model
+    d.hvp_mode = (
+        "reverse"  # the exact product, to compare with the dense Hessian of the other model
+    )
     H = dense_hessian(d.problem)
     V = vecs(d.problem)
     torch.testing.assert_close(d.hvp(V), V @ H, rtol=1e-9, atol=1e-12)

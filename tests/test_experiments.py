@@ -19,7 +19,8 @@ from flatcli.cli import app
 from flatcli.config import load_config, parse_measures
 from flatcli.errors import ConfigError
 from flatcli.experiments import available, list_experiments, load_spec, publish, run_experiment
-from flatcli.experiments.pipeline import Experiment, StudyOutcome, correlation_table, work_seconds
+from flatcli.experiments.pipeline import Experiment, work_seconds
+from flatcli.experiments.report import StudyOutcome, correlation_table
 from flatcli.experiments.spec import Study, merge
 from flatcli.training import LossTarget, Plateau
 
@@ -29,8 +30,14 @@ pytest.importorskip("mnist1d")
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "flatcli" / "experiments" / "specs"
-EXPERIMENTS = ["ns_regularization", "random_labels", "relative_flatness", "reparameterization", "cifar10_resnet18",
-               "modular_addition"]
+EXPERIMENTS = [
+    "ns_regularization",
+    "random_labels",
+    "relative_flatness",
+    "reparameterization",
+    "cifar10_resnet18",
+    "modular_addition",
+]
 runner = CliRunner()
 
 
@@ -48,18 +55,26 @@ def _out(res) -> str:
     return cli_output(res)
 
 
-def small_spec(tmp_path: Path, name: str, measures: list, study: str | None = None, **quick) -> Path:
+def small_spec(
+    tmp_path: Path, name: str, measures: list, study: str | None = None, **quick
+) -> Path:
     """The shipped spec ``name`` with its quick mode cut down: ``measures`` (with the quick
     options of those kept), no bootstrap, and ``quick`` merged into the quick block (into
     ``study``'s own quick block when given)."""
     raw = yaml.safe_load((SPECS / f"{name}.yaml").read_text())
     names = {m if isinstance(m, str) else next(iter(m)) for m in measures}
     opts = {k: v for k, v in raw["quick"].get("measure_options", {}).items() if k in names}
-    raw["quick"] = merge(raw["quick"], {"measures": measures, "bootstrap": 0, **({} if study else quick)})
+    raw["quick"] = merge(
+        raw["quick"], {"measures": measures, "bootstrap": 0, **({} if study else quick)}
+    )
     raw["quick"]["measure_options"] = opts
-    labels = {m.label for m in parse_measures(measures)}  # the compare pairs among the measures kept
+    labels = {
+        m.label for m in parse_measures(measures)
+    }  # the compare pairs among the measures kept
     pairs = [p for st in (raw, *raw["studies"].values()) for p in st.get("compare", [])]
-    raw["quick"]["compare"] = [p for p in pairs if all(x in labels or x == "*" for x in p.split(","))]
+    raw["quick"]["compare"] = [
+        p for p in pairs if all(x in labels or x == "*" for x in p.split(","))
+    ]
     if study:
         raw["studies"][study]["quick"] = merge(raw["studies"][study].get("quick") or {}, quick)
     path = tmp_path / f"{name}.yaml"
@@ -84,9 +99,15 @@ def test_specs_load_and_follow_the_rules(name, quick):
         assert _labels(st)
         if not quick and name in ("ns_regularization", "relative_flatness"):
             assert len(st.points()) >= 24 and len(st.grid["seed"]) >= 2
-        if not quick and name == "ns_regularization":  # Tsuzuku's regularizers, each at ≥ 2 strengths besides 0
-            assert st.axes == ["l2", "weight_decay", "dropout"] and st.training["optimizer"] == "adamw"
-            assert all(len(st.grid[a]) >= 3 and st.grid[a][0] == 0 for a in st.axes) and st.model_axes == ["dropout"]
+        if (
+            not quick and name == "ns_regularization"
+        ):  # Tsuzuku's regularizers, each at ≥ 2 strengths besides 0
+            assert (
+                st.axes == ["l2", "weight_decay", "dropout"] and st.training["optimizer"] == "adamw"
+            )
+            assert all(
+                len(st.grid[a]) >= 3 and st.grid[a][0] == 0 for a in st.axes
+            ) and st.model_axes == ["dropout"]
     if not quick and name == "ns_regularization":
         assert spec.criterion == Plateau(0.01, min_accuracy=1.0, window=10, rtol=0.01)
     elif not quick:
@@ -97,21 +118,35 @@ def test_quick_measure_options_keep_labels_and_columns():
     full, quick = load_spec("ns_regularization"), load_spec("ns_regularization", quick=True)
     for a, b in zip(full.studies, quick.studies, strict=True):
         assert _labels(a) == _labels(b)
-    ns = [m for m in quick.studies[0].flatcli["measures"] if isinstance(m, dict) and "normalized_sharpness" in m]
-    assert ns == [{"normalized_sharpness": {"samples": 8}}]  # the quick options merged into the default NS
-    assert quick.bootstrap == 100  # the fewest a 95% interval takes: `flatcli experiments run NAME --quick` works
+    ns = [
+        m
+        for m in quick.studies[0].flatcli["measures"]
+        if isinstance(m, dict) and "normalized_sharpness" in m
+    ]
+    assert ns == [
+        {"normalized_sharpness": {"samples": 8}}
+    ]  # the quick options merged into the default NS
+    assert (
+        quick.bootstrap == 100
+    )  # the fewest a 95% interval takes: `flatcli experiments run NAME --quick` works
 
 
 def _paper_tables(text: str) -> dict[str, dict[str, list[float]]]:
     """Tsuzuku et al. 2020's Tables 1–2 as text: data set → row name → {column: value}."""
     tables = {}
-    for m in re.finditer(r"Table \d\. Correlation coefficients.*?trained on (\w+)\.\s+(.*?)(?=Table \d\.|\Z)", text, re.S):
+    for m in re.finditer(
+        r"Table \d\. Correlation coefficients.*?trained on (\w+)\.\s+(.*?)(?=Table \d\.|\Z)",
+        text,
+        re.S,
+    ):
         lines = [ln.strip() for ln in m.group(2).splitlines() if ln.strip()]
         head = lines[0].split()
         rows = {}
         for ln in lines[1:]:
             nums = re.findall(r"[−-]?\d+\.\d+", ln)
-            rows[ln[: ln.index(nums[0])].strip()] = dict(zip(head, (float(v.replace("−", "-")) for v in nums), strict=True))
+            rows[ln[: ln.index(nums[0])].strip()] = dict(
+                zip(head, (float(v.replace("−", "-")) for v in nums), strict=True)
+            )
         tables[m.group(1)] = rows
     return tables
 
@@ -127,13 +162,22 @@ def test_exp1_paper_values_match_tsuzuku_tables_1_and_2():
         if full.is_file():
             assert excerpt in full.read_text()
     tables = _paper_tables(excerpt)
-    rows = {"normalized_sharpness": "Normalized sharpness", "hessian_trace": "Trace of Hessian", "frobenius_norm": "Frobenius norm"}
+    rows = {
+        "normalized_sharpness": "Normalized sharpness",
+        "hessian_trace": "Trace of Hessian",
+        "frobenius_norm": "Frobenius norm",
+    }
     paper = load_spec("ns_regularization").paper
     assert paper["columns"] == ["MNIST MLP", "CIFAR-10 MLP"]
-    assert paper["statistic"] == "correlation coefficient" and "Correlation coefficients" in excerpt  # not named Pearson
+    assert (
+        paper["statistic"] == "correlation coefficient" and "Correlation coefficients" in excerpt
+    )  # not named Pearson
     assert set(paper["values"]) == set(rows)
     for label, row in rows.items():
-        assert paper["values"][label] == [tables["MNIST"][row]["MLP"], tables["CIFAR10"][row]["MLP"]], label
+        assert paper["values"][label] == [
+            tables["MNIST"][row]["MLP"],
+            tables["CIFAR10"][row]["MLP"],
+        ], label
 
 
 def test_shipped_cifar_configs_match_the_spec():
@@ -166,37 +210,83 @@ def test_compare_pairs_expand_and_are_checked(tmp_path):
     rf = [b for a, b in st.compare if a == "relative_flatness"]
     assert rf == [x for x in labels if x != "relative_flatness"]
     fr = [b for a, b in st.compare if a == "fisher_rao_norm"]
-    assert fr == [x for x in labels if x not in ("relative_flatness", "fisher_rao_norm")]  # (FR, RF) is (RF, FR)
+    assert fr == [
+        x for x in labels if x not in ("relative_flatness", "fisher_rao_norm")
+    ]  # (FR, RF) is (RF, FR)
     assert load_spec("ns_regularization").studies[0].compare[:2] == [("normalized_sharpness", "hessian_trace"),
                                                                   ("normalized_sharpness", "frobenius_norm")]  # fmt: skip
-    p = _write_spec(tmp_path, compare=[["hessian_trace", "frobenius_norm"], "hessian_trace, path_norm"])
-    assert load_spec(p).studies[0].compare == [("hessian_trace", "frobenius_norm"), ("hessian_trace", "path_norm")]
+    p = _write_spec(
+        tmp_path, compare=[["hessian_trace", "frobenius_norm"], "hessian_trace, path_norm"]
+    )
+    assert load_spec(p).studies[0].compare == [
+        ("hessian_trace", "frobenius_norm"),
+        ("hessian_trace", "path_norm"),
+    ]
 
 
 @pytest.mark.parametrize(
     ("over", "match"),
     [
-        ({"compare": ["normalized_sharpnes,*"]}, r"compare: 'normalized_sharpnes' is not a measure label of the study; "
-                                                  r"did you mean 'normalized_sharpness'\?"),
+        (
+            {"compare": ["normalized_sharpnes,*"]},
+            r"compare: 'normalized_sharpnes' is not a measure label of the study; "
+            r"did you mean 'normalized_sharpness'\?",
+        ),
         ({"compare": ["hessian_trace"]}, r"compare: each entry must name two different measures"),
-        ({"subsets": {"no dropout": ""}}, r"subsets.no dropout must be a pandas query on results.csv"),
+        (
+            {"subsets": {"no dropout": ""}},
+            r"subsets.no dropout must be a pandas query on results.csv",
+        ),
         ({"studie": {}}, r"unknown key 'studie'. Did you mean 'studies'\?"),
-        ({"studies.digits.grid": {"weight_decay": [0.0], "batch_sise": [32]}}, r"grid .*unknown key 'batch_sise'. Did you mean 'batch_size'\?"),
-        ({"training": {"optimizer": "rmsprop"}}, r"optimizer must be one of sgd, adam, adamw; got 'rmsprop'"),
-        ({"training": {"momentum": 1.0}}, r"training: momentum must be a float in \[0, 1\); got 1.0"),
+        (
+            {"studies.digits.grid": {"weight_decay": [0.0], "batch_sise": [32]}},
+            r"grid .*unknown key 'batch_sise'. Did you mean 'batch_size'\?",
+        ),
+        (
+            {"training": {"optimizer": "rmsprop"}},
+            r"optimizer must be one of sgd, adam, adamw; got 'rmsprop'",
+        ),
+        (
+            {"training": {"momentum": 1.0}},
+            r"training: momentum must be a float in \[0, 1\); got 1.0",
+        ),
         ({"training": {"l2": -1.0}}, r"training: l2 must be a float ≥ 0; got -1.0"),
-        ({"training": {"dtype": "float16"}}, r"training: dtype must be one of float32, float64; got 'float16'"),
-        ({"studies.digits.grid": {"max_steps": [10, 20]}}, r"max_steps is a training setting, not a grid axis"),
+        (
+            {"training": {"dtype": "float16"}},
+            r"training: dtype must be one of float32, float64; got 'float16'",
+        ),
+        (
+            {"studies.digits.grid": {"max_steps": [10, 20]}},
+            r"max_steps is a training setting, not a grid axis",
+        ),
         ({"axes": ["width"]}, r"axes: 'width' is not a grid axis"),
-        ({"quick": {"measure_options": {"local_entropy": {"gamma": 2.0}}}}, r"'local_entropy' is not among the configured measures"),
-        ({"measures": ["hessian_trac"]}, r"studies\.\w+: Unknown measure 'hessian_trac'. Did you mean 'hessian_trace'\?"),
+        (
+            {"quick": {"measure_options": {"local_entropy": {"gamma": 2.0}}}},
+            r"'local_entropy' is not among the configured measures",
+        ),
+        (
+            {"measures": ["hessian_trac"]},
+            r"studies\.\w+: Unknown measure 'hessian_trac'. Did you mean 'hessian_trace'\?",
+        ),
         ({"target_loss": 0}, r"target_loss must be a float > 0; got 0"),
-        ({"quick": {"bootstrap": -1}}, r"bootstrap must be 0 \(no intervals\) or an int ≥ 100 .*; got -1"),
-        ({"quick": {"bootstrap": 20}}, r"bootstrap must be 0 \(no intervals\) or an int ≥ 100 .*; got 20"),
+        (
+            {"quick": {"bootstrap": -1}},
+            r"bootstrap must be 0 \(no intervals\) or an int ≥ 100 .*; got -1",
+        ),
+        (
+            {"quick": {"bootstrap": 20}},
+            r"bootstrap must be 0 \(no intervals\) or an int ≥ 100 .*; got 20",
+        ),
         ({"studies.digits.grid": {"seed": [0, 0]}}, r"grid.seed repeats a value"),
         ({"plateau": {"windw": 5}}, r"plateau: unknown key 'windw'. Did you mean 'window'\?"),
-        ({"quick": {"plateau": {"rtol": 1.5}}}, r"quick: plateau rtol must be in \[0, 1\); got 1.5"),
-        ({"plateau": {"window": 2.5}}, r"plateau window must be an int ≥ 1 \(evaluations\); got 2.5"),
+        (
+            {"quick": {"plateau": {"rtol": 1.5}}},
+            r"quick: plateau rtol must be in \[0, 1\); got 1.5",
+        ),
+        (
+            {"plateau": {"window": 2.5}},
+            r"plateau window must be an int ≥ 1 \(evaluations\); got 2.5",
+        ),
     ],
 )
 def test_bad_specs_are_one_line_config_errors(tmp_path, over, match):
@@ -222,12 +312,21 @@ def test_grid_points_recipes_and_tasks():
     tasks = Experiment(spec, "out").tasks(st, Path("out/digits"))
     assert [t.name for t in tasks[:2]] == ["000_optimizersgd_batch_size32_lr_factor1_seed0",
                                            "001_optimizersgd_batch_size32_lr_factor1_seed1"]  # fmt: skip
-    assert [t.seed for t in tasks[:3]] == [0, 1, 2] and all(t.criterion.target == 0.01 for t in tasks)
+    assert [t.seed for t in tasks[:3]] == [0, 1, 2] and all(
+        t.criterion.target == 0.01 for t in tasks
+    )
     noisy = load_spec("random_labels").studies[0]
-    assert noisy.recipe({"label_noise": 0.4, "seed": 1})[1] == 0.4 and noisy.recipe({"label_noise": 0.0, "seed": 1})[1] == 0.0
+    assert (
+        noisy.recipe({"label_noise": 0.4, "seed": 1})[1] == 0.4
+        and noisy.recipe({"label_noise": 0.0, "seed": 1})[1] == 0.0
+    )
     cifar = load_spec("cifar10_resnet18", quick=True)
     task = Experiment(cifar, "out").tasks(cifar.studies[0], Path("out/r"))[0]
-    assert task.model_kwargs["width"] == 4 and task.recipe.batch_size == 16 and task.criterion.target == 2.0
+    assert (
+        task.model_kwargs["width"] == 4
+        and task.recipe.batch_size == 16
+        and task.criterion.target == 2.0
+    )
 
 
 # ------------------------------------------------------------------ the command line
@@ -243,15 +342,27 @@ def test_experiments_list_and_the_module_alias(capsys):
     with pytest.raises(SystemExit) as e:
         main(["random_label", "--quick"])
     assert e.value.code == 2
-    assert "unknown experiment 'random_label'; did you mean 'random_labels'?" in capsys.readouterr().err
+    assert (
+        "unknown experiment 'random_label'; did you mean 'random_labels'?"
+        in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["random_label", "--quick"], "error: unknown experiment 'random_label'; did you mean 'random_labels'?"),
-        (["ns_regularization", "--quick", "--study", "cifar"], "error: --study: cifar not in ns_regularization (studies: mnist1d, digits)"),
-        (["ns_regularization", "--quick", "--device", "tpu:9"], "error: --device must be auto, cpu, cuda or cuda:N; got 'tpu:9'"),
+        (
+            ["random_label", "--quick"],
+            "error: unknown experiment 'random_label'; did you mean 'random_labels'?",
+        ),
+        (
+            ["ns_regularization", "--quick", "--study", "cifar"],
+            "error: --study: cifar not in ns_regularization (studies: mnist1d, digits)",
+        ),
+        (
+            ["ns_regularization", "--quick", "--device", "tpu:9"],
+            "error: --device must be auto, cpu, cuda or cuda:N; got 'tpu:9'",
+        ),
         (["ns_regularization", "--jobs", "0"], "error: Invalid value for '--jobs'"),
     ],
 )
@@ -266,7 +377,20 @@ def test_a_failed_measurement_exits_1(tmp_path):
     """Models that diverge have NaN weights: their sweep units fail, the experiment exits 1."""
     spec = small_spec(tmp_path, "ns_regularization", ["frobenius_norm"], grid={"optimizer": ["sgd"], "lr": [1.0e6], "l2": [0.0], "weight_decay": [0.0], "dropout": [0.0],
                       "seed": [0, 1, 2]})  # fmt: skip
-    res = runner.invoke(app, ["experiments", "run", str(spec), "--quick", "--study", "digits", "-o", str(tmp_path / "o"), "--no-plots"])
+    res = runner.invoke(
+        app,
+        [
+            "experiments",
+            "run",
+            str(spec),
+            "--quick",
+            "--study",
+            "digits",
+            "-o",
+            str(tmp_path / "o"),
+            "--no-plots",
+        ],
+    )
     assert res.exit_code == 1, _out(res)
     _, train = _rows(tmp_path / "o" / "digits" / "training.csv")
     diverged = {r["path"] for r in train if r["diverged"] == "1"}
@@ -276,7 +400,9 @@ def test_a_failed_measurement_exits_1(tmp_path):
 
 
 # ------------------------------------------------------------------ the end-to-end smokes
-def _check_study(out: Path, spec, study, *, converged_min: int = 3) -> tuple[list[str], list[dict[str, str]]]:
+def _check_study(
+    out: Path, spec, study, *, converged_min: int = 3
+) -> tuple[list[str], list[dict[str, str]]]:
     """The files of a trained, swept and collected study; the training's own eval-mode train
     loss equals the one flatcli measures on the same checkpoint and labels."""
     sd = out / study.name
@@ -306,7 +432,9 @@ def _check_study(out: Path, spec, study, *, converged_min: int = 3) -> tuple[lis
         assert all(met[r["checkpoint"]] == r["hp_converged"] == "1" for r in conv)
         assert all(met[r["checkpoint"]] == r["hp_converged"] == "0" for r in unconv)
         acc = spec.criterion.min_accuracy
-        assert all(float(r["train_loss"]) <= spec.target_loss or float(r["train_acc"]) >= acc for r in conv)
+        assert all(
+            float(r["train_loss"]) <= spec.target_loss or float(r["train_acc"]) >= acc for r in conv
+        )
     return labels, conv
 
 
@@ -323,18 +451,42 @@ def test_ns_regularization_smoke_through_the_cli(tmp_path):
                       grid={"l2": [0.0, 0.003, 0.01], "weight_decay": [0.0], "dropout": [0.0], "seed": [0]},
                       bootstrap=100)  # fmt: skip
     out = tmp_path / "exp1"
-    args = ["experiments", "run", str(spec), "--quick", "--study", "digits", "-o", str(out), "--no-plots"]
+    args = [
+        "experiments",
+        "run",
+        str(spec),
+        "--quick",
+        "--study",
+        "digits",
+        "-o",
+        str(out),
+        "--no-plots",
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, _out(res)
-    assert "| `normalized_sharpness` |" in res.stdout and "+0.73 | +0.92 |" in res.stdout and "quick mode" in res.stdout
+    assert (
+        "| `normalized_sharpness` |" in res.stdout
+        and "+0.73 | +0.92 |" in res.stdout
+        and "quick mode" in res.stdout
+    )
     assert "[1/3] l2=0.0" in _out(res)  # progress on stderr
-    assert '--where "hp_converged == 1" --by l2,weight_decay,dropout' in res.stdout  # the plateau criterion's filter
+    assert (
+        '--where "hp_converged == 1" --by l2,weight_decay,dropout' in res.stdout
+    )  # the plateau criterion's filter
     # normalized sharpness against every other measure, as `flatcli correlate --compare` computes it
     cols, comp = _rows(out / "digits" / "results" / "comparisons.csv")
     assert [(r["measure_a"], r["measure_b"], r["statistic"]) for r in comp][::3] == [
-        ("normalized_sharpness", "hessian_trace", "kendall_tau_b"), ("normalized_sharpness", "frobenius_norm", "kendall_tau_b")]
-    assert all(int(r["resamples"]) + int(r["undefined_resamples"]) == 100 for r in comp) and "zou_lo" in cols
-    assert "| `normalized_sharpness` | `hessian_trace` | 3 |" in res.stdout and "--compare A,B" in res.stdout
+        ("normalized_sharpness", "hessian_trace", "kendall_tau_b"),
+        ("normalized_sharpness", "frobenius_norm", "kendall_tau_b"),
+    ]
+    assert (
+        all(int(r["resamples"]) + int(r["undefined_resamples"]) == 100 for r in comp)
+        and "zou_lo" in cols
+    )
+    assert (
+        "| `normalized_sharpness` | `hessian_trace` | 3 |" in res.stdout
+        and "--compare A,B" in res.stdout
+    )
     assert "- differs from the paper: data: MNIST-1D" in res.stdout  # the spec's paper.setup
     _, conv = _rows(out / "digits" / "results" / "results_converged.csv")
     gaps = [float(r["gen_gap"]) for r in conv]
@@ -345,12 +497,19 @@ def test_ns_regularization_smoke_through_the_cli(tmp_path):
     # rerunning reuses the models and the sweep, and gives the same table
     before = (out / "digits" / "results" / "results.csv").read_text()
     res = runner.invoke(app, args)
-    assert res.exit_code == 0 and "reusing the 3 trained models" in _out(res) and "0 to run" in _out(res)
+    assert (
+        res.exit_code == 0
+        and "reusing the 3 trained models" in _out(res)
+        and "0 to run" in _out(res)
+    )
     assert (out / "digits" / "results" / "results.csv").read_text() == before
     # the summary's work figures come from the files, so a rerun that reuses everything keeps them
     train_s, measure_s = work_seconds(out / "digits")
     assert train_s > 0 and measure_s > 0
-    assert f"Work: training {train_s:.0f} s and measurement {measure_s:.0f} s" in (out / "summary.md").read_text()
+    assert (
+        f"Work: training {train_s:.0f} s and measurement {measure_s:.0f} s"
+        in (out / "summary.md").read_text()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -367,9 +526,13 @@ def test_random_labels_smoke(exp2):
     labels, conv = _check_study(out, rep.spec, st)
     _check_correlations(out / st.name, labels, len(conv), ["label_noise"])
     _, man = _rows(out / st.name / "manifest.csv")
-    assert [r["train_data"] for r in man] == [f"data/train_noise{f}_seed0.pt" for f in ("0", "0.25", "0.5", "1")]
+    assert [r["train_data"] for r in man] == [
+        f"data/train_noise{f}_seed0.pt" for f in ("0", "0.25", "0.5", "1")
+    ]
     _, unconv = _rows(out / st.name / "results" / "unconverged.csv")
-    assert [r["hp_label_noise"] for r in unconv] == ["1.0"]  # random labels: not fitted in 400 steps
+    assert [r["hp_label_noise"] for r in unconv] == [
+        "1.0"
+    ]  # random labels: not fitted in 400 steps
     _, vs = _rows(out / st.name / "results" / "vs_noise" / "correlations.csv")
     assert sorted(r["measure"] for r in vs) == sorted(labels)
     assert (out / st.name / "results" / "plots" / "random_labels.png").is_file()
@@ -381,7 +544,9 @@ def test_relative_flatness_smoke(tmp_path):
     spec = small_spec(tmp_path, "relative_flatness", ["relative_flatness", {"relative_flatness": {
         "normalize_features": True, "label": "relative_flatness_normalized"}}, "frobenius_norm"])  # fmt: skip
     out = tmp_path / "exp3"
-    rep = run_experiment(spec, out, quick=True, studies=["mnist1d"], plots=False, log=lambda m: None)
+    rep = run_experiment(
+        spec, out, quick=True, studies=["mnist1d"], plots=False, log=lambda m: None
+    )
     (st,) = [s for s in rep.spec.studies if s.name == "mnist1d"]
     labels, conv = _check_study(out, rep.spec, st)
     assert labels == ["relative_flatness", "relative_flatness_normalized", "frobenius_norm"]
@@ -400,7 +565,12 @@ def test_reparameterization_smoke(tmp_path):
     sd = out / st.name
     _, man = _rows(sd / "manifest.csv")
     assert [(r["transform"], r["scale"]) for r in man] == [
-        ("none", "1.0"), ("layer", "10.0"), ("layer", "1000.0"), ("node", "10.0"), ("node", "1000.0")]
+        ("none", "1.0"),
+        ("layer", "10.0"),
+        ("layer", "1000.0"),
+        ("node", "10.0"),
+        ("node", "1000.0"),
+    ]
     _check_study(out, rep.spec, st, converged_min=0)
     cols, table = _rows(sd / "results" / "relative_change.csv")
     assert cols == ["measure", "claims_invariance", "transform", "scale", "median", "max", "n"]
@@ -418,12 +588,17 @@ def test_reparameterization_smoke(tmp_path):
     # the counts are over the trained networks (1 in quick mode), not over them and their 4 copies
     (o,) = rep.studies
     assert o.models == 1 and o.extra["checkpoints"] == 5
-    assert "1 trained network(s), measured with their rescaled copies (5 checkpoints in all)" in summary
+    assert (
+        "1 trained network(s), measured with their rescaled copies (5 checkpoints in all)"
+        in summary
+    )
     assert " of 5 models" not in summary and "trained networks)" not in summary
     # rerunning reuses the trained networks and rescales them again, not their copies
     logs: list[str] = []
     run_experiment(spec, out, quick=True, studies=["digits_mlp"], plots=False, log=logs.append)
-    assert any("reusing the 1 trained models" in m for m in logs) and any("0 to run" in m for m in logs)
+    assert any("reusing the 1 trained models" in m for m in logs) and any(
+        "0 to run" in m for m in logs
+    )
     assert len(_rows(sd / "manifest.csv")[1]) == 5
 
 
@@ -435,7 +610,9 @@ def test_cifar10_resnet18_smoke_on_synthetic_data(tmp_path):
                       grid={"optimizer": ["sgd", "adam"], "batch_size": [16], "lr_factor": [1.0], "seed": [0]},
                       training={"max_steps": 12})  # fmt: skip
     out = tmp_path / "exp5"
-    rep = run_experiment(spec, out, quick=True, studies=["optimizers"], plots=False, log=lambda m: None)
+    rep = run_experiment(
+        spec, out, quick=True, studies=["optimizers"], plots=False, log=lambda m: None
+    )
     st = next(s for s in rep.spec.studies if s.name == "optimizers")
     _check_study(out, rep.spec, st, converged_min=0)
     sd = out / "optimizers"
@@ -444,7 +621,9 @@ def test_cifar10_resnet18_smoke_on_synthetic_data(tmp_path):
     for r in train:
         init = torch.load(sd / r["init_checkpoint"], weights_only=True)["state_dict"]
         final = torch.load(sd / r["path"], weights_only=True)
-        assert final["model_kwargs"]["width"] == 4 and final["hparams"]["optimizer"] == r["optimizer"]
+        assert (
+            final["model_kwargs"]["width"] == 4 and final["hparams"]["optimizer"] == r["optimizer"]
+        )
         assert not torch.equal(init["bn1.running_mean"], final["state_dict"]["bn1.running_mean"])
         assert int(final["state_dict"]["bn1.num_batches_tracked"]) == int(r["steps"])
 
@@ -473,8 +652,18 @@ def _write_results(path, rows):
 
 def test_converged_filter_seed_spread_and_table(tmp_path):
     """keep_converged splits results.csv by train_loss; each seed's models are correlated alone."""
-    spec = dataclasses.replace(load_spec("ns_regularization"), plateau=None)  # a LossTarget criterion
-    study = Study("s", "s", {}, {}, {"weight_decay": [0.0, 1e-4, 2e-4, 3e-4], "seed": [0, 1]}, ["weight_decay"], "weight_decay")
+    spec = dataclasses.replace(
+        load_spec("ns_regularization"), plateau=None
+    )  # a LossTarget criterion
+    study = Study(
+        "s",
+        "s",
+        {},
+        {},
+        {"weight_decay": [0.0, 1e-4, 2e-4, 3e-4], "seed": [0, 1]},
+        ["weight_decay"],
+        "weight_decay",
+    )
     rows = []
     for seed in (0, 1):
         for i, wd in enumerate(study.grid["weight_decay"]):
@@ -487,26 +676,45 @@ def test_converged_filter_seed_spread_and_table(tmp_path):
     res = _write_results(tmp_path / "results" / "results.csv", rows)
     exp = Experiment(spec, tmp_path, log=lambda m: None)
     conv, unconv, kept = exp.keep_converged(res)
-    assert kept == 7 and [u["checkpoint"] for u in unconv] == ["m13.pt"] and unconv[0]["train_loss"] == "0.02"
+    assert (
+        kept == 7
+        and [u["checkpoint"] for u in unconv] == ["m13.pt"]
+        and unconv[0]["train_loss"] == "0.02"
+    )
     _, listed = _rows(tmp_path / "results" / "unconverged.csv")
     assert listed[0]["hp_weight_decay"] == "0.0003"
     spread = exp.seed_spread(study, conv)
     by = {(r["measure"], r["seed"]): r for r in spread}
     assert by[("normalized_sharpness", 0)]["kendall_tau_b"] == pytest.approx(1.0)
     assert by[("hessian_trace", 0)]["kendall_tau_b"] == pytest.approx(-1.0)
-    assert by[("hessian_trace", 1)]["kendall_tau_b"] == pytest.approx(1.0) and by[("hessian_trace", 1)]["n"] == 3
+    assert (
+        by[("hessian_trace", 1)]["kendall_tau_b"] == pytest.approx(1.0)
+        and by[("hessian_trace", 1)]["n"] == 3
+    )
     assert (tmp_path / "results" / "by_seed" / "results_seed1.csv").is_file()
     rep = exp.correlate(conv, study, tmp_path / "results", False)
     o = StudyOutcome("s", tmp_path, models=8, converged=7, correlation=rep, by_seed=spread)
     table = "\n".join(correlation_table(spec, study, o))
     # without a bootstrap the cells carry {min, max} over the seeds' own correlations
-    assert "| `normalized_sharpness` | 7 |" in table and "{+1.00, +1.00}" in table and "{-1.00, +1.00}" in table
+    assert (
+        "| `normalized_sharpness` | 7 |" in table
+        and "{+1.00, +1.00}" in table
+        and "{-1.00, +1.00}" in table
+    )
     assert "+0.73 | +0.92 |" in table  # the paper's Pearson values beside ours
-    assert "(1,000 resamples, seed 0)" in table  # the spec's bootstrap, as correlations.csv was made
+    assert (
+        "(1,000 resamples, seed 0)" in table
+    )  # the spec's bootstrap, as correlations.csv was made
     # with one, the bootstrap interval that `flatcli correlate --bootstrap 200 --seed 0` prints
     rep = exp.correlate(conv, study, None, False, bootstrap=200)
     iv = next(m for m in rep.measures if m.measure == "hessian_trace").intervals["kendall_tau_b"]
-    table = "\n".join(correlation_table(spec, study, StudyOutcome("s", tmp_path, models=8, converged=7, correlation=rep, by_seed=spread)))
+    table = "\n".join(
+        correlation_table(
+            spec,
+            study,
+            StudyOutcome("s", tmp_path, models=8, converged=7, correlation=rep, by_seed=spread),
+        )
+    )
     assert f"[{iv.lo:+.2f}, {iv.hi:+.2f}]" in table and iv.lo < iv.hi
     assert exp.correlate_command(study, "s").endswith("--by weight_decay --bootstrap 1000 --seed 0")
 
@@ -515,10 +723,21 @@ def test_plateau_studies_are_filtered_by_the_recorded_criterion(tmp_path):
     """With a plateau criterion the manifest's ``converged`` (``hp_converged`` in results.csv), not
     the train loss, decides: a model on a plateau above the target loss is kept, one that missed
     the criterion is left out, and `flatcli correlate --where "hp_converged == 1"` does the same."""
-    spec = dataclasses.replace(load_spec("ns_regularization"), bootstrap=100)  # the fewest resamples: a fast test
+    spec = dataclasses.replace(
+        load_spec("ns_regularization"), bootstrap=100
+    )  # the fewest resamples: a fast test
     assert isinstance(spec.criterion, Plateau)
-    study = Study("s", "s", {}, {}, {"l2": [0.0, 1e-3, 3e-3], "seed": [0, 1, 2]}, ["l2"], "l2",
-                  compare=[("hessian_trace", "frobenius_norm")], subsets={"weak": "hp_l2 < 0.002", "none": "hp_l2 == 0"})
+    study = Study(
+        "s",
+        "s",
+        {},
+        {},
+        {"l2": [0.0, 1e-3, 3e-3], "seed": [0, 1, 2]},
+        ["l2"],
+        "l2",
+        compare=[("hessian_trace", "frobenius_norm")],
+        subsets={"weak": "hp_l2 < 0.002", "none": "hp_l2 == 0"},
+    )
     rows = []
     for seed in (0, 1, 2):
         for i, l2 in enumerate(study.grid["l2"]):
@@ -533,24 +752,40 @@ def test_plateau_studies_are_filtered_by_the_recorded_criterion(tmp_path):
     assert exp.converged_filter == ("hp_converged == 1", None)
     conv, unconv, kept = exp.keep_converged(res)
     assert kept == 6 and [u["checkpoint"] for u in unconv] == ["m02.pt", "m12.pt", "m22.pt"]
-    assert sorted(r["train_loss"] for r in _rows(conv)[1]) == ["0.008"] * 3 + ["0.03"] * 3  # plateau models kept
+    assert (
+        sorted(r["train_loss"] for r in _rows(conv)[1]) == ["0.008"] * 3 + ["0.03"] * 3
+    )  # plateau models kept
     rep = exp.correlate(res, study, None, False)
     trace = next(m for m in rep.measures if m.measure == "hessian_trace")
     assert trace.n == 6 and trace.kendall_tau_b == pytest.approx(-1.0)
     assert exp.correlate_command(study, "s") == ('flatcli correlate s/results/results.csv --where "hp_converged == 1" '
                                                  "--by l2 --bootstrap 100 --seed 0")  # fmt: skip
-    res_cli = runner.invoke(app, ["correlate", str(res), "--where", "hp_converged == 1", "--by", "l2"])
+    res_cli = runner.invoke(
+        app, ["correlate", str(res), "--where", "hp_converged == 1", "--by", "l2"]
+    )
     assert res_cli.exit_code == 0 and "dropped 3 of 9 rows: m02.pt, m12.pt, m22.pt" in _out(res_cli)
     # the study's compare pairs and subsets, on the same converged models
     comp = exp.compare(study, res, tmp_path / "comparisons.csv")
     assert list(comp["n"]) == [6, 6, 6] and comp.iloc[0]["a"] == pytest.approx(-1.0)
     weak = exp.subset(study, res, "weak", "hp_l2 < 0.002", tmp_path / "weak")
     assert weak["axes"] == ["l2"] and weak["where"] == "(hp_converged == 1) and (hp_l2 < 0.002)"
-    assert {m.n for m in weak["correlation"].measures} == {6} and list(weak["comparisons"]["n"]) == [6, 6, 6]
+    assert {m.n for m in weak["correlation"].measures} == {6} and list(
+        weak["comparisons"]["n"]
+    ) == [6, 6, 6]
     none = exp.subset(study, res, "none", "hp_l2 == 0", tmp_path / "none")
-    assert none["axes"] == [] and {m.n for m in none["correlation"].measures} == {3}  # l2 constant: no Ψ axis
+    assert none["axes"] == [] and {m.n for m in none["correlation"].measures} == {
+        3
+    }  # l2 constant: no Ψ axis
     assert exp.correlate_command(study, "s", "hp_l2 == 0", []) == (
-        'flatcli correlate s/results/results.csv --where "(hp_converged == 1) and (hp_l2 == 0)" --bootstrap 100 --seed 0')
-    assert exp.subset(study, res, "few", "hp_l2 > 0.002", tmp_path / "few") is None  # no converged model left
-    lines = "\n".join(exp.subset_sections(study, StudyOutcome("s", tmp_path, 9, 6, subsets=[weak, none])))
-    assert "### Subset: weak" in lines and '--where "(hp_converged == 1) and (hp_l2 < 0.002)" --by l2 ' in lines
+        'flatcli correlate s/results/results.csv --where "(hp_converged == 1) and (hp_l2 == 0)" --bootstrap 100 --seed 0'
+    )
+    assert (
+        exp.subset(study, res, "few", "hp_l2 > 0.002", tmp_path / "few") is None
+    )  # no converged model left
+    lines = "\n".join(
+        exp.subset_sections(study, StudyOutcome("s", tmp_path, 9, 6, subsets=[weak, none]))
+    )
+    assert (
+        "### Subset: weak" in lines
+        and '--where "(hp_converged == 1) and (hp_l2 < 0.002)" --by l2 ' in lines
+    )

@@ -22,7 +22,9 @@ DT = torch.float64
 
 def measure(model, x, y, loss="cross_entropy", seed=0, batch_size=7, extra=(), **opts):
     specs = [{"feature_robustness": opts}, *extra]
-    row = measure_model(model, (x, y), specs, loss=loss, precision="fp64", seed=seed, batch_size=batch_size)
+    row = measure_model(
+        model, (x, y), specs, loss=loss, precision="fp64", seed=seed, batch_size=batch_size
+    )
     assert not row.errors, row.errors
     return row.results
 
@@ -49,7 +51,9 @@ def test_squared_loss_classifier_is_exact_per_matrix():
     # ℓ = ‖W(I + A)φ + b − t‖²: the antithetic increase is exactly ‖WAφ‖² for every A = δO.
     model = _mlp(nn.Tanh, widths=(5, 6, 3, 4))
     x, y = _data(n=25)
-    res = measure(model, x, y, loss="mse", samples=6, delta=0.3, curve=3, extra=[{"relative_flatness": {}}])
+    res = measure(
+        model, x, y, loss="mse", samples=6, delta=0.3, curve=3, extra=[{"relative_flatness": {}}]
+    )
     r = res["feature_robustness"]
     phi = _features(model, "4", x)
     W = model[4].weight.detach()
@@ -75,14 +79,21 @@ def _quadratic_forms(model, layer, x, y, Os):
     return out
 
 
-@pytest.mark.parametrize("layer,widths", [("4", (5, 6, 3, 4)), ("2", (5, 6, 3, 4)), ("0", (5, 6, 3, 4))])
+@pytest.mark.parametrize(
+    "layer,widths", [("4", (5, 6, 3, 4)), ("2", (5, 6, 3, 4)), ("0", (5, 6, 3, 4))]
+)
 def test_theorem_5_expansion_per_matrix_against_the_dense_hessian(layer, widths):
     # E_F(δO)/δ² = ½vec(WO)ᵀH vec(WO) + O(δ²) for every matrix O (antithetic pairs: no odd powers).
     model = _mlp(nn.Tanh, widths=widths)
     x, y = _data(n=25)
     r = measure(model, x, y, layer=layer, samples=4, delta=0.4, curve=5)["feature_robustness"]
     q = _quadratic_forms(model, layer, x, y, orthogonals(0, model[int(layer)].in_features, 4))
-    errs = np.array([[abs(e / c["delta"] ** 2 - qi) for e, qi in zip(c["per_matrix"], q, strict=True)] for c in r.diagnostics["curve"]])
+    errs = np.array(
+        [
+            [abs(e / c["delta"] ** 2 - qi) for e, qi in zip(c["per_matrix"], q, strict=True)]
+            for c in r.diagnostics["curve"]
+        ]
+    )
     deltas = np.array([c["delta"] for c in r.diagnostics["curve"]])
     assert np.all(errs[-1] <= 1e-3 * np.abs(q))  # at δ = 0.025
     C = 1.5 * np.maximum(errs[0] / deltas[0] ** 2, errs[1] / deltas[1] ** 2)
@@ -96,8 +107,17 @@ def test_limit_matches_relative_flatness(normalize):
     # below every sample's distance to a kink.)
     model = _mlp(nn.Tanh, widths=(5, 6, 3, 4))
     x, y = _data(n=30)
-    res = measure(model, x, y, layer="2", samples=300, delta=0.2, curve=3, normalize_features=normalize,
-                  extra=[{"relative_flatness": {"layer": "2", "normalize_features": normalize}}])
+    res = measure(
+        model,
+        x,
+        y,
+        layer="2",
+        samples=300,
+        delta=0.2,
+        curve=3,
+        normalize_features=normalize,
+        extra=[{"relative_flatness": {"layer": "2", "normalize_features": normalize}}],
+    )
     d = res["feature_robustness"].diagnostics
     kappa = res["relative_flatness"].value
     assert abs(d["kappa_extrapolated"] - kappa) <= 4 * d["kappa_limit_stderr"]
@@ -151,8 +171,18 @@ def test_representativeness_of_the_measured_network_written_out():
     model = _mlp(nn.Tanh, widths=(5, 6, 3, 4))
     x, y = _data(n=40)
     seed, folds, draws, delta = 2, 4, 3, 0.2
-    r = measure(model, x, y, seed=seed, samples=3, curve=1, delta=delta, representativeness=True,
-                kde_folds=folds, kde_samples=draws)["feature_robustness"]
+    r = measure(
+        model,
+        x,
+        y,
+        seed=seed,
+        samples=3,
+        curve=1,
+        delta=delta,
+        representativeness=True,
+        kde_folds=folds,
+        kde_samples=draws,
+    )["feature_robustness"]
     d = r.diagnostics
     # by hand: the same folds and draws from the measure's generator (offset 2)
     gen = MeasureContext(None, None, seed=seed).generator(2)
@@ -168,14 +198,22 @@ def test_representativeness_of_the_measured_network_written_out():
         te = parts[k]
         tr = np.sort(np.concatenate([parts[j] for j in range(folds) if j != k]))
         mix = 0.0
-        for _ in range(draws):  # uniform in the ball of radius δ‖φ_i‖: direction, then radius U^{1/m}
+        for _ in range(
+            draws
+        ):  # uniform in the ball of radius δ‖φ_i‖: direction, then radius U^{1/m}
             g = torch.randn(len(tr), 3, generator=gen, dtype=DT)
             r = torch.rand(len(tr), generator=gen, dtype=DT) ** (1 / 3)
             xi = g / g.norm(dim=1, keepdim=True) * (delta * norms[tr] * r)[:, None]
-            mix += float(nn.functional.cross_entropy((phi[tr] + xi) @ W.T + b, y[tr], reduction="none").mean())
+            mix += float(
+                nn.functional.cross_entropy(
+                    (phi[tr] + xi) @ W.T + b, y[tr], reduction="none"
+                ).mean()
+            )
         reps.append(float(own[te].mean()) - mix / draws)
     assert d["representativeness"] == pytest.approx(np.mean(reps), rel=1e-10)
-    assert d["representativeness_stderr"] == pytest.approx(np.std(reps, ddof=1) / math.sqrt(folds), rel=1e-10)
+    assert d["representativeness_stderr"] == pytest.approx(
+        np.std(reps, ddof=1) / math.sqrt(folds), rel=1e-10
+    )
     assert d["bound"] == pytest.approx(d["e_f_kernel"] + d["representativeness"], rel=1e-12)
     # the KDE diagnostic: held-out mean log-density of a Gaussian KDE, by hand
     h = delta * float(norms.median()) if len(norms) % 2 else delta * float(np.median(norms.numpy()))
@@ -194,9 +232,16 @@ def test_representativeness_of_the_measured_network_written_out():
 def test_representativeness_needs_enough_samples_per_fold():
     model = _mlp(nn.Tanh)
     x, y = _data(n=7)
-    row = measure_model(model, (x, y), [{"feature_robustness": {"representativeness": True, "kde_folds": 5}}], precision="fp64")
+    row = measure_model(
+        model,
+        (x, y),
+        [{"feature_robustness": {"representativeness": True, "kde_folds": 5}}],
+        precision="fp64",
+    )
     msg = row.errors["feature_robustness"]
-    assert row.error_kinds["feature_robustness"] == "ConfigError" and "kde_folds" in msg  # exit code 2
+    assert (
+        row.error_kinds["feature_robustness"] == "ConfigError" and "kde_folds" in msg
+    )  # exit code 2
 
 
 def test_kernel_is_prop_2s_ball_of_radius_delta_phi():
@@ -239,15 +284,30 @@ def test_bound_uses_e_f_under_the_same_kernel():
     model = _mlp(nn.Tanh, widths=(5, 6, 3, 4))
     x, y = _data(n=25)
     delta, k = 0.3, 6
-    r = measure(model, x, y, loss="mse", samples=k, delta=delta, curve=1, representativeness=True,
-                kde_folds=2, kde_samples=1)["feature_robustness"]
+    r = measure(
+        model,
+        x,
+        y,
+        loss="mse",
+        samples=k,
+        delta=delta,
+        curve=1,
+        representativeness=True,
+        kde_folds=2,
+        kde_samples=1,
+    )["feature_robustness"]
     phi = _features(model, "4", x)
     W = model[4].weight.detach()
     radii = ball_radii(k, 3, MeasureContext(None, None, seed=0).generator(3))
-    ref = [float(rs**2 * (((delta * phi @ Q.T) @ W.T) ** 2).sum(1).mean()) for rs, Q in zip(radii, orthogonals(0, 3, k), strict=True)]
+    ref = [
+        float(rs**2 * (((delta * phi @ Q.T) @ W.T) ** 2).sum(1).mean())
+        for rs, Q in zip(radii, orthogonals(0, 3, k), strict=True)
+    ]
     assert r.diagnostics["e_f_kernel"] == pytest.approx(float(np.mean(ref)), rel=1e-10)
     assert r.diagnostics["e_f_kernel"] < r.value  # ‖A‖ < δ inside the ball, = δ for the value
-    assert r.diagnostics["bound"] == pytest.approx(r.diagnostics["e_f_kernel"] + r.diagnostics["representativeness"])
+    assert r.diagnostics["bound"] == pytest.approx(
+        r.diagnostics["e_f_kernel"] + r.diagnostics["representativeness"]
+    )
 
 
 # ---------------------------------------------------------------- the paper's synthetic Sec. 6 setting
@@ -255,8 +315,14 @@ def test_bound_uses_e_f_under_the_same_kernel():
 
 def _train_linear(z, y, wd=0.01):
     psi = nn.Linear(z.shape[1], 2).double()
-    opt = torch.optim.LBFGS(psi.parameters(), lr=1, max_iter=500, tolerance_grad=1e-12,
-                            tolerance_change=1e-14, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        psi.parameters(),
+        lr=1,
+        max_iter=500,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-14,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         opt.zero_grad()
@@ -309,8 +375,15 @@ def test_synthetic_section_6_setting():
     for sep in (0.5, 1.0, 4.0):
         gaps[sep], bounds[sep] = [], []
         for s in range(6):
-            Z, y = make_classification(n_samples=n + 3000, n_features=m, n_informative=3, n_redundant=4,
-                                       class_sep=sep, flip_y=0.0, random_state=100 * s + 1)
+            Z, y = make_classification(
+                n_samples=n + 3000,
+                n_features=m,
+                n_informative=3,
+                n_redundant=4,
+                class_sep=sep,
+                flip_y=0.0,
+                random_state=100 * s + 1,
+            )
             Z, y = torch.tensor(Z), torch.tensor(y)
             ztr, ytr, zte, yte = Z[:n], y[:n], Z[n:], y[n:]
             psi = _train_linear(ztr, ytr)
@@ -319,27 +392,49 @@ def test_synthetic_section_6_setting():
             xtr, xte = _invert(phi, ztr), _invert(phi, zte)
             with torch.no_grad():
                 assert torch.allclose(phi(xtr), ztr, atol=1e-8)
-                gap = float(nn.functional.cross_entropy(model(xte), yte) - nn.functional.cross_entropy(model(xtr), ytr))
-            res = measure(model, xtr, ytr, seed=s, batch_size=100, samples=40, delta=delta, curve=1,
-                          representativeness=True, kde_samples=1, extra=[{"relative_flatness": {}}])
+                gap = float(
+                    nn.functional.cross_entropy(model(xte), yte)
+                    - nn.functional.cross_entropy(model(xtr), ytr)
+                )
+            res = measure(
+                model,
+                xtr,
+                ytr,
+                seed=s,
+                batch_size=100,
+                samples=40,
+                delta=delta,
+                curve=1,
+                representativeness=True,
+                kde_samples=1,
+                extra=[{"relative_flatness": {}}],
+            )
             ef, kappa = res["feature_robustness"], res["relative_flatness"].value
             assert ef.diagnostics["layer"] == "1" and ef.diagnostics["m"] == m
-            assert abs(ef.value - delta**2 * kappa / (2 * m)) <= 4 * ef.stderr + 1e-3 * ef.value  # Theorem 5
+            assert (
+                abs(ef.value - delta**2 * kappa / (2 * m)) <= 4 * ef.stderr + 1e-3 * ef.value
+            )  # Theorem 5
 
             def fold_model(tr, ztr=ztr, ytr=ytr):
                 p = _train_linear(ztr[tr], ytr[tr])
 
                 def held_out(te):
                     with torch.no_grad():
-                        return nn.functional.cross_entropy(p(ztr[te]), ytr[te], reduction="none").numpy()
+                        return nn.functional.cross_entropy(
+                            p(ztr[te]), ytr[te], reduction="none"
+                        ).numpy()
 
                 def kernel(idx, xi):
                     with torch.no_grad():
-                        return nn.functional.cross_entropy(p(ztr[idx] + xi), ytr[idx], reduction="none").numpy()
+                        return nn.functional.cross_entropy(
+                            p(ztr[idx] + xi), ytr[idx], reduction="none"
+                        ).numpy()
 
                 return held_out, kernel
 
-            rep = kde_representativeness(ztr.numpy(), fold_model, delta, 5, 4, torch.Generator().manual_seed(s))
+            rep = kde_representativeness(
+                ztr.numpy(), fold_model, delta, 5, 4, torch.Generator().manual_seed(s)
+            )
             gaps[sep].append(gap)
             bounds[sep].append(ef.diagnostics["e_f_kernel"] + rep["representativeness"])
     g = [np.mean(gaps[s]) for s in (0.5, 1.0, 4.0)]
@@ -356,7 +451,9 @@ def test_check_invariance_holds_with_normalized_features(transform):
     model = _mlp(nn.ReLU, widths=(5, 6, 3, 4))
     x, y = _data()
     measures = [{"feature_robustness": {"samples": 4, "curve": 2}}]
-    rep = check_invariance_model(model, (x, y), measures, transform=transform, scale=10.0, seed=0, batch_size=24)
+    rep = check_invariance_model(
+        model, (x, y), measures, transform=transform, scale=10.0, seed=0, batch_size=24
+    )
     fr = next(r for r in rep.results if r.name == "feature_robustness")
     assert fr.claims_invariance and fr.held and fr.rel_change <= 1e-9
 
@@ -381,8 +478,19 @@ def test_negative_bound_is_not_a_bound():
     x, y = torch.randn(40, 10, generator=g, dtype=DT), torch.randint(0, 5, (40,), generator=g)
     signs = set()
     for seed in range(6):
-        r = measure(model, x, y, seed=seed, samples=4, curve=1, delta=0.5, representativeness=True,
-                    kde_folds=4, kde_samples=1, batch_size=40)["feature_robustness"]
+        r = measure(
+            model,
+            x,
+            y,
+            seed=seed,
+            samples=4,
+            curve=1,
+            delta=0.5,
+            representativeness=True,
+            kde_folds=4,
+            kde_samples=1,
+            batch_size=40,
+        )["feature_robustness"]
         d = r.diagnostics
         assert d["bound"] == pytest.approx(d["e_f_kernel"] + d["representativeness"], rel=1e-12)
         negative = d["e_f_kernel"] + d["representativeness"] < 0

@@ -79,7 +79,9 @@ def test_double_backward_fallback_matches(monkeypatch):
 
     import flatcli.engine.engine as products
 
-    monkeypatch.setattr(products, "jvp", no_forward_mode)  # the engine's per-sample product falls back
+    monkeypatch.setattr(
+        products, "jvp", no_forward_mode
+    )  # the engine's per-sample product falls back
     assert run(p).value == pytest.approx(direct(p, y), rel=1e-12)
 
 
@@ -113,7 +115,9 @@ def test_model_labels_need_cross_entropy():
 def _fr(model, x, y, **options):
     from flatcli.api import measure_model
 
-    row = measure_model(model, (x, y), [{"fisher_rao_norm": options}], precision="fp64", batch_size=32)
+    row = measure_model(
+        model, (x, y), [{"fisher_rao_norm": options}], precision="fp64", batch_size=32
+    )
     assert not row.errors, row.errors
     return row.results["fisher_rao_norm"]
 
@@ -136,7 +140,9 @@ def test_folded_norm_is_invariant_to_conv_bn_rescaling(c):
     from tests.helpers import conv_bn_setup, rescale_conv_bn
 
     model, x, y = conv_bn_setup()
-    assert _fr(rescale_conv_bn(model, c), x, y).value == pytest.approx(_fr(model, x, y).value, rel=1e-9)
+    assert _fr(rescale_conv_bn(model, c), x, y).value == pytest.approx(
+        _fr(model, x, y).value, rel=1e-9
+    )
 
 
 def test_fold_batchnorm_false_differentiates_the_raw_parameters():
@@ -145,7 +151,9 @@ def test_fold_batchnorm_false_differentiates_the_raw_parameters():
     model, x, y = conv_bn_setup()
     r = _fr(model, x, y, fold_batchnorm=False)
     assert r.diagnostics["unfolded_batchnorm"] == "bn"
-    assert r.value == pytest.approx(direct(Problem(model.eval(), x, y, batch_size=16), y), rel=1e-12)
+    assert r.value == pytest.approx(
+        direct(Problem(model.eval(), x, y, batch_size=16), y), rel=1e-12
+    )
 
 
 def test_eval_mode_batchnorm_leaves_the_layer_before_it_active_and_the_default_is_folded():
@@ -167,7 +175,9 @@ def test_eval_mode_batchnorm_leaves_the_layer_before_it_active_and_the_default_i
         (gw,) = torch.autograd.grad(loss, model.conv.weight, retain_graph=True)
         (gy,) = torch.autograd.grad(loss, out)
         wdir = float((model.conv.weight.detach() * gw).sum())
-        assert wdir == pytest.approx(float((s[None, :, None, None] * z.detach() * gy).sum()), rel=1e-9, abs=1e-15)
+        assert wdir == pytest.approx(
+            float((s[None, :, None, None] * z.detach() * gy).sum()), rel=1e-9, abs=1e-15
+        )
         dirs.append(wdir)
     assert abs(sum(dirs) / len(dirs)) > 1e-3  # not "nothing"
     raw = direct(Problem(model.eval(), x, y, batch_size=16), y)
@@ -189,8 +199,13 @@ def test_raw_parameterization_value_only_when_something_was_folded():
         model[2].running_mean.uniform_(-0.5, 0.5)
         model[2].running_var.uniform_(0.5, 2.0)
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(16, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (16,), generator=g)
+    x, y = (
+        torch.randn(16, 4, generator=g, dtype=torch.float64),
+        torch.randint(0, 3, (16,), generator=g),
+    )
     r = _fr(model, x, y)
     assert r.diagnostics["folded_batchnorm"] == 0 and r.diagnostics["unfolded_batchnorm"] == "2"
     assert "raw_parameterization_value" not in r.diagnostics and "_labels" not in r.diagnostics
-    assert r.value == pytest.approx(direct(Problem(model.eval(), x, y, batch_size=16), y), rel=1e-12)
+    assert r.value == pytest.approx(
+        direct(Problem(model.eval(), x, y, batch_size=16), y), rel=1e-12
+    )

@@ -86,10 +86,15 @@ def test_fp64_cuda_products_match_dense_cpu_hessian():
     ev = torch.linalg.eigvalsh(H).numpy()
     eng = CurvatureEngine(pg)
     g = torch.Generator().manual_seed(0)
-    r = linalg.lanczos(linalg.as_operator(eng.hvp, pg.num_params, device="cuda", dtype=DT),
-                       stop=linalg.KrylovStop(tol=1e-6), generator=g)
+    r = linalg.lanczos(
+        linalg.as_operator(eng.hvp, pg.num_params, device="cuda", dtype=DT),
+        stop=linalg.KrylovStop(tol=1e-6),
+        generator=g,
+    )
     assert abs(r.eigenvalues[0] - ev[-1]) <= 1e-4 * abs(ev[-1])
-    H_op = linalg.as_operator(eng.hvp, pg.num_params, device="cuda", dtype=DT, block_size=eng.block_size)
+    H_op = linalg.as_operator(
+        eng.hvp, pg.num_params, device="cuda", dtype=DT, block_size=eng.block_size
+    )
     d = linalg.exact_diagonal(H_op)
     assert abs(float(d.sum()) - ev.sum()) <= 1e-8 * abs(ev.sum())
     t = linalg.hutchpp(H_op, stop=linalg.ProbeStop(tol=0.05, max_probes=2000), generator=g)

@@ -116,7 +116,9 @@ def test_trace_exact_and_stochastic():
         assert r.diagnostics["converged"] and r.diagnostics["rel_stderr"] <= 0.05
         assert abs(r.value - tr) <= 3 * r.stderr
         assert r.diagnostics["n_hvp"] == r.diagnostics["probes"]
-    assert res["hpp"].diagnostics["method"] == "hutchpp" and res["hpp"].diagnostics["sketch"] >= 5  # starts at min_probes // 3, may grow
+    assert (
+        res["hpp"].diagnostics["method"] == "hutchpp" and res["hpp"].diagnostics["sketch"] >= 5
+    )  # starts at min_probes // 3, may grow
 
 
 def test_trace_fixed_probe_count_and_option_errors():
@@ -193,10 +195,12 @@ def test_plot_esd_writes_png(tmp_path):
     from flatcli.measures.hessian import esd_figure
 
     grid = np.linspace(-5, 5, 500)
-    dens = np.exp(-grid**2 * 40)  # Gaussian tails down to e^-1000: the unreadable axis of before
+    dens = np.exp(-(grid**2) * 40)  # Gaussian tails down to e^-1000: the unreadable axis of before
     ax = esd_figure(grid, dens, r.diagnostics).axes[0]
     lo, hi = ax.get_ylim()
-    assert lo == pytest.approx(1e-6 * dens.max(), rel=1e-9) and hi <= 2.0 + 1e-12  # 1e-6 of the peak
+    assert (
+        lo == pytest.approx(1e-6 * dens.max(), rel=1e-9) and hi <= 2.0 + 1e-12
+    )  # 1e-6 of the peak
     assert any("λmax" in t.get_text() for t in ax.texts)
     with pytest.raises(ValueError, match="hessian_spectrum"):
         plot_esd({"value": 1.0}, tmp_path / "x.png")
@@ -231,13 +235,23 @@ def test_lambda_max_is_verified_in_fp32_when_products_run_in_tf32(monkeypatch, t
     model, x, y = mlp_data()
     lam = dense_eigs(model, x, y, "cross_entropy")[-1]
     p, eng = _simulated_tf32(monkeypatch, model, x, y, bias=1e-2)
-    r = run_measure(MeasureSpec("hessian_lambda_max", "l", {"tol": 1e-6}), MeasureContext(problem=p, engine=eng))
-    assert r.diagnostics["tf32_value"] == pytest.approx(1.01 * lam, rel=1e-6)  # the fast, biased one
+    r = run_measure(
+        MeasureSpec("hessian_lambda_max", "l", {"tol": 1e-6}), MeasureContext(problem=p, engine=eng)
+    )
+    assert r.diagnostics["tf32_value"] == pytest.approx(
+        1.01 * lam, rel=1e-6
+    )  # the fast, biased one
     assert r.value == pytest.approx(lam, rel=1e-6)  # reported: the fp32 Rayleigh quotient
-    assert r.diagnostics["residual"] <= 1e-6 and r.diagnostics["verified"] == "fp32" and r.status == "ok"
+    assert (
+        r.diagnostics["residual"] <= 1e-6
+        and r.diagnostics["verified"] == "fp32"
+        and r.status == "ok"
+    )
 
 
-def test_lambda_max_finishes_in_fp32_when_tf32_rounding_keeps_the_residual_above_tol(monkeypatch, tf32_on):
+def test_lambda_max_finishes_in_fp32_when_tf32_rounding_keeps_the_residual_above_tol(
+    monkeypatch, tf32_on
+):
     """A simulated TF32 product H + E (E a fixed symmetric perturbation, ‖E‖ = 1% of λmax) has other
     eigenvectors than H: its Ritz vector fails the fp32 check at tol 1e-8, so Lanczos continues in fp32
     from it and reports λmax(H) to the tolerance (dense reference)."""
@@ -255,7 +269,9 @@ def test_lambda_max_finishes_in_fp32_when_tf32_rounding_keeps_the_residual_above
         return out + V @ E if torch.backends.cuda.matmul.allow_tf32 else out
 
     monkeypatch.setattr(eng, "hvp", hvp)
-    r = run_measure(MeasureSpec("hessian_lambda_max", "l", {"tol": 1e-8}), MeasureContext(problem=p, engine=eng))
+    r = run_measure(
+        MeasureSpec("hessian_lambda_max", "l", {"tol": 1e-8}), MeasureContext(problem=p, engine=eng)
+    )
     d = r.diagnostics
     assert abs(d["tf32_value"] - lam) > 1e-4 * lam  # the fast value is off
     assert d["fp32_refine_steps"] >= 1 and d["residual"] <= 1e-8 and r.status == "ok"
@@ -277,11 +293,17 @@ def test_precision_auto_runs_lanczos_in_tf32_and_verifies_in_fp32_through_the_pi
     monkeypatch.setattr(CurvatureEngine, "low_precision", property(lambda self: True))
     seen = record_tf32_flags(monkeypatch, bias=1e-2)
     spec = [{"hessian_lambda_max": {"tol": 1e-5}}]
-    auto = measure_model(model, (x, y), spec, precision="auto", batch_size=4).results["hessian_lambda_max"]
+    auto = measure_model(model, (x, y), spec, precision="auto", batch_size=4).results[
+        "hessian_lambda_max"
+    ]
     in_auto = list(seen)
     seen.clear()
-    fp32 = measure_model(model, (x, y), spec, precision="fp32", batch_size=4).results["hessian_lambda_max"]
-    assert any(in_auto) and in_auto[-1] is False  # Lanczos in TF32, the last product (verification) fp32
+    fp32 = measure_model(model, (x, y), spec, precision="fp32", batch_size=4).results[
+        "hessian_lambda_max"
+    ]
+    assert (
+        any(in_auto) and in_auto[-1] is False
+    )  # Lanczos in TF32, the last product (verification) fp32
     assert not any(seen)  # precision fp32: TF32 never on
     assert auto.diagnostics["verified"] == "fp32" and auto.status == fp32.status == "ok"
     assert auto.diagnostics["tf32_value"] == pytest.approx(1.01 * fp32.value, rel=1e-4)
@@ -289,13 +311,19 @@ def test_precision_auto_runs_lanczos_in_tf32_and_verifies_in_fp32_through_the_pi
 
 
 @pytest.mark.parametrize("bias, status", [(0.3, "precision_warning"), (1e-9, "ok")])
-def test_trace_control_sample_flags_a_tf32_bias_larger_than_the_stderr(monkeypatch, tf32_on, bias, status):
+def test_trace_control_sample_flags_a_tf32_bias_larger_than_the_stderr(
+    monkeypatch, tf32_on, bias, status
+):
     model, x, y = mlp_data(seed=1)
     tr = dense_eigs(model, x, y, "cross_entropy").sum()
     p, eng = _simulated_tf32(monkeypatch, model, x, y, bias=bias)
-    spec = MeasureSpec("hessian_trace", "t", {"min_probes": 64, "max_probes": 64, "per_layer": "none"})
+    spec = MeasureSpec(
+        "hessian_trace", "t", {"min_probes": 64, "max_probes": 64, "per_layer": "none"}
+    )
     r = run_measure(spec, MeasureContext(problem=p, engine=eng))
     d = r.diagnostics
-    assert d["fp32_control_probes"] == 8 and d["fp32_control_rel_diff"] == pytest.approx(bias, rel=1e-6)
+    assert d["fp32_control_probes"] == 8 and d["fp32_control_rel_diff"] == pytest.approx(
+        bias, rel=1e-6
+    )
     assert r.status == status
     assert abs(r.value - (1 + bias) * tr) <= 5 * r.stderr  # the estimate itself is the fast one

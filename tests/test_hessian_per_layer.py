@@ -64,7 +64,9 @@ def test_exact_per_layer_traces_are_the_block_traces(case):
     r, _ = run(model, x, y, loss, "hessian_trace", method="exact")
     assert set(r.diagnostics["layers"]) == set(blocks)
     for n, Hb in blocks.items():
-        assert r.diagnostics["layers"][n] == pytest.approx(float(torch.trace(Hb)), rel=1e-10, abs=1e-12)
+        assert r.diagnostics["layers"][n] == pytest.approx(
+            float(torch.trace(Hb)), rel=1e-10, abs=1e-12
+        )
     assert sum(r.diagnostics["layers"].values()) == pytest.approx(r.value, rel=1e-12)
 
 
@@ -80,7 +82,12 @@ def test_stochastic_per_layer_traces_sum_to_the_total_and_match_blocks(case, met
     assert abs(sum(layers.values()) - r.value) <= 1e-12 * max(scale, 1.0)  # exact split per probe
     for n, Hb in blocks.items():
         ref = float(torch.trace(Hb))
-        assert abs(layers[n] - ref) <= 4 * ses[n] + 1e-10 * max(abs(ref), 1.0), (n, layers[n], ref, ses[n])
+        assert abs(layers[n] - ref) <= 4 * ses[n] + 1e-10 * max(abs(ref), 1.0), (
+            n,
+            layers[n],
+            ref,
+            ses[n],
+        )
 
 
 def test_per_layer_stderr_shrinks_like_one_over_root_probes():
@@ -98,8 +105,10 @@ def test_hutchpp_with_a_sketch_that_spans_everything_is_exact_per_block():
     A = A + A.T
     blocks = [slice(0, 2), slice(2, 7), slice(7, 9)]
     r = linalg.hutchpp(
-        linalg.as_operator(lambda V: V @ A, 9, dtype=DT), stop=linalg.ProbeStop(min_probes=30, max_probes=30),
-        generator=g, blocks=blocks
+        linalg.as_operator(lambda V: V @ A, 9, dtype=DT),
+        stop=linalg.ProbeStop(min_probes=30, max_probes=30),
+        generator=g,
+        blocks=blocks,
     )
     est, se = r.block_estimates()
     for b, e, s in zip(blocks, est, se, strict=True):
@@ -126,7 +135,10 @@ def test_block_lambda_max_is_the_largest_eigenvalue_of_each_diagonal_block(case)
 def test_block_lambda_max_costs_one_lanczos_per_tensor_and_nothing_by_default():
     model, x, y = mlp_data()
     plain, _ = run(model, x, y, "cross_entropy", "hessian_lambda_max")
-    assert "layers" not in plain.diagnostics and plain.diagnostics["n_hvp"] == plain.diagnostics["steps"]
+    assert (
+        "layers" not in plain.diagnostics
+        and plain.diagnostics["n_hvp"] == plain.diagnostics["steps"]
+    )
     per, _ = run(model, x, y, "cross_entropy", "hessian_lambda_max", per_layer="json")
     sizes = [p.numel() for p in model.parameters()]
     assert per.value == plain.value
@@ -146,11 +158,20 @@ def test_columns_option_flattens_per_layer_values_into_csv_columns(name):
         assert flat[f"{name}_layer_{n}"] == v
     if name == "hessian_trace":
         assert f"{name}_layer_0.weight_stderr" in flat
-    plain, row = run(model, x, y, "cross_entropy", name, **({"min_probes": 8, "max_probes": 8} if name == "hessian_trace" else {}))
+    plain, row = run(
+        model,
+        x,
+        y,
+        "cross_entropy",
+        name,
+        **({"min_probes": 8, "max_probes": 8} if name == "hessian_trace" else {}),
+    )
     assert not any(k.startswith(f"{name}_layer_") for k in row.flat())
 
 
 def test_per_layer_none_skips_the_split():
     model, x, y = mlp_data()
-    r, _ = run(model, x, y, "cross_entropy", "hessian_trace", per_layer="none", min_probes=8, max_probes=8)
+    r, _ = run(
+        model, x, y, "cross_entropy", "hessian_trace", per_layer="none", min_probes=8, max_probes=8
+    )
     assert "layers" not in r.diagnostics and math.isfinite(r.value)

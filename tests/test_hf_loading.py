@@ -33,12 +33,19 @@ def test_jsonl_is_tokenized_right_padded_and_cached(tmp_path, tok, monkeypatch):
     rows = H.text_rows(labels=True)
     data = H.write_jsonl(tmp_path / "d.jsonl", rows)
     cache = tmp_path / "cache"
-    batch = text_source.load_text(_src(data, tok, label_field="label", max_length=6), "data.train", tmp_path, cache)
+    batch = text_source.load_text(
+        _src(data, tok, label_field="label", max_length=6), "data.train", tmp_path, cache
+    )
     assert set(batch) == {"input_ids", "attention_mask", "labels"}
-    assert batch["labels"].tolist() == [r["label"] for r in rows] and batch["labels"].dtype == torch.long
+    assert (
+        batch["labels"].tolist() == [r["label"] for r in rows]
+        and batch["labels"].dtype == torch.long
+    )
     vocab = H.transformers().PreTrainedTokenizerFast.from_pretrained(tok).get_vocab()
     width = batch["input_ids"].shape[1]
-    assert width == max(min(len(r["text"].split()), 6) for r in rows)  # padded to the longest, truncated at 6
+    assert width == max(
+        min(len(r["text"].split()), 6) for r in rows
+    )  # padded to the longest, truncated at 6
     for r, ids, mask in zip(rows, batch["input_ids"], batch["attention_mask"], strict=True):
         words = r["text"].split()[:6]
         n = len(words)
@@ -49,23 +56,36 @@ def test_jsonl_is_tokenized_right_padded_and_cached(tmp_path, tok, monkeypatch):
     assert len(files) == 1
     # a second load reads the cache (tokenizing again would fail here) ...
     monkeypatch.setattr(text_source, "tokenize", lambda *a, **k: pytest.fail("tokenized twice"))
-    again = text_source.load_text(_src(data, tok, label_field="label", max_length=6), "data.train", tmp_path, cache)
+    again = text_source.load_text(
+        _src(data, tok, label_field="label", max_length=6), "data.train", tmp_path, cache
+    )
     assert all(torch.equal(again[k], batch[k]) for k in batch)
     # ... and a different max_length is a different cache entry
     monkeypatch.undo()
-    text_source.load_text(_src(data, tok, label_field="label", max_length=4), "data.train", tmp_path, cache)
+    text_source.load_text(
+        _src(data, tok, label_field="label", max_length=4), "data.train", tmp_path, cache
+    )
     assert len(list(cache.glob("d-*.pt"))) == 2
 
 
 def test_csv_pairs_and_one_line_errors(tmp_path, tok):
     data = tmp_path / "d.csv"
     data.write_text("text,other\nthe cat sat,a dog\nthe bird,birds fly over the park\n")
-    b = text_source.load_text(_src(data, tok, text_pair_field="other", padding="max_length", max_length=10),
-                              "data.train", tmp_path)
+    b = text_source.load_text(
+        _src(data, tok, text_pair_field="other", padding="max_length", max_length=10),
+        "data.train",
+        tmp_path,
+    )
     assert b["input_ids"].shape == (2, 10) and b["attention_mask"].sum(1).tolist() == [5, 7]
-    with pytest.raises(ConfigError, match=r"data.train.text_field: .*d.csv has no column 'body' \(columns: text, other\)"):
-        text_source.load_text(DataSource(source="text", path=str(data), text_field="body", tokenizer=str(tok)),
-                              "data.train", tmp_path)
+    with pytest.raises(
+        ConfigError,
+        match=r"data.train.text_field: .*d.csv has no column 'body' \(columns: text, other\)",
+    ):
+        text_source.load_text(
+            DataSource(source="text", path=str(data), text_field="body", tokenizer=str(tok)),
+            "data.train",
+            tmp_path,
+        )
     with pytest.raises(ConfigError, match="data.train.label_field: .*must hold numbers"):
         text_source.load_text(_src(data, tok, label_field="other"), "data.train", tmp_path)
     with pytest.raises(ConfigError, match="data.train.tokenizer: directory not found"):
@@ -75,27 +95,68 @@ def test_csv_pairs_and_one_line_errors(tmp_path, tok):
 def test_text_config_keys_are_validated():
     base = {"model": {"target": "x:y"}}
     with pytest.raises(ConfigError, match="'data.train.text_field' is required for source text"):
-        from_dict({**base, "data": {"train": {"source": "text", "path": "d.jsonl", "tokenizer": "k"}}})
+        from_dict(
+            {**base, "data": {"train": {"source": "text", "path": "d.jsonl", "tokenizer": "k"}}}
+        )
     with pytest.raises(ConfigError, match="'data.train.text_split' must be one of lines, windows"):
-        from_dict({**base, "data": {"train": {"source": "text", "path": "d.txt", "text_split": "pages"}}})
-    with pytest.raises(ConfigError, match="'data.train.max_length' is required with text_split: windows"):
-        from_dict({**base, "data": {"train": {"source": "text", "path": "d.txt", "text_split": "windows"}}})
+        from_dict(
+            {**base, "data": {"train": {"source": "text", "path": "d.txt", "text_split": "pages"}}}
+        )
+    with pytest.raises(
+        ConfigError, match="'data.train.max_length' is required with text_split: windows"
+    ):
+        from_dict(
+            {
+                **base,
+                "data": {"train": {"source": "text", "path": "d.txt", "text_split": "windows"}},
+            }
+        )
     with pytest.raises(ConfigError, match="'data.train.text_split' applies to a .txt file only"):
-        from_dict({**base, "data": {"train": {"source": "text", "path": "d.csv", "text_field": "t", "text_split": "lines"}}})
+        from_dict(
+            {
+                **base,
+                "data": {
+                    "train": {
+                        "source": "text",
+                        "path": "d.csv",
+                        "text_field": "t",
+                        "text_split": "lines",
+                    }
+                },
+            }
+        )
     # no tokenizer and no checkpoint folder holding one: one line when loading
     cfg = from_dict({**base, "data": {"train": {"source": "text", "path": "d.txt"}}})
     with pytest.raises(ConfigError, match="'data.train.tokenizer' is required for source text"):
         text_source.load_text(cfg.data.train, "data.train", ".")
     with pytest.raises(ConfigError, match="'data.train.text_field' needs data.train.source: text"):
-        from_dict({**base, "data": {"train": {"source": "tensors", "path": "d.pt", "text_field": "text"}}})
-    with pytest.raises(ConfigError, match="'data.train.max_length' is required with padding: max_length"):
-        from_dict({**base, "data": {"train": {"source": "text", "path": "d", "text_field": "t", "tokenizer": "k",
-                                              "padding": "max_length"}}})
+        from_dict(
+            {**base, "data": {"train": {"source": "tensors", "path": "d.pt", "text_field": "text"}}}
+        )
+    with pytest.raises(
+        ConfigError, match="'data.train.max_length' is required with padding: max_length"
+    ):
+        from_dict(
+            {
+                **base,
+                "data": {
+                    "train": {
+                        "source": "text",
+                        "path": "d",
+                        "text_field": "t",
+                        "tokenizer": "k",
+                        "padding": "max_length",
+                    }
+                },
+            }
+        )
 
 
 def test_txt_one_document_per_line(tmp_path, tok):
     data = tmp_path / "corpus.txt"
-    data.write_text("\n".join(H.SENTENCES[:3]) + "\n\n  \n" + H.SENTENCES[3] + "\n")  # blank lines skipped
+    data.write_text(
+        "\n".join(H.SENTENCES[:3]) + "\n\n  \n" + H.SENTENCES[3] + "\n"
+    )  # blank lines skipped
     src = DataSource(source="text", path=str(data), tokenizer=str(tok))
     b = text_source.load_text(src, "data.train", tmp_path)
     vocab = H.transformers().PreTrainedTokenizerFast.from_pretrained(tok).get_vocab()
@@ -110,7 +171,9 @@ def test_txt_one_document_in_max_length_windows(tmp_path, tok):
     data = tmp_path / "book.txt"
     data.write_text("\n".join(H.SENTENCES))
     words = " ".join(H.SENTENCES).split()  # 43 words, one token each
-    src = DataSource(source="text", path=str(data), tokenizer=str(tok), text_split="windows", max_length=10)
+    src = DataSource(
+        source="text", path=str(data), tokenizer=str(tok), text_split="windows", max_length=10
+    )
     b = text_source.load_text(src, "data.train", tmp_path, tmp_path / "cache")
     vocab = H.transformers().PreTrainedTokenizerFast.from_pretrained(tok).get_vocab()
     n = len(words)
@@ -118,10 +181,18 @@ def test_txt_one_document_in_max_length_windows(tmp_path, tok):
     flat = b["input_ids"][b["attention_mask"].bool()].tolist()
     assert flat == [vocab[w] for w in words]  # every token once, in order, windows of 10
     assert b["attention_mask"].sum(1).tolist() == [10] * (n // 10) + ([n % 10] if n % 10 else [])
-    lines = text_source.load_text(DataSource(source="text", path=str(data), tokenizer=str(tok), text_split="lines"),
-                                  "data.train", tmp_path, tmp_path / "cache")
-    assert lines["input_ids"].shape[0] == len(H.SENTENCES)  # the other split: a different cache entry
-    with pytest.raises(ConfigError, match=r"data.train.path: .*must be .jsonl, .json, .csv, .tsv, .parquet or .txt"):
+    lines = text_source.load_text(
+        DataSource(source="text", path=str(data), tokenizer=str(tok), text_split="lines"),
+        "data.train",
+        tmp_path,
+        tmp_path / "cache",
+    )
+    assert lines["input_ids"].shape[0] == len(
+        H.SENTENCES
+    )  # the other split: a different cache entry
+    with pytest.raises(
+        ConfigError, match=r"data.train.path: .*must be .jsonl, .json, .csv, .tsv, .parquet or .txt"
+    ):
         text_source.read_table(tmp_path / "x.md", "data.train")
 
 
@@ -132,25 +203,47 @@ def test_tokenizer_from_the_checkpoint_folder(tmp_path):
     ckpt = H.save_gpt2(tmp_path / "gpt2")
     data = tmp_path / "c.txt"
     data.write_text("\n".join(H.SENTENCES))
-    cfg = from_dict({"model": {"source": "huggingface", "class": "AutoModelForCausalLM"}, "checkpoints": [str(ckpt)],
-                     "data": {"train": {"source": "text", "path": str(data)}}})
-    with pytest.raises(ConfigError, match="'data.train.tokenizer' is required"):  # the folder has none yet
+    cfg = from_dict(
+        {
+            "model": {"source": "huggingface", "class": "AutoModelForCausalLM"},
+            "checkpoints": [str(ckpt)],
+            "data": {"train": {"source": "text", "path": str(data)}},
+        }
+    )
+    with pytest.raises(
+        ConfigError, match="'data.train.tokenizer' is required"
+    ):  # the folder has none yet
         DataCache(cfg).get("train")
     H.save_tokenizer(ckpt)  # the tokenizer saved inside the checkpoint folder
     b = DataCache(cfg).get("train")
-    ref = text_source.load_text(DataSource(source="text", path=str(data), tokenizer=str(ckpt)), "data.train", tmp_path)
-    assert torch.equal(b["input_ids"], ref["input_ids"]) and b["input_ids"].shape[0] == len(H.SENTENCES)
+    ref = text_source.load_text(
+        DataSource(source="text", path=str(data), tokenizer=str(ckpt)), "data.train", tmp_path
+    )
+    assert torch.equal(b["input_ids"], ref["input_ids"]) and b["input_ids"].shape[0] == len(
+        H.SENTENCES
+    )
 
 
 # ---------------------------------------------------------------- model config and checkpoints
 def test_model_config_keys_and_hash_stability():
-    cfg = from_dict({"model": {"source": "huggingface", "class": "AutoModelForCausalLM", "kwargs": {"a": 1}}})
+    cfg = from_dict(
+        {"model": {"source": "huggingface", "class": "AutoModelForCausalLM", "kwargs": {"a": 1}}}
+    )
     assert cfg.model.class_ == "AutoModelForCausalLM"
-    assert cfg.to_dict()["model"] == {"source": "huggingface", "target": "", "class": "AutoModelForCausalLM",
-                                      "kwargs": {"a": 1}}
+    assert cfg.to_dict()["model"] == {
+        "source": "huggingface",
+        "target": "",
+        "class": "AutoModelForCausalLM",
+        "kwargs": {"a": 1},
+    }
     plain = from_dict({"model": {"target": "m:f"}})
-    assert plain.to_dict()["model"] == {"target": "m:f", "kwargs": {}}  # new keys at their defaults: not hashed
-    with pytest.raises(ConfigError, match="'model.class' is required with model.source: huggingface"):
+    assert plain.to_dict()["model"] == {
+        "target": "m:f",
+        "kwargs": {},
+    }  # new keys at their defaults: not hashed
+    with pytest.raises(
+        ConfigError, match="'model.class' is required with model.source: huggingface"
+    ):
         from_dict({"model": {"source": "huggingface"}})
     with pytest.raises(ConfigError, match="'model.class' needs model.source: huggingface"):
         from_dict({"model": {"target": "m:f", "class": "GPT2LMHeadModel"}})
@@ -166,13 +259,20 @@ def test_checkpoint_globs_match_directories_and_fingerprint_them(tmp_path):
         (d / "model.safetensors").write_bytes(name.encode())
         (d / "optimizer.pt").write_bytes(b"ignored")
     (tmp_path / "run" / "checkpoint-3.txt").write_text("a file")
-    cfg = from_dict({"model": {"source": "huggingface", "class": "AutoModel"}, "checkpoints": ["run/checkpoint-*"]},
-                    base_dir=tmp_path)
+    cfg = from_dict(
+        {
+            "model": {"source": "huggingface", "class": "AutoModel"},
+            "checkpoints": ["run/checkpoint-*"],
+        },
+        base_dir=tmp_path,
+    )
     jobs = resolve_jobs(cfg)
     assert [j.path.name for j in jobs] == ["checkpoint-1", "checkpoint-2"]
     a, b = (fingerprint(j.path) for j in jobs)
     assert a != b
-    (jobs[0].path / "optimizer.pt").write_bytes(b"changed")  # trainer state beside the weights: not read
+    (jobs[0].path / "optimizer.pt").write_bytes(
+        b"changed"
+    )  # trainer state beside the weights: not read
     assert fingerprint(jobs[0].path) == a
     (jobs[0].path / "model.safetensors").write_bytes(b"other weights")
     assert fingerprint(jobs[0].path) != a
@@ -189,7 +289,9 @@ def test_missing_transformers_names_the_extra(monkeypatch):
         return real(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_transformers)
-    with pytest.raises(ConfigError, match=r"needs the transformers package: pip install 'flatcli\[transformers\]'"):
+    with pytest.raises(
+        ConfigError, match=r"needs the transformers package: pip install 'flatcli\[transformers\]'"
+    ):
         hf.model_class("AutoModelForCausalLM")
 
 

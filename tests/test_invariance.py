@@ -56,7 +56,9 @@ def _mlp(seed=0):
 
 def _data(n=24, shape=(5,), c=3, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, *shape, generator=g, dtype=torch.float64), torch.randint(0, c, (n,), generator=g)
+    return torch.randn(n, *shape, generator=g, dtype=torch.float64), torch.randint(
+        0, c, (n,), generator=g
+    )
 
 
 def _conv_bn():
@@ -77,7 +79,10 @@ def test_pairs_of_the_demo_mlp():
     model = _mlp().eval()
     x, _ = _data()
     pairs = find_rescalable_pairs(model, x)
-    assert [(p.producer, p.consumer) for p in pairs] == [("features.0", "features.2"), ("features.2", "classifier")]
+    assert [(p.producer, p.consumer) for p in pairs] == [
+        ("features.0", "features.2"),
+        ("features.2", "classifier"),
+    ]
 
 
 @pytest.mark.parametrize("rescale", [node_wise_rescale, layer_wise_rescale])
@@ -97,7 +102,9 @@ def test_rescalings_preserve_the_function_and_not_the_parameters(rescale):
 def test_ns_and_normalized_relative_flatness_are_invariant_the_trace_is_not(transform):
     model = _mlp()
     x, y = _data()
-    rep = check_invariance_model(model, (x, y), EXACT, transform=transform, scale=10.0, seed=0, batch_size=24)
+    rep = check_invariance_model(
+        model, (x, y), EXACT, transform=transform, scale=10.0, seed=0, batch_size=24
+    )
     by = {r.name: r for r in rep.results}
     assert rep.output_rel_change <= 1e-12
     for name in ("normalized_sharpness", "relative_flatness"):
@@ -122,8 +129,15 @@ def test_relative_flatness_without_normalization_changes_and_claims_nothing():
     model = _mlp()
     x, y = _data()
     rep = check_invariance_model(
-        model, (x, y), [{"relative_flatness": {"normalize_features": False}}, {"hessian_trace": {"min_probes": 8, "max_probes": 8}}],
-        transform="node", seed=1, batch_size=24,
+        model,
+        (x, y),
+        [
+            {"relative_flatness": {"normalize_features": False}},
+            {"hessian_trace": {"min_probes": 8, "max_probes": 8}},
+        ],
+        transform="node",
+        seed=1,
+        batch_size=24,
     )
     rf = rep.results[0]
     assert not rf.claims_invariance and rf.held is None and rf.rel_change > 1e-3
@@ -144,7 +158,11 @@ def test_batchnorm_aware_rescaling_of_a_cnn():
     torch.testing.assert_close(out(x), model(x), rtol=1e-12, atol=1e-13)
     for k, v in out.named_buffers():
         assert torch.equal(v, buffers[k])  # running statistics untouched
-    fast = [{"normalized_sharpness": {"samples": 16}}, EXACT[1], {"hessian_trace": {"min_probes": 8, "max_probes": 8}}]
+    fast = [
+        {"normalized_sharpness": {"samples": 16}},
+        EXACT[1],
+        {"hessian_trace": {"min_probes": 8, "max_probes": 8}},
+    ]
     rep = check_invariance_model(model, (x, y), fast, transform="both", batch_size=12)
     assert rep.passed, rep.results
     assert all(r.rel_change <= 1e-6 for r in rep.results if r.claims_invariance)
@@ -161,7 +179,9 @@ def test_no_homogeneous_structure_is_an_error():
 
 def test_claims():
     assert claims_invariance(MeasureSpec("normalized_sharpness", "ns"))
-    assert not claims_invariance(MeasureSpec("normalized_sharpness", "ns", {"hessian_diag": "hutchinson"}))
+    assert not claims_invariance(
+        MeasureSpec("normalized_sharpness", "ns", {"hessian_diag": "hutchinson"})
+    )
     assert claims_invariance(MeasureSpec("relative_flatness", "rf", {"normalize_features": True}))
     assert not claims_invariance(MeasureSpec("relative_flatness", "rf"))
     assert not claims_invariance(MeasureSpec("hessian_trace", "tr"))
@@ -184,10 +204,29 @@ def project(tmp_path):
 def test_cli_end_to_end(project):
     cfg, ckpt = project
     runner = CliRunner()
-    res = runner.invoke(app, ["check-invariance", "-c", str(cfg), str(ckpt), "-m", "normalized_sharpness,relative_flatness,hessian_trace,frobenius_norm"])
+    res = runner.invoke(
+        app,
+        [
+            "check-invariance",
+            "-c",
+            str(cfg),
+            str(ckpt),
+            "-m",
+            "normalized_sharpness,relative_flatness,hessian_trace,frobenius_norm",
+        ],
+    )
     assert res.exit_code == 0, res.output
     out = res.output
-    for col in ("measure", "claims", "invariance", "original", "rescaled", "rel.", "change", "held?"):
+    for col in (
+        "measure",
+        "claims",
+        "invariance",
+        "original",
+        "rescaled",
+        "rel.",
+        "change",
+        "held?",
+    ):
         assert col in out
     assert "features.0→classifier" in out
     assert re.search(r"normalized_sharpness\s.*yes.*yes", out)
@@ -203,16 +242,32 @@ def test_cli_exit_codes(project):
     cfg, ckpt = project
     runner = CliRunner()
     # factors up to 1e10 need γ beyond the box [-20, 20]: normalized sharpness changes, and says why
-    args = ["check-invariance", "-c", str(cfg), str(ckpt), "-m", "normalized_sharpness,hessian_trace"]
+    args = [
+        "check-invariance",
+        "-c",
+        str(cfg),
+        str(ckpt),
+        "-m",
+        "normalized_sharpness,hessian_trace",
+    ]
     res = runner.invoke(app, [*args, "--transform", "node", "--scale", "1e10"])
     assert res.exit_code == 1, res.output
-    assert "invariance violated (tolerance 1e-06): normalized_sharpness" in res.output and "NO" in res.output
+    assert (
+        "invariance violated (tolerance 1e-06): normalized_sharpness" in res.output
+        and "NO" in res.output
+    )
     assert "γ hit the box" in res.output
-    res = runner.invoke(app, [*args, "--transform", "layer", "--scale", "1e10"])  # one α per layer: absorbed by shifts
+    res = runner.invoke(
+        app, [*args, "--transform", "layer", "--scale", "1e10"]
+    )  # one α per layer: absorbed by shifts
     assert res.exit_code == 0, res.output
-    res = runner.invoke(app, ["check-invariance", "-c", str(cfg), str(ckpt), "--transform", "channel"])
+    res = runner.invoke(
+        app, ["check-invariance", "-c", str(cfg), str(ckpt), "--transform", "channel"]
+    )
     assert res.exit_code == 2 and "'channel' is not one of 'node', 'layer', 'both'" in res.output
-    res = runner.invoke(app, ["check-invariance", "-c", str(cfg), str(ckpt.with_name("missing.pt"))])
+    res = runner.invoke(
+        app, ["check-invariance", "-c", str(cfg), str(ckpt.with_name("missing.pt"))]
+    )
     assert res.exit_code == 2 and "checkpoint not found" in res.output
 
 
@@ -227,8 +282,16 @@ def test_bad_measure_input_is_a_config_error():
 def test_fisher_rao_path_norm_and_margin_are_invariant_and_claim_it(transform):
     model = _mlp()
     x, y = _data()
-    measures = ["fisher_rao_norm", "path_norm", "inverse_margin", "fisher_rao_term", "frobenius_norm"]
-    rep = check_invariance_model(model, (x, y), measures, transform=transform, scale=10.0, seed=0, batch_size=24)
+    measures = [
+        "fisher_rao_norm",
+        "path_norm",
+        "inverse_margin",
+        "fisher_rao_term",
+        "frobenius_norm",
+    ]
+    rep = check_invariance_model(
+        model, (x, y), measures, transform=transform, scale=10.0, seed=0, batch_size=24
+    )
     by = {r.name: r for r in rep.results}
     for name in ("fisher_rao_norm", "path_norm", "inverse_margin", "fisher_rao_term"):
         assert by[name].claims_invariance and by[name].held and by[name].rel_change <= 1e-9, name

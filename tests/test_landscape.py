@@ -116,10 +116,14 @@ def test_directions_keep_bias_bn():
 def test_axis_grid_contains_special_points():
     g = axis_grid((-0.5, 1.5), 25, include=(0.0, 1.0))
     assert len(g) == 25 and 0.0 in g and 1.0 in g
-    g = axis_grid((-1, 1), 4)  # 0 not on linspace(-1, 1, 4): the interior point nearest to it moves there
+    g = axis_grid(
+        (-1, 1), 4
+    )  # 0 not on linspace(-1, 1, 4): the interior point nearest to it moves there
     assert len(g) == 4 and 0.0 in g and np.all(np.diff(g) > 0) and (g[0], g[-1]) == (-1, 1)
     g = axis_grid((-1, 1), 11)  # 0 on the linspace already: the linspace itself
-    np.testing.assert_array_equal(g, np.where(np.isclose(np.linspace(-1, 1, 11), 0), 0, np.linspace(-1, 1, 11)))
+    np.testing.assert_array_equal(
+        g, np.where(np.isclose(np.linspace(-1, 1, 11), 0), 0, np.linspace(-1, 1, 11))
+    )
     assert parse_span("-2, 3", (0, 1)) == (-2.0, 3.0)
     from flatcli.errors import ConfigError
 
@@ -482,7 +486,10 @@ def test_cli_end_to_end(tmp_path):
         (["slice", "--span", "1,0"], "span"),
         (["slice", "--bias-bn", "nope"], "--bias-bn"),
         (["interpolate", m2], "different architectures"),
-        (["interpolate", m1, "--dims", "2"], "No such option: --dims"),  # not an option of this view
+        (
+            ["interpolate", m1, "--dims", "2"],
+            "No such option: --dims",
+        ),  # not an option of this view
         (["slice", m1], "Got unexpected extra argument"),
     ):
         r = runner.invoke(

@@ -603,7 +603,10 @@ def test_view_files_without_matplotlib(tmp_path, monkeypatch):
     train = blobs(20, 0)
     tr = trajectory_landscape(states, train, model=mlp(), steps=3, **F64)
     cn = connect_landscape(mlp(0), mlp(1), train, steps=3, bend_steps=2, **F64)
-    for files in (write_trajectory_files(tr, tmp_path / "pca"), write_connect_files(cn, tmp_path / "cn")):
+    for files in (
+        write_trajectory_files(tr, tmp_path / "pca"),
+        write_connect_files(cn, tmp_path / "cn"),
+    ):
         assert "plot" not in files and all(p.is_file() for p in files.values())
         meta = json.loads(files["json"].read_text())
         assert meta["plots"] == plots.PLOT_HINT
@@ -761,7 +764,11 @@ def test_cli_pca_and_connect(tmp_path):
         ),
         (["pca", *shell_glob, "--solver", "qr"], 2, "--solver must be one of"),
         (["connect", m0, str(tmp_path / "m2.pt")], 2, "different architecture"),
-        (["connect", m0, str(tmp_path / "nan.pt")], 1, "is not finite: NaN/inf in classifier.weight"),
+        (
+            ["connect", m0, str(tmp_path / "nan.pt")],
+            1,
+            "is not finite: NaN/inf in classifier.weight",
+        ),
         (["connect", m0, m1, str(tmp_path / "m2.pt")], 2, "Got unexpected extra argument"),
         (["connect", m0], 2, "Missing argument 'b'"),
         (["connect", m0, m1, "--span", "0,1"], 2, "No such option: --span"),
@@ -794,7 +801,9 @@ def test_demo_train_trajectory_follows_the_zoo_recipe(tmp_path):
     from flatcli.demo.trajectory import train_trajectory, zoo_models
     from flatcli.training import train_model
 
-    name = "mlp_w64_wd0.0001_noise0"  # the cheapest zoo model to train (260 steps of a width-64 MLP)
+    name = (
+        "mlp_w64_wd0.0001_noise0"  # the cheapest zoo model to train (260 steps of a width-64 MLP)
+    )
     paths = train_trajectory(tmp_path, name, every=40, log=lambda m: None)
     steps = [torch.load(p, weights_only=True)["step"] for p in paths]
     assert steps[:3] == [0, 40, 80] and steps == sorted(steps) and len(steps) >= 3
@@ -802,7 +811,9 @@ def test_demo_train_trajectory_follows_the_zoo_recipe(tmp_path):
     # the same model as train_zoo trains: its own task (seed, data, recipe and target)
     task = zoo_models()[name]
     rec = train_model(dataclasses.replace(task, outdir=str(tmp_path / "zoo")))
-    init, final = (torch.load(tmp_path / "zoo" / p, weights_only=True) for p in (rec.init_checkpoint, rec.path))
+    init, final = (
+        torch.load(tmp_path / "zoo" / p, weights_only=True) for p in (rec.init_checkpoint, rec.path)
+    )
     first, last = (torch.load(p, weights_only=True) for p in (paths[0], paths[-1]))
     assert last["step"] == rec.result.steps and last["model_kwargs"]["width"] == 64
     assert all(torch.equal(first["state_dict"][k], v) for k, v in init["state_dict"].items())

@@ -67,20 +67,29 @@ def test_lanczos_algebraic_max_of_indefinite_matrix():
     assert abs(r.eigenvalues[0] - lam_max) / abs(lam_max) <= 1e-4
     assert r.residuals[0] <= 1e-6 * abs(r.eigenvalues[0])
     assert r.eigenvalues[-1] == pytest.approx(lam_min, rel=1e-6)
-    assert r.steps >= linalg.certified_min_steps(A.shape[0])  # a small residual alone only finds *an* eigenvalue
+    assert r.steps >= linalg.certified_min_steps(
+        A.shape[0]
+    )  # a small residual alone only finds *an* eigenvalue
 
 
 def test_lanczos_smallest():
     A = indefinite(seed=3)
     ev = torch.linalg.eigvalsh(A)
-    r = linalg.lanczos(op_of(A), stop=linalg.KrylovStop(tol=1e-8), which="smallest", generator=gen())
+    r = linalg.lanczos(
+        op_of(A), stop=linalg.KrylovStop(tol=1e-8), which="smallest", generator=gen()
+    )
     assert r.eigenvalues[0] == pytest.approx(float(ev[0]), rel=1e-6)
 
 
 def test_lanczos_residuals_are_true_ritz_residuals():
     A = indefinite(seed=1)
     r = linalg.lanczos(
-        op_of(A), stop=linalg.KrylovStop(tol=1e-3), k=3, block=1, generator=gen(), return_vectors=True
+        op_of(A),
+        stop=linalg.KrylovStop(tol=1e-3),
+        k=3,
+        block=1,
+        generator=gen(),
+        return_vectors=True,
     )
     X = r.ritz_vectors
     for i in range(3):
@@ -100,7 +109,11 @@ def test_block_lanczos_topk_with_multiplicity(block):
     ref = torch.linalg.eigvalsh(A).flip(0)[:4].numpy()
     calls = []
     r = linalg.lanczos(
-        op_of(A, calls, n), k=4, block=block or 4, stop=linalg.KrylovStop(tol=1e-8, max_steps=n), generator=gen()
+        op_of(A, calls, n),
+        k=4,
+        block=block or 4,
+        stop=linalg.KrylovStop(tol=1e-8, max_steps=n),
+        generator=gen(),
     )
     assert r.converged
     np.testing.assert_allclose(r.eigenvalues[:4], ref, rtol=1e-8)
@@ -120,7 +133,9 @@ def test_lanczos_exhausts_small_space_exactly():
 def test_lanczos_min_steps_and_max_steps():
     A = indefinite(seed=2)
     r = linalg.lanczos(op_of(A), stop=linalg.KrylovStop(tol=0.5, min_steps=20), generator=gen())
-    assert r.steps >= linalg.certified_min_steps(A.shape[0])  # a small residual alone only finds *an* eigenvalue
+    assert r.steps >= linalg.certified_min_steps(
+        A.shape[0]
+    )  # a small residual alone only finds *an* eigenvalue
     r = linalg.lanczos(op_of(A), stop=linalg.KrylovStop(tol=1e-14, max_steps=7), generator=gen())
     assert r.steps == 7 and not r.converged
 
@@ -160,7 +175,11 @@ def test_trace_converges_as_probes_grow(method):
     for m in (12, 96, 768):
         e = [
             abs(
-                f(op_of(A), stop=linalg.ProbeStop(tol=1e-9, min_probes=m, max_probes=m), generator=gen(s)).estimate
+                f(
+                    op_of(A),
+                    stop=linalg.ProbeStop(tol=1e-9, min_probes=m, max_probes=m),
+                    generator=gen(s),
+                ).estimate
                 - tr
             )
             for s in range(6)
@@ -183,9 +202,15 @@ def test_hutchpp_sketch_grows_when_it_pays():
     A = sym(ev, 11)  # decaying spectrum: the top of it carries most of the trace
     tr = float(A.trace())
     calls_a, calls_f = [], []
-    a = linalg.hutchpp(op_of(A, calls_a, n), stop=linalg.ProbeStop(tol=0.01, max_probes=2000), generator=gen(1))
-    f = linalg.hutchpp(op_of(A, calls_f, n), stop=linalg.ProbeStop(tol=0.01, max_probes=2000), sketch=5,
-                       generator=gen(1))
+    a = linalg.hutchpp(
+        op_of(A, calls_a, n), stop=linalg.ProbeStop(tol=0.01, max_probes=2000), generator=gen(1)
+    )
+    f = linalg.hutchpp(
+        op_of(A, calls_f, n),
+        stop=linalg.ProbeStop(tol=0.01, max_probes=2000),
+        sketch=5,
+        generator=gen(1),
+    )
     assert a.sketch > 5 and f.sketch == 5  # an explicit sketch is kept fixed
     assert a.converged and f.converged and a.probes < 0.7 * f.probes  # 74 vs 122
     assert a.probes == sum(calls_a) and f.probes == sum(calls_f)
@@ -199,7 +224,9 @@ def test_hutchpp_exact_for_low_rank():
     g = gen(8)
     B = torch.randn(n, 3, generator=g, dtype=DT)
     A = B @ B.T  # rank 3
-    r = linalg.hutchpp(op_of(A, n=n), stop=linalg.ProbeStop(min_probes=12, max_probes=12), generator=gen())
+    r = linalg.hutchpp(
+        op_of(A, n=n), stop=linalg.ProbeStop(min_probes=12, max_probes=12), generator=gen()
+    )
     assert r.sketch == 4
     assert r.estimate == pytest.approx(float(A.trace()), rel=1e-10)
     assert r.stderr <= 1e-10 * abs(r.estimate)
@@ -210,7 +237,9 @@ def test_hutchinson_fixed_count_and_probe_accounting():
     A = psd(n=40)
     calls = []
     r = linalg.hutchinson(
-        op_of(A, calls, 40, block_size=8), stop=linalg.ProbeStop(min_probes=20, max_probes=20), generator=gen()
+        op_of(A, calls, 40, block_size=8),
+        stop=linalg.ProbeStop(min_probes=20, max_probes=20),
+        generator=gen(),
     )
     assert r.probes == 20 == sum(calls) == len(r.samples)
 
@@ -218,10 +247,14 @@ def test_hutchinson_fixed_count_and_probe_accounting():
 def test_trace_deterministic_and_independent_of_block():
     A = psd(n=60, seed=9)
     a = linalg.hutchinson(
-        op_of(A, n=60, block_size=4), stop=linalg.ProbeStop(min_probes=32, max_probes=32), generator=gen(3)
+        op_of(A, n=60, block_size=4),
+        stop=linalg.ProbeStop(min_probes=32, max_probes=32),
+        generator=gen(3),
     )
     b = linalg.hutchinson(
-        op_of(A, n=60, block_size=32), stop=linalg.ProbeStop(min_probes=32, max_probes=32), generator=gen(3)
+        op_of(A, n=60, block_size=32),
+        stop=linalg.ProbeStop(min_probes=32, max_probes=32),
+        generator=gen(3),
     )
     assert a.estimate == b.estimate
 
@@ -255,7 +288,9 @@ def test_scaled_diagonal_is_unbiased_and_exact_for_diagonal_matrices():
         mean, torch.diagonal(D), rtol=1e-12, atol=1e-12
     )  # zero variance for diagonal H
     A = psd(n=n, seed=3)
-    mean, se = linalg.scaled_diagonal(op_of(A, block_size=512), theta, samples=4096, generator=gen())
+    mean, se = linalg.scaled_diagonal(
+        op_of(A, block_size=512), theta, samples=4096, generator=gen()
+    )
     z = ((mean - torch.diagonal(A)) / se).abs()
     assert float((z <= 4).float().mean()) > 0.9
 
@@ -278,8 +313,13 @@ def test_checked_gauss_newton_diagonal_exact_where_verified_and_for_curved_tenso
     H = G + R
     calls = []
     res = linalg.checked_gauss_newton_diagonal(
-        op_of(H, calls, block_size=4), mv_of(G), torch.diagonal(G), theta, tensors,
-        rules=linalg.DiagonalCheck(tol=1e-8, check=3), generator=gen()
+        op_of(H, calls, block_size=4),
+        mv_of(G),
+        torch.diagonal(G),
+        theta,
+        tensors,
+        rules=linalg.DiagonalCheck(tol=1e-8, check=3),
+        generator=gen(),
     )
     assert res.curved == ["b", "c"] and res.exact == ["b", "c"] and res.estimated == []
     assert res.checked["a"] <= 1e-12 and res.residual_groups == []
@@ -288,8 +328,13 @@ def test_checked_gauss_newton_diagonal_exact_where_verified_and_for_curved_tenso
     assert res.n_hvp == sum(calls) == 9 + 6 + 4 + 10 and res.n_ggnvp == 6
     # only the tensors asked for are checked
     res = linalg.checked_gauss_newton_diagonal(
-        mv_of(H), mv_of(G), torch.diagonal(G), theta, {"a": tensors["a"]}, rules=linalg.DiagonalCheck(1e-8),
-        generator=gen()
+        mv_of(H),
+        mv_of(G),
+        torch.diagonal(G),
+        theta,
+        {"a": tensors["a"]},
+        rules=linalg.DiagonalCheck(1e-8),
+        generator=gen(),
     )
     assert res.curved == [] and res.n_hvp == 3 + 2
     torch.testing.assert_close(res.diag, torch.diagonal(G), rtol=0, atol=0)
@@ -313,8 +358,15 @@ def test_checked_diagonal_finds_curvature_confined_to_a_few_rows(seed):
     G, R, theta = _confined_residual(2, seed)
     H = G + R
     t = {"w": slice(0, 80)}
-    res = linalg.checked_gauss_newton_diagonal(mv_of(H), mv_of(G), torch.diagonal(G), theta, t,
-                                               rules=linalg.DiagonalCheck(1e-8), generator=gen(seed))
+    res = linalg.checked_gauss_newton_diagonal(
+        mv_of(H),
+        mv_of(G),
+        torch.diagonal(G),
+        theta,
+        t,
+        rules=linalg.DiagonalCheck(1e-8),
+        generator=gen(seed),
+    )
     assert res.curved == ["w"] and res.exact == ["w"]
     torch.testing.assert_close(res.diag, torch.diagonal(H), rtol=0, atol=1e-12)
     # the coordinate check alone (largest G_ii, largest |θ_i|, one random entry) misses it on some seeds
@@ -329,9 +381,20 @@ def test_checked_diagonal_flags_a_zero_diagonal_bilinear_block_and_stays_exact()
     R[:6, :6] = R[:6, :6] + R[:6, :6].T
     R[torch.arange(6), torch.arange(6)] = 0.0  # diag(R_aa) = 0, R_aa ≠ 0
     H = G + R
-    res = linalg.checked_gauss_newton_diagonal(mv_of(H), mv_of(G), torch.diagonal(G), theta, tensors,
-                                               rules=linalg.DiagonalCheck(1e-8), generator=gen())
-    assert res.curved == ["a", "b", "c"]  # conservative: a costs its unit vectors, the result stays exact
+    res = linalg.checked_gauss_newton_diagonal(
+        mv_of(H),
+        mv_of(G),
+        torch.diagonal(G),
+        theta,
+        tensors,
+        rules=linalg.DiagonalCheck(1e-8),
+        generator=gen(),
+    )
+    assert res.curved == [
+        "a",
+        "b",
+        "c",
+    ]  # conservative: a costs its unit vectors, the result stays exact
     torch.testing.assert_close(res.diag, torch.diagonal(H), rtol=0, atol=1e-12)
 
 
@@ -350,8 +413,13 @@ def test_remainder_block_false_pass_rate_is_within_the_stated_bound():
     bound = 5.6 * tol / (1 - tol) * T / delta + 1.6e-8
     g = gen(11)
     N = 2000
-    gaps = linalg.remainder_block_gaps(linalg.as_operator(mv_of(G + R), n, device="cpu", dtype=DT, block_size=500),
-                                       mv_of(G), {f"t{k}": slice(0, n) for k in range(N)}, probes=1, generator=g)
+    gaps = linalg.remainder_block_gaps(
+        linalg.as_operator(mv_of(G + R), n, device="cpu", dtype=DT, block_size=500),
+        mv_of(G),
+        {f"t{k}": slice(0, n) for k in range(N)},
+        probes=1,
+        generator=g,
+    )
     rate = sum(v <= tol for v in gaps.values()) / N
     assert abs(rate - exact) <= 4 * math.sqrt(exact * (1 - exact) / N)
     assert exact <= bound
@@ -422,9 +490,13 @@ def test_certified_floor_finds_the_top_where_a_bare_residual_test_stops_early():
     def mv(V):
         return 0.9 * V + 0.1 * (V @ u)[:, None] * u[None, :]
 
-    bare = linalg.lanczos(linalg.as_operator(mv, n, dtype=DT), stop=linalg.KrylovStop(1e-3, 1), generator=gen(1))
+    bare = linalg.lanczos(
+        linalg.as_operator(mv, n, dtype=DT), stop=linalg.KrylovStop(1e-3, 1), generator=gen(1)
+    )
     assert bare.steps == 1 and bare.eigenvalues[0] < 0.91  # stopped on the cluster
-    r = linalg.lanczos(linalg.as_operator(mv, n, dtype=DT), stop=linalg.KrylovStop(tol=1e-3), generator=gen(1))
+    r = linalg.lanczos(
+        linalg.as_operator(mv, n, dtype=DT), stop=linalg.KrylovStop(tol=1e-3), generator=gen(1)
+    )
     assert r.steps >= linalg.certified_min_steps(n) or r.converged
     assert r.eigenvalues[0] == pytest.approx(1.0, rel=1e-9)
 

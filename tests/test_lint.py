@@ -11,5 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_ruff_passes():
     ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
-    res = subprocess.run([ruff, "check", "flatcli", "scripts", "tests"], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        [ruff, "check", "flatcli", "scripts", "tests"], cwd=ROOT, capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stdout + res.stderr

@@ -20,11 +20,15 @@ def dense_rows(L, x):
     """The dense Hessian of ``L`` at ``x``, row by row with ``autograd.grad`` double backward."""
     t = x.detach().clone().requires_grad_(True)
     (g,) = torch.autograd.grad(L(t), t, create_graph=True)
-    return torch.stack([torch.autograd.grad(g, t, e, retain_graph=True)[0] for e in torch.eye(t.numel(), dtype=DT)])
+    return torch.stack(
+        [torch.autograd.grad(g, t, e, retain_graph=True)[0] for e in torch.eye(t.numel(), dtype=DT)]
+    )
 
 
 def test_head_forward_over_reverse_equals_dense_hessian(monkeypatch):
-    monkeypatch.setattr(lmhead, "CHUNK_ELEMENTS", 10)  # 2 tokens per chunk over a vocabulary of 5: 4 chunks
+    monkeypatch.setattr(
+        lmhead, "CHUNK_ELEMENTS", 10
+    )  # 2 tokens per chunk over a vocabulary of 5: 4 chunks
     g = torch.Generator().manual_seed(0)
     T, d, V = 7, 3, 5
     labels = torch.randint(0, V, (T,), generator=g)
@@ -63,7 +67,9 @@ def test_head_forward_over_reverse_equals_dense_hessian(monkeypatch):
 def gpt2():
     tf = H.transformers()
     torch.manual_seed(0)
-    cfg = tf.GPT2Config(vocab_size=11, n_positions=8, n_embd=4, n_layer=1, n_head=2, attn_implementation="eager")
+    cfg = tf.GPT2Config(
+        vocab_size=11, n_positions=8, n_embd=4, n_layer=1, n_head=2, attn_implementation="eager"
+    )
     model = tf.GPT2LMHeadModel(cfg).to(DT).eval()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 11, (3, 6), generator=g)
@@ -79,12 +85,20 @@ def test_gpt2_forward_mode_products_equal_dense_hessian():
     lab = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE)
 
     def L(flat):
-        params = {n: c.view(s) for n, c, s in zip(names, torch.split(flat, [s.numel() for s in shapes]), shapes,
-                                                  strict=True)}
+        params = {
+            n: c.view(s)
+            for n, c, s in zip(
+                names, torch.split(flat, [s.numel() for s in shapes]), shapes, strict=True
+            )
+        }
         z = functional_call(model, params, (), {**batch, "return_dict": True}).logits
-        return F.cross_entropy(z[:, :-1].reshape(-1, z.shape[-1]), lab[:, 1:].reshape(-1), ignore_index=IGNORE)
+        return F.cross_entropy(
+            z[:, :-1].reshape(-1, z.shape[-1]), lab[:, 1:].reshape(-1), ignore_index=IGNORE
+        )
 
-    p = Problem(model, batch, loss="causal_lm", batch_size=2, dtype=DT)  # two batches: shares summed
+    p = Problem(
+        model, batch, loss="causal_lm", batch_size=2, dtype=DT
+    )  # two batches: shares summed
     assert p.head is not None  # the fused head is in use
     Hd = dense_rows(L, p.theta)
     g = torch.Generator().manual_seed(2)

@@ -48,7 +48,10 @@ def test_safetensors(tmp_path):
 
 def test_full_pickle_refused_then_allowed(tmp_path):
     torch.save(_model(), tmp_path / "full.pt")
-    with pytest.raises(ConfigError, match=r"full pickle that would import .*torch\.nn\.modules.*`allow_unsafe_pickle`"):
+    with pytest.raises(
+        ConfigError,
+        match=r"full pickle that would import .*torch\.nn\.modules.*`allow_unsafe_pickle`",
+    ):
         read_checkpoint(tmp_path / "full.pt")
     obj = read_checkpoint(tmp_path / "full.pt", allow_unsafe_pickle=True)
     assert isinstance(obj, nn.Module)
@@ -99,18 +102,29 @@ def test_random_bytes_are_not_a_checkpoint_and_never_unpickled(tmp_path, allow, 
 
 def test_a_directory_is_named_with_the_checkpoints_in_it(tmp_path):
     (tmp_path / "run").mkdir()
-    with pytest.raises(ConfigError, match=r"run is a directory, not a checkpoint file; pass a checkpoint file"):
+    with pytest.raises(
+        ConfigError, match=r"run is a directory, not a checkpoint file; pass a checkpoint file"
+    ):
         read_checkpoint(tmp_path / "run")
     for name in ("final.pt", "best.safetensors", "notes.txt"):
         (tmp_path / "run" / name).write_bytes(b"")
-    with pytest.raises(ConfigError, match=r"is a directory, not a checkpoint file; it holds best.safetensors, final.pt: pass"):
+    with pytest.raises(
+        ConfigError,
+        match=r"is a directory, not a checkpoint file; it holds best.safetensors, final.pt: pass",
+    ):
         read_checkpoint(tmp_path / "run")
 
 
 def test_width_mismatch_hints_at_model_kwargs(tmp_path):
-    torch.save(nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 2)).state_dict(), tmp_path / "wide.pt")
-    with pytest.raises(ConfigError, match=r"shape mismatches: 0.weight: checkpoint \(5, 4\) vs model \(3, 4\).*"
-                                          r"set them under model.kwargs or save them in the checkpoint as 'model_kwargs'"):
+    torch.save(
+        nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 2)).state_dict(),
+        tmp_path / "wide.pt",
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"shape mismatches: 0.weight: checkpoint \(5, 4\) vs model \(3, 4\).*"
+        r"set them under model.kwargs or save them in the checkpoint as 'model_kwargs'",
+    ):
         load_checkpoint(_model(), tmp_path / "wide.pt")
 
 
@@ -137,10 +151,17 @@ def test_unsafe_pickle_of_a_class_beside_the_config_loads_without_pythonpath(tmp
     finally:
         sys.path.remove(str(proj))
         del sys.modules["models"]
-    monkeypatch.delitem(sys.modules, "models", raising=False)  # whatever loading imports is dropped after
-    cfg = {"model": {"target": "models.py:Net"}, "checkpoints": ["full.pt"],
-           "data": {"train": {"source": "digits"}}, "measure_data": {"num_samples": 32},
-           "measures": ["frobenius_norm"], "runtime": {"device": "cpu"}}
+    monkeypatch.delitem(
+        sys.modules, "models", raising=False
+    )  # whatever loading imports is dropped after
+    cfg = {
+        "model": {"target": "models.py:Net"},
+        "checkpoints": ["full.pt"],
+        "data": {"train": {"source": "digits"}},
+        "measure_data": {"num_samples": 32},
+        "measures": ["frobenius_norm"],
+        "runtime": {"device": "cpu"},
+    }
     (proj / "config.yaml").write_text(__import__("yaml").safe_dump(cfg))
     monkeypatch.chdir(tmp_path)  # not the config's folder: nothing is importable by accident
     refused = api.measure(proj / "config.yaml")
@@ -151,20 +172,29 @@ def test_unsafe_pickle_of_a_class_beside_the_config_loads_without_pythonpath(tmp
 
 
 def test_extras_carry_model_kwargs(tmp_path):
-    torch.save({"state_dict": _model().state_dict(), "model_kwargs": {"width": 3}, "hparams": {"lr": 0.1}}, tmp_path / "c.pt")
+    torch.save(
+        {"state_dict": _model().state_dict(), "model_kwargs": {"width": 3}, "hparams": {"lr": 0.1}},
+        tmp_path / "c.pt",
+    )
     ex = checkpoint_extras(read_checkpoint(tmp_path / "c.pt"))
     assert ex == {"model_kwargs": {"width": 3}, "hparams": {"lr": 0.1}}
 
 
 def test_model_targets(tmp_path):
-    m = build_model("flatcli.demo.models:MLP", {"in_features": 4, "width": 3, "depth": 1, "num_classes": 2})
+    m = build_model(
+        "flatcli.demo.models:MLP", {"in_features": 4, "width": 3, "depth": 1, "num_classes": 2}
+    )
     assert m.classifier.out_features == 2
-    (tmp_path / "mymodels.py").write_text("import torch\nclass Net(torch.nn.Linear):\n    def __init__(self, k=2):\n        super().__init__(3, k)\n")
+    (tmp_path / "mymodels.py").write_text(
+        "import torch\nclass Net(torch.nn.Linear):\n    def __init__(self, k=2):\n        super().__init__(3, k)\n"
+    )
     m = build_model("mymodels.py:Net", {"k": 5}, base_dir=tmp_path)
     assert m.out_features == 5
     m = build_model("torchvision:resnet18", {"num_classes": 10})
     assert m.fc.out_features == 10
-    with pytest.raises(ConfigError, match="torchvision has no model 'resnet19'; did you mean 'resnet18'"):
+    with pytest.raises(
+        ConfigError, match="torchvision has no model 'resnet19'; did you mean 'resnet18'"
+    ):
         build_model("torchvision:resnet19")
     with pytest.raises(ConfigError, match="model.target: file not found"):
         build_model("nofile.py:Net", base_dir=tmp_path)
@@ -184,7 +214,10 @@ def test_tensors_pt_and_npz(tmp_path):
         xx, yy = b["x"], b["y"]
         assert torch.allclose(xx, x) and torch.equal(yy, y)
     torch.save({"inputs": x}, tmp_path / "e.pt")
-    with pytest.raises(ConfigError, match=r"data.train.path: .*must hold 'x' and 'y', or named tensors such as input_ids, attention_mask, labels; found inputs"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.train.path: .*must hold 'x' and 'y', or named tensors such as input_ids, attention_mask, labels; found inputs",
+    ):
         load_split(DataSource(source="tensors", path="e.pt"), "train", tmp_path)
     with pytest.raises(ConfigError, match="data.test.path: file not found"):
         load_split(DataSource(source="tensors", path="none.pt"), "test", tmp_path)
@@ -208,14 +241,20 @@ def test_torchvision_mnist_layout(tmp_path):
     for prefix in ("train", "t10k"):
         _write_idx(raw / f"{prefix}-images-idx3-ubyte", imgs)
         _write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
-    src = DataSource(source="torchvision", name="MNIST", root=str(tmp_path), kwargs={"train": False})
+    src = DataSource(
+        source="torchvision", name="MNIST", root=str(tmp_path), kwargs={"train": False}
+    )
     b = load_split(src, "test", tmp_path)
     x, y = b["x"], b["y"]
     assert x.shape == (5, 1, 28, 28) and x.dtype == torch.float32
     assert torch.allclose(x[:, 0] * 255, torch.tensor(imgs, dtype=torch.float32))
     assert y.tolist() == labels.tolist()
     with pytest.raises(ConfigError, match="never downloads"):
-        load_split(DataSource(source="torchvision", name="MNIST", root=str(tmp_path / "empty")), "train", tmp_path)
+        load_split(
+            DataSource(source="torchvision", name="MNIST", root=str(tmp_path / "empty")),
+            "train",
+            tmp_path,
+        )
     with pytest.raises(ConfigError, match="torchvision.datasets has no data set 'MNISTT'"):
         load_split(DataSource(source="torchvision", name="MNISTT", root="x"), "train", tmp_path)
 
@@ -226,7 +265,9 @@ def test_imagefolder(tmp_path):
     for cls, val in (("cat", 10), ("dog", 200)):
         (tmp_path / "img" / cls).mkdir(parents=True)
         for i in range(2):
-            Image.fromarray(np.full((4, 4, 3), val + i, dtype=np.uint8)).save(tmp_path / "img" / cls / f"{i}.png")
+            Image.fromarray(np.full((4, 4, 3), val + i, dtype=np.uint8)).save(
+                tmp_path / "img" / cls / f"{i}.png"
+            )
     b = load_split(DataSource(source="imagefolder", path="img"), "train", tmp_path)
     x, y = b["x"], b["y"]
     assert x.shape == (4, 3, 4, 4) and y.tolist() == [0, 0, 1, 1]
@@ -249,7 +290,9 @@ def test_synthetic_seeded_and_normalize(tmp_path):
     assert torch.equal(a["x"], b["x"]) and a["x"].shape == (10, 2, 3) and int(a["y"].max()) < 4
     x = torch.ones(3, 2, 4, 4)
     z = apply_normalize(x, {"mean": [1.0, 0.0], "std": [1.0, 2.0]})
-    assert torch.allclose(z[:, 0], torch.zeros(3, 4, 4)) and torch.allclose(z[:, 1], torch.full((3, 4, 4), 0.5))
+    assert torch.allclose(z[:, 0], torch.zeros(3, 4, 4)) and torch.allclose(
+        z[:, 1], torch.full((3, 4, 4), 0.5)
+    )
     with pytest.raises(ConfigError, match="data.normalize has 3 entries"):
         apply_normalize(x, {"mean": [0, 0, 0], "std": [1, 1, 1]})
 

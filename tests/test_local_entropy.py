@@ -137,14 +137,24 @@ def test_slq_tol_stops_the_runs_and_the_cap_is_reported():
     p = _tanh_mlp((8, 16, 4), 64)
     loose = run(p, method="slq", tol=0.2)
     tight = run(p, method="slq", tol=0.05)
-    assert loose.diagnostics["runs"] == 4 < tight.diagnostics["runs"]  # the loose tol: the first round
+    assert (
+        loose.diagnostics["runs"] == 4 < tight.diagnostics["runs"]
+    )  # the loose tol: the first round
     assert tight.diagnostics["rel_stderr"] <= 0.05 and loose.diagnostics["rel_stderr"] <= 0.2
     # 3 Lanczos steps: a quadrature error above tol·|value| that more runs cannot reduce; the status says so
     short = run(p, method="slq", tol=0.2, slq_steps=3)
     d = short.diagnostics
-    assert d["quadrature_error"] > 0.2 * abs(short.value) and short.status == "not_converged" and not d["converged"]
+    assert (
+        d["quadrature_error"] > 0.2 * abs(short.value)
+        and short.status == "not_converged"
+        and not d["converged"]
+    )
     capped = run(p, method="slq", tol=0.001, max_runs=12)
-    assert capped.diagnostics["runs"] == 12 and capped.status == "not_converged" and not capped.diagnostics["converged"]
+    assert (
+        capped.diagnostics["runs"] == 12
+        and capped.status == "not_converged"
+        and not capped.diagnostics["converged"]
+    )
 
 
 def test_cost_estimate_matches_the_counted_products():
@@ -164,8 +174,12 @@ def _dense_hessian_rows(p):
     theta = p.theta.detach().clone().requires_grad_(True)
     g = torch.autograd.grad(p.loss(p.unflatten(theta)), theta, create_graph=True)[0]
     eye = torch.eye(p.num_params, dtype=torch.float64)
-    rows = [torch.autograd.grad(g, theta, grad_outputs=eye[i : i + 256], is_grads_batched=True, retain_graph=True)[0]
-            for i in range(0, p.num_params, 256)]
+    rows = [
+        torch.autograd.grad(
+            g, theta, grad_outputs=eye[i : i + 256], is_grads_batched=True, retain_graph=True
+        )[0]
+        for i in range(0, p.num_params, 256)
+    ]
     H = torch.cat(rows)
     return 0.5 * (H + H.T)
 
@@ -193,7 +207,9 @@ def test_slq_stderr_covers_the_dense_value_above_the_dense_threshold(wide_net, s
         r = run(p, seed=seed, slq_runs=4, max_runs=4, slq_steps=steps)
         d = r.diagnostics
         assert d["method"] == "slq" and d["quadrature_error"] > 0
-        assert r.stderr == pytest.approx(math.hypot(d["stderr_runs"] * d["t_factor"], d["quadrature_error"]))
+        assert r.stderr == pytest.approx(
+            math.hypot(d["stderr_runs"] * d["t_factor"], d["quadrature_error"])
+        )
         err = abs(r.value - ref)
         new += err <= 2 * r.stderr
         t_only += err <= 2 * d["stderr_runs"] * d["t_factor"]
@@ -234,7 +250,15 @@ def test_spectrum_and_local_entropy_share_their_slq_runs():
 
     model, (x, y) = tiny_mlp(seed=3), tiny_data(n=24)  # P = 53
     steps = 10
-    le = {"local_entropy": {"method": "slq", "slq_runs": 8, "max_runs": 8, "slq_steps": steps, "gamma": 0.1}}
+    le = {
+        "local_entropy": {
+            "method": "slq",
+            "slq_runs": 8,
+            "max_runs": 8,
+            "slq_steps": steps,
+            "gamma": 0.1,
+        }
+    }
     sp = {"hessian_spectrum": {"slq_runs": 4, "slq_steps": steps, "top_k": 2}}
     sp8 = {"hessian_spectrum": {"slq_runs": 8, "slq_steps": steps, "top_k": 2}}
 
@@ -256,8 +280,12 @@ def test_spectrum_and_local_entropy_share_their_slq_runs():
     assert b["hessian_spectrum"].diagnostics["n_hvp"] == lanczos
     assert b["hessian_spectrum"].value == pytest.approx(alone_sp.value, rel=1e-12)
     assert b["hessian_spectrum"].stderr == pytest.approx(alone_sp.stderr, rel=1e-9)
-    np.testing.assert_allclose(np.concatenate(b["hessian_spectrum"].diagnostics["slq_nodes"]),
-                               np.concatenate(alone_sp.diagnostics["slq_nodes"]), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        np.concatenate(b["hessian_spectrum"].diagnostics["slq_nodes"]),
+        np.concatenate(alone_sp.diagnostics["slq_nodes"]),
+        rtol=1e-10,
+        atol=1e-12,
+    )
     # a spectrum of 8 runs first: local_entropy spends no products at all
     c = run(sp8, le)
     assert c["local_entropy"].diagnostics["n_hvp"] == 0
@@ -313,11 +341,17 @@ def test_slq_stops_adding_runs_when_the_quadrature_error_alone_is_above_tol(seed
     g = torch.Generator().manual_seed(seed + 1)  # _tanh_mlp's data
     x = torch.randn(64, 8, generator=g, dtype=torch.float64)
     H = _ce_hessian_rows(p, x, torch.randint(0, 4, (64,), generator=g))
-    assert torch.allclose(H, CurvatureEngine(p).hessian().dense().double(), atol=1e-10)  # the same problem
+    assert torch.allclose(
+        H, CurvatureEngine(p).hessian().dense().double(), atol=1e-10
+    )  # the same problem
     ref = float(f_clipped(torch.linalg.eigvalsh(0.5 * (H + H.T)).numpy(), 1.0).sum())
     r = run(p, seed=seed, method="slq", slq_steps=4, tol=0.01)
     d = r.diagnostics
-    target, se_t, quad = 0.01 * abs(r.value), d["stderr_runs"] * d["t_factor"], d["quadrature_error"]
+    target, se_t, quad = (
+        0.01 * abs(r.value),
+        d["stderr_runs"] * d["t_factor"],
+        d["quadrature_error"],
+    )
     assert r.status == "not_converged" and quad > 1.5 * target
     assert se_t > 0.5 * target  # the former rule would have gone on
     assert se_t <= quad / 3 and d["runs"] <= 8 and d["n_hvp"] == 4 * d["runs"]

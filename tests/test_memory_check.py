@@ -39,11 +39,18 @@ def free(monkeypatch, nbytes):
 
 def project(tmp_path: Path, widths=(8,), measures=MEASURES, runtime=None) -> Path:
     """A config whose checkpoints m0.pt, m1.pt, ... have the given widths (model_kwargs stored)."""
-    cfg = write_project(tmp_path, n_ckpt=0, measures=measures,
-                        extra={"runtime": {"device": "cpu", "seed": 0, **(runtime or {})}})
+    cfg = write_project(
+        tmp_path,
+        n_ckpt=0,
+        measures=measures,
+        extra={"runtime": {"device": "cpu", "seed": 0, **(runtime or {})}},
+    )
     for i, w in enumerate(widths):
         torch.manual_seed(i)
-        torch.save({"state_dict": MLP(16, w, 1, 4).state_dict(), "model_kwargs": {"width": w}}, tmp_path / f"m{i}.pt")
+        torch.save(
+            {"state_dict": MLP(16, w, 1, 4).state_dict(), "model_kwargs": {"width": w}},
+            tmp_path / f"m{i}.pt",
+        )
     raw = yaml.safe_load(cfg.read_text())
     raw["checkpoints"] = [f"m{i}.pt" for i in range(len(widths))]
     cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -61,7 +68,9 @@ def test_a_run_that_will_not_fit_fails_before_the_data_with_a_suggestion(tmp_pat
     real = pipeline.load_split
     monkeypatch.setattr(pipeline, "load_split", lambda *a, **k: loads.append(a) or real(*a, **k))
     P = P_of(8)
-    need = 4 * P * (2 + 20 + 1)  # θ and gradient, the 20-vector Lanczos basis, one product input (fp32)
+    need = (
+        4 * P * (2 + 20 + 1)
+    )  # θ and gradient, the 20-vector Lanczos basis, one product input (fp32)
     free(monkeypatch, need - 1)
     cfg = project(tmp_path)
     res = runner.invoke(app, ["measure", "-c", str(cfg), "-o", str(tmp_path / "o")])
@@ -87,7 +96,10 @@ def test_only_the_checkpoint_that_does_not_fit_fails(tmp_path, monkeypatch):
     ok, bad = rows(tmp_path / "c" / "o")
     assert ok["status"] == "ok" and bad["status"] == "error" and "will not fit" in bad["error"]
     off = project(tmp_path / "off", widths=(8, 64), runtime={"check_memory": False})
-    assert runner.invoke(app, ["measure", "-c", str(off), "-o", str(tmp_path / "off" / "o")]).exit_code == 0
+    assert (
+        runner.invoke(app, ["measure", "-c", str(off), "-o", str(tmp_path / "off" / "o")]).exit_code
+        == 0
+    )
     ref = rows(tmp_path / "off" / "o")[0]["measures"]
     for m in ("hessian_lambda_max", "frobenius_norm"):
         assert ok["measures"][m]["value"] == ref[m]["value"]
@@ -102,10 +114,17 @@ def test_with_ample_memory_the_results_are_those_of_an_unchecked_run(tmp_path, m
     out = {}
     for name, rt in (("on", {}), ("off", {"check_memory": False})):
         cfg = project(tmp_path / name, runtime=rt)
-        assert runner.invoke(app, ["measure", "-c", str(cfg), "-o", str(tmp_path / name / "o")]).exit_code == 0
+        assert (
+            runner.invoke(
+                app, ["measure", "-c", str(cfg), "-o", str(tmp_path / name / "o")]
+            ).exit_code
+            == 0
+        )
         out[name] = rows(tmp_path / name / "o")[0]["measures"]
     assert calls == []
-    assert {m: r["value"] for m, r in out["on"].items()} == {m: r["value"] for m, r in out["off"].items()}
+    assert {m: r["value"] for m, r in out["on"].items()} == {
+        m: r["value"] for m, r in out["off"].items()
+    }
 
 
 def test_the_check_off_runs(tmp_path, monkeypatch):
@@ -124,7 +143,9 @@ def test_config_show_and_a_bad_value(tmp_path):
     from flatcli.config import from_dict
     from flatcli.errors import ConfigError
 
-    assert "check_memory" not in from_dict({}).to_dict()["runtime"]  # configs that do not set it hash as before
+    assert (
+        "check_memory" not in from_dict({}).to_dict()["runtime"]
+    )  # configs that do not set it hash as before
     with pytest.raises(ConfigError, match="'runtime.check_memory' must be a bool"):
         from_dict({"runtime": {"check_memory": "maybe"}})
 
@@ -138,13 +159,19 @@ def test_predicted_bytes_against_a_hand_count(monkeypatch, precision, element, c
     free(monkeypatch, 10**12)
     model = MLP(16, 8, 1, 4)
     P = P_of(8)
-    specs = [MeasureSpec("hessian_lambda_max", "lam", {"max_steps": 20}),
-             MeasureSpec("hessian_trace", "tr", {"method": "hutchpp", "max_probes": 30}),  # sketch of 10
-             MeasureSpec("frobenius_norm", "frob")]
+    specs = [
+        MeasureSpec("hessian_lambda_max", "lam", {"max_steps": 20}),
+        MeasureSpec("hessian_trace", "tr", {"method": "hutchpp", "max_probes": 30}),  # sketch of 10
+        MeasureSpec("frobenius_norm", "frob"),
+    ]
     v = memory.check_model(model, specs, Settings(precision=precision))
     weights = P * element if copy else 0
     assert v.need == weights + P * element * (2 + 20 + 1)
-    assert v.parts == {"weights": weights, "theta_gradient": 2 * P * element, "vectors": 21 * P * element}
+    assert v.parts == {
+        "weights": weights,
+        "theta_gradient": 2 * P * element,
+        "vectors": 21 * P * element,
+    }
     assert v.measures == ("lam",) and v.fits
     alone = memory.check_model(model, specs[1:], Settings(precision=precision))
     assert alone.need == weights + P * element * (2 + 10 + 1) and alone.measures == ("tr",)
@@ -159,13 +186,17 @@ def test_on_cuda_the_basis_beyond_max_device_vectors_is_not_counted_and_is_sugge
     free(monkeypatch, 10**12)
     capped = memory.check_model(model, spec, Settings(device=cuda, max_device_vectors=5))
     assert capped.need == 4 * P + 4 * P * (2 + 5 + 1)
-    free(monkeypatch, 4 * P * (1 + 2 + 1 + 7))  # weights, θ and gradient, one input, and room for 7 rows
+    free(
+        monkeypatch, 4 * P * (1 + 2 + 1 + 7)
+    )  # weights, θ and gradient, one input, and room for 7 rows
     v = memory.check_model(model, spec, Settings(device=cuda, max_device_vectors=None))
     assert not v.fits and "runtime.max_device_vectors: 7 " in v.line()
 
 
 # ------------------------------------------------------------------ 2. the product's activations
-def test_a_product_that_will_not_fit_fails_after_the_data_and_suggests_a_batch_size(tmp_path, monkeypatch):
+def test_a_product_that_will_not_fit_fails_after_the_data_and_suggests_a_batch_size(
+    tmp_path, monkeypatch
+):
     """The model's part fits, one product's predicted peak does not: the checkpoint fails before the
     first product with a smaller ``measure_data.batch_size`` (activations ∝ rows); bf16 is offered
     only where halving the activations would fit; no recompute for a model without blocks."""
@@ -174,12 +205,16 @@ def test_a_product_that_will_not_fit_fails_after_the_data_and_suggests_a_batch_s
     hvps = []
     monkeypatch.setattr(pipeline.CurvatureEngine, "hvp", lambda *a, **k: hvps.append(1))
     P = P_of(8)
-    base = 4 * P * 6 + 4 * P * (20 - 1)  # the product's own six P-vectors, and the rest of the 20-row basis
+    base = 4 * P * 6 + 4 * P * (
+        20 - 1
+    )  # the product's own six P-vectors, and the rest of the 20-row basis
     act = product + 4 * P * (20 - 1) - base  # what the batch's rows scale
     for nbytes, bf16 in ((500_000, False), (600_000, True)):
         free(monkeypatch, nbytes)
         cfg = project(tmp_path / str(nbytes))
-        res = runner.invoke(app, ["measure", "-c", str(cfg), "-o", str(tmp_path / str(nbytes) / "o")])
+        res = runner.invoke(
+            app, ["measure", "-c", str(cfg), "-o", str(tmp_path / str(nbytes) / "o")]
+        )
         assert res.exit_code == 1, res.output
         msg = rows(tmp_path / str(nbytes) / "o")[0]["error"]
         assert msg.startswith("will not fit") and "one product" in msg
@@ -239,7 +274,12 @@ def test_the_dry_run_prints_the_verdict(tmp_path, monkeypatch):
     entry = json.loads(res.stdout)[0]
     assert entry["status"] == "will_not_fit"
     (mem,) = entry["memory"]
-    assert (mem["stage"], mem["fits"], mem["need_bytes"], mem["free_bytes"]) == ("model", False, 4 * P * 23, 4 * P * 23 - 1)
+    assert (mem["stage"], mem["fits"], mem["need_bytes"], mem["free_bytes"]) == (
+        "model",
+        False,
+        4 * P * 23,
+        4 * P * 23 - 1,
+    )
     free(monkeypatch, 10**12)
     res = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run", "--format", "json"])
     entry = json.loads(res.stdout)[0]
@@ -258,7 +298,9 @@ def test_a_sweep_unit_that_will_not_fit_fails_before_the_data(tmp_path, monkeypa
     res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(tmp_path / "s")])
     assert res.exit_code == 1, res.output
     assert loads == [] and "will not fit" in res.output
-    free(monkeypatch, 4 * P_of(8) * 2 + 2_000)  # θ and gradient: the norm fits, the data is loaded for it
+    free(
+        monkeypatch, 4 * P_of(8) * 2 + 2_000
+    )  # θ and gradient: the norm fits, the data is loaded for it
     cfg = project(tmp_path / "b", measures=["frobenius_norm"])
     res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(tmp_path / "b" / "s")])
     assert res.exit_code == 0, res.output
@@ -284,7 +326,9 @@ def test_ranks_fail_a_checkpoint_together():
         memory.refuse(memory.MemoryVerdict("model", need=3, free=2), Ranks(True, False))
 
 
-def test_a_product_that_cannot_be_predicted_or_is_a_finite_difference_checks_the_vectors_only(tmp_path, monkeypatch):
+def test_a_product_that_cannot_be_predicted_or_is_a_finite_difference_checks_the_vectors_only(
+    tmp_path, monkeypatch
+):
     """The counting pass raising (a model without a double backward) never fails a checkpoint: the
     measures run and say why themselves; finite-difference products (two gradients, no graph) are not
     predicted with a create_graph pass."""
@@ -297,10 +341,16 @@ def test_a_product_that_cannot_be_predicted_or_is_a_finite_difference_checks_the
     monkeypatch.setattr(memory, "predicted_product_bytes", broken)
     free(monkeypatch, 500_000)
     cfg = project(tmp_path / "a")
-    assert runner.invoke(app, ["measure", "-c", str(cfg), "-o", str(tmp_path / "a" / "o")]).exit_code == 0
+    assert (
+        runner.invoke(app, ["measure", "-c", str(cfg), "-o", str(tmp_path / "a" / "o")]).exit_code
+        == 0
+    )
     assert calls == [1]
     cfg = project(tmp_path / "b", runtime={"hvp_mode": "finite_difference"})
-    assert runner.invoke(app, ["measure", "-c", str(cfg), "-o", str(tmp_path / "b" / "o")]).exit_code == 0
+    assert (
+        runner.invoke(app, ["measure", "-c", str(cfg), "-o", str(tmp_path / "b" / "o")]).exit_code
+        == 0
+    )
     assert calls == [1]
 
 
@@ -320,7 +370,9 @@ class ChainBlocks(nn.Module):
 
 
 @pytest.mark.parametrize("chain_bytes", [10**5, 10**6])
-def test_a_chain_is_predicted_block_by_block_and_recompute_is_suggested_only_when_it_fits(monkeypatch, chain_bytes):
+def test_a_chain_is_predicted_block_by_block_and_recompute_is_suggested_only_when_it_fits(
+    monkeypatch, chain_bytes
+):
     """On a chain of blocks the product of ``recompute: true`` is predicted by its own rule
     (``by_blocks``), not skipped; ``recompute: false`` that does not fit suggests ``recompute: true``
     only when that prediction fits."""
@@ -350,7 +402,9 @@ def test_a_chain_is_predicted_block_by_block_and_recompute_is_suggested_only_whe
     assert ("runtime.recompute: true" in off.line()) is (chain_bytes == 10**5)
 
 
-def test_on_cpu_an_unbounded_basis_that_does_not_fit_suggests_max_basis_vectors(tmp_path, monkeypatch):
+def test_on_cpu_an_unbounded_basis_that_does_not_fit_suggests_max_basis_vectors(
+    tmp_path, monkeypatch
+):
     """With ``runtime.max_basis_vectors: null`` a 60-step Lanczos basis is counted whole; when only a
     smaller basis fits, the cap that fits (above the certified step count) is suggested, and with
     that cap the same check passes."""
@@ -359,7 +413,9 @@ def test_on_cpu_an_unbounded_basis_that_does_not_fit_suggests_max_basis_vectors(
     P = P_of(8)
     spec = [MeasureSpec("hessian_lambda_max", "lam", {"max_steps": 60})]
     model = MLP(16, 8, 1, 4)
-    free(monkeypatch, 4 * P * (2 + 30 + 1))  # θ and gradient, one product input and 30 basis vectors
+    free(
+        monkeypatch, 4 * P * (2 + 30 + 1)
+    )  # θ and gradient, one product input and 30 basis vectors
     v = memory.check_model(model, spec, Settings(max_basis_vectors=None))
     assert not v.fits and v.parts["vectors"] == 4 * P * (60 + 1)
     assert certified_min_steps(P) < 30

@@ -21,7 +21,9 @@ runner = CliRunner()
 def test_defaults_are_auto_and_leave_the_hash_alone():
     cfg = from_dict({})
     assert (cfg.runtime.recompute, cfg.runtime.max_device_vectors) == ("auto", "auto")
-    assert "recompute" not in cfg.to_dict()["runtime"]  # a config that does not use them hashes as before
+    assert (
+        "recompute" not in cfg.to_dict()["runtime"]
+    )  # a config that does not use them hashes as before
     assert cfg.to_dict(defaults=True)["runtime"]["max_device_vectors"] == "auto"
     set_ = from_dict({"runtime": {"recompute": True, "max_device_vectors": 4}})
     assert set_.hash() != cfg.hash()
@@ -29,11 +31,14 @@ def test_defaults_are_auto_and_leave_the_hash_alone():
     assert (st.recompute, st.max_device_vectors) == ("true", 4)
 
 
-@pytest.mark.parametrize("key,value,msg", [
-    ("recompute", "sometimes", "'runtime.recompute' must be true, false or auto"),
-    ("max_device_vectors", 0, "'runtime.max_device_vectors' must be an int ≥ 1, auto or null"),
-    ("max_device_vectors", "many", "'runtime.max_device_vectors' must be"),
-])
+@pytest.mark.parametrize(
+    "key,value,msg",
+    [
+        ("recompute", "sometimes", "'runtime.recompute' must be true, false or auto"),
+        ("max_device_vectors", 0, "'runtime.max_device_vectors' must be an int ≥ 1, auto or null"),
+        ("max_device_vectors", "many", "'runtime.max_device_vectors' must be"),
+    ],
+)
 def test_bad_values_name_the_key(key, value, msg):
     with pytest.raises(ConfigError, match=msg):
         from_dict({"runtime": {key: value}})
@@ -49,9 +54,11 @@ def test_config_show_lists_the_memory_settings(tmp_path):
 def test_measures_with_offloaded_bases_equal_the_default_run(tmp_path, monkeypatch):
     """λmax (Lanczos), the spectrum (block Lanczos + SLQ) and a Hutch++ trace through the CLI with
     ``max_device_vectors: 2`` equal the run with every basis on the device (float64, to rounding)."""
-    measures = [{"hessian_lambda_max": {"tol": 1e-8}},
-                {"hessian_spectrum": {"top_k": 2, "slq_runs": 2, "slq_steps": 12}},
-                {"hessian_trace": {"method": "hutchpp", "min_probes": 12, "max_probes": 30}}]
+    measures = [
+        {"hessian_lambda_max": {"tol": 1e-8}},
+        {"hessian_spectrum": {"top_k": 2, "slq_runs": 2, "slq_steps": 12}},
+        {"hessian_trace": {"method": "hutchpp", "min_probes": 12, "max_probes": 30}},
+    ]
     made = []
     init = BasisStore.__init__
 
@@ -62,18 +69,28 @@ def test_measures_with_offloaded_bases_equal_the_default_run(tmp_path, monkeypat
     monkeypatch.setattr(BasisStore, "__init__", recording)
     rows, offloaded = {}, {}
     for name, rt in (("dev", {}), ("host", {"max_device_vectors": 2, "recompute": True})):
-        cfg = write_project(tmp_path / name, n_ckpt=1, measures=measures,
-                            extra={"runtime": {"device": "cpu", "seed": 0, "precision": "fp64", **rt}})
+        cfg = write_project(
+            tmp_path / name,
+            n_ckpt=1,
+            measures=measures,
+            extra={"runtime": {"device": "cpu", "seed": 0, "precision": "fp64", **rt}},
+        )
         res = runner.invoke(app, ["measure", "-c", str(cfg), "-o", str(tmp_path / name / "o")])
         assert res.exit_code == 0, res.output
-        rows[name] = json.loads((tmp_path / name / "o" / "results.json").read_text())["rows"][0]["measures"]
+        rows[name] = json.loads((tmp_path / name / "o" / "results.json").read_text())["rows"][0][
+            "measures"
+        ]
         offloaded[name] = [s.peak_resident for s in made if s.offloaded]
         made.clear()
-    assert offloaded["dev"] == [] and len(offloaded["host"]) >= 4  # λmax, spectrum, SLQ runs, Hutch++ sketch
+    assert (
+        offloaded["dev"] == [] and len(offloaded["host"]) >= 4
+    )  # λmax, spectrum, SLQ runs, Hutch++ sketch
     assert max(offloaded["host"]) == 2
     for m in ("hessian_lambda_max", "hessian_trace"):
         assert rows["host"][m]["value"] == pytest.approx(rows["dev"][m]["value"], rel=1e-9)
     sd, sh = rows["dev"]["hessian_spectrum"], rows["host"]["hessian_spectrum"]
-    assert sh["value"] == pytest.approx(sd["value"], rel=1e-9)  # effective dimension, from the SLQ nodes
+    assert sh["value"] == pytest.approx(
+        sd["value"], rel=1e-9
+    )  # effective dimension, from the SLQ nodes
     dd, dh = sd["diagnostics"], sh["diagnostics"]
     np.testing.assert_allclose(dh["top_eigenvalues"], dd["top_eigenvalues"], rtol=1e-9)

@@ -26,7 +26,11 @@ def test_mnist1d_splits_shapes_and_determinism(tmp_path):
     data_mod._mnist1d_arrays.cache_clear()
     xtr2, ytr2 = load_split(src, "train", tmp_path).values()  # regenerated, not cached
     assert torch.equal(xtr, xtr2) and torch.equal(ytr, ytr2)
-    other = load_split(DataSource(source="mnist1d", num_samples=200, seed=4, kwargs={"train_split": 0.75}), "train", tmp_path)
+    other = load_split(
+        DataSource(source="mnist1d", num_samples=200, seed=4, kwargs={"train_split": 0.75}),
+        "train",
+        tmp_path,
+    )
     assert not torch.equal(xtr, other["x"])
 
 
@@ -59,7 +63,12 @@ def test_mnist1d_leaves_global_generators_alone():
 @pytest.mark.parametrize(
     ("kwargs", "num_samples", "split", "match"),
     [
-        ({"iid_noise": 0.1}, 100, "train", r"data.train.kwargs: mnist1d has no parameter 'iid_noise'. Did you mean 'iid_noise_scale'\?"),
+        (
+            {"iid_noise": 0.1},
+            100,
+            "train",
+            r"data.train.kwargs: mnist1d has no parameter 'iid_noise'. Did you mean 'iid_noise_scale'\?",
+        ),
         ({"url": "http://x"}, 100, "train", r"no parameter 'url'"),
         ({"train_split": 1.5}, 100, "train", r"train_split must be a float in \(0, 1\); got 1.5"),
         ({}, 5, "train", r"data.train.num_samples: mnist1d needs an int ≥ 20"),
@@ -85,7 +94,19 @@ def test_mnist1d_missing_package_says_how_to_install(monkeypatch):
 
 
 def test_config_accepts_mnist1d_and_suggests_it():
-    cfg = from_dict({"data": {"train": {"source": "mnist1d", "num_samples": 300, "seed": 1, "kwargs": {"train_split": 0.5}}}}, env={})
+    cfg = from_dict(
+        {
+            "data": {
+                "train": {
+                    "source": "mnist1d",
+                    "num_samples": 300,
+                    "seed": 1,
+                    "kwargs": {"train_split": 0.5},
+                }
+            }
+        },
+        env={},
+    )
     assert cfg.data.train.source == "mnist1d" and cfg.data.train.kwargs == {"train_split": 0.5}
     with pytest.raises(ConfigError, match="Did you mean 'mnist1d'"):
         from_dict({"data": {"train": {"source": "mnist_1d"}}}, env={})

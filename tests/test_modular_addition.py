@@ -23,7 +23,13 @@ from flatcli.experiments.transformer import ModularTransformer
 from flatcli.loading.data import load_split, modular_addition_split
 from flatcli.pipeline import measure_model
 
-SPEC = Path(__file__).resolve().parent.parent / "flatcli" / "experiments" / "specs" / "modular_addition.yaml"
+SPEC = (
+    Path(__file__).resolve().parent.parent
+    / "flatcli"
+    / "experiments"
+    / "specs"
+    / "modular_addition.yaml"
+)
 
 
 def split(name, seed=0, **kwargs):
@@ -33,7 +39,10 @@ def split(name, seed=0, **kwargs):
 # ------------------------------------------------------------------ the data source
 def test_splits_sizes_labels_and_disjointness():
     p = 13
-    tr, te = split("train", p=p, train_fraction=0.4, test_fraction=0.3), split("test", p=p, test_fraction=0.3)
+    tr, te = (
+        split("train", p=p, train_fraction=0.4, test_fraction=0.3),
+        split("test", p=p, test_fraction=0.3),
+    )
     # test: round(0.3 · 169) = 51 pairs; train: rounded cumulatively, round(0.7 · 169) − 51 = 67
     assert te.rows == 51 and tr.rows == 67
     for b in (tr, te):
@@ -47,8 +56,12 @@ def test_splits_sizes_labels_and_disjointness():
     assert torch.equal(te["x"], split("test", p=p, train_fraction=0.6, test_fraction=0.3)["x"])
     assert pairs(tr) < pairs(split("train", p=p, train_fraction=0.6, test_fraction=0.3))
     # fractions summing to 1: every pair once (Power et al.'s split)
-    assert len(pairs(split("train", p=p, train_fraction=0.7, test_fraction=0.3)) | pairs(te)) == p * p
-    assert not torch.equal(split("test", seed=1, p=p, test_fraction=0.3)["x"], te["x"])  # the seed draws the split
+    assert (
+        len(pairs(split("train", p=p, train_fraction=0.7, test_fraction=0.3)) | pairs(te)) == p * p
+    )
+    assert not torch.equal(
+        split("test", seed=1, p=p, test_fraction=0.3)["x"], te["x"]
+    )  # the seed draws the split
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -100,7 +113,9 @@ def dense_hessian(model, x, y, include=None):
     def loss(flat):
         parts = torch.split(flat, [q.numel() for _, q in chosen])
         params = {n: t.view(q.shape) for (n, q), t in zip(chosen, parts, strict=True)}
-        return torch.nn.functional.cross_entropy(functional_call(model, {**fixed, **params}, (x,)), y)
+        return torch.nn.functional.cross_entropy(
+            functional_call(model, {**fixed, **params}, (x,)), y
+        )
 
     return torch.func.hessian(loss)(torch.cat([q.reshape(-1) for _, q in chosen]))
 
@@ -112,8 +127,17 @@ def test_lambda_max_and_trace_match_a_dense_float64_hessian(include):
     m = tiny(layers=2)
     b = split("train", p=5, train_fraction=0.7)
     H = dense_hessian(m, b["x"], b["labels"], include)
-    row = measure_model(m, b, [{"hessian_lambda_max": {"tol": 1e-8, "max_steps": 300}}, {"hessian_trace": {"method": "exact"}}],
-                        precision="fp64", batch_size=7, params={"include": [f"{include}*"]} if include else None)
+    row = measure_model(
+        m,
+        b,
+        [
+            {"hessian_lambda_max": {"tol": 1e-8, "max_steps": 300}},
+            {"hessian_trace": {"method": "exact"}},
+        ],
+        precision="fp64",
+        batch_size=7,
+        params={"include": [f"{include}*"]} if include else None,
+    )
     assert row.status == "ok", row.errors
     lam, tr = float(torch.linalg.eigvalsh(H)[-1]), float(H.diagonal().sum())
     assert abs(row.results["hessian_lambda_max"].value - lam) <= 1e-4 * abs(lam)
@@ -155,15 +179,26 @@ def tiny_spec(tmp_path: Path) -> Path:
 def test_smoke_train_sweep_collect_correlate(tmp_path):
     """Each model trains on its own fraction (saved, listed as train_data) with integer ids; flatcli's
     train loss is the training loop's eval-mode loss; the converged models are correlated and compared."""
-    rep = run_experiment(tiny_spec(tmp_path), tmp_path / "out", quick=True, plots=False, log=lambda m: None)
+    rep = run_experiment(
+        tiny_spec(tmp_path), tmp_path / "out", quick=True, plots=False, log=lambda m: None
+    )
     sd = tmp_path / "out" / "p59"
     with open(sd / "training.csv", newline="") as f:
         trained = {r["path"]: r for r in csv.DictReader(f)}
-    assert {r["train_data"] for r in trained.values()} == {"data/train_fraction0.4.pt", "data/train_fraction0.7.pt"}
+    assert {r["train_data"] for r in trained.values()} == {
+        "data/train_fraction0.4.pt",
+        "data/train_fraction0.7.pt",
+    }
     for r in trained.values():
         saved = torch.load(sd / r["train_data"])
-        own = modular_addition_split("train", {"p": 7, "train_fraction": float(r["train_fraction"]), "test_fraction": 0.3})
-        assert saved["x"].dtype == torch.int64 and torch.equal(saved["x"], own["x"]) and torch.equal(saved["labels"], own["labels"])
+        own = modular_addition_split(
+            "train", {"p": 7, "train_fraction": float(r["train_fraction"]), "test_fraction": 0.3}
+        )
+        assert (
+            saved["x"].dtype == torch.int64
+            and torch.equal(saved["x"], own["x"])
+            and torch.equal(saved["labels"], own["labels"])
+        )
     with open(sd / "results" / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
@@ -173,7 +208,10 @@ def test_smoke_train_sweep_collect_correlate(tmp_path):
         assert math.isclose(float(r["train_acc"]), float(t["train_acc"]))
     o = rep.studies[0]
     assert o.correlation is not None and o.converged == 4 - len(o.unconverged)
-    assert {m.measure for m in o.correlation.measures} == {"hessian_lambda_max", "relative_flatness"}
+    assert {m.measure for m in o.correlation.measures} == {
+        "hessian_lambda_max",
+        "relative_flatness",
+    }
     comps = o.extra["comparisons"]
     assert {c["statistic"] for c in comps} == {"kendall_tau_b", "spearman", "pearson"}
     assert "Paired bootstrap" in rep.summary.read_text()
@@ -184,4 +222,8 @@ def test_batch_roundtrip_of_a_saved_training_set(tmp_path):
     b = split("train", p=5, train_fraction=0.5)
     torch.save(dict(b), tmp_path / "t.pt")
     back = load_split(DataSource(source="tensors", path=str(tmp_path / "t.pt")), "train", tmp_path)
-    assert isinstance(back, Batch) and back["x"].dtype == torch.int64 and torch.equal(back["x"], b["x"])
+    assert (
+        isinstance(back, Batch)
+        and back["x"].dtype == torch.int64
+        and torch.equal(back["x"], b["x"])
+    )

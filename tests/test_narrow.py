@@ -18,8 +18,14 @@ from flatcli.cli import app
 from .helpers import write_project
 
 runner = CliRunner()
-LONG = ["normalized_sharpness_with_a_long_label", "relative_flatness", "hessian_lambda_max",
-        "pacbayes_flatness", "sharpness_average", "fisher_rao_norm"]
+LONG = [
+    "normalized_sharpness_with_a_long_label",
+    "relative_flatness",
+    "hessian_lambda_max",
+    "pacbayes_flatness",
+    "sharpness_average",
+    "fisher_rao_norm",
+]
 
 
 @pytest.fixture
@@ -35,9 +41,17 @@ def grid_table(path):
     degrees (seeded noise)."""
     rng = np.random.default_rng(0)
     rows = []
-    for i, (wd, lr, width) in enumerate(itertools.product([0, 1e-4], [0.01, 0.05, 0.1], [16, 32, 64, 128])):
+    for i, (wd, lr, width) in enumerate(
+        itertools.product([0, 1e-4], [0.01, 0.05, 0.1], [16, 32, 64, 128])
+    ):
         gap = 0.1 * (wd == 0) + lr + width / 1000 + 0.01 * rng.standard_normal()
-        row = {"checkpoint": f"runs/m{i}.pt", "hp_wd": wd, "hp_lr": lr, "hp_width": width, "gen_gap": gap}
+        row = {
+            "checkpoint": f"runs/m{i}.pt",
+            "hp_wd": wd,
+            "hp_lr": lr,
+            "hp_width": width,
+            "gen_gap": gap,
+        }
         for k, name in enumerate(LONG):
             row[name] = gap + (k / 10) * rng.standard_normal()
         rows.append(row)
@@ -60,13 +74,26 @@ def lines(text):
 
 def test_correlate_fits_80_columns_without_cutting_numbers(tmp_path, terminal80):
     table = grid_table(tmp_path / "t.csv")
-    res = runner.invoke(app, ["correlate", str(table), "-m", ",".join(LONG), "--by", "wd,lr,width",
-                              "-o", str(tmp_path / "c")])
+    res = runner.invoke(
+        app,
+        [
+            "correlate",
+            str(table),
+            "-m",
+            ",".join(LONG),
+            "--by",
+            "wd,lr,width",
+            "-o",
+            str(tmp_path / "c"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     box = [ln for ln in lines(res.stdout) if ln[0] in "┏┃┡│└"]
     assert box and max(len(ln) for ln in box) <= 80
     header = " ".join(ln for ln in box if ln.startswith("┃"))
-    assert " # " in header and " n " in header and "Ψ" in header  # rank, n and the ranking statistic stay
+    assert (
+        " # " in header and " n " in header and "Ψ" in header
+    )  # rank, n and the ranking statistic stay
     assert "…" not in res.stdout
     with open(tmp_path / "c" / "correlations.csv") as f:
         ranked = list(csv.DictReader(f))
@@ -74,7 +101,9 @@ def test_correlate_fits_80_columns_without_cutting_numbers(tmp_path, terminal80)
     for r in ranked:  # every shown number whole, on its measure's row
         assert f"{float(r['kendall_tau_b']):+.3f}" in body and f"{float(r['psi']):+.3f}" in body
     assert re.search(r"not shown at 80 columns: .*CMI.*--wide", " ".join(res.stdout.split()))
-    wide = runner.invoke(app, ["correlate", str(table), "-m", ",".join(LONG), "--by", "wd,lr,width", "--wide"])
+    wide = runner.invoke(
+        app, ["correlate", str(table), "-m", ",".join(LONG), "--by", "wd,lr,width", "--wide"]
+    )
     assert "CMI" in wide.stdout and "ψ width" in wide.stdout and "not shown" not in wide.stdout
 
 
@@ -87,9 +116,16 @@ def test_piped_correlate_and_measure_keep_every_column(tmp_path):
 
 
 def test_measure_fits_80_columns(tmp_path, terminal80, monkeypatch):
-    measures = ["hessian_lambda_max", {"hessian_trace": {"min_probes": 4, "max_probes": 4}}, "frobenius_norm",
-                "spectral_norm", "path_norm"]
-    cfg = write_project(tmp_path / "runs" / "an_experiment_with_a_long_name" / "width_8", measures=measures)
+    measures = [
+        "hessian_lambda_max",
+        {"hessian_trace": {"min_probes": 4, "max_probes": 4}},
+        "frobenius_norm",
+        "spectral_norm",
+        "path_norm",
+    ]
+    cfg = write_project(
+        tmp_path / "runs" / "an_experiment_with_a_long_name" / "width_8", measures=measures
+    )
     monkeypatch.chdir(tmp_path)
     ckpts = [f"runs/an_experiment_with_a_long_name/width_8/m{i}.pt" for i in (0, 1)]
     res = runner.invoke(app, ["measure", *ckpts, "-c", str(cfg), "-o", str(tmp_path / "o")])
@@ -100,13 +136,23 @@ def test_measure_fits_80_columns(tmp_path, terminal80, monkeypatch):
     text = " ".join(" ".join(out).split())
     assert "checkpoints in runs/an_experiment_with_a_long_name/width_8/" in text
     shown = headers(out)  # whole names, wrapped at "_" over several header lines
-    assert shown[:5] == ["checkpoint", "status", "hessian_lambda_max", "hessian_trace", "frobenius_norm"]
+    assert shown[:5] == [
+        "checkpoint",
+        "status",
+        "hessian_lambda_max",
+        "hessian_trace",
+        "frobenius_norm",
+    ]
     assert "gen_gap" in shown and "spectral_norm" not in shown and "not shown at 80 columns" in text
-    wide = runner.invoke(app, ["measure", *ckpts, "-c", str(cfg), "-o", str(tmp_path / "o"), "--wide"])
+    wide = runner.invoke(
+        app, ["measure", *ckpts, "-c", str(cfg), "-o", str(tmp_path / "o"), "--wide"]
+    )
     assert ckpts[0] in wide.stdout and "test_acc" in wide.stdout and "not shown" not in wide.stdout
 
 
-@pytest.mark.parametrize("command", ["sweep", "landscape slice", "landscape connect", "measure", "correlate"])
+@pytest.mark.parametrize(
+    "command", ["sweep", "landscape slice", "landscape connect", "measure", "correlate"]
+)
 def test_help_on_80_columns_shows_every_option_whole(command, terminal80):
     res = runner.invoke(app, [*command.split(), "--help"])
     assert res.exit_code == 0
@@ -126,4 +172,8 @@ def test_help_on_80_columns_shows_every_option_whole(command, terminal80):
 def test_demo_help_says_it_ranks_by_psi():
     res = runner.invoke(app, ["demo", "--help"])
     text = " ".join(res.stdout.split())
-    assert res.exit_code == 0 and "granulated Kendall Ψ" in text and "rank measures by Kendall τ" not in text
+    assert (
+        res.exit_code == 0
+        and "granulated Kendall Ψ" in text
+        and "rank measures by Kendall τ" not in text
+    )

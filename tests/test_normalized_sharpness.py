@@ -27,7 +27,9 @@ def _mlp(act, seed=0):
 
 def _data(n=30, d=5, c=3, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, d, generator=g, dtype=torch.float64), torch.randint(0, c, (n,), generator=g)
+    return torch.randn(n, d, generator=g, dtype=torch.float64), torch.randint(
+        0, c, (n,), generator=g
+    )
 
 
 def _dense_diag(model, x, y, loss="cross_entropy"):
@@ -50,14 +52,26 @@ def _reference_ns(model, x, y, box=20.0, loss="cross_entropy", diag=None):
             W = p.detach().reshape(p.shape[0], -1).numpy()
             D = diag[offset : offset + k].reshape(p.shape[0], -1).numpy()
             h = W.shape[0]
-            M = np.array([[sum(max(D[i, j], 0.0) * W[kk, j] ** 2 for j in range(W.shape[1])) for kk in range(h)] for i in range(h)])
+            M = np.array(
+                [
+                    [
+                        sum(max(D[i, j], 0.0) * W[kk, j] ** 2 for j in range(W.shape[1]))
+                        for kk in range(h)
+                    ]
+                    for i in range(h)
+                ]
+            )
 
             def f(g, M=M):
                 E = M * np.exp(g[:, None] - g[None, :])
                 return E.sum(), E.sum(1) - E.sum(0)
 
             best = scipy.optimize.minimize(
-                f, np.zeros(h), jac=True, method="L-BFGS-B", bounds=[(-box, box)] * h,
+                f,
+                np.zeros(h),
+                jac=True,
+                method="L-BFGS-B",
+                bounds=[(-box, box)] * h,
                 options={"ftol": 1e-16, "gtol": 1e-14, "maxiter": 10000},
             )
             total += best.fun
@@ -66,7 +80,14 @@ def _reference_ns(model, x, y, box=20.0, loss="cross_entropy", diag=None):
 
 
 def _ns(model, x, y, seed=0, batch_size=7, **opts):
-    row = measure_model(model, (x, y), [{"normalized_sharpness": opts}], precision="fp64", batch_size=batch_size, seed=seed)
+    row = measure_model(
+        model,
+        (x, y),
+        [{"normalized_sharpness": opts}],
+        precision="fp64",
+        batch_size=batch_size,
+        seed=seed,
+    )
     assert row.status == "ok", row.errors
     return row.results["normalized_sharpness"]
 
@@ -88,7 +109,9 @@ def test_exact_diagonal_matches_dense_reference(act):
 
 def test_conv_rows_are_output_channels():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 4 * 4, 3)).double()
+    model = nn.Sequential(
+        nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 4 * 4, 3)
+    ).double()
     g = torch.Generator().manual_seed(2)
     x = torch.randn(12, 1, 6, 6, generator=g, dtype=torch.float64)
     y = torch.randint(0, 3, (12,), generator=g)
@@ -105,7 +128,13 @@ def test_scaled_estimator_converges_to_exact(act):
     errs = []
     for samples in (16, 64, 256):
         e = [
-            abs(_ns(model, x, y, seed=s, batch_size=30, samples=samples, hessian_diag="scaled").value - exact) / exact
+            abs(
+                _ns(
+                    model, x, y, seed=s, batch_size=30, samples=samples, hessian_diag="scaled"
+                ).value
+                - exact
+            )
+            / exact
             for s in range(3)
         ]
         errs.append(float(np.mean(e)))
@@ -120,10 +149,16 @@ def test_stochastic_estimators_report_stderr_and_cost():
     sc = _ns(model, x, y, samples=16, hessian_diag="scaled")
     fd = _ns(model, x, y, samples=16, hessian_diag="finite_difference", radius=1e-4)
     hu = _ns(model, x, y, samples=16, hessian_diag="hutchinson")
-    assert sc.diagnostics["n_hvp"] == 16 and fd.diagnostics["n_grad"] == 32 and hu.diagnostics["n_hvp"] == 16
+    assert (
+        sc.diagnostics["n_hvp"] == 16
+        and fd.diagnostics["n_grad"] == 32
+        and hu.diagnostics["n_hvp"] == 16
+    )
     for r in (sc, fd, hu):
         assert r.stderr is not None and r.stderr > 0
-        assert r.stderr >= abs(r.diagnostics["jackknife_bias"])  # the stderr covers the jackknife bias
+        assert r.stderr >= abs(
+            r.diagnostics["jackknife_bias"]
+        )  # the stderr covers the jackknife bias
     # on a smooth network the finite-difference estimator is the scaled one up to O(r²) (same probes)
     assert abs(fd.value - sc.value) <= 1e-5 * sc.value
     assert abs(sc.value - exact) < 4 * sc.stderr + 0.05 * exact
@@ -144,8 +179,12 @@ def test_solver_closed_form_two_rows():
 def test_options_are_validated():
     model = _mlp(nn.Tanh)
     x, y = _data()
-    with pytest.raises(ConfigError, match="'hessian_diag' parameter of normalized_sharpness must be one of"):
-        measure_model(model, (x, y), [{"normalized_sharpness": {"hessian_diag": "dense"}}], precision="fp64")
+    with pytest.raises(
+        ConfigError, match="'hessian_diag' parameter of normalized_sharpness must be one of"
+    ):
+        measure_model(
+            model, (x, y), [{"normalized_sharpness": {"hessian_diag": "dense"}}], precision="fp64"
+        )
     with pytest.raises(ConfigError, match="'box' parameter"):
         measure_model(model, (x, y), [{"normalized_sharpness": {"box": 0}}], precision="fp64")
 
@@ -214,9 +253,18 @@ def test_default_is_exact_with_zero_tiny_and_pruned_weights_and_trained(case, tr
     ref = _reference_ns(model, x, y, diag=diag)
     assert abs(res.value - ref) <= 1e-8 * ref
     d = res.diagnostics
-    assert res.stderr is None and d["hessian_diag"] == "auto" and d["diag_exact"] and d["diag_curved"] == []
-    assert d["n_hvp"] == 3 * (3 + 2 * 2) and d["n_vjp"] == (3 if case in HARD[:3] else 10)  # coordinates, probes
-    fr = measure_model(model, (x, y), ["fisher_rao_term"], precision="fp64", batch_size=64).results["fisher_rao_term"]
+    assert (
+        res.stderr is None
+        and d["hessian_diag"] == "auto"
+        and d["diag_exact"]
+        and d["diag_curved"] == []
+    )
+    assert d["n_hvp"] == 3 * (3 + 2 * 2) and d["n_vjp"] == (
+        3 if case in HARD[:3] else 10
+    )  # coordinates, probes
+    fr = measure_model(model, (x, y), ["fisher_rao_term"], precision="fp64", batch_size=64).results[
+        "fisher_rao_term"
+    ]
     assert abs(fr.value - float((diag * theta * theta).sum())) <= 1e-10 * abs(fr.value)
 
 
@@ -246,7 +294,9 @@ class MixedRows(nn.Module):
 
     def forward(self, x):
         z = self.fc1(x)
-        return self.fc2(torch.cat([torch.tanh(z[:, : self.curved]), torch.relu(z[:, self.curved :])], 1))
+        return self.fc2(
+            torch.cat([torch.tanh(z[:, : self.curved]), torch.relu(z[:, self.curved :])], 1)
+        )
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -259,8 +309,14 @@ def test_default_check_finds_curvature_in_a_few_rows(kind, seed):
     g = torch.Generator().manual_seed(100 + seed)
     x = torch.randn(24, 12 if kind == "fused_qkv" else 5, generator=g, dtype=torch.float64)
     y = torch.randint(0, 3, (24,), generator=g)
-    row = measure_model(model, (x, y), ["fisher_rao_term", "normalized_sharpness"], precision="fp64",
-                        batch_size=24, seed=seed)
+    row = measure_model(
+        model,
+        (x, y),
+        ["fisher_rao_term", "normalized_sharpness"],
+        precision="fp64",
+        batch_size=24,
+        seed=seed,
+    )
     theta, diag = _dense_diag(model, x, y)
     fr, ns = row.results["fisher_rao_term"], row.results["normalized_sharpness"]
     assert abs(fr.value - float((diag * theta * theta).sum())) <= 1e-10 * abs(fr.value)
@@ -269,7 +325,9 @@ def test_default_check_finds_curvature_in_a_few_rows(kind, seed):
     for r in (fr, ns):
         assert r.diagnostics["diag_exact"] and r.stderr is None
         assert f"{first}.weight" in r.diagnostics["diag_curved"]
-    assert not any(n.startswith(("out", "fc2")) for n in fr.diagnostics["diag_curved"])  # linear in the last layer
+    assert not any(
+        n.startswith(("out", "fc2")) for n in fr.diagnostics["diag_curved"]
+    )  # linear in the last layer
 
 
 def test_default_with_batchnorm_and_pooling_in_eval_mode():
@@ -291,11 +349,18 @@ def test_default_at_a_non_minimum_with_an_indefinite_hessian(act):
     theta, diag = _dense_diag(model, x, y)
     res = _ns(model, x, y)
     assert abs(res.value - _reference_ns(model, x, y)) <= 1e-8 * res.value
-    fr = measure_model(model, (x, y), ["fisher_rao_term"], precision="fp64", batch_size=7).results["fisher_rao_term"]
+    fr = measure_model(model, (x, y), ["fisher_rao_term"], precision="fp64", batch_size=7).results[
+        "fisher_rao_term"
+    ]
     assert abs(fr.value - float((diag * theta * theta).sum())) <= 1e-10 * abs(fr.value)
-    if act is nn.Tanh:  # curvature of its own before the last tanh: those tensors are done by unit vectors
+    if (
+        act is nn.Tanh
+    ):  # curvature of its own before the last tanh: those tensors are done by unit vectors
         assert bool((diag < 0).any())  # FR keeps the negative entries
-        assert res.diagnostics["diag_curved"] == ["0.weight", "2.weight"]  # the outputs are linear in 4.weight
+        assert res.diagnostics["diag_curved"] == [
+            "0.weight",
+            "2.weight",
+        ]  # the outputs are linear in 4.weight
         assert res.diagnostics["diag_exact_by_unit_vectors"] == ["2.weight", "0.weight"]
         assert res.diagnostics["diag_check_max_gap"] > 1e-3
     else:
@@ -310,7 +375,9 @@ def test_default_over_the_exact_budget_estimates_the_residual_and_says_so():
     for samples in (16, 1024):
         res = _ns(model, x, y, max_exact=16, samples=samples, batch_size=30)
         d = res.diagnostics
-        assert d["diag_exact_by_unit_vectors"] == ["2.weight"] and d["diag_estimated"] == ["0.weight"]
+        assert d["diag_exact_by_unit_vectors"] == ["2.weight"] and d["diag_estimated"] == [
+            "0.weight"
+        ]
         assert not d["diag_exact"] and res.stderr > 0 and d["samples"] == samples
         errs.append(abs(res.value - exact))
         assert errs[-1] <= 4 * res.stderr
@@ -330,7 +397,9 @@ def test_ggn_option_is_the_gauss_newton_ns():
     params = {n: t.detach() for n, t in model.named_parameters()}
     ref, _ = normalized_sharpness_from_diagonal(model, params, prob.param_slices(), ggn_diag)
     res = _ns(model, x, y, hessian_diag="ggn")
-    assert abs(res.value - ref) <= 1e-10 * ref and res.diagnostics["n_hvp"] == 0 and res.stderr is None
+    assert (
+        abs(res.value - ref) <= 1e-10 * ref and res.diagnostics["n_hvp"] == 0 and res.stderr is None
+    )
 
 
 # ------------------------------------------------------------------ parameter-wise NS₀ (eq. 17)
@@ -342,8 +411,12 @@ def _reference_ns0(theta, diag, betas, lam):
         best = math.inf
         for b in betas:
             r = scipy.optimize.minimize_scalar(
-                lambda s, b=b, F=F, t=t: F * math.exp(2 * s) + t * t * math.exp(-2 * s) + (s - b) ** 2 / lam,
-                bounds=(b - 40, b + 40), method="bounded", options={"xatol": 1e-12},
+                lambda s, b=b, F=F, t=t: (
+                    F * math.exp(2 * s) + t * t * math.exp(-2 * s) + (s - b) ** 2 / lam
+                ),
+                bounds=(b - 40, b + 40),
+                method="bounded",
+                options={"xatol": 1e-12},
             )
             best = min(best, r.fun)
         total += best
@@ -358,7 +431,13 @@ def test_parameter_wise_ns0_matches_brute_force_on_dense_diagonal(lam):
         model[2].weight.view(-1)[:3] = 0.0  # θ = 0 entries
     theta, diag = _dense_diag(model, x, y)
     assert bool((diag < 0).any()) and bool((theta == 0).any())
-    opts = {"form": "parameter", "lambda_prime": lam, "beta_range": 3.0, "beta_points": 7, "hessian_diag": "exact"}
+    opts = {
+        "form": "parameter",
+        "lambda_prime": lam,
+        "beta_range": 3.0,
+        "beta_points": 7,
+        "hessian_diag": "exact",
+    }
     res = _ns(model, x, y, **opts)
     B = np.linspace(-3, 3, 7)
     ref = _reference_ns0(theta, diag, B, lam)
@@ -367,7 +446,9 @@ def test_parameter_wise_ns0_matches_brute_force_on_dense_diagonal(lam):
     F = diag.clamp_min(0)
     assert abs(d["ns1"] - float((theta.abs() * F.sqrt()).sum())) <= 1e-12 * d["ns1"]
     assert abs(d["fr"] - float((diag * theta * theta).sum())) <= 1e-12 * abs(d["fr"])
-    assert d["n_params"] == theta.numel() and d["n_ln_B"] == pytest.approx(theta.numel() * math.log(7))
+    assert d["n_params"] == theta.numel() and d["n_ln_B"] == pytest.approx(
+        theta.numel() * math.log(7)
+    )
     assert abs(sum(d["tensors"].values()) - res.value) <= 1e-12 * res.value
     assert _ns(model, x, y, form="parameter").value == pytest.approx(
         _ns(model, x, y, form="parameter", hessian_diag="exact").value, rel=1e-10
@@ -387,7 +468,9 @@ def test_parameter_wise_terms_closed_forms():
     from scipy.special import lambertw
 
     lam, b = 2.0, 1.5
-    terms, sigma, beta, _ = parameter_wise_terms(np.array([0.8, 0.0]), np.array([0.0, 0.0]), np.array([-1.5, b]), lam)
+    terms, sigma, beta, _ = parameter_wise_terms(
+        np.array([0.8, 0.0]), np.array([0.0, 0.0]), np.array([-1.5, b]), lam
+    )
     w = 0.5 * float(lambertw(2 * lam * 0.64 * math.exp(-2 * b)).real)
     assert sigma[0] == pytest.approx(b + w, abs=1e-12) and beta[0] == b
     assert terms[0] == pytest.approx(0.64 * math.exp(-2 * (b + w)) + w * w / lam, rel=1e-12)
@@ -402,7 +485,12 @@ def test_parameter_wise_rescaling_is_a_shift_of_the_grid():
     c = np.exp(g.uniform(-2, 2, size=50))
     B = np.linspace(-4, 4, 9)
     a = parameter_wise_terms(c * theta, F / c**2, B, 0.5)[0]
-    b = np.array([parameter_wise_terms(theta[i : i + 1], F[i : i + 1], B - math.log(c[i]), 0.5)[0][0] for i in range(50)])
+    b = np.array(
+        [
+            parameter_wise_terms(theta[i : i + 1], F[i : i + 1], B - math.log(c[i]), 0.5)[0][0]
+            for i in range(50)
+        ]
+    )
     np.testing.assert_allclose(a, b, rtol=1e-11)
     assert abs(a.sum() - parameter_wise_terms(theta, F, B, 0.5)[0].sum()) > 1e-2 * a.sum()
 
@@ -422,27 +510,47 @@ def test_sec5_scale_dependence_parameter_wise_changes_node_wise_does_not():
         "fisher_rao_term",
         {"hessian_trace": {"method": "exact"}},
     ]
-    rep = check_invariance_model(model, (x, y), measures, transform="node", scale=10.0, batch_size=24)
+    rep = check_invariance_model(
+        model, (x, y), measures, transform="node", scale=10.0, batch_size=24
+    )
     by = {r.label: r for r in rep.results}
-    assert by["normalized_sharpness"].claims_invariance and by["normalized_sharpness"].rel_change <= 1e-6
-    assert not by["ns0"].claims_invariance and by["ns0"].held is None and by["ns0"].rel_change > 1e-3
+    assert (
+        by["normalized_sharpness"].claims_invariance
+        and by["normalized_sharpness"].rel_change <= 1e-6
+    )
+    assert (
+        not by["ns0"].claims_invariance and by["ns0"].held is None and by["ns0"].rel_change > 1e-3
+    )
     assert by["fisher_rao_term"].claims_invariance and by["fisher_rao_term"].rel_change <= 1e-6
     assert rep.passed
     rescaled = node_wise_rescale(model, find_rescalable_pairs(model, x), scale=10.0, seed=0)
     a, b = (_ns(m, x, y, form="parameter", batch_size=24).diagnostics for m in (model, rescaled))
-    assert abs(a["ns1"] - b["ns1"]) <= 1e-9 * a["ns1"]  # eq. 19's limit is element-wise invariant ...
-    assert abs(a["b"] - b["b"]) > 0.1 * a["b"] and abs(a["M"] - b["M"]) > 0.1 * a["M"]  # ... Prop. 4.2's b, M are not
+    assert (
+        abs(a["ns1"] - b["ns1"]) <= 1e-9 * a["ns1"]
+    )  # eq. 19's limit is element-wise invariant ...
+    assert (
+        abs(a["b"] - b["b"]) > 0.1 * a["b"] and abs(a["M"] - b["M"]) > 0.1 * a["M"]
+    )  # ... Prop. 4.2's b, M are not
 
 
 def test_parameter_form_options_are_validated():
     model = _mlp(nn.Tanh)
     x, y = _data()
-    with pytest.raises(ConfigError, match="'form' parameter of normalized_sharpness must be one of node, parameter"):
+    with pytest.raises(
+        ConfigError, match="'form' parameter of normalized_sharpness must be one of node, parameter"
+    ):
         measure_model(model, (x, y), [{"normalized_sharpness": {"form": "row"}}], precision="fp64")
-    with pytest.raises(ConfigError, match="'lambda_prime' parameter of normalized_sharpness must be a float > 0. Got 0 instead."):
-        measure_model(model, (x, y), [{"normalized_sharpness": {"lambda_prime": 0}}], precision="fp64")
+    with pytest.raises(
+        ConfigError,
+        match="'lambda_prime' parameter of normalized_sharpness must be a float > 0. Got 0 instead.",
+    ):
+        measure_model(
+            model, (x, y), [{"normalized_sharpness": {"lambda_prime": 0}}], precision="fp64"
+        )
     with pytest.raises(ConfigError, match="'beta_points' parameter"):
-        measure_model(model, (x, y), [{"normalized_sharpness": {"beta_points": 0}}], precision="fp64")
+        measure_model(
+            model, (x, y), [{"normalized_sharpness": {"beta_points": 0}}], precision="fp64"
+        )
     with pytest.raises(ConfigError, match="'max_exact' parameter of fisher_rao_term"):
         measure_model(model, (x, y), [{"fisher_rao_term": {"max_exact": -1}}], precision="fp64")
 
@@ -454,7 +562,13 @@ def test_fisher_rao_term_estimators(est):
     x, y = _data()
     theta, diag = _dense_diag(model, x, y)
     ref = float((diag * theta * theta).sum())
-    r = measure_model(model, (x, y), [{"fisher_rao_term": {"hessian_diag": est, "samples": 256}}], precision="fp64", batch_size=30)
+    r = measure_model(
+        model,
+        (x, y),
+        [{"fisher_rao_term": {"hessian_diag": est, "samples": 256}}],
+        precision="fp64",
+        batch_size=30,
+    )
     fr = r.results["fisher_rao_term"]
     if est == "scaled":
         assert fr.stderr > 0 and abs(fr.value - ref) <= 4 * fr.stderr
@@ -470,10 +584,14 @@ def test_invariance_claims_follow_the_options():
     assert claims_invariance(MeasureSpec("normalized_sharpness", "ns"))
     assert claims_invariance(MeasureSpec("normalized_sharpness", "ns", {"hessian_diag": "ggn"}))
     assert not claims_invariance(MeasureSpec("normalized_sharpness", "ns0", {"form": "parameter"}))
-    claimed, why = MeasureSpec("normalized_sharpness", "ns0", {"form": "parameter"}).claims_invariance()
+    claimed, why = MeasureSpec(
+        "normalized_sharpness", "ns0", {"form": "parameter"}
+    ).claims_invariance()
     assert not claimed and "grid B" in why
     assert claims_invariance(MeasureSpec("fisher_rao_term", "fr"))
-    assert not claims_invariance(MeasureSpec("fisher_rao_term", "fr", {"hessian_diag": "hutchinson"}))
+    assert not claims_invariance(
+        MeasureSpec("fisher_rao_term", "fr", {"hessian_diag": "hutchinson"})
+    )
     assert "eq. 16" in get_measure("fisher_rao_term").reference
 
 
@@ -487,14 +605,27 @@ def test_one_checkpoints_measures_share_the_hessian_diagonal():
     P = sum(t.numel() for t in model.parameters())
     names = ("normalized_sharpness", "ns_bound", "fisher_rao_term")
     specs = [{n: {"hessian_diag": "exact"}} for n in names] + [
-        {"fisher_rao_term": {"hessian_diag": "scaled", "samples": 8, "label": "fr_scaled"}}]
+        {"fisher_rao_term": {"hessian_diag": "scaled", "samples": 8, "label": "fr_scaled"}}
+    ]
     together = measure_model(model, (x, y), specs, precision="fp64", batch_size=8).results
     assert together["normalized_sharpness"].diagnostics["n_hvp"] == P
     for n in names[1:]:
-        assert together[n].diagnostics["n_hvp"] == 0 and together[n].diagnostics["diag_shared"] is True, n
-    assert together["fr_scaled"].diagnostics["n_hvp"] == 8 and "diag_shared" not in together["fr_scaled"].diagnostics
+        assert (
+            together[n].diagnostics["n_hvp"] == 0 and together[n].diagnostics["diag_shared"] is True
+        ), n
+    assert (
+        together["fr_scaled"].diagnostics["n_hvp"] == 8
+        and "diag_shared" not in together["fr_scaled"].diagnostics
+    )
     for n in names:
-        alone = measure_model(model, (x, y), [{n: {"hessian_diag": "exact"}}], precision="fp64", batch_size=8)
+        alone = measure_model(
+            model, (x, y), [{n: {"hessian_diag": "exact"}}], precision="fp64", batch_size=8
+        )
         assert together[n].value == alone.results[n].value, n
-    auto = measure_model(model, (x, y), ["normalized_sharpness", "ns_bound"], precision="fp64", batch_size=8).results
-    assert auto["ns_bound"].diagnostics["n_vjp"] == 0 and auto["ns_bound"].diagnostics["diag_shared"] is True
+    auto = measure_model(
+        model, (x, y), ["normalized_sharpness", "ns_bound"], precision="fp64", batch_size=8
+    ).results
+    assert (
+        auto["ns_bound"].diagnostics["n_vjp"] == 0
+        and auto["ns_bound"].diagnostics["diag_shared"] is True
+    )

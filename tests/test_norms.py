@@ -260,5 +260,6 @@ def test_inverse_margin_is_not_applicable_without_class_outputs():
     p = Problem(nn.Linear(4, 1).double(), x, torch.randn(12, 1, dtype=torch.float64), loss="mse")
     res = run(p, "inverse_margin")
     assert res.status == "not_applicable" and math.isnan(res.value)
-    assert res.diagnostics["reason"] == ("needs class scores and integer labels; loss 'mse' on outputs of "
-                                         "shape (12, 1) gives none")
+    assert res.diagnostics["reason"] == (
+        "needs class scores and integer labels; loss 'mse' on outputs of shape (12, 1) gives none"
+    )

@@ -18,7 +18,13 @@ from .test_normalized_sharpness import _data, _dense_diag, _mlp, _reference_ns
 
 def _bound(model, x, y, batch_size=7, loss="cross_entropy", seed=0, **opts):
     row = measure_model(
-        model, (x, y), [{"ns_bound": opts}], loss=loss, precision="fp64", batch_size=batch_size, seed=seed
+        model,
+        (x, y),
+        [{"ns_bound": opts}],
+        loss=loss,
+        precision="fp64",
+        batch_size=batch_size,
+        seed=seed,
     )
     assert row.status == "ok", row.errors
     return row.results["ns_bound"]
@@ -40,7 +46,9 @@ def test_posterior_identities_and_equivariance():
     b = torch.exp(torch.randn(1, 6, generator=g, dtype=torch.float64))
     W2, F2 = W * a / b, F * b * b / (a * a)
     sol2 = solve_layer((F2 @ (W2 * W2).T).numpy(), 20.0)
-    torch.testing.assert_close(posterior_std(W2, F2, sol2.gamma, eta2), s * a / b, rtol=1e-7, atol=0)
+    torch.testing.assert_close(
+        posterior_std(W2, F2, sol2.gamma, eta2), s * a / b, rtol=1e-7, atol=0
+    )
 
 
 def test_quadratic_loss_second_order_is_exact():
@@ -49,7 +57,9 @@ def test_quadratic_loss_second_order_is_exact():
     model = nn.Linear(5, 3, bias=False).double()
     x, y = _data(n=40)
     ns = _reference_ns(model, x, y, loss="mse")
-    r = _bound(model, x, y, loss="mse", mc_loss="clipped_loss", loss_clip=1e6, mc_samples=2000, lam=9.0)
+    r = _bound(
+        model, x, y, loss="mse", mc_loss="clipped_loss", loss_clip=1e6, mc_samples=2000, lam=9.0
+    )
     d = r.diagnostics
     assert d["ns_r"] == pytest.approx(ns, rel=1e-9) and d["h"] == 5 and d["lam"] == 9.0
     gap = 0.5 * math.sqrt(5 / 9.0) * ns
@@ -81,7 +91,9 @@ def test_error_mode_terms_and_cost():
     assert d["hoeffding_width"] == pytest.approx(width, rel=1e-12)
     assert d["ls_q_hoeffding"] == pytest.approx([d["ls_q"] - width, d["ls_q"] + width])
     assert 0.0 <= d["ls_q"] <= 1.0 and d["loss_range"] == 1.0
-    assert r.value == pytest.approx(d["ls_q"] + width + d["curvature_term"] + d["lam_term"], rel=1e-12)
+    assert r.value == pytest.approx(
+        d["ls_q"] + width + d["curvature_term"] + d["lam_term"], rel=1e-12
+    )
     assert d["n_forward"] == 41 and d["n_hvp"] == 3 * (3 + 2 * 2) and d["n_vjp"] == 3
     assert r.stderr == pytest.approx(d["ls_q_stderr"])  # exact diagonal: only the Monte-Carlo error
     assert "Ξ₃/λ" in d["symbolic"]
@@ -100,11 +112,21 @@ def test_equivariant_without_box_hits_not_with_a_dead_node():
     x, y = _data(n=24)
     pairs = find_rescalable_pairs(model, x)
     a = _bound(model, x, y, batch_size=24, mc_samples=16, mc_loss="clipped_loss", loss_clip=5.0)
-    b = _bound(node_wise_rescale(model, pairs, 10.0, seed=0), x, y, batch_size=24, mc_samples=16, mc_loss="clipped_loss", loss_clip=5.0)
+    b = _bound(
+        node_wise_rescale(model, pairs, 10.0, seed=0),
+        x,
+        y,
+        batch_size=24,
+        mc_samples=16,
+        mc_loss="clipped_loss",
+        loss_clip=5.0,
+    )
     assert not a.diagnostics["box_hit"] and abs(a.value - b.value) <= 1e-9 * a.value
     with torch.no_grad():  # kill node 0 of the first layer on this data: its γ goes to the box
         model.features[0].bias[0] = -20.0
-    assert _bound(model, x, y, batch_size=24, mc_samples=2).diagnostics["box_hit_layers"] == ["features.0"]
+    assert _bound(model, x, y, batch_size=24, mc_samples=2).diagnostics["box_hit_layers"] == [
+        "features.0"
+    ]
     # a dead row (zero row of F) is pinned at γ = +box: its posterior noise does not follow its scale
     g = torch.Generator().manual_seed(1)
     W = torch.randn(3, 4, generator=g, dtype=torch.float64)
@@ -112,9 +134,15 @@ def test_equivariant_without_box_hits_not_with_a_dead_node():
     F[0] = 0.0
     a = torch.tensor([[10.0], [1.0], [1.0]], dtype=torch.float64)
     s1 = posterior_std(W, F, solve_layer((F @ (W * W).T).numpy(), 20.0).gamma, 1.0)
-    s2 = posterior_std(W * a, F / a**2, solve_layer(((F / a**2) @ (W * W * a**2).T).numpy(), 20.0).gamma, 1.0)
-    torch.testing.assert_close(s2[1:], s1[1:], rtol=1e-6, atol=0)  # live rows: unchanged, as their weights
-    assert float((s2[0] / s1[0] - 10.0).abs().min()) > 1.0  # the dead row's weights grew 10×, its noise did not
+    s2 = posterior_std(
+        W * a, F / a**2, solve_layer(((F / a**2) @ (W * W * a**2).T).numpy(), 20.0).gamma, 1.0
+    )
+    torch.testing.assert_close(
+        s2[1:], s1[1:], rtol=1e-6, atol=0
+    )  # live rows: unchanged, as their weights
+    assert (
+        float((s2[0] / s1[0] - 10.0).abs().min()) > 1.0
+    )  # the dead row's weights grew 10×, its noise did not
 
 
 def test_bad_input():
@@ -129,7 +157,13 @@ def test_bad_input():
         with pytest.raises(ConfigError, match=msg):
             measure_model(model, (x, y), [{"ns_bound": opts}], precision="fp64")
     reg = nn.Linear(5, 1).double()
-    row = measure_model(reg, (x, torch.randn(30, 1, dtype=torch.float64)), ["ns_bound"], loss="mse", precision="fp64")
+    row = measure_model(
+        reg,
+        (x, torch.randn(30, 1, dtype=torch.float64)),
+        ["ns_bound"],
+        loss="mse",
+        precision="fp64",
+    )
     assert row.results.get("ns_bound") is None and "mc_loss: clipped_loss" in str(row.errors)
 
 
@@ -149,4 +183,6 @@ def test_a_bound_below_the_loss_range_is_not_flagged_vacuous():
     r = _bound(model, x, y, mc_samples=40, mc_loss="clipped_loss", loss_clip=50.0)
     d = r.diagnostics
     assert d["loss_range"] == 50.0 and r.value < 50.0
-    assert r.status == "ok" and not d["vacuous"] and d["vacuous_by"] == pytest.approx(r.value - 50.0)
+    assert (
+        r.status == "ok" and not d["vacuous"] and d["vacuous_by"] == pytest.approx(r.value - 50.0)
+    )

@@ -36,7 +36,9 @@ def dense_ggn(p):
     G = torch.zeros(p.num_params, p.num_params, dtype=DT)
     z = p.forward(th, p.batch)
     for i in range(p.n):
-        Hz = torch.func.hessian(lambda zz, i=i: rows_loss(p, zz[None], p.batch.select([i])).sum())(z[i])
+        Hz = torch.func.hessian(lambda zz, i=i: rows_loss(p, zz[None], p.batch.select([i])).sum())(
+            z[i]
+        )
         G += J[i].T @ Hz @ J[i]
     return G / p.n
 
@@ -51,7 +53,9 @@ def test_operator_algebra_matches_the_dense_matrix():
     v = torch.randn(p.num_params, generator=g, dtype=DT)
     X = torch.randn(p.num_params, 3, generator=g, dtype=DT)
     torch.testing.assert_close(op @ v, H @ v, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(op @ X, H @ X, rtol=1e-10, atol=1e-12)  # columns, like a dense matrix
+    torch.testing.assert_close(
+        op @ X, H @ X, rtol=1e-10, atol=1e-12
+    )  # columns, like a dense matrix
     torch.testing.assert_close(op.matmat_rows(X.T), (H @ X).T, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(op.dense(block=7), H, rtol=1e-10, atol=1e-12)
     assert op.n_products == 1 + 3 + 3 + p.num_params
@@ -98,7 +102,9 @@ def test_full_precision_view_turns_tf32_off_only_during_its_products(monkeypatch
     assert not eng.low_precision  # on a CPU a tf32 engine has nothing to verify
     monkeypatch.setattr(CurvatureEngine, "low_precision", property(lambda self: True))
     seen = []
-    monkeypatch.setattr(eng, "hvp", lambda V, theta=None: (seen.append(torch.backends.cuda.matmul.allow_tf32), V)[1])
+    monkeypatch.setattr(
+        eng, "hvp", lambda V, theta=None: (seen.append(torch.backends.cuda.matmul.allow_tf32), V)[1]
+    )
     old = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -136,7 +142,11 @@ def test_batch_loss_grad_is_the_mean_over_the_given_samples_and_counts_fractions
     torch.testing.assert_close(g, torch.func.grad(f)(p.theta), rtol=1e-12, atol=1e-14)
     assert eng.n_grad == pytest.approx(7 / 12, abs=1e-6)
     loss2, none = eng.batch_loss_grad(rows, need_grad=False)
-    assert none is None and loss2 == pytest.approx(loss, rel=1e-12) and eng.n_forward == pytest.approx(7 / 12, abs=1e-6)
+    assert (
+        none is None
+        and loss2 == pytest.approx(loss, rel=1e-12)
+        and eng.n_forward == pytest.approx(7 / 12, abs=1e-6)
+    )
 
 
 def test_per_sample_directional_derivatives_match_per_sample_gradients():
@@ -148,19 +158,22 @@ def test_per_sample_directional_derivatives_match_per_sample_gradients():
     y2 = (p.batch["y"] + 1) % 3
     other = p.batch.replace(y=y2)
     G2 = torch.func.jacrev(lambda t: rows_loss(p, p.forward(t, other), other))(p.theta)
-    torch.testing.assert_close(eng.per_unit_directional(v, labels=y2), G2 @ v, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        eng.per_unit_directional(v, labels=y2), G2 @ v, rtol=1e-10, atol=1e-12
+    )
 
 
 def test_module_output_hvp_matches_the_dense_per_sample_hessian():
     p = problem(n=6, batch_size=6)
     eng = CurvatureEngine(p)
     layer = p.model[0]  # Linear(4, 5): its output goes through tanh and the head
-    (rows, phi, z, out), = list(eng.module_io(layer))
+    ((rows, phi, z, out),) = list(eng.module_io(layer))
     torch.testing.assert_close(phi, rows["x"])
     V = torch.eye(5, dtype=DT)
     hv = eng.module_output_hvp(layer, rows, z, V)  # (5, B, 5)
     head = p.model[2]
     for n in range(6):
+
         def ell(zn, n=n):
             return rows_loss(p, head(torch.tanh(zn))[None], rows.select([n])).sum()
 
@@ -204,7 +217,13 @@ def test_as_operator_carries_the_engine_settings_to_the_estimators():
     eng = CurvatureEngine(p, block_size=3, max_device_vectors=5)
     H = eng.hessian()
     op = linalg.as_operator(H)
-    assert (op.dim, op.device, op.dtype, op.block_size, op.max_device_vectors) == (p.num_params, H.device, DT, 3, 5)
+    assert (op.dim, op.device, op.dtype, op.block_size, op.max_device_vectors) == (
+        p.num_params,
+        H.device,
+        DT,
+        3,
+        5,
+    )
     V = torch.randn(2, p.num_params, dtype=DT, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(op.matmat_rows(V), V @ dense_hessian(p), rtol=1e-10, atol=1e-12)
     eng.block_size = 2  # what the out-of-memory back-off does: the operator follows
@@ -214,7 +233,9 @@ def test_as_operator_carries_the_engine_settings_to_the_estimators():
     with pytest.raises(TypeError, match="dim"):
         linalg.as_operator(lambda V: V)
     n = 30
-    A = 10 * torch.eye(n, dtype=DT) + 0.1 * torch.randn(n, n, dtype=DT, generator=torch.Generator().manual_seed(2))
+    A = 10 * torch.eye(n, dtype=DT) + 0.1 * torch.randn(
+        n, n, dtype=DT, generator=torch.Generator().manual_seed(2)
+    )
     A = 0.5 * (A + A.T)
     calls, seen = [], []
 
@@ -225,10 +246,19 @@ def test_as_operator_carries_the_engine_settings_to_the_estimators():
     bare = linalg.as_operator(mv, n, dtype=DT)
     assert (bare.block_size, bare.max_device_vectors, bare.dtype) == (16, "auto", DT)
     stop = linalg.ProbeStop(tol=1e-12, min_probes=2, max_probes=12)
-    known = linalg.ProbeStop(tol=1e-12, min_probes=2, max_probes=12, abs_trace=lambda: float(torch.linalg.eigvalsh(A).abs().sum()))
+    known = linalg.ProbeStop(
+        tol=1e-12,
+        min_probes=2,
+        max_probes=12,
+        abs_trace=lambda: float(torch.linalg.eigvalsh(A).abs().sum()),
+    )
     # tol out of reach: the near-zero floor wants Tr|A| (= Tr A here: not near 0); given, it costs no products
-    linalg.hutchinson(linalg.as_operator(mv, n, dtype=DT, block_size=5), stop=known, generator=torch.Generator())
+    linalg.hutchinson(
+        linalg.as_operator(mv, n, dtype=DT, block_size=5), stop=known, generator=torch.Generator()
+    )
     assert calls == [5, 5, 2]  # the operator's block size, not a keyword of the estimator
-    hooked = CurvatureOperator(lambda V: V @ A, n, dtype=DT, report=lambda **info: seen.append(info), block_size=4)
+    hooked = CurvatureOperator(
+        lambda V: V @ A, n, dtype=DT, report=lambda **info: seen.append(info), block_size=4
+    )
     r = linalg.hutchinson(hooked, stop=stop, generator=torch.Generator())
     assert [s["probes"] for s in seen] == [4, 8, 12] and seen[-1]["value"] == r.estimate

@@ -168,7 +168,9 @@ def test_folded_value_is_invariant_to_conv_bn_rescaling():
         r = _measure(rescale_conv_bn(model, c), x, y)
         assert r.status == "ok" and r.diagnostics["folded_batchnorm"] == 1
         vals.append(r.value)
-    assert vals[0] == pytest.approx(vals[1], rel=1e-9) and vals[2] == pytest.approx(vals[1], rel=1e-9)
+    assert vals[0] == pytest.approx(vals[1], rel=1e-9) and vals[2] == pytest.approx(
+        vals[1], rel=1e-9
+    )
 
 
 def test_folded_value_equals_the_network_folded_by_hand():

@@ -32,7 +32,9 @@ class Tiny(nn.Module):
         self.mix = nn.Linear(3, 3)
         self.head = None if tied else nn.Linear(3, 4)
         with torch.no_grad():
-            self.emb.weight[2] = torch.tensor([0.3, -0.5, 0.7])  # a trained-looking pad row, not zero
+            self.emb.weight[2] = torch.tensor(
+                [0.3, -0.5, 0.7]
+            )  # a trained-looking pad row, not zero
 
     def forward(self, x):
         h = torch.tanh(self.mix(torch.tanh(self.emb(x)))).mean(1)
@@ -51,16 +53,28 @@ def tiny(tied=False, padding_idx=2):
 def bert():
     tf = H.transformers()
     torch.manual_seed(0)
-    cfg = tf.BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=16, max_position_embeddings=16, num_labels=2, attn_implementation="eager")
+    cfg = tf.BertConfig(
+        vocab_size=20,
+        hidden_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=16,
+        num_labels=2,
+        attn_implementation="eager",
+    )
     model = tf.BertForSequenceClassification(cfg).to(DT).eval()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 20, (4, 6), generator=g)
     ids[0, 5] = ids[1, 4] = 0  # BERT's pad token (padding_idx = pad_token_id = 0)
     mask = torch.ones_like(ids)
     mask[2, 4:] = 0
-    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": (torch.arange(6) >= 3).long().expand(4, 6),
-             "labels": torch.tensor([0, 1, 1, 0])}
+    batch = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "token_type_ids": (torch.arange(6) >= 3).long().expand(4, 6),
+        "labels": torch.tensor([0, 1, 1, 0]),
+    }
     return model, batch, "cross_entropy", model.bert.embeddings.word_embeddings
 
 
@@ -81,8 +95,12 @@ def dense_hessian(p: Problem, theta: torch.Tensor) -> torch.Tensor:
     t = theta.clone().requires_grad_(True)
     (g,) = torch.autograd.grad(p.loss(t), t, create_graph=True)
     eye = torch.eye(p.num_params, dtype=DT)
-    return torch.cat([torch.autograd.grad(g, t, eye[i : i + 256], retain_graph=True, is_grads_batched=True)[0]
-                      for i in range(0, p.num_params, 256)])
+    return torch.cat(
+        [
+            torch.autograd.grad(g, t, eye[i : i + 256], retain_graph=True, is_grads_batched=True)[0]
+            for i in range(0, p.num_params, 256)
+        ]
+    )
 
 
 def mask_matrix(p: Problem) -> torch.Tensor:
@@ -93,10 +111,14 @@ def mask_matrix(p: Problem) -> torch.Tensor:
 
 def setup(name):
     model, batch, loss, emb = CASES[name]()
-    p = Problem(model, batch, loss=loss, batch_size=2, dtype=DT)  # two or three batches: shares summed
+    p = Problem(
+        model, batch, loss=loss, batch_size=2, dtype=DT
+    )  # two or three batches: shares summed
     ref = Problem(unmasked(model, emb), batch, loss=loss, batch_size=2, dtype=DT)
     g = torch.Generator().manual_seed(2)
-    theta = p.theta + 0.05 * torch.randn(p.num_params, generator=g, dtype=DT)  # away from the model's θ
+    theta = p.theta + 0.05 * torch.randn(
+        p.num_params, generator=g, dtype=DT
+    )  # away from the model's θ
     return p, ref, theta, g
 
 
@@ -107,12 +129,22 @@ def rel(a, b):
 @pytest.mark.parametrize("name", list(CASES))
 def test_padding_rows_found(name):
     p, ref, _, _ = setup(name)
-    emb = p.param_slices()["bert.embeddings.word_embeddings.weight" if name == "bert" else "emb.weight"]
+    emb = p.param_slices()[
+        "bert.embeddings.word_embeddings.weight" if name == "bert" else "emb.weight"
+    ]
     k, d = (0, 8) if name == "bert" else (2, 3)
     assert p.padding_index.tolist() == list(range(emb.start + k * d, emb.start + (k + 1) * d))
     assert ref.padding_index is None
-    assert Problem(CASES[name]()[0], CASES[name]()[1], loss="cross_entropy", dtype=DT,
-                   params={"exclude": ["*emb*"]}).padding_index is None  # the row is not selected: nothing
+    assert (
+        Problem(
+            CASES[name]()[0],
+            CASES[name]()[1],
+            loss="cross_entropy",
+            dtype=DT,
+            params={"exclude": ["*emb*"]},
+        ).padding_index
+        is None
+    )  # the row is not selected: nothing
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -121,7 +153,9 @@ def test_hessian_modes_agree_symmetric_and_equal_masked_dense(name):
     V = torch.randn(3, p.num_params, generator=g, dtype=DT)
     M = mask_matrix(p)
     Hd = dense_hessian(ref, theta)
-    assert torch.allclose(Hd, Hd.T, rtol=0, atol=1e-12 * float(Hd.abs().max()))  # the reference is symmetric
+    assert torch.allclose(
+        Hd, Hd.T, rtol=0, atol=1e-12 * float(Hd.abs().max())
+    )  # the reference is symmetric
     want = V @ (M @ Hd @ M)  # rows of M H M v (M H M is symmetric)
     assert rel(M @ Hd @ V.T, (Hd @ M @ V.T)) > 1e-4  # the case is hard: H M v and M H v differ
     got = {}
@@ -133,11 +167,15 @@ def test_hessian_modes_agree_symmetric_and_equal_masked_dense(name):
             one = e.hvp(V[0], theta=theta)
             assert rel(one, want[0]) < 1e-10
     assert rel(got["reverse", True], got["forward", True]) < 1e-10
-    got["recompute", True] = CurvatureEngine(p, recompute=True).hvp(V, theta=theta)  # BERT: per-block products
+    got["recompute", True] = CurvatureEngine(p, recompute=True).hvp(
+        V, theta=theta
+    )  # BERT: per-block products
     assert rel(got["recompute", True], want) < 1e-10
     # symmetric operator: uᵀ(Hv) = vᵀ(Hu)
     for key, HV in got.items():
-        assert abs(float(V[0] @ HV[1] - V[1] @ HV[0])) < 1e-10 * float(HV.norm()) * float(V.norm()), key
+        assert abs(float(V[0] @ HV[1] - V[1] @ HV[0])) < 1e-10 * float(HV.norm()) * float(
+            V.norm()
+        ), key
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -152,9 +190,15 @@ def test_finite_difference_and_gradient_masked(name):
     assert fd[:, p.padding_index].abs().max() == 0
     t = theta.clone().requires_grad_(True)
     (g_true,) = torch.autograd.grad(ref.loss(t), t)
-    for got in (e.grad(theta), e.loss_grad(theta, keep_graph=True)[1], e.batch_loss_grad(p.batch, theta)[1]):
+    for got in (
+        e.grad(theta),
+        e.loss_grad(theta, keep_graph=True)[1],
+        e.batch_loss_grad(p.batch, theta)[1],
+    ):
         assert rel(got, M @ g_true) < 1e-12 and got[p.padding_index].abs().max() == 0
-    if name == "tiny_tied":  # the head's gradient reaches the pad row: PyTorch alone leaves it there
+    if (
+        name == "tiny_tied"
+    ):  # the head's gradient reaches the pad row: PyTorch alone leaves it there
         assert g_true[p.padding_index].abs().max() > 1e-3
 
 
@@ -164,7 +208,9 @@ def dense_ggn(p: Problem, theta: torch.Tensor) -> torch.Tensor:
     G = torch.zeros(p.num_params, p.num_params, dtype=DT)
     z = p.forward(t, p.batch)
     for i in range(z.shape[0]):
-        J = torch.stack([torch.autograd.grad(z[i, c], t, retain_graph=True)[0] for c in range(z.shape[1])])
+        J = torch.stack(
+            [torch.autograd.grad(z[i, c], t, retain_graph=True)[0] for c in range(z.shape[1])]
+        )
         s = torch.softmax(z[i].detach(), -1)
         G += J.T @ (torch.diag(s) - torch.outer(s, s)) @ J
     return G / p.n
@@ -186,7 +232,9 @@ def test_ggn_symmetric_and_equal_masked_dense(name):
         assert rel(e.ggn_diagonal(theta), torch.diagonal(M @ Gd @ M)) < 1e-10
 
 
-@pytest.mark.parametrize("make", [lambda: tiny(padding_idx=None), lambda: tiny(tied=True, padding_idx=None)])
+@pytest.mark.parametrize(
+    "make", [lambda: tiny(padding_idx=None), lambda: tiny(tied=True, padding_idx=None)]
+)
 def test_no_padding_idx_no_change(make):
     """Without a padding row nothing is masked: the engine's product is bitwise the plain double backward."""
     model, batch, loss, _ = make()
@@ -197,11 +245,15 @@ def test_no_padding_idx_no_change(make):
     v = torch.randn(p.num_params, generator=torch.Generator().manual_seed(3), dtype=DT)
     got = CurvatureEngine(p, hvp_mode="reverse").hvp(v)
     t = p.theta.requires_grad_(True)
-    (gr,) = torch.autograd.grad(p.batch_loss_sum(p.unflatten(t), p.batches[0]) / p.n, t, create_graph=True)
+    (gr,) = torch.autograd.grad(
+        p.batch_loss_sum(p.unflatten(t), p.batches[0]) / p.n, t, create_graph=True
+    )
     (want,) = torch.autograd.grad(gr, t, v)
     assert torch.equal(got, want)
     got = CurvatureEngine(p, hvp_mode="forward").hvp(v)
-    want = jvp(grad(lambda t: p.batch_loss_sum(p.unflatten(t), p.batches[0]) / p.n), (p.theta,), (v,))[1]
+    want = jvp(
+        grad(lambda t: p.batch_loss_sum(p.unflatten(t), p.batches[0]) / p.n), (p.theta,), (v,)
+    )[1]
     assert torch.equal(got, want)
 
 
@@ -213,8 +265,12 @@ def test_per_unit_directional_masked_in_both_modes(name, monkeypatch):
     vm = mask_matrix(p) @ v
     t = theta.clone().requires_grad_(True)
     Z = ref.forward(t, ref.batch)
-    ell = torch.nn.functional.cross_entropy(Z, ref.batch["labels" if name == "bert" else "y"], reduction="none")
-    want = torch.stack([torch.autograd.grad(ell[i], t, retain_graph=True)[0] @ vm for i in range(len(ell))])
+    ell = torch.nn.functional.cross_entropy(
+        Z, ref.batch["labels" if name == "bert" else "y"], reduction="none"
+    )
+    want = torch.stack(
+        [torch.autograd.grad(ell[i], t, retain_graph=True)[0] @ vm for i in range(len(ell))]
+    )
     e = CurvatureEngine(p)
     assert rel(e.per_unit_directional(v, theta), want) < 1e-12
     from flatcli.engine import engine as engine_module

@@ -19,8 +19,18 @@ runner = CliRunner()
 
 
 def _times(**kw) -> ProductTimes:
-    base = dict(forward=2.0, grad=3.0, hvp1=0.5, hvp_block=2.0, block=4, engine_block=8, product_bytes=1000,
-                memory="test", P=100, element=4)
+    base = dict(
+        forward=2.0,
+        grad=3.0,
+        hvp1=0.5,
+        hvp_block=2.0,
+        block=4,
+        engine_block=8,
+        product_bytes=1000,
+        memory="test",
+        P=100,
+        element=4,
+    )
     return ProductTimes(**{**base, **kw})
 
 
@@ -32,11 +42,19 @@ def test_seconds_and_bytes_follow_the_declared_counts():
     assert t.hvp_seconds(8, 1) == pytest.approx(8.0) and t.hvp_seconds(8, 4) == pytest.approx(5.0)
     assert t.hvp_seconds(8, 0) == pytest.approx(4.5)  # the engine's block, 8 vectors a call
     dims = Dims(P=100, n=40, C=4)
-    lam = predict(MeasureSpec("hessian_lambda_max", "lam", {"min_steps": 5, "max_steps": 20}), dims, t)
-    assert lam.hvps == (5, 20) and lam.seconds == pytest.approx((5.0, 20.0))  # one vector a step: 1 s each
-    assert lam.peak_bytes == 4 * 100 * (2 + 20 + 1) + 1000  # θ, gradient, 20 Krylov vectors, one product
+    lam = predict(
+        MeasureSpec("hessian_lambda_max", "lam", {"min_steps": 5, "max_steps": 20}), dims, t
+    )
+    assert lam.hvps == (5, 20) and lam.seconds == pytest.approx(
+        (5.0, 20.0)
+    )  # one vector a step: 1 s each
+    assert (
+        lam.peak_bytes == 4 * 100 * (2 + 20 + 1) + 1000
+    )  # θ, gradient, 20 Krylov vectors, one product
     sharp = predict(MeasureSpec("sharpness_average", "s", {"samples": 10}), dims, t)
-    assert sharp.seconds == pytest.approx((22.0, 22.0)) and sharp.peak_bytes == 4 * 100 * 2  # 11 forward passes
+    assert (
+        sharp.seconds == pytest.approx((22.0, 22.0)) and sharp.peak_bytes == 4 * 100 * 2
+    )  # 11 forward passes
     frob = predict(MeasureSpec("frobenius_norm", "f"), dims, t)
     assert frob.seconds == (0.0, 0.0) and frob.hvps == (0, 0)
 
@@ -67,25 +85,48 @@ def test_the_memory_probe_sees_each_call_again():
 
 
 def test_dry_run_json_lists_every_checkpoint_and_measure(tmp_path):
-    cfg = write_project(tmp_path / "p", measures=[{"hessian_lambda_max": {"max_steps": 8}},
-                                                  {"hessian_trace": {"min_probes": 8, "max_probes": 8}},
-                                                  "frobenius_norm"])
+    cfg = write_project(
+        tmp_path / "p",
+        measures=[
+            {"hessian_lambda_max": {"max_steps": 8}},
+            {"hessian_trace": {"min_probes": 8, "max_probes": 8}},
+            "frobenius_norm",
+        ],
+    )
     res = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run", "--format", "json"])
     assert res.exit_code == 0, res.output
     plan = json.loads(res.stdout)
     assert [(e["checkpoint"], e["measure"]) for e in plan] == [
-        (c, m) for c in ("m0.pt", "m1.pt") for m in ("hessian_lambda_max", "hessian_trace", "frobenius_norm")]
-    keys = {"checkpoint", "measure", "hvps_low", "hvps_high", "seconds_low", "seconds_high", "peak_bytes", "status", "memory",
-            "stops_early"}
+        (c, m)
+        for c in ("m0.pt", "m1.pt")
+        for m in ("hessian_lambda_max", "hessian_trace", "frobenius_norm")
+    ]
+    keys = {
+        "checkpoint",
+        "measure",
+        "hvps_low",
+        "hvps_high",
+        "seconds_low",
+        "seconds_high",
+        "peak_bytes",
+        "status",
+        "memory",
+        "stops_early",
+    }
     assert all(set(e) == keys and e["status"] == "ok" for e in plan)
     lam, trace, frob = plan[:3]
     assert (lam["stops_early"], trace["stops_early"], frob["stops_early"]) == (True, True, False)
-    assert (lam["hvps_low"], lam["hvps_high"]) == (8, 8) and (trace["hvps_low"], trace["hvps_high"]) == (8, 8)
+    assert (lam["hvps_low"], lam["hvps_high"]) == (8, 8) and (
+        trace["hvps_low"],
+        trace["hvps_high"],
+    ) == (8, 8)
     assert 0 < trace["seconds_low"] == trace["seconds_high"] and frob["seconds_high"] == 0
     P = 16 * 8 + 8 + 8 * 4 + 4
     assert frob["peak_bytes"] == 4 * P * 2 and lam["peak_bytes"] > 4 * P * (2 + 8)
     text = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run"]).output
-    assert "hessian_lambda_max: 8 HVPs; " in text and "timed: forward " in text and ", peak " in text
+    assert (
+        "hessian_lambda_max: 8 HVPs; " in text and "timed: forward " in text and ", peak " in text
+    )
 
 
 def test_applicable_checks_predict_the_runs_not_applicable_reasons():
@@ -105,18 +146,27 @@ def test_applicable_checks_predict_the_runs_not_applicable_reasons():
     named = {"input_ids": ids, "attention_mask": mask, "labels": torch.arange(6) % 3}
     bn = TinyBN().double().eval()
     x, y = tiny_data(n=12)
-    cases = [(lm, named, None, "path_norm", True),
-             (bn, (x, y), {"include": ["bn.*"]}, "fisher_rao_norm", True),
-             (bn, (x, y), {"include": ["bn.*"]}, "pacbayes_flatness", True),
-             (bn, (x, y), {"include": ["fc1.*", "fc2.*"]}, "fisher_rao_norm", False)]
+    cases = [
+        (lm, named, None, "path_norm", True),
+        (bn, (x, y), {"include": ["bn.*"]}, "fisher_rao_norm", True),
+        (bn, (x, y), {"include": ["bn.*"]}, "pacbayes_flatness", True),
+        (bn, (x, y), {"include": ["fc1.*", "fc2.*"]}, "fisher_rao_norm", False),
+    ]
     for model, data, params, name, skipped in cases:
         spec = parse_measures([name])[0]
         sel = ParamSelection.of(params) if params else None
         batch = data if isinstance(data, dict) else {"x": data[0], "y": data[1]}
-        predicted = spec.not_applicable(Problem(model, batch, batch_size=6, dtype=torch.float64, params=sel))
+        predicted = spec.not_applicable(
+            Problem(model, batch, batch_size=6, dtype=torch.float64, params=sel)
+        )
         assert (predicted is not None) == skipped, (name, params, predicted)
-        res = measure_model(model, data, [name], precision="fp64", batch_size=6, params=params).results[name]
+        res = measure_model(
+            model, data, [name], precision="fp64", batch_size=6, params=params
+        ).results[name]
         if predicted is None:
             assert res.status == "ok", (name, params, res.diagnostics)
         else:
-            assert res.status == "not_applicable" and res.diagnostics["reason"] == predicted, (name, params)
+            assert res.status == "not_applicable" and res.diagnostics["reason"] == predicted, (
+                name,
+                params,
+            )

@@ -56,7 +56,13 @@ def test_bn_dropout_model_measured_in_eval_mode_and_mode_restored():
         model(x)
     model.train()
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    row = measure_model(model, (x, y), ["frobenius_norm", {"hessian_trace": {"method": "exact"}}], precision="fp64", batch_size=6)
+    row = measure_model(
+        model,
+        (x, y),
+        ["frobenius_norm", {"hessian_trace": {"method": "exact"}}],
+        precision="fp64",
+        batch_size=6,
+    )
     assert row.status == "ok", row.error
     assert model.training and model.bn.training and model.drop.training
     for k, v in model.state_dict().items():
@@ -65,7 +71,9 @@ def test_bn_dropout_model_measured_in_eval_mode_and_mode_restored():
     with eval_mode(model):
         p = Problem(model, x, y, batch_size=20, dtype=torch.float64)
         H = _dense_hessian(p)
-    assert abs(row.results["hessian_trace"].value - float(H.trace())) <= 1e-8 * abs(float(H.trace()))
+    assert abs(row.results["hessian_trace"].value - float(H.trace())) <= 1e-8 * abs(
+        float(H.trace())
+    )
 
 
 def test_eval_mode_restores_mixed_modes():

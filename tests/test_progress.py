@@ -22,22 +22,41 @@ def test_grid_progress_logs_every_few_seconds_and_at_the_end(capsys):
     for done in (1, 4, 5, 8, 10):
         shown.update(done, 10)
     lines = capsys.readouterr().err.splitlines()
-    assert lines == [
-        "landscape: 4/10 (40%), 12s elapsed, about 18s left",  # the first update ≥ 10 s after the start
-        "landscape: 8/10 (80%), 26s elapsed, about 6s left",  # ≥ 10 s after the previous line
-        "landscape: 10/10 (100%), 27s elapsed",  # always at the end
-    ]
+    assert (
+        lines
+        == [
+            "landscape: 4/10 (40%), 12s elapsed, about 18s left",  # the first update ≥ 10 s after the start
+            "landscape: 8/10 (80%), 26s elapsed, about 6s left",  # ≥ 10 s after the previous line
+            "landscape: 10/10 (100%), 27s elapsed",  # always at the end
+        ]
+    )
 
 
 def test_piped_landscape_and_bootstrap_report_progress(tmp_path):
     cfg = write_project(tmp_path)
-    res = runner.invoke(app, ["landscape", "slice", "-c", str(cfg), str(tmp_path / "m0.pt"), "-o", str(tmp_path / "o"),
-                              "--steps", "3", "--no-plots"])
+    res = runner.invoke(
+        app,
+        [
+            "landscape",
+            "slice",
+            "-c",
+            str(cfg),
+            str(tmp_path / "m0.pt"),
+            "-o",
+            str(tmp_path / "o"),
+            "--steps",
+            "3",
+            "--no-plots",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert re.search(r"^landscape: (\d+)/\1 \(100%\), \d+s elapsed$", res.output, re.M), res.output
     rng = np.random.default_rng(0)
     pd.DataFrame({"mu": rng.random(12), "nu": rng.random(12), "gen_gap": rng.random(12)}).to_csv(
-        tmp_path / "t.csv", index=False)
-    res = runner.invoke(app, ["correlate", str(tmp_path / "t.csv"), "-m", "mu,nu", "--bootstrap", "100"])
+        tmp_path / "t.csv", index=False
+    )
+    res = runner.invoke(
+        app, ["correlate", str(tmp_path / "t.csv"), "-m", "mu,nu", "--bootstrap", "100"]
+    )
     assert res.exit_code == 0, res.output
     assert "correlate: measures bootstrapped: 2/2 (100%)" in res.output

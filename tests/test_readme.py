@@ -13,7 +13,9 @@ def test_readme_measures_table_is_current():
     spec = importlib.util.spec_from_file_location("gen", ROOT / "scripts" / "gen_measures_table.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
-    assert gen.block() in (ROOT / "README.md").read_text(), "run: python scripts/gen_measures_table.py --write"
+    assert gen.block() in (ROOT / "README.md").read_text(), (
+        "run: python scripts/gen_measures_table.py --write"
+    )
 
 
 def test_readme_commands_match_ci():
@@ -35,12 +37,25 @@ def test_text_data_example_runs(tmp_path):
 
     pytest.importorskip("transformers")
     readme = (ROOT / "README.md").read_text()
-    m = re.search(r"<!-- readme-text-example:start -->\n```bash\n(.*?)```\n<!-- readme-text-example:end -->", readme, re.S)
+    m = re.search(
+        r"<!-- readme-text-example:start -->\n```bash\n(.*?)```\n<!-- readme-text-example:end -->",
+        readme,
+        re.S,
+    )
     assert m, "the README's text example (between its markers) is missing"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-    script = f'flatcli() {{ "{sys.executable}" -m flatcli "$@"; }}\npython() {{ "{sys.executable}" "$@"; }}\nset -e\n' + m.group(1)
-    res = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+    }
+    script = (
+        f'flatcli() {{ "{sys.executable}" -m flatcli "$@"; }}\npython() {{ "{sys.executable}" "$@"; }}\nset -e\n'
+        + m.group(1)
+    )
+    res = subprocess.run(
+        ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     out = tmp_path / "lm_demo" / "out"
     rows = json.loads((out / "results.json").read_text())["rows"]

@@ -25,7 +25,14 @@ IGNORE = -100
 def gpt2(layers=2):
     tf = H.transformers()
     torch.manual_seed(0)
-    cfg = tf.GPT2Config(vocab_size=20, n_positions=16, n_embd=8, n_layer=layers, n_head=2, attn_implementation="eager")
+    cfg = tf.GPT2Config(
+        vocab_size=20,
+        n_positions=16,
+        n_embd=8,
+        n_layer=layers,
+        n_head=2,
+        attn_implementation="eager",
+    )
     model = tf.GPT2LMHeadModel(cfg).to(DT).eval()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 20, (3, 7), generator=g)
@@ -37,15 +44,31 @@ def gpt2(layers=2):
 def bert(layers=2):
     tf = H.transformers()
     torch.manual_seed(0)
-    cfg = tf.BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=layers, num_attention_heads=2,
-                        intermediate_size=16, max_position_embeddings=16, num_labels=2, attn_implementation="eager")
+    cfg = tf.BertConfig(
+        vocab_size=20,
+        hidden_size=8,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=16,
+        num_labels=2,
+        attn_implementation="eager",
+    )
     model = tf.BertForSequenceClassification(cfg).to(DT).eval()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 20, (4, 6), generator=g)
     mask = torch.ones_like(ids)
     mask[2, 4:] = 0
-    return model, {"input_ids": ids, "attention_mask": mask, "token_type_ids": (torch.arange(6) >= 3).long().expand(4, 6),
-                   "labels": torch.tensor([0, 1, 1, 0])}, "cross_entropy"
+    return (
+        model,
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "token_type_ids": (torch.arange(6) >= 3).long().expand(4, 6),
+            "labels": torch.tensor([0, 1, 1, 0]),
+        },
+        "cross_entropy",
+    )
 
 
 def reference_hvp(model, batch, loss, theta, V):
@@ -55,12 +78,18 @@ def reference_hvp(model, batch, loss, theta, V):
     inputs = {k: v for k, v in batch.items() if k != "labels"}
 
     def L(flat):
-        params = {n: c.view(s) for n, c, s in zip(names, torch.split(flat, [s.numel() for s in shapes]), shapes,
-                                                  strict=True)}
+        params = {
+            n: c.view(s)
+            for n, c, s in zip(
+                names, torch.split(flat, [s.numel() for s in shapes]), shapes, strict=True
+            )
+        }
         z = functional_call(model, params, (), {**inputs, "return_dict": True}).logits
         if loss == "causal_lm":
             lab = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE)
-            return F.cross_entropy(z[:, :-1].reshape(-1, z.shape[-1]), lab[:, 1:].reshape(-1), ignore_index=IGNORE)
+            return F.cross_entropy(
+                z[:, :-1].reshape(-1, z.shape[-1]), lab[:, 1:].reshape(-1), ignore_index=IGNORE
+            )
         return F.cross_entropy(z, batch["labels"])
 
     t = theta.clone().requires_grad_(True)
@@ -74,15 +103,21 @@ def test_recomputed_hvp_equals_double_backward(make, monkeypatch):
     not a chain (`flatcli.engine.segments`; here the chain is hidden to reach it)."""
     from flatcli.engine import segments
 
-    monkeypatch.setattr(segments.BlockChain, "find", classmethod(lambda cls, problem: (None, "hidden")))
+    monkeypatch.setattr(
+        segments.BlockChain, "find", classmethod(lambda cls, problem: (None, "hidden"))
+    )
     model, batch, loss = make()
     calls = []
     real = recompute.functional_call
-    monkeypatch.setattr(recompute, "functional_call", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    monkeypatch.setattr(
+        recompute, "functional_call", lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+    )
     p = Problem(model, batch, loss=loss, batch_size=2, dtype=DT)  # two batches: shares summed
     g = torch.Generator().manual_seed(2)
     V = torch.randn(3, p.num_params, generator=g, dtype=DT)
-    theta = p.theta + 0.05 * torch.randn(p.num_params, generator=g, dtype=DT)  # away from the model's own θ
+    theta = p.theta + 0.05 * torch.randn(
+        p.num_params, generator=g, dtype=DT
+    )  # away from the model's own θ
     on = CurvatureEngine(p, recompute=True)
     off = CurvatureEngine(p, recompute=False)
     for th in (None, theta):
@@ -95,8 +130,12 @@ def test_recomputed_hvp_equals_double_backward(make, monkeypatch):
     nb = len(recompute.find_blocks(model))
     assert nb == 2
     # every product: each block's checkpointed function runs in the forward and again in the backward
-    builds = nb * 2 * 4  # blocks × batches × gradient graphs built (one per product: none is cached)
-    assert len(calls) % builds == 0 and len(calls) >= 2 * builds  # forward + at least one recomputation
+    builds = (
+        nb * 2 * 4
+    )  # blocks × batches × gradient graphs built (one per product: none is cached)
+    assert (
+        len(calls) % builds == 0 and len(calls) >= 2 * builds
+    )  # forward + at least one recomputation
     assert on.graphs.entries is None  # no gradient graph kept across products
 
 
@@ -144,13 +183,21 @@ print(json.dumps({"predicted": need, "measured": status("VmHWM") - before}))
 """
 
 
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS")
+@pytest.mark.skipif(
+    not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS"
+)
 def test_predicted_product_bytes_brackets_a_measured_peak_within_1_5():
     """`predicted_product_bytes` (the rule of ``recompute: auto``) against the peak resident set one
     product adds in a fresh process (freed blocks returned to the system, ``MALLOC_MMAP_THRESHOLD_``)."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    out = subprocess.run([sys.executable, "-c", PEAK_CHILD], env=env, capture_output=True, text=True, check=True)
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK_CHILD], env=env, capture_output=True, text=True, check=True
+    )
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["measured"] > 20e6  # the product's own memory, well above allocator noise
     assert r["measured"] / 1.5 <= r["predicted"] <= 1.5 * r["measured"], r

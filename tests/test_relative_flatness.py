@@ -52,7 +52,9 @@ def _mlp(act=nn.Tanh, seed=0, widths=(5, 6, 3, 4)):
 
 def _data(n=25, shape=(5,), c=4, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, *shape, generator=g, dtype=torch.float64), torch.randint(0, c, (n,), generator=g)
+    return torch.randn(n, *shape, generator=g, dtype=torch.float64), torch.randint(
+        0, c, (n,), generator=g
+    )
 
 
 def _features(model, layer, x):
@@ -83,7 +85,9 @@ def _dense_kappa(model, x, y, layer, loss="cross_entropy", normalize=False):
     Wt = torch.where(live, W * sigma, torch.zeros_like(W))
 
     def loss_of(Wt_):
-        return prob.loss({**prob.params, wname: torch.where(live, Wt_ / torch.where(live, sigma, 1.0), W)})
+        return prob.loss(
+            {**prob.params, wname: torch.where(live, Wt_ / torch.where(live, sigma, 1.0), W)}
+        )
 
     H = torch.func.hessian(loss_of)(Wt)  # (d, m, d, m)
     T = torch.einsum("sjtj->st", H)
@@ -91,7 +95,14 @@ def _dense_kappa(model, x, y, layer, loss="cross_entropy", normalize=False):
 
 
 def _kappa(model, x, y, loss="cross_entropy", batch_size=7, **opts):
-    row = measure_model(model, (x, y), [{"relative_flatness": opts}], loss=loss, precision="fp64", batch_size=batch_size)
+    row = measure_model(
+        model,
+        (x, y),
+        [{"relative_flatness": opts}],
+        loss=loss,
+        precision="fp64",
+        batch_size=batch_size,
+    )
     assert row.status == "ok", row.errors
     return row.results["relative_flatness"]
 
@@ -104,12 +115,16 @@ def test_last_layer_matches_dense_hessian(act, normalize):
     res = _kappa(model, x, y, normalize_features=normalize)
     ref = _dense_kappa(model, x, y, "4", normalize=normalize)
     assert res.diagnostics["layer"] == "4" and res.diagnostics["method"] == "closed_form"
-    if normalize and act is nn.ReLU:  # this seed has a dead feature: the σ = 0 convention is exercised
+    if (
+        normalize and act is nn.ReLU
+    ):  # this seed has a dead feature: the σ = 0 convention is exercised
         assert res.diagnostics["zero_std_features"] == 1
     assert abs(res.value - ref) <= 1e-8 * abs(ref)
 
 
-@pytest.mark.parametrize("layer,units", [("2", True), ("0", False)])  # d ≤ m: unit vectors; d > m: columns of W
+@pytest.mark.parametrize(
+    "layer,units", [("2", True), ("0", False)]
+)  # d ≤ m: unit vectors; d > m: columns of W
 @pytest.mark.parametrize("normalize", [False, True])
 def test_middle_layer_uses_hvps_through_the_rest_of_the_network(layer, units, normalize):
     model = _mlp(nn.Tanh, widths=(5, 6, 3, 4))  # Linear 0: 5→6, Linear 2: 6→3, Linear 4: 3→4
@@ -130,7 +145,9 @@ def test_lenet_style_cnn_fc_layers(layer):
     res = _kappa(model, x, y, layer=layer, batch_size=4)
     ref = _dense_kappa(model, x, y, layer)
     assert abs(res.value - ref) <= 1e-8 * abs(ref)
-    assert _kappa(model, x, y, batch_size=4).diagnostics["layer"] == "fc3"  # default: the last Linear
+    assert (
+        _kappa(model, x, y, batch_size=4).diagnostics["layer"] == "fc3"
+    )  # default: the last Linear
 
 
 def test_mse_on_an_inner_layer_matches_dense_hessian():
@@ -165,7 +182,10 @@ def test_node_rescaling_of_features_needs_normalization():
         scaled[0].bias.mul_(alpha)
         scaled[2].weight.div_(alpha[None, :])
     torch.testing.assert_close(model(x), scaled(x), rtol=1e-12, atol=1e-12)
-    a, b = _kappa(model, x, y, normalize_features=True).value, _kappa(scaled, x, y, normalize_features=True).value
+    a, b = (
+        _kappa(model, x, y, normalize_features=True).value,
+        _kappa(scaled, x, y, normalize_features=True).value,
+    )
     assert abs(a - b) <= 1e-10 * a
     a, b = _kappa(model, x, y).value, _kappa(scaled, x, y).value
     assert abs(a - b) > 1e-2 * a
@@ -176,7 +196,9 @@ def test_layer_errors_name_the_layer():
     x, y = _data(n=4, shape=(1, 12, 12), c=3)
     for layer, expected in (("conv1", "'conv1' is Conv2d"), ("fc_1", "Did you mean 'fc1'")):
         try:  # a ConfigError, raised or recorded as the measure's error of kind ConfigError (exit code 2)
-            row = measure_model(model, (x, y), [{"relative_flatness": {"layer": layer}}], precision="fp64")
+            row = measure_model(
+                model, (x, y), [{"relative_flatness": {"layer": layer}}], precision="fp64"
+            )
             msg = row.errors["relative_flatness"]
             assert row.error_kinds["relative_flatness"] == "ConfigError"
         except ConfigError as e:

@@ -34,17 +34,34 @@ def bert_without_pad_tokens():
 def vit():
     tf = H.transformers()
     torch.manual_seed(0)
-    cfg = tf.ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=8, num_hidden_layers=2,
-                       num_attention_heads=2, intermediate_size=16, num_labels=3, attn_implementation="eager")
+    cfg = tf.ViTConfig(
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=16,
+        num_labels=3,
+        attn_implementation="eager",
+    )
     model = tf.ViTForImageClassification(cfg).to(DT).eval()
     g = torch.Generator().manual_seed(1)
-    return model, {"pixel_values": torch.randn(5, 1, 8, 8, generator=g, dtype=DT),
-                   "labels": torch.tensor([0, 1, 2, 1, 0])}, "cross_entropy"
+    return (
+        model,
+        {
+            "pixel_values": torch.randn(5, 1, 8, 8, generator=g, dtype=DT),
+            "labels": torch.tensor([0, 1, 2, 1, 0]),
+        },
+        "cross_entropy",
+    )
 
 
 def _setup(make, **kw):
     model, batch, loss = make()
-    p = Problem(model, batch, loss=loss, batch_size=2, dtype=DT, **kw)  # two or three batches: shares summed
+    p = Problem(
+        model, batch, loss=loss, batch_size=2, dtype=DT, **kw
+    )  # two or three batches: shares summed
     g = torch.Generator().manual_seed(2)
     V = torch.randn(3, p.num_params, generator=g, dtype=DT)
     theta = p.theta + 0.05 * torch.randn(p.num_params, generator=g, dtype=DT)
@@ -55,10 +72,14 @@ def _setup(make, **kw):
 def test_block_by_block_products_equal_double_backward(make, monkeypatch):
     real_softmax = torch.nn.functional.softmax
 
-    def softmax(x, dim=None, dtype=None, **kw):  # ViT's eager attention rounds its softmax to float32
+    def softmax(
+        x, dim=None, dtype=None, **kw
+    ):  # ViT's eager attention rounds its softmax to float32
         return real_softmax(x, dim=dim, dtype=None if x.dtype == DT else dtype, **kw)
 
-    monkeypatch.setattr(torch.nn.functional, "softmax", softmax)  # (forward mode would differ by 1e-9 there)
+    monkeypatch.setattr(
+        torch.nn.functional, "softmax", softmax
+    )  # (forward mode would differ by 1e-9 there)
     model, batch, loss, p, V, theta = _setup(make)
     eng = CurvatureEngine(p, recompute=True)
     assert eng.recompute_active and eng.state.chain is not None, eng.state.chain_reason
@@ -71,13 +92,18 @@ def test_block_by_block_products_equal_double_backward(make, monkeypatch):
     assert torch.isclose(u @ eng.hvp(w, theta=theta), w @ eng.hvp(u, theta=theta), rtol=1e-10)
 
 
-@pytest.mark.parametrize("include", [["transformer.h.1.*", "transformer.ln_f.*"], ["transformer.h.0.mlp.*"],
-                                     ["transformer.wte.*"]])
+@pytest.mark.parametrize(
+    "include",
+    [["transformer.h.1.*", "transformer.ln_f.*"], ["transformer.h.0.mlp.*"], ["transformer.wte.*"]],
+)
 def test_parameter_subsets_and_tied_weights(include):
     """Only some blocks' parameters, no parameter outside the blocks, or only the tied embedding
     (GPT-2's head and input embedding: its product is the prefix's share plus the suffix's)."""
     model, batch, loss, p, V, theta = _setup(gpt2, params={"include": include})
-    on, off = CurvatureEngine(p, recompute=True), CurvatureEngine(p, recompute=False, hvp_mode="reverse")
+    on, off = (
+        CurvatureEngine(p, recompute=True),
+        CurvatureEngine(p, recompute=False, hvp_mode="reverse"),
+    )
     hv = on.hvp(V, theta=theta)
     assert on.state.chain is not None
     torch.testing.assert_close(hv, off.hvp(V, theta=theta), rtol=1e-9, atol=1e-12)
@@ -90,10 +116,17 @@ def test_bf16_products_block_by_block():
     backward's bf16 product is."""
     tf = H.transformers()
     torch.manual_seed(0)
-    cfg = tf.GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=2, attn_implementation="eager")
+    cfg = tf.GPT2Config(
+        vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=2, attn_implementation="eager"
+    )
     model = tf.GPT2LMHeadModel(cfg).eval()
     ids = torch.randint(0, 50, (4, 12), generator=torch.Generator().manual_seed(1))
-    p = Problem(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, loss="causal_lm", batch_size=4)
+    p = Problem(
+        model,
+        {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+        loss="causal_lm",
+        batch_size=4,
+    )
     v = torch.randn(p.num_params, generator=torch.Generator().manual_seed(2))
     ref = CurvatureEngine(p, precision="fp32", hvp_mode="reverse").hvp(v)
     low_chain = CurvatureEngine(p, precision="bf16", recompute=True)
@@ -152,8 +185,10 @@ class _Chain(_Scaled):
         return self.out(h) * self.alpha
 
 
-@pytest.mark.parametrize(("cls", "why"), [(_Parallel, "not the previous block's output"),
-                                          (_Scaled, "depends on θ"), (_Chain, None)])
+@pytest.mark.parametrize(
+    ("cls", "why"),
+    [(_Parallel, "not the previous block's output"), (_Scaled, "depends on θ"), (_Chain, None)],
+)
 def test_models_that_are_not_chains_fall_back(cls, why):
     torch.manual_seed(0)
     model = cls().to(DT).eval()
@@ -214,21 +249,32 @@ print(json.dumps(runs))
 """
 
 
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS")
+@pytest.mark.skipif(
+    not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS"
+)
 def test_a_block_by_block_product_keeps_less_memory():
     """One product's peak resident set over the resident set before it (one process, large blocks
     returned to the system), an 8-block GPT-2 where activations dominate (P = 0.4M, 8 × 64 tokens):
     block by block at most 0.6× the double backward's (measured: 21 vs 82 MB), and each within
     ×1.5 of its predicted bytes (`flatcli.engine.recompute.predicted_product_bytes`)."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    out = subprocess.run([sys.executable, "-c", PEAK_CHILD], env=env, capture_output=True, text=True, check=True)
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK_CHILD], env=env, capture_output=True, text=True, check=True
+    )
     runs = json.loads(out.stdout.strip().splitlines()[-1])
     assert runs["on"]["chain"] and not runs["off"]["chain"]
     assert runs["on"]["vHv"] == pytest.approx(runs["off"]["vHv"], rel=1e-4)
     assert runs["off"]["measured"] > 20e6
     assert runs["on"]["measured"] <= 0.6 * runs["off"]["measured"], runs
-    for mode in ("on", "off"):  # the two rules of predicted_product_bytes, within ×1.5 of what was measured
+    for mode in (
+        "on",
+        "off",
+    ):  # the two rules of predicted_product_bytes, within ×1.5 of what was measured
         r = runs[mode]
         assert r["measured"] / 1.5 <= r["predicted"] <= 1.5 * r["measured"], runs
     # a row of a (K, P) block costs what a vector of its own does (plus its one copy), not K-sized

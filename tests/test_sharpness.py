@@ -322,8 +322,12 @@ def test_worst_linf_ascent_reaches_90_percent_of_the_best_corner(seed, d):
     r = run(p, e, "sharpness_worst", rho=RHO, norm="linf", corners=0)
     best = _best_corner(H, RHO)
     assert 0.9 * best <= r.value <= best * (1 + 1e-12)
-    assert r.diagnostics["eigen_starts"] == 2 and r.diagnostics["n_hvp"] >= 5  # ± the top eigenvector
-    if d == 5:  # 2^5 corners: by default every corner is evaluated and the value is the exact maximum
+    assert (
+        r.diagnostics["eigen_starts"] == 2 and r.diagnostics["n_hvp"] >= 5
+    )  # ± the top eigenvector
+    if (
+        d == 5
+    ):  # 2^5 corners: by default every corner is evaluated and the value is the exact maximum
         r = run(p, e, "sharpness_worst", rho=RHO, norm="linf")
         assert r.diagnostics["corner_search"] == "exhaustive"
         assert abs(r.value - best) <= 1e-12 * best
@@ -370,7 +374,9 @@ def _relu_ce_net(seed, hidden, out_bias, n=40):
     y = ((X[:, 0] * X[:, 1] + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)) > 0).long()
     torch.manual_seed(seed)
     m = nn.Sequential(nn.Linear(2, hidden), nn.ReLU(), nn.Linear(hidden, 2, bias=out_bias)).double()
-    opt = torch.optim.LBFGS(m.parameters(), lr=1, max_iter=300, line_search_fn="strong_wolfe", tolerance_grad=1e-10)
+    opt = torch.optim.LBFGS(
+        m.parameters(), lr=1, max_iter=300, line_search_fn="strong_wolfe", tolerance_grad=1e-10
+    )
 
     def closure():
         opt.zero_grad()
@@ -388,8 +394,14 @@ def _brute_force_corners(m, X, y, rho):
     theta = p.theta
     P = theta.numel()
     S = torch.tensor(list(itertools.product([-1.0, 1.0], repeat=P)), dtype=torch.float64)
-    losses = torch.cat([torch.func.vmap(lambda t: p.batch_loss_sum(p.unflatten(t), p.batch))(theta + rho * S[i : i + 8192])
-                        for i in range(0, len(S), 8192)]) / len(X)
+    losses = torch.cat(
+        [
+            torch.func.vmap(lambda t: p.batch_loss_sum(p.unflatten(t), p.batch))(
+                theta + rho * S[i : i + 8192]
+            )
+            for i in range(0, len(S), 8192)
+        ]
+    ) / len(X)
     return float(losses.max()) - float(p.loss().detach())
 
 
@@ -404,7 +416,9 @@ def test_worst_linf_relu_ce_small_net_is_the_exact_corner_maximum(seed, rho):
     d = r.diagnostics
     assert d["corner_search"] == "exhaustive" and d["corner_evals"] == 2**10
     assert r.value >= best - 1e-12 * abs(best)
-    assert r.value <= best + 1e-12 or d["best_start_corner"] == 0  # above the corners only through an ascent
+    assert (
+        r.value <= best + 1e-12 or d["best_start_corner"] == 0
+    )  # above the corners only through an ascent
 
 
 def test_worst_linf_17_parameter_relu_ce_net_reaches_the_corner_maximum():
@@ -439,7 +453,9 @@ def test_corner_maximum_modes():
     assert mode == "local" and used <= 255 and v <= exact
     # the result is a one-flip local maximum: find its corner again by brute force among those with value v
     corners = [s for s in S if abs(f(s) - v) < 1e-12]
-    assert any(all(f(torch.where(torch.arange(P) == j, -s, s)) <= v for j in range(P)) for s in corners)
+    assert any(
+        all(f(torch.where(torch.arange(P) == j, -s, s)) <= v for j in range(P)) for s in corners
+    )
     assert corner_maximum(f, P, [start], P)[2] == "budget"
     assert corner_maximum(f, P, [start], P - 1) == (-math.inf, 0, "off")
 

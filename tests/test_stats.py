@@ -16,7 +16,9 @@ def test_mean_stderr_is_the_mean_and_scipy_sem(kind):
     x = rng.normal(3.0, 2.0, size=(7, 5))
     conv = {"list": lambda a: a.tolist(), "numpy": lambda a: a, "torch": torch.tensor}[kind]
     m, se = mean_stderr(conv(x[:, 0]))
-    assert m == pytest.approx(x[:, 0].mean(), rel=1e-14) and se == pytest.approx(scipy.stats.sem(x[:, 0]), rel=1e-12)
+    assert m == pytest.approx(x[:, 0].mean(), rel=1e-14) and se == pytest.approx(
+        scipy.stats.sem(x[:, 0]), rel=1e-12
+    )
     if kind != "list":
         M, SE = mean_stderr(conv(x), axis=0)
         np.testing.assert_allclose(np.asarray(SE), scipy.stats.sem(x, axis=0), rtol=1e-12)
@@ -27,7 +29,11 @@ def test_mean_stderr_is_the_mean_and_scipy_sem(kind):
 
 @pytest.mark.parametrize("kind", ["list", "numpy", "torch"])
 def test_one_sample_has_an_infinite_stderr_and_none_a_nan_mean(kind):
-    conv = {"list": list, "numpy": np.array, "torch": lambda v: torch.tensor(v, dtype=torch.float64)}[kind]
+    conv = {
+        "list": list,
+        "numpy": np.array,
+        "torch": lambda v: torch.tensor(v, dtype=torch.float64),
+    }[kind]
     m, se = mean_stderr(conv([2.5]))
     assert float(m) == 2.5 and math.isinf(float(se))
     m0, se0 = mean_stderr(conv(np.zeros(0).tolist()) if kind == "list" else conv(np.zeros(0)))

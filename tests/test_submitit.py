@@ -41,8 +41,16 @@ def test_local_backend_pickles_and_runs_tasks_in_subprocesses(project, tmp_path,
     cfg, ref = project
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "s"
-    rep = api.sweep(cfg, out, executor="slurm", cluster="local", tasks=1, wait=True,
-                    slurm={"timeout_min": 5}, log=quiet)
+    rep = api.sweep(
+        cfg,
+        out,
+        executor="slurm",
+        cluster="local",
+        tasks=1,
+        wait=True,
+        slurm={"timeout_min": 5},
+        log=quiet,
+    )
     assert (rep.computed, rep.pending) == (4, 0)
     logs = list((out / "slurm").rglob("*_log.err"))
     assert logs, "submitit wrote no task log"
@@ -53,10 +61,21 @@ def test_local_backend_pickles_and_runs_tasks_in_subprocesses(project, tmp_path,
 def test_dry_run_prints_the_array_and_submits_nothing(project, tmp_path):
     cfg, _ = project
     out = tmp_path / "s"
-    rep = api.sweep(cfg, out, executor="slurm", dry_run=True, tasks=2,
-                    slurm={"slurm_partition": "gpu", "timeout_min": 30}, log=quiet)
+    rep = api.sweep(
+        cfg,
+        out,
+        executor="slurm",
+        dry_run=True,
+        tasks=2,
+        slurm={"slurm_partition": "gpu", "timeout_min": 30},
+        log=quiet,
+    )
     text = "\n".join(rep.lines)
-    assert "would submit a job array" in text and "slurm_partition=gpu" in text and "timeout_min=30" in text
+    assert (
+        "would submit a job array" in text
+        and "slurm_partition=gpu" in text
+        and "timeout_min=30" in text
+    )
     assert "--shard" in text and rep.jobs == [] and not out.exists()
     with pytest.raises(ConfigError, match="exclusive"):
         api.sweep(cfg, out, executor="slurm", shard="0/2", log=quiet)

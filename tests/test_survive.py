@@ -22,7 +22,9 @@ from flatcli.cli import app
 from .helpers import write_project
 
 runner = CliRunner()
-SLOW_TRACE = {"hessian_trace": {"tol": 1e-12, "min_probes": 8, "max_probes": 1_000_000}}  # runs until stopped
+SLOW_TRACE = {
+    "hessian_trace": {"tol": 1e-12, "min_probes": 8, "max_probes": 1_000_000}
+}  # runs until stopped
 
 
 def _frobenius(path: Path) -> float:
@@ -38,9 +40,14 @@ def _interrupt_after_first_measure(cfg: Path, out: Path) -> tuple[int, str]:
     # SIGINT at its default in the child: a process that starts with SIGINT ignored (as children
     # of a test worker where some library left it ignored do) never gets a KeyboardInterrupt,
     # which is Unix's rule for background jobs, not a flatcli behaviour to test here
-    p = subprocess.Popen([sys.executable, "-m", "flatcli", "measure", "-c", str(cfg), "-o", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "flatcli", "measure", "-c", str(cfg), "-o", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     seen = []
     try:
         for line in p.stderr:
@@ -56,7 +63,10 @@ def _interrupt_after_first_measure(cfg: Path, out: Path) -> tuple[int, str]:
 
 
 def test_sigint_keeps_the_finished_measure_and_resume_does_not_recompute_it(tmp_path):
-    cfg = write_project(tmp_path / "p", measures=["frobenius_norm", SLOW_TRACE, {"hessian_lambda_max": {"tol": 1e-3}}])
+    cfg = write_project(
+        tmp_path / "p",
+        measures=["frobenius_norm", SLOW_TRACE, {"hessian_lambda_max": {"tol": 1e-3}}],
+    )
     out = tmp_path / "o"
     code, err = _interrupt_after_first_measure(cfg, out)
     assert code == 130, err
@@ -78,7 +88,10 @@ def test_sigint_keeps_the_finished_measure_and_resume_does_not_recompute_it(tmp_
     assert res.exit_code == 0, res.output
     assert "m0.pt · frobenius_norm · " in res.output and res.output.count("(reused)") == 1
     t2 = pd.read_csv(out / "results.csv")
-    assert t2.loc[0, "frobenius_norm_seconds"] == seconds and t2.loc[0, "frobenius_norm"] == t.loc[0, "frobenius_norm"]
+    assert (
+        t2.loc[0, "frobenius_norm_seconds"] == seconds
+        and t2.loc[0, "frobenius_norm"] == t.loc[0, "frobenius_norm"]
+    )
     assert list(t2["status"]) == ["ok", "ok"] and list(t2["hessian_trace_status"]) == ["ok", "ok"]
     assert json.loads((out / "results.json").read_text())["complete"] is True
 
@@ -92,14 +105,25 @@ def test_results_after_every_measure_and_resume_recomputes_what_changed(tmp_path
     cfg = write_project(tmp_path / "p", measures=["frobenius_norm"])
     out = tmp_path / "o"
     seen = []  # results.csv as a kill -9 would leave it after each finished measure
-    api.measure(cfg, outdir=out, on_measure=lambda row, lab, r: seen.append(pd.read_csv(out / "results.csv")))
+    api.measure(
+        cfg,
+        outdir=out,
+        on_measure=lambda row, lab, r: seen.append(pd.read_csv(out / "results.csv")),
+    )
     assert [list(t["frobenius_norm_status"]) for t in seen] == [["ok", "interrupted"], ["ok", "ok"]]
-    assert seen[0].loc[0, "frobenius_norm"] == pytest.approx(_frobenius(cfg.parent / "m0.pt"), rel=1e-6)
+    assert seen[0].loc[0, "frobenius_norm"] == pytest.approx(
+        _frobenius(cfg.parent / "m0.pt"), rel=1e-6
+    )
     old = json.loads((out / "results.json").read_text())
     torch.manual_seed(7)
     torch.save(MLP(16, 8, 1, 4).state_dict(), cfg.parent / "m1.pt")  # m1 changes, m0 does not
     reused = []
-    api.measure(cfg, outdir=out, resume=True, on_measure=lambda row, lab, r: reused.append((row.checkpoint, r)))
+    api.measure(
+        cfg,
+        outdir=out,
+        resume=True,
+        on_measure=lambda row, lab, r: reused.append((row.checkpoint, r)),
+    )
     assert reused == [("m0.pt", True), ("m1.pt", False)]
     new = pd.read_csv(out / "results.csv")
     assert new.loc[1, "frobenius_norm"] == pytest.approx(_frobenius(cfg.parent / "m1.pt"), rel=1e-6)
@@ -111,7 +135,10 @@ def test_results_after_every_measure_and_resume_recomputes_what_changed(tmp_path
         assert key not in api.previous_results(out)
     old["rows"][0]["measures"]["frobenius_norm"]["status"] = "ok"
     (out / "results.json").write_text(json.dumps(old))
-    assert api.previous_results(out)[key].value == old["rows"][0]["measures"]["frobenius_norm"]["value"]
+    assert (
+        api.previous_results(out)[key].value
+        == old["rows"][0]["measures"]["frobenius_norm"]["value"]
+    )
 
 
 def test_one_log_line_per_finished_measure_on_a_pipe(tmp_path):
@@ -121,13 +148,29 @@ def test_one_log_line_per_finished_measure_on_a_pipe(tmp_path):
     assert res.exit_code == 0, res.output
     t = pd.read_csv(tmp_path / "o" / "results.csv").iloc[0]
     lines = [ln for ln in res.output.splitlines() if ln.startswith(f"{ckpt} · ")]
-    assert [ln.split(" · ")[1] for ln in lines] == ["hessian_lambda_max", "hessian_trace", "frobenius_norm"]
+    assert [ln.split(" · ")[1] for ln in lines] == [
+        "hessian_lambda_max",
+        "hessian_trace",
+        "frobenius_norm",
+    ]
     trace = lines[1].split(" · ")
-    assert trace[2] == f"{t['hessian_trace_seconds']:.2f}s" and trace[3] == f"{int(t['hessian_trace_n_hvp'])} HVPs"
-    assert trace[4] == f"{t['hessian_trace']:.4g} ± {t['hessian_trace_stderr']:.2g}" and trace[5] == "ok"
+    assert (
+        trace[2] == f"{t['hessian_trace_seconds']:.2f}s"
+        and trace[3] == f"{int(t['hessian_trace_n_hvp'])} HVPs"
+    )
+    assert (
+        trace[4] == f"{t['hessian_trace']:.4g} ± {t['hessian_trace_stderr']:.2g}"
+        and trace[5] == "ok"
+    )
     lam = lines[0].split(" · ")
-    assert lam[3] == f"{int(t['hessian_lambda_max_n_hvp'])} HVPs" and lam[4] == f"{t['hessian_lambda_max']:.4g}"
-    assert lines[2].split(" · ")[3:] == [f"{t['frobenius_norm']:.4g}", "ok"]  # no products: none named
+    assert (
+        lam[3] == f"{int(t['hessian_lambda_max_n_hvp'])} HVPs"
+        and lam[4] == f"{t['hessian_lambda_max']:.4g}"
+    )
+    assert lines[2].split(" · ")[3:] == [
+        f"{t['frobenius_norm']:.4g}",
+        "ok",
+    ]  # no products: none named
 
 
 def test_live_line_counts_each_measures_own_products_and_the_time_left(tmp_path):
@@ -136,13 +179,23 @@ def test_live_line_counts_each_measures_own_products_and_the_time_left(tmp_path)
 
     cfg = write_project(tmp_path / "p")
     seen = []
-    report = api.measure(cfg, [str(cfg.parent / "m0.pt")], measures="hessian_trace,hessian_lambda_max",
-                         on_progress=lambda label, info: seen.append((label, dict(info))))
+    report = api.measure(
+        cfg,
+        [str(cfg.parent / "m0.pt")],
+        measures="hessian_trace,hessian_lambda_max",
+        on_progress=lambda label, info: seen.append((label, dict(info))),
+    )
     res = report.rows[0].results
     for lab in ("hessian_trace", "hessian_lambda_max"):
         counts = [i["n_hvp"] for la, i in seen if la == lab]
-        assert counts and max(counts) <= res[lab].diagnostics["n_hvp"]  # not the engine's running total
+        assert (
+            counts and max(counts) <= res[lab].diagnostics["n_hvp"]
+        )  # not the engine's running total
         assert all(i["planned_hvps"] == (8, 8) for la, i in seen if la == "hessian_trace")
-    line = describe_progress("hessian_trace", {"n_hvp": 10, "planned_hvps": (10, 40), "seconds": 5.0,
-                                               "value": 2.0, "stderr": 0.1})
-    assert line == "hessian_trace · 10/40 HVPs · ≈ 2 ± 0.1 · ≤ 15s left"  # 30 HVPs left at 0.5 s each
+    line = describe_progress(
+        "hessian_trace",
+        {"n_hvp": 10, "planned_hvps": (10, 40), "seconds": 5.0, "value": 2.0, "stderr": 0.1},
+    )
+    assert (
+        line == "hessian_trace · 10/40 HVPs · ≈ 2 ± 0.1 · ≤ 15s left"
+    )  # 30 HVPs left at 0.5 s each

@@ -41,7 +41,10 @@ def make_sweep(tmp: Path, n_ckpt: int = 4, measures=None) -> Path:
         width, lr = (4, 8)[i % 2], (1, 2)[(i // 2) % 2]
         torch.manual_seed(i)
         m = MLP(6, width, 1, 3)
-        torch.save({"state_dict": m.state_dict(), "model_kwargs": {"width": width}}, tmp / "ck" / f"m{i}.pt")
+        torch.save(
+            {"state_dict": m.state_dict(), "model_kwargs": {"width": width}},
+            tmp / "ck" / f"m{i}.pt",
+        )
         rows.append({"path": f"ck/m{i}.pt", "width": width, "lr": lr, "seed": i // 4})
     with open(tmp / "manifest.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -49,7 +52,10 @@ def make_sweep(tmp: Path, n_ckpt: int = 4, measures=None) -> Path:
         w.writerows(rows)
     syn = {"source": "synthetic", "num_samples": 24, "input_shape": [6], "num_classes": 3}
     cfg = {
-        "model": {"target": "flatcli.demo.models:MLP", "kwargs": {"in_features": 6, "width": 8, "depth": 1, "num_classes": 3}},
+        "model": {
+            "target": "flatcli.demo.models:MLP",
+            "kwargs": {"in_features": 6, "width": 8, "depth": 1, "num_classes": 3},
+        },
         "checkpoints": {"manifest": "manifest.csv"},
         "data": {"train": {**syn, "seed": 0}, "test": {**syn, "seed": 1}},
         "measure_data": {"batch_size": 10},
@@ -85,8 +91,14 @@ def project(tmp_path_factory):
 
 def cli(*args: str, env_extra=None, **kw) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
-    return subprocess.Popen([sys.executable, "-m", "flatcli.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "flatcli.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 # ------------------------------------------------------------------ collect == measure, resume
@@ -164,14 +176,23 @@ def test_hparams_from_glob_path_regex_and_checkpoint_keys(tmp_path):
     for i, wd in enumerate((0.0, 1e-4)):
         torch.manual_seed(i)
         sd = MLP(6, 8, 1, 3).state_dict()
-        torch.save({"state_dict": sd, "hparams": {"wd": wd, "note": "x"}}, tmp_path / "runs" / f"w8_seed{i}.pt")
+        torch.save(
+            {"state_dict": sd, "hparams": {"wd": wd, "note": "x"}},
+            tmp_path / "runs" / f"w8_seed{i}.pt",
+        )
     cfg = yaml.safe_load(make_sweep(tmp_path / "p", n_ckpt=1).read_text())
-    cfg.update(checkpoints=[str(tmp_path / "runs" / "*.pt")], measures=["frobenius_norm"],
-               hparams={"from_path": r"w(?P<width>\d+)_seed(?P<seed>\d+)", "from_keys": ["wd"]})
+    cfg.update(
+        checkpoints=[str(tmp_path / "runs" / "*.pt")],
+        measures=["frobenius_norm"],
+        hparams={"from_path": r"w(?P<width>\d+)_seed(?P<seed>\d+)", "from_keys": ["wd"]},
+    )
     (tmp_path / "p" / "glob.yaml").write_text(yaml.safe_dump(cfg))
     api.sweep(tmp_path / "p" / "glob.yaml", tmp_path / "s", log=quiet)
     rows = table(api.collect(tmp_path / "s").csv_path)
-    assert [(r["hp_width"], r["hp_seed"], r["hp_wd"]) for r in rows] == [("8", "0", "0.0"), ("8", "1", "0.0001")]
+    assert [(r["hp_width"], r["hp_seed"], r["hp_wd"]) for r in rows] == [
+        ("8", "0", "0.0"),
+        ("8", "1", "0.0001"),
+    ]
     assert "hp_note" not in rows[0]
 
 
@@ -255,7 +276,9 @@ def test_stale_lock_of_a_finished_unit_is_cleared_on_resume(project, tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     st = Store(out)
-    st.lock_path(uid).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "time": 0}))
+    st.lock_path(uid).write_text(
+        json.dumps({"host": socket.gethostname(), "pid": dead.pid, "time": 0})
+    )
     other = st.lock_path("f" * 20)  # a live holder's lock is never touched
     other.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": 0}))
     assert api.sweep(cfg, out, log=quiet).computed == 0
@@ -294,7 +317,9 @@ def test_kill_9_mid_sweep_then_resume_equals_uninterrupted(project, tmp_path):
     done = len(list((out / "units").glob("*.json")))
     assert 2 <= done < 8
     locks = list((out / "locks").glob("*.lock"))
-    assert len(locks) == 1 and json.loads(locks[0].read_text())["pid"] == proc.pid  # the unit in flight
+    assert (
+        len(locks) == 1 and json.loads(locks[0].read_text())["pid"] == proc.pid
+    )  # the unit in flight
     rep = api.sweep(cfg, out, log=quiet)  # the dead holder's lock is broken at once
     assert (rep.already_done, rep.computed, rep.pending) == (done, 8 - done, 0)
     col = api.collect(out)
@@ -311,7 +336,9 @@ def test_concurrent_workers_never_duplicate_or_corrupt(project, tmp_path, monkey
     cfg, ref = project
     out = tmp_path / "s"
     monkeypatch.setenv(DELAY_ENV, "0.2")  # inherited by the worker processes
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # auto: cores // workers, not the caller's choice
+    monkeypatch.delenv(
+        "OMP_NUM_THREADS", raising=False
+    )  # auto: cores // workers, not the caller's choice
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
     monkeypatch.setattr(threads, "machine_load", lambda: 0.5)  # an idle machine: both cores free
     lines: list[str] = []
@@ -319,10 +346,15 @@ def test_concurrent_workers_never_duplicate_or_corrupt(project, tmp_path, monkey
     assert (rep.computed, rep.pending, rep.workers) == (8, 0, ["cpu", "cpu"])
     assert rep.threads == "threads: 1 per worker (2 workers on 2 cores; load 0.50 leaves 2 free)"
     assert rep.threads in lines
-    assert {json.loads(p.read_text())["worker"]["threads"] for p in (out / "units").iterdir()} == {1}
+    assert {json.loads(p.read_text())["worker"]["threads"] for p in (out / "units").iterdir()} == {
+        1
+    }
     err = capfd.readouterr().err
-    computed = [ln.split("] ", 1)[1].rsplit(" ", 2)[0] for ln in err.splitlines()
-                if ln.startswith("[w") and "] ck/" in ln]
+    computed = [
+        ln.split("] ", 1)[1].rsplit(" ", 2)[0]
+        for ln in err.splitlines()
+        if ln.startswith("[w") and "] ck/" in ln
+    ]
     assert len(computed) == 8 and len(set(computed)) == 8, err  # each unit computed exactly once
     assert {ln[:4] for ln in err.splitlines() if ln.startswith("[w")} == {"[w0]", "[w1]"}
     files = list((out / "units").iterdir())
@@ -352,7 +384,11 @@ def test_one_worker_per_gpu():
     wps = plan_workers("auto", "all", None)
     assert len(wps) == n and all(w.device == "cuda:0" for w in wps)
     assert [w.env["CUDA_VISIBLE_DEVICES"] for w in wps] == [
-        (os.environ["CUDA_VISIBLE_DEVICES"].split(",")[i] if os.environ.get("CUDA_VISIBLE_DEVICES") else str(i))
+        (
+            os.environ["CUDA_VISIBLE_DEVICES"].split(",")[i]
+            if os.environ.get("CUDA_VISIBLE_DEVICES")
+            else str(i)
+        )
         for i in range(n)
     ]
 
@@ -360,7 +396,9 @@ def test_one_worker_per_gpu():
 def test_cli_sweep_dry_run_collect(project, tmp_path):
     cfg, ref = project
     out = tmp_path / "s"
-    res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(out), "--workers", "2", "--dry-run"])
+    res = runner.invoke(
+        app, ["sweep", "-c", str(cfg), "-o", str(out), "--workers", "2", "--dry-run"]
+    )
     assert res.exit_code == 0, res.output
     assert "4 checkpoints × 2 measures = 8 units; 0 finished, 8 to run" in res.output
     assert res.output.count("would run:") == 2 and "--worker 1 --workers 2" in res.output
@@ -370,7 +408,10 @@ def test_cli_sweep_dry_run_collect(project, tmp_path):
     res = runner.invoke(app, ["collect", str(out), "-o", str(tmp_path / "part.csv")])
     assert res.exit_code == 0 and "units not finished" in res.output
     part = table(tmp_path / "part.csv")
-    assert all(r["status"] in ("ok", "incomplete") for r in part) and (tmp_path / "part.json").is_file()
+    assert (
+        all(r["status"] in ("ok", "incomplete") for r in part)
+        and (tmp_path / "part.json").is_file()
+    )
     res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(out), "--shard", "2/2"])
     assert res.exit_code == 2 and "--shard" in res.output
     res = runner.invoke(app, ["collect", str(tmp_path / "nothing")])
@@ -398,7 +439,9 @@ def test_collect_without_a_plan_rebuilds_rows_from_the_unit_files(project, tmp_p
         (out / "units" / p.name).write_bytes(p.read_bytes())
     col = api.collect(out)
     assert table(col.csv_path) == table(ref)
-    assert col.labels == ["frobenius_norm", "hessian_trace"] and col.missing == [] and col.stale == 0
+    assert (
+        col.labels == ["frobenius_norm", "hessian_trace"] and col.missing == [] and col.stale == 0
+    )
     gone = json.loads(units[0].read_text())
     (out / "units" / units[0].name).unlink()
     col = api.collect(out)
@@ -436,4 +479,5 @@ def test_each_sweep_counts_what_it_computed_itself(project, tmp_path):
     assert len(seen) == 6
     assert rep.summary().startswith(
         "6 units computed (1 finished by another process meanwhile, 1 still running in another process), "
-        "0 with errors, 0 not finished")
+        "0 with errors, 0 not finished"
+    )

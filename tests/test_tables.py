@@ -22,7 +22,11 @@ from flatcli.results import read_results, status_columns
 
 from .helpers import write_project
 
-MEASURES = [{"hessian_lambda_max": {"tol": 1e-3}}, {"hessian_trace": {"min_probes": 8, "max_probes": 8}}, "frobenius_norm"]
+MEASURES = [
+    {"hessian_lambda_max": {"tol": 1e-3}},
+    {"hessian_trace": {"min_probes": 8, "max_probes": 8}},
+    "frobenius_norm",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +38,9 @@ def measured(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tables")
     cfg = write_project(tmp / "proj", n_ckpt=2, measures=MEASURES)
     torch.save(MLP(16, 9, 1, 4).state_dict(), tmp / "proj" / "m2.pt")
-    (tmp / "proj" / "man.csv").write_text("path,lr,width,opt\nm0.pt,0.1,8,adam\nm1.pt,0.05,8,\nm2.pt,0.1,9,sgd\n")
+    (tmp / "proj" / "man.csv").write_text(
+        "path,lr,width,opt\nm0.pt,0.1,8,adam\nm1.pt,0.05,8,\nm2.pt,0.1,9,sgd\n"
+    )
     d = yaml.safe_load(cfg.read_text())
     d["checkpoints"] = {"manifest": "man.csv"}
     cfg.write_text(yaml.safe_dump(d))
@@ -69,9 +75,19 @@ def test_measure_to_pandas_equals_read_csv_of_results(measured):
     pd.testing.assert_frame_equal(df, documented_dtypes(pd.read_csv(path)), check_exact=True)
     pd.testing.assert_frame_equal(df, read_results(path), check_exact=True)
     # dtypes: numeric float64, statuses categorical, booleans nullable, text as text
-    assert isinstance(df["status"].dtype, pd.CategoricalDtype) and set(df["status"].cat.categories) == {"ok", "error"}
+    assert isinstance(df["status"].dtype, pd.CategoricalDtype) and set(
+        df["status"].cat.categories
+    ) == {"ok", "error"}
     assert all(isinstance(df[c].dtype, pd.CategoricalDtype) for c in status_columns(df.columns))
-    for c in ("hessian_trace", "hessian_trace_stderr", "frobenius_norm", "train_loss", "gen_gap", "hp_lr", "hp_width"):
+    for c in (
+        "hessian_trace",
+        "hessian_trace_stderr",
+        "frobenius_norm",
+        "train_loss",
+        "gen_gap",
+        "hp_lr",
+        "hp_width",
+    ):
         assert df[c].dtype == "float64", c
     assert str(df["hessian_lambda_max_converged"].dtype) == "boolean"
     assert df["hp_opt"].tolist()[0] == "adam" and pd.isna(df["hp_opt"].tolist()[1])
@@ -95,14 +111,19 @@ def test_results_csv_keeps_its_text_form(measured):
 
 def test_read_results_of_an_older_results_csv(tmp_path):
     # written by flatcli's former csv.DictWriter: NaN as "nan", empty statuses, ints
-    old = ("checkpoint,status,error,mu,mu_status,mu_seconds,gen_gap,hp_w\n"
-           "a.pt,ok,,0.5,ok,1.0,0.1,4\n"
-           "b.pt,error,\"mu: boom, \"\"x\"\"\",nan,error,,0.2,8\n")
+    old = (
+        "checkpoint,status,error,mu,mu_status,mu_seconds,gen_gap,hp_w\n"
+        "a.pt,ok,,0.5,ok,1.0,0.1,4\n"
+        'b.pt,error,"mu: boom, ""x""",nan,error,,0.2,8\n'
+    )
     (tmp_path / "results.csv").write_text(old)
     df = read_results(tmp_path / "results.csv")
     assert df["error"].tolist() == ["", 'mu: boom, "x"']
     assert df["mu"].dtype == "float64" and math.isnan(df.loc[1, "mu"]) and df.loc[0, "mu"] == 0.5
-    assert isinstance(df["mu_status"].dtype, pd.CategoricalDtype) and df["hp_w"].tolist() == [4.0, 8.0]
+    assert isinstance(df["mu_status"].dtype, pd.CategoricalDtype) and df["hp_w"].tolist() == [
+        4.0,
+        8.0,
+    ]
     rep = api.correlate(tmp_path / "results.csv")
     assert rep.measures[0].measure == "mu" and rep.measures[0].n == 1
 
@@ -113,11 +134,15 @@ def test_collect_returns_the_table(measured, tmp_path):
     api.sweep(cfg, tmp_path / "s", log=lambda m: None)
     df = flatcli.collect(tmp_path / "s")
     assert isinstance(df, pd.DataFrame) and len(df) == 3
-    pd.testing.assert_frame_equal(df, read_results(tmp_path / "s" / "results.csv"), check_exact=True)
+    pd.testing.assert_frame_equal(
+        df, read_results(tmp_path / "s" / "results.csv"), check_exact=True
+    )
     pd.testing.assert_frame_equal(df, api.collect(tmp_path / "s").to_pandas(), check_exact=True)
-    pd.testing.assert_frame_equal(df.drop(columns=[c for c in df if c.endswith("_seconds")]),
-                                  report.to_pandas().drop(columns=[c for c in df if c.endswith("_seconds")]),
-                                  check_exact=True)
+    pd.testing.assert_frame_equal(
+        df.drop(columns=[c for c in df if c.endswith("_seconds")]),
+        report.to_pandas().drop(columns=[c for c in df if c.endswith("_seconds")]),
+        check_exact=True,
+    )
 
 
 def test_correlate_takes_a_dataframe_and_returns_one(measured, tmp_path):
@@ -132,7 +157,9 @@ def test_correlate_takes_a_dataframe_and_returns_one(measured, tmp_path):
     assert table.attrs["report"].measures_source.startswith("inferred")
     written = pd.read_csv(tmp_path / "c" / "correlations.csv")
     for col in ("n", "kendall_tau_b", "jiang_tau", "spearman", "pearson", "cmi"):
-        pd.testing.assert_series_equal(table[col], written[col], check_dtype=False, check_exact=True)
+        pd.testing.assert_series_equal(
+            table[col], written[col], check_dtype=False, check_exact=True
+        )
     pd.testing.assert_frame_equal(table, by_path.to_pandas(), check_exact=True)
 
 
@@ -148,20 +175,33 @@ def _manifest_cfg(tmp_path, text: str):
     for name in ("a.pt", "b.pt", "init.pt"):
         tmp_path.joinpath(name).write_bytes(b"")
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump({"model": {"target": "x:Y"}, "checkpoints": {"manifest": "man.csv"}}))
+    cfg.write_text(
+        yaml.safe_dump({"model": {"target": "x:Y"}, "checkpoints": {"manifest": "man.csv"}})
+    )
     return load_config(cfg)
 
 
 def test_manifest_read_by_pandas_keeps_the_coercion(tmp_path):
-    cfg = _manifest_cfg(tmp_path, "path,init_checkpoint,lr,width,opt,note,\na.pt,init.pt,0.1,8,adam,,\nb.pt,,1e-3,16,sgd,x\n")
+    cfg = _manifest_cfg(
+        tmp_path,
+        "path,init_checkpoint,lr,width,opt,note,\na.pt,init.pt,0.1,8,adam,,\nb.pt,,1e-3,16,sgd,x\n",
+    )
     a, b = resolve_jobs(cfg)
-    assert a.hparams == {"lr": 0.1, "width": 8, "opt": "adam", "note": ""}  # blank stays "", unnamed column left out
+    assert a.hparams == {
+        "lr": 0.1,
+        "width": 8,
+        "opt": "adam",
+        "note": "",
+    }  # blank stays "", unnamed column left out
     assert b.hparams == {"lr": 0.001, "width": 16, "opt": "sgd", "note": "x"}
     assert type(a.hparams["width"]) is int and type(a.hparams["lr"]) is float
     assert a.init_checkpoint == tmp_path / "init.pt" and b.init_checkpoint is None
 
 
-@pytest.mark.parametrize(("text", "message"), [("", "needs a 'path' column"), ("ckpt,lr\na.pt,1\n", "needs a 'path' column")])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("", "needs a 'path' column"), ("ckpt,lr\na.pt,1\n", "needs a 'path' column")],
+)
 def test_manifest_errors_name_the_file(tmp_path, text, message):
     cfg = _manifest_cfg(tmp_path, text)
     with pytest.raises(ConfigError, match=message) as e:

@@ -23,8 +23,12 @@ def clustered(n=600, seed=0):
     """An indefinite symmetric matrix whose top is a cluster (10, 9.9, 9.8) over a bulk in [−3, 6.5]
     and a bottom cluster (−5, −4.95): Lanczos needs many steps, so a small basis must restart."""
     g = torch.Generator().manual_seed(seed)
-    ev = torch.cat([torch.tensor([10.0, 9.9, 9.8, -5.0, -4.95], dtype=DT),
-                    torch.rand(n - 5, generator=g, dtype=DT) * 9.5 - 3])
+    ev = torch.cat(
+        [
+            torch.tensor([10.0, 9.9, 9.8, -5.0, -4.95], dtype=DT),
+            torch.rand(n - 5, generator=g, dtype=DT) * 9.5 - 3,
+        ]
+    )
     Q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=DT))
     return (Q * ev) @ Q.T
 
@@ -33,16 +37,29 @@ def op_of(A, **kw):
     return linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, **kw)
 
 
-@pytest.mark.parametrize(("k", "block", "which", "cap"), [
-    (1, 1, "largest", 12), (3, 1, "largest", 16), (3, 3, "largest", 18), (2, 1, "smallest", 14),
-])
+@pytest.mark.parametrize(
+    ("k", "block", "which", "cap"),
+    [
+        (1, 1, "largest", 12),
+        (3, 1, "largest", 16),
+        (3, 3, "largest", 18),
+        (2, 1, "smallest", 14),
+    ],
+)
 def test_restarted_lanczos_finds_the_dense_eigenvalues(k, block, which, cap):
     A = clustered()
     ev = torch.linalg.eigvalsh(A).numpy()
     want = ev[::-1][:k] if which == "largest" else ev[:k]
     stop = linalg.KrylovStop(tol=1e-7, max_steps=400, max_basis=cap)
-    r = linalg.lanczos(op_of(A), k=k, block=block, which=which, generator=torch.Generator().manual_seed(1),
-                       return_vectors=True, stop=stop)
+    r = linalg.lanczos(
+        op_of(A),
+        k=k,
+        block=block,
+        which=which,
+        generator=torch.Generator().manual_seed(1),
+        return_vectors=True,
+        stop=stop,
+    )
     assert r.converged and r.restarts > 0
     assert r.basis_vectors == cap and r.device_vectors <= cap  # never more rows than the cap
     assert r.steps == r.n_hvp > cap
@@ -57,9 +74,13 @@ def test_restarted_lanczos_finds_the_dense_eigenvalues(k, block, which, cap):
 def test_no_restart_below_the_cap_is_the_plain_run():
     A = clustered()
     kw = dict(k=1, generator=torch.Generator().manual_seed(1))
-    plain = linalg.lanczos(op_of(A), stop=linalg.KrylovStop(tol=1e-7, max_steps=400, max_basis=None), **kw)
+    plain = linalg.lanczos(
+        op_of(A), stop=linalg.KrylovStop(tol=1e-7, max_steps=400, max_basis=None), **kw
+    )
     kw["generator"] = torch.Generator().manual_seed(1)
-    wide = linalg.lanczos(op_of(A), stop=linalg.KrylovStop(tol=1e-7, max_steps=400, max_basis=plain.steps + 5), **kw)
+    wide = linalg.lanczos(
+        op_of(A), stop=linalg.KrylovStop(tol=1e-7, max_steps=400, max_basis=plain.steps + 5), **kw
+    )
     assert wide.restarts == 0 and wide.steps == plain.steps
     assert wide.eigenvalues[0] == plain.eigenvalues[0]
     assert wide.alphas is not None
@@ -68,8 +89,12 @@ def test_no_restart_below_the_cap_is_the_plain_run():
 def test_the_cap_is_raised_to_the_certified_step_count():
     """The first cycle is a plain Krylov space of certified_min_steps: the certificate carries over."""
     A = clustered(n=300)
-    r = linalg.lanczos(op_of(A), k=1, generator=torch.Generator().manual_seed(2),
-                       stop=linalg.KrylovStop(tol=1e-6, max_steps=300, max_basis=2))
+    r = linalg.lanczos(
+        op_of(A),
+        k=1,
+        generator=torch.Generator().manual_seed(2),
+        stop=linalg.KrylovStop(tol=1e-6, max_steps=300, max_basis=2),
+    )
     assert r.basis_vectors == certified_min_steps(300) > 3
     assert r.converged and abs(r.eigenvalues[0] - 10.0) < 1e-8
 
@@ -79,8 +104,14 @@ def test_restarts_with_an_offloaded_basis_equal_the_device_ones():
     runs = []
     for cap in (None, 3):
         stop = linalg.KrylovStop(tol=1e-7, max_steps=400, max_basis=14)
-        runs.append(linalg.lanczos(op_of(A, max_device_vectors=cap), k=2, generator=torch.Generator().manual_seed(4),
-                                   stop=stop))
+        runs.append(
+            linalg.lanczos(
+                op_of(A, max_device_vectors=cap),
+                k=2,
+                generator=torch.Generator().manual_seed(4),
+                stop=stop,
+            )
+        )
     dev, off = runs
     assert off.restarts == dev.restarts > 0 and off.steps == dev.steps
     assert off.device_vectors <= 3
@@ -97,7 +128,9 @@ def test_basis_store_restart_is_s_transpose_q_then_the_new_rows(capacity):
     store.append(Q)
     store.restart(S, new)
     assert len(store) == 4
-    torch.testing.assert_close(store.combine(torch.eye(4, dtype=DT)), torch.cat([S.T @ Q, new]), rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(
+        store.combine(torch.eye(4, dtype=DT)), torch.cat([S.T @ Q, new]), rtol=1e-13, atol=1e-13
+    )
     with pytest.raises(ValueError, match="restart coefficients"):
         store.restart(torch.zeros(3, 2, dtype=DT), new)
 
@@ -105,13 +138,23 @@ def test_basis_store_restart_is_s_transpose_q_then_the_new_rows(capacity):
 def test_auto_caps_the_basis_at_half_the_free_host_memory(monkeypatch):
     A = clustered()
     P, elt = A.shape[0], 8
-    monkeypatch.setattr("flatcli.engine.recompute.free_bytes", lambda device: 2 * 20 * P * elt)  # 20 vectors fit
-    r = linalg.lanczos(op_of(A), k=1, generator=torch.Generator().manual_seed(1),
-                       stop=linalg.KrylovStop(tol=1e-7, max_steps=400))
+    monkeypatch.setattr(
+        "flatcli.engine.recompute.free_bytes", lambda device: 2 * 20 * P * elt
+    )  # 20 vectors fit
+    r = linalg.lanczos(
+        op_of(A),
+        k=1,
+        generator=torch.Generator().manual_seed(1),
+        stop=linalg.KrylovStop(tol=1e-7, max_steps=400),
+    )
     assert r.basis_vectors == 20 and r.restarts > 0 and r.converged
     monkeypatch.setattr("flatcli.engine.recompute.free_bytes", lambda device: 2 * 400 * P * elt)
-    r = linalg.lanczos(op_of(A), k=1, generator=torch.Generator().manual_seed(1),
-                       stop=linalg.KrylovStop(tol=1e-7, max_steps=400))
+    r = linalg.lanczos(
+        op_of(A),
+        k=1,
+        generator=torch.Generator().manual_seed(1),
+        stop=linalg.KrylovStop(tol=1e-7, max_steps=400),
+    )
     assert r.basis_vectors == 400 and r.restarts == 0
 
 
@@ -129,7 +172,7 @@ def test_lambda_max_with_max_basis_vectors_on_an_mlp():
     def loss(flat):
         parts, i = {}, 0
         for n, s, m in shapes:
-            parts[n] = flat[i:i + m].view(s)
+            parts[n] = flat[i : i + m].view(s)
             i += m
         return nn.functional.cross_entropy(functional_call(model, parts, (x,)), y)
 
@@ -138,27 +181,48 @@ def test_lambda_max_with_max_basis_vectors_on_an_mlp():
     lam = float(torch.linalg.eigvalsh(H)[-1])
     rows = {}
     for cap in (None, 12):
-        row = measure_model(model, (x, y), [{"hessian_lambda_max": {"tol": 1e-6}}], loss="cross_entropy",
-                            precision="fp64", batch_size=16, max_basis_vectors=cap)
+        row = measure_model(
+            model,
+            (x, y),
+            [{"hessian_lambda_max": {"tol": 1e-6}}],
+            loss="cross_entropy",
+            precision="fp64",
+            batch_size=16,
+            max_basis_vectors=cap,
+        )
         assert row.status == "ok", row.errors
         rows[cap] = row.results["hessian_lambda_max"]
     r = rows[12]
-    assert r.diagnostics["restarts"] > 0 and r.diagnostics["basis_vectors"] == max(12, certified_min_steps(t.numel()))
+    assert r.diagnostics["restarts"] > 0 and r.diagnostics["basis_vectors"] == max(
+        12, certified_min_steps(t.numel())
+    )
     assert rows[None].diagnostics["restarts"] == 0
     assert abs(r.value - lam) <= 1e-5 * abs(lam) and r.diagnostics["converged"]
 
 
 def test_max_basis_vectors_is_checked():
-    with pytest.raises(ConfigError, match="max_basis_vectors must be an int ≥ 1, auto or null; got 0"):
-        measure_model(nn.Linear(2, 1), (torch.randn(4, 2), torch.randn(4, 1)), ["hessian_lambda_max"], loss="mse",
-                      max_basis_vectors=0)
+    with pytest.raises(
+        ConfigError, match="max_basis_vectors must be an int ≥ 1, auto or null; got 0"
+    ):
+        measure_model(
+            nn.Linear(2, 1),
+            (torch.randn(4, 2), torch.randn(4, 1)),
+            ["hessian_lambda_max"],
+            loss="mse",
+            max_basis_vectors=0,
+        )
 
 
 def test_without_a_cap_a_block_run_ends_on_a_partial_block_not_a_restart():
     """Blocks of 3 and a step cap of 10: the last block is cut to one row, as before thick restarts."""
     A = clustered(n=200)
-    r = linalg.lanczos(op_of(A), k=3, block=3, generator=torch.Generator().manual_seed(0),
-                       stop=linalg.KrylovStop(tol=1e-12, max_steps=10, max_basis=None))
+    r = linalg.lanczos(
+        op_of(A),
+        k=3,
+        block=3,
+        generator=torch.Generator().manual_seed(0),
+        stop=linalg.KrylovStop(tol=1e-12, max_steps=10, max_basis=None),
+    )
     assert r.restarts == 0 and r.steps == 10 and not r.converged
 
 
@@ -188,9 +252,19 @@ def test_a_capped_basis_never_holds_more_than_its_cap_in_memory():
     import subprocess
     import sys
 
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", BASIS_CHILD], env=env, capture_output=True, text=True, check=True)
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", BASIS_CHILD], env=env, capture_output=True, text=True, check=True
+    )
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["restarts"] >= 1
-    assert r["own"] <= (40 + 12) * r["vector"], r["own"] / r["vector"]  # measured 48.1; 70.0 with a doubling buffer
+    assert r["own"] <= (40 + 12) * r["vector"], (
+        r["own"] / r["vector"]
+    )  # measured 48.1; 70.0 with a doubling buffer

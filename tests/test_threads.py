@@ -31,13 +31,17 @@ def _restore_threads(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.delenv("FLATCLI_THREADS", raising=False)
-    monkeypatch.setattr(threads, "machine_load", lambda: 0.0)  # an idle machine unless a test says otherwise
+    monkeypatch.setattr(
+        threads, "machine_load", lambda: 0.0
+    )  # an idle machine unless a test says otherwise
     old = torch.get_num_threads()
     yield
     torch.set_num_threads(old)
 
 
-@pytest.mark.parametrize("workers, cores, expected", [(1, 2, 2), (2, 2, 1), (3, 2, 1), (3, 16, 5), (4, 16, 4)])
+@pytest.mark.parametrize(
+    "workers, cores, expected", [(1, 2, 2), (2, 2, 1), (3, 2, 1), (3, 16, 5), (4, 16, 4)]
+)
 def test_auto_divides_the_cores_among_the_workers(workers, cores, expected):
     assert choose_threads("auto", workers, cores) == expected
     assert choose_threads(None, workers, cores) == expected
@@ -47,35 +51,49 @@ def test_requested_counts_win_then_omp_num_threads_then_local_world_size(monkeyp
     assert choose_threads(3, workers=4, cores=2) == 3  # an explicit request is taken as is
     assert choose_threads("3", workers=4, cores=2) == 3  # as text, e.g. from FLATCLI_THREADS
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    assert choose_threads("auto", workers=1, cores=16) == 2  # the user's OMP_NUM_THREADS, for auto only
+    assert (
+        choose_threads("auto", workers=1, cores=16) == 2
+    )  # the user's OMP_NUM_THREADS, for auto only
     assert choose_threads(5, workers=1, cores=16) == 5
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun: 4 ranks on this machine
     assert choose_threads("auto", cores=16) == 4
     assert choose_threads("auto", workers=2, cores=16) == 8  # explicit workers win
-    assert str(plan_threads("auto", cores=16)) == "threads: 4 per worker (4 workers on 16 cores; load 0.00 leaves 16 free)"
+    assert (
+        str(plan_threads("auto", cores=16))
+        == "threads: 4 per worker (4 workers on 16 cores; load 0.00 leaves 16 free)"
+    )
     for bad in (0, -1, "many", 1.5, True):
         with pytest.raises(ConfigError, match="must be an int ≥ 1 or auto"):
             choose_threads(bad, 1, 2)
 
 
-@pytest.mark.parametrize("cores, load, workers, expected", [
-    (2, 8.0, 1, 1),  # the machine: 2 cores at load ≈ 8 -> one thread, not two
-    (2, 0.1, 1, 2),  # idle: every core (this process counts in the load for at most itself)
-    (2, 1.0, 1, 2),  # the load is this process alone
-    (2, 2.0, 1, 1),  # one other busy task: one core left (and this process)
-    (16, 6.0, 1, 11),  # 16 − 6 + 1
-    (16, 6.0, 2, 5),  # the free cores divided among the workers
-    (16, 40.0, 4, 1),
-])
-def test_auto_counts_the_free_cores_from_affinity_and_load(monkeypatch, cores, load, workers, expected):
-    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+@pytest.mark.parametrize(
+    "cores, load, workers, expected",
+    [
+        (2, 8.0, 1, 1),  # the machine: 2 cores at load ≈ 8 -> one thread, not two
+        (2, 0.1, 1, 2),  # idle: every core (this process counts in the load for at most itself)
+        (2, 1.0, 1, 2),  # the load is this process alone
+        (2, 2.0, 1, 1),  # one other busy task: one core left (and this process)
+        (16, 6.0, 1, 11),  # 16 − 6 + 1
+        (16, 6.0, 2, 5),  # the free cores divided among the workers
+        (16, 40.0, 4, 1),
+    ],
+)
+def test_auto_counts_the_free_cores_from_affinity_and_load(
+    monkeypatch, cores, load, workers, expected
+):
+    monkeypatch.setattr(
+        threads.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False
+    )
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (load, load, load), raising=False)
     monkeypatch.setattr(threads, "machine_load", REAL_MACHINE_LOAD)
     choice = plan_threads("auto", workers)
     assert choice.n == expected and choice.cores == cores and choice.load == load
     assert f"on {cores} cores; load {load:.2f} leaves {choice.free} free" in str(choice)
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's explicit choice is kept whatever the load
+    monkeypatch.setenv(
+        "OMP_NUM_THREADS", "3"
+    )  # the user's explicit choice is kept whatever the load
     assert plan_threads("auto", workers).n == 3
 
 
@@ -111,13 +129,30 @@ def test_sweep_worker_applies_its_threads_and_records_them(tmp_path):
 
 def test_cli_threads_flag_is_applied_and_logged(tmp_path):
     cfg = write_project(tmp_path / "p", measures=["frobenius_norm"], n_ckpt=1)
-    res = runner.invoke(app, ["measure", "-c", str(cfg), "-o", str(tmp_path / "o"), "--threads", "1"])
+    res = runner.invoke(
+        app, ["measure", "-c", str(cfg), "-o", str(tmp_path / "o"), "--threads", "1"]
+    )
     assert res.exit_code == 0, res.output
     assert "threads: 1 per worker (1 worker on" in res.output and "requested" in res.output
     assert torch.get_num_threads() == 1
-    assert json.loads((tmp_path / "o" / "results.json").read_text())["threads"].startswith("threads: 1 per")
-    res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(tmp_path / "s"), "--workers", "2",
-                              "--threads", "2", "--dry-run"])
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["threads"].startswith(
+        "threads: 1 per"
+    )
+    res = runner.invoke(
+        app,
+        [
+            "sweep",
+            "-c",
+            str(cfg),
+            "-o",
+            str(tmp_path / "s"),
+            "--workers",
+            "2",
+            "--threads",
+            "2",
+            "--dry-run",
+        ],
+    )
     assert res.exit_code == 0 and "threads: 2 per worker (2 workers on" in res.output
     assert res.output.count("--threads 2") == 2  # each worker process is told
     res = runner.invoke(app, ["measure", "-c", str(cfg), "--threads", "0"])

@@ -66,7 +66,9 @@ def test_train_to_target_stops_at_the_eval_mode_target_and_is_deterministic():
 
 def test_train_to_target_records_a_miss_and_a_divergence():
     x, y = _tiny_problem()
-    r = train_to_target(_tiny_model(), x, y, dataclasses.replace(ADAM, max_steps=5), criterion=LossTarget(1e-4))
+    r = train_to_target(
+        _tiny_model(), x, y, dataclasses.replace(ADAM, max_steps=5), criterion=LossTarget(1e-4)
+    )
     assert not r.reached_target and r.steps == 5 and math.isfinite(r.train_loss)
     sgd = Recipe(optimizer="sgd", lr=1e3, batch_size=16, max_steps=3000)
     r = train_to_target(_tiny_model(), x * 1e4, y, sgd, criterion=LossTarget(1e-4))
@@ -90,8 +92,12 @@ def test_a_criterion_object_decides_when_training_stops():
 
     r = train_to_target(_tiny_model(), x, y, ADAM, criterion=Recording())
     assert r.reached_target and r.train_acc >= 0.9 and r.train_loss > 0.05
-    assert seen[-1][-2].accuracy < 0.9 and [e.step for e in seen[-1]] == list(range(0, r.steps + 1, 4))
-    assert LossTarget(0.5).met([Evaluation(0, 0.5, 0.0)]) and not LossTarget(0.5).met([Evaluation(0, 0.51, 1.0)])
+    assert seen[-1][-2].accuracy < 0.9 and [e.step for e in seen[-1]] == list(
+        range(0, r.steps + 1, 4)
+    )
+    assert LossTarget(0.5).met([Evaluation(0, 0.5, 0.0)]) and not LossTarget(0.5).met(
+        [Evaluation(0, 0.51, 1.0)]
+    )
 
 
 def _history(losses, accuracy=1.0):
@@ -104,21 +110,39 @@ def test_plateau_criterion_on_histories():
     least 2 windows after the initial evaluation, and window means that fell by < 1%."""
     c = Plateau(target=0.01, window=5, rtol=0.01)
     assert c.met(_history([2.0, 0.009], accuracy=0.5))  # the loss target, whatever the accuracy
-    flat = [0.05] * 11  # the initial evaluation is not a step of training: 2·window evaluations after it
+    flat = [
+        0.05
+    ] * 11  # the initial evaluation is not a step of training: 2·window evaluations after it
     assert c.met(_history(flat)) and not c.met(_history(flat[:-1]))
-    assert not c.met(_history(flat, accuracy=0.999))  # a plateau below 100% train accuracy is not converged
+    assert not c.met(
+        _history(flat, accuracy=0.999)
+    )  # a plateau below 100% train accuracy is not converged
     # geometric decay: window means fall by 1 − 0.99⁵ ≈ 4.9% (still training) vs 1 − 0.999⁵ ≈ 0.5% (plateau)
     assert not c.met(_history([2.0] + [0.1 * 0.99**k for k in range(30)]))
     assert c.met(_history([2.0] + [0.1 * 0.999**k for k in range(30)]))
     # mini-batch noise: the last value is the lowest yet, but the window means have stopped falling
-    noisy = [2.0, 0.05, 0.06, 0.055, 0.05, 0.06, 0.06, 0.05, 0.06, 0.057, 0.048]  # window sums 0.275, 0.275
+    noisy = [
+        2.0,
+        0.05,
+        0.06,
+        0.055,
+        0.05,
+        0.06,
+        0.06,
+        0.05,
+        0.06,
+        0.057,
+        0.048,
+    ]  # window sums 0.275, 0.275
     assert c.met(_history(noisy))
     # a rising loss is not falling either; only the last 2 windows count (the early drop is old)
     assert c.met(_history([2.0, 1.0, 0.5, 0.2] + [0.04] * 5 + [0.045] * 5))
     assert "plateau" in c.describe() and "0.01" in c.describe()
 
 
-@pytest.mark.parametrize("kw", [{"window": 0}, {"rtol": 1.0}, {"min_accuracy": 0.0}, {"target": 0.0}])
+@pytest.mark.parametrize(
+    "kw", [{"window": 0}, {"rtol": 1.0}, {"min_accuracy": 0.0}, {"target": 0.0}]
+)
 def test_plateau_rejects_bad_settings(kw):
     from flatcli.errors import ConfigError
 
@@ -144,7 +168,9 @@ def test_strong_l2_misses_the_loss_target_but_stops_on_the_plateau():
     hit = train_to_target(_tiny_model(), x, y, recipe, criterion=Recording(**dataclasses.asdict(c)))
     assert hit.reached_target and hit.steps < 600 and hit.train_acc == 1.0 and hit.train_loss > 0.05
     assert c.met(seen) and not c.met(seen[:-1])  # stopped at the first evaluation that met it
-    assert hit.train_loss == pytest.approx(miss.train_loss, rel=0.1)  # the plateau is where it stays
+    assert hit.train_loss == pytest.approx(
+        miss.train_loss, rel=0.1
+    )  # the plateau is where it stays
 
 
 def test_weight_decay_and_l2_only_on_weights_and_adamw_decouples():
@@ -152,15 +178,23 @@ def test_weight_decay_and_l2_only_on_weights_and_adamw_decouples():
     decayed = [p.ndim for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]]
     plain = [p.ndim for g in opt.param_groups if g["weight_decay"] == 0 for p in g["params"]]
     assert decayed == [2, 2] and plain == [1, 1]
-    assert type(_optimizer(_tiny_model(), Recipe(optimizer="adamw", weight_decay=0.1))) is torch.optim.AdamW
-    assert type(_optimizer(_tiny_model(), Recipe(optimizer="adam", weight_decay=0.1))) is torch.optim.Adam
+    assert (
+        type(_optimizer(_tiny_model(), Recipe(optimizer="adamw", weight_decay=0.1)))
+        is torch.optim.AdamW
+    )
+    assert (
+        type(_optimizer(_tiny_model(), Recipe(optimizer="adam", weight_decay=0.1)))
+        is torch.optim.Adam
+    )
 
 
 def test_l2_penalty_is_the_gradient_of_half_l2_norm():
     """Plain SGD: l2/2·Σ‖W‖² in the objective and the optimizer's coupled weight_decay take the same
     steps; both differ from no penalty, and the biases are not penalized."""
     x, y = _tiny_problem()
-    base = Recipe(optimizer="sgd", lr=0.1, momentum=0.0, batch_size=16, max_steps=12, dtype="float64")
+    base = Recipe(
+        optimizer="sgd", lr=0.1, momentum=0.0, batch_size=16, max_steps=12, dtype="float64"
+    )
     runs = {}
     for name, recipe in {"l2": dataclasses.replace(base, l2=0.5), "wd": dataclasses.replace(base, weight_decay=0.5),
                          "none": base}.items():  # fmt: skip
@@ -176,7 +210,9 @@ def test_dropout_trains_stochastically_but_every_check_is_in_eval_mode():
     from flatcli.demo.models import MLP
 
     x, y = _tiny_problem()
-    assert list(MLP(5, 8, 2, 4).state_dict()) == list(MLP(5, 8, 2, 4, dropout=0.0).state_dict())  # keys kept
+    assert list(MLP(5, 8, 2, 4).state_dict()) == list(
+        MLP(5, 8, 2, 4, dropout=0.0).state_dict()
+    )  # keys kept
     assert not any(isinstance(m, torch.nn.Dropout) for m in MLP(5, 8, 2, 4).modules())
     torch.manual_seed(0)
     m = MLP(5, 32, 2, 4, dropout=0.5)
@@ -200,7 +236,9 @@ def test_float64_recipe_trains_in_float64_and_returns_the_model_in_its_own_dtype
 def test_bad_recipe_names_are_config_errors():
     from flatcli.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="optimizer must be one of sgd, adam, adamw; got 'rmsprop'"):
+    with pytest.raises(
+        ConfigError, match="optimizer must be one of sgd, adam, adamw; got 'rmsprop'"
+    ):
         Recipe(optimizer="rmsprop")
     with pytest.raises(ConfigError, match="dtype must be one of float32, float64; got 'float16'"):
         Recipe(dtype="float16")
@@ -249,13 +287,18 @@ def test_tasks_give_the_same_models_in_any_order_and_process_state(tmp_path):
     for order in ("ab", "ba"):
         folder = tmp_path / order
         tasks = {"a": _task(folder, "a", 1, noise=0.3), "b": _task(folder, "b", 2)}
-        torch.manual_seed(123 if order == "ab" else 456)  # the process's own RNG state must not matter
+        torch.manual_seed(
+            123 if order == "ab" else 456
+        )  # the process's own RNG state must not matter
         recs = run_tasks([tasks[k] for k in order])
         runs[order] = {r.path: r for r in recs}
     assert runs["ab"].keys() == runs["ba"].keys() == {"checkpoints/a.pt", "checkpoints/b.pt"}
     for path, rec in runs["ab"].items():
         other = runs["ba"][path]
-        assert (rec.result.steps, rec.result.train_loss) == (other.result.steps, other.result.train_loss)
+        assert (rec.result.steps, rec.result.train_loss) == (
+            other.result.steps,
+            other.result.train_loss,
+        )
         for kind in (path, rec.init_checkpoint, *([rec.train_data] if rec.train_data else [])):
             a, b = (torch.load(tmp_path / o / kind, weights_only=True) for o in ("ab", "ba"))
             assert _same_weights(a.get("state_dict", a), b.get("state_dict", b))
@@ -269,8 +312,16 @@ def test_tasks_give_the_same_models_in_any_order_and_process_state(tmp_path):
 
 def test_model_names():
     hp = {"width": 64, "weight_decay": 0.0, "label_noise": 0.2}
-    assert model_name(hp, prefix="mlp", short={"width": "w", "weight_decay": "wd", "label_noise": "noise"}) == "mlp_w64_wd0_noise0.2"
-    assert model_name({"weight_decay": 5e-4, "optimizer": "sgd", "seed": 1}, index=3) == "003_weight_decay0.0005_optimizersgd_seed1"
+    assert (
+        model_name(
+            hp, prefix="mlp", short={"width": "w", "weight_decay": "wd", "label_noise": "noise"}
+        )
+        == "mlp_w64_wd0_noise0.2"
+    )
+    assert (
+        model_name({"weight_decay": 5e-4, "optimizer": "sgd", "seed": 1}, index=3)
+        == "003_weight_decay0.0005_optimizersgd_seed1"
+    )
 
 
 def test_manifest_and_training_log_feed_a_flatcli_config(tmp_path):
@@ -279,10 +330,21 @@ def test_manifest_and_training_log_feed_a_flatcli_config(tmp_path):
     from flatcli.config import from_dict
     from flatcli.jobs import resolve_jobs
 
-    hps = [{"optimizer": "adam", "label_noise": 0.0, "seed": 0}, {"optimizer": "adam", "label_noise": 0.5, "seed": 1}]
-    recs = run_tasks([_task(tmp_path, f"m{i}", hp["seed"], noise=hp["label_noise"], hp=hp) for i, hp in enumerate(hps)])
+    hps = [
+        {"optimizer": "adam", "label_noise": 0.0, "seed": 0},
+        {"optimizer": "adam", "label_noise": 0.5, "seed": 1},
+    ]
+    recs = run_tasks(
+        [
+            _task(tmp_path, f"m{i}", hp["seed"], noise=hp["label_noise"], hp=hp)
+            for i, hp in enumerate(hps)
+        ]
+    )
     manifest, training = write_manifest(tmp_path, recs, ["optimizer", "label_noise", "seed"])
-    assert manifest.read_text().splitlines()[0] == "path,init_checkpoint,train_data,optimizer,label_noise,seed"
+    assert (
+        manifest.read_text().splitlines()[0]
+        == "path,init_checkpoint,train_data,optimizer,label_noise,seed"
+    )
     back = read_training(training, ["optimizer", "label_noise", "seed"])
     assert [(r.path, r.init_checkpoint, r.train_data, r.hparams, r.lr) for r in back] == \
            [(r.path, r.init_checkpoint, r.train_data, r.hparams, r.lr) for r in recs]  # fmt: skip
@@ -291,5 +353,9 @@ def test_manifest_and_training_log_feed_a_flatcli_config(tmp_path):
     cfg = from_dict({"model": {"target": "flatcli.demo.models:MLP"}, "checkpoints": {"manifest": "manifest.csv"},
                      "data": {"train": {"source": "digits"}}}, base_dir=tmp_path, env={})  # fmt: skip
     jobs = resolve_jobs(cfg)
-    assert [j.hparams["label_noise"] for j in jobs] == [0.0, 0.5] and [j.hparams["seed"] for j in jobs] == [0, 1]
-    assert all(j.path.is_file() and j.init_checkpoint.is_file() and j.train_data.is_file() for j in jobs)
+    assert [j.hparams["label_noise"] for j in jobs] == [0.0, 0.5] and [
+        j.hparams["seed"] for j in jobs
+    ] == [0, 1]
+    assert all(
+        j.path.is_file() and j.init_checkpoint.is_file() and j.train_data.is_file() for j in jobs
+    )

@@ -19,8 +19,10 @@ from flatcli.validation import SETTINGS, TRAINING, Either, Integral, OneOf, Opti
 
 from .test_experiments import _write_spec
 
-FP16 = ": fp16 is not offered: float16's range (largest 65504, smallest normal 6.1e-5) does not hold second " \
-       "derivatives of a mean loss without loss scaling; use bf16 (float32's range)"
+FP16 = (
+    ": fp16 is not offered: float16's range (largest 65504, smallest normal 6.1e-5) does not hold second "
+    "derivatives of a mean loss without loss scaling; use bf16 (float32's range)"
+)
 
 # (setting, bad value, the rule's words after the subject): written out by hand, the one wording
 SHARED = [
@@ -29,7 +31,11 @@ SHARED = [
     ("precision", "half", "must be one of auto, fp32, tf32, bf16, fp64; got 'half'"),
     ("precision", "fp16", FP16),
     ("loss", "nll", "must be one of cross_entropy, mse, causal_lm; got 'nll'"),
-    ("hvp_mode", "backward", "must be one of auto, reverse, forward, finite_difference; got 'backward'"),
+    (
+        "hvp_mode",
+        "backward",
+        "must be one of auto, reverse, forward, finite_difference; got 'backward'",
+    ),
     ("batch_size", 0, "must be an int ≥ 1; got 0"),
     ("batch_size", "big", "must be an int ≥ 1; got 'big'"),
     ("num_samples", 0, "must be an int ≥ 1 or all; got 0"),
@@ -39,15 +45,29 @@ SHARED = [
     ("max_device_vectors", 0, "must be an int ≥ 1, auto or null; got 0"),
     ("recompute", "sometimes", "must be true, false or auto; got 'sometimes'"),
     ("check_memory", "maybe", "must be a bool (true or false); got 'maybe'"),
-    ("budget", "soon", "must be a positive number of seconds or a duration like 90s, 10m, 1h or null; got 'soon'"),
+    (
+        "budget",
+        "soon",
+        "must be a positive number of seconds or a duration like 90s, 10m, 1h or null; got 'soon'",
+    ),
     ("threads", 0, "must be an int ≥ 1 or auto; got 0"),
 ]
 
-CONFIG_KEY = {"device": "runtime.device", "precision": "runtime.precision", "loss": "loss",
-              "hvp_mode": "runtime.hvp_mode", "batch_size": "measure_data.batch_size",
-              "num_samples": "measure_data.num_samples", "block_size": "runtime.block_size", "seed": "runtime.seed",
-              "max_device_vectors": "runtime.max_device_vectors", "recompute": "runtime.recompute",
-              "budget": "runtime.budget", "threads": "runtime.threads", "check_memory": "runtime.check_memory"}
+CONFIG_KEY = {
+    "device": "runtime.device",
+    "precision": "runtime.precision",
+    "loss": "loss",
+    "hvp_mode": "runtime.hvp_mode",
+    "batch_size": "measure_data.batch_size",
+    "num_samples": "measure_data.num_samples",
+    "block_size": "runtime.block_size",
+    "seed": "runtime.seed",
+    "max_device_vectors": "runtime.max_device_vectors",
+    "recompute": "runtime.recompute",
+    "budget": "runtime.budget",
+    "threads": "runtime.threads",
+    "check_memory": "runtime.check_memory",
+}
 
 
 def _said(subject: str, words: str) -> str:
@@ -76,14 +96,24 @@ def _engine(**kw):
     return CurvatureEngine(p, **kw)
 
 
-ENGINE = {"precision", "hvp_mode", "block_size", "recompute", "max_device_vectors"}  # ValueError, as ever
+ENGINE = {
+    "precision",
+    "hvp_mode",
+    "block_size",
+    "recompute",
+    "max_device_vectors",
+}  # ValueError, as ever
 
 
 @pytest.mark.parametrize(("name", "bad", "words"), SHARED, ids=[f"{n}={b!r}" for n, b, _ in SHARED])
 def test_a_shared_setting_reads_the_same_from_config_settings_and_engine(name, bad, words):
     key = CONFIG_KEY[name]
-    assert _message(lambda: from_dict(_nested(key, bad), env={})) == _said(f"config key '{key}'", words)
-    if name == "threads":  # not a Settings field: the API entry points check it with `check_threads`
+    assert _message(lambda: from_dict(_nested(key, bad), env={})) == _said(
+        f"config key '{key}'", words
+    )
+    if (
+        name == "threads"
+    ):  # not a Settings field: the API entry points check it with `check_threads`
         assert _message(lambda: check_threads(bad, "threads")) == _said("threads", words)
     else:
         assert _message(lambda: Settings.build(**{name: bad})) == _said(name, words)
@@ -116,15 +146,21 @@ TRAINING_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "bad", "words"), TRAINING_CASES, ids=[f"{n}={b!r}" for n, b, _ in TRAINING_CASES])
+@pytest.mark.parametrize(
+    ("name", "bad", "words"), TRAINING_CASES, ids=[f"{n}={b!r}" for n, b, _ in TRAINING_CASES]
+)
 def test_the_recipe_reads_the_same_from_the_spec_and_python(tmp_path, name, bad, words):
     spec = _write_spec(tmp_path, **{f"training.{name}": bad})
-    assert _message(lambda: load_spec(spec, quick=True)).endswith(f".training: {_said(name, words)}")
+    assert _message(lambda: load_spec(spec, quick=True)).endswith(
+        f".training: {_said(name, words)}"
+    )
     assert _message(lambda: Recipe(**{name: bad})) == _said(name, words)
 
 
 def test_good_values_pass_and_are_coerced_the_same_everywhere():
-    cfg = from_dict({"measure_data": {"batch_size": 16.0}, "runtime": {"budget": "2m", "threads": "3"}}, env={})
+    cfg = from_dict(
+        {"measure_data": {"batch_size": 16.0}, "runtime": {"budget": "2m", "threads": "3"}}, env={}
+    )
     assert (cfg.measure_data.batch_size, cfg.runtime.budget, cfg.runtime.threads) == (16, 120.0, 3)
     st = Settings.build(batch_size=16.0, budget="2m", recompute=True)
     assert (st.batch_size, st.budget, st.recompute) == (16, 120.0, "true")

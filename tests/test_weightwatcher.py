@@ -41,7 +41,9 @@ def brute_force_fit(x):
 def test_fit_matches_brute_force_including_ties(seed):
     rng = np.random.default_rng(seed)
     x = (1 - rng.random(60)) ** (-1 / 1.7)
-    x = np.concatenate([x, np.round(x[:20], 1), rng.random(15) + 0.1])  # ties and a body below the tail
+    x = np.concatenate(
+        [x, np.round(x[:20], 1), rng.random(15) + 0.1]
+    )  # ties and a body below the tail
     f = fit_power_law(x)
     alpha, xmin, D = brute_force_fit(x)
     assert f.alpha == pytest.approx(alpha, rel=1e-12)
@@ -78,13 +80,17 @@ def _powerlaw_fit(x):
 @pytest.mark.parametrize("alpha_true", [1.8, 2.2, 2.6])
 def test_matches_the_powerlaw_package_on_synthetic_spectra(alpha_true):
     rng = np.random.default_rng(int(10 * alpha_true))
-    x = np.concatenate([(1 - rng.random(2000)) ** (-1 / (alpha_true - 1)), 0.05 + 0.9 * rng.random(300)])
+    x = np.concatenate(
+        [(1 - rng.random(2000)) ** (-1 / (alpha_true - 1)), 0.05 + 0.9 * rng.random(300)]
+    )
     f, ref = fit_power_law(x), _powerlaw_fit(x)
     assert f.alpha == pytest.approx(float(ref.alpha), rel=1e-10)
     assert f.xmin == float(ref.xmin)
 
 
-@pytest.mark.parametrize("name", ["blackouts.txt", "flares.txt", "terrorism.txt", "surnames.txt", "words.txt"])
+@pytest.mark.parametrize(
+    "name", ["blackouts.txt", "flares.txt", "terrorism.txt", "surnames.txt", "words.txt"]
+)
 def test_matches_the_powerlaw_package_on_its_reference_data(name):
     # The data sets of Clauset et al. (2009) shipped with powerlaw, fitted as continuous data.
     path = os.path.join(os.path.dirname(powerlaw.__file__), "reference_data", name)
@@ -111,7 +117,9 @@ def test_exponents_above_three_are_not_capped_like_powerlaw_2():
 def test_linear_esd_is_the_spectrum_of_wtw():
     g = torch.Generator().manual_seed(0)
     W = torch.randn(30, 12, generator=g, dtype=torch.float64)
-    np.testing.assert_allclose(layer_eigenvalues(W), torch.linalg.eigvalsh(W.T @ W).numpy(), rtol=1e-10)
+    np.testing.assert_allclose(
+        layer_eigenvalues(W), torch.linalg.eigvalsh(W.T @ W).numpy(), rtol=1e-10
+    )
     np.testing.assert_allclose(layer_eigenvalues(W.T), layer_eigenvalues(W), rtol=1e-10)
 
 
@@ -122,7 +130,9 @@ def test_conv_esd_pools_one_matrix_per_kernel_position():
     for i in range(3):
         for j in range(2):
             ref.append(torch.linalg.eigvalsh(W[:, :, i, j].T @ W[:, :, i, j]).numpy())
-    np.testing.assert_allclose(layer_eigenvalues(W), np.sort(np.concatenate(ref)), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        layer_eigenvalues(W), np.sort(np.concatenate(ref)), rtol=1e-10, atol=1e-12
+    )
     assert len(layer_eigenvalues(W)) == 4 * 6
 
 
@@ -168,7 +178,9 @@ def test_measure_is_the_mean_layer_exponent_with_alpha_hat():
         model.fc2.weight.copy_(heavy_tailed(120, 80, 2.5, 2).T)
     r = _measure(model)
     d = r.diagnostics
-    assert set(d["layers"]) == {"conv", "fc1", "fc2"} and d["layers_skipped"] == "out (4 eigenvalues)"
+    assert (
+        set(d["layers"]) == {"conv", "fc1", "fc2"} and d["layers_skipped"] == "out (4 eigenvalues)"
+    )
     for name in ("conv", "fc1", "fc2"):
         ev = layer_eigenvalues(getattr(model, name).weight)
         f = ww_fit(ev[ev > 1e-5])
@@ -178,8 +190,12 @@ def test_measure_is_the_mean_layer_exponent_with_alpha_hat():
         assert lay["alpha_weighted"] == pytest.approx(f.alpha * math.log10(ev[-1]), rel=1e-12)
     alphas = [v["alpha"] for v in d["layers"].values()]
     assert r.value == pytest.approx(np.mean(alphas), rel=1e-12)
-    assert d["alpha_hat"] == pytest.approx(sum(v["alpha_weighted"] for v in d["layers"].values()), rel=1e-12)
-    assert r.stderr == pytest.approx(math.sqrt(sum(v["sigma"] ** 2 for v in d["layers"].values())) / 3, rel=1e-12)
+    assert d["alpha_hat"] == pytest.approx(
+        sum(v["alpha_weighted"] for v in d["layers"].values()), rel=1e-12
+    )
+    assert r.stderr == pytest.approx(
+        math.sqrt(sum(v["sigma"] ** 2 for v in d["layers"].values())) / 3, rel=1e-12
+    )
 
 
 def test_heavier_tails_give_a_smaller_value():
@@ -200,7 +216,10 @@ def test_zero_and_tiny_layers_are_skipped_and_listed():
     with torch.no_grad():
         model.fc2.weight.zero_()
     d = _measure(model).diagnostics
-    assert "fc2 (0 eigenvalues)" in d["layers_skipped"] and "out (4 eigenvalues)" in d["layers_skipped"]
+    assert (
+        "fc2 (0 eigenvalues)" in d["layers_skipped"]
+        and "out (4 eigenvalues)" in d["layers_skipped"]
+    )
     assert d["layers_fitted"] == 2
 
 
@@ -208,7 +227,9 @@ def test_no_fittable_layer_is_not_applicable():
     model = nn.Sequential(nn.Flatten(), nn.Linear(108, 4)).double()
     g = torch.Generator().manual_seed(0)
     x = torch.randn(8, 3, 6, 6, generator=g, dtype=torch.float64)
-    row = measure_model(model, (x, torch.zeros(8, dtype=torch.long)), ["weightwatcher_alpha"], precision="fp64")
+    row = measure_model(
+        model, (x, torch.zeros(8, dtype=torch.long)), ["weightwatcher_alpha"], precision="fp64"
+    )
     r = row.results["weightwatcher_alpha"]
     assert row.status == "ok" and r.status == "not_applicable"
     assert "no layer has enough eigenvalues" in r.diagnostics["reason"]
@@ -221,7 +242,8 @@ _REF = Path(__file__).parent / "data" / "weightwatcher_0.7.7.json"
 
 def _reference_script():
     spec = importlib.util.spec_from_file_location(
-        "weightwatcher_reference", Path(__file__).resolve().parents[1] / "scripts" / "weightwatcher_reference.py"
+        "weightwatcher_reference",
+        Path(__file__).resolve().parents[1] / "scripts" / "weightwatcher_reference.py",
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -292,4 +314,8 @@ def test_ww_fit_on_distinct_values_from_20_on_is_clauset_with_the_two_point_tail
         x = np.concatenate([(1 - rng.random(n)) ** (-1 / 1.6), 0.05 + 0.5 * rng.random(n // 3)])
         a, b = ww_fit(x), fit_power_law(x)
         assert b.D < 1 - math.exp(-2) - 0.5  # the two-point tail does not win here
-        assert a.alpha == pytest.approx(b.alpha, rel=1e-12) and a.xmin == b.xmin and a.n_tail == b.n_tail
+        assert (
+            a.alpha == pytest.approx(b.alpha, rel=1e-12)
+            and a.xmin == b.xmin
+            and a.n_tail == b.n_tail
+        )

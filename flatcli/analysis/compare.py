@@ -47,7 +47,9 @@ STATISTICS = ("kendall_tau_b", "spearman", "pearson")
 _ROWS = {"kendall_tau_b": kendall_rows, "spearman": spearman_rows, "pearson": pearson_rows}
 
 
-def zou_interval(r_a: float, r_b: float, r_ab: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+def zou_interval(
+    r_a: float, r_b: float, r_ab: float, n: int, confidence: float = 0.95
+) -> tuple[float, float]:
     r"""Zou's (2007) interval for :math:`r_A - r_B`, two correlations with a common variable g
     (dependent, overlapping), :math:`r_{AB}` the correlation of A and B, n observations.
 
@@ -63,14 +65,22 @@ def zou_interval(r_a: float, r_b: float, r_ab: float, n: int, confidence: float 
     z = NormalDist().inv_cdf(0.5 + confidence / 2) / math.sqrt(n - 3)
     la, ua = math.tanh(math.atanh(r_a) - z), math.tanh(math.atanh(r_a) + z)
     lb, ub = math.tanh(math.atanh(r_b) - z), math.tanh(math.atanh(r_b) + z)
-    c = ((r_ab - 0.5 * r_a * r_b) * (1 - r_a**2 - r_b**2 - r_ab**2) + r_ab**3) / ((1 - r_a**2) * (1 - r_b**2))
+    c = ((r_ab - 0.5 * r_a * r_b) * (1 - r_a**2 - r_b**2 - r_ab**2) + r_ab**3) / (
+        (1 - r_a**2) * (1 - r_b**2)
+    )
     d = r_a - r_b
-    lo = d - math.sqrt(max(0.0, (r_a - la) ** 2 + (ub - r_b) ** 2 - 2 * c * (r_a - la) * (ub - r_b)))
-    hi = d + math.sqrt(max(0.0, (ua - r_a) ** 2 + (r_b - lb) ** 2 - 2 * c * (ua - r_a) * (r_b - lb)))
+    lo = d - math.sqrt(
+        max(0.0, (r_a - la) ** 2 + (ub - r_b) ** 2 - 2 * c * (r_a - la) * (ub - r_b))
+    )
+    hi = d + math.sqrt(
+        max(0.0, (ua - r_a) ** 2 + (r_b - lb) ** 2 - 2 * c * (ua - r_a) * (r_b - lb))
+    )
     return lo, hi
 
 
-def paired_bootstrap(a: np.ndarray, b: np.ndarray, g: np.ndarray, resamples: int, seed: int = 0) -> dict[str, np.ndarray]:
+def paired_bootstrap(
+    a: np.ndarray, b: np.ndarray, g: np.ndarray, resamples: int, seed: int = 0
+) -> dict[str, np.ndarray]:
     """Per statistic, the resampled differences s(a*, g*) − s(b*, g*) over ``resamples`` draws of the rows with
     replacement (the same rows for both measures; ``default_rng(seed)``); NaN where undefined."""
     n = len(g)
@@ -91,12 +101,25 @@ def _row(stat, va, vb, diffs, confidence, names) -> dict:
     ok = np.isfinite(diffs)
     d = diffs[ok]
     alpha = (1 - confidence) / 2
-    lo, hi = (float(q) for q in np.quantile(d, [alpha, 1 - alpha])) if len(d) else (math.nan, math.nan)
+    lo, hi = (
+        (float(q) for q in np.quantile(d, [alpha, 1 - alpha])) if len(d) else (math.nan, math.nan)
+    )
     p = min(1.0, 2 * min(float((d <= 0).mean()), float((d >= 0).mean()))) if len(d) else math.nan
-    return {"statistic": stat, "measure_a": names[0], "measure_b": names[1], "a": va, "b": vb,
-            "difference": va - vb, "lo": lo, "hi": hi, "confidence": confidence, "p_value": p,
-            "resamples": int(ok.sum()), "undefined_resamples": int((~ok).sum()),
-            "verdict": _verdict(lo, hi, *names)}
+    return {
+        "statistic": stat,
+        "measure_a": names[0],
+        "measure_b": names[1],
+        "a": va,
+        "b": vb,
+        "difference": va - vb,
+        "lo": lo,
+        "hi": hi,
+        "confidence": confidence,
+        "p_value": p,
+        "resamples": int(ok.sum()),
+        "undefined_resamples": int((~ok).sum()),
+        "verdict": _verdict(lo, hi, *names),
+    }
 
 
 def compare_measures(
@@ -135,22 +158,45 @@ def compare_measures(
     va, vb, g = table.numeric(a)[ok], table.numeric(b)[ok], table.numeric(target)[ok]
     n = int(ok.sum())
     if n < 3:
-        raise ConfigError(f"`compare` {a},{b}: needs ≥ 3 checkpoints with both values and {target}; "
-                          f"{table.name} has {n} usable rows")
+        raise ConfigError(
+            f"`compare` {a},{b}: needs ≥ 3 checkpoints with both values and {target}; "
+            f"{table.name} has {n} usable rows"
+        )
     flat = [col for col, v in ((target, g), (a, va), (b, vb)) if np.ptp(v) == 0]
     if flat:
-        raise ConfigError(f"`compare` {a},{b}: {', '.join(flat)} is constant over the {n} usable rows of "
-                          f"{table.name}: no correlation to compare")
+        raise ConfigError(
+            f"`compare` {a},{b}: {', '.join(flat)} is constant over the {n} usable rows of "
+            f"{table.name}: no correlation to compare"
+        )
     diffs = paired_bootstrap(va, vb, g, bootstrap, seed)
     rows = []
     for s in STATISTICS:
         ra, rb = (float(_ROWS[s](v[None], g[None])[0]) for v in (va, vb))
         row = _row(s, ra, rb, diffs[s], confidence, (a, b))
-        row["zou_lo"], row["zou_hi"] = (zou_interval(ra, rb, float(pearson_rows(va[None], vb[None])[0]), n, confidence)
-                                        if s == "pearson" else (math.nan, math.nan))
+        row["zou_lo"], row["zou_hi"] = (
+            zou_interval(ra, rb, float(pearson_rows(va[None], vb[None])[0]), n, confidence)
+            if s == "pearson"
+            else (math.nan, math.nan)
+        )
         rows.append({**row, "n": n})
-    cols = ["statistic", "measure_a", "measure_b", "n", "a", "b", "difference", "lo", "hi", "confidence",
-            "p_value", "resamples", "undefined_resamples", "verdict", "zou_lo", "zou_hi"]
+    cols = [
+        "statistic",
+        "measure_a",
+        "measure_b",
+        "n",
+        "a",
+        "b",
+        "difference",
+        "lo",
+        "hi",
+        "confidence",
+        "p_value",
+        "resamples",
+        "undefined_resamples",
+        "verdict",
+        "zou_lo",
+        "zou_hi",
+    ]
     return pd.DataFrame(rows)[cols]
 
 
@@ -158,8 +204,16 @@ def describe(df: pd.DataFrame) -> list[str]:
     """One line per statistic of a `compare_measures` table, for the command line."""
     lines = []
     for r in df.itertuples():
-        zou = f"; Zou (2007) [{r.zou_lo:+.3f}, {r.zou_hi:+.3f}]" if r.statistic == "pearson" and math.isfinite(r.zou_lo) else ""
-        p = f"p ≈ {r.p_value:.2g}" if r.p_value > 0 or r.resamples == 0 else f"p < {1 / r.resamples:.1g}"
+        zou = (
+            f"; Zou (2007) [{r.zou_lo:+.3f}, {r.zou_hi:+.3f}]"
+            if r.statistic == "pearson" and math.isfinite(r.zou_lo)
+            else ""
+        )
+        p = (
+            f"p ≈ {r.p_value:.2g}"
+            if r.p_value > 0 or r.resamples == 0
+            else f"p < {1 / r.resamples:.1g}"
+        )
         lines.append(
             f"{r.statistic}: {r.measure_a} {r.a:+.3f} − {r.measure_b} {r.b:+.3f} = {r.difference:+.3f}, "
             f"{100 * r.confidence:g}% interval [{r.lo:+.3f}, {r.hi:+.3f}] ({r.resamples} resamples, "

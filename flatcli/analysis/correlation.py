@@ -37,8 +37,6 @@ the target, a metric, a hyperparameter axis or a ``<column>_stderr``. Rows can b
 (``where``, a ``DataFrame.query`` expression; ``max_train_loss``) before anything is computed.
 """
 
-
-
 import itertools
 import math
 import re
@@ -179,8 +177,14 @@ class CorrelationReport:
                 d[f"psi_{ax}_groups"] = a.groups if a else 0
                 d[f"psi_{ax}_n"] = a.n if a else 0
                 d[f"psi_{ax}_sem"] = a.sem if a else math.nan
-            d.update({"cmi": mc.cmi, "cmi_condition": mc.cmi_condition, "cmi_pairs": mc.cmi_pairs,
-                      "notes": "; ".join(mc.notes)})
+            d.update(
+                {
+                    "cmi": mc.cmi,
+                    "cmi_condition": mc.cmi_condition,
+                    "cmi_pairs": mc.cmi_pairs,
+                    "notes": "; ".join(mc.notes),
+                }
+            )
             out.append(d)
         return out
 
@@ -205,7 +209,9 @@ def _grid(hp: dict[str, list[str]], axes: list[str]) -> GridInfo:
                 missing.append(", ".join(f"{a}={v}" for a, v in zip(axes, t, strict=True)))
                 if len(missing) >= 5:
                     break
-    return GridInfo(axes, values, expected, len(combos), sum(c > 1 for c in combos.values()), missing)
+    return GridInfo(
+        axes, values, expected, len(combos), sum(c > 1 for c in combos.values()), missing
+    )
 
 
 def _split(v: list[str] | str | None) -> list[str]:
@@ -231,20 +237,25 @@ def _axes(table: ResultsTable, by: list[str], notes: list[str]) -> dict[str, str
         if distinct < 2:
             notes.append(f"hyperparameter {col[3:]} is constant: not an axis")
         elif distinct == len(vals) and len(vals) > 2:
-            notes.append(f"hyperparameter {col[3:]} differs on every checkpoint: not a grid axis (use --by to force)")
+            notes.append(
+                f"hyperparameter {col[3:]} differs on every checkpoint: not a grid axis (use --by to force)"
+            )
         else:
             out[col[3:]] = col
     return out
 
 
-def _measures(table: ResultsTable, measures: list[str], target: str, axis_cols: set[str],
-              notes: list[str]) -> tuple[list[str], str]:
+def _measures(
+    table: ResultsTable, measures: list[str], target: str, axis_cols: set[str], notes: list[str]
+) -> tuple[list[str], str]:
     """The measure columns and where they came from (see the module docstring)."""
     numeric = numeric_columns(table)
     if measures:
         for m in measures:
             if m not in table.columns:
-                raise ConfigError(f"-m {m!r}: no column {m} in {table.name} (numeric columns: {', '.join(numeric) or 'none'})")
+                raise ConfigError(
+                    f"-m {m!r}: no column {m} in {table.name} (numeric columns: {', '.join(numeric) or 'none'})"
+                )
             values = table.frame[m]
             if values.notna().any() and pd.to_numeric(values, errors="coerce").isna().all():
                 raise ConfigError(f"-m {m!r}: column {m} of {table.name} holds no numbers")
@@ -252,10 +263,16 @@ def _measures(table: ResultsTable, measures: list[str], target: str, axis_cols: 
     if table.measures:
         return list(table.measures), table.measures_source
     cols = set(table.columns)
-    taken = [c for c in numeric
-             if c != target and c not in NON_MEASURE and c not in axis_cols and not c.startswith("hp_")
-             and not re.fullmatch(r"Unnamed: \d+", c)
-             and not (c.endswith("_stderr") and c[: -len("_stderr")] in cols)]
+    taken = [
+        c
+        for c in numeric
+        if c != target
+        and c not in NON_MEASURE
+        and c not in axis_cols
+        and not c.startswith("hp_")
+        and not re.fullmatch(r"Unnamed: \d+", c)
+        and not (c.endswith("_stderr") and c[: -len("_stderr")] in cols)
+    ]
     if not taken:
         raise ConfigError(
             f"{table.name} holds no measure columns: name them with -m "
@@ -322,7 +339,9 @@ class _Design:
         """The grid the rows with every axis's value form; None without axes."""
         if not self.axes:
             return None
-        rows = {a: [v for v, ok in zip(self.hp[a], self.hp_ok, strict=True) if ok] for a in self.axes}
+        rows = {
+            a: [v for v, ok in zip(self.hp[a], self.hp_ok, strict=True) if ok] for a in self.axes
+        }
         return _grid(rows, self.axes)
 
 
@@ -334,16 +353,24 @@ def _design(
     axes = list(axis_columns)
     hp = {a: table.strings(axis_columns[a]) for a in axes}
     gvals = table.numeric(target)
-    if not np.isfinite(gvals).any() and len(gvals) and not pd.api.types.is_numeric_dtype(table.frame[target]):
+    if (
+        not np.isfinite(gvals).any()
+        and len(gvals)
+        and not pd.api.types.is_numeric_dtype(table.frame[target])
+    ):
         raise ConfigError(f"`target` {target!r}: column {target} of {table.name} holds no numbers")
     n_target_missing = int((~np.isfinite(gvals)).sum())
     if n_target_missing:
-        notes.append(f"{n_target_missing} of {len(gvals)} checkpoints have no finite {target}: left out")
+        notes.append(
+            f"{n_target_missing} of {len(gvals)} checkpoints have no finite {target}: left out"
+        )
     hp_ok = np.ones(len(gvals), dtype=bool)
     for a in axes:
         miss = np.array([v == "" for v in hp[a]], dtype=bool)
         if miss.any():
-            notes.append(f"{int(miss.sum())} checkpoints have no value for hyperparameter {a}: left out of Ψ and CMI")
+            notes.append(
+                f"{int(miss.sum())} checkpoints have no value for hyperparameter {a}: left out of Ψ and CMI"
+            )
         hp_ok &= ~miss
     return _Design(table, target, gvals, axes, hp, hp_ok)
 
@@ -358,7 +385,9 @@ def _design_notes(design: _Design, grid: GridInfo | None, notes: list[str]) -> N
             + (f" (missing e.g. {'; '.join(grid.missing[:3])})" if grid.missing else "")
         )
     if grid is not None and grid.duplicates:
-        notes.append(f"{grid.duplicates} hyperparameter combination(s) hold several checkpoints (e.g. seeds): pooled in their groups")
+        notes.append(
+            f"{grid.duplicates} hyperparameter combination(s) hold several checkpoints (e.g. seeds): pooled in their groups"
+        )
     if len(axes) == 1:
         notes.append(f"one hyperparameter axis: CMI conditions on {axes[0]} alone")
     elif not axes:
@@ -393,7 +422,9 @@ def _correlate_measure(
     return mc, ok
 
 
-def _pair_statistics(mc: MeasureCorrelation, m: np.ndarray, g: np.ndarray, boot: _Bootstrap) -> None:
+def _pair_statistics(
+    mc: MeasureCorrelation, m: np.ndarray, g: np.ndarray, boot: _Bootstrap
+) -> None:
     """Jiang's τ (n ≥ 2); Pearson, Spearman, Kendall τ-b and their bootstrap intervals (n ≥ 3 and
     neither column constant); a note where they are undefined."""
     if mc.n >= 2:
@@ -405,10 +436,14 @@ def _pair_statistics(mc: MeasureCorrelation, m: np.ndarray, g: np.ndarray, boot:
     elif np.ptp(g) > 0:
         mc.pearson, mc.spearman, mc.kendall_tau_b = (float(v) for v in _scipy_stats(m, g))
         if boot.resamples:
-            mc.intervals, undefined = bootstrap_intervals(m, g, boot.resamples, boot.seed, boot.confidence)
+            mc.intervals, undefined = bootstrap_intervals(
+                m, g, boot.resamples, boot.seed, boot.confidence
+            )
             if undefined:
-                mc.notes.append(f"bootstrap: {undefined} of {boot.resamples} resamples had a constant column "
-                                "(statistics undefined): intervals from the others")
+                mc.notes.append(
+                    f"bootstrap: {undefined} of {boot.resamples} resamples had a constant column "
+                    "(statistics undefined): intervals from the others"
+                )
 
 
 def _grouped_statistics(
@@ -487,12 +522,30 @@ def correlate_table(
             progress(k, len(labels))
     results.sort(key=lambda mc: _rank_key(mc, sort))
     cmi_check = _cmi_check(design)
-    warns = [w for w in (convergence_warning(table, used_rows), cmi_check.warning() if cmi_check else "") if w]
+    warns = [
+        w
+        for w in (convergence_warning(table, used_rows), cmi_check.warning() if cmi_check else "")
+        if w
+    ]
     return CorrelationReport(
-        source=table.path, target=target, axes=axes, measures=results, sort=sort, grid=grid,
-        n_rows=len(table.frame), measures_source=measures_source, notes=notes, axis_columns=axis_columns,
-        n_input=n_input, filters=filters, warnings=warns, bootstrap=int(bootstrap or 0),
-        confidence=confidence, seed=seed, table=table, cmi_check=cmi_check,
+        source=table.path,
+        target=target,
+        axes=axes,
+        measures=results,
+        sort=sort,
+        grid=grid,
+        n_rows=len(table.frame),
+        measures_source=measures_source,
+        notes=notes,
+        axis_columns=axis_columns,
+        n_input=n_input,
+        filters=filters,
+        warnings=warns,
+        bootstrap=int(bootstrap or 0),
+        confidence=confidence,
+        seed=seed,
+        table=table,
+        cmi_check=cmi_check,
     )
 
 

@@ -65,8 +65,14 @@ def _stderr(table: ResultsTable, col: str) -> np.ndarray | None:
     return np.where(np.isfinite(e), e, 0.0)
 
 
-def _scatter(ax, table: ResultsTable, report: CorrelationReport, mc, color: tuple[str, str] | None,
-             marker: tuple[str, str] | None) -> None:
+def _scatter(
+    ax,
+    table: ResultsTable,
+    report: CorrelationReport,
+    mc,
+    color: tuple[str, str] | None,
+    marker: tuple[str, str] | None,
+) -> None:
     """One measure against the target; ``color``/``marker`` are (axis name, column) or None."""
     from matplotlib.lines import Line2D
 
@@ -74,24 +80,65 @@ def _scatter(ax, table: ResultsTable, report: CorrelationReport, mc, color: tupl
     ok = usable(table, mc.measure, report.target)
     xerr, yerr = _stderr(table, mc.measure), _stderr(table, report.target)
     if (xerr is not None or yerr is not None) and ok.any():
-        ax.errorbar(m[ok], g[ok], xerr=None if xerr is None else xerr[ok], yerr=None if yerr is None else yerr[ok],
-                    fmt="none", ecolor="0.55", elinewidth=0.7, capsize=1.5, zorder=1)
+        ax.errorbar(
+            m[ok],
+            g[ok],
+            xerr=None if xerr is None else xerr[ok],
+            yerr=None if yerr is None else yerr[ok],
+            fmt="none",
+            ecolor="0.55",
+            elinewidth=0.7,
+            capsize=1.5,
+            zorder=1,
+        )
     cvals, clevels = _levels(table, color[1] if color else None, ok)
     mvals, mlevels = _levels(table, marker[1] if marker else None, ok)
     cmap = _colormap("viridis", max(2, len(clevels)))
     for ci, clev in enumerate(clevels):
         for mi, mlev in enumerate(mlevels):
-            sel = ok & np.array([c == clev and k == mlev for c, k in zip(cvals, mvals, strict=True)], dtype=bool)
+            sel = ok & np.array(
+                [c == clev and k == mlev for c, k in zip(cvals, mvals, strict=True)], dtype=bool
+            )
             if sel.any():
-                ax.scatter(m[sel], g[sel], color=cmap(ci) if color else "C0", marker=MARKERS[mi % len(MARKERS)],
-                           s=28, edgecolors="k", linewidths=0.3, zorder=2)
+                ax.scatter(
+                    m[sel],
+                    g[sel],
+                    color=cmap(ci) if color else "C0",
+                    marker=MARKERS[mi % len(MARKERS)],
+                    s=28,
+                    edgecolors="k",
+                    linewidths=0.3,
+                    zorder=2,
+                )
     handles = []
     if color:
-        handles += [Line2D([], [], ls="", marker="o", color=cmap(ci), markeredgecolor="k", markeredgewidth=0.3,
-                           label=f"{color[0]}={lev}") for ci, lev in enumerate(clevels)]
+        handles += [
+            Line2D(
+                [],
+                [],
+                ls="",
+                marker="o",
+                color=cmap(ci),
+                markeredgecolor="k",
+                markeredgewidth=0.3,
+                label=f"{color[0]}={lev}",
+            )
+            for ci, lev in enumerate(clevels)
+        ]
     if marker:
-        handles += [Line2D([], [], ls="", marker=MARKERS[mi % len(MARKERS)], color="0.6", markeredgecolor="k",
-                           markeredgewidth=0.3, label=f"{marker[0]}={lev}") for mi, lev in enumerate(mlevels)]
+        handles += [
+            Line2D(
+                [],
+                [],
+                ls="",
+                marker=MARKERS[mi % len(MARKERS)],
+                color="0.6",
+                markeredgecolor="k",
+                markeredgewidth=0.3,
+                label=f"{marker[0]}={lev}",
+            )
+            for mi, lev in enumerate(mlevels)
+        ]
     if handles:
         ax.legend(handles=handles, fontsize=6, loc="best")
     if ok.sum() and np.all(m[ok] > 0) and m[ok].max() / m[ok].min() > 100:
@@ -103,8 +150,13 @@ def _scatter(ax, table: ResultsTable, report: CorrelationReport, mc, color: tupl
     ax.tick_params(labelsize=6)
 
 
-def _encoding(report: CorrelationReport, table: ResultsTable, name: str | None, option: str,
-              avoid: str | None = None) -> tuple[str, str] | None:
+def _encoding(
+    report: CorrelationReport,
+    table: ResultsTable,
+    name: str | None,
+    option: str,
+    avoid: str | None = None,
+) -> tuple[str, str] | None:
     """(axis name, column) for --color-by/--marker-by: the named column (resolved as for --by),
     else the report's first axis whose column is not ``avoid``, else None; ``"none"`` turns
     the encoding off."""
@@ -121,8 +173,13 @@ def _encoding(report: CorrelationReport, table: ResultsTable, name: str | None, 
     return resolve_column(table, name, option)
 
 
-def plot_report(report: CorrelationReport, table: ResultsTable | None = None, outdir: str | Path = ".",
-                color_by: str | None = None, marker_by: str | None = None) -> list[Path]:
+def plot_report(
+    report: CorrelationReport,
+    table: ResultsTable | None = None,
+    outdir: str | Path = ".",
+    color_by: str | None = None,
+    marker_by: str | None = None,
+) -> list[Path]:
     """Write every plot into ``outdir``; returns their paths. ``table`` defaults to the rows the
     report correlated (``report.table``)."""
     table = table if table is not None else report.table
@@ -157,8 +214,12 @@ def plot_report(report: CorrelationReport, table: ResultsTable | None = None, ou
         paths.append(p)
     if report.axes and k:
         cols = list(report.axes) + ["Ψ"]
-        data = np.array([[mc.psi_axes[a].psi if a in mc.psi_axes else np.nan for a in report.axes] + [mc.psi]
-                         for mc in report.measures])
+        data = np.array(
+            [
+                [mc.psi_axes[a].psi if a in mc.psi_axes else np.nan for a in report.axes] + [mc.psi]
+                for mc in report.measures
+            ]
+        )
         fig = _figure(figsize=(1.1 * len(cols) + 2.5, 0.35 * k + 1.4), dpi=120)
         ax = fig.subplots()
         cmap = _colormap("RdBu_r").with_extremes(bad="0.85")
@@ -169,8 +230,15 @@ def plot_report(report: CorrelationReport, table: ResultsTable | None = None, ou
             for c in range(len(cols)):
                 v = data[r, c]
                 dark = math.isfinite(v) and abs(v) > 0.6
-                ax.text(c, r, "–" if not math.isfinite(v) else f"{v:+.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if dark else "black")
+                ax.text(
+                    c,
+                    r,
+                    "–" if not math.isfinite(v) else f"{v:+.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if dark else "black",
+                )
         ax.set_title(f"granulated Kendall ψ_i vs {report.target}", fontsize=9)
         fig.colorbar(im, ax=ax, fraction=0.04)
         fig.tight_layout()

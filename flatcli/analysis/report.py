@@ -44,8 +44,15 @@ def write_csv(report: CorrelationReport, path: str | Path) -> Path:
 
 
 def _header(report: CorrelationReport) -> list[tuple[str, str]]:
-    cols = [("#", "rank"), ("measure", "measure"), ("n", "n"), ("Kendall τ-b", "kendall_tau_b"),
-            ("Jiang τ", "jiang_tau"), ("Spearman", "spearman"), ("Pearson", "pearson")]
+    cols = [
+        ("#", "rank"),
+        ("measure", "measure"),
+        ("n", "n"),
+        ("Kendall τ-b", "kendall_tau_b"),
+        ("Jiang τ", "jiang_tau"),
+        ("Spearman", "spearman"),
+        ("Pearson", "pearson"),
+    ]
     if report.axes:
         cols.append(("Ψ", "psi"))
         cols += [(f"ψ {a}", f"psi_{a}") for a in report.axes]
@@ -56,9 +63,14 @@ def _header(report: CorrelationReport) -> list[tuple[str, str]]:
 def title(report: CorrelationReport) -> str:
     """The table's title: the target, the ranking statistic, the Ψ axes and the bootstrap."""
     by = f", Ψ over {', '.join(report.axes)}" if report.axes else ""
-    ci = (f"; in brackets: {report.confidence:.0%} bootstrap intervals, {report.bootstrap} resamples"
-          if report.bootstrap else "")
-    return f"How well each measure predicts {report.target} (ranked by {TITLES[report.sort]}{by}{ci})"
+    ci = (
+        f"; in brackets: {report.confidence:.0%} bootstrap intervals, {report.bootstrap} resamples"
+        if report.bootstrap
+        else ""
+    )
+    return (
+        f"How well each measure predicts {report.target} (ranked by {TITLES[report.sort]}{by}{ci})"
+    )
 
 
 def _cell(r: dict[str, Any], key: str) -> str:
@@ -88,16 +100,27 @@ def render_table(report: CorrelationReport, width: int | None = None):
     from ..console import Column, build_table
 
     rows = report.to_rows()
-    cols = [Column(name, [_cell(r, key) for r in rows], justify="left" if key == "measure" else "right",
-                   priority=_priority(report, key), fold=key == "measure", min_width=14)
-            for name, key in _header(report)]
+    cols = [
+        Column(
+            name,
+            [_cell(r, key) for r in rows],
+            justify="left" if key == "measure" else "right",
+            priority=_priority(report, key),
+            fold=key == "measure",
+            min_width=14,
+        )
+        for name, key in _header(report)
+    ]
     return build_table(cols, width, title=title(report), header_style="bold", title_justify="left")
 
 
 def to_markdown(report: CorrelationReport) -> str:
     """The ranked table as a Markdown table, with the terminal table's columns and cells."""
     cols = _header(report)
-    lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "|".join("---" if k == "measure" else "---:" for _, k in cols) + "|"]
+    lines = [
+        "| " + " | ".join(c for c, _ in cols) + " |",
+        "|" + "|".join("---" if k == "measure" else "---:" for _, k in cols) + "|",
+    ]
     for r in report.to_rows():
         cells = [_cell(r, k) for _, k in cols]
         lines.append("| " + " | ".join(cells) + " |")

@@ -2,7 +2,6 @@
 conditional mutual information and its grid check, row-wise Pearson/Spearman/Kendall and the
 bootstrap intervals. Definitions and references: `flatcli.analysis.correlation`."""
 
-
 import itertools
 import math
 import warnings
@@ -12,7 +11,11 @@ import numpy as np
 import pandas as pd
 
 STATS = ("psi", "kendall_tau_b", "jiang_tau", "spearman", "pearson", "cmi")
-CI_STATS = ("pearson", "spearman", "kendall_tau_b")  # statistics with bootstrap intervals, `_scipy_stats` order
+CI_STATS = (
+    "pearson",
+    "spearman",
+    "kendall_tau_b",
+)  # statistics with bootstrap intervals, `_scipy_stats` order
 
 
 # ------------------------------------------------------------------ statistics
@@ -116,7 +119,9 @@ def _ordered_pairs(g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return i[keep], j[keep], vg[keep]
 
 
-def _cell_ids(i: np.ndarray, j: np.ndarray, codes: dict[str, np.ndarray], cond: tuple[str, ...]) -> np.ndarray:
+def _cell_ids(
+    i: np.ndarray, j: np.ndarray, codes: dict[str, np.ndarray], cond: tuple[str, ...]
+) -> np.ndarray:
     """U_S of every pair as a cell number 0..cells−1: the values of both checkpoints on each axis of
     ``cond`` (one cell without); numpy, not a pandas groupby: a CMI score of 54 checkpoints on 4 axes
     in 1.2 instead of 12.3 ms."""
@@ -125,7 +130,9 @@ def _cell_ids(i: np.ndarray, j: np.ndarray, codes: dict[str, np.ndarray], cond: 
         keys = np.stack([c for a in cond for c in (codes[a][i], codes[a][j])], axis=1)
         return np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
     key = np.zeros(len(i), dtype=np.int64)
-    for a, k in zip(cond, sizes, strict=True):  # mixed radix: one integer per combination of the 2·|S| values
+    for a, k in zip(
+        cond, sizes, strict=True
+    ):  # mixed radix: one integer per combination of the 2·|S| values
         key = (key * k + codes[a][i]) * k + codes[a][j]
     return np.unique(key, return_inverse=True)[1].reshape(-1)
 
@@ -153,7 +160,9 @@ def conditional_mi(m: np.ndarray, g: np.ndarray, hp: dict[str, list[str]], axes:
     return CMI(max(0.0, finite[best]), best, npairs, per)
 
 
-MIN_PAIRS_PER_CELL = 10  # plug-in MI is biased up by ≈ 1/(pairs in the cell) nats, against H ≤ log 2
+MIN_PAIRS_PER_CELL = (
+    10  # plug-in MI is biased up by ≈ 1/(pairs in the cell) nats, against H ≤ log 2
+)
 CHANCE_DRAWS = 20
 
 
@@ -188,7 +197,9 @@ class CMICheck:
         )
 
 
-def check_cmi_grid(g: np.ndarray, hp: dict[str, list[str]], axes: list[str], seed: int = 0) -> CMICheck | None:
+def check_cmi_grid(
+    g: np.ndarray, hp: dict[str, list[str]], axes: list[str], seed: int = 0
+) -> CMICheck | None:
     """`CMICheck` of the gaps ``g`` on the grid ``hp`` (None without two distinct gaps); the chance
     level is computed only when the grid is too small (random orderings seeded by ``seed``)."""
     g = np.asarray(g, float)
@@ -196,8 +207,10 @@ def check_cmi_grid(g: np.ndarray, hp: dict[str, list[str]], axes: list[str], see
     if len(i) == 0:
         return None
     codes = _axis_codes(hp, axes)
-    per = {" × ".join(c) or "(none)": len(i) / (int(_cell_ids(i, j, codes, c).max()) + 1)
-           for c in _conditions(axes)}
+    per = {
+        " × ".join(c) or "(none)": len(i) / (int(_cell_ids(i, j, codes, c).max()) + 1)
+        for c in _conditions(axes)
+    }
     cond = min(per, key=per.get)
     check = CMICheck(per[cond], cond)
     if not check.reliable:
@@ -242,15 +255,21 @@ def kendall_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a constant row: nan, as below
-            return np.array([kendalltau(X[k], Y[k], variant="b").statistic for k in range(K)], dtype=float)
+            return np.array(
+                [kendalltau(X[k], Y[k], variant="b").statistic for k in range(K)], dtype=float
+            )
     out = np.empty(K)
     step = max(1, _CHUNK_ELEMENTS // max(1, n * n))
     for s in range(0, K, step):
         x, y = X[s : s + step], Y[s : s + step]
-        sx = np.sign(x[:, :, None] - x[:, None, :]).astype(np.int8)  # both triangles: every count doubled
+        sx = np.sign(x[:, :, None] - x[:, None, :]).astype(
+            np.int8
+        )  # both triangles: every count doubled
         sy = np.sign(y[:, :, None] - y[:, None, :]).astype(np.int8)
         num = np.einsum("kij,kij->k", sx, sy, dtype=np.int64)
-        den = np.sqrt(np.count_nonzero(sx, axis=(1, 2)) * np.count_nonzero(sy, axis=(1, 2)).astype(float))
+        den = np.sqrt(
+            np.count_nonzero(sx, axis=(1, 2)) * np.count_nonzero(sy, axis=(1, 2)).astype(float)
+        )
         with np.errstate(invalid="ignore", divide="ignore"):
             out[s : s + step] = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
     return out
@@ -262,11 +281,14 @@ def _scipy_stats(m: np.ndarray, g: np.ndarray) -> np.ndarray:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # constant resamples: scipy warns and returns nan
-        return np.array([
-            stats.pearsonr(m, g).statistic,
-            stats.spearmanr(m, g).statistic,
-            stats.kendalltau(m, g, variant="b").statistic,
-        ], dtype=float)
+        return np.array(
+            [
+                stats.pearsonr(m, g).statistic,
+                stats.spearmanr(m, g).statistic,
+                stats.kendalltau(m, g, variant="b").statistic,
+            ],
+            dtype=float,
+        )
 
 
 @dataclass
@@ -282,7 +304,9 @@ def _row_stats(m: np.ndarray, g: np.ndarray, axis: int = -1) -> np.ndarray:
     statistic): arrays (..., n) → (3, ...)."""
     m, g = np.moveaxis(m, axis, -1), np.moveaxis(g, axis, -1)
     M, G = m.reshape(-1, m.shape[-1]), g.reshape(-1, g.shape[-1])
-    return np.stack([f(M, G) for f in (pearson_rows, spearman_rows, kendall_rows)]).reshape(3, *m.shape[:-1])
+    return np.stack([f(M, G) for f in (pearson_rows, spearman_rows, kendall_rows)]).reshape(
+        3, *m.shape[:-1]
+    )
 
 
 def bootstrap_intervals(
@@ -304,11 +328,23 @@ def bootstrap_intervals(
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy's degenerate-distribution warning: handled below
-        res = stats.bootstrap((m, g), _row_stats, paired=True, vectorized=True, n_resamples=n_resamples,
-                              confidence_level=confidence, method="percentile",
-                              rng=np.random.default_rng(seed))
-    dist = np.asarray(res.bootstrap_distribution, dtype=float)  # (pearson, spearman, τ-b) × resamples
-    lo, hi = np.asarray(res.confidence_interval.low, float), np.asarray(res.confidence_interval.high, float)
+        res = stats.bootstrap(
+            (m, g),
+            _row_stats,
+            paired=True,
+            vectorized=True,
+            n_resamples=n_resamples,
+            confidence_level=confidence,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
+    dist = np.asarray(
+        res.bootstrap_distribution, dtype=float
+    )  # (pearson, spearman, τ-b) × resamples
+    lo, hi = (
+        np.asarray(res.confidence_interval.low, float),
+        np.asarray(res.confidence_interval.high, float),
+    )
     undefined = int((~np.isfinite(dist)).any(axis=0).sum())
     if undefined:
         alpha = (1 - confidence) / 2

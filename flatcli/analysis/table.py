@@ -1,7 +1,6 @@
 """Results tables: reading results.csv (or any CSV or DataFrame), the measure columns, and
 the row filters (``where``, convergence) applied before any statistic."""
 
-
 import json
 import math
 from dataclasses import dataclass, field
@@ -66,7 +65,11 @@ class ResultsTable:
             return [str(v) for v in f.index.tolist()]
         for c in f.columns:
             s = f[c]
-            if not (pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s)) and s.notna().all() and s.is_unique:
+            if (
+                not (pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s))
+                and s.notna().all()
+                and s.is_unique
+            ):
                 return [str(v) for v in s.tolist()]
         return [str(v) for v in f.index.tolist()]
 
@@ -108,7 +111,11 @@ def detect_measures(columns: list[str], csv_path: Path | None = None) -> tuple[l
                 if labels and all(lab in columns for lab in labels):
                     return labels, j.name
     cols = set(columns)
-    labels = [c for c in columns if f"{c}_status" in cols and c not in NON_MEASURE and not c.startswith("hp_")]
+    labels = [
+        c
+        for c in columns
+        if f"{c}_status" in cols and c not in NON_MEASURE and not c.startswith("hp_")
+    ]
     return (labels, "inferred (columns X with X_status)") if labels else ([], "")
 
 
@@ -143,10 +150,14 @@ def as_table(data: pd.DataFrame | ResultsTable | str | Path) -> ResultsTable:
             raise ConfigError(f"the DataFrame has duplicate columns: {', '.join(dup)}")
         measures, source = detect_measures([str(c) for c in data.columns])
         # without the caller's attrs: pandas deep-copies attrs on every operation
-        return ResultsTable(pd.DataFrame(data, copy=False) if data.attrs else data, None, measures, source)
+        return ResultsTable(
+            pd.DataFrame(data, copy=False) if data.attrs else data, None, measures, source
+        )
     if isinstance(data, (str, Path)):
         return load_results(data)
-    raise ConfigError(f"correlate takes a DataFrame or the path of a CSV; got {type(data).__name__}")
+    raise ConfigError(
+        f"correlate takes a DataFrame or the path of a CSV; got {type(data).__name__}"
+    )
 
 
 def numeric_columns(table: ResultsTable) -> list[str]:
@@ -174,7 +185,9 @@ class FilterInfo:
         """One line: the option, how many of how many rows it dropped, and their names (the first
         `MAX_NAMES`)."""
         names = ", ".join(self.dropped[:MAX_NAMES])
-        more = f", … ({len(self.dropped) - MAX_NAMES} more)" if len(self.dropped) > MAX_NAMES else ""
+        more = (
+            f", … ({len(self.dropped) - MAX_NAMES} more)" if len(self.dropped) > MAX_NAMES else ""
+        )
         tail = f": {names}{more}" if self.dropped else ""
         return f"{self.option} dropped {len(self.dropped)} of {self.n_before} rows{tail}"
 
@@ -190,13 +203,17 @@ def filter_rows(
     """Rows kept by ``where`` (``DataFrame.query`` syntax, e.g. ``"hp_lr < 0.1 and train_acc > 0.99"``;
     backquote odd names: ``"`asam_0.05` > 1"``) and then by ``train_loss <= max_train_loss``
     (a row without a finite train_loss is dropped: it is not known to be at a minimum)."""
-    frame = table.frame  # filtered by position; the index (row names without a checkpoint column) is kept
+    frame = (
+        table.frame
+    )  # filtered by position; the index (row names without a checkpoint column) is kept
     names = table.row_names()
     infos: list[FilterInfo] = []
 
     def drop(option: str, keep: np.ndarray) -> None:
         nonlocal frame, names
-        infos.append(FilterInfo(option, len(frame), [n for n, k in zip(names, keep, strict=True) if not k]))
+        infos.append(
+            FilterInfo(option, len(frame), [n for n, k in zip(names, keep, strict=True) if not k])
+        )
         frame, names = frame[keep], [n for n, k in zip(names, keep, strict=True) if k]
 
     if where is not None and where.strip():
@@ -204,19 +221,25 @@ def filter_rows(
         try:
             kept = positional.query(where)
         except Exception as e:  # any error of the user's expression
-            raise ConfigError(f"`where` {where!r} is not a valid expression on {table.name}: {_one_line(e)}") from None
+            raise ConfigError(
+                f"`where` {where!r} is not a valid expression on {table.name}: {_one_line(e)}"
+            ) from None
         if not isinstance(kept, pd.DataFrame):
             raise ConfigError(f"`where` {where!r} does not select rows of {table.name}")
         drop(f"--where {where!r}", positional.index.isin(kept.index))
     if max_train_loss is not None:
         if "train_loss" not in frame.columns:
             raise ConfigError(f"`max_train_loss` needs a train_loss column; {table.name} has none")
-        loss = pd.to_numeric(frame["train_loss"], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+        loss = pd.to_numeric(frame["train_loss"], errors="coerce").to_numpy(
+            dtype="float64", na_value=np.nan
+        )
         drop(f"--max-train-loss {max_train_loss:g}", np.isfinite(loss) & (loss <= max_train_loss))
     if not infos:
         return table, infos
     if frame.empty:
-        raise ConfigError(f"the filters left no rows of {table.name}: " + "; ".join(i.describe() for i in infos))
+        raise ConfigError(
+            f"the filters left no rows of {table.name}: " + "; ".join(i.describe() for i in infos)
+        )
     return ResultsTable(frame, table.path, table.measures, table.measures_source), infos
 
 
@@ -240,10 +263,15 @@ def convergence_warning(table: ResultsTable, rows: np.ndarray) -> str | None:
         return None
     listed = [n for n, b in zip(names, bad, strict=True) if b]
     more = f", … ({len(listed) - MAX_NAMES} more)" if len(listed) > MAX_NAMES else ""
-    fix = (f"--max-train-loss {CONVERGED_LOSS:g} leaves them out" if "train_loss" in table.columns
-           else f"--where 'train_acc >= {CONVERGED_ACC:g}' leaves them out")
-    return (f"{len(listed)} of {int(rows.sum())} rows being correlated are not at a minimum ({' or '.join(why)}): "
-            f"{', '.join(listed[:MAX_NAMES])}{more}. Measures compare models at minima (Jiang et al. 2020); {fix}")
+    fix = (
+        f"--max-train-loss {CONVERGED_LOSS:g} leaves them out"
+        if "train_loss" in table.columns
+        else f"--where 'train_acc >= {CONVERGED_ACC:g}' leaves them out"
+    )
+    return (
+        f"{len(listed)} of {int(rows.sum())} rows being correlated are not at a minimum ({' or '.join(why)}): "
+        f"{', '.join(listed[:MAX_NAMES])}{more}. Measures compare models at minima (Jiang et al. 2020); {fix}"
+    )
 
 
 def _natural(v: str):
@@ -264,7 +292,9 @@ def resolve_column(table: ResultsTable, name: str, option: str) -> tuple[str, st
     if name in cols:
         return name, name
     avail = ", ".join(c for c in table.columns if c not in NON_MEASURE) or "none"
-    raise ConfigError(f"{option} {name!r}: no column {name} or hp_{name} in {table.name} (columns: {avail})")
+    raise ConfigError(
+        f"{option} {name!r}: no column {name} or hp_{name} in {table.name} (columns: {avail})"
+    )
 
 
 def usable(table: ResultsTable, measure: str, target: str) -> np.ndarray:

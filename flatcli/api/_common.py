@@ -31,14 +31,18 @@ def takes_run(fn: F) -> F:
         old = sorted(RUN_FIELDS & kwargs.keys())
         if old:
             given = ", ".join(f"{k}={kwargs[k]!r}" for k in old)
-            raise TypeError(f"{fn.__name__}() takes the run options as one object: "
-                            f"run=RunOptions({given}), not {', '.join(old)}=")
+            raise TypeError(
+                f"{fn.__name__}() takes the run options as one object: "
+                f"run=RunOptions({given}), not {', '.join(old)}="
+            )
         return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
 
 
-def load(config: Config | str | Path | dict | None, changes: dict[str, Any] | None = None) -> Config:
+def load(
+    config: Config | str | Path | dict | None, changes: dict[str, Any] | None = None
+) -> Config:
     """A `Config` from a path, a mapping or a Config; ``changes`` ({"runtime.seed": 3, ...},
     None values ignored; see `flatcli.config.overrides`) win over everything, as CLI flags do."""
     if isinstance(config, Config):
@@ -67,7 +71,6 @@ def use_threads(cfg: Config, workers: int | None = None) -> str:
     return str(configure_threads(cfg.runtime.threads, workers))
 
 
-
 def _plan(cfg: Config, checkpoints, measures) -> tuple[list[Job], list[MeasureSpec]]:
     """Validate what every pipeline needs; resolve the jobs and the measures to run."""
     if not cfg.model.target and cfg.model.source != "huggingface":
@@ -76,17 +79,26 @@ def _plan(cfg: Config, checkpoints, measures) -> tuple[list[Job], list[MeasureSp
         raise ConfigError("config key 'data.train' is required")
     jobs = resolve_jobs(cfg, list(checkpoints) if checkpoints else None)
     if not jobs:
-        raise ConfigError("no checkpoints: list them under 'checkpoints' or pass paths on the command line")
-    specs = select_measures(cfg, measures, has_init=any(j.init_checkpoint is not None for j in jobs))
+        raise ConfigError(
+            "no checkpoints: list them under 'checkpoints' or pass paths on the command line"
+        )
+    specs = select_measures(
+        cfg, measures, has_init=any(j.init_checkpoint is not None for j in jobs)
+    )
     return jobs, specs
 
-def select_measures(cfg: Config, names: Sequence[str] | str | None, has_init: bool | None = None) -> list[MeasureSpec]:
+
+def select_measures(
+    cfg: Config, names: Sequence[str] | str | None, has_init: bool | None = None
+) -> list[MeasureSpec]:
     """The config's measures, or those named (``-m``): a configured label or measure name keeps
     its configured options; another registered name runs with defaults; 'all' runs every measure."""
     specs = cfg.measure_specs()
     if names is None:
         if not specs:
-            raise ConfigError("no measures configured: add a 'measures' list to the config or pass -m NAME,...")
+            raise ConfigError(
+                "no measures configured: add a 'measures' list to the config or pass -m NAME,..."
+            )
         return specs
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
@@ -107,13 +119,13 @@ def select_measures(cfg: Config, names: Sequence[str] | str | None, has_init: bo
     return out
 
 
-
-
 def _one_job(cfg: Config, checkpoint: str | Path | None) -> Job:
     if checkpoint is None:
         jobs = resolve_jobs(cfg)
         if len(jobs) != 1:
-            raise ConfigError(f"check-invariance takes one checkpoint; the config lists {len(jobs)}: pass one")
+            raise ConfigError(
+                f"check-invariance takes one checkpoint; the config lists {len(jobs)}: pass one"
+            )
         return jobs[0]
     (job,) = resolve_jobs(cfg, [str(checkpoint)])
     return job

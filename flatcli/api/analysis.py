@@ -55,8 +55,16 @@ def sweep(
     out = cfg.output_dir(outdir)
     if not opts.dry_run:
         ensure_writable_dir(out, "sweep directory")
-    return run_sweep(cfg, specs, jobs, out, opts, log=_default_log if log is None else log, on_unit=on_unit,
-                     debug=debug)
+    return run_sweep(
+        cfg,
+        specs,
+        jobs,
+        out,
+        opts,
+        log=_default_log if log is None else log,
+        on_unit=on_unit,
+        debug=debug,
+    )
 
 
 def collect(outdir: str | Path, output: str | Path | None = None):
@@ -147,7 +155,9 @@ def correlate(
         if plots:
             from ..analysis.plots import plot_report
 
-            report.plots = plot_report(report, report.table, out / "plots", color_by=color_by, marker_by=marker_by)
+            report.plots = plot_report(
+                report, report.table, out / "plots", color_by=color_by, marker_by=marker_by
+            )
     return report
 
 

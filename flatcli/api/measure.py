@@ -56,8 +56,6 @@ class MeasureReport:
         return max(exit_code(self.rows), 1 if self.write_error else 0)
 
 
-
-
 @takes_run
 def measure(
     config: Config | str | Path | dict,
@@ -116,7 +114,9 @@ def measure(
     if not world.is_main:  # only rank 0 prints and writes; every rank computes
         on_row = on_start = on_progress = on_measure = None
     data = DataCache(cfg, None if out is None else out / TOKENIZED_DIR)
-    shared = out  # every rank reads OUTDIR/results.json for --resume: they must reuse the same measures
+    shared = (
+        out  # every rank reads OUTDIR/results.json for --resume: they must reuse the same measures
+    )
     if not world.is_main:
         out = None
     if _check_before_data(cfg, jobs, st, specs):  # the first checkpoint fits (or is not checked)
@@ -133,11 +133,17 @@ def measure(
     }
     saver = _Saver(cfg, shared, out is not None, meta, jobs, specs, resume)
     t0 = time.perf_counter()
-    rows = _measure_all(cfg, specs, data, st, saver, debug, on_start, on_row, on_progress, on_measure)
+    rows = _measure_all(
+        cfg, specs, data, st, saver, debug, on_start, on_row, on_progress, on_measure
+    )
     _leave_ranks(world)
-    report = MeasureReport(rows=rows, config=cfg, meta=meta, seconds=time.perf_counter() - t0, rank=world.rank)
+    report = MeasureReport(
+        rows=rows, config=cfg, meta=meta, seconds=time.perf_counter() - t0, rank=world.rank
+    )
     if out is not None:
-        report.written_to, report.write_error = write_results_or_fallback(out, rows, {**meta, "complete": True})
+        report.written_to, report.write_error = write_results_or_fallback(
+            out, rows, {**meta, "complete": True}
+        )
         if plots and not report.write_error:
             report.meta["plots"] = [str(q) for q in _artifacts(rows, specs, out / "plots")]
     return report
@@ -157,9 +163,11 @@ def measure_keys(cfg: Config, job: Job, specs: Sequence[MeasureSpec]) -> dict[st
     from ..sweep.store import measure_hash, unit_id
 
     try:
-        fps = {"checkpoint": fingerprint(job.path),
-               "init": None if job.init_checkpoint is None else fingerprint(job.init_checkpoint),
-               "train_data": None if job.train_data is None else fingerprint(job.train_data)}
+        fps = {
+            "checkpoint": fingerprint(job.path),
+            "init": None if job.init_checkpoint is None else fingerprint(job.init_checkpoint),
+            "train_data": None if job.train_data is None else fingerprint(job.train_data),
+        }
     except OSError:
         return {}
     config = cfg.to_dict()
@@ -199,8 +207,16 @@ class _Saver:
     """results.csv/json after every finished measure of `measure` (nothing without an output
     directory): the rows done, the running row, and the rest ``interrupted``."""
 
-    def __init__(self, cfg: Config, folder: Path | None, write: bool, meta: dict[str, Any], jobs: list[Job],
-                 specs: list[MeasureSpec], resume: bool):
+    def __init__(
+        self,
+        cfg: Config,
+        folder: Path | None,
+        write: bool,
+        meta: dict[str, Any],
+        jobs: list[Job],
+        specs: list[MeasureSpec],
+        resume: bool,
+    ):
         self.cfg, self.meta, self.jobs, self.specs = cfg, meta, jobs, specs
         self.folder = folder  # OUTDIR (on every rank: --resume reads it)
         self.out = folder if write else None  # where to write (rank 0)
@@ -222,10 +238,16 @@ class _Saver:
         from ..measures import MeasureResult
 
         labels = [s.label for s in self.specs]
-        running = [self.current] if self.current is not None and (not rows or rows[-1] is not self.current) else []
+        running = (
+            [self.current]
+            if self.current is not None and (not rows or rows[-1] is not self.current)
+            else []
+        )
         out = list(rows) + running
-        out += [Row(checkpoint=j.checkpoint, labels=labels, hparams=dict(j.hparams))
-                for j in self.jobs[len(out):]]
+        out += [
+            Row(checkpoint=j.checkpoint, labels=labels, hparams=dict(j.hparams))
+            for j in self.jobs[len(out) :]
+        ]
         copies = []
         for r in out:
             c = copy.copy(r)
@@ -257,8 +279,18 @@ class _Saver:
         return f"interrupted: {n} finished measure(s) kept in {self.out / 'results.csv'}"
 
 
-def _measure_all(cfg: Config, specs: list[MeasureSpec], data: DataCache, st: Settings, saver: _Saver, debug: bool,
-                 on_start, on_row, on_progress, on_measure) -> list[Row]:
+def _measure_all(
+    cfg: Config,
+    specs: list[MeasureSpec],
+    data: DataCache,
+    st: Settings,
+    saver: _Saver,
+    debug: bool,
+    on_start,
+    on_row,
+    on_progress,
+    on_measure,
+) -> list[Row]:
     """Every checkpoint's row (`measure`), the results written after each measure by ``saver``;
     Ctrl-C raises `MeasureInterrupted` once what finished is written."""
     rows: list[Row] = []
@@ -274,8 +306,17 @@ def _measure_all(cfg: Config, specs: list[MeasureSpec], data: DataCache, st: Set
             if on_start:
                 on_start(i, len(jobs), job)
             keys, reuse = saver.start(job)
-            row = measure_job(cfg, job, specs, data, st, debug, progress=on_progress, on_measure=finished,
-                              reuse=reuse)
+            row = measure_job(
+                cfg,
+                job,
+                specs,
+                data,
+                st,
+                debug,
+                progress=on_progress,
+                on_measure=finished,
+                reuse=reuse,
+            )
             row.keys = keys
             rows.append(row)
             if on_row:
@@ -301,8 +342,6 @@ def _leave_ranks(world) -> None:
     dist.leave(world)
 
 
-
-
 def _check_before_data(cfg, jobs, st, specs) -> bool:
     """Cheap checks against the first checkpoint's model before any data is loaded or tokenized:
     the ``params`` selection matches its parameter names, and a text split's ``max_length`` fits its
@@ -318,10 +357,18 @@ def _check_before_data(cfg, jobs, st, specs) -> bool:
     from ..memory import check_model
     from ..pipeline import load_model
 
-    texts = [(k, s) for k in ("train", "test") if (s := getattr(cfg.data, k)) is not None
-             and s.source == "text" and s.max_length is not None]
-    if not jobs or (st.params.everything and not (texts and cfg.model.source == "huggingface")
-                    and not st.check_memory):
+    texts = [
+        (k, s)
+        for k in ("train", "test")
+        if (s := getattr(cfg.data, k)) is not None
+        and s.source == "text"
+        and s.max_length is not None
+    ]
+    if not jobs or (
+        st.params.everything
+        and not (texts and cfg.model.source == "huggingface")
+        and not st.check_memory
+    ):
         return True
     try:
         model, _ = load_model(cfg, jobs[0].path)
@@ -345,5 +392,7 @@ def _artifacts(rows: list[Row], specs, folder: Path) -> list[Path]:
             res = row.results.get(lab)
             if hook is None or res is None or res.status == "error":
                 continue
-            paths += hook(res, folder / f"{i:03d}_{stem}_{lab}", f"{Path(row.checkpoint).name}: {lab}")
+            paths += hook(
+                res, folder / f"{i:03d}_{stem}_{lab}", f"{Path(row.checkpoint).name}: {lab}"
+            )
     return paths

@@ -26,14 +26,22 @@ class CostPlan:
 
     checkpoints: list[str]
     labels: list[str]
-    costs: list[dict[str, dict[str, tuple[int, int]] | None]]  # per loaded checkpoint: label -> counters
+    costs: list[
+        dict[str, dict[str, tuple[int, int]] | None]
+    ]  # per loaded checkpoint: label -> counters
     dims: list[Any]  # per loaded checkpoint
     loaded: list[str] = field(default_factory=list)  # the checkpoints ``costs`` and ``dims`` are of
     errors: list[tuple[str, str]] = field(default_factory=list)
     params: dict[str, Any] | None = None  # the parameter selection on the first loaded model
-    predictions: list[dict[str, Any]] = field(default_factory=list)  # per loaded checkpoint: label -> Prediction
-    times: list[Any] = field(default_factory=list)  # per loaded checkpoint: its group's ProductTimes (None: not timed)
-    memory: list[list[Any]] = field(default_factory=list)  # per loaded checkpoint: its MemoryVerdicts (flatcli.memory)
+    predictions: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # per loaded checkpoint: label -> Prediction
+    times: list[Any] = field(
+        default_factory=list
+    )  # per loaded checkpoint: its group's ProductTimes (None: not timed)
+    memory: list[list[Any]] = field(
+        default_factory=list
+    )  # per loaded checkpoint: its MemoryVerdicts (flatcli.memory)
 
     def to_json(self) -> list[dict[str, Any]]:
         """``--dry-run --format json``: one entry per loaded checkpoint × measure (`flatcli.predict.Prediction`),
@@ -41,9 +49,12 @@ class CostPlan:
         ``fits``, ``need_bytes``, ``free_bytes``, ``suggestions``, ``verdict``; empty when
         ``runtime.check_memory`` is false)."""
         mem = self.memory or [[] for _ in self.loaded]
-        return [{**pred.to_json(ckpt, lab), "memory": [v.to_json() for v in verdicts]}
-                for ckpt, per, verdicts in zip(self.loaded, self.predictions, mem, strict=True)
-                for lab, pred in per.items()]
+        return [
+            {**pred.to_json(ckpt, lab), "memory": [v.to_json() for v in verdicts]}
+            for ckpt, per, verdicts in zip(self.loaded, self.predictions, mem, strict=True)
+            for lab, pred in per.items()
+        ]
+
     dtypes: list[str] = field(default_factory=list)  # per loaded checkpoint: the type it loads in
     dtype_setting: str = "auto"  # model.dtype
     precision: str = ""  # runtime.precision, resolved for the device (e.g. "bf16", "fp32")
@@ -76,19 +87,30 @@ class CostPlan:
             out.append(_describe_dtypes(self.dtypes, self.dtype_setting, self.precision))
         for (P, _), ks in groups.items():
             which = "" if len(groups) == 1 else f" for {_names([self.loaded[k] for k in ks])}"
-            out.append(f"estimated products per checkpoint{which} (P = {P:,} parameters, {_describe_n(self.dims[ks[0]])}; "
-                       "gradients and passes over the whole measurement set):")
+            out.append(
+                f"estimated products per checkpoint{which} (P = {P:,} parameters, {_describe_n(self.dims[ks[0]])}; "
+                "gradients and passes over the whole measurement set):"
+            )
             if self.times and self.times[ks[0]] is not None:
                 out.append(f"  timed: {_describe_times(self.times[ks[0]])}")
-            out += [f"  memory ({v.stage}): {v.line()}" for v in (self.memory[ks[0]] if self.memory else [])]
-            out += [f"  {lab}: {_describe_plan(self.costs[ks[0]].get(lab), self.predictions[ks[0]].get(lab) if self.predictions else None)}"
-                    for lab in self.labels]
+            out += [
+                f"  memory ({v.stage}): {v.line()}"
+                for v in (self.memory[ks[0]] if self.memory else [])
+            ]
+            out += [
+                f"  {lab}: {_describe_plan(self.costs[ks[0]].get(lab), self.predictions[ks[0]].get(lab) if self.predictions else None)}"
+                for lab in self.labels
+            ]
         out += [f"checkpoint {c}: cannot be loaded: {e}" for c, e in self.errors]
         loaded = len(self.loaded)
         secs = [sum(p.seconds[i] for per in self.predictions for p in per.values()) for i in (0, 1)]
-        out.append(f"total over {loaded} checkpoint(s)" + (f" ({len(self.errors)} could not be loaded)" if self.errors
-                   else "") + ": " + _describe_cost(self.totals(), empty="parameters only")
-                   + (f"; about {_range(secs, _secs)}" if self.predictions else ""))
+        out.append(
+            f"total over {loaded} checkpoint(s)"
+            + (f" ({len(self.errors)} could not be loaded)" if self.errors else "")
+            + ": "
+            + _describe_cost(self.totals(), empty="parameters only")
+            + (f"; about {_range(secs, _secs)}" if self.predictions else "")
+        )
         return out
 
 
@@ -124,8 +146,10 @@ def _range(pair, show) -> str:
 
 def _describe_times(t) -> str:
     """The timed products of a size group, in words."""
-    return (f"forward {_secs(t.forward)}, gradient {_secs(t.grad)}, HVP {_secs(t.hvp1)} (1 vector), "
-            f"{_secs(t.hvp_block)} ({t.block} vectors); one product's memory {_bytes(t.product_bytes)} ({t.memory})")
+    return (
+        f"forward {_secs(t.forward)}, gradient {_secs(t.grad)}, HVP {_secs(t.hvp1)} (1 vector), "
+        f"{_secs(t.hvp_block)} ({t.block} vectors); one product's memory {_bytes(t.product_bytes)} ({t.memory})"
+    )
 
 
 def _describe_plan(est, pred) -> str:
@@ -143,15 +167,20 @@ def _describe_plan(est, pred) -> str:
     return text
 
 
-_PRODUCTS = {"bf16": "forward and products in bfloat16, vectors and sums in float32, verified in float32",
-             "tf32": "TF32 products", "fp32": "float32", "fp64": "float64"}
+_PRODUCTS = {
+    "bf16": "forward and products in bfloat16, vectors and sums in float32, verified in float32",
+    "tf32": "TF32 products",
+    "fp32": "float32",
+    "fp64": "float64",
+}
 
 
 def _describe_dtypes(dtypes: list[str], setting: str, precision: str) -> str:
     """``model dtype: bfloat16 (model.dtype: auto); products: bf16 (forward and products in ...)``."""
     kinds = ", ".join(dict.fromkeys(dtypes))
-    return (f"model dtype: {kinds} (model.dtype: {setting}); products: {precision}"
-            + (f" ({_PRODUCTS[precision]})" if precision in _PRODUCTS else ""))
+    return f"model dtype: {kinds} (model.dtype: {setting}); products: {precision}" + (
+        f" ({_PRODUCTS[precision]})" if precision in _PRODUCTS else ""
+    )
 
 
 def _describe_params(sel: dict[str, Any]) -> str:
@@ -160,7 +189,9 @@ def _describe_params(sel: dict[str, Any]) -> str:
     pats = [f"include {', '.join(sel['include'])}"] if sel["include"] else []
     pats += [f"exclude {', '.join(sel['exclude'])}"] if sel["exclude"] else []
     head = f"params: {'; '.join(pats)} → " if pats else "params: every trainable parameter → "
-    return head + f"{sel['tensors']} tensor(s), {sel['count']:,} parameters: {_names(sel['names'], 6)}"
+    return (
+        head + f"{sel['tensors']} tensor(s), {sel['count']:,} parameters: {_names(sel['names'], 6)}"
+    )
 
 
 def _names(names: list[str], most: int = 3) -> str:
@@ -173,16 +204,30 @@ def _describe_cost(est: dict[str, tuple[int, int]] | None, empty: str = "paramet
 
     if est is None:
         return "no estimate declared"
-    names = {"n_hvp": "HVPs", "n_grad": "gradients", "n_forward": "forward passes", "n_vjp": "VJP passes"}
-    parts = [f"{lo}" + ("" if lo == hi else f"–{hi}") + f" {names[c]}" for c in COUNTERS
-             for lo, hi in [est.get(c, (0, 0))] if hi > 0]
+    names = {
+        "n_hvp": "HVPs",
+        "n_grad": "gradients",
+        "n_forward": "forward passes",
+        "n_vjp": "VJP passes",
+    }
+    parts = [
+        f"{lo}" + ("" if lo == hi else f"–{hi}") + f" {names[c]}"
+        for c in COUNTERS
+        for lo, hi in [est.get(c, (0, 0))]
+        if hi > 0
+    ]
     return ", ".join(parts) or empty
 
 
 @takes_run
-def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | None = None, *,
-               measures: Sequence[str] | str | None = None, run: RunOptions | None = None,
-               timed: bool = True) -> CostPlan:
+def plan_costs(
+    config: Config | str | Path | dict,
+    checkpoints: Sequence[str] | None = None,
+    *,
+    measures: Sequence[str] | str | None = None,
+    run: RunOptions | None = None,
+    timed: bool = True,
+) -> CostPlan:
     """The products `measure`/`sweep` would spend (``--dry-run``), from the measures' declared cost
     formulas and each checkpoint's model size; loads every checkpoint's model but measures nothing.
     A checkpoint that cannot be loaded is reported in ``errors`` (the others are still planned).
@@ -207,16 +252,26 @@ def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | 
     jobs, specs = _plan(cfg, checkpoints, measures)
     st = Settings.from_config(cfg)
     data = DataCache(cfg)
-    plan = CostPlan([j.checkpoint for j in jobs], [s.label for s in specs], [], [],
-                    dtype_setting=cfg.model.dtype, precision=st.effective_precision)
-    groups: dict[tuple[int, int], Any] = {}  # (P, n) -> (ProductTimes, Problem) of its first checkpoint
+    plan = CostPlan(
+        [j.checkpoint for j in jobs],
+        [s.label for s in specs],
+        [],
+        [],
+        dtype_setting=cfg.model.dtype,
+        precision=st.effective_precision,
+    )
+    groups: dict[
+        tuple[int, int], Any
+    ] = {}  # (P, n) -> (ProductTimes, Problem) of its first checkpoint
     for job in jobs:
         try:
             model, _ = load_model(cfg, job.path)
         except FlatcliError as e:
             plan.errors.append((job.checkpoint, str(e)))
             continue
-        dims = problem_dims(model, data.get(st.split, job.train_data if st.split == "train" else None), st)
+        dims = problem_dims(
+            model, data.get(st.split, job.train_data if st.split == "train" else None), st
+        )
         if plan.params is None:
             plan.params = st.params.describe(model, st.params.select(model))
         plan.dims.append(dims)
@@ -227,13 +282,25 @@ def plan_costs(config: Config | str | Path | dict, checkpoints: Sequence[str] | 
         if timed:
             key = (dims.P, dims.n, all(v.fits for v in verdicts))
             if key not in groups:
-                groups[key] = _timed_group(model, data.get(st.split, job.train_data if st.split == "train" else None),
-                                           st, specs, dims, verdicts)
+                groups[key] = _timed_group(
+                    model,
+                    data.get(st.split, job.train_data if st.split == "train" else None),
+                    st,
+                    specs,
+                    dims,
+                    verdicts,
+                )
             times, problem, more = groups[key]
             verdicts += more
             plan.times.append(times)
-            plan.predictions.append({s.label: Prediction(status="will_not_fit", reason=verdicts[-1].line())
-                                     if times is None else predict(s, dims, times, problem) for s in specs})
+            plan.predictions.append(
+                {
+                    s.label: Prediction(status="will_not_fit", reason=verdicts[-1].line())
+                    if times is None
+                    else predict(s, dims, times, problem)
+                    for s in specs
+                }
+            )
         plan.memory.append(verdicts)
     return plan
 

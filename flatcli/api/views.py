@@ -82,9 +82,17 @@ class ConnectView:
     bend_batch_size: int = 128
 
 
-VIEWS: dict[str, type] = {"slice": SliceView, "interpolate": InterpolateView, "pca": PCAView, "connect": ConnectView}
-_ARITY = {"slice": (1, "one checkpoint"), "interpolate": (2, "two checkpoints, A and B"),
-          "connect": (2, "exactly two checkpoints, A and B")}
+VIEWS: dict[str, type] = {
+    "slice": SliceView,
+    "interpolate": InterpolateView,
+    "pca": PCAView,
+    "connect": ConnectView,
+}
+_ARITY = {
+    "slice": (1, "one checkpoint"),
+    "interpolate": (2, "two checkpoints, A and B"),
+    "connect": (2, "exactly two checkpoints, A and B"),
+}
 
 
 def _view_spec(view: str, options: dict[str, Any]):
@@ -96,7 +104,9 @@ def _view_spec(view: str, options: dict[str, Any]):
     allowed = [f.name for f in dataclasses.fields(cls)]
     bad = [k for k in options if k not in allowed]
     if bad:
-        raise ConfigError(f"`{bad[0]}` does not apply to the {view} view (its options: {', '.join(allowed)})")
+        raise ConfigError(
+            f"`{bad[0]}` does not apply to the {view} view (its options: {', '.join(allowed)})"
+        )
     return cls(**options)
 
 
@@ -182,7 +192,9 @@ def _view_setup(config, run: RunOptions | None, outdir) -> tuple[Config, Setting
     return cfg, Settings.from_config(cfg), threads_used
 
 
-def _slice(cfg: Config, st: Settings, spec, given: list, common: dict, out: tuple, threads_used: str):
+def _slice(
+    cfg: Config, st: Settings, spec, given: list, common: dict, out: tuple, threads_used: str
+):
     """The slice and interpolation views (``spec`` a `SliceView` or an `InterpolateView`; ``given``
     [θ] or [θ_a, θ_b]); ``out`` = (outdir or None, plots)."""
     from ..landscape import interpolation_landscape, slice_landscape, write_files
@@ -194,14 +206,32 @@ def _slice(cfg: Config, st: Settings, spec, given: list, common: dict, out: tupl
     train, test = _landscape_data(cfg, ckpt, model, model_b, st, to)
     with st.precision_context():
         if model_b is not None:
-            res = interpolation_landscape(model, model_b, train, test, steps=spec.steps, span=spec.span, settings=st,
-                                          **common)
+            res = interpolation_landscape(
+                model, model_b, train, test, steps=spec.steps, span=spec.span, settings=st, **common
+            )
         else:
-            res = slice_landscape(model, train, test, dims=spec.dims, steps=spec.steps, span=spec.span,
-                                  bias_bn=spec.bias_bn, settings=st, **common)
-    res.meta.update(checkpoint=str(given[0]), to=None if to is None else str(to), loss=cfg.loss,
-                    measure_data=cfg.to_dict()["measure_data"], precision=cfg.runtime.precision,
-                    config_hash=cfg.hash(), versions=versions(), device=st.describe_device(), threads=threads_used)
+            res = slice_landscape(
+                model,
+                train,
+                test,
+                dims=spec.dims,
+                steps=spec.steps,
+                span=spec.span,
+                bias_bn=spec.bias_bn,
+                settings=st,
+                **common,
+            )
+    res.meta.update(
+        checkpoint=str(given[0]),
+        to=None if to is None else str(to),
+        loss=cfg.loss,
+        measure_data=cfg.to_dict()["measure_data"],
+        precision=cfg.runtime.precision,
+        config_hash=cfg.hash(),
+        versions=versions(),
+        device=st.describe_device(),
+        threads=threads_used,
+    )
     if out[0] is not None:
         write_files(res, out[0], plots=out[1])
     return res
@@ -251,11 +281,14 @@ def _view_meta(cfg: Config, dev: torch.device) -> dict[str, Any]:
         "precision": cfg.runtime.precision,
         "config_hash": cfg.hash(),
         "versions": versions(),
-        "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""),
+        "device": str(dev)
+        + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""),
     }
 
 
-def _pca(cfg: Config, st: Settings, spec: PCAView, paths: list[Path], common: dict, out: tuple) -> TrajectoryResult:
+def _pca(
+    cfg: Config, st: Settings, spec: PCAView, paths: list[Path], common: dict, out: tuple
+) -> TrajectoryResult:
     """The trajectory-PCA view of ``paths`` (in training order); ``out`` = (outdir or None, plots)."""
     from ..landscape.output import write_trajectory_files
     from ..landscape.trajectory import LazyTrajectory, trajectory_landscape
@@ -265,8 +298,15 @@ def _pca(cfg: Config, st: Settings, spec: PCAView, paths: list[Path], common: di
     traj = LazyTrajectory(paths[:-1], lambda p: load_model(cfg, p)[0], last=model)
     with st.precision_context():
         res = trajectory_landscape(
-            traj, train, test, labels=[str(p) for p in paths], steps=spec.steps, span=spec.span, solver=spec.solver,
-            settings=st, **common,
+            traj,
+            train,
+            test,
+            labels=[str(p) for p in paths],
+            steps=spec.steps,
+            span=spec.span,
+            solver=spec.solver,
+            settings=st,
+            **common,
         )
     res.meta.update(_view_meta(cfg, st.device))
     if out[0] is not None:
@@ -274,7 +314,9 @@ def _pca(cfg: Config, st: Settings, spec: PCAView, paths: list[Path], common: di
     return res
 
 
-def _connect(cfg: Config, st: Settings, spec: ConnectView, given: list, common: dict, out: tuple) -> ConnectResult:
+def _connect(
+    cfg: Config, st: Settings, spec: ConnectView, given: list, common: dict, out: tuple
+) -> ConnectResult:
     """The mode-connectivity view between ``given`` = [a, b]; ``out`` = (outdir or None, plots)."""
     from ..landscape import connect_landscape, write_connect_files
     from ..loading.checkpoints import check_state
@@ -293,14 +335,29 @@ def _connect(cfg: Config, st: Settings, spec: ConnectView, given: list, common: 
     fit, train, test = _view_data(cfg, model_a, da if da is not None else db)
     with st.precision_context():
         res = connect_landscape(
-            model_a, model_b, train, test, fit=fit, steps=spec.steps, bend_steps=spec.bend_steps,
-            bend_lr=spec.bend_lr, bend_optimizer=spec.bend_optimizer, bend_batch_size=spec.bend_batch_size,
-            settings=st, labels=(str(a), str(b)), **common,
+            model_a,
+            model_b,
+            train,
+            test,
+            fit=fit,
+            steps=spec.steps,
+            bend_steps=spec.bend_steps,
+            bend_lr=spec.bend_lr,
+            bend_optimizer=spec.bend_optimizer,
+            bend_batch_size=spec.bend_batch_size,
+            settings=st,
+            labels=(str(a), str(b)),
+            **common,
         )
     res.meta.update(_view_meta(cfg, st.device))
     if out[0] is not None:
         mk = extras.get("model_kwargs")
-        write_connect_files(res, out[0], plots=out[1], checkpoint_extras={"model_kwargs": mk} if isinstance(mk, dict) else None)
+        write_connect_files(
+            res,
+            out[0],
+            plots=out[1],
+            checkpoint_extras={"model_kwargs": mk} if isinstance(mk, dict) else None,
+        )
     return res
 
 
@@ -336,8 +393,18 @@ def check_invariance(
         if data is None:
             raise ConfigError("check_invariance(model, ...) needs data=(x, y)")
         opts = RunOptions.of(run)
-        return check_invariance_model(config, data, measures, loss=loss, transform=transform, scale=scale,
-                                      seed=opts.seed or 0, tol=tol, device=opts.device or "cpu", progress=progress)
+        return check_invariance_model(
+            config,
+            data,
+            measures,
+            loss=loss,
+            transform=transform,
+            scale=scale,
+            seed=opts.seed or 0,
+            tol=tol,
+            device=opts.device or "cpu",
+            progress=progress,
+        )
     cfg = load_run(config, run)
     if cfg.data.train is None:
         raise ConfigError("config key 'data.train' is required")
@@ -357,9 +424,17 @@ def check_invariance(
     init_state = load_init_state(cfg, job)
     cache = DataCache(cfg)
     report = check_invariance_model(
-        model, cache.get("train", job.train_data or manifest_train_data(cfg, job.path)), specs,
-        test=cache.get("test"), settings=Settings.from_config(cfg), transform=transform, scale=scale, tol=tol,
-        init_state=init_state, checkpoint=job.checkpoint, progress=progress,
+        model,
+        cache.get("train", job.train_data or manifest_train_data(cfg, job.path)),
+        specs,
+        test=cache.get("test"),
+        settings=Settings.from_config(cfg),
+        transform=transform,
+        scale=scale,
+        tol=tol,
+        init_state=init_state,
+        checkpoint=job.checkpoint,
+        progress=progress,
     )
     report.threads = threads_used
     return report

@@ -1,7 +1,6 @@
 """The command line's common parts: the Typer app and its groups, shared options and choices,
 one-line errors (`handle_errors`, `cli_message`: API parameters become flags) and the log line."""
 
-
 from __future__ import annotations
 
 import functools
@@ -27,7 +26,9 @@ from ..console import (
 )
 from ..errors import FlatcliError, RankFailure, is_peer_gone
 
-WIDE_HELP = 100  # columns from which --help uses typer's rich panels (narrower ones cut option names)
+WIDE_HELP = (
+    100  # columns from which --help uses typer's rich panels (narrower ones cut option names)
+)
 
 
 def _fitting_help(cmd, format_help, ctx, formatter) -> None:
@@ -61,8 +62,13 @@ class OneLineErrors(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """Run the command; a usage error prints ``error: <message> (see '<command> --help')``."""
         try:
-            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
-                              standalone_mode=False, **extra)
+            rv = super().main(
+                args=args,
+                prog_name=prog_name,
+                complete_var=complete_var,
+                standalone_mode=False,
+                **extra,
+            )
         except click_exceptions.NoArgsIsHelpError as e:  # a bare command group: its help
             print(e.ctx.get_help() if e.ctx is not None else e.format_message())
             if not standalone_mode:
@@ -70,8 +76,11 @@ class OneLineErrors(TyperGroup):
             sys.exit(0)
         except click_exceptions.UsageError as e:
             where = e.ctx.command_path if e.ctx is not None else "flatcli"
-            err_console.print(f"[red]error:[/red] {e.format_message()} (see '{where} --help')",
-                              highlight=False, soft_wrap=True)
+            err_console.print(
+                f"[red]error:[/red] {e.format_message()} (see '{where} --help')",
+                highlight=False,
+                soft_wrap=True,
+            )
             if not standalone_mode:
                 raise
             sys.exit(2)
@@ -110,8 +119,12 @@ experiments_app = typer.Typer(
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
 ):
     """Measure how flat or sharp trained networks are, and how well each measure predicts generalization."""
 
@@ -160,6 +173,8 @@ class SortBy(str, Enum):
 def _value(v):
     """An Enum option's string (None stays None)."""
     return v.value if isinstance(v, Enum) else v
+
+
 landscape_app = typer.Typer(
     cls=OneLineErrors, no_args_is_help=True,
     help="Loss-landscape views, one sub-command each: slice (1D/2D, filter-normalized random directions), "
@@ -171,14 +186,27 @@ app.add_typer(experiments_app, name="experiments")
 app.add_typer(landscape_app, name="landscape")
 
 
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.", envvar="FLATCLI_CONFIG")]
+ConfigOpt = Annotated[
+    Path, typer.Option("--config", "-c", help="YAML config file.", envvar="FLATCLI_CONFIG")
+]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")]
-WideOpt = Annotated[bool, typer.Option(
-    "--wide", help="Print every table column even when the terminal is narrow (a pipe or a file always gets them all).")]
-ThreadsOpt = Annotated[str | None, typer.Option(
-    "--threads", envvar="FLATCLI_THREADS", show_default=False,
-    help="Intra-op CPU threads per worker process: N or auto (default runtime.threads, auto: OMP_NUM_THREADS "
-         "when set, else free cores // workers, the free cores being this process's cores less the load).")]
+WideOpt = Annotated[
+    bool,
+    typer.Option(
+        "--wide",
+        help="Print every table column even when the terminal is narrow (a pipe or a file always gets them all).",
+    ),
+]
+ThreadsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--threads",
+        envvar="FLATCLI_THREADS",
+        show_default=False,
+        help="Intra-op CPU threads per worker process: N or auto (default runtime.threads, auto: OMP_NUM_THREADS "
+        "when set, else free cores // workers, the free cores being this process's cores less the load).",
+    ),
+]
 
 
 class Precision(str, Enum):
@@ -191,10 +219,16 @@ class Precision(str, Enum):
     fp64 = "fp64"
 
 
-BudgetOpt = Annotated[str | None, typer.Option(
-    "--budget", envvar="FLATCLI_BUDGET", show_default=False,
-    help="Seconds for one checkpoint's measures together: 90, 90s, 10m or 1h (runtime.budget), shared by "
-         "predicted cost; a measure stopped by it reports its estimate so far with status budget.")]
+BudgetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--budget",
+        envvar="FLATCLI_BUDGET",
+        show_default=False,
+        help="Seconds for one checkpoint's measures together: 90, 90s, 10m or 1h (runtime.budget), shared by "
+        "predicted cost; a measure stopped by it reports its estimate so far with status budget.",
+    ),
+]
 
 
 def _budget(text: str | None) -> float | None:
@@ -204,26 +238,52 @@ def _budget(text: str | None) -> float | None:
     return None if text is None else parse_seconds(text, "--budget")
 
 
-DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")]
-UnsafePickleOpt = Annotated[bool, typer.Option(
-    "--allow-unsafe-pickle", help="Load full pickled checkpoints (runs code from the file: trusted files only).")]
+DeviceOpt = Annotated[
+    str | None, typer.Option("--device", help="auto, cpu or cuda:N.", envvar="FLATCLI_DEVICE")
+]
+UnsafePickleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-unsafe-pickle",
+        help="Load full pickled checkpoints (runs code from the file: trusted files only).",
+    ),
+]
 
 
-def run_options(*, device: str | None = None, precision=None, seed: int | None = None, threads: str | None = None,
-                allow_unsafe_pickle: bool = False, budget: str | None = None):
+def run_options(
+    *,
+    device: str | None = None,
+    precision=None,
+    seed: int | None = None,
+    threads: str | None = None,
+    allow_unsafe_pickle: bool = False,
+    budget: str | None = None,
+):
     """The `flatcli.api.RunOptions` of a command's shared flags, built once and passed to every API
     call of the command (an Enum's value, ``--budget`` in seconds, an unset switch as None)."""
     from ..settings import RunOptions
 
-    return RunOptions(device=device, precision=_value(precision), seed=seed, threads=threads,
-                      allow_unsafe_pickle=allow_unsafe_pickle or None, budget=_budget(budget))
+    return RunOptions(
+        device=device,
+        precision=_value(precision),
+        seed=seed,
+        threads=threads,
+        allow_unsafe_pickle=allow_unsafe_pickle or None,
+        budget=_budget(budget),
+    )
 
 
-PrecisionOpt = Annotated[Precision | None, typer.Option(
-    "--precision", envvar="FLATCLI_PRECISION", show_default=False,
-    help="auto (TF32 products on a tensor-core GPU, verified in fp32; fp32 elsewhere), fp32, tf32, bf16 "
-         "(bfloat16 forward and products, float32 vectors and sums, verified in fp32) or fp64 "
-         "(default runtime.precision).")]
+PrecisionOpt = Annotated[
+    Precision | None,
+    typer.Option(
+        "--precision",
+        envvar="FLATCLI_PRECISION",
+        show_default=False,
+        help="auto (TF32 products on a tensor-core GPU, verified in fp32; fp32 elsewhere), fp32, tf32, bf16 "
+        "(bfloat16 forward and products, float32 vectors and sums, verified in fp32) or fp64 "
+        "(default runtime.precision).",
+    ),
+]
 
 
 def _fail(e: BaseException, code: int, message: str, debug: bool):
@@ -246,7 +306,10 @@ def _flags() -> dict[str, str]:
     def walk(cmd) -> None:
         for p in cmd.params:
             if getattr(p, "param_type_name", "") == "option":
-                table.setdefault(p.name, max((o for o in p.opts if o.startswith("--")), key=len, default=p.opts[0]))
+                table.setdefault(
+                    p.name,
+                    max((o for o in p.opts if o.startswith("--")), key=len, default=p.opts[0]),
+                )
         for sub in getattr(cmd, "commands", {}).values():
             walk(sub)
 
@@ -280,8 +343,12 @@ def handle_errors(fn):
             return fn(*args, **kwargs)
         except FlatcliError as e:
             _fail(e, e.exit_code, f"[red]error:[/red] {cli_message(e)}", debug)
-        except KeyboardInterrupt as e:  # `measure` says what it kept (flatcli.api.MeasureInterrupted)
-            err_console.print(str(e) or "interrupted", highlight=False, soft_wrap=True, markup=False)
+        except (
+            KeyboardInterrupt
+        ) as e:  # `measure` says what it kept (flatcli.api.MeasureInterrupted)
+            err_console.print(
+                str(e) or "interrupted", highlight=False, soft_wrap=True, markup=False
+            )
             raise typer.Exit(130) from None
         except (typer.Exit, typer.Abort, SystemExit):
             raise

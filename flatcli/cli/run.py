@@ -1,7 +1,6 @@
 """Commands that measure, train and run: measure, measures, config show, demo, experiments,
 sweep, collect and the hidden sweep-worker."""
 
-
 from __future__ import annotations
 
 import json
@@ -47,17 +46,57 @@ from ._app import (
 @app.command(cls=FitHelp)
 @handle_errors
 def measure(
-    checkpoints: Annotated[list[str] | None, typer.Argument(help="Checkpoint files (default: the config's 'checkpoints').")] = None,
+    checkpoints: Annotated[
+        list[str] | None,
+        typer.Argument(help="Checkpoint files (default: the config's 'checkpoints')."),
+    ] = None,
     config: ConfigOpt = ...,
-    measures: Annotated[str | None, typer.Option("--measures", "-m", help="Comma-separated measure names or labels ('all' for every measure).")] = None,
-    outdir: Annotated[Path | None, typer.Option("--outdir", "-o", help="Write results.csv and results.json here (default: output.dir).")] = None,
+    measures: Annotated[
+        str | None,
+        typer.Option(
+            "--measures",
+            "-m",
+            help="Comma-separated measure names or labels ('all' for every measure).",
+        ),
+    ] = None,
+    outdir: Annotated[
+        Path | None,
+        typer.Option(
+            "--outdir", "-o", help="Write results.csv and results.json here (default: output.dir)."
+        ),
+    ] = None,
     device: DeviceOpt = None,
-    format: Annotated[Format | None, typer.Option("--format", help="table, csv or json on stdout (default: output.format, table).")] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Seed of every stochastic measure.")] = None,
+    format: Annotated[
+        Format | None,
+        typer.Option(
+            "--format", help="table, csv or json on stdout (default: output.format, table)."
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Seed of every stochastic measure.")
+    ] = None,
     allow_unsafe_pickle: UnsafePickleOpt = False,
-    plots: Annotated[bool, typer.Option("--plots", help="Draw each measure's plots (e.g. spectral densities) in OUTDIR/plots/ (needs matplotlib).")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print per checkpoint and measure the products (HVPs, gradients, forward passes), predicted seconds and peak memory (from one forward pass, gradient and HVP block timed on the checkpoint), or not_applicable with its reason; measure nothing (--format json: a JSON list).")] = False,
-    resume: Annotated[bool, typer.Option("--resume", help="Reuse the finished measures of OUTDIR/results.json (same checkpoint file, config and measure options); compute the rest.")] = False,
+    plots: Annotated[
+        bool,
+        typer.Option(
+            "--plots",
+            help="Draw each measure's plots (e.g. spectral densities) in OUTDIR/plots/ (needs matplotlib).",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print per checkpoint and measure the products (HVPs, gradients, forward passes), predicted seconds and peak memory (from one forward pass, gradient and HVP block timed on the checkpoint), or not_applicable with its reason; measure nothing (--format json: a JSON list).",
+        ),
+    ] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Reuse the finished measures of OUTDIR/results.json (same checkpoint file, config and measure options); compute the rest.",
+        ),
+    ] = False,
     threads: ThreadsOpt = None,
     precision: PrecisionOpt = None,
     budget: BudgetOpt = None,
@@ -68,14 +107,26 @@ def measure(
     (after every finished measure: Ctrl-C keeps what finished, exit code 130)."""
     from .. import api
 
-    run = run_options(device=device, precision=precision, seed=seed, threads=threads,
-                      allow_unsafe_pickle=allow_unsafe_pickle, budget=budget)
+    run = run_options(
+        device=device,
+        precision=precision,
+        seed=seed,
+        threads=threads,
+        allow_unsafe_pickle=allow_unsafe_pickle,
+        budget=budget,
+    )
     if dry_run:
         plan = api.plan_costs(config, checkpoints, measures=measures, run=run)
-        if _value(format) == "json":  # one entry per checkpoint × measure; unloadable checkpoints on stderr
+        if (
+            _value(format) == "json"
+        ):  # one entry per checkpoint × measure; unloadable checkpoints on stderr
             sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
             for c, e in plan.errors:
-                err_console.print(f"[red]error:[/red] checkpoint {c}: cannot be loaded: {e}", highlight=False, soft_wrap=True)
+                err_console.print(
+                    f"[red]error:[/red] checkpoint {c}: cannot be loaded: {e}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
         else:
             for line in plan.lines():
                 console.print(line, highlight=False, soft_wrap=True, markup=False)
@@ -86,9 +137,18 @@ def measure(
     shown = CheckpointProgress("measuring", message=cli_message)
     try:
         report = api.measure(
-            cfg, checkpoints, measures=measures, outdir=out, run=run,
-            on_row=shown.row, on_start=shown.start, on_progress=shown.detail if shown.is_tty else None,
-            debug=debug, plots=plots, resume=resume, on_measure=shown.measure,
+            cfg,
+            checkpoints,
+            measures=measures,
+            outdir=out,
+            run=run,
+            on_row=shown.row,
+            on_start=shown.start,
+            on_progress=shown.detail if shown.is_tty else None,
+            debug=debug,
+            plots=plots,
+            resume=resume,
+            on_measure=shown.measure,
         )
     finally:
         shown.stop()
@@ -104,8 +164,10 @@ def _print_report(report, format: str, out: Path, wide: bool = False) -> None:
     if format == "table":
         print_table(console, render_rows(report.rows, labels, fit_width(console, wide)), wide)
         where = report.written_to or out
-        console.print(f"wrote {where / 'results.csv'} and {where / 'results.json'} ({report.seconds:.1f}s)",
-                      highlight=False)
+        console.print(
+            f"wrote {where / 'results.csv'} and {where / 'results.json'} ({report.seconds:.1f}s)",
+            highlight=False,
+        )
     elif format == "csv":
         from ..results import to_csv
 
@@ -115,12 +177,18 @@ def _print_report(report, format: str, out: Path, wide: bool = False) -> None:
 
         sys.stdout.write(json.dumps(jsonable([r.to_json() for r in report.rows]), indent=2) + "\n")
     if report.meta.get("plots"):
-        err_console.print(f"wrote {len(report.meta['plots'])} plot(s) in {out / 'plots'}", highlight=False)
+        err_console.print(
+            f"wrote {len(report.meta['plots'])} plot(s) in {out / 'plots'}", highlight=False
+        )
     for r in report.rows:
         if r.status != "ok":
-            err_console.print(f"[red]error:[/red] {r.checkpoint}: {r.error}", highlight=False, soft_wrap=True)
+            err_console.print(
+                f"[red]error:[/red] {r.checkpoint}: {r.error}", highlight=False, soft_wrap=True
+            )
     if report.write_error:
-        err_console.print(f"[red]error:[/red] {report.write_error}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[red]error:[/red] {report.write_error}", highlight=False, soft_wrap=True
+        )
 
 
 # ------------------------------------------------------------------ measures
@@ -140,8 +208,10 @@ def measures_cmd(
 
         names = [m.name for m in list_measures()]
         hint = difflib.get_close_matches(pattern, names, n=1)
-        raise ConfigError(f"no measure matches {pattern!r}." + (f" Did you mean '{hint[0]}'?" if hint
-                          else " Run 'flatcli measures' for the list."))
+        raise ConfigError(
+            f"no measure matches {pattern!r}."
+            + (f" Did you mean '{hint[0]}'?" if hint else " Run 'flatcli measures' for the list.")
+        )
     t = Table(show_header=True, header_style="bold", show_lines=True)
     t.add_column("measure")
     t.add_column("description")
@@ -164,7 +234,9 @@ def config_show(config: ConfigOpt = ..., debug: DebugOpt = False):
 
     cfg = api.load(config)
     console.print(f"# {config}  (hash {cfg.hash()})", highlight=False)
-    console.print(yaml.safe_dump(cfg.to_dict(defaults=True), sort_keys=False).rstrip(), highlight=False)
+    console.print(
+        yaml.safe_dump(cfg.to_dict(defaults=True), sort_keys=False).rstrip(), highlight=False
+    )
     console.print("\n# where each value came from", highlight=False)
     for k in sorted(cfg.provenance):
         console.print(f"#   {k}: {cfg.provenance[k]}", highlight=False)
@@ -174,8 +246,13 @@ def config_show(config: ConfigOpt = ..., debug: DebugOpt = False):
 @app.command(cls=FitHelp)
 @handle_errors
 def demo(
-    outdir: Annotated[Path, typer.Option("--outdir", "-o", help="Where checkpoints and results go.")] = Path("flatcli-demo"),
-    measures: Annotated[str | None, typer.Option("--measures", "-m", help="Measures to run ('all' for the whole catalogue).")] = None,
+    outdir: Annotated[
+        Path, typer.Option("--outdir", "-o", help="Where checkpoints and results go.")
+    ] = Path("flatcli-demo"),
+    measures: Annotated[
+        str | None,
+        typer.Option("--measures", "-m", help="Measures to run ('all' for the whole catalogue)."),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     threads: ThreadsOpt = None,
     wide: WideOpt = False,
@@ -198,21 +275,66 @@ def experiments_list(debug: DebugOpt = False):
     for col in ("experiment", "title", "studies (models)"):
         t.add_column(col)
     for e in list_experiments():
-        t.add_row(e.name, f"{e.title}\n[dim]{e.reference}[/dim]", ", ".join(f"{s}: {n}" for s, n in e.studies))
+        t.add_row(
+            e.name,
+            f"{e.title}\n[dim]{e.reference}[/dim]",
+            ", ".join(f"{s}: {n}" for s, n in e.studies),
+        )
     print_table(console, t)
 
 
 @experiments_app.command("run")
 @handle_errors
 def experiments_run(
-    name: Annotated[str, typer.Argument(help="An experiment (see 'flatcli experiments list') or a spec YAML file.")],
-    quick: Annotated[bool, typer.Option("--quick", help="Tiny grid, tiny models, few steps: a smoke test of the pipeline (seconds), not a result.")] = False,
-    outdir: Annotated[Path | None, typer.Option("--outdir", "-o", help="Output folder (default experiments-out/NAME, NAME-quick with --quick).")] = None,
-    jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="Models trained and sweep workers in parallel, one thread each; the numbers do not depend on it (default 1 with --quick, else the cores up to 2).")] = None,
-    study: Annotated[str | None, typer.Option("--study", help="Run only these studies (comma-separated).")] = None,
-    publish: Annotated[Path | None, typer.Option("--publish", metavar="DIR", help="Copy the small outputs (tables, summary, figures) into DIR/NAME/, e.g. docs/experiments.")] = None,
-    device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N for training and measuring (default: the spec's).", envvar="FLATCLI_DEVICE")] = None,
-    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the figures (needs matplotlib).")] = True,
+    name: Annotated[
+        str,
+        typer.Argument(help="An experiment (see 'flatcli experiments list') or a spec YAML file."),
+    ],
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            help="Tiny grid, tiny models, few steps: a smoke test of the pipeline (seconds), not a result.",
+        ),
+    ] = False,
+    outdir: Annotated[
+        Path | None,
+        typer.Option(
+            "--outdir",
+            "-o",
+            help="Output folder (default experiments-out/NAME, NAME-quick with --quick).",
+        ),
+    ] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs",
+            min=1,
+            help="Models trained and sweep workers in parallel, one thread each; the numbers do not depend on it (default 1 with --quick, else the cores up to 2).",
+        ),
+    ] = None,
+    study: Annotated[
+        str | None, typer.Option("--study", help="Run only these studies (comma-separated).")
+    ] = None,
+    publish: Annotated[
+        Path | None,
+        typer.Option(
+            "--publish",
+            metavar="DIR",
+            help="Copy the small outputs (tables, summary, figures) into DIR/NAME/, e.g. docs/experiments.",
+        ),
+    ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            "--device",
+            help="auto, cpu or cuda:N for training and measuring (default: the spec's).",
+            envvar="FLATCLI_DEVICE",
+        ),
+    ] = None,
+    plots: Annotated[
+        bool, typer.Option("--plots/--no-plots", help="Draw the figures (needs matplotlib).")
+    ] = True,
     debug: DebugOpt = False,
 ):
     """Run one experiment: train its grid to the loss target, flatcli sweep, collect, correlate; print summary.md."""
@@ -223,12 +345,22 @@ def experiments_run(
         err_console.print(msg, highlight=False, soft_wrap=True, markup=False)
 
     studies = [s.strip() for s in study.split(",") if s.strip()] if study else None
-    rep = run_experiment(name, outdir, quick=quick, jobs=jobs, studies=studies, plots=plots, device=device, log=log)
+    rep = run_experiment(
+        name, outdir, quick=quick, jobs=jobs, studies=studies, plots=plots, device=device, log=log
+    )
     console.print(rep.summary.read_text(), highlight=False, soft_wrap=True, markup=False)
-    console.print(f"done in {rep.seconds:.0f}s; outputs in {rep.outdir} (summary.md)", highlight=False, soft_wrap=True)
+    console.print(
+        f"done in {rep.seconds:.0f}s; outputs in {rep.outdir} (summary.md)",
+        highlight=False,
+        soft_wrap=True,
+    )
     if publish is not None:
         files = publish_outputs(rep, publish)
-        console.print(f"published {len(files)} files to {publish / rep.spec.name}", highlight=False, soft_wrap=True)
+        console.print(
+            f"published {len(files)} files to {publish / rep.spec.name}",
+            highlight=False,
+            soft_wrap=True,
+        )
     raise typer.Exit(rep.exit_code)
 
 
@@ -239,22 +371,92 @@ def experiments_run(
 @handle_errors
 def sweep(
     config: ConfigOpt = ...,
-    outdir: Annotated[Path, typer.Option("--outdir", "-o", help="Sweep directory: plan.json, units/ (one file per finished unit), locks/.")] = ...,
-    measures: Annotated[str | None, typer.Option("--measures", "-m", help="Comma-separated measure names or labels ('all' for every measure).")] = None,
-    gpus: Annotated[str | None, typer.Option("--gpus", help="'all' or indices like 0,1: one worker process per GPU (default: every visible GPU when the device is auto).")] = None,
-    workers: Annotated[int | None, typer.Option("--workers", min=1, help="CPU worker processes (default 1).")] = None,
-    shard: Annotated[str | None, typer.Option("--shard", help="I/N: run only shard I of N (for array schedulers); shards cover every unit exactly once.")] = None,
-    executor: Annotated[Executor, typer.Option("--executor", help="local, or slurm (a job array through submitit; needs submitit, the slurm extra of flatcli).")] = Executor.local,
-    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip finished units (--no-resume recomputes them).")] = True,
-    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Rerun units that finished with an error.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be run or submitted; run nothing.")] = False,
+    outdir: Annotated[
+        Path,
+        typer.Option(
+            "--outdir",
+            "-o",
+            help="Sweep directory: plan.json, units/ (one file per finished unit), locks/.",
+        ),
+    ] = ...,
+    measures: Annotated[
+        str | None,
+        typer.Option(
+            "--measures",
+            "-m",
+            help="Comma-separated measure names or labels ('all' for every measure).",
+        ),
+    ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus",
+            help="'all' or indices like 0,1: one worker process per GPU (default: every visible GPU when the device is auto).",
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", min=1, help="CPU worker processes (default 1).")
+    ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            "--shard",
+            help="I/N: run only shard I of N (for array schedulers); shards cover every unit exactly once.",
+        ),
+    ] = None,
+    executor: Annotated[
+        Executor,
+        typer.Option(
+            "--executor",
+            help="local, or slurm (a job array through submitit; needs submitit, the slurm extra of flatcli).",
+        ),
+    ] = Executor.local,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume/--no-resume", help="Skip finished units (--no-resume recomputes them)."
+        ),
+    ] = True,
+    retry_failed: Annotated[
+        bool, typer.Option("--retry-failed", help="Rerun units that finished with an error.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what would be run or submitted; run nothing.")
+    ] = False,
     device: DeviceOpt = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Seed of every stochastic measure.")] = None,
-    tasks: Annotated[int | None, typer.Option("--tasks", min=1, help="slurm: number of array tasks (default: one per checkpoint).")] = None,
-    slurm: Annotated[list[str] | None, typer.Option("--slurm", help="slurm: submitit parameter KEY=VALUE (repeatable), e.g. slurm_partition=gpu, timeout_min=120.")] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="slurm: wait for the array to finish.")] = False,
-    cluster: Annotated[str, typer.Option("--submitit-cluster", hidden=True, help="submitit backend: slurm, local or debug.")] = "slurm",
-    lock_timeout: Annotated[float, typer.Option("--lock-timeout", min=0.0, help="Seconds without a heartbeat after which another worker's lock is stale.")] = 600.0,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Seed of every stochastic measure.")
+    ] = None,
+    tasks: Annotated[
+        int | None,
+        typer.Option(
+            "--tasks", min=1, help="slurm: number of array tasks (default: one per checkpoint)."
+        ),
+    ] = None,
+    slurm: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--slurm",
+            help="slurm: submitit parameter KEY=VALUE (repeatable), e.g. slurm_partition=gpu, timeout_min=120.",
+        ),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="slurm: wait for the array to finish.")
+    ] = False,
+    cluster: Annotated[
+        str,
+        typer.Option(
+            "--submitit-cluster", hidden=True, help="submitit backend: slurm, local or debug."
+        ),
+    ] = "slurm",
+    lock_timeout: Annotated[
+        float,
+        typer.Option(
+            "--lock-timeout",
+            min=0.0,
+            help="Seconds without a heartbeat after which another worker's lock is stale.",
+        ),
+    ] = 600.0,
     allow_unsafe_pickle: UnsafePickleOpt = False,
     threads: ThreadsOpt = None,
     precision: PrecisionOpt = None,
@@ -268,12 +470,33 @@ def sweep(
     def log(msg: str) -> None:
         err_console.print(msg, highlight=False, soft_wrap=True, markup=False)
 
-    run = run_options(device=device, precision=precision, seed=seed, threads=threads,
-                      allow_unsafe_pickle=allow_unsafe_pickle, budget=budget)
+    run = run_options(
+        device=device,
+        precision=precision,
+        seed=seed,
+        threads=threads,
+        allow_unsafe_pickle=allow_unsafe_pickle,
+        budget=budget,
+    )
     report = api.sweep(
-        config, outdir, measures=measures, run=run, gpus=gpus, workers=workers, shard=shard,
-        executor=_value(executor), resume=resume, retry_failed=retry_failed, dry_run=dry_run, lock_timeout=lock_timeout,
-        tasks=tasks, slurm=parse_slurm_params(slurm), cluster=cluster, wait=wait, log=log, debug=debug,
+        config,
+        outdir,
+        measures=measures,
+        run=run,
+        gpus=gpus,
+        workers=workers,
+        shard=shard,
+        executor=_value(executor),
+        resume=resume,
+        retry_failed=retry_failed,
+        dry_run=dry_run,
+        lock_timeout=lock_timeout,
+        tasks=tasks,
+        slurm=parse_slurm_params(slurm),
+        cluster=cluster,
+        wait=wait,
+        log=log,
+        debug=debug,
     )
     for line in report.lines:
         console.print(line, highlight=False, soft_wrap=True)
@@ -296,7 +519,14 @@ def sweep(
 @handle_errors
 def collect(
     outdir: Annotated[Path, typer.Argument(help="A sweep directory.")],
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="CSV to write (default OUTDIR/results.csv; a .json goes beside it).")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="CSV to write (default OUTDIR/results.csv; a .json goes beside it).",
+        ),
+    ] = None,
     debug: DebugOpt = False,
 ):
     """Merge a sweep's unit files into results.csv (the columns of 'flatcli measure')."""
@@ -307,17 +537,20 @@ def collect(
     console.print(
         f"wrote {rep.csv_path} and {rep.json_path}: {len(rep.rows)} checkpoints × {len(rep.labels)} measures, "
         f"{len(rep.missing)} units not finished, {n_err} rows with errors",
-        highlight=False, soft_wrap=True,
+        highlight=False,
+        soft_wrap=True,
     )
     if rep.stale:
-        err_console.print(f"note: {rep.stale} unit files of an earlier plan were ignored", highlight=False)
+        err_console.print(
+            f"note: {rep.stale} unit files of an earlier plan were ignored", highlight=False
+        )
     for p in rep.unreadable:
-        err_console.print(f"[yellow]warning:[/yellow] unreadable unit file {p} (ignored)", highlight=False)
+        err_console.print(
+            f"[yellow]warning:[/yellow] unreadable unit file {p} (ignored)", highlight=False
+        )
     for c, lab in rep.missing[:10]:
         err_console.print(f"not finished: {c} {lab}", highlight=False)
     raise typer.Exit(rep.exit_code)
-
-
 
 
 @app.command("sweep-worker", hidden=True, cls=FitHelp)
@@ -325,20 +558,45 @@ def collect(
 def sweep_worker(
     outdir: Annotated[Path, typer.Argument(help="A planned sweep directory (holds plan.json).")],
     shard: Annotated[str | None, typer.Option("--shard", help="I/N: only shard I of N.")] = None,
-    worker: Annotated[int, typer.Option("--worker", min=0, help="This worker's index in its pool.")] = 0,
+    worker: Annotated[
+        int, typer.Option("--worker", min=0, help="This worker's index in its pool.")
+    ] = 0,
     workers: Annotated[int, typer.Option("--workers", min=1, help="Workers in the pool.")] = 1,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda:N.")] = None,
-    redo_before: Annotated[float | None, typer.Option("--redo-before", help="Recompute units finished before this time.")] = None,
-    retry_before: Annotated[float | None, typer.Option("--retry-before", help="Rerun error units finished before this time.")] = None,
-    lock_timeout: Annotated[float, typer.Option("--lock-timeout", min=0.0, help="Seconds after which a silent lock is stale.")] = 600.0,
+    redo_before: Annotated[
+        float | None,
+        typer.Option("--redo-before", help="Recompute units finished before this time."),
+    ] = None,
+    retry_before: Annotated[
+        float | None,
+        typer.Option("--retry-before", help="Rerun error units finished before this time."),
+    ] = None,
+    lock_timeout: Annotated[
+        float,
+        typer.Option("--lock-timeout", min=0.0, help="Seconds after which a silent lock is stale."),
+    ] = 600.0,
     threads: ThreadsOpt = None,
-    run: Annotated[str | None, typer.Option("--run", help="Id of the sweep run this worker belongs to (stored in its unit records).")] = None,
+    run: Annotated[
+        str | None,
+        typer.Option(
+            "--run", help="Id of the sweep run this worker belongs to (stored in its unit records)."
+        ),
+    ] = None,
     debug: DebugOpt = False,
 ):
     """One worker over a planned sweep: what 'flatcli sweep' runs per GPU and array schedulers run per task."""
     from ..sweep.worker import run_worker_process
 
-    line = run_worker_process(outdir, shard=shard, worker=worker, workers=workers, device=device,
-                              redo_before=redo_before, retry_before=retry_before, lock_timeout=lock_timeout,
-                              threads=threads, run=run)
+    line = run_worker_process(
+        outdir,
+        shard=shard,
+        worker=worker,
+        workers=workers,
+        device=device,
+        redo_before=redo_before,
+        retry_before=retry_before,
+        lock_timeout=lock_timeout,
+        threads=threads,
+        run=run,
+    )
     err_console.print(line, highlight=False, markup=False)

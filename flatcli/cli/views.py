@@ -1,7 +1,6 @@
 """Commands that look at results and landscapes: landscape slice|interpolate|pca|connect,
 correlate (with --compare) and check-invariance."""
 
-
 from __future__ import annotations
 
 import functools
@@ -44,20 +43,61 @@ from ._app import (
 
 # ------------------------------------------------------------------ landscape slice|interpolate|pca|connect
 StepsOpt = Annotated[int, typer.Option("--steps", help="Grid points per axis.")]
-SpanOpt = Annotated[str | None, typer.Option("--span", show_default=False, help="Grid range 'a,b' (default -1,1; interpolate -0.5,1.5).")]
+SpanOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--span", show_default=False, help="Grid range 'a,b' (default -1,1; interpolate -0.5,1.5)."
+    ),
+]
 
 # The options every view takes, declared once (name, annotation, default): `view_command` appends
 # them to each view's own parameters, so the four commands do not repeat them.
 _SHARED = (
     ("config", ConfigOpt, ...),
-    ("outdir", Annotated[Path, typer.Option("--outdir", "-o", help="Write the view's CSV, JSON and PNG files here.")], ...),
-    ("seed", Annotated[int | None, typer.Option("--seed", show_default=False, help="Seed of the random directions (slice), the randomized solver (pca) or the bend training (connect); default runtime.seed.")], None),
+    (
+        "outdir",
+        Annotated[
+            Path,
+            typer.Option("--outdir", "-o", help="Write the view's CSV, JSON and PNG files here."),
+        ],
+        ...,
+    ),
+    (
+        "seed",
+        Annotated[
+            int | None,
+            typer.Option(
+                "--seed",
+                show_default=False,
+                help="Seed of the random directions (slice), the randomized solver (pca) or the bend training (connect); default runtime.seed.",
+            ),
+        ],
+        None,
+    ),
     ("device", DeviceOpt, None),
     ("precision", PrecisionOpt, None),
     ("threads", ThreadsOpt, None),
     ("allow_unsafe_pickle", UnsafePickleOpt, False),
-    ("points_per_pass", Annotated[int | None, typer.Option("--points-per-pass", min=1, show_default=False, help="Grid points per vmapped forward pass (1 = loop; default: 1 for conv nets, else 8).")], None),
-    ("plots", Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")], True),
+    (
+        "points_per_pass",
+        Annotated[
+            int | None,
+            typer.Option(
+                "--points-per-pass",
+                min=1,
+                show_default=False,
+                help="Grid points per vmapped forward pass (1 = loop; default: 1 for conv nets, else 8).",
+            ),
+        ],
+        None,
+    ),
+    (
+        "plots",
+        Annotated[
+            bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")
+        ],
+        True,
+    ),
     ("debug", DebugOpt, False),
 )
 
@@ -70,7 +110,10 @@ def view_command(view: str):
 
     def register(fn):
         own = list(inspect.signature(fn, eval_str=True).parameters.values())
-        shared = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=t, default=d) for n, t, d in _SHARED]
+        shared = [
+            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=t, default=d)
+            for n, t, d in _SHARED
+        ]
 
         @functools.wraps(fn)
         def command(**kw):
@@ -87,11 +130,21 @@ def view_command(view: str):
 
 @view_command("slice")
 def landscape_slice(
-    checkpoint: Annotated[str, typer.Argument(help="The checkpoint at the centre of the slice.", show_default=False)],
-    dims: Annotated[int, typer.Option("--dims", min=1, max=2, help="1 or 2 filter-normalized random directions.")] = 1,
+    checkpoint: Annotated[
+        str, typer.Argument(help="The checkpoint at the centre of the slice.", show_default=False)
+    ],
+    dims: Annotated[
+        int,
+        typer.Option("--dims", min=1, max=2, help="1 or 2 filter-normalized random directions."),
+    ] = 1,
     steps: StepsOpt = 25,
     span: SpanOpt = None,
-    bias_bn: Annotated[BiasBN, typer.Option("--bias-bn", help="Direction on biases and norm layers: zero (Li et al.) or keep.")] = BiasBN.zero,
+    bias_bn: Annotated[
+        BiasBN,
+        typer.Option(
+            "--bias-bn", help="Direction on biases and norm layers: zero (Li et al.) or keep."
+        ),
+    ] = BiasBN.zero,
 ):
     """1D/2D slice of the loss along filter-normalized random directions (Li et al. 2018)."""
     return [checkpoint], dict(dims=dims, steps=steps, span=span, bias_bn=_value(bias_bn))
@@ -110,11 +163,29 @@ def landscape_interpolate(
 
 @view_command("pca")
 def landscape_pca(
-    checkpoints: Annotated[list[str], typer.Argument(help="A training run's checkpoints (≥ 3; files or globs, sorted naturally).", show_default=False)],
+    checkpoints: Annotated[
+        list[str],
+        typer.Argument(
+            help="A training run's checkpoints (≥ 3; files or globs, sorted naturally).",
+            show_default=False,
+        ),
+    ],
     steps: StepsOpt = 25,
     span: SpanOpt = None,
-    solver: Annotated[str, typer.Option("--solver", help="auto, full (scikit-learn PCA) or randomized (randomized SVD, for large models).")] = "auto",
-    keep_order: Annotated[bool, typer.Option("--keep-order", help="Keep the checkpoints in the order given instead of sorting them naturally.")] = False,
+    solver: Annotated[
+        str,
+        typer.Option(
+            "--solver",
+            help="auto, full (scikit-learn PCA) or randomized (randomized SVD, for large models).",
+        ),
+    ] = "auto",
+    keep_order: Annotated[
+        bool,
+        typer.Option(
+            "--keep-order",
+            help="Keep the checkpoints in the order given instead of sorting them naturally.",
+        ),
+    ] = False,
 ):
     """Trajectory PCA (Li et al. 2018): the loss over the plane of a training run's top-2 PCA directions around its last checkpoint, with the path."""
     return checkpoints, dict(steps=steps, span=span, solver=solver, sort=not keep_order)
@@ -125,30 +196,79 @@ def landscape_connect(
     a: Annotated[str, typer.Argument(help="Endpoint A.", show_default=False)],
     b: Annotated[str, typer.Argument(help="Endpoint B.", show_default=False)],
     steps: StepsOpt = 25,
-    bend_steps: Annotated[int, typer.Option("--bend-steps", help="Optimizer steps for the bend (the step budget).")] = 1000,
-    bend_lr: Annotated[float | None, typer.Option("--bend-lr", show_default=False, help="Learning rate (default 1e-3 for adam, 1e-2 for sgd).")] = None,
-    bend_optimizer: Annotated[str, typer.Option("--bend-optimizer", help="adam or sgd (momentum 0.9).")] = "adam",
-    bend_batch_size: Annotated[int, typer.Option("--bend-batch-size", help="Minibatch size of the bend training.")] = 128,
+    bend_steps: Annotated[
+        int, typer.Option("--bend-steps", help="Optimizer steps for the bend (the step budget).")
+    ] = 1000,
+    bend_lr: Annotated[
+        float | None,
+        typer.Option(
+            "--bend-lr",
+            show_default=False,
+            help="Learning rate (default 1e-3 for adam, 1e-2 for sgd).",
+        ),
+    ] = None,
+    bend_optimizer: Annotated[
+        str, typer.Option("--bend-optimizer", help="adam or sgd (momentum 0.9).")
+    ] = "adam",
+    bend_batch_size: Annotated[
+        int, typer.Option("--bend-batch-size", help="Minibatch size of the bend training.")
+    ] = 128,
 ):
     """Mode connectivity (Garipov et al. 2018): train the bend of a quadratic Bezier curve between A and B; loss and barrier along the curve and the line."""
-    return [a, b], dict(steps=steps, bend_steps=bend_steps, bend_lr=bend_lr, bend_optimizer=bend_optimizer,
-                        bend_batch_size=bend_batch_size)
+    return [a, b], dict(
+        steps=steps,
+        bend_steps=bend_steps,
+        bend_lr=bend_lr,
+        bend_optimizer=bend_optimizer,
+        bend_batch_size=bend_batch_size,
+    )
 
 
-def _show_view(view: str, checkpoints: list[str], options: dict, *, config, outdir, seed, device, precision, threads,
-               allow_unsafe_pickle, points_per_pass, plots, debug) -> None:
+def _show_view(
+    view: str,
+    checkpoints: list[str],
+    options: dict,
+    *,
+    config,
+    outdir,
+    seed,
+    device,
+    precision,
+    threads,
+    allow_unsafe_pickle,
+    points_per_pass,
+    plots,
+    debug,
+) -> None:
     """Run one landscape view through `flatcli.api.landscape` and print its summary."""
     from .. import api
 
-    run = run_options(device=device, precision=precision, seed=seed, threads=threads,
-                      allow_unsafe_pickle=allow_unsafe_pickle)
+    run = run_options(
+        device=device,
+        precision=precision,
+        seed=seed,
+        threads=threads,
+        allow_unsafe_pickle=allow_unsafe_pickle,
+    )
     with GridProgress("landscape") as shown:
-        res = api.landscape(config, checkpoints, view, run=run, outdir=outdir, plots=plots,
-                            points_per_pass=points_per_pass, on_progress=shown.update, **options)
+        res = api.landscape(
+            config,
+            checkpoints,
+            view,
+            run=run,
+            outdir=outdir,
+            plots=plots,
+            points_per_pass=points_per_pass,
+            on_progress=shown.update,
+            **options,
+        )
     _print_view(_view_title(view, checkpoints, res), res)
     for split, d in res.meta.get("evaluator", {}).items():
         if view in ("slice", "interpolate") and d.get("vmap_fallback"):
-            err_console.print(f"note: vmap failed on {split} ({d['vmap_fallback']}); evaluated point by point", highlight=False)
+            err_console.print(
+                f"note: vmap failed on {split} ({d['vmap_fallback']}); evaluated point by point",
+                highlight=False,
+            )
 
 
 def _view_title(view: str, checkpoints: list[str], res) -> str:
@@ -157,11 +277,17 @@ def _view_title(view: str, checkpoints: list[str], res) -> str:
         grid = f"{len(res.surface.alpha)}×{len(res.surface.beta)}"
         return f"trajectory PCA of {len(res.meta['checkpoints'])} checkpoints ({grid} points, {res.meta['solver']} SVD)"
     if view == "connect":
-        return (f"mode connectivity {checkpoints[0]} → {checkpoints[1]} ({len(res.curve.alpha)} points, "
-                f"{res.meta['bend_steps']} bend steps)")
+        return (
+            f"mode connectivity {checkpoints[0]} → {checkpoints[1]} ({len(res.curve.alpha)} points, "
+            f"{res.meta['bend_steps']} bend steps)"
+        )
     what = {"1d": "1D slice", "2d": "2D slice", "interpolation": "interpolation"}[res.kind]
     grid = f"{len(res.alpha)}" + (f"×{len(res.beta)}" if res.beta is not None else "")
-    return f"{what} of {checkpoints[0]}" + (f" → {checkpoints[1]}" if view == "interpolate" else "") + f" ({grid} points)"
+    return (
+        f"{what} of {checkpoints[0]}"
+        + (f" → {checkpoints[1]}" if view == "interpolate" else "")
+        + f" ({grid} points)"
+    )
 
 
 def _print_view(title: str, res) -> None:
@@ -185,21 +311,85 @@ def _print_view(title: str, res) -> None:
 @app.command(cls=FitHelp)
 @handle_errors
 def correlate(
-    results: Annotated[Path, typer.Argument(help="A table with one row per checkpoint: a results.csv from 'flatcli measure' or 'flatcli collect', or any CSV.")],
+    results: Annotated[
+        Path,
+        typer.Argument(
+            help="A table with one row per checkpoint: a results.csv from 'flatcli measure' or 'flatcli collect', or any CSV."
+        ),
+    ],
     target: Annotated[str, typer.Option("--target", help="Column to predict.")] = "gen_gap",
-    by: Annotated[str | None, typer.Option("--by", help="Hyperparameter axes for Ψ and CMI: columns of any name, e.g. lr,width (hp_lr is found by lr; default: every hp_* column that forms a grid axis).")] = None,
-    outdir: Annotated[Path | None, typer.Option("--outdir", "-o", help="Write correlations.csv (and plots/) here.")] = None,
-    plots: Annotated[bool, typer.Option("--plots", help="Scatter per measure and a ψ heatmap in OUTDIR/plots (needs matplotlib and -o OUTDIR).")] = False,
-    sort: Annotated[str | None, typer.Option("--sort", help="Rank by psi, kendall_tau_b, jiang_tau, spearman, pearson or cmi.")] = None,
-    measures: Annotated[str | None, typer.Option("--measures", "-m", help="Measure columns, any numeric columns (default: the measures flatcli recorded, else every numeric column that is not the target, a metric or a hyperparameter).")] = None,
-    where: Annotated[str | None, typer.Option("--where", help="Keep only the rows matching this pandas query (DataFrame.query), e.g. 'hp_lr < 0.1 and train_acc >= 0.99'; backquote names that are not identifiers.")] = None,
-    max_train_loss: Annotated[float | None, typer.Option("--max-train-loss", help="Keep only the rows with train_loss ≤ this (models at a minimum; Jiang et al. use 0.01).")] = None,
-    bootstrap: Annotated[int | None, typer.Option("--bootstrap", help="Resamples of the checkpoints for percentile intervals of Pearson, Spearman and Kendall τ-b (e.g. 1000).")] = None,
+    by: Annotated[
+        str | None,
+        typer.Option(
+            "--by",
+            help="Hyperparameter axes for Ψ and CMI: columns of any name, e.g. lr,width (hp_lr is found by lr; default: every hp_* column that forms a grid axis).",
+        ),
+    ] = None,
+    outdir: Annotated[
+        Path | None,
+        typer.Option("--outdir", "-o", help="Write correlations.csv (and plots/) here."),
+    ] = None,
+    plots: Annotated[
+        bool,
+        typer.Option(
+            "--plots",
+            help="Scatter per measure and a ψ heatmap in OUTDIR/plots (needs matplotlib and -o OUTDIR).",
+        ),
+    ] = False,
+    sort: Annotated[
+        str | None,
+        typer.Option(
+            "--sort", help="Rank by psi, kendall_tau_b, jiang_tau, spearman, pearson or cmi."
+        ),
+    ] = None,
+    measures: Annotated[
+        str | None,
+        typer.Option(
+            "--measures",
+            "-m",
+            help="Measure columns, any numeric columns (default: the measures flatcli recorded, else every numeric column that is not the target, a metric or a hyperparameter).",
+        ),
+    ] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(
+            "--where",
+            help="Keep only the rows matching this pandas query (DataFrame.query), e.g. 'hp_lr < 0.1 and train_acc >= 0.99'; backquote names that are not identifiers.",
+        ),
+    ] = None,
+    max_train_loss: Annotated[
+        float | None,
+        typer.Option(
+            "--max-train-loss",
+            help="Keep only the rows with train_loss ≤ this (models at a minimum; Jiang et al. use 0.01).",
+        ),
+    ] = None,
+    bootstrap: Annotated[
+        int | None,
+        typer.Option(
+            "--bootstrap",
+            help="Resamples of the checkpoints for percentile intervals of Pearson, Spearman and Kendall τ-b (e.g. 1000).",
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap resampling.")] = 0,
-    confidence: Annotated[float, typer.Option("--confidence", help="Level of the bootstrap intervals.")] = 0.95,
+    confidence: Annotated[
+        float, typer.Option("--confidence", help="Level of the bootstrap intervals.")
+    ] = 0.95,
     wide: WideOpt = False,
-    color_by: Annotated[str | None, typer.Option("--color-by", help="Column colouring the scatter plots (default the first axis; 'none' for one colour).")] = None,
-    marker_by: Annotated[str | None, typer.Option("--marker-by", help="Column choosing the markers of the scatter plots (default the next axis; 'none' for one marker).")] = None,
+    color_by: Annotated[
+        str | None,
+        typer.Option(
+            "--color-by",
+            help="Column colouring the scatter plots (default the first axis; 'none' for one colour).",
+        ),
+    ] = None,
+    marker_by: Annotated[
+        str | None,
+        typer.Option(
+            "--marker-by",
+            help="Column choosing the markers of the scatter plots (default the next axis; 'none' for one marker).",
+        ),
+    ] = None,
     compare: CompareOpt = None,
     debug: DebugOpt = False,
 ):
@@ -208,38 +398,75 @@ def correlate(
     from ..analysis.report import notes, render_table
 
     with GridProgress("correlate: measures bootstrapped" if bootstrap else "correlate") as shown:
-        rep = api.correlate(results, target=target, by=by, outdir=outdir, plots=plots, sort=sort, measures=measures,
-                            color_by=color_by, marker_by=marker_by, where=where, max_train_loss=max_train_loss,
-                            bootstrap=bootstrap, run=run_options(seed=seed), confidence=confidence,
-                            progress=shown.update if bootstrap else None)
+        rep = api.correlate(
+            results,
+            target=target,
+            by=by,
+            outdir=outdir,
+            plots=plots,
+            sort=sort,
+            measures=measures,
+            color_by=color_by,
+            marker_by=marker_by,
+            where=where,
+            max_train_loss=max_train_loss,
+            bootstrap=bootstrap,
+            run=run_options(seed=seed),
+            confidence=confidence,
+            progress=shown.update if bootstrap else None,
+        )
     print_table(console, render_table(rep, fit_width(console, wide)), wide)
-    rows = f"{rep.n_rows} checkpoints" + (f" (of {rep.n_input}, after the filters)" if rep.filters else "")
+    rows = f"{rep.n_rows} checkpoints" + (
+        f" (of {rep.n_input}, after the filters)" if rep.filters else ""
+    )
     console.print(
         f"{rows}; measures from {rep.measures_source}; n = checkpoints used "
         "(ψ groups and CMI pairs in correlations.csv)",
-        highlight=False, soft_wrap=True,
+        highlight=False,
+        soft_wrap=True,
     )
     for n in notes(rep):
         err_console.print(f"note: {n}", highlight=False, soft_wrap=True, markup=False)
     for w in rep.warnings:
-        err_console.print(f"warning: {w}", style="yellow", highlight=False, soft_wrap=True, markup=False)
+        err_console.print(
+            f"warning: {w}", style="yellow", highlight=False, soft_wrap=True, markup=False
+        )
     if rep.csv_path is not None:
-        console.print(f"wrote {rep.csv_path}" + (f" and {len(rep.plots)} plots in {rep.plots[0].parent}" if rep.plots else ""),
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"wrote {rep.csv_path}"
+            + (f" and {len(rep.plots)} plots in {rep.plots[0].parent}" if rep.plots else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
     if compare:
-        _print_comparison(results, compare, target=target, bootstrap=bootstrap, seed=seed, confidence=confidence,
-                          where=where, max_train_loss=max_train_loss, outdir=outdir)
+        _print_comparison(
+            results,
+            compare,
+            target=target,
+            bootstrap=bootstrap,
+            seed=seed,
+            confidence=confidence,
+            where=where,
+            max_train_loss=max_train_loss,
+            outdir=outdir,
+        )
 
 
 # ------------------------------------------------------------------ correlate --compare
-CompareOpt = Annotated[str | None, typer.Option(
-    "--compare",
-    help="A,B: paired bootstrap over the checkpoints of the difference of A's and B's correlations with the target "
-         "(Kendall τ-b, Spearman, Pearson; Zou's interval for Pearson); says 'A ranks above B' only when the interval "
-         "excludes 0, else 'tied'. Uses --bootstrap (default 2000), --seed and --confidence.")]
+CompareOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--compare",
+        help="A,B: paired bootstrap over the checkpoints of the difference of A's and B's correlations with the target "
+        "(Kendall τ-b, Spearman, Pearson; Zou's interval for Pearson); says 'A ranks above B' only when the interval "
+        "excludes 0, else 'tied'. Uses --bootstrap (default 2000), --seed and --confidence.",
+    ),
+]
 
 
-def _print_comparison(results, compare: str, *, target, bootstrap, seed, confidence, where, max_train_loss, outdir) -> None:
+def _print_comparison(
+    results, compare: str, *, target, bootstrap, seed, confidence, where, max_train_loss, outdir
+) -> None:
     """Run `flatcli.analysis.compare.compare_measures` for ``A,B`` and print one line per statistic
     (and write comparison.csv beside correlations.csv)."""
     from ..analysis.compare import compare_measures, describe
@@ -247,9 +474,22 @@ def _print_comparison(results, compare: str, *, target, bootstrap, seed, confide
     names = [x.strip() for x in compare.split(",") if x.strip()]
     if len(names) != 2:
         raise ConfigError(f"--compare takes two measures as A,B; got {compare!r}")
-    df = compare_measures(results, names[0], names[1], target=target, bootstrap=bootstrap or 2000, seed=seed,
-                          confidence=confidence, where=where, max_train_loss=max_train_loss)
-    console.print(f"paired comparison with {target} ({names[0]} vs {names[1]}):", highlight=False, soft_wrap=True)
+    df = compare_measures(
+        results,
+        names[0],
+        names[1],
+        target=target,
+        bootstrap=bootstrap or 2000,
+        seed=seed,
+        confidence=confidence,
+        where=where,
+        max_train_loss=max_train_loss,
+    )
+    console.print(
+        f"paired comparison with {target} ({names[0]} vs {names[1]}):",
+        highlight=False,
+        soft_wrap=True,
+    )
     for line in describe(df):
         console.print("  " + line, highlight=False, soft_wrap=True, markup=False)
     if outdir is not None:
@@ -264,11 +504,36 @@ def _print_comparison(results, compare: str, *, target, bootstrap, seed, confide
 def check_invariance_cmd(
     checkpoint: Annotated[Path, typer.Argument(help="The checkpoint to rescale.")],
     config: ConfigOpt = ...,
-    measures: Annotated[str | None, typer.Option("--measures", "-m", help="Comma-separated measures or labels (default: the configured ones plus every measure that claims invariance).")] = None,
-    scale: Annotated[float, typer.Option("--scale", min=1.0, help="Rescaling factors range over [1/A, A].")] = 10.0,
-    transform: Annotated[Transform, typer.Option("--transform", help="node, layer or both (node-wise then layer-wise).")] = Transform.both,
-    tol: Annotated[float, typer.Option("--tol", min=0.0, help="Relative change up to which a claimed invariance holds (float64).")] = 1e-6,
-    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the rescaling and of every stochastic measure (equal for both runs).")] = None,
+    measures: Annotated[
+        str | None,
+        typer.Option(
+            "--measures",
+            "-m",
+            help="Comma-separated measures or labels (default: the configured ones plus every measure that claims invariance).",
+        ),
+    ] = None,
+    scale: Annotated[
+        float, typer.Option("--scale", min=1.0, help="Rescaling factors range over [1/A, A].")
+    ] = 10.0,
+    transform: Annotated[
+        Transform,
+        typer.Option("--transform", help="node, layer or both (node-wise then layer-wise)."),
+    ] = Transform.both,
+    tol: Annotated[
+        float,
+        typer.Option(
+            "--tol",
+            min=0.0,
+            help="Relative change up to which a claimed invariance holds (float64).",
+        ),
+    ] = 1e-6,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            "--seed",
+            help="Seed of the rescaling and of every stochastic measure (equal for both runs).",
+        ),
+    ] = None,
     device: DeviceOpt = None,
     threads: ThreadsOpt = None,
     debug: DebugOpt = False,
@@ -279,26 +544,52 @@ def check_invariance_cmd(
     from ..api import check_invariance
 
     with StageProgress("check-invariance: rescaling") as shown:
-        rep = check_invariance(config, checkpoint, measures, transform=_value(transform), scale=scale, tol=tol,
-                               run=run_options(seed=seed, device=device, threads=threads), progress=shown.update)
+        rep = check_invariance(
+            config,
+            checkpoint,
+            measures,
+            transform=_value(transform),
+            scale=scale,
+            tol=tol,
+            run=run_options(seed=seed, device=device, threads=threads),
+            progress=shown.update,
+        )
     log_line(rep.threads)
-    console.print(f"[bold]{escape(rep.checkpoint)}[/bold]: {escape(rep.describe())}", highlight=False, soft_wrap=True)
-    console.print(f"network output changed by {rep.output_rel_change:.2g} (relative, float64)", highlight=False)
+    console.print(
+        f"[bold]{escape(rep.checkpoint)}[/bold]: {escape(rep.describe())}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(
+        f"network output changed by {rep.output_rel_change:.2g} (relative, float64)",
+        highlight=False,
+    )
     print_table(console, _invariance_table(rep))
     for r in rep.results:
         if r.note:
             console.print(f"* {r.label}: {r.note}", highlight=False, soft_wrap=True)
         if r.error:
-            err_console.print(f"[red]error:[/red] {escape(r.error)}", highlight=False, soft_wrap=True)
+            err_console.print(
+                f"[red]error:[/red] {escape(r.error)}", highlight=False, soft_wrap=True
+            )
     ref = next((r for r in rep.results if r.label == rep.reference), None)
     if ref is not None and ref.original and math.isfinite(ref.rescaled):
-        console.print(f"the Hessian trace changed by a factor {ref.rescaled / ref.original:.3g}", highlight=False)
+        console.print(
+            f"the Hessian trace changed by a factor {ref.rescaled / ref.original:.3g}",
+            highlight=False,
+        )
     claimed = [r for r in rep.results if r.claims_invariance]
     bad = [r.label for r in claimed if not r.held]
     if bad:
-        err_console.print(f"[red]invariance violated[/red] (tolerance {rep.tol:g}): {', '.join(bad)}", highlight=False)
+        err_console.print(
+            f"[red]invariance violated[/red] (tolerance {rep.tol:g}): {', '.join(bad)}",
+            highlight=False,
+        )
     else:
-        console.print(f"all {len(claimed)} measure(s) claiming invariance held it within {rep.tol:g}", highlight=False)
+        console.print(
+            f"all {len(claimed)} measure(s) claiming invariance held it within {rep.tol:g}",
+            highlight=False,
+        )
     raise typer.Exit(rep.exit_code)
 
 
@@ -306,10 +597,17 @@ def _invariance_table(rep) -> Table:
     """The per-measure table of ``check-invariance``."""
     from rich import box
 
-    t = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    t = Table(
+        show_header=True, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1)
+    )
     t.add_column("measure", no_wrap=True)
-    for col, just in (("claims\ninvariance", "left"), ("original", "right"), ("rescaled", "right"),
-                      ("rel.\nchange", "right"), ("held?", "left")):
+    for col, just in (
+        ("claims\ninvariance", "left"),
+        ("original", "right"),
+        ("rescaled", "right"),
+        ("rel.\nchange", "right"),
+        ("held?", "left"),
+    ):
         t.add_column(col, justify=just, no_wrap=True)
     for r in rep.results:
         name = r.label + ("*" if r.note else "")

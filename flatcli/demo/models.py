@@ -10,13 +10,22 @@ class MLP(nn.Module):
     layer after each hidden ReLU (active in training only; ``dropout = 0`` adds no module, so
     checkpoints keep their keys)."""
 
-    def __init__(self, in_features: int = 64, width: int = 128, depth: int = 2, num_classes: int = 10, bias: bool = True,
-                 dropout: float = 0.0):
+    def __init__(
+        self,
+        in_features: int = 64,
+        width: int = 128,
+        depth: int = 2,
+        num_classes: int = 10,
+        bias: bool = True,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         layers: list[nn.Module] = []
         d = in_features
         for _ in range(depth):
-            layers += [nn.Linear(d, width, bias=bias), nn.ReLU()] + ([nn.Dropout(dropout)] if dropout > 0 else [])
+            layers += [nn.Linear(d, width, bias=bias), nn.ReLU()] + (
+                [nn.Dropout(dropout)] if dropout > 0 else []
+            )
             d = width
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Linear(d, num_classes, bias=bias)

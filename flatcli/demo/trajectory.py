@@ -64,7 +64,15 @@ def train_trajectory(
 
     def save(step: int, m: torch.nn.Module) -> None:
         p = folder / f"step_{step}.pt"
-        torch.save({"state_dict": float_state(m), "model_kwargs": task.model_kwargs, "hparams": task.hparams, "step": step}, p)
+        torch.save(
+            {
+                "state_dict": float_state(m),
+                "model_kwargs": task.model_kwargs,
+                "hparams": task.hparams,
+                "step": step,
+            },
+            p,
+        )
         paths.append(p)
 
     def on_step(step: int, m: torch.nn.Module) -> None:
@@ -74,10 +82,14 @@ def train_trajectory(
     x, y, _ = task_data(task)
     model = init_model(task)
     save(0, model)
-    res = train_to_target(model, x, y, task.recipe, seed=task.seed, criterion=task.criterion, on_step=on_step)
+    res = train_to_target(
+        model, x, y, task.recipe, seed=task.seed, criterion=task.criterion, on_step=on_step
+    )
     if res.steps % int(every) != 0:
         save(res.steps, model)
-    log(f"trained {name}: {res.steps} steps, train CE {res.train_loss:.4f}; saved {len(paths)} checkpoints in {folder}")
+    log(
+        f"trained {name}: {res.steps} steps, train CE {res.train_loss:.4f}; saved {len(paths)} checkpoints in {folder}"
+    )
     return paths
 
 

@@ -28,7 +28,9 @@ TARGET_LOSS = 0.01
 # Full-batch Adam; weight_decay is Adam's coupled L2 penalty on the weight matrices. float64 and one
 # thread (flatcli.training): the same weights for any thread count, and CPU kernels' rounding
 # differences stay ~1e-13 instead of changing the number of steps (checkpoints are float32).
-RECIPE = Recipe(optimizer="adam", lr=2e-3, batch_size=None, max_steps=6000, eval_every=10, dtype="float64")
+RECIPE = Recipe(
+    optimizer="adam", lr=2e-3, batch_size=None, max_steps=6000, eval_every=10, dtype="float64"
+)
 SHORT_NAMES = {"width": "w", "weight_decay": "wd", "label_noise": "noise"}
 DATA = {"train": {"source": "digits"}, "test": {"source": "digits"}}
 
@@ -60,14 +62,21 @@ def train_zoo(outdir: Path, seed: int = 0, log=print, jobs: int | None = None) -
     to 2: the weights do not depend on it); write checkpoints, manifest.csv, training.csv and a
     config. Returns the config path."""
     outdir = Path(outdir)
-    records = run_tasks(zoo_tasks(outdir, seed), jobs=default_jobs() if jobs is None else jobs, log=log)
+    records = run_tasks(
+        zoo_tasks(outdir, seed), jobs=default_jobs() if jobs is None else jobs, log=log
+    )
     write_manifest(outdir, records, list(ZOO_GRID))
     from ..measures import list_measures
 
     known = {m.name for m in list_measures()}
-    measures = [m for m in default_measures() if (m if isinstance(m, str) else next(iter(m))) in known]
+    measures = [
+        m for m in default_measures() if (m if isinstance(m, str) else next(iter(m))) in known
+    ]
     cfg = {
-        "model": {"target": "flatcli.demo.models:MLP", "kwargs": {"in_features": 64, "width": 64, "depth": 2, "num_classes": 10}},
+        "model": {
+            "target": "flatcli.demo.models:MLP",
+            "kwargs": {"in_features": 64, "width": 64, "depth": 2, "num_classes": 10},
+        },
         "checkpoints": {"manifest": "manifest.csv"},
         "data": DATA,
         "measure_data": {"split": "train", "num_samples": "all", "batch_size": 1024, "seed": 0},
@@ -110,8 +119,15 @@ def measure_times(collected) -> list[tuple[str, float, float, int]]:
     return out
 
 
-def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | None = None,
-             threads: int | str | None = None, wide: bool = False):
+def run_demo(
+    outdir,
+    measures=None,
+    seed: int = 0,
+    console=None,
+    workers: int | None = None,
+    threads: int | str | None = None,
+    wide: bool = False,
+):
     """The full pipeline on the zoo: train (skipped when its checkpoints exist), sweep (local, CPU),
     collect, correlate with the gap over the zoo's grid, and plot (when matplotlib is installed).
 
@@ -134,8 +150,14 @@ def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | 
     t0 = time.perf_counter()
     cfg_path = outdir / "config.yaml"
     if not (cfg_path.exists() and (outdir / "manifest.csv").exists()):
-        console.print(f"training {len(list(itertools.product(*ZOO_GRID.values())))} MLPs on digits to train CE ≤ {TARGET_LOSS} ...")
-        cfg_path = train_zoo(outdir, seed=seed, log=lambda m: console.print("  " + m, highlight=False, soft_wrap=True, markup=False))
+        console.print(
+            f"training {len(list(itertools.product(*ZOO_GRID.values())))} MLPs on digits to train CE ≤ {TARGET_LOSS} ..."
+        )
+        cfg_path = train_zoo(
+            outdir,
+            seed=seed,
+            log=lambda m: console.print("  " + m, highlight=False, soft_wrap=True, markup=False),
+        )
     else:
         console.print(f"reusing the zoo in {outdir} (delete it to retrain)")
     t1 = time.perf_counter()
@@ -144,22 +166,42 @@ def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | 
         console.print("  " + msg, highlight=False, markup=False, soft_wrap=True)
 
     sweep_dir = outdir / "sweep"
-    rep = api.sweep(cfg_path, sweep_dir, measures=measures, workers=workers, run=api.RunOptions(device="cpu", threads=threads), log=log)
-    console.print(f"sweep: {rep.lines[0]}; {rep.computed} units computed in {rep.seconds:.1f}s", highlight=False, soft_wrap=True)
+    rep = api.sweep(
+        cfg_path,
+        sweep_dir,
+        measures=measures,
+        workers=workers,
+        run=api.RunOptions(device="cpu", threads=threads),
+        log=log,
+    )
+    console.print(
+        f"sweep: {rep.lines[0]}; {rep.computed} units computed in {rep.seconds:.1f}s",
+        highlight=False,
+        soft_wrap=True,
+    )
     t2 = time.perf_counter()
     results = outdir / "results"
     col = api.collect(sweep_dir, results / "results.csv")
     width = fit_width(console, wide)
     print_table(console, render_rows(col.rows, col.labels, width), wide)
-    tt = Table(title="wall time per measure (this and earlier runs of the sweep)", header_style="bold", title_justify="left")
+    tt = Table(
+        title="wall time per measure (this and earlier runs of the sweep)",
+        header_style="bold",
+        title_justify="left",
+    )
     for name in ("measure", "total s", "s / checkpoint", "checkpoints"):
         tt.add_column(name, justify="left" if name == "measure" else "right")
     for lab, total, mean, k in sorted(measure_times(col), key=lambda t: -t[1]):
         tt.add_row(lab, f"{total:.2f}", f"{mean:.2f}", str(k))
     print_table(console, tt)
     plots = have_matplotlib()
-    corr = api.correlate(results / "results.csv", by=list(ZOO_GRID), outdir=results, plots=plots,
-                         color_by="label_noise")  # label noise drives the gap: colour by it
+    corr = api.correlate(
+        results / "results.csv",
+        by=list(ZOO_GRID),
+        outdir=results,
+        plots=plots,
+        color_by="label_noise",
+    )  # label noise drives the gap: colour by it
     print_table(console, render_table(corr, width), wide)
     for n in notes(corr):
         console.print(f"note: {n}", highlight=False, soft_wrap=True)
@@ -167,7 +209,9 @@ def run_demo(outdir, measures=None, seed: int = 0, console=None, workers: int | 
     console.print(
         f"training {t1 - t0:.1f}s, sweep {t2 - t1:.1f}s, collect + correlate{' + plots' if plots else ''} "
         f"{t3 - t2:.1f}s; results in {results} (results.csv, results.json, correlations.csv"
-        + (", plots/" if plots else "") + ")",
-        highlight=False, soft_wrap=True,
+        + (", plots/" if plots else "")
+        + ")",
+        highlight=False,
+        soft_wrap=True,
     )
     return corr

@@ -13,5 +13,15 @@ from .losses import LOSSES, Loss, NotApplicable, get_loss
 from .params import ParamSelection
 from .problem import Problem, eval_mode
 
-__all__ = ["Batch", "Problem", "CurvatureEngine", "LayerCapture", "Loss", "LOSSES", "NotApplicable",
-           "ParamSelection", "eval_mode", "get_loss"]
+__all__ = [
+    "Batch",
+    "Problem",
+    "CurvatureEngine",
+    "LayerCapture",
+    "Loss",
+    "LOSSES",
+    "NotApplicable",
+    "ParamSelection",
+    "eval_mode",
+    "get_loss",
+]

@@ -48,7 +48,9 @@ class Batch(Mapping):
             if not isinstance(v, torch.Tensor):
                 raise ConfigError(f"{where}: '{k}' must be a tensor; got {type(v).__name__}")
             if v.ndim == 0:
-                raise ConfigError(f"{where}: '{k}' is a scalar; every tensor needs a first (row) dimension")
+                raise ConfigError(
+                    f"{where}: '{k}' is a scalar; every tensor needs a first (row) dimension"
+                )
             t[str(k)] = v
         lens = {k: len(v) for k, v in t.items()}
         if len(set(lens.values())) > 1:
@@ -70,7 +72,9 @@ class Batch(Mapping):
             return cls({POSITIONAL_KEY: data[0], "y": data[1]}, where)
         if isinstance(data, torch.Tensor):
             return cls({POSITIONAL_KEY: data}, where)
-        raise ConfigError(f"{where} must be named tensors, an (x, y) pair or a tensor; got {type(data).__name__}")
+        raise ConfigError(
+            f"{where} must be named tensors, an (x, y) pair or a tensor; got {type(data).__name__}"
+        )
 
     @staticmethod
     def cat(batches: Sequence[Batch]) -> Batch:
@@ -95,7 +99,10 @@ class Batch(Mapping):
         return len(next(iter(self._t.values())))
 
     def __repr__(self) -> str:
-        shapes = ", ".join(f"{k}: {tuple(v.shape)} {str(v.dtype).replace('torch.', '')}" for k, v in self._t.items())
+        shapes = ", ".join(
+            f"{k}: {tuple(v.shape)} {str(v.dtype).replace('torch.', '')}"
+            for k, v in self._t.items()
+        )
         return f"Batch({shapes})"
 
     # ------------------------------------------------------------ rows
@@ -114,7 +121,9 @@ class Batch(Mapping):
         n = self.rows
         return [self.select(slice(i, i + size)) for i in range(0, n, max(1, int(size)))]
 
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Batch:
+    def to(
+        self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> Batch:
         """Moved to ``device``; floating tensors cast to ``dtype`` (integer ids and masks keep theirs)."""
         out = {}
         for k, v in self._t.items():

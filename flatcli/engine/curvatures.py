@@ -147,7 +147,9 @@ class GGN(Curvature):
 
         def hjv(v):
             zv, jv = jvp(fwd, (th,), (v,))
-            return st.weigh(p.loss_fn.output_hvp(zv.detach(), batch, jv))  # zv, jv freed before the VJP
+            return st.weigh(
+                p.loss_fn.output_hvp(zv.detach(), batch, jv)
+            )  # zv, jv freed before the VJP
 
         if V.shape[0] > 1 and p.loss_fn.units_are_rows:
             try:
@@ -160,7 +162,14 @@ class GGN(Curvature):
                 st.pullback(z, t, H, retain=False, out=out, accumulate=accumulate)
                 return
         for k in range(V.shape[0]):
-            st.pullback(z, t, hjv(V[k])[None], retain=k < V.shape[0] - 1, out=out[k : k + 1], accumulate=accumulate)
+            st.pullback(
+                z,
+                t,
+                hjv(V[k])[None],
+                retain=k < V.shape[0] - 1,
+                out=out[k : k + 1],
+                accumulate=accumulate,
+            )
 
 
 class FiniteDifferenceHessian(Curvature):

@@ -23,7 +23,16 @@ import torch
 
 from ..errors import RankFailure
 
-__all__ = ["Dist", "RankFailure", "current", "env_rank", "init_from_env", "launched", "leave", "shutdown"]
+__all__ = [
+    "Dist",
+    "RankFailure",
+    "current",
+    "env_rank",
+    "init_from_env",
+    "launched",
+    "leave",
+    "shutdown",
+]
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 TIMEOUT_MINUTES = 30
@@ -117,7 +126,11 @@ class Dist:
             torch.distributed.barrier()
 
     def _comm_device(self) -> torch.device:
-        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if self.backend == "nccl"
+            else torch.device("cpu")
+        )
 
 
 _CURRENT = Dist()
@@ -155,12 +168,16 @@ def init_from_env(device: torch.device) -> tuple[Dist, torch.device]:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not torch.distributed.is_initialized():
         global _OWNED
-        torch.distributed.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=TIMEOUT_MINUTES))
+        torch.distributed.init_process_group(
+            backend=backend, timeout=datetime.timedelta(minutes=TIMEOUT_MINUTES)
+        )
         _OWNED = True
         # A process that ends with its group alive can abort in gloo's threads during interpreter
         # teardown (SIGABRT, "terminate called without an active exception"), failing the launch.
         atexit.register(shutdown)
-    _CURRENT = Dist(rank=rank, world=world, local_rank=local, local_world=local_world, backend=backend)
+    _CURRENT = Dist(
+        rank=rank, world=world, local_rank=local, local_world=local_world, backend=backend
+    )
     return _CURRENT, device
 
 

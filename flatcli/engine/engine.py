@@ -97,36 +97,71 @@ class CurvatureEngine:
     ``n_vjp``, ``oom_retries``, ``fallbacks``.
     """
 
-    def __init__(self, problem: Problem, hvp_mode: str = "auto", block_size: int | None = None,
-                 reverse_batched: bool | None = None, cache_graphs: bool | None = None, fd_eps: float = 1e-3,
-                 precision: str = "auto", max_device_vectors: int | str | None = "auto",
-                 recompute: str | bool = "false", max_basis_vectors: int | str | None = "auto"):
+    def __init__(
+        self,
+        problem: Problem,
+        hvp_mode: str = "auto",
+        block_size: int | None = None,
+        reverse_batched: bool | None = None,
+        cache_graphs: bool | None = None,
+        fd_eps: float = 1e-3,
+        precision: str = "auto",
+        max_device_vectors: int | str | None = "auto",
+        recompute: str | bool = "false",
+        max_basis_vectors: int | str | None = "auto",
+    ):
         validation.validate("hvp_mode", hvp_mode, error=ValueError)
         if not (fd_eps > 0 and math.isfinite(fd_eps)):
             raise ValueError(f"fd_eps must be a positive float, got {fd_eps!r}")
-        parse_recompute(recompute)  # a bad value raises before the precision is read (the state keeps the parsed one)
+        parse_recompute(
+            recompute
+        )  # a bad value raises before the precision is read (the state keeps the parsed one)
         self.problem = problem
         # what the caller asked for, as given: `derive` builds an engine for another model with them
-        self._options = dict(hvp_mode=hvp_mode, block_size=block_size, reverse_batched=reverse_batched,
-                             cache_graphs=cache_graphs, fd_eps=fd_eps, precision=precision,
-                             max_device_vectors=max_device_vectors, recompute=recompute,
-                             max_basis_vectors=max_basis_vectors)
-        self.max_device_vectors = validation.validate("max_device_vectors", max_device_vectors, error=ValueError)
+        self._options = dict(
+            hvp_mode=hvp_mode,
+            block_size=block_size,
+            reverse_batched=reverse_batched,
+            cache_graphs=cache_graphs,
+            fd_eps=fd_eps,
+            precision=precision,
+            max_device_vectors=max_device_vectors,
+            recompute=recompute,
+            max_basis_vectors=max_basis_vectors,
+        )
+        self.max_device_vectors = validation.validate(
+            "max_device_vectors", max_device_vectors, error=ValueError
+        )
         self.device = problem.device
         self.dist = problem.dist
-        self._basis_setting = validation.validate("max_basis_vectors", max_basis_vectors, error=ValueError)
+        self._basis_setting = validation.validate(
+            "max_basis_vectors", max_basis_vectors, error=ValueError
+        )
         self._basis_resolved = False
         self.precision = Precision.of(precision, self.device)
         if self.precision.name == "bf16" and hvp_mode == "finite_difference":
             raise ConfigError(BF16_FD_REFUSED)
         # the engine owns the products' precision: bf16 lowers the problem's forward, the others keep θ's type
-        problem.compute_dtype = self.precision.compute_dtype if self.precision.name == "bf16" else problem.dtype
-        self.state = ProductState(problem, hvp_mode=hvp_mode, block_size=block_size, reverse_batched=reverse_batched,
-                                  cache_graphs=cache_graphs, fd_eps=fd_eps, recompute=recompute)
-        self.curvature: dict[str, Curvature] = {c.name: c(self.state) for c in (Hessian, GGN, FiniteDifferenceHessian)}
+        problem.compute_dtype = (
+            self.precision.compute_dtype if self.precision.name == "bf16" else problem.dtype
+        )
+        self.state = ProductState(
+            problem,
+            hvp_mode=hvp_mode,
+            block_size=block_size,
+            reverse_batched=reverse_batched,
+            cache_graphs=cache_graphs,
+            fd_eps=fd_eps,
+            recompute=recompute,
+        )
+        self.curvature: dict[str, Curvature] = {
+            c.name: c(self.state) for c in (Hessian, GGN, FiniteDifferenceHessian)
+        }
         self.on_progress: Callable[[dict], None] | None = None  # called after every product
         self._local = False  # inside map_batches: batch products on this rank alone
-        self._shared = False  # inside map_batches with fewer batches than ranks: rows split over the ranks
+        self._shared = (
+            False  # inside map_batches with fewer batches than ranks: rows split over the ranks
+        )
 
     def derive(self, model: torch.nn.Module) -> CurvatureEngine:
         """An engine with this one's settings (HVP mode, block size, graph caching, finite-difference
@@ -144,13 +179,19 @@ class CurvatureEngine:
         """Every counter the engine keeps (see `flatcli.engine.loop.Counters`)."""
         return self.tally.as_dict()
 
-    n_hvp = property(lambda self: self.tally.n_hvp, doc="Hessian, GGN and finite-difference products.")
+    n_hvp = property(
+        lambda self: self.tally.n_hvp, doc="Hessian, GGN and finite-difference products."
+    )
     n_ggnvp = property(lambda self: self.tally.n_ggnvp, doc="GGN products.")
     n_grad = property(lambda self: self.tally.n_grad, doc="Gradients (full-set equivalents).")
-    n_forward = property(lambda self: self.tally.n_forward, doc="Forward passes (full-set equivalents).")
+    n_forward = property(
+        lambda self: self.tally.n_forward, doc="Forward passes (full-set equivalents)."
+    )
     n_vjp = property(lambda self: self.tally.n_vjp, doc="Per-sample VJP passes.")
     oom_retries = property(lambda self: self.tally.oom_retries, doc="Out-of-memory retries.")
-    fallbacks = property(lambda self: self.tally.fallbacks, doc="Fallbacks to a slower product rule.")
+    fallbacks = property(
+        lambda self: self.tally.fallbacks, doc="Fallbacks to a slower product rule."
+    )
 
     def count(self, *, n_forward: float = 0, n_grad: float = 0) -> None:
         """Add full-set passes a measure ran itself (forward passes through hooks on a layer)."""
@@ -180,16 +221,28 @@ class CurvatureEngine:
     batches = _on_state("batches", "This rank's batches (re-cut by the out-of-memory back-off).")
     batch_size = _on_state("batch_size", "Rows per batch (halved by the out-of-memory back-off).")
     tally = _on_state("tally", "The cost counters (`flatcli.engine.loop.Counters`).")
-    memory = _on_state("memory", "Block size and out-of-memory policy (`flatcli.engine.loop.MemoryPolicy`).")
-    graphs = _on_state("graphs", "The per-batch gradient graphs kept across products (`flatcli.engine.graphs`).")
-    hvp_mode = _on_state("hvp_mode", "How Hessian products run (``auto`` resolved; ``reverse`` after a "
-                         "forward-mode fallback).", settable=True)
+    memory = _on_state(
+        "memory", "Block size and out-of-memory policy (`flatcli.engine.loop.MemoryPolicy`)."
+    )
+    graphs = _on_state(
+        "graphs", "The per-batch gradient graphs kept across products (`flatcli.engine.graphs`)."
+    )
+    hvp_mode = _on_state(
+        "hvp_mode",
+        "How Hessian products run (``auto`` resolved; ``reverse`` after a forward-mode fallback).",
+        settable=True,
+    )
     hvp_auto = _on_state("hvp_auto", "Whether ``hvp_mode`` was ``auto``.")
     fd_eps = _on_state("fd_eps", "The relative finite-difference step.")
-    reverse_batched = _on_state("reverse_batched", "Whether pull-backs run as one vmapped backward.", settable=True)
+    reverse_batched = _on_state(
+        "reverse_batched", "Whether pull-backs run as one vmapped backward.", settable=True
+    )
     recompute = _on_state("recompute", "``runtime.recompute``: auto, true or false.")
-    recompute_active = _on_state("recompute_active", "Whether Hessian products recompute activations "
-                                 "(`flatcli.engine.loop.ProductState.recompute_active`).")
+    recompute_active = _on_state(
+        "recompute_active",
+        "Whether Hessian products recompute activations "
+        "(`flatcli.engine.loop.ProductState.recompute_active`).",
+    )
 
     # ------------------------------------------------------------ memory
     @property
@@ -217,7 +270,9 @@ class CurvatureEngine:
         """Whether measures should re-check converged quantities with fp32 products
         (``runtime.precision: auto`` running TF32 products, and ``bf16``; an explicit ``tf32`` does
         not verify)."""
-        return (self.precision.name == "auto" and self.low_precision) or self.precision.name == "bf16"
+        return (
+            self.precision.name == "auto" and self.low_precision
+        ) or self.precision.name == "bf16"
 
     @property
     def low_name(self) -> str:
@@ -265,24 +320,41 @@ class CurvatureEngine:
     # ------------------------------------------------------------ operators
     def _operator(self, product, name: str, precision: str | None) -> CurvatureOperator:
         ctx = self.full_precision if precision == "fp32" and self.low_precision else None
-        return CurvatureOperator(product, self.num_params, device=self.device, dtype=self.problem.dtype,
-                                 name=name, precision_context=ctx, report=self.report,
-                                 max_device_vectors=self.max_device_vectors, max_basis_vectors=self.max_basis_vectors,
-                                 block_size=lambda: self.memory.block_size)
+        return CurvatureOperator(
+            product,
+            self.num_params,
+            device=self.device,
+            dtype=self.problem.dtype,
+            name=name,
+            precision_context=ctx,
+            report=self.report,
+            max_device_vectors=self.max_device_vectors,
+            max_basis_vectors=self.max_basis_vectors,
+            block_size=lambda: self.memory.block_size,
+        )
 
-    def hessian(self, theta: torch.Tensor | None = None, *, precision: str | None = None) -> CurvatureOperator:
+    def hessian(
+        self, theta: torch.Tensor | None = None, *, precision: str | None = None
+    ) -> CurvatureOperator:
         """The Hessian of L at θ (default: the model's parameters) as a linear operator
         (``precision="fp32"``: TF32 off during its products, the verification view)."""
         th = None if theta is None else theta.detach().clone()
         return self._operator(lambda V: self.hvp(V, theta=th), "hessian", precision)
 
-    def ggn(self, theta: torch.Tensor | None = None, *, precision: str | None = None) -> CurvatureOperator:
+    def ggn(
+        self, theta: torch.Tensor | None = None, *, precision: str | None = None
+    ) -> CurvatureOperator:
         """The generalized Gauss-Newton matrix at θ as a linear operator (see `ggnvp`)."""
         th = None if theta is None else theta.detach().clone()
         return self._operator(lambda V: self.ggnvp(V, theta=th), "ggn", precision)
 
-    def fd_hessian(self, theta: torch.Tensor | None = None, *, eps: float | None = None,
-                   precision: str | None = None) -> CurvatureOperator:
+    def fd_hessian(
+        self,
+        theta: torch.Tensor | None = None,
+        *,
+        eps: float | None = None,
+        precision: str | None = None,
+    ) -> CurvatureOperator:
         """The Hessian by central differences of gradients (relative step as
         ``runtime.hvp_mode: finite_difference`` when ``eps`` is None, else the absolute ``eps``)."""
         th = None if theta is None else theta.detach().clone()
@@ -309,7 +381,9 @@ class CurvatureEngine:
         losses). Counted in ``n_hvp`` and ``n_ggnvp``."""
         return self._apply("ggn", V, theta)
 
-    def fd_hvp(self, V: torch.Tensor, eps: float = 1e-3, theta: torch.Tensor | None = None) -> torch.Tensor:
+    def fd_hvp(
+        self, V: torch.Tensor, eps: float = 1e-3, theta: torch.Tensor | None = None
+    ) -> torch.Tensor:
         r"""Central differences :math:`(\nabla L(\theta+\epsilon v) - \nabla L(\theta-\epsilon v))/2\epsilon`
         with the absolute step ``eps``: two gradients per vector, exact up to :math:`O(\epsilon^2)`
         for smooth losses and usable for non-smooth ones."""
@@ -335,7 +409,9 @@ class CurvatureEngine:
         out, C = ggn_diag.ggn_diagonal(p, self.batches, th, self.memory.chunk_rows)
         self.dist.sum_(out)
         p.mask(out, inplace=True)  # diag(M G M): a tied head's share of the padding rows too
-        self.tally.n_vjp += int(self.dist.gather_cat(torch.tensor([int(C)])).max())  # C of a rank with rows
+        self.tally.n_vjp += int(
+            self.dist.gather_cat(torch.tensor([int(C)])).max()
+        )  # C of a rank with rows
         return out
 
     # ------------------------------------------------------------ zeroth and first order
@@ -349,7 +425,9 @@ class CurvatureEngine:
         self.tally.forward_units += p.n
         return self.dist.sum_float(total)[0] / p.n
 
-    def loss_grad(self, theta: torch.Tensor | None = None, *, keep_graph: bool = False) -> tuple[float, torch.Tensor]:
+    def loss_grad(
+        self, theta: torch.Tensor | None = None, *, keep_graph: bool = False
+    ) -> tuple[float, torch.Tensor]:
         """(L(θ), ∇L(θ)) as a float and a flat vector. ``keep_graph``: build the per-batch gradient
         graphs (``create_graph``) and keep them when they fit, so that HVPs at the same θ that
         follow (an ascent step that needs ∇L and H∇L) reuse this forward and backward."""
@@ -366,15 +444,18 @@ class CurvatureEngine:
             total, g = self._loss_grad_over(self.batches, th, p.n)
         self.tally.grad_units += p.n
         self.dist.sum_(g)
-        p.mask(g, inplace=True)  # padding rows frozen (`flatcli.engine.problem`): a tied head's share too
+        p.mask(
+            g, inplace=True
+        )  # padding rows frozen (`flatcli.engine.problem`): a tied head's share too
         return self.dist.sum_float(total)[0], g
 
     def grad(self, theta: torch.Tensor | None = None) -> torch.Tensor:
         """∇L(θ) as a flat vector."""
         return self.loss_grad(theta)[1]
 
-    def batch_loss_grad(self, batch: Batch, theta: torch.Tensor | None = None, *,
-                        need_grad: bool = True) -> tuple[float, torch.Tensor | None]:
+    def batch_loss_grad(
+        self, batch: Batch, theta: torch.Tensor | None = None, *, need_grad: bool = True
+    ) -> tuple[float, torch.Tensor | None]:
         """(L_B(θ), ∇L_B(θ)) for the mean loss over the rows ``batch`` (e.g. an m-sharpness batch
         of the measurement set): its rows are split over the ranks and cut into the engine's
         batch size; counted as the batch's share of a full-set pass."""
@@ -437,9 +518,13 @@ class CurvatureEngine:
 
     def _not_local(self, what: str) -> None:
         if self._local or self._shared:
-            raise RuntimeError(f"{what} are not available inside CurvatureEngine.map_batches (only batch_loss_grad)")
+            raise RuntimeError(
+                f"{what} are not available inside CurvatureEngine.map_batches (only batch_loss_grad)"
+            )
 
-    def _loss_grad_over(self, batches: list[Batch], th: torch.Tensor, n: int) -> tuple[float, torch.Tensor]:
+    def _loss_grad_over(
+        self, batches: list[Batch], th: torch.Tensor, n: int
+    ) -> tuple[float, torch.Tensor]:
         """The one gradient loop: this rank's part of the mean loss over ``batches`` (n units in all,
         every rank) and its gradient."""
         p = self.problem
@@ -465,7 +550,9 @@ class CurvatureEngine:
         self._not_local("full-set products")
         p = self.problem
         params = p.unflatten(self._theta(theta))
-        batches = self.batches or [p.batch.select(slice(0, 1))]  # a rank without rows joins with nothing
+        batches = self.batches or [
+            p.batch.select(slice(0, 1))
+        ]  # a rank without rows joins with nothing
         parts: list = []
         for b in batches:
             Z, t = self._units(p.forward(params, b), b, classes)
@@ -482,8 +569,10 @@ class CurvatureEngine:
         if classes:
             c = loss.classes(out, b)
             if c is None:
-                raise NotApplicable(f"needs class scores and integer labels; loss {loss.name!r} on outputs of "
-                                    f"shape {tuple(out.shape)} gives none")
+                raise NotApplicable(
+                    f"needs class scores and integer labels; loss {loss.name!r} on outputs of "
+                    f"shape {tuple(out.shape)} gives none"
+                )
             return c
         Z, t, mask = loss.scores(out, b)
         return (Z, t) if mask is None else (Z[mask], t[mask])
@@ -504,8 +593,9 @@ class CurvatureEngine:
         total, wrong = self.dist.sum_float(total, wrong)
         return total / p.n, wrong / p.n
 
-    def per_unit_directional(self, v: torch.Tensor, theta: torch.Tensor | None = None,
-                             labels: torch.Tensor | None = None) -> torch.Tensor:
+    def per_unit_directional(
+        self, v: torch.Tensor, theta: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
         r"""The directional derivatives :math:`\langle v, \nabla_\theta \ell_u(\theta)\rangle` of every
         scored unit's loss, shape (U,), in unit order (every rank gets all): one forward-mode product
         per batch (the JVP of the vector of unit losses), or, when an operation has no forward-mode
@@ -513,7 +603,9 @@ class CurvatureEngine:
         units' targets (e.g. labels drawn from the model)."""
         p = self.problem
         th = self._theta(theta)
-        v = p.mask(v.detach().to(th))  # padding rows frozen: the same in forward mode and in the fallback
+        v = p.mask(
+            v.detach().to(th)
+        )  # padding rows frozen: the same in forward mode and in the fallback
         out, i = [], p.unit_offset
         for b in self.batches:
             ub = p.units(b)
@@ -559,8 +651,9 @@ class CurvatureEngine:
             yield b, *cap.single(), out
         self.tally.forward_units += p.n
 
-    def module_output_hvp(self, module: torch.nn.Module, batch: Batch, z0: torch.Tensor,
-                          V: torch.Tensor) -> torch.Tensor:
+    def module_output_hvp(
+        self, module: torch.nn.Module, batch: Batch, z0: torch.Tensor, V: torch.Tensor
+    ) -> torch.Tensor:
         r"""Per-row Hessian-vector products of the loss in a module's output.
 
         ``z0`` (B, d) is the module's output on ``batch``; returns (k, B, d) whose row n of block r

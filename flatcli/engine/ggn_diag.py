@@ -77,8 +77,10 @@ def linear_fast_path(problem, batch) -> list[tuple[nn.Linear, str | None, str | 
     rows = batch.rows
     for mod in model.modules():
         if isinstance(mod, nn.Linear):
+
             def hook(m, inp, out, calls=calls):
                 calls.setdefault(m, []).append(inp[0].ndim == 2 and inp[0].shape[0] == rows)
+
             handles.append(mod.register_forward_hook(hook))
     try:
         with torch.no_grad():
@@ -91,7 +93,11 @@ def linear_fast_path(problem, batch) -> list[tuple[nn.Linear, str | None, str | 
         if seen != [True]:
             continue
         w = names.get(id(mod.weight)) if holders.get(id(mod.weight)) == 1 else None
-        b = names.get(id(mod.bias)) if mod.bias is not None and holders.get(id(mod.bias)) == 1 else None
+        b = (
+            names.get(id(mod.bias))
+            if mod.bias is not None and holders.get(id(mod.bias)) == 1
+            else None
+        )
         w = w if w in trainable else None
         b = b if b in trainable else None
         if w or b:
@@ -114,11 +120,15 @@ def _linear_part(problem, th, batch, fast, slices, out):
     finally:
         for h in handles:
             h.remove()
-    z = z.reshape(batch.rows, -1)  # a loss whose units are rows scores this (`flatcli.engine.losses`)
+    z = z.reshape(
+        batch.rows, -1
+    )  # a loss whose units are rows scores this (`flatcli.engine.losses`)
     cots = _factors(problem, z.detach(), batch)
     outs = [records[m][1] for m, _, _ in fast]
     for k in range(cots.shape[0]):
-        deltas = torch.autograd.grad(z, outs, cots[k], retain_graph=k < cots.shape[0] - 1, allow_unused=True)
+        deltas = torch.autograd.grad(
+            z, outs, cots[k], retain_graph=k < cots.shape[0] - 1, allow_unused=True
+        )
         for (m, wn, bn), d in zip(fast, deltas, strict=True):
             if d is None:
                 continue
@@ -131,7 +141,9 @@ def _linear_part(problem, th, batch, fast, slices, out):
     return z.shape[1]
 
 
-def _per_sample_part(problem, th, batch, rest: list[str], slices, out, chunk_of: Callable[[int, int], int]):
+def _per_sample_part(
+    problem, th, batch, rest: list[str], slices, out, chunk_of: Callable[[int, int], int]
+):
     """Accumulate Σ_i Σ_k (a_ikᵀ J_i)² for the parameters ``rest`` by vmapped per-sample VJPs."""
     base = problem.unflatten(th)
     idx = torch.cat([torch.arange(slices[n].start, slices[n].stop, device=th.device) for n in rest])
@@ -152,7 +164,9 @@ def _per_sample_part(problem, th, batch, rest: list[str], slices, out, chunk_of:
     t_rest = th[idx]
     with torch.no_grad():
         z = problem.forward(base, batch).reshape(batch.rows, -1)
-    cots = _factors(problem, z, batch).transpose(0, 1)  # (b, C, C): sample i's cotangents a_ik as rows
+    cots = _factors(problem, z, batch).transpose(
+        0, 1
+    )  # (b, C, C): sample i's cotangents a_ik as rows
     C = z.shape[1]
     step = chunk_of(C, len(idx))
     acc = torch.zeros(len(idx), dtype=th.dtype, device=th.device)
@@ -165,24 +179,32 @@ def _per_sample_part(problem, th, batch, rest: list[str], slices, out, chunk_of:
                 U = batched(t_rest, chunk, cots[i : i + step]).detach()  # (b, C, P')
                 acc += U.square_().sum((0, 1))
                 continue
-            except RuntimeError as e:  # data-dependent control flow on a row (a Hugging Face mask check)
+            except (
+                RuntimeError
+            ) as e:  # data-dependent control flow on a row (a Hugging Face mask check)
                 if is_oom(e):
                     raise
                 looped = True
-        for r in range(len(cots[i : i + step])):  # one row at a time, the C cotangents still vmapped
+        for r in range(
+            len(cots[i : i + step])
+        ):  # one row at a time, the C cotangents still vmapped
             U = per_sample(t_rest, {k: v[r] for k, v in chunk.items()}, cots[i + r]).detach()
             acc += U.square_().sum(0)
     out[idx] += acc
     return C
 
 
-def ggn_diagonal(problem, batches, theta: torch.Tensor, chunk_of: Callable[[int, int], int]) -> tuple[torch.Tensor, int]:
+def ggn_diagonal(
+    problem, batches, theta: torch.Tensor, chunk_of: Callable[[int, int], int]
+) -> tuple[torch.Tensor, int]:
     """diag(G) at ``theta`` over ``batches`` (the module docstring), divided by the whole set's
     units; returns (this rank's part, C). ``chunk_of(C, P')``: samples per vmapped chunk."""
     p = problem
     if not p.loss_fn.units_are_rows:
-        raise NotApplicable(f"the exact Gauss-Newton diagonal needs per-row outputs; loss '{p.loss_name}' "
-                            "scores many units per row (use a stochastic diagonal: hessian_diag: hutchinson)")
+        raise NotApplicable(
+            f"the exact Gauss-Newton diagonal needs per-row outputs; loss '{p.loss_name}' "
+            "scores many units per row (use a stochastic diagonal: hessian_diag: hutchinson)"
+        )
     th = theta.detach()
     out = torch.zeros_like(th)
     if not batches:

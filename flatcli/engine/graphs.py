@@ -43,7 +43,12 @@ class GraphCache:
     policy : None (auto: when they fit), True (always), False (never).
     """
 
-    def __init__(self, build: Callable[[torch.Tensor, Any], Any], budget: Callable[[], float], policy: bool | None = None):
+    def __init__(
+        self,
+        build: Callable[[torch.Tensor, Any], Any],
+        budget: Callable[[], float],
+        policy: bool | None = None,
+    ):
         self.build = build
         self.budget = budget
         self.policy = policy

@@ -85,12 +85,20 @@ def _hessian_product(h, W, b, labels, keep, ch, cW, cb):
     for sl in _chunks(h.shape[0], W.shape[0]):
         P, R = _probs_and_residual(h, W, b, labels, keep, sl)
         zd = None
-        for term in (None if ch is None else ch[sl] @ W.T, None if cW is None else h[sl] @ cW.T, cb):
+        for term in (
+            None if ch is None else ch[sl] @ W.T,
+            None if cW is None else h[sl] @ cW.T,
+            cb,
+        ):
             if term is not None:
                 zd = term if zd is None else zd + term
         if zd is None:  # every cotangent zero
             zd = torch.zeros_like(P)
-        Rd = torch.where(keep[sl][:, None], P * (zd - (P * zd).sum(-1, keepdim=True)), torch.zeros((), dtype=P.dtype))
+        Rd = torch.where(
+            keep[sl][:, None],
+            P * (zd - (P * zd).sum(-1, keepdim=True)),
+            torch.zeros((), dtype=P.dtype),
+        )
         oh = Rd @ W
         dW = Rd.T @ h[sl]
         if cW is not None:
@@ -146,7 +154,10 @@ class _LinearCEGrad(torch.autograd.Function):
         oh, oW, ob = _hessian_product(h, W, b, labels, keep, dh, dW, db if b is not None else None)
         out = [oh * scale, oW * scale, _scaled(ob, scale)]
         if dscale is not None:  # the incoming scalar's own tangent: the gradient times it
-            out = [None if o is None else o + g * dscale for o, g in zip(out, _gradient(h, W, b, labels, keep), strict=True)]
+            out = [
+                None if o is None else o + g * dscale
+                for o, g in zip(out, _gradient(h, W, b, labels, keep), strict=True)
+            ]
         return tuple(out)
 
 
@@ -202,8 +213,13 @@ class _LinearCE(torch.autograd.Function):
         return total if total is not None else h.new_zeros(())
 
 
-def fused_loss_sum(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, labels: torch.Tensor,
-                   keep: torch.Tensor) -> torch.Tensor:
+def fused_loss_sum(
+    h: torch.Tensor,
+    W: torch.Tensor,
+    b: torch.Tensor | None,
+    labels: torch.Tensor,
+    keep: torch.Tensor,
+) -> torch.Tensor:
     """Σ over scored tokens of the cross-entropy of ``W h_t + b`` against ``labels`` (h: tokens ×
     width, flattened; ``keep`` marks the scored tokens). Twice differentiable, chunked."""
     return _LinearCE.apply(h, W, b, labels.clamp_min(0), keep)
@@ -237,7 +253,9 @@ def find_head(model: nn.Module, forward, batch) -> str | None:
     handles = []
     for name, mod in model.named_modules():
         if isinstance(mod, nn.Linear):
-            handles.append(mod.register_forward_hook(lambda m, i, o, name=name: outs.__setitem__(name, o)))
+            handles.append(
+                mod.register_forward_hook(lambda m, i, o, name=name: outs.__setitem__(name, o))
+            )
     try:
         with torch.no_grad():
             out = forward(batch)

@@ -67,7 +67,15 @@ class Counters:
         self.oom_retries = 0
         self.fallbacks = 0
 
-    _FIELDS = ("n_hvp", "n_ggnvp", "grad_units", "forward_units", "n_vjp", "oom_retries", "fallbacks")
+    _FIELDS = (
+        "n_hvp",
+        "n_ggnvp",
+        "grad_units",
+        "forward_units",
+        "n_vjp",
+        "oom_retries",
+        "fallbacks",
+    )
 
     def as_raw(self) -> list[float]:
         """The raw counts (units, not full-set equivalents), in `_FIELDS` order."""
@@ -96,8 +104,15 @@ class Counters:
 
     def as_dict(self) -> dict[str, float]:
         """Every counter by name."""
-        return {"n_hvp": self.n_hvp, "n_ggnvp": self.n_ggnvp, "n_grad": self.n_grad, "n_forward": self.n_forward,
-                "n_vjp": self.n_vjp, "oom_retries": self.oom_retries, "fallbacks": self.fallbacks}
+        return {
+            "n_hvp": self.n_hvp,
+            "n_ggnvp": self.n_ggnvp,
+            "n_grad": self.n_grad,
+            "n_forward": self.n_forward,
+            "n_vjp": self.n_vjp,
+            "oom_retries": self.oom_retries,
+            "fallbacks": self.fallbacks,
+        }
 
 
 class MemoryPolicy:
@@ -106,8 +121,14 @@ class MemoryPolicy:
     ``activation_bytes()``: memory one batch's forward keeps for backward (measured on CUDA).
     """
 
-    def __init__(self, num_params: int, dtype: torch.dtype, device: torch.device, block_size: int | None,
-                 activation_bytes: Callable[[], int]):
+    def __init__(
+        self,
+        num_params: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        block_size: int | None,
+        activation_bytes: Callable[[], int],
+    ):
         block_size = validate("block_size", block_size, error=ValueError)
         self.num_params, self.dtype, self.device = num_params, dtype, device
         self._block = int(block_size) if block_size else None
@@ -173,26 +194,46 @@ class ProductState:
     ``tally`` and ``memory.block_size``.
     """
 
-    def __init__(self, problem: Problem, *, hvp_mode: str, block_size: int | None, reverse_batched: bool | None,
-                 cache_graphs: bool | None, fd_eps: float, recompute: str | bool):
+    def __init__(
+        self,
+        problem: Problem,
+        *,
+        hvp_mode: str,
+        block_size: int | None,
+        reverse_batched: bool | None,
+        cache_graphs: bool | None,
+        fd_eps: float,
+        recompute: str | bool,
+    ):
         self.problem = problem
         self.device = problem.device
         self.fd_eps = float(fd_eps)
         self.hvp_auto = hvp_mode == "auto"
-        self.hvp_mode = ("forward" if self.device.type == "cuda" else "reverse") if hvp_mode == "auto" else hvp_mode
+        self.hvp_mode = (
+            ("forward" if self.device.type == "cuda" else "reverse")
+            if hvp_mode == "auto"
+            else hvp_mode
+        )
         if reverse_batched is None:
             reverse_batched = self.device.type == "cuda" or problem.num_params < _CPU_BATCHED_BELOW
         self.reverse_batched = bool(reverse_batched)
         self.recompute = parse_recompute(recompute)
         self._recompute_on: bool | None = None  # decided at the first product (auto)
-        self.chain: BlockChain | None = None  # the block-by-block product, when recomputing on a chain
+        self.chain: BlockChain | None = (
+            None  # the block-by-block product, when recomputing on a chain
+        )
         self.chain_reason: str | None = None  # why not, when recomputing without it
         self.batch_size = problem.batch_size
         self.batches: list[Batch] = list(problem.batches)
         self.tally = Counters(problem.n)
-        self.memory = MemoryPolicy(problem.num_params, problem.dtype, self.device, block_size, self.activation_bytes)
-        self.graphs = GraphCache(self.gradient_graph, self.memory.graph_budget,
-                                 False if self.recompute == "true" else cache_graphs)
+        self.memory = MemoryPolicy(
+            problem.num_params, problem.dtype, self.device, block_size, self.activation_bytes
+        )
+        self.graphs = GraphCache(
+            self.gradient_graph,
+            self.memory.graph_budget,
+            False if self.recompute == "true" else cache_graphs,
+        )
 
     def theta_of(self, theta: torch.Tensor | None) -> torch.Tensor:
         """θ (default: the model's parameters), detached, on the problem's device and dtype."""
@@ -215,7 +256,9 @@ class ProductState:
         """How a Hessian product of ``k`` vectors runs: ``reverse`` while recomputing activations;
         with ``auto``, single vectors go through the cached graphs (a backward is cheaper than
         forward-over-reverse when the graph is kept)."""
-        mode = "reverse" if self.recompute_active else self.hvp_mode  # checkpointing runs in reverse mode
+        mode = (
+            "reverse" if self.recompute_active else self.hvp_mode
+        )  # checkpointing runs in reverse mode
         if mode == "forward" and self.hvp_auto and k == 1 and self.graphs.keeping:
             mode = "reverse"  # one vector at a time (Lanczos): a backward through a cached graph is cheaper
         return mode
@@ -234,7 +277,9 @@ class ProductState:
             blocks = find_blocks(self.problem.model)
             on = self.recompute == "true"
             if self.recompute == "auto" and blocks and self.batches:
-                need, free = predicted_product_bytes(self.problem, self.batches[0], len(self.batches), self.device)
+                need, free = predicted_product_bytes(
+                    self.problem, self.batches[0], len(self.batches), self.device
+                )
                 on = free is not None and need > 0.8 * free
             self._recompute_on = bool(on and blocks)
             self._blocks = blocks
@@ -250,13 +295,22 @@ class ProductState:
         """(t, ∇ of the batch's share of L with its graph kept, the share's value): the entries of
         ``graphs``; with `recompute_active`, the forward runs its blocks checkpointed."""
         t = th.clone().requires_grad_(True)
-        with checkpointed_blocks(self._blocks) if self.recompute_active else contextlib.nullcontext():
+        with (
+            checkpointed_blocks(self._blocks) if self.recompute_active else contextlib.nullcontext()
+        ):
             lb = self.share(t, batch)
         (g,) = torch.autograd.grad(lb, t, create_graph=True)
         return t, g, float(lb.detach())
 
-    def pullback(self, g: torch.Tensor, t: torch.Tensor, V: torch.Tensor, retain: bool,
-                 out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+    def pullback(
+        self,
+        g: torch.Tensor,
+        t: torch.Tensor,
+        V: torch.Tensor,
+        retain: bool,
+        out: torch.Tensor | None = None,
+        accumulate: bool = False,
+    ) -> torch.Tensor:
         """The one batched-VJP helper: rows ``V[k]`` pulled back through ``g``'s graph to ``t``, as
         one vmapped backward (``is_grads_batched``), or a loop when an op has no batched rule.
         ``out``: write the rows there (``accumulate``: add them), making no stacked copy (on CPU a
@@ -272,8 +326,12 @@ class ProductState:
                 self.tally.fallbacks += 1
                 self.reverse_batched = False
         if out is None:
-            return torch.stack([torch.autograd.grad(g, t, V[k], retain_graph=retain or k < K - 1)[0]
-                                for k in range(K)])
+            return torch.stack(
+                [
+                    torch.autograd.grad(g, t, V[k], retain_graph=retain or k < K - 1)[0]
+                    for k in range(K)
+                ]
+            )
         for k in range(K):
             (h,) = torch.autograd.grad(g, t, V[k], retain_graph=retain or k < K - 1)
             if accumulate:
@@ -337,7 +395,9 @@ class ProductLoop:
         single = V.ndim == 1
         V2 = V.reshape(1, -1) if single else V
         if V2.ndim != 2 or V2.shape[1] != p.num_params:
-            raise ValueError(f"vectors must have shape (P,) or (K, P) with P = {p.num_params}; got {tuple(V.shape)}")
+            raise ValueError(
+                f"vectors must have shape (P,) or (K, P) with P = {p.num_params}; got {tuple(V.shape)}"
+            )
         V2 = p.mask(V2.to(p.device, p.dtype))  # a copy when masked: the caller's V is left alone
         th = st.theta_of(theta)
         out = torch.empty_like(V2)  # the first batch writes its rows, later ones add
@@ -364,7 +424,9 @@ class ProductLoop:
     def back_off(self, e: BaseException) -> None:
         """One step of the out-of-memory policy (drop graphs, halve the block, halve the batch)."""
         st = self.state
-        freed = st.drop_graphs(stop_caching=True)  # the cached graphs go first; then the block, then the batch
+        freed = st.drop_graphs(
+            stop_caching=True
+        )  # the cached graphs go first; then the block, then the batch
         if not freed and st.memory.block_size > 1:
             st.memory.block_size = st.memory.block_size // 2
         elif not freed and st.batch_size > 1:

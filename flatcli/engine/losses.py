@@ -64,11 +64,15 @@ class Loss(abc.ABC):
         """The batch's target tensor; a clear error when it has none."""
         t = batch.target
         if t is None:
-            raise ConfigError(f"loss '{self.name}' needs a target: name it 'y' or 'labels' in the data")
+            raise ConfigError(
+                f"loss '{self.name}' needs a target: name it 'y' or 'labels' in the data"
+            )
         return t
 
     @abc.abstractmethod
-    def scores(self, out: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def scores(
+        self, out: torch.Tensor, batch: Batch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(Z (N, C), t, mask (N,) or None) of the N candidate units of a batch."""
 
     @abc.abstractmethod
@@ -166,7 +170,9 @@ class CrossEntropy(Loss):
         if t.is_floating_point():
             return
         if out.ndim != 2:
-            raise ConfigError(f"loss 'cross_entropy' needs outputs of shape (batch, classes); the model gives {tuple(out.shape)}")
+            raise ConfigError(
+                f"loss 'cross_entropy' needs outputs of shape (batch, classes); the model gives {tuple(out.shape)}"
+            )
         _check_label_range(t, out.shape[-1], where)
 
 
@@ -232,7 +238,9 @@ class CausalLM(Loss):
         if "labels" in batch:
             return batch["labels"].long()
         if "input_ids" not in batch:
-            raise ConfigError("loss 'causal_lm' needs 'input_ids' (and optionally 'attention_mask', 'labels') in the data")
+            raise ConfigError(
+                "loss 'causal_lm' needs 'input_ids' (and optionally 'attention_mask', 'labels') in the data"
+            )
         ids = batch["input_ids"].long()
         if "attention_mask" in batch:
             ids = ids.masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
@@ -275,7 +283,9 @@ class CausalLM(Loss):
     def check(self, out, rows, data, where):
         """See `Loss.check`."""
         if out.ndim != 3:
-            raise ConfigError(f"loss 'causal_lm' needs logits of shape (batch, sequence, vocabulary); the model gives {tuple(out.shape)}")
+            raise ConfigError(
+                f"loss 'causal_lm' needs logits of shape (batch, sequence, vocabulary); the model gives {tuple(out.shape)}"
+            )
         lab = self.labels(data)
         scored = lab[lab != IGNORE_INDEX]
         if scored.numel():
@@ -285,7 +295,9 @@ class CausalLM(Loss):
 def _check_label_range(t: torch.Tensor, classes: int, where: str) -> None:
     lo, hi = int(t.min()), int(t.max())
     if lo < 0 or hi >= classes:
-        raise ConfigError(f"{where}: label {hi if hi >= classes else lo} is outside the model's {classes} outputs")
+        raise ConfigError(
+            f"{where}: label {hi if hi >= classes else lo} is outside the model's {classes} outputs"
+        )
 
 
 LOSSES: dict[str, type[Loss]] = {c.name: c for c in (CrossEntropy, MSE, CausalLM)}

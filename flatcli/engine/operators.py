@@ -60,10 +60,20 @@ class CurvatureOperator:
         back-off may lower); None: the estimators' default.
     """
 
-    def __init__(self, product: Product, dim: int, *, device=None, dtype=torch.float32, name: str = "operator",
-                 precision_context: Callable | None = None, report: Callable | None = None,
-                 max_device_vectors: int | str | None = "auto", block_size: int | Callable[[], int] | None = None,
-                 max_basis_vectors: int | str | None = "auto"):
+    def __init__(
+        self,
+        product: Product,
+        dim: int,
+        *,
+        device=None,
+        dtype=torch.float32,
+        name: str = "operator",
+        precision_context: Callable | None = None,
+        report: Callable | None = None,
+        max_device_vectors: int | str | None = "auto",
+        block_size: int | Callable[[], int] | None = None,
+        max_basis_vectors: int | str | None = "auto",
+    ):
         self.max_device_vectors = max_device_vectors
         self.max_basis_vectors = max_basis_vectors
         self._block_size = block_size
@@ -93,8 +103,10 @@ class CurvatureOperator:
         single = V.ndim == 1
         V2 = V.reshape(1, -1) if single else V
         if V2.ndim != 2 or V2.shape[1] != self.shape[1]:
-            raise ValueError(f"{self.name}: vectors must have shape (P,) or (K, P) with P = {self.shape[1]}; "
-                             f"got {tuple(V.shape)}")
+            raise ValueError(
+                f"{self.name}: vectors must have shape (P,) or (K, P) with P = {self.shape[1]}; "
+                f"got {tuple(V.shape)}"
+            )
         if self._context is None:
             out = self._product(V2)
         else:
@@ -114,7 +126,9 @@ class CurvatureOperator:
         if X.ndim == 1:
             return self.matmat_rows(X.to(self.device, self.dtype))
         if X.ndim != 2 or X.shape[0] != self.shape[1]:
-            raise ValueError(f"{self.name}: expected shape (P,) or (P, K) with P = {self.shape[1]}; got {tuple(X.shape)}")
+            raise ValueError(
+                f"{self.name}: expected shape (P,) or (P, K) with P = {self.shape[1]}; got {tuple(X.shape)}"
+            )
         return self.matmat_rows(X.T.to(self.device, self.dtype)).T
 
     # ------------------------------------------------------------ views
@@ -129,9 +143,16 @@ class CurvatureOperator:
         def product(V: torch.Tensor) -> torch.Tensor:
             return self.matmat_rows(V * maskf) * maskf
 
-        return CurvatureOperator(product, self.shape[1], device=self.device, dtype=self.dtype,
-                                 name=f"{self.name}[block]", max_device_vectors=self.max_device_vectors,
-                                 block_size=self._block_size, max_basis_vectors=self.max_basis_vectors)
+        return CurvatureOperator(
+            product,
+            self.shape[1],
+            device=self.device,
+            dtype=self.dtype,
+            name=f"{self.name}[block]",
+            max_device_vectors=self.max_device_vectors,
+            block_size=self._block_size,
+            max_basis_vectors=self.max_basis_vectors,
+        )
 
     def to_scipy(self):
         """A `scipy.sparse.linalg.LinearOperator` view (float64 NumPy in and out)."""
@@ -139,11 +160,15 @@ class CurvatureOperator:
 
         def mv(x):
             x = np.asarray(x, dtype=np.float64)
-            X = torch.as_tensor(x.reshape(self.shape[1], -1).T.copy(), device=self.device, dtype=self.dtype)
+            X = torch.as_tensor(
+                x.reshape(self.shape[1], -1).T.copy(), device=self.device, dtype=self.dtype
+            )
             out = self.matmat_rows(X).double().cpu().numpy().T
             return out.reshape(x.shape)
 
-        return LinearOperator(self.shape, matvec=mv, matmat=mv, rmatvec=mv, rmatmat=mv, dtype=np.float64)
+        return LinearOperator(
+            self.shape, matvec=mv, matmat=mv, rmatvec=mv, rmatmat=mv, dtype=np.float64
+        )
 
     def dense(self, block: int = 64) -> torch.Tensor:
         """The whole matrix from unit-vector products (P products: tiny models and tests only)."""

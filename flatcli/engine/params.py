@@ -41,12 +41,18 @@ class ParamSelection:
         if hasattr(spec, "include") and hasattr(spec, "exclude"):
             spec = {"include": spec.include, "exclude": spec.exclude}
         if not isinstance(spec, dict):
-            raise ConfigError(f"params must be a mapping with 'include' and/or 'exclude' lists; got {spec!r}")
+            raise ConfigError(
+                f"params must be a mapping with 'include' and/or 'exclude' lists; got {spec!r}"
+            )
         unknown = set(spec) - {"include", "exclude"}
         if unknown:
-            raise ConfigError(f"Unknown config key 'params.{sorted(unknown)[0]}'. Valid keys here: include, exclude.")
-        return cls(include=_patterns(spec.get("include"), "params.include"),
-                   exclude=_patterns(spec.get("exclude"), "params.exclude"))
+            raise ConfigError(
+                f"Unknown config key 'params.{sorted(unknown)[0]}'. Valid keys here: include, exclude."
+            )
+        return cls(
+            include=_patterns(spec.get("include"), "params.include"),
+            exclude=_patterns(spec.get("exclude"), "params.exclude"),
+        )
 
     @property
     def everything(self) -> bool:
@@ -62,18 +68,24 @@ class ParamSelection:
         trainable = [n for n, p in model.named_parameters() if p.requires_grad]
         for pat in self.include + self.exclude:
             if not any(fnmatch.fnmatchcase(a, pat) for n in trainable for a in aliases[n]):
-                raise ConfigError(f"params: the pattern {pat!r} matches no trainable parameter; "
-                                  f"the model has {_examples(trainable)}")
+                raise ConfigError(
+                    f"params: the pattern {pat!r} matches no trainable parameter; "
+                    f"the model has {_examples(trainable)}"
+                )
 
         def picked(n: str) -> bool:
             names = aliases[n]
-            inc = not self.include or any(fnmatch.fnmatchcase(a, p) for a in names for p in self.include)
+            inc = not self.include or any(
+                fnmatch.fnmatchcase(a, p) for a in names for p in self.include
+            )
             exc = any(fnmatch.fnmatchcase(a, p) for a in names for p in self.exclude)
             return inc and not exc
 
         out = [n for n in trainable if picked(n)]
         if not out:
-            raise ConfigError(f"params selects no trainable parameter; the model has {_examples(trainable)}")
+            raise ConfigError(
+                f"params selects no trainable parameter; the model has {_examples(trainable)}"
+            )
         return out
 
     def describe(self, model: torch.nn.Module, names: Sequence[str]) -> dict:

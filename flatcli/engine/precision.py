@@ -60,10 +60,13 @@ def tf32_flags(matmul: bool, cudnn: bool):
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
-BF16_FD_REFUSED = ("runtime.hvp_mode: finite_difference with runtime.precision: bf16 is unsound: bfloat16 "
-                   "gradients carry relative errors near 4e-3, which a difference of two gradients at a step of "
-                   "1e-3 turns into noise larger than the curvature; use hvp_mode auto (exact products) or "
-                   "precision fp32")
+
+BF16_FD_REFUSED = (
+    "runtime.hvp_mode: finite_difference with runtime.precision: bf16 is unsound: bfloat16 "
+    "gradients carry relative errors near 4e-3, which a difference of two gradients at a step of "
+    "1e-3 turns into noise larger than the curvature; use hvp_mode auto (exact products) or "
+    "precision fp32"
+)
 
 
 def check_precision(value: str) -> str:

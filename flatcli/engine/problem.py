@@ -72,11 +72,14 @@ def eval_mode(model: torch.nn.Module):
 
 def nonfinite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
     """Names of the floating tensors holding NaN or inf."""
-    return [n for n, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    return [
+        n for n, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
 
 
-def not_finite(where: str = "the checkpoint", loss: float | None = None,
-               tensors: list[str] | None = None) -> MeasurementError:
+def not_finite(
+    where: str = "the checkpoint", loss: float | None = None, tensors: list[str] | None = None
+) -> MeasurementError:
     """The one error every command raises for a checkpoint whose loss is NaN or inf (exit code 1):
     ``the loss at <where> is not finite (<loss>)[: NaN/inf in <tensors>]``."""
     msg = f"the loss at {where} is not finite" + (f" ({loss})" if loss is not None else "")
@@ -123,10 +126,21 @@ class Problem:
     names, params, frozen, buffers : the selected parameters (θ) and everything else.
     """
 
-    def __init__(self, model: torch.nn.Module, data, y: torch.Tensor | None = None, *, loss="cross_entropy",
-                 batch_size: int = 256, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 params=None, dist: Dist | None = None, fused_head: bool = True,
-                 compute_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        data,
+        y: torch.Tensor | None = None,
+        *,
+        loss="cross_entropy",
+        batch_size: int = 256,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        params=None,
+        dist: Dist | None = None,
+        fused_head: bool = True,
+        compute_dtype: torch.dtype | None = None,
+    ):
         batch = Batch.of(data, y, where="the measurement set")
         if batch.rows == 0:
             raise ConfigError("the measurement set is empty")
@@ -136,8 +150,10 @@ class Problem:
         self.batch_size = int(batch_size)
         self.dist = dist or Dist()
         first = next(iter(model.parameters()), None)
-        self.device = torch.device(device) if device is not None else (
-            first.device if first is not None else torch.device("cpu")
+        self.device = (
+            torch.device(device)
+            if device is not None
+            else (first.device if first is not None else torch.device("cpu"))
         )
         self.dtype = dtype or (first.dtype if first is not None else torch.float32)
         self.compute_dtype = compute_dtype or self.dtype
@@ -149,22 +165,37 @@ class Problem:
         self.row_units = units
         self.n = int(units.sum())
         if self.n == 0:
-            raise ConfigError(f"the measurement set has no scored units for loss '{self.loss_name}' "
-                              "(every label is ignored)")
+            raise ConfigError(
+                f"the measurement set has no scored units for loss '{self.loss_name}' "
+                "(every label is ignored)"
+            )
         self.shard = self.dist.shard(self.rows)
-        self.batches = self.batch.select(self.shard).split(self.batch_size) if self._local_rows else []
+        self.batches = (
+            self.batch.select(self.shard).split(self.batch_size) if self._local_rows else []
+        )
         self.head: str | None = None
         self.fused_head = bool(fused_head)
         if fused_head and self.loss_fn.fused_head:
-            self.head = find_head(model, lambda b: self._call(self.params, b), self.batch.select(slice(0, 2)))
+            self.head = find_head(
+                model, lambda b: self._call(self.params, b), self.batch.select(slice(0, 2))
+            )
         self._head_module = dict(model.named_modules())[self.head] if self.head else None
 
     def derive(self, model: torch.nn.Module) -> Problem:
         """The same problem (measurement set, loss, batch size, device, dtype, parameter selection,
         ranks, fused head) over another ``model``, e.g. a BatchNorm-folded copy: the one supported
         way to build a problem for another model, so that no setting is dropped on the way."""
-        return Problem(model, self.batch, loss=self.loss_fn, batch_size=self.batch_size, device=self.device,
-                       dtype=self.dtype, params=self.selection, dist=self.dist, fused_head=self.fused_head)
+        return Problem(
+            model,
+            self.batch,
+            loss=self.loss_fn,
+            batch_size=self.batch_size,
+            device=self.device,
+            dtype=self.dtype,
+            params=self.selection,
+            dist=self.dist,
+            fused_head=self.fused_head,
+        )
 
     def _set_parameters(self, model: torch.nn.Module) -> None:
         names = self.selection.select(model)
@@ -180,15 +211,26 @@ class Problem:
             self._flat[i : i + k].copy_(named[n].detach().reshape(-1))
             self.params[n] = self._flat[i : i + k].view(named[n].shape)
             i += k
-        self.frozen = {n: q.detach().to(self.device, self.dtype) for n, q in named.items() if n not in chosen}
+        self.frozen = {
+            n: q.detach().to(self.device, self.dtype) for n, q in named.items() if n not in chosen
+        }
         self.buffers = {
-            n: (b.detach().to(self.device, self.dtype) if b.is_floating_point() else b.detach().to(self.device))
+            n: (
+                b.detach().to(self.device, self.dtype)
+                if b.is_floating_point()
+                else b.detach().to(self.device)
+            )
             for n, b in model.named_buffers()
         }
         canonical = {id(t): n for n, t in [*named.items(), *model.named_buffers()]}
-        self.aliases = {n: canonical[id(t)] for n, t in [*model.named_parameters(remove_duplicate=False),
-                                                          *model.named_buffers(remove_duplicate=False)]
-                        if canonical[id(t)] != n}  # tied names → the name their tensor is given under
+        self.aliases = {
+            n: canonical[id(t)]
+            for n, t in [
+                *model.named_parameters(remove_duplicate=False),
+                *model.named_buffers(remove_duplicate=False),
+            ]
+            if canonical[id(t)] != n
+        }  # tied names → the name their tensor is given under
         self.shapes = [self.params[n].shape for n in self.names]
         self.numels = [self.params[n].numel() for n in self.names]
         self.num_params = int(sum(self.numels))
@@ -205,7 +247,9 @@ class Problem:
                 continue
             name = canonical.get(id(mod.weight))
             if name in slices:
-                start = slices[name].start + int(mod.padding_idx) * mod.embedding_dim  # nn.Embedding makes it >= 0
+                start = (
+                    slices[name].start + int(mod.padding_idx) * mod.embedding_dim
+                )  # nn.Embedding makes it >= 0
                 rows.append(torch.arange(start, start + mod.embedding_dim))
         if not rows:
             return None

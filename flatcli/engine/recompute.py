@@ -84,15 +84,23 @@ def _checkpointed_forward(block: nn.Module, original):
         args, kwargs = _without_cache(args, kwargs)
         names = [n for n, _ in block.named_parameters(remove_duplicate=False)]
         names += [n for n, _ in block.named_buffers(remove_duplicate=False)]
-        tensors = [*(t for _, t in block.named_parameters(remove_duplicate=False)),
-                   *(t for _, t in block.named_buffers(remove_duplicate=False))]
+        tensors = [
+            *(t for _, t in block.named_parameters(remove_duplicate=False)),
+            *(t for _, t in block.named_buffers(remove_duplicate=False)),
+        ]
         n = len(names)
 
         def run(*flat):
             _state.inside = True
             try:
-                return functional_call(block, dict(zip(names, flat[:n], strict=True)), flat[n:], kwargs,
-                                       tie_weights=False, strict=False)
+                return functional_call(
+                    block,
+                    dict(zip(names, flat[:n], strict=True)),
+                    flat[n:],
+                    kwargs,
+                    tie_weights=False,
+                    strict=False,
+                )
             finally:
                 _state.inside = False
 
@@ -162,11 +170,14 @@ def free_bytes(device: torch.device) -> int | None:
     return None
 
 
-HEAD_CHUNK_TENSORS = 8  # chunk-sized tensors alive at once in the fused head's Hessian product (lmhead)
+HEAD_CHUNK_TENSORS = (
+    8  # chunk-sized tensors alive at once in the fused head's Hessian product (lmhead)
+)
 
 
-def predicted_product_bytes(problem, batch, batches: int, device: torch.device,
-                            by_blocks: int = 0) -> tuple[int, int | None]:
+def predicted_product_bytes(
+    problem, batch, batches: int, device: torch.device, by_blocks: int = 0
+) -> tuple[int, int | None]:
     """(predicted peak bytes of one Hessian product, free bytes); ``by_blocks``: the number of
     blocks of a block-by-block product (`flatcli.engine.segments`), 0 for the double backward.
 
@@ -203,9 +214,13 @@ def predicted_product_bytes(problem, batch, batches: int, device: torch.device,
     del s, t
     elt = torch.finfo(problem.dtype).bits // 8
     head = 0
-    if problem.head is not None:  # logits of one chunk: at most CHUNK_ELEMENTS, at most the batch's tokens
+    if (
+        problem.head is not None
+    ):  # logits of one chunk: at most CHUNK_ELEMENTS, at most the batch's tokens
         vocab = dict(problem.model.named_modules())[problem.head].out_features
         head = HEAD_CHUNK_TENSORS * min(CHUNK_ELEMENTS, problem.units(batch) * vocab) * elt
     if by_blocks:
-        return int(2 * total[0] / by_blocks + 3 * problem.num_params * elt + head), free_bytes(device)
+        return int(2 * total[0] / by_blocks + 3 * problem.num_params * elt + head), free_bytes(
+            device
+        )
     return int(total[0] + 5 * problem.num_params * elt + head), free_bytes(device)

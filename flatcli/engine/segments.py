@@ -62,7 +62,12 @@ def _split_hidden(args: tuple, kwargs: dict):
     """(hidden, rest of args, kwargs without it, where): a block's first tensor input."""
     if args:
         return args[0], args[1:], kwargs, "arg"
-    return kwargs["hidden_states"], (), {k: v for k, v in kwargs.items() if k != "hidden_states"}, "kwarg"
+    return (
+        kwargs["hidden_states"],
+        (),
+        {k: v for k, v in kwargs.items() if k != "hidden_states"},
+        "kwarg",
+    )
 
 
 @dataclass
@@ -84,7 +89,9 @@ class BlockChain:
     prefixes: list[str]
     block_names: list[list[str]]  # selected parameter names of each block
     outer_names: list[str]  # selected names outside every block (prefix and suffix)
-    tails: list = field(default_factory=list)  # per block: None (returns a tensor) or its tuple's tail
+    tails: list = field(
+        default_factory=list
+    )  # per block: None (returns a tensor) or its tuple's tail
     calls: tuple = ()  # (batch, list[_Call]) of the last batch seen
 
     # ------------------------------------------------------------ finding the chain
@@ -104,7 +111,9 @@ class BlockChain:
                 return None, f"the parameter {name} is shared ({alias}) with a block"
         block_names = [[n for n in problem.names if n.startswith(p)] for p in prefixes]
         inside = {n for names in block_names for n in names}
-        chain = cls(problem, blocks, prefixes, block_names, [n for n in problem.names if n not in inside])
+        chain = cls(
+            problem, blocks, prefixes, block_names, [n for n in problem.names if n not in inside]
+        )
         why = chain._check(problem.batches[0]) if problem.batches else "no batch on this rank"
         return (None, why) if why else (chain, None)
 
@@ -114,11 +123,18 @@ class BlockChain:
         seen: list[tuple] = []
         handles = []
         for i, b in enumerate(self.blocks):
-            handles.append(b.register_forward_hook(
-                lambda m, a, kw, out, i=i: seen.append((i, a, kw, out)), with_kwargs=True))
-        params = {n: x.detach().requires_grad_(True) for n, x in p.params.items()}  # θ's storage, no copy
+            handles.append(
+                b.register_forward_hook(
+                    lambda m, a, kw, out, i=i: seen.append((i, a, kw, out)), with_kwargs=True
+                )
+            )
+        params = {
+            n: x.detach().requires_grad_(True) for n, x in p.params.items()
+        }  # θ's storage, no copy
         try:
-            with torch.enable_grad():  # one row: the structure is the batch's, the saved activations 1/rows
+            with (
+                torch.enable_grad()
+            ):  # one row: the structure is the batch's, the saved activations 1/rows
                 p.batch_loss_sum(params, batch.select(slice(0, 1)))
         finally:
             for h in handles:
@@ -169,6 +185,7 @@ class BlockChain:
                 if i == n - 1:
                     raise _Reached(None)
                 return hidden if self.tails[i] is None else (hidden, *self.tails[i])
+
             return stub
 
         with torch.no_grad(), self._stubs(make):
@@ -184,18 +201,30 @@ class BlockChain:
         """Block ``i``'s local tensors: its selected parameters from ``P`` (full names), the
         others and its buffers from the problem, cast to the compute dtype."""
         p, pre = self.problem, self.prefixes[i]
-        full = {**{n: t for n, t in p.frozen.items() if n.startswith(pre)},
-                **{n: t for n, t in p.buffers.items() if n.startswith(pre)}, **P}
+        full = {
+            **{n: t for n, t in p.frozen.items() if n.startswith(pre)},
+            **{n: t for n, t in p.buffers.items() if n.startswith(pre)},
+            **P,
+        }
         low = p.compute_dtype
-        return {n[len(pre):]: (t.to(low) if p.lowered and t.is_floating_point() else t) for n, t in full.items()}
+        return {
+            n[len(pre) :]: (t.to(low) if p.lowered and t.is_floating_point() else t)
+            for n, t in full.items()
+        }
 
     def block_fn(self, i: int, call: _Call):
         """(P_i, h) ↦ block i's hidden output."""
         block = self.blocks[i]
 
         def f(P, h):
-            args, kwargs = ((h, *call.rest), call.kwargs) if call.where == "arg" else (call.rest, {**call.kwargs, "hidden_states": h})
-            out = functional_call(block, self._tensors(i, P), args, kwargs, tie_weights=False, strict=False)
+            args, kwargs = (
+                ((h, *call.rest), call.kwargs)
+                if call.where == "arg"
+                else (call.rest, {**call.kwargs, "hidden_states": h})
+            )
+            out = functional_call(
+                block, self._tensors(i, P), args, kwargs, tie_weights=False, strict=False
+            )
             return out[0] if isinstance(out, tuple) else out
 
         return f
@@ -207,6 +236,7 @@ class BlockChain:
         def stop(i):
             def stub(*args, **kwargs):
                 raise _Reached(_split_hidden(args, kwargs)[0])
+
             return stub
 
         def f(P):
@@ -229,6 +259,7 @@ class BlockChain:
                 def stub(*args, **kwargs):
                     x = h if i == last else _split_hidden(args, kwargs)[0]
                     return x if calls[i].tail is None else (x, *calls[i].tail)
+
                 return stub
 
             with self._stubs(make):
@@ -237,8 +268,14 @@ class BlockChain:
         return f
 
     # ------------------------------------------------------------ the product
-    def hvp(self, v: torch.Tensor, th: torch.Tensor, batch, out: torch.Tensor | None = None,
-            accumulate: bool = False) -> torch.Tensor:
+    def hvp(
+        self,
+        v: torch.Tensor,
+        th: torch.Tensor,
+        batch,
+        out: torch.Tensor | None = None,
+        accumulate: bool = False,
+    ) -> torch.Tensor:
         """The batch's share of H v (module docstring), flat, in θ's dtype: written into ``out``
         (``accumulate``: added to it), or a new vector.
 
@@ -250,7 +287,9 @@ class BlockChain:
         p = self.problem
         calls = self.block_calls(batch)
         if v._base is not None and v._base.shape != th.shape:
-            v = v.clone()  # a row of a (K, P) block: forward AD would copy its tangents' larger base
+            v = (
+                v.clone()
+            )  # a row of a (K, P) block: forward AD would copy its tangents' larger base
         theta = {n: x.detach() for n, x in p.unflatten(th).items()}
         vd = p.unflatten(v)
         if out is None:
@@ -277,13 +316,18 @@ class BlockChain:
             saved.append((h, hd))
         del h, hd
         h_L, hd_L = saved.pop()
-        (_, g), (hv0, gd) = jvp(grad(self.suffix_fn(theta, batch, calls), argnums=(0, 1)), (P0, h_L), (V0, hd_L))
+        (_, g), (hv0, gd) = jvp(
+            grad(self.suffix_fn(theta, batch, calls), argnums=(0, 1)), (P0, h_L), (V0, hd_L)
+        )
         _add(od, hv0)
         del h_L, hd_L, hv0
         for i in reversed(range(len(fns))):
             h_in, hd_in = saved.pop()
-            (_, g), (hvi, gd) = jvp(_vjp_of(fns[i]), (sub(theta, self.block_names[i]), h_in, g),
-                                    (sub(vd, self.block_names[i]), hd_in, gd))
+            (_, g), (hvi, gd) = jvp(
+                _vjp_of(fns[i]),
+                (sub(theta, self.block_names[i]), h_in, g),
+                (sub(vd, self.block_names[i]), hd_in, gd),
+            )
             _add(od, hvi)
             del h_in, hd_in, hvi
         if P0:

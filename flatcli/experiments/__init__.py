@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .modular_addition import ModularAddition
-from .pipeline import Experiment, ExperimentReport, publish
+from .pipeline import Experiment
 from .random_labels import RandomLabels
 from .reparameterization import Reparameterization
+from .report import ExperimentReport, publish
 from .spec import Spec, available, load_spec
 
 __all__ = [
@@ -64,7 +65,11 @@ def list_experiments() -> list[ExperimentInfo]:
     out = []
     for n in available():
         s = load_spec(n)
-        out.append(ExperimentInfo(n, s.title, s.reference, tuple((st.name, len(st.points())) for st in s.studies)))
+        out.append(
+            ExperimentInfo(
+                n, s.title, s.reference, tuple((st.name, len(st.points())) for st in s.studies)
+            )
+        )
     return out
 
 

@@ -25,8 +25,14 @@ class LeNet8(nn.Module):
     the classifier on the penultimate features (relative flatness's default layer).
     """
 
-    def __init__(self, channels: tuple[int, int] | list[int] = (8, 16), hidden: int = 32, num_classes: int = 10, side: int = 8,
-                 dropout: float = 0.0):
+    def __init__(
+        self,
+        channels: tuple[int, int] | list[int] = (8, 16),
+        hidden: int = 32,
+        num_classes: int = 10,
+        side: int = 8,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         c1, c2 = channels
         self.side = side
@@ -50,8 +56,14 @@ class LeNet1D(nn.Module):
     → Linear(→ hidden) → ReLU [→ Dropout(dropout)] → Linear(→ num_classes).
     """
 
-    def __init__(self, channels: tuple[int, int] | list[int] = (8, 16), hidden: int = 32, num_classes: int = 10, length: int = 40,
-                 dropout: float = 0.0):
+    def __init__(
+        self,
+        channels: tuple[int, int] | list[int] = (8, 16),
+        hidden: int = 32,
+        num_classes: int = 10,
+        length: int = 40,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         c1, c2 = channels
         self.length = length
@@ -77,7 +89,9 @@ class _Block(nn.Module):
         self.bn2 = nn.BatchNorm2d(cout)
         self.short = nn.Sequential()
         if stride != 1 or cin != cout:
-            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            self.short = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.bn1(self.conv1(x)))

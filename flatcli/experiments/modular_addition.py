@@ -24,7 +24,8 @@ import numpy as np
 
 from ..results import read_table, write_table
 from ..training import TrainRecord
-from .pipeline import Experiment, StudyOutcome, correlation_table, fmt_stat, pyplot, save_figure
+from .pipeline import Experiment, pyplot, save_figure
+from .report import StudyOutcome, correlation_table, fmt_stat
 from .spec import Study
 
 FRACTION, DECAY = "train_fraction", "weight_decay"
@@ -34,7 +35,9 @@ COMPARE_STAT = "kendall_tau_b"
 class ModularAddition(Experiment):
     """Experiment 6: the generic analysis, paired comparisons with the best measure, the figure."""
 
-    def analyze(self, study: Study, sd: Path, results: Path, records: list[TrainRecord]) -> StudyOutcome:
+    def analyze(
+        self, study: Study, sd: Path, results: Path, records: list[TrainRecord]
+    ) -> StudyOutcome:
         """The generic analysis, then the comparisons and the figure."""
         outcome = super().analyze(study, sd, results, records)
         if outcome.correlation is None:
@@ -75,8 +78,10 @@ class ModularAddition(Experiment):
 
     def compare_command(self, study: Study, b: str, rel: str) -> str:
         """The ``flatcli correlate --compare`` command behind one row of comparisons.csv."""
-        return (f"flatcli correlate {rel}/results/results.csv --max-train-loss {self.spec.target_loss:g} "
-                f"--compare {b} --bootstrap {max(self.spec.bootstrap, 100)} --seed 0")
+        return (
+            f"flatcli correlate {rel}/results/results.csv --max-train-loss {self.spec.target_loss:g} "
+            f"--compare {b} --bootstrap {max(self.spec.bootstrap, 100)} --seed 0"
+        )
 
     def summary_sections(self, study: Study, o: StudyOutcome) -> list[str]:
         """The correlation table, the paired comparisons, the figure, the commands."""
@@ -90,19 +95,26 @@ class ModularAddition(Experiment):
                       "95% interval; \"ranks above\" only when the interval excludes 0):", "",
                       "| measure B | τ-b of A | τ-b of B | A − B [95% interval] | verdict |", "|---|---|---|---|---|"]  # fmt: skip
             for r in comps:
-                lines.append(f"| `{r['measure_b']}` | {fmt_stat(r['a'])} | {fmt_stat(r['b'])} | "
-                             f"{fmt_stat(r['difference'])} [{r['lo']:+.2f}, {r['hi']:+.2f}] | {r['verdict']} |")
+                lines.append(
+                    f"| `{r['measure_b']}` | {fmt_stat(r['a'])} | {fmt_stat(r['b'])} | "
+                    f"{fmt_stat(r['difference'])} [{r['lo']:+.2f}, {r['hi']:+.2f}] | {r['verdict']} |"
+                )
             lines.append("")
         if "figure" in o.files:
-            lines += [f"Figure: `{o.files['figure'].relative_to(self.outdir)}` (the gap and each measure against the "
-                      "training fraction, one line per weight decay, mean ± std over seeds).", ""]
+            lines += [
+                f"Figure: `{o.files['figure'].relative_to(self.outdir)}` (the gap and each measure against the "
+                "training fraction, one line per weight decay, mean ± std over seeds).",
+                "",
+            ]
         lines += [f"Reproduce: `{self.correlate_command(study, study.name)}`"
                   + (f" and `{self.compare_command(study, f'{best},MEASURE', study.name)}`" if comps else "")
                   + f" (in `{self.outdir}`).", ""]  # fmt: skip
         return lines
 
 
-def fraction_means(csv_path: Path, labels: list[str]) -> tuple[list[float], list[float], dict[str, np.ndarray]]:
+def fraction_means(
+    csv_path: Path, labels: list[str]
+) -> tuple[list[float], list[float], dict[str, np.ndarray]]:
     """Training fractions, weight decays, and per column (measures and gen_gap) the mean and std
     over seeds at each (decay, fraction): an array of shape (2, decays, fractions), NaN where empty."""
     _, rows = read_table(csv_path)
@@ -131,16 +143,30 @@ def fraction_figure(csv_path: Path, labels: list[str], path: Path, title: str) -
     names = [lab for lab in ["gen_gap", *labels] if lab in curves]
     ncol = min(5, len(names))
     nrow = math.ceil(len(names) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(2.7 * ncol, 2.3 * nrow), dpi=110, squeeze=False, sharex=True)
+    fig, axes = plt.subplots(
+        nrow, ncol, figsize=(2.7 * ncol, 2.3 * nrow), dpi=110, squeeze=False, sharex=True
+    )
     for ax, lab in zip(axes.flat, names, strict=False):
         for i, d in enumerate(decays):
             mean, std = curves[lab][:, i]
-            ax.errorbar(fracs, mean, yerr=std, marker="o", ms=3, capsize=2, lw=1, color=f"C{i}", label=f"wd {d:g}")
+            ax.errorbar(
+                fracs,
+                mean,
+                yerr=std,
+                marker="o",
+                ms=3,
+                capsize=2,
+                lw=1,
+                color=f"C{i}",
+                label=f"wd {d:g}",
+            )
         ax.set_title(lab, fontsize=8, color="C3" if lab == "gen_gap" else "black")
         ax.tick_params(labelsize=6)
     axes.flat[0].legend(fontsize=6)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     fig.supxlabel("training fraction of the p² pairs", fontsize=8)
-    fig.suptitle(f"{title}: gap and measures vs. training fraction (mean ± std over seeds)", fontsize=9)
+    fig.suptitle(
+        f"{title}: gap and measures vs. training fraction (mean ± std over seeds)", fontsize=9
+    )
     return save_figure(fig, path)

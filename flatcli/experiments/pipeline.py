@@ -25,9 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,45 +43,15 @@ from ..training import (
     single_threaded,
     write_manifest,
 )
+from .report import (
+    ExperimentReport,
+    StudyOutcome,
+    comparison_table,
+    correlation_table,
+    fmt_cell,
+    gap_range,
+)
 from .spec import Spec, Study
-
-STATS = ("pearson", "kendall_tau_b", "psi", "cmi")
-STAT_TITLES = {"pearson": "Pearson", "kendall_tau_b": "Kendall τ-b", "psi": "Ψ", "cmi": "CMI", "spearman": "Spearman"}
-
-
-@dataclass
-class StudyOutcome:
-    """What one study produced: counts, the correlation report, files, timings."""
-
-    name: str
-    folder: Path
-    models: int
-    converged: int
-    unconverged: list[dict[str, Any]] = field(default_factory=list)
-    correlation: Any = None  # flatcli.analysis.CorrelationReport on the converged models
-    by_seed: list[dict[str, Any]] = field(default_factory=list)  # rows of correlations_by_seed.csv
-    comparisons: Any = None  # pandas DataFrame of `flatcli.analysis.compare` rows (the study's `compare` pairs)
-    subsets: list[dict[str, Any]] = field(default_factory=list)  # per subset: title, where, axes, correlation, comparisons
-    seconds: dict[str, float] = field(default_factory=dict)  # training, sweep, analysis
-    files: dict[str, Path] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-    exit_code: int = 0  # the sweep's: 1 when a unit failed
-
-
-@dataclass
-class ExperimentReport:
-    """The outcome of `Experiment.run`: one `StudyOutcome` per study and the summary's path."""
-
-    spec: Spec
-    outdir: Path
-    studies: list[StudyOutcome]
-    summary: Path
-    seconds: float
-
-    @property
-    def exit_code(self) -> int:
-        """0, or 1 when a measurement of any study failed (its rows carry the errors)."""
-        return max((o.exit_code for o in self.studies), default=0)
 
 
 def pyplot():
@@ -114,10 +82,17 @@ def work_seconds(folder: Path) -> tuple[float, float]:
             return 0.0
         header, rows = read_table(path)
         keep = [c for c in header if cols(c)]
-        return sum(float(r[c]) for r in rows for c in keep if r.get(c) not in (None, "") and math.isfinite(float(r[c])))
+        return sum(
+            float(r[c])
+            for r in rows
+            for c in keep
+            if r.get(c) not in (None, "") and math.isfinite(float(r[c]))
+        )
 
-    return (total(folder / "training.csv", lambda c: c == "seconds"),
-            total(folder / "results" / "results.csv", lambda c: c.endswith("_seconds")))
+    return (
+        total(folder / "training.csv", lambda c: c == "seconds"),
+        total(folder / "results" / "results.csv", lambda c: c.endswith("_seconds")),
+    )
 
 
 def absolute_paths(flat: dict[str, Any], base_dir: Path) -> dict[str, Any]:
@@ -141,8 +116,15 @@ class Experiment:
     """The generic experiment: train every study's grid, measure, keep the converged models,
     correlate. Subclasses add steps (`prepare_checkpoints`, `analyze`, `summary_sections`)."""
 
-    def __init__(self, spec: Spec, outdir: str | Path, jobs: int = 1, log=print, plots: bool = True,
-                 device: str | None = None):
+    def __init__(
+        self,
+        spec: Spec,
+        outdir: str | Path,
+        jobs: int = 1,
+        log=print,
+        plots: bool = True,
+        device: str | None = None,
+    ):
         self.spec = spec
         self.outdir = Path(outdir)
         self.jobs = max(1, int(jobs))
@@ -159,7 +141,9 @@ class Experiment:
             names = [s.name for s in self.spec.studies]
             unknown = [s for s in studies if s not in names]
             if unknown:
-                raise ConfigError(f"`study`: {', '.join(unknown)} not in {self.spec.name} (studies: {', '.join(names)})")
+                raise ConfigError(
+                    f"`study`: {', '.join(unknown)} not in {self.spec.name} (studies: {', '.join(names)})"
+                )
             chosen = [s for s in self.spec.studies if s.name in studies]
         self.outdir.mkdir(parents=True, exist_ok=True)
         outcomes = []
@@ -183,7 +167,11 @@ class Experiment:
         t2 = time.perf_counter()
         outcome = self.analyze(study, sd, results, records)
         outcome.exit_code = code
-        outcome.seconds = {"training": t1 - t0, "sweep": t2 - t1, "analysis": time.perf_counter() - t2}
+        outcome.seconds = {
+            "training": t1 - t0,
+            "sweep": t2 - t1,
+            "analysis": time.perf_counter() - t2,
+        }
         self.log(
             f"{study.name}: {outcome.converged}/{outcome.models} models met the criterion; "
             f"training {t1 - t0:.0f}s, sweep {t2 - t1:.0f}s, analysis {outcome.seconds['analysis']:.0f}s"
@@ -198,7 +186,11 @@ class Experiment:
             "training": study.training,
             "grid": study.grid,
             "target": self.spec.target_loss,
-            **({"criterion": self.spec.criterion.describe()} if self.spec.plateau is not None else {}),
+            **(
+                {"criterion": self.spec.criterion.describe()}
+                if self.spec.plateau is not None
+                else {}
+            ),
             **({"device": self.device} if self.device else {}),
         }
 
@@ -213,9 +205,15 @@ class Experiment:
             kwargs = {**flat["model"].get("kwargs", {}), **{k: hp[k] for k in study.model_axes}}
             data, own = flat["data"], ""
             if study.data_axes:
-                train = {**data["train"], "kwargs": {**data["train"]["kwargs"], **{k: hp[k] for k in study.data_axes}}}
+                train = {
+                    **data["train"],
+                    "kwargs": {**data["train"]["kwargs"], **{k: hp[k] for k in study.data_axes}},
+                }
                 data = {**data, "train": train}
-                named = {**{k: hp[k] for k in study.data_axes}, **({"noise": noise, "seed": hp["seed"]} if noise is not None else {})}
+                named = {
+                    **{k: hp[k] for k in study.data_axes},
+                    **({"noise": noise, "seed": hp["seed"]} if noise is not None else {}),
+                }
                 own = f"data/{model_name(named)}.pt"
             out.append(TrainTask(
                 name=model_name(hp, index=i), outdir=str(sd), model_target=flat["model"]["target"], model_kwargs=kwargs,
@@ -235,12 +233,16 @@ class Experiment:
             except ValueError:
                 same = False
             if same and all((sd / "checkpoints" / f"{t.name}.pt").is_file() for t in tasks):
-                self.log(f"reusing the {len(tasks)} trained models in {sd} (delete {stamp.name} to retrain)")
+                self.log(
+                    f"reusing the {len(tasks)} trained models in {sd} (delete {stamp.name} to retrain)"
+                )
                 return read_training(sd / "training.csv", list(study.grid))
         sd.mkdir(parents=True, exist_ok=True)
         stamp.unlink(missing_ok=True)
         records = run_tasks(tasks, self.jobs, log=lambda m: self.log("  " + m))
-        write_manifest(sd, records, list(study.grid), converged_column=self.spec.plateau is not None)
+        write_manifest(
+            sd, records, list(study.grid), converged_column=self.spec.plateau is not None
+        )
         stamp.write_text(json.dumps(record, indent=1))
         return records
 
@@ -251,7 +253,12 @@ class Experiment:
     def flatcli_config(self, study: Study) -> dict[str, Any]:
         """The flatcli config of the study's sweep: its measures over the manifest's checkpoints."""
         flat = absolute_paths(study.flatcli, self.spec.path.parent)
-        runtime = {"device": "cpu", "seed": 0, **(flat.get("runtime") or {}), **({"device": self.device} if self.device else {})}
+        runtime = {
+            "device": "cpu",
+            "seed": 0,
+            **(flat.get("runtime") or {}),
+            **({"device": self.device} if self.device else {}),
+        }
         return {
             "model": flat["model"],
             "checkpoints": {"manifest": "manifest.csv"},
@@ -283,10 +290,14 @@ class Experiment:
         cpu = cfg.runtime.device == "cpu"
         rep = api.sweep(cfg_path, sd / "sweep", workers=self.jobs if cpu and self.jobs > 1 else None,
                         log=lambda m: self.log("  " + m))  # fmt: skip
-        self.log(f"  sweep: {rep.lines[0]}; {rep.computed} computed, {rep.errors} with errors ({rep.seconds:.0f}s)")
+        self.log(
+            f"  sweep: {rep.lines[0]}; {rep.computed} computed, {rep.errors} with errors ({rep.seconds:.0f}s)"
+        )
         col = api.collect(sd / "sweep", sd / "results" / "results.csv")
         if col.missing:
-            raise MeasurementError(f"{study.name}: {len(col.missing)} units of the sweep did not finish; rerun the command to resume")
+            raise MeasurementError(
+                f"{study.name}: {len(col.missing)} units of the sweep did not finish; rerun the command to resume"
+            )
         return col.csv_path, rep.exit_code
 
     # ------------------------------------------------------------ analysis
@@ -333,8 +344,15 @@ class Experiment:
                   ["checkpoint", *hp_cols, "train_loss", "train_acc", "status", "error"])  # fmt: skip
         return out, unconv, len(keep)
 
-    def correlate(self, csv_path: Path, study: Study, outdir: Path | None, plots: bool, target: str = "gen_gap",
-                  bootstrap: int | None = None):
+    def correlate(
+        self,
+        csv_path: Path,
+        study: Study,
+        outdir: Path | None,
+        plots: bool,
+        target: str = "gen_gap",
+        bootstrap: int | None = None,
+    ):
         """``flatcli correlate --max-train-loss TARGET`` over the study's axes (`flatcli.api.correlate`):
         the models above the target train loss are left out (and named) by flatcli itself."""
         from .. import api
@@ -344,7 +362,9 @@ class Experiment:
                              max_train_loss=max_loss, bootstrap=bootstrap, run=api.RunOptions(seed=0),
                              plots=plots and outdir is not None, color_by=study.color_by if plots else None)  # fmt: skip
 
-    def seed_spread(self, study: Study, converged: Path, target: str = "gen_gap") -> list[dict[str, Any]]:
+    def seed_spread(
+        self, study: Study, converged: Path, target: str = "gen_gap"
+    ) -> list[dict[str, Any]]:
         """The correlation statistics on each seed's models alone (``by_seed/results_seed<S>.csv``)."""
         if len(study.grid.get("seed", [])) < 2:
             return []
@@ -361,21 +381,33 @@ class Experiment:
                             "kendall_tau_b": mc.kendall_tau_b, "psi": mc.psi, "cmi": mc.cmi})  # fmt: skip
         return out
 
-    def analyze(self, study: Study, sd: Path, results: Path, records: list[TrainRecord]) -> StudyOutcome:
+    def analyze(
+        self, study: Study, sd: Path, results: Path, records: list[TrainRecord]
+    ) -> StudyOutcome:
         """Keep the converged models, correlate them with the gap, and each seed's alone."""
         converged, unconv, kept = self.keep_converged(results)
-        outcome = StudyOutcome(study.name, sd, models=kept + len(unconv), converged=kept, unconverged=unconv)
-        outcome.files.update(results=results, converged=converged, unconverged=results.with_name("unconverged.csv"))
+        outcome = StudyOutcome(
+            study.name, sd, models=kept + len(unconv), converged=kept, unconverged=unconv
+        )
+        outcome.files.update(
+            results=results, converged=converged, unconverged=results.with_name("unconverged.csv")
+        )
         if unconv:
-            self.log(f"  {len(unconv)} model(s) did not meet the convergence criterion, left out of the correlations (unconverged.csv)")
+            self.log(
+                f"  {len(unconv)} model(s) did not meet the convergence criterion, left out of the correlations (unconverged.csv)"
+            )
         if kept < 3:
             self.log(f"  only {kept} converged model(s): no correlations")
             return outcome
-        outcome.correlation = self.correlate(results, study, sd / "results", self.plots, bootstrap=self.spec.bootstrap or None)
+        outcome.correlation = self.correlate(
+            results, study, sd / "results", self.plots, bootstrap=self.spec.bootstrap or None
+        )
         outcome.files["correlations"] = sd / "results" / "correlations.csv"
         outcome.by_seed = self.seed_spread(study, converged)
         if outcome.by_seed:
-            outcome.files["correlations_by_seed"] = write_table(sd / "results" / "correlations_by_seed.csv", outcome.by_seed)
+            outcome.files["correlations_by_seed"] = write_table(
+                sd / "results" / "correlations_by_seed.csv", outcome.by_seed
+            )
         outcome.comparisons = self.compare(study, results, sd / "results" / "comparisons.csv")
         if outcome.comparisons is not None:
             outcome.files["comparisons"] = sd / "results" / "comparisons.csv"
@@ -389,9 +421,17 @@ class Experiment:
         """The converged filter's ``--where`` (if any) and ``expr``, joined by ``and``."""
         base = self.converged_filter[0]
         parts = [p for p in (base, expr) if p]
-        return parts[0] if len(parts) == 1 else " and ".join(f"({p})" for p in parts) if parts else None
+        return (
+            parts[0]
+            if len(parts) == 1
+            else " and ".join(f"({p})" for p in parts)
+            if parts
+            else None
+        )
 
-    def subset(self, study: Study, results: Path, title: str, expr: str, out: Path) -> dict[str, Any] | None:
+    def subset(
+        self, study: Study, results: Path, title: str, expr: str, out: Path
+    ) -> dict[str, Any] | None:
         """The converged models matching ``expr`` correlated (over the axes that still vary) and
         compared alone, into ``out/correlations.csv`` and ``out/comparisons.csv``; None (logged)
         when fewer than 3 models remain."""
@@ -400,20 +440,41 @@ class Experiment:
 
         where = self.where(expr)
         try:
-            table, _ = filter_rows(as_table(results), where=where, max_train_loss=self.converged_filter[1])
+            table, _ = filter_rows(
+                as_table(results), where=where, max_train_loss=self.converged_filter[1]
+            )
         except ConfigError as e:
             self.log(f"  subset {title!r} skipped: {e}")
             return None
         if len(table.frame) < 3:
             self.log(f"  subset {title!r} skipped: {len(table.frame)} converged model(s)")
             return None
-        axes = [a for a in study.axes if f"hp_{a}" in table.frame and table.frame[f"hp_{a}"].nunique() > 1]
+        axes = [
+            a
+            for a in study.axes
+            if f"hp_{a}" in table.frame and table.frame[f"hp_{a}"].nunique() > 1
+        ]
         rep = api.correlate(results, by=axes or None, outdir=out, where=where, max_train_loss=self.converged_filter[1],
                             bootstrap=self.spec.bootstrap or None, run=api.RunOptions(seed=0))  # fmt: skip
         comps = self.compare(study, results, out / "comparisons.csv", extra_where=expr)
-        return {"title": title, "expr": expr, "where": where, "axes": axes, "correlation": rep, "comparisons": comps, "dir": out}
+        return {
+            "title": title,
+            "expr": expr,
+            "where": where,
+            "axes": axes,
+            "correlation": rep,
+            "comparisons": comps,
+            "dir": out,
+        }
 
-    def compare(self, study: Study, results: Path, out: Path, target: str = "gen_gap", extra_where: str | None = None):
+    def compare(
+        self,
+        study: Study,
+        results: Path,
+        out: Path,
+        target: str = "gen_gap",
+        extra_where: str | None = None,
+    ):
         """``flatcli correlate --compare A,B`` for each of the study's ``compare`` pairs on the
         converged models (paired bootstrap, the spec's ``bootstrap`` resamples, seed 0), written to
         ``out``; None without pairs or resamples. A pair that cannot be compared (fewer than 3
@@ -440,7 +501,9 @@ class Experiment:
         return df
 
     # ------------------------------------------------------------ the summary
-    def correlate_command(self, study: Study, rel: str, expr: str | None = None, axes: list[str] | None = None) -> str:
+    def correlate_command(
+        self, study: Study, rel: str, expr: str | None = None, axes: list[str] | None = None
+    ) -> str:
         """The ``flatcli correlate`` command that reproduces the study's table (or a subset's:
         ``expr``, ``axes``) from its folder."""
         axes = study.axes if axes is None else axes
@@ -451,7 +514,10 @@ class Experiment:
     def filter_options(self, expr: str | None = None) -> str:
         """`converged_filter` (and ``expr``) as ``flatcli correlate`` options."""
         where, max_loss = self.where(expr), self.converged_filter[1]
-        return " ".join(([f'--where "{where}"'] if where else []) + ([f"--max-train-loss {max_loss:g}"] if max_loss is not None else []))
+        return " ".join(
+            ([f'--where "{where}"'] if where else [])
+            + ([f"--max-train-loss {max_loss:g}"] if max_loss is not None else [])
+        )
 
     @property
     def filter_option(self) -> str:
@@ -482,16 +548,24 @@ class Experiment:
             )
             gaps = gap_range(o.files.get("converged"))
             if gaps is not None:
-                lines.append(f"Generalization gap (train accuracy − test accuracy) of the {gaps[2]} converged models: "
-                             f"{gaps[0]:.3f} to {gaps[1]:.3f}.")
+                lines.append(
+                    f"Generalization gap (train accuracy − test accuracy) of the {gaps[2]} converged models: "
+                    f"{gaps[0]:.3f} to {gaps[1]:.3f}."
+                )
             lines.append("")
             lines += self.summary_sections(study, o)
             if o.unconverged:
                 lines += ["Left out (convergence criterion not met):", ""]
                 for u in o.unconverged:
-                    hp = ", ".join(f"{k[3:]}={v}" for k, v in u.items() if k.startswith("hp_") and k != "hp_converged")
-                    lines.append(f"- `{u['checkpoint']}` ({hp}): train loss {_num(u['train_loss'], '.4f')}, "
-                                 f"train accuracy {_num(u['train_acc'], '.4f')}")
+                    hp = ", ".join(
+                        f"{k[3:]}={v}"
+                        for k, v in u.items()
+                        if k.startswith("hp_") and k != "hp_converged"
+                    )
+                    lines.append(
+                        f"- `{u['checkpoint']}` ({hp}): train loss {fmt_cell(u['train_loss'], '.4f')}, "
+                        f"train accuracy {fmt_cell(u['train_acc'], '.4f')}"
+                    )
                 lines.append("")
         return "\n".join(lines) + "\n"
 
@@ -506,140 +580,24 @@ class Experiment:
         lines: list[str] = []
         for sub in o.subsets:
             cmd = self.correlate_command(study, study.name, sub["expr"], sub["axes"])
-            part = StudyOutcome(o.name, o.folder, models=o.models, converged=o.converged, correlation=sub["correlation"])
-            lines += [f"### Subset: {sub['title']}", "",
-                      f"The converged models with `{sub['where']}`, correlated alone (Ψ over {', '.join(sub['axes']) or 'no axis'}):", ""]
-            lines += correlation_table(self.spec, Study(study.name, study.title, {}, {}, study.grid, sub["axes"], None), part)
+            part = StudyOutcome(
+                o.name,
+                o.folder,
+                models=o.models,
+                converged=o.converged,
+                correlation=sub["correlation"],
+            )
+            lines += [
+                f"### Subset: {sub['title']}",
+                "",
+                f"The converged models with `{sub['where']}`, correlated alone (Ψ over {', '.join(sub['axes']) or 'no axis'}):",
+                "",
+            ]
+            lines += correlation_table(
+                self.spec,
+                Study(study.name, study.title, {}, {}, study.grid, sub["axes"], None),
+                part,
+            )
             lines += [f"Reproduce: `{cmd}` (in `{self.outdir}`).", ""]
             lines += comparison_table(sub["comparisons"], cmd)
         return lines
-
-
-def _num(cell: Any, spec: str) -> str:
-    """A table cell formatted as a number when it is one, else as it is."""
-    try:
-        return format(float(cell), spec)
-    except (TypeError, ValueError):
-        return str(cell)
-
-
-def gap_range(path: Path | None, column: str = "gen_gap") -> tuple[float, float, int] | None:
-    """(min, max, count) of the finite ``gen_gap`` values of a results table; None without any."""
-    if path is None or not Path(path).is_file():
-        return None
-    vals = []
-    for r in read_table(path)[1]:
-        try:
-            v = float(r.get(column) or "nan")
-        except ValueError:
-            continue
-        if math.isfinite(v):
-            vals.append(v)
-    return (min(vals), max(vals), len(vals)) if vals else None
-
-
-def fmt_stat(v: float) -> str:
-    """A statistic as ``+0.12``, or ``–`` when undefined."""
-    return "–" if v is None or not math.isfinite(v) else f"{v:+.2f}"
-
-
-def correlation_table(spec: Spec, study: Study, o: StudyOutcome, stats=STATS) -> list[str]:
-    """Markdown rows: each measure's statistics with their 95% bootstrap interval [lo, hi] (as
-    ``flatcli correlate --bootstrap`` prints them) or, for Ψ and CMI, the {min, max} over seeds; then
-    the papers' values."""
-    if o.correlation is None:
-        return ["No correlations (fewer than 3 converged models).", ""]
-    paper = spec.paper
-    pcols = paper.get("columns", [])
-    pstat = STAT_TITLES.get(paper.get("statistic", "pearson"), paper.get("statistic", ""))
-    head = ["measure", "n"] + [STAT_TITLES[k] for k in stats] + [f"paper {pstat}: {c}" for c in pcols]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    spread: dict[tuple[str, str], list[float]] = {}
-    for r in o.by_seed:
-        for k in stats:
-            v = r[k]
-            if v is not None and math.isfinite(v):
-                spread.setdefault((r["measure"], k), []).append(v)
-    for mc in o.correlation.measures:
-        cells = [f"`{mc.measure}`", str(mc.n)]
-        for k in stats:
-            v = mc.get(k)
-            iv = mc.intervals.get(k)
-            sp = spread.get((mc.measure, k))
-            if iv is not None and math.isfinite(iv.lo) and math.isfinite(iv.hi):
-                cells.append(f"{fmt_stat(v)} [{iv.lo:+.2f}, {iv.hi:+.2f}]")
-            else:
-                cells.append(fmt_stat(v) + (f" {{{min(sp):+.2f}, {max(sp):+.2f}}}" if sp and len(sp) >= 2 else ""))
-        pv = paper.get("values", {}).get(mc.measure)
-        cells += [("–" if pv is None else f"{pv[i]:+.2f}" if isinstance(pv[i], (int, float)) else str(pv[i])) for i in range(len(pcols))]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    if o.by_seed:
-        lines += [f"[lo, hi]: 95% bootstrap interval over the models ({spec.bootstrap:,} resamples, seed 0); {{min, max}}: the "
-                  "value on each seed's models alone (`correlations_by_seed.csv`).", ""]
-    axes = ", ".join(study.axes) if study.axes else "none"
-    lines += [f"Ψ and CMI over the axes: {axes}.", ""]
-    return lines
-
-
-def comparison_table(df, command: str, target: str = "the gap") -> list[str]:
-    """Markdown rows of `Experiment.compare`'s table: per pair, the differences of Kendall τ-b and
-    Pearson with their 95% paired-bootstrap intervals (and Zou's for Pearson) and the verdicts."""
-    if df is None or len(df) == 0:
-        return []
-    first = df.iloc[0]
-    lines = [f"Paired comparisons of the correlations with {target} (`{command} --compare A,B`: the same "
-             f"{int(first['resamples'] + first['undefined_resamples']):,} resamples of the models for both measures, "
-             "seed 0; \"A ranks above B\" only when the 95% interval of the difference excludes 0, else \"tied\"):", "",
-             "| A | B | n | Kendall τ-b: A − B [95%] | τ-b verdict | Pearson: A − B [95%] (Zou) | Pearson verdict |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-
-    def verdict(r) -> str:
-        return "A above" if r["lo"] > 0 else "B above" if r["hi"] < 0 else r["verdict"]  # tied or undefined
-
-    for (a, b), g in df.groupby(["measure_a", "measure_b"], sort=False):
-        rows = {r["statistic"]: r for _, r in g.iterrows()}
-        k, p = rows.get("kendall_tau_b"), rows.get("pearson")
-        cells = [f"`{a}`", f"`{b}`", str(int(g["n"].iloc[0]))]
-        for r, zou in ((k, False), (p, True)):
-            if r is None:
-                cells += ["–", "–"]
-                continue
-            extra = f" ({r['zou_lo']:+.2f}, {r['zou_hi']:+.2f})" if zou and math.isfinite(r["zou_lo"]) else ""
-            cells += [f"{fmt_stat(r['difference'])} [{r['lo']:+.2f}, {r['hi']:+.2f}]{extra}", verdict(r)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines + [""]
-
-
-def publish(report: ExperimentReport, dest: str | Path) -> list[Path]:
-    """Copy the small outputs (CSV tables, summary, figures) into ``dest/<experiment>/``."""
-    base = Path(dest) / report.spec.name
-    copied = []
-    base.mkdir(parents=True, exist_ok=True)
-    text = report.summary.read_text()  # the published copy's commands refer to its own layout
-    for o in report.studies:
-        text = text.replace(f"{o.name}/results/results.csv", f"{o.name}/results.csv")
-    text = text.replace(f"(in `{report.outdir}`)", "(in this folder)")
-    (base / "summary.md").write_text(text)
-    copied.append(base / "summary.md")
-    for o in report.studies:
-        d = base / o.name
-        d.mkdir(parents=True, exist_ok=True)
-        res = o.folder / "results"
-        for name in ("results.csv", "results_converged.csv", "unconverged.csv", "correlations.csv",
-                     "correlations_by_seed.csv", "relative_change.csv", "comparisons.csv"):  # fmt: skip
-            for src in (res / name, res / "vs_noise" / name):
-                if src.is_file():
-                    dst = d / (f"vs_noise_{name}" if src.parent.name == "vs_noise" else name)
-                    shutil.copy2(src, dst)
-                    copied.append(dst)
-        for name in ("training.csv", "config.yaml"):
-            if (o.folder / name).is_file():
-                shutil.copy2(o.folder / name, d / name)
-                copied.append(d / name)
-        for fig in [res / "plots" / "scatter_all.png", res / "plots" / "psi_heatmap.png", *o.extra.get("figures", [])]:
-            if Path(fig).is_file():
-                shutil.copy2(fig, d / Path(fig).name)
-                copied.append(d / Path(fig).name)
-    return copied
-

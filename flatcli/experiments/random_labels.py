@@ -18,15 +18,8 @@ import numpy as np
 
 from ..results import read_table
 from ..training import TrainRecord
-from .pipeline import (
-    Experiment,
-    StudyOutcome,
-    comparison_table,
-    correlation_table,
-    fmt_stat,
-    pyplot,
-    save_figure,
-)
+from .pipeline import Experiment, pyplot, save_figure
+from .report import StudyOutcome, comparison_table, correlation_table, fmt_stat
 from .spec import Study
 
 NOISE = "label_noise"
@@ -35,7 +28,9 @@ NOISE = "label_noise"
 class RandomLabels(Experiment):
     """Experiment 2: the generic analysis plus the correlation with the noise fraction and Fig. 1."""
 
-    def analyze(self, study: Study, sd: Path, results: Path, records: list[TrainRecord]) -> StudyOutcome:
+    def analyze(
+        self, study: Study, sd: Path, results: Path, records: list[TrainRecord]
+    ) -> StudyOutcome:
         """The generic analysis, then every measure against the random-label fraction and the figure."""
         outcome = super().analyze(study, sd, results, records)
         if outcome.correlation is None or NOISE not in study.grid:
@@ -45,9 +40,16 @@ class RandomLabels(Experiment):
         outcome.extra["vs_noise"] = self.correlate(conv, study, vs, False, target=f"hp_{NOISE}",
                                                    bootstrap=self.spec.bootstrap or None)  # fmt: skip
         outcome.files["vs_noise"] = vs / "correlations.csv"
-        outcome.extra["vs_noise_comparisons"] = self.compare(study, results, vs / "comparisons.csv", target=f"hp_{NOISE}")
+        outcome.extra["vs_noise_comparisons"] = self.compare(
+            study, results, vs / "comparisons.csv", target=f"hp_{NOISE}"
+        )
         if self.plots:
-            fig = noise_figure(conv, outcome.correlation.measures, sd / "results" / "plots" / "random_labels.png", study.title)
+            fig = noise_figure(
+                conv,
+                outcome.correlation.measures,
+                sd / "results" / "plots" / "random_labels.png",
+                study.title,
+            )
             outcome.extra["figures"] = [fig]
             outcome.files["figure"] = fig
         return outcome
@@ -67,15 +69,32 @@ class RandomLabels(Experiment):
             lines += ["Against the random-label fraction (Kendall τ-b, Spearman and Pearson with the fraction, "
                       "[95% bootstrap interval]):", "",
                       "| measure | n | Kendall τ-b | Spearman | Pearson |", "|---|---|---|---|---|"]  # fmt: skip
-            for mc in sorted(rep.measures, key=lambda m: -m.kendall_tau_b if math.isfinite(m.kendall_tau_b) else math.inf):
-                lines.append(f"| `{mc.measure}` | {mc.n} | " + " | ".join(_with_interval(mc, k) for k in
-                                                                        ("kendall_tau_b", "spearman", "pearson")) + " |")
+            for mc in sorted(
+                rep.measures,
+                key=lambda m: -m.kendall_tau_b if math.isfinite(m.kendall_tau_b) else math.inf,
+            ):
+                lines.append(
+                    f"| `{mc.measure}` | {mc.n} | "
+                    + " | ".join(
+                        _with_interval(mc, k) for k in ("kendall_tau_b", "spearman", "pearson")
+                    )
+                    + " |"
+                )
             lines.append("")
-            lines += comparison_table(o.extra.get("vs_noise_comparisons"), f"{base} --target hp_{NOISE}",
-                                      target="the random-label fraction")
+            lines += comparison_table(
+                o.extra.get("vs_noise_comparisons"),
+                f"{base} --target hp_{NOISE}",
+                target="the random-label fraction",
+            )
         if "figure" in o.files:
-            lines += [f"Figure (as the paper's Fig. 1): `{o.files['figure'].relative_to(self.outdir)}`.", ""]
-        lines += [f"Reproduce: `{self.correlate_command(study, study.name)}` (in `{self.outdir}`).", ""]
+            lines += [
+                f"Figure (as the paper's Fig. 1): `{o.files['figure'].relative_to(self.outdir)}`.",
+                "",
+            ]
+        lines += [
+            f"Reproduce: `{self.correlate_command(study, study.name)}` (in `{self.outdir}`).",
+            "",
+        ]
         return lines
 
 
@@ -87,7 +106,9 @@ def _with_interval(mc, stat: str) -> str:
     return fmt_stat(mc.get(stat))
 
 
-def noise_means(csv_path: Path, labels: list[str]) -> tuple[list[float], dict[str, tuple[np.ndarray, np.ndarray]]]:
+def noise_means(
+    csv_path: Path, labels: list[str]
+) -> tuple[list[float], dict[str, tuple[np.ndarray, np.ndarray]]]:
     """Per measure (and gen_gap): mean and std over seeds of the value rescaled to [0, 1] by its
     min and max over all rows, at each noise fraction (sorted)."""
     _, rows = read_table(csv_path)
@@ -101,8 +122,12 @@ def noise_means(csv_path: Path, labels: list[str]) -> tuple[list[float], dict[st
             continue
         lo, hi = np.nanmin(v[ok]), np.nanmax(v[ok])
         z = (v - lo) / (hi - lo) if hi > lo else np.zeros_like(v)
-        mean = np.array([np.nanmean(z[(fr == f) & ok]) if ((fr == f) & ok).any() else np.nan for f in levels])
-        std = np.array([np.nanstd(z[(fr == f) & ok]) if ((fr == f) & ok).any() else np.nan for f in levels])
+        mean = np.array(
+            [np.nanmean(z[(fr == f) & ok]) if ((fr == f) & ok).any() else np.nan for f in levels]
+        )
+        std = np.array(
+            [np.nanstd(z[(fr == f) & ok]) if ((fr == f) & ok).any() else np.nan for f in levels]
+        )
         out[lab] = (mean, std)
     return levels, out
 
@@ -115,16 +140,35 @@ def noise_figure(csv_path: Path, measures, path: Path, title: str) -> Path:
     names = [lab for lab in [*labels, "gen_gap"] if lab in curves]
     ncol = min(5, len(names))
     nrow = math.ceil(len(names) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(2.6 * ncol, 2.2 * nrow), dpi=110, squeeze=False, sharex=True, sharey=True)
+    fig, axes = plt.subplots(
+        nrow,
+        ncol,
+        figsize=(2.6 * ncol, 2.2 * nrow),
+        dpi=110,
+        squeeze=False,
+        sharex=True,
+        sharey=True,
+    )
     for ax, lab in zip(axes.flat, names, strict=False):
         mean, std = curves[lab]
-        ax.errorbar(levels, mean, yerr=std, marker="o", ms=3, capsize=2, lw=1, color="C3" if lab == "gen_gap" else "C0")
+        ax.errorbar(
+            levels,
+            mean,
+            yerr=std,
+            marker="o",
+            ms=3,
+            capsize=2,
+            lw=1,
+            color="C3" if lab == "gen_gap" else "C0",
+        )
         ax.set_title(lab, fontsize=8)
         ax.set_ylim(-0.05, 1.05)
         ax.tick_params(labelsize=6)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     fig.supxlabel("random-label fraction", fontsize=8)
     fig.supylabel("value rescaled to [0, 1] (mean ± std over seeds)", fontsize=8)
-    fig.suptitle(f"{title}: measures vs. random labels (cf. Tsuzuku et al. 2020, Fig. 1)", fontsize=9)
+    fig.suptitle(
+        f"{title}: measures vs. random labels (cf. Tsuzuku et al. 2020, Fig. 1)", fontsize=9
+    )
     return save_figure(fig, path)

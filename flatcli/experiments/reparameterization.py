@@ -27,7 +27,8 @@ import torch
 from ..errors import MeasurementError
 from ..results import read_table, write_table
 from ..training import TrainRecord
-from .pipeline import Experiment, StudyOutcome, absolute_paths, pyplot, save_figure
+from .pipeline import Experiment, absolute_paths, pyplot, save_figure
+from .report import StudyOutcome
 from .spec import Study
 
 OUTPUT_TOL = 1e-9  # relative change of the float64 output a rescaling may cause
@@ -48,7 +49,11 @@ class Reparameterization(Experiment):
         from ..invariance import find_rescalable_pairs, rescale
         from ..loading.models import build_model
 
-        rs = self.spec.rescale or {"transforms": ["layer", "node"], "scales": [10.0, 100.0, 1000.0], "seed": 0}
+        rs = self.spec.rescale or {
+            "transforms": ["layer", "node"],
+            "scales": [10.0, 100.0, 1000.0],
+            "seed": 0,
+        }
         flat = absolute_paths(study.flatcli, self.spec.path.parent)
         cfg = api.load({**flat, "checkpoints": []})
         x = api.DataCache(cfg).get("train")["x"]
@@ -57,7 +62,16 @@ class Reparameterization(Experiment):
         rows = []
         for b, rec in enumerate(records):
             hp = {k: rec.hparams[k] for k in keys}
-            rows.append({"path": rec.path, "init_checkpoint": rec.init_checkpoint, **hp, "base": b, "transform": "none", "scale": 1.0})
+            rows.append(
+                {
+                    "path": rec.path,
+                    "init_checkpoint": rec.init_checkpoint,
+                    **hp,
+                    "base": b,
+                    "transform": "none",
+                    "scale": 1.0,
+                }
+            )
             obj = torch.load(sd / rec.path, map_location="cpu", weights_only=True)
             model = build_model(flat["model"]["target"], obj["model_kwargs"], self.spec.path.parent)
             model.load_state_dict(obj["state_dict"])
@@ -73,18 +87,37 @@ class Reparameterization(Experiment):
                     with torch.no_grad():
                         change = float((r(x64) - base_out).abs().max() / base_out.abs().max())
                     if change > OUTPUT_TOL:
-                        raise MeasurementError(f"rescaling {t} ×{a:g} changed the output by {change:.2g}: not function-preserving")
+                        raise MeasurementError(
+                            f"rescaling {t} ×{a:g} changed the output by {change:.2g}: not function-preserving"
+                        )
                     name = Path(rec.path).stem + f"_{t}{a:g}"
                     path = f"checkpoints/{name}.pt"
                     sd32 = {k: v.float() for k, v in r.state_dict().items()}
                     if not (sd / path).is_file() or not _same(sd / path, sd32):
                         torch.save({"state_dict": sd32, "model_kwargs": obj["model_kwargs"],
                                     "hparams": {**hp, "transform": t, "scale": a}}, sd / path)  # fmt: skip
-                    rows.append({"path": path, "init_checkpoint": "", **hp, "base": b, "transform": t, "scale": a})
-        write_table(sd / "manifest.csv", rows, ["path", "init_checkpoint", *keys, "base", "transform", "scale"])
-        (sd / "rescale.json").write_text(json.dumps({**rs, "pairs": [p.producer + "->" + p.consumer for p in pairs]}))
+                    rows.append(
+                        {
+                            "path": path,
+                            "init_checkpoint": "",
+                            **hp,
+                            "base": b,
+                            "transform": t,
+                            "scale": a,
+                        }
+                    )
+        write_table(
+            sd / "manifest.csv",
+            rows,
+            ["path", "init_checkpoint", *keys, "base", "transform", "scale"],
+        )
+        (sd / "rescale.json").write_text(
+            json.dumps({**rs, "pairs": [p.producer + "->" + p.consumer for p in pairs]})
+        )
 
-    def analyze(self, study: Study, sd: Path, results: Path, records: list[TrainRecord]) -> StudyOutcome:
+    def analyze(
+        self, study: Study, sd: Path, results: Path, records: list[TrainRecord]
+    ) -> StudyOutcome:
         """The table of relative changes (no correlation: every copy has its original's gap)."""
         _, unconv, _ = self.keep_converged(results)
         # the criterion is about the trained networks: a rescaled copy computes its original's function
@@ -92,13 +125,19 @@ class Reparameterization(Experiment):
         _, rows = read_table(results)
         originals = [r for r in rows if str(r.get("hp_transform", "none")) == "none"]
         kept = sum(1 for r in originals if self.is_converged(r))
-        outcome = StudyOutcome(study.name, sd, models=len(originals), converged=kept, unconverged=unconv)
+        outcome = StudyOutcome(
+            study.name, sd, models=len(originals), converged=kept, unconverged=unconv
+        )
         outcome.extra["checkpoints"] = len(rows)
         table = relative_changes(results)
-        outcome.files["relative_change"] = write_table(sd / "results" / "relative_change.csv", table)
+        outcome.files["relative_change"] = write_table(
+            sd / "results" / "relative_change.csv", table
+        )
         outcome.extra["table"] = table
         if self.plots and table:
-            fig = change_figure(table, sd / "results" / "plots" / "reparameterization.png", study.title)
+            fig = change_figure(
+                table, sd / "results" / "plots" / "reparameterization.png", study.title
+            )
             outcome.extra["figures"] = [fig]
             outcome.files["figure"] = fig
         return outcome
@@ -119,7 +158,14 @@ class Reparameterization(Experiment):
         for m in measures:
             cell = {(r["transform"], r["scale"]): r for r in table if r["measure"] == m}
             claim = next(r["claims_invariance"] for r in table if r["measure"] == m)
-            lines.append("| " + " | ".join([f"`{m}`", claim] + [_fmt(cell[c]["median"]) if c in cell else "–" for c in cols]) + " |")
+            lines.append(
+                "| "
+                + " | ".join(
+                    [f"`{m}`", claim]
+                    + [_fmt(cell[c]["median"]) if c in cell else "–" for c in cols]
+                )
+                + " |"
+            )
         lines.append("")
         if "figure" in o.files:
             lines += [f"Figure: `{o.files['figure'].relative_to(self.outdir)}`.", ""]
@@ -160,7 +206,11 @@ def relative_changes(results: Path) -> list[dict[str, Any]]:
         for m in table.measures:
             b = base_val.get((m, r["hp_base"]), math.nan)
             v = _float(r.get(m))
-            rel = abs(v - b) / abs(b) if math.isfinite(b) and math.isfinite(v) and b != 0 else (0.0 if v == b else math.nan)
+            rel = (
+                abs(v - b) / abs(b)
+                if math.isfinite(b) and math.isfinite(v) and b != 0
+                else (0.0 if v == b else math.nan)
+            )
             groups.setdefault((m, t, float(r["hp_scale"])), []).append(rel)
     out = []
     for (m, t, a), rels in groups.items():
@@ -184,11 +234,22 @@ def change_figure(table: list[dict[str, Any]], path: Path, title: str) -> Path:
     plt = pyplot()
     transforms = sorted({r["transform"] for r in table})
     measures = list(dict.fromkeys(r["measure"] for r in table))
-    fig, axes = plt.subplots(1, len(transforms), figsize=(5.2 * len(transforms), 4.2), dpi=110, squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        1,
+        len(transforms),
+        figsize=(5.2 * len(transforms), 4.2),
+        dpi=110,
+        squeeze=False,
+        sharey=True,
+    )
     cmap = plt.get_cmap("tab20", max(2, len(measures)))
     for ax, t in zip(axes.flat, transforms, strict=True):
         for i, m in enumerate(measures):
-            pts = sorted((r["scale"], r["median"]) for r in table if r["measure"] == m and r["transform"] == t)
+            pts = sorted(
+                (r["scale"], r["median"])
+                for r in table
+                if r["measure"] == m and r["transform"] == t
+            )
             xs = [p[0] for p in pts]
             ys = [max(p[1], 1e-12) if math.isfinite(p[1]) else math.nan for p in pts]
             ax.plot(xs, ys, marker="o", ms=3, lw=1, color=cmap(i), label=m,
@@ -201,5 +262,8 @@ def change_figure(table: list[dict[str, Any]], path: Path, title: str) -> Path:
         ax.tick_params(labelsize=7)
     axes.flat[0].set_ylabel("median relative change |μ′ − μ| / |μ|", fontsize=8)
     axes.flat[-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.suptitle(f"{title}: measures under function-preserving rescalings (dashed: claims invariance)", fontsize=9)
+    fig.suptitle(
+        f"{title}: measures under function-preserving rescalings (dashed: claims invariance)",
+        fontsize=9,
+    )
     return save_figure(fig, path)

@@ -56,7 +56,17 @@ TRAINING_KEYS = (
     "max_steps", "eval_every", "dtype", "device",
 )  # fmt: skip
 NOT_A_GRID_AXIS = ("max_steps", "eval_every", "dtype", "device")
-STUDY_KEYS = (*FLATCLI_KEYS, "measure_options", "training", "grid", "axes", "color_by", "compare", "subsets", "title")
+STUDY_KEYS = (
+    *FLATCLI_KEYS,
+    "measure_options",
+    "training",
+    "grid",
+    "axes",
+    "color_by",
+    "compare",
+    "subsets",
+    "title",
+)
 TOP_KEYS = (
     "experiment", "title", "reference", "target_loss", "plateau", "bootstrap", *STUDY_KEYS, "studies", "quick", "paper",
     "rescale",
@@ -96,16 +106,24 @@ class Study:
     axes: list[str]  # the hyperparameter axes for Ψ and CMI (correlate --by)
     color_by: str | None
     model_axes: list[str] = field(default_factory=list)  # grid keys passed to the model as kwargs
-    data_axes: list[str] = field(default_factory=list)  # grid keys set in data.train.kwargs (per-model training sets)
-    compare: list[tuple[str, str]] = field(default_factory=list)  # measure pairs for `flatcli correlate --compare`
-    subsets: dict[str, str] = field(default_factory=dict)  # title → pandas query: the models also analysed alone
+    data_axes: list[str] = field(
+        default_factory=list
+    )  # grid keys set in data.train.kwargs (per-model training sets)
+    compare: list[tuple[str, str]] = field(
+        default_factory=list
+    )  # measure pairs for `flatcli correlate --compare`
+    subsets: dict[str, str] = field(
+        default_factory=dict
+    )  # title → pandas query: the models also analysed alone
 
     def points(self) -> list[dict[str, Any]]:
         """Every grid point, in a fixed order (the last key varies fastest)."""
         import itertools
 
         keys = list(self.grid)
-        return [dict(zip(keys, vals, strict=True)) for vals in itertools.product(*self.grid.values())]
+        return [
+            dict(zip(keys, vals, strict=True)) for vals in itertools.product(*self.grid.values())
+        ]
 
     def recipe(self, hp: dict[str, Any], device: str | None = None) -> tuple[Recipe, float | None]:
         """The training recipe of grid point ``hp`` (its training axes override ``training``) and
@@ -155,7 +173,9 @@ def available() -> list[str]:
 def _unknown(key: str, valid: tuple[str, ...] | list[str], where: str) -> ConfigError:
     hint = difflib.get_close_matches(str(key), list(valid), n=1)
     msg = f"{where}: unknown key {key!r}."
-    return ConfigError(msg + (f" Did you mean {hint[0]!r}?" if hint else f" Valid keys: {', '.join(valid)}."))
+    return ConfigError(
+        msg + (f" Did you mean {hint[0]!r}?" if hint else f" Valid keys: {', '.join(valid)}.")
+    )
 
 
 def _check_keys(d: Any, valid, where: str) -> dict[str, Any]:
@@ -210,16 +230,27 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> Spec:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}: 'experiment' (the experiment's name) is required")
     quick_over = _check_keys(raw.get("quick"), QUICK_KEYS, f"{where}: quick")
-    targets = (raw.get("target_loss", 0.01), quick_over.get("target_loss", raw.get("target_loss", 0.01)))
+    targets = (
+        raw.get("target_loss", 0.01),
+        quick_over.get("target_loss", raw.get("target_loss", 0.01)),
+    )
     for t in targets:
         validate("target_loss", t, f"{where}: target_loss", rules=TRAINING)
     target = targets[1] if quick else targets[0]
     plateau = [_plateau(raw.get("plateau"), target, where)]
     if "plateau" in quick_over:
-        plateau.append(_plateau(merge(raw.get("plateau") or {}, quick_over["plateau"] or {}), target, f"{where}: quick"))
+        plateau.append(
+            _plateau(
+                merge(raw.get("plateau") or {}, quick_over["plateau"] or {}),
+                target,
+                f"{where}: quick",
+            )
+        )
     plateau = plateau[-1] if quick else plateau[0]
     defaults = {k: raw[k] for k in STUDY_KEYS if k in raw}
-    studies_raw = _check_keys(raw.get("studies"), list(raw.get("studies") or {}), f"{where}: studies")
+    studies_raw = _check_keys(
+        raw.get("studies"), list(raw.get("studies") or {}), f"{where}: studies"
+    )
     if not studies_raw:
         raise ConfigError(f"{where}: 'studies' must name at least one study")
     studies = []
@@ -230,11 +261,16 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> Spec:
         small = merge(full, {k: v for k, v in quick_over.items() if k in STUDY_KEYS})
         small = merge(small, _check_keys(sraw.get("quick"), STUDY_KEYS, f"{swhere}.quick"))
         # both modes are validated, whichever runs: the quick tests catch a broken full spec
-        built = [_study(str(sname), full, swhere, path.parent), _study(str(sname), small, f"{swhere} (quick)", path.parent)]
+        built = [
+            _study(str(sname), full, swhere, path.parent),
+            _study(str(sname), small, f"{swhere} (quick)", path.parent),
+        ]
         studies.append(built[1] if quick else built[0])
     rescale = raw.get("rescale")
     if "rescale" in quick_over:
-        quick_rescale = _rescale(merge(rescale or {}, quick_over["rescale"]), f"{where}: quick.rescale")
+        quick_rescale = _rescale(
+            merge(rescale or {}, quick_over["rescale"]), f"{where}: quick.rescale"
+        )
         rescale = quick_rescale if quick else rescale
     return Spec(
         name=name,
@@ -247,8 +283,12 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> Spec:
         quick=quick,
         plateau=plateau,
         path=path,
-        bootstrap=_bootstrap(quick_over.get("bootstrap", raw.get("bootstrap", BOOTSTRAP)) if quick
-                             else raw.get("bootstrap", BOOTSTRAP), where),
+        bootstrap=_bootstrap(
+            quick_over.get("bootstrap", raw.get("bootstrap", BOOTSTRAP))
+            if quick
+            else raw.get("bootstrap", BOOTSTRAP),
+            where,
+        ),
     )
 
 
@@ -269,8 +309,10 @@ def _plateau(raw: Any, target: float, where: str) -> dict[str, Any] | None:
 def _bootstrap(v: Any, where: str) -> int:
     """0 (no intervals) or at least the 100 resamples `flatcli correlate` takes for a 95% interval."""
     if isinstance(v, bool) or not isinstance(v, int) or v < 0 or 0 < v < MIN_BOOTSTRAP:
-        raise ConfigError(f"{where}: bootstrap must be 0 (no intervals) or an int ≥ {MIN_BOOTSTRAP} (resamples: a 95% "
-                          f"percentile interval needs 5 / 0.05); got {v!r}")
+        raise ConfigError(
+            f"{where}: bootstrap must be 0 (no intervals) or an int ≥ {MIN_BOOTSTRAP} (resamples: a 95% "
+            f"percentile interval needs 5 / 0.05); got {v!r}"
+        )
     return v
 
 
@@ -297,7 +339,9 @@ def _flatcli_part(s: dict[str, Any], where: str, base_dir: Path) -> dict[str, An
 
     flat = {k: s[k] for k in FLATCLI_KEYS if k in s}
     if s.get("measure_options"):
-        flat["measures"] = _with_options(flat.get("measures") or [], s["measure_options"], f"{where}.measure_options")
+        flat["measures"] = _with_options(
+            flat.get("measures") or [], s["measure_options"], f"{where}.measure_options"
+        )
     if "model" not in flat or "data" not in flat:
         raise ConfigError(f"{where}: 'model' and 'data' are required")
     try:
@@ -309,8 +353,14 @@ def _flatcli_part(s: dict[str, Any], where: str, base_dir: Path) -> dict[str, An
     return flat
 
 
-def _grid_axis(k: str, vals: list[Any], training: dict[str, Any], model: tuple[set[str], bool, str], where: str,
-               data_keys: set[str] = frozenset()) -> bool:
+def _grid_axis(
+    k: str,
+    vals: list[Any],
+    training: dict[str, Any],
+    model: tuple[set[str], bool, str],
+    where: str,
+    data_keys: set[str] = frozenset(),
+) -> bool:
     """Validate one grid axis; True when it is an argument of the model (passed as a model kwarg).
     A key of ``data.train.kwargs`` (``data_keys``) is valid too: a data axis, possibly also a model argument."""
     if not vals:
@@ -324,7 +374,9 @@ def _grid_axis(k: str, vals: list[Any], training: dict[str, Any], model: tuple[s
         return False
     if k in TRAINING_KEYS:
         if k in NOT_A_GRID_AXIS:
-            raise ConfigError(f"{where}.grid.{k}: {k} is a training setting, not a grid axis; set it under 'training'")
+            raise ConfigError(
+                f"{where}.grid.{k}: {k} is a training setting, not a grid axis; set it under 'training'"
+            )
         for x in vals:
             _check_training({**training, k: x}, f"{where}.grid.{k}")
         return False
@@ -332,8 +384,15 @@ def _grid_axis(k: str, vals: list[Any], training: dict[str, Any], model: tuple[s
         return True
     if k in data_keys:
         return False
-    valid = sorted({"seed", *(t for t in TRAINING_KEYS if t not in NOT_A_GRID_AXIS), *params, *data_keys} - {"self"})
-    raise _unknown(k, valid, f"{where}.grid (training settings, 'seed', keys of data.train.kwargs or arguments of {target})")
+    valid = sorted(
+        {"seed", *(t for t in TRAINING_KEYS if t not in NOT_A_GRID_AXIS), *params, *data_keys}
+        - {"self"}
+    )
+    raise _unknown(
+        k,
+        valid,
+        f"{where}.grid (training settings, 'seed', keys of data.train.kwargs or arguments of {target})",
+    )
 
 
 def _data_keys(flat: dict[str, Any], where: str) -> set[str]:
@@ -345,7 +404,9 @@ def _data_keys(flat: dict[str, Any], where: str) -> set[str]:
     return keys - shared
 
 
-def _axes(s: dict[str, Any], grid: dict[str, list[Any]], where: str) -> tuple[list[str], str | None]:
+def _axes(
+    s: dict[str, Any], grid: dict[str, list[Any]], where: str
+) -> tuple[list[str], str | None]:
     """The Ψ/CMI axes (default: every grid key but seed with several values) and the colour axis."""
     if s.get("axes") is None:
         axes = [k for k, v in grid.items() if k != "seed" and len(v) > 1]
@@ -373,7 +434,9 @@ def _study(name: str, s: dict[str, Any], where: str, base_dir: Path) -> Study:
     model = (*_model_params(target, base_dir), target)
     grid = {str(k): _as_list(v) for k, v in grid_raw.items()}
     data_keys = _data_keys(flat, where)
-    model_axes = [k for k, vals in grid.items() if _grid_axis(k, vals, training, model, where, data_keys)]
+    model_axes = [
+        k for k, vals in grid.items() if _grid_axis(k, vals, training, model, where, data_keys)
+    ]
     data_axes = [k for k in grid if k in data_keys]
     grid.setdefault("seed", [0])
     axes, color_by = _axes(s, grid, where)
@@ -381,9 +444,22 @@ def _study(name: str, s: dict[str, Any], where: str, base_dir: Path) -> Study:
     subsets = _check_keys(s.get("subsets"), list(s.get("subsets") or {}), f"{where}.subsets")
     for title, expr in subsets.items():
         if not isinstance(expr, str) or not expr.strip():
-            raise ConfigError(f"{where}.subsets.{title} must be a pandas query on results.csv, e.g. 'hp_dropout == 0'; got {expr!r}")
-    return Study(name, str(s.get("title", name)), flat, training, grid, axes, color_by, model_axes, data_axes,
-                 compare, {str(k): str(v) for k, v in subsets.items()})
+            raise ConfigError(
+                f"{where}.subsets.{title} must be a pandas query on results.csv, e.g. 'hp_dropout == 0'; got {expr!r}"
+            )
+    return Study(
+        name,
+        str(s.get("title", name)),
+        flat,
+        training,
+        grid,
+        axes,
+        color_by,
+        model_axes,
+        data_axes,
+        compare,
+        {str(k): str(v) for k, v in subsets.items()},
+    )
 
 
 def _compare(raw: Any, measures: list[Any], where: str) -> list[tuple[str, str]]:
@@ -395,14 +471,20 @@ def _compare(raw: Any, measures: list[Any], where: str) -> list[tuple[str, str]]
     labels = [m.label for m in parse_measures(measures)]
     out: list[tuple[str, str]] = []
     for item in _as_list(raw):
-        pair = [str(x).strip() for x in (item.split(",") if isinstance(item, str) else _as_list(item))]
+        pair = [
+            str(x).strip() for x in (item.split(",") if isinstance(item, str) else _as_list(item))
+        ]
         if len(pair) != 2 or pair[0] == pair[1]:
-            raise ConfigError(f"{where}: each entry must name two different measures, 'A,B' or [A, B]; got {item!r}")
+            raise ConfigError(
+                f"{where}: each entry must name two different measures, 'A,B' or [A, B]; got {item!r}"
+            )
         for lab in pair[:1] + ([] if pair[1] == "*" else pair[1:]):
             if lab not in labels:
                 hint = difflib.get_close_matches(lab, labels, n=1)
-                raise ConfigError(f"{where}: {lab!r} is not a measure label of the study"
-                                  + (f"; did you mean {hint[0]!r}?" if hint else f" ({', '.join(labels)})"))
+                raise ConfigError(
+                    f"{where}: {lab!r} is not a measure label of the study"
+                    + (f"; did you mean {hint[0]!r}?" if hint else f" ({', '.join(labels)})")
+                )
         bs = [b for b in labels if b != pair[0]] if pair[1] == "*" else [pair[1]]
         out += [(pair[0], b) for b in bs if (pair[0], b) not in out and (b, pair[0]) not in out]
     return out
@@ -412,17 +494,30 @@ def _with_options(measures: list[Any], options: Any, where: str) -> list[Any]:
     """Every entry of a measure named in ``options`` with those options merged in (label kept)."""
     if not isinstance(options, dict):
         raise ConfigError(f"{where} must be a mapping measure name → options")
-    names = [m if isinstance(m, str) else next(iter(m)) if isinstance(m, dict) and len(m) == 1 else None for m in measures]
+    names = [
+        m if isinstance(m, str) else next(iter(m)) if isinstance(m, dict) and len(m) == 1 else None
+        for m in measures
+    ]
     for k, v in options.items():
         if k not in names:
-            raise ConfigError(f"{where}: {k!r} is not among the configured measures ({', '.join(map(str, names))})")
+            raise ConfigError(
+                f"{where}: {k!r} is not among the configured measures ({', '.join(map(str, names))})"
+            )
         if not isinstance(v, dict):
             raise ConfigError(f"{where}.{k} must be a mapping of options")
     out = []
     for m, name in zip(measures, names, strict=True):
         if name in options:
             own = {} if isinstance(m, str) else dict(m[name] or {})
-            out.append({name: {**own, **options[name], **({"label": own["label"]} if "label" in own else {})}})
+            out.append(
+                {
+                    name: {
+                        **own,
+                        **options[name],
+                        **({"label": own["label"]} if "label" in own else {}),
+                    }
+                }
+            )
         else:
             out.append(m)
     return out
@@ -458,7 +553,9 @@ def _paper(raw: Any, where: str) -> dict[str, Any]:
     for lab, vals in values.items():
         vals = _as_list(vals)
         if len(vals) != len(cols):
-            raise ConfigError(f"{where}.values.{lab} has {len(vals)} values for {len(cols)} columns")
+            raise ConfigError(
+                f"{where}.values.{lab} has {len(vals)} values for {len(cols)} columns"
+            )
     return {
         "statistic": str(p.get("statistic", "pearson")),
         "columns": cols,

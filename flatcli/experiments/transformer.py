@@ -65,14 +65,23 @@ class ModularTransformer(nn.Module):
     at N(0, 1/d_model) (unit-norm rows on average); the Linears at PyTorch's default.
     """
 
-    def __init__(self, p: int = 59, d_model: int = 32, heads: int = 4, d_mlp: int | None = None, layers: int = 1,
-                 seq_len: int = 3):
+    def __init__(
+        self,
+        p: int = 59,
+        d_model: int = 32,
+        heads: int = 4,
+        d_mlp: int | None = None,
+        layers: int = 1,
+        seq_len: int = 3,
+    ):
         super().__init__()
         self.p = p
         self.embed = nn.Embedding(p + 1, d_model)
         self.pos = nn.Parameter(torch.randn(seq_len, d_model) / math.sqrt(d_model))
         nn.init.normal_(self.embed.weight, std=1 / math.sqrt(d_model))
-        self.blocks = nn.ModuleList(Block(d_model, heads, d_mlp or 4 * d_model) for _ in range(layers))
+        self.blocks = nn.ModuleList(
+            Block(d_model, heads, d_mlp or 4 * d_model) for _ in range(layers)
+        )
         self.unembed = nn.Linear(d_model, p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

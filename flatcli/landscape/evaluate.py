@@ -68,7 +68,12 @@ class Progress:
 def problem_kwargs(settings) -> dict:
     """The `Problem` arguments a landscape view takes from its `flatcli.settings.Settings`: loss,
     batch size, device and dtype (views move every parameter: ``params`` applies to measures)."""
-    return dict(loss=settings.loss, batch_size=settings.batch_size, device=settings.device, dtype=settings.dtype)
+    return dict(
+        loss=settings.loss,
+        batch_size=settings.batch_size,
+        device=settings.device,
+        dtype=settings.dtype,
+    )
 
 
 def split_problems(model: torch.nn.Module, train, test, **kw) -> dict[str, Problem]:
@@ -128,7 +133,11 @@ class PointEvaluator:
 
             return vmap(f)(batched)
         outs = [
-            model_output(functional_call(model, {**fixed, **{n: v[i] for n, v in batched.items()}}, args, kwargs))
+            model_output(
+                functional_call(
+                    model, {**fixed, **{n: v[i] for n, v in batched.items()}}, args, kwargs
+                )
+            )
             for i in range(k)
         ]
         return torch.stack(outs)
@@ -145,7 +154,9 @@ class PointEvaluator:
             out = self._outputs(batched, fixed, b, k)  # (K, B, ...)
             self.n_forward += 1
             flat = out.reshape(k * out.shape[1], *out.shape[2:])
-            rep = Batch({n: t.repeat(k, *[1] * (t.ndim - 1)) for n, t in b.items()})  # the batch once per point
+            rep = Batch(
+                {n: t.repeat(k, *[1] * (t.ndim - 1)) for n, t in b.items()}
+            )  # the batch once per point
             Z, t, mask = p.loss_fn.scores(flat, rep)
             ell = p.loss_fn.unit_losses(Z, t)
             ell = ell if mask is None else ell * mask

@@ -42,7 +42,11 @@ def fingerprint(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     files = [p]
     if p.is_dir():
-        files = sorted(q for q in p.iterdir() if q.is_file() and (q.name == "config.json" or ".safetensors" in q.name))
+        files = sorted(
+            q
+            for q in p.iterdir()
+            if q.is_file() and (q.name == "config.json" or ".safetensors" in q.name)
+        )
         if not files:
             raise FileNotFoundError(f"{p} holds no config.json or safetensors file")
     for q in files:
@@ -64,8 +68,11 @@ def missing_checkpoint(path: str | os.PathLike, where: str = "") -> ConfigError:
     if not p.is_dir():
         return ConfigError(f"{where}checkpoint not found: {p}")
     found = sorted(q.name for q in p.iterdir() if q.is_file() and q.suffix in CHECKPOINT_SUFFIXES)
-    inside = (f"; it holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}: pass one of them"
-              if found else "; pass a checkpoint file (a torch.save file or .safetensors)")
+    inside = (
+        f"; it holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}: pass one of them"
+        if found
+        else "; pass a checkpoint file (a torch.save file or .safetensors)"
+    )
     return ConfigError(f"{where}checkpoint {p} is a directory, not a checkpoint file{inside}")
 
 
@@ -100,7 +107,9 @@ def pickle_globals(p: Path) -> list[str] | None:
         return [] if _legacy_torch_file(p) else None
 
 
-def read_checkpoint(path: str | os.PathLike, allow_unsafe_pickle: bool = False, import_dirs=()) -> Any:
+def read_checkpoint(
+    path: str | os.PathLike, allow_unsafe_pickle: bool = False, import_dirs=()
+) -> Any:
     """The raw object stored in a checkpoint file.
 
     ``torch.load(weights_only=True)`` first. A file that is not a torch.save file (or safetensors)
@@ -129,8 +138,10 @@ def _read_refused(p: Path, e: Exception, allow_unsafe_pickle: bool, import_dirs)
     torch.save file, else the error that says which of the two it is."""
     needed = pickle_globals(p)
     if needed is None:
-        raise ConfigError(f"checkpoint {p} is not a readable checkpoint: neither a torch.save file nor "
-                          "safetensors (truncated, corrupt, or another format)") from None
+        raise ConfigError(
+            f"checkpoint {p} is not a readable checkpoint: neither a torch.save file nor "
+            "safetensors (truncated, corrupt, or another format)"
+        ) from None
     if allow_unsafe_pickle:
         from .models import importable
 
@@ -140,19 +151,26 @@ def _read_refused(p: Path, e: Exception, allow_unsafe_pickle: bool, import_dirs)
         except ModuleNotFoundError as e2:
             raise ConfigError(
                 f"checkpoint {p}: unpickling it needs the module {e2.name!r}, which is not importable from the "
-                f"config's folder, the model.target file's folder or PYTHONPATH") from None
+                f"config's folder, the model.target file's folder or PYTHONPATH"
+            ) from None
         except Exception as e2:
-            raise ConfigError(f"checkpoint {p}: cannot be read even as a full pickle ({_first_line(e2)})") from e2
+            raise ConfigError(
+                f"checkpoint {p}: cannot be read even as a full pickle ({_first_line(e2)})"
+            ) from e2
     if needed:
         names = ", ".join(needed[:8]) + (" ..." if len(needed) > 8 else "")
         raise ConfigError(
             f"checkpoint {p} is a full pickle that would import {names}; "
             "save a state_dict instead, or pass `allow_unsafe_pickle` if you trust this file"
         ) from None
-    raise ConfigError(f"checkpoint {p}: not a readable torch checkpoint ({type(e).__name__}: {_first_line(e)})") from None
+    raise ConfigError(
+        f"checkpoint {p}: not a readable torch checkpoint ({type(e).__name__}: {_first_line(e)})"
+    ) from None
 
 
-def extract_state_dict(obj: Any, path: str | os.PathLike = "<checkpoint>") -> dict[str, torch.Tensor]:
+def extract_state_dict(
+    obj: Any, path: str | os.PathLike = "<checkpoint>"
+) -> dict[str, torch.Tensor]:
     """The state dict inside a loaded checkpoint (top level or nested under a usual key; prefixes
     ``module.``/``_orig_mod.`` stripped); a `ConfigError` naming ``path`` when there is none."""
     if isinstance(obj, torch.nn.Module):
@@ -164,7 +182,9 @@ def extract_state_dict(obj: Any, path: str | os.PathLike = "<checkpoint>") -> di
                 obj = inner.state_dict() if isinstance(inner, torch.nn.Module) else inner
                 break
     if not isinstance(obj, dict) or not any(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ConfigError(f"checkpoint {path} holds no state_dict (looked at the top level and under {', '.join(NEST_KEYS)})")
+        raise ConfigError(
+            f"checkpoint {path} holds no state_dict (looked at the top level and under {', '.join(NEST_KEYS)})"
+        )
     sd = {}
     for k, v in obj.items():
         if not isinstance(v, torch.Tensor):
@@ -184,22 +204,31 @@ def extract_state_dict(obj: Any, path: str | os.PathLike = "<checkpoint>") -> di
 def checkpoint_extras(obj: Any) -> dict[str, Any]:
     """Non-tensor entries stored beside the state dict (e.g. an ``hparams`` dict)."""
     if isinstance(obj, dict):
-        return {k: v for k, v in obj.items() if not isinstance(v, torch.Tensor) and k not in NEST_KEYS}
+        return {
+            k: v for k, v in obj.items() if not isinstance(v, torch.Tensor) and k not in NEST_KEYS
+        }
     return {}
 
 
-def state_mismatch(state: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> tuple[list, list, list]:
+def state_mismatch(
+    state: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]
+) -> tuple[list, list, list]:
     """(names missing from ``state``, names not in ``ref``, ``(name, shape, ref shape)`` of
     tensors whose shapes differ): the one comparison of two state dicts that loading a
     checkpoint and the landscape views' "same architecture" checks share."""
     missing = [k for k in ref if k not in state]
     extra = [k for k in state if k not in ref]
-    shapes = [(k, tuple(state[k].shape), tuple(ref[k].shape))
-              for k in ref if k in state and tuple(state[k].shape) != tuple(ref[k].shape)]
+    shapes = [
+        (k, tuple(state[k].shape), tuple(ref[k].shape))
+        for k in ref
+        if k in state and tuple(state[k].shape) != tuple(ref[k].shape)
+    ]
     return missing, extra, shapes
 
 
-def load_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], path: str | os.PathLike = "<checkpoint>") -> None:
+def load_into(
+    model: torch.nn.Module, sd: dict[str, torch.Tensor], path: str | os.PathLike = "<checkpoint>"
+) -> None:
     """Load ``sd`` strictly, with an error that lists every mismatch."""
     missing, unexpected, mismatched = state_mismatch(sd, model.state_dict())
     shapes = [f"{k}: checkpoint {a} vs model {b}" for k, a, b in mismatched]
@@ -208,19 +237,38 @@ def load_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], path: str | o
     if missing or unexpected or shapes:
         parts = []
         if missing:
-            parts.append("missing keys: " + ", ".join(missing[:6]) + (" ..." if len(missing) > 6 else ""))
+            parts.append(
+                "missing keys: " + ", ".join(missing[:6]) + (" ..." if len(missing) > 6 else "")
+            )
         if unexpected:
-            parts.append("unexpected keys: " + ", ".join(unexpected[:6]) + (" ..." if len(unexpected) > 6 else ""))
+            parts.append(
+                "unexpected keys: "
+                + ", ".join(unexpected[:6])
+                + (" ..." if len(unexpected) > 6 else "")
+            )
         if shapes:
-            parts.append("shape mismatches: " + "; ".join(shapes[:6]) + (" ..." if len(shapes) > 6 else ""))
-        hint = ("; if it was built with other model arguments (e.g. a width), set them under model.kwargs or "
-                "save them in the checkpoint as 'model_kwargs' beside its 'state_dict'") if shapes else ""
+            parts.append(
+                "shape mismatches: " + "; ".join(shapes[:6]) + (" ..." if len(shapes) > 6 else "")
+            )
+        hint = (
+            (
+                "; if it was built with other model arguments (e.g. a width), set them under model.kwargs or "
+                "save them in the checkpoint as 'model_kwargs' beside its 'state_dict'"
+            )
+            if shapes
+            else ""
+        )
         raise ConfigError(f"checkpoint {path} does not match the model: " + "; ".join(parts) + hint)
     model.load_state_dict(sd, strict=False)
 
 
-def check_state(state: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], label: str, ref_label: str,
-                context: str) -> None:
+def check_state(
+    state: dict[str, torch.Tensor],
+    ref: dict[str, torch.Tensor],
+    label: str,
+    ref_label: str,
+    context: str,
+) -> None:
     """`ConfigError` naming the checkpoint and tensor unless ``state`` matches ``ref`` in names and
     shapes, and `MeasurementError` unless its floating-point tensors are finite. ``context`` names
     what compares them (``landscape pca``, ``landscape connect``) at the start of the message."""
@@ -232,14 +280,17 @@ def check_state(state: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], la
         if extra:
             parts.append(f"not in {ref_label}: {', '.join(extra[:3])}")
         raise ConfigError(
-            f"{context}: checkpoint {label} has a different architecture than {ref_label}: " + "; ".join(parts)
+            f"{context}: checkpoint {label} has a different architecture than {ref_label}: "
+            + "; ".join(parts)
         )
     bad = nonfinite_tensors(state)
     if bad:
         raise not_finite(f"checkpoint {label}", None, bad)
 
 
-def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike, allow_unsafe_pickle: bool = False) -> dict[str, Any]:
+def load_checkpoint(
+    model: torch.nn.Module, path: str | os.PathLike, allow_unsafe_pickle: bool = False
+) -> dict[str, Any]:
     """Load a checkpoint file into ``model``; return the extras stored beside the weights."""
     obj = read_checkpoint(path, allow_unsafe_pickle)
     sd = extract_state_dict(obj, path)

@@ -90,15 +90,22 @@ def _named(obj: dict, where: str, path: Path) -> Batch:
             out[str(k)] = v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))
         except (TypeError, ValueError, RuntimeError):
             raise ConfigError(f"{where}.path: {path}: '{k}' is not an array of numbers") from None
-    if not any(k in out for k in ("x", "input_ids", "pixel_values", "inputs_embeds")) and len(out) < 2:
-        raise ConfigError(f"{where}.path: {path} must hold 'x' and 'y', or named tensors such as input_ids, "
-                          f"attention_mask, labels; found {', '.join(out) or 'nothing'}")
+    if (
+        not any(k in out for k in ("x", "input_ids", "pixel_values", "inputs_embeds"))
+        and len(out) < 2
+    ):
+        raise ConfigError(
+            f"{where}.path: {path} must hold 'x' and 'y', or named tensors such as input_ids, "
+            f"attention_mask, labels; found {', '.join(out) or 'nothing'}"
+        )
     return Batch(out, where=f"{where}.path {path}")
 
 
 def _load_tensors(path: Path, where: str) -> Batch:
     if path.is_dir():
-        raise ConfigError(f"{where}.path: {path} is a directory; give a .pt or .npz file of named tensors")
+        raise ConfigError(
+            f"{where}.path: {path} is a directory; give a .pt or .npz file of named tensors"
+        )
     if not path.is_file():
         raise ConfigError(f"{where}.path: file not found: {path}")
     if path.suffix == ".npz":
@@ -107,12 +114,16 @@ def _load_tensors(path: Path, where: str) -> Batch:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ConfigError(f"{where}.path: {path} is not a tensor file readable with weights_only=True ({e})") from None
+        raise ConfigError(
+            f"{where}.path: {path} is not a tensor file readable with weights_only=True ({e})"
+        ) from None
     if isinstance(obj, (tuple, list)) and len(obj) == 2:
         return Batch.of(_to_tensor_pair(obj[0], obj[1], where))
     if not isinstance(obj, dict):
-        raise ConfigError(f"{where}.path: {path} must hold a dict of named tensors (x and y, or input_ids, "
-                          f"attention_mask, labels, ...) or an (x, y) pair; found {type(obj).__name__}")
+        raise ConfigError(
+            f"{where}.path: {path} must hold a dict of named tensors (x and y, or input_ids, "
+            f"attention_mask, labels, ...) or an (x, y) pair; found {type(obj).__name__}"
+        )
     return _named(obj, where, path)
 
 
@@ -124,7 +135,9 @@ def _stack_dataset(ds, where: str):
             xs.append(xb)
             ys.append(torch.as_tensor(yb))
     except RuntimeError as e:
-        raise ConfigError(f"{where}: samples cannot be stacked (images of different sizes?): {e}") from None
+        raise ConfigError(
+            f"{where}: samples cannot be stacked (images of different sizes?): {e}"
+        ) from None
     if not xs:
         raise ConfigError(f"{where}: the data set is empty")
     return _to_tensor_pair(torch.cat(xs), torch.cat(ys), where)
@@ -142,13 +155,20 @@ def _load_torchvision(src, base_dir: Path, where: str):
     root = root if root.is_absolute() else base_dir / root
     cls = getattr(torchvision.datasets, src.name)
     try:
-        ds = cls(root=str(root), download=bool(src.download), transform=transforms.ToTensor(), **(src.kwargs or {}))
+        ds = cls(
+            root=str(root),
+            download=bool(src.download),
+            transform=transforms.ToTensor(),
+            **(src.kwargs or {}),
+        )
     except RuntimeError as e:  # "Dataset not found or corrupted. You can use download=True..."
         raise ConfigError(
             f"{where}: {src.name} not found under {root} ({e}); flatcli never downloads unless 'download: true'"
         ) from None
     except TypeError as e:
-        raise ConfigError(f"{where}.kwargs do not fit torchvision.datasets.{src.name}: {e}") from None
+        raise ConfigError(
+            f"{where}.kwargs do not fit torchvision.datasets.{src.name}: {e}"
+        ) from None
     return _stack_dataset(ds, where)
 
 
@@ -176,7 +196,9 @@ def digits_split(split: str):
     d = load_digits()
     x = d.data.astype(np.float32) / 16.0
     y = d.target.astype(np.int64)
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=DIGITS_TEST_FRACTION, random_state=0, stratify=y)
+    xtr, xte, ytr, yte = train_test_split(
+        x, y, test_size=DIGITS_TEST_FRACTION, random_state=0, stratify=y
+    )
     if split == "train":
         return torch.from_numpy(xtr), torch.from_numpy(ytr)
     if split == "test":
@@ -221,7 +243,13 @@ def _mnist1d_arrays(num_samples: int, seed: int, items: tuple) -> dict[str, np.n
     return out
 
 
-def mnist1d_split(split: str, num_samples: int | None = None, seed: int = 0, kwargs: dict | None = None, where: str = "data"):
+def mnist1d_split(
+    split: str,
+    num_samples: int | None = None,
+    seed: int = 0,
+    kwargs: dict | None = None,
+    where: str = "data",
+):
     """MNIST-1D generated offline (``mnist1d.data.make_dataset``); ``split`` is 'train' or 'test'.
 
     ``num_samples`` counts both splits together (default 5000, the generator's); ``kwargs``
@@ -231,14 +259,20 @@ def mnist1d_split(split: str, num_samples: int | None = None, seed: int = 0, kwa
         raise ConfigError(f"{where}.split: mnist1d split must be 'train' or 'test'; got {split!r}")
     n = MNIST1D_DEFAULT_SAMPLES if num_samples is None else num_samples
     if isinstance(n, bool) or not isinstance(n, int) or n < 20:
-        raise ConfigError(f"{where}.num_samples: mnist1d needs an int ≥ 20 (two per class at least); got {n!r}")
+        raise ConfigError(
+            f"{where}.num_samples: mnist1d needs an int ≥ 20 (two per class at least); got {n!r}"
+        )
     kwargs = dict(kwargs or {})
     for k in kwargs:
         if k not in MNIST1D_KWARGS:
             hint = difflib.get_close_matches(str(k), MNIST1D_KWARGS, n=1)
             raise ConfigError(
                 f"{where}.kwargs: mnist1d has no parameter {k!r}."
-                + (f" Did you mean {hint[0]!r}?" if hint else f" Valid: {', '.join(MNIST1D_KWARGS)}.")
+                + (
+                    f" Did you mean {hint[0]!r}?"
+                    if hint
+                    else f" Valid: {', '.join(MNIST1D_KWARGS)}."
+                )
             )
     frac = kwargs.get("train_split", 0.8)
     if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1:
@@ -250,11 +284,15 @@ def mnist1d_split(split: str, num_samples: int | None = None, seed: int = 0, kwa
             f"{where}: num_samples {n} with train_split {frac} leaves an empty split ({n_train} of {per_class * 10} for training)"
         )
     try:
-        d = _mnist1d_arrays(int(n), int(seed), tuple(sorted((k, _frozen(v)) for k, v in kwargs.items())))
+        d = _mnist1d_arrays(
+            int(n), int(seed), tuple(sorted((k, _frozen(v)) for k, v in kwargs.items()))
+        )
     except ConfigError:
         raise
     except Exception as e:  # a generator parameter of the wrong type or range
-        raise ConfigError(f"{where}: mnist1d could not generate the data with these parameters: {type(e).__name__}: {e}") from None
+        raise ConfigError(
+            f"{where}: mnist1d could not generate the data with these parameters: {type(e).__name__}: {e}"
+        ) from None
     x, y = (d["x"], d["y"]) if split == "train" else (d["x_test"], d["y_test"])
     return _to_tensor_pair(torch.tensor(x), torch.tensor(y), where)
 
@@ -262,16 +300,26 @@ def mnist1d_split(split: str, num_samples: int | None = None, seed: int = 0, kwa
 MODULAR_KWARGS = {"p": 97, "train_fraction": 0.5, "test_fraction": 0.3}
 
 
-def modular_addition_split(split: str, kwargs: dict | None = None, seed: int = 0, where: str = "data") -> Batch:
+def modular_addition_split(
+    split: str, kwargs: dict | None = None, seed: int = 0, where: str = "data"
+) -> Batch:
     """The ``split`` ('train' or 'test') of a + b mod p: ``x`` (N, 3) int64 token ids (a, b, p) and
     ``labels`` (N,) int64; ``kwargs``: ``p``, ``train_fraction``, ``test_fraction`` (`MODULAR_KWARGS`)."""
     if split not in ("train", "test"):
-        raise ConfigError(f"{where}.split: modular_addition split must be 'train' or 'test'; got {split!r}")
+        raise ConfigError(
+            f"{where}.split: modular_addition split must be 'train' or 'test'; got {split!r}"
+        )
     for k in kwargs or {}:
         if k not in MODULAR_KWARGS:
             hint = difflib.get_close_matches(str(k), list(MODULAR_KWARGS), n=1)
-            raise ConfigError(f"{where}.kwargs: modular_addition has no parameter {k!r}."
-                              + (f" Did you mean {hint[0]!r}?" if hint else f" Valid: {', '.join(MODULAR_KWARGS)}."))
+            raise ConfigError(
+                f"{where}.kwargs: modular_addition has no parameter {k!r}."
+                + (
+                    f" Did you mean {hint[0]!r}?"
+                    if hint
+                    else f" Valid: {', '.join(MODULAR_KWARGS)}."
+                )
+            )
     a = {**MODULAR_KWARGS, **(kwargs or {})}
     p, ftr, fte = a["p"], a["train_fraction"], a["test_fraction"]
     if isinstance(p, bool) or not isinstance(p, int) or p < 2:
@@ -280,10 +328,14 @@ def modular_addition_split(split: str, kwargs: dict | None = None, seed: int = 0
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1:
             raise ConfigError(f"{where}.kwargs.{k} must be a fraction in (0, 1); got {f!r}")
     n_test = round(fte * p * p)
-    n_train = round((fte + ftr) * p * p) - n_test  # rounded cumulatively: fractions summing to 1 take every pair
+    n_train = (
+        round((fte + ftr) * p * p) - n_test
+    )  # rounded cumulatively: fractions summing to 1 take every pair
     if fte + ftr > 1 + 1e-9 or min(n_test, n_train) < 1:
-        raise ConfigError(f"{where}.kwargs: train_fraction {ftr} + test_fraction {fte} of the {p * p} pairs must "
-                          "be ≤ 1 and leave each split at least one pair")
+        raise ConfigError(
+            f"{where}.kwargs: train_fraction {ftr} + test_fraction {fte} of the {p * p} pairs must "
+            "be ≤ 1 and leave each split at least one pair"
+        )
     perm = torch.randperm(p * p, generator=torch.Generator().manual_seed(int(seed)))
     pairs = (perm[:n_test] if split == "test" else perm[n_test : n_test + n_train]).sort().values
     x = torch.stack([pairs // p, pairs % p, torch.full_like(pairs, p)], 1)
@@ -301,7 +353,9 @@ def synthetic(num_samples: int = 512, input_shape=(64,), num_classes: int = 10, 
     return x, y
 
 
-def load_split(src, key: str, base_dir: Path, normalize=None, cache_dir: Path | None = None) -> Batch:
+def load_split(
+    src, key: str, base_dir: Path, normalize=None, cache_dir: Path | None = None
+) -> Batch:
     """Load the split configured as ``data.<key>``: a `Batch` of named tensors on the CPU
     (``cache_dir``: where the ``text`` source keeps its tokenized tensors)."""
     where = f"data.{key}"
@@ -313,7 +367,9 @@ def load_split(src, key: str, base_dir: Path, normalize=None, cache_dir: Path | 
         return load_text(src, where, base_dir, cache_dir)
     if kind == "modular_addition":
         if normalize:
-            raise ConfigError(f"{where}: modular_addition gives token ids; data.normalize does not apply")
+            raise ConfigError(
+                f"{where}: modular_addition gives token ids; data.normalize does not apply"
+            )
         return modular_addition_split(src.split or key, src.kwargs, src.seed, where)
     if kind == "tensors":
         if not src.path:
@@ -346,8 +402,10 @@ def normalized(batch: Batch, normalize: dict) -> Batch:
     """``data.normalize`` applied to the batch's ``x`` (else ``pixel_values``)."""
     key = "x" if "x" in batch else ("pixel_values" if "pixel_values" in batch else None)
     if key is None:
-        raise ConfigError("data.normalize needs inputs named 'x' or 'pixel_values'; the data has "
-                          + ", ".join(batch))
+        raise ConfigError(
+            "data.normalize needs inputs named 'x' or 'pixel_values'; the data has "
+            + ", ".join(batch)
+        )
     return batch.replace(**{key: apply_normalize(batch[key], normalize)})
 
 
@@ -365,7 +423,9 @@ def apply_normalize(x: torch.Tensor, normalize: dict) -> torch.Tensor:
     if x.ndim >= 2 and x.shape[1] == mean.numel():
         shape = [1, -1] + [1] * (x.ndim - 2)
         return (x - mean.view(shape)) / std.view(shape)
-    raise ConfigError(f"data.normalize has {mean.numel()} entries but inputs have shape {tuple(x.shape[1:])}")
+    raise ConfigError(
+        f"data.normalize has {mean.numel()} entries but inputs have shape {tuple(x.shape[1:])}"
+    )
 
 
 def subset(data, num_samples, seed: int) -> Batch:

@@ -56,8 +56,10 @@ def model_class(name: str):
     """The ``transformers`` class named ``name`` (``AutoModelForCausalLM``, ``GPT2LMHeadModel``...)."""
     tf = transformers_module()
     if not name:
-        raise ConfigError("config key 'model.class' is required with model.source: huggingface "
-                          "(e.g. AutoModelForCausalLM, AutoModelForSequenceClassification)")
+        raise ConfigError(
+            "config key 'model.class' is required with model.source: huggingface "
+            "(e.g. AutoModelForCausalLM, AutoModelForSequenceClassification)"
+        )
     try:
         cls = getattr(tf, name)
     except (AttributeError, ImportError, RuntimeError):
@@ -65,8 +67,10 @@ def model_class(name: str):
     if cls is None or not hasattr(cls, "from_pretrained"):
         names = [n for n in dir(tf) if n.startswith(("AutoModel", name[:4]))]
         hint = difflib.get_close_matches(name, names, n=1)
-        raise ConfigError(f"model.class: transformers has no model class {name!r}"
-                          + (f"; did you mean {hint[0]!r}?" if hint else ""))
+        raise ConfigError(
+            f"model.class: transformers has no model class {name!r}"
+            + (f"; did you mean {hint[0]!r}?" if hint else "")
+        )
     return cls
 
 
@@ -77,20 +81,32 @@ def check_directory(path: str | os.PathLike) -> Path:
     if not p.exists():
         raise ConfigError(f"checkpoint not found: {p}")
     if not p.is_dir():
-        raise ConfigError(f"checkpoint {p} is a file; with model.source: huggingface a checkpoint is a "
-                          "save_pretrained directory (config.json + model.safetensors)")
+        raise ConfigError(
+            f"checkpoint {p} is a file; with model.source: huggingface a checkpoint is a "
+            "save_pretrained directory (config.json + model.safetensors)"
+        )
     if not (p / "config.json").is_file():
-        raise ConfigError(f"checkpoint {p}: missing {p / 'config.json'} (not a save_pretrained directory)")
+        raise ConfigError(
+            f"checkpoint {p}: missing {p / 'config.json'} (not a save_pretrained directory)"
+        )
     if not any((p / f).is_file() for f in WEIGHT_FILES):
         bins = sorted(q.name for q in p.glob("*.bin"))
-        extra = f" ({', '.join(bins)} found: flatcli reads safetensors only; re-save with " \
-                "save_pretrained(safe_serialization=True))" if bins else ""
+        extra = (
+            f" ({', '.join(bins)} found: flatcli reads safetensors only; re-save with "
+            "save_pretrained(safe_serialization=True))"
+            if bins
+            else ""
+        )
         raise ConfigError(f"checkpoint {p}: missing {p / WEIGHT_FILES[0]}{extra}")
     return p
 
 
-def load_pretrained(class_name: str, path: str | os.PathLike, kwargs: dict[str, Any] | None = None,
-                    dtype: str = "float32") -> tuple[torch.nn.Module, dict[str, Any]]:
+def load_pretrained(
+    class_name: str,
+    path: str | os.PathLike,
+    kwargs: dict[str, Any] | None = None,
+    dtype: str = "float32",
+) -> tuple[torch.nn.Module, dict[str, Any]]:
     """``(model, info)``: the model of the directory ``path`` built by ``transformers.<class_name>``,
     offline, eval mode, ``use_cache`` off, in ``dtype`` (``model.dtype``: ``auto`` is the
     checkpoint's stored type, transformers' ``dtype="auto"``: config.json's ``dtype``/``torch_dtype``,
@@ -108,7 +124,9 @@ def load_pretrained(class_name: str, path: str | os.PathLike, kwargs: dict[str, 
         model = cls.from_pretrained(str(p), local_files_only=True, use_safetensors=True, **kw)
     except (OSError, ValueError, TypeError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"checkpoint {p}: transformers.{class_name}.from_pretrained failed: {first}") from None
+        raise ConfigError(
+            f"checkpoint {p}: transformers.{class_name}.from_pretrained failed: {first}"
+        ) from None
     if getattr(model.config, "use_cache", None):
         model.config.use_cache = False  # no key/value cache in the outputs
     model.eval()
@@ -135,12 +153,17 @@ def check_safetensors(folder: Path) -> None:
         if meta is None or not isinstance(meta, dict):
             why = why or "its header is incomplete"
         else:
-            ends = [v["data_offsets"][1] for k, v in meta.items()
-                    if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v]
+            ends = [
+                v["data_offsets"][1]
+                for k, v in meta.items()
+                if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v
+            ]
             if 8 + n + max(ends, default=0) > size:
                 why = f"it holds {size} bytes, its header describes {8 + n + max(ends)}"
         if why:
-            raise ConfigError(f"checkpoint {f} is not a readable checkpoint (truncated or damaged: {why})")
+            raise ConfigError(
+                f"checkpoint {f} is not a readable checkpoint (truncated or damaged: {why})"
+            )
 
 
 def check_positions(model, what: str, length: int | None, path) -> None:
@@ -151,8 +174,10 @@ def check_positions(model, what: str, length: int | None, path) -> None:
         limit = limit or getattr(cfg, key, None)
     if length is not None and isinstance(limit, int) and length > limit:
         key = "n_positions" if getattr(cfg, "n_positions", None) else "max_position_embeddings"
-        raise ConfigError(f"{what} is {length} but the model of {path} has {key} {limit}: "
-                          f"set max_length ≤ {limit}")
+        raise ConfigError(
+            f"{what} is {length} but the model of {path} has {key} {limit}: "
+            f"set max_length ≤ {limit}"
+        )
 
 
 def describe(model: torch.nn.Module, class_name: str = "") -> dict[str, Any]:
@@ -186,4 +211,6 @@ def load_tokenizer(path: str | os.PathLike, where: str):
         return tf.AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{where}.tokenizer: {p} is not a readable tokenizer directory: {first}") from None
+        raise ConfigError(
+            f"{where}.tokenizer: {p} is not a readable tokenizer directory: {first}"
+        ) from None

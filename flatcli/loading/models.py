@@ -92,12 +92,15 @@ def resolve_target(target: str, base_dir: Path | str = "."):
 
             hint = difflib.get_close_matches(attr, available, n=1)
             raise ConfigError(
-                f"model.target: torchvision has no model {attr!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+                f"model.target: torchvision has no model {attr!r}"
+                + (f"; did you mean {hint[0]!r}?" if hint else "")
             )
 
         def factory(**kw):
             if kw.get("weights") not in (None,):
-                raise ConfigError("model.kwargs.weights: flatcli never downloads weights; load a checkpoint instead")
+                raise ConfigError(
+                    "model.kwargs.weights: flatcli never downloads weights; load a checkpoint instead"
+                )
             return torchvision.models.get_model(attr, **kw)
 
         return factory
@@ -119,7 +122,9 @@ def resolve_target(target: str, base_dir: Path | str = "."):
     return obj
 
 
-def build_model(target: str, kwargs: dict[str, Any] | None = None, base_dir: Path | str = ".") -> torch.nn.Module:
+def build_model(
+    target: str, kwargs: dict[str, Any] | None = None, base_dir: Path | str = "."
+) -> torch.nn.Module:
     """Build the model ``target`` (``pkg.mod:Callable``, ``file.py:Callable``, ``torchvision:NAME``)
     with ``kwargs``; a `ConfigError` naming the target when it fails."""
     factory = resolve_target(target, base_dir)
@@ -130,14 +135,18 @@ def build_model(target: str, kwargs: dict[str, Any] | None = None, base_dir: Pat
     except TypeError as e:
         raise ConfigError(f"model.kwargs do not fit {target}: {e}") from e
     if not isinstance(model, torch.nn.Module):
-        raise ConfigError(f"model.target {target!r} returned {type(model).__name__}, not a torch.nn.Module")
+        raise ConfigError(
+            f"model.target {target!r} returned {type(model).__name__}, not a torch.nn.Module"
+        )
     return model
 
 
 def model_dtype(model: torch.nn.Module) -> str:
     """The floating type of the model's parameters (``float32``, ``bfloat16``...; ``mixed`` when they
     differ, e.g. a class that keeps some modules in float32)."""
-    kinds = {str(q.dtype).removeprefix("torch.") for q in model.parameters() if q.is_floating_point()}
+    kinds = {
+        str(q.dtype).removeprefix("torch.") for q in model.parameters() if q.is_floating_point()
+    }
     return kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else "float32")
 
 

@@ -55,8 +55,10 @@ def load_text(src, where: str, base_dir: Path, cache_dir: Path | None = None) ->
     read from ``cache_dir`` when it was tokenized before."""
     path = _resolve(src.path, base_dir)
     if src.tokenizer is None:
-        raise ConfigError(f"config key '{where}.tokenizer' is required for source text "
-                          "(no checkpoint folder holds a tokenizer)")
+        raise ConfigError(
+            f"config key '{where}.tokenizer' is required for source text "
+            "(no checkpoint folder holds a tokenizer)"
+        )
     tok_dir = _resolve(src.tokenizer, base_dir)
     if not path.is_file():
         raise ConfigError(f"{where}.path: file not found: {path}")
@@ -66,7 +68,10 @@ def load_text(src, where: str, base_dir: Path, cache_dir: Path | None = None) ->
     cached = None if cache_dir is None else Path(cache_dir) / f"{path.stem}-{key}.pt"
     if cached is not None and cached.is_file():
         try:
-            return Batch(torch.load(cached, map_location="cpu", weights_only=True), where=f"{where} (cache {cached})")
+            return Batch(
+                torch.load(cached, map_location="cpu", weights_only=True),
+                where=f"{where} (cache {cached})",
+            )
         except Exception:  # an unreadable cache file is rebuilt
             pass
     batch = tokenize(src, path, tok_dir, where)
@@ -96,9 +101,14 @@ def cache_key(src, path: Path, tok_dir: Path) -> str:
     except ImportError:
         tv = None
     spec = {
-        "v": CACHE_VERSION, "file": fingerprint(path), "tokenizer": _dir_hash(tok_dir), "tokenizers": tv,
+        "v": CACHE_VERSION,
+        "file": fingerprint(path),
+        "tokenizer": _dir_hash(tok_dir),
+        "tokenizers": tv,
         "fields": [src.text_field, src.text_pair_field, src.label_field],
-        "max_length": src.max_length, "padding": src.padding, "truncation": src.truncation,
+        "max_length": src.max_length,
+        "padding": src.padding,
+        "truncation": src.truncation,
     }
     if getattr(src, "text_split", None):
         spec["text_split"] = src.text_split
@@ -123,10 +133,14 @@ def read_table(path: Path, where: str):
         if suffix == ".parquet":
             return pd.read_parquet(path)
     except ImportError as e:
-        raise ConfigError(f"{where}.path: reading {path.name} needs a Parquet engine: pip install pyarrow ({e})") from None
+        raise ConfigError(
+            f"{where}.path: reading {path.name} needs a Parquet engine: pip install pyarrow ({e})"
+        ) from None
     except ValueError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{where}.path: {path} is not readable as {suffix[1:]}: {first}") from None
+        raise ConfigError(
+            f"{where}.path: {path} is not readable as {suffix[1:]}: {first}"
+        ) from None
     raise ConfigError(f"{where}.path: {path} must be .jsonl, .json, .csv, .tsv, .parquet or .txt")
 
 
@@ -141,7 +155,9 @@ def _texts(table, field: str, key: str, where: str, path: Path) -> list[str]:
     values = _column(table, field, key, where, path)
     for i, v in enumerate(values):
         if not isinstance(v, str):
-            raise ConfigError(f"{where}.{key}: row {i} of {path} has no text in {field!r} (got {v!r})")
+            raise ConfigError(
+                f"{where}.{key}: row {i} of {path} has no text in {field!r} (got {v!r})"
+            )
     return values
 
 
@@ -150,8 +166,10 @@ def _labels(table, field: str, where: str, path: Path) -> torch.Tensor:
     try:
         t = torch.as_tensor(values)
     except (TypeError, ValueError, RuntimeError):
-        raise ConfigError(f"{where}.label_field: the {field!r} column of {path} must hold numbers "
-                          "(integer class ids); map names to ids before measuring") from None
+        raise ConfigError(
+            f"{where}.label_field: the {field!r} column of {path} must hold numbers "
+            "(integer class ids); map names to ids before measuring"
+        ) from None
     if t.is_floating_point() and bool((t == t.round()).all()):
         t = t.long()
     return t if t.is_floating_point() else t.long()
@@ -173,15 +191,19 @@ def _read_txt(path: Path, where: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{where}.path: {path} is not UTF-8 text: {e.reason} at byte {e.start}") from None
+        raise ConfigError(
+            f"{where}.path: {path} is not UTF-8 text: {e.reason} at byte {e.start}"
+        ) from None
 
 
 def _pad_token(tok, tok_dir: Path, where: str) -> None:
     tok.padding_side = "right"
     if tok.pad_token is None:
         if tok.eos_token is None:
-            raise ConfigError(f"{where}.tokenizer: {tok_dir} has neither a pad nor an end-of-text token; "
-                              "set one (tokenizer.pad_token = ...) and save it again")
+            raise ConfigError(
+                f"{where}.tokenizer: {tok_dir} has neither a pad nor an end-of-text token; "
+                "set one (tokenizer.pad_token = ...) and save it again"
+            )
         tok.pad_token = tok.eos_token
 
 
@@ -204,15 +226,26 @@ def _windows(tok, text: str, max_length: int, path: Path, where: str) -> dict:
 def _tokenize_txt(src, path: Path, tok, tok_dir: Path, where: str) -> Batch:
     text = _read_txt(path, where)
     if src.label_field or src.text_pair_field:
-        raise ConfigError(f"{where}: label_field and text_pair_field need a table (.jsonl, .csv, ...), not {path.name}")
+        raise ConfigError(
+            f"{where}: label_field and text_pair_field need a table (.jsonl, .csv, ...), not {path.name}"
+        )
     if (src.text_split or "lines") == "windows":
-        return Batch(_windows(tok, text, int(src.max_length), path, where), where=f"{where}.path {path}")
+        return Batch(
+            _windows(tok, text, int(src.max_length), path, where), where=f"{where}.path {path}"
+        )
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
         raise ConfigError(f"{where}.path: {path} holds no non-empty lines")
-    enc = tok(lines, max_length=src.max_length, truncation=bool(src.truncation),
-              padding="max_length" if src.padding == "max_length" else "longest", return_tensors="pt")
-    return Batch({k: v for k, v in enc.items() if isinstance(v, torch.Tensor)}, where=f"{where}.path {path}")
+    enc = tok(
+        lines,
+        max_length=src.max_length,
+        truncation=bool(src.truncation),
+        padding="max_length" if src.padding == "max_length" else "longest",
+        return_tensors="pt",
+    )
+    return Batch(
+        {k: v for k, v in enc.items() if isinstance(v, torch.Tensor)}, where=f"{where}.path {path}"
+    )
 
 
 def tokenize(src, path: Path, tok_dir: Path, where: str) -> Batch:
@@ -227,11 +260,21 @@ def tokenize(src, path: Path, tok_dir: Path, where: str) -> Batch:
     if len(table) == 0:
         raise ConfigError(f"{where}.path: {path} holds no rows")
     texts = _texts(table, src.text_field, "text_field", where, path)
-    pairs = _texts(table, src.text_pair_field, "text_pair_field", where, path) if src.text_pair_field else None
+    pairs = (
+        _texts(table, src.text_pair_field, "text_pair_field", where, path)
+        if src.text_pair_field
+        else None
+    )
     tok = load_tokenizer(tok_dir, where)
     _pad_token(tok, tok_dir, where)
-    enc = tok(texts, pairs, max_length=src.max_length, truncation=bool(src.truncation),
-              padding="max_length" if src.padding == "max_length" else "longest", return_tensors="pt")
+    enc = tok(
+        texts,
+        pairs,
+        max_length=src.max_length,
+        truncation=bool(src.truncation),
+        padding="max_length" if src.padding == "max_length" else "longest",
+        return_tensors="pt",
+    )
     out = {k: v for k, v in enc.items() if isinstance(v, torch.Tensor)}
     if src.label_field:
         out["labels"] = _labels(table, src.label_field, where, path)

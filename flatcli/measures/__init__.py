@@ -95,8 +95,12 @@ class MeasureContext:
     init_params: dict[str, torch.Tensor] | None = None
     init_state: dict[str, torch.Tensor] | None = None
     max_seconds: float | None = None  # this measure's share of the checkpoint's runtime.budget
-    budget: Budget = field(default_factory=Budget)  # set by `run_measure`: pass it to the estimators
-    cache: dict[str, Any] = field(default_factory=dict)  # shared by one checkpoint's measures (same θ, data)
+    budget: Budget = field(
+        default_factory=Budget
+    )  # set by `run_measure`: pass it to the estimators
+    cache: dict[str, Any] = field(
+        default_factory=dict
+    )  # shared by one checkpoint's measures (same θ, data)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -124,7 +128,9 @@ class Dims:
     matrices: tuple[int, ...] = ()  # sizes of the weight matrices (Linear and Conv weights)
     verify: bool = False  # precision auto with TF32 products: fp32 checks add products
     rows: int = 0  # rows of the measurement set (0: as many as n)
-    max_basis: int | None = None  # most Lanczos basis vectors (runtime.max_basis_vectors, resolved; None: unbounded)
+    max_basis: int | None = (
+        None  # most Lanczos basis vectors (runtime.max_basis_vectors, resolved; None: unbounded)
+    )
 
 
 Claim = Callable[[Any], "bool | str"]
@@ -304,7 +310,6 @@ class MeasureSpec:
     def claims_invariance(self) -> tuple[bool, str]:
         """(claimed, reason): whether this configured measure claims rescaling invariance."""
         return get_measure(self.name).claims_invariance(self.parsed())
-
 
     def estimate(self, dims: Dims) -> dict[str, tuple[int, int]] | None:
         """(least, most) of each counter a run of this spec will count, or None when the measure

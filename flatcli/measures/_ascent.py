@@ -74,8 +74,14 @@ class AscentResult:
 FG = Callable[[torch.Tensor], tuple[float, torch.Tensor | None]]
 
 
-def apgd(fg: FG, z0: torch.Tensor, rho: float, norm: str, steps: int,
-         stop: Callable[[], bool] | None = None) -> AscentResult:
+def apgd(
+    fg: FG,
+    z0: torch.Tensor,
+    rho: float,
+    norm: str,
+    steps: int,
+    stop: Callable[[], bool] | None = None,
+) -> AscentResult:
     r"""Maximize f over :math:`\|z\|_p \le \rho` by Auto-PGD (Croce & Hein 2020, Alg. 1).
 
     ``fg(z)`` returns ``(f(z), ∇f(z))``. Initial step η = 2ρ, momentum α = 0.75,

@@ -201,8 +201,10 @@ class FoldedMeasurement:
 
 
 def _unfoldable(e: Exception) -> str:
-    return (f"with BatchNorm folded, {e} (folding removes the BatchNorm parameters; "
-            "use fold_batchnorm: false to measure them)")
+    return (
+        f"with BatchNorm folded, {e} (folding removes the BatchNorm parameters; "
+        "use fold_batchnorm: false to measure them)"
+    )
 
 
 def folding_reason(problem, fold: bool) -> str | None:
@@ -211,7 +213,9 @@ def folding_reason(problem, fold: bool) -> str | None:
     a folded copy of the model and its problem (no products), or None."""
     if not fold or not has_batchnorm(problem.model):
         return None
-    f = fold_batchnorm(problem.model, {**problem.params, **problem.frozen}, problem.buffers, dtype=problem.dtype)
+    f = fold_batchnorm(
+        problem.model, {**problem.params, **problem.frozen}, problem.buffers, dtype=problem.dtype
+    )
     try:
         problem.derive(f.module)
     except ConfigError as e:
@@ -280,7 +284,9 @@ def folded_init_theta(ctx, fm: FoldedMeasurement) -> torch.Tensor | None:
     if fm.own:
         return p.flatten(init)
     start = {n: init[n].to(p.device, p.dtype) for n in p.names}
-    f0 = fold_batchnorm(ctx.model, {**start, **p.frozen}, {**p.buffers, **init_buffers(ctx)}, dtype=p.dtype)
+    f0 = fold_batchnorm(
+        ctx.model, {**start, **p.frozen}, {**p.buffers, **init_buffers(ctx)}, dtype=p.dtype
+    )
     params0 = f0.params()
     fp = fm.problem
     if not all(n in params0 for n in fp.names):

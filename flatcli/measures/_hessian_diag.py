@@ -84,13 +84,27 @@ class DiagonalOptions:
         "Hessian-diagonal estimator (auto: exact Gauss-Newton diagonal, verified; exact: one HVP per parameter)",
     )
     samples: int = opt(64, Integral(1, None), "random probes of the stochastic diagonal estimators")
-    radius: float = opt(1e-3, Real(0, None, "neither"), "relative perturbation radius r of finite_difference")
-    eps: float = opt(1e-8, Real(0, None, "neither"), "ε added to |θ| (finite_difference) or replacing |θ| = 0 (scaled)")
-    check: int = opt(3, Integral(1, None), "coordinates per tensor where auto checks H_ii against the Gauss-Newton G_ii")
-    check_probes: int = opt(
-        2, Integral(1, None), "Gaussian probes per tensor where auto checks the remainder block P(H − G)P is zero"
+    radius: float = opt(
+        1e-3, Real(0, None, "neither"), "relative perturbation radius r of finite_difference"
     )
-    max_exact: int = opt(4096, Integral(0, None), "most unit-vector HVPs auto spends on tensors whose check fails")
+    eps: float = opt(
+        1e-8,
+        Real(0, None, "neither"),
+        "ε added to |θ| (finite_difference) or replacing |θ| = 0 (scaled)",
+    )
+    check: int = opt(
+        3,
+        Integral(1, None),
+        "coordinates per tensor where auto checks H_ii against the Gauss-Newton G_ii",
+    )
+    check_probes: int = opt(
+        2,
+        Integral(1, None),
+        "Gaussian probes per tensor where auto checks the remainder block P(H − G)P is zero",
+    )
+    max_exact: int = opt(
+        4096, Integral(0, None), "most unit-vector HVPs auto spends on tensors whose check fails"
+    )
 
 
 @dataclass
@@ -123,7 +137,9 @@ class DiagonalEstimate:
             yield self.fixed + (total - s) / (n - k)
 
 
-def jackknife(est: DiagonalEstimate, fn: Callable[[torch.Tensor], float], full: float) -> tuple[float | None, float]:
+def jackknife(
+    est: DiagonalEstimate, fn: Callable[[torch.Tensor], float], full: float
+) -> tuple[float | None, float]:
     r"""(stderr, bias) of ``fn(diagonal)`` by the delete-a-group jackknife.
 
     With leave-one-group-out values :math:`v_g` (G groups), the standard error
@@ -144,7 +160,11 @@ def jackknife(est: DiagonalEstimate, fn: Callable[[torch.Tensor], float], full: 
 def check_tolerance(problem) -> float:
     """√ε of the working precision (TF32 counts as ε = 2⁻¹⁰ on CUDA when enabled)."""
     eps = torch.finfo(problem.dtype).eps
-    if problem.device.type == "cuda" and problem.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+    if (
+        problem.device.type == "cuda"
+        and problem.dtype == torch.float32
+        and torch.backends.cuda.matmul.allow_tf32
+    ):
         eps = 2.0**-10
     return math.sqrt(eps)
 
@@ -154,7 +174,9 @@ def _groups(samples: int) -> list[int]:
     return [samples // G + (1 if g < samples % G else 0) for g in range(G)]
 
 
-def _fd_group(eng, theta: torch.Tensor, k: int, radius: float, eps: float, generator) -> torch.Tensor:
+def _fd_group(
+    eng, theta: torch.Tensor, k: int, radius: float, eps: float, generator
+) -> torch.Tensor:
     """Sum over k Rademacher samples of s ∘ (∇L(θ + r v) − ∇L(θ − r v)) / (2 r (|θ| + ε)), v = (|θ| + ε) ∘ s."""
     a = theta.abs() + eps
     acc = torch.zeros(theta.numel(), dtype=torch.float64)
@@ -182,7 +204,9 @@ def _ggn_diagonal(eng, method: str) -> torch.Tensor:
         ) from None
 
 
-def estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = None) -> DiagonalEstimate:
+def estimate_diagonal(
+    ctx, opts: DiagonalOptions, tensors: list[str] | None = None
+) -> DiagonalEstimate:
     """The Hessian diagonal by ``opts.hessian_diag``; ``tensors``: the parameter names that matter (default all).
 
     Only ``auto`` uses ``tensors`` (it checks and completes only those); every
@@ -215,7 +239,9 @@ def _diagonal_key(ctx, opts: DiagonalOptions, tensors: list[str] | None) -> tupl
     return id(p), id(ctx.engine), ctx.seed, fields, names
 
 
-def _estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = None) -> DiagonalEstimate:
+def _estimate_diagonal(
+    ctx, opts: DiagonalOptions, tensors: list[str] | None = None
+) -> DiagonalEstimate:
     """`estimate_diagonal` without the cache."""
     eng, p = ctx.engine, ctx.problem
     P = p.num_params
@@ -236,8 +262,14 @@ def _estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = N
             g,
             p.theta,
             {n: slices[n] for n in names},
-            rules=linalg.DiagonalCheck(tol=check_tolerance(p), check=opts.check, probes=opts.check_probes,
-                                       max_exact=opts.max_exact, samples=opts.samples, groups=JACKKNIFE_GROUPS),
+            rules=linalg.DiagonalCheck(
+                tol=check_tolerance(p),
+                check=opts.check,
+                probes=opts.check_probes,
+                max_exact=opts.max_exact,
+                samples=opts.samples,
+                groups=JACKKNIFE_GROUPS,
+            ),
             generator=ctx.generator(),
         )
         info.update(
@@ -254,7 +286,9 @@ def _estimate_diagonal(ctx, opts: DiagonalOptions, tensors: list[str] | None = N
     groups = []
     for k in _groups(opts.samples):
         if method == "scaled":
-            mean, _ = linalg.scaled_diagonal(eng.hessian(), theta, samples=k, eps=opts.eps, generator=gen)
+            mean, _ = linalg.scaled_diagonal(
+                eng.hessian(), theta, samples=k, eps=opts.eps, generator=gen
+            )
             groups.append((mean * k, k))
         elif method == "hutchinson":
             mean, _ = linalg.hutchinson_diagonal(eng.hessian(), samples=k, generator=gen)
@@ -268,9 +302,11 @@ def diagonal_reason(opts: DiagonalOptions, problem) -> str | None:
     """Why `estimate_diagonal` will end ``not_applicable`` on ``problem`` (None: it will not): the
     Gauss-Newton diagonals (``ggn``, ``auto``) need a loss that scores one unit per row."""
     if opts.hessian_diag in ("ggn", "auto") and not problem.loss_fn.units_are_rows:
-        return (f"hessian_diag: {opts.hessian_diag} needs the exact Gauss-Newton diagonal, which loss "
-                f"{problem.loss_name!r} cannot give (it scores many units per row); choose hessian_diag: "
-                "scaled, hutchinson or exact")
+        return (
+            f"hessian_diag: {opts.hessian_diag} needs the exact Gauss-Newton diagonal, which loss "
+            f"{problem.loss_name!r} cannot give (it scores many units per row); choose hessian_diag: "
+            "scaled, hutchinson or exact"
+        )
     return None
 
 
@@ -285,8 +321,13 @@ def diagonal_estimate(opts: DiagonalOptions, dims, tensors: tuple[int, ...]) -> 
         return {"n_hvp": opts.samples}
     if m == "finite_difference":
         return {"n_grad": 2 * opts.samples}
-    checks = sum(min(opts.check, t) + (2 * opts.check_probes if t > opts.check else 0) for t in tensors)
-    return {"n_vjp": dims.C, "n_hvp": (checks, checks + min(opts.max_exact, sum(tensors)) + 2 * opts.samples)}
+    checks = sum(
+        min(opts.check, t) + (2 * opts.check_probes if t > opts.check else 0) for t in tensors
+    )
+    return {
+        "n_vjp": dims.C,
+        "n_hvp": (checks, checks + min(opts.max_exact, sum(tensors)) + 2 * opts.samples),
+    }
 
 
 def equivariance_claim(opts: DiagonalOptions) -> bool | str:

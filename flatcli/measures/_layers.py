@@ -23,7 +23,11 @@ def is_hf_conv1d(mod: nn.Module) -> bool:
     """Whether ``mod`` is Hugging Face's ``Conv1D`` (a Linear whose weight is stored (in × out)),
     recognized without importing transformers."""
     cls = type(mod)
-    return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers") and hasattr(mod, "nf")
+    return (
+        cls.__name__ == "Conv1D"
+        and cls.__module__.startswith("transformers")
+        and hasattr(mod, "nf")
+    )
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,9 @@ class WeightMatrix:
         return m.T if self.transposed else m.reshape(self.shape)
 
 
-def weight_matrices(model: nn.Module, selected: Collection[str] | None = None, *,
-                    frozen: bool = False) -> list[WeightMatrix]:
+def weight_matrices(
+    model: nn.Module, selected: Collection[str] | None = None, *, frozen: bool = False
+) -> list[WeightMatrix]:
     """The model's weight matrices (module docstring), each once: those whose parameter is in
     ``selected`` (names as ``named_parameters()`` gives them; a tied weight by its first name),
     or, when ``selected`` is None, every trainable one (every one with ``frozen``)."""
@@ -69,7 +74,9 @@ def weight_matrices(model: nn.Module, selected: Collection[str] | None = None, *
     for mname, mod in model.named_modules():
         w = getattr(mod, "weight", None)
         conv1d = is_hf_conv1d(mod)
-        if not (isinstance(mod, (nn.Linear, *CONV_TYPES)) or conv1d) or not isinstance(w, torch.Tensor):
+        if not (isinstance(mod, (nn.Linear, *CONV_TYPES)) or conv1d) or not isinstance(
+            w, torch.Tensor
+        ):
             continue
         pname = canonical.get(id(w))
         if pname is None or id(w) in seen:
@@ -77,7 +84,9 @@ def weight_matrices(model: nn.Module, selected: Collection[str] | None = None, *
         if (pname not in selected) if selected is not None else not (w.requires_grad or frozen):
             continue
         seen.add(id(w))
-        out.append(WeightMatrix(mname, pname, mod, tuple(w.shape), transposed=conv1d and w.ndim == 2))
+        out.append(
+            WeightMatrix(mname, pname, mod, tuple(w.shape), transposed=conv1d and w.ndim == 2)
+        )
     return out
 
 

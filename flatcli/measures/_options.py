@@ -29,5 +29,17 @@ from ..validation import (
     parse_options,
 )
 
-__all__ = ["Bool", "Check", "Either", "Integral", "OneOf", "Optional", "Real", "Str", "describe_options", "opt",
-           "option_fields", "parse_options"]
+__all__ = [
+    "Bool",
+    "Check",
+    "Either",
+    "Integral",
+    "OneOf",
+    "Optional",
+    "Real",
+    "Str",
+    "describe_options",
+    "opt",
+    "option_fields",
+    "parse_options",
+]

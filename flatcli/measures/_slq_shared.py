@@ -42,7 +42,9 @@ class SharedSLQ:
         products are charged to it, ``n_hvp`` of the result; runs already kept cost nothing)."""
         missing = n - len(self.nodes)
         if missing <= 0:
-            return linalg.SLQResult(self.nodes[:n], self.weights[:n], self.op.dim, n_hvp=0, steps=self.steps)
+            return linalg.SLQResult(
+                self.nodes[:n], self.weights[:n], self.op.dim, n_hvp=0, steps=self.steps
+            )
         draw = missing - len(self.pending)
         if draw > 0:
             fresh = linalg.rademacher(draw, self.op.dim, self.generator, dtype=torch.float64)
@@ -54,8 +56,14 @@ class SharedSLQ:
         if not cut:  # complete runs: keep them for the next measure
             self.nodes, self.weights = nodes, weights
             self.pending = self.pending[done:]
-        return linalg.SLQResult(nodes, weights, self.op.dim, n_hvp=r.n_hvp, steps=self.steps,
-                                stopped_by_budget=r.stopped_by_budget)
+        return linalg.SLQResult(
+            nodes,
+            weights,
+            self.op.dim,
+            n_hvp=r.n_hvp,
+            steps=self.steps,
+            stopped_by_budget=r.stopped_by_budget,
+        )
 
 
 def shared_slq(ctx, steps: int) -> SharedSLQ:
@@ -75,8 +83,11 @@ def kept_abs_trace(ctx, runs: int = 4) -> float | None:
     or None: the near-zero floor of `hessian_trace` then computes its own (40 products)."""
     p, eng = ctx.problem, ctx.engine
     precision = (str(p.compute_dtype), bool(torch.backends.cuda.matmul.allow_tf32))
-    found = [(k[3], v) for k, v in ctx.cache.get("slq_runs", {}).items()
-             if k[:3] == (id(p), id(eng), ctx.seed) and k[4] == precision and len(v.nodes) >= runs]
+    found = [
+        (k[3], v)
+        for k, v in ctx.cache.get("slq_runs", {}).items()
+        if k[:3] == (id(p), id(eng), ctx.seed) and k[4] == precision and len(v.nodes) >= runs
+    ]
     if not found:
         return None
     shared = max(found, key=lambda kv: kv[0])[1]

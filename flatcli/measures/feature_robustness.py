@@ -128,14 +128,30 @@ NAME = "feature_robustness"
 class FeatureRobustnessOptions:
     """Options of ``feature_robustness`` (see the measure's docstring)."""
 
-    layer: str | None = opt(None, Optional(Str()), "module name of an nn.Linear layer (default: the last Linear)")
-    delta: float = opt(0.1, Real(0, None, "neither"), "perturbation size δ: features φ → (I + δO)φ, O orthogonal")
-    samples: int = opt(20, Integral(2, None), "random orthogonal matrices O (each used as the pair ±O)")
-    curve: int = opt(4, Integral(1, 20), "δ, δ/2, …, δ/2^(curve−1): the Theorem 5 curve (same matrices)")
-    normalize_features: bool = opt(False, Bool(), "perturb features divided by their std over S (Theorem 4)")
-    representativeness: bool = opt(False, Bool(), "also the KDE approximation of representativeness (Sec. 6) and the bound")
-    kde_folds: int = opt(5, Integral(2, None), "cross-validation folds of the representativeness estimate")
-    kde_samples: int = opt(4, Integral(1, None), "kernel draws per training point (representativeness)")
+    layer: str | None = opt(
+        None, Optional(Str()), "module name of an nn.Linear layer (default: the last Linear)"
+    )
+    delta: float = opt(
+        0.1, Real(0, None, "neither"), "perturbation size δ: features φ → (I + δO)φ, O orthogonal"
+    )
+    samples: int = opt(
+        20, Integral(2, None), "random orthogonal matrices O (each used as the pair ±O)"
+    )
+    curve: int = opt(
+        4, Integral(1, 20), "δ, δ/2, …, δ/2^(curve−1): the Theorem 5 curve (same matrices)"
+    )
+    normalize_features: bool = opt(
+        False, Bool(), "perturb features divided by their std over S (Theorem 4)"
+    )
+    representativeness: bool = opt(
+        False, Bool(), "also the KDE approximation of representativeness (Sec. 6) and the bound"
+    )
+    kde_folds: int = opt(
+        5, Integral(2, None), "cross-validation folds of the representativeness estimate"
+    )
+    kde_samples: int = opt(
+        4, Integral(1, None), "kernel draws per training point (representativeness)"
+    )
 
 
 def haar_orthogonal(m: int, k: int, gen: torch.Generator) -> torch.Tensor:
@@ -217,11 +233,15 @@ def feature_robustness(ctx, opts: FeatureRobustnessOptions) -> MeasureResult:
         keep = sigma > 0
         zero_std = int((~keep).sum())
         scale = torch.where(keep, sigma, torch.zeros_like(sigma)).to(dtype)
-        inv = torch.where(keep, 1.0 / torch.where(keep, sigma, torch.ones_like(sigma)), torch.zeros_like(sigma)).to(dtype)
+        inv = torch.where(
+            keep, 1.0 / torch.where(keep, sigma, torch.ones_like(sigma)), torch.zeros_like(sigma)
+        ).to(dtype)
     Os = haar_orthogonal(m, opts.samples, ctx.generator()).to(dev, dtype)
     deltas = [opts.delta / 2**k for k in range(opts.curve)]
     sizes = torch.tensor(deltas, dtype=torch.float64)[:, None].expand(len(deltas), opts.samples)
-    if opts.representativeness:  # one more row: A = ±δ r_s O_s, r_s from the kernel's radial law (Prop. 2)
+    if (
+        opts.representativeness
+    ):  # one more row: A = ±δ r_s O_s, r_s from the kernel's radial law (Prop. 2)
         sizes = torch.cat([sizes, opts.delta * ball_radii(opts.samples, m, ctx.generator(3))[None]])
     rows_only(p, NAME)
     inc = _antithetic_increases(p, module, name, Os, sizes, inv, scale)
@@ -303,7 +323,9 @@ def kernel_noise(norms: torch.Tensor, m: int, delta: float, gen: torch.Generator
     return u * (delta * norms * ball_radii(len(norms), m, gen))[:, None]
 
 
-def representativeness(ctx, module, name, opts: FeatureRobustnessOptions, scale: torch.Tensor) -> dict:
+def representativeness(
+    ctx, module, name, opts: FeatureRobustnessOptions, scale: torch.Tensor
+) -> dict:
     """The cross-validated approximation of representativeness for the measured network."""
     p = ctx.problem
     if p.n < 2 * opts.kde_folds:
@@ -313,11 +335,16 @@ def representativeness(ctx, module, name, opts: FeatureRobustnessOptions, scale:
         )
     eng = ctx.engine
     with torch.no_grad():
-        Z = eng.gather(torch.cat([_run(p, module, name, b, measure=NAME)[1].double() for b in p.batches])).cpu()
-        own = eng.gather(torch.cat([p.loss_fn.per_unit(p.forward(p.params, b), b).double()
-                                    for b in p.batches])).cpu()
+        Z = eng.gather(
+            torch.cat([_run(p, module, name, b, measure=NAME)[1].double() for b in p.batches])
+        ).cpu()
+        own = eng.gather(
+            torch.cat([p.loss_fn.per_unit(p.forward(p.params, b), b).double() for b in p.batches])
+        ).cpu()
     sc = scale.double().cpu()
-    inv = torch.where(sc > 0, 1.0 / torch.where(sc > 0, sc, torch.ones_like(sc)), torch.zeros_like(sc))
+    inv = torch.where(
+        sc > 0, 1.0 / torch.where(sc > 0, sc, torch.ones_like(sc)), torch.zeros_like(sc)
+    )
     Zn = Z * inv  # the (normalized) feature space the kernels live in
 
     def kernel_loss(idx: np.ndarray, xi: torch.Tensor) -> np.ndarray:
@@ -344,7 +371,9 @@ def representativeness(ctx, module, name, opts: FeatureRobustnessOptions, scale:
     return res
 
 
-def kde_representativeness(Z, fold_model, delta: float, folds: int, draws: int, gen: torch.Generator) -> dict:
+def kde_representativeness(
+    Z, fold_model, delta: float, folds: int, draws: int, gen: torch.Generator
+) -> dict:
     r"""Cross-validated approximation of representativeness (eq. 3, Sec. 6); see the module docstring.
 
     Z: (n, m) features, in the space the kernels live in. ``fold_model(train_idx)``

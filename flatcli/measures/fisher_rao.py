@@ -74,7 +74,10 @@ class FisherRaoOptions:
     stochastic=False,
     cost="one forward-mode pass over S (labels: model adds one forward pass; a folded BatchNorm one more "
     "forward-mode pass for raw_parameterization_value)",
-    estimate=lambda o, d: {"n_grad": (1, 1 + int(o.fold_batchnorm)), "n_forward": int(o.labels == "model")},
+    estimate=lambda o, d: {
+        "n_grad": (1, 1 + int(o.fold_batchnorm)),
+        "n_forward": int(o.labels == "model"),
+    },
     applicable=lambda o, p: folding_reason(p, o.fold_batchnorm),
     invariant=True,
 )
@@ -92,7 +95,9 @@ def fisher_rao_norm(ctx, opts: FisherRaoOptions) -> MeasureResult:
     finally:
         fm.merge_counters(ctx.engine)
     labels = res.diagnostics.pop("_labels", None)
-    if fm.own or not fm.diagnostics["folded_batchnorm"]:  # nothing folded: the raw form is the value
+    if (
+        fm.own or not fm.diagnostics["folded_batchnorm"]
+    ):  # nothing folded: the raw form is the value
         return res
     d = ctx.engine.per_unit_directional(ctx.problem.theta, labels=labels).double()
     res.diagnostics["raw_parameterization_value"] = float((d * d).mean())
@@ -126,9 +131,5 @@ def _fisher_rao(ctx, fm, opts: FisherRaoOptions) -> MeasureResult:
         diag["_labels"] = labels  # the same draws for the raw parameterization
     if not math.isfinite(value):
         return MeasureResult(value=value, diagnostics=diag, status="non_finite")
-    stderr = (
-        float(mean_stderr(sq)[1])
-        if opts.labels == "model"
-        else None
-    )
+    stderr = float(mean_stderr(sq)[1]) if opts.labels == "model" else None
     return MeasureResult(value=value, stderr=stderr, diagnostics=diag)

@@ -52,7 +52,8 @@ class LambdaMaxOptions:
     )
     max_steps: int = opt(100, Integral(1, None), "most Lanczos steps (each one HVP)")
     min_steps: int | None = opt(
-        None, Optional(Integral(1, None)),
+        None,
+        Optional(Integral(1, None)),
         "fewest Lanczos steps (null: certified by the Kuczyński-Woźniakowski bound, see "
         "flatcli.engine.linalg.certified_min_steps: 8 at P = 80, 12 at 84k, 14 at 11M)",
     )
@@ -84,12 +85,19 @@ def lanczos_basis(d, max_steps: int, min_steps: int | None) -> int:
     cost="one HVP per Lanczos step (certified_min_steps(P) to max_steps) + 1 fp32 HVP with precision auto on "
     "TF32 GPUs and with bf16; per_layer json/columns adds Σ_b min(P_b, certified_min_steps(P_b)…max_steps) HVPs "
     "(one Lanczos per parameter tensor b of size P_b)",
-    estimate=lambda o, d: {"n_hvp": (min(d.P, o.min_steps or certified_min_steps(d.P)) + int(d.verify),
-                                      (1 + int(d.verify)) * min(d.P, o.max_steps) + int(d.verify)),  # + fp32 refinement
-                           "hvp_block": 1, "vectors": lanczos_basis(d, o.max_steps, o.min_steps),  # the Krylov basis
-                           # full reorthogonalization, twice: 2·j dot products and axpys at step j
-                           "vector_ops": (2 * min(d.P, o.min_steps or certified_min_steps(d.P), o.max_steps) ** 2,
-                                          2 * min(d.P, o.max_steps) ** 2)},
+    estimate=lambda o, d: {
+        "n_hvp": (
+            min(d.P, o.min_steps or certified_min_steps(d.P)) + int(d.verify),
+            (1 + int(d.verify)) * min(d.P, o.max_steps) + int(d.verify),
+        ),  # + fp32 refinement
+        "hvp_block": 1,
+        "vectors": lanczos_basis(d, o.max_steps, o.min_steps),  # the Krylov basis
+        # full reorthogonalization, twice: 2·j dot products and axpys at step j
+        "vector_ops": (
+            2 * min(d.P, o.min_steps or certified_min_steps(d.P), o.max_steps) ** 2,
+            2 * min(d.P, o.max_steps) ** 2,
+        ),
+    },
 )
 def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     r"""Largest algebraic eigenvalue :math:`\lambda_{\max}(H)`, larger means sharper.
@@ -138,29 +146,54 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     """
     eng = ctx.engine
     verify = eng.needs_verification
-    stop = linalg.KrylovStop(tol=opts.tol, min_steps=opts.min_steps, max_steps=opts.max_steps, budget=ctx.budget)
-    r = linalg.lanczos(eng.hessian(), k=1, generator=ctx.generator(), return_vectors=verify, stop=stop)
+    stop = linalg.KrylovStop(
+        tol=opts.tol, min_steps=opts.min_steps, max_steps=opts.max_steps, budget=ctx.budget
+    )
+    r = linalg.lanczos(
+        eng.hessian(), k=1, generator=ctx.generator(), return_vectors=verify, stop=stop
+    )
     lam = float(r.eigenvalues[0])
     rel = float(r.residuals[0] / max(abs(lam), 1e-30))
     converged = bool(r.converged)
-    diag = {"residual": rel, "steps": r.steps, "converged": converged, "min_ritz": float(r.eigenvalues[-1]),
-            "basis_vectors": r.basis_vectors, "restarts": r.restarts}
+    diag = {
+        "residual": rel,
+        "steps": r.steps,
+        "converged": converged,
+        "min_ritz": float(r.eigenvalues[-1]),
+        "basis_vectors": r.basis_vectors,
+        "restarts": r.restarts,
+    }
     stopped, near_zero = r.stopped_by_budget, r.near_zero
     if verify:
         H32 = eng.hessian(precision="fp32")
         lam32, rel32 = linalg.verify_eigenpair(H32, r.ritz_vectors[0])
         low = eng.low_name  # tf32 or bf16
-        diag.update({f"{low}_value": lam, f"{low}_residual": rel, "verified": "fp32", "fp32_refine_steps": 0,
-                     "fp32_control_rel_diff": abs(lam - lam32) / max(abs(lam32), 1e-30)})
-        if rel32 > opts.tol:  # the fast products' rounding keeps the residual above tol: finish in fp32 from its vector
-            r32 = linalg.lanczos(H32, k=1, v0=r.ritz_vectors[0], generator=ctx.generator(1),
-                                 stop=linalg.KrylovStop(opts.tol, 1, opts.max_steps, ctx.budget))
+        diag.update(
+            {
+                f"{low}_value": lam,
+                f"{low}_residual": rel,
+                "verified": "fp32",
+                "fp32_refine_steps": 0,
+                "fp32_control_rel_diff": abs(lam - lam32) / max(abs(lam32), 1e-30),
+            }
+        )
+        if (
+            rel32 > opts.tol
+        ):  # the fast products' rounding keeps the residual above tol: finish in fp32 from its vector
+            r32 = linalg.lanczos(
+                H32,
+                k=1,
+                v0=r.ritz_vectors[0],
+                generator=ctx.generator(1),
+                stop=linalg.KrylovStop(opts.tol, 1, opts.max_steps, ctx.budget),
+            )
             lam32 = float(r32.eigenvalues[0])
             rel32 = float(r32.residuals[0] / max(abs(lam32), 1e-30))
             diag["fp32_refine_steps"] = r32.steps
             stopped, near_zero = stopped or r32.stopped_by_budget, r32.near_zero
-        converged = rel32 <= opts.tol or (near_zero and rel32 * abs(lam32) <= opts.tol**2 * max(
-            abs(lam32), abs(diag["min_ritz"])))
+        converged = rel32 <= opts.tol or (
+            near_zero and rel32 * abs(lam32) <= opts.tol**2 * max(abs(lam32), abs(diag["min_ritz"]))
+        )
         diag.update(residual=rel32, converged=converged)
         lam = lam32
     if opts.per_layer != "none":
@@ -197,10 +230,14 @@ def _block_lambda_max(ctx, opts: LambdaMaxOptions) -> dict:
     for i, (name, sl) in enumerate(p.param_slices().items()):
         size = sl.stop - sl.start
         r = linalg.lanczos(
-            linalg.as_operator(block_matvec(H, p.num_params, sl), size, device=p.device, dtype=p.dtype),
+            linalg.as_operator(
+                block_matvec(H, p.num_params, sl), size, device=p.device, dtype=p.dtype
+            ),
             k=1,
             generator=ctx.generator(100 + i),
-            stop=linalg.KrylovStop(opts.tol, opts.min_steps, opts.max_steps, ctx.budget, eng.basis_rows(size)),
+            stop=linalg.KrylovStop(
+                opts.tol, opts.min_steps, opts.max_steps, ctx.budget, eng.basis_rows(size)
+            ),
         )
         lam = float(r.eigenvalues[0])
         lams[name] = lam
@@ -240,8 +277,11 @@ def _trace_estimate(o, d) -> dict:
         return {"n_hvp": d.P, "hvp_block": 0}
     control = 2 * CONTROL_PROBES if d.verify else 0
     sketch = min(d.P, o.max_probes // 3) if o.method == "hutchpp" else 0
-    return {"n_hvp": (min(o.min_probes, o.max_probes) + control, o.max_probes + control), "hvp_block": 0,
-            "vectors": sketch}
+    return {
+        "n_hvp": (min(o.min_probes, o.max_probes) + control, o.max_probes + control),
+        "hvp_block": 0,
+        "vectors": sketch,
+    }
 
 
 @register(
@@ -314,7 +354,9 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     est = linalg.hutchpp if opts.method == "hutchpp" else linalg.hutchinson
     r = est(
         H,
-        stop=linalg.ProbeStop(opts.tol, opts.min_probes, opts.max_probes, ctx.budget, lambda: kept_abs_trace(ctx)),
+        stop=linalg.ProbeStop(
+            opts.tol, opts.min_probes, opts.max_probes, ctx.budget, lambda: kept_abs_trace(ctx)
+        ),
         generator=ctx.generator(),
         blocks=list(slices.values()) if opts.per_layer != "none" else None,
     )
@@ -342,9 +384,12 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
         )
     status = _status(r.converged or fixed, r.near_zero, r.stopped_by_budget)
     if eng.needs_verification:
-        c = linalg.precision_control(H, eng.hessian(precision="fp32"), probes=CONTROL_PROBES,
-                                     generator=ctx.generator(7))
-        diag.update(fp32_control_rel_diff=c.rel_diff, fp32_control_diff=c.diff, fp32_control_probes=c.probes)
+        c = linalg.precision_control(
+            H, eng.hessian(precision="fp32"), probes=CONTROL_PROBES, generator=ctx.generator(7)
+        )
+        diag.update(
+            fp32_control_rel_diff=c.rel_diff, fp32_control_diff=c.diff, fp32_control_probes=c.probes
+        )
         if abs(c.diff) > r.stderr:
             status = "precision_warning"  # the TF32 bias exceeds the estimate's standard error
     return MeasureResult(value=r.estimate, stderr=r.stderr, diagnostics=diag, status=status)
@@ -403,14 +448,23 @@ def _esd_artifacts(result: MeasureResult, stem: Path, title: str) -> list[Path]:
     stochastic=True,
     cost="block Lanczos (blocks of top_k; certified_min_steps(P) to max(50, 10·top_k) HVPs) + "
     "slq_runs × slq_steps HVPs (defaults: at most 50 + 100 HVPs, PyHessian's density budget is 100)",
-    estimate=lambda o, d: {"n_hvp": (
-        min(d.P, max(min(d.P, o.top_k), certified_min_steps(d.P))) + o.slq_runs * min(o.slq_steps, d.P),
-        min(d.P, max(50, 10 * min(o.top_k, d.P))) + o.slq_runs * min(o.slq_steps, d.P),
-    ), "hvp_block": min(o.top_k, o.slq_runs),  # block Lanczos (top_k vectors), SLQ runs in lockstep
+    estimate=lambda o, d: {
+        "n_hvp": (
+            min(d.P, max(min(d.P, o.top_k), certified_min_steps(d.P)))
+            + o.slq_runs * min(o.slq_steps, d.P),
+            min(d.P, max(50, 10 * min(o.top_k, d.P))) + o.slq_runs * min(o.slq_steps, d.P),
+        ),
+        "hvp_block": min(
+            o.top_k, o.slq_runs
+        ),  # block Lanczos (top_k vectors), SLQ runs in lockstep
         "vectors": min(d.P, max(50, 10 * min(o.top_k, d.P))) + o.slq_runs * min(o.slq_steps, d.P),
         # reorthogonalization, twice: the Lanczos basis (m vectors); each SLQ run against its own basis
-        "vector_ops": (2 * min(d.P, max(o.top_k, certified_min_steps(d.P))) ** 2, 2 * min(d.P, max(50, 10 * o.top_k)) ** 2),
-        "batched_vector_ops": 2 * o.slq_runs * min(o.slq_steps, d.P) ** 2},
+        "vector_ops": (
+            2 * min(d.P, max(o.top_k, certified_min_steps(d.P))) ** 2,
+            2 * min(d.P, max(50, 10 * o.top_k)) ** 2,
+        ),
+        "batched_vector_ops": 2 * o.slq_runs * min(o.slq_steps, d.P) ** 2,
+    },
     artifacts=_esd_artifacts,
 )
 def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
@@ -458,8 +512,13 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
     steps, left = max(50, 10 * k), ctx.budget.left()
     if left is not None:  # a product cap leaves one SLQ run its products: the value is N_eff's
         steps = max(k, min(steps, left - min(opts.slq_steps, P)))
-    r = linalg.lanczos(H, k=k, block=k, generator=ctx.generator(),
-                       stop=linalg.KrylovStop(tol=SPECTRUM_TOL, max_steps=steps, budget=ctx.budget))
+    r = linalg.lanczos(
+        H,
+        k=k,
+        block=k,
+        generator=ctx.generator(),
+        stop=linalg.KrylovStop(tol=SPECTRUM_TOL, max_steps=steps, budget=ctx.budget),
+    )
     top = [float(v) for v in r.eigenvalues[:k]]
     top_res = [float(res / max(abs(v), 1e-30)) for res, v in zip(r.residuals[:k], top, strict=True)]
     lam_k = top[-1]
@@ -476,7 +535,9 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
     return MeasureResult(
         value=neff,
         stderr=se if len(s.nodes) > 1 else None,
-        status="budget" if s.stopped_by_budget or (r.stopped_by_budget and not r.converged) else "ok",
+        status="budget"
+        if s.stopped_by_budget or (r.stopped_by_budget and not r.converged)
+        else "ok",
         diagnostics={
             "z": opts.z,
             "lambda_max": top[0],
@@ -543,16 +604,28 @@ def esd_figure(grid: np.ndarray, dens: np.ndarray, diag: dict, title: str | None
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     floor = ESD_FLOOR * float(np.nanmax(dens)) if np.any(dens > 0) else 0.0
-    shown = np.where(dens > floor, dens, np.nan)  # below 1e-6 of the peak: Gaussian tails, not spectrum
+    shown = np.where(
+        dens > floor, dens, np.nan
+    )  # below 1e-6 of the peak: Gaussian tails, not spectrum
     ax.semilogy(grid, shown, "-", lw=1.2, label="SLQ density")
     if floor > 0:
         ax.set_ylim(floor, 2.0 * float(np.nanmax(dens)))
     for i, v in enumerate(diag.get("top_eigenvalues", [])):
-        ax.axvline(v, color="C3", lw=0.6, alpha=0.6, ls="--", label="top-k eigenvalues" if i == 0 else None)
+        ax.axvline(
+            v, color="C3", lw=0.6, alpha=0.6, ls="--", label="top-k eigenvalues" if i == 0 else None
+        )
     top = diag.get("top_eigenvalues") or []
     if top:
-        ax.annotate(f"λmax = {top[0]:.4g}", xy=(top[0], 1), xycoords=("data", "axes fraction"),
-                    xytext=(-4, -12), textcoords="offset points", ha="right", fontsize=8, color="C3")
+        ax.annotate(
+            f"λmax = {top[0]:.4g}",
+            xy=(top[0], 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(-4, -12),
+            textcoords="offset points",
+            ha="right",
+            fontsize=8,
+            color="C3",
+        )
     ax.set_xlabel("eigenvalue")
     ax.set_ylabel("density")
     neff = diag.get("z")

@@ -78,8 +78,12 @@ class LocalEntropyOptions:
         Real(0, None, "neither"),
         "coupling γ of the smoothing (scale of curvature that counts)",
     )
-    method: str = opt("auto", OneOf("auto", "dense", "slq"), "auto: dense when P ≤ dense_max, else slq")
-    dense_max: int = opt(512, Integral(0, None), "auto uses dense eigenvalues up to this many parameters")
+    method: str = opt(
+        "auto", OneOf("auto", "dense", "slq"), "auto: dense when P ≤ dense_max, else slq"
+    )
+    dense_max: int = opt(
+        512, Integral(0, None), "auto uses dense eigenvalues up to this many parameters"
+    )
     tol: float = opt(0.03, Real(0, 1, "neither"), "slq: stop once stderr ≤ tol·|estimate|")
     slq_runs: int = opt(4, Integral(1, None), "slq: Rademacher starts at least (and per round)")
     max_runs: int = opt(400, Integral(1, None), "slq: Rademacher starts at most")
@@ -155,11 +159,15 @@ def _local_entropy_slq(ctx, opts: LocalEntropyOptions) -> MeasureResult:
         runs_target = max(math.sqrt(max(target**2 - quad**2, 0.0)), 0.5 * target, QUAD_SHARE * quad)
         se_t = se * linalg.t_factor(done)
         enough = done >= opts.slq_runs and done > 1 and se_t <= runs_target
-        stopped = not enough and done < runs_max and (res.stopped_by_budget or ctx.budget.exhausted())
+        stopped = (
+            not enough and done < runs_max and (res.stopped_by_budget or ctx.budget.exhausted())
+        )
         if enough or done >= runs_max or stopped:
             break
         need = math.ceil(done * (se_t / runs_target) ** 2) - done if value and done > 1 else done
-        k = int(min(runs_max - done, max(opts.slq_runs, min(need, done))))  # at most double per round
+        k = int(
+            min(runs_max - done, max(opts.slq_runs, min(need, done)))
+        )  # at most double per round
     total = math.hypot(se_t, quad) if done > 1 else None
     converged = total is not None and total <= target
     neg = float(np.mean([np.sum(w[t < 0]) for t, w in zip(nodes, weights, strict=True)]))
@@ -176,5 +184,7 @@ def _local_entropy_slq(ctx, opts: LocalEntropyOptions) -> MeasureResult:
         "min_ritz": float(min(np.min(t) for t in nodes)),
         "negative_weight": neg,
     }
-    status = "budget" if stopped else "ok" if converged or runs_max == opts.slq_runs else "not_converged"
+    status = (
+        "budget" if stopped else "ok" if converged or runs_max == opts.slq_runs else "not_converged"
+    )
     return MeasureResult(value=value, stderr=total, diagnostics=diag, status=status)

@@ -127,10 +127,16 @@ from ._options import Integral, OneOf, Real, opt
 class NormalizedSharpnessOptions(DiagonalOptions):
     """Options of ``normalized_sharpness`` (the diagonal estimator's, the box, the form)."""
 
-    box: float = opt(20.0, Real(0, None, "neither"), "γ is restricted to the box [-box, box] (form: node)")
-    form: str = opt("node", OneOf("node", "parameter"), "node: eq. 35 (node-wise); parameter: NS₀ of eq. 17")
+    box: float = opt(
+        20.0, Real(0, None, "neither"), "γ is restricted to the box [-box, box] (form: node)"
+    )
+    form: str = opt(
+        "node", OneOf("node", "parameter"), "node: eq. 35 (node-wise); parameter: NS₀ of eq. 17"
+    )
     lambda_prime: float = opt(1.0, Real(0, None, "neither"), "λ′ of eq. 17 (form: parameter)")
-    beta_range: float = opt(10.0, Real(0, None, "left"), "B spans [-beta_range, beta_range] (form: parameter)")
+    beta_range: float = opt(
+        10.0, Real(0, None, "left"), "B spans [-beta_range, beta_range] (form: parameter)"
+    )
     beta_points: int = opt(41, Integral(1, None), "|B|, equally spaced points (form: parameter)")
 
 
@@ -239,10 +245,11 @@ def normalized_sharpness_from_diagonal(
         M = layer_matrix(wm.as_matrix(W), wm.as_matrix(D))
         sols[key] = solve_layer(M, box, None if warm is None else warm.get(key))
     if not sols:
-        raise MeasurementError("normalized_sharpness: the model has no trainable Linear or Conv weight matrix")
+        raise MeasurementError(
+            "normalized_sharpness: the model has no trainable Linear or Conv weight matrix"
+        )
     total = sum(s.value for s in sols.values())
     return math.sqrt(total), sols
-
 
 
 # ---------------------------------------------------------------------------- parameter-wise (eq. 17)
@@ -253,7 +260,9 @@ def beta_grid(beta_range: float, beta_points: int) -> np.ndarray:
     return np.linspace(-beta_range, beta_range, beta_points)
 
 
-def _min_over_sigma(logF: np.ndarray, logT: np.ndarray, beta: np.ndarray, lam: float, sstar: np.ndarray):
+def _min_over_sigma(
+    logF: np.ndarray, logT: np.ndarray, beta: np.ndarray, lam: float, sstar: np.ndarray
+):
     r"""Argmin and min over σ of g(σ) = F e^{2σ} + θ² e^{−2σ} + (σ − β)²/λ′, elementwise.
 
     ``logF``/``logT`` are log F and log θ² (−inf for zeros), ``sstar`` the
@@ -279,7 +288,9 @@ def _min_over_sigma(logF: np.ndarray, logT: np.ndarray, beta: np.ndarray, lam: f
 
     for _ in range(200):
         g1, g2 = d1d2(sigma)
-        hi = np.where(g1 > 0, sigma, hi)  # g is convex: the root of g' lies left of a positive slope
+        hi = np.where(
+            g1 > 0, sigma, hi
+        )  # g is convex: the root of g' lies left of a positive slope
         lo = np.where(g1 < 0, sigma, lo)
         newton = sigma - g1 / g2
         inside = (newton > lo) & (newton < hi)
@@ -304,7 +315,9 @@ def parameter_wise_terms(theta: np.ndarray, F: np.ndarray, betas: np.ndarray, la
         logF = np.log(F)
         logT = np.log(theta * theta)
     hasF, hasT = np.isfinite(logF), np.isfinite(logT)
-    sstar = np.where(hasF & hasT, 0.25 * (np.where(hasT, logT, 0) - np.where(hasF, logF, 0)), np.nan)
+    sstar = np.where(
+        hasF & hasT, 0.25 * (np.where(hasT, logT, 0) - np.where(hasF, logF, 0)), np.nan
+    )
     sstar = np.where(~hasF & hasT, np.inf, np.where(hasF & ~hasT, -np.inf, sstar))
     B = np.sort(np.asarray(betas, dtype=np.float64))
     key = np.where(np.isnan(sstar), 0.0, sstar)
@@ -317,7 +330,11 @@ def parameter_wise_terms(theta: np.ndarray, F: np.ndarray, betas: np.ndarray, la
             best_v, best_s, best_b = v, s, b
         else:
             take = v < best_v
-            best_v, best_s, best_b = np.where(take, v, best_v), np.where(take, s, best_s), np.where(take, b, best_b)
+            best_v, best_s, best_b = (
+                np.where(take, v, best_v),
+                np.where(take, s, best_s),
+                np.where(take, b, best_b),
+            )
     return best_v, best_s, best_b, sstar
 
 
@@ -436,7 +453,9 @@ def normalized_sharpness(ctx, opts: NormalizedSharpnessOptions) -> MeasureResult
     else:
         value, sols = _node_wise(p, ctx.model, diag, opts.box)
         warm = {k: s.gamma for k, s in sols.items()}
-        stderr, bias = jackknife(est, lambda d: _node_wise(p, ctx.model, d, opts.box, warm)[0], value)
+        stderr, bias = jackknife(
+            est, lambda d: _node_wise(p, ctx.model, d, opts.box, warm)[0], value
+        )
         hits = [k for k, s in sols.items() if s.box_hit]
         converged = all(s.success for s in sols.values())
         extras = {
@@ -458,7 +477,10 @@ def normalized_sharpness(ctx, opts: NormalizedSharpnessOptions) -> MeasureResult
         "converged": converged,
     }
     return MeasureResult(
-        value=value, stderr=stderr, diagnostics=diagnostics, status="ok" if converged else "not_converged"
+        value=value,
+        stderr=stderr,
+        diagnostics=diagnostics,
+        status="ok" if converged else "not_converged",
     )
 
 
@@ -512,5 +534,10 @@ def fisher_rao_term(ctx, opts: FisherRaoTermOptions) -> MeasureResult:
     stderr, bias = jackknife(est, lambda d: _fr(p, d)[0], value)
     if not math.isfinite(value):
         raise MeasurementError(f"fisher_rao_term is not finite ({value})")
-    diagnostics = {**est.info, "samples": sum(k for _, k in est.groups), "tensors": parts, "jackknife_bias": bias}
+    diagnostics = {
+        **est.info,
+        "samples": sum(k for _, k in est.groups),
+        "tensors": parts,
+        "jackknife_bias": bias,
+    }
     return MeasureResult(value=value, stderr=stderr, diagnostics=diagnostics)

@@ -57,7 +57,9 @@ def frobenius_norm(ctx, opts) -> MeasureResult:
     r""":math:`\sum_l \|W_l\|_F^2` over Linear and Conv weights (biases excluded, BatchNorm
     folded). Larger means a larger predicted gap. Diagnostics: ``layers`` (per layer)."""
     f = folded_model(ctx)
-    per_layer = {name: float((w * w).sum()) for name, w in _weights(f, selected(ctx.problem)).items()}
+    per_layer = {
+        name: float((w * w).sum()) for name, w in _weights(f, selected(ctx.problem)).items()
+    }
     return MeasureResult(
         value=float(sum(per_layer.values())), diagnostics={"layers": per_layer, **_bn_diag(f)}
     )
@@ -76,7 +78,10 @@ def spectral_norm(ctx, opts) -> MeasureResult:
     reshaped to out × in·k). Larger means a larger predicted gap. Diagnostics:
     ``layers`` (per-layer ‖W_l‖₂)."""
     f = folded_model(ctx)
-    per_layer = {name: float(torch.linalg.matrix_norm(w, ord=2)) for name, w in _weights(f, selected(ctx.problem)).items()}
+    per_layer = {
+        name: float(torch.linalg.matrix_norm(w, ord=2))
+        for name, w in _weights(f, selected(ctx.problem)).items()
+    }
     value = float(sum(2.0 * math.log(s) if s > 0 else -math.inf for s in per_layer.values()))
     return MeasureResult(value=value, diagnostics={"layers": per_layer, **_bn_diag(f)})
 
@@ -183,6 +188,7 @@ def inverse_margin(ctx, opts) -> MeasureResult:
     carries no scale: the value is ``inf`` (worse than any positive margin) with
     status ``non_positive_margin``; γ is in the diagnostic ``margin``. A function of the
     outputs only, so invariant to every function-preserving reparameterization."""
+
     def margin(Z, t):
         class_outputs_or_error(Z, t, "inverse_margin")
         Z = Z.double()

@@ -126,9 +126,15 @@ class NSBoundOptions(DiagonalOptions):
     box: float = opt(20.0, Real(0, None, "neither"), "R: γ ∈ [-box, box] (eq. 33)")
     lam: float | None = opt(None, Optional(Real(0, None, "neither")), "λ of eq. 32 (default √m)")
     mc_samples: int = opt(100, Integral(2, None), "Monte-Carlo draws θ ~ Q for L_S(Q)")
-    confidence: float = opt(0.05, Real(0, 1, "neither"), "δ′ of the two-sided Hoeffding interval of L_S(Q)")
-    mc_loss: str = opt("error", OneOf("error", "clipped_loss"), "bounded loss of L_S(Q): 0-1 error or clipped loss")
-    loss_clip: float = opt(1.0, Real(0, None, "neither"), "clipped_loss: per-sample loss clipped to [0, loss_clip]")
+    confidence: float = opt(
+        0.05, Real(0, 1, "neither"), "δ′ of the two-sided Hoeffding interval of L_S(Q)"
+    )
+    mc_loss: str = opt(
+        "error", OneOf("error", "clipped_loss"), "bounded loss of L_S(Q): 0-1 error or clipped loss"
+    )
+    loss_clip: float = opt(
+        1.0, Real(0, None, "neither"), "clipped_loss: per-sample loss clipped to [0, loss_clip]"
+    )
 
 
 def posterior_std(W: torch.Tensor, D: torch.Tensor, gamma: np.ndarray, eta2: float) -> torch.Tensor:
@@ -149,8 +155,12 @@ def _bounded_loss(ctx, opts: NSBoundOptions):
         with torch.no_grad():
             out = p.forward(p.params, two)
         c = p.loss_fn.classes(out, two)
-        class_outputs_or_error(out if c is None else c[0], two.target if c is None else c[1],
-                               "The 'mc_loss' parameter of ns_bound is 'error', which", "Use mc_loss: clipped_loss.")
+        class_outputs_or_error(
+            out if c is None else c[0],
+            two.target if c is None else c[1],
+            "The 'mc_loss' parameter of ns_bound is 'error', which",
+            "Use mc_loss: clipped_loss.",
+        )
 
     def unit(Z, t):
         if error:
@@ -158,7 +168,9 @@ def _bounded_loss(ctx, opts: NSBoundOptions):
         return p.loss_fn.unit_losses(Z, t).double().clamp(0.0, opts.loss_clip)
 
     def loss(th: torch.Tensor) -> float:
-        return float(ctx.engine.per_unit(unit, th, classes=error).sum()) / p.n  # one forward pass over S
+        return (
+            float(ctx.engine.per_unit(unit, th, classes=error).sum()) / p.n
+        )  # one forward pass over S
 
     return loss, (1.0 if opts.mc_loss == "error" else opts.loss_clip)
 
@@ -215,7 +227,9 @@ def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
     ns, sols = _ns(p, model, diag, opts.box)
     ns_se, _ = jackknife(est, lambda d: _ns(p, model, d, opts.box)[0], ns)
     if not (math.isfinite(ns) and ns > 0):
-        raise MeasurementError(f"ns_bound: NS₂(R) = {ns}; the posterior scale η² = √(h/λ)/NS₂(R) is undefined")
+        raise MeasurementError(
+            f"ns_bound: NS₂(R) = {ns}; the posterior scale η² = √(h/λ)/NS₂(R) is undefined"
+        )
     m = p.n
     lam = float(opts.lam) if opts.lam is not None else math.sqrt(m)
     h = sum(wm.columns for wm in wms)

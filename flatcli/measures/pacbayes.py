@@ -78,7 +78,9 @@ class PacBayesOptions:
     samples: int = opt(10, Integral(1, None), "Monte-Carlo draws per bisection step")
     magnitude_aware: bool = opt(False, Bool(), "u_i ~ N(0, σ²θ_i² + 1e-6) instead of N(0, σ²)")
     fold_batchnorm: bool = opt(
-        True, Bool(), "fold BatchNorm into the preceding layer first (Jiang et al.'s reference does)"
+        True,
+        Bool(),
+        "fold BatchNorm into the preceding layer first (Jiang et al.'s reference does)",
     )
 
 
@@ -89,8 +91,12 @@ def _criterion_fn(p, eng, criterion: str):
     with torch.no_grad():
         out = p.forward(p.params, two)
     c = p.loss_fn.classes(out, two)
-    class_outputs_or_error(out if c is None else c[0], two.target if c is None else c[1],
-                           "The 'criterion' parameter of pacbayes_flatness is 'error', which", "Use criterion: loss.")
+    class_outputs_or_error(
+        out if c is None else c[0],
+        two.target if c is None else c[1],
+        "The 'criterion' parameter of pacbayes_flatness is 'error', which",
+        "Use criterion: loss.",
+    )
 
     def error(th):
         return eng.loss_and_error(th)[1]  # one forward pass over S

@@ -77,8 +77,14 @@ from ._options import Bool, Optional, Str, opt
 class RelativeFlatnessOptions:
     """Options of ``relative_flatness``."""
 
-    layer: str | None = opt(None, Optional(Str()), "module name of an nn.Linear layer (default: the last Linear)")
-    normalize_features: bool = opt(False, Bool(), "divide features by their std over S (Theorem 4; invariant to node-wise rescaling)")
+    layer: str | None = opt(
+        None, Optional(Str()), "module name of an nn.Linear layer (default: the last Linear)"
+    )
+    normalize_features: bool = opt(
+        False,
+        Bool(),
+        "divide features by their std over S (Theorem 4; invariant to node-wise rescaling)",
+    )
 
 
 def find_layer(
@@ -97,7 +103,11 @@ def find_layer(
 
         hint = difflib.get_close_matches(name, linears, n=1)
         msg = f"The 'layer' parameter of {measure} names no module: {name!r}."
-        msg += f" Did you mean {hint[0]!r}?" if hint else f" Linear layers: {', '.join(linears) or '(none)'}."
+        msg += (
+            f" Did you mean {hint[0]!r}?"
+            if hint
+            else f" Linear layers: {', '.join(linears) or '(none)'}."
+        )
         raise ConfigError(msg)
     mod = modules[name]
     if not isinstance(mod, nn.Linear):
@@ -120,9 +130,11 @@ def rows_only_reason(problem, measure: str) -> str | None:
     the ``applicable`` check of the measures that need per-sample features."""
     if problem.loss_fn.units_are_rows:
         return None
-    return (f"{measure} takes one feature vector and one loss per sample; loss "
-            f"{problem.loss_name!r} scores many units (tokens) per row, so no layer qualifies "
-            "(a classifier's head on (batch, features) inputs does, with cross_entropy or mse)")
+    return (
+        f"{measure} takes one feature vector and one loss per sample; loss "
+        f"{problem.loss_name!r} scores many units (tokens) per row, so no layer qualifies "
+        "(a classifier's head on (batch, features) inputs does, with cross_entropy or mse)"
+    )
 
 
 def feature_layers(problem) -> list[str]:
@@ -132,8 +144,11 @@ def feature_layers(problem) -> list[str]:
     handles = []
     for n, m in problem.model.named_modules():
         if isinstance(m, nn.Linear):
-            handles.append(m.register_forward_hook(
-                lambda mod, inp, out, n=n: shapes.setdefault(n, []).append(inp[0].ndim)))
+            handles.append(
+                m.register_forward_hook(
+                    lambda mod, inp, out, n=n: shapes.setdefault(n, []).append(inp[0].ndim)
+                )
+            )
     try:
         with torch.no_grad():
             problem.forward(problem.params, problem.batch.select(slice(0, 1)))
@@ -145,8 +160,10 @@ def feature_layers(problem) -> list[str]:
 
 def _not_two_dimensional(problem, name: str, shape, measure: str) -> NotApplicable:
     ok = feature_layers(problem)
-    return NotApplicable(f"layer {name!r} gets inputs of shape {shape}, not (batch, features); layers that "
-                         f"qualify: {', '.join(ok) if ok else 'none in this model'} (set {measure}'s 'layer')")
+    return NotApplicable(
+        f"layer {name!r} gets inputs of shape {shape}, not (batch, features); layers that "
+        f"qualify: {', '.join(ok) if ok else 'none in this model'} (set {measure}'s 'layer')"
+    )
 
 
 def _run(problem, module, name, batch, measure="relative_flatness"):
@@ -174,11 +191,20 @@ def _feature_std(problem, module, name, measure="relative_flatness") -> torch.Te
             bm = phi.mean(0)
             parts.append(torch.cat([phi.new_tensor([phi.shape[0]]), bm, ((phi - bm) ** 2).sum(0)]))
     if problem.dist.active:  # every rank's batches, in order
-        parts = list(problem.dist.gather_cat(torch.stack(parts) if parts else torch.zeros(0, 1 + 2 * module.in_features,
-                                                                                      dtype=torch.float64)))
+        parts = list(
+            problem.dist.gather_cat(
+                torch.stack(parts)
+                if parts
+                else torch.zeros(0, 1 + 2 * module.in_features, dtype=torch.float64)
+            )
+        )
     n_tot, mean, m2 = 0.0, None, None
     for part in parts:  # Chan et al.'s pairwise merge
-        b, bm, bm2 = float(part[0]), part[1 : 1 + module.in_features], part[1 + module.in_features :]
+        b, bm, bm2 = (
+            float(part[0]),
+            part[1 : 1 + module.in_features],
+            part[1 + module.in_features :],
+        )
         if mean is None:
             n_tot, mean, m2 = b, bm, bm2
         else:
@@ -237,9 +263,11 @@ def relative_flatness(ctx, opts: RelativeFlatnessOptions) -> MeasureResult:
     rows_only(p, "relative_flatness")
     name, module = find_layer(ctx.model, opts.layer)
     wname = f"{name}.weight" if name else "weight"
-    W = (p.params.get(wname) if wname in p.params else p.frozen.get(wname))
+    W = p.params.get(wname) if wname in p.params else p.frozen.get(wname)
     if W is None:
-        raise MeasurementError(f"relative_flatness: weight {wname!r} not found among the model's parameters")
+        raise MeasurementError(
+            f"relative_flatness: weight {wname!r} not found among the model's parameters"
+        )
     W = W.detach()
     d, m = W.shape
     scale = torch.ones(m, dtype=torch.float64, device=W.device)
@@ -249,11 +277,17 @@ def relative_flatness(ctx, opts: RelativeFlatnessOptions) -> MeasureResult:
         keep = sigma > 0
         zero_std = int((~keep).sum())
         scale = torch.where(keep, sigma, torch.zeros_like(sigma))
-    inv = torch.where(scale > 0, 1.0 / torch.where(scale > 0, scale, torch.ones_like(scale)), torch.zeros_like(scale))
+    inv = torch.where(
+        scale > 0,
+        1.0 / torch.where(scale > 0, scale, torch.ones_like(scale)),
+        torch.zeros_like(scale),
+    )
     Wt = W.double() * scale[None, :]  # W̃ = W diag(σ)
     G = Wt @ Wt.T  # W̃W̃ᵀ (d × d)
     use_units = d <= m
-    V = torch.eye(d, dtype=torch.float64, device=W.device) if use_units else Wt.T.contiguous()  # (k, d)
+    V = (
+        torch.eye(d, dtype=torch.float64, device=W.device) if use_units else Wt.T.contiguous()
+    )  # (k, d)
     total = 0.0
     feat = 0.0
     z_hvps = 0

@@ -127,7 +127,9 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
         k=rank,
         generator=ctx.generator(7),
         return_vectors=True,
-        stop=linalg.KrylovStop(tol=1e-2, min_steps=20, max_steps=60, budget=ctx.budget, max_basis=eng.max_basis_vectors),
+        stop=linalg.KrylovStop(
+            tol=1e-2, min_steps=20, max_steps=60, budget=ctx.budget, max_basis=eng.max_basis_vectors
+        ),
     )
     V = r.ritz_vectors
     V = V / V.norm(dim=1, keepdim=True)
@@ -176,7 +178,9 @@ def _all_corners(P: int, chunk: int = 1024):
         yield torch.where((idx[:, None] // bits) % 2 == 1, 1.0, -1.0).to(torch.float64)
 
 
-def _one_flip_search(f, s: torch.Tensor, value: float, budget: int) -> tuple[float, torch.Tensor, int, bool]:
+def _one_flip_search(
+    f, s: torch.Tensor, value: float, budget: int
+) -> tuple[float, torch.Tensor, int, bool]:
     """Best-improvement one-flip local search of f over corners from s: (value, corner, evaluations, whether
     it stopped at a one-flip local maximum rather than at the budget)."""
     used = 0
@@ -203,6 +207,7 @@ def corner_maximum(f, P: int, starts: list[torch.Tensor], budget: int) -> tuple[
     "local": one-flip local searches of f (`_one_flip_search`) from each sign pattern of ``starts`` in turn,
     each ending at a corner no single flip improves; "budget": the budget ran out during a search;
     "off": P > budget (a single sweep does not fit). f may return non-finite values; they are skipped."""
+
     def safe(t):
         v = f(t)
         return v if math.isfinite(v) else -math.inf
@@ -317,7 +322,9 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     batches = m_batches(p, opts.batch_size, gen)
     eig_starts, lanczos_hvps, patterns, stopped = [], 0, [], False
     if not opts.first_order and opts.eigen_starts > 0:
-        eig_starts, lanczos_hvps, patterns, stopped = eigen_starts(ctx, c, opts.eigen_starts, opts.rho, opts.norm)
+        eig_starts, lanczos_hvps, patterns, stopped = eigen_starts(
+            ctx, c, opts.eigen_starts, opts.rho, opts.norm
+        )
     # Each batch's random starts come from the generator state at that batch (the draws of one
     # process, batch after batch), so that the batches can be solved on any rank
     # (engine.map_batches) with the same starts; only the states are kept, not the draws.
@@ -336,16 +343,23 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
 
     own = None if p.dist.active else stop
     outcomes = ctx.engine.map_batches(
-        work, lambda item: _batch_worst(ctx, item[0], c, opts, eig_starts, patterns, item[1], own))
+        work, lambda item: _batch_worst(ctx, item[0], c, opts, eig_starts, patterns, item[1], own)
+    )
     stopped = stopped or bool(fired)
     return _worst_result(p, opts, work, outcomes, len(eig_starts), lanczos_hvps, stopped)
 
 
-def _worst_result(p, opts: WorstOptions, work, outcomes, n_eigen: int, lanczos_hvps: int, stopped: bool) -> MeasureResult:
+def _worst_result(
+    p, opts: WorstOptions, work, outcomes, n_eigen: int, lanczos_hvps: int, stopped: bool
+) -> MeasureResult:
     """`sharpness_worst`'s value (the |B|/n-weighted mean of the batches' maxima) and diagnostics
     from the batches' outcomes ``(best, winning start, reductions, corner evaluations, mode)``."""
-    tally = {"wins": {"eigen": 0, "random": 0, "zero": 0, "corner": 0}, "reductions": 0, "corner_evals": 0,
-             "corner_modes": set()}
+    tally = {
+        "wins": {"eigen": 0, "random": 0, "zero": 0, "corner": 0},
+        "reductions": 0,
+        "corner_evals": 0,
+        "corner_modes": set(),
+    }
     per_batch: list[float] = []
     weights: list[float] = []
     for (mb, _), (best, won, red, evals, mode) in zip(work, outcomes, strict=True):
@@ -368,7 +382,9 @@ def _worst_result(p, opts: WorstOptions, work, outcomes, n_eigen: int, lanczos_h
     }
     if opts.norm == "linf" and not opts.first_order:
         modes = tally["corner_modes"]
-        diag["corner_search"] = next((m for m in ("off", "budget", "local") if m in modes), "exhaustive")
+        diag["corner_search"] = next(
+            (m for m in ("off", "budget", "local") if m in modes), "exhaustive"
+        )
         diag["corner_evals"] = tally["corner_evals"]
     bad = [v for v in per_batch if not math.isfinite(v)]
     if bad:
@@ -378,6 +394,7 @@ def _worst_result(p, opts: WorstOptions, work, outcomes, n_eigen: int, lanczos_h
     if len(per_batch) > 1:
         diag["batch_stderr"] = mean_stderr(per_batch)[1]
     return MeasureResult(value=value, diagnostics=diag, status="budget" if stopped else "ok")
+
 
 def _batch_worst(ctx, mb, c, opts: WorstOptions, eig_starts, patterns, random_state, stop=None):
     """One batch's worst case: SAM's step, or the ascents from ``eig_starts`` and ``restarts``
@@ -408,6 +425,7 @@ def _batch_worst(ctx, mb, c, opts: WorstOptions, eig_starts, patterns, random_st
     best, won, red, ok, points = _best_ascent(fg, starts, opts, stop)
     evals, mode = 0, None
     if ok and opts.norm == "linf" and opts.corners > 0:
+
         def f(sgn):
             z = opts.rho * sgn.to(theta.device, theta.dtype)
             return eng.batch_loss_grad(mb, theta + c * z, need_grad=False)[0] - base
@@ -560,7 +578,9 @@ def keskar_sharpness(ctx, opts: KeskarOptions) -> MeasureResult:
         )
     best = max(0.0, r.value)
     diag["max_increase"] = best
-    return MeasureResult(value=100.0 * best / (1.0 + base), diagnostics=diag, status="budget" if r.stopped else "ok")
+    return MeasureResult(
+        value=100.0 * best / (1.0 + base), diagnostics=diag, status="budget" if r.stopped else "ok"
+    )
 
 
 # ---------------------------------------------------------------- first_order_flatness

@@ -156,7 +156,9 @@ def fit_power_law(x) -> PowerLawFit:
     return PowerLawFit(a, float(u[cand[best]]), float(D[best]), (a - 1) / math.sqrt(nt), nt, N)
 
 
-SMALL_N_CUTOFF = 20  # WeightWatcher 0.7.7 (WW_powerlaw.SMALL_N_CUTOFF): below it, the small-sample fit
+SMALL_N_CUTOFF = (
+    20  # WeightWatcher 0.7.7 (WW_powerlaw.SMALL_N_CUTOFF): below it, the small-sample fit
+)
 SMALL_N_TAIL = 8  # its k_min: the smallest tail the small-sample fit considers
 
 
@@ -209,7 +211,9 @@ def _ww_standard(x: np.ndarray) -> PowerLawFit:
         D[s : s + len(k)] = np.where(alpha[k] > 1, d, 1.0)
     best = int(np.argmin(D))
     a = float(alpha[best])
-    return PowerLawFit(a, float(x[best]), float(D[best]), (a - 1) / math.sqrt(N - best), int(N - best), N)
+    return PowerLawFit(
+        a, float(x[best]), float(D[best]), (a - 1) / math.sqrt(N - best), int(N - best), N
+    )
 
 
 def _ww_small_n(x: np.ndarray) -> PowerLawFit:
@@ -251,10 +255,14 @@ class WeightWatcherOptions:
     """Options of ``weightwatcher_alpha``."""
 
     min_evals: int = opt(
-        8, Integral(1, None), "skip layers with fewer eigenvalues (min(out, in) × kernel positions; WeightWatcher 0.7.7: 8)"
+        8,
+        Integral(1, None),
+        "skip layers with fewer eigenvalues (min(out, in) × kernel positions; WeightWatcher 0.7.7: 8)",
     )
     evals_thresh: float = opt(
-        EVALS_THRESH, Real(0, None, "left"), "eigenvalues at or below this are left out of the fit (WeightWatcher: 1e-5)"
+        EVALS_THRESH,
+        Real(0, None, "left"),
+        "eigenvalues at or below this are left out of the fit (WeightWatcher: 1e-5)",
     )
 
 

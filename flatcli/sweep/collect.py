@@ -76,15 +76,29 @@ def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) 
         "versions": versions(),
         "device": ", ".join(sorted(d for d in devices if d)),
         "measure_data": meta_cfg.get("config", {}).get("measure_data"),
-        "sweep": {"dir": str(outdir), "missing_units": len(grouped.missing), "stale_unit_files": grouped.stale},
+        "sweep": {
+            "dir": str(outdir),
+            "missing_units": len(grouped.missing),
+            "stale_unit_files": grouped.stale,
+        },
     }
     from ..results import jsonable
 
     atomic_write(csv_path, to_csv(rows))
-    atomic_write(json_path, json.dumps(jsonable({**meta, "rows": [r.to_json() for r in rows]}), indent=2))
-    return CollectReport(rows=rows, labels=labels, csv_path=csv_path, json_path=json_path, missing=grouped.missing,
-                         stale=grouped.stale, unreadable=unreadable, seconds_by_label=seconds,
-                         devices=sorted(d for d in devices if d))
+    atomic_write(
+        json_path, json.dumps(jsonable({**meta, "rows": [r.to_json() for r in rows]}), indent=2)
+    )
+    return CollectReport(
+        rows=rows,
+        labels=labels,
+        csv_path=csv_path,
+        json_path=json_path,
+        missing=grouped.missing,
+        stale=grouped.stale,
+        unreadable=unreadable,
+        seconds_by_label=seconds,
+        devices=sorted(d for d in devices if d),
+    )
 
 
 def _read_records(store: Store) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -137,8 +151,12 @@ def _group_without_plan(outdir: Path, records: dict[str, dict[str, Any]]) -> _Gr
     """The records alone (no plan.json): checkpoints and labels in the order the records give
     (their indices); `ConfigError` when there is none."""
     if not records:
-        raise ConfigError(f"collect: {outdir} holds no {PLAN_FILE} and no unit files; is it a sweep directory?")
-    recs = sorted(records.values(), key=lambda r: (r.get("checkpoint_index", 0), r.get("label_index", 0)))
+        raise ConfigError(
+            f"collect: {outdir} holds no {PLAN_FILE} and no unit files; is it a sweep directory?"
+        )
+    recs = sorted(
+        records.values(), key=lambda r: (r.get("checkpoint_index", 0), r.get("label_index", 0))
+    )
     labels = list(recs[0].get("labels") or [])
     for r in recs:
         if r["label"] not in labels:

@@ -47,7 +47,9 @@ class Plan:
     config_hash: str
     version: str
     specs: list[dict[str, Any]]  # name, label, options, seed
-    checkpoints: list[dict[str, Any]]  # checkpoint, path, fingerprint, init_checkpoint, train_data, hparams
+    checkpoints: list[
+        dict[str, Any]
+    ]  # checkpoint, path, fingerprint, init_checkpoint, train_data, hparams
     units: list[Unit]
 
     @property
@@ -58,14 +60,26 @@ class Plan:
     def spec(self, label: str) -> MeasureSpec:
         """The `MeasureSpec` of the measure labelled ``label``."""
         s = next(s for s in self.specs if s["label"] == label)
-        return MeasureSpec(name=s["name"], label=s["label"], options=dict(s["options"]), seed=s["seed"],
-                           max_seconds=s.get("max_seconds"), max_hvps=s.get("max_hvps"))
+        return MeasureSpec(
+            name=s["name"],
+            label=s["label"],
+            options=dict(s["options"]),
+            seed=s["seed"],
+            max_seconds=s.get("max_seconds"),
+            max_hvps=s.get("max_hvps"),
+        )
 
     def job(self, i: int) -> Job:
         """The `Job` of checkpoint ``i`` (its resolved paths and hyperparameters)."""
         c = self.checkpoints[i]
         opt = lambda k: Path(c[k]) if c.get(k) else None  # noqa: E731
-        return Job(c["checkpoint"], Path(c["path"]), dict(c["hparams"]), opt("init_checkpoint"), opt("train_data"))
+        return Job(
+            c["checkpoint"],
+            Path(c["path"]),
+            dict(c["hparams"]),
+            opt("init_checkpoint"),
+            opt("train_data"),
+        )
 
     def units_for(self, shard: tuple[int, int] | None) -> list[Unit]:
         """The units of shard ``(i, n)`` (`shard_of`), or every unit for None, in plan order."""
@@ -91,8 +105,13 @@ class Plan:
             "measures": self.specs,
             "checkpoints": self.checkpoints,
             "units": [
-                {"id": u.id, "checkpoint_index": u.checkpoint_index, "label": u.label,
-                 "label_index": u.label_index, "key": u.key}
+                {
+                    "id": u.id,
+                    "checkpoint_index": u.checkpoint_index,
+                    "label": u.label,
+                    "label_index": u.label_index,
+                    "key": u.key,
+                }
                 for u in self.units
             ],
         }
@@ -107,7 +126,10 @@ class Plan:
             version=d["version"],
             specs=d["measures"],
             checkpoints=d["checkpoints"],
-            units=[Unit(u["id"], u["checkpoint_index"], u["label"], u["label_index"], u["key"]) for u in d["units"]],
+            units=[
+                Unit(u["id"], u["checkpoint_index"], u["label"], u["label_index"], u["key"])
+                for u in d["units"]
+            ],
         )
 
 
@@ -130,30 +152,53 @@ def build_plan(cfg, specs: list[MeasureSpec], jobs: list[Job]) -> Plan:
     mh = {s.label: measure_hash(config, s) for s in specs}
     checkpoints, units = [], []
     for ci, job in enumerate(jobs):
-        key_fp = {"checkpoint": fp(job.path), "init": fp(job.init_checkpoint), "train_data": fp(job.train_data)}
-        checkpoints.append({
-            "checkpoint": job.checkpoint,
-            "path": str(Path(job.path).resolve()),
-            "fingerprint": key_fp["checkpoint"],
-            "init_checkpoint": str(Path(job.init_checkpoint).resolve()) if job.init_checkpoint else None,
-            "train_data": str(Path(job.train_data).resolve()) if job.train_data else None,
-            "hparams": dict(job.hparams),
-        })
+        key_fp = {
+            "checkpoint": fp(job.path),
+            "init": fp(job.init_checkpoint),
+            "train_data": fp(job.train_data),
+        }
+        checkpoints.append(
+            {
+                "checkpoint": job.checkpoint,
+                "path": str(Path(job.path).resolve()),
+                "fingerprint": key_fp["checkpoint"],
+                "init_checkpoint": str(Path(job.init_checkpoint).resolve())
+                if job.init_checkpoint
+                else None,
+                "train_data": str(Path(job.train_data).resolve()) if job.train_data else None,
+                "hparams": dict(job.hparams),
+            }
+        )
         for li, s in enumerate(specs):
             key = {"fingerprints": key_fp, "measure_hash": mh[s.label], "version": __version__}
             units.append(Unit(unit_id(key_fp, mh[s.label], __version__), ci, s.label, li, key))
     ids = [u.id for u in units]
     if len(set(ids)) != len(ids):
-        dup = sorted({checkpoints[u.checkpoint_index]["checkpoint"] for u in units if ids.count(u.id) > 1})
-        raise ConfigError(f"the same checkpoint file is listed more than once: {', '.join(dup[:4])}")
+        dup = sorted(
+            {checkpoints[u.checkpoint_index]["checkpoint"] for u in units if ids.count(u.id) > 1}
+        )
+        raise ConfigError(
+            f"the same checkpoint file is listed more than once: {', '.join(dup[:4])}"
+        )
     return Plan(
         config=config,
         base_dir=str(Path(cfg.base_dir).resolve()),
         config_hash=cfg.hash(),
         version=__version__,
-        specs=[{"name": s.name, "label": s.label, "options": s.options, "seed": s.seed,
-                **{k: getattr(s, k) for k in ("max_seconds", "max_hvps") if getattr(s, k) is not None}}
-               for s in specs],
+        specs=[
+            {
+                "name": s.name,
+                "label": s.label,
+                "options": s.options,
+                "seed": s.seed,
+                **{
+                    k: getattr(s, k)
+                    for k in ("max_seconds", "max_hvps")
+                    if getattr(s, k) is not None
+                },
+            }
+            for s in specs
+        ],
         checkpoints=checkpoints,
         units=units,
     )

@@ -85,25 +85,37 @@ class SweepReport:
         """What this run did, in one line: the units its own workers computed, then what other
         processes sharing the folder finished meanwhile or still hold, the errors, the rest."""
         out = f"{self.computed} units computed"
-        others = [f"{n} {what}" for n, what in ((self.by_others, "finished by another process meanwhile"),
-                                                 (self.busy, "still running in another process")) if n]
+        others = [
+            f"{n} {what}"
+            for n, what in (
+                (self.by_others, "finished by another process meanwhile"),
+                (self.busy, "still running in another process"),
+            )
+            if n
+        ]
         if others:
             out += f" ({', '.join(others)})"
-        return out + f", {self.errors} with errors, {self.pending} not finished ({self.seconds:.1f}s)"
+        return (
+            out + f", {self.errors} with errors, {self.pending} not finished ({self.seconds:.1f}s)"
+        )
 
 
 def _gpu_list(gpus: str) -> list[int]:
     import torch
 
     if not torch.cuda.is_available():
-        raise ConfigError(f"`gpus` {gpus}: no CUDA device is visible; drop `gpus` to run on CPU workers")
+        raise ConfigError(
+            f"`gpus` {gpus}: no CUDA device is visible; drop `gpus` to run on CPU workers"
+        )
     n = torch.cuda.device_count()
     if gpus == "all":
         return list(range(n))
     try:
         ids = [int(g) for g in gpus.split(",") if g.strip()]
     except ValueError:
-        raise ConfigError(f"`gpus` must be 'all' or a comma-separated list of indices like 0,1; got {gpus!r}") from None
+        raise ConfigError(
+            f"`gpus` must be 'all' or a comma-separated list of indices like 0,1; got {gpus!r}"
+        ) from None
     bad = [g for g in ids if not 0 <= g < n]
     if bad or not ids:
         raise ConfigError(f"`gpus` {gpus}: {n} CUDA device(s) visible (indices 0..{n - 1})")
@@ -121,7 +133,9 @@ class WorkerPlan:
     threads: int = 1
 
 
-def plan_workers(device: str, gpus: str | None, workers: int | None, threads: int | str = "auto") -> list[WorkerPlan]:
+def plan_workers(
+    device: str, gpus: str | None, workers: int | None, threads: int | str = "auto"
+) -> list[WorkerPlan]:
     """One worker per GPU (``--gpus``, or every visible GPU when the device is auto/cuda), else CPU
     workers; each with the intra-op threads `flatcli.threads.choose_threads` gives ``threads`` for
     that many workers on this machine (W workers on C cores: C // W each with ``auto``)."""
@@ -132,20 +146,26 @@ def plan_workers(device: str, gpus: str | None, workers: int | None, threads: in
     ids: list[int] = []
     if gpus is not None:
         if workers is not None:
-            raise ConfigError("`workers` is for CPU sweeps; with `gpus` there is one worker per GPU")
+            raise ConfigError(
+                "`workers` is for CPU sweeps; with `gpus` there is one worker per GPU"
+            )
         ids = _gpu_list(gpus)
     elif device in ("auto", "cuda") or device.startswith("cuda"):
         import torch
 
         if workers is not None and device != "auto":
-            raise ConfigError(f"`workers` runs CPU workers but runtime.device is {device!r}; use `gpus` (or `device` cpu)")
+            raise ConfigError(
+                f"`workers` runs CPU workers but runtime.device is {device!r}; use `gpus` (or `device` cpu)"
+            )
         if torch.cuda.is_available() and workers is None:
             if device.startswith("cuda:"):
                 ids = [int(device.split(":")[1])]
             else:
                 ids = list(range(torch.cuda.device_count()))
         elif device.startswith("cuda"):
-            raise ConfigError(f"runtime.device is {device!r} but no CUDA device is visible; use `device` cpu")
+            raise ConfigError(
+                f"runtime.device is {device!r} but no CUDA device is visible; use `device` cpu"
+            )
     if ids:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         phys = [v.strip() for v in visible.split(",")] if visible else None
@@ -158,7 +178,10 @@ def plan_workers(device: str, gpus: str | None, workers: int | None, threads: in
         return out
     n = workers or 1
     k = choose_threads(threads, n)
-    return [WorkerPlan(device="cpu", env={"OMP_NUM_THREADS": str(k)}, label="cpu", threads=k) for _ in range(n)]
+    return [
+        WorkerPlan(device="cpu", env={"OMP_NUM_THREADS": str(k)}, label="cpu", threads=k)
+        for _ in range(n)
+    ]
 
 
 @dataclass(frozen=True)
@@ -188,18 +211,39 @@ class SweepOptions:
         if self.lock_timeout <= 0:
             raise ConfigError(f"`lock_timeout` must be > 0 seconds; got {self.lock_timeout}")
         if self.executor == "slurm" and self.shard is not None:
-            raise ConfigError("`shard` and `executor` slurm are exclusive: the job array makes its own shards")
+            raise ConfigError(
+                "`shard` and `executor` slurm are exclusive: the job array makes its own shards"
+            )
 
 
 def _worker_args(opts: SweepOptions, start: float, run: str | None = None) -> WorkerArgs:
     """The arguments for a run ``run`` of ``opts`` that started at time ``start``."""
-    return WorkerArgs(opts.shard, None if opts.resume else start, start if opts.retry_failed else None,
-                      opts.lock_timeout, run)
+    return WorkerArgs(
+        opts.shard,
+        None if opts.resume else start,
+        start if opts.retry_failed else None,
+        opts.lock_timeout,
+        run,
+    )
 
 
 def _worker_argv(outdir, w: int, n: int, wp: WorkerPlan, args: WorkerArgs) -> list[str]:
-    return [sys.executable, "-m", "flatcli", "sweep-worker", str(outdir), "--worker", str(w), "--workers", str(n),
-            "--device", wp.device, "--threads", str(wp.threads), *args.argv()]
+    return [
+        sys.executable,
+        "-m",
+        "flatcli",
+        "sweep-worker",
+        str(outdir),
+        "--worker",
+        str(w),
+        "--workers",
+        str(n),
+        "--device",
+        wp.device,
+        "--threads",
+        str(wp.threads),
+        *args.argv(),
+    ]
 
 
 @dataclass
@@ -255,8 +299,14 @@ def run_sweep(
     args = _worker_args(opts, t_start, run=uuid.uuid4().hex[:12])
     selected = plan.units_for(opts.shard)
     already = sum(store.is_done(u.id, args.redo_before, args.retry_before) for u in selected)
-    report = SweepReport(outdir=outdir, units=len(plan.units), selected=len(selected), already_done=already,
-                         executor=opts.executor, dry_run=opts.dry_run)
+    report = SweepReport(
+        outdir=outdir,
+        units=len(plan.units),
+        selected=len(selected),
+        already_done=already,
+        executor=opts.executor,
+        dry_run=opts.dry_run,
+    )
     todo = len(selected) - already
     shard = opts.shard
     report.lines.append(
@@ -272,7 +322,12 @@ def run_sweep(
     if not opts.dry_run:
         store.clear_stale_locks_of_finished(opts.lock_timeout)
         n = _status_counts(store, selected, t_start, args)
-        report.computed, report.by_others, report.busy, report.pending = n.computed, n.by_others, n.busy, n.pending
+        report.computed, report.by_others, report.busy, report.pending = (
+            n.computed,
+            n.by_others,
+            n.busy,
+            n.pending,
+        )
         report.errors, report.error_kinds = len(n.kinds), n.kinds
         if opts.executor == "slurm" and not waited:
             report.pending = todo  # the array runs on its own: its units are not finished yet
@@ -280,8 +335,18 @@ def run_sweep(
     return report
 
 
-def _run_local(report: SweepReport, cfg, plan: Plan, opts: SweepOptions, args: WorkerArgs, todo: int, *,
-               log, on_unit, debug) -> None:
+def _run_local(
+    report: SweepReport,
+    cfg,
+    plan: Plan,
+    opts: SweepOptions,
+    args: WorkerArgs,
+    todo: int,
+    *,
+    log,
+    on_unit,
+    debug,
+) -> None:
     """Run (or with ``dry_run`` describe) the local workers: in this process, or one process per GPU/worker."""
     from ..pipeline import DataCache, first_checkpoint_fits
     from ..settings import Settings
@@ -305,16 +370,32 @@ def _run_local(report: SweepReport, cfg, plan: Plan, opts: SweepOptions, args: W
         return
     if log is not None:
         log(report.threads)
-    data = DataCache(cfg, Path(outdir) / TOKENIZED_DIR)  # load the data once: a bad data config fails now,
-    if first_checkpoint_fits(cfg, plan.job(0) if plan.checkpoints else None,  # unless the first will not fit
-                             [plan.spec(lab) for lab in plan.labels], Settings.from_config(cfg, wps[0].label)):
+    data = DataCache(
+        cfg, Path(outdir) / TOKENIZED_DIR
+    )  # load the data once: a bad data config fails now,
+    if first_checkpoint_fits(
+        cfg,
+        plan.job(0) if plan.checkpoints else None,  # unless the first will not fit
+        [plan.spec(lab) for lab in plan.labels],
+        Settings.from_config(cfg, wps[0].label),
+    ):
         data.get("train")
         data.get("test")
     if len(wps) == 1:
         apply_threads(wps[0].threads)
-        run_worker(outdir, shard=args.shard, device=wps[0].label, redo_before=args.redo_before,
-                   retry_before=args.retry_before, lock_timeout=args.lock_timeout, log=log, on_unit=on_unit,
-                   data=data, debug=debug, run=args.run)
+        run_worker(
+            outdir,
+            shard=args.shard,
+            device=wps[0].label,
+            redo_before=args.redo_before,
+            retry_before=args.retry_before,
+            lock_timeout=args.lock_timeout,
+            log=log,
+            on_unit=on_unit,
+            data=data,
+            debug=debug,
+            run=args.run,
+        )
     else:
         _run_pool(outdir, wps, args)
 
@@ -341,7 +422,8 @@ def _run_pool(outdir, wps: list[WorkerPlan], args: WorkerArgs) -> None:
         from ..errors import MeasurementError
 
         raise MeasurementError(
-            "sweep worker(s) failed: " + ", ".join(f"worker {w} exited with {c}" for w, c in bad)
+            "sweep worker(s) failed: "
+            + ", ".join(f"worker {w} exited with {c}" for w, c in bad)
             + "; rerun the same command to resume"
         )
 
@@ -365,9 +447,17 @@ def parse_slurm_params(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def _submit_slurm(report: SweepReport, plan: Plan, store: Store, opts: SweepOptions, args: WorkerArgs) -> bool:
+def _submit_slurm(
+    report: SweepReport, plan: Plan, store: Store, opts: SweepOptions, args: WorkerArgs
+) -> bool:
     """Submit the array (or describe it); True when its tasks ran to completion here."""
-    outdir, tasks, params, cluster, dry_run = report.outdir, opts.tasks, opts.slurm or {}, opts.cluster, opts.dry_run
+    outdir, tasks, params, cluster, dry_run = (
+        report.outdir,
+        opts.tasks,
+        opts.slurm or {},
+        opts.cluster,
+        opts.dry_run,
+    )
     redo_before, retry_before, lock_timeout = args.redo_before, args.retry_before, args.lock_timeout
     pending = [u for u in plan.units if not store.is_done(u.id, redo_before, retry_before)]
     n = tasks if tasks is not None else max(1, min(len(plan.checkpoints), len(pending) or 1))
@@ -375,17 +465,26 @@ def _submit_slurm(report: SweepReport, plan: Plan, store: Store, opts: SweepOpti
         raise ConfigError(f"`tasks` must be ≥ 1; got {n}")
     shards = sorted({shard_of(u.id, n) for u in pending})
     device = plan.config.get("runtime", {}).get("device", "auto")
-    p = {**SLURM_DEFAULTS, "gpus_per_node": 0 if device == "cpu" else 1, "name": "flatcli-sweep",
-         "slurm_array_parallelism": n, **params}
+    p = {
+        **SLURM_DEFAULTS,
+        "gpus_per_node": 0 if device == "cpu" else 1,
+        "name": "flatcli-sweep",
+        "slurm_array_parallelism": n,
+        **params,
+    }
     report.workers = [f"array task {i}/{n}" for i in shards]
     if dry_run or not pending:
         verb = "would submit" if dry_run else "nothing to submit for"
-        report.lines.append(f"{verb} a job array of {len(shards)} task(s) (shards of {n}) to {cluster} "
-                            f"via submitit, logs in {outdir / 'slurm'}")
+        report.lines.append(
+            f"{verb} a job array of {len(shards)} task(s) (shards of {n}) to {cluster} "
+            f"via submitit, logs in {outdir / 'slurm'}"
+        )
         report.lines.append("parameters: " + ", ".join(f"{k}={v}" for k, v in p.items()))
         for i in shards:
             k = sum(shard_of(u.id, n) == i for u in pending)
-            report.lines.append(f"task {i}: flatcli sweep-worker {outdir} --shard {i}/{n}  ({k} units)")
+            report.lines.append(
+                f"task {i}: flatcli sweep-worker {outdir} --shard {i}/{n}  ({k} units)"
+            )
         if not dry_run:
             write_plan(outdir, plan)
         return True
@@ -394,7 +493,9 @@ def _submit_slurm(report: SweepReport, plan: Plan, store: Store, opts: SweepOpti
     except ImportError:
         raise ConfigError("`executor` slurm needs submitit: pip install 'flatcli[slurm]'") from None
     if cluster == "slurm" and shutil.which("sbatch") is None:
-        raise ConfigError("`executor` slurm: 'sbatch' is not on PATH (run on a SLURM login node, or use `dry_run`)")
+        raise ConfigError(
+            "`executor` slurm: 'sbatch' is not on PATH (run on a SLURM login node, or use `dry_run`)"
+        )
     write_plan(outdir, plan)
     ex = submitit.AutoExecutor(folder=outdir / "slurm" / "%j", cluster=cluster)
     try:
@@ -403,12 +504,20 @@ def _submit_slurm(report: SweepReport, plan: Plan, store: Store, opts: SweepOpti
         raise ConfigError(f"`slurm` parameters rejected by submitit: {e}") from None
     out = str(outdir.resolve())
     jobs = ex.map_array(
-        run_shard_task, [out] * len(shards), shards, [n] * len(shards), [redo_before] * len(shards),
-        [retry_before] * len(shards), [lock_timeout] * len(shards), [args.run] * len(shards),
+        run_shard_task,
+        [out] * len(shards),
+        shards,
+        [n] * len(shards),
+        [redo_before] * len(shards),
+        [retry_before] * len(shards),
+        [lock_timeout] * len(shards),
+        [args.run] * len(shards),
     )
     report.jobs = [j.job_id for j in jobs]
-    report.lines.append(f"submitted {len(jobs)} task(s) to {cluster}: {', '.join(report.jobs[:8])}"
-                        + (" ..." if len(jobs) > 8 else ""))
+    report.lines.append(
+        f"submitted {len(jobs)} task(s) to {cluster}: {', '.join(report.jobs[:8])}"
+        + (" ..." if len(jobs) > 8 else "")
+    )
     if opts.wait or cluster == "debug":
         for j in jobs:
             j.result()

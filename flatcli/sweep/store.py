@@ -69,8 +69,15 @@ def measure_hash(config: dict[str, Any], spec: MeasureSpec) -> str:
         "runtime": {k: rt.get(k) for k in ("precision", "seed", "hvp_mode", "block_size")},
         "measure": {"name": spec.name, "label": spec.label, "seed": spec.seed, "options": opts},
     }
-    caps = {k: v for k, v in (("budget", rt.get("budget")), ("max_seconds", spec.max_seconds),
-                              ("max_hvps", spec.max_hvps)) if v is not None}
+    caps = {
+        k: v
+        for k, v in (
+            ("budget", rt.get("budget")),
+            ("max_seconds", spec.max_seconds),
+            ("max_hvps", spec.max_hvps),
+        )
+        if v is not None
+    }
     if caps:  # a capped value is another result; keys without caps are those of earlier versions
         key["caps"] = caps
     return _sha(key)[:16]
@@ -165,7 +172,9 @@ class Heartbeat:
         self._thread.join()
 
 
-def lock_is_stale(info: dict[str, Any], mtime: float, timeout: float, now: float | None = None) -> bool:
+def lock_is_stale(
+    info: dict[str, Any], mtime: float, timeout: float, now: float | None = None
+) -> bool:
     """Stale when its holder is a dead process on this host, or it saw no heartbeat for ``timeout`` s."""
     now = time.time() if now is None else now
     if now - mtime > timeout:
@@ -204,7 +213,9 @@ class Store:
         atomic_write(path, dumps(record))
         return path
 
-    def is_done(self, uid: str, redo_before: float | None = None, retry_before: float | None = None) -> bool:
+    def is_done(
+        self, uid: str, redo_before: float | None = None, retry_before: float | None = None
+    ) -> bool:
         """A unit is done when its file exists, unless it was written before ``redo_before``
         (``--no-resume``) or is an error row written before ``retry_before`` (``--retry-failed``)."""
         rec = self.read_unit(uid)
@@ -317,8 +328,11 @@ class Store:
 
     def clear_stale_locks_of_finished(self, timeout: float = DEFAULT_LOCK_TIMEOUT) -> int:
         """`clear_stale_lock` for every lock whose unit is finished; how many were removed."""
-        return sum(self.clear_stale_lock(p.stem, timeout) for p in self.held_locks()
-                   if self.read_unit(p.stem) is not None)
+        return sum(
+            self.clear_stale_lock(p.stem, timeout)
+            for p in self.held_locks()
+            if self.read_unit(p.stem) is not None
+        )
 
     def held_locks(self) -> list[Path]:
         """The lock files present, sorted."""
@@ -387,7 +401,9 @@ def _result_from(d: dict[str, Any]) -> MeasureResult:
     )
 
 
-def row_from_records(checkpoint: str, labels: list[str], records: dict[str, dict[str, Any]], hparams=None) -> Row:
+def row_from_records(
+    checkpoint: str, labels: list[str], records: dict[str, dict[str, Any]], hparams=None
+) -> Row:
     """Rebuild the `Row` `flatcli measure` would give from the unit records of one checkpoint.
 
     ``records`` maps label → record. A label without a record leaves the row ``incomplete``.
@@ -409,12 +425,15 @@ def row_from_records(checkpoint: str, labels: list[str], records: dict[str, dict
         if rec.get("status") == "error":
             row.fail(rec.get("error", ""), rec.get("error_kind") or "")
         if not row.metrics and rec.get("metrics"):
-            row.metrics = {k: float(v) if v is not None else math.nan for k, v in rec["metrics"].items()}
+            row.metrics = {
+                k: float(v) if v is not None else math.nan for k, v in rec["metrics"].items()
+            }
         if not got_hparams and rec.get("hparams") is not None:
             row.hparams = dict(rec["hparams"])  # includes hparams.from_keys read at measure time
             got_hparams = True
     if missing and row.status == "ok":
         row.status = "incomplete"
-        row.error = f"{len(missing)} of {len(labels)} measures not computed yet: {', '.join(missing)}"
+        row.error = (
+            f"{len(missing)} of {len(labels)} measures not computed yet: {', '.join(missing)}"
+        )
     return row
-

@@ -160,12 +160,27 @@ class _WorkerLoop:
                 time.sleep(self.delay)
             plan = self.plan
             job = plan.job(u.checkpoint_index)
-            row = measure_job(self.cfg, job, [plan.spec(u.label)], self.data, self.settings, self.debug,
-                              budget_among=[plan.spec(lab) for lab in plan.labels])
+            row = measure_job(
+                self.cfg,
+                job,
+                [plan.spec(u.label)],
+                self.data,
+                self.settings,
+                self.debug,
+                budget_among=[plan.spec(lab) for lab in plan.labels],
+            )
             rec = unit_record(
-                uid=u.id, key=u.key, checkpoint=job.checkpoint, checkpoint_index=u.checkpoint_index,
-                label=u.label, label_index=u.label_index, labels=plan.labels, row=row,
-                device=str(self.settings.device), seconds=time.perf_counter() - t0, run=self.args.run,
+                uid=u.id,
+                key=u.key,
+                checkpoint=job.checkpoint,
+                checkpoint_index=u.checkpoint_index,
+                label=u.label,
+                label_index=u.label_index,
+                labels=plan.labels,
+                row=row,
+                device=str(self.settings.device),
+                seconds=time.perf_counter() - t0,
+                run=self.args.run,
                 threads=torch.get_num_threads(),
             )
             self.store.write_unit(rec)
@@ -181,26 +196,48 @@ class _WorkerLoop:
             what = f"{res['seconds']:.2f}s" if res else ""
             err = f" {rec['measure_error'] or rec['error']}" if rec["status"] == "error" else ""
             st = res["status"] if res and rec["status"] == "ok" else rec["status"]
-            self.log(f"[{self.tag}] {job.checkpoint} {u.label} {st} {what} ({self.stats.computed}/{self.todo}){err}")
+            self.log(
+                f"[{self.tag}] {job.checkpoint} {u.label} {st} {what} ({self.stats.computed}/{self.todo}){err}"
+            )
         if self.on_unit is not None:
             self.on_unit(rec)
 
 
-def run_shard_task(outdir: str, index: int, count: int, redo_before=None, retry_before=None,
-                   lock_timeout: float = DEFAULT_LOCK_TIMEOUT, run: str | None = None) -> dict[str, int]:
+def run_shard_task(
+    outdir: str,
+    index: int,
+    count: int,
+    redo_before=None,
+    retry_before=None,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    run: str | None = None,
+) -> dict[str, int]:
     """One task of a job array (what submitit pickles): the worker over shard ``index/count``."""
-    st = run_worker(outdir, shard=(index, count), redo_before=redo_before, retry_before=retry_before,
-                    lock_timeout=lock_timeout, run=run)
+    st = run_worker(
+        outdir,
+        shard=(index, count),
+        redo_before=redo_before,
+        retry_before=retry_before,
+        lock_timeout=lock_timeout,
+        run=run,
+    )
     return {"computed": st.computed, "errors": st.errors, "skipped": st.skipped, "busy": st.busy}
 
 
-
-
 # ------------------------------------------------------------------ worker entry point
-def run_worker_process(outdir: str | os.PathLike, *, shard: str | None = None, worker: int = 0, workers: int = 1,
-                       device: str | None = None, redo_before: float | None = None,
-                       retry_before: float | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-                       threads: int | str | None = None, run: str | None = None) -> str:
+def run_worker_process(
+    outdir: str | os.PathLike,
+    *,
+    shard: str | None = None,
+    worker: int = 0,
+    workers: int = 1,
+    device: str | None = None,
+    redo_before: float | None = None,
+    retry_before: float | None = None,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    threads: int | str | None = None,
+    run: str | None = None,
+) -> str:
     """The body of ``flatcli sweep-worker`` (a worker process of a pool or an array task).
 
     Sets torch's intra-op (and inter-op) threads first: ``threads`` (what the pool's coordinator
@@ -216,10 +253,21 @@ def run_worker_process(outdir: str | os.PathLike, *, shard: str | None = None, w
     if threads is None:
         threads = load_plan(outdir).config.get("runtime", {}).get("threads", "auto")
     apply_threads(choose_threads(threads, workers), interop=True)
-    st = run_worker(outdir, shard=parse_shard(shard), worker=worker, workers=workers, device=device,
-                    redo_before=redo_before, retry_before=retry_before, lock_timeout=lock_timeout, run=run)
-    return (f"[w{worker}] done: {st.computed} computed ({st.errors} errors), {st.skipped} already finished, "
-            f"{st.busy} left to other workers; {torch.get_num_threads()} thread(s)")
+    st = run_worker(
+        outdir,
+        shard=parse_shard(shard),
+        worker=worker,
+        workers=workers,
+        device=device,
+        redo_before=redo_before,
+        retry_before=retry_before,
+        lock_timeout=lock_timeout,
+        run=run,
+    )
+    return (
+        f"[w{worker}] done: {st.computed} computed ({st.errors} errors), {st.skipped} already finished, "
+        f"{st.busy} left to other workers; {torch.get_num_threads()} thread(s)"
+    )
 
 
 @dataclass(frozen=True)

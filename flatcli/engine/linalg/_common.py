@@ -21,7 +21,9 @@ def _tridiag_eig(alphas, betas):
     return scipy.linalg.eigh_tridiagonal(a, b)
 
 
-DEFAULT_BLOCK = 16  # vectors per product for a bare mat-vec (the estimators' former ``block`` default)
+DEFAULT_BLOCK = (
+    16  # vectors per product for a bare mat-vec (the estimators' former ``block`` default)
+)
 
 
 class Operator:
@@ -34,8 +36,18 @@ class Operator:
     ``max_basis_vectors``: Lanczos' thick-restart cap (`flatcli.engine.linalg.lanczos.basis_limit`);
     ``report(**info)``: the progress hook (a no-op for a bare mat-vec)."""
 
-    def __init__(self, product: MatVec, dim: int, *, device, dtype, block_size: int,
-                 max_device_vectors, report: Callable[..., None] | None, max_basis_vectors="auto"):
+    def __init__(
+        self,
+        product: MatVec,
+        dim: int,
+        *,
+        device,
+        dtype,
+        block_size: int,
+        max_device_vectors,
+        report: Callable[..., None] | None,
+        max_basis_vectors="auto",
+    ):
         self.matmat_rows = product
         self.shape = (int(dim), int(dim))
         self.device, self.dtype = device, dtype
@@ -59,8 +71,15 @@ class Operator:
         return self.matmat_rows(V)
 
 
-def as_operator(op, dim: int | None = None, *, device=None, dtype=None, block_size: int | None = None,
-                max_device_vectors: int | str | None = "auto") -> Operator:
+def as_operator(
+    op,
+    dim: int | None = None,
+    *,
+    device=None,
+    dtype=None,
+    block_size: int | None = None,
+    max_device_vectors: int | str | None = "auto",
+) -> Operator:
     """The one adapter in front of every estimator: an `Operator` from a curvature operator (anything with
     ``matmat_rows`` and ``shape``: `flatcli.engine.operators.CurvatureOperator`, or an `Operator`) or
     from a bare ``V (K, P) -> M V`` callable, which needs ``dim``.
@@ -71,16 +90,31 @@ def as_operator(op, dim: int | None = None, *, device=None, dtype=None, block_si
     ``dtype`` (default float32), ``block_size`` (default `DEFAULT_BLOCK`) and ``max_device_vectors``
     as given, and no progress hook."""
     if hasattr(op, "matmat_rows") and hasattr(op, "shape"):
-        return Operator(op.matmat_rows, op.shape[1], device=device if device is not None else op.device,
-                        dtype=op.dtype if dtype is None else dtype,
-                        block_size=block_size or getattr(op, "block_size", None) or DEFAULT_BLOCK,
-                        max_device_vectors=(getattr(op, "max_device_vectors", "auto") if _is_auto(max_device_vectors)
-                                            else max_device_vectors),
-                        report=getattr(op, "report", None), max_basis_vectors=getattr(op, "max_basis_vectors", "auto"))
+        return Operator(
+            op.matmat_rows,
+            op.shape[1],
+            device=device if device is not None else op.device,
+            dtype=op.dtype if dtype is None else dtype,
+            block_size=block_size or getattr(op, "block_size", None) or DEFAULT_BLOCK,
+            max_device_vectors=(
+                getattr(op, "max_device_vectors", "auto")
+                if _is_auto(max_device_vectors)
+                else max_device_vectors
+            ),
+            report=getattr(op, "report", None),
+            max_basis_vectors=getattr(op, "max_basis_vectors", "auto"),
+        )
     if dim is None:
         raise TypeError("a bare mat-vec needs its dimension: pass dim")
-    return Operator(op, int(dim), device=device, dtype=torch.float32 if dtype is None else dtype,
-                    block_size=block_size or DEFAULT_BLOCK, max_device_vectors=max_device_vectors, report=None)
+    return Operator(
+        op,
+        int(dim),
+        device=device,
+        dtype=torch.float32 if dtype is None else dtype,
+        block_size=block_size or DEFAULT_BLOCK,
+        max_device_vectors=max_device_vectors,
+        report=None,
+    )
 
 
 def _is_auto(setting) -> bool:

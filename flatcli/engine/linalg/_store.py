@@ -63,16 +63,29 @@ class BasisStore:
         buffer at once, up to 1.5 × the cap's memory for a moment).
     """
 
-    def __init__(self, dim: int, device, dtype, capacity: int | None = None, max_rows: int | None = None,
-                 preallocate: bool = False):
+    def __init__(
+        self,
+        dim: int,
+        device,
+        dtype,
+        capacity: int | None = None,
+        max_rows: int | None = None,
+        preallocate: bool = False,
+    ):
         capacity = validate("max_device_vectors", capacity, error=ValueError)
         if capacity == "auto":  # resolved by `device_capacity` before a store is built
-            raise ValueError("max_device_vectors must be resolved (an int ≥ 1 or null) before a store is built")
+            raise ValueError(
+                "max_device_vectors must be resolved (an int ≥ 1 or null) before a store is built"
+            )
         self.dim, self.dtype = int(dim), dtype
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.max_rows = max_rows
         self.preallocate = bool(preallocate and max_rows)
-        self.capacity = None if capacity is None or (max_rows is not None and capacity >= max_rows) else int(capacity)
+        self.capacity = (
+            None
+            if capacity is None or (max_rows is not None and capacity >= max_rows)
+            else int(capacity)
+        )
         self._n = 0
         self._buf: torch.Tensor | None = None  # device buffer (unbounded store)
         self._host: list[torch.Tensor] = []  # host rows (offloaded store)
@@ -121,7 +134,9 @@ class BasisStore:
         columns at a time, so it needs no second basis: at most n × 2²² / n elements more."""
         n, j = S.shape
         if n != self._n or j > n:
-            raise ValueError(f"restart coefficients of shape {tuple(S.shape)} for a basis of {self._n} rows")
+            raise ValueError(
+                f"restart coefficients of shape {tuple(S.shape)} for a basis of {self._n} rows"
+            )
         step = max(1, (1 << 22) // max(n, 1))
         for a in range(0, self.dim, step):
             b = min(self.dim, a + step)
@@ -156,7 +171,9 @@ class BasisStore:
         if not self.offloaded:
             return self._buf[start:stop]
         if stop - start > self.capacity:
-            raise ValueError(f"{stop - start} rows asked of a store holding at most {self.capacity} on the device")
+            raise ValueError(
+                f"{stop - start} rows asked of a store holding at most {self.capacity} on the device"
+            )
         return next(self._chunks(start, stop))[1]
 
     def coefficients(self, W: torch.Tensor) -> torch.Tensor:

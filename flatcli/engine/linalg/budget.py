@@ -41,8 +41,12 @@ class Budget:
     clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
     spent: int = 0  # products spent by earlier calls under this budget
     start: float = field(default=math.nan, repr=False)
-    agree: Callable[[bool], bool] | None = field(default=None, repr=False)  # ranks: the flag on some rank
-    agree_count: Callable[[int], int] | None = field(default=None, repr=False)  # ranks: one count for all
+    agree: Callable[[bool], bool] | None = field(
+        default=None, repr=False
+    )  # ranks: the flag on some rank
+    agree_count: Callable[[int], int] | None = field(
+        default=None, repr=False
+    )  # ranks: one count for all
 
     def __post_init__(self):
         if math.isnan(self.start):
@@ -85,7 +89,11 @@ class Budget:
         k = int(k) if left is None else int(min(k, left))
         if self.max_seconds is not None and k > 0:
             done = self.spent + int(n_products)
-            fit = 2 if done == 0 else int((self.max_seconds - self.elapsed()) * done / max(self.elapsed(), 1e-9))
+            fit = (
+                2
+                if done == 0
+                else int((self.max_seconds - self.elapsed()) * done / max(self.elapsed(), 1e-9))
+            )
             fit = self.agree_count(fit) if self.agree_count is not None else fit
             k = max(1, min(k, fit))
         return k

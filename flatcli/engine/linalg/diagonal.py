@@ -35,7 +35,9 @@ from ._common import MatVec, as_operator, rademacher
 from .stop import DiagonalCheck
 
 
-def _unit_block_diagonal(matvec: MatVec, idx: torch.Tensor, dim: int, *, block: int, device, dtype) -> torch.Tensor:
+def _unit_block_diagonal(
+    matvec: MatVec, idx: torch.Tensor, dim: int, *, block: int, device, dtype
+) -> torch.Tensor:
     """Exact diagonal entries H_ii for the coordinates ``idx`` (one unit-vector product each), float64 CPU."""
     out = torch.empty(len(idx), dtype=torch.float64)
     for s in range(0, len(idx), block):
@@ -51,8 +53,14 @@ def exact_diagonal(op):
     """The diagonal of H from unit-vector products (P products, ``op.block_size`` at a time; small
     models only). ``op``: an operator or anything `as_operator` takes."""
     op = as_operator(op)
-    return _unit_block_diagonal(op.matmat_rows, torch.arange(op.dim), op.dim, block=op.block_size,
-                                device=op.device, dtype=op.dtype)
+    return _unit_block_diagonal(
+        op.matmat_rows,
+        torch.arange(op.dim),
+        op.dim,
+        block=op.block_size,
+        device=op.device,
+        dtype=op.dtype,
+    )
 
 
 def hutchinson_diagonal(op, *, samples: int, generator):
@@ -148,8 +156,9 @@ def _relative_gap(diff: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch
     return torch.where(scale == 0, torch.zeros_like(gap), gap)
 
 
-def remainder_block_gaps(hvp, ggnvp: MatVec, tensors: dict[str, slice], *, probes: int,
-                         generator: torch.Generator) -> dict[str, float]:
+def remainder_block_gaps(
+    hvp, ggnvp: MatVec, tensors: dict[str, slice], *, probes: int, generator: torch.Generator
+) -> dict[str, float]:
     r"""Per tensor t (name → slice): the largest relative gap
     :math:`\|P_t(H - G)z\| / \max(\|P_t Hz\|, \|P_t Gz\|)` over ``probes`` seeded
     standard Gaussian probes z supported on t (0 where both products vanish).
@@ -160,8 +169,11 @@ def remainder_block_gaps(hvp, ggnvp: MatVec, tensors: dict[str, slice], *, probe
     a time (one Hessian and one Gauss-Newton product each)."""
     hvp = as_operator(hvp)
     dim, block, device, dtype = hvp.dim, hvp.block_size, hvp.device, hvp.dtype
-    rows = [(name, sl, z) for name, sl in tensors.items()
-            for z in torch.randn(probes, sl.stop - sl.start, generator=generator, dtype=torch.float64)]
+    rows = [
+        (name, sl, z)
+        for name, sl in tensors.items()
+        for z in torch.randn(probes, sl.stop - sl.start, generator=generator, dtype=torch.float64)
+    ]
     worst = dict.fromkeys(tensors, 0.0)
     for s in range(0, len(rows), block):
         chunk = rows[s : s + block]
@@ -293,7 +305,9 @@ def checked_gauss_newton_diagonal(
         mask = torch.zeros(dim, dtype=dtype, device=device)
         for name in out.estimated:
             mask[tensors[name]] = 1.0
-        out.residual_groups = _residual_groups(hvp, ggnvp, mask, samples, rules.groups, generator, **kw)
+        out.residual_groups = _residual_groups(
+            hvp, ggnvp, mask, samples, rules.groups, generator, **kw
+        )
         out.n_hvp += samples
         out.n_ggnvp += samples
     return out

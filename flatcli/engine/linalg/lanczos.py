@@ -74,7 +74,6 @@ class LanczosResult:
     restarts: int = 0  # thick restarts (``max_basis``)
 
 
-
 def certified_min_steps(dim: int, eps: float = 0.25, delta: float = 0.01) -> int:
     r"""Fewest Lanczos steps after which a random start certifies the top Ritz value.
 
@@ -94,19 +93,28 @@ def certified_min_steps(dim: int, eps: float = 0.25, delta: float = 0.01) -> int
     return int(min(dim, max(1, math.ceil((need + 1) / 2))))
 
 
-
-
 class _BlockKrylov:
     """The state of (block) Lanczos: basis (a `BasisStore`), projected matrix T, and Ritz pairs.
 
     ``max_rows``: the most basis rows (the step cap, or with ``capped`` the thick-restart cap
     ``max_basis``)."""
 
-    def __init__(self, X: torch.Tensor, max_rows: int, dtype, capacity: int | None = None, capped: bool = False):
+    def __init__(
+        self,
+        X: torch.Tensor,
+        max_rows: int,
+        dtype,
+        capacity: int | None = None,
+        capped: bool = False,
+    ):
         b, dim = X.shape
-        self.capped = capped  # max_rows is a thick-restart cap (else the step cap: a last partial block)
+        self.capped = (
+            capped  # max_rows is a thick-restart cap (else the step cap: a last partial block)
+        )
         self.dtype = dtype
-        self.Q = BasisStore(dim, X.device, dtype, capacity=capacity, max_rows=max_rows, preallocate=capped)
+        self.Q = BasisStore(
+            dim, X.device, dtype, capacity=capacity, max_rows=max_rows, preallocate=capped
+        )
         self.Q.append(torch.linalg.qr(X.T).Q.T.to(dtype))
         self.T = np.zeros((max_rows, max_rows), dtype=np.float64)
         self.s, self.e = 0, b
@@ -171,7 +179,9 @@ class _BlockKrylov:
         else:
             self.extend(Qnext, keep, most)
 
-    def restart(self, evals, evecs, Qnext: torch.Tensor, keep: np.ndarray, j: int, most: int) -> None:
+    def restart(
+        self, evals, evecs, Qnext: torch.Tensor, keep: np.ndarray, j: int, most: int
+    ) -> None:
         """Thick restart (Wu & Simon 2000): the basis becomes the ``j`` first Ritz vectors (in
         ``which`` order) and the kept directions of the next block; T becomes diag(θ₁..θⱼ). Its
         border (the coupling ``R y[s:e]`` of the residual identity) is filled by the next
@@ -272,14 +282,22 @@ def lanczos(
     wanted = max_steps
     left = budget.left()
     if left is not None:
-        max_steps = int(min(max_steps, max(left, int(block or k or 1), 1)))  # the first block always runs
+        max_steps = int(
+            min(max_steps, max(left, int(block or k or 1), 1))
+        )  # the first block always runs
     min_steps = certified_min_steps(dim) if stop.min_steps is None else int(stop.min_steps)
     min_steps = int(min(min_steps, max_steps))
     X = _start_block(v0, block, k, dim, max_steps, generator)
     b = X.shape[0]
     rows = basis_limit(op, stop.max_basis, dim, dtype, max_steps, basis_floor(dim, k, b, min_steps))
     cap = device_capacity(op, op.max_device_vectors, dim, device, dtype)
-    kry = _BlockKrylov(X.to(device=device, dtype=torch.float64), rows, dtype, cap and max(int(cap), b), rows < max_steps)
+    kry = _BlockKrylov(
+        X.to(device=device, dtype=torch.float64),
+        rows,
+        dtype,
+        cap and max(int(cap), b),
+        rows < max_steps,
+    )
     converged = stopped = near_zero = False
     nblock = nprod = 0
     while True:
@@ -293,9 +311,13 @@ def lanczos(
         if len(keep) == 0 or kry.e >= dim:
             converged = True  # invariant subspace: the Ritz values are exact
             break
-        report(steps=nprod, value=float(evals[0]), residual=float(res[0] / max(abs(evals[0]), 1e-30)))
+        report(
+            steps=nprod, value=float(evals[0]), residual=float(res[0] / max(abs(evals[0]), 1e-30))
+        )
         spread = float(np.max(np.abs(evals)))  # max |θ|: the estimate of ‖H‖₂ so far
-        small = np.abs(evals[:kk]) < tol * spread  # 0 at the tolerance's resolution: the absolute floor
+        small = (
+            np.abs(evals[:kk]) < tol * spread
+        )  # 0 at the tolerance's resolution: the absolute floor
         floor = np.maximum(np.abs(evals[:kk]), max(tol * spread, 1e-30))
         if nprod >= min_steps and np.all(res[:kk] <= tol * floor):
             converged, near_zero = True, bool(small.any())
@@ -313,12 +335,22 @@ def lanczos(
     budget.spend(nprod)
     plain = kry.restarts == 0
     return LanczosResult(
-        eigenvalues=evals, residuals=res, steps=nprod, converged=converged,
+        eigenvalues=evals,
+        residuals=res,
+        steps=nprod,
+        converged=converged,
         alphas=np.diag(T).copy() if b == 1 and plain else None,
         betas=np.diag(T, -1).copy() if b == 1 and plain else None,
-        ritz_vectors=ritz, first_components=evecs[0, :].copy() if plain else None, block=b, block_steps=nblock,
-        n_hvp=nprod, device_vectors=kry.Q.peak_resident, near_zero=near_zero, stopped_by_budget=stopped,
-        basis_vectors=rows, restarts=kry.restarts,
+        ritz_vectors=ritz,
+        first_components=evecs[0, :].copy() if plain else None,
+        block=b,
+        block_steps=nblock,
+        n_hvp=nprod,
+        device_vectors=kry.Q.peak_resident,
+        near_zero=near_zero,
+        stopped_by_budget=stopped,
+        basis_vectors=rows,
+        restarts=kry.restarts,
     )
 
 
@@ -351,7 +383,9 @@ class PrecisionControl:
     probes: int
 
 
-def precision_control(fast, exact, *, probes: int = 8, generator: torch.Generator) -> PrecisionControl:
+def precision_control(
+    fast, exact, *, probes: int = 8, generator: torch.Generator
+) -> PrecisionControl:
     r"""Compare a fast operator (TF32 products) with its fp32 view on the same Rademacher probes.
 
     Each probe costs one product with each operator; the difference of the quadratic forms is

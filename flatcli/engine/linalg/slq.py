@@ -55,10 +55,17 @@ class SLQResult:
         diffs = np.zeros((len(self.nodes), 2))
         for r, (t, w) in enumerate(zip(self.nodes, self.weights, strict=True)):
             m = len(t)
-            if m >= self.dim or m < 3 or (self.steps and m < self.steps and not self.stopped_by_budget):
+            if (
+                m >= self.dim
+                or m < 3
+                or (self.steps and m < self.steps and not self.stopped_by_budget)
+            ):
                 continue
             q = float(np.sum(w * fn(t)))
-            diffs[r] = [q - float(np.sum(wk * fn(tk))) for tk, wk in (gauss_rule(t, w, k) for k in (m - 1, m - 2))]
+            diffs[r] = [
+                q - float(np.sum(wk * fn(tk)))
+                for tk, wk in (gauss_rule(t, w, k) for k in (m - 1, m - 2))
+            ]
         return float(self.dim * np.abs(diffs.mean(0)).max()) if len(diffs) else 0.0
 
     def stderr(self, fn: Callable[[np.ndarray], np.ndarray]) -> tuple[float, float, float, float]:
@@ -67,7 +74,9 @@ class SLQResult:
         (value, stderr, between-run stderr, quadrature error); stderr is nan for one run."""
         value, se = self.expect(fn)
         quad = self.quadrature_error(fn)
-        total = math.hypot(se * t_factor(len(self.nodes)), quad) if len(self.nodes) > 1 else math.nan
+        total = (
+            math.hypot(se * t_factor(len(self.nodes)), quad) if len(self.nodes) > 1 else math.nan
+        )
         return value, total, se, quad
 
     def density(self, grid: np.ndarray, sigma: float) -> np.ndarray:
@@ -126,7 +135,9 @@ class _RunBases:
         self.R = R
         self.stores = None
         if capacity is not None and capacity < m:
-            self.stores = [BasisStore(dim, device, dtype, capacity=capacity, max_rows=m) for _ in range(R)]
+            self.stores = [
+                BasisStore(dim, device, dtype, capacity=capacity, max_rows=m) for _ in range(R)
+            ]
         else:
             self.Q = torch.zeros(R, m, dim, device=device, dtype=dtype)
 
@@ -163,7 +174,11 @@ class _RunBases:
 
 
 def _lanczos_runs(
-    matvec: MatVec, V0: torch.Tensor, steps: int, dtype, capacity: int | None = None,
+    matvec: MatVec,
+    V0: torch.Tensor,
+    steps: int,
+    dtype,
+    capacity: int | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Independent single-vector Lanczos recurrences run in lockstep.
@@ -268,7 +283,11 @@ def slq(
     g = max(1, min(g, runs))
     budget = budget if budget is not None else no_budget()
     cap = device_capacity(op, op.max_device_vectors, dim, device, dtype)
-    V0 = starts.to(torch.float64) if starts is not None else rademacher(runs, dim, generator, dtype=torch.float64)
+    V0 = (
+        starts.to(torch.float64)
+        if starts is not None
+        else rademacher(runs, dim, generator, dtype=torch.float64)
+    )
     nodes, weights = [], []
     used, i = 0, 0
     while i < runs:
@@ -285,4 +304,6 @@ def slq(
         i += n
     budget.spend(used)
     short = any(len(t) < steps for t in nodes) and budget.out_of_time()
-    return SLQResult(nodes, weights, dim, n_hvp=used, stopped_by_budget=i < runs or short, steps=steps)
+    return SLQResult(
+        nodes, weights, dim, n_hvp=used, stopped_by_budget=i < runs or short, steps=steps
+    )

@@ -49,7 +49,9 @@ class ProbeStop:
     min_probes: int = 16
     max_probes: int = 1000
     budget: Budget | None = None
-    abs_trace: Callable[[], float | None] | None = None  # Tr|H| known already (None: the near-zero floor computes it)
+    abs_trace: Callable[[], float | None] | None = (
+        None  # Tr|H| known already (None: the near-zero floor computes it)
+    )
 
     def the_budget(self) -> Budget:
         """``budget``, or a budget without caps."""

@@ -37,8 +37,12 @@ class TraceResult:
     sketch: int = 0
     block_samples: np.ndarray | None = field(repr=False, default=None)  # (len(samples), blocks)
     block_low_rank: np.ndarray | None = field(repr=False, default=None)  # (blocks,)
-    near_zero: bool = False  # stopped at the absolute floor tol·Tr|H| (`NearZeroFloor`), not at tol·|estimate|
-    abs_trace: float | None = None  # the SLQ estimate of Tr|H| behind that floor, when one was computed
+    near_zero: bool = (
+        False  # stopped at the absolute floor tol·Tr|H| (`NearZeroFloor`), not at tol·|estimate|
+    )
+    abs_trace: float | None = (
+        None  # the SLQ estimate of Tr|H| behind that floor, when one was computed
+    )
     stopped_by_budget: bool = False  # the `Budget` ran out before the tolerance was met
 
     @property
@@ -63,8 +67,6 @@ class TraceResult:
 
 
 # byte value -> its 8 bits as ±1 (little-endian), for one gather per probe instead of bit tests
-
-
 
 
 def _block_forms(Z: torch.Tensor, HZ: torch.Tensor, blocks) -> torch.Tensor:
@@ -108,7 +110,9 @@ class NearZeroFloor:
 
     CANCEL = 2.0  # near 0 at the spectrum's scale: Tr|H| ≥ CANCEL·|Tr H|
 
-    def __init__(self, matvec, dim: int, stop: ProbeStop, generator: torch.Generator, device, dtype):
+    def __init__(
+        self, matvec, dim: int, stop: ProbeStop, generator: torch.Generator, device, dtype
+    ):
         self.matvec, self.dim, self.tol, self.max_probes = matvec, dim, stop.tol, stop.max_probes
         self.known = stop.abs_trace
         self.seed = int(generator.initial_seed()) ^ 0x5EED
@@ -123,9 +127,13 @@ class NearZeroFloor:
             return False
         if est == 0 or not math.isfinite(se):
             return True
-        return samples * (se / (self.tol * abs(est))) ** 2 > samples + max(0, self.max_probes - used)
+        return samples * (se / (self.tol * abs(est))) ** 2 > samples + max(
+            0, self.max_probes - used
+        )
 
-    def reached(self, est: float, se: float, budget: Budget, used: int, samples: int | None = None) -> bool:
+    def reached(
+        self, est: float, se: float, budget: Budget, used: int, samples: int | None = None
+    ) -> bool:
         """Whether ``se`` is within the floor (computing T first when the test needs it and the
         budget allows its products); False while the relative tolerance may still be met.
         ``samples``: the samples behind ``se`` (default ``used``, the products spent)."""
@@ -136,7 +144,9 @@ class NearZeroFloor:
             cost = NEAR_ZERO_RUNS * min(NEAR_ZERO_STEPS, self.dim)
             if used >= self.max_probes and self.known is None:
                 return False  # no probe left to save: T's products would only relabel the result
-            if not (near or self._out_of_reach(est, se, used, used if samples is None else samples)):
+            if not (
+                near or self._out_of_reach(est, se, used, used if samples is None else samples)
+            ):
                 return False
             known = self.known() if self.known is not None else None
             if known is not None:  # SLQ runs the caller already has: no products
@@ -187,8 +197,20 @@ def hutchinson(
     `TraceResult.block_estimates`. Stopping looks at the total only.
     """
     op = as_operator(op)
-    matvec, dim, device, dtype, report, block = op.matmat_rows, op.dim, op.device, op.dtype, op.report, op.block_size
-    budget, tol, min_probes, max_probes = stop.the_budget(), stop.tol, stop.min_probes, stop.max_probes
+    matvec, dim, device, dtype, report, block = (
+        op.matmat_rows,
+        op.dim,
+        op.device,
+        op.dtype,
+        op.report,
+        op.block_size,
+    )
+    budget, tol, min_probes, max_probes = (
+        stop.the_budget(),
+        stop.tol,
+        stop.min_probes,
+        stop.max_probes,
+    )
     floor = NearZeroFloor(matvec, dim, stop, generator, device, dtype)
     samples: list[float] = []
     parts: list[list[float]] = []
@@ -198,13 +220,26 @@ def hutchinson(
         bs = np.asarray(parts, dtype=np.float64) if blocks is not None else None
         n = len(samples) + floor.products
         budget.spend(n)
-        return TraceResult(est, se, n, converged, np.asarray(samples), block_samples=bs, near_zero=near_zero,
-                           abs_trace=floor.scale, stopped_by_budget=stopped)
+        return TraceResult(
+            est,
+            se,
+            n,
+            converged,
+            np.asarray(samples),
+            block_samples=bs,
+            near_zero=near_zero,
+            abs_trace=floor.scale,
+            stopped_by_budget=stopped,
+        )
 
     while len(samples) < max_probes:
         left = max_probes - len(samples)
-        k = _first(min(max(min_probes - len(samples), block, 1), left), budget,
-                   len(samples) + floor.products, 2)
+        k = _first(
+            min(max(min_probes - len(samples), block, 1), left),
+            budget,
+            len(samples) + floor.products,
+            2,
+        )
         if k == 0:
             return result(False, stopped=True)
         Z = rademacher(k, dim, generator, device, dtype)
@@ -281,15 +316,40 @@ def hutchpp(
     stream it in chunks); estimates equal the all-on-device run's to rounding.
     """
     op = as_operator(op)
-    matvec, dim, device, dtype, report, block = op.matmat_rows, op.dim, op.device, op.dtype, op.report, op.block_size
-    budget, tol, min_probes, max_probes = stop.the_budget(), stop.tol, stop.min_probes, stop.max_probes
+    matvec, dim, device, dtype, report, block = (
+        op.matmat_rows,
+        op.dim,
+        op.device,
+        op.dtype,
+        op.report,
+        op.block_size,
+    )
+    budget, tol, min_probes, max_probes = (
+        stop.the_budget(),
+        stop.tol,
+        stop.min_probes,
+        stop.max_probes,
+    )
     left = budget.left()
-    cap = max_probes if left is None else max(2, min(max_probes, left))  # products this call may spend
+    cap = (
+        max_probes if left is None else max(2, min(max_probes, left))
+    )  # products this call may spend
     fixed = sketch is not None or min_probes >= cap
     r = int(sketch) if sketch else max(1, min_probes // 3)
     r = max(1, min(r, dim, max(1, (cap - 2) // 2)))
-    sk = _Sketch(matvec, dtype, blocks, BasisStore(dim, device, torch.float64, max_rows=max_probes,
-                 capacity=device_capacity(op, op.max_device_vectors, dim, device, torch.float64)), budget)
+    sk = _Sketch(
+        matvec,
+        dtype,
+        blocks,
+        BasisStore(
+            dim,
+            device,
+            torch.float64,
+            max_rows=max_probes,
+            capacity=device_capacity(op, op.max_device_vectors, dim, device, torch.float64),
+        ),
+        budget,
+    )
     sk.floor = NearZeroFloor(matvec, dim, stop, generator, device, dtype)
     sk.add(matvec(rademacher(r, dim, generator, device, dtype)).double())
     used = r + sk.rank
@@ -310,7 +370,9 @@ def hutchpp(
         used += k
         if growing:
             if _sketch_pays(samples + (G * HG).sum(1).tolist(), sk, k, tol, dim, cap, used):
-                used += sk.add(HG)  # the block's products lie in range(H), like HS: they join the sketch
+                used += sk.add(
+                    HG
+                )  # the block's products lie in range(H), like HS: they join the sketch
                 samples, parts = [], []
                 step = min(block, 2 * step)
                 continue
@@ -328,7 +390,9 @@ def hutchpp(
     return _hutchpp_stopped(sk, used, samples, parts, tol, max_probes)
 
 
-def _hutchpp_stopped(sk: _Sketch, used: int, samples: list, parts: list, tol: float, max_probes: int) -> TraceResult:
+def _hutchpp_stopped(
+    sk: _Sketch, used: int, samples: list, parts: list, tol: float, max_probes: int
+) -> TraceResult:
     """Hutch++'s result when its products ran out: ``max_probes``, or the budget before it."""
     stopped = used < max_probes
     if len(samples) < 2:
@@ -371,23 +435,47 @@ class _Sketch:
         self.Q.append(Qn.T)
         return Qn.shape[1]
 
-    def result(self, used: int, samples: list[float], parts: list, se: float, converged: bool,
-               near_zero: bool = False, stopped: bool = False) -> TraceResult:
+    def result(
+        self,
+        used: int,
+        samples: list[float],
+        parts: list,
+        se: float,
+        converged: bool,
+        near_zero: bool = False,
+        stopped: bool = False,
+    ) -> TraceResult:
         """The estimate ``Tr(QᵀHQ) + mean(samples)`` as a `TraceResult` (``used`` products, plus the
         near-zero floor's when it was computed, recorded in the budget)."""
         m = float(np.mean(samples)) if samples else 0.0
         nb = len(self.low_b)
-        bs = np.asarray(parts, dtype=np.float64).reshape(len(parts), nb) if self.blocks is not None else None
+        bs = (
+            np.asarray(parts, dtype=np.float64).reshape(len(parts), nb)
+            if self.blocks is not None
+            else None
+        )
         extra = self.floor.products if self.floor is not None else 0
         self.budget.spend(used + extra)
-        return TraceResult(self.low + m, se, used + extra, converged, np.asarray(samples), "hutchpp", self.low,
-                           self.rank, block_samples=bs,
-                           block_low_rank=self.low_b.copy() if self.blocks is not None else None,
-                           near_zero=near_zero, abs_trace=self.floor.scale if self.floor is not None else None,
-                           stopped_by_budget=stopped)
+        return TraceResult(
+            self.low + m,
+            se,
+            used + extra,
+            converged,
+            np.asarray(samples),
+            "hutchpp",
+            self.low,
+            self.rank,
+            block_samples=bs,
+            block_low_rank=self.low_b.copy() if self.blocks is not None else None,
+            near_zero=near_zero,
+            abs_trace=self.floor.scale if self.floor is not None else None,
+            stopped_by_budget=stopped,
+        )
 
 
-def _sketch_pays(cand: list[float], sk: _Sketch, k: int, tol: float, dim: int, max_probes: int, used: int) -> bool:
+def _sketch_pays(
+    cand: list[float], sk: _Sketch, k: int, tol: float, dim: int, max_probes: int, used: int
+) -> bool:
     """Whether the residual samples ``cand`` predict more than ``4 (r + k)`` further samples to reach
     ``tol`` while the sketch may still grow by ``k`` (at most a third of the budget)."""
     m, se = mean_stderr(cand)
