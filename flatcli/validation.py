@@ -15,7 +15,7 @@ a bad value reads the same everywhere but for the subject::
 
 Messages never name a command-line flag: the CLI alone maps keys to flags (`flatcli.cli.cli_message`).
 The allowed-values tuples (`PRECISIONS`, `LOSS_NAMES`, `HVP_MODES`, ...) live here only; the engine
-and the config import them (tests/test_architecture.py checks no other module spells one out).
+and the config import them (tests/project/test_architecture.py checks no other module spells one out).
 
 The measures' options use the same checks (`opt`, `parse_options`, re-exported by
 ``flatcli.measures._options``) with scikit-learn style messages ("The 'tol' parameter of

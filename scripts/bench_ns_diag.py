@@ -3,7 +3,7 @@
     python scripts/bench_ns_diag.py                 # all cases
     python scripts/bench_ns_diag.py --cases tiny    # only the 5-4-4-3 cases
 
-Cases (float64): the 5-4-4-3 ReLU MLP of tests/test_normalized_sharpness.py with
+Cases (float64): the 5-4-4-3 ReLU MLP of tests/measures/test_normalized_sharpness.py with
 one last-layer weight set to 0 and to 1e-6, the same with the 30% smallest
 weights of every layer pruned to 0, and `flatcli.demo.models.MLP` (64-w-w-10)
 trained on the bundled digits to the demo's loss target, as trained and with

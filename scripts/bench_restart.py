@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 def clustered(n: int = 3000):
     """A float64 operator with eigenvalues 10, 9.9, 9.8, −5, −4.95 over a bulk uniform in [−3, 6.5]
-    (seeded), the shape of tests/test_thick_restart.py at n = 3,000: a clustered top."""
+    (seeded), the shape of tests/engine/test_thick_restart.py at n = 3,000: a clustered top."""
     import torch
 
     from flatcli.engine import linalg

@@ -1,7 +1,7 @@
 """How far apart forward-over-reverse and double-backward Hessian products are on a tiny float64 BERT
 whose word embedding has ``padding_idx`` 0 (the numbers in docs/architecture.md, "Padding rows").
 
-Three inputs: random ids with the pad token 0 attended (tests/test_padding_idx.py's ``bert()``), a
+Three inputs: random ids with the pad token 0 attended (tests/engine/test_padding_idx.py's ``bert()``), a
 tokenizer's padding (the pad token only where ``attention_mask`` is 0) and the same with one pad token
 attended. Prints the relative difference ‖H_rev V − H_fwd V‖ / ‖H_rev V‖ for two random vectors. Run it
 against any checkout: ``PYTHONPATH=/path/to/checkout python scripts/padding_modes.py``.
@@ -19,7 +19,7 @@ DT = torch.float64
 
 
 def model():
-    """tests/test_padding_idx.py's tiny BERT: one layer, hidden 8, vocabulary 20, random weights."""
+    """tests/engine/test_padding_idx.py's tiny BERT: one layer, hidden 8, vocabulary 20, random weights."""
     torch.manual_seed(0)
     cfg = tf.BertConfig(
         vocab_size=20,

@@ -1,4 +1,4 @@
-"""Reference values of WeightWatcher 0.7.7 for tests/test_weightwatcher.py.
+"""Reference values of WeightWatcher 0.7.7 for tests/measures/test_weightwatcher.py.
 
 Builds layers with closed-form weights (orthonormal DCT bases and Pareto-quantile spectra:
 no random numbers, so every platform builds the same matrices), runs

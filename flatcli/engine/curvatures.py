@@ -136,7 +136,7 @@ class GGN(Curvature):
         (`flatcli.engine.loop.ProductState.pullback`: batched or a loop), not ``torch.func.vjp``, whose first call
         in a process imports ``torch._dynamo`` (and pandas): 1.3 s of every process that runs
         normalized sharpness, ns_bound or the Fisher-Rao term on an MLP (`flatcli measure` on
-        tests/test_distributed.py's config: 6.3 → 4.6 s). Per product it is as fast (medians of 9
+        tests/engine/test_distributed.py's config: 6.3 → 4.6 s). Per product it is as fast (medians of 9
         interleaved rounds, 1 and 8 vectors, 64-16-16-10 and 784-256-256-10 MLPs and a small CNN,
         one CPU thread: 0.80-1.04× of the torch.func time) and gives the same values."""
         p, st = self.problem, self.state

@@ -22,7 +22,7 @@ A loss supplies
   losses whose units are rows.
 
 Adding a loss is one subclass registered in `LOSSES`, its name added to the rule ``loss``
-(`flatcli.validation.LOSS_NAMES`; tests/test_architecture.py checks the two agree), plus a test
+(`flatcli.validation.LOSS_NAMES`; tests/project/test_architecture.py checks the two agree), plus a test
 against ``torch.func.hessian`` of its own mean.
 """
 

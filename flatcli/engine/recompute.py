@@ -17,7 +17,7 @@ while the forward runs: a block recomputed later would read the model's own para
 graph would lose its path to θ. So each block's parameters and buffers are read when it is called
 (they are then the functional ones) and passed to the checkpointed function as *inputs*, which
 rebinds them with ``functional_call`` when it runs, first time and recomputation alike.
-tests/test_recompute.py checks the products against those without recomputation on tiny GPT-2 and
+tests/engine/test_recompute.py checks the products against those without recomputation on tiny GPT-2 and
 BERT models in float64 (to rounding), and against a dense Hessian built row by row.
 
 What it saves, and what it does not: the forward's saved activations of the whole model are

@@ -21,7 +21,7 @@ derivative along :math:`\theta + \epsilon v`. So, with :math:`\dot x` the deriva
    (tied weights, GPT-2's embedding and head, get the suffix's share and the prefix's: their sum).
 
 Every step is an exact derivative (``torch.func`` forward mode over reverse mode), so the product
-equals the double-backward one to rounding; tests/test_segments.py checks it against a dense
+equals the double-backward one to rounding; tests/engine/test_segments.py checks it against a dense
 Hessian built row by row and against the engine's reverse products on tiny GPT-2, BERT and ViT
 models in float64, with parameter subsets, padding and two batches. What it keeps: 2(L+1) boundary
 tensors (tokens × width each) and one block's activations and tangents at a time, instead of every

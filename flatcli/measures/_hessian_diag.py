@@ -29,7 +29,7 @@ r"""The Hessian diagonal for the Tsuzuku et al. (2020) family, and its options.
   Gauss-Newton trace ≤ 7e-11 in float64 with the default k = 2; float32 resolves
   errors of ≥ 10% of the trace (≤ 4e-4). The former check (3 coordinates only)
   passed on a fused-QKV attention block and on a layer with 2 tanh and 14 ReLU
-  rows while the Fisher-Rao term was 4% and 2-8% off (tests/test_normalized_sharpness.py).
+  rows while the Fisher-Rao term was 4% and 2-8% off (tests/measures/test_normalized_sharpness.py).
   Cost: C per-sample vector-Jacobian passes over S (C outputs; ``n_vjp``), plus
   ``check`` HVPs and 2·``check_probes`` products per tensor, plus the unit vectors of curved tensors.
 * ``ggn``: the Gauss-Newton diagonal alone (exact for piecewise-linear

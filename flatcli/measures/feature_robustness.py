@@ -37,7 +37,7 @@ Theorem 5 check. Since the layer computes :math:`W(I + \delta O)\phi = (W + \del
 (the ratio at the smallest δ, with ``kappa_limit_stderr``) and
 ``kappa_extrapolated`` (Richardson, :math:`(4r(\delta/2^{k}) - r(\delta/2^{k-1}))/3`
 from the two smallest δ; the ratio is :math:`\kappa + c\delta^2 + \dots`): both
-estimate κ; tests/test_feature_robustness.py compares them with
+estimate κ; tests/measures/test_feature_robustness.py compares them with
 ``relative_flatness`` and, per matrix, with dense Hessians. Like Theorem 5 this
 needs ψ twice differentiable: with a ReLU after the layer a perturbation that
 moves a pre-activation across 0 adds a term of order |δ| (not δ²), so the ratio
@@ -72,7 +72,7 @@ the risk is estimated by the held-out part's mean loss and the mixture's risk by
 folds (``representativeness_stderr``: over folds). ``bound`` is
 :math:`\mathcal E_F(\mathcal A_\delta) + \hat{\mathcal E}_{Rep}`, eq. 5's approximate
 bound on the gap (Fig. 4; "technically not a bound anymore", Sec. 6). In the paper's
-setting (ψ refitted per fold, tests/test_feature_robustness.py) it lies above the
+setting (ψ refitted per fold, tests/measures/test_feature_robustness.py) it lies above the
 measured generalization gap, as in their Fig. 4. ``kde_loglik`` is the held-out mean
 log-density of a fixed-bandwidth Gaussian ``sklearn.neighbors.KernelDensity``
 (bandwidth δ·median‖z_i‖, exact sums) fitted on each training part: a smooth density

@@ -35,7 +35,7 @@ the raw one contributes that through γ and β, plus :math:`\langle W, \nabla_W\
 \langle b, \nabla_b\ell\rangle = \langle s \circ z, \nabla_y \ell\rangle` (= ⟨y − β + s∘μ, ∇_yℓ⟩,
 summed over positions for convolutions), so the scale direction is
 counted twice in the raw form: on the ConvBN test network the raw value is 0.652,
-the folded one 0.257 (tests/test_fisher_rao.py). When something was folded, the
+the folded one 0.257 (tests/measures/test_fisher_rao.py). When something was folded, the
 diagnostic ``raw_parameterization_value`` reports the raw form as well (one more
 forward-mode pass over S).
 """

@@ -24,7 +24,7 @@ reported as the value (larger means sharper). Two ways to compute it (``method``
   ``t_factor`` for few runs) and the Lanczos quadrature error of each run
   (``quadrature_error``, `flatcli.engine.linalg.SLQResult.quadrature_error`),
   which is the same sign in every run and which the spread over runs never shows.
-  Measured (tests/test_local_entropy.py, a 20-90-3 tanh MLP, 2,163 parameters,
+  Measured (tests/measures/test_local_entropy.py, a 20-90-3 tanh MLP, 2,163 parameters,
   against the dense float64 value): ±2 stderr covered the exact value in 20 of 20
   seeds with 4 runs of 25 or 10 steps; the former between-run stderr alone in 15
   and 5 of 20 (25-step quadrature: −2.3 on 36.5 in one run; the quadrature term
@@ -43,7 +43,7 @@ reported as the value (larger means sharper). Two ways to compute it (``method``
   :math:`H_+ = 0`, where every run gives 0 and the stderr is 0 too, so the relative ``tol``
   needs no near-zero floor here.
 
-Why (tests/test_local_entropy.py): the former default, a fixed 4 × 25 SLQ, gave
+Why (tests/measures/test_local_entropy.py): the former default, a fixed 4 × 25 SLQ, gave
 0.465 ± 0.164 (35% standard error) against the exact 0.415 on a tiny tanh MLP;
 the per-run spread of the estimate is that of a Hutchinson probe of f(H₊),
 :math:`\sqrt{2(\|f\|_F^2 - \sum_i f_{ii}^2)}`, 30–35% of the value on such

@@ -51,7 +51,7 @@ column × 1/α_j) leaves :math:`\phi_j/\sigma_j` unchanged but turns
 :math:`\phi_j/\sigma_j^2` into :math:`\phi_j/(\alpha_j\sigma_j^2)`; the cross
 terms :math:`\phi_j^2 \langle W_{:k}W_{:k}^\top, H_z\rangle` then scale by
 :math:`\alpha_k^2/\alpha_j^2`. Numbers (ReLU MLP 5-6-4, 25 samples, the
-classifier's κ; tests/test_relative_flatness.py), for α = 1, α = linspace(0.2, 5, 6)
+classifier's κ; tests/measures/test_relative_flatness.py), for α = 1, α = linspace(0.2, 5, 6)
 and its reverse: std-normalized 0.2871, 0.2871, 0.2871; variance-normalized
 0.4036, 5.671, 20.08; unnormalized 0.2960, 5.771, 11.04. (A layer-wise
 rescaling, all α_j equal, leaves all three unchanged.)

@@ -277,7 +277,7 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     not be a one-flip maximum), and which a sign-gradient ascent from a random
     start often misses: on least squares at its exact minimum (5 to 16
     parameters, ρ = 0.1) one random start alone reached 50-76% of the best corner
-    on some problems where the default reaches it (tests/test_sharpness.py). The
+    on some problems where the default reaches it (tests/measures/test_sharpness.py). The
     same full-set eigenvectors start the ascent of every m-batch (they approximate
     the batch Hessians' top directions). Diagnostic ``best_start`` counts the
     batches whose maximum came from an ``eigen``, a ``random`` start, the ``corner`` search or ``zero``.

@@ -27,7 +27,7 @@ Per layer (every ``nn.Linear`` and convolution weight, as WeightWatcher does):
   distance). The former fit used Clauset's recipe at every size
   (`fit_power_law`, which equals the ``powerlaw`` package): on a 10-eigenvalue
   layer (any 10-class head) it gave α = 5.17 where WeightWatcher gives 2.04 (issue 20's
-  layer), 2.14 vs 1.61 on the 10-eigenvalue layer of tests/test_weightwatcher.py.
+  layer), 2.14 vs 1.61 on the 10-eigenvalue layer of tests/measures/test_weightwatcher.py.
 * Layers with fewer than ``min_evals`` eigenvalues (default 8, WeightWatcher
   0.7.7's ``DEFAULT_MIN_EVALS``; its docstring says 10), counted as it counts
   them (all ``min(out, in)`` eigenvalues, times the kernel positions of a
@@ -41,7 +41,7 @@ layers with more than 15,000 eigenvalues or a dimension above 50,000
 (WeightWatcher's ``max_evals``, ``max_N``) are fitted here and skipped there; the
 reported ``sigma`` is (α − 1)/√n_tail also where WeightWatcher's small-sample
 fallback reports −1/√N (a quirk of its bookkeeping); α itself is the same on
-every layer both fit (tests/test_weightwatcher.py, against the package).
+every layer both fit (tests/measures/test_weightwatcher.py, against the package).
 
 Value: the mean of α over the fitted layers. Orientation: Martin & Mahoney find
 that smaller α (heavier-tailed, better-trained layers) goes with better test
@@ -120,7 +120,7 @@ def fit_power_law(x) -> PowerLawFit:
     (nor refitted numerically outside (1.5, 3]): WeightWatcher's exponents
     reach 6 and more, and its own fitter has no such range either. Where the
     chosen α lies in (1.5, 3) and no candidate with α ≥ 3 has a smaller D, the
-    result equals ``powerlaw.Fit(x).alpha`` / ``.xmin`` (tests/test_weightwatcher.py).
+    result equals ``powerlaw.Fit(x).alpha`` / ``.xmin`` (tests/measures/test_weightwatcher.py).
 
     ``x``: positive values (non-positive ones are an error). Needs at least 3
     distinct values.
@@ -182,7 +182,7 @@ def ww_fit(x) -> PowerLawFit:
       whole set is the tail.
 
     ``sigma`` = (α − 1)/√n as WeightWatcher reports it. Needs at least two values;
-    tests/test_weightwatcher.py compares it with the package on every regime.
+    tests/measures/test_weightwatcher.py compares it with the package on every regime.
     """
     x = np.sort(np.asarray(x, dtype=np.float64))
     if x.size < 2 or x[0] <= 0 or not np.all(np.isfinite(x)):

@@ -15,7 +15,7 @@ rows to the device in chunks of at most ``capacity`` rows:
 This is *host offload*, chosen over selective or partial reorthogonalization (Parlett & Scott 1979;
 Simon 1984) because it changes no arithmetic: the coefficients are the same dot products, summed
 over chunks instead of in one matrix product, so results equal the all-on-device run to rounding
-(tests/test_linalg.py checks 1e-12 in float64) and every certificate of the estimators (residuals,
+(tests/engine/test_linalg.py checks 1e-12 in float64) and every certificate of the estimators (residuals,
 the invariant-subspace test, the certified step count) stays valid as is. Its price is traffic:
 each reorthogonalization pass reads the whole basis twice over the host link (at PCIe 4's nominal
 ~25 GB/s, a 30-vector float32 basis of a 1B-parameter model, 2 × 120 GB per pass, takes ~10 s; not

@@ -1,0 +1,545 @@
+"""Budgets (issue 26, points 1 and 5): capped estimators return the estimate of the work they did,
+measures map that to status ``budget``; relative tolerances on quantities near 0 stop at their
+absolute floor with status ``near_zero``. References are dense float64 matrices and Hessians built
+row by row with double backward."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+from flatcli import api
+from flatcli.budget import BudgetPlan, predicted_cost
+from flatcli.cli import app
+from flatcli.config import from_dict, parse_measures, parse_seconds
+from flatcli.engine import linalg
+from flatcli.engine.linalg import Budget
+from flatcli.errors import ConfigError
+from flatcli.measures import Dims
+from tests.helpers import TinyBN, tiny_data, tiny_mlp, write_project
+
+DT = torch.float64
+
+
+def sym(P: int, seed: int, eigs=None) -> torch.Tensor:
+    """A dense symmetric matrix with eigenvalues ``eigs`` (default: 1..P spread) in a random basis."""
+    g = torch.Generator().manual_seed(seed)
+    Q = torch.linalg.qr(torch.randn(P, P, generator=g, dtype=DT)).Q
+    e = torch.as_tensor(eigs if eigs is not None else np.linspace(0.1, 5.0, P), dtype=DT)
+    return (Q * e) @ Q.T
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ------------------------------------------------------------------ capped estimators
+
+
+def test_capped_hutchinson_returns_the_estimate_and_stderr_of_its_probes():
+    A = sym(40, 0)
+    b = Budget(max_products=40)
+    r = linalg.hutchinson(
+        linalg.as_operator(lambda V: V @ A, 40, dtype=DT, block_size=16),
+        stop=linalg.ProbeStop(tol=1e-9, min_probes=16, budget=b),
+        generator=gen(3),
+    )
+    assert r.stopped_by_budget and not r.converged and r.probes == 40 and b.spent == 40
+    Z = linalg.rademacher(40, 40, gen(3), dtype=DT)  # the same probes, drawn at once
+    q = ((Z @ A) * Z).sum(1)
+    assert r.estimate == pytest.approx(float(q.mean()), rel=1e-12)
+    assert r.stderr == pytest.approx(float(q.std()) / math.sqrt(40), rel=1e-10)
+    assert abs(r.estimate - float(torch.trace(A))) < 5 * r.stderr
+
+
+def test_capped_hutchpp_stays_within_its_products():
+    A = sym(60, 1)
+    r = linalg.hutchpp(
+        linalg.as_operator(lambda V: V @ A, 60, dtype=DT),
+        generator=gen(4),
+        stop=linalg.ProbeStop(tol=1e-9, min_probes=16, budget=Budget(max_products=30)),
+    )
+    assert r.stopped_by_budget and not r.converged and r.probes <= 30
+    assert math.isfinite(r.estimate) and math.isfinite(r.stderr)
+    assert abs(r.estimate - float(torch.trace(A))) < 6 * r.stderr
+
+
+def test_capped_lanczos_returns_the_ritz_values_of_its_krylov_space():
+    A = sym(60, 2)
+    v0 = torch.randn(60, generator=gen(5), dtype=DT)
+    r = linalg.lanczos(
+        linalg.as_operator(lambda V: V @ A, 60, dtype=DT),
+        v0=v0,
+        stop=linalg.KrylovStop(tol=1e-12, max_steps=50, budget=Budget(max_products=6)),
+    )
+    assert r.steps == 6 and r.stopped_by_budget and not r.converged
+    K = torch.stack([torch.linalg.matrix_power(A, j) @ v0 for j in range(6)], 1)
+    Q = torch.linalg.qr(K).Q  # the 6-dimensional Krylov space, in float64
+    ref = np.sort(torch.linalg.eigvalsh(Q.T @ A @ Q).numpy())[::-1]
+    np.testing.assert_allclose(r.eigenvalues, ref, rtol=1e-8, atol=1e-10)
+
+
+def test_capped_slq_keeps_whole_runs_and_shares_the_budget():
+    A = sym(30, 3)
+    b = Budget(max_products=12)
+    s = linalg.slq(
+        linalg.as_operator(lambda V: V @ A, 30, dtype=DT),
+        runs=10,
+        steps=5,
+        generator=gen(6),
+        budget=b,
+    )
+    assert len(s.nodes) == 2 and s.n_hvp == 10 and s.stopped_by_budget and b.spent == 10
+    full = linalg.slq(
+        linalg.as_operator(lambda V: V @ A, 30, dtype=DT), runs=10, steps=5, generator=gen(6)
+    )
+    np.testing.assert_allclose(np.concatenate(s.nodes), np.concatenate(full.nodes[:2]), rtol=1e-12)
+    r = linalg.lanczos(
+        linalg.as_operator(lambda V: V @ A, 30, dtype=DT),
+        generator=gen(7),
+        stop=linalg.KrylovStop(max_steps=20, budget=b),
+    )
+    assert r.steps == 2 and r.stopped_by_budget  # what the SLQ left of the shared cap
+
+
+def test_an_exhausted_budget_still_gives_a_value():
+    A = sym(30, 4)
+    b = Budget(max_seconds=0.0)
+    r = linalg.hutchinson(
+        linalg.as_operator(lambda V: V @ A, 30, dtype=DT),
+        generator=gen(1),
+        stop=linalg.ProbeStop(budget=b),
+    )
+    assert r.probes == 2 and r.stopped_by_budget and math.isfinite(r.stderr)
+    assert (
+        linalg.lanczos(
+            linalg.as_operator(lambda V: V @ A, 30, dtype=DT),
+            generator=gen(1),
+            stop=linalg.KrylovStop(budget=b),
+        ).steps
+        == 1
+    )
+    s = linalg.slq(
+        linalg.as_operator(lambda V: V @ A, 30, dtype=DT),
+        runs=4,
+        steps=3,
+        generator=gen(1),
+        budget=b,
+    )
+    assert len(s.nodes) == 1
+
+
+# ------------------------------------------------------------------ measures under caps
+
+
+def _measure(measures, model=None, loss="cross_entropy", data=None, **kw):
+    model = model if model is not None else tiny_mlp(seed=1)
+    x, y = data if data is not None else tiny_data(n=30)
+    return api.measure_model(
+        model, (x, y), measures, loss=loss, batch_size=8, precision="fp64", **kw
+    )
+
+
+def test_max_hvps_caps_the_trace_at_the_value_of_that_many_probes():
+    row = _measure(
+        [
+            {"hessian_trace": {"tol": 1e-6, "max_hvps": 48, "label": "capped"}},
+            {"hessian_trace": {"min_probes": 48, "max_probes": 48, "label": "fixed"}},
+        ]
+    )
+    capped, fixed = row.results["capped"], row.results["fixed"]
+    assert (
+        capped.status == "budget"
+        and capped.diagnostics["probes"] == 48
+        and capped.diagnostics["n_hvp"] == 48
+    )
+    assert (
+        capped.value == fixed.value
+        and capped.stderr == fixed.stderr
+        and 0 < capped.stderr < math.inf
+    )
+
+
+def test_every_iterative_measure_maps_its_cap_to_status_budget():
+    row = _measure(
+        [
+            {"hessian_lambda_max": {"max_hvps": 3, "tol": 1e-9}},
+            {"hessian_spectrum": {"max_hvps": 12, "top_k": 2, "slq_runs": 4, "slq_steps": 5}},
+            {"local_entropy": {"method": "slq", "max_hvps": 30, "slq_steps": 5, "tol": 1e-6}},
+            {"hessian_trace": {"method": "hutchpp", "max_hvps": 20, "tol": 1e-6}},
+            "frobenius_norm",
+        ]
+    )
+    st = {k: (r.status, r.diagnostics.get("n_hvp")) for k, r in row.results.items()}
+    assert st["hessian_lambda_max"] == ("budget", 3)
+    assert st["hessian_spectrum"][0] == "budget" and st["hessian_spectrum"][1] <= 12
+    assert st["local_entropy"] == ("budget", 30)  # 6 runs of 5 steps: the rounds end at the cap
+    assert st["hessian_trace"][0] == "budget" and st["hessian_trace"][1] <= 20
+    assert st["frobenius_norm"] == ("ok", 0)
+    assert all(math.isfinite(r.value) for r in row.results.values())
+
+
+def test_a_spent_checkpoint_budget_stops_iterative_measures_and_flags_the_others():
+    row = _measure(
+        [
+            "hessian_lambda_max",
+            "hessian_trace",
+            "frobenius_norm",
+            "first_order_flatness",
+            {"sharpness_worst": {"restarts": 3}},
+            "keskar_sharpness",
+        ],
+        budget=1e-9,
+    )
+    res = row.results
+    full = _measure(["first_order_flatness", {"sharpness_worst": {"restarts": 3}}]).results
+    for lab in ("first_order_flatness", "sharpness_worst", "keskar_sharpness"):  # ascents end early
+        assert res[lab].status == "budget", lab
+    assert (
+        res["sharpness_worst"].diagnostics["n_grad"] < full["sharpness_worst"].diagnostics["n_grad"]
+    )
+    assert (
+        res["first_order_flatness"].diagnostics["n_hvp"]
+        == 2
+        < full["first_order_flatness"].diagnostics["n_hvp"]
+    )
+    assert (
+        0 < res["first_order_flatness"].value <= full["first_order_flatness"].value
+    )  # the best point so far
+    assert (
+        res["hessian_lambda_max"].status == "budget"
+        and res["hessian_lambda_max"].diagnostics["steps"] == 1
+    )
+    assert (
+        res["hessian_trace"].status == "budget" and res["hessian_trace"].diagnostics["probes"] == 2
+    )
+    assert (
+        res["frobenius_norm"].status == "ok"
+        and res["frobenius_norm"].diagnostics["over_budget"] is True
+    )
+    assert all(
+        math.isfinite(r.value) and r.diagnostics["budget_seconds"] <= 1e-9 for r in res.values()
+    )
+
+
+def test_a_measure_that_cannot_stop_early_starts_only_when_its_prediction_fits():
+    """The exact trace (one unit-vector HVP per parameter) cannot stop early: under a cap its least
+    predicted seconds or HVPs must fit, else it is not started (status ``budget``, NaN, the
+    reason); a measure that stops early starts whatever its cap."""
+    P = sum(p.numel() for p in tiny_mlp(seed=1).parameters())
+    row = _measure(
+        [
+            {"hessian_trace": {"method": "exact", "max_seconds": 1e-6, "label": "tight"}},
+            {"hessian_trace": {"method": "exact", "max_seconds": 1e6, "label": "roomy"}},
+            {"hessian_trace": {"method": "exact", "max_hvps": P - 1, "label": "few"}},
+            {"hessian_trace": {"max_seconds": 1e-6, "label": "stops"}},
+            {"frobenius_norm": {"max_seconds": 1e-9, "label": "free"}},
+        ]
+    )
+    res = row.results
+    alone = _measure([{"hessian_trace": {"method": "exact"}}]).results["hessian_trace"]
+    for lab in ("tight", "few"):
+        assert res[lab].status == "budget" and math.isnan(res[lab].value), lab
+        assert res[lab].diagnostics["started"] is False and "n_hvp" not in res[lab].diagnostics, lab
+    assert (
+        res["tight"].diagnostics["predicted_seconds"][0] > 1e-6
+        and "cannot stop early" in res["tight"].diagnostics["reason"]
+    )
+    assert (
+        res["few"].diagnostics["predicted_hvps"] == [P, P]
+        and f"max_hvps = {P - 1}" in res["few"].diagnostics["reason"]
+    )
+    assert (
+        res["roomy"].status == "ok"
+        and res["roomy"].value == alone.value
+        and res["roomy"].diagnostics["n_hvp"] == P
+    )
+    assert res["stops"].status == "budget" and math.isfinite(
+        res["stops"].value
+    )  # started, stopped at its cap
+    assert res["free"].status == "ok"  # no products to predict: it always starts
+    folded = _measure(
+        [{"fisher_rao_norm": {"max_seconds": 1e-9}}],
+        model=TinyBN().double(),
+        params={"include": ["bn.*"]},
+    )
+    assert (
+        folded.results["fisher_rao_norm"].status == "not_applicable"
+    )  # its own reason, not the cap's
+
+
+def test_the_checkpoint_budget_is_shared_by_predicted_cost():
+    d = Dims(P=1000, n=50)
+    specs = parse_measures(
+        [
+            "hessian_lambda_max",
+            {"hessian_trace": {"min_probes": 10, "max_probes": 30}},
+            "frobenius_norm",
+        ]
+    )
+    w = [predicted_cost(s, d) for s in specs]
+    w_lmax, w_trace = math.sqrt(linalg.certified_min_steps(1000) * 100), math.sqrt(10 * 30)
+    assert w == [
+        pytest.approx(w_lmax),
+        pytest.approx(w_trace),
+        1.0,
+    ]  # λmax: certified floor … max_steps
+    t = [0.0]
+    plan = BudgetPlan(100.0, w, clock=lambda: t[0])
+    assert plan.share(0) == pytest.approx(100 * w[0] / sum(w))
+    t[0] = 10.0  # the first measure took 10 s: the rest of the budget is split among the others
+    assert plan.share(1) == pytest.approx(90 * w_trace / (w_trace + 1))
+    t[0] = 200.0
+    assert plan.share(2) == 0.0
+    fixed = BudgetPlan.of(
+        100.0, specs[1:2], lambda: d, among=specs
+    )  # a sweep's unit: a fixed share
+    assert fixed.share(0) == pytest.approx(100 * w_trace / sum(w))
+
+
+# ------------------------------------------------------------------ configuration
+
+
+def test_budget_values_and_their_errors():
+    assert [parse_seconds(v) for v in (90, "90", "90s", "10m", "1h", " 1.5H ")] == [
+        90,
+        90,
+        90,
+        600,
+        3600,
+        5400,
+    ]
+    for bad in ("10d", "", "-5s", 0, "fast", True, float("inf")):
+        with pytest.raises(
+            ConfigError, match="runtime.budget must be a positive number of seconds"
+        ):
+            parse_seconds(bad)
+    cfg = from_dict({"runtime": {"budget": "2m"}})
+    assert cfg.runtime.budget == 120.0 and from_dict({}).hash() == from_dict({"runtime": {}}).hash()
+    with pytest.raises(ConfigError, match="config key 'runtime.budget'"):
+        from_dict({"runtime": {"budget": "soon"}})
+    spec = parse_measures([{"hessian_trace": {"max_seconds": "1m", "max_hvps": 64, "tol": 0.1}}])[0]
+    assert (spec.max_seconds, spec.max_hvps, spec.options) == (60.0, 64, {"tol": 0.1})
+    with pytest.raises(
+        ConfigError, match=r"measures\[0\].hessian_trace.max_hvps' must be an int ≥ 1"
+    ):
+        parse_measures([{"hessian_trace": {"max_hvps": 0}}])
+    with pytest.raises(ConfigError, match="max_seconds' must be a positive number"):
+        parse_measures([{"frobenius_norm": {"max_seconds": "x"}}])
+
+
+def test_cli_budget_flag(tmp_path):
+    cfg = write_project(tmp_path / "p", measures=["hessian_trace", "frobenius_norm"], n_ckpt=1)
+    res = CliRunner().invoke(app, ["measure", "-c", str(cfg), "--budget", "soon"])
+    assert res.exit_code == 2 and "--budget must be a positive number of seconds" in res.output
+    res = CliRunner().invoke(
+        app,
+        [
+            "measure",
+            "-c",
+            str(cfg),
+            "-o",
+            str(tmp_path / "o"),
+            "--budget",
+            "1h",
+            "--format",
+            "json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    import json
+
+    rows = json.loads((tmp_path / "o" / "results.json").read_text())["rows"]
+    assert rows[0]["measures"]["hessian_trace"]["diagnostics"]["budget_seconds"] <= 3600
+
+
+# ------------------------------------------------------------------ near zero
+
+
+def _zero_linear(d=6, h=5, o=3):
+    model = nn.Sequential(nn.Linear(d, h, bias=False), nn.Linear(h, o, bias=False)).to(DT)
+    for p in model.parameters():
+        nn.init.zeros_(p)
+    g = gen(0)
+    return (
+        model,
+        torch.randn(20, d, generator=g, dtype=DT),
+        torch.randn(20, o, generator=g, dtype=DT),
+    )
+
+
+def _dense_hessian(model, x, y) -> torch.Tensor:
+    """The Hessian of the mean per-sample squared error, row by row with double backward."""
+    params = list(model.parameters())
+    loss = ((model(x) - y) ** 2).sum(1).mean()
+    g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, params, create_graph=True)])
+    rows = [
+        torch.cat([t.reshape(-1) for t in torch.autograd.grad(g[i], params, retain_graph=True)])
+        for i in range(g.numel())
+    ]
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("method", ["hutchinson", "hutchpp"])
+def test_a_zero_trace_stops_at_its_floor_with_status_near_zero(method):
+    """Two zero-initialized bias-free linear layers under MSE: Tr H = 0 exactly (H only couples the
+    layers), so tol 0.02 relative cannot be met; the floor tol·Tr|H| is."""
+    model, x, y = _zero_linear()
+    H = _dense_hessian(model, x, y)
+    assert float(torch.trace(H)) == 0.0 and float(H.abs().max()) > 0.1
+    abs_trace = float(torch.linalg.eigvalsh(H).abs().sum())
+    row = _measure(
+        [{"hessian_trace": {"method": method, "tol": 0.02}}], model=model, loss="mse", data=(x, y)
+    )
+    r = row.results["hessian_trace"]
+    assert r.status == "near_zero" and r.diagnostics["probes"] < 400
+    assert 0.5 * abs_trace < r.diagnostics["abs_trace"] < 1.5 * abs_trace
+    assert r.stderr <= 0.02 * max(r.diagnostics["abs_trace"], abs(r.value))
+    assert abs(r.value) < 4 * r.stderr  # the exact trace, 0, within the error bar
+
+
+def test_the_floor_reads_tr_abs_h_from_the_spectrums_slq_runs():
+    """After hessian_spectrum in one checkpoint's run, the trace's floor takes Tr|H| from the SLQ
+    runs it kept (no products of its own), equal to the SLQ estimate of Σ|λ| from the spectrum's
+    runs (its nodes and weights in its diagnostics); alone it computes its own 4 × 10-step SLQ."""
+    model, x, y = _zero_linear()
+    abs_trace = float(torch.linalg.eigvalsh(_dense_hessian(model, x, y)).abs().sum())
+    trace = {"hessian_trace": {"tol": 0.02}}
+    both = _measure(
+        [{"hessian_spectrum": {"slq_runs": 4, "slq_steps": 12}}, trace],
+        model=model,
+        loss="mse",
+        data=(x, y),
+    ).results
+    alone = _measure([trace], model=model, loss="mse", data=(x, y)).results["hessian_trace"]
+    r, spec = both["hessian_trace"], both["hessian_spectrum"].diagnostics
+    P = sum(p.numel() for p in model.parameters())
+    kept = np.mean(
+        [
+            P * np.sum(np.asarray(w) * np.abs(t))
+            for t, w in zip(spec["slq_nodes"], spec["slq_weights"], strict=True)
+        ]
+    )
+    assert r.status == alone.status == "near_zero"
+    assert (
+        r.diagnostics["abs_trace"]
+        == pytest.approx(kept, rel=1e-12)
+        != alone.diagnostics["abs_trace"]
+    )
+    assert 0.7 * abs_trace < r.diagnostics["abs_trace"] < 1.3 * abs_trace
+
+
+def test_a_positive_definite_trace_never_uses_the_floor():
+    A = sym(50, 5, eigs=np.geomspace(1e-3, 10.0, 50))
+    r = linalg.hutchinson(
+        linalg.as_operator(lambda V: V @ A, 50, dtype=DT),
+        generator=gen(2),
+        stop=linalg.ProbeStop(tol=0.01, max_probes=4000),
+    )
+    assert r.converged and not r.near_zero and r.stderr <= 0.01 * abs(r.estimate)
+
+
+@pytest.mark.parametrize("method", ["hutchinson", "hutchpp"])
+def test_a_trace_small_at_the_spectrums_scale_stops_at_its_floor(method):
+    """Tr A = 20 of Tr|A| ≈ 420 (eigenvalues ±[0.5, 1.5], the positive ones 10% larger): 1% of 20
+    needs about 20,000 probes, so the relative test is out of reach within max_probes although the
+    trace is many standard errors from 0. The estimator takes the floor tol·Tr|A| (status
+    near_zero) after a few dozen probes and its estimate covers the exact trace."""
+    P = 400
+    eigs = np.concatenate([1.1 * np.linspace(0.5, 1.5, P // 2), -np.linspace(0.5, 1.5, P // 2)])
+    A = sym(P, 7, eigs=eigs)
+    exact, mag = float(eigs.sum()), float(np.abs(eigs).sum())
+    est = linalg.hutchpp if method == "hutchpp" else linalg.hutchinson
+    r = est(
+        linalg.as_operator(lambda V: V @ A, P, dtype=DT),
+        generator=gen(5),
+        stop=linalg.ProbeStop(tol=0.01),
+    )
+    assert r.near_zero and r.converged and r.probes < (300 if method == "hutchinson" else 600), (
+        r
+    )  # cap: 1,000
+    assert abs(r.abs_trace - mag) < 0.2 * mag and r.stderr <= 0.01 * r.abs_trace
+    assert (
+        abs(r.estimate - exact) < 4 * r.stderr and abs(r.estimate) > 2 * r.stderr
+    )  # not indistinguishable from 0
+    # mild cancellation (Tr|A| = 1.5 Tr A): not near 0, so the relative test stays (out of reach
+    # within the cap) although the floor tol·Tr|A| would be met within it (tried: it stops near_zero)
+    mild = np.concatenate([np.linspace(0.5, 1.5, 300), -np.linspace(0.5, 1.5, 60)])
+    q = est(
+        linalg.as_operator(lambda V: V @ sym(360, 8, eigs=mild), 360, dtype=DT),
+        generator=gen(5),
+        stop=linalg.ProbeStop(tol=0.002, max_probes=1000),
+    )
+    assert (
+        not q.near_zero
+        and not q.converged
+        and q.probes >= 1000
+        and q.stderr > 0.002 * abs(q.estimate)
+    )
+
+
+def test_a_fixed_probe_count_near_zero_spends_no_products_on_the_floor():
+    """min_probes = max_probes (a fixed count, as scripts/bench_large.py's 4 or 16 probes): a trace
+    within 2σ of 0 at its last probe has no probe left to save, so Tr|A| is not computed (it cost
+    40 more products, 10× a 4-probe trace, before this was fixed) and the result is not_converged."""
+    P = 400
+    eigs = np.concatenate(
+        [np.linspace(0.5, 1.5, P // 2), -np.linspace(0.5, 1.5, P // 2)]
+    )  # Tr A = 0
+    A = sym(P, 7, eigs=eigs)
+    r = linalg.hutchinson(
+        linalg.as_operator(lambda V: V @ A, P, dtype=DT),
+        generator=gen(5),
+        stop=linalg.ProbeStop(tol=0.01, min_probes=8, max_probes=8),
+    )
+    assert abs(r.estimate) < 2 * r.stderr  # near 0: the case that used to compute Tr|A|
+    assert r.probes == 8 and r.abs_trace is None and not r.near_zero and not r.converged, r
+
+
+def test_lanczos_stops_at_the_absolute_floor_when_the_top_eigenvalue_is_zero():
+    """λmax = 0 under eigenvalues in [−1, −0.5], products in float32 (as on a network): the residual
+    stalls near 1e-9 while |θ| ~ 1e-8, so ‖Hx − θx‖ ≤ 1e-3·|θ| is out of reach (all 100 steps,
+    not converged, without the floor); the floor tol²·max|θ| = 1e-6 is met."""
+    A = sym(300, 6, eigs=np.concatenate([[0.0], -np.linspace(0.5, 1.0, 299)])).float()
+    r = linalg.lanczos(
+        linalg.as_operator(lambda V: V @ A, 300, dtype=torch.float32),
+        generator=gen(3),
+        stop=linalg.KrylovStop(tol=1e-3, max_steps=100),
+    )
+    assert r.converged and r.near_zero and r.steps < 50
+    assert abs(r.eigenvalues[0]) < 1e-6  # known to tol²·‖H‖ absolutely
+    big = linalg.lanczos(
+        linalg.as_operator(lambda V: V @ A + 2 * V, 300, dtype=torch.float32),
+        generator=gen(3),
+        stop=linalg.KrylovStop(tol=1e-3, max_steps=100),
+    )
+    assert big.converged and not big.near_zero  # λmax = 2: the relative test, unchanged
+
+
+def test_a_sweep_gives_each_unit_its_fixed_share_and_keys_capped_units_apart(tmp_path):
+    from flatcli.config import load_config
+    from flatcli.sweep.store import measure_hash
+
+    cfg = write_project(
+        tmp_path / "p",
+        measures=[{"hessian_trace": {"min_probes": 8, "max_probes": 8}}, "frobenius_norm"],
+        n_ckpt=1,
+    )
+    rep = api.sweep(cfg, tmp_path / "s", run=api.RunOptions(budget="1m"), log=lambda m: None)
+    assert rep.computed == 2
+    import json
+
+    units = [json.loads(p.read_text()) for p in (tmp_path / "s" / "units").glob("*.json")]
+    shares = {u["label"]: u["result"]["diagnostics"]["budget_seconds"] for u in units}
+    assert (
+        sum(shares.values()) == pytest.approx(60.0)
+        and shares["hessian_trace"] > shares["frobenius_norm"] > 0
+    )
+    plain, capped = load_config(cfg), load_config(cfg, {"runtime.budget": 60})
+    spec = plain.measure_specs()[0]
+    assert measure_hash(plain.to_dict(), spec) != measure_hash(capped.to_dict(), spec)

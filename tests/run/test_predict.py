@@ -1,0 +1,170 @@
+"""Predicted seconds and memory (``--dry-run``, flatcli.predict): the arithmetic of the prediction,
+the memory probe, ranges clamped to their cap, and the JSON plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flatcli.cli import app
+from flatcli.measures import Dims, MeasureSpec
+from flatcli.predict import ProductTimes, measure_peak, predict
+from tests.helpers import write_project
+
+runner = CliRunner()
+
+
+def _times(**kw) -> ProductTimes:
+    base = dict(
+        forward=2.0,
+        grad=3.0,
+        hvp1=0.5,
+        hvp_block=2.0,
+        block=4,
+        engine_block=8,
+        product_bytes=1000,
+        memory="test",
+        P=100,
+        element=4,
+    )
+    return ProductTimes(**{**base, **kw})
+
+
+def test_seconds_and_bytes_follow_the_declared_counts():
+    """A call of k vectors costs a + b·k: from 0.5 s at k = 1 and 2.0 s at k = 4, b = 0.5, a = 0."""
+    t = _times()
+    assert t.hvp_seconds(8, 1) == pytest.approx(4.0) and t.hvp_seconds(8, 0) == pytest.approx(4.0)
+    t = _times(hvp1=1.0, hvp_block=2.5)  # b = 0.5, a = 0.5: per vector 0.5 + 0.5/k
+    assert t.hvp_seconds(8, 1) == pytest.approx(8.0) and t.hvp_seconds(8, 4) == pytest.approx(5.0)
+    assert t.hvp_seconds(8, 0) == pytest.approx(4.5)  # the engine's block, 8 vectors a call
+    dims = Dims(P=100, n=40, C=4)
+    lam = predict(
+        MeasureSpec("hessian_lambda_max", "lam", {"min_steps": 5, "max_steps": 20}), dims, t
+    )
+    assert lam.hvps == (5, 20) and lam.seconds == pytest.approx(
+        (5.0, 20.0)
+    )  # one vector a step: 1 s each
+    assert (
+        lam.peak_bytes == 4 * 100 * (2 + 20 + 1) + 1000
+    )  # θ, gradient, 20 Krylov vectors, one product
+    sharp = predict(MeasureSpec("sharpness_average", "s", {"samples": 10}), dims, t)
+    assert (
+        sharp.seconds == pytest.approx((22.0, 22.0)) and sharp.peak_bytes == 4 * 100 * 2
+    )  # 11 forward passes
+    frob = predict(MeasureSpec("frobenius_norm", "f"), dims, t)
+    assert frob.seconds == (0.0, 0.0) and frob.hvps == (0, 0)
+
+
+def test_a_range_never_starts_above_its_cap():
+    """``max_steps: 8`` below the certified floor printed '15–8 HVPs'; the least is the cap."""
+    from flatcli.engine.linalg import certified_min_steps
+
+    dims = Dims(P=84_000, n=10)
+    assert certified_min_steps(84_000) > 8
+    est = MeasureSpec("hessian_lambda_max", "l", {"max_steps": 8}).estimate(dims)
+    assert est["n_hvp"] == (8, 8)
+
+
+def test_the_memory_probe_sees_each_call_again():
+    """The CPU probe resets the peak between calls: a second equal allocation is seen again
+    (the process-lifetime ru_maxrss would show nothing the second time)."""
+    nbytes = 64 * 2**20
+
+    def alloc():
+        x = torch.ones(nbytes // 4)
+        x += 1  # touch every page
+        return float(x[0])
+
+    for _ in range(2):
+        got, how = measure_peak(alloc, torch.device("cpu"))
+        assert 0.9 * nbytes <= got <= 1.5 * nbytes, (got, how)
+
+
+def test_dry_run_json_lists_every_checkpoint_and_measure(tmp_path):
+    cfg = write_project(
+        tmp_path / "p",
+        measures=[
+            {"hessian_lambda_max": {"max_steps": 8}},
+            {"hessian_trace": {"min_probes": 8, "max_probes": 8}},
+            "frobenius_norm",
+        ],
+    )
+    res = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)
+    assert [(e["checkpoint"], e["measure"]) for e in plan] == [
+        (c, m)
+        for c in ("m0.pt", "m1.pt")
+        for m in ("hessian_lambda_max", "hessian_trace", "frobenius_norm")
+    ]
+    keys = {
+        "checkpoint",
+        "measure",
+        "hvps_low",
+        "hvps_high",
+        "seconds_low",
+        "seconds_high",
+        "peak_bytes",
+        "status",
+        "memory",
+        "stops_early",
+    }
+    assert all(set(e) == keys and e["status"] == "ok" for e in plan)
+    lam, trace, frob = plan[:3]
+    assert (lam["stops_early"], trace["stops_early"], frob["stops_early"]) == (True, True, False)
+    assert (lam["hvps_low"], lam["hvps_high"]) == (8, 8) and (
+        trace["hvps_low"],
+        trace["hvps_high"],
+    ) == (8, 8)
+    assert 0 < trace["seconds_low"] == trace["seconds_high"] and frob["seconds_high"] == 0
+    P = 16 * 8 + 8 + 8 * 4 + 4
+    assert frob["peak_bytes"] == 4 * P * 2 and lam["peak_bytes"] > 4 * P * (2 + 8)
+    text = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run"]).output
+    assert (
+        "hessian_lambda_max: 8 HVPs; " in text and "timed: forward " in text and ", peak " in text
+    )
+
+
+def test_applicable_checks_predict_the_runs_not_applicable_reasons():
+    """``--dry-run`` prints not_applicable with the reason the run will give, for path_norm on
+    named inputs and for BatchNorm folding when the parameter selection names the folded
+    BatchNorm parameters; an applicable configuration predicts a run (None)."""
+    from flatcli.api import measure_model
+    from flatcli.config import parse_measures
+    from flatcli.engine import ParamSelection, Problem
+    from tests.helpers import TinyBN, tiny_data
+    from tests.token_models import TokenClassifier, padded_tokens
+
+    torch.manual_seed(3)
+    lm = TokenClassifier().double().eval()
+    ids, mask = padded_tokens(6, 5, 9, seed=3)
+    named = {"input_ids": ids, "attention_mask": mask, "labels": torch.arange(6) % 3}
+    bn = TinyBN().double().eval()
+    x, y = tiny_data(n=12)
+    cases = [
+        (lm, named, None, "path_norm", True),
+        (bn, (x, y), {"include": ["bn.*"]}, "fisher_rao_norm", True),
+        (bn, (x, y), {"include": ["bn.*"]}, "pacbayes_flatness", True),
+        (bn, (x, y), {"include": ["fc1.*", "fc2.*"]}, "fisher_rao_norm", False),
+    ]
+    for model, data, params, name, skipped in cases:
+        spec = parse_measures([name])[0]
+        sel = ParamSelection.of(params) if params else None
+        batch = data if isinstance(data, dict) else {"x": data[0], "y": data[1]}
+        predicted = spec.not_applicable(
+            Problem(model, batch, batch_size=6, dtype=torch.float64, params=sel)
+        )
+        assert (predicted is not None) == skipped, (name, params, predicted)
+        res = measure_model(
+            model, data, [name], precision="fp64", batch_size=6, params=params
+        ).results[name]
+        if predicted is None:
+            assert res.status == "ok", (name, params, res.diagnostics)
+        else:
+            assert res.status == "not_applicable" and res.diagnostics["reason"] == predicted, (
+                name,
+                params,
+            )
