@@ -24,7 +24,7 @@ import yaml
 from .errors import ConfigError
 from .loading.models import MODEL_DTYPES
 from .measures import MeasureSpec, get_measure
-from .validation import parse_options, validate
+from .validation import FORMATS, parse_options, validate
 from .validation import (
     parse_seconds as parse_seconds,  # re-exported: config keys and CLI flags take durations
 )
@@ -420,7 +420,7 @@ def _measure_caps(opts: dict, where: str) -> dict[str, Any]:
 
 
 CHOICES = {  # config keys with a fixed set of values and no rule in flatcli.validation (used in one place)
-    "output.format": ("table", "csv", "json"),
+    "output.format": FORMATS,
     "model.source": MODEL_SOURCES,
     "model.dtype": MODEL_DTYPES,
 }

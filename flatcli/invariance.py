@@ -56,6 +56,7 @@ from .engine.batch import Batch, model_output
 from .errors import ConfigError, MeasurementError, exit_code_of
 from .measures import INVARIANCE_REFERENCE, get_measure
 from .settings import Settings
+from .validation import TRANSFORMS
 
 __all__ = [
     "RescalePair",
@@ -70,7 +71,6 @@ __all__ = [
     "prepare_specs",
 ]
 
-TRANSFORMS = ("node", "layer", "both")
 DEFAULT_TOL = 1e-6
 DEFAULT_SCALE = 10.0
 OUTPUT_TOL = 1e-10  # relative change of the network output allowed for a rescaling (float64)

@@ -45,6 +45,18 @@ RECOMPUTE = ("auto", "true", "false")  # flatcli.engine.recompute
 SPLITS = ("train", "test")  # measure_data.split
 OPTIMIZERS = ("sgd", "adam", "adamw")  # flatcli.training
 TRAINING_DTYPES = ("float32", "float64")  # flatcli.training.Recipe.dtype
+FORMATS = ("table", "csv", "json")  # output.format
+EXECUTORS = ("local", "slurm")  # sweep's executor (flatcli.sweep.runner)
+TRANSFORMS = ("node", "layer", "both")  # check-invariance's rescalings (flatcli.invariance)
+BIAS_BN = ("zero", "keep")  # landscape directions: biases and norm layers (flatcli.landscape)
+STATS = (
+    "psi",
+    "kendall_tau_b",
+    "jiang_tau",
+    "spearman",
+    "pearson",
+    "cmi",
+)  # correlate's statistics (flatcli.analysis)
 
 FP16_REFUSED = (
     "fp16 is not offered: float16's range (largest 65504, smallest normal 6.1e-5) does not hold "

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-STATS = ("psi", "kendall_tau_b", "jiang_tau", "spearman", "pearson", "cmi")
+from ..validation import STATS  # noqa: F401  (re-exported: the statistics correlate ranks by)
+
 CI_STATS = (
     "pearson",
     "spearman",

@@ -25,6 +25,7 @@ from ..console import (
     err_console,
 )
 from ..errors import FlatcliError, RankFailure, is_peer_gone
+from ..validation import BIAS_BN, EXECUTORS, FORMATS, PRECISIONS, STATS, TRANSFORMS
 
 WIDE_HELP = (
     100  # columns from which --help uses typer's rich panels (narrower ones cut option names)
@@ -129,45 +130,22 @@ def _root(
     """Measure how flat or sharp trained networks are, and how well each measure predicts generalization."""
 
 
-class Format(str, Enum):
-    """Output formats of ``measure`` on stdout."""
-
-    table = "table"
-    csv = "csv"
-    json = "json"
-
-
-class BiasBN(str, Enum):
-    """How landscape directions treat biases and normalization layers."""
-
-    zero = "zero"
-    keep = "keep"
+def _choices(name: str, values: tuple[str, ...], doc: str) -> type[Enum]:
+    """A Typer choice Enum built from a vocabulary tuple (the values are spelled out once, in
+    `flatcli.validation` or the module that owns them)."""
+    e = Enum(name, [(v, v) for v in values], type=str)
+    e.__doc__ = doc
+    return e
 
 
-class Transform(str, Enum):
-    """Rescalings of ``check-invariance``."""
-
-    node = "node"
-    layer = "layer"
-    both = "both"
-
-
-class Executor(str, Enum):
-    """Where ``sweep`` runs its workers."""
-
-    local = "local"
-    slurm = "slurm"
-
-
-class SortBy(str, Enum):
-    """Statistics ``correlate`` can rank by."""
-
-    psi = "psi"
-    kendall_tau_b = "kendall_tau_b"
-    jiang_tau = "jiang_tau"
-    spearman = "spearman"
-    pearson = "pearson"
-    cmi = "cmi"
+Format = _choices("Format", FORMATS, "Output formats of ``measure`` on stdout.")
+BiasBN = _choices(
+    "BiasBN", BIAS_BN, "How landscape directions treat biases and normalization layers."
+)
+Transform = _choices("Transform", TRANSFORMS, "Rescalings of ``check-invariance``.")
+Executor = _choices("Executor", EXECUTORS, "Where ``sweep`` runs its workers.")
+SortBy = _choices("SortBy", STATS, "Statistics ``correlate`` can rank by.")
+Precision = _choices("Precision", PRECISIONS, "``runtime.precision`` (`flatcli.engine.precision`).")
 
 
 def _value(v):
@@ -207,16 +185,6 @@ ThreadsOpt = Annotated[
         "when set, else free cores // workers, the free cores being this process's cores less the load).",
     ),
 ]
-
-
-class Precision(str, Enum):
-    """``runtime.precision`` (`flatcli.engine.precision`)."""
-
-    auto = "auto"
-    fp32 = "fp32"
-    tf32 = "tf32"
-    bf16 = "bf16"
-    fp64 = "fp64"
 
 
 BudgetOpt = Annotated[

@@ -33,8 +33,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
-
-BIAS_BN_CHOICES = ("zero", "keep")
+from ..validation import BIAS_BN as BIAS_BN_CHOICES
 
 
 def filter_norms(t: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,7 @@ from ..errors import ConfigError, exit_code_of
 from ..jobs import Job, coerce_cell
 from ..loading.text import TOKENIZED_DIR
 from ..measures import MeasureSpec
+from ..validation import EXECUTORS
 from .plan import Plan, Unit, build_plan, write_plan
 from .store import (
     DEFAULT_LOCK_TIMEOUT,
@@ -206,7 +207,7 @@ class SweepOptions:
 
         if isinstance(self.shard, str):
             object.__setattr__(self, "shard", parse_shard(self.shard))
-        if self.executor not in ("local", "slurm"):
+        if self.executor not in EXECUTORS:
             raise ConfigError(f"`executor` must be local or slurm; got {self.executor!r}")
         if self.lock_timeout <= 0:
             raise ConfigError(f"`lock_timeout` must be > 0 seconds; got {self.lock_timeout}")

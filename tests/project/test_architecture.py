@@ -167,6 +167,10 @@ def _vocabularies() -> dict[str, frozenset[str]]:
             for s in sets(rule.check):
                 if len(s) >= 2:
                     out[f"{table}[{name!r}]"] = s
+    from flatcli import validation
+
+    for name in ("FORMATS", "EXECUTORS"):  # STATS and TRANSFORMS: titles per value are data
+        out[name] = frozenset(getattr(validation, name))
     return out
 
 
@@ -215,6 +219,45 @@ def test_allowed_values_are_spelled_out_once():
                 found.append(f"{mod}:{line}: {sorted(strings)} repeats {', '.join(hits)}")
     assert not found, found
     assert split == {"train", "test"}
+
+
+def test_no_enum_spells_out_a_value_list():
+    """No Enum class in flatcli lists its members literally (``table = "table"``): the CLI's
+    choices are built from the vocabulary tuples (`flatcli.cli._app._choices`), so a new precision
+    or format is added in one place."""
+    found = []
+    for mod, path in MODULES.items():
+        for n in ast.walk(_tree(path)):
+            if isinstance(n, ast.ClassDef) and any(
+                (isinstance(b, ast.Name) and b.id.endswith("Enum"))
+                or (isinstance(b, ast.Attribute) and b.attr.endswith("Enum"))
+                for b in n.bases
+            ):
+                members = [
+                    s
+                    for s in n.body
+                    if isinstance(s, ast.Assign) and isinstance(s.value, ast.Constant)
+                ]
+                if len(members) >= 2:
+                    found.append(f"{mod}:{n.lineno}: {n.name}")
+    assert not found, found
+
+
+def test_cli_choices_are_the_vocabulary():
+    """Each CLI choice Enum holds exactly its vocabulary tuple, in order."""
+    from flatcli import validation as V
+    from flatcli.cli import _app
+
+    pairs = {
+        _app.Format: V.FORMATS,
+        _app.BiasBN: V.BIAS_BN,
+        _app.Transform: V.TRANSFORMS,
+        _app.Executor: V.EXECUTORS,
+        _app.SortBy: V.STATS,
+        _app.Precision: V.PRECISIONS,
+    }
+    for enum, values in pairs.items():
+        assert tuple(m.value for m in enum) == values, enum
 
 
 def test_config_settings_and_spec_take_their_rules_from_the_vocabulary():
