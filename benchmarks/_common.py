@@ -1,9 +1,14 @@
-"""Helpers shared by the benchmark scripts (``bench_engine.py``, ``bench_catalogue.py``).
+"""Helpers shared by the benchmarks (run from the repository root as ``python -m
+benchmarks.bench_NAME``, with flatcli installed by ``pip install -e .``).
 
 Imports torch and torchvision only (no flatcli), so that the peer scripts the
 benchmarks write and run as fresh processes can load the same model and data
 from this file without paying for flatcli's imports.
 
+* `table`, `write_json`, `json_arg`: every benchmark's result as one JSON file,
+  ``docs/benchmarks/data/<name>.json`` by default (the schema in `write_json`), which the
+  documentation renders.
+* `machine`, `commit`: the machine in words and the checkout's commit, recorded in that file.
 * `sync`, `timed`, `device_name`: CUDA-synchronized wall times and the device in words.
 * `resnet18`: torchvision's ``resnet18(num_classes=...)`` at width 64; at another
   width the same topology (7×7 stem, max-pool, four stages of two basic blocks,
@@ -13,16 +18,148 @@ from this file without paying for flatcli's imports.
 
 from __future__ import annotations
 
+import datetime
+import json
+import math
+import os
 import platform
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "benchmarks" / "data"
+
+
+def json_arg(ap, name: str) -> None:
+    """Add ``--json PATH`` to an argparse parser: where the result goes (default
+    ``docs/benchmarks/data/<name>.json``)."""
+    ap.add_argument(
+        "--json",
+        type=Path,
+        default=DATA / f"{name}.json",
+        help=f"write the result here (default docs/benchmarks/data/{name}.json)",
+    )
+
+
+def table(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], note: str = ""
+) -> dict[str, Any]:
+    """One table of a result: a title, column names and rows of cells (numbers or text)."""
+    out: dict[str, Any] = {
+        "title": title,
+        "columns": list(columns),
+        "rows": [[_cell(c) for c in r] for r in rows],
+    }
+    if note:
+        out["note"] = note
+    return out
+
+
+def _cell(c: Any) -> Any:
+    """A JSON cell: numbers stay numbers (NaN and infinities as text), the rest as text."""
+    if c is None or isinstance(c, (bool, int, str)):
+        return c
+    if isinstance(c, float):
+        return c if math.isfinite(c) else str(c)
+    return str(c)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+def _memory_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def machine(dev: torch.device | None = None) -> dict[str, Any]:
+    """The machine in words: CPU model, cores, memory (GiB), the GPU when ``dev`` is a CUDA
+    device (or one is visible), torch's and Python's versions."""
+    out: dict[str, Any] = {
+        "cpu": _cpu_name(),
+        "cores": os.cpu_count(),
+        "memory_gb": _memory_gb(),
+    }
+    cuda = dev.type == "cuda" if dev is not None else torch.cuda.is_available()
+    if cuda:
+        out["gpu"] = torch.cuda.get_device_name(dev)
+    out["torch"] = torch.__version__
+    out["python"] = platform.python_version()
+    return out
+
+
+def commit() -> str:
+    """The checkout's commit (short hash, ``+dirty`` with uncommitted changes), "unknown" outside git."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def write_json(
+    name: str,
+    title: str,
+    tables: Sequence[dict[str, Any]],
+    path: Path | None = None,
+    *,
+    dev: torch.device | None = None,
+    command: str | None = None,
+) -> Path:
+    """Write a benchmark's result to ``path`` (default ``docs/benchmarks/data/<name>.json``)::
+
+        {"benchmark": name, "title": title, "command": the command line,
+         "machine": {"cpu", "cores", "memory_gb", "gpu" (with a GPU), "torch", "python"},
+         "commit": the checkout's commit, "date": today (YYYY-MM-DD, UTC),
+         "tables": [{"title", "columns", "rows", "note" (optional)}, ...]}
+
+    ``tables`` from `table`. Returns the path written."""
+    path = Path(path) if path is not None else DATA / f"{name}.json"
+    data = {
+        "benchmark": name,
+        "title": title,
+        "command": command
+        if command is not None
+        else " ".join(["python -m", f"benchmarks.{Path(sys.argv[0]).stem}", *sys.argv[1:]]),
+        "machine": machine(dev),
+        "commit": commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+        "tables": list(tables),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    return path
 
 
 def sync(dev: torch.device) -> None:

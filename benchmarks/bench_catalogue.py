@@ -50,18 +50,18 @@ same batches), timings CUDA-synchronized:
    with a note when it is not installed.
 
 Output: a Markdown table (catalogue rows with their total, then peer rows with
-ratios) printed and written to ``--out`` as ``catalogue.md`` and
-``catalogue.json``, rewritten after every row so a run cut short keeps its
-rows; the header names the device (GPU name, or CPU model and thread count),
+ratios) printed and written as JSON to ``--json`` (default
+docs/benchmarks/data/catalogue.json) and, with ``--out``, as ``catalogue.md``
+there, rewritten after every row so a run cut short keeps its rows; the header names the device (GPU name, or CPU model and thread count),
 torch version, n, batch size and precision. A benchmark, not a test: nothing
 here asserts a time.
 
 Examples::
 
-    python scripts/bench_catalogue.py --device cuda --out /tmp/cat --save-checkpoint /tmp/r18.pt
-    python scripts/bench_catalogue.py --device cuda --checkpoint /tmp/r18.pt --budget-s 120
-    OMP_NUM_THREADS=2 python scripts/bench_catalogue.py --device cpu --out /tmp/cat-cpu   # scaled down
-    python scripts/bench_catalogue.py --device cpu --n 32 --batch-size 16 \\
+    python -m benchmarks.bench_catalogue --device cuda --out /tmp/cat --save-checkpoint /tmp/r18.pt
+    python -m benchmarks.bench_catalogue --device cuda --checkpoint /tmp/r18.pt --budget-s 120
+    OMP_NUM_THREADS=2 python -m benchmarks.bench_catalogue --device cpu --out /tmp/cat-cpu  # scaled down
+    python -m benchmarks.bench_catalogue --device cpu --n 32 --batch-size 16 \\
         --measures hessian_trace,hessian_lambda_max,frobenius_norm --skip-process     # smoke run
 """
 
@@ -79,7 +79,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,20 +88,45 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+from benchmarks import _common
+from benchmarks._common import (
+    class_structured_data,
+    device_name,
+    json_arg,
+    resnet18,
+    timed,
+    write_json,
+)
+from flatcli import __version__
+from flatcli.engine import CurvatureEngine, Problem, eval_mode, linalg
+from flatcli.engine.precision import tf32_flags
+from flatcli.measures import get_measure, list_measures
+from flatcli.pipeline import measure_model
+from flatcli.settings import Settings
 
-from _bench_common import class_structured_data, device_name, resnet18, timed  # noqa: E402
-
-from flatcli import __version__  # noqa: E402
-from flatcli.engine import CurvatureEngine, Problem, eval_mode, linalg  # noqa: E402
-from flatcli.engine.precision import tf32_flags  # noqa: E402
-from flatcli.measures import get_measure, list_measures  # noqa: E402
-from flatcli.pipeline import measure_model  # noqa: E402
-from flatcli.settings import Settings  # noqa: E402
-
-COMMON = ROOT / "scripts" / "_bench_common.py"
+COMMON = Path(_common.__file__)
+CATALOGUE_COLUMNS = [
+    "measure",
+    "seconds",
+    "wall (s)",
+    "HVPs",
+    "gradients",
+    "forwards",
+    "status",
+    "value",
+    "note",
+]
+PEER_COLUMNS = [
+    "comparison",
+    "regime",
+    "tool",
+    "seconds",
+    "HVPs",
+    "value",
+    "rel. residual (fp32 HVP)",
+    "PyHessian / flatcli time",
+    "note",
+]
 GPU_DEFAULTS = {"n": 5000, "batch_size": 500, "width": 64}
 CPU_DEFAULTS = {"n": 64, "batch_size": 32, "width": 8}
 # (matmul.allow_tf32, cudnn.allow_tf32)
@@ -330,10 +355,11 @@ def _count(v: float) -> str:
 
 @dataclass
 class Report:
-    """Everything printed and saved; `write` rewrites catalogue.md and catalogue.json."""
+    """Everything printed and saved; `write` rewrites the JSON and, with ``out``, catalogue.md."""
 
     meta: dict[str, Any]
     out: Path | None
+    json_path: Path | None = None
     catalogue: list[MeasureRow] = field(default_factory=list)
     peers: list[PeerRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -381,37 +407,85 @@ class Report:
             f"TF32 flags at start: matmul {m['tf32_at_start'][0]}, cuDNN {m['tf32_at_start'][1]}",
         ]
 
-    def catalogue_table(self) -> list[str]:
+    def catalogue_rows(self) -> list[list[str]]:
         out = [
-            "| measure | seconds | wall (s) | HVPs | gradients | forwards | status | value | note |",
-            "|---|---|---|---|---|---|---|---|---|",
+            [
+                r.measure,
+                _f(r.seconds, ".2f"),
+                _f(r.wall, ".2f"),
+                _count(r.n_hvp),
+                _count(r.n_grad),
+                _count(r.n_forward),
+                r.status,
+                _f(r.value, ".6g"),
+                r.note,
+            ]
+            for r in self.catalogue
         ]
-        for r in self.catalogue:
-            out.append(
-                f"| {r.measure} | {_f(r.seconds, '.2f')} | {_f(r.wall, '.2f')} | {_count(r.n_hvp)} | "
-                f"{_count(r.n_grad)} | {_count(r.n_forward)} | {r.status} | {_f(r.value, '.6g')} | {r.note} |"
-            )
         ran = [r for r in self.catalogue if not math.isnan(r.seconds)]
         skipped = [r.measure for r in self.catalogue if r.status.startswith("skipped")]
+
+        def total(key: str) -> str:
+            return _count(sum(getattr(r, key) for r in ran if not math.isnan(getattr(r, key))))
+
         out.append(
-            f"| **total** ({len(ran)} run, {len(skipped)} skipped) | {sum(r.seconds for r in ran):.2f} | "
-            f"{sum(r.wall for r in ran):.2f} | {_count(sum(r.n_hvp for r in ran if not math.isnan(r.n_hvp)))} | "
-            f"{_count(sum(r.n_grad for r in ran if not math.isnan(r.n_grad)))} | "
-            f"{_count(sum(r.n_forward for r in ran if not math.isnan(r.n_forward)))} | | | "
-            f"{'skipped: ' + ', '.join(skipped) if skipped else ''} |"
+            [
+                f"**total** ({len(ran)} run, {len(skipped)} skipped)",
+                f"{sum(r.seconds for r in ran):.2f}",
+                f"{sum(r.wall for r in ran):.2f}",
+                total("n_hvp"),
+                total("n_grad"),
+                total("n_forward"),
+                "",
+                "",
+                "skipped: " + ", ".join(skipped) if skipped else "",
+            ]
         )
         return out
 
-    def peer_table(self) -> list[str]:
-        out = [
-            "| comparison | regime | tool | seconds | HVPs | value | rel. residual (fp32 HVP) | "
-            "PyHessian / flatcli time | note |",
-            "|---|---|---|---|---|---|---|---|---|",
+    def peer_rows(self) -> list[list[str]]:
+        return [
+            [
+                r.comparison,
+                r.regime,
+                r.tool,
+                _f(r.seconds, ".2f"),
+                _count(r.n_hvp),
+                _f(r.value, ".6g"),
+                _f(r.residual, ".1e"),
+                _f(r.ratio, ".2f"),
+                r.note,
+            ]
+            for r in self.peers
         ]
-        for r in self.peers:
+
+    def catalogue_table(self) -> list[str]:
+        return _markdown(CATALOGUE_COLUMNS, self.catalogue_rows())
+
+    def peer_table(self) -> list[str]:
+        return _markdown(PEER_COLUMNS, self.peer_rows())
+
+    def tables(self) -> list[dict[str, Any]]:
+        """The JSON tables (`benchmarks._common.table`): the catalogue, then the peers."""
+        setup = "\n".join(self.header() + [f"- {n}" for n in self.notes])
+        out = []
+        if self.catalogue:
             out.append(
-                f"| {r.comparison} | {r.regime} | {r.tool} | {_f(r.seconds, '.2f')} | {_count(r.n_hvp)} | "
-                f"{_f(r.value, '.6g')} | {_f(r.residual, '.1e')} | {_f(r.ratio, '.2f')} | {r.note} |"
+                _common.table(
+                    "Catalogue (one measure_model call per measure, default options)",
+                    CATALOGUE_COLUMNS,
+                    self.catalogue_rows(),
+                    setup,
+                )
+            )
+        if self.peers:
+            out.append(
+                _common.table(
+                    "flatcli vs PyHessian (same process, same device, same batches)",
+                    PEER_COLUMNS,
+                    self.peer_rows(),
+                    "" if out else setup,
+                )
             )
         return out
 
@@ -436,18 +510,25 @@ class Report:
         return "\n".join(parts)
 
     def write(self) -> None:
-        if self.out is None:
-            return
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "catalogue.md").write_text(self.markdown())
-        data = {
-            "meta": self.meta,
-            "catalogue": [asdict(r) for r in self.catalogue],
-            "peers": [asdict(r) for r in self.peers],
-            "notes": self.notes,
-        }
-        text = json.dumps(data, indent=1, default=str).replace("NaN", "null")
-        (self.out / "catalogue.json").write_text(text)
+        if self.json_path is not None:
+            write_json(
+                "catalogue",
+                f"Every measure once, and flatcli vs PyHessian: {self.meta['model']}, "
+                f"n = {self.meta['n']}",
+                self.tables(),
+                self.json_path,
+                dev=torch.device(self.meta["device_type"]),
+                command=self.meta["command"],
+            )
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "catalogue.md").write_text(self.markdown())
+
+
+def _markdown(columns: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
 
 
 # ---------------------------------------------------------------------------- catalogue
@@ -795,10 +876,7 @@ def _peer_process(
         )
     )
     (tmp / "pyhessian_trace.py").write_text(PYHESSIAN_SCRIPT)
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    )
+    env = dict(os.environ)  # the children import the installed flatcli (pip install -e .)
     left = (
         max(30.0, clock.deadline_s - clock.elapsed()) if math.isfinite(clock.deadline_s) else None
     )
@@ -999,9 +1077,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--skip-peers", action="store_true", help="no PyHessian comparisons")
     ap.add_argument("--skip-process", action="store_true", help="no whole-process comparison")
-    ap.add_argument(
-        "--out", type=Path, default=None, help="folder for catalogue.md and catalogue.json"
-    )
+    ap.add_argument("--out", type=Path, default=None, help="folder for catalogue.md")
+    json_arg(ap, "catalogue")
     args = ap.parse_args(argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -1050,9 +1127,11 @@ def main(argv: list[str] | None = None) -> int:
         "effective_precision": base.effective_precision,
         "tf32_at_start": start_flags,
         "training": bench.training,
-        "command": " ".join(sys.argv if argv is None else ["bench_catalogue.py", *argv]),
+        "command": " ".join(
+            ["python -m benchmarks.bench_catalogue", *(sys.argv[1:] if argv is None else argv)]
+        ),
     }
-    report = Report(meta, args.out)
+    report = Report(meta, args.out, args.json)
     report.write()
     warm_up(bench)
     if args.measure_names:

@@ -28,15 +28,16 @@ Needs ``pip install pyhessian curvlinops-for-pytorch`` (the ``bench`` extra).
 
 Examples::
 
-    OMP_NUM_THREADS=2 python scripts/bench_engine.py --tasks mlp,process --device cpu
-    python scripts/bench_engine.py --tasks resnet --device cuda --n 5000 --batch-size 500
-    python scripts/bench_engine.py --tasks resnet --device cpu --n 64 --batch-size 32   # smoke run
+    OMP_NUM_THREADS=2 python -m benchmarks.bench_engine --tasks mlp,process --device cpu
+    python -m benchmarks.bench_engine --tasks resnet --device cuda --n 5000 --batch-size 500
+    python -m benchmarks.bench_engine --tasks resnet --device cpu --n 64 --batch-size 32   # smoke run
+
+The result goes to docs/benchmarks/data/engine.json (``--json`` elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -51,13 +52,9 @@ import numpy as np
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from _bench_common import device_name, sync, timed  # noqa: E402
-
-from flatcli.engine import CurvatureEngine, Problem, linalg  # noqa: E402
+from benchmarks._common import device_name, json_arg, sync, timed, write_json
+from benchmarks._common import table as json_table
+from flatcli.engine import CurvatureEngine, Problem, linalg
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -584,9 +581,7 @@ def bench_process(
         (tmp / f"{k}.yaml").write_text(FLATCLI_CONFIG.format(batch_size=bs, options=opts))
     script = tmp / "pyhessian_trace.py"
     script.write_text(PYHESSIAN_SCRIPT)
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    )
+    env = dict(os.environ)  # the child imports the installed flatcli (pip install -e .)
 
     def flat(cfg):
         return [
@@ -760,17 +755,48 @@ def _fmt(v, fmt: str) -> str:
     return "" if (v is None or (isinstance(v, float) and math.isnan(v))) else format(v, fmt)
 
 
-def table(rows: list[Row]) -> str:
-    out = [
-        "| task | quantity | tool | time (s) | HVPs | value | rel. error | rel. residual | flatcli / peer time | compared with | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+COLUMNS = [
+    "task",
+    "quantity",
+    "tool",
+    "time (s)",
+    "HVPs",
+    "value",
+    "rel. error",
+    "rel. residual",
+    "flatcli / peer time",
+    "compared with",
+    "note",
+]
+
+
+def cells(r: Row) -> list[str]:
+    f = _fmt
+    return [
+        r.task,
+        r.quantity,
+        r.tool,
+        f"{r.seconds:.2f}",
+        str(r.n_hvp),
+        f"{r.value:.6g}",
+        f(r.rel_error, ".1e"),
+        f(r.residual, ".1e"),
+        f(r.ratio, ".2f"),
+        r.vs if not math.isnan(r.ratio) else "",
+        r.note,
     ]
-    for r in rows:
-        f = _fmt
-        out.append(
-            f"| {r.task} | {r.quantity} | {r.tool} | {r.seconds:.2f} | {r.n_hvp} | {r.value:.6g} | {f(r.rel_error, '.1e')} | {f(r.residual, '.1e')} | {f(r.ratio, '.2f')} | {r.vs if not math.isnan(r.ratio) else ''} | {r.note} |"
-        )
+
+
+def table(rows: list[Row]) -> str:
+    out = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    out += ["| " + " | ".join(cells(r)) + " |" for r in rows]
     return "\n".join(out)
+
+
+def variant_table(lines: list[str]) -> dict:
+    """The HVP-variant lines (`bench_variants`: a caption, then a Markdown table) as a JSON table."""
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines if ln.startswith("| ")]
+    return json_table(lines[0].rstrip(":"), rows[0], rows[1:]) if rows else {}
 
 
 def summary(rows: list[Row]) -> str:
@@ -865,12 +891,7 @@ def main(argv=None) -> int:
         default=None,
         help="reference precision (default fp64 on CPU, fp32 on CUDA)",
     )
-    ap.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="also write the Markdown table and JSON rows here (prefix)",
-    )
+    json_arg(ap, "engine")
     args = ap.parse_args(argv)
 
     dev = torch.device(args.device)
@@ -951,14 +972,15 @@ def main(argv=None) -> int:
     if variant_lines:
         print()
         print("\n".join(variant_lines))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        Path(str(args.out) + ".md").write_text(
-            "\n".join(lines) + "\n\n" + md + "\n\n" + "\n".join(variant_lines) + "\n"
+    tables = [
+        json_table(
+            "flatcli vs PyHessian and curvlinops", COLUMNS, [cells(r) for r in rows], summary(rows)
         )
-        Path(str(args.out) + ".json").write_text(
-            json.dumps([r.__dict__ for r in rows], indent=1, default=str)
-        )
+    ]
+    tables += [t for t in [variant_table(variant_lines)] if t]
+    print(
+        f"wrote {write_json('engine', 'Curvature engine: flatcli vs PyHessian and curvlinops', tables, args.json, dev=dev)}"
+    )
     return 0
 
 
