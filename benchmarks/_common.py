@@ -5,7 +5,7 @@ Imports torch and torchvision only (no flatcli), so that the peer scripts the
 benchmarks write and run as fresh processes can load the same model and data
 from this file without paying for flatcli's imports.
 
-* `table`, `write_json`, `json_arg`: every benchmark's result as one JSON file,
+* `table`, `Tables`, `write_json`, `json_arg`: every benchmark's result as one JSON file,
   ``docs/benchmarks/data/<name>.json`` by default (the schema in `write_json`), which the
   documentation renders.
 * `machine`, `commit`: the machine in words and the checkout's commit, recorded in that file.
@@ -62,6 +62,28 @@ def table(
     if note:
         out["note"] = note
     return out
+
+
+def records_table(title: str, records: Sequence[dict[str, Any]], note: str = "") -> dict[str, Any]:
+    """A table of dicts (one per row, e.g. a child process's JSON line): the columns are their keys
+    in the order first seen, a missing key an empty cell."""
+    cols = list(dict.fromkeys(k for r in records for k in r))
+    return table(title, cols, [[r.get(k, "") for k in cols] for r in records], note)
+
+
+class Tables(list):
+    """The tables of one run: `add` prints a table as Markdown and keeps it for `write_json`."""
+
+    def add(
+        self, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], note: str = ""
+    ) -> dict[str, Any]:
+        t = table(title, columns, rows, note)
+        lines = [f"\n{title}", "", "| " + " | ".join(t["columns"]) + " |"]
+        lines.append("|" + "---|" * len(t["columns"]))
+        lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in t["rows"]]
+        print("\n".join(lines + ([note] if note else [])), flush=True)
+        self.append(t)
+        return t
 
 
 def _cell(c: Any) -> Any:

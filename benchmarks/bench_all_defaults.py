@@ -1,18 +1,20 @@
 """What ``flatcli measure -m all`` costs at default settings on the tiny GPT-2 of issue 26, per measure,
-for one or more checkouts of flatcli side by side (README "Budgets", docs/performance.md).
+for one or more checkouts of flatcli side by side (README "Budgets").
 
 The model and data: a GPT-2 from a config with random weights (``torch.manual_seed(0)``; 2 layers,
 width 32, 2 heads, vocabulary 100, 32 positions: 29,696 parameters), written with save_pretrained;
 64 train and 64 test sequences of 32 tokens (ids 2..99 from one generator seeded 0), ``causal_lm``,
 all 64 train sequences measured in one batch. Each checkout runs
-``flatcli measure -c gpt2.yaml -m all --threads 1`` in a fresh process (``PYTHONPATH`` set to the
-checkout), one after the other; the table gives each measure's ``<label>_seconds`` and products
+``python -m flatcli measure -c gpt2.yaml -m all --threads 1`` in a fresh process started in the
+checkout's folder (so that it imports that checkout's flatcli), one after the other; the table gives each measure's ``<label>_seconds`` and products
 (``_n_hvp``, ``_n_grad``) from results.csv, its value ± stderr and status, the sum of the seconds
 (measuring) and each process's wall time, and the load average before and after each run (a
 shared machine: seconds are upper bounds; compare checkouts run in one call).
 
-    python scripts/bench_all_defaults.py --code /path/to/main --code .      # ~15 min at load 8 on 2 cores
-    python scripts/bench_all_defaults.py --code . --budget 30s
+    python -m benchmarks.bench_all_defaults --code /path/to/main --code .   # ~15 min at load 8, 2 cores
+    python -m benchmarks.bench_all_defaults --code . --budget 30s
+
+The result goes to docs/benchmarks/data/all_defaults.json (``--json`` elsewhere).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks._common import Tables, json_arg, write_json
 
 CONFIG = {
     "model": {
@@ -90,10 +94,9 @@ def run(config: Path, code: Path, out: Path, budget: str | None) -> dict:
         "-o",
         str(out),
     ] + (["--budget", budget] if budget else [])
-    env = {**os.environ, "PYTHONPATH": str(code.resolve())}
     before = os.getloadavg()[0]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=env, cwd=config.parent, capture_output=True, text=True)
+    p = subprocess.run(cmd, cwd=code.resolve(), capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if not (out / "results.csv").exists():
         raise SystemExit(f"{code}: no results.csv (exit {p.returncode}): {p.stderr[-2000:]}")
@@ -133,20 +136,28 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=Path("/tmp/flatcli-bench-all"))
     ap.add_argument("--budget", default=None, help="--budget for every run (default: none)")
+    json_arg(ap, "all_defaults")
     args = ap.parse_args()
     config = build(args.out)
     codes = args.code or [Path(".")]
     runs = [run(config, c, args.out / f"out{i}", args.budget) for i, c in enumerate(codes)]
-    head = " | ".join(f"{c} s | products | value | status" for c in codes)
-    print(f"| measure | {head} |")
-    print("|---|" + "---:|---|---|---|" * len(codes))
-    for lab in labels(runs[0]["row"]):
-        print(f"| {lab} | " + " | ".join(cell(r["row"], lab) for r in runs) + " |")
+    columns = ["measure"] + [
+        f"{c} {k}" for c in codes for k in ("s", "products", "value", "status")
+    ]
+    rows = [
+        [lab, *[x.strip() for r in runs for x in cell(r["row"], lab).split(" | ")]]
+        for lab in labels(runs[0]["row"])
+    ]
+    notes = []
     for c, r in zip(codes, runs, strict=True):
         total = sum(float(r["row"].get(f"{lab}_seconds") or 0.0) for lab in labels(r["row"]))
-        print(
+        notes.append(
             f"{c}: {total:.1f} s measuring, {r['wall']:.1f} s wall, load {r['load'][0]:.2f} -> {r['load'][1]:.2f}"
         )
+    tables = Tables()
+    tables.add("flatcli measure -m all at defaults, per measure", columns, rows, "; ".join(notes))
+    title = "-m all at defaults on the tiny GPT-2"
+    print(f"wrote {write_json('all_defaults', title, tables, args.json)}")
 
 
 if __name__ == "__main__":

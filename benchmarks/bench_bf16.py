@@ -11,8 +11,10 @@ Hutchinson estimate of those probes and its standard error, and, for models unde
 the exact float32 trace (the relative bias is taken against it when there is one, else against the
 estimate); seconds per product in each precision and the process's peak resident memory.
 
-    python scripts/bench_bf16.py                  # the tests' tiny GPT-2 and BERT, and a 10M GPT-2
-    python scripts/bench_bf16.py --models gpt2-10m --probes 8
+    python -m benchmarks.bench_bf16                  # the tests' tiny GPT-2 and BERT, and a 10M GPT-2
+    python -m benchmarks.bench_bf16 --models gpt2-10m --probes 8
+
+The result goes to docs/benchmarks/data/bf16.json (``--json`` elsewhere).
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from __future__ import annotations
 import argparse
 import platform
 import resource
-import sys
 import time
-from pathlib import Path
 
 import torch
 
+from benchmarks._common import json_arg, table, write_json
+from benchmarks.bench_large import matmul_mode
 from flatcli.engine import CurvatureEngine, Problem, linalg
 from flatcli.loading.hf import transformers_module
 
@@ -190,21 +192,30 @@ def main() -> None:
         choices=["native", "fp32"],
         default="native",
         help="fp32: bf16 matrix products by the float32 kernel, rounded to bf16 "
-        "(scripts/bench_large.py's matmul_mode; for CPUs without bf16 matrix units)",
+        "(benchmarks/bench_large.py's matmul_mode; for CPUs without bf16 matrix units)",
     )
+    json_arg(ap, "bf16")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts.bench_large import matmul_mode
 
     print(
         f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, CPU"
     )
-    print(
-        "| model | P | tokens | λmax fp32 | λmax bf16 (rel. bias) | fp32 RQ of the bf16 vector | "
-        "trace fp32 ± stderr | bf16 trace bias ± se (rel.) | s/product fp32 / bf16 | peak RSS |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    columns = [
+        "model",
+        "P",
+        "tokens",
+        "λmax fp32",
+        "λmax bf16 (rel. bias)",
+        "fp32 RQ of the bf16 vector",
+        "trace fp32 ± stderr",
+        "bf16 trace bias ± se (rel.)",
+        "s/product fp32 / bf16",
+        "peak RSS",
+    ]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    rows, notes = [], []
     for name in args.models.split(","):
         with matmul_mode(args.bf16_matmul):
             r = measure(name.strip(), args.probes, args.tol)
@@ -212,18 +223,27 @@ def main() -> None:
         scale = r.get("trace_exact", r["trace_fp32"])
         rel_tr = abs(r["trace_bias"]) / abs(scale)
         exact = f" (exact {r['trace_exact']:.5g})" if "trace_exact" in r else ""
-        print(
-            f"| {r['model']} | {r['P']:,} | {r['tokens']} | {r['lam_fp32']:.5g} | {r['lam_bf16']:.5g} ({rel:+.2e}) | "
-            f"{r['lam_bf16_rq32']:.5g} | {r['trace_fp32']:.5g} ± {r['trace_stderr']:.2g}{exact} | "
-            f"{r['trace_bias']:+.3g} ± {r['trace_bias_se']:.2g} ({rel_tr:.1e}) | "
-            f"{r['sec_fp32']:.3f} / {r['sec_bf16']:.3f} | {r['peak_rss_gib']:.2f} GiB |",
-            flush=True,
+        rows.append(
+            [
+                r["model"],
+                f"{r['P']:,}",
+                str(r["tokens"]),
+                f"{r['lam_fp32']:.5g}",
+                f"{r['lam_bf16']:.5g} ({rel:+.2e})",
+                f"{r['lam_bf16_rq32']:.5g}",
+                f"{r['trace_fp32']:.5g} ± {r['trace_stderr']:.2g}{exact}",
+                f"{r['trace_bias']:+.3g} ± {r['trace_bias_se']:.2g} ({rel_tr:.1e})",
+                f"{r['sec_fp32']:.3f} / {r['sec_bf16']:.3f}",
+                f"{r['peak_rss_gib']:.2f} GiB",
+            ]
         )
-        print(
-            "#",
-            {k: r[k] for k in ("steps_bf16", "restarts_bf16", "basis_vectors", "steps_fp32")},
-            flush=True,
-        )
+        print("| " + " | ".join(rows[-1]) + " |", flush=True)
+        steps = {k: r[k] for k in ("steps_bf16", "restarts_bf16", "basis_vectors", "steps_fp32")}
+        notes.append(f"{r['model']}: {steps}")
+        print("#", steps, flush=True)
+    tab = table("bf16 against float32: λmax and the trace", columns, rows, "; ".join(notes))
+    path = write_json("bf16", "bfloat16 products: the bias against float32", [tab], args.json)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

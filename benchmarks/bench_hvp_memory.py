@@ -1,5 +1,5 @@
 """Peak resident memory and seconds of one Hessian-vector product per product scheme, on GPT-2-shaped
-models with random weights (`scripts/bench_large.py`'s ``build``), ``causal_lm``, each setting in a
+models with random weights (`benchmarks.bench_large`'s ``build``), ``causal_lm``, each setting in a
 fresh process.
 
 Schemes: ``reverse`` (double backward through the gradient's graph, the default on CPU),
@@ -8,7 +8,7 @@ Schemes: ``reverse`` (double backward through the gradient's graph, the default 
 blocks) and ``checkpoint`` (``runtime.recompute: true`` on a model that is not a chain: per-block
 checkpointing under the double backward, forced here by hiding the chain). A fifth scheme,
 checkpointed forward-over-reverse with `torch.autograd.forward_ad` dual tensors over a plain
-backward, was measured in commit 90a0af2 and dropped (more memory, not less: docs/performance.md).
+backward, was measured and dropped (more memory, not less: docs/benchmarks/data/hvp_memory-schemes.json).
 Each child builds the model and tokens, runs ``--products`` products of one vector
 (gradient graphs are not cached across products, except in the scheme ``cached``: the engine's
 default, which keeps the first backward's graph across the products at one θ when it fits, as a
@@ -16,7 +16,11 @@ Lanczos run does; its first product builds the graph, the later ones reuse it), 
 resident set of the whole process (``VmHWM``) and the resident set before the first product, and
 the relative difference of its last product from ``--check``'s (the reverse product, when given).
 
-    python scripts/bench_hvp_memory.py --size 10M --size 30M --precision fp32 --precision bf16
+    python -m benchmarks.bench_hvp_memory --size 10M --size 30M --precision fp32 --precision bf16
+
+``--eigenthings DIR``: the child running hessian-eigenthings imports it from DIR (PYTHONPATH; its
+wheel unpacked there). The rows go to docs/benchmarks/data/hvp_memory.json (``--json``
+elsewhere).
 """
 
 from __future__ import annotations
@@ -27,10 +31,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks._common import ROOT, json_arg, records_table, write_json
 
 SCHEMES = ("reverse", "forward", "recompute", "checkpoint")
 CACHED = "cached"  # reverse with the engine's default cache_graphs (None: the gradient graph kept across products at one θ)
@@ -41,8 +43,8 @@ def run_one(args) -> dict:
     """One scheme in this process."""
     import torch
 
+    from benchmarks.bench_large import _status, build, matmul_mode
     from flatcli.engine import CurvatureEngine, Problem
-    from scripts.bench_large import _status, build, matmul_mode
 
     torch.set_num_threads(args.threads)
     if args.scheme == PEER:
@@ -104,11 +106,9 @@ def _run_peer(args) -> dict:
     ``model(**batch).loss``, the mean over the scored next tokens, as flatcli's), the same model, tokens
     and vector; fp32 only."""
     import torch
+    from hessian_eigenthings import HessianOperator, hf_lm_loss  # from --eigenthings (PYTHONPATH)
 
-    from scripts.bench_large import _status, build
-
-    sys.path.insert(0, args.eigenthings)
-    from hessian_eigenthings import HessianOperator, hf_lm_loss
+    from benchmarks.bench_large import _status, build
 
     model, batch = build(args.size, args.vocab, args.rows, args.length)
     batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
@@ -139,7 +139,7 @@ def main() -> None:
     ap.add_argument(
         "--size",
         action="append",
-        help="model size of scripts/bench_large.py (repeatable; default 10M)",
+        help="model size of benchmarks/bench_large.py (repeatable; default 10M)",
     )
     ap.add_argument(
         "--precision", action="append", help="runtime.precision (repeatable; default fp32)"
@@ -167,12 +167,16 @@ def main() -> None:
     )
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--save", help=argparse.SUPPRESS)
+    json_arg(ap, "hvp_memory")
     args = ap.parse_args()
     if args.one:
         args.size, args.precision, args.scheme = args.size[0], args.precision[0], args.scheme[0]
         print(json.dumps(run_one(args)))
         return
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # children: python -m from ROOT
+    if args.eigenthings:  # the unpacked wheel, for the eigenthings child
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.eigenthings, env.get("PYTHONPATH")]))
+    rows: list[dict] = []
     common = [
         "--vocab",
         args.vocab,
@@ -186,7 +190,6 @@ def main() -> None:
         args.threads,
         "--bf16-matmul",
         args.bf16_matmul,
-        *(["--eigenthings", args.eigenthings] if args.eigenthings else []),
     ]
     for size in args.size or ["10M"]:
         for prec in args.precision or ["fp32"]:
@@ -195,7 +198,8 @@ def main() -> None:
                 save = f"/tmp/bench_hvp_{os.getpid()}_{scheme}.pt"
                 cmd = [
                     sys.executable,
-                    __file__,
+                    "-m",
+                    "benchmarks.bench_hvp_memory",
                     "--one",
                     "--size",
                     size,
@@ -208,7 +212,12 @@ def main() -> None:
                     *common,
                 ]
                 out = subprocess.run(
-                    [str(c) for c in cmd], env=env, capture_output=True, text=True, check=False
+                    [str(c) for c in cmd],
+                    env=env,
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                    check=False,
                 )
                 line = (
                     out.stdout.strip().splitlines()[-1]
@@ -224,6 +233,10 @@ def main() -> None:
                     ref = hv if ref is None else ref
                     row["rel_diff_vs_first"] = float((hv - ref).norm() / ref.norm())
                 print(json.dumps(row), flush=True)
+                rows.append(row)
+    title = "One Hessian-vector product per scheme on GPT-2 shapes: peak memory and seconds"
+    tab = records_table("One row per scheme, each in a fresh process", rows)
+    print(f"wrote {write_json('hvp_memory', title, [tab], args.json)}")
 
 
 if __name__ == "__main__":

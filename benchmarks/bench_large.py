@@ -13,12 +13,14 @@ differ by the product alone.
 Precisions this branch's engine does not know (``bf16`` before ``runtime.precision: bf16`` exists)
 are skipped with a message.
 
-    python scripts/bench_large.py --size 10M --rows 4                      # fp32, recompute off/on
-    python scripts/bench_large.py --size 10M --size 30M --precision fp32 --precision bf16
-    python scripts/bench_large.py --size 10M --eigenthings /tmp/he/lib
+    python -m benchmarks.bench_large --size 10M --rows 4                      # fp32, recompute off/on
+    python -m benchmarks.bench_large --size 10M --size 30M --precision fp32 --precision bf16
+    python -m benchmarks.bench_large --size 10M --eigenthings /tmp/he/lib
+
+The rows go to docs/benchmarks/data/large.json (``--json`` elsewhere).
 
 ``--eigenthings DIR`` also runs hessian-eigenthings' Lanczos (``--eigenthings-steps``, default 8) on the same
-model and tokens, importing ``hessian_eigenthings`` from DIR (its wheel unpacked there:
+model and tokens, its child process importing ``hessian_eigenthings`` from DIR (PYTHONPATH; its wheel unpacked there:
 ``pip download --no-deps hessian-eigenthings`` and unzip; it needs only torch, numpy, scipy and tqdm,
 which flatcli's environment has), with its Hugging Face loss (``model(**batch).loss``, the same
 mean over the non-padded next tokens here: one batch).
@@ -32,10 +34,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks._common import ROOT, json_arg, records_table, write_json
 
 SIZES = {  # name -> (n_embd, n_layer, n_head); vocabulary 8192, positions = --length
     "2M": (128, 4, 4),
@@ -66,7 +66,7 @@ def matmul_mode(kind: str):
     order of summation; every tensor kept between operations has the dtype and shape it has with the
     native kernel, and the float32 copies of one product's operands live only inside it, so a peak
     memory measured under this mode bounds the native one from above (compared at 2M and 10M in
-    docs/performance.md). Seconds under it are not bf16 seconds."""
+    docs/benchmarks/data/hvp_memory-350m.json). Seconds under it are not bf16 seconds."""
     import contextlib
 
     if kind != "fp32":
@@ -196,8 +196,7 @@ def _predicted_peak(p, eng, base: int, steps: int, bf16_matmul: str = "native") 
 
 EIGENTHINGS = r"""
 import json, sys, time, torch
-sys.path[:0] = [{root!r}, {lib!r}]
-from scripts.bench_large import build, _status
+from benchmarks.bench_large import build, _status
 from hessian_eigenthings import HessianOperator, hf_lm_loss, lanczos
 torch.set_num_threads({threads})
 model, batch = build({size!r}, {vocab}, {rows}, {length})
@@ -240,6 +239,7 @@ def main() -> None:
     )
     ap.add_argument("--eigenthings-steps", type=int, default=8)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    json_arg(ap, "large")
     args = ap.parse_args()
     if args.one:
         args.size, args.precision, args.recompute = (
@@ -249,7 +249,8 @@ def main() -> None:
         )
         print(json.dumps(run_one(args)))
         return
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # children: python -m from ROOT
+    rows: list[dict] = []
     common = [
         "--vocab",
         args.vocab,
@@ -273,7 +274,8 @@ def main() -> None:
             for rec in args.recompute or ["false", "true"]:
                 cmd = [
                     sys.executable,
-                    __file__,
+                    "-m",
+                    "benchmarks.bench_large",
                     "--one",
                     "--size",
                     size,
@@ -284,23 +286,22 @@ def main() -> None:
                     *common,
                 ]
                 out = subprocess.run(
-                    [str(c) for c in cmd], env=env, capture_output=True, text=True, check=False
+                    [str(c) for c in cmd],
+                    env=env,
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                    check=False,
                 )
                 line = (
                     out.stdout.strip().splitlines()[-1]
                     if out.stdout.strip()
                     else json.dumps({"error": out.stderr[-2000:]})
                 )
-                print(
-                    json.dumps(
-                        {"size": size, "precision": prec, "recompute": rec, **json.loads(line)}
-                    ),
-                    flush=True,
-                )
+                rows.append({"size": size, "precision": prec, "recompute": rec, **json.loads(line)})
+                print(json.dumps(rows[-1]), flush=True)
         if args.eigenthings:
             code = EIGENTHINGS.format(
-                root=str(ROOT),
-                lib=args.eigenthings,
                 threads=args.threads,
                 size=size,
                 vocab=args.vocab,
@@ -308,18 +309,25 @@ def main() -> None:
                 length=args.length,
                 steps=args.eigenthings_steps,
             )
+            he_env = {**env, "PYTHONPATH": args.eigenthings}  # the unpacked wheel
             out = subprocess.run(
-                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+                [sys.executable, "-c", code],
+                env=he_env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=False,
             )
             line = (
                 out.stdout.strip().splitlines()[-1]
                 if out.stdout.strip()
                 else json.dumps({"error": out.stderr[-2000:]})
             )
-            print(
-                json.dumps({"size": size, "tool": "hessian-eigenthings", **json.loads(line)}),
-                flush=True,
-            )
+            rows.append({"size": size, "tool": "hessian-eigenthings", **json.loads(line)})
+            print(json.dumps(rows[-1]), flush=True)
+    title = "λmax and trace of GPT-2 shapes per setting: peak memory and seconds"
+    tab = records_table("One row per setting, each in a fresh process", rows)
+    print(f"wrote {write_json('large', title, [tab], args.json)}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Predicted against measured seconds (``--dry-run``'s prediction, `flatcli.predict`) for
-hessian_lambda_max, hessian_trace and hessian_spectrum on three models (docs/performance.md).
+hessian_lambda_max, hessian_trace and hessian_spectrum on three models.
 
 For each model: the products are timed as ``flatcli measure --dry-run`` times them
 (`flatcli.predict.time_products`: a forward pass, a gradient, HVPs of one vector and of one block
@@ -13,22 +13,40 @@ Models: an MLP (784-128-10 on 256 samples), ResNet-18 at width 8 (torchvision's 
 inputs, 16 samples), a tiny GPT-2 from a config with random weights (2 layers, width 32, vocabulary
 100, 16 sequences of 32 tokens, ``causal_lm``).
 
-    OMP_NUM_THREADS=1 python scripts/bench_predict.py          # a few minutes on one CPU core
-    python scripts/bench_predict.py --device cuda
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_predict     # a few minutes on one CPU core
+    python -m benchmarks.bench_predict --device cuda
+
+The result goes to docs/benchmarks/data/predict.json (``--json`` elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import class_structured_data, device_name, resnet18  # noqa: E402
+from benchmarks._common import (
+    class_structured_data,
+    device_name,
+    json_arg,
+    resnet18,
+    table,
+    write_json,
+)
+
+COLUMNS = [
+    "model",
+    "P",
+    "measure",
+    "HVPs predicted",
+    "HVPs ran",
+    "seconds predicted",
+    "seconds measured",
+    "measured / predicted at the HVPs ran",
+    "within ×2 of the range",
+]
 
 MEASURES = [
     ("hessian_lambda_max", {}),
@@ -142,28 +160,45 @@ def main() -> None:
     ap.add_argument(
         "--models", default="mlp,resnet,gpt2", help="comma-separated: mlp, resnet, gpt2"
     )
+    json_arg(ap, "predict")
     args = ap.parse_args()
     cases = {"mlp": mlp_case, "resnet": resnet_case, "gpt2": gpt2_case}
     dev = torch.device(args.device)
     print(f"device: {device_name(dev)}; torch {torch.__version__}")
-    print(
-        "| model | P | measure | HVPs predicted | HVPs ran | seconds predicted | seconds measured "
-        "| measured / predicted at the HVPs ran | within ×2 of the range |"
-    )
+    print("| " + " | ".join(COLUMNS) + " |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---|")
     t0 = time.perf_counter()
+    cells, timing = [], []
     for key in args.models.split(","):
         rows = run_case(cases[key](), args.device)
         for r in rows:
-            print(
-                f"| {r['model']} | {r['P']:,} | {r['measure']} | {r['hvps']} | {r['ran']} | {r['predicted']} "
-                f"| {r['measured']:.2f} | {r['ratio']:.2f} | {'yes' if r['inside'] else 'no'} |",
-                flush=True,
+            cells.append(
+                [
+                    r["model"],
+                    f"{r['P']:,}",
+                    r["measure"],
+                    str(r["hvps"]),
+                    str(r["ran"]),
+                    str(r["predicted"]),
+                    f"{r['measured']:.2f}",
+                    f"{r['ratio']:.2f}",
+                    "yes" if r["inside"] else "no",
+                ]
             )
-        print(
-            f"<!-- {rows[0]['model']}: products timed in {rows[0]['timing']:.1f} s -->", flush=True
-        )
-    print(f"total {time.perf_counter() - t0:.0f} s")
+            print("| " + " | ".join(cells[-1]) + " |", flush=True)
+        timing.append(f"{rows[0]['model']}: products timed in {rows[0]['timing']:.1f} s")
+        print(f"<!-- {timing[-1]} -->", flush=True)
+    total = f"total {time.perf_counter() - t0:.0f} s"
+    print(total)
+    note = "; ".join([*timing, total])
+    path = write_json(
+        "predict",
+        "Predicted seconds (--dry-run) against measured",
+        [table("Predicted against measured seconds", COLUMNS, cells, note)],
+        args.json,
+        dev=dev,
+    )
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ process and once under ``torchrun --standalone --nproc_per_node 2``, each as a w
 Prints one table row per measure: seconds with 1 and 2 ranks, their ratio, and the relative
 difference of the values (the trace with the same 64 probes in both).
 
-    python scripts/bench_ranks.py                  # n = 4096, batch 256
-    python scripts/bench_ranks.py --n 8192 --width 512
+    python -m benchmarks.bench_ranks                  # n = 4096, batch 256
+    python -m benchmarks.bench_ranks --n 8192 --width 512
+
+The result goes to docs/benchmarks/data/ranks.json (``--json`` elsewhere).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 import torch
 import yaml
 from torch import nn
+
+from benchmarks._common import Tables, json_arg, write_json
 
 MEASURES = [
     {"hessian_lambda_max": {"tol": 1e-4}},
@@ -82,6 +86,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=256)
+    json_arg(ap, "ranks")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -104,18 +109,23 @@ def main() -> None:
             folder,
             "two",
         )
-    print(
+    setup = (
         f"MLP 784-{args.width}-{args.width}-10, n = {args.n}, batch {args.batch_size}, fp32, CPU, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')} per rank, torch {torch.__version__}"
     )
-    print(f"{'measure':<22}{'1 rank s':>10}{'2 ranks s':>11}{'ratio':>8}{'rel. diff':>11}")
+    rows = []
     for name, a in one[1].items():
         b = two[1][name]
         rel = abs(a["value"] - b["value"]) / abs(a["value"])
-        print(
-            f"{name:<22}{a['seconds']:>10.2f}{b['seconds']:>11.2f}{b['seconds'] / a['seconds']:>8.2f}{rel:>11.1e}"
+        ratio = b["seconds"] / a["seconds"]
+        rows.append(
+            [name, f"{a['seconds']:.2f}", f"{b['seconds']:.2f}", f"{ratio:.2f}", f"{rel:.1e}"]
         )
-    print(f"{'whole process':<22}{one[0]:>10.2f}{two[0]:>11.2f}{two[0] / one[0]:>8.2f}")
+    rows.append(["whole process", f"{one[0]:.2f}", f"{two[0]:.2f}", f"{two[0] / one[0]:.2f}", ""])
+    tables = Tables()
+    tables.add(setup, ["measure", "1 rank s", "2 ranks s", "ratio", "rel. diff"], rows)
+    title = "One process against torchrun with 2 CPU ranks"
+    print(f"wrote {write_json('ranks', title, tables, args.json)}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""flatcli vs hessian-eigenthings 1.0 on the same GPT-2 and the same batches (docs/performance.md).
+"""flatcli vs hessian-eigenthings 1.0 on the same GPT-2 and the same batches.
 
 One process, one device, side by side: the same randomly initialized GPT-2 (built from a config,
 eager attention, eval mode), the same batches of token ids, the same loss (next-token
@@ -11,7 +11,9 @@ trace (value ± standard error at equal budgets, seconds). ``--tiny`` adds the e
 differ (eigenthings averages batch means; flatcli averages over every scored token).
 
     pip install -e ".[bench,transformers]"
-    OMP_NUM_THREADS=1 python scripts/bench_transformers.py --tiny --padded
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_transformers --tiny --padded
+
+The result goes to docs/benchmarks/data/transformers.json (``--json`` elsewhere).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ import platform
 import time
 
 import torch
+
+from benchmarks._common import Tables, json_arg, write_json
+
+TABLES = Tables()
 
 
 def build(tf, n_layer, n_embd, vocab, seed):
@@ -97,7 +103,7 @@ def eig_op(model, data):
     return Counted(he.HessianOperator(model, data, he.hf_lm_loss()))
 
 
-def lambda_rows(model, data, ref):
+def lambda_rows(model, data, ref, title=""):
     import hessian_eigenthings as he
 
     rows = []
@@ -115,13 +121,17 @@ def lambda_rows(model, data, ref):
         lambda: he.power_iteration_one(op, seed=0)
     )  # (λ, v, residual, iterations, converged)
     rows.append(("eigenthings power_iteration_one (defaults: tol 1e-4)", float(res[0]), op.n, s))
-    print(f"\nλmax (reference: flatcli Lanczos at tol 1e-7 = {ref:.6g})")
-    print("| method | λmax | rel. diff | HVPs | seconds |\n|---|---|---|---|---|")
-    for name, v, n, s in rows:
-        print(f"| {name} | {v:.6g} | {abs(v - ref) / abs(ref):.1e} | {n} | {s:.2f} |")
+    TABLES.add(
+        f"{title}λmax (reference: flatcli Lanczos at tol 1e-7 = {ref:.6g})",
+        ["method", "λmax", "rel. diff", "HVPs", "seconds"],
+        [
+            [name, f"{v:.6g}", f"{abs(v - ref) / abs(ref):.1e}", str(n), f"{s:.2f}"]
+            for name, v, n, s in rows
+        ],
+    )
 
 
-def trace_rows(model, data, budget, exact=None):
+def trace_rows(model, data, budget, exact=None, title=""):
     import hessian_eigenthings as he
 
     rows = []
@@ -145,20 +155,12 @@ def trace_rows(model, data, budget, exact=None):
         res, s = timed(lambda op=op, m=method: he.trace(op, num_matvecs=budget, method=m, seed=0))
         rows.append((f"eigenthings {method}, {budget} matvecs", res.estimate, res.stderr, op.n, s))
     head = f"exact trace {exact:.6g}" if exact is not None else "no exact reference"
-    print(f"\ntrace ({head})")
-    print(
-        "| method | trace | stderr | "
-        + ("error / stderr | " if exact is not None else "")
-        + "HVPs | seconds |"
-    )
-    print("|---|---|---|" + ("---|" if exact is not None else "") + "---|---|")
+    cols = ["method", "trace", "stderr", *(["error / stderr"] if exact is not None else [])]
+    cells = []
     for name, v, se, n, s in rows:
-        z = (
-            f" {abs(v - exact) / se:.2f} |"
-            if exact is not None and se
-            else (" – |" if exact is not None else "")
-        )
-        print(f"| {name} | {v:.6g} | {se:.3g} |{z} {n} | {s:.2f} |")
+        z = [f"{abs(v - exact) / se:.2f}" if se else "–"] if exact is not None else []
+        cells.append([name, f"{v:.6g}", f"{se:.3g}", *z, str(n), f"{s:.2f}"])
+    TABLES.add(f"{title}trace ({head})", [*cols, "HVPs", "seconds"], cells)
 
 
 def section(tf, title, n_layer, n_embd, vocab, args, exact_trace=False):
@@ -169,16 +171,17 @@ def section(tf, title, n_layer, n_embd, vocab, args, exact_trace=False):
         f"\n## {title}: GPT-2 n_layer {n_layer}, n_embd {n_embd}, vocab {vocab}, P = {P:,} (tied lm_head); "
         f"{args.batches} batches × {args.rows} rows × {args.tokens} tokens"
     )
+    title = f"{title} GPT-2 (n_layer {n_layer}, n_embd {n_embd}, vocab {vocab}, P = {P:,}): "
     ref = flatcli_measure(
         model, data, {"hessian_lambda_max": {"tol": 1e-7, "max_steps": 300}}
     ).value
-    lambda_rows(model, data, ref)
+    lambda_rows(model, data, ref, title)
     exact = (
         flatcli_measure(model, data, {"hessian_trace": {"method": "exact"}}).value
         if exact_trace
         else None
     )
-    trace_rows(model, data, args.budget, exact)
+    trace_rows(model, data, args.budget, exact, title)
     return model
 
 
@@ -189,10 +192,14 @@ def padded_section(model, vocab, args):
     fl = flatcli_measure(model, data, {"hessian_lambda_max": {"tol": 1e-7, "max_steps": 300}}).value
     op = eig_op(model, data)
     res = he.lanczos(op, k=1, max_iter=60, which="LA", seed=0)
-    print(
-        f"\npadded batches of unequal token counts: flatcli λmax {fl:.6g} (token-weighted mean), "
-        f"eigenthings {float(res.eigenvalues[0]):.6g} (mean of batch means): relative difference "
-        f"{abs(fl - float(res.eigenvalues[0])) / abs(fl):.1e}"
+    ev = float(res.eigenvalues[0])
+    TABLES.add(
+        "Padded batches of unequal token counts: λmax",
+        ["tool", "loss", "λmax", "relative difference"],
+        [
+            ["flatcli", "token-weighted mean", f"{fl:.6g}", ""],
+            ["eigenthings", "mean of batch means", f"{ev:.6g}", f"{abs(fl - ev) / abs(fl):.1e}"],
+        ],
     )
 
 
@@ -214,6 +221,7 @@ def main() -> None:
     ap.add_argument(
         "--padded", action="store_true", help="also λmax on padded batches of unequal token counts"
     )
+    json_arg(ap, "transformers")
     args = ap.parse_args()
     import hessian_eigenthings as he
 
@@ -229,6 +237,10 @@ def main() -> None:
     model = section(tf, "small", args.n_layer, args.n_embd, args.vocab, args)
     if args.padded:
         padded_section(model, args.vocab, args)
+    title = (
+        f"flatcli vs hessian-eigenthings {he.__version__} on GPT-2 (transformers {tf.__version__})"
+    )
+    print(f"wrote {write_json('transformers', title, TABLES, args.json)}")
 
 
 if __name__ == "__main__":
