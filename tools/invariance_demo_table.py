@@ -1,6 +1,6 @@
 """The demo-zoo table of docs/invariance.md: `flatcli check-invariance` on every demo checkpoint.
 
-Usage: ``python scripts/invariance_demo_table.py flatcli-demo`` (after ``flatcli demo``); prints a
+Usage: ``python tools/invariance_demo_table.py flatcli-demo`` (after ``flatcli demo``); prints a
 Markdown table: normalized sharpness and relative flatness (normalized features), each with its
 value and relative change, and the factors by which the Hessian trace and λmax changed.
 """

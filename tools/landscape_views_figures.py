@@ -1,6 +1,6 @@
 """Regenerate the README's trajectory-PCA and mode-connectivity figures from the demo zoo.
 
-    python scripts/landscape_views_figures.py DEMO_DIR [IMG_DIR]
+    python tools/landscape_views_figures.py DEMO_DIR [IMG_DIR]
 
 DEMO_DIR is a demo zoo (``flatcli demo -o DEMO_DIR`` or `flatcli.demo.train_zoo`; trained
 here when it has no config.yaml); IMG_DIR defaults to docs/img. The same through the CLI:

@@ -9,7 +9,7 @@ rank-deficient layer (eigenvalues under its 1e-5 threshold), tied eigenvalues an
 convolution.
 
     pip install weightwatcher==0.7.7
-    python scripts/weightwatcher_reference.py          # rewrites the JSON
+    python tools/weightwatcher_reference.py          # rewrites the JSON
 """
 
 from __future__ import annotations
