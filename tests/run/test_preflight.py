@@ -94,3 +94,47 @@ def test_measure_loads_and_checks_each_checkpoint_once(tmp_path, monkeypatch):
     per_path = Counter(Path(a[1]).name for a in loads)
     assert per_path == {"m0.pt": 1, "m1.pt": 1}, per_path
     assert len(checks) == 2, len(checks)
+
+
+def test_a_max_length_above_the_positions_stops_every_command_before_the_data(
+    tmp_path, monkeypatch
+):
+    """A text split's ``max_length`` above a GPT-2's ``n_positions`` (16): ``measure``, ``sweep``
+    and a landscape view exit 2 naming both numbers, and nothing is tokenized or loaded."""
+    import yaml
+
+    from tests import hf_models as H
+
+    H.transformers()
+    gpt2 = H.save_gpt2(tmp_path / "gpt2", n_embd=4)
+    cfg = tmp_path / "c.yaml"
+    text = {
+        "source": "text",
+        "path": str(H.write_jsonl(tmp_path / "lm.jsonl", H.text_rows())),
+        "text_field": "text",
+        "tokenizer": str(H.save_tokenizer(tmp_path / "tok")),
+        "max_length": 32,
+    }
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"source": "huggingface", "class": "AutoModelForCausalLM"},
+                "checkpoints": [str(gpt2)],
+                "data": {"train": text},
+                "measure_data": {"batch_size": 3},
+                "measures": ["frobenius_norm"],
+                "runtime": {"device": "cpu"},
+            }
+        )
+    )
+    loads: list = []
+    _spy(monkeypatch, "flatcli.loading.data", "load_split", loads)
+    for argv in (
+        ("measure", "-c", cfg, "-o", tmp_path / "m"),
+        ("sweep", "-c", cfg, "-o", tmp_path / "s"),
+        ("landscape", "slice", gpt2, "-c", cfg, "-o", tmp_path / "l"),
+    ):
+        res, text_out = _cli(*argv)
+        assert res.exit_code == 2, (argv[0], text_out)
+        assert "data.train.max_length is 32" in text_out and "n_positions 16" in text_out, text_out
+        assert loads == [], (argv[0], loads)
