@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .loading.hf import check_positions
 from .memory import MemoryVerdict, check_model
 from .settings import Settings
 
@@ -44,8 +45,6 @@ def check_settings(cfg, model: torch.nn.Module, path, settings: Settings, train_
     """A `ConfigError` when the ``params`` selection matches none of ``model``'s parameters, or a
     text split's ``max_length`` exceeds its positions (a Hugging Face model's ``n_positions`` or
     ``max_position_embeddings``; not for a train split that ``train_data`` replaces)."""
-    from .loading.hf import check_positions
-
     settings.params.select(model)
     for split in ("train", "test"):
         src = getattr(cfg.data, split)
