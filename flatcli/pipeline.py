@@ -33,8 +33,9 @@ from .loading.data import load_split, subset
 from .loading.models import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
 from .measures import Dims, MeasureContext, MeasureResult, MeasureSpec, run_measure
 from .measures.hessian import LOW_PRECISION_MEASURES
-from .memory import check_model, check_products, copies_model, refuse
+from .memory import check_products, copies_model, refuse
 from .predict import Fit
+from .preflight import Checked, check_loaded
 from .results import Row
 from .settings import Settings
 
@@ -513,26 +514,21 @@ def measure_job(
     on_measure: Callable[[Row, str], None] | None = None,
     reuse: dict[str, Any] | None = None,
     budget_among: Sequence[MeasureSpec] | None = None,
+    checked: Checked | None = None,
 ) -> Row:
     """Load one checkpoint and measure it. A failure (a bad file: kind ``ConfigError``, exit code 2)
     becomes an error row, so other checkpoints still complete. ``on_measure`` and ``reuse``: as
-    `measure_model`'s. With ``settings.check_memory``, a model whose measures will not fit in the
-    device's free memory fails here, before any data is loaded (`flatcli.memory.check_model`)."""
+    `measure_model`'s. The checkpoint's `preflight` runs first, before any data is loaded (a model
+    whose measures will not fit in the device's free memory fails here); ``checked``: its result
+    when the caller already ran it (the checkpoint is then not loaded again)."""
     labels = [s.label for s in specs]
     try:
-        model, extras = load_model(cfg, job.path)
-        settings.params.select(
-            model
-        )  # a selection that matches nothing fails before any data is loaded
-        if (
-            settings.check_memory
-        ):  # weights, θ and the measures' P-vectors: before any data is loaded
-            refuse(
-                check_model(
-                    model, [s for s in specs if not (reuse and s.label in reuse)], settings
-                ),
-                ranks.current(),
-            )
+        todo = [s for s in specs if not (reuse and s.label in reuse)]
+        if checked is None:
+            checked = preflight(cfg, job, todo, settings)
+        model, extras = checked.model, checked.extras
+        if settings.check_memory:  # every rank calls it: a rank that will not fit stops them all
+            refuse(checked.memory_for(todo, settings), ranks.current())
         hp = dict(job.hparams)
         hp.update(read_hparams_from_keys(extras, cfg.hparams.from_keys))
         init_state = load_init_state(cfg, job, model)
@@ -568,34 +564,44 @@ def measure_job(
         return row
 
 
-def first_checkpoint_fits(
-    cfg: Config, job: Job | None, specs: Sequence[MeasureSpec], settings: Settings
-) -> bool:
-    """Whether ``job``'s model passes the memory check (`flatcli.memory.check_model`), for a command
-    that loads the data once before its checkpoints (so that a bad data config fails first): it
-    loads the data then only when the first checkpoint fits; otherwise each checkpoint loads it when
-    it gets there, after its own check. True when the check is off, there is no checkpoint, or the
-    model cannot be loaded (its row says why). Loads that model once more than the run does."""
-    if job is None or not settings.check_memory:
-        return True
-    try:
-        model, _ = load_model(cfg, job.path)
-        return check_model(model, specs, settings).fits
-    except FlatcliError:
-        return True
+def preflight(cfg: Config, job: Job, specs: Sequence[MeasureSpec], settings: Settings) -> Checked:
+    """Load one checkpoint and check it before any data is loaded (`flatcli.preflight`): a
+    ``params`` selection or ``max_length`` that does not fit raises a `ConfigError`; the memory
+    verdict of ``specs`` is returned in `Checked.memory`."""
+    return check_loaded(cfg, job.path, job.train_data, load_model(cfg, job.path), specs, settings)
+
+
+def first_checkpoint(
+    cfg: Config, job: Job | None, specs: Sequence[MeasureSpec], settings: Settings, data: DataCache
+) -> Checked | None:
+    """The pre-flight of a command's first checkpoint, then the data loaded once, so that a bad
+    data config fails before any measure. A ``params`` selection or a ``max_length`` that does not
+    fit raises (the command stops, no data loaded). A checkpoint that cannot be loaded gives None
+    (its row says why). A model that will not fit in memory: the data is not loaded now (each
+    checkpoint loads it when it gets there, after its own check). Pass the result to that
+    checkpoint's `measure_job` so that it is not loaded twice."""
+    checked = None
+    if job is not None:
+        try:
+            loaded = load_model(cfg, job.path)
+        except FlatcliError:  # the checkpoint's row says why
+            loaded = None
+        if loaded is not None:
+            checked = check_loaded(cfg, job.path, job.train_data, loaded, specs, settings)
+    if checked is None or checked.fits:
+        data.get("train")
+        data.get("test")
+    return checked
 
 
 def _checked_data(cfg: Config, job: Job, model, data: DataCache):
-    """The train and test splits, their token sequence lengths checked against the model's
-    positions (a Hugging Face model's ``n_positions``/``max_position_embeddings``): the configured
-    ``max_length`` before tokenizing, the tokenized width after."""
+    """The train and test splits, their tokenized widths checked against the model's positions
+    (a Hugging Face model's ``n_positions``/``max_position_embeddings``; the configured
+    ``max_length`` is checked before tokenizing, by `preflight`)."""
     from .loading.hf import check_positions
 
     out = []
     for split in ("train", "test"):
-        src = getattr(cfg.data, split)
-        if src is not None and src.source == "text" and (split == "test" or job.train_data is None):
-            check_positions(model, f"data.{split}.max_length", src.max_length, job.path)
         batch = data.get(split, job.train_data) if split == "train" else data.get(split)
         if batch is not None and "input_ids" in batch and batch["input_ids"].dim() == 2:
             check_positions(

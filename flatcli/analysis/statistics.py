@@ -318,7 +318,7 @@ def bootstrap_intervals(
     statistics of all resamples are computed at once (`pearson_rows`, `spearman_rows`,
     `kendall_rows`, equal to scipy.stats' to rounding): 1,000 resamples of 48 / 150 / 400
     checkpoints take 0.03 / 0.25 / 0.30 s instead of 0.78 / 0.84 / 0.93 s with scipy's call per
-    resample (``scripts/bench_bootstrap.py --n 48,150,400``, one thread of this project's 2-core CPU
+    resample (docs/benchmarks/data/bootstrap.json, one thread of this project's 2-core CPU
     machine, scipy 1.17).
 
     Returns the intervals and the number of resamples on which a statistic was undefined (a

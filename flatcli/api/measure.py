@@ -18,6 +18,7 @@ from ..loading.text import TOKENIZED_DIR
 from ..measures import MeasureSpec
 from ..pipeline import (
     DataCache,
+    first_checkpoint,
     measure_job,
     versions,
 )
@@ -119,9 +120,7 @@ def measure(
     )
     if not world.is_main:
         out = None
-    if _check_before_data(cfg, jobs, st, specs):  # the first checkpoint fits (or is not checked)
-        data.get("train")  # load the data once: a bad data config fails now
-        data.get("test")
+    first = first_checkpoint(cfg, jobs[0] if jobs else None, specs, st, data)
     meta = {
         "config": cfg.to_dict(),
         "config_hash": cfg.hash(),
@@ -134,7 +133,7 @@ def measure(
     saver = _Saver(cfg, shared, out is not None, meta, jobs, specs, resume)
     t0 = time.perf_counter()
     rows = _measure_all(
-        cfg, specs, data, st, saver, debug, on_start, on_row, on_progress, on_measure
+        cfg, specs, data, st, saver, debug, on_start, on_row, on_progress, on_measure, first
     )
     _leave_ranks(world)
     report = MeasureReport(
@@ -290,9 +289,11 @@ def _measure_all(
     on_row,
     on_progress,
     on_measure,
+    first=None,
 ) -> list[Row]:
     """Every checkpoint's row (`measure`), the results written after each measure by ``saver``;
-    Ctrl-C raises `MeasureInterrupted` once what finished is written."""
+    Ctrl-C raises `MeasureInterrupted` once what finished is written. ``first``: the first
+    checkpoint's pre-flight (`flatcli.pipeline.first_checkpoint`): it is not loaded again."""
     rows: list[Row] = []
 
     def finished(row: Row, label: str) -> None:
@@ -316,6 +317,7 @@ def _measure_all(
                 progress=on_progress,
                 on_measure=finished,
                 reuse=reuse,
+                checked=first if i == 0 else None,
             )
             row.keys = keys
             rows.append(row)
@@ -340,44 +342,6 @@ def _leave_ranks(world) -> None:
     from ..engine import dist
 
     dist.leave(world)
-
-
-def _check_before_data(cfg, jobs, st, specs) -> bool:
-    """Cheap checks against the first checkpoint's model before any data is loaded or tokenized:
-    the ``params`` selection matches its parameter names, and a text split's ``max_length`` fits its
-    positions (Hugging Face ``n_positions``/``max_position_embeddings``). Only when there is
-    something to check; a checkpoint that cannot be loaded is left to its row.
-
-    Returns whether the data is to be loaded now: False when ``runtime.check_memory`` finds that the
-    first checkpoint will not fit (`flatcli.memory.check_model`); then each checkpoint loads the
-    data when it gets there, after its own check, and one that will not fit never loads it. (The
-    check loads the first checkpoint's model once more, as the selection check does.)"""
-    from ..errors import FlatcliError
-    from ..loading.hf import check_positions
-    from ..memory import check_model
-    from ..pipeline import load_model
-
-    texts = [
-        (k, s)
-        for k in ("train", "test")
-        if (s := getattr(cfg.data, k)) is not None
-        and s.source == "text"
-        and s.max_length is not None
-    ]
-    if not jobs or (
-        st.params.everything
-        and not (texts and cfg.model.source == "huggingface")
-        and not st.check_memory
-    ):
-        return True
-    try:
-        model, _ = load_model(cfg, jobs[0].path)
-    except FlatcliError:
-        return True
-    st.params.select(model)
-    for k, s in texts:
-        check_positions(model, f"data.{k}.max_length", s.max_length, jobs[0].path)
-    return not st.check_memory or check_model(model, specs, st).fits
 
 
 def _artifacts(rows: list[Row], specs, folder: Path) -> list[Path]:

@@ -23,6 +23,7 @@ from ..pipeline import (
     manifest_train_data,
     versions,
 )
+from ..preflight import check_settings
 from ..results import ensure_writable_dir
 from ..settings import RunOptions, Settings
 from ._common import _one_job, load_run, select_measures, takes_run, use_threads
@@ -203,6 +204,7 @@ def _slice(
     to = given[1] if len(given) > 1 else None
     model, _ = load_model(cfg, ckpt)
     model_b = load_model(cfg, Path(to).expanduser())[0] if to is not None else None
+    _preflight(cfg, st, (model, ckpt), (model_b, to))
     train, test = _landscape_data(cfg, ckpt, model, model_b, st, to)
     with st.precision_context():
         if model_b is not None:
@@ -235,6 +237,15 @@ def _slice(
     if out[0] is not None:
         write_files(res, out[0], plots=out[1])
     return res
+
+
+def _preflight(cfg: Config, st: Settings, *models) -> None:
+    """The pre-flight of a view's checkpoints before any data is loaded (`flatcli.preflight`:
+    the ``params`` selection and a text split's ``max_length``); ``models``: (model, path) pairs,
+    a None model skipped."""
+    for model, path in models:
+        if model is not None:
+            check_settings(cfg, model, path, st, manifest_train_data(cfg, Path(path)))
 
 
 def _landscape_data(cfg: Config, ckpt: Path, model, model_b, st: Settings, to):
@@ -294,6 +305,7 @@ def _pca(
     from ..landscape.trajectory import LazyTrajectory, trajectory_landscape
 
     model, _ = load_model(cfg, paths[-1])
+    _preflight(cfg, st, (model, paths[-1]))
     _, train, test = _view_data(cfg, model, manifest_train_data(cfg, paths[-1]))
     traj = LazyTrajectory(paths[:-1], lambda p: load_model(cfg, p)[0], last=model)
     with st.precision_context():
@@ -326,6 +338,7 @@ def _connect(
     model_a, extras = load_model(cfg, pa)
     model_b, _ = load_model(cfg, pb)
     check_state(model_b.state_dict(), model_a.state_dict(), str(b), str(a), "landscape connect")
+    _preflight(cfg, st, (model_a, pa), (model_b, pb))
     da, db = manifest_train_data(cfg, pa), manifest_train_data(cfg, pb)
     if da is not None and db is not None and da.resolve() != db.resolve():
         raise ConfigError(
@@ -421,6 +434,7 @@ def check_invariance(
     if job.init_checkpoint is None:
         specs = [s for s in specs if not needs_init(s)]
     model, _ = load_model(cfg, job.path)
+    check_settings(cfg, model, job.path, Settings.from_config(cfg), job.train_data)
     init_state = load_init_state(cfg, job)
     cache = DataCache(cfg)
     report = check_invariance_model(

@@ -15,7 +15,7 @@ product mode), never the engine.
   ``"reverse"``: the batch's gradient graph (``create_graph``, cached across products at
   the same θ, `flatcli.engine.graphs`) and one pull-back per vector, as one vmapped
   backward (``is_grads_batched``) on CUDA and for models under 10k parameters on CPU, else
-  a loop (faster on CPU for larger models: docs/performance.md). ``"forward"``:
+  a loop (faster on CPU for larger models: docs/benchmarks/data/engine.json). ``"forward"``:
   forward-over-reverse ``vmap(jvp(grad(L_B)))``, the fastest for blocks on GPUs; an
   operation without a forward-mode rule falls back to ``"reverse"`` once and for all.
   ``"auto"``: reverse on CPU; on CUDA forward for blocks and reverse through the cached

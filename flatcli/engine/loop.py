@@ -31,7 +31,7 @@ from .problem import Problem
 from .recompute import checkpointed_blocks, find_blocks, parse_recompute, predicted_product_bytes
 from .segments import BlockChain
 
-_CPU_BATCHED_BELOW = 10_000  # parameters; measured, see docs/performance.md
+_CPU_BATCHED_BELOW = 10_000  # parameters; measured, see docs/benchmarks/data/engine.json
 _CUDA_MAX_BLOCK = 32
 _CPU_MAX_BLOCK = 64
 CPU_BLOCK_BYTES = 5e8

@@ -26,7 +26,7 @@ row's entries of a flat vector, forward-over-reverse computes :math:`M H v` whil
 computes :math:`M H M v` (its second backward goes through the lookup's masked backward too), and
 the Gauss-Newton product (a JVP, which carries the row's tangent, then a masked VJP)
 :math:`M G v`: operators that are not symmetric, whatever Lanczos, SLQ and Hutchinson assume (a
-tiny float64 BERT: forward and reverse 4.9e-4 apart, relative; scripts/padding_modes.py). When the
+tiny float64 BERT: forward and reverse 4.9e-4 apart, relative; docs/benchmarks/data/padding_modes.json). When the
 weight is tied to an output head, the head's gradient reaches the row unmasked and no mode gives a
 clean matrix. The engine takes every curvature as :math:`M A M` (A the Hessian, the Gauss-Newton
 matrix or their finite differences), the curvature of the loss restricted to the coordinates

@@ -26,7 +26,7 @@ still holds what *it* saves (the double backward needs those tensors), and per-b
 are no longer cached across products (`flatcli.engine.graphs`; the engine turns caching off). The
 recomputed activations are kept alive by the first backward's graph until the second backward, and
 the second backward recomputes each block once more (the checkpointed function runs three times per
-block and gradient graph). Measured (docs/performance.md, scripts/bench_large.py, GPT-2 shapes on
+block and gradient graph). Measured (docs/benchmarks/data/large.json, benchmarks/bench_large.py, GPT-2 shapes on
 CPU): the same values; peak memory 0-3% lower over a whole λmax + trace run at 2M and 10M parameters
 (18% for one product at 2M); 1.1-2× the time per product.
 
@@ -37,7 +37,7 @@ product *block by block* (`flatcli.engine.segments`: a JVP of each block's forwa
 each block's VJP from the last, keeping only the boundary tensors), so ``runtime.recompute: true``
 runs that on a model whose blocks form a chain (GPT-2, BERT, ViT: checked on the first batch), and
 this checkpointed double backward on the others (the reason is kept in
-``ProductState.chain_reason``). Measured in docs/performance.md.
+``ProductState.chain_reason``). Measured in docs/benchmarks/data/hvp_memory-blocks.json.
 
 Models without a ``ModuleList`` of blocks are run as they are (`find_blocks` returns nothing).
 """
@@ -191,7 +191,7 @@ def predicted_product_bytes(
       graph, and five P-vectors (the gradient, the vectors, the products and the backward's flat
       copies; θ is read in place, `flatcli.engine.Problem.theta_flat`, since it stopped being
       copied per product: six before). Measured against the peak resident set of one product in a
-      fresh process (scripts/bench_hvp_memory.py, GPT-2 shapes, 8 × 128 tokens; docs/performance.md):
+      fresh process (benchmarks/bench_hvp_memory.py, GPT-2 shapes, 8 × 128 tokens; docs/benchmarks/data/hvp_memory-schemes.json):
       predicted / measured 1.13 (30M), 1.18 (124M shape), 1.36 (350M shape), 1.13 (10M, bf16).
     * Block by block, L blocks: ``2 S / L + 3 P b + W``: one block's share of the graph, twice
       (activations and their tangents), and three P-vectors (θ, the vector, the product); the

@@ -27,7 +27,7 @@ models in float64, with parameter subsets, padding and two batches. What it keep
 tensors (tokens × width each) and one block's activations and tangents at a time, instead of every
 block's activations twice (the forward's and the ``create_graph`` backward's); what it costs: each
 block's forward runs twice (step 1 and step 3) with tangents, about 2× a double-backward product
-(docs/performance.md has the measurements).
+(docs/benchmarks/data/hvp_memory-blocks.json has the measurements).
 
 When it applies (`BlockChain.find`, checked with one forward pass over the first row): the model
 has an outermost ``nn.ModuleList`` of blocks (`flatcli.engine.recompute.find_blocks`), called once

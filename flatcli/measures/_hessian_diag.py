@@ -45,7 +45,7 @@ r"""The Hessian diagonal for the Tsuzuku et al. (2020) family, and its options.
   sample; works for non-smooth networks.
 * ``hutchinson``: :math:`\frac1m\sum_z z \circ Hz` (not rescaling-equivariant).
 
-Why ``auto`` is the default (``scripts/bench_ns_diag.py``, float64, NS against
+Why ``auto`` is the default (``docs/benchmarks/data/ns_diag.json``, float64, NS against
 the unit-vector ``exact`` value): on a 5-4-4-3 ReLU MLP with one last-layer
 weight at 0 / 1e-6, and with 30% of every layer pruned, the former default
 ``scaled`` (64 samples) gave 11.6× / 3.8× / 807× the exact NS, ``hutchinson``

@@ -349,7 +349,7 @@ def _run_local(
     debug,
 ) -> None:
     """Run (or with ``dry_run`` describe) the local workers: in this process, or one process per GPU/worker."""
-    from ..pipeline import DataCache, first_checkpoint_fits
+    from ..pipeline import DataCache, first_checkpoint
     from ..settings import Settings
     from ..threads import apply_threads, plan_threads
 
@@ -371,17 +371,14 @@ def _run_local(
         return
     if log is not None:
         log(report.threads)
-    data = DataCache(
-        cfg, Path(outdir) / TOKENIZED_DIR
-    )  # load the data once: a bad data config fails now,
-    if first_checkpoint_fits(
+    data = DataCache(cfg, Path(outdir) / TOKENIZED_DIR)
+    first_checkpoint(  # the first checkpoint's pre-flight, then the data loaded once
         cfg,
-        plan.job(0) if plan.checkpoints else None,  # unless the first will not fit
+        plan.job(0) if plan.checkpoints else None,
         [plan.spec(lab) for lab in plan.labels],
         Settings.from_config(cfg, wps[0].label),
-    ):
-        data.get("train")
-        data.get("test")
+        data,
+    )
     if len(wps) == 1:
         apply_threads(wps[0].threads)
         run_worker(

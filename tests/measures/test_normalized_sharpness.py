@@ -246,7 +246,7 @@ HARD = ["zero_weight", "tiny_weight", "pruned", "trained", "trained_pruned"]
 @pytest.mark.parametrize("case", HARD)
 def test_default_is_exact_with_zero_tiny_and_pruned_weights_and_trained(case, trained_digits_mlp):
     # the old default (hessian_diag: scaled, 64 samples) gives 0.1772 → 2.05, 0.675, 143 (pruned) and 1.6× / 2900× on
-    # the trained MLPs of scripts/bench_ns_diag.py; the exact Gauss-Newton diagonal is the Hessian diagonal here
+    # the trained MLPs of docs/benchmarks/data/ns_diag.json; the exact Gauss-Newton diagonal is the Hessian diagonal here
     model, x, y = _hard_case(case, trained_digits_mlp)
     theta, diag = _dense_diag(model, x, y)  # 1,482 parameters for the trained MLP: computed once
     res = _ns(model, x, y, batch_size=64)

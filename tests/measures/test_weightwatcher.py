@@ -243,7 +243,7 @@ _REF = Path(__file__).resolve().parents[1] / "data" / "weightwatcher_0.7.7.json"
 def _reference_script():
     spec = importlib.util.spec_from_file_location(
         "weightwatcher_reference",
-        Path(__file__).resolve().parents[2] / "scripts" / "weightwatcher_reference.py",
+        Path(__file__).resolve().parents[2] / "tools" / "weightwatcher_reference.py",
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -279,7 +279,7 @@ def _assert_matches(ours, ref, name):
 
 
 def test_every_layer_size_matches_weightwatcher_0_7_7():
-    """Against values computed once with the package (scripts/weightwatcher_reference.py wrote the JSON):
+    """Against values computed once with the package (tools/weightwatcher_reference.py wrote the JSON):
     layers with 8 to 19 eigenvalues (its small-sample fit), 20 to 64 (its KS fit), a rank-deficient layer
     with no tail of 8 points, tied eigenvalues, a pooled convolution; a 4-eigenvalue layer is skipped by both.
     The former fit (Clauset's at every size) gave α 2.14 vs 1.61 on the 10-eigenvalue head here, 2.75 vs 1.29

@@ -10,11 +10,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_readme_measures_table_is_current():
-    spec = importlib.util.spec_from_file_location("gen", ROOT / "scripts" / "gen_measures_table.py")
+    spec = importlib.util.spec_from_file_location("gen", ROOT / "tools" / "gen_measures_table.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert gen.block() in (ROOT / "README.md").read_text(), (
-        "run: python scripts/gen_measures_table.py --write"
+        "run: python tools/gen_measures_table.py --write"
     )
 
 

@@ -484,7 +484,7 @@ def test_a_trace_small_at_the_spectrums_scale_stops_at_its_floor(method):
 
 
 def test_a_fixed_probe_count_near_zero_spends_no_products_on_the_floor():
-    """min_probes = max_probes (a fixed count, as scripts/bench_large.py's 4 or 16 probes): a trace
+    """min_probes = max_probes (a fixed count, as benchmarks/bench_large.py's 4 or 16 probes): a trace
     within 2σ of 0 at its last probe has no probe left to save, so Tr|A| is not computed (it cost
     40 more products, 10× a 4-probe trace, before this was fixed) and the result is not_converged."""
     P = 400

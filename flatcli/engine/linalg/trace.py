@@ -300,7 +300,7 @@ def hutchpp(
     restarted for the new :math:`P`, and ``k`` doubles up to ``block``. Growth
     stops at a third of ``max_probes``. Stopping needs at least 16 residual
     samples (2 with a fixed budget) and ``min_probes`` products in total. On the
-    MLP of docs/performance.md this reaches 1% stderr with 58 products where a
+    MLP of docs/benchmarks/data/engine.json this reaches 1% stderr with 58 products where a
     fixed sketch of 5 needs 330-394.
 
     ``blocks`` (slices partitioning the coordinates): block traces from the same

@@ -1,0 +1,988 @@
+"""Benchmark flatcli's curvature engine against PyHessian and curvlinops.
+
+In one process, on one device, with the same model and the same data (same
+batches), for each task:
+
+* ``lambda_max``: flatcli's Lanczos to relative Ritz residual 1e-4; PyHessian's
+  default power iteration (``eigenvalues()``: 100 iterations, stop on 1e-3
+  relative change); curvlinops' route, scipy ``eigsh(k=1, which="LA",
+  tol=1e-4)`` over ``HessianLinearOperator.to_scipy()``.
+* ``trace``: flatcli's Hutchinson (and Hutch++) to 1% relative stderr;
+  PyHessian's default ``trace()`` and PyHessian with flatcli's probe count
+  (equal accuracy); curvlinops' ``hutchinson_trace`` with flatcli's probe count.
+
+Each row: wall time (set-up included, CUDA synchronized), number of HVPs, the
+relative error against a high-accuracy reference (flatcli Lanczos to 1e-7, or a
+long Hutch++ run whose own stderr is printed), the relative Ritz residual of the
+returned vector where there is one, and the ratio of flatcli's time to the peer's
+(< 1: flatcli is faster).
+
+Tasks: ``mlp``: MLP 64-256-256-10 trained on scikit-learn digits (train split,
+1,257 samples); ``resnet``: torchvision ``resnet18(num_classes=10)`` at random
+initialization in eval mode on N random CIFAR-10-shaped inputs. ``process``
+(CPU): the whole ``flatcli measure`` process (``hessian_trace`` with a fixed
+probe count) against a PyHessian script computing the same trace with the same
+probe count, both as fresh Python processes.
+
+Needs ``pip install pyhessian curvlinops-for-pytorch`` (the ``bench`` extra).
+
+Examples::
+
+    OMP_NUM_THREADS=2 python -m benchmarks.bench_engine --tasks mlp,process --device cpu
+    python -m benchmarks.bench_engine --tasks resnet --device cuda --n 5000 --batch-size 500
+    python -m benchmarks.bench_engine --tasks resnet --device cpu --n 64 --batch-size 32   # smoke run
+
+The result goes to docs/benchmarks/data/engine.json (``--json`` elsewhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from benchmarks._common import device_name, json_arg, sync, timed, write_json
+from benchmarks._common import table as json_table
+from flatcli.engine import CurvatureEngine, Problem, linalg
+
+
+# ---------------------------------------------------------------------------- helpers
+@dataclass
+class Row:
+    task: str
+    quantity: str
+    tool: str
+    seconds: float
+    n_hvp: int
+    value: float
+    rel_error: float = math.nan
+    residual: float = math.nan
+    note: str = ""
+    ratio: float = math.nan
+    # the flatcli row this peer is compared with ("first": the group's first flatcli row)
+    vs: str | None = "first"
+
+    def __post_init__(self):  # progress, so that a run cut short still shows its rows
+        print(
+            f"  {self.task} {self.quantity}: {self.tool}: {self.seconds:.2f} s, {self.n_hvp} HVPs, value {self.value:.6g}, rel. error {self.rel_error:.1e}, {self.note}",
+            flush=True,
+        )
+
+
+def rel_residual(eng: CurvatureEngine, v: torch.Tensor, lam: float) -> float:
+    v = v.to(eng.device, eng.problem.dtype).reshape(-1)
+    v = v / v.norm()
+    n0 = eng.tally.n_hvp
+    r = float((eng.hvp(v) - lam * v).norm()) / abs(lam)
+    eng.tally.n_hvp = n0  # the check is not the method's cost
+    return r
+
+
+def best_of(dev, fn, repeats: int):
+    """The result of the first run and the fastest wall time of ``repeats`` runs (others share the CPU)."""
+    out, best = timed(dev, fn)
+    for _ in range(repeats - 1):
+        best = min(best, timed(dev, fn)[1])
+    return out, best
+
+
+# ---------------------------------------------------------------------------- tasks
+@dataclass
+class Task:
+    name: str
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    batch_size: int
+    device: torch.device
+    ref_dtype: torch.dtype
+
+    @property
+    def batches(self):
+        return [
+            (self.x[i : i + self.batch_size], self.y[i : i + self.batch_size])
+            for i in range(0, len(self.x), self.batch_size)
+        ]
+
+
+def mlp_task(dev, batch_size, ref_dtype, train_steps=1500) -> Task:
+    import dataclasses
+
+    from flatcli.demo.models import MLP
+    from flatcli.demo.zoo import RECIPE
+    from flatcli.loading.data import digits_split
+    from flatcli.training import LossTarget, train_to_target
+
+    torch.manual_seed(0)
+    x, y = digits_split("train")
+    model = MLP(64, 256, 2, 10)
+    recipe = dataclasses.replace(
+        RECIPE, max_steps=train_steps, dtype="float32"
+    )  # the demo's recipe, float32 for speed
+    train_to_target(model, x, y, recipe, criterion=LossTarget(0.05))
+    model.eval().to(dev)
+    return Task("mlp-digits", model, x.to(dev), y.to(dev), batch_size or len(x), dev, ref_dtype)
+
+
+def resnet_task(dev, n, batch_size, ref_dtype) -> Task:
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).eval().to(dev)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, 32, 32, generator=g).to(dev)
+    y = torch.randint(0, 10, (n,), generator=g).to(dev)
+    return Task(f"resnet18-{n}", model, x, y, batch_size or min(n, 500), dev, ref_dtype)
+
+
+def warm_up(task: Task) -> None:
+    """One gradient and one HVP before timing (CUDA context, kernels, allocator)."""
+    eng = flatcli_engine(task, cache_graphs=False)
+    eng.grad()
+    eng.hvp(torch.ones(2, eng.num_params, device=task.device))
+    sync(task.device)
+
+
+def flatcli_engine(task: Task, dtype=torch.float32, **kw) -> CurvatureEngine:
+    p = Problem(
+        task.model,
+        task.x,
+        task.y,
+        loss="cross_entropy",
+        batch_size=task.batch_size,
+        device=task.device,
+        dtype=dtype,
+    )
+    return CurvatureEngine(p, **kw)
+
+
+def curvlinops_hessian(task: Task, crit):
+    """Curvlinops' Hessian operator over the task's batches (the same data as flatcli's)."""
+    from curvlinops import HessianLinearOperator
+
+    params = [p for p in task.model.parameters() if p.requires_grad]
+    return HessianLinearOperator(
+        task.model, crit, params, task.batches, check_deterministic=False, num_data=len(task.x)
+    )
+
+
+# ---------------------------------------------------------------------------- λmax
+def bench_lambda(
+    task: Task, tol: float, log, repeats: int = 1, tight_iters: int = 1000, ref_steps: int = 400
+) -> list[Row]:
+    dev = task.device
+    rows: list[Row] = []
+    crit = nn.CrossEntropyLoss()
+
+    # reference: Lanczos to 1e-7 in ref_dtype (float64 where affordable)
+    def ref():
+        eng = flatcli_engine(task, task.ref_dtype)
+        g = torch.Generator().manual_seed(123)
+        rtol = (
+            1e-7 if task.ref_dtype == torch.float64 else 1e-6
+        )  # float32 products are good to ~1e-6
+        return linalg.lanczos(
+            linalg.as_operator(eng.hvp, eng.num_params, device=dev, dtype=task.ref_dtype),
+            stop=linalg.KrylovStop(tol=rtol, min_steps=20, max_steps=ref_steps),
+            generator=g,
+        )
+
+    r, dt = timed(dev, ref)
+    lam_ref = float(r.eigenvalues[0])
+    log(
+        f"[{task.name}] λmax reference {lam_ref:.8g} (residual {r.residuals[0] / abs(lam_ref):.1e}, {r.steps} HVPs, {dt:.1f}s, {task.ref_dtype})"
+    )
+    check = flatcli_engine(task)
+
+    def flat():
+        eng = flatcli_engine(task)
+        g = torch.Generator().manual_seed(0)
+        res = linalg.lanczos(
+            linalg.as_operator(eng.hvp, eng.num_params, device=dev),
+            stop=linalg.KrylovStop(tol=tol, min_steps=20, max_steps=300),
+            generator=g,
+            return_vectors=True,
+        )
+        return res, eng
+
+    (res, eng), dt = best_of(dev, flat, repeats)
+    lam = float(res.eigenvalues[0])
+    rows.append(
+        Row(
+            task.name,
+            "lambda_max",
+            "flatcli lanczos",
+            dt,
+            eng.n_hvp,
+            lam,
+            abs(lam - lam_ref) / abs(lam_ref),
+            rel_residual(check, res.ritz_vectors[0], lam),
+            f"tol {tol:g}",
+        )
+    )
+
+    try:
+        from pyhessian import hessian as pyh
+    except ImportError:
+        log("pyhessian not installed: skipped")
+        pyh = None
+    if pyh is not None:
+        for mode, kwargs in (
+            ("data", {}),
+            ("dataloader", {}),
+            ("data", {"maxIter": tight_iters, "tol": tol**2}),
+        ):
+            if (
+                mode == "data"
+                and len(task.batches) > 1
+                and task.device.type != "cuda"
+                and len(task.x) > 4096
+            ):
+                continue
+
+            def run(mode=mode, kwargs=kwargs):
+                torch.manual_seed(0)
+                ph = sys.modules["pyhessian.hessian"]
+
+                count = [0]
+                h = (
+                    pyh(task.model, crit, data=(task.x, task.y), cuda=dev.type == "cuda")
+                    if mode == "data"
+                    else pyh(task.model, crit, dataloader=task.batches, cuda=dev.type == "cuda")
+                )
+                if mode == "data":
+                    orig = ph.hessian_vector_product
+
+                    def hv(*a):
+                        count[0] += 1
+                        return orig(*a)
+
+                    ph.hessian_vector_product = hv
+                    try:
+                        ev, vecs = h.eigenvalues(**kwargs)
+                    finally:
+                        ph.hessian_vector_product = orig
+                else:
+                    orig = h.dataloader_hv_product
+
+                    def dhv(w, orig=orig):
+                        count[0] += 1
+                        return orig(w)
+
+                    h.dataloader_hv_product = dhv
+                    ev, vecs = h.eigenvalues(**kwargs)
+                return ev[0], vecs[0], count[0]
+
+            try:
+                (lam_p, pvec, n), dt = best_of(dev, run, repeats)
+            except torch.cuda.OutOfMemoryError:
+                log(f"pyhessian ({mode}) out of memory: skipped")
+                torch.cuda.empty_cache()
+                continue
+            v = torch.cat([t.reshape(-1) for t in pvec])
+            note = "default: 1e-3 rel. change" if not kwargs else f"rel. change {kwargs['tol']:g}"
+            rows.append(
+                Row(
+                    task.name,
+                    "lambda_max",
+                    f"pyhessian power ({mode})",
+                    dt,
+                    n,
+                    lam_p,
+                    abs(lam_p - lam_ref) / abs(lam_ref),
+                    rel_residual(check, v, lam_p),
+                    note,
+                )
+            )
+            _zero_grads(task.model)
+
+    try:
+        from curvlinops import HessianLinearOperator
+    except ImportError:
+        log("curvlinops not installed: skipped")
+        HessianLinearOperator = None
+    if HessianLinearOperator is not None:
+        from scipy.sparse.linalg import LinearOperator, eigsh
+
+        def run_cl():
+            Hs = curvlinops_hessian(task, crit).to_scipy()
+            count = [0]
+
+            def mv(v):
+                count[0] += 1
+                return Hs @ v
+
+            op = LinearOperator(Hs.shape, matvec=mv, dtype=Hs.dtype)
+            rng = np.random.default_rng(0)
+            w, vec = eigsh(
+                op, k=1, which="LA", tol=tol, v0=rng.standard_normal(Hs.shape[0]).astype(Hs.dtype)
+            )
+            return float(w[0]), torch.from_numpy(vec[:, 0].copy()), count[0]
+
+        (lam_c, vec, n), dt = best_of(dev, run_cl, repeats)
+        rows.append(
+            Row(
+                task.name,
+                "lambda_max",
+                "curvlinops eigsh",
+                dt,
+                n,
+                lam_c,
+                abs(lam_c - lam_ref) / abs(lam_ref),
+                rel_residual(check, vec, lam_c),
+                f"scipy eigsh tol {tol:g}",
+            )
+        )
+    return rows
+
+
+def _zero_grads(model):
+    for p in model.parameters():
+        p.grad = None
+
+
+# ---------------------------------------------------------------------------- trace
+def bench_trace(
+    task: Task, tol: float, ref_probes: int, max_probes: int, log, full: bool = False
+) -> list[Row]:
+    """Trace to ``tol`` relative stderr; peers at flatcli's probe count (equal accuracy)."""
+    dev = task.device
+    rows: list[Row] = []
+    crit = nn.CrossEntropyLoss()
+
+    def ref():
+        eng = flatcli_engine(task)
+        g = torch.Generator().manual_seed(321)
+        return linalg.hutchpp(
+            linalg.as_operator(eng.hvp, eng.num_params, device=dev, block_size=eng.block_size),
+            stop=linalg.ProbeStop(tol=1e-6, min_probes=ref_probes, max_probes=ref_probes),
+            generator=g,
+        )
+
+    r, dt = timed(dev, ref)
+    tr_ref, se_ref = r.estimate, r.stderr
+    log(
+        f"[{task.name}] trace reference {tr_ref:.6g} ± {se_ref:.2g} ({se_ref / abs(tr_ref):.2%}; Hutch++ {r.probes} HVPs, sketch {r.sketch}, {dt:.1f}s, float32)"
+    )
+    note_ref = f"ref ± {se_ref / abs(tr_ref):.2%}"
+
+    probes = {}
+    for method in ("hutchinson", "hutchpp"):
+
+        def flat(method=method):
+            eng = flatcli_engine(task)
+            g = torch.Generator().manual_seed(0)
+            f = getattr(linalg, method)
+            return f(
+                linalg.as_operator(eng.hvp, eng.num_params, device=dev, block_size=eng.block_size),
+                stop=linalg.ProbeStop(tol=tol, min_probes=16, max_probes=max_probes),
+                generator=g,
+            ), eng
+
+        (res, eng), dt = timed(dev, flat)
+        probes[method] = res.probes
+        rows.append(
+            Row(
+                task.name,
+                "trace",
+                f"flatcli {method}",
+                dt,
+                eng.n_hvp,
+                res.estimate,
+                abs(res.estimate - tr_ref) / abs(tr_ref),
+                note=f"stderr {res.stderr / abs(res.estimate):.2%}; {note_ref}; block {eng.block_size}",
+            )
+        )
+    m, m_pp = probes["hutchinson"], probes["hutchpp"]
+
+    try:
+        from pyhessian import hessian as pyh
+    except ImportError:
+        pyh = None
+    if pyh is not None:
+        modes = (
+            ["data"]
+            if len(task.batches) == 1
+            else (["data", "dataloader"] if dev.type == "cuda" else ["dataloader"])
+        )
+        runs = [(modes[0], "default", {})] + [
+            (mode, f"{m} probes", {"maxIter": m, "tol": 0.0}) for mode in modes
+        ]
+        for mode, label, kwargs in runs:
+
+            def run(mode=mode, kwargs=kwargs):
+                torch.manual_seed(0)
+                h = (
+                    pyh(task.model, crit, data=(task.x, task.y), cuda=dev.type == "cuda")
+                    if mode == "data"
+                    else pyh(task.model, crit, dataloader=task.batches, cuda=dev.type == "cuda")
+                )
+                return h.trace(**kwargs)
+
+            try:
+                vals, dt = timed(dev, run)
+            except torch.cuda.OutOfMemoryError:
+                log(f"pyhessian trace ({mode}) out of memory: skipped")
+                _zero_grads(task.model)
+                torch.cuda.empty_cache()
+                continue
+            est = float(np.mean(vals))
+            se = float(np.std(vals, ddof=1) / math.sqrt(len(vals)))
+            rows.append(
+                Row(
+                    task.name,
+                    "trace",
+                    f"pyhessian ({mode}, {label})",
+                    dt,
+                    len(vals),
+                    est,
+                    abs(est - tr_ref) / abs(tr_ref),
+                    note=f"stderr {se / abs(est):.2%}",
+                    vs="flatcli hutchinson",
+                )
+            )
+            _zero_grads(task.model)
+
+    try:
+        from curvlinops import HessianLinearOperator, hutchinson_trace, hutchpp_trace
+    except ImportError:
+        HessianLinearOperator = None
+    if HessianLinearOperator is not None:
+        chunk = flatcli_engine(task).block_size
+
+        def operator():
+            return curvlinops_hessian(task, crit)
+
+        def run_pp():
+            torch.manual_seed(0)
+            return float(hutchpp_trace(operator(), 3 * math.ceil(m_pp / 3)))
+
+        def run_h():
+            torch.manual_seed(0)
+            H = operator()
+            total, done = 0.0, 0
+            while done < m:
+                k = min(chunk, m - done)
+                total += float(hutchinson_trace(H, k)) * k
+                done += k
+            return total / m
+
+        todo = [
+            (
+                "curvlinops hutchpp",
+                run_pp,
+                3 * math.ceil(m_pp / 3),
+                "flatcli hutchpp",
+                "all products at once",
+            )
+        ]
+        if full:
+            todo.append(
+                (
+                    f"curvlinops hutchinson ({m} probes)",
+                    run_h,
+                    m,
+                    "flatcli hutchinson",
+                    f"in chunks of {chunk}",
+                )
+            )
+        for name, fn, n, vs, note in todo:
+            try:
+                est, dt = timed(dev, fn)
+            except torch.cuda.OutOfMemoryError:
+                log(f"{name}: out of memory: skipped")
+                torch.cuda.empty_cache()
+                continue
+            rows.append(
+                Row(
+                    task.name,
+                    "trace",
+                    name,
+                    dt,
+                    n,
+                    est,
+                    abs(est - tr_ref) / abs(tr_ref),
+                    note=note,
+                    vs=vs,
+                )
+            )
+    return rows
+
+
+# ---------------------------------------------------------------------------- whole process (CPU)
+PYHESSIAN_SCRIPT = """
+import sys, torch, numpy as np
+from pyhessian import hessian
+from flatcli.demo.models import MLP
+from flatcli.loading.data import digits_split
+torch.manual_seed(0)
+x, y = digits_split("train")
+model = MLP(64, 256, 2, 10)
+model.load_state_dict(torch.load(sys.argv[1]))
+model.eval()
+bs = int(sys.argv[3])
+if bs >= len(x):
+    h = hessian(model, torch.nn.CrossEntropyLoss(), data=(x, y), cuda=False)
+else:
+    loader = [(x[i : i + bs], y[i : i + bs]) for i in range(0, len(x), bs)]
+    h = hessian(model, torch.nn.CrossEntropyLoss(), dataloader=loader, cuda=False)
+vals = h.trace(maxIter=int(sys.argv[2]), tol=0.0)
+print(len(vals), float(np.mean(vals)))
+"""
+
+FLATCLI_CONFIG = """
+model: {{target: "flatcli.demo.models:MLP", kwargs: {{in_features: 64, width: 256, depth: 2, num_classes: 10}}}}
+data: {{train: {{source: digits}}}}
+measure_data: {{split: train, num_samples: all, batch_size: {batch_size}}}
+measures:
+  - hessian_trace: {options}
+runtime: {{device: cpu, precision: fp32, seed: 0}}
+"""
+
+
+def bench_process(
+    task: Task,
+    probes: int,
+    accurate_probes: int,
+    tol: float,
+    batch_size: int,
+    log,
+    repeats: int = 2,
+) -> list[Row]:
+    """`flatcli measure` (a fresh process: imports, config, checkpoint, data, trace) vs PyHessian scripts.
+
+    Same probe count: flatcli (Hutchinson, ``probes``, batches of ``batch_size``)
+    vs PyHessian on the whole set as one batch (graph reused) and with a
+    dataloader of ``batch_size``. Equal accuracy: flatcli Hutch++ to ``tol``
+    relative stderr vs PyHessian (one batch) with ``accurate_probes`` probes,
+    the Hutchinson count that reached ``tol`` in-process.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix="flatcli-bench-"))
+    ck = tmp / "mlp.pt"
+    torch.save({k: v.cpu() for k, v in task.model.state_dict().items()}, ck)
+    n = len(task.x)
+    cfgs = {
+        "hutchinson-all": (n, f"{{min_probes: {probes}, max_probes: {probes}}}"),
+        "hutchinson-batched": (batch_size, f"{{min_probes: {probes}, max_probes: {probes}}}"),
+        "hutchpp-all": (n, f"{{method: hutchpp, tol: {tol}, max_probes: 5000}}"),
+    }
+    for k, (bs, opts) in cfgs.items():
+        (tmp / f"{k}.yaml").write_text(FLATCLI_CONFIG.format(batch_size=bs, options=opts))
+    script = tmp / "pyhessian_trace.py"
+    script.write_text(PYHESSIAN_SCRIPT)
+    env = dict(os.environ)  # the child imports the installed flatcli (pip install -e .)
+
+    def flat(cfg):
+        return [
+            sys.executable,
+            "-m",
+            "flatcli.cli",
+            "measure",
+            str(ck),
+            "-c",
+            str(tmp / cfg),
+            "-o",
+            str(tmp / ("out-" + cfg)),
+            "--format",
+            "csv",
+        ]
+
+    fa = f"flatcli measure, hutchinson ({probes} probes, one batch)"
+    fb = f"flatcli measure, hutchinson ({probes} probes, batch {batch_size})"
+    fp = f"flatcli measure, hutchpp (to {tol:.0%} stderr, one batch)"
+    runs = [
+        (fa, flat("hutchinson-all.yaml"), probes, None),
+        (
+            f"pyhessian script ({probes} probes, one batch)",
+            [sys.executable, str(script), str(ck), str(probes), str(n)],
+            probes,
+            fa,
+        ),
+        (fb, flat("hutchinson-batched.yaml"), probes, None),
+        (
+            f"pyhessian script ({probes} probes, batch {batch_size})",
+            [sys.executable, str(script), str(ck), str(probes), str(batch_size)],
+            probes,
+            fb,
+        ),
+        (fp, flat("hutchpp-all.yaml"), None, None),
+        (
+            f"pyhessian script ({accurate_probes} probes = {tol:.0%} stderr, one batch)",
+            [sys.executable, str(script), str(ck), str(accurate_probes), str(n)],
+            accurate_probes,
+            fp,
+        ),
+    ]
+    best: dict[str, float] = {}
+    outs = {}
+    for i in range(repeats):
+        for name, cmd, _, _ in runs:
+            if (
+                i > 0
+                and name.startswith("pyhessian script (" + str(accurate_probes))
+                and accurate_probes > 4 * probes
+            ):
+                continue  # long run: once is enough
+            t0 = time.perf_counter()
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
+            dt = time.perf_counter() - t0
+            if out.returncode != 0:
+                log(f"{name} failed ({out.returncode}): {out.stderr[-2000:]}")
+                continue
+            best[name] = min(best.get(name, math.inf), dt)
+            outs[name] = out
+    rows = []
+    import csv
+
+    for name, cmd, nprobes, vs in runs:
+        if name not in outs:
+            continue
+        note = ""
+        if name.startswith("flatcli"):
+            outdir = Path(cmd[cmd.index("-o") + 1])
+            with open(outdir / "results.csv") as f:
+                row = next(csv.DictReader(f))
+            value = float(row["hessian_trace"])
+            nprobes = int(
+                float(row.get("hessian_trace_probes") or row.get("hessian_trace_n_hvp") or 0)
+            )
+            se = row.get("hessian_trace_stderr")
+            note = f"stderr {float(se) / abs(value):.2%}" if se else ""
+        else:
+            value = float(outs[name].stdout.split()[-1])
+        rows.append(
+            Row(
+                task.name,
+                "trace (whole process)",
+                name,
+                best[name],
+                nprobes,
+                value,
+                note=note,
+                vs=vs,
+            )
+        )
+    return rows
+
+
+# ---------------------------------------------------------------------------- HVP variants
+def bench_variants(task: Task, log, reps: int = 3) -> list[str]:
+    """Per-probe cost of each HVP variant, in gradients, for K = 1 and K = block."""
+    variants = {
+        "reverse, fresh graph, loop": dict(
+            hvp_mode="reverse", reverse_batched=False, cache_graphs=False
+        ),
+        "reverse, cached graph, loop": dict(
+            hvp_mode="reverse", reverse_batched=False, cache_graphs=True
+        ),
+        "reverse, cached graph, is_grads_batched": dict(
+            hvp_mode="reverse", reverse_batched=True, cache_graphs=True
+        ),
+        "forward (vmap jvp grad)": dict(hvp_mode="forward", cache_graphs=False),
+    }
+    dev = task.device
+    base = flatcli_engine(task)
+    K = base.block_size
+    best = {}
+    engs = {}
+    for name, kw in variants.items():
+        try:
+            engs[name] = flatcli_engine(task, block_size=K, **kw)
+        except RuntimeError as e:
+            log(f"{name}: {e}")
+    P = base.num_params
+    g = torch.Generator().manual_seed(0)
+    for k in (1, K):
+        V = torch.randn(k, P, generator=g).to(dev)
+        for name, e in engs.items():
+            try:
+                e.hvp(V)
+            except torch.cuda.OutOfMemoryError:
+                best[(name, k)] = math.nan
+        for _ in range(reps):
+            for name, e in engs.items():
+                if (name, k) in best and math.isnan(best[(name, k)]):
+                    continue
+                _, dt = timed(dev, lambda e=e, V=V: e.hvp(V))
+                best[(name, k)] = min(best.get((name, k), math.inf), dt / k)
+            _, dt = timed(dev, base.grad)
+            best["grad"] = min(best.get("grad", math.inf), dt)
+    tg = best["grad"]
+    lines = [
+        f"HVP variants on {task.name} (P = {P:,}, batch {task.batch_size}), per-probe cost in gradients (gradient {tg * 1e3:.1f} ms):",
+        "",
+        f"| variant | K = 1 | K = {K} |",
+        "|---|---|---|",
+    ]
+    for name in engs:
+        lines.append(f"| {name} | {best[(name, 1)] / tg:.2f} | {best[(name, K)] / tg:.2f} |")
+    return lines
+
+
+# ---------------------------------------------------------------------------- report
+def add_ratios(rows: list[Row]) -> None:
+    """Ratio = flatcli time / peer time for every peer row (< 1: flatcli is faster)."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r.task, r.quantity), []).append(r)
+    for grp in groups.values():
+        mine = [r for r in grp if r.tool.startswith("flatcli")]
+        for r in grp:
+            if r.tool.startswith("flatcli") or not mine or r.vs is None:
+                continue
+            ref = (
+                mine[0]
+                if r.vs == "first"
+                else next((f for f in mine if f.tool.startswith(r.vs)), None)
+            )
+            if ref is not None and r.seconds > 0:
+                r.ratio = ref.seconds / r.seconds
+                r.vs = ref.tool
+
+
+def _fmt(v, fmt: str) -> str:
+    return "" if (v is None or (isinstance(v, float) and math.isnan(v))) else format(v, fmt)
+
+
+COLUMNS = [
+    "task",
+    "quantity",
+    "tool",
+    "time (s)",
+    "HVPs",
+    "value",
+    "rel. error",
+    "rel. residual",
+    "flatcli / peer time",
+    "compared with",
+    "note",
+]
+
+
+def cells(r: Row) -> list[str]:
+    f = _fmt
+    return [
+        r.task,
+        r.quantity,
+        r.tool,
+        f"{r.seconds:.2f}",
+        str(r.n_hvp),
+        f"{r.value:.6g}",
+        f(r.rel_error, ".1e"),
+        f(r.residual, ".1e"),
+        f(r.ratio, ".2f"),
+        r.vs if not math.isnan(r.ratio) else "",
+        r.note,
+    ]
+
+
+def table(rows: list[Row]) -> str:
+    out = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    out += ["| " + " | ".join(cells(r)) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def variant_table(lines: list[str]) -> dict:
+    """The HVP-variant lines (`bench_variants`: a caption, then a Markdown table) as a JSON table."""
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines if ln.startswith("| ")]
+    return json_table(lines[0].rstrip(":"), rows[0], rows[1:]) if rows else {}
+
+
+def summary(rows: list[Row]) -> str:
+    """Equal-accuracy comparisons in words."""
+    out = []
+    for task in dict.fromkeys(r.task for r in rows):
+        rs = {r.tool: r for r in rows if r.task == task}
+        hpp = rs.get("flatcli hutchpp")
+        hut = rs.get("flatcli hutchinson")
+        for r in rs.values():
+            if (
+                hpp
+                and hut
+                and r.quantity == "trace"
+                and r.tool.startswith("pyhessian")
+                and r.n_hvp == hut.n_hvp
+            ):
+                out.append(
+                    f"- {task}, trace at equal accuracy ({r.note}): flatcli Hutch++ {hpp.seconds:.2f} s / {hpp.n_hvp} HVPs vs "
+                    f"{r.tool} {r.seconds:.2f} s / {r.n_hvp} HVPs: flatcli/peer time {hpp.seconds / r.seconds:.2f}"
+                )
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--tasks",
+        default="mlp,process",
+        help="comma list of mlp, process, variants, resnet (= resnet-variants, resnet-lambda, resnet-trace)",
+    )
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--n", type=int, default=5000, help="ResNet-18 inputs")
+    ap.add_argument(
+        "--batch-size",
+        type=int,
+        default=0,
+        help="batch size (default: all for mlp, 500 for resnet)",
+    )
+    ap.add_argument("--lambda-tol", type=float, default=1e-4)
+    ap.add_argument("--trace-tol", type=float, default=0.01)
+    ap.add_argument(
+        "--ref-probes",
+        type=int,
+        default=0,
+        help="Hutch++ HVPs for the trace reference (default by task)",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="λmax runs per tool; the fastest wall time is reported",
+    )
+    ap.add_argument(
+        "--process-probes",
+        type=int,
+        default=256,
+        help="probes of the whole-process trace comparison",
+    )
+    ap.add_argument(
+        "--process-accurate-probes",
+        type=int,
+        default=2560,
+        help="PyHessian probes for 1%% stderr when the mlp task did not run",
+    )
+    ap.add_argument(
+        "--process-batch-size",
+        type=int,
+        default=256,
+        help="flatcli's measure_data.batch_size and PyHessian's dataloader batch",
+    )
+    ap.add_argument(
+        "--max-probes", type=int, default=5000, help="most probes of flatcli's trace estimators"
+    )
+    ap.add_argument(
+        "--ref-steps", type=int, default=400, help="most Lanczos steps of the λmax reference"
+    )
+    ap.add_argument(
+        "--pyhessian-tight-iters",
+        type=int,
+        default=1000,
+        help="maxIter of PyHessian's power iteration at tol = lambda_tol²",
+    )
+    ap.add_argument(
+        "--full",
+        action="store_true",
+        help="also curvlinops Hutchinson at flatcli's probe count (slow)",
+    )
+    ap.add_argument(
+        "--ref-dtype",
+        choices=["fp32", "fp64"],
+        default=None,
+        help="reference precision (default fp64 on CPU, fp32 on CUDA)",
+    )
+    json_arg(ap, "engine")
+    args = ap.parse_args(argv)
+
+    dev = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    ref_dtype = {"fp32": torch.float32, "fp64": torch.float64}[
+        args.ref_dtype or ("fp32" if dev.type == "cuda" else "fp64")
+    ]
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    lines: list[str] = []
+
+    def log(msg):
+        print(msg, flush=True)
+        lines.append(msg)
+
+    log(
+        f"device: {device_name(dev)}; torch {torch.__version__}; python {platform.python_version()}"
+    )
+    rows: list[Row] = []
+    variant_lines: list[str] = []
+    mlp = resnet = None
+    for t in tasks:
+        t0 = time.perf_counter()
+        if t in ("mlp", "process", "variants") and mlp is None:
+            mlp = mlp_task(
+                dev if t != "process" else torch.device("cpu"), args.batch_size, ref_dtype
+            )
+        if t == "mlp":
+            rows += bench_lambda(
+                mlp, args.lambda_tol, log, args.repeats, args.pyhessian_tight_iters, args.ref_steps
+            )
+            rows += bench_trace(
+                mlp, args.trace_tol, args.ref_probes or 600, args.max_probes, log, args.full
+            )
+        elif t.startswith("resnet"):
+            if resnet is None:
+                resnet = resnet_task(dev, args.n, args.batch_size, ref_dtype)
+                warm_up(resnet)
+            if t in ("resnet", "resnet-variants"):
+                variant_lines += bench_variants(resnet, log)
+                log("\n".join(variant_lines))
+            if t in ("resnet", "resnet-lambda"):
+                rows += bench_lambda(
+                    resnet,
+                    args.lambda_tol,
+                    log,
+                    args.repeats,
+                    args.pyhessian_tight_iters,
+                    args.ref_steps,
+                )
+            if t in ("resnet", "resnet-trace"):
+                rows += bench_trace(
+                    resnet, args.trace_tol, args.ref_probes or 600, args.max_probes, log, args.full
+                )
+        elif t == "process":
+            acc = next(
+                (r.n_hvp for r in rows if r.tool == "flatcli hutchinson" and r.task == mlp.name),
+                args.process_accurate_probes,
+            )
+            rows += bench_process(
+                mlp,
+                args.process_probes,
+                acc,
+                args.trace_tol,
+                args.process_batch_size,
+                log,
+                max(1, min(args.repeats, 2)),
+            )
+        elif t == "variants":
+            variant_lines += bench_variants(mlp, log)
+        else:
+            ap.error(f"unknown task {t!r}")
+        log(f"[{t}] done in {time.perf_counter() - t0:.1f}s")
+    add_ratios(rows)
+    md = table(rows) + "\n\n" + summary(rows)
+    print()
+    print(md)
+    if variant_lines:
+        print()
+        print("\n".join(variant_lines))
+    tables = [
+        json_table(
+            "flatcli vs PyHessian and curvlinops", COLUMNS, [cells(r) for r in rows], summary(rows)
+        )
+    ]
+    tables += [t for t in [variant_table(variant_lines)] if t]
+    print(
+        f"wrote {write_json('engine', 'Curvature engine: flatcli vs PyHessian and curvlinops', tables, args.json, dev=dev)}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
