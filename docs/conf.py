@@ -17,6 +17,7 @@ from flatcli._version import __version__  # noqa: E402
 
 project = "flatcli"
 author = "flatcli contributors"
+copyright = "flatcli contributors"
 release = version = __version__
 
 extensions = [

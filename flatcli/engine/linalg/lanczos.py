@@ -25,7 +25,7 @@ The wanted Ritz values never get worse at a restart (the new space holds the old
 interlacing), and the cap is raised to ``min_steps`` (and to k + 2 blocks), so the first cycle is a
 plain Krylov space of the certified dimension and the certificate of ``min_steps`` carries over. The
 price is more products for the same residual where the top of the spectrum is not separated
-(docs/performance.md). ``steps`` counts products; once restarted, T is no longer tridiagonal, so
+(the benchmark pages of the docs). ``steps`` counts products; once restarted, T is no longer tridiagonal, so
 ``alphas``, ``betas`` and ``first_components`` (SLQ's) are None. Restarting was chosen over
 selective reorthogonalization (Parlett & Scott 1979), which bounds the work, not the basis.
 """
