@@ -35,25 +35,25 @@ def validate_benchmark(data: Any, source: str = "benchmark") -> None:
     for key in ("benchmark", "title", "command", "commit", "date"):
         if not isinstance(data[key], str):
             raise ValueError(f"{source}: '{key}' must be a string")
-    machine = data["machine"]
-    if not isinstance(machine, dict):
+    if not isinstance(data["machine"], dict):
         raise ValueError(f"{source}: 'machine' must be an object")
     for key in MACHINE_KEYS:
-        if key not in machine:
+        if key not in data["machine"]:
             raise ValueError(f"{source}: missing key 'machine.{key}'")
     if not isinstance(data["tables"], list):
         raise ValueError(f"{source}: 'tables' must be a list")
     for i, table in enumerate(data["tables"]):
-        where = f"{source}: tables[{i}]"
-        for key in ("title", "columns", "rows"):
-            if key not in table:
-                raise ValueError(f"{where}: missing key '{key}'")
-        width = len(table["columns"])
-        for j, row in enumerate(table["rows"]):
-            if len(row) != width:
-                raise ValueError(
-                    f"{where}.rows[{j}] has {len(row)} cells, the table {width} columns"
-                )
+        _validate_table(table, f"{source}: tables[{i}]")
+
+
+def _validate_table(table: Any, where: str) -> None:
+    for key in ("title", "columns", "rows"):
+        if key not in table:
+            raise ValueError(f"{where}: missing key '{key}'")
+    width = len(table["columns"])
+    for j, row in enumerate(table["rows"]):
+        if len(row) != width:
+            raise ValueError(f"{where}.rows[{j}] has {len(row)} cells, the table {width} columns")
 
 
 def _cell(value: Any) -> str:
@@ -78,8 +78,57 @@ def _md_table(columns: list, rows: list) -> list[str]:
     return lines
 
 
-def render_benchmark(data: dict, source: str = "benchmark") -> str:
-    """One benchmark's MyST page: title, command, machine, provenance and every table."""
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def plot_columns(table: dict) -> tuple[int, list[int]] | None:
+    """(x column, y columns) when a table can be drawn as lines: a numeric first column with at
+    least 3 distinct values, and the other columns that are numeric in every row; else None."""
+    rows = table["rows"]
+    if len(rows) < 3 or not all(_is_number(r[0]) for r in rows):
+        return None
+    if len({r[0] for r in rows}) < 3:
+        return None
+    ys = [j for j in range(1, len(table["columns"])) if all(_is_number(r[j]) for r in rows)]
+    return (0, ys) if ys else None
+
+
+def plot_table(table: dict, path: Path) -> bool:
+    """Draw a table's numeric columns against its first (`plot_columns`) into ``path`` (PNG);
+    False when the table has none or matplotlib is not installed."""
+    cols = plot_columns(table)
+    if cols is None:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    x, ys = cols
+    rows = sorted(table["rows"], key=lambda r: r[x])
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for j in ys:
+        ax.plot(
+            [r[x] for r in rows], [r[j] for r in rows], marker="o", label=str(table["columns"][j])
+        )
+    ax.set_xlabel(str(table["columns"][x]))
+    ax.set_title(str(table["title"]))
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def render_benchmark(
+    data: dict, source: str = "benchmark", plots: dict[int, str] | None = None
+) -> str:
+    """One benchmark's MyST page: title, command, machine, provenance and every table (with the
+    figure ``plots[i]``, a path relative to the page, under table i)."""
     validate_benchmark(data, source)
     m = data["machine"]
     name = data["benchmark"]
@@ -95,9 +144,11 @@ def render_benchmark(data: dict, source: str = "benchmark") -> str:
         ("date", data["date"]),
     ]
     out += _md_table(["machine", ""], machine) + [""]
-    for table in data["tables"]:
+    for i, table in enumerate(data["tables"]):
         out += [f"## {table['title']}", ""]
         out += _md_table(table["columns"], table["rows"]) + [""]
+        if plots and i in plots:
+            out += [f"![{table['title']}]({plots[i]})", ""]
         if table.get("note"):
             out += [str(table["note"]), ""]
     return "\n".join(out)
@@ -130,7 +181,13 @@ def write_benchmark_pages(data_dir: Path, out_dir: Path) -> list[str]:
     entries = []
     for path in sorted(Path(data_dir).glob("*.json")) if Path(data_dir).is_dir() else []:
         data = json.loads(path.read_text())
-        _write(out_dir / f"{path.stem}.md", render_benchmark(data, source=path.name))
+        validate_benchmark(data, path.name)
+        plots = {
+            i: f"plots/{path.stem}_{i}.png"
+            for i, table in enumerate(data["tables"])
+            if plot_table(table, out_dir / "plots" / f"{path.stem}_{i}.png")
+        }
+        _write(out_dir / f"{path.stem}.md", render_benchmark(data, path.name, plots))
         entries.append((path.stem, data))
     _write(out_dir / "index.md", render_benchmarks_index(entries))
     return [page for page, _ in entries]
@@ -187,33 +244,38 @@ def _flag(value, info, yes: str, no: str) -> str:
     return yes if value else no
 
 
-def measure_page(info) -> str:
-    """The reference page (reStructuredText) of one registry entry (`flatcli.measures.MeasureInfo`)."""
+def _options_section(info) -> list[str]:
     from flatcli.validation import option_fields
 
+    lines = _heading("Options", "-")
+    fields = option_fields(info.options)
+    if not fields:
+        return lines + ["No options of its own.", ""]
+    lines += [".. list-table::", "   :header-rows: 1", "   :widths: 18 12 25 45", ""]
+    lines += ["   * - option", "     - default", "     - allowed", "     - meaning"]
+    for f in fields:
+        lines += [f"   * - ``{f.name}``", f"     - ``{f.default!r}``"]
+        lines += [f"     - {rst_escape(f.metadata['check'].describe())}"]
+        lines += [f"     - {rst_escape(f.metadata.get('help', '')) or '–'}"]
+    return lines + [""]
+
+
+def measure_page(info) -> str:
+    """The reference page (reStructuredText) of one registry entry (`flatcli.measures.MeasureInfo`)."""
     module = sys.modules.get(info.fn.__module__)
     lines = [f".. _measure-{info.name}:", ""]
     lines += _heading(info.name, "=")
     lines += [f".. currentmodule:: {info.fn.__module__}", ""]
     lines += [rst_escape(info.description), ""]
     lines += [f"Configure it as ``- {info.name}: {{option: value}}`` under ``measures:``, or"]
-    lines += [f"``flatcli measure -m {info.name}``; ``flatcli measures {info.name}`` prints the same"]
+    lines += [
+        f"``flatcli measure -m {info.name}``; ``flatcli measures {info.name}`` prints the same"
+    ]
     lines += ["options. Larger values mean sharper (a larger predicted generalization gap).", ""]
     lines += _heading("Definition", "-")
     doc = strip_options_section(inspect.getdoc(info.fn) or "(no docstring)")
     lines += [doc, ""]
-    lines += _heading("Options", "-")
-    fields = option_fields(info.options)
-    if fields:
-        lines += [".. list-table::", "   :header-rows: 1", "   :widths: 18 12 25 45", ""]
-        lines += ["   * - option", "     - default", "     - allowed", "     - meaning"]
-        for f in fields:
-            lines += [f"   * - ``{f.name}``", f"     - ``{f.default!r}``"]
-            lines += [f"     - {rst_escape(f.metadata['check'].describe())}"]
-            lines += [f"     - {rst_escape(f.metadata.get('help', '')) or '–'}"]
-        lines += [""]
-    else:
-        lines += ["No options of its own.", ""]
+    lines += _options_section(info)
     lines += [
         "Every measure also takes the common options ``label`` (its column name), ``seed``, "
         "``max_seconds`` and ``max_hvps`` (see :doc:`/guide/budgets`).",

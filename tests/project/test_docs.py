@@ -195,3 +195,27 @@ def test_cli_reference_lists_every_command(tmp_path):
             if p.param_type_name == "option" and not p.hidden and p.name != "help":
                 assert f"`{p.opts[0]}`" in text, (path, p.opts)
     assert "sweep-worker" not in text  # hidden
+
+
+def test_benchmark_plots_from_numeric_tables(tmp_path):
+    table = {"title": "t", "columns": ["size", "s", "name", "GB"], "rows": []}
+    table["rows"] = [[2, 1.0, "a", 0.5], [10, 3.5, "b", 1.5], [30, 9.0, "c", None]]
+    assert docs.plot_columns(table) == (0, [1])  # "name" text, "GB" has a None
+    assert docs.plot_columns({**table, "rows": table["rows"][:2]}) is None  # too few points
+    two = {"title": "u", "columns": ["a", "b"]}
+    assert docs.plot_columns({**two, "rows": [["x", 1], ["y", 2], ["z", 3]]}) is None
+    assert docs.plot_columns({**two, "rows": [[1, 1.0], [1, 2.0], [2, 3.0]]}) is None
+    assert docs.plot_columns({**two, "rows": [[1, True], [2, False], [3, True]]}) is None
+    assert docs.plot_columns({**two, "rows": [[1, 1.0], [2, 2.0], [3, float("nan")]]}) is None
+    pytest.importorskip("matplotlib")
+    data = _data()
+    data["tables"].append(table)
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "sizes.json").write_text(json.dumps(data))
+    docs.write_benchmark_pages(data_dir, tmp_path / "out")
+    page = (tmp_path / "out" / "sizes.md").read_text()
+    png = tmp_path / "out" / "plots" / "sizes_2.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![t](plots/sizes_2.png)" in page
+    assert page.count("![") == 1  # the fixture's tables have no numeric first column

@@ -71,8 +71,8 @@ class TraceResult:
 
 def _block_forms(Z: torch.Tensor, HZ: torch.Tensor, blocks) -> torch.Tensor:
     """The parts :math:`z_b^\top (Hz)_b` of each row's :math:`z^\top Hz` over the blocks, (K, B)
-    float64, each by `rowdot` (on CPU a float64 sum of the elementwise product costs 2 s for 16
-    ResNet-18 probes, the batched dots a tenth of that)."""
+    float64, each by `rowdot` (batched dots: on CPU about a tenth of a float64 sum of the
+    elementwise product)."""
     return torch.stack([rowdot(Z[:, b], HZ[:, b]) for b in blocks], 1)
 
 
