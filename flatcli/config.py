@@ -136,7 +136,7 @@ class RuntimeConfig:
     allow_unsafe_pickle: bool = False
     # intra-op threads per worker process (flatcli.threads)
     threads: int | str = field(default="auto", metadata=_rule("threads"))
-    # issue 27 (memory): Hessian products keeping one block at a time (flatcli.engine.segments), and the
+    # memory: Hessian products keeping one block at a time (flatcli.engine.segments), and the
     # most basis vectors Krylov estimators keep on the device (flatcli.engine.linalg._store)
     recompute: bool | str = field(default="auto", metadata=_rule("recompute", **_NEW))
     max_device_vectors: int | str | None = field(

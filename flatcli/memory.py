@@ -1,4 +1,4 @@
-"""Peak memory predicted and checked before a run (``runtime.check_memory``, issue 27).
+"""Peak memory predicted and checked before a run (``runtime.check_memory``).
 
 Two checks, each against the free memory of the device (`flatcli.engine.recompute.free_bytes`:
 CUDA's free bytes, ``torch.cuda.mem_get_info``; on CPU the host's ``MemAvailable``):

@@ -143,31 +143,49 @@ def measure_model(
     budget_among: Sequence[MeasureSpec] | None = None,
     **fields: Any,
 ) -> Row:
-    """Measure one model. Returns a `Row` (a failed measure is recorded, not raised).
+    """Measure one model on tensors, without a config.
 
     Parameters
     ----------
-    model : the network (not modified; its train/eval mode is restored).
-    train, test : the train and optional test split: a `flatcli.engine.batch.Batch` or mapping of
-        named tensors (``x``/``y``, or ``input_ids``, ``attention_mask``, ``labels``...), or an
-        ``(x, y)`` pair.
-    measures : names, ``{name: options}`` entries or `MeasureSpec` objects.
-    settings : a `flatcli.settings.Settings`; its fields may also be given as keywords
-        (``loss``, ``split``, ``num_samples``, ``batch_size``, ``data_seed``, ``seed``,
-        ``device`` (default "cpu"), ``precision`` ("auto", "fp32", "tf32", "bf16", "fp64"), ``hvp_mode``,
-        ``block_size``, ``params``), which override it.
-    init_state : state dict at initialization (for ``distance_from_init``).
-    progress : ``progress(label, info)`` while a measure runs: the engine's counters of this
-        measure so far (``n_hvp``, ``n_grad``, ...), ``seconds`` since it started,
-        ``planned_hvps`` ((least, most) from its estimate, or None) and, from iterative
-        estimators, ``probes``/``steps``, ``value``, ``stderr``/``residual``.
-    on_measure : ``on_measure(row, label)`` after each measure finishes (the row so far: what
-        `flatcli.api.measure` writes to disk after every measure).
-    reuse : label → `flatcli.measures.MeasureResult` of an earlier run (``measure --resume``):
-        those measures are not run again; their results go into the row as they are.
-    budget_among : with ``settings.budget``, the measures the checkpoint's budget is split among
-        when ``measures`` are only some of them (a sweep's unit): each then gets its fixed share
-        (`flatcli.budget.BudgetPlan`).
+    model : torch.nn.Module
+        The network (not modified; its train/eval mode is restored).
+    train : Batch, mapping or tuple
+        The training split: a `flatcli.engine.batch.Batch`, a mapping of named tensors
+        (``x``/``y``, or ``input_ids``, ``attention_mask``, ``labels``...) or an ``(x, y)`` pair.
+    measures : str or sequence
+        Names, ``{name: options}`` entries or `MeasureSpec` objects.
+    test : Batch, mapping or tuple, optional
+        The test split, for the test metrics and ``gen_gap``.
+    settings : Settings, optional
+        A `flatcli.settings.Settings`; its fields may also be given as keywords (``loss``,
+        ``split``, ``num_samples``, ``batch_size``, ``data_seed``, ``seed``, ``device`` (default
+        ``"cpu"``), ``precision`` (``"auto"``, ``"fp32"``, ``"tf32"``, ``"bf16"``, ``"fp64"``),
+        ``hvp_mode``, ``block_size``, ``params``), which override it.
+    init_state : dict, optional
+        The state dict at initialization (``distance_from_init``).
+    checkpoint, hparams : str, dict
+        The name the row carries and its ``hp_*`` columns.
+    debug : bool
+        Re-raise a failed measurement instead of recording it.
+    progress : callable, optional
+        ``progress(label, info)`` while a measure runs: the engine's counters of this measure so
+        far (``n_hvp``, ``n_grad``, ...), ``seconds`` since it started, ``planned_hvps``
+        ((least, most) from its estimate, or None) and, from iterative estimators,
+        ``probes``/``steps``, ``value``, ``stderr``/``residual``.
+    on_measure : callable, optional
+        ``on_measure(row, label)`` after each measure finishes (the row so far).
+    reuse : dict, optional
+        Label → `MeasureResult` of an earlier run: those measures are not run again.
+    budget_among : sequence of MeasureSpec, optional
+        The measures a checkpoint's ``settings.budget`` is split among (a sweep's unit).
+    **fields
+        `Settings` fields, as above.
+
+    Returns
+    -------
+    Row
+        One row: ``results`` (label → `MeasureResult`), ``metrics`` (train/test loss and
+        accuracy, ``gen_gap``), ``status``; a failed measure is recorded, not raised.
     """
     specs = as_specs(measures)
     st = Settings.build(settings, **fields)
@@ -636,11 +654,21 @@ def load_init_state(
 
 
 def load_model(cfg: Config, path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """Build the config's model and load one checkpoint into it (``model_kwargs`` stored in the
-    checkpoint override ``model.kwargs``). Returns ``(model, extras)``; the model is on the CPU.
-    With ``model.source: huggingface`` the checkpoint is a ``save_pretrained`` directory read
-    offline by ``transformers`` (`flatcli.loading.hf`), and ``extras["model_info"]`` describes
-    the model for results.json."""
+    """Build the config's model and load one checkpoint into it.
+
+    Parameters
+    ----------
+    cfg : Config
+        The config; ``model_kwargs`` stored in the checkpoint override ``model.kwargs``.
+    path : str or Path
+        The checkpoint file, or a ``save_pretrained`` folder with ``model.source: huggingface``
+        (read offline by ``transformers``, `flatcli.loading.hf`).
+
+    Returns
+    -------
+    model, extras : torch.nn.Module, dict
+        The model on the CPU, and what else the checkpoint held (``model_info``, for results.json).
+    """
     if cfg.model.source == "huggingface":
         from .loading.hf import load_pretrained
 

@@ -50,13 +50,24 @@ class RunOptions:
 
     Parameters
     ----------
-    device : "auto", "cpu" or "cuda:N" (``runtime.device``).
-    precision : "auto", "fp32", "tf32", "bf16" or "fp64" (``runtime.precision``; see `Settings`).
-    seed : seed of every stochastic measure and view without its own (``runtime.seed``).
-    threads : intra-op CPU threads per process, an int or "auto" (``runtime.threads``).
-    allow_unsafe_pickle : load full pickled checkpoints (``runtime.allow_unsafe_pickle``:
-        trusted files only).
-    budget : seconds (or "10m") for one checkpoint's measures together (``runtime.budget``).
+    device : str, optional
+        ``"auto"``, ``"cpu"`` or ``"cuda:N"`` (``runtime.device``).
+    precision : str, optional
+        ``"auto"``, ``"fp32"``, ``"tf32"``, ``"bf16"`` or ``"fp64"`` (``runtime.precision``).
+    seed : int, optional
+        Seed of every stochastic measure and view without its own (``runtime.seed``).
+    threads : int or "auto", optional
+        Intra-op CPU threads per process (``runtime.threads``).
+    allow_unsafe_pickle : bool
+        Load full pickled checkpoints (``runtime.allow_unsafe_pickle``: trusted files only).
+    budget : float or str, optional
+        Seconds (or ``"10m"``) for one checkpoint's measures together (``runtime.budget``).
+
+    Examples
+    --------
+    >>> from flatcli import RunOptions
+    >>> RunOptions(device="cpu", seed=3).changes()
+    {'runtime.device': 'cpu', 'runtime.seed': 3}
     """
 
     device: str | None = None

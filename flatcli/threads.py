@@ -18,8 +18,8 @@ else ``os.cpu_count()``). F, the free cores, is
 average (``os.getloadavg()``; taken as 0 where the OS has none): the runnable tasks of other
 processes occupy that many cores, and this process, busy importing torch when it reads the load,
 is counted in it for at most one core (never more than the load itself, so an idle machine keeps
-all its cores). Why: on a 2-core machine at load ≈ 8, two threads made λmax 10× slower than one
-(19.5 s vs 1.95 s, issue 26); at low load the two were equal. W is ``workers`` when given, else
+all its cores). Why: on a loaded machine, more threads than free cores made λmax several times slower than one
+thread; at low load the two were equal. W is ``workers`` when given, else
 ``LOCAL_WORLD_SIZE`` (set by torchrun for the processes of one machine), else 1.
 
 >>> choose_threads(2, workers=8)

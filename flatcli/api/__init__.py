@@ -10,7 +10,7 @@ concern: `_common` (configs, threads, selections), `measure`, `plan` (dry runs),
 here.
 
 >>> import flatcli
->>> report = flatcli.measure("configs/digits_mlp.yaml")            # doctest: +SKIP
+>>> report = flatcli.measure("configs/cifar_resnet18.yaml", measures="hessian_trace")  # doctest: +SKIP
 >>> report.rows[0].results["hessian_trace"].value                  # doctest: +SKIP
 """
 

@@ -43,8 +43,21 @@ def takes_run(fn: F) -> F:
 def load(
     config: Config | str | Path | dict | None, changes: dict[str, Any] | None = None
 ) -> Config:
-    """A `Config` from a path, a mapping or a Config; ``changes`` ({"runtime.seed": 3, ...},
-    None values ignored; see `flatcli.config.overrides`) win over everything, as CLI flags do."""
+    """A `Config` from a path, a mapping or a Config.
+
+    Parameters
+    ----------
+    config : Config, str, Path, dict or None
+        A YAML path, a mapping of config keys, or a Config (changed in place).
+    changes : dict, optional
+        Dotted keys and values (``{"runtime.seed": 3}``; None values ignored, see
+        `flatcli.config.overrides`) that win over everything, as CLI flags do.
+
+    Returns
+    -------
+    Config
+        The validated config; each value records where it came from (``config show``).
+    """
     if isinstance(config, Config):
         from ..config import _set_path
 
@@ -63,9 +76,21 @@ def load_run(config: Config | str | Path | dict | None, run: RunOptions | None) 
 
 
 def use_threads(cfg: Config, workers: int | None = None) -> str:
-    """Size torch's intra-op threads for this process from ``runtime.threads`` (`flatcli.threads`:
-    ``auto`` is OMP_NUM_THREADS when set, else cores // workers, workers defaulting to
-    LOCAL_WORLD_SIZE or 1); returns the choice in words for the log."""
+    """Size torch's intra-op threads for this process from ``runtime.threads``.
+
+    Parameters
+    ----------
+    cfg : Config
+        The config whose ``runtime.threads`` applies (``auto``, or an int).
+    workers : int, optional
+        Processes sharing the cores (default ``LOCAL_WORLD_SIZE`` or 1).
+
+    Returns
+    -------
+    str
+        The choice in words, for the log (`flatcli.threads`: ``auto`` is ``OMP_NUM_THREADS``
+        when set, else free cores ÷ workers).
+    """
     from ..threads import configure_threads
 
     return str(configure_threads(cfg.runtime.threads, workers))
@@ -91,8 +116,23 @@ def _plan(cfg: Config, checkpoints, measures) -> tuple[list[Job], list[MeasureSp
 def select_measures(
     cfg: Config, names: Sequence[str] | str | None, has_init: bool | None = None
 ) -> list[MeasureSpec]:
-    """The config's measures, or those named (``-m``): a configured label or measure name keeps
-    its configured options; another registered name runs with defaults; 'all' runs every measure."""
+    """The measures a run computes.
+
+    Parameters
+    ----------
+    cfg : Config
+        The config, whose ``measures`` are the default.
+    names : str or sequence of str, optional
+        Labels or measure names (``-m``): a configured label or measure name keeps its configured
+        options, another registered name runs with defaults, ``"all"`` runs every measure.
+    has_init : bool, optional
+        Whether an init checkpoint exists (``all`` then includes ``distance_from_init``).
+
+    Returns
+    -------
+    list of MeasureSpec
+        One spec per measure to run, with its label and options.
+    """
     specs = cfg.measure_specs()
     if names is None:
         if not specs:

@@ -29,22 +29,44 @@ def sweep(
 ):
     """Measure every checkpoint of a config as resumable units of work in ``outdir``.
 
-    One unit = one checkpoint × one measure, keyed by (checkpoint fingerprint, resolved
-    measure config hash, flatcli version); each finished unit is one atomically written
-    file, so rerunning skips finished units. ``options`` are those of
-    `flatcli.sweep.runner.SweepOptions` (the flags of ``flatcli sweep``): ``resume=False``
-    recomputes, ``retry_failed`` reruns error units, ``gpus`` ("all" or "0,1") runs one worker
-    per GPU, ``workers`` N CPU workers, ``shard=(i, n)`` or "i/n" runs one deterministic part of
-    the units, ``executor="slurm"`` submits a job array through submitit (``tasks``, ``slurm``
-    parameters, ``wait``; ``cluster="local"`` or "debug" run submitit's local backends),
-    ``dry_run`` only describes, ``lock_timeout`` makes silent locks stale. ``run``
-    (`flatcli.api.RunOptions`) overrides the config's ``runtime.*`` keys: ``run.threads`` sizes
-    each local worker's intra-op threads (auto: OMP_NUM_THREADS when set, else cores // workers:
-    the workers never oversubscribe the cores; the choice is logged and in ``report.threads``),
-    ``run.budget`` (seconds or "10m") caps each checkpoint's measures together, each unit getting
-    its fixed share (`flatcli.budget`). Returns a `flatcli.sweep.SweepReport`; ``computed``
-    counts the units this run's workers computed (``by_others`` those a concurrent sweep finished
-    meanwhile). Merge the rows with `collect`.
+    One unit is one checkpoint × one measure, keyed by (checkpoint fingerprint, resolved measure
+    config hash, flatcli version); each finished unit is one atomically written file, so a rerun
+    skips finished units. Merge the rows with `collect`.
+
+    Parameters
+    ----------
+    config : Config, str, Path or dict
+        The config (see `measure`).
+    outdir : str or Path, optional
+        The sweep folder (default the config's ``output.dir``).
+    checkpoints : sequence of str, optional
+        Checkpoints instead of the config's.
+    measures : str or sequence of str, optional
+        Labels or measure names, as in `measure`.
+    run : RunOptions, optional
+        Overrides of the config's ``runtime.*`` keys (device, precision, seed, threads,
+        allow_unsafe_pickle, budget), what the CLI's shared flags build.
+        ``run.threads`` sizes each local worker's threads (``auto``: ``OMP_NUM_THREADS`` when
+        set, else free cores ÷ workers); ``run.budget`` gives each unit its fixed share of one
+        checkpoint's budget.
+    log : callable, optional
+        ``log(line)`` for progress lines (default: stderr).
+    on_unit : callable, optional
+        ``on_unit(record)`` after each finished unit.
+    debug : bool
+        Re-raise a failed unit's exception.
+    **options
+        The flags of ``flatcli sweep`` (`flatcli.sweep.runner.SweepOptions`): ``resume``
+        (default True), ``retry_failed``, ``gpus`` (``"all"`` or ``"0,1"``: one worker per
+        GPU), ``workers`` (CPU workers), ``shard`` (``(i, n)`` or ``"i/n"``), ``executor``
+        (``"slurm"``: a job array through submitit, with ``tasks``, ``slurm`` parameters,
+        ``wait``, ``cluster``), ``dry_run``, ``lock_timeout``.
+
+    Returns
+    -------
+    flatcli.sweep.SweepReport
+        ``computed`` counts the units this run's workers computed, ``by_others`` those a
+        concurrent sweep finished meanwhile.
     """
     from ..sweep.runner import SweepOptions, run_sweep
     from ..sweep.worker import _default_log
@@ -68,9 +90,21 @@ def sweep(
 
 
 def collect(outdir: str | Path, output: str | Path | None = None):
-    """Merge a sweep directory's unit files into ``results.csv`` and ``results.json`` (the
-    columns of `measure`'s results.csv). Returns a `flatcli.sweep.CollectReport`; its
-    ``to_pandas()`` is the table (see `collect_frame`)."""
+    """Merge a sweep folder's unit files into one table.
+
+    Parameters
+    ----------
+    outdir : str or Path
+        The sweep folder.
+    output : str or Path, optional
+        Where results.csv goes (results.json beside it); default ``outdir/results.csv``.
+
+    Returns
+    -------
+    flatcli.sweep.CollectReport
+        The rows (the columns of `measure`'s results.csv), the unfinished units, the unreadable
+        files and the exit code; ``to_pandas()`` is the table (see `collect_frame`).
+    """
     from ..sweep.collect import collect as _collect
 
     if output is not None:
@@ -79,13 +113,21 @@ def collect(outdir: str | Path, output: str | Path | None = None):
 
 
 def collect_frame(outdir: str | Path, output: str | Path | None = None):
-    """`collect`, returning the collected table as a DataFrame (``flatcli.collect``).
+    """`collect`, returning the collected table as a DataFrame (this is ``flatcli.collect``).
 
-    One row per checkpoint with the columns of results.csv and the dtypes of
-    `flatcli.results` (numeric columns float64, ``status`` categorical). The unfinished units,
-    unreadable files and exit code are in the `flatcli.sweep.CollectReport` that `collect`
-    returns (its ``to_pandas()`` is this table); it is not attached to the DataFrame, whose
-    ``attrs`` pandas deep-copies on every operation.
+    Parameters
+    ----------
+    outdir : str or Path
+        The sweep folder.
+    output : str or Path, optional
+        Where results.csv goes, as in `collect`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per checkpoint with the columns of results.csv and the dtypes of
+        `flatcli.results` (numeric columns float64, ``status`` categorical). The unfinished
+        units and the exit code are in the report `collect` returns.
     """
     return collect(outdir, output).to_pandas()
 
@@ -101,43 +143,43 @@ def correlate(
     run: RunOptions | None = None,
     **table_options: Any,
 ):
-    """Correlate each measure of a table with ``target``: Pearson, Spearman, Kendall τ-b,
-    Jiang's τ, granulated Kendall Ψ with every ψ_i over the hyperparameter axes ``by`` and the
-    PGDL conditional mutual information (definitions: `flatcli.analysis.correlation`).
+    """Correlate each measure of a table with the generalization gap (or another ``target``).
 
-    The statistics are `flatcli.analysis.correlation.correlate_table`'s: ``table_options`` are
-    its keywords, passed through as they are (one list of them, its signature; an unknown one is
-    its TypeError). This function adds the input forms, the files and the plots.
+    Pearson, Spearman, Kendall τ-b, Jiang's τ, the granulated Kendall Ψ with every ψ over the
+    hyperparameter axes ``by``, and the PGDL conditional mutual information (definitions:
+    `flatcli.analysis.correlation`). The statistics are
+    `flatcli.analysis.correlation.correlate_table`'s; this function adds the input forms, the
+    files and the plots.
 
     Parameters
     ----------
-    results : a CSV path (flatcli's results.csv or any table, one row per checkpoint) or a
-        DataFrame (e.g. ``flatcli.measure(...).to_pandas()``).
-    outdir, plots, color_by, marker_by : write ``correlations.csv`` (and the plots, coloured by
-        ``color_by`` and marked by ``marker_by``, default the first two axes) into ``outdir``.
-    run : `flatcli.api.RunOptions`; only ``run.seed`` applies: the seed of the bootstrap's
-        generator (default 0). A ``seed=`` keyword raises a TypeError naming ``run=RunOptions(seed=...)``.
-    table_options : ``correlate_table``'s keywords:
+    results : str, Path or pandas.DataFrame
+        A CSV path (flatcli's results.csv or any table, one row per checkpoint) or a DataFrame
+        (e.g. ``flatcli.measure(...).to_pandas()``).
+    outdir : str or Path, optional
+        Write ``correlations.csv`` (and the plots) there.
+    plots : bool
+        Draw the scatter plots into ``outdir/plots`` (needs ``outdir``).
+    color_by, marker_by : str, optional
+        Columns that colour and mark the points (default the first two axes).
+    run : RunOptions, optional
+        Only ``run.seed`` applies: the seed of the bootstrap's generator (default 0).
+    **table_options
+        ``correlate_table``'s keywords: ``target`` (default ``gen_gap``); ``by``, the
+        hyperparameter axes (``hp_<name>`` is found by ``<name>``; default every ``hp_*``
+        column that forms a grid axis); ``measures``, the measure columns (default the measures
+        flatcli recorded, else every numeric column that is not the target, a metric or an
+        axis); ``where``, a ``DataFrame.query`` expression selecting rows; ``max_train_loss``;
+        ``bootstrap`` and ``confidence``, percentile intervals from N resamples of the
+        checkpoints; ``sort`` (``psi``, ``kendall_tau_b``, ``jiang_tau``, ``spearman``,
+        ``pearson`` or ``cmi``); ``progress``, called as ``progress(done, total)``.
 
-        - ``target``: the column to predict (default ``gen_gap``).
-        - ``by``: hyperparameter axes, columns of any name (``hp_<name>`` is found by ``<name>``);
-          default every ``hp_*`` column that forms a grid axis.
-        - ``measures``: the measure columns, any numeric columns; default the measures flatcli
-          recorded, else every numeric column that is not the target, a metric, an axis,
-          ``hp_*`` or a ``<column>_stderr`` (a note names them).
-        - ``where``: keep the rows matching this ``DataFrame.query`` expression, e.g.
-          ``"hp_lr < 0.1"``; the dropped rows are named in ``report.filters`` and the notes.
-        - ``max_train_loss``: keep the rows with ``train_loss <= max_train_loss`` (needs that column).
-        - ``bootstrap``, ``confidence``: with ``bootstrap`` N > 0, percentile intervals of Pearson,
-          Spearman and Kendall τ-b at level ``confidence`` from N resamples of the checkpoints
-          (``scipy.stats.bootstrap``, generator seeded by ``run.seed``: reproducible).
-        - ``sort``: rank by psi, kendall_tau_b, jiang_tau, spearman, pearson or cmi (default Ψ
-          with axes, else Kendall τ-b); ties go to the larger Kendall τ-b, then by name.
-        - ``progress``: called as ``progress(done, total)`` after each measure.
-
-    Returns a `flatcli.analysis.CorrelationReport`, best measure first; ``report.to_pandas()``
-    is the correlations.csv table, ``report.warnings`` flags rows that are not at a minimum.
-    `correlate_frame` (``flatcli.correlate``) returns that DataFrame directly.
+    Returns
+    -------
+    flatcli.analysis.CorrelationReport
+        The measures, best first; ``to_pandas()`` is the correlations.csv table,
+        ``warnings`` flags rows that are not at a minimum, ``dropped`` the rows the filters
+        left out. `correlate_frame` (``flatcli.correlate``) returns the DataFrame directly.
     """
     from ..analysis.correlation import correlate_table
     from ..analysis.report import write_csv
@@ -162,13 +204,24 @@ def correlate(
 
 
 def correlate_frame(results, **kwargs):
-    """`correlate`, returning the ranked table as a DataFrame (``flatcli.correlate``).
+    """`correlate`, returning the ranked table as a DataFrame (this is ``flatcli.correlate``).
 
-    Takes the arguments of `correlate`; one row per measure, best first, with the columns of
-    correlations.csv. The `flatcli.analysis.CorrelationReport` (notes, warnings, the rows the
-    filters dropped, the grid) is ``df.attrs["report"]``, without its copy of the input rows
-    (pandas deep-copies attrs on every operation: they stay small).
+    Parameters
+    ----------
+    results : str, Path or pandas.DataFrame
+        The table, as in `correlate`.
+    **kwargs
+        The keywords of `correlate`.
 
+    Returns
+    -------
+    pandas.DataFrame
+        One row per measure, best first, with the columns of correlations.csv. The
+        `flatcli.analysis.CorrelationReport` (notes, warnings, dropped rows, the grid) is
+        ``df.attrs["report"]``, without its copy of the input rows.
+
+    Examples
+    --------
     >>> df = flatcli.correlate("results.csv", by=["lr", "width"], max_train_loss=0.01)  # doctest: +SKIP
     >>> df[["measure", "kendall_tau_b", "psi"]], df.attrs["report"].dropped            # doctest: +SKIP
     """

@@ -73,31 +73,54 @@ def measure(
     resume: bool = False,
     on_measure: Callable[[Row, str, bool], None] | None = None,
 ) -> MeasureReport:
-    """Measure every checkpoint of a config; write results when ``outdir`` is given.
+    """Measure every checkpoint of a config; write the results when an output folder is given.
 
-    Results that survive: with an output directory, results.csv and results.json are rewritten
-    (atomically: temp file + ``os.replace``) after every finished measure, the measures still to
-    run marked ``interrupted``, so a Ctrl-C or a ``kill -9`` keeps every finished measure. On
-    Ctrl-C (KeyboardInterrupt) the files are written once more and `MeasureInterrupted` (a
-    KeyboardInterrupt; the CLI exits 130) is raised. Every measure in results.json carries its
-    key (``rows[i].keys``: the sweep's unit id of checkpoint fingerprint, resolved measure config
-    and flatcli version, `measure_keys`); with ``resume`` the measures of OUTDIR/results.json
-    whose key matches and whose status is not ``interrupted`` or ``error`` are reused, not run.
-    ``on_measure(row, label, reused)`` is called after each measure (``reused``: taken from the
-    earlier run).
+    Parameters
+    ----------
+    config : Config, str, Path or dict
+        The config: a YAML path, a mapping of its keys or a loaded `flatcli.config.Config`.
+    checkpoints : sequence of str, optional
+        Checkpoints to measure instead of the config's ``checkpoints`` (paths or globs).
+    measures : str or sequence of str, optional
+        Labels or measure names (``"hessian_trace,frobenius_norm"``, ``"all"``); default the
+        config's ``measures``. A configured label keeps its options, another name runs with
+        its defaults.
+    run : RunOptions, optional
+        Overrides of the config's ``runtime.*`` keys (device, precision, seed, threads,
+        allow_unsafe_pickle, budget), what the CLI's shared flags build.
+        ``run.threads`` sizes torch's intra-op threads (`use_threads`; the choice is
+        ``report.meta["threads"]``); ``run.budget`` (seconds or ``"10m"``) caps each
+        checkpoint's measures together (`flatcli.budget`).
+    outdir : str or Path, optional
+        Where results.csv and results.json go (default the config's ``output.dir`` when set,
+        else nothing is written). Both are rewritten atomically after every finished measure,
+        the measures still to run marked ``interrupted``, so a Ctrl-C or a ``kill -9`` keeps
+        every finished measure.
+    on_row, on_start, on_progress, on_measure : callable, optional
+        Progress hooks: ``on_start(i, n, job)`` before a checkpoint, ``on_row(i, n, row)`` after
+        it, ``on_progress(label, info)`` while a measure runs, ``on_measure(row, label,
+        reused)`` after each measure (``reused``: taken from the earlier run).
+    debug : bool
+        Re-raise a failed measurement instead of recording it in its row.
+    plots : bool
+        Draw each measure's artifacts (e.g. the spectral density) as
+        ``OUTDIR/plots/<NNN>_<checkpoint stem>_<label>.png``; needs matplotlib and ``outdir``.
+        The paths are in ``report.meta["plots"]``.
+    resume : bool
+        Reuse the finished measures of ``OUTDIR/results.json`` whose key matches (`measure_keys`:
+        the checkpoint's fingerprint, the resolved measure config, the flatcli version) and whose
+        status is not ``interrupted`` or ``error``; compute the rest.
 
-    With ``plots`` (needs matplotlib and an output directory), every measure that
-    draws artifacts (e.g. a spectral-density plot) writes them as
-    ``OUTDIR/plots/<NNN>_<checkpoint stem>_<label>.png`` (NNN the checkpoint's
-    position); the paths are in ``report.meta["plots"]``. ``run`` (`flatcli.api.RunOptions`:
-    device, precision, seed, threads, allow_unsafe_pickle, budget) overrides the config's
-    ``runtime.*`` keys: ``run.threads`` sizes torch's intra-op threads (`use_threads`; the choice
-    is ``report.meta["threads"]``), ``run.budget`` (seconds or "10m") caps each checkpoint's
-    measures together (`flatcli.budget`). The old separate keywords (``device=`` ...) raise a
-    TypeError naming ``run=RunOptions(...)``.
+    Returns
+    -------
+    MeasureReport
+        One row per checkpoint; ``exit_code`` is 0 when every row is ok, 2 when a checkpoint
+        failed on bad input (file, state dict), 1 when a measurement failed.
 
-    Returns a `MeasureReport`; its ``exit_code`` is 0 when every row is ok, 2 when a
-    checkpoint failed on bad input (file, state dict), 1 when a measurement failed.
+    Raises
+    ------
+    MeasureInterrupted
+        On Ctrl-C, after the finished measures were written once more (the CLI exits 130).
     """
     if plots:
         from ..landscape.plots import PLOT_HINT, have_matplotlib
@@ -153,10 +176,24 @@ class MeasureInterrupted(KeyboardInterrupt):
 
 
 def measure_keys(cfg: Config, job: Job, specs: Sequence[MeasureSpec]) -> dict[str, str]:
-    """Label → the key of one checkpoint × measure: the sweep's unit id (`flatcli.sweep.store`:
-    sha256 fingerprints of the checkpoint, its init checkpoint and training set, the resolved
-    measure configuration with defaults filled in, the flatcli version). Empty when a file cannot
-    be read (nothing is reused then)."""
+    """The key of each measure of one checkpoint, by label: the sweep's unit id.
+
+    Parameters
+    ----------
+    cfg : Config
+        The resolved config.
+    job : Job
+        The checkpoint (with its init checkpoint and training set, if any).
+    specs : sequence of MeasureSpec
+        The configured measures.
+
+    Returns
+    -------
+    dict of str to str
+        Label → sha256 unit id of the fingerprints of the checkpoint, its init checkpoint and
+        training set, the resolved measure configuration with defaults filled in and the flatcli
+        version (`flatcli.sweep.store`). Empty when a file cannot be read (nothing is reused then).
+    """
     from .._version import __version__
     from ..loading.checkpoints import fingerprint
     from ..sweep.store import measure_hash, unit_id
@@ -177,9 +214,19 @@ REUSABLE = frozenset({"ok", "not_converged", "saturated", "not_applicable", "nea
 
 
 def previous_results(outdir: Path) -> dict[str, Any]:
-    """Key → `MeasureResult` of every finished measure in OUTDIR/results.json (``measure
-    --resume``); measures ``interrupted`` or in ``error`` are not finished. An unreadable or
-    missing file gives nothing (everything is computed)."""
+    """The finished measures of an earlier run, for ``measure --resume``.
+
+    Parameters
+    ----------
+    outdir : Path
+        The output folder holding ``results.json``.
+
+    Returns
+    -------
+    dict of str to MeasureResult
+        Key (`measure_keys`) → result of every finished measure; measures ``interrupted`` or in
+        ``error`` are not finished. An unreadable or missing file gives an empty dict.
+    """
     import json
 
     from ..sweep.store import _result_from

@@ -228,20 +228,38 @@ def plan_costs(
     run: RunOptions | None = None,
     timed: bool = True,
 ) -> CostPlan:
-    """The products `measure`/`sweep` would spend (``--dry-run``), from the measures' declared cost
-    formulas and each checkpoint's model size; loads every checkpoint's model but measures nothing.
-    A checkpoint that cannot be loaded is reported in ``errors`` (the others are still planned).
+    """The products, seconds and memory `measure` or `sweep` would spend (``--dry-run``).
 
-    With ``timed``, one checkpoint of each size group has its products timed on the measurement
-    set (`flatcli.predict.time_products`: a forward pass, a gradient, HVPs of one vector and of
-    one block, and one block product's memory), and every measure gets a `flatcli.predict.Prediction`
-    (seconds, peak bytes, or ``not_applicable`` with the reason) in ``predictions``. With
-    ``runtime.check_memory`` each checkpoint gets the run's memory verdicts in ``memory``
-    (`flatcli.memory`: before the data, and with the timed checkpoint's first batch before its
-    products); a checkpoint that will not fit is not timed (its measures get status
-    ``will_not_fit``). ``run``
-    (`flatcli.api.RunOptions`) overrides the config's ``runtime.*`` keys; its device and
-    precision are those the products are planned and timed at."""
+    Loads every checkpoint's model but measures nothing. The products come from the measures'
+    declared cost formulas and each checkpoint's model size; with ``timed``, one checkpoint of
+    each size group has its products timed on the measurement set (a forward pass, a gradient,
+    HVPs of one vector and of one block, one product's memory; `flatcli.predict.time_products`).
+    With ``runtime.check_memory`` each checkpoint also gets the run's memory verdicts
+    (`flatcli.memory`); a checkpoint that will not fit is not timed and its measures get status
+    ``will_not_fit``.
+
+    Parameters
+    ----------
+    config : Config, str, Path or dict
+        The config (see `measure`).
+    checkpoints : sequence of str, optional
+        Checkpoints instead of the config's.
+    measures : str or sequence of str, optional
+        Labels or measure names, as in `measure`.
+    run : RunOptions, optional
+        Overrides of the config's ``runtime.*`` keys (device, precision, seed, threads,
+        allow_unsafe_pickle, budget), what the CLI's shared flags build.
+        Its device and precision are those the products are planned and timed at.
+    timed : bool
+        Time the products to predict seconds and peak memory (a few seconds per size group).
+
+    Returns
+    -------
+    CostPlan
+        Per checkpoint and measure, the least and most products, the predictions
+        (``predictions``), the memory verdicts (``memory``) and the checkpoints that could not
+        be loaded (``errors``).
+    """
     from ..errors import FlatcliError
     from ..loading.models import model_dtype
     from ..memory import check_model

@@ -134,36 +134,49 @@ def landscape(
 ):
     """A loss-landscape view of checkpoints: one API for the four views, chosen by ``view``.
 
-    - ``"slice"`` (default): ``checkpoints`` is one checkpoint; a 1D/2D filter-normalized slice
-      around it (options of `SliceView`: ``dims``, ``steps``, ``span``, ``bias_bn``).
-    - ``"interpolate"``: two checkpoints ``[a, b]``; the linear interpolation between them
-      (`InterpolateView`: ``steps``, ``span``).
-    - ``"pca"``: a training run's checkpoints (files and/or globs, at least 3); the top two PCA
-      directions of {θ_t − θ_T}, the path projected on them and the loss over their plane
-      around θ_T, the last checkpoint (`PCAView`: ``steps``, ``span``, ``solver``, ``sort``).
-    - ``"connect"``: two checkpoints ``[a, b]``; a quadratic Bezier curve between them whose bend
-      is trained on the whole training split, against the straight line, each with its barrier
-      (`ConnectView`: ``steps``, ``bend_steps``, ``bend_lr``, ``bend_optimizer``,
-      ``bend_batch_size``).
+    Train and (when ``data.test`` is configured) test loss and accuracy are evaluated at every
+    grid point on ``measure_data.num_samples`` samples of each split, in eval mode, at
+    ``runtime.precision`` (connect: BatchNorm statistics recomputed at every t). A manifest's
+    ``train_data`` column gives a checkpoint its own training set.
 
-    ``options`` are the view's (an option of another view is a `ConfigError` naming it; the
-    view-option classes hold the defaults). ``run`` (`flatcli.api.RunOptions`) overrides the
-    config's ``runtime.*`` keys: ``run.seed`` (default ``runtime.seed``) seeds the slice's random
-    directions, the PCA's randomized solver and the bend training; ``run.device``,
-    ``run.precision``, ``run.threads`` and ``run.allow_unsafe_pickle`` apply to every view (the
-    old keywords of these names raise a TypeError naming ``run=RunOptions(...)``).
+    Parameters
+    ----------
+    config : Config, str, Path or dict
+        The config (see `measure`).
+    checkpoints : str, Path or sequence of them
+        ``"slice"``: one checkpoint; ``"interpolate"`` and ``"connect"``: two, ``[a, b]``;
+        ``"pca"``: a training run's checkpoints (files and/or globs, at least 3).
+    view : {"slice", "interpolate", "pca", "connect"}
+        ``slice``: a 1D/2D filter-normalized slice (`SliceView`); ``interpolate``: the line
+        between two checkpoints (`InterpolateView`); ``pca``: the top two PCA directions of
+        {θ_t − θ_T}, the path projected on them and the loss over their plane (`PCAView`);
+        ``connect``: a trained quadratic Bezier curve against the straight line, each with its
+        barrier (`ConnectView`).
+    run : RunOptions, optional
+        Overrides of the config's ``runtime.*`` keys (device, precision, seed, threads,
+        allow_unsafe_pickle, budget), what the CLI's shared flags build.
+        ``run.seed`` seeds the slice's random directions, the PCA's randomized solver and the
+        bend training.
+    outdir : str or Path, optional
+        Writes the view's files: landscape.csv, landscape.json and PNG plots (slice,
+        interpolate); pca_grid.csv, pca_path.csv, pca.json, pca.png (pca); connect.csv,
+        connect_fit.csv, bend.pt, connect.json, connect.png (connect).
+    plots : bool
+        Draw the PNG plots (needs matplotlib).
+    points_per_pass : int, optional
+        Grid points per vmapped forward pass.
+    on_progress : callable, optional
+        ``on_progress(done, total)`` over the grid points.
+    **options
+        The view's own options (the view classes hold the defaults); another view's option is a
+        `flatcli.errors.ConfigError` naming it.
 
-    Train and (when ``data.test`` is configured) test loss and accuracy are evaluated at every grid
-    point on ``measure_data.num_samples`` samples of each split (seed ``measure_data.seed``), in eval
-    mode, at ``runtime.precision`` (connect: BatchNorm statistics recomputed at every t on the train
-    measurement set). When the config's manifest lists a checkpoint with a ``train_data`` column,
-    that file is its training set (the slice's checkpoint, the last of a trajectory, connect's A or
-    B). With ``outdir``, writes the view's files there: landscape.csv, landscape.json and PNG plots
-    (slice, interpolate); pca_grid.csv, pca_path.csv, pca.json and pca.png (pca); connect.csv,
-    connect_fit.csv, bend.pt, connect.json and connect.png (connect). ``points_per_pass``: grid
-    points per vmapped forward pass. Returns a `flatcli.landscape.LandscapeResult` (slice,
-    interpolate), a `flatcli.landscape.trajectory.TrajectoryResult` (pca) or a
-    `flatcli.landscape.connect.ConnectResult` (connect).
+    Returns
+    -------
+    LandscapeResult, TrajectoryResult or ConnectResult
+        `flatcli.landscape.LandscapeResult` (slice, interpolate),
+        `flatcli.landscape.trajectory.TrajectoryResult` (pca) or
+        `flatcli.landscape.connect.ConnectResult` (connect).
     """
     spec = _view_spec(view, options)
     given = _view_checkpoints(view, checkpoints)
@@ -388,17 +401,40 @@ def check_invariance(
     loss: str = "cross_entropy",
     progress: Callable[[str, str, dict], None] | None = None,
 ):
-    """The invariance check for one checkpoint of a config (path, dict or `Config`), or for a model.
+    """Rescale a network without changing its function and recompute the measures.
 
-    With a config: the model is built and loaded as ``flatcli measure`` does (``model_kwargs``
-    stored in the checkpoint win; a manifest's ``train_data`` applies), the measurement set is
-    ``measure_data``, and ``measures`` defaults to the configured measures plus every measure
-    that claims invariance. With an ``nn.Module`` as ``config``: pass ``data=(x, y)``; see
-    `flatcli.invariance.check_invariance_model`. ``run`` (`flatcli.api.RunOptions`): ``run.seed``
-    seeds the rescaling and every stochastic measure (equal for both runs); with a config it
-    overrides the ``runtime.*`` keys (``run.threads`` sizes torch's threads, `use_threads`; the
-    choice is ``report.threads``); with a model only ``run.seed`` (default 0) and ``run.device``
-    (default "cpu") apply. Returns an `flatcli.invariance.InvarianceReport`.
+    Parameters
+    ----------
+    config : Config, str, Path, dict or torch.nn.Module
+        A config (the model is built and loaded as ``flatcli measure`` does; the measurement set
+        is ``measure_data``), or a model (then pass ``data``; see
+        `flatcli.invariance.check_invariance_model`).
+    checkpoint : str or Path, optional
+        The checkpoint, with a config (default: the config's only checkpoint).
+    measures : str or sequence, optional
+        Default: the configured measures plus every measure that claims invariance.
+    transform : {"both", "node", "layer"}
+        Node-wise, layer-wise rescaling, or both.
+    scale : float
+        The rescaling factors α range over [1/scale, scale].
+    tol : float
+        Relative change below which an invariance claim holds.
+    run : RunOptions, optional
+        Overrides of the config's ``runtime.*`` keys (device, precision, seed, threads,
+        allow_unsafe_pickle, budget), what the CLI's shared flags build.
+        ``run.seed`` seeds the rescaling and every stochastic measure (equal for both runs);
+        with a model only ``run.seed`` (default 0) and ``run.device`` (default ``"cpu"``) apply.
+    data : tuple of torch.Tensor, optional
+        ``(x, y)`` when ``config`` is a model.
+    loss : str
+        The loss when ``config`` is a model.
+    progress : callable, optional
+        ``progress(stage, label, info)`` while the measures run.
+
+    Returns
+    -------
+    flatcli.invariance.InvarianceReport
+        Each measure's value before and after, its relative change and whether its claim held.
     """
     from ..invariance import check_invariance_model, needs_init, prepare_specs
 

@@ -31,7 +31,7 @@ CPU): the same values; peak memory 0-3% lower over a whole λmax + trace run at 
 (18% for one product at 2M); 1.1-2× the time per product.
 
 Products that keep no gradient graph: `torch.autograd.forward_ad` dual tensors through this
-checkpointed forward and one plain backward (commit 90a0af2) did not lower the peak (tangents
+checkpointed forward and one plain backward did not lower the peak (tangents
 double every saved tensor and the backward still held every block's). What does is to take the
 product *block by block* (`flatcli.engine.segments`: a JVP of each block's forward, then a JVP of
 each block's VJP from the last, keeping only the boundary tensors), so ``runtime.recompute: true``

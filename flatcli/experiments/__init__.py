@@ -1,4 +1,4 @@
-"""Reproductions of the seed papers' experiments, scaled to a 2-core CPU (issue 11).
+"""Reproductions of the seed papers' experiments, scaled to a 2-core CPU.
 
 One command per experiment::
 

@@ -60,15 +60,23 @@ _FAMILY_MODULES = [
 class MeasureResult:
     """What a measure returns.
 
-    value: the measure, oriented so that larger means sharper.
-    stderr: standard error of a stochastic estimate (None when exact).
-    diagnostics: iterations, residuals, convergence flags, per-layer values...
-    seconds: wall time of the measure.
-    status: "ok", or a short word such as "not_converged" / "saturated" / "not_applicable"
+    Attributes
+    ----------
+    value : float
+        The measure, oriented so that larger means sharper.
+    stderr : float or None
+        Standard error of a stochastic estimate (None when exact).
+    diagnostics : dict
+        Iterations, residuals, convergence flags, per-layer values, the products spent.
+    seconds : float
+        Wall time of the measure.
+    status : str
+        ``"ok"``, or a short word: ``"not_converged"``, ``"saturated"``, ``"not_applicable"``
         (the measure does not apply to this model, loss or parameter selection; the reason is in
-        ``diagnostics["reason"]``) / "budget" (its cap, ``max_seconds``, ``max_hvps`` or its share
-        of ``runtime.budget``, stopped it: the value is the estimate so far, with its stderr) /
-        "near_zero" (a relative tolerance on a quantity near 0 was met at its absolute floor).
+        ``diagnostics["reason"]``), ``"budget"`` (its cap, ``max_seconds``, ``max_hvps`` or its
+        share of ``runtime.budget``, stopped it: the value is the estimate so far, with its
+        stderr), ``"near_zero"`` (a relative tolerance on a quantity near 0 was met at its
+        absolute floor).
     """
 
     value: float
@@ -82,11 +90,22 @@ class MeasureResult:
 class MeasureContext:
     """Everything a measure may use. Measures never mutate ``model``.
 
-    problem: the measurement-set `Problem` (functional params, eval mode).
-    engine: the `CurvatureEngine` over ``problem``.
-    seed: the seed of this measure (its own ``seed`` option or ``runtime.seed``).
-    init_params: parameters at initialization (dict name -> tensor) or None.
-    init_state: the whole state dict at initialization (buffers included) or None.
+    Attributes
+    ----------
+    problem : flatcli.engine.Problem
+        The measurement set's problem (functional parameters, eval mode).
+    engine : flatcli.engine.CurvatureEngine
+        The curvature engine over ``problem``.
+    seed : int
+        The seed of this measure (its own ``seed`` option or ``runtime.seed``).
+    init_params, init_state : dict of str to torch.Tensor or None
+        Parameters (and the whole state dict, buffers included) at initialization.
+    max_seconds : float or None
+        This measure's share of the checkpoint's ``runtime.budget``.
+    budget : flatcli.engine.linalg.Budget
+        Set by `run_measure`: pass it to the estimators.
+    cache : dict
+        Shared by one checkpoint's measures (same θ, same data).
     """
 
     problem: Any
@@ -143,30 +162,57 @@ Artifacts = Callable[[MeasureResult, Path, str], "list[Path]"]
 class MeasureInfo:
     """A registry entry: everything the CLI, the docs and the checks need about one measure.
 
-    invariant: whether the measure claims invariance to function-preserving node-wise
-        rescalings, as a bool or as a function of the parsed options returning ``True``
-        or the reason (a string) why it does not hold with these options.
-    invariance_options: options `flatcli check-invariance` turns on unless the user set
-        them (e.g. ``{"normalize_features": True}``).
-    invariance_note: ``(original, rescaled, opts) -> str | None``, a remark printed with
-        the check (e.g. that an optimizer hit its box).
-    artifacts: ``(result, path_stem, title) -> [paths]``: files (plots) drawn from a
-        result by ``flatcli measure --plots``.
-    estimate: ``(opts, dims) -> {counter: n or (least, most)}``: the products a run will count
+    The hooks (``invariant``, ``estimate``, ``applicable``, ``stops_early``, ``artifacts``,
+    ``invariance_note``) are how a measure owns its rules; the pipeline, ``--dry-run`` and
+    ``check-invariance`` only call them.
+
+    Attributes
+    ----------
+    name : str
+        The registered name.
+    fn : callable
+        ``fn(ctx: MeasureContext, opts) -> MeasureResult``.
+    options : type
+        The frozen options dataclass.
+    description, reference, cost : str
+        One line each: what it is, the papers, the cost formula in words.
+    stochastic : bool
+        Whether the value depends on a seed.
+    needs_init : bool
+        Whether it needs ``init_checkpoint``.
+    invariant : bool or callable
+        Whether the measure claims invariance to function-preserving node-wise rescalings, as a
+        bool or as a function of the parsed options returning ``True`` or the reason (a string)
+        why it does not hold with these options.
+    invariance_options : dict
+        Options `flatcli check-invariance` turns on unless the user set them (e.g.
+        ``{"normalize_features": True}``).
+    invariance_note : callable or None
+        ``(original, rescaled, opts) -> str | None``, a remark printed with the check (e.g. that
+        an optimizer hit its box).
+    artifacts : callable or None
+        ``(result, path_stem, title) -> [paths]``: files (plots) drawn from a result by
+        ``flatcli measure --plots``.
+    estimate : callable or None
+        ``(opts, dims) -> {counter: n or (least, most)}``: the products a run will count
         (``n_hvp``, ``n_grad``, ``n_forward``, ``n_vjp``; full-set equivalents), exactly or as a
-        range for adaptive estimators; what ``--dry-run`` prints. Counters not named are 0. Two
-        optional keys shape the predicted seconds and memory (`flatcli.predict`): ``hvp_block``,
-        the vectors one product call multiplies (default 1; 0: the engine's block size), and
-        ``vectors``, the P-length vectors the estimator keeps (default: one block), and
-        ``vector_ops``, the P-length dot products and axpys of its own (reorthogonalization against
-        one basis), ``batched_vector_ops`` those of runs in lockstep, each against its own basis (SLQ).
-    applicable: ``(opts, problem) -> reason | None``: a cheap check, on the measurement set's
+        range for adaptive estimators; what ``--dry-run`` prints. Counters not named are 0.
+        Optional keys shape the predicted seconds and memory (`flatcli.predict`): ``hvp_block``,
+        the vectors one product call multiplies (default 1; 0: the engine's block size);
+        ``vectors``, the P-length vectors the estimator keeps (default: one block);
+        ``vector_ops``, the P-length dot products and axpys of its own (reorthogonalization
+        against one basis); ``batched_vector_ops``, those of runs in lockstep, each against its
+        own basis (SLQ).
+    applicable : callable or None
+        ``(opts, problem) -> reason | None``: a cheap check, on the measurement set's
         `flatcli.engine.Problem` before any product, of what would make the measure end
-        ``not_applicable`` (the loss, the layers); ``--dry-run`` prints the reason instead of a cost.
-    stops_early: whether the measure stops at its cap with the estimate so far (status ``budget``):
-        its iterative estimator checks `flatcli.engine.linalg.Budget` between blocks; a bool or a
+        ``not_applicable`` (the loss, the layers); ``--dry-run`` prints the reason instead of a
+        cost.
+    stops_early : bool or callable
+        Whether the measure stops at its cap with the estimate so far (status ``budget``): its
+        iterative estimator checks `flatcli.engine.linalg.Budget` between blocks; a bool or a
         function of the parsed options. A measure that cannot stop early is started under a cap
-        only when its predicted seconds fit (`flatcli.pipeline`); ``--dry-run`` says which.
+        only when its predicted seconds fit; ``--dry-run`` says which.
     """
 
     name: str
@@ -225,7 +271,51 @@ def register(
     applicable: Callable[[Any, Any], str | None] | None = None,
     stops_early: bool | Callable[[Any], bool] = False,
 ):
-    """Decorator registering a measure under ``name`` with its metadata (see `MeasureInfo`)."""
+    """Decorator registering a measure function ``fn(ctx, opts) -> MeasureResult`` under ``name``.
+
+    Parameters
+    ----------
+    name : str
+        The stable snake_case name (``flatcli measures`` lists it; configs use it).
+    options : type
+        The frozen options dataclass (fields made with `flatcli.validation.opt`).
+    description : str
+        One line: what the measure is (larger = sharper).
+    reference : str
+        The papers, with equation numbers.
+    stochastic : bool
+        Whether the value depends on a seed.
+    invariant : bool or callable
+        Whether it claims invariance to function-preserving node-wise rescalings; a function of
+        the parsed options returns ``True`` or the reason it does not hold.
+    needs_init : bool
+        Whether it needs ``init_checkpoint``.
+    cost : str
+        The cost formula in words (the measure reference and ``flatcli measures`` show it).
+    invariance_options : dict, optional
+        Options ``flatcli check-invariance`` turns on unless the user set them.
+    invariance_note : callable, optional
+        ``(original, rescaled, opts) -> str | None``, a remark printed with the check.
+    artifacts : callable, optional
+        ``(result, path_stem, title) -> [paths]``: plots drawn by ``flatcli measure --plots``.
+    estimate : callable, optional
+        ``(opts, dims) -> {counter: n or (least, most)}``: the products a run will count
+        (``--dry-run``; see `MeasureInfo`).
+    applicable : callable, optional
+        ``(opts, problem) -> reason | None``: a cheap check before any product.
+    stops_early : bool or callable
+        Whether the measure stops at its cap with its estimate so far.
+
+    Returns
+    -------
+    callable
+        The decorator; it returns the function unchanged.
+
+    Raises
+    ------
+    ValueError
+        When another function is registered under ``name``.
+    """
 
     def deco(fn):
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
@@ -266,13 +356,52 @@ def _load_all() -> None:
 
 
 def list_measures(pattern: str = "*") -> list[MeasureInfo]:
-    """Every registered measure whose name matches ``pattern`` (shell wildcards)."""
+    """Every registered measure whose name matches a pattern, sorted by name.
+
+    Parameters
+    ----------
+    pattern : str
+        Shell wildcards (``"hessian_*"``).
+
+    Returns
+    -------
+    list of MeasureInfo
+        The registry entries.
+
+    Examples
+    --------
+    >>> from flatcli.measures import list_measures
+    >>> [m.name for m in list_measures("hessian_*")]
+    ['hessian_lambda_max', 'hessian_spectrum', 'hessian_trace']
+    """
     _load_all()
     return [_REGISTRY[k] for k in sorted(_REGISTRY) if fnmatch.fnmatch(k, pattern)]
 
 
 def get_measure(name: str) -> MeasureInfo:
-    """The registry entry of ``name``; a `ConfigError` suggesting the closest name otherwise."""
+    """The registry entry of one measure.
+
+    Parameters
+    ----------
+    name : str
+        The measure's registered name.
+
+    Returns
+    -------
+    MeasureInfo
+        Its entry.
+
+    Raises
+    ------
+    flatcli.errors.ConfigError
+        For an unknown name, suggesting the closest one.
+
+    Examples
+    --------
+    >>> from flatcli.measures import get_measure
+    >>> get_measure("hessian_trace").stochastic
+    True
+    """
     _load_all()
     if name not in _REGISTRY:
         import difflib
@@ -297,8 +426,18 @@ class MeasureSpec:
     max_hvps: int | None = None
 
     def budget(self, share: float | None = None) -> Budget:
-        """A fresh `Budget` (its clock starts now): ``max_hvps`` products, and the smaller of
-        ``max_seconds`` and ``share`` (this measure's part of ``runtime.budget``) in seconds."""
+        """A fresh `Budget` (its clock starts now) for this spec.
+
+        Parameters
+        ----------
+        share : float, optional
+            This measure's part of ``runtime.budget``, in seconds.
+
+        Returns
+        -------
+        Budget
+            ``max_hvps`` products, and the smaller of ``max_seconds`` and ``share`` in seconds.
+        """
         secs = [v for v in (self.max_seconds, share) if v is not None]
         return Budget(max_seconds=min(secs) if secs else None, max_products=self.max_hvps)
 
@@ -312,8 +451,18 @@ class MeasureSpec:
         return get_measure(self.name).claims_invariance(self.parsed())
 
     def estimate(self, dims: Dims) -> dict[str, tuple[int, int]] | None:
-        """(least, most) of each counter a run of this spec will count, or None when the measure
-        declares no estimate."""
+        """The products a run of this spec will count.
+
+        Parameters
+        ----------
+        dims : Dims
+            The sizes the estimate depends on.
+
+        Returns
+        -------
+        dict of str to (int, int), or None
+            (least, most) of each counter, or None when the measure declares no estimate.
+        """
         info = get_measure(self.name)
         if info.estimate is None:
             return None
@@ -328,8 +477,18 @@ class MeasureSpec:
         return bool(flag(self.parsed()) if callable(flag) else flag)
 
     def not_applicable(self, problem) -> str | None:
-        """The reason this spec will end ``not_applicable`` on ``problem`` (its registry
-        ``applicable`` check), or None when it will run (or cannot tell before running)."""
+        """Why this spec will end ``not_applicable`` on a problem (its registry ``applicable`` check).
+
+        Parameters
+        ----------
+        problem : flatcli.engine.Problem
+            The measurement set's problem.
+
+        Returns
+        -------
+        str or None
+            The reason, or None when it will run (or cannot tell before running).
+        """
         info = get_measure(self.name)
         return None if info.applicable is None else info.applicable(self.parsed(), problem)
 
@@ -339,16 +498,30 @@ INVARIANCE_REFERENCE = "hessian_trace"
 
 
 def run_measure(spec: MeasureSpec, ctx: MeasureContext) -> MeasureResult:
-    """Validate options, run the measure, time it and attach its cost. A measure that does not
-    apply to this model, loss or parameter selection (`NotApplicable`) gives a row with status
-    ``not_applicable``, value NaN and the reason in ``diagnostics["reason"]``: not a failure.
+    """Validate a measure's options, run it, time it and attach its cost.
 
-    Caps: ``ctx.budget`` is set to `MeasureSpec.budget` of ``ctx.max_seconds``; the iterative
-    estimators (Lanczos, Hutchinson, Hutch++, SLQ) stop when it is spent, and the measure reports
-    status ``budget`` with its estimate so far. Measures without an iterative estimator (norms,
-    exact diagonals, average sharpness) cannot stop early: `flatcli.pipeline` starts them under a cap
-    only when their predicted seconds fit; once started they run to the end, and when they pass
-    a time cap the diagnostics say so (``over_budget``, with ``budget_seconds``)."""
+    A measure that does not apply to this model, loss or parameter selection (`NotApplicable`)
+    gives status ``not_applicable``, value NaN and the reason in ``diagnostics["reason"]``: not a
+    failure. ``ctx.budget`` is set to `MeasureSpec.budget` of ``ctx.max_seconds``; the
+    iterative estimators (Lanczos, Hutchinson, Hutch++, SLQ) stop when it is spent and the
+    measure reports status ``budget`` with its estimate so far. Measures without an iterative
+    estimator cannot stop early: `flatcli.pipeline` starts them under a cap only when their
+    predicted seconds fit; when they pass a time cap the diagnostics say so (``over_budget``,
+    with ``budget_seconds``).
+
+    Parameters
+    ----------
+    spec : MeasureSpec
+        The configured measure.
+    ctx : MeasureContext
+        The problem, engine, seed and shared cache of this checkpoint.
+
+    Returns
+    -------
+    MeasureResult
+        With ``seconds`` and the engine's product counters (``n_hvp``, ``n_grad``, ...) in its
+        diagnostics.
+    """
     info = get_measure(spec.name)
     opts = parse_options(info.options, spec.options, spec.name)
     engine = ctx.engine

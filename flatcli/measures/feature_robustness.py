@@ -40,7 +40,7 @@ from the two smallest δ; the ratio is :math:`\kappa + c\delta^2 + \dots`): both
 estimate κ; tests/measures/test_feature_robustness.py compares them with
 ``relative_flatness`` and, per matrix, with dense Hessians. Like Theorem 5 this
 needs ψ twice differentiable: with a ReLU after the layer a perturbation that
-moves a pre-activation across 0 adds a term of order |δ| (not δ²), so the ratio
+moves a pre-activation across 0 adds a term of order ``|δ|`` (not δ²), so the ratio
 approaches κ only once δ‖φ‖ is below every sample's distance to a kink.
 
 ``normalize_features: true`` perturbs the normalized features

@@ -132,7 +132,7 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     ``runtime.precision: bf16`` is verified the same way (``bf16_value``, ``bf16_residual``): the
     Lanczos products run through the model in bfloat16 (vectors and recurrences in float32), the
     final Ritz vector's product runs with the weights upcast to float32, and the fp32 refinement, if
-    any, too (it needs the float32 forward's memory). Measured bias of the bf16 value: docs/benchmarks/data/bf16.json.
+    any, too (it needs the float32 forward's memory). Measured bias of the bf16 value: the benchmark pages of the docs.
 
     ``per_layer`` (``json`` or ``columns``): for every parameter tensor b, the
     largest algebraic eigenvalue of the diagonal block :math:`H_{bb} = P_b H P_b`
@@ -312,7 +312,7 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     sketch size; the reported stderr is that of the residual mean, which is the
     whole standard error because the estimate is unbiased whatever the sketch.
     Far fewer probes than Hutchinson when the top of the spectrum carries much
-    of the trace, as at trained minima (docs/benchmarks/data/engine.json).
+    of the trace, as at trained minima (see the benchmark pages of the docs).
 
     ``exact``: the sum of the diagonal from unit-vector HVPs (one per
     parameter, small models only).

@@ -16,7 +16,7 @@ reported as the value (larger means sharper). Two ways to compute it (``method``
 * ``slq`` (``auto`` above): stochastic Lanczos quadrature
   (`flatcli.engine.linalg.slq`), ``slq_steps`` Lanczos steps per Rademacher start,
   Ritz values below 0 clipped to 0, runs added in rounds until the standard error
-  is at most ``tol`` × |estimate| (at least ``slq_runs``, at most
+  is at most ``tol`` × ``|estimate|`` (at least ``slq_runs``, at most
   ``max_runs`` runs; status ``not_converged`` when the cap stops it or when the
   quadrature error alone exceeds the tolerance: raise ``slq_steps`` then), like
   ``hessian_trace``'s ``tol``. The standard error covers both errors of SLQ: the
@@ -35,8 +35,8 @@ reported as the value (larger means sharper). Two ways to compute it (``method``
   When the quadrature error alone is above the tolerance, runs cannot meet it (status
   ``not_converged``; raise ``slq_steps``): the rounds then stop once the between-run error is a
   third of the quadrature error (`QUAD_SHARE`), where the total standard error is within 5.4% of
-  the quadrature error's (√(1 + 1/9)). Before, they went on to half the tolerance: on the tiny
-  GPT-2 of issue 26 (value 265, tol·value 8, quadrature error 183–188) that took 8 runs with one
+  the quadrature error's (√(1 + 1/9)). Before, they went on to half the tolerance: on a tiny
+  GPT-2 (value 265, tol·value 8, quadrature error 183–188) that took 8 runs with one
   set of probes and 24 with another (200 and 500 HVPs), for a total stderr of 182.7 and 188.1.
   A budget (``max_seconds``, ``max_hvps``, ``runtime.budget``) ends the rounds early: the
   estimate of the runs done, status ``budget``. The value is :math:`\ge 0` and 0 only when

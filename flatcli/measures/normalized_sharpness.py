@@ -54,7 +54,7 @@ with η² = λ^{-1/2} and η′² = λ′ λ^{-1/2} their sum is
     + \frac{(\bar\sigma_i - \beta_i)^2}{\lambda'}\Big] \quad\text{(eq. 17)},
 
 summed over all n trainable parameters (biases and normalization parameters
-included, as the paper's θ ∈ ℝⁿ), and Ξ = ln(1/δ) + n ln|B| + 2 ln|Λ| + ln|Λ′|
+included, as the paper's θ ∈ ℝⁿ), and Ξ = ln(1/δ) + ``n ln|B| + 2 ln|Λ| + ln|Λ′|``
 (eq. 18). Eq. 17 needs :math:`F_i \ge 0` (with :math:`D_i < 0` the minimum is
 −∞): we use :math:`F = \max(D, 0)` as the paper's Sec. 6 says its eq. 31
 applies to these propositions too. Options: ``lambda_prime`` (λ′) and the grid
@@ -78,10 +78,10 @@ where it is (B must not depend on S): NS₀(λ′) equals NS₀ with B shifted b
 −ln c_i, so it changes under node-wise rescaling; ``outside_grid`` counts the
 parameters whose σ* falls outside B, where the grid can no longer follow.
 Its limit NS₁ and FR are unchanged by any such element-wise rescaling
-(|θ_i|√D_i and D_i θ_i² are), but Prop. 4.2's constant Ξ₁ = O(n)·C(ε, δ, |Λ|, M, b, λ)
-depends on the scale through b = max |θ̄_i| and M = max F_i (diagnostics
+(``|θ_i|√D_i`` and D_i θ_i² are), but Prop. 4.2's constant ``Ξ₁ = O(n)·C(ε, δ, |Λ|, M, b, λ)``
+depends on the scale through ``b = max |θ̄_i|`` and M = max F_i (diagnostics
 ``b``, ``M``), and both Ξ and Ξ₁ grow with the number of parameters n (the
-``n_ln_B`` diagnostic is eq. 18's n ln|B|). The node-wise NS of eq. 35 has
+``n_ln_B`` diagnostic is eq. 18's ``n ln|B|``). The node-wise NS of eq. 35 has
 neither a grid nor a per-parameter constant: it is exactly invariant. The
 check-invariance hook therefore claims invariance only for ``form: node``.
 

@@ -2,7 +2,7 @@ r"""The computable terms of Tsuzuku, Sato & Sugiyama's PAC-Bayes bound (ICML 202
 
 Our reading of the OCR'd theorem: for d weight matrices, λ from a finite set Λ
 independent of S, ε ∈ (0, 0.1], R > 0, a loss bounded in [0, 1] and
-max_i |θ̄_i| ≤ b, if every entry of F = max(D, 0) is at most M, there is a
+``max_i |θ̄_i| ≤ b``, if every entry of F = max(D, 0) is at most M, there is a
 Gaussian posterior Q(θ | θ̄) with mean θ̄ and covariance Σ, ‖Σ‖_F = O(λ^{-1/2}),
 such that with probability 1 − δ over S and Q
 
@@ -53,7 +53,7 @@ What is computed (the measure's value is the sum of the terms below):
 
 Left symbolic: Ξ₃/λ: ln(1/δ)/λ and the union-bound costs of choosing the prior's
 scales (γ, η) and λ from finite grids (eq. 34 gives only its order, Õ(hd) times a
-constant in ε, δ, M, b, R and |Λ|, whose exact form is in the paper's Appendix
+constant in ε, δ, M, b, R and ``|Λ|``, whose exact form is in the paper's Appendix
 D.5). The second-order error term E(L_S, Q) of Props. 4.x/6.1 does not appear:
 Thm 6.1 bounds L_D(Q) through the measured L_S(Q).
 

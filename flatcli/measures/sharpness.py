@@ -12,7 +12,7 @@ Which loss each measure uses:
 
 * ``sharpness_worst``: the *m-sharpness* mean over batches B of size
   ``batch_size`` of a partition of the measurement set S (shuffled once with the
-  measure's seed), each batch weighted by |B|/n, of that batch's own worst case.
+  measure's seed), each batch weighted by ``|B|/n``, of that batch's own worst case.
   With ``batch_size ≥ n`` it is the worst case of the full-set loss L.
 * ``sharpness_average``, ``keskar_sharpness``, ``first_order_flatness``: the
   full-set loss L over S.
@@ -113,8 +113,8 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
     Lanczos through the engine's HVPs of the full-set loss at θ (at least 20 and at
     most 60 products, stopped once the top ``k`` Ritz residuals, ℓ∞: ``max(k, MODEL_RANK)``
     for the corner search's model, are at most 1e-2 relative), seeded. ℓ2 uses only the
-    top ``k``: waiting for 10 pairs there cost 60 instead of about 20 products (the tiny GPT-2
-    of issue 26 under ``-m all``). ℓ2: ±ρ·v_i. ℓ∞: ±ρ·s_i with s_i the corner
+    top ``k``: waiting for 10 pairs there cost 60 instead of about 20 products (a tiny GPT-2
+    under ``-m all``). ℓ2: ±ρ·v_i. ℓ∞: ±ρ·s_i with s_i the corner
     `corner_search` reaches from sign(v_i) on the rank-``MODEL_RANK`` Ritz model of
     CHC (no further HVPs)."""
     p, eng = ctx.problem, ctx.engine
@@ -294,7 +294,7 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     ReLU → Linear(3, 2) nets (17 parameters) with cross-entropy, 40 seeds × ρ ∈ {0.05, 0.2},
     it reached the brute-force corner maximum in all 80 cases (428 evaluations on
     average), where the ascents alone reached 56–100% (below 99% in 17 of 80); an
-    independent review (issue 29) found it in 47 of 48 cases at 14–16 parameters, the
+    independent review found it in 47 of 48 cases at 14–16 parameters, the
     48th (a 2→2→3 net, ρ = 0.5) stopping 3.2% below after 140 evaluations. What it
     guarantees: a corner no single flip improves, at least as good as every start's
     corner; for the exact corner maximum set ``corners`` ≥ 2^P. Beyond
@@ -352,7 +352,7 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
 def _worst_result(
     p, opts: WorstOptions, work, outcomes, n_eigen: int, lanczos_hvps: int, stopped: bool
 ) -> MeasureResult:
-    """`sharpness_worst`'s value (the |B|/n-weighted mean of the batches' maxima) and diagnostics
+    """`sharpness_worst`'s value (the ``|B|/n``-weighted mean of the batches' maxima) and diagnostics
     from the batches' outcomes ``(best, winning start, reductions, corner evaluations, mode)``."""
     tally = {
         "wins": {"eigen": 0, "random": 0, "zero": 0, "corner": 0},

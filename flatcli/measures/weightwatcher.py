@@ -26,8 +26,7 @@ Per layer (every ``nn.Linear`` and convolution weight, as WeightWatcher does):
   (bias-corrected MLE over tails of at least 8 points, :math:`x_{\min}` by the KS
   distance). The former fit used Clauset's recipe at every size
   (`fit_power_law`, which equals the ``powerlaw`` package): on a 10-eigenvalue
-  layer (any 10-class head) it gave α = 5.17 where WeightWatcher gives 2.04 (issue 20's
-  layer), 2.14 vs 1.61 on the 10-eigenvalue layer of tests/measures/test_weightwatcher.py.
+  layer (any 10-class head) it gave α = 5.17 where WeightWatcher gives 2.04, 2.14 vs 1.61 on the 10-eigenvalue layer of tests/measures/test_weightwatcher.py.
 * Layers with fewer than ``min_evals`` eigenvalues (default 8, WeightWatcher
   0.7.7's ``DEFAULT_MIN_EVALS``; its docstring says 10), counted as it counts
   them (all ``min(out, in)`` eigenvalues, times the kernel positions of a

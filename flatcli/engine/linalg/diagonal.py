@@ -51,7 +51,20 @@ def _unit_block_diagonal(
 
 def exact_diagonal(op):
     """The diagonal of H from unit-vector products (P products, ``op.block_size`` at a time; small
-    models only). ``op``: an operator or anything `as_operator` takes."""
+    models only). ``op``: an operator or anything `as_operator` takes.
+
+    Parameters
+    ----------
+    op : CurvatureOperator or Operator
+        The symmetric operator: a `flatcli.engine.operators.CurvatureOperator`, or anything
+        `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P,
+        the device and dtype of the vectors and the vectors per product (``block_size``).
+
+    Returns
+    -------
+    torch.Tensor
+        diag(H), length P.
+    """
     op = as_operator(op)
     return _unit_block_diagonal(
         op.matmat_rows,
@@ -66,7 +79,24 @@ def exact_diagonal(op):
 def hutchinson_diagonal(op, *, samples: int, generator):
     r"""Plain diagonal estimator (Bekas et al. 2007)
     :math:`\mathrm{diag}(H) \approx \frac1m\sum_i z_i \circ H z_i`, Rademacher :math:`z_i`.
-    Probes go ``op.block_size`` at a time. Returns (mean, stderr) as float64 CPU tensors."""
+    Probes go ``op.block_size`` at a time.
+
+    Parameters
+    ----------
+    op : CurvatureOperator or Operator
+        The symmetric operator: a `flatcli.engine.operators.CurvatureOperator`, or anything
+        `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P,
+        the device and dtype of the vectors and the vectors per product (``block_size``).
+    samples : int
+        Rademacher probes.
+    generator : torch.Generator
+        Seeded CPU generator of the probes.
+
+    Returns
+    -------
+    mean, stderr : torch.Tensor
+        The estimate of diag(H) and its per-coordinate standard error (float64, CPU).
+    """
     op = as_operator(op)
     matvec, dim, device, dtype, block = op.matmat_rows, op.dim, op.device, op.dtype, op.block_size
     acc = torch.zeros(dim, dtype=torch.float64, device=device)
@@ -83,14 +113,35 @@ def hutchinson_diagonal(op, *, samples: int, generator):
 
 
 def scaled_diagonal(op, theta: torch.Tensor, *, samples: int, eps: float = 1e-8, generator):
-    r"""The |θ|-scaled diagonal estimator (Tsuzuku et al. 2020, eq. 29 as r → 0):
+    r"""The ``|θ|``-scaled diagonal estimator (Tsuzuku et al. 2020, eq. 29 as r → 0):
 
     .. math:: D \approx \frac1m \sum_i s_i \circ H(|\theta| \circ s_i) \,/\, |\theta|,
 
     with Rademacher ``s_i`` and exact HVPs; ``|θ|`` is replaced by ``|θ| + eps``
     only where θ = 0. Unbiased for diag(H), and it transforms like the true
     diagonal under node rescaling sample by sample. Probes go ``op.block_size`` at a time (vectors on
-    θ's device, in θ's dtype). Returns (mean, stderr)."""
+    θ's device, in θ's dtype).
+
+    Parameters
+    ----------
+    op : CurvatureOperator or Operator
+        The symmetric operator: a `flatcli.engine.operators.CurvatureOperator`, or anything
+        `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P,
+        the device and dtype of the vectors and the vectors per product (``block_size``).
+    theta : torch.Tensor
+        The parameters θ (flat); the probes are on its device, in its dtype.
+    samples : int
+        Rademacher probes.
+    eps : float
+        Replaces ``|θ|`` where θ = 0.
+    generator : torch.Generator
+        Seeded CPU generator of the probes.
+
+    Returns
+    -------
+    mean, stderr : torch.Tensor
+        The estimate of diag(H) and its per-coordinate standard error.
+    """
     op = as_operator(op, theta.numel(), device=theta.device, dtype=theta.dtype)
     matvec, block = op.matmat_rows, op.block_size
     a = theta.detach().abs()
@@ -166,7 +217,26 @@ def remainder_block_gaps(
     The gap is 0 exactly when the remainder block :math:`P_t(H - G)P_t` maps z to 0,
     which for a nonzero block has probability 0. ``hvp``: an operator or anything `as_operator`
     takes (P, device, dtype, block size); probes are multiplied ``hvp.block_size`` at
-    a time (one Hessian and one Gauss-Newton product each)."""
+    a time (one Hessian and one Gauss-Newton product each).
+
+    Parameters
+    ----------
+    hvp : CurvatureOperator or Operator
+        Hessian products.
+    ggnvp : callable
+        Gauss-Newton products ``V (K, P) -> G V``.
+    tensors : dict of str to slice
+        Each tensor's slice of the flat vector.
+    probes : int
+        Gaussian probes per tensor.
+    generator : torch.Generator
+        Seeded CPU generator of the probes.
+
+    Returns
+    -------
+    dict of str to float
+        The largest relative gap per tensor.
+    """
     hvp = as_operator(hvp)
     dim, block, device, dtype = hvp.dim, hvp.block_size, hvp.device, hvp.dtype
     rows = [
@@ -266,6 +336,29 @@ def checked_gauss_newton_diagonal(
     Cost: ``check`` HVPs per tensor, ``probes`` HVPs and GGN products per tensor
     larger than ``check``, the unit vectors of the exact curved tensors, and
     ``samples`` HVPs and GGN products when a residual is estimated.
+
+    Parameters
+    ----------
+    hvp : CurvatureOperator or Operator
+        Hessian products (anything `as_operator` takes).
+    ggnvp : callable
+        Gauss-Newton products ``V (K, P) -> G V``.
+    ggn_diag : torch.Tensor
+        The exact Gauss-Newton diagonal, length P.
+    theta : torch.Tensor
+        The parameters θ (flat).
+    tensors : dict of str to slice
+        Each tensor's slice of the flat vector.
+    rules : DiagonalCheck
+        ``tol``, ``check``, ``probes``, ``max_exact``, ``samples``, ``groups``.
+    generator : torch.Generator
+        Seeded CPU generator of the checks' coordinates and probes.
+
+    Returns
+    -------
+    CheckedDiagonal
+        The diagonal, the curved tensors (exact or ``estimated``), the checks' outcomes and the
+        products spent.
     """
     dim = theta.numel()
     device, dtype = theta.device, theta.dtype

@@ -25,7 +25,7 @@ The wanted Ritz values never get worse at a restart (the new space holds the old
 interlacing), and the cap is raised to ``min_steps`` (and to k + 2 blocks), so the first cycle is a
 plain Krylov space of the certified dimension and the certificate of ``min_steps`` carries over. The
 price is more products for the same residual where the top of the spectrum is not separated
-(docs/benchmarks/data/restart.json). ``steps`` counts products; once restarted, T is no longer tridiagonal, so
+(the benchmark pages of the docs). ``steps`` counts products; once restarted, T is no longer tridiagonal, so
 ``alphas``, ``betas`` and ``first_components`` (SLQ's) are None. Restarting was chosen over
 selective reorthogonalization (Parlett & Scott 1979), which bounds the work, not the basis.
 """
@@ -83,9 +83,21 @@ def certified_min_steps(dim: int, eps: float = 0.25, delta: float = 0.01) -> int
     are shift invariant, so it holds for :math:`H - \lambda_n I`). This returns the smallest k
     making that probability at most ``delta``: with it, "the residual is small" (θ₁ is close to
     *an* eigenvalue) becomes "θ₁ is close to the *largest* one" with probability ≥ 1 − δ over
-    the start, whatever the spectrum. The fixed 20-step floor this replaces certified the same
-    kind of statement at ε = 0.115 for a ResNet-18 (11M parameters) and ε = 0.03 for a 50-parameter
-    model; the default ε = 0.25, δ = 0.01 takes 8 steps at n = 80, 12 at n = 84k and 14 at n = 11M.
+    the start, whatever the spectrum.
+
+    Parameters
+    ----------
+    dim : int
+        The matrix dimension n.
+    eps : float
+        Relative gap ε of the certificate.
+    delta : float
+        Failure probability δ over the start.
+
+    Returns
+    -------
+    int
+        The fewest steps k (8 at n = 80, 12 at n = 84k and 14 at n = 11M with the defaults).
     """
     if dim <= 1:
         return 1
@@ -213,7 +225,24 @@ def host_fit(dim: int, dtype) -> int | None:
 
 def basis_floor(dim: int, k: int, block: int, min_steps: int | None) -> int:
     """The least cap a Lanczos basis takes: the fewest steps (``min_steps``, default
-    `certified_min_steps`), so that the first cycle certifies, and ``k`` + 2 blocks of room."""
+    `certified_min_steps`), so that the first cycle certifies, and ``k`` + 2 blocks of room.
+
+    Parameters
+    ----------
+    dim : int
+        P, the vector length.
+    k : int
+        Wanted eigenpairs.
+    block : int
+        The Krylov block size.
+    min_steps : int, optional
+        The fewest steps (default `certified_min_steps`).
+
+    Returns
+    -------
+    int
+        The least number of basis vectors.
+    """
     return max(certified_min_steps(dim) if min_steps is None else int(min_steps), k + 2 * block)
 
 
@@ -260,18 +289,32 @@ def lanczos(
 
     Parameters
     ----------
-    op : a `flatcli.engine.operators.CurvatureOperator`, or any operator of `as_operator` (a bare
-        ``V (K, P) -> H V`` as ``as_operator(mv, dim)``): it gives P, the device and dtype of the
-        basis, the progress hook and ``max_device_vectors``, the most basis vectors on the device
-        at once (`flatcli.engine.linalg._store`: the basis lives in host memory, pinned on CUDA, and
-        reorthogonalization streams it in chunks; values equal the all-on-device run to rounding;
-        raised to the block size when smaller).
-    k : how many extreme pairs must converge.
-    which : "largest" or "smallest" (algebraic).
-    block : block size of the Krylov space (default ``k``); not the operator's ``block_size``.
-    v0 : start vector(s), shape (P,) or (block, P); default seeded Gaussian.
-    stop : tolerance, fewest and most steps, budget, and the most basis vectors kept
-        (``max_basis``, `basis_limit`; beyond it thick restarts, module docstring) (`KrylovStop`).
+    op : CurvatureOperator or Operator
+        The symmetric operator: a `flatcli.engine.operators.CurvatureOperator`, or anything
+        `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P,
+        the device and dtype of the vectors and the vectors per product (``block_size``).
+        Its ``max_device_vectors`` bounds the basis vectors on the device at once (the rest live in
+        host memory, pinned on CUDA, and reorthogonalization streams them in chunks; the values
+        equal the all-on-device run's to rounding).
+    k : int
+        How many extreme pairs must converge.
+    which : {"largest", "smallest"}
+        Algebraically largest or smallest eigenvalues.
+    block : int, optional
+        Block size of the Krylov space (default ``k``); not the operator's ``block_size``.
+    v0 : torch.Tensor, optional
+        Start vector(s), shape (P,) or (block, P); default seeded Gaussian.
+    generator : torch.Generator, optional
+        Seeds the default start.
+    return_vectors : bool
+        Also return the Ritz vectors.
+    stop : KrylovStop
+        Tolerance, fewest and most steps, budget, the most basis vectors kept (``max_basis``).
+
+    Returns
+    -------
+    LanczosResult
+        Ritz values (and vectors), residuals, steps, products, convergence and restarts.
     """
     if which not in ("largest", "smallest"):
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
@@ -386,11 +429,27 @@ class PrecisionControl:
 def precision_control(
     fast, exact, *, probes: int = 8, generator: torch.Generator
 ) -> PrecisionControl:
-    r"""Compare a fast operator (TF32 products) with its fp32 view on the same Rademacher probes.
+    """Compare a fast operator (TF32 products) with its fp32 view on the same Rademacher probes.
 
     Each probe costs one product with each operator; the difference of the quadratic forms is
     paired, so its mean estimates the bias the fast products put into a trace estimate
-    (independently of the Monte-Carlo noise of the estimate itself)."""
+    (independently of the Monte-Carlo noise of the estimate itself).
+
+    Parameters
+    ----------
+    fast, exact : CurvatureOperator or Operator
+        The fast (TF32 or bf16) operator and its fp32 view.
+    probes : int
+        Paired Rademacher probes.
+    generator : torch.Generator
+        Seeded CPU generator of the probes.
+
+    Returns
+    -------
+    PrecisionControl
+        The mean paired difference of the quadratic forms, its standard error, and the relative
+        difference.
+    """
     Z = rademacher(probes, exact.shape[1], generator, exact.device, exact.dtype)
     qf = rowdot(Z, fast.matmat_rows(Z).to(Z.dtype)).cpu().numpy()
     qe = rowdot(Z, exact.matmat_rows(Z).to(Z.dtype)).cpu().numpy()
@@ -404,7 +463,20 @@ def verify_eigenpair(op, x: torch.Tensor) -> tuple[float, float]:
     r"""(Rayleigh quotient, relative residual) of ``x`` under ``op``, from one product.
 
     :math:`\lambda = x^\top H x / x^\top x` and :math:`\|Hx - \lambda x\| / |\lambda|`: how a
-    Ritz pair found with fast (TF32) products is checked with full-precision ones."""
+    Ritz pair found with fast (TF32) products is checked with full-precision ones.
+
+    Parameters
+    ----------
+    op : CurvatureOperator or Operator
+        The full-precision operator.
+    x : torch.Tensor
+        The Ritz vector, length P.
+
+    Returns
+    -------
+    rayleigh, residual : float
+        The Rayleigh quotient and the relative residual.
+    """
     x = x.to(op.device, op.dtype)
     hx = op.matmat_rows(x).double()
     xd = x.double()

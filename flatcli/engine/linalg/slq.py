@@ -92,7 +92,18 @@ class SLQResult:
 def t_factor(runs: int) -> float:
     """t_{runs−1}(0.975) / 1.96: the between-run standard error times this is the half-width of
     Student's 95% interval over 1.96, so ±2·stderr keeps about its normal coverage with few runs
-    (1.62 at 4 runs, 1.21 at 8, 1.09 at 16)."""
+    (1.62 at 4 runs, 1.21 at 8, 1.09 at 16).
+
+    Parameters
+    ----------
+    runs : int
+        The number of runs.
+
+    Returns
+    -------
+    float
+        The factor.
+    """
     from scipy.special import stdtrit  # imported here: scipy costs ~0.2 s at start-up
 
     return float(stdtrit(runs - 1, 0.975)) / 1.959963984540054 if runs > 1 else math.inf
@@ -104,7 +115,20 @@ def gauss_rule(nodes: np.ndarray, weights: np.ndarray, k: int) -> tuple[np.ndarr
     For an SLQ run's m-point rule this is the rule k < m Lanczos steps of the same start vector
     would have given: the measure's first 2m − 1 moments are the run's, so its first k
     Lanczos coefficients (the leading k × k block of the run's tridiagonal) are too. Computed by
-    Lanczos on diag(t) from the start vector √w, fully reorthogonalized, in float64."""
+    Lanczos on diag(t) from the start vector √w, fully reorthogonalized, in float64.
+
+    Parameters
+    ----------
+    nodes, weights : numpy.ndarray
+        The measure's points t and weights w.
+    k : int
+        Points of the rule.
+
+    Returns
+    -------
+    nodes, weights : numpy.ndarray
+        The k-point rule.
+    """
     t = np.asarray(nodes, dtype=np.float64)
     Q = np.zeros((k, len(t)))
     q = np.sqrt(np.asarray(weights, dtype=np.float64))
@@ -225,7 +249,22 @@ def _lanczos_runs(
 
 def slq_group_size(dim: int, steps: int, runs: int, *, device=None, dtype=torch.float32) -> int:
     """How many SLQ runs can share the device at once: their Lanczos bases
-    (runs × steps × P numbers) must fit in a quarter of free CUDA memory, or 2 GB on CPU."""
+    (runs × steps × P numbers) must fit in a quarter of free CUDA memory, or 2 GB on CPU.
+
+    Parameters
+    ----------
+    dim : int
+        P, the vector length.
+    steps, runs : int
+        Lanczos steps per run and runs wanted.
+    device, dtype : optional
+        Where the bases live.
+
+    Returns
+    -------
+    int
+        Runs per group, between 1 and ``runs``.
+    """
     elt = torch.finfo(dtype).bits // 8
     per_run = max(1, steps * dim * elt)
     dev = torch.device(device) if device is not None else torch.device("cpu")
@@ -260,17 +299,31 @@ def slq(
     `slq_group_size` allows), each step one block product. Probe r is the same
     whatever the grouping, so results do not depend on ``block``.
 
-    ``op``: an operator or anything `as_operator` takes (P, device, dtype from it). Its
-    ``max_device_vectors`` (as in `flatcli.engine.linalg.lanczos.lanczos`): with a bound below
-    ``steps`` each run's basis lives in host memory and is streamed in chunks for its
-    reorthogonalization; the nodes and weights equal the all-on-device run's to rounding.
-    ``budget`` (a `Budget`): checked before each group of runs; a group is cut to the runs whose
-    ``steps`` products the budget still allows, and when it is spent the runs done so far are the
-    result (``stopped_by_budget``; the first group always runs, so there is a value, but under a time
-    cap its runs end at the step where the time is up: fewer quadrature nodes).
-    ``starts`` (R, P): the runs' start vectors instead of ``runs`` Rademacher draws from
-    ``generator`` (for a caller that continues one stream of probes over several calls: the
-    measures' shared SLQ runs); ``runs`` is then R.
+    Parameters
+    ----------
+    op : CurvatureOperator or Operator
+        An operator or anything `as_operator` takes (P, device, dtype from it). With
+        ``max_device_vectors`` below ``steps`` each run's basis lives in host memory and is streamed
+        in chunks; the nodes and weights equal the all-on-device run's to rounding.
+    runs : int
+        Rademacher starts (ignored when ``starts`` is given).
+    steps : int
+        Lanczos steps per run.
+    generator : torch.Generator, optional
+        Seeded CPU generator of the starts.
+    block : int, optional
+        Runs in lockstep (default `slq_group_size`).
+    budget : Budget, optional
+        Checked before each group of runs; a group is cut to the runs whose ``steps`` products it
+        still allows; the first group always runs (under a time cap its runs may end early).
+    starts : torch.Tensor, optional
+        (R, P) start vectors instead of ``runs`` draws (a caller continuing one stream of probes).
+
+    Returns
+    -------
+    SLQResult
+        Nodes and weights per run, from which ``Tr f(H)`` estimates follow, with the products and
+        ``stopped_by_budget``.
     """
     op = as_operator(op)
     matvec, dim, device, dtype = op.matmat_rows, op.dim, op.device, op.dtype

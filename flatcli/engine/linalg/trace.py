@@ -71,8 +71,8 @@ class TraceResult:
 
 def _block_forms(Z: torch.Tensor, HZ: torch.Tensor, blocks) -> torch.Tensor:
     """The parts :math:`z_b^\top (Hz)_b` of each row's :math:`z^\top Hz` over the blocks, (K, B)
-    float64, each by `rowdot` (on CPU a float64 sum of the elementwise product costs 2 s for 16
-    ResNet-18 probes, the batched dots a tenth of that)."""
+    float64, each by `rowdot` (batched dots: on CPU about a tenth of a float64 sum of the
+    elementwise product)."""
     return torch.stack([rowdot(Z[:, b], HZ[:, b]) for b in blocks], 1)
 
 
@@ -81,16 +81,16 @@ class NearZeroFloor:
 
     ``stderr ≤ tol·|estimate|`` cannot be met when the trace is near 0 (an indefinite Hessian
     whose positive and negative curvature cancel): the estimator would walk to ``max_probes``.
-    The floor is ``stderr ≤ tol·T`` with :math:`T pprox \mathrm{Tr}|H| = \sum_i |\lambda_i|`,
+    The floor is ``stderr ≤ tol·T`` with :math:`T \approx \mathrm{Tr}|H| = \sum_i |\lambda_i|`,
     the size the trace would have if all curvature had one sign: the trace is then known to
     ``tol`` of the curvature's total magnitude. For a positive semi-definite H,
     :math:`\mathrm{Tr}|H| = \mathrm{Tr}\,H`, so the floor is the relative tolerance itself and
     changes nothing.
 
     When it applies: T is estimated once, only when the relative test fails and either the
-    trace is not distinguishable from 0 (:math:`|	ext{estimate}| < 2\,	ext{stderr}`) or the
+    trace is not distinguishable from 0 (:math:`|\text{estimate}| < 2\,\text{stderr}`) or the
     relative test cannot be met within ``max_probes`` (at the spread seen so far it needs
-    :math:`m\,(	ext{stderr}/(\mathrm{tol}\,|	ext{estimate}|))^2` samples, more than the cap
+    :math:`m\,(\text{stderr}/(\mathrm{tol}\,|\text{estimate}|))^2` samples, more than the cap
     leaves), by stochastic Lanczos quadrature of :math:`f(t) = |t|` (`NEAR_ZERO_RUNS` = 4
     Rademacher starts × `NEAR_ZERO_STEPS` = 10 steps, 40 products, seeded from the estimator's
     generator's seed so the probes that follow are unchanged), or read from ``stop.abs_trace``
@@ -98,9 +98,9 @@ class NearZeroFloor:
     trace is near 0 at the spectrum's scale: indistinguishable from 0, or at most half of T
     (:math:`\mathrm{Tr}|H| \ge 2|\mathrm{Tr}\,H|`: at least a third of the curvature's magnitude
     cancels); it uses ``max(T, |estimate|)``. A trace that is not near 0 (T about
-    :math:`|	ext{estimate}|`, as for a PSD Hessian) keeps the relative test and walks to
-    ``max_probes`` as before. Example (the tiny GPT-2 of issue 26, random weights): trace 38 of
-    :math:`\mathrm{Tr}|H| pprox 1{,}550` (2.5%), 1% of 38 would need about 7,100 probes.
+    :math:`|\text{estimate}|`, as for a PSD Hessian) keeps the relative test and walks to
+    ``max_probes``. Example (a tiny GPT-2 with random weights): trace 38 of
+    :math:`\mathrm{Tr}|H| \approx 1{,}550` (2.5%), 1% of 38 would need about 7,100 probes.
 
     Cost of reaching it: Hutchinson's variance per probe is :math:`2\|H\|_F^2` minus the diagonal
     part, so about :math:`2\|H\|_F^2 / (\mathrm{tol}\cdot\mathrm{Tr}|H|)^2 = 2 / (\mathrm{tol}^2\,
@@ -195,6 +195,25 @@ def hutchinson(
     :math:`\mathbb{E}[z_b^\top (Hz)_b] = \sum_{j \in b} H_{jj}`), and the parts of
     every probe sum exactly to its :math:`z^\top Hz`; see
     `TraceResult.block_estimates`. Stopping looks at the total only.
+
+    Parameters
+    ----------
+    op : CurvatureOperator or Operator
+        The symmetric operator: a `flatcli.engine.operators.CurvatureOperator`, or anything
+        `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P,
+        the device and dtype of the vectors and the vectors per product (``block_size``).
+    stop : ProbeStop
+        ``tol``, ``min_probes``, ``max_probes``, the `Budget` and the near-zero floor.
+    generator : torch.Generator
+        Seeded CPU generator of the probes.
+    blocks : list of slice, optional
+        Slices partitioning the coordinates (e.g. parameter tensors) whose traces are estimated from
+        the same probes.
+
+    Returns
+    -------
+    TraceResult
+        The estimate, its standard error, the probes, convergence flags and the block estimates.
     """
     op = as_operator(op)
     matvec, dim, device, dtype, report, block = (
@@ -299,9 +318,7 @@ def hutchpp(
     sketch (``k`` more products for :math:`HQ_{new}`), the residual samples are
     restarted for the new :math:`P`, and ``k`` doubles up to ``block``. Growth
     stops at a third of ``max_probes``. Stopping needs at least 16 residual
-    samples (2 with a fixed budget) and ``min_probes`` products in total. On the
-    MLP of docs/benchmarks/data/engine.json this reaches 1% stderr with 58 products where a
-    fixed sketch of 5 needs 330-394.
+    samples (2 with a fixed budget) and ``min_probes`` products in total.
 
     ``blocks`` (slices partitioning the coordinates): block traces from the same
     products, :math:`\mathrm{Tr}(H_{bb}) = \mathrm{Tr}_b(QQ^\top H) + \mathrm{Tr}_b(PH)`
@@ -311,9 +328,18 @@ def hutchpp(
     :math:`\mathrm{Tr}_b(PH)` since :math:`\mathbb{E}[Pg\,g^\top P] = P`), which sum
     exactly to each sample; see `TraceResult.block_estimates`.
 
-    The operator's ``max_device_vectors`` (as in `flatcli.engine.linalg.lanczos.lanczos`): the sketch's basis Q
-    lives in host memory with at most that many of its vectors on the device at once (projections
-    stream it in chunks); estimates equal the all-on-device run's to rounding.
+    Parameters
+    ----------
+    op, stop, generator, blocks
+        As in `hutchinson`; the operator's ``max_device_vectors`` bounds the sketch vectors on
+        the device (the rest stream from host memory; the same estimates to rounding).
+    sketch : int, optional
+        A fixed sketch size (Alg. 1's split); default: grown while it pays.
+
+    Returns
+    -------
+    TraceResult
+        As `hutchinson`'s, with the final ``sketch`` size.
     """
     op = as_operator(op)
     matvec, dim, device, dtype, report, block = (

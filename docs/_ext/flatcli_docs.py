@@ -1,0 +1,438 @@
+"""Pages of the flatcli docs generated at build time: the measure reference (from the registry),
+the benchmark pages (from ``docs/benchmarks/data/*.json``) and the command-line reference (from the Typer app).
+
+The renderers are plain functions of plain data (no Sphinx import at module level), so the tests
+run them without Sphinx: ``render_benchmark(data)`` returns a MyST page for one benchmark file,
+``measure_page(info)`` an reStructuredText page for one registry entry. `setup` writes the pages
+into the source tree when a build starts (``docs/measures/``,
+``docs/benchmarks/generated/``; both git-ignored).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+DOCS = Path(__file__).resolve().parents[1]
+MACHINE_KEYS = ("cpu", "cores", "memory_gb", "torch", "python")
+TOP_KEYS = ("benchmark", "title", "command", "machine", "commit", "date", "tables")
+
+
+# ---------------------------------------------------------------- benchmarks (JSON -> MyST)
+
+
+def validate_benchmark(data: Any, source: str = "benchmark") -> None:
+    """Raise ValueError naming the first key of ``data`` that does not fit the schema."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: the top level must be an object")
+    for key in TOP_KEYS:
+        if key not in data:
+            raise ValueError(f"{source}: missing key '{key}'")
+    for key in ("benchmark", "title", "command", "commit", "date"):
+        if not isinstance(data[key], str):
+            raise ValueError(f"{source}: '{key}' must be a string")
+    if not isinstance(data["machine"], dict):
+        raise ValueError(f"{source}: 'machine' must be an object")
+    for key in MACHINE_KEYS:
+        if key not in data["machine"]:
+            raise ValueError(f"{source}: missing key 'machine.{key}'")
+    if not isinstance(data["tables"], list):
+        raise ValueError(f"{source}: 'tables' must be a list")
+    for i, table in enumerate(data["tables"]):
+        _validate_table(table, f"{source}: tables[{i}]")
+
+
+def _validate_table(table: Any, where: str) -> None:
+    for key in ("title", "columns", "rows"):
+        if key not in table:
+            raise ValueError(f"{where}: missing key '{key}'")
+    width = len(table["columns"])
+    for j, row in enumerate(table["rows"]):
+        if len(row) != width:
+            raise ValueError(f"{where}.rows[{j}] has {len(row)} cells, the table {width} columns")
+
+
+def _cell(value: Any) -> str:
+    """A table cell in Markdown: numbers to 4 significant digits, None as a dash, pipes escaped."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(columns: list, rows: list) -> list[str]:
+    lines = ["| " + " | ".join(_cell(c) for c in columns) + " |"]
+    lines.append("|" + "|".join(" --- " for _ in columns) + "|")
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def plot_columns(table: dict) -> tuple[int, list[int]] | None:
+    """(x column, y columns) when a table can be drawn as lines: a numeric first column with at
+    least 3 distinct values, and the other columns that are numeric in every row; else None."""
+    rows = table["rows"]
+    if len(rows) < 3 or not all(_is_number(r[0]) for r in rows):
+        return None
+    if len({r[0] for r in rows}) < 3:
+        return None
+    ys = [j for j in range(1, len(table["columns"])) if all(_is_number(r[j]) for r in rows)]
+    return (0, ys) if ys else None
+
+
+def plot_table(table: dict, path: Path) -> bool:
+    """Draw a table's numeric columns against its first (`plot_columns`) into ``path`` (PNG);
+    False when the table has none or matplotlib is not installed."""
+    cols = plot_columns(table)
+    if cols is None:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    x, ys = cols
+    rows = sorted(table["rows"], key=lambda r: r[x])
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for j in ys:
+        ax.plot(
+            [r[x] for r in rows], [r[j] for r in rows], marker="o", label=str(table["columns"][j])
+        )
+    ax.set_xlabel(str(table["columns"][x]))
+    ax.set_title(str(table["title"]))
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def render_benchmark(
+    data: dict, source: str = "benchmark", plots: dict[int, str] | None = None
+) -> str:
+    """One benchmark's MyST page: title, command, machine, provenance and every table (with the
+    figure ``plots[i]``, a path relative to the page, under table i)."""
+    validate_benchmark(data, source)
+    m = data["machine"]
+    name = data["benchmark"]
+    out = [f"(bench-{name})=", f"# {data['title']}", ""]
+    out += ["Reproduce with:", "", "```bash", data["command"], "```", ""]
+    machine = [
+        ("CPU", f"{m['cpu']} ({m['cores']} cores)"),
+        ("memory", f"{m['memory_gb']} GB"),
+        ("GPU", m.get("gpu") or "none"),
+        ("torch", m["torch"]),
+        ("Python", m["python"]),
+        ("commit", f"`{data['commit']}`"),
+        ("date", data["date"]),
+    ]
+    out += _md_table(["machine", ""], machine) + [""]
+    for i, table in enumerate(data["tables"]):
+        out += [f"## {table['title']}", ""]
+        out += _md_table(table["columns"], table["rows"]) + [""]
+        if plots and i in plots:
+            out += [f"![{table['title']}]({plots[i]})", ""]
+        if table.get("note"):
+            out += [str(table["note"]), ""]
+    return "\n".join(out)
+
+
+def render_benchmarks_index(entries: list[tuple[str, dict]]) -> str:
+    """The benchmarks index: one line per (page name, data), in name order."""
+    out = ["# Benchmarks", ""]
+    out += [
+        "Each page is rendered from one JSON file in `docs/benchmarks/data/`, written by the "
+        "benchmark script named on the page (with the machine, the commit and the date the "
+        "figures come from). Timings depend on the machine and its load: compare rows within "
+        "one page, not across pages.",
+        "",
+    ]
+    if not entries:
+        out += ["No benchmark data yet.", ""]
+        return "\n".join(out)
+    out += ["```{toctree}", ":maxdepth: 1", ""]
+    out += [f"{page}" for page, _ in sorted(entries)]
+    out += ["```", ""]
+    return "\n".join(out)
+
+
+def write_benchmark_pages(data_dir: Path, out_dir: Path) -> list[str]:
+    """Render every ``data_dir/*.json`` to ``out_dir/<stem>.md`` plus ``out_dir/index.md``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob("*.md"):
+        old.unlink()
+    entries = []
+    for path in sorted(Path(data_dir).glob("*.json")) if Path(data_dir).is_dir() else []:
+        data = json.loads(path.read_text())
+        validate_benchmark(data, path.name)
+        plots = {
+            i: f"plots/{path.stem}_{i}.png"
+            for i, table in enumerate(data["tables"])
+            if plot_table(table, out_dir / "plots" / f"{path.stem}_{i}.png")
+        }
+        _write(out_dir / f"{path.stem}.md", render_benchmark(data, path.name, plots))
+        entries.append((path.stem, data))
+    _write(out_dir / "index.md", render_benchmarks_index(entries))
+    return [page for page, _ in entries]
+
+
+# ---------------------------------------------------------------- measures (registry -> reST)
+
+
+def rst_escape(text: str) -> str:
+    """Plain text made literal in reStructuredText (backslash before every markup character)."""
+    for ch in "\\`*_|[]":
+        text = text.replace(ch, "\\" + ch)
+    return text
+
+
+def strip_options_section(doc: str) -> str:
+    """A measure's docstring without its "Parameters (options)" section: the page's options
+    table, generated from the options dataclass, says the same."""
+    lines = doc.splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if line.strip() == "Parameters (options)" and set(lines[i + 1].strip()) == {"-"}:
+            end = i + 2
+            while end < len(lines) and lines[end].strip():
+                end += 1
+            return "\n".join(lines[:i] + lines[end + 1 :])
+    return doc
+
+
+def _heading(text: str, ch: str) -> list[str]:
+    return [text, ch * len(text), ""]
+
+
+def _defaults(info):
+    from flatcli.validation import parse_options
+
+    return parse_options(info.options, {}, info.name)
+
+
+def _flag(value, info, yes: str, no: str) -> str:
+    if callable(value):
+        doc = inspect.getdoc(value)
+        try:
+            verdict = value(_defaults(info))
+        except Exception:  # a hook that needs more than the defaults
+            verdict = None
+        if verdict is True:
+            base = f"{yes} with the default options; depends on the options"
+        elif verdict is None:
+            base = "depends on the options"
+        else:
+            base = f"{no} with the default options ({verdict})" if isinstance(verdict, str) else no
+            base += "; depends on the options"
+        return base + (f" ({doc})" if doc and "lambda" not in doc else "")
+    return yes if value else no
+
+
+def _options_section(info) -> list[str]:
+    from flatcli.validation import option_fields
+
+    lines = _heading("Options", "-")
+    fields = option_fields(info.options)
+    if not fields:
+        return lines + ["No options of its own.", ""]
+    lines += [".. list-table::", "   :header-rows: 1", "   :widths: 18 12 25 45", ""]
+    lines += ["   * - option", "     - default", "     - allowed", "     - meaning"]
+    for f in fields:
+        lines += [f"   * - ``{f.name}``", f"     - ``{f.default!r}``"]
+        lines += [f"     - {rst_escape(f.metadata['check'].describe())}"]
+        lines += [f"     - {rst_escape(f.metadata.get('help', '')) or '–'}"]
+    return lines + [""]
+
+
+def measure_page(info) -> str:
+    """The reference page (reStructuredText) of one registry entry (`flatcli.measures.MeasureInfo`)."""
+    module = sys.modules.get(info.fn.__module__)
+    lines = [f".. _measure-{info.name}:", ""]
+    lines += _heading(info.name, "=")
+    lines += [f".. currentmodule:: {info.fn.__module__}", ""]
+    lines += [rst_escape(info.description), ""]
+    lines += [f"Configure it as ``- {info.name}: {{option: value}}`` under ``measures:``, or"]
+    lines += [
+        f"``flatcli measure -m {info.name}``; ``flatcli measures {info.name}`` prints the same"
+    ]
+    lines += ["options. Larger values mean sharper (a larger predicted generalization gap).", ""]
+    lines += _heading("Definition", "-")
+    doc = strip_options_section(inspect.getdoc(info.fn) or "(no docstring)")
+    lines += [doc, ""]
+    lines += _options_section(info)
+    lines += [
+        "Every measure also takes the common options ``label`` (its column name), ``seed``, "
+        "``max_seconds`` and ``max_hvps`` (see :doc:`/guide/budgets`).",
+        "",
+    ]
+    lines += _heading("Cost", "-")
+    lines += [rst_escape(info.cost or "not declared"), ""]
+    stops = _flag(info.stops_early, info, "yes", "no")
+    lines += [f"Stops early at a cap with its estimate so far: {rst_escape(stops)}.", ""]
+    lines += _heading("Applicability", "-")
+    app = []
+    if info.needs_init:
+        app.append("Needs ``init_checkpoint`` (in the config or a manifest column).")
+    if info.applicable is not None:
+        app.append(
+            "Checked before any product: a model, loss or parameter selection it does not fit "
+            "gives status ``not_applicable`` with the reason (``--dry-run`` prints it)."
+        )
+    else:
+        app.append("No check before running; the measure itself may end ``not_applicable``.")
+    lines += [" ".join(app), ""]
+    lines += _heading("Invariance", "-")
+    inv = _flag(info.invariant, info, "claims invariance", "claims no invariance")
+    lines += [
+        f"Function-preserving node-wise rescaling: {rst_escape(inv)}. "
+        "``flatcli check-invariance`` tests the claim on your network "
+        "(:doc:`/invariance`).",
+        "",
+    ]
+    if info.invariance_options:
+        opts = ", ".join(f"``{k}: {v!r}``" for k, v in info.invariance_options.items())
+        lines += [f"The check turns on {opts} unless you set them.", ""]
+    lines += _heading("Stochastic", "-")
+    lines += [
+        "Yes: seeded from ``runtime.seed`` or its own ``seed``, with a standard error where the "
+        "estimator gives one."
+        if info.stochastic
+        else "No: deterministic given the checkpoint and the measurement set.",
+        "",
+    ]
+    lines += _heading("References", "-")
+    lines += [rst_escape(info.reference or "–"), ""]
+    if module is not None and module.__doc__:
+        lines += _heading("About its family", "-")
+        lines += [f"From ``{module.__name__}``:", "", inspect.cleandoc(module.__doc__), ""]
+    return "\n".join(lines)
+
+
+def measures_index(infos) -> str:
+    """The measure reference's index page (reST): a table and a toctree of every measure."""
+    lines = [".. _measure-reference:", ""]
+    lines += _heading("Measure reference", "=")
+    lines += [
+        "One page per measure, generated from the registry (``flatcli.measures``): what "
+        "``flatcli measures`` lists. Every value is oriented so that larger means sharper.",
+        "",
+        ".. list-table::",
+        "   :header-rows: 1",
+        "   :widths: 25 75",
+        "",
+        "   * - measure",
+        "     - what it is",
+    ]
+    for info in infos:
+        lines += [f"   * - :ref:`{info.name} <measure-{info.name}>`"]
+        lines += [f"     - {rst_escape(info.description)}"]
+    lines += ["", ".. toctree::", "   :hidden:", ""]
+    lines += [f"   {info.name}" for info in infos]
+    return "\n".join(lines) + "\n"
+
+
+def write_measure_pages(out_dir: Path) -> list[str]:
+    """One page per registered measure in ``out_dir`` plus its ``index.rst``; the names."""
+    from flatcli.measures import list_measures
+
+    infos = list_measures()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob("*.rst"):
+        old.unlink()
+    for info in infos:
+        _write(out_dir / f"{info.name}.rst", measure_page(info))
+    _write(out_dir / "index.rst", measures_index(infos))
+    return [info.name for info in infos]
+
+
+def _write(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:  # unchanged pages keep their mtime
+        path.write_text(text)
+
+
+# ---------------------------------------------------------------- CLI (Typer app -> MyST)
+
+
+def _usage(path: str, cmd) -> str:
+    args = []
+    for p in cmd.params:
+        if p.param_type_name == "argument":
+            name = p.name.upper()
+            args.append(f"[{name}]..." if p.nargs == -1 else name if p.required else f"[{name}]")
+    sub = " COMMAND [ARGS]..." if hasattr(cmd, "commands") else ""
+    return " ".join([path, "[OPTIONS]", *args]) + sub
+
+
+def _default(p) -> str:
+    d = p.default
+    if d is None or callable(d) or (getattr(p, "is_flag", False) and not d) or d == ():
+        return ""
+    return f"`{getattr(d, 'value', d)}`"
+
+
+def cli_reference(cmd, path: str = "flatcli", level: int = 2) -> str:
+    """The reference (MyST) of a Typer/click command and its sub-commands, from their parameters:
+    usage, help text, and every argument and option with its help and default."""
+    out = [f"{'#' * level} `{path}`", ""]
+    if cmd.help:
+        out += [inspect.cleandoc(cmd.help), ""]
+    out += ["```text", _usage(path, cmd), "```", ""]
+    rows = []
+    for p in cmd.params:
+        if getattr(p, "hidden", False) or p.name == "help":
+            continue
+        if p.param_type_name == "argument":
+            name = f"`{p.name.upper()}`"
+        else:
+            name = ", ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts])
+        helptext = " ".join((getattr(p, "help", None) or "").split())
+        rows.append([name, helptext.replace("|", "\\|") or "–", _default(p)])
+    if rows:
+        out += ["| argument / option | meaning | default |", "| --- | --- | --- |"]
+        out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+        out += [""]
+    for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+        if not getattr(sub, "hidden", False):
+            out += [cli_reference(sub, f"{path} {name}", min(level + 1, 4))]
+    return "\n".join(out)
+
+
+def write_cli_reference(out: Path) -> None:
+    """The whole command line's reference as one MyST file (included by ``guide/cli.md``)."""
+    import typer
+
+    from flatcli.cli import app
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _write(out, cli_reference(typer.main.get_command(app)) + "\n")
+
+
+# ---------------------------------------------------------------- Sphinx
+
+
+def _generate(app) -> None:
+    write_measure_pages(DOCS / "measures")
+    write_cli_reference(DOCS / "_generated" / "cli.md")
+    write_benchmark_pages(DOCS / "benchmarks" / "data", DOCS / "benchmarks" / "generated")
+
+
+def setup(app):
+    """Sphinx hook: generate the pages when the builder starts."""
+    app.connect("builder-inited", _generate)
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,64 @@
+"""Sphinx configuration of the flatcli documentation.
+
+Build: ``pip install -e ".[docs]" && sphinx-build -W -b html docs docs/_build/html``.
+
+Sphinx with MyST: the docstrings are reStructuredText (``:math:`` roles, ``.. math::`` blocks),
+which autodoc renders as they are, while the guide pages stay Markdown.
+"""
+
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+sys.path.insert(0, str(DOCS / "_ext"))
+sys.path.insert(0, str(DOCS.parent))
+
+from flatcli._version import __version__  # noqa: E402
+
+project = "flatcli"
+author = "flatcli contributors"
+copyright = "flatcli contributors"
+release = version = __version__
+
+extensions = [
+    "myst_parser",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.mathjax",
+    "sphinx.ext.doctest",
+    "flatcli_docs",
+]
+
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+exclude_patterns = [
+    "_build",
+    "_ext",
+    "_generated",
+    "performance.md",  # its figures are benchmark data now (benchmarks/)
+    "benchmarks/data",
+    "**/README.md",
+]
+
+# `name` in docstrings is a cross-reference where it resolves, plain code otherwise
+default_role = "py:obj"
+myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_mock_imports = []
+autosummary_generate = True
+napoleon_google_docstring = False
+napoleon_numpy_docstring = True
+napoleon_use_rtype = False
+napoleon_use_ivar = True
+
+doctest_global_setup = """
+import flatcli
+"""
+
+html_theme = "furo"
+html_title = f"flatcli {release}"
+html_static_path = []

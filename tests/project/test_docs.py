@@ -1,0 +1,221 @@
+"""The docs site's generated pages: benchmark pages rendered from JSON data, the measure reference
+rendered from the registry, the CLI reference rendered from the Typer app (docs/_ext/flatcli_docs.py).
+The renderers are plain functions, tested without Sphinx; CI builds the site itself with -W."""
+
+import copy
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = Path(__file__).parent / "data" / "bench_fixture.json"
+
+
+def _ext():
+    spec = importlib.util.spec_from_file_location(
+        "flatcli_docs", ROOT / "docs" / "_ext" / "flatcli_docs.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+docs = _ext()
+
+
+def _data():
+    return json.loads(FIXTURE.read_text())
+
+
+def test_benchmark_page_has_provenance_tables_and_notes():
+    page = docs.render_benchmark(_data())
+    assert page.splitlines()[1] == "# Fixture: trace against a peer"
+    assert "python benchmarks/bench_fixture.py --tasks mlp" in page
+    for text in (
+        "Test CPU 9000 (2 cores)",
+        "22.5 GB",
+        "2.14.1",
+        "3.11.7",
+        "`0123abc`",
+        "2030-01-02",
+    ):
+        assert text in page, text
+    assert "| GPU | none |" in page  # gpu null
+    assert "## Trace to 1% stderr" in page and "## Second table" in page
+    assert "| task | flatcli s | peer s | ratio | HVPs |" in page
+    # numbers to 4 significant digits, ints with separators, pipes escaped, None and bools
+    assert "| MLP \\| digits | 0.6412 | 33.6 | 0.019 | 42 |" in page
+    assert "| ResNet-18 | 3.85 | 5.18 | 0.74 | 1,479 |" in page
+    assert "| x | – |" in page and "| y | yes |" in page
+    assert "Side by side in one process." in page
+    # every table row renders with as many cells as its header
+    for line in page.splitlines():
+        if line.startswith("| ") and "\\|" not in line:
+            assert line.count(" | ") + 1 in (2, 5), line
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ("benchmark",),
+        ("title",),
+        ("command",),
+        ("machine",),
+        ("commit",),
+        ("date",),
+        ("tables",),
+        ("machine", "cpu"),
+        ("machine", "cores"),
+        ("machine", "memory_gb"),
+        ("machine", "torch"),
+        ("machine", "python"),
+        ("tables", 0, "title"),
+        ("tables", 0, "columns"),
+        ("tables", 1, "rows"),
+    ],
+)
+def test_benchmark_missing_key_is_named(path):
+    data = copy.deepcopy(_data())
+    parent = data
+    for key in path[:-1]:
+        parent = parent[key]
+    del parent[path[-1]]
+    with pytest.raises(ValueError, match=re.escape(str(path[-1]))) as err:
+        docs.render_benchmark(data, source="x.json")
+    assert str(err.value).startswith("x.json")
+
+
+def test_benchmark_optional_gpu_and_row_width():
+    data = _data()
+    del data["machine"]["gpu"]
+    data["tables"][0].pop("note")
+    page = docs.render_benchmark(data)
+    assert "| GPU | none |" in page and "Side by side" not in page
+    data["machine"]["gpu"] = "NVIDIA H100"
+    assert "| GPU | NVIDIA H100 |" in docs.render_benchmark(data)
+    data["tables"][1]["rows"].append(["only one cell"])
+    with pytest.raises(ValueError, match=r"tables\[1\]\.rows\[2\] has 1 cells, the table 2"):
+        docs.render_benchmark(data)
+
+
+def test_benchmark_pages_and_index(tmp_path):
+    data_dir, out = tmp_path / "data", tmp_path / "out"
+    assert docs.write_benchmark_pages(data_dir, out) == []  # no data folder yet
+    assert "No benchmark data yet." in (out / "index.md").read_text()
+    data_dir.mkdir()
+    (data_dir / "b_second.json").write_text(FIXTURE.read_text())
+    other = _data()
+    other["title"] = "Another"
+    (data_dir / "a_first.json").write_text(json.dumps(other))
+    assert docs.write_benchmark_pages(data_dir, out) == ["a_first", "b_second"]
+    index = (out / "index.md").read_text()
+    toc = index[index.index("```{toctree}") :]
+    assert toc.index("a_first") < toc.index("b_second")
+    assert "No benchmark data yet." not in index
+    assert (out / "b_second.md").read_text() == docs.render_benchmark(_data(), "b_second.json")
+    (data_dir / "a_first.json").unlink()  # a removed data file loses its page
+    docs.write_benchmark_pages(data_dir, out)
+    assert not (out / "a_first.md").exists()
+
+
+def test_measure_reference_covers_the_registry(tmp_path):
+    from flatcli.measures import list_measures
+    from flatcli.validation import option_fields
+
+    names = docs.write_measure_pages(tmp_path)
+    infos = list_measures()
+    assert names == [m.name for m in infos]
+    assert sorted(p.stem for p in tmp_path.glob("*.rst")) == sorted([*names, "index"])
+    index = (tmp_path / "index.rst").read_text()
+    for info in infos:
+        page = (tmp_path / f"{info.name}.rst").read_text()
+        assert f":ref:`{info.name} <measure-{info.name}>`" in index
+        assert f"   {info.name}\n" in index  # in the toctree
+        for section in (
+            "Definition",
+            "Options",
+            "Cost",
+            "Applicability",
+            "Invariance",
+            "References",
+        ):
+            assert f"\n{section}\n{'-' * len(section)}\n" in page, (info.name, section)
+        for f in option_fields(info.options):
+            assert f"``{f.name}``" in page and f"``{f.default!r}``" in page, (info.name, f.name)
+        assert docs.rst_escape(info.reference) in page
+        assert "Parameters (options)" not in page  # the options table replaces it
+
+
+def test_measure_page_flags():
+    from flatcli.measures import get_measure
+
+    trace = docs.measure_page(get_measure("hessian_trace"))
+    assert "Stops early at a cap with its estimate so far: yes" in trace
+    assert "claims no invariance" in trace and "Yes: seeded" in trace
+    dist = docs.measure_page(get_measure("distance_from_init"))
+    assert "Needs ``init_checkpoint``" in dist
+    assert "No: deterministic" in dist
+    ns = docs.measure_page(get_measure("normalized_sharpness"))
+    assert "Function-preserving node-wise rescaling: claims invariance" in ns
+
+
+def test_rst_escape_makes_markup_literal():
+    text = "|B|/n, *x*, `y`, a_ b_, [1]_"
+    escaped = docs.rst_escape(text)
+    assert re.sub(r"\\(.)", r"\1", escaped) == text
+    assert all(escaped[i - 1] == "\\" for i, c in enumerate(escaped) if c in "|*`_[]")
+
+
+def test_cli_reference_lists_every_command(tmp_path):
+    import typer
+
+    from flatcli.cli import app
+
+    root = typer.main.get_command(app)
+    out = tmp_path / "cli.md"
+    docs.write_cli_reference(out)
+    text = out.read_text()
+
+    def walk(cmd, path):
+        for name, sub in cmd.commands.items() if hasattr(cmd, "commands") else []:
+            if not sub.hidden:
+                yield f"{path} {name}", sub
+                yield from walk(sub, f"{path} {name}")
+
+    commands = list(walk(root, "flatcli"))
+    assert {"flatcli measure", "flatcli landscape slice", "flatcli config show"} <= {
+        p for p, _ in commands
+    }
+    for path, cmd in commands:
+        assert f"`{path}`" in text, path
+        for p in cmd.params:
+            if p.param_type_name == "option" and not p.hidden and p.name != "help":
+                assert f"`{p.opts[0]}`" in text, (path, p.opts)
+    assert "sweep-worker" not in text  # hidden
+
+
+def test_benchmark_plots_from_numeric_tables(tmp_path):
+    table = {"title": "t", "columns": ["size", "s", "name", "GB"], "rows": []}
+    table["rows"] = [[2, 1.0, "a", 0.5], [10, 3.5, "b", 1.5], [30, 9.0, "c", None]]
+    assert docs.plot_columns(table) == (0, [1])  # "name" text, "GB" has a None
+    assert docs.plot_columns({**table, "rows": table["rows"][:2]}) is None  # too few points
+    two = {"title": "u", "columns": ["a", "b"]}
+    assert docs.plot_columns({**two, "rows": [["x", 1], ["y", 2], ["z", 3]]}) is None
+    assert docs.plot_columns({**two, "rows": [[1, 1.0], [1, 2.0], [2, 3.0]]}) is None
+    assert docs.plot_columns({**two, "rows": [[1, True], [2, False], [3, True]]}) is None
+    assert docs.plot_columns({**two, "rows": [[1, 1.0], [2, 2.0], [3, float("nan")]]}) is None
+    pytest.importorskip("matplotlib")
+    data = _data()
+    data["tables"].append(table)
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "sizes.json").write_text(json.dumps(data))
+    docs.write_benchmark_pages(data_dir, tmp_path / "out")
+    page = (tmp_path / "out" / "sizes.md").read_text()
+    png = tmp_path / "out" / "plots" / "sizes_2.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![t](plots/sizes_2.png)" in page
+    assert page.count("![") == 1  # the fixture's tables have no numeric first column
