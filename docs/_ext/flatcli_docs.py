@@ -131,7 +131,7 @@ def render_benchmark(
     figure ``plots[i]``, a path relative to the page, under table i)."""
     validate_benchmark(data, source)
     m = data["machine"]
-    name = data["benchmark"]
+    name = Path(source).stem  # one page per data file (a benchmark may write several)
     out = [f"(bench-{name})=", f"# {data['title']}", ""]
     out += ["Reproduce with:", "", "```bash", data["command"], "```", ""]
     machine = [
