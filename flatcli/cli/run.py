@@ -149,6 +149,9 @@ def measure(
             plots=plots,
             resume=resume,
             on_measure=shown.measure,
+            on_note=lambda line: err_console.print(
+                line, highlight=False, soft_wrap=True, markup=False
+            ),
         )
     finally:
         shown.stop()
@@ -545,9 +548,22 @@ def collect(
             f"note: {rep.stale} unit files of an earlier plan were ignored", highlight=False
         )
     for p in rep.unreadable:
+        why = rep.reasons.get(p)
         err_console.print(
-            f"[yellow]warning:[/yellow] unreadable unit file {p} (ignored)", highlight=False
+            f"warning: unreadable unit file {p}{f' ({why})' if why else ''}; "
+            "ignored (a sweep recomputes it)",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
         )
+    for p, why in rep.reasons.items():
+        if p not in rep.unreadable:  # plan.json
+            err_console.print(
+                f"warning: {why}; units grouped without it",
+                highlight=False,
+                soft_wrap=True,
+                markup=False,
+            )
     for c, lab in rep.missing[:10]:
         err_console.print(f"not finished: {c} {lab}", highlight=False)
     raise typer.Exit(rep.exit_code)

@@ -167,6 +167,9 @@ class MeasureInfo:
         its iterative estimator checks `flatcli.engine.linalg.Budget` between blocks; a bool or a
         function of the parsed options. A measure that cannot stop early is started under a cap
         only when its predicted seconds fit (`flatcli.pipeline`); ``--dry-run`` says which.
+    revision: raise it when the measure's values change (a fix, a new default, another
+        estimator): it is part of every result's key (`flatcli.keys`), so stored results of this
+        measure are recomputed and those of the others are kept.
     """
 
     name: str
@@ -184,6 +187,7 @@ class MeasureInfo:
     estimate: Estimate | None = None
     applicable: Callable[[Any, Any], str | None] | None = None
     stops_early: bool | Callable[[Any], bool] = False
+    revision: int = 1
 
     @property
     def may_claim_invariance(self) -> bool:
@@ -224,6 +228,7 @@ def register(
     estimate: Estimate | None = None,
     applicable: Callable[[Any, Any], str | None] | None = None,
     stops_early: bool | Callable[[Any], bool] = False,
+    revision: int = 1,
 ):
     """Decorator registering a measure under ``name`` with its metadata (see `MeasureInfo`)."""
 
@@ -246,6 +251,7 @@ def register(
             estimate=estimate,
             applicable=applicable,
             stops_early=stops_early,
+            revision=revision,
         )
         return fn
 
