@@ -94,7 +94,7 @@ def measure(
         bool,
         typer.Option(
             "--resume",
-            help="Reuse the finished measures of OUTDIR/results.json (same checkpoint file, config and measure options); compute the rest.",
+            help="Reuse the finished measures of OUTDIR/results.json whose key matches (checkpoint and data file contents, configuration, measure options and revision); compute the rest and say why.",
         ),
     ] = False,
     threads: ThreadsOpt = None,
@@ -550,8 +550,7 @@ def collect(
     for p in rep.unreadable:
         why = rep.reasons.get(p)
         err_console.print(
-            f"warning: unreadable unit file {p}{f' ({why})' if why else ''}; "
-            "ignored (a sweep recomputes it)",
+            f"warning: unreadable unit file {p}{f' ({why})' if why else ''}; ignored",
             highlight=False,
             soft_wrap=True,
             markup=False,

@@ -86,7 +86,7 @@ def check_unit(rec: Any, uid: str | None = None) -> str | None:
     return why
 
 
-_WARNED: set[tuple[str, str]] = set()
+_WARNED: set[tuple[str, str, str | None]] = set()
 
 
 def _stderr_line(msg: str) -> None:
@@ -201,14 +201,15 @@ class Store:
         try:
             rec = json.loads(text)
         except ValueError:
-            return self._bad(p, "not JSON")
+            return self._bad(p, "not JSON", text)
         why = check_unit(rec, p.stem)
-        return rec if why is None else self._bad(p, why)
+        return rec if why is None else self._bad(p, why, text)
 
-    def _bad(self, p: Path, why: str) -> None:
+    def _bad(self, p: Path, why: str, text: str | None = None) -> None:
         self.problems[str(p)] = why
-        if (str(p), why) not in _WARNED:  # once per file and process, however often it is read
-            _WARNED.add((str(p), why))
+        seen = (str(p), why, text)
+        if seen not in _WARNED:  # once per file content, however often it is read
+            _WARNED.add(seen)
             if self.warn is not None:
                 self.warn(f"warning: unit file {p} is unreadable ({why}); it is recomputed")
         return None

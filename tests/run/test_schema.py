@@ -92,9 +92,12 @@ def test_every_field_of_a_unit_file_of_every_type_is_read_safely(sweep_dir):
     assert refused == {(), *((k,) for k in good)}  # every field refuses some type
 
 
-def test_a_sweep_recomputes_every_unit_file_that_does_not_match(sweep_dir, capsys):
+def test_a_sweep_recomputes_every_unit_file_that_does_not_match(sweep_dir, monkeypatch):
     """One mismatching value per field (the first type the schema refuses): `sweep` warns once,
     naming the file, recomputes the unit, and collect reads the fresh file."""
+    import flatcli.sweep.store as store
+
+    monkeypatch.setattr(store, "_WARNED", set())  # the other tests saw the same contents
     cfg, out = sweep_dir
     (u,) = load_plan(out).units
     path = Store(out).unit_path(u.id)
