@@ -25,6 +25,9 @@ from ..pipeline import (
 from ..results import Row, ensure_writable_dir, write_results, write_results_or_fallback
 from ..settings import RunOptions, Settings
 from ._common import _plan, load_run, takes_run, use_threads
+from .resume import REUSABLE as REUSABLE  # re-exported
+from .resume import measure_keys, plan_resume, stored_key
+from .resume import previous_results as previous_results
 
 
 @dataclass
@@ -72,6 +75,7 @@ def measure(
     plots: bool = False,
     resume: bool = False,
     on_measure: Callable[[Row, str, bool], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> MeasureReport:
     """Measure every checkpoint of a config; write the results when an output folder is given.
 
@@ -107,9 +111,14 @@ def measure(
         ``OUTDIR/plots/<NNN>_<checkpoint stem>_<label>.png``; needs matplotlib and ``outdir``.
         The paths are in ``report.meta["plots"]``.
     resume : bool
-        Reuse the finished measures of ``OUTDIR/results.json`` whose key matches (`measure_keys`:
-        the checkpoint's fingerprint, the resolved measure config, the flatcli version) and whose
-        status is not ``interrupted`` or ``error``; compute the rest.
+        Reuse the finished measures of ``OUTDIR/results.json`` whose key matches (`measure_keys`,
+        `flatcli.keys`: the checkpoint's and data files' fingerprints, the whole resolved
+        configuration but a named list of keys, the measure's revision) and whose status is not
+        ``interrupted`` or ``error``; compute the rest.
+    on_note : callable, optional
+        ``on_note(line)`` gets the line saying how many measures are reused and recomputed and
+        why (also ``report.meta["resume"]``), and that finished results of another configuration
+        were kept as OUTDIR/results.prev.json and .csv before being replaced.
 
     Returns
     -------
@@ -136,7 +145,7 @@ def measure(
     st, world = _join_ranks(Settings.from_config(cfg))
     threads_used = use_threads(cfg)
     if not world.is_main:  # only rank 0 prints and writes; every rank computes
-        on_row = on_start = on_progress = on_measure = None
+        on_row = on_start = on_progress = on_measure = on_note = None
     data = DataCache(cfg, None if out is None else out / TOKENIZED_DIR)
     shared = (
         out  # every rank reads OUTDIR/results.json for --resume: they must reuse the same measures
@@ -154,6 +163,10 @@ def measure(
         "threads": threads_used,
     }
     saver = _Saver(cfg, shared, out is not None, meta, jobs, specs, resume)
+    if saver.resume.note:
+        meta["resume"] = saver.resume.note
+        if on_note:
+            on_note(saver.resume.note)
     t0 = time.perf_counter()
     rows = _measure_all(
         cfg, specs, data, st, saver, debug, on_start, on_row, on_progress, on_measure, first
@@ -175,80 +188,6 @@ class MeasureInterrupted(KeyboardInterrupt):
     """Ctrl-C during `measure`: the finished measures were written (the message says where)."""
 
 
-def measure_keys(cfg: Config, job: Job, specs: Sequence[MeasureSpec]) -> dict[str, str]:
-    """The key of each measure of one checkpoint, by label: the sweep's unit id.
-
-    Parameters
-    ----------
-    cfg : Config
-        The resolved config.
-    job : Job
-        The checkpoint (with its init checkpoint and training set, if any).
-    specs : sequence of MeasureSpec
-        The configured measures.
-
-    Returns
-    -------
-    dict of str to str
-        Label → sha256 unit id of the fingerprints of the checkpoint, its init checkpoint and
-        training set, the resolved measure configuration with defaults filled in and the flatcli
-        version (`flatcli.sweep.store`). Empty when a file cannot be read (nothing is reused then).
-    """
-    from .._version import __version__
-    from ..loading.checkpoints import fingerprint
-    from ..sweep.store import measure_hash, unit_id
-
-    try:
-        fps = {
-            "checkpoint": fingerprint(job.path),
-            "init": None if job.init_checkpoint is None else fingerprint(job.init_checkpoint),
-            "train_data": None if job.train_data is None else fingerprint(job.train_data),
-        }
-    except OSError:
-        return {}
-    config = cfg.to_dict()
-    return {s.label: unit_id(fps, measure_hash(config, s), __version__) for s in specs}
-
-
-REUSABLE = frozenset({"ok", "not_converged", "saturated", "not_applicable", "near_zero", "budget"})
-
-
-def previous_results(outdir: Path) -> dict[str, Any]:
-    """The finished measures of an earlier run, for ``measure --resume``.
-
-    Parameters
-    ----------
-    outdir : Path
-        The output folder holding ``results.json``.
-
-    Returns
-    -------
-    dict of str to MeasureResult
-        Key (`measure_keys`) → result of every finished measure; measures ``interrupted`` or in
-        ``error`` are not finished. An unreadable or missing file gives an empty dict.
-    """
-    import json
-
-    from ..sweep.store import _result_from
-
-    try:
-        rows = json.loads((Path(outdir) / "results.json").read_text()).get("rows") or []
-    except (OSError, ValueError, AttributeError):
-        return {}
-    out = {}
-    for r in rows:
-        for lab, key in (r.get("keys") or {}).items():
-            m = (r.get("measures") or {}).get(lab)
-            if isinstance(m, dict) and m.get("status") in REUSABLE:
-                out[key] = _result_from({**m, "value": _json_float(m.get("value"))})
-    return out
-
-
-def _json_float(v: Any) -> float:
-    """A value as results.json writes it (null for NaN, "inf"/"-inf") back as a float."""
-    return float("nan") if v is None else float(v)
-
-
 class _Saver:
     """results.csv/json after every finished measure of `measure` (nothing without an output
     directory): the rows done, the running row, and the rest ``interrupted``."""
@@ -263,20 +202,40 @@ class _Saver:
         specs: list[MeasureSpec],
         resume: bool,
     ):
+        from ..keys import caps, data_fingerprints
+
         self.cfg, self.meta, self.jobs, self.specs = cfg, meta, jobs, specs
         self.folder = folder  # OUTDIR (on every rank: --resume reads it)
         self.out = folder if write else None  # where to write (rank 0)
-        self.old = previous_results(folder) if resume and folder is not None else {}
+        self.data = data_fingerprints(cfg) if folder is not None else {}
+        meta["data_fingerprints"] = self.data
+        self.resume = plan_resume(cfg, jobs, specs, folder, resume, self.data, self.out is not None)
+        config = cfg.to_dict()
+        self.caps = {s.label: caps(config, s) for s in specs}
         self.current: Row | None = None
         self.keys: dict[str, str] = {}
         self.reuse: dict[str, Any] = {}
+        self.done = 0  # checkpoints started
 
     def start(self, job: Job) -> tuple[dict[str, str], dict[str, Any]]:
         """(keys, results to reuse) of the checkpoint that starts."""
         self.current = None
-        self.keys = measure_keys(self.cfg, job, self.specs) if self.folder is not None else {}
-        self.reuse = {lab: self.old[k] for lab, k in self.keys.items() if k in self.old}
+        i, self.done = self.done, self.done + 1
+        if self.folder is None:
+            self.keys = {}
+        elif i < len(self.resume.keys):
+            self.keys = self.resume.keys[i]
+        else:
+            self.keys = measure_keys(self.cfg, job, self.specs, self.data)
+        self.reuse = self.resume.reuse(self.keys, self.specs, self.cfg.to_dict())
         return self.keys, self.reuse
+
+    def stored_keys(self, row: Row) -> dict[str, str]:
+        """The keys the row's results are stored under (`flatcli.api.resume.stored_key`)."""
+        return {
+            lab: stored_key(k, r.status if (r := row.results.get(lab)) else "", self.caps[lab])
+            for lab, k in self.keys.items()
+        }
 
     def _rows(self, rows: list[Row]) -> list[Row]:
         """Every checkpoint's row: those done, the running one, then the rest, each measure that
@@ -307,7 +266,7 @@ class _Saver:
 
     def save(self, rows: list[Row], current: Row) -> None:
         """Write after one finished measure of ``current`` (the row of the running checkpoint)."""
-        current.keys = self.keys
+        current.keys = self.stored_keys(current)
         self.current = current
         if self.out is not None:
             write_results(self.out, self._rows(rows), self._meta())
@@ -353,7 +312,7 @@ def _measure_all(
         for i, job in enumerate(jobs):
             if on_start:
                 on_start(i, len(jobs), job)
-            keys, reuse = saver.start(job)
+            reuse = saver.start(job)[1]
             row = measure_job(
                 cfg,
                 job,
@@ -366,7 +325,7 @@ def _measure_all(
                 reuse=reuse,
                 checked=first if i == 0 else None,
             )
-            row.keys = keys
+            row.keys = saver.stored_keys(row)
             rows.append(row)
             if on_row:
                 on_row(i, len(jobs), row)

@@ -94,7 +94,7 @@ def measure(
         bool,
         typer.Option(
             "--resume",
-            help="Reuse the finished measures of OUTDIR/results.json (same checkpoint file, config and measure options); compute the rest.",
+            help="Reuse the finished measures of OUTDIR/results.json whose key matches (checkpoint and data file contents, configuration, measure options and revision); compute the rest and say why.",
         ),
     ] = False,
     threads: ThreadsOpt = None,
@@ -149,6 +149,9 @@ def measure(
             plots=plots,
             resume=resume,
             on_measure=shown.measure,
+            on_note=lambda line: err_console.print(
+                line, highlight=False, soft_wrap=True, markup=False
+            ),
         )
     finally:
         shown.stop()
@@ -545,9 +548,21 @@ def collect(
             f"note: {rep.stale} unit files of an earlier plan were ignored", highlight=False
         )
     for p in rep.unreadable:
+        why = rep.reasons.get(p)
         err_console.print(
-            f"[yellow]warning:[/yellow] unreadable unit file {p} (ignored)", highlight=False
+            f"warning: unreadable unit file {p}{f' ({why})' if why else ''}; ignored",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
         )
+    for p, why in rep.reasons.items():
+        if p not in rep.unreadable:  # plan.json
+            err_console.print(
+                f"warning: {why}; units grouped without it",
+                highlight=False,
+                soft_wrap=True,
+                markup=False,
+            )
     for c, lab in rep.missing[:10]:
         err_console.print(f"not finished: {c} {lab}", highlight=False)
     raise typer.Exit(rep.exit_code)

@@ -213,6 +213,10 @@ class MeasureInfo:
         iterative estimator checks `flatcli.engine.linalg.Budget` between blocks; a bool or a
         function of the parsed options. A measure that cannot stop early is started under a cap
         only when its predicted seconds fit; ``--dry-run`` says which.
+    revision : int
+        Raise it when the measure's values change (a fix, a new default, another estimator): it
+        is part of every result's key (`flatcli.keys`), so stored results of this measure are
+        recomputed and those of the others are kept.
     """
 
     name: str
@@ -230,6 +234,7 @@ class MeasureInfo:
     estimate: Estimate | None = None
     applicable: Callable[[Any, Any], str | None] | None = None
     stops_early: bool | Callable[[Any], bool] = False
+    revision: int = 1
 
     @property
     def may_claim_invariance(self) -> bool:
@@ -270,6 +275,7 @@ def register(
     estimate: Estimate | None = None,
     applicable: Callable[[Any, Any], str | None] | None = None,
     stops_early: bool | Callable[[Any], bool] = False,
+    revision: int = 1,
 ):
     """Decorator registering a measure function ``fn(ctx, opts) -> MeasureResult`` under ``name``.
 
@@ -305,6 +311,8 @@ def register(
         ``(opts, problem) -> reason | None``: a cheap check before any product.
     stops_early : bool or callable
         Whether the measure stops at its cap with its estimate so far.
+    revision : int
+        The revision of the measure's values (default 1; part of every result's key).
 
     Returns
     -------
@@ -336,6 +344,7 @@ def register(
             estimate=estimate,
             applicable=applicable,
             stops_early=stops_early,
+            revision=revision,
         )
         return fn
 

@@ -32,6 +32,7 @@ class CollectReport:
     missing: list[tuple[str, str]] = field(default_factory=list)  # (checkpoint, label) not finished
     stale: int = 0  # unit files not in the current plan (older configs)
     unreadable: list[str] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)  # unreadable file → why (plan.json too)
     seconds_by_label: dict[str, list[float]] = field(default_factory=dict)
     devices: list[str] = field(default_factory=list)
 
@@ -59,9 +60,11 @@ def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) 
     outdir = Path(outdir)
     if not outdir.is_dir():
         raise ConfigError(f"collect: {outdir} is not a directory")
-    records, unreadable = _read_records(Store(outdir))
-    if (outdir / PLAN_FILE).is_file():
-        grouped = _group_by_plan(load_plan(outdir), records)
+    store = Store(outdir, warn=None)  # the unreadable files are reported, with their reasons
+    records, unreadable = _read_records(store)
+    plan, plan_problem = _plan_or_problem(outdir)
+    if plan is not None:
+        grouped = _group_by_plan(plan, records)
     else:
         grouped = _group_without_plan(outdir, records)
     labels, by_ckpt = grouped.labels, grouped.by_ckpt
@@ -96,9 +99,22 @@ def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) 
         missing=grouped.missing,
         stale=grouped.stale,
         unreadable=unreadable,
+        reasons={**store.problems, **plan_problem},
         seconds_by_label=seconds,
         devices=sorted(d for d in devices if d),
     )
+
+
+def _plan_or_problem(outdir: Path) -> tuple[Plan | None, dict[str, str]]:
+    """The plan, or None with ``{plan.json: why}`` when plan.json is unreadable or does not match
+    its schema (the unit files are then grouped without it); ({}) when there is none."""
+    path = outdir / PLAN_FILE
+    if not path.is_file():
+        return None, {}
+    try:
+        return load_plan(outdir), {}
+    except ConfigError as e:
+        return None, {str(path): str(e)}
 
 
 def _read_records(store: Store) -> tuple[dict[str, dict[str, Any]], list[str]]:

@@ -12,15 +12,14 @@ from typing import Any
 from .._version import __version__
 from ..errors import ConfigError
 from ..jobs import Job
-from ..loading.checkpoints import fingerprint
+from ..keys import caps, content_hash, data_fingerprints, file_fingerprint, measure_hash, unit_id
 from ..measures import MeasureSpec
 from ..results import atomic_write
+from ..schema import PLAN, mismatch
 from .store import (
     PLAN_FILE,
     dumps,
-    measure_hash,
     shard_of,
-    unit_id,
 )
 
 
@@ -29,7 +28,7 @@ from .store import (
 class Unit:
     """One unit of work, a checkpoint × one measure: its id (the hash of ``key``), the indices of
     its checkpoint and measure in the plan, the measure's label, and ``key`` (fingerprints,
-    measure hash, version)."""
+    measure hash, caps: `flatcli.keys`)."""
 
     id: str
     checkpoint_index: int
@@ -136,26 +135,29 @@ class Plan:
 def build_plan(cfg, specs: list[MeasureSpec], jobs: list[Job]) -> Plan:
     """Fingerprint every checkpoint (and its init checkpoint / training set) and list the units."""
     config = cfg.to_dict()
-    fps: dict[str, str] = {}
+    fps: dict[str, str | None] = {}
 
-    def fp(p: Path | None) -> str | None:
+    def fp(p: Path | None, hasher=content_hash) -> str | None:
         if p is None:
             return None
         k = str(Path(p).resolve())
         if k not in fps:
             try:
-                fps[k] = fingerprint(p)
+                fps[k] = hasher(p)
             except FileNotFoundError:
                 raise ConfigError(f"file not found: {p}") from None
         return fps[k]
 
     mh = {s.label: measure_hash(config, s) for s in specs}
+    cap = {s.label: caps(config, s) for s in specs}
+    data_fp = data_fingerprints(cfg)
     checkpoints, units = [], []
     for ci, job in enumerate(jobs):
         key_fp = {
             "checkpoint": fp(job.path),
             "init": fp(job.init_checkpoint),
-            "train_data": fp(job.train_data),
+            "train_data": fp(job.train_data, file_fingerprint),
+            "data": data_fp,
         }
         checkpoints.append(
             {
@@ -170,8 +172,10 @@ def build_plan(cfg, specs: list[MeasureSpec], jobs: list[Job]) -> Plan:
             }
         )
         for li, s in enumerate(specs):
-            key = {"fingerprints": key_fp, "measure_hash": mh[s.label], "version": __version__}
-            units.append(Unit(unit_id(key_fp, mh[s.label], __version__), ci, s.label, li, key))
+            key = {"fingerprints": key_fp, "measure_hash": mh[s.label]}
+            if cap[s.label]:
+                key["caps"] = cap[s.label]
+            units.append(Unit(unit_id(key_fp, mh[s.label]), ci, s.label, li, key))
     ids = [u.id for u in units]
     if len(set(ids)) != len(ids):
         dup = sorted(
@@ -217,6 +221,25 @@ def load_plan(outdir: str | os.PathLike) -> Plan:
     if not path.is_file():
         raise ConfigError(f"{path} not found: run 'flatcli sweep -c CONFIG -o {outdir}' first")
     try:
-        return Plan.from_json(json.loads(path.read_text()))
-    except (ValueError, KeyError) as e:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
         raise ConfigError(f"{path} is not a flatcli sweep plan ({type(e).__name__}: {e})") from None
+    why = check_plan(d)
+    if why:
+        raise ConfigError(f"{path} is not a flatcli sweep plan: {why}")
+    return Plan.from_json(d)
+
+
+def check_plan(d: Any) -> str | None:
+    """Why ``d`` is not the content of a plan.json (`flatcli.schema.PLAN`, and every unit's
+    checkpoint index and label within the plan's lists), or None."""
+    why = mismatch(d, PLAN)
+    if why:
+        return why
+    labels = [m["label"] for m in d["measures"]]
+    for i, u in enumerate(d["units"]):
+        if not 0 <= u["checkpoint_index"] < len(d["checkpoints"]):
+            return f"units[{i}].checkpoint_index {u['checkpoint_index']} is not a checkpoint's"
+        if u["label"] not in labels:
+            return f"units[{i}].label {u['label']!r} is not a measure's"
+    return None

@@ -264,7 +264,7 @@ def _status_counts(store: Store, units: list[Unit], since: float, args: WorkerAr
     out = _Counts()
     for u in units:
         rec = store.read_unit(u.id)
-        if rec is None or not store.is_done(u.id, args.redo_before, args.retry_before):
+        if rec is None or not store.is_done(u.id, args.redo_before, args.retry_before, u.key):
             if store.is_held(u.id, args.lock_timeout):
                 out.busy += 1
             else:
@@ -295,11 +295,11 @@ def run_sweep(
     t_start = time.time()
     t0 = time.perf_counter()
     outdir = Path(outdir)
-    store = Store(outdir)
+    store = Store(outdir, warn=log)
     plan = build_plan(cfg, specs, jobs)
     args = _worker_args(opts, t_start, run=uuid.uuid4().hex[:12])
     selected = plan.units_for(opts.shard)
-    already = sum(store.is_done(u.id, args.redo_before, args.retry_before) for u in selected)
+    already = sum(store.is_done(u.id, args.redo_before, args.retry_before, u.key) for u in selected)
     report = SweepReport(
         outdir=outdir,
         units=len(plan.units),
@@ -457,7 +457,7 @@ def _submit_slurm(
         opts.dry_run,
     )
     redo_before, retry_before, lock_timeout = args.redo_before, args.retry_before, args.lock_timeout
-    pending = [u for u in plan.units if not store.is_done(u.id, redo_before, retry_before)]
+    pending = [u for u in plan.units if not store.is_done(u.id, redo_before, retry_before, u.key)]
     n = tasks if tasks is not None else max(1, min(len(plan.checkpoints), len(pending) or 1))
     if n < 1:
         raise ConfigError(f"`tasks` must be ≥ 1; got {n}")

@@ -7,13 +7,15 @@ Layout of a sweep directory::
     OUTDIR/locks/<id>.lock      a unit being computed (O_CREAT|O_EXCL; holder's host, pid, time)
     OUTDIR/results.csv, .json   written by `collect`
 
-A unit of work is one checkpoint × one configured measure. Its id hashes the
-checkpoint's fingerprint (sha256 of the file, plus those of its per-checkpoint
-init checkpoint and training set when it has them), the resolved measure
-configuration (`measure_hash`: model, data, measurement set, loss, precision,
-seed and the measure's options *with their defaults filled in*) and the flatcli
-version. Changing a measure's options or adding a measure therefore recomputes
-only the units it touches; the device is not part of the key.
+A unit of work is one checkpoint × one configured measure. Its id is the result's key
+(`flatcli.keys`): the checkpoint's content hash (plus those of its per-checkpoint init
+checkpoint and training set), a fingerprint of every data file, and `measure_hash` (the whole
+resolved configuration but a named list of keys that cannot change a value, the measure's
+options *with their defaults filled in* and its revision). Changing a measure's options or
+adding a measure therefore recomputes only the units it touches.
+
+A unit file that is not JSON, or does not match the unit schema (`flatcli.schema.UNIT`), is
+treated as missing: one warning names it, and the unit is recomputed.
 
 Every finished unit is one file written via temp file + fsync + ``os.replace``
 (`flatcli.results.atomic_write`), so a reader sees either no file or a whole
@@ -23,69 +25,33 @@ workers finishing the same unit leave one file (the key determines the values).
 
 from __future__ import annotations
 
-import dataclasses
 import errno
-import hashlib
 import json
 import math
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..measures import MeasureResult, MeasureSpec
+from ..keys import CAPPED
+from ..keys import measure_hash as measure_hash  # re-exported: the sweep's keys
+from ..keys import unit_id as unit_id
+from ..measures import MeasureResult
 from ..results import Row, atomic_write, jsonable
+from ..schema import UNIT, mismatch
 
 PLAN_FILE = "plan.json"
 UNITS_DIR = "units"
 LOCKS_DIR = "locks"
 FORMAT = 1
 DEFAULT_LOCK_TIMEOUT = 600.0  # seconds without a heartbeat after which a lock is stale
-
-
-def _sha(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def measure_hash(config: dict[str, Any], spec: MeasureSpec) -> str:
-    """Hash of everything that determines one measure's value on a given checkpoint.
-
-    ``config`` is ``Config.to_dict()``. The measure's options are resolved (defaults
-    filled in), so ``hessian_trace`` and ``{hessian_trace: {tol: <default>}}`` share units.
-    """
-    opts = dataclasses.asdict(spec.parsed())
-    rt = config.get("runtime", {})
-    key = {
-        "model": config.get("model"),
-        "data": config.get("data"),
-        "measure_data": config.get("measure_data"),
-        "loss": config.get("loss"),
-        "runtime": {k: rt.get(k) for k in ("precision", "seed", "hvp_mode", "block_size")},
-        "measure": {"name": spec.name, "label": spec.label, "seed": spec.seed, "options": opts},
-    }
-    caps = {
-        k: v
-        for k, v in (
-            ("budget", rt.get("budget")),
-            ("max_seconds", spec.max_seconds),
-            ("max_hvps", spec.max_hvps),
-        )
-        if v is not None
-    }
-    if caps:  # a capped value is another result; keys without caps are those of earlier versions
-        key["caps"] = caps
-    return _sha(key)[:16]
-
-
-def unit_id(fingerprints: dict[str, str | None], mhash: str, version: str) -> str:
-    """The id of (checkpoint fingerprints, resolved measure config hash, flatcli version)."""
-    return _sha({"fp": fingerprints, "measure": mhash, "version": version})[:20]
 
 
 def shard_of(uid: str, count: int) -> int:
@@ -109,6 +75,22 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 def dumps(obj: Any) -> str:
     """JSON of a plan or unit record with floats kept exactly (NaN/inf included)."""
     return json.dumps(jsonable(obj, exact=True), indent=1, allow_nan=True)
+
+
+def check_unit(rec: Any, uid: str | None = None) -> str | None:
+    """Why ``rec`` is not a unit record (`flatcli.schema.UNIT`; its ``unit`` must be ``uid``, the
+    file's name), or None."""
+    why = mismatch(rec, UNIT)
+    if why is None and uid is not None and rec["unit"] != uid:
+        why = f"unit is {rec['unit']!r}, not its file name {uid!r}"
+    return why
+
+
+_WARNED: set[tuple[str, str, str | None]] = set()
+
+
+def _stderr_line(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------ locks
@@ -187,10 +169,14 @@ def lock_is_stale(
 class Store:
     """One sweep directory (see the module docstring)."""
 
-    def __init__(self, outdir: str | os.PathLike):
+    def __init__(
+        self, outdir: str | os.PathLike, warn: Callable[[str], None] | None = _stderr_line
+    ):
         self.outdir = Path(outdir)
         self.units_dir = self.outdir / UNITS_DIR
         self.locks_dir = self.outdir / LOCKS_DIR
+        self.warn = warn  # called once per unit file that does not match (None: silent)
+        self.problems: dict[str, str] = {}  # unit file → why it was not read
 
     # -------------------------------------------------------------- units
     def unit_path(self, uid: str) -> Path:
@@ -198,14 +184,35 @@ class Store:
         return self.units_dir / f"{uid}.json"
 
     def read_unit(self, uid: str) -> dict[str, Any] | None:
-        """The unit's record; None when it has no file or the file is unreadable."""
+        """The unit's record; None when it has no file, or the file is unreadable or does not
+        match the unit schema (`check_unit`: warned about once, then recomputed)."""
         p = self.unit_path(uid)
         try:
-            return json.loads(p.read_text())
+            text = p.read_text()
         except FileNotFoundError:
             return None
+        except OSError as e:
+            return self._bad(p, e.strerror or str(e))
+        return self.check(p, text)
+
+    def check(self, p: Path, text: str) -> dict[str, Any] | None:
+        """The record in ``text`` (the file ``p``), or None (with a warning) when it is not JSON or
+        does not match the unit schema."""
+        try:
+            rec = json.loads(text)
         except ValueError:
-            return None  # unreadable: treated as not done (recomputed, then replaced)
+            return self._bad(p, "not JSON", text)
+        why = check_unit(rec, p.stem)
+        return rec if why is None else self._bad(p, why, text)
+
+    def _bad(self, p: Path, why: str, text: str | None = None) -> None:
+        self.problems[str(p)] = why
+        seen = (str(p), why, text)
+        if seen not in _WARNED:  # once per file content, however often it is read
+            _WARNED.add(seen)
+            if self.warn is not None:
+                self.warn(f"warning: unit file {p} is unreadable ({why}); it is recomputed")
+        return None
 
     def write_unit(self, record: dict[str, Any]) -> Path:
         """Write a unit record to its file atomically; returns the path."""
@@ -214,14 +221,26 @@ class Store:
         return path
 
     def is_done(
-        self, uid: str, redo_before: float | None = None, retry_before: float | None = None
+        self,
+        uid: str,
+        redo_before: float | None = None,
+        retry_before: float | None = None,
+        key: dict[str, Any] | None = None,
     ) -> bool:
         """A unit is done when its file exists, unless it was written before ``redo_before``
-        (``--no-resume``) or is an error row written before ``retry_before`` (``--retry-failed``)."""
+        (``--no-resume``) or is an error row written before ``retry_before`` (``--retry-failed``),
+        or a cap stopped it (status ``budget``) and ``key`` (the plan's unit key) holds other
+        caps than the record's."""
         rec = self.read_unit(uid)
         if rec is None:
             return False
-        t = float(rec.get("finished_at", 0.0))
+        if (
+            key is not None
+            and (rec["result"] or {}).get("status") == CAPPED
+            and rec["key"].get("caps") != key.get("caps")
+        ):
+            return False
+        t = float(rec["finished_at"])
         if redo_before is not None and t < redo_before:
             return False
         if retry_before is not None and rec.get("status") == "error" and t < retry_before:
@@ -236,9 +255,11 @@ class Store:
             if p.name.startswith("."):
                 continue
             try:
-                yield p, json.loads(p.read_text())
-            except (OSError, ValueError):
-                yield p, None
+                text = p.read_text()
+            except OSError as e:
+                yield p, self._bad(p, e.strerror or str(e))
+                continue
+            yield p, self.check(p, text)
 
     # -------------------------------------------------------------- locks
     def lock_path(self, uid: str) -> Path:
@@ -423,7 +444,7 @@ def row_from_records(
             row.errors[lab] = rec["measure_error"]
             row.error_kinds[lab] = rec.get("measure_error_kind") or ""
         if rec.get("status") == "error":
-            row.fail(rec.get("error", ""), rec.get("error_kind") or "")
+            row.fail(rec.get("error") or "", rec.get("error_kind") or "")
         if not row.metrics and rec.get("metrics"):
             row.metrics = {
                 k: float(v) if v is not None else math.nan for k, v in rec["metrics"].items()

@@ -68,7 +68,7 @@ def run_worker(
     from ..pipeline import DataCache
     from ..settings import Settings
 
-    store = Store(outdir)
+    store = Store(outdir, warn=log)
     plan = load_plan(outdir)
     cfg = plan.cfg()
     settings = Settings.from_config(cfg, device)
@@ -113,7 +113,9 @@ class _WorkerLoop:
     def run(self, order: list[Unit]) -> WorkerStats:
         """Attempt every unit in ``order``, then retry the busy ones while that frees some."""
         a = self.args
-        self.todo = sum(not self.store.is_done(u.id, a.redo_before, a.retry_before) for u in order)
+        self.todo = sum(
+            not self.store.is_done(u.id, a.redo_before, a.retry_before, u.key) for u in order
+        )
         busy: list[Unit] = []
         for u in order:
             r = self.attempt(u)
@@ -133,14 +135,16 @@ class _WorkerLoop:
     def attempt(self, u: Unit) -> str:
         """Compute unit ``u`` unless finished or held: "done", "busy" or "computed"."""
         store, a = self.store, self.args
-        if store.is_done(u.id, a.redo_before, a.retry_before):
+        if store.is_done(u.id, a.redo_before, a.retry_before, u.key):
             store.clear_stale_lock(u.id, a.lock_timeout)  # left by a worker killed after its write
             return "done"
         lock = store.claim(u.id, a.lock_timeout)
         if lock is None:
             return "busy"
         try:
-            if store.is_done(u.id, a.redo_before, a.retry_before):  # finished while we claimed
+            if store.is_done(
+                u.id, a.redo_before, a.retry_before, u.key
+            ):  # finished while we claimed
                 return "done"
             job, rec = self._compute(u, lock)
         finally:

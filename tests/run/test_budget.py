@@ -521,8 +521,9 @@ def test_lanczos_stops_at_the_absolute_floor_when_the_top_eigenvalue_is_zero():
     assert big.converged and not big.near_zero  # λmax = 2: the relative test, unchanged
 
 
-def test_a_sweep_gives_each_unit_its_fixed_share_and_keys_capped_units_apart(tmp_path):
+def test_a_sweep_gives_each_unit_its_fixed_share_and_records_its_caps(tmp_path):
     from flatcli.config import load_config
+    from flatcli.keys import caps
     from flatcli.sweep.store import measure_hash
 
     cfg = write_project(
@@ -542,4 +543,8 @@ def test_a_sweep_gives_each_unit_its_fixed_share_and_keys_capped_units_apart(tmp
     )
     plain, capped = load_config(cfg), load_config(cfg, {"runtime.budget": 60})
     spec = plain.measure_specs()[0]
-    assert measure_hash(plain.to_dict(), spec) != measure_hash(capped.to_dict(), spec)
+    # a cap that does not stop a measure leaves its value: not in the key; the caps go beside it
+    # (a result a cap stopped is reused only under the same caps: tests/run/test_keys.py)
+    assert measure_hash(plain.to_dict(), spec) == measure_hash(capped.to_dict(), spec)
+    assert caps(plain.to_dict(), spec) is None and caps(capped.to_dict(), spec) == {"budget": 60.0}
+    assert {u["key"]["caps"]["budget"] for u in units} == {60.0}
