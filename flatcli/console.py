@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
+# set by ``--debug`` for the command's process and the workers it starts: third-party progress
+# bars (transformers' "Loading weights") show only then
+DEBUG_ENV = "FLATCLI_DEBUG"
+
 console = Console()
 err_console = Console(stderr=True)
 

@@ -78,16 +78,23 @@ def check_targets(model, data: Batch, loss: str, where: str, device, dtype) -> N
 
 def _metrics(model, train: Batch | None, test: Batch | None, st: Settings) -> dict[str, float]:
     """train/test loss and accuracy on the full splits (units of the loss: samples, or tokens for
-    ``causal_lm``), and ``gen_gap = train_acc − test_acc``."""
+    ``causal_lm``), ``gen_gap = train_acc − test_acc``, ``loss_gap = test_loss − train_loss`` and,
+    for a per-token loss, the perplexities ``train_ppl``/``test_ppl`` (exp of the loss per token)."""
     out: dict[str, float] = {}
+    per_token = get_loss(st.loss).per_token
     for name, d in (("train", train), ("test", test)):
         if d is None:
             continue
         prob = _problem(model, d, st)
         with prob.full_precision():  # float32 forward under bf16 too: the metrics are not estimates
             out[f"{name}_loss"], out[f"{name}_acc"] = prob.evaluate()
+        if per_token:
+            loss = out[f"{name}_loss"]  # exp overflows past 709.78: a diverged model's inf
+            out[f"{name}_ppl"] = math.exp(loss) if loss < 709.78 else math.inf
     if "test_acc" in out and not (math.isnan(out["train_acc"]) or math.isnan(out["test_acc"])):
         out["gen_gap"] = out["train_acc"] - out["test_acc"]
+    if "test_loss" in out and math.isfinite(out["train_loss"]) and math.isfinite(out["test_loss"]):
+        out["loss_gap"] = out["test_loss"] - out["train_loss"]
     return out
 
 
@@ -140,6 +147,7 @@ def measure_model(
     on_measure: Callable[[Row, str], None] | None = None,
     reuse: dict[str, Any] | None = None,
     budget_among: Sequence[MeasureSpec] | None = None,
+    metrics: dict[str, float] | None = None,
     **fields: Any,
 ) -> Row:
     """Measure one model. Returns a `Row` (a failed measure is recorded, not raised).
@@ -167,6 +175,8 @@ def measure_model(
     budget_among : with ``settings.budget``, the measures the checkpoint's budget is split among
         when ``measures`` are only some of them (a sweep's unit): each then gets its fixed share
         (`flatcli.budget.BudgetPlan`).
+    metrics : this model's train/test metrics on these splits and settings, computed before (a
+        sweep's earlier unit of the same checkpoint): put into the row, not computed again.
     """
     specs = as_specs(measures)
     st = Settings.build(settings, **fields)
@@ -247,7 +257,9 @@ def measure_model(
                     )
             if on_measure is not None:
                 on_measure(row, spec.label)
-        row.metrics.update(_metrics(work, data["train"], data["test"], st))
+        row.metrics.update(
+            _metrics(work, data["train"], data["test"], st) if metrics is None else metrics
+        )
     return row
 
 
@@ -513,14 +525,21 @@ def measure_job(
     on_measure: Callable[[Row, str], None] | None = None,
     reuse: dict[str, Any] | None = None,
     budget_among: Sequence[MeasureSpec] | None = None,
+    keep: Any = None,
 ) -> Row:
     """Load one checkpoint and measure it. A failure (a bad file: kind ``ConfigError``, exit code 2)
     becomes an error row, so other checkpoints still complete. ``on_measure`` and ``reuse``: as
     `measure_model`'s. With ``settings.check_memory``, a model whose measures will not fit in the
-    device's free memory fails here, before any data is loaded (`flatcli.memory.check_model`)."""
+    device's free memory fails here, before any data is loaded (`flatcli.memory.check_model`).
+    ``keep``: a `flatcli.reuse.CheckpointCache` holding the model and metrics between calls for one checkpoint
+    (a sweep worker's consecutive units of it)."""
     labels = [s.label for s in specs]
+    if keep is None:
+        from .reuse import CheckpointCache
+
+        keep = CheckpointCache()
     try:
-        model, extras = load_model(cfg, job.path)
+        model, extras = keep.model(cfg, job)
         settings.params.select(
             model
         )  # a selection that matches nothing fails before any data is loaded
@@ -535,7 +554,7 @@ def measure_job(
             )
         hp = dict(job.hparams)
         hp.update(read_hparams_from_keys(extras, cfg.hparams.from_keys))
-        init_state = load_init_state(cfg, job, model)
+        init_state = keep.init_state(cfg, job)
         train, test = _checked_data(cfg, job, model, data)
         row = measure_model(
             model,
@@ -551,7 +570,10 @@ def measure_job(
             on_measure=on_measure,
             reuse=reuse,
             budget_among=budget_among,
+            metrics=keep.metrics,
         )
+        if keep.metrics is None and row.metrics:
+            keep.metrics = dict(row.metrics)
         row.model = extras.get("model_info")
         return row
     except ranks.RankFailure:

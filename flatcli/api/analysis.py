@@ -119,7 +119,11 @@ def correlate(
         generator (default 0). A ``seed=`` keyword raises a TypeError naming ``run=RunOptions(seed=...)``.
     table_options : ``correlate_table``'s keywords:
 
-        - ``target``: the column to predict (default ``gen_gap``).
+        - ``target``: what to predict: a column, a derived gap (``loss_gap = test_loss −
+          train_loss``, ``gen_gap = train_acc − test_acc``, ``train_ppl``, ``test_ppl``) or an
+          expression of columns (``"test_loss - train_loss"``, ``"test_acc / train_acc"``;
+          `flatcli.analysis.targets`). Default: the loss's gap, ``gen_gap`` for classifiers and
+          ``loss_gap`` for language models (``report.caption`` says which).
         - ``by``: hyperparameter axes, columns of any name (``hp_<name>`` is found by ``<name>``);
           default every ``hp_*`` column that forms a grid axis.
         - ``measures``: the measure columns, any numeric columns; default the measures flatcli
@@ -136,7 +140,8 @@ def correlate(
         - ``progress``: called as ``progress(done, total)`` after each measure.
 
     Returns a `flatcli.analysis.CorrelationReport`, best measure first; ``report.to_pandas()``
-    is the correlations.csv table, ``report.warnings`` flags rows that are not at a minimum.
+    is the correlations.csv table, ``report.warnings`` flags rows that are not at a minimum
+    (classification cross-entropy only: train loss above 0.01).
     `correlate_frame` (``flatcli.correlate``) returns that DataFrame directly.
     """
     from ..analysis.correlation import correlate_table
