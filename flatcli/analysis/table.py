@@ -30,7 +30,7 @@ class ResultsTable:
     path: Path | None = None
     measures: list[str] = field(default_factory=list)
     measures_source: str = ""  # "results.json", "inferred (columns X with X_status)" or ""
-    recorded_loss: str | None = None  # results.json's measure_data.loss, when beside the CSV
+    recorded_loss: str | None = None  # results.json's config.loss, when beside the CSV
 
     @property
     def loss(self) -> str | None:
@@ -153,15 +153,16 @@ def load_results(path: str | Path) -> ResultsTable:
 
 
 def recorded_loss(csv_path: Path) -> str | None:
-    """``measure_data.loss`` of the results.json beside a results CSV (None without one)."""
+    """The ``loss`` of the config recorded in the results.json beside a results CSV (None
+    without one)."""
     for j in (csv_path.with_suffix(".json"), csv_path.parent / "results.json"):
         if j.is_file():
             try:
                 d = json.loads(j.read_text())
             except (OSError, ValueError):
                 return None
-            md = d.get("measure_data") if isinstance(d, dict) else None
-            loss = md.get("loss") if isinstance(md, dict) else None
+            cfg = d.get("config") if isinstance(d, dict) else None
+            loss = cfg.get("loss") if isinstance(cfg, dict) else None
             return loss if isinstance(loss, str) else None
     return None
 

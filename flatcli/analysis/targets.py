@@ -13,7 +13,7 @@ Targets
   is parsed with Python's ``ast`` and only these nodes are evaluated (numpy, on float columns):
   nothing else runs.
 
-Per loss (results.json's ``measure_data.loss``; a table with perplexity columns is a per-token
+Per loss (the ``loss`` of the config in results.json; a table with perplexity columns is a per-token
 loss): the default target is the accuracy gap for classifiers (``cross_entropy``) and the loss
 gap for language models and regression (`LOSS_RULES`); the "not at a minimum" warning applies to
 classification cross-entropy only (train loss ≤ 0.01, Jiang et al. 2020): a language model's loss

@@ -129,7 +129,7 @@ def test_default_target_per_loss_and_caption(tmp_path):
         ("cross_entropy", "gen_gap"),
         ("mse", "loss_gap"),
     ):
-        path.with_suffix(".json").write_text(json.dumps({"measure_data": {"loss": loss}}))
+        path.with_suffix(".json").write_text(json.dumps({"config": {"loss": loss}}))
         assert correlate_table(as_table(path)).target == want
     res = runner.invoke(app, ["correlate", str(path)])
     assert res.exit_code == 0, res.output
@@ -146,7 +146,7 @@ def test_minimum_warning_for_classifiers_only(tmp_path):
     assert any("not at a minimum" in w for w in correlate_table(ce).warnings)
     path = tmp_path / "results.csv"
     ce.to_csv(path, index=False)
-    path.with_suffix(".json").write_text(json.dumps({"measure_data": {"loss": "causal_lm"}}))
+    path.with_suffix(".json").write_text(json.dumps({"config": {"loss": "causal_lm"}}))
     res = runner.invoke(app, ["correlate", str(path), "--target", "loss_gap"])
     assert res.exit_code == 0 and "not at a minimum" not in res.output
 
