@@ -534,12 +534,8 @@ def measure_job(
     ``keep``: a `flatcli.reuse.CheckpointCache` holding the model and metrics between calls for one checkpoint
     (a sweep worker's consecutive units of it)."""
     labels = [s.label for s in specs]
-    if keep is None:
-        from .reuse import CheckpointCache
-
-        keep = CheckpointCache()
     try:
-        model, extras = keep.model(cfg, job)
+        model, extras = load_model(cfg, job.path) if keep is None else keep.model(cfg, job)
         settings.params.select(
             model
         )  # a selection that matches nothing fails before any data is loaded
@@ -554,7 +550,7 @@ def measure_job(
             )
         hp = dict(job.hparams)
         hp.update(read_hparams_from_keys(extras, cfg.hparams.from_keys))
-        init_state = keep.init_state(cfg, job)
+        init_state = load_init_state(cfg, job, model) if keep is None else keep.init_state(cfg, job)
         train, test = _checked_data(cfg, job, model, data)
         row = measure_model(
             model,
@@ -570,9 +566,9 @@ def measure_job(
             on_measure=on_measure,
             reuse=reuse,
             budget_among=budget_among,
-            metrics=keep.metrics,
+            metrics=None if keep is None else keep.metrics,
         )
-        if keep.metrics is None and row.metrics:
+        if keep is not None and keep.metrics is None and row.metrics:
             keep.metrics = dict(row.metrics)
         row.model = extras.get("model_info")
         return row

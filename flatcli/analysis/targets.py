@@ -15,7 +15,7 @@ Targets
 
 Per loss (the ``loss`` of the config in results.json; a table with perplexity columns is a per-token
 loss): the default target is the accuracy gap for classifiers (``cross_entropy``) and the loss
-gap for language models and regression (`LOSS_RULES`); the "not at a minimum" warning applies to
+gap for language models and regression (`CLASSIFIER_LOSSES`); the "not at a minimum" warning applies to
 classification cross-entropy only (train loss ≤ 0.01, Jiang et al. 2020): a language model's loss
 floor is the entropy of its text.
 """
@@ -28,15 +28,15 @@ import re
 import numpy as np
 
 from ..errors import ConfigError
+from ..validation import LOSS_NAMES
 from .table import METRICS, ResultsTable, numeric_columns
 
-# per loss: (default target, train loss under which a model is at a minimum or None); the same as
-# the loss plug-ins' `gap` and `minimum_loss` (flatcli.engine.losses; a test keeps them equal)
-LOSS_RULES: dict[str, tuple[str, float | None]] = {
-    "cross_entropy": ("gen_gap", 0.01),
-    "mse": ("loss_gap", None),
-    "causal_lm": ("loss_gap", None),
-}
+# the losses of classifiers: their default target is the accuracy gap, and the train loss under
+# which a model is at a minimum; every other loss (flatcli.validation.LOSS_NAMES) predicts the
+# loss gap and has no minimum rule. The loss plug-ins' `gap` and `minimum_loss`
+# (flatcli.engine.losses) say the same; a test keeps them equal.
+CLASSIFIER_LOSSES: dict[str, float] = {"cross_entropy": 0.01}
+PER_TOKEN_LOSSES = ("causal_lm",)  # units are tokens: perplexity columns, "language models"
 DERIVED: dict[str, str] = {
     "gen_gap": "train_acc - test_acc",
     "loss_gap": "test_loss - train_loss",
@@ -62,10 +62,13 @@ _BACKQUOTED = re.compile(r"`([^`]*)`")
 
 
 def default_target(columns: list[str], loss: str | None) -> str:
-    """The target `correlate` predicts when none is named: the loss's gap (`LOSS_RULES`); for a
-    table of unknown loss ``gen_gap`` when it has or can derive it, else ``loss_gap``."""
-    if loss in LOSS_RULES:
-        return LOSS_RULES[loss][0]
+    """The target `correlate` predicts when none is named: ``gen_gap`` for a classifier's loss,
+    ``loss_gap`` for any other; for a table of unknown loss ``gen_gap`` when it has or can derive
+    it, else ``loss_gap``."""
+    if loss in CLASSIFIER_LOSSES:
+        return "gen_gap"
+    if loss in LOSS_NAMES:
+        return "loss_gap"
     if _derivable(columns, "gen_gap") or not _derivable(columns, "loss_gap"):
         return "gen_gap"
     return "loss_gap"
@@ -74,25 +77,26 @@ def default_target(columns: list[str], loss: str | None) -> str:
 def minimum_rule(loss: str | None) -> bool:
     """Whether "not at a minimum" (train loss above a target) means anything for ``loss``:
     classification cross-entropy, and a table of unknown loss (flatcli's classifier default)."""
-    return loss is None or (loss in LOSS_RULES and LOSS_RULES[loss][1] is not None)
+    return loss is None or loss in CLASSIFIER_LOSSES
 
 
 def describe_target(target: str, loss: str | None, default: bool) -> str:
     """The table's caption line: the target's definition, per scored token for a per-token loss,
     and whether it is the default for this kind of model."""
     text = DESCRIBED.get(target, target)
-    if target in ("loss_gap", "train_ppl", "test_ppl") and loss == "causal_lm":
+    if target in ("loss_gap", "train_ppl", "test_ppl") and loss in PER_TOKEN_LOSSES:
         text += " (per scored token)"
-    if default:
-        kind = {
-            "cross_entropy": "classifiers",
-            "causal_lm": "language models",
-            "mse": "regression",
-        }.get(loss or "", "")
-        text += f"; the default target for {kind}" if kind else "; the default target"
-        if loss is None and kind == "":
-            text += " (the table does not record its loss)"
-    return f"target: {text}"
+    if not default:
+        return f"target: {text}"
+    if loss in CLASSIFIER_LOSSES:
+        kind = "classifiers"
+    elif loss in PER_TOKEN_LOSSES:
+        kind = "language models"
+    elif loss:
+        kind = f"loss {loss}"
+    else:
+        return f"target: {text}; the default target (the table does not record its loss)"
+    return f"target: {text}; the default target for {kind}"
 
 
 def _derivable(columns: list[str], name: str) -> bool:

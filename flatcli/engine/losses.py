@@ -56,7 +56,7 @@ class Loss(abc.ABC):
     units_are_rows: ClassVar[bool] = True  # one scored unit per row (per-row Gauss-Newton factors)
     fused_head: ClassVar[bool] = False  # may fuse with an LM head (`flatcli.engine.lmhead`)
     per_token: ClassVar[bool] = False  # units are tokens: perplexities exp(loss) are metrics too
-    # the gap `flatcli correlate` predicts by default (mirrored in flatcli.analysis.table.LOSS_RULES)
+    # the gap `flatcli correlate` predicts by default (flatcli.analysis.targets says the same)
     gap: ClassVar[str] = "gen_gap"
     # the train loss below which a model counts as at a minimum (None: no such rule)
     minimum_loss: ClassVar[float | None] = None

@@ -16,7 +16,7 @@ from flatcli.analysis.correlation import correlate_table
 from flatcli.analysis.report import notes
 from flatcli.analysis.statistics import check_cmi_grid
 from flatcli.analysis.table import as_table
-from flatcli.analysis.targets import LOSS_RULES, resolve_target
+from flatcli.analysis.targets import CLASSIFIER_LOSSES, default_target, minimum_rule, resolve_target
 from flatcli.cli import app
 from flatcli.engine.losses import LOSSES
 from flatcli.errors import ConfigError
@@ -133,7 +133,7 @@ def test_default_target_per_loss_and_caption(tmp_path):
         assert correlate_table(as_table(path)).target == want
     res = runner.invoke(app, ["correlate", str(path)])
     assert res.exit_code == 0, res.output
-    assert "target: loss_gap = test_loss − train_loss; the default target for regression" in (
+    assert "target: loss_gap = test_loss − train_loss; the default target for loss mse" in (
         " ".join(res.output.split())
     )
 
@@ -151,10 +151,11 @@ def test_minimum_warning_for_classifiers_only(tmp_path):
     assert res.exit_code == 0 and "not at a minimum" not in res.output
 
 
-def test_loss_rules_are_the_loss_plugins():
-    assert set(LOSS_RULES) == set(LOSSES)
+def test_rules_per_loss_are_the_loss_plugins():
     for name, cls in LOSSES.items():
-        assert LOSS_RULES[name] == (cls.gap, cls.minimum_loss), name
+        assert default_target([], name) == cls.gap, name
+        assert CLASSIFIER_LOSSES.get(name) == cls.minimum_loss, name
+        assert minimum_rule(name) == (cls.minimum_loss is not None), name
 
 
 def test_a_note_shared_by_measures_is_one_line_with_a_count():
