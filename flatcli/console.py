@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
+# set by ``--debug`` for the command's process and the workers it starts: third-party progress
+# bars (transformers' "Loading weights") show only then
+DEBUG_ENV = "FLATCLI_DEBUG"
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -158,7 +162,8 @@ def render_rows(rows, labels: list[str], width: int | None = None) -> Table:
 
     With ``width`` (a terminal's), it fits: checkpoints are shown relative to the folder they
     share (named in the caption) and wrap, headers wrap at ``_``, and the last measures and the
-    accuracies leave first (gen_gap stays after the first measure); the caption names them."""
+    accuracies leave first (gen_gap, and a language model's loss_gap, stay after the first
+    measure); the caption names them."""
     names = [r.checkpoint for r in rows]
     where = common_dir(names) if width is not None and len(names) > 0 else ""
     if where:
@@ -179,8 +184,9 @@ def render_rows(rows, labels: list[str], width: int | None = None) -> Table:
         )
         for i, lab in enumerate(labels)
     ]
-    for m, prio in (("train_acc", 100), ("test_acc", 100), ("gen_gap", 2)):
-        if any(m in r.metrics for r in rows):
+    per_token = any("train_ppl" in r.metrics for r in rows)  # a language model: its loss gap
+    for m, prio in (("train_acc", 100), ("test_acc", 100), ("gen_gap", 2), ("loss_gap", 2)):
+        if any(m in r.metrics for r in rows) and (m != "loss_gap" or per_token):
             cols.append(Column(m, [fmt(r.metrics.get(m)) for r in rows], priority=prio))
     return build_table(
         cols,

@@ -79,16 +79,23 @@ def check_targets(model, data: Batch, loss: str, where: str, device, dtype) -> N
 
 def _metrics(model, train: Batch | None, test: Batch | None, st: Settings) -> dict[str, float]:
     """train/test loss and accuracy on the full splits (units of the loss: samples, or tokens for
-    ``causal_lm``), and ``gen_gap = train_acc − test_acc``."""
+    ``causal_lm``), ``gen_gap = train_acc − test_acc``, ``loss_gap = test_loss − train_loss`` and,
+    for a per-token loss, the perplexities ``train_ppl``/``test_ppl`` (exp of the loss per token)."""
     out: dict[str, float] = {}
+    per_token = get_loss(st.loss).per_token
     for name, d in (("train", train), ("test", test)):
         if d is None:
             continue
         prob = _problem(model, d, st)
         with prob.full_precision():  # float32 forward under bf16 too: the metrics are not estimates
             out[f"{name}_loss"], out[f"{name}_acc"] = prob.evaluate()
+        if per_token:
+            loss = out[f"{name}_loss"]  # exp overflows past 709.78: a diverged model's inf
+            out[f"{name}_ppl"] = math.exp(loss) if loss < 709.78 else math.inf
     if "test_acc" in out and not (math.isnan(out["train_acc"]) or math.isnan(out["test_acc"])):
         out["gen_gap"] = out["train_acc"] - out["test_acc"]
+    if "test_loss" in out and math.isfinite(out["train_loss"]) and math.isfinite(out["test_loss"]):
+        out["loss_gap"] = out["test_loss"] - out["train_loss"]
     return out
 
 
@@ -141,6 +148,7 @@ def measure_model(
     on_measure: Callable[[Row, str], None] | None = None,
     reuse: dict[str, Any] | None = None,
     budget_among: Sequence[MeasureSpec] | None = None,
+    metrics: dict[str, float] | None = None,
     **fields: Any,
 ) -> Row:
     """Measure one model on tensors, without a config.
@@ -168,16 +176,16 @@ def measure_model(
     debug : bool
         Re-raise a failed measurement instead of recording it.
     progress : callable, optional
-        ``progress(label, info)`` while a measure runs: the engine's counters of this measure so
-        far (``n_hvp``, ``n_grad``, ...), ``seconds`` since it started, ``planned_hvps``
-        ((least, most) from its estimate, or None) and, from iterative estimators,
-        ``probes``/``steps``, ``value``, ``stderr``/``residual``.
+        ``progress(label, info)`` while a measure runs: its counters so far, ``seconds``,
+        ``planned_hvps`` and the estimator's ``probes``/``steps``, ``value``, ``stderr``.
     on_measure : callable, optional
         ``on_measure(row, label)`` after each measure finishes (the row so far).
     reuse : dict, optional
         Label → `MeasureResult` of an earlier run: those measures are not run again.
     budget_among : sequence of MeasureSpec, optional
         The measures a checkpoint's ``settings.budget`` is split among (a sweep's unit).
+    metrics : dict, optional
+        This model's metrics on these splits, from a sweep's earlier unit: not computed again.
     **fields
         `Settings` fields, as above.
 
@@ -266,7 +274,9 @@ def measure_model(
                     )
             if on_measure is not None:
                 on_measure(row, spec.label)
-        row.metrics.update(_metrics(work, data["train"], data["test"], st))
+        row.metrics.update(
+            _metrics(work, data["train"], data["test"], st) if metrics is None else metrics
+        )
     return row
 
 
@@ -533,23 +543,27 @@ def measure_job(
     reuse: dict[str, Any] | None = None,
     budget_among: Sequence[MeasureSpec] | None = None,
     checked: Checked | None = None,
+    keep: Any = None,
 ) -> Row:
     """Load one checkpoint and measure it. A failure (a bad file: kind ``ConfigError``, exit code 2)
     becomes an error row, so other checkpoints still complete. ``on_measure`` and ``reuse``: as
-    `measure_model`'s. The checkpoint's `preflight` runs first, before any data is loaded (a model
+    `measure_model`'s. The checkpoint's pre-flight runs first, before any data is loaded (a model
     whose measures will not fit in the device's free memory fails here); ``checked``: its result
-    when the caller already ran it (the checkpoint is then not loaded again)."""
+    when the caller already ran it (the checkpoint is then not loaded again). ``keep``: a
+    `flatcli.reuse.CheckpointCache` holding the model and metrics between calls for one
+    checkpoint (a sweep worker's consecutive units of it)."""
     labels = [s.label for s in specs]
     try:
         todo = [s for s in specs if not (reuse and s.label in reuse)]
         if checked is None:
-            checked = preflight(cfg, job, todo, settings)
+            loaded = load_model(cfg, job.path) if keep is None else keep.model(cfg, job)
+            checked = check_loaded(cfg, job.path, job.train_data, loaded, todo, settings)
         model, extras = checked.model, checked.extras
         if settings.check_memory:  # every rank calls it: a rank that will not fit stops them all
             refuse(checked.memory_for(todo, settings), ranks.current())
         hp = dict(job.hparams)
         hp.update(read_hparams_from_keys(extras, cfg.hparams.from_keys))
-        init_state = load_init_state(cfg, job, model)
+        init_state = load_init_state(cfg, job, model) if keep is None else keep.init_state(cfg, job)
         train, test = _checked_data(cfg, job, model, data)
         row = measure_model(
             model,
@@ -565,7 +579,10 @@ def measure_job(
             on_measure=on_measure,
             reuse=reuse,
             budget_among=budget_among,
+            metrics=None if keep is None else keep.metrics,
         )
+        if keep is not None and keep.metrics is None and row.metrics:
+            keep.metrics = dict(row.metrics)
         row.model = extras.get("model_info")
         return row
     except ranks.RankFailure:

@@ -4,8 +4,10 @@ Column order is fixed by `Row.columns`: ``checkpoint, status, error``, then one
 column per measure (its label) holding the value, then the measure's
 diagnostics prefixed by its label (``<label>_stderr``, ``<label>_seconds``,
 ``<label>_<diagnostic>`` for scalar diagnostics; lists and dicts go to JSON
-only), then the metrics ``train_loss, train_acc, test_loss, test_acc, gen_gap``,
-then ``hp_*`` hyperparameters.
+only), then the metrics ``train_loss, train_acc, test_loss, test_acc, gen_gap, loss_gap``
+(``gen_gap = train_acc − test_acc``, ``loss_gap = test_loss − train_loss``) and, for a per-token
+loss (``causal_lm``), ``train_ppl, test_ppl`` (exp of the loss per scored token), then ``hp_*``
+hyperparameters.
 
 Tables are pandas (imported when a table is made, so ``import flatcli`` stays cheap).
 `to_csv` writes the rows' Python values through pandas: integers stay integers, floats are
@@ -40,7 +42,16 @@ if TYPE_CHECKING:  # only an annotation: reading tables must not import torch
 
     from .measures import MeasureResult
 
-METRICS = ("train_loss", "train_acc", "test_loss", "test_acc", "gen_gap")
+METRICS = (
+    "train_loss",
+    "train_acc",
+    "test_loss",
+    "test_acc",
+    "gen_gap",
+    "loss_gap",
+    "train_ppl",
+    "test_ppl",
+)
 
 
 @dataclass

@@ -127,7 +127,7 @@ def compare_measures(
     a: str,
     b: str,
     *,
-    target: str = "gen_gap",
+    target: str | None = None,
     bootstrap: int = 2000,
     seed: int = 0,
     confidence: float = 0.95,
@@ -135,7 +135,8 @@ def compare_measures(
     max_train_loss: float | None = None,
 ) -> pd.DataFrame:
     """Paired bootstrap comparison of the correlations of measures ``a`` and ``b`` with ``target``
-    (module docstring). ``data``: a results CSV path, a DataFrame or a `ResultsTable`; ``where``
+    (module docstring; ``target`` as in `flatcli.correlate`: a column, a derived gap or an
+    expression of columns, default the loss's gap). ``data``: a results CSV path, a DataFrame or a `ResultsTable`; ``where``
     and ``max_train_loss`` filter rows as in `flatcli.correlate`.
 
     Returns one row per statistic (kendall_tau_b, spearman, pearson) with columns ``statistic,
@@ -150,8 +151,11 @@ def compare_measures(
         raise ConfigError(f"`bootstrap` must be ≥ 1 resample for `compare`; got {bootstrap}")
     if not 0 < confidence < 1:
         raise ConfigError(f"`confidence` must be in (0, 1); got {confidence}")
-    table, _ = filter_rows(as_table(data), where=where, max_train_loss=max_train_loss)
-    for col, what in ((a, "--compare"), (b, "--compare"), (target, "--target")):
+    from .targets import resolve_target
+
+    table, target, _ = resolve_target(as_table(data), target)
+    table, _ = filter_rows(table, where=where, max_train_loss=max_train_loss)
+    for col, what in ((a, "--compare"), (b, "--compare")):
         if col not in table.columns:
             raise ConfigError(f"{what} {col!r}: no column {col} in {table.name}")
     ok = usable(table, a, target) & usable(table, b, target)

@@ -1,7 +1,8 @@
 """How well does each measure predict the generalization gap? Rank correlations over checkpoints.
 
-For a measure μ and the gap g (default ``gen_gap = train_acc − test_acc``) over the
-checkpoints where both are finite (n of them):
+For a measure μ and the gap g over the checkpoints where both are finite (n of them); g is the
+``target`` (`flatcli.analysis.targets`): by default ``gen_gap = train_acc − test_acc`` for
+classifiers and ``loss_gap = test_loss − train_loss`` (per token) for language models:
 
 * **Pearson** r, **Spearman** ρ and **Kendall τ-b** (``scipy.stats``; τ-b corrects for ties).
 * **Jiang's τ** (Jiang et al. 2020, "Fantastic generalization measures and where to find
@@ -63,7 +64,6 @@ from .statistics import (
     jiang_tau,
 )
 from .table import (
-    METRICS,
     NON_MEASURE,
     FilterInfo,
     ResultsTable,
@@ -75,6 +75,7 @@ from .table import (
     resolve_column,
     usable,
 )
+from .targets import minimum_rule, resolve_target
 
 
 # ------------------------------------------------------------------ the report
@@ -153,6 +154,7 @@ class CorrelationReport:
     seed: int = 0
     table: ResultsTable | None = field(default=None, repr=False, compare=False)  # the filtered rows
     cmi_check: CMICheck | None = None  # whether the grid is large enough for CMI
+    caption: str = ""  # what the target is: "target: loss_gap = test_loss − train_loss ..."
 
     @property
     def dropped(self) -> list[str]:
@@ -312,16 +314,6 @@ def _check_options(
         raise ConfigError(f"`max_train_loss` must be ≥ 0; got {max_train_loss}")
 
 
-def _check_target(table: ResultsTable, target: str) -> None:
-    """`ConfigError` naming the metric columns present when ``target`` is not a column."""
-    if target not in table.columns:
-        avail = ", ".join(c for c in table.columns if c in METRICS) or "none"
-        hint = "; gen_gap needs test data in the config (data.test)" if target == "gen_gap" else ""
-        raise ConfigError(
-            f"`target` {target!r} is not a column of {table.name} (metric columns present: {avail}){hint}"
-        )
-
-
 @dataclass
 class _Design:
     """What every measure is correlated against: the (filtered) table, the target and its values
@@ -477,7 +469,7 @@ def _rank_key(mc: MeasureCorrelation, sort: str) -> tuple:
 def correlate_table(
     table: ResultsTable | pd.DataFrame,
     *,
-    target: str = "gen_gap",
+    target: str | None = None,
     by: list[str] | str | None = None,
     sort: str | None = None,
     measures: list[str] | str | None = None,
@@ -490,6 +482,8 @@ def correlate_table(
 ) -> CorrelationReport:
     """Every statistic of the module docstring for every measure of ``table``, ranked by ``sort``.
 
+    ``target``: a column, a derived gap or an expression of columns (`flatcli.analysis.targets`);
+    None: the table's loss's gap (``gen_gap`` for classifiers, ``loss_gap`` for language models).
     ``where``/``max_train_loss`` filter the rows first (`filter_rows`); ``bootstrap`` N adds
     percentile intervals from N resamples (seeded by ``seed``) at level ``confidence``.
     ``progress(done, total)`` is called after each measure (the bootstrap takes seconds each).
@@ -498,7 +492,7 @@ def correlate_table(
     _check_options(sort, bootstrap, confidence, max_train_loss)
     n_input = len(table.frame)
     notes: list[str] = []
-    _check_target(table, target)
+    table, target, caption = resolve_target(table, target)
     table, filters = filter_rows(table, where=where, max_train_loss=max_train_loss)
     notes += [f.describe() for f in filters]
     axis_columns = _axes(table, _split(by), notes)
@@ -522,11 +516,8 @@ def correlate_table(
             progress(k, len(labels))
     results.sort(key=lambda mc: _rank_key(mc, sort))
     cmi_check = _cmi_check(design)
-    warns = [
-        w
-        for w in (convergence_warning(table, used_rows), cmi_check.warning() if cmi_check else "")
-        if w
-    ]
+    at_min = convergence_warning(table, used_rows) if minimum_rule(table.loss) else None
+    warns = [w for w in (at_min, cmi_check.warning() if cmi_check else "") if w]
     return CorrelationReport(
         source=table.path,
         target=target,
@@ -546,6 +537,7 @@ def correlate_table(
         seed=seed,
         table=table,
         cmi_check=cmi_check,
+        caption=caption,
     )
 
 

@@ -111,7 +111,15 @@ def render_table(report: CorrelationReport, width: int | None = None):
         )
         for name, key in _header(report)
     ]
-    return build_table(cols, width, title=title(report), header_style="bold", title_justify="left")
+    return build_table(
+        cols,
+        width,
+        title=title(report),
+        header_style="bold",
+        title_justify="left",
+        caption=report.caption or None,
+        caption_justify="left",
+    )
 
 
 def to_markdown(report: CorrelationReport) -> str:
@@ -129,9 +137,17 @@ def to_markdown(report: CorrelationReport) -> str:
 
 def notes(report: CorrelationReport) -> list[str]:
     """Report-level notes (filters and the rows they dropped, measure selection, grid), then
-    per-measure ones (missing values, constant columns, undefined ψ). Warnings are
-    ``report.warnings``."""
-    out = list(report.notes)
+    per-measure ones (missing values, constant columns, undefined ψ); a note shared by several
+    measures is one line naming them with their count. Warnings are ``report.warnings``."""
+    out = list(dict.fromkeys(report.notes))
+    shared: dict[str, list[str]] = {}
     for mc in report.measures:
-        out += [f"{mc.measure}: {n}" for n in mc.notes]
+        for n in mc.notes:
+            shared.setdefault(n, []).append(mc.measure)
+    for n, names in shared.items():
+        out.append(
+            f"{names[0]}: {n}"
+            if len(names) == 1
+            else f"{n} ({len(names)} measures: {', '.join(names)})"
+        )
     return out

@@ -190,11 +190,20 @@ class CMICheck:
         """The warning for an unreliable grid (empty when reliable)."""
         if self.reliable:
             return ""
-        return (
+        head = (
             f"CMI is not reliable on this grid: conditioning on {self.condition} leaves "
             f"{self.pairs_per_cell:.1f} ordered pairs per cell, and CMI needs ≳ {MIN_PAIRS_PER_CELL} "
-            "(several checkpoints for every combination of values of each two axes); a random measure scores "
-            f"{self.chance:.2f} on average here (95th percentile {self.chance_hi:.2f}): ignore CMI values below that"
+            "(several checkpoints for every combination of values of each two axes)"
+        )
+        if not (math.isfinite(self.chance) and math.isfinite(self.chance_hi)):
+            return (
+                head + "; no chance baseline: the hyperparameters determine the order of the "
+                "target on this grid (H(V_g | U_S) = 0), so CMI is undefined for any measure, "
+                "random ones included"
+            )
+        return (
+            head + f"; a random measure scores {self.chance:.2f} on average here "
+            f"(95th percentile {self.chance_hi:.2f}): ignore CMI values below that"
         )
 
 

@@ -11,11 +11,12 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
+from ..results import METRICS
 
-METRICS = ("train_loss", "train_acc", "test_loss", "test_acc", "gen_gap")
 NON_MEASURE = {"checkpoint", "status", "error", *METRICS}
 CONVERGED_LOSS = 0.01  # Jiang et al. 2020 train every model to cross-entropy 0.01 ...
 CONVERGED_ACC = 0.99  # ... and accuracy is then ≥ 99%: rows beyond either are not at a minimum
+PER_TOKEN_COLUMNS = ("train_ppl", "test_ppl")  # written for per-token losses only
 MAX_NAMES = 20  # names listed in a note; the report keeps them all
 
 
@@ -29,6 +30,17 @@ class ResultsTable:
     path: Path | None = None
     measures: list[str] = field(default_factory=list)
     measures_source: str = ""  # "results.json", "inferred (columns X with X_status)" or ""
+    recorded_loss: str | None = None  # results.json's config.loss, when beside the CSV
+
+    @property
+    def loss(self) -> str | None:
+        """The loss the table was measured with: the one results.json records, else ``causal_lm``
+        (a per-token loss) when the table has perplexity columns, else None (unknown)."""
+        if self.recorded_loss:
+            return self.recorded_loss
+        if any(c in self.frame.columns for c in PER_TOKEN_COLUMNS):
+            return "causal_lm"
+        return None
 
     @property
     def name(self) -> str:
@@ -137,7 +149,22 @@ def load_results(path: str | Path) -> ResultsTable:
         raise ConfigError(f"results file not found: {path}")
     frame = read_table(path)
     measures, source = detect_measures([str(c) for c in frame.columns], path)
-    return ResultsTable(frame, path, measures, source)
+    return ResultsTable(frame, path, measures, source, recorded_loss(path))
+
+
+def recorded_loss(csv_path: Path) -> str | None:
+    """The ``loss`` of the config recorded in the results.json beside a results CSV (None
+    without one)."""
+    for j in (csv_path.with_suffix(".json"), csv_path.parent / "results.json"):
+        if j.is_file():
+            try:
+                d = json.loads(j.read_text())
+            except (OSError, ValueError):
+                return None
+            cfg = d.get("config") if isinstance(d, dict) else None
+            loss = cfg.get("loss") if isinstance(cfg, dict) else None
+            return loss if isinstance(loss, str) else None
+    return None
 
 
 def as_table(data: pd.DataFrame | ResultsTable | str | Path) -> ResultsTable:
@@ -240,7 +267,10 @@ def filter_rows(
         raise ConfigError(
             f"the filters left no rows of {table.name}: " + "; ".join(i.describe() for i in infos)
         )
-    return ResultsTable(frame, table.path, table.measures, table.measures_source), infos
+    return (
+        ResultsTable(frame, table.path, table.measures, table.measures_source, table.recorded_loss),
+        infos,
+    )
 
 
 def convergence_warning(table: ResultsTable, rows: np.ndarray) -> str | None:

@@ -165,7 +165,12 @@ def correlate(
     run : RunOptions, optional
         Only ``run.seed`` applies: the seed of the bootstrap's generator (default 0).
     **table_options
-        ``correlate_table``'s keywords: ``target`` (default ``gen_gap``); ``by``, the
+        ``correlate_table``'s keywords: ``target``, what to predict: a column, a derived gap
+        (``loss_gap = test_loss − train_loss``, ``gen_gap = train_acc − test_acc``,
+        ``train_ppl``, ``test_ppl``) or an expression of columns (``"test_loss - train_loss"``,
+        ``"test_acc / train_acc"``; `flatcli.analysis.targets`), default the loss's gap
+        (``gen_gap`` for classifiers, ``loss_gap`` for language models; ``report.caption`` says
+        which); ``by``, the
         hyperparameter axes (``hp_<name>`` is found by ``<name>``; default every ``hp_*``
         column that forms a grid axis); ``measures``, the measure columns (default the measures
         flatcli recorded, else every numeric column that is not the target, a metric or an
@@ -178,7 +183,8 @@ def correlate(
     -------
     flatcli.analysis.CorrelationReport
         The measures, best first; ``to_pandas()`` is the correlations.csv table,
-        ``warnings`` flags rows that are not at a minimum, ``dropped`` the rows the filters
+        ``warnings`` flags rows that are not at a minimum (classification cross-entropy only:
+        train loss above 0.01), ``dropped`` the rows the filters
         left out. `correlate_frame` (``flatcli.correlate``) returns the DataFrame directly.
     """
     from ..analysis.correlation import correlate_table

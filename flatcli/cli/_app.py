@@ -3,6 +3,7 @@ one-line errors (`handle_errors`, `cli_message`: API parameters become flags) an
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -308,7 +309,8 @@ def handle_errors(fn):
     def wrapper(*args, **kwargs):
         debug = kwargs.get("debug", False)
         try:
-            return fn(*args, **kwargs)
+            with _debug_env(debug):
+                return fn(*args, **kwargs)
         except FlatcliError as e:
             _fail(e, e.exit_code, f"[red]error:[/red] {cli_message(e)}", debug)
         except (
@@ -327,6 +329,21 @@ def handle_errors(fn):
             _fail(e, 1, f"[red]error:[/red] {type(e).__name__}: {e}{hint}", debug)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def _debug_env(debug: bool):
+    """`flatcli.console.DEBUG_ENV` set while a ``--debug`` command runs (its workers inherit it)."""
+    from ..console import DEBUG_ENV
+
+    old = os.environ.get(DEBUG_ENV)
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
+    try:
+        yield
+    finally:
+        if debug and old is None:
+            os.environ.pop(DEBUG_ENV, None)
 
 
 def _end_all_ranks(e: BaseException, debug: bool) -> None:

@@ -317,7 +317,16 @@ def correlate(
             help="A table with one row per checkpoint: a results.csv from 'flatcli measure' or 'flatcli collect', or any CSV."
         ),
     ],
-    target: Annotated[str, typer.Option("--target", help="Column to predict.")] = "gen_gap",
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target",
+            help="What to predict: a column (gen_gap, loss_gap, test_loss...), a derived gap (loss_gap = "
+            "test_loss - train_loss, gen_gap, train_ppl, test_ppl) or an expression of columns such as "
+            "'test_loss - train_loss' or 'test_acc / train_acc' (+ - * / **, log, exp, sqrt, abs). "
+            "Default: gen_gap for classifiers, loss_gap for language models.",
+        ),
+    ] = None,
     by: Annotated[
         str | None,
         typer.Option(
@@ -442,7 +451,7 @@ def correlate(
         _print_comparison(
             results,
             compare,
-            target=target,
+            target=rep.target if target is None else target,
             bootstrap=bootstrap,
             seed=seed,
             confidence=confidence,

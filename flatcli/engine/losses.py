@@ -55,6 +55,11 @@ class Loss(abc.ABC):
     classification: ClassVar[bool] = True  # outputs are class scores: accuracy, margins, errors
     units_are_rows: ClassVar[bool] = True  # one scored unit per row (per-row Gauss-Newton factors)
     fused_head: ClassVar[bool] = False  # may fuse with an LM head (`flatcli.engine.lmhead`)
+    per_token: ClassVar[bool] = False  # units are tokens: perplexities exp(loss) are metrics too
+    # the gap `flatcli correlate` predicts by default (flatcli.analysis.targets says the same)
+    gap: ClassVar[str] = "gen_gap"
+    # the train loss below which a model counts as at a minimum (None: no such rule)
+    minimum_loss: ClassVar[float | None] = None
 
     def units(self, batch: Batch) -> torch.Tensor:
         """Scored units per row, shape (rows,), float."""
@@ -140,6 +145,7 @@ class CrossEntropy(Loss):
     """``cross_entropy``: ``F.cross_entropy`` of class scores (rows, C) against integer labels."""
 
     name = "cross_entropy"
+    minimum_loss = 0.01  # Jiang et al. 2020 train every classifier to cross-entropy 0.01
 
     def scores(self, out, batch):
         """See `Loss.scores`."""
@@ -183,6 +189,7 @@ class MSE(Loss):
 
     name = "mse"
     classification = False
+    gap = "loss_gap"
 
     def scores(self, out, batch):
         """See `Loss.scores`."""
@@ -232,6 +239,8 @@ class CausalLM(Loss):
     name = "causal_lm"
     units_are_rows = False
     fused_head = True
+    per_token = True
+    gap = "loss_gap"  # the loss floor is the text's entropy: no minimum rule
 
     def labels(self, batch: Batch) -> torch.Tensor:
         """The (rows, T) labels before the shift (−100 where ignored)."""

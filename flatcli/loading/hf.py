@@ -49,6 +49,12 @@ def transformers_module(what: str = "model.source: huggingface"):
     except ImportError:
         raise ConfigError(f"{what} needs the transformers package: {EXTRA_HINT}") from None
     transformers.logging.set_verbosity_error()
+    from ..console import DEBUG_ENV
+
+    if os.environ.get(DEBUG_ENV):
+        transformers.logging.enable_progress_bar()
+    else:  # no "Loading weights" bars in flatcli's logs (they show with --debug)
+        transformers.logging.disable_progress_bar()
     return transformers
 
 

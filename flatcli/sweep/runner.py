@@ -20,10 +20,10 @@ seconds are broken.
 Why one unit per checkpoint × measure rather than per checkpoint: adding a measure
 or changing one measure's options recomputes only that measure's units; expensive
 measures spread over workers instead of one worker holding a whole checkpoint; a
-crash loses one measure, not a checkpoint's worth. The price is loading the
-checkpoint and evaluating train/test metrics once per unit, which is small next to
-any curvature measure (and the seeds make each measure's value independent of the
-others, so the collected table equals ``flatcli measure``'s).
+crash loses one measure, not a checkpoint's worth. A worker keeps the checkpoint of its
+last unit (`flatcli.reuse.CheckpointCache`): consecutive units of one checkpoint load it and
+evaluate its train/test metrics once (and the seeds make each measure's value independent of
+the others, so the collected table equals ``flatcli measure``'s).
 """
 
 from __future__ import annotations

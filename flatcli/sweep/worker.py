@@ -109,6 +109,8 @@ class _WorkerLoop:
     debug: bool
     stats: WorkerStats = field(default_factory=WorkerStats)
     todo: int = 0  # units unfinished when the walk began: "k/N" in the log lines
+    # the checkpoint of the last unit: its model and metrics, reused by the next unit of it
+    keep: Any = None
 
     def run(self, order: list[Unit]) -> WorkerStats:
         """Attempt every unit in ``order``, then retry the busy ones while that frees some."""
@@ -157,7 +159,10 @@ class _WorkerLoop:
         import torch
 
         from ..pipeline import measure_job
+        from ..reuse import CheckpointCache
 
+        if self.keep is None:
+            self.keep = CheckpointCache()
         with Heartbeat(lock, self.args.lock_timeout / 4):
             t0 = time.perf_counter()
             if self.delay:
@@ -172,6 +177,7 @@ class _WorkerLoop:
                 self.settings,
                 self.debug,
                 budget_among=[plan.spec(lab) for lab in plan.labels],
+                keep=self.keep,
             )
             rec = unit_record(
                 uid=u.id,
