@@ -9,7 +9,7 @@ mmap threshold pinned (``MALLOC_MMAP_THRESHOLD_``) so that every large tensor is
 on its own and the resident set follows live memory. Linux only.
 
 Kinds:
-* ``flatcli-hvp``: `CurvatureEngine.hvp` with ``loss: causal_lm``: the LM head and the
+* ``flatcli-hvp``: `CurvatureEngine.hessian` with ``loss: causal_lm``: the LM head and the
   cross-entropy fused, chunked over tokens, with an analytic double backward (`flatcli.engine.lmhead`);
 * ``plain-hvp``: ``autograd.grad`` of the mean next-token cross-entropy with ``create_graph``, then
   the gradient of ⟨∇L, v⟩ (double backward through ``log_softmax``);
@@ -101,7 +101,7 @@ def _product(kind: str, model, ids, mask, v: torch.Tensor):
             model, {"input_ids": ids, "attention_mask": mask}, loss="causal_lm", batch_size=len(ids)
         )
         eng = CurvatureEngine(p, cache_graphs=False)
-        return eng.hvp(v) if kind == "flatcli-hvp" else eng.ggnvp(v)
+        return eng.hessian()(v) if kind == "flatcli-hvp" else eng.ggn()(v)
     names, logits_of, loss_of_logits = _plain_loss(model, ids, mask)
     params = {n: q.detach() for n, q in model.named_parameters()}
     shapes = [params[n].shape for n in names]

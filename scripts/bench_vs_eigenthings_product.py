@@ -3,7 +3,7 @@ GPT-2-shaped model (`scripts/bench_large.py`'s ``build``: random weights, ``caus
 alternating which tool goes first (the first product of a process pays for fresh pages; glibc keeps
 freed memory for the next one, so a fixed order favours the second).
 
-flatcli: `CurvatureEngine.hvp` with gradient graphs not cached (a forward, a ``create_graph`` backward
+flatcli: `CurvatureEngine.hessian` with gradient graphs not cached (a forward, a ``create_graph`` backward
 and a backward per product, as eigenthings); eigenthings: ``HessianOperator(model, [batch],
 hf_lm_loss()).matvec`` (``model(**batch).loss``, the same mean over the scored next tokens on one
 batch). ``hessian_eigenthings`` is imported from ``--eigenthings DIR`` (its wheel unpacked there, see
@@ -52,8 +52,8 @@ def main() -> None:
         "labels": batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100),
     }
     op = HessianOperator(model, [labelled], hf_lm_loss())
-    v = torch.randn(eng.num_params, generator=torch.Generator().manual_seed(3))
-    tools = {"flatcli": lambda: eng.hvp(v[None])[0], "eigenthings": lambda: op.matvec(v)}
+    v = torch.randn(eng.problem.num_params, generator=torch.Generator().manual_seed(3))
+    tools = {"flatcli": lambda: eng.hessian()(v[None])[0], "eigenthings": lambda: op.matvec(v)}
     for r in range(args.rounds):
         order = ["flatcli", "eigenthings"] if r % 2 == 0 else ["eigenthings", "flatcli"]
         secs, out = {}, {}

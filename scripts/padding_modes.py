@@ -68,8 +68,8 @@ def main() -> None:
             dtype=DT,
         )
         V = torch.randn(2, p.num_params, generator=torch.Generator().manual_seed(2), dtype=DT)
-        r = CurvatureEngine(p, hvp_mode="reverse").hvp(V)
-        f = CurvatureEngine(p, hvp_mode="forward").hvp(V)
+        r = CurvatureEngine(p, hvp_mode="reverse").hessian()(V)
+        f = CurvatureEngine(p, hvp_mode="forward").hessian()(V)
         print(f"{name}: forward vs reverse {float((r - f).norm() / r.norm()):.2e}")
 
 
