@@ -3,6 +3,7 @@ blocks, out-of-memory back-off, rank sum and counting in the base class, estimat
 curvature as it is, and a short path from an estimator to autograd."""
 
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,15 +42,27 @@ class DoubledHessian(Curvature):
         self.put(out, 2 * HV, accumulate)
 
 
+def recipe_curvature():
+    """The class of docs/architecture.md's "How to add a curvature", run as written."""
+    text = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
+    section = text[text.index("## How to add a curvature") :]
+    start = section.index("```python\n") + len("```python\n")
+    namespace = {"Curvature": Curvature, "torch": torch}
+    exec(section[start : section.index("```", start)], namespace)
+    return namespace["DoubledHessian"]
+
+
+@pytest.mark.parametrize("source", ["test", "docs"])
 @pytest.mark.parametrize("block_size", [1, 3, 8])
-def test_a_toy_curvature_is_one_class_and_works_with_the_estimators(block_size):
-    """A curvature added in a test (one class, one method) multiplies like 2·H over uneven batches
-    and any block size, is counted, takes θ, and Lanczos and scipy's eigsh drive it as they drive
-    the Hessian."""
+def test_a_toy_curvature_is_one_class_and_works_with_the_estimators(block_size, source):
+    """A curvature added in a test (one class, one method; the same class as the docs' recipe, run
+    from the docs) multiplies like 2·H over uneven batches and any block size, is counted, takes
+    θ, and Lanczos and scipy's eigsh drive it as they drive the Hessian."""
     p = problem()
     eng = CurvatureEngine(p, block_size=block_size)
     H = dense_hessian(p)
-    op = eng.curvature(DoubledHessian)
+    kind = DoubledHessian if source == "test" else recipe_curvature()
+    op = eng.curvature(kind)
     assert op.shape == (p.num_params, p.num_params) and op.name == "doubled_hessian"
     V = torch.randn(5, p.num_params, dtype=DT, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(op(V), 2 * V @ H, rtol=1e-10, atol=1e-12)
@@ -58,7 +71,7 @@ def test_a_toy_curvature_is_one_class_and_works_with_the_estimators(block_size):
     torch.testing.assert_close(op.dense(), 2 * H, rtol=1e-10, atol=1e-12)
     th = p.theta + 0.05
     torch.testing.assert_close(
-        eng.curvature(DoubledHessian, th)(V), 2 * V @ dense_hessian(p, th), rtol=1e-10, atol=1e-12
+        eng.curvature(kind, th)(V), 2 * V @ dense_hessian(p, th), rtol=1e-10, atol=1e-12
     )
     ev = torch.linalg.eigvalsh(2 * H)
     r = linalg.lanczos(
