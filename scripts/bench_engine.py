@@ -474,7 +474,7 @@ def bench_trace(
     except ImportError:
         HessianLinearOperator = None
     if HessianLinearOperator is not None:
-        chunk = flatcli_engine(task).block_size
+        chunk = flatcli_engine(task).state.memory.block_size
 
         def operator():
             return curvlinops_hessian(task, crit)
