@@ -106,9 +106,9 @@ def data_for(loss: str, vocab: int, shape: tuple[int, int], seed: int = 0) -> di
 
 def timed_products(eng: CurvatureEngine, fn):
     """(fn(), seconds per product) over the engine's products during fn."""
-    n0, t = eng.n_hvp, time.perf_counter()
+    n0, t = eng.counters()["n_hvp"], time.perf_counter()
     out = fn()
-    return out, (time.perf_counter() - t) / max(eng.n_hvp - n0, 1)
+    return out, (time.perf_counter() - t) / max(eng.counters()["n_hvp"] - n0, 1)
 
 
 def paired_probes(eng: CurvatureEngine, probes: int, seed: int = 2) -> dict:
@@ -116,7 +116,7 @@ def paired_probes(eng: CurvatureEngine, probes: int, seed: int = 2) -> dict:
     float32 quadratic forms z^T H z (mean ± stderr) and the bf16 bias, the mean of z^T (H_bf16 − H) z
     ± its stderr (what ``hessian_trace``'s control sample reports)."""
     g = torch.Generator().manual_seed(seed)
-    Z = (torch.randint(0, 2, (probes, eng.num_params), generator=g) * 2 - 1).float()
+    Z = (torch.randint(0, 2, (probes, eng.problem.num_params), generator=g) * 2 - 1).float()
     qf = (Z * eng.hessian().matmat_rows(Z)).sum(1).double()
     (q32, sec32) = timed_products(
         eng, lambda: (Z * eng.hessian(precision="fp32").matmat_rows(Z)).sum(1).double()
@@ -140,7 +140,7 @@ def measure(name: str, probes: int, tol: float) -> dict:
     model = model.to(torch.bfloat16).float().eval()  # stored in bfloat16, its values upcast exactly
     data = data_for(loss, vocab, shape)
     eng = CurvatureEngine(Problem(model, data, loss=loss, batch_size=shape[0]), precision="bf16")
-    out = {"model": name, "P": eng.num_params, "tokens": shape[0] * shape[1]}
+    out = {"model": name, "P": eng.problem.num_params, "tokens": shape[0] * shape[1]}
     r, out["sec_bf16"] = timed_products(
         eng,
         lambda: linalg.lanczos(
@@ -169,7 +169,7 @@ def measure(name: str, probes: int, tol: float) -> dict:
     out["basis_vectors"] = r.basis_vectors
     out.update(paired_probes(eng, probes))
     if (
-        eng.num_params <= EXACT_BELOW
+        eng.problem.num_params <= EXACT_BELOW
     ):  # the exact float32 trace (one product per parameter) as the scale
         with eng.full_precision():
             out["trace_exact"] = float(

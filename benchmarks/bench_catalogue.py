@@ -300,9 +300,9 @@ def warm_up(bench: Bench) -> None:
     x, y = bench.batches[0]
     with eval_mode(bench.model):
         eng = CurvatureEngine(Problem(bench.model, x, y, batch_size=len(x), device=bench.device))
-        eng.grad()
-        eng.hvp(torch.ones(eng.num_params, device=bench.device))
-        eng.hvp(torch.ones(2, eng.num_params, device=bench.device))
+        eng.loss_grad()[1]
+        eng.hessian()(torch.ones(eng.problem.num_params, device=bench.device))
+        eng.hessian()(torch.ones(2, eng.problem.num_params, device=bench.device))
     pyh = pyhessian_class()
     if pyh is not None:
         h = pyh(

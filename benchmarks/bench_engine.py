@@ -81,11 +81,11 @@ class Row:
 
 
 def rel_residual(eng: CurvatureEngine, v: torch.Tensor, lam: float) -> float:
-    v = v.to(eng.device, eng.problem.dtype).reshape(-1)
+    v = v.to(eng.problem.device, eng.problem.dtype).reshape(-1)
     v = v / v.norm()
-    n0 = eng.tally.n_hvp
-    r = float((eng.hvp(v) - lam * v).norm()) / abs(lam)
-    eng.tally.n_hvp = n0  # the check is not the method's cost
+    n0 = eng.state.tally.n_hvp
+    r = float((eng.hessian()(v) - lam * v).norm()) / abs(lam)
+    eng.state.tally.n_hvp = n0  # the check is not the method's cost
     return r
 
 
@@ -149,8 +149,8 @@ def resnet_task(dev, n, batch_size, ref_dtype) -> Task:
 def warm_up(task: Task) -> None:
     """One gradient and one HVP before timing (CUDA context, kernels, allocator)."""
     eng = flatcli_engine(task, cache_graphs=False)
-    eng.grad()
-    eng.hvp(torch.ones(2, eng.num_params, device=task.device))
+    eng.loss_grad()[1]
+    eng.hessian()(torch.ones(2, eng.problem.num_params, device=task.device))
     sync(task.device)
 
 
@@ -193,7 +193,9 @@ def bench_lambda(
             1e-7 if task.ref_dtype == torch.float64 else 1e-6
         )  # float32 products are good to ~1e-6
         return linalg.lanczos(
-            linalg.as_operator(eng.hvp, eng.num_params, device=dev, dtype=task.ref_dtype),
+            linalg.as_operator(
+                eng.hessian().matmat_rows, eng.problem.num_params, device=dev, dtype=task.ref_dtype
+            ),
             stop=linalg.KrylovStop(tol=rtol, min_steps=20, max_steps=ref_steps),
             generator=g,
         )
@@ -209,7 +211,7 @@ def bench_lambda(
         eng = flatcli_engine(task)
         g = torch.Generator().manual_seed(0)
         res = linalg.lanczos(
-            linalg.as_operator(eng.hvp, eng.num_params, device=dev),
+            linalg.as_operator(eng.hessian().matmat_rows, eng.problem.num_params, device=dev),
             stop=linalg.KrylovStop(tol=tol, min_steps=20, max_steps=300),
             generator=g,
             return_vectors=True,
@@ -224,7 +226,7 @@ def bench_lambda(
             "lambda_max",
             "flatcli lanczos",
             dt,
-            eng.n_hvp,
+            eng.counters()["n_hvp"],
             lam,
             abs(lam - lam_ref) / abs(lam_ref),
             rel_residual(check, res.ritz_vectors[0], lam),
@@ -365,7 +367,12 @@ def bench_trace(
         eng = flatcli_engine(task)
         g = torch.Generator().manual_seed(321)
         return linalg.hutchpp(
-            linalg.as_operator(eng.hvp, eng.num_params, device=dev, block_size=eng.block_size),
+            linalg.as_operator(
+                eng.hessian().matmat_rows,
+                eng.problem.num_params,
+                device=dev,
+                block_size=eng.state.memory.block_size,
+            ),
             stop=linalg.ProbeStop(tol=1e-6, min_probes=ref_probes, max_probes=ref_probes),
             generator=g,
         )
@@ -385,7 +392,12 @@ def bench_trace(
             g = torch.Generator().manual_seed(0)
             f = getattr(linalg, method)
             return f(
-                linalg.as_operator(eng.hvp, eng.num_params, device=dev, block_size=eng.block_size),
+                linalg.as_operator(
+                    eng.hessian().matmat_rows,
+                    eng.problem.num_params,
+                    device=dev,
+                    block_size=eng.state.memory.block_size,
+                ),
                 stop=linalg.ProbeStop(tol=tol, min_probes=16, max_probes=max_probes),
                 generator=g,
             ), eng
@@ -398,10 +410,10 @@ def bench_trace(
                 "trace",
                 f"flatcli {method}",
                 dt,
-                eng.n_hvp,
+                eng.counters()["n_hvp"],
                 res.estimate,
                 abs(res.estimate - tr_ref) / abs(tr_ref),
-                note=f"stderr {res.stderr / abs(res.estimate):.2%}; {note_ref}; block {eng.block_size}",
+                note=f"stderr {res.stderr / abs(res.estimate):.2%}; {note_ref}; block {eng.state.memory.block_size}",
             )
         )
     m, m_pp = probes["hutchinson"], probes["hutchpp"]
@@ -459,7 +471,7 @@ def bench_trace(
     except ImportError:
         HessianLinearOperator = None
     if HessianLinearOperator is not None:
-        chunk = flatcli_engine(task).block_size
+        chunk = flatcli_engine(task).state.memory.block_size
 
         def operator():
             return curvlinops_hessian(task, crit)
@@ -693,7 +705,7 @@ def bench_variants(task: Task, log, reps: int = 3) -> list[str]:
     }
     dev = task.device
     base = flatcli_engine(task)
-    K = base.block_size
+    K = base.state.memory.block_size
     best = {}
     engs = {}
     for name, kw in variants.items():
@@ -701,22 +713,23 @@ def bench_variants(task: Task, log, reps: int = 3) -> list[str]:
             engs[name] = flatcli_engine(task, block_size=K, **kw)
         except RuntimeError as e:
             log(f"{name}: {e}")
-    P = base.num_params
+    P = base.problem.num_params
     g = torch.Generator().manual_seed(0)
+    hessians = {name: e.hessian() for name, e in engs.items()}
     for k in (1, K):
         V = torch.randn(k, P, generator=g).to(dev)
-        for name, e in engs.items():
+        for name, H in hessians.items():
             try:
-                e.hvp(V)
+                H(V)
             except torch.cuda.OutOfMemoryError:
                 best[(name, k)] = math.nan
         for _ in range(reps):
-            for name, e in engs.items():
+            for name, H in hessians.items():
                 if (name, k) in best and math.isnan(best[(name, k)]):
                     continue
-                _, dt = timed(dev, lambda e=e, V=V: e.hvp(V))
+                _, dt = timed(dev, lambda H=H, V=V: H(V))
                 best[(name, k)] = min(best.get((name, k), math.inf), dt / k)
-            _, dt = timed(dev, base.grad)
+            _, dt = timed(dev, base.loss_grad)
             best["grad"] = min(best.get("grad", math.inf), dt)
     tg = best["grad"]
     lines = [

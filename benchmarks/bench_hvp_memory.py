@@ -72,7 +72,7 @@ def run_one(args) -> dict:
     for _ in range(args.products):
         t0 = time.perf_counter()
         with matmul_mode(args.bf16_matmul):
-            hv = eng.hvp(v)
+            hv = eng.hessian()(v)
         secs.append(time.perf_counter() - t0)
     out = {
         "bf16_matmul": args.bf16_matmul,
@@ -80,7 +80,7 @@ def run_one(args) -> dict:
         "seconds": secs,
         "peak_rss_bytes": _status("VmHWM"),
         "rss_before_bytes": base,
-        "fallbacks": eng.fallbacks,
+        "fallbacks": eng.counters()["fallbacks"],
         "vHv": float(v[0] @ hv[0]),
         "block_by_block": eng.state.chain is not None,
     }

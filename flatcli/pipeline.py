@@ -223,7 +223,7 @@ def measure_model(
             max_basis_vectors=st.max_basis_vectors,
         )
         try:
-            engine.check_finite()
+            problem.check_finite(engine.loss())
             _check_deterministic(problem)
             if (
                 st.check_memory
@@ -387,7 +387,7 @@ def check_finite_model(
     st = settings
     with eval_mode(model):
         prob = _problem(model, subset(data, st.num_samples, st.data_seed), st)
-        return CurvatureEngine(prob).check_finite(where)
+        return prob.check_finite(CurvatureEngine(prob).loss(), where)
 
 
 COUNTERS = ("n_hvp", "n_grad", "n_forward", "n_vjp")

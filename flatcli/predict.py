@@ -174,20 +174,19 @@ def time_products(
         P = problem.num_params
         gen = torch.Generator().manual_seed(0)
         v = torch.randn(P, generator=gen).to(st.device, st.dtype)
-        k = max(2, min(BLOCK, eng.block_size))
+        H = eng.hessian()
+        k = max(2, min(BLOCK, H.block_size))
         V = torch.randn(k, P, generator=gen).to(st.device, st.dtype)
         forward = _timed(eng.loss, 2)
-        grad = _timed(eng.grad, 2)
-        eng.hvp(v)  # builds (and may cache) the gradient graphs
-        hvp1 = _timed(lambda: eng.hvp(v), 2)
+        grad = _timed(eng.loss_grad, 2)
+        H(v)  # builds (and may cache) the gradient graphs
+        hvp1 = _timed(lambda: H(v), 2)
         took: list[
             float
         ] = []  # the block product, timed inside the memory probe (one call for both)
-        peak, how = measure_peak(
-            lambda: took.append(_timed(lambda: eng.hvp(V))), torch.device(st.device)
-        )
+        peak, how = measure_peak(lambda: took.append(_timed(lambda: H(V))), torch.device(st.device))
         hvpk = took[0]
-        eng.drop_graphs()
+        eng.state.drop_graphs()
         vector_op = _timed(lambda: _project(V, v), 3) / (2 * V.shape[0])
         B = V[: 2 * (k // 2)].reshape(2, k // 2, P)  # 2 runs, each with a basis of k // 2 vectors
         batched_op = _timed(lambda: _project_runs(B, V[:2]), 3) / (4 * (k // 2))
@@ -197,7 +196,7 @@ def time_products(
         hvp1,
         hvpk,
         k,
-        eng.block_size,
+        H.block_size,
         peak,
         how,
         P,
@@ -213,14 +212,15 @@ def quick_times(engine: CurvatureEngine) -> ProductTimes:
     engine's own problem, for `Fit`: under a second on the models whose measures it guards. A
     block product is taken as that many one-vector products (an upper bound: blocks are
     cheaper per vector), and no memory is probed."""
-    P = engine.num_params
+    P = engine.problem.num_params
     v = torch.randn(P, generator=torch.Generator().manual_seed(0)).to(
-        engine.theta.device, engine.theta.dtype
+        engine.problem.device, engine.problem.dtype
     )
     forward = _timed(engine.loss)
-    grad = _timed(engine.grad)
-    engine.hvp(v)
-    hvp1 = _timed(lambda: engine.hvp(v))
+    grad = _timed(engine.loss_grad)
+    H = engine.hessian()
+    H(v)
+    hvp1 = _timed(lambda: H(v))
     return ProductTimes(
         forward,
         grad,
@@ -231,7 +231,7 @@ def quick_times(engine: CurvatureEngine) -> ProductTimes:
         0,
         "not measured",
         P,
-        torch.finfo(engine.theta.dtype).bits // 8,
+        torch.finfo(engine.problem.dtype).bits // 8,
     )
 
 

@@ -149,21 +149,23 @@ def conv_bn_folded_by_hand(model):
 
 
 def record_tf32_flags(monkeypatch, bias: float = 0.0) -> list[bool]:
-    """Record ``torch.backends.cuda.matmul.allow_tf32`` inside every `CurvatureEngine.hvp` call (the
-    list returned grows as products run). ``bias`` simulates a TF32 product on the CPU, where the flag
+    """Record ``torch.backends.cuda.matmul.allow_tf32`` inside every Hessian product (the list
+    returned grows as products run). ``bias`` simulates a TF32 product on the CPU, where the flag
     changes nothing: while the flag is on, products come out as (1 + bias)·H v."""
-    from flatcli.engine import CurvatureEngine
+    from flatcli.engine.curvatures import Curvature
 
     seen: list[bool] = []
-    real = CurvatureEngine.hvp
+    real = Curvature._matmat
 
-    def hvp(self, V, theta=None):
+    def matmat(self, V):
+        out = real(self, V)
+        if self.name != "hessian":
+            return out
         on = bool(torch.backends.cuda.matmul.allow_tf32)
         seen.append(on)
-        out = real(self, V, theta=theta)
         return out * (1 + bias) if on and bias else out
 
-    monkeypatch.setattr(CurvatureEngine, "hvp", hvp)
+    monkeypatch.setattr(Curvature, "_matmat", matmat)
     return seen
 
 

@@ -1,15 +1,20 @@
-r"""One small class per curvature, each with one batched product method.
+r"""The curvatures: each one a linear operator with one batched product method.
 
-A curvature's `product` adds (or, for the first batch, writes) one batch's share of
-:math:`M V` for a block ``V`` of K vectors (shape ``(K, P)``). Everything else is the base
-class's: `Curvature.apply` runs the loop over this rank's batches in blocks with the
-out-of-memory back-off and the cross-rank sum (`flatcli.engine.loop.ProductLoop`),
-`Curvature.count` adds the product's cost to the counters, and the unit weighting (every share
-is the batch's sum of unit losses divided by the whole set's U, so the sum over batches and
-ranks is the product of the full-set matrix) is `Curvature.batch_loss` and
-`flatcli.engine.loop.ProductState.share`/``weigh``. A curvature receives the
-`flatcli.engine.loop.ProductState` (problem, batches, memory policy, counters, graph cache,
-product mode), never the engine.
+A curvature is a `flatcli.engine.operators.CurvatureOperator` at a point θ (``op @ v``,
+``op.matmat_rows(V)``, ``op.dense()``, ``op.to_scipy()``, ...) that every estimator of
+`flatcli.engine.linalg` takes as it is. A subclass of `Curvature` supplies one method,
+``_matmat_batch(V, θ, j, batch, out, accumulate)``, which writes (``accumulate`` False, the first
+batch) or adds batch ``j``'s share of :math:`M V` for a block ``V`` of K vectors (shape
+``(K, P)``) into ``out``. Everything else is the base class's, in one place: the loop over this
+rank's batches in blocks of ``runtime.block_size`` vectors with the out-of-memory back-off
+(`flatcli.engine.loop.ProductState.back_off`), the padding mask (M A M), the cross-rank sum,
+the progress report and the counting (`Curvature.count`: one ``n_hvp`` per vector unless a
+subclass says otherwise). The unit weighting (every share is the batch's sum of unit losses
+divided by the whole set's U, so the sum over batches and ranks is the product of the full-set
+matrix) is `Curvature.batch_loss` and `flatcli.engine.loop.ProductState.share`/``weigh``. A
+curvature receives the `flatcli.engine.loop.ProductState` (problem, batches, memory policy,
+counters, graph cache, product mode, precision), never the engine; its own settings (the
+finite-difference step) are constructor arguments.
 
 * `Hessian`: :math:`H = \nabla^2 L(\theta)`.
   ``"reverse"``: the batch's gradient graph (``create_graph``, cached across products at
@@ -27,51 +32,111 @@ product mode), never the engine.
   through the outputs' graph.
 * `FiniteDifferenceHessian`: :math:`(\nabla L(\theta + h u) - \nabla L(\theta - h u))\|v\|/2h`
   with :math:`u = v/\|v\|`, per batch, two batch gradients per vector; ``h`` relative
-  (``fd_eps``·max(1, ‖θ‖), ``runtime.hvp_mode: finite_difference``) or absolute (``eps``).
+  (``relative_eps``·max(1, ‖θ‖), ``runtime.hvp_mode: finite_difference``) or absolute (``eps``).
 
-Adding a curvature is one subclass with a `product` method (and a `count` when its cost is not
-one product per vector), plus a test against a dense float64 reference.
+Adding a curvature is one subclass with a `_matmat_batch` method (and a `count` when its cost is
+not one product per vector), plus a test against a dense float64 reference; the engine hands it
+out with ``engine.curvature(MyCurvature, θ)`` (docs/architecture.md, "How to add a curvature").
 """
 
 from __future__ import annotations
 
-import abc
+import math
 
 import torch
 from torch.func import grad as func_grad
 from torch.func import jvp, vmap
 
-from .loop import ProductLoop, ProductState, is_oom
+from .loop import ProductState, is_oom
+from .operators import CurvatureOperator
 
 
-class Curvature(abc.ABC):
-    """Base class: the loop, the weighting and the counting; a subclass supplies ``product(V, θ, j,
-    batch, out, accumulate)``, which writes (``accumulate`` False) or adds batch ``j``'s share of
-    M V into ``out``."""
+class Curvature(CurvatureOperator):
+    """Base class: a curvature at θ as an operator; the loop, the weighting and the counting.
+
+    Parameters
+    ----------
+    state : the products' `flatcli.engine.loop.ProductState` (the engine's).
+    theta : the point (default: the model's parameters, read at each product); copied.
+    precision : None, or ``"fp32"`` for the verification view of a low-precision engine (TF32
+        off and a bf16 forward in float32 during the products: `ProductState.full_precision`).
+    name : the operator's name (default: the class's ``name``).
+
+    A subclass supplies ``_matmat_batch(V, θ, j, batch, out, accumulate)``, which writes
+    (``accumulate`` False) or adds batch ``j``'s share of M V into ``out``.
+    """
 
     name = "curvature"
 
-    def __init__(self, state: ProductState):
+    def __init__(
+        self,
+        state: ProductState,
+        theta: torch.Tensor | None = None,
+        *,
+        precision: str | None = None,
+        name: str | None = None,
+    ):
+        p = state.problem
+        super().__init__(
+            None,
+            p.num_params,
+            device=p.device,
+            dtype=p.dtype,
+            name=name or type(self).name,
+            precision_context=(
+                state.full_precision if precision == "fp32" and state.precision.low else None
+            ),
+            report=state.report,
+            max_device_vectors=state.max_device_vectors,
+            max_basis_vectors=state.max_basis_vectors,
+            block_size=lambda: state.memory.block_size,
+        )
         self.state = state
-        self.loop = ProductLoop(state)
+        self.theta = None if theta is None else theta.detach().clone()
 
     @property
     def problem(self):
         """The problem the products are taken over."""
         return self.state.problem
 
-    def apply(self, V: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
-        """M V for V of shape (P,) or (K, P): `product` over this rank's batches, in blocks with
-        the out-of-memory back-off, summed over ranks (`flatcli.engine.loop.ProductLoop`)."""
-        return self.loop.apply(self.product, V, theta)
+    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
+        """M V for V (K, P): `_matmat_batch` over this rank's batches, in blocks with the
+        out-of-memory back-off, summed over ranks, reported and counted. With padding rows
+        (`flatcli.engine.problem.Problem.mask`), M is applied to V before and to the output
+        after: every curvature A is taken as M A M, symmetric in every product mode."""
+        st = self.state
+        st.not_local("curvature products")
+        p = st.problem
+        V2 = p.mask(V.to(p.device, p.dtype))  # a copy when masked: the caller's V is left alone
+        th = st.theta_of(self.theta)
+        out = torch.empty_like(V2)  # the first batch writes its rows, later ones add
+        i = 0
+        while i < V2.shape[0]:
+            k = min(st.memory.block_size, V2.shape[0] - i)
+            try:
+                for j, b in enumerate(st.batches):
+                    self._matmat_batch(V2[i : i + k], th, j, b, out[i : i + k], j > 0)
+                if not st.batches:
+                    out[i : i + k].zero_()
+                i += k
+            except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
+                if not is_oom(e):
+                    raise
+                st.back_off(e)
+        p.dist.sum_(out)
+        p.mask(out, inplace=True)
+        st.report()
+        self.count(V, th)
+        return out
 
-    def count(self, V: torch.Tensor, theta: torch.Tensor | None) -> None:
-        """Add the cost of `apply` (V, θ) to the counters: one product per vector."""
-        self.state.tally.n_hvp += 1 if V.ndim == 1 else V.shape[0]
+    def count(self, V: torch.Tensor, th: torch.Tensor) -> None:
+        """Add the cost of a product of the rows V at θ to the counters: one product per vector."""
+        self.state.tally.n_hvp += V.shape[0]
 
-    @abc.abstractmethod
-    def product(self, V, th, j, batch, out, accumulate) -> None:
-        """Batch ``j``'s share of M V into ``out`` (see the class docstring)."""
+    def _matmat_batch(self, V, th, j, batch, out, accumulate) -> None:
+        """Batch ``j``'s share of M V into ``out`` (see the class docstring): the hook a subclass
+        must write."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _matmat_batch")
 
     def batch_loss(self, batch):
         """θ ↦ this batch's share of L (sum of its unit losses / U)."""
@@ -81,6 +146,11 @@ class Curvature(abc.ABC):
         """θ ↦ the model output on ``batch``."""
         p = self.problem
         return lambda t: p.forward(p.unflatten(t), batch)
+
+    @staticmethod
+    def put(out: torch.Tensor, value: torch.Tensor, accumulate: bool) -> None:
+        """Write ``value`` into ``out``, or add it (``accumulate``)."""
+        _put(out, value, accumulate)
 
 
 def _put(out: torch.Tensor, value: torch.Tensor, accumulate: bool) -> None:
@@ -95,8 +165,8 @@ class Hessian(Curvature):
 
     name = "hessian"
 
-    def product(self, V, th, j, batch, out, accumulate) -> None:
-        """See `Curvature.product`."""
+    def _matmat_batch(self, V, th, j, batch, out, accumulate) -> None:
+        """See `Curvature`."""
         st = self.state
         if st.recompute_active and st.chain is not None:  # block by block (flatcli.engine.segments)
             for k in range(V.shape[0]):
@@ -126,13 +196,13 @@ class GGN(Curvature):
 
     name = "ggn"
 
-    def count(self, V: torch.Tensor, theta: torch.Tensor | None) -> None:
+    def count(self, V: torch.Tensor, th: torch.Tensor) -> None:
         """One product per vector, in ``n_hvp`` and ``n_ggnvp``."""
-        super().count(V, theta)
-        self.state.tally.n_ggnvp += 1 if V.ndim == 1 else V.shape[0]
+        super().count(V, th)
+        self.state.tally.n_ggnvp += V.shape[0]
 
-    def product(self, V, th, j, batch, out, accumulate) -> None:
-        """See `Curvature.product`. The VJP is a plain backward through the outputs' graph
+    def _matmat_batch(self, V, th, j, batch, out, accumulate) -> None:
+        """See `Curvature`. The VJP is a plain backward through the outputs' graph
         (`flatcli.engine.loop.ProductState.pullback`: batched or a loop), not ``torch.func.vjp``, whose first call
         in a process imports ``torch._dynamo`` (and pandas): 1.3 s of every process that runs
         normalized sharpness, ns_bound or the Fisher-Rao term on an MLP (`flatcli measure` on
@@ -175,34 +245,47 @@ class GGN(Curvature):
 class FiniteDifferenceHessian(Curvature):
     """Central differences of batch gradients (module docstring).
 
-    eps : None for the relative step ``fd_eps``·max(1, ‖θ‖) along unit directions (scaled back
-        by ‖v‖), or an absolute step ε along v itself.
+    eps : None for the relative step ``relative_eps``·max(1, ‖θ‖) along unit directions (scaled
+        back by ‖v‖), or an absolute step ε along v itself.
+    relative_eps : the relative step (``CurvatureEngine``'s ``fd_eps``).
     """
 
     name = "fd_hessian"
 
-    def __init__(self, state: ProductState, eps: float | None = None):
-        super().__init__(state)
-        self.eps = eps
+    def __init__(
+        self,
+        state: ProductState,
+        theta: torch.Tensor | None = None,
+        *,
+        eps: float | None = None,
+        relative_eps: float = 1e-3,
+        precision: str | None = None,
+        name: str | None = None,
+    ):
+        for what, h in (("eps", eps), ("relative_eps", relative_eps)):
+            if h is not None and not (h > 0 and math.isfinite(h)):
+                raise ValueError(f"{what} must be a positive float, got {h!r}")
+        super().__init__(state, theta, precision=precision, name=name)
+        self.eps = None if eps is None else float(eps)
+        self.relative_eps = float(relative_eps)
 
     def steps(self, V: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
         """The step ε_k of each row (0 for zero rows, which give 0)."""
         if self.eps is not None:
-            return torch.full((V.shape[0],), float(self.eps), dtype=V.dtype, device=V.device)
-        h = self.state.fd_eps * max(1.0, float(th.norm()))
+            return torch.full((V.shape[0],), self.eps, dtype=V.dtype, device=V.device)
+        h = self.relative_eps * max(1.0, float(th.norm()))
         norms = V.norm(dim=1)
         return torch.where(norms > 0, h / norms, torch.zeros_like(norms))
 
-    def count(self, V: torch.Tensor, theta: torch.Tensor | None) -> None:
+    def count(self, V: torch.Tensor, th: torch.Tensor) -> None:
         """One product per vector, and two full-set gradients per vector that moved θ."""
         st = self.state
-        V2 = V.reshape(1, -1) if V.ndim == 1 else V
-        moved = int((self.steps(V2.to(st.problem.dtype), st.theta_of(theta)) > 0).sum())
-        st.tally.n_hvp += V2.shape[0]
+        moved = int((self.steps(V.to(st.problem.dtype), th) > 0).sum())
+        st.tally.n_hvp += V.shape[0]
         st.tally.grad_units += 2 * moved * st.problem.n
 
-    def product(self, V, th, j, batch, out, accumulate) -> None:
-        """See `Curvature.product`."""
+    def _matmat_batch(self, V, th, j, batch, out, accumulate) -> None:
+        """See `Curvature`."""
         st = self.state
         steps = self.steps(V, th)
         f = self.batch_loss(batch)

@@ -1,11 +1,13 @@
 r"""The engine measures talk to: losses, gradients, curvature operators and per-unit quantities.
 
-`CurvatureEngine` is the facade measures talk to over a `flatcli.engine.problem.Problem`. It
-builds one `flatcli.engine.loop.ProductState` (batches, memory policy, counters, graph cache,
-product mode) and hands it to the curvatures (`flatcli.engine.curvatures`: one class each, which
-own their loop, weighting and counting); it adds the loss and gradient loops, per-unit
-quantities, the precision views, `map_batches` and the exact Gauss-Newton diagonal
-(`flatcli.engine.ggn_diag`). It knows nothing about measures; measures get every derivative from it.
+`CurvatureEngine` is what measures talk to over a `flatcli.engine.problem.Problem`. It builds
+one `flatcli.engine.loop.ProductState` (batches, memory policy, counters, graph cache, product
+mode, precision) and hands out curvatures over it (`flatcli.engine.curvatures`: each one a linear
+operator that owns its loop, weighting and counting; `curvature(kind, θ)`, `hessian`, `ggn`,
+`fd_hessian`), which estimators then drive directly: the engine is not on a product's path. It
+adds the loss and gradient loops, per-unit quantities, the fp32 view, `map_batches` and the exact
+Gauss-Newton diagonal (`flatcli.engine.ggn_diag`). It knows nothing about measures; measures get
+every derivative from it.
 
 All quantities are exact sums over the whole measurement set (every rank's shard, summed),
 each batch weighted by its scored units over the set's U, so they equal those of the
@@ -19,7 +21,6 @@ Two things measures may need to reduce themselves, when they loop over `module_i
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -36,24 +37,11 @@ from .curvatures import GGN, Curvature, FiniteDifferenceHessian, Hessian
 from .dist import Dist
 from .loop import ProductState, is_oom
 from .losses import NotApplicable
-from .operators import CurvatureOperator
-from .precision import BF16_FD_REFUSED, Precision, tf32_flags
-from .problem import Problem, nonfinite_tensors, not_finite
+from .precision import BF16_FD_REFUSED, Precision
+from .problem import Problem
 from .recompute import parse_recompute
 
 HVP_MODES = validation.HVP_MODES  # the vocabulary is declared once, in flatcli.validation
-
-
-def _on_state(name: str, doc: str, settable: bool = False) -> property:
-    """An engine attribute that lives on its `flatcli.engine.loop.ProductState`."""
-
-    def get(self):
-        return getattr(self.state, name)
-
-    def put(self, value):
-        setattr(self.state, name, value)
-
-    return property(get, put if settable else None, doc=doc)
 
 
 class CurvatureEngine:
@@ -71,7 +59,7 @@ class CurvatureEngine:
     cache_graphs : keep per-batch gradient graphs across products at one θ (None: when they fit).
     precision : "auto", "fp32", "tf32", "bf16" or "fp64", as ``runtime.precision``
         (`flatcli.engine.precision`): ``auto`` runs TF32 products on a tensor-core GPU and asks
-        measures to verify converged quantities in fp32 (`needs_verification`); ``bf16`` sets the
+        measures to verify converged quantities in fp32 (``precision.verify``); ``bf16`` sets the
         problem's forward to bfloat16 (``Problem.compute_dtype``; vectors stay in the problem's
         dtype) and verifies likewise; the engine computes in the problem's dtype otherwise.
     max_device_vectors : most basis vectors the Krylov estimators keep on the device
@@ -79,13 +67,14 @@ class CurvatureEngine:
         unbounded on CPU); the rest lives in host memory (`flatcli.engine.linalg._store`).
     max_basis_vectors : most Lanczos basis vectors kept at all, device and host
         (``runtime.max_basis_vectors``): an int, None (unbounded) or "auto" (what fits in half the
-        free host memory at its first use, the least over the ranks: the property); beyond
+        free host memory at its first use, the least over the ranks:
+        `flatcli.engine.loop.ProductState.max_basis_vectors`); beyond
         it Lanczos thick-restarts (`flatcli.engine.linalg.lanczos`).
     recompute : "false", "true" or "auto" (``runtime.recompute``; booleans accepted): Hessian products
         that keep one block's activations at a time: block by block on a chain of blocks
         (`flatcli.engine.segments`), else with per-block activation checkpointing
         (`flatcli.engine.recompute`); no gradient graphs cached across products. ``auto`` turns it on when the model has blocks and
-        the predicted peak of a product does not fit in free memory (`recompute_active`).
+        the predicted peak of a product does not fit in free memory (``state.recompute_active``).
 
     Arguments are checked at this boundary with the rules of `flatcli.validation` (``hvp_mode``,
     ``precision``, ``recompute``, ``block_size``, ``max_device_vectors``, ``max_basis_vectors``: the same rule and wording
@@ -129,16 +118,13 @@ class CurvatureEngine:
             recompute=recompute,
             max_basis_vectors=max_basis_vectors,
         )
-        self.max_device_vectors = validation.validate(
+        max_device_vectors = validation.validate(
             "max_device_vectors", max_device_vectors, error=ValueError
         )
-        self.device = problem.device
-        self.dist = problem.dist
-        self._basis_setting = validation.validate(
+        max_basis_vectors = validation.validate(
             "max_basis_vectors", max_basis_vectors, error=ValueError
         )
-        self._basis_resolved = False
-        self.precision = Precision.of(precision, self.device)
+        self.precision = Precision.of(precision, problem.device)
         if self.precision.name == "bf16" and hvp_mode == "finite_difference":
             raise ConfigError(BF16_FD_REFUSED)
         # the engine owns the products' precision: bf16 lowers the problem's forward, the others keep θ's type
@@ -151,16 +137,10 @@ class CurvatureEngine:
             block_size=block_size,
             reverse_batched=reverse_batched,
             cache_graphs=cache_graphs,
-            fd_eps=fd_eps,
             recompute=recompute,
-        )
-        self.curvature: dict[str, Curvature] = {
-            c.name: c(self.state) for c in (Hessian, GGN, FiniteDifferenceHessian)
-        }
-        self.on_progress: Callable[[dict], None] | None = None  # called after every product
-        self._local = False  # inside map_batches: batch products on this rank alone
-        self._shared = (
-            False  # inside map_batches with fewer batches than ranks: rows split over the ranks
+            precision=self.precision,
+            max_device_vectors=max_device_vectors,
+            max_basis_vectors=max_basis_vectors,
         )
 
     def derive(self, model: torch.nn.Module) -> CurvatureEngine:
@@ -172,181 +152,80 @@ class CurvatureEngine:
     def merge_counts(self, other: CurvatureEngine) -> None:
         """Add ``other``'s cost counters to this engine's (a derived engine's products count
         towards the measure that ran them)."""
-        self.tally.merge(other.tally)
+        self.state.tally.merge(other.state.tally)
 
     # ------------------------------------------------------------ bookkeeping
     def counters(self) -> dict[str, float]:
-        """Every counter the engine keeps (see `flatcli.engine.loop.Counters`)."""
-        return self.tally.as_dict()
-
-    n_hvp = property(
-        lambda self: self.tally.n_hvp, doc="Hessian, GGN and finite-difference products."
-    )
-    n_ggnvp = property(lambda self: self.tally.n_ggnvp, doc="GGN products.")
-    n_grad = property(lambda self: self.tally.n_grad, doc="Gradients (full-set equivalents).")
-    n_forward = property(
-        lambda self: self.tally.n_forward, doc="Forward passes (full-set equivalents)."
-    )
-    n_vjp = property(lambda self: self.tally.n_vjp, doc="Per-sample VJP passes.")
-    oom_retries = property(lambda self: self.tally.oom_retries, doc="Out-of-memory retries.")
-    fallbacks = property(
-        lambda self: self.tally.fallbacks, doc="Fallbacks to a slower product rule."
-    )
+        """Every counter the engine keeps (see `flatcli.engine.loop.Counters`): ``n_hvp``,
+        ``n_ggnvp``, ``n_grad``, ``n_forward``, ``n_vjp``, ``oom_retries``, ``fallbacks``."""
+        return self.state.tally.as_dict()
 
     def count(self, *, n_forward: float = 0, n_grad: float = 0) -> None:
         """Add full-set passes a measure ran itself (forward passes through hooks on a layer)."""
-        self.tally.forward_units += n_forward * self.problem.n
-        self.tally.grad_units += n_grad * self.problem.n
-
-    def report(self, **info) -> None:
-        """Tell `on_progress` (when set) the counters so far and ``info`` (e.g. an estimate and its
-        standard error from the algorithm driving the products)."""
-        if self.on_progress is not None:
-            self.on_progress({**self.tally.as_dict(), **info})
+        self.state.tally.forward_units += n_forward * self.problem.n
+        self.state.tally.grad_units += n_grad * self.problem.n
 
     @property
-    def num_params(self) -> int:
-        """P, the number of selected parameters."""
-        return self.problem.num_params
+    def on_progress(self) -> Callable[[dict], None] | None:
+        """Called after every product with the counters so far and what the estimator driving the
+        products reports (an estimate and its standard error)."""
+        return self.state.on_progress
 
-    @property
-    def theta(self) -> torch.Tensor:
-        """The selected parameters as one flat vector (a copy)."""
-        return self.problem.theta
+    @on_progress.setter
+    def on_progress(self, hook: Callable[[dict], None] | None) -> None:
+        self.state.on_progress = hook
 
     def _theta(self, theta: torch.Tensor | None) -> torch.Tensor:
         return self.state.theta_of(theta)
 
-    # ------------------------------------------------------------ the products' state
-    batches = _on_state("batches", "This rank's batches (re-cut by the out-of-memory back-off).")
-    batch_size = _on_state("batch_size", "Rows per batch (halved by the out-of-memory back-off).")
-    tally = _on_state("tally", "The cost counters (`flatcli.engine.loop.Counters`).")
-    memory = _on_state(
-        "memory", "Block size and out-of-memory policy (`flatcli.engine.loop.MemoryPolicy`)."
-    )
-    graphs = _on_state(
-        "graphs", "The per-batch gradient graphs kept across products (`flatcli.engine.graphs`)."
-    )
-    hvp_mode = _on_state(
-        "hvp_mode",
-        "How Hessian products run (``auto`` resolved; ``reverse`` after a forward-mode fallback).",
-        settable=True,
-    )
-    hvp_auto = _on_state("hvp_auto", "Whether ``hvp_mode`` was ``auto``.")
-    fd_eps = _on_state("fd_eps", "The relative finite-difference step.")
-    reverse_batched = _on_state(
-        "reverse_batched", "Whether pull-backs run as one vmapped backward.", settable=True
-    )
-    recompute = _on_state("recompute", "``runtime.recompute``: auto, true or false.")
-    recompute_active = _on_state(
-        "recompute_active",
-        "Whether Hessian products recompute activations "
-        "(`flatcli.engine.loop.ProductState.recompute_active`).",
-    )
-
-    # ------------------------------------------------------------ memory
     @property
-    def block_size(self) -> int:
-        """Most vectors per product call (chosen from free memory unless given)."""
-        return self.memory.block_size
-
-    @block_size.setter
-    def block_size(self, value: int) -> None:
-        self.memory.block_size = value
-
-    def drop_graphs(self, stop_caching: bool = False) -> bool:
-        """Free the cached graphs (``stop_caching``: and keep no more). True when something changed."""
-        return self.state.drop_graphs(stop_caching)
-
-    # ------------------------------------------------------------ precision
-    @property
-    def low_precision(self) -> bool:
-        """Whether products run below fp32: TF32 matrix multiplies (``tf32``, or ``auto`` on a
-        tensor-core GPU) or bfloat16 (``bf16``)."""
-        return self.precision.low
+    def _batches(self) -> list[Batch]:
+        return self.state.batches
 
     @property
-    def needs_verification(self) -> bool:
-        """Whether measures should re-check converged quantities with fp32 products
-        (``runtime.precision: auto`` running TF32 products, and ``bf16``; an explicit ``tf32`` does
-        not verify)."""
-        return (
-            self.precision.name == "auto" and self.low_precision
-        ) or self.precision.name == "bf16"
+    def _tally(self):
+        return self.state.tally
 
     @property
-    def low_name(self) -> str:
-        """What the fast products run at (``tf32`` or ``bf16``): the prefix of the measures' fast
-        diagnostics (``tf32_value``, ``bf16_value``)."""
-        return "bf16" if self.precision.name == "bf16" else "tf32"
+    def _dist(self) -> Dist:
+        return self.problem.dist
 
-    @contextlib.contextmanager
     def full_precision(self):
-        """fp32 products inside (the verification view): TF32 off, and a bf16 problem's forward in
-        float32 (the model's weights upcast; the cached bf16 gradient graphs are dropped on the way
-        in and out, since they hold the other precision's arithmetic). Everything is restored after."""
-        lowered = self.problem.lowered
-        if lowered:
-            self.drop_graphs()
-        try:
-            with tf32_flags(False, False), self.problem.full_precision():
-                yield
-        finally:
-            if lowered:
-                self.drop_graphs()
+        """A context with fp32 products inside (the verification view): TF32 off, and a bf16
+        problem's forward in float32 (`flatcli.engine.loop.ProductState.full_precision`)."""
+        return self.state.full_precision()
 
-    @property
-    def max_basis_vectors(self) -> int | None:
-        """``runtime.max_basis_vectors`` resolved at its first use (the first operator: every rank
-        gets there together, as the products are collectives) and kept: ``auto`` becomes the P-vectors
-        that fit in half the free host memory (`flatcli.engine.linalg.lanczos.host_fit`), the least
-        over the ranks, since every rank must run the same Lanczos; an int or None stays."""
-        if not self._basis_resolved:
-            if self._basis_setting == "auto":
-                from .linalg.lanczos import host_fit
-
-                fit = host_fit(self.problem.num_params, self.problem.dtype)
-                fit = self.dist.min_int(2**62 if fit is None else fit)
-                self._basis_setting = None if fit >= 2**62 else fit
-            self._basis_resolved = True
-        return self._basis_setting
-
-    def basis_rows(self, dim: int) -> int | None:
-        """The basis cap for vectors of ``dim`` coordinates (a parameter block's Lanczos): the
-        engine's cap in P-vectors, scaled to ``dim`` (None: unbounded)."""
-        cap = self.max_basis_vectors
-        return None if cap is None else max(1, cap * self.num_params // max(dim, 1))
-
-    # ------------------------------------------------------------ operators
-    def _operator(self, product, name: str, precision: str | None) -> CurvatureOperator:
-        ctx = self.full_precision if precision == "fp32" and self.low_precision else None
-        return CurvatureOperator(
-            product,
-            self.num_params,
-            device=self.device,
-            dtype=self.problem.dtype,
-            name=name,
-            precision_context=ctx,
-            report=self.report,
-            max_device_vectors=self.max_device_vectors,
-            max_basis_vectors=self.max_basis_vectors,
-            block_size=lambda: self.memory.block_size,
-        )
+    # ------------------------------------------------------------ curvatures
+    def curvature(
+        self, kind: type[Curvature], theta: torch.Tensor | None = None, **settings
+    ) -> Curvature:
+        """The curvature ``kind`` (a `flatcli.engine.curvatures.Curvature` subclass) at θ (default:
+        the model's parameters) as a linear operator over this engine's problem, batches, counters
+        and memory policy; ``settings`` are its constructor's (``precision="fp32"``: the
+        verification view, TF32 off during its products)."""
+        return kind(self.state, theta, **settings)
 
     def hessian(
         self, theta: torch.Tensor | None = None, *, precision: str | None = None
-    ) -> CurvatureOperator:
+    ) -> Curvature:
         """The Hessian of L at θ (default: the model's parameters) as a linear operator
-        (``precision="fp32"``: TF32 off during its products, the verification view)."""
-        th = None if theta is None else theta.detach().clone()
-        return self._operator(lambda V: self.hvp(V, theta=th), "hessian", precision)
+        (``precision="fp32"``: TF32 off during its products, the verification view); with
+        ``hvp_mode="finite_difference"``, central differences of gradients (relative step ``fd_eps``)."""
+        if self.state.hvp_mode == "finite_difference":
+            return self.curvature(
+                FiniteDifferenceHessian,
+                theta,
+                relative_eps=self._options["fd_eps"],
+                precision=precision,
+                name="hessian",
+            )
+        return self.curvature(Hessian, theta, precision=precision)
 
-    def ggn(
-        self, theta: torch.Tensor | None = None, *, precision: str | None = None
-    ) -> CurvatureOperator:
-        """The generalized Gauss-Newton matrix at θ as a linear operator (see `ggnvp`)."""
-        th = None if theta is None else theta.detach().clone()
-        return self._operator(lambda V: self.ggnvp(V, theta=th), "ggn", precision)
+    def ggn(self, theta: torch.Tensor | None = None, *, precision: str | None = None) -> Curvature:
+        r"""The generalized Gauss-Newton matrix :math:`\frac1U \sum_u J_u^\top \nabla_z^2 \ell_u J_u`
+        at θ as a linear operator (positive semi-definite for convex losses); its products are
+        counted in ``n_hvp`` and ``n_ggnvp``."""
+        return self.curvature(GGN, theta, precision=precision)
 
     def fd_hessian(
         self,
@@ -354,46 +233,18 @@ class CurvatureEngine:
         *,
         eps: float | None = None,
         precision: str | None = None,
-    ) -> CurvatureOperator:
-        """The Hessian by central differences of gradients (relative step as
+    ) -> Curvature:
+        r"""The Hessian by central differences of gradients, :math:`(\nabla L(\theta+\epsilon v) -
+        \nabla L(\theta-\epsilon v))/2\epsilon`: two gradients per vector, exact up to
+        :math:`O(\epsilon^2)` for smooth losses and usable for non-smooth ones (relative step as
         ``runtime.hvp_mode: finite_difference`` when ``eps`` is None, else the absolute ``eps``)."""
-        th = None if theta is None else theta.detach().clone()
-        return self._operator(lambda V: self._fd(V, th, eps), "fd_hessian", precision)
-
-    # ------------------------------------------------------------ products
-    def _apply(self, name: str, V: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
-        self._not_local("curvature products")
-        curvature = self.curvature[name]
-        out = curvature.apply(V, theta)
-        self.report()
-        curvature.count(V, theta)
-        return out
-
-    def hvp(self, V: torch.Tensor, theta: torch.Tensor | None = None) -> torch.Tensor:
-        """H V for V of shape (P,) or (K, P); H the Hessian of L at θ (default: the model's)."""
-        if self.hvp_mode == "finite_difference":
-            return self._fd(V, theta, None)
-        return self._apply("hessian", V, theta)
-
-    def ggnvp(self, V: torch.Tensor, theta: torch.Tensor | None = None) -> torch.Tensor:
-        r""":math:`GV` for V of shape (P,) or (K, P), G the generalized Gauss-Newton matrix
-        :math:`\frac1U \sum_u J_u^\top \nabla_z^2 \ell_u J_u` (positive semi-definite for convex
-        losses). Counted in ``n_hvp`` and ``n_ggnvp``."""
-        return self._apply("ggn", V, theta)
-
-    def fd_hvp(
-        self, V: torch.Tensor, eps: float = 1e-3, theta: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        r"""Central differences :math:`(\nabla L(\theta+\epsilon v) - \nabla L(\theta-\epsilon v))/2\epsilon`
-        with the absolute step ``eps``: two gradients per vector, exact up to :math:`O(\epsilon^2)`
-        for smooth losses and usable for non-smooth ones."""
-        if not (eps > 0 and math.isfinite(eps)):
-            raise ValueError(f"eps must be a positive float, got {eps!r}")
-        return self._fd(V, theta, eps)
-
-    def _fd(self, V: torch.Tensor, theta: torch.Tensor | None, eps: float | None) -> torch.Tensor:
-        self.curvature["fd_hessian"].eps = eps
-        return self._apply("fd_hessian", V, theta)
+        return self.curvature(
+            FiniteDifferenceHessian,
+            theta,
+            eps=eps,
+            relative_eps=self._options["fd_eps"],
+            precision=precision,
+        )
 
     def ggn_diagonal(self, theta: torch.Tensor | None = None) -> torch.Tensor:
         r"""The exact diagonal of the generalized Gauss-Newton matrix at θ, shape (P,):
@@ -403,14 +254,14 @@ class CurvatureEngine:
         BatchNorm in eval mode, each parameter used once) it is also the exact Hessian diagonal.
         Cost: C backward passes over the set (C outputs per unit), counted as C in ``n_vjp``.
         A loss whose units are not rows (``causal_lm``) raises `flatcli.engine.losses.NotApplicable`."""
-        self._not_local("full-set products")
+        self.state.not_local("full-set products")
         p = self.problem
         th = self._theta(theta)
-        out, C = ggn_diag.ggn_diagonal(p, self.batches, th, self.memory.chunk_rows)
-        self.dist.sum_(out)
+        out, C = ggn_diag.ggn_diagonal(p, self._batches, th, self.state.memory.chunk_rows)
+        self._dist.sum_(out)
         p.mask(out, inplace=True)  # diag(M G M): a tied head's share of the padding rows too
-        self.tally.n_vjp += int(
-            self.dist.gather_cat(torch.tensor([int(C)])).max()
+        self._tally.n_vjp += int(
+            self._dist.gather_cat(torch.tensor([int(C)])).max()
         )  # C of a rank with rows
         return out
 
@@ -418,12 +269,12 @@ class CurvatureEngine:
     @torch.no_grad()
     def loss(self, theta: torch.Tensor | None = None) -> float:
         """L(θ) over the measurement set (θ defaults to the model's parameters)."""
-        self._not_local("full-set products")
+        self.state.not_local("full-set products")
         p = self.problem
         params = p.unflatten(self._theta(theta))
-        total = sum(float(p.batch_loss_sum(params, b)) for b in self.batches)
-        self.tally.forward_units += p.n
-        return self.dist.sum_float(total)[0] / p.n
+        total = sum(float(p.batch_loss_sum(params, b)) for b in self._batches)
+        self._tally.forward_units += p.n
+        return self._dist.sum_float(total)[0] / p.n
 
     def loss_grad(
         self, theta: torch.Tensor | None = None, *, keep_graph: bool = False
@@ -431,27 +282,23 @@ class CurvatureEngine:
         """(L(θ), ∇L(θ)) as a float and a flat vector. ``keep_graph``: build the per-batch gradient
         graphs (``create_graph``) and keep them when they fit, so that HVPs at the same θ that
         follow (an ascent step that needs ∇L and H∇L) reuse this forward and backward."""
-        self._not_local("full-set products")
+        self.state.not_local("full-set products")
         p = self.problem
         th = self._theta(theta)
-        if keep_graph and self.graphs.keeping:
+        if keep_graph and self.state.graphs.keeping:
             total, g = 0.0, torch.zeros_like(th)
-            for j, b in enumerate(self.batches):
-                _, gb, lb = self.graphs.get(th, j, b, len(self.batches))
+            for j, b in enumerate(self._batches):
+                _, gb, lb = self.state.graphs.get(th, j, b, len(self._batches))
                 g += gb.detach()
                 total += lb
         else:
-            total, g = self._loss_grad_over(self.batches, th, p.n)
-        self.tally.grad_units += p.n
-        self.dist.sum_(g)
+            total, g = self._loss_grad_over(self._batches, th, p.n)
+        self._tally.grad_units += p.n
+        self._dist.sum_(g)
         p.mask(
             g, inplace=True
         )  # padding rows frozen (`flatcli.engine.problem`): a tied head's share too
-        return self.dist.sum_float(total)[0], g
-
-    def grad(self, theta: torch.Tensor | None = None) -> torch.Tensor:
-        """∇L(θ) as a flat vector."""
-        return self.loss_grad(theta)[1]
+        return self._dist.sum_float(total)[0], g
 
     def batch_loss_grad(
         self, batch: Batch, theta: torch.Tensor | None = None, *, need_grad: bool = True
@@ -462,19 +309,21 @@ class CurvatureEngine:
         p = self.problem
         th = self._theta(theta)
         units = p.units(batch)
-        dist = Dist() if self._local else self.dist  # inside map_batches: the whole batch, here
+        dist = (
+            Dist() if self.state.local else self._dist
+        )  # inside map_batches: the whole batch, here
         mine = batch.select(dist.shard(batch.rows))
-        chunks = mine.split(self.batch_size) if mine.rows else []
+        chunks = mine.split(self.state.batch_size) if mine.rows else []
         if need_grad:
             total, g = self._loss_grad_over(chunks, th, units)
-            self.tally.grad_units += units
+            self._tally.grad_units += units
             dist.sum_(g)
             p.mask(g, inplace=True)
             return dist.sum_float(total)[0], g
         with torch.no_grad():
             params = p.unflatten(th)
             total = sum(float(p.batch_loss_sum(params, c)) for c in chunks)
-        self.tally.forward_units += units
+        self._tally.forward_units += units
         return dist.sum_float(total)[0] / units, None
 
     def map_batches(self, batches: list[Any], fn: Callable[[Any], Any]) -> list[Any]:
@@ -495,32 +344,30 @@ class CurvatureEngine:
         process's up to the order of the sums. ``fn`` must then take the same steps on every rank
         (it does when it depends only on the item and on what `batch_loss_grad` returns, which is
         the same on every rank)."""
-        if self.dist.active and len(batches) < self.dist.world:
-            self._shared = True
+        if self._dist.active and len(batches) < self._dist.world:
+            self.state.shared = True
             try:
                 return [fn(b) for b in batches]
             finally:
-                self._shared = False
-        before = self.tally.as_raw()
-        self._local = True
+                self.state.shared = False
+        before = self._tally.as_raw()
+        self.state.local = True
         try:
-            mine = {i: fn(batches[i]) for i in range(self.dist.rank, len(batches), self.dist.world)}
+            mine = {
+                i: fn(batches[i]) for i in range(self._dist.rank, len(batches), self._dist.world)
+            }
         finally:
-            self._local = False
-        if not self.dist.active:
+            self.state.local = False
+        if not self._dist.active:
             return [mine[i] for i in range(len(batches))]
-        grown = [a - b for a, b in zip(self.tally.as_raw(), before, strict=True)]
-        self.tally.add_raw([d - g for d, g in zip(self.dist.sum_float(*grown), grown, strict=True)])
+        grown = [a - b for a, b in zip(self._tally.as_raw(), before, strict=True)]
+        self._tally.add_raw(
+            [d - g for d, g in zip(self._dist.sum_float(*grown), grown, strict=True)]
+        )
         done: dict[int, Any] = {}
-        for part in self.dist.gather_objects(mine):
+        for part in self._dist.gather_objects(mine):
             done.update(part)
         return [done[i] for i in range(len(batches))]
-
-    def _not_local(self, what: str) -> None:
-        if self._local or self._shared:
-            raise RuntimeError(
-                f"{what} are not available inside CurvatureEngine.map_batches (only batch_loss_grad)"
-            )
 
     def _loss_grad_over(
         self, batches: list[Batch], th: torch.Tensor, n: int
@@ -547,21 +394,21 @@ class CurvatureEngine:
         scores them, or, with ``classes``, their class scores and integer labels (a
         `flatcli.engine.losses.NotApplicable` when the outputs are not class scores). ``fn`` returns
         a tensor with one row per unit, or a tuple of them. One forward pass."""
-        self._not_local("full-set products")
+        self.state.not_local("full-set products")
         p = self.problem
         params = p.unflatten(self._theta(theta))
-        batches = self.batches or [
+        batches = self._batches or [
             p.batch.select(slice(0, 1))
         ]  # a rank without rows joins with nothing
         parts: list = []
         for b in batches:
             Z, t = self._units(p.forward(params, b), b, classes)
-            if not self.batches:
+            if not self._batches:
                 Z, t = Z[:0], t[:0]
             r = fn(Z, t)
             parts.append(r if isinstance(r, tuple) else (r,))
-        self.tally.forward_units += p.n
-        outs = [self.dist.gather_cat(torch.cat(cols)) for cols in zip(*parts, strict=True)]
+        self._tally.forward_units += p.n
+        outs = [self._dist.gather_cat(torch.cat(cols)) for cols in zip(*parts, strict=True)]
         return tuple(outs) if len(outs) > 1 else outs[0]
 
     def _units(self, out: torch.Tensor, b: Batch, classes: bool):
@@ -584,13 +431,13 @@ class CurvatureEngine:
         p = self.problem
         params = p.unflatten(self._theta(theta))
         total, wrong = 0.0, 0.0
-        for b in self.batches:
+        for b in self._batches:
             out = p.forward(params, b)
             total += float(p.loss_fn.sum(out, b))
             Z, t = self._units(out, b, classes=True)
             wrong += float((Z.argmax(-1) != t).sum())
-        self.tally.forward_units += p.n
-        total, wrong = self.dist.sum_float(total, wrong)
+        self._tally.forward_units += p.n
+        total, wrong = self._dist.sum_float(total, wrong)
         return total / p.n, wrong / p.n
 
     def per_unit_directional(
@@ -607,7 +454,7 @@ class CurvatureEngine:
             v.detach().to(th)
         )  # padding rows frozen: the same in forward mode and in the fallback
         out, i = [], p.unit_offset
-        for b in self.batches:
+        for b in self._batches:
             ub = p.units(b)
             lb = None if labels is None else labels[i : i + ub]
             i += ub
@@ -619,9 +466,9 @@ class CurvatureEngine:
                 return p.loss_fn.unit_losses(Z, tt if lb is None else lb.to(tt))
 
             out.append(self._jvp_rows(losses, th, v))
-        self.tally.grad_units += p.n
+        self._tally.grad_units += p.n
         local = torch.cat(out) if out else torch.zeros(0, dtype=th.dtype, device=th.device)
-        return self.dist.gather_cat(local)
+        return self._dist.gather_cat(local)
 
     def _jvp_rows(self, fn, th: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         try:
@@ -629,7 +476,7 @@ class CurvatureEngine:
         except (RuntimeError, NotImplementedError) as e:
             if is_oom(e):
                 raise
-            self.tally.fallbacks += 1
+            self._tally.fallbacks += 1
             t = th.clone().requires_grad_(True)
             ell = fn(t)
             u = torch.zeros_like(ell, requires_grad=True)
@@ -645,11 +492,11 @@ class CurvatureEngine:
         Sums over these batches must go through `sum_` to cover every rank."""
         p = self.problem
         params = p.unflatten(self._theta(theta))
-        for b in self.batches:
+        for b in self._batches:
             with LayerCapture(module) as cap:
                 out = p.forward(params, b)
             yield b, *cap.single(), out
-        self.tally.forward_units += p.n
+        self._tally.forward_units += p.n
 
     def module_output_hvp(
         self, module: torch.nn.Module, batch: Batch, z0: torch.Tensor, V: torch.Tensor
@@ -669,7 +516,7 @@ class CurvatureEngine:
         s = p.loss_fn.sum(out, batch)
         (g,) = torch.autograd.grad(s, zz, create_graph=True)
         k, (B, d) = V.shape[0], zz.shape
-        self.tally.grad_units += p.units(batch) * self.dist.world
+        self._tally.grad_units += p.units(batch) * self._dist.world
         if not g.requires_grad:  # the loss is linear in z
             return torch.zeros(k, B, d, dtype=zz.dtype, device=zz.device)
         Vb = V[:, None, :].expand(k, B, d).to(zz)
@@ -678,18 +525,8 @@ class CurvatureEngine:
     # ------------------------------------------------------------ reductions for measures
     def sum_(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` summed over the ranks, in place (a measure's sum over `module_io` batches)."""
-        return self.dist.sum_(t)
+        return self._dist.sum_(t)
 
     def gather(self, t: torch.Tensor) -> torch.Tensor:
         """Per-row tensors of this rank's batches concatenated over the ranks in row order."""
-        return self.dist.gather_cat(t)
-
-    # ------------------------------------------------------------ checks
-    def check_finite(self, where: str = "the checkpoint") -> float:
-        """L(θ); a non-finite value raises `flatcli.engine.problem.not_finite`, naming the
-        parameters and buffers that hold NaN/inf."""
-        val = self.loss()
-        if not math.isfinite(val):
-            p = self.problem
-            raise not_finite(where, val, nonfinite_tensors({**p.params, **p.frozen, **p.buffers}))
-        return val
+        return self._dist.gather_cat(t)

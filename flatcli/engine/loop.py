@@ -1,19 +1,20 @@
-"""What every product shares, in one place: counters, the memory policy, the products' state and
-the loop over this rank's batches with the cross-rank sum (precision: `flatcli.engine.precision`).
+"""What every product shares, in one place: counters, the memory policy and the products' state
+(the loop over this rank's batches with the cross-rank sum is the curvatures' base class,
+`flatcli.engine.curvatures.Curvature`; precision: `flatcli.engine.precision`).
 
 * `Counters`: products and passes, in full-set equivalents (a gradient over a batch of u
   of the U units counts u/U), so measures report their cost whatever the batching.
 * `MemoryPolicy`: how many vectors go through one product call (``block_size``; chosen from
   free memory unless given) and the out-of-memory back-off: cached graphs are dropped first,
-  then the block is halved, then the batch size; every retry is counted in ``oom_retries``.
+  then the block is halved, then the batch size (`ProductState.back_off`); every retry is
+  counted in ``oom_retries``.
 * `ProductState`: everything a curvature product reads or changes (the problem, this rank's
   batches, the memory policy, the counters, the gradient-graph cache, the Hessian product mode
-  and its once-and-for-all fallback, activation recomputation, the finite-difference step) and
-  the helpers they share (`ProductState.pullback`, `ProductState.batch_grad`, the unit weighting
-  `ProductState.share`). `flatcli.engine.engine.CurvatureEngine` builds one and hands it to
-  every curvature; no curvature sees the engine.
-* `ProductLoop.apply`: a curvature's product of a block of vectors ``V`` (K, P) summed over
-  this rank's batches into one preallocated output, then over ranks.
+  and its once-and-for-all fallback, activation recomputation, the precision and its fp32 view,
+  the estimators' basis caps, the progress hook) and the helpers they share
+  (`ProductState.pullback`, `ProductState.batch_grad`, the unit weighting `ProductState.share`).
+  `flatcli.engine.engine.CurvatureEngine` builds one and hands it to every curvature; no
+  curvature sees the engine.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..errors import MeasurementError
 from ..validation import validate
 from .batch import Batch
 from .graphs import GraphCache
+from .precision import Precision, tf32_flags
 from .problem import Problem
 from .recompute import checkpointed_blocks, find_blocks, parse_recompute, predicted_product_bytes
 from .segments import BlockChain
@@ -186,7 +188,10 @@ class ProductState:
     problem : the model as functional parameters over the measurement set.
     hvp_mode : "auto", "reverse", "forward" or "finite_difference" (checked by the engine); ``auto``
         is resolved here (forward on CUDA, reverse elsewhere) and remembered in ``hvp_auto``.
-    block_size, reverse_batched, cache_graphs, fd_eps, recompute : as `CurvatureEngine`'s.
+    block_size, reverse_batched, cache_graphs, recompute : as `CurvatureEngine`'s.
+    precision : the resolved `flatcli.engine.precision.Precision` (`full_precision` is its fp32 view).
+    max_device_vectors, max_basis_vectors : the checked settings the curvatures carry to the
+        estimators (``max_basis_vectors`` resolved at its first use).
 
     Attributes a product may change: ``batches`` and ``batch_size`` (re-cut by the out-of-memory
     back-off, `set_batch_size`), ``hvp_mode`` (``reverse`` for good after a forward-mode failure,
@@ -202,12 +207,19 @@ class ProductState:
         block_size: int | None,
         reverse_batched: bool | None,
         cache_graphs: bool | None,
-        fd_eps: float,
         recompute: str | bool,
+        precision: Precision | None = None,
+        max_device_vectors: int | str | None = "auto",
+        max_basis_vectors: int | str | None = "auto",
     ):
         self.problem = problem
         self.device = problem.device
-        self.fd_eps = float(fd_eps)
+        self.precision = precision or Precision.of("fp32", problem.device)
+        self.max_device_vectors = max_device_vectors
+        self._basis_setting, self._basis_resolved = max_basis_vectors, False
+        self.on_progress: Callable[[dict], None] | None = None  # called after every product
+        self.local = False  # inside map_batches: batch products on this rank alone
+        self.shared = False  # inside map_batches with fewer batches than ranks: rows split
         self.hvp_auto = hvp_mode == "auto"
         self.hvp_mode = (
             ("forward" if self.device.type == "cuda" else "reverse")
@@ -239,6 +251,51 @@ class ProductState:
         """θ (default: the model's parameters), detached, on the problem's device and dtype."""
         p = self.problem
         return (p.theta_flat if theta is None else theta).detach().to(self.device, p.dtype)
+
+    def not_local(self, what: str) -> None:
+        """Raise inside `flatcli.engine.CurvatureEngine.map_batches`, where ``what`` (full-set
+        products) would see only this rank's shard."""
+        if self.local or self.shared:
+            raise RuntimeError(
+                f"{what} are not available inside CurvatureEngine.map_batches (only batch_loss_grad)"
+            )
+
+    def report(self, **info) -> None:
+        """Tell `on_progress` (when set) the counters so far and ``info`` (e.g. an estimate and its
+        standard error from the algorithm driving the products)."""
+        if self.on_progress is not None:
+            self.on_progress({**self.tally.as_dict(), **info})
+
+    @property
+    def max_basis_vectors(self) -> int | None:
+        """``runtime.max_basis_vectors`` resolved at its first use (the first curvature: every rank
+        gets there together, as the products are collectives) and kept: ``auto`` becomes the
+        P-vectors that fit in half the free host memory (`flatcli.engine.linalg.lanczos.host_fit`),
+        the least over the ranks, since every rank must run the same Lanczos; an int or None stays."""
+        if not self._basis_resolved:
+            if self._basis_setting == "auto":
+                from .linalg.lanczos import host_fit
+
+                fit = host_fit(self.problem.num_params, self.problem.dtype)
+                fit = self.problem.dist.min_int(2**62 if fit is None else fit)
+                self._basis_setting = None if fit >= 2**62 else fit
+            self._basis_resolved = True
+        return self._basis_setting
+
+    @contextlib.contextmanager
+    def full_precision(self):
+        """fp32 products inside (the verification view): TF32 off, and a bf16 problem's forward in
+        float32 (the model's weights upcast; the cached bf16 gradient graphs are dropped on the way
+        in and out, since they hold the other precision's arithmetic). Everything is restored after."""
+        lowered = self.problem.lowered
+        if lowered:
+            self.drop_graphs()
+        try:
+            with tf32_flags(False, False), self.problem.full_precision():
+                yield
+        finally:
+            if lowered:
+                self.drop_graphs()
 
     # ------------------------------------------------------------ unit weighting
     def share(self, t: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -359,6 +416,23 @@ class ProductState:
         """Free the cached graphs (``stop_caching``: and keep no more). True when something changed."""
         return self.graphs.drop(stop_caching)
 
+    def back_off(self, e: BaseException) -> None:
+        """One step of the out-of-memory policy (drop graphs, halve the block, halve the batch)."""
+        freed = self.drop_graphs(
+            stop_caching=True
+        )  # the cached graphs go first; then the block, then the batch
+        if not freed and self.memory.block_size > 1:
+            self.memory.block_size = self.memory.block_size // 2
+        elif not freed and self.batch_size > 1:
+            self.set_batch_size(self.batch_size // 2)
+        elif not freed:
+            raise MeasurementError(
+                "out of memory for a single vector on a single sample; use a smaller model or another device"
+            ) from e
+        self.tally.oom_retries += 1
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def activation_bytes(self) -> int:
         """Memory kept for backward by one forward pass over the first batch (CUDA)."""
         p = self.problem
@@ -373,68 +447,3 @@ class ProductState:
         peak = torch.cuda.max_memory_allocated(self.device)
         del s, t
         return int(max(peak - base, 1))
-
-
-class ProductLoop:
-    """Products of blocks of vectors over this rank's batches, summed over ranks.
-
-    ``state`` (`ProductState`) supplies the problem, this rank's ``batches`` (re-cut after an OOM),
-    the ``memory`` policy, the ``tally`` and the graph cache to drop on OOM.
-    """
-
-    def __init__(self, state: ProductState):
-        self.state = state
-
-    def apply(self, product, V: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
-        """``product(V_block, θ, batch_index, batch, out, accumulate)`` summed over the batches, for
-        V of shape (P,) or (K, P), in blocks with out-of-memory back-off; then summed over ranks.
-        With padding rows (`flatcli.engine.problem.Problem.mask`), M is applied to V before and to
-        the output after: every curvature A is taken as M A M, symmetric in every product mode."""
-        st = self.state
-        p = st.problem
-        single = V.ndim == 1
-        V2 = V.reshape(1, -1) if single else V
-        if V2.ndim != 2 or V2.shape[1] != p.num_params:
-            raise ValueError(
-                f"vectors must have shape (P,) or (K, P) with P = {p.num_params}; got {tuple(V.shape)}"
-            )
-        V2 = p.mask(V2.to(p.device, p.dtype))  # a copy when masked: the caller's V is left alone
-        th = st.theta_of(theta)
-        out = torch.empty_like(V2)  # the first batch writes its rows, later ones add
-        i = 0
-        while i < V2.shape[0]:
-            k = min(st.memory.block_size, V2.shape[0] - i)
-            try:
-                self._block(product, V2[i : i + k], th, out[i : i + k])
-                i += k
-            except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
-                if not is_oom(e):
-                    raise
-                self.back_off(e)
-        p.dist.sum_(out)
-        p.mask(out, inplace=True)
-        return out[0] if single else out
-
-    def _block(self, product, V: torch.Tensor, th: torch.Tensor, out: torch.Tensor) -> None:
-        for j, b in enumerate(self.state.batches):
-            product(V, th, j, b, out, j > 0)
-        if not self.state.batches:
-            out.zero_()
-
-    def back_off(self, e: BaseException) -> None:
-        """One step of the out-of-memory policy (drop graphs, halve the block, halve the batch)."""
-        st = self.state
-        freed = st.drop_graphs(
-            stop_caching=True
-        )  # the cached graphs go first; then the block, then the batch
-        if not freed and st.memory.block_size > 1:
-            st.memory.block_size = st.memory.block_size // 2
-        elif not freed and st.batch_size > 1:
-            st.set_batch_size(st.batch_size // 2)
-        elif not freed:
-            raise MeasurementError(
-                "out of memory for a single vector on a single sample; use a smaller model or another device"
-            ) from e
-        st.tally.oom_retries += 1
-        if st.device.type == "cuda":
-            torch.cuda.empty_cache()

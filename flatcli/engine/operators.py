@@ -9,14 +9,11 @@ products (``op.n_products``) on top of the engine's counters, and
 ``op.to_scipy()`` gives a `scipy.sparse.linalg.LinearOperator` in float64 for
 scipy's solvers (``eigsh``, ``cg``, ...).
 
-Operators are handed out by the engine (`flatcli.engine.CurvatureEngine.hessian`,
-``.ggn``, ``.fd_hessian``) at a point θ (default: the model's parameters):
-
-* ``hessian``: :math:`H = \nabla^2 L(\theta)`, exact products (see
-  `flatcli.engine.curvatures` for how they are batched);
-* ``ggn``: the generalized Gauss-Newton matrix :math:`G = \frac1n\sum_i J_i^\top H_{z,i} J_i`;
-* ``fd_hessian``: central differences of full gradients,
-  :math:`(\nabla L(\theta+hu)-\nabla L(\theta-hu))\|v\|/2h` with :math:`u = v/\|v\|`.
+The curvatures themselves are operators: `flatcli.engine.curvatures.Curvature` subclasses this
+class and supplies the product of a block (`_matmat`) over the data; the engine hands them out at
+a point θ (`flatcli.engine.CurvatureEngine.hessian`, ``.ggn``, ``.fd_hessian``, or any curvature
+class through ``.curvature``). A bare ``V (K, P) -> M V`` callable becomes an operator through
+``CurvatureOperator(product, dim, ...)``.
 
 ``precision="fp32"`` gives the same operator with TF32 matrix products switched
 off during its products: the verification view of a TF32 engine (see
@@ -40,9 +37,12 @@ Product = Callable[[torch.Tensor], torch.Tensor]
 class CurvatureOperator:
     """A symmetric P × P curvature matrix given by block products.
 
+    A subclass overrides `_matmat` (the product of a block of rows) and passes ``product=None``;
+    otherwise ``product`` is called.
+
     Parameters
     ----------
-    product : ``V (K, P) -> M V`` for K row vectors (the engine's batched product).
+    product : ``V (K, P) -> M V`` for K row vectors, or None in a subclass that overrides `_matmat`.
     dim : P.
     device, dtype : where the vectors live and their type.
     name : "hessian", "ggn", "fd_hessian" (for messages and diagnostics).
@@ -62,7 +62,7 @@ class CurvatureOperator:
 
     def __init__(
         self,
-        product: Product,
+        product: Product | None,
         dim: int,
         *,
         device=None,
@@ -108,12 +108,26 @@ class CurvatureOperator:
                 f"got {tuple(V.shape)}"
             )
         if self._context is None:
-            out = self._product(V2)
+            out = self._matmat(V2)
         else:
             with self._context():
-                out = self._product(V2)
+                out = self._matmat(V2)
         self.n_products += V2.shape[0]
         return out[0] if single else out
+
+    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
+        """M V for a block V (K, P) of checked rows: the hook a subclass overrides."""
+        if self._product is None:
+            raise NotImplementedError(f"{type(self).__name__} must implement _matmat(V)")
+        return self._product(V)
+
+    def basis_rows(self, dim: int) -> int | str | None:
+        """The Lanczos basis cap for vectors of ``dim`` coordinates (a parameter block's Lanczos):
+        ``max_basis_vectors`` in P-vectors scaled to ``dim`` (None: unbounded; ``auto`` stays)."""
+        cap = self.max_basis_vectors
+        if cap is None or isinstance(cap, str):
+            return cap
+        return max(1, cap * self.shape[1] // max(dim, 1))
 
     def __call__(self, V: torch.Tensor) -> torch.Tensor:
         """Same as `matmat_rows` (so an operator can stand where a block mat-vec is expected)."""

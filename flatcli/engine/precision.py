@@ -118,6 +118,12 @@ class Precision:
         and ``bf16`` always)."""
         return (self.name == "auto" and self.low) or self.name == "bf16"
 
+    @property
+    def low_name(self) -> str:
+        """What the fast products run at (``tf32`` or ``bf16``): the prefix of the measures' fast
+        diagnostics (``tf32_value``, ``bf16_value``)."""
+        return "bf16" if self.name == "bf16" else "tf32"
+
     def context(self):
         """TF32 matrix products on for an effective ``tf32``, off otherwise; flags restored after."""
         tf32 = self.effective == "tf32"

@@ -33,7 +33,7 @@ matrix or their finite differences), the curvature of the loss restricted to the
 training can move: symmetric, the same in every product mode. The rows' flat indices are found
 once, here (`padding_index`: every ``nn.Embedding`` with a ``padding_idx`` whose weight is selected;
 None when there is none, so other models take no extra step); `mask` applies M, and the engine
-applies it around every product (`flatcli.engine.loop.ProductLoop.apply`), to gradients (a no-op
+applies it around every product (`flatcli.engine.curvatures.Curvature`), to gradients (a no-op
 unless a tied head reaches the row), to the directions of per-unit directional derivatives and to
 the exact Gauss-Newton diagonal. Measures that move θ themselves (random or ascent perturbations)
 are not masked: a perturbation of the row does change the loss when the pad token is attended (a
@@ -44,6 +44,7 @@ the row, and every product was already symmetric there).
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 from torch.func import functional_call
@@ -317,6 +318,15 @@ class Problem:
     def lowered(self) -> bool:
         """Whether the forward runs in a lower floating type than θ (``compute_dtype`` < ``dtype``)."""
         return self.compute_dtype != self.dtype
+
+    def check_finite(self, value: float, where: str = "the checkpoint") -> float:
+        """``value`` (L(θ), e.g. `flatcli.engine.CurvatureEngine.loss`); a non-finite one raises
+        `not_finite`, naming the parameters and buffers that hold NaN/inf."""
+        if not math.isfinite(value):
+            raise not_finite(
+                where, value, nonfinite_tensors({**self.params, **self.frozen, **self.buffers})
+            )
+        return value
 
     @contextlib.contextmanager
     def full_precision(self):

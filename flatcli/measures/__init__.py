@@ -138,7 +138,7 @@ class Dims:
     """Sizes a cost estimate depends on: P parameters, n scored units in the measurement set
     (samples; tokens for ``causal_lm``) in ``rows`` rows (sequences), C model outputs, the
     parameter tensors' and weight matrices' sizes, and whether results are verified in fp32 (see
-    `flatcli.engine.CurvatureEngine.needs_verification`)."""
+    `flatcli.engine.precision.Precision.verify`)."""
 
     P: int
     n: int

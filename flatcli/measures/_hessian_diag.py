@@ -183,8 +183,8 @@ def _fd_group(
     S = linalg.rademacher(k, theta.numel(), generator, theta.device, theta.dtype)
     for s in S:
         v = radius * a * s
-        gp = eng.grad(theta + v)
-        gm = eng.grad(theta - v)
+        _, gp = eng.loss_grad(theta + v)
+        _, gm = eng.loss_grad(theta - v)
         acc += (s * (gp - gm) / (2 * radius * a)).double().cpu()
     return acc
 

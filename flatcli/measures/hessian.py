@@ -1,7 +1,7 @@
 r"""Hessian family: λmax, trace and spectrum of :math:`H = \nabla^2 L(\theta)` over the measurement set.
 
 All three use exact Hessian-vector products over the whole measurement set
-(`flatcli.engine.CurvatureEngine.hvp`), so no mini-batch bias enters
+(`flatcli.engine.CurvatureEngine.hessian`), so no mini-batch bias enters
 (:math:`\mathbb{E}[\lambda_{\max}(H_B)] \ge \lambda_{\max}(H)`), and report their
 cost (``n_hvp``) and convergence in diagnostics.
 
@@ -145,7 +145,7 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     interlacing every block λmax is at most λmax(H). Cost: one Lanczos per tensor.
     """
     eng = ctx.engine
-    verify = eng.needs_verification
+    verify = eng.precision.verify
     stop = linalg.KrylovStop(
         tol=opts.tol, min_steps=opts.min_steps, max_steps=opts.max_steps, budget=ctx.budget
     )
@@ -167,7 +167,7 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     if verify:
         H32 = eng.hessian(precision="fp32")
         lam32, rel32 = linalg.verify_eigenpair(H32, r.ritz_vectors[0])
-        low = eng.low_name  # tf32 or bf16
+        low = eng.precision.low_name  # tf32 or bf16
         diag.update(
             {
                 f"{low}_value": lam,
@@ -236,7 +236,7 @@ def _block_lambda_max(ctx, opts: LambdaMaxOptions) -> dict:
             k=1,
             generator=ctx.generator(100 + i),
             stop=linalg.KrylovStop(
-                opts.tol, opts.min_steps, opts.max_steps, ctx.budget, eng.basis_rows(size)
+                opts.tol, opts.min_steps, opts.max_steps, ctx.budget, H.basis_rows(size)
             ),
         )
         lam = float(r.eigenvalues[0])
@@ -383,7 +383,7 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
             )
         )
     status = _status(r.converged or fixed, r.near_zero, r.stopped_by_budget)
-    if eng.needs_verification:
+    if eng.precision.verify:
         c = linalg.precision_control(
             H, eng.hessian(precision="fp32"), probes=CONTROL_PROBES, generator=ctx.generator(7)
         )

@@ -120,7 +120,7 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
     p, eng = ctx.problem, ctx.engine
     k = min(k, p.num_params)
     rank = min(max(k, MODEL_RANK) if norm == "linf" else max(k, 1), p.num_params)
-    before = eng.n_hvp
+    before = eng.counters()["n_hvp"]
     H = eng.hessian()
     r = linalg.lanczos(
         linalg.as_operator(lambda V: c * H(c * V), p.num_params, device=p.device, dtype=p.dtype),
@@ -128,7 +128,7 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
         generator=ctx.generator(7),
         return_vectors=True,
         stop=linalg.KrylovStop(
-            tol=1e-2, min_steps=20, max_steps=60, budget=ctx.budget, max_basis=eng.max_basis_vectors
+            tol=1e-2, min_steps=20, max_steps=60, budget=ctx.budget, max_basis=H.max_basis_vectors
         ),
     )
     V = r.ritz_vectors
@@ -142,7 +142,7 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
         if i < k:
             z = rho * (sgn if norm == "linf" else v)
             starts += [z, -z]
-    return starts, eng.n_hvp - before, patterns, r.stopped_by_budget
+    return starts, eng.counters()["n_hvp"] - before, patterns, r.stopped_by_budget
 
 
 def m_batches(problem, batch_size: int, gen: torch.Generator):
@@ -635,7 +635,7 @@ def first_order_flatness(ctx, opts: FirstOrderOptions) -> MeasureResult:
             return gn, None
         if gn == 0:
             return 0.0, torch.zeros_like(g)
-        return gn, eng.hvp(g / gn, theta=th)
+        return gn, eng.hessian(th) @ (g / gn)
 
     d0 = random_start(p.num_params, opts.rho, "l2", gen, p.device, p.dtype)
     r = apgd(fg, d0, opts.rho, "l2", opts.steps, stop=ctx.budget.out_of_time)

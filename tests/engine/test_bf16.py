@@ -263,7 +263,7 @@ def test_bf16_products_are_float32_vectors_computed_in_bfloat16(hf):
         p = Problem(model, data, loss="causal_lm", batch_size=2)
         eng = CurvatureEngine(p, precision=prec)
         V = torch.randn(2, p.num_params, generator=torch.Generator().manual_seed(1))
-        out[prec] = eng.hvp(V)
+        out[prec] = eng.hessian()(V)
         assert p.theta.dtype == torch.float32 and out[prec].dtype == torch.float32
         assert p.compute_dtype == (torch.bfloat16 if prec == "bf16" else torch.float32)
     err = float((out["bf16"] - out["fp32"]).norm() / out["fp32"].norm())

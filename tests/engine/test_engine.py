@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from flatcli.engine import CurvatureEngine, Problem, ggn_diag, linalg
+from flatcli.engine.curvatures import Hessian
 from flatcli.errors import MeasurementError
 
 DT = torch.float64
@@ -35,9 +36,9 @@ def test_hvp_matches_dense_hessian(mode, batched):
     H = dense_hessian(p)
     V = vecs(p)
     eng = CurvatureEngine(p, hvp_mode=mode, reverse_batched=batched)
-    torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(eng.hvp(V[0]), H @ V[0], rtol=1e-10, atol=1e-12)
-    assert eng.n_hvp == 5 and eng.fallbacks == 0
+    torch.testing.assert_close(eng.hessian()(V), V @ H, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(eng.hessian()(V[0]), H @ V[0], rtol=1e-10, atol=1e-12)
+    assert eng.counters()["n_hvp"] == 5 and eng.counters()["fallbacks"] == 0
 
 
 @pytest.mark.parametrize("mode,batched", MODES)
@@ -51,8 +52,10 @@ def test_rows_split_over_blocks_and_batches_fill_one_output(mode, batched, cache
     eng = CurvatureEngine(
         p, hvp_mode=mode, reverse_batched=batched, block_size=3, cache_graphs=cache
     )
-    torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)  # again: no stale rows
+    torch.testing.assert_close(eng.hessian()(V), V @ H, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        eng.hessian()(V), V @ H, rtol=1e-10, atol=1e-12
+    )  # again: no stale rows
     torch.testing.assert_close(eng.fd_hessian() @ V[:4].T, (V[:4] @ H).T, rtol=1e-4, atol=1e-6)
 
 
@@ -61,18 +64,18 @@ def test_hvp_at_another_theta():
     th = p.theta + 0.1 * vecs(p, 1)[0]
     H = torch.func.hessian(lambda t: p.loss(p.unflatten(t)))(th)
     V = vecs(p, 3)
-    torch.testing.assert_close(CurvatureEngine(p).hvp(V, theta=th), V @ H, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(CurvatureEngine(p).hessian(th)(V), V @ H, rtol=1e-10, atol=1e-12)
 
 
 def test_uneven_last_batch_equals_one_full_batch():
     V = vecs(tiny_problem(), 3)
     full = CurvatureEngine(tiny_problem(batch_size=10))
     uneven = CurvatureEngine(tiny_problem(batch_size=4))  # batches 4, 4, 2
-    assert [b.rows for b in uneven.batches] == [4, 4, 2]
-    torch.testing.assert_close(uneven.hvp(V), full.hvp(V), rtol=1e-12, atol=1e-13)
-    torch.testing.assert_close(uneven.grad(), full.grad(), rtol=1e-12, atol=1e-13)
+    assert [b.rows for b in uneven.state.batches] == [4, 4, 2]
+    torch.testing.assert_close(uneven.hessian()(V), full.hessian()(V), rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(uneven.loss_grad()[1], full.loss_grad()[1], rtol=1e-12, atol=1e-13)
     assert uneven.loss() == pytest.approx(full.loss(), rel=1e-13)
-    torch.testing.assert_close(uneven.ggnvp(V), full.ggnvp(V), rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(uneven.ggn()(V), full.ggn()(V), rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
@@ -92,9 +95,9 @@ def test_ggnvp_matches_dense_gauss_newton(loss):
     G = torch.einsum("ncp,ncd,ndq->pq", J, Hz, J) / p.n
     V = vecs(p)
     eng = CurvatureEngine(p)
-    torch.testing.assert_close(eng.ggnvp(V), V @ G, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(eng.ggnvp(V[2]), G @ V[2], rtol=1e-10, atol=1e-12)
-    assert eng.n_ggnvp == 5
+    torch.testing.assert_close(eng.ggn()(V), V @ G, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(eng.ggn()(V[2]), G @ V[2], rtol=1e-10, atol=1e-12)
+    assert eng.counters()["n_ggnvp"] == 5
 
 
 def _dense_ggn_diagonal(p):
@@ -120,11 +123,11 @@ def test_ggn_diagonal_matches_dense_gauss_newton(loss, act, fast, monkeypatch):
     eng = CurvatureEngine(p)
     if not fast:  # every parameter through the vmapped per-sample products, 3 samples at a time
         monkeypatch.setattr(ggn_diag, "linear_fast_path", lambda problem, batch: [])
-        monkeypatch.setattr(eng.memory, "chunk_rows", lambda C, P: 3)
+        monkeypatch.setattr(eng.state.memory, "chunk_rows", lambda C, P: 3)
     d = eng.ggn_diagonal()
     assert len(ggn_diag.linear_fast_path(p, p.batches[0])) == (2 if fast else 0)
     torch.testing.assert_close(d, _dense_ggn_diagonal(p), rtol=1e-10, atol=1e-13)
-    assert eng.n_vjp == 3 and eng.counters()["n_vjp"] == 3 and eng.n_hvp == 0
+    assert eng.counters()["n_vjp"] == 3 and eng.counters()["n_hvp"] == 0
     diagH = torch.diagonal(dense_hessian(p))
     if act is nn.ReLU:  # piecewise linear in every parameter: the Hessian diagonal itself
         torch.testing.assert_close(d, diagH, rtol=1e-10, atol=1e-13)
@@ -188,12 +191,12 @@ def test_fd_hvp_second_order_accurate():
     V = V / V.norm(dim=1, keepdim=True)
     eng = CurvatureEngine(p)
     ref = V @ H
-    err = [float((eng.fd_hvp(V, eps) - ref).abs().max()) for eps in (1e-2, 1e-3)]
+    err = [float((eng.fd_hessian(eps=eps)(V) - ref).abs().max()) for eps in (1e-2, 1e-3)]
     assert err[1] < err[0] / 50  # O(eps²)
     assert err[1] <= 1e-5 * float(ref.abs().max())
-    assert eng.n_grad == 8 and eng.n_hvp == 4
+    assert eng.counters()["n_grad"] == 8 and eng.counters()["n_hvp"] == 4
     with pytest.raises(ValueError):
-        eng.fd_hvp(V, 0.0)
+        eng.fd_hessian(eps=0.0)(V)
 
 
 def test_finite_difference_mode_matches_dense_hessian_and_counts_gradients():
@@ -203,13 +206,15 @@ def test_finite_difference_mode_matches_dense_hessian_and_counts_gradients():
     V[2] = 0.0
     eng = CurvatureEngine(p, hvp_mode="finite_difference", block_size=2)
     ref = V @ H
-    out = eng.hvp(V)
+    out = eng.hessian()(V)
     for k in range(2):  # truncation error O(h²), h = 1e-3·‖θ‖
         assert float((out[k] - ref[k]).norm()) <= 1e-4 * float(ref[k].norm())
     assert float(out[2].abs().max()) == 0.0
-    assert eng.n_hvp == 3 and eng.n_grad == 4  # the zero vector costs nothing
-    coarse = CurvatureEngine(p, hvp_mode="finite_difference", fd_eps=1e-2).hvp(V[0])
-    fine = CurvatureEngine(p, hvp_mode="finite_difference", fd_eps=1e-3).hvp(V[0])
+    assert (
+        eng.counters()["n_hvp"] == 3 and eng.counters()["n_grad"] == 4
+    )  # the zero vector costs nothing
+    coarse = CurvatureEngine(p, hvp_mode="finite_difference", fd_eps=1e-2).hessian()(V[0])
+    fine = CurvatureEngine(p, hvp_mode="finite_difference", fd_eps=1e-3).hessian()(V[0])
     assert float((fine - ref[0]).norm()) < float((coarse - ref[0]).norm()) / 50  # O(h²)
     with pytest.raises(ValueError, match="fd_eps"):
         CurvatureEngine(p, hvp_mode="finite_difference", fd_eps=-1.0)
@@ -254,75 +259,81 @@ def test_loss_and_grad_match_autograd():
     val, gg = eng.loss_grad()
     assert val == pytest.approx(float(L.detach()), rel=1e-13)
     torch.testing.assert_close(gg, g, rtol=1e-12, atol=1e-14)
-    assert eng.n_grad == 1
+    assert eng.counters()["n_grad"] == 1
 
 
-def _patch_product(eng, fn):
-    """Replace the Hessian's per-batch product (the one method a curvature supplies)."""
-    eng.curvature["hessian"].product = fn
+def _patch_product(monkeypatch, eng, fn):
+    """Replace the per-batch product of ``eng``'s Hessians (the one method a curvature supplies) by
+    ``fn(self, V, θ, j, batch, out, accumulate)``; the others' stay."""
+    real = Hessian._matmat_batch
+
+    def patched(self, *args):
+        return (fn if self.state is eng.state else real)(self, *args)
+
+    monkeypatch.setattr(Hessian, "_matmat_batch", patched)
 
 
-def _oom_once(eng, when):
-    real = eng.curvature["hessian"].product
+def _oom_once(monkeypatch, eng, when):
+    real = Hessian._matmat_batch
     state = {"raised": 0}
 
-    def product(V, th, j, batch, out, accumulate):
+    def product(self, V, th, j, batch, out, accumulate):
         if state["raised"] == 0 and when(V):
             state["raised"] += 1
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(V, th, j, batch, out, accumulate)
+        return real(self, V, th, j, batch, out, accumulate)
 
-    _patch_product(eng, product)
+    _patch_product(monkeypatch, eng, product)
     return state
 
 
-def test_oom_halves_the_probe_block_and_records_the_retry():
+def test_oom_halves_the_probe_block_and_records_the_retry(monkeypatch):
     p = tiny_problem()
     V = vecs(p, 8)
-    ref = CurvatureEngine(p).hvp(V)
+    ref = CurvatureEngine(p).hessian()(V)
     eng = CurvatureEngine(p, block_size=8)
-    state = _oom_once(eng, lambda V: V.shape[0] > 4)
-    out = eng.hvp(V)
+    state = _oom_once(monkeypatch, eng, lambda V: V.shape[0] > 4)
+    out = eng.hessian()(V)
     assert state["raised"] == 1
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-14)
-    assert eng.oom_retries == 1 and eng.block_size == 4
-    assert eng.counters()["oom_retries"] == 1 and eng.n_hvp == 8
+    assert eng.counters()["oom_retries"] == 1 and eng.state.memory.block_size == 4
+    assert eng.counters()["n_hvp"] == 8
 
 
-def test_oom_at_block_one_halves_the_batch():
+def test_oom_at_block_one_halves_the_batch(monkeypatch):
     p = tiny_problem(batch_size=8)
     V = vecs(p, 2)
-    ref = CurvatureEngine(p).hvp(V)
+    ref = CurvatureEngine(p).hessian()(V)
     eng = CurvatureEngine(p, block_size=1)
-    _oom_once(eng, lambda V: True)
-    torch.testing.assert_close(eng.hvp(V), ref, rtol=1e-12, atol=1e-14)
-    assert eng.oom_retries == 1 and eng.batch_size == 4
-    assert [b.rows for b in eng.batches] == [4, 4, 2]
+    _oom_once(monkeypatch, eng, lambda V: True)
+    torch.testing.assert_close(eng.hessian()(V), ref, rtol=1e-12, atol=1e-14)
+    assert eng.counters()["oom_retries"] == 1 and eng.state.batch_size == 4
+    assert [b.rows for b in eng.state.batches] == [4, 4, 2]
 
 
-def test_oom_with_nothing_left_to_halve_is_a_measurement_error():
+def test_oom_with_nothing_left_to_halve_is_a_measurement_error(monkeypatch):
     p = tiny_problem(batch_size=1, n=3)
     eng = CurvatureEngine(p, block_size=1)
 
     def product(*args):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
-    _patch_product(eng, product)
+    _patch_product(monkeypatch, eng, product)
     with pytest.raises(MeasurementError, match="out of memory"):
-        eng.hvp(vecs(p, 1)[0])
+        eng.hessian()(vecs(p, 1)[0])
 
 
-def test_other_errors_are_not_retried():
+def test_other_errors_are_not_retried(monkeypatch):
     p = tiny_problem()
     eng = CurvatureEngine(p, block_size=4)
 
     def product(*args):
         raise RuntimeError("shape mismatch")
 
-    _patch_product(eng, product)
+    _patch_product(monkeypatch, eng, product)
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        eng.hvp(vecs(p, 4))
-    assert eng.oom_retries == 0 and eng.block_size == 4
+        eng.hessian()(vecs(p, 4))
+    assert eng.counters()["oom_retries"] == 0 and eng.state.memory.block_size == 4
 
 
 class _NoForwardSquare(torch.autograd.Function):
@@ -366,32 +377,32 @@ def test_forward_mode_falls_back_to_double_backward():
     H = dense_hessian(pr)
     V = vecs(p, 3)
     eng = CurvatureEngine(p, hvp_mode="forward")
-    torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)
-    assert eng.fallbacks >= 1 and eng.hvp_mode == "reverse"
+    torch.testing.assert_close(eng.hessian()(V), V @ H, rtol=1e-10, atol=1e-12)
+    assert eng.counters()["fallbacks"] >= 1 and eng.state.hvp_mode == "reverse"
 
 
-def test_block_size_default_and_override():
+def test_block_size_default_and_override(monkeypatch):
     p = tiny_problem()
-    assert 1 <= CurvatureEngine(p).block_size <= 64
-    assert CurvatureEngine(p, block_size=3).block_size == 3
+    assert 1 <= CurvatureEngine(p).state.memory.block_size <= 64
+    assert CurvatureEngine(p, block_size=3).state.memory.block_size == 3
     calls = []
     eng = CurvatureEngine(p, block_size=3)
-    real = eng.curvature["hessian"].product
+    real = Hessian._matmat_batch
 
-    def product(V, th, j, *rest):
+    def product(self, V, th, j, *rest):
         if j == 0:  # the first batch of each block
             calls.append(V.shape[0])
-        return real(V, th, j, *rest)
+        return real(self, V, th, j, *rest)
 
-    _patch_product(eng, product)
-    eng.hvp(vecs(p, 7))
+    _patch_product(monkeypatch, eng, product)
+    eng.hessian()(vecs(p, 7))
     assert calls == [3, 3, 1]
     with pytest.raises(ValueError):
         CurvatureEngine(p, block_size=0)
     with pytest.raises(ValueError):
         CurvatureEngine(p, hvp_mode="sideways")
     with pytest.raises(ValueError, match="shape"):
-        CurvatureEngine(p).hvp(torch.zeros(3, dtype=DT))
+        CurvatureEngine(p).hessian()(torch.zeros(3, dtype=DT))
 
 
 def test_auto_mode_on_cpu():
@@ -399,12 +410,12 @@ def test_auto_mode_on_cpu():
 
     eng = CurvatureEngine(tiny_problem())
     assert (
-        eng.hvp_mode == "reverse" and eng.reverse_batched is True
+        eng.state.hvp_mode == "reverse" and eng.state.reverse_batched is True
     )  # small model: one vmapped backward
     big = nn.Linear(products._CPU_BATCHED_BELOW // 10, 10)
     p = Problem(big, torch.randn(4, big.in_features), torch.randint(0, 10, (4,)))
     assert (
-        CurvatureEngine(p).reverse_batched is False
+        CurvatureEngine(p).state.reverse_batched is False
     )  # larger models: a loop over the cached graph
 
 
@@ -416,7 +427,7 @@ def test_lanczos_on_engine_matches_dense_and_is_deterministic():
         g = torch.Generator()
         g.manual_seed(5)
         r = linalg.lanczos(
-            linalg.as_operator(CurvatureEngine(p).hvp, p.num_params, dtype=DT),
+            linalg.as_operator(CurvatureEngine(p).hessian().matmat_rows, p.num_params, dtype=DT),
             stop=linalg.KrylovStop(tol=1e-6),
             generator=g,
         )
@@ -430,9 +441,9 @@ def test_model_is_not_mutated():
     before = {k: v.clone() for k, v in p.model.state_dict().items()}
     eng = CurvatureEngine(p)
     V = vecs(p, 2)
-    eng.hvp(V)
-    eng.ggnvp(V)
-    eng.fd_hvp(V[0])
+    eng.hessian()(V)
+    eng.ggn()(V)
+    eng.fd_hessian(eps=1e-3)(V[0])
     for k, v in p.model.state_dict().items():
         assert torch.equal(v, before[k])
 
@@ -444,32 +455,38 @@ def test_graph_cache_reuse_and_invalidation(cache):
     V = vecs(p, 3)
     eng = CurvatureEngine(p, hvp_mode="reverse", cache_graphs=cache)
     for _ in range(2):  # second call reuses the cached graphs
-        torch.testing.assert_close(eng.hvp(V[0]), H @ V[0], rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)
-    assert (eng.graphs.entries is not None) == (cache is not False)
+        torch.testing.assert_close(eng.hessian()(V[0]), H @ V[0], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(eng.hessian()(V), V @ H, rtol=1e-10, atol=1e-12)
+    assert (eng.state.graphs.entries is not None) == (cache is not False)
     th = p.theta + 0.05 * V[1]
     H2 = torch.func.hessian(lambda t: p.loss(p.unflatten(t)))(th)
-    torch.testing.assert_close(eng.hvp(V, theta=th), V @ H2, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-10, atol=1e-12)  # back at θ: rebuilt
+    torch.testing.assert_close(eng.hessian(th)(V), V @ H2, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        eng.hessian()(V), V @ H, rtol=1e-10, atol=1e-12
+    )  # back at θ: rebuilt
 
 
 def test_graph_cache_too_big_is_not_kept(monkeypatch):
     p = tiny_problem()
     eng = CurvatureEngine(p, hvp_mode="reverse")
-    monkeypatch.setattr(eng.graphs, "budget", lambda: 10.0)  # bytes
-    eng.hvp(vecs(p, 2))
-    assert eng.graphs.entries is None and eng.graphs.state == "too_big"
+    monkeypatch.setattr(eng.state.graphs, "budget", lambda: 10.0)  # bytes
+    eng.hessian()(vecs(p, 2))
+    assert eng.state.graphs.entries is None and eng.state.graphs.state == "too_big"
 
 
-def test_oom_drops_the_graph_cache_first():
+def test_oom_drops_the_graph_cache_first(monkeypatch):
     p = tiny_problem()
     V = vecs(p, 4)
     eng = CurvatureEngine(p, hvp_mode="reverse", block_size=4)
-    ref = eng.hvp(V)
-    assert eng.graphs.entries is not None
-    _oom_once(eng, lambda V: True)
-    torch.testing.assert_close(eng.hvp(V), ref, rtol=1e-12, atol=1e-14)
-    assert eng.oom_retries == 1 and eng.graphs.entries is None and eng.block_size == 4
+    ref = eng.hessian()(V)
+    assert eng.state.graphs.entries is not None
+    _oom_once(monkeypatch, eng, lambda V: True)
+    torch.testing.assert_close(eng.hessian()(V), ref, rtol=1e-12, atol=1e-14)
+    assert (
+        eng.counters()["oom_retries"] == 1
+        and eng.state.graphs.entries is None
+        and eng.state.memory.block_size == 4
+    )
 
 
 def test_map_batches_solves_each_batch_whole_and_forbids_full_set_products():
@@ -479,14 +496,14 @@ def test_map_batches_solves_each_batch_whole_and_forbids_full_set_products():
     eng = CurvatureEngine(p)
     parts = [p.batch.select(slice(i, i + 3)) for i in (0, 3, 6)]
     got = eng.map_batches(parts, lambda b: eng.batch_loss_grad(b))
-    assert eng.n_grad == pytest.approx(9 / 10)
+    assert eng.counters()["n_grad"] == pytest.approx(9 / 10)
     for b, (loss, g) in zip(parts, got, strict=True):
         t = p.theta.detach().clone().requires_grad_(True)
         ref = p.batch_loss_sum(p.unflatten(t), b) / b.rows
         (gr,) = torch.autograd.grad(ref, t)
         assert loss == pytest.approx(float(ref.detach()), rel=1e-12)
         torch.testing.assert_close(g, gr, rtol=1e-10, atol=1e-14)
-    for full in (lambda b: eng.loss(), lambda b: eng.hvp(p.theta), lambda b: eng.loss_grad()):
+    for full in (lambda b: eng.loss(), lambda b: eng.hessian()(p.theta), lambda b: eng.loss_grad()):
         with pytest.raises(RuntimeError, match="map_batches"):
             eng.map_batches(parts[:1], full)
     assert eng.loss() == pytest.approx(
@@ -516,21 +533,26 @@ def test_derive_keeps_every_setting_and_gives_the_other_models_products():
             q.mul_(1.5)
     d = eng.derive(other)
     assert d.problem.model is other and d.problem is not p
-    assert (d.hvp_mode, d.fd_eps, d.memory.block_size, d.precision.name) == (
+    assert (
+        d.state.hvp_mode,
+        d.hessian().relative_eps,
+        d.state.memory.block_size,
+        d.precision.name,
+    ) == (
         "finite_difference",
         2e-3,
         2,
         "fp64",
     )
     assert d.problem.batch_size == 4 and d.problem.names == p.names and d.problem.n == p.n
-    assert not d.graphs.keeping and d.max_device_vectors == 5
-    d.hvp_mode = (
+    assert not d.state.graphs.keeping and d.state.max_device_vectors == 5
+    d.state.hvp_mode = (
         "reverse"  # the exact product, to compare with the dense Hessian of the other model
     )
     H = dense_hessian(d.problem)
     V = vecs(d.problem)
-    torch.testing.assert_close(d.hvp(V), V @ H, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(d.hessian()(V), V @ H, rtol=1e-9, atol=1e-12)
     assert not torch.allclose(V @ H, V @ dense_hessian(p), rtol=1e-3)
     d.merge_counts(d)  # counters add up
     eng.merge_counts(d)
-    assert eng.n_hvp == 2 * V.shape[0]
+    assert eng.counters()["n_hvp"] == 2 * V.shape[0]

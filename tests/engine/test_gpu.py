@@ -11,6 +11,7 @@ from torch import nn
 
 from flatcli.api import measure_model
 from flatcli.engine import CurvatureEngine, Problem, linalg
+from flatcli.engine.curvatures import Hessian
 
 pytestmark = pytest.mark.gpu
 
@@ -67,10 +68,10 @@ def test_forward_and_reverse_hvp_agree_on_cuda_fp32():
     fwd = CurvatureEngine(p, hvp_mode="forward", block_size=6)
     rev_b = CurvatureEngine(p, hvp_mode="reverse", reverse_batched=True, cache_graphs=True)
     rev_l = CurvatureEngine(p, hvp_mode="reverse", reverse_batched=False, cache_graphs=False)
-    a, b, c = fwd.hvp(V), rev_b.hvp(V), rev_l.hvp(V)
-    assert fwd.fallbacks == 0 and fwd.hvp_mode == "forward"
+    a, b, c = fwd.hessian()(V), rev_b.hessian()(V), rev_l.hessian()(V)
+    assert fwd.counters()["fallbacks"] == 0 and fwd.state.hvp_mode == "forward"
     assert rel(a, c) <= 1e-4 and rel(b, c) <= 1e-4
-    assert rel(fwd.hvp(V[0]), c[0]) <= 1e-4
+    assert rel(fwd.hessian()(V[0]), c[0]) <= 1e-4
 
 
 def test_fp64_cuda_products_match_dense_cpu_hessian():
@@ -81,19 +82,23 @@ def test_fp64_cuda_products_match_dense_cpu_hessian():
     ref = V.cpu() @ H
     for mode, batched in (("forward", None), ("reverse", True), ("reverse", False), ("auto", None)):
         eng = CurvatureEngine(pg, hvp_mode=mode, reverse_batched=batched)
-        torch.testing.assert_close(eng.hvp(V).cpu(), ref, rtol=1e-9, atol=1e-11)
-        torch.testing.assert_close(eng.hvp(V[1]).cpu(), ref[1], rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(eng.hessian()(V).cpu(), ref, rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(eng.hessian()(V[1]).cpu(), ref[1], rtol=1e-9, atol=1e-11)
     ev = torch.linalg.eigvalsh(H).numpy()
     eng = CurvatureEngine(pg)
     g = torch.Generator().manual_seed(0)
     r = linalg.lanczos(
-        linalg.as_operator(eng.hvp, pg.num_params, device="cuda", dtype=DT),
+        linalg.as_operator(eng.hessian().matmat_rows, pg.num_params, device="cuda", dtype=DT),
         stop=linalg.KrylovStop(tol=1e-6),
         generator=g,
     )
     assert abs(r.eigenvalues[0] - ev[-1]) <= 1e-4 * abs(ev[-1])
     H_op = linalg.as_operator(
-        eng.hvp, pg.num_params, device="cuda", dtype=DT, block_size=eng.block_size
+        eng.hessian().matmat_rows,
+        pg.num_params,
+        device="cuda",
+        dtype=DT,
+        block_size=eng.state.memory.block_size,
     )
     d = linalg.exact_diagonal(H_op)
     assert abs(float(d.sum()) - ev.sum()) <= 1e-8 * abs(ev.sum())
@@ -105,32 +110,32 @@ def test_ggnvp_on_cuda_matches_cpu():
     pc, pg = conv_problem(DT, "cpu"), conv_problem(DT, "cuda")
     V = vecs(pc.num_params, 3, "cpu", DT)
     torch.testing.assert_close(
-        CurvatureEngine(pg).ggnvp(V.cuda()).cpu(),
-        CurvatureEngine(pc).ggnvp(V),
+        CurvatureEngine(pg).ggn()(V.cuda()).cpu(),
+        CurvatureEngine(pc).ggn()(V),
         rtol=1e-9,
         atol=1e-11,
     )
 
 
-def test_block_size_from_free_memory_and_oom_backoff_on_cuda():
+def test_block_size_from_free_memory_and_oom_backoff_on_cuda(monkeypatch):
     p = conv_problem(torch.float32, "cuda")
     eng = CurvatureEngine(p)
-    assert 1 <= eng.block_size <= 32
+    assert 1 <= eng.state.memory.block_size <= 32
     assert eng.state.activation_bytes() > 0
     V = vecs(p.num_params, 8, "cuda", torch.float32)
-    ref = CurvatureEngine(p, hvp_mode="forward", block_size=8).hvp(V)
+    ref = CurvatureEngine(p, hvp_mode="forward", block_size=8).hessian()(V)
     eng = CurvatureEngine(p, hvp_mode="forward", block_size=8)
-    real, state = eng.curvature["hessian"].product, {"n": 0}
+    real, state = Hessian._matmat_batch, {"n": 0}
 
-    def product(V, th, j, batch, out, accumulate):
+    def product(self, V, th, j, batch, out, accumulate):
         if state["n"] == 0 and V.shape[0] > 4:
             state["n"] += 1
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-        return real(V, th, j, batch, out, accumulate)
+        return real(self, V, th, j, batch, out, accumulate)
 
-    eng.curvature["hessian"].product = product
-    assert rel(eng.hvp(V), ref) <= 1e-6
-    assert eng.oom_retries == 1 and eng.block_size == 4
+    monkeypatch.setattr(Hessian, "_matmat_batch", product)
+    assert rel(eng.hessian()(V), ref) <= 1e-6
+    assert eng.counters()["oom_retries"] == 1 and eng.state.memory.block_size == 4
 
 
 def test_measures_on_cuda_match_cpu_fp64():
@@ -170,8 +175,10 @@ def test_resnet18_forward_and_reverse_hvp_agree():
     model, x, y = resnet18_problem()
     p = Problem(model, x, y, batch_size=8, device="cuda", dtype=torch.float32)
     V = vecs(p.num_params, 4, "cuda", torch.float32)
-    a = CurvatureEngine(p, hvp_mode="forward", block_size=4).hvp(V)
-    b = CurvatureEngine(p, hvp_mode="reverse", reverse_batched=False, cache_graphs=False).hvp(V)
+    a = CurvatureEngine(p, hvp_mode="forward", block_size=4).hessian()(V)
+    b = CurvatureEngine(p, hvp_mode="reverse", reverse_batched=False, cache_graphs=False).hessian()(
+        V
+    )
     assert rel(a, b) <= 1e-3
 
 
@@ -191,9 +198,9 @@ def test_tf32_products_differ_from_fp32_and_lambda_max_is_verified_in_fp32(monke
     eng = CurvatureEngine(p)
     V = vecs(p.num_params, 2, "cuda", torch.float32)
     with tf32_flags(False, False):
-        fp32, fp32_again = eng.hvp(V), eng.hvp(V)
+        fp32, fp32_again = eng.hessian()(V), eng.hessian()(V)
     with tf32_flags(True, True):
-        tf32 = eng.hvp(V)
+        tf32 = eng.hessian()(V)
     assert rel(tf32, fp32) > max(100 * rel(fp32_again, fp32), 1e-5)
 
     seen = record_tf32_flags(monkeypatch)

@@ -103,6 +103,8 @@ def test_gpt2_forward_mode_products_equal_dense_hessian():
     g = torch.Generator().manual_seed(2)
     V = torch.randn(3, p.num_params, generator=g, dtype=DT)
     eng = CurvatureEngine(p, hvp_mode="forward")
-    torch.testing.assert_close(eng.hvp(V), V @ Hd, rtol=1e-9, atol=1e-12)  # vmap(jvp(grad))
-    torch.testing.assert_close(eng.hvp(V[0]), Hd @ V[0], rtol=1e-9, atol=1e-12)
-    assert eng.fallbacks == 0 and eng.hvp_mode == "forward"  # no fall back to reverse mode
+    torch.testing.assert_close(eng.hessian()(V), V @ Hd, rtol=1e-9, atol=1e-12)  # vmap(jvp(grad))
+    torch.testing.assert_close(eng.hessian()(V[0]), Hd @ V[0], rtol=1e-9, atol=1e-12)
+    assert (
+        eng.counters()["fallbacks"] == 0 and eng.state.hvp_mode == "forward"
+    )  # no fall back to reverse mode

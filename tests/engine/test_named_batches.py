@@ -85,9 +85,9 @@ def test_causal_lm_hessian_products_match_the_dense_token_weighted_hessian(tie, 
     assert p.num_params == theta.numel() and p.head == ("head" if fused else None)
     eng = CurvatureEngine(p, block_size=2)
     V = torch.randn(3, p.num_params, dtype=DT, generator=torch.Generator().manual_seed(1))
-    torch.testing.assert_close(eng.hvp(V), V @ H, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(eng.hessian()(V), V @ H, rtol=1e-9, atol=1e-11)
     torch.testing.assert_close(
-        eng.hvp(V[0]), H @ V[0], rtol=1e-9, atol=1e-11
+        eng.hessian()(V[0]), H @ V[0], rtol=1e-9, atol=1e-11
     )  # again, cached graphs
 
 
@@ -119,7 +119,7 @@ def test_causal_lm_gauss_newton_matches_the_dense_ggn():
         model, {"input_ids": ids, "attention_mask": mask}, loss="causal_lm", batch_size=4, dtype=DT
     )
     V = torch.randn(3, p.num_params, dtype=DT, generator=torch.Generator().manual_seed(2))
-    torch.testing.assert_close(CurvatureEngine(p).ggnvp(V), V @ G, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(CurvatureEngine(p).ggn()(V), V @ G, rtol=1e-9, atol=1e-11)
 
 
 def _write_lm_config(tmp_path, ids, mask, model, extra=None):

@@ -99,11 +99,16 @@ def test_ggn_and_fd_operators_and_another_theta():
 def test_full_precision_view_turns_tf32_off_only_during_its_products(monkeypatch):
     p = problem()
     eng = CurvatureEngine(p, precision="tf32")
-    assert not eng.low_precision  # on a CPU a tf32 engine has nothing to verify
-    monkeypatch.setattr(CurvatureEngine, "low_precision", property(lambda self: True))
+    assert not eng.precision.low  # on a CPU a tf32 engine has nothing to verify
+    from flatcli.engine.curvatures import Curvature
+    from flatcli.engine.precision import Precision
+
+    monkeypatch.setattr(Precision, "low", property(lambda self: True))
     seen = []
     monkeypatch.setattr(
-        eng, "hvp", lambda V, theta=None: (seen.append(torch.backends.cuda.matmul.allow_tf32), V)[1]
+        Curvature,
+        "_matmat",
+        lambda self, V: (seen.append(torch.backends.cuda.matmul.allow_tf32), V)[1],
     )
     old = torch.backends.cuda.matmul.allow_tf32
     try:
@@ -125,11 +130,11 @@ def test_loss_grad_with_kept_graph_is_reused_by_the_hvp_at_the_same_point():
     ref_g = torch.func.grad(lambda t: p.loss(p.unflatten(t)))(th)
     assert loss == pytest.approx(ref_loss, rel=1e-12)
     torch.testing.assert_close(g, ref_g, rtol=1e-12, atol=1e-14)
-    built = eng.graphs.entries
-    hv = eng.hvp(g, theta=th)
-    assert eng.graphs.entries is built  # no rebuild: the gradient's graphs served the product
+    built = eng.state.graphs.entries
+    hv = eng.hessian(th)(g)
+    assert eng.state.graphs.entries is built  # no rebuild: the gradient's graphs served the product
     torch.testing.assert_close(hv, dense_hessian(p, th) @ g, rtol=1e-10, atol=1e-12)
-    assert eng.n_grad == 1 and eng.n_hvp == 1
+    assert eng.counters()["n_grad"] == 1 and eng.counters()["n_hvp"] == 1
 
 
 def test_batch_loss_grad_is_the_mean_over_the_given_samples_and_counts_fractions():
@@ -140,12 +145,12 @@ def test_batch_loss_grad_is_the_mean_over_the_given_samples_and_counts_fractions
     f = lambda t: rows_loss(p, p.forward(t, rows), rows).mean()  # noqa: E731
     assert loss == pytest.approx(float(f(p.theta)), rel=1e-12)
     torch.testing.assert_close(g, torch.func.grad(f)(p.theta), rtol=1e-12, atol=1e-14)
-    assert eng.n_grad == pytest.approx(7 / 12, abs=1e-6)
+    assert eng.counters()["n_grad"] == pytest.approx(7 / 12, abs=1e-6)
     loss2, none = eng.batch_loss_grad(rows, need_grad=False)
     assert (
         none is None
         and loss2 == pytest.approx(loss, rel=1e-12)
-        and eng.n_forward == pytest.approx(7 / 12, abs=1e-6)
+        and eng.counters()["n_forward"] == pytest.approx(7 / 12, abs=1e-6)
     )
 
 
@@ -203,7 +208,7 @@ def test_loss_and_error_in_one_pass():
     out = p.forward(p.params, p.batch)
     assert loss == pytest.approx(float(rows_loss(p, out, p.batch).mean()), rel=1e-12)
     assert err == pytest.approx(float((out.argmax(1) != p.batch["y"]).double().mean()))
-    assert eng.n_forward == 1
+    assert eng.counters()["n_forward"] == 1
 
 
 def test_as_operator_carries_the_engine_settings_to_the_estimators():
@@ -226,7 +231,7 @@ def test_as_operator_carries_the_engine_settings_to_the_estimators():
     )
     V = torch.randn(2, p.num_params, dtype=DT, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(op.matmat_rows(V), V @ dense_hessian(p), rtol=1e-10, atol=1e-12)
-    eng.block_size = 2  # what the out-of-memory back-off does: the operator follows
+    eng.state.memory.block_size = 2  # what the out-of-memory back-off does: the operator follows
     assert linalg.as_operator(H).block_size == 2 and H.restrict(slice(0, 3)).block_size == 2
     over = linalg.as_operator(op, block_size=7, max_device_vectors=None)
     assert (over.block_size, over.max_device_vectors, over.dim) == (7, None, p.num_params)

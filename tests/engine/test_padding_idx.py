@@ -161,13 +161,13 @@ def test_hessian_modes_agree_symmetric_and_equal_masked_dense(name):
     for mode in ("reverse", "forward"):
         for batched in (True, False):
             e = CurvatureEngine(p, hvp_mode=mode, reverse_batched=batched, cache_graphs=False)
-            got[mode, batched] = e.hvp(V, theta=theta)
+            got[mode, batched] = e.hessian(theta)(V)
             assert rel(got[mode, batched], want) < 1e-10, (mode, batched)
-            one = e.hvp(V[0], theta=theta)
+            one = e.hessian(theta)(V[0])
             assert rel(one, want[0]) < 1e-10
     assert rel(got["reverse", True], got["forward", True]) < 1e-10
-    got["recompute", True] = CurvatureEngine(p, recompute=True).hvp(
-        V, theta=theta
+    got["recompute", True] = CurvatureEngine(p, recompute=True).hessian(theta)(
+        V
     )  # BERT: per-block products
     assert rel(got["recompute", True], want) < 1e-10
     # symmetric operator: uᵀ(Hv) = vᵀ(Hu)
@@ -184,13 +184,13 @@ def test_finite_difference_and_gradient_masked(name):
     M = mask_matrix(p)
     Hd = dense_hessian(ref, theta)
     e = CurvatureEngine(p, hvp_mode="reverse")
-    fd = e.fd_hvp(V, eps=2e-6, theta=theta)
+    fd = e.fd_hessian(theta, eps=2e-6)(V)
     assert rel(fd, V @ (M @ Hd @ M)) < 1e-7  # O(eps²) central differences of the masked gradient
     assert fd[:, p.padding_index].abs().max() == 0
     t = theta.clone().requires_grad_(True)
     (g_true,) = torch.autograd.grad(ref.loss(t), t)
     for got in (
-        e.grad(theta),
+        e.loss_grad(theta)[1],
         e.loss_grad(theta, keep_graph=True)[1],
         e.batch_loss_grad(p.batch, theta)[1],
     ):
@@ -224,7 +224,7 @@ def test_ggn_symmetric_and_equal_masked_dense(name):
     Gd = dense_ggn(ref, theta)
     assert rel(M @ Gd @ V.T, Gd @ M @ V.T) > 1e-4  # M G and G M differ here
     e = CurvatureEngine(p)
-    GV = e.ggnvp(V, theta=theta)
+    GV = e.ggn(theta)(V)
     assert rel(GV, V @ (M @ Gd @ M)) < 1e-10
     assert abs(float(V[0] @ GV[1] - V[1] @ GV[0])) < 1e-10 * float(GV.norm()) * float(V.norm())
     if name != "bert":  # the exact GGN diagonal: rows are units
@@ -242,14 +242,14 @@ def test_no_padding_idx_no_change(make):
     x = torch.randn(p.num_params, dtype=DT)
     assert p.mask(x) is x
     v = torch.randn(p.num_params, generator=torch.Generator().manual_seed(3), dtype=DT)
-    got = CurvatureEngine(p, hvp_mode="reverse").hvp(v)
+    got = CurvatureEngine(p, hvp_mode="reverse").hessian()(v)
     t = p.theta.requires_grad_(True)
     (gr,) = torch.autograd.grad(
         p.batch_loss_sum(p.unflatten(t), p.batches[0]) / p.n, t, create_graph=True
     )
     (want,) = torch.autograd.grad(gr, t, v)
     assert torch.equal(got, want)
-    got = CurvatureEngine(p, hvp_mode="forward").hvp(v)
+    got = CurvatureEngine(p, hvp_mode="forward").hessian()(v)
     want = jvp(
         grad(lambda t: p.batch_loss_sum(p.unflatten(t), p.batches[0]) / p.n), (p.theta,), (v,)
     )[1]

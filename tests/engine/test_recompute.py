@@ -121,11 +121,11 @@ def test_recomputed_hvp_equals_double_backward(make, monkeypatch):
     off = CurvatureEngine(p, recompute=False)
     for th in (None, theta):
         ref = reference_hvp(model, batch, loss, p.theta if th is None else th, V)
-        hv_on = on.hvp(V, theta=th)
+        hv_on = on.hessian(th)(V)
         torch.testing.assert_close(hv_on, ref, rtol=1e-9, atol=1e-12)
-        torch.testing.assert_close(off.hvp(V, theta=th), ref, rtol=1e-9, atol=1e-12)
-        torch.testing.assert_close(on.hvp(V[0], theta=th), ref[0], rtol=1e-9, atol=1e-12)
-    assert on.recompute_active and not off.recompute_active and on.state.chain is None
+        torch.testing.assert_close(off.hessian(th)(V), ref, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(on.hessian(th)(V[0]), ref[0], rtol=1e-9, atol=1e-12)
+    assert on.state.recompute_active and not off.state.recompute_active and on.state.chain is None
     nb = len(recompute.find_blocks(model))
     assert nb == 2
     # every product: each block's checkpointed function runs in the forward and again in the backward
@@ -135,7 +135,7 @@ def test_recomputed_hvp_equals_double_backward(make, monkeypatch):
     assert (
         len(calls) % builds == 0 and len(calls) >= 2 * builds
     )  # forward + at least one recomputation
-    assert on.graphs.entries is None  # no gradient graph kept across products
+    assert on.state.graphs.entries is None  # no gradient graph kept across products
 
 
 def test_auto_turns_on_only_when_the_predicted_peak_does_not_fit(monkeypatch):
@@ -143,12 +143,12 @@ def test_auto_turns_on_only_when_the_predicted_peak_does_not_fit(monkeypatch):
     p = Problem(model, batch, loss=loss, batch_size=3, dtype=DT)
     need, free = recompute.predicted_product_bytes(p, p.batch, 1, p.device)
     assert need > 6 * 8 * p.num_params  # the forward's saved tensors are counted
-    assert CurvatureEngine(p, recompute="auto").recompute_active is False  # a tiny model fits
+    assert CurvatureEngine(p, recompute="auto").state.recompute_active is False  # a tiny model fits
     monkeypatch.setattr(recompute, "free_bytes", lambda device: need // 2)
     from flatcli.engine import loop as loop_module  # the products' state decides
 
     monkeypatch.setattr(loop_module, "predicted_product_bytes", lambda *a: (need, need // 2))
-    assert CurvatureEngine(p, recompute="auto").recompute_active is True
+    assert CurvatureEngine(p, recompute="auto").state.recompute_active is True
     with pytest.raises(ValueError, match="recompute"):
         CurvatureEngine(p, recompute="sometimes")
 
@@ -173,11 +173,11 @@ ids = torch.randint(0, 256, (8, 64), generator=torch.Generator().manual_seed(1))
 p = Problem(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, loss="causal_lm", batch_size=8)
 eng = CurvatureEngine(p, cache_graphs=False)
 v = torch.randn(1, p.num_params, generator=torch.Generator().manual_seed(2))
-eng.hvp(v)  # warm-up: lazy initialisation out of the measured product
+eng.hessian()(v)  # warm-up: lazy initialisation out of the measured product
 need, _ = predicted_product_bytes(p, p.batch, 1, p.device)
 Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set (VmHWM)
 before = status("VmRSS")
-eng.hvp(v)
+eng.hessian()(v)
 print(json.dumps({"predicted": need, "measured": status("VmHWM") - before}))
 """
 

@@ -81,14 +81,14 @@ def test_block_by_block_products_equal_double_backward(make, monkeypatch):
     )  # (forward mode would differ by 1e-9 there)
     model, batch, loss, p, V, theta = _setup(make)
     eng = CurvatureEngine(p, recompute=True)
-    assert eng.recompute_active and eng.state.chain is not None, eng.state.chain_reason
+    assert eng.state.recompute_active and eng.state.chain is not None, eng.state.chain_reason
     assert len(eng.state.chain.blocks) == 2
     for th in (None, theta):
         ref = reference_hvp(model, batch, loss, p.theta if th is None else th, V)
-        torch.testing.assert_close(eng.hvp(V, theta=th), ref, rtol=1e-9, atol=1e-12)
-        torch.testing.assert_close(eng.hvp(V[0], theta=th), ref[0], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(eng.hessian(th)(V), ref, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(eng.hessian(th)(V[0]), ref[0], rtol=1e-9, atol=1e-12)
     u, w = V[0], V[1]  # a symmetric operator: uᵀ(Hw) = wᵀ(Hu)
-    assert torch.isclose(u @ eng.hvp(w, theta=theta), w @ eng.hvp(u, theta=theta), rtol=1e-10)
+    assert torch.isclose(u @ eng.hessian(theta)(w), w @ eng.hessian(theta)(u), rtol=1e-10)
 
 
 @pytest.mark.parametrize(
@@ -103,9 +103,9 @@ def test_parameter_subsets_and_tied_weights(include):
         CurvatureEngine(p, recompute=True),
         CurvatureEngine(p, recompute=False, hvp_mode="reverse"),
     )
-    hv = on.hvp(V, theta=theta)
+    hv = on.hessian(theta)(V)
     assert on.state.chain is not None
-    torch.testing.assert_close(hv, off.hvp(V, theta=theta), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(hv, off.hessian(theta)(V), rtol=1e-9, atol=1e-12)
     assert float(hv.norm()) > 0
 
 
@@ -127,11 +127,11 @@ def test_bf16_products_block_by_block():
         batch_size=4,
     )
     v = torch.randn(p.num_params, generator=torch.Generator().manual_seed(2))
-    ref = CurvatureEngine(p, precision="fp32", hvp_mode="reverse").hvp(v)
+    ref = CurvatureEngine(p, precision="fp32", hvp_mode="reverse").hessian()(v)
     low_chain = CurvatureEngine(p, precision="bf16", recompute=True)
-    hv = low_chain.hvp(v)
+    hv = low_chain.hessian()(v)
     assert low_chain.state.chain is not None and p.compute_dtype == torch.bfloat16
-    low_rev = CurvatureEngine(p, precision="bf16", recompute=False, hvp_mode="reverse").hvp(v)
+    low_rev = CurvatureEngine(p, precision="bf16", recompute=False, hvp_mode="reverse").hessian()(v)
     err, err_rev = float((hv - ref).norm() / ref.norm()), float((low_rev - ref).norm() / ref.norm())
     assert 1e-5 < err < 5e-2  # bf16 rounding is there (not a float32 product), and small
     assert err < 3 * err_rev + 1e-3
@@ -203,8 +203,8 @@ def test_models_that_are_not_chains_fall_back(cls, why):
     t = p.theta.clone().requires_grad_(True)
     (g,) = torch.autograd.grad(p.loss(p.unflatten(t)), t, create_graph=True)
     ref = torch.stack([torch.autograd.grad(g, t, v, retain_graph=True)[0] for v in V])
-    torch.testing.assert_close(eng.hvp(V), ref, rtol=1e-9, atol=1e-12)
-    assert eng.recompute_active and (eng.state.chain is None) == (why is not None)
+    torch.testing.assert_close(eng.hessian()(V), ref, rtol=1e-9, atol=1e-12)
+    assert eng.state.recompute_active and (eng.state.chain is None) == (why is not None)
 
 
 PEAK_CHILD = r"""
@@ -229,10 +229,10 @@ v = torch.randn(1, p.num_params, generator=torch.Generator().manual_seed(2))
 runs = {}
 for mode in ("off", "on", "off"):  # the double backward measured before and after: the allocator's state
     eng = CurvatureEngine(p, cache_graphs=False, recompute=mode == "on", hvp_mode="reverse")
-    eng.hvp(v)  # warm-up: lazy initialisation out of the measured product
+    eng.hessian()(v)  # warm-up: lazy initialisation out of the measured product
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set (VmHWM)
     before = status("VmRSS")
-    hv = eng.hvp(v)
+    hv = eng.hessian()(v)
     measured = status("VmHWM") - before
     runs[mode] = {"measured": min(measured, runs.get(mode, {}).get("measured", measured)),
                   "chain": eng.state.chain is not None, "vHv": float(v[0] @ hv[0]),
@@ -241,7 +241,7 @@ for mode in ("off", "on", "off"):  # the double backward measured before and aft
         V = torch.randn(4, p.num_params, generator=torch.Generator().manual_seed(3))
         Path("/proc/self/clear_refs").write_text("5")
         before = status("VmRSS")
-        eng.hvp(V[:1])
+        eng.hessian()(V[:1])
         runs["row"] = {"measured": status("VmHWM") - before}
     del eng, hv
 print(json.dumps(runs))
@@ -293,4 +293,4 @@ def test_products_read_theta_without_a_copy():
     copy = p.theta
     assert copy.data_ptr() != p.theta_flat.data_ptr() and torch.equal(copy, p.theta_flat)
     ref = reference_hvp(model, batch, loss, copy, V[:1])
-    torch.testing.assert_close(eng.hvp(V[:1]), ref, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(eng.hessian()(V[:1]), ref, rtol=1e-9, atol=1e-12)

@@ -7,6 +7,8 @@ from torch import nn
 
 from flatcli.api import measure_model
 from flatcli.engine import CurvatureEngine, Problem
+from flatcli.engine.curvatures import Hessian
+from flatcli.engine.precision import Precision
 from flatcli.errors import ConfigError
 from flatcli.measures import MeasureContext, MeasureSpec, get_measure, run_measure
 from flatcli.measures.hessian import effective_dimension, plot_esd
@@ -212,15 +214,20 @@ def _simulated_tf32(monkeypatch, model, x, y, bias):
     GPU product), and exact inside its fp32 verification context."""
     p = Problem(model, x, y, batch_size=4, dtype=DT)
     eng = CurvatureEngine(p, precision="auto")
-    monkeypatch.setattr(CurvatureEngine, "low_precision", property(lambda self: True))
-    exact = eng.hvp
-
-    def hvp(V, theta=None):
-        out = exact(V, theta=theta)
-        return out * (1 + bias) if torch.backends.cuda.matmul.allow_tf32 else out
-
-    monkeypatch.setattr(eng, "hvp", hvp)
+    monkeypatch.setattr(Precision, "low", property(lambda self: True))
+    _perturb_hessian(monkeypatch, lambda V, out: out * bias)
     return p, eng
+
+
+def _perturb_hessian(monkeypatch, extra):
+    """Hessian products become H V + ``extra(V, H V)`` while TF32 is on."""
+    exact = Hessian._matmat
+
+    def matmat(self, V):
+        out = exact(self, V)
+        return out + extra(V, out) if torch.backends.cuda.matmul.allow_tf32 else out
+
+    monkeypatch.setattr(Hessian, "_matmat", matmat)
 
 
 @pytest.fixture
@@ -262,13 +269,7 @@ def test_lambda_max_finishes_in_fp32_when_tf32_rounding_keeps_the_residual_above
     E = torch.randn(p.num_params, p.num_params, generator=g, dtype=DT)
     E = (E + E.T) / 2
     E *= 0.01 * lam / torch.linalg.matrix_norm(E, 2)
-    exact = eng.hvp
-
-    def hvp(V, theta=None):
-        out = exact(V, theta=theta)
-        return out + V @ E if torch.backends.cuda.matmul.allow_tf32 else out
-
-    monkeypatch.setattr(eng, "hvp", hvp)
+    _perturb_hessian(monkeypatch, lambda V, out: V @ E)
     r = run_measure(
         MeasureSpec("hessian_lambda_max", "l", {"tol": 1e-8}), MeasureContext(problem=p, engine=eng)
     )
@@ -289,7 +290,7 @@ def test_precision_auto_runs_lanczos_in_tf32_and_verifies_in_fp32_through_the_pi
     model, x, y = mlp_data()
     model, x = model.float(), x.float()
     monkeypatch.setattr(precision, "has_tensor_cores", lambda device: True)
-    monkeypatch.setattr(CurvatureEngine, "low_precision", property(lambda self: True))
+    monkeypatch.setattr(Precision, "low", property(lambda self: True))
     seen = record_tf32_flags(monkeypatch, bias=1e-2)
     spec = [{"hessian_lambda_max": {"tol": 1e-5}}]
     auto = measure_model(model, (x, y), spec, precision="auto", batch_size=4).results[

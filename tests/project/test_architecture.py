@@ -484,7 +484,7 @@ def test_the_cli_turns_api_parameters_into_flags():
 
 def test_measures_touch_no_engine_internals():
     """Measures use the engine's interface (docs/architecture.md), never its state objects (counters,
-    memory policy, product loop, graph cache, curvature classes) or private members, and build no
+    memory policy, the products' state, graph cache) or private members, and build no
     `Problem` or `CurvatureEngine` themselves: `CurvatureEngine.derive(model)` is the one way to get
     one for another model (a BatchNorm-folded copy)."""
     import re
@@ -494,7 +494,7 @@ def test_measures_touch_no_engine_internals():
         "memory",
         "loop",
         "graphs",
-        "curvature",
+        "state",
         "batches",
         "_options",
         "block_size",
@@ -595,12 +595,12 @@ PRODUCT_MODULES = ("flatcli.engine.curvatures", "flatcli.engine.loop")
 ENGINE_NAMES = {"engine", "eng", "CurvatureEngine"}
 
 
-def test_curvatures_and_the_product_loop_receive_no_engine():
-    """Operators own their loop (issue 28): curvatures and `ProductLoop` get a `ProductState`, never the
-    engine. Statically, no identifier, parameter, attribute or import named ``engine``/``eng``/
-    ``CurvatureEngine`` in engine/curvatures.py and engine/loop.py, and every ``__init__`` there takes
-    ``state``; dynamically, nothing reachable from an engine's curvatures (their loops and state) is
-    the engine."""
+def test_curvatures_and_their_state_receive_no_engine():
+    """A curvature is the operator and owns its loop: curvatures and the `ProductState` they share get
+    the state, never the engine. Statically, no identifier, parameter, attribute or import named
+    ``engine``/``eng``/``CurvatureEngine`` in engine/curvatures.py and engine/loop.py, and
+    ``Curvature.__init__`` takes ``state``; dynamically, nothing reachable from an engine's
+    curvatures (their attributes and state) is the engine or one of its bound methods."""
     from flatcli.engine import CurvatureEngine, Problem
     from tests.helpers import tiny_data, tiny_mlp
 
@@ -610,7 +610,7 @@ def test_curvatures_and_the_product_loop_receive_no_engine():
             names = {getattr(n, "id", None), getattr(n, "arg", None), getattr(n, "attr", None)}
             if isinstance(n, (ast.Import, ast.ImportFrom)):
                 names |= {a.asname or a.name for a in n.names} | {getattr(n, "module", None)}
-            if isinstance(n, ast.ClassDef) and n.name in ("Curvature", "ProductLoop"):
+            if isinstance(n, ast.ClassDef) and n.name == "Curvature":
                 init = next(
                     f for f in n.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"
                 )
@@ -621,12 +621,13 @@ def test_curvatures_and_the_product_loop_receive_no_engine():
             found += [f"{mod}:{n.lineno}: {name}" for name in names & ENGINE_NAMES]
     x, y = tiny_data(n=6)
     eng = CurvatureEngine(Problem(tiny_mlp(), x, y, batch_size=3, dtype=x.dtype))
-    for name, curvature in eng.curvature.items():
-        for owner in (curvature, curvature.loop, curvature.state):
+    for curvature in (eng.hessian(), eng.ggn(), eng.fd_hessian(), eng.hessian(precision="fp32")):
+        for owner in (curvature, curvature.state):
             found += [
-                f"curvature {name!r}: {type(owner).__name__}.{k}"
+                f"curvature {curvature.name!r}: {type(owner).__name__}.{k}"
                 for k, v in vars(owner).items()
                 if isinstance(v, CurvatureEngine)
+                or isinstance(getattr(v, "__self__", None), CurvatureEngine)
             ]
-        assert curvature.state is eng.state and curvature.loop.state is eng.state
-    assert not found, f"engine references in the curvatures or the product loop: {found}"
+        assert curvature.state is eng.state
+    assert not found, f"engine references in the curvatures or their state: {found}"

@@ -17,6 +17,7 @@ import flatcli.pipeline as pipeline
 from flatcli.cli import app
 from flatcli.demo.models import MLP
 from flatcli.engine import Batch, Problem
+from flatcli.engine.curvatures import Curvature
 from flatcli.measures import MeasureSpec
 from flatcli.settings import Settings
 from tests.helpers import write_project
@@ -202,7 +203,7 @@ def test_a_product_that_will_not_fit_fails_after_the_data_and_suggests_a_batch_s
     product = 10**6
     monkeypatch.setattr(memory, "predicted_product_bytes", lambda *a: (product, None))
     hvps = []
-    monkeypatch.setattr(pipeline.CurvatureEngine, "hvp", lambda *a, **k: hvps.append(1))
+    monkeypatch.setattr(Curvature, "_matmat", lambda *a, **k: hvps.append(1))
     P = P_of(8)
     base = 4 * P * 6 + 4 * P * (
         20 - 1
