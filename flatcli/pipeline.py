@@ -29,7 +29,7 @@ from .engine.batch import model_output
 from .errors import ConfigError, FlatcliError, MeasurementError, error_kind
 from .jobs import Job, resolve_jobs
 from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
-from .loading.data import load_split, subset
+from .loading.data import check_finite_data, load_split, subset
 from .loading.models import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
 from .measures import Dims, MeasureContext, MeasureResult, MeasureSpec, run_measure
 from .measures.hessian import LOW_PRECISION_MEASURES
@@ -184,6 +184,7 @@ def measure_model(
         problem = _problem(work, subset(data[st.split], st.num_samples, st.data_seed), st)
         for split_name, d in data.items():
             if d is not None:
+                check_finite_data(d, f"data.{split_name}")
                 check_targets(work, d, st.loss, f"data.{split_name}", st.device, _dtype_of(work))
         row.params = st.params.describe(work, problem.names)
         engine = CurvatureEngine(
