@@ -10,6 +10,7 @@ code  meaning
       every other checkpoint still completes and is written
 2     bad usage or input: an option, a config key, a file, a checkpoint
       that does not fit the model (``ConfigError``)
+3     incomplete: ``collect`` found units not finished (none failed)
 130   interrupted (Ctrl-C)
 ====  ==================================================================
 
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+
+INCOMPLETE = 3  # `collect`: units not finished, none failed
 
 
 class FlatcliError(Exception):

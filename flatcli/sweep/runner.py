@@ -294,7 +294,7 @@ def run_sweep(
     t_start = time.time()
     t0 = time.perf_counter()
     outdir = Path(outdir)
-    store = Store(outdir)
+    store = Store(outdir, log)
     plan = build_plan(cfg, specs, jobs)
     args = _worker_args(opts, t_start, run=uuid.uuid4().hex[:12])
     selected = plan.units_for(opts.shard)

@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,11 +184,65 @@ def lock_is_stale(
     return False
 
 
+def stale_reason(text: str, mtime: float, timeout: float) -> str | None:
+    """Why a lock file holding ``text`` (last heartbeat ``mtime``) is stale, or None while its
+    holder may be alive. Locks are created whole (`create_lock_file`), so an empty or unreadable
+    one was left by a process killed while an older flatcli created it: stale at once."""
+    try:
+        info = json.loads(text) if text.strip() else None
+    except ValueError:
+        info = None
+    if not isinstance(info, dict) or not info:
+        return "the lock file is empty or unreadable (its holder was killed while creating it)"
+    holder = f"pid {info.get('pid')} on {info.get('host')}"
+    if time.time() - mtime > timeout:
+        return (
+            f"no heartbeat for {time.time() - mtime:.0f} s (timeout {timeout:g} s; holder {holder})"
+        )
+    if lock_is_stale(info, mtime, timeout):
+        return f"its holder, {holder}, is no longer running"
+    return None
+
+
+def create_lock_file(path: Path, info: dict[str, Any]) -> bool:
+    """Create the lock file ``path`` holding ``info`` (JSON) in one step, so that no reader ever
+    sees it empty: the info goes to a temp file that is hard-linked to ``path`` (which fails when
+    ``path`` exists). On a file system without hard links, ``O_CREAT|O_EXCL`` then a write.
+    False when the lock exists."""
+    text = json.dumps(info)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.new")
+    try:
+        tmp.write_text(text)
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        return True
+    finally:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
 class Store:
     """One sweep directory (see the module docstring)."""
 
-    def __init__(self, outdir: str | os.PathLike):
+    def __init__(self, outdir: str | os.PathLike, log: Callable[[str], None] | None = None):
         self.outdir = Path(outdir)
+        self.log = log  # told why a stale lock is broken
         self.units_dir = self.outdir / UNITS_DIR
         self.locks_dir = self.outdir / LOCKS_DIR
 
@@ -246,23 +300,17 @@ class Store:
         return self.locks_dir / f"{uid}.lock"
 
     def claim(self, uid: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Lock | None:
-        """Take the unit's lock with ``O_CREAT|O_EXCL``; break it first when stale. None when held."""
+        """Take the unit's lock (created whole, `create_lock_file`); break it first when stale
+        (`_break_if_stale`, which logs why). None when held."""
         self.locks_dir.mkdir(parents=True, exist_ok=True)
         path = self.lock_path(uid)
         token = uuid.uuid4().hex
         info = {"host": _host(), "pid": os.getpid(), "time": time.time(), "token": token}
         for _ in range(3):
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                if not self._break_if_stale(path, timeout):
-                    return None
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(info))
-                f.flush()
-                os.fsync(f.fileno())
-            return Lock(path, token)
+            if create_lock_file(path, info):
+                return Lock(path, token)
+            if not self._break_if_stale(path, timeout):
+                return None
         return None
 
     def _break_if_stale(self, path: Path, timeout: float) -> bool:
@@ -271,16 +319,8 @@ class Store:
             mtime = path.stat().st_mtime
         except FileNotFoundError:
             return True  # released meanwhile: try again
-        try:
-            info = json.loads(text) if text else {}
-        except ValueError:
-            info = {}
-        if not info:
-            # The holder writes its info right after creating the file: an empty lock that
-            # stays empty for seconds belongs to a process killed in between.
-            if time.time() - mtime < 5.0:
-                return False
-        elif not lock_is_stale(info, mtime, timeout):
+        why = stale_reason(text, mtime, timeout)
+        if why is None:
             return False
         # Move it aside under a unique name; only one breaker wins the rename. If what we moved
         # is not the lock we judged stale (its holder replaced it meanwhile), put it back.
@@ -298,6 +338,8 @@ class Store:
                     if e.errno != errno.EEXIST:
                         raise
                 return False
+            if self.log is not None:
+                self.log(f"broke the lock {path}: {why}")
             return True
         finally:
             try:
@@ -312,11 +354,7 @@ class Store:
             text, mtime = path.read_text(), path.stat().st_mtime
         except FileNotFoundError:
             return False
-        try:
-            info = json.loads(text) if text else {}
-        except ValueError:
-            info = {}
-        return not info or not lock_is_stale(info, mtime, timeout)
+        return stale_reason(text, mtime, timeout) is None
 
     def clear_stale_lock(self, uid: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> bool:
         """Remove the unit's lock if it is stale (a worker killed after writing the unit file but
