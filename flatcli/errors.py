@@ -48,6 +48,17 @@ class MeasurementError(FlatcliError):
     exit_code = 1
 
 
+class ResultsWriteError(MeasurementError):
+    """The results could not be written to the output folder during a run (disk full, folder
+    removed or read-only): the run stops, exit code 1. ``rows``: every checkpoint's row at that
+    moment (finished measures with their status, the rest ``interrupted``), set by the run."""
+
+    def __init__(self, folder, error: OSError):
+        super().__init__(f"could not write {folder} ({error.strerror or error})")
+        self.folder, self.error = folder, error
+        self.rows: list = []
+
+
 class RankFailure(Exception):
     """A failure on one rank of a distributed run that the other ranks cannot see (they may wait
     in a collective this rank never reaches): the run ends on every rank (`flatcli.engine.dist`)."""

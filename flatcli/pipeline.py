@@ -26,7 +26,7 @@ from .config import Config, parse_measures
 from .engine import Batch, CurvatureEngine, Problem, eval_mode, get_loss
 from .engine import dist as ranks
 from .engine.batch import model_output
-from .errors import ConfigError, FlatcliError, MeasurementError, error_kind
+from .errors import ConfigError, FlatcliError, MeasurementError, ResultsWriteError, error_kind
 from .jobs import Job, resolve_jobs
 from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
 from .loading.data import check_finite_data, load_split, subset
@@ -555,7 +555,7 @@ def measure_job(
         )
         row.model = extras.get("model_info")
         return row
-    except ranks.RankFailure:
+    except (ranks.RankFailure, ResultsWriteError):
         raise
     except Exception as e:  # a checkpoint that fails to load never loses the others
         if ranks.current().active and not isinstance(e, FlatcliError):

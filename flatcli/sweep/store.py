@@ -23,6 +23,7 @@ workers finishing the same unit leave one file (the key determines the values).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -237,6 +238,93 @@ def create_lock_file(path: Path, info: dict[str, Any]) -> bool:
             pass
 
 
+def break_if_stale(path: Path, timeout: float, log: Callable[[str], None] | None = None) -> bool:
+    """Remove the lock file ``path`` when it is stale (`stale_reason`), telling ``log`` why; True
+    when it was removed (or is gone), False while its holder may be alive."""
+    try:
+        text = path.read_text()
+        mtime = path.stat().st_mtime
+    except FileNotFoundError:
+        return True  # released meanwhile: try again
+    why = stale_reason(text, mtime, timeout)
+    if why is None:
+        return False
+    # Move it aside under a unique name; only one breaker wins the rename. If what we moved
+    # is not the lock we judged stale (its holder replaced it meanwhile), put it back.
+    aside = path.with_name(f".{path.name}.{uuid.uuid4().hex}.stale")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return True
+    try:
+        moved = aside.read_text()
+        if moved != text:
+            try:
+                os.link(aside, path)
+            except OSError as e:
+                if e.errno != errno.EEXIST:
+                    raise
+            return False
+        if log is not None:
+            log(f"broke the lock {path}: {why}")
+        return True
+    finally:
+        try:
+            aside.unlink()
+        except OSError:
+            pass
+
+
+OUTDIR_LOCK = "measure.lock"
+
+
+def _holder(info: dict[str, Any]) -> str:
+    started = info.get("time")
+    when = (
+        time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
+        if isinstance(started, (int, float))
+        else "at an unknown time"
+    )
+    return f"pid {info.get('pid')} on {info.get('host')}, started {when}"
+
+
+@contextlib.contextmanager
+def hold_folder(
+    folder: Path,
+    what: str = "output directory",
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+    log: Callable[[str], None] | None = None,
+):
+    """Hold ``folder/measure.lock`` (host, pid, start time; its mtime a heartbeat every
+    ``timeout``/4 s) while a run writes results into ``folder``. A folder held by a live run is a
+    `ConfigError` (exit code 2) naming the holder; a stale lock is broken, ``log`` told why."""
+    path = Path(folder) / OUTDIR_LOCK
+    token = uuid.uuid4().hex
+    info = {"host": _host(), "pid": os.getpid(), "time": time.time(), "token": token}
+    for _ in range(3):
+        if create_lock_file(path, info):
+            break
+        try:
+            held = json.loads(path.read_text())
+        except (OSError, ValueError):
+            held = None
+        if not break_if_stale(path, timeout, log):
+            who = _holder(held) if isinstance(held, dict) else "another process"
+            raise ConfigError(
+                f"{what} {folder} is in use by another flatcli run ({who}); wait for it to "
+                f"finish or choose another folder (a dead run's {path.name} is removed "
+                f"automatically)"
+            )
+    else:
+        raise ConfigError(f"{what} {folder}: could not take {path.name}")
+    lock = Lock(path, token)
+    try:
+        with Heartbeat(lock, timeout / 4):
+            yield lock
+    finally:
+        lock.release()
+
+
 class Store:
     """One sweep directory (see the module docstring)."""
 
@@ -314,38 +402,7 @@ class Store:
         return None
 
     def _break_if_stale(self, path: Path, timeout: float) -> bool:
-        try:
-            text = path.read_text()
-            mtime = path.stat().st_mtime
-        except FileNotFoundError:
-            return True  # released meanwhile: try again
-        why = stale_reason(text, mtime, timeout)
-        if why is None:
-            return False
-        # Move it aside under a unique name; only one breaker wins the rename. If what we moved
-        # is not the lock we judged stale (its holder replaced it meanwhile), put it back.
-        aside = path.with_name(f".{path.name}.{uuid.uuid4().hex}.stale")
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            return True
-        try:
-            moved = aside.read_text()
-            if moved != text:
-                try:
-                    os.link(aside, path)
-                except OSError as e:
-                    if e.errno != errno.EEXIST:
-                        raise
-                return False
-            if self.log is not None:
-                self.log(f"broke the lock {path}: {why}")
-            return True
-        finally:
-            try:
-                aside.unlink()
-            except OSError:
-                pass
+        return break_if_stale(path, timeout, self.log)
 
     def is_held(self, uid: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> bool:
         """Whether the unit's lock is held by a live worker (a lock that is not stale)."""
