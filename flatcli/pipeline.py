@@ -441,34 +441,60 @@ def versions() -> dict[str, str]:
     }
 
 
-class DataCache:
-    """Loads each configured split once per call (``cache_dir``: where the ``text`` source keeps its
-    tokenized tensors across runs, ``OUTDIR/tokenized`` for measure and sweep)."""
+DATA_CACHE_MB = 1024  # default byte budget of a `DataCache`, in MiB (FLATCLI_DATA_CACHE_MB)
 
-    def __init__(self, cfg: Config, cache_dir: Path | None = None):
+
+def batch_nbytes(batch: Batch | None) -> int:
+    """The bytes held by a batch's tensors (0 for None)."""
+    return 0 if batch is None else sum(t.numel() * t.element_size() for t in batch.values())
+
+
+class DataCache:
+    """Loads each configured split once (``cache_dir``: where the ``text`` source keeps its
+    tokenized tensors across runs, ``OUTDIR/tokenized`` for measure and sweep).
+
+    The splits stay loaded while they fit ``max_bytes`` (default `DATA_CACHE_MB` MiB, or the
+    ``FLATCLI_DATA_CACHE_MB`` environment variable): past it the least recently used are dropped
+    (and loaded again when asked for), so a sweep over checkpoints that each bring their own
+    ``train_data`` keeps its memory flat. The split just loaded always stays."""
+
+    def __init__(self, cfg: Config, cache_dir: Path | None = None, max_bytes: int | None = None):
+        import collections
+        import os
+
         self.cfg = cfg
         self.cache_dir = cache_dir
-        self._cache: dict[str, Any] = {}
+        mb = float(os.environ.get("FLATCLI_DATA_CACHE_MB") or DATA_CACHE_MB)
+        self.max_bytes = int(mb * 2**20) if max_bytes is None else int(max_bytes)
+        self._cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
 
     def get(self, split: str, path: Path | None = None) -> Batch | None:
         """The split ``split`` as a `Batch` of named tensors, loaded once (``path``: a tensors file
         replacing it), or None when it is not configured."""
         key = split if path is None else f"{split}:{path}"
-        if key not in self._cache:
-            if path is not None:
-                from .config import DataSource
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        if path is not None:
+            from .config import DataSource
 
-                src = DataSource(source="tensors", path=str(path))
-            else:
-                src = self._with_tokenizer(getattr(self.cfg.data, split))
-            self._cache[key] = (
-                None
-                if src is None
-                else load_split(
-                    src, split, self.cfg.base_dir, self.cfg.data.normalize, self.cache_dir
-                )
-            )
+            src = DataSource(source="tensors", path=str(path))
+        else:
+            src = self._with_tokenizer(getattr(self.cfg.data, split))
+        self._cache[key] = (
+            None
+            if src is None
+            else load_split(src, split, self.cfg.base_dir, self.cfg.data.normalize, self.cache_dir)
+        )
+        self._evict()
         return self._cache[key]
+
+    def _evict(self) -> None:
+        """Drop the least recently used splits while the cache is over its budget."""
+        while (
+            len(self._cache) > 1 and sum(map(batch_nbytes, self._cache.values())) > self.max_bytes
+        ):
+            self._cache.popitem(last=False)
 
     def _with_tokenizer(self, src):
         """A text source without ``tokenizer``: the first Hugging Face checkpoint folder holding one."""
