@@ -24,6 +24,7 @@ import argparse
 import csv
 import datetime
 import json
+import linecache
 import os
 import platform
 import subprocess
@@ -102,7 +103,7 @@ def long_run(tmp: Path, units: int, warmup: int, every: int) -> tuple[dict, list
         if n == warmup:
             state["t_warm"] = time.perf_counter()
         if n == warmup or (n > warmup and (n - warmup) % every == 0) or n == units:
-            marks.append([n, round(rss_mb(), 1)])
+            marks.append([n, round(rss_mb(), 1), len(linecache.cache)])
 
     t0 = time.perf_counter()
     rep = api.sweep(cfg, tmp / "long" / "out", log=lambda m: None, on_unit=on_unit)
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     tables = [
         {
             "title": f"RSS of one sweep worker over {a.units} units (frobenius_norm, spectral_norm)",
-            "columns": ["units done", "RSS MB"],
+            "columns": ["units done", "RSS MB", "linecache entries"],
             "rows": marks,
             "note": (
                 f"growth after {a.warmup} warm-up units: {summary['growth_mb']} MB (limit "
