@@ -187,7 +187,8 @@ def _measure_held(
         )
     except ResultsWriteError as e:  # the run stops; every finished measure is kept
         rows, failed = e.rows, e
-    _leave_ranks(world)
+    if failed is None or world.world == 1:  # the other ranks go on: no barrier with them
+        _leave_ranks(world)
     report = MeasureReport(
         rows=rows, config=cfg, meta=meta, seconds=time.perf_counter() - t0, rank=world.rank
     )
@@ -201,6 +202,10 @@ def _measure_held(
                 f"{failed}; the run stopped: {n} finished measure(s) written with their "
                 f"status to {report.written_to}"
             )
+            if world.world > 1:  # end every rank (the CLI exits 1; torchrun stops the others)
+                from ..errors import RankFailure
+
+                raise RankFailure(report.write_error)
         if plots and not report.write_error:
             report.meta["plots"] = [str(q) for q in _artifacts(rows, specs, out / "plots")]
     return report
