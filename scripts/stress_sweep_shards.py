@@ -100,9 +100,11 @@ def run_shards(cfg: Path, out: Path, n: int, kill_at: float, logs: Path) -> dict
                 procs[0] = shard(cfg, out, 0, n, logs / "shard0.log")
                 break
             time.sleep(0.2)
-    for i, p in procs.items():
-        p.wait()
-        walls[i] = time.perf_counter() - t0
+    while len(walls) < len(procs):  # each shard's own finish time
+        for i, p in procs.items():
+            if i not in walls and p.poll() is not None:
+                walls[i] = time.perf_counter() - t0
+        time.sleep(0.1)
     return {"walls": walls, "codes": {i: p.returncode for i, p in procs.items()}, "killed": killed}
 
 
