@@ -11,7 +11,7 @@ local subprocess pinned to one GPU (``flatcli sweep-worker OUTDIR ...``, a hidde
 or as one task of a SLURM array (`run_shard_task`, submitted through submitit).
 
 A worker walks its units (all of them, or those of its ``--shard I/N``), skips
-finished ones, claims the next with an ``O_CREAT|O_EXCL`` lock file, measures it
+finished ones, claims the next with a lock file (created whole: `create_lock_file`), measures it
 (`flatcli.pipeline.measure_job` with that one measure), writes the unit's row file
 atomically and releases the lock. Units locked by a live worker are left to it;
 locks of dead workers (same host) or without a heartbeat for ``lock_timeout``

@@ -4,7 +4,7 @@ Layout of a sweep directory::
 
     OUTDIR/plan.json            what the sweep is (config, checkpoints, units): written by `sweep`
     OUTDIR/units/<id>.json      one finished unit (a checkpoint × one measure), written atomically
-    OUTDIR/locks/<id>.lock      a unit being computed (O_CREAT|O_EXCL; holder's host, pid, time)
+    OUTDIR/locks/<id>.lock      a unit being computed (created whole; holder's host, pid, time)
     OUTDIR/results.csv, .json   written by `collect`
 
 A unit of work is one checkpoint × one configured measure. Its id hashes the
