@@ -10,6 +10,7 @@ code  meaning
       every other checkpoint still completes and is written
 2     bad usage or input: an option, a config key, a file, a checkpoint
       that does not fit the model (``ConfigError``)
+3     incomplete: ``collect`` found units not finished (none failed)
 130   interrupted (Ctrl-C)
 ====  ==================================================================
 
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+
+INCOMPLETE = 3  # `collect`: units not finished, none failed
 
 
 class FlatcliError(Exception):
@@ -43,6 +46,17 @@ class MeasurementError(FlatcliError):
     """A measurement failed (non-finite loss, OOM that could not be backed off...). Exit code 1."""
 
     exit_code = 1
+
+
+class ResultsWriteError(MeasurementError):
+    """The results could not be written to the output folder during a run (disk full, folder
+    removed or read-only): the run stops, exit code 1. ``rows``: every checkpoint's row at that
+    moment (finished measures with their status, the rest ``interrupted``), set by the run."""
+
+    def __init__(self, folder, error: OSError):
+        super().__init__(f"could not write {folder} ({error.strerror or error})")
+        self.folder, self.error = folder, error
+        self.rows: list = []
 
 
 class RankFailure(Exception):

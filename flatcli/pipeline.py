@@ -26,10 +26,10 @@ from .config import Config, parse_measures
 from .engine import Batch, CurvatureEngine, Problem, eval_mode, get_loss
 from .engine import dist as ranks
 from .engine.batch import model_output
-from .errors import ConfigError, FlatcliError, MeasurementError, error_kind
+from .errors import ConfigError, FlatcliError, MeasurementError, ResultsWriteError, error_kind
 from .jobs import Job, resolve_jobs
 from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
-from .loading.data import load_split, subset
+from .loading.data import check_finite_data, load_split, subset
 from .loading.models import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
 from .measures import Dims, MeasureContext, MeasureResult, MeasureSpec, run_measure
 from .measures.hessian import LOW_PRECISION_MEASURES
@@ -211,6 +211,7 @@ def measure_model(
         problem = _problem(work, subset(data[st.split], st.num_samples, st.data_seed), st)
         for split_name, d in data.items():
             if d is not None:
+                check_finite_data(d, f"data.{split_name}")
                 check_targets(work, d, st.loss, f"data.{split_name}", st.device, _dtype_of(work))
         row.params = st.params.describe(work, problem.names)
         engine = CurvatureEngine(
@@ -469,34 +470,60 @@ def versions() -> dict[str, str]:
     }
 
 
-class DataCache:
-    """Loads each configured split once per call (``cache_dir``: where the ``text`` source keeps its
-    tokenized tensors across runs, ``OUTDIR/tokenized`` for measure and sweep)."""
+DATA_CACHE_MB = 1024  # default byte budget of a `DataCache`, in MiB (FLATCLI_DATA_CACHE_MB)
 
-    def __init__(self, cfg: Config, cache_dir: Path | None = None):
+
+def batch_nbytes(batch: Batch | None) -> int:
+    """The bytes held by a batch's tensors (0 for None)."""
+    return 0 if batch is None else sum(t.numel() * t.element_size() for t in batch.values())
+
+
+class DataCache:
+    """Loads each configured split once (``cache_dir``: where the ``text`` source keeps its
+    tokenized tensors across runs, ``OUTDIR/tokenized`` for measure and sweep).
+
+    The splits stay loaded while they fit ``max_bytes`` (default `DATA_CACHE_MB` MiB, or the
+    ``FLATCLI_DATA_CACHE_MB`` environment variable): past it the least recently used are dropped
+    (and loaded again when asked for), so a sweep over checkpoints that each bring their own
+    ``train_data`` keeps its memory flat. The split just loaded always stays."""
+
+    def __init__(self, cfg: Config, cache_dir: Path | None = None, max_bytes: int | None = None):
+        import collections
+        import os
+
         self.cfg = cfg
         self.cache_dir = cache_dir
-        self._cache: dict[str, Any] = {}
+        mb = float(os.environ.get("FLATCLI_DATA_CACHE_MB") or DATA_CACHE_MB)
+        self.max_bytes = int(mb * 2**20) if max_bytes is None else int(max_bytes)
+        self._cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
 
     def get(self, split: str, path: Path | None = None) -> Batch | None:
         """The split ``split`` as a `Batch` of named tensors, loaded once (``path``: a tensors file
         replacing it), or None when it is not configured."""
         key = split if path is None else f"{split}:{path}"
-        if key not in self._cache:
-            if path is not None:
-                from .config import DataSource
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        if path is not None:
+            from .config import DataSource
 
-                src = DataSource(source="tensors", path=str(path))
-            else:
-                src = self._with_tokenizer(getattr(self.cfg.data, split))
-            self._cache[key] = (
-                None
-                if src is None
-                else load_split(
-                    src, split, self.cfg.base_dir, self.cfg.data.normalize, self.cache_dir
-                )
-            )
+            src = DataSource(source="tensors", path=str(path))
+        else:
+            src = self._with_tokenizer(getattr(self.cfg.data, split))
+        self._cache[key] = (
+            None
+            if src is None
+            else load_split(src, split, self.cfg.base_dir, self.cfg.data.normalize, self.cache_dir)
+        )
+        self._evict()
         return self._cache[key]
+
+    def _evict(self) -> None:
+        """Drop the least recently used splits while the cache is over its budget."""
+        while (
+            len(self._cache) > 1 and sum(map(batch_nbytes, self._cache.values())) > self.max_bytes
+        ):
+            self._cache.popitem(last=False)
 
     def _with_tokenizer(self, src):
         """A text source without ``tokenizer``: the first Hugging Face checkpoint folder holding one."""
@@ -585,7 +612,7 @@ def measure_job(
             keep.metrics = dict(row.metrics)
         row.model = extras.get("model_info")
         return row
-    except ranks.RankFailure:
+    except (ranks.RankFailure, ResultsWriteError):
         raise
     except Exception as e:  # a checkpoint that fails to load never loses the others
         if ranks.current().active and not isinstance(e, FlatcliError):

@@ -26,6 +26,7 @@ these dtypes:
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -325,14 +326,40 @@ def ensure_writable_dir(path: str | os.PathLike, what: str = "the output directo
 def write_results(
     outdir: str | os.PathLike, rows: list[Row], meta: dict[str, Any]
 ) -> tuple[Path, Path]:
-    """Write ``results.csv`` and ``results.json`` into ``outdir`` atomically; return their paths."""
+    """Write ``results.csv`` and ``results.json`` into ``outdir`` as a pair (`write_pair`)."""
     outdir = Path(outdir)
-    csv_path, json_path = outdir / "results.csv", outdir / "results.json"
-    atomic_write(csv_path, to_csv(rows))
+    return write_pair(outdir / "results.csv", rows, meta)
+
+
+def write_pair(
+    csv_path: str | os.PathLike, rows: list[Row], meta: dict[str, Any]
+) -> tuple[Path, Path]:
+    """Write the CSV ``csv_path`` and the JSON beside it (same stem) as one unit; return the paths.
+
+    Each is written atomically (`atomic_write`), the CSV first; the JSON records the CSV's sha256
+    (``csv_sha256``), so a reader that finds a JSON whose hash does not match its CSV (a kill
+    between the two replaces) knows the pair is mixed and ignores the JSON (`json_matches_csv`)."""
+    csv_path = Path(csv_path)
+    json_path = csv_path.with_suffix(".json")
+    text = to_csv(rows)
+    atomic_write(csv_path, text)
+    doc = {**meta, "csv_sha256": hashlib.sha256(text.encode()).hexdigest()}
     atomic_write(
-        json_path, json.dumps(jsonable({**meta, "rows": [r.to_json() for r in rows]}), indent=2)
+        json_path, json.dumps(jsonable({**doc, "rows": [r.to_json() for r in rows]}), indent=2)
     )
     return csv_path, json_path
+
+
+def json_matches_csv(doc: Any, csv_path: str | os.PathLike) -> bool:
+    """Whether a results JSON (parsed) was written with the CSV at ``csv_path`` (`write_pair`):
+    its ``csv_sha256`` is the CSV's; JSON files that do not record it match any CSV."""
+    want = doc.get("csv_sha256") if isinstance(doc, dict) else None
+    if want is None:
+        return True
+    try:
+        return hashlib.sha256(Path(csv_path).read_bytes()).hexdigest() == want
+    except OSError:
+        return False
 
 
 def write_results_or_fallback(

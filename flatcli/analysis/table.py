@@ -94,10 +94,16 @@ def _label(v: Any) -> str:
     return str(v)
 
 
-def _labels_from_json(path: Path) -> list[str] | None:
+def _labels_from_json(path: Path, csv_path: Path | None = None) -> list[str] | None:
+    """The measure labels a results JSON records; None when it records none, is unreadable, or was
+    not written with ``csv_path`` (a mixed pair, `flatcli.results.json_matches_csv`)."""
+    from ..results import json_matches_csv
+
     try:
         d = json.loads(path.read_text())
     except (OSError, ValueError):
+        return None
+    if csv_path is not None and not json_matches_csv(d, csv_path):
         return None
     if isinstance(d, dict) and isinstance(d.get("labels"), list):
         return [str(x) for x in d["labels"]]
@@ -116,19 +122,22 @@ def detect_measures(columns: list[str], csv_path: Path | None = None) -> tuple[l
     """The measure value columns flatcli recorded: results.json's labels when beside the CSV,
     else every column X for which ``X_status`` exists (diagnostics, metrics and ``hp_*`` never
     count). ``([], "")`` for a table without that metadata."""
+    stale = ""
     if csv_path is not None:
         for j in (csv_path.with_suffix(".json"), csv_path.parent / "results.json"):
             if j.is_file():
-                labels = _labels_from_json(j)
+                labels = _labels_from_json(j, csv_path)
                 if labels and all(lab in columns for lab in labels):
                     return labels, j.name
+                if labels is None and _labels_from_json(j) is not None:
+                    stale = f"; {j.name} ignored: not written with {csv_path.name}"
     cols = set(columns)
     labels = [
         c
         for c in columns
         if f"{c}_status" in cols and c not in NON_MEASURE and not c.startswith("hp_")
     ]
-    return (labels, "inferred (columns X with X_status)") if labels else ([], "")
+    return (labels, f"inferred (columns X with X_status{stale})") if labels else ([], "")
 
 
 def read_table(path: Path) -> pd.DataFrame:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from ..errors import ConfigError, exit_code
+from ..errors import ConfigError, ResultsWriteError, exit_code
 from ..jobs import Job
 from ..loading.text import TOKENIZED_DIR
 from ..measures import MeasureSpec
@@ -143,6 +143,55 @@ def measure(
     jobs, specs = _plan(cfg, checkpoints, measures)
     out = ensure_writable_dir(cfg.output_dir(outdir), "output directory") if write else None
     st, world = _join_ranks(Settings.from_config(cfg))
+    with _hold(out if world.is_main else None):
+        return _measure_held(
+            cfg,
+            jobs,
+            specs,
+            out,
+            st,
+            world,
+            debug,
+            plots,
+            resume,
+            on_start,
+            on_row,
+            on_progress,
+            on_measure,
+            on_note,
+        )
+
+
+def _hold(out: Path | None):
+    """Hold OUTDIR's lock while `measure` writes there (`flatcli.sweep.store.hold_folder`): a second
+    run into the same folder is refused with exit code 2; nothing to hold without a folder."""
+    import contextlib
+    import logging
+
+    from ..sweep.store import hold_folder
+
+    if out is None:
+        return contextlib.nullcontext()
+    return hold_folder(out, "output directory", log=logging.getLogger("flatcli").warning)
+
+
+def _measure_held(
+    cfg,
+    jobs,
+    specs,
+    out,
+    st,
+    world,
+    debug,
+    plots,
+    resume,
+    on_start,
+    on_row,
+    on_progress,
+    on_measure,
+    on_note,
+) -> MeasureReport:
+    """`measure` once the ranks are joined and OUTDIR is held."""
     threads_used = use_threads(cfg)
     if not world.is_main:  # only rank 0 prints and writes; every rank computes
         on_row = on_start = on_progress = on_measure = on_note = None
@@ -168,17 +217,32 @@ def measure(
         if on_note:
             on_note(saver.resume.note)
     t0 = time.perf_counter()
-    rows = _measure_all(
-        cfg, specs, data, st, saver, debug, on_start, on_row, on_progress, on_measure, first
-    )
-    _leave_ranks(world)
+    failed = None
+    try:
+        rows = _measure_all(
+            cfg, specs, data, st, saver, debug, on_start, on_row, on_progress, on_measure, first
+        )
+    except ResultsWriteError as e:  # the run stops; every finished measure is kept
+        rows, failed = e.rows, e
+    if failed is None or world.world == 1:  # the other ranks go on: no barrier with them
+        _leave_ranks(world)
     report = MeasureReport(
         rows=rows, config=cfg, meta=meta, seconds=time.perf_counter() - t0, rank=world.rank
     )
     if out is not None:
         report.written_to, report.write_error = write_results_or_fallback(
-            out, rows, {**meta, "complete": True}
+            out, rows, {**meta, "complete": failed is None}
         )
+        if failed is not None:
+            n = sum(r.status != "interrupted" for row in rows for r in row.results.values())
+            report.write_error = (
+                f"{failed}; the run stopped: {n} finished measure(s) written with their "
+                f"status to {report.written_to}"
+            )
+            if world.world > 1:  # end every rank (the CLI exits 1; torchrun stops the others)
+                from ..errors import RankFailure
+
+                raise RankFailure(report.write_error)
         if plots and not report.write_error:
             report.meta["plots"] = [str(q) for q in _artifacts(rows, specs, out / "plots")]
     return report
@@ -269,7 +333,10 @@ class _Saver:
         current.keys = self.stored_keys(current)
         self.current = current
         if self.out is not None:
-            write_results(self.out, self._rows(rows), self._meta())
+            try:
+                write_results(self.out, self._rows(rows), self._meta())
+            except OSError as e:  # stop: every later write would fail and nothing is lost yet
+                raise ResultsWriteError(self.out, e) from e
 
     def _meta(self) -> dict[str, Any]:
         return {**self.meta, "complete": False}
@@ -331,6 +398,9 @@ def _measure_all(
                 on_row(i, len(jobs), row)
     except KeyboardInterrupt:
         raise MeasureInterrupted(saver.interrupt(rows)) from None
+    except ResultsWriteError as e:
+        e.rows = saver._rows(rows)
+        raise
     return rows
 
 

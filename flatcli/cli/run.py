@@ -184,7 +184,7 @@ def _print_report(report, format: str, out: Path, wide: bool = False) -> None:
             f"wrote {len(report.meta['plots'])} plot(s) in {out / 'plots'}", highlight=False
         )
     for r in report.rows:
-        if r.status != "ok":
+        if r.status == "error":  # not `interrupted`: a stopped run names its cause once, below
             err_console.print(
                 f"[red]error:[/red] {r.checkpoint}: {r.error}", highlight=False, soft_wrap=True
             )

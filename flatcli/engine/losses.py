@@ -174,7 +174,7 @@ class CrossEntropy(Loss):
         """See `Loss.check`."""
         t = self.target(data)
         if t.is_floating_point():
-            return
+            _check_whole_labels(t, where)
         if out.ndim != 2:
             raise ConfigError(
                 f"loss 'cross_entropy' needs outputs of shape (batch, classes); the model gives {tuple(out.shape)}"
@@ -299,6 +299,21 @@ class CausalLM(Loss):
         scored = lab[lab != IGNORE_INDEX]
         if scored.numel():
             _check_label_range(scored, out.shape[-1], where)
+
+
+def _check_whole_labels(t: torch.Tensor, where: str) -> None:
+    """A `ConfigError` naming ``where`` and the first fractional label (cross-entropy's targets are
+    class indices: rounding them silently would measure another problem)."""
+    frac = t != torch.round(t)
+    if bool(frac.any()):
+        rows = frac.reshape(len(t), -1).any(1).nonzero().flatten()
+        first = int(rows[0])
+        value = float(t[first].reshape(-1)[frac[first].reshape(-1)][0])
+        raise ConfigError(
+            f"{where}: label {value:g} at row {first} is not a class index "
+            f"({len(rows)} of {len(t)} rows hold fractional labels); loss 'cross_entropy' needs "
+            "integer labels (use loss mse for real-valued targets)"
+        )
 
 
 def _check_label_range(t: torch.Tensor, classes: int, where: str) -> None:

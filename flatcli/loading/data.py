@@ -364,7 +364,7 @@ def load_split(
     if kind == "text":
         from .text import load_text
 
-        return load_text(src, where, base_dir, cache_dir)
+        return check_finite_data(load_text(src, where, base_dir, cache_dir), where)
     if kind == "modular_addition":
         if normalize:
             raise ConfigError(
@@ -375,8 +375,9 @@ def load_split(
         if not src.path:
             raise ConfigError(f"{where}.path is required for source tensors")
         p = Path(os.path.expanduser(src.path))
-        batch = _load_tensors(p if p.is_absolute() else base_dir / p, where)
-        return normalized(batch, normalize) if normalize else batch
+        p = p if p.is_absolute() else base_dir / p
+        batch = check_finite_data(_load_tensors(p, where), f"{where} ({p})")
+        return _normalized_finite(batch, normalize, where) if normalize else batch
     if kind == "torchvision":
         x, y = _load_torchvision(src, base_dir, where)
     elif kind == "imagefolder":
@@ -394,8 +395,33 @@ def load_split(
         )
     else:  # validated earlier
         raise ConfigError(f"{where}.source: unknown source {kind!r}")
-    batch = Batch({"x": x, "y": y}, where=where)
-    return normalized(batch, normalize) if normalize else batch
+    batch = check_finite_data(Batch({"x": x, "y": y}, where=where), where)
+    return _normalized_finite(batch, normalize, where) if normalize else batch
+
+
+def check_finite_data(batch: Batch, where: str) -> Batch:
+    """``batch`` when every floating tensor in it is finite; else a `ConfigError` naming ``where``
+    (the split, and the file when there is one), the tensor and its first row holding NaN or inf."""
+    for name, t in batch.items():
+        if not t.is_floating_point() or t.numel() == 0:
+            continue
+        bad = ~torch.isfinite(t.reshape(len(t), -1)).all(1)
+        if not bool(bad.any()):
+            continue
+        rows = bad.nonzero().flatten()
+        first = int(rows[0])
+        cells = t[first].reshape(-1)
+        value = float(cells[~torch.isfinite(cells)][0])
+        raise ConfigError(
+            f"{where}: '{name}' holds {value} at row {first} "
+            f"({len(rows)} of {len(t)} rows hold NaN/inf); fix or drop those rows"
+        )
+    return batch
+
+
+def _normalized_finite(batch: Batch, normalize: dict, where: str) -> Batch:
+    """`normalized`, checked again (a zero ``std`` makes inf or NaN)."""
+    return check_finite_data(normalized(batch, normalize), f"{where} after data.normalize")
 
 
 def normalized(batch: Batch, normalize: dict) -> Batch:

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, exit_code
-from ..results import Row, atomic_write, to_csv
+from ..errors import INCOMPLETE, ConfigError, exit_code
+from ..results import Row, write_pair
 from .plan import Plan, load_plan
 from .store import (
     PLAN_FILE,
@@ -45,8 +44,9 @@ class CollectReport:
 
     @property
     def exit_code(self) -> int:
-        """`flatcli.errors.exit_code` over the collected rows."""
-        return exit_code(self.rows)
+        """`flatcli.errors.exit_code` over the collected rows when a unit failed (2 for bad input,
+        else 1); else `INCOMPLETE` (3) when units are not finished; 0 when every unit is ok."""
+        return exit_code(self.rows) or (INCOMPLETE if self.missing else 0)
 
 
 def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) -> CollectReport:
@@ -85,12 +85,7 @@ def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) 
             "stale_unit_files": grouped.stale,
         },
     }
-    from ..results import jsonable
-
-    atomic_write(csv_path, to_csv(rows))
-    atomic_write(
-        json_path, json.dumps(jsonable({**meta, "rows": [r.to_json() for r in rows]}), indent=2)
-    )
+    write_pair(csv_path, rows, meta)
     return CollectReport(
         rows=rows,
         labels=labels,

@@ -11,7 +11,7 @@ local subprocess pinned to one GPU (``flatcli sweep-worker OUTDIR ...``, a hidde
 or as one task of a SLURM array (`run_shard_task`, submitted through submitit).
 
 A worker walks its units (all of them, or those of its ``--shard I/N``), skips
-finished ones, claims the next with an ``O_CREAT|O_EXCL`` lock file, measures it
+finished ones, claims the next with a lock file (created whole: `create_lock_file`), measures it
 (`flatcli.pipeline.measure_job` with that one measure), writes the unit's row file
 atomically and releases the lock. Units locked by a live worker are left to it;
 locks of dead workers (same host) or without a heartbeat for ``lock_timeout``
@@ -295,7 +295,7 @@ def run_sweep(
     t_start = time.time()
     t0 = time.perf_counter()
     outdir = Path(outdir)
-    store = Store(outdir, warn=log)
+    store = Store(outdir, warn=log, log=log)
     plan = build_plan(cfg, specs, jobs)
     args = _worker_args(opts, t_start, run=uuid.uuid4().hex[:12])
     selected = plan.units_for(opts.shard)

@@ -4,7 +4,7 @@ Layout of a sweep directory::
 
     OUTDIR/plan.json            what the sweep is (config, checkpoints, units): written by `sweep`
     OUTDIR/units/<id>.json      one finished unit (a checkpoint × one measure), written atomically
-    OUTDIR/locks/<id>.lock      a unit being computed (O_CREAT|O_EXCL; holder's host, pid, time)
+    OUTDIR/locks/<id>.lock      a unit being computed (created whole; holder's host, pid, time)
     OUTDIR/results.csv, .json   written by `collect`
 
 A unit of work is one checkpoint × one configured measure. Its id is the result's key
@@ -25,6 +25,7 @@ workers finishing the same unit leave one file (the key determines the values).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -166,13 +167,157 @@ def lock_is_stale(
     return False
 
 
+def stale_reason(text: str, mtime: float, timeout: float) -> str | None:
+    """Why a lock file holding ``text`` (last heartbeat ``mtime``) is stale, or None while its
+    holder may be alive. Locks are created whole (`create_lock_file`), so an empty or unreadable
+    one was left by a process killed while an older flatcli created it: stale at once."""
+    try:
+        info = json.loads(text) if text.strip() else None
+    except ValueError:
+        info = None
+    if not isinstance(info, dict) or not info:
+        return "the lock file is empty or unreadable (its holder was killed while creating it)"
+    holder = f"pid {info.get('pid')} on {info.get('host')}"
+    if time.time() - mtime > timeout:
+        return (
+            f"no heartbeat for {time.time() - mtime:.0f} s (timeout {timeout:g} s; holder {holder})"
+        )
+    if lock_is_stale(info, mtime, timeout):
+        return f"its holder, {holder}, is no longer running"
+    return None
+
+
+def create_lock_file(path: Path, info: dict[str, Any]) -> bool:
+    """Create the lock file ``path`` holding ``info`` (JSON) in one step, so that no reader ever
+    sees it empty: the info goes to a temp file that is hard-linked to ``path`` (which fails when
+    ``path`` exists). On a file system without hard links, ``O_CREAT|O_EXCL`` then a write.
+    False when the lock exists."""
+    text = json.dumps(info)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.new")
+    try:
+        tmp.write_text(text)
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        return True
+    finally:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
+def break_if_stale(path: Path, timeout: float, log: Callable[[str], None] | None = None) -> bool:
+    """Remove the lock file ``path`` when it is stale (`stale_reason`), telling ``log`` why; True
+    when it was removed (or is gone), False while its holder may be alive."""
+    try:
+        text = path.read_text()
+        mtime = path.stat().st_mtime
+    except FileNotFoundError:
+        return True  # released meanwhile: try again
+    why = stale_reason(text, mtime, timeout)
+    if why is None:
+        return False
+    # Move it aside under a unique name; only one breaker wins the rename. If what we moved
+    # is not the lock we judged stale (its holder replaced it meanwhile), put it back.
+    aside = path.with_name(f".{path.name}.{uuid.uuid4().hex}.stale")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return True
+    try:
+        moved = aside.read_text()
+        if moved != text:
+            try:
+                os.link(aside, path)
+            except OSError as e:
+                if e.errno != errno.EEXIST:
+                    raise
+            return False
+        if log is not None:
+            log(f"broke the lock {path}: {why}")
+        return True
+    finally:
+        try:
+            aside.unlink()
+        except OSError:
+            pass
+
+
+OUTDIR_LOCK = "measure.lock"
+
+
+def _holder(info: dict[str, Any]) -> str:
+    started = info.get("time")
+    when = (
+        time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
+        if isinstance(started, (int, float))
+        else "at an unknown time"
+    )
+    return f"pid {info.get('pid')} on {info.get('host')}, started {when}"
+
+
+@contextlib.contextmanager
+def hold_folder(
+    folder: Path,
+    what: str = "output directory",
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+    log: Callable[[str], None] | None = None,
+):
+    """Hold ``folder/measure.lock`` (host, pid, start time; its mtime a heartbeat every
+    ``timeout``/4 s) while a run writes results into ``folder``. A folder held by a live run is a
+    `ConfigError` (exit code 2) naming the holder; a stale lock is broken, ``log`` told why."""
+    path = Path(folder) / OUTDIR_LOCK
+    token = uuid.uuid4().hex
+    info = {"host": _host(), "pid": os.getpid(), "time": time.time(), "token": token}
+    for _ in range(3):
+        if create_lock_file(path, info):
+            break
+        try:
+            held = json.loads(path.read_text())
+        except (OSError, ValueError):
+            held = None
+        if not break_if_stale(path, timeout, log):
+            who = _holder(held) if isinstance(held, dict) else "another process"
+            raise ConfigError(
+                f"{what} {folder} is in use by another flatcli run ({who}); wait for it to "
+                f"finish or choose another folder (a dead run's {path.name} is removed "
+                f"automatically)"
+            )
+    else:
+        raise ConfigError(f"{what} {folder}: could not take {path.name}")
+    lock = Lock(path, token)
+    try:
+        with Heartbeat(lock, timeout / 4):
+            yield lock
+    finally:
+        lock.release()
+
+
 class Store:
     """One sweep directory (see the module docstring)."""
 
     def __init__(
-        self, outdir: str | os.PathLike, warn: Callable[[str], None] | None = _stderr_line
+        self,
+        outdir: str | os.PathLike,
+        warn: Callable[[str], None] | None = _stderr_line,
+        log: Callable[[str], None] | None = None,
     ):
         self.outdir = Path(outdir)
+        self.log = log  # told why a stale lock is broken
         self.units_dir = self.outdir / UNITS_DIR
         self.locks_dir = self.outdir / LOCKS_DIR
         self.warn = warn  # called once per unit file that does not match (None: silent)
@@ -267,64 +412,21 @@ class Store:
         return self.locks_dir / f"{uid}.lock"
 
     def claim(self, uid: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Lock | None:
-        """Take the unit's lock with ``O_CREAT|O_EXCL``; break it first when stale. None when held."""
+        """Take the unit's lock (created whole, `create_lock_file`); break it first when stale
+        (`_break_if_stale`, which logs why). None when held."""
         self.locks_dir.mkdir(parents=True, exist_ok=True)
         path = self.lock_path(uid)
         token = uuid.uuid4().hex
         info = {"host": _host(), "pid": os.getpid(), "time": time.time(), "token": token}
         for _ in range(3):
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                if not self._break_if_stale(path, timeout):
-                    return None
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(info))
-                f.flush()
-                os.fsync(f.fileno())
-            return Lock(path, token)
+            if create_lock_file(path, info):
+                return Lock(path, token)
+            if not self._break_if_stale(path, timeout):
+                return None
         return None
 
     def _break_if_stale(self, path: Path, timeout: float) -> bool:
-        try:
-            text = path.read_text()
-            mtime = path.stat().st_mtime
-        except FileNotFoundError:
-            return True  # released meanwhile: try again
-        try:
-            info = json.loads(text) if text else {}
-        except ValueError:
-            info = {}
-        if not info:
-            # The holder writes its info right after creating the file: an empty lock that
-            # stays empty for seconds belongs to a process killed in between.
-            if time.time() - mtime < 5.0:
-                return False
-        elif not lock_is_stale(info, mtime, timeout):
-            return False
-        # Move it aside under a unique name; only one breaker wins the rename. If what we moved
-        # is not the lock we judged stale (its holder replaced it meanwhile), put it back.
-        aside = path.with_name(f".{path.name}.{uuid.uuid4().hex}.stale")
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            return True
-        try:
-            moved = aside.read_text()
-            if moved != text:
-                try:
-                    os.link(aside, path)
-                except OSError as e:
-                    if e.errno != errno.EEXIST:
-                        raise
-                return False
-            return True
-        finally:
-            try:
-                aside.unlink()
-            except OSError:
-                pass
+        return break_if_stale(path, timeout, self.log)
 
     def is_held(self, uid: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> bool:
         """Whether the unit's lock is held by a live worker (a lock that is not stale)."""
@@ -333,11 +435,7 @@ class Store:
             text, mtime = path.read_text(), path.stat().st_mtime
         except FileNotFoundError:
             return False
-        try:
-            info = json.loads(text) if text else {}
-        except ValueError:
-            info = {}
-        return not info or not lock_is_stale(info, mtime, timeout)
+        return stale_reason(text, mtime, timeout) is None
 
     def clear_stale_lock(self, uid: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> bool:
         """Remove the unit's lock if it is stale (a worker killed after writing the unit file but

@@ -68,7 +68,7 @@ def run_worker(
     from ..pipeline import DataCache
     from ..settings import Settings
 
-    store = Store(outdir, warn=log)
+    store = Store(outdir, warn=log, log=log)
     plan = load_plan(outdir)
     cfg = plan.cfg()
     settings = Settings.from_config(cfg, device)

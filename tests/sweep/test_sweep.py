@@ -406,7 +406,7 @@ def test_cli_sweep_dry_run_collect(project, tmp_path):
     res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(out), "--shard", "0/2"])
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["collect", str(out), "-o", str(tmp_path / "part.csv")])
-    assert res.exit_code == 0 and "units not finished" in res.output
+    assert res.exit_code == 3 and "units not finished" in res.output  # incomplete
     part = table(tmp_path / "part.csv")
     assert (
         all(r["status"] in ("ok", "incomplete") for r in part)
