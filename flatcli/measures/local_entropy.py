@@ -64,7 +64,7 @@ import torch
 from ..engine import linalg
 from . import MeasureResult, register
 from ._options import Integral, OneOf, Real, opt
-from ._slq_shared import shared_slq
+from ._slq_shared import no_slq_run, shared_slq
 
 QUAD_SHARE = 1 / 3  # runs stop at a between-run error of a third of a quadrature error above tol
 
@@ -157,19 +157,25 @@ def _local_entropy_slq(ctx, opts: LocalEntropyOptions) -> MeasureResult:
         # more runs cannot reduce the quadrature error, only more steps can); when the quadrature
         # error alone is above the tolerance (not_converged whatever the runs), a third of it
         runs_target = max(math.sqrt(max(target**2 - quad**2, 0.0)), 0.5 * target, QUAD_SHARE * quad)
-        se_t = se * linalg.t_factor(done)
-        enough = done >= opts.slq_runs and done > 1 and se_t <= runs_target
+        se_t = se * linalg.t_factor(done) if done > 1 else math.inf
+        enough = done >= max(opts.slq_runs, linalg.MIN_SAMPLES) and se_t <= runs_target
         stopped = (
             not enough and done < runs_max and (res.stopped_by_budget or ctx.budget.exhausted())
         )
         if enough or done >= runs_max or stopped:
             break
-        need = math.ceil(done * (se_t / runs_target) ** 2) - done if value and done > 1 else done
+        need = (
+            math.ceil(done * (se_t / runs_target) ** 2) - done
+            if value and done > 1 and math.isfinite(se_t)
+            else max(done, linalg.MIN_SAMPLES)
+        )
         k = int(
             min(runs_max - done, max(opts.slq_runs, min(need, done)))
         )  # at most double per round
+    if done < 2:  # the cap left no run (of ≥ MIN_NODES Gauss nodes) or one: no stderr
+        return no_slq_run(res, f)
     total = math.hypot(se_t, quad) if done > 1 else None
-    converged = total is not None and total <= target
+    converged = total is not None and total <= target and done >= linalg.MIN_SAMPLES
     neg = float(np.mean([np.sum(w[t < 0]) for t, w in zip(nodes, weights, strict=True)]))
     diag = {
         "method": "slq",
@@ -184,7 +190,6 @@ def _local_entropy_slq(ctx, opts: LocalEntropyOptions) -> MeasureResult:
         "min_ritz": float(min(np.min(t) for t in nodes)),
         "negative_weight": neg,
     }
-    status = (
-        "budget" if stopped else "ok" if converged or runs_max == opts.slq_runs else "not_converged"
-    )
+    fixed = runs_max == opts.slq_runs and done >= linalg.MIN_SAMPLES and not stopped
+    status = "budget" if stopped else "ok" if converged or fixed else "not_converged"
     return MeasureResult(value=value, stderr=total, diagnostics=diag, status=status)
