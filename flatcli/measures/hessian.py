@@ -34,6 +34,11 @@ from . import MeasureResult, register
 from ._options import Integral, OneOf, Optional, Real, opt
 from ._slq_shared import kept_abs_trace, no_slq_run, shared_slq
 
+PADDING_NOTE = (
+    " Padding rows (an nn.Embedding's padding_idx row, never trained) are frozen coordinates: "
+    "the curvature is M·H·M with M zeroing them, unless the weight is tied to another module "
+    "that trains the row (an MLM or LM head), where the row keeps its true curvature."
+)
 ESD_FLOOR = 1e-6  # density plots show values above this fraction of the peak
 CONTROL_PROBES = 8  # fp32 control probes of a TF32 trace (each one TF32 and one fp32 HVP)
 # measures whose products run in bfloat16 under runtime.precision: bf16 (λmax and traces verified in fp32,
@@ -80,7 +85,9 @@ def lanczos_basis(d, max_steps: int, min_steps: int | None) -> int:
     "hessian_lambda_max",
     stops_early=True,  # its estimator checks the budget between blocks
     options=LambdaMaxOptions,
-    description="Largest algebraic eigenvalue of the loss Hessian (Lanczos, residual stopping); per-tensor block λmax with per_layer.",
+    description="Largest algebraic eigenvalue of the loss Hessian (Lanczos, residual stopping); "
+    "per-tensor block λmax with per_layer. Unconverged (a cap) it is a lower bound, and says so."
+    + PADDING_NOTE,
     reference="Keskar et al. 2017; Lanczos with full reorthogonalization (Golub & Van Loan §10.1)",
     stochastic=True,
     cost="one HVP per Lanczos step (certified_min_steps(P) to max_steps) + 1 fp32 HVP with precision auto on "
@@ -315,7 +322,9 @@ def _trace_estimate(o, d) -> dict:
     "hessian_trace",
     stops_early=lambda o: o.method != "exact",  # its estimator checks the budget between blocks
     options=TraceOptions,
-    description="Trace of the loss Hessian (Hutchinson or Hutch++ with stderr stopping, or exact); per-tensor traces in diagnostics.",
+    description="Trace of the loss Hessian (exact for small P, else Hutchinson or Hutch++ with "
+    "stopping at a Student-t stderr ≤ tol·|trace| on at least 4 samples); per-tensor traces in "
+    "diagnostics." + PADDING_NOTE,
     reference="Hutchinson 1989; Meyer et al. 2021 (Hutch++, Alg. 1); Yao et al. 2020 (PyHessian)",
     stochastic=True,
     cost="one HVP per probe (exact: one per parameter); per-tensor traces from the same probes at no extra HVP",
@@ -499,7 +508,7 @@ def _esd_artifacts(result: MeasureResult, stem: Path, title: str) -> list[Path]:
     options=SpectrumOptions,
     description="Effective dimension N_eff(z) = Σ λ₊/(λ₊ + z) of the loss Hessian, λ₊ = max(λ, 0) "
     "(negative curvature counts 0), by SLQ with status ok at stderr ≤ tol·N_eff; top-k "
-    "eigenvalues, condition number and spectral density in diagnostics. Padding rows: see docs.",
+    "eigenvalues, condition number and spectral density in diagnostics." + PADDING_NOTE,
     reference="Maddox, Benton & Wilson 2020 (N_eff, eq. 2); Ghorbani et al. 2019 and Ubaru et al. 2017 (SLQ)",
     stochastic=True,
     cost="block Lanczos (blocks of top_k; certified_min_steps(P) to max(50, 10·top_k) HVPs) + "
