@@ -31,15 +31,14 @@ from ..engine import linalg
 from ..engine.linalg import certified_min_steps
 from ..errors import ConfigError
 from . import MeasureResult, register
+from ._esd import ESD_FLOOR, esd_figure, plot_esd  # noqa: F401  (their home before)
 from ._options import Integral, OneOf, Optional, Real, opt
 from ._slq_shared import kept_abs_trace, no_slq_run, shared_slq
 
-PADDING_NOTE = (
-    " Padding rows (an nn.Embedding's padding_idx row, never trained) are frozen coordinates: "
-    "the curvature is M·H·M with M zeroing them, unless the weight is tied to another module "
-    "that trains the row (an MLM or LM head), where the row keeps its true curvature."
+PADDING_NOTE = (  # the padding convention, in every Hessian measure's description
+    " An nn.Embedding's padding_idx row is a frozen coordinate (curvature M·H·M), unless its "
+    "weight is tied to a module that trains the row (an MLM/LM head): true Hessian there."
 )
-ESD_FLOOR = 1e-6  # density plots show values above this fraction of the peak
 CONTROL_PROBES = 8  # fp32 control probes of a TF32 trace (each one TF32 and one fp32 HVP)
 # measures whose products run in bfloat16 under runtime.precision: bf16 (λmax and traces verified in fp32,
 # the spectrum unverified as with TF32); every other measure runs with a float32 forward there
@@ -660,86 +659,3 @@ def _slq_share(ctx, opts: SpectrumOptions) -> linalg.SLQResult:
     if share is not budget:
         budget.spend(share.spent - budget.spent)
     return s
-
-
-def plot_esd(result, path: str | Path, *, title: str | None = None) -> Path:
-    """Plot the spectral density of a `hessian_spectrum` result to a PNG file.
-
-    ``result`` is the `MeasureResult` (or its diagnostics dict). Draws the SLQ
-    density on a log axis (recomputed on a fine grid from the stored nodes and
-    weights when present), clipped to densities above 1e-6 of the peak (below that the
-    Gaussian smoothing's tails run down to 1e-300 and say nothing about the spectrum), and
-    marks the top-k eigenvalues (dashed) with λmax written beside the first. Needs matplotlib
-    (``pip install 'flatcli[plot]'``); uses the Agg canvas, never pyplot.
-    """
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("plot_esd needs matplotlib: pip install 'flatcli[plot]'") from e
-    diag = result if isinstance(result, dict) else result.diagnostics
-    if "density" not in diag:
-        raise ValueError(
-            "plot_esd needs a hessian_spectrum result (no 'density' in its diagnostics)"
-        )
-    grid = np.asarray(diag["density_grid"], dtype=np.float64)
-    dens = np.asarray(diag["density"], dtype=np.float64)
-    if diag.get("slq_nodes"):
-        s = linalg.SLQResult(
-            [np.asarray(t) for t in diag["slq_nodes"]],
-            [np.asarray(w) for w in diag["slq_weights"]],
-            dim=1,
-        )
-        grid = np.linspace(grid[0], grid[-1], 2000)
-        dens = s.density(grid, 2 * (grid[1] - grid[0]))
-    fig = esd_figure(grid, dens, diag, title)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    return out
-
-
-def esd_figure(grid: np.ndarray, dens: np.ndarray, diag: dict, title: str | None = None):
-    """The figure of `plot_esd` (a matplotlib Figure on the Agg canvas)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.0, 4.2), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    floor = ESD_FLOOR * float(np.nanmax(dens)) if np.any(dens > 0) else 0.0
-    shown = np.where(
-        dens > floor, dens, np.nan
-    )  # below 1e-6 of the peak: Gaussian tails, not spectrum
-    ax.semilogy(grid, shown, "-", lw=1.2, label="SLQ density")
-    if floor > 0:
-        ax.set_ylim(floor, 2.0 * float(np.nanmax(dens)))
-    for i, v in enumerate(diag.get("top_eigenvalues", [])):
-        ax.axvline(
-            v, color="C3", lw=0.6, alpha=0.6, ls="--", label="top-k eigenvalues" if i == 0 else None
-        )
-    top = diag.get("top_eigenvalues") or []
-    if top:
-        ax.annotate(
-            f"λmax = {top[0]:.4g}",
-            xy=(top[0], 1),
-            xycoords=("data", "axes fraction"),
-            xytext=(-4, -12),
-            textcoords="offset points",
-            ha="right",
-            fontsize=8,
-            color="C3",
-        )
-    ax.set_xlabel("eigenvalue")
-    ax.set_ylabel("density")
-    neff = diag.get("z")
-    ax.set_title(
-        title
-        or (
-            f"Hessian spectral density (N_eff at z={neff:g})"
-            if neff is not None
-            else "Hessian spectral density"
-        )
-    )
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    return fig
