@@ -153,8 +153,14 @@ def _value_cell(res) -> str:
     if res.stderr:
         s += f" ± {res.stderr:.2g}"
     if res.status != "ok":
-        s += f" ({res.status})"
+        s += f" ({status_text(res)})"
     return s
+
+
+def status_text(res) -> str:
+    """A result's status with the bound its value is, when it is one (``budget, lower bound``)."""
+    bound = (res.diagnostics or {}).get("bound")
+    return f"{res.status}, {bound}" if bound else res.status
 
 
 def render_rows(rows, labels: list[str], width: int | None = None) -> Table:
@@ -378,7 +384,7 @@ def measure_line(row, label: str, reused: bool = False) -> str:
         return f"{row.checkpoint} · {label} · error: {row.errors.get(label, row.error)}"
     parts = [row.checkpoint, label, f"{res.seconds:.2f}s", *_products(res.diagnostics)]
     value = fmt(res.value) + (f" ± {res.stderr:.2g}" if res.stderr else "")
-    parts += [value, res.status + (" (reused)" if reused else "")]
+    parts += [value, status_text(res) + (" (reused)" if reused else "")]
     return " · ".join(parts)
 
 

@@ -28,7 +28,10 @@ the Gauss-Newton product (a JVP, which carries the row's tangent, then a masked 
 :math:`M G v`: operators that are not symmetric, whatever Lanczos, SLQ and Hutchinson assume (a
 tiny float64 BERT: forward and reverse 4.9e-4 apart, relative; docs/benchmarks/data/padding_modes.json). When the
 weight is tied to an output head, the head's gradient reaches the row unmasked and no mode gives a
-clean matrix. The engine takes every curvature as :math:`M A M` (A the Hessian, the Gauss-Newton
+clean matrix: then the row is trained, so it is not masked, and the lookups of that weight run
+without ``padding_idx`` inside the problem's forward, which makes every product the true Hessian
+there (a tie is found by storage: the weight is also a parameter of another module, as BERT's MLM
+decoder or a tied LM head; a weight used directly in ``forward`` is not seen and stays masked). The engine takes every curvature as :math:`M A M` (A the Hessian, the Gauss-Newton
 matrix or their finite differences), the curvature of the loss restricted to the coordinates
 training can move: symmetric, the same in every product mode. The rows' flat indices are found
 once, here (`padding_index`: every ``nn.Embedding`` with a ``padding_idx`` whose weight is selected;
@@ -239,22 +242,57 @@ class Problem:
 
     def _padding_index(self, model: torch.nn.Module) -> torch.Tensor | None:
         """Flat indices of the selected embedding rows that PyTorch never trains (the ``padding_idx``
-        row of every ``nn.Embedding`` whose weight is in θ), sorted; None when there is none."""
+        row of every ``nn.Embedding`` whose weight is in θ and not tied to a module that trains
+        the row), sorted; None when there is none. A tied row (its tensor is also another
+        module's parameter, e.g. BERT's MLM decoder, found by storage like the selection's shared
+        weights) is trained through that module: it stays unmasked, and its lookups run without
+        ``padding_idx`` (`_untied_lookups`), so the products are the true Hessian there."""
         slices = self.param_slices()
         canonical = {id(q): n for n, q in model.named_parameters()}
-        rows = []
+        rows, self._untied_lookups = [], []
         for mod in model.modules():
             if not isinstance(mod, torch.nn.Embedding) or mod.padding_idx is None:
                 continue
             name = canonical.get(id(mod.weight))
-            if name in slices:
-                start = (
-                    slices[name].start + int(mod.padding_idx) * mod.embedding_dim
-                )  # nn.Embedding makes it >= 0
-                rows.append(torch.arange(start, start + mod.embedding_dim))
+            if name not in slices:
+                continue
+            if self._trained_elsewhere(model, mod):
+                self._untied_lookups.append(mod)
+                continue
+            start = (
+                slices[name].start + int(mod.padding_idx) * mod.embedding_dim
+            )  # nn.Embedding makes it >= 0
+            rows.append(torch.arange(start, start + mod.embedding_dim))
         if not rows:
             return None
         return torch.unique(torch.cat(rows)).to(self.device)
+
+    @staticmethod
+    def _trained_elsewhere(model: torch.nn.Module, emb: torch.nn.Embedding) -> bool:
+        """Whether ``emb.weight`` is also the parameter of a module other than an ``nn.Embedding``
+        with the same ``padding_idx`` (a tied output head): that module's gradient trains the row."""
+        for mod in model.modules():
+            for q in mod.parameters(recurse=False):
+                if q is not emb.weight or mod is emb:
+                    continue
+                same = isinstance(mod, torch.nn.Embedding) and mod.padding_idx == emb.padding_idx
+                if not same:
+                    return True
+        return False
+
+    @contextlib.contextmanager
+    def _lookups_unmasked(self):
+        """The tied padding embeddings (`_padding_index`) without ``padding_idx`` while the
+        forward runs (it only masks the lookup's backward, which autograd records at the call)."""
+        mods = getattr(self, "_untied_lookups", [])
+        old = [m.padding_idx for m in mods]
+        for m in mods:
+            m.padding_idx = None
+        try:
+            yield
+        finally:
+            for m, k in zip(mods, old, strict=True):
+                m.padding_idx = k
 
     def mask(self, x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
         """M x: ``x`` (..., P) with the entries of the padding rows (`padding_index`) set to 0 (a copy
@@ -351,7 +389,8 @@ class Problem:
             kwargs = {k: v.to(low) if v.is_floating_point() else v for k, v in kwargs.items()}
         for alias, name in self.aliases.items():
             tensors[alias] = tensors[name]
-        out = functional_call(self.model, tensors, args, kwargs, tie_weights=False)
+        with self._lookups_unmasked():
+            out = functional_call(self.model, tensors, args, kwargs, tie_weights=False)
         return model_output(out)
 
     def forward(self, params: dict[str, torch.Tensor] | torch.Tensor, batch: Batch) -> torch.Tensor:

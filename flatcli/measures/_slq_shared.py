@@ -66,6 +66,22 @@ class SharedSLQ:
         )
 
 
+NO_RUN = "no SLQ run completed within its share"
+ONE_RUN = "one SLQ run completed within its share: no standard error"
+
+
+def no_slq_run(res: linalg.SLQResult, fn):
+    """The result of an SLQ measure whose cap left fewer than 2 runs of at least
+    `linalg.MIN_NODES` Gauss nodes: no estimate with an error, so NaN with the reason, status
+    ``budget`` (a single run's value is kept as the diagnostic ``one_run_value``)."""
+    from . import MeasureResult
+
+    diag = {"reason": NO_RUN if not res.nodes else ONE_RUN, "slq_runs": len(res.nodes)}
+    if res.nodes:
+        diag["one_run_value"] = res.expect(fn)[0]
+    return MeasureResult(value=float("nan"), diagnostics=diag, status="budget")
+
+
 def shared_slq(ctx, steps: int) -> SharedSLQ:
     """The checkpoint's shared SLQ runs of the Hessian for this measure's seed and ``steps``."""
     p, eng = ctx.problem, ctx.engine

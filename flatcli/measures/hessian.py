@@ -19,6 +19,7 @@ tensor. Diagnostics ``layers`` (name → trace) and ``layers_stderr``;
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +31,14 @@ from ..engine import linalg
 from ..engine.linalg import certified_min_steps
 from ..errors import ConfigError
 from . import MeasureResult, register
+from ._esd import ESD_FLOOR, esd_figure, plot_esd  # noqa: F401  (their home before)
 from ._options import Integral, OneOf, Optional, Real, opt
-from ._slq_shared import kept_abs_trace, shared_slq
+from ._slq_shared import kept_abs_trace, no_slq_run, shared_slq
 
-ESD_FLOOR = 1e-6  # density plots show values above this fraction of the peak
+PADDING_NOTE = (  # the padding convention, in every Hessian measure's description
+    " An nn.Embedding's padding_idx row is a frozen coordinate (curvature M·H·M), unless its "
+    "weight is tied to a module that trains the row (an MLM/LM head): true Hessian there."
+)
 CONTROL_PROBES = 8  # fp32 control probes of a TF32 trace (each one TF32 and one fp32 HVP)
 # measures whose products run in bfloat16 under runtime.precision: bf16 (λmax and traces verified in fp32,
 # the spectrum unverified as with TF32); every other measure runs with a float32 forward there
@@ -79,7 +84,9 @@ def lanczos_basis(d, max_steps: int, min_steps: int | None) -> int:
     "hessian_lambda_max",
     stops_early=True,  # its estimator checks the budget between blocks
     options=LambdaMaxOptions,
-    description="Largest algebraic eigenvalue of the loss Hessian (Lanczos, residual stopping); per-tensor block λmax with per_layer.",
+    description="Largest algebraic eigenvalue of the loss Hessian (Lanczos, residual stopping); "
+    "per-tensor block λmax with per_layer. Unconverged (a cap) it is a lower bound, and says so."
+    + PADDING_NOTE,
     reference="Keskar et al. 2017; Lanczos with full reorthogonalization (Golub & Van Loan §10.1)",
     stochastic=True,
     cost="one HVP per Lanczos step (certified_min_steps(P) to max_steps) + 1 fp32 HVP with precision auto on "
@@ -109,7 +116,10 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     with probability ≥ 99%; it replaces the earlier fixed floor of 20). Unlike power
     iteration, the *algebraic* maximum is found even when a negative eigenvalue has the
     largest magnitude. Diagnostics: ``residual`` (relative), ``steps``, ``converged``,
-    ``min_ritz`` (smallest Ritz value).
+    ``min_ritz`` (smallest Ritz value, an upper bound of λmin; ``min_kept_ritz`` after thick
+    restarts, the smallest Ritz value of the kept vectors, which says nothing about λmin).
+    Unconverged (a cap, or ``max_steps``) the value is a Ritz value, at most λmax: a lower bound,
+    and ``bound`` says ``lower bound`` (the table's status text too).
 
     Near zero: when λmax is 0 at the tolerance's resolution of the spectrum
     (:math:`|\lambda| < \mathrm{tol}\cdot\max|\theta|`, e.g. a Hessian whose top eigenvalue is 0
@@ -155,11 +165,13 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     lam = float(r.eigenvalues[0])
     rel = float(r.residuals[0] / max(abs(lam), 1e-30))
     converged = bool(r.converged)
+    # after thick restarts the smallest Ritz value is that of the kept vectors: nothing like λmin
+    low_ritz = "min_kept_ritz" if r.restarts else "min_ritz"
     diag = {
         "residual": rel,
         "steps": r.steps,
         "converged": converged,
-        "min_ritz": float(r.eigenvalues[-1]),
+        low_ritz: float(r.eigenvalues[-1]),
         "basis_vectors": r.basis_vectors,
         "restarts": r.restarts,
     }
@@ -192,10 +204,12 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
             diag["fp32_refine_steps"] = r32.steps
             stopped, near_zero = stopped or r32.stopped_by_budget, r32.near_zero
         converged = rel32 <= opts.tol or (
-            near_zero and rel32 * abs(lam32) <= opts.tol**2 * max(abs(lam32), abs(diag["min_ritz"]))
+            near_zero and rel32 * abs(lam32) <= opts.tol**2 * max(abs(lam32), abs(diag[low_ritz]))
         )
         diag.update(residual=rel32, converged=converged)
         lam = lam32
+    if not converged:  # a Ritz value is at most λmax: unconverged, it is a bound, not an estimate
+        diag["bound"] = "lower bound"
     if opts.per_layer != "none":
         diag.update(_block_lambda_max(ctx, opts))
     return MeasureResult(value=lam, diagnostics=diag, status=_status(converged, near_zero, stopped))
@@ -256,7 +270,11 @@ def _block_lambda_max(ctx, opts: LambdaMaxOptions) -> dict:
 class TraceOptions:
     """Options of ``hessian_trace``."""
 
-    method: str = opt("hutchinson", OneOf("hutchinson", "hutchpp", "exact"), "estimator")
+    method: str = opt(
+        "auto",
+        OneOf("auto", "hutchinson", "hutchpp", "exact"),
+        "estimator (auto: exact when P ≤ 4·min_probes, else hutchinson)",
+    )
     tol: float = opt(0.01, Real(0, 1, "neither"), "stop when stderr ≤ tol·|estimate|")
     min_probes: int = opt(16, Integral(2, None), "fewest Rademacher probes (HVPs)")
     max_probes: int = opt(
@@ -270,9 +288,24 @@ class TraceOptions:
     )
 
 
+EXACT_FACTOR = (
+    4  # auto: the exact trace when P ≤ EXACT_FACTOR · min_probes (fewer HVPs than probes)
+)
+
+
+def trace_method(method: str, P: int, min_probes: int) -> str:
+    """The estimator ``method`` names: ``auto`` is ``exact`` when P ≤ `EXACT_FACTOR` ·
+    ``min_probes`` (P unit-vector HVPs, no more than a stochastic run expects to spend), else
+    ``hutchinson``."""
+    if method != "auto":
+        return method
+    return "exact" if P <= EXACT_FACTOR * min_probes else "hutchinson"
+
+
 def _trace_estimate(o, d) -> dict:
     """Probes (HVPs) in blocks of the engine's block size (``hvp_block`` 0); Hutch++ keeps its
     sketch (up to a third of the probes) beside the block."""
+    o = dataclasses.replace(o, method=trace_method(o.method, d.P, o.min_probes))
     if o.method == "exact":
         return {"n_hvp": d.P, "hvp_block": 0}
     control = 2 * CONTROL_PROBES if d.verify else 0
@@ -288,7 +321,9 @@ def _trace_estimate(o, d) -> dict:
     "hessian_trace",
     stops_early=lambda o: o.method != "exact",  # its estimator checks the budget between blocks
     options=TraceOptions,
-    description="Trace of the loss Hessian (Hutchinson or Hutch++ with stderr stopping, or exact); per-tensor traces in diagnostics.",
+    description="Trace of the loss Hessian (exact for small P, else Hutchinson or Hutch++ with "
+    "stopping at a Student-t stderr ≤ tol·|trace| on at least 4 samples); per-tensor traces in "
+    "diagnostics." + PADDING_NOTE,
     reference="Hutchinson 1989; Meyer et al. 2021 (Hutch++, Alg. 1); Yao et al. 2020 (PyHessian)",
     stochastic=True,
     cost="one HVP per probe (exact: one per parameter); per-tensor traces from the same probes at no extra HVP",
@@ -315,13 +350,21 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     of the trace, as at trained minima (see the benchmark pages of the docs).
 
     ``exact``: the sum of the diagonal from unit-vector HVPs (one per
-    parameter, small models only).
+    parameter, small models only). ``auto`` (the default): ``exact`` when P ≤ 4·``min_probes``
+    (64 at the defaults: no more HVPs than the probes a stochastic run needs at least), else
+    ``hutchinson``.
 
     Near zero (``hutchinson``, ``hutchpp``): a trace near 0 at the spectrum's scale (an
-    indefinite Hessian whose curvatures cancel: within two standard errors of 0, or at most half
+    indefinite Hessian whose curvatures cancel: within two standard errors of 0, or at most 5%
     of Tr|H| when ``tol`` is out of reach within ``max_probes``) stops at the absolute floor
     ``stderr ≤ tol·Tr|H|``, status ``near_zero``, ``abs_trace`` (Tr|H| by SLQ, 40 HVPs) in the
     diagnostics (`flatcli.engine.linalg.NearZeroFloor`; PSD: Tr|H| = Tr H, nothing changes).
+    A trace above 5% of Tr|H| keeps the relative test: ``not_converged`` at ``max_probes``, with
+    ``abs_trace`` in the diagnostics when it was computed.
+    Interval: ``stderr`` is the standard error of the mean times Student's t factor for the
+    samples' count (diagnostics ``stderr_mean``, ``t_factor``, ``samples``), so ±2·stderr is
+    about 95% with few probes; no tolerance test passes on fewer than 4 samples (Hutch++: 4
+    residual samples), and a fixed count (``min_probes = max_probes``) below 4 is ``not_converged``.
     Caps (``max_seconds``, ``max_hvps``, ``runtime.budget``): the estimate and stderr of the
     probes done, status ``budget``; ``exact`` cannot stop early.
 
@@ -342,6 +385,9 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
         )
     eng = ctx.engine
     p = ctx.problem
+    opts = dataclasses.replace(
+        opts, method=trace_method(opts.method, p.num_params, opts.min_probes)
+    )
     slices = p.param_slices()
     H = eng.hessian(precision="fp32" if opts.method == "exact" else None)
     if opts.method == "exact":
@@ -360,12 +406,20 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
         generator=ctx.generator(),
         blocks=list(slices.values()) if opts.per_layer != "none" else None,
     )
-    fixed = opts.min_probes == opts.max_probes
+    # a fixed count is its own stopping rule, but not on fewer than MIN_SAMPLES samples or when cut
+    fixed = (
+        opts.min_probes == opts.max_probes
+        and not r.stopped_by_budget
+        and len(r.samples) >= linalg.MIN_SAMPLES
+    )
     diag = {
         "probes": r.probes,
         "rel_stderr": r.stderr / abs(r.estimate) if r.estimate else math.inf,
         "converged": bool(r.converged or fixed),
         "method": opts.method,
+        "samples": len(r.samples),
+        "stderr_mean": r.stderr_mean,
+        "t_factor": linalg.t_factor(len(r.samples)),
     }
     if r.abs_trace is not None:
         diag["abs_trace"] = r.abs_trace  # the SLQ estimate of Tr|H| behind the near-zero floor
@@ -407,6 +461,7 @@ def _layer_diagnostics(traces: dict, stderrs: dict, mode: str) -> dict:
 # ---------------------------------------------------------------------------- spectrum
 
 SPECTRUM_TOL = 1e-3
+LANCZOS_TIME_SHARE = 0.5  # of a time cap, what the SLQ runs leave the top-k Lanczos
 DENSITY_POINTS = 128
 
 
@@ -422,7 +477,14 @@ class SpectrumOptions:
     )
     slq_steps: int = opt(25, Integral(2, None), "Lanczos steps per SLQ run")
     z: float = opt(
-        1.0, Real(0, None, "neither"), "shift z of the effective dimension N_eff(z) = Σ λ/(λ + z)"
+        1.0,
+        Real(0, None, "neither"),
+        "shift z of the effective dimension N_eff(z) = Σ λ₊/(λ₊ + z), λ₊ = max(λ, 0)",
+    )
+    tol: float = opt(
+        0.1,
+        Real(0, 1, "neither"),
+        "status ok when N_eff's stderr (runs and quadrature) ≤ tol·N_eff, else not_converged",
     )
 
 
@@ -443,7 +505,9 @@ def _esd_artifacts(result: MeasureResult, stem: Path, title: str) -> list[Path]:
     "hessian_spectrum",
     stops_early=True,  # its estimator checks the budget between blocks
     options=SpectrumOptions,
-    description="Effective dimension N_eff(z) of the loss Hessian by SLQ; top-k eigenvalues, condition number and spectral density in diagnostics.",
+    description="Effective dimension N_eff(z) = Σ λ₊/(λ₊ + z) of the loss Hessian, λ₊ = max(λ, 0) "
+    "(negative curvature counts 0), by SLQ with status ok at stderr ≤ tol·N_eff; top-k "
+    "eigenvalues, condition number and spectral density in diagnostics." + PADDING_NOTE,
     reference="Maddox, Benton & Wilson 2020 (N_eff, eq. 2); Ghorbani et al. 2019 and Ubaru et al. 2017 (SLQ)",
     stochastic=True,
     cost="block Lanczos (blocks of top_k; certified_min_steps(P) to max(50, 10·top_k) HVPs) + "
@@ -468,7 +532,8 @@ def _esd_artifacts(result: MeasureResult, stem: Path, title: str) -> list[Path]:
     artifacts=_esd_artifacts,
 )
 def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
-    r"""Spectrum of :math:`H`; value :math:`N_{\mathrm{eff}}(z) = \sum_i \frac{\lambda_i}{\lambda_i + z}`,
+    r"""Spectrum of :math:`H`; value :math:`N_{\mathrm{eff}}(z) = \sum_i \frac{\lambda_{i+}}{\lambda_{i+} + z}`
+    with :math:`\lambda_+ = \max(\lambda, 0)` (the clipping is part of the definition),
     larger means sharper (more directions with curvature above :math:`z`).
 
     * Effective dimension (Maddox, Benton & Wilson 2020, eq. 2) estimated by
@@ -498,8 +563,14 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
       ``slq_steps``): whichever measure runs second takes the runs the first one did and
       computes only the ones it needs beyond them (`flatcli.measures._slq_shared`); values are
       those it computes alone.
-    * Caps (``max_seconds``, ``max_hvps``, ``runtime.budget``) stop the top-k Lanczos and then
-      the SLQ runs (at least one) early: status ``budget``, ``slq_runs`` the runs done.
+    * Status: ``ok`` when at least `flatcli.engine.linalg.MIN_SAMPLES` runs give a ``stderr`` of
+      at most ``tol`` (default 0.1) × N_eff, else ``not_converged`` (raise ``slq_runs`` when
+      ``stderr_runs`` dominates, ``slq_steps`` when ``quadrature_error`` does).
+    * Caps (``max_seconds``, ``max_hvps``, ``runtime.budget``): the SLQ runs go first with their
+      own share (half of a time cap; of a product cap all but the top-k Lanczos' certified steps),
+      the top-k Lanczos takes the rest; the SLQ runs stop early: status ``budget``, ``slq_runs`` the runs done. A run cut before 3 Gauss
+      nodes counts for nothing; with no run left the value is NaN and ``reason`` says "no SLQ
+      run completed within its share".
     * The spectral density on a grid of 128 points spanning the Ritz values
       (Gaussian kernel of width two grid steps), as lists ``density_grid`` and
       ``density``; the SLQ nodes and weights too (``slq_nodes``,
@@ -508,135 +579,83 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
     eng = ctx.engine
     P = ctx.problem.num_params
     k = min(opts.top_k, P)
-    H = eng.hessian()
-    steps, left = max(50, 10 * k), ctx.budget.left()
-    if left is not None:  # a product cap leaves one SLQ run its products: the value is N_eff's
-        steps = max(k, min(steps, left - min(opts.slq_steps, P)))
+    s = _slq_share(ctx, opts)
     r = linalg.lanczos(
-        H,
+        eng.hessian(),
         k=k,
         block=k,
         generator=ctx.generator(),
-        stop=linalg.KrylovStop(tol=SPECTRUM_TOL, max_steps=steps, budget=ctx.budget),
+        stop=linalg.KrylovStop(tol=SPECTRUM_TOL, max_steps=max(50, 10 * k), budget=ctx.budget),
     )
     top = [float(v) for v in r.eigenvalues[:k]]
     top_res = [float(res / max(abs(v), 1e-30)) for res, v in zip(r.residuals[:k], top, strict=True)]
     lam_k = top[-1]
-    cond = top[0] / lam_k if lam_k > 0 else None
-    s = shared_slq(ctx, opts.slq_steps).runs(opts.slq_runs, ctx.budget)  # shared with local_entropy
+    diag = {
+        "z": opts.z,
+        "tol": opts.tol,
+        "lambda_max": top[0],
+        "top_eigenvalues": top,
+        "top_residuals": top_res,
+        "top_converged": bool(r.converged),
+        "lanczos_steps": r.steps,
+        "condition_number": top[0] / lam_k if lam_k > 0 else None,
+    }
+    if len(s.nodes) < 2:  # the cap left no run (of ≥ MIN_NODES Gauss nodes) or one: no stderr
+        out = no_slq_run(s, lambda t: effective_dimension(t, opts.z))
+        return MeasureResult(
+            value=math.nan, diagnostics={**diag, **out.diagnostics}, status=out.status
+        )
     neff, se, se_runs, quad = s.stderr(lambda t: effective_dimension(t, opts.z))
+    n = len(s.nodes)
+    converged = n >= linalg.MIN_SAMPLES and se <= opts.tol * abs(neff)
+    stopped = s.stopped_by_budget or (r.stopped_by_budget and not r.converged)
     nodes = np.concatenate(s.nodes)
     lo = min(float(nodes.min()), top[-1])
     hi = max(float(nodes.max()), top[0])
     width = max(hi - lo, 1e-12 * max(abs(hi), 1.0))
     grid = np.linspace(lo - 0.05 * width, hi + 0.05 * width, DENSITY_POINTS)
     sigma = 2 * (grid[1] - grid[0])
-    dens = s.density(grid, sigma)
-    return MeasureResult(
-        value=neff,
-        stderr=se if len(s.nodes) > 1 else None,
-        status="budget"
-        if s.stopped_by_budget or (r.stopped_by_budget and not r.converged)
-        else "ok",
-        diagnostics={
-            "z": opts.z,
-            "lambda_max": top[0],
-            "top_eigenvalues": top,
-            "top_residuals": top_res,
-            "top_converged": bool(r.converged),
-            "lanczos_steps": r.steps,
-            "condition_number": cond,
-            "slq_runs": len(s.nodes),
+    diag.update(
+        {
+            "slq_runs": n,
+            "rel_stderr": se / abs(neff) if neff and n > 1 else math.nan,
+            "converged": bool(converged),
             "stderr_runs": se_runs,
+            "t_factor": linalg.t_factor(n),
             "quadrature_error": quad,
             "slq_steps": int(max(len(t) for t in s.nodes)),
             "density_grid": grid.tolist(),
-            "density": dens.tolist(),
+            "density": s.density(grid, sigma).tolist(),
             "density_sigma": float(sigma),
             "slq_nodes": [t.tolist() for t in s.nodes],
             "slq_weights": [w.tolist() for w in s.weights],
-        },
+        }
+    )
+    return MeasureResult(
+        value=neff,
+        stderr=se if n > 1 else None,
+        status="budget" if stopped else "ok" if converged else "not_converged",
+        diagnostics=diag,
     )
 
 
-def plot_esd(result, path: str | Path, *, title: str | None = None) -> Path:
-    """Plot the spectral density of a `hessian_spectrum` result to a PNG file.
-
-    ``result`` is the `MeasureResult` (or its diagnostics dict). Draws the SLQ
-    density on a log axis (recomputed on a fine grid from the stored nodes and
-    weights when present), clipped to densities above 1e-6 of the peak (below that the
-    Gaussian smoothing's tails run down to 1e-300 and say nothing about the spectrum), and
-    marks the top-k eigenvalues (dashed) with λmax written beside the first. Needs matplotlib
-    (``pip install 'flatcli[plot]'``); uses the Agg canvas, never pyplot.
-    """
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("plot_esd needs matplotlib: pip install 'flatcli[plot]'") from e
-    diag = result if isinstance(result, dict) else result.diagnostics
-    if "density" not in diag:
-        raise ValueError(
-            "plot_esd needs a hessian_spectrum result (no 'density' in its diagnostics)"
-        )
-    grid = np.asarray(diag["density_grid"], dtype=np.float64)
-    dens = np.asarray(diag["density"], dtype=np.float64)
-    if diag.get("slq_nodes"):
-        s = linalg.SLQResult(
-            [np.asarray(t) for t in diag["slq_nodes"]],
-            [np.asarray(w) for w in diag["slq_weights"]],
-            dim=1,
-        )
-        grid = np.linspace(grid[0], grid[-1], 2000)
-        dens = s.density(grid, 2 * (grid[1] - grid[0]))
-    fig = esd_figure(grid, dens, diag, title)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    return out
-
-
-def esd_figure(grid: np.ndarray, dens: np.ndarray, diag: dict, title: str | None = None):
-    """The figure of `plot_esd` (a matplotlib Figure on the Agg canvas)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.0, 4.2), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    floor = ESD_FLOOR * float(np.nanmax(dens)) if np.any(dens > 0) else 0.0
-    shown = np.where(
-        dens > floor, dens, np.nan
-    )  # below 1e-6 of the peak: Gaussian tails, not spectrum
-    ax.semilogy(grid, shown, "-", lw=1.2, label="SLQ density")
-    if floor > 0:
-        ax.set_ylim(floor, 2.0 * float(np.nanmax(dens)))
-    for i, v in enumerate(diag.get("top_eigenvalues", [])):
-        ax.axvline(
-            v, color="C3", lw=0.6, alpha=0.6, ls="--", label="top-k eigenvalues" if i == 0 else None
-        )
-    top = diag.get("top_eigenvalues") or []
-    if top:
-        ax.annotate(
-            f"λmax = {top[0]:.4g}",
-            xy=(top[0], 1),
-            xycoords=("data", "axes fraction"),
-            xytext=(-4, -12),
-            textcoords="offset points",
-            ha="right",
-            fontsize=8,
-            color="C3",
-        )
-    ax.set_xlabel("eigenvalue")
-    ax.set_ylabel("density")
-    neff = diag.get("z")
-    ax.set_title(
-        title
-        or (
-            f"Hessian spectral density (N_eff at z={neff:g})"
-            if neff is not None
-            else "Hessian spectral density"
-        )
-    )
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    return fig
+def _slq_share(ctx, opts: SpectrumOptions) -> linalg.SLQResult:
+    """The SLQ runs of `hessian_spectrum`, run before the top-k Lanczos under their own share of
+    the caps: of a time cap ``1 − LANCZOS_TIME_SHARE`` of the seconds left, of a product cap what
+    leaves the Lanczos its certified steps (at most half of the products left)."""
+    P, budget = ctx.problem.num_params, ctx.budget
+    share = budget
+    if budget.capped:
+        secs = budget.max_seconds
+        if secs is not None:
+            secs = budget.elapsed() + (1 - LANCZOS_TIME_SHARE) * (secs - budget.elapsed())
+        left = budget.left()
+        prods = budget.max_products
+        if left is not None:
+            least = max(min(opts.top_k, P), certified_min_steps(P))
+            prods = budget.max_products - min(least, left // 2)
+        share = dataclasses.replace(budget, max_seconds=secs, max_products=prods)
+    s = shared_slq(ctx, opts.slq_steps).runs(opts.slq_runs, share)  # shared with local_entropy
+    if share is not budget:
+        budget.spend(share.spent - budget.spent)
+    return s

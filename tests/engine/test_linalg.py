@@ -159,11 +159,15 @@ def psd(n=120, seed=0, decay=False):
 
 @pytest.mark.parametrize("method", ["hutchinson", "hutchpp"])
 def test_trace_within_three_stderr(method):
+    # coverage over 20 seeds (one seed is 3.1σ off under Hutchinson: a one-seed check is chance)
     A = psd()
     f = getattr(linalg, method)
-    r = f(op_of(A), stop=linalg.ProbeStop(tol=0.01), generator=gen())
-    assert r.converged and r.stderr <= 0.01 * abs(r.estimate)
-    assert abs(r.estimate - float(A.trace())) <= 3 * r.stderr
+    z = []
+    for seed in range(20):
+        r = f(op_of(A), stop=linalg.ProbeStop(tol=0.01), generator=gen(seed))
+        assert r.converged and r.stderr <= 0.01 * abs(r.estimate)
+        z.append(abs(r.estimate - float(A.trace())) / r.stderr)
+    assert sum(v <= 2 for v in z) >= 17 and max(z) <= 4
 
 
 @pytest.mark.parametrize("method", ["hutchinson", "hutchpp"])

@@ -280,3 +280,45 @@ def test_per_unit_directional_masked_in_both_modes(name, monkeypatch):
     monkeypatch.setattr(engine_module, "jvp", no_forward_mode)
     assert rel(e.per_unit_directional(v, theta), want) < 1e-12
     assert e.counters()["fallbacks"] >= 1
+
+
+class TiedLM(nn.Module):
+    """Tokens → embedding (vocabulary 16, pad row 0, set nonzero) → tanh → mean → a head whose
+    weight *is* the embedding (``head.weight = emb.weight``, as BERT's MLM decoder): the head's
+    gradient trains the pad row."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(16, 4, padding_idx=0)
+        self.mix = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 16, bias=False)
+        self.head.weight = self.emb.weight
+        with torch.no_grad():
+            self.emb.weight[0] = torch.tensor([0.3, -0.5, 0.7, 0.2])
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.mix(self.emb(x))).mean(1))
+
+
+def test_tied_padding_row_is_trained_so_not_masked():
+    """The pad row is tied to the head: the products are the true Hessian, that of a copy without
+    ``padding_idx``, in every mode (before: masked, trace and λmax of M·H·M, the row's curvature
+    lost); the model's ``padding_idx`` is left as it was."""
+    model = TiedLM().to(DT)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 16, (6, 5), generator=g)
+    x[:, -1] = 0  # the pad token is read
+    batch = {"x": x, "y": torch.randint(0, 16, (6,), generator=g)}
+    p = Problem(model, batch, loss="cross_entropy", batch_size=4, dtype=DT)
+    ref = Problem(unmasked(model, model.emb), batch, loss="cross_entropy", batch_size=4, dtype=DT)
+    assert p.padding_index is None and model.emb.padding_idx == 0
+    theta = p.theta + 0.05 * torch.randn(p.num_params, generator=g, dtype=DT)
+    Hd = dense_hessian(ref, theta)
+    pad = slice(0, 4)  # emb.weight comes first: row 0
+    assert Hd[pad].abs().max() > 1e-3  # the row has curvature
+    V = torch.randn(3, p.num_params, generator=g, dtype=DT)
+    for mode in ("reverse", "forward"):
+        got = CurvatureEngine(p, hvp_mode=mode).hessian(theta)(V)
+        assert rel(got, V @ Hd) < 1e-10, mode
+    assert model.emb.padding_idx == 0

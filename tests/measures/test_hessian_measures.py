@@ -101,7 +101,14 @@ def test_trace_exact_and_stochastic():
         y,
         [
             {"hessian_trace": {"method": "exact", "label": "exact"}},
-            {"hessian_trace": {"tol": 0.05, "max_probes": 500, "label": "hutch"}},
+            {
+                "hessian_trace": {
+                    "method": "hutchinson",
+                    "tol": 0.05,
+                    "max_probes": 500,
+                    "label": "hutch",
+                }
+            },
             {
                 "hessian_trace": {
                     "method": "hutchpp",
@@ -125,7 +132,8 @@ def test_trace_exact_and_stochastic():
 
 def test_trace_fixed_probe_count_and_option_errors():
     model, x, y = mlp_data()
-    r = run(model, x, y, [{"hessian_trace": {"min_probes": 24, "max_probes": 24}}])["hessian_trace"]
+    fixed = {"method": "hutchinson", "min_probes": 24, "max_probes": 24}
+    r = run(model, x, y, [{"hessian_trace": fixed}])["hessian_trace"]
     assert r.diagnostics["probes"] == 24 and r.status == "ok"
     ctx = context(model, x, y)
     with pytest.raises(ConfigError, match="min_probes"):
@@ -318,7 +326,9 @@ def test_trace_control_sample_flags_a_tf32_bias_larger_than_the_stderr(
     tr = dense_eigs(model, x, y, "cross_entropy").sum()
     p, eng = _simulated_tf32(monkeypatch, model, x, y, bias=bias)
     spec = MeasureSpec(
-        "hessian_trace", "t", {"min_probes": 64, "max_probes": 64, "per_layer": "none"}
+        "hessian_trace",
+        "t",
+        {"method": "hutchinson", "min_probes": 64, "max_probes": 64, "per_layer": "none"},
     )
     r = run_measure(spec, MeasureContext(problem=p, engine=eng))
     d = r.diagnostics

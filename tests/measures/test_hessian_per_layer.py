@@ -92,8 +92,26 @@ def test_stochastic_per_layer_traces_sum_to_the_total_and_match_blocks(case, met
 
 def test_per_layer_stderr_shrinks_like_one_over_root_probes():
     model, x, y = mlp_data()
-    few, _ = run(model, x, y, "cross_entropy", "hessian_trace", min_probes=25, max_probes=25)
-    many, _ = run(model, x, y, "cross_entropy", "hessian_trace", min_probes=400, max_probes=400)
+    few, _ = run(
+        model,
+        x,
+        y,
+        "cross_entropy",
+        "hessian_trace",
+        method="hutchinson",
+        min_probes=25,
+        max_probes=25,
+    )
+    many, _ = run(
+        model,
+        x,
+        y,
+        "cross_entropy",
+        "hessian_trace",
+        method="hutchinson",
+        min_probes=400,
+        max_probes=400,
+    )
     for n in few.diagnostics["layers_stderr"]:
         ratio = few.diagnostics["layers_stderr"][n] / many.diagnostics["layers_stderr"][n]
         assert 2.5 < ratio < 6.5  # sqrt(400/25) = 4

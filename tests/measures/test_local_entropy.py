@@ -59,7 +59,8 @@ def test_diagonal_hessian_is_exact():
     r = run(p, gamma=gamma, method="slq", slq_runs=2, slq_steps=d)
     assert r.value == pytest.approx(float(f_clipped(h, gamma).sum()), rel=1e-10)
     assert r.stderr == pytest.approx(0.0, abs=1e-10)
-    assert r.diagnostics["runs"] == 2 and r.diagnostics["converged"]  # stderr 0 meets any tol
+    # stderr 0 meets any tol, but only on MIN_SAMPLES (4) runs: 2 more are done
+    assert r.diagnostics["runs"] == linalg.MIN_SAMPLES and r.diagnostics["converged"]
 
 
 def test_probes_reproduce_dense_matrix_function(tanh_net):
@@ -122,15 +123,17 @@ def _tanh_mlp(widths, n, seed=0):
 @pytest.mark.parametrize("seed", range(3))
 def test_slq_default_tol_is_within_10_percent_of_the_dense_value(seed):
     # 8-16-4 tanh MLP (212 parameters), SLQ forced: runs are added until stderr ≤ 3% of the value.
+    # 40 steps: at 25 the half-length rule's quadrature estimate (0.17 on 5.0, true 0.05) is above
+    # the tolerance for seed 1, which then reports not_converged.
     p = _tanh_mlp((8, 16, 4), 64, seed)
     e = CurvatureEngine(p)
     H = e.hessian().dense().double()
     ref = float(f_clipped(torch.linalg.eigvalsh(0.5 * (H + H.T)).numpy(), 1.0).sum())
-    r = run(p, seed=seed, method="slq")
+    r = run(p, seed=seed, method="slq", slq_steps=40)
     d = r.diagnostics
     assert d["converged"] and r.status == "ok" and d["rel_stderr"] <= 0.03
     assert abs(r.value - ref) <= 0.1 * ref
-    assert d["runs"] >= 8 and d["n_hvp"] == d["runs"] * 25
+    assert d["runs"] >= 8 and d["n_hvp"] == d["runs"] * 40
 
 
 def test_slq_tol_stops_the_runs_and_the_cap_is_reported():
@@ -307,8 +310,8 @@ def test_shared_slq_runs_cut_by_a_time_cap_are_not_kept():
     op = linalg.as_operator(lambda V: V @ (A + A.T), 30, dtype=torch.float64)
     fresh = SharedSLQ(op, 10, torch.Generator().manual_seed(4)).runs(4)
     s = SharedSLQ(op, 10, torch.Generator().manual_seed(4))
-    cut = s.runs(4, Budget(max_seconds=1e-12))
-    assert cut.stopped_by_budget and max(len(t) for t in cut.nodes) < 10 and s.nodes == []
+    cut = s.runs(4, Budget(max_seconds=1e-12))  # cut after one step: fewer than MIN_NODES nodes
+    assert cut.stopped_by_budget and cut.nodes == [] and s.nodes == []
     again = s.runs(4)
     assert again.n_hvp == 40 and all(len(t) == 10 for t in again.nodes)
     for a, b in zip(again.nodes, fresh.nodes, strict=True):

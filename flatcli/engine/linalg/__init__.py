@@ -23,7 +23,16 @@ Ghorbani, Krishnan & Xiao, ICML 2019, §2. Diagonal estimators: Bekas, Kokiopoul
 & Saad 2007; Tsuzuku, Sato & Sugiyama, ICML 2020, eq. 29.
 """
 
-from ._common import MatVec, Operator, as_operator, rademacher, rowdot
+from ._common import (
+    MIN_NODES,
+    MIN_SAMPLES,
+    MatVec,
+    Operator,
+    as_operator,
+    rademacher,
+    rowdot,
+    t_factor,
+)
 from .budget import Budget
 from .diagonal import (
     CheckedDiagonal,
@@ -43,12 +52,14 @@ from .lanczos import (
     precision_control,
     verify_eigenpair,
 )
-from .slq import SLQResult, gauss_rule, slq, slq_group_size, t_factor
+from .slq import SLQResult, gauss_rule, slq, slq_group_size
 from .stop import DiagonalCheck, KrylovStop, ProbeStop
 from .trace import NearZeroFloor, TraceResult, hutchinson, hutchpp
 
 __all__ = [
     "Budget",
+    "MIN_NODES",
+    "MIN_SAMPLES",
     "NearZeroFloor",
     "MatVec",
     "Operator",

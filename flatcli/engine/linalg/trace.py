@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ...stats import mean_stderr
-from ._common import as_operator, rademacher, rowdot
+from ._common import MIN_SAMPLES, as_operator, rademacher, rowdot, t_factor
 from ._store import BasisStore, device_capacity
 from .budget import Budget, no_budget
 from .slq import slq
@@ -22,6 +22,10 @@ NEAR_ZERO_RUNS, NEAR_ZERO_STEPS = 4, 10  # the SLQ estimate of Tr|H| behind the 
 @dataclass
 class TraceResult:
     """A trace estimate with its standard error and cost.
+
+    ``stderr`` is the standard error of the mean of the samples times Student's `t_factor` of
+    their count (``stderr_mean`` without it), so ±2·stderr is about a 95% interval whatever the
+    count; ``converged`` needs at least `MIN_SAMPLES` samples.
 
     For Hutch++ ``samples`` are the residual-space quadratic forms and
     ``low_rank`` the exactly computed part :math:`\\mathrm{Tr}(Q^\\top H Q)`.
@@ -44,6 +48,7 @@ class TraceResult:
         None  # the SLQ estimate of Tr|H| behind that floor, when one was computed
     )
     stopped_by_budget: bool = False  # the `Budget` ran out before the tolerance was met
+    stderr_mean: float = math.nan  # the standard error of the mean without the t factor
 
     @property
     def n_hvp(self) -> int:
@@ -63,7 +68,7 @@ class TraceResult:
         if m == 0:
             return low.copy(), np.zeros_like(low)
         mean, se = mean_stderr(bs, axis=0)
-        return low + mean, se
+        return low + mean, se * t_factor(m)
 
 
 # byte value -> its 8 bits as ±1 (little-endian), for one gather per probe instead of bit tests
@@ -95,9 +100,11 @@ class NearZeroFloor:
     Rademacher starts × `NEAR_ZERO_STEPS` = 10 steps, 40 products, seeded from the estimator's
     generator's seed so the probes that follow are unchanged), or read from ``stop.abs_trace``
     when the caller has SLQ runs of the same operator already (no products). The floor then holds while the
-    trace is near 0 at the spectrum's scale: indistinguishable from 0, or at most half of T
-    (:math:`\mathrm{Tr}|H| \ge 2|\mathrm{Tr}\,H|`: at least a third of the curvature's magnitude
-    cancels); it uses ``max(T, |estimate|)``. A trace that is not near 0 (T about
+    trace is near 0 at the spectrum's scale: indistinguishable from 0, or at most 5% of T
+    (:math:`\mathrm{Tr}|H| \ge 20|\mathrm{Tr}\,H|`: all but a twentieth of the curvature's
+    magnitude cancels; at 9–13% of T the floor would allow an error of 8% of the trace where
+    ``tol`` is 1%, so there the relative test stays and the estimator walks to ``max_probes``);
+    it uses ``max(T, |estimate|)``. A trace that is not near 0 (T about
     :math:`|\text{estimate}|`, as for a PSD Hessian) keeps the relative test and walks to
     ``max_probes``. Example (a tiny GPT-2 with random weights): trace 38 of
     :math:`\mathrm{Tr}|H| \approx 1{,}550` (2.5%), 1% of 38 would need about 7,100 probes.
@@ -108,7 +115,7 @@ class NearZeroFloor:
     a network's Hessian with many eigenvalues of similar size, and ``max_probes`` still bounds it.
     """
 
-    CANCEL = 2.0  # near 0 at the spectrum's scale: Tr|H| ≥ CANCEL·|Tr H|
+    CANCEL = 20.0  # near 0 at the spectrum's scale: Tr|H| ≥ CANCEL·|Tr H| (the trace ≤ 5% of it)
 
     def __init__(
         self, matvec, dim: int, stop: ProbeStop, generator: torch.Generator, device, dtype
@@ -234,6 +241,8 @@ def hutchinson(
     samples: list[float] = []
     parts: list[list[float]] = []
 
+    least = max(min_probes, MIN_SAMPLES)  # no tolerance test on fewer samples
+
     def result(converged, near_zero=False, stopped=False):
         est, se = mean_stderr(samples)
         bs = np.asarray(parts, dtype=np.float64) if blocks is not None else None
@@ -241,7 +250,7 @@ def hutchinson(
         budget.spend(n)
         return TraceResult(
             est,
-            se,
+            se * t_factor(len(samples)),
             n,
             converged,
             np.asarray(samples),
@@ -249,6 +258,7 @@ def hutchinson(
             near_zero=near_zero,
             abs_trace=floor.scale,
             stopped_by_budget=stopped,
+            stderr_mean=se,
         )
 
     while len(samples) < max_probes:
@@ -270,7 +280,8 @@ def hutchinson(
             samples.extend(part.sum(1).cpu().tolist())
             parts.extend(part.cpu().tolist())
         est, se = mean_stderr(samples)
-        if len(samples) >= min_probes:
+        se = se * t_factor(len(samples))
+        if len(samples) >= least:
             report(probes=len(samples), value=est, stderr=se)
             if se <= tol * abs(est):
                 return result(True)
@@ -279,7 +290,7 @@ def hutchinson(
         if len(samples) < max_probes and budget.exhausted(len(samples) + floor.products):
             return result(False, stopped=True)
     est, se = mean_stderr(samples)
-    return result(se <= tol * abs(est))
+    return result(len(samples) >= MIN_SAMPLES and se * t_factor(len(samples)) <= tol * abs(est))
 
 
 def hutchpp(
@@ -362,7 +373,7 @@ def hutchpp(
     )  # products this call may spend
     fixed = sketch is not None or min_probes >= cap
     r = int(sketch) if sketch else max(1, min_probes // 3)
-    r = max(1, min(r, dim, max(1, (cap - 2) // 2)))
+    r = max(1, min(r, dim, max(1, (cap - MIN_SAMPLES) // 2)))  # leave MIN_SAMPLES residual probes
     sk = _Sketch(
         matvec,
         dtype,
@@ -381,7 +392,7 @@ def hutchpp(
     used = r + sk.rank
     if sk.rank >= dim:
         return sk.result(used, [], [], 0.0, True)
-    min_samples = 2 if fixed else min(16, max(2, cap - used))
+    min_samples = MIN_SAMPLES if fixed else min(16, max(MIN_SAMPLES, cap - used))
     growing = not fixed
     step = min(block, max(8, r))
     samples: list[float] = []
@@ -408,6 +419,7 @@ def hutchpp(
             parts.extend(_block_forms(G, HG, blocks).tolist())
         if used >= min(min_probes, cap) and len(samples) >= min_samples:
             m, se = mean_stderr(samples)
+            se = se * t_factor(len(samples))
             report(probes=used, value=sk.low + m, stderr=se)
             if se <= tol * abs(sk.low + m):
                 return sk.result(used, samples, parts, se, True)
@@ -424,7 +436,9 @@ def _hutchpp_stopped(
     if len(samples) < 2:
         return sk.result(used, samples, parts, math.inf, False, stopped=stopped)
     m, se = mean_stderr(samples)
-    return sk.result(used, samples, parts, se, se <= tol * abs(sk.low + m), stopped=stopped)
+    se = se * t_factor(len(samples))
+    ok = len(samples) >= MIN_SAMPLES and se <= tol * abs(sk.low + m)
+    return sk.result(used, samples, parts, se, ok, stopped=stopped)
 
 
 class _Sketch:
@@ -496,6 +510,7 @@ class _Sketch:
             near_zero=near_zero,
             abs_trace=self.floor.scale if self.floor is not None else None,
             stopped_by_budget=stopped,
+            stderr_mean=se / t_factor(len(samples)) if len(samples) > 1 else se,
         )
 
 
