@@ -18,6 +18,7 @@ product.
 from __future__ import annotations
 
 import resource
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,16 +120,18 @@ def measure_peak(fn, device: torch.device) -> tuple[int, str]:
     ) * 1024, "ru_maxrss increase"
 
 
-def _timed(fn, repeat: int = 1) -> float:
-    """The shortest of ``repeat`` timings of ``fn()`` (one when it takes a second or more)."""
-    best = float("inf")
-    for _ in range(repeat):
+def _timed(fn, repeat: int = 3) -> float:
+    """Warm seconds of ``fn()``: a first call discarded (caches, allocator, lazy initialisation),
+    then the median of ``repeat`` timed calls (fewer once one takes a second or more)."""
+    fn()
+    times = []
+    for _ in range(max(1, repeat)):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-        if best >= 1.0:
+        times.append(time.perf_counter() - t0)
+        if times[-1] >= 1.0:
             break
-    return best
+    return float(statistics.median(times))
 
 
 def _project(Q: torch.Tensor, w: torch.Tensor) -> None:
@@ -178,13 +181,12 @@ def time_products(
         V = torch.randn(k, P, generator=gen).to(st.device, st.dtype)
         forward = _timed(eng.loss, 2)
         grad = _timed(eng.grad, 2)
-        eng.hvp(v)  # builds (and may cache) the gradient graphs
-        hvp1 = _timed(lambda: eng.hvp(v), 2)
+        hvp1 = _timed(lambda: eng.hvp(v), 2)  # the discarded call builds (may cache) the graphs
         took: list[
             float
         ] = []  # the block product, timed inside the memory probe (one call for both)
         peak, how = measure_peak(
-            lambda: took.append(_timed(lambda: eng.hvp(V))), torch.device(st.device)
+            lambda: took.append(_timed(lambda: eng.hvp(V), 1)), torch.device(st.device)
         )
         hvpk = took[0]
         eng.drop_graphs()
@@ -209,7 +211,7 @@ def time_products(
 
 
 def quick_times(engine: CurvatureEngine) -> ProductTimes:
-    """Seconds of one forward pass, one gradient and one one-vector HVP (the second of two) on the
+    """Warm seconds (`_timed`) of one forward pass, one gradient and one one-vector HVP on the
     engine's own problem, for `Fit`: under a second on the models whose measures it guards. A
     block product is taken as that many one-vector products (an upper bound: blocks are
     cheaper per vector), and no memory is probed."""
@@ -219,8 +221,7 @@ def quick_times(engine: CurvatureEngine) -> ProductTimes:
     )
     forward = _timed(engine.loss)
     grad = _timed(engine.grad)
-    engine.hvp(v)
-    hvp1 = _timed(lambda: engine.hvp(v))
+    hvp1 = _timed(lambda: engine.hvp(v), 2)
     return ProductTimes(
         forward,
         grad,
@@ -235,6 +236,14 @@ def quick_times(engine: CurvatureEngine) -> ProductTimes:
     )
 
 
+def _not_applicable(spec, problem: Problem) -> bool:
+    """Whether ``spec`` is predicted to end ``not_applicable`` (False when that cannot be told)."""
+    try:
+        return bool(spec.not_applicable(problem))
+    except Exception:  # a check that cannot be made: weigh it like any other measure
+        return False
+
+
 class Fit:
     """Whether a measure that cannot stop early (`flatcli.measures.MeasureSpec.stops_early`) fits
     its cap, before it starts: the least products its estimate declares against ``max_hvps``, and
@@ -247,14 +256,50 @@ class Fit:
         self.engine, self._dims_fn = engine, dims
         self._dims = self._times = None
 
+    @property
+    def dims(self):
+        """The checkpoint's `flatcli.measures.Dims` (computed once)."""
+        if self._dims is None:
+            self._dims = self._dims_fn()
+        return self._dims
+
+    @property
+    def times(self) -> ProductTimes:
+        """`quick_times` on this checkpoint (timed once)."""
+        if self._times is None:
+            self._times = quick_times(self.engine)
+        return self._times
+
+    def seconds(self, spec, problem: Problem | None = None) -> float:
+        """The least predicted seconds of ``spec`` (`predict`), at least one forward pass; 0 when
+        it is predicted to end ``not_applicable`` on ``problem`` (`flatcli.budget.BudgetPlan`'s
+        weight)."""
+        if problem is not None and _not_applicable(spec, problem):
+            return 0.0
+        return max(predict(spec, self.dims, self.times).seconds[0], self.times.forward)
+
+    def cost(self, problem: Problem, reuse=None, among=None):
+        """The weight of a spec in `flatcli.budget.BudgetPlan`: its least predicted seconds
+        (`seconds`); in a sweep's unit (``among`` given) its least products in HVP equivalents
+        (`flatcli.budget.least_work`), which every worker computes alike; 0 for a result reused
+        from ``reuse`` (label → result) or a measure predicted ``not_applicable``."""
+        from .budget import least_work
+
+        def weight(spec) -> float:
+            if reuse and spec.label in reuse:
+                return 0.0
+            if among is None:
+                return self.seconds(spec, problem)
+            return 0.0 if _not_applicable(spec, problem) else least_work(spec, self.dims)
+
+        return weight
+
     def reason(self, spec, share: float | None) -> tuple[str, dict[str, Any]] | None:
         """(why not to start, diagnostics) when ``spec`` does not fit its cap; None to start it."""
         secs = [v for v in (spec.max_seconds, share) if v is not None]
         if spec.stops_early() or (not secs and spec.max_hvps is None):
             return None
-        if self._dims is None:
-            self._dims = self._dims_fn()
-        est = spec.estimate(self._dims)
+        est = spec.estimate(self.dims)
         if est is None or not any(hi for _, hi in est.values()):
             return None  # no estimate, or no work that takes time: start it
         least = est.get("n_hvp", (0, 0))[0]
@@ -266,9 +311,7 @@ class Fit:
             )
         if not secs:
             return None
-        if self._times is None:
-            self._times = quick_times(self.engine)
-        pred = predict(spec, self._dims, self._times)
+        pred = predict(spec, self.dims, self.times)
         if pred.seconds[0] <= min(secs):
             return None
         return (
