@@ -266,7 +266,8 @@ def test_the_dry_run_prints_the_verdict(tmp_path, monkeypatch):
     free(monkeypatch, 4 * P * 23 - 1)
     cfg = project(tmp_path)
     res = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run"])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # it cannot time the run: no "about 0 s", exit 0
+    assert "cannot time" in res.output and "about 0" not in res.output
     assert "memory (model): will not fit" in res.output and f"{4 * P * 23 - 1:,}" not in res.output
     assert "not timed" in res.output and "timed: forward" not in res.output
     res = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run", "--format", "json"])
