@@ -10,9 +10,14 @@ The model of time: a product call of k vectors costs ``a + b·k`` seconds, ``a``
 fitted from the one-vector and the block timing (the second of two one-vector products, so
 graph caching is in its steady state); a gradient or per-sample VJP pass costs the timed
 gradient, a forward pass the timed forward pass, and a P-length dot product or axpy of the
-estimator's own (``vector_ops``: Lanczos's reorthogonalization) a timed projection's share. Memory: parameters, gradient and the vectors
-the estimator keeps (P numbers each, the dtype's size) plus the measured peak of one block
-product.
+estimator's own (``vector_ops``: Lanczos's reorthogonalization) a timed projection's share.
+
+Memory (``peak_bytes``): what the process holds before the products (``resident``: the weights,
+the measurement set, Python and torch; CPU: VmRSS, CUDA: allocated bytes), θ, the gradient and
+the vectors the estimator keeps at its cap (P numbers each, the dtype's size; a Lanczos basis at
+``max_basis_vectors``), plus the measured peak of one block product built as the run builds it:
+with the run's ``recompute``, precision and kept gradient graphs (the graphs are dropped before
+the probe, so the ones the run keeps across products at one θ are counted).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class ProductTimes:
     batched_vector_op: float = (
         0.0  # the same in runs of their own bases (SLQ's lockstep projection)
     )
+    resident: int = 0  # bytes in use before the products: weights, data, torch (CPU: VmRSS)
 
     def hvp_seconds(self, n: float, k: int) -> float:
         """Seconds of ``n`` HVPs in calls of ``k`` vectors (0: the engine's block size)."""
@@ -120,6 +126,17 @@ def measure_peak(fn, device: torch.device) -> tuple[int, str]:
     ) * 1024, "ru_maxrss increase"
 
 
+def _size(dtype: torch.dtype) -> int:
+    return torch.finfo(dtype).bits // 8
+
+
+def _resident(device: torch.device) -> int:
+    """Bytes in use now: CUDA's allocated memory, else this process's resident set (0 unknown)."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    return _rss_bytes("VmRSS") or 0
+
+
 def _timed(fn, repeat: int = 3) -> float:
     """Warm seconds of ``fn()``: a first call discarded (caches, allocator, lazy initialisation),
     then the median of ``repeat`` timed calls (fewer once one takes a second or more)."""
@@ -171,8 +188,14 @@ def time_products(
         )
         if check is not None and not check(problem):
             return None, problem
-        eng = CurvatureEngine(
-            problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision
+        eng = CurvatureEngine(  # as the run builds it: recompute, caps, kept graphs
+            problem,
+            hvp_mode=st.hvp_mode,
+            block_size=st.block_size,
+            precision=st.precision,
+            recompute=st.recompute,
+            max_device_vectors=st.max_device_vectors,
+            max_basis_vectors=st.max_basis_vectors,
         )
         P = problem.num_params
         gen = torch.Generator().manual_seed(0)
@@ -182,9 +205,9 @@ def time_products(
         forward = _timed(eng.loss, 2)
         grad = _timed(eng.grad, 2)
         hvp1 = _timed(lambda: eng.hvp(v), 2)  # the discarded call builds (may cache) the graphs
-        took: list[
-            float
-        ] = []  # the block product, timed inside the memory probe (one call for both)
+        took: list[float] = []  # the block product, timed inside the memory probe
+        eng.drop_graphs()  # the probe counts the gradient graphs the run keeps across products
+        resident = _resident(torch.device(st.device)) - (1 + k) * P * _size(st.dtype)
         peak, how = measure_peak(
             lambda: took.append(_timed(lambda: eng.hvp(V), 1)), torch.device(st.device)
         )
@@ -206,6 +229,7 @@ def time_products(
         torch.finfo(st.dtype).bits // 8,
         vector_op,
         batched_op,
+        max(0, resident),
     )
     return times, problem
 
@@ -385,7 +409,7 @@ def predict(spec, dims, times: ProductTimes, problem: Problem | None = None) -> 
     declared, inputs = vectors_kept(spec, dims, times.engine_block)
     keeps = declared + inputs
     product = times.product_bytes if hvps[1] > 0 or est.get("n_grad", (0, 0))[1] > 0 else 0
-    peak = times.element * times.P * (2 + keeps) + product
+    peak = times.resident + times.element * times.P * (2 + keeps) + product
     return Prediction(
         hvps=(int(hvps[0]), int(hvps[1])),
         seconds=(seconds(0), seconds(1)),
