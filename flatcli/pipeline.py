@@ -224,7 +224,7 @@ def measure_model(
         ] = {}  # products the checkpoint's measures share (the Hessian diagonal)
         fit = Fit(engine, lambda: problem_dims(work, data[st.split], st))
         plan = BudgetPlan.of(st.budget, specs, fit.cost(problem, reuse, budget_among), budget_among)
-        if plan is not None:  # the estimators' first block under a share: at this speed
+        if plan is not None and fit.times is not None:  # the first block under a share
             shared["seconds_per_product"] = fit.times.hvp1
 
         def run(spec: MeasureSpec, share: float | None) -> None:

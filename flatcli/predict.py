@@ -243,9 +243,9 @@ def quick_times(engine: CurvatureEngine) -> ProductTimes:
     v = torch.randn(P, generator=torch.Generator().manual_seed(0)).to(
         engine.theta.device, engine.theta.dtype
     )
-    forward = _timed(engine.loss)
-    grad = _timed(engine.grad)
-    hvp1 = _timed(lambda: engine.hvp(v), 2)
+    forward = _timed(engine.loss, 1)  # a discarded call and one timed: cheap for a budget's plan
+    grad = _timed(engine.grad, 1)
+    hvp1 = _timed(lambda: engine.hvp(v), 1)
     return ProductTimes(
         forward,
         grad,
@@ -288,11 +288,15 @@ class Fit:
         return self._dims
 
     @property
-    def times(self) -> ProductTimes:
-        """`quick_times` on this checkpoint (timed once)."""
+    def times(self) -> ProductTimes | None:
+        """`quick_times` on this checkpoint (timed once); None when the products cannot be timed
+        (a model without a double backward: its Hessian measures fail on their own)."""
         if self._times is None:
-            self._times = quick_times(self.engine)
-        return self._times
+            try:
+                self._times = quick_times(self.engine)
+            except Exception:  # a prediction never fails a run
+                self._times = False
+        return self._times or None
 
     def seconds(self, spec, problem: Problem | None = None) -> float:
         """The least predicted seconds of ``spec`` (`predict`), at least one forward pass; 0 when
@@ -300,6 +304,10 @@ class Fit:
         weight)."""
         if problem is not None and _not_applicable(spec, problem):
             return 0.0
+        if self.times is None:  # untimed: products in HVP equivalents, the same unit for all
+            from .budget import least_work
+
+            return least_work(spec, self.dims)
         return max(predict(spec, self.dims, self.times).seconds[0], self.times.forward)
 
     def cost(self, problem: Problem, reuse=None, among=None):
@@ -334,6 +342,8 @@ class Fit:
                 {"predicted_hvps": list(est["n_hvp"])},
             )
         if not secs:
+            return None
+        if self.times is None:
             return None
         pred = predict(spec, self.dims, self.times)
         if pred.seconds[0] <= min(secs):
