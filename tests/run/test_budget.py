@@ -657,3 +657,19 @@ def test_a_sweep_gives_each_unit_its_fixed_share_and_keys_capped_units_apart(tmp
     plain, capped = load_config(cfg), load_config(cfg, {"runtime.budget": 60})
     spec = plain.measure_specs()[0]
     assert measure_hash(plain.to_dict(), spec) != measure_hash(capped.to_dict(), spec)
+
+
+def test_time_left_at_the_end_goes_to_the_measure_its_share_stopped(monkeypatch):
+    """λmax gets a small share beside an exact trace predicted at P HVPs; the trace then does not
+    fit what is left and is not started, so λmax, stopped by its share, runs again with the time
+    left and gives its unbudgeted value (time counted in products: `_work_clock`)."""
+    _work_clock(monkeypatch)
+    model, data = tiny_mlp(d=6, h=12, seed=1), tiny_data(n=40)
+    lam = {"hessian_lambda_max": {"tol": 1e-6, "max_steps": 40}}
+    measures = [lam, {"hessian_trace": {"method": "exact"}}]
+    free = _measure([lam], model=model, data=data).results["hessian_lambda_max"]
+    res = _measure(measures, model=model, data=data, budget=0.6).results
+    first = res["hessian_lambda_max"].diagnostics
+    assert res["hessian_trace"].diagnostics["started"] is False
+    assert first["continued_after_seconds"] > 0
+    assert _same(res["hessian_lambda_max"], free) and first["n_hvp"] == free.diagnostics["n_hvp"]
