@@ -51,7 +51,7 @@ def child(args) -> dict:
     """One dry-run (``--measure`` omitted) or one run, in this process."""
     import torch
 
-    from flatcli.measures import parse_measures
+    from flatcli.config import parse_measures
     from flatcli.pipeline import measure_model, problem_dims
     from flatcli.predict import predict, time_products
     from flatcli.settings import Settings

@@ -369,13 +369,13 @@ def _draws(ctx, name: str) -> torch.Generator:
 def _residual(ctx, opts: DiagonalOptions, slices: list[slice]) -> list:
     """The residual probes over ``slices`` (`flatcli.engine.linalg.residual_groups`)."""
     eng, p = ctx.engine, ctx.problem
-    hvp = linalg.as_operator(eng.hessian(), p.num_params, device=p.theta.device, dtype=p.dtype)
     mask = torch.zeros(p.num_params, dtype=p.dtype, device=p.theta.device)
     for sl in slices:
         mask[sl] = 1.0
-    kw = {"block": hvp.block_size, "device": p.theta.device, "dtype": p.dtype}
     gen = _draws(ctx, "residual")
-    return linalg.residual_groups(hvp, eng.ggn(), mask, opts.samples, JACKKNIFE_GROUPS, gen, **kw)
+    return linalg.residual_groups(
+        eng.hessian(), eng.ggn(), mask, opts.samples, JACKKNIFE_GROUPS, gen
+    )
 
 
 def diagonal_reason(opts: DiagonalOptions, problem) -> str | None:

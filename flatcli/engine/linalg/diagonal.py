@@ -213,8 +213,12 @@ def _gen(generator, name: str) -> torch.Generator:
     return generator(name) if callable(generator) else generator
 
 
-def residual_groups(hvp, ggnvp, mask, samples, groups, generator, *, block, device, dtype):
-    """``groups`` groups of (Σ z ∘ (Hz − Gz), size) over ``samples`` Rademacher probes supported on ``mask``."""
+def residual_groups(hvp, ggnvp, mask, samples, groups, generator):
+    """``groups`` groups of (Σ z ∘ (Hz − Gz), size) over ``samples`` Rademacher probes supported on
+    ``mask``; ``hvp`` an operator or anything `as_operator` takes (its block size, device and
+    dtype; the mask's length, device and dtype otherwise)."""
+    hvp = as_operator(hvp, mask.numel(), device=mask.device, dtype=mask.dtype)
+    block, device, dtype = hvp.block_size, hvp.device, hvp.dtype
     G_ = max(1, min(groups, samples))
     out = []
     for k in [samples // G_ + (1 if j < samples % G_ else 0) for j in range(G_)]:
@@ -316,7 +320,7 @@ def checked_gauss_newton_diagonal(
         for name in out.estimated:
             mask[tensors[name]] = 1.0
         out.residual_groups = residual_groups(
-            hvp, ggnvp, mask, samples, rules.groups, _gen(generator, "residual"), **kw
+            hvp, ggnvp, mask, samples, rules.groups, _gen(generator, "residual")
         )
         out.n_hvp += samples
         out.n_ggnvp += samples
