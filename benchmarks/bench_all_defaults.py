@@ -13,7 +13,11 @@ shared machine: seconds are upper bounds; compare checkouts run in one call).
 
     python -m benchmarks.bench_all_defaults --code /path/to/main --code .   # ~15 min at load 8, 2 cores
     python -m benchmarks.bench_all_defaults --code . --budget 30s
+    python -m benchmarks.bench_all_defaults --code . --budget-property
 
+``--budget-property`` runs the first checkout three times: without a budget, with a budget twice
+its measuring seconds (every status and value must be the unbudgeted one) and with half of them
+(the seconds spent must be 60–125% of the budget), and prints the three side by side.
 The result goes to docs/benchmarks/data/all_defaults.json (``--json`` elsewhere).
 """
 
@@ -137,8 +141,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/flatcli-bench-all"))
     ap.add_argument("--budget", default=None, help="--budget for every run (default: none)")
     json_arg(ap, "all_defaults")
+    ap.add_argument(
+        "--budget-property",
+        action="store_true",
+        help="unbudgeted, 2× and ½ its cost (docstring)",
+    )
     args = ap.parse_args()
     config = build(args.out)
+    if args.budget_property:
+        budget_property(config, (args.code or [Path(".")])[0], args.out)
+        return
     codes = args.code or [Path(".")]
     runs = [run(config, c, args.out / f"out{i}", args.budget) for i, c in enumerate(codes)]
     columns = ["measure"] + [
@@ -158,6 +170,40 @@ def main() -> None:
     tables.add("flatcli measure -m all at defaults, per measure", columns, rows, "; ".join(notes))
     title = "-m all at defaults on the tiny GPT-2"
     print(f"wrote {write_json('all_defaults', title, tables, args.json)}")
+
+
+def measuring(row: dict) -> float:
+    """The sum of the measures' seconds of a results row."""
+    return sum(float(row.get(f"{lab}_seconds") or 0.0) for lab in labels(row))
+
+
+def budget_property(config: Path, code: Path, out: Path) -> None:
+    """The unbudgeted run, a budget of twice its measuring seconds and one of half of them."""
+    free = run(config, code, out / "free", None)
+    cost = measuring(free["row"])
+    runs = {"none": free}
+    for name, f in (("2x", 2.0), ("half", 0.5)):
+        runs[name] = run(config, code, out / name, f"{f * cost:.3f}")
+    print(f"| measure | {' | '.join(f'{k}: s | products | value | status' for k in runs)} |")
+    print("|---|" + "---:|---|---|---|" * len(runs))
+    for lab in labels(free["row"]):
+        print(f"| {lab} | " + " | ".join(cell(r["row"], lab) for r in runs.values()) + " |")
+    cols = ("", "_status")
+    same = [
+        lab
+        for lab in labels(free["row"])
+        if all(free["row"].get(lab + c) == runs["2x"]["row"].get(lab + c) for c in cols)
+    ]
+    n = len(labels(free["row"]))
+    print(f"unbudgeted: {cost:.2f} s measuring, {free['wall']:.1f} s wall")
+    print(f"budget 2x = {2 * cost:.2f} s: {len(same)}/{n} measures identical (value and status)")
+    spent = measuring(runs["half"]["row"])
+    print(
+        f"budget 1/2 = {cost / 2:.2f} s: spent {spent:.2f} s = {100 * spent / (cost / 2):.0f}% "
+        "(60-125% wanted)"
+    )
+    for k, r in runs.items():
+        print(f"{k}: load {r['load'][0]:.2f} -> {r['load'][1]:.2f}")
 
 
 if __name__ == "__main__":

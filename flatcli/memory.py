@@ -271,11 +271,17 @@ def _model_suggestions(
         lab = v.measures[0]
         k = (free - fixed - kept[lab][1] * P * elt) // (P * elt)
         spec = next(s for s in specs if s.label == lab)
-        if (
-            1 <= k < kept[lab][0]
-            and vectors_kept(spec, dataclasses.replace(dims, max_basis=int(k)))[0] <= k
-        ):
+        capped = dataclasses.replace(dims, max_basis=int(k))
+        if 1 <= k < kept[lab][0] and vectors_kept(spec, capped)[0] <= k:
             out.append(f"runtime.max_basis_vectors: {k} (Lanczos restarts beyond it)")
+        elif 2 <= k < kept[lab][0] and "min_steps" in _option_names(spec):
+            fewer = dataclasses.replace(spec, options={**spec.options, "min_steps": int(k)})
+            if vectors_kept(fewer, capped)[0] <= k:  # the certified floor keeps more: lower it
+                out.append(
+                    f"runtime.max_basis_vectors: {k} with {lab}: min_steps: {k} (the certified "
+                    f"step count keeps {vectors_kept(spec, capped)[0]} vectors; fewer steps are "
+                    "not certified)"
+                )
     if st.device.type == "cuda" and v.measures:
         lab = v.measures[0]
         k = (free - fixed - kept[lab][1] * P * elt) // (P * elt)
@@ -385,6 +391,13 @@ def _chain_product(problem, st: Settings) -> tuple[int, int] | None:
     return predicted_product_bytes(
         problem, problem.batches[0], len(problem.batches), st.device, by_blocks=n
     )[0], n
+
+
+def _option_names(spec: MeasureSpec) -> set[str]:
+    """The option names of ``spec``'s measure."""
+    from .measures import get_measure
+
+    return {f.name for f in dataclasses.fields(get_measure(spec.name).options)}
 
 
 def _product_suggestions(

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ._version import __version__
-from .budget import BudgetPlan
+from .budget import BudgetPlan, in_turn
 from .config import Config, parse_measures
 from .engine import Batch, CurvatureEngine, Problem, eval_mode, get_loss
 from .engine import dist as ranks
@@ -247,34 +247,24 @@ def measure_model(
                 n: init_state[n].to(st.device, st.dtype) for n in problem.names if n in init_state
             }
         plans = _planned_hvps(specs, work, data[st.split], st) if progress is not None else {}
-        plan = BudgetPlan.of(
-            st.budget, specs, lambda: problem_dims(work, data[st.split], st), budget_among
-        )
         shared: dict[
             str, Any
         ] = {}  # products the checkpoint's measures share (the Hessian diagonal)
         fit = Fit(engine, lambda: problem_dims(work, data[st.split], st))
-        for i, spec in enumerate(specs):
+        plan = BudgetPlan.of(st.budget, specs, fit.cost(problem, reuse, budget_among), budget_among)
+        if plan is not None and fit.times is not None:  # the first block under a share
+            shared["seconds_per_product"] = fit.times.hvp1
+
+        def run(spec: MeasureSpec, share: float | None) -> None:
             if reuse and spec.label in reuse:
                 row.results[spec.label] = reuse[spec.label]
-            else:
-                share = None if plan is None else plan.share(i)
-                if not _not_started(row, spec, problem, fit, share):
-                    _run_one(
-                        row,
-                        spec,
-                        problem,
-                        engine,
-                        st,
-                        init_params,
-                        init_state,
-                        debug,
-                        _measure_progress(progress, spec.label, engine, plans.get(spec.label)),
-                        share,
-                        shared,
-                    )
-            if on_measure is not None:
-                on_measure(row, spec.label)
+            elif not _not_started(row, spec, problem, fit, share):
+                show = _measure_progress(progress, spec.label, engine, plans.get(spec.label))
+                args = (init_params, init_state, debug, show, share, shared)
+                _run_one(row, spec, problem, engine, st, *args)
+
+        done = (lambda lab: on_measure(row, lab)) if on_measure else (lambda lab: None)
+        in_turn(plan, specs, row.results, run, done, again=not problem.dist.active)
         row.metrics.update(
             _metrics(work, data["train"], data["test"], st) if metrics is None else metrics
         )

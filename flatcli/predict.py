@@ -10,14 +10,20 @@ The model of time: a product call of k vectors costs ``a + b·k`` seconds, ``a``
 fitted from the one-vector and the block timing (the second of two one-vector products, so
 graph caching is in its steady state); a gradient or per-sample VJP pass costs the timed
 gradient, a forward pass the timed forward pass, and a P-length dot product or axpy of the
-estimator's own (``vector_ops``: Lanczos's reorthogonalization) a timed projection's share. Memory: parameters, gradient and the vectors
-the estimator keeps (P numbers each, the dtype's size) plus the measured peak of one block
-product.
+estimator's own (``vector_ops``: Lanczos's reorthogonalization) a timed projection's share.
+
+Memory (``peak_bytes``): what the process holds before the products (``resident``: the weights,
+the measurement set, Python and torch; CPU: VmRSS, CUDA: allocated bytes), θ, the gradient and
+the vectors the estimator keeps at its cap (P numbers each, the dtype's size; a Lanczos basis at
+``max_basis_vectors``), plus the measured peak of one block product built as the run builds it:
+with the run's ``recompute``, precision and kept gradient graphs (the graphs are dropped before
+the probe, so the ones the run keeps across products at one θ are counted).
 """
 
 from __future__ import annotations
 
 import resource
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +62,7 @@ class ProductTimes:
     batched_vector_op: float = (
         0.0  # the same in runs of their own bases (SLQ's lockstep projection)
     )
+    resident: int = 0  # bytes in use before the products: weights, data, torch (CPU: VmRSS)
 
     def hvp_seconds(self, n: float, k: int) -> float:
         """Seconds of ``n`` HVPs in calls of ``k`` vectors (0: the engine's block size)."""
@@ -119,16 +126,29 @@ def measure_peak(fn, device: torch.device) -> tuple[int, str]:
     ) * 1024, "ru_maxrss increase"
 
 
-def _timed(fn, repeat: int = 1) -> float:
-    """The shortest of ``repeat`` timings of ``fn()`` (one when it takes a second or more)."""
-    best = float("inf")
-    for _ in range(repeat):
+def _size(dtype: torch.dtype) -> int:
+    return torch.finfo(dtype).bits // 8
+
+
+def _resident(device: torch.device) -> int:
+    """Bytes in use now: CUDA's allocated memory, else this process's resident set (0 unknown)."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    return _rss_bytes("VmRSS") or 0
+
+
+def _timed(fn, repeat: int = 3) -> float:
+    """Warm seconds of ``fn()``: a first call discarded (caches, allocator, lazy initialisation),
+    then the median of ``repeat`` timed calls (fewer once one takes a second or more)."""
+    fn()
+    times = []
+    for _ in range(max(1, repeat)):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-        if best >= 1.0:
+        times.append(time.perf_counter() - t0)
+        if times[-1] >= 1.0:
             break
-    return best
+    return float(statistics.median(times))
 
 
 def _project(Q: torch.Tensor, w: torch.Tensor) -> None:
@@ -168,8 +188,14 @@ def time_products(
         )
         if check is not None and not check(problem):
             return None, problem
-        eng = CurvatureEngine(
-            problem, hvp_mode=st.hvp_mode, block_size=st.block_size, precision=st.precision
+        eng = CurvatureEngine(  # as the run builds it: recompute, caps, kept graphs
+            problem,
+            hvp_mode=st.hvp_mode,
+            block_size=st.block_size,
+            precision=st.precision,
+            recompute=st.recompute,
+            max_device_vectors=st.max_device_vectors,
+            max_basis_vectors=st.max_basis_vectors,
         )
         P = problem.num_params
         gen = torch.Generator().manual_seed(0)
@@ -179,12 +205,13 @@ def time_products(
         V = torch.randn(k, P, generator=gen).to(st.device, st.dtype)
         forward = _timed(eng.loss, 2)
         grad = _timed(eng.loss_grad, 2)
-        H(v)  # builds (and may cache) the gradient graphs
-        hvp1 = _timed(lambda: H(v), 2)
-        took: list[
-            float
-        ] = []  # the block product, timed inside the memory probe (one call for both)
-        peak, how = measure_peak(lambda: took.append(_timed(lambda: H(V))), torch.device(st.device))
+        hvp1 = _timed(lambda: H(v), 2)  # the discarded call builds (may cache) the graphs
+        took: list[float] = []  # the block product, timed inside the memory probe
+        eng.state.drop_graphs()  # the probe counts the gradient graphs the run keeps across products
+        resident = _resident(torch.device(st.device)) - (1 + k) * P * _size(st.dtype)
+        peak, how = measure_peak(
+            lambda: took.append(_timed(lambda: H(V), 1)), torch.device(st.device)
+        )
         hvpk = took[0]
         eng.state.drop_graphs()
         vector_op = _timed(lambda: _project(V, v), 3) / (2 * V.shape[0])
@@ -203,12 +230,13 @@ def time_products(
         torch.finfo(st.dtype).bits // 8,
         vector_op,
         batched_op,
+        max(0, resident),
     )
     return times, problem
 
 
 def quick_times(engine: CurvatureEngine) -> ProductTimes:
-    """Seconds of one forward pass, one gradient and one one-vector HVP (the second of two) on the
+    """Warm seconds (`_timed`) of one forward pass, one gradient and one one-vector HVP on the
     engine's own problem, for `Fit`: under a second on the models whose measures it guards. A
     block product is taken as that many one-vector products (an upper bound: blocks are
     cheaper per vector), and no memory is probed."""
@@ -216,11 +244,10 @@ def quick_times(engine: CurvatureEngine) -> ProductTimes:
     v = torch.randn(P, generator=torch.Generator().manual_seed(0)).to(
         engine.problem.device, engine.problem.dtype
     )
-    forward = _timed(engine.loss)
-    grad = _timed(engine.loss_grad)
+    forward = _timed(engine.loss, 1)  # a discarded call and one timed: cheap for a budget's plan
+    grad = _timed(engine.loss_grad, 1)
     H = engine.hessian()
-    H(v)
-    hvp1 = _timed(lambda: H(v))
+    hvp1 = _timed(lambda: H(v), 1)
     return ProductTimes(
         forward,
         grad,
@@ -235,6 +262,14 @@ def quick_times(engine: CurvatureEngine) -> ProductTimes:
     )
 
 
+def _not_applicable(spec, problem: Problem) -> bool:
+    """Whether ``spec`` is predicted to end ``not_applicable`` (False when that cannot be told)."""
+    try:
+        return bool(spec.not_applicable(problem))
+    except Exception:  # a check that cannot be made: weigh it like any other measure
+        return False
+
+
 class Fit:
     """Whether a measure that cannot stop early (`flatcli.measures.MeasureSpec.stops_early`) fits
     its cap, before it starts: the least products its estimate declares against ``max_hvps``, and
@@ -247,14 +282,58 @@ class Fit:
         self.engine, self._dims_fn = engine, dims
         self._dims = self._times = None
 
+    @property
+    def dims(self):
+        """The checkpoint's `flatcli.measures.Dims` (computed once)."""
+        if self._dims is None:
+            self._dims = self._dims_fn()
+        return self._dims
+
+    @property
+    def times(self) -> ProductTimes | None:
+        """`quick_times` on this checkpoint (timed once); None when the products cannot be timed
+        (a model without a double backward: its Hessian measures fail on their own)."""
+        if self._times is None:
+            try:
+                self._times = quick_times(self.engine)
+            except Exception:  # a prediction never fails a run
+                self._times = False
+        return self._times or None
+
+    def seconds(self, spec, problem: Problem | None = None) -> float:
+        """The least predicted seconds of ``spec`` (`predict`), at least one forward pass; 0 when
+        it is predicted to end ``not_applicable`` on ``problem`` (`flatcli.budget.BudgetPlan`'s
+        weight)."""
+        if problem is not None and _not_applicable(spec, problem):
+            return 0.0
+        if self.times is None:  # untimed: products in HVP equivalents, the same unit for all
+            from .budget import least_work
+
+            return least_work(spec, self.dims)
+        return max(predict(spec, self.dims, self.times).seconds[0], self.times.forward)
+
+    def cost(self, problem: Problem, reuse=None, among=None):
+        """The weight of a spec in `flatcli.budget.BudgetPlan`: its least predicted seconds
+        (`seconds`); in a sweep's unit (``among`` given) its least products in HVP equivalents
+        (`flatcli.budget.least_work`), which every worker computes alike; 0 for a result reused
+        from ``reuse`` (label → result) or a measure predicted ``not_applicable``."""
+        from .budget import least_work
+
+        def weight(spec) -> float:
+            if reuse and spec.label in reuse:
+                return 0.0
+            if among is None:
+                return self.seconds(spec, problem)
+            return 0.0 if _not_applicable(spec, problem) else least_work(spec, self.dims)
+
+        return weight
+
     def reason(self, spec, share: float | None) -> tuple[str, dict[str, Any]] | None:
         """(why not to start, diagnostics) when ``spec`` does not fit its cap; None to start it."""
         secs = [v for v in (spec.max_seconds, share) if v is not None]
         if spec.stops_early() or (not secs and spec.max_hvps is None):
             return None
-        if self._dims is None:
-            self._dims = self._dims_fn()
-        est = spec.estimate(self._dims)
+        est = spec.estimate(self.dims)
         if est is None or not any(hi for _, hi in est.values()):
             return None  # no estimate, or no work that takes time: start it
         least = est.get("n_hvp", (0, 0))[0]
@@ -266,9 +345,9 @@ class Fit:
             )
         if not secs:
             return None
-        if self._times is None:
-            self._times = quick_times(self.engine)
-        pred = predict(spec, self._dims, self._times)
+        if self.times is None:
+            return None
+        pred = predict(spec, self.dims, self.times)
         if pred.seconds[0] <= min(secs):
             return None
         return (
@@ -342,7 +421,7 @@ def predict(spec, dims, times: ProductTimes, problem: Problem | None = None) -> 
     declared, inputs = vectors_kept(spec, dims, times.engine_block)
     keeps = declared + inputs
     product = times.product_bytes if hvps[1] > 0 or est.get("n_grad", (0, 0))[1] > 0 else 0
-    peak = times.element * times.P * (2 + keeps) + product
+    peak = times.resident + times.element * times.P * (2 + keeps) + product
     return Prediction(
         hvps=(int(hvps[0]), int(hvps[1])),
         seconds=(seconds(0), seconds(1)),

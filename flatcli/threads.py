@@ -13,18 +13,19 @@ the defaults). flatcli therefore chooses the count itself:
   workers together never use more threads than there are cores left to them.
 
 C is the number of CPUs this process may run on (its affinity mask, ``os.sched_getaffinity(0)``,
-else ``os.cpu_count()``). F, the free cores, is
-``max(1, min(C, round(C − load + min(1, load))))`` with ``load`` the machine's 1-minute load
-average (``os.getloadavg()``; taken as 0 where the OS has none): the runnable tasks of other
-processes occupy that many cores, and this process, busy importing torch when it reads the load,
-is counted in it for at most one core (never more than the load itself, so an idle machine keeps
-all its cores). Why: on a loaded machine, more threads than free cores made λmax several times slower than one
-thread; at low load the two were equal. W is ``workers`` when given, else
-``LOCAL_WORLD_SIZE`` (set by torchrun for the processes of one machine), else 1.
+else ``os.cpu_count()``). F, the free cores, is ``max(1, min(C, round(C − busy)))`` with ``busy``
+the cores of C that the machine keeps busy **now**: sampled from /proc/stat over
+``SAMPLE_SECONDS`` (0.2 s) while this process sleeps, so it counts only other work
+(`busy_cores`); a job that ended a second ago costs no thread. Where /proc/stat is missing
+(macOS), the 1-minute load average less this process stands in. Why: on a loaded machine, more
+threads than free cores make λmax several times slower than one thread, and a load average still
+counts jobs that ended up to a minute ago. W is ``workers`` when given, else
+``LOCAL_WORLD_SIZE`` (set by torchrun for the processes of one machine), else 1. One sample
+serves a process for ``SAMPLE_REUSE`` seconds.
 
 >>> choose_threads(2, workers=8)
 2
->>> choose_threads("auto", workers=1, cores=2, load=8.0)
+>>> choose_threads("auto", workers=1, cores=2, load=2.0)
 1
 >>> str(ThreadChoice(n=1, workers=2, cores=2, source="auto"))
 'threads: 1 per worker (2 workers on 2 cores)'
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -51,20 +53,95 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def machine_load() -> float | None:
-    """The machine's 1-minute load average (runnable tasks), or None where the OS has none."""
+SAMPLE_SECONDS = 0.2  # how long `busy_cores` watches the CPUs
+SAMPLE_REUSE = 2.0  # seconds one sample serves this process
+_last: dict = {}  # (time, cpus) -> busy: the last sample
+
+
+def cpu_jiffies(text: str) -> dict[int, tuple[int, int]]:
+    """CPU number → (busy, total) jiffies from the text of /proc/stat (its ``cpuN`` lines; idle
+    and iowait are not busy)."""
+    out = {}
+    for line in text.splitlines():
+        head, _, rest = line.partition(" ")
+        if not head.startswith("cpu") or not head[3:].isdigit():
+            continue
+        f = [int(x) for x in rest.split()]
+        idle = f[3] + (f[4] if len(f) > 4 else 0)
+        total = sum(f[:8])  # user nice system idle iowait irq softirq steal (guest is in user)
+        out[int(head[3:])] = (total - idle, total)
+    return out
+
+
+def read_proc_stat() -> str | None:
+    """The text of /proc/stat, None where there is none."""
     try:
-        return float(os.getloadavg()[0])
-    except (AttributeError, OSError):  # Windows
+        with open("/proc/stat") as f:
+            return f.read()
+    except OSError:
         return None
 
 
+def busy_cores(
+    cpus: set[int] | None = None,
+    seconds: float = SAMPLE_SECONDS,
+    read=None,
+    sleep=None,
+) -> float | None:
+    """How many of ``cpus`` (default: this process's) other work keeps busy now: the busy share of
+    their jiffies over ``seconds`` of /proc/stat (``read``: its text), while this process sleeps;
+    None when it cannot be read. ``sleep``: `time.sleep` unless given."""
+    read, sleep = read or read_proc_stat, sleep or time.sleep
+    a = read()
+    if a is None:
+        return None
+    sleep(seconds)
+    b = read()
+    if b is None:
+        return None
+    before, after = cpu_jiffies(a), cpu_jiffies(b)
+    mine = [c for c in after if c in before and (cpus is None or c in cpus)]
+    busy = 0.0
+    for c in mine:
+        dt = after[c][1] - before[c][1]
+        if dt > 0:
+            busy += min(1.0, max(0.0, (after[c][0] - before[c][0]) / dt))
+    return busy if mine else None
+
+
+def _affinity() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def machine_load() -> float | None:
+    """The cores other work keeps busy now (`busy_cores`, one sample reused for `SAMPLE_REUSE`
+    seconds); where /proc/stat is missing the 1-minute load average less this process; None where
+    the OS has neither."""
+    cpus = _affinity()
+    key = None if cpus is None else tuple(sorted(cpus))
+    now = time.monotonic()
+    if _last and _last["cpus"] == key and now - _last["at"] < SAMPLE_REUSE:
+        return _last["busy"]
+    busy = busy_cores(cpus)
+    if busy is None:
+        try:
+            load = float(os.getloadavg()[0])
+        except (AttributeError, OSError):  # Windows
+            return None
+        busy = max(0.0, load - 1.0)
+    _last.update(at=time.monotonic(), cpus=key, busy=busy)
+    return busy
+
+
 def free_cores(cores: int, load: float | None) -> int:
-    """Cores left to this process on ``cores`` CPUs at 1-minute load ``load`` (module docstring):
-    ``max(1, min(cores, round(cores − load + min(1, load))))``; all of them when the load is unknown."""
+    """Cores left to this process on ``cores`` CPUs when ``load`` of them are busy (module
+    docstring): ``max(1, min(cores, round(cores − load)))``; all of them when it is unknown."""
     if load is None or not math.isfinite(load) or load < 0:
         return cores
-    return max(1, min(cores, round(cores - load + min(1.0, load))))
+    return max(1, min(cores, round(cores - load)))
 
 
 def local_workers(workers: int | None = None) -> int:
@@ -87,8 +164,8 @@ def check_threads(requested: int | str | None, where: str = "threads") -> int | 
 @dataclass(frozen=True)
 class ThreadChoice:
     """The threads each worker uses, and why: ``source`` is "requested", "OMP_NUM_THREADS" or
-    "auto" (free cores // workers; ``load`` the 1-minute load average it saw, ``free`` the cores
-    it left, see `free_cores`)."""
+    "auto" (free cores // workers; ``load`` the cores it saw busy, ``free`` the cores it left, see
+    `free_cores`)."""
 
     n: int
     workers: int
@@ -103,7 +180,7 @@ class ThreadChoice:
             self.source, ""
         )
         if self.source == "auto" and self.load is not None:
-            why = f"; load {self.load:.2f} leaves {self.free} free"
+            why = f"; {self.load:.2f} busy leaves {self.free} free"
         return f"threads: {self.n} per worker ({ws} on {self.cores} cores{why})"
 
 
@@ -113,8 +190,8 @@ def plan_threads(
     cores: int | None = None,
     load: float | None = None,
 ) -> ThreadChoice:
-    """The thread count per worker for ``workers`` local workers on ``cores`` CPUs at 1-minute load
-    ``load`` (defaults: `local_workers`, `available_cores`, `machine_load`), with the reason (see
+    """The thread count per worker for ``workers`` local workers on ``cores`` CPUs of which ``load``
+    are busy (defaults: `local_workers`, `available_cores`, `machine_load`), with the reason (see
     the module docstring)."""
     req = check_threads(requested)
     w, c = local_workers(workers), cores or available_cores()
@@ -137,8 +214,8 @@ def choose_threads(
     """Intra-op threads for each of ``workers`` processes on ``cores`` CPUs: ``requested`` when it is
     an int; for ``"auto"`` ``OMP_NUM_THREADS`` when set, else ``max(1, free // workers)`` with
     ``free`` the cores the machine's ``load`` leaves (`free_cores`). ``workers`` defaults to
-    ``LOCAL_WORLD_SIZE`` (torchrun) or 1, ``cores`` to this process's CPUs, ``load`` to the
-    machine's 1-minute load average."""
+    ``LOCAL_WORLD_SIZE`` (torchrun) or 1, ``cores`` to this process's CPUs, ``load`` to the cores
+    busy now (`machine_load`)."""
     return plan_threads(requested, workers, cores, load).n
 
 

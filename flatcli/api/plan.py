@@ -60,9 +60,19 @@ class CostPlan:
     precision: str = ""  # runtime.precision, resolved for the device (e.g. "bf16", "fp32")
 
     @property
+    def untimed(self) -> list[str]:
+        """The checkpoints whose products could not be timed (they will not fit in memory)."""
+        return [
+            c
+            for c, per in zip(self.loaded, self.predictions, strict=False)
+            if any(p.status == "will_not_fit" for p in per.values())
+        ]
+
+    @property
     def exit_code(self) -> int:
-        """2 when a checkpoint could not be loaded (bad input), else 0."""
-        return 2 if self.errors else 0
+        """2 when a checkpoint could not be loaded (bad input); 1 when one could not be timed (it
+        will not fit: the run would fail it); else 0."""
+        return 2 if self.errors else 1 if self.untimed else 0
 
     def totals(self) -> dict[str, tuple[int, int]]:
         """(least, most) of each counter summed over every loaded checkpoint and measure."""
@@ -109,9 +119,19 @@ class CostPlan:
             + (f" ({len(self.errors)} could not be loaded)" if self.errors else "")
             + ": "
             + _describe_cost(self.totals(), empty="parameters only")
-            + (f"; about {_range(secs, _secs)}" if self.predictions else "")
+            + (_describe_seconds(secs, self.untimed, loaded) if self.predictions else "")
         )
         return out
+
+
+def _describe_seconds(secs, untimed: list[str], loaded: int) -> str:
+    """``; about 3–5 s``, or what could not be timed instead of a sum that leaves it out."""
+    if not untimed:
+        return f"; about {_range(secs, _secs)}"
+    why = f"cannot time {_names(untimed)} (will not fit in memory)"
+    if len(untimed) == loaded:
+        return f"; {why}"
+    return f"; about {_range(secs, _secs)} for the others; {why}"
 
 
 def _describe_n(d) -> str:

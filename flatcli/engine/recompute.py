@@ -175,15 +175,45 @@ HEAD_CHUNK_TENSORS = (
 )
 
 
+def _count_saved(problem, batch) -> int:
+    """Bytes of the distinct storages saved by one ``create_graph`` gradient over ``batch``."""
+    from .graphs import saved_bytes_counter
+
+    t = problem.theta.detach().requires_grad_(True)
+    hooks, total = saved_bytes_counter()
+    with hooks:
+        s = problem.batch_loss_sum(problem.unflatten(t), batch)
+        if s.requires_grad:
+            (g,) = torch.autograd.grad(s, t, create_graph=True)
+            del g
+    del s, t
+    return int(total[0])
+
+
+def saved_bytes(problem, batch) -> int:
+    """``S``, the bytes a ``create_graph`` gradient over ``batch`` saves, counted on micro-batches
+    of one and two rows and extrapolated to the batch's rows (the saved tensors of a row do not
+    depend on the others): ``S(1) + (rows − 1)·(S(2) − S(1))``. The graph of the whole batch is
+    never built, so the count costs two small gradients, not the memory it predicts. A batch of
+    at most two rows is counted as it is."""
+    rows = batch.rows
+    if rows <= 2:
+        return _count_saved(problem, batch)
+    one = _count_saved(problem, batch.select(slice(0, 1)))
+    two = _count_saved(problem, batch.select(slice(0, 2)))
+    return int(one + (rows - 1) * max(two - one, 0))
+
+
 def predicted_product_bytes(
     problem, batch, batches: int, device: torch.device, by_blocks: int = 0
 ) -> tuple[int, int | None]:
     """(predicted peak bytes of one Hessian product, free bytes); ``by_blocks``: the number of
     blocks of a block-by-block product (`flatcli.engine.segments`), 0 for the double backward.
 
-    Both rules start from one gradient with its graph (``create_graph``) over the first batch,
-    counting the distinct storages saved by the forward pass and by the ``create_graph`` backward
-    (``S = S_f + S_b``, `flatcli.engine.graphs.saved_bytes_counter`), P-vectors of ``b`` bytes
+    Both rules start from the distinct storages a gradient with its graph (``create_graph``) over
+    the first batch saves in the forward pass and the ``create_graph`` backward (``S = S_f + S_b``,
+    `flatcli.engine.graphs.saved_bytes_counter`), counted on micro-batches of one and two rows and
+    extrapolated to the batch (`saved_bytes`), P-vectors of ``b`` bytes
     and, with a fused LM head, its chunk workspace ``W`` (`HEAD_CHUNK_TENSORS` chunks of logits,
     `flatcli.engine.lmhead`).
 
@@ -201,17 +231,9 @@ def predicted_product_bytes(
       is the margin kept on the side that does not refuse a run that fits too late.
 
     The gradient is not counted in ``n_grad`` (it measures, it does not compute)."""
-    from .graphs import saved_bytes_counter
     from .lmhead import CHUNK_ELEMENTS
 
-    t = problem.theta.detach().requires_grad_(True)
-    hooks, total = saved_bytes_counter()
-    with hooks:
-        s = problem.batch_loss_sum(problem.unflatten(t), batch)
-        if s.requires_grad:
-            (g,) = torch.autograd.grad(s, t, create_graph=True)
-            del g
-    del s, t
+    total = [saved_bytes(problem, batch)]
     elt = torch.finfo(problem.dtype).bits // 8
     head = 0
     if (

@@ -119,7 +119,7 @@ class MeasureContext:
     )  # set by `run_measure`: pass it to the estimators
     cache: dict[str, Any] = field(
         default_factory=dict
-    )  # shared by one checkpoint's measures (same θ, data)
+    )  # shared by one checkpoint's measures (same θ, data); "seconds_per_product": a timed HVP
 
     @property
     def model(self) -> torch.nn.Module:
@@ -434,13 +434,15 @@ class MeasureSpec:
     max_seconds: float | None = None
     max_hvps: int | None = None
 
-    def budget(self, share: float | None = None) -> Budget:
+    def budget(self, share: float | None = None, per_product: float | None = None) -> Budget:
         """A fresh `Budget` (its clock starts now) for this spec.
 
         Parameters
         ----------
         share : float, optional
             This measure's part of ``runtime.budget``, in seconds.
+        per_product : float, optional
+            The seconds one product is expected to take (`Budget.allow`).
 
         Returns
         -------
@@ -448,7 +450,11 @@ class MeasureSpec:
             ``max_hvps`` products, and the smaller of ``max_seconds`` and ``share`` in seconds.
         """
         secs = [v for v in (self.max_seconds, share) if v is not None]
-        return Budget(max_seconds=min(secs) if secs else None, max_products=self.max_hvps)
+        return Budget(
+            max_seconds=min(secs) if secs else None,
+            max_products=self.max_hvps,
+            per_product=per_product,
+        )
 
     def parsed(self):
         """The validated options dataclass of this spec."""
@@ -535,7 +541,7 @@ def run_measure(spec: MeasureSpec, ctx: MeasureContext) -> MeasureResult:
     opts = parse_options(info.options, spec.options, spec.name)
     engine = ctx.engine
     before = engine.counters() if engine is not None else {}
-    ctx.budget = spec.budget(ctx.max_seconds)
+    ctx.budget = spec.budget(ctx.max_seconds, ctx.cache.get("seconds_per_product"))
     dist = getattr(ctx.problem, "dist", None)
     if dist is not None and dist.active:  # every rank stops at the same block
         ctx.budget.agree = dist.any

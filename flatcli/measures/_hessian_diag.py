@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -250,37 +251,10 @@ def _estimate_diagonal(
     if method == "exact":
         d = linalg.exact_diagonal(eng.hessian())
         return DiagonalEstimate(d, info=info)
-    if method in ("ggn", "auto"):
-        g = _ggn_diagonal(eng, method)
-        if method == "ggn":
-            return DiagonalEstimate(g, info=info)
-        slices = p.param_slices()
-        names = [n for n in (tensors if tensors is not None else p.names) if n in slices]
-        res = linalg.checked_gauss_newton_diagonal(
-            eng.hessian(),
-            eng.ggn(),
-            g,
-            p.theta,
-            {n: slices[n] for n in names},
-            rules=linalg.DiagonalCheck(
-                tol=check_tolerance(p),
-                check=opts.check,
-                probes=opts.check_probes,
-                max_exact=opts.max_exact,
-                samples=opts.samples,
-                groups=JACKKNIFE_GROUPS,
-            ),
-            generator=ctx.generator(),
-        )
-        info.update(
-            diag_check_tol=res.tol,
-            diag_check_max_gap=max(res.checked.values(), default=0.0),
-            diag_curved=res.curved,
-            diag_exact_by_unit_vectors=res.exact,
-            diag_estimated=res.estimated,
-            diag_exact=not res.estimated,
-        )
-        return DiagonalEstimate(res.diag, res.residual_groups, info)
+    if method == "ggn":
+        return DiagonalEstimate(_shared_ggn(ctx, method), info=info)
+    if method == "auto":
+        return _auto_diagonal(ctx, opts, tensors, info)
     gen = ctx.generator()
     theta = p.theta
     groups = []
@@ -296,6 +270,112 @@ def _estimate_diagonal(
         else:
             groups.append((_fd_group(eng, theta, k, opts.radius, opts.eps, gen), k))
     return DiagonalEstimate(torch.zeros(P, dtype=torch.float64), groups, info)
+
+
+@dataclass
+class _TensorPart:
+    """One tensor's part of the ``auto`` diagonal, kept for the checkpoint: its check's largest
+    gap, whether it is curved, and its exact values (None: left to the residual probes)."""
+
+    gap: float
+    curved: bool
+    values: torch.Tensor | None
+    unit_vectors: int  # the unit-vector HVPs its exact values took beyond the check
+    size: int
+
+
+def _shared_ggn(ctx, method: str) -> torch.Tensor:
+    """The exact Gauss-Newton diagonal, computed once per checkpoint (``ctx.cache``)."""
+    store = ctx.cache.setdefault("ggn_diagonal", {})
+    key = (id(ctx.problem), id(ctx.engine))
+    if key not in store:
+        store[key] = _ggn_diagonal(ctx.engine, method)
+    return store[key]
+
+
+def _auto_diagonal(ctx, opts: DiagonalOptions, tensors, info: dict) -> DiagonalEstimate:
+    """``auto`` with each tensor's check and exact values computed at most once per checkpoint,
+    whichever measures ask for it (``ctx.cache``): only the tensors not seen before are checked
+    (their draws seeded by the tensor's name, so a tensor's check is the same whatever is checked
+    with it), within ``max_exact`` less the unit vectors of the exact tensors reused. The residual
+    probes of tensors left to them are drawn for each request."""
+    eng, p = ctx.engine, ctx.problem
+    g = _shared_ggn(ctx, "auto")
+    slices = p.param_slices()
+    names = [n for n in (tensors if tensors is not None else p.names) if n in slices]
+    fields = tuple(getattr(opts, f.name) for f in dataclasses.fields(DiagonalOptions))
+    key = (id(p), id(eng), ctx.seed, fields[1:])  # every option but the estimator's name
+    known: dict[str, _TensorPart] = ctx.cache.setdefault("diagonal_parts", {}).setdefault(key, {})
+    new = [n for n in names if n not in known]
+    reused = sum(known[n].unit_vectors for n in names if n in known)
+    rules = linalg.DiagonalCheck(
+        tol=check_tolerance(p),
+        check=opts.check,
+        probes=opts.check_probes,
+        max_exact=max(0, opts.max_exact - reused),
+        samples=opts.samples,
+        groups=JACKKNIFE_GROUPS,
+    )
+    res = None
+    if new:
+        res = linalg.checked_gauss_newton_diagonal(
+            eng.hessian(),
+            eng.ggn(),
+            g,
+            p.theta,
+            {n: slices[n] for n in new},
+            rules=rules,
+            generator=lambda name: _draws(ctx, name),
+        )
+        for n in new:
+            sl, size = slices[n], slices[n].stop - slices[n].start
+            done = n in res.exact and size > min(opts.check, size)
+            values = None if n in res.estimated else res.diag[sl].clone()
+            known[n] = _TensorPart(
+                res.checked[n], n in res.curved, values, size if done else 0, size
+            )
+    diag = g.clone()
+    for n in names:
+        if known[n].values is not None:
+            diag[slices[n]] = known[n].values
+    estimated = [n for n in names if known[n].values is None]
+    groups = []
+    if estimated and res is not None and res.estimated == estimated:
+        groups = res.residual_groups
+    elif estimated:  # tensors left to the probes by an earlier request: their residual again
+        groups = _residual(ctx, opts, [slices[n] for n in estimated])
+    curved = [n for n in names if known[n].curved]
+    info.update(
+        diag_check_tol=rules.tol,
+        diag_check_max_gap=max((known[n].gap for n in names), default=0.0),
+        diag_curved=curved,
+        diag_exact_by_unit_vectors=sorted(  # smallest first, as they were done
+            [n for n in curved if known[n].values is not None], key=lambda n: known[n].size
+        ),
+        diag_estimated=estimated,
+        diag_exact=not estimated,
+    )
+    if not new:
+        info["diag_shared"] = True
+    return DiagonalEstimate(diag, groups, info)
+
+
+def _draws(ctx, name: str) -> torch.Generator:
+    """The generator of one tensor's checks (seeded by the measure's seed and the tensor's name);
+    the measure's own for the residual probes (``name`` "residual")."""
+    return ctx.generator(0 if name == "residual" else 1 + zlib.crc32(name.encode()) % 2**31)
+
+
+def _residual(ctx, opts: DiagonalOptions, slices: list[slice]) -> list:
+    """The residual probes over ``slices`` (`flatcli.engine.linalg.residual_groups`)."""
+    eng, p = ctx.engine, ctx.problem
+    mask = torch.zeros(p.num_params, dtype=p.dtype, device=p.theta.device)
+    for sl in slices:
+        mask[sl] = 1.0
+    gen = _draws(ctx, "residual")
+    return linalg.residual_groups(
+        eng.hessian(), eng.ggn(), mask, opts.samples, JACKKNIFE_GROUPS, gen
+    )
 
 
 def diagonal_reason(opts: DiagonalOptions, problem) -> str | None:

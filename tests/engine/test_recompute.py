@@ -153,6 +153,39 @@ def test_auto_turns_on_only_when_the_predicted_peak_does_not_fit(monkeypatch):
         CurvatureEngine(p, recompute="sometimes")
 
 
+@pytest.mark.parametrize("rows", [3, 5, 9, 16])
+def test_the_saved_bytes_are_counted_on_micro_batches_and_scaled(rows, monkeypatch):
+    """The memory check's count of a product's saved tensors never builds the gradient graph of
+    the whole batch: it counts micro-batches of one and two rows and scales by the rows; on an MLP
+    that is the whole batch's count exactly, on a GPT-2 (no padding) within 3% of it."""
+    from flatcli.engine.recompute import _count_saved, saved_bytes
+    from tests.helpers import tiny_data, tiny_mlp
+
+    tf = H.transformers()
+    torch.manual_seed(0)
+    cfg = tf.GPT2Config(vocab_size=20, n_positions=16, n_embd=8, n_layer=2, n_head=2)
+    model = tf.GPT2LMHeadModel(cfg).to(DT).eval()
+    ids = torch.randint(0, 20, (rows, 9), generator=torch.Generator().manual_seed(rows))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    x, y = tiny_data(n=rows)
+    cases = [
+        (Problem(model, batch, loss="causal_lm", batch_size=rows, dtype=DT), 0.03),
+        (Problem(tiny_mlp(), x, y, batch_size=rows, dtype=DT), 0.0),
+    ]
+    for p, tol in cases:
+        b = p.batches[0]
+        full = _count_saved(p, b)
+        seen, real = [], p.batch_loss_sum
+        monkeypatch.setattr(
+            p,
+            "batch_loss_sum",
+            lambda th, bb, seen=seen, real=real: seen.append(bb.rows) or real(th, bb),
+        )
+        got = saved_bytes(p, b)
+        assert seen == [1, 2]  # two micro-batches, never the whole batch
+        assert abs(got - full) <= tol * full, (got, full)
+
+
 PEAK_CHILD = r"""
 import json, sys
 from pathlib import Path

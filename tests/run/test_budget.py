@@ -6,6 +6,7 @@ row by row with double backward."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -14,13 +15,12 @@ from torch import nn
 from typer.testing import CliRunner
 
 from flatcli import api
-from flatcli.budget import BudgetPlan, predicted_cost
+from flatcli.budget import BudgetPlan, continuations, stopped_by_share
 from flatcli.cli import app
 from flatcli.config import from_dict, parse_measures, parse_seconds
 from flatcli.engine import linalg
 from flatcli.engine.linalg import Budget
 from flatcli.errors import ConfigError
-from flatcli.measures import Dims
 from tests.helpers import TinyBN, tiny_data, tiny_mlp, write_project
 
 DT = torch.float64
@@ -289,33 +289,150 @@ def test_a_measure_that_cannot_stop_early_starts_only_when_its_prediction_fits()
     )  # its own reason, not the cap's
 
 
-def test_the_checkpoint_budget_is_shared_by_predicted_cost():
-    d = Dims(P=1000, n=50)
+def test_shares_follow_predicted_seconds_and_leave_the_rest_to_later_measures():
+    t = [0.0]
+    plan = BudgetPlan(30.0, [1.0, 2.0, 0.0, 3.0], clock=lambda: t[0])
+    assert plan.share(0) == pytest.approx(25.0)  # enough: all but what the others need (5 s)
+    t[0] = 26.0  # it used 26 s: 4 s left for 5 s predicted, split in proportion
+    assert plan.share(1) == pytest.approx(4.0 * 2 / 5)
+    t[0] = 27.0  # a measure predicted not_applicable (0 s) gets no part of a short budget
+    assert plan.share(2) == 0.0 and plan.share(3) == pytest.approx(3.0)  # the last: all left
+    t[0] = 40.0
+    assert plan.share(3) == 0.0
+    specs = parse_measures(["hessian_lambda_max", "hessian_trace", "frobenius_norm"])
+    secs = {"hessian_lambda_max": 2.0, "hessian_trace": 6.0, "frobenius_norm": 0.0}
+    fixed = BudgetPlan.of(100.0, specs[1:2], lambda s: secs[s.name], among=specs)  # a sweep unit
+    assert fixed.share(0) == pytest.approx(75.0)
+
+
+def _simulate(total, predicted, actual, stops, order_seed=None):
+    """Run measures one after the other under a `BudgetPlan` on a fake clock, as the pipeline does:
+    one that stops early spends min(its cost, its share) (stopped when its share is smaller); one
+    that cannot is started only when its predicted seconds fit its share (`flatcli.predict.Fit`).
+    Returns (spent, stopped or skipped indices)."""
+    t = [0.0]
+    plan = BudgetPlan(total, predicted, clock=lambda: t[0])
+    cut = []
+    for i, (p, a, early) in enumerate(zip(predicted, actual, stops, strict=True)):
+        share = plan.share(i)
+        if early:
+            t[0] += min(a, share)
+            cut += [i] if a > share else []
+        elif p <= share:
+            t[0] += a
+        else:
+            cut.append(i)
+    return t[0], cut
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_a_budget_at_least_the_cost_stops_nothing(seed):
+    """Property over random measure sets: with a budget at least the unbudgeted cost and each
+    prediction at most the measure's cost (2×: at most twice), no measure is stopped or
+    skipped. A single prediction far above the least (local_entropy's 10,000-product cap) can
+    no longer take the time of the others."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 9))
+    actual = rng.lognormal(0, 2, n)
+    stops = rng.random(n) < 0.6
+    cost = float(actual.sum())
+    predicted = actual * rng.uniform(0, 1, n)
+    assert _simulate(cost * (1 + 1e-9), predicted, actual, stops)[1] == []
+    predicted2 = actual * rng.uniform(0, 2, n)
+    assert _simulate(2 * cost, predicted2, actual, stops)[1] == []
+
+
+def _work_clock(monkeypatch):
+    """time.perf_counter replaced by the work of every engine made since (HVP 1, gradient and VJP
+    0.5, forward 0.2, × 10 ms), plus 1 µs per reading: budgets become deterministic."""
+    from flatcli.engine import CurvatureEngine
+
+    engines, reads, init = [], [0], CurvatureEngine.__init__
+
+    def register(self, *a, **k):
+        init(self, *a, **k)
+        engines.append(self)
+
+    def clock():
+        reads[0] += 1
+        counts = [e.counters() for e in engines]
+        work = sum(
+            c["n_hvp"] + 0.5 * (c["n_grad"] + c["n_vjp"]) + 0.2 * c["n_forward"] for c in counts
+        )
+        return 0.01 * work + 1e-6 * reads[0]
+
+    monkeypatch.setattr(CurvatureEngine, "__init__", register)
+    monkeypatch.setattr(time, "perf_counter", clock)
+
+
+BUDGET_SETS = [
+    ["hessian_lambda_max", "hessian_trace", "frobenius_norm"],
+    ["local_entropy", "hessian_lambda_max", "first_order_flatness", "hessian_trace"],
+    ["hessian_spectrum", "fisher_rao_norm", "sharpness_worst", "keskar_sharpness"],
+    [{"hessian_trace": {"method": "exact"}}, "hessian_lambda_max", "normalized_sharpness"],
+    ["sharpness_worst", "local_entropy", "hessian_spectrum", "hessian_lambda_max"],
+]
+
+
+def _same(a, b) -> bool:
+    return a.status == b.status and (
+        a.value == b.value or (math.isnan(a.value) and math.isnan(b.value))
+    )
+
+
+@pytest.mark.parametrize("measures", BUDGET_SETS, ids=range(len(BUDGET_SETS)))
+def test_twice_the_cost_changes_nothing_and_half_of_it_is_spent(measures, monkeypatch):
+    """On a tiny MLP, with time counted in products (`_work_clock`): a budget twice the
+    unbudgeted cost gives every measure its unbudgeted status and value; a budget of half the cost
+    is spent 60–125% (what a measure stopped by its share did not get while others left time
+    unused, it gets once they have run: `flatcli.budget.continuations`)."""
+    _work_clock(monkeypatch)
+    model, data = tiny_mlp(d=6, h=12, seed=1), tiny_data(n=40)
+
+    def run(budget=None):
+        return _measure(measures, model=model, data=data, budget=budget).results
+
+    free = run()
+    cost = sum(r.seconds for r in free.values())
+    assert cost > 0.5  # at least 50 products: the budget has something to share
+    twice = run(2 * cost)
+    assert all(_same(twice[k], free[k]) for k in free), {k: twice[k].status for k in free}
+    half = run(cost / 2)
+    spent = sum(r.seconds for r in half.values())
+    assert 0.6 <= spent / (cost / 2) <= 1.25, (spent, cost, {k: half[k].status for k in half})
+
+
+def test_a_measure_stopped_by_its_share_goes_on_with_the_time_left():
+    from flatcli.measures import MeasureResult
+
     specs = parse_measures(
         [
             "hessian_lambda_max",
-            {"hessian_trace": {"min_probes": 10, "max_probes": 30}},
-            "frobenius_norm",
+            {"hessian_trace": {"max_hvps": 5, "label": "own_cap"}},
+            "hessian_trace",
         ]
     )
-    w = [predicted_cost(s, d) for s in specs]
-    w_lmax, w_trace = math.sqrt(linalg.certified_min_steps(1000) * 100), math.sqrt(10 * 30)
-    assert w == [
-        pytest.approx(w_lmax),
-        pytest.approx(w_trace),
-        1.0,
-    ]  # λmax: certified floor … max_steps
-    t = [0.0]
-    plan = BudgetPlan(100.0, w, clock=lambda: t[0])
-    assert plan.share(0) == pytest.approx(100 * w[0] / sum(w))
-    t[0] = 10.0  # the first measure took 10 s: the rest of the budget is split among the others
-    assert plan.share(1) == pytest.approx(90 * w_trace / (w_trace + 1))
-    t[0] = 200.0
-    assert plan.share(2) == 0.0
-    fixed = BudgetPlan.of(
-        100.0, specs[1:2], lambda: d, among=specs
-    )  # a sweep's unit: a fixed share
-    assert fixed.share(0) == pytest.approx(100 * w_trace / sum(w))
+    res = {
+        "hessian_lambda_max": MeasureResult(1.0, seconds=1.0, status="budget"),
+        "own_cap": MeasureResult(1.0, seconds=1.0, status="budget"),  # stopped by its max_hvps
+        "hessian_trace": MeasureResult(1.0, seconds=3.0, status="budget"),
+    }
+    assert stopped_by_share(specs[0], res["hessian_lambda_max"])
+    assert not stopped_by_share(specs[1], res["own_cap"])
+    t = [2.0]
+    plan = BudgetPlan(10.0, [1.0, 1.0, 3.0], clock=lambda: 0.0)
+    plan.clock = lambda: t[0]
+
+    def go():
+        got = []
+        for i, share in continuations(plan, specs, res):
+            got.append((i, pytest.approx(share)))
+            t[0] += 1.0  # the second run of measure i takes 1 s
+        return got
+
+    assert go() == [(0, 2.0), (2, 7.0)]  # 8 s left: 8 × 1/4, then the 7 s left
+    t[0] = 5.0  # 5 s left: 1.25 s is less than twice λmax's 1 s, 5 s less than twice 3 s
+    assert go() == []
 
 
 # ------------------------------------------------------------------ configuration
@@ -564,3 +681,19 @@ def test_a_sweep_gives_each_unit_its_fixed_share_and_records_its_caps(tmp_path):
     assert measure_hash(plain.to_dict(), spec) == measure_hash(capped.to_dict(), spec)
     assert caps(plain.to_dict(), spec) is None and caps(capped.to_dict(), spec) == {"budget": 60.0}
     assert {u["key"]["caps"]["budget"] for u in units} == {60.0}
+
+
+def test_time_left_at_the_end_goes_to_the_measure_its_share_stopped(monkeypatch):
+    """λmax gets a small share beside an exact trace predicted at P HVPs; the trace then does not
+    fit what is left and is not started, so λmax, stopped by its share, runs again with the time
+    left and gives its unbudgeted value (time counted in products: `_work_clock`)."""
+    _work_clock(monkeypatch)
+    model, data = tiny_mlp(d=6, h=12, seed=1), tiny_data(n=40)
+    lam = {"hessian_lambda_max": {"tol": 1e-6, "max_steps": 40}}
+    measures = [lam, {"hessian_trace": {"method": "exact"}}]
+    free = _measure([lam], model=model, data=data).results["hessian_lambda_max"]
+    res = _measure(measures, model=model, data=data, budget=0.6).results
+    first = res["hessian_lambda_max"].diagnostics
+    assert res["hessian_trace"].diagnostics["started"] is False
+    assert first["continued_after_seconds"] > 0
+    assert _same(res["hessian_lambda_max"], free) and first["n_hvp"] == free.diagnostics["n_hvp"]

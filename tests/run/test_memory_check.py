@@ -267,7 +267,8 @@ def test_the_dry_run_prints_the_verdict(tmp_path, monkeypatch):
     free(monkeypatch, 4 * P * 23 - 1)
     cfg = project(tmp_path)
     res = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run"])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # it cannot time the run: no "about 0 s", exit 0
+    assert "cannot time" in res.output and "about 0" not in res.output
     assert "memory (model): will not fit" in res.output and f"{4 * P * 23 - 1:,}" not in res.output
     assert "not timed" in res.output and "timed: forward" not in res.output
     res = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run", "--format", "json"])
@@ -422,3 +423,21 @@ def test_on_cpu_an_unbounded_basis_that_does_not_fit_suggests_max_basis_vectors(
     assert "runtime.max_basis_vectors: 30 (Lanczos restarts beyond it)" in v.line()
     ok = memory.check_model(model, spec, Settings(max_basis_vectors=30))
     assert ok.fits and ok.parts["vectors"] == 4 * P * (30 + 1)
+
+
+def test_a_basis_cap_below_the_certified_floor_is_suggested_with_min_steps(tmp_path, monkeypatch):
+    """When only a basis smaller than the certified step count fits, the suggestion lowers
+    ``min_steps`` with the cap (the cap alone would keep the floor's vectors), and with both the
+    same check passes."""
+    from flatcli.engine.linalg import certified_min_steps
+
+    P = P_of(8)
+    spec = [MeasureSpec("hessian_lambda_max", "lam", {"max_steps": 60})]
+    model = MLP(16, 8, 1, 4)
+    k = certified_min_steps(P) - 3
+    free(monkeypatch, 4 * P * (2 + k + 1))
+    v = memory.check_model(model, spec, Settings(max_basis_vectors=None))
+    assert not v.fits
+    assert f"runtime.max_basis_vectors: {k} with lam: min_steps: {k}" in v.line()
+    lowered = [MeasureSpec("hessian_lambda_max", "lam", {"max_steps": 60, "min_steps": k})]
+    assert memory.check_model(model, lowered, Settings(max_basis_vectors=k)).fits

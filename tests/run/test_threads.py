@@ -60,40 +60,119 @@ def test_requested_counts_win_then_omp_num_threads_then_local_world_size(monkeyp
     assert choose_threads("auto", workers=2, cores=16) == 8  # explicit workers win
     assert (
         str(plan_threads("auto", cores=16))
-        == "threads: 4 per worker (4 workers on 16 cores; load 0.00 leaves 16 free)"
+        == "threads: 4 per worker (4 workers on 16 cores; 0.00 busy leaves 16 free)"
     )
     for bad in (0, -1, "many", 1.5, True):
         with pytest.raises(ConfigError, match="must be an int ≥ 1 or auto"):
             choose_threads(bad, 1, 2)
 
 
+def fake_proc(busy_then: list[float], busy_now: list[float]):
+    """A /proc/stat reader (100 jiffies a second per CPU): its first text after an hour with CPU i
+    busy a share ``busy_then[i]`` of the time (the 1-minute average's past), the second a second
+    later, that second at ``busy_now[i]``."""
+
+    def text(then: float, now: float) -> str:
+        lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+        for i, (a, b) in enumerate(zip(busy_then, busy_now, strict=True)):
+            busy, total = round(100 * (a * then + b * now)), round(100 * (then + now))
+            user, idle = round(0.7 * busy), total - busy
+            lines.append(
+                f"cpu{i} {user} 0 {busy - user} {idle - idle // 10} {idle // 10} 0 0 0 0 0"
+            )
+        return "\n".join(lines + ["intr 1 2 3", "ctxt 5"])
+
+    reads = iter([text(3600, 0), text(3600, 1)])
+    return lambda: next(reads)
+
+
 @pytest.mark.parametrize(
-    "cores, load, workers, expected",
+    "cores, busy, workers, expected",
     [
-        (2, 8.0, 1, 1),  # the issue's machine: 2 cores at load ≈ 8 -> one thread, not two
-        (2, 0.1, 1, 2),  # idle: every core (this process counts in the load for at most itself)
-        (2, 1.0, 1, 2),  # the load is this process alone
-        (2, 2.0, 1, 1),  # one other busy task: one core left (and this process)
-        (16, 6.0, 1, 11),  # 16 − 6 + 1
+        (2, 0.0, 1, 2),  # idle now: both cores, whatever the last minute was
+        (2, 0.08, 1, 2),  # background noise
+        (2, 1.0, 1, 1),  # one busy thread elsewhere: one core left
+        (2, 2.0, 1, 1),  # both busy: still one thread
+        (16, 6.0, 1, 10),
         (16, 6.0, 2, 5),  # the free cores divided among the workers
-        (16, 40.0, 4, 1),
+        (16, 15.5, 4, 1),
     ],
 )
-def test_auto_counts_the_free_cores_from_affinity_and_load(
-    monkeypatch, cores, load, workers, expected
+def test_auto_counts_the_cores_busy_now_not_the_load_average(
+    monkeypatch, cores, busy, workers, expected
 ):
+    """A fake /proc/stat: the CPUs were fully busy for an hour (a 1-minute load of ``cores``,
+    which os.getloadavg also reports) and are ``busy`` busy during the 0.2 s sample: the choice
+    follows the sample."""
+    per_cpu = [min(1.0, max(0.0, busy - i)) for i in range(cores)]
+    read = fake_proc([1.0] * cores, per_cpu)
+    got = threads.busy_cores(set(range(cores)), read=read, sleep=lambda s: None)
+    assert got == pytest.approx(busy, abs=0.02)
+    monkeypatch.setattr(threads, "_affinity", lambda: set(range(cores)))
     monkeypatch.setattr(
         threads.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False
     )
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (load, load, load), raising=False)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (float(cores),) * 3, raising=False)
     monkeypatch.setattr(threads, "machine_load", REAL_MACHINE_LOAD)
+    monkeypatch.setattr(threads, "_last", {})
+    monkeypatch.setattr(threads, "read_proc_stat", fake_proc([1.0] * cores, per_cpu))
+    monkeypatch.setattr(threads.time, "sleep", lambda s: None)
     choice = plan_threads("auto", workers)
-    assert choice.n == expected and choice.cores == cores and choice.load == load
-    assert f"on {cores} cores; load {load:.2f} leaves {choice.free} free" in str(choice)
-    monkeypatch.setenv(
-        "OMP_NUM_THREADS", "3"
-    )  # the user's explicit choice is kept whatever the load
+    assert choice.n == expected and choice.cores == cores
+    assert choice.load == pytest.approx(busy, abs=0.02)
+    assert f"on {cores} cores; {choice.load:.2f} busy leaves {choice.free} free" in str(choice)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's explicit choice, whatever the load
     assert plan_threads("auto", workers).n == 3
+    assert plan_threads(7, workers).n == 7
+
+
+def test_without_proc_stat_the_load_average_less_this_process_stands_in(monkeypatch):
+    monkeypatch.setattr(threads, "machine_load", REAL_MACHINE_LOAD)
+    monkeypatch.setattr(threads, "_last", {})
+    monkeypatch.setattr(threads, "read_proc_stat", lambda: None)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (3.0, 3.0, 3.0), raising=False)
+    assert threads.machine_load() == 2.0
+    assert threads.cpu_jiffies("cpu  1 2 3 4\ncpu0 5 0 5 80 10 0 0 0\nintr 9") == {0: (10, 100)}
+
+
+BUSY = "import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.time() < end: pass\n"
+CHOOSE = "from flatcli.threads import plan_threads\nprint(plan_threads('auto', cores=2).n)\n"
+
+
+def _auto_in_a_fresh_process() -> int:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    env.pop("OMP_NUM_THREADS", None)
+    out = subprocess.run([sys.executable, "-c", CHOOSE], env=env, capture_output=True, text=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def test_auto_in_a_subprocess_after_and_during_a_busy_job():
+    """On a 2-core machine otherwise idle: while a 1-thread busy job runs, auto chooses 1 thread;
+    right after a 2-thread busy job ends (the 1-minute load average still counts it), 2. Skipped
+    when the machine has fewer than 2 cores or other work keeps more than 0.3 cores busy (a shared
+    machine: the exact cases are in the fake-/proc test above)."""
+    import subprocess
+    import sys
+
+    cpus = threads._affinity() or set()
+    if len(cpus) != 2 or threads.read_proc_stat() is None:
+        pytest.skip("needs a 2-core Linux machine")
+    if (threads.busy_cores(cpus, seconds=1.0) or 0.0) > 0.3:
+        pytest.skip("the machine is busy with other work: the exact cases use a fake /proc/stat")
+    jobs = [subprocess.Popen([sys.executable, "-c", BUSY, "3"]) for _ in range(2)]
+    for j in jobs:
+        j.wait()
+    assert _auto_in_a_fresh_process() == 2  # the job ended: its load average no longer counts
+    one = subprocess.Popen([sys.executable, "-c", BUSY, "8"])
+    try:
+        assert _auto_in_a_fresh_process() == 1
+    finally:
+        one.kill()
+        one.wait()
 
 
 def test_config_key_env_and_hash():

@@ -344,7 +344,7 @@ def test_concurrent_workers_never_duplicate_or_corrupt(project, tmp_path, monkey
     lines: list[str] = []
     rep = api.sweep(cfg, out, workers=2, log=lines.append)  # two worker processes on one directory
     assert (rep.computed, rep.pending, rep.workers) == (8, 0, ["cpu", "cpu"])
-    assert rep.threads == "threads: 1 per worker (2 workers on 2 cores; load 0.50 leaves 2 free)"
+    assert rep.threads == "threads: 1 per worker (2 workers on 2 cores; 0.50 busy leaves 2 free)"
     assert rep.threads in lines
     assert {json.loads(p.read_text())["worker"]["threads"] for p in (out / "units").iterdir()} == {
         1

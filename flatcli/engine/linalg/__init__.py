@@ -41,6 +41,7 @@ from .diagonal import (
     exact_diagonal,
     hutchinson_diagonal,
     remainder_block_gaps,
+    residual_groups,
     scaled_diagonal,
 )
 from .lanczos import (
@@ -73,6 +74,7 @@ __all__ = [
     "checked_gauss_newton_diagonal",
     "exact_diagonal",
     "hutchinson_diagonal",
+    "residual_groups",
     "remainder_block_gaps",
     "scaled_diagonal",
     "LanczosResult",

@@ -9,8 +9,8 @@ shared, and the clock runs from the budget's creation.
 What is guaranteed: a product cap is never passed, except that an estimator always does its first
 unit of work (Lanczos: one block; Hutchinson/Hutch++: two probes, the fewest with a standard error;
 SLQ: one run), so that a value exists; a time cap is checked between blocks, and blocks are cut to
-the products the time left allows at the speed seen so far (`Budget.allow`; two products while
-no speed is known), so it is passed by about one product (or one SLQ run, or the first unit).
+the products the time left allows at the speed seen so far (`Budget.allow`; before any product, at
+``per_product`` seconds each when that is known, else two products), so it is passed by about one product (or one SLQ run, or the first unit).
 
 Across ranks (torchrun) every product is collective, so every rank must stop at the same block:
 ``agree`` (whether the time is up on some rank) and ``agree_count`` (one count for all ranks) make
@@ -39,9 +39,12 @@ class Budget:
 
     max_seconds: float | None = None
     max_products: int | None = None
-    clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
+    clock: Callable[[], float] = field(
+        default_factory=lambda: time.perf_counter, repr=False
+    )  # read when the budget is made (a test may replace time.perf_counter)
     spent: int = 0  # products spent by earlier calls under this budget
     start: float = field(default=math.nan, repr=False)
+    per_product: float | None = None  # seconds one product is expected to take (the dry-run's)
     agree: Callable[[bool], bool] | None = field(
         default=None, repr=False
     )  # ranks: the flag on some rank
@@ -82,19 +85,21 @@ class Budget:
     def allow(self, k: int, n_products: int = 0) -> int:
         """How many of ``k`` wanted products the caller may do now (``n_products`` already done in this
         call): ``k`` cut to the products left and, under a time cap, to those the seconds left allow at
-        the speed seen so far (elapsed / products; 2 before any product: the first block measures the
-        speed); 0 when the time is up."""
+        the speed seen so far (elapsed / products; before any product ``per_product`` seconds each, or
+        2 products when unknown: the first block measures the speed); 0 when the time is up. A
+        block is cut only when the time left does not allow it, so a cap that is never reached
+        changes no block and no result."""
         if self.out_of_time():
             return 0
         left = self.left(n_products)
         k = int(k) if left is None else int(min(k, left))
         if self.max_seconds is not None and k > 0:
             done = self.spent + int(n_products)
-            fit = (
-                2
-                if done == 0
-                else int((self.max_seconds - self.elapsed()) * done / max(self.elapsed(), 1e-9))
-            )
+            left_s = self.max_seconds - self.elapsed()
+            if done > 0:
+                fit = int(left_s * done / max(self.elapsed(), 1e-9))
+            else:  # no speed seen yet: the expected one, else two products to measure it
+                fit = int(left_s / self.per_product) if self.per_product else 2
             fit = self.agree_count(fit) if self.agree_count is not None else fit
             k = max(1, min(k, fit))
         return k

@@ -242,7 +242,9 @@ def remainder_block_gaps(
     rows = [
         (name, sl, z)
         for name, sl in tensors.items()
-        for z in torch.randn(probes, sl.stop - sl.start, generator=generator, dtype=torch.float64)
+        for z in torch.randn(
+            probes, sl.stop - sl.start, generator=_gen(generator, name), dtype=torch.float64
+        )
     ]
     worst = dict.fromkeys(tensors, 0.0)
     for s in range(0, len(rows), block):
@@ -262,7 +264,7 @@ def _coordinate_check(hvp, g, th, tensors, check, generator, *, block, device, d
     """(coordinates, their exact H_ii, owner name per coordinate, tensor → largest relative gap)."""
     coords, owner = [], []
     for name, sl in tensors.items():
-        local = _check_coordinates(g[sl], th[sl], check, generator)
+        local = _check_coordinates(g[sl], th[sl], check, _gen(generator, name))
         coords.append(local + sl.start)
         owner += [name] * len(local)
     idx = torch.cat(coords)
@@ -275,8 +277,18 @@ def _coordinate_check(hvp, g, th, tensors, check, generator, *, block, device, d
     return idx, h, owner, gaps
 
 
-def _residual_groups(hvp, ggnvp, mask, samples, groups, generator, *, block, device, dtype):
-    """``groups`` groups of (Σ z ∘ (Hz − Gz), size) over ``samples`` Rademacher probes supported on ``mask``."""
+def _gen(generator, name: str) -> torch.Generator:
+    """``generator``, or ``generator(name)`` when it is a function of the tensor's name (draws
+    that do not depend on which other tensors are checked in the same call)."""
+    return generator(name) if callable(generator) else generator
+
+
+def residual_groups(hvp, ggnvp, mask, samples, groups, generator):
+    """``groups`` groups of (Σ z ∘ (Hz − Gz), size) over ``samples`` Rademacher probes supported on
+    ``mask``; ``hvp`` an operator or anything `as_operator` takes (its block size, device and
+    dtype; the mask's length, device and dtype otherwise)."""
+    hvp = as_operator(hvp, mask.numel(), device=mask.device, dtype=mask.dtype)
+    block, device, dtype = hvp.block_size, hvp.device, hvp.dtype
     G_ = max(1, min(groups, samples))
     out = []
     for k in [samples // G_ + (1 if j < samples % G_ else 0) for j in range(G_)]:
@@ -332,7 +344,9 @@ def checked_gauss_newton_diagonal(
     :math:`\widehat{\mathrm{diag}}(R) = \frac1m\sum z \circ (Hz - Gz)`, returned in
     ``groups`` groups for a jackknife.
 
-    Exact (no randomness in the result) unless some tensor lands in ``estimated``.
+    Exact (no randomness in the result) unless some tensor lands in ``estimated``. ``generator``:
+    one generator for every draw, or a function of a tensor's name giving its own (the residual
+    probes: of the name "residual"), so that a tensor's checks do not depend on the others.
     Cost: ``check`` HVPs per tensor, ``probes`` HVPs and GGN products per tensor
     larger than ``check``, the unit vectors of the exact curved tensors, and
     ``samples`` HVPs and GGN products when a residual is estimated.
@@ -398,8 +412,8 @@ def checked_gauss_newton_diagonal(
         mask = torch.zeros(dim, dtype=dtype, device=device)
         for name in out.estimated:
             mask[tensors[name]] = 1.0
-        out.residual_groups = _residual_groups(
-            hvp, ggnvp, mask, samples, rules.groups, generator, **kw
+        out.residual_groups = residual_groups(
+            hvp, ggnvp, mask, samples, rules.groups, _gen(generator, "residual")
         )
         out.n_hvp += samples
         out.n_ggnvp += samples
