@@ -123,7 +123,7 @@ def build_study(folder: Path, text: str, steps: int) -> Path:
 def run_sweep(config: Path, outdir: Path, fresh: bool) -> dict:
     """One sweep into ``outdir`` (``fresh``: every unit reloads and re-evaluates); its unit
     records, wall time and what it printed to stderr."""
-    import flatcli.reuse as reuse
+    import flatcli.run.reuse as reuse
     from flatcli import api
 
     class Fresh(reuse.CheckpointCache):

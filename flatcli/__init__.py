@@ -48,7 +48,7 @@ def __getattr__(name):  # lazy, so `import flatcli` stays cheap
 
         return compare_measures
     if name == "read_results":
-        from . import results
+        from .run import results
 
         return results.read_results
     if name in _MEASURES:
@@ -56,7 +56,7 @@ def __getattr__(name):  # lazy, so `import flatcli` stays cheap
 
         return getattr(measures, name)
     if name == "Settings":
-        from .settings import Settings
+        from .run.settings import Settings
 
         return Settings
     raise AttributeError(f"module 'flatcli' has no attribute {name!r}")

@@ -49,7 +49,7 @@ _NEW = {"omit_default": True}
 
 def _rule(name: str, **more: Any) -> dict[str, Any]:
     """Field metadata of a key checked by the rule ``name`` of `flatcli.validation.SETTINGS` (the
-    rule `flatcli.settings.Settings` uses too), instead of by its annotation (`_check_settings`)."""
+    rule `flatcli.run.settings.Settings` uses too), instead of by its annotation (`_check_settings`)."""
     return {"setting": name, **more}
 
 
@@ -146,7 +146,7 @@ class RuntimeConfig:
     max_basis_vectors: int | str | None = field(
         default="auto", metadata=_rule("max_basis_vectors", **_NEW)
     )
-    # predicted peak memory checked against free memory before the data and the first product (flatcli.memory)
+    # predicted peak memory checked against free memory before the data and the first product (flatcli.run.memory)
     check_memory: bool = field(default=True, metadata=_rule("check_memory", **_NEW))
     # seconds per checkpoint (parse_seconds)
     budget: float | str | None = field(default=None, metadata=_rule("budget", **_NEW))
@@ -570,7 +570,8 @@ ENV_VARS = {
 }
 
 
-def _set_path(cfg: Config, path: str, value: Any, origin: str) -> None:
+def set_path(cfg: Config, path: str, value: Any, origin: str) -> None:
+    """Set the dotted key ``path`` of ``cfg`` to ``value``, recording ``origin`` (cli, env, yaml)."""
     parts = path.split(".")
     obj = cfg
     for p in parts[:-1]:
@@ -615,10 +616,10 @@ def from_dict(
     env = os.environ if env is None else env
     for var, path in ENV_VARS.items():
         if var in env:
-            _set_path(cfg, path, env[var], f"env {var}")
+            set_path(cfg, path, env[var], f"env {var}")
     for path, value in (overrides or {}).items():
         if value is not None:
-            _set_path(cfg, path, value, "cli")
+            set_path(cfg, path, value, "cli")
     _defaults_provenance(cfg, "", cfg.provenance)
     _validate(cfg)
     return cfg

@@ -55,7 +55,7 @@ from torch import nn
 from .engine.batch import Batch, model_output
 from .errors import ConfigError, MeasurementError, exit_code_of
 from .measures import INVARIANCE_REFERENCE, get_measure
-from .settings import Settings
+from .run.settings import Settings
 from .validation import TRANSFORMS
 
 __all__ = [
@@ -324,7 +324,7 @@ def prepare_specs(measures, add_invariant: bool) -> list:
     """The specs to check: ``measures`` (plus every measure that may claim invariance with
     ``add_invariant``), each with its registry's invariance options, and the non-invariant reference."""
     from .measures import INVARIANCE_REFERENCE, MeasureSpec, list_measures
-    from .pipeline import as_specs
+    from .run.checkpoint import as_specs
 
     specs = as_specs(measures) if measures is not None else []
     if add_invariant:
@@ -387,19 +387,19 @@ def check_invariance_model(
         subsampled as in `flatcli.api.measure_model`.
     measures : names / ``{name: options}`` / `MeasureSpec` objects; None: every registered measure that
         claims invariance. The non-invariant reference (the Hessian trace) is always added.
-    settings : a `flatcli.settings.Settings` (or its fields as keywords: ``loss``, ``split``,
+    settings : a `flatcli.run.settings.Settings` (or its fields as keywords: ``loss``, ``split``,
         ``num_samples``, ``batch_size``, ``data_seed``, ``device``, ``hvp_mode``, ``block_size``);
         ``seed`` is the seed of the rescaling and of every stochastic measure (equal for both runs);
         the precision is always fp64.
     transform : "node", "layer" or "both" (default); scale : α ranges over [1/scale, scale].
     tol : relative change up to which a claimed invariance holds (default 1e-6).
     progress : ``progress(stage, label, info)``: ``stage`` is "original" or "rescaled"; called with
-        an empty label when a stage starts, then as `flatcli.pipeline.measure_model`'s progress.
+        an empty label when a stage starts, then as `flatcli.run.checkpoint.measure_model`'s progress.
 
     Returns an `InvarianceReport`; ``report.exit_code`` is 0 when every measure that claims
     invariance held it. Raises `MeasurementError` when no function-preserving rescaling exists.
     """
-    from .pipeline import check_finite_model, measure_model
+    from .run.checkpoint import check_finite_model, measure_model
 
     if not (isinstance(tol, (int, float)) and tol > 0):
         raise ConfigError(f"`tol` must be a positive float; got {tol!r}")

@@ -139,7 +139,7 @@ UNIT = {
     "finished_at": "float",
 }
 
-# a measure's entry in results.json (`flatcli.results.Row.to_json`): NaN is null, ±inf a string
+# a measure's entry in results.json (`flatcli.run.results.Row.to_json`): NaN is null, ±inf a string
 RESULT_VALUE = ("float", "null", OneOf(("inf", "-inf")))
 RESULTS = {
     "rows": [

@@ -295,7 +295,7 @@ def train_to_target(
 
 
 def _train(model, x, y, recipe: Recipe, seed: int, criterion: Criterion, on_step) -> TrainResult:
-    from .settings import resolve_device
+    from .run.settings import resolve_device
 
     t0 = time.perf_counter()
     dev, dt = resolve_device(recipe.device), DTYPES[recipe.dtype]
@@ -437,7 +437,7 @@ def _training_data(
     if key not in _DATA:
         from .config import from_dict
         from .loading.data import load_split
-        from .pipeline import DataCache
+        from .loading.load import DataCache
 
         cfg = from_dict({"data": data, "checkpoints": []}, base_dir=base_dir, env={})
         cache = DataCache(cfg)
@@ -594,7 +594,7 @@ def write_manifest(
     i.e. ``reached_target``): flatcli's results.csv then carries it as ``hp_converged``, the
     filter ``flatcli correlate --where "hp_converged == 1"`` for a criterion that is not a train
     loss bound (`Plateau`)."""
-    from .results import write_table
+    from .run.results import write_table
 
     folder = Path(folder)
     files = ["path", "init_checkpoint"] + (
@@ -619,8 +619,8 @@ def write_manifest(
 
 def read_training(path: str | Path, hp_keys: Sequence[str]) -> list[TrainRecord]:
     """The records of an earlier training from its ``training.csv`` (cells typed back)."""
-    from .jobs import coerce_cell
-    from .results import read_table
+    from .run.jobs import coerce_cell
+    from .run.results import read_table
 
     def num(cell: str | None) -> float:
         return float(cell) if cell else math.nan

@@ -2,7 +2,7 @@
 
 A `Check` says whether a value is acceptable (`Check.ok`, after `Check.coerce`) and what it must
 be in words (`Check.describe`). `SETTINGS` (the measurement settings: ``runtime.*``,
-``measure_data.*``, ``loss``; `flatcli.settings.Settings`' fields) and `TRAINING` (the training
+``measure_data.*``, ``loss``; `flatcli.run.settings.Settings`' fields) and `TRAINING` (the training
 recipe: an experiment spec's ``training`` keys, `flatcli.training.Recipe`) map each name to its
 `Rule`: the check and a help line. Every place that takes such a value — the config sections
 (`flatcli.config`), `Settings`, the experiment spec, the `Recipe`, the engine's constructor —
@@ -347,7 +347,7 @@ SETTINGS: dict[str, Rule] = {
     "check_memory": Rule(
         Bool(),
         "check before loading the data and before the first product that the run fits in "
-        "free memory (flatcli.memory)",
+        "free memory (flatcli.run.memory)",
     ),
     "budget": Rule(Optional(Seconds()), "seconds for one checkpoint's measures (null: no cap)"),
     "max_hvps": Rule(

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..results import atomic_write
+from ..run.results import atomic_write
 from .correlation import CorrelationReport
 
 TITLES = {

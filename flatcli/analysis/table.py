@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
-from ..results import METRICS
+from ..run.results import METRICS
 
 NON_MEASURE = {"checkpoint", "status", "error", *METRICS}
 CONVERGED_LOSS = 0.01  # Jiang et al. 2020 train every model to cross-entropy 0.01 ...
@@ -96,8 +96,8 @@ def _label(v: Any) -> str:
 
 def _labels_from_json(path: Path, csv_path: Path | None = None) -> list[str] | None:
     """The measure labels a results JSON records; None when it records none, is unreadable, or was
-    not written with ``csv_path`` (a mixed pair, `flatcli.results.json_matches_csv`)."""
-    from ..results import json_matches_csv
+    not written with ``csv_path`` (a mixed pair, `flatcli.run.results.json_matches_csv`)."""
+    from ..run.results import json_matches_csv
 
     try:
         d = json.loads(path.read_text())

@@ -1,7 +1,7 @@
 """The Python entry points: `measure`, `sweep`, `collect`, `correlate`, `landscape`, `check_invariance`.
 
 Every entry point that takes a config takes ``run=RunOptions(device=..., precision=..., seed=...,
-threads=..., allow_unsafe_pickle=..., budget=...)`` (`flatcli.settings.RunOptions`: the config's
+threads=..., allow_unsafe_pickle=..., budget=...)`` (`flatcli.run.settings.RunOptions`: the config's
 ``runtime.*`` overrides, what the CLI's shared flags build) instead of separate keywords.
 
 Everything the CLI does goes through here; the CLI only parses and renders. One module per
@@ -16,18 +16,20 @@ here.
 
 from __future__ import annotations
 
-from ..pipeline import (  # noqa: F401  (re-exported: the Python API)
+from ..loading.load import (  # noqa: F401  (re-exported: the Python API)
     DataCache,
-    as_specs,
-    check_finite_model,
     load_init_state,
     load_model,
     manifest_train_data,
+)
+from ..run.checkpoint import (  # noqa: F401  (re-exported: the Python API)
+    as_specs,
+    check_finite_model,
     measure_job,
     measure_model,
     versions,
 )
-from ..settings import RunOptions
+from ..run.settings import RunOptions
 from ._common import load, select_measures, use_threads
 from .analysis import collect, collect_frame, correlate, correlate_frame, sweep
 from .measure import (

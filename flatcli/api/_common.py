@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 from ..config import Config, from_dict, load_config, parse_measures
 from ..errors import ConfigError
-from ..jobs import Job, resolve_jobs
 from ..measures import MeasureSpec
-from ..settings import RunOptions
+from ..run.jobs import Job, resolve_jobs
+from ..run.settings import RunOptions
 
 RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunOptions))
 F = TypeVar("F", bound=Callable[..., Any])
@@ -59,11 +59,11 @@ def load(
         The validated config; each value records where it came from (``config show``).
     """
     if isinstance(config, Config):
-        from ..config import _set_path
+        from ..config import set_path
 
         for k, v in (changes or {}).items():
             if v is not None:
-                _set_path(config, k, v, "cli")
+                set_path(config, k, v, "cli")
         return config
     if isinstance(config, dict):
         return from_dict(config, overrides=changes)

@@ -8,8 +8,8 @@ from typing import Any
 
 from ..config import Config
 from ..errors import ConfigError
-from ..results import ensure_writable_dir
-from ..settings import RunOptions
+from ..run.results import ensure_writable_dir
+from ..run.settings import RunOptions
 from ._common import _plan, load_run, takes_run
 
 
@@ -69,7 +69,7 @@ def sweep(
         concurrent sweep finished meanwhile.
     """
     from ..sweep.runner import SweepOptions, run_sweep
-    from ..sweep.worker import _default_log
+    from ..sweep.worker import default_log
 
     opts = SweepOptions(**options)
     cfg = load_run(config, run)
@@ -83,7 +83,7 @@ def sweep(
         jobs,
         out,
         opts,
-        log=_default_log if log is None else log,
+        log=default_log if log is None else log,
         on_unit=on_unit,
         debug=debug,
     )
@@ -126,7 +126,7 @@ def collect_frame(outdir: str | Path, output: str | Path | None = None):
     -------
     pandas.DataFrame
         One row per checkpoint with the columns of results.csv and the dtypes of
-        `flatcli.results` (numeric columns float64, ``status`` categorical). The unfinished
+        `flatcli.run.results` (numeric columns float64, ``status`` categorical). The unfinished
         units and the exit code are in the report `collect` returns.
     """
     return collect(outdir, output).to_pandas()

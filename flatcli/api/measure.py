@@ -13,17 +13,13 @@ from typing import Any
 
 from ..config import Config
 from ..errors import ConfigError, ResultsWriteError, exit_code
-from ..jobs import Job
+from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
 from ..measures import MeasureSpec
-from ..pipeline import (
-    DataCache,
-    first_checkpoint,
-    measure_job,
-    versions,
-)
-from ..results import Row, ensure_writable_dir, write_results, write_results_or_fallback
-from ..settings import RunOptions, Settings
+from ..run.checkpoint import first_checkpoint, measure_job, versions
+from ..run.jobs import Job
+from ..run.results import Row, ensure_writable_dir, write_results, write_results_or_fallback
+from ..run.settings import RunOptions, Settings
 from ._common import _plan, load_run, takes_run, use_threads
 from .resume import REUSABLE as REUSABLE  # re-exported
 from .resume import measure_keys, plan_resume, stored_key
@@ -47,9 +43,9 @@ class MeasureReport:
 
     def to_pandas(self):
         """One row per checkpoint, the columns of results.csv in its order; dtypes as documented
-        in `flatcli.results` (numeric columns float64, ``status`` categorical). Equal to
-        ``flatcli.results.read_results("OUTDIR/results.csv")``."""
-        from ..results import to_frame
+        in `flatcli.run.results` (numeric columns float64, ``status`` categorical). Equal to
+        ``flatcli.run.results.read_results("OUTDIR/results.csv")``."""
+        from ..run.results import to_frame
 
         return to_frame(self.rows)
 
@@ -94,7 +90,7 @@ def measure(
         allow_unsafe_pickle, budget), what the CLI's shared flags build.
         ``run.threads`` sizes torch's intra-op threads (`use_threads`; the choice is
         ``report.meta["threads"]``); ``run.budget`` (seconds or ``"10m"``) caps each
-        checkpoint's measures together (`flatcli.budget`).
+        checkpoint's measures together (`flatcli.run.shares`).
     outdir : str or Path, optional
         Where results.csv and results.json go (default the config's ``output.dir`` when set,
         else nothing is written). Both are rewritten atomically after every finished measure,
@@ -366,7 +362,7 @@ def _measure_all(
 ) -> list[Row]:
     """Every checkpoint's row (`measure`), the results written after each measure by ``saver``;
     Ctrl-C raises `MeasureInterrupted` once what finished is written. ``first``: the first
-    checkpoint's pre-flight (`flatcli.pipeline.first_checkpoint`): it is not loaded again."""
+    checkpoint's pre-flight (`flatcli.run.checkpoint.first_checkpoint`): it is not loaded again."""
     rows: list[Row] = []
 
     def finished(row: Row, label: str) -> None:

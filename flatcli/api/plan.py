@@ -9,11 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from ..pipeline import (
-    DataCache,
-    load_model,
-)
-from ..settings import RunOptions, Settings
+from ..loading.load import DataCache, load_model
+from ..run.settings import RunOptions, Settings
 from ._common import _plan, load_run, takes_run
 
 
@@ -41,11 +38,11 @@ class CostPlan:
     )  # per loaded checkpoint: its group's ProductTimes (None: not timed)
     memory: list[list[Any]] = field(
         default_factory=list
-    )  # per loaded checkpoint: its MemoryVerdicts (flatcli.memory)
+    )  # per loaded checkpoint: its MemoryVerdicts (flatcli.run.memory)
 
     def to_json(self) -> list[dict[str, Any]]:
-        """``--dry-run --format json``: one entry per loaded checkpoint × measure (`flatcli.predict.Prediction`),
-        with ``memory``: the checkpoint's memory verdicts (`flatcli.memory.MemoryVerdict.to_json`:
+        """``--dry-run --format json``: one entry per loaded checkpoint × measure (`flatcli.run.predict.Prediction`),
+        with ``memory``: the checkpoint's memory verdicts (`flatcli.run.memory.MemoryVerdict.to_json`:
         ``fits``, ``need_bytes``, ``free_bytes``, ``suggestions``, ``verdict``; empty when
         ``runtime.check_memory`` is false)."""
         mem = self.memory or [[] for _ in self.loaded]
@@ -76,7 +73,7 @@ class CostPlan:
 
     def totals(self) -> dict[str, tuple[int, int]]:
         """(least, most) of each counter summed over every loaded checkpoint and measure."""
-        from ..pipeline import COUNTERS
+        from ..run.checkpoint import COUNTERS
 
         tot = {c: [0, 0] for c in COUNTERS}
         for per in self.costs:
@@ -220,7 +217,7 @@ def _names(names: list[str], most: int = 3) -> str:
 
 def _describe_cost(est: dict[str, tuple[int, int]] | None, empty: str = "parameters only") -> str:
     """``12 HVPs, 3–5 gradients``: the counters with work, each a count or a range."""
-    from ..pipeline import COUNTERS
+    from ..run.checkpoint import COUNTERS
 
     if est is None:
         return "no estimate declared"
@@ -253,9 +250,9 @@ def plan_costs(
     Loads every checkpoint's model but measures nothing. The products come from the measures'
     declared cost formulas and each checkpoint's model size; with ``timed``, one checkpoint of
     each size group has its products timed on the measurement set (a forward pass, a gradient,
-    HVPs of one vector and of one block, one product's memory; `flatcli.predict.time_products`).
+    HVPs of one vector and of one block, one product's memory; `flatcli.run.predict.time_products`).
     With ``runtime.check_memory`` each checkpoint also gets the run's memory verdicts
-    (`flatcli.memory`); a checkpoint that will not fit is not timed and its measures get status
+    (`flatcli.run.memory`); a checkpoint that will not fit is not timed and its measures get status
     ``will_not_fit``.
 
     Parameters
@@ -282,9 +279,9 @@ def plan_costs(
     """
     from ..errors import FlatcliError
     from ..loading.models import model_dtype
-    from ..memory import check_model
-    from ..pipeline import estimate_products, problem_dims
-    from ..predict import Prediction, predict
+    from ..run.checkpoint import estimate_products, problem_dims
+    from ..run.memory import check_model
+    from ..run.predict import Prediction, predict
 
     cfg = load_run(config, run)
     jobs, specs = _plan(cfg, checkpoints, measures)
@@ -347,8 +344,8 @@ def _timed_group(model, data, st: Settings, specs, dims, verdicts) -> tuple[Any,
     """(ProductTimes or None, Problem or None, the products' memory verdicts) of one size group:
     nothing is timed when the model's verdict says it will not fit, or the products' (checked on
     the problem before any product) does."""
-    from ..memory import check_products
-    from ..predict import time_products
+    from ..run.memory import check_products
+    from ..run.predict import time_products
 
     if not all(v.fits for v in verdicts):
         return None, None, []

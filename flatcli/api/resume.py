@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from ..jobs import Job
 from ..keys import CAPPED, caps, caps_hash, config_in_key, spec_in_key
 from ..measures import MeasureSpec
-from ..results import atomic_write
+from ..run.jobs import Job
+from ..run.results import atomic_write
 from ..schema import RESULTS, mismatch
 
 REUSABLE = frozenset({"ok", "not_converged", "saturated", "not_applicable", "near_zero", "budget"})
@@ -71,7 +71,7 @@ def read_previous(outdir: str | Path) -> Previous:
     """OUTDIR/results.json as `Previous`. A missing file gives nothing; an unreadable one, or one
     that does not match the results schema (`flatcli.schema.RESULTS`), gives nothing and names
     the problem."""
-    from ..sweep.store import _result_from
+    from ..sweep.store import result_from
 
     prev = Previous(Path(outdir) / "results.json")
     try:
@@ -102,7 +102,7 @@ def read_previous(outdir: str | Path) -> Previous:
             if lab not in keys:
                 prev.unkeyed += 1
                 continue
-            prev.results[keys[lab]] = _result_from(
+            prev.results[keys[lab]] = result_from(
                 {
                     **m,
                     "value": _json_float(m["value"]),

@@ -14,18 +14,11 @@ import torch
 from ..config import Config
 from ..errors import ConfigError
 from ..loading.data import subset
-from ..pipeline import (
-    DataCache,
-    check_finite_model,
-    check_targets,
-    load_init_state,
-    load_model,
-    manifest_train_data,
-    versions,
-)
-from ..preflight import check_settings
-from ..results import ensure_writable_dir
-from ..settings import RunOptions, Settings
+from ..loading.load import DataCache, load_init_state, load_model, manifest_train_data
+from ..run.checkpoint import check_finite_model, check_targets, versions
+from ..run.preflight import check_settings
+from ..run.results import ensure_writable_dir
+from ..run.settings import RunOptions, Settings
 from ._common import _one_job, load_run, select_measures, takes_run, use_threads
 
 if TYPE_CHECKING:
@@ -253,7 +246,7 @@ def _slice(
 
 
 def _preflight(cfg: Config, st: Settings, *models) -> None:
-    """The pre-flight of a view's checkpoints before any data is loaded (`flatcli.preflight`:
+    """The pre-flight of a view's checkpoints before any data is loaded (`flatcli.run.preflight`:
     the ``params`` selection and a text split's ``max_length``); ``models``: (model, path) pairs,
     a None model skipped."""
     for model, path in models:

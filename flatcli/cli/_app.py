@@ -230,7 +230,7 @@ def run_options(
 ):
     """The `flatcli.api.RunOptions` of a command's shared flags, built once and passed to every API
     call of the command (an Enum's value, ``--budget`` in seconds, an unset switch as None)."""
-    from ..settings import RunOptions
+    from ..run.settings import RunOptions
 
     return RunOptions(
         device=device,

@@ -172,11 +172,11 @@ def _print_report(report, format: str, out: Path, wide: bool = False) -> None:
             highlight=False,
         )
     elif format == "csv":
-        from ..results import to_csv
+        from ..run.results import to_csv
 
         sys.stdout.write(to_csv(report.rows))
     else:
-        from ..results import jsonable
+        from ..run.results import jsonable
 
         sys.stdout.write(json.dumps(jsonable([r.to_json() for r in report.rows]), indent=2) + "\n")
     if report.meta.get("plots"):

@@ -78,7 +78,7 @@ class CurvatureEngine:
 
     Arguments are checked at this boundary with the rules of `flatcli.validation` (``hvp_mode``,
     ``precision``, ``recompute``, ``block_size``, ``max_device_vectors``, ``max_basis_vectors``: the same rule and wording
-    as the config and `flatcli.settings.Settings`, raised as ValueError as they always were): the
+    as the config and `flatcli.run.settings.Settings`, raised as ValueError as they always were): the
     engine is a public entry point (``flatcli.engine.CurvatureEngine``, built directly by tests and
     library users), so it does not rely on `Settings` having checked them.
 

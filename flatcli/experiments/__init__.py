@@ -31,8 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .base import Experiment
 from .modular_addition import ModularAddition
-from .pipeline import Experiment
 from .random_labels import RandomLabels
 from .reparameterization import Reparameterization
 from .report import ExperimentReport, publish
@@ -109,7 +109,7 @@ def run_experiment(
     if jobs is not None and jobs < 1:
         raise ConfigError(f"jobs must be ≥ 1; got {jobs}")
     if device is not None:
-        from ..settings import resolve_device
+        from ..run.settings import resolve_device
 
         resolve_device(device, "`device`")  # a one-line error before any training
     spec = load_spec(name, quick=quick)

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ..results import read_table, write_table
+from ..run.results import read_table, write_table
 from ..training import TrainRecord
-from .pipeline import Experiment, pyplot, save_figure
+from .base import Experiment, pyplot, save_figure
 from .report import StudyOutcome, correlation_table, fmt_stat
 from .spec import Study
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..results import read_table
+from ..run.results import read_table
 from ..training import TrainRecord
-from .pipeline import Experiment, pyplot, save_figure
+from .base import Experiment, pyplot, save_figure
 from .report import StudyOutcome, comparison_table, correlation_table, fmt_stat
 from .spec import Study
 

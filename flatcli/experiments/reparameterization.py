@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from ..errors import MeasurementError
-from ..results import read_table, write_table
+from ..run.results import read_table, write_table
 from ..training import TrainRecord
-from .pipeline import Experiment, absolute_paths, pyplot, save_figure
+from .base import Experiment, absolute_paths, pyplot, save_figure
 from .report import StudyOutcome
 from .spec import Study
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..results import read_table
+from ..run.results import read_table
 from .spec import Spec, Study
 
 STATS = ("pearson", "kendall_tau_b", "psi", "cmi")

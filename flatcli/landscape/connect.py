@@ -63,7 +63,7 @@ from ..engine import Batch, Problem, eval_mode, get_loss
 from ..engine.batch import model_output
 from ..errors import ConfigError, MeasurementError
 from ..loading.checkpoints import check_state
-from ..settings import Settings
+from ..run.settings import Settings
 from .bnstats import BatchNormRecomputer, batchnorm_buffer_names
 from .evaluate import ChunkFn, Progress, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
@@ -148,7 +148,7 @@ class ConnectResult:
 
     def to_json(self) -> dict[str, Any]:
         """``connect.json`` as a JSON-ready dict: kind, summary, seconds and the meta entries."""
-        from ..results import jsonable
+        from ..run.results import jsonable
 
         return jsonable(
             {"kind": self.kind, "summary": self.summary, "seconds": self.seconds, **self.meta}
@@ -462,7 +462,7 @@ def connect_landscape(
         the curve is then the line).
     bend_lr, bend_optimizer, bend_batch_size : see `fit_bend`.
     bend_init : starting bend, name → tensor (default the midpoint).
-    settings : the `flatcli.settings.Settings` (loss, batch size, device, precision, ``seed``: the
+    settings : the `flatcli.run.settings.Settings` (loss, batch size, device, precision, ``seed``: the
         seed of the bend training, t and minibatches); its fields may be given as keywords.
     labels : names of the two checkpoints for error messages.
     on_progress : called as ``on_progress(done, total)``.

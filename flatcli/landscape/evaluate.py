@@ -66,7 +66,7 @@ class Progress:
 
 
 def problem_kwargs(settings) -> dict:
-    """The `Problem` arguments a landscape view takes from its `flatcli.settings.Settings`: loss,
+    """The `Problem` arguments a landscape view takes from its `flatcli.run.settings.Settings`: loss,
     batch size, device and dtype (views move every parameter: ``params`` applies to measures)."""
     return dict(
         loss=settings.loss,

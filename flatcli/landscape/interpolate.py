@@ -33,7 +33,7 @@ import torch
 
 from ..engine import Batch, Problem, eval_mode
 from ..errors import ConfigError
-from ..settings import Settings
+from ..run.settings import Settings
 from .evaluate import Progress, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
 from .slices import axis_grid, parse_span

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..results import atomic_write
+from ..run.results import atomic_write
 from .connect import ConnectResult
 from .plots import draw_if_available, plot_result
 from .result import LandscapeResult

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..results import jsonable
+from ..run.results import jsonable
 
 CSV_METRICS = ("train_loss", "train_acc", "test_loss", "test_acc")
 

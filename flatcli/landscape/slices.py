@@ -30,7 +30,7 @@ import torch
 
 from ..engine import eval_mode
 from ..errors import ConfigError
-from ..settings import Settings
+from ..run.settings import Settings
 from .directions import cosine, random_direction
 from .evaluate import Progress, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
@@ -142,7 +142,7 @@ def slice_landscape(
     dims : 1 or 2 random directions.
     steps : grid points per axis over ``span`` (α = 0 is added when missing).
     span : (a, b) or "a,b"; default (−1, 1).
-    settings : the `flatcli.settings.Settings` (loss, batch size, device, precision, ``seed``: the
+    settings : the `flatcli.run.settings.Settings` (loss, batch size, device, precision, ``seed``: the
         seed of the directions, CPU generator, float64 draws); its fields may be given as keywords.
     bias_bn : "zero" (default, Li et al.) or "keep": the direction on 1-D
         parameters (biases, normalization layers); see `directions`.

@@ -69,7 +69,7 @@ import torch
 from ..engine import Problem, eval_mode
 from ..errors import ConfigError, MeasurementError
 from ..loading.checkpoints import check_state, missing_checkpoint
-from ..settings import Settings
+from ..run.settings import Settings
 from .evaluate import Progress, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
 from .slices import axis_grid, direction_chunks, grid_coefficients, parse_span
@@ -290,7 +290,7 @@ class TrajectoryResult:
     def to_json(self) -> dict[str, Any]:
         """``pca.json`` as a JSON-ready dict: kind, summary, explained variance (and its ratio),
         seconds and the meta entries."""
-        from ..results import jsonable
+        from ..run.results import jsonable
 
         return jsonable(
             {
@@ -637,7 +637,7 @@ def trajectory_landscape(
     span : (a, b) or "a,b" for both axes; default: each axis covers the
         projected path plus `PATH_MARGIN` of its extent on each side.
     solver : "auto", "full" or "randomized" (see the module docstring).
-    settings : the `flatcli.settings.Settings` (loss, batch size, device, precision, ``seed``: the
+    settings : the `flatcli.run.settings.Settings` (loss, batch size, device, precision, ``seed``: the
         seed of the randomized solver); its fields may be given as keywords.
     points_per_pass : grid points per vmapped forward pass (see `evaluate`).
     on_progress : called as ``on_progress(done, total)``.

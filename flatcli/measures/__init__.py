@@ -197,7 +197,7 @@ class MeasureInfo:
         ``(opts, dims) -> {counter: n or (least, most)}``: the products a run will count
         (``n_hvp``, ``n_grad``, ``n_forward``, ``n_vjp``; full-set equivalents), exactly or as a
         range for adaptive estimators; what ``--dry-run`` prints. Counters not named are 0.
-        Optional keys shape the predicted seconds and memory (`flatcli.predict`): ``hvp_block``,
+        Optional keys shape the predicted seconds and memory (`flatcli.run.predict`): ``hvp_block``,
         the vectors one product call multiplies (default 1; 0: the engine's block size);
         ``vectors``, the P-length vectors the estimator keeps (default: one block);
         ``vector_ops``, the P-length dot products and axpys of its own (reorthogonalization
@@ -520,7 +520,7 @@ def run_measure(spec: MeasureSpec, ctx: MeasureContext) -> MeasureResult:
     failure. ``ctx.budget`` is set to `MeasureSpec.budget` of ``ctx.max_seconds``; the
     iterative estimators (Lanczos, Hutchinson, Hutch++, SLQ) stop when it is spent and the
     measure reports status ``budget`` with its estimate so far. Measures without an iterative
-    estimator cannot stop early: `flatcli.pipeline` starts them under a cap only when their
+    estimator cannot stop early: `flatcli.run.checkpoint` starts them under a cap only when their
     predicted seconds fit; when they pass a time cap the diagnostics say so (``over_budget``,
     with ``budget_seconds``).
 

@@ -107,8 +107,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..engine.linalg.sem import mean_stderr
 from ..errors import ConfigError, MeasurementError
-from ..stats import mean_stderr
 from . import MeasureResult, register
 from ._options import Bool, Integral, Optional, Real, Str, opt
 from .relative_flatness import (

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..engine.linalg.sem import mean_stderr
 from ..errors import ConfigError
-from ..stats import mean_stderr
 from . import MeasureResult, register
 from ._bn import folded_measurement, folding_reason
 from ._options import Bool, OneOf, opt

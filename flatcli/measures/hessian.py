@@ -42,7 +42,7 @@ PADDING_NOTE = (  # the padding convention, in every Hessian measure's descripti
 CONTROL_PROBES = 8  # fp32 control probes of a TF32 trace (each one TF32 and one fp32 HVP)
 # measures whose products run in bfloat16 under runtime.precision: bf16 (λmax and traces verified in fp32,
 # the spectrum unverified as with TF32); every other measure runs with a float32 forward there
-# (`flatcli.pipeline`), since its loss differences and per-sample quantities are not verified
+# (`flatcli.run.checkpoint`), since its loss differences and per-sample quantities are not verified
 LOW_PRECISION_MEASURES = ("hessian_lambda_max", "hessian_trace", "hessian_spectrum")
 
 # ---------------------------------------------------------------------------- λmax

@@ -104,8 +104,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..engine.linalg.sem import mean_stderr
 from ..errors import MeasurementError
-from ..stats import mean_stderr
 from . import MeasureResult, register
 from ._hessian_diag import (
     DiagonalOptions,

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..stats import mean_stderr
+from ..engine.linalg.sem import mean_stderr
 from . import MeasureResult, register
 from ._bn import folded_init_theta, folded_measurement, folding_reason
 from ._layers import class_outputs_or_error

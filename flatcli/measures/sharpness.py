@@ -43,8 +43,8 @@ from dataclasses import dataclass
 import torch
 
 from ..engine import linalg
+from ..engine.linalg.sem import mean_stderr
 from ..errors import ConfigError
-from ..stats import mean_stderr
 from . import MeasureResult, register
 from ._ascent import _direction, _nonfinite_value, apgd, random_start, scale_vector
 from ._options import Bool, Integral, OneOf, Optional, Real, opt

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import INCOMPLETE, ConfigError, exit_code
-from ..results import Row, write_pair
+from ..run.results import Row, write_pair
 from .plan import Plan, load_plan
 from .store import (
     PLAN_FILE,
@@ -37,8 +37,8 @@ class CollectReport:
 
     def to_pandas(self):
         """The collected table as a DataFrame: the columns of results.csv, dtypes as documented
-        in `flatcli.results` (equal to ``flatcli.results.read_results(self.csv_path)``)."""
-        from ..results import to_frame
+        in `flatcli.run.results` (equal to ``flatcli.run.results.read_results(self.csv_path)``)."""
+        from ..run.results import to_frame
 
         return to_frame(self.rows)
 
@@ -55,7 +55,7 @@ def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) 
     Rows follow the plan's checkpoint order and have the same columns as ``flatcli measure``'s.
     Units missing from the plan's list are reported; unit files of older plans are ignored.
     """
-    from ..pipeline import versions
+    from ..run.checkpoint import versions
 
     outdir = Path(outdir)
     if not outdir.is_dir():

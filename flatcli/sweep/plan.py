@@ -11,10 +11,10 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import ConfigError
-from ..jobs import Job
 from ..keys import caps, content_hash, data_fingerprints, file_fingerprint, measure_hash, unit_id
 from ..measures import MeasureSpec
-from ..results import atomic_write
+from ..run.jobs import Job
+from ..run.results import atomic_write
 from ..schema import PLAN, mismatch
 from .store import (
     PLAN_FILE,

@@ -12,7 +12,7 @@ or as one task of a SLURM array (`run_shard_task`, submitted through submitit).
 
 A worker walks its units (all of them, or those of its ``--shard I/N``), skips
 finished ones, claims the next with a lock file (created whole: `create_lock_file`), measures it
-(`flatcli.pipeline.measure_job` with that one measure), writes the unit's row file
+(`flatcli.run.checkpoint.measure_job` with that one measure), writes the unit's row file
 atomically and releases the lock. Units locked by a live worker are left to it;
 locks of dead workers (same host) or without a heartbeat for ``lock_timeout``
 seconds are broken.
@@ -21,7 +21,7 @@ Why one unit per checkpoint × measure rather than per checkpoint: adding a meas
 or changing one measure's options recomputes only that measure's units; expensive
 measures spread over workers instead of one worker holding a whole checkpoint; a
 crash loses one measure, not a checkpoint's worth. A worker keeps the checkpoint of its
-last unit (`flatcli.reuse.CheckpointCache`): consecutive units of one checkpoint load it and
+last unit (`flatcli.run.reuse.CheckpointCache`): consecutive units of one checkpoint load it and
 evaluate its train/test metrics once (and the seeds make each measure's value independent of
 the others, so the collected table equals ``flatcli measure``'s).
 """
@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, exit_code_of
-from ..jobs import Job, coerce_cell
 from ..loading.text import TOKENIZED_DIR
 from ..measures import MeasureSpec
+from ..run.jobs import Job, coerce_cell
 from ..validation import EXECUTORS
 from .plan import Plan, Unit, build_plan, write_plan
 from .store import (
@@ -50,7 +50,7 @@ from .store import (
     Store,
     shard_of,
 )
-from .worker import WorkerArgs, _default_log, run_shard_task, run_worker
+from .worker import WorkerArgs, default_log, run_shard_task, run_worker
 
 
 # ------------------------------------------------------------------ the coordinator
@@ -286,7 +286,7 @@ def run_sweep(
     outdir: str | os.PathLike,
     opts: SweepOptions | None = None,
     *,
-    log: Callable[[str], None] | None = _default_log,
+    log: Callable[[str], None] | None = default_log,
     on_unit: Callable[[dict[str, Any]], None] | None = None,
     debug: bool = False,
 ) -> SweepReport:
@@ -349,8 +349,9 @@ def _run_local(
     debug,
 ) -> None:
     """Run (or with ``dry_run`` describe) the local workers: in this process, or one process per GPU/worker."""
-    from ..pipeline import DataCache, first_checkpoint
-    from ..settings import Settings
+    from ..loading.load import DataCache
+    from ..run.checkpoint import first_checkpoint
+    from ..run.settings import Settings
     from ..threads import apply_threads, plan_threads
 
     outdir = report.outdir

@@ -18,7 +18,7 @@ A unit file that is not JSON, or does not match the unit schema (`flatcli.schema
 treated as missing: one warning names it, and the unit is recomputed.
 
 Every finished unit is one file written via temp file + fsync + ``os.replace``
-(`flatcli.results.atomic_write`), so a reader sees either no file or a whole
+(`flatcli.run.results.atomic_write`), so a reader sees either no file or a whole
 one: a ``kill -9`` at any moment loses at most the units in flight, and two
 workers finishing the same unit leave one file (the key determines the values).
 """
@@ -45,7 +45,7 @@ from ..keys import CAPPED
 from ..keys import measure_hash as measure_hash  # re-exported: the sweep's keys
 from ..keys import unit_id as unit_id
 from ..measures import MeasureResult
-from ..results import Row, atomic_write, jsonable
+from ..run.results import Row, atomic_write, jsonable
 from ..schema import UNIT, mismatch
 
 PLAN_FILE = "plan.json"
@@ -509,7 +509,8 @@ def unit_record(
     }
 
 
-def _result_from(d: dict[str, Any]) -> MeasureResult:
+def result_from(d: dict[str, Any]) -> MeasureResult:
+    """The `MeasureResult` a unit file or results.json entry ``d`` holds."""
     value = d.get("value")
     return MeasureResult(
         value=float("nan") if value is None else float(value),
@@ -537,7 +538,7 @@ def row_from_records(
             missing.append(lab)
             continue
         if rec.get("result") is not None:
-            row.results[lab] = _result_from(rec["result"])
+            row.results[lab] = result_from(rec["result"])
         if rec.get("measure_error"):
             row.errors[lab] = rec["measure_error"]
             row.error_kinds[lab] = rec.get("measure_error_kind") or ""

@@ -1,5 +1,5 @@
 """A sweep worker: walks its units (all, or a shard's), claims each with a lock file, measures it
-(`flatcli.pipeline.measure_job` with that one measure) and writes its row atomically; also the
+(`flatcli.run.checkpoint.measure_job` with that one measure) and writes its row atomically; also the
 hidden ``flatcli sweep-worker`` entry point and the SLURM task."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..jobs import Job
 from ..loading.text import TOKENIZED_DIR
+from ..run.jobs import Job
 from .plan import Plan, Unit, load_plan
 from .store import (
     DEFAULT_LOCK_TIMEOUT,
@@ -37,7 +37,8 @@ class WorkerStats:
     busy: int = 0  # left to another live worker
 
 
-def _default_log(msg: str) -> None:
+def default_log(msg: str) -> None:
+    """Print ``msg`` as one line on stderr (a worker's log when none is given)."""
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -51,7 +52,7 @@ def run_worker(
     redo_before: float | None = None,
     retry_before: float | None = None,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-    log: Callable[[str], None] | None = _default_log,
+    log: Callable[[str], None] | None = default_log,
     on_unit: Callable[[dict[str, Any]], None] | None = None,
     data=None,
     debug: bool = False,
@@ -65,8 +66,8 @@ def run_worker(
     ``run`` (the id of the sweep run this worker belongs to) is stored in every unit record it
     writes, so that each sweep counts what it computed itself.
     """
-    from ..pipeline import DataCache
-    from ..settings import Settings
+    from ..loading.load import DataCache
+    from ..run.settings import Settings
 
     store = Store(outdir, warn=log, log=log)
     plan = load_plan(outdir)
@@ -158,8 +159,8 @@ class _WorkerLoop:
         """Measure the unit under a heartbeat on its lock and write its record."""
         import torch
 
-        from ..pipeline import measure_job
-        from ..reuse import CheckpointCache
+        from ..run.checkpoint import measure_job
+        from ..run.reuse import CheckpointCache
 
         if self.keep is None:
             self.keep = CheckpointCache()

@@ -1,4 +1,4 @@
-"""flatcli.stats: the one standard error of a mean (issue 28), against scipy.stats.sem."""
+"""flatcli.engine.linalg.sem: the one standard error of a mean (issue 28), against scipy.stats.sem."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import scipy.stats
 import torch
 
-from flatcli.stats import mean_stderr, mean_stderr_of_sums
+from flatcli.engine.linalg.sem import mean_stderr, mean_stderr_of_sums
 
 
 @pytest.mark.parametrize("kind", ["list", "numpy", "torch"])

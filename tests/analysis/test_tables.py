@@ -17,8 +17,8 @@ import flatcli
 from flatcli import api
 from flatcli.config import load_config
 from flatcli.errors import ConfigError
-from flatcli.jobs import resolve_jobs
-from flatcli.results import read_results, status_columns
+from flatcli.run.jobs import resolve_jobs
+from flatcli.run.results import read_results, status_columns
 from tests.helpers import write_project
 
 MEASURES = [
@@ -48,7 +48,7 @@ def measured(tmp_path_factory):
 
 
 def documented_dtypes(table: pd.DataFrame) -> pd.DataFrame:
-    """The dtypes flatcli documents (flatcli.results), applied by hand to what pd.read_csv gives."""
+    """The dtypes flatcli documents (flatcli.run.results), applied by hand to what pd.read_csv gives."""
     out = table.copy()
     out["checkpoint"] = out["checkpoint"].astype(str)
     out["error"] = out["error"].fillna("").astype(str)
@@ -163,7 +163,7 @@ def test_correlate_takes_a_dataframe_and_returns_one(measured, tmp_path):
 
 
 def test_pandas_is_not_imported_by_flatcli_or_the_cli():
-    code = "import sys, flatcli, flatcli.cli, flatcli.api, flatcli.results; print('pandas' in sys.modules)"
+    code = "import sys, flatcli, flatcli.cli, flatcli.api, flatcli.run.results; print('pandas' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -324,7 +324,7 @@ def test_usage_errors_are_one_line_with_exit_code_2(args, message):
 def test_an_unusable_output_directory_fails_before_any_work(
     project, tmp_path, command, monkeypatch
 ):
-    import flatcli.pipeline as pipeline
+    import flatcli.run.checkpoint as pipeline
 
     afile = tmp_path / "afile"
     afile.write_text("not a folder")
@@ -344,7 +344,7 @@ def test_an_unusable_output_directory_fails_before_any_work(
 
 
 def test_results_survive_an_output_folder_that_vanishes(project, tmp_path, monkeypatch):
-    import flatcli.results as results
+    import flatcli.run.results as results
 
     real = results.write_results
     target = tmp_path / "o"
@@ -494,7 +494,7 @@ def test_progress_inside_measures_and_one_line_per_stage_in_logs(project, tmp_pa
 
 
 def test_dry_run_prints_the_planned_products_and_measures_nothing(project, tmp_path, monkeypatch):
-    import flatcli.pipeline as pipeline
+    import flatcli.run.checkpoint as pipeline
 
     monkeypatch.setattr(
         pipeline, "measure_model", lambda *a, **k: pytest.fail("measured in a dry run")

@@ -15,7 +15,7 @@ from flatcli.api import load
 from flatcli.cli import app
 from flatcli.engine import CurvatureEngine, Problem
 from flatcli.errors import ConfigError
-from flatcli.pipeline import load_model
+from flatcli.loading.load import load_model
 from tests import hf_models as H
 from tests.helpers import measured, rel
 

@@ -188,7 +188,7 @@ def test_tf32_products_differ_from_fp32_and_lambda_max_is_verified_in_fp32(monke
     fp32-verified λmax lands within 1e-4 (relative) of an fp32 run. The CPU twin with a simulated
     TF32 product is test_hessian_measures.py::test_precision_auto_runs_lanczos_in_tf32_and_verifies_in_fp32_through_the_pipeline."""
     from flatcli.engine.precision import tf32_flags
-    from flatcli.settings import has_tensor_cores
+    from flatcli.run.settings import has_tensor_cores
     from tests.helpers import record_tf32_flags
 
     if not has_tensor_cores(torch.device("cuda")):

@@ -14,7 +14,7 @@ from flatcli.engine import linalg
 from flatcli.engine.linalg import certified_min_steps
 from flatcli.engine.linalg._store import BasisStore
 from flatcli.errors import ConfigError
-from flatcli.pipeline import measure_model
+from flatcli.run.checkpoint import measure_model
 
 DT = torch.float64
 

@@ -19,7 +19,7 @@ from flatcli.cli import app
 from flatcli.config import load_config, parse_measures
 from flatcli.errors import ConfigError
 from flatcli.experiments import available, list_experiments, load_spec, publish, run_experiment
-from flatcli.experiments.pipeline import Experiment, work_seconds
+from flatcli.experiments.base import Experiment, work_seconds
 from flatcli.experiments.report import StudyOutcome, correlation_table
 from flatcli.experiments.spec import Study, merge
 from flatcli.training import LossTarget, Plateau

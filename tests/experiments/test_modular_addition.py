@@ -21,7 +21,7 @@ from flatcli.experiments import load_spec, run_experiment
 from flatcli.experiments.spec import merge
 from flatcli.experiments.transformer import ModularTransformer
 from flatcli.loading.data import load_split, modular_addition_split
-from flatcli.pipeline import measure_model
+from flatcli.run.checkpoint import measure_model
 
 SPEC = (
     Path(__file__).resolve().parents[2]

@@ -10,10 +10,10 @@ from torch import nn
 from flatcli.api import measure_model
 from flatcli.config import DataSource, from_dict
 from flatcli.errors import ConfigError
-from flatcli.jobs import resolve_jobs
 from flatcli.loading import text as text_source
 from flatcli.loading.checkpoints import fingerprint
 from flatcli.measures._layers import weight_matrices
+from flatcli.run.jobs import resolve_jobs
 from tests import hf_models as H
 
 
@@ -196,7 +196,7 @@ def test_txt_one_document_in_max_length_windows(tmp_path, tok):
 
 
 def test_tokenizer_from_the_checkpoint_folder(tmp_path):
-    from flatcli.pipeline import DataCache
+    from flatcli.loading.load import DataCache
 
     H.transformers()
     ckpt = H.save_gpt2(tmp_path / "gpt2")

@@ -113,7 +113,7 @@ def test_nothing_below_the_cli_imports_it():
 
 # the bottom of the import graph, which the engine may use: they import nothing of flatcli but each other
 # (flatcli.validation, the one validation vocabulary, raises flatcli.errors' ConfigError)
-LEAVES = ("flatcli.errors", "flatcli.stats", "flatcli.validation")
+LEAVES = ("flatcli.errors", "flatcli.engine.linalg.sem", "flatcli.validation")
 
 
 def test_engine_knows_nothing_of_measures():
@@ -127,13 +127,13 @@ def test_engine_knows_nothing_of_measures():
 
 
 def test_one_standard_error_of_a_mean():
-    """Every estimator takes its standard error from `flatcli.stats` (issue 28): no ``std(...,
+    """Every estimator takes its standard error from `flatcli.engine.linalg.sem` (issue 28): no ``std(...,
     ddof=1)`` / ``unbiased=True`` / ``sqrt(len(`` idiom left in the engine's estimators or the measures."""
     pat = re.compile(r"ddof\s*=\s*1|unbiased\s*=\s*True|/\s*(?:math\.|np\.)?sqrt\(\s*len\(")
     offenders = [
         str(f.relative_to(PKG))
         for f in sorted(PKG.rglob("*.py"))
-        if f.name != "stats.py" and pat.search(f.read_text())
+        if f.name != "sem.py" and pat.search(f.read_text())
     ]
     assert not offenders, f"standard errors written by hand: {offenders}"
 
@@ -265,7 +265,7 @@ def test_config_settings_and_spec_take_their_rules_from_the_vocabulary():
     constructors call `flatcli.validation.validate` (the rule, not a copy of it)."""
     callers = {
         "flatcli.config",
-        "flatcli.settings",
+        "flatcli.run.settings",
         "flatcli.experiments.spec",
         "flatcli.training",
         "flatcli.threads",
@@ -381,7 +381,7 @@ def test_every_measure_computes_its_derivatives_through_the_engine(monkeypatch):
     import torch
     from torch import nn
 
-    from flatcli.pipeline import measure_model
+    from flatcli.run.checkpoint import measure_model
 
     real = torch.autograd.grad
     callers: set[str] = set()
@@ -631,3 +631,28 @@ def test_curvatures_and_their_state_receive_no_engine():
             ]
         assert curvature.state is eng.state
     assert not found, f"engine references in the curvatures or their state: {found}"
+
+
+def test_no_private_name_crosses_a_package():
+    """No module imports a private name (one leading underscore) from another package of flatcli:
+    what another package needs is public there (``set_path``, ``result_from``, ``default_log``)."""
+    found = []
+    for mod, path in MODULES.items():
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for n in ast.walk(_tree(path)):
+            if not isinstance(n, ast.ImportFrom) or (
+                n.level == 0 and not (n.module or "").startswith("flatcli")
+            ):
+                continue
+            base = pkg.split(".")
+            target = ".".join(
+                (base[: len(base) - n.level + 1] if n.level else []) + [n.module or ""]
+            ).strip(".")
+            if target.rpartition(".")[0] == pkg or target == pkg:
+                continue  # the same package
+            private = [
+                a.name for a in n.names if a.name.startswith("_") and not a.name.startswith("__")
+            ]
+            if private and target.split(".")[:2] != mod.split(".")[:2]:
+                found.append(f"{mod}:{n.lineno}: {', '.join(private)} from {target}")
+    assert not found, found

@@ -15,12 +15,12 @@ from torch import nn
 from typer.testing import CliRunner
 
 from flatcli import api
-from flatcli.budget import BudgetPlan, continuations, stopped_by_share
 from flatcli.cli import app
 from flatcli.config import from_dict, parse_measures, parse_seconds
 from flatcli.engine import linalg
 from flatcli.engine.linalg import Budget
 from flatcli.errors import ConfigError
+from flatcli.run.shares import BudgetPlan, continuations, stopped_by_share
 from tests.helpers import TinyBN, tiny_data, tiny_mlp, write_project
 
 DT = torch.float64
@@ -308,7 +308,7 @@ def test_shares_follow_predicted_seconds_and_leave_the_rest_to_later_measures():
 def _simulate(total, predicted, actual, stops, order_seed=None):
     """Run measures one after the other under a `BudgetPlan` on a fake clock, as the pipeline does:
     one that stops early spends min(its cost, its share) (stopped when its share is smaller); one
-    that cannot is started only when its predicted seconds fit its share (`flatcli.predict.Fit`).
+    that cannot is started only when its predicted seconds fit its share (`flatcli.run.predict.Fit`).
     Returns (spent, stopped or skipped indices)."""
     t = [0.0]
     plan = BudgetPlan(total, predicted, clock=lambda: t[0])
@@ -385,7 +385,7 @@ def test_twice_the_cost_changes_nothing_and_half_of_it_is_spent(measures, monkey
     """On a tiny MLP, with time counted in products (`_work_clock`): a budget twice the
     unbudgeted cost gives every measure its unbudgeted status and value; a budget of half the cost
     is spent 60–125% (what a measure stopped by its share did not get while others left time
-    unused, it gets once they have run: `flatcli.budget.continuations`)."""
+    unused, it gets once they have run: `flatcli.run.shares.continuations`)."""
     _work_clock(monkeypatch)
     model, data = tiny_mlp(d=6, h=12, seed=1), tiny_data(n=40)
 

@@ -1,7 +1,7 @@
-"""The memory check (``runtime.check_memory``, `flatcli.memory`, issue 27): a run that will not fit in
+"""The memory check (``runtime.check_memory``, `flatcli.run.memory`, issue 27): a run that will not fit in
 the device's free memory fails its checkpoint before the data is loaded, with a one-line reason and
 the settings that make it fit; the predicted bytes against a hand count. The free memory is
-monkeypatched (`flatcli.memory.free_bytes`), so nothing here allocates much."""
+monkeypatched (`flatcli.run.memory.free_bytes`), so nothing here allocates much."""
 
 import json
 from pathlib import Path
@@ -12,14 +12,14 @@ import yaml
 from torch import nn
 from typer.testing import CliRunner
 
-import flatcli.memory as memory
-import flatcli.pipeline as pipeline
+import flatcli.loading.load as load
+import flatcli.run.memory as memory
 from flatcli.cli import app
 from flatcli.demo.models import MLP
 from flatcli.engine import Batch, Problem
 from flatcli.engine.curvatures import Curvature
 from flatcli.measures import MeasureSpec
-from flatcli.settings import Settings
+from flatcli.run.settings import Settings
 from tests.helpers import write_project
 
 runner = CliRunner()
@@ -65,8 +65,8 @@ def test_a_run_that_will_not_fit_fails_before_the_data_with_a_suggestion(tmp_pat
     """(a) exit code 1, one line naming the measure that needs the most and the settings that fit;
     (b) before any data is loaded."""
     loads = []
-    real = pipeline.load_split
-    monkeypatch.setattr(pipeline, "load_split", lambda *a, **k: loads.append(a) or real(*a, **k))
+    real = load.load_split
+    monkeypatch.setattr(load, "load_split", lambda *a, **k: loads.append(a) or real(*a, **k))
     P = P_of(8)
     need = (
         4 * P * (2 + 20 + 1)
@@ -243,7 +243,7 @@ def test_a_run_auto_recompute_makes_fit_is_not_refused(monkeypatch, recompute, f
     """A model with blocks whose product is predicted above 80% of free memory: ``recompute: auto``
     turns recomputation on (engine/loop.py), so only the vectors are checked and the run goes on;
     with ``false`` it is refused and ``runtime.recompute: true`` is suggested."""
-    from flatcli.pipeline import problem_dims
+    from flatcli.run.checkpoint import problem_dims
 
     monkeypatch.setattr(memory, "predicted_product_bytes", lambda *a: (10**6, None))
     free(monkeypatch, 500_000)
@@ -292,8 +292,8 @@ def test_a_sweep_unit_that_will_not_fit_fails_before_the_data(tmp_path, monkeypa
     the data up front only when the first checkpoint fits, so a sweep that will not fit loads none;
     the unit of a measure that fits (the Frobenius norm) still runs."""
     loads = []
-    real = pipeline.load_split
-    monkeypatch.setattr(pipeline, "load_split", lambda *a, **k: loads.append(a) or real(*a, **k))
+    real = load.load_split
+    monkeypatch.setattr(load, "load_split", lambda *a, **k: loads.append(a) or real(*a, **k))
     free(monkeypatch, 4 * P_of(8) * 23 - 1)
     cfg = project(tmp_path, measures=[LAMBDA])
     res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(tmp_path / "s")])
@@ -377,7 +377,7 @@ def test_a_chain_is_predicted_block_by_block_and_recompute_is_suggested_only_whe
     """On a chain of blocks the product of ``recompute: true`` is predicted by its own rule
     (``by_blocks``), not skipped; ``recompute: false`` that does not fit suggests ``recompute: true``
     only when that prediction fits."""
-    from flatcli.pipeline import problem_dims
+    from flatcli.run.checkpoint import problem_dims
 
     seen = []
 

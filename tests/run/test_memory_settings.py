@@ -11,7 +11,7 @@ from flatcli.cli import app
 from flatcli.config import from_dict
 from flatcli.engine.linalg._store import BasisStore
 from flatcli.errors import ConfigError
-from flatcli.settings import Settings
+from flatcli.run.settings import Settings
 from tests.helpers import write_project
 
 runner = CliRunner()

@@ -1,4 +1,4 @@
-"""Predicted seconds and memory (``--dry-run``, flatcli.predict): the arithmetic of the prediction,
+"""Predicted seconds and memory (``--dry-run``, flatcli.run.predict): the arithmetic of the prediction,
 the memory probe, ranges clamped to their cap, and the JSON plan."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from flatcli.cli import app
 from flatcli.measures import Dims, MeasureSpec
-from flatcli.predict import ProductTimes, measure_peak, predict
+from flatcli.run.predict import ProductTimes, measure_peak, predict
 from tests.helpers import write_project
 
 runner = CliRunner()

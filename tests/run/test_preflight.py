@@ -1,4 +1,4 @@
-"""The pre-flight (`flatcli.preflight`): one check per checkpoint before any data is loaded, the
+"""The pre-flight (`flatcli.run.preflight`): one check per checkpoint before any data is loaded, the
 same in `measure`, `sweep`, the landscape views and the invariance check; each checkpoint loaded
 once."""
 
@@ -87,8 +87,8 @@ def test_measure_loads_and_checks_each_checkpoint_once(tmp_path, monkeypatch):
     )
     loads: list = []
     checks: list = []
-    _spy(monkeypatch, "flatcli.pipeline", "load_model", loads)
-    _spy(monkeypatch, "flatcli.memory", "check_model", checks)
+    _spy(monkeypatch, "flatcli.run.checkpoint", "load_model", loads)
+    _spy(monkeypatch, "flatcli.run.memory", "check_model", checks)
     report = api.measure(cfg)
     assert report.exit_code == 0
     per_path = Counter(Path(a[1]).name for a in loads)

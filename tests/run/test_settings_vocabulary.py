@@ -11,7 +11,7 @@ from flatcli.cli import app
 from flatcli.engine import CurvatureEngine, Problem
 from flatcli.engine.precision import PRECISIONS, Precision
 from flatcli.errors import ConfigError
-from flatcli.settings import Settings
+from flatcli.run.settings import Settings
 from tests.helpers import write_project
 
 runner = CliRunner()

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from flatcli import api, threads
 from flatcli.cli import app
 from flatcli.errors import ConfigError
-from flatcli.jobs import resolve_jobs
+from flatcli.run.jobs import resolve_jobs
 from flatcli.sweep.plan import build_plan, load_plan, write_plan
 from flatcli.sweep.runner import plan_workers
 from flatcli.sweep.worker import run_worker_process

@@ -12,7 +12,7 @@ from flatcli.engine import CurvatureEngine, Problem
 from flatcli.engine.losses import get_loss
 from flatcli.errors import ConfigError
 from flatcli.experiments.spec import load_spec
-from flatcli.settings import Settings
+from flatcli.run.settings import Settings
 from flatcli.threads import check_threads
 from flatcli.training import Recipe
 from flatcli.validation import SETTINGS, TRAINING, Either, Integral, OneOf, Optional, Real, validate

@@ -15,7 +15,7 @@ from flatcli import api
 from flatcli.analysis.table import detect_measures
 from flatcli.cli import app
 from flatcli.measures import MeasureResult
-from flatcli.results import Row, json_matches_csv, write_pair
+from flatcli.run.results import Row, json_matches_csv, write_pair
 from flatcli.sweep.store import Store, create_lock_file
 from tests.sweep.test_sweep import make_sweep, quiet
 
@@ -135,7 +135,7 @@ def _rows(labels: list[str], k: int) -> list[Row]:
 def test_a_kill_between_the_pair_is_detected(tmp_path, monkeypatch):
     """A kill after the new results.csv replaced the old one but before results.json did: the old
     JSON's measure list is not used for the new CSV (correlate infers the measures instead)."""
-    import flatcli.results as results
+    import flatcli.run.results as results
 
     csv_path = tmp_path / "results.csv"
     write_pair(csv_path, _rows(["a", "b"], 0), {"labels": ["a", "b"]})

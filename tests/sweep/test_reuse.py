@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-import flatcli.pipeline as pipeline
-import flatcli.reuse as reuse
+import flatcli.loading.load as loading
+import flatcli.run.checkpoint as pipeline
+import flatcli.run.reuse as reuse
 from flatcli import api
 
 from .test_sweep import make_sweep, quiet
@@ -56,6 +57,7 @@ def test_each_checkpoint_is_loaded_and_evaluated_once_with_the_same_units(tmp_pa
         return real_metrics(*a, **k)
 
     monkeypatch.setattr(pipeline, "load_model", load)
+    monkeypatch.setattr(loading, "load_model", load)  # the worker's cache loads through it
     monkeypatch.setattr(pipeline, "_metrics", metrics)
     rep = api.sweep(cfg, tmp_path / "kept", log=quiet)
     assert rep.computed == 12 and rep.errors == 0
@@ -74,7 +76,7 @@ def test_each_checkpoint_is_loaded_and_evaluated_once_with_the_same_units(tmp_pa
 
 def test_another_checkpoint_replaces_the_kept_one(tmp_path):
     from flatcli.api import load
-    from flatcli.jobs import resolve_jobs
+    from flatcli.run.jobs import resolve_jobs
 
     cfg = load(make_sweep(tmp_path, n_ckpt=2, measures=MEASURES[:1]))
     a, b = resolve_jobs(cfg)

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-import flatcli.pipeline as pipeline
+import flatcli.loading.load as pipeline
 from flatcli.engine.batch import Batch
 from flatcli.measures._bn import fold_batchnorm
 from tests.helpers import TinyBN, conv_bn_setup

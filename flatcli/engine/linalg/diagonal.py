@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...stats import mean_stderr_of_sums
 from ._common import MatVec, as_operator, rademacher
+from .sem import mean_stderr_of_sums
 from .stop import DiagonalCheck
 
 

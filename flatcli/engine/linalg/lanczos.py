@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...stats import mean_stderr
 from ._common import as_operator, rademacher, rowdot
 from ._store import BasisStore, device_capacity
+from .sem import mean_stderr
 from .stop import KrylovStop
 
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...stats import mean_stderr
 from ._common import (
     MIN_NODES,
     MIN_SAMPLES,
@@ -22,6 +21,7 @@ from ._common import (
 )
 from ._store import BasisStore, device_capacity
 from .budget import Budget, no_budget
+from .sem import mean_stderr
 
 
 @dataclass

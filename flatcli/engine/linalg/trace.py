@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...stats import mean_stderr
 from ._common import MIN_SAMPLES, as_operator, rademacher, rowdot, t_factor
 from ._store import BasisStore, device_capacity
 from .budget import Budget, no_budget
+from .sem import mean_stderr
 from .slq import slq
 from .stop import ProbeStop
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from .engine import CurvatureEngine, Problem, eval_mode
-from .engine import dist as ranks
-from .loading.data import subset
+from ..engine import CurvatureEngine, Problem, eval_mode
+from ..engine import dist as ranks
+from ..loading.data import subset
 from .memory import vectors_kept
 from .settings import Settings
 
@@ -169,10 +169,10 @@ def time_products(
     model: torch.nn.Module, data, st: Settings, check=None
 ) -> tuple[ProductTimes | None, Problem]:
     """Time the products on ``model`` over ``data``'s measurement set (the settings' size, seed,
-    device, dtype and precision), as `flatcli.pipeline.measure_model` builds them: a few seconds
+    device, dtype and precision), as `flatcli.run.checkpoint.measure_model` builds them: a few seconds
     at most on models whose products take well under a second. Returns the times and the
     `Problem` (for the measures' ``applicable`` checks). ``check(problem)``: called before any
-    product (the memory check, `flatcli.memory.check_products`); when it returns False nothing is
+    product (the memory check, `flatcli.run.memory.check_products`); when it returns False nothing is
     timed and the times are None."""
     work = model.to(st.device, st.dtype)
     with st.precision_context(), eval_mode(work):
@@ -302,22 +302,22 @@ class Fit:
 
     def seconds(self, spec, problem: Problem | None = None) -> float:
         """The least predicted seconds of ``spec`` (`predict`), at least one forward pass; 0 when
-        it is predicted to end ``not_applicable`` on ``problem`` (`flatcli.budget.BudgetPlan`'s
+        it is predicted to end ``not_applicable`` on ``problem`` (`flatcli.run.shares.BudgetPlan`'s
         weight)."""
         if problem is not None and _not_applicable(spec, problem):
             return 0.0
         if self.times is None:  # untimed: products in HVP equivalents, the same unit for all
-            from .budget import least_work
+            from .shares import least_work
 
             return least_work(spec, self.dims)
         return max(predict(spec, self.dims, self.times).seconds[0], self.times.forward)
 
     def cost(self, problem: Problem, reuse=None, among=None):
-        """The weight of a spec in `flatcli.budget.BudgetPlan`: its least predicted seconds
+        """The weight of a spec in `flatcli.run.shares.BudgetPlan`: its least predicted seconds
         (`seconds`); in a sweep's unit (``among`` given) its least products in HVP equivalents
-        (`flatcli.budget.least_work`), which every worker computes alike; 0 for a result reused
+        (`flatcli.run.shares.least_work`), which every worker computes alike; 0 for a result reused
         from ``reuse`` (label → result) or a measure predicted ``not_applicable``."""
-        from .budget import least_work
+        from .shares import least_work
 
         def weight(spec) -> float:
             if reuse and spec.label in reuse:
@@ -361,7 +361,7 @@ class Fit:
 class Prediction:
     """One measure on one checkpoint: HVPs (least, most), seconds (least, most), peak bytes, and
     ``status`` "ok", "not_applicable" or "will_not_fit" (the memory check refused the checkpoint,
-    `flatcli.memory`; nothing was timed) (then ``reason``; no cost); ``stops_early``: whether a cap
+    `flatcli.run.memory`; nothing was timed) (then ``reason``; no cost); ``stops_early``: whether a cap
     stops it with its estimate so far (else it is started under a cap only when it fits: `Fit`)."""
 
     hvps: tuple[int, int] = (0, 0)

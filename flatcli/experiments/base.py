@@ -33,7 +33,7 @@ import yaml
 
 from ..errors import ConfigError, MeasurementError
 from ..landscape.plots import have_matplotlib
-from ..results import read_table, write_table
+from ..run.results import read_table, write_table
 from ..training import (
     TrainRecord,
     TrainTask,

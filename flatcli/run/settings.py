@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from .engine.params import ParamSelection
-from .engine.precision import BF16_FD_REFUSED, PRECISIONS, Precision, has_tensor_cores
-from .errors import ConfigError
-from .validation import validate
+from ..engine.params import ParamSelection
+from ..engine.precision import BF16_FD_REFUSED, PRECISIONS, Precision, has_tensor_cores
+from ..errors import ConfigError
+from ..validation import validate
 
 __all__ = ["PRECISIONS", "RunOptions", "Settings", "has_tensor_cores", "resolve_device"]
 
@@ -79,7 +79,7 @@ class RunOptions:
 
     def changes(self) -> dict[str, Any]:
         """The config overrides (``{"runtime.device": "cpu", ...}``) of the fields given."""
-        from .config import overrides
+        from ..config import overrides
 
         return overrides(**dataclasses.asdict(self))
 
@@ -144,10 +144,10 @@ class Settings:
     params : the parameter selection every measure perturbs and differentiates
         (`flatcli.engine.params.ParamSelection`; default everything).
     budget : seconds for one checkpoint's measures together (``runtime.budget``, ``--budget``;
-        None: no cap), shared among them by predicted cost (`flatcli.budget`).
+        None: no cap), shared among them by predicted cost (`flatcli.run.shares`).
     check_memory : whether a run's predicted peak memory is checked against the device's free
         memory before the data and before the first product (``runtime.check_memory``,
-        `flatcli.memory`); a run that will not fit fails its checkpoint with suggestions.
+        `flatcli.run.memory`); a run that will not fit fails its checkpoint with suggestions.
     """
 
     device: torch.device = torch.device("cpu")
@@ -249,7 +249,7 @@ class Settings:
         """``runtime.max_basis_vectors`` for cost estimates (`flatcli.measures.Dims.max_basis`): an
         int as given, None (unbounded), ``auto``: the P-vectors that fit in half the free host memory
         (`flatcli.engine.linalg.lanczos.host_fit`, before the floor of `basis_floor`)."""
-        from .engine.linalg.lanczos import host_fit
+        from ..engine.linalg.lanczos import host_fit
 
         return (
             host_fit(P, self.dtype) if self.max_basis_vectors == "auto" else self.max_basis_vectors

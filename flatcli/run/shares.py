@@ -1,7 +1,7 @@
 """One checkpoint's time budget (``runtime.budget``, ``--budget``) shared among its measures.
 
 Each measure is weighed by its predicted **seconds**: the least its registry ``estimate`` declares
-(products, passes, vector operations), timed on this checkpoint (`flatcli.predict.Fit`: one
+(products, passes, vector operations), timed on this checkpoint (`flatcli.run.predict.Fit`: one
 forward pass, one gradient, one HVP); at least one forward pass. A measure predicted to end
 ``not_applicable`` weighs 0.
 
@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from .measures import Dims, MeasureSpec
+from ..measures import Dims, MeasureSpec
 
 WEIGHTS = {"n_hvp": 1.0, "n_grad": 0.5, "n_vjp": 0.5, "n_forward": 0.2}
 

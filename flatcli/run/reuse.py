@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .config import Config
+from ..config import Config
 from .jobs import Job
 
 
@@ -30,7 +30,7 @@ class CheckpointCache:
         key = (str(job.path), str(job.init_checkpoint), str(job.train_data))
         if key != self._key:
             self._key, self._model, self._init, self.metrics = None, None, None, None
-            from .pipeline import load_model
+            from ..loading.load import load_model
 
             self._model = load_model(cfg, job.path)
             self._key = key
@@ -40,7 +40,7 @@ class CheckpointCache:
     def init_state(self, cfg: Config, job: Job) -> dict[str, torch.Tensor] | None:
         """`load_init_state` of the kept checkpoint's job, loaded once."""
         if self._init is None:
-            from .pipeline import load_init_state
+            from ..loading.load import load_init_state
 
             self._init = (load_init_state(cfg, job, self.model(cfg, job)[0]),)
         return self._init[0]

@@ -2,7 +2,7 @@
 every command (`measure`, `sweep`, the landscape views, the invariance check). The ``params``
 selection must match the model's parameters, a text split's ``max_length`` must fit its positions
 (both a `ConfigError`: exit code 2), and with ``runtime.check_memory`` the memory the measures
-need is counted (`flatcli.memory.check_model`). `flatcli.pipeline.preflight` loads the checkpoint
+need is counted (`flatcli.run.memory.check_model`). `flatcli.run.checkpoint.preflight` loads the checkpoint
 and runs these checks; the run goes on with the model it loaded."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .loading.hf import check_positions
+from ..loading.hf import check_positions
 from .memory import MemoryVerdict, check_model
 from .settings import Settings
 
@@ -60,7 +60,7 @@ def check_loaded(
     specs: Sequence[Any],
     settings: Settings,
 ) -> Checked:
-    """The pre-flight of a loaded checkpoint (``loaded``: what `flatcli.pipeline.load_model`
+    """The pre-flight of a loaded checkpoint (``loaded``: what `flatcli.loading.load.load_model`
     returned for ``path``): `check_settings`, then with ``settings.check_memory`` the memory
     ``specs`` need, returned in `Checked.memory` (not raised)."""
     model, extras = loaded

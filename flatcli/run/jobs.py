@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .loading.checkpoints import missing_checkpoint
+from ..errors import ConfigError
+from ..loading.checkpoints import missing_checkpoint
 
 
 @dataclass(frozen=True)

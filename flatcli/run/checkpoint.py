@@ -15,29 +15,32 @@ import math
 import platform
 import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from ._version import __version__
-from .budget import BudgetPlan, in_turn
-from .config import Config, parse_measures
-from .engine import Batch, CurvatureEngine, Problem, eval_mode, get_loss
-from .engine import dist as ranks
-from .engine.batch import model_output
-from .errors import ConfigError, FlatcliError, MeasurementError, ResultsWriteError, error_kind
-from .jobs import Job, resolve_jobs
-from .loading.checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
-from .loading.data import check_finite_data, load_split, subset
-from .loading.models import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
-from .measures import Dims, MeasureContext, MeasureResult, MeasureSpec, run_measure
-from .measures.hessian import LOW_PRECISION_MEASURES
+from .._version import __version__
+from ..config import Config, parse_measures
+from ..engine import Batch, CurvatureEngine, Problem, eval_mode, get_loss
+from ..engine import dist as ranks
+from ..engine.batch import model_output
+from ..errors import ConfigError, FlatcliError, MeasurementError, ResultsWriteError, error_kind
+from ..loading.data import check_finite_data, subset
+from ..loading.load import (  # noqa: F401
+    DataCache,
+    load_init_state,
+    load_model,
+    manifest_train_data,
+)
+from ..measures import Dims, MeasureContext, MeasureResult, MeasureSpec, run_measure
+from ..measures.hessian import LOW_PRECISION_MEASURES
+from .jobs import Job
 from .memory import check_products, copies_model, refuse
 from .predict import Fit
 from .preflight import Checked, check_loaded
 from .results import Row
 from .settings import Settings
+from .shares import BudgetPlan, in_turn
 
 
 def as_specs(measures) -> list[MeasureSpec]:
@@ -165,7 +168,7 @@ def measure_model(
     test : Batch, mapping or tuple, optional
         The test split, for the test metrics and ``gen_gap``.
     settings : Settings, optional
-        A `flatcli.settings.Settings`; its fields may also be given as keywords (``loss``,
+        A `flatcli.run.settings.Settings`; its fields may also be given as keywords (``loss``,
         ``split``, ``num_samples``, ``batch_size``, ``data_seed``, ``seed``, ``device`` (default
         ``"cpu"``), ``precision`` (``"auto"``, ``"fp32"``, ``"tf32"``, ``"bf16"``, ``"fp64"``),
         ``hvp_mode``, ``block_size``, ``params``), which override it.
@@ -308,7 +311,7 @@ def _measure_progress(progress, label: str, engine: CurvatureEngine, planned):
 def _not_started(
     row: Row, spec: MeasureSpec, problem: Problem, fit: Fit, share: float | None
 ) -> bool:
-    """Whether ``spec`` cannot stop early and does not fit its cap (`flatcli.predict.Fit`): then
+    """Whether ``spec`` cannot stop early and does not fit its cap (`flatcli.run.predict.Fit`): then
     its row gets status ``budget``, value NaN and the reason (``started: False``) instead of a run.
     Ranks agree: one rank's verdict holds for all (their collectives stay in step)."""
     try:  # a measure that will end not_applicable runs (and says so at once)
@@ -387,7 +390,7 @@ COUNTERS = ("n_hvp", "n_grad", "n_forward", "n_vjp")
 def problem_dims(model: torch.nn.Module, data, settings: Settings) -> Dims:
     """The sizes a cost estimate needs (`flatcli.measures.Dims`), from one forward pass of two rows:
     P the selected parameters, n the scored units of the measurement set, C outputs per unit."""
-    from .measures._layers import weight_matrices
+    from ..measures._layers import weight_matrices
 
     batch = subset(data, settings.num_samples, settings.data_seed)
     first = next(iter(model.parameters()), None)
@@ -460,83 +463,6 @@ def versions() -> dict[str, str]:
     }
 
 
-DATA_CACHE_MB = 1024  # default byte budget of a `DataCache`, in MiB (FLATCLI_DATA_CACHE_MB)
-
-
-def batch_nbytes(batch: Batch | None) -> int:
-    """The bytes held by a batch's tensors (0 for None)."""
-    return 0 if batch is None else sum(t.numel() * t.element_size() for t in batch.values())
-
-
-class DataCache:
-    """Loads each configured split once (``cache_dir``: where the ``text`` source keeps its
-    tokenized tensors across runs, ``OUTDIR/tokenized`` for measure and sweep).
-
-    The splits stay loaded while they fit ``max_bytes`` (default `DATA_CACHE_MB` MiB, or the
-    ``FLATCLI_DATA_CACHE_MB`` environment variable): past it the least recently used are dropped
-    (and loaded again when asked for), so a sweep over checkpoints that each bring their own
-    ``train_data`` keeps its memory flat. The split just loaded always stays."""
-
-    def __init__(self, cfg: Config, cache_dir: Path | None = None, max_bytes: int | None = None):
-        import collections
-        import os
-
-        self.cfg = cfg
-        self.cache_dir = cache_dir
-        mb = float(os.environ.get("FLATCLI_DATA_CACHE_MB") or DATA_CACHE_MB)
-        self.max_bytes = int(mb * 2**20) if max_bytes is None else int(max_bytes)
-        self._cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
-
-    def get(self, split: str, path: Path | None = None) -> Batch | None:
-        """The split ``split`` as a `Batch` of named tensors, loaded once (``path``: a tensors file
-        replacing it), or None when it is not configured."""
-        key = split if path is None else f"{split}:{path}"
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
-        if path is not None:
-            from .config import DataSource
-
-            src = DataSource(source="tensors", path=str(path))
-        else:
-            src = self._with_tokenizer(getattr(self.cfg.data, split))
-        self._cache[key] = (
-            None
-            if src is None
-            else load_split(src, split, self.cfg.base_dir, self.cfg.data.normalize, self.cache_dir)
-        )
-        self._evict()
-        return self._cache[key]
-
-    def _evict(self) -> None:
-        """Drop the least recently used splits while the cache is over its budget."""
-        while (
-            len(self._cache) > 1 and sum(map(batch_nbytes, self._cache.values())) > self.max_bytes
-        ):
-            self._cache.popitem(last=False)
-
-    def _with_tokenizer(self, src):
-        """A text source without ``tokenizer``: the first Hugging Face checkpoint folder holding one."""
-        if (
-            src is None
-            or src.source != "text"
-            or src.tokenizer is not None
-            or self.cfg.model.source != "huggingface"
-        ):
-            return src
-        import dataclasses
-
-        from .jobs import resolve_jobs
-        from .loading.text import checkpoint_tokenizer
-
-        try:
-            folders = [j.path for j in resolve_jobs(self.cfg)]
-        except ConfigError:
-            return src
-        found = checkpoint_tokenizer(folders)
-        return src if found is None else dataclasses.replace(src, tokenizer=str(found))
-
-
 def read_hparams_from_keys(extras: dict, keys: list[str] | None) -> dict[str, Any]:
     """Hyperparameters named ``keys`` from a checkpoint's extras (and its nested hparams dicts)."""
     if not keys:
@@ -567,7 +493,7 @@ def measure_job(
     `measure_model`'s. The checkpoint's pre-flight runs first, before any data is loaded (a model
     whose measures will not fit in the device's free memory fails here); ``checked``: its result
     when the caller already ran it (the checkpoint is then not loaded again). ``keep``: a
-    `flatcli.reuse.CheckpointCache` holding the model and metrics between calls for one
+    `flatcli.run.reuse.CheckpointCache` holding the model and metrics between calls for one
     checkpoint (a sweep worker's consecutive units of it)."""
     labels = [s.label for s in specs]
     try:
@@ -617,7 +543,7 @@ def measure_job(
 
 
 def preflight(cfg: Config, job: Job, specs: Sequence[MeasureSpec], settings: Settings) -> Checked:
-    """Load one checkpoint and check it before any data is loaded (`flatcli.preflight`): a
+    """Load one checkpoint and check it before any data is loaded (`flatcli.run.preflight`): a
     ``params`` selection or ``max_length`` that does not fit raises a `ConfigError`; the memory
     verdict of ``specs`` is returned in `Checked.memory`."""
     return check_loaded(cfg, job.path, job.train_data, load_model(cfg, job.path), specs, settings)
@@ -650,7 +576,7 @@ def _checked_data(cfg: Config, job: Job, model, data: DataCache):
     """The train and test splits, their tokenized widths checked against the model's positions
     (a Hugging Face model's ``n_positions``/``max_position_embeddings``; the configured
     ``max_length`` is checked before tokenizing, by `preflight`)."""
-    from .loading.hf import check_positions
+    from ..loading.hf import check_positions
 
     out = []
     for split in ("train", "test"):
@@ -661,80 +587,3 @@ def _checked_data(cfg: Config, job: Job, model, data: DataCache):
             )
         out.append(batch)
     return out
-
-
-def load_init_state(
-    cfg: Config, job: Job, model: torch.nn.Module | None = None
-) -> dict[str, torch.Tensor] | None:
-    """The job's initialization state dict (None without one), shape-checked against ``model``
-    (a ``save_pretrained`` directory with ``model.source: huggingface``)."""
-    if job.init_checkpoint is None:
-        return None
-    if cfg.model.source == "huggingface":
-        init_model, _ = load_model(cfg, job.init_checkpoint)
-        init_state = dict(init_model.state_dict())
-    else:
-        init_state = extract_state_dict(
-            read_checkpoint(
-                job.init_checkpoint,
-                cfg.runtime.allow_unsafe_pickle,
-                import_dirs(cfg.model.target, cfg.base_dir),
-            ),
-            job.init_checkpoint,
-        )
-    if model is not None:
-        load_into(copy.deepcopy(model), init_state, job.init_checkpoint)  # validates shapes
-    return init_state
-
-
-def load_model(cfg: Config, path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """Build the config's model and load one checkpoint into it.
-
-    Parameters
-    ----------
-    cfg : Config
-        The config; ``model_kwargs`` stored in the checkpoint override ``model.kwargs``.
-    path : str or Path
-        The checkpoint file, or a ``save_pretrained`` folder with ``model.source: huggingface``
-        (read offline by ``transformers``, `flatcli.loading.hf`).
-
-    Returns
-    -------
-    model, extras : torch.nn.Module, dict
-        The model on the CPU, and what else the checkpoint held (``model_info``, for results.json).
-    """
-    if cfg.model.source == "huggingface":
-        from .loading.hf import load_pretrained
-
-        model, info = load_pretrained(cfg.model.class_, path, cfg.model.kwargs, cfg.model.dtype)
-        return model, {"model_info": info}
-    if not cfg.model.target:
-        raise ConfigError("config key 'model.target' is required")
-    obj = read_checkpoint(
-        path, cfg.runtime.allow_unsafe_pickle, import_dirs(cfg.model.target, cfg.base_dir)
-    )
-    extras = checkpoint_extras(obj)
-    kwargs = dict(cfg.model.kwargs)
-    if isinstance(extras.get("model_kwargs"), dict):
-        kwargs.update(extras["model_kwargs"])
-    model = build_model(cfg.model.target, kwargs, cfg.base_dir)
-    sd = extract_state_dict(obj, path)
-    load_into(model, sd, path)
-    dtype = stored_dtype(sd, path) if cfg.model.dtype == "auto" else cfg.model.dtype
-    model = in_dtype(model, dtype)
-    return model, {**extras, "model_info": {"source": "python", "dtype": model_dtype(model)}}
-
-
-def manifest_train_data(cfg: Config, path: Path) -> Path | None:
-    """The manifest's ``train_data`` for ``path`` when the config's manifest lists that checkpoint."""
-    if not isinstance(cfg.checkpoints, dict):
-        return None
-    try:
-        jobs = resolve_jobs(cfg)
-    except ConfigError:
-        return None
-    target = Path(path).resolve()
-    for j in jobs:
-        if j.train_data is not None and j.path.resolve() == target:
-            return j.train_data
-    return None
