@@ -30,7 +30,13 @@ from .batch import Batch
 from .graphs import GraphCache
 from .precision import Precision, tf32_flags
 from .problem import Problem
-from .recompute import checkpointed_blocks, find_blocks, parse_recompute, predicted_product_bytes
+from .recompute import (
+    AUTO_RECOMPUTE,
+    checkpointed_blocks,
+    find_blocks,
+    parse_recompute,
+    predicted_product_bytes,
+)
 from .segments import BlockChain
 
 _CPU_BATCHED_BELOW = 10_000  # parameters; measured, see docs/benchmarks/data/engine.json
@@ -337,7 +343,7 @@ class ProductState:
                 need, free = predicted_product_bytes(
                     self.problem, self.batches[0], len(self.batches), self.device
                 )
-                on = free is not None and need > 0.8 * free
+                on = free is not None and need > AUTO_RECOMPUTE * free
             self._recompute_on = bool(on and blocks)
             self._blocks = blocks
             if self._recompute_on:

@@ -170,6 +170,8 @@ def free_bytes(device: torch.device) -> int | None:
     return None
 
 
+AUTO_RECOMPUTE = 0.8  # runtime.recompute: auto turns on when one product needs more than this share of free memory
+
 HEAD_CHUNK_TENSORS = (
     8  # chunk-sized tensors alive at once in the fused head's Hessian product (lmhead)
 )

@@ -213,6 +213,9 @@ class MeasureInfo:
         iterative estimator checks `flatcli.engine.linalg.Budget` between blocks; a bool or a
         function of the parsed options. A measure that cannot stop early is started under a cap
         only when its predicted seconds fit; ``--dry-run`` says which.
+    low_precision : bool
+        Whether its products may run in bfloat16 under ``runtime.precision: bf16`` (its results
+        verified or refined in float32); every other measure runs with a float32 forward there.
     revision : int
         Raise it when the measure's values change (a fix, a new default, another estimator): it
         is part of every result's key (`flatcli.keys`), so stored results of this measure are
@@ -234,6 +237,7 @@ class MeasureInfo:
     estimate: Estimate | None = None
     applicable: Callable[[Any, Any], str | None] | None = None
     stops_early: bool | Callable[[Any], bool] = False
+    low_precision: bool = False
     revision: int = 1
 
     @property
@@ -275,6 +279,7 @@ def register(
     estimate: Estimate | None = None,
     applicable: Callable[[Any, Any], str | None] | None = None,
     stops_early: bool | Callable[[Any], bool] = False,
+    low_precision: bool = False,
     revision: int = 1,
 ):
     """Decorator registering a measure function ``fn(ctx, opts) -> MeasureResult`` under ``name``.
@@ -311,6 +316,8 @@ def register(
         ``(opts, problem) -> reason | None``: a cheap check before any product.
     stops_early : bool or callable
         Whether the measure stops at its cap with its estimate so far.
+    low_precision : bool
+        Whether its products may run in bfloat16 under ``runtime.precision: bf16``.
     revision : int
         The revision of the measure's values (default 1; part of every result's key).
 
@@ -344,6 +351,7 @@ def register(
             estimate=estimate,
             applicable=applicable,
             stops_early=stops_early,
+            low_precision=low_precision,
             revision=revision,
         )
         return fn

@@ -40,10 +40,6 @@ PADDING_NOTE = (  # the padding convention, in every Hessian measure's descripti
     "weight is tied to a module that trains the row (an MLM/LM head): true Hessian there."
 )
 CONTROL_PROBES = 8  # fp32 control probes of a TF32 trace (each one TF32 and one fp32 HVP)
-# measures whose products run in bfloat16 under runtime.precision: bf16 (λmax and traces verified in fp32,
-# the spectrum unverified as with TF32); every other measure runs with a float32 forward there
-# (`flatcli.run.checkpoint`), since its loss differences and per-sample quantities are not verified
-LOW_PRECISION_MEASURES = ("hessian_lambda_max", "hessian_trace", "hessian_spectrum")
 
 # ---------------------------------------------------------------------------- λmax
 
@@ -82,6 +78,7 @@ def lanczos_basis(d, max_steps: int, min_steps: int | None) -> int:
 
 @register(
     "hessian_lambda_max",
+    low_precision=True,  # bf16 products: λmax and traces verified in fp32, the spectrum as with TF32
     stops_early=True,  # its estimator checks the budget between blocks
     options=LambdaMaxOptions,
     description="Largest algebraic eigenvalue of the loss Hessian (Lanczos, residual stopping); "
@@ -319,6 +316,7 @@ def _trace_estimate(o, d) -> dict:
 
 @register(
     "hessian_trace",
+    low_precision=True,  # bf16 products: λmax and traces verified in fp32, the spectrum as with TF32
     stops_early=lambda o: o.method != "exact",  # its estimator checks the budget between blocks
     options=TraceOptions,
     description="Trace of the loss Hessian (exact for small P, else Hutchinson or Hutch++ with "
@@ -503,6 +501,7 @@ def _esd_artifacts(result: MeasureResult, stem: Path, title: str) -> list[Path]:
 
 @register(
     "hessian_spectrum",
+    low_precision=True,  # bf16 products: λmax and traces verified in fp32, the spectrum as with TF32
     stops_early=True,  # its estimator checks the budget between blocks
     options=SpectrumOptions,
     description="Effective dimension N_eff(z) = Σ λ₊/(λ₊ + z) of the loss Hessian, λ₊ = max(λ, 0) "

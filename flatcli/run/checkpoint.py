@@ -32,8 +32,14 @@ from ..loading.load import (  # noqa: F401
     load_model,
     manifest_train_data,
 )
-from ..measures import Dims, MeasureContext, MeasureResult, MeasureSpec, run_measure
-from ..measures.hessian import LOW_PRECISION_MEASURES
+from ..measures import (
+    Dims,
+    MeasureContext,
+    MeasureResult,
+    MeasureSpec,
+    get_measure,
+    run_measure,
+)
 from .jobs import Job
 from .memory import check_products, copies_model, refuse
 from .predict import Fit
@@ -356,7 +362,7 @@ def _run_one(
         max_seconds=share,
         cache=shared if shared is not None else {},
     )
-    fp32 = problem.lowered and spec.name not in LOW_PRECISION_MEASURES
+    fp32 = problem.lowered and not get_measure(spec.name).low_precision
     try:
         with engine.full_precision() if fp32 else contextlib.nullcontext():
             row.results[spec.label] = run_measure(spec, ctx)

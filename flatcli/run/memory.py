@@ -68,16 +68,12 @@ from typing import Any
 import torch
 
 from ..engine.linalg._store import default_capacity
-from ..engine.recompute import find_blocks, free_bytes, predicted_product_bytes
+from ..engine.recompute import AUTO_RECOMPUTE, find_blocks, free_bytes, predicted_product_bytes
 from ..errors import MeasurementError
-from ..measures import Dims, MeasureSpec
-from ..measures.hessian import LOW_PRECISION_MEASURES
+from ..measures import Dims, MeasureSpec, get_measure
 from .settings import Settings
 
 SKIP_FACTOR = 1000  # the counting pass is skipped when free memory ≥ this × (P-vectors + one batch)
-AUTO_RECOMPUTE = (
-    0.8  # runtime.recompute: auto turns on above this share of free memory (engine/loop.py's rule)
-)
 
 
 _PARTS = {"theta_gradient": "θ and gradient", "product": "one product"}  # parts' keys in words
@@ -429,7 +425,7 @@ def _product_suggestions(
     if (
         st.precision != "bf16"
         and st.precision != "fp64"
-        and any(s.name in LOW_PRECISION_MEASURES for s in hess)
+        and any(get_measure(s.name).low_precision for s in hess)
         and base + act // 2 <= free
     ):
         out.append("runtime.precision: bf16 (the forward's activations in bfloat16)")

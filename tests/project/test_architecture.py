@@ -656,3 +656,14 @@ def test_no_private_name_crosses_a_package():
             if private and target.split(".")[:2] != mod.split(".")[:2]:
                 found.append(f"{mod}:{n.lineno}: {', '.join(private)} from {target}")
     assert not found, found
+
+
+def test_low_precision_is_a_registry_hook():
+    """Which measures run their products in bfloat16 is each registry entry's `low_precision`,
+    read by the run (no tuple of names outside measures/): the Hessian family only."""
+    from flatcli.measures import list_measures
+
+    low = {m.name for m in list_measures() if m.low_precision}
+    assert low == {"hessian_lambda_max", "hessian_trace", "hessian_spectrum"}
+    run = (PKG / "run" / "checkpoint.py").read_text() + (PKG / "run" / "memory.py").read_text()
+    assert "low_precision" in run and "LOW_PRECISION_MEASURES" not in run
