@@ -219,3 +219,20 @@ def test_benchmark_plots_from_numeric_tables(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "![t](plots/sizes_2.png)" in page
     assert page.count("![") == 1  # the fixture's tables have no numeric first column
+
+
+def test_the_changelog_has_a_section_for_the_version():
+    """CHANGELOG.md has a section for the version `flatcli --version` prints (raise both at a
+    release), with breaking changes listed first."""
+    from typer.testing import CliRunner
+
+    from flatcli.cli import app
+
+    out = CliRunner().invoke(app, ["--version"]).output
+    version = out.split()[-1]
+    text = (Path(__file__).resolve().parents[2] / "CHANGELOG.md").read_text()
+    section = text.split(f"## [{version}]", 1)
+    assert len(section) == 2, f"no '## [{version}]' section in CHANGELOG.md"
+    body = section[1].split("\n## [", 1)[0]
+    heads = [ln for ln in body.splitlines() if ln.startswith("### ")]
+    assert heads and heads[0] == "### Changed (breaking)" or "breaking" not in body.lower()
