@@ -153,7 +153,10 @@ def read_table(path: Path) -> pd.DataFrame:
 
 def load_results(path: str | Path) -> ResultsTable:
     """A CSV table (flatcli's results.csv or any other) with flatcli's measure metadata when present."""
+    from ..run.results import settle_pair
+
     path = Path(path)
+    settle_pair(path)  # a pair write a kill interrupted after its commit is finished first
     if not path.is_file():
         raise ConfigError(f"results file not found: {path}")
     frame = read_table(path)

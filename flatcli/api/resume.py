@@ -71,8 +71,10 @@ def read_previous(outdir: str | Path) -> Previous:
     """OUTDIR/results.json as `Previous`. A missing file gives nothing; an unreadable one, or one
     that does not match the results schema (`flatcli.schema.RESULTS`), gives nothing and names
     the problem."""
+    from ..run.results import settle_pair
     from ..sweep.store import result_from
 
+    settle_pair(Path(outdir) / "results.csv")  # finish a pair write a kill cut after its commit
     prev = Previous(Path(outdir) / "results.json")
     try:
         text = prev.path.read_text()

@@ -26,6 +26,7 @@ these dtypes:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -336,18 +337,51 @@ def write_pair(
 ) -> tuple[Path, Path]:
     """Write the CSV ``csv_path`` and the JSON beside it (same stem) as one unit; return the paths.
 
-    Each is written atomically (`atomic_write`), the CSV first; the JSON records the CSV's sha256
-    (``csv_sha256``), so a reader that finds a JSON whose hash does not match its CSV (a kill
-    between the two replaces) knows the pair is mixed and ignores the JSON (`json_matches_csv`)."""
+    Both are first staged beside their targets (``.results.csv.next``, ``.results.json.next``),
+    then a commit marker (``.results.commit``) is written, then both are moved into place and the
+    marker removed. A kill before the marker leaves the old pair (the staged files are ignored and
+    overwritten by the next write); a kill after it is rolled forward by the next reader or writer
+    (`settle_pair`): a reader never sees a new CSV beside an old JSON. The JSON also records the
+    CSV's sha256 (``csv_sha256``, `json_matches_csv`), which catches a pair edited by hand."""
     csv_path = Path(csv_path)
-    json_path = csv_path.with_suffix(".json")
+    csv_next, json_next, commit = _staged(csv_path)
+    settle_pair(csv_path)  # finish an earlier write that a kill interrupted after its commit
     text = to_csv(rows)
-    atomic_write(csv_path, text)
     doc = {**meta, "csv_sha256": hashlib.sha256(text.encode()).hexdigest()}
+    atomic_write(csv_next, text)
     atomic_write(
-        json_path, json.dumps(jsonable({**doc, "rows": [r.to_json() for r in rows]}), indent=2)
+        json_next, json.dumps(jsonable({**doc, "rows": [r.to_json() for r in rows]}), indent=2)
     )
-    return csv_path, json_path
+    atomic_write(commit, "")  # the pair is decided: from here on it is rolled forward
+    settle_pair(csv_path)
+    return csv_path, csv_path.with_suffix(".json")
+
+
+def _staged(csv_path: Path) -> tuple[Path, Path, Path]:
+    """The staged CSV and JSON of a pair and its commit marker."""
+    json_path = csv_path.with_suffix(".json")
+    return (
+        csv_path.with_name(f".{csv_path.name}.next"),
+        json_path.with_name(f".{json_path.name}.next"),
+        csv_path.with_name(f".{csv_path.stem}.commit"),
+    )
+
+
+def settle_pair(csv_path: str | os.PathLike) -> None:
+    """Finish a pair write whose commit marker exists (a kill after the commit): move the staged
+    CSV and JSON into place and drop the marker. Readers call it before reading a pair; without
+    a marker it changes nothing (staged files of an unfinished write are left to the writer)."""
+    csv_path = Path(csv_path)
+    csv_next, json_next, commit = _staged(csv_path)
+    if not commit.exists():
+        return
+    for staged, target in ((csv_next, csv_path), (json_next, csv_path.with_suffix(".json"))):
+        try:
+            os.replace(staged, target)
+        except FileNotFoundError:  # moved already (by another reader, or before a kill)
+            pass
+    with contextlib.suppress(FileNotFoundError):
+        commit.unlink()
 
 
 def json_matches_csv(doc: Any, csv_path: str | os.PathLike) -> bool:

@@ -132,9 +132,12 @@ def _rows(labels: list[str], k: int) -> list[Row]:
     ]
 
 
-def test_a_kill_between_the_pair_is_detected(tmp_path, monkeypatch):
-    """A kill after the new results.csv replaced the old one but before results.json did: the old
-    JSON's measure list is not used for the new CSV (correlate infers the measures instead)."""
+def test_a_kill_between_the_pair_leaves_the_old_pair_and_a_hand_edit_is_detected(
+    tmp_path, monkeypatch
+):
+    """A kill while the new pair is staged (the JSON not yet written): both files stay old and
+    agree (tests/run/test_pair_writes.py walks every step). A CSV replaced by hand beside an old
+    JSON is caught by the JSON's hash: correlate infers the measures instead of trusting it."""
     import flatcli.run.results as results
 
     csv_path = tmp_path / "results.csv"
@@ -144,7 +147,7 @@ def test_a_kill_between_the_pair_is_detected(tmp_path, monkeypatch):
     real = results.atomic_write
 
     def killed(path, text):
-        if str(path).endswith(".json"):
+        if ".json" in str(path):
             raise SystemExit("killed")
         real(path, text)
 
@@ -153,13 +156,17 @@ def test_a_kill_between_the_pair_is_detected(tmp_path, monkeypatch):
         write_pair(csv_path, _rows(["a", "b", "c"], 1), {"labels": ["a", "b", "c"]})
     monkeypatch.setattr(results, "atomic_write", real)
     old = json.loads((tmp_path / "results.json").read_text())
-    assert old["labels"] == ["a", "b"] and not json_matches_csv(old, csv_path)
-    cols = list(_rows(["a", "b", "c"], 1)[0].flat())
-    labels, source = detect_measures(cols, csv_path)
+    assert old["labels"] == ["a", "b"] and json_matches_csv(old, csv_path)
+    assert detect_measures(cols, csv_path) == (["a", "b"], "results.json")
+    # a CSV written by hand (not through write_pair) beside the old JSON
+    new_cols = list(_rows(["a", "b", "c"], 1)[0].flat())
+    csv_path.write_text(results.to_csv(_rows(["a", "b", "c"], 1)))
+    assert not json_matches_csv(old, csv_path)
+    labels, source = detect_measures(new_cols, csv_path)
     assert labels == ["a", "b", "c"]
     assert "results.json ignored: not written with results.csv" in source
     write_pair(csv_path, _rows(["a", "b", "c"], 1), {"labels": ["a", "b", "c"]})
-    assert detect_measures(cols, csv_path) == (["a", "b", "c"], "results.json")
+    assert detect_measures(new_cols, csv_path) == (["a", "b", "c"], "results.json")
 
 
 def test_collect_writes_the_pair(swept):
