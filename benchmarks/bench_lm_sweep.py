@@ -120,11 +120,11 @@ def build_study(folder: Path, text: str, steps: int) -> Path:
     return path
 
 
-def run_sweep(config: Path, outdir: Path, fresh: bool) -> dict:
-    """One sweep into ``outdir`` (``fresh``: every unit reloads and re-evaluates); its unit
-    records, wall time and what it printed to stderr."""
+@contextlib.contextmanager
+def _reload_per_unit():
+    """Every unit loads and evaluates its checkpoint afresh (what a worker did before it kept
+    the checkpoint between units); imported here so the benchmark also runs on code without it."""
     import flatcli.run.reuse as reuse
-    from flatcli import api
 
     class Fresh(reuse.CheckpointCache):
         def model(self, cfg, job):
@@ -133,16 +133,24 @@ def run_sweep(config: Path, outdir: Path, fresh: bool) -> dict:
             return super().model(cfg, job)
 
     saved = reuse.CheckpointCache
-    if fresh:
-        reuse.CheckpointCache = Fresh
-    err = io.StringIO()
-    lines: list[str] = []
-    t0 = time.perf_counter()
+    reuse.CheckpointCache = Fresh
     try:
-        with contextlib.redirect_stderr(err):
-            rep = api.sweep(config, outdir, log=lines.append)
+        yield
     finally:
         reuse.CheckpointCache = saved
+
+
+def run_sweep(config: Path, outdir: Path, fresh: bool) -> dict:
+    """One sweep into ``outdir`` (``fresh``: every unit reloads and re-evaluates); its unit
+    records, wall time and what it printed to stderr."""
+    from flatcli import api
+
+    err = io.StringIO()
+    lines: list[str] = []
+    with _reload_per_unit() if fresh else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        with contextlib.redirect_stderr(err):
+            rep = api.sweep(config, outdir, log=lines.append)
     wall = time.perf_counter() - t0
     recs = [json.loads(p.read_text()) for p in sorted((outdir / "units").rglob("*.json"))]
     assert rep.errors == 0 and len(recs) == 4 * len(MEASURES), rep.summary()

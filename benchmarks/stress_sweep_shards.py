@@ -9,8 +9,8 @@ extra, no (checkpoint, measure) pair twice), every unit ``ok``, no lock or temp 
 shard's ms/unit (wall time over the units it computed: only meaningful on an idle machine).
 Exits 1 when a check fails::
 
-    python scripts/stress_sweep_shards.py                      # 10,000 × 2 = 20,000 units
-    python scripts/stress_sweep_shards.py --checkpoints 200 --kill-at 0
+    python -m benchmarks.stress_sweep_shards                      # 10,000 × 2 = 20,000 units
+    python -m benchmarks.stress_sweep_shards --checkpoints 200 --kill-at 0
 """
 
 from __future__ import annotations
