@@ -170,7 +170,8 @@ def fold_batchnorm(
         b = work.get_buffer(n)
         b.copy_(t.to(b.dtype))
     work.eval()
-    pairs = _pairs_fx(work)
+    # without a BatchNorm there is nothing to pair: no trace (it costs more than the norms)
+    pairs = _pairs_fx(work) if has_batchnorm(work) else []
     if pairs is None:
         pairs = _pairs_sequential(work)
     for lname, bname in pairs:

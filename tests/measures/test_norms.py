@@ -263,3 +263,22 @@ def test_inverse_margin_is_not_applicable_without_class_outputs():
     assert res.diagnostics["reason"] == (
         "needs class scores and integer labels; loss 'mse' on outputs of shape (12, 1) gives none"
     )
+
+
+def test_a_model_without_batchnorm_is_not_traced(monkeypatch):
+    """Folding a model without BatchNorm finds nothing to fold and skips torch.fx's trace (which
+    cost more per sweep unit than the norm measures themselves); the fold is the model as it was."""
+    import torch
+
+    from flatcli.measures import _bn
+
+    traced = []
+    real = torch.fx.symbolic_trace
+    monkeypatch.setattr(torch.fx, "symbolic_trace", lambda m, *a, **k: traced.append(m) or real(m))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    folded = _bn.fold_batchnorm(model)
+    assert traced == [] and folded.pairs == [] and folded.unfolded == []
+    x = torch.randn(5, 4)
+    assert torch.equal(folded.module(x), model(x))
+    bn = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).eval()
+    assert _bn.fold_batchnorm(bn).pairs == [("0", "1")] and len(traced) == 1

@@ -335,7 +335,9 @@ def test_concurrent_workers_never_duplicate_or_corrupt(project, tmp_path, monkey
 
     cfg, ref = project
     out = tmp_path / "s"
-    monkeypatch.setenv(DELAY_ENV, "0.2")  # inherited by the worker processes
+    monkeypatch.setenv(
+        DELAY_ENV, "0.5"
+    )  # inherited by the workers: each unit lasts long enough for both to start under load
     monkeypatch.delenv(
         "OMP_NUM_THREADS", raising=False
     )  # auto: cores // workers, not the caller's choice
