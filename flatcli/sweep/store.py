@@ -91,7 +91,8 @@ _WARNED: set[tuple[str, str, str | None]] = set()
 
 
 def _stderr_line(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    sys.stderr.write(msg + "\n")  # one write: lines of concurrent workers never interleave
+    sys.stderr.flush()
 
 
 # ------------------------------------------------------------------ locks

@@ -38,8 +38,11 @@ class WorkerStats:
 
 
 def default_log(msg: str) -> None:
-    """Print ``msg`` as one line on stderr (a worker's log when none is given)."""
-    print(msg, file=sys.stderr, flush=True)
+    """Write ``msg`` as one line on stderr (a worker's log when none is given), in one write
+    call: `print` writes the text and the newline apart, so two workers sharing stderr could
+    interleave their lines."""
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
 
 
 def run_worker(
