@@ -571,8 +571,14 @@ def bench_process(
     batch_size: int,
     log,
     repeats: int = 2,
+    pause: float = 0.0,
 ) -> list[Row]:
     """`flatcli measure` (a fresh process: imports, config, checkpoint, data, trace) vs PyHessian scripts.
+
+    The processes alternate, so each flatcli run starts right after a PyHessian job has ended (the
+    case ``threads: auto`` must not mistake for a busy machine); ``pause`` seconds of idle before
+    each flatcli run give the idle case to compare with. flatcli runs with ``OMP_NUM_THREADS``
+    unset (``threads: auto``); the threads it chose are in each row's note.
 
     Same probe count: flatcli (Hutchinson, ``probes``, batches of ``batch_size``)
     vs PyHessian on the whole set as one batch (graph reused) and with a
@@ -594,6 +600,7 @@ def bench_process(
     script = tmp / "pyhessian_trace.py"
     script.write_text(PYHESSIAN_SCRIPT)
     env = dict(os.environ)  # the child imports the installed flatcli (pip install -e .)
+    flat_env = {k: v for k, v in env.items() if k not in ("OMP_NUM_THREADS", "FLATCLI_THREADS")}
 
     def flat(cfg):
         return [
@@ -638,6 +645,7 @@ def bench_process(
     ]
     best: dict[str, float] = {}
     outs = {}
+    threads_seen: dict[str, list[str]] = {}
     for i in range(repeats):
         for name, cmd, _, _ in runs:
             if (
@@ -646,12 +654,21 @@ def bench_process(
                 and accurate_probes > 4 * probes
             ):
                 continue  # long run: once is enough
+            is_flat = name.startswith("flatcli")
+            if is_flat and pause > 0:
+                time.sleep(pause)
             t0 = time.perf_counter()
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
+            out = subprocess.run(
+                cmd, env=flat_env if is_flat else env, capture_output=True, text=True, cwd=tmp
+            )
             dt = time.perf_counter() - t0
             if out.returncode != 0:
                 log(f"{name} failed ({out.returncode}): {out.stderr[-2000:]}")
                 continue
+            if is_flat:
+                chose = [ln for ln in out.stderr.splitlines() if ln.startswith("threads")]
+                log(f"{name}: {dt:.1f}s; {chose[-1] if chose else 'threads: not reported'}")
+                threads_seen.setdefault(name, []).append(chose[-1] if chose else "?")
             best[name] = min(best.get(name, math.inf), dt)
             outs[name] = out
     rows = []
@@ -671,6 +688,8 @@ def bench_process(
             )
             se = row.get("hessian_trace_stderr")
             note = f"stderr {float(se) / abs(value):.2%}" if se else ""
+            chosen = sorted({t.split(" per worker")[0] for t in threads_seen.get(name, [])})
+            note = "; ".join([n for n in [note, ", ".join(chosen)] if n])
         else:
             value = float(outs[name].stdout.split()[-1])
         rows.append(
@@ -882,6 +901,13 @@ def main(argv=None) -> int:
         help="flatcli's measure_data.batch_size and PyHessian's dataloader batch",
     )
     ap.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="seconds of idle before each flatcli process of the process task (default 0: right "
+        "after the previous job)",
+    )
+    ap.add_argument(
         "--max-probes", type=int, default=5000, help="most probes of flatcli's trace estimators"
     )
     ap.add_argument(
@@ -972,6 +998,7 @@ def main(argv=None) -> int:
                 args.process_batch_size,
                 log,
                 max(1, min(args.repeats, 2)),
+                args.pause,
             )
         elif t == "variants":
             variant_lines += bench_variants(mlp, log)
