@@ -16,6 +16,7 @@ from flatcli.engine import Problem
 from flatcli.measures import MeasureContext
 from flatcli.measures.feature_robustness import haar_orthogonal, kde_representativeness
 from tests.measures.test_relative_flatness import _data, _features, _mlp
+from tests.oracles import dense_hessian
 
 DT = torch.float64
 
@@ -71,7 +72,8 @@ def _quadratic_forms(model, layer, x, y, Os):
     p = Problem(model.eval(), x, y, batch_size=len(x), dtype=DT)
     wname = f"{layer}.weight"
     W = p.params[wname]
-    H = torch.func.hessian(lambda w: p.loss({**p.params, wname: w}))(W)  # (d, m, d, m)
+    H = dense_hessian(lambda w: p.loss({**p.params, wname: w.view(W.shape)}), W.reshape(-1))
+    H = H.reshape(*W.shape, *W.shape)  # (d, m, d, m)
     out = []
     for Q in Os:
         V = W @ Q

@@ -22,6 +22,7 @@ from flatcli.engine.linalg import Budget
 from flatcli.errors import ConfigError
 from flatcli.run.shares import BudgetPlan, continuations, stopped_by_share
 from tests.helpers import TinyBN, tiny_data, tiny_mlp, write_project
+from tests.oracles import call, model_hessian
 
 DT = torch.float64
 
@@ -507,15 +508,8 @@ def _zero_linear(d=6, h=5, o=3):
 
 
 def _dense_hessian(model, x, y) -> torch.Tensor:
-    """The Hessian of the mean per-sample squared error, row by row with double backward."""
-    params = list(model.parameters())
-    loss = ((model(x) - y) ** 2).sum(1).mean()
-    g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, params, create_graph=True)])
-    rows = [
-        torch.cat([t.reshape(-1) for t in torch.autograd.grad(g[i], params, retain_graph=True)])
-        for i in range(g.numel())
-    ]
-    return torch.stack(rows)
+    """The Hessian of the mean per-sample squared error (dense, float64)."""
+    return model_hessian(model, lambda ps: ((call(model, ps, x) - y) ** 2).sum(1).mean())
 
 
 @pytest.mark.parametrize("method", ["hutchinson", "hutchpp"])
