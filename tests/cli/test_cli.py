@@ -6,16 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
 
 from flatcli.cli import app
 from tests.helpers import cli_output, write_project
-
-runner = CliRunner()
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
+from tests.oracles import cli as run
+from tests.oracles import runner
 
 
 def out(res) -> str:

@@ -9,26 +9,19 @@ import torch
 import torch.nn.functional as F
 import yaml
 from torch.func import functional_call
-from typer.testing import CliRunner
 
 from flatcli.api import load
-from flatcli.cli import app
 from flatcli.engine import CurvatureEngine, Problem
 from flatcli.errors import ConfigError
 from flatcli.loading.load import load_model
 from tests import hf_models as H
 from tests.helpers import measured, rel
+from tests.oracles import cli_and_output as run
 from tests.oracles import model_hessian
 
 H.transformers()  # skips the module without transformers
-runner = CliRunner()
 IGNORE = -100
 CLASSES = {"gpt2": "AutoModelForCausalLM", "bert": "AutoModelForSequenceClassification"}
-
-
-def run(*args):
-    res = runner.invoke(app, [str(a) for a in args])
-    return res, res.output + (res.stderr if res.stderr_bytes is not None else "")
 
 
 def resave(src, dst, cls, dtype):

@@ -13,7 +13,7 @@ from torch.func import functional_call
 from flatcli.api import measure, measure_model
 from flatcli.engine import Batch, CurvatureEngine, ParamSelection, Problem, get_loss
 from flatcli.errors import ConfigError
-from tests.oracles import dense_hessian
+from tests.oracles import dense_hessian, runner
 from tests.token_models import TinyLM, TokenClassifier, padded_tokens
 
 DT = torch.float64
@@ -257,7 +257,6 @@ def test_batch_contract_and_model_outputs():
 
 
 def test_dry_run_prints_the_parameter_selection(tmp_path):
-    from typer.testing import CliRunner
 
     from flatcli.cli import app
 
@@ -269,7 +268,7 @@ def test_dry_run_prints_the_parameter_selection(tmp_path):
         model,
         {"params": {"include": ["head.*", "mix.*"], "exclude": ["*.bias"]}},
     )
-    res = CliRunner().invoke(app, ["measure", "-c", str(cfg), "-m", "hessian_trace", "--dry-run"])
+    res = runner.invoke(app, ["measure", "-c", str(cfg), "-m", "hessian_trace", "--dry-run"])
     assert res.exit_code == 0, res.output
     first = res.output.splitlines()[0]
     assert (

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
 
 from flatcli.cli import app
 from flatcli.config import load_config, parse_measures
@@ -24,6 +23,7 @@ from flatcli.experiments.report import StudyOutcome, correlation_table
 from flatcli.experiments.spec import Study, merge
 from flatcli.training import LossTarget, Plateau
 from tests.helpers import cli_output
+from tests.oracles import runner
 
 pytest.importorskip("mnist1d")
 
@@ -37,7 +37,6 @@ EXPERIMENTS = [
     "cifar10_resnet18",
     "modular_addition",
 ]
-runner = CliRunner()
 
 
 def _rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:

@@ -23,6 +23,7 @@ from flatcli.landscape.trajectory import (
     trajectory_paths,
     trajectory_pca,
 )
+from tests.oracles import runner
 
 F64 = dict(device="cpu", precision="fp64")
 
@@ -674,12 +675,10 @@ def write_project(tmp, nan_data=False):
 def test_cli_pca_and_connect(tmp_path):
     pytest.importorskip("matplotlib")
     import pandas as pd
-    from typer.testing import CliRunner
 
     from flatcli.cli import app
 
     cfg = write_project(tmp_path)
-    runner = CliRunner()
     shell_glob = [str(tmp_path / f"step_{k}.pt") for k in (1, 10, 2, 20)]  # as `step_*.pt` expands
     r = runner.invoke(
         app,

@@ -10,22 +10,15 @@ import torch
 import torch.nn.functional as F
 import yaml
 from torch.func import functional_call
-from typer.testing import CliRunner
 
 from flatcli import api
-from flatcli.cli import app
 from tests import hf_models as H
 from tests.helpers import measured, rel
+from tests.oracles import cli_and_output as run
 from tests.oracles import model_hessian
 
 H.transformers()  # skips the module without transformers
-runner = CliRunner()
 IGNORE = -100
-
-
-def run(*args):
-    res = runner.invoke(app, [str(a) for a in args])
-    return res, res.output + (res.stderr if res.stderr_bytes is not None else "")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from typer.testing import CliRunner
 
 from flatcli import api
 from flatcli.cli import app
@@ -22,7 +21,7 @@ from flatcli.engine.linalg import Budget
 from flatcli.errors import ConfigError
 from flatcli.run.shares import BudgetPlan, continuations, stopped_by_share
 from tests.helpers import TinyBN, tiny_data, tiny_mlp, write_project
-from tests.oracles import call, model_hessian
+from tests.oracles import call, model_hessian, runner
 
 DT = torch.float64
 
@@ -469,9 +468,9 @@ def test_budget_values_and_their_errors():
 
 def test_cli_budget_flag(tmp_path):
     cfg = write_project(tmp_path / "p", measures=["hessian_trace", "frobenius_norm"], n_ckpt=1)
-    res = CliRunner().invoke(app, ["measure", "-c", str(cfg), "--budget", "soon"])
+    res = runner.invoke(app, ["measure", "-c", str(cfg), "--budget", "soon"])
     assert res.exit_code == 2 and "--budget must be a positive number of seconds" in res.output
-    res = CliRunner().invoke(
+    res = runner.invoke(
         app,
         [
             "measure",

@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from flatcli.cli import app
 from flatcli.config import from_dict
@@ -13,8 +12,7 @@ from flatcli.engine.linalg._store import BasisStore
 from flatcli.errors import ConfigError
 from flatcli.run.settings import Settings
 from tests.helpers import write_project
-
-runner = CliRunner()
+from tests.oracles import runner
 
 
 def test_defaults_are_auto_and_leave_the_hash_alone():

@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from flatcli import api, threads
 from flatcli.cli import app
@@ -19,8 +18,8 @@ from flatcli.sweep.runner import plan_workers
 from flatcli.sweep.worker import run_worker_process
 from flatcli.threads import choose_threads, plan_threads
 from tests.helpers import write_project
+from tests.oracles import runner
 
-runner = CliRunner()
 REAL_MACHINE_LOAD = threads.machine_load  # before the autouse fixture replaces it
 
 

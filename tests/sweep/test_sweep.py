@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
 
 from flatcli import api
 from flatcli.cli import app
@@ -25,8 +24,8 @@ from flatcli.sweep.plan import build_plan, load_plan
 from flatcli.sweep.runner import plan_workers
 from flatcli.sweep.store import Store, parse_shard, shard_of
 from flatcli.sweep.worker import DELAY_ENV
+from tests.oracles import runner
 
-runner = CliRunner()
 MEASURES = ["frobenius_norm", {"hessian_trace": {"max_probes": 8, "min_probes": 4, "tol": 0.5}}]
 
 
