@@ -13,8 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from flatcli.engine import CurvatureEngine, Problem
-from flatcli.measures import MeasureContext, MeasureSpec, run_measure
+from flatcli.engine import Problem
 from tests.oracles import problem_hessian
 
 DT = torch.float64
@@ -48,10 +47,3 @@ def reference(name: str) -> tuple[Problem, np.ndarray]:
 def dense_hessian(p: Problem) -> torch.Tensor:
     """H of L at θ (symmetrized; rows 256 at a time)."""
     return problem_hessian(p, chunk=256, symmetrize=True)
-
-
-def run(p: Problem, name: str, seed: int = 0, max_hvps=None, max_seconds=None, **options):
-    """One measure on ``p`` with its own context and caps."""
-    ctx = MeasureContext(p, CurvatureEngine(p), seed=seed)
-    spec = MeasureSpec(name, name, options, max_hvps=max_hvps, max_seconds=max_seconds)
-    return run_measure(spec, ctx)

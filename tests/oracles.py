@@ -6,6 +6,7 @@
   flatcli `Problem` or from a model, a loss of its parameters and a parameter selection.
 - `hessian_products`: rows of V·H by double backward, without building H.
 - `dense_ggn`: the Gauss-Newton matrix (1/n) Σ_i J_iᵀ H_z,i J_i of a `Problem`.
+- `measure_on`: one measure on a `Problem` with its own context.
 - `runner`, `cli`, `cli_and_output`, `cli_output`: the Typer test runner on flatcli's app.
 - The tiny models shared by several test folders, re-exported from where they live
   (tests/helpers.py; tests/token_models.py, which configs also load by path).
@@ -37,6 +38,7 @@ __all__ = [
     "dense_ggn",
     "dense_hessian",
     "hessian_products",
+    "measure_on",
     "model_hessian",
     "padded_tokens",
     "problem_hessian",
@@ -152,6 +154,36 @@ def dense_ggn(p, theta: torch.Tensor | None = None) -> torch.Tensor:
         Hz = dense_hessian(lambda zz, r=row, s=shape: p.loss_fn.sum(zz.view(s), r), flat[i])
         G += J.T @ Hz @ J
     return G / p.n
+
+
+# ---------------------------------------------------------------------------- one measure
+def measure_on(
+    p,
+    name: str,
+    *,
+    label: str | None = None,
+    engine=None,
+    seed: int = 0,
+    init_params=None,
+    init_state=None,
+    max_hvps=None,
+    max_seconds=None,
+    **options,
+):
+    """The measure ``name`` with ``options`` on the `Problem` ``p``, with its own context (a fresh
+    `CurvatureEngine` unless ``engine`` is given) and caps: what `run_measure` returns."""
+    from flatcli.engine import CurvatureEngine
+    from flatcli.measures import MeasureContext, MeasureSpec, run_measure
+
+    ctx = MeasureContext(
+        p,
+        CurvatureEngine(p) if engine is None else engine,
+        seed=seed,
+        init_params=init_params,
+        init_state=init_state,
+    )
+    spec = MeasureSpec(name, label or name, options, max_hvps=max_hvps, max_seconds=max_seconds)
+    return run_measure(spec, ctx)
 
 
 # ---------------------------------------------------------------------------- the CLI

@@ -21,7 +21,8 @@ from torch import nn
 from flatcli.console import _value_cell
 from flatcli.engine import CurvatureEngine, Problem, linalg
 from flatcli.measures import MeasureContext, MeasureSpec, get_measure, run_measure
-from tests.fidelity_models import dense_hessian, reference, run
+from tests.fidelity_models import dense_hessian, reference
+from tests.oracles import measure_on as run
 
 DT = torch.float64
 

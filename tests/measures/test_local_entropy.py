@@ -13,14 +13,11 @@ from torch.func import functional_call
 from flatcli.engine import CurvatureEngine, Problem, linalg
 from flatcli.measures import MeasureContext, MeasureSpec, run_measure
 from flatcli.measures._slq_shared import STREAM
-from tests.oracles import dense_hessian, problem_hessian
+from tests.oracles import dense_hessian, measure_on, problem_hessian
 
 
 def run(p, seed=0, **options):
-    return run_measure(
-        MeasureSpec("local_entropy", "le", options),
-        MeasureContext(p, CurvatureEngine(p), seed=seed),
-    )
+    return measure_on(p, "local_entropy", label="le", seed=seed, **options)
 
 
 def f_clipped(evals, gamma):
