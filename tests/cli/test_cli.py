@@ -257,6 +257,7 @@ def test_cli_paths_keep_manifest_metadata(tmp_path):
     assert row["hp_lr"] == "0.1" and float(row["distance_from_init"]) == 0.0
 
 
+@pytest.mark.slow
 def test_measure_plots_the_spectrum_density(project, tmp_path):
     pytest.importorskip("matplotlib")
     d = yaml.safe_load(project.read_text())

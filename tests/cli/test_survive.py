@@ -60,6 +60,7 @@ def _interrupt_after_first_measure(cfg: Path, out: Path) -> tuple[int, str]:
     return p.returncode, "".join(seen) + rest
 
 
+@pytest.mark.slow
 def test_sigint_keeps_the_finished_measure_and_resume_does_not_recompute_it(tmp_path):
     cfg = write_project(
         tmp_path / "p",

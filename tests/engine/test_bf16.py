@@ -114,6 +114,7 @@ def hf_hessian(folder, kind: str, batch: dict) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- model.dtype
+@pytest.mark.slow
 def test_model_dtype_auto_keeps_the_stored_type_and_an_override_wins(hf, tmp_path):
     """auto: a bf16 save_pretrained directory loads in bfloat16, a float32 one in float32; an explicit
     model.dtype converts; a bad value is a one-line config error naming model.dtype."""

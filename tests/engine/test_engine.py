@@ -64,6 +64,7 @@ def test_hvp_at_another_theta():
     torch.testing.assert_close(CurvatureEngine(p).hessian(th)(V), V @ H, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_uneven_last_batch_equals_one_full_batch():
     V = vecs(tiny_problem(), 3)
     full = CurvatureEngine(tiny_problem(batch_size=10))
@@ -86,6 +87,7 @@ def test_ggnvp_matches_dense_gauss_newton(loss):
     assert eng.counters()["n_ggnvp"] == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
 @pytest.mark.parametrize("act", [nn.ReLU, nn.Tanh])

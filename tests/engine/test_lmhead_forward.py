@@ -3,6 +3,7 @@
 ordinary backward give the dense float64 Hessian, built row by row with double backward of the plain
 cross-entropy, on the head alone (several chunks, a bias, ignored tokens) and on a tiny GPT-2."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.autograd import forward_ad as fwAD
@@ -69,6 +70,7 @@ def gpt2():
     return model, {"input_ids": ids, "attention_mask": mask}
 
 
+@pytest.mark.slow
 def test_gpt2_forward_mode_products_equal_dense_hessian():
     model, batch = gpt2()
     names = [n for n, _ in model.named_parameters()]  # the tied head is one tensor here

@@ -134,6 +134,7 @@ def test_padding_rows_found(name):
     )  # the row is not selected: nothing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_hessian_modes_agree_symmetric_and_equal_masked_dense(name):
     p, ref, theta, g = setup(name)
@@ -165,6 +166,7 @@ def test_hessian_modes_agree_symmetric_and_equal_masked_dense(name):
         ), key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_finite_difference_and_gradient_masked(name):
     p, ref, theta, g = setup(name)

@@ -214,6 +214,7 @@ print(json.dumps({"predicted": need, "measured": status("VmHWM") - before}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS"
 )

@@ -68,6 +68,7 @@ def _setup(make, **kw):
     return model, batch, loss, p, V, theta
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [gpt2, bert_without_pad_tokens, vit])
 def test_block_by_block_products_equal_double_backward(make, monkeypatch):
     real_softmax = torch.nn.functional.softmax
@@ -247,6 +248,7 @@ print(json.dumps(runs))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS"
 )

@@ -234,6 +234,7 @@ print(json.dumps({"own": status("VmHWM") - before, "restarts": r.restarts, "vect
 """
 
 
+@pytest.mark.slow
 def test_a_capped_basis_never_holds_more_than_its_cap_in_memory():
     """A fresh process, 2M-vector float32 basis capped at 40 rows, 50 products: the peak over the
     resident set before stays under 40 rows and a few working vectors (growing the buffer by

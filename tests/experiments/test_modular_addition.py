@@ -106,6 +106,7 @@ def test_last_position_shortcut_equals_the_full_last_block(layers):
         m(x.double())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("include", [None, "blocks.0.attn."])
 def test_lambda_max_and_trace_match_a_dense_float64_hessian(include):
     """λmax (Lanczos) and the exact trace through flatcli, in uneven batches of 7, equal those of a
@@ -168,6 +169,7 @@ def tiny_spec(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_smoke_train_sweep_collect_correlate(tmp_path):
     """Each model trains on its own fraction (saved, listed as train_data) with integer ids; flatcli's
     train loss is the training loop's eval-mode loss; the converged models are correlated and compared."""

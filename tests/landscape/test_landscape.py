@@ -406,6 +406,7 @@ def write_project(tmp, manifest=False):
     return tmp / "config.yaml"
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(tmp_path):
     pytest.importorskip("matplotlib")
 

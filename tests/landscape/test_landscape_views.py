@@ -672,6 +672,7 @@ def write_project(tmp, nan_data=False):
     return tmp / name
 
 
+@pytest.mark.slow
 def test_cli_pca_and_connect(tmp_path):
     pytest.importorskip("matplotlib")
     import pandas as pd
@@ -793,6 +794,7 @@ def test_cli_pca_and_connect(tmp_path):
 
 
 # ------------------------------------------------------------------ demo: opt-in trajectory
+@pytest.mark.slow
 def test_demo_train_trajectory_follows_the_zoo_recipe(tmp_path):
     from flatcli.demo.trajectory import train_trajectory, zoo_models
     from flatcli.training import train_model

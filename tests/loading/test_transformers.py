@@ -137,6 +137,7 @@ def exact_measures():
 
 
 # ---------------------------------------------------------------- λmax and trace vs dense
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "vit"])
 def test_classifier_lambda_max_and_trace_match_hf_hessian(hf, tmp_path, name):
     """BERT (sentence pairs: token type ids, padding, dropout in the config) and ViT: λmax and the
@@ -165,6 +166,7 @@ def test_classifier_lambda_max_and_trace_match_hf_hessian(hf, tmp_path, name):
     assert rel(row["measures"]["hessian_trace"]["value"], float(Hd.diagonal().sum())) < 1e-4
 
 
+@pytest.mark.slow
 def test_gpt2_lambda_max_and_block_trace_match_hf_hessian(hf, tmp_path):
     """GPT-2 with tied lm_head/wte and padded sequences of unequal length in uneven batches: λmax of
     the whole model, and λmax and the exact trace of the attention block selected by a params glob,
@@ -238,6 +240,7 @@ NOT_APPLICABLE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
 def test_measure_all_gives_a_value_or_a_reason(hf, tmp_path, name):
     """``flatcli measure -m all``: no measure fails; the ones that do not apply say why; adaptive
@@ -285,6 +288,7 @@ def _distance(hf) -> float:
     return float(sum(((sa[k].double() - sb[k].double()) ** 2).sum() for k in keys))
 
 
+@pytest.mark.slow
 def test_dry_run_and_one_line_errors(hf, tmp_path):
     cfg = gpt2_config(hf, tmp_path / "c.yaml", measures=["hessian_lambda_max"])
     res, text = run("measure", "-c", cfg, "--dry-run")

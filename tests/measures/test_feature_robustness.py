@@ -102,6 +102,7 @@ def test_theorem_5_expansion_per_matrix_against_the_dense_hessian(layer, widths)
     assert np.all(errs[2:] <= C * deltas[2:, None] ** 2 + 1e-13)  # the error decays like δ²
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("normalize", [False, True])
 def test_limit_matches_relative_flatness(normalize):
     # Theorem 5: E_F(δ) → δ²κ/(2m); the Monte-Carlo limit agrees with the exact κ within its stderr.
@@ -359,6 +360,7 @@ def _invert(phi, z):
     return h
 
 
+@pytest.mark.slow
 def test_synthetic_section_6_setting():
     """Petzka et al. Sec. 6: features from 4 Gaussians (2 per class, sklearn's make_classification as in the
     authors' code, noise-free labels) at a given class separation; a linear classifier ψ trained on S; a random

@@ -195,6 +195,7 @@ def test_spectrum_options_and_registry():
         run_measure(MeasureSpec("hessian_spectrum", "s", {"z": 0}), context(model, x, y))
 
 
+@pytest.mark.slow
 def test_plot_esd_writes_png(tmp_path):
     pytest.importorskip("matplotlib")
     model, x, y = mlp_data()

@@ -118,6 +118,7 @@ def _tanh_mlp(widths, n, seed=0):
     return Problem(nn.Sequential(*layers).double(), x, y, batch_size=n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_slq_default_tol_is_within_10_percent_of_the_dense_value(seed):
     # 8-16-4 tanh MLP (212 parameters), SLQ forced: runs are added until stderr ≤ 3% of the value.
@@ -177,6 +178,7 @@ def wide_net():
     return p, float(f_clipped(ev, 1.0).sum())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps", [25, 10])
 def test_slq_stderr_covers_the_dense_value_above_the_dense_threshold(wide_net, steps):
     # 20 seeds, 4 runs each: ±2 stderr must contain the exact value in ≥ 90% of them (measured: 20 of 20

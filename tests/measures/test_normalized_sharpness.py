@@ -244,6 +244,7 @@ def _hard_case(name, trained):
 HARD = ["zero_weight", "tiny_weight", "pruned", "trained", "trained_pruned"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", HARD)
 def test_default_is_exact_with_zero_tiny_and_pruned_weights_and_trained(case, trained_digits_mlp):
     # the old default (hessian_diag: scaled, 64 samples) gives 0.1772 → 2.05, 0.675, 143 (pruned) and 1.6× / 2900× on
@@ -300,6 +301,7 @@ class MixedRows(nn.Module):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("kind", ["fused_qkv", "mixed_rows"])
 def test_default_check_finds_curvature_in_a_few_rows(kind, seed):
@@ -368,6 +370,7 @@ def test_default_at_a_non_minimum_with_an_indefinite_hessian(act):
         assert bool((diag >= 0).all()) and res.diagnostics["diag_curved"] == []
 
 
+@pytest.mark.slow
 def test_default_over_the_exact_budget_estimates_the_residual_and_says_so():
     model = _mlp(nn.Tanh)
     x, y = _data()

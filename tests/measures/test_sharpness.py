@@ -422,6 +422,7 @@ def test_worst_linf_relu_ce_small_net_is_the_exact_corner_maximum(seed, rho):
     )  # above the corners only through an ascent
 
 
+@pytest.mark.slow
 def test_worst_linf_17_parameter_relu_ce_net_reaches_the_corner_maximum():
     # Issue 20's case: Linear(2, 3) → ReLU → Linear(3, 2), 17 parameters, 2^17 > corners: one-flip local
     # searches of the true loss from the ascents and the Ritz sign patterns. The former ascent reached 55.9% here

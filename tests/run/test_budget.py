@@ -380,6 +380,7 @@ def _same(a, b) -> bool:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("measures", BUDGET_SETS, ids=range(len(BUDGET_SETS)))
 def test_twice_the_cost_changes_nothing_and_half_of_it_is_spent(measures, monkeypatch):
     """On a tiny MLP, with time counted in products (`_work_clock`): a budget twice the
@@ -570,6 +571,7 @@ def test_a_positive_definite_trace_never_uses_the_floor():
     assert r.converged and not r.near_zero and r.stderr <= 0.01 * abs(r.estimate)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["hutchinson", "hutchpp"])
 def test_a_trace_small_at_the_spectrums_scale_stops_at_its_floor(method):
     """Tr A = 10 of Tr|A| ≈ 410 (eigenvalues ±[0.5, 1.5], the positive ones 5% larger; the floor

@@ -48,6 +48,7 @@ def test_config_show_lists_the_memory_settings(tmp_path):
     assert "recompute: auto" in res.stdout and "max_device_vectors: auto" in res.stdout
 
 
+@pytest.mark.slow
 def test_measures_with_offloaded_bases_equal_the_default_run(tmp_path, monkeypatch):
     """λmax (Lanczos), the spectrum (block Lanczos + SLQ) and a Hutch++ trace through the CLI with
     ``max_device_vectors: 2`` equal the run with every basis on the device (float64, to rounding)."""

@@ -149,6 +149,7 @@ def _auto_in_a_fresh_process() -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_auto_in_a_subprocess_after_and_during_a_busy_job():
     """On a 2-core machine otherwise idle: while a 1-thread busy job runs, auto chooses 1 thread;
     right after a 2-thread busy job ends (the 1-minute load average still counts it), 2. Skipped

@@ -305,6 +305,7 @@ def _wait_for_units(units: Path, k: int, proc: subprocess.Popen, limit: float = 
     pytest.fail("the sweep never wrote its first units")
 
 
+@pytest.mark.slow
 def test_kill_9_mid_sweep_then_resume_equals_uninterrupted(project, tmp_path):
     cfg, ref = project
     out = tmp_path / "s"
@@ -327,6 +328,7 @@ def test_kill_9_mid_sweep_then_resume_equals_uninterrupted(project, tmp_path):
     assert not list((out / "locks").glob("*.lock"))
 
 
+@pytest.mark.slow
 def test_concurrent_workers_never_duplicate_or_corrupt(project, tmp_path, monkeypatch, capfd):
     """Two worker processes on one directory; on a (mocked) 2-core machine each runs 1 thread,
     observed inside the workers (every unit file records its worker's torch.get_num_threads())."""
