@@ -39,6 +39,7 @@ __all__ = [
     "dense_hessian",
     "hessian_products",
     "measure_on",
+    "mlp_problem",
     "model_hessian",
     "padded_tokens",
     "problem_hessian",
@@ -154,6 +155,21 @@ def dense_ggn(p, theta: torch.Tensor | None = None) -> torch.Tensor:
         Hz = dense_hessian(lambda zz, r=row, s=shape: p.loss_fn.sum(zz.view(s), r), flat[i])
         G += J.T @ Hz @ J
     return G / p.n
+
+
+# ---------------------------------------------------------------------------- tiny problems
+def mlp_problem(act=None, n=11, batch_size=4, seed=0, loss="cross_entropy"):
+    """A 4-5-3 MLP (tanh unless ``act``), float64, eval mode, on n random rows with 3 classes,
+    in batches of ``batch_size`` (4, 4, 3 by default): a flatcli `Problem`."""
+    from torch import nn
+
+    from flatcli.engine import Problem
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 5), (act or nn.Tanh)(), nn.Linear(5, 3)).to(DT).eval()
+    x = torch.randn(n, 4, dtype=DT)
+    y = torch.randint(0, 3, (n,))
+    return Problem(model, x, y, loss=loss, batch_size=batch_size, dtype=DT)
 
 
 # ---------------------------------------------------------------------------- one measure

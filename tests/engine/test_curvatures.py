@@ -7,20 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
-from flatcli.engine import CurvatureEngine, Problem, linalg
+from flatcli.engine import CurvatureEngine, linalg
 from flatcli.engine.curvatures import Curvature
+from tests.oracles import mlp_problem as problem
 from tests.oracles import problem_hessian
 
 DT = torch.float64
-
-
-def problem(n=11, batch_size=4, seed=0):
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).to(DT).eval()
-    x, y = torch.randn(n, 4, dtype=DT), torch.randint(0, 3, (n,))
-    return Problem(model, x, y, batch_size=batch_size, dtype=DT)  # batches of 4, 4, 3 rows
 
 
 class DoubledHessian(Curvature):

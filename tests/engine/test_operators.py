@@ -8,6 +8,7 @@ from torch import nn
 from flatcli.engine import CurvatureEngine, Problem
 from flatcli.errors import MeasurementError
 from tests.oracles import dense_ggn, dense_hessian, problem_hessian
+from tests.oracles import mlp_problem as problem
 
 DT = torch.float64
 
@@ -15,14 +16,6 @@ DT = torch.float64
 def rows_loss(p, out, rows):
     """Per-sample losses of outputs ``out`` on the rows ``rows`` of the measurement set."""
     return p.loss_fn.per_unit(out, rows)
-
-
-def problem(act=nn.Tanh, n=11, batch_size=4, seed=0, loss="cross_entropy"):
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(4, 5), act(), nn.Linear(5, 3)).to(DT).eval()
-    x = torch.randn(n, 4, dtype=DT)
-    y = torch.randint(0, 3, (n,))
-    return Problem(model, x, y, loss=loss, batch_size=batch_size, dtype=DT)
 
 
 def test_operator_algebra_matches_the_dense_matrix():
