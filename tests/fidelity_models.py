@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from flatcli.engine import CurvatureEngine, Problem
-from flatcli.measures import MeasureContext, MeasureSpec, run_measure
+from flatcli.engine import Problem
+from tests.oracles import problem_hessian
 
 DT = torch.float64
 
@@ -37,20 +37,6 @@ def model_b() -> Problem:
     return Problem(m, x, y, loss="mse", batch_size=64)
 
 
-def dense_hessian(p: Problem, theta: torch.Tensor | None = None) -> torch.Tensor:
-    """H of L at θ, row by row (chunks of unit vectors, one batched double backward each)."""
-    t = (p.theta if theta is None else theta).clone().to(DT).requires_grad_(True)
-    (g,) = torch.autograd.grad(p.loss(t), t, create_graph=True)
-    eye = torch.eye(p.num_params, dtype=DT)
-    H = torch.cat(
-        [
-            torch.autograd.grad(g, t, eye[i : i + 256], retain_graph=True, is_grads_batched=True)[0]
-            for i in range(0, p.num_params, 256)
-        ]
-    )
-    return 0.5 * (H + H.T)
-
-
 @functools.cache
 def reference(name: str) -> tuple[Problem, np.ndarray]:
     """The problem and its dense Hessian's eigenvalues (float64)."""
@@ -58,8 +44,6 @@ def reference(name: str) -> tuple[Problem, np.ndarray]:
     return p, torch.linalg.eigvalsh(dense_hessian(p)).numpy()
 
 
-def run(p: Problem, name: str, seed: int = 0, max_hvps=None, max_seconds=None, **options):
-    """One measure on ``p`` with its own context and caps."""
-    ctx = MeasureContext(p, CurvatureEngine(p), seed=seed)
-    spec = MeasureSpec(name, name, options, max_hvps=max_hvps, max_seconds=max_seconds)
-    return run_measure(spec, ctx)
+def dense_hessian(p: Problem) -> torch.Tensor:
+    """H of L at θ (symmetrized; rows 256 at a time)."""
+    return problem_hessian(p, chunk=256, symmetrize=True)

@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
-from typer.testing import CliRunner
 
 import flatcli
 from flatcli.analysis.compare import (
@@ -24,6 +23,7 @@ from flatcli.analysis.compare import (
 )
 from flatcli.cli import app
 from flatcli.errors import ConfigError
+from tests.oracles import runner
 
 
 def _table(n=40, noise_a=0.3, noise_b=2.0, seed=0):
@@ -128,7 +128,6 @@ def test_bad_requests_are_config_errors():
 def test_cli_compare(tmp_path):
     path = tmp_path / "results.csv"
     _table().to_csv(path, index=False)
-    runner = CliRunner()
     res = runner.invoke(
         app, ["correlate", str(path), "-m", "A,B,C", "--compare", "A,B", "-o", str(tmp_path)]
     )

@@ -11,7 +11,6 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
-from typer.testing import CliRunner
 
 import flatcli
 from flatcli import api
@@ -19,8 +18,7 @@ from flatcli.analysis.correlation import correlate_table
 from flatcli.analysis.statistics import bootstrap_intervals, granulated_kendall, jiang_tau
 from flatcli.analysis.table import as_table
 from flatcli.cli import app
-
-runner = CliRunner()
+from tests.oracles import runner
 
 
 def sweep_table(seed: int = 0) -> pd.DataFrame:

@@ -11,7 +11,6 @@ from collections import Counter
 import numpy as np
 import pytest
 from scipy import stats
-from typer.testing import CliRunner
 
 from flatcli import api
 from flatcli.analysis.correlation import correlate_table
@@ -19,8 +18,7 @@ from flatcli.analysis.statistics import conditional_mi, granulated_kendall, jian
 from flatcli.analysis.table import load_results
 from flatcli.cli import app
 from flatcli.errors import ConfigError
-
-runner = CliRunner()
+from tests.oracles import runner
 
 
 def write_results(path, rows, labels=None):

@@ -162,6 +162,7 @@ def test_correlate_takes_a_dataframe_and_returns_one(measured, tmp_path):
     pd.testing.assert_frame_equal(table, by_path.to_pandas(), check_exact=True)
 
 
+@pytest.mark.slow
 def test_pandas_is_not_imported_by_flatcli_or_the_cli():
     code = "import sys, flatcli, flatcli.cli, flatcli.api, flatcli.run.results; print('pandas' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

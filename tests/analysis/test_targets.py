@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
 from flatcli import api
 from flatcli.analysis.correlation import correlate_table
@@ -20,8 +19,7 @@ from flatcli.analysis.targets import CLASSIFIER_LOSSES, default_target, minimum_
 from flatcli.cli import app
 from flatcli.engine.losses import LOSSES
 from flatcli.errors import ConfigError
-
-runner = CliRunner()
+from tests.oracles import runner
 
 
 def lm_frame(seed: int, n: int = 8, ppl: bool = True) -> pd.DataFrame:

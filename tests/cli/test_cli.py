@@ -6,16 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
 
 from flatcli.cli import app
 from tests.helpers import cli_output, write_project
-
-runner = CliRunner()
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
+from tests.oracles import cli as run
+from tests.oracles import runner
 
 
 def out(res) -> str:
@@ -262,6 +257,7 @@ def test_cli_paths_keep_manifest_metadata(tmp_path):
     assert row["hp_lr"] == "0.1" and float(row["distance_from_init"]) == 0.0
 
 
+@pytest.mark.slow
 def test_measure_plots_the_spectrum_density(project, tmp_path):
     pytest.importorskip("matplotlib")
     d = yaml.safe_load(project.read_text())

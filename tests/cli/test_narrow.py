@@ -10,13 +10,12 @@ import re
 import numpy as np
 import pytest
 from rich.console import Console
-from typer.testing import CliRunner
 
 from flatcli import cli
 from flatcli.cli import app
 from tests.helpers import write_project
+from tests.oracles import runner
 
-runner = CliRunner()
 LONG = [
     "normalized_sharpness_with_a_long_label",
     "relative_flatness",

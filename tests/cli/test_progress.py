@@ -6,13 +6,11 @@ import re
 
 import numpy as np
 import pandas as pd
-from typer.testing import CliRunner
 
 from flatcli.cli import app
 from flatcli.console import GridProgress
 from tests.landscape.test_landscape import write_project
-
-runner = CliRunner()
+from tests.oracles import runner
 
 
 def test_grid_progress_logs_every_few_seconds_and_at_the_end(capsys):

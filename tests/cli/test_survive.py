@@ -15,12 +15,11 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
 
 from flatcli.cli import app
 from tests.helpers import write_project
+from tests.oracles import runner
 
-runner = CliRunner()
 SLOW_TRACE = {
     "hessian_trace": {"tol": 1e-12, "min_probes": 8, "max_probes": 1_000_000}
 }  # runs until stopped
@@ -61,6 +60,7 @@ def _interrupt_after_first_measure(cfg: Path, out: Path) -> tuple[int, str]:
     return p.returncode, "".join(seen) + rest
 
 
+@pytest.mark.slow
 def test_sigint_keeps_the_finished_measure_and_resume_does_not_recompute_it(tmp_path):
     cfg = write_project(
         tmp_path / "p",

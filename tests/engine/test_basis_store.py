@@ -12,6 +12,7 @@ from torch import nn
 from flatcli.engine import CurvatureEngine, Problem, linalg
 from flatcli.engine.linalg import _store
 from flatcli.engine.linalg._store import BasisStore
+from tests.oracles import problem_hessian
 
 DT = torch.float64
 
@@ -144,16 +145,9 @@ def _tiny_problem(seed=0):
     return Problem(model, x, y, loss="cross_entropy", batch_size=16, dtype=DT)
 
 
-def _dense_hessian(p):
-    """Row by row with double backward (not torch.func.hessian)."""
-    t = p.theta.clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(p.loss(p.unflatten(t)), t, create_graph=True)
-    return torch.stack([torch.autograd.grad(g[i], t, retain_graph=True)[0] for i in range(len(g))])
-
-
 def test_engine_setting_reaches_lanczos_and_model_lambda_max_is_exact(counting):
     p = _tiny_problem()
-    H = _dense_hessian(p)
+    H = problem_hessian(p)
     exact = np.linalg.eigvalsh(H.numpy())
     eng = CurvatureEngine(p, max_device_vectors=2)
     op = eng.hessian()

@@ -9,25 +9,19 @@ import torch
 import torch.nn.functional as F
 import yaml
 from torch.func import functional_call
-from typer.testing import CliRunner
 
 from flatcli.api import load
-from flatcli.cli import app
 from flatcli.engine import CurvatureEngine, Problem
 from flatcli.errors import ConfigError
 from flatcli.loading.load import load_model
 from tests import hf_models as H
 from tests.helpers import measured, rel
+from tests.oracles import cli_and_output as run
+from tests.oracles import model_hessian
 
 H.transformers()  # skips the module without transformers
-runner = CliRunner()
 IGNORE = -100
 CLASSES = {"gpt2": "AutoModelForCausalLM", "bert": "AutoModelForSequenceClassification"}
-
-
-def run(*args):
-    res = runner.invoke(app, [str(a) for a in args])
-    return res, res.output + (res.stderr if res.stderr_bytes is not None else "")
 
 
 def resave(src, dst, cls, dtype):
@@ -90,7 +84,7 @@ def config(hf, path, name, model=None, **extra):
 
 
 # ---------------------------------------------------------------- dense reference
-def dense_hessian_rows(folder, kind: str, batch: dict) -> torch.Tensor:
+def hf_hessian(folder, kind: str, batch: dict) -> torch.Tensor:
     """∇² of the model's own loss (next-token CE over non-padded tokens, or CE over rows) over the
     deduplicated parameters, in float64 of the stored (bfloat16) weights upcast, eval mode: built row
     by row, each row the gradient of one gradient coordinate (double backward, rows batched with
@@ -103,33 +97,24 @@ def dense_hessian_rows(folder, kind: str, batch: dict) -> torch.Tensor:
         next(model.parameters()).dtype == torch.bfloat16
     )  # the reference is of the stored bf16 weights
     model = model.double().eval()
-    named = [(n, q.detach()) for n, q in model.named_parameters()]
     inputs = {k: v for k, v in batch.items() if k != "labels"}
-    flat = torch.cat([q.reshape(-1) for _, q in named]).requires_grad_(True)
-    parts = torch.split(flat, [q.numel() for _, q in named])
-    params = {n: t.view(q.shape) for (n, q), t in zip(named, parts, strict=True)}
-    logits = functional_call(model, params, (), {**inputs, "return_dict": True}).logits
-    if kind == "gpt2":
-        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE)
-        loss = F.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]),
-            labels[:, 1:].reshape(-1),
-            ignore_index=IGNORE,
-        )
-    else:
-        loss = F.cross_entropy(logits, batch["labels"])
-    (g,) = torch.autograd.grad(loss, flat, create_graph=True)
-    eye = torch.eye(
-        flat.numel(), dtype=flat.dtype
-    )  # row i = ∂(g · e_i)/∂θ, 64 rows per batched backward
-    rows = [
-        torch.autograd.grad(g, flat, E, retain_graph=True, is_grads_batched=True)[0]
-        for E in eye.split(64)
-    ]
-    return torch.cat(rows)
+
+    def loss_of(params):
+        logits = functional_call(model, params, (), {**inputs, "return_dict": True}).logits
+        if kind == "gpt2":
+            labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE)
+            return F.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]),
+                labels[:, 1:].reshape(-1),
+                ignore_index=IGNORE,
+            )
+        return F.cross_entropy(logits, batch["labels"])
+
+    return model_hessian(model, loss_of, chunk=64)  # 64 rows per batched backward
 
 
 # ---------------------------------------------------------------- model.dtype
+@pytest.mark.slow
 def test_model_dtype_auto_keeps_the_stored_type_and_an_override_wins(hf, tmp_path):
     """auto: a bf16 save_pretrained directory loads in bfloat16, a float32 one in float32; an explicit
     model.dtype converts; a bad value is a one-line config error naming model.dtype."""
@@ -217,7 +202,7 @@ def test_bf16_lambda_max_matches_the_dense_hessian_of_the_bf16_weights(hf, tmp_p
     m = row["measures"]["hessian_lambda_max"]
     d = m["diagnostics"]
     batch = torch.load(next((tmp_path / "o" / "tokenized").glob("*.pt")))
-    lam = float(torch.linalg.eigvalsh(dense_hessian_rows(hf[name], name, batch))[-1])
+    lam = float(torch.linalg.eigvalsh(hf_hessian(hf[name], name, batch))[-1])
     assert rel(d["bf16_value"], lam) < 1e-2
     assert rel(m["value"], lam) < 1e-4 and d["verified"] == "fp32"
     # bfloat16 arithmetic (unit roundoff 3.9e-3) moves the value by far more than float32's would (the

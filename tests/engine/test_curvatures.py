@@ -7,27 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
-from flatcli.engine import CurvatureEngine, Problem, linalg
+from flatcli.engine import CurvatureEngine, linalg
 from flatcli.engine.curvatures import Curvature
+from tests.oracles import mlp_problem as problem
+from tests.oracles import problem_hessian
 
 DT = torch.float64
-
-
-def problem(n=11, batch_size=4, seed=0):
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).to(DT).eval()
-    x, y = torch.randn(n, 4, dtype=DT), torch.randint(0, 3, (n,))
-    return Problem(model, x, y, batch_size=batch_size, dtype=DT)  # batches of 4, 4, 3 rows
-
-
-def dense_hessian(p, theta=None):
-    """∇²L(θ) in float64, row by row with double backward (the exact reference)."""
-    t = (p.theta if theta is None else theta).detach().clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(p.loss(p.unflatten(t)), t, create_graph=True)
-    rows = [torch.autograd.grad(g[i], t, retain_graph=True)[0] for i in range(t.numel())]
-    return torch.stack(rows)
 
 
 class DoubledHessian(Curvature):
@@ -60,7 +46,7 @@ def test_a_toy_curvature_is_one_class_and_works_with_the_estimators(block_size, 
     θ, and Lanczos and scipy's eigsh drive it as they drive the Hessian."""
     p = problem()
     eng = CurvatureEngine(p, block_size=block_size)
-    H = dense_hessian(p)
+    H = problem_hessian(p)
     kind = DoubledHessian if source == "test" else recipe_curvature()
     op = eng.curvature(kind)
     assert op.shape == (p.num_params, p.num_params) and op.name == "doubled_hessian"
@@ -71,7 +57,7 @@ def test_a_toy_curvature_is_one_class_and_works_with_the_estimators(block_size, 
     torch.testing.assert_close(op.dense(), 2 * H, rtol=1e-10, atol=1e-12)
     th = p.theta + 0.05
     torch.testing.assert_close(
-        eng.curvature(kind, th)(V), 2 * V @ dense_hessian(p, th), rtol=1e-10, atol=1e-12
+        eng.curvature(kind, th)(V), 2 * V @ problem_hessian(p, th), rtol=1e-10, atol=1e-12
     )
     ev = torch.linalg.eigvalsh(2 * H)
     r = linalg.lanczos(

@@ -147,6 +147,7 @@ def _two_ranks_then_one(cfg: str, tmp_path):
     return run, two, seen, one, _rows_seen(tmp_path / "seen_one.txt")
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_split_the_work_and_equal_one_process(tmp_path):
     cfg = _setup(tmp_path, "Logged", MEASURES)
     run, two, seen, one, alone = _two_ranks_then_one(cfg, tmp_path)
@@ -162,6 +163,7 @@ def test_torchrun_two_ranks_split_the_work_and_equal_one_process(tmp_path):
     assert float(two["train_loss"]) == pytest.approx(one.metrics["train_loss"], rel=1e-12)
 
 
+@pytest.mark.slow
 def test_a_failure_on_one_rank_ends_every_rank_with_one_error(tmp_path):
     """Two ranks started as any launcher starts them (RANK, WORLD_SIZE...): rank 1 fails inside a
     product while rank 0 waits for its share; both end, and only rank 1 says why."""
@@ -235,6 +237,7 @@ def test_flatcli_destroys_the_process_group_it_created_and_only_that(monkeypatch
         td.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_one_m_batch_is_split_over_the_ranks_and_time_caps_stop_every_rank_together(tmp_path):
     """sharpness_worst with a single m-batch (batch_size ≥ the 40 rows) on 2 ranks: each rank forwards
     about half of the rows one process forwards (before, rank 0 took the whole batch and rank 1
@@ -258,6 +261,7 @@ def test_one_m_batch_is_split_over_the_ranks_and_time_caps_stop_every_rank_toget
     assert two["hessian_trace_status"] == "budget" and two["hessian_trace_probes"] == "2"
 
 
+@pytest.mark.slow
 def test_ranks_that_see_different_free_memory_agree_on_the_lanczos_basis_cap(tmp_path):
     """``runtime.max_basis_vectors: auto`` on 2 ranks, rank 1 seeing room for 12 basis vectors and
     rank 0 for thousands: both must run the same Lanczos (its products are collectives), so the cap

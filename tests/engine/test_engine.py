@@ -7,6 +7,7 @@ from torch import nn
 from flatcli.engine import CurvatureEngine, Problem, ggn_diag, linalg
 from flatcli.engine.curvatures import Hessian
 from flatcli.errors import MeasurementError
+from tests.oracles import dense_ggn, problem_hessian
 
 DT = torch.float64
 MODES = [("reverse", False), ("reverse", True), ("forward", None)]
@@ -20,10 +21,6 @@ def tiny_problem(batch_size=3, n=10, act=nn.ReLU, loss="cross_entropy", seed=0):
     return Problem(model, x, y, loss=loss, batch_size=batch_size, dtype=DT)
 
 
-def dense_hessian(p):
-    return torch.func.hessian(lambda t: p.loss(p.unflatten(t)))(p.theta)
-
-
 def vecs(p, k=4, seed=1):
     g = torch.Generator()
     g.manual_seed(seed)
@@ -31,9 +28,9 @@ def vecs(p, k=4, seed=1):
 
 
 @pytest.mark.parametrize("mode,batched", MODES)
-def test_hvp_matches_dense_hessian(mode, batched):
+def test_hvp_matches_problem_hessian(mode, batched):
     p = tiny_problem()
-    H = dense_hessian(p)
+    H = problem_hessian(p)
     V = vecs(p)
     eng = CurvatureEngine(p, hvp_mode=mode, reverse_batched=batched)
     torch.testing.assert_close(eng.hessian()(V), V @ H, rtol=1e-10, atol=1e-12)
@@ -47,7 +44,7 @@ def test_rows_split_over_blocks_and_batches_fill_one_output(mode, batched, cache
     """7 vectors in blocks of 3 (3 + 3 + 1) over 4 batches: each block writes its rows of one
     preallocated output, the first batch's products written and the later ones added."""
     p = tiny_problem()
-    H = dense_hessian(p)
+    H = problem_hessian(p)
     V = vecs(p, 7)
     eng = CurvatureEngine(
         p, hvp_mode=mode, reverse_batched=batched, block_size=3, cache_graphs=cache
@@ -62,11 +59,12 @@ def test_rows_split_over_blocks_and_batches_fill_one_output(mode, batched, cache
 def test_hvp_at_another_theta():
     p = tiny_problem(act=nn.Tanh)
     th = p.theta + 0.1 * vecs(p, 1)[0]
-    H = torch.func.hessian(lambda t: p.loss(p.unflatten(t)))(th)
+    H = problem_hessian(p, th)
     V = vecs(p, 3)
     torch.testing.assert_close(CurvatureEngine(p).hessian(th)(V), V @ H, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_uneven_last_batch_equals_one_full_batch():
     V = vecs(tiny_problem(), 3)
     full = CurvatureEngine(tiny_problem(batch_size=10))
@@ -81,18 +79,7 @@ def test_uneven_last_batch_equals_one_full_batch():
 @pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
 def test_ggnvp_matches_dense_gauss_newton(loss):
     p = tiny_problem(loss=loss, act=nn.Tanh)
-    th = p.theta
-    J = torch.func.jacrev(lambda t: p.forward(t, p.batch))(th)  # (n, C, P)
-    Z = p.forward(th, p.batch).detach()
-    Hz = torch.stack(
-        [
-            torch.func.hessian(
-                lambda z, i=i: p.loss_fn.sum(z[None], p.batch.select(slice(i, i + 1)))
-            )(Z[i])
-            for i in range(p.n)
-        ]
-    )
-    G = torch.einsum("ncp,ncd,ndq->pq", J, Hz, J) / p.n
+    G = dense_ggn(p)
     V = vecs(p)
     eng = CurvatureEngine(p)
     torch.testing.assert_close(eng.ggn()(V), V @ G, rtol=1e-10, atol=1e-12)
@@ -100,21 +87,7 @@ def test_ggnvp_matches_dense_gauss_newton(loss):
     assert eng.counters()["n_ggnvp"] == 5
 
 
-def _dense_ggn_diagonal(p):
-    th = p.theta
-    J = torch.func.jacrev(lambda t: p.forward(t, p.batch).reshape(p.n, -1))(th)  # (n, C, P)
-    Z = p.forward(th, p.batch).detach().reshape(p.n, -1)
-    Hz = torch.stack(
-        [
-            torch.func.hessian(
-                lambda z, i=i: p.loss_fn.sum(z[None], p.batch.select(slice(i, i + 1)))
-            )(Z[i])
-            for i in range(p.n)
-        ]
-    )
-    return torch.einsum("ncp,ncd,ndp->p", J, Hz, J) / p.n
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
 @pytest.mark.parametrize("act", [nn.ReLU, nn.Tanh])
@@ -126,9 +99,9 @@ def test_ggn_diagonal_matches_dense_gauss_newton(loss, act, fast, monkeypatch):
         monkeypatch.setattr(eng.state.memory, "chunk_rows", lambda C, P: 3)
     d = eng.ggn_diagonal()
     assert len(ggn_diag.linear_fast_path(p, p.batches[0])) == (2 if fast else 0)
-    torch.testing.assert_close(d, _dense_ggn_diagonal(p), rtol=1e-10, atol=1e-13)
+    torch.testing.assert_close(d, torch.diagonal(dense_ggn(p)), rtol=1e-10, atol=1e-13)
     assert eng.counters()["n_vjp"] == 3 and eng.counters()["n_hvp"] == 0
-    diagH = torch.diagonal(dense_hessian(p))
+    diagH = torch.diagonal(problem_hessian(p))
     if act is nn.ReLU:  # piecewise linear in every parameter: the Hessian diagonal itself
         torch.testing.assert_close(d, diagH, rtol=1e-10, atol=1e-13)
     else:
@@ -145,7 +118,7 @@ def test_ggn_diagonal_is_the_hessian_diagonal_with_batchnorm_and_pooling_in_eval
         eng.ggn_diagonal()
     )  # fc1, fc2 by the outer-product rule, the convolutions and BatchNorms per sample
     assert [m for m, _, _ in ggn_diag.linear_fast_path(p, p.batches[0])] == [model.fc1, model.fc2]
-    torch.testing.assert_close(d, torch.diagonal(dense_hessian(p)), rtol=1e-10, atol=1e-13)
+    torch.testing.assert_close(d, torch.diagonal(problem_hessian(p)), rtol=1e-10, atol=1e-13)
 
 
 class _TiedInplace(nn.Module):
@@ -171,7 +144,7 @@ def test_ggn_diagonal_with_in_place_activations_and_a_layer_called_twice():
         model.fc1,
         model.head,
     ]  # fc2 runs twice
-    torch.testing.assert_close(d, _dense_ggn_diagonal(p), rtol=1e-10, atol=1e-13)
+    torch.testing.assert_close(d, torch.diagonal(dense_ggn(p)), rtol=1e-10, atol=1e-13)
 
 
 def test_ggn_diagonal_at_another_theta():
@@ -180,13 +153,13 @@ def test_ggn_diagonal_at_another_theta():
     q = Problem(p.model, p.batch, batch_size=10, dtype=DT)
     q.params = q.unflatten(th.clone())
     torch.testing.assert_close(
-        CurvatureEngine(p).ggn_diagonal(th), _dense_ggn_diagonal(q), rtol=1e-10, atol=1e-13
+        CurvatureEngine(p).ggn_diagonal(th), torch.diagonal(dense_ggn(q)), rtol=1e-10, atol=1e-13
     )
 
 
 def test_fd_hvp_second_order_accurate():
     p = tiny_problem(act=nn.Tanh)
-    H = dense_hessian(p)
+    H = problem_hessian(p)
     V = vecs(p, 2)
     V = V / V.norm(dim=1, keepdim=True)
     eng = CurvatureEngine(p)
@@ -201,7 +174,7 @@ def test_fd_hvp_second_order_accurate():
 
 def test_finite_difference_mode_matches_dense_hessian_and_counts_gradients():
     p = tiny_problem(act=nn.Tanh)
-    H = dense_hessian(p)
+    H = problem_hessian(p)
     V = vecs(p, 3) * torch.tensor([[1.0], [10.0], [0.01]], dtype=DT)  # any scale: steps use v/‖v‖
     V[2] = 0.0
     eng = CurvatureEngine(p, hvp_mode="finite_difference", block_size=2)
@@ -374,7 +347,7 @@ def test_forward_mode_falls_back_to_double_backward():
     y = torch.randint(0, 3, (7,))
     p = Problem(model, x, y, batch_size=3, dtype=DT)
     pr = Problem(ref_model, x, y, batch_size=3, dtype=DT)
-    H = dense_hessian(pr)
+    H = problem_hessian(pr)
     V = vecs(p, 3)
     eng = CurvatureEngine(p, hvp_mode="forward")
     torch.testing.assert_close(eng.hessian()(V), V @ H, rtol=1e-10, atol=1e-12)
@@ -421,7 +394,7 @@ def test_auto_mode_on_cpu():
 
 def test_lanczos_on_engine_matches_dense_and_is_deterministic():
     p = tiny_problem(act=nn.Tanh)
-    ev = torch.linalg.eigvalsh(dense_hessian(p))
+    ev = torch.linalg.eigvalsh(problem_hessian(p))
     runs = []
     for _ in range(2):
         g = torch.Generator()
@@ -451,7 +424,7 @@ def test_model_is_not_mutated():
 @pytest.mark.parametrize("cache", [None, True, False])
 def test_graph_cache_reuse_and_invalidation(cache):
     p = tiny_problem(act=nn.Tanh)
-    H = dense_hessian(p)
+    H = problem_hessian(p)
     V = vecs(p, 3)
     eng = CurvatureEngine(p, hvp_mode="reverse", cache_graphs=cache)
     for _ in range(2):  # second call reuses the cached graphs
@@ -459,7 +432,7 @@ def test_graph_cache_reuse_and_invalidation(cache):
         torch.testing.assert_close(eng.hessian()(V), V @ H, rtol=1e-10, atol=1e-12)
     assert (eng.state.graphs.entries is not None) == (cache is not False)
     th = p.theta + 0.05 * V[1]
-    H2 = torch.func.hessian(lambda t: p.loss(p.unflatten(t)))(th)
+    H2 = problem_hessian(p, th)
     torch.testing.assert_close(eng.hessian(th)(V), V @ H2, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(
         eng.hessian()(V), V @ H, rtol=1e-10, atol=1e-12
@@ -549,10 +522,10 @@ def test_derive_keeps_every_setting_and_gives_the_other_models_products():
     d.state.hvp_mode = (
         "reverse"  # the exact product, to compare with the dense Hessian of the other model
     )
-    H = dense_hessian(d.problem)
+    H = problem_hessian(d.problem)
     V = vecs(d.problem)
     torch.testing.assert_close(d.hessian()(V), V @ H, rtol=1e-9, atol=1e-12)
-    assert not torch.allclose(V @ H, V @ dense_hessian(p), rtol=1e-3)
+    assert not torch.allclose(V @ H, V @ problem_hessian(p), rtol=1e-3)
     d.merge_counts(d)  # counters add up
     eng.merge_counts(d)
     assert eng.counters()["n_hvp"] == 2 * V.shape[0]

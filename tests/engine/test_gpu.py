@@ -12,6 +12,7 @@ from torch import nn
 from flatcli.api import measure_model
 from flatcli.engine import CurvatureEngine, Problem, linalg
 from flatcli.engine.curvatures import Hessian
+from tests.oracles import problem_hessian
 
 pytestmark = pytest.mark.gpu
 
@@ -76,7 +77,7 @@ def test_forward_and_reverse_hvp_agree_on_cuda_fp32():
 
 def test_fp64_cuda_products_match_dense_cpu_hessian():
     pc = conv_problem(DT, "cpu")
-    H = torch.func.hessian(lambda t: pc.loss(pc.unflatten(t)))(pc.theta)
+    H = problem_hessian(pc)
     pg = conv_problem(DT, "cuda")
     V = vecs(pg.num_params, 4, "cuda", DT)
     ref = V.cpu() @ H

@@ -3,6 +3,7 @@
 ordinary backward give the dense float64 Hessian, built row by row with double backward of the plain
 cross-entropy, on the head alone (several chunks, a bias, ignored tokens) and on a tiny GPT-2."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.autograd import forward_ad as fwAD
@@ -10,18 +11,10 @@ from torch.func import functional_call, grad, jvp, vmap
 
 from flatcli.engine import CurvatureEngine, Problem, lmhead
 from tests import hf_models as H
+from tests.oracles import dense_hessian
 
 DT = torch.float64
 IGNORE = -100
-
-
-def dense_rows(L, x):
-    """The dense Hessian of ``L`` at ``x``, row by row with ``autograd.grad`` double backward."""
-    t = x.detach().clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(L(t), t, create_graph=True)
-    return torch.stack(
-        [torch.autograd.grad(g, t, e, retain_graph=True)[0] for e in torch.eye(t.numel(), dtype=DT)]
-    )
 
 
 def test_head_forward_over_reverse_equals_dense_hessian(monkeypatch):
@@ -47,7 +40,7 @@ def test_head_forward_over_reverse_equals_dense_hessian(monkeypatch):
         return F.cross_entropy((h @ W.T + b)[keep], labels[keep], reduction="sum")
 
     x = torch.randn(sum(cut), generator=g, dtype=DT)
-    Hd = dense_rows(plain, x)
+    Hd = dense_hessian(plain, x)
     Vs = torch.randn(4, x.numel(), generator=g, dtype=DT)
     ref = Vs @ Hd
     hv = vmap(lambda v: jvp(grad(fused), (x,), (v,))[1])(Vs)
@@ -77,6 +70,7 @@ def gpt2():
     return model, {"input_ids": ids, "attention_mask": mask}
 
 
+@pytest.mark.slow
 def test_gpt2_forward_mode_products_equal_dense_hessian():
     model, batch = gpt2()
     names = [n for n, _ in model.named_parameters()]  # the tied head is one tensor here
@@ -99,7 +93,7 @@ def test_gpt2_forward_mode_products_equal_dense_hessian():
         model, batch, loss="causal_lm", batch_size=2, dtype=DT
     )  # two batches: shares summed
     assert p.head is not None  # the fused head is in use
-    Hd = dense_rows(L, p.theta)
+    Hd = dense_hessian(L, p.theta)
     g = torch.Generator().manual_seed(2)
     V = torch.randn(3, p.num_params, generator=g, dtype=DT)
     eng = CurvatureEngine(p, hvp_mode="forward")

@@ -13,6 +13,7 @@ from torch.func import functional_call
 from flatcli.api import measure, measure_model
 from flatcli.engine import Batch, CurvatureEngine, ParamSelection, Problem, get_loss
 from flatcli.errors import ConfigError
+from tests.oracles import dense_hessian, runner
 from tests.token_models import TinyLM, TokenClassifier, padded_tokens
 
 DT = torch.float64
@@ -73,7 +74,7 @@ def test_causal_lm_hessian_products_match_the_dense_token_weighted_hessian(tie, 
     names = [n for n, _ in model.named_parameters()]
     assert ("head.weight" in names) != tie  # tied: one parameter
     f, theta = flat_fn(model, names, lambda call: lm_loss_all_tokens(call, ids, mask))
-    H = torch.func.hessian(f)(theta)
+    H = dense_hessian(f, theta)
     p = Problem(
         model,
         {"input_ids": ids, "attention_mask": mask},
@@ -153,7 +154,7 @@ def test_causal_lm_from_a_tensors_file_through_the_api_with_token_metrics(tmp_pa
     assert row.status == "ok", row.errors
     names = [n for n, _ in model.named_parameters()]
     f, theta = flat_fn(model, names, lambda call: lm_loss_all_tokens(call, ids, mask))
-    ev = torch.linalg.eigvalsh(torch.func.hessian(f)(theta))
+    ev = torch.linalg.eigvalsh(dense_hessian(f, theta))
     assert row.results["hessian_lambda_max"].value == pytest.approx(float(ev[-1]), rel=1e-4)
     assert row.results["hessian_trace"].value == pytest.approx(float(ev.sum()), rel=1e-8)
     with torch.no_grad():  # token-level loss and next-token accuracy
@@ -174,7 +175,7 @@ def test_named_tensors_file_with_labels_and_an_embedding_classifier(tmp_path):
     f, theta = flat_fn(
         model, names, lambda call: F.cross_entropy(call(input_ids=ids, attention_mask=mask), labels)
     )
-    lam = float(torch.linalg.eigvalsh(torch.func.hessian(f)(theta))[-1])
+    lam = float(torch.linalg.eigvalsh(dense_hessian(f, theta))[-1])
     row = measure_model(
         model, x, [{"hessian_lambda_max": {"tol": 1e-8}}], precision="fp64", batch_size=3
     )
@@ -197,7 +198,7 @@ def test_params_include_restricts_lambda_max_to_the_head_block(tmp_path):
     model, ids, mask = lm_setup()
     names = [n for n, _ in model.named_parameters()]
     f, theta = flat_fn(model, names, lambda call: lm_loss_all_tokens(call, ids, mask))
-    H = torch.func.hessian(f)(theta)
+    H = dense_hessian(f, theta)
     sizes = {n: q.numel() for n, q in model.named_parameters()}
     start = sum(sizes[n] for n in names[: names.index("head.weight")])
     block = H[start : start + sizes["head.weight"], start : start + sizes["head.weight"]]
@@ -256,7 +257,6 @@ def test_batch_contract_and_model_outputs():
 
 
 def test_dry_run_prints_the_parameter_selection(tmp_path):
-    from typer.testing import CliRunner
 
     from flatcli.cli import app
 
@@ -268,7 +268,7 @@ def test_dry_run_prints_the_parameter_selection(tmp_path):
         model,
         {"params": {"include": ["head.*", "mix.*"], "exclude": ["*.bias"]}},
     )
-    res = CliRunner().invoke(app, ["measure", "-c", str(cfg), "-m", "hessian_trace", "--dry-run"])
+    res = runner.invoke(app, ["measure", "-c", str(cfg), "-m", "hessian_trace", "--dry-run"])
     assert res.exit_code == 0, res.output
     first = res.output.splitlines()[0]
     assert (

@@ -7,6 +7,8 @@ from torch import nn
 
 from flatcli.engine import CurvatureEngine, Problem
 from flatcli.errors import MeasurementError
+from tests.oracles import dense_ggn, dense_hessian, problem_hessian
+from tests.oracles import mlp_problem as problem
 
 DT = torch.float64
 
@@ -16,37 +18,10 @@ def rows_loss(p, out, rows):
     return p.loss_fn.per_unit(out, rows)
 
 
-def problem(act=nn.Tanh, n=11, batch_size=4, seed=0, loss="cross_entropy"):
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(4, 5), act(), nn.Linear(5, 3)).to(DT).eval()
-    x = torch.randn(n, 4, dtype=DT)
-    y = torch.randint(0, 3, (n,))
-    return Problem(model, x, y, loss=loss, batch_size=batch_size, dtype=DT)
-
-
-def dense_hessian(p, theta=None):
-    th = p.theta if theta is None else theta
-    return torch.func.hessian(lambda t: p.loss(p.unflatten(t)))(th)
-
-
-def dense_ggn(p):
-    """(1/n) Σ_i J_iᵀ H_z,i J_i from full Jacobians."""
-    th = p.theta
-    J = torch.func.jacrev(lambda t: p.forward(t, p.batch))(th)  # (n, C, P)
-    G = torch.zeros(p.num_params, p.num_params, dtype=DT)
-    z = p.forward(th, p.batch)
-    for i in range(p.n):
-        Hz = torch.func.hessian(lambda zz, i=i: rows_loss(p, zz[None], p.batch.select([i])).sum())(
-            z[i]
-        )
-        G += J[i].T @ Hz @ J[i]
-    return G / p.n
-
-
 def test_operator_algebra_matches_the_dense_matrix():
     p = problem()
     eng = CurvatureEngine(p)
-    H = dense_hessian(p)
+    H = problem_hessian(p)
     op = eng.hessian()
     assert op.shape == (p.num_params, p.num_params)
     g = torch.Generator().manual_seed(1)
@@ -70,14 +45,14 @@ def test_scipy_eigsh_on_the_operator_finds_the_dense_top_eigenvalue():
     from scipy.sparse.linalg import eigsh
 
     p = problem()
-    H = dense_hessian(p)
+    H = problem_hessian(p)
     top = float(eigsh(CurvatureEngine(p).hessian().to_scipy(), k=1, which="LA", tol=1e-10)[0][0])
     assert top == pytest.approx(float(torch.linalg.eigvalsh(H)[-1]), rel=1e-8)
 
 
 def test_restrict_gives_the_block_and_its_trace():
     p = problem()
-    H = dense_hessian(p)
+    H = problem_hessian(p)
     sl = p.param_slices()["2.weight"]
     B = CurvatureEngine(p).hessian().restrict(sl).dense()
     ref = torch.zeros_like(H)
@@ -90,7 +65,7 @@ def test_ggn_and_fd_operators_and_another_theta():
     eng = CurvatureEngine(p)
     torch.testing.assert_close(eng.ggn().dense(), dense_ggn(p), rtol=1e-9, atol=1e-11)
     th = p.theta + 0.05
-    H = dense_hessian(p, th)
+    H = problem_hessian(p, th)
     torch.testing.assert_close(eng.hessian(th).dense(), H, rtol=1e-9, atol=1e-11)
     fd = eng.fd_hessian(th, eps=1e-4).dense()
     torch.testing.assert_close(fd, H, rtol=1e-5, atol=1e-6)
@@ -133,7 +108,7 @@ def test_loss_grad_with_kept_graph_is_reused_by_the_hvp_at_the_same_point():
     built = eng.state.graphs.entries
     hv = eng.hessian(th)(g)
     assert eng.state.graphs.entries is built  # no rebuild: the gradient's graphs served the product
-    torch.testing.assert_close(hv, dense_hessian(p, th) @ g, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(hv, problem_hessian(p, th) @ g, rtol=1e-10, atol=1e-12)
     assert eng.counters()["n_grad"] == 1 and eng.counters()["n_hvp"] == 1
 
 
@@ -182,7 +157,7 @@ def test_module_output_hvp_matches_the_dense_per_sample_hessian():
         def ell(zn, n=n):
             return rows_loss(p, head(torch.tanh(zn))[None], rows.select([n])).sum()
 
-        Hn = torch.func.hessian(ell)(z[n])
+        Hn = dense_hessian(ell, z[n])
         torch.testing.assert_close(hv[:, n, :], Hn, rtol=1e-10, atol=1e-12)
 
 
@@ -230,7 +205,7 @@ def test_as_operator_carries_the_engine_settings_to_the_estimators():
         5,
     )
     V = torch.randn(2, p.num_params, dtype=DT, generator=torch.Generator().manual_seed(1))
-    torch.testing.assert_close(op.matmat_rows(V), V @ dense_hessian(p), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(op.matmat_rows(V), V @ problem_hessian(p), rtol=1e-10, atol=1e-12)
     eng.state.memory.block_size = 2  # what the out-of-memory back-off does: the operator follows
     assert linalg.as_operator(H).block_size == 2 and H.restrict(slice(0, 3)).block_size == 2
     over = linalg.as_operator(op, block_size=7, max_device_vectors=None)

@@ -16,6 +16,7 @@ from torch.func import grad, jvp
 
 from flatcli.engine import CurvatureEngine, Problem
 from tests import hf_models as H
+from tests.oracles import dense_ggn, problem_hessian
 
 DT = torch.float64
 
@@ -89,19 +90,6 @@ def unmasked(model, emb_of):
     return ref
 
 
-def dense_hessian(p: Problem, theta: torch.Tensor) -> torch.Tensor:
-    """H of L at θ, row by row (chunks of unit vectors, one batched double backward each)."""
-    t = theta.clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(p.loss(t), t, create_graph=True)
-    eye = torch.eye(p.num_params, dtype=DT)
-    return torch.cat(
-        [
-            torch.autograd.grad(g, t, eye[i : i + 256], retain_graph=True, is_grads_batched=True)[0]
-            for i in range(0, p.num_params, 256)
-        ]
-    )
-
-
 def mask_matrix(p: Problem) -> torch.Tensor:
     m = torch.ones(p.num_params, dtype=DT)
     m[p.padding_index] = 0
@@ -146,12 +134,13 @@ def test_padding_rows_found(name):
     )  # the row is not selected: nothing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_hessian_modes_agree_symmetric_and_equal_masked_dense(name):
     p, ref, theta, g = setup(name)
     V = torch.randn(3, p.num_params, generator=g, dtype=DT)
     M = mask_matrix(p)
-    Hd = dense_hessian(ref, theta)
+    Hd = problem_hessian(ref, theta)
     assert torch.allclose(
         Hd, Hd.T, rtol=0, atol=1e-12 * float(Hd.abs().max())
     )  # the reference is symmetric
@@ -177,12 +166,13 @@ def test_hessian_modes_agree_symmetric_and_equal_masked_dense(name):
         ), key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_finite_difference_and_gradient_masked(name):
     p, ref, theta, g = setup(name)
     V = torch.randn(2, p.num_params, generator=g, dtype=DT)
     M = mask_matrix(p)
-    Hd = dense_hessian(ref, theta)
+    Hd = problem_hessian(ref, theta)
     e = CurvatureEngine(p, hvp_mode="reverse")
     fd = e.fd_hessian(theta, eps=2e-6)(V)
     assert rel(fd, V @ (M @ Hd @ M)) < 1e-7  # O(eps²) central differences of the masked gradient
@@ -199,20 +189,6 @@ def test_finite_difference_and_gradient_masked(name):
         name == "tiny_tied"
     ):  # the head's gradient reaches the pad row: PyTorch alone leaves it there
         assert g_true[p.padding_index].abs().max() > 1e-3
-
-
-def dense_ggn(p: Problem, theta: torch.Tensor) -> torch.Tensor:
-    """G = (1/U) Σ_i J_iᵀ (diag(s_i) - s_i s_iᵀ) J_i of cross-entropy, J_i by reverse mode row by row."""
-    t = theta.clone().requires_grad_(True)
-    G = torch.zeros(p.num_params, p.num_params, dtype=DT)
-    z = p.forward(t, p.batch)
-    for i in range(z.shape[0]):
-        J = torch.stack(
-            [torch.autograd.grad(z[i, c], t, retain_graph=True)[0] for c in range(z.shape[1])]
-        )
-        s = torch.softmax(z[i].detach(), -1)
-        G += J.T @ (torch.diag(s) - torch.outer(s, s)) @ J
-    return G / p.n
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -314,7 +290,7 @@ def test_tied_padding_row_is_trained_so_not_masked():
     ref = Problem(unmasked(model, model.emb), batch, loss="cross_entropy", batch_size=4, dtype=DT)
     assert p.padding_index is None and model.emb.padding_idx == 0
     theta = p.theta + 0.05 * torch.randn(p.num_params, generator=g, dtype=DT)
-    Hd = dense_hessian(ref, theta)
+    Hd = problem_hessian(ref, theta)
     pad = slice(0, 4)  # emb.weight comes first: row 0
     assert Hd[pad].abs().max() > 1e-3  # the row has curvature
     V = torch.randn(3, p.num_params, generator=g, dtype=DT)

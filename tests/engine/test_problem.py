@@ -5,10 +5,7 @@ from flatcli.api import measure_model
 from flatcli.engine import CurvatureEngine, Problem, eval_mode
 from flatcli.errors import ConfigError
 from tests.helpers import TinyBN, tiny_data, tiny_mlp
-
-
-def _dense_hessian(problem):
-    return torch.func.hessian(lambda t: problem.loss(problem.unflatten(t)))(problem.theta)
+from tests.oracles import problem_hessian
 
 
 def test_uneven_last_batch_equals_one_full_batch():
@@ -21,7 +18,7 @@ def test_uneven_last_batch_equals_one_full_batch():
     torch.testing.assert_close(full.loss_grad()[1], uneven.loss_grad()[1], rtol=1e-12, atol=1e-14)
     V = torch.randn(3, full.problem.num_params, dtype=torch.float64)
     torch.testing.assert_close(full.hessian()(V), uneven.hessian()(V), rtol=1e-11, atol=1e-13)
-    H = _dense_hessian(full.problem)
+    H = problem_hessian(full.problem)
     torch.testing.assert_close(uneven.hessian()(V), V @ H, rtol=1e-10, atol=1e-12)
 
 
@@ -30,7 +27,7 @@ def test_hvp_modes_match_dense(mode):
     model = tiny_mlp()
     x, y = tiny_data()
     eng = CurvatureEngine(Problem(model, x, y, batch_size=7, dtype=torch.float64), hvp_mode=mode)
-    H = _dense_hessian(eng.problem)
+    H = problem_hessian(eng.problem)
     V = torch.randn(4, eng.problem.num_params, dtype=torch.float64)
     torch.testing.assert_close(eng.hessian()(V), V @ H, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(eng.hessian()(V[0]), H @ V[0], rtol=1e-10, atol=1e-12)
@@ -69,7 +66,7 @@ def test_bn_dropout_model_measured_in_eval_mode_and_mode_restored():
     # the value is the eval-mode Hessian trace (dropout off, running stats used)
     with eval_mode(model):
         p = Problem(model, x, y, batch_size=20, dtype=torch.float64)
-        H = _dense_hessian(p)
+        H = problem_hessian(p)
     assert abs(row.results["hessian_trace"].value - float(H.trace())) <= 1e-8 * abs(
         float(H.trace())
     )

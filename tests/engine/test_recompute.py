@@ -16,6 +16,7 @@ from torch.func import functional_call
 
 from flatcli.engine import CurvatureEngine, Problem, recompute
 from tests import hf_models as H
+from tests.oracles import hessian_products
 
 DT = torch.float64
 IGNORE = -100
@@ -91,9 +92,7 @@ def reference_hvp(model, batch, loss, theta, V):
             )
         return F.cross_entropy(z, batch["labels"])
 
-    t = theta.clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(L(t), t, create_graph=True)
-    return torch.stack([torch.autograd.grad(g, t, v, retain_graph=True)[0] for v in V])
+    return hessian_products(L, theta, V)
 
 
 @pytest.mark.parametrize("make", [gpt2, bert])
@@ -215,6 +214,7 @@ print(json.dumps({"predicted": need, "measured": status("VmHWM") - before}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS"
 )

@@ -18,6 +18,7 @@ from flatcli.engine import CurvatureEngine, Problem
 from flatcli.engine.segments import BlockChain
 from tests import hf_models as H
 from tests.engine.test_recompute import bert, gpt2, reference_hvp
+from tests.oracles import hessian_products
 
 DT = torch.float64
 
@@ -67,6 +68,7 @@ def _setup(make, **kw):
     return model, batch, loss, p, V, theta
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [gpt2, bert_without_pad_tokens, vit])
 def test_block_by_block_products_equal_double_backward(make, monkeypatch):
     real_softmax = torch.nn.functional.softmax
@@ -200,9 +202,7 @@ def test_models_that_are_not_chains_fall_back(cls, why):
         assert why in reason
     eng = CurvatureEngine(p, recompute=True)
     V = torch.randn(2, p.num_params, generator=torch.Generator().manual_seed(3), dtype=DT)
-    t = p.theta.clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(p.loss(p.unflatten(t)), t, create_graph=True)
-    ref = torch.stack([torch.autograd.grad(g, t, v, retain_graph=True)[0] for v in V])
+    ref = hessian_products(lambda t: p.loss(p.unflatten(t)), p.theta, V)
     torch.testing.assert_close(eng.hessian()(V), ref, rtol=1e-9, atol=1e-12)
     assert eng.state.recompute_active and (eng.state.chain is None) == (why is not None)
 
@@ -248,6 +248,7 @@ print(json.dumps(runs))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS"
 )

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
 
 from flatcli.cli import app
 from flatcli.config import load_config, parse_measures
@@ -24,6 +23,7 @@ from flatcli.experiments.report import StudyOutcome, correlation_table
 from flatcli.experiments.spec import Study, merge
 from flatcli.training import LossTarget, Plateau
 from tests.helpers import cli_output
+from tests.oracles import runner
 
 pytest.importorskip("mnist1d")
 
@@ -37,7 +37,6 @@ EXPERIMENTS = [
     "cifar10_resnet18",
     "modular_addition",
 ]
-runner = CliRunner()
 
 
 def _rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -372,6 +371,7 @@ def test_experiments_run_usage_and_config_errors_exit_2(tmp_path, args, message)
     assert not (tmp_path / "o" / "mnist1d").exists()  # nothing trained
 
 
+@pytest.mark.slow
 def test_a_failed_measurement_exits_1(tmp_path):
     """Models that diverge have NaN weights: their sweep units fail, the experiment exits 1."""
     spec = small_spec(tmp_path, "ns_regularization", ["frobenius_norm"], grid={"optimizer": ["sgd"], "lr": [1.0e6], "l2": [0.0], "weight_decay": [0.0], "dropout": [0.0],
@@ -445,6 +445,7 @@ def _check_correlations(sd: Path, labels: list[str], n_conv: int, axes: list[str
     assert max(int(r["n"]) for r in corr) == n_conv
 
 
+@pytest.mark.slow
 def test_ns_regularization_smoke_through_the_cli(tmp_path):
     spec = small_spec(tmp_path, "ns_regularization", ["normalized_sharpness", "hessian_trace", "frobenius_norm"],
                       grid={"l2": [0.0, 0.003, 0.01], "weight_decay": [0.0], "dropout": [0.0], "seed": [0]},
@@ -519,6 +520,7 @@ def exp2(tmp_path_factory):
     return tmp / "out", run_experiment(spec, tmp / "out", quick=True, log=lambda m: None)
 
 
+@pytest.mark.slow
 def test_random_labels_smoke(exp2):
     out, rep = exp2
     (st,) = rep.spec.studies
@@ -539,6 +541,7 @@ def test_random_labels_smoke(exp2):
     assert "Against the random-label fraction" in rep.summary.read_text()
 
 
+@pytest.mark.slow
 def test_relative_flatness_smoke(tmp_path):
     spec = small_spec(tmp_path, "relative_flatness", ["relative_flatness", {"relative_flatness": {
         "normalize_features": True, "label": "relative_flatness_normalized"}}, "frobenius_norm"])  # fmt: skip
@@ -554,6 +557,7 @@ def test_relative_flatness_smoke(tmp_path):
     assert {r["lr_effective"] for r in train} == {"0.1", "0.01"}  # lr per optimizer × lr_factor
 
 
+@pytest.mark.slow
 def test_reparameterization_smoke(tmp_path):
     measures = ["hessian_trace", "normalized_sharpness", {"relative_flatness": {"normalize_features": True,
                 "label": "relative_flatness_normalized"}}, "path_norm", "frobenius_norm"]  # fmt: skip
@@ -601,6 +605,7 @@ def test_reparameterization_smoke(tmp_path):
     assert len(_rows(sd / "manifest.csv")[1]) == 5
 
 
+@pytest.mark.slow
 def test_cifar10_resnet18_smoke_on_synthetic_data(tmp_path):
     """The GPU recipe at a tiny size on the CPU (synthetic 3×32×32 data, width-4 ResNet-18 with
     BatchNorm): trained in training mode (running statistics move), judged in eval mode (the

@@ -5,7 +5,6 @@ import re
 import pytest
 import torch
 from torch import nn
-from typer.testing import CliRunner
 
 from flatcli.api import check_invariance
 from flatcli.cli import app
@@ -21,6 +20,7 @@ from flatcli.invariance import (
 )
 from flatcli.measures import MeasureSpec
 from tests.helpers import write_project
+from tests.oracles import runner
 
 EXACT = [
     {"normalized_sharpness": {"hessian_diag": "exact"}},
@@ -202,7 +202,6 @@ def project(tmp_path):
 
 def test_cli_end_to_end(project):
     cfg, ckpt = project
-    runner = CliRunner()
     res = runner.invoke(
         app,
         [
@@ -239,7 +238,6 @@ def test_cli_end_to_end(project):
 
 def test_cli_exit_codes(project):
     cfg, ckpt = project
-    runner = CliRunner()
     # factors up to 1e10 need γ beyond the box [-20, 20]: normalized sharpness changes, and says why
     args = [
         "check-invariance",

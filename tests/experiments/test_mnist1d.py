@@ -34,6 +34,7 @@ def test_mnist1d_splits_shapes_and_determinism(tmp_path):
     assert not torch.equal(xtr, other["x"])
 
 
+@pytest.mark.slow
 def test_mnist1d_split_key_and_default_sizes():
     x, _ = mnist1d_split("train")
     assert x.shape == (4000, 40)  # the generator's defaults: 5000 signals, 80/20

@@ -22,6 +22,7 @@ from flatcli.experiments.spec import merge
 from flatcli.experiments.transformer import ModularTransformer
 from flatcli.loading.data import load_split, modular_addition_split
 from flatcli.run.checkpoint import measure_model
+from tests.oracles import model_hessian
 
 SPEC = (
     Path(__file__).resolve().parents[2]
@@ -105,28 +106,20 @@ def test_last_position_shortcut_equals_the_full_last_block(layers):
         m(x.double())
 
 
-def dense_hessian(model, x, y, include=None):
-    named = [(n, q.detach()) for n, q in model.named_parameters()]
-    chosen = [(n, q) for n, q in named if include is None or include in n]
-    fixed = {n: q for n, q in named if all(n != c for c, _ in chosen)}
-
-    def loss(flat):
-        parts = torch.split(flat, [q.numel() for _, q in chosen])
-        params = {n: t.view(q.shape) for (n, q), t in zip(chosen, parts, strict=True)}
-        return torch.nn.functional.cross_entropy(
-            functional_call(model, {**fixed, **params}, (x,)), y
-        )
-
-    return torch.func.hessian(loss)(torch.cat([q.reshape(-1) for _, q in chosen]))
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("include", [None, "blocks.0.attn."])
 def test_lambda_max_and_trace_match_a_dense_float64_hessian(include):
     """λmax (Lanczos) and the exact trace through flatcli, in uneven batches of 7, equal those of a
     dense float64 Hessian of the cross-entropy: the whole model, and the attention block alone."""
     m = tiny(layers=2)
     b = split("train", p=5, train_fraction=0.7)
-    H = dense_hessian(m, b["x"], b["labels"], include)
+    H = model_hessian(
+        m,
+        lambda ps: torch.nn.functional.cross_entropy(
+            functional_call(m, ps, (b["x"],)), b["labels"]
+        ),
+        include,
+    )
     row = measure_model(
         m,
         b,
@@ -176,6 +169,7 @@ def tiny_spec(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_smoke_train_sweep_collect_correlate(tmp_path):
     """Each model trains on its own fraction (saved, listed as train_data) with integer ids; flatcli's
     train loss is the training loop's eval-mode loss; the converged models are correlated and compared."""

@@ -22,6 +22,7 @@ from flatcli.landscape import (
     write_files,
 )
 from flatcli.landscape.slices import direction_chunks
+from tests.oracles import runner
 
 F64 = dict(device="cpu", precision="fp64")  # settings of a landscape view
 P64 = dict(device="cpu", dtype=torch.float64)  # the same for a Problem
@@ -405,15 +406,14 @@ def write_project(tmp, manifest=False):
     return tmp / "config.yaml"
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(tmp_path):
     pytest.importorskip("matplotlib")
-    from typer.testing import CliRunner
 
     from flatcli.cli import app
 
     cfg = write_project(tmp_path)
     before = torch.load(tmp_path / "m0.pt")["state_dict"]
-    runner = CliRunner()
     r = runner.invoke(
         app,
         [

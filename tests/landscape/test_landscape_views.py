@@ -23,6 +23,7 @@ from flatcli.landscape.trajectory import (
     trajectory_paths,
     trajectory_pca,
 )
+from tests.oracles import runner
 
 F64 = dict(device="cpu", precision="fp64")
 
@@ -671,15 +672,14 @@ def write_project(tmp, nan_data=False):
     return tmp / name
 
 
+@pytest.mark.slow
 def test_cli_pca_and_connect(tmp_path):
     pytest.importorskip("matplotlib")
     import pandas as pd
-    from typer.testing import CliRunner
 
     from flatcli.cli import app
 
     cfg = write_project(tmp_path)
-    runner = CliRunner()
     shell_glob = [str(tmp_path / f"step_{k}.pt") for k in (1, 10, 2, 20)]  # as `step_*.pt` expands
     r = runner.invoke(
         app,
@@ -794,6 +794,7 @@ def test_cli_pca_and_connect(tmp_path):
 
 
 # ------------------------------------------------------------------ demo: opt-in trajectory
+@pytest.mark.slow
 def test_demo_train_trajectory_follows_the_zoo_recipe(tmp_path):
     from flatcli.demo.trajectory import train_trajectory, zoo_models
     from flatcli.training import train_model

@@ -7,6 +7,7 @@ import pytest
 from flatcli.console import DEBUG_ENV
 from flatcli.loading.hf import load_pretrained
 from tests import hf_models as H
+from tests.oracles import runner
 
 
 @pytest.mark.parametrize("debug", [False, True])
@@ -26,8 +27,6 @@ def test_loading_weights_bar_only_with_debug(tmp_path, capfd, monkeypatch, debug
 def test_debug_flag_sets_the_environment_for_the_command_only(tmp_path, monkeypatch):
     import os
 
-    from typer.testing import CliRunner
-
     from flatcli.cli import app
 
     monkeypatch.delenv(DEBUG_ENV, raising=False)
@@ -41,6 +40,6 @@ def test_debug_flag_sets_the_environment_for_the_command_only(tmp_path, monkeypa
     monkeypatch.setattr(api, "correlate", fake)
     path = tmp_path / "r.csv"
     path.write_text("a,b\n1,2\n")
-    CliRunner().invoke(app, ["correlate", str(path), "--debug"])
-    CliRunner().invoke(app, ["correlate", str(path)])
+    runner.invoke(app, ["correlate", str(path), "--debug"])
+    runner.invoke(app, ["correlate", str(path)])
     assert seen == ["1", None] and DEBUG_ENV not in os.environ

@@ -10,21 +10,15 @@ import torch
 import torch.nn.functional as F
 import yaml
 from torch.func import functional_call
-from typer.testing import CliRunner
 
 from flatcli import api
-from flatcli.cli import app
 from tests import hf_models as H
 from tests.helpers import measured, rel
+from tests.oracles import cli_and_output as run
+from tests.oracles import model_hessian
 
 H.transformers()  # skips the module without transformers
-runner = CliRunner()
 IGNORE = -100
-
-
-def run(*args):
-    res = runner.invoke(app, [str(a) for a in args])
-    return res, res.output + (res.stderr if res.stderr_bytes is not None else "")
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +112,7 @@ def reference_loss(kind: str, logits: torch.Tensor, batch: dict) -> torch.Tensor
     return F.cross_entropy(logits, batch["labels"])
 
 
-def dense_hessian(folder, cls: str, kind: str, batch: dict, include=None) -> torch.Tensor:
+def hf_hessian(folder, cls: str, kind: str, batch: dict, include=None) -> torch.Tensor:
     """∇² of the reference loss over the (deduplicated) parameters, or those whose name contains one
     of ``include``, in float64 with eager attention in eval mode (dropout off)."""
     tf = H.transformers()
@@ -126,19 +120,13 @@ def dense_hessian(folder, cls: str, kind: str, batch: dict, include=None) -> tor
         folder, local_files_only=True, attn_implementation="eager"
     )
     model = model.double().eval()
-    named = [(n, q.detach()) for n, q in model.named_parameters()]
-    chosen = [(n, q) for n, q in named if include is None or any(s in n for s in include)]
-    fixed = {n: q for n, q in named if all(n != c for c, _ in chosen)}
     inputs = {k: v for k, v in batch.items() if k != "labels"}
 
-    def loss(flat):
-        parts = torch.split(flat, [q.numel() for _, q in chosen])
-        params = {n: t.view(q.shape) for (n, q), t in zip(chosen, parts, strict=True)}
-        out = functional_call(model, {**fixed, **params}, (), {**inputs, "return_dict": True})
+    def loss_of(params):
+        out = functional_call(model, params, (), {**inputs, "return_dict": True})
         return reference_loss(kind, out.logits, batch)
 
-    flat = torch.cat([q.reshape(-1) for _, q in chosen]).double()
-    return torch.func.hessian(loss)(flat)
+    return model_hessian(model, loss_of, include=include)
 
 
 def exact_measures():
@@ -149,8 +137,9 @@ def exact_measures():
 
 
 # ---------------------------------------------------------------- λmax and trace vs dense
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "vit"])
-def test_classifier_lambda_max_and_trace_match_dense_hessian(hf, tmp_path, name):
+def test_classifier_lambda_max_and_trace_match_hf_hessian(hf, tmp_path, name):
     """BERT (sentence pairs: token type ids, padding, dropout in the config) and ViT: λmax and the
     exact trace through the CLI equal a dense float64 Hessian of CE over the rows (eval mode)."""
     make, cls = {
@@ -171,13 +160,14 @@ def test_classifier_lambda_max_and_trace_match_dense_hessian(hf, tmp_path, name)
         assert {"token_type_ids", "attention_mask"} <= set(batch) and (
             batch["attention_mask"] == 0
         ).any()
-    Hd = dense_hessian(hf[name], cls, "cls", batch)
+    Hd = hf_hessian(hf[name], cls, "cls", batch)
     ev = torch.linalg.eigvalsh(Hd)
     assert rel(row["measures"]["hessian_lambda_max"]["value"], float(ev[-1])) < 1e-4
     assert rel(row["measures"]["hessian_trace"]["value"], float(Hd.diagonal().sum())) < 1e-4
 
 
-def test_gpt2_lambda_max_and_block_trace_match_dense_hessian(hf, tmp_path):
+@pytest.mark.slow
+def test_gpt2_lambda_max_and_block_trace_match_hf_hessian(hf, tmp_path):
     """GPT-2 with tied lm_head/wte and padded sequences of unequal length in uneven batches: λmax of
     the whole model, and λmax and the exact trace of the attention block selected by a params glob,
     equal those of a dense float64 Hessian of next-token CE over every non-padded token."""
@@ -194,7 +184,7 @@ def test_gpt2_lambda_max_and_block_trace_match_dense_hessian(hf, tmp_path):
     assert (
         len(set(lens.tolist())) > 2 and lens.min() < batch["input_ids"].shape[1]
     )  # padding, unequal lengths
-    Hd = dense_hessian(hf["gpt2"], "AutoModelForCausalLM", "causal", batch)
+    Hd = hf_hessian(hf["gpt2"], "AutoModelForCausalLM", "causal", batch)
     assert (
         rel(row["measures"]["hessian_lambda_max"]["value"], float(torch.linalg.eigvalsh(Hd)[-1]))
         < 1e-4
@@ -210,7 +200,7 @@ def test_gpt2_lambda_max_and_block_trace_match_dense_hessian(hf, tmp_path):
     res, text = run("measure", "-c", attn, "-o", tmp_path / "attn")
     assert res.exit_code == 0, text
     row = measured(tmp_path / "attn")
-    Hb = dense_hessian(hf["gpt2"], "AutoModelForCausalLM", "causal", batch, include=[".attn."])
+    Hb = hf_hessian(hf["gpt2"], "AutoModelForCausalLM", "causal", batch, include=[".attn."])
     assert (
         rel(row["measures"]["hessian_lambda_max"]["value"], float(torch.linalg.eigvalsh(Hb)[-1]))
         < 1e-4
@@ -250,6 +240,7 @@ NOT_APPLICABLE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
 def test_measure_all_gives_a_value_or_a_reason(hf, tmp_path, name):
     """``flatcli measure -m all``: no measure fails; the ones that do not apply say why; adaptive
@@ -297,6 +288,7 @@ def _distance(hf) -> float:
     return float(sum(((sa[k].double() - sb[k].double()) ** 2).sum() for k in keys))
 
 
+@pytest.mark.slow
 def test_dry_run_and_one_line_errors(hf, tmp_path):
     cfg = gpt2_config(hf, tmp_path / "c.yaml", measures=["hessian_lambda_max"])
     res, text = run("measure", "-c", cfg, "--dry-run")

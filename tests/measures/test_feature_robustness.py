@@ -16,6 +16,7 @@ from flatcli.engine import Problem
 from flatcli.measures import MeasureContext
 from flatcli.measures.feature_robustness import haar_orthogonal, kde_representativeness
 from tests.measures.test_relative_flatness import _data, _features, _mlp
+from tests.oracles import dense_hessian
 
 DT = torch.float64
 
@@ -71,7 +72,8 @@ def _quadratic_forms(model, layer, x, y, Os):
     p = Problem(model.eval(), x, y, batch_size=len(x), dtype=DT)
     wname = f"{layer}.weight"
     W = p.params[wname]
-    H = torch.func.hessian(lambda w: p.loss({**p.params, wname: w}))(W)  # (d, m, d, m)
+    H = dense_hessian(lambda w: p.loss({**p.params, wname: w.view(W.shape)}), W.reshape(-1))
+    H = H.reshape(*W.shape, *W.shape)  # (d, m, d, m)
     out = []
     for Q in Os:
         V = W @ Q
@@ -100,6 +102,7 @@ def test_theorem_5_expansion_per_matrix_against_the_dense_hessian(layer, widths)
     assert np.all(errs[2:] <= C * deltas[2:, None] ** 2 + 1e-13)  # the error decays like δ²
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("normalize", [False, True])
 def test_limit_matches_relative_flatness(normalize):
     # Theorem 5: E_F(δ) → δ²κ/(2m); the Monte-Carlo limit agrees with the exact κ within its stderr.
@@ -357,6 +360,7 @@ def _invert(phi, z):
     return h
 
 
+@pytest.mark.slow
 def test_synthetic_section_6_setting():
     """Petzka et al. Sec. 6: features from 4 Gaussians (2 per class, sklearn's make_classification as in the
     authors' code, noise-free labels) at a given class separation; a linear classifier ψ trained on S; a random

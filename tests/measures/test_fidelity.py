@@ -21,7 +21,8 @@ from torch import nn
 from flatcli.console import _value_cell
 from flatcli.engine import CurvatureEngine, Problem, linalg
 from flatcli.measures import MeasureContext, MeasureSpec, get_measure, run_measure
-from tests.fidelity_models import dense_hessian, reference, run
+from tests.fidelity_models import dense_hessian, reference
+from tests.oracles import measure_on as run
 
 DT = torch.float64
 
@@ -38,6 +39,7 @@ def neff_exact(ev, z=1.0):
 # ------------------------------------------------------------------ 1. degrees of freedom
 
 
+@pytest.mark.slow
 def test_hutchpp_under_a_product_cap_covers_and_is_never_ok():
     """A, ``max_hvps: 4``: 2 residual samples (1 degree of freedom). Before: stderr without a t
     factor, status ok at 28 stderr from the truth (seed 13), ±2 stderr covered 12/20."""
@@ -117,6 +119,7 @@ def test_min_ritz_after_thick_restarts_is_named_kept():
 # ------------------------------------------------------------------ 3. SLQ on an indefinite Hessian
 
 
+@pytest.mark.slow
 def test_quadrature_error_holds_on_the_kink():
     """B at 25 steps: the Gauss rule's bias is +6.8 (40 runs) on ½log(1 + λ₊); the consecutive
     rules said 2.3, the half-length rule says 24."""
@@ -133,6 +136,7 @@ def test_quadrature_error_holds_on_the_kink():
     assert r.quadrature_error(f) >= 2 * bias
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["local_entropy", "hessian_spectrum"])
 def test_slq_intervals_cover_on_b_and_ok_is_never_far(name):
     """Per fixed model B, 20 seeds: ±2 stderr covers ≥ 17/20 and ``ok`` never at more than 6%

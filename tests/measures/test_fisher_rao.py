@@ -6,16 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from flatcli.engine import CurvatureEngine, Problem
+from flatcli.engine import Problem
 from flatcli.errors import ConfigError
-from flatcli.measures import MeasureContext, MeasureSpec, run_measure
+from tests.oracles import measure_on
 
 
 def run(p, seed=0, **options):
-    return run_measure(
-        MeasureSpec("fisher_rao_norm", "fr", options),
-        MeasureContext(p, CurvatureEngine(p), seed=seed),
-    )
+    return measure_on(p, "fisher_rao_norm", label="fr", seed=seed, **options)
 
 
 def relu_net(bias: bool, hidden: int = 2, seed: int = 0):

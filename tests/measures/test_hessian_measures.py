@@ -12,6 +12,7 @@ from flatcli.engine.precision import Precision
 from flatcli.errors import ConfigError
 from flatcli.measures import MeasureContext, MeasureSpec, get_measure, run_measure
 from flatcli.measures.hessian import effective_dimension, plot_esd
+from tests.oracles import problem_hessian
 
 DT = torch.float64
 
@@ -50,7 +51,7 @@ def mlp_data(n=11, seed=0):
 
 def dense_eigs(model, x, y, loss, batch_size=4):
     p = Problem(model, x, y, loss=loss, batch_size=batch_size, dtype=DT)
-    H = torch.func.hessian(lambda t: p.loss(p.unflatten(t)))(p.theta)
+    H = problem_hessian(p)
     return torch.linalg.eigvalsh(H).numpy()
 
 
@@ -194,6 +195,7 @@ def test_spectrum_options_and_registry():
         run_measure(MeasureSpec("hessian_spectrum", "s", {"z": 0}), context(model, x, y))
 
 
+@pytest.mark.slow
 def test_plot_esd_writes_png(tmp_path):
     pytest.importorskip("matplotlib")
     model, x, y = mlp_data()

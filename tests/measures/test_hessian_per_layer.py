@@ -11,6 +11,7 @@ from flatcli.api import measure_model
 from flatcli.engine import Problem, linalg
 from tests.helpers import TinyBN
 from tests.measures.test_hessian_measures import mlp_data, saddle_data
+from tests.oracles import problem_hessian
 
 DT = torch.float64
 
@@ -46,7 +47,7 @@ CASES = {
 def dense_blocks(model, x, y, loss):
     """{name: H_bb} from the dense Hessian of L over the measurement set."""
     p = Problem(model.eval(), x, y, loss=loss, batch_size=4, dtype=DT)
-    H = torch.func.hessian(lambda t: p.loss(p.unflatten(t)))(p.theta)
+    H = problem_hessian(p)
     return {n: H[sl, sl] for n, sl in p.param_slices().items()}, H
 
 

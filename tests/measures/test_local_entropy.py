@@ -8,18 +8,16 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call, hessian
+from torch.func import functional_call
 
 from flatcli.engine import CurvatureEngine, Problem, linalg
 from flatcli.measures import MeasureContext, MeasureSpec, run_measure
 from flatcli.measures._slq_shared import STREAM
+from tests.oracles import dense_hessian, measure_on, problem_hessian
 
 
 def run(p, seed=0, **options):
-    return run_measure(
-        MeasureSpec("local_entropy", "le", options),
-        MeasureContext(p, CurvatureEngine(p), seed=seed),
-    )
+    return measure_on(p, "local_entropy", label="le", seed=seed, **options)
 
 
 def f_clipped(evals, gamma):
@@ -41,7 +39,7 @@ def tanh_net():
     def loss(flat):
         return nn.functional.cross_entropy(functional_call(model, p.unflatten(flat), (x,)), y)
 
-    H = hessian(loss)(p.theta)
+    H = dense_hessian(loss, p.theta)
     evals, evecs = torch.linalg.eigh(H)
     return p, evals.numpy(), evecs.numpy()
 
@@ -120,6 +118,7 @@ def _tanh_mlp(widths, n, seed=0):
     return Problem(nn.Sequential(*layers).double(), x, y, batch_size=n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_slq_default_tol_is_within_10_percent_of_the_dense_value(seed):
     # 8-16-4 tanh MLP (212 parameters), SLQ forced: runs are added until stderr ≤ 3% of the value.
@@ -171,30 +170,15 @@ def test_cost_estimate_matches_the_counted_products():
         assert lo <= r.diagnostics["n_hvp"] <= hi, (opts, r.diagnostics["n_hvp"], lo, hi)
 
 
-def _dense_hessian_rows(p):
-    """The Hessian of the mean loss, row by row: double backward of the gradient against unit
-    vectors (batched 256 rows at a time), in float64."""
-    theta = p.theta.detach().clone().requires_grad_(True)
-    g = torch.autograd.grad(p.loss(p.unflatten(theta)), theta, create_graph=True)[0]
-    eye = torch.eye(p.num_params, dtype=torch.float64)
-    rows = [
-        torch.autograd.grad(
-            g, theta, grad_outputs=eye[i : i + 256], is_grads_batched=True, retain_graph=True
-        )[0]
-        for i in range(0, p.num_params, 256)
-    ]
-    H = torch.cat(rows)
-    return 0.5 * (H + H.T)
-
-
 @pytest.fixture(scope="module")
 def wide_net():
     """20-90-3 tanh MLP on 32 samples, 2,163 parameters (above dense_max = 512), and its exact value."""
     p = _tanh_mlp((20, 90, 3), 32, 0)
-    ev = torch.linalg.eigvalsh(_dense_hessian_rows(p)).numpy()
+    ev = torch.linalg.eigvalsh(problem_hessian(p, chunk=256, symmetrize=True)).numpy()
     return p, float(f_clipped(ev, 1.0).sum())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps", [25, 10])
 def test_slq_stderr_covers_the_dense_value_above_the_dense_threshold(wide_net, steps):
     # 20 seeds, 4 runs each: ±2 stderr must contain the exact value in ≥ 90% of them (measured: 20 of 20
@@ -325,15 +309,6 @@ def test_shared_slq_runs_cut_by_a_time_cap_are_not_kept():
         np.testing.assert_allclose(a, b, rtol=1e-12)
 
 
-def _ce_hessian_rows(p, x, y) -> torch.Tensor:
-    """The cross-entropy Hessian at θ in float64, row by row: double backward of each gradient entry."""
-    theta = p.theta.detach().clone().requires_grad_(True)
-    loss = nn.functional.cross_entropy(functional_call(p.model, p.unflatten(theta), (x,)), y)
-    (g,) = torch.autograd.grad(loss, theta, create_graph=True)
-    rows = [torch.autograd.grad(g[i], theta, retain_graph=True)[0] for i in range(len(g))]
-    return torch.stack(rows).detach()
-
-
 @pytest.mark.parametrize("seed", range(3))
 def test_slq_stops_adding_runs_when_the_quadrature_error_alone_is_above_tol(seed):
     # 8-16-4 tanh MLP (212 parameters), 4 Lanczos steps: the quadrature error (1.4-2.0) is 30-45×
@@ -342,7 +317,11 @@ def test_slq_stops_adding_runs_when_the_quadrature_error_alone_is_above_tol(seed
     p = _tanh_mlp((8, 16, 4), 64, seed)
     g = torch.Generator().manual_seed(seed + 1)  # _tanh_mlp's data
     x = torch.randn(64, 8, generator=g, dtype=torch.float64)
-    H = _ce_hessian_rows(p, x, torch.randint(0, 4, (64,), generator=g))
+    y = torch.randint(0, 4, (64,), generator=g)
+    H = dense_hessian(
+        lambda t: nn.functional.cross_entropy(functional_call(p.model, p.unflatten(t), (x,)), y),
+        p.theta,
+    )
     assert torch.allclose(
         H, CurvatureEngine(p).hessian().dense().double(), atol=1e-10
     )  # the same problem

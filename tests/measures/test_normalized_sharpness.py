@@ -1,6 +1,6 @@
 """normalized_sharpness (eqs. 35, 17) and fisher_rao_term (eq. 16) against independent dense implementations.
 
-References: dense Hessian diagonals from `torch.func.hessian` in float64, the
+References: dense Hessian diagonals in float64 (tests/oracles.py, double backward), the
 row-scale problem solved by scipy on the plain objective, and eq. 17 by a
 brute-force scalar minimization over σ for every β of the grid B.
 """
@@ -18,6 +18,7 @@ from flatcli.api import measure_model
 from flatcli.engine import Problem
 from flatcli.errors import ConfigError
 from flatcli.measures.normalized_sharpness import solve_layer
+from tests.oracles import problem_hessian
 
 
 def _mlp(act, seed=0):
@@ -35,7 +36,7 @@ def _data(n=30, d=5, c=3, seed=1):
 def _dense_diag(model, x, y, loss="cross_entropy"):
     """(θ, diag ∇²L(θ)) from the dense float64 Hessian."""
     prob = Problem(model.eval(), x, y, loss=loss, batch_size=len(x), dtype=torch.float64)
-    H = torch.func.hessian(lambda t: prob.loss(prob.unflatten(t)))(prob.theta)
+    H = problem_hessian(prob)
     return prob.theta, torch.diagonal(H).clone()
 
 
@@ -243,6 +244,7 @@ def _hard_case(name, trained):
 HARD = ["zero_weight", "tiny_weight", "pruned", "trained", "trained_pruned"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", HARD)
 def test_default_is_exact_with_zero_tiny_and_pruned_weights_and_trained(case, trained_digits_mlp):
     # the old default (hessian_diag: scaled, 64 samples) gives 0.1772 → 2.05, 0.675, 143 (pruned) and 1.6× / 2900× on
@@ -299,6 +301,7 @@ class MixedRows(nn.Module):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("kind", ["fused_qkv", "mixed_rows"])
 def test_default_check_finds_curvature_in_a_few_rows(kind, seed):
@@ -344,7 +347,7 @@ def test_default_at_a_non_minimum_with_an_indefinite_hessian(act):
     model = _mlp(act, seed=3)
     x, y = _data(seed=4)
     prob = Problem(model.eval(), x, y, batch_size=len(x), dtype=torch.float64)
-    H = torch.func.hessian(lambda t: prob.loss(prob.unflatten(t)))(prob.theta)
+    H = problem_hessian(prob)
     assert float(torch.linalg.eigvalsh(H)[0]) < -1e-3  # indefinite
     theta, diag = _dense_diag(model, x, y)
     res = _ns(model, x, y)
@@ -367,6 +370,7 @@ def test_default_at_a_non_minimum_with_an_indefinite_hessian(act):
         assert bool((diag >= 0).all()) and res.diagnostics["diag_curved"] == []
 
 
+@pytest.mark.slow
 def test_default_over_the_exact_budget_estimates_the_residual_and_says_so():
     model = _mlp(nn.Tanh)
     x, y = _data()

@@ -9,15 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from flatcli.engine import CurvatureEngine, Problem
+from flatcli.engine import Problem
 from flatcli.errors import ConfigError
-from flatcli.measures import MeasureContext, MeasureSpec, run_measure
 from flatcli.measures._bn import fold_batchnorm
-
-
-def run(p, name, init_params=None, init_state=None):
-    ctx = MeasureContext(p, CurvatureEngine(p), init_params=init_params, init_state=init_state)
-    return run_measure(MeasureSpec(name, name, {}), ctx)
+from tests.oracles import measure_on as run
 
 
 def mlp(bias=True, seed=0):

@@ -50,6 +50,7 @@ def test_posterior_identities_and_equivariance():
     )
 
 
+@pytest.mark.slow
 def test_quadratic_loss_second_order_is_exact():
     """Linear least squares: E_Q L = L(θ̄) + ½ Σ H_ii σ_i² = L(θ̄) + ½ √(h/λ) NS₂(R) exactly."""
     torch.manual_seed(0)

@@ -9,15 +9,16 @@ import torch
 from scipy.stats import norm
 from torch import nn
 
-from flatcli.engine import CurvatureEngine, Problem
+from flatcli.engine import Problem
 from flatcli.errors import ConfigError
-from flatcli.measures import MeasureContext, MeasureSpec, run_measure
 from flatcli.measures.pacbayes import DEVIATION_TOL, MAGNITUDE_EPS
+from tests.oracles import measure_on
 
 
 def run(p, seed=0, init_params=None, **options):
-    ctx = MeasureContext(p, CurvatureEngine(p), seed=seed, init_params=init_params)
-    return run_measure(MeasureSpec("pacbayes_flatness", "pb", options), ctx)
+    return measure_on(
+        p, "pacbayes_flatness", label="pb", seed=seed, init_params=init_params, **options
+    )
 
 
 def margin_classifier(a: float, n: int = 600):

@@ -7,6 +7,7 @@ from torch import nn
 from flatcli.api import measure_model
 from flatcli.engine import Problem
 from flatcli.errors import ConfigError
+from tests.oracles import dense_hessian
 
 
 class LeNetish(nn.Module):
@@ -89,7 +90,8 @@ def _dense_kappa(model, x, y, layer, loss="cross_entropy", normalize=False):
             {**prob.params, wname: torch.where(live, Wt_ / torch.where(live, sigma, 1.0), W)}
         )
 
-    H = torch.func.hessian(loss_of)(Wt)  # (d, m, d, m)
+    H = dense_hessian(lambda w: loss_of(w.view(Wt.shape)), Wt.reshape(-1))
+    H = H.reshape(*Wt.shape, *Wt.shape)  # (d, m, d, m)
     T = torch.einsum("sjtj->st", H)
     return float(((Wt @ Wt.T) * T).sum())
 

@@ -16,6 +16,7 @@ from flatcli.engine import CurvatureEngine, Problem
 from flatcli.measures import MeasureContext, MeasureSpec, run_measure
 from flatcli.measures._ascent import apgd_checkpoints
 from flatcli.measures.sharpness import m_batches
+from tests.oracles import measure_on
 
 RHO = 0.1
 
@@ -29,7 +30,7 @@ def linear_problem(X, y, w, batch_size=16):
 
 
 def run(p, e, name, seed=0, **options):
-    return run_measure(MeasureSpec(name, name, options), MeasureContext(p, e, seed=seed))
+    return measure_on(p, name, engine=e, seed=seed, **options)
 
 
 @pytest.fixture(scope="module")
@@ -421,6 +422,7 @@ def test_worst_linf_relu_ce_small_net_is_the_exact_corner_maximum(seed, rho):
     )  # above the corners only through an ascent
 
 
+@pytest.mark.slow
 def test_worst_linf_17_parameter_relu_ce_net_reaches_the_corner_maximum():
     # Issue 20's case: Linear(2, 3) → ReLU → Linear(3, 2), 17 parameters, 2^17 > corners: one-flip local
     # searches of the true loss from the ascents and the Ritz sign patterns. The former ascent reached 55.9% here
@@ -461,7 +463,7 @@ def test_corner_maximum_modes():
 
 
 def test_worst_linf_cost_estimate_covers_the_corner_search():
-    from flatcli.measures import Dims, MeasureSpec
+    from flatcli.measures import Dims
 
     m, X, y = _relu_ce_net(7, hidden=2, out_bias=False)
     p = Problem(m, X, y, loss="cross_entropy", batch_size=64)

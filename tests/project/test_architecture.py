@@ -90,6 +90,7 @@ def _string_constants(path: Path) -> set[str]:
     }
 
 
+@pytest.mark.slow
 def test_no_module_outside_measures_names_a_measure():
     names = {m.name for m in list_measures()}
     offenders = {}

@@ -4,6 +4,8 @@ asserted), and of the JSON every benchmark writes (benchmarks/_common.py)."""
 import importlib.util
 import json
 
+import pytest
+
 
 def _bench_catalogue():
     from benchmarks import bench_catalogue
@@ -27,6 +29,7 @@ def _tables(path) -> list[list[dict]]:
 TINY = ["--device", "cpu", "--n", "8", "--batch-size", "4", "--width", "2", "--train-steps", "4"]
 
 
+@pytest.mark.slow
 def test_catalogue_and_peers_write_their_rows(tmp_path):
     bc = _bench_catalogue()
     names = ["frobenius_norm", "distance_from_init", "hessian_lambda_max"]

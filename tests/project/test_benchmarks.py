@@ -51,6 +51,7 @@ def _touches_sys_path(tree: ast.AST) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_scripts_are_split_into_benchmarks_and_tools():
     assert not (ROOT / "scripts").exists()
     assert (ROOT / "benchmarks" / "_common.py").is_file() and (ROOT / "tools").is_dir()

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.oracles import runner
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).parent / "data" / "bench_fixture.json"
 
@@ -224,11 +226,10 @@ def test_benchmark_plots_from_numeric_tables(tmp_path):
 def test_the_changelog_has_a_section_for_the_version():
     """CHANGELOG.md has a section for the version `flatcli --version` prints (raise both at a
     release), with breaking changes listed first."""
-    from typer.testing import CliRunner
 
     from flatcli.cli import app
 
-    out = CliRunner().invoke(app, ["--version"]).output
+    out = runner.invoke(app, ["--version"]).output
     version = out.split()[-1]
     text = (Path(__file__).resolve().parents[2] / "CHANGELOG.md").read_text()
     section = text.split(f"## [{version}]", 1)

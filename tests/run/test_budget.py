@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from typer.testing import CliRunner
 
 from flatcli import api
 from flatcli.cli import app
@@ -22,6 +21,7 @@ from flatcli.engine.linalg import Budget
 from flatcli.errors import ConfigError
 from flatcli.run.shares import BudgetPlan, continuations, stopped_by_share
 from tests.helpers import TinyBN, tiny_data, tiny_mlp, write_project
+from tests.oracles import call, model_hessian, runner
 
 DT = torch.float64
 
@@ -380,6 +380,7 @@ def _same(a, b) -> bool:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("measures", BUDGET_SETS, ids=range(len(BUDGET_SETS)))
 def test_twice_the_cost_changes_nothing_and_half_of_it_is_spent(measures, monkeypatch):
     """On a tiny MLP, with time counted in products (`_work_clock`): a budget twice the
@@ -468,9 +469,9 @@ def test_budget_values_and_their_errors():
 
 def test_cli_budget_flag(tmp_path):
     cfg = write_project(tmp_path / "p", measures=["hessian_trace", "frobenius_norm"], n_ckpt=1)
-    res = CliRunner().invoke(app, ["measure", "-c", str(cfg), "--budget", "soon"])
+    res = runner.invoke(app, ["measure", "-c", str(cfg), "--budget", "soon"])
     assert res.exit_code == 2 and "--budget must be a positive number of seconds" in res.output
-    res = CliRunner().invoke(
+    res = runner.invoke(
         app,
         [
             "measure",
@@ -507,15 +508,8 @@ def _zero_linear(d=6, h=5, o=3):
 
 
 def _dense_hessian(model, x, y) -> torch.Tensor:
-    """The Hessian of the mean per-sample squared error, row by row with double backward."""
-    params = list(model.parameters())
-    loss = ((model(x) - y) ** 2).sum(1).mean()
-    g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, params, create_graph=True)])
-    rows = [
-        torch.cat([t.reshape(-1) for t in torch.autograd.grad(g[i], params, retain_graph=True)])
-        for i in range(g.numel())
-    ]
-    return torch.stack(rows)
+    """The Hessian of the mean per-sample squared error (dense, float64)."""
+    return model_hessian(model, lambda ps: ((call(model, ps, x) - y) ** 2).sum(1).mean())
 
 
 @pytest.mark.parametrize("method", ["hutchinson", "hutchpp"])
@@ -577,6 +571,7 @@ def test_a_positive_definite_trace_never_uses_the_floor():
     assert r.converged and not r.near_zero and r.stderr <= 0.01 * abs(r.estimate)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["hutchinson", "hutchpp"])
 def test_a_trace_small_at_the_spectrums_scale_stops_at_its_floor(method):
     """Tr A = 10 of Tr|A| ≈ 410 (eigenvalues ±[0.5, 1.5], the positive ones 5% larger; the floor

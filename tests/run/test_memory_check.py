@@ -10,7 +10,6 @@ import pytest
 import torch
 import yaml
 from torch import nn
-from typer.testing import CliRunner
 
 import flatcli.loading.load as load
 import flatcli.run.memory as memory
@@ -21,8 +20,7 @@ from flatcli.engine.curvatures import Curvature
 from flatcli.measures import MeasureSpec
 from flatcli.run.settings import Settings
 from tests.helpers import write_project
-
-runner = CliRunner()
+from tests.oracles import runner
 
 LAMBDA = {"hessian_lambda_max": {"tol": 1e-3, "max_steps": 20}}
 MEASURES = [LAMBDA, "frobenius_norm"]

@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from flatcli.cli import app
 from flatcli.config import from_dict
@@ -13,8 +12,7 @@ from flatcli.engine.linalg._store import BasisStore
 from flatcli.errors import ConfigError
 from flatcli.run.settings import Settings
 from tests.helpers import write_project
-
-runner = CliRunner()
+from tests.oracles import runner
 
 
 def test_defaults_are_auto_and_leave_the_hash_alone():
@@ -50,6 +48,7 @@ def test_config_show_lists_the_memory_settings(tmp_path):
     assert "recompute: auto" in res.stdout and "max_device_vectors: auto" in res.stdout
 
 
+@pytest.mark.slow
 def test_measures_with_offloaded_bases_equal_the_default_run(tmp_path, monkeypatch):
     """λmax (Lanczos), the spectrum (block Lanczos + SLQ) and a Hutch++ trace through the CLI with
     ``max_device_vectors: 2`` equal the run with every basis on the device (float64, to rounding)."""

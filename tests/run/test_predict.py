@@ -7,14 +7,12 @@ import json
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from flatcli.cli import app
 from flatcli.measures import Dims, MeasureSpec
 from flatcli.run.predict import ProductTimes, measure_peak, predict
 from tests.helpers import write_project
-
-runner = CliRunner()
+from tests.oracles import runner
 
 
 def _times(**kw) -> ProductTimes:

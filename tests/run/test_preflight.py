@@ -7,10 +7,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from typer.testing import CliRunner
-
 from flatcli.cli import app
 from tests.helpers import cli_output, write_project
+from tests.oracles import runner
 
 
 def _spy(monkeypatch, module: str, name: str, calls: list) -> None:
@@ -29,7 +28,7 @@ def _spy(monkeypatch, module: str, name: str, calls: list) -> None:
 
 
 def _cli(*args):
-    res = CliRunner().invoke(app, [str(a) for a in args])
+    res = runner.invoke(app, [str(a) for a in args])
     return res, cli_output(res)
 
 

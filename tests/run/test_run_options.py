@@ -13,6 +13,7 @@ import yaml
 from flatcli import api
 from flatcli.errors import ConfigError
 from tests.landscape.test_landscape import write_project
+from tests.oracles import runner
 
 
 @pytest.mark.parametrize(
@@ -84,14 +85,13 @@ def test_a_view_takes_only_its_own_options_and_checkpoints(view, checkpoints, op
 def test_the_api_views_write_what_the_cli_views_write(tmp_path):
     """`landscape(..., "interpolate")` equals the CLI's ``landscape interpolate`` (the same
     grid, the same values), and the view's defaults are `InterpolateView`'s."""
-    from typer.testing import CliRunner
 
     from flatcli.cli import app
 
     cfg = write_project(tmp_path)
     a, b = tmp_path / "m0.pt", tmp_path / "m1.pt"
     res = api.landscape(cfg, [a, b], "interpolate", steps=5, outdir=tmp_path / "api", plots=False)
-    r = CliRunner().invoke(
+    r = runner.invoke(
         app,
         [
             "landscape",

@@ -61,6 +61,7 @@ def test_the_validator_names_the_first_mismatch():
     assert mismatch("inf", OneOf(("inf", "-inf"))) is None
 
 
+@pytest.mark.slow
 def test_every_field_of_a_unit_file_of_every_type_is_read_safely(sweep_dir):
     """Each field of a unit file set to each JSON type: collect never crashes, the sweep's resume
     check never crashes, and a file that does not match is unreadable (named) and not done."""
@@ -92,6 +93,7 @@ def test_every_field_of_a_unit_file_of_every_type_is_read_safely(sweep_dir):
     assert refused == {(), *((k,) for k in good)}  # every field refuses some type
 
 
+@pytest.mark.slow
 def test_a_sweep_recomputes_every_unit_file_that_does_not_match(sweep_dir, monkeypatch):
     """One mismatching value per field (the first type the schema refuses): `sweep` warns once,
     naming the file, recomputes the unit, and collect reads the fresh file."""
@@ -115,6 +117,7 @@ def test_a_sweep_recomputes_every_unit_file_that_does_not_match(sweep_dir, monke
         assert api.collect(out).rows[0].status == "ok"
 
 
+@pytest.mark.slow
 def test_plan_json_that_does_not_match_is_named_and_collect_goes_on(sweep_dir, tmp_path):
     _, src = sweep_dir
     out = tmp_path / "s"
@@ -164,6 +167,7 @@ def _set_in(d, path, value):
         d[last] = value
 
 
+@pytest.mark.slow
 def test_measure_resume_with_every_field_of_results_json_of_every_type(tmp_path):
     """`measure --resume` over a results.json with one field of the wrong type: no crash; a file
     that does not match is named, kept as results.prev.json, and everything is recomputed."""

@@ -5,7 +5,6 @@ import json
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from flatcli.cli import app
 from flatcli.engine import CurvatureEngine, Problem
@@ -13,8 +12,7 @@ from flatcli.engine.precision import PRECISIONS, Precision
 from flatcli.errors import ConfigError
 from flatcli.run.settings import Settings
 from tests.helpers import write_project
-
-runner = CliRunner()
+from tests.oracles import runner
 
 
 def test_settings_validate_in_api_terms():

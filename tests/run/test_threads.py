@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from flatcli import api, threads
 from flatcli.cli import app
@@ -19,8 +18,8 @@ from flatcli.sweep.runner import plan_workers
 from flatcli.sweep.worker import run_worker_process
 from flatcli.threads import choose_threads, plan_threads
 from tests.helpers import write_project
+from tests.oracles import runner
 
-runner = CliRunner()
 REAL_MACHINE_LOAD = threads.machine_load  # before the autouse fixture replaces it
 
 
@@ -150,6 +149,7 @@ def _auto_in_a_fresh_process() -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_auto_in_a_subprocess_after_and_during_a_busy_job():
     """On a 2-core machine otherwise idle: while a 1-thread busy job runs, auto chooses 1 thread;
     right after a 2-thread busy job ends (the 1-minute load average still counts it), 2. Skipped

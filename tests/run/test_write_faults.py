@@ -13,15 +13,14 @@ import subprocess
 import sys
 
 import pytest
-from typer.testing import CliRunner
 
 from flatcli import api
 from flatcli.cli import app
 from flatcli.errors import ConfigError
 from flatcli.sweep.store import OUTDIR_LOCK, hold_folder
 from tests.helpers import cli_output, write_project
+from tests.oracles import runner
 
-runner = CliRunner()
 api_measure = importlib.import_module("flatcli.api.measure")  # the module, not the function
 MEASURES = ["frobenius_norm", "spectral_norm"]
 

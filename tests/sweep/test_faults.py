@@ -9,7 +9,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from flatcli import api
 from flatcli.analysis.table import detect_measures
@@ -17,9 +16,8 @@ from flatcli.cli import app
 from flatcli.measures import MeasureResult
 from flatcli.run.results import Row, json_matches_csv, write_pair
 from flatcli.sweep.store import Store, create_lock_file
+from tests.oracles import runner
 from tests.sweep.test_sweep import make_sweep, quiet
-
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,7 @@ class _Fresh(reuse.CheckpointCache):
         return super().model(cfg, job)
 
 
+@pytest.mark.slow
 def test_each_checkpoint_is_loaded_and_evaluated_once_with_the_same_units(tmp_path, monkeypatch):
     cfg = make_sweep(tmp_path / "p", n_ckpt=3, measures=MEASURES)
     calls = {"load": 0, "metrics": 0}

@@ -36,6 +36,7 @@ def test_debug_backend_runs_the_array_in_process(project, tmp_path):
     assert again.jobs == [] and again.computed == 0 and "nothing to submit" in again.lines[1]
 
 
+@pytest.mark.slow
 def test_local_backend_pickles_and_runs_tasks_in_subprocesses(project, tmp_path, monkeypatch):
     cfg, ref = project
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

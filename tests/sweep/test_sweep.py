@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
 
 from flatcli import api
 from flatcli.cli import app
@@ -25,8 +24,8 @@ from flatcli.sweep.plan import build_plan, load_plan
 from flatcli.sweep.runner import plan_workers
 from flatcli.sweep.store import Store, parse_shard, shard_of
 from flatcli.sweep.worker import DELAY_ENV
+from tests.oracles import runner
 
-runner = CliRunner()
 MEASURES = ["frobenius_norm", {"hessian_trace": {"max_probes": 8, "min_probes": 4, "tol": 0.5}}]
 
 
@@ -306,6 +305,7 @@ def _wait_for_units(units: Path, k: int, proc: subprocess.Popen, limit: float = 
     pytest.fail("the sweep never wrote its first units")
 
 
+@pytest.mark.slow
 def test_kill_9_mid_sweep_then_resume_equals_uninterrupted(project, tmp_path):
     cfg, ref = project
     out = tmp_path / "s"
@@ -328,6 +328,7 @@ def test_kill_9_mid_sweep_then_resume_equals_uninterrupted(project, tmp_path):
     assert not list((out / "locks").glob("*.lock"))
 
 
+@pytest.mark.slow
 def test_concurrent_workers_never_duplicate_or_corrupt(project, tmp_path, monkeypatch, capfd):
     """Two worker processes on one directory; on a (mocked) 2-core machine each runs 1 thread,
     observed inside the workers (every unit file records its worker's torch.get_num_threads())."""

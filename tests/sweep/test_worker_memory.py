@@ -68,6 +68,7 @@ def test_data_cache_default_budget_from_the_environment(monkeypatch):
     assert pipeline.DataCache(_Cfg()).max_bytes == 3 * 2**20
 
 
+@pytest.mark.slow
 def test_folding_leaves_no_generated_source_behind():
     """Each fold traces the model with torch.fx; the traced code must not stay cached."""
     from torch.fx.graph_module import _loader
