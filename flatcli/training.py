@@ -499,7 +499,7 @@ def _noise_seed(task: TrainTask) -> int:
 
 def init_model(task: TrainTask) -> torch.nn.Module:
     """The task's model at initialization: built after ``torch.manual_seed(task.seed)``."""
-    from .loading.models import build_model
+    from .loading.factory import build_model
 
     torch.manual_seed(int(task.seed))
     return build_model(task.model_target, dict(task.model_kwargs), Path(task.base_dir))

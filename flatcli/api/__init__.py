@@ -5,8 +5,8 @@ threads=..., allow_unsafe_pickle=..., budget=...)`` (`flatcli.run.settings.RunOp
 ``runtime.*`` overrides, what the CLI's shared flags build) instead of separate keywords.
 
 Everything the CLI does goes through here; the CLI only parses and renders. One module per
-concern: `_common` (configs, threads, selections), `measure`, `plan` (dry runs), `views`
-(landscapes, the invariance check), `analysis` (sweeps, collect, correlate); every public name is
+concern: `_shared` (configs, threads, selections), `measure`, `costs` (dry runs), `geometry`
+(landscapes, the invariance check), `sweeps` (sweeps, collect, correlate); every public name is
 here.
 
 >>> import flatcli
@@ -30,8 +30,9 @@ from ..run.checkpoint import (  # noqa: F401  (re-exported: the Python API)
     versions,
 )
 from ..run.settings import RunOptions
-from ._common import load, select_measures, use_threads
-from .analysis import collect, collect_frame, correlate, correlate_frame, sweep
+from ._shared import load, select_measures, use_threads
+from .costs import CostPlan, plan_costs
+from .geometry import ConnectView, InterpolateView, PCAView, SliceView, check_invariance, landscape
 from .measure import (
     REUSABLE,
     MeasureInterrupted,
@@ -40,8 +41,7 @@ from .measure import (
     measure_keys,
     previous_results,
 )
-from .plan import CostPlan, plan_costs
-from .views import ConnectView, InterpolateView, PCAView, SliceView, check_invariance, landscape
+from .sweeps import collect, collect_frame, correlate, correlate_frame, sweep
 
 __all__ = [
     "ConnectView",

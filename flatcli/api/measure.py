@@ -20,7 +20,7 @@ from ..run.checkpoint import first_checkpoint, measure_job, versions
 from ..run.jobs import Job
 from ..run.results import Row, ensure_writable_dir, write_results, write_results_or_fallback
 from ..run.settings import RunOptions, Settings
-from ._common import _plan, load_run, takes_run, use_threads
+from ._shared import _plan, load_run, takes_run, use_threads
 from .resume import REUSABLE as REUSABLE  # re-exported
 from .resume import measure_keys, plan_resume, stored_key
 from .resume import previous_results as previous_results

@@ -141,7 +141,7 @@ def run_demo(
     from rich.table import Table
 
     from .. import api
-    from ..analysis.report import notes, render_table
+    from ..analysis.rendering import notes, render_table
     from ..console import fit_width, print_table, render_rows
     from ..landscape.plots import have_matplotlib
 

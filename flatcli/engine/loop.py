@@ -13,7 +13,7 @@
   and its once-and-for-all fallback, activation recomputation, the precision and its fp32 view,
   the estimators' basis caps, the progress hook) and the helpers they share
   (`ProductState.pullback`, `ProductState.batch_grad`, the unit weighting `ProductState.share`).
-  `flatcli.engine.engine.CurvatureEngine` builds one and hands it to every curvature; no
+  `flatcli.engine.facade.CurvatureEngine` builds one and hands it to every curvature; no
   curvature sees the engine.
 """
 

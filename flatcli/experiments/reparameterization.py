@@ -47,7 +47,7 @@ class Reparameterization(Experiment):
         """Add the rescaled copies of every trained network to the checkpoints and the manifest."""
         from .. import api
         from ..invariance import find_rescalable_pairs, rescale
-        from ..loading.models import build_model
+        from ..loading.factory import build_model
 
         rs = self.spec.rescale or {
             "transforms": ["layer", "node"],

@@ -322,7 +322,7 @@ def _as_list(v: Any) -> list[Any]:
 
 def _model_params(target: str, base_dir: Path) -> tuple[set[str], bool]:
     """The model factory's parameter names and whether it takes **kwargs."""
-    from ..loading.models import resolve_target
+    from ..loading.factory import resolve_target
 
     fn = resolve_target(target, base_dir)
     try:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from .models import model_dtype
+from .factory import model_dtype
 
 EXTRA_HINT = "pip install 'flatcli[transformers]'"
 DEFAULT_ATTENTION = "eager"

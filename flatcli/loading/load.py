@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from ..run.jobs import Job, resolve_jobs
 from .checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
 from .data import load_split
-from .models import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
+from .factory import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
 
 DATA_CACHE_MB = 1024  # default byte budget of a `DataCache`, in MiB (FLATCLI_DATA_CACHE_MB)
 

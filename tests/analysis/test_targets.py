@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from flatcli import api
 from flatcli.analysis.correlation import correlate_table
-from flatcli.analysis.report import notes
+from flatcli.analysis.rendering import notes
 from flatcli.analysis.statistics import check_cmi_grid
 from flatcli.analysis.table import as_table
 from flatcli.analysis.targets import CLASSIFIER_LOSSES, default_target, minimum_rule, resolve_target

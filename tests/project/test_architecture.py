@@ -269,7 +269,7 @@ def test_config_settings_and_spec_take_their_rules_from_the_vocabulary():
         "flatcli.experiments.spec",
         "flatcli.training",
         "flatcli.threads",
-        "flatcli.engine.engine",
+        "flatcli.engine.facade",
         "flatcli.engine.loop",
         "flatcli.engine.losses",
         "flatcli.engine.precision",

@@ -23,7 +23,7 @@ from .plots import _figure, _loss_contours, _positive
 
 if TYPE_CHECKING:
     from .connect import ConnectResult
-    from .trajectory import TrajectoryResult
+    from .pca import TrajectoryResult
 
 
 def plot_trajectory(res: TrajectoryResult, path: str | Path, title: str | None = None) -> Path:

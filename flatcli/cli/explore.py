@@ -404,7 +404,7 @@ def correlate(
 ):
     """Rank measures by how well they predict the gap: Pearson, Spearman, Kendall τ-b, Jiang τ, granulated Ψ, CMI."""
     from .. import api
-    from ..analysis.report import notes, render_table
+    from ..analysis.rendering import notes, render_table
 
     with GridProgress("correlate: measures bootstrapped" if bootstrap else "correlate") as shown:
         rep = api.correlate(

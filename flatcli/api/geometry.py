@@ -19,11 +19,11 @@ from ..run.checkpoint import check_finite_model, check_targets, versions
 from ..run.preflight import check_settings
 from ..run.results import ensure_writable_dir
 from ..run.settings import RunOptions, Settings
-from ._common import _one_job, load_run, select_measures, takes_run, use_threads
+from ._shared import _one_job, load_run, select_measures, takes_run, use_threads
 
 if TYPE_CHECKING:
     from ..landscape.connect import ConnectResult
-    from ..landscape.trajectory import TrajectoryResult
+    from ..landscape.pca import TrajectoryResult
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class InterpolateView:
 
 @dataclass(frozen=True)
 class PCAView:
-    """``view="pca"``: trajectory PCA (Li et al. 2018, Sec. 7; `flatcli.landscape.trajectory`).
+    """``view="pca"``: trajectory PCA (Li et al. 2018, Sec. 7; `flatcli.landscape.pca`).
 
     ``solver`` "auto", "full" or "randomized" (seeded by ``run.seed``); ``sort`` the checkpoints
     naturally (epoch_2 before epoch_10), else keep the order given."""
@@ -168,14 +168,14 @@ def landscape(
     -------
     LandscapeResult, TrajectoryResult or ConnectResult
         `flatcli.landscape.LandscapeResult` (slice, interpolate),
-        `flatcli.landscape.trajectory.TrajectoryResult` (pca) or
+        `flatcli.landscape.pca.TrajectoryResult` (pca) or
         `flatcli.landscape.connect.ConnectResult` (connect).
     """
     spec = _view_spec(view, options)
     given = _view_checkpoints(view, checkpoints)
     common = dict(points_per_pass=points_per_pass, on_progress=on_progress)
     if view == "pca":
-        from ..landscape.trajectory import trajectory_paths
+        from ..landscape.pca import trajectory_paths
 
         given = trajectory_paths(given, sort=spec.sort)
     cfg, st, threads_used = _view_setup(config, run, outdir)
@@ -308,7 +308,7 @@ def _pca(
 ) -> TrajectoryResult:
     """The trajectory-PCA view of ``paths`` (in training order); ``out`` = (outdir or None, plots)."""
     from ..landscape.output import write_trajectory_files
-    from ..landscape.trajectory import LazyTrajectory, trajectory_landscape
+    from ..landscape.pca import LazyTrajectory, trajectory_landscape
 
     model, _ = load_model(cfg, paths[-1])
     _preflight(cfg, st, (model, paths[-1]))

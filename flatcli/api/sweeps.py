@@ -10,7 +10,7 @@ from ..config import Config
 from ..errors import ConfigError
 from ..run.results import ensure_writable_dir
 from ..run.settings import RunOptions
-from ._common import _plan, load_run, takes_run
+from ._shared import _plan, load_run, takes_run
 
 
 # ------------------------------------------------------------------ sweeps, collect, correlate
@@ -188,7 +188,7 @@ def correlate(
         left out. `correlate_frame` (``flatcli.correlate``) returns the DataFrame directly.
     """
     from ..analysis.correlation import correlate_table
-    from ..analysis.report import write_csv
+    from ..analysis.rendering import write_csv
     from ..analysis.table import as_table
 
     if plots and outdir is None:
@@ -201,7 +201,7 @@ def correlate(
         out = Path(outdir)
         report.csv_path = write_csv(report, out / "correlations.csv")
         if plots:
-            from ..analysis.plots import plot_report
+            from ..analysis.correlation_plots import plot_report
 
             report.plots = plot_report(
                 report, report.table, out / "plots", color_by=color_by, marker_by=marker_by

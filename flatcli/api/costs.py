@@ -11,7 +11,7 @@ from typing import Any
 from ..config import Config
 from ..loading.load import DataCache, load_model
 from ..run.settings import RunOptions, Settings
-from ._common import _plan, load_run, takes_run
+from ._shared import _plan, load_run, takes_run
 
 
 @dataclass
@@ -278,7 +278,7 @@ def plan_costs(
         be loaded (``errors``).
     """
     from ..errors import FlatcliError
-    from ..loading.models import model_dtype
+    from ..loading.factory import model_dtype
     from ..run.checkpoint import estimate_products, problem_dims
     from ..run.memory import check_model
     from ..run.predict import Prediction, predict
