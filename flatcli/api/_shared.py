@@ -96,7 +96,7 @@ def use_threads(cfg: Config, workers: int | None = None) -> str:
     return str(configure_threads(cfg.runtime.threads, workers))
 
 
-def _plan(cfg: Config, checkpoints, measures) -> tuple[list[Job], list[MeasureSpec]]:
+def _jobs_and_specs(cfg: Config, checkpoints, measures) -> tuple[list[Job], list[MeasureSpec]]:
     """Validate what every pipeline needs; resolve the jobs and the measures to run."""
     if not cfg.model.target and cfg.model.source != "huggingface":
         raise ConfigError("config key 'model.target' is required")

@@ -289,10 +289,10 @@ def _view_data(cfg: Config, model: torch.nn.Module, train_path: Path | None):
 
 
 def _view_meta(cfg: Config, dev: torch.device) -> dict[str, Any]:
-    from ..threads import plan_threads
+    from ..threads import thread_choice
 
     return {
-        "threads": str(plan_threads(cfg.runtime.threads)),
+        "threads": str(thread_choice(cfg.runtime.threads)),
         "loss": cfg.loss,
         "measure_data": cfg.to_dict()["measure_data"],
         "precision": cfg.runtime.precision,

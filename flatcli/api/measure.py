@@ -20,9 +20,9 @@ from ..run.checkpoint import first_checkpoint, measure_job, versions
 from ..run.jobs import Job
 from ..run.results import Row, ensure_writable_dir, write_results, write_results_or_fallback
 from ..run.settings import RunOptions, Settings
-from ._shared import _plan, load_run, takes_run, use_threads
+from ._shared import _jobs_and_specs, load_run, takes_run, use_threads
 from .resume import REUSABLE as REUSABLE  # re-exported
-from .resume import measure_keys, plan_resume, stored_key
+from .resume import measure_keys, prepare_resume, stored_key
 from .resume import previous_results as previous_results
 
 
@@ -136,7 +136,7 @@ def measure(
     write = outdir is not None or cfg.provenance.get("output.dir", "default") != "default"
     if plots and not write:
         raise ConfigError("`plots` needs an output directory (`outdir`)")
-    jobs, specs = _plan(cfg, checkpoints, measures)
+    jobs, specs = _jobs_and_specs(cfg, checkpoints, measures)
     out = ensure_writable_dir(cfg.output_dir(outdir), "output directory") if write else None
     st, world = _join_ranks(Settings.from_config(cfg))
     with _hold(out if world.is_main else None):
@@ -269,7 +269,9 @@ class _Saver:
         self.out = folder if write else None  # where to write (rank 0)
         self.data = data_fingerprints(cfg) if folder is not None else {}
         meta["data_fingerprints"] = self.data
-        self.resume = plan_resume(cfg, jobs, specs, folder, resume, self.data, self.out is not None)
+        self.resume = prepare_resume(
+            cfg, jobs, specs, folder, resume, self.data, self.out is not None
+        )
         config = cfg.to_dict()
         self.caps = {s.label: caps(config, s) for s in specs}
         self.current: Row | None = None

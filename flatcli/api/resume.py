@@ -148,7 +148,7 @@ class Resume:
         return out
 
 
-def plan_resume(
+def prepare_resume(
     cfg: Config,
     jobs: Sequence[Job],
     specs: Sequence[MeasureSpec],

@@ -1,4 +1,4 @@
-"""Sweeps and their tables: `sweep`, `collect`, `correlate` (and their DataFrame forms)."""
+"""Sweeps and their tables: `sweep`, `collect_report`, `correlate_report` (and their DataFrame forms)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ..config import Config
 from ..errors import ConfigError
 from ..run.results import ensure_writable_dir
 from ..run.settings import RunOptions
-from ._shared import _plan, load_run, takes_run
+from ._shared import _jobs_and_specs, load_run, takes_run
 
 
 # ------------------------------------------------------------------ sweeps, collect, correlate
@@ -31,7 +31,7 @@ def sweep(
 
     One unit is one checkpoint × one measure, keyed by (checkpoint fingerprint, resolved measure
     config hash, flatcli version); each finished unit is one atomically written file, so a rerun
-    skips finished units. Merge the rows with `collect`.
+    skips finished units. Merge the rows with `collect_report`.
 
     Parameters
     ----------
@@ -73,7 +73,7 @@ def sweep(
 
     opts = SweepOptions(**options)
     cfg = load_run(config, run)
-    jobs, specs = _plan(cfg, checkpoints, measures)
+    jobs, specs = _jobs_and_specs(cfg, checkpoints, measures)
     out = cfg.output_dir(outdir)
     if not opts.dry_run:
         ensure_writable_dir(out, "sweep directory")
@@ -89,7 +89,7 @@ def sweep(
     )
 
 
-def collect(outdir: str | Path, output: str | Path | None = None):
+def collect_report(outdir: str | Path, output: str | Path | None = None):
     """Merge a sweep folder's unit files into one table.
 
     Parameters
@@ -113,27 +113,27 @@ def collect(outdir: str | Path, output: str | Path | None = None):
 
 
 def collect_frame(outdir: str | Path, output: str | Path | None = None):
-    """`collect`, returning the collected table as a DataFrame (this is ``flatcli.collect``).
+    """`collect_report`, returning the collected table as a DataFrame (this is ``flatcli.collect``).
 
     Parameters
     ----------
     outdir : str or Path
         The sweep folder.
     output : str or Path, optional
-        Where results.csv goes, as in `collect`.
+        Where results.csv goes, as in `collect_report`.
 
     Returns
     -------
     pandas.DataFrame
         One row per checkpoint with the columns of results.csv and the dtypes of
         `flatcli.run.results` (numeric columns float64, ``status`` categorical). The unfinished
-        units and the exit code are in the report `collect` returns.
+        units and the exit code are in the report `collect_report` returns.
     """
-    return collect(outdir, output).to_pandas()
+    return collect_report(outdir, output).to_pandas()
 
 
 @takes_run
-def correlate(
+def correlate_report(
     results,
     *,
     outdir: str | Path | None = None,
@@ -210,14 +210,14 @@ def correlate(
 
 
 def correlate_frame(results, **kwargs):
-    """`correlate`, returning the ranked table as a DataFrame (this is ``flatcli.correlate``).
+    """`correlate_report`, returning the ranked table as a DataFrame (this is ``flatcli.correlate``).
 
     Parameters
     ----------
     results : str, Path or pandas.DataFrame
-        The table, as in `correlate`.
+        The table, as in `correlate_report`.
     **kwargs
-        The keywords of `correlate`.
+        The keywords of `correlate_report`.
 
     Returns
     -------
@@ -233,7 +233,7 @@ def correlate_frame(results, **kwargs):
     """
     import dataclasses
 
-    report = correlate(results, **kwargs)
+    report = correlate_report(results, **kwargs)
     table = report.to_pandas()
     table.attrs["report"] = dataclasses.replace(report, table=None)
     return table

@@ -116,21 +116,21 @@ def measure(
         budget=budget,
     )
     if dry_run:
-        plan = api.plan_costs(config, checkpoints, measures=measures, run=run)
+        costs = api.estimate_costs(config, checkpoints, measures=measures, run=run)
         if (
             _value(format) == "json"
         ):  # one entry per checkpoint × measure; unloadable checkpoints on stderr
-            sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
-            for c, e in plan.errors:
+            sys.stdout.write(json.dumps(costs.to_json(), indent=2) + "\n")
+            for c, e in costs.errors:
                 err_console.print(
                     f"[red]error:[/red] checkpoint {c}: cannot be loaded: {e}",
                     highlight=False,
                     soft_wrap=True,
                 )
         else:
-            for line in plan.lines():
+            for line in costs.lines():
                 console.print(line, highlight=False, soft_wrap=True, markup=False)
-        raise typer.Exit(plan.exit_code)
+        raise typer.Exit(costs.exit_code)
     cfg = api.load(config, run.changes())
     format = _value(format) or cfg.output.format
     out = cfg.output_dir(outdir)
@@ -504,10 +504,10 @@ def sweep(
     for line in report.lines:
         console.print(line, highlight=False, soft_wrap=True)
     if report.dry_run:
-        plan = api.plan_costs(config, measures=measures, run=run)
-        for line in plan.lines():
+        costs = api.estimate_costs(config, measures=measures, run=run)
+        for line in costs.lines():
             console.print(line, highlight=False, soft_wrap=True, markup=False)
-        raise typer.Exit(max(report.exit_code, plan.exit_code))
+        raise typer.Exit(max(report.exit_code, costs.exit_code))
     if not report.dry_run:
         msg = report.summary()
         if report.executor == "slurm" and report.jobs and not wait:
@@ -535,7 +535,7 @@ def collect(
     """Merge a sweep's unit files into results.csv (the columns of 'flatcli measure')."""
     from .. import api
 
-    rep = api.collect(outdir, output)
+    rep = api.collect_report(outdir, output)
     n_err = sum(r.status == "error" for r in rep.rows)
     console.print(
         f"wrote {rep.csv_path} and {rep.json_path}: {len(rep.rows)} checkpoints × {len(rep.labels)} measures, "
@@ -591,10 +591,12 @@ def sweep_worker(
         typer.Option("--lock-timeout", min=0.0, help="Seconds after which a silent lock is stale."),
     ] = 600.0,
     threads: ThreadsOpt = None,
-    run: Annotated[
+    sweep_id: Annotated[
         str | None,
         typer.Option(
-            "--run", help="Id of the sweep run this worker belongs to (stored in its unit records)."
+            "--sweep-id",
+            "--run",
+            help="Id of the sweep run this worker belongs to (stored in its unit records).",
         ),
     ] = None,
     debug: DebugOpt = False,
@@ -612,6 +614,6 @@ def sweep_worker(
         retry_before=retry_before,
         lock_timeout=lock_timeout,
         threads=threads,
-        run=run,
+        sweep_id=sweep_id,
     )
     err_console.print(line, highlight=False, markup=False)

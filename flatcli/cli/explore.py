@@ -407,7 +407,7 @@ def correlate(
     from ..analysis.rendering import notes, render_table
 
     with GridProgress("correlate: measures bootstrapped" if bootstrap else "correlate") as shown:
-        rep = api.correlate(
+        rep = api.correlate_report(
             results,
             target=target,
             by=by,

@@ -181,7 +181,7 @@ def run_demo(
     )
     t2 = time.perf_counter()
     results = outdir / "results"
-    col = api.collect(sweep_dir, results / "results.csv")
+    col = api.collect_report(sweep_dir, results / "results.csv")
     width = fit_width(console, wide)
     print_table(console, render_rows(col.rows, col.labels, width), wide)
     tt = Table(
@@ -195,7 +195,7 @@ def run_demo(
         tt.add_row(lab, f"{total:.2f}", f"{mean:.2f}", str(k))
     print_table(console, tt)
     plots = have_matplotlib()
-    corr = api.correlate(
+    corr = api.correlate_report(
         results / "results.csv",
         by=list(ZOO_GRID),
         outdir=results,

@@ -46,7 +46,7 @@ from .predict import Fit
 from .preflight import Checked, check_loaded
 from .results import Row
 from .settings import Settings
-from .shares import BudgetPlan, in_turn
+from .shares import BudgetSplit, in_turn
 
 
 def as_specs(measures) -> list[MeasureSpec]:
@@ -255,32 +255,34 @@ def measure_model(
             init_params = {
                 n: init_state[n].to(st.device, st.dtype) for n in problem.names if n in init_state
             }
-        plans = _planned_hvps(specs, work, data[st.split], st) if progress is not None else {}
+        expected = _expected_hvps(specs, work, data[st.split], st) if progress is not None else {}
         shared: dict[
             str, Any
         ] = {}  # products the checkpoint's measures share (the Hessian diagonal)
         fit = Fit(engine, lambda: problem_dims(work, data[st.split], st))
-        plan = BudgetPlan.of(st.budget, specs, fit.cost(problem, reuse, budget_among), budget_among)
-        if plan is not None and fit.times is not None:  # the first block under a share
+        split = BudgetSplit.of(
+            st.budget, specs, fit.cost(problem, reuse, budget_among), budget_among
+        )
+        if split is not None and fit.times is not None:  # the first block under a share
             shared["seconds_per_product"] = fit.times.hvp1
 
         def run(spec: MeasureSpec, share: float | None) -> None:
             if reuse and spec.label in reuse:
                 row.results[spec.label] = reuse[spec.label]
             elif not _not_started(row, spec, problem, fit, share):
-                show = _measure_progress(progress, spec.label, engine, plans.get(spec.label))
+                show = _measure_progress(progress, spec.label, engine, expected.get(spec.label))
                 args = (init_params, init_state, debug, show, share, shared)
                 _run_one(row, spec, problem, engine, st, *args)
 
         done = (lambda lab: on_measure(row, lab)) if on_measure else (lambda lab: None)
-        in_turn(plan, specs, row.results, run, done, again=not problem.dist.active)
+        in_turn(split, specs, row.results, run, done, again=not problem.dist.active)
         row.metrics.update(
             _metrics(work, data["train"], data["test"], st) if metrics is None else metrics
         )
     return row
 
 
-def _planned_hvps(specs, model, data, st: Settings) -> dict[str, tuple[int, int]]:
+def _expected_hvps(specs, model, data, st: Settings) -> dict[str, tuple[int, int]]:
     """Label → (least, most) HVPs its estimate declares (for the live line's time left); empty
     when the sizes cannot be had from a two-row forward pass."""
     try:

@@ -40,7 +40,7 @@ class RunOptions:
     ``allow_unsafe_pickle``) keeps the config's value. The config validates the values (a bad
     one is a `flatcli.errors.ConfigError` naming the key) when the entry point loads it; the
     resolved form is `Settings` (`Settings.from_config`). A field an entry point does not use is
-    ignored (the landscape views have no ``budget``; `flatcli.api.correlate`, which has no config,
+    ignored (the landscape views have no ``budget``; `flatcli.api.correlate_report`, which has no config,
     uses only ``seed``, the seed of its bootstrap, default 0).
 
     The entry points take no separate ``device``/``precision``/``seed``/``threads``/

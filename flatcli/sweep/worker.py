@@ -59,14 +59,14 @@ def run_worker(
     on_unit: Callable[[dict[str, Any]], None] | None = None,
     data=None,
     debug: bool = False,
-    run: str | None = None,
+    sweep_id: str | None = None,
 ) -> WorkerStats:
     """Compute the unfinished units of ``outdir``'s plan (of one shard), claiming each with a lock.
 
     ``worker``/``workers`` only rotate the starting point so that workers of one pool
     start on different units. ``redo_before``/``retry_before`` are timestamps: units
     (error units) finished before them count as unfinished (``--no-resume``, ``--retry-failed``).
-    ``run`` (the id of the sweep run this worker belongs to) is stored in every unit record it
+    ``sweep_id`` (the id of the sweep run this worker belongs to) is stored in every unit record it
     writes, so that each sweep counts what it computed itself.
     """
     from ..loading.load import DataCache
@@ -85,7 +85,7 @@ def run_worker(
         cfg=cfg,
         settings=settings,
         data=data,
-        args=WorkerArgs(shard, redo_before, retry_before, lock_timeout, run),
+        args=WorkerArgs(shard, redo_before, retry_before, lock_timeout, sweep_id),
         delay=float(os.environ.get(DELAY_ENV) or 0.0),
         tag=f"w{worker}" + (f" shard {shard[0]}/{shard[1]}" if shard else ""),
         log=log,
@@ -194,7 +194,7 @@ class _WorkerLoop:
                 row=row,
                 device=str(self.settings.device),
                 seconds=time.perf_counter() - t0,
-                run=self.args.run,
+                sweep_id=self.args.sweep_id,
                 threads=torch.get_num_threads(),
             )
             self.store.write_unit(rec)
@@ -224,7 +224,7 @@ def run_shard_task(
     redo_before=None,
     retry_before=None,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-    run: str | None = None,
+    sweep_id: str | None = None,
 ) -> dict[str, int]:
     """One task of a job array (what submitit pickles): the worker over shard ``index/count``."""
     st = run_worker(
@@ -233,7 +233,7 @@ def run_shard_task(
         redo_before=redo_before,
         retry_before=retry_before,
         lock_timeout=lock_timeout,
-        run=run,
+        sweep_id=sweep_id,
     )
     return {"computed": st.computed, "errors": st.errors, "skipped": st.skipped, "busy": st.busy}
 
@@ -250,7 +250,7 @@ def run_worker_process(
     retry_before: float | None = None,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     threads: int | str | None = None,
-    run: str | None = None,
+    sweep_id: str | None = None,
 ) -> str:
     """The body of ``flatcli sweep-worker`` (a worker process of a pool or an array task).
 
@@ -276,7 +276,7 @@ def run_worker_process(
         redo_before=redo_before,
         retry_before=retry_before,
         lock_timeout=lock_timeout,
-        run=run,
+        sweep_id=sweep_id,
     )
     return (
         f"[w{worker}] done: {st.computed} computed ({st.errors} errors), {st.skipped} already finished, "
@@ -295,13 +295,13 @@ class WorkerArgs:
     redo_before: float | None
     retry_before: float | None
     lock_timeout: float
-    run: str | None = None  # the sweep run's id, stored in the unit records its workers write
+    sweep_id: str | None = None  # the sweep run's id, stored in the unit records its workers write
 
     def argv(self) -> list[str]:
         """These arguments as ``flatcli sweep-worker`` options."""
         out = ["--lock-timeout", repr(float(self.lock_timeout))]
-        if self.run is not None:
-            out += ["--run", self.run]
+        if self.sweep_id is not None:
+            out += ["--sweep-id", self.sweep_id]
         if self.shard is not None:
             out += ["--shard", f"{self.shard[0]}/{self.shard[1]}"]
         if self.redo_before is not None:

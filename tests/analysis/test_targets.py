@@ -186,5 +186,5 @@ def test_cmi_warning_never_says_nan(seed):
 
 
 def test_correlate_frame_api_takes_expressions():
-    df = api.correlate(lm_frame(4), target="test_acc / train_acc").to_pandas()
+    df = api.correlate_report(lm_frame(4), target="test_acc / train_acc").to_pandas()
     assert len(df) == 2

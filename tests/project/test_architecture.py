@@ -566,10 +566,10 @@ RUN_OPTION_NAMES = ("device", "precision", "seed", "threads", "allow_unsafe_pick
 CONFIG_ENTRY_POINTS = (
     "measure",
     "sweep",
-    "plan_costs",
+    "estimate_costs",
     "landscape",
     "check_invariance",
-    "correlate",
+    "correlate_report",
 )
 
 
