@@ -282,7 +282,7 @@ def test_plots_colour_by_one_axis_mark_by_another_with_error_bars(foreign, tmp_p
     pytest.importorskip("matplotlib")
     from matplotlib.container import ErrorbarContainer
 
-    from flatcli.analysis import plots
+    from flatcli.analysis import correlation_plots as plots
 
     res = runner.invoke(
         app,
