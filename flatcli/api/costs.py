@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
+from ..errors import FlatcliError
+from ..loading.factory import model_dtype
 from ..loading.load import DataCache, load_model
+from ..run.checkpoint import COUNTERS, estimate_products, problem_dims
+from ..run.memory import check_model, check_products
+from ..run.predict import Prediction, predict, time_products
 from ..run.settings import RunOptions, Settings
 from ._shared import _jobs_and_specs, load_run, takes_run
 
@@ -73,8 +78,6 @@ class CostEstimate:
 
     def totals(self) -> dict[str, tuple[int, int]]:
         """(least, most) of each counter summed over every loaded checkpoint and measure."""
-        from ..run.checkpoint import COUNTERS
-
         tot = {c: [0, 0] for c in COUNTERS}
         for per in self.costs:
             for est in per.values():
@@ -217,8 +220,6 @@ def _names(names: list[str], most: int = 3) -> str:
 
 def _describe_cost(est: dict[str, tuple[int, int]] | None, empty: str = "parameters only") -> str:
     """``12 HVPs, 3–5 gradients``: the counters with work, each a count or a range."""
-    from ..run.checkpoint import COUNTERS
-
     if est is None:
         return "no estimate declared"
     names = {
@@ -277,12 +278,6 @@ def estimate_costs(
         (``predictions``), the memory verdicts (``memory``) and the checkpoints that could not
         be loaded (``errors``).
     """
-    from ..errors import FlatcliError
-    from ..loading.factory import model_dtype
-    from ..run.checkpoint import estimate_products, problem_dims
-    from ..run.memory import check_model
-    from ..run.predict import Prediction, predict
-
     cfg = load_run(config, run)
     jobs, specs = _jobs_and_specs(cfg, checkpoints, measures)
     st = Settings.from_config(cfg)
@@ -344,9 +339,6 @@ def _timed_group(model, data, st: Settings, specs, dims, verdicts) -> tuple[Any,
     """(ProductTimes or None, Problem or None, the products' memory verdicts) of one size group:
     nothing is timed when the model's verdict says it will not fit, or the products' (checked on
     the problem before any product) does."""
-    from ..run.memory import check_products
-    from ..run.predict import time_products
-
     if not all(v.fits for v in verdicts):
         return None, None, []
     more: list[Any] = []

@@ -10,6 +10,9 @@ from ..config import Config
 from ..errors import ConfigError
 from ..run.results import ensure_writable_dir
 from ..run.settings import RunOptions
+from ..sweep.collect import collect as _collect
+from ..sweep.runner import SweepOptions, run_sweep
+from ..sweep.worker import default_log
 from ._shared import _jobs_and_specs, load_run, takes_run
 
 
@@ -68,9 +71,6 @@ def sweep(
         ``computed`` counts the units this run's workers computed, ``by_others`` those a
         concurrent sweep finished meanwhile.
     """
-    from ..sweep.runner import SweepOptions, run_sweep
-    from ..sweep.worker import default_log
-
     opts = SweepOptions(**options)
     cfg = load_run(config, run)
     jobs, specs = _jobs_and_specs(cfg, checkpoints, measures)
@@ -105,8 +105,6 @@ def collect_report(outdir: str | Path, output: str | Path | None = None):
         The rows (the columns of `measure`'s results.csv), the unfinished units, the unreadable
         files and the exit code; ``to_pandas()`` is the table (see `collect_frame`).
     """
-    from ..sweep.collect import collect as _collect
-
     if output is not None:
         ensure_writable_dir(Path(output).expanduser().parent, "the folder of --output")
     return _collect(outdir, output)
@@ -187,23 +185,21 @@ def correlate_report(
         train loss above 0.01), ``dropped`` the rows the filters
         left out. `correlate_frame` (``flatcli.correlate``) returns the DataFrame directly.
     """
-    from ..analysis.correlation import correlate_table
-    from ..analysis.rendering import write_csv
-    from ..analysis.table import as_table
+    from ..analysis import correlation, correlation_plots, rendering, table  # lazy: pandas, scipy
 
     if plots and outdir is None:
         raise ConfigError("`plots` needs an output directory (`outdir`)")
     if outdir is not None:
         ensure_writable_dir(outdir, "output directory")
     seed = RunOptions.of(run).seed
-    report = correlate_table(as_table(results), seed=0 if seed is None else seed, **table_options)
+    report = correlation.correlate_table(
+        table.as_table(results), seed=0 if seed is None else seed, **table_options
+    )
     if outdir is not None:
         out = Path(outdir)
-        report.csv_path = write_csv(report, out / "correlations.csv")
+        report.csv_path = rendering.write_csv(report, out / "correlations.csv")
         if plots:
-            from ..analysis.correlation_plots import plot_report
-
-            report.plots = plot_report(
+            report.plots = correlation_plots.plot_report(
                 report, report.table, out / "plots", color_by=color_by, marker_by=marker_by
             )
     return report

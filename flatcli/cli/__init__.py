@@ -9,6 +9,7 @@ one line on stderr; ``--debug`` shows the traceback instead.
 
 from __future__ import annotations
 
+from ..console import quiet_torch_warnings
 from . import compute, explore  # noqa: F401  (registers the commands)
 from ._app import app, cli_message, err_console
 from .compute import *  # noqa: F403
@@ -18,7 +19,5 @@ __all__ = ["app", "cli_message", "err_console", "main"]
 
 def main(argv: list[str] | None = None) -> None:
     """The ``flatcli`` console script."""
-    from ..console import quiet_torch_warnings
-
     quiet_torch_warnings()
     app(args=argv)

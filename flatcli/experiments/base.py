@@ -31,6 +31,9 @@ from typing import Any
 
 import yaml
 
+from .. import api
+from ..analysis.compare import compare_measures
+from ..analysis.table import as_table, filter_rows
 from ..errors import ConfigError, MeasurementError
 from ..landscape.plots import have_matplotlib
 from ..run.results import read_table, write_table
@@ -284,8 +287,6 @@ class Experiment:
     def measure(self, study: Study, sd: Path, cfg_path: Path) -> tuple[Path, int]:
         """``flatcli sweep`` (resumable) then ``flatcli collect`` → results/results.csv; returns its
         path and the sweep's exit code (1 when a unit failed: its row carries the error)."""
-        from .. import api
-
         cfg = api.load(cfg_path)
         cpu = cfg.runtime.device == "cpu"
         rep = api.sweep(cfg_path, sd / "sweep", workers=self.jobs if cpu and self.jobs > 1 else None,
@@ -355,8 +356,6 @@ class Experiment:
     ):
         """``flatcli correlate --max-train-loss TARGET`` over the study's axes (`flatcli.api.correlate_report`):
         the models above the target train loss are left out (and named) by flatcli itself."""
-        from .. import api
-
         where, max_loss = self.converged_filter
         return api.correlate_report(csv_path, target=target, by=study.axes or None, outdir=outdir, where=where,
                              max_train_loss=max_loss, bootstrap=bootstrap, run=api.RunOptions(seed=0),
@@ -435,9 +434,6 @@ class Experiment:
         """The converged models matching ``expr`` correlated (over the axes that still vary) and
         compared alone, into ``out/correlations.csv`` and ``out/comparisons.csv``; None (logged)
         when fewer than 3 models remain."""
-        from .. import api
-        from ..analysis.table import as_table, filter_rows
-
         where = self.where(expr)
         try:
             table, _ = filter_rows(
@@ -480,8 +476,6 @@ class Experiment:
         ``out``; None without pairs or resamples. A pair that cannot be compared (fewer than 3
         usable models, a constant column) is logged and skipped."""
         import pandas as pd
-
-        from ..analysis.compare import compare_measures
 
         if not study.compare or not self.spec.bootstrap:
             return None

@@ -29,6 +29,7 @@ import torch
 
 from ..engine.problem import nonfinite_tensors, not_finite
 from ..errors import ConfigError
+from .factory import importable
 
 NEST_KEYS = ("state_dict", "model_state_dict", "model", "net")
 PREFIXES = ("module.", "_orig_mod.")
@@ -143,8 +144,6 @@ def _read_refused(p: Path, e: Exception, allow_unsafe_pickle: bool, import_dirs)
             "safetensors (truncated, corrupt, or another format)"
         ) from None
     if allow_unsafe_pickle:
-        from .factory import importable
-
         try:
             with importable(list(import_dirs)):
                 return torch.load(p, map_location="cpu", weights_only=False)

@@ -26,6 +26,7 @@ from ..engine import dist as ranks
 from ..engine.batch import model_output
 from ..errors import ConfigError, FlatcliError, MeasurementError, ResultsWriteError, error_kind
 from ..loading.data import check_finite_data, subset
+from ..loading.hf import check_positions
 from ..loading.load import (  # noqa: F401
     DataCache,
     load_init_state,
@@ -40,6 +41,7 @@ from ..measures import (
     get_measure,
     run_measure,
 )
+from ..measures._layers import weight_matrices
 from .jobs import Job
 from .memory import check_products, copies_model, refuse
 from .predict import Fit
@@ -398,8 +400,6 @@ COUNTERS = ("n_hvp", "n_grad", "n_forward", "n_vjp")
 def problem_dims(model: torch.nn.Module, data, settings: Settings) -> Dims:
     """The sizes a cost estimate needs (`flatcli.measures.Dims`), from one forward pass of two rows:
     P the selected parameters, n the scored units of the measurement set, C outputs per unit."""
-    from ..measures._layers import weight_matrices
-
     batch = subset(data, settings.num_samples, settings.data_seed)
     first = next(iter(model.parameters()), None)
     device = first.device if first is not None else torch.device("cpu")
@@ -584,8 +584,6 @@ def _checked_data(cfg: Config, job: Job, model, data: DataCache):
     """The train and test splits, their tokenized widths checked against the model's positions
     (a Hugging Face model's ``n_positions``/``max_position_embeddings``; the configured
     ``max_length`` is checked before tokenizing, by `preflight`)."""
-    from ..loading.hf import check_positions
-
     out = []
     for split in ("train", "test"):
         batch = data.get(split, job.train_data) if split == "train" else data.get(split)

@@ -36,6 +36,7 @@ from ..engine import dist as ranks
 from ..loading.data import subset
 from .memory import vectors_kept
 from .settings import Settings
+from .shares import least_work
 
 BLOCK = 16  # vectors of the timed block product (fewer when the engine's block is smaller)
 
@@ -307,8 +308,6 @@ class Fit:
         if problem is not None and _not_applicable(spec, problem):
             return 0.0
         if self.times is None:  # untimed: products in HVP equivalents, the same unit for all
-            from .shares import least_work
-
             return least_work(spec, self.dims)
         return max(predict(spec, self.dims, self.times).seconds[0], self.times.forward)
 
@@ -317,7 +316,6 @@ class Fit:
         (`seconds`); in a sweep's unit (``among`` given) its least products in HVP equivalents
         (`flatcli.run.shares.least_work`), which every worker computes alike; 0 for a result reused
         from ``reuse`` (label → result) or a measure predicted ``not_applicable``."""
-        from .shares import least_work
 
         def weight(spec) -> float:
             if reuse and spec.label in reuse:

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from ..config import overrides
+from ..engine.linalg.lanczos import host_fit
 from ..engine.params import ParamSelection
 from ..engine.precision import BF16_FD_REFUSED, PRECISIONS, Precision, has_tensor_cores
 from ..errors import ConfigError
@@ -79,8 +81,6 @@ class RunOptions:
 
     def changes(self) -> dict[str, Any]:
         """The config overrides (``{"runtime.device": "cpu", ...}``) of the fields given."""
-        from ..config import overrides
-
         return overrides(**dataclasses.asdict(self))
 
     @classmethod
@@ -249,8 +249,6 @@ class Settings:
         """``runtime.max_basis_vectors`` for cost estimates (`flatcli.measures.Dims.max_basis`): an
         int as given, None (unbounded), ``auto``: the P-vectors that fit in half the free host memory
         (`flatcli.engine.linalg.lanczos.host_fit`, before the floor of `basis_floor`)."""
-        from ..engine.linalg.lanczos import host_fit
-
         return (
             host_fit(P, self.dtype) if self.max_basis_vectors == "auto" else self.max_basis_vectors
         )

@@ -39,15 +39,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, exit_code_of
+from ..errors import ConfigError, MeasurementError, exit_code_of
+from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
 from ..measures import MeasureSpec
+from ..run.checkpoint import first_checkpoint
 from ..run.jobs import Job, coerce_cell
+from ..run.settings import Settings
+from ..threads import apply_threads, choose_threads, thread_choice
 from ..validation import EXECUTORS
 from .plan import Plan, Unit, build_plan, write_plan
 from .store import (
     DEFAULT_LOCK_TIMEOUT,
     Store,
+    parse_shard,
     shard_of,
 )
 from .worker import WorkerArgs, default_log, run_shard_task, run_worker
@@ -140,8 +145,6 @@ def worker_slots(
     """One worker per GPU (``--gpus``, or every visible GPU when the device is auto/cuda), else CPU
     workers; each with the intra-op threads `flatcli.threads.choose_threads` gives ``threads`` for
     that many workers on this machine (W workers on C cores: C // W each with ``auto``)."""
-    from ..threads import choose_threads
-
     if workers is not None and workers < 1:
         raise ConfigError(f"`workers` must be ≥ 1; got {workers}")
     ids: list[int] = []
@@ -203,7 +206,6 @@ class SweepOptions:
     wait: bool = False
 
     def __post_init__(self):
-        from .store import parse_shard
 
         if isinstance(self.shard, str):
             object.__setattr__(self, "shard", parse_shard(self.shard))
@@ -349,11 +351,6 @@ def _run_local(
     debug,
 ) -> None:
     """Run (or with ``dry_run`` describe) the local workers: in this process, or one process per GPU/worker."""
-    from ..loading.load import DataCache
-    from ..run.checkpoint import first_checkpoint
-    from ..run.settings import Settings
-    from ..threads import apply_threads, thread_choice
-
     outdir = report.outdir
     wps = worker_slots(cfg.runtime.device, opts.gpus, opts.workers, cfg.runtime.threads)
     report.workers = [wp.label for wp in wps]
@@ -418,8 +415,6 @@ def _run_pool(outdir, wps: list[WorkerSlot], args: WorkerArgs) -> None:
         raise
     bad = [(w, c) for w, c in enumerate(codes) if c != 0]
     if bad:
-        from ..errors import MeasurementError
-
         raise MeasurementError(
             "sweep worker(s) failed: "
             + ", ".join(f"worker {w} exited with {c}" for w, c in bad)

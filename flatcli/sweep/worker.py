@@ -12,14 +12,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
+from ..run import reuse
+from ..run.checkpoint import measure_job
 from ..run.jobs import Job
+from ..run.settings import Settings
+from ..threads import apply_threads, choose_threads
 from .plan import Plan, Unit, load_plan
 from .store import (
     DEFAULT_LOCK_TIMEOUT,
     Heartbeat,
     Lock,
     Store,
+    parse_shard,
     unit_record,
 )
 
@@ -69,9 +75,6 @@ def run_worker(
     ``sweep_id`` (the id of the sweep run this worker belongs to) is stored in every unit record it
     writes, so that each sweep counts what it computed itself.
     """
-    from ..loading.load import DataCache
-    from ..run.settings import Settings
-
     store = Store(outdir, warn=log, log=log)
     plan = load_plan(outdir)
     cfg = plan.cfg()
@@ -162,11 +165,8 @@ class _WorkerLoop:
         """Measure the unit under a heartbeat on its lock and write its record."""
         import torch
 
-        from ..run.checkpoint import measure_job
-        from ..run.reuse import CheckpointCache
-
         if self.keep is None:
-            self.keep = CheckpointCache()
+            self.keep = reuse.CheckpointCache()
         with Heartbeat(lock, self.args.lock_timeout / 4):
             t0 = time.perf_counter()
             if self.delay:
@@ -260,9 +260,6 @@ def run_worker_process(
     "error"), not a failure of the worker.
     """
     import torch
-
-    from ..threads import apply_threads, choose_threads
-    from .store import parse_shard
 
     if threads is None:
         threads = load_plan(outdir).config.get("runtime", {}).get("threads", "auto")
