@@ -34,29 +34,26 @@ __all__ = [
 ]
 
 
-def __getattr__(name):  # lazy, so `import flatcli` stays cheap
-    if name in _API:
-        from . import api
+def __getattr__(name):  # PEP 562: each name is imported on first use
+    if name in _API or name in ("correlate", "collect"):
+        # the DataFrame forms of correlate and collect (the report is df.attrs["report"])
+        from . import api  # lazy: `import flatcli` and the CLI's start-up load no torch
 
-        return getattr(api, name)
-    if name in ("correlate", "collect"):  # the DataFrame forms (the report is df.attrs["report"])
-        from . import api
-
-        return getattr(api, f"{name}_frame")
+        return getattr(api, name if name in _API else f"{name}_frame")
     if name == "compare":  # paired comparison of two measures' correlations (a DataFrame)
-        from .analysis.compare import compare_measures
+        from .analysis.compare import compare_measures  # lazy: start-up (loads pandas, torch)
 
         return compare_measures
     if name == "read_results":
-        from .run import results
+        from .run.results import read_results  # lazy: start-up (loads torch)
 
-        return results.read_results
+        return read_results
     if name in _MEASURES:
-        from . import measures
+        from . import measures  # lazy: start-up (loads torch)
 
         return getattr(measures, name)
     if name == "Settings":
-        from .run.settings import Settings
+        from .run.settings import Settings  # lazy: start-up (loads torch)
 
         return Settings
     raise AttributeError(f"module 'flatcli' has no attribute {name!r}")

@@ -22,7 +22,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from .errors import ConfigError
-from .loading.models import MODEL_DTYPES
+from .loading.factory import MODEL_DTYPES
 from .measures import MeasureSpec, get_measure
 from .validation import FORMATS, parse_options, validate
 from .validation import (

@@ -389,8 +389,8 @@ def measure_line(row, label: str, reused: bool = False) -> str:
 
 
 def _time_left(info: dict) -> str | None:
-    """``≤ 12s left``: the most HVPs the estimate plans, at the pace so far (None before the first
-    product or without a plan)."""
+    """``≤ 12s left``: the most HVPs the estimate expects, at the pace so far (None before the first
+    product or without an estimate)."""
     planned, done, spent = info.get("planned_hvps"), info.get("n_hvp"), info.get("seconds")
     if not planned or not done or spent is None:
         return None

@@ -52,9 +52,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from .engine import eval_mode
 from .engine.batch import Batch, model_output
 from .errors import ConfigError, MeasurementError, exit_code_of
-from .measures import INVARIANCE_REFERENCE, get_measure
+from .loading.data import subset
+from .measures import INVARIANCE_REFERENCE, MeasureSpec, get_measure, list_measures
+from .run.checkpoint import as_specs, check_finite_model, measure_model
 from .run.settings import Settings
 from .validation import TRANSFORMS
 
@@ -323,9 +326,6 @@ def claims_invariance(spec) -> bool:
 def prepare_specs(measures, add_invariant: bool) -> list:
     """The specs to check: ``measures`` (plus every measure that may claim invariance with
     ``add_invariant``), each with its registry's invariance options, and the non-invariant reference."""
-    from .measures import INVARIANCE_REFERENCE, MeasureSpec, list_measures
-    from .run.checkpoint import as_specs
-
     specs = as_specs(measures) if measures is not None else []
     if add_invariant:
         have = {s.name for s in specs}
@@ -399,8 +399,6 @@ def check_invariance_model(
     Returns an `InvarianceReport`; ``report.exit_code`` is 0 when every measure that claims
     invariance held it. Raises `MeasurementError` when no function-preserving rescaling exists.
     """
-    from .run.checkpoint import check_finite_model, measure_model
-
     if not (isinstance(tol, (int, float)) and tol > 0):
         raise ConfigError(f"`tol` must be a positive float; got {tol!r}")
     st = Settings.build(settings, **fields).replace(precision="fp64")
@@ -450,9 +448,6 @@ def check_invariance_model(
 
 def _rescaled_copy(m64: nn.Module, data, st: Settings, transform: str, scale: float):
     """(pairs, rescaled copy, relative output change) for the float64 model ``m64``."""
-    from .engine import eval_mode
-    from .loading.data import subset
-
     mx = subset(data, st.num_samples, st.data_seed).to(st.device, torch.float64)
     with eval_mode(m64):
         pairs = find_rescalable_pairs(m64, mx, seed=st.seed)

@@ -31,6 +31,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .loading.checkpoints import fingerprint
+from .measures import get_measure
+
 # Config keys left out of every key, with why none of them can change a value.
 NOT_IN_KEY: dict[str, str] = {
     "checkpoints": "which checkpoints run: each result is keyed by its own checkpoint's content",
@@ -78,8 +81,6 @@ def config_in_key(config: dict[str, Any]) -> dict[str, Any]:
 
 def spec_in_key(spec) -> dict[str, Any]:
     """The measure's entry as keyed: name, label, seed, options with defaults, revision."""
-    from .measures import get_measure
-
     return {
         "name": spec.name,
         "label": spec.label,
@@ -149,8 +150,6 @@ def content_hash(path: str | os.PathLike) -> str:
     fingerprint` for directories)."""
     p = Path(path)
     if p.is_dir():
-        from .loading.checkpoints import fingerprint
-
         return fingerprint(p)
     return _file_sha(p.resolve(), p.stat())[:16]
 

@@ -134,7 +134,7 @@ UNIT = {
     "metrics": (MapOf(NUMBER), "null"),
     "hparams": ("dict", "null"),
     "worker": {"device?": ("str", "null")},
-    "run": TEXT,
+    "sweep_id?": TEXT,  # the sweep run that wrote it (files of older versions: "run")
     "seconds": "float",
     "finished_at": "float",
 }

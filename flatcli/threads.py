@@ -184,7 +184,7 @@ class ThreadChoice:
         return f"threads: {self.n} per worker ({ws} on {self.cores} cores{why})"
 
 
-def plan_threads(
+def thread_choice(
     requested: int | str | None = AUTO,
     workers: int | None = None,
     cores: int | None = None,
@@ -216,7 +216,7 @@ def choose_threads(
     ``free`` the cores the machine's ``load`` leaves (`free_cores`). ``workers`` defaults to
     ``LOCAL_WORLD_SIZE`` (torchrun) or 1, ``cores`` to this process's CPUs, ``load`` to the cores
     busy now (`machine_load`)."""
-    return plan_threads(requested, workers, cores, load).n
+    return thread_choice(requested, workers, cores, load).n
 
 
 def apply_threads(n: int, interop: bool = False) -> None:
@@ -233,8 +233,8 @@ def apply_threads(n: int, interop: bool = False) -> None:
 def configure_threads(
     requested: int | str | None = AUTO, workers: int | None = None, cores: int | None = None
 ) -> ThreadChoice:
-    """`plan_threads`, applied to this process (`apply_threads`); returns the choice (its ``str`` is
+    """`thread_choice`, applied to this process (`apply_threads`); returns the choice (its ``str`` is
     the log line, e.g. "threads: 1 per worker (2 workers on 2 cores)")."""
-    choice = plan_threads(requested, workers, cores)
+    choice = thread_choice(requested, workers, cores)
     apply_threads(choice.n)
     return choice

@@ -46,6 +46,14 @@ from typing import Any, Protocol
 
 import torch
 
+from .config import from_dict
+from .errors import ConfigError
+from .loading.data import load_split
+from .loading.factory import build_model
+from .loading.load import DataCache
+from .run.jobs import coerce_cell
+from .run.results import read_table, write_table
+from .run.settings import resolve_device
 from .validation import OPTIMIZERS as OPTIMIZERS  # re-exported: the vocabulary is declared there
 from .validation import TRAINING, TRAINING_DTYPES, validate
 
@@ -183,7 +191,6 @@ class Plateau:
     rtol: float = 0.01
 
     def __post_init__(self):
-        from .errors import ConfigError
 
         validate(
             "target_loss", self.target, "plateau target", rules=TRAINING
@@ -295,7 +302,6 @@ def train_to_target(
 
 
 def _train(model, x, y, recipe: Recipe, seed: int, criterion: Criterion, on_step) -> TrainResult:
-    from .run.settings import resolve_device
 
     t0 = time.perf_counter()
     dev, dt = resolve_device(recipe.device), DTYPES[recipe.dtype]
@@ -435,10 +441,6 @@ def _training_data(
     `flatcli.engine.batch.Batch`, not normalized), number of classes) of a ``data`` mapping, once per process."""
     key = json.dumps([data, base_dir], sort_keys=True, default=str)
     if key not in _DATA:
-        from .config import from_dict
-        from .loading.data import load_split
-        from .loading.load import DataCache
-
         cfg = from_dict({"data": data, "checkpoints": []}, base_dir=base_dir, env={})
         cache = DataCache(cfg)
         train = cache.get("train")
@@ -499,8 +501,6 @@ def _noise_seed(task: TrainTask) -> int:
 
 def init_model(task: TrainTask) -> torch.nn.Module:
     """The task's model at initialization: built after ``torch.manual_seed(task.seed)``."""
-    from .loading.models import build_model
-
     torch.manual_seed(int(task.seed))
     return build_model(task.model_target, dict(task.model_kwargs), Path(task.base_dir))
 
@@ -594,8 +594,6 @@ def write_manifest(
     i.e. ``reached_target``): flatcli's results.csv then carries it as ``hp_converged``, the
     filter ``flatcli correlate --where "hp_converged == 1"`` for a criterion that is not a train
     loss bound (`Plateau`)."""
-    from .run.results import write_table
-
     folder = Path(folder)
     files = ["path", "init_checkpoint"] + (
         ["train_data"] if any(r.train_data for r in records) else []
@@ -619,8 +617,6 @@ def write_manifest(
 
 def read_training(path: str | Path, hp_keys: Sequence[str]) -> list[TrainRecord]:
     """The records of an earlier training from its ``training.csv`` (cells typed back)."""
-    from .run.jobs import coerce_cell
-    from .run.results import read_table
 
     def num(cell: str | None) -> float:
         return float(cell) if cell else math.nan

@@ -40,7 +40,7 @@ from .errors import ConfigError
 # ------------------------------------------------------------------ the allowed values, once
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp64")  # flatcli.engine.precision
 LOSS_NAMES = ("cross_entropy", "mse", "causal_lm")  # the keys of flatcli.engine.losses.LOSSES
-HVP_MODES = ("auto", "reverse", "forward", "finite_difference")  # flatcli.engine.engine
+HVP_MODES = ("auto", "reverse", "forward", "finite_difference")  # flatcli.engine.facade
 RECOMPUTE = ("auto", "true", "false")  # flatcli.engine.recompute
 SPLITS = ("train", "test")  # measure_data.split
 OPTIMIZERS = ("sgd", "adam", "adamw")  # flatcli.training
@@ -318,7 +318,7 @@ SETTINGS: dict[str, Rule] = {
     ),
     "loss": Rule(OneOf(*LOSS_NAMES), "the loss plug-in (flatcli.engine.losses)"),
     "hvp_mode": Rule(
-        OneOf(*HVP_MODES), "how Hessian-vector products are taken (flatcli.engine.engine)"
+        OneOf(*HVP_MODES), "how Hessian-vector products are taken (flatcli.engine.facade)"
     ),
     "split": Rule(OneOf(*SPLITS), "the measurement set's split"),
     "batch_size": Rule(_BATCH, "examples per batch"),

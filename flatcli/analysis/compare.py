@@ -40,6 +40,7 @@ import pandas as pd
 from ..errors import ConfigError
 from .statistics import kendall_rows, pearson_rows, spearman_rows
 from .table import as_table, filter_rows, usable
+from .targets import resolve_target
 
 STATISTICS = ("kendall_tau_b", "spearman", "pearson")
 
@@ -151,7 +152,6 @@ def compare_measures(
         raise ConfigError(f"`bootstrap` must be ≥ 1 resample for `compare`; got {bootstrap}")
     if not 0 < confidence < 1:
         raise ConfigError(f"`confidence` must be in (0, 1); got {confidence}")
-    from .targets import resolve_target
 
     table, target, _ = resolve_target(as_table(data), target)
     table, _ = filter_rows(table, where=where, max_train_loss=max_train_loss)

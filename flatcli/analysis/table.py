@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
-from ..run.results import METRICS
+from ..run.results import METRICS, json_matches_csv, settle_pair
 
 NON_MEASURE = {"checkpoint", "status", "error", *METRICS}
 CONVERGED_LOSS = 0.01  # Jiang et al. 2020 train every model to cross-entropy 0.01 ...
@@ -97,8 +97,6 @@ def _label(v: Any) -> str:
 def _labels_from_json(path: Path, csv_path: Path | None = None) -> list[str] | None:
     """The measure labels a results JSON records; None when it records none, is unreadable, or was
     not written with ``csv_path`` (a mixed pair, `flatcli.run.results.json_matches_csv`)."""
-    from ..run.results import json_matches_csv
-
     try:
         d = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -153,8 +151,6 @@ def read_table(path: Path) -> pd.DataFrame:
 
 def load_results(path: str | Path) -> ResultsTable:
     """A CSV table (flatcli's results.csv or any other) with flatcli's measure metadata when present."""
-    from ..run.results import settle_pair
-
     path = Path(path)
     settle_pair(path)  # a pair write a kill interrupted after its commit is finished first
     if not path.is_file():

@@ -1,12 +1,13 @@
-"""The Python entry points: `measure`, `sweep`, `collect`, `correlate`, `landscape`, `check_invariance`.
+"""The Python entry points: `measure`, `sweep`, `collect_report`, `correlate_report`, `landscape`,
+`check_invariance`, `estimate_costs`.
 
 Every entry point that takes a config takes ``run=RunOptions(device=..., precision=..., seed=...,
 threads=..., allow_unsafe_pickle=..., budget=...)`` (`flatcli.run.settings.RunOptions`: the config's
 ``runtime.*`` overrides, what the CLI's shared flags build) instead of separate keywords.
 
 Everything the CLI does goes through here; the CLI only parses and renders. One module per
-concern: `_common` (configs, threads, selections), `measure`, `plan` (dry runs), `views`
-(landscapes, the invariance check), `analysis` (sweeps, collect, correlate); every public name is
+concern: `_shared` (configs, threads, selections), `measure`, `costs` (dry runs), `geometry`
+(landscapes, the invariance check), `sweeps` (sweep, collect, correlate); every public name is
 here.
 
 >>> import flatcli
@@ -30,8 +31,9 @@ from ..run.checkpoint import (  # noqa: F401  (re-exported: the Python API)
     versions,
 )
 from ..run.settings import RunOptions
-from ._common import load, select_measures, use_threads
-from .analysis import collect, collect_frame, correlate, correlate_frame, sweep
+from ._shared import load, select_measures, use_threads
+from .costs import CostEstimate, estimate_costs
+from .geometry import ConnectView, InterpolateView, PCAView, SliceView, check_invariance, landscape
 from .measure import (
     REUSABLE,
     MeasureInterrupted,
@@ -40,12 +42,11 @@ from .measure import (
     measure_keys,
     previous_results,
 )
-from .plan import CostPlan, plan_costs
-from .views import ConnectView, InterpolateView, PCAView, SliceView, check_invariance, landscape
+from .sweeps import collect_frame, collect_report, correlate_frame, correlate_report, sweep
 
 __all__ = [
     "ConnectView",
-    "CostPlan",
+    "CostEstimate",
     "InterpolateView",
     "MeasureInterrupted",
     "MeasureReport",
@@ -54,19 +55,41 @@ __all__ = [
     "RunOptions",
     "SliceView",
     "check_invariance",
-    "collect",
     "collect_frame",
-    "correlate",
+    "collect_report",
     "correlate_frame",
+    "correlate_report",
+    "estimate_costs",
     "landscape",
     "load",
     "load_model",
     "measure",
     "measure_keys",
     "measure_model",
-    "plan_costs",
     "previous_results",
     "select_measures",
     "sweep",
     "use_threads",
 ]
+
+# Old names, kept for one release: each warns and returns its new name's object.
+_RENAMED = {
+    "collect": "collect_report",
+    "correlate": "correlate_report",
+    "plan_costs": "estimate_costs",
+    "CostPlan": "CostEstimate",
+}
+
+
+def __getattr__(name: str):
+    if name in _RENAMED:
+        import warnings
+
+        new = _RENAMED[name]
+        warnings.warn(
+            f"flatcli.api.{name} is deprecated; use flatcli.api.{new}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[new]
+    raise AttributeError(f"module 'flatcli.api' has no attribute {name!r}")

@@ -12,17 +12,27 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from ..errors import ConfigError, ResultsWriteError, exit_code
+from ..engine import dist
+from ..errors import ConfigError, RankFailure, ResultsWriteError, exit_code
+from ..keys import caps, data_fingerprints
+from ..landscape.plots import PLOT_HINT, have_matplotlib
 from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
-from ..measures import MeasureSpec
+from ..measures import MeasureResult, MeasureSpec, get_measure
 from ..run.checkpoint import first_checkpoint, measure_job, versions
 from ..run.jobs import Job
-from ..run.results import Row, ensure_writable_dir, write_results, write_results_or_fallback
+from ..run.results import (
+    Row,
+    ensure_writable_dir,
+    to_frame,
+    write_results,
+    write_results_or_fallback,
+)
 from ..run.settings import RunOptions, Settings
-from ._common import _plan, load_run, takes_run, use_threads
+from ..sweep.store import hold_folder
+from ._shared import _jobs_and_specs, load_run, takes_run, use_threads
 from .resume import REUSABLE as REUSABLE  # re-exported
-from .resume import measure_keys, plan_resume, stored_key
+from .resume import measure_keys, prepare_resume, stored_key
 from .resume import previous_results as previous_results
 
 
@@ -45,8 +55,6 @@ class MeasureReport:
         """One row per checkpoint, the columns of results.csv in its order; dtypes as documented
         in `flatcli.run.results` (numeric columns float64, ``status`` categorical). Equal to
         ``flatcli.run.results.read_results("OUTDIR/results.csv")``."""
-        from ..run.results import to_frame
-
         return to_frame(self.rows)
 
     @property
@@ -128,15 +136,13 @@ def measure(
         On Ctrl-C, after the finished measures were written once more (the CLI exits 130).
     """
     if plots:
-        from ..landscape.plots import PLOT_HINT, have_matplotlib
-
         if not have_matplotlib():
             raise ConfigError(f"`plots`: {PLOT_HINT}")
     cfg = load_run(config, run)
     write = outdir is not None or cfg.provenance.get("output.dir", "default") != "default"
     if plots and not write:
         raise ConfigError("`plots` needs an output directory (`outdir`)")
-    jobs, specs = _plan(cfg, checkpoints, measures)
+    jobs, specs = _jobs_and_specs(cfg, checkpoints, measures)
     out = ensure_writable_dir(cfg.output_dir(outdir), "output directory") if write else None
     st, world = _join_ranks(Settings.from_config(cfg))
     with _hold(out if world.is_main else None):
@@ -163,8 +169,6 @@ def _hold(out: Path | None):
     run into the same folder is refused with exit code 2; nothing to hold without a folder."""
     import contextlib
     import logging
-
-    from ..sweep.store import hold_folder
 
     if out is None:
         return contextlib.nullcontext()
@@ -236,8 +240,6 @@ def _measure_held(
                 f"status to {report.written_to}"
             )
             if world.world > 1:  # end every rank (the CLI exits 1; torchrun stops the others)
-                from ..errors import RankFailure
-
                 raise RankFailure(report.write_error)
         if plots and not report.write_error:
             report.meta["plots"] = [str(q) for q in _artifacts(rows, specs, out / "plots")]
@@ -262,14 +264,15 @@ class _Saver:
         specs: list[MeasureSpec],
         resume: bool,
     ):
-        from ..keys import caps, data_fingerprints
 
         self.cfg, self.meta, self.jobs, self.specs = cfg, meta, jobs, specs
         self.folder = folder  # OUTDIR (on every rank: --resume reads it)
         self.out = folder if write else None  # where to write (rank 0)
         self.data = data_fingerprints(cfg) if folder is not None else {}
         meta["data_fingerprints"] = self.data
-        self.resume = plan_resume(cfg, jobs, specs, folder, resume, self.data, self.out is not None)
+        self.resume = prepare_resume(
+            cfg, jobs, specs, folder, resume, self.data, self.out is not None
+        )
         config = cfg.to_dict()
         self.caps = {s.label: caps(config, s) for s in specs}
         self.current: Row | None = None
@@ -300,8 +303,6 @@ class _Saver:
     def _rows(self, rows: list[Row]) -> list[Row]:
         """Every checkpoint's row: those done, the running one, then the rest, each measure that
         has no result marked ``interrupted``."""
-        from ..measures import MeasureResult
-
         labels = [s.label for s in self.specs]
         running = (
             [self.current]
@@ -404,22 +405,17 @@ def _join_ranks(st: Settings):
     """(settings, ranks): under torchrun (or any launcher setting RANK/WORLD_SIZE/LOCAL_RANK) this
     process joins the others (gloo on the CPU, nccl with GPU ``cuda:LOCAL_RANK``) and measures its
     shard of every measurement set; otherwise rank 0 of 1 and the settings unchanged."""
-    from ..engine import dist
-
     world, device = dist.init_from_env(st.device)
     return (st.replace(device=device) if device != st.device else st), world
 
 
 def _leave_ranks(world) -> None:
-    from ..engine import dist
 
     dist.leave(world)
 
 
 def _artifacts(rows: list[Row], specs, folder: Path) -> list[Path]:
     """Every measure's artifacts (its registry hook), ``NNN_<checkpoint stem>_<label>.*`` in ``folder``."""
-    from ..measures import get_measure
-
     hooks = [(s.label, get_measure(s.name).artifacts) for s in specs]
     paths: list[Path] = []
     for i, row in enumerate(rows):

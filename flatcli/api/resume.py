@@ -10,12 +10,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import Config
-from ..keys import CAPPED, caps, caps_hash, config_in_key, spec_in_key
+from ..config import Config, parse_measures
+from ..errors import ConfigError
+from ..keys import (
+    CAPPED,
+    caps,
+    caps_hash,
+    config_in_key,
+    data_fingerprints,
+    job_fingerprints,
+    measure_hash,
+    spec_in_key,
+    unit_id,
+)
 from ..measures import MeasureSpec
 from ..run.jobs import Job
-from ..run.results import atomic_write
+from ..run.results import atomic_write, settle_pair
 from ..schema import RESULTS, mismatch
+from ..sweep.store import result_from
 
 REUSABLE = frozenset({"ok", "not_converged", "saturated", "not_applicable", "near_zero", "budget"})
 PREV = "results.prev"  # the stem the earlier results of another configuration are kept under
@@ -31,8 +43,6 @@ def measure_keys(
     checkpoint's and data files' fingerprints and the measure's configuration and revision).
     ``data``: `flatcli.keys.data_fingerprints` when known. Empty when a file cannot be read
     (nothing is reused then)."""
-    from ..keys import data_fingerprints, job_fingerprints, measure_hash, unit_id
-
     try:
         fps = job_fingerprints(job, data_fingerprints(cfg) if data is None else data)
     except OSError:
@@ -71,9 +81,6 @@ def read_previous(outdir: str | Path) -> Previous:
     """OUTDIR/results.json as `Previous`. A missing file gives nothing; an unreadable one, or one
     that does not match the results schema (`flatcli.schema.RESULTS`), gives nothing and names
     the problem."""
-    from ..run.results import settle_pair
-    from ..sweep.store import result_from
-
     settle_pair(Path(outdir) / "results.csv")  # finish a pair write a kill cut after its commit
     prev = Previous(Path(outdir) / "results.json")
     try:
@@ -148,7 +155,7 @@ class Resume:
         return out
 
 
-def plan_resume(
+def prepare_resume(
     cfg: Config,
     jobs: Sequence[Job],
     specs: Sequence[MeasureSpec],
@@ -261,8 +268,6 @@ def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def _old_spec(config: dict[str, Any], label: str) -> MeasureSpec | None:
-    from ..config import parse_measures
-    from ..errors import ConfigError
 
     try:
         specs = parse_measures(config.get("measures"))

@@ -1,6 +1,6 @@
 """The flatcli command line: parsing and rendering only; the work is in `flatcli.api`.
 
-`_app` holds the app, the shared options and the error handling; `run` and `views` register
+`_app` holds the app, the shared options and the error handling; `compute` and `explore` register
 the commands on it.
 
 Exit codes: 0 success, 1 a measurement failed, 2 bad usage or config. Errors are
@@ -9,16 +9,15 @@ one line on stderr; ``--debug`` shows the traceback instead.
 
 from __future__ import annotations
 
-from . import run, views  # noqa: F401  (registers the commands)
+from ..console import quiet_torch_warnings
+from . import compute, explore  # noqa: F401  (registers the commands)
 from ._app import app, cli_message, err_console
-from .run import *  # noqa: F403
+from .compute import *  # noqa: F403
 
 __all__ = ["app", "cli_message", "err_console", "main"]
 
 
 def main(argv: list[str] | None = None) -> None:
     """The ``flatcli`` console script."""
-    from ..console import quiet_torch_warnings
-
     quiet_torch_warnings()
     app(args=argv)

@@ -21,7 +21,9 @@ try:  # typer ≥ 0.2x vendors click and raises its own copies of click's except
 except ImportError:  # pragma: no cover - older typer on top of click
     from click import exceptions as click_exceptions
 
+from .._version import __version__
 from ..console import (
+    DEBUG_ENV,
     console,
     err_console,
 )
@@ -98,8 +100,6 @@ class OneLineErrors(TyperGroup):
 
 def _version(value: bool) -> None:
     if value:
-        from .._version import __version__
-
         console.print(f"flatcli {__version__}", highlight=False)
         raise typer.Exit(0)
 
@@ -202,7 +202,7 @@ BudgetOpt = Annotated[
 
 def _budget(text: str | None) -> float | None:
     """``--budget`` in seconds (a `ConfigError` naming the flag for a bad value), None when not given."""
-    from ..config import parse_seconds
+    from ..config import parse_seconds  # lazy: CLI start-up (loads torch)
 
     return None if text is None else parse_seconds(text, "--budget")
 
@@ -230,7 +230,7 @@ def run_options(
 ):
     """The `flatcli.api.RunOptions` of a command's shared flags, built once and passed to every API
     call of the command (an Enum's value, ``--budget`` in seconds, an unset switch as None)."""
-    from ..run.settings import RunOptions
+    from ..run.settings import RunOptions  # lazy: CLI start-up (loads torch)
 
     return RunOptions(
         device=device,
@@ -334,8 +334,6 @@ def handle_errors(fn):
 @contextlib.contextmanager
 def _debug_env(debug: bool):
     """`flatcli.console.DEBUG_ENV` set while a ``--debug`` command runs (its workers inherit it)."""
-    from ..console import DEBUG_ENV
-
     old = os.environ.get(DEBUG_ENV)
     if debug:
         os.environ[DEBUG_ENV] = "1"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import ConfigError
 from ..training import TrainTask, float_state, init_model, task_data, train_to_target
 from .zoo import zoo_tasks
 
@@ -50,8 +51,6 @@ def train_trajectory(
     -------
     The saved checkpoint paths in training order.
     """
-    from ..errors import ConfigError
-
     models = zoo_models(seed)
     if name not in models:
         raise ConfigError(f"no zoo model named {name!r}; one of {', '.join(models)}")

@@ -11,7 +11,12 @@ from pathlib import Path
 
 import yaml
 
+from .. import api
+from ..analysis.rendering import notes, render_table
 from ..config import safe_yaml
+from ..console import fit_width, print_table, render_rows
+from ..landscape.plots import have_matplotlib
+from ..measures import list_measures
 from ..training import (
     LossTarget,
     Recipe,
@@ -66,7 +71,6 @@ def train_zoo(outdir: Path, seed: int = 0, log=print, jobs: int | None = None) -
         zoo_tasks(outdir, seed), jobs=default_jobs() if jobs is None else jobs, log=log
     )
     write_manifest(outdir, records, list(ZOO_GRID))
-    from ..measures import list_measures
 
     known = {m.name for m in list_measures()}
     measures = [
@@ -140,11 +144,6 @@ def run_demo(
     from rich.console import Console
     from rich.table import Table
 
-    from .. import api
-    from ..analysis.report import notes, render_table
-    from ..console import fit_width, print_table, render_rows
-    from ..landscape.plots import have_matplotlib
-
     console = console or Console()
     outdir = Path(outdir)
     t0 = time.perf_counter()
@@ -181,7 +180,7 @@ def run_demo(
     )
     t2 = time.perf_counter()
     results = outdir / "results"
-    col = api.collect(sweep_dir, results / "results.csv")
+    col = api.collect_report(sweep_dir, results / "results.csv")
     width = fit_width(console, wide)
     print_table(console, render_rows(col.rows, col.labels, width), wide)
     tt = Table(
@@ -195,7 +194,7 @@ def run_demo(
         tt.add_row(lab, f"{total:.2f}", f"{mean:.2f}", str(k))
     print_table(console, tt)
     plots = have_matplotlib()
-    corr = api.correlate(
+    corr = api.correlate_report(
         results / "results.csv",
         by=list(ZOO_GRID),
         outdir=results,

@@ -8,7 +8,7 @@ curvature, `flatcli.engine.curvatures`) and per-unit quantities over it;
 
 from .batch import Batch
 from .capture import LayerCapture
-from .engine import CurvatureEngine
+from .facade import CurvatureEngine
 from .losses import LOSSES, Loss, NotApplicable, get_loss
 from .params import ParamSelection
 from .problem import Problem, eval_mode

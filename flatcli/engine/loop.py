@@ -13,7 +13,7 @@
   and its once-and-for-all fallback, activation recomputation, the precision and its fp32 view,
   the estimators' basis caps, the progress hook) and the helpers they share
   (`ProductState.pullback`, `ProductState.batch_grad`, the unit weighting `ProductState.share`).
-  `flatcli.engine.engine.CurvatureEngine` builds one and hands it to every curvature; no
+  `flatcli.engine.facade.CurvatureEngine` builds one and hands it to every curvature; no
   curvature sees the engine.
 """
 
@@ -28,6 +28,7 @@ from ..errors import MeasurementError
 from ..validation import validate
 from .batch import Batch
 from .graphs import GraphCache
+from .linalg.lanczos import host_fit
 from .precision import Precision, tf32_flags
 from .problem import Problem
 from .recompute import (
@@ -280,8 +281,6 @@ class ProductState:
         the least over the ranks, since every rank must run the same Lanczos; an int or None stays."""
         if not self._basis_resolved:
             if self._basis_setting == "auto":
-                from .linalg.lanczos import host_fit
-
                 fit = host_fit(self.problem.num_params, self.problem.dtype)
                 fit = self.problem.dist.min_int(2**62 if fit is None else fit)
                 self._basis_setting = None if fit >= 2**62 else fit

@@ -54,6 +54,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..validation import RECOMPUTE as RECOMPUTE  # re-exported: the vocabulary is declared there
 from ..validation import validate
+from .graphs import saved_bytes_counter
+from .lmhead import CHUNK_ELEMENTS
 
 _state = threading.local()
 
@@ -179,8 +181,6 @@ HEAD_CHUNK_TENSORS = (
 
 def _count_saved(problem, batch) -> int:
     """Bytes of the distinct storages saved by one ``create_graph`` gradient over ``batch``."""
-    from .graphs import saved_bytes_counter
-
     t = problem.theta.detach().requires_grad_(True)
     hooks, total = saved_bytes_counter()
     with hooks:
@@ -233,8 +233,6 @@ def predicted_product_bytes(
       is the margin kept on the side that does not refuse a run that fits too late.
 
     The gradient is not counted in ``n_grad`` (it measures, it does not compute)."""
-    from .lmhead import CHUNK_ELEMENTS
-
     total = [saved_bytes(problem, batch)]
     elt = torch.finfo(problem.dtype).bits // 8
     head = 0

@@ -31,6 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ConfigError
+from ..run.settings import resolve_device
+from ..training import default_jobs as cores
 from .base import Experiment
 from .modular_addition import ModularAddition
 from .random_labels import RandomLabels
@@ -81,8 +84,6 @@ def default_outdir(name: str | Path, quick: bool = False) -> Path:
 
 def default_jobs(quick: bool) -> int:
     """Models trained (and sweep workers) in parallel: 1 with --quick, else the cores up to 2."""
-    from ..training import default_jobs as cores
-
     return 1 if quick else cores()
 
 
@@ -104,13 +105,9 @@ def run_experiment(
     and finished sweep units. ``plots`` draws the figures (when matplotlib is installed);
     ``device`` (auto, cpu, cuda:N) overrides the spec's training and measurement device.
     """
-    from ..errors import ConfigError
-
     if jobs is not None and jobs < 1:
         raise ConfigError(f"jobs must be ≥ 1; got {jobs}")
     if device is not None:
-        from ..run.settings import resolve_device
-
         resolve_device(device, "`device`")  # a one-line error before any training
     spec = load_spec(name, quick=quick)
     runner = RUNNERS.get(spec.name, Experiment)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import sys
 
+from ..cli import main as cli_main
+
 
 def main(argv: list[str] | None = None) -> None:
     """Run ``flatcli experiments`` with ``run`` put in front of an experiment's name."""
-    from ..cli import main as cli_main
-
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] not in ("list", "run", "--help"):
         args = ["run", *args]

@@ -31,6 +31,9 @@ from typing import Any
 
 import yaml
 
+from .. import api
+from ..analysis.compare import compare_measures
+from ..analysis.table import as_table, filter_rows
 from ..errors import ConfigError, MeasurementError
 from ..landscape.plots import have_matplotlib
 from ..run.results import read_table, write_table
@@ -284,8 +287,6 @@ class Experiment:
     def measure(self, study: Study, sd: Path, cfg_path: Path) -> tuple[Path, int]:
         """``flatcli sweep`` (resumable) then ``flatcli collect`` → results/results.csv; returns its
         path and the sweep's exit code (1 when a unit failed: its row carries the error)."""
-        from .. import api
-
         cfg = api.load(cfg_path)
         cpu = cfg.runtime.device == "cpu"
         rep = api.sweep(cfg_path, sd / "sweep", workers=self.jobs if cpu and self.jobs > 1 else None,
@@ -293,7 +294,7 @@ class Experiment:
         self.log(
             f"  sweep: {rep.lines[0]}; {rep.computed} computed, {rep.errors} with errors ({rep.seconds:.0f}s)"
         )
-        col = api.collect(sd / "sweep", sd / "results" / "results.csv")
+        col = api.collect_report(sd / "sweep", sd / "results" / "results.csv")
         if col.missing:
             raise MeasurementError(
                 f"{study.name}: {len(col.missing)} units of the sweep did not finish; rerun the command to resume"
@@ -303,7 +304,7 @@ class Experiment:
     # ------------------------------------------------------------ analysis
     @property
     def converged_filter(self) -> tuple[str | None, float | None]:
-        """``(where, max_train_loss)`` of `flatcli.api.correlate` that keeps the converged models:
+        """``(where, max_train_loss)`` of `flatcli.api.correlate_report` that keeps the converged models:
         ``--max-train-loss TARGET`` (flatcli's own train loss), or with a plateau criterion
         ``--where "hp_converged == 1"`` (the manifest's record of the training criterion)."""
         if self.spec.plateau is not None:
@@ -353,12 +354,10 @@ class Experiment:
         target: str = "gen_gap",
         bootstrap: int | None = None,
     ):
-        """``flatcli correlate --max-train-loss TARGET`` over the study's axes (`flatcli.api.correlate`):
+        """``flatcli correlate --max-train-loss TARGET`` over the study's axes (`flatcli.api.correlate_report`):
         the models above the target train loss are left out (and named) by flatcli itself."""
-        from .. import api
-
         where, max_loss = self.converged_filter
-        return api.correlate(csv_path, target=target, by=study.axes or None, outdir=outdir, where=where,
+        return api.correlate_report(csv_path, target=target, by=study.axes or None, outdir=outdir, where=where,
                              max_train_loss=max_loss, bootstrap=bootstrap, run=api.RunOptions(seed=0),
                              plots=plots and outdir is not None, color_by=study.color_by if plots else None)  # fmt: skip
 
@@ -435,9 +434,6 @@ class Experiment:
         """The converged models matching ``expr`` correlated (over the axes that still vary) and
         compared alone, into ``out/correlations.csv`` and ``out/comparisons.csv``; None (logged)
         when fewer than 3 models remain."""
-        from .. import api
-        from ..analysis.table import as_table, filter_rows
-
         where = self.where(expr)
         try:
             table, _ = filter_rows(
@@ -454,7 +450,7 @@ class Experiment:
             for a in study.axes
             if f"hp_{a}" in table.frame and table.frame[f"hp_{a}"].nunique() > 1
         ]
-        rep = api.correlate(results, by=axes or None, outdir=out, where=where, max_train_loss=self.converged_filter[1],
+        rep = api.correlate_report(results, by=axes or None, outdir=out, where=where, max_train_loss=self.converged_filter[1],
                             bootstrap=self.spec.bootstrap or None, run=api.RunOptions(seed=0))  # fmt: skip
         comps = self.compare(study, results, out / "comparisons.csv", extra_where=expr)
         return {
@@ -480,8 +476,6 @@ class Experiment:
         ``out``; None without pairs or resamples. A pair that cannot be compared (fewer than 3
         usable models, a constant column) is logged and skipped."""
         import pandas as pd
-
-        from ..analysis.compare import compare_measures
 
         if not study.compare or not self.spec.bootstrap:
             return None

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.compare import compare_measures
+from ..errors import ConfigError
 from ..run.results import read_table, write_table
 from ..training import TrainRecord
 from .base import Experiment, pyplot, save_figure
@@ -57,9 +59,6 @@ class ModularAddition(Experiment):
     def comparisons(self, results: Path, outcome: StudyOutcome) -> list[dict[str, Any]]:
         """The best measure by Kendall τ-b against each other one (`compare_measures`, the rows of
         ``comparisons.csv``); measures without a usable column are skipped."""
-        from ..analysis.compare import compare_measures
-        from ..errors import ConfigError
-
         ranked = [m for m in outcome.correlation.measures if math.isfinite(m.get(COMPARE_STAT))]
         ranked.sort(key=lambda m: -m.get(COMPARE_STAT))
         if len(ranked) < 2:

@@ -24,7 +24,12 @@ from typing import Any
 
 import torch
 
+from .. import api
+from ..analysis.table import load_results
+from ..config import load_config
 from ..errors import MeasurementError
+from ..invariance import claims_invariance, find_rescalable_pairs, rescale
+from ..loading.factory import build_model
 from ..run.results import read_table, write_table
 from ..training import TrainRecord
 from .base import Experiment, absolute_paths, pyplot, save_figure
@@ -45,10 +50,6 @@ class Reparameterization(Experiment):
 
     def prepare_checkpoints(self, study: Study, sd: Path, records: list[TrainRecord]) -> None:
         """Add the rescaled copies of every trained network to the checkpoints and the manifest."""
-        from .. import api
-        from ..invariance import find_rescalable_pairs, rescale
-        from ..loading.models import build_model
-
         rs = self.spec.rescale or {
             "transforms": ["layer", "node"],
             "scales": [10.0, 100.0, 1000.0],
@@ -182,10 +183,6 @@ def _same(path: Path, sd: dict[str, torch.Tensor]) -> bool:
 
 def relative_changes(results: Path) -> list[dict[str, Any]]:
     """Per measure × transform × scale: median and max over base networks of the relative change."""
-    from ..analysis.table import load_results
-    from ..config import load_config
-    from ..invariance import claims_invariance
-
     table = load_results(results)
     claims: dict[str, str] = {}
     cfg_path = results.parent.parent / "config.yaml"

@@ -42,8 +42,9 @@ from typing import Any
 
 import yaml
 
-from ..config import safe_yaml
+from ..config import from_dict, parse_measures, safe_yaml
 from ..errors import ConfigError
+from ..loading.factory import resolve_target
 from ..training import LossTarget, Plateau, Recipe
 from ..validation import OPTIMIZERS as OPTIMIZERS  # re-exported: the vocabulary is declared there
 from ..validation import TRAINING, validate
@@ -322,8 +323,6 @@ def _as_list(v: Any) -> list[Any]:
 
 def _model_params(target: str, base_dir: Path) -> tuple[set[str], bool]:
     """The model factory's parameter names and whether it takes **kwargs."""
-    from ..loading.models import resolve_target
-
     fn = resolve_target(target, base_dir)
     try:
         sig = inspect.signature(fn)
@@ -335,8 +334,6 @@ def _model_params(target: str, base_dir: Path) -> tuple[set[str], bool]:
 
 def _flatcli_part(s: dict[str, Any], where: str, base_dir: Path) -> dict[str, Any]:
     """The study's flatcli config (measure_options applied), validated by flatcli's own schema."""
-    from ..config import from_dict
-
     flat = {k: s[k] for k in FLATCLI_KEYS if k in s}
     if s.get("measure_options"):
         flat["measures"] = _with_options(
@@ -464,8 +461,6 @@ def _study(name: str, s: dict[str, Any], where: str, base_dir: Path) -> Study:
 
 def _compare(raw: Any, measures: list[Any], where: str) -> list[tuple[str, str]]:
     """Measure pairs (``"A,B"`` or ``[A, B]``; ``B = "*"``: A against every other measure), by label."""
-    from ..config import parse_measures
-
     if raw is None:
         return []
     labels = [m.label for m in parse_measures(measures)]

@@ -8,7 +8,7 @@
   writer is in `flatcli.landscape.output`, the one module that joins results to plots);
 * `trajectory_landscape` — the top-2 PCA directions of a training trajectory,
   its projection and the loss over their plane (Li et al. 2018, Sec. 7), see
-  `flatcli.landscape.trajectory`; files by `write_trajectory_files`;
+  `flatcli.landscape.pca`; files by `write_trajectory_files`;
 * `connect_landscape` — a trained quadratic Bezier curve between two
   checkpoints against the line, with BatchNorm statistics recomputed along
   both (Garipov et al. 2018; Draxler et al. 2018), see
@@ -23,14 +23,14 @@ from .directions import filter_norms, normalize_direction, random_direction
 from .evaluate import PointEvaluator
 from .interpolate import interpolation_landscape
 from .output import write_connect_files, write_files, write_trajectory_files
-from .result import LandscapeResult, summarize
-from .slices import axis_grid, parse_span, slice_landscape
-from .trajectory import (
+from .pca import (
     TrajectoryResult,
     trajectory_landscape,
     trajectory_paths,
     trajectory_pca,
 )
+from .result import LandscapeResult, summarize
+from .slices import axis_grid, parse_span, slice_landscape
 
 __all__ = [
     "ConnectResult",

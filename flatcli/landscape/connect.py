@@ -63,6 +63,7 @@ from ..engine import Batch, Problem, eval_mode, get_loss
 from ..engine.batch import model_output
 from ..errors import ConfigError, MeasurementError
 from ..loading.checkpoints import check_state
+from ..run.results import jsonable
 from ..run.settings import Settings
 from .bnstats import BatchNormRecomputer, batchnorm_buffer_names
 from .evaluate import ChunkFn, Progress, evaluate_splits, problem_kwargs, split_problems
@@ -148,8 +149,6 @@ class ConnectResult:
 
     def to_json(self) -> dict[str, Any]:
         """``connect.json`` as a JSON-ready dict: kind, summary, seconds and the meta entries."""
-        from ..run.results import jsonable
-
         return jsonable(
             {"kind": self.kind, "summary": self.summary, "seconds": self.seconds, **self.meta}
         )

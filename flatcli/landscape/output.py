@@ -2,7 +2,7 @@
 
 The result types (`LandscapeResult`, `TrajectoryResult`, `ConnectResult`) know nothing of files
 or plots; this module is the one place that joins them to `flatcli.landscape.plots` and
-`flatcli.landscape.viewplots`, so no result module imports a plotting module.
+`flatcli.landscape.pathplots`, so no result module imports a plotting module.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import torch
 
 from ..run.results import atomic_write
 from .connect import ConnectResult
+from .pathplots import plot_connect, plot_trajectory
+from .pca import TrajectoryResult
 from .plots import draw_if_available, plot_result
 from .result import LandscapeResult
-from .trajectory import TrajectoryResult
-from .viewplots import plot_connect, plot_trajectory
 
 
 def write_files(res: LandscapeResult, outdir: str | Path, plots: bool = True) -> dict[str, Path]:

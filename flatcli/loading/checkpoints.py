@@ -29,6 +29,7 @@ import torch
 
 from ..engine.problem import nonfinite_tensors, not_finite
 from ..errors import ConfigError
+from .factory import importable
 
 NEST_KEYS = ("state_dict", "model_state_dict", "model", "net")
 PREFIXES = ("module.", "_orig_mod.")
@@ -115,7 +116,7 @@ def read_checkpoint(
     ``torch.load(weights_only=True)`` first. A file that is not a torch.save file (or safetensors)
     is "not a readable checkpoint", whatever ``allow_unsafe_pickle`` says. A full pickle is refused
     with the classes it would import, unless ``allow_unsafe_pickle``: it is then unpickled with
-    ``import_dirs`` (`flatcli.loading.models.import_dirs`) importable, so that its classes resolve
+    ``import_dirs`` (`flatcli.loading.factory.import_dirs`) importable, so that its classes resolve
     the way ``model.target`` does."""
     p = Path(path)
     if not p.is_file():
@@ -143,8 +144,6 @@ def _read_refused(p: Path, e: Exception, allow_unsafe_pickle: bool, import_dirs)
             "safetensors (truncated, corrupt, or another format)"
         ) from None
     if allow_unsafe_pickle:
-        from .models import importable
-
         try:
             with importable(list(import_dirs)):
                 return torch.load(p, map_location="cpu", weights_only=False)

@@ -58,6 +58,7 @@ import torch
 
 from ..engine.batch import Batch
 from ..errors import ConfigError
+from .text import load_text
 
 DIGITS_TEST_FRACTION = 0.3
 
@@ -362,8 +363,6 @@ def load_split(
     base_dir = Path(base_dir)
     kind = src.source
     if kind == "text":
-        from .text import load_text
-
         return check_finite_data(load_text(src, where, base_dir, cache_dir), where)
     if kind == "modular_addition":
         if normalize:

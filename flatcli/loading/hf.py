@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
+from ..console import DEBUG_ENV
 from ..errors import ConfigError
-from .models import model_dtype
+from .factory import model_dtype
 
 EXTRA_HINT = "pip install 'flatcli[transformers]'"
 DEFAULT_ATTENTION = "eager"
@@ -49,7 +50,6 @@ def transformers_module(what: str = "model.source: huggingface"):
     except ImportError:
         raise ConfigError(f"{what} needs the transformers package: {EXTRA_HINT}") from None
     transformers.logging.set_verbosity_error()
-    from ..console import DEBUG_ENV
 
     if os.environ.get(DEBUG_ENV):
         transformers.logging.enable_progress_bar()

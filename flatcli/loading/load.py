@@ -9,13 +9,15 @@ from typing import Any
 
 import torch
 
-from ..config import Config
+from ..config import Config, DataSource
 from ..engine import Batch
 from ..errors import ConfigError
 from ..run.jobs import Job, resolve_jobs
 from .checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
 from .data import load_split
-from .models import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
+from .factory import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
+from .hf import load_pretrained
+from .text import checkpoint_tokenizer
 
 DATA_CACHE_MB = 1024  # default byte budget of a `DataCache`, in MiB (FLATCLI_DATA_CACHE_MB)
 
@@ -52,8 +54,6 @@ class DataCache:
             self._cache.move_to_end(key)
             return self._cache[key]
         if path is not None:
-            from ..config import DataSource
-
             src = DataSource(source="tensors", path=str(path))
         else:
             src = self._with_tokenizer(getattr(self.cfg.data, split))
@@ -82,9 +82,6 @@ class DataCache:
         ):
             return src
         import dataclasses
-
-        from ..run.jobs import resolve_jobs
-        from .text import checkpoint_tokenizer
 
         try:
             folders = [j.path for j in resolve_jobs(self.cfg)]
@@ -135,8 +132,6 @@ def load_model(cfg: Config, path: str | Path) -> tuple[torch.nn.Module, dict[str
         The model on the CPU, and what else the checkpoint held (``model_info``, for results.json).
     """
     if cfg.model.source == "huggingface":
-        from .hf import load_pretrained
-
         model, info = load_pretrained(cfg.model.class_, path, cfg.model.kwargs, cfg.model.dtype)
         return model, {"model_info": info}
     if not cfg.model.target:

@@ -44,6 +44,7 @@ import torch
 from ..engine.batch import Batch
 from ..errors import ConfigError
 from .checkpoints import fingerprint
+from .hf import load_tokenizer
 
 CACHE_VERSION = 1
 TOKENIZED_DIR = "tokenized"  # the cache's folder in an output directory
@@ -250,8 +251,6 @@ def _tokenize_txt(src, path: Path, tok, tok_dir: Path, where: str) -> Batch:
 
 def tokenize(src, path: Path, tok_dir: Path, where: str) -> Batch:
     """Read and tokenize the split (no cache)."""
-    from .hf import load_tokenizer
-
     if path.suffix.lower() == ".txt":
         tok = load_tokenizer(tok_dir, where)
         _pad_token(tok, tok_dir, where)

@@ -391,7 +391,7 @@ def diagonal_reason(opts: DiagonalOptions, problem) -> str | None:
 
 
 def diagonal_estimate(opts: DiagonalOptions, dims, tensors: tuple[int, ...]) -> dict:
-    """The products `estimate_diagonal` counts over ``tensors`` (their sizes), for dry-run plans."""
+    """The products `estimate_diagonal` counts over ``tensors`` (their sizes), for dry-run estimates."""
     m = opts.hessian_diag
     if m == "exact":
         return {"n_hvp": dims.P}

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..errors import ConfigError
+
 CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
@@ -94,8 +96,6 @@ def class_outputs_or_error(out: torch.Tensor, y: torch.Tensor, what: str, fix: s
     """Raise `ConfigError` unless ``out`` are class scores (batch, classes ≥ 2) and ``y`` integer
     labels: ``"{what} needs class outputs (batch, classes) and integer labels; the model gives
     (shape).{fix}"``."""
-    from ..errors import ConfigError
-
     if out.ndim != 2 or out.shape[1] < 2 or y.is_floating_point():
         raise ConfigError(
             f"{what} needs class outputs (batch, classes) and integer labels; the model gives "

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..engine import linalg
+from . import MeasureResult
 
 STREAM = 1  # generator offset of the shared SLQ starts (hessian_spectrum's since it has had SLQ)
 
@@ -74,8 +75,6 @@ def no_slq_run(res: linalg.SLQResult, fn):
     """The result of an SLQ measure whose cap left fewer than 2 runs of at least
     `linalg.MIN_NODES` Gauss nodes: no estimate with an error, so NaN with the reason, status
     ``budget`` (a single run's value is kept as the diagnostic ``one_run_value``)."""
-    from . import MeasureResult
-
     diag = {"reason": NO_RUN if not res.nodes else ONE_RUN, "slq_runs": len(res.nodes)}
     if res.nodes:
         diag["one_run_value"] = res.expect(fn)[0]

@@ -26,6 +26,7 @@ from ..engine import dist as ranks
 from ..engine.batch import model_output
 from ..errors import ConfigError, FlatcliError, MeasurementError, ResultsWriteError, error_kind
 from ..loading.data import check_finite_data, subset
+from ..loading.hf import check_positions
 from ..loading.load import (  # noqa: F401
     DataCache,
     load_init_state,
@@ -40,13 +41,14 @@ from ..measures import (
     get_measure,
     run_measure,
 )
+from ..measures._layers import weight_matrices
 from .jobs import Job
 from .memory import check_products, copies_model, refuse
 from .predict import Fit
 from .preflight import Checked, check_loaded
 from .results import Row
 from .settings import Settings
-from .shares import BudgetPlan, in_turn
+from .shares import BudgetSplit, in_turn
 
 
 def as_specs(measures) -> list[MeasureSpec]:
@@ -255,32 +257,34 @@ def measure_model(
             init_params = {
                 n: init_state[n].to(st.device, st.dtype) for n in problem.names if n in init_state
             }
-        plans = _planned_hvps(specs, work, data[st.split], st) if progress is not None else {}
+        expected = _expected_hvps(specs, work, data[st.split], st) if progress is not None else {}
         shared: dict[
             str, Any
         ] = {}  # products the checkpoint's measures share (the Hessian diagonal)
         fit = Fit(engine, lambda: problem_dims(work, data[st.split], st))
-        plan = BudgetPlan.of(st.budget, specs, fit.cost(problem, reuse, budget_among), budget_among)
-        if plan is not None and fit.times is not None:  # the first block under a share
+        split = BudgetSplit.of(
+            st.budget, specs, fit.cost(problem, reuse, budget_among), budget_among
+        )
+        if split is not None and fit.times is not None:  # the first block under a share
             shared["seconds_per_product"] = fit.times.hvp1
 
         def run(spec: MeasureSpec, share: float | None) -> None:
             if reuse and spec.label in reuse:
                 row.results[spec.label] = reuse[spec.label]
             elif not _not_started(row, spec, problem, fit, share):
-                show = _measure_progress(progress, spec.label, engine, plans.get(spec.label))
+                show = _measure_progress(progress, spec.label, engine, expected.get(spec.label))
                 args = (init_params, init_state, debug, show, share, shared)
                 _run_one(row, spec, problem, engine, st, *args)
 
         done = (lambda lab: on_measure(row, lab)) if on_measure else (lambda lab: None)
-        in_turn(plan, specs, row.results, run, done, again=not problem.dist.active)
+        in_turn(split, specs, row.results, run, done, again=not problem.dist.active)
         row.metrics.update(
             _metrics(work, data["train"], data["test"], st) if metrics is None else metrics
         )
     return row
 
 
-def _planned_hvps(specs, model, data, st: Settings) -> dict[str, tuple[int, int]]:
+def _expected_hvps(specs, model, data, st: Settings) -> dict[str, tuple[int, int]]:
     """Label → (least, most) HVPs its estimate declares (for the live line's time left); empty
     when the sizes cannot be had from a two-row forward pass."""
     try:
@@ -396,8 +400,6 @@ COUNTERS = ("n_hvp", "n_grad", "n_forward", "n_vjp")
 def problem_dims(model: torch.nn.Module, data, settings: Settings) -> Dims:
     """The sizes a cost estimate needs (`flatcli.measures.Dims`), from one forward pass of two rows:
     P the selected parameters, n the scored units of the measurement set, C outputs per unit."""
-    from ..measures._layers import weight_matrices
-
     batch = subset(data, settings.num_samples, settings.data_seed)
     first = next(iter(model.parameters()), None)
     device = first.device if first is not None else torch.device("cpu")
@@ -582,8 +584,6 @@ def _checked_data(cfg: Config, job: Job, model, data: DataCache):
     """The train and test splits, their tokenized widths checked against the model's positions
     (a Hugging Face model's ``n_positions``/``max_position_embeddings``; the configured
     ``max_length`` is checked before tokenizing, by `preflight`)."""
-    from ..loading.hf import check_positions
-
     out = []
     for split in ("train", "test"):
         batch = data.get(split, job.train_data) if split == "train" else data.get(split)

@@ -69,8 +69,10 @@ import torch
 
 from ..engine.linalg._store import default_capacity
 from ..engine.recompute import AUTO_RECOMPUTE, find_blocks, free_bytes, predicted_product_bytes
+from ..engine.segments import BlockChain
 from ..errors import MeasurementError
 from ..measures import Dims, MeasureSpec, get_measure
+from ..measures._layers import weight_matrices
 from .settings import Settings
 
 SKIP_FACTOR = 1000  # the counting pass is skipped when free memory ≥ this × (P-vectors + one batch)
@@ -184,8 +186,6 @@ def model_dims(model: torch.nn.Module, st: Settings) -> Dims:
     """The `Dims` a memory need depends on, from the model alone (no data): P and the sizes of the
     selected tensors and weight matrices; n, C and rows are 1 (unknown before the data; no declared
     ``vectors`` depends on them)."""
-    from ..measures._layers import weight_matrices
-
     names = st.params.select(model)
     named = dict(model.named_parameters())
     chosen = set(names)
@@ -378,8 +378,6 @@ def check_products(
 def _chain_product(problem, st: Settings) -> tuple[int, int] | None:
     """(predicted bytes, blocks) of one block-by-block product (`flatcli.engine.segments`), or None
     when the model's blocks are not a chain (then ``recompute`` checkpoints, and is not predicted)."""
-    from ..engine.segments import BlockChain
-
     chain, _ = BlockChain.find(problem)
     if chain is None:
         return None
@@ -391,8 +389,6 @@ def _chain_product(problem, st: Settings) -> tuple[int, int] | None:
 
 def _option_names(spec: MeasureSpec) -> set[str]:
     """The option names of ``spec``'s measure."""
-    from ..measures import get_measure
-
     return {f.name for f in dataclasses.fields(get_measure(spec.name).options)}
 
 

@@ -36,6 +36,7 @@ from ..engine import dist as ranks
 from ..loading.data import subset
 from .memory import vectors_kept
 from .settings import Settings
+from .shares import least_work
 
 BLOCK = 16  # vectors of the timed block product (fewer when the engine's block is smaller)
 
@@ -302,22 +303,19 @@ class Fit:
 
     def seconds(self, spec, problem: Problem | None = None) -> float:
         """The least predicted seconds of ``spec`` (`predict`), at least one forward pass; 0 when
-        it is predicted to end ``not_applicable`` on ``problem`` (`flatcli.run.shares.BudgetPlan`'s
+        it is predicted to end ``not_applicable`` on ``problem`` (`flatcli.run.shares.BudgetSplit`'s
         weight)."""
         if problem is not None and _not_applicable(spec, problem):
             return 0.0
         if self.times is None:  # untimed: products in HVP equivalents, the same unit for all
-            from .shares import least_work
-
             return least_work(spec, self.dims)
         return max(predict(spec, self.dims, self.times).seconds[0], self.times.forward)
 
     def cost(self, problem: Problem, reuse=None, among=None):
-        """The weight of a spec in `flatcli.run.shares.BudgetPlan`: its least predicted seconds
+        """The weight of a spec in `flatcli.run.shares.BudgetSplit`: its least predicted seconds
         (`seconds`); in a sweep's unit (``among`` given) its least products in HVP equivalents
         (`flatcli.run.shares.least_work`), which every worker computes alike; 0 for a result reused
         from ``reuse`` (label → result) or a measure predicted ``not_applicable``."""
-        from .shares import least_work
 
         def weight(spec) -> float:
             if reuse and spec.label in reuse:

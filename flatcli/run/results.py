@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import exit_code_of
+from ..errors import ConfigError, exit_code_of
 
 if TYPE_CHECKING:  # only an annotation: reading tables must not import torch
     import pandas as pd
@@ -306,8 +306,6 @@ def ensure_writable_dir(path: str | os.PathLike, what: str = "the output directo
 
     A path under a regular file, an existing file, or a folder without write permission is a
     one-line `ConfigError` (exit code 2) naming ``what`` and the reason."""
-    from ..errors import ConfigError
-
     path = Path(path).expanduser()
     try:
         path.mkdir(parents=True, exist_ok=True)

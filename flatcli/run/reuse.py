@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..config import Config
+from ..loading import load
 from .jobs import Job
 
 
@@ -30,9 +31,8 @@ class CheckpointCache:
         key = (str(job.path), str(job.init_checkpoint), str(job.train_data))
         if key != self._key:
             self._key, self._model, self._init, self.metrics = None, None, None, None
-            from ..loading.load import load_model
 
-            self._model = load_model(cfg, job.path)
+            self._model = load.load_model(cfg, job.path)
             self._key = key
         assert self._model is not None
         return self._model
@@ -40,7 +40,5 @@ class CheckpointCache:
     def init_state(self, cfg: Config, job: Job) -> dict[str, torch.Tensor] | None:
         """`load_init_state` of the kept checkpoint's job, loaded once."""
         if self._init is None:
-            from ..loading.load import load_init_state
-
-            self._init = (load_init_state(cfg, job, self.model(cfg, job)[0]),)
+            self._init = (load.load_init_state(cfg, job, self.model(cfg, job)[0]),)
         return self._init[0]

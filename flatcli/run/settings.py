@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from ..config import overrides
+from ..engine.linalg.lanczos import host_fit
 from ..engine.params import ParamSelection
 from ..engine.precision import BF16_FD_REFUSED, PRECISIONS, Precision, has_tensor_cores
 from ..errors import ConfigError
@@ -40,13 +42,13 @@ class RunOptions:
     ``allow_unsafe_pickle``) keeps the config's value. The config validates the values (a bad
     one is a `flatcli.errors.ConfigError` naming the key) when the entry point loads it; the
     resolved form is `Settings` (`Settings.from_config`). A field an entry point does not use is
-    ignored (the landscape views have no ``budget``; `flatcli.api.correlate`, which has no config,
+    ignored (the landscape views have no ``budget``; `flatcli.api.correlate_report`, which has no config,
     uses only ``seed``, the seed of its bootstrap, default 0).
 
     The entry points take no separate ``device``/``precision``/``seed``/``threads``/
     ``allow_unsafe_pickle``/``budget`` keywords: passing one raises a TypeError that names
     ``run=RunOptions(...)`` (one object rather than a block of keywords repeated in every
-    signature; see `flatcli.api._common.takes_run`).
+    signature; see `flatcli.api._shared.takes_run`).
 
     Parameters
     ----------
@@ -79,8 +81,6 @@ class RunOptions:
 
     def changes(self) -> dict[str, Any]:
         """The config overrides (``{"runtime.device": "cpu", ...}``) of the fields given."""
-        from ..config import overrides
-
         return overrides(**dataclasses.asdict(self))
 
     @classmethod
@@ -249,8 +249,6 @@ class Settings:
         """``runtime.max_basis_vectors`` for cost estimates (`flatcli.measures.Dims.max_basis`): an
         int as given, None (unbounded), ``auto``: the P-vectors that fit in half the free host memory
         (`flatcli.engine.linalg.lanczos.host_fit`, before the floor of `basis_floor`)."""
-        from ..engine.linalg.lanczos import host_fit
-
         return (
             host_fit(P, self.dtype) if self.max_basis_vectors == "auto" else self.max_basis_vectors
         )

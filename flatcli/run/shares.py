@@ -49,16 +49,16 @@ def least_work(spec: MeasureSpec, dims: Dims) -> float:
     return max(0.2, sum(WEIGHTS.get(k, 0.0) * float(lo) for k, (lo, _) in est.items()))
 
 
-class BudgetPlan:
+class BudgetSplit:
     """Seconds of a checkpoint's budget ``total`` for each measure in turn, from ``costs`` (the
     predicted seconds of each, module docstring); the clock starts at construction (or ``start``).
 
     >>> t = [0.0]
-    >>> plan = BudgetPlan(30.0, [1.0, 2.0, 3.0], clock=lambda: t[0])
-    >>> plan.share(0)  # enough: all but the 5 s the others need
+    >>> split = BudgetSplit(30.0, [1.0, 2.0, 3.0], clock=lambda: t[0])
+    >>> split.share(0)  # enough: all but the 5 s the others need
     25.0
     >>> t[0] = 26.0  # the first measure used 26 s: 4 s left for 5 s predicted
-    >>> plan.share(1)
+    >>> split.share(1)
     1.6
     """
 
@@ -84,9 +84,9 @@ class BudgetPlan:
         cost: Callable[[MeasureSpec], float],
         among: Sequence[MeasureSpec] | None = None,
         clock: Callable[[], float] | None = None,
-    ) -> BudgetPlan | None:
-        """The plan of ``total`` seconds over ``specs``; ``cost(spec)``: its predicted seconds
-        (called only with a budget, once per spec, on the plan's clock); None without a budget.
+    ) -> BudgetSplit | None:
+        """The split of ``total`` seconds over ``specs``; ``cost(spec)``: its predicted seconds
+        (called only with a budget, once per spec, on the split's clock); None without a budget.
         With ``among`` (every measure of the checkpoint, ``specs`` some of them), each of ``specs``
         gets its fixed share of ``total``."""
         if total is None:
@@ -125,7 +125,7 @@ def stopped_by_share(spec: MeasureSpec, result) -> bool:
     return spec.max_seconds is None and spec.max_hvps is None
 
 
-def continuations(plan: BudgetPlan | None, specs: Sequence[MeasureSpec], results: dict):
+def continuations(split: BudgetSplit | None, specs: Sequence[MeasureSpec], results: dict):
     """(index, share) of each measure of ``specs`` to run again, in order, once every measure has
     run: those stopped by their share (`stopped_by_share`, ``results``: label → result) while
     time is left. Each gets the seconds left in proportion to the predicted seconds of those still
@@ -133,13 +133,13 @@ def continuations(plan: BudgetPlan | None, specs: Sequence[MeasureSpec], results
     spent: a seeded estimator run again repeats its first products and goes on from there, so the
     second run's estimate is the one a larger share would have given. Nothing in a sweep (fixed
     shares) or without a budget. A generator: the time left is read as each one starts."""
-    if plan is None or plan.fixed is not None:
+    if split is None or split.fixed is not None:
         return
     todo = [i for i, s in enumerate(specs) if stopped_by_share(s, results.get(s.label))]
     for n, i in enumerate(todo):
-        rest = sum(plan.costs[j] for j in todo[n:])
-        weight = plan.costs[i] / rest if rest > 0 else 1.0 / (len(todo) - n)
-        share = plan.left() * weight
+        rest = sum(split.costs[j] for j in todo[n:])
+        weight = split.costs[i] / rest if rest > 0 else 1.0 / (len(todo) - n)
+        share = split.left() * weight
         if share >= 2.0 * results[specs[i].label].seconds:
             yield i, share
 
@@ -161,21 +161,21 @@ def continued(first, second):
 
 
 def in_turn(
-    plan: BudgetPlan | None,
+    split: BudgetSplit | None,
     specs: Sequence[MeasureSpec],
     results: dict,
     run,
     after,
     again: bool = True,
 ):
-    """``run(spec, share)`` for each of ``specs`` in turn with its share of ``plan`` (None without
+    """``run(spec, share)`` for each of ``specs`` in turn with its share of ``split`` (None without
     a budget), ``after(label)`` once each has run; then, with time left and ``again`` (False across
     ranks: the clocks differ), those stopped by their share again (`continuations`, `continued`):
     their results in ``results`` (label → result)."""
     for i, spec in enumerate(specs):
-        run(spec, None if plan is None else plan.share(i))
+        run(spec, None if split is None else split.share(i))
         after(spec.label)
-    for i, share in continuations(plan if again else None, specs, results):
+    for i, share in continuations(split if again else None, specs, results):
         label = specs[i].label
         first = results[label]
         run(specs[i], share)

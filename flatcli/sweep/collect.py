@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import INCOMPLETE, ConfigError, exit_code
-from ..run.results import Row, write_pair
+from ..run.checkpoint import versions
+from ..run.results import Row, to_frame, write_pair
 from .plan import Plan, load_plan
 from .store import (
     PLAN_FILE,
@@ -38,8 +39,6 @@ class CollectReport:
     def to_pandas(self):
         """The collected table as a DataFrame: the columns of results.csv, dtypes as documented
         in `flatcli.run.results` (equal to ``flatcli.run.results.read_results(self.csv_path)``)."""
-        from ..run.results import to_frame
-
         return to_frame(self.rows)
 
     @property
@@ -55,8 +54,6 @@ def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) 
     Rows follow the plan's checkpoint order and have the same columns as ``flatcli measure``'s.
     Units missing from the plan's list are reported; unit files of older plans are ignored.
     """
-    from ..run.checkpoint import versions
-
     outdir = Path(outdir)
     if not outdir.is_dir():
         raise ConfigError(f"collect: {outdir} is not a directory")

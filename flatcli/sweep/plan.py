@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..config import from_dict
 from ..errors import ConfigError
 from ..keys import caps, content_hash, data_fingerprints, file_fingerprint, measure_hash, unit_id
 from ..measures import MeasureSpec
@@ -89,8 +90,6 @@ class Plan:
 
     def cfg(self):
         """The sweep's `flatcli.config.Config`, rebuilt from the plan (no environment overrides)."""
-        from ..config import from_dict
-
         return from_dict(self.config, base_dir=self.base_dir, env={})
 
     def to_json(self) -> dict[str, Any]:

@@ -39,15 +39,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, exit_code_of
+from ..errors import ConfigError, MeasurementError, exit_code_of
+from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
 from ..measures import MeasureSpec
+from ..run.checkpoint import first_checkpoint
 from ..run.jobs import Job, coerce_cell
+from ..run.settings import Settings
+from ..threads import apply_threads, choose_threads, thread_choice
 from ..validation import EXECUTORS
 from .plan import Plan, Unit, build_plan, write_plan
 from .store import (
     DEFAULT_LOCK_TIMEOUT,
     Store,
+    parse_shard,
     shard_of,
 )
 from .worker import WorkerArgs, default_log, run_shard_task, run_worker
@@ -124,7 +129,7 @@ def _gpu_list(gpus: str) -> list[int]:
 
 
 @dataclass(frozen=True)
-class WorkerPlan:
+class WorkerSlot:
     """One local worker: the device it is told to use, the environment it runs with (e.g.
     ``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``), its name in messages and its intra-op threads."""
 
@@ -134,14 +139,12 @@ class WorkerPlan:
     threads: int = 1
 
 
-def plan_workers(
+def worker_slots(
     device: str, gpus: str | None, workers: int | None, threads: int | str = "auto"
-) -> list[WorkerPlan]:
+) -> list[WorkerSlot]:
     """One worker per GPU (``--gpus``, or every visible GPU when the device is auto/cuda), else CPU
     workers; each with the intra-op threads `flatcli.threads.choose_threads` gives ``threads`` for
     that many workers on this machine (W workers on C cores: C // W each with ``auto``)."""
-    from ..threads import choose_threads
-
     if workers is not None and workers < 1:
         raise ConfigError(f"`workers` must be ≥ 1; got {workers}")
     ids: list[int] = []
@@ -175,12 +178,12 @@ def plan_workers(
         for i in ids:
             p = phys[i] if phys and i < len(phys) else str(i)
             env = {"CUDA_VISIBLE_DEVICES": p, "OMP_NUM_THREADS": str(k)}
-            out.append(WorkerPlan(device="cuda:0", env=env, label=f"cuda:{i}", threads=k))
+            out.append(WorkerSlot(device="cuda:0", env=env, label=f"cuda:{i}", threads=k))
         return out
     n = workers or 1
     k = choose_threads(threads, n)
     return [
-        WorkerPlan(device="cpu", env={"OMP_NUM_THREADS": str(k)}, label="cpu", threads=k)
+        WorkerSlot(device="cpu", env={"OMP_NUM_THREADS": str(k)}, label="cpu", threads=k)
         for _ in range(n)
     ]
 
@@ -203,7 +206,6 @@ class SweepOptions:
     wait: bool = False
 
     def __post_init__(self):
-        from .store import parse_shard
 
         if isinstance(self.shard, str):
             object.__setattr__(self, "shard", parse_shard(self.shard))
@@ -217,18 +219,18 @@ class SweepOptions:
             )
 
 
-def _worker_args(opts: SweepOptions, start: float, run: str | None = None) -> WorkerArgs:
-    """The arguments for a run ``run`` of ``opts`` that started at time ``start``."""
+def _worker_args(opts: SweepOptions, start: float, sweep_id: str | None = None) -> WorkerArgs:
+    """The arguments for a sweep run ``sweep_id`` of ``opts`` that started at time ``start``."""
     return WorkerArgs(
         opts.shard,
         None if opts.resume else start,
         start if opts.retry_failed else None,
         opts.lock_timeout,
-        run,
+        sweep_id,
     )
 
 
-def _worker_argv(outdir, w: int, n: int, wp: WorkerPlan, args: WorkerArgs) -> list[str]:
+def _worker_argv(outdir, w: int, n: int, wp: WorkerSlot, args: WorkerArgs) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -270,7 +272,7 @@ def _status_counts(store: Store, units: list[Unit], since: float, args: WorkerAr
             else:
                 out.pending += 1
             continue
-        if args.run is not None and rec.get("run") == args.run:
+        if args.sweep_id is not None and rec.get("sweep_id") == args.sweep_id:
             out.computed += 1
         elif float(rec.get("finished_at", 0)) >= since:
             out.by_others += 1
@@ -297,7 +299,7 @@ def run_sweep(
     outdir = Path(outdir)
     store = Store(outdir, warn=log, log=log)
     plan = build_plan(cfg, specs, jobs)
-    args = _worker_args(opts, t_start, run=uuid.uuid4().hex[:12])
+    args = _worker_args(opts, t_start, sweep_id=uuid.uuid4().hex[:12])
     selected = plan.units_for(opts.shard)
     already = sum(store.is_done(u.id, args.redo_before, args.retry_before, u.key) for u in selected)
     report = SweepReport(
@@ -349,15 +351,10 @@ def _run_local(
     debug,
 ) -> None:
     """Run (or with ``dry_run`` describe) the local workers: in this process, or one process per GPU/worker."""
-    from ..loading.load import DataCache
-    from ..run.checkpoint import first_checkpoint
-    from ..run.settings import Settings
-    from ..threads import apply_threads, plan_threads
-
     outdir = report.outdir
-    wps = plan_workers(cfg.runtime.device, opts.gpus, opts.workers, cfg.runtime.threads)
+    wps = worker_slots(cfg.runtime.device, opts.gpus, opts.workers, cfg.runtime.threads)
     report.workers = [wp.label for wp in wps]
-    report.threads = str(plan_threads(cfg.runtime.threads, len(wps)))
+    report.threads = str(thread_choice(cfg.runtime.threads, len(wps)))
     if opts.dry_run:
         report.lines.append(report.threads)
         if len(wps) == 1:
@@ -393,13 +390,13 @@ def _run_local(
             on_unit=on_unit,
             data=data,
             debug=debug,
-            run=args.run,
+            sweep_id=args.sweep_id,
         )
     else:
         _run_pool(outdir, wps, args)
 
 
-def _run_pool(outdir, wps: list[WorkerPlan], args: WorkerArgs) -> None:
+def _run_pool(outdir, wps: list[WorkerSlot], args: WorkerArgs) -> None:
     procs = []
     try:
         for w, wp in enumerate(wps):
@@ -418,8 +415,6 @@ def _run_pool(outdir, wps: list[WorkerPlan], args: WorkerArgs) -> None:
         raise
     bad = [(w, c) for w, c in enumerate(codes) if c != 0]
     if bad:
-        from ..errors import MeasurementError
-
         raise MeasurementError(
             "sweep worker(s) failed: "
             + ", ".join(f"worker {w} exited with {c}" for w, c in bad)
@@ -510,7 +505,7 @@ def _submit_slurm(
         [redo_before] * len(shards),
         [retry_before] * len(shards),
         [lock_timeout] * len(shards),
-        [args.run] * len(shards),
+        [args.sweep_id] * len(shards),
     )
     report.jobs = [j.job_id for j in jobs]
     report.lines.append(

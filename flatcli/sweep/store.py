@@ -472,11 +472,11 @@ def unit_record(
     row: Row,
     device: str,
     seconds: float,
-    run: str | None = None,
+    sweep_id: str | None = None,
     threads: int | None = None,
 ) -> dict[str, Any]:
     """The JSON stored for one finished unit (``row`` is `measure_job`'s row for this one measure;
-    ``run`` the id of the sweep run that computed it, ``threads`` its worker's intra-op threads)."""
+    ``sweep_id`` the id of the sweep run that computed it, ``threads`` its worker's intra-op threads)."""
     res = row.results.get(label)
     return {
         "format": FORMAT,
@@ -504,7 +504,7 @@ def unit_record(
         "metrics": row.metrics,
         "hparams": row.hparams,
         "worker": {"host": _host(), "pid": os.getpid(), "device": device, "threads": threads},
-        "run": run,
+        "sweep_id": sweep_id,
         "seconds": seconds,
         "finished_at": time.time(),
     }

@@ -12,14 +12,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
+from ..run import reuse
+from ..run.checkpoint import measure_job
 from ..run.jobs import Job
+from ..run.settings import Settings
+from ..threads import apply_threads, choose_threads
 from .plan import Plan, Unit, load_plan
 from .store import (
     DEFAULT_LOCK_TIMEOUT,
     Heartbeat,
     Lock,
     Store,
+    parse_shard,
     unit_record,
 )
 
@@ -59,19 +65,16 @@ def run_worker(
     on_unit: Callable[[dict[str, Any]], None] | None = None,
     data=None,
     debug: bool = False,
-    run: str | None = None,
+    sweep_id: str | None = None,
 ) -> WorkerStats:
     """Compute the unfinished units of ``outdir``'s plan (of one shard), claiming each with a lock.
 
     ``worker``/``workers`` only rotate the starting point so that workers of one pool
     start on different units. ``redo_before``/``retry_before`` are timestamps: units
     (error units) finished before them count as unfinished (``--no-resume``, ``--retry-failed``).
-    ``run`` (the id of the sweep run this worker belongs to) is stored in every unit record it
+    ``sweep_id`` (the id of the sweep run this worker belongs to) is stored in every unit record it
     writes, so that each sweep counts what it computed itself.
     """
-    from ..loading.load import DataCache
-    from ..run.settings import Settings
-
     store = Store(outdir, warn=log, log=log)
     plan = load_plan(outdir)
     cfg = plan.cfg()
@@ -85,7 +88,7 @@ def run_worker(
         cfg=cfg,
         settings=settings,
         data=data,
-        args=WorkerArgs(shard, redo_before, retry_before, lock_timeout, run),
+        args=WorkerArgs(shard, redo_before, retry_before, lock_timeout, sweep_id),
         delay=float(os.environ.get(DELAY_ENV) or 0.0),
         tag=f"w{worker}" + (f" shard {shard[0]}/{shard[1]}" if shard else ""),
         log=log,
@@ -162,11 +165,8 @@ class _WorkerLoop:
         """Measure the unit under a heartbeat on its lock and write its record."""
         import torch
 
-        from ..run.checkpoint import measure_job
-        from ..run.reuse import CheckpointCache
-
         if self.keep is None:
-            self.keep = CheckpointCache()
+            self.keep = reuse.CheckpointCache()
         with Heartbeat(lock, self.args.lock_timeout / 4):
             t0 = time.perf_counter()
             if self.delay:
@@ -194,7 +194,7 @@ class _WorkerLoop:
                 row=row,
                 device=str(self.settings.device),
                 seconds=time.perf_counter() - t0,
-                run=self.args.run,
+                sweep_id=self.args.sweep_id,
                 threads=torch.get_num_threads(),
             )
             self.store.write_unit(rec)
@@ -224,7 +224,7 @@ def run_shard_task(
     redo_before=None,
     retry_before=None,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-    run: str | None = None,
+    sweep_id: str | None = None,
 ) -> dict[str, int]:
     """One task of a job array (what submitit pickles): the worker over shard ``index/count``."""
     st = run_worker(
@@ -233,7 +233,7 @@ def run_shard_task(
         redo_before=redo_before,
         retry_before=retry_before,
         lock_timeout=lock_timeout,
-        run=run,
+        sweep_id=sweep_id,
     )
     return {"computed": st.computed, "errors": st.errors, "skipped": st.skipped, "busy": st.busy}
 
@@ -250,7 +250,7 @@ def run_worker_process(
     retry_before: float | None = None,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     threads: int | str | None = None,
-    run: str | None = None,
+    sweep_id: str | None = None,
 ) -> str:
     """The body of ``flatcli sweep-worker`` (a worker process of a pool or an array task).
 
@@ -260,9 +260,6 @@ def run_worker_process(
     "error"), not a failure of the worker.
     """
     import torch
-
-    from ..threads import apply_threads, choose_threads
-    from .store import parse_shard
 
     if threads is None:
         threads = load_plan(outdir).config.get("runtime", {}).get("threads", "auto")
@@ -276,7 +273,7 @@ def run_worker_process(
         redo_before=redo_before,
         retry_before=retry_before,
         lock_timeout=lock_timeout,
-        run=run,
+        sweep_id=sweep_id,
     )
     return (
         f"[w{worker}] done: {st.computed} computed ({st.errors} errors), {st.skipped} already finished, "
@@ -295,13 +292,13 @@ class WorkerArgs:
     redo_before: float | None
     retry_before: float | None
     lock_timeout: float
-    run: str | None = None  # the sweep run's id, stored in the unit records its workers write
+    sweep_id: str | None = None  # the sweep run's id, stored in the unit records its workers write
 
     def argv(self) -> list[str]:
         """These arguments as ``flatcli sweep-worker`` options."""
         out = ["--lock-timeout", repr(float(self.lock_timeout))]
-        if self.run is not None:
-            out += ["--run", self.run]
+        if self.sweep_id is not None:
+            out += ["--sweep-id", self.sweep_id]
         if self.shard is not None:
             out += ["--shard", f"{self.shard[0]}/{self.shard[1]}"]
         if self.redo_before is not None:

@@ -66,7 +66,7 @@ def test_foreign_csv_with_m_and_by_on_plain_columns(foreign):
     res = runner.invoke(app, ["correlate", str(foreign), "-m", "sharp,trace", "--by", "lr,width"])
     assert res.exit_code == 0, res.output
     assert "ψ lr" in res.output and "ψ width" in res.output and "measures from -m" in res.output
-    rep = api.correlate(foreign, measures="sharp,trace", by="lr,width")
+    rep = api.correlate_report(foreign, measures="sharp,trace", by="lr,width")
     assert rep.axes == ["lr", "width"] and rep.axis_columns == {"lr": "lr", "width": "width"}
     df = sweep_table()
     for name, mc in by_measure(rep).items():
@@ -84,7 +84,7 @@ def test_foreign_csv_without_m_takes_the_numeric_columns_and_says_so(tmp_path):
     df = sweep_table()
     path = tmp_path / "t.csv"
     df.to_csv(path)  # with pandas' index column ("Unnamed: 0")
-    rep = api.correlate(path, by="lr,width")
+    rep = api.correlate_report(path, by="lr,width")
     assert [mc.measure for mc in rep.measures] != []
     assert set(by_measure(rep)) == {
         "seed",
@@ -130,7 +130,7 @@ def test_max_train_loss_reports_the_dropped_rows_and_correlates_the_rest(foreign
     assert f"--max-train-loss 0.01 dropped 12 of 24 rows: {dropped}" in res.output
     assert "12 checkpoints (of 24, after the filters)" in res.output
     assert "not at a minimum" not in res.output  # every remaining row is at a minimum
-    rep = api.correlate(foreign, measures=["sharp"], by="lr,width", max_train_loss=0.01)
+    rep = api.correlate_report(foreign, measures=["sharp"], by="lr,width", max_train_loss=0.01)
     assert (
         rep.dropped == [f"mlp{k}" for k in range(1, 24, 2)]
         and rep.n_rows == 12
@@ -145,14 +145,14 @@ def test_max_train_loss_reports_the_dropped_rows_and_correlates_the_rest(foreign
         want.psi,
         want.cmi,
     )
-    over_all = api.correlate(foreign, measures=["sharp"], by="lr,width").measures[0]
+    over_all = api.correlate_report(foreign, measures=["sharp"], by="lr,width").measures[0]
     assert (
         got.kendall_tau_b > 0.6 and over_all.kendall_tau_b < got.kendall_tau_b - 0.3
     )  # the ranking changes
 
 
 def test_where_filters_with_a_query_and_names_rows_by_index(foreign):
-    rep = api.correlate(
+    rep = api.correlate_report(
         foreign, measures="sharp,trace", by="width", where="lr < 0.3 and train_acc >= 0.99"
     )
     assert rep.n_rows == 8 and rep.filters[0].option == "--where 'lr < 0.3 and train_acc >= 0.99'"
@@ -210,9 +210,9 @@ def test_warning_when_rows_not_at_a_minimum_are_correlated(foreign, tmp_path):
 # ------------------------------------------------------------------ bootstrap intervals
 def test_bootstrap_intervals_contain_the_estimate_and_are_reproducible(foreign, tmp_path):
     kw = dict(measures="sharp,trace", by="lr,width", max_train_loss=0.01, bootstrap=400)
-    a = api.correlate(foreign, run=api.RunOptions(seed=7), outdir=tmp_path / "a", **kw)
-    b = api.correlate(foreign, run=api.RunOptions(seed=7), **kw)
-    c = api.correlate(foreign, run=api.RunOptions(seed=8), **kw)
+    a = api.correlate_report(foreign, run=api.RunOptions(seed=7), outdir=tmp_path / "a", **kw)
+    b = api.correlate_report(foreign, run=api.RunOptions(seed=7), **kw)
+    c = api.correlate_report(foreign, run=api.RunOptions(seed=8), **kw)
     for mc in a.measures:
         for stat in ("pearson", "spearman", "kendall_tau_b"):
             iv = mc.intervals[stat]
@@ -246,7 +246,7 @@ def test_bootstrap_intervals_contain_the_estimate_and_are_reproducible(foreign, 
     )
     assert res.exit_code == 0 and "95% bootstrap intervals" in res.output, res.output
     assert re.search(r"\+0\.\d{3} \[[+-]\d\.\d\d, [+-]\d\.\d\d\]", res.output), res.output
-    plain = api.correlate(foreign, measures="sharp").to_pandas()
+    plain = api.correlate_report(foreign, measures="sharp").to_pandas()
     assert not [
         c for c in plain.columns if c.endswith(("_lo", "_hi"))
     ]  # intervals only when asked for
@@ -280,7 +280,7 @@ def test_plots_colour_by_one_axis_mark_by_another_with_error_bars(foreign, tmp_p
     pytest.importorskip("matplotlib")
     from matplotlib.container import ErrorbarContainer
 
-    from flatcli.analysis import plots
+    from flatcli.analysis import correlation_plots as plots
 
     res = runner.invoke(
         app,
@@ -303,7 +303,7 @@ def test_plots_colour_by_one_axis_mark_by_another_with_error_bars(foreign, tmp_p
     assert res.exit_code == 0, res.output
     names = {p.name for p in (tmp_path / "c" / "plots").iterdir()}
     assert {"scatter_sharp.png", "scatter_trace.png", "scatter_all.png", "psi_heatmap.png"} <= names
-    rep = api.correlate(foreign, measures="sharp,trace", by="lr,width")
+    rep = api.correlate_report(foreign, measures="sharp,trace", by="lr,width")
     fig = plots._figure()
     ax = fig.subplots()
     mc = by_measure(rep)["sharp"]

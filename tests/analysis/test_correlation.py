@@ -278,7 +278,7 @@ def test_ranking_and_csv(tmp_path):
         r["anti"], r["anti_status"] = repr(-gv[k]), "ok"
         r["noise"], r["noise_status"] = repr(rng.normal()), "ok"
     path = write_results(tmp_path / "results.csv", rows)
-    rep = api.correlate(path, outdir=tmp_path / "corr", sort="kendall_tau_b")
+    rep = api.correlate_report(path, outdir=tmp_path / "corr", sort="kendall_tau_b")
     assert [mc.measure for mc in rep.measures][0] == "mu" and rep.measures[-1].measure == "anti"
     with open(tmp_path / "corr" / "correlations.csv") as f:
         got = list(csv.DictReader(f))

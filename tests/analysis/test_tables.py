@@ -123,7 +123,7 @@ def test_read_results_of_an_older_results_csv(tmp_path):
         4.0,
         8.0,
     ]
-    rep = api.correlate(tmp_path / "results.csv")
+    rep = api.correlate_report(tmp_path / "results.csv")
     assert rep.measures[0].measure == "mu" and rep.measures[0].n == 1
 
 
@@ -136,7 +136,9 @@ def test_collect_returns_the_table(measured, tmp_path):
     pd.testing.assert_frame_equal(
         df, read_results(tmp_path / "s" / "results.csv"), check_exact=True
     )
-    pd.testing.assert_frame_equal(df, api.collect(tmp_path / "s").to_pandas(), check_exact=True)
+    pd.testing.assert_frame_equal(
+        df, api.collect_report(tmp_path / "s").to_pandas(), check_exact=True
+    )
     pd.testing.assert_frame_equal(
         df.drop(columns=[c for c in df if c.endswith("_seconds")]),
         report.to_pandas().drop(columns=[c for c in df if c.endswith("_seconds")]),
@@ -147,7 +149,7 @@ def test_collect_returns_the_table(measured, tmp_path):
 def test_correlate_takes_a_dataframe_and_returns_one(measured, tmp_path):
     report, path = measured
     df = report.to_pandas()
-    by_path = api.correlate(path, outdir=tmp_path / "c")
+    by_path = api.correlate_report(path, outdir=tmp_path / "c")
     df.attrs["big"] = list(range(10))  # the caller's attrs are not carried into the computation
     table = flatcli.correlate(df)
     assert isinstance(table, pd.DataFrame) and table.attrs["report"].source is None

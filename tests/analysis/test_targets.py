@@ -12,7 +12,7 @@ import pytest
 
 from flatcli import api
 from flatcli.analysis.correlation import correlate_table
-from flatcli.analysis.report import notes
+from flatcli.analysis.rendering import notes
 from flatcli.analysis.statistics import check_cmi_grid
 from flatcli.analysis.table import as_table
 from flatcli.analysis.targets import CLASSIFIER_LOSSES, default_target, minimum_rule, resolve_target
@@ -184,5 +184,5 @@ def test_cmi_warning_never_says_nan(seed):
 
 
 def test_correlate_frame_api_takes_expressions():
-    df = api.correlate(lm_frame(4), target="test_acc / train_acc").to_pandas()
+    df = api.correlate_report(lm_frame(4), target="test_acc / train_acc").to_pandas()
     assert len(df) == 2

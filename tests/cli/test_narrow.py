@@ -30,7 +30,7 @@ LONG = [
 def terminal80(monkeypatch):
     """stdout is an 80-column terminal (what `flatcli.console.fit_width` and --help see)."""
     term = Console(force_terminal=True, width=80, color_system=None)
-    for mod in (cli._app, cli.run, cli.views):  # every module of the command line that prints
+    for mod in (cli._app, cli.compute, cli.explore):  # every module of the command line that prints
         monkeypatch.setattr(mod, "console", term)
 
 

@@ -248,7 +248,7 @@ def test_per_unit_directional_masked_in_both_modes(name, monkeypatch):
     )
     e = CurvatureEngine(p)
     assert rel(e.per_unit_directional(v, theta), want) < 1e-12
-    from flatcli.engine import engine as engine_module
+    from flatcli.engine import facade as engine_module
 
     def no_forward_mode(*a, **k):
         raise NotImplementedError("no forward-mode rule")

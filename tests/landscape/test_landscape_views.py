@@ -17,7 +17,7 @@ from flatcli.errors import ConfigError, MeasurementError
 from flatcli.landscape import write_connect_files, write_trajectory_files
 from flatcli.landscape.bnstats import BatchNormRecomputer
 from flatcli.landscape.connect import connect_landscape, lr_factor
-from flatcli.landscape.trajectory import (
+from flatcli.landscape.pca import (
     PATH_MARGIN,
     trajectory_landscape,
     trajectory_paths,

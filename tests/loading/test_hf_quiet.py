@@ -37,7 +37,7 @@ def test_debug_flag_sets_the_environment_for_the_command_only(tmp_path, monkeypa
         seen.append(os.environ.get(DEBUG_ENV))
         raise SystemExit(0)
 
-    monkeypatch.setattr(api, "correlate", fake)
+    monkeypatch.setattr(api, "correlate_report", fake)
     path = tmp_path / "r.csv"
     path.write_text("a,b\n1,2\n")
     runner.invoke(app, ["correlate", str(path), "--debug"])

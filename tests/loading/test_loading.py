@@ -15,7 +15,7 @@ from flatcli.loading.checkpoints import (
     read_checkpoint,
 )
 from flatcli.loading.data import apply_normalize, digits_split, load_split, subset
-from flatcli.loading.models import build_model
+from flatcli.loading.factory import build_model
 
 
 def _model():

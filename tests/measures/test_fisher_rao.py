@@ -74,7 +74,7 @@ def test_double_backward_fallback_matches(monkeypatch):
     def no_forward_mode(*a, **k):
         raise NotImplementedError("no forward-mode rule")
 
-    import flatcli.engine.engine as products
+    import flatcli.engine.facade as products
 
     monkeypatch.setattr(
         products, "jvp", no_forward_mode

@@ -270,7 +270,7 @@ def test_config_settings_and_spec_take_their_rules_from_the_vocabulary():
         "flatcli.experiments.spec",
         "flatcli.training",
         "flatcli.threads",
-        "flatcli.engine.engine",
+        "flatcli.engine.facade",
         "flatcli.engine.loop",
         "flatcli.engine.losses",
         "flatcli.engine.precision",
@@ -567,10 +567,10 @@ RUN_OPTION_NAMES = ("device", "precision", "seed", "threads", "allow_unsafe_pick
 CONFIG_ENTRY_POINTS = (
     "measure",
     "sweep",
-    "plan_costs",
+    "estimate_costs",
     "landscape",
     "check_invariance",
-    "correlate",
+    "correlate_report",
 )
 
 

@@ -19,7 +19,7 @@ from flatcli.config import from_dict, parse_measures, parse_seconds
 from flatcli.engine import linalg
 from flatcli.engine.linalg import Budget
 from flatcli.errors import ConfigError
-from flatcli.run.shares import BudgetPlan, continuations, stopped_by_share
+from flatcli.run.shares import BudgetSplit, continuations, stopped_by_share
 from tests.helpers import TinyBN, tiny_data, tiny_mlp, write_project
 from tests.oracles import call, model_hessian, runner
 
@@ -291,7 +291,7 @@ def test_a_measure_that_cannot_stop_early_starts_only_when_its_prediction_fits()
 
 def test_shares_follow_predicted_seconds_and_leave_the_rest_to_later_measures():
     t = [0.0]
-    plan = BudgetPlan(30.0, [1.0, 2.0, 0.0, 3.0], clock=lambda: t[0])
+    plan = BudgetSplit(30.0, [1.0, 2.0, 0.0, 3.0], clock=lambda: t[0])
     assert plan.share(0) == pytest.approx(25.0)  # enough: all but what the others need (5 s)
     t[0] = 26.0  # it used 26 s: 4 s left for 5 s predicted, split in proportion
     assert plan.share(1) == pytest.approx(4.0 * 2 / 5)
@@ -301,17 +301,17 @@ def test_shares_follow_predicted_seconds_and_leave_the_rest_to_later_measures():
     assert plan.share(3) == 0.0
     specs = parse_measures(["hessian_lambda_max", "hessian_trace", "frobenius_norm"])
     secs = {"hessian_lambda_max": 2.0, "hessian_trace": 6.0, "frobenius_norm": 0.0}
-    fixed = BudgetPlan.of(100.0, specs[1:2], lambda s: secs[s.name], among=specs)  # a sweep unit
+    fixed = BudgetSplit.of(100.0, specs[1:2], lambda s: secs[s.name], among=specs)  # a sweep unit
     assert fixed.share(0) == pytest.approx(75.0)
 
 
 def _simulate(total, predicted, actual, stops, order_seed=None):
-    """Run measures one after the other under a `BudgetPlan` on a fake clock, as the pipeline does:
+    """Run measures one after the other under a `BudgetSplit` on a fake clock, as the pipeline does:
     one that stops early spends min(its cost, its share) (stopped when its share is smaller); one
     that cannot is started only when its predicted seconds fit its share (`flatcli.run.predict.Fit`).
     Returns (spent, stopped or skipped indices)."""
     t = [0.0]
-    plan = BudgetPlan(total, predicted, clock=lambda: t[0])
+    plan = BudgetSplit(total, predicted, clock=lambda: t[0])
     cut = []
     for i, (p, a, early) in enumerate(zip(predicted, actual, stops, strict=True)):
         share = plan.share(i)
@@ -421,7 +421,7 @@ def test_a_measure_stopped_by_its_share_goes_on_with_the_time_left():
     assert stopped_by_share(specs[0], res["hessian_lambda_max"])
     assert not stopped_by_share(specs[1], res["own_cap"])
     t = [2.0]
-    plan = BudgetPlan(10.0, [1.0, 1.0, 3.0], clock=lambda: 0.0)
+    plan = BudgetSplit(10.0, [1.0, 1.0, 3.0], clock=lambda: 0.0)
     plan.clock = lambda: t[0]
 
     def go():

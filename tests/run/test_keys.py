@@ -256,7 +256,7 @@ def test_a_sweep_after_a_parameter_selection_recomputes(tmp_path):
     assert api.sweep(a, tmp_path / "s", log=None).computed == 1
     rep = api.sweep(b, tmp_path / "s", log=None)
     assert rep.already_done == 0 and rep.computed == 1
-    api.collect(tmp_path / "s")
+    api.collect_report(tmp_path / "s")
     assert _lam(tmp_path / "s") == _lam(tmp_path / "fresh")
 
 
@@ -283,7 +283,7 @@ def test_a_result_a_cap_stopped_is_reused_only_under_the_same_caps(tmp_path, how
     def run(cfg):
         if how == "sweep":
             rep = api.sweep(cfg, tmp_path / "s", log=None)
-            api.collect(tmp_path / "s")
+            api.collect_report(tmp_path / "s")
             st = pd.read_csv(tmp_path / "s" / "results.csv")["hessian_lambda_max_status"][0]
             return rep.computed == 0, st
         seen, _ = _measure(cfg, tmp_path / "o", resume=True)

@@ -21,10 +21,10 @@ from tests.oracles import runner
     [
         lambda: api.measure("nowhere.yaml", device="cpu"),
         lambda: api.sweep("nowhere.yaml", "out", seed=3),
-        lambda: api.plan_costs("nowhere.yaml", precision="fp64"),
+        lambda: api.estimate_costs("nowhere.yaml", precision="fp64"),
         lambda: api.landscape("nowhere.yaml", "m.pt", threads=2),
         lambda: api.check_invariance("nowhere.yaml", "m.pt", seed=1),
-        lambda: api.correlate("nowhere.csv", seed=7),
+        lambda: api.correlate_report("nowhere.csv", seed=7),
         lambda: api.correlate_frame("nowhere.csv", seed=7),
     ],
 )
@@ -120,7 +120,7 @@ def test_the_api_views_write_what_the_cli_views_write(tmp_path):
 
 
 def test_correlate_passes_its_options_through_to_correlate_table():
-    """`api.correlate` adds files and plots to `correlate_table`: the same statistics and bootstrap
+    """`api.correlate_report` adds files and plots to `correlate_table`: the same statistics and bootstrap
     intervals for the same options, ``run.seed`` its bootstrap seed; an unknown option is
     `correlate_table`'s TypeError."""
     from flatcli.analysis.correlation import correlate_table
@@ -128,13 +128,13 @@ def test_correlate_passes_its_options_through_to_correlate_table():
     rng = np.random.default_rng(0)
     df = pd.DataFrame({"m": rng.random(12), "n": rng.random(12), "gen_gap": rng.random(12)})
     opts = dict(measures="m,n", bootstrap=50, confidence=0.9, sort="spearman")
-    via_api = api.correlate(df, run=api.RunOptions(seed=7), **opts)
+    via_api = api.correlate_report(df, run=api.RunOptions(seed=7), **opts)
     direct = correlate_table(df, seed=7, **opts)
     assert [(mc.measure, mc.spearman, mc.intervals) for mc in via_api.measures] == [
         (mc.measure, mc.spearman, mc.intervals) for mc in direct.measures
     ]
-    assert [mc.intervals for mc in api.correlate(df, **opts).measures] == [
+    assert [mc.intervals for mc in api.correlate_report(df, **opts).measures] == [
         mc.intervals for mc in correlate_table(df, seed=0, **opts).measures
     ]  # run.seed defaults to 0
     with pytest.raises(TypeError, match="correlate_table"):
-        api.correlate(df, nosuch=1)
+        api.correlate_report(df, nosuch=1)

@@ -79,7 +79,7 @@ def test_every_field_of_a_unit_file_of_every_type_is_read_safely(sweep_dir):
             why = check_unit(rec, u.id)
             warned = []
             done = Store(out, warn=warned.append).is_done(u.id, key=u.key)
-            rep = api.collect(out)  # must not raise
+            rep = api.collect_report(out)  # must not raise
             if why is None:
                 assert done and not rep.unreadable, (p, v)
                 continue
@@ -114,7 +114,7 @@ def test_a_sweep_recomputes_every_unit_file_that_does_not_match(sweep_dir, monke
         assert rep.computed == 1 and rep.exit_code == 0, (p, v)
         assert sum(str(path) in line for line in lines) == 1, (p, v, lines)
         assert check_unit(json.loads(path.read_text()), u.id) is None
-        assert api.collect(out).rows[0].status == "ok"
+        assert api.collect_report(out).rows[0].status == "ok"
 
 
 @pytest.mark.slow
@@ -131,7 +131,7 @@ def test_plan_json_that_does_not_match_is_named_and_collect_goes_on(sweep_dir, t
                 load_plan(out)
             except ConfigError as e:
                 assert str(out / "plan.json") in str(e)
-                rep = api.collect(out)  # the unit files alone
+                rep = api.collect_report(out)  # the unit files alone
                 assert rep.reasons[str(out / "plan.json")] == str(e)
                 assert rep.rows[0].status == "ok"
     for bad in ([{"id": "x", "checkpoint_index": 7, "label": "frobenius_norm"}], [5]):

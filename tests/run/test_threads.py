@@ -14,9 +14,9 @@ from flatcli.cli import app
 from flatcli.errors import ConfigError
 from flatcli.run.jobs import resolve_jobs
 from flatcli.sweep.plan import build_plan, load_plan, write_plan
-from flatcli.sweep.runner import plan_workers
+from flatcli.sweep.runner import worker_slots
 from flatcli.sweep.worker import run_worker_process
-from flatcli.threads import choose_threads, plan_threads
+from flatcli.threads import choose_threads, thread_choice
 from tests.helpers import write_project
 from tests.oracles import runner
 
@@ -58,7 +58,7 @@ def test_requested_counts_win_then_omp_num_threads_then_local_world_size(monkeyp
     assert choose_threads("auto", cores=16) == 4
     assert choose_threads("auto", workers=2, cores=16) == 8  # explicit workers win
     assert (
-        str(plan_threads("auto", cores=16))
+        str(thread_choice("auto", cores=16))
         == "threads: 4 per worker (4 workers on 16 cores; 0.00 busy leaves 16 free)"
     )
     for bad in (0, -1, "many", 1.5, True):
@@ -116,13 +116,13 @@ def test_auto_counts_the_cores_busy_now_not_the_load_average(
     monkeypatch.setattr(threads, "_last", {})
     monkeypatch.setattr(threads, "read_proc_stat", fake_proc([1.0] * cores, per_cpu))
     monkeypatch.setattr(threads.time, "sleep", lambda s: None)
-    choice = plan_threads("auto", workers)
+    choice = thread_choice("auto", workers)
     assert choice.n == expected and choice.cores == cores
     assert choice.load == pytest.approx(busy, abs=0.02)
     assert f"on {cores} cores; {choice.load:.2f} busy leaves {choice.free} free" in str(choice)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's explicit choice, whatever the load
-    assert plan_threads("auto", workers).n == 3
-    assert plan_threads(7, workers).n == 7
+    assert thread_choice("auto", workers).n == 3
+    assert thread_choice(7, workers).n == 7
 
 
 def test_without_proc_stat_the_load_average_less_this_process_stands_in(monkeypatch):
@@ -135,7 +135,7 @@ def test_without_proc_stat_the_load_average_less_this_process_stands_in(monkeypa
 
 
 BUSY = "import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.time() < end: pass\n"
-CHOOSE = "from flatcli.threads import plan_threads\nprint(plan_threads('auto', cores=2).n)\n"
+CHOOSE = "from flatcli.threads import thread_choice\nprint(thread_choice('auto', cores=2).n)\n"
 
 
 def _auto_in_a_fresh_process() -> int:
@@ -188,9 +188,9 @@ def test_config_key_env_and_hash():
 
 def test_workers_share_the_cores(monkeypatch):
     monkeypatch.setattr(threads, "available_cores", lambda: 8)
-    wps = plan_workers("cpu", None, 2)
+    wps = worker_slots("cpu", None, 2)
     assert [w.threads for w in wps] == [4, 4] and all(w.env["OMP_NUM_THREADS"] == "4" for w in wps)
-    assert [w.threads for w in plan_workers("cpu", None, 3, threads=1)] == [1, 1, 1]
+    assert [w.threads for w in worker_slots("cpu", None, 3, threads=1)] == [1, 1, 1]
 
 
 def test_sweep_worker_applies_its_threads_and_records_them(tmp_path):
@@ -199,9 +199,9 @@ def test_sweep_worker_applies_its_threads_and_records_them(tmp_path):
     c = api.load(write_project(tmp_path / "p", measures=["frobenius_norm"], n_ckpt=1))
     out = tmp_path / "s"
     write_plan(out, build_plan(c, c.measure_specs(), resolve_jobs(c)))
-    line = run_worker_process(out, threads=3, run="r1")
+    line = run_worker_process(out, threads=3, sweep_id="r1")
     rec = json.loads(next((out / "units").glob("*.json")).read_text())
-    assert rec["worker"]["threads"] == 3 and rec["run"] == "r1" and line.endswith("3 thread(s)")
+    assert rec["worker"]["threads"] == 3 and rec["sweep_id"] == "r1" and line.endswith("3 thread(s)")
     assert load_plan(out).units[0].id == rec["unit"]
 
 

@@ -101,22 +101,22 @@ def test_collect_exit_code_tells_unfinished_and_failed_units(swept, tmp_path):
     import shutil
 
     cfg, done = swept
-    assert api.collect(done).exit_code == 0
+    assert api.collect_report(done).exit_code == 0
     out = tmp_path / "s"
     shutil.copytree(done, out)
     units = sorted((out / "units").glob("*.json"))
     units[0].unlink()
-    col = api.collect(out)
+    col = api.collect_report(out)
     assert (len(col.missing), col.exit_code) == (1, 3)
     res = runner.invoke(app, ["collect", str(out)])
     assert res.exit_code == 3 and "1 units not finished" in res.output
     rec = json.loads(units[1].read_text())
     rec.update(status="error", error="boom", error_kind="MeasurementError", result=None)
     units[1].write_text(json.dumps(rec))
-    assert api.collect(out).exit_code == 1  # a failure wins over unfinished units
+    assert api.collect_report(out).exit_code == 1  # a failure wins over unfinished units
     rec["error_kind"] = "ConfigError"
     units[1].write_text(json.dumps(rec))
-    assert api.collect(out).exit_code == 2
+    assert api.collect_report(out).exit_code == 2
 
 
 def _rows(labels: list[str], k: int) -> list[Row]:
@@ -170,6 +170,6 @@ def test_a_kill_between_the_pair_leaves_the_old_pair_and_a_hand_edit_is_detected
 def test_collect_writes_the_pair(swept):
     """collect's results.json records the sha256 of the results.csv written with it."""
     _, out = swept
-    col = api.collect(out)
+    col = api.collect_report(out)
     doc = json.loads(Path(col.json_path).read_text())
     assert "csv_sha256" in doc and json_matches_csv(doc, col.csv_path)

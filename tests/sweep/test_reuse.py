@@ -27,7 +27,7 @@ def _units(out) -> dict[str, dict]:
     recs = {}
     for p in sorted((out / "units").rglob("*.json")):
         r = json.loads(p.read_text())
-        for k in ("run", "finished_at", "seconds", "worker"):
+        for k in ("sweep_id", "finished_at", "seconds", "worker"):
             r.pop(k)
         r["result"].pop("seconds")
         recs[r["unit"]] = r

@@ -19,7 +19,7 @@ def project(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("submitit")
     cfg = make_sweep(tmp / "proj", n_ckpt=2)
     api.sweep(cfg, tmp / "ref", log=quiet)
-    api.collect(tmp / "ref")
+    api.collect_report(tmp / "ref")
     return cfg, tmp / "ref" / "results.csv"
 
 
@@ -29,7 +29,7 @@ def test_debug_backend_runs_the_array_in_process(project, tmp_path):
     rep = api.sweep(cfg, out, executor="slurm", cluster="debug", tasks=3, log=quiet)
     assert rep.executor == "slurm" and len(rep.jobs) == len(rep.workers) >= 1
     assert (rep.computed, rep.pending, rep.exit_code) == (4, 0, 0)
-    api.collect(out)
+    api.collect_report(out)
     assert table(out / "results.csv") == table(ref)
     # resubmitting a finished sweep submits nothing
     again = api.sweep(cfg, out, executor="slurm", cluster="debug", tasks=3, log=quiet)
@@ -54,7 +54,7 @@ def test_local_backend_pickles_and_runs_tasks_in_subprocesses(project, tmp_path,
     assert (rep.computed, rep.pending) == (4, 0)
     logs = list((out / "slurm").rglob("*_log.err"))
     assert logs, "submitit wrote no task log"
-    api.collect(out)
+    api.collect_report(out)
     assert table(out / "results.csv") == table(ref)
 
 

@@ -21,7 +21,7 @@ from flatcli import api
 from flatcli.cli import app
 from flatcli.errors import ConfigError
 from flatcli.sweep.plan import build_plan, load_plan
-from flatcli.sweep.runner import plan_workers
+from flatcli.sweep.runner import worker_slots
 from flatcli.sweep.store import Store, parse_shard, shard_of
 from flatcli.sweep.worker import DELAY_ENV
 from tests.oracles import runner
@@ -84,7 +84,7 @@ def project(tmp_path_factory):
     cfg = make_sweep(tmp / "proj")
     rep = api.sweep(cfg, tmp / "ref", log=quiet)
     assert rep.computed == 8 and rep.pending == 0 and rep.exit_code == 0
-    api.collect(tmp / "ref")
+    api.collect_report(tmp / "ref")
     return cfg, tmp / "ref" / "results.csv"
 
 
@@ -131,12 +131,12 @@ def test_no_resume_recomputes_and_retry_failed_reruns_error_units(project, tmp_p
     p.write_text(json.dumps(rec))
     rep = api.sweep(cfg, out, log=quiet)
     assert (rep.computed, rep.errors, rep.exit_code) == (0, 1, 1)
-    api.collect(out)
+    api.collect_report(out)
     bad = [r for r in table(out / "results.csv") if r["status"] == "error"]
     assert len(bad) == 1 and bad[0]["error"] == "boom"
     rep = api.sweep(cfg, out, retry_failed=True, log=quiet)
     assert (rep.computed, rep.errors, rep.exit_code) == (1, 0, 0)
-    api.collect(out)
+    api.collect_report(out)
     assert table(out / "results.csv") == table(ref)
 
 
@@ -145,7 +145,7 @@ def test_unreadable_checkpoint_becomes_error_rows(tmp_path):
     (tmp_path / "p" / "ck" / "m1.pt").write_bytes(b"not a checkpoint")
     rep = api.sweep(cfg, tmp_path / "s", log=quiet)
     assert (rep.computed, rep.errors, rep.exit_code) == (4, 2, 2)
-    col = api.collect(tmp_path / "s")
+    col = api.collect_report(tmp_path / "s")
     assert [r.status for r in col.rows] == ["ok", "error"]
     assert col.rows[1].error.startswith("checkpoint") and col.rows[1].error_kind == "ConfigError"
     assert col.exit_code == 2  # the same failure gets the same exit code in sweep and collect
@@ -160,7 +160,7 @@ def test_changing_one_measure_recomputes_only_its_units(tmp_path):
     cfg.write_text(yaml.safe_dump(d))
     rep = api.sweep(cfg, out, log=quiet)
     assert (rep.already_done, rep.computed) == (2, 2)  # frobenius_norm units kept
-    col = api.collect(out)
+    col = api.collect_report(out)
     assert col.stale == 2 and not col.missing  # the old hessian_trace units are ignored
     # an option set to its default value resolves to the same unit
     d["measures"][1]["hessian_trace"]["method"] = "auto"
@@ -187,7 +187,7 @@ def test_hparams_from_glob_path_regex_and_checkpoint_keys(tmp_path):
     )
     (tmp_path / "p" / "glob.yaml").write_text(yaml.safe_dump(cfg))
     api.sweep(tmp_path / "p" / "glob.yaml", tmp_path / "s", log=quiet)
-    rows = table(api.collect(tmp_path / "s").csv_path)
+    rows = table(api.collect_report(tmp_path / "s").csv_path)
     assert [(r["hp_width"], r["hp_seed"], r["hp_wd"]) for r in rows] == [
         ("8", "0", "0.0"),
         ("8", "1", "0.0001"),
@@ -211,7 +211,7 @@ def test_shards_partition_units_exactly_once(project, tmp_path):
     got = [api.sweep(cfg, out, shard=f"{i}/3", log=quiet) for i in range(3)]
     assert sum(r.computed for r in got) == 8
     assert [r.selected for r in got] == [len(plan.units_for((i, 3))) for i in range(3)]
-    api.collect(out)
+    api.collect_report(out)
     assert table(out / "results.csv") == table(ref)
     assert parse_shard("2/4") == (2, 4)
     for bad in ("4/4", "1", "a/b", "-1/2"):
@@ -322,7 +322,7 @@ def test_kill_9_mid_sweep_then_resume_equals_uninterrupted(project, tmp_path):
     )  # the unit in flight
     rep = api.sweep(cfg, out, log=quiet)  # the dead holder's lock is broken at once
     assert (rep.already_done, rep.computed, rep.pending) == (done, 8 - done, 0)
-    col = api.collect(out)
+    col = api.collect_report(out)
     assert not col.missing and not col.unreadable
     assert table(out / "results.csv") == table(ref)
     assert not list((out / "locks").glob("*.lock"))
@@ -363,28 +363,28 @@ def test_concurrent_workers_never_duplicate_or_corrupt(project, tmp_path, monkey
     files = list((out / "units").iterdir())
     assert len(files) == 8 and all(json.loads(p.read_text())["unit"] == p.stem for p in files)
     assert not list((out / "locks").glob("*.lock"))
-    col = api.collect(out)
+    col = api.collect_report(out)
     assert len(col.rows) == 4 and not col.missing
     assert table(out / "results.csv") == table(ref)
 
 
 # ------------------------------------------------------------------ workers, CLI
 def test_plan_workers_cpu_and_gpu_flags():
-    wps = plan_workers("cpu", None, 3)
+    wps = worker_slots("cpu", None, 3)
     assert [w.device for w in wps] == ["cpu"] * 3
-    assert len(plan_workers("cpu", None, None)) == 1
+    assert len(worker_slots("cpu", None, None)) == 1
     with pytest.raises(ConfigError, match="`workers`"):
-        plan_workers("cpu", None, 0)
+        worker_slots("cpu", None, 0)
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="no CUDA device"):
-            plan_workers("auto", "all", None)
-        assert [w.device for w in plan_workers("auto", None, None)] == ["cpu"]
+            worker_slots("auto", "all", None)
+        assert [w.device for w in worker_slots("auto", None, None)] == ["cpu"]
 
 
 @pytest.mark.gpu
 def test_one_worker_per_gpu():
     n = torch.cuda.device_count()
-    wps = plan_workers("auto", "all", None)
+    wps = worker_slots("auto", "all", None)
     assert len(wps) == n and all(w.device == "cuda:0" for w in wps)
     assert [w.env["CUDA_VISIBLE_DEVICES"] for w in wps] == [
         (
@@ -440,19 +440,19 @@ def test_collect_without_a_plan_rebuilds_rows_from_the_unit_files(project, tmp_p
     units = sorted((ref.parent / "units").glob("*.json"))
     for p in units:
         (out / "units" / p.name).write_bytes(p.read_bytes())
-    col = api.collect(out)
+    col = api.collect_report(out)
     assert table(col.csv_path) == table(ref)
     assert (
         col.labels == ["frobenius_norm", "hessian_trace"] and col.missing == [] and col.stale == 0
     )
     gone = json.loads(units[0].read_text())
     (out / "units" / units[0].name).unlink()
-    col = api.collect(out)
+    col = api.collect_report(out)
     assert col.missing == [(gone["checkpoint"], gone["label"])]
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ConfigError, match="holds no plan.json and no unit files"):
-        api.collect(empty)
+        api.collect_report(empty)
 
 
 def test_each_sweep_counts_what_it_computed_itself(project, tmp_path):
@@ -471,7 +471,7 @@ def test_each_sweep_counts_what_it_computed_itself(project, tmp_path):
         if len(seen) > 1:
             return
         units = [u for u in load_plan(out).units if u.id != rec["unit"]]
-        theirs = copy.deepcopy(rec) | {"unit": units[-1].id, "run": "another-sweep"}
+        theirs = copy.deepcopy(rec) | {"unit": units[-1].id, "sweep_id": "another-sweep"}
         Store(out).write_unit(theirs)
         (out / "locks").mkdir(exist_ok=True)
         live = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "token": "x"}

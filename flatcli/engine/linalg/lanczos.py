@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import recompute
 from ._common import as_operator, rademacher, rowdot
 from ._store import BasisStore, device_capacity
 from .sem import mean_stderr
@@ -217,9 +218,7 @@ def host_fit(dim: int, dtype) -> int | None:
     """Vectors of ``dim`` coordinates of ``dtype`` that fit in half the free host memory
     (`flatcli.engine.recompute.free_bytes` of the CPU: ``MemAvailable``; None where unknown): what
     ``runtime.max_basis_vectors: auto`` allows."""
-    from ..recompute import free_bytes
-
-    free = free_bytes(torch.device("cpu"))
+    free = recompute.free_bytes(torch.device("cpu"))
     return None if free is None else int(0.5 * free // max(1, dim * (torch.finfo(dtype).bits // 8)))
 
 

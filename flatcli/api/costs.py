@@ -1,4 +1,4 @@
-"""`plan_costs`: what a run will cost (``--dry-run``): products per measure, predicted seconds and
+"""`estimate_costs`: what a run will cost (``--dry-run``): products per measure, predicted seconds and
 peak memory, or not_applicable with its reason."""
 
 from __future__ import annotations
@@ -9,13 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
+from ..errors import FlatcliError
+from ..loading.factory import model_dtype
 from ..loading.load import DataCache, load_model
+from ..run.checkpoint import COUNTERS, estimate_products, problem_dims
+from ..run.memory import check_model, check_products
+from ..run.predict import Prediction, predict, time_products
 from ..run.settings import RunOptions, Settings
-from ._common import _plan, load_run, takes_run
+from ._shared import _jobs_and_specs, load_run, takes_run
 
 
 @dataclass
-class CostPlan:
+class CostEstimate:
     """What a run of the configured measures will cost: per checkpoint and measure label, the
     (least, most) of each engine counter (``n_hvp``, ``n_grad``, ``n_forward``, ``n_vjp``; full-set
     equivalents, ranges for adaptive estimators), and the sizes it was computed from; ``errors``
@@ -73,8 +78,6 @@ class CostPlan:
 
     def totals(self) -> dict[str, tuple[int, int]]:
         """(least, most) of each counter summed over every loaded checkpoint and measure."""
-        from ..run.checkpoint import COUNTERS
-
         tot = {c: [0, 0] for c in COUNTERS}
         for per in self.costs:
             for est in per.values():
@@ -84,7 +87,7 @@ class CostPlan:
         return {c: (lo, hi) for c, (lo, hi) in tot.items()}
 
     def lines(self) -> list[str]:
-        """The plan in words: per group of checkpoints of one size, one line per measure; then a
+        """The estimate in words: per group of checkpoints of one size, one line per measure; then a
         line per checkpoint that could not be loaded, and the totals."""
         groups: dict[tuple[int, int], list[int]] = {}
         for k, d in enumerate(self.dims):
@@ -105,7 +108,7 @@ class CostPlan:
                 for v in (self.memory[ks[0]] if self.memory else [])
             ]
             out += [
-                f"  {lab}: {_describe_plan(self.costs[ks[0]].get(lab), self.predictions[ks[0]].get(lab) if self.predictions else None)}"
+                f"  {lab}: {_describe_prediction(self.costs[ks[0]].get(lab), self.predictions[ks[0]].get(lab) if self.predictions else None)}"
                 for lab in self.labels
             ]
         out += [f"checkpoint {c}: cannot be loaded: {e}" for c, e in self.errors]
@@ -169,7 +172,7 @@ def _describe_times(t) -> str:
     )
 
 
-def _describe_plan(est, pred) -> str:
+def _describe_prediction(est, pred) -> str:
     """One measure's line: its products, then the predicted seconds and peak memory, or
     ``not_applicable`` with the reason instead of a cost; "cannot stop early" for a measure a cap
     does not stop (under a budget it is started only when its prediction fits)."""
@@ -217,8 +220,6 @@ def _names(names: list[str], most: int = 3) -> str:
 
 def _describe_cost(est: dict[str, tuple[int, int]] | None, empty: str = "parameters only") -> str:
     """``12 HVPs, 3–5 gradients``: the counters with work, each a count or a range."""
-    from ..run.checkpoint import COUNTERS
-
     if est is None:
         return "no estimate declared"
     names = {
@@ -237,14 +238,14 @@ def _describe_cost(est: dict[str, tuple[int, int]] | None, empty: str = "paramet
 
 
 @takes_run
-def plan_costs(
+def estimate_costs(
     config: Config | str | Path | dict,
     checkpoints: Sequence[str] | None = None,
     *,
     measures: Sequence[str] | str | None = None,
     run: RunOptions | None = None,
     timed: bool = True,
-) -> CostPlan:
+) -> CostEstimate:
     """The products, seconds and memory `measure` or `sweep` would spend (``--dry-run``).
 
     Loads every checkpoint's model but measures nothing. The products come from the measures'
@@ -272,22 +273,16 @@ def plan_costs(
 
     Returns
     -------
-    CostPlan
+    CostEstimate
         Per checkpoint and measure, the least and most products, the predictions
         (``predictions``), the memory verdicts (``memory``) and the checkpoints that could not
         be loaded (``errors``).
     """
-    from ..errors import FlatcliError
-    from ..loading.models import model_dtype
-    from ..run.checkpoint import estimate_products, problem_dims
-    from ..run.memory import check_model
-    from ..run.predict import Prediction, predict
-
     cfg = load_run(config, run)
-    jobs, specs = _plan(cfg, checkpoints, measures)
+    jobs, specs = _jobs_and_specs(cfg, checkpoints, measures)
     st = Settings.from_config(cfg)
     data = DataCache(cfg)
-    plan = CostPlan(
+    est = CostEstimate(
         [j.checkpoint for j in jobs],
         [s.label for s in specs],
         [],
@@ -302,17 +297,17 @@ def plan_costs(
         try:
             model, _ = load_model(cfg, job.path)
         except FlatcliError as e:
-            plan.errors.append((job.checkpoint, str(e)))
+            est.errors.append((job.checkpoint, str(e)))
             continue
         dims = problem_dims(
             model, data.get(st.split, job.train_data if st.split == "train" else None), st
         )
-        if plan.params is None:
-            plan.params = st.params.describe(model, st.params.select(model))
-        plan.dims.append(dims)
-        plan.costs.append(estimate_products(specs, dims))
-        plan.loaded.append(job.checkpoint)
-        plan.dtypes.append(model_dtype(model))
+        if est.params is None:
+            est.params = st.params.describe(model, st.params.select(model))
+        est.dims.append(dims)
+        est.costs.append(estimate_products(specs, dims))
+        est.loaded.append(job.checkpoint)
+        est.dtypes.append(model_dtype(model))
         verdicts = [check_model(model, specs, st)] if st.check_memory else []
         if timed:
             key = (dims.P, dims.n, all(v.fits for v in verdicts))
@@ -327,8 +322,8 @@ def plan_costs(
                 )
             times, problem, more = groups[key]
             verdicts += more
-            plan.times.append(times)
-            plan.predictions.append(
+            est.times.append(times)
+            est.predictions.append(
                 {
                     s.label: Prediction(status="will_not_fit", reason=verdicts[-1].line())
                     if times is None
@@ -336,17 +331,14 @@ def plan_costs(
                     for s in specs
                 }
             )
-        plan.memory.append(verdicts)
-    return plan
+        est.memory.append(verdicts)
+    return est
 
 
 def _timed_group(model, data, st: Settings, specs, dims, verdicts) -> tuple[Any, Any, list[Any]]:
     """(ProductTimes or None, Problem or None, the products' memory verdicts) of one size group:
     nothing is timed when the model's verdict says it will not fit, or the products' (checked on
     the problem before any product) does."""
-    from ..run.memory import check_products
-    from ..run.predict import time_products
-
     if not all(v.fits for v in verdicts):
         return None, None, []
     more: list[Any] = []

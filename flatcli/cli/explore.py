@@ -241,7 +241,7 @@ def _show_view(
     debug,
 ) -> None:
     """Run one landscape view through `flatcli.api.landscape` and print its summary."""
-    from .. import api
+    from .. import api  # lazy: CLI start-up (loads torch)
 
     run = run_options(
         device=device,
@@ -403,11 +403,11 @@ def correlate(
     debug: DebugOpt = False,
 ):
     """Rank measures by how well they predict the gap: Pearson, Spearman, Kendall τ-b, Jiang τ, granulated Ψ, CMI."""
-    from .. import api
-    from ..analysis.report import notes, render_table
+    from .. import api  # lazy: CLI start-up (loads torch)
+    from ..analysis import rendering  # lazy: CLI start-up (loads pandas)
 
     with GridProgress("correlate: measures bootstrapped" if bootstrap else "correlate") as shown:
-        rep = api.correlate(
+        rep = api.correlate_report(
             results,
             target=target,
             by=by,
@@ -424,7 +424,7 @@ def correlate(
             confidence=confidence,
             progress=shown.update if bootstrap else None,
         )
-    print_table(console, render_table(rep, fit_width(console, wide)), wide)
+    print_table(console, rendering.render_table(rep, fit_width(console, wide)), wide)
     rows = f"{rep.n_rows} checkpoints" + (
         f" (of {rep.n_input}, after the filters)" if rep.filters else ""
     )
@@ -434,7 +434,7 @@ def correlate(
         highlight=False,
         soft_wrap=True,
     )
-    for n in notes(rep):
+    for n in rendering.notes(rep):
         err_console.print(f"note: {n}", highlight=False, soft_wrap=True, markup=False)
     for w in rep.warnings:
         err_console.print(
@@ -478,7 +478,7 @@ def _print_comparison(
 ) -> None:
     """Run `flatcli.analysis.compare.compare_measures` for ``A,B`` and print one line per statistic
     (and write comparison.csv beside correlations.csv)."""
-    from ..analysis.compare import compare_measures, describe
+    from ..analysis.compare import compare_measures, describe  # lazy: CLI start-up (loads pandas)
 
     names = [x.strip() for x in compare.split(",") if x.strip()]
     if len(names) != 2:
@@ -550,7 +550,7 @@ def check_invariance_cmd(
     """Rescale the network without changing its function; show which measures stay put (exit 0 if every claimed invariance holds)."""
     from rich.markup import escape
 
-    from ..api import check_invariance
+    from ..api import check_invariance  # lazy: CLI start-up (loads torch)
 
     with StageProgress("check-invariance: rescaling") as shown:
         rep = check_invariance(

@@ -9,11 +9,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..config import Config, from_dict, load_config, parse_measures
+from ..config import Config, from_dict, load_config, parse_measures, set_path
 from ..errors import ConfigError
-from ..measures import MeasureSpec
+from ..measures import MeasureSpec, list_measures
 from ..run.jobs import Job, resolve_jobs
 from ..run.settings import RunOptions
+from ..threads import configure_threads
 
 RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunOptions))
 F = TypeVar("F", bound=Callable[..., Any])
@@ -59,8 +60,6 @@ def load(
         The validated config; each value records where it came from (``config show``).
     """
     if isinstance(config, Config):
-        from ..config import set_path
-
         for k, v in (changes or {}).items():
             if v is not None:
                 set_path(config, k, v, "cli")
@@ -91,12 +90,10 @@ def use_threads(cfg: Config, workers: int | None = None) -> str:
         The choice in words, for the log (`flatcli.threads`: ``auto`` is ``OMP_NUM_THREADS``
         when set, else free cores ÷ workers).
     """
-    from ..threads import configure_threads
-
     return str(configure_threads(cfg.runtime.threads, workers))
 
 
-def _plan(cfg: Config, checkpoints, measures) -> tuple[list[Job], list[MeasureSpec]]:
+def _jobs_and_specs(cfg: Config, checkpoints, measures) -> tuple[list[Job], list[MeasureSpec]]:
     """Validate what every pipeline needs; resolve the jobs and the measures to run."""
     if not cfg.model.target and cfg.model.source != "huggingface":
         raise ConfigError("config key 'model.target' is required")
@@ -143,8 +140,6 @@ def select_measures(
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
     if list(names) == ["all"]:
-        from ..measures import list_measures
-
         chosen = []
         by_name = {s.name: s for s in specs}
         for info in list_measures():

@@ -7,23 +7,32 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..config import Config
 from ..errors import ConfigError
+from ..invariance import check_invariance_model, needs_init, prepare_specs
+from ..landscape import (
+    connect_landscape,
+    interpolation_landscape,
+    slice_landscape,
+    write_connect_files,
+    write_files,
+)
+from ..landscape.connect import ConnectResult
+from ..landscape.output import write_trajectory_files
+from ..landscape.pca import LazyTrajectory, TrajectoryResult, trajectory_landscape, trajectory_paths
+from ..loading.checkpoints import check_state
 from ..loading.data import subset
 from ..loading.load import DataCache, load_init_state, load_model, manifest_train_data
 from ..run.checkpoint import check_finite_model, check_targets, versions
 from ..run.preflight import check_settings
 from ..run.results import ensure_writable_dir
 from ..run.settings import RunOptions, Settings
-from ._common import _one_job, load_run, select_measures, takes_run, use_threads
-
-if TYPE_CHECKING:
-    from ..landscape.connect import ConnectResult
-    from ..landscape.trajectory import TrajectoryResult
+from ..threads import thread_choice
+from ._shared import _one_job, load_run, select_measures, takes_run, use_threads
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,7 @@ class InterpolateView:
 
 @dataclass(frozen=True)
 class PCAView:
-    """``view="pca"``: trajectory PCA (Li et al. 2018, Sec. 7; `flatcli.landscape.trajectory`).
+    """``view="pca"``: trajectory PCA (Li et al. 2018, Sec. 7; `flatcli.landscape.pca`).
 
     ``solver`` "auto", "full" or "randomized" (seeded by ``run.seed``); ``sort`` the checkpoints
     naturally (epoch_2 before epoch_10), else keep the order given."""
@@ -168,15 +177,13 @@ def landscape(
     -------
     LandscapeResult, TrajectoryResult or ConnectResult
         `flatcli.landscape.LandscapeResult` (slice, interpolate),
-        `flatcli.landscape.trajectory.TrajectoryResult` (pca) or
+        `flatcli.landscape.pca.TrajectoryResult` (pca) or
         `flatcli.landscape.connect.ConnectResult` (connect).
     """
     spec = _view_spec(view, options)
     given = _view_checkpoints(view, checkpoints)
     common = dict(points_per_pass=points_per_pass, on_progress=on_progress)
     if view == "pca":
-        from ..landscape.trajectory import trajectory_paths
-
         given = trajectory_paths(given, sort=spec.sort)
     cfg, st, threads_used = _view_setup(config, run, outdir)
     if view == "pca":
@@ -204,8 +211,6 @@ def _slice(
 ):
     """The slice and interpolation views (``spec`` a `SliceView` or an `InterpolateView`; ``given``
     [θ] or [θ_a, θ_b]); ``out`` = (outdir or None, plots)."""
-    from ..landscape import interpolation_landscape, slice_landscape, write_files
-
     ckpt = Path(given[0]).expanduser()
     to = given[1] if len(given) > 1 else None
     model, _ = load_model(cfg, ckpt)
@@ -289,10 +294,9 @@ def _view_data(cfg: Config, model: torch.nn.Module, train_path: Path | None):
 
 
 def _view_meta(cfg: Config, dev: torch.device) -> dict[str, Any]:
-    from ..threads import plan_threads
 
     return {
-        "threads": str(plan_threads(cfg.runtime.threads)),
+        "threads": str(thread_choice(cfg.runtime.threads)),
         "loss": cfg.loss,
         "measure_data": cfg.to_dict()["measure_data"],
         "precision": cfg.runtime.precision,
@@ -307,9 +311,6 @@ def _pca(
     cfg: Config, st: Settings, spec: PCAView, paths: list[Path], common: dict, out: tuple
 ) -> TrajectoryResult:
     """The trajectory-PCA view of ``paths`` (in training order); ``out`` = (outdir or None, plots)."""
-    from ..landscape.output import write_trajectory_files
-    from ..landscape.trajectory import LazyTrajectory, trajectory_landscape
-
     model, _ = load_model(cfg, paths[-1])
     _preflight(cfg, st, (model, paths[-1]))
     _, train, test = _view_data(cfg, model, manifest_train_data(cfg, paths[-1]))
@@ -336,9 +337,6 @@ def _connect(
     cfg: Config, st: Settings, spec: ConnectView, given: list, common: dict, out: tuple
 ) -> ConnectResult:
     """The mode-connectivity view between ``given`` = [a, b]; ``out`` = (outdir or None, plots)."""
-    from ..landscape import connect_landscape, write_connect_files
-    from ..loading.checkpoints import check_state
-
     a, b = given
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     model_a, extras = load_model(cfg, pa)
@@ -429,8 +427,6 @@ def check_invariance(
     flatcli.invariance.InvarianceReport
         Each measure's value before and after, its relative change and whether its claim held.
     """
-    from ..invariance import check_invariance_model, needs_init, prepare_specs
-
     if isinstance(config, torch.nn.Module):
         if data is None:
             raise ConfigError("check_invariance(model, ...) needs data=(x, y)")

@@ -105,7 +105,7 @@ def measure(
 ):
     """Compute the configured measures for each checkpoint; write OUTDIR/results.csv and results.json
     (after every finished measure: Ctrl-C keeps what finished, exit code 130)."""
-    from .. import api
+    from .. import api  # lazy: CLI start-up (loads torch)
 
     run = run_options(
         device=device,
@@ -116,21 +116,21 @@ def measure(
         budget=budget,
     )
     if dry_run:
-        plan = api.plan_costs(config, checkpoints, measures=measures, run=run)
+        costs = api.estimate_costs(config, checkpoints, measures=measures, run=run)
         if (
             _value(format) == "json"
         ):  # one entry per checkpoint × measure; unloadable checkpoints on stderr
-            sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
-            for c, e in plan.errors:
+            sys.stdout.write(json.dumps(costs.to_json(), indent=2) + "\n")
+            for c, e in costs.errors:
                 err_console.print(
                     f"[red]error:[/red] checkpoint {c}: cannot be loaded: {e}",
                     highlight=False,
                     soft_wrap=True,
                 )
         else:
-            for line in plan.lines():
+            for line in costs.lines():
                 console.print(line, highlight=False, soft_wrap=True, markup=False)
-        raise typer.Exit(plan.exit_code)
+        raise typer.Exit(costs.exit_code)
     cfg = api.load(config, run.changes())
     format = _value(format) or cfg.output.format
     out = cfg.output_dir(outdir)
@@ -163,6 +163,8 @@ def measure(
 
 def _print_report(report, format: str, out: Path, wide: bool = False) -> None:
     """``measure``'s stdout (table, csv or json) and its error lines on stderr."""
+    from ..run import results  # lazy: CLI start-up (loads torch)
+
     labels = report.rows[0].labels if report.rows else []
     if format == "table":
         print_table(console, render_rows(report.rows, labels, fit_width(console, wide)), wide)
@@ -172,13 +174,11 @@ def _print_report(report, format: str, out: Path, wide: bool = False) -> None:
             highlight=False,
         )
     elif format == "csv":
-        from ..run.results import to_csv
-
-        sys.stdout.write(to_csv(report.rows))
+        sys.stdout.write(results.to_csv(report.rows))
     else:
-        from ..run.results import jsonable
-
-        sys.stdout.write(json.dumps(jsonable([r.to_json() for r in report.rows]), indent=2) + "\n")
+        sys.stdout.write(
+            json.dumps(results.jsonable([r.to_json() for r in report.rows]), indent=2) + "\n"
+        )
     if report.meta.get("plots"):
         err_console.print(
             f"wrote {len(report.meta['plots'])} plot(s) in {out / 'plots'}", highlight=False
@@ -202,8 +202,8 @@ def measures_cmd(
     debug: DebugOpt = False,
 ):
     """List every measure with a one-line description and its options."""
-    from ..measures import list_measures
-    from ..measures._options import describe_options
+    from ..measures import list_measures  # lazy: CLI start-up (loads torch)
+    from ..measures._options import describe_options  # lazy: CLI start-up (loads torch)
 
     infos = list_measures(pattern)
     if not infos:
@@ -233,7 +233,7 @@ def config_show(config: ConfigOpt = ..., debug: DebugOpt = False):
     """Print the resolved config and where each value came from."""
     import yaml
 
-    from .. import api
+    from .. import api  # lazy: CLI start-up (loads torch)
 
     cfg = api.load(config)
     console.print(f"# {config}  (hash {cfg.hash()})", highlight=False)
@@ -262,7 +262,7 @@ def demo(
     debug: DebugOpt = False,
 ):
     """Train a small zoo of MLPs on bundled digits to a fixed loss, measure them, rank the measures by granulated Kendall Ψ (ties by Kendall τ-b)."""
-    from ..demo import run_demo
+    from ..demo import run_demo  # lazy: CLI start-up (loads torch)
 
     run_demo(outdir, measures=measures, seed=seed, console=console, threads=threads, wide=wide)
 
@@ -272,7 +272,7 @@ def demo(
 @handle_errors
 def experiments_list(debug: DebugOpt = False):
     """List the experiments with their studies and the models of each full grid."""
-    from ..experiments import list_experiments
+    from ..experiments import list_experiments  # lazy: CLI start-up (loads torch)
 
     t = Table(show_header=True, header_style="bold")
     for col in ("experiment", "title", "studies (models)"):
@@ -341,14 +341,13 @@ def experiments_run(
     debug: DebugOpt = False,
 ):
     """Run one experiment: train its grid to the loss target, flatcli sweep, collect, correlate; print summary.md."""
-    from ..experiments import publish as publish_outputs
-    from ..experiments import run_experiment
+    from .. import experiments  # lazy: CLI start-up (loads torch)
 
     def log(msg: str) -> None:
         err_console.print(msg, highlight=False, soft_wrap=True, markup=False)
 
     studies = [s.strip() for s in study.split(",") if s.strip()] if study else None
-    rep = run_experiment(
+    rep = experiments.run_experiment(
         name, outdir, quick=quick, jobs=jobs, studies=studies, plots=plots, device=device, log=log
     )
     console.print(rep.summary.read_text(), highlight=False, soft_wrap=True, markup=False)
@@ -358,7 +357,7 @@ def experiments_run(
         soft_wrap=True,
     )
     if publish is not None:
-        files = publish_outputs(rep, publish)
+        files = experiments.publish(rep, publish)
         console.print(
             f"published {len(files)} files to {publish / rep.spec.name}",
             highlight=False,
@@ -467,8 +466,8 @@ def sweep(
     debug: DebugOpt = False,
 ):
     """Measure a whole sweep as resumable units (checkpoint × measure); merge with 'flatcli collect'."""
-    from .. import api
-    from ..sweep.runner import parse_slurm_params
+    from .. import api  # lazy: CLI start-up (loads torch)
+    from ..sweep.runner import parse_slurm_params  # lazy: CLI start-up (loads torch)
 
     def log(msg: str) -> None:
         err_console.print(msg, highlight=False, soft_wrap=True, markup=False)
@@ -504,10 +503,10 @@ def sweep(
     for line in report.lines:
         console.print(line, highlight=False, soft_wrap=True)
     if report.dry_run:
-        plan = api.plan_costs(config, measures=measures, run=run)
-        for line in plan.lines():
+        costs = api.estimate_costs(config, measures=measures, run=run)
+        for line in costs.lines():
             console.print(line, highlight=False, soft_wrap=True, markup=False)
-        raise typer.Exit(max(report.exit_code, plan.exit_code))
+        raise typer.Exit(max(report.exit_code, costs.exit_code))
     if not report.dry_run:
         msg = report.summary()
         if report.executor == "slurm" and report.jobs and not wait:
@@ -533,9 +532,9 @@ def collect(
     debug: DebugOpt = False,
 ):
     """Merge a sweep's unit files into results.csv (the columns of 'flatcli measure')."""
-    from .. import api
+    from .. import api  # lazy: CLI start-up (loads torch)
 
-    rep = api.collect(outdir, output)
+    rep = api.collect_report(outdir, output)
     n_err = sum(r.status == "error" for r in rep.rows)
     console.print(
         f"wrote {rep.csv_path} and {rep.json_path}: {len(rep.rows)} checkpoints × {len(rep.labels)} measures, "
@@ -591,16 +590,18 @@ def sweep_worker(
         typer.Option("--lock-timeout", min=0.0, help="Seconds after which a silent lock is stale."),
     ] = 600.0,
     threads: ThreadsOpt = None,
-    run: Annotated[
+    sweep_id: Annotated[
         str | None,
         typer.Option(
-            "--run", help="Id of the sweep run this worker belongs to (stored in its unit records)."
+            "--sweep-id",
+            "--run",
+            help="Id of the sweep run this worker belongs to (stored in its unit records).",
         ),
     ] = None,
     debug: DebugOpt = False,
 ):
     """One worker over a planned sweep: what 'flatcli sweep' runs per GPU and array schedulers run per task."""
-    from ..sweep.worker import run_worker_process
+    from ..sweep.worker import run_worker_process  # lazy: CLI start-up (loads torch)
 
     line = run_worker_process(
         outdir,
@@ -612,6 +613,6 @@ def sweep_worker(
         retry_before=retry_before,
         lock_timeout=lock_timeout,
         threads=threads,
-        run=run,
+        sweep_id=sweep_id,
     )
     err_console.print(line, highlight=False, markup=False)

@@ -69,6 +69,7 @@ import torch
 from ..engine import Problem, eval_mode
 from ..errors import ConfigError, MeasurementError
 from ..loading.checkpoints import check_state, missing_checkpoint
+from ..run.results import jsonable
 from ..run.settings import Settings
 from .evaluate import Progress, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
@@ -290,8 +291,6 @@ class TrajectoryResult:
     def to_json(self) -> dict[str, Any]:
         """``pca.json`` as a JSON-ready dict: kind, summary, explained variance (and its ratio),
         seconds and the meta entries."""
-        from ..run.results import jsonable
-
         return jsonable(
             {
                 "kind": self.kind,

@@ -15,15 +15,12 @@ This module imports `flatcli.landscape.plots` (figure helpers); only
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .connect import ConnectResult
+from .pca import TrajectoryResult
 from .plots import _figure, _loss_contours, _positive
-
-if TYPE_CHECKING:
-    from .connect import ConnectResult
-    from .trajectory import TrajectoryResult
 
 
 def plot_trajectory(res: TrajectoryResult, path: str | Path, title: str | None = None) -> Path:

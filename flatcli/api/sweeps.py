@@ -1,4 +1,4 @@
-"""Sweeps and their tables: `sweep`, `collect`, `correlate` (and their DataFrame forms)."""
+"""Sweeps and their tables: `sweep`, `collect_report`, `correlate_report` (and their DataFrame forms)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from ..config import Config
 from ..errors import ConfigError
 from ..run.results import ensure_writable_dir
 from ..run.settings import RunOptions
-from ._common import _plan, load_run, takes_run
+from ..sweep.collect import collect as _collect
+from ..sweep.runner import SweepOptions, run_sweep
+from ..sweep.worker import default_log
+from ._shared import _jobs_and_specs, load_run, takes_run
 
 
 # ------------------------------------------------------------------ sweeps, collect, correlate
@@ -31,7 +34,7 @@ def sweep(
 
     One unit is one checkpoint × one measure, keyed by (checkpoint fingerprint, resolved measure
     config hash, flatcli version); each finished unit is one atomically written file, so a rerun
-    skips finished units. Merge the rows with `collect`.
+    skips finished units. Merge the rows with `collect_report`.
 
     Parameters
     ----------
@@ -68,12 +71,9 @@ def sweep(
         ``computed`` counts the units this run's workers computed, ``by_others`` those a
         concurrent sweep finished meanwhile.
     """
-    from ..sweep.runner import SweepOptions, run_sweep
-    from ..sweep.worker import default_log
-
     opts = SweepOptions(**options)
     cfg = load_run(config, run)
-    jobs, specs = _plan(cfg, checkpoints, measures)
+    jobs, specs = _jobs_and_specs(cfg, checkpoints, measures)
     out = cfg.output_dir(outdir)
     if not opts.dry_run:
         ensure_writable_dir(out, "sweep directory")
@@ -89,7 +89,7 @@ def sweep(
     )
 
 
-def collect(outdir: str | Path, output: str | Path | None = None):
+def collect_report(outdir: str | Path, output: str | Path | None = None):
     """Merge a sweep folder's unit files into one table.
 
     Parameters
@@ -105,35 +105,33 @@ def collect(outdir: str | Path, output: str | Path | None = None):
         The rows (the columns of `measure`'s results.csv), the unfinished units, the unreadable
         files and the exit code; ``to_pandas()`` is the table (see `collect_frame`).
     """
-    from ..sweep.collect import collect as _collect
-
     if output is not None:
         ensure_writable_dir(Path(output).expanduser().parent, "the folder of --output")
     return _collect(outdir, output)
 
 
 def collect_frame(outdir: str | Path, output: str | Path | None = None):
-    """`collect`, returning the collected table as a DataFrame (this is ``flatcli.collect``).
+    """`collect_report`, returning the collected table as a DataFrame (this is ``flatcli.collect``).
 
     Parameters
     ----------
     outdir : str or Path
         The sweep folder.
     output : str or Path, optional
-        Where results.csv goes, as in `collect`.
+        Where results.csv goes, as in `collect_report`.
 
     Returns
     -------
     pandas.DataFrame
         One row per checkpoint with the columns of results.csv and the dtypes of
         `flatcli.run.results` (numeric columns float64, ``status`` categorical). The unfinished
-        units and the exit code are in the report `collect` returns.
+        units and the exit code are in the report `collect_report` returns.
     """
-    return collect(outdir, output).to_pandas()
+    return collect_report(outdir, output).to_pandas()
 
 
 @takes_run
-def correlate(
+def correlate_report(
     results,
     *,
     outdir: str | Path | None = None,
@@ -187,37 +185,35 @@ def correlate(
         train loss above 0.01), ``dropped`` the rows the filters
         left out. `correlate_frame` (``flatcli.correlate``) returns the DataFrame directly.
     """
-    from ..analysis.correlation import correlate_table
-    from ..analysis.report import write_csv
-    from ..analysis.table import as_table
+    from ..analysis import correlation, correlation_plots, rendering, table  # lazy: pandas, scipy
 
     if plots and outdir is None:
         raise ConfigError("`plots` needs an output directory (`outdir`)")
     if outdir is not None:
         ensure_writable_dir(outdir, "output directory")
     seed = RunOptions.of(run).seed
-    report = correlate_table(as_table(results), seed=0 if seed is None else seed, **table_options)
+    report = correlation.correlate_table(
+        table.as_table(results), seed=0 if seed is None else seed, **table_options
+    )
     if outdir is not None:
         out = Path(outdir)
-        report.csv_path = write_csv(report, out / "correlations.csv")
+        report.csv_path = rendering.write_csv(report, out / "correlations.csv")
         if plots:
-            from ..analysis.plots import plot_report
-
-            report.plots = plot_report(
+            report.plots = correlation_plots.plot_report(
                 report, report.table, out / "plots", color_by=color_by, marker_by=marker_by
             )
     return report
 
 
 def correlate_frame(results, **kwargs):
-    """`correlate`, returning the ranked table as a DataFrame (this is ``flatcli.correlate``).
+    """`correlate_report`, returning the ranked table as a DataFrame (this is ``flatcli.correlate``).
 
     Parameters
     ----------
     results : str, Path or pandas.DataFrame
-        The table, as in `correlate`.
+        The table, as in `correlate_report`.
     **kwargs
-        The keywords of `correlate`.
+        The keywords of `correlate_report`.
 
     Returns
     -------
@@ -233,7 +229,7 @@ def correlate_frame(results, **kwargs):
     """
     import dataclasses
 
-    report = correlate(results, **kwargs)
+    report = correlate_report(results, **kwargs)
     table = report.to_pandas()
     table.attrs["report"] = dataclasses.replace(report, table=None)
     return table

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..console import Column, build_table
 from ..run.results import atomic_write
 from .correlation import CorrelationReport
 
@@ -97,8 +98,6 @@ def render_table(report: CorrelationReport, width: int | None = None):
     """A rich Table, best measure first; the number of checkpoints each statistic used is in 'n'
     (ψ groups and CMI pairs are in correlations.csv). With ``width`` (a terminal's) it fits: long
     measure names wrap, the least telling columns leave first and the caption names them."""
-    from ..console import Column, build_table
-
     rows = report.to_rows()
     cols = [
         Column(
