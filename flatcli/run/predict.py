@@ -22,6 +22,7 @@ the probe, so the ones the run keeps across products at one θ are counted).
 
 from __future__ import annotations
 
+import gc
 import resource
 import statistics
 import time
@@ -104,7 +105,9 @@ def measure_peak(fn, device: torch.device) -> tuple[int, str]:
     allocated memory before. CPU on Linux: the peak resident set (VmHWM) after resetting it through
     /proc/self/clear_refs, minus the resident set (VmRSS) before: repeatable, unlike the
     process-lifetime ``ru_maxrss``, which is the fallback elsewhere (then 0 when the call stays
-    below an earlier peak)."""
+    below an earlier peak). Garbage is collected first: memory that a collection during the call
+    returned would otherwise hide the call's own (the peak would not rise above the start)."""
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)

@@ -3,6 +3,7 @@ the memory probe, ranges clamped to their cap, and the JSON plan."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -77,6 +78,29 @@ def test_the_memory_probe_sees_each_call_again():
         return float(x[0])
 
     for _ in range(2):
+        got, how = measure_peak(alloc, torch.device("cpu"))
+        assert 0.9 * nbytes <= got <= 1.5 * nbytes, (got, how)
+
+
+def test_the_memory_probe_is_not_hidden_by_garbage_freed_during_the_call():
+    """Cyclic garbage holding 128 MiB, collected during the call (as an automatic collection
+    in a long process may be), would leave the peak at the start: the probe collects first."""
+    nbytes = 64 * 2**20
+
+    class Cycle:
+        pass
+
+    for _ in range(3):
+        junk = Cycle()
+        junk.me, junk.data = junk, torch.ones(2 * nbytes // 4) + 1
+        del junk
+
+        def alloc():
+            gc.collect()  # the collection a long process may run in the middle of the call
+            x = torch.ones(nbytes // 4)
+            x += 1
+            return float(x[0])
+
         got, how = measure_peak(alloc, torch.device("cpu"))
         assert 0.9 * nbytes <= got <= 1.5 * nbytes, (got, how)
 

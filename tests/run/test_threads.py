@@ -201,7 +201,9 @@ def test_sweep_worker_applies_its_threads_and_records_them(tmp_path):
     write_plan(out, build_plan(c, c.measure_specs(), resolve_jobs(c)))
     line = run_worker_process(out, threads=3, sweep_id="r1")
     rec = json.loads(next((out / "units").glob("*.json")).read_text())
-    assert rec["worker"]["threads"] == 3 and rec["sweep_id"] == "r1" and line.endswith("3 thread(s)")
+    assert (
+        rec["worker"]["threads"] == 3 and rec["sweep_id"] == "r1" and line.endswith("3 thread(s)")
+    )
     assert load_plan(out).units[0].id == rec["unit"]
 
 
