@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +12,10 @@ import torch
 
 from ..config import Config
 from ..errors import ConfigError
+from ..landscape.connect import ConnectView
+from ..landscape.interpolate import InterpolateView
+from ..landscape.slices import SliceView
+from ..landscape.trajectory import PCAView
 from ..loading.data import subset
 from ..loading.load import DataCache, load_init_state, load_model, manifest_train_data
 from ..run.checkpoint import check_finite_model, check_targets, versions
@@ -24,56 +27,6 @@ from ._common import _one_job, load_run, select_measures, takes_run, use_threads
 if TYPE_CHECKING:
     from ..landscape.connect import ConnectResult
     from ..landscape.trajectory import TrajectoryResult
-
-
-@dataclass(frozen=True)
-class SliceView:
-    """``view="slice"``: a 1D/2D filter-normalized slice around one checkpoint (`flatcli.landscape.slices`).
-
-    ``dims`` 1 or 2 random directions; ``steps`` grid points per axis; ``span`` the grid range
-    "a,b" (default -1,1); ``bias_bn`` "zero" (Li et al.) or "keep" for biases and norm layers."""
-
-    dims: int = 1
-    steps: int = 25
-    span: str | Sequence[float] | None = None
-    bias_bn: str = "zero"
-
-
-@dataclass(frozen=True)
-class InterpolateView:
-    """``view="interpolate"``: the line (1 − t)·θ_a + t·θ_b between two checkpoints, with its
-    barrier (`flatcli.landscape.interpolate`); ``span`` default -0.5,1.5."""
-
-    steps: int = 25
-    span: str | Sequence[float] | None = None
-
-
-@dataclass(frozen=True)
-class PCAView:
-    """``view="pca"``: trajectory PCA (Li et al. 2018, Sec. 7; `flatcli.landscape.trajectory`).
-
-    ``solver`` "auto", "full" or "randomized" (seeded by ``run.seed``); ``sort`` the checkpoints
-    naturally (epoch_2 before epoch_10), else keep the order given."""
-
-    steps: int = 25
-    span: str | Sequence[float] | None = None
-    solver: str = "auto"
-    sort: bool = True
-
-
-@dataclass(frozen=True)
-class ConnectView:
-    """``view="connect"``: mode connectivity (Garipov et al. 2018; `flatcli.landscape.connect`).
-
-    The bend trains ``bend_steps`` steps of ``bend_optimizer`` ("adam" or "sgd", learning rate
-    ``bend_lr``, default 1e-3 for adam and 1e-2 for sgd) on minibatches of ``bend_batch_size``,
-    seeded by ``run.seed``."""
-
-    steps: int = 25
-    bend_steps: int = 1000
-    bend_lr: float | None = None
-    bend_optimizer: str = "adam"
-    bend_batch_size: int = 128
 
 
 VIEWS: dict[str, type] = {
@@ -121,8 +74,6 @@ def landscape(
     run: RunOptions | None = None,
     outdir: str | Path | None = None,
     plots: bool = True,
-    points_per_pass: int | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
     **options: Any,
 ):
     """A loss-landscape view of checkpoints: one API for the four views, chosen by ``view``.
@@ -156,13 +107,11 @@ def landscape(
         connect_fit.csv, bend.pt, connect.json, connect.png (connect).
     plots : bool
         Draw the PNG plots (needs matplotlib).
-    points_per_pass : int, optional
-        Grid points per vmapped forward pass.
-    on_progress : callable, optional
-        ``on_progress(done, total)`` over the grid points.
     **options
-        The view's own options (the view classes hold the defaults); another view's option is a
-        `flatcli.errors.ConfigError` naming it.
+        The view's options (the view classes hold the defaults and check the values when built),
+        among them every view's ``points_per_pass`` (grid points per vmapped forward pass) and
+        ``on_progress`` (``on_progress(done, total)`` over the grid points); another view's option
+        is a `flatcli.errors.ConfigError` naming it.
 
     Returns
     -------
@@ -173,17 +122,16 @@ def landscape(
     """
     spec = _view_spec(view, options)
     given = _view_checkpoints(view, checkpoints)
-    common = dict(points_per_pass=points_per_pass, on_progress=on_progress)
     if view == "pca":
         from ..landscape.trajectory import trajectory_paths
 
         given = trajectory_paths(given, sort=spec.sort)
     cfg, st, threads_used = _view_setup(config, run, outdir)
     if view == "pca":
-        return _pca(cfg, st, spec, given, common, (outdir, plots))
+        return _pca(cfg, st, spec, given, (outdir, plots))
     if view == "connect":
-        return _connect(cfg, st, spec, given, common, (outdir, plots))
-    return _slice(cfg, st, spec, given, common, (outdir, plots), threads_used)
+        return _connect(cfg, st, spec, given, (outdir, plots))
+    return _slice(cfg, st, spec, given, (outdir, plots), threads_used)
 
 
 def _view_setup(config, run: RunOptions | None, outdir) -> tuple[Config, Settings, str]:
@@ -199,9 +147,7 @@ def _view_setup(config, run: RunOptions | None, outdir) -> tuple[Config, Setting
     return cfg, Settings.from_config(cfg), threads_used
 
 
-def _slice(
-    cfg: Config, st: Settings, spec, given: list, common: dict, out: tuple, threads_used: str
-):
+def _slice(cfg: Config, st: Settings, spec, given: list, out: tuple, threads_used: str):
     """The slice and interpolation views (``spec`` a `SliceView` or an `InterpolateView`; ``given``
     [θ] or [θ_a, θ_b]); ``out`` = (outdir or None, plots)."""
     from ..landscape import interpolation_landscape, slice_landscape, write_files
@@ -214,21 +160,9 @@ def _slice(
     train, test = _landscape_data(cfg, ckpt, model, model_b, st, to)
     with st.precision_context():
         if model_b is not None:
-            res = interpolation_landscape(
-                model, model_b, train, test, steps=spec.steps, span=spec.span, settings=st, **common
-            )
+            res = interpolation_landscape(model, model_b, train, test, options=spec, settings=st)
         else:
-            res = slice_landscape(
-                model,
-                train,
-                test,
-                dims=spec.dims,
-                steps=spec.steps,
-                span=spec.span,
-                bias_bn=spec.bias_bn,
-                settings=st,
-                **common,
-            )
+            res = slice_landscape(model, train, test, options=spec, settings=st)
     res.meta.update(
         checkpoint=str(given[0]),
         to=None if to is None else str(to),
@@ -304,7 +238,7 @@ def _view_meta(cfg: Config, dev: torch.device) -> dict[str, Any]:
 
 
 def _pca(
-    cfg: Config, st: Settings, spec: PCAView, paths: list[Path], common: dict, out: tuple
+    cfg: Config, st: Settings, spec: PCAView, paths: list[Path], out: tuple
 ) -> TrajectoryResult:
     """The trajectory-PCA view of ``paths`` (in training order); ``out`` = (outdir or None, plots)."""
     from ..landscape.output import write_trajectory_files
@@ -320,11 +254,8 @@ def _pca(
             train,
             test,
             labels=[str(p) for p in paths],
-            steps=spec.steps,
-            span=spec.span,
-            solver=spec.solver,
+            options=spec,
             settings=st,
-            **common,
         )
     res.meta.update(_view_meta(cfg, st.device))
     if out[0] is not None:
@@ -333,7 +264,7 @@ def _pca(
 
 
 def _connect(
-    cfg: Config, st: Settings, spec: ConnectView, given: list, common: dict, out: tuple
+    cfg: Config, st: Settings, spec: ConnectView, given: list, out: tuple
 ) -> ConnectResult:
     """The mode-connectivity view between ``given`` = [a, b]; ``out`` = (outdir or None, plots)."""
     from ..landscape import connect_landscape, write_connect_files
@@ -343,6 +274,7 @@ def _connect(
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     model_a, extras = load_model(cfg, pa)
     model_b, _ = load_model(cfg, pb)
+    check_state(model_a.state_dict(), model_a.state_dict(), str(a), str(a), "landscape connect")
     check_state(model_b.state_dict(), model_a.state_dict(), str(b), str(a), "landscape connect")
     _preflight(cfg, st, (model_a, pa), (model_b, pb))
     da, db = manifest_train_data(cfg, pa), manifest_train_data(cfg, pb)
@@ -359,16 +291,10 @@ def _connect(
             train,
             test,
             fit=fit,
-            steps=spec.steps,
-            bend_steps=spec.bend_steps,
-            bend_lr=spec.bend_lr,
-            bend_optimizer=spec.bend_optimizer,
-            bend_batch_size=spec.bend_batch_size,
+            options=spec,
             settings=st,
-            labels=(str(a), str(b)),
-            **common,
         )
-    res.meta.update(_view_meta(cfg, st.device))
+    res.meta.update(_view_meta(cfg, st.device), checkpoints=[str(a), str(b)])
     if out[0] is not None:
         mk = extras.get("model_kwargs")
         write_connect_files(

@@ -18,14 +18,15 @@ From a config and checkpoint files, use `flatcli.api.landscape` (what
 ``flatcli landscape`` calls).
 """
 
-from .connect import ConnectResult, connect_landscape
+from .connect import ConnectResult, ConnectView, connect_landscape
 from .directions import filter_norms, normalize_direction, random_direction
-from .evaluate import PointEvaluator
-from .interpolate import interpolation_landscape
+from .evaluate import PointEvaluator, ViewOptions
+from .interpolate import InterpolateView, interpolation_landscape
 from .output import write_connect_files, write_files, write_trajectory_files
 from .result import LandscapeResult, summarize
-from .slices import axis_grid, parse_span, slice_landscape
+from .slices import SliceView, axis_grid, parse_span, slice_landscape
 from .trajectory import (
+    PCAView,
     TrajectoryResult,
     trajectory_landscape,
     trajectory_paths,
@@ -34,8 +35,13 @@ from .trajectory import (
 
 __all__ = [
     "ConnectResult",
+    "ConnectView",
+    "InterpolateView",
     "LandscapeResult",
+    "PCAView",
     "PointEvaluator",
+    "SliceView",
+    "ViewOptions",
     "TrajectoryResult",
     "axis_grid",
     "connect_landscape",
