@@ -55,7 +55,7 @@ from torch import nn
 from .engine.batch import Batch, model_output
 from .errors import ConfigError, MeasurementError, exit_code_of
 from .measures import INVARIANCE_REFERENCE, get_measure
-from .run.settings import Settings
+from .run.settings import MeasureOptions, Settings
 from .validation import TRANSFORMS
 
 __all__ = [
@@ -425,10 +425,9 @@ def check_invariance_model(
                 train,
                 specs,
                 test=test,
-                settings=st,
                 init_state=init_state,
-                checkpoint=checkpoint,
-                progress=cb,
+                settings=st,
+                options=MeasureOptions(checkpoint=checkpoint, progress=cb),
             )
         )
     _raise_input_errors(rows)

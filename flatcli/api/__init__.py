@@ -29,7 +29,7 @@ from ..run.checkpoint import (  # noqa: F401  (re-exported: the Python API)
     measure_model,
     versions,
 )
-from ..run.settings import RunOptions
+from ..run.settings import MeasureOptions, RunOptions
 from ._common import load, select_measures, use_threads
 from .analysis import collect, collect_frame, correlate, correlate_frame, sweep
 from .measure import (
@@ -48,6 +48,7 @@ __all__ = [
     "CostPlan",
     "InterpolateView",
     "MeasureInterrupted",
+    "MeasureOptions",
     "MeasureReport",
     "PCAView",
     "REUSABLE",

@@ -19,7 +19,8 @@ from ..measures import MeasureSpec
 from ..run.checkpoint import first_checkpoint, measure_job, versions
 from ..run.jobs import Job
 from ..run.results import Row, ensure_writable_dir, write_results, write_results_or_fallback
-from ..run.settings import RunOptions, Settings
+from ..run.reuse import Reuse
+from ..run.settings import MeasureOptions, RunOptions, Settings
 from ._common import _plan, load_run, takes_run, use_threads
 from .resume import REUSABLE as REUSABLE  # re-exported
 from .resume import measure_keys, plan_resume, stored_key
@@ -382,11 +383,8 @@ def _measure_all(
                 specs,
                 data,
                 st,
-                debug,
-                progress=on_progress,
-                on_measure=finished,
-                reuse=reuse,
-                checked=first if i == 0 else None,
+                MeasureOptions(debug=debug, progress=on_progress, on_measure=finished),
+                Reuse(results=reuse, checked=first if i == 0 else None),
             )
             row.keys = saver.stored_keys(row)
             rows.append(row)

@@ -163,7 +163,8 @@ class _WorkerLoop:
         import torch
 
         from ..run.checkpoint import measure_job
-        from ..run.reuse import CheckpointCache
+        from ..run.reuse import CheckpointCache, Reuse
+        from ..run.settings import MeasureOptions
 
         if self.keep is None:
             self.keep = CheckpointCache()
@@ -179,9 +180,8 @@ class _WorkerLoop:
                 [plan.spec(u.label)],
                 self.data,
                 self.settings,
-                self.debug,
-                budget_among=[plan.spec(lab) for lab in plan.labels],
-                keep=self.keep,
+                MeasureOptions(debug=self.debug),
+                Reuse(budget_among=[plan.spec(lab) for lab in plan.labels], keep=self.keep),
             )
             rec = unit_record(
                 uid=u.id,
