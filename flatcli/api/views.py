@@ -4,7 +4,7 @@ and `check_invariance`."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from ..run.settings import RunOptions, Settings
 from ._common import _one_job, load_run, select_measures, takes_run, use_threads
 
 if TYPE_CHECKING:
+    from ..invariance import InvarianceOptions
     from ..landscape.connect import ConnectResult
     from ..landscape.trajectory import TrajectoryResult
 
@@ -312,13 +313,10 @@ def check_invariance(
     checkpoint: str | Path | None = None,
     measures: Sequence[Any] | str | None = None,
     *,
-    transform: str = "both",
-    scale: float = 10.0,
-    tol: float = 1e-6,
+    options: InvarianceOptions | None = None,
     run: RunOptions | None = None,
     data: tuple[torch.Tensor, torch.Tensor] | None = None,
     loss: str = "cross_entropy",
-    progress: Callable[[str, str, dict], None] | None = None,
 ):
     """Rescale a network without changing its function and recompute the measures.
 
@@ -332,12 +330,11 @@ def check_invariance(
         The checkpoint, with a config (default: the config's only checkpoint).
     measures : str or sequence, optional
         Default: the configured measures plus every measure that claims invariance.
-    transform : {"both", "node", "layer"}
-        Node-wise, layer-wise rescaling, or both.
-    scale : float
-        The rescaling factors α range over [1/scale, scale].
-    tol : float
-        Relative change below which an invariance claim holds.
+    options : InvarianceOptions, optional
+        `flatcli.invariance.InvarianceOptions`: ``transform`` ("both", "node" or "layer"),
+        ``scale`` (the factors α range over [1/scale, scale]), ``tol`` (the relative change below
+        which an invariance claim holds) and ``progress(stage, label, info)`` while the measures
+        run; default ``InvarianceOptions()``.
     run : RunOptions, optional
         Overrides of the config's ``runtime.*`` keys (device, precision, seed, threads,
         allow_unsafe_pickle, budget), what the CLI's shared flags build.
@@ -347,8 +344,6 @@ def check_invariance(
         ``(x, y)`` when ``config`` is a model.
     loss : str
         The loss when ``config`` is a model.
-    progress : callable, optional
-        ``progress(stage, label, info)`` while the measures run.
 
     Returns
     -------
@@ -365,13 +360,10 @@ def check_invariance(
             config,
             data,
             measures,
+            options=options,
             loss=loss,
-            transform=transform,
-            scale=scale,
             seed=opts.seed or 0,
-            tol=tol,
             device=opts.device or "cpu",
-            progress=progress,
         )
     cfg = load_run(config, run)
     if cfg.data.train is None:
@@ -398,12 +390,9 @@ def check_invariance(
         specs,
         test=cache.get("test"),
         settings=Settings.from_config(cfg),
-        transform=transform,
-        scale=scale,
-        tol=tol,
+        options=options,
         init_state=init_state,
         checkpoint=job.checkpoint,
-        progress=progress,
     )
     report.threads = threads_used
     return report
