@@ -121,3 +121,46 @@ def test_a_bad_value_is_one_line_naming_the_field(cls, field, value, words):
     with pytest.raises(ConfigError) as e:
         cls(**{field: value})
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_reporting_defaults_are_todays_values_and_checked():
+    """`flatcli.api.measure`'s `Reporting`: no hooks and no tracebacks by default (the keywords'
+    defaults), each value checked when built."""
+    from flatcli.api import Reporting
+
+    default = Reporting()
+    today = dict(on_start=None, on_row=None, on_progress=None, on_measure=None, on_note=None)
+    assert {f.name: getattr(default, f.name) for f in dataclasses.fields(Reporting)} == {
+        **today,
+        "debug": False,
+    }
+    with pytest.raises(ConfigError, match="^`on_note` must be a callable or null; got 'x'$"):
+        Reporting(on_note="x")
+    with pytest.raises(ConfigError, match="^`debug` must be a bool"):
+        Reporting(debug="yes")
+
+
+def test_reporting_hooks_reach_the_run(tmp_path):
+    from flatcli import api
+    from tests.helpers import write_project
+
+    cfg = write_project(tmp_path / "p", measures=["frobenius_norm"])
+    calls = []
+    report = api.measure(
+        cfg,
+        outdir=tmp_path / "o",
+        reporting=api.Reporting(
+            on_start=lambda i, n, job: calls.append(("start", i)),
+            on_row=lambda i, n, row: calls.append(("row", i)),
+            on_measure=lambda row, lab, reused: calls.append(("measure", lab, reused)),
+        ),
+    )
+    assert report.exit_code == 0
+    assert calls == [
+        ("start", 0),
+        ("measure", "frobenius_norm", False),
+        ("row", 0),
+        ("start", 1),
+        ("measure", "frobenius_norm", False),
+        ("row", 1),
+    ]
