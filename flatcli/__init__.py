@@ -19,6 +19,7 @@ _API = (
     "check_invariance",
     "load",
     "MeasureReport",
+    "MeasureOptions",
     "RunOptions",
 )
 _MEASURES = ("list_measures", "register", "MeasureResult")

@@ -58,13 +58,14 @@ from .errors import ConfigError, MeasurementError, exit_code_of
 from .loading.data import subset
 from .measures import INVARIANCE_REFERENCE, MeasureSpec, get_measure, list_measures
 from .run.checkpoint import as_specs, check_finite_model, measure_model
-from .run.settings import Settings
-from .validation import TRANSFORMS
+from .run.settings import MeasureOptions, Settings
+from .validation import TRANSFORMS, Function, OneOf, Optional, Real, check_fields, opt
 
 __all__ = [
     "RescalePair",
     "InvarianceResult",
     "InvarianceReport",
+    "InvarianceOptions",
     "find_rescalable_pairs",
     "rescale",
     "node_wise_rescale",
@@ -363,19 +364,39 @@ def _rel(a: float, b: float) -> float:
     return abs(b - a) / abs(a) if a != 0 else math.inf
 
 
+@dataclass(frozen=True)
+class InvarianceOptions:
+    """How the invariance check rescales and compares (``options=`` of `check_invariance_model`
+    and `flatcli.api.check_invariance`), validated at construction (a bad value is a `ConfigError`
+    naming the field).
+
+    ``transform``: "node", "layer" or "both" (default); ``scale``: the factors α range over
+    [1/scale, scale] (≥ 1, default 10); ``tol``: the relative change up to which a claimed
+    invariance holds (> 0, default 1e-6); ``progress``: ``progress(stage, label, info)``, ``stage``
+    "original" or "rescaled", called with an empty label when a stage starts, then as
+    `flatcli.run.checkpoint.measure_model`'s progress."""
+
+    transform: str = opt("both", OneOf(*TRANSFORMS), "the rescalings")
+    scale: float = opt(DEFAULT_SCALE, Real(1, None, text=False), "α in [1/scale, scale]")
+    tol: float = opt(DEFAULT_TOL, Real(0, None, "neither", text=False), "relative change allowed")
+    progress: Callable[[str, str, dict], None] | None = opt(
+        None, Optional(Function()), "progress(stage, label, info)"
+    )
+
+    def __post_init__(self):
+        check_fields(self)
+
+
 def check_invariance_model(
     model: nn.Module,
     train: tuple[torch.Tensor, torch.Tensor],
     measures: Sequence[Any] | str | None = None,
     *,
     test: tuple[torch.Tensor, torch.Tensor] | None = None,
-    settings: Settings | None = None,
-    transform: str = "both",
-    scale: float = DEFAULT_SCALE,
-    tol: float = DEFAULT_TOL,
     init_state: dict[str, torch.Tensor] | None = None,
+    settings: Settings | None = None,
+    options: InvarianceOptions | None = None,
     checkpoint: str = "<model>",
-    progress: Callable[[str, str, dict], None] | None = None,
     **fields: Any,
 ) -> InvarianceReport:
     """Rescale ``model`` without changing its function, measure both in float64, compare.
@@ -391,16 +412,16 @@ def check_invariance_model(
         ``num_samples``, ``batch_size``, ``data_seed``, ``device``, ``hvp_mode``, ``block_size``);
         ``seed`` is the seed of the rescaling and of every stochastic measure (equal for both runs);
         the precision is always fp64.
-    transform : "node", "layer" or "both" (default); scale : α ranges over [1/scale, scale].
-    tol : relative change up to which a claimed invariance holds (default 1e-6).
-    progress : ``progress(stage, label, info)``: ``stage`` is "original" or "rescaled"; called with
-        an empty label when a stage starts, then as `flatcli.run.checkpoint.measure_model`'s progress.
+    init_state : the state dict at initialization (``distance_from_init``).
+    options : an `InvarianceOptions` (``transform``, ``scale``, ``tol``, ``progress``; default
+        ``InvarianceOptions()``: both rescalings, α in [0.1, 10], tol 1e-6).
+    checkpoint : the name the report carries.
 
     Returns an `InvarianceReport`; ``report.exit_code`` is 0 when every measure that claims
     invariance held it. Raises `MeasurementError` when no function-preserving rescaling exists.
     """
-    if not (isinstance(tol, (int, float)) and tol > 0):
-        raise ConfigError(f"`tol` must be a positive float; got {tol!r}")
+    o = options if options is not None else InvarianceOptions()
+    transform, scale, tol, progress = o.transform, o.scale, o.tol, o.progress
     st = Settings.build(settings, **fields).replace(precision="fp64")
     specs = prepare_specs(measures, add_invariant=measures is None)
     data = {"train": train, "test": test}
@@ -423,10 +444,9 @@ def check_invariance_model(
                 train,
                 specs,
                 test=test,
-                settings=st,
                 init_state=init_state,
-                checkpoint=checkpoint,
-                progress=cb,
+                settings=st,
+                options=MeasureOptions(checkpoint=checkpoint, progress=cb),
             )
         )
     _raise_input_errors(rows)

@@ -212,6 +212,30 @@ class Str(Check):
         return "a non-empty string"
 
 
+class Function(Check):
+    """A callable (a hook such as ``on_progress``)."""
+
+    def ok(self, v):
+        return callable(v)
+
+    def describe(self):
+        return "a callable"
+
+
+class Kind(Check):
+    """An instance of one of ``types`` (a mapping of results, a sequence of specs); ``words``: the
+    kind in words ("a mapping")."""
+
+    def __init__(self, *types: type, words: str):
+        self.types, self.words = types, words
+
+    def ok(self, v):
+        return isinstance(v, self.types)
+
+    def describe(self):
+        return self.words
+
+
 class Either(Check):
     """Whatever one of ``checks`` accepts (the first that accepts its coerced value wins);
     ``words``: the constraint in words when joining the alternatives' would not read well."""
@@ -424,6 +448,20 @@ def parse_seconds(value: Any, where: str = "runtime.budget") -> float:
 def opt(default: Any, check: Check, help: str = "") -> Any:
     """A dataclass field with a constraint and a help text."""
     return dataclasses.field(default=default, metadata={"check": check, "help": help})
+
+
+def check_fields(obj: Any) -> None:
+    """Validate, at construction, every field of the frozen options object ``obj`` made with `opt`
+    (call it from ``__post_init__``): each value is coerced in place (``4.0`` to ``4``), and the
+    first one refused is a `ConfigError` in the one wording of `message`, naming the field as an
+    API parameter (```bend_steps` must be an int ≥ 0; got -1``; the CLI turns it into the flag)."""
+    for f in option_fields(type(obj)):
+        check: Check = f.metadata["check"]
+        given = getattr(obj, f.name)
+        value = check.coerce(given)
+        if not check.ok(value):
+            raise ConfigError(message(f"`{f.name}`", check, given))
+        object.__setattr__(obj, f.name, value)
 
 
 def option_fields(cls) -> list[dataclasses.Field]:

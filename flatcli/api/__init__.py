@@ -30,7 +30,7 @@ from ..run.checkpoint import (  # noqa: F401  (re-exported: the Python API)
     measure_model,
     versions,
 )
-from ..run.settings import RunOptions
+from ..run.settings import MeasureOptions, RunOptions
 from ._shared import load, select_measures, use_threads
 from .costs import CostEstimate, estimate_costs
 from .geometry import ConnectView, InterpolateView, PCAView, SliceView, check_invariance, landscape
@@ -38,6 +38,7 @@ from .measure import (
     REUSABLE,
     MeasureInterrupted,
     MeasureReport,
+    Reporting,
     measure,
     measure_keys,
     previous_results,
@@ -49,9 +50,11 @@ __all__ = [
     "CostEstimate",
     "InterpolateView",
     "MeasureInterrupted",
+    "MeasureOptions",
     "MeasureReport",
     "PCAView",
     "REUSABLE",
+    "Reporting",
     "RunOptions",
     "SliceView",
     "check_invariance",

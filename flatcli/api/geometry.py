@@ -4,8 +4,7 @@ and `check_invariance`."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import torch
 
 from ..config import Config
 from ..errors import ConfigError
-from ..invariance import check_invariance_model, needs_init, prepare_specs
+from ..invariance import InvarianceOptions, check_invariance_model, needs_init, prepare_specs
 from ..landscape import (
     connect_landscape,
     interpolation_landscape,
@@ -21,9 +20,17 @@ from ..landscape import (
     write_connect_files,
     write_files,
 )
-from ..landscape.connect import ConnectResult
+from ..landscape.connect import ConnectResult, ConnectView
+from ..landscape.interpolate import InterpolateView
 from ..landscape.output import write_trajectory_files
-from ..landscape.pca import LazyTrajectory, TrajectoryResult, trajectory_landscape, trajectory_paths
+from ..landscape.pca import (
+    LazyTrajectory,
+    PCAView,
+    TrajectoryResult,
+    trajectory_landscape,
+    trajectory_paths,
+)
+from ..landscape.slices import SliceView
 from ..loading.checkpoints import check_state
 from ..loading.data import subset
 from ..loading.load import DataCache, load_init_state, load_model, manifest_train_data
@@ -33,57 +40,6 @@ from ..run.results import ensure_writable_dir
 from ..run.settings import RunOptions, Settings
 from ..threads import thread_choice
 from ._shared import _one_job, load_run, select_measures, takes_run, use_threads
-
-
-@dataclass(frozen=True)
-class SliceView:
-    """``view="slice"``: a 1D/2D filter-normalized slice around one checkpoint (`flatcli.landscape.slices`).
-
-    ``dims`` 1 or 2 random directions; ``steps`` grid points per axis; ``span`` the grid range
-    "a,b" (default -1,1); ``bias_bn`` "zero" (Li et al.) or "keep" for biases and norm layers."""
-
-    dims: int = 1
-    steps: int = 25
-    span: str | Sequence[float] | None = None
-    bias_bn: str = "zero"
-
-
-@dataclass(frozen=True)
-class InterpolateView:
-    """``view="interpolate"``: the line (1 − t)·θ_a + t·θ_b between two checkpoints, with its
-    barrier (`flatcli.landscape.interpolate`); ``span`` default -0.5,1.5."""
-
-    steps: int = 25
-    span: str | Sequence[float] | None = None
-
-
-@dataclass(frozen=True)
-class PCAView:
-    """``view="pca"``: trajectory PCA (Li et al. 2018, Sec. 7; `flatcli.landscape.pca`).
-
-    ``solver`` "auto", "full" or "randomized" (seeded by ``run.seed``); ``sort`` the checkpoints
-    naturally (epoch_2 before epoch_10), else keep the order given."""
-
-    steps: int = 25
-    span: str | Sequence[float] | None = None
-    solver: str = "auto"
-    sort: bool = True
-
-
-@dataclass(frozen=True)
-class ConnectView:
-    """``view="connect"``: mode connectivity (Garipov et al. 2018; `flatcli.landscape.connect`).
-
-    The bend trains ``bend_steps`` steps of ``bend_optimizer`` ("adam" or "sgd", learning rate
-    ``bend_lr``, default 1e-3 for adam and 1e-2 for sgd) on minibatches of ``bend_batch_size``,
-    seeded by ``run.seed``."""
-
-    steps: int = 25
-    bend_steps: int = 1000
-    bend_lr: float | None = None
-    bend_optimizer: str = "adam"
-    bend_batch_size: int = 128
-
 
 VIEWS: dict[str, type] = {
     "slice": SliceView,
@@ -130,8 +86,6 @@ def landscape(
     run: RunOptions | None = None,
     outdir: str | Path | None = None,
     plots: bool = True,
-    points_per_pass: int | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
     **options: Any,
 ):
     """A loss-landscape view of checkpoints: one API for the four views, chosen by ``view``.
@@ -165,13 +119,11 @@ def landscape(
         connect_fit.csv, bend.pt, connect.json, connect.png (connect).
     plots : bool
         Draw the PNG plots (needs matplotlib).
-    points_per_pass : int, optional
-        Grid points per vmapped forward pass.
-    on_progress : callable, optional
-        ``on_progress(done, total)`` over the grid points.
     **options
-        The view's own options (the view classes hold the defaults); another view's option is a
-        `flatcli.errors.ConfigError` naming it.
+        The view's options (the view classes hold the defaults and check the values when built),
+        among them every view's ``points_per_pass`` (grid points per vmapped forward pass) and
+        ``on_progress`` (``on_progress(done, total)`` over the grid points); another view's option
+        is a `flatcli.errors.ConfigError` naming it.
 
     Returns
     -------
@@ -182,15 +134,14 @@ def landscape(
     """
     spec = _view_spec(view, options)
     given = _view_checkpoints(view, checkpoints)
-    common = dict(points_per_pass=points_per_pass, on_progress=on_progress)
     if view == "pca":
         given = trajectory_paths(given, sort=spec.sort)
     cfg, st, threads_used = _view_setup(config, run, outdir)
     if view == "pca":
-        return _pca(cfg, st, spec, given, common, (outdir, plots))
+        return _pca(cfg, st, spec, given, (outdir, plots))
     if view == "connect":
-        return _connect(cfg, st, spec, given, common, (outdir, plots))
-    return _slice(cfg, st, spec, given, common, (outdir, plots), threads_used)
+        return _connect(cfg, st, spec, given, (outdir, plots))
+    return _slice(cfg, st, spec, given, (outdir, plots), threads_used)
 
 
 def _view_setup(config, run: RunOptions | None, outdir) -> tuple[Config, Settings, str]:
@@ -206,9 +157,7 @@ def _view_setup(config, run: RunOptions | None, outdir) -> tuple[Config, Setting
     return cfg, Settings.from_config(cfg), threads_used
 
 
-def _slice(
-    cfg: Config, st: Settings, spec, given: list, common: dict, out: tuple, threads_used: str
-):
+def _slice(cfg: Config, st: Settings, spec, given: list, out: tuple, threads_used: str):
     """The slice and interpolation views (``spec`` a `SliceView` or an `InterpolateView`; ``given``
     [θ] or [θ_a, θ_b]); ``out`` = (outdir or None, plots)."""
     ckpt = Path(given[0]).expanduser()
@@ -219,21 +168,9 @@ def _slice(
     train, test = _landscape_data(cfg, ckpt, model, model_b, st, to)
     with st.precision_context():
         if model_b is not None:
-            res = interpolation_landscape(
-                model, model_b, train, test, steps=spec.steps, span=spec.span, settings=st, **common
-            )
+            res = interpolation_landscape(model, model_b, train, test, options=spec, settings=st)
         else:
-            res = slice_landscape(
-                model,
-                train,
-                test,
-                dims=spec.dims,
-                steps=spec.steps,
-                span=spec.span,
-                bias_bn=spec.bias_bn,
-                settings=st,
-                **common,
-            )
+            res = slice_landscape(model, train, test, options=spec, settings=st)
     res.meta.update(
         checkpoint=str(given[0]),
         to=None if to is None else str(to),
@@ -308,7 +245,7 @@ def _view_meta(cfg: Config, dev: torch.device) -> dict[str, Any]:
 
 
 def _pca(
-    cfg: Config, st: Settings, spec: PCAView, paths: list[Path], common: dict, out: tuple
+    cfg: Config, st: Settings, spec: PCAView, paths: list[Path], out: tuple
 ) -> TrajectoryResult:
     """The trajectory-PCA view of ``paths`` (in training order); ``out`` = (outdir or None, plots)."""
     model, _ = load_model(cfg, paths[-1])
@@ -321,11 +258,8 @@ def _pca(
             train,
             test,
             labels=[str(p) for p in paths],
-            steps=spec.steps,
-            span=spec.span,
-            solver=spec.solver,
+            options=spec,
             settings=st,
-            **common,
         )
     res.meta.update(_view_meta(cfg, st.device))
     if out[0] is not None:
@@ -334,13 +268,14 @@ def _pca(
 
 
 def _connect(
-    cfg: Config, st: Settings, spec: ConnectView, given: list, common: dict, out: tuple
+    cfg: Config, st: Settings, spec: ConnectView, given: list, out: tuple
 ) -> ConnectResult:
     """The mode-connectivity view between ``given`` = [a, b]; ``out`` = (outdir or None, plots)."""
     a, b = given
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     model_a, extras = load_model(cfg, pa)
     model_b, _ = load_model(cfg, pb)
+    check_state(model_a.state_dict(), model_a.state_dict(), str(a), str(a), "landscape connect")
     check_state(model_b.state_dict(), model_a.state_dict(), str(b), str(a), "landscape connect")
     _preflight(cfg, st, (model_a, pa), (model_b, pb))
     da, db = manifest_train_data(cfg, pa), manifest_train_data(cfg, pb)
@@ -357,16 +292,10 @@ def _connect(
             train,
             test,
             fit=fit,
-            steps=spec.steps,
-            bend_steps=spec.bend_steps,
-            bend_lr=spec.bend_lr,
-            bend_optimizer=spec.bend_optimizer,
-            bend_batch_size=spec.bend_batch_size,
+            options=spec,
             settings=st,
-            labels=(str(a), str(b)),
-            **common,
         )
-    res.meta.update(_view_meta(cfg, st.device))
+    res.meta.update(_view_meta(cfg, st.device), checkpoints=[str(a), str(b)])
     if out[0] is not None:
         mk = extras.get("model_kwargs")
         write_connect_files(
@@ -384,13 +313,10 @@ def check_invariance(
     checkpoint: str | Path | None = None,
     measures: Sequence[Any] | str | None = None,
     *,
-    transform: str = "both",
-    scale: float = 10.0,
-    tol: float = 1e-6,
+    options: InvarianceOptions | None = None,
     run: RunOptions | None = None,
     data: tuple[torch.Tensor, torch.Tensor] | None = None,
     loss: str = "cross_entropy",
-    progress: Callable[[str, str, dict], None] | None = None,
 ):
     """Rescale a network without changing its function and recompute the measures.
 
@@ -404,12 +330,11 @@ def check_invariance(
         The checkpoint, with a config (default: the config's only checkpoint).
     measures : str or sequence, optional
         Default: the configured measures plus every measure that claims invariance.
-    transform : {"both", "node", "layer"}
-        Node-wise, layer-wise rescaling, or both.
-    scale : float
-        The rescaling factors α range over [1/scale, scale].
-    tol : float
-        Relative change below which an invariance claim holds.
+    options : InvarianceOptions, optional
+        `flatcli.invariance.InvarianceOptions`: ``transform`` ("both", "node" or "layer"),
+        ``scale`` (the factors α range over [1/scale, scale]), ``tol`` (the relative change below
+        which an invariance claim holds) and ``progress(stage, label, info)`` while the measures
+        run; default ``InvarianceOptions()``.
     run : RunOptions, optional
         Overrides of the config's ``runtime.*`` keys (device, precision, seed, threads,
         allow_unsafe_pickle, budget), what the CLI's shared flags build.
@@ -419,8 +344,6 @@ def check_invariance(
         ``(x, y)`` when ``config`` is a model.
     loss : str
         The loss when ``config`` is a model.
-    progress : callable, optional
-        ``progress(stage, label, info)`` while the measures run.
 
     Returns
     -------
@@ -435,13 +358,10 @@ def check_invariance(
             config,
             data,
             measures,
+            options=options,
             loss=loss,
-            transform=transform,
-            scale=scale,
             seed=opts.seed or 0,
-            tol=tol,
             device=opts.device or "cpu",
-            progress=progress,
         )
     cfg = load_run(config, run)
     if cfg.data.train is None:
@@ -468,12 +388,9 @@ def check_invariance(
         specs,
         test=cache.get("test"),
         settings=Settings.from_config(cfg),
-        transform=transform,
-        scale=scale,
-        tol=tol,
+        options=options,
         init_state=init_state,
         checkpoint=job.checkpoint,
-        progress=progress,
     )
     report.threads = threads_used
     return report

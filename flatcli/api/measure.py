@@ -28,8 +28,10 @@ from ..run.results import (
     write_results,
     write_results_or_fallback,
 )
-from ..run.settings import RunOptions, Settings
+from ..run.reuse import Reuse
+from ..run.settings import MeasureOptions, RunOptions, Settings
 from ..sweep.store import hold_folder
+from ..validation import Bool, Function, Optional, check_fields, opt
 from ._shared import _jobs_and_specs, load_run, takes_run, use_threads
 from .resume import REUSABLE as REUSABLE  # re-exported
 from .resume import measure_keys, prepare_resume, stored_key
@@ -64,6 +66,32 @@ class MeasureReport:
         return max(exit_code(self.rows), 1 if self.write_error else 0)
 
 
+_HOOK = Optional(Function())
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """How `measure` reports while it runs (``reporting=``), validated at construction (a bad value
+    is a `ConfigError` naming the field); the defaults report nothing.
+
+    ``on_start(i, n, job)`` before a checkpoint, ``on_row(i, n, row)`` after it,
+    ``on_progress(label, info)`` while a measure runs, ``on_measure(row, label, reused)`` after each
+    measure (``reused``: taken from the earlier run), ``on_note(line)`` the line saying how many
+    measures are reused and recomputed and why (also ``report.meta["resume"]``), and that finished
+    results of another configuration were kept as OUTDIR/results.prev.json and .csv. ``debug``:
+    print the traceback of a failed measurement (it is still recorded in its row)."""
+
+    on_start: Callable[[int, int, Job], None] | None = opt(None, _HOOK, "on_start(i, n, job)")
+    on_row: Callable[[int, int, Row], None] | None = opt(None, _HOOK, "on_row(i, n, row)")
+    on_progress: Callable[[str, dict], None] | None = opt(None, _HOOK, "on_progress(label, info)")
+    on_measure: Callable[[Row, str, bool], None] | None = opt(None, _HOOK, "on_measure(...)")
+    on_note: Callable[[str], None] | None = opt(None, _HOOK, "on_note(line)")
+    debug: bool = opt(False, Bool(), "print a failed measurement's traceback")
+
+    def __post_init__(self):
+        check_fields(self)
+
+
 @takes_run
 def measure(
     config: Config | str | Path | dict,
@@ -72,14 +100,9 @@ def measure(
     measures: Sequence[str] | str | None = None,
     run: RunOptions | None = None,
     outdir: str | Path | None = None,
-    on_row: Callable[[int, int, Row], None] | None = None,
-    on_start: Callable[[int, int, Job], None] | None = None,
-    on_progress: Callable[[str, dict], None] | None = None,
-    debug: bool = False,
+    reporting: Reporting | None = None,
     plots: bool = False,
     resume: bool = False,
-    on_measure: Callable[[Row, str, bool], None] | None = None,
-    on_note: Callable[[str], None] | None = None,
 ) -> MeasureReport:
     """Measure every checkpoint of a config; write the results when an output folder is given.
 
@@ -104,12 +127,9 @@ def measure(
         else nothing is written). Both are rewritten atomically after every finished measure,
         the measures still to run marked ``interrupted``, so a Ctrl-C or a ``kill -9`` keeps
         every finished measure.
-    on_row, on_start, on_progress, on_measure : callable, optional
-        Progress hooks: ``on_start(i, n, job)`` before a checkpoint, ``on_row(i, n, row)`` after
-        it, ``on_progress(label, info)`` while a measure runs, ``on_measure(row, label,
-        reused)`` after each measure (``reused``: taken from the earlier run).
-    debug : bool
-        Re-raise a failed measurement instead of recording it in its row.
+    reporting : Reporting, optional
+        The hooks (``on_start``, ``on_row``, ``on_progress``, ``on_measure``, ``on_note``) and
+        ``debug`` (`Reporting`; default: no hooks, no tracebacks).
     plots : bool
         Draw each measure's artifacts (e.g. the spectral density) as
         ``OUTDIR/plots/<NNN>_<checkpoint stem>_<label>.png``; needs matplotlib and ``outdir``.
@@ -119,10 +139,6 @@ def measure(
         `flatcli.keys`: the checkpoint's and data files' fingerprints, the whole resolved
         configuration but a named list of keys, the measure's revision) and whose status is not
         ``interrupted`` or ``error``; compute the rest.
-    on_note : callable, optional
-        ``on_note(line)`` gets the line saying how many measures are reused and recomputed and
-        why (also ``report.meta["resume"]``), and that finished results of another configuration
-        were kept as OUTDIR/results.prev.json and .csv before being replaced.
 
     Returns
     -------
@@ -145,6 +161,7 @@ def measure(
     jobs, specs = _jobs_and_specs(cfg, checkpoints, measures)
     out = ensure_writable_dir(cfg.output_dir(outdir), "output directory") if write else None
     st, world = _join_ranks(Settings.from_config(cfg))
+    r = reporting if reporting is not None else Reporting()
     with _hold(out if world.is_main else None):
         return _measure_held(
             cfg,
@@ -153,14 +170,14 @@ def measure(
             out,
             st,
             world,
-            debug,
+            r.debug,
             plots,
             resume,
-            on_start,
-            on_row,
-            on_progress,
-            on_measure,
-            on_note,
+            r.on_start,
+            r.on_row,
+            r.on_progress,
+            r.on_measure,
+            r.on_note,
         )
 
 
@@ -383,11 +400,8 @@ def _measure_all(
                 specs,
                 data,
                 st,
-                debug,
-                progress=on_progress,
-                on_measure=finished,
-                reuse=reuse,
-                checked=first if i == 0 else None,
+                MeasureOptions(debug=debug, progress=on_progress, on_measure=finished),
+                Reuse(results=reuse, checked=first if i == 0 else None),
             )
             row.keys = saver.stored_keys(row)
             rows.append(row)

@@ -142,16 +142,18 @@ def measure(
             measures=measures,
             outdir=out,
             run=run,
-            on_row=shown.row,
-            on_start=shown.start,
-            on_progress=shown.detail if shown.is_tty else None,
-            debug=debug,
+            reporting=api.Reporting(
+                on_start=shown.start,
+                on_row=shown.row,
+                on_progress=shown.detail if shown.is_tty else None,
+                on_measure=shown.measure,
+                on_note=lambda line: err_console.print(
+                    line, highlight=False, soft_wrap=True, markup=False
+                ),
+                debug=debug,
+            ),
             plots=plots,
             resume=resume,
-            on_measure=shown.measure,
-            on_note=lambda line: err_console.print(
-                line, highlight=False, soft_wrap=True, markup=False
-            ),
         )
     finally:
         shown.stop()

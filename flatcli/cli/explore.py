@@ -551,17 +551,16 @@ def check_invariance_cmd(
     from rich.markup import escape
 
     from ..api import check_invariance  # lazy: CLI start-up (loads torch)
+    from ..invariance import InvarianceOptions  # lazy: CLI start-up (loads torch)
 
     with StageProgress("check-invariance: rescaling") as shown:
+        opts = InvarianceOptions(_value(transform), scale, tol, progress=shown.update)
         rep = check_invariance(
             config,
             checkpoint,
             measures,
-            transform=_value(transform),
-            scale=scale,
-            tol=tol,
+            options=opts,
             run=run_options(seed=seed, device=device, threads=threads),
-            progress=shown.update,
         )
     log_line(rep.threads)
     console.print(

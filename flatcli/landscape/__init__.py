@@ -18,24 +18,30 @@ From a config and checkpoint files, use `flatcli.api.landscape` (what
 ``flatcli landscape`` calls).
 """
 
-from .connect import ConnectResult, connect_landscape
+from .connect import ConnectResult, ConnectView, connect_landscape
 from .directions import filter_norms, normalize_direction, random_direction
-from .evaluate import PointEvaluator
-from .interpolate import interpolation_landscape
+from .evaluate import PointEvaluator, ViewOptions
+from .interpolate import InterpolateView, interpolation_landscape
 from .output import write_connect_files, write_files, write_trajectory_files
 from .pca import (
+    PCAView,
     TrajectoryResult,
     trajectory_landscape,
     trajectory_paths,
     trajectory_pca,
 )
 from .result import LandscapeResult, summarize
-from .slices import axis_grid, parse_span, slice_landscape
+from .slices import SliceView, axis_grid, parse_span, slice_landscape
 
 __all__ = [
     "ConnectResult",
+    "ConnectView",
+    "InterpolateView",
     "LandscapeResult",
+    "PCAView",
     "PointEvaluator",
+    "SliceView",
+    "ViewOptions",
     "TrajectoryResult",
     "axis_grid",
     "connect_landscape",

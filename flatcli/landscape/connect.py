@@ -65,8 +65,16 @@ from ..errors import ConfigError, MeasurementError
 from ..loading.checkpoints import check_state
 from ..run.results import jsonable
 from ..run.settings import Settings
+from ..validation import Integral, OneOf, Optional, Real, check_fields, opt
 from .bnstats import BatchNormRecomputer, batchnorm_buffer_names
-from .evaluate import ChunkFn, Progress, evaluate_splits, problem_kwargs, split_problems
+from .evaluate import (
+    ChunkFn,
+    Progress,
+    ViewOptions,
+    evaluate_splits,
+    problem_kwargs,
+    split_problems,
+)
 from .result import LandscapeResult, summarize
 from .slices import axis_grid
 
@@ -74,6 +82,29 @@ BEND_OPTIMIZERS = ("adam", "sgd")
 DEFAULT_BEND_LR = {"adam": 1e-3, "sgd": 1e-2}
 SGD_MOMENTUM = 0.9
 PATHS = ("line", "curve")
+
+
+@dataclass(frozen=True)
+class ConnectView(ViewOptions):
+    """``view="connect"``: the path and optimizer settings of `connect_landscape`, validated at
+    construction (a bad value is a `ConfigError` naming the field).
+
+    ``steps`` points on the t grid over [0, 1] (t = 0 and 1 included). The bend trains
+    ``bend_steps`` steps (0 keeps the midpoint: the curve is then the line) of ``bend_optimizer``
+    ("adam" or "sgd" with momentum 0.9; learning rate ``bend_lr``, default 1e-3 for adam and 1e-2
+    for sgd) on minibatches of ``bend_batch_size``, seeded by the settings' ``seed``, starting
+    from ``bend_init`` (name → tensor, from Python only; default the midpoint (θ_a + θ_b)/2).
+    ``points_per_pass`` and ``on_progress``: `ViewOptions`."""
+
+    steps: int = opt(25, Integral(2), "points on the t grid")
+    bend_steps: int = opt(1000, Integral(0), "optimizer steps of the bend training")
+    bend_lr: float | None = opt(None, Optional(Real(0, None, "neither", text=False)), "bend lr")
+    bend_optimizer: str = opt("adam", OneOf(*BEND_OPTIMIZERS), "the bend's optimizer")
+    bend_batch_size: int = opt(128, Integral(1), "minibatch size of the bend training")
+    bend_init: Mapping[str, torch.Tensor] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def lr_factor(step: int, steps: int) -> float:
@@ -165,7 +196,7 @@ def _batches(n: int, batch_size: int, gen: torch.Generator):
             yield perm[i : i + bs]
 
 
-def fit_bend(
+def _fit_bend(
     work: torch.nn.Module,
     a: dict[str, torch.Tensor],
     b: dict[str, torch.Tensor],
@@ -350,7 +381,7 @@ def _endpoints(
 
 @dataclass(frozen=True)
 class _BendOptions:
-    """How the bend is trained (see `fit_bend`)."""
+    """How the bend is trained (see `_fit_bend`)."""
 
     steps: int
     lr: float | None
@@ -362,23 +393,6 @@ class _BendOptions:
     def effective_lr(self) -> float:
         """The learning rate used: ``lr`` or the optimizer's default."""
         return DEFAULT_BEND_LR[self.optimizer] if self.lr is None else float(self.lr)
-
-
-def _check_connect_options(
-    steps: int, bend_steps: int, bend_lr: float | None, bend_optimizer: str
-) -> None:
-    """`ConfigError` for an unknown bend optimizer, negative bend steps, a bend learning rate that
-    is not a positive number, or a t grid of fewer than 2 points."""
-    if bend_optimizer not in BEND_OPTIMIZERS:
-        raise ConfigError(
-            f"`bend_optimizer` must be one of {', '.join(BEND_OPTIMIZERS)}; got {bend_optimizer!r}"
-        )
-    if int(bend_steps) < 0:
-        raise ConfigError(f"`bend_steps` must be ≥ 0; got {bend_steps}")
-    if bend_lr is not None and not (np.isfinite(bend_lr) and bend_lr > 0):
-        raise ConfigError(f"`bend_lr` must be a positive number; got {bend_lr}")
-    if int(steps) < 2:
-        raise ConfigError(f"`steps` must be ≥ 2; got {steps}")
 
 
 def _check_bend_batch_size(bend_batch_size: int, bn_names: list[str]) -> None:
@@ -401,7 +415,7 @@ def _train_bend(
     loss: str,
     progress: Progress,
 ) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
-    """`fit_bend` on a private copy of the network with BatchNorm on batch statistics and every
+    """`_fit_bend` on a private copy of the network with BatchNorm on batch statistics and every
     other module in eval mode; the non-BatchNorm buffers follow the line."""
     pa = ends.train
     work = copy.deepcopy(model_a).to(device=pa.device, dtype=pa.dtype)
@@ -409,7 +423,7 @@ def _train_bend(
         m.train(isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
     for p in work.parameters():
         p.requires_grad_(False)
-    return fit_bend(
+    return _fit_bend(
         work,
         ends.a,
         ends.b,
@@ -433,16 +447,8 @@ def connect_landscape(
     test=None,
     *,
     fit=None,
-    steps: int = 25,
-    bend_steps: int = 1000,
-    bend_lr: float | None = None,
-    bend_optimizer: str = "adam",
-    bend_batch_size: int = 128,
-    bend_init: Mapping[str, torch.Tensor] | None = None,
+    options: ConnectView | None = None,
     settings: Settings | None = None,
-    points_per_pass: int | None = None,
-    labels: tuple[str, str] = ("A", "B"),
-    on_progress: Callable[[int, int], None] | None = None,
     **fields,
 ) -> ConnectResult:
     """Fit a quadratic Bezier curve between two checkpoints; loss along it and along the line.
@@ -456,15 +462,15 @@ def connect_landscape(
         train (and test) loss and accuracy; BatchNorm statistics are
         recomputed on ``train``.
     fit : (x, y) data the bend is trained on (default ``train``).
-    steps : points on the t grid over [0, 1] (t = 0 and 1 included).
-    bend_steps : optimizer steps of the bend training (0 keeps the midpoint:
-        the curve is then the line).
-    bend_lr, bend_optimizer, bend_batch_size : see `fit_bend`.
-    bend_init : starting bend, name → tensor (default the midpoint).
+    options : the `ConnectView`: ``steps`` of the t grid and the bend training's ``bend_steps``,
+        ``bend_lr``, ``bend_optimizer``, ``bend_batch_size``, ``bend_init``, and
+        ``points_per_pass``, ``on_progress`` (default ``ConnectView()``: 25 points, 1000 Adam
+        steps at 1e-3 on minibatches of 128).
     settings : the `flatcli.run.settings.Settings` (loss, batch size, device, precision, ``seed``: the
         seed of the bend training, t and minibatches); its fields may be given as keywords.
-    labels : names of the two checkpoints for error messages.
-    on_progress : called as ``on_progress(done, total)``.
+
+    The two checkpoints are called A and B in messages and in ``meta["checkpoints"]``
+    (`flatcli.api.landscape` puts their paths there).
 
     Returns
     -------
@@ -479,30 +485,31 @@ def connect_landscape(
 
     Examples
     --------
-    >>> res = connect_landscape(model_a, model_b, (x, y), bend_steps=500)  # doctest: +SKIP
+    >>> res = connect_landscape(a, b, (x, y), options=ConnectView(bend_steps=500))  # doctest: +SKIP
     >>> res.summary["line_train_loss_barrier"], res.summary["curve_train_loss_barrier"]  # doctest: +SKIP
     (0.45, 0.003)
     """
+    o = options if options is not None else ConnectView()
+    steps, bend_init, labels = o.steps, o.bend_init, ("A", "B")
     st = Settings.build(settings, **fields)
     seed, loss = st.seed, st.loss
-    _check_connect_options(steps, bend_steps, bend_lr, bend_optimizer)
     t0 = time.perf_counter()
     ts = axis_grid((0.0, 1.0), int(steps), include=(0.0, 1.0))
     state_a = model_a.state_dict()
     check_state(state_a, state_a, labels[0], labels[0], "landscape connect")
     check_state(model_b.state_dict(), state_a, labels[1], labels[0], "landscape connect")
     bn_names = batchnorm_buffer_names(model_a)
-    _check_bend_batch_size(bend_batch_size, bn_names)
-    opts = _BendOptions(int(bend_steps), bend_lr, bend_optimizer, int(bend_batch_size), seed)
+    _check_bend_batch_size(o.bend_batch_size, bn_names)
+    opts = _BendOptions(o.bend_steps, o.bend_lr, o.bend_optimizer, o.bend_batch_size, seed)
     fit = train if fit is None else fit
     with eval_mode(model_a), eval_mode(model_b):
         ends = _endpoints(model_a, model_b, train, test, bn_names, problem_kwargs(st))
         n_evals = (2 * len(ts) if bn_names else 0) + 2 * len(ts) * len(ends.problems)
-        progress = Progress(opts.steps + n_evals, on_progress)
+        progress = o.progress(opts.steps + n_evals)
         bend, history = _train_bend(model_a, ends, fit, bend_init, opts, loss, progress)
         pa = ends.train
         recompute = BatchNormRecomputer(model_a, pa.device, pa.dtype) if bn_names else None
-        evaluate = _PathEvaluator(ends, ts, recompute, points_per_pass, progress)
+        evaluate = _PathEvaluator(ends, ts, recompute, o.points_per_pass, progress)
         results = {path: evaluate(path, bend) for path in PATHS}
         meta = _connect_meta(
             ends, bend, history, opts, labels=labels, steps=int(steps), n_fit=Batch.of(fit).rows

@@ -36,6 +36,7 @@ from torch.func import functional_call, vmap
 from ..engine import Batch, Problem
 from ..engine.batch import model_output
 from ..errors import MeasurementError
+from ..validation import Function, Integral, Optional, check_fields, opt
 
 # (first, stop) -> the stacked tensors of points first..stop-1: name -> (K, *shape)
 ChunkFn = Callable[[int, int], dict[str, torch.Tensor]]
@@ -63,6 +64,29 @@ class Progress:
         self.done += k
         if self.on_progress is not None:
             self.on_progress(self.done, self.total)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViewOptions:
+    """What every landscape view's options object (`flatcli.landscape.SliceView`,
+    `InterpolateView`, `PCAView`, `ConnectView`) shares: how its points are evaluated and its
+    progress reported. Keyword-only; validated at construction, with the view's own fields.
+
+    ``points_per_pass``: grid points per vmapped forward pass (1 = a loop over points; None =
+    auto: a loop for models with convolutions, else 8; see `PointEvaluator`). ``on_progress``:
+    called as ``on_progress(done, total)`` as the work advances."""
+
+    points_per_pass: int | None = opt(None, Optional(Integral(1)), "points per vmapped pass")
+    on_progress: Callable[[int, int], None] | None = opt(
+        None, Optional(Function()), "on_progress(done, total)"
+    )
+
+    def __post_init__(self):
+        check_fields(self)
+
+    def progress(self, total: int) -> Progress:
+        """A `Progress` over ``total`` units reported to ``on_progress``."""
+        return Progress(total, self.on_progress)
 
 
 def problem_kwargs(settings) -> dict:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,7 +35,8 @@ import torch
 from ..engine import Batch, Problem, eval_mode
 from ..errors import ConfigError
 from ..run.settings import Settings
-from .evaluate import Progress, evaluate_splits, problem_kwargs, split_problems
+from ..validation import Integral, check_fields, opt
+from .evaluate import ViewOptions, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
 from .slices import axis_grid, parse_span
 
@@ -78,26 +80,42 @@ def _check_same_architecture(pa: Problem, pb: Problem) -> None:
         )
 
 
+@dataclass(frozen=True)
+class InterpolateView(ViewOptions):
+    """``view="interpolate"``: the line (1 − t)·θ_a + t·θ_b between two checkpoints, with its
+    barrier (`interpolation_landscape`), validated at construction: ``steps`` points over
+    ``span`` (t = 0 and 1 added when missing), ``span`` (a, b) or "a,b", default -0.5,1.5;
+    ``points_per_pass`` and ``on_progress``: `ViewOptions`."""
+
+    steps: int = opt(25, Integral(2), "points over span")
+    span: str | Sequence[float] | None = None
+
+    def __post_init__(self):
+        check_fields(self)
+        parse_span(self.span, DEFAULT_SPAN)
+
+
 def interpolation_landscape(
     model_a: torch.nn.Module,
     model_b: torch.nn.Module,
     train,
     test=None,
     *,
-    steps: int = 25,
-    span: str | Sequence[float] | None = None,
+    options: InterpolateView | None = None,
     settings: Settings | None = None,
-    points_per_pass: int | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
     **fields,
 ) -> LandscapeResult:
     """Loss and accuracy along θ(t) = (1 − t)θ_a + tθ_b (neither model is modified).
 
     ``model_a`` provides the function (its module code) and θ_a; ``model_b``
     only its parameters and buffers, which must match ``model_a``'s in names
-    and shapes. ``settings`` (or its fields as keywords): loss, batch size, device, precision.
-    Returns a `LandscapeResult` of kind "interpolation" whose ``alpha`` axis is t.
+    and shapes. ``options``: the `InterpolateView` (``steps``, ``span``, ``points_per_pass``,
+    ``on_progress``; default 25 points over (−0.5, 1.5)). ``settings`` (or its fields as
+    keywords): loss, batch size, device, precision. Returns a `LandscapeResult` of kind
+    "interpolation" whose ``alpha`` axis is t.
     """
+    opts = options if options is not None else InterpolateView()
+    steps, span = opts.steps, opts.span
     st = Settings.build(settings, **fields)
     lo, hi = parse_span(span, DEFAULT_SPAN)
     t0 = time.perf_counter()
@@ -117,12 +135,12 @@ def interpolation_landscape(
             )
         end_a = {**pa.params, **{n: pa.buffers[n] for n in float_buffers}}
         end_b = {**pb.params, **{n: pb.buffers[n] for n in float_buffers}}
-        progress = Progress(len(ts) * len(problems), on_progress)
+        progress = opts.progress(len(ts) * len(problems))
         metrics, diags = evaluate_splits(
             problems,
             interpolation_chunks(end_a, end_b, ts),
             len(ts),
-            points_per_pass,
+            opts.points_per_pass,
             progress.advance,
         )
         dist = float(sum((end_b[n] - end_a[n]).double().pow(2).sum() for n in pa.names) ** 0.5)

@@ -71,7 +71,8 @@ from ..errors import ConfigError, MeasurementError
 from ..loading.checkpoints import check_state, missing_checkpoint
 from ..run.results import jsonable
 from ..run.settings import Settings
-from .evaluate import Progress, evaluate_splits, problem_kwargs, split_problems
+from ..validation import Bool, Integral, OneOf, check_fields, opt
+from .evaluate import Progress, ViewOptions, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
 from .slices import axis_grid, direction_chunks, grid_coefficients, parse_span
 
@@ -331,27 +332,31 @@ def _nan_check(values: np.ndarray, what: str, where: Callable[[int], str]) -> No
 
 
 # ------------------------------------------------------------------ steps of the view
-def _check_trajectory_options(
-    n_ck: int,
-    labels: Sequence[str] | None,
-    solver: str,
-    span: str | Sequence[float] | None,
-    steps: int,
-) -> tuple[list[str], tuple[float, float] | None, int]:
-    """The checked options: the labels (default "0", "1", …), the fixed span (None: automatic)
-    and the steps per axis; `ConfigError` (`ValueError` for the labels) otherwise."""
-    if solver not in PCA_SOLVERS:
-        raise ConfigError(f"`solver` must be one of {', '.join(PCA_SOLVERS)}; got {solver!r}")
+@dataclass(frozen=True)
+class PCAView(ViewOptions):
+    """``view="pca"`` (`trajectory_landscape`), validated at construction: ``steps`` per axis;
+    ``span`` (a, b) or "a,b" for both axes (default: the path plus `PATH_MARGIN` on each side);
+    ``solver`` "auto", "full" or "randomized" (seeded by ``seed``); ``sort`` the files naturally
+    (epoch_2 before epoch_10, `trajectory_paths`); ``points_per_pass``, ``on_progress``: `ViewOptions`."""
+
+    steps: int = opt(25, Integral(2), "grid points per axis")
+    span: str | Sequence[float] | None = None
+    solver: str = opt("auto", OneOf(*PCA_SOLVERS), "the PCA's solver")
+    sort: bool = opt(True, Bool(), "sort the checkpoint files naturally")
+
+    def __post_init__(self):
+        check_fields(self)
+        parse_span(self.span, (-1.0, 1.0))
+
+
+def _check_labels(n_ck: int, labels: Sequence[str] | None) -> list[str]:
+    """The labels (default "0", "1", …); `ConfigError` for too few checkpoints, else `ValueError`."""
     if n_ck < MIN_CHECKPOINTS:
         raise ConfigError(f"`pca` needs at least {MIN_CHECKPOINTS} checkpoints; got {n_ck}")
     labels = [str(i) for i in range(n_ck)] if labels is None else [str(s) for s in labels]
     if len(labels) != n_ck:
         raise ValueError(f"{len(labels)} labels for {n_ck} checkpoints")
-    fixed_span = parse_span(span, (-1.0, 1.0)) if span is not None else None
-    steps_n = int(steps)
-    if steps_n < 2:
-        raise ConfigError(f"`steps` must be ≥ 2; got {steps}")
-    return labels, fixed_span, steps_n
+    return labels
 
 
 def _centre_model(
@@ -610,12 +615,8 @@ def trajectory_landscape(
     *,
     model: torch.nn.Module | None = None,
     labels: Sequence[str] | None = None,
-    steps: int = 25,
-    span: str | Sequence[float] | None = None,
-    solver: str = "auto",
+    options: PCAView | None = None,
     settings: Settings | None = None,
-    points_per_pass: int | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
     **fields,
 ) -> TrajectoryResult:
     """PCA directions of a training trajectory, its projection, and the loss over their plane.
@@ -632,14 +633,10 @@ def trajectory_landscape(
     model : the network whose code evaluates the points (default: the last
         item, which must then be a module). Not modified.
     labels : a name per checkpoint for the path table (default "0", "1", …).
-    steps : grid points per axis.
-    span : (a, b) or "a,b" for both axes; default: each axis covers the
-        projected path plus `PATH_MARGIN` of its extent on each side.
-    solver : "auto", "full" or "randomized" (see the module docstring).
+    options : the `PCAView` (``steps``, ``span``, ``solver``, ``points_per_pass``,
+        ``on_progress``; its ``sort`` applies to file lists); default ``PCAView()``.
     settings : the `flatcli.run.settings.Settings` (loss, batch size, device, precision, ``seed``: the
         seed of the randomized solver); its fields may be given as keywords.
-    points_per_pass : grid points per vmapped forward pass (see `evaluate`).
-    on_progress : called as ``on_progress(done, total)``.
 
     Returns
     -------
@@ -654,14 +651,17 @@ def trajectory_landscape(
 
     Examples
     --------
-    >>> res = trajectory_landscape([m1, m2, m3, m4], (x, y), steps=21)  # doctest: +SKIP
+    >>> res = trajectory_landscape([m1, m2, m3], (x, y), options=PCAView(steps=21))  # doctest: +SKIP
     >>> res.explained_variance_ratio, res.surface.train_loss.shape  # doctest: +SKIP
     (array([0.93, 0.05]), (21, 21))
     """
     st = Settings.build(settings, **fields)
     seed = st.seed
     n_ck = len(trajectory)
-    labels, fixed_span, steps_n = _check_trajectory_options(n_ck, labels, solver, span, steps)
+    opts = options if options is not None else PCAView()
+    labels, solver, points_per_pass = _check_labels(n_ck, labels), opts.solver, opts.points_per_pass
+    fixed_span = parse_span(opts.span, (-1.0, 1.0)) if opts.span is not None else None
+    steps_n = opts.steps
     t0 = time.perf_counter()
     work, centre_state = _centre_model(trajectory, model, labels)
     ck = _Checkpoints(trajectory, centre_state, labels)
@@ -669,7 +669,7 @@ def trajectory_landscape(
         problems = split_problems(work, train, test, **problem_kwargs(st))
         pt = problems["train"]
         # loading, grid (steps² points until the grid is known), own losses, plane points
-        progress = Progress(n_ck + (steps_n**2 + n_ck) * len(problems) + n_ck, on_progress)
+        progress = opts.progress(n_ck + (steps_n**2 + n_ck) * len(problems) + n_ck)
         plane = _trajectory_plane(ck, work.state_dict(), pt.names, solver, seed, progress)
         dirs = [
             pt.unflatten(torch.as_tensor(c, dtype=pt.dtype, device=pt.device))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,8 +32,9 @@ import torch
 from ..engine import eval_mode
 from ..errors import ConfigError
 from ..run.settings import Settings
+from ..validation import BIAS_BN, Integral, OneOf, check_fields, opt
 from .directions import cosine, random_direction
-from .evaluate import Progress, evaluate_splits, problem_kwargs, split_problems
+from .evaluate import ViewOptions, evaluate_splits, problem_kwargs, split_problems
 from .result import LandscapeResult, summarize
 
 DEFAULT_SPAN = (-1.0, 1.0)
@@ -118,18 +120,33 @@ def direction_chunks(
     return chunk
 
 
+@dataclass(frozen=True)
+class SliceView(ViewOptions):
+    """``view="slice"``: a 1D/2D filter-normalized slice around one checkpoint (`slice_landscape`),
+    validated at construction.
+
+    ``dims`` 1 or 2 random directions; ``steps`` grid points per axis over ``span`` (α = 0 is
+    added when missing); ``span`` the grid range (a, b) or "a,b" (default -1,1); ``bias_bn``
+    "zero" (Li et al.) or "keep": the direction on 1-D parameters (biases, normalization layers),
+    see `flatcli.landscape.directions`; ``points_per_pass`` and ``on_progress``: `ViewOptions`."""
+
+    dims: int = opt(1, OneOf(1, 2), "random directions")
+    steps: int = opt(25, Integral(2), "grid points per axis")
+    span: str | Sequence[float] | None = None
+    bias_bn: str = opt("zero", OneOf(*BIAS_BN), "the direction on biases and norm layers")
+
+    def __post_init__(self):
+        check_fields(self)
+        parse_span(self.span, DEFAULT_SPAN)
+
+
 def slice_landscape(
     model: torch.nn.Module,
     train,
     test=None,
     *,
-    dims: int = 1,
-    steps: int = 25,
-    span: str | Sequence[float] | None = None,
-    bias_bn: str = "zero",
+    options: SliceView | None = None,
     settings: Settings | None = None,
-    points_per_pass: int | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
     **fields,
 ) -> LandscapeResult:
     """Evaluate a ``dims``-dimensional slice around the model's parameters.
@@ -139,23 +156,18 @@ def slice_landscape(
     model : the network at θ* (not modified).
     train, test : the data (batches of named tensors or (x, y) pairs); every point gets train
         (and test) loss and accuracy.
-    dims : 1 or 2 random directions.
-    steps : grid points per axis over ``span`` (α = 0 is added when missing).
-    span : (a, b) or "a,b"; default (−1, 1).
+    options : the slice's `SliceView` (``dims``, ``steps``, ``span``, ``bias_bn``,
+        ``points_per_pass``, ``on_progress``; default ``SliceView()``: 1 direction, 25 steps over
+        (−1, 1), ``bias_bn="zero"``).
     settings : the `flatcli.run.settings.Settings` (loss, batch size, device, precision, ``seed``: the
         seed of the directions, CPU generator, float64 draws); its fields may be given as keywords.
-    bias_bn : "zero" (default, Li et al.) or "keep": the direction on 1-D
-        parameters (biases, normalization layers); see `directions`.
-    points_per_pass : grid points per vmapped forward pass (1 = loop; None =
-        auto: a loop for models with convolutions, else 8; see `evaluate`).
-    on_progress : called as ``on_progress(done, total)`` after each pass.
 
     Returns
     -------
     `LandscapeResult` of kind "1d" or "2d".
     """
-    if dims not in (1, 2):
-        raise ConfigError(f"dims must be 1 or 2; got {dims}")
+    opts = options if options is not None else SliceView()
+    dims, steps, span, bias_bn = opts.dims, opts.steps, opts.span, opts.bias_bn
     st = Settings.build(settings, **fields)
     seed = st.seed
     a, b = parse_span(span, DEFAULT_SPAN)
@@ -168,12 +180,12 @@ def slice_landscape(
         gen = torch.Generator().manual_seed(int(seed))
         dirs = [random_direction(base, gen, bias_bn) for _ in range(dims)]
         coeffs = grid_coefficients(alpha, beta)
-        progress = Progress(len(coeffs) * len(problems), on_progress)
+        progress = opts.progress(len(coeffs) * len(problems))
         metrics, diags = evaluate_splits(
             problems,
             direction_chunks(base, dirs, coeffs),
             len(coeffs),
-            points_per_pass,
+            opts.points_per_pass,
             progress.advance,
         )
         shape = (len(alpha),) if dims == 1 else (len(alpha), len(beta))

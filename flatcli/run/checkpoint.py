@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import platform
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -47,7 +48,8 @@ from .memory import check_products, copies_model, refuse
 from .predict import Fit
 from .preflight import Checked, check_loaded
 from .results import Row
-from .settings import Settings
+from .reuse import Reuse
+from .settings import MeasureOptions, Settings
 from .shares import BudgetSplit, in_turn
 
 
@@ -150,16 +152,10 @@ def measure_model(
     measures: Sequence[Any] | str,
     *,
     test=None,
-    settings: Settings | None = None,
     init_state: dict[str, torch.Tensor] | None = None,
-    checkpoint: str = "<model>",
-    hparams: dict[str, Any] | None = None,
-    debug: bool = False,
-    progress: Callable[[str, dict], None] | None = None,
-    on_measure: Callable[[Row, str], None] | None = None,
-    reuse: dict[str, Any] | None = None,
-    budget_among: Sequence[MeasureSpec] | None = None,
-    metrics: dict[str, float] | None = None,
+    settings: Settings | None = None,
+    options: MeasureOptions | None = None,
+    reuse: Reuse | None = None,
     **fields: Any,
 ) -> Row:
     """Measure one model on tensors, without a config.
@@ -182,21 +178,12 @@ def measure_model(
         ``hvp_mode``, ``block_size``, ``params``), which override it.
     init_state : dict, optional
         The state dict at initialization (``distance_from_init``).
-    checkpoint, hparams : str, dict
-        The name the row carries and its ``hp_*`` columns.
-    debug : bool
-        Re-raise a failed measurement instead of recording it.
-    progress : callable, optional
-        ``progress(label, info)`` while a measure runs: its counters so far, ``seconds``,
-        ``planned_hvps`` and the estimator's ``probes``/``steps``, ``value``, ``stderr``.
-    on_measure : callable, optional
-        ``on_measure(row, label)`` after each measure finishes (the row so far).
-    reuse : dict, optional
-        Label → `MeasureResult` of an earlier run: those measures are not run again.
-    budget_among : sequence of MeasureSpec, optional
-        The measures a checkpoint's ``settings.budget`` is split among (a sweep's unit).
-    metrics : dict, optional
-        This model's metrics on these splits, from a sweep's earlier unit: not computed again.
+    options : MeasureOptions, optional
+        A `flatcli.run.settings.MeasureOptions`: the row's ``checkpoint`` name and ``hparams``,
+        ``debug``, and the ``progress`` and ``on_measure`` hooks (default: none of them).
+    reuse : Reuse, optional
+        A `flatcli.run.reuse.Reuse`: earlier ``results`` not run again, ``metrics`` not computed
+        again, the measures a budget is split among (``budget_among``; a sweep's unit).
     **fields
         `Settings` fields, as above.
 
@@ -208,6 +195,10 @@ def measure_model(
     """
     specs = as_specs(measures)
     st = Settings.build(settings, **fields)
+    o = options if options is not None else MeasureOptions()
+    debug, progress, on_measure = o.debug, o.progress, o.on_measure
+    earlier = reuse if reuse is not None else Reuse()
+    reuse, budget_among, metrics = earlier.results, earlier.budget_among, earlier.metrics
     data = {
         "train": None if train is None else Batch.of(train, where="data.train"),
         "test": None if test is None else Batch.of(test, where="data.test"),
@@ -216,7 +207,9 @@ def measure_model(
         raise ConfigError(
             f"measure_data.split is {st.split!r} but no {st.split} data is configured"
         )
-    row = Row(checkpoint=checkpoint, labels=[s.label for s in specs], hparams=dict(hparams or {}))
+    row = Row(
+        checkpoint=o.checkpoint, labels=[s.label for s in specs], hparams=dict(o.hparams or {})
+    )
     work = _working_copy(model, st)
     with st.precision_context(), eval_mode(work):
         problem = _problem(work, subset(data[st.split], st.num_samples, st.data_seed), st)
@@ -488,22 +481,21 @@ def measure_job(
     specs: list[MeasureSpec],
     data: DataCache,
     settings: Settings,
-    debug: bool = False,
-    progress: Callable[[str, dict], None] | None = None,
-    on_measure: Callable[[Row, str], None] | None = None,
-    reuse: dict[str, Any] | None = None,
-    budget_among: Sequence[MeasureSpec] | None = None,
-    checked: Checked | None = None,
-    keep: Any = None,
+    options: MeasureOptions | None = None,
+    reuse: Reuse | None = None,
 ) -> Row:
     """Load one checkpoint and measure it. A failure (a bad file: kind ``ConfigError``, exit code 2)
-    becomes an error row, so other checkpoints still complete. ``on_measure`` and ``reuse``: as
-    `measure_model`'s. The checkpoint's pre-flight runs first, before any data is loaded (a model
-    whose measures will not fit in the device's free memory fails here); ``checked``: its result
-    when the caller already ran it (the checkpoint is then not loaded again). ``keep``: a
+    becomes an error row, so other checkpoints still complete. ``options``: as `measure_model`'s
+    (its ``checkpoint`` and ``hparams`` come from the job). The checkpoint's pre-flight runs first,
+    before any data is loaded (a model whose measures will not fit in the device's free memory
+    fails here). ``reuse``: as `measure_model`'s, plus ``reuse.checked``, the pre-flight's result
+    when the caller already ran it (the checkpoint is then not loaded again), and ``reuse.keep``, a
     `flatcli.run.reuse.CheckpointCache` holding the model and metrics between calls for one
     checkpoint (a sweep worker's consecutive units of it)."""
     labels = [s.label for s in specs]
+    opts = options if options is not None else MeasureOptions()
+    earlier = reuse if reuse is not None else Reuse()
+    debug, checked, keep, reuse = opts.debug, earlier.checked, earlier.keep, earlier.results
     try:
         todo = [s for s in specs if not (reuse and s.label in reuse)]
         if checked is None:
@@ -521,16 +513,14 @@ def measure_job(
             train,
             specs,
             test=test,
-            settings=settings,
             init_state=init_state,
-            checkpoint=job.checkpoint,
-            hparams=hp,
-            debug=debug,
-            progress=progress,
-            on_measure=on_measure,
-            reuse=reuse,
-            budget_among=budget_among,
-            metrics=None if keep is None else keep.metrics,
+            settings=settings,
+            options=dataclasses.replace(opts, checkpoint=job.checkpoint, hparams=hp),
+            reuse=Reuse(
+                results=reuse,
+                metrics=None if keep is None else keep.metrics,
+                budget_among=earlier.budget_among,
+            ),
         )
         if keep is not None and keep.metrics is None and row.metrics:
             keep.metrics = dict(row.metrics)

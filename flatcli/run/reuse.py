@@ -1,16 +1,21 @@
 """What a sweep worker keeps between its consecutive units of one checkpoint (`CheckpointCache`):
 the loaded model and its train/test metrics, so that a checkpoint measured by several units is
-loaded and evaluated once."""
+loaded and evaluated once; and the earlier work one measurement takes instead of redoing it
+(`Reuse`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..config import Config
 from ..loading import load
+from ..validation import Kind, Optional, check_fields, opt
 from .jobs import Job
+from .preflight import Checked
 
 
 class CheckpointCache:
@@ -42,3 +47,34 @@ class CheckpointCache:
         if self._init is None:
             self._init = (load.load_init_state(cfg, job, self.model(cfg, job)[0]),)
         return self._init[0]
+
+
+def _optional(*types: type, words: str) -> Optional:
+    return Optional(Kind(*types, words=words))
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """The earlier work one measurement takes instead of redoing it (``reuse=`` of
+    `flatcli.run.checkpoint.measure_model` and `measure_job`), validated at construction. Nothing
+    (the default) measures everything afresh.
+
+    ``results``: label → `flatcli.measures.MeasureResult` of an earlier run; those measures are not
+    run again (``--resume``). ``metrics``: this model's train/test metrics on these splits from an
+    earlier unit; not computed again. ``budget_among``: the measures a checkpoint's
+    ``settings.budget`` is split among (a sweep unit runs one of them, with the share it has in the
+    whole checkpoint). `measure_job` also reads ``checked``: the checkpoint's pre-flight
+    (`flatcli.run.preflight.Checked`) when the caller already ran it (the checkpoint is then not
+    loaded again), and ``keep``: a `CheckpointCache` holding the model, init state and metrics
+    between a sweep worker's units of one checkpoint (its metrics then stand for ``metrics``)."""
+
+    results: Mapping[str, Any] | None = opt(None, _optional(Mapping, words="a mapping"))
+    metrics: Mapping[str, float] | None = opt(None, _optional(Mapping, words="a mapping"))
+    budget_among: Sequence[Any] | None = opt(
+        None, _optional(list, tuple, words="a list of MeasureSpec")
+    )
+    checked: Checked | None = opt(None, _optional(Checked, words="a preflight Checked"))
+    keep: CheckpointCache | None = opt(None, _optional(CheckpointCache, words="a CheckpointCache"))
+
+    def __post_init__(self):
+        check_fields(self)

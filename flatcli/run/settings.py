@@ -16,6 +16,7 @@ argument lists.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +27,16 @@ from ..engine.linalg.lanczos import host_fit
 from ..engine.params import ParamSelection
 from ..engine.precision import BF16_FD_REFUSED, PRECISIONS, Precision, has_tensor_cores
 from ..errors import ConfigError
-from ..validation import validate
+from ..validation import Bool, Function, Kind, Optional, Str, check_fields, opt, validate
 
-__all__ = ["PRECISIONS", "RunOptions", "Settings", "has_tensor_cores", "resolve_device"]
+__all__ = [
+    "PRECISIONS",
+    "MeasureOptions",
+    "RunOptions",
+    "Settings",
+    "has_tensor_cores",
+    "resolve_device",
+]
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,47 @@ class RunOptions:
         if not isinstance(run, cls):
             raise TypeError(f"run must be a flatcli.api.RunOptions; got {type(run).__name__}")
         return run
+
+
+_HOOK = Optional(Function())
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    """How one `flatcli.api.measure_model` call names its row and reports (``options=``), validated
+    at construction (a bad value is a `ConfigError` naming the field). The defaults are those of a
+    call without options.
+
+    Parameters
+    ----------
+    checkpoint : str
+        The name the row carries (default ``"<model>"``).
+    hparams : mapping, optional
+        The row's ``hp_*`` columns.
+    debug : bool
+        Re-raise a failed measurement instead of recording it.
+    progress : callable, optional
+        ``progress(label, info)`` while a measure runs: its counters so far, ``seconds``,
+        ``planned_hvps`` and the estimator's ``probes``/``steps``, ``value``, ``stderr``.
+    on_measure : callable, optional
+        ``on_measure(row, label)`` after each measure finishes (the row so far).
+
+    Examples
+    --------
+    >>> MeasureOptions(checkpoint="epoch_3.pt", hparams={"lr": 0.1}).checkpoint
+    'epoch_3.pt'
+    """
+
+    checkpoint: str = opt("<model>", Str(), "the row's name")
+    hparams: Mapping[str, Any] | None = opt(
+        None, Optional(Kind(Mapping, words="a mapping")), "the row's hp_* columns"
+    )
+    debug: bool = opt(False, Bool(), "re-raise a failed measurement")
+    progress: Callable[[str, dict], None] | None = opt(None, _HOOK, "progress(label, info)")
+    on_measure: Callable[[Any, str], None] | None = opt(None, _HOOK, "on_measure(row, label)")
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def resolve_device(name: str | torch.device | None, where: str = "device") -> torch.device:

@@ -17,7 +17,7 @@ from ..loading.text import TOKENIZED_DIR
 from ..run import reuse
 from ..run.checkpoint import measure_job
 from ..run.jobs import Job
-from ..run.settings import Settings
+from ..run.settings import MeasureOptions, Settings
 from ..threads import apply_threads, choose_threads
 from .plan import Plan, Unit, load_plan
 from .store import (
@@ -179,9 +179,8 @@ class _WorkerLoop:
                 [plan.spec(u.label)],
                 self.data,
                 self.settings,
-                self.debug,
-                budget_among=[plan.spec(lab) for lab in plan.labels],
-                keep=self.keep,
+                MeasureOptions(debug=self.debug),
+                reuse.Reuse(budget_among=[plan.spec(lab) for lab in plan.labels], keep=self.keep),
             )
             rec = unit_record(
                 uid=u.id,

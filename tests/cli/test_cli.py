@@ -470,7 +470,7 @@ def test_progress_inside_measures_and_one_line_per_stage_in_logs(project, tmp_pa
         project,
         [str(project.parent / "m0.pt")],
         measures="hessian_trace,hessian_lambda_max",
-        on_progress=lambda label, info: seen.append((label, dict(info))),
+        reporting=api.Reporting(on_progress=lambda label, info: seen.append((label, dict(info)))),
     )
     labels = {lab for lab, _ in seen}
     assert labels == {"hessian_trace", "hessian_lambda_max"}

@@ -107,7 +107,9 @@ def test_results_after_every_measure_and_resume_recomputes_what_changed(tmp_path
     api.measure(
         cfg,
         outdir=out,
-        on_measure=lambda row, lab, r: seen.append(pd.read_csv(out / "results.csv")),
+        reporting=api.Reporting(
+            on_measure=lambda row, lab, r: seen.append(pd.read_csv(out / "results.csv"))
+        ),
     )
     assert [list(t["frobenius_norm_status"]) for t in seen] == [["ok", "interrupted"], ["ok", "ok"]]
     assert seen[0].loc[0, "frobenius_norm"] == pytest.approx(
@@ -121,7 +123,7 @@ def test_results_after_every_measure_and_resume_recomputes_what_changed(tmp_path
         cfg,
         outdir=out,
         resume=True,
-        on_measure=lambda row, lab, r: reused.append((row.checkpoint, r)),
+        reporting=api.Reporting(on_measure=lambda row, lab, r: reused.append((row.checkpoint, r))),
     )
     assert reused == [("m0.pt", True), ("m1.pt", False)]
     new = pd.read_csv(out / "results.csv")
@@ -182,7 +184,7 @@ def test_live_line_counts_each_measures_own_products_and_the_time_left(tmp_path)
         cfg,
         [str(cfg.parent / "m0.pt")],
         measures="hessian_trace,hessian_lambda_max",
-        on_progress=lambda label, info: seen.append((label, dict(info))),
+        reporting=api.Reporting(on_progress=lambda label, info: seen.append((label, dict(info)))),
     )
     res = report.rows[0].results
     for lab in ("hessian_trace", "hessian_lambda_max"):

@@ -11,6 +11,7 @@ from flatcli.cli import app
 from flatcli.demo.models import MLP
 from flatcli.errors import ConfigError, MeasurementError
 from flatcli.invariance import (
+    InvarianceOptions,
     RescalePair,
     check_invariance_model,
     claims_invariance,
@@ -102,7 +103,7 @@ def test_ns_and_normalized_relative_flatness_are_invariant_the_trace_is_not(tran
     model = _mlp()
     x, y = _data()
     rep = check_invariance_model(
-        model, (x, y), EXACT, transform=transform, scale=10.0, seed=0, batch_size=24
+        model, (x, y), EXACT, options=InvarianceOptions(transform, 10.0), seed=0, batch_size=24
     )
     by = {r.name: r for r in rep.results}
     assert rep.output_rel_change <= 1e-12
@@ -134,7 +135,7 @@ def test_relative_flatness_without_normalization_changes_and_claims_nothing():
             {"relative_flatness": {"normalize_features": False}},
             {"hessian_trace": {"min_probes": 8, "max_probes": 8}},
         ],
-        transform="node",
+        options=InvarianceOptions("node"),
         seed=1,
         batch_size=24,
     )
@@ -162,7 +163,9 @@ def test_batchnorm_aware_rescaling_of_a_cnn():
         EXACT[1],
         {"hessian_trace": {"min_probes": 8, "max_probes": 8}},
     ]
-    rep = check_invariance_model(model, (x, y), fast, transform="both", batch_size=12)
+    rep = check_invariance_model(
+        model, (x, y), fast, options=InvarianceOptions("both"), batch_size=12
+    )
     assert rep.passed, rep.results
     assert all(r.rel_change <= 1e-6 for r in rep.results if r.claims_invariance)
 
@@ -287,7 +290,7 @@ def test_fisher_rao_path_norm_and_margin_are_invariant_and_claim_it(transform):
         "frobenius_norm",
     ]
     rep = check_invariance_model(
-        model, (x, y), measures, transform=transform, scale=10.0, seed=0, batch_size=24
+        model, (x, y), measures, options=InvarianceOptions(transform, 10.0), seed=0, batch_size=24
     )
     by = {r.name: r for r in rep.results}
     for name in ("fisher_rao_norm", "path_norm", "inverse_margin", "fisher_rao_term"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,7 +13,9 @@ from torch import nn
 
 from flatcli.engine import Problem
 from flatcli.landscape import (
+    InterpolateView,
     PointEvaluator,
+    SliceView,
     axis_grid,
     filter_norms,
     interpolation_landscape,
@@ -155,13 +158,10 @@ def test_slice_1d_and_2d_match_closed_form():
     res1 = slice_landscape(
         model,
         (x, y),
-        dims=1,
-        steps=9,
-        span=(-2, 2),
+        options=SliceView(dims=1, steps=9, span=(-2, 2), points_per_pass=3),
         seed=5,
         loss="mse",
         batch_size=5,
-        points_per_pass=3,
         **F64,
     )
     gen = torch.Generator().manual_seed(5)
@@ -176,13 +176,10 @@ def test_slice_1d_and_2d_match_closed_form():
     res2 = slice_landscape(
         model,
         (x, y),
-        dims=2,
-        steps=5,
-        span=(-1, 1),
+        options=SliceView(dims=2, steps=5, span=(-1, 1), points_per_pass=4),
         seed=5,
         loss="mse",
         batch_size=5,
-        points_per_pass=4,
         **F64,
     )
     g2, h22, h12 = (
@@ -202,8 +199,9 @@ def test_slice_1d_and_2d_match_closed_form():
 def test_interpolation_of_quadratic_matches_closed_form_and_barrier():
     model_a, x, y = quadratic_problem(seed=0)
     model_b, _, _ = quadratic_problem(seed=1)
+    view = InterpolateView(steps=9, span=(-0.5, 1.5))
     res = interpolation_landscape(
-        model_a, model_b, (x, y), steps=9, span=(-0.5, 1.5), loss="mse", batch_size=4, **F64
+        model_a, model_b, (x, y), options=view, loss="mse", batch_size=4, **F64
     )
     Wa, Wb = model_a.weight.detach(), model_b.weight.detach()
     expect = [quad_loss((1 - t) * Wa + t * Wb, x, y) for t in res.alpha]
@@ -222,9 +220,8 @@ def test_interpolation_endpoints_reproduce_both_checkpoints(ppp):
     a, b = convbn(0), convbn(1)
     train, test = img_data(10, 0), img_data(7, 1)
     before = snapshot(a), snapshot(b)
-    res = interpolation_landscape(
-        a, b, train, test, steps=5, span=(-0.5, 1.5), batch_size=4, points_per_pass=ppp, **F64
-    )
+    view = InterpolateView(steps=5, span=(-0.5, 1.5), points_per_pass=ppp)
+    res = interpolation_landscape(a, b, train, test, options=view, batch_size=4, **F64)
     i0, i1 = list(res.alpha).index(0.0), list(res.alpha).index(1.0)
     for m, i in ((a, i0), (b, i1)):
         for split, data in (("train", train), ("test", test)):
@@ -245,7 +242,7 @@ def test_interpolation_rejects_different_architectures():
 
     other = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
     with pytest.raises(ConfigError, match="different architectures"):
-        interpolation_landscape(mlp(), other, vec_data(), steps=3, **F64)
+        interpolation_landscape(mlp(), other, vec_data(), options=InterpolateView(steps=3), **F64)
 
 
 # ------------------------------------------------------------------ vmap vs loop; model untouched
@@ -254,9 +251,10 @@ def test_vmap_batched_equals_loop_and_model_untouched():
     m.train()  # the user's mode is restored afterwards
     before = snapshot(m)
     train, test = img_data(9, 0), img_data(6, 1)
-    kw = dict(dims=2, steps=3, span=(-1, 1), seed=1, bias_bn="keep", batch_size=4, **F64)
-    loop = slice_landscape(m, train, test, points_per_pass=1, **kw)
-    batched = slice_landscape(m, train, test, points_per_pass=4, **kw)  # 9 points: 4 + 4 + 1
+    view = SliceView(dims=2, steps=3, span=(-1, 1), bias_bn="keep")
+    kw = dict(seed=1, batch_size=4, **F64)
+    loop = slice_landscape(m, train, test, options=replace(view, points_per_pass=1), **kw)
+    batched = slice_landscape(m, train, test, options=replace(view, points_per_pass=4), **kw)
     assert (
         batched.meta["evaluator"]["train"]["vmap"] and not loop.meta["evaluator"]["train"]["vmap"]
     )
@@ -275,20 +273,22 @@ def test_vmap_batched_equals_loop_and_model_untouched():
 def test_vmap_equals_loop_on_cuda():
     m = convbn()
     train = img_data(9, 0)
-    kw = dict(dims=2, steps=3, seed=1, batch_size=4, device="cuda", precision="fp64")
-    loop = slice_landscape(m, train, points_per_pass=1, **kw)
-    batched = slice_landscape(m, train, points_per_pass=4, **kw)
+    kw = dict(seed=1, batch_size=4, precision="fp64")
+    one, four = SliceView(2, 3, points_per_pass=1), SliceView(2, 3, points_per_pass=4)
+    loop = slice_landscape(m, train, options=one, device="cuda", **kw)
+    batched = slice_landscape(m, train, options=four, device="cuda", **kw)
     assert batched.meta["evaluator"]["train"]["vmap"]
     np.testing.assert_allclose(batched.train_loss, loop.train_loss, rtol=1e-12, atol=0)
-    cpu = slice_landscape(m, train, points_per_pass=4, **{**kw, "device": "cpu"})
+    cpu = slice_landscape(m, train, options=four, device="cpu", **kw)
     np.testing.assert_allclose(batched.train_loss, cpu.train_loss, rtol=1e-10, atol=0)
 
 
 def test_auto_points_per_pass_loops_for_conv_nets():
     from flatcli.landscape.evaluate import AUTO_POINTS_PER_PASS
 
-    conv = slice_landscape(convbn(), img_data(5), steps=3, **F64).meta["evaluator"]["train"]
-    dense = slice_landscape(mlp(), vec_data(), steps=3, **F64).meta["evaluator"]["train"]
+    three = SliceView(steps=3)
+    conv = slice_landscape(convbn(), img_data(5), options=three, **F64).meta["evaluator"]["train"]
+    dense = slice_landscape(mlp(), vec_data(), options=three, **F64).meta["evaluator"]["train"]
     assert conv["points_per_pass_auto"] and conv["points_per_pass"] == 1 and not conv["vmap"]
     assert dense["points_per_pass"] == AUTO_POINTS_PER_PASS and dense["vmap"]
 
@@ -307,9 +307,9 @@ class ItemModel(nn.Module):
 def test_vmap_falls_back_to_loop():
     torch.manual_seed(0)
     m = ItemModel().double()
-    kw = dict(dims=1, steps=5, seed=0, batch_size=4, **F64)
-    res = slice_landscape(m, vec_data(), points_per_pass=4, **kw)
-    ref = slice_landscape(m, vec_data(), points_per_pass=1, **kw)
+    kw = dict(seed=0, batch_size=4, **F64)
+    res = slice_landscape(m, vec_data(), options=SliceView(1, 5, points_per_pass=4), **kw)
+    ref = slice_landscape(m, vec_data(), options=SliceView(1, 5, points_per_pass=1), **kw)
     ev = res.meta["evaluator"]["train"]
     assert not ev["vmap"] and ev["vmap_fallback"]
     np.testing.assert_array_equal(res.train_loss, ref.train_loss)
@@ -339,11 +339,11 @@ def test_out_of_memory_halves_points_per_pass():
 def test_files_and_headless_plots(tmp_path, kind):
     pytest.importorskip("matplotlib")
     m, train, test = mlp(0), vec_data(11, 0), vec_data(7, 1)
-    kw = dict(steps=4, batch_size=8, **F64)
+    kw = dict(batch_size=8, **F64)
     if kind == "interpolation":
-        res = interpolation_landscape(m, mlp(1), train, test, **kw)
+        res = interpolation_landscape(m, mlp(1), train, test, options=InterpolateView(4), **kw)
     else:
-        res = slice_landscape(m, train, test, dims=int(kind[0]), **kw)
+        res = slice_landscape(m, train, test, options=SliceView(int(kind[0]), 4), **kw)
     files = write_files(res, tmp_path)
     pngs = [p for k, p in files.items() if k not in ("csv", "json")]
     assert len(pngs) == (2 if kind == "2d" else 1)

@@ -14,7 +14,12 @@ from torch import nn
 
 from flatcli.engine import Batch
 from flatcli.errors import ConfigError, MeasurementError
-from flatcli.landscape import write_connect_files, write_trajectory_files
+from flatcli.landscape import (
+    ConnectView,
+    PCAView,
+    write_connect_files,
+    write_trajectory_files,
+)
 from flatcli.landscape.bnstats import BatchNormRecomputer
 from flatcli.landscape.connect import connect_landscape, lr_factor
 from flatcli.landscape.pca import (
@@ -139,7 +144,13 @@ def test_trajectory_landscape_matches_explicit_models(bn):
     before = copy.deepcopy(model.state_dict())
     train, test = blobs(30, 0), blobs(17, 1)
     res = trajectory_landscape(
-        states, train, test, model=model, steps=5, batch_size=8, points_per_pass=4, **F64
+        states,
+        train,
+        test,
+        model=model,
+        options=PCAView(steps=5, points_per_pass=4),
+        batch_size=8,
+        **F64,
     )
     names = names_of(model)
     th = np.stack([flat(s, names) for s in states])
@@ -188,9 +199,9 @@ def test_trajectory_landscape_matches_explicit_models(bn):
 def test_trajectory_fixed_span_and_randomized_solver_agree():
     states, _ = trajectory_states(T=4)
     train = blobs(20, 0)
-    kw = dict(model=mlp(), steps=3, span=(-1, 1), batch_size=8, **F64)
-    full = trajectory_landscape(states, train, solver="full", **kw)
-    rand = trajectory_landscape(states, train, solver="randomized", **kw)
+    kw = dict(model=mlp(), batch_size=8, **F64)
+    full = trajectory_landscape(states, train, options=PCAView(3, (-1, 1), "full"), **kw)
+    rand = trajectory_landscape(states, train, options=PCAView(3, (-1, 1), "randomized"), **kw)
     assert list(full.surface.alpha) == [-1.0, 0.0, 1.0] == list(full.surface.beta)
     np.testing.assert_allclose(rand.components, full.components, rtol=0, atol=1e-12)
     np.testing.assert_allclose(rand.surface.train_loss, full.surface.train_loss, rtol=1e-11)
@@ -216,7 +227,7 @@ def test_pca_grid_has_exactly_steps_points_per_axis():
     """landscape pca --steps 11 is an 11 × 11 grid (the last checkpoint, at 0, is one of its points), over
     the automatic span of the path (the new user got 12 × 12)."""
     states, _ = trajectory_states(T=4)
-    res = trajectory_landscape(states, blobs(20, 0), model=mlp(), steps=11, **F64)
+    res = trajectory_landscape(states, blobs(20, 0), model=mlp(), options=PCAView(11), **F64)
     for axis in (res.surface.alpha, res.surface.beta):
         assert len(axis) == 11 and 0.0 in axis and np.all(np.diff(axis) > 0)
     assert np.asarray(res.surface.train_loss).shape == (11, 11)
@@ -243,7 +254,7 @@ def test_trajectory_rejects_mismatch_nan_and_nan_loss():
     x = x.clone()
     x[3, 0] = float("nan")
     with pytest.raises(MeasurementError, match="train loss on the PCA plane is NaN"):
-        trajectory_landscape(states, (x, y), model=mlp(), steps=3, **F64)
+        trajectory_landscape(states, (x, y), model=mlp(), options=PCAView(3), **F64)
     with pytest.raises(ConfigError, match="at least 3 checkpoints; got 2"):
         trajectory_landscape(states[:2], train, model=mlp(), **F64)
 
@@ -287,9 +298,7 @@ def test_convex_line_has_no_barrier_and_the_curve_invents_none(optimizer, bound)
         linear(A),
         linear(B),
         (X, Y),
-        steps=11,
-        bend_optimizer=optimizer,
-        bend_batch_size=4,
+        options=ConnectView(steps=11, bend_optimizer=optimizer, bend_batch_size=4),
         loss="mse",
         **F64,
     )
@@ -323,12 +332,14 @@ def test_convex_curve_fitting_removes_a_barrier(optimizer, lr):
         linear(A),
         linear(B),
         (X, Y),
-        steps=11,
-        bend_steps=1000,
-        bend_optimizer=optimizer,
-        bend_lr=lr,
-        bend_batch_size=4,
-        bend_init={"weight": init},
+        options=ConnectView(
+            steps=11,
+            bend_steps=1000,
+            bend_optimizer=optimizer,
+            bend_lr=lr,
+            bend_batch_size=4,
+            bend_init={"weight": init},
+        ),
         loss="mse",
         **F64,
     )
@@ -373,11 +384,9 @@ def test_permuted_copies_curve_barrier_below_line_barrier():
         a,
         b,
         train,
-        steps=11,
-        bend_steps=600,
-        bend_optimizer="adam",
-        bend_lr=0.01,
-        bend_batch_size=30,
+        options=ConnectView(
+            steps=11, bend_steps=600, bend_optimizer="adam", bend_lr=0.01, bend_batch_size=30
+        ),
         seed=0,
         batch_size=16,
         **F64,
@@ -403,7 +412,7 @@ def test_bend_steps_zero_gives_the_line_and_models_untouched():
     a.train()
     b.eval()
     before = copy.deepcopy(a.state_dict()), copy.deepcopy(b.state_dict())
-    res = connect_landscape(a, b, train, steps=5, bend_steps=0, batch_size=16, **F64)
+    res = connect_landscape(a, b, train, options=ConnectView(5, 0), batch_size=16, **F64)
     np.testing.assert_allclose(res.curve.train_loss, res.line.train_loss, rtol=1e-13)
     assert a.training and not b.training  # modes restored
     for m, st in zip((a, b), before, strict=True):
@@ -441,11 +450,8 @@ def test_batchnorm_statistics_recomputed_along_both_paths():
         a,
         b,
         (x, y),
-        steps=5,
-        bend_steps=20,
-        bend_batch_size=4,
+        options=ConnectView(steps=5, bend_steps=20, bend_batch_size=4, points_per_pass=3),
         batch_size=4,
-        points_per_pass=3,
         **F64,
     )  # batches of 4, 4, 3: the last one weighted by its size
     assert res.meta["bn_recomputed"] == ["1.running_mean", "1.running_var", "1.num_batches_tracked"]
@@ -483,7 +489,12 @@ def test_batchnorm_statistics_recomputed_along_both_paths():
 def test_views_on_cuda_match_cpu():
     states, _ = trajectory_states(T=4, bn=True)
     train = blobs(20, 0)
-    kw = dict(model=mlp(bn=True), steps=3, batch_size=8, points_per_pass=4, dtype=torch.float64)
+    kw = dict(
+        model=mlp(bn=True),
+        options=PCAView(3, points_per_pass=4),
+        batch_size=8,
+        dtype=torch.float64,
+    )
     cpu = trajectory_landscape(states, train, device="cpu", **kw)
     gpu = trajectory_landscape(states, train, device="cuda", **kw)
     np.testing.assert_allclose(gpu.surface.train_loss, cpu.surface.train_loss, rtol=1e-10)
@@ -494,7 +505,8 @@ def test_views_on_cuda_match_cpu():
         torch.randn(11, 5, generator=g, dtype=torch.float64),
         torch.randint(0, 3, (11,), generator=g),
     )
-    ckw = dict(steps=3, bend_steps=5, bend_batch_size=4, batch_size=4, dtype=torch.float64)
+    view = ConnectView(steps=3, bend_steps=5, bend_batch_size=4)
+    ckw = dict(options=view, batch_size=4, dtype=torch.float64)
     c_cpu = connect_landscape(a, b, (x, y), device="cpu", **ckw)
     c_gpu = connect_landscape(a, b, (x, y), device="cuda", **ckw)
     np.testing.assert_allclose(c_gpu.line.train_loss, c_cpu.line.train_loss, rtol=1e-10)
@@ -520,11 +532,11 @@ def test_connect_rejects_mismatch_nan_and_bad_options():
     x = x.clone()
     x[0, 0] = float("nan")
     with pytest.raises(MeasurementError, match="bend training: the loss is nan at step 1"):
-        connect_landscape(mlp(0), mlp(1), (x, y), bend_batch_size=20, **F64)
+        connect_landscape(mlp(0), mlp(1), (x, y), options=ConnectView(bend_batch_size=20), **F64)
     with pytest.raises(MeasurementError, match="train loss is NaN along the line"):
-        connect_landscape(mlp(0), mlp(1), (x, y), bend_steps=0, **F64)
+        connect_landscape(mlp(0), mlp(1), (x, y), options=ConnectView(bend_steps=0), **F64)
     with pytest.raises(ConfigError, match="`bend_optimizer` must be one of adam, sgd"):
-        connect_landscape(mlp(0), mlp(1), train, bend_optimizer="lbfgs", **F64)
+        ConnectView(bend_optimizer="lbfgs")
     with pytest.raises(
         ConfigError, match="`bend_batch_size` must be ≥ 2 for a model with BatchNorm"
     ):
@@ -532,7 +544,7 @@ def test_connect_rejects_mismatch_nan_and_bad_options():
             bn_net(0),
             bn_net(1),
             (torch.randn(8, 5, dtype=torch.float64), torch.zeros(8, dtype=torch.long)),
-            bend_batch_size=1,
+            options=ConnectView(bend_batch_size=1),
             **F64,
         )
 
@@ -544,7 +556,7 @@ def test_view_files(tmp_path):
 
     states, _ = trajectory_states(T=4)
     train, test = blobs(20, 0), blobs(9, 1)
-    tr = trajectory_landscape(states, train, test, model=mlp(), steps=4, **F64)
+    tr = trajectory_landscape(states, train, test, model=mlp(), options=PCAView(4), **F64)
     files = write_trajectory_files(tr, tmp_path / "pca")
     grid, path = pd.read_csv(files["grid"]), pd.read_csv(files["path"])
     assert list(grid.columns) == [
@@ -569,7 +581,7 @@ def test_view_files(tmp_path):
         "plane_train_loss",
     ]
     assert list(path["checkpoint"]) == [0, 1, 2, 3] and path["alpha"].iloc[-1] == 0
-    cn = connect_landscape(mlp(0), mlp(1), train, test, steps=5, bend_steps=10, **F64)
+    cn = connect_landscape(mlp(0), mlp(1), train, test, options=ConnectView(5, 10), **F64)
     cfiles = write_connect_files(
         cn, tmp_path / "cn", checkpoint_extras={"model_kwargs": {"width": 6}}
     )
@@ -602,8 +614,8 @@ def test_view_files_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setattr(plots, "have_matplotlib", lambda: False)
     states, _ = trajectory_states(T=4)
     train = blobs(20, 0)
-    tr = trajectory_landscape(states, train, model=mlp(), steps=3, **F64)
-    cn = connect_landscape(mlp(0), mlp(1), train, steps=3, bend_steps=2, **F64)
+    tr = trajectory_landscape(states, train, model=mlp(), options=PCAView(3), **F64)
+    cn = connect_landscape(mlp(0), mlp(1), train, options=ConnectView(3, 2), **F64)
     for files in (
         write_trajectory_files(tr, tmp_path / "pca"),
         write_connect_files(cn, tmp_path / "cn"),
@@ -774,7 +786,7 @@ def test_cli_pca_and_connect(tmp_path):
         (["connect", m0, m1, "--span", "0,1"], 2, "No such option: --span"),
         (["connect", m0, m1, "--to", m1], 2, "No such option: --to"),
         (["connect", m0, m1, "--bend-optimizer", "lbfgs"], 2, "--bend-optimizer must be one of"),
-        (["connect", m0, m1, "--bend-steps", "-1"], 2, "--bend-steps must be ≥ 0"),
+        (["connect", m0, m1, "--bend-steps", "-1"], 2, "--bend-steps must be an int ≥ 0; got -1"),
         (["pca", *shell_glob, "--bend-steps", "3"], 2, "No such option: --bend-steps"),
         (["contour", m0], 2, "No such command 'contour'"),
     ]

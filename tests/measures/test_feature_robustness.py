@@ -450,13 +450,13 @@ def test_synthetic_section_6_setting():
 
 @pytest.mark.parametrize("transform", ["node", "layer", "both"])
 def test_check_invariance_holds_with_normalized_features(transform):
-    from flatcli.invariance import check_invariance_model
+    from flatcli.invariance import InvarianceOptions, check_invariance_model
 
     model = _mlp(nn.ReLU, widths=(5, 6, 3, 4))
     x, y = _data()
     measures = [{"feature_robustness": {"samples": 4, "curve": 2}}]
     rep = check_invariance_model(
-        model, (x, y), measures, transform=transform, scale=10.0, seed=0, batch_size=24
+        model, (x, y), measures, options=InvarianceOptions(transform, 10.0), seed=0, batch_size=24
     )
     fr = next(r for r in rep.results if r.name == "feature_robustness")
     assert fr.claims_invariance and fr.held and fr.rel_change <= 1e-9

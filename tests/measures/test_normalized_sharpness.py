@@ -505,7 +505,12 @@ def test_sec5_scale_dependence_parameter_wise_changes_node_wise_does_not():
     """Prop. 4.2 / Sec. 5: the parameter-wise form is tied to the data-independent grid B (and its bound's
     constants to b = max|θ| and M = max F); the node-wise NS of eq. 35 absorbs node scales exactly."""
     from flatcli.demo.models import MLP
-    from flatcli.invariance import check_invariance_model, find_rescalable_pairs, node_wise_rescale
+    from flatcli.invariance import (
+        InvarianceOptions,
+        check_invariance_model,
+        find_rescalable_pairs,
+        node_wise_rescale,
+    )
 
     torch.manual_seed(0)
     model = MLP(in_features=5, width=6, depth=2, num_classes=3).double().eval()
@@ -517,7 +522,7 @@ def test_sec5_scale_dependence_parameter_wise_changes_node_wise_does_not():
         {"hessian_trace": {"method": "exact"}},
     ]
     rep = check_invariance_model(
-        model, (x, y), measures, transform="node", scale=10.0, batch_size=24
+        model, (x, y), measures, options=InvarianceOptions("node", 10.0), batch_size=24
     )
     by = {r.label: r for r in rep.results}
     assert (

@@ -224,8 +224,9 @@ def _measure(cfg, out, resume=False):
         cfg,
         outdir=out,
         resume=resume,
-        on_measure=lambda row, lab, reused: seen.append(reused),
-        on_note=notes.append,
+        reporting=api.Reporting(
+            on_measure=lambda row, lab, reused: seen.append(reused), on_note=notes.append
+        ),
     )
     return seen, notes
 

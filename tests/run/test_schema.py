@@ -186,8 +186,10 @@ def test_measure_resume_with_every_field_of_results_json_of_every_type(tmp_path)
                 cfg,
                 outdir=out,
                 resume=True,
-                on_measure=lambda row, lab, reused, seen=seen: seen.append(reused),
-                on_note=notes.append,
+                reporting=api.Reporting(
+                    on_measure=lambda row, lab, reused, seen=seen: seen.append(reused),
+                    on_note=notes.append,
+                ),
             )
             assert rep.exit_code == 0, (p, v)
             if seen == [False]:  # recomputed (a well-formed entry with its key is reused as is)
