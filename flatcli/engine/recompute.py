@@ -172,6 +172,10 @@ def free_bytes(device: torch.device) -> int | None:
 
 AUTO_RECOMPUTE = 0.8  # runtime.recompute: auto turns on when one product needs more than this share of free memory
 
+PRODUCT_VECTORS = (
+    5  # P-vectors of one product: the gradient, vector, product, backward's flat copies
+)
+
 HEAD_CHUNK_TENSORS = (
     8  # chunk-sized tensors alive at once in the fused head's Hessian product (lmhead)
 )
@@ -247,4 +251,4 @@ def predicted_product_bytes(
         return int(2 * total[0] / by_blocks + 3 * problem.num_params * elt + head), free_bytes(
             device
         )
-    return int(total[0] + 5 * problem.num_params * elt + head), free_bytes(device)
+    return int(total[0] + PRODUCT_VECTORS * problem.num_params * elt + head), free_bytes(device)

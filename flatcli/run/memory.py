@@ -165,14 +165,19 @@ def refuse(verdict: MemoryVerdict, dist) -> None:
 
 
 # ------------------------------------------------------------------ what each measure keeps
-def vectors_kept(spec: MeasureSpec, dims: Dims, engine_block: int = 1) -> tuple[int, int]:
+def vectors_kept(
+    spec: MeasureSpec, dims: Dims, engine_block: int = 1, least: bool = False
+) -> tuple[int, int]:
     """(declared, block): the P-vectors ``spec``'s estimate declares it keeps (``vectors``: a basis,
-    a sketch) and those of one product input when it takes Hessian products (``hvp_block``; 0: the
-    engine's block, ``engine_block``). `flatcli.run.predict.predict` counts the same."""
+    a sketch, a trace's first block of probes and its near-zero floor; ``least``: those it always
+    keeps, else the most) and those of one product input when it takes Hessian products
+    (``hvp_block``; 0: the engine's block, ``engine_block``). `flatcli.run.predict.predict` counts
+    the most; the checks before the run (a lower bound) the least."""
     est = spec.estimate(dims) or {}
     block = est.get("hvp_block", (1, 1))[1]
     takes = est.get("n_hvp", (0, 0))[1] > 0
-    return int(est.get("vectors", (0, 0))[1]), int((engine_block if block == 0 else block) * takes)
+    declared = est.get("vectors", (0, 0))[0 if least else 1]
+    return int(declared), int((engine_block if block == 0 else block) * takes)
 
 
 def takes_hessian_products(spec: MeasureSpec, dims: Dims) -> bool:
@@ -240,7 +245,7 @@ def check_model(
         weights = sum(
             t.numel() * (elt if t.is_floating_point() else t.element_size()) for t in tensors
         )
-    kept = {s.label: vectors_kept(s, dims) for s in specs}
+    kept = {s.label: vectors_kept(s, dims, least=True) for s in specs}
     rows = {lab: _device_rows(d, P, st) + b for lab, (d, b) in kept.items()}
     most = max(rows.values(), default=0)
     parts = {"weights": int(weights), "theta_gradient": 2 * P * elt, "vectors": most * P * elt}
@@ -268,14 +273,16 @@ def _model_suggestions(
         k = (free - fixed - kept[lab][1] * P * elt) // (P * elt)
         spec = next(s for s in specs if s.label == lab)
         capped = dataclasses.replace(dims, max_basis=int(k))
-        if 1 <= k < kept[lab][0] and vectors_kept(spec, capped)[0] <= k:
+        if 1 <= k < kept[lab][0] and vectors_kept(spec, capped, least=True)[0] <= k:
             out.append(f"runtime.max_basis_vectors: {k} (Lanczos restarts beyond it)")
         elif 2 <= k < kept[lab][0] and "min_steps" in _option_names(spec):
             fewer = dataclasses.replace(spec, options={**spec.options, "min_steps": int(k)})
-            if vectors_kept(fewer, capped)[0] <= k:  # the certified floor keeps more: lower it
+            if (
+                vectors_kept(fewer, capped, least=True)[0] <= k
+            ):  # the certified floor keeps more: lower it
                 out.append(
                     f"runtime.max_basis_vectors: {k} with {lab}: min_steps: {k} (the certified "
-                    f"step count keeps {vectors_kept(spec, capped)[0]} vectors; fewer steps are "
+                    f"step count keeps {vectors_kept(spec, capped, least=True)[0]} vectors; fewer steps are "
                     "not certified)"
                 )
     if st.device.type == "cuda" and v.measures:
@@ -320,7 +327,7 @@ def check_products(
     if not hess or not problem.batches:
         return MemoryVerdict("products", device=str(st.device), skipped="no Hessian products")
     P, elt = problem.num_params, _element(st)
-    declared = {s.label: _device_rows(vectors_kept(s, dims)[0], P, st) for s in hess}
+    declared = {s.label: _device_rows(vectors_kept(s, dims, least=True)[0], P, st) for s in hess}
     most = max(declared.values())
     vectors = (
         max(most - 1, 0) * P * elt
