@@ -211,7 +211,7 @@ def saved_bytes(problem, batch) -> int:
 
 
 def predicted_product_bytes(
-    problem, batch, batches: int, device: torch.device, by_blocks: int = 0
+    problem, batch, batches: int, device: torch.device, by_blocks: int = 0, saved: int | None = None
 ) -> tuple[int, int | None]:
     """(predicted peak bytes of one Hessian product, free bytes); ``by_blocks``: the number of
     blocks of a block-by-block product (`flatcli.engine.segments`), 0 for the double backward.
@@ -236,10 +236,11 @@ def predicted_product_bytes(
       place; since, 1.37 (350M shape) and 1.28 (350M, bf16), 1.18 (10M, bf16): the θ it still counts
       is the margin kept on the side that does not refuse a run that fits too late.
 
-    The gradient is not counted in ``n_grad`` (it measures, it does not compute)."""
+    ``saved``: ``S`` when already counted. The gradient is not counted in ``n_grad`` (it measures,
+    it does not compute)."""
     from .lmhead import CHUNK_ELEMENTS
 
-    total = [saved_bytes(problem, batch)]
+    total = [saved_bytes(problem, batch) if saved is None else saved]
     elt = torch.finfo(problem.dtype).bits // 8
     head = 0
     if (
