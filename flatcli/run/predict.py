@@ -189,6 +189,69 @@ def micro_problem(problem: Problem, rows: int = MICRO_ROWS) -> Problem:
     )
 
 
+def _engine(problem: Problem, st: Settings) -> CurvatureEngine:
+    """An engine over ``problem`` as the run builds it: recompute, caps, kept graphs."""
+    return CurvatureEngine(
+        problem,
+        hvp_mode=st.hvp_mode,
+        block_size=st.block_size,
+        precision=st.precision,
+        recompute=st.recompute,
+        max_device_vectors=st.max_device_vectors,
+        max_basis_vectors=st.max_basis_vectors,
+        cache_graphs=st.graph_policy(),
+    )
+
+
+def _trim_heap() -> None:
+    """Give freed heap memory back to the system (glibc ``malloc_trim``; nothing elsewhere), so that
+    a peak measured next is not hidden by memory the allocator kept."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _one_product(micro: Problem, st: Settings) -> tuple[int, str, int]:
+    """(bytes, how, block): the measured peak of one product of the engine's block over ``micro``,
+    its gradient graph built inside as the run builds it; with a verified precision (bf16, TF32)
+    the larger of it and one fp32 verification product."""
+    eng = _engine(micro, st)
+    H = eng.hessian()
+    k = H.block_size
+    V = torch.randn(k, micro.num_params, generator=torch.Generator().manual_seed(0))
+    V = V.to(st.device, st.dtype)
+    _trim_heap()
+    peak, how = measure_peak(lambda: H(V), torch.device(st.device))
+    eng.state.drop_graphs()
+    if eng.precision.verify:  # the fp32 verification product of a converged value (bf16, TF32)
+        H32 = eng.hessian(precision="fp32")
+        _trim_heap()
+        peak = max(peak, measure_peak(lambda: H32(V[:1]), torch.device(st.device))[0])
+        eng.state.drop_graphs()
+    return peak, how, k
+
+
+def _product_peak(problem: Problem, st: Settings) -> tuple[int, str]:
+    """(bytes, how) of one product of the engine's block over ``problem``'s first batch: the
+    measured peaks of that product on micro-batches of one and two rows (their gradient graphs
+    built inside, as the run builds them), extrapolated to the batch's rows as
+    ``p(1) + (rows − 1)·(p(2) − p(1))`` (what a row adds: its saved tensors and the backward's
+    transients; the product's own P-vectors are in ``p(1)``), plus the other batches' gradient
+    graphs when the run keeps them (`flatcli.run.memory.product_bytes`, counted)."""
+    from .memory import product_bytes
+
+    rows = problem.batches[0].rows if problem.batches else 1
+    one, how, k = _one_product(micro_problem(problem, 1), st)
+    two = _one_product(micro_problem(problem, 2), st)[0] if rows > 1 else one
+    graphs = product_bytes(problem, st, k).graphs
+    return one + (rows - 1) * max(two - one, 0) + graphs, (
+        f"{how} of products on one and two rows, extrapolated to {rows}"
+    )
+
+
 def time_products(
     model: torch.nn.Module, data, st: Settings, check=None
 ) -> tuple[ProductTimes | None, Problem]:
@@ -202,8 +265,6 @@ def time_products(
     ``applicable`` checks). ``check(problem)``: called before any product (the memory check,
     `flatcli.run.memory.check_products`); when it returns False nothing is timed and the times are
     None."""
-    from .memory import product_bytes
-
     work = model.to(st.device, st.dtype)
     with st.precision_context(), eval_mode(work):
         problem = Problem(
@@ -220,17 +281,9 @@ def time_products(
         if check is not None and not check(problem):
             return None, problem
         resident = _resident(torch.device(st.device))
+        product, how = _product_peak(problem, st)  # first: before timing churns the heap
         micro = micro_problem(problem)
-        eng = CurvatureEngine(  # as the run builds it: recompute, caps, kept graphs
-            micro,
-            hvp_mode=st.hvp_mode,
-            block_size=st.block_size,
-            precision=st.precision,
-            recompute=st.recompute,
-            max_device_vectors=st.max_device_vectors,
-            max_basis_vectors=st.max_basis_vectors,
-            cache_graphs=st.graph_policy(),
-        )
+        eng = _engine(micro, st)
         P = problem.num_params
         gen = torch.Generator().manual_seed(0)
         v = torch.randn(P, generator=gen).to(st.device, st.dtype)
@@ -243,7 +296,6 @@ def time_products(
         hvp1 = _timed(lambda: H(v), 3) * scale  # the discarded call builds (may cache) the graphs
         hvpk = _timed(lambda: H(V), 2) * scale
         eng.state.drop_graphs()
-        count = product_bytes(problem, st, H.block_size)
         vector_op = _timed(lambda: _project(V, v), 3) / (2 * V.shape[0])
         B = V[: 2 * (k // 2)].reshape(2, k // 2, P)  # 2 runs, each with a basis of k // 2 vectors
         batched_op = _timed(lambda: _project_runs(B, V[:2]), 3) / (4 * (k // 2))
@@ -254,8 +306,8 @@ def time_products(
         hvpk,
         k,
         H.block_size,
-        count.total,
-        count.how,
+        product,
+        how,
         P,
         torch.finfo(st.dtype).bits // 8,
         vector_op,
