@@ -35,7 +35,6 @@ exclude_patterns = [
     "_build",
     "_ext",
     "_generated",
-    "performance.md",  # its figures are benchmark data now (benchmarks/)
     "benchmarks/data",
     "**/README.md",
 ]

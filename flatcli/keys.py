@@ -45,6 +45,8 @@ NOT_IN_KEY: dict[str, str] = {
     "(with precision auto the device's type is in the key: auto is TF32 on a tensor-core GPU)",
     "runtime.allow_unsafe_pickle": "whether a checkpoint may be read at all; its bytes are keyed",
     "runtime.check_memory": "a check before the run that refuses it or lets it go unchanged",
+    "runtime.cache_graphs": "whether a batch's gradient graph is kept between products or built "
+    "again: the same graph, the same products",
     "runtime.budget": "a cap: a value it did not stop is the same; one it stopped (status "
     "budget) is reused only under the same caps",
 }

@@ -368,6 +368,11 @@ SETTINGS: dict[str, Rule] = {
         Either(Bool(), OneOf(*RECOMPUTE), words="true, false or auto"),
         "activation checkpointing in Hessian products (flatcli.engine.recompute)",
     ),
+    "cache_graphs": Rule(
+        Either(Bool(), OneOf(*RECOMPUTE), words="true, false or auto"),
+        "keep per-batch gradient graphs across Hessian products at one θ (auto: when the "
+        "predicted peak with them fits in half the free memory; flatcli.run.memory.graph_choice)",
+    ),
     "check_memory": Rule(
         Bool(),
         "check before loading the data and before the first product that the run fits in "

@@ -316,12 +316,13 @@ class ProductState:
     # ------------------------------------------------------------ Hessian product mode
     def hessian_mode(self, k: int) -> str:
         """How a Hessian product of ``k`` vectors runs: ``reverse`` while recomputing activations;
-        with ``auto``, single vectors go through the cached graphs (a backward is cheaper than
-        forward-over-reverse when the graph is kept)."""
+        with ``auto``, single vectors go through the gradient graphs (a backward is cheaper than
+        forward-over-reverse when the graph is kept), whether they are kept or not, so that
+        ``runtime.cache_graphs`` and the free memory never change a product's arithmetic."""
         mode = (
             "reverse" if self.recompute_active else self.hvp_mode
         )  # checkpointing runs in reverse mode
-        if mode == "forward" and self.hvp_auto and k == 1 and self.graphs.keeping:
+        if mode == "forward" and self.hvp_auto and k == 1:
             mode = "reverse"  # one vector at a time (Lanczos): a backward through a cached graph is cheaper
         return mode
 

@@ -174,6 +174,10 @@ def free_bytes(device: torch.device) -> int | None:
 
 AUTO_RECOMPUTE = 0.8  # runtime.recompute: auto turns on when one product needs more than this share of free memory
 
+PRODUCT_VECTORS = (
+    5  # P-vectors of one product: the gradient, vector, product, backward's flat copies
+)
+
 HEAD_CHUNK_TENSORS = (
     8  # chunk-sized tensors alive at once in the fused head's Hessian product (lmhead)
 )
@@ -207,7 +211,7 @@ def saved_bytes(problem, batch) -> int:
 
 
 def predicted_product_bytes(
-    problem, batch, batches: int, device: torch.device, by_blocks: int = 0
+    problem, batch, batches: int, device: torch.device, by_blocks: int = 0, saved: int | None = None
 ) -> tuple[int, int | None]:
     """(predicted peak bytes of one Hessian product, free bytes); ``by_blocks``: the number of
     blocks of a block-by-block product (`flatcli.engine.segments`), 0 for the double backward.
@@ -232,8 +236,9 @@ def predicted_product_bytes(
       place; since, 1.37 (350M shape) and 1.28 (350M, bf16), 1.18 (10M, bf16): the θ it still counts
       is the margin kept on the side that does not refuse a run that fits too late.
 
-    The gradient is not counted in ``n_grad`` (it measures, it does not compute)."""
-    total = [saved_bytes(problem, batch)]
+    ``saved``: ``S`` when already counted. The gradient is not counted in ``n_grad`` (it measures,
+    it does not compute)."""
+    total = [saved_bytes(problem, batch) if saved is None else saved]
     elt = torch.finfo(problem.dtype).bits // 8
     head = 0
     if (
@@ -245,4 +250,4 @@ def predicted_product_bytes(
         return int(2 * total[0] / by_blocks + 3 * problem.num_params * elt + head), free_bytes(
             device
         )
-    return int(total[0] + 5 * problem.num_params * elt + head), free_bytes(device)
+    return int(total[0] + PRODUCT_VECTORS * problem.num_params * elt + head), free_bytes(device)

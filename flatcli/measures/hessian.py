@@ -300,17 +300,21 @@ def trace_method(method: str, P: int, min_probes: int) -> str:
 
 
 def _trace_estimate(o, d) -> dict:
-    """Probes (HVPs) in blocks of the engine's block size (``hvp_block`` 0); Hutch++ keeps its
-    sketch (up to a third of the probes) beside the block."""
+    """Probes (HVPs) in blocks of the engine's block size (``hvp_block`` 0), the first block
+    ``min_probes`` of them; the estimator holds those probes and their products (2 P-vectors per
+    probe) while the near-zero floor's SLQ runs (`flatcli.engine.linalg.trace.NEAR_ZERO_VECTORS`);
+    Hutch++ keeps its sketch (up to a third of the probes) beside them."""
     o = dataclasses.replace(o, method=trace_method(o.method, d.P, o.min_probes))
     if o.method == "exact":
         return {"n_hvp": d.P, "hvp_block": 0}
     control = 2 * CONTROL_PROBES if d.verify else 0
     sketch = min(d.P, o.max_probes // 3) if o.method == "hutchpp" else 0
+    first = min(o.min_probes, o.max_probes)  # the first block holds min_probes probes at once
     return {
         "n_hvp": (min(o.min_probes, o.max_probes) + control, o.max_probes + control),
         "hvp_block": 0,
-        "vectors": sketch,
+        # the first block's probes and their products, alive while the near-zero floor's SLQ runs
+        "vectors": (sketch + 2 * first, sketch + 2 * first + linalg.trace.NEAR_ZERO_VECTORS),
     }
 
 

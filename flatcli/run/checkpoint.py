@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import logging
 import math
 import platform
 import traceback
@@ -44,7 +45,7 @@ from ..measures import (
 )
 from ..measures._layers import weight_matrices
 from .jobs import Job
-from .memory import check_products, copies_model, refuse
+from .memory import check_products, copies_model, graph_choice, refuse
 from .predict import Fit
 from .preflight import Checked, check_loaded
 from .results import Row
@@ -226,6 +227,9 @@ def measure_model(
             recompute=st.recompute,
             max_device_vectors=st.max_device_vectors,
             max_basis_vectors=st.max_basis_vectors,
+            cache_graphs=_graph_policy(
+                problem, specs, lambda: problem_dims(work, data[st.split], st), st
+            ),
         )
         try:
             problem.check_finite(engine.loss())
@@ -275,6 +279,20 @@ def measure_model(
             _metrics(work, data["train"], data["test"], st) if metrics is None else metrics
         )
     return row
+
+
+def _graph_policy(problem, specs, dims, st: Settings) -> bool | None:
+    """``runtime.cache_graphs`` for the engine: as set, or ``auto`` decided from the predicted peak
+    (`flatcli.run.memory.graph_choice`, logged); None (the engine's own rule) when it cannot be
+    predicted (a model without a double backward: its Hessian measures fail on their own)."""
+    if st.cache_graphs != "auto":
+        return st.graph_policy()
+    try:
+        keep, why = graph_choice(problem, specs, dims(), st)
+    except Exception:  # a prediction never fails a run
+        return None
+    logging.getLogger("flatcli").info(why)
+    return keep
 
 
 def _expected_hvps(specs, model, data, st: Settings) -> dict[str, tuple[int, int]]:

@@ -68,13 +68,22 @@ from typing import Any
 import torch
 
 from ..engine.linalg._store import default_capacity
-from ..engine.recompute import AUTO_RECOMPUTE, find_blocks, free_bytes, predicted_product_bytes
+from ..engine.recompute import (
+    AUTO_RECOMPUTE,
+    find_blocks,
+    free_bytes,
+    predicted_product_bytes,
+    saved_bytes,
+)
 from ..engine.segments import BlockChain
 from ..errors import MeasurementError
 from ..measures import Dims, MeasureSpec, get_measure
 from ..measures._layers import weight_matrices
 from .settings import Settings
 
+GRAPH_FRACTION = (
+    0.5  # runtime.cache_graphs: auto keeps the graphs when their peak fits in this share
+)
 SKIP_FACTOR = 1000  # the counting pass is skipped when free memory ≥ this × (P-vectors + one batch)
 
 
@@ -167,14 +176,19 @@ def refuse(verdict: MemoryVerdict, dist) -> None:
 
 
 # ------------------------------------------------------------------ what each measure keeps
-def vectors_kept(spec: MeasureSpec, dims: Dims, engine_block: int = 1) -> tuple[int, int]:
+def vectors_kept(
+    spec: MeasureSpec, dims: Dims, engine_block: int = 1, least: bool = False
+) -> tuple[int, int]:
     """(declared, block): the P-vectors ``spec``'s estimate declares it keeps (``vectors``: a basis,
-    a sketch) and those of one product input when it takes Hessian products (``hvp_block``; 0: the
-    engine's block, ``engine_block``). `flatcli.run.predict.predict` counts the same."""
+    a sketch, a trace's first block of probes and its near-zero floor; ``least``: those it always
+    keeps, else the most) and those of one product input when it takes Hessian products
+    (``hvp_block``; 0: the engine's block, ``engine_block``). `flatcli.run.predict.predict` counts
+    the most; the checks before the run (a lower bound) the least."""
     est = spec.estimate(dims) or {}
     block = est.get("hvp_block", (1, 1))[1]
     takes = est.get("n_hvp", (0, 0))[1] > 0
-    return int(est.get("vectors", (0, 0))[1]), int((engine_block if block == 0 else block) * takes)
+    declared = est.get("vectors", (0, 0))[0 if least else 1]
+    return int(declared), int((engine_block if block == 0 else block) * takes)
 
 
 def takes_hessian_products(spec: MeasureSpec, dims: Dims) -> bool:
@@ -240,7 +254,7 @@ def check_model(
         weights = sum(
             t.numel() * (elt if t.is_floating_point() else t.element_size()) for t in tensors
         )
-    kept = {s.label: vectors_kept(s, dims) for s in specs}
+    kept = {s.label: vectors_kept(s, dims, least=True) for s in specs}
     rows = {lab: _device_rows(d, P, st) + b for lab, (d, b) in kept.items()}
     most = max(rows.values(), default=0)
     parts = {"weights": int(weights), "theta_gradient": 2 * P * elt, "vectors": most * P * elt}
@@ -268,14 +282,16 @@ def _model_suggestions(
         k = (free - fixed - kept[lab][1] * P * elt) // (P * elt)
         spec = next(s for s in specs if s.label == lab)
         capped = dataclasses.replace(dims, max_basis=int(k))
-        if 1 <= k < kept[lab][0] and vectors_kept(spec, capped)[0] <= k:
+        if 1 <= k < kept[lab][0] and vectors_kept(spec, capped, least=True)[0] <= k:
             out.append(f"runtime.max_basis_vectors: {k} (Lanczos restarts beyond it)")
         elif 2 <= k < kept[lab][0] and "min_steps" in _option_names(spec):
             fewer = dataclasses.replace(spec, options={**spec.options, "min_steps": int(k)})
-            if vectors_kept(fewer, capped)[0] <= k:  # the certified floor keeps more: lower it
+            if (
+                vectors_kept(fewer, capped, least=True)[0] <= k
+            ):  # the certified floor keeps more: lower it
                 out.append(
                     f"runtime.max_basis_vectors: {k} with {lab}: min_steps: {k} (the certified "
-                    f"step count keeps {vectors_kept(spec, capped)[0]} vectors; fewer steps are "
+                    f"step count keeps {vectors_kept(spec, capped, least=True)[0]} vectors; fewer steps are "
                     "not certified)"
                 )
     if st.device.type == "cuda" and v.measures:
@@ -320,7 +336,7 @@ def check_products(
     if not hess or not problem.batches:
         return MemoryVerdict("products", device=str(st.device), skipped="no Hessian products")
     P, elt = problem.num_params, _element(st)
-    declared = {s.label: _device_rows(vectors_kept(s, dims)[0], P, st) for s in hess}
+    declared = {s.label: _device_rows(vectors_kept(s, dims, least=True)[0], P, st) for s in hess}
     most = max(declared.values())
     vectors = (
         max(most - 1, 0) * P * elt
@@ -375,15 +391,16 @@ def check_products(
     return v
 
 
-def _chain_product(problem, st: Settings) -> tuple[int, int] | None:
+def _chain_product(problem, st: Settings, saved: int | None = None) -> tuple[int, int] | None:
     """(predicted bytes, blocks) of one block-by-block product (`flatcli.engine.segments`), or None
     when the model's blocks are not a chain (then ``recompute`` checkpoints, and is not predicted)."""
     chain, _ = BlockChain.find(problem)
     if chain is None:
         return None
     n = len(chain.blocks)
+    counted = {} if saved is None else {"saved": saved}
     return predicted_product_bytes(
-        problem, problem.batches[0], len(problem.batches), st.device, by_blocks=n
+        problem, problem.batches[0], len(problem.batches), st.device, by_blocks=n, **counted
     )[0], n
 
 
@@ -426,3 +443,78 @@ def _product_suggestions(
     ):
         out.append("runtime.precision: bf16 (the forward's activations in bfloat16)")
     return out
+
+
+# ------------------------------------------------------------------ one product, counted
+@dataclass
+class ProductCount:
+    """One Hessian product of ``k`` vectors as the run takes it, counted (never built on the whole
+    set): ``saved`` the bytes a batch's gradient graph saves (`flatcli.engine.recompute.saved_bytes`:
+    micro-batches of one and two rows, scaled to the batch), ``bytes`` the product's peak
+    (`flatcli.engine.recompute.predicted_product_bytes`' rule, block by block when recomputing on a
+    chain, plus the block's other k − 1 product rows), ``graphs`` the other batches' graphs when
+    they are kept across products, ``how`` in words."""
+
+    saved: int
+    bytes: int
+    graphs: int
+    how: str
+
+    @property
+    def total(self) -> int:
+        """The product's peak with the kept graphs."""
+        return self.bytes + self.graphs
+
+
+def product_bytes(problem, st: Settings, k: int = 1, keep: bool | None = None) -> ProductCount:
+    """`ProductCount` of one product of ``k`` vectors over ``problem`` (its first batch, counted);
+    ``keep``: whether the other batches' graphs are kept (None: ``st.cache_graphs``, ``auto``
+    counted as kept; never while recomputing, which keeps none)."""
+    batch, n = problem.batches[0], len(problem.batches)
+    P, elt = problem.num_params, _element(st)
+    S = saved_bytes(problem, batch)
+    one, free = predicted_product_bytes(problem, batch, n, st.device, saved=S)
+    rows = max(k - 1, 0) * P * elt  # the block's other products (its inputs are the caller's)
+    blocks = bool(find_blocks(problem.model))
+    auto_on = st.recompute == "auto" and free is not None and one > AUTO_RECOMPUTE * free
+    if blocks and (st.recompute == "true" or auto_on):
+        chain = _chain_product(problem, st, S)
+        if chain is not None:
+            return ProductCount(
+                S, chain[0] + rows, 0, f"counted, block by block ({chain[1]} blocks)"
+            )
+        return ProductCount(S, one + rows, 0, "counted as the double backward (checkpointed)")
+    keep = st.cache_graphs != "false" if keep is None else keep
+    graphs = (n - 1) * S if keep else 0
+    return ProductCount(
+        S, one + rows, graphs, "counted: saved tensors of 1- and 2-row micro-batches"
+    )
+
+
+def graph_choice(
+    problem, specs: Sequence[MeasureSpec], dims: Dims, st: Settings
+) -> tuple[bool, str]:
+    """(keep, why): whether the run keeps every batch's gradient graph across the products at one θ
+    (``runtime.cache_graphs``). ``true``/``false`` as set; ``auto``: when the predicted peak with
+    them (`product_bytes` with the kept graphs, and the P-vectors of the measure that keeps the
+    most) fits in `GRAPH_FRACTION` of the free memory now. Without Hessian products, with one
+    batch, or while recomputing, keeping changes nothing and ``auto`` keeps them."""
+    if st.cache_graphs != "auto":
+        return st.cache_graphs == "true", f"runtime.cache_graphs: {st.cache_graphs}"
+    hess = [s for s in specs if takes_hessian_products(s, dims)]
+    if not hess or len(problem.batches) <= 1 or st.recompute == "true":
+        return True, "gradient graphs kept (one batch or no products: nothing to choose)"
+    free = free_bytes(st.device)
+    if free is None:
+        return True, "gradient graphs kept (free memory unknown)"
+    count = product_bytes(problem, st, keep=True)
+    P, elt = problem.num_params, _element(st)
+    most = max(_device_rows(vectors_kept(s, dims)[0], P, st) for s in hess)
+    need = count.total + most * P * elt
+    keep = need <= GRAPH_FRACTION * free
+    return keep, (
+        f"gradient graphs {'kept' if keep else 'not kept'}: predicted peak with them "
+        f"{_gib(need)} ({len(problem.batches)} batches of {_gib(count.saved)}), "
+        f"{'within' if keep else 'above'} {GRAPH_FRACTION:.0%} of {_gib(free)} free "
+        "(runtime.cache_graphs: auto)"
+    )

@@ -1,23 +1,29 @@
 """Predicted seconds and memory of a run (``--dry-run``), from products timed on the real model.
 
 `time_products` times one forward pass, one gradient and Hessian-vector products (one vector,
-then one block) over the measurement set of a checkpoint, and measures the memory one block
-product takes; `predict` turns a measure's declared counts (its registry ``estimate``: products,
-``hvp_block``, ``vectors``) into seconds and a peak-memory figure, or its ``applicable`` check's
-reason when it will end ``not_applicable``.
+then a small block) on one micro-batch of a checkpoint's measurement set (`micro_problem`: its
+first `MICRO_ROWS` rows), warm (a discarded first call, then the median of a few), and scales
+them by the scored units (samples or tokens) of the whole set; it counts one product's memory
+(`flatcli.run.memory.product_bytes`: the saved tensors of one- and two-row micro-batches, scaled).
+Nothing is built over the whole set, so a dry-run costs a fraction of one full product and holds
+less than the run. `predict` turns a measure's declared counts (its registry ``estimate``:
+products, ``hvp_block``, ``vectors``) into seconds and a peak-memory figure, or its
+``applicable`` check's reason when it will end ``not_applicable``. `flatcli.api.plan.plan_costs`
+times one checkpoint per shape and reuses its times for the others.
 
 The model of time: a product call of k vectors costs ``a + b·k`` seconds, ``a`` and ``b``
-fitted from the one-vector and the block timing (the second of two one-vector products, so
-graph caching is in its steady state); a gradient or per-sample VJP pass costs the timed
+fitted from the one-vector and the block timing (the one-vector product after a discarded one,
+so graph caching is in its steady state); a gradient or per-sample VJP pass costs the timed
 gradient, a forward pass the timed forward pass, and a P-length dot product or axpy of the
 estimator's own (``vector_ops``: Lanczos's reorthogonalization) a timed projection's share.
 
 Memory (``peak_bytes``): what the process holds before the products (``resident``: the weights,
 the measurement set, Python and torch; CPU: VmRSS, CUDA: allocated bytes), θ, the gradient and
-the vectors the estimator keeps at its cap (P numbers each, the dtype's size; a Lanczos basis at
-``max_basis_vectors``), plus the measured peak of one block product built as the run builds it:
-with the run's ``recompute``, precision and kept gradient graphs (the graphs are dropped before
-the probe, so the ones the run keeps across products at one θ are counted).
+the vectors the estimator holds at its peak (P numbers each, the dtype's size; a Lanczos basis at
+``max_basis_vectors``, a trace's first block of probes with their products and its near-zero
+floor's SLQ), plus one product of the engine's block as the run takes it, counted: its gradient
+graph, the other batches' graphs when they are kept (``runtime.cache_graphs``), recompute and
+the forward's precision.
 """
 
 from __future__ import annotations
@@ -35,11 +41,11 @@ import torch
 from ..engine import CurvatureEngine, Problem, eval_mode
 from ..engine import dist as ranks
 from ..loading.data import subset
-from .memory import vectors_kept
+from .memory import product_bytes, vectors_kept
 from .settings import Settings
 from .shares import least_work
 
-BLOCK = 16  # vectors of the timed block product (fewer when the engine's block is smaller)
+BLOCK = 4  # vectors of the timed block product (fewer when the engine's block is smaller)
 
 
 @dataclass
@@ -143,15 +149,13 @@ def _resident(device: torch.device) -> int:
 
 def _timed(fn, repeat: int = 3) -> float:
     """Warm seconds of ``fn()``: a first call discarded (caches, allocator, lazy initialisation),
-    then the median of ``repeat`` timed calls (fewer once one takes a second or more)."""
+    then the median of ``repeat`` timed calls."""
     fn()
     times = []
     for _ in range(max(1, repeat)):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-        if times[-1] >= 1.0:
-            break
     return float(statistics.median(times))
 
 
@@ -169,15 +173,100 @@ def _project_runs(Q: torch.Tensor, W: torch.Tensor) -> None:
         torch.cuda.synchronize(W.device)
 
 
+MICRO_ROWS = 1  # rows of the micro-batch the dry-run times (fewer when the first batch is smaller)
+
+
+def micro_problem(problem: Problem, rows: int = MICRO_ROWS) -> Problem:
+    """The same problem over the first ``rows`` rows of the measurement set, on this rank alone
+    (no collectives): what `time_products` times."""
+    m = max(1, min(rows, problem.batch_size, problem.rows))
+    return Problem(
+        problem.model,
+        problem.batch.select(slice(0, m)),
+        loss=problem.loss_fn,
+        batch_size=m,
+        device=problem.device,
+        dtype=problem.dtype,
+        params=problem.selection,
+        fused_head=problem.fused_head,
+        compute_dtype=problem.compute_dtype,
+    )
+
+
+def _engine(problem: Problem, st: Settings) -> CurvatureEngine:
+    """An engine over ``problem`` as the run builds it: recompute, caps, kept graphs."""
+    return CurvatureEngine(
+        problem,
+        hvp_mode=st.hvp_mode,
+        block_size=st.block_size,
+        precision=st.precision,
+        recompute=st.recompute,
+        max_device_vectors=st.max_device_vectors,
+        max_basis_vectors=st.max_basis_vectors,
+        cache_graphs=st.graph_policy(),
+    )
+
+
+def _trim_heap() -> None:
+    """Give freed heap memory back to the system (glibc ``malloc_trim``; nothing elsewhere), so that
+    a peak measured next is not hidden by memory the allocator kept."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _one_product(micro: Problem, st: Settings) -> tuple[int, str, int]:
+    """(bytes, how, block): the measured peak of one product of the engine's block over ``micro``,
+    its gradient graph built inside as the run builds it; with a verified precision (bf16, TF32)
+    the larger of it and one fp32 verification product."""
+    eng = _engine(micro, st)
+    H = eng.hessian()
+    k = H.block_size
+    V = torch.randn(k, micro.num_params, generator=torch.Generator().manual_seed(0))
+    V = V.to(st.device, st.dtype)
+    _trim_heap()
+    peak, how = measure_peak(lambda: H(V), torch.device(st.device))
+    eng.state.drop_graphs()
+    if eng.precision.verify:  # the fp32 verification product of a converged value (bf16, TF32)
+        H32 = eng.hessian(precision="fp32")
+        _trim_heap()
+        peak = max(peak, measure_peak(lambda: H32(V[:1]), torch.device(st.device))[0])
+        eng.state.drop_graphs()
+    return peak, how, k
+
+
+def _product_peak(problem: Problem, st: Settings) -> tuple[int, str]:
+    """(bytes, how) of one product of the engine's block over ``problem``'s first batch: the
+    measured peaks of that product on micro-batches of one and two rows (their gradient graphs
+    built inside, as the run builds them), extrapolated to the batch's rows as
+    ``p(1) + (rows − 1)·(p(2) − p(1))`` (what a row adds: its saved tensors and the backward's
+    transients; the product's own P-vectors are in ``p(1)``), plus the other batches' gradient
+    graphs when the run keeps them (`flatcli.run.memory.product_bytes`, counted)."""
+    rows = problem.batches[0].rows if problem.batches else 1
+    one, how, k = _one_product(micro_problem(problem, 1), st)
+    two = _one_product(micro_problem(problem, 2), st)[0] if rows > 1 else one
+    graphs = product_bytes(problem, st, k).graphs
+    return one + (rows - 1) * max(two - one, 0) + graphs, (
+        f"{how} of products on one and two rows, extrapolated to {rows}"
+    )
+
+
 def time_products(
     model: torch.nn.Module, data, st: Settings, check=None
 ) -> tuple[ProductTimes | None, Problem]:
-    """Time the products on ``model`` over ``data``'s measurement set (the settings' size, seed,
-    device, dtype and precision), as `flatcli.run.checkpoint.measure_model` builds them: a few seconds
-    at most on models whose products take well under a second. Returns the times and the
-    `Problem` (for the measures' ``applicable`` checks). ``check(problem)``: called before any
-    product (the memory check, `flatcli.run.memory.check_products`); when it returns False nothing is
-    timed and the times are None."""
+    """Time the products on one micro-batch of ``model``'s measurement set (`micro_problem`: its
+    first `MICRO_ROWS` rows, the settings' size, seed, device, dtype and precision), as
+    `flatcli.run.checkpoint.measure_model` builds them, and scale the seconds by the scored units
+    (samples or tokens) of this rank's share of the set; count one product's memory
+    (`flatcli.run.memory.product_bytes`: saved tensors of micro-batches, scaled). No product or
+    gradient graph over the whole set is built, so the dry-run costs a fraction of one product on
+    it and holds less than the run. Returns the times and the `Problem` (for the measures'
+    ``applicable`` checks). ``check(problem)``: called before any product (the memory check,
+    `flatcli.run.memory.check_products`); when it returns False nothing is timed and the times are
+    None."""
     work = model.to(st.device, st.dtype)
     with st.precision_context(), eval_mode(work):
         problem = Problem(
@@ -189,34 +278,25 @@ def time_products(
             dtype=st.dtype,
             params=st.params,
             dist=ranks.current(),
+            compute_dtype=st.compute_dtype,  # as the run's engine lowers it: counted in bf16
         )
         if check is not None and not check(problem):
             return None, problem
-        eng = CurvatureEngine(  # as the run builds it: recompute, caps, kept graphs
-            problem,
-            hvp_mode=st.hvp_mode,
-            block_size=st.block_size,
-            precision=st.precision,
-            recompute=st.recompute,
-            max_device_vectors=st.max_device_vectors,
-            max_basis_vectors=st.max_basis_vectors,
-        )
+        resident = _resident(torch.device(st.device))
+        product, how = _product_peak(problem, st)  # first: before timing churns the heap
+        micro = micro_problem(problem)
+        eng = _engine(micro, st)
         P = problem.num_params
         gen = torch.Generator().manual_seed(0)
         v = torch.randn(P, generator=gen).to(st.device, st.dtype)
         H = eng.hessian()
         k = max(2, min(BLOCK, H.block_size))
         V = torch.randn(k, P, generator=gen).to(st.device, st.dtype)
-        forward = _timed(eng.loss, 2)
-        grad = _timed(eng.loss_grad, 2)
-        hvp1 = _timed(lambda: H(v), 2)  # the discarded call builds (may cache) the graphs
-        took: list[float] = []  # the block product, timed inside the memory probe
-        eng.state.drop_graphs()  # the probe counts the gradient graphs the run keeps across products
-        resident = _resident(torch.device(st.device)) - (1 + k) * P * _size(st.dtype)
-        peak, how = measure_peak(
-            lambda: took.append(_timed(lambda: H(V), 1)), torch.device(st.device)
-        )
-        hvpk = took[0]
+        scale = problem.local_units / max(micro.n, 1)  # the set's units over the micro-batch's
+        forward = _timed(eng.loss, 3) * scale
+        grad = _timed(eng.loss_grad, 3) * scale
+        hvp1 = _timed(lambda: H(v), 3) * scale  # the discarded call builds (may cache) the graphs
+        hvpk = _timed(lambda: H(V), 2) * scale
         eng.state.drop_graphs()
         vector_op = _timed(lambda: _project(V, v), 3) / (2 * V.shape[0])
         B = V[: 2 * (k // 2)].reshape(2, k // 2, P)  # 2 runs, each with a basis of k // 2 vectors
@@ -228,7 +308,7 @@ def time_products(
         hvpk,
         k,
         H.block_size,
-        peak,
+        product,
         how,
         P,
         torch.finfo(st.dtype).bits // 8,

@@ -194,6 +194,9 @@ class Settings:
         (`flatcli.engine.params.ParamSelection`; default everything).
     budget : seconds for one checkpoint's measures together (``runtime.budget``, ``--budget``;
         None: no cap), shared among them by predicted cost (`flatcli.run.shares`).
+    cache_graphs : "auto", "true" or "false" (``runtime.cache_graphs``; booleans accepted): keep
+        each batch's gradient graph across the Hessian products at one θ; ``auto`` keeps them when
+        the predicted peak with them fits in half the free memory (`flatcli.run.memory.graph_choice`).
     check_memory : whether a run's predicted peak memory is checked against the device's free
         memory before the data and before the first product (``runtime.check_memory``,
         `flatcli.run.memory`); a run that will not fit fails its checkpoint with suggestions.
@@ -214,6 +217,7 @@ class Settings:
     max_device_vectors: int | str | None = "auto"
     max_basis_vectors: int | str | None = "auto"
     budget: float | None = None
+    cache_graphs: str = "auto"
     check_memory: bool = True
 
     def __post_init__(self):
@@ -224,8 +228,9 @@ class Settings:
             object.__setattr__(self, name, validate(name, getattr(self, name)))
         if self.precision == "bf16" and self.hvp_mode == "finite_difference":
             raise ConfigError(BF16_FD_REFUSED)
-        if isinstance(self.recompute, bool):
-            object.__setattr__(self, "recompute", "true" if self.recompute else "false")
+        for name in ("recompute", "cache_graphs"):
+            if isinstance(getattr(self, name), bool):
+                object.__setattr__(self, name, "true" if getattr(self, name) else "false")
         if not isinstance(self.params, ParamSelection):
             object.__setattr__(self, "params", ParamSelection.of(self.params))
 
@@ -271,6 +276,7 @@ class Settings:
             max_device_vectors=rt.max_device_vectors,
             max_basis_vectors=rt.max_basis_vectors,
             budget=rt.budget,
+            cache_graphs=rt.cache_graphs,
             check_memory=rt.check_memory,
         )
 
@@ -302,6 +308,11 @@ class Settings:
             host_fit(P, self.dtype) if self.max_basis_vectors == "auto" else self.max_basis_vectors
         )
 
+    def graph_policy(self) -> bool | None:
+        """``runtime.cache_graphs`` as `flatcli.engine.CurvatureEngine`'s ``cache_graphs``: True, False,
+        or None for ``auto`` (the engine's own rule, until `flatcli.run.memory.graph_choice` decides)."""
+        return {"true": True, "false": False}.get(self.cache_graphs)
+
     def verifies(self) -> bool:
         """Whether converged quantities are re-checked with fp32 products (``auto`` running TF32)."""
         return self.resolved_precision.verify
@@ -326,5 +337,6 @@ _CHECKED = (
     "max_device_vectors",
     "max_basis_vectors",
     "budget",
+    "cache_graphs",
     "check_memory",
 )

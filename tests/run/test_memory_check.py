@@ -164,15 +164,16 @@ def test_predicted_bytes_against_a_hand_count(monkeypatch, precision, element, c
     ]
     v = memory.check_model(model, specs, Settings(precision=precision))
     weights = P * element if copy else 0
-    assert v.need == weights + P * element * (2 + 20 + 1)
+    held = 10 + 2 * 16 + 1  # the sketch, the first block's 16 probes and their products, one input
+    assert v.need == weights + P * element * (2 + held)
     assert v.parts == {
         "weights": weights,
         "theta_gradient": 2 * P * element,
-        "vectors": 21 * P * element,
+        "vectors": held * P * element,
     }
-    assert v.measures == ("lam",) and v.fits
-    alone = memory.check_model(model, specs[1:], Settings(precision=precision))
-    assert alone.need == weights + P * element * (2 + 10 + 1) and alone.measures == ("tr",)
+    assert v.measures == ("tr",) and v.fits
+    alone = memory.check_model(model, specs[:1], Settings(precision=precision))
+    assert alone.need == weights + P * element * (2 + 20 + 1) and alone.measures == ("lam",)
 
 
 def test_on_cuda_the_basis_beyond_max_device_vectors_is_not_counted_and_is_suggested(monkeypatch):

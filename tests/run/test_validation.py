@@ -43,6 +43,7 @@ SHARED = [
     ("seed", "x", "must be an int; got 'x'"),
     ("max_device_vectors", 0, "must be an int ≥ 1, auto or null; got 0"),
     ("recompute", "sometimes", "must be true, false or auto; got 'sometimes'"),
+    ("cache_graphs", "sometimes", "must be true, false or auto; got 'sometimes'"),
     ("check_memory", "maybe", "must be a bool (true or false); got 'maybe'"),
     (
         "budget",
@@ -63,6 +64,7 @@ CONFIG_KEY = {
     "seed": "runtime.seed",
     "max_device_vectors": "runtime.max_device_vectors",
     "recompute": "runtime.recompute",
+    "cache_graphs": "runtime.cache_graphs",
     "budget": "runtime.budget",
     "threads": "runtime.threads",
     "check_memory": "runtime.check_memory",

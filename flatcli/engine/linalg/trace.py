@@ -17,6 +17,9 @@ from .slq import slq
 from .stop import ProbeStop
 
 NEAR_ZERO_RUNS, NEAR_ZERO_STEPS = 4, 10  # the SLQ estimate of Tr|H| behind the near-zero floor
+# P-vectors the floor's SLQ holds (in θ's element size): per run its basis (NEAR_ZERO_STEPS), its
+# float64 start (2), the current vector, its product and the reorthogonalization's two temporaries
+NEAR_ZERO_VECTORS = NEAR_ZERO_RUNS * (NEAR_ZERO_STEPS + 6)
 
 
 @dataclass

@@ -1,0 +1,89 @@
+"""Counted memory: the P-vectors a run holds against those the prediction counts
+(`flatcli.run.memory.vectors_kept`, `flatcli.run.predict.predict`), on tiny GPT-2 shapes."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from flatcli.config import parse_measures
+from flatcli.engine.curvatures import Hessian
+from flatcli.engine.recompute import PRODUCT_VECTORS
+from flatcli.run.checkpoint import measure_model, problem_dims
+from flatcli.run.memory import vectors_kept
+from flatcli.run.settings import Settings
+from tests.hf_models import transformers
+
+
+def tiny_gpt2(width: int, layers: int, rows: int = 8, length: int = 16):
+    """(model, batch): a random GPT-2 LM head model and random tokens."""
+    tf = transformers()
+    torch.manual_seed(0)
+    cfg = tf.GPT2Config(
+        vocab_size=64,
+        n_positions=length,
+        n_embd=width,
+        n_layer=layers,
+        n_head=2,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
+    )
+    model = tf.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 64, (rows, length), generator=torch.Generator().manual_seed(1))
+    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def live_vectors(P: int, element: int = 4) -> float:
+    """P-vectors (of ``element`` bytes) held by live tensors now: the distinct storages whose
+    size is a whole number of P-vectors (θ, gradients, probes, products, bases)."""
+    seen, total = set(), 0
+    for o in gc.get_objects():
+        if type(o) is torch.Tensor or type(o) is torch.nn.Parameter:
+            s = o.untyped_storage()
+            if s.data_ptr() in seen or s.nbytes() < P * element or s.nbytes() % (P * element):
+                continue
+            seen.add(s.data_ptr())
+            total += s.nbytes()
+    return total / (P * element)
+
+
+def held_at_products(monkeypatch, model, batch, spec: dict, **fields) -> tuple[float, int]:
+    """(most P-vectors live when a Hessian product starts, P) over one run of ``spec``."""
+    P = sum(p.numel() for p in model.parameters())
+    most = [0.0]
+    product = Hessian._matmat_batch
+
+    def counted(self, *a, **k):
+        most[0] = max(most[0], live_vectors(P))
+        return product(self, *a, **k)
+
+    monkeypatch.setattr(Hessian, "_matmat_batch", counted)
+    gc.collect()  # the previous run's cycles
+    measure_model(model, batch, [spec], loss="causal_lm", **fields)
+    return most[0], P
+
+
+@pytest.mark.parametrize("width,layers", [(16, 1), (24, 1)])
+def test_a_traces_predicted_vectors_grow_with_the_probes_it_holds(monkeypatch, width, layers):
+    """The first block of a Hutchinson trace holds min_probes probes and their products, and the
+    near-zero floor's SLQ runs beside them: the predicted P-vectors (θ, gradient, declared, one
+    product input, the product's own; the floor's only when it may run) are never below those
+    counted live at a product, the probes and their products alone never half above them (the
+    live count misses tensors the collector does not track), and grow with the probes."""
+    model, batch = tiny_gpt2(width, layers)
+    st = Settings.build(None, loss="causal_lm", block_size=2)
+    dims = problem_dims(model, batch, st)
+    most = []
+    for m in (4, 8, 16):
+        spec = {"hessian_trace": {"min_probes": m, "max_probes": m}}
+        held, P = held_at_products(monkeypatch, model, batch, spec, block_size=2)
+        parsed = parse_measures([spec])[0]
+        declared, inputs = vectors_kept(parsed, dims, 2)
+        fixed = 2 + inputs + PRODUCT_VECTORS  # θ, gradient, one product's input and its own
+        least = parsed.estimate(dims)["vectors"][0]  # the probes and products, without the floor
+        most.append(fixed + declared)
+        assert least <= 1.5 * held and held <= most[-1], (m, least, held, most[-1])
+    assert all(b - a >= 2 * 4 for a, b in zip(most, most[1:], strict=False)), most
