@@ -36,18 +36,23 @@ def tiny_gpt2(width: int, layers: int, rows: int = 8, length: int = 16):
     return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def live_vectors(P: int, element: int = 4) -> float:
-    """P-vectors (of ``element`` bytes) held by live tensors now: the distinct storages whose
-    size is a whole number of P-vectors (θ, gradients, probes, products, bases)."""
-    seen, total = set(), 0
+def live_storages(P: int, element: int = 4) -> dict[int, int]:
+    """data pointer → bytes of the distinct live storages whose size is a whole number of
+    P-vectors of ``element`` bytes (θ, gradients, probes, products, bases)."""
+    found = {}
     for o in gc.get_objects():
         if type(o) is torch.Tensor or type(o) is torch.nn.Parameter:
             s = o.untyped_storage()
-            if s.data_ptr() in seen or s.nbytes() < P * element or s.nbytes() % (P * element):
-                continue
-            seen.add(s.data_ptr())
-            total += s.nbytes()
-    return total / (P * element)
+            if s.nbytes() >= P * element and s.nbytes() % (P * element) == 0:
+                found[s.data_ptr()] = s.nbytes()
+    return found
+
+
+def live_vectors(P: int, before: dict[int, int], element: int = 4) -> float:
+    """P-vectors held now by storages that were not alive ``before`` the run (a test process
+    may hold other tests' tensors of such sizes)."""
+    now = live_storages(P, element)
+    return sum(n for ptr, n in now.items() if ptr not in before) / (P * element)
 
 
 def held_at_products(monkeypatch, model, batch, spec: dict, **fields) -> tuple[float, int]:
@@ -57,11 +62,12 @@ def held_at_products(monkeypatch, model, batch, spec: dict, **fields) -> tuple[f
     product = Hessian._matmat_batch
 
     def counted(self, *a, **k):
-        most[0] = max(most[0], live_vectors(P))
+        most[0] = max(most[0], live_vectors(P, before))
         return product(self, *a, **k)
 
     monkeypatch.setattr(Hessian, "_matmat_batch", counted)
     gc.collect()  # the previous run's cycles
+    before = live_storages(P)
     measure_model(model, batch, [spec], loss="causal_lm", **fields)
     return most[0], P
 
