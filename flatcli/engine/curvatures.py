@@ -41,6 +41,7 @@ out with ``engine.curvature(MyCurvature, θ)`` (docs/architecture.md, "How to ad
 
 from __future__ import annotations
 
+import abc
 import math
 
 import torch
@@ -51,7 +52,7 @@ from .loop import ProductState, is_oom
 from .operators import CurvatureOperator
 
 
-class Curvature(CurvatureOperator):
+class Curvature(CurvatureOperator, abc.ABC):
     """Base class: a curvature at θ as an operator; the loop, the weighting and the counting.
 
     Parameters
@@ -133,10 +134,10 @@ class Curvature(CurvatureOperator):
         """Add the cost of a product of the rows V at θ to the counters: one product per vector."""
         self.state.tally.n_hvp += V.shape[0]
 
+    @abc.abstractmethod
     def _matmat_batch(self, V, th, j, batch, out, accumulate) -> None:
         """Batch ``j``'s share of M V into ``out`` (see the class docstring): the hook a subclass
-        must write."""
-        raise NotImplementedError(f"{type(self).__name__} must implement _matmat_batch")
+        must write (abstract: a curvature without it cannot be made)."""
 
     def batch_loss(self, batch):
         """θ ↦ this batch's share of L (sum of its unit losses / U)."""

@@ -74,6 +74,8 @@ class CurvatureOperator:
         block_size: int | Callable[[], int] | None = None,
         max_basis_vectors: int | str | None = "auto",
     ):
+        if product is None and type(self)._matmat is CurvatureOperator._matmat:
+            raise TypeError(f"{type(self).__name__}: give a product or override _matmat(V)")
         self.max_device_vectors = max_device_vectors
         self.max_basis_vectors = max_basis_vectors
         self._block_size = block_size
@@ -116,9 +118,8 @@ class CurvatureOperator:
         return out[0] if single else out
 
     def _matmat(self, V: torch.Tensor) -> torch.Tensor:
-        """M V for a block V (K, P) of checked rows: the hook a subclass overrides."""
-        if self._product is None:
-            raise NotImplementedError(f"{type(self).__name__} must implement _matmat(V)")
+        """M V for a block V (K, P) of checked rows: the ``product`` given, or a subclass's
+        override (checked when the operator is made)."""
         return self._product(V)
 
     def basis_rows(self, dim: int) -> int | str | None:

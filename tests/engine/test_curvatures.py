@@ -73,14 +73,16 @@ def test_a_toy_curvature_is_one_class_and_works_with_the_estimators(block_size, 
     assert top == pytest.approx(float(ev[-1]), rel=1e-8)
 
 
-def test_a_curvature_that_does_not_write_its_product_says_so():
+def test_a_curvature_that_does_not_write_its_product_cannot_be_made():
+    """``_matmat_batch`` is abstract: the error comes when the curvature is made, naming the
+    hook, not at its first product."""
     eng = CurvatureEngine(problem())
 
     class Unfinished(Curvature):
         name = "unfinished"
 
-    with pytest.raises(NotImplementedError, match="Unfinished must implement _matmat_batch"):
-        eng.curvature(Unfinished)(torch.ones(eng.problem.num_params, dtype=DT))
+    with pytest.raises(TypeError, match="Unfinished.*_matmat_batch"):
+        eng.curvature(Unfinished)
 
 
 def test_the_finite_difference_step_is_a_constructor_argument():

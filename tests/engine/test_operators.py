@@ -242,3 +242,20 @@ def test_as_operator_carries_the_engine_settings_to_the_estimators():
     )
     r = linalg.hutchinson(hooked, stop=stop, generator=torch.Generator())
     assert [s["probes"] for s in seen] == [4, 8, 12] and seen[-1]["value"] == r.estimate
+
+
+def test_an_operator_without_a_product_cannot_be_made():
+    """Neither a ``product`` nor an override of ``_matmat``: refused when made, naming both;
+    a product callable or an override is enough."""
+    from flatcli.engine.operators import CurvatureOperator
+
+    with pytest.raises(TypeError, match="give a product or override _matmat"):
+        CurvatureOperator(None, 3)
+
+    class Doubling(CurvatureOperator):
+        def _matmat(self, V):
+            return 2 * V
+
+    v = torch.ones(3)
+    assert torch.equal(Doubling(None, 3) @ v, 2 * v)
+    assert torch.equal(CurvatureOperator(lambda V: 3 * V, 3) @ v, 3 * v)
