@@ -107,7 +107,7 @@ def _note(rows: list) -> str:
     out = [f"{r[0]} {r[1]} {r[2]} ({r[5]})" for r in rows if not 1 / 1.5 <= r[5] <= 1.5]
     return (
         "predicted s: the dry-run's most; memory figures hold on a loaded machine, seconds do "
-        "not. A trace's prediction counts the near-zero floor's SLQ (64 P-vectors), which the run "
+        "not. A trace's prediction counts the near-zero floor's SLQ (its runs in lockstep), which the run "
         "holds only when the trace is near 0 (status near_zero); a trace that converges (ok) "
         "holds less. Outside ×1.5: " + (", ".join(out) or "none")
     )

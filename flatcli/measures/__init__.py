@@ -137,8 +137,8 @@ class MeasureContext:
 class Dims:
     """Sizes a cost estimate depends on: P parameters, n scored units in the measurement set
     (samples; tokens for ``causal_lm``) in ``rows`` rows (sequences), C model outputs, the
-    parameter tensors' and weight matrices' sizes, and whether results are verified in fp32 (see
-    `flatcli.engine.precision.Precision.verify`)."""
+    parameter tensors' and weight matrices' sizes, whether results are verified in fp32 (see
+    `flatcli.engine.precision.Precision.verify`), and the device and θ's type of the run."""
 
     P: int
     n: int
@@ -150,6 +150,8 @@ class Dims:
     max_basis: int | None = (
         None  # most Lanczos basis vectors (runtime.max_basis_vectors, resolved; None: unbounded)
     )
+    device: str = "cpu"  # where the run's vectors live (the device's room for SLQ runs in lockstep)
+    dtype: torch.dtype = torch.float32  # θ's type: the vectors' element
 
 
 Claim = Callable[[Any], "bool | str"]

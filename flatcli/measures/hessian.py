@@ -302,7 +302,8 @@ def trace_method(method: str, P: int, min_probes: int) -> str:
 def _trace_estimate(o, d) -> dict:
     """Probes (HVPs) in blocks of the engine's block size (``hvp_block`` 0), the first block
     ``min_probes`` of them; the estimator holds those probes and their products (2 P-vectors per
-    probe) while the near-zero floor's SLQ runs (`flatcli.engine.linalg.trace.NEAR_ZERO_VECTORS`);
+    probe), the most while the near-zero floor's SLQ runs beside them
+    (`flatcli.engine.linalg.trace.near_zero_vectors`: its runs in lockstep on this device);
     Hutch++ keeps its sketch (up to a third of the probes) beside them."""
     o = dataclasses.replace(o, method=trace_method(o.method, d.P, o.min_probes))
     if o.method == "exact":
@@ -314,7 +315,10 @@ def _trace_estimate(o, d) -> dict:
         "n_hvp": (min(o.min_probes, o.max_probes) + control, o.max_probes + control),
         "hvp_block": 0,
         # the first block's probes and their products, alive while the near-zero floor's SLQ runs
-        "vectors": (sketch + 2 * first, sketch + 2 * first + linalg.trace.NEAR_ZERO_VECTORS),
+        "vectors": (
+            sketch + 2 * first,
+            sketch + 2 * first + linalg.trace.near_zero_vectors(d.P, d.device, d.dtype),
+        ),
     }
 
 

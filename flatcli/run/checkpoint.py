@@ -439,6 +439,8 @@ def problem_dims(model: torch.nn.Module, data, settings: Settings) -> Dims:
         matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model, chosen)),
         verify=settings.verifies(),
         max_basis=settings.basis_cap(prob.num_params),
+        device=str(settings.device),
+        dtype=settings.dtype,
     )
 
 

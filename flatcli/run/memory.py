@@ -213,6 +213,8 @@ def model_dims(model: torch.nn.Module, st: Settings) -> Dims:
         matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model, chosen)),
         verify=st.verifies(),
         max_basis=st.basis_cap(P),
+        device=str(st.device),
+        dtype=st.dtype,
     )
 
 

@@ -469,6 +469,29 @@ def test_slq_independent_of_grouping_and_density_integrates():
     assert np.trapezoid(dens, grid) == pytest.approx(1.0, abs=1e-3)
 
 
+@pytest.mark.parametrize("cap", ["none", "seconds", "products"])
+def test_slq_never_runs_more_runs_in_lockstep_than_its_group_allows(cap):
+    """Over groups of 1 to 6 runs (the memory rule, `slq_group_size`, or ``block``) and budgets
+    with no cap, a time cap and a product cap: no product call holds more runs than the group,
+    the first group included (which always runs), and the nodes are those of one run at a time."""
+    A = indefinite(n=40, seed=6)
+    alone = linalg.slq(op_of(A, n=40), runs=6, steps=15, generator=gen(2), block=1)
+    for group in range(1, 7):
+        calls = []
+        budget = {
+            "none": None,
+            "seconds": linalg.Budget(max_seconds=3600.0),
+            "products": linalg.Budget(max_products=10_000),
+        }[cap]
+        s = linalg.slq(
+            op_of(A, calls, 40), runs=6, steps=15, generator=gen(2), block=group, budget=budget
+        )
+        assert max(calls) <= group and s.n_hvp == 6 * 15, (group, max(calls))
+        assert cap == "seconds" or max(calls) == group  # a time cap may start fewer at once
+        for x, y in zip(alone.nodes, s.nodes, strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-10)
+
+
 def test_rademacher_signs_are_balanced_uncorrelated_and_blocking_invariant():
     Z = linalg.rademacher(256, 3000, gen(1), dtype=DT)
     assert set(Z.unique().tolist()) == {-1.0, 1.0}

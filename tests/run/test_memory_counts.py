@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 
 import pytest
 import torch
@@ -93,3 +94,27 @@ def test_a_traces_predicted_vectors_grow_with_the_probes_it_holds(monkeypatch, w
         most.append(fixed + declared)
         assert least <= 1.5 * held and held <= most[-1], (m, least, held, most[-1])
     assert all(b - a >= 2 * 4 for a, b in zip(most, most[1:], strict=False)), most
+
+
+def test_the_near_zero_floors_counted_vectors_follow_its_runs_in_lockstep(monkeypatch):
+    """The near-zero floor's SLQ runs its 4 runs in lockstep groups (`slq_group_size`: as many
+    as host room allows, one at a time on a large model). With the room set for groups of 1, 2
+    and 4 runs and the floor computed (a tiny GPT-2's trace cancels: the live count grows with
+    the group), the predicted P-vectors are
+    never below those counted live at a product, and what each further run in lockstep adds to
+    the prediction is within a quarter of what it adds to the live count."""
+    slq_module = sys.modules["flatcli.engine.linalg.slq"]  # the package exports the function
+    model, batch = tiny_gpt2(16, 1)
+    P = sum(p.numel() for p in model.parameters())
+    spec = {"hessian_trace": {"min_probes": 8, "max_probes": 64}}
+    held, most = {}, {}
+    for group in (1, 2, 4):
+        monkeypatch.setattr(slq_module, "HOST_ROOM", group * 10 * P * 4)
+        held[group], _ = held_at_products(monkeypatch, model, batch, spec, block_size=2)
+        dims = problem_dims(model, batch, Settings.build(None, loss="causal_lm", block_size=2))
+        declared, inputs = vectors_kept(parse_measures([spec])[0], dims, 2)
+        most[group] = 2 + inputs + PRODUCT_VECTORS + declared
+        assert held[group] <= most[group], (group, held, most)
+    for group in (2, 4):
+        grew, counted = most[group] - most[1], held[group] - held[1]
+        assert counted > 0 and abs(grew - counted) <= 0.25 * counted, (group, held, most)

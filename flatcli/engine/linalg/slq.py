@@ -240,6 +240,9 @@ def _lanczos_runs(
     return [(alphas[r, : length[r]], betas[r, : length[r] - 1]) for r in range(R)]
 
 
+HOST_ROOM = 2e9  # bytes the Lanczos bases of SLQ runs in lockstep may take in host memory
+
+
 def slq_group_size(dim: int, steps: int, runs: int, *, device=None, dtype=torch.float32) -> int:
     """How many SLQ runs can share the device at once: their Lanczos bases
     (runs × steps × P numbers) must fit in a quarter of free CUDA memory, or 2 GB on CPU.
@@ -261,12 +264,12 @@ def slq_group_size(dim: int, steps: int, runs: int, *, device=None, dtype=torch.
     elt = torch.finfo(dtype).bits // 8
     per_run = max(1, steps * dim * elt)
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    budget = 2e9
+    budget = HOST_ROOM
     if dev.type == "cuda":
         try:
             budget = 0.25 * torch.cuda.mem_get_info(dev)[0]
         except RuntimeError:
-            budget = 2e9
+            budget = HOST_ROOM
     return int(max(1, min(runs, budget // per_run)))
 
 
@@ -310,8 +313,8 @@ def slq(
         Checked before each group of runs; a group is cut to the runs whose ``steps`` products it
         still allows, and when it is spent the runs done so far are the result
         (``stopped_by_budget``). The first group always runs: one run under a product cap, up to
-        `MIN_SAMPLES` in lockstep under a time cap only, whose runs end at the step where the
-        time is up; a run cut before `MIN_NODES` nodes is dropped, so the result may hold no run
+        `MIN_SAMPLES` in lockstep (no more than ``block``) under a time cap only, whose runs end at
+        the step where the time is up; a run cut before `MIN_NODES` nodes is dropped, so the result may hold no run
         at all (`expect` is then NaN).
     starts : torch.Tensor, optional
         (R, P) start vectors instead of ``runs`` draws (a caller continuing one stream of probes).
@@ -342,8 +345,9 @@ def slq(
     used, i, dropped = 0, 0, 0
     while i < runs:
         n = budget.allow(min(g, runs - i) * steps, used) // steps
-        if i == 0:  # the first group always runs: MIN_SAMPLES runs in lockstep under a time cap
-            n = max(n, 1 if budget.max_products is not None else min(MIN_SAMPLES, runs))
+        if i == 0:  # the first group always runs: up to MIN_SAMPLES runs in lockstep under a
+            # time cap, never more than the group's memory allows
+            n = max(n, 1 if budget.max_products is not None else min(MIN_SAMPLES, runs, g))
         if n == 0:
             break
         cut = budget.out_of_time if (budget.max_seconds is not None and i == 0) else None

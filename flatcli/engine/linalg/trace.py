@@ -13,13 +13,22 @@ from ._common import MIN_SAMPLES, as_operator, rademacher, rowdot, t_factor
 from ._store import BasisStore, device_capacity
 from .budget import Budget, no_budget
 from .sem import mean_stderr
-from .slq import slq
+from .slq import slq, slq_group_size
 from .stop import ProbeStop
 
 NEAR_ZERO_RUNS, NEAR_ZERO_STEPS = 4, 10  # the SLQ estimate of Tr|H| behind the near-zero floor
-# P-vectors the floor's SLQ holds (in θ's element size): per run its basis (NEAR_ZERO_STEPS), its
-# float64 start (2), the current vector, its product and the reorthogonalization's two temporaries
-NEAR_ZERO_VECTORS = NEAR_ZERO_RUNS * (NEAR_ZERO_STEPS + 6)
+
+
+def near_zero_vectors(dim: int, device=None, dtype=torch.float32) -> int:
+    """P-vectors (in ``dtype``'s size) the near-zero floor's SLQ holds at its peak: the float64
+    starts of all `NEAR_ZERO_RUNS` runs, and per run in lockstep (`flatcli.engine.linalg.slq_group_size`:
+    all four on a small model, one at a time when their bases pass the group's memory) its basis
+    (`NEAR_ZERO_STEPS`), the current vector, its product and the reorthogonalization's two
+    temporaries."""
+    steps = min(NEAR_ZERO_STEPS, dim)
+    group = slq_group_size(dim, steps, NEAR_ZERO_RUNS, device=device, dtype=dtype)
+    starts = NEAR_ZERO_RUNS * max(1, 8 // (torch.finfo(dtype).bits // 8))
+    return group * (steps + 4) + starts
 
 
 @dataclass
