@@ -501,18 +501,26 @@ def graph_choice(
     them (`product_bytes` with the kept graphs, and the P-vectors of the measure that keeps the
     most) fits in `GRAPH_FRACTION` of the free memory now. Without Hessian products, with one
     batch, or while recomputing, keeping changes nothing and ``auto`` keeps them."""
+    hess = [s for s in specs if takes_hessian_products(s, dims)]
+    if not hess and st.cache_graphs == "auto":
+        return True, "gradient graphs kept (one batch or no products: nothing to choose)"
+    P = problem.num_params
+    most = max((_device_rows(vectors_kept(s, dims)[0], P, st) for s in hess), default=0)
+    return keeps_graphs(problem, st, most)
+
+
+def keeps_graphs(problem, st: Settings, vectors: int = 0) -> tuple[bool, str]:
+    """(keep, why): `graph_choice` for products beside ``vectors`` P-vectors of the measures'
+    (the dry-run, before any measure: none)."""
     if st.cache_graphs != "auto":
         return st.cache_graphs == "true", f"runtime.cache_graphs: {st.cache_graphs}"
-    hess = [s for s in specs if takes_hessian_products(s, dims)]
-    if not hess or len(problem.batches) <= 1 or st.recompute == "true":
+    if len(problem.batches) <= 1 or st.recompute == "true":
         return True, "gradient graphs kept (one batch or no products: nothing to choose)"
     free = free_bytes(st.device)
     if free is None:
         return True, "gradient graphs kept (free memory unknown)"
     count = product_bytes(problem, st, keep=True)
-    P, elt = problem.num_params, _element(st)
-    most = max(_device_rows(vectors_kept(s, dims)[0], P, st) for s in hess)
-    need = count.total + most * P * elt
+    need = count.total + vectors * problem.num_params * _element(st)
     keep = need <= GRAPH_FRACTION * free
     return keep, (
         f"gradient graphs {'kept' if keep else 'not kept'}: predicted peak with them "

@@ -1,21 +1,22 @@
 """Predicted seconds and memory of a run (``--dry-run``), from products timed on the real model.
 
-`time_products` times one forward pass, one gradient and Hessian-vector products (one vector,
-then a small block) on one micro-batch of a checkpoint's measurement set (`micro_problem`: its
-first `MICRO_ROWS` rows), warm (a discarded first call, then the median of a few), and scales
-them by the scored units (samples or tokens) of the whole set; it counts one product's memory
-(`flatcli.run.memory.product_bytes`: the saved tensors of one- and two-row micro-batches, scaled).
+`time_products` times one forward pass, one gradient and one Hessian product of the engine's
+block on micro-batches of a checkpoint's measurement set (`micro_problem`: its first row and its
+first two), warm (a discarded first call, then the median of up to three, fewer once they add up
+to `ENOUGH` seconds), and fits each as ``c + d·units`` per batch (`_fit`: ``c`` the share a call
+pays whatever its rows, the parameters'; ``d`` per scored sample or token) to the whole set; it
+measures one product's peak memory on each micro-batch and scales it to the first batch's rows.
 Nothing is built over the whole set, so a dry-run costs a fraction of one full product and holds
 less than the run. `predict` turns a measure's declared counts (its registry ``estimate``:
 products, ``hvp_block``, ``vectors``) into seconds and a peak-memory figure, or its
-``applicable`` check's reason when it will end ``not_applicable``. `flatcli.api.plan.plan_costs`
-times one checkpoint per shape and reuses its times for the others.
+``applicable`` check's reason when it will end ``not_applicable``. `flatcli.api.costs` times one
+checkpoint per shape and reuses its times for the others.
 
-The model of time: a product call of k vectors costs ``a + b·k`` seconds, ``a`` and ``b``
-fitted from the one-vector and the block timing (the one-vector product after a discarded one,
-so graph caching is in its steady state); a gradient or per-sample VJP pass costs the timed
-gradient, a forward pass the timed forward pass, and a P-length dot product or axpy of the
-estimator's own (``vector_ops``: Lanczos's reorthogonalization) a timed projection's share.
+The model of time: a product call of k vectors costs ``a + b·k`` seconds, ``a`` and ``b`` from
+the timed one-vector and block products (an engine block of one takes k vectors as k one-vector
+products); a gradient or per-sample VJP pass costs the timed gradient, a forward pass the timed
+forward pass, and a P-length dot product or axpy of the estimator's own (``vector_ops``:
+Lanczos's reorthogonalization) a timed projection's share.
 
 Memory (``peak_bytes``): what the process holds before the products (``resident``: the weights,
 the measurement set, Python and torch; CPU: VmRSS, CUDA: allocated bytes), θ, the gradient and
@@ -41,7 +42,7 @@ import torch
 from ..engine import CurvatureEngine, Problem, eval_mode
 from ..engine import dist as ranks
 from ..loading.data import subset
-from .memory import product_bytes, vectors_kept
+from .memory import keeps_graphs, product_bytes, vectors_kept
 from .settings import Settings
 from .shares import least_work
 
@@ -71,6 +72,7 @@ class ProductTimes:
         0.0  # the same in runs of their own bases (SLQ's lockstep projection)
     )
     resident: int = 0  # bytes in use before the products: weights, data, torch (CPU: VmRSS)
+    build: float = 0.0  # seconds of building the gradient graphs once, when the run keeps them
 
     def hvp_seconds(self, n: float, k: int) -> float:
         """Seconds of ``n`` HVPs in calls of ``k`` vectors (0: the engine's block size)."""
@@ -147,15 +149,25 @@ def _resident(device: torch.device) -> int:
     return _rss_bytes("VmRSS") or 0
 
 
-def _timed(fn, repeat: int = 3) -> float:
-    """Warm seconds of ``fn()``: a first call discarded (caches, allocator, lazy initialisation),
-    then the median of ``repeat`` timed calls."""
-    fn()
-    times = []
-    for _ in range(max(1, repeat)):
-        t0 = time.perf_counter()
+ENOUGH = 0.3  # seconds of timed calls after which `_timed` stops (at least one timed call)
+
+
+def _clock() -> float:
+    """The dry-run's clock (`time.perf_counter`, read at each call: tests replace it)."""
+    return time.perf_counter()
+
+
+def _timed(fn, repeat: int = 3, warm: bool = False) -> float:
+    """Warm seconds of ``fn()``: a first call discarded (caches, allocator, lazy initialisation;
+    ``warm``: the caller made it), then the median of up to ``repeat`` timed calls, fewer once
+    they add up to `ENOUGH` seconds (at least one: a warm call that long is steady)."""
+    if not warm:
         fn()
-        times.append(time.perf_counter() - t0)
+    times: list[float] = []
+    while len(times) < max(1, repeat) and sum(times) < ENOUGH:
+        t0 = _clock()
+        fn()
+        times.append(_clock() - t0)
     return float(statistics.median(times))
 
 
@@ -193,8 +205,9 @@ def micro_problem(problem: Problem, rows: int = MICRO_ROWS) -> Problem:
     )
 
 
-def _engine(problem: Problem, st: Settings) -> CurvatureEngine:
-    """An engine over ``problem`` as the run builds it: recompute, caps, kept graphs."""
+def _engine(problem: Problem, st: Settings, keep: bool | None = None) -> CurvatureEngine:
+    """An engine over ``problem`` as the run builds it: recompute, caps, kept graphs (``keep``:
+    the run's choice, `flatcli.run.memory.keeps_graphs`; None: the settings')."""
     return CurvatureEngine(
         problem,
         hvp_mode=st.hvp_mode,
@@ -203,7 +216,7 @@ def _engine(problem: Problem, st: Settings) -> CurvatureEngine:
         recompute=st.recompute,
         max_device_vectors=st.max_device_vectors,
         max_basis_vectors=st.max_basis_vectors,
-        cache_graphs=st.graph_policy(),
+        cache_graphs=st.graph_policy() if keep is None else keep,
     )
 
 
@@ -218,55 +231,92 @@ def _trim_heap() -> None:
         pass
 
 
-def _one_product(micro: Problem, st: Settings) -> tuple[int, str, int]:
-    """(bytes, how, block): the measured peak of one product of the engine's block over ``micro``,
-    its gradient graph built inside as the run builds it; with a verified precision (bf16, TF32)
-    the larger of it and one fp32 verification product."""
-    eng = _engine(micro, st)
+@dataclass
+class _Micro:
+    """One micro-batch's probe (`_probe`): its scored units, the measured peak of one product of
+    the engine's block ``k`` (``how``: how it was measured) and the warm seconds of that product,
+    a forward pass and a gradient (`time_micro`)."""
+
+    units: int
+    peak: int
+    how: str
+    k: int
+    engine: CurvatureEngine
+    vectors: torch.Tensor
+    cold: float = 0.0  # the measured first product's seconds: it builds the gradient graph
+    hvp: float = 0.0
+    forward: float = 0.0
+    grad: float = 0.0
+
+    @property
+    def build(self) -> float:
+        """Seconds the first product pays above the others (building its gradient graph)."""
+        return max(self.cold - self.hvp, 0.0)
+
+    def time_micro(self) -> None:
+        """Time the product (its first, measured call made: warm), a forward pass and a gradient."""
+        H = self.engine.hessian()
+        self.hvp = _timed(lambda: H(self.vectors), warm=True)
+        self.engine.state.drop_graphs()
+        self.forward = _timed(self.engine.loss)
+        self.grad = _timed(self.engine.loss_grad)
+
+
+def _probe(micro: Problem, st: Settings, keep: bool) -> _Micro:
+    """The measured peak (and seconds) of one product of the engine's block over ``micro``, its
+    gradient graph built inside as the run builds it (``keep``: kept, as the run keeps it, for the
+    timed calls that follow); with a verified precision (bf16, TF32) the larger of it and one
+    fp32 verification product."""
+    eng = _engine(micro, st, keep)
     H = eng.hessian()
     k = H.block_size
     V = torch.randn(k, micro.num_params, generator=torch.Generator().manual_seed(0))
     V = V.to(st.device, st.dtype)
     _trim_heap()
-    peak, how = measure_peak(lambda: H(V), torch.device(st.device))
-    eng.state.drop_graphs()
+    cold = [0.0]
+
+    def first() -> None:
+        t0 = _clock()
+        H(V)
+        cold[0] = _clock() - t0
+
+    peak, how = measure_peak(first, torch.device(st.device))
     if eng.precision.verify:  # the fp32 verification product of a converged value (bf16, TF32)
+        eng.state.drop_graphs()
         H32 = eng.hessian(precision="fp32")
         _trim_heap()
         peak = max(peak, measure_peak(lambda: H32(V[:1]), torch.device(st.device))[0])
         eng.state.drop_graphs()
-    return peak, how, k
+        H(V)  # the run's product again: its graphs as the run keeps them
+    return _Micro(micro.n, peak, how, k, eng, V, cold[0])
 
 
-def _product_peak(problem: Problem, st: Settings) -> tuple[int, str]:
-    """(bytes, how) of one product of the engine's block over ``problem``'s first batch: the
-    measured peaks of that product on micro-batches of one and two rows (their gradient graphs
-    built inside, as the run builds them), extrapolated to the batch's rows as
-    ``p(1) + (rows − 1)·(p(2) − p(1))`` (what a row adds: its saved tensors and the backward's
-    transients; the product's own P-vectors are in ``p(1)``), plus the other batches' gradient
-    graphs when the run keeps them (`flatcli.run.memory.product_bytes`, counted)."""
-    rows = problem.batches[0].rows if problem.batches else 1
-    one, how, k = _one_product(micro_problem(problem, 1), st)
-    two = _one_product(micro_problem(problem, 2), st)[0] if rows > 1 else one
-    graphs = product_bytes(problem, st, k).graphs
-    return one + (rows - 1) * max(two - one, 0) + graphs, (
-        f"{how} of products on one and two rows, extrapolated to {rows}"
-    )
+def _fit(one: float, two: float | None, u1: int, u2: int, units: int, batches: int) -> float:
+    """Seconds over the whole set of a call timed at ``one`` on ``u1`` units and ``two`` on
+    ``u2``: ``c + d·u`` per batch of u units (``c`` what a call costs whatever its rows, the
+    parameters' share; ``d`` per unit), so ``batches·c + d·units``; proportional to the units
+    when only one micro-batch was timed."""
+    if two is None or u2 <= u1:
+        return one * units / max(u1, 1)
+    d = max(two - one, 0.0) / (u2 - u1)
+    c = max(one - d * u1, 0.0)
+    return batches * c + d * units
 
 
 def time_products(
     model: torch.nn.Module, data, st: Settings, check=None
 ) -> tuple[ProductTimes | None, Problem]:
-    """Time the products on one micro-batch of ``model``'s measurement set (`micro_problem`: its
-    first `MICRO_ROWS` rows, the settings' size, seed, device, dtype and precision), as
-    `flatcli.run.checkpoint.measure_model` builds them, and scale the seconds by the scored units
-    (samples or tokens) of this rank's share of the set; count one product's memory
-    (`flatcli.run.memory.product_bytes`: saved tensors of micro-batches, scaled). No product or
-    gradient graph over the whole set is built, so the dry-run costs a fraction of one product on
-    it and holds less than the run. Returns the times and the `Problem` (for the measures'
-    ``applicable`` checks). ``check(problem)``: called before any product (the memory check,
-    `flatcli.run.memory.check_products`); when it returns False nothing is timed and the times are
-    None."""
+    """Time the products on micro-batches of ``model``'s measurement set (`micro_problem`: its
+    first row, and its first two; the settings' size, seed, device, dtype and precision), as
+    `flatcli.run.checkpoint.measure_model` builds them, and fit each call's seconds as
+    ``c + d·units`` per batch (`_fit`) to this rank's share of the set; measure one product's
+    peak on each and scale it to the first batch's rows, plus the other batches' graphs when the
+    run keeps them (`flatcli.run.memory.product_bytes`, counted). No product or gradient graph
+    over the whole set is built, so the dry-run costs a fraction of one product on it and holds
+    less than the run. Returns the times and the `Problem` (for the measures' ``applicable``
+    checks). ``check(problem)``: called before any product (the memory check,
+    `flatcli.run.memory.check_products`); when it returns False nothing is timed and the times
+    are None."""
     work = model.to(st.device, st.dtype)
     with st.precision_context(), eval_mode(work):
         problem = Problem(
@@ -283,38 +333,53 @@ def time_products(
         if check is not None and not check(problem):
             return None, problem
         resident = _resident(torch.device(st.device))
-        product, how = _product_peak(problem, st)  # first: before timing churns the heap
-        micro = micro_problem(problem)
-        eng = _engine(micro, st)
-        P = problem.num_params
-        gen = torch.Generator().manual_seed(0)
-        v = torch.randn(P, generator=gen).to(st.device, st.dtype)
-        H = eng.hessian()
-        k = max(2, min(BLOCK, H.block_size))
-        V = torch.randn(k, P, generator=gen).to(st.device, st.dtype)
-        scale = problem.local_units / max(micro.n, 1)  # the set's units over the micro-batch's
-        forward = _timed(eng.loss, 3) * scale
-        grad = _timed(eng.loss_grad, 3) * scale
-        hvp1 = _timed(lambda: H(v), 3) * scale  # the discarded call builds (may cache) the graphs
-        hvpk = _timed(lambda: H(V), 2) * scale
-        eng.state.drop_graphs()
-        vector_op = _timed(lambda: _project(V, v), 3) / (2 * V.shape[0])
-        B = V[: 2 * (k // 2)].reshape(2, k // 2, P)  # 2 runs, each with a basis of k // 2 vectors
-        batched_op = _timed(lambda: _project_runs(B, V[:2]), 3) / (4 * (k // 2))
+        rows = problem.batches[0].rows if problem.batches else 1
+        keep = keeps_graphs(problem, st)[0]  # as the run will (no measure's vectors yet)
+        one = _probe(micro_problem(problem, 1), st, keep)  # both peaks first: timing churns
+        two = _probe(micro_problem(problem, 2), st, keep) if rows > 1 else None
+        micros = [m for m in (one, two) if m is not None]
+        for m in micros:
+            m.time_micro()
+
+        def fit(field: str) -> float:
+            return _fit(
+                getattr(one, field),
+                getattr(two, field) if two is not None else None,
+                one.units,
+                two.units if two is not None else 0,
+                problem.local_units,
+                max(len(problem.batches), 1),
+            )
+
+        hvp, P, k = fit("hvp"), problem.num_params, one.k
+        gen = torch.Generator().manual_seed(1)
+        v = torch.randn(1, P, generator=gen).to(st.device, st.dtype)
+        hvp1 = hvp
+        if k > 1:  # one vector on the first row, scaled as the block's product scales
+            H = one.engine.hessian()
+            hvp1 = _timed(lambda: H(v)) * hvp / max(one.hvp, 1e-12)
+        for m in micros:
+            m.engine.state.drop_graphs()
+        V = torch.randn(max(2, min(BLOCK, k)), P, generator=gen).to(st.device, st.dtype)
+        vector_op = _timed(lambda: _project(V, v[0])) / (2 * V.shape[0])
+        B = V[: 2 * (V.shape[0] // 2)].reshape(2, V.shape[0] // 2, P)  # 2 runs with their bases
+        batched_op = _timed(lambda: _project_runs(B, V[:2])) / (4 * (V.shape[0] // 2))
+    product = one.peak + (rows - 1) * max((two or one).peak - one.peak, 0)
     times = ProductTimes(
-        forward,
-        grad,
+        fit("forward"),
+        fit("grad"),
         hvp1,
-        hvpk,
+        2 * hvp if k == 1 else hvp,  # the engine takes two vectors as two one-vector products
+        2 if k == 1 else k,
         k,
-        H.block_size,
-        product,
-        how,
+        product + product_bytes(problem, st, k).graphs,
+        f"{one.how} of products on one and two rows, extrapolated to {rows}",
         P,
         torch.finfo(st.dtype).bits // 8,
         vector_op,
         batched_op,
         max(0, resident),
+        fit("build") if keep else 0.0,
     )
     return times, problem
 
@@ -493,6 +558,7 @@ def predict(spec, dims, times: ProductTimes, problem: Problem | None = None) -> 
         passes = est.get("n_grad", (0, 0))[i] + est.get("n_vjp", (0, 0))[i]
         return (
             times.hvp_seconds(hvps[i], block)
+            + (times.build if hvps[i] > 0 else 0.0)  # the kept graphs, built at the first
             + passes * times.grad
             + est.get("n_forward", (0, 0))[i] * times.forward
             + est.get("vector_ops", (0, 0))[i] * times.vector_op

@@ -48,3 +48,38 @@ def test_a_counted_product_scaled_from_micro_batches_matches_the_whole_batchs_co
             one, _ = predicted_product_bytes(p, b, 1, torch.device("cpu"), saved=counted)
             whole = one + (k - 1) * P * elt
             assert abs(scaled - whole) <= 0.05 * whole, (rows, k, scaled, whole)
+
+
+@pytest.mark.parametrize("rows,batch_size", [(8, 4), (12, 4), (16, 8), (6, 6)])
+def test_the_dry_runs_seconds_fit_a_per_call_and_a_per_unit_cost(monkeypatch, rows, batch_size):
+    """Each batch's loss costs ``c + d·units`` seconds on a fake clock (``c`` the share a call
+    pays whatever its rows, the parameters'; ``d`` per scored token), over random c and d: the
+    dry-run, timing micro-batches of one and two rows, predicts the whole set's forward pass,
+    gradient and one-vector product at ``B·c + d·U`` (B batches, U tokens), to rounding.
+    Scaling the one-row timing by the units instead predicts ``(c + d·u₁)·U/u₁``."""
+    import flatcli.run.predict as predict_module
+
+    model, batch = tiny_gpt2(16, 1, rows=rows)
+    now = [0.0]
+    cost = {"c": 0.0, "d": 0.0}
+    loss_sum = Problem.batch_loss_sum
+
+    def charged(self, params, b):
+        now[0] += cost["c"] + cost["d"] * self.units(b)
+        return loss_sum(self, params, b)
+
+    monkeypatch.setattr(Problem, "batch_loss_sum", charged)
+    monkeypatch.setattr(predict_module, "_clock", lambda: now[0])
+    g = torch.Generator().manual_seed(rows)
+    for block in (1, 2):
+        for _ in range(3):
+            cost["c"], cost["d"] = torch.rand(2, generator=g, dtype=torch.float64).tolist()
+            st = Settings(
+                loss="causal_lm", batch_size=batch_size, cache_graphs="false", block_size=block
+            )
+            times, problem = time_products(model, batch, st)
+            B, U = len(problem.batches), problem.local_units
+            whole = B * cost["c"] + cost["d"] * U
+            for name in ("forward", "grad", "hvp1"):
+                assert getattr(times, name) == pytest.approx(whole, rel=1e-9), (name, block)
+            assert times.hvp_seconds(1, 1) == pytest.approx(whole, rel=1e-9)

@@ -56,6 +56,44 @@ def test_seconds_and_bytes_follow_the_declared_counts():
     assert frob.seconds == (0.0, 0.0) and frob.hvps == (0, 0)
 
 
+def test_a_kept_graphs_build_is_paid_once_by_each_measure_that_takes_products():
+    """With ``build`` seconds (the run keeps its gradient graphs, built at the first product), a
+    measure's least and most seconds both grow by exactly ``build`` when it takes Hessian
+    products, and not at all when it takes none; over several builds and measures."""
+    dims = Dims(P=100, n=40, C=4)
+    specs = [
+        (MeasureSpec("hessian_lambda_max", "lam", {"min_steps": 5, "max_steps": 20}), True),
+        (MeasureSpec("hessian_trace", "tr", {"min_probes": 8, "max_probes": 64}), True),
+        (MeasureSpec("sharpness_average", "s", {"samples": 10}), False),
+        (MeasureSpec("frobenius_norm", "f"), False),
+    ]
+    for build in (0.25, 1.0, 7.5):
+        for spec, takes in specs:
+            base, more = predict(spec, dims, _times()), predict(spec, dims, _times(build=build))
+            for a, b in zip(base.seconds, more.seconds, strict=True):
+                assert b - a == pytest.approx(build if takes else 0.0), (spec.name, build)
+
+
+@pytest.mark.parametrize("seconds", [0.001, 0.05, 0.2, 0.31, 1.0, 4.0])
+def test_a_timing_discards_a_first_call_and_stops_once_its_calls_add_up(monkeypatch, seconds):
+    """`_timed` on a fake clock: a first call discarded (none when the caller made it), then up to
+    three timed calls, fewer once they add up to `ENOUGH` seconds, and their median returned."""
+    import flatcli.run.predict as predict_module
+
+    now, calls = [0.0], []
+
+    def call():
+        calls.append(1)
+        now[0] += seconds
+
+    monkeypatch.setattr(predict_module, "_clock", lambda: now[0])
+    timed = -(-predict_module.ENOUGH // seconds)  # timed calls until they add up to ENOUGH
+    for warm in (False, True):
+        calls.clear()
+        assert predict_module._timed(call, 3, warm=warm) == pytest.approx(seconds)
+        assert len(calls) == (0 if warm else 1) + min(3, max(1, int(timed))), (seconds, warm)
+
+
 def test_a_range_never_starts_above_its_cap():
     """``max_steps: 8`` below the certified floor printed '15–8 HVPs'; the least is the cap."""
     from flatcli.engine.linalg import certified_min_steps
