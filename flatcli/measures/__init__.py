@@ -16,7 +16,7 @@ import fnmatch
 import importlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,12 +150,14 @@ class Dims:
     max_basis: int | None = (
         None  # most Lanczos basis vectors (runtime.max_basis_vectors, resolved; None: unbounded)
     )
+    matrix_tensors: tuple[int, ...] = ()  # each weight matrix's index in ``tensors``
     device: str = "cpu"  # where the run's vectors live (the device's room for SLQ runs in lockstep)
     dtype: torch.dtype = torch.float32  # θ's type: the vectors' element
 
 
 Claim = Callable[[Any], "bool | str"]
 Estimate = Callable[[Any, Dims], "dict[str, int | tuple[int, int]]"]
+Shared = Callable[[Any, Dims], "dict[Hashable, float]"]
 Note = Callable[[MeasureResult, MeasureResult, Any], "str | None"]
 Artifacts = Callable[[MeasureResult, Path, str], "list[Path]"]
 
@@ -205,6 +207,11 @@ class MeasureInfo:
         ``vector_ops``, the P-length dot products and axpys of its own (reorthogonalization
         against one basis); ``batched_vector_ops``, those of runs in lockstep, each against its
         own basis (SLQ).
+    shared : callable or None
+        ``(opts, dims) -> {part: work}``: the parts of its least work (in HVP equivalents, as
+        `flatcli.run.shares.least_work` counts them) that another measure of the checkpoint may
+        have done already and that it then reuses (a Hessian diagonal's tensors): a budget's
+        split weighs each part once, for the first measure that needs it.
     applicable : callable or None
         ``(opts, problem) -> reason | None``: a cheap check, on the measurement set's
         `flatcli.engine.Problem` before any product, of what would make the measure end
@@ -241,6 +248,7 @@ class MeasureInfo:
     stops_early: bool | Callable[[Any], bool] = False
     low_precision: bool = False
     revision: int = 1
+    shared: Shared | None = None
 
     @property
     def may_claim_invariance(self) -> bool:
@@ -283,6 +291,7 @@ def register(
     stops_early: bool | Callable[[Any], bool] = False,
     low_precision: bool = False,
     revision: int = 1,
+    shared: Shared | None = None,
 ):
     """Decorator registering a measure function ``fn(ctx, opts) -> MeasureResult`` under ``name``.
 
@@ -322,6 +331,8 @@ def register(
         Whether its products may run in bfloat16 under ``runtime.precision: bf16``.
     revision : int
         The revision of the measure's values (default 1; part of every result's key).
+    shared : callable, optional
+        ``(opts, dims) -> {part: work}``: work another measure may have done (see `MeasureInfo`).
 
     Returns
     -------
@@ -355,6 +366,7 @@ def register(
             stops_early=stops_early,
             low_precision=low_precision,
             revision=revision,
+            shared=shared,
         )
         return fn
 
@@ -494,6 +506,12 @@ class MeasureSpec:
         raw = info.estimate(self.parsed(), dims)
         # a range never starts above its cap (a floor of steps above max_steps runs max_steps)
         return {k: (min(v), v[1]) if isinstance(v, tuple) else (v, v) for k, v in raw.items()}
+
+    def shared_work(self, dims: Dims) -> dict:
+        """The parts of its least work another measure of the checkpoint may have done already
+        (`MeasureInfo.shared`; empty when it declares none)."""
+        info = get_measure(self.name)
+        return {} if info.shared is None else dict(info.shared(self.parsed(), dims))
 
     def stops_early(self) -> bool:
         """Whether this configured measure stops at its cap with its estimate so far

@@ -115,6 +115,7 @@ from ._hessian_diag import (
     DiagonalOptions,
     diagonal_estimate,
     diagonal_reason,
+    diagonal_shared,
     equivariance_claim,
     estimate_diagonal,
     jackknife,
@@ -407,6 +408,7 @@ def _weight_names(p, model) -> list[str]:
         "finite_difference: 2·samples gradients"
     ),
     estimate=lambda o, d: diagonal_estimate(o, d, d.matrices),
+    shared=lambda o, d: diagonal_shared(o, d, d.matrix_tensors),
     applicable=lambda o, p: diagonal_reason(o, p),
 )
 def normalized_sharpness(ctx, opts: NormalizedSharpnessOptions) -> MeasureResult:
@@ -510,6 +512,7 @@ def _fr(p, diag: torch.Tensor) -> tuple[float, dict[str, float]]:
         "finite_difference: 2·samples gradients"
     ),
     estimate=lambda o, d: diagonal_estimate(o, d, d.tensors),
+    shared=lambda o, d: diagonal_shared(o, d, range(len(d.tensors))),
     applicable=lambda o, p: diagonal_reason(o, p),
 )
 def fisher_rao_term(ctx, opts: FisherRaoTermOptions) -> MeasureResult:

@@ -111,6 +111,7 @@ from ._hessian_diag import (
     DiagonalOptions,
     diagonal_estimate,
     diagonal_reason,
+    diagonal_shared,
     estimate_diagonal,
     jackknife,
 )
@@ -192,6 +193,7 @@ def _ns(p, model, diag, box):
     invariant=False,
     cost="the diagonal of normalized_sharpness (hessian_diag) + mc_samples + 1 forward passes over S",
     estimate=lambda o, d: {**diagonal_estimate(o, d, d.matrices), "n_forward": o.mc_samples + 1},
+    shared=lambda o, d: diagonal_shared(o, d, d.matrix_tensors),
     applicable=lambda o, p: diagonal_reason(o, p),
 )
 def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:

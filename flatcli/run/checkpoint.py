@@ -430,13 +430,15 @@ def problem_dims(model: torch.nn.Module, data, settings: Settings) -> Dims:
             Z = prob.loss_fn.scores(prob.forward(prob.params, two), two)[0]
     chosen = set(prob.names)
     named = dict(model.named_parameters())
+    mats = weight_matrices(model, chosen)
     return Dims(
         P=prob.num_params,
         n=prob.n,
         C=int(Z.shape[-1]),
         rows=int(batch.rows),
         tensors=tuple(named[n].numel() for n in prob.names),
-        matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model, chosen)),
+        matrices=tuple(int(torch.Size(w.shape).numel()) for w in mats),
+        matrix_tensors=tuple(prob.names.index(w.param_name) for w in mats),
         verify=settings.verifies(),
         max_basis=settings.basis_cap(prob.num_params),
         device=str(settings.device),

@@ -204,13 +204,15 @@ def model_dims(model: torch.nn.Module, st: Settings) -> Dims:
     named = dict(model.named_parameters())
     chosen = set(names)
     P = int(sum(named[n].numel() for n in names))
+    mats = weight_matrices(model, chosen)
     return Dims(
         P=P,
         n=1,
         C=1,
         rows=1,
         tensors=tuple(named[n].numel() for n in names),
-        matrices=tuple(int(torch.Size(w.shape).numel()) for w in weight_matrices(model, chosen)),
+        matrices=tuple(int(torch.Size(w.shape).numel()) for w in mats),
+        matrix_tensors=tuple(list(names).index(w.param_name) for w in mats),
         verify=st.verifies(),
         max_basis=st.basis_cap(P),
         device=str(st.device),

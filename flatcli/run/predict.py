@@ -272,22 +272,23 @@ def _probe(micro: Problem, st: Settings, keep: bool) -> _Micro:
     k = H.block_size
     V = torch.randn(k, micro.num_params, generator=torch.Generator().manual_seed(0))
     V = V.to(st.device, st.dtype)
-    _trim_heap()
+    device = torch.device(st.device)
+    verified = 0
+    if eng.precision.verify:  # the fp32 verification product of a converged value (bf16, TF32)
+        H32 = eng.hessian(precision="fp32")
+        _trim_heap()
+        verified = measure_peak(lambda: H32(V[:1]), device)[0]
+        eng.state.drop_graphs()
     cold = [0.0]
 
-    def first() -> None:
+    def first() -> None:  # the run's product, last: its graphs stay as the run keeps them
         t0 = _clock()
         H(V)
         cold[0] = _clock() - t0
 
-    peak, how = measure_peak(first, torch.device(st.device))
-    if eng.precision.verify:  # the fp32 verification product of a converged value (bf16, TF32)
-        eng.state.drop_graphs()
-        H32 = eng.hessian(precision="fp32")
-        _trim_heap()
-        peak = max(peak, measure_peak(lambda: H32(V[:1]), torch.device(st.device))[0])
-        eng.state.drop_graphs()
-        H(V)  # the run's product again: its graphs as the run keeps them
+    _trim_heap()
+    peak, how = measure_peak(first, device)
+    peak = max(peak, verified)
     return _Micro(micro.n, peak, how, k, eng, V, cold[0])
 
 
@@ -460,10 +461,13 @@ class Fit:
         return max(predict(spec, self.dims, self.times).seconds[0], self.times.forward)
 
     def cost(self, problem: Problem, reuse=None, among=None):
-        """The weight of a spec in `flatcli.run.shares.BudgetSplit`: its least predicted seconds
-        (`seconds`); in a sweep's unit (``among`` given) its least products in HVP equivalents
-        (`flatcli.run.shares.least_work`), which every worker computes alike; 0 for a result reused
-        from ``reuse`` (label → result) or a measure predicted ``not_applicable``."""
+        """The weights of specs, in order, in `flatcli.run.shares.BudgetSplit`: each its least
+        predicted seconds (`seconds`); in a sweep's unit (``among`` given) its least products in
+        HVP equivalents (`flatcli.run.shares.least_work`), which every worker computes alike; 0 for
+        a result reused from ``reuse`` (label → result) or a measure predicted ``not_applicable``.
+        Work a spec shares with an earlier one (`flatcli.measures.MeasureSpec.shared_work`: a
+        Hessian diagonal's tensors) is weighed once, for the first: the later one's weight loses
+        that part's fraction of its least work."""
 
         def weight(spec) -> float:
             if reuse and spec.label in reuse:
@@ -472,7 +476,20 @@ class Fit:
                 return self.seconds(spec, problem)
             return 0.0 if _not_applicable(spec, problem) else least_work(spec, self.dims)
 
-        return weight
+        def weights(specs) -> list[float]:
+            done: set = set()
+            out = []
+            for spec in specs:
+                w = weight(spec)
+                parts = spec.shared_work(self.dims) if w > 0 else {}
+                if parts:
+                    had = sum(v for k, v in parts.items() if k in done)
+                    w *= max(0.0, 1.0 - had / max(least_work(spec, self.dims), 1e-12))
+                    done.update(parts)
+                out.append(w)
+            return out
+
+        return weights
 
     def reason(self, spec, share: float | None) -> tuple[str, dict[str, Any]] | None:
         """(why not to start, diagnostics) when ``spec`` does not fit its cap; None to start it."""

@@ -81,21 +81,21 @@ class BudgetSplit:
         cls,
         total: float | None,
         specs: Sequence[MeasureSpec],
-        cost: Callable[[MeasureSpec], float],
+        cost: Callable[[Sequence[MeasureSpec]], list[float]],
         among: Sequence[MeasureSpec] | None = None,
         clock: Callable[[], float] | None = None,
     ) -> BudgetSplit | None:
-        """The split of ``total`` seconds over ``specs``; ``cost(spec)``: its predicted seconds
-        (called only with a budget, once per spec, on the split's clock); None without a budget.
-        With ``among`` (every measure of the checkpoint, ``specs`` some of them), each of ``specs``
-        gets its fixed share of ``total``."""
+        """The split of ``total`` seconds over ``specs``; ``cost(specs)``: their predicted seconds,
+        in order (called only with a budget, on the split's clock; `flatcli.run.predict.Fit.cost`
+        weighs work they share once); None without a budget. With ``among`` (every measure of the
+        checkpoint, ``specs`` some of them), each of ``specs`` gets its fixed share of ``total``."""
         if total is None:
             return None
         clock = clock or time.perf_counter
         start = clock()
-        costs = [cost(s) for s in specs]
+        costs = list(cost(specs))
         if among is not None:
-            every = sum(cost(s) for s in among)
+            every = sum(cost(among))
             fixed = [total * c / every if every > 0 else total / len(among) for c in costs]
             return cls(total, costs, clock, fixed=fixed, start=start)
         return cls(total, costs, clock, start=start)

@@ -301,7 +301,7 @@ def test_shares_follow_predicted_seconds_and_leave_the_rest_to_later_measures():
     assert plan.share(3) == 0.0
     specs = parse_measures(["hessian_lambda_max", "hessian_trace", "frobenius_norm"])
     secs = {"hessian_lambda_max": 2.0, "hessian_trace": 6.0, "frobenius_norm": 0.0}
-    fixed = BudgetSplit.of(100.0, specs[1:2], lambda s: secs[s.name], among=specs)  # a sweep unit
+    fixed = BudgetSplit.of(100.0, specs[1:2], lambda ss: [secs[s.name] for s in ss], among=specs)
     assert fixed.share(0) == pytest.approx(75.0)
 
 
