@@ -1,20 +1,23 @@
 """Predicted seconds and memory of a run (``--dry-run``), from products timed on the real model.
 
-`time_products` times one forward pass, one gradient and one Hessian product of the engine's
-block on micro-batches of a checkpoint's measurement set (`micro_problem`: its first row and its
-first two), warm (a discarded first call, then the median of up to three, fewer once they add up
-to `ENOUGH` seconds), and fits each as ``c + d·units`` per batch (`_fit`: ``c`` the share a call
-pays whatever its rows, the parameters'; ``d`` per scored sample or token) to the whole set; it
-measures one product's peak memory on each micro-batch and scales it to the first batch's rows.
-Nothing is built over the whole set, so a dry-run costs a fraction of one full product and holds
-less than the run. `predict` turns a measure's declared counts (its registry ``estimate``:
-products, ``hvp_block``, ``vectors``) into seconds and a peak-memory figure, or its
+`time_products` measures one product of the engine's block on micro-batches of a checkpoint's
+measurement set (`micro_problem`: its first row and its first two): its peak memory, scaled to the
+first batch's rows, and its seconds (that first call builds the gradient graphs). It then times a
+one-vector product, a forward pass and a gradient on both, and a block product on the first row,
+warm (after a first call, then the median of up to three, fewer once they add up to `ENOUGH`
+seconds), and fits each as ``c + d·units`` per batch (`_fit`: ``c`` the share a call pays whatever
+its rows, the parameters'; ``d`` per scored sample or token) to the whole set. Nothing is built
+over the whole set, so a dry-run holds less than the run; on models whose product is slow enough
+to matter it costs a fraction of it. `predict` turns a measure's declared counts (its registry
+``estimate``: products, ``hvp_block``, ``vectors``) into seconds and a peak-memory figure, or its
 ``applicable`` check's reason when it will end ``not_applicable``. `flatcli.api.costs` times one
 checkpoint per shape and reuses its times for the others.
 
 The model of time: a product call of k vectors costs ``a + b·k`` seconds, ``a`` and ``b`` from
-the timed one-vector and block products (an engine block of one takes k vectors as k one-vector
-products); a gradient or per-sample VJP pass costs the timed gradient, a forward pass the timed
+the one-vector product and the block's (the block's cost over one vector's on the first row,
+applied to the fitted one-vector seconds; an engine block of one takes k vectors as k one-vector
+products); when the run keeps its gradient graphs, a measure that takes products pays their
+build once (``build``: the first product's seconds above a warm one's, fitted alike); a gradient or per-sample VJP pass costs the timed gradient, a forward pass the timed
 forward pass, and a P-length dot product or axpy of the estimator's own (``vector_ops``:
 Lanczos's reorthogonalization) a timed projection's share.
 
@@ -46,7 +49,7 @@ from .memory import keeps_graphs, product_bytes, vectors_kept
 from .settings import Settings
 from .shares import least_work
 
-BLOCK = 4  # vectors of the timed block product (fewer when the engine's block is smaller)
+BLOCK = 4  # rows of the basis a timed reorthogonalization projects against (`vector_op`)
 
 
 @dataclass
@@ -233,9 +236,10 @@ def _trim_heap() -> None:
 
 @dataclass
 class _Micro:
-    """One micro-batch's probe (`_probe`): its scored units, the measured peak of one product of
-    the engine's block ``k`` (``how``: how it was measured) and the warm seconds of that product,
-    a forward pass and a gradient (`time_micro`)."""
+    """One micro-batch's probe (`_probe`): its scored units, the measured peak and seconds of one
+    product of the engine's block ``k`` (``how``: how the peak was measured; ``cold``: that first
+    call builds the gradient graph), and the warm seconds of a one-vector product, of a block
+    product when asked, of a forward pass and of a gradient (`time_micro`)."""
 
     units: int
     peak: int
@@ -245,21 +249,22 @@ class _Micro:
     vectors: torch.Tensor
     cold: float = 0.0  # the measured first product's seconds: it builds the gradient graph
     hvp: float = 0.0
+    block: float = 0.0  # warm seconds of the block product (0: not timed)
     forward: float = 0.0
     grad: float = 0.0
+    build: float = 0.0  # seconds the first product paid above a warm one (its graph)
 
-    @property
-    def build(self) -> float:
-        """Seconds the first product pays above the others (building its gradient graph)."""
-        return max(self.cold - self.hvp, 0.0)
-
-    def time_micro(self) -> None:
-        """Time the product (its first, measured call made: warm), a forward pass and a gradient."""
+    def time_micro(self, block: bool) -> None:
+        """Time a one-vector product and (``block``) a block product, warm: the measured first
+        product built the graphs the run keeps; then a forward pass and a gradient (warm too:
+        the products ran both passes on this engine)."""
         H = self.engine.hessian()
-        self.hvp = _timed(lambda: H(self.vectors), warm=True)
+        self.hvp = _timed(lambda: H(self.vectors[:1]), warm=True)
+        if block and self.k > 1:
+            self.block = _timed(lambda: H(self.vectors), warm=True)
         self.engine.state.drop_graphs()
-        self.forward = _timed(self.engine.loss)
-        self.grad = _timed(self.engine.loss_grad)
+        self.forward = _timed(self.engine.loss, warm=True)  # the products ran both passes
+        self.grad = _timed(self.engine.loss_grad, warm=True)
 
 
 def _probe(micro: Problem, st: Settings, keep: bool) -> _Micro:
@@ -340,7 +345,11 @@ def time_products(
         two = _probe(micro_problem(problem, 2), st, keep) if rows > 1 else None
         micros = [m for m in (one, two) if m is not None]
         for m in micros:
-            m.time_micro()
+            m.time_micro(block=m is one)  # a block's cost over one vector's: on the first row
+        k = one.k
+        ratio = one.block / max(one.hvp, 1e-12) if k > 1 else 1.0
+        for m in micros:
+            m.build = max(m.cold - (m.block or m.hvp * ratio), 0.0)
 
         def fit(field: str) -> float:
             return _fit(
@@ -352,17 +361,11 @@ def time_products(
                 max(len(problem.batches), 1),
             )
 
-        hvp, P, k = fit("hvp"), problem.num_params, one.k
-        gen = torch.Generator().manual_seed(1)
-        v = torch.randn(1, P, generator=gen).to(st.device, st.dtype)
-        hvp1 = hvp
-        if k > 1:  # one vector on the first row, scaled as the block's product scales
-            H = one.engine.hessian()
-            hvp1 = _timed(lambda: H(v)) * hvp / max(one.hvp, 1e-12)
-        for m in micros:
-            m.engine.state.drop_graphs()
-        V = torch.randn(max(2, min(BLOCK, k)), P, generator=gen).to(st.device, st.dtype)
-        vector_op = _timed(lambda: _project(V, v[0])) / (2 * V.shape[0])
+        hvp1, P = fit("hvp"), problem.num_params
+        V = one.vectors[: max(2, min(BLOCK, k))]
+        if V.shape[0] < 2:
+            V = torch.randn(2, P, generator=torch.Generator().manual_seed(1)).to(V)
+        vector_op = _timed(lambda: _project(V, V[0])) / (2 * V.shape[0])
         B = V[: 2 * (V.shape[0] // 2)].reshape(2, V.shape[0] // 2, P)  # 2 runs with their bases
         batched_op = _timed(lambda: _project_runs(B, V[:2])) / (4 * (V.shape[0] // 2))
     product = one.peak + (rows - 1) * max((two or one).peak - one.peak, 0)
@@ -370,7 +373,7 @@ def time_products(
         fit("forward"),
         fit("grad"),
         hvp1,
-        2 * hvp if k == 1 else hvp,  # the engine takes two vectors as two one-vector products
+        2 * hvp1 if k == 1 else hvp1 * ratio,  # a block of one takes two vectors one by one
         2 if k == 1 else k,
         k,
         product + product_bytes(problem, st, k).graphs,
