@@ -301,7 +301,7 @@ def trace_method(method: str, P: int, min_probes: int) -> str:
 
 def _trace_estimate(o, d) -> dict:
     """Probes (HVPs) in blocks of the engine's block size (``hvp_block`` 0), the first block
-    ``min_probes`` of them; the estimator holds those probes and their products (2 P-vectors per
+    ``min_probes`` of them, at most ``max_probes`` and the near-zero floor's SLQ products; the estimator holds those probes and their products (2 P-vectors per
     probe), the most while the near-zero floor's SLQ runs beside them
     (`flatcli.engine.linalg.trace.near_zero_vectors`: its runs in lockstep on this device);
     Hutch++ keeps its sketch (up to a third of the probes) beside them."""
@@ -312,7 +312,13 @@ def _trace_estimate(o, d) -> dict:
     sketch = min(d.P, o.max_probes // 3) if o.method == "hutchpp" else 0
     first = min(o.min_probes, o.max_probes)  # the first block holds min_probes probes at once
     return {
-        "n_hvp": (min(o.min_probes, o.max_probes) + control, o.max_probes + control),
+        # most: the near-zero floor's SLQ may run beside the probes (its products are counted)
+        "n_hvp": (
+            min(o.min_probes, o.max_probes) + control,
+            o.max_probes
+            + control
+            + linalg.trace.NEAR_ZERO_RUNS * min(linalg.trace.NEAR_ZERO_STEPS, d.P),
+        ),
         "hvp_block": 0,
         # the first block's probes and their products, alive while the near-zero floor's SLQ runs
         "vectors": (
@@ -332,7 +338,10 @@ def _trace_estimate(o, d) -> dict:
     "diagnostics." + PADDING_NOTE,
     reference="Hutchinson 1989; Meyer et al. 2021 (Hutch++, Alg. 1); Yao et al. 2020 (PyHessian)",
     stochastic=True,
-    cost="one HVP per probe (exact: one per parameter); per-tensor traces from the same probes at no extra HVP",
+    cost=(
+        "one HVP per probe (exact: one per parameter), plus 40 for the near-zero floor's SLQ when "
+        "the trace cancels; per-tensor traces from the same probes at no extra HVP"
+    ),
     estimate=_trace_estimate,
 )
 def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:

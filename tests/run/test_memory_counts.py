@@ -118,3 +118,20 @@ def test_the_near_zero_floors_counted_vectors_follow_its_runs_in_lockstep(monkey
     for group in (2, 4):
         grew, counted = most[group] - most[1], held[group] - held[1]
         assert counted > 0 and abs(grew - counted) <= 0.25 * counted, (group, held, most)
+
+
+def test_a_near_zero_traces_counted_products_stay_within_its_declared_range():
+    """A tiny GPT-2's trace cancels, so the near-zero floor's SLQ runs beside the probes (with a
+    fixed count too, when the count is out of reach): over adaptive and fixed probe counts, the
+    products the run counts lie within the least and most its estimate declares."""
+    model, batch = tiny_gpt2(16, 1)
+    dims = problem_dims(model, batch, Settings.build(None, loss="causal_lm", block_size=2))
+    floors = 0
+    for probes in ({"min_probes": 8, "max_probes": 64}, {"min_probes": 4, "max_probes": 4}):
+        spec = {"hessian_trace": {"method": "hutchinson", **probes}}
+        res = measure_model(model, batch, [spec], loss="causal_lm", block_size=2)
+        r = res.results["hessian_trace"]
+        floors += r.diagnostics.get("abs_trace") is not None
+        lo, hi = parse_measures([spec])[0].estimate(dims)["n_hvp"]
+        assert lo <= r.diagnostics["n_hvp"] <= hi, (probes, r.diagnostics["n_hvp"], (lo, hi))
+    assert floors >= 1  # the floor ran: the case the range must cover
