@@ -267,16 +267,17 @@ class _Micro:
         self.grad = _timed(self.engine.loss_grad, warm=True)
 
 
-def _probe(micro: Problem, st: Settings, keep: bool) -> _Micro:
+def _probe(micro: Problem, st: Settings, keep: bool, V: torch.Tensor | None = None) -> _Micro:
     """The measured peak (and seconds) of one product of the engine's block over ``micro``, its
     gradient graph built inside as the run builds it (``keep``: kept, as the run keeps it, for the
     timed calls that follow); with a verified precision (bf16, TF32) the larger of it and one
-    fp32 verification product."""
+    fp32 verification product. ``V``: the block's vectors (another micro-batch's, shared)."""
     eng = _engine(micro, st, keep)
     H = eng.hessian()
     k = H.block_size
-    V = torch.randn(k, micro.num_params, generator=torch.Generator().manual_seed(0))
-    V = V.to(st.device, st.dtype)
+    if V is None or V.shape[0] != k:
+        V = torch.randn(k, micro.num_params, generator=torch.Generator().manual_seed(0))
+        V = V.to(st.device, st.dtype)
     device = torch.device(st.device)
     verified = 0
     if eng.precision.verify:  # the fp32 verification product of a converged value (bf16, TF32)
@@ -342,7 +343,7 @@ def time_products(
         rows = problem.batches[0].rows if problem.batches else 1
         keep = keeps_graphs(problem, st)[0]  # as the run will (no measure's vectors yet)
         one = _probe(micro_problem(problem, 1), st, keep)  # both peaks first: timing churns
-        two = _probe(micro_problem(problem, 2), st, keep) if rows > 1 else None
+        two = _probe(micro_problem(problem, 2), st, keep, one.vectors) if rows > 1 else None
         micros = [m for m in (one, two) if m is not None]
         for m in micros:
             m.time_micro(block=m is one)  # a block's cost over one vector's: on the first row
