@@ -95,7 +95,8 @@ def lanczos_basis(d, max_steps: int, min_steps: int | None) -> int:
             (1 + int(d.verify)) * min(d.P, o.max_steps) + int(d.verify),
         ),  # + fp32 refinement
         "hvp_block": 1,
-        "vectors": lanczos_basis(d, o.max_steps, o.min_steps),  # the Krylov basis
+        # the Krylov basis and Lanczos's own working vectors
+        "vectors": lanczos_basis(d, o.max_steps, o.min_steps) + linalg.LANCZOS_WORK_VECTORS,
         # full reorthogonalization, twice: 2·j dot products and axpys at step j
         "vector_ops": (
             2 * min(d.P, o.min_steps or certified_min_steps(d.P), o.max_steps) ** 2,

@@ -275,6 +275,29 @@ def check_model(
     return v
 
 
+def _basis_cap(spec, lab: str, dims: Dims, room: int, declared: int) -> list[str]:
+    """The largest ``runtime.max_basis_vectors`` whose basis and the estimator's own vectors fit
+    ``room`` P-vectors (with ``min_steps`` lowered to it when the certified step count would keep
+    more), when it keeps fewer than the ``declared`` vectors; none otherwise."""
+
+    def held(sp, k: int, least: bool = False) -> int:
+        return vectors_kept(sp, dataclasses.replace(dims, max_basis=k), least=least)[0]
+
+    lowers = "min_steps" in _option_names(spec)
+    for k in range(room, 0, -1):
+        if held(spec, k) >= declared:
+            return []  # a cap this large saves nothing
+        if held(spec, k) <= room and held(spec, k, least=True) <= room:
+            return [f"runtime.max_basis_vectors: {k} (Lanczos restarts beyond it)"]
+        fewer = dataclasses.replace(spec, options={**spec.options, "min_steps": k})
+        if lowers and k >= 2 and held(fewer, k, least=True) <= room and held(fewer, k) <= room:
+            return [
+                f"runtime.max_basis_vectors: {k} with {lab}: min_steps: {k} (the certified step "
+                f"count keeps {held(spec, k, least=True)} vectors; fewer steps are not certified)"
+            ]
+    return []
+
+
 def _model_suggestions(
     v: MemoryVerdict, model, st: Settings, kept, rows, specs, dims: Dims
 ) -> list[str]:
@@ -283,21 +306,9 @@ def _model_suggestions(
     fixed = v.parts["weights"] + 2 * P * elt
     if st.device.type == "cpu" and v.measures:  # a Lanczos basis capped by thick restarts
         lab = v.measures[0]
-        k = (free - fixed - kept[lab][1] * P * elt) // (P * elt)
+        room = (free - fixed - kept[lab][1] * P * elt) // (P * elt)  # the declared vectors' room
         spec = next(s for s in specs if s.label == lab)
-        capped = dataclasses.replace(dims, max_basis=int(k))
-        if 1 <= k < kept[lab][0] and vectors_kept(spec, capped, least=True)[0] <= k:
-            out.append(f"runtime.max_basis_vectors: {k} (Lanczos restarts beyond it)")
-        elif 2 <= k < kept[lab][0] and "min_steps" in _option_names(spec):
-            fewer = dataclasses.replace(spec, options={**spec.options, "min_steps": int(k)})
-            if (
-                vectors_kept(fewer, capped, least=True)[0] <= k
-            ):  # the certified floor keeps more: lower it
-                out.append(
-                    f"runtime.max_basis_vectors: {k} with {lab}: min_steps: {k} (the certified "
-                    f"step count keeps {vectors_kept(spec, capped, least=True)[0]} vectors; fewer steps are "
-                    "not certified)"
-                )
+        out += _basis_cap(spec, lab, dims, int(room), kept[lab][0])
     if st.device.type == "cuda" and v.measures:
         lab = v.measures[0]
         k = (free - fixed - kept[lab][1] * P * elt) // (P * elt)

@@ -497,14 +497,15 @@ def test_dry_run_prints_the_planned_products_and_measures_nothing(project, tmp_p
     )
     res = run("measure", "-c", project, "--dry-run", "-o", tmp_path / "o")
     assert res.exit_code == 0, res.output
-    assert "hessian_lambda_max: " in res.output and "hessian_trace: 8 HVPs" in res.output
+    # a fixed count of 8 probes, and the near-zero floor's 40 when the trace cancels
+    assert "hessian_lambda_max: " in res.output and "hessian_trace: 8–48 HVPs" in res.output
     assert (
         "frobenius_norm: parameters only" in res.output
         and "total over 2 checkpoint(s)" in res.output
     )
     assert not (tmp_path / "o").exists()
     res = run("sweep", "-c", project, "-o", tmp_path / "s", "--dry-run")
-    assert res.exit_code == 0 and "hessian_trace: 8 HVPs" in res.output
+    assert res.exit_code == 0 and "hessian_trace: 8–48 HVPs" in res.output
 
 
 def test_dry_run_sizes_each_checkpoint_and_names_every_bad_one(tmp_path):
@@ -533,7 +534,7 @@ def test_dry_run_sizes_each_checkpoint_and_names_every_bad_one(tmp_path):
         assert f"(P = {P:,} parameters" in text
     assert re.search(r"checkpoint \S*junk.pt: cannot be loaded: .*not a readable checkpoint", text)
     assert re.search(r"checkpoint \S*no_kwargs.pt: cannot be loaded: .*shape mismatches", text)
-    assert "total over 3 checkpoint(s) (2 could not be loaded): 24 HVPs" in text
+    assert "total over 3 checkpoint(s) (2 could not be loaded): 24–144 HVPs" in text
 
 
 def test_checkpoint_column_holds_glob_matches_as_the_glob_is_written(tmp_path, monkeypatch):

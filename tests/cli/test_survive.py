@@ -192,7 +192,7 @@ def test_live_line_counts_each_measures_own_products_and_the_time_left(tmp_path)
         assert (
             counts and max(counts) <= res[lab].diagnostics["n_hvp"]
         )  # not the engine's running total
-        assert all(i["planned_hvps"] == (8, 8) for la, i in seen if la == "hessian_trace")
+        assert all(i["planned_hvps"] == (8, 48) for la, i in seen if la == "hessian_trace")
     line = describe_progress(
         "hessian_trace",
         {"n_hvp": 10, "planned_hvps": (10, 40), "seconds": 5.0, "value": 2.0, "stderr": 0.1},

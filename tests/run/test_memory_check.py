@@ -17,6 +17,7 @@ from flatcli.cli import app
 from flatcli.demo.models import MLP
 from flatcli.engine import Batch, Problem
 from flatcli.engine.curvatures import Curvature
+from flatcli.engine.linalg import LANCZOS_WORK_VECTORS
 from flatcli.measures import MeasureSpec
 from flatcli.run.settings import Settings
 from tests.helpers import write_project
@@ -173,7 +174,8 @@ def test_predicted_bytes_against_a_hand_count(monkeypatch, precision, element, c
     }
     assert v.measures == ("tr",) and v.fits
     alone = memory.check_model(model, specs[:1], Settings(precision=precision))
-    assert alone.need == weights + P * element * (2 + 20 + 1) and alone.measures == ("lam",)
+    work = LANCZOS_WORK_VECTORS  # Lanczos's own vectors beside its basis
+    assert alone.need == weights + P * element * (2 + 20 + work + 1) and alone.measures == ("lam",)
 
 
 def test_on_cuda_the_basis_beyond_max_device_vectors_is_not_counted_and_is_suggested(monkeypatch):
@@ -263,12 +265,13 @@ def test_the_dry_run_prints_the_verdict(tmp_path, monkeypatch):
     """``--dry-run``: the verdict and the free memory compared against; JSON carries the fields; a
     checkpoint that will not fit is not timed."""
     P = P_of(8)
-    free(monkeypatch, 4 * P * 23 - 1)
+    need = 4 * P * (23 + LANCZOS_WORK_VECTORS)  # θ, gradient, 20 basis vectors, work, an input
+    free(monkeypatch, need - 1)
     cfg = project(tmp_path)
     res = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run"])
     assert res.exit_code == 1, res.output  # it cannot time the run: no "about 0 s", exit 0
     assert "cannot time" in res.output and "about 0" not in res.output
-    assert "memory (model): will not fit" in res.output and f"{4 * P * 23 - 1:,}" not in res.output
+    assert "memory (model): will not fit" in res.output and f"{need - 1:,}" not in res.output
     assert "not timed" in res.output and "timed: forward" not in res.output
     res = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run", "--format", "json"])
     entry = json.loads(res.stdout)[0]
@@ -277,8 +280,8 @@ def test_the_dry_run_prints_the_verdict(tmp_path, monkeypatch):
     assert (mem["stage"], mem["fits"], mem["need_bytes"], mem["free_bytes"]) == (
         "model",
         False,
-        4 * P * 23,
-        4 * P * 23 - 1,
+        need,
+        need - 1,
     )
     free(monkeypatch, 10**12)
     res = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run", "--format", "json"])
@@ -413,15 +416,16 @@ def test_on_cpu_an_unbounded_basis_that_does_not_fit_suggests_max_basis_vectors(
     P = P_of(8)
     spec = [MeasureSpec("hessian_lambda_max", "lam", {"max_steps": 60})]
     model = MLP(16, 8, 1, 4)
+    work = LANCZOS_WORK_VECTORS
     free(
-        monkeypatch, 4 * P * (2 + 30 + 1)
-    )  # θ and gradient, one product input and 30 basis vectors
+        monkeypatch, 4 * P * (2 + 30 + work + 1)
+    )  # θ and gradient, one product input, Lanczos's work and 30 basis vectors
     v = memory.check_model(model, spec, Settings(max_basis_vectors=None))
-    assert not v.fits and v.parts["vectors"] == 4 * P * (60 + 1)
+    assert not v.fits and v.parts["vectors"] == 4 * P * (60 + work + 1)
     assert certified_min_steps(P) < 30
     assert "runtime.max_basis_vectors: 30 (Lanczos restarts beyond it)" in v.line()
     ok = memory.check_model(model, spec, Settings(max_basis_vectors=30))
-    assert ok.fits and ok.parts["vectors"] == 4 * P * (30 + 1)
+    assert ok.fits and ok.parts["vectors"] == 4 * P * (30 + work + 1)
 
 
 def test_a_basis_cap_below_the_certified_floor_is_suggested_with_min_steps(tmp_path, monkeypatch):
@@ -434,7 +438,7 @@ def test_a_basis_cap_below_the_certified_floor_is_suggested_with_min_steps(tmp_p
     spec = [MeasureSpec("hessian_lambda_max", "lam", {"max_steps": 60})]
     model = MLP(16, 8, 1, 4)
     k = certified_min_steps(P) - 3
-    free(monkeypatch, 4 * P * (2 + k + 1))
+    free(monkeypatch, 4 * P * (2 + k + LANCZOS_WORK_VECTORS + 1))
     v = memory.check_model(model, spec, Settings(max_basis_vectors=None))
     assert not v.fits
     assert f"runtime.max_basis_vectors: {k} with lam: min_steps: {k}" in v.line()

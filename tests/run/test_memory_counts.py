@@ -135,3 +135,22 @@ def test_a_near_zero_traces_counted_products_stay_within_its_declared_range():
         lo, hi = parse_measures([spec])[0].estimate(dims)["n_hvp"]
         assert lo <= r.diagnostics["n_hvp"] <= hi, (probes, r.diagnostics["n_hvp"], (lo, hi))
     assert floors >= 1  # the floor ran: the case the range must cover
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_lambda_maxs_predicted_vectors_cover_its_basis_and_working_vectors(monkeypatch, precision):
+    """λmax holds its Krylov basis and Lanczos's own working vectors (the float64 start, the
+    product, the next vector) beside θ, the gradient and one product: over 6 to 24 steps, the
+    predicted P-vectors are never below those counted live at a product, and at most a quarter
+    above them."""
+    model, batch = tiny_gpt2(16, 1)
+    st = Settings.build(None, loss="causal_lm", block_size=2, precision=precision)
+    dims = problem_dims(model, batch, st)
+    for steps in (6, 12, 24):
+        spec = {"hessian_lambda_max": {"min_steps": steps, "max_steps": steps, "tol": 1e-12}}
+        held, _ = held_at_products(
+            monkeypatch, model, batch, spec, block_size=2, precision=precision
+        )
+        declared, inputs = vectors_kept(parse_measures([spec])[0], dims, 2)
+        most = 2 + inputs + PRODUCT_VECTORS + declared
+        assert held <= most <= 1.25 * held, (steps, held, most)

@@ -46,8 +46,8 @@ def test_seconds_and_bytes_follow_the_declared_counts():
         (5.0, 20.0)
     )  # one vector a step: 1 s each
     assert (
-        lam.peak_bytes == 4 * 100 * (2 + 20 + 1) + 1000
-    )  # θ, gradient, 20 Krylov vectors, one product
+        lam.peak_bytes == 4 * 100 * (2 + 20 + 4 + 1) + 1000
+    )  # θ, gradient, 20 Krylov vectors, Lanczos's 4 of its own, one product
     sharp = predict(MeasureSpec("sharpness_average", "s", {"samples": 10}), dims, t)
     assert (
         sharp.seconds == pytest.approx((22.0, 22.0)) and sharp.peak_bytes == 4 * 100 * 2

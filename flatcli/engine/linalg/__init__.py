@@ -45,6 +45,7 @@ from .diagonal import (
     scaled_diagonal,
 )
 from .lanczos import (
+    LANCZOS_WORK_VECTORS,
     LanczosResult,
     PrecisionControl,
     basis_floor,
@@ -58,6 +59,7 @@ from .stop import DiagonalCheck, KrylovStop, ProbeStop
 from .trace import NearZeroFloor, TraceResult, hutchinson, hutchpp
 
 __all__ = [
+    "LANCZOS_WORK_VECTORS",
     "Budget",
     "MIN_NODES",
     "MIN_SAMPLES",

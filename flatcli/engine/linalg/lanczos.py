@@ -44,6 +44,10 @@ from ._store import BasisStore, device_capacity
 from .sem import mean_stderr
 from .stop import KrylovStop
 
+# P-vectors Lanczos holds beside its basis (in θ's element size): its float64 start (two), the
+# product of the current block and the next block
+LANCZOS_WORK_VECTORS = 4
+
 
 @dataclass
 class LanczosResult:
