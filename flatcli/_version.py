@@ -1,3 +1,3 @@
 """The package version (one place; pyproject.toml reads it)."""
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
