@@ -17,9 +17,10 @@ The model of time: a product call of k vectors costs ``a + b·k`` seconds, ``a``
 the one-vector product and the block's (the block's cost over one vector's on the first row,
 applied to the fitted one-vector seconds; an engine block of one takes k vectors as k one-vector
 products); when the run keeps its gradient graphs, a measure that takes products pays their
-build once (``build``: the first product's seconds above a warm one's, fitted alike); a gradient or per-sample VJP pass costs the timed gradient, a forward pass the timed
-forward pass, and a P-length dot product or axpy of the estimator's own (``vector_ops``:
-Lanczos's reorthogonalization) a timed projection's share.
+build once (``build``: the first product's seconds above a warm one's, fitted alike); a
+gradient or per-sample VJP pass costs the timed gradient, a forward pass the timed forward pass,
+and a P-length dot product or axpy of the estimator's own (``vector_ops``: Lanczos's
+reorthogonalization) a timed projection's share.
 
 Memory (``peak_bytes``): what the process holds before the products (``resident``: the weights,
 the measurement set, Python and torch; CPU: VmRSS, CUDA: allocated bytes), θ, the gradient and
@@ -319,8 +320,7 @@ def time_products(
     ``c + d·units`` per batch (`_fit`) to this rank's share of the set; measure one product's
     peak on each and scale it to the first batch's rows, plus the other batches' graphs when the
     run keeps them (`flatcli.run.memory.product_bytes`, counted). No product or gradient graph
-    over the whole set is built, so the dry-run costs a fraction of one product on it and holds
-    less than the run. Returns the times and the `Problem` (for the measures' ``applicable``
+    over the whole set is built, so the dry-run holds less than the run. Returns the times and the `Problem` (for the measures' ``applicable``
     checks). ``check(problem)``: called before any product (the memory check,
     `flatcli.run.memory.check_products`); when it returns False nothing is timed and the times
     are None."""
@@ -369,6 +369,8 @@ def time_products(
         vector_op = _timed(lambda: _project(V, V[0])) / (2 * V.shape[0])
         B = V[: 2 * (V.shape[0] // 2)].reshape(2, V.shape[0] // 2, P)  # 2 runs with their bases
         batched_op = _timed(lambda: _project_runs(B, V[:2])) / (4 * (V.shape[0] // 2))
+    # p(1) + (rows − 1)·(p(2) − p(1)): what a row adds (its saved tensors, the backward's
+    # transients); the product's own P-vectors are in p(1)
     product = one.peak + (rows - 1) * max((two or one).peak - one.peak, 0)
     times = ProductTimes(
         fit("forward"),
