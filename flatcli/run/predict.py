@@ -157,7 +157,10 @@ ENOUGH = 0.3  # seconds of timed calls after which `_timed` stops (at least one 
 
 
 def _clock() -> float:
-    """The dry-run's clock (`time.perf_counter`, read at each call: tests replace it)."""
+    """The dry-run's clock (`time.perf_counter`, read at each call: tests replace it), read after
+    the CUDA kernels queued so far have finished (a product returns before its kernels do)."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     return time.perf_counter()
 
 

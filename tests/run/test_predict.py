@@ -254,3 +254,19 @@ def test_applicable_checks_predict_the_runs_not_applicable_reasons():
                 name,
                 params,
             )
+
+
+def test_the_dry_runs_clock_waits_for_queued_cuda_work(monkeypatch):
+    """A CUDA product returns before its kernels finish: each reading of the dry-run's clock
+    first synchronizes the device when CUDA is in use (mocked: no GPU needed), and not otherwise."""
+    import flatcli.run.predict as predict_module
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
+    monkeypatch.setattr(predict_module.time, "perf_counter", lambda: events.append("read") or 0.0)
+    for used in (True, False):
+        events.clear()
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda used=used: used)
+        predict_module._timed(lambda: None, 3)
+        reads = events.count("read")
+        assert reads >= 2 and events == (["sync", "read"] * reads if used else ["read"] * reads)
