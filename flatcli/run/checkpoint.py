@@ -219,17 +219,9 @@ def measure_model(
                 check_finite_data(d, f"data.{split_name}")
                 check_targets(work, d, st.loss, f"data.{split_name}", st.device, _dtype_of(work))
         row.params = st.params.describe(work, problem.names)
-        engine = CurvatureEngine(
+        engine = st.engine(
             problem,
-            hvp_mode=st.hvp_mode,
-            block_size=st.block_size,
-            precision=st.precision,
-            recompute=st.recompute,
-            max_device_vectors=st.max_device_vectors,
-            max_basis_vectors=st.max_basis_vectors,
-            cache_graphs=_graph_policy(
-                problem, specs, lambda: problem_dims(work, data[st.split], st), st
-            ),
+            _graph_policy(problem, specs, lambda: problem_dims(work, data[st.split], st), st),
         )
         try:
             problem.check_finite(engine.loss())

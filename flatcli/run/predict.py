@@ -215,16 +215,7 @@ def micro_problem(problem: Problem, rows: int = MICRO_ROWS) -> Problem:
 def _engine(problem: Problem, st: Settings, keep: bool | None = None) -> CurvatureEngine:
     """An engine over ``problem`` as the run builds it: recompute, caps, kept graphs (``keep``:
     the run's choice, `flatcli.run.memory.keeps_graphs`; None: the settings')."""
-    return CurvatureEngine(
-        problem,
-        hvp_mode=st.hvp_mode,
-        block_size=st.block_size,
-        precision=st.precision,
-        recompute=st.recompute,
-        max_device_vectors=st.max_device_vectors,
-        max_basis_vectors=st.max_basis_vectors,
-        cache_graphs=st.graph_policy() if keep is None else keep,
-    )
+    return st.engine(problem, st.graph_policy() if keep is None else keep)
 
 
 def _trim_heap() -> None:

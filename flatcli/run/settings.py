@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..config import overrides
+from ..engine import CurvatureEngine
 from ..engine.linalg.lanczos import host_fit
 from ..engine.params import ParamSelection
 from ..engine.precision import BF16_FD_REFUSED, PRECISIONS, Precision, has_tensor_cores
@@ -306,6 +307,21 @@ class Settings:
         (`flatcli.engine.linalg.lanczos.host_fit`, before the floor of `basis_floor`)."""
         return (
             host_fit(P, self.dtype) if self.max_basis_vectors == "auto" else self.max_basis_vectors
+        )
+
+    def engine(self, problem, cache_graphs: bool | None = None):
+        """The `flatcli.engine.CurvatureEngine` over ``problem`` with these settings' products
+        (mode, block, precision, recompute, caps) and ``cache_graphs`` (None: the engine's own
+        rule): one place, so that the dry-run times the engine the run builds."""
+        return CurvatureEngine(
+            problem,
+            hvp_mode=self.hvp_mode,
+            block_size=self.block_size,
+            precision=self.precision,
+            recompute=self.recompute,
+            max_device_vectors=self.max_device_vectors,
+            max_basis_vectors=self.max_basis_vectors,
+            cache_graphs=cache_graphs,
         )
 
     def graph_policy(self) -> bool | None:
