@@ -157,7 +157,7 @@ class Dims:
 
 Claim = Callable[[Any], "bool | str"]
 Estimate = Callable[[Any, Dims], "dict[str, int | tuple[int, int]]"]
-Shared = Callable[[Any, Dims], "dict[Hashable, float]"]
+Shared = Callable[[Any, Dims], "dict[Hashable, dict[str, int]]"]
 Note = Callable[[MeasureResult, MeasureResult, Any], "str | None"]
 Artifacts = Callable[[MeasureResult, Path, str], "list[Path]"]
 
@@ -208,10 +208,10 @@ class MeasureInfo:
         against one basis); ``batched_vector_ops``, those of runs in lockstep, each against its
         own basis (SLQ).
     shared : callable or None
-        ``(opts, dims) -> {part: work}``: the parts of its least work (in HVP equivalents, as
-        `flatcli.run.shares.least_work` counts them) that another measure of the checkpoint may
-        have done already and that it then reuses (a Hessian diagonal's tensors): a budget's
-        split weighs each part once, for the first measure that needs it.
+        ``(opts, dims) -> {part: {counter: n}}``: the parts of its least work (the counters each
+        spends, as in ``estimate``) that another measure of the checkpoint may have done already
+        and that it then reuses (a Hessian diagonal's tensors): a budget's split weighs each part
+        once, for the first measure that needs it.
     applicable : callable or None
         ``(opts, problem) -> reason | None``: a cheap check, on the measurement set's
         `flatcli.engine.Problem` before any product, of what would make the measure end
@@ -332,7 +332,8 @@ def register(
     revision : int
         The revision of the measure's values (default 1; part of every result's key).
     shared : callable, optional
-        ``(opts, dims) -> {part: work}``: work another measure may have done (see `MeasureInfo`).
+        ``(opts, dims) -> {part: {counter: n}}``: work another measure may have done (see
+        `MeasureInfo`).
 
     Returns
     -------

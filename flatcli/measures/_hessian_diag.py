@@ -413,26 +413,20 @@ def diagonal_estimate(opts: DiagonalOptions, dims, tensors: tuple[int, ...]) -> 
 def diagonal_shared(opts: DiagonalOptions, dims, indices) -> dict:
     """The parts of `diagonal_estimate`'s least work over the tensors at ``indices`` (into
     ``dims.tensors``) that another measure's diagonal may have computed (`estimate_diagonal`'s
-    cache), in HVP equivalents: under ``auto`` the Gauss-Newton diagonal (C VJP passes, once per
-    checkpoint) and each tensor's check (by tensor and options); under another estimator the
-    whole diagonal (by options and tensors)."""
+    cache), each as the counters it spends: under ``auto`` the Gauss-Newton diagonal (C VJP
+    passes, once per checkpoint) and each tensor's check (by tensor and options); under another
+    estimator the whole diagonal (by options and tensors)."""
     fields = tuple(getattr(opts, f.name) for f in dataclasses.fields(DiagonalOptions))
     indices = tuple(indices)
     if opts.hessian_diag != "auto":
-        sizes = tuple(dims.tensors[i] for i in indices)
-        est = diagonal_estimate(opts, dims, sizes)
-        work = sum(
-            {"n_hvp": 1.0, "n_vjp": 0.5, "n_grad": 0.5}[k]
-            * float(v[0] if isinstance(v, tuple) else v)
-            for k, v in est.items()
-        )
-        return {("diagonal", fields, indices): work}
-    parts = {("ggn_diagonal",): 0.5 * dims.C}
+        est = diagonal_estimate(opts, dims, tuple(dims.tensors[i] for i in indices))
+        least = {k: v[0] if isinstance(v, tuple) else v for k, v in est.items()}
+        return {("diagonal", fields, indices): least}
+    parts: dict = {("ggn_diagonal",): {"n_vjp": dims.C}}
     for i in indices:
         t = dims.tensors[i]
-        parts["check", fields[1:], i] = float(
-            min(opts.check, t) + (2 * opts.check_probes if t > opts.check else 0)
-        )
+        checks = min(opts.check, t) + (2 * opts.check_probes if t > opts.check else 0)
+        parts["check", fields[1:], i] = {"n_hvp": checks}
     return parts
 
 

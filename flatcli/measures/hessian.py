@@ -302,8 +302,9 @@ def trace_method(method: str, P: int, min_probes: int) -> str:
 
 def _trace_estimate(o, d) -> dict:
     """Probes (HVPs) in blocks of the engine's block size (``hvp_block`` 0), the first block
-    ``min_probes`` of them, at most ``max_probes`` and the near-zero floor's SLQ products; the estimator holds those probes and their products (2 P-vectors per
-    probe), the most while the near-zero floor's SLQ runs beside them
+    ``min_probes`` of them, at most ``max_probes`` and the near-zero floor's SLQ products; the
+    estimator holds those probes and their products (2 P-vectors per probe), the most while the
+    near-zero floor's SLQ runs beside them
     (`flatcli.engine.linalg.trace.near_zero_vectors`: its runs in lockstep on this device);
     Hutch++ keeps its sketch (up to a third of the probes) beside them."""
     o = dataclasses.replace(o, method=trace_method(o.method, d.P, o.min_probes))

@@ -48,7 +48,7 @@ from ..engine import dist as ranks
 from ..loading.data import subset
 from .memory import keeps_graphs, product_bytes, vectors_kept
 from .settings import Settings
-from .shares import least_work
+from .shares import hvp_equivalents, least_work
 
 BLOCK = 4  # rows of the basis a timed reorthogonalization projects against (`vector_op`)
 
@@ -483,7 +483,7 @@ class Fit:
                 w = weight(spec)
                 parts = spec.shared_work(self.dims) if w > 0 else {}
                 if parts:
-                    had = sum(v for k, v in parts.items() if k in done)
+                    had = sum(hvp_equivalents(v) for k, v in parts.items() if k in done)
                     w *= max(0.0, 1.0 - had / max(least_work(spec, self.dims), 1e-12))
                     done.update(parts)
                 out.append(w)

@@ -46,7 +46,12 @@ def least_work(spec: MeasureSpec, dims: Dims) -> float:
     or VJP pass 0.5, a forward pass 0.2), at least one forward pass: a sweep's weight, the same on
     every worker (timings are not)."""
     est = spec.estimate(dims) or {}
-    return max(0.2, sum(WEIGHTS.get(k, 0.0) * float(lo) for k, (lo, _) in est.items()))
+    return max(0.2, hvp_equivalents({k: lo for k, (lo, _) in est.items()}))
+
+
+def hvp_equivalents(counts: dict[str, float]) -> float:
+    """Counters (``n_hvp``, ``n_grad``, ...) in HVP equivalents (`WEIGHTS`)."""
+    return sum(WEIGHTS.get(k, 0.0) * float(n) for k, n in counts.items())
 
 
 class BudgetSplit:

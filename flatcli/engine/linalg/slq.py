@@ -314,8 +314,8 @@ def slq(
         still allows, and when it is spent the runs done so far are the result
         (``stopped_by_budget``). The first group always runs: one run under a product cap, up to
         `MIN_SAMPLES` in lockstep (no more than ``block``) under a time cap only, whose runs end at
-        the step where the time is up; a run cut before `MIN_NODES` nodes is dropped, so the result may hold no run
-        at all (`expect` is then NaN).
+        the step where the time is up; a run cut before `MIN_NODES` nodes is dropped, so the
+        result may hold no run at all (`expect` is then NaN).
     starts : torch.Tensor, optional
         (R, P) start vectors instead of ``runs`` draws (a caller continuing one stream of probes).
 
