@@ -166,9 +166,11 @@ def _range(pair, show) -> str:
 
 def _describe_times(t) -> str:
     """The timed products of a size group, in words."""
+    build = f", building the kept graphs {_secs(t.build)}" if t.build > 0 else ""
     return (
         f"forward {_secs(t.forward)}, gradient {_secs(t.grad)}, HVP {_secs(t.hvp1)} (1 vector), "
-        f"{_secs(t.hvp_block)} ({t.block} vectors); one product's memory {_bytes(t.product_bytes)} ({t.memory})"
+        f"{_secs(t.hvp_block)} ({t.block} vectors){build}; one product's memory "
+        f"{_bytes(t.product_bytes)} ({t.memory})"
     )
 
 

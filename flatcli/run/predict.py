@@ -17,7 +17,8 @@ The model of time: a product call of k vectors costs ``a + b·k`` seconds, ``a``
 the one-vector product and the block's (the block's cost over one vector's on the first row,
 applied to the fitted one-vector seconds; an engine block of one takes k vectors as k one-vector
 products); when the run keeps its gradient graphs, a measure that takes products pays their
-build once (``build``: the first product's seconds above a warm one's, fitted alike); a
+build once (``build``: the two-row probe's first product's seconds above a warm one's, scaled
+as the gradient scales); a
 gradient or per-sample VJP pass costs the timed gradient, a forward pass the timed forward pass,
 and a P-length dot product or axpy of the estimator's own (``vector_ops``: Lanczos's
 reorthogonalization) a timed projection's share.
@@ -293,6 +294,16 @@ def _probe(micro: Problem, st: Settings, keep: bool, V: torch.Tensor | None = No
     return _Micro(micro.n, peak, how, k, eng, V, cold[0])
 
 
+def _build(one: _Micro, two: _Micro | None, grad: float) -> float:
+    """Seconds of building the whole set's gradient graphs: a gradient pass with ``create_graph``,
+    so the last probe's build (the first also paid the process's one-time start-up of the
+    products) scaled as its gradient scales to the whole set (``grad``), and at most two
+    gradients (recording the backward's graph costs less than a second backward; what a probe's
+    first call pays beyond it is start-up, paid once a process, not once a measure)."""
+    last = two or one
+    return min(last.build * grad / max(last.grad, 1e-12), 2.0 * grad)
+
+
 def _fit(one: float, two: float | None, u1: int, u2: int, units: int, batches: int) -> float:
     """Seconds over the whole set of a call timed at ``one`` on ``u1`` units and ``two`` on
     ``u2``: ``c + d·u`` per batch of u units (``c`` what a call costs whatever its rows, the
@@ -380,7 +391,7 @@ def time_products(
         vector_op,
         batched_op,
         max(0, resident),
-        fit("build") if keep else 0.0,
+        _build(one, two, fit("grad")) if keep else 0.0,
     )
     return times, problem
 

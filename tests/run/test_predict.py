@@ -270,3 +270,18 @@ def test_the_dry_runs_clock_waits_for_queued_cuda_work(monkeypatch):
         predict_module._timed(lambda: None, 3)
         reads = events.count("read")
         assert reads >= 2 and events == (["sync", "read"] * reads if used else ["read"] * reads)
+
+
+def test_the_graphs_build_scales_as_the_gradient_and_is_at_most_two_gradients():
+    """`_build` over many probes: the two-row probe's build scaled as its gradient scales to the
+    whole set, never the one-row probe's (which pays the start-up), and never above two whole-set
+    gradients; the one-row probe's when it is the only one."""
+    from flatcli.run.predict import _build, _Micro
+
+    g = torch.Generator().manual_seed(3)
+    for _ in range(50):
+        b1, b2, g1, g2, grad = (torch.rand(5, generator=g, dtype=torch.float64) + 0.01).tolist()
+        one = _Micro(1, 0, "", 1, None, None, build=10 * b1, grad=g1)
+        two = _Micro(2, 0, "", 1, None, None, build=b2, grad=g2)
+        assert _build(one, two, grad) == pytest.approx(min(b2 * grad / g2, 2 * grad))
+        assert _build(one, None, grad) == pytest.approx(min(10 * b1 * grad / g1, 2 * grad))
