@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import flatcli
 from flatcli.engine import CurvatureEngine, linalg
 from flatcli.engine.curvatures import Curvature
 from tests.oracles import mlp_problem as problem
@@ -112,16 +113,22 @@ def test_the_finite_difference_step_is_a_constructor_argument():
             eng.fd_hessian(eps=bad)
 
 
+_PACKAGE = Path(flatcli.__file__).resolve().parent
+
+
 def _flatcli_frames(stack):
     """The flatcli frames between the estimator (its first frame from engine/linalg/, excluded)
     and torch.autograd.grad, innermost first."""
     out = []
     for filename, func in stack:
-        f = filename.replace("\\", "/")
-        if "/flatcli/engine/linalg/" in f:
+        # paths relative to the package folder itself: the clone's folder may be named flatcli too
+        try:
+            f = Path(filename).resolve().relative_to(_PACKAGE).as_posix()
+        except ValueError:
+            continue
+        if f.startswith("engine/linalg/"):
             return out
-        if "/flatcli/" in f:
-            out.append((f.split("/flatcli/")[-1], func))
+        out.append((f, func))
     raise AssertionError("no estimator frame on the stack")
 
 
