@@ -15,6 +15,9 @@ a point θ (`flatcli.engine.CurvatureEngine.hessian`, ``.ggn``, ``.fd_hessian``,
 class through ``.curvature``). A bare ``V (K, P) -> M V`` callable becomes an operator through
 ``CurvatureOperator(product, dim, ...)``.
 
+Operators compose like matrices: ``H + G``, ``H - G``, ``2.0 * H`` and ``H + lam * identity(H)``
+(each product of a sum calls each operand once, and each operand counts its own products).
+
 ``precision="fp32"`` gives the same operator with TF32 matrix products switched
 off during its products: the verification view of a TF32 engine (see
 ``runtime.precision: auto``). `restrict` gives the block of one parameter set,
@@ -146,6 +149,62 @@ class CurvatureOperator:
             )
         return self.matmat_rows(X.T.to(self.device, self.dtype)).T
 
+    # ------------------------------------------------------------ algebra
+    def _derived(self, product: Product, name: str) -> CurvatureOperator:
+        """An operator of this one's shape, device, type and estimator settings with ``product``."""
+        return CurvatureOperator(
+            product,
+            self.shape[1],
+            device=self.device,
+            dtype=self.dtype,
+            name=name,
+            max_device_vectors=self.max_device_vectors,
+            block_size=self._block_size,
+            max_basis_vectors=self.max_basis_vectors,
+        )
+
+    def _other(self, other, op: str) -> CurvatureOperator:
+        if not isinstance(other, CurvatureOperator):
+            raise TypeError(
+                f"{self.name} {op} {type(other).__name__}: both sides must be operators "
+                "(for M + λI write M + λ * identity(M))"
+            )
+        if other.shape != self.shape:
+            raise ValueError(
+                f"{self.name} {op} {other.name}: shapes differ, {self.shape} and {other.shape}"
+            )
+        return other
+
+    def __add__(self, other: CurvatureOperator) -> CurvatureOperator:
+        """M + N: one product of each per call (each operand counts its own products)."""
+        other = self._other(other, "+")
+        return self._derived(
+            lambda V: self.matmat_rows(V) + other.matmat_rows(V).to(V.dtype),
+            f"({self.name} + {other.name})",
+        )
+
+    def __sub__(self, other: CurvatureOperator) -> CurvatureOperator:
+        """M − N (e.g. H − G, the Hessian's part the Gauss-Newton matrix leaves out)."""
+        other = self._other(other, "-")
+        return self._derived(
+            lambda V: self.matmat_rows(V) - other.matmat_rows(V).to(V.dtype),
+            f"({self.name} - {other.name})",
+        )
+
+    def __mul__(self, scale: float) -> CurvatureOperator:
+        """The operator scaled by a real number c (c · M)."""
+        if isinstance(scale, bool) or not isinstance(scale, int | float):
+            return NotImplemented
+        c = float(scale)
+        if not np.isfinite(c):
+            raise ValueError(f"{self.name}: a scale must be a finite number; got {scale!r}")
+        return self._derived(lambda V: c * self.matmat_rows(V), f"{c:g}*{self.name}")
+
+    __rmul__ = __mul__
+
+    def __neg__(self) -> CurvatureOperator:
+        return self * -1.0
+
     # ------------------------------------------------------------ views
     def restrict(self, index: slice | torch.Tensor) -> CurvatureOperator:
         """The block :math:`P_b M P_b` of the coordinates ``index`` (a slice or a boolean mask),
@@ -198,3 +257,12 @@ class CurvatureOperator:
 
     def __repr__(self) -> str:
         return f"CurvatureOperator({self.name}, shape={self.shape}, dtype={self.dtype}, device={self.device})"
+
+
+def identity(like: CurvatureOperator) -> CurvatureOperator:
+    """Return the identity matrix of ``like``'s shape, device and type.
+
+    ``H + lam * identity(H)`` is the damped Hessian H + λI (e.g. with weight decay λ); the
+    identity takes no curvature products.
+    """
+    return like._derived(lambda V: V.clone(), "I")

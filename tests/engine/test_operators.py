@@ -259,3 +259,58 @@ def test_an_operator_without_a_product_cannot_be_made():
     v = torch.ones(3)
     assert torch.equal(Doubling(None, 3) @ v, 2 * v)
     assert torch.equal(CurvatureOperator(lambda V: 3 * V, 3) @ v, 3 * v)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
+def test_operator_sums_and_scales_equal_the_dense_matrices(seed, loss):
+    """H + λI (weight decay) and H − G (the part of the Hessian the Gauss-Newton matrix leaves
+    out) against the dense float64 Hessian and GGN; ReLU under MSE makes H strongly indefinite."""
+    from flatcli.engine.operators import identity
+
+    p = problem(act=nn.ReLU if loss == "mse" else None, seed=seed, loss=loss)
+    eng = CurvatureEngine(p)
+    H, G = problem_hessian(p), dense_ggn(p)
+    eye = torch.eye(p.num_params, dtype=DT)
+    lam = 0.1 * (seed + 1)
+    Hop, Gop = eng.hessian(), eng.ggn()
+    cases = {
+        "H + lam I": (Hop + lam * identity(Hop), H + lam * eye),
+        "H - G": (Hop - Gop, H - G),
+        "-(2 H) + G": (-(2.0 * Hop) + Gop, -2.0 * H + G),
+        "H * 3": (Hop * 3, 3.0 * H),
+    }
+    for name, (op, ref) in cases.items():
+        torch.testing.assert_close(op.dense(block=5), ref, rtol=1e-9, atol=1e-11, msg=name)
+        assert op.shape == Hop.shape and op.dtype == DT
+    # each operand counts its own products: H's counter grew by one per column of each dense()
+    P = p.num_params
+    assert Hop.n_products == 4 * P and Gop.n_products == 2 * P
+    # the eigenvalues of the damped Hessian are the Hessian's shifted by λ
+    from scipy.sparse.linalg import eigsh
+
+    top = eigsh((Hop + lam * identity(Hop)).to_scipy(), k=1, which="LA", tol=1e-10)[0][0]
+    assert top == pytest.approx(float(torch.linalg.eigvalsh(H)[-1]) + lam, rel=1e-8)
+
+
+def test_operator_algebra_refuses_what_is_not_an_operator_of_its_shape():
+    p, q = problem(), problem(n=5)
+    Hop = CurvatureEngine(p).hessian()
+    with pytest.raises(TypeError, match="both sides must be operators"):
+        Hop + 1.0
+    with pytest.raises(TypeError):
+        Hop * torch.ones(3)
+    with pytest.raises(ValueError, match="finite"):
+        Hop * float("nan")
+    small = CurvatureEngine(
+        Problem(
+            nn.Linear(2, 1).double(),
+            torch.zeros(3, 2, dtype=DT),
+            torch.zeros(3, 1, dtype=DT),
+            loss="mse",
+            dtype=DT,
+        )
+    ).hessian()
+    with pytest.raises(ValueError, match="shapes differ"):
+        Hop - small
+    assert (CurvatureEngine(q).hessian() + Hop).shape == Hop.shape
