@@ -217,16 +217,7 @@ class CurvatureOperator:
         def product(V: torch.Tensor) -> torch.Tensor:
             return self.matmat_rows(V * maskf) * maskf
 
-        return CurvatureOperator(
-            product,
-            self.shape[1],
-            device=self.device,
-            dtype=self.dtype,
-            name=f"{self.name}[block]",
-            max_device_vectors=self.max_device_vectors,
-            block_size=self._block_size,
-            max_basis_vectors=self.max_basis_vectors,
-        )
+        return self._derived(product, f"{self.name}[block]")
 
     def to_scipy(self):
         """A `scipy.sparse.linalg.LinearOperator` view (float64 NumPy in and out)."""
