@@ -7,12 +7,12 @@ A curvature is a `flatcli.engine.operators.CurvatureOperator` at a point θ (``o
 batch) or adds batch ``j``'s share of :math:`M V` for a block ``V`` of K vectors (shape
 ``(K, P)``) into ``out``. Everything else is the base class's, in one place: the loop over this
 rank's batches in blocks of ``runtime.block_size`` vectors with the out-of-memory back-off
-(`flatcli.engine.loop.ProductState.back_off`), the padding mask (M A M), the cross-rank sum,
+(`flatcli.engine.product_state.ProductState.back_off`), the padding mask (M A M), the cross-rank sum,
 the progress report and the counting (`Curvature.count`: one ``n_hvp`` per vector unless a
 subclass says otherwise). The unit weighting (every share is the batch's sum of unit losses
 divided by the whole set's U, so the sum over batches and ranks is the product of the full-set
-matrix) is `Curvature.batch_loss` and `flatcli.engine.loop.ProductState.share`/``weigh``. A
-curvature receives the `flatcli.engine.loop.ProductState` (problem, batches, memory policy,
+matrix) is `Curvature.batch_loss` and `flatcli.engine.product_state.ProductState.share`/``weigh``. A
+curvature receives the `flatcli.engine.product_state.ProductState` (problem, batches, memory policy,
 counters, graph cache, product mode, precision), never the engine; its own settings (the
 finite-difference step) are constructor arguments.
 
@@ -48,8 +48,8 @@ import torch
 from torch.func import grad as func_grad
 from torch.func import jvp, vmap
 
-from .loop import ProductState, is_oom
 from .operators import CurvatureOperator
+from .product_state import ProductState, is_oom
 
 
 class Curvature(CurvatureOperator, abc.ABC):
@@ -57,7 +57,7 @@ class Curvature(CurvatureOperator, abc.ABC):
 
     Parameters
     ----------
-    state : the products' `flatcli.engine.loop.ProductState` (the engine's).
+    state : the products' `flatcli.engine.product_state.ProductState` (the engine's).
     theta : the point (default: the model's parameters, read at each product); copied.
     precision : None, or ``"fp32"`` for the verification view of a low-precision engine (TF32
         off and a bf16 forward in float32 during the products: `ProductState.full_precision`).
@@ -204,7 +204,7 @@ class GGN(Curvature):
 
     def _matmat_batch(self, V, th, j, batch, out, accumulate) -> None:
         """See `Curvature`. The VJP is a plain backward through the outputs' graph
-        (`flatcli.engine.loop.ProductState.pullback`: batched or a loop), not ``torch.func.vjp``, whose first call
+        (`flatcli.engine.product_state.ProductState.pullback`: batched or a loop), not ``torch.func.vjp``, whose first call
         in a process imports ``torch._dynamo`` (and pandas): 1.3 s of every process that runs
         normalized sharpness, ns_bound or the Fisher-Rao term on an MLP (`flatcli measure` on
         tests/engine/test_distributed.py's config: 6.3 → 4.6 s). Per product it is as fast (medians of 9

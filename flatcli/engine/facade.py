@@ -1,7 +1,7 @@
 r"""The engine measures talk to: losses, gradients, curvature operators and per-unit quantities.
 
 `CurvatureEngine` is what measures talk to over a `flatcli.engine.problem.Problem`. It builds
-one `flatcli.engine.loop.ProductState` (batches, memory policy, counters, graph cache, product
+one `flatcli.engine.product_state.ProductState` (batches, memory policy, counters, graph cache, product
 mode, precision) and hands out curvatures over it (`flatcli.engine.curvatures`: each one a linear
 operator that owns its loop, weighting and counting; `curvature(kind, θ)`, `hessian`, `ggn`,
 `fd_hessian`), which estimators then drive directly: the engine is not on a product's path. It
@@ -35,10 +35,10 @@ from .batch import Batch
 from .capture import LayerCapture
 from .curvatures import GGN, Curvature, FiniteDifferenceHessian, Hessian
 from .dist import Dist
-from .loop import ProductState, is_oom
 from .losses import NotApplicable
 from .precision import BF16_FD_REFUSED, Precision
 from .problem import Problem
+from .product_state import ProductState, is_oom
 from .recompute import parse_recompute
 
 HVP_MODES = validation.HVP_MODES  # the vocabulary is declared once, in flatcli.validation
@@ -68,7 +68,7 @@ class CurvatureEngine:
     max_basis_vectors : most Lanczos basis vectors kept at all, device and host
         (``runtime.max_basis_vectors``): an int, None (unbounded) or "auto" (what fits in half the
         free host memory at its first use, the least over the ranks:
-        `flatcli.engine.loop.ProductState.max_basis_vectors`); beyond
+        `flatcli.engine.product_state.ProductState.max_basis_vectors`); beyond
         it Lanczos thick-restarts (`flatcli.engine.linalg.lanczos`).
     recompute : "false", "true" or "auto" (``runtime.recompute``; booleans accepted): Hessian products
         that keep one block's activations at a time: block by block on a chain of blocks
@@ -82,7 +82,7 @@ class CurvatureEngine:
     engine is a public entry point (``flatcli.engine.CurvatureEngine``, built directly by tests and
     library users), so it does not rely on `Settings` having checked them.
 
-    Counters (`flatcli.engine.loop.Counters`): ``n_hvp``, ``n_ggnvp``, ``n_grad``, ``n_forward``,
+    Counters (`flatcli.engine.product_state.Counters`): ``n_hvp``, ``n_ggnvp``, ``n_grad``, ``n_forward``,
     ``n_vjp``, ``oom_retries``, ``fallbacks``.
     """
 
@@ -156,7 +156,7 @@ class CurvatureEngine:
 
     # ------------------------------------------------------------ bookkeeping
     def counters(self) -> dict[str, float]:
-        """Every counter the engine keeps (see `flatcli.engine.loop.Counters`): ``n_hvp``,
+        """Every counter the engine keeps (see `flatcli.engine.product_state.Counters`): ``n_hvp``,
         ``n_ggnvp``, ``n_grad``, ``n_forward``, ``n_vjp``, ``oom_retries``, ``fallbacks``."""
         return self.state.tally.as_dict()
 
@@ -192,7 +192,7 @@ class CurvatureEngine:
 
     def full_precision(self):
         """A context with fp32 products inside (the verification view): TF32 off, and a bf16
-        problem's forward in float32 (`flatcli.engine.loop.ProductState.full_precision`)."""
+        problem's forward in float32 (`flatcli.engine.product_state.ProductState.full_precision`)."""
         return self.state.full_precision()
 
     # ------------------------------------------------------------ curvatures

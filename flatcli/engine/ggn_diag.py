@@ -46,8 +46,8 @@ from torch import nn
 from torch.func import vjp, vmap
 
 from .batch import Batch
-from .loop import is_oom
 from .losses import NotApplicable
+from .product_state import is_oom
 
 __all__ = ["linear_fast_path", "ggn_diagonal"]
 

@@ -34,7 +34,7 @@ CUDA's free bytes, ``torch.cuda.mem_get_info``; on CPU the host's ``MemAvailable
    the largest Hessian measure's declared vectors beyond those five and compares the sum with the
    free memory then (the working copy, θ and the data are already resident). When recompute is on
    (``true``, or ``auto`` with blocks (`find_blocks`) and a product above 80% of free memory, as
-   `flatcli.engine.loop.ProductState.recompute_active` decides), the product is the block-by-block
+   `flatcli.engine.product_state.ProductState.recompute_active` decides), the product is the block-by-block
    one (`flatcli.engine.segments`) and is predicted by its own rule (``predicted_product_bytes(...,
    by_blocks=L)``); on blocks that are not a chain it checkpoints, is not predicted, and only the
    vectors are checked. A run that auto-recompute makes fit is never refused, and

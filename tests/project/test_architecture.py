@@ -271,7 +271,7 @@ def test_config_settings_and_spec_take_their_rules_from_the_vocabulary():
         "flatcli.training",
         "flatcli.threads",
         "flatcli.engine.facade",
-        "flatcli.engine.loop",
+        "flatcli.engine.product_state",
         "flatcli.engine.losses",
         "flatcli.engine.precision",
         "flatcli.engine.recompute",
@@ -592,14 +592,14 @@ def test_api_functions_take_the_run_options_as_one_object():
     assert all("run" in inspect.signature(public[n]).parameters for n in CONFIG_ENTRY_POINTS)
 
 
-PRODUCT_MODULES = ("flatcli.engine.curvatures", "flatcli.engine.loop")
+PRODUCT_MODULES = ("flatcli.engine.curvatures", "flatcli.engine.product_state")
 ENGINE_NAMES = {"engine", "eng", "CurvatureEngine"}
 
 
 def test_curvatures_and_their_state_receive_no_engine():
     """A curvature is the operator and owns its loop: curvatures and the `ProductState` they share get
     the state, never the engine. Statically, no identifier, parameter, attribute or import named
-    ``engine``/``eng``/``CurvatureEngine`` in engine/curvatures.py and engine/loop.py, and
+    ``engine``/``eng``/``CurvatureEngine`` in engine/curvatures.py and engine/product_state.py, and
     ``Curvature.__init__`` takes ``state``; dynamically, nothing reachable from an engine's
     curvatures (their attributes and state) is the engine or one of its bound methods."""
     from flatcli.engine import CurvatureEngine, Problem
