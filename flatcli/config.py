@@ -22,9 +22,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from .errors import ConfigError
-from .loading.factory import MODEL_DTYPES
 from .measures import MeasureSpec, get_measure
-from .validation import FORMATS, parse_options, validate
+from .validation import FORMATS, MODEL_DTYPES, parse_options, validate
 from .validation import (
     parse_seconds as parse_seconds,  # re-exported: config keys and CLI flags take durations
 )

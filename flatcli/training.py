@@ -50,8 +50,8 @@ from .config import from_dict
 from .errors import ConfigError
 from .loading.data import load_split
 from .loading.factory import build_model
+from .loading.jobs import coerce_cell
 from .loading.load import DataCache
-from .run.jobs import coerce_cell
 from .run.results import read_table, write_table
 from .run.settings import resolve_device
 from .validation import OPTIMIZERS as OPTIMIZERS  # re-exported: the vocabulary is declared there

@@ -45,6 +45,7 @@ RECOMPUTE = ("auto", "true", "false")  # flatcli.engine.recompute
 SPLITS = ("train", "test")  # measure_data.split
 OPTIMIZERS = ("sgd", "adam", "adamw")  # flatcli.training
 TRAINING_DTYPES = ("float32", "float64")  # flatcli.training.Recipe.dtype
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")  # model.dtype (flatcli.loading.factory)
 FORMATS = ("table", "csv", "json")  # output.format
 EXECUTORS = ("local", "slurm")  # sweep's executor (flatcli.sweep.runner)
 TRANSFORMS = ("node", "layer", "both")  # check-invariance's rescalings (flatcli.invariance)

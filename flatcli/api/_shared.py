@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 from ..config import Config, from_dict, load_config, parse_measures, set_path
 from ..errors import ConfigError
+from ..loading.jobs import Job, resolve_jobs
 from ..measures import MeasureSpec, list_measures
-from ..run.jobs import Job, resolve_jobs
 from ..run.settings import RunOptions
 from ..threads import configure_threads
 

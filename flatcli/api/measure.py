@@ -16,11 +16,11 @@ from ..engine import dist
 from ..errors import ConfigError, RankFailure, ResultsWriteError, exit_code
 from ..keys import caps, data_fingerprints
 from ..landscape.plots import PLOT_HINT, have_matplotlib
+from ..loading.jobs import Job
 from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
 from ..measures import MeasureResult, MeasureSpec, get_measure
 from ..run.checkpoint import first_checkpoint, measure_job, versions
-from ..run.jobs import Job
 from ..run.results import (
     Row,
     ensure_writable_dir,

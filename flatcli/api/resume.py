@@ -23,8 +23,8 @@ from ..keys import (
     spec_in_key,
     unit_id,
 )
+from ..loading.jobs import Job
 from ..measures import MeasureSpec
-from ..run.jobs import Job
 from ..run.results import atomic_write, settle_pair
 from ..schema import RESULTS, mismatch
 from ..sweep.store import result_from

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
+from .. import validation
 from ..errors import ConfigError
 
-MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+MODEL_DTYPES = validation.MODEL_DTYPES  # the vocabulary is declared once, in flatcli.validation
 
 
 def _load_file_module(path: Path):

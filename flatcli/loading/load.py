@@ -12,11 +12,11 @@ import torch
 from ..config import Config, DataSource
 from ..engine import Batch
 from ..errors import ConfigError
-from ..run.jobs import Job, resolve_jobs
 from .checkpoints import checkpoint_extras, extract_state_dict, load_into, read_checkpoint
 from .data import load_split
 from .factory import build_model, import_dirs, in_dtype, model_dtype, stored_dtype
 from .hf import load_pretrained
+from .jobs import Job, resolve_jobs
 from .text import checkpoint_tokenizer
 
 DATA_CACHE_MB = 1024  # default byte budget of a `DataCache`, in MiB (FLATCLI_DATA_CACHE_MB)

@@ -29,6 +29,7 @@ from ..engine.batch import model_output
 from ..errors import ConfigError, FlatcliError, MeasurementError, ResultsWriteError, error_kind
 from ..loading.data import check_finite_data, subset
 from ..loading.hf import check_positions
+from ..loading.jobs import Job
 from ..loading.load import (  # noqa: F401
     DataCache,
     load_init_state,
@@ -44,7 +45,6 @@ from ..measures import (
     run_measure,
 )
 from ..measures._layers import weight_matrices
-from .jobs import Job
 from .memory import check_products, copies_model, graph_choice, refuse
 from .predict import Fit
 from .preflight import Checked, check_loaded

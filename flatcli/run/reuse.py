@@ -13,8 +13,8 @@ import torch
 
 from ..config import Config
 from ..loading import load
+from ..loading.jobs import Job
 from ..validation import Kind, Optional, check_fields, opt
-from .jobs import Job
 from .preflight import Checked
 
 

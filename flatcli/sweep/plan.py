@@ -13,8 +13,8 @@ from .._version import __version__
 from ..config import from_dict
 from ..errors import ConfigError
 from ..keys import caps, content_hash, data_fingerprints, file_fingerprint, measure_hash, unit_id
+from ..loading.jobs import Job
 from ..measures import MeasureSpec
-from ..run.jobs import Job
 from ..run.results import atomic_write
 from ..schema import PLAN, mismatch
 from .store import (

@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, MeasurementError, exit_code_of
+from ..loading.jobs import Job, coerce_cell
 from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
 from ..measures import MeasureSpec
 from ..run.checkpoint import first_checkpoint
-from ..run.jobs import Job, coerce_cell
 from ..run.settings import Settings
 from ..threads import apply_threads, choose_threads, thread_choice
 from ..validation import EXECUTORS

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..loading.jobs import Job
 from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
 from ..run import reuse
 from ..run.checkpoint import measure_job
-from ..run.jobs import Job
 from ..run.settings import MeasureOptions, Settings
 from ..threads import apply_threads, choose_threads
 from .plan import Plan, Unit, load_plan

@@ -17,7 +17,7 @@ import flatcli
 from flatcli import api
 from flatcli.config import load_config
 from flatcli.errors import ConfigError
-from flatcli.run.jobs import resolve_jobs
+from flatcli.loading.jobs import resolve_jobs
 from flatcli.run.results import read_results, status_columns
 from tests.helpers import write_project
 

@@ -328,7 +328,7 @@ def test_manifest_and_training_log_feed_a_flatcli_config(tmp_path):
     """manifest.csv lists checkpoints, their initializations, noisy-label files and hyperparameters
     (what `checkpoints: {manifest: ...}` reads); training.csv reads back into the same records."""
     from flatcli.config import from_dict
-    from flatcli.run.jobs import resolve_jobs
+    from flatcli.loading.jobs import resolve_jobs
 
     hps = [
         {"optimizer": "adam", "label_noise": 0.0, "seed": 0},

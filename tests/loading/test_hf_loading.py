@@ -12,8 +12,8 @@ from flatcli.config import DataSource, from_dict
 from flatcli.errors import ConfigError
 from flatcli.loading import text as text_source
 from flatcli.loading.checkpoints import fingerprint
+from flatcli.loading.jobs import resolve_jobs
 from flatcli.measures._layers import weight_matrices
-from flatcli.run.jobs import resolve_jobs
 from tests import hf_models as H
 
 

@@ -140,7 +140,7 @@ def test_every_entry_of_a_measure_but_its_caps_changes_the_key(tmp_path, monkeyp
 
 def test_the_package_version_is_not_in_the_key(tmp_path, monkeypatch):
     import flatcli.sweep.plan as plan_mod
-    from flatcli.run.jobs import resolve_jobs
+    from flatcli.loading.jobs import resolve_jobs
     from flatcli.sweep.plan import build_plan
 
     cfg = load_config(write_project(tmp_path, measures=[LAM, "frobenius_norm"]))

@@ -12,7 +12,7 @@ import torch
 from flatcli import api, threads
 from flatcli.cli import app
 from flatcli.errors import ConfigError
-from flatcli.run.jobs import resolve_jobs
+from flatcli.loading.jobs import resolve_jobs
 from flatcli.sweep.plan import build_plan, load_plan, write_plan
 from flatcli.sweep.runner import worker_slots
 from flatcli.sweep.worker import run_worker_process

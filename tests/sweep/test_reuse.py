@@ -77,7 +77,7 @@ def test_each_checkpoint_is_loaded_and_evaluated_once_with_the_same_units(tmp_pa
 
 def test_another_checkpoint_replaces_the_kept_one(tmp_path):
     from flatcli.api import load
-    from flatcli.run.jobs import resolve_jobs
+    from flatcli.loading.jobs import resolve_jobs
 
     cfg = load(make_sweep(tmp_path, n_ckpt=2, measures=MEASURES[:1]))
     a, b = resolve_jobs(cfg)

@@ -199,7 +199,7 @@ def test_hparams_from_glob_path_regex_and_checkpoint_keys(tmp_path):
 def test_shards_partition_units_exactly_once(project, tmp_path):
     cfg, ref = project
     c = api.load(cfg)
-    from flatcli.run.jobs import resolve_jobs
+    from flatcli.loading.jobs import resolve_jobs
 
     plan = build_plan(c, api.select_measures(c, None), resolve_jobs(c))
     ids = [u.id for u in plan.units]

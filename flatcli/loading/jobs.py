@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..loading.checkpoints import missing_checkpoint
+from .checkpoints import missing_checkpoint
 
 
 @dataclass(frozen=True)
