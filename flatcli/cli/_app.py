@@ -7,6 +7,7 @@ import contextlib
 import functools
 import os
 import re
+import shlex
 import sys
 import traceback
 from enum import Enum
@@ -152,6 +153,31 @@ Precision = _choices("Precision", PRECISIONS, "``runtime.precision`` (`flatcli.e
 def _value(v):
     """An Enum option's string (None stays None)."""
     return v.value if isinstance(v, Enum) else v
+
+
+def rerun_command(ctx, drop: tuple[str, ...] = ()) -> str:
+    """The command line that runs ``ctx``'s command again with the options the user gave (not
+    their defaults), leaving out the parameters named in ``drop``; quoted for a POSIX shell.
+    Arguments come first, then each option by its longest name."""
+    words = ctx.command_path.split()
+    opts: list[str] = []
+    for p in ctx.command.params:
+        src = ctx.get_parameter_source(p.name)
+        value = ctx.params.get(p.name)
+        if p.name in drop or src is None or src.name == "DEFAULT" or value is None:
+            continue
+        values = list(value) if getattr(p, "multiple", False) else [value]
+        if p.param_type_name == "argument":
+            words += [str(_value(v)) for v in values]
+            continue
+        name = max((o for o in p.opts if o.startswith("--")), key=len, default=p.opts[0])
+        if getattr(p, "is_flag", False) and isinstance(value, bool):
+            off = [o for o in p.secondary_opts if o.startswith("--")]
+            opts += [name] if value else off[:1]
+            continue
+        for v in values:
+            opts += [name, str(_value(v))]
+    return shlex.join(words + opts)
 
 
 landscape_app = typer.Typer(

@@ -207,6 +207,61 @@ def build_plan(cfg, specs: list[MeasureSpec], jobs: list[Job]) -> Plan:
     )
 
 
+# ------------------------------------------------------------------ shares of an array
+NOMINAL_SAMPLES = 1000  # measurement-set size for the cost proxy when num_samples is "all"
+
+
+def unit_costs(plan: Plan, units: list[Unit]) -> list[float]:
+    """A predicted cost of each unit, cheap and without loading anything: the least products its
+    measure declares (`flatcli.run.shares.least_work`, in HVP equivalents) for a model of P
+    parameters, times P (a product's cost grows with the parameters), P the checkpoint file's
+    bytes ÷ 4 (float32 weights). Only the ratios matter: they share the array's units out."""
+    from ..measures import Dims
+    from ..run.shares import least_work
+
+    ns = plan.config.get("measure_data", {}).get("num_samples", "all")
+    n = ns if isinstance(ns, int) else NOMINAL_SAMPLES
+    sizes: dict[int, int] = {}
+    out = []
+    for u in units:
+        i = u.checkpoint_index
+        if i not in sizes:
+            try:
+                sizes[i] = max(1, _bytes(Path(plan.checkpoints[i]["path"])) // 4)
+            except OSError:
+                sizes[i] = 1
+        P = sizes[i]
+        try:
+            work = least_work(plan.spec(u.label), Dims(P=P, n=n, rows=n))
+        except Exception:  # noqa: BLE001 - an estimate that needs more than P and n: weigh it 1
+            work = 1.0
+        out.append(work * P)
+    return out
+
+
+def _bytes(path: Path) -> int:
+    """A checkpoint's size: the file's, or a ``save_pretrained`` folder's files together."""
+    if path.is_dir():
+        return sum(q.stat().st_size for q in path.iterdir() if q.is_file())
+    return path.stat().st_size
+
+
+def balance(costs: list[float], n: int) -> list[list[int]]:
+    """Share the indices of ``costs`` out into ``n`` parts of near-equal total cost: the largest
+    first, each to the part with the least so far (ties: the lower index), each part then in index
+    order. Deterministic. No part exceeds the mean by more than the largest single cost (the part
+    that ends largest took its last item while it was the least: at most the mean)."""
+    import heapq
+
+    parts: list[list[int]] = [[] for _ in range(n)]
+    heap = [(0.0, i) for i in range(n)]
+    for k in sorted(range(len(costs)), key=lambda k: (-costs[k], k)):
+        load, i = heapq.heappop(heap)
+        parts[i].append(k)
+        heapq.heappush(heap, (load + costs[k], i))
+    return [sorted(p) for p in parts]
+
+
 def write_plan(outdir: str | os.PathLike, plan: Plan) -> Path:
     """Write ``OUTDIR/plan.json`` atomically; returns its path."""
     path = Path(outdir) / PLAN_FILE

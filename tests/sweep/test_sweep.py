@@ -7,6 +7,7 @@ import io
 import json
 import multiprocessing
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -405,6 +406,10 @@ def test_cli_sweep_dry_run_collect(project, tmp_path):
     assert res.exit_code == 0, res.output
     assert "4 checkpoints × 2 measures = 8 units; 0 finished, 8 to run" in res.output
     assert res.output.count("would run:") == 2 and "--worker 1 --workers 2" in res.output
+    would = [ln.split("would run: ", 1)[1] for ln in res.output.splitlines() if "would run:" in ln]
+    argv = shlex.split(would[1])  # a command that pastes: the environment, then this Python
+    assert argv[0].startswith("OMP_NUM_THREADS=") and argv[1] == sys.executable, would
+    assert argv[2:6] == ["-m", "flatcli", "sweep-worker", str(out)]
     assert not out.exists()  # a dry run writes nothing
     res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(out), "--shard", "0/2"])
     assert res.exit_code == 0, res.output
@@ -481,6 +486,6 @@ def test_each_sweep_counts_what_it_computed_itself(project, tmp_path):
     assert (rep.computed, rep.by_others, rep.busy, rep.pending) == (6, 1, 1, 0)
     assert len(seen) == 6
     assert rep.summary().startswith(
-        "6 units computed (1 finished by another process meanwhile, 1 still running in another process), "
-        "0 with errors, 0 not finished"
+        "8 units: 0 finished before, 6 computed, 1 finished by another process meanwhile, "
+        "1 still running in another process, 0 not finished; 0 with errors"
     )
