@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from flatcli import api
-from flatcli.sweep.plan import balance, build_plan, load_plan, unit_costs
+from flatcli.sweep.plan import balance, build_plan, unit_costs
 from flatcli.sweep.store import Store
 from flatcli.sweep.worker import DELAY_ENV, Progress
 from tests.sweep.test_sweep import make_sweep, quiet, table
@@ -198,7 +198,9 @@ def test_ctrl_c_on_a_two_worker_sweep_says_once_what_is_finished_and_how_to_resu
 def test_balance_is_deterministic_and_within_the_largest_cost_of_the_mean(seed):
     rng = random.Random(seed)
     n = rng.randint(1, 8)
-    costs = [rng.choice([1, 4, 16, 64, 256]) * rng.uniform(0.5, 2.0) for _ in range(rng.randint(0, 60))]
+    costs = [
+        rng.choice([1, 4, 16, 64, 256]) * rng.uniform(0.5, 2.0) for _ in range(rng.randint(0, 60))
+    ]
     parts = balance(costs, n)
     assert len(parts) == n and sorted(sum(parts, [])) == list(range(len(costs)))  # each once
     assert parts == balance(list(costs), n)  # deterministic
