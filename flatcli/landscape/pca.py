@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import copy
 import glob
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,7 +67,7 @@ import torch
 
 from ..engine import Problem, eval_mode
 from ..errors import ConfigError, MeasurementError
-from ..loading.checkpoints import check_state, missing_checkpoint
+from ..loading.checkpoints import check_state, missing_checkpoint, natural_key
 from ..run.results import jsonable
 from ..run.settings import Settings
 from ..validation import Bool, Integral, OneOf, check_fields, opt
@@ -83,11 +82,6 @@ MIN_CHECKPOINTS = 3
 
 
 # ------------------------------------------------------------------ checkpoint lists
-def natural_key(path: str | Path) -> list:
-    """Sort key that orders digit runs by value: ``epoch_2`` before ``epoch_10``."""
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(path))]
-
-
 def trajectory_paths(
     checkpoints: str | Path | Sequence[str | Path], sort: bool = True
 ) -> list[Path]:

@@ -273,3 +273,35 @@ def test_local_array_runs_a_two_task_array_on_this_machine(tmp_path, monkeypatch
     assert len(logs) >= 2, logs  # one process per task
     api.collect_report(out)
     assert table(out / "results.csv") == table(tmp_path / "ref" / "results.csv")
+
+
+# ------------------------------------------------------------------ natural order of checkpoints
+def test_globbed_checkpoints_are_in_natural_order(tmp_path):
+    """``ck/bs*.pt`` lists bs4, bs16, bs64, bs256 (digit runs by value), in the plan and the table."""
+    import yaml
+
+    from flatcli.run.jobs import resolve_jobs
+
+    cfg = make_sweep(tmp_path, n_ckpt=1)
+    for bs in (256, 16, 64, 4):
+        (tmp_path / "ck" / f"bs{bs}.pt").write_bytes((tmp_path / "ck" / "m0.pt").read_bytes())
+    raw = yaml.safe_load(cfg.read_text())
+    raw["checkpoints"] = ["ck/bs*.pt"]
+    cfg.write_text(yaml.safe_dump(raw))
+    names = [j.checkpoint for j in resolve_jobs(api.load(cfg))]
+    assert names == ["ck/bs4.pt", "ck/bs16.pt", "ck/bs64.pt", "ck/bs256.pt"]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_natural_key_orders_digit_runs_by_value(seed):
+    from flatcli.loading.checkpoints import natural_key
+
+    rng = random.Random(seed)
+    names = [
+        f"{rng.choice(['bs', 'lr', 'run_'])}{rng.randint(0, 5000)}_s{rng.randint(0, 30)}.pt"
+        for _ in range(40)
+    ]
+    got = sorted(names, key=natural_key)
+    prefix = lambda s: re.match(r"\D+", s).group()  # noqa: E731
+    num = lambda s: [int(x) for x in re.findall(r"\d+", s)]  # noqa: E731
+    assert got == sorted(names, key=lambda s: (prefix(s), num(s))), got
