@@ -143,7 +143,7 @@ def _gpu_list(gpus: str) -> list[int]:
         ids = [int(g) for g in gpus.split(",") if g.strip()]
     except ValueError:
         raise ConfigError(
-            f"`gpus` must be 'all' or a comma-separated list of indices like 0,1; got {gpus!r}"
+            f"`gpus` must be 'all' or a comma-separated list of indices like 0,1. Got {gpus!r} instead."
         ) from None
     bad = [g for g in ids if not 0 <= g < n]
     if bad or not ids:
@@ -169,7 +169,7 @@ def worker_slots(
     workers; each with the intra-op threads `flatcli.threads.choose_threads` gives ``threads`` for
     that many workers on this machine (W workers on C cores: C // W each with ``auto``)."""
     if workers is not None and workers < 1:
-        raise ConfigError(f"`workers` must be ≥ 1; got {workers}")
+        raise ConfigError(f"`workers` must be ≥ 1. Got {workers} instead.")
     ids: list[int] = []
     if gpus is not None:
         if workers is not None:
@@ -235,7 +235,9 @@ class SweepOptions:
         if self.executor not in EXECUTORS:
             raise ConfigError(message("`executor`", OneOf(*EXECUTORS), self.executor))
         if self.lock_timeout <= 0:
-            raise ConfigError(f"`lock_timeout` must be > 0 seconds; got {self.lock_timeout}")
+            raise ConfigError(
+                f"`lock_timeout` must be > 0 seconds. Got {self.lock_timeout} instead."
+            )
         if self.executor != "local" and self.shard is not None:
             raise ConfigError(
                 f"`shard` and `executor` {self.executor} are exclusive: the job array makes its "
@@ -487,7 +489,9 @@ def parse_slurm_params(items: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for it in items or []:
         if "=" not in it:
-            raise ConfigError(f"`slurm` takes KEY=VALUE (a submitit parameter); got {it!r}")
+            raise ConfigError(
+                f"`slurm` takes KEY=VALUE (a submitit parameter). Got {it!r} instead."
+            )
         k, v = it.split("=", 1)
         out[k.strip()] = _coerce(v.strip())
     return out

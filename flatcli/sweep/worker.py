@@ -334,7 +334,7 @@ def parse_progress(text: str | None) -> tuple[int, int] | None:
     except ValueError:
         k = n = -1
     if not 0 <= k <= n:
-        raise ConfigError(f"`progress` must look like K/N with 0 ≤ K ≤ N; got {text!r}")
+        raise ConfigError(f"`progress` must look like K/N with 0 ≤ K ≤ N. Got {text!r} instead.")
     return k, n
 
 

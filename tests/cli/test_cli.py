@@ -110,7 +110,7 @@ def _edit(project, **changes):
         ),
         (
             lambda c: c.update(measure_data={"batch_size": "x"}),
-            "config key 'measure_data.batch_size' must be an int ≥ 1; got 'x'",
+            "config key 'measure_data.batch_size' must be an int ≥ 1. Got 'x'",
         ),
         (
             lambda c: c.update(checkpoints=["nothere.pt"]),
