@@ -298,8 +298,28 @@ def run_shard_task(
     units: list[str] | None = None,
 ) -> dict[str, int]:
     """One task of a job array (what submitit pickles): the worker over shard ``index/count``, or
-    over ``units`` (unit ids: the coordinator's shard of the unfinished units, balanced by cost)."""
-    st = run_worker(
+    over ``units`` (unit ids: the coordinator's shard of the unfinished units, balanced by cost).
+    Torch's threads are the plan's ``runtime.threads`` for one worker on the task's cores (put
+    back after: submitit's debug backend runs the task in the caller's process)."""
+    import torch
+
+    before = torch.get_num_threads()
+    threads = load_plan(outdir).config.get("runtime", {}).get("threads", "auto")
+    apply_threads(choose_threads(threads, 1))
+    try:
+        st = _run_task(
+            outdir, index, count, redo_before, retry_before, lock_timeout, sweep_id, progress, units
+        )
+    finally:
+        torch.set_num_threads(before)
+    return {"computed": st.computed, "errors": st.errors, "skipped": st.skipped, "busy": st.busy}
+
+
+def _run_task(
+    outdir, index, count, redo_before, retry_before, lock_timeout, sweep_id, progress, units
+) -> WorkerStats:
+    """`run_shard_task`'s worker."""
+    return run_worker(
         outdir,
         shard=None if units is not None else (index, count),
         only=units,
@@ -310,7 +330,6 @@ def run_shard_task(
         progress=progress,
         tag=f"task {index}/{count}",
     )
-    return {"computed": st.computed, "errors": st.errors, "skipped": st.skipped, "busy": st.busy}
 
 
 # ------------------------------------------------------------------ worker entry point

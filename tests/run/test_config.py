@@ -24,7 +24,8 @@ def test_wrong_type_names_key():
         from_dict({"hparams": {"from_path": 3}})
     # a key with a rule (flatcli.validation.SETTINGS) says the rule, type and range in one wording
     with pytest.raises(
-        ConfigError, match=r"^config key 'measure_data.batch_size' must be an int ≥ 1. Got 'big'$"
+        ConfigError,
+        match=r"^config key 'measure_data.batch_size' must be an int ≥ 1. Got 'big' instead\.$",
     ):
         from_dict({"measure_data": {"batch_size": "big"}})
 

@@ -134,7 +134,9 @@ def test_reporting_defaults_are_todays_values_and_checked():
         **today,
         "debug": False,
     }
-    with pytest.raises(ConfigError, match="^`on_note` must be a callable or null. Got 'x'$"):
+    with pytest.raises(
+        ConfigError, match=r"^`on_note` must be a callable or null. Got 'x' instead\.$"
+    ):
         Reporting(on_note="x")
     with pytest.raises(ConfigError, match="^`debug` must be a bool"):
         Reporting(debug="yes")

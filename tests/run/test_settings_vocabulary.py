@@ -17,7 +17,8 @@ from tests.oracles import runner
 
 def test_settings_validate_in_api_terms():
     with pytest.raises(
-        ConfigError, match=r"^precision must be one of auto, fp32, tf32, bf16, fp64. Got 'half'$"
+        ConfigError,
+        match=r"^precision must be one of auto, fp32, tf32, bf16, fp64. Got 'half' instead\.$",
     ):
         Settings(precision="half")
     with pytest.raises(
@@ -25,10 +26,11 @@ def test_settings_validate_in_api_terms():
     ):
         Settings(precision="fp16")
     with pytest.raises(
-        ConfigError, match=r"^loss must be one of cross_entropy, mse, causal_lm. Got 'nll'$"
+        ConfigError,
+        match=r"^loss must be one of cross_entropy, mse, causal_lm. Got 'nll' instead\.$",
     ):
         Settings(loss="nll")
-    with pytest.raises(ConfigError, match=r"^batch_size must be an int ≥ 1. Got 0$"):
+    with pytest.raises(ConfigError, match=r"^batch_size must be an int ≥ 1. Got 0 instead\.$"):
         Settings(batch_size=0)
     assert Settings(params={"include": ["fc.*"]}).params.include == ("fc.*",)
 

@@ -193,6 +193,23 @@ def test_ctrl_c_on_a_two_worker_sweep_says_once_what_is_finished_and_how_to_resu
     assert table(out / "results.csv") == table(ref)
 
 
+@pytest.mark.slow
+def test_ctrl_c_on_a_sweep_in_this_process_says_it_once(project, tmp_path):
+    """One worker, in the coordinator's process: the same one line, the unit in flight released."""
+    cfg, _ = project
+    out = tmp_path / "s"
+    proc = _cli("sweep", "-c", str(cfg), "-o", str(out), env_extra={DELAY_ENV: "1.0"})
+    _wait_for(out / "units", 1, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    said = [ln for ln in err.splitlines() if "interrupted" in ln.lower()]
+    assert len(said) == 1 and INTERRUPTED.match(said[0]), err
+    on_disk = len(list((out / "units").glob("*.json")))
+    assert int(INTERRUPTED.match(said[0]).group(1)) == on_disk
+    assert not list((out / "locks").glob("*.lock")) and "Traceback" not in err
+
+
 # ------------------------------------------------------------------ shares of a job array
 @pytest.mark.parametrize("seed", range(20))
 def test_balance_is_deterministic_and_within_the_largest_cost_of_the_mean(seed):
