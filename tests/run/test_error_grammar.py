@@ -179,3 +179,62 @@ def test_the_cli_says_a_bad_target_once(tmp_path):
     assert res.exit_code == 2, res.output
     assert res.output.count("has no attribute") == 1, res.output
     assert "did you mean 'flatcli.demo.models:MLP'?" in res.output
+
+
+# ------------------------------------------------------------------ command-line options
+def _commands():
+    """(command path, click command) of every command and sub-command of the CLI."""
+    import typer
+
+    from flatcli.cli import app
+
+    out = []
+
+    def walk(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                walk(sub, [*path, name])
+        else:
+            out.append((" ".join(path), cmd))
+
+    walk(typer.main.get_command(app), [])
+    return out
+
+
+def test_every_refused_option_value_reads_in_the_one_grammar():
+    """Each option of each command, given a value its type refuses (text for a number or a
+    choice, -5 below a minimum): the message is "--flag must be ... Got ... instead." (not typer's
+    "Invalid value for '--flag': Input should be ..."), and the command line says it with exit 2."""
+    from flatcli.cli._app import option_message
+
+    seen = 0
+    for path, cmd in _commands():
+        for p in cmd.params:
+            if p.param_type_name != "option" or getattr(p, "is_flag", False):
+                continue
+            flag = max((o for o in p.opts if o.startswith("--")), key=len)
+            for bad in ("not-a-value", "-5"):
+                try:
+                    cmd.make_context(path, [flag, bad], resilient_parsing=False)
+                except Exception as e:  # noqa: BLE001 - the parse's error, whatever it is
+                    said = option_message(e)
+                    if "Invalid value" in str(getattr(e, "format_message", lambda: "")()):
+                        assert said is not None, (path, flag, bad, e.format_message())
+                        assert follows(said, flag), said
+                        seen += 1
+    assert seen >= 20, seen  # the numeric and choice options of the commands
+
+
+def test_the_command_line_says_a_refused_option_in_the_one_grammar():
+    from flatcli.cli import app
+    from tests.oracles import runner
+
+    res = runner.invoke(app, ["sweep", "-c", "c.yaml", "-o", "out", "--workers", "0"])
+    assert res.exit_code == 2
+    assert (
+        "error: --workers must be an int ≥ 1. Got 0 instead. (see 'flatcli sweep --help')"
+        in res.output
+    )
+    res = runner.invoke(app, ["sweep", "-c", "c.yaml", "-o", "out", "--executor", "pbs"])
+    assert "--executor must be one of local, slurm, local-array. Got 'pbs' instead." in res.output
