@@ -361,7 +361,7 @@ def test_experiments_list_and_the_module_alias(capsys):
             ["ns_regularization", "--quick", "--device", "tpu:9"],
             "error: --device must be auto, cpu, cuda or cuda:N. Got 'tpu:9'",
         ),
-        (["ns_regularization", "--jobs", "0"], "error: Invalid value for '--jobs'"),
+        (["ns_regularization", "--jobs", "0"], "error: --jobs must be an int ≥ 1. Got 0 instead."),
     ],
 )
 def test_experiments_run_usage_and_config_errors_exit_2(tmp_path, args, message):

@@ -84,7 +84,8 @@ def test_precision_flag_on_measure_and_landscape(tmp_path):
     bad = runner.invoke(app, ["measure", "-c", str(project), "--precision", "fp16"])
     assert (
         bad.exit_code == 2
-        and "'fp16' is not one of 'auto', 'fp32', 'tf32', 'bf16', 'fp64'" in bad.output
+        and "--precision must be one of auto, fp32, tf32, bf16, fp64. Got 'fp16' instead."
+        in bad.output
     )
     view = runner.invoke(
         app,
