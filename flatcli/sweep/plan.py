@@ -3,6 +3,7 @@ from ``OUTDIR/plan.json``."""
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 from dataclasses import dataclass
@@ -13,9 +14,10 @@ from .._version import __version__
 from ..config import from_dict
 from ..errors import ConfigError
 from ..keys import caps, content_hash, data_fingerprints, file_fingerprint, measure_hash, unit_id
-from ..measures import MeasureSpec
+from ..measures import Dims, MeasureSpec
 from ..run.jobs import Job
 from ..run.results import atomic_write
+from ..run.shares import least_work
 from ..schema import PLAN, mismatch
 from .store import (
     PLAN_FILE,
@@ -216,9 +218,6 @@ def unit_costs(plan: Plan, units: list[Unit]) -> list[float]:
     measure declares (`flatcli.run.shares.least_work`, in HVP equivalents) for a model of P
     parameters, times P (a product's cost grows with the parameters), P the checkpoint file's
     bytes ÷ 4 (float32 weights). Only the ratios matter: they share the array's units out."""
-    from ..measures import Dims
-    from ..run.shares import least_work
-
     ns = plan.config.get("measure_data", {}).get("num_samples", "all")
     n = ns if isinstance(ns, int) else NOMINAL_SAMPLES
     sizes: dict[int, int] = {}
@@ -251,8 +250,6 @@ def balance(costs: list[float], n: int) -> list[list[int]]:
     first, each to the part with the least so far (ties: the lower index), each part then in index
     order. Deterministic. No part exceeds the mean by more than the largest single cost (the part
     that ends largest took its last item while it was the least: at most the mean)."""
-    import heapq
-
     parts: list[list[int]] = [[] for _ in range(n)]
     heap = [(0.0, i) for i in range(n)]
     for k in sorted(range(len(costs)), key=lambda k: (-costs[k], k)):

@@ -543,18 +543,8 @@ def _submit_array(
     write_plan(outdir, plan)
     out = str(outdir.resolve())
     k = len(shards)
-    jobs = ex.map_array(
-        run_shard_task,
-        [out] * k,
-        list(range(k)),
-        [k] * k,
-        [rb] * k,
-        [tb] * k,
-        [args.lock_timeout] * k,
-        [args.sweep_id] * k,
-        [(len(plan.units) - len(pending), len(plan.units))] * k,
-        task_units,
-    )
+    targs = dataclasses.replace(args, progress=(len(plan.units) - len(pending), len(plan.units)))
+    jobs = ex.map_array(run_shard_task, [out] * k, list(range(k)), [k] * k, [targs] * k, task_units)
     report.jobs = [j.job_id for j in jobs]
     report.lines.append(
         f"submitted {len(jobs)} task(s) to {cluster}: {', '.join(report.jobs[:8])}"

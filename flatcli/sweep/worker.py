@@ -287,49 +287,33 @@ class _WorkerLoop:
 
 
 def run_shard_task(
-    outdir: str,
-    index: int,
-    count: int,
-    redo_before=None,
-    retry_before=None,
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-    sweep_id: str | None = None,
-    progress: tuple[int, int] | None = None,
-    units: list[str] | None = None,
+    outdir: str, index: int, count: int, args: WorkerArgs, units: list[str] | None = None
 ) -> dict[str, int]:
     """One task of a job array (what submitit pickles): the worker over shard ``index/count``, or
-    over ``units`` (unit ids: the coordinator's shard of the unfinished units, balanced by cost).
-    Torch's threads are the plan's ``runtime.threads`` for one worker on the task's cores (put
-    back after: submitit's debug backend runs the task in the caller's process)."""
+    over ``units`` (unit ids: the coordinator's share of the unfinished units, balanced by cost);
+    ``args`` what every worker of the sweep run is told. Torch's threads are the plan's
+    ``runtime.threads`` for one worker on the task's cores (put back after: submitit's debug
+    backend runs the task in the caller's process)."""
     import torch
 
     before = torch.get_num_threads()
     threads = load_plan(outdir).config.get("runtime", {}).get("threads", "auto")
     apply_threads(choose_threads(threads, 1))
     try:
-        st = _run_task(
-            outdir, index, count, redo_before, retry_before, lock_timeout, sweep_id, progress, units
+        st = run_worker(
+            outdir,
+            shard=None if units is not None else (index, count),
+            only=units,
+            redo_before=args.redo_before,
+            retry_before=args.retry_before,
+            lock_timeout=args.lock_timeout,
+            sweep_id=args.sweep_id,
+            progress=args.progress,
+            tag=f"task {index}/{count}",
         )
     finally:
         torch.set_num_threads(before)
     return {"computed": st.computed, "errors": st.errors, "skipped": st.skipped, "busy": st.busy}
-
-
-def _run_task(
-    outdir, index, count, redo_before, retry_before, lock_timeout, sweep_id, progress, units
-) -> WorkerStats:
-    """`run_shard_task`'s worker."""
-    return run_worker(
-        outdir,
-        shard=None if units is not None else (index, count),
-        only=units,
-        redo_before=redo_before,
-        retry_before=retry_before,
-        lock_timeout=lock_timeout,
-        sweep_id=sweep_id,
-        progress=progress,
-        tag=f"task {index}/{count}",
-    )
 
 
 # ------------------------------------------------------------------ worker entry point
