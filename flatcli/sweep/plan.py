@@ -19,11 +19,7 @@ from ..run.jobs import Job
 from ..run.results import atomic_write
 from ..run.shares import least_work
 from ..schema import PLAN, mismatch
-from .store import (
-    PLAN_FILE,
-    dumps,
-    shard_of,
-)
+from .store import PLAN_FILE, dumps
 
 
 # ------------------------------------------------------------------ the plan
@@ -84,11 +80,14 @@ class Plan:
         )
 
     def units_for(self, shard: tuple[int, int] | None) -> list[Unit]:
-        """The units of shard ``(i, n)`` (`shard_of`), or every unit for None, in plan order."""
+        """The units of shard ``(i, n)``, or every unit for None, in plan order. The n shards
+        share the plan's units out by predicted cost (`balance` of `unit_costs`), the same in
+        every task that reads this plan (the costs depend on the plan and the checkpoints' file
+        sizes only), so they cover every unit exactly once."""
         if shard is None:
             return list(self.units)
         i, n = shard
-        return [u for u in self.units if shard_of(u.id, n) == i]
+        return [self.units[k] for k in balance(unit_costs(self, self.units), n)[i]]
 
     def cfg(self):
         """The sweep's `flatcli.config.Config`, rebuilt from the plan (no environment overrides)."""

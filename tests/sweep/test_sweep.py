@@ -21,9 +21,9 @@ import yaml
 from flatcli import api
 from flatcli.cli import app
 from flatcli.errors import ConfigError
-from flatcli.sweep.plan import build_plan, load_plan
+from flatcli.sweep.plan import build_plan, load_plan, unit_costs
 from flatcli.sweep.runner import worker_slots
-from flatcli.sweep.store import Store, parse_shard, shard_of
+from flatcli.sweep.store import Store, parse_shard
 from flatcli.sweep.worker import DELAY_ENV
 from tests.oracles import runner
 
@@ -207,7 +207,12 @@ def test_shards_partition_units_exactly_once(project, tmp_path):
     for n in (1, 2, 3, 5):
         parts = [[u.id for u in plan.units_for((i, n))] for i in range(n)]
         assert sorted(sum(parts, [])) == sorted(ids)  # covered once: no overlap, nothing lost
-        assert all(shard_of(u, n) == i for i, part in enumerate(parts) for u in part)
+        # balanced by predicted cost, and the same in a task that reads plan.json
+        cost = dict(zip(ids, unit_costs(plan, plan.units), strict=True))
+        loads = [sum(cost[u] for u in part) for part in parts]
+        assert max(loads) <= sum(cost.values()) / n + max(cost.values()) + 1e-9
+        read = load_plan(ref.parent)
+        assert [[u.id for u in read.units_for((i, n))] for i in range(n)] == parts
     out = tmp_path / "s"
     got = [api.sweep(cfg, out, shard=f"{i}/3", log=quiet) for i in range(3)]
     assert sum(r.computed for r in got) == 8
