@@ -13,8 +13,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Annotated
 
 import pytest
+import typer
 
 from flatcli import api
 from flatcli.sweep.plan import balance, build_plan, unit_costs
@@ -322,3 +324,44 @@ def test_natural_key_orders_digit_runs_by_value(seed):
     prefix = lambda s: re.match(r"\D+", s).group()  # noqa: E731
     num = lambda s: [int(x) for x in re.findall(r"\d+", s)]  # noqa: E731
     assert got == sorted(names, key=lambda s: (prefix(s), num(s))), got
+
+
+def test_the_resume_command_repeats_the_options_given_and_drops_no_resume():
+    """`rerun_command`: the arguments and the options the user gave (their longest names, each
+    repeated value, a --no-flag), not the defaults, without the dropped ones; quoted for a shell."""
+    from flatcli.cli._app import OneLineErrors, rerun_command
+    from tests.oracles import runner
+
+    app = typer.Typer(cls=OneLineErrors)
+
+    @app.command()
+    def go(
+        ctx: typer.Context,
+        path: Annotated[str, typer.Argument()],
+        config: Annotated[str, typer.Option("--config", "-c")] = "",
+        workers: Annotated[int, typer.Option("--workers")] = 1,
+        slurm: Annotated[list[str] | None, typer.Option("--slurm")] = None,
+        resume: Annotated[bool, typer.Option("--resume/--no-resume")] = True,
+        fast: Annotated[bool, typer.Option("--fast/--slow")] = False,
+        seed: Annotated[int | None, typer.Option("--seed")] = None,
+    ):
+        print(rerun_command(ctx, drop=("resume",)))
+
+    res = runner.invoke(
+        app,
+        ["my dir", "-c", "a b.yaml", "--no-resume", "--slurm", "x=1", "--slurm", "y=2", "--slow"],
+    )
+    assert res.exit_code == 0, res.output
+    words = shlex.split(res.output.strip())
+    assert words[1:] == [
+        "my dir",
+        "--config",
+        "a b.yaml",
+        "--slurm",
+        "x=1",
+        "--slurm",
+        "y=2",
+        "--slow",
+    ]
+    res = runner.invoke(app, ["d", "--workers", "3", "--fast"])
+    assert shlex.split(res.output.strip())[1:] == ["d", "--workers", "3", "--fast"]
