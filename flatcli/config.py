@@ -294,7 +294,9 @@ def _check_type(key: str, value: Any, tp: Any) -> Any:
     if any(_accepts(m, value) for m in members):
         return value
     want = " or ".join(_type_name(m) for m in members if m is not type(None))
-    raise ConfigError(f"config key '{key}' must be {want}; got {type(value).__name__} {value!r}")
+    raise ConfigError(
+        f"config key '{key}' must be {want}. Got {type(value).__name__} {value!r} instead."
+    )
 
 
 def _dataclass_of(tp: Any) -> type | None:
@@ -316,7 +318,7 @@ def _build(cls, raw: Any, prefix: str, prov: dict[str, str], origin: str):
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"config key '{prefix or '(top level)'}' must be a mapping; got {type(raw).__name__}"
+            f"config key '{prefix or '(top level)'}' must be a mapping. Got {type(raw).__name__} instead."
         )
     hints = _hints(cls)
     fields = {yaml_key(f): f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
@@ -447,13 +449,13 @@ def _validate(cfg: Config) -> None:
         value = _get(cfg, key)
         if value not in allowed:
             raise ConfigError(
-                f"config key '{key}' must be one of {', '.join(allowed)}; got {value!r}"
+                f"config key '{key}' must be one of {', '.join(allowed)}. Got {value!r} instead."
             )
     for key in ("include", "exclude"):
         pats = getattr(cfg.params, key)
         if pats is not None and not all(isinstance(x, str) for x in pats):
             raise ConfigError(
-                f"config key 'params.{key}' must be a list of glob patterns; got {pats!r}"
+                f"config key 'params.{key}' must be a list of glob patterns. Got {pats!r} instead."
             )
     _validate_model(cfg.model)
     cfg.measure_specs()
@@ -462,9 +464,7 @@ def _validate(cfg: Config) -> None:
 def _validate_source(src: DataSource, where: str) -> None:
     if src.source not in SOURCES:
         hint = difflib.get_close_matches(str(src.source), SOURCES, n=1)
-        msg = (
-            f"config key '{where}.source' must be one of {', '.join(SOURCES)}; got {src.source!r}."
-        )
+        msg = f"config key '{where}.source' must be one of {', '.join(SOURCES)}. Got {src.source!r} instead."
         raise ConfigError(msg + (f" Did you mean '{hint[0]}'?" if hint else ""))
     _validate_text(src, where)
 
@@ -519,11 +519,11 @@ def _validate_text(src: DataSource, where: str) -> None:
     if src.text_split is not None:
         if not txt:
             raise ConfigError(
-                f"config key '{where}.text_split' applies to a .txt file only; got path {src.path}"
+                f"config key '{where}.text_split' applies to a .txt file only. Got path {src.path} instead."
             )
         if src.text_split not in ("lines", "windows"):
             raise ConfigError(
-                f"config key '{where}.text_split' must be one of lines, windows; got {src.text_split!r}"
+                f"config key '{where}.text_split' must be one of lines, windows. Got {src.text_split!r} instead."
             )
         if src.text_split == "windows" and src.max_length is None:
             raise ConfigError(
@@ -531,10 +531,12 @@ def _validate_text(src: DataSource, where: str) -> None:
             )
     if src.padding not in ("longest", "max_length"):
         raise ConfigError(
-            f"config key '{where}.padding' must be one of longest, max_length; got {src.padding!r}"
+            f"config key '{where}.padding' must be one of longest, max_length. Got {src.padding!r} instead."
         )
     if src.max_length is not None and src.max_length < 2:
-        raise ConfigError(f"config key '{where}.max_length' must be ≥ 2; got {src.max_length}")
+        raise ConfigError(
+            f"config key '{where}.max_length' must be ≥ 2. Got {src.max_length} instead."
+        )
     if src.padding == "max_length" and src.max_length is None:
         raise ConfigError(f"config key '{where}.max_length' is required with padding: max_length")
 

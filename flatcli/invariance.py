@@ -241,9 +241,11 @@ def rescale(
     kind: ``"node"`` (α_i log-uniform in [1/scale, scale] per node), ``"layer"``
     (one α ∈ {scale, 1/scale} per pair), or ``"both"`` (node-wise, then layer-wise)."""
     if kind not in TRANSFORMS:
-        raise ConfigError(f"the rescaling must be one of {', '.join(TRANSFORMS)}; got {kind!r}")
+        raise ConfigError(
+            f"the rescaling must be one of {', '.join(TRANSFORMS)}. Got {kind!r} instead."
+        )
     if not (isinstance(scale, (int, float)) and scale >= 1.0 and math.isfinite(scale)):
-        raise ConfigError(f"`scale` must be a float ≥ 1; got {scale!r}")
+        raise ConfigError(f"`scale` must be a float ≥ 1. Got {scale!r} instead.")
     out = copy.deepcopy(model)
     g = torch.Generator().manual_seed(int(seed))
     for k in ("node", "layer") if kind == "both" else (kind,):

@@ -61,15 +61,17 @@ def mismatch(value: Any, schema: Any, where: str = "") -> str | None:
     if isinstance(schema, tuple):
         return _union(value, schema, where)
     if isinstance(schema, str):
-        return None if _TYPES[schema](value) else f"{at} must be {schema}; got {_got(value)}"
+        return (
+            None if _TYPES[schema](value) else f"{at} must be {schema}. Got {_got(value)} instead."
+        )
     if isinstance(schema, OneOf):
         return None if value in schema.choices else f"{at} must be {_describe(schema)}"
     if isinstance(schema, list):
         if not isinstance(value, list):
-            return f"{at} must be a list; got {_got(value)}"
+            return f"{at} must be a list. Got {_got(value)} instead."
         return _first(mismatch(item, schema[0], f"{where}[{i}]") for i, item in enumerate(value))
     if not isinstance(value, dict):
-        return f"{at} must be a mapping; got {_got(value)}"
+        return f"{at} must be a mapping. Got {_got(value)} instead."
     if isinstance(schema, MapOf):
         return _first(
             mismatch(v, schema.values, f"{where}.{k}" if where else str(k))
@@ -88,7 +90,7 @@ def _union(value: Any, schema: tuple, where: str) -> str | None:
     inner = [s for s in schema if not isinstance(s, str)]
     if len(inner) == 1 and _describe(inner[0]) == _describe_of(value):
         return mismatch(value, inner[0], where)  # the right container: say what is inside
-    return f"{where or 'the top level'} must be {_describe(schema)}; got {_got(value)}"
+    return f"{where or 'the top level'} must be {_describe(schema)}. Got {_got(value)} instead."
 
 
 def _field(value: dict, key: str, sub: Any, where: str) -> str | None:

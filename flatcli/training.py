@@ -196,13 +196,15 @@ class Plateau:
             "target_loss", self.target, "plateau target", rules=TRAINING
         )  # the spec's target_loss rule
         if not 0 < self.min_accuracy <= 1:
-            raise ConfigError(f"plateau min_accuracy must be in (0, 1]; got {self.min_accuracy!r}")
+            raise ConfigError(
+                f"plateau min_accuracy must be in (0, 1]. Got {self.min_accuracy!r} instead."
+            )
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ConfigError(
-                f"plateau window must be an int ≥ 1 (evaluations); got {self.window!r}"
+                f"plateau window must be an int ≥ 1 (evaluations). Got {self.window!r} instead."
             )
         if not 0 <= self.rtol < 1:
-            raise ConfigError(f"plateau rtol must be in [0, 1); got {self.rtol!r}")
+            raise ConfigError(f"plateau rtol must be in [0, 1). Got {self.rtol!r} instead.")
 
     def plateaued(self, history: Sequence[Evaluation]) -> bool:
         """Whether the mean loss of the last ``window`` evaluations is ≥ (1 − rtol) × that of the

@@ -9,17 +9,20 @@ recipe: an experiment spec's ``training`` keys, `flatcli.training.Recipe`) map e
 calls `validate` with the rule's name and its own subject (the config key, the API parameter), so
 a bad value reads the same everywhere but for the subject::
 
-    config key 'measure_data.batch_size' must be an int ≥ 1; got 0     (YAML)
-    batch_size must be an int ≥ 1; got 0                              (Python, `Settings`)
-    ns_regularization.yaml: studies.mnist1d.training: batch_size must be an int ≥ 1; got 0
+    config key 'measure_data.batch_size' must be an int ≥ 1. Got 0 instead.   (YAML)
+    batch_size must be an int ≥ 1. Got 0 instead.                            (Python, `Settings`)
+    The 'tol' parameter of hessian_trace must be a float in (0, 1). Got 0 instead.  (a measure)
+    ns_regularization.yaml: studies.mnist1d.training: batch_size must be an int ≥ 1. Got 0 instead.
 
 Messages never name a command-line flag: the CLI alone maps keys to flags (`flatcli.cli.cli_message`).
 The allowed-values tuples (`PRECISIONS`, `LOSS_NAMES`, `HVP_MODES`, ...) live here only; the engine
 and the config import them (tests/project/test_architecture.py checks no other module spells one out).
 
-The measures' options use the same checks (`opt`, `parse_options`, re-exported by
-``flatcli.measures._options``) with scikit-learn style messages ("The 'tol' parameter of
-hessian_trace must be a float in (0, 1). Got 0 instead.").
+One grammar, scikit-learn's, for every refused value (`message`): "<subject> must be <constraint>.
+Got <value> instead." The measures' options use the same checks (`opt`, `parse_options`,
+re-exported by ``flatcli.measures._options``), their subject "The '<option>' parameter of
+<measure>"; messages written by hand elsewhere follow the same sentence
+(tests/run/test_error_grammar.py reads the source for the old "; got" form).
 
 This module sits beside `flatcli.errors` at the bottom of the import graph (it imports nothing else
 of flatcli, nor torch), so the engine may use it.
@@ -47,7 +50,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")  # flatcli.training
 TRAINING_DTYPES = ("float32", "float64")  # flatcli.training.Recipe.dtype
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")  # model.dtype (flatcli.loading.factory)
 FORMATS = ("table", "csv", "json")  # output.format
-EXECUTORS = ("local", "slurm")  # sweep's executor (flatcli.sweep.runner)
+EXECUTORS = ("local", "slurm", "local-array")  # sweep's executor (flatcli.sweep.runner)
 TRANSFORMS = ("node", "layer", "both")  # check-invariance's rescalings (flatcli.invariance)
 BIAS_BN = ("zero", "keep")  # landscape directions: biases and norm layers (flatcli.landscape)
 STATS = (
@@ -411,11 +414,12 @@ TRAINING: dict[str, Rule] = {
 
 
 def message(subject: str, check: Check, given: Any) -> str:
-    """The one wording of a refused value: "<subject> must be <constraint>; got <value>"."""
+    """The one wording of a refused value, scikit-learn's: "<subject> must be <constraint>. Got
+    <value> instead." (a check's own reason, fp16's, instead after "<subject>: ")."""
     reason = check.refusal(given)
     if reason is not None:
         return f"{subject}: {reason}"
-    return f"{subject} must be {check.describe()}; got {given!r}"
+    return f"{subject} must be {check.describe()}. Got {given!r} instead."
 
 
 def validate(
@@ -460,7 +464,8 @@ def check_fields(obj: Any) -> None:
     """Validate, at construction, every field of the frozen options object ``obj`` made with `opt`
     (call it from ``__post_init__``): each value is coerced in place (``4.0`` to ``4``), and the
     first one refused is a `ConfigError` in the one wording of `message`, naming the field as an
-    API parameter (```bend_steps` must be an int ≥ 0; got -1``; the CLI turns it into the flag)."""
+    API parameter (```bend_steps` must be an int ≥ 0. Got -1 instead.``; the CLI turns it into the
+    flag)."""
     for f in option_fields(type(obj)):
         check: Check = f.metadata["check"]
         given = getattr(obj, f.name)
@@ -495,9 +500,7 @@ def parse_options(cls, raw: dict[str, Any] | None, measure: str):
         given = value
         value = check.coerce(value)
         if not check.ok(value):
-            raise ConfigError(
-                f"The '{key}' parameter of {measure} must be {check.describe()}. Got {given!r} instead."
-            )
+            raise ConfigError(message(f"The '{key}' parameter of {measure}", check, given))
         kwargs[key] = value
     return cls(**kwargs)
 

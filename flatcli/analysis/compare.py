@@ -147,11 +147,13 @@ def compare_measures(
     Example: ``flatcli.compare("results.csv", "relative_flatness", "hessian_trace", bootstrap=2000)``.
     """
     if a == b:
-        raise ConfigError(f"`compare` needs two different measures; got {a!r} twice")
+        raise ConfigError(f"`compare` needs two different measures. Got {a!r} twice instead.")
     if bootstrap < 1:
-        raise ConfigError(f"`bootstrap` must be ≥ 1 resample for `compare`; got {bootstrap}")
+        raise ConfigError(
+            f"`bootstrap` must be ≥ 1 resample for `compare`. Got {bootstrap} instead."
+        )
     if not 0 < confidence < 1:
-        raise ConfigError(f"`confidence` must be in (0, 1); got {confidence}")
+        raise ConfigError(f"`confidence` must be in (0, 1). Got {confidence} instead.")
 
     table, target, _ = resolve_target(as_table(data), target)
     table, _ = filter_rows(table, where=where, max_train_loss=max_train_loss)

@@ -299,11 +299,11 @@ def _check_options(
     """`ConfigError` for an unknown ``sort``, negative resamples, a confidence level outside
     (0, 1) or a negative (or NaN) ``max_train_loss``."""
     if sort is not None and sort not in STATS:
-        raise ConfigError(f"`sort` must be one of {', '.join(STATS)}; got {sort!r}")
+        raise ConfigError(f"`sort` must be one of {', '.join(STATS)}. Got {sort!r} instead.")
     if bootstrap is not None and bootstrap < 0:
-        raise ConfigError(f"`bootstrap` must be ≥ 0 resamples; got {bootstrap}")
+        raise ConfigError(f"`bootstrap` must be ≥ 0 resamples. Got {bootstrap} instead.")
     if not 0 < confidence < 1:
-        raise ConfigError(f"`confidence` must be in (0, 1); got {confidence}")
+        raise ConfigError(f"`confidence` must be in (0, 1). Got {confidence} instead.")
     least = min_resamples(confidence)
     if bootstrap and bootstrap < least:
         raise ConfigError(
@@ -311,7 +311,7 @@ def _check_options(
             f"(5 / (1 − confidence): 2.5 beyond each end); 1000 is usual"
         )
     if max_train_loss is not None and not max_train_loss >= 0:
-        raise ConfigError(f"`max_train_loss` must be ≥ 0; got {max_train_loss}")
+        raise ConfigError(f"`max_train_loss` must be ≥ 0. Got {max_train_loss} instead.")
 
 
 @dataclass

@@ -191,7 +191,7 @@ def as_table(data: pd.DataFrame | ResultsTable | str | Path) -> ResultsTable:
     if isinstance(data, (str, Path)):
         return load_results(data)
     raise ConfigError(
-        f"correlate takes a DataFrame or the path of a CSV; got {type(data).__name__}"
+        f"correlate takes a DataFrame or the path of a CSV. Got {type(data).__name__} instead."
     )
 
 

@@ -43,7 +43,14 @@ from .measure import (
     measure_keys,
     previous_results,
 )
-from .sweeps import collect_frame, collect_report, correlate_frame, correlate_report, sweep
+from .sweeps import (
+    SweepInterrupted,
+    collect_frame,
+    collect_report,
+    correlate_frame,
+    correlate_report,
+    sweep,
+)
 
 __all__ = [
     "ConnectView",
@@ -57,6 +64,7 @@ __all__ = [
     "Reporting",
     "RunOptions",
     "SliceView",
+    "SweepInterrupted",
     "check_invariance",
     "collect_frame",
     "collect_report",

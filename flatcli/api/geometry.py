@@ -58,7 +58,7 @@ def _view_spec(view: str, options: dict[str, Any]):
     """The view's options object (its defaults filled in); a `ConfigError` naming the first
     option that does not belong to the view, or the view when it is unknown."""
     if view not in VIEWS:
-        raise ConfigError(f"`view` must be one of {', '.join(VIEWS)}; got {view!r}")
+        raise ConfigError(f"`view` must be one of {', '.join(VIEWS)}. Got {view!r} instead.")
     cls = VIEWS[view]
     allowed = [f.name for f in dataclasses.fields(cls)]
     bad = [k for k in options if k not in allowed]
@@ -73,7 +73,7 @@ def _view_checkpoints(view: str, checkpoints) -> list:
     """The checkpoints as a list, their number checked for a view that takes a fixed number."""
     given = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
     if view in _ARITY and len(given) != _ARITY[view][0]:
-        raise ConfigError(f"`{view}` takes {_ARITY[view][1]}; got {len(given)}")
+        raise ConfigError(f"`{view}` takes {_ARITY[view][1]}. Got {len(given)} instead.")
     return given
 
 

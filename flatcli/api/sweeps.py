@@ -11,6 +11,7 @@ from ..errors import ConfigError
 from ..run.results import ensure_writable_dir
 from ..run.settings import RunOptions
 from ..sweep.collect import collect as _collect
+from ..sweep.runner import SweepInterrupted as SweepInterrupted
 from ..sweep.runner import SweepOptions, run_sweep
 from ..sweep.worker import default_log
 from ._shared import _jobs_and_specs, load_run, takes_run
@@ -63,13 +64,20 @@ def sweep(
         (default True), ``retry_failed``, ``gpus`` (``"all"`` or ``"0,1"``: one worker per
         GPU), ``workers`` (CPU workers), ``shard`` (``(i, n)`` or ``"i/n"``), ``executor``
         (``"slurm"``: a job array through submitit, with ``tasks``, ``slurm`` parameters,
-        ``wait``, ``cluster``), ``dry_run``, ``lock_timeout``.
+        ``wait``, ``cluster``; ``"local-array"``: that array run on this machine by submitit's
+        local executor), ``dry_run``, ``lock_timeout``.
 
     Returns
     -------
     flatcli.sweep.SweepReport
         ``computed`` counts the units this run's workers computed, ``by_others`` those a
         concurrent sweep finished meanwhile.
+
+    Raises
+    ------
+    SweepInterrupted
+        On Ctrl-C, once the workers stopped (their units in flight released); its ``report``
+        counts the finished units. Rerunning the same sweep resumes.
     """
     opts = SweepOptions(**options)
     cfg = load_run(config, run)

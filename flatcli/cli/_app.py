@@ -7,6 +7,7 @@ import contextlib
 import functools
 import os
 import re
+import shlex
 import sys
 import traceback
 from enum import Enum
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 try:  # typer ≥ 0.2x vendors click and raises its own copies of click's exceptions
@@ -80,8 +82,9 @@ class OneLineErrors(TyperGroup):
             sys.exit(0)
         except click_exceptions.UsageError as e:
             where = e.ctx.command_path if e.ctx is not None else "flatcli"
+            said = option_message(e) or e.format_message()
             err_console.print(
-                f"[red]error:[/red] {e.format_message()} (see '{where} --help')",
+                f"[red]error:[/red] {escape(said)} (see '{where} --help')",
                 highlight=False,
                 soft_wrap=True,
             )
@@ -96,6 +99,48 @@ class OneLineErrors(TyperGroup):
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _refused_words(err: dict) -> str | None:
+    """What a refused option value must be, in `flatcli.validation`'s words, from typer's
+    (pydantic's) error record; None for a kind of error not known here."""
+    kind, ctx = err.get("type", ""), err.get("ctx") or {}
+    choices = re.search(r"is not one of (.+)\.$", str(err.get("msg", "")))
+    if kind == "value_error" and choices:
+        return "one of " + ", ".join(c.strip(" '") for c in choices.group(1).split(","))
+    bounds = {"greater_than_equal": ("≥", "ge"), "greater_than": (">", "gt")}
+    bounds |= {"less_than_equal": ("≤", "le"), "less_than": ("<", "lt")}
+    if kind in bounds:
+        sign, key = bounds[kind]
+        lo = ctx.get(key)
+        return f"{'an int' if isinstance(lo, int) else 'a float'} {sign} {lo!r}"
+    return {
+        "int_parsing": "an int",
+        "int_from_float": "an int",
+        "float_parsing": "a float",
+        "bool_parsing": "true or false",
+    }.get(kind)
+
+
+def option_message(e: BaseException) -> str | None:
+    """A refused option value in the one grammar (`flatcli.validation.message`): "--workers must
+    be an int ≥ 1. Got 0 instead.", from the validation error typer raised it with; None when
+    ``e`` is not one (a missing argument, an unknown option: click's words stay)."""
+    param, cause = getattr(e, "param", None), e.__cause__
+    errors = getattr(cause, "errors", None)
+    if param is None or not callable(errors):
+        return None
+    try:
+        err = errors()[0]
+    except (IndexError, TypeError):
+        return None
+    words = _refused_words(err)
+    if words is None:
+        return None
+    name = max((o for o in param.opts if o.startswith("--")), key=len, default=param.opts[0])
+    given = err.get("input")
+    number = isinstance(given, str) and re.fullmatch(r"-?[\d.]+(e-?\d+)?", given)
+    return f"{name} must be {words}. Got {given if number else repr(given)} instead."
 
 
 def _version(value: bool) -> None:
@@ -152,6 +197,31 @@ Precision = _choices("Precision", PRECISIONS, "``runtime.precision`` (`flatcli.e
 def _value(v):
     """An Enum option's string (None stays None)."""
     return v.value if isinstance(v, Enum) else v
+
+
+def rerun_command(ctx, drop: tuple[str, ...] = ()) -> str:
+    """The command line that runs ``ctx``'s command again with the options the user gave (not
+    their defaults), leaving out the parameters named in ``drop``; quoted for a POSIX shell.
+    Arguments come first, then each option by its longest name."""
+    words = ctx.command_path.split()
+    opts: list[str] = []
+    for p in ctx.command.params:
+        src = ctx.get_parameter_source(p.name)
+        value = ctx.params.get(p.name)
+        if p.name in drop or src is None or src.name == "DEFAULT" or value is None:
+            continue
+        values = list(value) if getattr(p, "multiple", False) else [value]
+        if p.param_type_name == "argument":
+            words += [str(_value(v)) for v in values]
+            continue
+        name = max((o for o in p.opts if o.startswith("--")), key=len, default=p.opts[0])
+        if getattr(p, "is_flag", False) and isinstance(value, bool):
+            off = [o for o in p.secondary_opts if o.startswith("--")]
+            opts += [name] if value else off[:1]
+            continue
+        for v in values:
+            opts += [name, str(_value(v))]
+    return shlex.join(words + opts)
 
 
 landscape_app = typer.Typer(

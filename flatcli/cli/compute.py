@@ -39,6 +39,7 @@ from ._app import (
     experiments_app,
     handle_errors,
     log_line,
+    rerun_command,
     run_options,
 )
 
@@ -374,6 +375,7 @@ def experiments_run(
 @app.command(cls=FitHelp)
 @handle_errors
 def sweep(
+    ctx: typer.Context,
     config: ConfigOpt = ...,
     outdir: Annotated[
         Path,
@@ -412,7 +414,7 @@ def sweep(
         Executor,
         typer.Option(
             "--executor",
-            help="local, or slurm (a job array through submitit; needs submitit, the slurm extra of flatcli).",
+            help="local (worker processes here), slurm (a job array through submitit; needs the slurm extra of flatcli), or local-array (that job array run on this machine by submitit's local executor, to try it).",
         ),
     ] = Executor.local,
     resume: Annotated[
@@ -482,26 +484,35 @@ def sweep(
         allow_unsafe_pickle=allow_unsafe_pickle,
         budget=budget,
     )
-    report = api.sweep(
-        config,
-        outdir,
-        measures=measures,
-        run=run,
-        gpus=gpus,
-        workers=workers,
-        shard=shard,
-        executor=_value(executor),
-        resume=resume,
-        retry_failed=retry_failed,
-        dry_run=dry_run,
-        lock_timeout=lock_timeout,
-        tasks=tasks,
-        slurm=parse_slurm_params(slurm),
-        cluster=cluster,
-        wait=wait,
-        log=log,
-        debug=debug,
-    )
+    try:
+        report = api.sweep(
+            config,
+            outdir,
+            measures=measures,
+            run=run,
+            gpus=gpus,
+            workers=workers,
+            shard=shard,
+            executor=_value(executor),
+            resume=resume,
+            retry_failed=retry_failed,
+            dry_run=dry_run,
+            lock_timeout=lock_timeout,
+            tasks=tasks,
+            slurm=parse_slurm_params(slurm),
+            cluster=cluster,
+            wait=wait,
+            log=log,
+            debug=debug,
+        )
+    except api.SweepInterrupted as e:  # said once, here: the workers stop without a word
+        err_console.print(
+            f"{e}; resume with: {rerun_command(ctx, drop=('resume',))}",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )
+        raise typer.Exit(130) from None
     for line in report.lines:
         console.print(line, highlight=False, soft_wrap=True)
     if report.dry_run:
@@ -600,21 +611,35 @@ def sweep_worker(
             help="Id of the sweep run this worker belongs to (stored in its unit records).",
         ),
     ] = None,
+    progress: Annotated[
+        str | None,
+        typer.Option(
+            "--progress",
+            help="K/N: K of the sweep run's N units were finished when it started (the log's count over all workers).",
+        ),
+    ] = None,
     debug: DebugOpt = False,
 ):
     """One worker over a planned sweep: what 'flatcli sweep' runs per GPU and array schedulers run per task."""
-    from ..sweep.worker import run_worker_process  # lazy: CLI start-up (loads torch)
+    from ..sweep.worker import in_pool, run_worker_process  # lazy: CLI start-up (loads torch)
 
-    line = run_worker_process(
-        outdir,
-        shard=shard,
-        worker=worker,
-        workers=workers,
-        device=device,
-        redo_before=redo_before,
-        retry_before=retry_before,
-        lock_timeout=lock_timeout,
-        threads=threads,
-        sweep_id=sweep_id,
-    )
-    err_console.print(line, highlight=False, markup=False)
+    try:
+        line = run_worker_process(
+            outdir,
+            shard=shard,
+            worker=worker,
+            workers=workers,
+            device=device,
+            redo_before=redo_before,
+            retry_before=retry_before,
+            lock_timeout=lock_timeout,
+            threads=threads,
+            sweep_id=sweep_id,
+            progress=progress,
+        )
+    except KeyboardInterrupt:
+        if in_pool():  # the pool's coordinator says what is finished, once
+            raise typer.Exit(130) from None
+        raise
+    if line:
+        err_console.print(line, highlight=False, markup=False)

@@ -482,7 +482,7 @@ def _print_comparison(
 
     names = [x.strip() for x in compare.split(",") if x.strip()]
     if len(names) != 2:
-        raise ConfigError(f"--compare takes two measures as A,B; got {compare!r}")
+        raise ConfigError(f"--compare takes two measures as A,B. Got {compare!r} instead.")
     df = compare_measures(
         results,
         names[0],

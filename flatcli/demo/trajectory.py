@@ -55,7 +55,7 @@ def train_trajectory(
     if name not in models:
         raise ConfigError(f"no zoo model named {name!r}; one of {', '.join(models)}")
     if int(every) < 1:
-        raise ConfigError(f"every must be ≥ 1; got {every}")
+        raise ConfigError(f"every must be ≥ 1. Got {every} instead.")
     task = models[name]
     folder = Path(outdir) / "trajectory" / name
     folder.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,9 @@ class Batch(Mapping):
         t: dict[str, torch.Tensor] = {}
         for k, v in tensors.items():
             if not isinstance(v, torch.Tensor):
-                raise ConfigError(f"{where}: '{k}' must be a tensor; got {type(v).__name__}")
+                raise ConfigError(
+                    f"{where}: '{k}' must be a tensor. Got {type(v).__name__} instead."
+                )
             if v.ndim == 0:
                 raise ConfigError(
                     f"{where}: '{k}' is a scalar; every tensor needs a first (row) dimension"
@@ -73,7 +75,7 @@ class Batch(Mapping):
         if isinstance(data, torch.Tensor):
             return cls({POSITIONAL_KEY: data}, where)
         raise ConfigError(
-            f"{where} must be named tensors, an (x, y) pair or a tensor; got {type(data).__name__}"
+            f"{where} must be named tensors, an (x, y) pair or a tensor. Got {type(data).__name__} instead."
         )
 
     @staticmethod

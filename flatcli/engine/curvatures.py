@@ -265,7 +265,7 @@ class FiniteDifferenceHessian(Curvature):
     ):
         for what, h in (("eps", eps), ("relative_eps", relative_eps)):
             if h is not None and not (h > 0 and math.isfinite(h)):
-                raise ValueError(f"{what} must be a positive float, got {h!r}")
+                raise ValueError(f"{what} must be a positive float. Got {h!r} instead.")
         super().__init__(state, theta, precision=precision, name=name)
         self.eps = None if eps is None else float(eps)
         self.relative_eps = float(relative_eps)

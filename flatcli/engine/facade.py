@@ -101,7 +101,7 @@ class CurvatureEngine:
     ):
         validation.validate("hvp_mode", hvp_mode, error=ValueError)
         if not (fd_eps > 0 and math.isfinite(fd_eps)):
-            raise ValueError(f"fd_eps must be a positive float, got {fd_eps!r}")
+            raise ValueError(f"fd_eps must be a positive float. Got {fd_eps!r} instead.")
         parse_recompute(
             recompute
         )  # a bad value raises before the precision is read (the state keeps the parsed one)

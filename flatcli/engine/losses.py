@@ -152,7 +152,7 @@ class CrossEntropy(Loss):
         t = self.target(batch)
         if out.ndim != 2:
             raise MeasurementError(
-                f"loss 'cross_entropy' needs model outputs of shape (batch, classes); got {tuple(out.shape)}"
+                f"loss 'cross_entropy' needs model outputs of shape (batch, classes). Got {tuple(out.shape)} instead."
             )
         return out, t.long(), None
 
@@ -264,7 +264,7 @@ class CausalLM(Loss):
         """See `Loss.scores`."""
         if out.ndim != 3:
             raise MeasurementError(
-                f"loss 'causal_lm' needs logits of shape (batch, sequence, vocabulary); got {tuple(out.shape)}"
+                f"loss 'causal_lm' needs logits of shape (batch, sequence, vocabulary). Got {tuple(out.shape)} instead."
             )
         lab = self.labels(batch)[:, 1:]
         Z = out[:, :-1, :].reshape(-1, out.shape[-1])

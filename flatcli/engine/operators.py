@@ -145,7 +145,7 @@ class CurvatureOperator:
             return self.matmat_rows(X.to(self.device, self.dtype))
         if X.ndim != 2 or X.shape[0] != self.shape[1]:
             raise ValueError(
-                f"{self.name}: expected shape (P,) or (P, K) with P = {self.shape[1]}; got {tuple(X.shape)}"
+                f"{self.name}: expected shape (P,) or (P, K) with P = {self.shape[1]}. Got {tuple(X.shape)} instead."
             )
         return self.matmat_rows(X.T.to(self.device, self.dtype)).T
 

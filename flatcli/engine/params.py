@@ -42,7 +42,7 @@ class ParamSelection:
             spec = {"include": spec.include, "exclude": spec.exclude}
         if not isinstance(spec, dict):
             raise ConfigError(
-                f"params must be a mapping with 'include' and/or 'exclude' lists; got {spec!r}"
+                f"params must be a mapping with 'include' and/or 'exclude' lists. Got {spec!r} instead."
             )
         unknown = set(spec) - {"include", "exclude"}
         if unknown:
@@ -107,7 +107,7 @@ def _patterns(value, key: str) -> tuple[str, ...]:
         return (value,)
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return tuple(value)
-    raise ConfigError(f"config key '{key}' must be a list of glob patterns; got {value!r}")
+    raise ConfigError(f"config key '{key}' must be a list of glob patterns. Got {value!r} instead.")
 
 
 def _aliases(model: torch.nn.Module) -> dict[str, list[str]]:

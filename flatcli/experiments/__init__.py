@@ -106,7 +106,7 @@ def run_experiment(
     ``device`` (auto, cpu, cuda:N) overrides the spec's training and measurement device.
     """
     if jobs is not None and jobs < 1:
-        raise ConfigError(f"jobs must be ≥ 1; got {jobs}")
+        raise ConfigError(f"jobs must be ≥ 1. Got {jobs} instead.")
     if device is not None:
         resolve_device(device, "`device`")  # a one-line error before any training
     spec = load_spec(name, quick=quick)

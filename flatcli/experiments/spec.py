@@ -183,7 +183,7 @@ def _check_keys(d: Any, valid, where: str) -> dict[str, Any]:
     if d is None:
         return {}
     if not isinstance(d, dict):
-        raise ConfigError(f"{where} must be a mapping; got {type(d).__name__}")
+        raise ConfigError(f"{where} must be a mapping. Got {type(d).__name__} instead.")
     for k in d:
         if k not in valid:
             raise _unknown(k, valid, where)
@@ -312,7 +312,7 @@ def _bootstrap(v: Any, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0 or 0 < v < MIN_BOOTSTRAP:
         raise ConfigError(
             f"{where}: bootstrap must be 0 (no intervals) or an int ≥ {MIN_BOOTSTRAP} (resamples: a 95% "
-            f"percentile interval needs 5 / 0.05); got {v!r}"
+            f"percentile interval needs 5 / 0.05). Got {v!r} instead."
         )
     return v
 
@@ -367,7 +367,7 @@ def _grid_axis(
     params, var_kw, target = model
     if k == "seed":
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in vals):
-            raise ConfigError(f"{where}.grid.seed must be a list of ints; got {vals}")
+            raise ConfigError(f"{where}.grid.seed must be a list of ints. Got {vals} instead.")
         return False
     if k in TRAINING_KEYS:
         if k in NOT_A_GRID_AXIS:
@@ -442,7 +442,7 @@ def _study(name: str, s: dict[str, Any], where: str, base_dir: Path) -> Study:
     for title, expr in subsets.items():
         if not isinstance(expr, str) or not expr.strip():
             raise ConfigError(
-                f"{where}.subsets.{title} must be a pandas query on results.csv, e.g. 'hp_dropout == 0'; got {expr!r}"
+                f"{where}.subsets.{title} must be a pandas query on results.csv, e.g. 'hp_dropout == 0'. Got {expr!r} instead."
             )
     return Study(
         name,
@@ -471,7 +471,7 @@ def _compare(raw: Any, measures: list[Any], where: str) -> list[tuple[str, str]]
         ]
         if len(pair) != 2 or pair[0] == pair[1]:
             raise ConfigError(
-                f"{where}: each entry must name two different measures, 'A,B' or [A, B]; got {item!r}"
+                f"{where}: each entry must name two different measures, 'A,B' or [A, B]. Got {item!r} instead."
             )
         for lab in pair[:1] + ([] if pair[1] == "*" else pair[1:]):
             if lab not in labels:
@@ -565,12 +565,14 @@ def _rescale(raw: Any, where: str) -> dict[str, Any]:
     transforms = [str(t) for t in _as_list(r.get("transforms", ["layer", "node"]))]
     for t in transforms:
         if t not in ("layer", "node"):
-            raise ConfigError(f"{where}.transforms: each must be 'layer' or 'node'; got {t!r}")
+            raise ConfigError(
+                f"{where}.transforms: each must be 'layer' or 'node'. Got {t!r} instead."
+            )
     scales = _as_list(r.get("scales", [10, 100, 1000]))
     for a in scales:
         if not (_num(a) and a > 1):
-            raise ConfigError(f"{where}.scales: each must be a number > 1; got {a!r}")
+            raise ConfigError(f"{where}.scales: each must be a number > 1. Got {a!r} instead.")
     seed = r.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ConfigError(f"{where}.seed must be an int; got {seed!r}")
+        raise ConfigError(f"{where}.seed must be an int. Got {seed!r} instead.")
     return {"transforms": transforms, "scales": [float(a) for a in scales], "seed": seed}

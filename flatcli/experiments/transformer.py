@@ -87,7 +87,9 @@ class ModularTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids (N, T) (integers; float ids are refused) → logits (N, p) at the last position."""
         if x.is_floating_point():
-            raise TypeError("ModularTransformer takes integer token ids; got a floating tensor")
+            raise TypeError(
+                "ModularTransformer takes integer token ids. Got a floating tensor instead."
+            )
         h = self.embed(x) + self.pos[: x.shape[1]]
         for i, block in enumerate(self.blocks):  # the last block only where the logits are read
             h = block(h, last_only=i == len(self.blocks) - 1)

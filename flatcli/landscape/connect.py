@@ -234,7 +234,7 @@ def _fit_bend(
     """
     if optimizer not in BEND_OPTIMIZERS:
         raise ConfigError(
-            f"`bend_optimizer` must be one of {', '.join(BEND_OPTIMIZERS)}; got {optimizer!r}"
+            f"`bend_optimizer` must be one of {', '.join(BEND_OPTIMIZERS)}. Got {optimizer!r} instead."
         )
     lr = DEFAULT_BEND_LR[optimizer] if lr is None else float(lr)
     steps = int(steps)
@@ -400,10 +400,10 @@ def _check_bend_batch_size(bend_batch_size: int, bn_names: list[str]) -> None:
     the minibatch's statistics)."""
     if bn_names and int(bend_batch_size) < 2:
         raise ConfigError(
-            f"`bend_batch_size` must be ≥ 2 for a model with BatchNorm; got {bend_batch_size}"
+            f"`bend_batch_size` must be ≥ 2 for a model with BatchNorm. Got {bend_batch_size} instead."
         )
     if int(bend_batch_size) < 1:
-        raise ConfigError(f"`bend_batch_size` must be ≥ 1; got {bend_batch_size}")
+        raise ConfigError(f"`bend_batch_size` must be ≥ 1. Got {bend_batch_size} instead.")
 
 
 def _train_bend(

@@ -55,7 +55,9 @@ def normalize_direction(d: torch.Tensor, w: torch.Tensor, bias_bn: str = "zero")
         if bias_bn == "keep":
             sign = torch.where(d >= 0, 1.0, -1.0).to(w.dtype)
             return sign * w.abs()
-        raise ConfigError(f"bias_bn must be one of {', '.join(BIAS_BN_CHOICES)}; got {bias_bn!r}")
+        raise ConfigError(
+            f"bias_bn must be one of {', '.join(BIAS_BN_CHOICES)}. Got {bias_bn!r} instead."
+        )
     dn = d.reshape(d.shape[0], -1)
     dnorm = dn.norm(dim=1)
     scale = torch.where(dnorm > 0, filter_norms(w) / torch.where(dnorm > 0, dnorm, 1), 0)
@@ -82,7 +84,9 @@ def random_direction(
     dict name -> tensor, same shapes, devices and dtypes as ``params``.
     """
     if bias_bn not in BIAS_BN_CHOICES:
-        raise ConfigError(f"bias_bn must be one of {', '.join(BIAS_BN_CHOICES)}; got {bias_bn!r}")
+        raise ConfigError(
+            f"bias_bn must be one of {', '.join(BIAS_BN_CHOICES)}. Got {bias_bn!r} instead."
+        )
     out = {}
     for name, w in params.items():
         g = torch.randn(w.shape, generator=generator, dtype=torch.float64)

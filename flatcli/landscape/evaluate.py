@@ -134,7 +134,7 @@ class PointEvaluator:
         if points_per_pass is None:
             points_per_pass = auto_points_per_pass(problem.model)
         if int(points_per_pass) < 1:
-            raise ValueError(f"points_per_pass must be ≥ 1; got {points_per_pass}")
+            raise ValueError(f"points_per_pass must be ≥ 1. Got {points_per_pass} instead.")
         self.problem = problem
         self.points_per_pass = int(points_per_pass)
         self.use_vmap = self.points_per_pass > 1

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import copy
 import glob
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,7 +67,7 @@ import torch
 
 from ..engine import Problem, eval_mode
 from ..errors import ConfigError, MeasurementError
-from ..loading.checkpoints import check_state, missing_checkpoint
+from ..loading.checkpoints import check_state, missing_checkpoint, natural_key
 from ..run.results import jsonable
 from ..run.settings import Settings
 from ..validation import Bool, Integral, OneOf, check_fields, opt
@@ -83,11 +82,6 @@ MIN_CHECKPOINTS = 3
 
 
 # ------------------------------------------------------------------ checkpoint lists
-def natural_key(path: str | Path) -> list:
-    """Sort key that orders digit runs by value: ``epoch_2`` before ``epoch_10``."""
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(path))]
-
-
 def trajectory_paths(
     checkpoints: str | Path | Sequence[str | Path], sort: bool = True
 ) -> list[Path]:
@@ -118,7 +112,7 @@ def trajectory_paths(
             raise missing_checkpoint(p, "`pca`: ")
     if len(out) < MIN_CHECKPOINTS:
         raise ConfigError(
-            f"`pca` needs at least {MIN_CHECKPOINTS} checkpoints; got {len(out)}"
+            f"`pca` needs at least {MIN_CHECKPOINTS} checkpoints. Got {len(out)} instead."
             + (f" ({', '.join(str(p) for p in out)})" if out else "")
         )
     return out
@@ -195,10 +189,12 @@ def trajectory_pca(matrix: np.ndarray, solver: str = "auto", seed: int = 0) -> T
     `TrajectoryPCA`.
     """
     if solver not in PCA_SOLVERS:
-        raise ConfigError(f"`solver` must be one of {', '.join(PCA_SOLVERS)}; got {solver!r}")
+        raise ConfigError(
+            f"`solver` must be one of {', '.join(PCA_SOLVERS)}. Got {solver!r} instead."
+        )
     if matrix.ndim != 2 or matrix.shape[0] < MIN_CHECKPOINTS:
         raise ConfigError(
-            f"`pca` needs at least {MIN_CHECKPOINTS} checkpoints; got {matrix.shape[0] if matrix.ndim == 2 else 0}"
+            f"`pca` needs at least {MIN_CHECKPOINTS} checkpoints. Got {matrix.shape[0] if matrix.ndim == 2 else 0} instead."
         )
     if matrix.dtype != np.float64 or not matrix.flags.c_contiguous:
         raise ValueError(
@@ -311,7 +307,7 @@ def _state(item: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torc
     if isinstance(item, Mapping):
         return dict(item)
     raise TypeError(
-        f"a trajectory item must be an nn.Module or a state dict; got {type(item).__name__}"
+        f"a trajectory item must be an nn.Module or a state dict. Got {type(item).__name__} instead."
     )
 
 
@@ -352,7 +348,9 @@ class PCAView(ViewOptions):
 def _check_labels(n_ck: int, labels: Sequence[str] | None) -> list[str]:
     """The labels (default "0", "1", …); `ConfigError` for too few checkpoints, else `ValueError`."""
     if n_ck < MIN_CHECKPOINTS:
-        raise ConfigError(f"`pca` needs at least {MIN_CHECKPOINTS} checkpoints; got {n_ck}")
+        raise ConfigError(
+            f"`pca` needs at least {MIN_CHECKPOINTS} checkpoints. Got {n_ck} instead."
+        )
     labels = [str(i) for i in range(n_ck)] if labels is None else [str(s) for s in labels]
     if len(labels) != n_ck:
         raise ValueError(f"{len(labels)} labels for {n_ck} checkpoints")

@@ -53,14 +53,16 @@ def parse_span(
         except ValueError:
             vals = []
         if len(vals) != 2:
-            raise ConfigError(f"`span` must be two numbers 'a,b' (e.g. -1,1); got {span!r}")
+            raise ConfigError(
+                f"`span` must be two numbers 'a,b' (e.g. -1,1). Got {span!r} instead."
+            )
     else:
         vals = [float(v) for v in span]
         if len(vals) != 2:
-            raise ConfigError(f"span must be two numbers (a, b); got {span!r}")
+            raise ConfigError(f"span must be two numbers (a, b). Got {span!r} instead.")
     a, b = vals
     if not (np.isfinite(a) and np.isfinite(b) and a < b):
-        raise ConfigError(f"span must satisfy a < b (finite); got {a:g},{b:g}")
+        raise ConfigError(f"span must satisfy a < b (finite). Got {a:g},{b:g} instead.")
     return a, b
 
 
@@ -76,7 +78,7 @@ def axis_grid(
     ``--steps 11`` is 11 × 11, never 12 × 12; the spacing next to 0 may then be uneven).
     """
     if int(steps) < 2:
-        raise ConfigError(f"`steps` must be ≥ 2; got {steps}")
+        raise ConfigError(f"`steps` must be ≥ 2. Got {steps} instead.")
     a, b = span
     g = np.linspace(a, b, int(steps))
     if tuple(include) == (0.0,) and a < 0 < b and len(g) >= 3:

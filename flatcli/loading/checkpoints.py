@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,12 @@ def fingerprint(path: str | os.PathLike) -> str:
     return h.hexdigest()[:16]
 
 
+def natural_key(path: str | Path) -> list:
+    """Sort key that orders digit runs by value: ``epoch_2`` before ``epoch_10``, ``bs16``, ``bs64``,
+    ``bs256`` (digit runs and the text between them alternate, so the keys always compare)."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(path))]
+
+
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".pkl", ".tar")
 
 
@@ -68,7 +75,10 @@ def missing_checkpoint(path: str | os.PathLike, where: str = "") -> ConfigError:
     p = Path(path)
     if not p.is_dir():
         return ConfigError(f"{where}checkpoint not found: {p}")
-    found = sorted(q.name for q in p.iterdir() if q.is_file() and q.suffix in CHECKPOINT_SUFFIXES)
+    found = sorted(
+        (q.name for q in p.iterdir() if q.is_file() and q.suffix in CHECKPOINT_SUFFIXES),
+        key=natural_key,
+    )
     inside = (
         f"; it holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}: pass one of them"
         if found

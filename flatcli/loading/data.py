@@ -204,7 +204,7 @@ def digits_split(split: str):
         return torch.from_numpy(xtr), torch.from_numpy(ytr)
     if split == "test":
         return torch.from_numpy(xte), torch.from_numpy(yte)
-    raise ConfigError(f"digits split must be 'train' or 'test'; got {split!r}")
+    raise ConfigError(f"digits split must be 'train' or 'test'. Got {split!r} instead.")
 
 
 MNIST1D_DEFAULT_SAMPLES = 5000
@@ -257,11 +257,13 @@ def mnist1d_split(
     holds further generator parameters (`MNIST1D_KWARGS`). The same arguments always give
     the same tensors (cached per process)."""
     if split not in ("train", "test"):
-        raise ConfigError(f"{where}.split: mnist1d split must be 'train' or 'test'; got {split!r}")
+        raise ConfigError(
+            f"{where}.split: mnist1d split must be 'train' or 'test'. Got {split!r} instead."
+        )
     n = MNIST1D_DEFAULT_SAMPLES if num_samples is None else num_samples
     if isinstance(n, bool) or not isinstance(n, int) or n < 20:
         raise ConfigError(
-            f"{where}.num_samples: mnist1d needs an int ≥ 20 (two per class at least); got {n!r}"
+            f"{where}.num_samples: mnist1d needs an int ≥ 20 (two per class at least). Got {n!r} instead."
         )
     kwargs = dict(kwargs or {})
     for k in kwargs:
@@ -277,7 +279,9 @@ def mnist1d_split(
             )
     frac = kwargs.get("train_split", 0.8)
     if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1:
-        raise ConfigError(f"{where}.kwargs.train_split must be a float in (0, 1); got {frac!r}")
+        raise ConfigError(
+            f"{where}.kwargs.train_split must be a float in (0, 1). Got {frac!r} instead."
+        )
     per_class = n // 10
     n_train = int(per_class * 10 * frac)
     if n_train < 1 or n_train >= per_class * 10:
@@ -308,7 +312,7 @@ def modular_addition_split(
     ``labels`` (N,) int64; ``kwargs``: ``p``, ``train_fraction``, ``test_fraction`` (`MODULAR_KWARGS`)."""
     if split not in ("train", "test"):
         raise ConfigError(
-            f"{where}.split: modular_addition split must be 'train' or 'test'; got {split!r}"
+            f"{where}.split: modular_addition split must be 'train' or 'test'. Got {split!r} instead."
         )
     for k in kwargs or {}:
         if k not in MODULAR_KWARGS:
@@ -324,10 +328,12 @@ def modular_addition_split(
     a = {**MODULAR_KWARGS, **(kwargs or {})}
     p, ftr, fte = a["p"], a["train_fraction"], a["test_fraction"]
     if isinstance(p, bool) or not isinstance(p, int) or p < 2:
-        raise ConfigError(f"{where}.kwargs.p must be an int ≥ 2; got {p!r}")
+        raise ConfigError(f"{where}.kwargs.p must be an int ≥ 2. Got {p!r} instead.")
     for k, f in (("train_fraction", ftr), ("test_fraction", fte)):
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1:
-            raise ConfigError(f"{where}.kwargs.{k} must be a fraction in (0, 1); got {f!r}")
+            raise ConfigError(
+                f"{where}.kwargs.{k} must be a fraction in (0, 1). Got {f!r} instead."
+            )
     n_test = round(fte * p * p)
     n_train = (
         round((fte + ftr) * p * p) - n_test

@@ -81,7 +81,7 @@ def resolve_target(target: str, base_dir: Path | str = "."):
     if not target or ":" not in target:
         raise ConfigError(
             f"config key 'model.target' must look like 'pkg.module:Class', 'path/to/file.py:Class' "
-            f"or 'torchvision:NAME'; got {target!r}"
+            f"or 'torchvision:NAME'. Got {target!r} instead."
         )
     left, attr = target.rsplit(":", 1)
     if left == "torchvision":
@@ -112,15 +112,68 @@ def resolve_target(target: str, base_dir: Path | str = "."):
         try:
             mod = importlib.import_module(left)
         except ImportError as e:
-            raise ConfigError(f"model.target: cannot import module {left!r}: {e}") from e
+            hint = _module_hint(left)
+            raise ConfigError(
+                f"model.target: cannot import module {left!r}: {e}"
+                + (f"; did you mean '{hint}:{attr}'?" if hint else "")
+            ) from e
     obj = mod
+    done: list[str] = []
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ConfigError(f"model.target: {left!r} has no attribute {attr!r}")
+            hint = _name_hint(part, obj)
+            where = ".".join([*done, hint]) if hint else ""
+            raise ConfigError(
+                f"model.target: {left!r} has no attribute {attr!r}"
+                + (f"; did you mean '{left}:{where}'?" if hint else "")
+            )
         obj = getattr(obj, part)
+        done.append(part)
     if not callable(obj):
         raise ConfigError(f"model.target: {target!r} is not callable")
     return obj
+
+
+def _closest(word: str, names: list[str]) -> str | None:
+    """The name of ``names`` nearest to ``word`` (`difflib`; a match but for case first), or None."""
+    import difflib
+
+    same = [n for n in names if n.lower() == word.lower()]
+    if same:
+        return same[0]
+    hits = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    return hits[0] if hits else None
+
+
+def _name_hint(word: str, obj: Any) -> str | None:
+    """The public callable of ``obj`` (a module's classes and functions) nearest to ``word``."""
+    names = [n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None))]
+    return _closest(word, names)
+
+
+def _module_hint(name: str) -> str | None:
+    """For a module ``pkg.modle`` that does not import: the importable ``pkg.module`` nearest to
+    it (a sibling module of the package), or None."""
+    import pkgutil
+
+    parent, _, last = name.rpartition(".")
+    try:
+        path = importlib.import_module(parent).__path__ if parent else None
+    except (ImportError, AttributeError):
+        return None
+    mods = [m.name for m in pkgutil.iter_modules(path)] if path is not None else []
+    hit = _closest(last, mods)
+    return f"{parent}.{hit}" if hit and parent else hit
+
+
+def check_target(cfg) -> None:
+    """A `ConfigError` now, before any checkpoint, when the config's Python model target does not
+    resolve (a typo in ``model.target``): said once, not once per checkpoint."""
+    if cfg.model.source != "python":
+        return
+    if not cfg.model.target:
+        raise ConfigError("config key 'model.target' is required")
+    resolve_target(cfg.model.target, cfg.base_dir)
 
 
 def build_model(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .checkpoints import missing_checkpoint
+from .checkpoints import missing_checkpoint, natural_key
 
 
 @dataclass(frozen=True)
@@ -183,9 +183,11 @@ def _manifest_jobs(cfg, entries: dict, regex: str | None, init_default: Path | N
 
 
 def _glob(pattern: str, root: str | os.PathLike | None) -> list[str]:
-    """The matches of ``pattern``, sorted, written as the pattern is: relative to ``root`` (the
-    config's folder, for a relative pattern in the config) or to the working directory."""
-    return sorted(glob.glob(pattern, root_dir=root, recursive=True))
+    """The matches of ``pattern``, sorted naturally (``bs16``, ``bs64``, ``bs256``: digit runs by
+    value, `flatcli.loading.checkpoints.natural_key`), written as the pattern is: relative to
+    ``root`` (the config's folder, for a relative pattern in the config) or to the working
+    directory."""
+    return sorted(glob.glob(pattern, root_dir=root, recursive=True), key=natural_key)
 
 
 def _listed_jobs(

@@ -129,7 +129,7 @@ def fit_power_law(x) -> PowerLawFit:
         raise ValueError("fit_power_law needs finite positive values")
     u, first = np.unique(x, return_index=True)
     if len(u) < 3:
-        raise ValueError(f"fit_power_law needs at least 3 distinct values, got {len(u)}")
+        raise ValueError(f"fit_power_law needs at least 3 distinct values. Got {len(u)} instead.")
     N = x.size
     logx = np.log(x)
     suffix = np.concatenate([np.cumsum(logx[::-1])[::-1], [0.0]])  # Σ_{t ≥ i} log x_t

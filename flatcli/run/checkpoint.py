@@ -28,6 +28,7 @@ from ..engine import dist as ranks
 from ..engine.batch import model_output
 from ..errors import ConfigError, FlatcliError, MeasurementError, ResultsWriteError, error_kind
 from ..loading.data import check_finite_data, subset
+from ..loading.factory import check_target
 from ..loading.hf import check_positions
 from ..loading.jobs import Job
 from ..loading.load import (  # noqa: F401
@@ -569,7 +570,9 @@ def first_checkpoint(
     fit raises (the command stops, no data loaded). A checkpoint that cannot be loaded gives None
     (its row says why). A model that will not fit in memory: the data is not loaded now (each
     checkpoint loads it when it gets there, after its own check). Pass the result to that
-    checkpoint's `measure_job` so that it is not loaded twice."""
+    checkpoint's `measure_job` so that it is not loaded twice. A ``model.target`` that does not
+    resolve raises first (`flatcli.loading.factory.check_target`): one error, not one per row."""
+    check_target(cfg)
     checked = None
     if job is not None:
         try:

@@ -98,7 +98,9 @@ class RunOptions:
         if run is None:
             return cls()
         if not isinstance(run, cls):
-            raise TypeError(f"run must be a flatcli.api.RunOptions; got {type(run).__name__}")
+            raise TypeError(
+                f"run must be a flatcli.api.RunOptions. Got {type(run).__name__} instead."
+            )
         return run
 
 

@@ -7,7 +7,7 @@ See `flatcli.sweep.plan` (units, plan.json), `flatcli.sweep.worker` (the worker 
 
 from .collect import CollectReport, collect
 from .plan import Plan, load_plan
-from .runner import SweepReport, run_sweep
+from .runner import SweepInterrupted, SweepReport, run_sweep
 from .store import Store, parse_shard, shard_of
 from .worker import run_worker
 
@@ -15,6 +15,7 @@ __all__ = [
     "CollectReport",
     "Plan",
     "Store",
+    "SweepInterrupted",
     "SweepReport",
     "collect",
     "load_plan",

@@ -3,6 +3,7 @@ from ``OUTDIR/plan.json``."""
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 from dataclasses import dataclass
@@ -14,14 +15,11 @@ from ..config import from_dict
 from ..errors import ConfigError
 from ..keys import caps, content_hash, data_fingerprints, file_fingerprint, measure_hash, unit_id
 from ..loading.jobs import Job
-from ..measures import MeasureSpec
+from ..measures import Dims, MeasureSpec
 from ..run.results import atomic_write
+from ..run.shares import least_work
 from ..schema import PLAN, mismatch
-from .store import (
-    PLAN_FILE,
-    dumps,
-    shard_of,
-)
+from .store import PLAN_FILE, dumps
 
 
 # ------------------------------------------------------------------ the plan
@@ -82,11 +80,14 @@ class Plan:
         )
 
     def units_for(self, shard: tuple[int, int] | None) -> list[Unit]:
-        """The units of shard ``(i, n)`` (`shard_of`), or every unit for None, in plan order."""
+        """The units of shard ``(i, n)``, or every unit for None, in plan order. The n shards
+        share the plan's units out by predicted cost (`balance` of `unit_costs`), the same in
+        every task that reads this plan (the costs depend on the plan and the checkpoints' file
+        sizes only), so they cover every unit exactly once."""
         if shard is None:
             return list(self.units)
         i, n = shard
-        return [u for u in self.units if shard_of(u.id, n) == i]
+        return [self.units[k] for k in balance(unit_costs(self, self.units), n)[i]]
 
     def cfg(self):
         """The sweep's `flatcli.config.Config`, rebuilt from the plan (no environment overrides)."""
@@ -205,6 +206,56 @@ def build_plan(cfg, specs: list[MeasureSpec], jobs: list[Job]) -> Plan:
         checkpoints=checkpoints,
         units=units,
     )
+
+
+# ------------------------------------------------------------------ shares of an array
+NOMINAL_SAMPLES = 1000  # measurement-set size for the cost proxy when num_samples is "all"
+
+
+def unit_costs(plan: Plan, units: list[Unit]) -> list[float]:
+    """A predicted cost of each unit, cheap and without loading anything: the least products its
+    measure declares (`flatcli.run.shares.least_work`, in HVP equivalents) for a model of P
+    parameters, times P (a product's cost grows with the parameters), P the checkpoint file's
+    bytes ÷ 4 (float32 weights). Only the ratios matter: they share the array's units out."""
+    ns = plan.config.get("measure_data", {}).get("num_samples", "all")
+    n = ns if isinstance(ns, int) else NOMINAL_SAMPLES
+    sizes: dict[int, int] = {}
+    out = []
+    for u in units:
+        i = u.checkpoint_index
+        if i not in sizes:
+            try:
+                sizes[i] = max(1, _bytes(Path(plan.checkpoints[i]["path"])) // 4)
+            except OSError:
+                sizes[i] = 1
+        P = sizes[i]
+        try:
+            work = least_work(plan.spec(u.label), Dims(P=P, n=n, rows=n))
+        except Exception:  # noqa: BLE001 - an estimate that needs more than P and n: weigh it 1
+            work = 1.0
+        out.append(work * P)
+    return out
+
+
+def _bytes(path: Path) -> int:
+    """A checkpoint's size: the file's, or a ``save_pretrained`` folder's files together."""
+    if path.is_dir():
+        return sum(q.stat().st_size for q in path.iterdir() if q.is_file())
+    return path.stat().st_size
+
+
+def balance(costs: list[float], n: int) -> list[list[int]]:
+    """Share the indices of ``costs`` out into ``n`` parts of near-equal total cost: the largest
+    first, each to the part with the least so far (ties: the lower index), each part then in index
+    order. Deterministic. No part exceeds the mean by more than the largest single cost (the part
+    that ends largest took its last item while it was the least: at most the mean)."""
+    parts: list[list[int]] = [[] for _ in range(n)]
+    heap = [(0.0, i) for i in range(n)]
+    for k in sorted(range(len(costs)), key=lambda k: (-costs[k], k)):
+        load, i = heapq.heappop(heap)
+        parts[i].append(k)
+        heapq.heappush(heap, (load + costs[k], i))
+    return [sorted(p) for p in parts]
 
 
 def write_plan(outdir: str | os.PathLike, plan: Plan) -> Path:

@@ -28,8 +28,11 @@ the others, so the collected table equals ``flatcli measure``'s).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -47,15 +50,14 @@ from ..measures import MeasureSpec
 from ..run.checkpoint import first_checkpoint
 from ..run.settings import Settings
 from ..threads import apply_threads, choose_threads, thread_choice
-from ..validation import EXECUTORS
-from .plan import Plan, Unit, build_plan, write_plan
+from ..validation import EXECUTORS, Integral, OneOf, message
+from .plan import Plan, Unit, balance, build_plan, unit_costs, write_plan
 from .store import (
     DEFAULT_LOCK_TIMEOUT,
     Store,
     parse_shard,
-    shard_of,
 )
-from .worker import WorkerArgs, default_log, run_shard_task, run_worker
+from .worker import POOL_ENV, Progress, WorkerArgs, default_log, run_shard_task, run_worker
 
 
 # ------------------------------------------------------------------ the coordinator
@@ -87,22 +89,43 @@ class SweepReport:
         """`flatcli.errors.exit_code` over the error units of this shard."""
         return max((exit_code_of(k) for k in self.error_kinds), default=0)
 
-    def summary(self) -> str:
-        """What this run did, in one line: the units its own workers computed, then what other
-        processes sharing the folder finished meanwhile or still hold, the errors, the rest."""
-        out = f"{self.computed} units computed"
-        others = [
-            f"{n} {what}"
-            for n, what in (
-                (self.by_others, "finished by another process meanwhile"),
-                (self.busy, "still running in another process"),
-            )
-            if n
+    @property
+    def finished(self) -> int:
+        """Units of this shard finished now: before the run, by it, and by other processes."""
+        return self.already_done + self.computed + self.by_others
+
+    def parts(self) -> list[tuple[int, str]]:
+        """Where every unit of this shard stands after the run, in words; the counts add up to
+        ``selected`` (finished before, computed by this run, finished or held by another process,
+        not finished). Those of other processes only when there are any."""
+        out = [
+            (self.already_done, "finished before"),
+            (self.computed, "computed"),
+            (self.by_others, "finished by another process meanwhile"),
+            (self.busy, "still running in another process"),
+            (self.pending, "not finished"),
         ]
-        if others:
-            out += f" ({', '.join(others)})"
-        return (
-            out + f", {self.errors} with errors, {self.pending} not finished ({self.seconds:.1f}s)"
+        return [(n, what) for i, (n, what) in enumerate(out) if n or i in (0, 1, 4)]
+
+    def summary(self) -> str:
+        """What this run did, in one line whose counts add up to the units of this shard (`parts`),
+        then the units with errors among them."""
+        of = f"{self.selected} units" + (" of this shard" if self.selected != self.units else "")
+        parts = ", ".join(f"{n} {what}" for n, what in self.parts())
+        return f"{of}: {parts}; {self.errors} with errors ({self.seconds:.1f}s)"
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `run_sweep`: its workers were stopped (the units in flight released, nothing
+    half-written); ``report`` counts what is finished. The message says so; the command line adds
+    the command that resumes."""
+
+    def __init__(self, report: SweepReport):
+        self.report = report
+        r = report
+        super().__init__(
+            f"interrupted: {r.finished} of {r.selected} units finished ({r.computed} by this run), "
+            f"{r.selected - r.finished} to run"
         )
 
 
@@ -120,7 +143,7 @@ def _gpu_list(gpus: str) -> list[int]:
         ids = [int(g) for g in gpus.split(",") if g.strip()]
     except ValueError:
         raise ConfigError(
-            f"`gpus` must be 'all' or a comma-separated list of indices like 0,1; got {gpus!r}"
+            f"`gpus` must be 'all' or a comma-separated list of indices like 0,1. Got {gpus!r} instead."
         ) from None
     bad = [g for g in ids if not 0 <= g < n]
     if bad or not ids:
@@ -146,7 +169,7 @@ def worker_slots(
     workers; each with the intra-op threads `flatcli.threads.choose_threads` gives ``threads`` for
     that many workers on this machine (W workers on C cores: C // W each with ``auto``)."""
     if workers is not None and workers < 1:
-        raise ConfigError(f"`workers` must be ≥ 1; got {workers}")
+        raise ConfigError(f"`workers` must be ≥ 1. Got {workers} instead.")
     ids: list[int] = []
     if gpus is not None:
         if workers is not None:
@@ -210,17 +233,21 @@ class SweepOptions:
         if isinstance(self.shard, str):
             object.__setattr__(self, "shard", parse_shard(self.shard))
         if self.executor not in EXECUTORS:
-            raise ConfigError(f"`executor` must be local or slurm; got {self.executor!r}")
+            raise ConfigError(message("`executor`", OneOf(*EXECUTORS), self.executor))
         if self.lock_timeout <= 0:
-            raise ConfigError(f"`lock_timeout` must be > 0 seconds; got {self.lock_timeout}")
-        if self.executor == "slurm" and self.shard is not None:
             raise ConfigError(
-                "`shard` and `executor` slurm are exclusive: the job array makes its own shards"
+                f"`lock_timeout` must be > 0 seconds. Got {self.lock_timeout} instead."
+            )
+        if self.executor != "local" and self.shard is not None:
+            raise ConfigError(
+                f"`shard` and `executor` {self.executor} are exclusive: the job array makes its "
+                "own shards"
             )
 
 
 def _worker_args(opts: SweepOptions, start: float, sweep_id: str | None = None) -> WorkerArgs:
-    """The arguments for a sweep run ``sweep_id`` of ``opts`` that started at time ``start``."""
+    """The arguments for a sweep run ``sweep_id`` of ``opts`` that started at time ``start`` (its
+    progress counts are added once known: `dataclasses.replace`)."""
     return WorkerArgs(
         opts.shard,
         None if opts.resume else start,
@@ -231,6 +258,7 @@ def _worker_args(opts: SweepOptions, start: float, sweep_id: str | None = None) 
 
 
 def _worker_argv(outdir, w: int, n: int, wp: WorkerSlot, args: WorkerArgs) -> list[str]:
+    """The command line of local worker ``w`` of ``n`` (run with this Python)."""
     return [
         sys.executable,
         "-m",
@@ -253,6 +281,7 @@ def _worker_argv(outdir, w: int, n: int, wp: WorkerSlot, args: WorkerArgs) -> li
 class _Counts:
     """The units of one sweep run's selection after it ran (see `SweepReport`)."""
 
+    before: int = 0
     computed: int = 0
     by_others: int = 0
     busy: int = 0
@@ -261,8 +290,9 @@ class _Counts:
 
 
 def _status_counts(store: Store, units: list[Unit], since: float, args: WorkerArgs) -> _Counts:
-    """Count the units this run computed (its id in their records), those other processes finished
-    meanwhile, those still held by a live worker, and the unfinished rest; the error kinds."""
+    """Count the units finished before the run, those it computed (its id in their records), those
+    other processes finished meanwhile, those still held by a live worker, and the unfinished rest;
+    the error kinds."""
     out = _Counts()
     for u in units:
         rec = store.read_unit(u.id)
@@ -276,6 +306,8 @@ def _status_counts(store: Store, units: list[Unit], since: float, args: WorkerAr
             out.computed += 1
         elif float(rec.get("finished_at", 0)) >= since:
             out.by_others += 1
+        else:
+            out.before += 1
         if rec.get("status") == "error":
             out.kinds.append(rec.get("error_kind") or "")
     return out
@@ -317,25 +349,36 @@ def run_sweep(
         + (f"; shard {shard[0]}/{shard[1]} holds {len(selected)}" if shard else "")
         + f"; {already} finished, {todo} to run"
     )
+    args = dataclasses.replace(args, progress=(already, len(selected)))
+    progress = Progress.of(outdir, args.sweep_id, already, len(selected))
     waited = True
-    if opts.executor == "slurm":
-        waited = _submit_slurm(report, plan, store, opts, args)
-    else:
-        _run_local(report, cfg, plan, opts, args, todo, log=log, on_unit=on_unit, debug=debug)
+    try:
+        if opts.executor != "local":
+            waited = _submit_array(report, plan, store, opts, args)
+        else:
+            _run_local(report, cfg, plan, opts, args, todo, log=log, on_unit=on_unit, debug=debug)
+    except KeyboardInterrupt:
+        _count(report, store, selected, t_start, args, opts.lock_timeout)
+        report.seconds = time.perf_counter() - t0
+        raise SweepInterrupted(report) from None
+    finally:
+        if waited and progress is not None:  # an array left running keeps counting in it
+            progress.clear()
     if not opts.dry_run:
-        store.clear_stale_locks_of_finished(opts.lock_timeout)
-        n = _status_counts(store, selected, t_start, args)
-        report.computed, report.by_others, report.busy, report.pending = (
-            n.computed,
-            n.by_others,
-            n.busy,
-            n.pending,
-        )
-        report.errors, report.error_kinds = len(n.kinds), n.kinds
-        if opts.executor == "slurm" and not waited:
-            report.pending = todo  # the array runs on its own: its units are not finished yet
+        _count(report, store, selected, t_start, args, opts.lock_timeout)
+        if not waited:  # the array runs on its own: its units are not finished yet
+            report.pending, report.computed, report.busy = todo, 0, 0
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _count(report: SweepReport, store: Store, selected, since: float, args, lock_timeout) -> None:
+    """Fill ``report``'s counts from the store after the run (`_status_counts`)."""
+    store.clear_stale_locks_of_finished(lock_timeout)
+    n = _status_counts(store, selected, since, args)
+    report.already_done, report.computed, report.by_others = n.before, n.computed, n.by_others
+    report.busy, report.pending = n.busy, n.pending
+    report.errors, report.error_kinds = len(n.kinds), n.kinds
 
 
 def _run_local(
@@ -360,9 +403,9 @@ def _run_local(
         if len(wps) == 1:
             report.lines.append(f"would run 1 worker in this process on {wps[0].label}")
         for w, wp in enumerate(wps if len(wps) > 1 else []):
-            env = " ".join(f"{k}={v}" for k, v in wp.env.items())
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in wp.env.items())
             argv = _worker_argv(outdir, w, len(wps), wp, args)
-            report.lines.append(f"would run: {env + ' ' if env else ''}{' '.join(argv[1:])}")
+            report.lines.append(f"would run: {env + ' ' if env else ''}{shlex.join(argv)}")
         return
     write_plan(outdir, plan)
     if todo == 0:
@@ -391,17 +434,27 @@ def _run_local(
             data=data,
             debug=debug,
             sweep_id=args.sweep_id,
+            progress=args.progress,
         )
     else:
         _run_pool(outdir, wps, args)
 
 
+def _ignore_sigint() -> None:  # pragma: no cover (runs in the child before exec)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _run_pool(outdir, wps: list[WorkerSlot], args: WorkerArgs) -> None:
+    """Run the local workers as processes and wait for them. They ignore SIGINT (a Ctrl-C reaches
+    the whole process group, and Python leaves an ignored SIGINT ignored), so that the coordinator
+    alone answers it: it stops them with SIGTERM, which a worker takes as Ctrl-C (its unit in
+    flight released), and then says once what is finished (`SweepInterrupted`)."""
     procs = []
     try:
         for w, wp in enumerate(wps):
             argv = _worker_argv(outdir, w, len(wps), wp, args)
-            procs.append(subprocess.Popen(argv, env={**os.environ, **wp.env}))
+            env = {**os.environ, **wp.env, POOL_ENV: "1"}
+            procs.append(subprocess.Popen(argv, env=env, preexec_fn=_ignore_sigint))
         codes = [p.wait() for p in procs]
     except BaseException:
         for p in procs:
@@ -412,6 +465,7 @@ def _run_pool(outdir, wps: list[WorkerSlot], args: WorkerArgs) -> None:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
         raise
     bad = [(w, c) for w, c in enumerate(codes) if c != 0]
     if bad:
@@ -435,29 +489,42 @@ def parse_slurm_params(items: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for it in items or []:
         if "=" not in it:
-            raise ConfigError(f"`slurm` takes KEY=VALUE (a submitit parameter); got {it!r}")
+            raise ConfigError(
+                f"`slurm` takes KEY=VALUE (a submitit parameter). Got {it!r} instead."
+            )
         k, v = it.split("=", 1)
         out[k.strip()] = _coerce(v.strip())
     return out
 
 
-def _submit_slurm(
+def _default_tasks(opts: SweepOptions, plan: Plan, pending: int, cpus: int) -> int:
+    """Array tasks when ``tasks`` is not given: one per checkpoint (at most one per unfinished
+    unit); on this machine (``local-array``) also at most its cores ÷ ``cpus_per_task``."""
+    n = max(1, min(len(plan.checkpoints), pending or 1))
+    if opts.executor == "local-array":
+        n = min(n, max(1, (os.cpu_count() or 1) // max(1, cpus)))
+    return n
+
+
+def _submit_array(
     report: SweepReport, plan: Plan, store: Store, opts: SweepOptions, args: WorkerArgs
 ) -> bool:
-    """Submit the array (or describe it); True when its tasks ran to completion here."""
-    outdir, tasks, params, cluster, dry_run = (
-        report.outdir,
-        opts.tasks,
-        opts.slurm or {},
-        opts.cluster,
-        opts.dry_run,
-    )
-    redo_before, retry_before, lock_timeout = args.redo_before, args.retry_before, args.lock_timeout
-    pending = [u for u in plan.units if not store.is_done(u.id, redo_before, retry_before, u.key)]
-    n = tasks if tasks is not None else max(1, min(len(plan.checkpoints), len(pending) or 1))
+    """Submit the job array (or describe it); True when its tasks ran to completion here.
+
+    ``slurm`` submits to SLURM; ``local-array`` runs the same array with submitit's local executor,
+    one process per task on this machine, and waits for it. Each task gets its share of the
+    unfinished units, balanced by predicted cost (`flatcli.sweep.plan.balance`)."""
+    outdir, params, dry_run = report.outdir, opts.slurm or {}, opts.dry_run
+    cluster = "local" if opts.executor == "local-array" else opts.cluster
+    rb, tb = args.redo_before, args.retry_before
+    pending = [u for u in plan.units if not store.is_done(u.id, rb, tb, u.key)]
+    cpus = int(params.get("cpus_per_task", SLURM_DEFAULTS["cpus_per_task"]))
+    n = opts.tasks if opts.tasks is not None else _default_tasks(opts, plan, len(pending), cpus)
     if n < 1:
-        raise ConfigError(f"`tasks` must be ≥ 1; got {n}")
-    shards = sorted({shard_of(u.id, n) for u in pending})
+        raise ConfigError(message("`tasks`", Integral(1), n))
+    costs = unit_costs(plan, pending)
+    shards = [s for s in balance(costs, n) if s]
+    task_units = [[pending[k].id for k in s] for s in shards]
     device = plan.config.get("runtime", {}).get("device", "auto")
     p = {
         **SLURM_DEFAULTS,
@@ -466,54 +533,60 @@ def _submit_slurm(
         "slurm_array_parallelism": n,
         **params,
     }
-    report.workers = [f"array task {i}/{n}" for i in shards]
+    report.workers = [f"array task {i}/{len(shards)}" for i in range(len(shards))]
     if dry_run or not pending:
-        verb = "would submit" if dry_run else "nothing to submit for"
-        report.lines.append(
-            f"{verb} a job array of {len(shards)} task(s) (shards of {n}) to {cluster} "
-            f"via submitit, logs in {outdir / 'slurm'}"
-        )
-        report.lines.append("parameters: " + ", ".join(f"{k}={v}" for k, v in p.items()))
-        for i in shards:
-            k = sum(shard_of(u.id, n) == i for u in pending)
-            report.lines.append(
-                f"task {i}: flatcli sweep-worker {outdir} --shard {i}/{n}  ({k} units)"
-            )
+        _describe_array(report, cluster, p, costs, shards, dry_run)
         if not dry_run:
             write_plan(outdir, plan)
         return True
+    ex = _executor(outdir, cluster, p)
+    write_plan(outdir, plan)
+    out = str(outdir.resolve())
+    k = len(shards)
+    targs = dataclasses.replace(args, progress=(len(plan.units) - len(pending), len(plan.units)))
+    jobs = ex.map_array(run_shard_task, [out] * k, list(range(k)), [k] * k, [targs] * k, task_units)
+    report.jobs = [j.job_id for j in jobs]
+    report.lines.append(
+        f"submitted {len(jobs)} task(s) to {cluster}: {', '.join(report.jobs[:8])}"
+        + (" ..." if len(jobs) > 8 else "")
+    )
+    if opts.wait or cluster in ("debug", "local"):
+        for j in jobs:
+            j.result()
+        return True
+    return False
+
+
+def _describe_array(report, cluster: str, params, costs, shards, dry_run: bool) -> None:
+    """The array's lines: what is (or would be) submitted, its parameters, each task's units and
+    its share of the predicted cost."""
+    verb = "would submit" if dry_run else "nothing to submit for"
+    report.lines.append(
+        f"{verb} a job array of {len(shards)} task(s) to {cluster} via submitit, "
+        f"logs in {report.outdir / 'slurm'}"
+    )
+    report.lines.append("parameters: " + ", ".join(f"{k}={v}" for k, v in params.items()))
+    total = sum(costs) or 1.0
+    for i, s in enumerate(shards):
+        share = sum(costs[k] for k in s) / total
+        report.lines.append(f"task {i}: {len(s)} units, {share:.0%} of the predicted cost")
+
+
+def _executor(outdir: Path, cluster: str, params: dict[str, Any]):
+    """The submitit executor for ``cluster`` with ``params``; `ConfigError` without submitit, without
+    sbatch for SLURM, or for parameters submitit rejects."""
     try:
         import submitit
     except ImportError:
         raise ConfigError("`executor` slurm needs submitit: pip install 'flatcli[slurm]'") from None
     if cluster == "slurm" and shutil.which("sbatch") is None:
         raise ConfigError(
-            "`executor` slurm: 'sbatch' is not on PATH (run on a SLURM login node, or use `dry_run`)"
+            "`executor` slurm: 'sbatch' is not on PATH (run on a SLURM login node, or use "
+            "`dry_run`, or `executor` local-array to try the array on this machine)"
         )
-    write_plan(outdir, plan)
     ex = submitit.AutoExecutor(folder=outdir / "slurm" / "%j", cluster=cluster)
     try:
-        ex.update_parameters(**p)
+        ex.update_parameters(**params)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"`slurm` parameters rejected by submitit: {e}") from None
-    out = str(outdir.resolve())
-    jobs = ex.map_array(
-        run_shard_task,
-        [out] * len(shards),
-        shards,
-        [n] * len(shards),
-        [redo_before] * len(shards),
-        [retry_before] * len(shards),
-        [lock_timeout] * len(shards),
-        [args.sweep_id] * len(shards),
-    )
-    report.jobs = [j.job_id for j in jobs]
-    report.lines.append(
-        f"submitted {len(jobs)} task(s) to {cluster}: {', '.join(report.jobs[:8])}"
-        + (" ..." if len(jobs) > 8 else "")
-    )
-    if opts.wait or cluster == "debug":
-        for j in jobs:
-            j.result()
-        return True
-    return False
+    return ex

@@ -67,9 +67,9 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     try:
         i, n = (int(p) for p in str(text).split("/"))
     except ValueError:
-        raise ConfigError(f"`shard` must look like I/N (e.g. 0/4); got {text!r}") from None
+        raise ConfigError(f"`shard` must look like I/N (e.g. 0/4). Got {text!r} instead.") from None
     if n < 1 or not 0 <= i < n:
-        raise ConfigError(f"`shard` I/N needs N ≥ 1 and 0 ≤ I < N; got {text!r}")
+        raise ConfigError(f"`shard` I/N needs N ≥ 1 and 0 ≤ I < N. Got {text!r} instead.")
     return i, n
 
 

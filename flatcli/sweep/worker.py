@@ -4,14 +4,20 @@ hidden ``flatcli sweep-worker`` entry point and the SLURM task."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
+import socket
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from ..loading.jobs import Job
 from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
@@ -30,6 +36,50 @@ from .store import (
 )
 
 DELAY_ENV = "FLATCLI_SWEEP_UNIT_DELAY"  # test hook: seconds to sleep inside every unit
+POOL_ENV = "FLATCLI_SWEEP_POOL_WORKER"  # set by a local pool's coordinator in its workers
+PROGRESS_DIR = "progress"  # OUTDIR/progress/<sweep id>/<host>-<pid>: one byte per finished unit
+
+
+# ------------------------------------------------------------------ the sweep's count
+@dataclass(frozen=True)
+class Progress:
+    """One sweep run's count of finished units over all its workers (``(95/132)`` in the log).
+
+    ``planned``: the units the run covers; ``before``: those finished when it started. Each worker
+    appends one byte per unit it finishes to a file of its own under
+    ``OUTDIR/progress/<sweep id>/`` (one writer per file, so it holds on a shared file system too);
+    the count is ``before`` plus the sizes of those files."""
+
+    folder: Path
+    before: int
+    planned: int
+
+    @classmethod
+    def of(cls, outdir, sweep_id: str | None, before: int | None, planned: int | None):
+        """The run's progress, or None without a sweep id or counts (a worker started by hand)."""
+        if sweep_id is None or before is None or planned is None:
+            return None
+        return cls(Path(outdir) / PROGRESS_DIR / sweep_id, before, planned)
+
+    def add(self) -> None:
+        """Count one finished unit of this process."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / f"{socket.gethostname()}-{os.getpid()}", "ab") as f:
+            f.write(b".")
+
+    def finished(self) -> int:
+        """Units finished so far: before the run, and by any of its workers since."""
+        try:
+            sizes = sum(e.stat().st_size for e in os.scandir(self.folder) if e.is_file())
+        except FileNotFoundError:
+            sizes = 0
+        return min(self.planned, self.before + sizes)
+
+    def clear(self) -> None:
+        """Remove the run's count (when the run is over)."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.folder.parent.rmdir()  # only when no other run's count is left
 
 
 # ------------------------------------------------------------------ the worker
@@ -66,6 +116,9 @@ def run_worker(
     data=None,
     debug: bool = False,
     sweep_id: str | None = None,
+    progress: tuple[int, int] | None = None,
+    only: Sequence[str] | None = None,
+    tag: str | None = None,
 ) -> WorkerStats:
     """Compute the unfinished units of ``outdir``'s plan (of one shard), claiming each with a lock.
 
@@ -73,14 +126,21 @@ def run_worker(
     start on different units. ``redo_before``/``retry_before`` are timestamps: units
     (error units) finished before them count as unfinished (``--no-resume``, ``--retry-failed``).
     ``sweep_id`` (the id of the sweep run this worker belongs to) is stored in every unit record it
-    writes, so that each sweep counts what it computed itself.
+    writes, so that each sweep counts what it computed itself. ``progress``: (units finished when
+    the run started, units it covers), for the run's count over all its workers in the log lines
+    (`Progress`; without it each worker counts its own units). ``only``: only these unit ids
+    (a job array's task, `flatcli.sweep.plan.Plan.balanced`); ``tag``: the worker in log lines.
     """
     store = Store(outdir, warn=log, log=log)
     plan = load_plan(outdir)
     cfg = plan.cfg()
     settings = Settings.from_config(cfg, device)
     data = data if data is not None else DataCache(cfg, Path(outdir) / TOKENIZED_DIR)
-    units = plan.units_for(shard)
+    if only is not None:
+        wanted = set(only)
+        units = [u for u in plan.units if u.id in wanted]
+    else:
+        units = plan.units_for(shard)
     k = (len(units) * worker) // max(1, workers)
     loop = _WorkerLoop(
         store=store,
@@ -88,12 +148,13 @@ def run_worker(
         cfg=cfg,
         settings=settings,
         data=data,
-        args=WorkerArgs(shard, redo_before, retry_before, lock_timeout, sweep_id),
+        args=WorkerArgs(shard, redo_before, retry_before, lock_timeout, sweep_id, progress),
         delay=float(os.environ.get(DELAY_ENV) or 0.0),
-        tag=f"w{worker}" + (f" shard {shard[0]}/{shard[1]}" if shard else ""),
+        tag=tag or f"w{worker}" + (f" shard {shard[0]}/{shard[1]}" if shard else ""),
         log=log,
         on_unit=on_unit,
         debug=debug,
+        progress=Progress.of(outdir, sweep_id, *(progress or (None, None))),
     )
     return loop.run(units[k:] + units[:k])
 
@@ -114,6 +175,7 @@ class _WorkerLoop:
     log: Callable[[str], None] | None
     on_unit: Callable[[dict[str, Any]], None] | None
     debug: bool
+    progress: Progress | None = None  # the sweep run's count over all its workers
     stats: WorkerStats = field(default_factory=WorkerStats)
     todo: int = 0  # units unfinished when the walk began: "k/N" in the log lines
     # the checkpoint of the last unit: its model and metrics, reused by the next unit of it
@@ -132,9 +194,12 @@ class _WorkerLoop:
                 self.stats.skipped += 1
             elif r == "busy":
                 busy.append(u)
-        # Second passes: a unit whose holder died (dead pid on this host) is claimable now.
+        # Second passes: a unit whose holder died (dead pid on this host) is claimable now; one its
+        # holder finished meanwhile is counted as finished (computed + skipped + busy = the units).
         while busy:
-            left = [u for u in busy if self.attempt(u) == "busy"]
+            again = {u.id: self.attempt(u) for u in busy}
+            self.stats.skipped += sum(r == "done" for r in again.values())
+            left = [u for u in busy if again[u.id] == "busy"]
             if len(left) == len(busy):
                 break
             busy = left
@@ -205,39 +270,82 @@ class _WorkerLoop:
         res = rec["result"]
         if rec["status"] == "error":
             self.stats.errors += 1
+        if self.progress is not None:
+            self.progress.add()
         if self.log is not None:
             what = f"{res['seconds']:.2f}s" if res else ""
             err = f" {rec['measure_error'] or rec['error']}" if rec["status"] == "error" else ""
             st = res["status"] if res and rec["status"] == "ok" else rec["status"]
-            self.log(
-                f"[{self.tag}] {job.checkpoint} {u.label} {st} {what} ({self.stats.computed}/{self.todo}){err}"
+            count = (
+                f"{self.stats.computed}/{self.todo}"
+                if self.progress is None
+                else f"{self.progress.finished()}/{self.progress.planned}"
             )
+            self.log(f"[{self.tag}] {job.checkpoint} {u.label} {st} {what} ({count}){err}")
         if self.on_unit is not None:
             self.on_unit(rec)
 
 
 def run_shard_task(
-    outdir: str,
-    index: int,
-    count: int,
-    redo_before=None,
-    retry_before=None,
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-    sweep_id: str | None = None,
+    outdir: str, index: int, count: int, args: WorkerArgs, units: list[str] | None = None
 ) -> dict[str, int]:
-    """One task of a job array (what submitit pickles): the worker over shard ``index/count``."""
-    st = run_worker(
-        outdir,
-        shard=(index, count),
-        redo_before=redo_before,
-        retry_before=retry_before,
-        lock_timeout=lock_timeout,
-        sweep_id=sweep_id,
-    )
+    """One task of a job array (what submitit pickles): the worker over shard ``index/count``, or
+    over ``units`` (unit ids: the coordinator's share of the unfinished units, balanced by cost);
+    ``args`` what every worker of the sweep run is told. Torch's threads are the plan's
+    ``runtime.threads`` for one worker on the task's cores (put back after: submitit's debug
+    backend runs the task in the caller's process)."""
+    import torch
+
+    before = torch.get_num_threads()
+    threads = load_plan(outdir).config.get("runtime", {}).get("threads", "auto")
+    apply_threads(choose_threads(threads, 1))
+    try:
+        st = run_worker(
+            outdir,
+            shard=None if units is not None else (index, count),
+            only=units,
+            redo_before=args.redo_before,
+            retry_before=args.retry_before,
+            lock_timeout=args.lock_timeout,
+            sweep_id=args.sweep_id,
+            progress=args.progress,
+            tag=f"task {index}/{count}",
+        )
+    finally:
+        torch.set_num_threads(before)
     return {"computed": st.computed, "errors": st.errors, "skipped": st.skipped, "busy": st.busy}
 
 
 # ------------------------------------------------------------------ worker entry point
+def _stop_on_sigterm() -> None:
+    """SIGTERM (how a pool's coordinator stops its workers) ends the unit in flight as Ctrl-C
+    would: its lock is released and nothing is written for it."""
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
+
+
+def parse_progress(text: str | None) -> tuple[int, int] | None:
+    """``"K/N"`` (K of a run's N units finished when it started) → (K, N)."""
+    if text is None:
+        return None
+    try:
+        k, n = (int(p) for p in str(text).split("/"))
+    except ValueError:
+        k = n = -1
+    if not 0 <= k <= n:
+        raise ConfigError(f"`progress` must look like K/N with 0 ≤ K ≤ N. Got {text!r} instead.")
+    return k, n
+
+
+def in_pool() -> bool:
+    """Whether this process is a worker of a local pool (its coordinator speaks for it)."""
+    return os.environ.get(POOL_ENV) == "1"
+
+
 def run_worker_process(
     outdir: str | os.PathLike,
     *,
@@ -250,16 +358,20 @@ def run_worker_process(
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     threads: int | str | None = None,
     sweep_id: str | None = None,
-) -> str:
+    progress: str | None = None,
+) -> str | None:
     """The body of ``flatcli sweep-worker`` (a worker process of a pool or an array task).
 
     Sets torch's intra-op (and inter-op) threads first: ``threads`` (what the pool's coordinator
     chose), else the plan's ``runtime.threads`` for ``workers`` workers on this machine's cores
-    (`flatcli.threads`). Returns the summary line. Error units are results (rows with status
-    "error"), not a failure of the worker.
+    (`flatcli.threads`). ``progress``: "K/N", K of the run's N units finished when it started.
+    Returns the summary line (its counts add up to the worker's units), or None in a local pool,
+    whose coordinator prints the run's one summary. Error units are results (rows with status
+    "error"), not a failure of the worker. SIGTERM stops it as Ctrl-C does.
     """
     import torch
 
+    _stop_on_sigterm()
     if threads is None:
         threads = load_plan(outdir).config.get("runtime", {}).get("threads", "auto")
     apply_threads(choose_threads(threads, workers), interop=True)
@@ -273,10 +385,15 @@ def run_worker_process(
         retry_before=retry_before,
         lock_timeout=lock_timeout,
         sweep_id=sweep_id,
+        progress=parse_progress(progress),
     )
+    if in_pool():
+        return None
+    total = st.computed + st.skipped + st.busy
     return (
-        f"[w{worker}] done: {st.computed} computed ({st.errors} errors), {st.skipped} already finished, "
-        f"{st.busy} left to other workers; {torch.get_num_threads()} thread(s)"
+        f"[w{worker}] done: {total} units: {st.computed} computed ({st.errors} with errors), "
+        f"{st.skipped} already finished, {st.busy} left to other workers; "
+        f"{torch.get_num_threads()} thread(s)"
     )
 
 
@@ -292,6 +409,7 @@ class WorkerArgs:
     retry_before: float | None
     lock_timeout: float
     sweep_id: str | None = None  # the sweep run's id, stored in the unit records its workers write
+    progress: tuple[int, int] | None = None  # (finished at the run's start, planned): `Progress`
 
     def argv(self) -> list[str]:
         """These arguments as ``flatcli sweep-worker`` options."""
@@ -304,4 +422,6 @@ class WorkerArgs:
             out += ["--redo-before", repr(self.redo_before)]
         if self.retry_before is not None:
             out += ["--retry-before", repr(self.retry_before)]
+        if self.progress is not None:
+            out += ["--progress", f"{self.progress[0]}/{self.progress[1]}"]
         return out

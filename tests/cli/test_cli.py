@@ -110,7 +110,7 @@ def _edit(project, **changes):
         ),
         (
             lambda c: c.update(measure_data={"batch_size": "x"}),
-            "config key 'measure_data.batch_size' must be an int ≥ 1; got 'x'",
+            "config key 'measure_data.batch_size' must be an int ≥ 1. Got 'x'",
         ),
         (
             lambda c: c.update(checkpoints=["nothere.pt"]),
@@ -299,9 +299,12 @@ def test_version_and_unknown_measure_pattern():
         (["measure", "--nosuch"], "No such option: --nosuch"),
         (
             ["measure", "-c", "x.yaml", "--format", "xml"],
-            "'xml' is not one of 'table', 'csv', 'json'",
+            "--format must be one of table, csv, json. Got 'xml' instead.",
         ),
-        (["sweep", "-c", "x.yaml", "-o", "o", "--workers", "0"], "--workers"),
+        (
+            ["sweep", "-c", "x.yaml", "-o", "o", "--workers", "0"],
+            "--workers must be an int ≥ 1. Got 0 instead.",
+        ),
         (["landscape", "slice", "-c", "x.yaml", "-o", "o"], "Missing argument 'checkpoint'"),
         (["landscape", "pca", "-c", "x.yaml", "-o", "o"], "Missing argument 'checkpoints'"),
         (["landscape", "contour", "-c", "x.yaml"], "No such command 'contour'"),

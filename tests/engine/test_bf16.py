@@ -135,7 +135,7 @@ def test_model_dtype_auto_keeps_the_stored_type_and_an_override_wins(hf, tmp_pat
     with pytest.raises(
         ConfigError,
         match=r"^config key 'model.dtype' must be one of auto, float32, bfloat16, "
-        r"float16; got 'bf16'$",
+        r"float16. Got 'bf16' instead\.$",
     ):
         load(config(hf, tmp_path / "bad.yaml", "gpt2", model={"dtype": "bf16"}))
     res, text = run(

@@ -193,7 +193,7 @@ def test_lambda_max_with_max_basis_vectors_on_an_mlp():
 
 def test_max_basis_vectors_is_checked():
     with pytest.raises(
-        ConfigError, match="max_basis_vectors must be an int ≥ 1, auto or null; got 0"
+        ConfigError, match="max_basis_vectors must be an int ≥ 1, auto or null. Got 0"
     ):
         measure_model(
             nn.Linear(2, 1),

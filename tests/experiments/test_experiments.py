@@ -242,16 +242,16 @@ def test_compare_pairs_expand_and_are_checked(tmp_path):
         ),
         (
             {"training": {"optimizer": "rmsprop"}},
-            r"optimizer must be one of sgd, adam, adamw; got 'rmsprop'",
+            r"optimizer must be one of sgd, adam, adamw. Got 'rmsprop'",
         ),
         (
             {"training": {"momentum": 1.0}},
-            r"training: momentum must be a float in \[0, 1\); got 1.0",
+            r"training: momentum must be a float in \[0, 1\). Got 1.0",
         ),
-        ({"training": {"l2": -1.0}}, r"training: l2 must be a float ≥ 0; got -1.0"),
+        ({"training": {"l2": -1.0}}, r"training: l2 must be a float ≥ 0. Got -1.0"),
         (
             {"training": {"dtype": "float16"}},
-            r"training: dtype must be one of float32, float64; got 'float16'",
+            r"training: dtype must be one of float32, float64. Got 'float16'",
         ),
         (
             {"studies.digits.grid": {"max_steps": [10, 20]}},
@@ -266,24 +266,24 @@ def test_compare_pairs_expand_and_are_checked(tmp_path):
             {"measures": ["hessian_trac"]},
             r"studies\.\w+: Unknown measure 'hessian_trac'. Did you mean 'hessian_trace'\?",
         ),
-        ({"target_loss": 0}, r"target_loss must be a float > 0; got 0"),
+        ({"target_loss": 0}, r"target_loss must be a float > 0. Got 0"),
         (
             {"quick": {"bootstrap": -1}},
-            r"bootstrap must be 0 \(no intervals\) or an int ≥ 100 .*; got -1",
+            r"bootstrap must be 0 \(no intervals\) or an int ≥ 100 .*. Got -1",
         ),
         (
             {"quick": {"bootstrap": 20}},
-            r"bootstrap must be 0 \(no intervals\) or an int ≥ 100 .*; got 20",
+            r"bootstrap must be 0 \(no intervals\) or an int ≥ 100 .*. Got 20",
         ),
         ({"studies.digits.grid": {"seed": [0, 0]}}, r"grid.seed repeats a value"),
         ({"plateau": {"windw": 5}}, r"plateau: unknown key 'windw'. Did you mean 'window'\?"),
         (
             {"quick": {"plateau": {"rtol": 1.5}}},
-            r"quick: plateau rtol must be in \[0, 1\); got 1.5",
+            r"quick: plateau rtol must be in \[0, 1\). Got 1.5",
         ),
         (
             {"plateau": {"window": 2.5}},
-            r"plateau window must be an int ≥ 1 \(evaluations\); got 2.5",
+            r"plateau window must be an int ≥ 1 \(evaluations\). Got 2.5",
         ),
     ],
 )
@@ -359,9 +359,9 @@ def test_experiments_list_and_the_module_alias(capsys):
         ),
         (
             ["ns_regularization", "--quick", "--device", "tpu:9"],
-            "error: --device must be auto, cpu, cuda or cuda:N; got 'tpu:9'",
+            "error: --device must be auto, cpu, cuda or cuda:N. Got 'tpu:9'",
         ),
-        (["ns_regularization", "--jobs", "0"], "error: Invalid value for '--jobs'"),
+        (["ns_regularization", "--jobs", "0"], "error: --jobs must be an int ≥ 1. Got 0 instead."),
     ],
 )
 def test_experiments_run_usage_and_config_errors_exit_2(tmp_path, args, message):

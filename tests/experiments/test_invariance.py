@@ -264,7 +264,10 @@ def test_cli_exit_codes(project):
     res = runner.invoke(
         app, ["check-invariance", "-c", str(cfg), str(ckpt), "--transform", "channel"]
     )
-    assert res.exit_code == 2 and "'channel' is not one of 'node', 'layer', 'both'" in res.output
+    assert (
+        res.exit_code == 2
+        and "--transform must be one of node, layer, both. Got 'channel' instead." in res.output
+    )
     res = runner.invoke(
         app, ["check-invariance", "-c", str(cfg), str(ckpt.with_name("missing.pt"))]
     )

@@ -69,10 +69,10 @@ def test_every_field_reaches_the_check():
 @pytest.mark.parametrize(
     "field,value,words",
     [
-        ("transform", "all", "`transform` must be one of node, layer, both; got 'all'"),
-        ("scale", 0.5, "`scale` must be a float ≥ 1; got 0.5"),
-        ("tol", 0, "`tol` must be a float > 0; got 0"),
-        ("progress", 1, "`progress` must be a callable or null; got 1"),
+        ("transform", "all", "`transform` must be one of node, layer, both. Got 'all'"),
+        ("scale", 0.5, "`scale` must be a float ≥ 1. Got 0.5"),
+        ("tol", 0, "`tol` must be a float > 0. Got 0"),
+        ("progress", 1, "`progress` must be a callable or null. Got 1"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_field(field, value, words):

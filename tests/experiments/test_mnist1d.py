@@ -71,10 +71,10 @@ def test_mnist1d_leaves_global_generators_alone():
             r"data.train.kwargs: mnist1d has no parameter 'iid_noise'. Did you mean 'iid_noise_scale'\?",
         ),
         ({"url": "http://x"}, 100, "train", r"no parameter 'url'"),
-        ({"train_split": 1.5}, 100, "train", r"train_split must be a float in \(0, 1\); got 1.5"),
+        ({"train_split": 1.5}, 100, "train", r"train_split must be a float in \(0, 1\). Got 1.5"),
         ({}, 5, "train", r"data.train.num_samples: mnist1d needs an int ≥ 20"),
         ({"train_split": 0.01}, 20, "train", r"leaves an empty split"),
-        ({}, 100, "valid", r"mnist1d split must be 'train' or 'test'; got 'valid'"),
+        ({}, 100, "valid", r"mnist1d split must be 'train' or 'test'. Got 'valid'"),
         ({"template_len": "long"}, 100, "train", r"mnist1d could not generate the data"),
     ],
 )

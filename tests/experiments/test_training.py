@@ -237,10 +237,10 @@ def test_bad_recipe_names_are_config_errors():
     from flatcli.errors import ConfigError
 
     with pytest.raises(
-        ConfigError, match="optimizer must be one of sgd, adam, adamw; got 'rmsprop'"
+        ConfigError, match="optimizer must be one of sgd, adam, adamw. Got 'rmsprop'"
     ):
         Recipe(optimizer="rmsprop")
-    with pytest.raises(ConfigError, match="dtype must be one of float32, float64; got 'float16'"):
+    with pytest.raises(ConfigError, match="dtype must be one of float32, float64. Got 'float16'"):
         Recipe(dtype="float16")
 
 

@@ -482,7 +482,7 @@ def test_cli_end_to_end(tmp_path):
     # bad input: exit code 2 with a one-line message
     m1, m2 = str(tmp_path / "m1.pt"), str(tmp_path / "m2.pt")
     for args, msg in (
-        (["slice", "--dims", "3"], "Invalid value for '--dims'"),  # Typer enforces 1 ≤ dims ≤ 2
+        (["slice", "--dims", "3"], "--dims must be an int ≤ 2. Got 3 instead."),  # 1 ≤ dims ≤ 2
         (["slice", "--span", "1,0"], "span"),
         (["slice", "--bias-bn", "nope"], "--bias-bn"),
         (["interpolate", m2], "different architectures"),

@@ -126,7 +126,7 @@ def test_pca_auto_solver_and_bad_input():
     assert trajectory_pca(m.copy()).solver == "full"
     with pytest.raises(ConfigError, match="`solver` must be one of"):
         trajectory_pca(m.copy(), solver="qr")
-    with pytest.raises(ConfigError, match="at least 3 checkpoints; got 2"):
+    with pytest.raises(ConfigError, match="at least 3 checkpoints. Got 2"):
         trajectory_pca(m[:2].copy())
     with pytest.raises(ConfigError, match="same parameters"):
         trajectory_pca(np.ones((4, 10)))
@@ -215,7 +215,7 @@ def test_trajectory_paths_sort_naturally_and_check(tmp_path):
     assert trajectory_paths(shell_order) == natural
     assert trajectory_paths(str(tmp_path / "step_*.pt")) == natural
     assert trajectory_paths(shell_order, sort=False) == shell_order
-    with pytest.raises(ConfigError, match=r"`pca` needs at least 3 checkpoints; got 2"):
+    with pytest.raises(ConfigError, match=r"`pca` needs at least 3 checkpoints. Got 2"):
         trajectory_paths(natural[:2])
     with pytest.raises(ConfigError, match="checkpoint not found: .*nope.pt"):
         trajectory_paths([*natural, tmp_path / "nope.pt"])
@@ -255,7 +255,7 @@ def test_trajectory_rejects_mismatch_nan_and_nan_loss():
     x[3, 0] = float("nan")
     with pytest.raises(MeasurementError, match="train loss on the PCA plane is NaN"):
         trajectory_landscape(states, (x, y), model=mlp(), options=PCAView(3), **F64)
-    with pytest.raises(ConfigError, match="at least 3 checkpoints; got 2"):
+    with pytest.raises(ConfigError, match="at least 3 checkpoints. Got 2"):
         trajectory_landscape(states[:2], train, model=mlp(), **F64)
 
 
@@ -767,7 +767,7 @@ def test_cli_pca_and_connect(tmp_path):
     assert bend.features[0].weight.shape == (6, 8)
     m0, m1 = str(tmp_path / "m0.pt"), str(tmp_path / "m1.pt")
     bad = [
-        (["pca", m0, m1], 2, "landscape pca needs at least 3 checkpoints; got 2"),
+        (["pca", m0, m1], 2, "landscape pca needs at least 3 checkpoints. Got 2"),
         (["pca", *shell_glob[:2], str(tmp_path / "m2.pt")], 2, "different architecture"),
         (
             ["pca", *shell_glob[:2], str(tmp_path / "nan.pt")],
@@ -786,7 +786,7 @@ def test_cli_pca_and_connect(tmp_path):
         (["connect", m0, m1, "--span", "0,1"], 2, "No such option: --span"),
         (["connect", m0, m1, "--to", m1], 2, "No such option: --to"),
         (["connect", m0, m1, "--bend-optimizer", "lbfgs"], 2, "--bend-optimizer must be one of"),
-        (["connect", m0, m1, "--bend-steps", "-1"], 2, "--bend-steps must be an int ≥ 0; got -1"),
+        (["connect", m0, m1, "--bend-steps", "-1"], 2, "--bend-steps must be an int ≥ 0. Got -1"),
         (["pca", *shell_glob, "--bend-steps", "3"], 2, "No such option: --bend-steps"),
         (["contour", m0], 2, "No such command 'contour'"),
     ]

@@ -157,17 +157,17 @@ def test_every_field_reaches_the_view():
 @pytest.mark.parametrize(
     "cls,field,value,words",
     [
-        (SliceView, "dims", 3, "`dims` must be one of 1, 2; got 3"),
-        (SliceView, "steps", 1, "`steps` must be an int ≥ 2; got 1"),
-        (SliceView, "bias_bn", "drop", "`bias_bn` must be one of zero, keep; got 'drop'"),
+        (SliceView, "dims", 3, "`dims` must be one of 1, 2. Got 3"),
+        (SliceView, "steps", 1, "`steps` must be an int ≥ 2. Got 1"),
+        (SliceView, "bias_bn", "drop", "`bias_bn` must be one of zero, keep. Got 'drop'"),
         (SliceView, "span", "1,0", "span must satisfy a < b"),
         (InterpolateView, "points_per_pass", 0, "`points_per_pass` must be an int ≥ 1 or null"),
-        (PCAView, "solver", "qr", "`solver` must be one of auto, full, randomized; got 'qr'"),
-        (ConnectView, "bend_steps", -1, "`bend_steps` must be an int ≥ 0; got -1"),
-        (ConnectView, "bend_lr", 0.0, "`bend_lr` must be a float > 0 or null; got 0.0"),
+        (PCAView, "solver", "qr", "`solver` must be one of auto, full, randomized. Got 'qr'"),
+        (ConnectView, "bend_steps", -1, "`bend_steps` must be an int ≥ 0. Got -1"),
+        (ConnectView, "bend_lr", 0.0, "`bend_lr` must be a float > 0 or null. Got 0.0"),
         (ConnectView, "bend_optimizer", "lbfgs", "`bend_optimizer` must be one of adam, sgd"),
-        (ConnectView, "bend_batch_size", 0, "`bend_batch_size` must be an int ≥ 1; got 0"),
-        (ConnectView, "on_progress", 3, "`on_progress` must be a callable or null; got 3"),
+        (ConnectView, "bend_batch_size", 0, "`bend_batch_size` must be an int ≥ 1. Got 0"),
+        (ConnectView, "on_progress", 3, "`on_progress` must be a callable or null. Got 3"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_field(cls, field, value, words):

@@ -20,11 +20,12 @@ def test_unknown_top_level_key():
 
 
 def test_wrong_type_names_key():
-    with pytest.raises(ConfigError, match=r"config key 'hparams.from_path' must be str; got int 3"):
+    with pytest.raises(ConfigError, match=r"config key 'hparams.from_path' must be str. Got int 3"):
         from_dict({"hparams": {"from_path": 3}})
     # a key with a rule (flatcli.validation.SETTINGS) says the rule, type and range in one wording
     with pytest.raises(
-        ConfigError, match=r"^config key 'measure_data.batch_size' must be an int ≥ 1; got 'big'$"
+        ConfigError,
+        match=r"^config key 'measure_data.batch_size' must be an int ≥ 1. Got 'big' instead\.$",
     ):
         from_dict({"measure_data": {"batch_size": "big"}})
 

@@ -106,15 +106,15 @@ def test_debug_prints_the_traceback_of_a_failed_measure(monkeypatch, capsys):
 @pytest.mark.parametrize(
     "cls,field,value,words",
     [
-        (MeasureOptions, "checkpoint", "", "`checkpoint` must be a non-empty string; got ''"),
-        (MeasureOptions, "hparams", [1], "`hparams` must be a mapping or null; got [1]"),
-        (MeasureOptions, "debug", 1, "`debug` must be a bool (true or false); got 1"),
-        (MeasureOptions, "progress", "p", "`progress` must be a callable or null; got 'p'"),
-        (MeasureOptions, "on_measure", 2, "`on_measure` must be a callable or null; got 2"),
-        (Reuse, "results", [1], "`results` must be a mapping or null; got [1]"),
-        (Reuse, "metrics", 3.0, "`metrics` must be a mapping or null; got 3.0"),
+        (MeasureOptions, "checkpoint", "", "`checkpoint` must be a non-empty string. Got ''"),
+        (MeasureOptions, "hparams", [1], "`hparams` must be a mapping or null. Got [1]"),
+        (MeasureOptions, "debug", 1, "`debug` must be a bool (true or false). Got 1"),
+        (MeasureOptions, "progress", "p", "`progress` must be a callable or null. Got 'p'"),
+        (MeasureOptions, "on_measure", 2, "`on_measure` must be a callable or null. Got 2"),
+        (Reuse, "results", [1], "`results` must be a mapping or null. Got [1]"),
+        (Reuse, "metrics", 3.0, "`metrics` must be a mapping or null. Got 3.0"),
         (Reuse, "budget_among", "a", "`budget_among` must be a list of MeasureSpec or null"),
-        (Reuse, "keep", {}, "`keep` must be a CheckpointCache or null; got {}"),
+        (Reuse, "keep", {}, "`keep` must be a CheckpointCache or null. Got {}"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_field(cls, field, value, words):
@@ -134,7 +134,9 @@ def test_reporting_defaults_are_todays_values_and_checked():
         **today,
         "debug": False,
     }
-    with pytest.raises(ConfigError, match="^`on_note` must be a callable or null; got 'x'$"):
+    with pytest.raises(
+        ConfigError, match=r"^`on_note` must be a callable or null. Got 'x' instead\.$"
+    ):
         Reporting(on_note="x")
     with pytest.raises(ConfigError, match="^`debug` must be a bool"):
         Reporting(debug="yes")

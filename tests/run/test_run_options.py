@@ -51,7 +51,7 @@ def test_run_options_override_the_config_as_its_runtime_keys_do(tmp_path):
 
 
 def test_run_options_reject_what_is_not_one():
-    with pytest.raises(TypeError, match="run must be a flatcli.api.RunOptions; got dict"):
+    with pytest.raises(TypeError, match="run must be a flatcli.api.RunOptions. Got dict"):
         api.landscape("nowhere.yaml", "m.pt", run={"seed": 1})
 
 
@@ -62,17 +62,17 @@ def test_run_options_reject_what_is_not_one():
             "contour",
             "m.pt",
             {},
-            "`view` must be one of slice, interpolate, pca, connect; got 'contour'",
+            "`view` must be one of slice, interpolate, pca, connect. Got 'contour'",
         ),
         ("connect", ["a.pt", "b.pt"], {"dims": 2}, "`dims` does not apply to the connect view"),
         ("slice", "m.pt", {"bend_steps": 3}, "`bend_steps` does not apply to the slice view"),
-        ("interpolate", ["a.pt"], {}, "`interpolate` takes two checkpoints, A and B; got 1"),
-        ("slice", ["a.pt", "b.pt"], {}, "`slice` takes one checkpoint; got 2"),
+        ("interpolate", ["a.pt"], {}, "`interpolate` takes two checkpoints, A and B. Got 1"),
+        ("slice", ["a.pt", "b.pt"], {}, "`slice` takes one checkpoint. Got 2"),
         (
             "connect",
             ["a.pt", "b.pt", "c.pt"],
             {},
-            "`connect` takes exactly two checkpoints, A and B; got 3",
+            "`connect` takes exactly two checkpoints, A and B. Got 3",
         ),
     ],
 )

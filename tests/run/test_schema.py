@@ -52,12 +52,15 @@ def test_the_validator_names_the_first_mismatch():
     schema = {"a": "int", "b?": ("float", "null"), "c": [{"d": "str"}], "e": MapOf("float")}
     ok = {"a": 1, "c": [{"d": "x"}], "e": {"k": 2.5}}
     assert mismatch(ok, schema) is None
-    assert mismatch({**ok, "a": True}, schema) == "a must be int; got bool True"
-    assert mismatch({**ok, "b": "x"}, schema) == "b must be float or null; got str 'x'"
-    assert mismatch({**ok, "c": [{"d": 5}]}, schema) == "c[0].d must be str; got int 5"
-    assert mismatch({**ok, "e": {"k": None}}, schema) == "e.k must be float; got NoneType None"
+    assert mismatch({**ok, "a": True}, schema) == "a must be int. Got bool True instead."
+    assert mismatch({**ok, "b": "x"}, schema) == "b must be float or null. Got str 'x' instead."
+    assert mismatch({**ok, "c": [{"d": 5}]}, schema) == "c[0].d must be str. Got int 5 instead."
+    assert (
+        mismatch({**ok, "e": {"k": None}}, schema)
+        == "e.k must be float. Got NoneType None instead."
+    )
     assert mismatch({"c": [], "e": {}}, schema) == "a is missing"
-    assert mismatch([], schema) == "the top level must be a mapping; got list []"
+    assert mismatch([], schema) == "the top level must be a mapping. Got list [] instead."
     assert mismatch("inf", OneOf(("inf", "-inf"))) is None
 
 

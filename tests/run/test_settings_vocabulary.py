@@ -17,7 +17,8 @@ from tests.oracles import runner
 
 def test_settings_validate_in_api_terms():
     with pytest.raises(
-        ConfigError, match=r"^precision must be one of auto, fp32, tf32, bf16, fp64; got 'half'$"
+        ConfigError,
+        match=r"^precision must be one of auto, fp32, tf32, bf16, fp64. Got 'half' instead\.$",
     ):
         Settings(precision="half")
     with pytest.raises(
@@ -25,10 +26,11 @@ def test_settings_validate_in_api_terms():
     ):
         Settings(precision="fp16")
     with pytest.raises(
-        ConfigError, match=r"^loss must be one of cross_entropy, mse, causal_lm; got 'nll'$"
+        ConfigError,
+        match=r"^loss must be one of cross_entropy, mse, causal_lm. Got 'nll' instead\.$",
     ):
         Settings(loss="nll")
-    with pytest.raises(ConfigError, match=r"^batch_size must be an int ≥ 1; got 0$"):
+    with pytest.raises(ConfigError, match=r"^batch_size must be an int ≥ 1. Got 0 instead\.$"):
         Settings(batch_size=0)
     assert Settings(params={"include": ["fc.*"]}).params.include == ("fc.*",)
 
@@ -82,7 +84,8 @@ def test_precision_flag_on_measure_and_landscape(tmp_path):
     bad = runner.invoke(app, ["measure", "-c", str(project), "--precision", "fp16"])
     assert (
         bad.exit_code == 2
-        and "'fp16' is not one of 'auto', 'fp32', 'tf32', 'bf16', 'fp64'" in bad.output
+        and "--precision must be one of auto, fp32, tf32, bf16, fp64. Got 'fp16' instead."
+        in bad.output
     )
     view = runner.invoke(
         app,

@@ -182,7 +182,7 @@ def test_config_key_env_and_hash():
     cfg = from_dict({"runtime": {"threads": 2}}, env={"FLATCLI_THREADS": "3"})
     assert cfg.runtime.threads == 3 and cfg.provenance["runtime.threads"] == "env FLATCLI_THREADS"
     assert cfg.hash() == from_dict({}).hash()  # how fast, not what: units are not recomputed
-    with pytest.raises(ConfigError, match="'runtime.threads' must be an int ≥ 1 or auto; got 0"):
+    with pytest.raises(ConfigError, match="'runtime.threads' must be an int ≥ 1 or auto. Got 0"):
         from_dict({"runtime": {"threads": 0}})
 
 

@@ -25,32 +25,32 @@ FP16 = (
 
 # (setting, bad value, the rule's words after the subject): written out by hand, the one wording
 SHARED = [
-    ("device", "mps", "must be auto, cpu, cuda or cuda:N; got 'mps'"),
-    ("device", "cuda:x", "must be auto, cpu, cuda or cuda:N; got 'cuda:x'"),
-    ("precision", "half", "must be one of auto, fp32, tf32, bf16, fp64; got 'half'"),
+    ("device", "mps", "must be auto, cpu, cuda or cuda:N. Got 'mps' instead."),
+    ("device", "cuda:x", "must be auto, cpu, cuda or cuda:N. Got 'cuda:x' instead."),
+    ("precision", "half", "must be one of auto, fp32, tf32, bf16, fp64. Got 'half' instead."),
     ("precision", "fp16", FP16),
-    ("loss", "nll", "must be one of cross_entropy, mse, causal_lm; got 'nll'"),
+    ("loss", "nll", "must be one of cross_entropy, mse, causal_lm. Got 'nll' instead."),
     (
         "hvp_mode",
         "backward",
-        "must be one of auto, reverse, forward, finite_difference; got 'backward'",
+        "must be one of auto, reverse, forward, finite_difference. Got 'backward' instead.",
     ),
-    ("batch_size", 0, "must be an int ≥ 1; got 0"),
-    ("batch_size", "big", "must be an int ≥ 1; got 'big'"),
-    ("num_samples", 0, "must be an int ≥ 1 or all; got 0"),
-    ("num_samples", "some", "must be an int ≥ 1 or all; got 'some'"),
-    ("block_size", 0, "must be an int ≥ 1 or null; got 0"),
-    ("seed", "x", "must be an int; got 'x'"),
-    ("max_device_vectors", 0, "must be an int ≥ 1, auto or null; got 0"),
-    ("recompute", "sometimes", "must be true, false or auto; got 'sometimes'"),
-    ("cache_graphs", "sometimes", "must be true, false or auto; got 'sometimes'"),
-    ("check_memory", "maybe", "must be a bool (true or false); got 'maybe'"),
+    ("batch_size", 0, "must be an int ≥ 1. Got 0 instead."),
+    ("batch_size", "big", "must be an int ≥ 1. Got 'big' instead."),
+    ("num_samples", 0, "must be an int ≥ 1 or all. Got 0 instead."),
+    ("num_samples", "some", "must be an int ≥ 1 or all. Got 'some' instead."),
+    ("block_size", 0, "must be an int ≥ 1 or null. Got 0 instead."),
+    ("seed", "x", "must be an int. Got 'x' instead."),
+    ("max_device_vectors", 0, "must be an int ≥ 1, auto or null. Got 0 instead."),
+    ("recompute", "sometimes", "must be true, false or auto. Got 'sometimes' instead."),
+    ("cache_graphs", "sometimes", "must be true, false or auto. Got 'sometimes' instead."),
+    ("check_memory", "maybe", "must be a bool (true or false). Got 'maybe' instead."),
     (
         "budget",
         "soon",
-        "must be a positive number of seconds or a duration like 90s, 10m, 1h or null; got 'soon'",
+        "must be a positive number of seconds or a duration like 90s, 10m, 1h or null. Got 'soon' instead.",
     ),
-    ("threads", 0, "must be an int ≥ 1 or auto; got 0"),
+    ("threads", 0, "must be an int ≥ 1 or auto. Got 0 instead."),
 ]
 
 CONFIG_KEY = {
@@ -135,15 +135,15 @@ def test_the_spec_and_the_recipe_say_the_measurement_rules_words(tmp_path, name,
 
 
 TRAINING_CASES = [
-    ("optimizer", "rmsprop", "must be one of sgd, adam, adamw; got 'rmsprop'"),
-    ("lr", 0, "must be a float > 0; got 0"),
-    ("lr", "1e-3", "must be a float > 0; got '1e-3'"),
-    ("momentum", 1.0, "must be a float in [0, 1); got 1.0"),
-    ("weight_decay", -1.0, "must be a float ≥ 0; got -1.0"),
-    ("l2", -0.5, "must be a float ≥ 0; got -0.5"),
-    ("max_steps", 0, "must be an int ≥ 1; got 0"),
-    ("eval_every", 0, "must be an int ≥ 1 or null; got 0"),
-    ("dtype", "float16", "must be one of float32, float64; got 'float16'"),
+    ("optimizer", "rmsprop", "must be one of sgd, adam, adamw. Got 'rmsprop' instead."),
+    ("lr", 0, "must be a float > 0. Got 0 instead."),
+    ("lr", "1e-3", "must be a float > 0. Got '1e-3' instead."),
+    ("momentum", 1.0, "must be a float in [0, 1). Got 1.0 instead."),
+    ("weight_decay", -1.0, "must be a float ≥ 0. Got -1.0 instead."),
+    ("l2", -0.5, "must be a float ≥ 0. Got -0.5 instead."),
+    ("max_steps", 0, "must be an int ≥ 1. Got 0 instead."),
+    ("eval_every", 0, "must be an int ≥ 1 or null. Got 0 instead."),
+    ("dtype", "float16", "must be one of float32, float64. Got 'float16' instead."),
 ]
 
 

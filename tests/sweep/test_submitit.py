@@ -76,7 +76,8 @@ def test_dry_run_prints_the_array_and_submits_nothing(project, tmp_path):
         and "slurm_partition=gpu" in text
         and "timeout_min=30" in text
     )
-    assert "--shard" in text and rep.jobs == [] and not out.exists()
+    assert "task 1: " in text and "of the predicted cost" in text
+    assert rep.jobs == [] and not out.exists()
     with pytest.raises(ConfigError, match="exclusive"):
         api.sweep(cfg, out, executor="slurm", shard="0/2", log=quiet)
 

@@ -7,6 +7,7 @@ import io
 import json
 import multiprocessing
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,9 +21,9 @@ import yaml
 from flatcli import api
 from flatcli.cli import app
 from flatcli.errors import ConfigError
-from flatcli.sweep.plan import build_plan, load_plan
+from flatcli.sweep.plan import build_plan, load_plan, unit_costs
 from flatcli.sweep.runner import worker_slots
-from flatcli.sweep.store import Store, parse_shard, shard_of
+from flatcli.sweep.store import Store, parse_shard
 from flatcli.sweep.worker import DELAY_ENV
 from tests.oracles import runner
 
@@ -206,7 +207,12 @@ def test_shards_partition_units_exactly_once(project, tmp_path):
     for n in (1, 2, 3, 5):
         parts = [[u.id for u in plan.units_for((i, n))] for i in range(n)]
         assert sorted(sum(parts, [])) == sorted(ids)  # covered once: no overlap, nothing lost
-        assert all(shard_of(u, n) == i for i, part in enumerate(parts) for u in part)
+        # balanced by predicted cost, and the same in a task that reads plan.json
+        cost = dict(zip(ids, unit_costs(plan, plan.units), strict=True))
+        loads = [sum(cost[u] for u in part) for part in parts]
+        assert max(loads) <= sum(cost.values()) / n + max(cost.values()) + 1e-9
+        read = load_plan(ref.parent)
+        assert [[u.id for u in read.units_for((i, n))] for i in range(n)] == parts
     out = tmp_path / "s"
     got = [api.sweep(cfg, out, shard=f"{i}/3", log=quiet) for i in range(3)]
     assert sum(r.computed for r in got) == 8
@@ -405,6 +411,10 @@ def test_cli_sweep_dry_run_collect(project, tmp_path):
     assert res.exit_code == 0, res.output
     assert "4 checkpoints × 2 measures = 8 units; 0 finished, 8 to run" in res.output
     assert res.output.count("would run:") == 2 and "--worker 1 --workers 2" in res.output
+    would = [ln.split("would run: ", 1)[1] for ln in res.output.splitlines() if "would run:" in ln]
+    argv = shlex.split(would[1])  # a command that pastes: the environment, then this Python
+    assert argv[0].startswith("OMP_NUM_THREADS=") and argv[1] == sys.executable, would
+    assert argv[2:6] == ["-m", "flatcli", "sweep-worker", str(out)]
     assert not out.exists()  # a dry run writes nothing
     res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(out), "--shard", "0/2"])
     assert res.exit_code == 0, res.output
@@ -481,6 +491,6 @@ def test_each_sweep_counts_what_it_computed_itself(project, tmp_path):
     assert (rep.computed, rep.by_others, rep.busy, rep.pending) == (6, 1, 1, 0)
     assert len(seen) == 6
     assert rep.summary().startswith(
-        "6 units computed (1 finished by another process meanwhile, 1 still running in another process), "
-        "0 with errors, 0 not finished"
+        "8 units: 0 finished before, 6 computed, 1 finished by another process meanwhile, "
+        "1 still running in another process, 0 not finished; 0 with errors"
     )

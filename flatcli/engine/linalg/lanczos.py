@@ -320,7 +320,7 @@ def lanczos(
         Ritz values (and vectors), residuals, steps, products, convergence and restarts.
     """
     if which not in ("largest", "smallest"):
-        raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
+        raise ValueError(f"which must be 'largest' or 'smallest'. Got {which!r} instead.")
     op = as_operator(op)
     matvec, dim, device, dtype, report = op.matmat_rows, op.dim, op.device, op.dtype, op.report
     budget, tol = stop.the_budget(), stop.tol
