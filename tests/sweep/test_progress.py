@@ -100,7 +100,7 @@ def test_a_worker_counts_units_another_finished_during_its_second_pass(project, 
     """The first unit is held by another live process on the first pass and finished by it
     meanwhile: the second pass counts it as finished, so the worker's computed + already finished +
     left to others = its 8 units (the issue's workers' summaries added up to 130 of 132)."""
-    from flatcli.run.jobs import resolve_jobs
+    from flatcli.loading.jobs import resolve_jobs
     from flatcli.sweep.plan import write_plan
     from flatcli.sweep.worker import run_worker
 
@@ -247,7 +247,7 @@ def test_unit_costs_grow_with_the_checkpoint_and_the_measures_products(project, 
     (products) costs more than the Frobenius norm (a forward pass) on one checkpoint."""
     import torch
 
-    from flatcli.run.jobs import resolve_jobs
+    from flatcli.loading.jobs import resolve_jobs
 
     cfg, _ = project
     c = api.load(cfg)
@@ -299,7 +299,7 @@ def test_globbed_checkpoints_are_in_natural_order(tmp_path):
     """``ck/bs*.pt`` lists bs4, bs16, bs64, bs256 (digit runs by value), in the plan and the table."""
     import yaml
 
-    from flatcli.run.jobs import resolve_jobs
+    from flatcli.loading.jobs import resolve_jobs
 
     cfg = make_sweep(tmp_path, n_ckpt=1)
     for bs in (256, 16, 64, 4):
