@@ -13,11 +13,13 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 DOCS = Path(__file__).resolve().parents[1]
+ROOT = DOCS.parent
 MACHINE_KEYS = ("cpu", "cores", "memory_gb", "torch", "python")
 TOP_KEYS = ("benchmark", "title", "command", "machine", "commit", "date", "tables")
 
@@ -35,6 +37,13 @@ def validate_benchmark(data: Any, source: str = "benchmark") -> None:
     for key in ("benchmark", "title", "command", "commit", "date"):
         if not isinstance(data[key], str):
             raise ValueError(f"{source}: '{key}' must be a string")
+    if "history" in data and not (isinstance(data["history"], str) and data["history"]):
+        raise ValueError(f"{source}: 'history' must be a non-empty string")
+    if not data["command"].strip() and "history" not in data:
+        raise ValueError(
+            f"{source}: 'command' is empty: name the script that reproduces the figures, or say "
+            "in 'history' how they were made"
+        )
     if not isinstance(data["machine"], dict):
         raise ValueError(f"{source}: 'machine' must be an object")
     for key in MACHINE_KEYS:
@@ -44,6 +53,45 @@ def validate_benchmark(data: Any, source: str = "benchmark") -> None:
         raise ValueError(f"{source}: 'tables' must be a list")
     for i, table in enumerate(data["tables"]):
         _validate_table(table, f"{source}: tables[{i}]")
+
+
+# a script a command runs: `python -m benchmarks.NAME` or a path under benchmarks/, tools/, scripts/
+_MODULE = re.compile(r"-m\s+((?:benchmarks|tools|flatcli)(?:\.\w+)+)")
+_PATH = re.compile(r"(?<![\w/.])((?:benchmarks|tools|scripts)/[\w./-]+\.(?:py|sh))")
+
+
+def command_scripts(command: str) -> list[str]:
+    """The repository paths of the scripts a reproduce command runs (``python -m benchmarks.x``
+    gives ``benchmarks/x.py``), in order."""
+    paths = [m.replace(".", "/") + ".py" for m in _MODULE.findall(command)]
+    return paths + _PATH.findall(command)
+
+
+def missing_scripts(command: str, root: Path = ROOT) -> list[str]:
+    """The scripts `command_scripts` finds in ``command`` that are not files under ``root``
+    (a module may also be a package: ``benchmarks/x/__init__.py``)."""
+    out = []
+    for path in command_scripts(command):
+        package = Path(path[: -len(".py")]) / "__init__.py"
+        if not (root / path).is_file() and not (root / package).is_file():
+            out.append(path)
+    return out
+
+
+def check_reproducible(data: dict, source: str, root: Path = ROOT) -> None:
+    """Raise ValueError when a benchmark's command names a script that does not exist, or names
+    no script at all (then it must be empty, with a ``history`` that says how the figures were made)."""
+    command = data["command"]
+    if not command.strip():
+        return
+    missing = missing_scripts(command, root)
+    if missing:
+        raise ValueError(
+            f"{source}: 'command' runs {', '.join(missing)}, which is not in the repository "
+            "(fix the command, or empty it and say in 'history' how the figures were made)"
+        )
+    if not command_scripts(command):
+        raise ValueError(f"{source}: 'command' names no script under benchmarks/ or tools/")
 
 
 def _validate_table(table: Any, where: str) -> None:
@@ -133,7 +181,10 @@ def render_benchmark(
     m = data["machine"]
     name = Path(source).stem  # one page per data file (a benchmark may write several)
     out = [f"(bench-{name})=", f"# {data['title']}", ""]
-    out += ["Reproduce with:", "", "```bash", data["command"], "```", ""]
+    if data["command"].strip():
+        out += ["Reproduce with:", "", "```bash", data["command"], "```", ""]
+    if data.get("history"):
+        out += [f"```{{note}}\n{data['history']}\n```", ""]
     machine = [
         ("CPU", f"{m['cpu']} ({m['cores']} cores)"),
         ("memory", f"{m['memory_gb']} GB"),
@@ -154,27 +205,45 @@ def render_benchmark(
     return "\n".join(out)
 
 
+def where_run(machine: dict) -> str:
+    """A machine in a few words: its GPU, else its CPU and cores."""
+    return machine.get("gpu") or f"{machine['cpu']}, {machine['cores']} cores"
+
+
 def render_benchmarks_index(entries: list[tuple[str, dict]]) -> str:
-    """The benchmarks index: one line per (page name, data), in name order."""
+    """The benchmarks index: a table of every (page name, data) in name order, with what it
+    measures, where and when it ran and how to reproduce it."""
     out = ["# Benchmarks", ""]
     out += [
         "Each page is rendered from one JSON file in `docs/benchmarks/data/`, written by the "
-        "benchmark script named on the page (with the machine, the commit and the date the "
-        "figures come from). Timings depend on the machine and its load: compare rows within "
+        "benchmark script its page names (with the machine, the commit and the date the "
+        "figures come from); a page marked historical was measured once by a script that is "
+        "not part of flatcli. Timings depend on the machine and its load: compare rows within "
         "one page, not across pages.",
         "",
     ]
     if not entries:
         out += ["No benchmark data yet.", ""]
         return "\n".join(out)
-    out += ["```{toctree}", ":maxdepth: 1", ""]
+    out += ["| page | what | where run | date | reproduce |", "| --- | --- | --- | --- | --- |"]
+    for page, data in sorted(entries):
+        scripts = command_scripts(data["command"])
+        how = ", ".join(f"`{s}`" for s in dict.fromkeys(scripts)) if scripts else "historical"
+        title = _cell(data["title"])
+        out += [
+            f"| [{page}]({page}.md) | {title} | {_cell(where_run(data['machine']))} "
+            f"| {data['date']} | {how} |"
+        ]
+    out += ["", "```{toctree}", ":hidden:", ":maxdepth: 1", ""]
     out += [f"{page}" for page, _ in sorted(entries)]
     out += ["```", ""]
     return "\n".join(out)
 
 
-def write_benchmark_pages(data_dir: Path, out_dir: Path) -> list[str]:
-    """Render every ``data_dir/*.json`` to ``out_dir/<stem>.md`` plus ``out_dir/index.md``."""
+def write_benchmark_pages(data_dir: Path, out_dir: Path, root: Path = ROOT) -> list[str]:
+    """Render every ``data_dir/*.json`` to ``out_dir/<stem>.md`` plus ``out_dir/index.md``; a
+    ValueError (the build fails) on a file off the schema or whose command runs a script that is
+    not under ``root`` (`check_reproducible`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("*.md"):
         old.unlink()
@@ -182,6 +251,7 @@ def write_benchmark_pages(data_dir: Path, out_dir: Path) -> list[str]:
     for path in sorted(Path(data_dir).glob("*.json")) if Path(data_dir).is_dir() else []:
         data = json.loads(path.read_text())
         validate_benchmark(data, path.name)
+        check_reproducible(data, path.name, root)
         plots = {
             i: f"plots/{path.stem}_{i}.png"
             for i, table in enumerate(data["tables"])
