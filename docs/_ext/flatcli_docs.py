@@ -37,13 +37,7 @@ def validate_benchmark(data: Any, source: str = "benchmark") -> None:
     for key in ("benchmark", "title", "command", "commit", "date"):
         if not isinstance(data[key], str):
             raise ValueError(f"{source}: '{key}' must be a string")
-    if "history" in data and not (isinstance(data["history"], str) and data["history"]):
-        raise ValueError(f"{source}: 'history' must be a non-empty string")
-    if not data["command"].strip() and "history" not in data:
-        raise ValueError(
-            f"{source}: 'command' is empty: name the script that reproduces the figures, or say "
-            "in 'history' how they were made"
-        )
+    _validate_history(data, source)
     if not isinstance(data["machine"], dict):
         raise ValueError(f"{source}: 'machine' must be an object")
     for key in MACHINE_KEYS:
@@ -92,6 +86,17 @@ def check_reproducible(data: dict, source: str, root: Path = ROOT) -> None:
         )
     if not command_scripts(command):
         raise ValueError(f"{source}: 'command' names no script under benchmarks/ or tools/")
+
+
+def _validate_history(data: dict, source: str) -> None:
+    """An empty command needs a ``history`` (how the figures were made); a history is text."""
+    if "history" in data and not (isinstance(data["history"], str) and data["history"]):
+        raise ValueError(f"{source}: 'history' must be a non-empty string")
+    if not data["command"].strip() and "history" not in data:
+        raise ValueError(
+            f"{source}: 'command' is empty: name the script that reproduces the figures, or say "
+            "in 'history' how they were made"
+        )
 
 
 def _validate_table(table: Any, where: str) -> None:

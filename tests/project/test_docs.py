@@ -219,6 +219,17 @@ def test_measure_reference_covers_the_registry(tmp_path):
         assert "Parameters (options)" not in page  # the options table replaces it
 
 
+def test_every_measure_page_defines_its_measure_with_a_formula():
+    """The Definition section (the measure function's docstring) holds at least one formula
+    (a ``:math:`` role or a ``.. math::`` block), so a reader sees what is computed up front."""
+    from flatcli.measures import list_measures
+
+    for info in list_measures():
+        page = docs.measure_page(info)
+        definition = page.split("\nDefinition\n----------\n", 1)[1].split("\nOptions\n---", 1)[0]
+        assert ":math:`" in definition or ".. math::" in definition, info.name
+
+
 def test_measure_page_flags():
     from flatcli.measures import get_measure
 
