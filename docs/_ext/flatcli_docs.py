@@ -498,12 +498,212 @@ def write_cli_reference(out: Path) -> None:
     _write(out, cli_reference(typer.main.get_command(app)) + "\n")
 
 
+# ---------------------------------------------------------------- tables from the code (-> MyST)
+
+
+def _md_rows(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table of already formatted cells (pipes escaped)."""
+    esc = [[str(c).replace("|", "\\|") for c in row] for row in rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in esc]
+
+
+def _config_fields(cls, prefix: str = ""):
+    """(dotted key, dataclass field) of every YAML key of the config dataclass ``cls``, nested
+    sections expanded (``data.train`` and ``data.test`` as ``data.<split>``)."""
+    import dataclasses
+
+    from flatcli.config import DataSource, _dataclass_of, _hints, yaml_key
+
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("internal"):
+            continue
+        key = f"{prefix}{yaml_key(f)}"
+        sub = _dataclass_of(hints[f.name])
+        if sub is DataSource:
+            yield from _config_fields(sub, f"{prefix}<split>.")
+        elif sub is not None:
+            yield from _config_fields(sub, f"{key}.")
+        else:
+            yield key, f, hints[f.name]
+
+
+def config_keys() -> list[str]:
+    """Every key a config may set, dotted (``data.<split>.path`` for the keys of a split)."""
+    from flatcli.config import Config
+
+    return list(dict.fromkeys(key for key, _, _ in _config_fields(Config)))
+
+
+def _in_key(key: str) -> str:
+    from flatcli.keys import NOT_IN_KEY
+
+    parts = key.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in NOT_IN_KEY:
+            return "no: " + NOT_IN_KEY[".".join(parts[:i])]
+    return "yes"
+
+
+def _config_type(key: str, f, tp) -> tuple[str, str]:
+    """(allowed values, meaning) of one key: its rule's (`flatcli.validation.SETTINGS`), its fixed
+    choices (`flatcli.config.CHOICES`), else the type of its annotation."""
+    from typing import Any
+
+    from flatcli.config import CHOICES, SOURCES, _members, _type_name
+    from flatcli.validation import SETTINGS
+
+    if "setting" in f.metadata:
+        rule = SETTINGS[f.metadata["setting"]]
+        return rule.check.describe(), rule.help
+    if key in CHOICES:
+        return "one of " + ", ".join(CHOICES[key]), ""
+    if key == "data.<split>.source":
+        return "one of " + ", ".join(SOURCES), "the split's loader"
+    if tp is Any:
+        return "list or mapping", ""
+    names = [_type_name(m) for m in _members(tp)]
+    return " or ".join("null" if n == "NoneType" else n for n in names), ""
+
+
+def _config_default(f) -> str:
+    import dataclasses
+
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:  # pragma: no cover - every config key has a default
+        return "–"
+    text = json.dumps(value, default=str)
+    return f"`{text}`"
+
+
+def config_reference() -> str:
+    """The table of every config key (MyST): allowed values, default, whether it enters the key
+    of a result (`flatcli.keys.NOT_IN_KEY`) and its rule's help."""
+    from flatcli.config import Config
+
+    rows, seen = [], set()
+    for key, f, tp in _config_fields(Config):
+        if key in seen:  # data.train and data.test: one row per key of a split
+            continue
+        seen.add(key)
+        allowed, meaning = _config_type(key, f, tp)
+        rows.append([f"`{key}`", allowed, _config_default(f), _in_key(key), meaning or "–"])
+    header = ["key", "values", "default", "in the result key", "meaning"]
+    return "\n".join(_md_rows(header, rows)) + "\n"
+
+
+def _cli_envvars() -> dict[str, list[str]]:
+    """Environment variable -> the command-line options that read it (``envvar=``)."""
+    import typer
+
+    from flatcli.cli import app
+
+    found: dict[str, list[str]] = {}
+
+    def walk(cmd):
+        for p in cmd.params:
+            for var in [p.envvar] if isinstance(p.envvar, str) else (p.envvar or []):
+                flag = f"`{p.opts[0]}`"
+                if flag not in found.setdefault(var, []):
+                    found[var].append(flag)
+        for _, sub in sorted(getattr(cmd, "commands", {}).items()):
+            walk(sub)
+
+    walk(typer.main.get_command(app))
+    return found
+
+
+def environment_variables() -> dict[str, str]:
+    """Every FLATCLI_* environment variable with what it does: the config keys they set
+    (`flatcli.config.ENV_VARS`), the options read from the environment, and the others
+    (`flatcli.config.OTHER_ENV_VARS`)."""
+    from flatcli.config import ENV_VARS, OTHER_ENV_VARS
+
+    out: dict[str, str] = {}
+    cli = _cli_envvars()
+    for var in sorted({*ENV_VARS, *cli, *OTHER_ENV_VARS}):
+        parts = []
+        if var in ENV_VARS:
+            parts.append(f"sets the config key `{ENV_VARS[var]}`")
+        if var in cli:
+            parts.append("the default of " + ", ".join(cli[var]))
+        if var in OTHER_ENV_VARS:
+            parts.append(OTHER_ENV_VARS[var])
+        out[var] = "; ".join(parts)
+    return out
+
+
+def environment_reference() -> str:
+    """The table of environment variables (MyST)."""
+    rows = [[f"`{var}`", what] for var, what in environment_variables().items()]
+    return "\n".join(_md_rows(["variable", "what it does"], rows)) + "\n"
+
+
+def statuses_reference() -> str:
+    """The two status tables (MyST): a measure's and a row's (`flatcli.statuses`)."""
+    from flatcli.statuses import MEASURE_STATUSES, ROW_STATUSES, VALUE_STATUSES
+
+    out = ["### A measure's status", ""]
+    out += [
+        "Every measure of every checkpoint has a status (`<label>_status` in results.csv, "
+        "`status` in results.json). A status of a value (marked *value*) is not a failure: a "
+        "row whose measures all have one is `ok`.",
+        "",
+    ]
+    rows = [
+        [f"`{s}`", "value" if s in VALUE_STATUSES else "", m] for s, m in MEASURE_STATUSES.items()
+    ]
+    out += _md_rows(["status", "", "meaning"], rows) + [""]
+    out += ["### A row's status", "", "`status` in results.csv and results.json:", ""]
+    out += _md_rows(["status", "meaning"], [[f"`{s}`", m] for s, m in ROW_STATUSES.items()])
+    return "\n".join(out) + "\n"
+
+
+def exit_codes_reference() -> str:
+    """The exit-code tables (MyST): what each code means, then per command when it is returned
+    (`flatcli.errors.EXIT_MEANINGS`, `flatcli.errors.COMMAND_EXITS`)."""
+    from flatcli.errors import ALWAYS, COMMAND_EXITS, EXIT_MEANINGS, ExitCode
+
+    out = _md_rows(["code", "meaning"], [[str(int(c)), m] for c, m in EXIT_MEANINGS.items()])
+    always = ", ".join(str(int(c)) for c in ALWAYS)
+    out += [
+        "",
+        "### By command",
+        "",
+        f"Every command may also exit with {always} (an unexpected error, a usage error such as "
+        "an unknown option, Ctrl-C); the table says when each returns each code.",
+        "",
+    ]
+    codes = [c for c in ExitCode if c != ExitCode.INTERRUPTED]
+    rows = [
+        [f"`flatcli {cmd}`", *(exits.get(c, "") for c in codes)]
+        for cmd, exits in COMMAND_EXITS.items()
+    ]
+    out += _md_rows(["command", *(str(int(c)) for c in codes)], rows)
+    return "\n".join(out) + "\n"
+
+
+def write_reference_tables(out_dir: Path) -> None:
+    """The generated tables the guide pages include: config keys, environment variables,
+    statuses and exit codes."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write(out_dir / "config_keys.md", config_reference())
+    _write(out_dir / "environment.md", environment_reference())
+    _write(out_dir / "statuses.md", statuses_reference())
+    _write(out_dir / "exit_codes.md", exit_codes_reference())
+
+
 # ---------------------------------------------------------------- Sphinx
 
 
 def _generate(app) -> None:
     write_measure_pages(DOCS / "measures")
     write_cli_reference(DOCS / "_generated" / "cli.md")
+    write_reference_tables(DOCS / "_generated")
     write_benchmark_pages(DOCS / "benchmarks" / "data", DOCS / "benchmarks" / "generated")
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, MeasurementError, exit_code_of
+from ..errors import ConfigError, ExitCode, MeasurementError, exit_code_of
 from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
 from ..measures import MeasureSpec
@@ -85,7 +85,7 @@ class SweepReport:
     @property
     def exit_code(self) -> int:
         """`flatcli.errors.exit_code` over the error units of this shard."""
-        return max((exit_code_of(k) for k in self.error_kinds), default=0)
+        return max((exit_code_of(k) for k in self.error_kinds), default=ExitCode.OK)
 
     def summary(self) -> str:
         """What this run did, in one line: the units its own workers computed, then what other
