@@ -21,7 +21,7 @@ try:  # typer ≥ 0.2x vendors click and raises its own copies of click's except
 except ImportError:  # pragma: no cover - older typer on top of click
     from click import exceptions as click_exceptions
 
-from .._version import __version__
+from .._version import __date__, __version__
 from ..console import (
     DEBUG_ENV,
     console,
@@ -100,7 +100,7 @@ class OneLineErrors(TyperGroup):
 
 def _version(value: bool) -> None:
     if value:
-        console.print(f"flatcli {__version__}", highlight=False)
+        console.print(f"flatcli {__version__} ({__date__})", highlight=False)
         raise typer.Exit(ExitCode.OK)
 
 
@@ -124,7 +124,10 @@ def _root(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+            "--version",
+            callback=_version,
+            is_eager=True,
+            help="Print the version and its release date, and exit.",
         ),
     ] = False,
 ):

@@ -303,16 +303,25 @@ def test_benchmark_plots_from_numeric_tables(tmp_path):
 
 
 def test_the_changelog_has_a_section_for_the_version():
-    """CHANGELOG.md has a section for the version `flatcli --version` prints (raise both at a
-    release), with breaking changes listed first."""
+    """CHANGELOG.md has a section for the version `flatcli --version` prints, dated with the
+    release date it prints (raise both at a release), with breaking changes listed first; every
+    release section carries an ISO date."""
+    import datetime
 
     from flatcli.cli import app
 
     out = runner.invoke(app, ["--version"]).output
-    version = out.split()[-1]
+    match = re.fullmatch(r"flatcli (\S+) \((\d{4}-\d{2}-\d{2})\)", out.strip())
+    assert match, out
+    version, date = match.groups()
     text = (Path(__file__).resolve().parents[2] / "CHANGELOG.md").read_text()
-    section = text.split(f"## [{version}]", 1)
-    assert len(section) == 2, f"no '## [{version}]' section in CHANGELOG.md"
+    section = text.split(f"## [{version}] - {date}\n", 1)
+    assert len(section) == 2, f"no '## [{version}] - {date}' section in CHANGELOG.md"
     body = section[1].split("\n## [", 1)[0]
     heads = [ln for ln in body.splitlines() if ln.startswith("### ")]
     assert heads and heads[0] == "### Changed (breaking)" or "breaking" not in body.lower()
+    releases = re.findall(r"^## \[(.+?)\](.*)$", text, re.M)
+    for name, rest in releases:
+        if name != "Unreleased":
+            assert re.fullmatch(r" - \d{4}-\d{2}-\d{2}", rest), f"## [{name}] has no date"
+            datetime.date.fromisoformat(rest[3:])
