@@ -325,3 +325,18 @@ def test_the_changelog_has_a_section_for_the_version():
         if name != "Unreleased":
             assert re.fullmatch(r" - \d{4}-\d{2}-\d{2}", rest), f"## [{name}] has no date"
             datetime.date.fromisoformat(rest[3:])
+
+
+def test_the_site_pastes_and_renders_offline():
+    """docs/conf.py: no typographic replacement (``--dry-run`` stays two hyphens, quotes stay
+    straight; neither MyST extension that would replace them is on), and MathJax is served from
+    the installed sphinx-mathjax-offline package, not a CDN."""
+    conf: dict = {"__file__": str(ROOT / "docs" / "conf.py")}
+    path = ROOT / "docs" / "conf.py"
+    exec(compile(path.read_text(), str(path), "exec"), conf)  # noqa: S102 (our own conf.py)
+    assert conf["smartquotes"] is False
+    assert not {"smartquotes", "replacements"} & set(conf["myst_enable_extensions"])
+    assert "sphinx-mathjax-offline" in conf["extensions"]
+    assert "mathjax_path" not in conf  # the extension sets the packaged copy
+    extra = re.search(r"^docs = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)
+    assert "sphinx-mathjax-offline" in extra.group(1)
