@@ -26,9 +26,17 @@ extensions = [
     "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
+    # MathJax 3 from the installed package, copied into _static/mathjax: formulas render without
+    # a network (sphinx.ext.mathjax alone loads MathJax from a CDN)
+    "sphinx-mathjax-offline",
     "sphinx.ext.doctest",
     "flatcli_docs",
 ]
+
+# no typographic replacement: `--dry-run` stays two hyphens and "quotes" stay straight, so what
+# a page shows pastes into a shell (MyST has none of its own unless its "smartquotes" or
+# "replacements" extensions are enabled, which they are not)
+smartquotes = False
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = [

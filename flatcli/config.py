@@ -571,6 +571,17 @@ ENV_VARS = {
     "FLATCLI_BUDGET": "runtime.budget",
     "FLATCLI_OUTPUT_DIR": "output.dir",
 }
+# the environment variables that set no config key (those of `ENV_VARS` do, and the CLI reads a few
+# options from the environment too: ``envvar=`` in `flatcli.cli`): name -> what it does. The
+# documentation's table of environment variables is generated from the three.
+OTHER_ENV_VARS = {
+    "FLATCLI_DATA_CACHE_MB": "MiB of data splits kept loaded at once (default 1024): a sweep over "
+    "checkpoints that each bring their own `train_data` drops the least recently used past it",
+    "FLATCLI_DEBUG": "set to 1 by `--debug` while the command runs (its worker processes inherit "
+    "it): Hugging Face's loading progress bars show",
+    "FLATCLI_SWEEP_UNIT_DELAY": "a test hook: seconds every sweep unit sleeps (so that a test "
+    "can interrupt a sweep mid-unit)",
+}
 
 
 def set_path(cfg: Config, path: str, value: Any, origin: str) -> None:

@@ -1,18 +1,8 @@
-"""Exception types, the kind of a failure, and the one mapping from failures to exit codes.
+"""Exception types, the kind of a failure, and the one declaration of exit codes.
 
-Exit codes (every command):
-
-====  ==================================================================
-code  meaning
-====  ==================================================================
-0     success: every row (checkpoint, unit) is ok
-1     a measurement failed (``MeasurementError`` or any unexpected error);
-      every other checkpoint still completes and is written
-2     bad usage or input: an option, a config key, a file, a checkpoint
-      that does not fit the model (``ConfigError``)
-3     incomplete: ``collect`` found units not finished (none failed)
-130   interrupted (Ctrl-C)
-====  ==================================================================
+`ExitCode` names every code a command exits with, `EXIT_MEANINGS` says what each means and
+`COMMAND_EXITS` when each command returns it; the CLI exits only with `ExitCode` members and the
+documentation's exit-code tables are generated from these two dicts (docs/guide/statuses.md).
 
 A failure recorded in a result row keeps the class name of its exception
 (``Row.error_kind``), and `exit_code` maps rows to the command's exit code, so
@@ -22,15 +12,102 @@ A failure recorded in a result row keeps the class name of its exception
 from __future__ import annotations
 
 from collections.abc import Iterable
+from enum import IntEnum
 from typing import Any
 
-INCOMPLETE = 3  # `collect`: units not finished, none failed
+
+class ExitCode(IntEnum):
+    """The exit codes of every command (`EXIT_MEANINGS`, `COMMAND_EXITS`)."""
+
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    INCOMPLETE = 3
+    INTERRUPTED = 130
+
+
+EXIT_MEANINGS: dict[ExitCode, str] = {
+    ExitCode.OK: "success: every row (checkpoint, unit) is `ok`, or has a status of a value "
+    "(`not_applicable`, `not_converged`, `saturated`, `near_zero`, `budget`, ...), not a failure",
+    ExitCode.FAILED: "a measurement failed: its row has `status=error` and results.json records "
+    "the exception class as `error_kind`; every other checkpoint still completes. Also any "
+    "unexpected error, and results that could not be written during a run",
+    ExitCode.USAGE: "bad usage or input: an option, a config key, a file, a checkpoint that does "
+    "not fit the model, a data split of the wrong shape or with NaN/inf, an output folder held by "
+    "another run",
+    ExitCode.INCOMPLETE: "`collect` only: some units are not finished (none failed); the table "
+    "is written with those checkpoints `incomplete`",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C); `measure` keeps every finished measure",
+}
+
+_BAD_INPUT = "bad config, option or input"
+# when each command returns each code; every command also exits 1 on an unexpected error, 2 on a
+# usage error (an unknown option, a bad value) and 130 on Ctrl-C (`ALWAYS`). "measure --dry-run"
+# is `measure` with that flag.
+COMMAND_EXITS: dict[str, dict[ExitCode, str]] = {
+    "measure": {
+        ExitCode.OK: "every row ok",
+        ExitCode.FAILED: "a measure or checkpoint failed; or the results could not be written "
+        "during the run",
+        ExitCode.USAGE: f"{_BAD_INPUT}; a missing or unreadable checkpoint; `-o DIR` held by "
+        "another run",
+    },
+    "measure --dry-run": {
+        ExitCode.OK: "every checkpoint loads and fits",
+        ExitCode.FAILED: "a checkpoint will not fit in free memory (status `will_not_fit`)",
+        ExitCode.USAGE: "a checkpoint cannot be loaded; bad config or option",
+    },
+    "measures": {
+        ExitCode.OK: "the list or a measure's options printed",
+        ExitCode.USAGE: "an unknown measure",
+    },
+    "demo": {
+        ExitCode.OK: "the demo ran (its table shows a measure that failed)",
+        ExitCode.USAGE: "bad option or output folder",
+    },
+    "sweep": {
+        ExitCode.OK: "no error unit in this run's selection",
+        ExitCode.FAILED: "an error unit (a failed measurement); a worker process failed",
+        ExitCode.USAGE: f"{_BAD_INPUT}; an error unit whose failure is bad input",
+    },
+    "collect": {
+        ExitCode.OK: "every planned unit finished and ok",
+        ExitCode.FAILED: "a unit failed",
+        ExitCode.USAGE: "bad folder (no plan.json and no unit files); a unit failed on bad input",
+        ExitCode.INCOMPLETE: "units not finished, none failed (a failed unit's 1 or 2 wins)",
+    },
+    "correlate": {
+        ExitCode.OK: "table written",
+        ExitCode.USAGE: "unreadable table, unknown column or option",
+    },
+    "check-invariance": {
+        ExitCode.OK: "every measure that claims invariance kept it",
+        ExitCode.FAILED: "a claimed invariance broke",
+        ExitCode.USAGE: _BAD_INPUT,
+    },
+    "config show": {ExitCode.OK: "the config printed", ExitCode.USAGE: "a bad config"},
+    "experiments list": {ExitCode.OK: "the studies listed"},
+    "experiments run": {
+        ExitCode.OK: "every study ran",
+        ExitCode.FAILED: "a measurement of a study failed",
+        ExitCode.USAGE: "bad spec or option",
+    },
+}
+for _view in ("slice", "interpolate", "pca", "connect"):
+    COMMAND_EXITS[f"landscape {_view}"] = {
+        ExitCode.OK: "views written",
+        ExitCode.FAILED: "a measurement failed",
+        ExitCode.USAGE: _BAD_INPUT,
+    }
+
+ALWAYS = (ExitCode.FAILED, ExitCode.USAGE, ExitCode.INTERRUPTED)
+INCOMPLETE = ExitCode.INCOMPLETE  # `collect`: units not finished, none failed
 
 
 class FlatcliError(Exception):
     """Base class of every error flatcli raises on purpose."""
 
-    exit_code = 1
+    exit_code = ExitCode.FAILED
 
 
 class ConfigError(FlatcliError):
@@ -39,13 +116,13 @@ class ConfigError(FlatcliError):
     A message names an API parameter as ```name``` (``"`where` 'x > 1' selects no rows"``), never
     as a command-line flag: the CLI alone turns ```name``` into its flag (``--where``)."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class MeasurementError(FlatcliError):
     """A measurement failed (non-finite loss, OOM that could not be backed off...). Exit code 1."""
 
-    exit_code = 1
+    exit_code = ExitCode.FAILED
 
 
 class ResultsWriteError(MeasurementError):
@@ -97,7 +174,7 @@ def error_kind(exc: BaseException) -> str:
 def exit_code_of(kind: str) -> int:
     """Exit code of one failure kind: that of the flatcli error class, 1 for any other exception."""
     cls = _KINDS.get(kind)
-    return cls.exit_code if cls is not None else 1
+    return cls.exit_code if cls is not None else ExitCode.FAILED
 
 
 def exit_code(rows: Iterable[Any]) -> int:
@@ -107,4 +184,4 @@ def exit_code(rows: Iterable[Any]) -> int:
     the failed rows' kinds (2 for bad input wins over 1 for a failed measurement).
     """
     codes = [exit_code_of(getattr(r, "error_kind", "") or "") for r in rows if r.status == "error"]
-    return max(codes, default=0)
+    return max(codes, default=ExitCode.OK)

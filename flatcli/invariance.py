@@ -54,7 +54,7 @@ from torch import nn
 
 from .engine import eval_mode
 from .engine.batch import Batch, model_output
-from .errors import ConfigError, MeasurementError, exit_code_of
+from .errors import ConfigError, ExitCode, MeasurementError, exit_code_of
 from .loading.data import subset
 from .measures import INVARIANCE_REFERENCE, MeasureSpec, get_measure, list_measures
 from .run.checkpoint import as_specs, check_finite_model, measure_model
@@ -307,7 +307,7 @@ class InvarianceReport:
     @property
     def exit_code(self) -> int:
         """0 when every measure that claims invariance held it, else 1."""
-        return 0 if self.passed else 1
+        return ExitCode.OK if self.passed else ExitCode.FAILED
 
     def describe(self) -> str:
         """The rescaling in words (kind, range of factors, seed, layer pairs)."""

@@ -13,11 +13,13 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 DOCS = Path(__file__).resolve().parents[1]
+ROOT = DOCS.parent
 MACHINE_KEYS = ("cpu", "cores", "memory_gb", "torch", "python")
 TOP_KEYS = ("benchmark", "title", "command", "machine", "commit", "date", "tables")
 
@@ -35,6 +37,7 @@ def validate_benchmark(data: Any, source: str = "benchmark") -> None:
     for key in ("benchmark", "title", "command", "commit", "date"):
         if not isinstance(data[key], str):
             raise ValueError(f"{source}: '{key}' must be a string")
+    _validate_history(data, source)
     if not isinstance(data["machine"], dict):
         raise ValueError(f"{source}: 'machine' must be an object")
     for key in MACHINE_KEYS:
@@ -44,6 +47,56 @@ def validate_benchmark(data: Any, source: str = "benchmark") -> None:
         raise ValueError(f"{source}: 'tables' must be a list")
     for i, table in enumerate(data["tables"]):
         _validate_table(table, f"{source}: tables[{i}]")
+
+
+# a script a command runs: `python -m benchmarks.NAME` or a path under benchmarks/, tools/, scripts/
+_MODULE = re.compile(r"-m\s+((?:benchmarks|tools|flatcli)(?:\.\w+)+)")
+_PATH = re.compile(r"(?<![\w/.])((?:benchmarks|tools|scripts)/[\w./-]+\.(?:py|sh))")
+
+
+def command_scripts(command: str) -> list[str]:
+    """The repository paths of the scripts a reproduce command runs (``python -m benchmarks.x``
+    gives ``benchmarks/x.py``), in order."""
+    paths = [m.replace(".", "/") + ".py" for m in _MODULE.findall(command)]
+    return paths + _PATH.findall(command)
+
+
+def missing_scripts(command: str, root: Path = ROOT) -> list[str]:
+    """The scripts `command_scripts` finds in ``command`` that are not files under ``root``
+    (a module may also be a package: ``benchmarks/x/__init__.py``)."""
+    out = []
+    for path in command_scripts(command):
+        package = Path(path[: -len(".py")]) / "__init__.py"
+        if not (root / path).is_file() and not (root / package).is_file():
+            out.append(path)
+    return out
+
+
+def check_reproducible(data: dict, source: str, root: Path = ROOT) -> None:
+    """Raise ValueError when a benchmark's command names a script that does not exist, or names
+    no script at all (then it must be empty, with a ``history`` that says how the figures were made)."""
+    command = data["command"]
+    if not command.strip():
+        return
+    missing = missing_scripts(command, root)
+    if missing:
+        raise ValueError(
+            f"{source}: 'command' runs {', '.join(missing)}, which is not in the repository "
+            "(fix the command, or empty it and say in 'history' how the figures were made)"
+        )
+    if not command_scripts(command):
+        raise ValueError(f"{source}: 'command' names no script under benchmarks/ or tools/")
+
+
+def _validate_history(data: dict, source: str) -> None:
+    """An empty command needs a ``history`` (how the figures were made); a history is text."""
+    if "history" in data and not (isinstance(data["history"], str) and data["history"]):
+        raise ValueError(f"{source}: 'history' must be a non-empty string")
+    if not data["command"].strip() and "history" not in data:
+        raise ValueError(
+            f"{source}: 'command' is empty: name the script that reproduces the figures, or say "
+            "in 'history' how they were made"
+        )
 
 
 def _validate_table(table: Any, where: str) -> None:
@@ -133,7 +186,10 @@ def render_benchmark(
     m = data["machine"]
     name = Path(source).stem  # one page per data file (a benchmark may write several)
     out = [f"(bench-{name})=", f"# {data['title']}", ""]
-    out += ["Reproduce with:", "", "```bash", data["command"], "```", ""]
+    if data["command"].strip():
+        out += ["Reproduce with:", "", "```bash", data["command"], "```", ""]
+    if data.get("history"):
+        out += [f"```{{note}}\n{data['history']}\n```", ""]
     machine = [
         ("CPU", f"{m['cpu']} ({m['cores']} cores)"),
         ("memory", f"{m['memory_gb']} GB"),
@@ -154,27 +210,45 @@ def render_benchmark(
     return "\n".join(out)
 
 
+def where_run(machine: dict) -> str:
+    """A machine in a few words: its GPU, else its CPU and cores."""
+    return machine.get("gpu") or f"{machine['cpu']}, {machine['cores']} cores"
+
+
 def render_benchmarks_index(entries: list[tuple[str, dict]]) -> str:
-    """The benchmarks index: one line per (page name, data), in name order."""
+    """The benchmarks index: a table of every (page name, data) in name order, with what it
+    measures, where and when it ran and how to reproduce it."""
     out = ["# Benchmarks", ""]
     out += [
         "Each page is rendered from one JSON file in `docs/benchmarks/data/`, written by the "
-        "benchmark script named on the page (with the machine, the commit and the date the "
-        "figures come from). Timings depend on the machine and its load: compare rows within "
+        "benchmark script its page names (with the machine, the commit and the date the "
+        "figures come from); a page marked historical was measured once by a script that is "
+        "not part of flatcli. Timings depend on the machine and its load: compare rows within "
         "one page, not across pages.",
         "",
     ]
     if not entries:
         out += ["No benchmark data yet.", ""]
         return "\n".join(out)
-    out += ["```{toctree}", ":maxdepth: 1", ""]
+    out += ["| page | what | where run | date | reproduce |", "| --- | --- | --- | --- | --- |"]
+    for page, data in sorted(entries):
+        scripts = command_scripts(data["command"])
+        how = ", ".join(f"`{s}`" for s in dict.fromkeys(scripts)) if scripts else "historical"
+        title = _cell(data["title"])
+        out += [
+            f"| [{page}]({page}.md) | {title} | {_cell(where_run(data['machine']))} "
+            f"| {data['date']} | {how} |"
+        ]
+    out += ["", "```{toctree}", ":hidden:", ":maxdepth: 1", ""]
     out += [f"{page}" for page, _ in sorted(entries)]
     out += ["```", ""]
     return "\n".join(out)
 
 
-def write_benchmark_pages(data_dir: Path, out_dir: Path) -> list[str]:
-    """Render every ``data_dir/*.json`` to ``out_dir/<stem>.md`` plus ``out_dir/index.md``."""
+def write_benchmark_pages(data_dir: Path, out_dir: Path, root: Path = ROOT) -> list[str]:
+    """Render every ``data_dir/*.json`` to ``out_dir/<stem>.md`` plus ``out_dir/index.md``; a
+    ValueError (the build fails) on a file off the schema or whose command runs a script that is
+    not under ``root`` (`check_reproducible`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("*.md"):
         old.unlink()
@@ -182,6 +256,7 @@ def write_benchmark_pages(data_dir: Path, out_dir: Path) -> list[str]:
     for path in sorted(Path(data_dir).glob("*.json")) if Path(data_dir).is_dir() else []:
         data = json.loads(path.read_text())
         validate_benchmark(data, path.name)
+        check_reproducible(data, path.name, root)
         plots = {
             i: f"plots/{path.stem}_{i}.png"
             for i, table in enumerate(data["tables"])
@@ -423,12 +498,212 @@ def write_cli_reference(out: Path) -> None:
     _write(out, cli_reference(typer.main.get_command(app)) + "\n")
 
 
+# ---------------------------------------------------------------- tables from the code (-> MyST)
+
+
+def _md_rows(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table of already formatted cells (pipes escaped)."""
+    esc = [[str(c).replace("|", "\\|") for c in row] for row in rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in esc]
+
+
+def _config_fields(cls, prefix: str = ""):
+    """(dotted key, dataclass field) of every YAML key of the config dataclass ``cls``, nested
+    sections expanded (``data.train`` and ``data.test`` as ``data.<split>``)."""
+    import dataclasses
+
+    from flatcli.config import DataSource, _dataclass_of, _hints, yaml_key
+
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("internal"):
+            continue
+        key = f"{prefix}{yaml_key(f)}"
+        sub = _dataclass_of(hints[f.name])
+        if sub is DataSource:
+            yield from _config_fields(sub, f"{prefix}<split>.")
+        elif sub is not None:
+            yield from _config_fields(sub, f"{key}.")
+        else:
+            yield key, f, hints[f.name]
+
+
+def config_keys() -> list[str]:
+    """Every key a config may set, dotted (``data.<split>.path`` for the keys of a split)."""
+    from flatcli.config import Config
+
+    return list(dict.fromkeys(key for key, _, _ in _config_fields(Config)))
+
+
+def _in_key(key: str) -> str:
+    from flatcli.keys import NOT_IN_KEY
+
+    parts = key.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in NOT_IN_KEY:
+            return "no: " + NOT_IN_KEY[".".join(parts[:i])]
+    return "yes"
+
+
+def _config_type(key: str, f, tp) -> tuple[str, str]:
+    """(allowed values, meaning) of one key: its rule's (`flatcli.validation.SETTINGS`), its fixed
+    choices (`flatcli.config.CHOICES`), else the type of its annotation."""
+    from typing import Any
+
+    from flatcli.config import CHOICES, SOURCES, _members, _type_name
+    from flatcli.validation import SETTINGS
+
+    if "setting" in f.metadata:
+        rule = SETTINGS[f.metadata["setting"]]
+        return rule.check.describe(), rule.help
+    if key in CHOICES:
+        return "one of " + ", ".join(CHOICES[key]), ""
+    if key == "data.<split>.source":
+        return "one of " + ", ".join(SOURCES), "the split's loader"
+    if tp is Any:
+        return "list or mapping", ""
+    names = [_type_name(m) for m in _members(tp)]
+    return " or ".join("null" if n == "NoneType" else n for n in names), ""
+
+
+def _config_default(f) -> str:
+    import dataclasses
+
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:  # pragma: no cover - every config key has a default
+        return "–"
+    text = json.dumps(value, default=str)
+    return f"`{text}`"
+
+
+def config_reference() -> str:
+    """The table of every config key (MyST): allowed values, default, whether it enters the key
+    of a result (`flatcli.keys.NOT_IN_KEY`) and its rule's help."""
+    from flatcli.config import Config
+
+    rows, seen = [], set()
+    for key, f, tp in _config_fields(Config):
+        if key in seen:  # data.train and data.test: one row per key of a split
+            continue
+        seen.add(key)
+        allowed, meaning = _config_type(key, f, tp)
+        rows.append([f"`{key}`", allowed, _config_default(f), _in_key(key), meaning or "–"])
+    header = ["key", "values", "default", "in the result key", "meaning"]
+    return "\n".join(_md_rows(header, rows)) + "\n"
+
+
+def _cli_envvars() -> dict[str, list[str]]:
+    """Environment variable -> the command-line options that read it (``envvar=``)."""
+    import typer
+
+    from flatcli.cli import app
+
+    found: dict[str, list[str]] = {}
+
+    def walk(cmd):
+        for p in cmd.params:
+            for var in [p.envvar] if isinstance(p.envvar, str) else (p.envvar or []):
+                flag = f"`{p.opts[0]}`"
+                if flag not in found.setdefault(var, []):
+                    found[var].append(flag)
+        for _, sub in sorted(getattr(cmd, "commands", {}).items()):
+            walk(sub)
+
+    walk(typer.main.get_command(app))
+    return found
+
+
+def environment_variables() -> dict[str, str]:
+    """Every FLATCLI_* environment variable with what it does: the config keys they set
+    (`flatcli.config.ENV_VARS`), the options read from the environment, and the others
+    (`flatcli.config.OTHER_ENV_VARS`)."""
+    from flatcli.config import ENV_VARS, OTHER_ENV_VARS
+
+    out: dict[str, str] = {}
+    cli = _cli_envvars()
+    for var in sorted({*ENV_VARS, *cli, *OTHER_ENV_VARS}):
+        parts = []
+        if var in ENV_VARS:
+            parts.append(f"sets the config key `{ENV_VARS[var]}`")
+        if var in cli:
+            parts.append("the default of " + ", ".join(cli[var]))
+        if var in OTHER_ENV_VARS:
+            parts.append(OTHER_ENV_VARS[var])
+        out[var] = "; ".join(parts)
+    return out
+
+
+def environment_reference() -> str:
+    """The table of environment variables (MyST)."""
+    rows = [[f"`{var}`", what] for var, what in environment_variables().items()]
+    return "\n".join(_md_rows(["variable", "what it does"], rows)) + "\n"
+
+
+def statuses_reference() -> str:
+    """The two status tables (MyST): a measure's and a row's (`flatcli.statuses`)."""
+    from flatcli.statuses import MEASURE_STATUSES, ROW_STATUSES, VALUE_STATUSES
+
+    out = ["### A measure's status", ""]
+    out += [
+        "Every measure of every checkpoint has a status (`<label>_status` in results.csv, "
+        "`status` in results.json). A status of a value (marked *value*) is not a failure: a "
+        "row whose measures all have one is `ok`.",
+        "",
+    ]
+    rows = [
+        [f"`{s}`", "value" if s in VALUE_STATUSES else "", m] for s, m in MEASURE_STATUSES.items()
+    ]
+    out += _md_rows(["status", "", "meaning"], rows) + [""]
+    out += ["### A row's status", "", "`status` in results.csv and results.json:", ""]
+    out += _md_rows(["status", "meaning"], [[f"`{s}`", m] for s, m in ROW_STATUSES.items()])
+    return "\n".join(out) + "\n"
+
+
+def exit_codes_reference() -> str:
+    """The exit-code tables (MyST): what each code means, then per command when it is returned
+    (`flatcli.errors.EXIT_MEANINGS`, `flatcli.errors.COMMAND_EXITS`)."""
+    from flatcli.errors import ALWAYS, COMMAND_EXITS, EXIT_MEANINGS, ExitCode
+
+    out = _md_rows(["code", "meaning"], [[str(int(c)), m] for c, m in EXIT_MEANINGS.items()])
+    always = ", ".join(str(int(c)) for c in ALWAYS)
+    out += [
+        "",
+        "### By command",
+        "",
+        f"Every command may also exit with {always} (an unexpected error, a usage error such as "
+        "an unknown option, Ctrl-C); the table says when each returns each code.",
+        "",
+    ]
+    codes = [c for c in ExitCode if c != ExitCode.INTERRUPTED]
+    rows = [
+        [f"`flatcli {cmd}`", *(exits.get(c, "") for c in codes)]
+        for cmd, exits in COMMAND_EXITS.items()
+    ]
+    out += _md_rows(["command", *(str(int(c)) for c in codes)], rows)
+    return "\n".join(out) + "\n"
+
+
+def write_reference_tables(out_dir: Path) -> None:
+    """The generated tables the guide pages include: config keys, environment variables,
+    statuses and exit codes."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write(out_dir / "config_keys.md", config_reference())
+    _write(out_dir / "environment.md", environment_reference())
+    _write(out_dir / "statuses.md", statuses_reference())
+    _write(out_dir / "exit_codes.md", exit_codes_reference())
+
+
 # ---------------------------------------------------------------- Sphinx
 
 
 def _generate(app) -> None:
     write_measure_pages(DOCS / "measures")
     write_cli_reference(DOCS / "_generated" / "cli.md")
+    write_reference_tables(DOCS / "_generated")
     write_benchmark_pages(DOCS / "benchmarks" / "data", DOCS / "benchmarks" / "generated")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from ..errors import FlatcliError
+from ..errors import ExitCode, FlatcliError
 from ..loading.factory import model_dtype
 from ..loading.load import DataCache, load_model
 from ..run.checkpoint import COUNTERS, estimate_products, problem_dims
@@ -74,7 +74,9 @@ class CostEstimate:
     def exit_code(self) -> int:
         """2 when a checkpoint could not be loaded (bad input); 1 when one could not be timed (it
         will not fit: the run would fail it); else 0."""
-        return 2 if self.errors else 1 if self.untimed else 0
+        if self.errors:
+            return ExitCode.USAGE
+        return ExitCode.FAILED if self.untimed else ExitCode.OK
 
     def totals(self) -> dict[str, tuple[int, int]]:
         """(least, most) of each counter summed over every loaded checkpoint and measure."""

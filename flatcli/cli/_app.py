@@ -23,13 +23,13 @@ try:  # typer ≥ 0.2x vendors click and raises its own copies of click's except
 except ImportError:  # pragma: no cover - older typer on top of click
     from click import exceptions as click_exceptions
 
-from .._version import __version__
+from .._version import __date__, __version__
 from ..console import (
     DEBUG_ENV,
     console,
     err_console,
 )
-from ..errors import FlatcliError, RankFailure, is_peer_gone
+from ..errors import ExitCode, FlatcliError, RankFailure, is_peer_gone
 from ..validation import BIAS_BN, EXECUTORS, FORMATS, PRECISIONS, STATS, TRANSFORMS
 
 WIDE_HELP = (
@@ -78,8 +78,8 @@ class OneLineErrors(TyperGroup):
         except click_exceptions.NoArgsIsHelpError as e:  # a bare command group: its help
             print(e.ctx.get_help() if e.ctx is not None else e.format_message())
             if not standalone_mode:
-                return 0
-            sys.exit(0)
+                return ExitCode.OK
+            sys.exit(ExitCode.OK)
         except click_exceptions.UsageError as e:
             where = e.ctx.command_path if e.ctx is not None else "flatcli"
             said = option_message(e) or e.format_message()
@@ -90,15 +90,15 @@ class OneLineErrors(TyperGroup):
             )
             if not standalone_mode:
                 raise
-            sys.exit(2)
+            sys.exit(ExitCode.USAGE)
         except typer.Abort:
             err_console.print("interrupted")
             if not standalone_mode:
                 raise
-            sys.exit(130)
+            sys.exit(ExitCode.INTERRUPTED)
         if not standalone_mode:
             return rv
-        sys.exit(rv if isinstance(rv, int) else 0)
+        sys.exit(rv if isinstance(rv, int) else ExitCode.OK)
 
 
 def _refused_words(err: dict) -> str | None:
@@ -145,8 +145,8 @@ def option_message(e: BaseException) -> str | None:
 
 def _version(value: bool) -> None:
     if value:
-        console.print(f"flatcli {__version__}", highlight=False)
-        raise typer.Exit(0)
+        console.print(f"flatcli {__version__} ({__date__})", highlight=False)
+        raise typer.Exit(ExitCode.OK)
 
 
 app = typer.Typer(
@@ -169,7 +169,10 @@ def _root(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+            "--version",
+            callback=_version,
+            is_eager=True,
+            help="Print the version and its release date, and exit.",
         ),
     ] = False,
 ):
@@ -389,14 +392,14 @@ def handle_errors(fn):
             err_console.print(
                 str(e) or "interrupted", highlight=False, soft_wrap=True, markup=False
             )
-            raise typer.Exit(130) from None
+            raise typer.Exit(ExitCode.INTERRUPTED) from None
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except RankFailure as e:
             _end_all_ranks(e, debug)
         except Exception as e:
             hint = "" if debug else " (run with --debug for the traceback)"
-            _fail(e, 1, f"[red]error:[/red] {type(e).__name__}: {e}{hint}", debug)
+            _fail(e, ExitCode.FAILED, f"[red]error:[/red] {type(e).__name__}: {e}{hint}", debug)
 
     return wrapper
 
@@ -424,7 +427,7 @@ def _end_all_ranks(e: BaseException, debug: bool) -> None:
         err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1)
+    os._exit(ExitCode.FAILED)
 
 
 # ------------------------------------------------------------------ measure

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ExitCode
 from ..training import TrainTask, float_state, init_model, task_data, train_to_target
 from .zoo import zoo_tasks
 
@@ -96,7 +96,7 @@ if __name__ == "__main__":  # pragma: no cover - documented command
     args = sys.argv[1:]
     if not args:
         print(__doc__)
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)
     train_trajectory(
         args[0], args[1] if len(args) > 1 else DEFAULT_MODEL, int(args[2]) if len(args) > 2 else 20
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import ExitCode
 from ..run.results import read_table
 from .spec import Spec, Study
 
@@ -58,7 +59,7 @@ class ExperimentReport:
     @property
     def exit_code(self) -> int:
         """0, or 1 when a measurement of any study failed (its rows carry the errors)."""
-        return max((o.exit_code for o in self.studies), default=0)
+        return max((o.exit_code for o in self.studies), default=ExitCode.OK)
 
 
 def fmt_cell(cell: Any, spec: str) -> str:

@@ -414,6 +414,15 @@ def _weight_names(p, model) -> list[str]:
 def normalized_sharpness(ctx, opts: NormalizedSharpnessOptions) -> MeasureResult:
     r"""Normalized sharpness NS (eq. 35, ``form: node``) or NS₀(λ′) (eq. 17, ``form: parameter``); larger = sharper.
 
+    With :math:`W_l` the weight matrices (:math:`h_l` rows), :math:`D_l` the Hessian
+    diagonal of the training loss arranged like :math:`W_l` and R = ``box``:
+
+    .. math::
+
+        \mathrm{NS} = \Big(\sum_l \min_{\gamma \in [-R, R]^{h_l}} \sum_{i,k}
+        M_l[i,k]\, e^{\gamma_i - \gamma_k}\Big)^{1/2}, \qquad
+        M_l = \max(D_l, 0)\,(W_l \circ W_l)^\top.
+
     Parameters (options)
     --------------------
     hessian_diag : {"auto", "ggn", "exact", "scaled", "finite_difference", "hutchinson"}, default "auto"

@@ -199,6 +199,15 @@ def _ns(p, model, diag, box):
 def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
     r"""L̂_S(Q) + Hoeffding half-width + ½√(h/λ)·NS₂(R) + λ/(2m); larger = looser bound (sharper).
 
+    With K draws from the posterior Q, a loss of range B, δ′ = ``confidence``, h the
+    columns of all weight matrices, m the size of the measurement set, λ = ``lam`` and
+    NS₂(R) the `normalized_sharpness` with ``box`` = R:
+
+    .. math::
+
+        \hat L_S(Q) + B\sqrt{\frac{\ln(2/\delta')}{2K}}
+        + \frac{\sqrt h}{2}\,\frac{\mathrm{NS}_2(R)}{\sqrt\lambda} + \frac{\lambda}{2m}.
+
     Parameters (options)
     --------------------
     hessian_diag, samples, radius, eps, check, check_probes, max_exact : the diagonal, as in

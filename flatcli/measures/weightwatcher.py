@@ -298,9 +298,20 @@ def layer_fit(W: torch.Tensor, opts: WeightWatcherOptions) -> tuple[dict | None,
     estimate=lambda o, d: {},
 )
 def weightwatcher_alpha(ctx, opts: WeightWatcherOptions) -> MeasureResult:
-    """Mean power-law exponent α over the layers; larger means a larger predicted gap.
+    r"""Mean power-law exponent α over the layers; larger means a larger predicted gap.
 
-    See the module docstring for the ESD, the fit, α̂ and the orientation."""
+    Each fitted layer l's eigenvalues λ of :math:`W_l^\top W_l` above :math:`x_{\min,l}`
+    follow :math:`\rho(\lambda) \propto \lambda^{-\alpha_l}`; over the L fitted layers
+
+    .. math::
+
+        \bar\alpha = \frac1L \sum_{l=1}^{L} \alpha_l, \qquad
+        \alpha_l = 1 + n_l \Big(\sum_{\lambda_j \ge x_{\min,l}}
+        \ln\frac{\lambda_j}{x_{\min,l}}\Big)^{-1}
+
+    (the maximum-likelihood fit over the :math:`n_l` tail eigenvalues; :math:`n_l - 1` in
+    place of :math:`n_l` for a layer of fewer than 20 eigenvalues). See the module
+    docstring for the ESD, the fit, α̂ and the orientation."""
     p = ctx.problem
     layers, skipped = {}, []
     for wm in weight_matrices(ctx.model, selected(p), frozen=True):

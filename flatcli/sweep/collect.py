@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import INCOMPLETE, ConfigError, exit_code
+from ..errors import INCOMPLETE, ConfigError, ExitCode, exit_code
 from ..run.checkpoint import versions
 from ..run.results import Row, to_frame, write_pair
 from .plan import Plan, load_plan
@@ -45,7 +45,7 @@ class CollectReport:
     def exit_code(self) -> int:
         """`flatcli.errors.exit_code` over the collected rows when a unit failed (2 for bad input,
         else 1); else `INCOMPLETE` (3) when units are not finished; 0 when every unit is ok."""
-        return exit_code(self.rows) or (INCOMPLETE if self.missing else 0)
+        return exit_code(self.rows) or (INCOMPLETE if self.missing else ExitCode.OK)
 
 
 def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) -> CollectReport:

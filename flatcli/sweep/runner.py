@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, MeasurementError, exit_code_of
+from ..errors import ConfigError, ExitCode, MeasurementError, exit_code_of
 from ..loading.jobs import Job, coerce_cell
 from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
@@ -87,7 +87,7 @@ class SweepReport:
     @property
     def exit_code(self) -> int:
         """`flatcli.errors.exit_code` over the error units of this shard."""
-        return max((exit_code_of(k) for k in self.error_kinds), default=0)
+        return max((exit_code_of(k) for k in self.error_kinds), default=ExitCode.OK)
 
     @property
     def finished(self) -> int:

@@ -281,10 +281,10 @@ def test_measure_plots_the_spectrum_density(project, tmp_path):
 
 
 def test_version_and_unknown_measure_pattern():
-    from flatcli import __version__
+    from flatcli._version import __date__, __version__
 
     res = run("--version")
-    assert res.exit_code == 0 and res.output.strip() == f"flatcli {__version__}"
+    assert res.exit_code == 0 and res.output.strip() == f"flatcli {__version__} ({__date__})"
     res = run("measures", "hesian_trace")  # a typo: exit 2 with the close match, not an empty table
     assert res.exit_code == 2 and "Did you mean 'hessian_trace'?" in out(res)
     res = run("measures", "nosuch")

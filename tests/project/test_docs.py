@@ -103,24 +103,92 @@ def test_benchmark_optional_gpu_and_row_width():
         docs.render_benchmark(data)
 
 
+def _fixture_root(tmp_path):
+    """A repository root holding the fixture's script (its command runs benchmarks/bench_fixture.py)."""
+    root = tmp_path / "repo"
+    (root / "benchmarks").mkdir(parents=True)
+    (root / "benchmarks" / "bench_fixture.py").write_text("")
+    return root
+
+
 def test_benchmark_pages_and_index(tmp_path):
-    data_dir, out = tmp_path / "data", tmp_path / "out"
-    assert docs.write_benchmark_pages(data_dir, out) == []  # no data folder yet
+    data_dir, out, root = tmp_path / "data", tmp_path / "out", _fixture_root(tmp_path)
+    assert docs.write_benchmark_pages(data_dir, out, root) == []  # no data folder yet
     assert "No benchmark data yet." in (out / "index.md").read_text()
     data_dir.mkdir()
     (data_dir / "b_second.json").write_text(FIXTURE.read_text())
     other = _data()
     other["title"] = "Another"
+    other["machine"]["gpu"] = "NVIDIA H200"
+    other["command"], other["history"] = "", "Measured once by hand."
     (data_dir / "a_first.json").write_text(json.dumps(other))
-    assert docs.write_benchmark_pages(data_dir, out) == ["a_first", "b_second"]
+    assert docs.write_benchmark_pages(data_dir, out, root) == ["a_first", "b_second"]
     index = (out / "index.md").read_text()
+    # a table: what, where run, date, how to reproduce; then the (hidden) toctree
+    assert "| page | what | where run | date | reproduce |" in index
+    assert "| [a_first](a_first.md) | Another | NVIDIA H200 | 2030-01-02 | historical |" in index
+    assert (
+        "| [b_second](b_second.md) | Fixture: trace against a peer | Test CPU 9000, 2 cores "
+        "| 2030-01-02 | `benchmarks/bench_fixture.py` |" in index
+    )
     toc = index[index.index("```{toctree}") :]
-    assert toc.index("a_first") < toc.index("b_second")
+    assert toc.index("a_first") < toc.index("b_second") and ":hidden:" in toc
     assert "No benchmark data yet." not in index
     assert (out / "b_second.md").read_text() == docs.render_benchmark(_data(), "b_second.json")
+    historical = (out / "a_first.md").read_text()
+    assert "Reproduce with" not in historical and "Measured once by hand." in historical
     (data_dir / "a_first.json").unlink()  # a removed data file loses its page
-    docs.write_benchmark_pages(data_dir, out)
+    docs.write_benchmark_pages(data_dir, out, root)
     assert not (out / "a_first.md").exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "python benchmarks/bench_gone.py --n 3",
+        "python -m benchmarks.bench_gone --n 3",
+        "python -m benchmarks.bench_fixture\npython scripts/old_one.py",
+        "OMP_NUM_THREADS=1 python -m tools.gone",
+        "bash tools/gone.sh",
+    ],
+)
+def test_a_command_that_runs_a_missing_script_fails_the_pages(tmp_path, command):
+    data_dir, root = tmp_path / "data", _fixture_root(tmp_path)
+    data_dir.mkdir()
+    data = _data()
+    data["command"] = command
+    (data_dir / "x.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"x\.json: 'command' runs .*(gone|old_one)"):
+        docs.write_benchmark_pages(data_dir, tmp_path / "out", root)
+    data["command"] = "python -m benchmarks.bench_fixture --n 3"  # the script that is there
+    (data_dir / "x.json").write_text(json.dumps(data))
+    assert docs.write_benchmark_pages(data_dir, tmp_path / "out", root) == ["x"]
+
+
+def test_a_command_must_name_a_script_or_be_history(tmp_path):
+    data = _data()
+    data["command"] = "make it"
+    with pytest.raises(ValueError, match="names no script"):
+        docs.check_reproducible(data, "x.json", _fixture_root(tmp_path))
+    data["command"] = ""
+    with pytest.raises(ValueError, match="'command' is empty"):
+        docs.render_benchmark(data, "x.json")
+    data["history"] = ""
+    with pytest.raises(ValueError, match="'history' must be a non-empty string"):
+        docs.render_benchmark(data, "x.json")
+
+
+def test_the_shipped_data_run_scripts_that_exist():
+    """Every data file in docs/benchmarks/data names scripts of this repository (or none, with
+    its history), so every page's "Reproduce with" runs."""
+    files = sorted((ROOT / "docs" / "benchmarks" / "data").glob("*.json"))
+    assert files
+    for path in files:
+        data = json.loads(path.read_text())
+        docs.check_reproducible(data, path.name)
+        for script in docs.command_scripts(data["command"]):
+            assert (ROOT / script).is_file(), (path.name, script)
+        assert bool(data["command"].strip()) != bool(data.get("history")), path.name
 
 
 def test_measure_reference_covers_the_registry(tmp_path):
@@ -149,6 +217,17 @@ def test_measure_reference_covers_the_registry(tmp_path):
             assert f"``{f.name}``" in page and f"``{f.default!r}``" in page, (info.name, f.name)
         assert docs.rst_escape(info.reference) in page
         assert "Parameters (options)" not in page  # the options table replaces it
+
+
+def test_every_measure_page_defines_its_measure_with_a_formula():
+    """The Definition section (the measure function's docstring) holds at least one formula
+    (a ``:math:`` role or a ``.. math::`` block), so a reader sees what is computed up front."""
+    from flatcli.measures import list_measures
+
+    for info in list_measures():
+        page = docs.measure_page(info)
+        definition = page.split("\nDefinition\n----------\n", 1)[1].split("\nOptions\n---", 1)[0]
+        assert ":math:`" in definition or ".. math::" in definition, info.name
 
 
 def test_measure_page_flags():
@@ -215,7 +294,7 @@ def test_benchmark_plots_from_numeric_tables(tmp_path):
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     (data_dir / "sizes.json").write_text(json.dumps(data))
-    docs.write_benchmark_pages(data_dir, tmp_path / "out")
+    docs.write_benchmark_pages(data_dir, tmp_path / "out", _fixture_root(tmp_path))
     page = (tmp_path / "out" / "sizes.md").read_text()
     png = tmp_path / "out" / "plots" / "sizes_2.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -224,16 +303,40 @@ def test_benchmark_plots_from_numeric_tables(tmp_path):
 
 
 def test_the_changelog_has_a_section_for_the_version():
-    """CHANGELOG.md has a section for the version `flatcli --version` prints (raise both at a
-    release), with breaking changes listed first."""
+    """CHANGELOG.md has a section for the version `flatcli --version` prints, dated with the
+    release date it prints (raise both at a release), with breaking changes listed first; every
+    release section carries an ISO date."""
+    import datetime
 
     from flatcli.cli import app
 
     out = runner.invoke(app, ["--version"]).output
-    version = out.split()[-1]
+    match = re.fullmatch(r"flatcli (\S+) \((\d{4}-\d{2}-\d{2})\)", out.strip())
+    assert match, out
+    version, date = match.groups()
     text = (Path(__file__).resolve().parents[2] / "CHANGELOG.md").read_text()
-    section = text.split(f"## [{version}]", 1)
-    assert len(section) == 2, f"no '## [{version}]' section in CHANGELOG.md"
+    section = text.split(f"## [{version}] - {date}\n", 1)
+    assert len(section) == 2, f"no '## [{version}] - {date}' section in CHANGELOG.md"
     body = section[1].split("\n## [", 1)[0]
     heads = [ln for ln in body.splitlines() if ln.startswith("### ")]
     assert heads and heads[0] == "### Changed (breaking)" or "breaking" not in body.lower()
+    releases = re.findall(r"^## \[(.+?)\](.*)$", text, re.M)
+    for name, rest in releases:
+        if name != "Unreleased":
+            assert re.fullmatch(r" - \d{4}-\d{2}-\d{2}", rest), f"## [{name}] has no date"
+            datetime.date.fromisoformat(rest[3:])
+
+
+def test_the_site_pastes_and_renders_offline():
+    """docs/conf.py: no typographic replacement (``--dry-run`` stays two hyphens, quotes stay
+    straight; neither MyST extension that would replace them is on), and MathJax is served from
+    the installed sphinx-mathjax-offline package, not a CDN."""
+    conf: dict = {"__file__": str(ROOT / "docs" / "conf.py")}
+    path = ROOT / "docs" / "conf.py"
+    exec(compile(path.read_text(), str(path), "exec"), conf)  # noqa: S102 (our own conf.py)
+    assert conf["smartquotes"] is False
+    assert not {"smartquotes", "replacements"} & set(conf["myst_enable_extensions"])
+    assert "sphinx-mathjax-offline" in conf["extensions"]
+    assert "mathjax_path" not in conf  # the extension sets the packaged copy
+    extra = re.search(r"^docs = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)
+    assert "sphinx-mathjax-offline" in extra.group(1)

@@ -73,6 +73,7 @@ def held_at_products(monkeypatch, model, batch, spec: dict, **fields) -> tuple[f
     return most[0], P
 
 
+@pytest.mark.slow  # a Krylov run on a tiny GPT-2 with memory counted: tens of seconds
 @pytest.mark.parametrize("width,layers", [(16, 1), (24, 1)])
 def test_a_traces_predicted_vectors_grow_with_the_probes_it_holds(monkeypatch, width, layers):
     """The first block of a Hutchinson trace holds min_probes probes and their products, and the
@@ -96,6 +97,7 @@ def test_a_traces_predicted_vectors_grow_with_the_probes_it_holds(monkeypatch, w
     assert all(b - a >= 2 * 4 for a, b in zip(most, most[1:], strict=False)), most
 
 
+@pytest.mark.slow  # a Krylov run on a tiny GPT-2 with memory counted: tens of seconds
 def test_the_near_zero_floors_counted_vectors_follow_its_runs_in_lockstep(monkeypatch):
     """The near-zero floor's SLQ runs its 4 runs in lockstep groups (`slq_group_size`: as many
     as host room allows, one at a time on a large model). With the room set for groups of 1, 2
@@ -137,6 +139,7 @@ def test_a_near_zero_traces_counted_products_stay_within_its_declared_range():
     assert floors >= 1  # the floor ran: the case the range must cover
 
 
+@pytest.mark.slow  # a Krylov run on a tiny GPT-2 with memory counted: tens of seconds
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_lambda_maxs_predicted_vectors_cover_its_basis_and_working_vectors(monkeypatch, precision):
     """λmax holds its Krylov basis and Lanczos's own working vectors (the float64 start, the
