@@ -19,7 +19,7 @@ from ..console import (
     print_table,
     render_rows,
 )
-from ..errors import ConfigError
+from ..errors import ConfigError, ExitCode
 from ._app import (
     BudgetOpt,
     ConfigOpt,
@@ -512,7 +512,7 @@ def sweep(
             soft_wrap=True,
             markup=False,
         )
-        raise typer.Exit(130) from None
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
     for line in report.lines:
         console.print(line, highlight=False, soft_wrap=True)
     if report.dry_run:
@@ -639,7 +639,7 @@ def sweep_worker(
         )
     except KeyboardInterrupt:
         if in_pool():  # the pool's coordinator says what is finished, once
-            raise typer.Exit(130) from None
+            raise typer.Exit(ExitCode.INTERRUPTED) from None
         raise
     if line:
         err_console.print(line, highlight=False, markup=False)
