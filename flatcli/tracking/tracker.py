@@ -22,6 +22,7 @@ first) starts cold from the seeded random start with the certified step floor.
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ import torch
 from .._version import __version__
 from ..engine import CurvatureEngine, Problem
 from ..engine.batch import Batch
-from ..engine.problem import eval_mode
+from ..engine.problem import eval_mode, nonfinite_tensors, not_finite
 from ..errors import ConfigError
 from ..measures import MeasureContext, MeasureSpec, run_measure
 from ..measures.trajectory import TRACKED_BY_DEFAULT
@@ -159,7 +160,11 @@ class Tracker:
         with untouched(model):
             self.rows_in_set = self._problem().rows
         self.store = TrackStore(out, self._meta())
-        self.rows = self.store.rows
+
+    @property
+    def rows(self) -> list[dict]:
+        """The rows so far (with those of a resumed run before its first step)."""
+        return self.store.rows
 
     def _meta(self) -> dict[str, Any]:
         o = self.options
@@ -241,7 +246,13 @@ class Tracker:
             with engine.precision.context():
                 loss = engine.loss()
                 cache: dict[str, Any] = {}
-                for spec in self.specs:
+                specs = self.specs
+                if not math.isfinite(loss):  # every measure of this step fails, training goes on
+                    err = not_finite(f"step {step}", loss, nonfinite_tensors(problem.params))
+                    for spec in specs:
+                        row.fail(str(err), type(err).__name__, spec.label)
+                    specs = []
+                for spec in specs:
                     ctx = MeasureContext(
                         problem,
                         engine,
