@@ -45,7 +45,7 @@ def _run(seed: int, steps: int = 16, lr: float = 0.05):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_warm_agrees_with_cold_and_the_dense_reference_at_every_step(seed):
-    warm_n, cold_n = [], []
+    warm_n, cold_n, warm_k, cold_k = [], [], [], []
     for s, w, c, evals in _run(seed):
         lam = evals[0]
         assert w["hessian_lambda_max_status"] == "ok" and c["hessian_lambda_max_status"] == "ok"
@@ -59,7 +59,10 @@ def test_warm_agrees_with_cold_and_the_dense_reference_at_every_step(seed):
         if s > 0:
             warm_n.append(w["hessian_lambda_max_n_hvp"])
             cold_n.append(c["hessian_lambda_max_n_hvp"])
+            warm_k.append(w["hessian_top_eigenvalues_n_hvp"])
+            cold_k.append(c["hessian_top_eigenvalues_n_hvp"])
     assert np.mean(warm_n) <= 0.5 * np.mean(cold_n), (warm_n, cold_n)
+    assert np.mean(warm_k) <= 0.75 * np.mean(cold_k), (warm_k, cold_k)  # blocks of 3: coarser
 
 
 def test_every_cold_every_th_evaluation_starts_cold():
