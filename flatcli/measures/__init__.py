@@ -53,7 +53,7 @@ _FAMILY_MODULES = [
     "flatcli.measures.fisher_rao",
     "flatcli.measures.local_entropy",
     "flatcli.measures.weightwatcher",
-    "flatcli.measures.trajectory",
+    "flatcli.measures.during_training",
 ]
 
 

@@ -3,7 +3,7 @@ r"""`Tracker`: curvature measures of a model during training, from any PyTorch l
 A tracker is built once from the model, the loss, a fixed tracking set (the same rows at every
 step, so that the numbers are comparable) and the measures; ``tracker.step(step, optimizer=opt)``
 after each optimizer step evaluates the measures when the schedule says so
-(`flatcli.tracking.schedule`) and records a row (`flatcli.tracking.store`).
+(`flatcli.tracking.schedule`) and records a row (`flatcli.tracking.track_files`).
 
 What an evaluation leaves alone. The measures run on a `flatcli.engine.Problem`, which holds
 detached copies of the parameters and differentiates those (never ``.grad``), in eval mode
@@ -38,12 +38,12 @@ from ..engine.batch import Batch
 from ..engine.problem import eval_mode, nonfinite_tensors, not_finite
 from ..errors import ConfigError
 from ..measures import MeasureContext, MeasureSpec, run_measure
-from ..measures.trajectory import TRACKED_BY_DEFAULT
+from ..measures.during_training import TRACKED_BY_DEFAULT
 from ..run.checkpoint import as_specs
 from ..run.results import Row
 from ..validation import Bool, Integral, Optional, Real, check_fields, opt
 from .schedule import Schedule
-from .store import TrackStore
+from .track_files import TrackStore
 
 
 @dataclass(frozen=True)

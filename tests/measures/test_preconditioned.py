@@ -74,7 +74,9 @@ def test_equals_the_dense_float64_eigenvalue(seed, optim):
     r = _measure(model, (x, y), opt)
     assert r.status == "ok", r.diagnostics
     assert r.value == pytest.approx(want, rel=1e-6)
-    beta1 = 0.8 if optim == "adam" else 0.9 if optim.startswith("adam") else opt.defaults["momentum"]
+    beta1 = (
+        0.8 if optim == "adam" else 0.9 if optim.startswith("adam") else opt.defaults["momentum"]
+    )
     lr = opt.defaults["lr"]
     thr = (2 + 2 * beta1) / ((1 - beta1) * lr) if optim.startswith("adam") else (2 + 2 * beta1) / lr
     assert r.diagnostics["threshold"] == pytest.approx(thr, rel=1e-12)
@@ -130,7 +132,10 @@ def test_without_a_second_moment_it_does_not_apply(tmp_path):
     assert r.status == "not_applicable" and "no second moment" in r.diagnostics["reason"]
     fresh = torch.optim.Adam(model.parameters())
     r = _measure(model, data, fresh)
-    assert r.status == "not_applicable" and "no state for parameter 0.weight" in r.diagnostics["reason"]
+    assert (
+        r.status == "not_applicable"
+        and "no state for parameter 0.weight" in r.diagnostics["reason"]
+    )
     with pytest.raises(ConfigError, match="optimizer_state: no file"):
         _measure(model, data, None, optimizer_state=str(tmp_path / "missing.pt"))
     torch.save({"weights": torch.zeros(2)}, tmp_path / "w.pt")

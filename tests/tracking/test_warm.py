@@ -21,7 +21,9 @@ def _run(seed: int, steps: int = 16, lr: float = 0.05):
     """Full-batch GD on a tanh MLP under MSE (float64), a warm and a cold tracker side by side;
     yields (step, warm row, cold row, dense eigenvalues)."""
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(3, 12), nn.Tanh(), nn.Linear(12, 12), nn.Tanh(), nn.Linear(12, 1))
+    model = nn.Sequential(
+        nn.Linear(3, 12), nn.Tanh(), nn.Linear(12, 12), nn.Tanh(), nn.Linear(12, 1)
+    )
     model = model.double()
     x = torch.randn(40, 3, dtype=torch.float64)
     y = torch.sin(x.sum(1, keepdim=True))
