@@ -8,7 +8,7 @@ See `flatcli.sweep.plan` (units, plan.json), `flatcli.sweep.worker` (the worker 
 from .collect import CollectReport, collect
 from .plan import Plan, load_plan
 from .runner import SweepReport, run_sweep
-from .track_files import Store, parse_shard, shard_of
+from .store import Store, parse_shard, shard_of
 from .worker import run_worker
 
 __all__ = [

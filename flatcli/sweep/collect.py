@@ -12,7 +12,7 @@ from ..errors import INCOMPLETE, ConfigError, exit_code
 from ..run.checkpoint import versions
 from ..run.results import Row, to_frame, write_pair
 from .plan import Plan, load_plan
-from .track_files import (
+from .store import (
     PLAN_FILE,
     Store,
     row_from_records,

@@ -17,7 +17,7 @@ from ..measures import MeasureSpec
 from ..run.jobs import Job
 from ..run.results import atomic_write
 from ..schema import PLAN, mismatch
-from .track_files import (
+from .store import (
     PLAN_FILE,
     dumps,
     shard_of,

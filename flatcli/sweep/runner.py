@@ -49,7 +49,7 @@ from ..run.settings import Settings
 from ..threads import apply_threads, choose_threads, thread_choice
 from ..validation import EXECUTORS
 from .plan import Plan, Unit, build_plan, write_plan
-from .track_files import (
+from .store import (
     DEFAULT_LOCK_TIMEOUT,
     Store,
     parse_shard,

@@ -20,7 +20,7 @@ from ..run.jobs import Job
 from ..run.settings import MeasureOptions, Settings
 from ..threads import apply_threads, choose_threads
 from .plan import Plan, Unit, load_plan
-from .track_files import (
+from .store import (
     DEFAULT_LOCK_TIMEOUT,
     Heartbeat,
     Lock,
