@@ -90,6 +90,20 @@ def plot_track(
     Path
         The PNG written.
     """
+    fig = track_figure(folder, measures)
+    base = Path(folder)
+    out = (
+        Path(output)
+        if output is not None
+        else (base if base.is_dir() else base.parent) / "track.png"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    return out
+
+
+def track_figure(folder: str | Path, measures: list[str] | None = None):
+    """The figure of `plot_track` (a matplotlib Figure on an Agg canvas, one panel per label)."""
     meta, rows = read_track(folder)
     labels = meta["labels"]
     chosen = list(labels) if not measures else list(measures)
@@ -105,12 +119,4 @@ def plot_track(
     for ax, label in zip(axes, chosen, strict=True):
         _panel(ax, rows, label, labels[label])
     axes[-1].set_xlabel("step")
-    base = Path(folder)
-    out = (
-        Path(output)
-        if output is not None
-        else (base if base.is_dir() else base.parent) / "track.png"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    return out
+    return fig
