@@ -7,7 +7,15 @@ Trainer (`flatcli.tracking.hf_callback`), which import their framework only when
 """
 
 from .schedule import Schedule
-from .track_files import TrackStore, numeric_columns
+from .track_files import TrackStore, log_columns, numeric_columns
 from .tracker import Tracker, TrackOptions, untouched
 
-__all__ = ["Schedule", "TrackOptions", "TrackStore", "Tracker", "numeric_columns", "untouched"]
+__all__ = [
+    "Schedule",
+    "TrackOptions",
+    "TrackStore",
+    "Tracker",
+    "log_columns",
+    "numeric_columns",
+    "untouched",
+]

@@ -113,3 +113,18 @@ def numeric_columns(row: dict[str, Any]) -> dict[str, float]:
         elif isinstance(v, (int, float)) and math.isfinite(float(v)):
             out[k] = float(v)
     return out
+
+
+LOGGED = ("", "_stderr", "_n_hvp", "_seconds", "_threshold")  # per label, what a logger gets
+
+
+def log_columns(row: dict[str, Any], labels: list[str], prefix: str = "") -> dict[str, float]:
+    """The columns of a row a training framework's logger receives, named ``prefix`` + column:
+    ``tracking_loss``, ``overhead`` and, per measure label, its value, ``_stderr``, ``_n_hvp``,
+    ``_seconds``, ``_threshold`` and ``_lambda_<i>`` (the finite numbers among them)."""
+    cells = numeric_columns(row)
+    keep = ["tracking_loss", "overhead"]
+    for lab in labels:
+        keep += [lab + s for s in LOGGED]
+        keep += [c for c in cells if c.startswith(f"{lab}_lambda_")]
+    return {prefix + c: cells[c] for c in keep if c in cells}
