@@ -39,7 +39,7 @@ from ..engine.problem import eval_mode, nonfinite_tensors, not_finite
 from ..errors import ConfigError
 from ..measures import MeasureContext, MeasureSpec, run_measure
 from ..measures.during_training import TRACKED_BY_DEFAULT
-from ..run.checkpoint import as_specs
+from ..run.checkpoint import as_specs, describe_error
 from ..run.results import Row
 from ..validation import Bool, Integral, Optional, Real, check_fields, opt
 from .schedule import Schedule
@@ -265,7 +265,7 @@ class Tracker:
                     try:
                         row.results[spec.label] = run_measure(spec, ctx)
                     except Exception as e:  # a failed measure is a row's error; training goes on
-                        row.fail(str(e), type(e).__name__, spec.label)
+                        row.fail(describe_error(e), type(e).__name__, spec.label)
         flat = row.flat()
         del flat["checkpoint"]
         head = {"step": step, "lr": _lr(optimizer), "epoch": epoch, "tracking_loss": loss}
