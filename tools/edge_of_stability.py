@@ -8,6 +8,7 @@ thread.
 
     OMP_NUM_THREADS=1 python tools/edge_of_stability.py run      # a few minutes on one core
     python tools/edge_of_stability.py render                     # the figure from the JSON
+    python tools/edge_of_stability.py summarize                  # the summary from the rows
 
 ``run`` writes docs/experiments/edge_of_stability/eos.json (every tracked row of every run and the
 summary); ``render`` draws eos.png from that file alone.
@@ -94,14 +95,17 @@ def run_one(opt_name: str, lr: float, steps: int, every: int) -> dict:
 
 
 def settle(run: dict, key: str, threshold) -> dict:
-    """Where ``key`` sits relative to its threshold over the second half of the run (after it
-    first came within 10% of it): median, 10th and 90th percentiles of value/threshold."""
+    """Where ``key`` sits relative to its threshold once settled: over the tracked steps from the
+    later of the run's midpoint and the first step within 10% of the threshold, the median, 10th
+    and 90th percentiles of value/threshold (and the window's first step)."""
     rows = run["rows"]
     ratio = np.array([r[key] / threshold(r) for r in rows if r.get(key) is not None])
     steps = np.array([r["step"] for r in rows if r.get(key) is not None])
     reached = np.nonzero(ratio >= 0.9)[0]
-    out = {"first_within_10pct": int(steps[reached[0]]) if len(reached) else None}
-    tail = ratio[len(ratio) // 2 :]
+    first = int(steps[reached[0]]) if len(reached) else None
+    start = max(first if first is not None else steps[-1], run["steps"] // 2)
+    tail = ratio[steps >= start]
+    out = {"first_within_10pct": first, "window_from": int(start)}
     out.update(
         median=float(np.median(tail)),
         p10=float(np.percentile(tail, 10)),
@@ -112,9 +116,8 @@ def settle(run: dict, key: str, threshold) -> dict:
     return out
 
 
-def run(args) -> None:
-    runs = [run_one("gd", lr, args.steps, args.every) for lr in GD_LRS]
-    runs.append(run_one("adam", ADAM_LR, args.steps, args.every))
+def summarize(runs: list[dict]) -> list[dict]:
+    """The settled ratios (`settle`) and the tracking overhead of every run."""
     summary = []
     for r in runs:
         if r["optimizer"] == "gd":
@@ -126,6 +129,18 @@ def run(args) -> None:
                 lambda row: row["preconditioned_lambda_max_threshold"],
             )
         summary.append({"optimizer": r["optimizer"], "lr": r["lr"], **s, "overhead": r["overhead"]})
+    return summary
+
+
+def run(args) -> None:
+    runs = [run_one("gd", lr, args.steps, args.every) for lr in GD_LRS]
+    runs.append(run_one("adam", ADAM_LR, args.steps, args.every))
+    write(runs)
+
+
+def write(runs: list[dict]) -> None:
+    """eos.json: the command, the summary and every run's rows."""
+    summary = summarize(runs)
     OUT.mkdir(parents=True, exist_ok=True)
     doc = {
         "command": "OMP_NUM_THREADS=1 python tools/edge_of_stability.py run",
@@ -204,8 +219,12 @@ def main(argv=None) -> None:
     r.add_argument("--steps", type=int, default=3000)
     r.add_argument("--every", type=int, default=20)
     sub.add_parser("render", help="draw eos.png from eos.json")
+    sub.add_parser("summarize", help="recompute eos.json's summary from its rows")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.cmd == "summarize":
+        write(json.loads((OUT / "eos.json").read_text())["runs"])
+        return
     (run if args.cmd == "run" else render)(args)
 
 
