@@ -157,6 +157,7 @@ class Tracker:
         self.schedule = Schedule(every=every, budget=budget)
         self.batch = Batch.of(data, where="the tracking set")
         self._warm: dict[str, dict] = {}
+        self._last: int | None = None  # the last step evaluated
         with untouched(model):
             self.rows_in_set = self._problem().rows
         self.store = TrackStore(out, self._meta())
@@ -219,7 +220,8 @@ class Tracker:
         self.schedule.tick(t0)
         self.store.resume_at(int(step))
         row = None
-        if self.schedule.due(int(step)):
+        if int(step) != self._last and self.schedule.due(int(step)):
+            self._last = int(step)  # a step is evaluated once (gradient accumulation repeats it)
             row, details = self._evaluate(int(step), optimizer, epoch)
             spent = self.schedule.spent + time.perf_counter() - t0
             row["overhead"] = spent / self.schedule.trained if self.schedule.trained else None

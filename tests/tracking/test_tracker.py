@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+import flatcli
 import flatcli.measures as reg
 from flatcli.errors import ConfigError
 from flatcli.measures import MeasureResult
@@ -100,6 +101,10 @@ def test_a_tracked_run_trains_bit_identically(seed, optim, greedy_measure):
     assert a[3][2] == b[3][2]
 
 
+def test_the_top_level_names():
+    assert flatcli.Tracker is Tracker and flatcli.TrackOptions is TrackOptions
+
+
 def test_rows_measure_the_eval_mode_model_exactly():
     """λmax of a tracked row equals the dense float64 eigenvalue of the eval-mode model's Hessian on
     the tracking set, gradient_norm its gradient's norm (dropout off, BatchNorm's running stats)."""
@@ -110,10 +115,15 @@ def test_rows_measure_the_eval_mode_model_exactly():
     tracker = Tracker(
         model,
         (x, y),
-        measures=[{"hessian_lambda_max": {"tol": 1e-8}}, "gradient_norm"],
+        measures=[
+            {"hessian_lambda_max": {"tol": 1e-8}},
+            "gradient_norm",
+            {"hessian_trace": {"method": "exact"}},
+        ],
         options=TrackOptions(precision="fp64", batch_size=7),
     )
     row = tracker.step(0)
+    assert tracker.step(0) is None  # a step is evaluated once (gradient accumulation repeats it)
     model.eval()
     params = dict(model.named_parameters())
 
@@ -125,6 +135,7 @@ def test_rows_measure_the_eval_mode_model_exactly():
     gnorm = float(torch.cat([t.reshape(-1) for t in g]).norm())
     assert row["hessian_lambda_max"] == pytest.approx(float(torch.linalg.eigvalsh(H)[-1]), rel=1e-7)
     assert row["gradient_norm"] == pytest.approx(gnorm, rel=1e-10)
+    assert row["hessian_trace"] == pytest.approx(float(torch.trace(H)), rel=1e-10)
     assert row["tracking_loss"] == pytest.approx(float(loss_of(params).detach()), rel=1e-12)
 
 
