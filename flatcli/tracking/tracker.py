@@ -39,7 +39,7 @@ from ..engine.problem import eval_mode, nonfinite_tensors, not_finite
 from ..errors import ConfigError
 from ..measures import MeasureContext, MeasureSpec, run_measure
 from ..measures.during_training import TRACKED_BY_DEFAULT
-from ..run.checkpoint import as_specs, describe_error
+from ..run.checkpoint import as_specs, check_targets, describe_error
 from ..run.results import Row
 from ..validation import Bool, Integral, Optional, Real, check_fields, opt
 from .schedule import Schedule
@@ -158,8 +158,15 @@ class Tracker:
         self.batch = Batch.of(data, where="the tracking set")
         self._warm: dict[str, dict] = {}
         self._last: int | None = None  # the last step evaluated
-        with untouched(model):
-            self.rows_in_set = self._problem().rows
+        with untouched(model):  # the tracking set, the loss and the engine's settings checked now
+            problem = self._problem()
+            check_targets(
+                model, self.batch, loss, "the tracking set", problem.device, problem.dtype
+            )
+            CurvatureEngine(
+                problem, hvp_mode=self.options.hvp_mode, precision=self.options.precision
+            )
+            self.rows_in_set = problem.rows
         self.store = TrackStore(out, self._meta())
 
     @property

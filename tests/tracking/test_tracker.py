@@ -172,6 +172,14 @@ def test_a_file_that_is_not_a_track_is_named(tmp_path):
         Tracker(model, (torch.randn(4, 2), torch.randn(4, 1)), "mse", out=tmp_path)
 
 
+def test_bad_engine_settings_fail_when_built():
+    data = (torch.randn(4, 2), torch.randn(4, 1))
+    with pytest.raises(ValueError, match="precision"):
+        Tracker(nn.Linear(2, 1), data, "mse", options=TrackOptions(precision="fp8"))
+    with pytest.raises(ConfigError, match="label"):
+        Tracker(nn.Linear(2, 3), (torch.randn(4, 2), torch.tensor([0, 1, 2, 5])), "cross_entropy")
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
