@@ -414,7 +414,7 @@ def list_measures(pattern: str = "*") -> list[MeasureInfo]:
     --------
     >>> from flatcli.measures import list_measures
     >>> [m.name for m in list_measures("hessian_*")]
-    ['hessian_lambda_max', 'hessian_spectrum', 'hessian_trace']
+    ['hessian_lambda_max', 'hessian_spectrum', 'hessian_top_eigenvalues', 'hessian_trace']
     """
     _load_all()
     return [_REGISTRY[k] for k in sorted(_REGISTRY) if fnmatch.fnmatch(k, pattern)]
