@@ -1,7 +1,7 @@
 """Curvature during training (`flatcli.tracking.Tracker`): products per evaluation of warm-started
 against cold-started Lanczos over a training run, and the tracker's overhead under ``budget``.
 
-1. Warm against cold. A tanh MLP (20-64-64-10, 6.3k parameters) trained by mini-batch SGD on
+1. Warm against cold. A tanh MLP (20-64-64-10, 6,154 parameters) trained by mini-batch SGD on
    class-structured data; two trackers over the same model and tracking set (256 samples) evaluate
    ``hessian_lambda_max`` (tol 1e-3) and ``hessian_top_eigenvalues`` (top 3, tol 1e-3) every
    ``--every`` steps, one warm (``cold_every`` larger than the run) and one cold. Per evaluation:
