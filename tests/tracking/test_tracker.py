@@ -230,3 +230,19 @@ def test_the_budget_keeps_the_overhead_within_half_an_evaluation(budget, costs):
             worst = max(worst, abs(sched.spent - budget * sched.trained))
     assert worst <= c / 2 + budget * t + 1e-9
     assert sched.overhead == pytest.approx(budget, abs=(c / 2 + budget * t) / sched.trained + 1e-9)
+
+
+def test_a_capped_evaluation_is_a_lower_bound_with_status_budget():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    data = (torch.randn(32, 4), torch.randn(32, 1))
+    capped = Tracker(model, data, "mse", [{"hessian_lambda_max": {"max_hvps": 2}}]).step(0)
+    assert capped["hessian_lambda_max_status"] == "budget"
+    assert capped["hessian_lambda_max_n_hvp"] == 2
+    assert capped["hessian_lambda_max_bound"] == "lower bound"
+    timed = Tracker(
+        model, data, "mse", ["hessian_lambda_max"], options=TrackOptions(max_seconds=1e-9)
+    ).step(0)
+    assert timed["hessian_lambda_max_status"] == "budget"
+    full = Tracker(model, data, "mse", [{"hessian_lambda_max": {"tol": 1e-10}}]).step(0)
+    assert capped["hessian_lambda_max"] <= full["hessian_lambda_max"] * (1 + 1e-12)
