@@ -30,6 +30,8 @@ __all__ = [
     "compare",
     "correlate",
     "read_results",
+    "Tracker",
+    "TrackOptions",
     *_API,
     *_MEASURES,
 ]
@@ -53,6 +55,10 @@ def __getattr__(name):  # PEP 562: each name is imported on first use
         from . import measures  # lazy: start-up (loads torch)
 
         return getattr(measures, name)
+    if name in ("Tracker", "TrackOptions"):  # curvature during training
+        from . import tracking  # lazy: start-up (loads torch)
+
+        return getattr(tracking, name)
     if name == "Settings":
         from .run.settings import Settings  # lazy: start-up (loads torch)
 

@@ -630,3 +630,25 @@ def _invariance_table(rep) -> Table:
 
 
 # ------------------------------------------------------------------ sweep worker (hidden)
+
+
+@app.command("plot-track", cls=FitHelp)
+@handle_errors
+def plot_track_cmd(
+    folder: Annotated[Path, typer.Argument(help="A tracker's output folder (track.json).")],
+    measures: Annotated[
+        str | None,
+        typer.Option("--measures", "-m", help="Labels to draw, comma-separated (default: all)."),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="PNG to write (default FOLDER/track.png).")
+    ] = None,
+    debug: DebugOpt = False,
+):
+    """Draw a tracked training run's measures against the step, with 2/η and the preconditioned
+    threshold where they apply."""
+    from ..tracking.plot import plot_track  # lazy: CLI start-up (loads torch, matplotlib)
+
+    labels = [m.strip() for m in measures.split(",") if m.strip()] if measures else None
+    out = plot_track(folder, labels, output)
+    console.print(f"wrote {out}", highlight=False, soft_wrap=True)

@@ -53,6 +53,7 @@ _FAMILY_MODULES = [
     "flatcli.measures.fisher_rao",
     "flatcli.measures.local_entropy",
     "flatcli.measures.weightwatcher",
+    "flatcli.measures.during_training",
 ]
 
 
@@ -106,6 +107,13 @@ class MeasureContext:
         Set by `run_measure`: pass it to the estimators.
     cache : dict
         Shared by one checkpoint's measures (same θ, same data).
+    warm : dict or None
+        State one measure carries from one evaluation to the next at nearby θ (the tracker of a
+        training run, `flatcli.tracking.Tracker`): a warm-startable measure reads its start vectors
+        here and writes its Ritz vectors back; None (every ``measure`` run) means a cold start.
+    optimizer : torch.optim.Optimizer or dict or None
+        The training optimizer (or its state dict) at θ, for measures of the optimizer's geometry
+        (``preconditioned_lambda_max``); None outside a tracked training run.
     """
 
     problem: Any
@@ -120,6 +128,8 @@ class MeasureContext:
     cache: dict[str, Any] = field(
         default_factory=dict
     )  # shared by one checkpoint's measures (same θ, data); "seconds_per_product": a timed HVP
+    warm: dict[str, Any] | None = None  # carried across a tracker's evaluations (start vectors)
+    optimizer: Any = None  # the training optimizer or its state dict (a tracker's step)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -404,7 +414,7 @@ def list_measures(pattern: str = "*") -> list[MeasureInfo]:
     --------
     >>> from flatcli.measures import list_measures
     >>> [m.name for m in list_measures("hessian_*")]
-    ['hessian_lambda_max', 'hessian_spectrum', 'hessian_trace']
+    ['hessian_lambda_max', 'hessian_spectrum', 'hessian_top_eigenvalues', 'hessian_trace']
     """
     _load_all()
     return [_REGISTRY[k] for k in sorted(_REGISTRY) if fnmatch.fnmatch(k, pattern)]

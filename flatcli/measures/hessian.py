@@ -34,6 +34,7 @@ from . import MeasureResult, register
 from ._esd import ESD_FLOOR, esd_figure, plot_esd  # noqa: F401  (their home before)
 from ._options import Integral, OneOf, Optional, Real, opt
 from ._slq_shared import kept_abs_trace, no_slq_run, shared_slq
+from ._warm import keep_ritz_vectors, warm_start
 
 PADDING_NOTE = (  # the padding convention, in every Hessian measure's description
     " An nn.Embedding's padding_idx row is a frozen coordinate (curvature M·H·M), unless its "
@@ -154,12 +155,19 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     """
     eng = ctx.engine
     verify = eng.precision.verify
+    start, min_steps = warm_start(ctx, opts.min_steps)
     stop = linalg.KrylovStop(
-        tol=opts.tol, min_steps=opts.min_steps, max_steps=opts.max_steps, budget=ctx.budget
+        tol=opts.tol, min_steps=min_steps, max_steps=opts.max_steps, budget=ctx.budget
     )
     r = linalg.lanczos(
-        eng.hessian(), k=1, generator=ctx.generator(), return_vectors=verify, stop=stop
+        eng.hessian(),
+        k=1,
+        v0=start,
+        generator=ctx.generator(),
+        return_vectors=verify or ctx.warm is not None,
+        stop=stop,
     )
+    keep_ritz_vectors(ctx, r)
     lam = float(r.eigenvalues[0])
     rel = float(r.residuals[0] / max(abs(lam), 1e-30))
     converged = bool(r.converged)
@@ -208,6 +216,8 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
         lam = lam32
     if not converged:  # a Ritz value is at most λmax: unconverged, it is a bound, not an estimate
         diag["bound"] = "lower bound"
+    if ctx.warm is not None:
+        diag["warm_start"] = start is not None
     if opts.per_layer != "none":
         diag.update(_block_lambda_max(ctx, opts))
     return MeasureResult(value=lam, diagnostics=diag, status=_status(converged, near_zero, stopped))

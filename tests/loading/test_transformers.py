@@ -235,8 +235,9 @@ NOT_APPLICABLE = {
         "ns_bound",
         "fisher_rao_term",
         "weightwatcher_alpha",
+        "preconditioned_lambda_max",  # no optimizer state in a config's run
     },
-    "bert": {"path_norm", "weightwatcher_alpha"},
+    "bert": {"path_norm", "weightwatcher_alpha", "preconditioned_lambda_max"},
 }
 
 
