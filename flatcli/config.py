@@ -579,6 +579,8 @@ OTHER_ENV_VARS = {
     "checkpoints that each bring their own `train_data` drops the least recently used past it",
     "FLATCLI_DEBUG": "set to 1 by `--debug` while the command runs (its worker processes inherit "
     "it): Hugging Face's loading progress bars show",
+    "FLATCLI_SWEEP_POOL_WORKER": "set to 1 by `sweep` in the worker processes it starts (internal: "
+    "a pool worker stops without a word on Ctrl-C, and the coordinator says once what is finished)",
     "FLATCLI_SWEEP_UNIT_DELAY": "a test hook: seconds every sweep unit sleeps (so that a test "
     "can interrupt a sweep mid-unit)",
 }

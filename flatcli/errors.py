@@ -87,6 +87,10 @@ COMMAND_EXITS: dict[str, dict[ExitCode, str]] = {
     },
     "config show": {ExitCode.OK: "the config printed", ExitCode.USAGE: "a bad config"},
     "experiments list": {ExitCode.OK: "the studies listed"},
+    "plot-track": {
+        ExitCode.OK: "the plot written",
+        ExitCode.USAGE: "no tracker output in the folder, an unknown label, or no plotting library",
+    },
     "experiments run": {
         ExitCode.OK: "every study ran",
         ExitCode.FAILED: "a measurement of a study failed",

@@ -380,6 +380,7 @@ OTHER_FLAGS = {
     "--array",
     "--gres",
     "--cpus-per-task",
+    "--gpus-per-node",  # sbatch
     "--time",
     "--check",
     "--fix",
