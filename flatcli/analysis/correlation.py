@@ -35,7 +35,7 @@ Any table works: a results.csv of `flatcli measure`/`collect`, another CSV, or a
 Measures are the columns named by ``measures``, else those flatcli recorded (results.json's
 labels, or the columns X with an ``X_status`` column), else every numeric column that is not
 the target, a metric, a hyperparameter axis or a ``<column>_stderr``. Rows can be filtered
-(``where``, a ``DataFrame.query`` expression; ``max_train_loss``) before anything is computed.
+(``where``, a condition on columns, `flatcli.analysis.expressions`; ``max_train_loss``) before anything is computed.
 """
 
 import itertools

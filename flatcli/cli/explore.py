@@ -363,7 +363,8 @@ def correlate(
         str | None,
         typer.Option(
             "--where",
-            help="Keep only the rows matching this pandas query (DataFrame.query), e.g. 'hp_lr < 0.1 and train_acc >= 0.99'; backquote names that are not identifiers.",
+            help="Keep only the rows matching this condition, e.g. 'hp_lr < 0.1 and train_acc >= 0.99' or \"opt in ['sgd', 'adam']\": "
+            "comparisons of columns, numbers and quoted text, in [...], and, or, not (never run as code); backquote names that are not identifiers.",
         ),
     ] = None,
     max_train_loss: Annotated[

@@ -42,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from ..analysis.expressions import Parsed
 from ..config import from_dict, parse_measures, safe_yaml
 from ..errors import ConfigError
 from ..loading.factory import resolve_target
@@ -115,7 +116,7 @@ class Study:
     )  # measure pairs for `flatcli correlate --compare`
     subsets: dict[str, str] = field(
         default_factory=dict
-    )  # title → pandas query: the models also analysed alone
+    )  # title → a condition on results.csv (`--where`): the models also analysed alone
 
     def points(self) -> list[dict[str, Any]]:
         """Every grid point, in a fixed order (the last key varies fastest)."""
@@ -442,8 +443,9 @@ def _study(name: str, s: dict[str, Any], where: str, base_dir: Path) -> Study:
     for title, expr in subsets.items():
         if not isinstance(expr, str) or not expr.strip():
             raise ConfigError(
-                f"{where}.subsets.{title} must be a pandas query on results.csv, e.g. 'hp_dropout == 0'; got {expr!r}"
+                f"{where}.subsets.{title} must be a condition on results.csv, e.g. 'hp_dropout == 0'; got {expr!r}"
             )
+        Parsed(expr, f"{where}.subsets.{title}")  # its syntax and limits, before any training
     return Study(
         name,
         str(s.get("title", name)),
