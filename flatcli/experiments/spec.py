@@ -40,10 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..analysis.expressions import Parsed
-from ..config import from_dict, parse_measures, safe_yaml
+from ..analysis.expressions import check_condition
+from ..config import from_dict, parse_measures, read_yaml
 from ..errors import ConfigError
 from ..loading.factory import resolve_target
 from ..training import LossTarget, Plateau, Recipe
@@ -222,10 +220,7 @@ def _resolve_path(name_or_path: str | Path) -> Path:
 def load_spec(name_or_path: str | Path, quick: bool = False) -> Spec:
     """Read, merge and validate a spec (a shipped experiment's name or a YAML path)."""
     path = _resolve_path(name_or_path)
-    try:
-        raw = safe_yaml(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"experiment spec {path} is not valid YAML: {e}") from None
+    raw = read_yaml(path, "experiment spec")
     where = path.name
     raw = _check_keys(raw, TOP_KEYS, where)
     name = raw.get("experiment")
@@ -445,7 +440,7 @@ def _study(name: str, s: dict[str, Any], where: str, base_dir: Path) -> Study:
             raise ConfigError(
                 f"{where}.subsets.{title} must be a condition on results.csv, e.g. 'hp_dropout == 0'; got {expr!r}"
             )
-        Parsed(expr, f"{where}.subsets.{title}")  # its syntax and limits, before any training
+        check_condition(expr, f"{where}.subsets.{title}")  # the grammar, before any training
     return Study(
         name,
         str(s.get("title", name)),
