@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover - older typer on top of click
 from .._version import __version__
 from ..console import (
     DEBUG_ENV,
+    as_text,
     console,
     err_console,
 )
@@ -81,7 +82,7 @@ class OneLineErrors(TyperGroup):
         except click_exceptions.UsageError as e:
             where = e.ctx.command_path if e.ctx is not None else "flatcli"
             err_console.print(
-                f"[red]error:[/red] {e.format_message()} (see '{where} --help')",
+                f"[red]error:[/red] {as_text(e.format_message())} (see '{as_text(where)} --help')",
                 highlight=False,
                 soft_wrap=True,
             )
@@ -312,7 +313,7 @@ def handle_errors(fn):
             with _debug_env(debug):
                 return fn(*args, **kwargs)
         except FlatcliError as e:
-            _fail(e, e.exit_code, f"[red]error:[/red] {cli_message(e)}", debug)
+            _fail(e, e.exit_code, f"[red]error:[/red] {as_text(cli_message(e))}", debug)
         except (
             KeyboardInterrupt
         ) as e:  # `measure` says what it kept (flatcli.api.MeasureInterrupted)
@@ -326,7 +327,7 @@ def handle_errors(fn):
             _end_all_ranks(e, debug)
         except Exception as e:
             hint = "" if debug else " (run with --debug for the traceback)"
-            _fail(e, 1, f"[red]error:[/red] {type(e).__name__}: {e}{hint}", debug)
+            _fail(e, 1, f"[red]error:[/red] {type(e).__name__}: {as_text(e)}{hint}", debug)
 
     return wrapper
 
@@ -351,7 +352,7 @@ def _end_all_ranks(e: BaseException, debug: bool) -> None:
     if debug:
         traceback.print_exception(e)
     if not is_peer_gone(e):
-        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        err_console.print(f"[red]error:[/red] {as_text(e)}", highlight=False, soft_wrap=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)
