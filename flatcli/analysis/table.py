@@ -1,7 +1,6 @@
 """Results tables: reading results.csv (or any CSV or DataFrame), the measure columns, and
 the row filters (``where``, convergence) applied before any statistic."""
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
+from ..run.readback import read_json
 from ..run.results import METRICS, json_matches_csv, settle_pair
 from .expressions import Columns, evaluate_condition, nearest
 
@@ -99,7 +99,7 @@ def _labels_from_json(path: Path, csv_path: Path | None = None) -> list[str] | N
     """The measure labels a results JSON records; None when it records none, is unreadable, or was
     not written with ``csv_path`` (a mixed pair, `flatcli.run.results.json_matches_csv`)."""
     try:
-        d = json.loads(path.read_text())
+        d = read_json(path)
     except (OSError, ValueError):
         return None
     if csv_path is not None and not json_matches_csv(d, csv_path):
@@ -167,7 +167,7 @@ def recorded_loss(csv_path: Path) -> str | None:
     for j in (csv_path.with_suffix(".json"), csv_path.parent / "results.json"):
         if j.is_file():
             try:
-                d = json.loads(j.read_text())
+                d = read_json(j)
             except (OSError, ValueError):
                 return None
             cfg = d.get("config") if isinstance(d, dict) else None
