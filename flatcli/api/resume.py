@@ -192,7 +192,7 @@ def _keep_beside(folder: Path) -> Path:
     for suffix in (".json", ".csv"):
         src = folder / f"results{suffix}"
         if src.is_file():
-            atomic_write(folder / f"{PREV}{suffix}", src.read_text(errors="replace"))
+            atomic_write(folder / f"{PREV}{suffix}", src.read_bytes())  # as it is, bad bytes too
     return folder / f"{PREV}.json"
 
 

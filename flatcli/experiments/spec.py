@@ -41,12 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.expressions import check_condition
-from ..config import from_dict, parse_measures, read_yaml
+from ..config import from_dict, parse_measures
 from ..errors import ConfigError
 from ..loading.factory import resolve_target
 from ..training import LossTarget, Plateau, Recipe
 from ..validation import OPTIMIZERS as OPTIMIZERS  # re-exported: the vocabulary is declared there
 from ..validation import TRAINING, validate
+from ..yaml_loader import read_yaml
 
 SPEC_DIR = Path(__file__).parent / "specs"
 

@@ -330,8 +330,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def atomic_write(path: str | os.PathLike, text: str) -> None:
-    """Write via a temp file in the same folder (`temp_prefix`), fsync, then os.replace."""
+def atomic_write(path: str | os.PathLike, text: str | bytes) -> None:
+    """Write ``text`` (or bytes, as they are) via a temp file in the same folder
+    (`temp_prefix`), fsync, then os.replace."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp")
@@ -339,7 +340,7 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
     os.umask(umask)
     os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary files
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

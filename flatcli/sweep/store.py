@@ -373,13 +373,12 @@ class Store:
     def _bad(self, p: Path, why: str, text: str | None = None) -> None:
         self.problems[str(p)] = why
         seen = (str(p), why, text)
-        if seen not in _WARNED:  # once per file content, however often it is read
+        if self.warn is not None and seen not in _WARNED:  # once per file content and reader
             _WARNED.add(seen)
-            if self.warn is not None:
-                self.warn(
-                    f"warning: unit file {p} is unreadable ({why}); it is recomputed, the file "
-                    f"kept beside it as {p.name}.bad"
-                )
+            self.warn(
+                f"warning: unit file {p} is unreadable ({why}); it is recomputed, the file "
+                f"kept beside it as {p.name}.bad"
+            )
         return None
 
     def write_unit(self, record: dict[str, Any]) -> Path:

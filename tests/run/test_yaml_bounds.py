@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import yaml
 
-from flatcli import config as cfgmod
+from flatcli import yaml_loader as cfgmod
 from flatcli.cli import app
-from flatcli.config import MAX_ALIAS_VALUES, BoundedLoader, load_config, safe_yaml
+from flatcli.config import load_config, safe_yaml
 from flatcli.errors import ConfigError
+from flatcli.yaml_loader import MAX_ALIAS_VALUES, BoundedLoader
 from tests.oracles import runner
 
 
