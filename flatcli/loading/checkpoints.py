@@ -35,21 +35,36 @@ NEST_KEYS = ("state_dict", "model_state_dict", "model", "net")
 PREFIXES = ("module.", "_orig_mod.")
 
 
+PRETRAINED_READS = ("config.json", "generation_config.json")  # besides safetensors and code
+
+
+def checkpoint_files(path: str | os.PathLike) -> list[Path]:
+    """The files loading a checkpoint reads: the file itself; for a ``save_pretrained`` directory
+    its ``config.json``, ``generation_config.json``, safetensors files (and their index) and
+    Python files (the model code ``trust_remote_code`` runs). Optimizer states and other files a
+    trainer leaves beside them are not read; a tokenizer there is keyed as data
+    (`flatcli.keys.data_fingerprints`)."""
+    p = Path(path)
+    if not p.is_dir():
+        return [p]
+    files = sorted(
+        q
+        for q in p.iterdir()
+        if q.is_file()
+        and (q.name in PRETRAINED_READS or ".safetensors" in q.name or q.suffix == ".py")
+    )
+    if not files:
+        raise FileNotFoundError(f"{p} holds no config.json or safetensors file")
+    return files
+
+
 def fingerprint(path: str | os.PathLike) -> str:
     """sha256 of the file's bytes (first 16 hex digits): the checkpoint's identity in sweeps. For a
-    ``save_pretrained`` directory: of the names and bytes of its ``config.json`` and safetensors
-    files (optimizer states and other files a trainer leaves beside them are not read)."""
+    ``save_pretrained`` directory: of the names and bytes of the files loading reads
+    (`checkpoint_files`)."""
     p = Path(path)
     h = hashlib.sha256()
-    files = [p]
-    if p.is_dir():
-        files = sorted(
-            q
-            for q in p.iterdir()
-            if q.is_file() and (q.name == "config.json" or ".safetensors" in q.name)
-        )
-        if not files:
-            raise FileNotFoundError(f"{p} holds no config.json or safetensors file")
+    files = checkpoint_files(p)
     for q in files:
         if q is not p:
             h.update(q.name.encode() + b"\0")

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -177,6 +178,20 @@ def _labels(table, field: str, where: str, path: Path) -> torch.Tensor:
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# what a tokenizer's from_pretrained may read in its folder (config.json names its class when
+# tokenizer_config.json does not)
+TOKENIZER_READS = re.compile(
+    r"(tokenizer.*\.json|special_tokens_map\.json|added_tokens\.json|vocab\..*|merges\.txt"
+    r"|.*\.model|chat_template.*|config\.json|preprocessor_config\.json)"
+)
+
+
+def tokenizer_files(folder: str | os.PathLike) -> list[Path]:
+    """The files of ``folder`` a saved tokenizer is read from (`TOKENIZER_READS`), sorted."""
+    d = Path(folder)
+    if not d.is_dir():
+        return []
+    return sorted(q for q in d.iterdir() if q.is_file() and TOKENIZER_READS.fullmatch(q.name))
 
 
 def checkpoint_tokenizer(folders) -> Path | None:
