@@ -559,9 +559,12 @@ def row_from_records(
     """Rebuild the `Row` `flatcli measure` would give from the unit records of one checkpoint.
 
     ``records`` maps label → record. A label without a record leaves the row ``incomplete``.
-    ``hparams`` (the plan's) are used until a record brings the ones read at measure time.
+    ``hparams`` (the plan's, from the manifest and path regex as the last sweep read them) win;
+    a record adds only the ones read from the checkpoint at measure time (``hparams.from_keys``),
+    so an edited manifest shows in ``collect`` as in ``measure --resume``.
     """
-    row = Row(checkpoint=checkpoint, labels=list(labels), hparams=dict(hparams or {}))
+    plan_hp = dict(hparams or {})
+    row = Row(checkpoint=checkpoint, labels=list(labels), hparams=dict(plan_hp))
     missing = []
     got_hparams = False
     for lab in labels:
@@ -581,7 +584,8 @@ def row_from_records(
                 k: float(v) if v is not None else math.nan for k, v in rec["metrics"].items()
             }
         if not got_hparams and rec.get("hparams") is not None:
-            row.hparams = dict(rec["hparams"])  # includes hparams.from_keys read at measure time
+            read = {k: v for k, v in rec["hparams"].items() if k not in plan_hp}
+            row.hparams = {**plan_hp, **read}  # + hparams.from_keys read at measure time
             got_hparams = True
     if missing and row.status == "ok":
         row.status = "incomplete"
