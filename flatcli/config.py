@@ -384,15 +384,20 @@ def parse_measures(raw: Any, key: str = "measures") -> list[MeasureSpec]:
             name, opts = entry, {}
         elif isinstance(entry, dict) and len(entry) == 1:
             name, opts = next(iter(entry.items()))
-            opts = dict(opts or {})
-            if not isinstance(opts, dict):
+            if not isinstance(opts or {}, dict):
                 raise ConfigError(f"config key '{where}.{name}' must be a mapping of options")
+            opts = dict(opts or {})
         else:
             raise ConfigError(
                 f"config key '{where}' must be a measure name or a one-key mapping {{name: options}}"
             )
         info = get_measure(str(name))
-        label = str(opts.pop("label", name))
+        label = opts.pop("label", name)
+        if isinstance(label, bool) or not isinstance(label, (str, int, float)) or not str(label):
+            raise ConfigError(
+                f"config key '{where}.{name}.label' must be a name (text); got {label!r}"
+            )
+        label = str(label)
         seed = opts.pop("seed", None)
         if seed is not None:
             seed = validate("seed", seed, f"config key '{where}.{name}.seed'")

@@ -173,6 +173,11 @@ class CrossEntropy(Loss):
     def check(self, out, rows, data, where):
         """See `Loss.check`."""
         t = self.target(data)
+        if t.ndim != 1:
+            raise ConfigError(
+                f"{where}: loss 'cross_entropy' needs one class index per row (labels of shape "
+                f"(rows,)); got shape {tuple(t.shape)} (use loss mse for vector targets)"
+            )
         if t.is_floating_point():
             _check_whole_labels(t, where)
         if out.ndim != 2:

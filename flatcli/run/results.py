@@ -27,6 +27,7 @@ these dtypes:
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -444,12 +445,20 @@ def json_matches_csv(doc: Any, csv_path: str | os.PathLike) -> bool:
         return False
 
 
+def check_still_there(folder: str | os.PathLike) -> None:
+    """``FileNotFoundError`` when the output folder a run created was removed meanwhile: results are
+    never written into a folder created again behind the user's back (the run stops, exit 1)."""
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(errno.ENOENT, "the folder was removed during the run", str(folder))
+
+
 def write_results_or_fallback(
     outdir: str | os.PathLike, rows: list[Row], meta: dict[str, Any]
 ) -> tuple[Path, str]:
     """`write_results`, and when that fails (disk full, folder removed meanwhile) the same files in a
     fresh temporary folder, so computed results are never lost. Returns (folder written, error or '')."""
     try:
+        check_still_there(outdir)
         write_results(outdir, rows, meta)
         return Path(outdir), ""
     except OSError as e:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ResultsWriteError
 from ..keys import CAPPED
 from ..keys import measure_hash as measure_hash  # re-exported: the sweep's keys
 from ..keys import unit_id as unit_id
@@ -386,7 +386,10 @@ class Store:
         path = self.unit_path(record["unit"])
         if path.exists() and self.read_unit(record["unit"]) is None:
             set_aside(path)  # an unreadable file (named when it was read) is kept, not overwritten
-        atomic_write(path, dumps(record))
+        try:
+            atomic_write(path, dumps(record))
+        except OSError as e:  # a full disk, a removed or read-only folder: named, exit code 1
+            raise ResultsWriteError(self.units_dir, e) from e
         return path
 
     def is_done(

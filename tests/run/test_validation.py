@@ -40,7 +40,8 @@ SHARED = [
     ("num_samples", 0, "must be an int ≥ 1 or all; got 0"),
     ("num_samples", "some", "must be an int ≥ 1 or all; got 'some'"),
     ("block_size", 0, "must be an int ≥ 1 or null; got 0"),
-    ("seed", "x", "must be an int; got 'x'"),
+    ("seed", "x", "must be an int in [0, 9223372036854775807]; got 'x'"),
+    ("seed", 2**63, "must be an int in [0, 9223372036854775807]; got 9223372036854775808"),
     ("max_device_vectors", 0, "must be an int ≥ 1, auto or null; got 0"),
     ("recompute", "sometimes", "must be true, false or auto; got 'sometimes'"),
     ("cache_graphs", "sometimes", "must be true, false or auto; got 'sometimes'"),
@@ -50,7 +51,8 @@ SHARED = [
         "soon",
         "must be a positive number of seconds or a duration like 90s, 10m, 1h or null; got 'soon'",
     ),
-    ("threads", 0, "must be an int ≥ 1 or auto; got 0"),
+    ("threads", 0, "must be an int in [1, 4096] or auto; got 0"),
+    ("threads", 10**30, f"must be an int in [1, 4096] or auto; got {10**30}"),
 ]
 
 CONFIG_KEY = {
