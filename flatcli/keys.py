@@ -39,7 +39,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .loading.checkpoints import fingerprint
+from .loading.checkpoints import checkpoint_files, fingerprint
+from .loading.factory import target_file
+from .loading.load import implied_tokenizer
+from .loading.text import tokenizer_files
 from .measures import get_measure
 
 # Config keys left out of every key, with why none of them can change a value.
@@ -210,17 +213,12 @@ def implied_files(cfg) -> dict[str, list[Path]]:
     a ``text`` split takes its tokenizer from (``data.<split>.tokenizer``,
     `flatcli.loading.load.implied_tokenizer`), and the Python file of a ``path/to/file.py:Class``
     ``model.target`` (``model.target``: its code builds the model)."""
-    from .loading.factory import _target_file
-    from .loading.load import implied_tokenizer
-    from .loading.text import tokenizer_files
-
     out: dict[str, list[Path]] = {}
     for split in ("train", "test"):
         folder = implied_tokenizer(cfg, getattr(cfg.data, split))
         if folder is not None:
             out[f"data.{split}.tokenizer"] = tokenizer_files(folder)
-    target = cfg.model.target or ""
-    code = _target_file(target.rsplit(":", 1)[0], cfg.base_dir) if ":" in target else None
+    code = target_file(cfg.model.target or "", cfg.base_dir)
     if code is not None:
         out["model.target"] = [Path(code)]
     return out
@@ -252,7 +250,6 @@ def keyed_paths(cfg, job) -> set[Path]:
     """Every file whose bytes are in the keys of ``job``'s results (resolved paths): the checkpoint
     (`flatcli.loading.checkpoints.checkpoint_files`), its init checkpoint and training set, the
     data files and folders, and the implied inputs. A test checks that loading opens no other."""
-    from .loading.checkpoints import checkpoint_files
 
     def expand(p: Path) -> list[Path]:
         p = Path(p)
