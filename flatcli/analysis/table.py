@@ -231,9 +231,10 @@ class FilterInfo:
 def table_columns(frame: pd.DataFrame, table: ResultsTable) -> Columns:
     """The columns of ``frame`` for an expression: numbers as float64, booleans as booleans, any
     other column as its values (a missing one as None)."""
+    label = {str(c): c for c in frame.columns}  # a DataFrame's labels need not be text
 
     def values(col: str) -> np.ndarray:
-        s = frame[col]
+        s = frame[label[col]]
         if pd.api.types.is_bool_dtype(s):
             return s.to_numpy(dtype=bool)
         if pd.api.types.is_numeric_dtype(s):
@@ -241,10 +242,11 @@ def table_columns(frame: pd.DataFrame, table: ResultsTable) -> Columns:
         return np.array([None if _label(v) == "" else v for v in s.tolist()], dtype=object)
 
     def numbers(col: str) -> np.ndarray:
-        return pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+        return pd.to_numeric(frame[label[col]], errors="coerce").to_numpy(
+            dtype="float64", na_value=np.nan
+        )
 
-    known = [str(c) for c in frame.columns]
-    return Columns(known, numbers, values, n=len(frame), kind=f"columns of {table.name}")
+    return Columns(list(label), numbers, values, n=len(frame), kind=f"columns of {table.name}")
 
 
 def filter_rows(
