@@ -44,6 +44,7 @@ import torch
 
 from ..engine.batch import Batch
 from ..errors import ConfigError
+from ..run.results import temp_prefix
 from .checkpoints import fingerprint
 from .hf import load_tokenizer
 
@@ -297,7 +298,7 @@ def tokenize(src, path: Path, tok_dir: Path, where: str) -> Batch:
 
 def _atomic_save(obj: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp")
     os.close(fd)
     try:
         torch.save(obj, tmp)

@@ -298,7 +298,8 @@ def hold_folder(
     ``timeout``/4 s) while a run writes results into ``folder``. A folder held by a live run is a
     `ConfigError` (exit code 2) naming the holder; a stale lock is broken, ``log`` told why."""
     path = Path(folder) / OUTDIR_LOCK
-    clean_orphans(folder)  # temp files of writers killed mid-write
+    for d in (Path(folder), Path(folder) / "tokenized"):
+        clean_orphans(d)  # temp files of writers killed mid-write
     token = uuid.uuid4().hex
     info = {"host": _host(), "pid": os.getpid(), "time": time.time(), "token": token}
     for _ in range(3):
@@ -484,9 +485,10 @@ class Store:
         )
 
     def clean_orphans(self) -> int:
-        """Remove the temp files killed writers left in the folder, ``units/`` and ``locks/``
-        (`flatcli.run.results.clean_orphans`); how many."""
-        return sum(len(clean_orphans(d)) for d in (self.outdir, self.units_dir, self.locks_dir))
+        """Remove the temp files killed writers left in the folder, ``units/``, ``locks/`` and
+        ``tokenized/`` (`flatcli.run.results.clean_orphans`); how many."""
+        dirs = (self.outdir, self.units_dir, self.locks_dir, self.outdir / "tokenized")
+        return sum(len(clean_orphans(d)) for d in dirs)
 
     def held_locks(self) -> list[Path]:
         """The lock files present, sorted."""

@@ -194,8 +194,10 @@ def test_temp_files_of_killed_writers_are_removed_by_the_next_run(swept, tmp_pat
         out / f".plan.json.pid{dead}@{host}xyz.tmp",
         out / "locks" / f".{unit.stem}.lock.pid{dead}@{host}{'0' * 32}.new",
         out / "locks" / f".{unit.stem}.lock.pid{dead}@{host}{'1' * 32}.stale",
+        out / "tokenized" / f".lm-0123.pt.pid{dead}@{host}k2_x.tmp",
     ]
     (out / "locks").mkdir(exist_ok=True)
+    (out / "tokenized").mkdir(exist_ok=True)
     live = out / "units" / f"{mine}live.tmp"  # this process: a write in flight
     other = out / "units" / f".{unit.name}.pid{dead}@otherhost.example.org.abc.tmp"  # fresh
     for p in [*orphans, live, other]:
