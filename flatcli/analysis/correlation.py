@@ -50,6 +50,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
+from .expressions import nearest
 from .statistics import (
     CI_STATS,
     STATS,
@@ -256,7 +257,8 @@ def _measures(
         for m in measures:
             if m not in table.columns:
                 raise ConfigError(
-                    f"-m {m!r}: no column {m} in {table.name} (numeric columns: {', '.join(numeric) or 'none'})"
+                    f"-m {m!r}: no column {m} in {table.name} "
+                    f"({nearest(m, numeric, 'numeric columns')})"
                 )
             values = table.frame[m]
             if values.notna().any() and pd.to_numeric(values, errors="coerce").isna().all():

@@ -261,4 +261,7 @@ def test_unknown_columns_name_the_nearest_in_one_line(tmp_path):
     res = runner.invoke(app, ["correlate", str(tmp_path / "w.csv"), "-m", "sharp", "--by", "widht"])
     assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
     assert len(res.output) < 300
+    res = runner.invoke(app, ["correlate", str(tmp_path / "w.csv"), "-m", "shrap"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and len(res.output) < 300, res.output
+    assert "did you mean sharp" in res.output
     assert nearest("zzz", [f"c{i}" for i in range(50)]) == "none close among 50 columns"
