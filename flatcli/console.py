@@ -7,6 +7,7 @@ sweep worker) import from here, never from `flatcli.cli`.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import dataclass
 
@@ -19,6 +20,22 @@ DEBUG_ENV = "FLATCLI_DEBUG"
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def as_text(value) -> str:
+    """``value`` as text inside rich markup: square brackets escaped (a path holding ``[/x]`` or
+    ``[bold]`` prints as it is) and control characters shown as ``\\xNN`` (never sent to the
+    terminal). Every user-controlled string (a path, a name, an error) goes through it before a
+    print that renders markup; text, never a markup tag, follows it."""
+    from rich.markup import escape
+
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+    # rich's escape doubles a final backslash (for a tag that would follow): it is printed twice
+    # before plain text, which is what follows here
+    return escape(text + " ")[:-1]
 
 
 def fmt(v) -> str:
@@ -177,7 +194,7 @@ def render_rows(rows, labels: list[str], width: int | None = None) -> Table:
 
         names = [os.path.relpath(n, where) for n in names]
     cols = [
-        Column("checkpoint", names, justify="left", fold=True, min_width=16),
+        Column("checkpoint", [as_text(n) for n in names], justify="left", fold=True, min_width=16),
         Column(
             "status",
             ["ok" if r.status == "ok" else "[red]error[/red]" for r in rows],
@@ -186,7 +203,9 @@ def render_rows(rows, labels: list[str], width: int | None = None) -> Table:
     ]
     cols += [
         Column(
-            lab, [_value_cell(r.results.get(lab)) for r in rows], priority=1 if i == 0 else 3 + i
+            as_text(lab),
+            [_value_cell(r.results.get(lab)) for r in rows],
+            priority=1 if i == 0 else 3 + i,
         )
         for i, lab in enumerate(labels)
     ]
@@ -199,7 +218,7 @@ def render_rows(rows, labels: list[str], width: int | None = None) -> Table:
         width,
         show_header=True,
         header_style="bold",
-        caption=f"checkpoints in {where}/" if where else None,
+        caption=f"checkpoints in {as_text(where)}/" if where else None,
     )
 
 
@@ -216,13 +235,13 @@ def progress_bar(label: str):
     )
 
     return Progress(
-        TextColumn(label),
+        TextColumn(label, markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
-        TextColumn("{task.fields[detail]}"),
+        TextColumn("{task.fields[detail]}", markup=False),
         console=err_console,
         transient=True,
     )

@@ -7,8 +7,16 @@ reused only when its key matches. The key covers
   `NOT_IN_KEY`, each of which cannot change a value (the reason is beside it);
 * the measure's own entry: its name, label, seed and options with their defaults filled in,
   and the measure's ``revision`` (a registry field, raised when its values change);
-* the content hash of the checkpoint, of its init checkpoint and per-checkpoint training set,
-  and a fingerprint (size and sha256) of every data file or folder the configured splits read.
+* the content hash of the checkpoint (for a ``save_pretrained`` folder, of every file loading
+  reads: `flatcli.loading.checkpoints.checkpoint_files`), of its init checkpoint and
+  per-checkpoint training set, and a fingerprint (size and sha256) of every data file or folder
+  the configured splits read;
+* the inputs no key of the config names (`implied_files`): the tokenizer files of the checkpoint
+  folder a ``text`` split takes its tokenizer from (the first listed that holds one: reordering
+  ``checkpoints`` can change it), and the Python file of a ``path/to/file.py:Class`` model target.
+
+`keyed_paths` lists the files a job's keys cover; a test records every file a measurement opens
+and checks it is among them.
 
 The flatcli version is not part of it: a release that changes a measure's values raises that
 measure's revision, so results of the others stay valid.
@@ -31,7 +39,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .loading.checkpoints import fingerprint
+from .loading.checkpoints import checkpoint_files, fingerprint
+from .loading.factory import target_file
+from .loading.load import implied_tokenizer
+from .loading.text import tokenizer_files
 from .measures import get_measure
 
 # Config keys left out of every key, with why none of them can change a value.
@@ -197,9 +208,63 @@ def data_files(cfg) -> dict[str, Path]:
     return out
 
 
+def implied_files(cfg) -> dict[str, list[Path]]:
+    """Inputs no config key names, by what reads them: the tokenizer files of the checkpoint folder
+    a ``text`` split takes its tokenizer from (``data.<split>.tokenizer``,
+    `flatcli.loading.load.implied_tokenizer`), and the Python file of a ``path/to/file.py:Class``
+    ``model.target`` (``model.target``: its code builds the model)."""
+    out: dict[str, list[Path]] = {}
+    for split in ("train", "test"):
+        folder = implied_tokenizer(cfg, getattr(cfg.data, split))
+        if folder is not None:
+            out[f"data.{split}.tokenizer"] = tokenizer_files(folder)
+    code = target_file(cfg.model.target or "", cfg.base_dir)
+    if code is not None:
+        out["model.target"] = [Path(code)]
+    return out
+
+
+def files_fingerprint(files: list[Path]) -> str | None:
+    """``"<bytes>:<sha256>"`` of a list of files (names and contents); None when one is missing."""
+    h, total = hashlib.sha256(), 0
+    try:
+        for q in files:
+            q = Path(q).resolve()
+            st = q.stat()
+            total += st.st_size
+            h.update(f"{q.name}\0{st.st_size}\0{_file_sha(q, st)}\n".encode())
+    except FileNotFoundError:
+        return None
+    return f"{total}:{h.hexdigest()[:16]}"
+
+
 def data_fingerprints(cfg) -> dict[str, str | None]:
-    """`file_fingerprint` of every file `data_files` names."""
-    return {k: file_fingerprint(p) for k, p in data_files(cfg).items()}
+    """`file_fingerprint` of every file `data_files` names, and `files_fingerprint` of the inputs
+    `implied_files` finds."""
+    out = {k: file_fingerprint(p) for k, p in data_files(cfg).items()}
+    out.update({k: files_fingerprint(fs) for k, fs in implied_files(cfg).items()})
+    return out
+
+
+def keyed_paths(cfg, job) -> set[Path]:
+    """Every file whose bytes are in the keys of ``job``'s results (resolved paths): the checkpoint
+    (`flatcli.loading.checkpoints.checkpoint_files`), its init checkpoint and training set, the
+    data files and folders, and the implied inputs. A test checks that loading opens no other."""
+
+    def expand(p: Path) -> list[Path]:
+        p = Path(p)
+        return [q for q in p.rglob("*") if q.is_file()] if p.is_dir() else [p]
+
+    paths = [*checkpoint_files(job.path)]
+    if job.init_checkpoint is not None:
+        paths += checkpoint_files(job.init_checkpoint)
+    if job.train_data is not None:
+        paths += expand(job.train_data)
+    for p in data_files(cfg).values():
+        paths += expand(p)
+    for fs in implied_files(cfg).values():
+        paths += fs
+    return {Path(p).resolve() for p in paths}
 
 
 def job_fingerprints(job, data: dict[str, str | None]) -> dict[str, Any]:

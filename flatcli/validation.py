@@ -148,6 +148,10 @@ class Real(Check):
         return _bounds("a float", self.lo, self.hi, self.closed)
 
 
+MAX_SEED = 2**63 - 1  # torch's and numpy's generators take seeds in [0, 2⁶³)
+MAX_THREADS = 4096  # intra-op threads: a larger count is a typo (and overflows torch's C int)
+
+
 class Integral(Check):
     """An int in ``[lo, hi]`` (a float with an integer value and numpy's ints accepted, kept as
     ``int``; ``text``: also digits as text, as environment variables give them)."""
@@ -351,13 +355,14 @@ SETTINGS: dict[str, Rule] = {
     "split": Rule(OneOf(*SPLITS), "the measurement set's split"),
     "batch_size": Rule(_BATCH, "examples per batch"),
     "num_samples": Rule(Either(Integral(1), OneOf("all")), "examples in the measurement set"),
-    "seed": Rule(Integral(), "seed of the stochastic measures"),
-    "data_seed": Rule(Integral(), "seed of the measurement set's subset"),
+    "seed": Rule(Integral(0, MAX_SEED), "seed of the stochastic measures"),
+    "data_seed": Rule(Integral(0, MAX_SEED), "seed of the measurement set's subset"),
     "block_size": Rule(
         Optional(Integral(1)), "most vectors per product call (null: from free memory)"
     ),
     "threads": Rule(
-        Either(Integral(1, text=True), _AUTO), "intra-op threads per worker (flatcli.threads)"
+        Either(Integral(1, MAX_THREADS, text=True), _AUTO),
+        "intra-op threads per worker (flatcli.threads)",
     ),
     "max_device_vectors": Rule(
         Optional(Either(Integral(1), _AUTO)),

@@ -35,7 +35,7 @@ Any table works: a results.csv of `flatcli measure`/`collect`, another CSV, or a
 Measures are the columns named by ``measures``, else those flatcli recorded (results.json's
 labels, or the columns X with an ``X_status`` column), else every numeric column that is not
 the target, a metric, a hyperparameter axis or a ``<column>_stderr``. Rows can be filtered
-(``where``, a ``DataFrame.query`` expression; ``max_train_loss``) before anything is computed.
+(``where``, a condition on columns, `flatcli.analysis.expressions`; ``max_train_loss``) before anything is computed.
 """
 
 import itertools
@@ -50,6 +50,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
+from .expressions import nearest
 from .statistics import (
     CI_STATS,
     STATS,
@@ -256,7 +257,8 @@ def _measures(
         for m in measures:
             if m not in table.columns:
                 raise ConfigError(
-                    f"-m {m!r}: no column {m} in {table.name} (numeric columns: {', '.join(numeric) or 'none'})"
+                    f"-m {m!r}: no column {m} in {table.name} "
+                    f"({nearest(m, numeric, 'numeric columns')})"
                 )
             values = table.frame[m]
             if values.notna().any() and pd.to_numeric(values, errors="coerce").isna().all():

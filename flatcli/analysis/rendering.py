@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..console import Column, build_table
+from ..console import Column, as_text, build_table
 from ..run.results import atomic_write
 from .correlation import CorrelationReport
 
@@ -101,8 +101,8 @@ def render_table(report: CorrelationReport, width: int | None = None):
     rows = report.to_rows()
     cols = [
         Column(
-            name,
-            [_cell(r, key) for r in rows],
+            as_text(name),
+            [as_text(_cell(r, key)) for r in rows],
             justify="left" if key == "measure" else "right",
             priority=_priority(report, key),
             fold=key == "measure",
@@ -113,10 +113,10 @@ def render_table(report: CorrelationReport, width: int | None = None):
     return build_table(
         cols,
         width,
-        title=title(report),
+        title=as_text(title(report)),
         header_style="bold",
         title_justify="left",
-        caption=report.caption or None,
+        caption=as_text(report.caption) if report.caption else None,
         caption_justify="left",
     )
 

@@ -1,7 +1,6 @@
 """Results tables: reading results.csv (or any CSV or DataFrame), the measure columns, and
 the row filters (``where``, convergence) applied before any statistic."""
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +10,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
+from ..run.readback import read_json
 from ..run.results import METRICS, json_matches_csv, settle_pair
+from .expressions import Columns, evaluate_condition, nearest
 
 NON_MEASURE = {"checkpoint", "status", "error", *METRICS}
 CONVERGED_LOSS = 0.01  # Jiang et al. 2020 train every model to cross-entropy 0.01 ...
@@ -98,7 +99,7 @@ def _labels_from_json(path: Path, csv_path: Path | None = None) -> list[str] | N
     """The measure labels a results JSON records; None when it records none, is unreadable, or was
     not written with ``csv_path`` (a mixed pair, `flatcli.run.results.json_matches_csv`)."""
     try:
-        d = json.loads(path.read_text())
+        d = read_json(path)
     except (OSError, ValueError):
         return None
     if csv_path is not None and not json_matches_csv(d, csv_path):
@@ -166,7 +167,7 @@ def recorded_loss(csv_path: Path) -> str | None:
     for j in (csv_path.with_suffix(".json"), csv_path.parent / "results.json"):
         if j.is_file():
             try:
-                d = json.loads(j.read_text())
+                d = read_json(j)
             except (OSError, ValueError):
                 return None
             cfg = d.get("config") if isinstance(d, dict) else None
@@ -227,17 +228,34 @@ class FilterInfo:
         return f"{self.option} dropped {len(self.dropped)} of {self.n_before} rows{tail}"
 
 
-def _one_line(e: BaseException) -> str:
-    msg = " ".join(str(e).split())
-    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+def table_columns(frame: pd.DataFrame, table: ResultsTable) -> Columns:
+    """The columns of ``frame`` for an expression: numbers as float64, booleans as booleans, any
+    other column as its values (a missing one as None)."""
+    label = {str(c): c for c in frame.columns}  # a DataFrame's labels need not be text
+
+    def values(col: str) -> np.ndarray:
+        s = frame[label[col]]
+        if pd.api.types.is_bool_dtype(s):
+            return s.to_numpy(dtype=bool)
+        if pd.api.types.is_numeric_dtype(s):
+            return pd.to_numeric(s, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+        return np.array([None if _label(v) == "" else v for v in s.tolist()], dtype=object)
+
+    def numbers(col: str) -> np.ndarray:
+        return pd.to_numeric(frame[label[col]], errors="coerce").to_numpy(
+            dtype="float64", na_value=np.nan
+        )
+
+    return Columns(list(label), numbers, values, n=len(frame), kind=f"columns of {table.name}")
 
 
 def filter_rows(
     table: ResultsTable, *, where: str | None = None, max_train_loss: float | None = None
 ) -> tuple[ResultsTable, list[FilterInfo]]:
-    """Rows kept by ``where`` (``DataFrame.query`` syntax, e.g. ``"hp_lr < 0.1 and train_acc > 0.99"``;
-    backquote odd names: ``"`asam_0.05` > 1"``) and then by ``train_loss <= max_train_loss``
-    (a row without a finite train_loss is dropped: it is not known to be at a minimum)."""
+    """Rows kept by ``where`` (a condition on columns, `flatcli.analysis.expressions`, e.g.
+    ``"hp_lr < 0.1 and train_acc > 0.99"``; backquote odd names: ``"`asam_0.05` > 1"``; never run
+    as code) and then by ``train_loss <= max_train_loss`` (a row without a finite train_loss is
+    dropped: it is not known to be at a minimum)."""
     frame = (
         table.frame
     )  # filtered by position; the index (row names without a checkpoint column) is kept
@@ -251,17 +269,9 @@ def filter_rows(
         )
         frame, names = frame[keep], [n for n, k in zip(names, keep, strict=True) if k]
 
-    if where is not None and where.strip():
-        positional = frame.reset_index(drop=True)
-        try:
-            kept = positional.query(where)
-        except Exception as e:  # any error of the user's expression
-            raise ConfigError(
-                f"`where` {where!r} is not a valid expression on {table.name}: {_one_line(e)}"
-            ) from None
-        if not isinstance(kept, pd.DataFrame):
-            raise ConfigError(f"`where` {where!r} does not select rows of {table.name}")
-        drop(f"--where {where!r}", positional.index.isin(kept.index))
+    if where is not None and str(where).strip():
+        keep = evaluate_condition(str(where), table_columns(frame, table), f"`where` {where!r}")
+        drop(f"--where {where!r}", keep)
     if max_train_loss is not None:
         if "train_loss" not in frame.columns:
             raise ConfigError(f"`max_train_loss` needs a train_loss column; {table.name} has none")
@@ -329,9 +339,9 @@ def resolve_column(table: ResultsTable, name: str, option: str) -> tuple[str, st
         return name, f"hp_{name}"
     if name in cols:
         return name, name
-    avail = ", ".join(c for c in table.columns if c not in NON_MEASURE) or "none"
+    avail = [c for c in table.columns if c not in NON_MEASURE]
     raise ConfigError(
-        f"{option} {name!r}: no column {name} or hp_{name} in {table.name} (columns: {avail})"
+        f"{option} {name!r}: no column {name} or hp_{name} in {table.name} ({nearest(name, avail)})"
     )
 
 

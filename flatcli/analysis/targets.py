@@ -23,12 +23,13 @@ floor is the entropy of its text.
 from __future__ import annotations
 
 import ast
-import re
+import difflib
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..validation import LOSS_NAMES
+from .expressions import FUNCTIONS, Columns, evaluate_arithmetic
 from .table import METRICS, ResultsTable, numeric_columns
 
 # the losses of classifiers: their default target is the accuracy gap, and the train loss under
@@ -49,16 +50,6 @@ DESCRIBED = {
     "train_ppl": "train_ppl = exp(train_loss)",
     "test_ppl": "test_ppl = exp(test_loss)",
 }
-FUNCTIONS = {"log": np.log, "exp": np.exp, "sqrt": np.sqrt, "abs": np.abs}
-_BINARY = {
-    ast.Add: np.add,
-    ast.Sub: np.subtract,
-    ast.Mult: np.multiply,
-    ast.Div: np.divide,
-    ast.Pow: np.power,
-}
-_UNARY = {ast.USub: np.negative, ast.UAdd: np.positive}
-_BACKQUOTED = re.compile(r"`([^`]*)`")
 
 
 def default_target(columns: list[str], loss: str | None) -> str:
@@ -115,53 +106,11 @@ def evaluate(
 ) -> np.ndarray:
     """The values of the arithmetic expression ``expr`` (module docstring) over ``columns`` (name →
     float array); a `ConfigError` starting with ``where`` for anything else: an unknown name, a
-    construct outside the whitelist, a syntax error (``numeric``: the columns named in it)."""
-    names: dict[str, str] = {}
-
-    def quote(m: re.Match) -> str:
-        key = f"__col{len(names)}"
-        names[key] = m.group(1)
-        return key
-
-    text = _BACKQUOTED.sub(quote, expr.strip())
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError as e:
-        raise ConfigError(f"{where}: not an expression of columns ({e.msg})") from None
-
-    def value(n: ast.AST):
-        if isinstance(n, ast.Expression):
-            return value(n.body)
-        if isinstance(n, ast.Constant) and type(n.value) in (int, float):
-            return float(n.value)
-        if isinstance(n, ast.Name):
-            col = names.get(n.id, n.id)
-            if col not in columns:
-                raise ConfigError(
-                    f"{where}: no column {col!r} (numeric columns: {', '.join(numeric) or 'none'})"
-                )
-            return columns[col]
-        if isinstance(n, ast.BinOp) and type(n.op) in _BINARY:
-            return _BINARY[type(n.op)](value(n.left), value(n.right))
-        if isinstance(n, ast.UnaryOp) and type(n.op) in _UNARY:
-            return _UNARY[type(n.op)](value(n.operand))
-        if (
-            isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Name)
-            and n.func.id in FUNCTIONS
-            and len(n.args) == 1
-            and not n.keywords
-        ):
-            return FUNCTIONS[n.func.id](value(n.args[0]))
-        raise ConfigError(
-            f"{where}: {ast.unparse(n)!r} is not allowed (columns, numbers, + - * / **, "
-            f"{', '.join(FUNCTIONS)})"
-        )
-
-    with np.errstate(all="ignore"):  # a log of 0, a division by 0: inf/NaN, left out as missing
-        out = value(tree)
+    construct outside the whitelist, a syntax error, an expression too long or too deep
+    (`flatcli.analysis.expressions`; ``numeric``: the names an unknown one is matched against)."""
     n = len(next(iter(columns.values()))) if columns else 0
-    return np.broadcast_to(np.asarray(out, dtype="float64"), (n,)).copy()
+    cols = Columns(list(columns), columns.__getitem__, n=n, suggest=numeric, kind="numeric columns")
+    return evaluate_arithmetic(expr, cols, where)
 
 
 def resolve_target(table: ResultsTable, target: str | None) -> tuple[ResultsTable, str, str]:
@@ -181,8 +130,11 @@ def resolve_target(table: ResultsTable, target: str | None) -> tuple[ResultsTabl
         avail = ", ".join(c for c in table.columns if c in METRICS) or "none"
         need = f" (from {expr}: needs those columns)" if name in DERIVED else ""
         hint = "; gen_gap and loss_gap need test data in the config (data.test)"
+        close = difflib.get_close_matches(name, table.columns, n=5, cutoff=0.6)
+        near = f"; did you mean {', '.join(close)}?" if close and not need else ""
         raise ConfigError(
             f"{where} is not a column of {table.name}{need} (metric columns present: {avail})"
+            + near
             + (hint if name in ("gen_gap", "loss_gap") else "")
         )
     cols = {c: table.numeric(c) for c in table.columns}

@@ -23,6 +23,7 @@ from ..measures import MeasureResult, MeasureSpec, get_measure
 from ..run.checkpoint import first_checkpoint, measure_job, versions
 from ..run.results import (
     Row,
+    check_still_there,
     ensure_writable_dir,
     to_frame,
     write_results,
@@ -348,6 +349,7 @@ class _Saver:
         self.current = current
         if self.out is not None:
             try:
+                check_still_there(self.out)
                 write_results(self.out, self._rows(rows), self._meta())
             except OSError as e:  # stop: every later write would fail and nothing is lost yet
                 raise ResultsWriteError(self.out, e) from e

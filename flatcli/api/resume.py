@@ -4,7 +4,6 @@ configuration kept beside the new ones (results.prev.json / results.prev.csv).""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from ..keys import (
 )
 from ..loading.jobs import Job
 from ..measures import MeasureSpec
+from ..run.readback import Unreadable, read_json
 from ..run.results import atomic_write, settle_pair
 from ..schema import RESULTS, mismatch
 from ..sweep.store import result_from
@@ -84,18 +84,16 @@ def read_previous(outdir: str | Path) -> Previous:
     settle_pair(Path(outdir) / "results.csv")  # finish a pair write a kill cut after its commit
     prev = Previous(Path(outdir) / "results.json")
     try:
-        text = prev.path.read_text()
+        d = read_json(prev.path)
     except FileNotFoundError:
+        return prev
+    except Unreadable as e:
+        prev.exists, prev.problem = True, e.why
         return prev
     except OSError as e:
         prev.exists, prev.problem = True, e.strerror or str(e)
         return prev
     prev.exists = True
-    try:
-        d = json.loads(text)
-    except ValueError:
-        prev.problem = "not JSON"
-        return prev
     why = mismatch(d, RESULTS)
     if why:
         prev.problem = f"does not match the results schema: {why}"
@@ -194,7 +192,7 @@ def _keep_beside(folder: Path) -> Path:
     for suffix in (".json", ".csv"):
         src = folder / f"results{suffix}"
         if src.is_file():
-            atomic_write(folder / f"{PREV}{suffix}", src.read_text(errors="replace"))
+            atomic_write(folder / f"{PREV}{suffix}", src.read_bytes())  # as it is, bad bytes too
     return folder / f"{PREV}.json"
 
 

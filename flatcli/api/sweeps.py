@@ -180,7 +180,7 @@ def correlate_report(
         hyperparameter axes (``hp_<name>`` is found by ``<name>``; default every ``hp_*``
         column that forms a grid axis); ``measures``, the measure columns (default the measures
         flatcli recorded, else every numeric column that is not the target, a metric or an
-        axis); ``where``, a ``DataFrame.query`` expression selecting rows; ``max_train_loss``;
+        axis); ``where``, a condition selecting rows (`flatcli.analysis.expressions`); ``max_train_loss``;
         ``bootstrap`` and ``confidence``, percentile intervals from N resamples of the
         checkpoints; ``sort`` (``psi``, ``kendall_tau_b``, ``jiang_tau``, ``spearman``,
         ``pearson`` or ``cmi``); ``progress``, called as ``progress(done, total)``.

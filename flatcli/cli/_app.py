@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 try:  # typer ≥ 0.2x vendors click and raises its own copies of click's exceptions
@@ -26,6 +25,7 @@ except ImportError:  # pragma: no cover - older typer on top of click
 from .._version import __date__, __version__
 from ..console import (
     DEBUG_ENV,
+    as_text,
     console,
     err_console,
 )
@@ -84,7 +84,7 @@ class OneLineErrors(TyperGroup):
             where = e.ctx.command_path if e.ctx is not None else "flatcli"
             said = option_message(e) or e.format_message()
             err_console.print(
-                f"[red]error:[/red] {escape(said)} (see '{where} --help')",
+                f"[red]error:[/red] {as_text(said)} (see '{as_text(where)} --help')",
                 highlight=False,
                 soft_wrap=True,
             )
@@ -385,7 +385,7 @@ def handle_errors(fn):
             with _debug_env(debug):
                 return fn(*args, **kwargs)
         except FlatcliError as e:
-            _fail(e, e.exit_code, f"[red]error:[/red] {cli_message(e)}", debug)
+            _fail(e, e.exit_code, f"[red]error:[/red] {as_text(cli_message(e))}", debug)
         except (
             KeyboardInterrupt
         ) as e:  # `measure` says what it kept (flatcli.api.MeasureInterrupted)
@@ -399,7 +399,12 @@ def handle_errors(fn):
             _end_all_ranks(e, debug)
         except Exception as e:
             hint = "" if debug else " (run with --debug for the traceback)"
-            _fail(e, ExitCode.FAILED, f"[red]error:[/red] {type(e).__name__}: {e}{hint}", debug)
+            _fail(
+                e,
+                ExitCode.FAILED,
+                f"[red]error:[/red] {type(e).__name__}: {as_text(e)}{hint}",
+                debug,
+            )
 
     return wrapper
 
@@ -424,7 +429,7 @@ def _end_all_ranks(e: BaseException, debug: bool) -> None:
     if debug:
         traceback.print_exception(e)
     if not is_peer_gone(e):
-        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        err_console.print(f"[red]error:[/red] {as_text(e)}", highlight=False, soft_wrap=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(ExitCode.FAILED)

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from ..console import (
     CheckpointProgress,
+    as_text,
     console,
     err_console,
     fit_width,
@@ -124,7 +125,7 @@ def measure(
             sys.stdout.write(json.dumps(costs.to_json(), indent=2) + "\n")
             for c, e in costs.errors:
                 err_console.print(
-                    f"[red]error:[/red] checkpoint {c}: cannot be loaded: {e}",
+                    f"[red]error:[/red] checkpoint {as_text(c)}: cannot be loaded: {as_text(e)}",
                     highlight=False,
                     soft_wrap=True,
                 )
@@ -175,6 +176,7 @@ def _print_report(report, format: str, out: Path, wide: bool = False) -> None:
         console.print(
             f"wrote {where / 'results.csv'} and {where / 'results.json'} ({report.seconds:.1f}s)",
             highlight=False,
+            markup=False,
         )
     elif format == "csv":
         sys.stdout.write(results.to_csv(report.rows))
@@ -184,16 +186,19 @@ def _print_report(report, format: str, out: Path, wide: bool = False) -> None:
         )
     if report.meta.get("plots"):
         err_console.print(
-            f"wrote {len(report.meta['plots'])} plot(s) in {out / 'plots'}", highlight=False
+            f"wrote {len(report.meta['plots'])} plot(s) in {as_text(out / 'plots')}",
+            highlight=False,
         )
     for r in report.rows:
         if r.status == "error":  # not `interrupted`: a stopped run names its cause once, below
             err_console.print(
-                f"[red]error:[/red] {r.checkpoint}: {r.error}", highlight=False, soft_wrap=True
+                f"[red]error:[/red] {as_text(r.checkpoint)}: {as_text(r.error)}",
+                highlight=False,
+                soft_wrap=True,
             )
     if report.write_error:
         err_console.print(
-            f"[red]error:[/red] {report.write_error}", highlight=False, soft_wrap=True
+            f"[red]error:[/red] {as_text(report.write_error)}", highlight=False, soft_wrap=True
         )
 
 
@@ -239,13 +244,15 @@ def config_show(config: ConfigOpt = ..., debug: DebugOpt = False):
     from .. import api  # lazy: CLI start-up (loads torch)
 
     cfg = api.load(config)
-    console.print(f"# {config}  (hash {cfg.hash()})", highlight=False)
+    console.print(f"# {config}  (hash {cfg.hash()})", highlight=False, markup=False)
     console.print(
-        yaml.safe_dump(cfg.to_dict(defaults=True), sort_keys=False).rstrip(), highlight=False
+        yaml.safe_dump(cfg.to_dict(defaults=True), sort_keys=False).rstrip(),
+        highlight=False,
+        markup=False,
     )
     console.print("\n# where each value came from", highlight=False)
     for k in sorted(cfg.provenance):
-        console.print(f"#   {k}: {cfg.provenance[k]}", highlight=False)
+        console.print(f"#   {k}: {cfg.provenance[k]}", highlight=False, markup=False)
 
 
 # ------------------------------------------------------------------ demo
@@ -357,6 +364,7 @@ def experiments_run(
     console.print(
         f"done in {rep.seconds:.0f}s; outputs in {rep.outdir} (summary.md)",
         highlight=False,
+        markup=False,
         soft_wrap=True,
     )
     if publish is not None:
@@ -364,6 +372,7 @@ def experiments_run(
         console.print(
             f"published {len(files)} files to {publish / rep.spec.name}",
             highlight=False,
+            markup=False,
             soft_wrap=True,
         )
     raise typer.Exit(rep.exit_code)
@@ -553,6 +562,7 @@ def collect(
         f"wrote {rep.csv_path} and {rep.json_path}: {len(rep.rows)} checkpoints × {len(rep.labels)} measures, "
         f"{len(rep.missing)} units not finished, {n_err} rows with errors",
         highlight=False,
+        markup=False,
         soft_wrap=True,
     )
     if rep.stale:
@@ -576,7 +586,7 @@ def collect(
                 markup=False,
             )
     for c, lab in rep.missing[:10]:
-        err_console.print(f"not finished: {c} {lab}", highlight=False)
+        err_console.print(f"not finished: {c} {lab}", highlight=False, markup=False)
     raise typer.Exit(rep.exit_code)
 
 

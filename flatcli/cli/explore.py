@@ -268,6 +268,7 @@ def _show_view(
             err_console.print(
                 f"note: vmap failed on {split} ({d['vmap_fallback']}); evaluated point by point",
                 highlight=False,
+                markup=False,
             )
 
 
@@ -302,7 +303,9 @@ def _print_view(title: str, res) -> None:
     if res.meta.get("plots"):
         err_console.print(res.meta["plots"], highlight=False)
     files = ", ".join(str(p) for p in res.files.values())
-    console.print(f"wrote {files} ({res.seconds:.1f}s)", highlight=False, soft_wrap=True)
+    console.print(
+        f"wrote {files} ({res.seconds:.1f}s)", highlight=False, soft_wrap=True, markup=False
+    )
 
 
 # ------------------------------------------------------------------ sweep / collect / correlate
@@ -363,7 +366,8 @@ def correlate(
         str | None,
         typer.Option(
             "--where",
-            help="Keep only the rows matching this pandas query (DataFrame.query), e.g. 'hp_lr < 0.1 and train_acc >= 0.99'; backquote names that are not identifiers.",
+            help="Keep only the rows matching this condition, e.g. 'hp_lr < 0.1 and train_acc >= 0.99' or \"opt in ['sgd', 'adam']\": "
+            "comparisons of columns, numbers and quoted text, in [...], and, or, not (never run as code); backquote names that are not identifiers.",
         ),
     ] = None,
     max_train_loss: Annotated[
@@ -432,6 +436,7 @@ def correlate(
         f"{rows}; measures from {rep.measures_source}; n = checkpoints used "
         "(ψ groups and CMI pairs in correlations.csv)",
         highlight=False,
+        markup=False,
         soft_wrap=True,
     )
     for n in rendering.notes(rep):
@@ -445,6 +450,7 @@ def correlate(
             f"wrote {rep.csv_path}"
             + (f" and {len(rep.plots)} plots in {rep.plots[0].parent}" if rep.plots else ""),
             highlight=False,
+            markup=False,
             soft_wrap=True,
         )
     if compare:
@@ -497,6 +503,7 @@ def _print_comparison(
     console.print(
         f"paired comparison with {target} ({names[0]} vs {names[1]}):",
         highlight=False,
+        markup=False,
         soft_wrap=True,
     )
     for line in describe(df):
@@ -504,7 +511,7 @@ def _print_comparison(
     if outdir is not None:
         path = Path(outdir) / "comparison.csv"
         df.to_csv(path, index=False)
-        console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+        console.print(f"wrote {path}", highlight=False, soft_wrap=True, markup=False)
 
 
 # ------------------------------------------------------------------ check-invariance
@@ -575,7 +582,7 @@ def check_invariance_cmd(
     print_table(console, _invariance_table(rep))
     for r in rep.results:
         if r.note:
-            console.print(f"* {r.label}: {r.note}", highlight=False, soft_wrap=True)
+            console.print(f"* {r.label}: {r.note}", highlight=False, soft_wrap=True, markup=False)
         if r.error:
             err_console.print(
                 f"[red]error:[/red] {escape(r.error)}", highlight=False, soft_wrap=True

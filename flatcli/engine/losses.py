@@ -173,6 +173,12 @@ class CrossEntropy(Loss):
     def check(self, out, rows, data, where):
         """See `Loss.check`."""
         t = self.target(data)
+        if t.ndim != 1:
+            raise ConfigError(
+                f"{where}: the labels of loss 'cross_entropy' must be one class index per row "
+                f"(shape (rows,)). Got shape {tuple(t.shape)} instead (use loss mse for vector "
+                "targets)."
+            )
         if t.is_floating_point():
             _check_whole_labels(t, where)
         if out.ndim != 2:

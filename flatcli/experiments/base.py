@@ -36,6 +36,7 @@ from ..analysis.compare import compare_measures
 from ..analysis.table import as_table, filter_rows
 from ..errors import ConfigError, MeasurementError
 from ..landscape.plots import have_matplotlib
+from ..run.readback import read_json
 from ..run.results import read_table, write_table
 from ..training import (
     TrainRecord,
@@ -232,8 +233,8 @@ class Experiment:
         tasks = self.tasks(study, sd)
         if stamp.is_file() and (sd / "training.csv").is_file():
             try:
-                same = json.loads(stamp.read_text()) == record
-            except ValueError:
+                same = read_json(stamp) == record
+            except (OSError, ValueError):
                 same = False
             if same and all((sd / "checkpoints" / f"{t.name}.pt").is_file() for t in tasks):
                 self.log(

@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..config import from_dict, parse_measures, safe_yaml
+from ..analysis.expressions import check_condition
+from ..config import from_dict, parse_measures
 from ..errors import ConfigError
 from ..loading.factory import resolve_target
 from ..training import LossTarget, Plateau, Recipe
 from ..validation import OPTIMIZERS as OPTIMIZERS  # re-exported: the vocabulary is declared there
 from ..validation import TRAINING, validate
+from ..yaml_loader import read_yaml
 
 SPEC_DIR = Path(__file__).parent / "specs"
 
@@ -115,7 +115,7 @@ class Study:
     )  # measure pairs for `flatcli correlate --compare`
     subsets: dict[str, str] = field(
         default_factory=dict
-    )  # title → pandas query: the models also analysed alone
+    )  # title → a condition on results.csv (`--where`): the models also analysed alone
 
     def points(self) -> list[dict[str, Any]]:
         """Every grid point, in a fixed order (the last key varies fastest)."""
@@ -221,10 +221,7 @@ def _resolve_path(name_or_path: str | Path) -> Path:
 def load_spec(name_or_path: str | Path, quick: bool = False) -> Spec:
     """Read, merge and validate a spec (a shipped experiment's name or a YAML path)."""
     path = _resolve_path(name_or_path)
-    try:
-        raw = safe_yaml(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"experiment spec {path} is not valid YAML: {e}") from None
+    raw = read_yaml(path, "experiment spec")
     where = path.name
     raw = _check_keys(raw, TOP_KEYS, where)
     name = raw.get("experiment")
@@ -442,8 +439,9 @@ def _study(name: str, s: dict[str, Any], where: str, base_dir: Path) -> Study:
     for title, expr in subsets.items():
         if not isinstance(expr, str) or not expr.strip():
             raise ConfigError(
-                f"{where}.subsets.{title} must be a pandas query on results.csv, e.g. 'hp_dropout == 0'. Got {expr!r} instead."
+                f"{where}.subsets.{title} must be a condition on results.csv, e.g. 'hp_dropout == 0'. Got {expr!r} instead."
             )
+        check_condition(expr, f"{where}.subsets.{title}")  # the grammar, before any training
     return Study(
         name,
         str(s.get("title", name)),

@@ -36,21 +36,36 @@ NEST_KEYS = ("state_dict", "model_state_dict", "model", "net")
 PREFIXES = ("module.", "_orig_mod.")
 
 
+PRETRAINED_READS = ("config.json", "generation_config.json")  # besides safetensors and code
+
+
+def checkpoint_files(path: str | os.PathLike) -> list[Path]:
+    """The files loading a checkpoint reads: the file itself; for a ``save_pretrained`` directory
+    its ``config.json``, ``generation_config.json``, safetensors files (and their index) and
+    Python files (the model code ``trust_remote_code`` runs). Optimizer states and other files a
+    trainer leaves beside them are not read; a tokenizer there is keyed as data
+    (`flatcli.keys.data_fingerprints`)."""
+    p = Path(path)
+    if not p.is_dir():
+        return [p]
+    files = sorted(
+        q
+        for q in p.iterdir()
+        if q.is_file()
+        and (q.name in PRETRAINED_READS or ".safetensors" in q.name or q.suffix == ".py")
+    )
+    if not files:
+        raise FileNotFoundError(f"{p} holds no config.json or safetensors file")
+    return files
+
+
 def fingerprint(path: str | os.PathLike) -> str:
     """sha256 of the file's bytes (first 16 hex digits): the checkpoint's identity in sweeps. For a
-    ``save_pretrained`` directory: of the names and bytes of its ``config.json`` and safetensors
-    files (optimizer states and other files a trainer leaves beside them are not read)."""
+    ``save_pretrained`` directory: of the names and bytes of the files loading reads
+    (`checkpoint_files`)."""
     p = Path(path)
     h = hashlib.sha256()
-    files = [p]
-    if p.is_dir():
-        files = sorted(
-            q
-            for q in p.iterdir()
-            if q.is_file() and (q.name == "config.json" or ".safetensors" in q.name)
-        )
-        if not files:
-            raise FileNotFoundError(f"{p} holds no config.json or safetensors file")
+    files = checkpoint_files(p)
     for q in files:
         if q is not p:
             h.update(q.name.encode() + b"\0")
@@ -92,18 +107,42 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _legacy_torch_file(p: Path) -> bool:
-    """Whether ``p`` starts like a pre-zip torch.save file (a pickle of torch's magic number)."""
+# pickle opcodes that import or call something: none may appear in the header of a pre-zip file
+_CODE_OPS = {
+    "GLOBAL", "STACK_GLOBAL", "REDUCE", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "BUILD",
+    "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID",
+}  # fmt: skip
+
+
+def _plain_pickle(f) -> list | None:
+    """The (opcode name, argument) pairs of the next pickle in ``f``, read without running it;
+    None when it is not a pickle or holds an opcode that imports or calls (`_CODE_OPS`)."""
     import pickletools
 
-    from torch.serialization import MAGIC_NUMBER
+    try:
+        ops = [(op.name, arg) for op, arg, _ in pickletools.genops(f)]  # stops at STOP
+    except Exception:
+        return None
+    return None if any(name in _CODE_OPS for name, _ in ops) else ops
+
+
+def _legacy_torch_file(p: Path) -> bool:
+    """Whether ``p`` is a pre-zip torch.save file, checked without unpickling anything: torch's
+    magic number, its protocol version and the system-info dict, each a pickle of plain data (a
+    pickle that merely starts with the magic number, then imports or calls, is not: torch would
+    unpickle its second part while reading the header)."""
+    from torch.serialization import MAGIC_NUMBER, PROTOCOL_VERSION
 
     try:
         with open(p, "rb") as f:
-            ops = list(pickletools.genops(f))  # the first pickle only (genops stops at STOP)
-    except Exception:
+            magic, version, info = _plain_pickle(f), _plain_pickle(f), _plain_pickle(f)
+    except OSError:
         return False
-    return any(arg == MAGIC_NUMBER for _, arg, _ in ops)
+    if magic is None or version is None or info is None:
+        return False
+    return any(a == MAGIC_NUMBER for _, a in magic) and any(
+        a == PROTOCOL_VERSION for _, a in version
+    )
 
 
 def pickle_globals(p: Path) -> list[str] | None:

@@ -51,6 +51,7 @@ import difflib
 import functools
 import os
 import random
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -110,8 +111,14 @@ def _load_tensors(path: Path, where: str) -> Batch:
     if not path.is_file():
         raise ConfigError(f"{where}.path: file not found: {path}")
     if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            return _named({k: z[k] for k in z.files}, where, path)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return _named({k: z[k] for k in z.files}, where, path)
+        except ValueError as e:  # an object array (pickled): never loaded
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ConfigError(f"{where}.path: {path} cannot be read safely: {first}") from None
+        except (OSError, EOFError, zipfile.BadZipFile) as e:
+            raise ConfigError(f"{where}.path: {path} is not a readable .npz file ({e})") from None
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:

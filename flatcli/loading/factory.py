@@ -51,6 +51,11 @@ def _target_file(left: str, base_dir: Path | str) -> Path | None:
     return p if p.is_absolute() else Path(base_dir) / p
 
 
+def target_file(target: str, base_dir: Path | str = ".") -> Path | None:
+    """The Python file a ``path/to/file.py:Class`` ``model.target`` runs (None for a module)."""
+    return _target_file(target.rsplit(":", 1)[0], base_dir) if target and ":" in target else None
+
+
 def import_dirs(target: str, base_dir: Path | str = ".") -> list[Path]:
     """The folders a full pickled checkpoint may import its classes from, besides ``sys.path``: the
     config file's folder and, for a ``path/to/file.py:Class`` target, that file's folder. A model

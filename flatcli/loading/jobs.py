@@ -206,7 +206,9 @@ def _listed_jobs(
         if not isinstance(e, str):
             raise ConfigError(f"config key 'checkpoints' holds a non-string entry {e!r}")
         resolved = cfg.resolve_path(e) if not from_cli else Path(os.path.expanduser(e))
-        if glob.has_magic(str(e)):
+        if glob.has_magic(str(e)) and not _exists(
+            cfg, resolved
+        ):  # a file named `a[1].pt` is itself
             root = None if from_cli or os.path.isabs(os.path.expanduser(e)) else cfg.base_dir
             hits = _glob(os.path.expanduser(e), root)
             full = [Path(root) / h if root else Path(h) for h in hits]
@@ -225,4 +227,17 @@ def _listed_jobs(
             raise _missing(cfg, resolved, "" if from_cli else "config key 'checkpoints': ")
         else:
             jobs.append(Job(e, resolved, _from_path(regex, e), init_default))
-    return jobs
+    return _distinct_jobs(jobs)
+
+
+def _distinct_jobs(jobs: list[Job]) -> list[Job]:
+    """``jobs`` less any whose file an earlier one already names (a glob overlapping a path, a
+    path listed twice): one file is measured once, under its first name."""
+    seen: set[str] = set()
+    out = []
+    for j in jobs:
+        key = os.path.realpath(j.path)
+        if key not in seen:
+            seen.add(key)
+            out.append(j)
+    return out

@@ -74,21 +74,32 @@ class DataCache:
 
     def _with_tokenizer(self, src):
         """A text source without ``tokenizer``: the first Hugging Face checkpoint folder holding one."""
-        if (
-            src is None
-            or src.source != "text"
-            or src.tokenizer is not None
-            or self.cfg.model.source != "huggingface"
-        ):
+        found = implied_tokenizer(self.cfg, src)
+        if found is None:
             return src
         import dataclasses
 
-        try:
-            folders = [j.path for j in resolve_jobs(self.cfg)]
-        except ConfigError:
-            return src
-        found = checkpoint_tokenizer(folders)
-        return src if found is None else dataclasses.replace(src, tokenizer=str(found))
+        return dataclasses.replace(src, tokenizer=str(found))
+
+
+def implied_tokenizer(cfg: Config, src) -> Path | None:
+    """The tokenizer folder a ``text`` source without ``tokenizer`` reads: the first of the config's
+    Hugging Face checkpoint folders (in the order listed) holding a saved tokenizer; None when the
+    source names its tokenizer, is not text, or no folder holds one. Its files are in every key
+    (`flatcli.keys.data_fingerprints`), so reordering the checkpoints or swapping that tokenizer
+    recomputes."""
+    if (
+        src is None
+        or src.source != "text"
+        or src.tokenizer is not None
+        or cfg.model.source != "huggingface"
+    ):
+        return None
+    try:
+        folders = [j.path for j in resolve_jobs(cfg)]
+    except ConfigError:
+        return None
+    return checkpoint_tokenizer(folders)
 
 
 def load_init_state(

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -43,6 +44,7 @@ import torch
 
 from ..engine.batch import Batch
 from ..errors import ConfigError
+from ..run.results import temp_prefix
 from .checkpoints import fingerprint
 from .hf import load_tokenizer
 
@@ -177,6 +179,20 @@ def _labels(table, field: str, where: str, path: Path) -> torch.Tensor:
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# what a tokenizer's from_pretrained may read in its folder (config.json names its class when
+# tokenizer_config.json does not)
+TOKENIZER_READS = re.compile(
+    r"(tokenizer.*\.json|special_tokens_map\.json|added_tokens\.json|vocab\..*|merges\.txt"
+    r"|.*\.model|chat_template.*|config\.json|preprocessor_config\.json)"
+)
+
+
+def tokenizer_files(folder: str | os.PathLike) -> list[Path]:
+    """The files of ``folder`` a saved tokenizer is read from (`TOKENIZER_READS`), sorted."""
+    d = Path(folder)
+    if not d.is_dir():
+        return []
+    return sorted(q for q in d.iterdir() if q.is_file() and TOKENIZER_READS.fullmatch(q.name))
 
 
 def checkpoint_tokenizer(folders) -> Path | None:
@@ -282,7 +298,7 @@ def tokenize(src, path: Path, tok_dir: Path, where: str) -> Batch:
 
 def _atomic_save(obj: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp")
     os.close(fd)
     try:
         torch.save(obj, tmp)

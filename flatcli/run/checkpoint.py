@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import math
 import platform
+import re
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -84,12 +85,31 @@ def _problem(model, data, st: Settings) -> Problem:
 
 def check_targets(model, data: Batch, loss: str, where: str, device, dtype) -> None:
     """A `ConfigError` naming ``where`` when the data's targets do not fit the model's outputs and
-    the loss (labels outside the classes, a wrong output shape), from one forward pass of two rows."""
+    the loss (labels outside the classes, a wrong output shape), from one forward pass of two rows;
+    also for a split without rows, and for inputs the model cannot take (a feature count or an
+    input shape other than its first layer's)."""
+    if data.rows == 0:
+        raise ConfigError(f"{where}: the split holds no examples")
     two = data.select(slice(0, 2)).to(device, dtype)
     args, kwargs = two.model_inputs()
     with torch.no_grad(), eval_mode(model):
-        out = model_output(model(*args, **kwargs))
+        try:
+            out = model_output(model(*args, **kwargs))
+        except (RuntimeError, ValueError, IndexError) as e:
+            if not _SHAPE_ERROR.search(str(e)):
+                raise
+            shapes = ", ".join(f"{k} {tuple(t.shape[1:])}" for k, t in two.items())
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ConfigError(
+                f"{where}: the model cannot take these inputs (per row: {shapes}): {first}"
+            ) from None
     get_loss(loss).check(out, two, data, where)
+
+
+# what torch says when an input's shape does not fit a layer
+_SHAPE_ERROR = re.compile(
+    r"shape|size mismatch|must match the size|expected input|dimension|channels", re.IGNORECASE
+)
 
 
 def _metrics(model, train: Batch | None, test: Batch | None, st: Settings) -> dict[str, float]:

@@ -27,12 +27,16 @@ these dtypes:
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
 import math
 import os
+import re
+import socket
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -281,16 +285,63 @@ def to_frame(rows: list[Row]) -> pd.DataFrame:
     return read_results(io.StringIO(text))
 
 
-def atomic_write(path: str | os.PathLike, text: str) -> None:
-    """Write via a temp file in the same folder, fsync, then os.replace."""
+ORPHAN_AGE = 3600.0  # seconds after which a temp file of another host's writer is an orphan
+_TEMP = re.compile(r"^\..+\.pid(\d+)@(.+)\.[A-Za-z0-9_]+\.(tmp|new|stale)$")
+
+
+def temp_prefix(path: Path) -> str:
+    """The name prefix of a temp file written beside ``path``: ``.<name>.pid<pid>@<host>.``, so
+    that `clean_orphans` can tell a dead writer's file from a live one's."""
+    return f".{path.name}.pid{os.getpid()}@{socket.gethostname()}."
+
+
+def clean_orphans(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temp files (`temp_prefix`) that writers killed mid-write left in ``folder``:
+    those of a process no longer running on this host, or older than `ORPHAN_AGE` seconds
+    (another host's). Returns what was removed; errors are ignored (a reader may be read-only)."""
+    removed = []
+    host, now = socket.gethostname(), time.time()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for e in entries:
+        m = _TEMP.match(e.name)
+        if m is None:
+            continue
+        try:
+            dead = m.group(2) == host and not _alive(int(m.group(1)))
+            if dead or now - e.stat().st_mtime > ORPHAN_AGE:
+                os.unlink(e.path)
+                removed.append(Path(e.path))
+        except OSError:
+            continue
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process
+    return True
+
+
+def atomic_write(path: str | os.PathLike, text: str | bytes) -> None:
+    """Write ``text`` (or bytes, as they are) via a temp file in the same folder
+    (`temp_prefix`), fsync, then os.replace."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp")
     umask = os.umask(0)
     os.umask(umask)
     os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary files
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -394,12 +445,20 @@ def json_matches_csv(doc: Any, csv_path: str | os.PathLike) -> bool:
         return False
 
 
+def check_still_there(folder: str | os.PathLike) -> None:
+    """``FileNotFoundError`` when the output folder a run created was removed meanwhile: results are
+    never written into a folder created again behind the user's back (the run stops, exit 1)."""
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(errno.ENOENT, "the folder was removed during the run", str(folder))
+
+
 def write_results_or_fallback(
     outdir: str | os.PathLike, rows: list[Row], meta: dict[str, Any]
 ) -> tuple[Path, str]:
     """`write_results`, and when that fails (disk full, folder removed meanwhile) the same files in a
     fresh temporary folder, so computed results are never lost. Returns (folder written, error or '')."""
     try:
+        check_still_there(outdir)
         write_results(outdir, rows, meta)
         return Path(outdir), ""
     except OSError as e:

@@ -58,6 +58,7 @@ def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) 
     if not outdir.is_dir():
         raise ConfigError(f"collect: {outdir} is not a directory")
     store = Store(outdir, warn=None)  # the unreadable files are reported, with their reasons
+    store.clean_orphans()
     records, unreadable = _read_records(store)
     plan, plan_problem = _plan_or_problem(outdir)
     if plan is not None:

@@ -4,7 +4,6 @@ from ``OUTDIR/plan.json``."""
 from __future__ import annotations
 
 import heapq
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +15,11 @@ from ..errors import ConfigError
 from ..keys import caps, content_hash, data_fingerprints, file_fingerprint, measure_hash, unit_id
 from ..loading.jobs import Job
 from ..measures import Dims, MeasureSpec
+from ..run.readback import Unreadable, read_json
 from ..run.results import atomic_write
 from ..run.shares import least_work
 from ..schema import PLAN, mismatch
-from .store import PLAN_FILE, dumps
+from .store import PLAN_FILE, Store, dumps
 
 
 # ------------------------------------------------------------------ the plan
@@ -262,6 +262,7 @@ def write_plan(outdir: str | os.PathLike, plan: Plan) -> Path:
     """Write ``OUTDIR/plan.json`` atomically; returns its path."""
     path = Path(outdir) / PLAN_FILE
     atomic_write(path, dumps(plan.to_json()))
+    Store(outdir, warn=None).clean_orphans()  # a new run: temp files of killed writers go
     return path
 
 
@@ -271,9 +272,11 @@ def load_plan(outdir: str | os.PathLike) -> Plan:
     if not path.is_file():
         raise ConfigError(f"{path} not found: run 'flatcli sweep -c CONFIG -o {outdir}' first")
     try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path} is not a flatcli sweep plan ({type(e).__name__}: {e})") from None
+        d = read_json(path)
+    except Unreadable as e:
+        raise ConfigError(f"{path} is not a flatcli sweep plan ({e.why})") from None
+    except OSError as e:
+        raise ConfigError(f"{path} cannot be read ({e.strerror or e})") from None
     why = check_plan(d)
     if why:
         raise ConfigError(f"{path} is not a flatcli sweep plan: {why}")

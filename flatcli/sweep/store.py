@@ -14,8 +14,9 @@ resolved configuration but a named list of keys that cannot change a value, the 
 options *with their defaults filled in* and its revision). Changing a measure's options or
 adding a measure therefore recomputes only the units it touches.
 
-A unit file that is not JSON, or does not match the unit schema (`flatcli.schema.UNIT`), is
-treated as missing: one warning names it, and the unit is recomputed.
+A unit file that is not UTF-8 JSON (any bytes are read safely: `flatcli.run.readback`), or does
+not match the unit schema (`flatcli.schema.UNIT`), is treated as missing: one warning names it,
+the unit is recomputed and the bad file is kept beside as ``<id>.json.bad``.
 
 Every finished unit is one file written via temp file + fsync + ``os.replace``
 (`flatcli.run.results.atomic_write`), so a reader sees either no file or a whole
@@ -40,12 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ResultsWriteError
 from ..keys import CAPPED
 from ..keys import measure_hash as measure_hash  # re-exported: the sweep's keys
 from ..keys import unit_id as unit_id
 from ..measures import MeasureResult
-from ..run.results import Row, atomic_write, jsonable
+from ..run.readback import Unreadable, parse_json, read_json, read_text, set_aside
+from ..run.results import Row, atomic_write, clean_orphans, jsonable, temp_prefix
 from ..schema import UNIT, mismatch
 
 PLAN_FILE = "plan.json"
@@ -53,6 +55,8 @@ UNITS_DIR = "units"
 LOCKS_DIR = "locks"
 FORMAT = 1
 DEFAULT_LOCK_TIMEOUT = 600.0  # seconds without a heartbeat after which a lock is stale
+LOCK_BYTES = 2**16  # a lock holds host, pid, time and token: ~150 bytes
+UNIT_BYTES = 64 * 2**20  # a unit file holds one measure's result: kilobytes
 
 
 def shard_of(uid: str, count: int) -> int:
@@ -84,6 +88,8 @@ def check_unit(rec: Any, uid: str | None = None) -> str | None:
     why = mismatch(rec, UNIT)
     if why is None and uid is not None and rec["unit"] != uid:
         why = f"unit is {rec['unit']!r}, not its file name {uid!r}"
+    if why is None and rec["status"] == "ok" and rec["result"] is None and not rec["measure_error"]:
+        why = "result is null in a unit whose status is ok (and no measure error)"
     return why
 
 
@@ -129,7 +135,8 @@ class Lock:
     def release(self) -> None:
         """Remove the lock file if it is still ours (its token); errors are ignored."""
         try:
-            if json.loads(self.path.read_text()).get("token") == self.token:
+            held = read_json(self.path, LOCK_BYTES)
+            if isinstance(held, dict) and held.get("token") == self.token:
                 self.path.unlink()
         except (OSError, ValueError):
             pass
@@ -173,8 +180,8 @@ def stale_reason(text: str, mtime: float, timeout: float) -> str | None:
     holder may be alive. Locks are created whole (`create_lock_file`), so an empty or unreadable
     one was left by a process killed while an older flatcli created it: stale at once."""
     try:
-        info = json.loads(text) if text.strip() else None
-    except ValueError:
+        info = parse_json(text) if text.strip() else None
+    except Unreadable:
         info = None
     if not isinstance(info, dict) or not info:
         return "the lock file is empty or unreadable (its holder was killed while creating it)"
@@ -188,13 +195,22 @@ def stale_reason(text: str, mtime: float, timeout: float) -> str | None:
     return None
 
 
+def lock_text(path: Path) -> str:
+    """A lock file's text; '' when it is not UTF-8 or too large (then it is unreadable, hence
+    stale, `stale_reason`). ``OSError`` (a missing file) as usual."""
+    try:
+        return read_text(path, LOCK_BYTES)
+    except Unreadable:
+        return ""
+
+
 def create_lock_file(path: Path, info: dict[str, Any]) -> bool:
     """Create the lock file ``path`` holding ``info`` (JSON) in one step, so that no reader ever
     sees it empty: the info goes to a temp file that is hard-linked to ``path`` (which fails when
     ``path`` exists). On a file system without hard links, ``O_CREAT|O_EXCL`` then a write.
     False when the lock exists."""
     text = json.dumps(info)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.new")
+    tmp = path.with_name(f"{temp_prefix(path)}{uuid.uuid4().hex}.new")
     try:
         tmp.write_text(text)
         try:
@@ -225,7 +241,7 @@ def break_if_stale(path: Path, timeout: float, log: Callable[[str], None] | None
     """Remove the lock file ``path`` when it is stale (`stale_reason`), telling ``log`` why; True
     when it was removed (or is gone), False while its holder may be alive."""
     try:
-        text = path.read_text()
+        text = lock_text(path)
         mtime = path.stat().st_mtime
     except FileNotFoundError:
         return True  # released meanwhile: try again
@@ -234,13 +250,13 @@ def break_if_stale(path: Path, timeout: float, log: Callable[[str], None] | None
         return False
     # Move it aside under a unique name; only one breaker wins the rename. If what we moved
     # is not the lock we judged stale (its holder replaced it meanwhile), put it back.
-    aside = path.with_name(f".{path.name}.{uuid.uuid4().hex}.stale")
+    aside = path.with_name(f"{temp_prefix(path)}{uuid.uuid4().hex}.stale")
     try:
         os.rename(path, aside)
     except FileNotFoundError:
         return True
     try:
-        moved = aside.read_text()
+        moved = lock_text(aside)
         if moved != text:
             try:
                 os.link(aside, path)
@@ -282,13 +298,15 @@ def hold_folder(
     ``timeout``/4 s) while a run writes results into ``folder``. A folder held by a live run is a
     `ConfigError` (exit code 2) naming the holder; a stale lock is broken, ``log`` told why."""
     path = Path(folder) / OUTDIR_LOCK
+    for d in (Path(folder), Path(folder) / "tokenized"):
+        clean_orphans(d)  # temp files of writers killed mid-write
     token = uuid.uuid4().hex
     info = {"host": _host(), "pid": os.getpid(), "time": time.time(), "token": token}
     for _ in range(3):
         if create_lock_file(path, info):
             break
         try:
-            held = json.loads(path.read_text())
+            held = read_json(path, LOCK_BYTES)
         except (OSError, ValueError):
             held = None
         if not break_if_stale(path, timeout, log):
@@ -334,9 +352,11 @@ class Store:
         match the unit schema (`check_unit`: warned about once, then recomputed)."""
         p = self.unit_path(uid)
         try:
-            text = p.read_text()
+            text = read_text(p, UNIT_BYTES)
         except FileNotFoundError:
             return None
+        except Unreadable as e:
+            return self._bad(p, e.why)
         except OSError as e:
             return self._bad(p, e.strerror or str(e))
         return self.check(p, text)
@@ -345,25 +365,32 @@ class Store:
         """The record in ``text`` (the file ``p``), or None (with a warning) when it is not JSON or
         does not match the unit schema."""
         try:
-            rec = json.loads(text)
-        except ValueError:
-            return self._bad(p, "not JSON", text)
+            rec = parse_json(text)
+        except Unreadable as e:
+            return self._bad(p, e.why, text)
         why = check_unit(rec, p.stem)
         return rec if why is None else self._bad(p, why, text)
 
     def _bad(self, p: Path, why: str, text: str | None = None) -> None:
         self.problems[str(p)] = why
         seen = (str(p), why, text)
-        if seen not in _WARNED:  # once per file content, however often it is read
+        if self.warn is not None and seen not in _WARNED:  # once per file content and reader
             _WARNED.add(seen)
-            if self.warn is not None:
-                self.warn(f"warning: unit file {p} is unreadable ({why}); it is recomputed")
+            self.warn(
+                f"warning: unit file {p} is unreadable ({why}); it is recomputed, the file "
+                f"kept beside it as {p.name}.bad"
+            )
         return None
 
     def write_unit(self, record: dict[str, Any]) -> Path:
         """Write a unit record to its file atomically; returns the path."""
         path = self.unit_path(record["unit"])
-        atomic_write(path, dumps(record))
+        if path.exists() and self.read_unit(record["unit"]) is None:
+            set_aside(path)  # an unreadable file (named when it was read) is kept, not overwritten
+        try:
+            atomic_write(path, dumps(record))
+        except OSError as e:  # a full disk, a removed or read-only folder: named, exit code 1
+            raise ResultsWriteError(self.units_dir, e) from e
         return path
 
     def is_done(
@@ -401,7 +428,10 @@ class Store:
             if p.name.startswith("."):
                 continue
             try:
-                text = p.read_text()
+                text = read_text(p, UNIT_BYTES)
+            except Unreadable as e:
+                yield p, self._bad(p, e.why)
+                continue
             except OSError as e:
                 yield p, self._bad(p, e.strerror or str(e))
                 continue
@@ -433,7 +463,7 @@ class Store:
         """Whether the unit's lock is held by a live worker (a lock that is not stale)."""
         path = self.lock_path(uid)
         try:
-            text, mtime = path.read_text(), path.stat().st_mtime
+            text, mtime = lock_text(path), path.stat().st_mtime
         except FileNotFoundError:
             return False
         return stale_reason(text, mtime, timeout) is None
@@ -453,6 +483,12 @@ class Store:
             for p in self.held_locks()
             if self.read_unit(p.stem) is not None
         )
+
+    def clean_orphans(self) -> int:
+        """Remove the temp files killed writers left in the folder, ``units/``, ``locks/`` and
+        ``tokenized/`` (`flatcli.run.results.clean_orphans`); how many."""
+        dirs = (self.outdir, self.units_dir, self.locks_dir, self.outdir / "tokenized")
+        return sum(len(clean_orphans(d)) for d in dirs)
 
     def held_locks(self) -> list[Path]:
         """The lock files present, sorted."""
@@ -528,9 +564,12 @@ def row_from_records(
     """Rebuild the `Row` `flatcli measure` would give from the unit records of one checkpoint.
 
     ``records`` maps label → record. A label without a record leaves the row ``incomplete``.
-    ``hparams`` (the plan's) are used until a record brings the ones read at measure time.
+    ``hparams`` (the plan's, from the manifest and path regex as the last sweep read them) win;
+    a record adds only the ones read from the checkpoint at measure time (``hparams.from_keys``),
+    so an edited manifest shows in ``collect`` as in ``measure --resume``.
     """
-    row = Row(checkpoint=checkpoint, labels=list(labels), hparams=dict(hparams or {}))
+    plan_hp = dict(hparams or {})
+    row = Row(checkpoint=checkpoint, labels=list(labels), hparams=dict(plan_hp))
     missing = []
     got_hparams = False
     for lab in labels:
@@ -550,7 +589,8 @@ def row_from_records(
                 k: float(v) if v is not None else math.nan for k, v in rec["metrics"].items()
             }
         if not got_hparams and rec.get("hparams") is not None:
-            row.hparams = dict(rec["hparams"])  # includes hparams.from_keys read at measure time
+            read = {k: v for k, v in rec["hparams"].items() if k not in plan_hp}
+            row.hparams = {**plan_hp, **read}  # + hparams.from_keys read at measure time
             got_hparams = True
     if missing and row.status == "ok":
         row.status = "incomplete"

@@ -41,11 +41,11 @@ class Schedule:
         if self.every is not None and (
             isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1
         ):
-            raise ConfigError(f"`every` must be an int ≥ 1; got {self.every!r}")
+            raise ConfigError(f"`every` must be an int ≥ 1. Got {self.every!r} instead.")
         if self.budget is not None and not (
             isinstance(self.budget, (int, float)) and 0 < float(self.budget) <= 1
         ):
-            raise ConfigError(f"`budget` must be a fraction in (0, 1]; got {self.budget!r}")
+            raise ConfigError(f"`budget` must be a fraction in (0, 1]. Got {self.budget!r} instead.")
 
     def tick(self, now: float | None = None) -> None:
         """Count the training time since the tracker last returned (call on entry)."""

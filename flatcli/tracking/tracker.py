@@ -222,7 +222,7 @@ class Tracker:
             The row (column → value) when this step was evaluated, else None.
         """
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
-            raise ConfigError(f"`step` must be an int; got {step!r}")
+            raise ConfigError(f"`step` must be an int. Got {step!r} instead.")
         t0 = time.perf_counter()
         self.schedule.tick(t0)
         self.store.resume_at(int(step))

@@ -169,8 +169,8 @@ def test_where_filters_with_a_query_and_names_rows_by_index(foreign):
 
 def test_filter_errors_are_one_line_config_errors(foreign, tmp_path):
     for args, msg in [
-        (["--where", "lr <"], "--where 'lr <' is not a valid expression on"),
-        (["--where", "depth > 2"], "--where 'depth > 2' is not a valid expression on"),
+        (["--where", "lr <"], "--where 'lr <': not an expression of columns"),
+        (["--where", "depth > 2"], "--where 'depth > 2': no column 'depth' (columns of"),
         (["--where", "lr > 5"], "the filters left no rows of"),
     ]:
         res = runner.invoke(app, ["correlate", str(foreign), "-m", "sharp", *args])

@@ -233,7 +233,15 @@ def test_compare_pairs_expand_and_are_checked(tmp_path):
         ({"compare": ["hessian_trace"]}, r"compare: each entry must name two different measures"),
         (
             {"subsets": {"no dropout": ""}},
-            r"subsets.no dropout must be a pandas query on results.csv",
+            r"subsets.no dropout must be a condition on results.csv",
+        ),
+        (
+            {"subsets": {"escape": "@pd.io.common.os.system('true')"}},
+            r"subsets.escape: not an expression of columns",
+        ),
+        (
+            {"subsets": {"call": "hp_l2.__class__ == 1"}},
+            r"subsets.call: 'hp_l2.__class__' \(Attribute\) is not allowed",
         ),
         ({"studie": {}}, r"unknown key 'studie'. Did you mean 'studies'\?"),
         (

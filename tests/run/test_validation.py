@@ -40,7 +40,8 @@ SHARED = [
     ("num_samples", 0, "must be an int ≥ 1 or all. Got 0 instead."),
     ("num_samples", "some", "must be an int ≥ 1 or all. Got 'some' instead."),
     ("block_size", 0, "must be an int ≥ 1 or null. Got 0 instead."),
-    ("seed", "x", "must be an int. Got 'x' instead."),
+    ("seed", "x", "must be an int in [0, 9223372036854775807]. Got 'x' instead."),
+    ("seed", 2**63, "must be an int in [0, 9223372036854775807]. Got 9223372036854775808 instead."),
     ("max_device_vectors", 0, "must be an int ≥ 1, auto or null. Got 0 instead."),
     ("recompute", "sometimes", "must be true, false or auto. Got 'sometimes' instead."),
     ("cache_graphs", "sometimes", "must be true, false or auto. Got 'sometimes' instead."),
@@ -50,7 +51,8 @@ SHARED = [
         "soon",
         "must be a positive number of seconds or a duration like 90s, 10m, 1h or null. Got 'soon' instead.",
     ),
-    ("threads", 0, "must be an int ≥ 1 or auto. Got 0 instead."),
+    ("threads", 0, "must be an int in [1, 4096] or auto. Got 0 instead."),
+    ("threads", 10**30, f"must be an int in [1, 4096] or auto. Got {10**30} instead."),
 ]
 
 CONFIG_KEY = {
