@@ -197,7 +197,9 @@ class CurvatureOperator:
             return NotImplemented
         c = float(scale)
         if not np.isfinite(c):
-            raise ValueError(f"{self.name}: a scale must be a finite number. Got {scale!r} instead.")
+            raise ValueError(
+                f"{self.name}: a scale must be a finite number. Got {scale!r} instead."
+            )
         return self._derived(lambda V: c * self.matmat_rows(V), f"{c:g}*{self.name}")
 
     __rmul__ = __mul__

@@ -45,7 +45,9 @@ class Schedule:
         if self.budget is not None and not (
             isinstance(self.budget, (int, float)) and 0 < float(self.budget) <= 1
         ):
-            raise ConfigError(f"`budget` must be a fraction in (0, 1]. Got {self.budget!r} instead.")
+            raise ConfigError(
+                f"`budget` must be a fraction in (0, 1]. Got {self.budget!r} instead."
+            )
 
     def tick(self, now: float | None = None) -> None:
         """Count the training time since the tracker last returned (call on entry)."""

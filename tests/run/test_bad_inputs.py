@@ -101,7 +101,7 @@ CASES = {
         lambda p: _split(
             "train", _tensors(p, "y.pt", torch.randn(8, 16), torch.zeros(8, 2, dtype=torch.long))
         ),
-        "needs one class index per row (labels of shape (rows,)); got shape (8, 2)",
+        "must be one class index per row (shape (rows,)). Got shape (8, 2) instead",
     ),
     "npz_object": (
         lambda p: (

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 import yaml
-from flatcli.loading.jobs import resolve_jobs
 
 import tests.hf_models as H
 from flatcli import api
 from flatcli.keys import data_fingerprints, keyed_paths
+from flatcli.loading.jobs import resolve_jobs
 
 _OPENED: list[str] = []
 _RECORDING = [False]
