@@ -7,8 +7,8 @@ threads=..., allow_unsafe_pickle=..., budget=...)`` (`flatcli.run.settings.RunOp
 
 Everything the CLI does goes through here; the CLI only parses and renders. One module per
 concern: `_shared` (configs, threads, selections), `measure`, `costs` (dry runs), `geometry`
-(landscapes, the invariance check), `sweeps` (sweep, collect, correlate); every public name is
-here.
+(landscapes, the invariance check), `sweeps` (sweep, collect, correlate), `page` (the HTML
+results page); every public name is here.
 
 >>> import flatcli
 >>> report = flatcli.measure("configs/cifar_resnet18.yaml", measures="hessian_trace")  # doctest: +SKIP
@@ -43,6 +43,7 @@ from .measure import (
     measure_keys,
     previous_results,
 )
+from .page import ReportPage, report
 from .sweeps import collect_frame, collect_report, correlate_frame, correlate_report, sweep
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "MeasureReport",
     "PCAView",
     "REUSABLE",
+    "ReportPage",
     "Reporting",
     "RunOptions",
     "SliceView",
@@ -70,6 +72,7 @@ __all__ = [
     "measure_keys",
     "measure_model",
     "previous_results",
+    "report",
     "select_measures",
     "sweep",
     "use_threads",
