@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import ConfigError
 from . import page_plots, rendering
 from .correlation import CorrelationReport
@@ -241,6 +243,12 @@ def render_page(inp: PageInputs) -> tuple[str, list[str]]:
     if rep.table is None:
         raise ConfigError("the report page needs the table the correlations were computed from")
     problems: list[str] = []
+    n_target = int(np.isfinite(rep.table.numeric(rep.target)).sum())
+    if n_target < 3:
+        problems.append(
+            f"only {n_target} checkpoint(s) with a finite {rep.target}: no correlation is "
+            "defined (it needs ≥ 3)"
+        )
     plots, colouring = scatters(inp)
     for s in plots:
         if not s.drawn:
