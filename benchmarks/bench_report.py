@@ -31,7 +31,7 @@ CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
 import flatcli.api as api
-import flatcli.analysis.page, matplotlib.figure, jinja2   # the imports, before the baseline
+import flatcli.analysis.html_report, matplotlib.figure, jinja2   # the imports, before the baseline
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 csv, out = Path(sys.argv[1]), Path(sys.argv[2])
 t0 = time.perf_counter()

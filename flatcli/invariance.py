@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ from .errors import ConfigError, MeasurementError, exit_code_of
 from .loading.data import subset
 from .measures import INVARIANCE_REFERENCE, MeasureSpec, get_measure, list_measures
 from .run.checkpoint import as_specs, check_finite_model, measure_model
+from .run.results import atomic_write, ensure_writable_dir
 from .run.settings import MeasureOptions, Settings
 from .validation import TRANSFORMS, Function, OneOf, Optional, Real, check_fields, opt
 
@@ -336,10 +338,6 @@ class InvarianceReport:
 
     def write_json(self, path) -> None:
         """Write `to_json` to ``path`` (atomically; its folder is created)."""
-        import json
-
-        from .run.results import atomic_write, ensure_writable_dir
-
         ensure_writable_dir(Path(path).expanduser().parent, "the folder of --output")
         atomic_write(Path(path).expanduser(), json.dumps(self.to_json(), indent=2) + "\n")
 

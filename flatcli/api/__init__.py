@@ -7,7 +7,7 @@ threads=..., allow_unsafe_pickle=..., budget=...)`` (`flatcli.run.settings.RunOp
 
 Everything the CLI does goes through here; the CLI only parses and renders. One module per
 concern: `_shared` (configs, threads, selections), `measure`, `costs` (dry runs), `geometry`
-(landscapes, the invariance check), `sweeps` (sweep, collect, correlate), `page` (the HTML
+(landscapes, the invariance check), `sweeps` (sweep, collect, correlate), `report_page` (the HTML
 results page); every public name is here.
 
 >>> import flatcli
@@ -43,7 +43,7 @@ from .measure import (
     measure_keys,
     previous_results,
 )
-from .page import ReportPage, report
+from .report_page import ReportPage, report
 from .sweeps import collect_frame, collect_report, correlate_frame, correlate_report, sweep
 
 __all__ = [

@@ -477,8 +477,11 @@ def _print_comparison(
 ) -> None:
     """Run `flatcli.analysis.compare.compare_measures` for ``A,B`` and print one line per statistic
     (and write comparison.csv beside correlations.csv)."""
-    from ..analysis.compare import compare_measures, describe  # lazy: CLI start-up (loads pandas)
-    from ..api.page import compare_pair  # lazy: CLI start-up (loads torch)
+    from ..analysis.compare import (  # lazy: CLI start-up (loads pandas)
+        compare_measures,
+        compare_pair,
+        describe,
+    )
 
     names = compare_pair(compare)  # the page's --compare reads A,B the same way
     df = compare_measures(

@@ -227,6 +227,10 @@ def _report_page(outdir: Path, results: Path) -> Path | None:
     if not all(importlib.util.find_spec(m) for m in ("matplotlib", "jinja2")):
         return None
     page = api.report(
-        results / "results.csv", outdir / "report.html", by=list(ZOO_GRID), color_by="label_noise"
+        results / "results.csv",
+        outdir / "report.html",
+        by=list(ZOO_GRID),
+        color_by="label_noise",
+        bootstrap=1000,
     )
     return page.path

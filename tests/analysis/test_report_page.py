@@ -335,7 +335,7 @@ def test_a_folder_that_is_no_sweep_and_a_missing_file_are_one_line_errors(tmp_pa
 def test_landscapes_and_invariance_verdicts_in_the_folder_are_shown(sweep, tmp_path):
     import shutil
 
-    from flatcli.analysis.page_plots import _figure
+    from flatcli.analysis.html_figures import _figure
     from flatcli.invariance import InvarianceReport, InvarianceResult
 
     out, _ = sweep

@@ -2,7 +2,7 @@
 self-contained HTML file.
 
 The page is a Jinja2 template (``templates/report.html.j2``, autoescaped) with the figures of
-`flatcli.analysis.page_plots` inlined as SVG and the landscape images as ``data:`` URIs: no
+`flatcli.analysis.html_figures` inlined as SVG and the landscape images as ``data:`` URIs: no
 script, style or image is loaded from anywhere, so the file works offline, from disk or as an
 e-mail attachment. Its numbers are the report's (the ranking table's cells are
 `flatcli.analysis.rendering`'s, each with its exact value in ``data-value``), so the page and
@@ -22,50 +22,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from . import page_plots, rendering
+from . import html_figures, rendering
+from .compare import describe
 from .correlation import CorrelationReport
 
 MAX_MATRIX_ROWS = 300  # status matrix rows shown; beyond, the rows with a status other than ok
 MAX_NAMES = 20  # names listed in a sentence
 TEMPLATE = "report.html.j2"
-
-
-@dataclass
-class Completeness:
-    """How much of the sweep the table holds: ``planned`` units (checkpoint × measure),
-    ``finished`` ones, the unfinished ``(checkpoint, measure)`` pairs and where that was read."""
-
-    planned: int
-    finished: int
-    missing: list[tuple[str, str]] = field(default_factory=list)
-    source: str = ""
-
-    @property
-    def complete(self) -> bool:
-        """Whether every planned unit finished."""
-        return not self.missing and self.finished >= self.planned
-
-
-@dataclass
-class Landscape:
-    """A landscape view found beside the results: its JSON file, kind, summary lines and images
-    (``(file name, data: URI)``)."""
-
-    path: str
-    kind: str
-    summary: list[str]
-    images: list[tuple[str, str]]
-
-
-@dataclass
-class Invariance:
-    """A check-invariance verdict found beside the results (``invariance.json``)."""
-
-    path: str
-    checkpoint: str
-    describe: str
-    passed: bool
-    rows: list[dict[str, Any]]
 
 
 @dataclass
@@ -77,13 +40,13 @@ class PageInputs:
     report: CorrelationReport
     source: str
     meta: dict[str, Any]
-    completeness: Completeness
+    completeness: Any  # flatcli.api.report_page.Completeness
     command: str
     date: str
     comparison: Any = None  # DataFrame of flatcli.analysis.compare.compare_measures
     color_by: str | None = None
-    landscapes: list[Landscape] = field(default_factory=list)
-    invariance: list[Invariance] = field(default_factory=list)
+    landscapes: list = field(default_factory=list)  # flatcli.api.report_page.Landscape
+    invariance: list = field(default_factory=list)  # flatcli.api.report_page.Invariance
     input_rows: int = 0
 
 
@@ -135,7 +98,7 @@ def status_matrix(report: CorrelationReport) -> dict[str, Any]:
     table = report.table
     measures = [mc.measure for mc in report.measures]
     names = table.row_names() if table is not None else []
-    cols = {m: page_plots.statuses(table, m) for m in measures} if table is not None else {}
+    cols = {m: html_figures.statuses(table, m) for m in measures} if table is not None else {}
     rows = [(n, [cols[m][i] for m in measures]) for i, n in enumerate(names)]
     hidden = 0
     if len(rows) > MAX_MATRIX_ROWS:
@@ -200,9 +163,18 @@ def comparison_lines(df) -> list[tuple[str, str]]:
     """``--compare``: (verdict, the line `flatcli correlate --compare` prints) per statistic."""
     if df is None:
         return []
-    from .compare import describe
-
     return [(str(v), line) for v, line in zip(df["verdict"], describe(df), strict=True)]
+
+
+def missing_units(table, measures: list[str]) -> list[tuple[str, str]]:
+    """The (checkpoint, measure) cells of a table without a status: not run."""
+    names = table.row_names()
+    return [
+        (names[i], m)
+        for m in measures
+        for i, s in enumerate(html_figures.statuses(table, m))
+        if s == "not run"
+    ]
 
 
 # ------------------------------------------------------------------ the page
@@ -221,13 +193,14 @@ def _environment():
     )
 
 
-def scatters(inp: PageInputs) -> tuple[list[page_plots.Scatter], str]:
+def scatters(inp: PageInputs) -> tuple[list[html_figures.Scatter], str]:
     """Every measure's scatter (ranked order) and the colouring in words."""
     rep = inp.report
     table = rep.table
-    color = page_plots.ColorBy.choose(rep, table, inp.color_by)
+    color = html_figures.ColorBy.choose(rep, table, inp.color_by)
     out = [
-        page_plots.scatter_svg(table, rep, mc, color, f"s{k}") for k, mc in enumerate(rep.measures)
+        html_figures.scatter_svg(table, rep, mc, color, f"s{k}")
+        for k, mc in enumerate(rep.measures)
     ]
     words = (
         "one colour"
@@ -273,7 +246,7 @@ def render_page(inp: PageInputs) -> tuple[str, list[str]]:
             notes=rendering.notes(rep),
             header=header,
             rows=rows,
-            ranking_svg=page_plots.ranking_svg(rep),
+            ranking_svg=html_figures.ranking_svg(rep),
             comparison=comparison_lines(inp.comparison),
             scatters=plots,
             colouring=colouring,
@@ -282,7 +255,7 @@ def render_page(inp: PageInputs) -> tuple[str, list[str]]:
                 for s in plots
             },
             matrix=status_matrix(rep),
-            markers=page_plots.STATUS_MARKERS,
+            markers=html_figures.STATUS_MARKERS,
             problems=problems,
         )
     )

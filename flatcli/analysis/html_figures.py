@@ -1,4 +1,4 @@
-"""The figures of the results page (`flatcli.analysis.page`) as inline SVG text.
+"""The figures of the results page (`flatcli.analysis.html_report`) as inline SVG text.
 
 matplotlib's SVG canvas (no pyplot: headless and thread-safe), written deterministically: the
 ids matplotlib derives from ``svg.hashsalt`` get a fixed salt per figure (distinct figures on

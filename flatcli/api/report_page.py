@@ -2,7 +2,7 @@
 
 The correlations are `correlate_report`'s and the paired comparison `compare_measures`', called
 with the same options as ``flatcli correlate`` takes, so the page and the terminal table never
-disagree; `flatcli.analysis.page` renders them.
+disagree; `flatcli.analysis.html_report` renders them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..run.results import atomic_write, ensure_writable_dir, json_matches_csv
 from ..run.settings import RunOptions
+from ..sweep.collect import collect
+from ..sweep.store import PLAN_FILE, UNITS_DIR
 from ._shared import takes_run
 from .sweeps import correlate_report
 
@@ -26,6 +28,44 @@ LANDSCAPE_JSON = ("landscape.json", "pca.json", "connect.json")
 INVARIANCE_JSON = "invariance.json"
 MAX_LANDSCAPES = 12  # landscape views embedded (their PNGs), the first found in path order
 MAX_IMAGE_BYTES = 4 * 2**20  # a larger PNG is named, not embedded
+
+
+@dataclass
+class Completeness:
+    """How much of the sweep the table holds: ``planned`` units (checkpoint × measure),
+    ``finished`` ones, the unfinished ``(checkpoint, measure)`` pairs and where that was read."""
+
+    planned: int
+    finished: int
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    source: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """Whether every planned unit finished."""
+        return not self.missing and self.finished >= self.planned
+
+
+@dataclass
+class Landscape:
+    """A landscape view found beside the results: its JSON file, kind, summary lines and images
+    (``(file name, data: URI)``)."""
+
+    path: str
+    kind: str
+    summary: list[str]
+    images: list[tuple[str, str]]
+
+
+@dataclass
+class Invariance:
+    """A check-invariance verdict found beside the results (``invariance.json``)."""
+
+    path: str
+    checkpoint: str
+    describe: str
+    passed: bool
+    rows: list[dict[str, Any]]
 
 
 @dataclass
@@ -70,21 +110,16 @@ def _meta_beside(csv: Path) -> dict[str, Any]:
 
 
 def _is_sweep(folder: Path) -> bool:
-    from ..sweep.store import PLAN_FILE, UNITS_DIR
-
     return (folder / PLAN_FILE).is_file() or (folder / UNITS_DIR).is_dir()
 
 
-def _collected(folder: Path):
+def _collected(folder: Path, load) -> tuple[Any, dict[str, Any], Completeness]:
     """The sweep folder's units collected into a temporary results pair (the folder is not
-    written): (its table named by the folder, results.json's metadata, the completeness)."""
-    from ..analysis.page import Completeness
-    from ..analysis.table import load_results
-    from ..sweep.collect import collect
-
+    written) and read with ``load`` (`flatcli.analysis.table.load_results`): its table named by
+    the folder, results.json's metadata and the completeness."""
     with tempfile.TemporaryDirectory(prefix="flatcli-report-") as tmp:
         col = collect(folder, Path(tmp) / "results.csv")
-        table = load_results(col.csv_path)
+        table = load(col.csv_path)
         meta = _meta_beside(col.csv_path)
     table.path = folder
     planned = len(col.rows) * len(col.labels)
@@ -94,20 +129,20 @@ def _collected(folder: Path):
     return table, meta, done
 
 
-def _source(results) -> _Source:
+def _source(results, load) -> _Source:
     """What ``results`` names: a DataFrame or table as it is; a CSV with the results.json beside
     it; a folder's results.csv (completeness from its plan when it is a sweep folder) or, in a
-    sweep folder without one, its units collected."""
+    sweep folder without one, its units collected (``load`` reads a CSV)."""
     if not isinstance(results, (str, Path)):
         return _Source(results, "a DataFrame", None, {})
     path = Path(results).expanduser()
     if path.is_dir():
         csv = path / "results.csv"
         if csv.is_file():
-            done = _collected(path)[2] if _is_sweep(path) else None
+            done = _collected(path, load)[2] if _is_sweep(path) else None
             return _Source(csv, str(path), path, _meta_beside(csv), done)
         if _is_sweep(path):
-            table, meta, done = _collected(path)
+            table, meta, done = _collected(path, load)
             return _Source(table, f"{path} (its units, collected)", path, meta, done)
         raise ConfigError(
             f"results {path}: a folder without results.csv, plan.json or units/ (give a results CSV or a sweep folder)"
@@ -115,19 +150,6 @@ def _source(results) -> _Source:
     if not path.is_file():
         raise ConfigError(f"results file not found: {path}")
     return _Source(path, str(path), path.parent, _meta_beside(path))
-
-
-def _completeness_from_table(table, measures: list[str]):
-    """Units from the table's status columns: a cell without a status was not run."""
-    from ..analysis.page import Completeness
-    from ..analysis.page_plots import statuses
-
-    names = table.row_names()
-    missing = [
-        (names[i], m) for m in measures for i, s in enumerate(statuses(table, m)) if s == "not run"
-    ]
-    planned = len(names) * len(measures)
-    return Completeness(planned, planned - len(missing), missing, "the table's status columns")
 
 
 # ------------------------------------------------------------------ found beside the results
@@ -151,8 +173,6 @@ def _summary_lines(doc: dict[str, Any]) -> list[str]:
 def landscapes(folder: Path | None) -> list:
     """The landscape views (landscape.json, pca.json, connect.json) under ``folder`` (3 levels
     deep), each with its PNGs inlined."""
-    from ..analysis.page import Landscape
-
     if folder is None:
         return []
     found = []
@@ -180,8 +200,6 @@ def landscapes(folder: Path | None) -> list:
 def invariance_checks(folder: Path | None) -> list:
     """The check-invariance verdicts (``invariance.json``, written by ``flatcli check-invariance
     -o``) under ``folder`` (3 levels deep)."""
-    from ..analysis.page import Invariance
-
     if folder is None:
         return []
     found = []
@@ -241,18 +259,6 @@ def command_line(results, output: Path | None, seed: int, options: dict[str, Any
     return " ".join(shlex.quote(w) for w in words)
 
 
-def compare_pair(compare) -> tuple[str, str]:
-    """``"A,B"`` (or a pair) as the two measures of ``--compare``; `ConfigError` otherwise."""
-    names = (
-        [x.strip() for x in compare.split(",") if x.strip()]
-        if isinstance(compare, str)
-        else [str(x) for x in compare]
-    )
-    if len(names) != 2:
-        raise ConfigError(f"--compare takes two measures as A,B; got {compare!r}")
-    return names[0], names[1]
-
-
 # ------------------------------------------------------------------ the entry point
 @takes_run
 def report(
@@ -299,20 +305,24 @@ def report(
     >>> page = flatcli.report("runs/eval", "runs/eval/report.html", by="lr,width")  # doctest: +SKIP
     >>> page.correlation.measures[0].measure, page.problems                          # doctest: +SKIP
     """
-    from ..analysis.page import PageInputs, render_page  # lazy: jinja2, matplotlib, pandas
-    from ..analysis.table import as_table
+    from ..analysis import compare as cmp  # lazy: pandas, scipy, matplotlib, jinja2
+    from ..analysis import html_report, table  # lazy: as above
 
-    src = _source(results)
+    src = _source(results, table.load_results)
     out = _output(results, output, src)
     seed = RunOptions.of(run).seed or 0
     table_options.pop("outdir", None)
     table_options.pop("plots", None)
     rep = correlate_report(src.table, run=RunOptions(seed=seed), **table_options)
-    comparison = _comparison(src.table, compare, rep, seed, table_options)
-    done = src.completeness or _completeness_from_table(
-        as_table(src.table), [mc.measure for mc in rep.measures]
-    )
-    inputs = PageInputs(
+    comparison = _comparison(cmp, src.table, compare, rep, seed, table_options)
+    if src.completeness is not None:
+        done = src.completeness
+    else:
+        measures = [mc.measure for mc in rep.measures]
+        missing = html_report.missing_units(table.as_table(src.table), measures)
+        planned = rep.n_input * len(measures)
+        done = Completeness(planned, planned - len(missing), missing, "the table's status columns")
+    inputs = html_report.PageInputs(
         report=rep,
         source=src.name,
         meta=src.meta,
@@ -329,7 +339,7 @@ def report(
         landscapes=landscapes(src.folder),
         invariance=invariance_checks(src.folder),
     )
-    html, problems = render_page(inputs)
+    html, problems = html_report.render_page(inputs)
     if out is not None:
         atomic_write(out, html)
     return ReportPage(html, out, rep, comparison, problems)
@@ -344,19 +354,18 @@ def _output(results, output, src: _Source) -> Path | None:
         output = (folder if folder.is_dir() else folder.parent) / "report.html"
     out = Path(output).expanduser()
     if out.is_dir():
-        raise ConfigError(f"--output {out} is a folder; name the page's file (e.g. report.html)")
+        raise ConfigError(f"`output` {out} is a folder; name the page's file (e.g. report.html)")
     ensure_writable_dir(out.parent, "the folder of --output")
     return out
 
 
-def _comparison(table, compare, rep, seed: int, options: dict[str, Any]):
-    """``flatcli correlate --compare``'s table for ``compare`` (None without)."""
+def _comparison(cmp, table, compare, rep, seed: int, options: dict[str, Any]):
+    """``flatcli correlate --compare``'s table for ``compare`` (None without); ``cmp`` is
+    `flatcli.analysis.compare`."""
     if not compare:
         return None
-    from ..analysis.compare import compare_measures  # lazy: pandas, scipy
-
-    a, b = compare_pair(compare)
-    return compare_measures(
+    a, b = cmp.compare_pair(compare)
+    return cmp.compare_measures(
         table,
         a,
         b,
