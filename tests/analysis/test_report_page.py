@@ -369,3 +369,41 @@ def test_import_flatcli_loads_neither_jinja2_nor_matplotlib():
     code = "import sys, flatcli, flatcli.api, flatcli.cli; print(sorted(m for m in ('jinja2', 'matplotlib') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------ in a browser
+CHROMIUM = Path("/usr/bin/chromium")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _browse(page: Path, shot: Path) -> tuple[int, dict]:
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "check_report_browser.py"), str(page)]
+        + ["--screenshot", str(shot), "--wait", "0", "--timeout", "240"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return r.returncode, json.loads(r.stdout)
+
+
+@pytest.mark.skipif(not CHROMIUM.is_file(), reason="needs Debian's chromium")
+def test_the_page_opens_offline_in_chromium_without_a_console_message(sweep, tmp_path):
+    page = api.report(sweep[0], tmp_path / "r.html", by="lr,wd")
+    rc, summary = _browse(page.path, tmp_path / "shot.png")
+    assert rc == 0, summary
+    assert summary["scatters_in_dom"] == len(MEASURES) and summary["ranking_table"]
+    assert (tmp_path / "shot.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.skipif(not CHROMIUM.is_file(), reason="needs Debian's chromium")
+def test_the_browser_check_catches_a_console_error_and_a_request(tmp_path):
+    bad = tmp_path / "bad.html"
+    bad.write_text(
+        '<html><body><figure class="scatter"></figure><table id="ranking-table"></table>'
+        '<img src="https://example.com/x.png"><script>console.error("boom")</script></body></html>'
+    )
+    rc, summary = _browse(bad, tmp_path / "shot.png")
+    assert rc == 1
+    assert any('"boom"' in m for m in summary["console_messages"])
+    assert summary["page_requests"] == ["https://example.com/x.png"]
