@@ -407,3 +407,24 @@ def test_the_browser_check_catches_a_console_error_and_a_request(tmp_path):
     assert rc == 1
     assert any('"boom"' in m for m in summary["console_messages"])
     assert summary["page_requests"] == ["https://example.com/x.png"]
+
+
+def test_check_invariance_output_is_shown_on_the_page(sweep, tmp_path):
+    import shutil
+
+    out, _ = sweep
+    project = out.parent / "p"
+    folder = tmp_path / "sweep"
+    shutil.copytree(out, folder)
+    res = CliRunner().invoke(
+        app,
+        ["check-invariance", "-c", str(project / "config.yaml"), str(project / "m0.pt")]
+        + ["-m", "frobenius_norm", "-o", str(folder / "checks" / "invariance.json")],
+    )
+    assert res.exit_code == 0, cli_output(res)
+    doc = json.loads((folder / "checks" / "invariance.json").read_text())
+    assert doc["checkpoint"].endswith("m0.pt") and doc["passed"] is True
+    assert [r["label"] for r in doc["results"]][0] == "frobenius_norm"
+    html = api.report(folder, tmp_path / "r.html").html
+    section = html.split('id="invariance"')[1]
+    assert "checks/invariance.json" in section and "frobenius_norm" in section
