@@ -256,6 +256,22 @@ def _level_colors(color: ColorBy) -> list:
     return [cmap(k) for k in range(len(color.levels))]
 
 
+MAX_COLOUR_GROUPS = 16  # a status's points drawn as one collection per colour up to this many
+
+
+def _same_colour(colors: np.ndarray, idx: np.ndarray) -> list[tuple[np.ndarray, bool]]:
+    """``idx`` split by colour, each part with True (in first-seen order; matplotlib's SVG writes
+    a one-colour collection about twice as fast), or ``[(idx, False)]`` when it holds more colours
+    than `MAX_COLOUR_GROUPS` (a colour bar)."""
+    if not len(idx):
+        return []
+    _, first, inverse = np.unique(colors[idx], axis=0, return_index=True, return_inverse=True)
+    if len(first) > MAX_COLOUR_GROUPS:
+        return [(idx, False)]
+    inverse = inverse.reshape(-1)
+    return [(idx[inverse == u], True) for u in np.argsort(first)]
+
+
 def scatter_svg(
     table: ResultsTable,
     report: CorrelationReport,
@@ -276,16 +292,18 @@ def scatter_svg(
     fig = _figure(figsize=(4.4, 3.4), dpi=100)
     ax = fig.subplots()
     groups = _groups(st, rows)
+    texts = point_titles(table, report, mc.measure, np.arange(len(m)))
     titles: dict[str, list[str]] = {}
     for j, (status, idx) in enumerate(groups.items()):
         marker, hollow = marker_of(status)
-        face = "none" if hollow else colors[idx]
-        edge = colors[idx] if hollow else "k"
-        coll = ax.scatter(m[idx], g[idx], marker=marker, s=26, facecolors=face,
-                          edgecolors=edge, linewidths=1.1 if hollow else 0.3, zorder=2)  # fmt: skip
-        gid = f"{key}-p{j}"
-        coll.set_gid(gid)
-        titles[gid] = point_titles(table, report, mc.measure, idx)
+        for k, (sub, one) in enumerate(_same_colour(colors, idx)):
+            c = [tuple(colors[sub[0]])] if one else colors[sub]
+            face, edge = ("none", c) if hollow else (c, "k")
+            coll = ax.scatter(m[sub], g[sub], marker=marker, s=26, facecolors=face,
+                              edgecolors=edge, linewidths=1.1 if hollow else 0.3, zorder=2)  # fmt: skip
+            gid = f"{key}-p{j}-{k}"
+            coll.set_gid(gid)
+            titles[gid] = [texts[i] for i in sub]
     if color is not None and color.numeric:
         import matplotlib
 

@@ -180,6 +180,18 @@ def _half_keys(
     return left, right
 
 
+def _pair_signs(mi: np.ndarray, mj: np.ndarray, gi: np.ndarray, gj: np.ndarray) -> np.ndarray:
+    """``(sign(μ_i − μ_j) + 1) · 3 + sign(g_i − g_j) + 1`` (0..8) for a block of pairs, as int32
+    from comparisons (a tied gap: 3k + 1)."""
+    sign = np.greater(mi, mj).astype(np.int32)
+    sign -= mi < mj
+    sign *= 3
+    sign += gi > gj
+    sign -= gi < gj
+    sign += 4
+    return sign
+
+
 def _chunked_joints(
     m: np.ndarray, g: np.ndarray, codes: dict[str, np.ndarray], conds: list[tuple[str, ...]]
 ) -> dict[tuple[str, ...], np.ndarray] | None:
@@ -194,20 +206,22 @@ def _chunked_joints(
     sizes = {c: [int(codes[a].max()) + 1 for a in c] for c in conds}
     if any(math.prod(k) ** 2 * 9 > _MAX_CELL_BINS for k in sizes.values()):
         return None
-    halves = {c: _half_keys(codes, c, sizes[c]) if c else None for c in conds}
+    halves = {
+        c: tuple((9 * h).astype(np.int32) for h in _half_keys(codes, c, sizes[c])) if c else None
+        for c in conds
+    }
     totals = {c: np.zeros(math.prod(sizes[c]) ** 2 * 9, dtype=np.int64) for c in conds}
     step = max(1, _PAIR_CHUNK // max(1, n))
     for s0 in range(0, n, step):
         rows = slice(s0, s0 + step)
-        # (V_μ + 1) * 3 + (V_g + 1): 0..8, V_g = 0 (a tied gap) in bins 3k + 1
-        sign = np.sign(m[rows, None] - m[None, :]) * 3 + np.sign(g[rows, None] - g[None, :]) + 4
-        sign = sign.astype(np.int32)
+        sign = _pair_signs(m[rows, None], m[None, :], g[rows, None], g[None, :])
         for c in conds:
             if halves[c] is None:
                 code = sign
             else:
                 left, right = halves[c]
-                code = (9 * left[rows, None] + 9 * right[None, :]).astype(np.int32) + sign
+                code = left[rows, None] + right[None, :]
+                code += sign
             totals[c] += np.bincount(code.ravel(), minlength=len(totals[c]))
     out = {}
     for c, t in totals.items():
