@@ -29,6 +29,8 @@ from .correlation import CorrelationReport
 MAX_MATRIX_ROWS = 300  # status matrix rows shown; beyond, the rows with a status other than ok
 MAX_NAMES = 20  # names listed in a sentence
 TEMPLATE = "report.html.j2"
+# matplotlib's markers (`html_figures.STATUS_MARKERS`) as characters, for the page's legend
+GLYPHS = {"o": "●", "v": "▼", "X": "✖", "D": "◆", "P": "✚", "s": "■", "*": "★"}
 
 
 @dataclass
@@ -255,7 +257,7 @@ def render_page(inp: PageInputs) -> tuple[str, list[str]]:
                 for s in plots
             },
             matrix=status_matrix(rep),
-            markers=html_figures.STATUS_MARKERS,
+            markers={s: GLYPHS[m] for s, m in html_figures.STATUS_MARKERS.items()},
             problems=problems,
         )
     )
