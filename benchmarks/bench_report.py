@@ -7,8 +7,8 @@ The table is synthetic and seeded: checkpoints on a grid of hyperparameters (lr 
 ``--measures`` measure columns that follow the gap with noise, each with a ``<measure>_status``
 column mixing every status the page marks (ok, budget with a lower bound, not_converged,
 near_zero, error), a ``results.json`` naming the measures. Each size runs in a fresh process
-(`flatcli.api.report` after the imports, no bootstrap), which reports its wall seconds, the
-page's size and the process's peak resident memory (``ru_maxrss``) with the part the report
+(`flatcli.api.report` after the imports, no bootstrap), which reports its wall and CPU seconds
+(the CPU time says more on a busy machine), the page's size and the process's peak resident memory (``ru_maxrss``) with the part the report
 added over the imports. With ``/usr/bin/chromium`` the page is then opened headless, network
 off (``tools/check_report_browser.py``), and timed to its screenshot.
 """
@@ -34,11 +34,14 @@ import flatcli.api as api
 import flatcli.analysis.html_report, matplotlib.figure, jinja2   # the imports, before the baseline
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 csv, out = Path(sys.argv[1]), Path(sys.argv[2])
+r0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
 page = api.report(csv, out, by="lr,wd")
 sec = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"seconds": sec, "page_mb": out.stat().st_size / 1e6, "peak_rss_mb": peak,
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+peak = r1.ru_maxrss / 1024
+print(json.dumps({"seconds": sec, "cpu_seconds": cpu, "page_mb": out.stat().st_size / 1e6, "peak_rss_mb": peak,
                   "report_rss_mb": peak - base, "problems": len(page.problems)}))
 """
 
@@ -118,6 +121,7 @@ def main() -> None:
                         res[k]
                         for k in (
                             "seconds",
+                            "cpu_seconds",
                             "page_mb",
                             "peak_rss_mb",
                             "report_rss_mb",
@@ -132,13 +136,14 @@ def main() -> None:
             "rows",
             "measures",
             "report s",
+            "report CPU s",
             "page MB",
             "peak RSS MB",
             "RSS added by the report MB",
             "Chromium s (screenshot + DOM)",
         ],
         out_rows,
-        note="Fresh process per size; the peak resident memory includes Python, torch and matplotlib; "
+        note="Fresh process per size; the CPU seconds say more than the wall seconds on a busy machine; the peak resident memory includes Python, torch and matplotlib; "
         "'added by the report' is the peak over the resident memory after the imports.",
     )
     print(f"wrote {write_json('report', 'The results page of a large sweep', tables, a.json)}")
