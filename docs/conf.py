@@ -69,3 +69,6 @@ import flatcli
 html_theme = "furo"
 html_title = f"flatcli {release}"
 html_static_path = []
+# the example results page (docs/_ext/flatcli_docs.py: write_report_example), at the site's root
+html_extra_path = ["_generated/extra"]
+(DOCS / "_generated" / "extra").mkdir(parents=True, exist_ok=True)  # checked before it is filled

@@ -7,6 +7,7 @@ The Python API (everything the command line does):
 >>> flatcli.sweep("cfg.yaml", "runs/eval"); flatcli.collect("runs/eval")   # doctest: +SKIP
 >>> flatcli.correlate("runs/eval/results.csv", by="lr,width")      # doctest: +SKIP
 >>> flatcli.compare("runs/eval/results.csv", "relative_flatness", "hessian_trace")   # doctest: +SKIP
+>>> flatcli.report("runs/eval", "runs/eval/report.html", by="lr,width")   # doctest: +SKIP
 """
 
 from ._version import __version__
@@ -17,6 +18,7 @@ _API = (
     "sweep",
     "landscape",
     "check_invariance",
+    "report",
     "load",
     "MeasureReport",
     "MeasureOptions",

@@ -44,9 +44,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -58,6 +60,7 @@ from .errors import ConfigError, ExitCode, MeasurementError, exit_code_of
 from .loading.data import subset
 from .measures import INVARIANCE_REFERENCE, MeasureSpec, get_measure, list_measures
 from .run.checkpoint import as_specs, check_finite_model, measure_model
+from .run.results import atomic_write, ensure_writable_dir
 from .run.settings import MeasureOptions, Settings
 from .validation import TRANSFORMS, Function, OneOf, Optional, Real, check_fields, opt
 
@@ -308,6 +311,37 @@ class InvarianceReport:
     def exit_code(self) -> int:
         """0 when every measure that claims invariance held it, else 1."""
         return ExitCode.OK if self.passed else ExitCode.FAILED
+
+    def to_json(self) -> dict[str, Any]:
+        """The check as a JSON-ready dict (``flatcli check-invariance -o invariance.json``, which
+        ``flatcli report`` shows): the checkpoint, the rescaling in words, whether every claimed
+        invariance held, the tolerance and each measure's comparison (non-finite values as
+        ``null``)."""
+
+        def num(v: float) -> float | None:
+            return v if math.isfinite(v) else None
+
+        return {
+            "checkpoint": self.checkpoint,
+            "describe": self.describe(),
+            "passed": self.passed,
+            "tol": self.tol,
+            "output_rel_change": num(self.output_rel_change),
+            "results": [
+                {
+                    **dataclasses.asdict(r),
+                    "original": num(r.original),
+                    "rescaled": num(r.rescaled),
+                    "rel_change": num(r.rel_change),
+                }
+                for r in self.results
+            ],
+        }
+
+    def write_json(self, path) -> None:
+        """Write `to_json` to ``path`` (atomically; its folder is created)."""
+        ensure_writable_dir(Path(path).expanduser().parent, "the folder of --output")
+        atomic_write(Path(path).expanduser(), json.dumps(self.to_json(), indent=2) + "\n")
 
     def describe(self) -> str:
         """The rescaling in words (kind, range of factors, seed, layer pairs)."""

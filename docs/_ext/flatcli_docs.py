@@ -700,10 +700,45 @@ def write_reference_tables(out_dir: Path) -> None:
 # ---------------------------------------------------------------- Sphinx
 
 
+# ---------------------------------------------------------------- the example results page
+REPORT_EXAMPLE = DOCS / "examples" / "demo"  # the demo's results.csv and results.json, committed
+REPORT_OPTIONS = {
+    "by": "width,weight_decay,label_noise",
+    "color_by": "label_noise",
+    "bootstrap": 1000,
+}
+
+
+def write_report_example(out: Path, source: Path = REPORT_EXAMPLE) -> Path:
+    """``flatcli report`` of the demo's committed results table, written to ``out`` (copied to the
+    site's root by ``html_extra_path``). Made in a scratch folder holding a copy of the table, so
+    the page's header and its command name ``results.csv`` and ``report.html``, not this machine's
+    paths."""
+    import os
+    import shutil
+    import tempfile
+
+    from flatcli.api import report
+
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="flatcli-docs-report-") as tmp:
+        for name in ("results.csv", "results.json"):
+            shutil.copy(source / name, Path(tmp) / name)
+        os.chdir(tmp)
+        try:
+            report("results.csv", "report.html", **REPORT_OPTIONS)
+        finally:
+            os.chdir(cwd)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(tmp) / "report.html", out)
+    return out
+
+
 def _generate(app) -> None:
     write_measure_pages(DOCS / "measures")
     write_cli_reference(DOCS / "_generated" / "cli.md")
     write_reference_tables(DOCS / "_generated")
+    write_report_example(DOCS / "_generated" / "extra" / "demo-report.html")
     write_benchmark_pages(DOCS / "benchmarks" / "data", DOCS / "benchmarks" / "generated")
 
 

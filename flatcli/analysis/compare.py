@@ -206,6 +206,18 @@ def compare_measures(
     return pd.DataFrame(rows)[cols]
 
 
+def compare_pair(compare) -> tuple[str, str]:
+    """``"A,B"`` (or a pair) as the two measures of ``--compare``; `ConfigError` otherwise."""
+    names = (
+        [x.strip() for x in compare.split(",") if x.strip()]
+        if isinstance(compare, str)
+        else [str(x) for x in compare]
+    )
+    if len(names) != 2:
+        raise ConfigError(f"`compare` must be two measures as A,B. Got {compare!r} instead.")
+    return names[0], names[1]
+
+
 def describe(df: pd.DataFrame) -> list[str]:
     """One line per statistic of a `compare_measures` table, for the command line."""
     lines = []

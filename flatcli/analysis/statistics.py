@@ -24,12 +24,36 @@ def _sign(x: np.ndarray) -> np.ndarray:
     return np.sign(x).astype(np.int64)
 
 
+JIANG_PAIRWISE_MAX = 2000  # above: C − D from scipy's τ-b and the tie counts (O(n log n))
+
+
+def _tied_pairs(x: np.ndarray) -> int:
+    """Pairs i < j with x_i = x_j."""
+    t = np.unique(x, return_counts=True)[1].astype(np.int64)
+    return int((t * (t - 1) // 2).sum())
+
+
 def jiang_tau(m: np.ndarray, g: np.ndarray) -> float:
-    """Kendall's τ without tie correction (Jiang et al. 2020, eq. 2); nan for fewer than 2 points."""
+    """Kendall's τ without tie correction (Jiang et al. 2020, eq. 2); nan for fewer than 2 points.
+
+    Up to `JIANG_PAIRWISE_MAX` points from the n × n sign matrices; above, in O(n log n): the
+    integer C − D (concordant minus discordant pairs) is recovered from scipy's τ-b,
+    ``(C − D) / sqrt((n₀ − n₁)(n₀ − n₂))`` with the tie counts n₁, n₂, and rounded (its float
+    error is far below ½ for any n that fits in memory), so both give the same value."""
     m, g = np.asarray(m, float), np.asarray(g, float)
     n = len(m)
     if n < 2:
         return math.nan
+    if n > JIANG_PAIRWISE_MAX:
+        from scipy.stats import kendalltau
+
+        n0 = n * (n - 1) // 2
+        dm, dg = n0 - _tied_pairs(m), n0 - _tied_pairs(g)
+        if dm == 0 or dg == 0:  # a constant column: every sign product is 0
+            return 0.0
+        tau_b = kendalltau(m, g, variant="b").statistic
+        c_minus_d = round(float(tau_b) * math.sqrt(dm) * math.sqrt(dg))
+        return float(2 * c_minus_d) / (n * (n - 1))
     s = _sign(m[:, None] - m[None, :]) * _sign(g[:, None] - g[None, :])
     return float(s.sum()) / (n * (n - 1))
 
@@ -90,13 +114,11 @@ class CMI:
     per_condition: dict[str, float] = field(default_factory=dict)
 
 
-def _normalized_cmi(cell: np.ndarray, vm: np.ndarray, vg: np.ndarray) -> float:
-    """``I(V_μ; V_g | U) / H(V_g | U)`` from one entry per pair: its cell U (`_cell_ids`), ``vm`` ∈
-    {−1, 0, 1} and ``vg`` ∈ {−1, 1}; the counts per (cell, V_μ, V_g) a ``bincount``."""
-    n = len(cell)
-    ncell = int(cell.max()) + 1
-    code = (cell * 3 + vm + 1) * 2 + (vg > 0)
-    joint = np.bincount(code, minlength=ncell * 6).reshape(ncell, 3, 2).astype(float)
+def _cmi_from_joint(joint: np.ndarray) -> float:
+    """``I(V_μ; V_g | U) / H(V_g | U)`` from the pair counts per (cell U, V_μ ∈ {−1, 0, 1},
+    V_g ∈ {−1, 1}) of the occupied cells (``joint``, cells × 3 × 2)."""
+    joint = joint.astype(float)
+    n = joint.sum()
     nu = joint.sum(axis=(1, 2))  # pairs per cell
     pa = joint.sum(axis=2)  # V_μ marginal per cell
     pb = joint.sum(axis=1)  # V_g marginal per cell
@@ -142,18 +164,111 @@ def _axis_codes(hp: dict[str, list[str]], axes: list[str]) -> dict[str, np.ndarr
     return {a: pd.factorize(np.asarray(hp[a], dtype=object))[0] for a in axes}
 
 
-def conditional_mi(m: np.ndarray, g: np.ndarray, hp: dict[str, list[str]], axes: list[str]) -> CMI:
-    """PGDL-2020 conditional mutual information score (see the module docstring); natural log."""
-    m, g = np.asarray(m, float), np.asarray(g, float)
+_PAIR_CHUNK = 2_000_000  # ordered pairs counted at once (a block of rows × every column)
+_MAX_CELL_BINS = 2**24  # (cells × 6) counted by one bincount; more: the cells of np.unique
+
+
+def _half_keys(
+    codes: dict[str, np.ndarray], cond: tuple[str, ...], sizes: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(L, R) with `_cell_ids`' mixed-radix key of the pair (i, j) equal to ``L[i] + R[j]``: each
+    digit of the key belongs to one checkpoint of the pair."""
+    left = np.zeros(len(next(iter(codes.values()))) if codes else 0, dtype=np.int64)
+    right = np.zeros_like(left)
+    for a, k in zip(cond, sizes, strict=True):
+        left, right = left * k * k + codes[a] * k, right * k * k + codes[a]
+    return left, right
+
+
+def _pair_signs(mi: np.ndarray, mj: np.ndarray, gi: np.ndarray, gj: np.ndarray) -> np.ndarray:
+    """``(sign(μ_i − μ_j) + 1) · 3 + sign(g_i − g_j) + 1`` (0..8) for a block of pairs, as int32
+    from comparisons (a tied gap: 3k + 1)."""
+    sign = np.greater(mi, mj).astype(np.int32)
+    sign -= mi < mj
+    sign *= 3
+    sign += gi > gj
+    sign -= gi < gj
+    sign += 4
+    return sign
+
+
+def _chunked_joints(
+    m: np.ndarray, g: np.ndarray, codes: dict[str, np.ndarray], conds: list[tuple[str, ...]]
+) -> dict[tuple[str, ...], np.ndarray] | None:
+    """The pair counts (`_cmi_from_joint`'s ``joint``) of every conditioning set, in blocks of
+    rows (memory O(`_PAIR_CHUNK`), not O(n²)): the cell of a pair is the mixed-radix key of
+    `_cell_ids` (`_half_keys`), and the occupied cells come in ascending key order, as np.unique
+    gives them. Pairs with a tied gap (i = j among them) are counted apart and dropped. None
+    when a set has more than `_MAX_CELL_BINS` keys."""
+    n = len(g)
+    if n == 0:
+        return {c: np.zeros((0, 3, 2), dtype=np.int64) for c in conds}
+    sizes = {c: [int(codes[a].max()) + 1 for a in c] for c in conds}
+    if any(math.prod(k) ** 2 * 9 > _MAX_CELL_BINS for k in sizes.values()):
+        return None
+    halves = {
+        c: tuple((9 * h).astype(np.int32) for h in _half_keys(codes, c, sizes[c])) if c else None
+        for c in conds
+    }
+    totals = {c: np.zeros(math.prod(sizes[c]) ** 2 * 9, dtype=np.int64) for c in conds}
+    step = max(1, _PAIR_CHUNK // max(1, n))
+    for s0 in range(0, n, step):
+        rows = slice(s0, s0 + step)
+        sign = _pair_signs(m[rows, None], m[None, :], g[rows, None], g[None, :])
+        for c in conds:
+            if halves[c] is None:
+                code = sign
+            else:
+                left, right = halves[c]
+                code = left[rows, None] + right[None, :]
+                code += sign
+            totals[c] += np.bincount(code.ravel(), minlength=len(totals[c]))
+    out = {}
+    for c, t in totals.items():
+        joint = t.reshape(-1, 3, 3)[:, :, [0, 2]]  # V_g ∈ {−1, 1}: the untied pairs
+        out[c] = joint[joint.sum(axis=(1, 2)) > 0]
+    return out
+
+
+def _pairwise_joints(
+    m: np.ndarray, g: np.ndarray, codes: dict[str, np.ndarray], conds: list[tuple[str, ...]]
+) -> dict[tuple[str, ...], np.ndarray]:
+    """`_chunked_joints` from the arrays of every ordered pair (cells from np.unique: any number
+    of keys; memory O(n²))."""
     i, j, vg = _ordered_pairs(g)
     vm = _sign(m[i] - m[j])
-    npairs = len(i)
+    out = {}
+    for c in conds:
+        if len(i) == 0:
+            out[c] = np.zeros((0, 3, 2), dtype=np.int64)
+            continue
+        cell = _cell_ids(i, j, codes, c)
+        code = (cell * 3 + vm + 1) * 2 + (vg > 0)
+        out[c] = np.bincount(code, minlength=(int(cell.max()) + 1) * 6).reshape(-1, 3, 2)
+    return out
+
+
+def _joints(
+    m: np.ndarray, g: np.ndarray, hp: dict[str, list[str]], axes: list[str]
+) -> dict[tuple[str, ...], np.ndarray]:
+    codes = _axis_codes(hp, axes)
+    conds = _conditions(axes)
+    found = _chunked_joints(m, g, codes, conds)
+    return found if found is not None else _pairwise_joints(m, g, codes, conds)
+
+
+def conditional_mi(m: np.ndarray, g: np.ndarray, hp: dict[str, list[str]], axes: list[str]) -> CMI:
+    """PGDL-2020 conditional mutual information score (see the module docstring); natural log.
+    The pairs are counted per cell in blocks of rows (`_chunked_joints`): a 10,000-checkpoint
+    table's 10⁸ ordered pairs are never held at once."""
+    m, g = np.asarray(m, float), np.asarray(g, float)
+    joints = _joints(m, g, hp, axes)
+    npairs = int(next(iter(joints.values())).sum())
     if npairs == 0:
         return CMI(math.nan, "", 0)
-    codes = _axis_codes(hp, axes)
     per: dict[str, float] = {}
-    for cond in _conditions(axes):
-        per[" × ".join(cond) or "(none)"] = _normalized_cmi(_cell_ids(i, j, codes, cond), vm, vg)
+    for cond, joint in joints.items():
+        per[" × ".join(cond) or "(none)"] = _cmi_from_joint(joint)
     finite = {k: v for k, v in per.items() if math.isfinite(v)}
     if not finite:
         return CMI(math.nan, "", npairs, per)
@@ -213,14 +328,11 @@ def check_cmi_grid(
     """`CMICheck` of the gaps ``g`` on the grid ``hp`` (None without two distinct gaps); the chance
     level is computed only when the grid is too small (random orderings seeded by ``seed``)."""
     g = np.asarray(g, float)
-    i, j, _ = _ordered_pairs(g)
-    if len(i) == 0:
+    joints = _joints(np.zeros_like(g), g, hp, axes)
+    pairs = int(next(iter(joints.values())).sum())
+    if pairs == 0:
         return None
-    codes = _axis_codes(hp, axes)
-    per = {
-        " × ".join(c) or "(none)": len(i) / (int(_cell_ids(i, j, codes, c).max()) + 1)
-        for c in _conditions(axes)
-    }
+    per = {" × ".join(c) or "(none)": pairs / len(joint) for c, joint in joints.items()}
     cond = min(per, key=per.get)
     check = CMICheck(per[cond], cond)
     if not check.reliable:

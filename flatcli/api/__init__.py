@@ -7,8 +7,8 @@ threads=..., allow_unsafe_pickle=..., budget=...)`` (`flatcli.run.settings.RunOp
 
 Everything the CLI does goes through here; the CLI only parses and renders. One module per
 concern: `_shared` (configs, threads, selections), `measure`, `costs` (dry runs), `geometry`
-(landscapes, the invariance check), `sweeps` (sweep, collect, correlate); every public name is
-here.
+(landscapes, the invariance check), `sweeps` (sweep, collect, correlate), `report_page` (the HTML
+results page); every public name is here.
 
 >>> import flatcli
 >>> report = flatcli.measure("configs/cifar_resnet18.yaml", measures="hessian_trace")  # doctest: +SKIP
@@ -43,6 +43,7 @@ from .measure import (
     measure_keys,
     previous_results,
 )
+from .report_page import ReportPage, report
 from .sweeps import (
     SweepInterrupted,
     collect_frame,
@@ -61,6 +62,7 @@ __all__ = [
     "MeasureReport",
     "PCAView",
     "REUSABLE",
+    "ReportPage",
     "Reporting",
     "RunOptions",
     "SliceView",
@@ -78,6 +80,7 @@ __all__ = [
     "measure_keys",
     "measure_model",
     "previous_results",
+    "report",
     "select_measures",
     "sweep",
     "use_threads",

@@ -1,7 +1,7 @@
 """The flatcli command line: parsing and rendering only; the work is in `flatcli.api`.
 
-`_app` holds the app, the shared options and the error handling; `compute` and `explore` register
-the commands on it.
+`_app` holds the app, the shared options and the error handling; `compute`, `explore` and
+`pages` register the commands on it.
 
 Exit codes: 0 success, 1 a measurement failed, 2 bad usage or config. Errors are
 one line on stderr; ``--debug`` shows the traceback instead.
@@ -10,7 +10,7 @@ one line on stderr; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 from ..console import quiet_torch_warnings
-from . import compute, explore  # noqa: F401  (registers the commands)
+from . import compute, explore, pages  # noqa: F401  (registers the commands)
 from ._app import app, cli_message, err_console
 from .compute import *  # noqa: F403
 

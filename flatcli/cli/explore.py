@@ -21,7 +21,6 @@ from ..console import (
     fmt,
     print_table,
 )
-from ..errors import ConfigError
 from ._app import (
     BiasBN,
     ConfigOpt,
@@ -484,11 +483,13 @@ def _print_comparison(
 ) -> None:
     """Run `flatcli.analysis.compare.compare_measures` for ``A,B`` and print one line per statistic
     (and write comparison.csv beside correlations.csv)."""
-    from ..analysis.compare import compare_measures, describe  # lazy: CLI start-up (loads pandas)
+    from ..analysis.compare import (  # lazy: CLI start-up (loads pandas)
+        compare_measures,
+        compare_pair,
+        describe,
+    )
 
-    names = [x.strip() for x in compare.split(",") if x.strip()]
-    if len(names) != 2:
-        raise ConfigError(f"--compare takes two measures as A,B. Got {compare!r} instead.")
+    names = compare_pair(compare)  # the page's --compare reads A,B the same way
     df = compare_measures(
         results,
         names[0],
@@ -552,6 +553,14 @@ def check_invariance_cmd(
     ] = None,
     device: DeviceOpt = None,
     threads: ThreadsOpt = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Also write the verdicts as JSON here (e.g. SWEEP/invariance.json: 'flatcli report' shows them).",
+        ),
+    ] = None,
     debug: DebugOpt = False,
 ):
     """Rescale the network without changing its function; show which measures stay put (exit 0 if every claimed invariance holds)."""
@@ -593,6 +602,9 @@ def check_invariance_cmd(
             f"the Hessian trace changed by a factor {ref.rescaled / ref.original:.3g}",
             highlight=False,
         )
+    if output is not None:
+        rep.write_json(output)
+        console.print(f"wrote {output}", highlight=False, soft_wrap=True)
     claimed = [r for r in rep.results if r.claims_invariance]
     bad = [r.label for r in claimed if not r.held]
     if bad:

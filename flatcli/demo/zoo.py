@@ -136,7 +136,8 @@ def run_demo(
     collect, correlate with the gap over the zoo's grid, and plot (when matplotlib is installed).
 
     Writes ``OUTDIR/sweep/`` (plan and one file per checkpoint × measure; rerunning resumes),
-    ``OUTDIR/results/results.csv``, ``results.json``, ``correlations.csv`` and ``plots/``.
+    ``OUTDIR/results/results.csv``, ``results.json``, ``correlations.csv`` and ``plots/``, and
+    the results page ``OUTDIR/report.html`` (`flatcli.api.report`; with the report extra).
     ``threads`` sizes the sweep workers' intra-op threads (``runtime.threads``, `flatcli.threads`);
     tables fit a terminal's width unless ``wide``.
     Returns the `flatcli.analysis.CorrelationReport`.
@@ -204,13 +205,32 @@ def run_demo(
     print_table(console, render_table(corr, width), wide)
     for n in notes(corr):
         console.print(f"note: {n}", highlight=False, soft_wrap=True)
+    page = _report_page(outdir, results)
     t3 = time.perf_counter()
     console.print(
         f"training {t1 - t0:.1f}s, sweep {t2 - t1:.1f}s, collect + correlate{' + plots' if plots else ''} "
         f"{t3 - t2:.1f}s; results in {results} (results.csv, results.json, correlations.csv"
         + (", plots/" if plots else "")
-        + ")",
+        + ")"
+        + (f"; the results page: {page}" if page else ""),
         highlight=False,
         soft_wrap=True,
     )
     return corr
+
+
+def _report_page(outdir: Path, results: Path) -> Path | None:
+    """``OUTDIR/report.html``, the results page of the zoo (`flatcli.api.report`, with the axes and
+    colouring of the demo's correlate); None without the report extra (matplotlib and Jinja2)."""
+    import importlib.util
+
+    if not all(importlib.util.find_spec(m) for m in ("matplotlib", "jinja2")):
+        return None
+    page = api.report(
+        results / "results.csv",
+        outdir / "report.html",
+        by=list(ZOO_GRID),
+        color_by="label_noise",
+        bootstrap=1000,
+    )
+    return page.path

@@ -138,4 +138,4 @@ def test_cli_compare(tmp_path):
     res = runner.invoke(app, ["correlate", str(path), "--compare", "B,C"])
     assert res.exit_code == 0 and res.output.count(": tied") == 3
     res = runner.invoke(app, ["correlate", str(path), "--compare", "A"])
-    assert res.exit_code == 2 and "--compare takes two measures as A,B" in res.output
+    assert res.exit_code == 2 and "must be two measures as A,B" in res.output
