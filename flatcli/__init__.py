@@ -23,6 +23,8 @@ _API = (
     "MeasureReport",
     "MeasureOptions",
     "RunOptions",
+    "Tracker",
+    "TrackOptions",
 )
 _MEASURES = ("list_measures", "register", "MeasureResult")
 __all__ = [
@@ -32,8 +34,6 @@ __all__ = [
     "compare",
     "correlate",
     "read_results",
-    "Tracker",
-    "TrackOptions",
     *_API,
     *_MEASURES,
 ]
@@ -57,10 +57,6 @@ def __getattr__(name):  # PEP 562: each name is imported on first use
         from . import measures  # lazy: start-up (loads torch)
 
         return getattr(measures, name)
-    if name in ("Tracker", "TrackOptions"):  # curvature during training
-        from . import tracking  # lazy: start-up (loads torch)
-
-        return getattr(tracking, name)
     if name == "Settings":
         from .run.settings import Settings  # lazy: start-up (loads torch)
 

@@ -87,6 +87,11 @@ COMMAND_EXITS: dict[str, dict[ExitCode, str]] = {
     },
     "config show": {ExitCode.OK: "the config printed", ExitCode.USAGE: "a bad config"},
     "experiments list": {ExitCode.OK: "the studies listed"},
+    "report": {
+        ExitCode.OK: "the page written (it says what it could not draw)",
+        ExitCode.USAGE: "a table with no target or measure column, a bad option or filter, an "
+        "output that cannot be written",
+    },
     "plot-track": {
         ExitCode.OK: "the plot written",
         ExitCode.USAGE: "no tracker output in the folder, an unknown label, or no plotting library",

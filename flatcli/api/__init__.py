@@ -31,6 +31,7 @@ from ..run.checkpoint import (  # noqa: F401  (re-exported: the Python API)
     versions,
 )
 from ..run.settings import MeasureOptions, RunOptions
+from ..tracking import Tracker, TrackOptions  # curvature during training
 from ._shared import load, select_measures, use_threads
 from .costs import CostEstimate, estimate_costs
 from .geometry import ConnectView, InterpolateView, PCAView, SliceView, check_invariance, landscape
@@ -54,6 +55,8 @@ from .sweeps import (
 )
 
 __all__ = [
+    "Tracker",
+    "TrackOptions",
     "ConnectView",
     "CostEstimate",
     "InterpolateView",

@@ -44,7 +44,7 @@ import torch
 
 from ..engine.batch import Batch
 from ..errors import ConfigError
-from ..run.results import temp_prefix
+from ..tempfiles import temp_prefix
 from .checkpoints import fingerprint
 from .hf import load_tokenizer
 

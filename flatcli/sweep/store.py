@@ -47,8 +47,9 @@ from ..keys import measure_hash as measure_hash  # re-exported: the sweep's keys
 from ..keys import unit_id as unit_id
 from ..measures import MeasureResult
 from ..run.readback import Unreadable, parse_json, read_json, read_text, set_aside
-from ..run.results import Row, atomic_write, clean_orphans, jsonable, temp_prefix
+from ..run.results import Row, atomic_write, jsonable
 from ..schema import UNIT, mismatch
+from ..tempfiles import clean_orphans, temp_prefix
 
 PLAN_FILE = "plan.json"
 UNITS_DIR = "units"
@@ -486,7 +487,7 @@ class Store:
 
     def clean_orphans(self) -> int:
         """Remove the temp files killed writers left in the folder, ``units/``, ``locks/`` and
-        ``tokenized/`` (`flatcli.run.results.clean_orphans`); how many."""
+        ``tokenized/`` (`flatcli.tempfiles.clean_orphans`); how many."""
         dirs = (self.outdir, self.units_dir, self.locks_dir, self.outdir / "tokenized")
         return sum(len(clean_orphans(d)) for d in dirs)
 

@@ -16,9 +16,9 @@ import pytest
 from flatcli import api
 from flatcli.cli import app
 from flatcli.run.readback import MAX_DEPTH, Unreadable, parse_json, read_json
-from flatcli.run.results import clean_orphans, temp_prefix
 from flatcli.sweep.plan import load_plan
 from flatcli.sweep.store import Store, check_unit
+from flatcli.tempfiles import clean_orphans, temp_prefix
 from tests.helpers import cli_output, write_project
 from tests.oracles import runner
 
