@@ -286,18 +286,45 @@ class TraceOptions:
     )
 
 
-EXACT_FACTOR = (
-    4  # auto: the exact trace when P ≤ EXACT_FACTOR · min_probes (fewer HVPs than probes)
-)
+EXACT_FACTOR = 4  # auto: the exact trace, no check, when P ≤ EXACT_FACTOR · min_probes
+CHECK_MARGIN = 2  # auto: Hutchinson after its check only when it predicts ≤ 1/2 of what exact costs
+CHECK_SEED = 5  # generator offset of auto's check probes (the trace's own probes keep offset 0)
+CHECK_LIMIT = 2  # auto: no check (Hutchinson) when P > CHECK_LIMIT × the stochastic trace's most
 
 
-def trace_method(method: str, P: int, min_probes: int) -> str:
-    """The estimator ``method`` names: ``auto`` is ``exact`` when P ≤ `EXACT_FACTOR` ·
-    ``min_probes`` (P unit-vector HVPs, no more than a stochastic run expects to spend), else
-    ``hutchinson``."""
+def stochastic_worst(o, P: int) -> int:
+    """The most products a stochastic trace may spend: ``max_probes`` and the near-zero floor's SLQ."""
+    return o.max_probes + linalg.trace.NEAR_ZERO_RUNS * min(linalg.trace.NEAR_ZERO_STEPS, P)
+
+
+def trace_method(method: str, P: int, o) -> str:
+    """The estimator ``method`` names before any product: ``auto`` is ``exact`` when P ≤
+    `EXACT_FACTOR` · ``min_probes`` (a check of ``min_probes`` products would cost a quarter of the
+    exact trace or more), ``hutchinson`` when P is more than `CHECK_LIMIT` times the most products
+    of a stochastic trace (`stochastic_worst`: 2,080 at the defaults), else ``check``:
+    ``min_probes`` Hutchinson probes predict the probes to the tolerance, and the cheaper of the
+    two runs (`auto_after_check`)."""
     if method != "auto":
         return method
-    return "exact" if P <= EXACT_FACTOR * min_probes else "hutchinson"
+    if P <= EXACT_FACTOR * o.min_probes:
+        return "exact"
+    return "hutchinson" if P > CHECK_LIMIT * stochastic_worst(o, P) else "check"
+
+
+def auto_after_check(samples, P: int, o, exact_fits: bool = True) -> tuple[str, int]:
+    """``auto``'s choice after its check: (method, max_probes). Hutchinson when the probes it is
+    predicted to need to reach ``tol`` at the check's spread (`flatcli.engine.linalg.probes_to_tolerance`)
+    are at most 1/`CHECK_MARGIN` of the fewer of ``max_probes`` and the P − m products the exact
+    trace would cost beyond the check's m (the margin covers the spread estimated from m samples),
+    its probes capped at P − m so that the whole never spends more than P plus the check (and the
+    near-zero floor); else the exact trace (P products), unless a cap leaves fewer than P
+    (``exact_fits`` False: the exact trace cannot stop early, Hutchinson stops with its interval)."""
+    m = len(samples)
+    need = linalg.probes_to_tolerance(samples, o.tol)
+    room = P - m
+    if need <= min(room, o.max_probes) / CHECK_MARGIN or not exact_fits:
+        return "hutchinson", max(min(o.max_probes, room), o.min_probes)
+    return "exact", P
 
 
 def _trace_estimate(o, d) -> dict:
@@ -306,21 +333,23 @@ def _trace_estimate(o, d) -> dict:
     estimator holds those probes and their products (2 P-vectors per probe), the most while the
     near-zero floor's SLQ runs beside them
     (`flatcli.engine.linalg.trace.near_zero_vectors`: its runs in lockstep on this device);
-    Hutch++ keeps its sketch (up to a third of the probes) beside them."""
-    o = dataclasses.replace(o, method=trace_method(o.method, d.P, o.min_probes))
+    Hutch++ keeps its sketch (up to a third of the probes) beside them. ``auto`` with its check
+    (`trace_method`): the check's ``min_probes``, then Hutchinson (at least ``min_probes``, its
+    probes capped at P − ``min_probes``) or the exact trace (P): at most P plus the larger of the
+    check and the near-zero floor."""
+    o = dataclasses.replace(o, method=trace_method(o.method, d.P, o))
     if o.method == "exact":
         return {"n_hvp": d.P, "hvp_block": 0}
     control = 2 * CONTROL_PROBES if d.verify else 0
     sketch = min(d.P, o.max_probes // 3) if o.method == "hutchpp" else 0
     first = min(o.min_probes, o.max_probes)  # the first block holds min_probes probes at once
+    floor = stochastic_worst(o, d.P) - o.max_probes  # the near-zero floor's SLQ
+    least, most = first, o.max_probes + floor
+    if o.method == "check":  # the check, then Hutchinson capped at P − check, or exact (P)
+        least, most = 2 * first, d.P + max(first, floor)
     return {
         # most: the near-zero floor's SLQ may run beside the probes (its products are counted)
-        "n_hvp": (
-            min(o.min_probes, o.max_probes) + control,
-            o.max_probes
-            + control
-            + linalg.trace.NEAR_ZERO_RUNS * min(linalg.trace.NEAR_ZERO_STEPS, d.P),
-        ),
+        "n_hvp": (least + control, most + control),
         "hvp_block": 0,
         # the first block's probes and their products, alive while the near-zero floor's SLQ runs
         "vectors": (
@@ -381,7 +410,9 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     Interval: ``stderr`` is the standard error of the mean times Student's t factor for the
     samples' count (diagnostics ``stderr_mean``, ``t_factor``, ``samples``), so ±2·stderr is
     about 95% with few probes; no tolerance test passes on fewer than 4 samples (Hutch++: 4
-    residual samples), and a fixed count (``min_probes = max_probes``) below 4 is ``not_converged``.
+    residual samples). A fixed count (``min_probes = max_probes``) is judged like an adaptive
+    one: ``ok`` only when its stderr is within ``tol`` (at least 4 samples), else
+    ``not_converged`` with the value and interval of its probes.
     Caps (``max_seconds``, ``max_hvps``, ``runtime.budget``): the estimate and stderr of the
     probes done, status ``budget``; ``exact`` cannot stop early.
 
@@ -402,18 +433,14 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
         )
     eng = ctx.engine
     p = ctx.problem
-    opts = dataclasses.replace(
-        opts, method=trace_method(opts.method, p.num_params, opts.min_probes)
-    )
+    opts = dataclasses.replace(opts, method=trace_method(opts.method, p.num_params, opts))
     slices = p.param_slices()
-    H = eng.hessian(precision="fp32" if opts.method == "exact" else None)
+    auto = {}
+    if opts.method == "check":
+        opts, auto = _auto_check(ctx, opts)
     if opts.method == "exact":
-        d = linalg.exact_diagonal(H)
-        diag = {"probes": p.num_params, "method": "exact"}
-        if opts.per_layer != "none":
-            tr = {n: float(d[sl].sum()) for n, sl in slices.items()}
-            diag.update(_layer_diagnostics(tr, {n: 0.0 for n in tr}, opts.per_layer))
-        return MeasureResult(value=float(d.sum()), stderr=0.0, diagnostics=diag)
+        return _exact_trace(ctx, opts, auto)
+    H = eng.hessian()
     est = linalg.hutchpp if opts.method == "hutchpp" else linalg.hutchinson
     r = est(
         H,
@@ -423,23 +450,21 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
         generator=ctx.generator(),
         blocks=list(slices.values()) if opts.per_layer != "none" else None,
     )
-    # a fixed count is its own stopping rule, but not on fewer than MIN_SAMPLES samples or when cut
-    fixed = (
-        opts.min_probes == opts.max_probes
-        and not r.stopped_by_budget
-        and len(r.samples) >= linalg.MIN_SAMPLES
-    )
+    # a fixed count (min_probes = max_probes) is judged like any other: ok only when its interval
+    # passes the tolerance test (the estimator's ``converged``), else not_converged
     diag = {
+        **auto,
         "probes": r.probes,
         "rel_stderr": r.stderr / abs(r.estimate) if r.estimate else math.inf,
-        "converged": bool(r.converged or fixed),
-        "method": opts.method,
+        "converged": bool(r.converged),
+        "method": r.method,  # hutchpp under a cap too short for its sketch: hutchinson
         "samples": len(r.samples),
         "stderr_mean": r.stderr_mean,
         "t_factor": linalg.t_factor(len(r.samples)),
     }
     if r.abs_trace is not None:
         diag["abs_trace"] = r.abs_trace  # the SLQ estimate of Tr|H| behind the near-zero floor
+        diag["abs_trace_stderr"] = r.abs_trace_stderr
     if opts.method == "hutchpp":
         diag["sketch"] = r.sketch
         diag["low_rank_trace"] = r.low_rank
@@ -453,7 +478,7 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
                 opts.per_layer,
             )
         )
-    status = _status(r.converged or fixed, r.near_zero, r.stopped_by_budget)
+    status = _status(r.converged, r.near_zero, r.stopped_by_budget)
     if eng.precision.verify:
         c = linalg.precision_control(
             H, eng.hessian(precision="fp32"), probes=CONTROL_PROBES, generator=ctx.generator(7)
@@ -464,6 +489,37 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
         if abs(c.diff) > r.stderr:
             status = "precision_warning"  # the TF32 bias exceeds the estimate's standard error
     return MeasureResult(value=r.estimate, stderr=r.stderr, diagnostics=diag, status=status)
+
+
+def _auto_check(ctx, opts: TraceOptions) -> tuple[TraceOptions, dict]:
+    """``auto``'s check: ``min_probes`` Hutchinson probes of its own (seed offset `CHECK_SEED`, no
+    near-zero floor), then `auto_after_check`'s choice; the options to run and the diagnostics
+    ``check_probes`` and ``check_predicted_probes``."""
+    P = ctx.problem.num_params
+    c = linalg.hutchinson(
+        ctx.engine.hessian(),
+        stop=linalg.ProbeStop(opts.tol, opts.min_probes, opts.min_probes, ctx.budget),
+        generator=ctx.generator(CHECK_SEED),
+    )
+    # a cap's products or seconds left (at the check's speed) for the P products of the exact trace
+    fits = ctx.budget.allow(P) >= P
+    method, most = auto_after_check(c.samples, P, opts, fits)
+    diag = {
+        "check_probes": c.probes,
+        "check_predicted_probes": linalg.probes_to_tolerance(c.samples, opts.tol),
+    }
+    return dataclasses.replace(opts, method=method, max_probes=most), diag
+
+
+def _exact_trace(ctx, opts: TraceOptions, auto: dict) -> MeasureResult:
+    """The sum of the diagonal from P unit-vector products in fp32 (stderr 0)."""
+    p = ctx.problem
+    d = linalg.exact_diagonal(ctx.engine.hessian(precision="fp32"))
+    diag = {**auto, "probes": p.num_params, "method": "exact"}
+    if opts.per_layer != "none":
+        tr = {n: float(d[sl].sum()) for n, sl in p.param_slices().items()}
+        diag.update(_layer_diagnostics(tr, {n: 0.0 for n in tr}, opts.per_layer))
+    return MeasureResult(value=float(d.sum()), stderr=0.0, diagnostics=diag)
 
 
 def _layer_diagnostics(traces: dict, stderrs: dict, mode: str) -> dict:
