@@ -271,7 +271,9 @@ class TraceOptions:
     method: str = opt(
         "auto",
         OneOf("auto", "hutchinson", "hutchpp", "exact"),
-        "estimator (auto: exact when P ≤ 4·min_probes, else hutchinson)",
+        "estimator (auto: exact when P ≤ 4·min_probes; up to 2·(max_probes + 40), min_probes "
+        "check probes predict Hutchinson's probes to tol, then the cheaper of it and exact; "
+        "above, hutchinson)",
     )
     tol: float = opt(0.01, Real(0, 1, "neither"), "stop when stderr ≤ tol·|estimate|")
     min_probes: int = opt(16, Integral(2, None), "fewest Rademacher probes (HVPs)")
@@ -364,14 +366,16 @@ def _trace_estimate(o, d) -> dict:
     low_precision=True,  # bf16 products: λmax and traces verified in fp32, the spectrum as with TF32
     stops_early=lambda o: o.method != "exact",  # its estimator checks the budget between blocks
     options=TraceOptions,
-    description="Trace of the loss Hessian (exact for small P, else Hutchinson or Hutch++ with "
-    "stopping at a Student-t stderr ≤ tol·|trace| on at least 4 samples); per-tensor traces in "
-    "diagnostics." + PADDING_NOTE,
+    description="Trace of the loss Hessian (exact or Hutchinson by predicted products, or Hutch++, "
+    "with stopping at a Student-t stderr ≤ tol·|trace| on at least 4 samples); per-tensor traces "
+    "in diagnostics." + PADDING_NOTE,
     reference="Hutchinson 1989; Meyer et al. 2021 (Hutch++, Alg. 1); Yao et al. 2020 (PyHessian)",
     stochastic=True,
     cost=(
         "one HVP per probe (exact: one per parameter), plus 40 for the near-zero floor's SLQ when "
-        "the trace cancels; per-tensor traces from the same probes at no extra HVP"
+        "the trace cancels; auto between 4·min_probes and 2·(max_probes + 40) parameters: "
+        "min_probes check HVPs, then at most P; per-tensor traces from the same probes at no "
+        "extra HVP"
     ),
     estimate=_trace_estimate,
 )
@@ -396,17 +400,23 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     of the trace, as at trained minima (see the benchmark pages of the docs).
 
     ``exact``: the sum of the diagonal from unit-vector HVPs (one per
-    parameter, small models only). ``auto`` (the default): ``exact`` when P ≤ 4·``min_probes``
-    (64 at the defaults: no more HVPs than the probes a stochastic run needs at least), else
-    ``hutchinson``.
+    parameter, small models only). ``auto`` (the default) chooses by predicted products
+    (`trace_method`, `auto_after_check`): ``exact`` when P ≤ 4·``min_probes`` (64 at the
+    defaults); ``hutchinson`` when P is above twice its most products (2,080 at the defaults);
+    in between ``min_probes`` check probes (seed offset 5, diagnostics ``check_probes`` and
+    ``check_predicted_probes``) predict Hutchinson's probes to ``tol``, and Hutchinson runs (its
+    probes capped at P − ``min_probes``) when they are at most half of what the exact trace costs
+    beyond the check, else the exact trace: never more than P products plus the check (or the
+    near-zero floor's 40).
 
     Near zero (``hutchinson``, ``hutchpp``): a trace near 0 at the spectrum's scale (an
-    indefinite Hessian whose curvatures cancel: within two standard errors of 0, or at most 5%
-    of Tr|H| when ``tol`` is out of reach within ``max_probes``) stops at the absolute floor
-    ``stderr ≤ tol·Tr|H|``, status ``near_zero``, ``abs_trace`` (Tr|H| by SLQ, 40 HVPs) in the
-    diagnostics (`flatcli.engine.linalg.NearZeroFloor`; PSD: Tr|H| = Tr H, nothing changes).
-    A trace above 5% of Tr|H| keeps the relative test: ``not_converged`` at ``max_probes``, with
-    ``abs_trace`` in the diagnostics when it was computed.
+    indefinite Hessian whose curvatures cancel) stops at the absolute floor
+    ``stderr ≤ tol·Tr|H|``, status ``near_zero``, only when the intervals say so: the upper end of
+    |Tr H|'s interval (|value| + 2·stderr) at most 5% of the lower end of Tr|H|'s
+    (``abs_trace`` − 2·``abs_trace_stderr``, Tr|H| by SLQ, 40 HVPs, or from the checkpoint's
+    SLQ runs; `flatcli.engine.linalg.NearZeroFloor`; PSD: Tr|H| = Tr H, nothing changes).
+    Otherwise the relative test stays: ``not_converged`` at ``max_probes``, with ``abs_trace``
+    in the diagnostics when it was computed.
     Interval: ``stderr`` is the standard error of the mean times Student's t factor for the
     samples' count (diagnostics ``stderr_mean``, ``t_factor``, ``samples``), so ±2·stderr is
     about 95% with few probes; no tolerance test passes on fewer than 4 samples (Hutch++: 4
@@ -414,7 +424,9 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     one: ``ok`` only when its stderr is within ``tol`` (at least 4 samples), else
     ``not_converged`` with the value and interval of its probes.
     Caps (``max_seconds``, ``max_hvps``, ``runtime.budget``): the estimate and stderr of the
-    probes done, status ``budget``; ``exact`` cannot stop early.
+    probes done, status ``budget``; ``exact`` cannot stop early. ``hutchpp`` under a cap too short
+    for its sketch and residual samples continues as Hutchinson from its sketch's probes
+    (``method`` ``hutchinson`` in the diagnostics): a capped value always has a finite stderr.
 
     Per-layer traces (``per_layer``): from the same products (module docstring).
 

@@ -87,7 +87,8 @@ def test_hutchpp_under_a_short_time_cap_always_has_an_interval(seconds, method):
         r = linalg.hutchpp(
             op, stop=linalg.ProbeStop(budget=budget), generator=torch.Generator().manual_seed(seed)
         )
-        assert r.method == method and len(r.samples) >= 2 and math.isfinite(r.stderr), r
+        assert len(r.samples) >= 2 and math.isfinite(r.stderr), r
+        assert r.method == method
         assert r.probes <= seconds + 1 and r.stopped_by_budget
         covered += abs(r.estimate - exact) <= 2 * r.stderr
     assert covered >= 18, covered  # ±2 stderr is a 95% interval: 19 of 20 expected
@@ -339,22 +340,22 @@ def _ratio_spectrum(ratio: float, P: int = 300, seed: int = 0) -> np.ndarray:
     return np.concatenate([pos, -c * neg])
 
 
-# near_zero in 20 seeds per true ratio Tr H / Tr|H| (P = 300, Hutchinson, at most 400 probes):
-# the table of the intervals page. The former rule, on the two point estimates, fired at a true 6%
-# in 1/20 runs at tol 0.01 and 7/20 at tol 0.05.
-NEAR_ZERO_TABLE = {
-    0.01: {0.0: 20, 0.03: 20, 0.05: 0, 0.06: 0, 0.08: 0},
-    0.05: {0.0: 20, 0.03: 20, 0.05: 0, 0.06: 0, 0.08: 0},
-}
+# Runs that end near_zero, of 20 seeds per true ratio Tr H / Tr|H| (P = 300, Hutchinson, at most 400
+# probes), measured (the intervals page shows them with 2%, 4% and 10%):
+#   tol 0.01: 0% 20, 2% 20, 3% 19, 4% 7, 5% 0, 6% 0, 8% 0, 10% 0
+#   tol 0.05: 0% 20, 2% 20, 3% 19, 4% 7, 5% 0, 6% 0, 8% 0, 10% 0
+# The former rule, on the two point estimates, fired at a true 6% in 1/20 runs at tol 0.01 and 7/20
+# at tol 0.05. Claimed here: never at 5% and above; at least 18 of 20 at 0 and 3% (its power).
+NEAR_ZERO_RATIOS = (0.0, 0.03, 0.05, 0.06, 0.08)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tol", sorted(NEAR_ZERO_TABLE))
+@pytest.mark.parametrize("tol", [0.01, 0.05])
 def test_near_zero_only_when_the_intervals_say_so(tol):
     """``near_zero`` needs the upper end of |Tr H|'s interval at most 5% of the lower end of
-    Tr|H|'s: never at a true ratio of 5% and above (20 seeds each), always at 0 and 3% here."""
+    Tr|H|'s: over 20 seeds never at a true ratio of 5% and above, nearly always at 0 and 3%."""
     counts = {}
-    for ratio in NEAR_ZERO_TABLE[tol]:
+    for ratio in NEAR_ZERO_RATIOS:
         eigs = _ratio_spectrum(ratio)
         assert eigs.sum() / np.abs(eigs).sum() == pytest.approx(ratio, abs=1e-12)
         A = _rotated(eigs, seed=1)
@@ -366,10 +367,12 @@ def test_near_zero_only_when_the_intervals_say_so(tol):
                 stop=linalg.ProbeStop(tol=tol, max_probes=400),
                 generator=torch.Generator().manual_seed(seed),
             )
-            if r.near_zero:  # the interval's claim holds: the trace is below 5% of Tr|H|
-                assert abs(r.estimate) + 2 * r.stderr <= (r.abs_trace - 2 * r.abs_trace_stderr) / 20
+            if r.near_zero:  # what it claims: the interval below 5% of Tr|H|'s lower end
+                low = r.abs_trace - 2 * r.abs_trace_stderr
+                assert abs(r.estimate) + 2 * r.stderr <= low / 20
             counts[ratio] += r.near_zero
-    assert counts == NEAR_ZERO_TABLE[tol]
+    assert all(counts[x] == 0 for x in NEAR_ZERO_RATIOS if x >= 0.05), counts
+    assert counts[0.0] >= 18 and counts[0.03] >= 18, counts
 
 
 def test_near_zero_floor_only_when_the_trace_is_near_zero():
