@@ -412,9 +412,10 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     Near zero (``hutchinson``, ``hutchpp``): a trace near 0 at the spectrum's scale (an
     indefinite Hessian whose curvatures cancel) stops at the absolute floor
     ``stderr ≤ tol·Tr|H|``, status ``near_zero``, only when the intervals say so: the upper end of
-    |Tr H|'s interval (|value| + 2·stderr) at most 5% of the lower end of Tr|H|'s
-    (``abs_trace`` − 2·``abs_trace_stderr``, Tr|H| by SLQ, 40 HVPs, or from the checkpoint's
-    SLQ runs; `flatcli.engine.linalg.NearZeroFloor`; PSD: Tr|H| = Tr H, nothing changes).
+    the interval of :math:`|\mathrm{Tr}\,H|` (``|value| + 2·stderr``) at most 5% of the lower end
+    of that of :math:`\mathrm{Tr}|H|` (``abs_trace − 2·abs_trace_stderr``; Tr|H| by SLQ, 40 HVPs,
+    or from the checkpoint's SLQ runs; `flatcli.engine.linalg.NearZeroFloor`; PSD: Tr|H| = Tr H,
+    nothing changes).
     Otherwise the relative test stays: ``not_converged`` at ``max_probes``, with ``abs_trace``
     in the diagnostics when it was computed.
     Interval: ``stderr`` is the standard error of the mean times Student's t factor for the
