@@ -266,7 +266,7 @@ def _mlp(h: int, act, loss: str, seed: int = 0) -> Problem:
 
 @pytest.mark.slow
 def test_auto_never_spends_more_than_p_and_its_check():
-    """``method: auto`` (defaults: tol 0.01, 16 to 1,000 probes) at P from 67 to 1,903: never more
+    """``method: auto`` (defaults: tol 0.01, 16 to 1,000 probes) at P from 67 to 1,899: never more
     products than P plus its check (16) or the near-zero floor (40). Before, auto was exact only
     at P ≤ 64: at P = 67 Hutchinson spent 1,040 products and ended not_converged, where the exact
     trace costs 67. A hard trace takes the exact one after the check (value to 1e-8)."""
@@ -275,7 +275,7 @@ def test_auto_never_spends_more_than_p_and_its_check():
         (8, nn.ReLU, "mse"),  # P = 67
         (20, nn.ReLU, "mse"),  # 163
         (150, nn.Tanh, "cross_entropy"),  # 1,203 > 1,040: before, Hutchinson without a check
-        (237, nn.ReLU, "mse"),  # 1,903
+        (237, nn.ReLU, "mse"),  # 1,899
     ):
         p = _mlp(h, act, loss)
         P = p.num_params
