@@ -34,6 +34,7 @@ from . import MeasureResult, register
 from ._esd import ESD_FLOOR, esd_figure, plot_esd  # noqa: F401  (their home before)
 from ._options import Integral, OneOf, Optional, Real, opt
 from ._slq_shared import kept_abs_trace, no_slq_run, shared_slq
+from ._trace_auto import auto_check, stochastic_worst, trace_method
 
 PADDING_NOTE = (  # the padding convention, in every Hessian measure's description
     " An nn.Embedding's padding_idx row is a frozen coordinate (curvature M·H·M), unless its "
@@ -288,47 +289,6 @@ class TraceOptions:
     )
 
 
-EXACT_FACTOR = 4  # auto: the exact trace, no check, when P ≤ EXACT_FACTOR · min_probes
-CHECK_MARGIN = 2  # auto: Hutchinson after its check only when it predicts ≤ 1/2 of what exact costs
-CHECK_SEED = 5  # generator offset of auto's check probes (the trace's own probes keep offset 0)
-CHECK_LIMIT = 2  # auto: no check (Hutchinson) when P > CHECK_LIMIT × the stochastic trace's most
-
-
-def stochastic_worst(o, P: int) -> int:
-    """The most products a stochastic trace may spend: ``max_probes`` and the near-zero floor's SLQ."""
-    return o.max_probes + linalg.trace.NEAR_ZERO_RUNS * min(linalg.trace.NEAR_ZERO_STEPS, P)
-
-
-def trace_method(method: str, P: int, o) -> str:
-    """The estimator ``method`` names before any product: ``auto`` is ``exact`` when P ≤
-    `EXACT_FACTOR` · ``min_probes`` (a check of ``min_probes`` products would cost a quarter of the
-    exact trace or more), ``hutchinson`` when P is more than `CHECK_LIMIT` times the most products
-    of a stochastic trace (`stochastic_worst`: 2,080 at the defaults), else ``check``:
-    ``min_probes`` Hutchinson probes predict the probes to the tolerance, and the cheaper of the
-    two runs (`auto_after_check`)."""
-    if method != "auto":
-        return method
-    if P <= EXACT_FACTOR * o.min_probes:
-        return "exact"
-    return "hutchinson" if P > CHECK_LIMIT * stochastic_worst(o, P) else "check"
-
-
-def auto_after_check(samples, P: int, o, exact_fits: bool = True) -> tuple[str, int]:
-    """``auto``'s choice after its check: (method, max_probes). Hutchinson when the probes it is
-    predicted to need to reach ``tol`` at the check's spread (`flatcli.engine.linalg.probes_to_tolerance`)
-    are at most 1/`CHECK_MARGIN` of the fewer of ``max_probes`` and the P − m products the exact
-    trace would cost beyond the check's m (the margin covers the spread estimated from m samples),
-    its probes capped at P − m so that the whole never spends more than P plus the check (and the
-    near-zero floor); else the exact trace (P products), unless a cap leaves fewer than P
-    (``exact_fits`` False: the exact trace cannot stop early, Hutchinson stops with its interval)."""
-    m = len(samples)
-    need = linalg.probes_to_tolerance(samples, o.tol)
-    room = P - m
-    if need <= min(room, o.max_probes) / CHECK_MARGIN or not exact_fits:
-        return "hutchinson", max(min(o.max_probes, room), o.min_probes)
-    return "exact", P
-
-
 def _trace_estimate(o, d) -> dict:
     """Probes (HVPs) in blocks of the engine's block size (``hvp_block`` 0), the first block
     ``min_probes`` of them, at most ``max_probes`` and the near-zero floor's SLQ products; the
@@ -401,7 +361,7 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
 
     ``exact``: the sum of the diagonal from unit-vector HVPs (one per
     parameter, small models only). ``auto`` (the default) chooses by predicted products
-    (`trace_method`, `auto_after_check`): ``exact`` when P ≤ 4·``min_probes`` (64 at the
+    (`flatcli.measures._trace_auto`): ``exact`` when P ≤ 4·``min_probes`` (64 at the
     defaults); ``hutchinson`` when P is above twice its most products (2,080 at the defaults);
     in between ``min_probes`` check probes (seed offset 5, diagnostics ``check_probes`` and
     ``check_predicted_probes``) predict Hutchinson's probes to ``tol``, and Hutchinson runs (its
@@ -450,7 +410,7 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     slices = p.param_slices()
     auto = {}
     if opts.method == "check":
-        opts, auto = _auto_check(ctx, opts)
+        opts, auto = auto_check(ctx, opts)
     if opts.method == "exact":
         return _exact_trace(ctx, opts, auto)
     H = eng.hessian()
@@ -502,26 +462,6 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
         if abs(c.diff) > r.stderr:
             status = "precision_warning"  # the TF32 bias exceeds the estimate's standard error
     return MeasureResult(value=r.estimate, stderr=r.stderr, diagnostics=diag, status=status)
-
-
-def _auto_check(ctx, opts: TraceOptions) -> tuple[TraceOptions, dict]:
-    """``auto``'s check: ``min_probes`` Hutchinson probes of its own (seed offset `CHECK_SEED`, no
-    near-zero floor), then `auto_after_check`'s choice; the options to run and the diagnostics
-    ``check_probes`` and ``check_predicted_probes``."""
-    P = ctx.problem.num_params
-    c = linalg.hutchinson(
-        ctx.engine.hessian(),
-        stop=linalg.ProbeStop(opts.tol, opts.min_probes, opts.min_probes, ctx.budget),
-        generator=ctx.generator(CHECK_SEED),
-    )
-    # a cap's products or seconds left (at the check's speed) for the P products of the exact trace
-    fits = ctx.budget.allow(P) >= P
-    method, most = auto_after_check(c.samples, P, opts, fits)
-    diag = {
-        "check_probes": c.probes,
-        "check_predicted_probes": linalg.probes_to_tolerance(c.samples, opts.tol),
-    }
-    return dataclasses.replace(opts, method=method, max_probes=most), diag
 
 
 def _exact_trace(ctx, opts: TraceOptions, auto: dict) -> MeasureResult:
