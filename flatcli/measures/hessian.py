@@ -274,7 +274,8 @@ class TraceOptions:
         OneOf("auto", "hutchinson", "hutchpp", "exact"),
         "estimator (auto: exact when P ≤ 4·min_probes; up to 2·(max_probes + 40), min_probes "
         "check probes predict Hutchinson's probes to tol, then the cheaper of it and exact; "
-        "above, hutchinson)",
+        "above, hutchpp when its largest sketch takes at most 256 MiB and the count adapts, "
+        "else hutchinson)",
     )
     tol: float = opt(0.01, Real(0, 1, "neither"), "stop when stderr ≤ tol·|estimate|")
     min_probes: int = opt(16, Integral(2, None), "fewest Rademacher probes (HVPs)")
@@ -362,8 +363,9 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     ``exact``: the sum of the diagonal from unit-vector HVPs (one per
     parameter, small models only). ``auto`` (the default) chooses by predicted products
     (`flatcli.measures._trace_auto`): ``exact`` when P ≤ 4·``min_probes`` (64 at the
-    defaults); ``hutchinson`` when P is above twice its most products (2,080 at the defaults);
-    in between ``min_probes`` check probes (seed offset 5, diagnostics ``check_probes`` and
+    defaults); when P is above twice the most products of a stochastic trace (2,080 at the
+    defaults), ``hutchpp`` if the count adapts and its largest sketch (a third of ``max_probes``
+    float64 P-vectors) takes at most 256 MiB, else ``hutchinson``; in between ``min_probes`` check probes (seed offset 5, diagnostics ``check_probes`` and
     ``check_predicted_probes``) predict Hutchinson's probes to ``tol``, and Hutchinson runs (its
     probes capped at P − ``min_probes``) when they are at most half of what the exact trace costs
     beyond the check, else the exact trace: never more than P products plus the check (or the

@@ -308,6 +308,29 @@ def test_auto_takes_hutchinson_when_its_check_predicts_few_probes():
     assert r.diagnostics["n_hvp"] == 300 + 16
 
 
+def test_auto_above_the_check_runs_hutchpp_when_its_sketch_is_small():
+    """P = 2,200 > 2,080 (no check), eigenvalues 1/i² (the top of the spectrum carries the trace,
+    as at trained minima): auto runs Hutch++, which meets tol 0.01 in far fewer products than
+    Hutchinson alone; a fixed count, or a sketch above 256 MiB, keeps Hutchinson."""
+    from flatcli.measures._trace_auto import SKETCH_BYTES, sketch_bytes, trace_method
+    from flatcli.measures.hessian import TraceOptions
+    from tests.fidelity_models import quadratic
+
+    eigs = 1.0 / np.arange(1, 2201) ** 2
+    p = quadratic(eigs, seed=2)
+    exact = 2 * float(eigs.sum())
+    r = run(p, "hessian_trace", per_layer="none")
+    alone = run(p, "hessian_trace", per_layer="none", method="hutchinson")
+    d = r.diagnostics
+    assert d["method"] == "hutchpp" and r.status == "ok" and abs(r.value - exact) <= 2 * r.stderr
+    assert 3 * d["n_hvp"] < alone.diagnostics["n_hvp"], (d["n_hvp"], alone.diagnostics["n_hvp"])
+    o = TraceOptions()
+    assert trace_method("auto", 2200, dataclasses.replace(o, max_probes=16)) == "hutchinson"
+    big = next(P for P in range(100_000, 200_000, 100) if sketch_bytes(o, P) > SKETCH_BYTES)
+    assert trace_method("auto", big - 100, o) == "hutchpp"
+    assert trace_method("auto", big, o) == "hutchinson"
+
+
 def test_small_trace_is_exact_by_default():
     """P = 43 ≤ 4·min_probes: the default computes the exact trace (P HVPs, stderr 0); before,
     Hutchinson spent its probes on a stochastic estimate."""
