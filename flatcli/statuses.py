@@ -9,11 +9,14 @@ from __future__ import annotations
 
 # the status of one measure of one checkpoint
 MEASURE_STATUSES: dict[str, str] = {
-    "ok": "converged to its tolerance",
-    "not_converged": "a tolerance not met within the iteration cap; the value is the estimate so far",
+    "ok": "converged to its tolerance: the tolerance test passed, whatever the options (a fixed "
+    "count too)",
+    "not_converged": "a tolerance not met within the iteration cap or by a fixed count; the value "
+    "is the estimate so far, with its stderr",
     "budget": "stopped by a cap (`max_seconds`, `max_hvps`, `runtime.budget`): the estimate so "
     "far, with its stderr",
-    "near_zero": "a relative tolerance on a quantity near 0 met at its absolute floor",
+    "near_zero": "a relative tolerance on a quantity near 0 met at its absolute floor, where the "
+    "intervals say it is near 0 (a trace: |value| + 2 stderr at most 5% of Tr|H|'s lower end)",
     "precision_warning": "the TF32/bf16 products' bias exceeds the estimate's stderr",
     "saturated": "an optimizer or search hit its box (e.g. the PAC-Bayes σ at `sigma_max`)",
     "vacuous": "a generalization bound at or above the loss's range: true but says nothing "

@@ -47,3 +47,33 @@ def reference(name: str) -> tuple[Problem, np.ndarray]:
 def dense_hessian(p: Problem) -> torch.Tensor:
     """H of L at θ (symmetrized; rows 256 at a time)."""
     return problem_hessian(p, chunk=256, symmetrize=True)
+
+
+class _Quadratic(nn.Module):
+    """f(θ) = ½ θᵀAθ at θ = 0, the same for every row: under MSE against the target −1 the loss is
+    a positive multiple of (1 + f)², whose Hessian at θ = 0 is that multiple of A (∇f = 0 there)."""
+
+    def __init__(self, A: torch.Tensor):
+        super().__init__()
+        self.register_buffer("A", A)
+        self.theta = nn.Parameter(torch.zeros(A.shape[0], dtype=A.dtype))
+
+    def forward(self, x):
+        f = 0.5 * self.theta @ (self.A @ self.theta)
+        return f.expand(x.shape[0], 1) + 0 * x[:, :1]
+
+
+def rotated(eigs, seed: int = 0) -> torch.Tensor:
+    """Q diag(eigs) Qᵀ for a seeded random orthogonal Q (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    Q, _ = torch.linalg.qr(torch.randn(len(eigs), len(eigs), generator=g, dtype=DT))
+    return (Q * torch.as_tensor(eigs, dtype=DT)) @ Q.T
+
+
+def quadratic(eigs, seed: int = 0, rows: int = 4) -> Problem:
+    """A `Problem` whose loss Hessian is a positive multiple of ``rotated(eigs, seed)``: any
+    chosen spectrum, so any ratio Tr H / Tr|H| (the multiple cancels in ratios and relative errors)."""
+    m = _Quadratic(rotated(eigs, seed))
+    x = torch.zeros(rows, 1, dtype=DT)
+    y = -torch.ones(rows, 1, dtype=DT)
+    return Problem(m, x, y, loss="mse", batch_size=rows, dtype=DT)

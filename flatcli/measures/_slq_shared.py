@@ -92,10 +92,11 @@ def shared_slq(ctx, steps: int) -> SharedSLQ:
     return cache[key]
 
 
-def kept_abs_trace(ctx, runs: int = 4) -> float | None:
-    """Tr|H| from SLQ runs this checkpoint's measures already computed for this measure's problem,
-    engine, seed and precision (at least ``runs`` complete runs, any steps; the most steps first),
-    or None: the near-zero floor of `hessian_trace` then computes its own (40 products)."""
+def kept_abs_trace(ctx, runs: int = 4) -> tuple[float, float] | None:
+    """(Tr|H|, its standard error: runs and quadrature, `flatcli.engine.linalg.SLQResult.stderr`)
+    from SLQ runs this checkpoint's measures already computed for this measure's problem, engine,
+    seed and precision (at least ``runs`` complete runs, any steps; the most steps first), or
+    None: the near-zero floor of `hessian_trace` then computes its own (40 products)."""
     p, eng = ctx.problem, ctx.engine
     precision = (str(p.compute_dtype), bool(torch.backends.cuda.matmul.allow_tf32))
     found = [
@@ -107,4 +108,5 @@ def kept_abs_trace(ctx, runs: int = 4) -> float | None:
         return None
     shared = max(found, key=lambda kv: kv[0])[1]
     r = linalg.SLQResult(shared.nodes, shared.weights, shared.op.dim, n_hvp=0, steps=shared.steps)
-    return float(r.expect(np.abs)[0])
+    value, err = r.stderr(np.abs)[:2]
+    return float(value), float(err)

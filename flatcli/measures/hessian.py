@@ -34,6 +34,7 @@ from . import MeasureResult, register
 from ._esd import ESD_FLOOR, esd_figure, plot_esd  # noqa: F401  (their home before)
 from ._options import Integral, OneOf, Optional, Real, opt
 from ._slq_shared import kept_abs_trace, no_slq_run, shared_slq
+from ._trace_auto import auto_check, stochastic_worst, trace_method
 from ._warm import keep_ritz_vectors, warm_start
 
 PADDING_NOTE = (  # the padding convention, in every Hessian measure's description
@@ -281,7 +282,10 @@ class TraceOptions:
     method: str = opt(
         "auto",
         OneOf("auto", "hutchinson", "hutchpp", "exact"),
-        "estimator (auto: exact when P ≤ 4·min_probes, else hutchinson)",
+        "estimator (auto: exact when P ≤ 4·min_probes; up to 2·(max_probes + 40), min_probes "
+        "check probes predict Hutchinson's probes to tol, then the cheaper of it and exact; "
+        "above, hutchpp when its largest sketch takes at most 256 MiB and the count adapts, "
+        "else hutchinson)",
     )
     tol: float = opt(0.01, Real(0, 1, "neither"), "stop when stderr ≤ tol·|estimate|")
     min_probes: int = opt(16, Integral(2, None), "fewest Rademacher probes (HVPs)")
@@ -296,41 +300,29 @@ class TraceOptions:
     )
 
 
-EXACT_FACTOR = (
-    4  # auto: the exact trace when P ≤ EXACT_FACTOR · min_probes (fewer HVPs than probes)
-)
-
-
-def trace_method(method: str, P: int, min_probes: int) -> str:
-    """The estimator ``method`` names: ``auto`` is ``exact`` when P ≤ `EXACT_FACTOR` ·
-    ``min_probes`` (P unit-vector HVPs, no more than a stochastic run expects to spend), else
-    ``hutchinson``."""
-    if method != "auto":
-        return method
-    return "exact" if P <= EXACT_FACTOR * min_probes else "hutchinson"
-
-
 def _trace_estimate(o, d) -> dict:
     """Probes (HVPs) in blocks of the engine's block size (``hvp_block`` 0), the first block
     ``min_probes`` of them, at most ``max_probes`` and the near-zero floor's SLQ products; the
     estimator holds those probes and their products (2 P-vectors per probe), the most while the
     near-zero floor's SLQ runs beside them
     (`flatcli.engine.linalg.trace.near_zero_vectors`: its runs in lockstep on this device);
-    Hutch++ keeps its sketch (up to a third of the probes) beside them."""
-    o = dataclasses.replace(o, method=trace_method(o.method, d.P, o.min_probes))
+    Hutch++ keeps its sketch (up to a third of the probes) beside them. ``auto`` with its check
+    (`trace_method`): the check's ``min_probes``, then Hutchinson (at least ``min_probes``, its
+    probes capped at P − ``min_probes``) or the exact trace (P): at most P plus the larger of the
+    check and the near-zero floor."""
+    o = dataclasses.replace(o, method=trace_method(o.method, d.P, o))
     if o.method == "exact":
         return {"n_hvp": d.P, "hvp_block": 0}
     control = 2 * CONTROL_PROBES if d.verify else 0
     sketch = min(d.P, o.max_probes // 3) if o.method == "hutchpp" else 0
     first = min(o.min_probes, o.max_probes)  # the first block holds min_probes probes at once
+    floor = stochastic_worst(o, d.P) - o.max_probes  # the near-zero floor's SLQ
+    least, most = first, o.max_probes + floor
+    if o.method == "check":  # the check, then Hutchinson capped at P − check, or exact (P)
+        least, most = 2 * first, d.P + max(first, floor)
     return {
         # most: the near-zero floor's SLQ may run beside the probes (its products are counted)
-        "n_hvp": (
-            min(o.min_probes, o.max_probes) + control,
-            o.max_probes
-            + control
-            + linalg.trace.NEAR_ZERO_RUNS * min(linalg.trace.NEAR_ZERO_STEPS, d.P),
-        ),
+        "n_hvp": (least + control, most + control),
         "hvp_block": 0,
         # the first block's probes and their products, alive while the near-zero floor's SLQ runs
         "vectors": (
@@ -345,14 +337,16 @@ def _trace_estimate(o, d) -> dict:
     low_precision=True,  # bf16 products: λmax and traces verified in fp32, the spectrum as with TF32
     stops_early=lambda o: o.method != "exact",  # its estimator checks the budget between blocks
     options=TraceOptions,
-    description="Trace of the loss Hessian (exact for small P, else Hutchinson or Hutch++ with "
-    "stopping at a Student-t stderr ≤ tol·|trace| on at least 4 samples); per-tensor traces in "
-    "diagnostics." + PADDING_NOTE,
+    description="Trace of the loss Hessian (exact or Hutchinson by predicted products, or Hutch++, "
+    "with stopping at a Student-t stderr ≤ tol·|trace| on at least 4 samples); per-tensor traces "
+    "in diagnostics." + PADDING_NOTE,
     reference="Hutchinson 1989; Meyer et al. 2021 (Hutch++, Alg. 1); Yao et al. 2020 (PyHessian)",
     stochastic=True,
     cost=(
         "one HVP per probe (exact: one per parameter), plus 40 for the near-zero floor's SLQ when "
-        "the trace cancels; per-tensor traces from the same probes at no extra HVP"
+        "the trace cancels; auto between 4·min_probes and 2·(max_probes + 40) parameters: "
+        "min_probes check HVPs, then at most P; per-tensor traces from the same probes at no "
+        "extra HVP"
     ),
     estimate=_trace_estimate,
 )
@@ -377,23 +371,35 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     of the trace, as at trained minima (see the benchmark pages of the docs).
 
     ``exact``: the sum of the diagonal from unit-vector HVPs (one per
-    parameter, small models only). ``auto`` (the default): ``exact`` when P ≤ 4·``min_probes``
-    (64 at the defaults: no more HVPs than the probes a stochastic run needs at least), else
-    ``hutchinson``.
+    parameter, small models only). ``auto`` (the default) chooses by predicted products
+    (`flatcli.measures._trace_auto`): ``exact`` when P ≤ 4·``min_probes`` (64 at the
+    defaults); when P is above twice the most products of a stochastic trace (2,080 at the
+    defaults), ``hutchpp`` if the count adapts and its largest sketch (a third of ``max_probes``
+    float64 P-vectors) takes at most 256 MiB, else ``hutchinson``; in between ``min_probes`` check probes (seed offset 5, diagnostics ``check_probes`` and
+    ``check_predicted_probes``) predict Hutchinson's probes to ``tol``, and Hutchinson runs (its
+    probes capped at P − ``min_probes``) when they are at most half of what the exact trace costs
+    beyond the check, else the exact trace: never more than P products plus the check (or the
+    near-zero floor's 40).
 
     Near zero (``hutchinson``, ``hutchpp``): a trace near 0 at the spectrum's scale (an
-    indefinite Hessian whose curvatures cancel: within two standard errors of 0, or at most 5%
-    of Tr|H| when ``tol`` is out of reach within ``max_probes``) stops at the absolute floor
-    ``stderr ≤ tol·Tr|H|``, status ``near_zero``, ``abs_trace`` (Tr|H| by SLQ, 40 HVPs) in the
-    diagnostics (`flatcli.engine.linalg.NearZeroFloor`; PSD: Tr|H| = Tr H, nothing changes).
-    A trace above 5% of Tr|H| keeps the relative test: ``not_converged`` at ``max_probes``, with
-    ``abs_trace`` in the diagnostics when it was computed.
+    indefinite Hessian whose curvatures cancel) stops at the absolute floor
+    ``stderr ≤ tol·Tr|H|``, status ``near_zero``, only when the intervals say so: the upper end of
+    the interval of :math:`|\mathrm{Tr}\,H|` (``|value| + 2·stderr``) at most 5% of the lower end
+    of that of :math:`\mathrm{Tr}|H|` (``abs_trace − 2·abs_trace_stderr``; Tr|H| by SLQ, 40 HVPs,
+    or from the checkpoint's SLQ runs; `flatcli.engine.linalg.NearZeroFloor`; PSD: Tr|H| = Tr H,
+    nothing changes).
+    Otherwise the relative test stays: ``not_converged`` at ``max_probes``, with ``abs_trace``
+    in the diagnostics when it was computed.
     Interval: ``stderr`` is the standard error of the mean times Student's t factor for the
     samples' count (diagnostics ``stderr_mean``, ``t_factor``, ``samples``), so ±2·stderr is
     about 95% with few probes; no tolerance test passes on fewer than 4 samples (Hutch++: 4
-    residual samples), and a fixed count (``min_probes = max_probes``) below 4 is ``not_converged``.
+    residual samples). A fixed count (``min_probes = max_probes``) is judged like an adaptive
+    one: ``ok`` only when its stderr is within ``tol`` (at least 4 samples), else
+    ``not_converged`` with the value and interval of its probes.
     Caps (``max_seconds``, ``max_hvps``, ``runtime.budget``): the estimate and stderr of the
-    probes done, status ``budget``; ``exact`` cannot stop early.
+    probes done, status ``budget``; ``exact`` cannot stop early. ``hutchpp`` under a cap too short
+    for its sketch and residual samples continues as Hutchinson from its sketch's probes
+    (``method`` ``hutchinson`` in the diagnostics): a capped value always has a finite stderr.
 
     Per-layer traces (``per_layer``): from the same products (module docstring).
 
@@ -412,18 +418,14 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
         )
     eng = ctx.engine
     p = ctx.problem
-    opts = dataclasses.replace(
-        opts, method=trace_method(opts.method, p.num_params, opts.min_probes)
-    )
+    opts = dataclasses.replace(opts, method=trace_method(opts.method, p.num_params, opts))
     slices = p.param_slices()
-    H = eng.hessian(precision="fp32" if opts.method == "exact" else None)
+    auto = {}
+    if opts.method == "check":
+        opts, auto = auto_check(ctx, opts)
     if opts.method == "exact":
-        d = linalg.exact_diagonal(H)
-        diag = {"probes": p.num_params, "method": "exact"}
-        if opts.per_layer != "none":
-            tr = {n: float(d[sl].sum()) for n, sl in slices.items()}
-            diag.update(_layer_diagnostics(tr, {n: 0.0 for n in tr}, opts.per_layer))
-        return MeasureResult(value=float(d.sum()), stderr=0.0, diagnostics=diag)
+        return _exact_trace(ctx, opts, auto)
+    H = eng.hessian()
     est = linalg.hutchpp if opts.method == "hutchpp" else linalg.hutchinson
     r = est(
         H,
@@ -433,23 +435,21 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
         generator=ctx.generator(),
         blocks=list(slices.values()) if opts.per_layer != "none" else None,
     )
-    # a fixed count is its own stopping rule, but not on fewer than MIN_SAMPLES samples or when cut
-    fixed = (
-        opts.min_probes == opts.max_probes
-        and not r.stopped_by_budget
-        and len(r.samples) >= linalg.MIN_SAMPLES
-    )
+    # a fixed count (min_probes = max_probes) is judged like any other: ok only when its interval
+    # passes the tolerance test (the estimator's ``converged``), else not_converged
     diag = {
+        **auto,
         "probes": r.probes,
         "rel_stderr": r.stderr / abs(r.estimate) if r.estimate else math.inf,
-        "converged": bool(r.converged or fixed),
-        "method": opts.method,
+        "converged": bool(r.converged),
+        "method": r.method,  # hutchpp under a cap too short for its sketch: hutchinson
         "samples": len(r.samples),
         "stderr_mean": r.stderr_mean,
         "t_factor": linalg.t_factor(len(r.samples)),
     }
     if r.abs_trace is not None:
         diag["abs_trace"] = r.abs_trace  # the SLQ estimate of Tr|H| behind the near-zero floor
+        diag["abs_trace_stderr"] = r.abs_trace_stderr
     if opts.method == "hutchpp":
         diag["sketch"] = r.sketch
         diag["low_rank_trace"] = r.low_rank
@@ -463,7 +463,7 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
                 opts.per_layer,
             )
         )
-    status = _status(r.converged or fixed, r.near_zero, r.stopped_by_budget)
+    status = _status(r.converged, r.near_zero, r.stopped_by_budget)
     if eng.precision.verify:
         c = linalg.precision_control(
             H, eng.hessian(precision="fp32"), probes=CONTROL_PROBES, generator=ctx.generator(7)
@@ -474,6 +474,17 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
         if abs(c.diff) > r.stderr:
             status = "precision_warning"  # the TF32 bias exceeds the estimate's standard error
     return MeasureResult(value=r.estimate, stderr=r.stderr, diagnostics=diag, status=status)
+
+
+def _exact_trace(ctx, opts: TraceOptions, auto: dict) -> MeasureResult:
+    """The sum of the diagonal from P unit-vector products in fp32 (stderr 0)."""
+    p = ctx.problem
+    d = linalg.exact_diagonal(ctx.engine.hessian(precision="fp32"))
+    diag = {**auto, "probes": p.num_params, "method": "exact"}
+    if opts.per_layer != "none":
+        tr = {n: float(d[sl].sum()) for n, sl in p.param_slices().items()}
+        diag.update(_layer_diagnostics(tr, {n: 0.0 for n in tr}, opts.per_layer))
+    return MeasureResult(value=float(d.sum()), stderr=0.0, diagnostics=diag)
 
 
 def _layer_diagnostics(traces: dict, stderrs: dict, mode: str) -> dict:

@@ -116,7 +116,7 @@ def test_piped_correlate_and_measure_keep_every_column(tmp_path):
 def test_measure_fits_80_columns(tmp_path, terminal80, monkeypatch):
     measures = [
         "hessian_lambda_max",
-        {"hessian_trace": {"min_probes": 4, "max_probes": 4}},
+        {"hessian_trace": {"min_probes": 4, "max_probes": 4, "tol": 0.5}},  # ok: 4 probes meet it
         "frobenius_norm",
         "spectral_norm",
         "path_norm",

@@ -6,10 +6,10 @@ import copy
 import importlib.util
 import json
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from tests.oracles import runner
 
@@ -339,5 +339,7 @@ def test_the_site_pastes_and_renders_offline():
     assert not {"smartquotes", "replacements"} & set(conf["myst_enable_extensions"])
     assert "sphinx-mathjax-offline" in conf["extensions"]
     assert "mathjax_path" not in conf  # the extension sets the packaged copy
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
     assert any(d.startswith("sphinx-mathjax-offline") for d in extras["docs"])

@@ -108,7 +108,8 @@ def test_the_near_zero_floors_counted_vectors_follow_its_runs_in_lockstep(monkey
     slq_module = sys.modules["flatcli.engine.linalg.slq"]  # the package exports the function
     model, batch = tiny_gpt2(16, 1)
     P = sum(p.numel() for p in model.parameters())
-    spec = {"hessian_trace": {"min_probes": 8, "max_probes": 64}}
+    # Hutchinson named (auto would run Hutch++ at this P): the floor's runs beside its probes
+    spec = {"hessian_trace": {"method": "hutchinson", "min_probes": 8, "max_probes": 64}}
     held, most = {}, {}
     for group in (1, 2, 4):
         monkeypatch.setattr(slq_module, "HOST_ROOM", group * 10 * P * 4)

@@ -56,7 +56,7 @@ from .lanczos import (
 )
 from .slq import SLQResult, gauss_rule, slq, slq_group_size
 from .stop import DiagonalCheck, KrylovStop, ProbeStop
-from .trace import NearZeroFloor, TraceResult, hutchinson, hutchpp
+from .trace import NearZeroFloor, TraceResult, hutchinson, hutchpp, probes_to_tolerance
 
 __all__ = [
     "LANCZOS_WORK_VECTORS",
@@ -94,5 +94,6 @@ __all__ = [
     "TraceResult",
     "hutchinson",
     "hutchpp",
+    "probes_to_tolerance",
     "_check_coordinates",
 ]

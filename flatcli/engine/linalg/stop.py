@@ -49,8 +49,8 @@ class ProbeStop:
     min_probes: int = 16
     max_probes: int = 1000
     budget: Budget | None = None
-    abs_trace: Callable[[], float | None] | None = (
-        None  # Tr|H| known already (None: the near-zero floor computes it)
+    abs_trace: Callable[[], float | tuple[float, float] | None] | None = (
+        None  # Tr|H| known already, or (Tr|H|, its stderr) (None: the near-zero floor computes it)
     )
 
     def the_budget(self) -> Budget:

@@ -59,6 +59,7 @@ class TraceResult:
     abs_trace: float | None = (
         None  # the SLQ estimate of Tr|H| behind that floor, when one was computed
     )
+    abs_trace_stderr: float | None = None  # its standard error (runs and quadrature)
     stopped_by_budget: bool = False  # the `Budget` ran out before the tolerance was met
     stderr_mean: float = math.nan  # the standard error of the mean without the t factor
 
@@ -111,15 +112,21 @@ class NearZeroFloor:
     leaves), by stochastic Lanczos quadrature of :math:`f(t) = |t|` (`NEAR_ZERO_RUNS` = 4
     Rademacher starts × `NEAR_ZERO_STEPS` = 10 steps, 40 products, seeded from the estimator's
     generator's seed so the probes that follow are unchanged), or read from ``stop.abs_trace``
-    when the caller has SLQ runs of the same operator already (no products). The floor then holds while the
-    trace is near 0 at the spectrum's scale: indistinguishable from 0, or at most 5% of T
-    (:math:`\mathrm{Tr}|H| \ge 20|\mathrm{Tr}\,H|`: all but a twentieth of the curvature's
-    magnitude cancels; at 9–13% of T the floor would allow an error of 8% of the trace where
-    ``tol`` is 1%, so there the relative test stays and the estimator walks to ``max_probes``);
-    it uses ``max(T, |estimate|)``. A trace that is not near 0 (T about
-    :math:`|\text{estimate}|`, as for a PSD Hessian) keeps the relative test and walks to
-    ``max_probes``. Example (a tiny GPT-2 with random weights): trace 38 of
-    :math:`\mathrm{Tr}|H| \approx 1{,}550` (2.5%), 1% of 38 would need about 7,100 probes.
+    when the caller has SLQ runs of the same operator already (no products; with their
+    standard error). The floor then holds only when the intervals say the trace is near 0 at the
+    spectrum's scale (`near_zero`): the upper end of :math:`|\mathrm{Tr}\,H|`'s interval,
+    ``|estimate| + 2·stderr``, at most 5% of the lower end of T's, ``T − 2·stderr(T)`` (T's
+    stderr: Student's t of its 4 runs and their quadrature error, `SLQResult.stderr`, which is
+    conservative: on small networks' Hessians the lower end is 0.2–0.35 of T). Then
+    :math:`\mathrm{Tr}|H| \ge 20|\mathrm{Tr}\,H|`: all but a twentieth of the curvature's
+    magnitude cancels, and the floor uses ``max(T, |estimate|)``. Comparing the two point
+    estimates instead fired at a true ratio of 6% in 1 of 20 runs at ``tol`` 0.01 and 7 of 20 at
+    0.05; with the intervals no run fires at 8% and above (tests/measures/test_fidelity.py keeps
+    the coverage table). A trace the intervals do not place below 5% (T about
+    :math:`|\text{estimate}|`, as for a PSD Hessian, or a trace at 6% of T) keeps the relative
+    test and walks to ``max_probes``: ``not_converged`` when it misses. Example (a tiny GPT-2
+    with random weights): trace 38 of :math:`\mathrm{Tr}|H| \approx 1{,}550` (2.5%), 1% of 38
+    would need about 7,100 probes.
 
     Cost of reaching it: Hutchinson's variance per probe is :math:`2\|H\|_F^2` minus the diagonal
     part, so about :math:`2\|H\|_F^2 / (\mathrm{tol}\cdot\mathrm{Tr}|H|)^2 = 2 / (\mathrm{tol}^2\,
@@ -137,7 +144,15 @@ class NearZeroFloor:
         self.seed = int(generator.initial_seed()) ^ 0x5EED
         self.device, self.dtype = device, dtype
         self.scale: float | None = None
+        self.scale_stderr = 0.0  # T's standard error (Student's t of its runs and quadrature)
         self.products = 0
+
+    def near_zero(self, est: float, se: float) -> bool:
+        r"""Whether the interval says the trace is near 0 at the spectrum's scale: the upper end of
+        :math:`|\mathrm{Tr}\,H|`, ``|est| + 2·se``, is at most 1/`CANCEL` (5%) of the lower end
+        of T, ``T − 2·stderr(T)`` (both ends of intervals of about 95%)."""
+        low = (self.scale or 0.0) - 2 * self.scale_stderr
+        return abs(est) + 2 * se <= low / self.CANCEL
 
     def _out_of_reach(self, est: float, se: float, used: int, samples: int) -> bool:
         """Whether ``stderr ≤ tol·|est|`` needs more samples than ``max_probes`` leaves (False when
@@ -169,23 +184,43 @@ class NearZeroFloor:
                 return False
             known = self.known() if self.known is not None else None
             if known is not None:  # SLQ runs the caller already has: no products
-                self.scale = max(0.0, float(known))
+                value, err = known if isinstance(known, tuple) else (known, 0.0)
+                self.scale, self.scale_stderr = max(0.0, float(value)), float(err)
             elif budget.allow(cost, used) < cost:
                 return False
             else:
                 g = torch.Generator().manual_seed(self.seed)
                 op = as_operator(self.matvec, self.dim, device=self.device, dtype=self.dtype)
                 r = slq(op, runs=NEAR_ZERO_RUNS, steps=NEAR_ZERO_STEPS, generator=g)
-                self.scale, self.products = max(0.0, r.expect(np.abs)[0]), r.n_hvp
-        if not near and self.scale < self.CANCEL * abs(est):
-            return False
-        return se <= self.tol * max(self.scale, abs(est))
+                value, err = r.stderr(np.abs)[:2]
+                self.scale, self.scale_stderr, self.products = max(0.0, value), err, r.n_hvp
+        return self.near_zero(est, se) and se <= self.tol * max(self.scale, abs(est))
+
+
+def probes_to_tolerance(samples, tol: float) -> float:
+    r"""Hutchinson samples predicted to reach ``stderr ≤ tol·|mean|`` at the spread of ``samples``:
+    :math:`m\,(t_m s_m / (\mathrm{tol}\,|\bar x|))^2` for m samples of mean :math:`\bar x` and
+    standard error of the mean :math:`s_m` (Student's `t_factor` of m included); inf for fewer
+    than 2 samples or a zero mean, where no count is predicted.
+
+    >>> from flatcli.engine.linalg import probes_to_tolerance
+    >>> round(probes_to_tolerance([9.0, 11.0, 9.0, 11.0], 0.1), 2)  # 4·(0.577·1.624/1)²
+    3.52
+    """
+    m = len(samples)
+    if m < 2:
+        return math.inf
+    est, se = mean_stderr(np.asarray(samples, dtype=np.float64))
+    if est == 0:
+        return math.inf
+    return m * (se * t_factor(m) / (tol * abs(est))) ** 2
 
 
 def _first(k: int, budget: Budget, used: int, least: int) -> int:
-    """Products of the next block: ``k`` cut to the budget, but at least ``least`` while nothing is done."""
+    """Products of the next block: ``k`` cut to the budget, but up to ``least`` products in all
+    while fewer are done (a value with a standard error needs two samples)."""
     allowed = budget.allow(k, used)
-    return max(allowed, min(k, least)) if used == 0 else allowed
+    return max(allowed, min(k, least - used)) if used < least else allowed
 
 
 def hutchinson(
@@ -194,6 +229,7 @@ def hutchinson(
     stop: ProbeStop = ProbeStop(),
     generator: torch.Generator,
     blocks: list[slice] | None = None,
+    start: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> TraceResult:
     r"""Hutchinson's estimator :math:`\mathrm{Tr}(H) \approx \frac1m \sum_i z_i^\top H z_i`.
 
@@ -228,6 +264,9 @@ def hutchinson(
     blocks : list of slice, optional
         Slices partitioning the coordinates (e.g. parameter tensors) whose traces are estimated from
         the same probes.
+    start : (Z, HZ), optional
+        Rademacher probes (rows) already multiplied, the first samples (`hutchpp`'s sketch when a
+        cap leaves no room for its residual samples); they count as products spent.
 
     Returns
     -------
@@ -269,10 +308,21 @@ def hutchinson(
             block_samples=bs,
             near_zero=near_zero,
             abs_trace=floor.scale,
+            abs_trace_stderr=floor.scale_stderr if floor.scale is not None else None,
             stopped_by_budget=stopped,
             stderr_mean=se,
         )
 
+    def add(Z: torch.Tensor, HZ: torch.Tensor) -> None:
+        if blocks is None:
+            samples.extend(rowdot(Z, HZ).cpu().tolist())
+        else:
+            part = _block_forms(Z, HZ, blocks)  # the probe's form is the sum of its parts
+            samples.extend(part.sum(1).cpu().tolist())
+            parts.extend(part.cpu().tolist())
+
+    if start is not None:
+        add(start[0], start[1].to(start[0].dtype))
     while len(samples) < max_probes:
         left = max_probes - len(samples)
         k = _first(
@@ -284,13 +334,7 @@ def hutchinson(
         if k == 0:
             return result(False, stopped=True)
         Z = rademacher(k, dim, generator, device, dtype)
-        HZ = matvec(Z).to(Z.dtype)
-        if blocks is None:
-            samples.extend(rowdot(Z, HZ).cpu().tolist())
-        else:
-            part = _block_forms(Z, HZ, blocks)  # the probe's form is the sum of its parts
-            samples.extend(part.sum(1).cpu().tolist())
-            parts.extend(part.cpu().tolist())
+        add(Z, matvec(Z).to(Z.dtype))
         est, se = mean_stderr(samples)
         se = se * t_factor(len(samples))
         if len(samples) >= least:
@@ -328,7 +372,13 @@ def hutchpp(
     ``probes`` counts all products with H. Stops like `hutchinson`: at ``tol`` relative, at the
     near-zero floor (`NearZeroFloor`, the same Tr|H| scale: the residual's stderr is the whole
     stderr), at ``max_probes``, or when ``budget`` is spent (the sketch is then sized to the
-    products the budget leaves, ``stopped_by_budget`` set).
+    products the budget leaves, ``stopped_by_budget`` set). Under a cap that leaves, after the
+    sketch's first ``r`` products, no room for its ``r`` further products and `MIN_SAMPLES`
+    residual samples (a time cap at the speed of those products, or a product cap), the sketch is
+    dropped: its Rademacher probes are Hutchinson samples, and `hutchinson` continues from them on
+    the products left (``method`` ``"hutchinson"``), so a value never comes without a finite
+    standard error. The sketch grows only while the cap leaves room for the growth and for
+    residual samples after it.
 
     Sketch size. With a fixed budget (``min_probes == max_probes``) or an
     explicit ``sketch``, the split is Alg. 1's: ``r = min_probes // 3`` (or
@@ -400,7 +450,13 @@ def hutchpp(
         budget,
     )
     sk.floor = NearZeroFloor(matvec, dim, stop, generator, device, dtype)
-    sk.add(matvec(rademacher(r, dim, generator, device, dtype)).double())
+    S = rademacher(r, dim, generator, device, dtype)
+    Y = matvec(S)
+    if budget.capped and budget.allow(r + MIN_SAMPLES, r) < r + MIN_SAMPLES:
+        # the cap leaves no room for the sketch's own products and residual samples: the sketch's
+        # probes are Hutchinson samples (Rademacher sᵢ, sᵢᵀHsᵢ), continued on what the cap leaves
+        return hutchinson(op, stop=stop, generator=generator, blocks=blocks, start=(S, Y))
+    sk.add(Y.double())
     used = r + sk.rank
     if sk.rank >= dim:
         return sk.result(used, [], [], 0.0, True)
@@ -418,7 +474,11 @@ def hutchpp(
         HG = matvec(G.to(dtype)).double()
         used += k
         if growing:
-            if _sketch_pays(samples + (G * HG).sum(1).tolist(), sk, k, tol, dim, cap, used):
+            room = k + min_samples  # the new directions' products, then residual samples again
+            if (
+                _sketch_pays(samples + (G * HG).sum(1).tolist(), sk, k, tol, dim, cap, used)
+                and budget.allow(room, used + sk.floor.products) >= room
+            ):
                 used += sk.add(
                     HG
                 )  # the block's products lie in range(H), like HS: they join the sketch
@@ -521,6 +581,11 @@ class _Sketch:
             block_low_rank=self.low_b.copy() if self.blocks is not None else None,
             near_zero=near_zero,
             abs_trace=self.floor.scale if self.floor is not None else None,
+            abs_trace_stderr=(
+                self.floor.scale_stderr
+                if self.floor is not None and self.floor.scale is not None
+                else None
+            ),
             stopped_by_budget=stopped,
             stderr_mean=se / t_factor(len(samples)) if len(samples) > 1 else se,
         )
