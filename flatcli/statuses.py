@@ -16,7 +16,8 @@ MEASURE_STATUSES: dict[str, str] = {
     "budget": "stopped by a cap (`max_seconds`, `max_hvps`, `runtime.budget`): the estimate so "
     "far, with its stderr",
     "near_zero": "a relative tolerance on a quantity near 0 met at its absolute floor, where the "
-    "intervals say it is near 0 (a trace: |value| + 2 stderr at most 5% of Tr|H|'s lower end)",
+    "intervals say it is near 0 (a trace: the upper end of the trace's interval at most 5% of the lower end of the "
+    "absolute trace's)",
     "precision_warning": "the TF32/bf16 products' bias exceeds the estimate's stderr",
     "saturated": "an optimizer or search hit its box (e.g. the PAC-Bayes σ at `sigma_max`)",
     "vacuous": "a generalization bound at or above the loss's range: true but says nothing "

@@ -379,7 +379,7 @@ def test_block_size_default_and_override(monkeypatch):
 
 
 def test_auto_mode_on_cpu():
-    from flatcli.engine import loop as products
+    from flatcli.engine import product_state as products
 
     eng = CurvatureEngine(tiny_problem())
     assert (

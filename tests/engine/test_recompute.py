@@ -144,7 +144,7 @@ def test_auto_turns_on_only_when_the_predicted_peak_does_not_fit(monkeypatch):
     assert need > 6 * 8 * p.num_params  # the forward's saved tensors are counted
     assert CurvatureEngine(p, recompute="auto").state.recompute_active is False  # a tiny model fits
     monkeypatch.setattr(recompute, "free_bytes", lambda device: need // 2)
-    from flatcli.engine import loop as loop_module  # the products' state decides
+    from flatcli.engine import product_state as loop_module  # the products' state decides
 
     monkeypatch.setattr(loop_module, "predicted_product_bytes", lambda *a: (need, need // 2))
     assert CurvatureEngine(p, recompute="auto").state.recompute_active is True

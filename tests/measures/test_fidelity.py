@@ -115,7 +115,26 @@ FIXED_COUNTS = {
     "local_entropy": [{"method": "slq", "slq_runs": 4, "max_runs": 4, "slq_steps": 10}],
     "hessian_spectrum": [{"slq_runs": 4, "slq_steps": 10, "top_k": 1}],
     "hessian_lambda_max": [{"min_steps": 3, "max_steps": 3}],
+    "hessian_top_eigenvalues": [{"min_steps": 3, "max_steps": 3, "top_k": 2}],
+    # its optimizer state: two Adam steps on model A (the test writes it)
+    "preconditioned_lambda_max": [{"min_steps": 3, "max_steps": 3}],
 }
+RITZ = ("hessian_lambda_max", "preconditioned_lambda_max")  # a lower bound when not converged
+
+
+def _adam_state(p: Problem, path) -> str:
+    """An Adam state dict of two steps on random gradients over p's model, saved at ``path``."""
+    import copy
+
+    model = copy.deepcopy(p.model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        for q in model.parameters():
+            q.grad = torch.randn(q.shape, generator=g, dtype=q.dtype)
+        opt.step()
+    torch.save(opt.state_dict(), path)
+    return str(path)
 
 
 def _tolerance_measures() -> set[str]:
@@ -128,7 +147,7 @@ def _tolerance_measures() -> set[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,options", [(n, o) for n, opts in FIXED_COUNTS.items() for o in opts])
-def test_a_fixed_count_that_misses_its_tolerance_is_never_ok(name, options):
+def test_a_fixed_count_that_misses_its_tolerance_is_never_ok(name, options, tmp_path):
     """Every measure with a tolerance, its count fixed too small (the relative error of the
     interval above ``tol``): ``not_converged`` with a finite interval, over seeds. Before,
     ``hessian_trace`` with min_probes = max_probes and ``local_entropy`` with slq_runs = max_runs
@@ -136,16 +155,21 @@ def test_a_fixed_count_that_misses_its_tolerance_is_never_ok(name, options):
     assert set(FIXED_COUNTS) == _tolerance_measures()  # a new measure with a tol joins the table
     p, _ = reference("A")
     tol = get_measure(name).options().tol
+    if name == "preconditioned_lambda_max":
+        options = {**options, "optimizer_state": _adam_state(p, tmp_path / "adam.pt")}
     for seed in range(3):
         r = run(p, name, seed=seed, **options)
         d = r.diagnostics
-        missed = d["residual"] if name == "hessian_lambda_max" else d["rel_stderr"]
+        if name == "hessian_top_eigenvalues":
+            missed = max(d["residuals"])
+        else:
+            missed = d["residual"] if name in RITZ else d["rel_stderr"]
         assert missed > tol, (name, options, seed, d)  # the count is too small here
         assert r.status == "not_converged" and not d["converged"], (name, options, seed, r.status)
-        if name != "hessian_lambda_max":  # a stochastic estimate: its honest interval
-            assert math.isfinite(r.stderr) and r.stderr > 0
-        else:  # a Ritz value below its tolerance is a lower bound, and says so
+        if name == "hessian_lambda_max":  # a Ritz value below its tolerance is a lower bound
             assert d["bound"] == "lower bound"
+        elif name not in ("hessian_top_eigenvalues", *RITZ):  # a stochastic estimate's interval
+            assert math.isfinite(r.stderr) and r.stderr > 0
 
 
 # ------------------------------------------------------------------ 2. no value without an estimate
