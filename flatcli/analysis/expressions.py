@@ -108,12 +108,15 @@ class Parsed:
 
 
 def _check_depth(tree: ast.AST, where: str) -> None:
-    """A `ConfigError` when ``tree`` nests deeper than `MAX_DEPTH` (walked without recursion)."""
+    """A `ConfigError` when ``tree`` nests deeper than `MAX_DEPTH` or holds an integer no float
+    holds (walked without recursion)."""
     stack = [(tree, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(node, ast.Constant) and type(node.value) is int and abs(node.value) > 2**1023:
+            raise ConfigError(f"{where}: the number {str(node.value)[:20]}... is too large")
         stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
 
 

@@ -233,6 +233,7 @@ def test_text_booleans_backquotes_and_missing_values():
         ("+".join(["lr"] * 3000), "longer than"),
         ("exp(" * 300 + "lr" + ")" * 300, "not an expression|nested deeper"),
         (" + ".join(["lr"] * (MAX_DEPTH + 5)), "nested deeper than"),
+        ("lr + " + "9" * 1000, "is too large"),  # no float holds it (OverflowError, exit 1, before)
     ],
 )
 def test_deep_or_huge_expressions_exit_2(expr, what, tmp_path):
