@@ -2,23 +2,23 @@
 
 `time_products` measures one product of the engine's block on micro-batches of a checkpoint's
 measurement set (`micro_problem`: its first row and its first two): its peak memory, scaled to the
-first batch's rows, and its seconds (that first call builds the gradient graphs). It then times a
-one-vector product, a forward pass and a gradient on both, and a block product on the first row,
-warm (after a first call, then the median of up to three, fewer once they add up to `ENOUGH`
-seconds), and fits each as ``c + d·units`` per batch (`_fit`: ``c`` the share a call pays whatever
-its rows, the parameters'; ``d`` per scored sample or token) to the whole set. Nothing is built
-over the whole set, so a dry-run holds less than the run; on models whose product is slow enough
-to matter it costs a fraction of it. `predict` turns a measure's declared counts (its registry
-``estimate``: products, ``hvp_block``, ``vectors``) into seconds and a peak-memory figure, or its
-``applicable`` check's reason when it will end ``not_applicable``. `flatcli.api.costs` times one
-checkpoint per shape and reuses its times for the others.
+first batch's rows. It times a forward pass, a gradient and a one-vector product on micro-batches
+grown from one row until the difference is measured, and fits each as ``c + d·units`` per batch
+(``c`` the share a call pays whatever its rows, the parameters'; ``d`` per scored sample or
+token) to the whole set, with an interval from the timings' spread (`flatcli.run.timing`: the
+rules that keep noise from being multiplied into the prediction). Nothing is built over more
+than one batch, so a dry-run holds less than the run; on models whose product is slow enough to
+matter it costs a fraction of it. `predict` turns a measure's declared counts (its registry
+``estimate``: products, ``hvp_block``, ``vectors``) into seconds (and their interval) and a
+peak-memory figure, or its ``applicable`` check's reason when it will end ``not_applicable``.
+`flatcli.api.costs` times one checkpoint per shape and reuses its times for the others.
 
 The model of time: a product call of k vectors costs ``a + b·k`` seconds, ``a`` and ``b`` from
 the one-vector product and the block's (the block's cost over one vector's on the first row,
 applied to the fitted one-vector seconds; an engine block of one takes k vectors as k one-vector
 products); when the run keeps its gradient graphs, a measure that takes products pays their
-build once (``build``: the two-row probe's first product's seconds above a warm one's, scaled
-as the gradient scales); a
+build once (``build``: the largest timed micro-batch's first product's seconds above a warm
+one's, scaled as the product scales, at most two gradients); a
 gradient or per-sample VJP pass costs the timed gradient, a forward pass the timed forward pass,
 and a P-length dot product or axpy of the estimator's own (``vector_ops``: Lanczos's
 reorthogonalization) a timed projection's share.
@@ -36,9 +36,7 @@ from __future__ import annotations
 
 import gc
 import resource
-import statistics
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +45,7 @@ import torch
 from ..engine import CurvatureEngine, Problem, eval_mode
 from ..engine import dist as ranks
 from ..loading.data import subset
+from . import timing
 from .memory import keeps_graphs, product_bytes, vectors_kept
 from .settings import Settings
 from .shares import hvp_equivalents, least_work
@@ -78,6 +77,20 @@ class ProductTimes:
     )
     resident: int = 0  # bytes in use before the products: weights, data, torch (CPU: VmRSS)
     build: float = 0.0  # seconds of building the gradient graphs once, when the run keeps them
+    intervals: dict[str, tuple[float, float]] = field(
+        default_factory=dict
+    )  # "forward", "grad", "hvp" -> (low, high) seconds: the fit's interval (`flatcli.run.timing`)
+
+    def at(self, end: int) -> ProductTimes:
+        """These times at the low (``end`` 0) or high (1) end of their intervals: the forward
+        pass, the gradient and the products (the block's with the one-vector product's factor)."""
+        out = replace(self)
+        for name, attr in (("forward", "forward"), ("grad", "grad"), ("hvp", "hvp1")):
+            if name in self.intervals:
+                setattr(out, attr, self.intervals[name][end])
+        if "hvp" in self.intervals and self.hvp1 > 0:
+            out.hvp_block = self.hvp_block * out.hvp1 / self.hvp1
+        return out
 
     def hvp_seconds(self, n: float, k: int) -> float:
         """Seconds of ``n`` HVPs in calls of ``k`` vectors (0: the engine's block size)."""
@@ -154,29 +167,14 @@ def _resident(device: torch.device) -> int:
     return _rss_bytes("VmRSS") or 0
 
 
-ENOUGH = 0.3  # seconds of timed calls after which `_timed` stops (at least one timed call)
-
-
 def _clock() -> float:
-    """The dry-run's clock (`time.perf_counter`, read at each call: tests replace it), read after
-    the CUDA kernels queued so far have finished (a product returns before its kernels do)."""
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-    return time.perf_counter()
+    """The dry-run's clock (`flatcli.run.timing._clock`)."""
+    return timing._clock()
 
 
 def _timed(fn, repeat: int = 3, warm: bool = False) -> float:
-    """Warm seconds of ``fn()``: a first call discarded (caches, allocator, lazy initialisation;
-    ``warm``: the caller made it), then the median of up to ``repeat`` timed calls, fewer once
-    they add up to `ENOUGH` seconds (at least one: a warm call that long is steady)."""
-    if not warm:
-        fn()
-    times: list[float] = []
-    while len(times) < max(1, repeat) and sum(times) < ENOUGH:
-        t0 = _clock()
-        fn()
-        times.append(_clock() - t0)
-    return float(statistics.median(times))
+    """Warm seconds of ``fn()`` (`flatcli.run.timing.timed`: repeats, robust to one outlier)."""
+    return timing.timed(fn, warm=warm)[0]
 
 
 def _project(Q: torch.Tensor, w: torch.Tensor) -> None:
@@ -232,10 +230,8 @@ def _trim_heap() -> None:
 
 @dataclass
 class _Micro:
-    """One micro-batch's probe (`_probe`): its scored units, the measured peak and seconds of one
-    product of the engine's block ``k`` (``how``: how the peak was measured; ``cold``: that first
-    call builds the gradient graph), and the warm seconds of a one-vector product, of a block
-    product when asked, of a forward pass and of a gradient (`time_micro`)."""
+    """One micro-batch's memory probe (`_probe`): its scored units, the measured peak of one
+    product of the engine's block ``k`` (``how``: how the peak was measured) and its vectors."""
 
     units: int
     peak: int
@@ -243,31 +239,13 @@ class _Micro:
     k: int
     engine: CurvatureEngine
     vectors: torch.Tensor
-    cold: float = 0.0  # the measured first product's seconds: it builds the gradient graph
-    hvp: float = 0.0
-    block: float = 0.0  # warm seconds of the block product (0: not timed)
-    forward: float = 0.0
-    grad: float = 0.0
-    build: float = 0.0  # seconds the first product paid above a warm one (its graph)
-
-    def time_micro(self, block: bool) -> None:
-        """Time a one-vector product and (``block``) a block product, warm: the measured first
-        product built the graphs the run keeps; then a forward pass and a gradient (warm too:
-        the products ran both passes on this engine)."""
-        H = self.engine.hessian()
-        self.hvp = _timed(lambda: H(self.vectors[:1]), warm=True)
-        if block and self.k > 1:
-            self.block = _timed(lambda: H(self.vectors), warm=True)
-        self.engine.state.drop_graphs()
-        self.forward = _timed(self.engine.loss, warm=True)  # the products ran both passes
-        self.grad = _timed(self.engine.loss_grad, warm=True)
 
 
 def _probe(micro: Problem, st: Settings, keep: bool, V: torch.Tensor | None = None) -> _Micro:
-    """The measured peak (and seconds) of one product of the engine's block over ``micro``, its
-    gradient graph built inside as the run builds it (``keep``: kept, as the run keeps it, for the
-    timed calls that follow); with a verified precision (bf16, TF32) the larger of it and one
-    fp32 verification product. ``V``: the block's vectors (another micro-batch's, shared)."""
+    """The measured peak of one product of the engine's block over ``micro``, its gradient graph
+    built inside as the run builds it (``keep``: kept, as the run keeps it); with a verified
+    precision (bf16, TF32) the larger of it and one fp32 verification product. ``V``: the
+    block's vectors (another micro-batch's, shared)."""
     eng = _engine(micro, st, keep)
     H = eng.hessian()
     k = H.block_size
@@ -281,54 +259,118 @@ def _probe(micro: Problem, st: Settings, keep: bool, V: torch.Tensor | None = No
         _trim_heap()
         verified = measure_peak(lambda: H32(V[:1]), device)[0]
         eng.state.drop_graphs()
-    cold = [0.0]
-
-    def first() -> None:  # the run's product, last: its graphs stay as the run keeps them
-        t0 = _clock()
-        H(V)
-        cold[0] = _clock() - t0
-
     _trim_heap()
-    peak, how = measure_peak(first, device)
-    peak = max(peak, verified)
-    return _Micro(micro.n, peak, how, k, eng, V, cold[0])
+    peak, how = measure_peak(lambda: H(V), device)
+    eng.state.drop_graphs()
+    return _Micro(micro.n, max(peak, verified), how, k, eng, V)
 
 
-def _build(one: _Micro, two: _Micro | None, grad: float) -> float:
-    """Seconds of building the whole set's gradient graphs: a gradient pass with ``create_graph``,
-    so the last probe's build (the first also paid the process's one-time start-up of the
-    products) scaled as its gradient scales to the whole set (``grad``), and at most two
-    gradients (recording the backward's graph costs less than a second backward; what a probe's
-    first call pays beyond it is start-up, paid once a process, not once a measure)."""
-    last = two or one
-    return min(last.build * grad / max(last.grad, 1e-12), 2.0 * grad)
+def _build(build_at: float, hvp_at: float, hvp: float, grad: float) -> float:
+    """Seconds of building the whole set's gradient graphs: what the first product on the
+    largest timed micro-batch paid above a warm one (``build_at``, over the warm ``hvp_at``),
+    scaled as the product scales to the whole set (``hvp``), and at most two whole-set gradients
+    (``grad``: recording the backward's graph costs less than a second backward)."""
+    return min(build_at * hvp / max(hvp_at, 1e-12), 2.0 * grad)
 
 
-def _fit(one: float, two: float | None, u1: int, u2: int, units: int, batches: int) -> float:
-    """Seconds over the whole set of a call timed at ``one`` on ``u1`` units and ``two`` on
-    ``u2``: ``c + d·u`` per batch of u units (``c`` what a call costs whatever its rows, the
-    parameters' share; ``d`` per unit), so ``batches·c + d·units``; proportional to the units
-    when only one micro-batch was timed."""
-    if two is None or u2 <= u1:
-        return one * units / max(u1, 1)
-    d = max(two - one, 0.0) / (u2 - u1)
-    c = max(one - d * u1, 0.0)
-    return batches * c + d * units
+class _Grown:
+    """The timed calls of one problem on micro-batches of growing rows (`flatcli.run.timing.grow`),
+    each size's engine built once, as the run builds it."""
+
+    def __init__(self, problem: Problem, st: Settings, keep: bool, V: torch.Tensor):
+        self.problem, self.st, self.keep, self.V = problem, st, keep, V
+        self.engines: dict[int, CurvatureEngine] = {}
+        self.rows = problem.batches[0].rows if problem.batches else 1
+        self.cold: dict[int, float] = {}  # rows -> the first product's seconds there
+
+    def engine(self, r: int) -> CurvatureEngine:
+        """The engine over the first ``r`` rows."""
+        if r not in self.engines:
+            self.engines[r] = _engine(micro_problem(self.problem, r), self.st, self.keep)
+        return self.engines[r]
+
+    def units(self, r: int) -> int:
+        """Scored units of the first ``r`` rows."""
+        return self.engine(r).problem.n
+
+    def points(self, name: str) -> list[timing.Point]:
+        """The grown points of the call ``name`` ("forward", "grad", "hvp")."""
+        return timing.grow(
+            lambda r: self.time(name, r, False),
+            self.units,
+            self.rows,
+            lambda r: self.time(name, r, True),
+        )
+
+    def time(self, name: str, r: int, loop: bool) -> tuple[float, float]:
+        """(seconds, noise) of a forward pass, a gradient or a one-vector product over ``r``
+        rows, warm (`flatcli.run.timing.timed`; ``loop``: in loops, `flatcli.run.timing.autorange`).
+        A product's first call, which builds the graphs the run keeps, is timed apart
+        (``cold``)."""
+        eng = self.engine(r)
+        if name == "forward":
+            fn = eng.loss
+        elif name == "grad":
+            fn = eng.loss_grad
+        else:
+            H = eng.hessian()
+            t0 = timing.now()
+            H(self.V[:1])
+            self.cold[r] = timing.now() - t0
+
+            def fn():
+                return H(self.V[:1])
+
+        out = timing.autorange(fn) if loop else timing.timed(fn, warm=name == "hvp")
+        eng.state.drop_graphs()
+        return out
+
+    def ratio(self, k: int) -> float:
+        """A block product's seconds over a one-vector product's, on one row (each timed in loops
+        long enough to measure, `flatcli.run.timing.autorange`), between 1 and the block's ``k``:
+        a block costs at least one vector's product and at most k of them."""
+        if k <= 1:
+            return 1.0
+        eng = self.engine(1)
+        H = eng.hessian()
+        one = timing.autorange(lambda: H(self.V[:1]))[0]
+        block = timing.autorange(lambda: H(self.V))[0]
+        eng.state.drop_graphs()
+        return min(max(block / max(one, 1e-12), 1.0), float(k))
+
+    def rows_of(self, units: int) -> int:
+        """The most rows of a grown micro-batch with ``units`` scored units (its product timed)."""
+        return max(r for r in self.cold if self.units(r) == units)
+
+
+def _vector_ops(V: torch.Tensor, k: int, P: int) -> tuple[float, float]:
+    """Seconds of one P-length dot product or axpy: in a reorthogonalization pass against a basis
+    (`_project`), and in runs of their own bases (`_project_runs`), each timed in loops long
+    enough to measure (`flatcli.run.timing.autorange`)."""
+    V = V[: max(2, min(BLOCK, k))]
+    if V.shape[0] < 2:
+        V = torch.randn(2, P, generator=torch.Generator().manual_seed(1)).to(V)
+    vector_op = timing.autorange(lambda: _project(V, V[0]))[0] / (2 * V.shape[0])
+    B = V[: 2 * (V.shape[0] // 2)].reshape(2, V.shape[0] // 2, P)  # 2 runs with their bases
+    batched = timing.autorange(lambda: _project_runs(B, V[:2]))[0] / (4 * (V.shape[0] // 2))
+    return vector_op, batched
 
 
 def time_products(
     model: torch.nn.Module, data, st: Settings, check=None
 ) -> tuple[ProductTimes | None, Problem]:
-    """Time the products on micro-batches of ``model``'s measurement set (`micro_problem`: its
-    first row, and its first two; the settings' size, seed, device, dtype and precision), as
-    `flatcli.run.checkpoint.measure_model` builds them, and fit each call's seconds as
-    ``c + d·units`` per batch (`_fit`) to this rank's share of the set; measure one product's
-    peak on each and scale it to the first batch's rows, plus the other batches' graphs when the
-    run keeps them (`flatcli.run.memory.product_bytes`, counted). No product or gradient graph
-    over the whole set is built, so the dry-run holds less than the run. Returns the times and the `Problem` (for the measures' ``applicable``
-    checks). ``check(problem)``: called before any product (the memory check,
-    `flatcli.run.memory.check_products`); when it returns False nothing is timed and the times
-    are None."""
+    """Time the products on micro-batches of ``model``'s measurement set (the settings' size,
+    seed, device, dtype and precision), as `flatcli.run.checkpoint.measure_model` builds them:
+    a forward pass, a gradient and a one-vector product each on micro-batches of 1, 2, 4, … rows
+    until the difference is measured (`flatcli.run.timing.grow`), fitted as ``c + d·units`` per
+    batch to this rank's share of the set with an interval (`flatcli.run.timing.fit`); a block
+    product on the product's largest micro-batch. One product's peak is measured on one and two
+    rows and scaled to the first batch's rows, plus the other batches' graphs when the run keeps
+    them (`flatcli.run.memory.product_bytes`, counted). No product or gradient graph over the
+    whole set is built, so the dry-run holds less than the run. Returns the times and the
+    `Problem` (for the measures' ``applicable`` checks). ``check(problem)``: called before any
+    product (the memory check, `flatcli.run.memory.check_products`); when it returns False
+    nothing is timed and the times are None."""
     work = model.to(st.device, st.dtype)
     with st.precision_context(), eval_mode(work):
         problem = Problem(
@@ -349,51 +391,47 @@ def time_products(
         keep = keeps_graphs(problem, st)[0]  # as the run will (no measure's vectors yet)
         one = _probe(micro_problem(problem, 1), st, keep)  # both peaks first: timing churns
         two = _probe(micro_problem(problem, 2), st, keep, one.vectors) if rows > 1 else None
-        micros = [m for m in (one, two) if m is not None]
-        for m in micros:
-            m.time_micro(block=m is one)  # a block's cost over one vector's: on the first row
-        k = one.k
-        ratio = one.block / max(one.hvp, 1e-12) if k > 1 else 1.0
-        for m in micros:
-            m.build = max(m.cold - (m.block or m.hvp * ratio), 0.0)
-
-        def fit(field: str) -> float:
-            return _fit(
-                getattr(one, field),
-                getattr(two, field) if two is not None else None,
-                one.units,
-                two.units if two is not None else 0,
-                problem.local_units,
-                max(len(problem.batches), 1),
-            )
-
-        hvp1, P = fit("hvp"), problem.num_params
-        V = one.vectors[: max(2, min(BLOCK, k))]
-        if V.shape[0] < 2:
-            V = torch.randn(2, P, generator=torch.Generator().manual_seed(1)).to(V)
-        vector_op = _timed(lambda: _project(V, V[0])) / (2 * V.shape[0])
-        B = V[: 2 * (V.shape[0] // 2)].reshape(2, V.shape[0] // 2, P)  # 2 runs with their bases
-        batched_op = _timed(lambda: _project_runs(B, V[:2])) / (4 * (V.shape[0] // 2))
+        times = _timed_products(problem, st, keep, one)
     # p(1) + (rows − 1)·(p(2) − p(1)): what a row adds (its saved tensors, the backward's
     # transients); the product's own P-vectors are in p(1)
     product = one.peak + (rows - 1) * max((two or one).peak - one.peak, 0)
-    times = ProductTimes(
-        fit("forward"),
-        fit("grad"),
+    times.product_bytes = product + product_bytes(problem, st, one.k).graphs
+    times.memory = f"{one.how} of products on one and two rows, extrapolated to {rows}"
+    times.resident = max(0, resident)
+    return times, problem
+
+
+def _timed_products(problem: Problem, st: Settings, keep: bool, one: _Micro) -> ProductTimes:
+    """The grown and fitted seconds of `time_products` (no memory figures yet)."""
+    grown, k = _Grown(problem, st, keep, one.vectors), one.k
+    units, batches = problem.local_units, max(len(problem.batches), 1)
+    points = {name: grown.points(name) for name in ("forward", "grad", "hvp")}
+    fits = {name: timing.fit(p, units, batches) for name, p in points.items()}
+    u, hvp_at, _ = max(points["hvp"])  # the product's largest micro-batch: its build
+    r = grown.rows_of(u)
+    ratio = grown.ratio(k)
+    build = _build(
+        max(grown.cold[r] - hvp_at, 0.0), hvp_at, fits["hvp"].seconds, fits["grad"].seconds
+    )
+    vector_op, batched_op = _vector_ops(one.vectors, k, problem.num_params)
+    hvp1 = fits["hvp"].seconds
+    return ProductTimes(
+        fits["forward"].seconds,
+        fits["grad"].seconds,
         hvp1,
         2 * hvp1 if k == 1 else hvp1 * ratio,  # a block of one takes two vectors one by one
         2 if k == 1 else k,
         k,
-        product + product_bytes(problem, st, k).graphs,
-        f"{one.how} of products on one and two rows, extrapolated to {rows}",
-        P,
+        0,
+        "",
+        problem.num_params,
         torch.finfo(st.dtype).bits // 8,
         vector_op,
         batched_op,
-        max(0, resident),
-        _build(one, two, fit("grad")) if keep else 0.0,
+        0,
+        build if keep else 0.0,
+        {n: (f.low, f.high) for n, f in fits.items()},
     )
-    return times, problem
 
 
 def quick_times(engine: CurvatureEngine) -> ProductTimes:
@@ -540,6 +578,7 @@ class Prediction:
 
     hvps: tuple[int, int] = (0, 0)
     seconds: tuple[float, float] = (0.0, 0.0)
+    interval: tuple[float, float] | None = None  # seconds at the timings' low and high ends
     peak_bytes: int = 0
     status: str = "ok"
     reason: str = ""
@@ -560,6 +599,7 @@ class Prediction:
                 "hvps_high": None,
                 "seconds_low": None,
                 "seconds_high": None,
+                "seconds_interval": None,
                 "peak_bytes": None,
                 "reason": self.reason,
             }
@@ -569,6 +609,7 @@ class Prediction:
             "hvps_high": self.hvps[1],
             "seconds_low": self.seconds[0],
             "seconds_high": self.seconds[1],
+            "seconds_interval": list(self.interval or self.seconds),
             "peak_bytes": self.peak_bytes,
         }
 
@@ -582,15 +623,15 @@ def predict(spec, dims, times: ProductTimes, problem: Problem | None = None) -> 
     block = est.get("hvp_block", (1, 1))[1]
     hvps = est.get("n_hvp", (0, 0))
 
-    def seconds(i: int) -> float:
+    def seconds(i: int, t: ProductTimes = times) -> float:
         passes = est.get("n_grad", (0, 0))[i] + est.get("n_vjp", (0, 0))[i]
         return (
-            times.hvp_seconds(hvps[i], block)
-            + (times.build if hvps[i] > 0 else 0.0)  # the kept graphs, built at the first
-            + passes * times.grad
-            + est.get("n_forward", (0, 0))[i] * times.forward
-            + est.get("vector_ops", (0, 0))[i] * times.vector_op
-            + est.get("batched_vector_ops", (0, 0))[i] * times.batched_vector_op
+            t.hvp_seconds(hvps[i], block)
+            + (t.build if hvps[i] > 0 else 0.0)  # the kept graphs, built at the first
+            + passes * t.grad
+            + est.get("n_forward", (0, 0))[i] * t.forward
+            + est.get("vector_ops", (0, 0))[i] * t.vector_op
+            + est.get("batched_vector_ops", (0, 0))[i] * t.batched_vector_op
         )
 
     declared, inputs = vectors_kept(spec, dims, times.engine_block)
@@ -600,6 +641,7 @@ def predict(spec, dims, times: ProductTimes, problem: Problem | None = None) -> 
     return Prediction(
         hvps=(int(hvps[0]), int(hvps[1])),
         seconds=(seconds(0), seconds(1)),
+        interval=(seconds(0, times.at(0)), seconds(1, times.at(1))),
         peak_bytes=int(peak),
         stops_early=spec.stops_early(),
     )
