@@ -11,6 +11,8 @@ code  meaning
 2     bad usage or input: an option, a config key, a file, a checkpoint
       that does not fit the model (``ConfigError``)
 3     incomplete: ``collect`` found units not finished (none failed)
+4     budget: ``measure`` ran, but a budget left a measure without a value
+      (its row's status is ``budget``; none failed)
 130   interrupted (Ctrl-C)
 ====  ==================================================================
 
@@ -25,6 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 
 INCOMPLETE = 3  # `collect`: units not finished, none failed
+BUDGET = 4  # `measure`: a budget left a measure without a value, none failed
 
 
 class FlatcliError(Exception):
@@ -108,3 +111,9 @@ def exit_code(rows: Iterable[Any]) -> int:
     """
     codes = [exit_code_of(getattr(r, "error_kind", "") or "") for r in rows if r.status == "error"]
     return max(codes, default=0)
+
+
+def budget_code(rows: Iterable[Any]) -> int:
+    """`BUDGET` when some row has status ``budget`` (a budget left a measure without a value;
+    a value merely capped keeps its row ``ok``), else 0. A failure's code wins over it."""
+    return BUDGET if any(getattr(r, "status", "") == "budget" for r in rows) else 0

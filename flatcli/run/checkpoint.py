@@ -51,7 +51,7 @@ from .preflight import Checked, check_loaded
 from .results import Row
 from .reuse import Reuse
 from .settings import MeasureOptions, Settings
-from .shares import BudgetSplit, in_turn
+from .shares import BudgetSplit, budget_order, in_turn
 
 
 def as_specs(measures) -> list[MeasureSpec]:
@@ -251,26 +251,61 @@ def measure_model(
             str, Any
         ] = {}  # products the checkpoint's measures share (the Hessian diagonal)
         fit = Fit(engine, lambda: problem_dims(work, data[st.split], st))
-        split = BudgetSplit.of(
-            st.budget, specs, fit.cost(problem, reuse, budget_among), budget_among
-        )
+        order, split, refused = _budget_plan(st, specs, fit, problem, reuse, budget_among)
         if split is not None and fit.times is not None:  # the first block under a share
             shared["seconds_per_product"] = fit.times.hvp1
 
         def run(spec: MeasureSpec, share: float | None) -> None:
             if reuse and spec.label in reuse:
                 row.results[spec.label] = reuse[spec.label]
+            elif spec.label in refused:
+                row.results[spec.label] = MeasureResult(
+                    value=math.nan,
+                    status="budget",
+                    diagnostics={"reason": refused[spec.label], "started": False},
+                )
             elif not _not_started(row, spec, problem, fit, share):
                 show = _measure_progress(progress, spec.label, engine, expected.get(spec.label))
                 args = (init_params, init_state, debug, show, share, shared)
                 _run_one(row, spec, problem, engine, st, *args)
 
         done = (lambda lab: on_measure(row, lab)) if on_measure else (lambda lab: None)
-        in_turn(split, specs, row.results, run, done, again=not problem.dist.active)
+        in_turn(split, order, row.results, run, done, again=not problem.dist.active)
+        row.mark_budget()
         row.metrics.update(
             _metrics(work, data["train"], data["test"], st) if metrics is None else metrics
         )
     return row
+
+
+def _budget_plan(st: Settings, specs, fit: Fit, problem: Problem, reuse, among):
+    """(order, split, refused) of a checkpoint's measures under ``runtime.budget``: the order
+    they run in (`flatcli.run.shares.budget_order`; as configured in a sweep's unit or without a
+    budget), the `BudgetSplit` (None without a budget) and those refused at the start
+    (`_refused`)."""
+    order = specs
+    if st.budget is not None and among is None:
+        order = budget_order(specs, fit.dims)
+    split = BudgetSplit.of(
+        st.budget,
+        order,
+        fit.cost(problem, reuse, among),
+        among,
+        minima=None if among is not None else fit.minima(problem, reuse),
+        overrun=None if among is not None else fit.overrun,
+    )
+    return order, split, _refused(split, order)
+
+
+def _refused(split: BudgetSplit | None, specs: Sequence[MeasureSpec]) -> dict[str, str]:
+    """Label → why the budget cannot give that measure a value (`BudgetSplit.refused`, decided at
+    the start), each said at once on the ``flatcli`` logger, before the first measure runs."""
+    if split is None:
+        return {}
+    out = {specs[i].label: why for i, why in split.refused.items()}
+    for label, why in out.items():
+        logging.getLogger("flatcli").warning("budget: %s %s", label, why)
+    return out
 
 
 def _graph_policy(problem, specs, dims, st: Settings) -> bool | None:

@@ -469,6 +469,33 @@ def _not_applicable(spec, problem: Problem) -> bool:
         return False
 
 
+FIRST_UNIT = {"n_hvp": 2, "n_grad": 1, "n_vjp": 1, "n_forward": 1}  # most of each counter
+
+
+class _FirstUnit:
+    """A spec whose estimate is its first unit: each least count at most `FIRST_UNIT`'s (no
+    vector operations, which grow with the steps)."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def estimate(self, dims):
+        """The spec's least counts, each cut to `FIRST_UNIT`."""
+        est = self.spec.estimate(dims) or {}
+        out = {k: (min(v[0], FIRST_UNIT[k]),) * 2 for k, v in est.items() if k in FIRST_UNIT}
+        if "hvp_block" in est:
+            out["hvp_block"] = est["hvp_block"]
+        return out
+
+    def not_applicable(self, problem):
+        """As the spec's."""
+        return self.spec.not_applicable(problem)
+
+    def stops_early(self) -> bool:
+        """As the spec's."""
+        return self.spec.stops_early()
+
+
 class Fit:
     """Whether a measure that cannot stop early (`flatcli.measures.MeasureSpec.stops_early`) fits
     its cap, before it starts: the least products its estimate declares against ``max_hvps``, and
@@ -539,6 +566,38 @@ class Fit:
             return out
 
         return weights
+
+    def minimum(self, spec, problem: Problem | None = None) -> float:
+        """Predicted seconds for ``spec`` to return a value at all: its least seconds when it
+        cannot stop early; for one that can, its first unit (`FIRST_UNIT`: two products, one
+        gradient or VJP pass, one forward pass, of its least counts; an estimator always does
+        its first unit, `flatcli.engine.linalg.budget`), at least one forward pass; 0 when its
+        estimate declares no work that takes time (it always starts, `reason`)."""
+        est = spec.estimate(self.dims)
+        if est is None or not any(hi for _, hi in est.values()):
+            return 0.0  # no declared work that takes time: it always starts (`reason`)
+        least = self.seconds(spec, problem)
+        if least <= 0.0 or not spec.stops_early() or self.times is None:
+            return least
+        first = predict(_FirstUnit(spec), self.dims, self.times).seconds[0]
+        return min(least, max(first, self.times.forward))
+
+    def minima(self, problem: Problem, reuse=None):
+        """The least seconds of specs, in order, to return a value (`minimum`; 0 for a reused
+        result): what `flatcli.run.shares.BudgetSplit` reserves for each before any gets more."""
+
+        def out(specs) -> list[float]:
+            return [0.0 if reuse and s.label in reuse else self.minimum(s, problem) for s in specs]
+
+        return out
+
+    def overrun(self, specs) -> list[float]:
+        """Seconds each of ``specs`` may pass its share by: a measure that stops early checks its
+        budget between products and passes it by about one (a product or a gradient, the
+        larger); one that cannot, none (it starts only when its prediction fits)."""
+        t = self.times
+        step = 0.0 if t is None else max(t.hvp1, t.grad)
+        return [step if s.stops_early() else 0.0 for s in specs]
 
     def reason(self, spec, share: float | None) -> tuple[str, dict[str, Any]] | None:
         """(why not to start, diagnostics) when ``spec`` does not fit its cap; None to start it."""
