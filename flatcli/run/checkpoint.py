@@ -269,7 +269,9 @@ def measure_model(
                 args = (init_params, init_state, debug, show, share, shared)
                 _run_one(row, spec, problem, engine, st, *args)
 
-        done = (lambda lab: on_measure(row, lab)) if on_measure else (lambda lab: None)
+        done = _learner(split, fit, order, row, shared, (problem, reuse, budget_among))
+        done = _then(done, (lambda lab: on_measure(row, lab)) if on_measure else None)
+
         in_turn(split, order, row.results, run, done, again=not problem.dist.active)
         row.mark_budget()
         row.metrics.update(
@@ -295,6 +297,47 @@ def _budget_plan(st: Settings, specs, fit: Fit, problem: Problem, reuse, among):
         overrun=None if among is not None else fit.overrun,
     )
     return order, split, _refused(split, order)
+
+
+def _then(first, second):
+    """``first(x)`` then ``second(x)`` (``first`` alone when ``second`` is None)."""
+    if second is None:
+        return first
+
+    def both(x) -> None:
+        first(x)
+        second(x)
+
+    return both
+
+
+def _learner(split: BudgetSplit | None, fit: Fit, order, row: Row, shared: dict, how):
+    """``learn(label)`` after each measure under a budget: once a measure has taken products, the
+    predicted seconds per product become the measured ones (`flatcli.run.predict.Fit.learn`),
+    the later measures' seconds are predicted again and what is left of the budget is split
+    again (`BudgetSplit.replan`); the first block of a later measure expects the measured speed.
+    Nothing in a sweep's unit (fixed shares) or without a budget. ``how``: (problem, reuse,
+    among) as the split was weighed."""
+    if split is None or split.fixed is not None:
+        return lambda label: None
+    problem, reuse, among = how
+    labels = [s.label for s in order]
+
+    def learn(label: str) -> None:
+        per = fit.learn(row.results.get(label))
+        if per is None:
+            return
+        shared["seconds_per_product"] = fit.times.hvp1
+        split.replan(
+            labels.index(label),
+            fit.cost(problem, reuse, among)(order),
+            fit.minima(problem, reuse)(order),
+        )
+        logging.getLogger("flatcli").info(
+            "budget: %s measured %.3g s per product; %.3g s left re-split", label, per, split.left()
+        )
+
+    return learn
 
 
 def _refused(split: BudgetSplit | None, specs: Sequence[MeasureSpec]) -> dict[str, str]:

@@ -80,6 +80,7 @@ class ProductTimes:
     intervals: dict[str, tuple[float, float]] = field(
         default_factory=dict
     )  # "forward", "grad", "hvp" -> (low, high) seconds: the fit's interval (`flatcli.run.timing`)
+    measured: tuple[str, ...] = ()  # quantities replaced by what a run measured (`Fit.learn`)
 
     def at(self, end: int) -> ProductTimes:
         """These times at the low (``end`` 0) or high (1) end of their intervals: the forward
@@ -590,6 +591,26 @@ class Fit:
             return [0.0 if reuse and s.label in reuse else self.minimum(s, problem) for s in specs]
 
         return out
+
+    def learn(self, result) -> float | None:
+        """Replace the predicted seconds per product by those ``result`` measured (its seconds
+        less its passes' predicted seconds, over its products; the products' ``hvp1`` and block
+        scaled alike, ``measured`` naming them) once a measure has taken products; returns the
+        measured seconds per product (None: nothing learned)."""
+        t, d = self.times, getattr(result, "diagnostics", {}) or {}
+        n = d.get("n_hvp", 0) or 0
+        if t is None or n <= 0 or not result.seconds or result.seconds <= 0:
+            return None
+        passes = (d.get("n_grad", 0) or 0) + (d.get("n_vjp", 0) or 0)
+        other = passes * t.grad + (d.get("n_forward", 0) or 0) * t.forward
+        per = max(result.seconds - other, 0.0) / n
+        predicted = t.hvp_seconds(1, 0)
+        if per <= 0.0 or predicted <= 0.0:
+            return None
+        f = per / predicted
+        measured = tuple(dict.fromkeys((*t.measured, "hvp")))
+        self._times = replace(t, hvp1=t.hvp1 * f, hvp_block=t.hvp_block * f, measured=measured)
+        return per
 
     def overrun(self, specs) -> list[float]:
         """Seconds each of ``specs`` may pass its share by: a measure that stops early checks its

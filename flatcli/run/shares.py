@@ -167,6 +167,14 @@ class BudgetSplit:
         early = [s.stops_early() for s in specs]
         return cls(total, costs, clock, start=start, minima=floors, overrun=over, early=early)
 
+    def replan(self, after: int, costs: Sequence[float], minima: Sequence[float]) -> None:
+        """New least seconds and minima (every measure's, in order) for the measures after index
+        ``after``: what is left of the budget is split again at their next `share` (a plan
+        that learns: `flatcli.run.predict.Fit.learn`). Those refused at the start stay refused."""
+        for j in range(after + 1, len(self.costs)):
+            self.costs[j] = max(0.0, float(costs[j]))
+            self.minima[j] = min(max(0.0, float(minima[j])), self.costs[j])
+
     def left(self) -> float:
         """Seconds of the budget left now."""
         return max(0.0, self.total - (self.clock() - self.start))

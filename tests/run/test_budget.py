@@ -20,6 +20,7 @@ from flatcli.config import from_dict, parse_measures, parse_seconds
 from flatcli.engine import linalg
 from flatcli.engine.linalg import Budget
 from flatcli.errors import ConfigError
+from flatcli.run import shares as shares_module
 from flatcli.run.shares import BudgetSplit, continuations, stopped_by_share
 from tests.helpers import TinyBN, tiny_data, tiny_mlp, write_project
 from tests.oracles import call, model_hessian, runner
@@ -816,3 +817,45 @@ def test_measure_exits_4_when_a_budget_leaves_a_measure_without_a_value(tmp_path
     rows = json.loads((tmp_path / "b" / "results.json").read_text())["rows"]
     assert {r["status"] for r in rows} == {"ok"}
     assert {r["measures"]["hessian_trace"]["status"] for r in rows} == {"budget"}
+
+
+def test_a_plan_learns_the_measured_seconds_per_product(monkeypatch):
+    """Time counted in products (`_work_clock`: an HVP 10 ms) while the plan's timed product says
+    1 ms: once the exact trace (P products, run first: it cannot stop early) has run, the later
+    measures' least seconds are predicted again at the measured speed and what is left is split
+    again, so they equal (within 5%) those of a plan timed right, where the first plan was 10×
+    short; the first block of a later measure expects the measured speed."""
+    from flatcli.run import predict as predict_module
+
+    _work_clock(monkeypatch)
+    model, data = tiny_mlp(d=6, h=12, seed=1), tiny_data(n=40)
+    measures = [
+        {"hessian_trace": {"method": "exact", "label": "exact"}},
+        "hessian_lambda_max",
+        {"hessian_trace": {"method": "hutchinson", "min_probes": 8, "label": "hutch"}},
+    ]
+    splits = []
+    split_of = shares_module.BudgetSplit.of
+
+    def record(*a, **k):
+        splits.append(split_of(*a, **k))
+        return splits[-1]
+
+    monkeypatch.setattr(shares_module.BudgetSplit, "of", staticmethod(record))
+    _measure(measures, model=model, data=data, budget=100.0)
+    right = list(splits[-1].costs)
+    quick = predict_module.quick_times
+
+    def fast(engine):  # the timed product 10× too fast
+        t = quick(engine)
+        t.hvp1, t.hvp_block = t.hvp1 / 10, t.hvp_block / 10
+        return t
+
+    monkeypatch.setattr(predict_module, "quick_times", fast)
+    splits.clear()
+    _measure(measures, model=model, data=data, budget=100.0)
+    learned = splits[-1]
+    first = learned.costs[0]
+    assert first == pytest.approx(right[0] / 10, rel=0.05)  # the exact trace, planned too fast
+    for j in (1, 2):  # λmax and Hutchinson: planned again at the measured speed
+        assert learned.costs[j] == pytest.approx(right[j], rel=0.05), (j, learned.costs, right)
