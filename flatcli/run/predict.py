@@ -173,11 +173,6 @@ def _clock() -> float:
     return timing._clock()
 
 
-def _timed(fn, repeat: int = 3, warm: bool = False) -> float:
-    """Warm seconds of ``fn()`` (`flatcli.run.timing.timed`: repeats, robust to one outlier)."""
-    return timing.timed(fn, warm=warm)[0]
-
-
 def _project(Q: torch.Tensor, w: torch.Tensor) -> None:
     """W − Qᵀ(Q w): one reorthogonalization pass against the rows of Q (2 vector ops per row)."""
     w = w - (Q @ w) @ Q
@@ -435,8 +430,15 @@ def _timed_products(problem: Problem, st: Settings, keep: bool, one: _Micro) -> 
     )
 
 
+def _quick(fn) -> float:
+    """Warm seconds of ``fn()`` over the whole set (`flatcli.run.timing.timed`: the least of a
+    few calls; not looped: the budget's clock runs, and what a plan got wrong it learns,
+    `Fit.learn`)."""
+    return timing.timed(fn)[0]
+
+
 def quick_times(engine: CurvatureEngine) -> ProductTimes:
-    """Warm seconds (`_timed`) of one forward pass, one gradient and one one-vector HVP on the
+    """Warm seconds (`_quick`) of one forward pass, one gradient and one one-vector HVP on the
     engine's own problem, for `Fit`: under a second on the models whose measures it guards. A
     block product is taken as that many one-vector products (an upper bound: blocks are
     cheaper per vector), and no memory is probed."""
@@ -444,10 +446,10 @@ def quick_times(engine: CurvatureEngine) -> ProductTimes:
     v = torch.randn(P, generator=torch.Generator().manual_seed(0)).to(
         engine.problem.device, engine.problem.dtype
     )
-    forward = _timed(engine.loss, 1)  # a discarded call and one timed: cheap for a budget's plan
-    grad = _timed(engine.loss_grad, 1)
+    forward = _quick(engine.loss)
+    grad = _quick(engine.loss_grad)
     H = engine.hessian()
-    hvp1 = _timed(lambda: H(v), 1)
+    hvp1 = _quick(lambda: H(v))
     return ProductTimes(
         forward,
         grad,
