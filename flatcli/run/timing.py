@@ -47,6 +47,7 @@ REPEATS = 3  # the most timed calls of one quantity at one size
 MIN_SPAN = 0.05  # seconds a grown quantity's largest call must exceed its first by
 GROW_SECONDS = 2.0  # seconds of timed calls after which a quantity stops growing
 MAX_LOOP = 4096  # the most calls `autorange` loops in one timed sample
+SUPERLINEAR = 0.001  # seconds a call may exceed its rows' share of the call before it
 
 
 def _clock() -> float:
@@ -126,25 +127,31 @@ def grow(
     Grows until the largest call exceeds the one before it (half its rows) by `MIN_SPAN` on a
     third size or later (confirmed by a second timing: one slow spell never stops the growth),
     the rows reach ``rows``, or the timings took `GROW_SECONDS` (at least two sizes when the
-    batch has two rows). A whole batch's call still
+    batch has two rows). A call that costs more than its rows' share of the call before it (by
+    `SUPERLINEAR`: impossible for ``c, d ≥ 0``) is timed again too, the lesser standing; still
+    above, it is kept at that share and its seconds do not count towards `GROW_SECONDS`: a slow
+    spell that outlasts both timings never ends the growth on a slowed point. A whole batch's call still
     shorter than `MIN_SPAN` is timed again in loops (``loop_at(r)``, `autorange`): it is what the
     prediction rests on."""
     points: list[Point] = []
-    r, spent, rows = 1, 0.0, max(1, int(rows))
+    r, prev, spent, rows = 1, 1, 0.0, max(1, int(rows))
     while True:
         t0 = now()
         seconds, noise = time_at(r)
-        if points and seconds - points[-1][1] >= MIN_SPAN:  # confirmed: one slow spell never stops
-            seconds, noise = min((seconds, noise), time_at(r))
+        bound = points[-1][1] * r / prev + SUPERLINEAR if points else math.inf
+        if points and (seconds - points[-1][1] >= MIN_SPAN or seconds > bound):
+            seconds, noise = min((seconds, noise), time_at(r))  # one slow spell never stands
+        slowed = seconds > bound  # still: kept at its rows' share of the call before it, and
+        seconds = min(seconds, bound)  # the spell's seconds do not count towards the growth's
         if r >= rows and seconds < MIN_SPAN and loop_at is not None:
             seconds, noise = loop_at(r)
-        spent += max(now() - t0, 0.0)
+        spent += 0.0 if slowed else max(now() - t0, 0.0)
         points.append((units_at(r), seconds, noise))
         if r >= rows or (len(points) >= 2 and spent >= GROW_SECONDS):
             return envelope(points)
         if len(points) >= 3 and seconds - points[-2][1] >= MIN_SPAN:
             return envelope(points)
-        r = min(2 * r, rows)
+        prev, r = r, min(2 * r, rows)
 
 
 def envelope(points: Sequence[Point]) -> list[Point]:

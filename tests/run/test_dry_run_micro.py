@@ -156,3 +156,33 @@ def test_noisy_timings_predict_within_a_factor_of_two_over_a_zoo(monkeypatch):
                 low, high = times.intervals[q]
                 assert low / 2 <= whole <= 2 * high, (name, q, cost, low, high, whole)
     print(f"worst factor {worst:.2f}")
+
+
+def test_a_slow_spell_on_one_micro_batch_never_becomes_the_slope(monkeypatch):
+    """An 8 s slow spell (other work took the CPU) while the two-row micro-batch is timed, over
+    both its timings and long enough to end the growth (`GROW_SECONDS`) there: a call costing more
+    than twice the one-row call is impossible for a cost ``c + d·rows``, so it is kept at twice
+    that, and the prediction holds within ×2 (a line through the slowed point scaled it ~200×)."""
+    import flatcli.run.predict as predict_module
+    import flatcli.run.timing as timing
+    from tests.helpers import tiny_data, tiny_mlp
+
+    now, slowed = [0.0], [0]
+    c, d = 0.002, 0.0001
+    loss_sum = Problem.batch_loss_sum
+
+    def charged(self, params, b):
+        now[0] += c + d * self.units(b)
+        if b.rows == 2 and slowed[0] < 8:  # both timings (a discarded call, three timed): slowed
+            slowed[0] += 1
+            now[0] += 1.0
+        return loss_sum(self, params, b)
+
+    monkeypatch.setattr(Problem, "batch_loss_sum", charged)
+    monkeypatch.setattr(timing, "_clock", lambda: now[0])
+    monkeypatch.setattr(predict_module, "_vector_ops", lambda *a: (0.0, 0.0))
+    x, y = tiny_data(n=400, dtype=torch.float32)
+    st = Settings(batch_size=400, cache_graphs="false")
+    times, problem = time_products(tiny_mlp(dtype=torch.float32), (x, y), st)
+    whole = c + d * 400
+    assert slowed[0] == 8 and whole / 2 <= times.forward <= 2 * whole, (times.forward, whole)
