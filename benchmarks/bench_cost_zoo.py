@@ -29,7 +29,6 @@ import argparse
 import math
 import os
 import resource
-import statistics
 import time
 
 import torch
@@ -141,6 +140,8 @@ def gpt2_tied(size: int):
         n_embd=(16, 64)[size],
         n_layer=2,
         n_head=2,
+        bos_token_id=0,
+        eos_token_id=0,
         attn_implementation="eager",
     )
     model = GPT2LMHeadModel(cfg).eval()  # lm_head.weight is the embedding's (tied)
@@ -166,8 +167,8 @@ def _load() -> str:
         return "load unknown"
 
 
-def predicted(model, data, measures, fields) -> tuple[dict, float, float]:
-    """(label → Prediction, seconds the dry-run took, its total least seconds)."""
+def predicted(model, data, measures, fields) -> tuple[dict, float, tuple[float, float]]:
+    """(label → Prediction, seconds the dry-run took, its total (least, most) seconds)."""
     from flatcli.config import parse_measures
     from flatcli.engine import Batch
     from flatcli.run.checkpoint import problem_dims
@@ -182,7 +183,8 @@ def predicted(model, data, measures, fields) -> tuple[dict, float, float]:
     with st.precision_context():
         times, problem = time_products(model, batch, st)
     preds = {s.label: predict(s, dims, times, problem) for s in specs}
-    return preds, time.perf_counter() - t0, sum(p.seconds[0] for p in preds.values())
+    total = tuple(sum(p.seconds[i] for p in preds.values()) for i in (0, 1))
+    return preds, time.perf_counter() - t0, total
 
 
 def measured(model, data, measures, fields, budget=None):
@@ -285,16 +287,18 @@ def digits(n: int | None, measures: list) -> list:
     half, _ = measured(model, data, measures, fields, run / 2)
     empty = [k for k, r in half.results.items() if r.status == "budget" and math.isnan(r.value)]
     said = all(half.results[k].diagnostics.get("started") is False for k in empty)
+    lows = [t[0] for t in totals]
+    inside = min(lows) / 2 <= run <= 2 * max(t[1] for t in totals)
     return [
         [
             len(data[1]),
             len(measures),
-            " / ".join(f"{t:.3g}" for t in totals),
-            round(max(totals) / max(min(totals), 1e-12), 2),
+            " / ".join(f"{lo:.3g}–{hi:.3g}" for lo, hi in totals),
+            round(max(lows) / max(min(lows), 1e-12), 2),
             " / ".join(f"{d:.1f}" for d in drys),
             round(run, 2),
             round(wall, 2),
-            round(statistics.median(totals) / run, 2) if run else "",
+            "yes" if inside else "no",
             ", ".join(empty) or "none",
             "yes" if said else "no",
         ]
@@ -342,12 +346,12 @@ def main() -> None:
             [
                 "samples",
                 "measures",
-                "dry-run totals (s)",
-                "max / min",
+                "dry-run totals, least–most (s)",
+                "least: max / min",
                 "dry-run seconds",
                 "run's measure seconds",
                 "run's wall seconds",
-                "median total / run",
+                "run within ×2 of the range",
                 "½ budget: without a value",
                 "said at the start",
             ],

@@ -476,16 +476,20 @@ FIRST_UNIT = {"n_hvp": 2, "n_grad": 1, "n_vjp": 1, "n_forward": 1}  # most of ea
 
 
 class _FirstUnit:
-    """A spec whose estimate is its first unit: each least count at most `FIRST_UNIT`'s (no
-    vector operations, which grow with the steps)."""
+    """A spec whose estimate is its first unit: each least count at most `FIRST_UNIT`'s, its
+    products at least one block of them (a Lanczos block; ``engine_block`` for a declared block
+    of 0), no vector operations (they grow with the steps)."""
 
-    def __init__(self, spec):
-        self.spec = spec
+    def __init__(self, spec, engine_block: int = 1):
+        self.spec, self.engine_block = spec, engine_block
 
     def estimate(self, dims):
-        """The spec's least counts, each cut to `FIRST_UNIT`."""
+        """The spec's least counts, each cut to `FIRST_UNIT` (products: to one block)."""
         est = self.spec.estimate(dims) or {}
         out = {k: (min(v[0], FIRST_UNIT[k]),) * 2 for k, v in est.items() if k in FIRST_UNIT}
+        block = est.get("hvp_block", (1, 1))[1] or self.engine_block
+        if "n_hvp" in est:
+            out["n_hvp"] = (min(est["n_hvp"][0], max(FIRST_UNIT["n_hvp"], block)),) * 2
         if "hvp_block" in est:
             out["hvp_block"] = est["hvp_block"]
         return out
@@ -572,9 +576,9 @@ class Fit:
 
     def minimum(self, spec, problem: Problem | None = None) -> float:
         """Predicted seconds for ``spec`` to return a value at all: its least seconds when it
-        cannot stop early; for one that can, its first unit (`FIRST_UNIT`: two products, one
-        gradient or VJP pass, one forward pass, of its least counts; an estimator always does
-        its first unit, `flatcli.engine.linalg.budget`), at least one forward pass; 0 when its
+        cannot stop early; for one that can, its first unit (`FIRST_UNIT`: two products or one
+        block of them, one gradient or VJP pass, one forward pass, of its least counts; an
+        estimator always does its first unit, `flatcli.engine.linalg.budget`), at least one forward pass; 0 when its
         estimate declares no work that takes time (it always starts, `reason`)."""
         est = spec.estimate(self.dims)
         if est is None or not any(hi for _, hi in est.values()):
@@ -582,7 +586,8 @@ class Fit:
         least = self.seconds(spec, problem)
         if least <= 0.0 or not spec.stops_early() or self.times is None:
             return least
-        first = predict(_FirstUnit(spec), self.dims, self.times).seconds[0]
+        first = predict(_FirstUnit(spec, self.times.engine_block), self.dims, self.times)
+        first = first.seconds[0]
         return min(least, max(first, self.times.forward))
 
     def minima(self, problem: Problem, reuse=None):

@@ -859,3 +859,33 @@ def test_a_plan_learns_the_measured_seconds_per_product(monkeypatch):
     assert first == pytest.approx(right[0] / 10, rel=0.05)  # the exact trace, planned too fast
     for j in (1, 2):  # λmax and Hutchinson: planned again at the measured speed
         assert learned.costs[j] == pytest.approx(right[j], rel=0.05), (j, learned.costs, right)
+
+
+def test_a_measures_minimum_is_its_first_unit_or_its_least_work():
+    """`Fit.minimum` on set times, over engine blocks of 1, 4 and 8: a measure that cannot stop
+    early needs its least seconds; λmax (one vector a step) its first two products; a Hutchinson
+    trace (probes in engine blocks) its first block, at least two probes, less than its least; a
+    norm without timed work 0."""
+    from flatcli.measures import Dims
+    from flatcli.run.predict import Fit, ProductTimes
+
+    for block in (1, 4, 8):
+        fit = Fit(None, lambda: Dims(P=100, n=40, C=4))
+        fit._times = ProductTimes(
+            forward=0.01, grad=0.02, hvp1=0.1, hvp_block=0.1 * block, block=max(block, 2),
+            engine_block=block, product_bytes=0, memory="", P=100, element=4,
+        )  # fmt: skip
+        lam, trace, avg, frob = parse_measures(
+            [
+                {"hessian_lambda_max": {"min_steps": 20}},
+                {"hessian_trace": {"method": "hutchinson", "min_probes": 16}},
+                {"sharpness_average": {"samples": 5}},
+                "frobenius_norm",
+            ]
+        )
+        t = fit.times
+        assert fit.minimum(avg) == pytest.approx(fit.seconds(avg))
+        assert fit.minimum(lam) == pytest.approx(t.hvp_seconds(2, 1))  # one vector a step
+        first = t.hvp_seconds(max(2, block), 0)  # the trace's probes come in engine blocks
+        assert first == pytest.approx(fit.minimum(trace)) and first < fit.seconds(trace), block
+        assert fit.minimum(frob) == 0.0
