@@ -34,10 +34,7 @@ the forward's precision.
 
 from __future__ import annotations
 
-import gc
-import resource
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,7 +43,14 @@ from ..engine import CurvatureEngine, Problem, eval_mode
 from ..engine import dist as ranks
 from ..loading.data import subset
 from . import timing
-from .memory import keeps_graphs, product_bytes, vectors_kept
+from .memory import (
+    keeps_graphs,
+    measure_peak,
+    product_bytes,
+    resident_bytes,
+    trim_heap,
+    vectors_kept,
+)
 from .settings import Settings
 from .shares import hvp_equivalents, least_work
 
@@ -105,67 +109,8 @@ class ProductTimes:
         return n * (a / k + b)
 
 
-def _rss_bytes(field: str) -> int | None:
-    """VmRSS/VmHWM of this process from /proc (Linux), None elsewhere."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak() -> bool:
-    """Reset the kernel's peak-RSS mark (Linux ≥ 4.0: write 5 to /proc/self/clear_refs)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def measure_peak(fn, device: torch.device) -> tuple[int, str]:
-    """(bytes, how) the call ``fn()`` took above what was in use before it.
-
-    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the
-    allocated memory before. CPU on Linux: the peak resident set (VmHWM) after resetting it through
-    /proc/self/clear_refs, minus the resident set (VmRSS) before: repeatable, unlike the
-    process-lifetime ``ru_maxrss``, which is the fallback elsewhere (then 0 when the call stays
-    below an earlier peak). Garbage is collected first: memory that a collection during the call
-    returned would otherwise hide the call's own (the peak would not rise above the start)."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return max(
-            int(torch.cuda.max_memory_allocated(device) - base), 0
-        ), "torch.cuda.max_memory_allocated"
-    before = _rss_bytes("VmRSS")
-    if before is not None and _reset_peak():
-        fn()
-        return max(
-            (_rss_bytes("VmHWM") or before) - before, 0
-        ), "peak RSS (VmHWM reset via /proc/self/clear_refs)"
-    start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    fn()
-    return max(
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start, 0
-    ) * 1024, "ru_maxrss increase"
-
-
 def _size(dtype: torch.dtype) -> int:
     return torch.finfo(dtype).bits // 8
-
-
-def _resident(device: torch.device) -> int:
-    """Bytes in use now: CUDA's allocated memory, else this process's resident set (0 unknown)."""
-    if device.type == "cuda":
-        return int(torch.cuda.memory_allocated(device))
-    return _rss_bytes("VmRSS") or 0
 
 
 def _clock() -> float:
@@ -213,17 +158,6 @@ def _engine(problem: Problem, st: Settings, keep: bool | None = None) -> Curvatu
     return st.engine(problem, st.graph_policy() if keep is None else keep)
 
 
-def _trim_heap() -> None:
-    """Give freed heap memory back to the system (glibc ``malloc_trim``; nothing elsewhere), so that
-    a peak measured next is not hidden by memory the allocator kept."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 @dataclass
 class _Micro:
     """One micro-batch's memory probe (`_probe`): its scored units, the measured peak of one
@@ -252,10 +186,10 @@ def _probe(micro: Problem, st: Settings, keep: bool, V: torch.Tensor | None = No
     verified = 0
     if eng.precision.verify:  # the fp32 verification product of a converged value (bf16, TF32)
         H32 = eng.hessian(precision="fp32")
-        _trim_heap()
+        trim_heap()
         verified = measure_peak(lambda: H32(V[:1]), device)[0]
         eng.state.drop_graphs()
-    _trim_heap()
+    trim_heap()
     peak, how = measure_peak(lambda: H(V), device)
     eng.state.drop_graphs()
     return _Micro(micro.n, max(peak, verified), how, k, eng, V)
@@ -382,7 +316,7 @@ def time_products(
         )
         if check is not None and not check(problem):
             return None, problem
-        resident = _resident(torch.device(st.device))
+        resident = resident_bytes(torch.device(st.device))
         rows = problem.batches[0].rows if problem.batches else 1
         keep = keeps_graphs(problem, st)[0]  # as the run will (no measure's vectors yet)
         one = _probe(micro_problem(problem, 1), st, keep)  # both peaks first: timing churns
