@@ -258,12 +258,8 @@ def measure_model(
         def run(spec: MeasureSpec, share: float | None) -> None:
             if reuse and spec.label in reuse:
                 row.results[spec.label] = reuse[spec.label]
-            elif spec.label in refused:
-                row.results[spec.label] = MeasureResult(
-                    value=math.nan,
-                    status="budget",
-                    diagnostics={"reason": refused[spec.label], "started": False},
-                )
+            elif _refused_on_some_rank(row, spec, problem, refused):
+                pass
             elif not _not_started(row, spec, problem, fit, share):
                 show = _measure_progress(progress, spec.label, engine, expected.get(spec.label))
                 args = (init_params, init_state, debug, show, share, shared)
@@ -338,6 +334,24 @@ def _learner(split: BudgetSplit | None, fit: Fit, order, row: Row, shared: dict,
         )
 
     return learn
+
+
+def _refused_on_some_rank(row: Row, spec: MeasureSpec, problem: Problem, refused) -> bool:
+    """Whether ``spec`` was refused at the start (`_refused`), on this rank or, across ranks, on
+    some rank (their collectives stay in step); then its row gets status ``budget``, NaN, not
+    started and the reason."""
+    here = spec.label in refused
+    if problem.dist.active:
+        there = problem.dist.any(here)
+    else:
+        there = here
+    if not there:
+        return False
+    why = refused.get(spec.label, "not started: another rank's budget could not give it a value")
+    row.results[spec.label] = MeasureResult(
+        value=math.nan, status="budget", diagnostics={"reason": why, "started": False}
+    )
+    return True
 
 
 def _refused(split: BudgetSplit | None, specs: Sequence[MeasureSpec]) -> dict[str, str]:
