@@ -340,6 +340,8 @@ def _refused_on_some_rank(row: Row, spec: MeasureSpec, problem: Problem, refused
     """Whether ``spec`` was refused at the start (`_refused`), on this rank or, across ranks, on
     some rank (their collectives stay in step); then its row gets status ``budget``, NaN, not
     started and the reason."""
+    if refused is None:  # no budget on any rank: nothing refused, no collective
+        return False
     here = spec.label in refused
     if problem.dist.active:
         there = problem.dist.any(here)
@@ -354,11 +356,12 @@ def _refused_on_some_rank(row: Row, spec: MeasureSpec, problem: Problem, refused
     return True
 
 
-def _refused(split: BudgetSplit | None, specs: Sequence[MeasureSpec]) -> dict[str, str]:
+def _refused(split: BudgetSplit | None, specs: Sequence[MeasureSpec]) -> dict[str, str] | None:
     """Label → why the budget cannot give that measure a value (`BudgetSplit.refused`, decided at
-    the start), each said at once on the ``flatcli`` logger, before the first measure runs."""
-    if split is None:
-        return {}
+    the start), each said at once on the ``flatcli`` logger, before the first measure runs; None
+    without a budget (or fixed shares: a sweep's unit)."""
+    if split is None or split.fixed is not None:
+        return None
     out = {specs[i].label: why for i, why in split.refused.items()}
     for label, why in out.items():
         logging.getLogger("flatcli").warning("budget: %s %s", label, why)
