@@ -11,8 +11,8 @@ code  meaning
 2     bad usage or input: an option, a config key, a file, a checkpoint
       that does not fit the model (``ConfigError``)
 3     incomplete: ``collect`` found units not finished (none failed)
-4     budget: ``measure`` ran, but a budget left a measure without a value
-      (its row's status is ``budget``; none failed)
+4     budget: ``measure`` ran, but a budget or a measure's cap left a measure
+      without a value (its row's status is ``budget``; none failed)
 130   interrupted (Ctrl-C)
 ====  ==================================================================
 
