@@ -197,7 +197,7 @@ def render_rows(rows, labels: list[str], width: int | None = None) -> Table:
         Column("checkpoint", [as_text(n) for n in names], justify="left", fold=True, min_width=16),
         Column(
             "status",
-            ["ok" if r.status == "ok" else "[red]error[/red]" for r in rows],
+            [r.status if r.status in ("ok", "budget") else "[red]error[/red]" for r in rows],
             justify="left",
         ),
     ]

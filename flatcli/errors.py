@@ -23,6 +23,7 @@ class ExitCode(IntEnum):
     FAILED = 1
     USAGE = 2
     INCOMPLETE = 3
+    BUDGET = 4
     INTERRUPTED = 130
 
 
@@ -37,6 +38,10 @@ EXIT_MEANINGS: dict[ExitCode, str] = {
     "another run",
     ExitCode.INCOMPLETE: "`collect` only: some units are not finished (none failed); the table "
     "is written with those checkpoints `incomplete`",
+    ExitCode.BUDGET: "`measure` only: a budget or a cap (`--budget`, `runtime.budget`, a "
+    "measure's `max_seconds` or `max_hvps`) left a measure without a value: its row has "
+    "`status=budget`. Nothing failed; every row is written. A measure the budget merely capped (a "
+    "value, status `budget`) still exits 0; a failure's code wins over 4",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C); `measure` keeps every finished measure",
 }
 
@@ -51,6 +56,7 @@ COMMAND_EXITS: dict[str, dict[ExitCode, str]] = {
         "during the run",
         ExitCode.USAGE: f"{_BAD_INPUT}; a missing or unreadable checkpoint; `-o DIR` held by "
         "another run",
+        ExitCode.BUDGET: "a budget or cap left a measure without a value (row status `budget`)",
     },
     "measure --dry-run": {
         ExitCode.OK: "every checkpoint loads and fits",
@@ -111,6 +117,7 @@ for _view in ("slice", "interpolate", "pca", "connect"):
 
 ALWAYS = (ExitCode.FAILED, ExitCode.USAGE, ExitCode.INTERRUPTED)
 INCOMPLETE = ExitCode.INCOMPLETE  # `collect`: units not finished, none failed
+BUDGET = ExitCode.BUDGET  # `measure`: a budget left a measure without a value, none failed
 
 
 class FlatcliError(Exception):
@@ -194,3 +201,9 @@ def exit_code(rows: Iterable[Any]) -> int:
     """
     codes = [exit_code_of(getattr(r, "error_kind", "") or "") for r in rows if r.status == "error"]
     return max(codes, default=ExitCode.OK)
+
+
+def budget_code(rows: Iterable[Any]) -> int:
+    """`BUDGET` when some row has status ``budget`` (a budget left a measure without a value;
+    a value merely capped keeps its row ``ok``), else 0. A failure's code wins over it."""
+    return BUDGET if any(getattr(r, "status", "") == "budget" for r in rows) else ExitCode.OK

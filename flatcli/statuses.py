@@ -55,6 +55,9 @@ VALUE_STATUSES: frozenset[str] = frozenset(
 # the status of a row (one checkpoint)
 ROW_STATUSES: dict[str, str] = {
     "ok": "every measure of the row has a value, or a status of a value",
+    "budget": "a budget or a cap (`--budget`, a measure's `max_seconds` or `max_hvps`) left a "
+    "measure of the row without a value (its status `budget`, value NaN, `<label>_started` false "
+    "and the reason); `error` lists those measures. Nothing failed; `measure` exits 4",
     "error": "a measure or the checkpoint failed; `error` holds the first message and "
     "`error_kind` the exception class",
     "interrupted": "`measure` stopped before these measures ran (Ctrl-C, `kill -9`, or a results "

@@ -15,9 +15,10 @@ the defaults). flatcli therefore chooses the count itself:
 C is the number of CPUs this process may run on (its affinity mask, ``os.sched_getaffinity(0)``,
 else ``os.cpu_count()``). F, the free cores, is ``max(1, min(C, round(C − busy)))`` with ``busy``
 the cores of C that the machine keeps busy **now**: sampled from /proc/stat over
-``SAMPLE_SECONDS`` (0.2 s) while this process sleeps, so it counts only other work
-(`busy_cores`); a job that ended a second ago costs no thread. Where /proc/stat is missing
-(macOS), the 1-minute load average less this process stands in. Why: on a loaded machine, more
+``SAMPLE_SECONDS`` (0.2 s) while this process sleeps, less the CPU time this process's own
+threads took meanwhile (/proc/self/stat: a pool of threads spinning after a job is not other
+work), so it counts only other work (`busy_cores`); a job that ended a second ago costs no
+thread. Where /proc/stat is missing (macOS), the 1-minute load average less this process stands in. Why: on a loaded machine, more
 threads than free cores make λmax several times slower than one thread, and a load average still
 counts jobs that ended up to a minute ago. W is ``workers`` when given, else
 ``LOCAL_WORLD_SIZE`` (set by torchrun for the processes of one machine), else 1. One sample
@@ -82,30 +83,60 @@ def read_proc_stat() -> str | None:
         return None
 
 
+def read_self_stat() -> str | None:
+    """The text of /proc/self/stat (this process, all its threads), None where there is none."""
+    try:
+        with open("/proc/self/stat") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def own_jiffies(text: str | None) -> int | None:
+    """User + system jiffies of a process from the text of its /proc/<pid>/stat (fields 14 and
+    15, counted after the command name's closing parenthesis); None when unreadable."""
+    if not text or ")" not in text:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    try:
+        return int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return None
+
+
 def busy_cores(
     cpus: set[int] | None = None,
     seconds: float = SAMPLE_SECONDS,
     read=None,
     sleep=None,
+    read_self=None,
 ) -> float | None:
     """How many of ``cpus`` (default: this process's) other work keeps busy now: the busy share of
-    their jiffies over ``seconds`` of /proc/stat (``read``: its text), while this process sleeps;
-    None when it cannot be read. ``sleep``: `time.sleep` unless given."""
-    read, sleep = read or read_proc_stat, sleep or time.sleep
-    a = read()
+    their jiffies over ``seconds`` of /proc/stat (``read``: its text), less this process's own
+    jiffies over the same time (/proc/self/stat, ``read_self``: its text; by default only with
+    the default ``read``): this process sleeps, but its threads may spin after a job (an OpenMP
+    pool waits busy for a while), and that is no other work. None when /proc/stat cannot be
+    read. ``sleep``: `time.sleep` unless given."""
+    if read is None:
+        read, read_self = read_proc_stat, read_self or read_self_stat
+    sleep = sleep or time.sleep
+    a, own_a = read(), own_jiffies(read_self()) if read_self else None
     if a is None:
         return None
     sleep(seconds)
-    b = read()
+    b, own_b = read(), own_jiffies(read_self()) if read_self else None
     if b is None:
         return None
     before, after = cpu_jiffies(a), cpu_jiffies(b)
     mine = [c for c in after if c in before and (cpus is None or c in cpus)]
-    busy = 0.0
+    busy, ticks = 0.0, []
     for c in mine:
         dt = after[c][1] - before[c][1]
         if dt > 0:
             busy += min(1.0, max(0.0, (after[c][0] - before[c][0]) / dt))
+            ticks.append(dt)
+    if own_a is not None and own_b is not None and ticks:
+        busy = max(0.0, busy - (own_b - own_a) / (sum(ticks) / len(ticks)))
     return busy if mine else None
 
 

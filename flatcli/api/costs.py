@@ -104,7 +104,7 @@ class CostEstimate:
                 "gradients and passes over the whole measurement set):"
             )
             if self.times and self.times[ks[0]] is not None:
-                out.append(f"  timed: {_describe_times(self.times[ks[0]])}")
+                out.append(f"  measured: {_describe_times(self.times[ks[0]])}")
             out += [
                 f"  memory ({v.stage}): {v.line()}"
                 for v in (self.memory[ks[0]] if self.memory else [])
@@ -116,20 +116,26 @@ class CostEstimate:
         out += [f"checkpoint {c}: cannot be loaded: {e}" for c, e in self.errors]
         loaded = len(self.loaded)
         secs = [sum(p.seconds[i] for per in self.predictions for p in per.values()) for i in (0, 1)]
+        spans = [
+            sum((p.interval or p.seconds)[i] for per in self.predictions for p in per.values())
+            for i in (0, 1)
+        ]
         out.append(
             f"total over {loaded} checkpoint(s)"
             + (f" ({len(self.errors)} could not be loaded)" if self.errors else "")
             + ": "
             + _describe_cost(self.totals(), empty="parameters only")
-            + (_describe_seconds(secs, self.untimed, loaded) if self.predictions else "")
+            + (_describe_seconds(secs, self.untimed, loaded, spans) if self.predictions else "")
         )
         return out
 
 
-def _describe_seconds(secs, untimed: list[str], loaded: int) -> str:
-    """``; about 3–5 s``, or what could not be timed instead of a sum that leaves it out."""
+def _describe_seconds(secs, untimed: list[str], loaded: int, spans=None) -> str:
+    """``; about 3–5 s predicted (interval 2.5–6 s)``, or what could not be timed instead of a sum
+    that leaves it out."""
     if not untimed:
-        return f"; about {_range(secs, _secs)}"
+        within = f" (interval {_range(spans, _secs)})" if spans and spans != secs else ""
+        return f"; about {_range(secs, _secs)} predicted{within}"
     why = f"cannot time {_names(untimed)} (will not fit in memory)"
     if len(untimed) == loaded:
         return f"; {why}"
@@ -166,11 +172,19 @@ def _range(pair, show) -> str:
     return f"{a}–{b} {unit}" if unit == unit2 else f"{lo}–{hi}"
 
 
+def _timing(t, name: str, seconds: float) -> str:
+    """``0.41 s (0.35–0.47)``: a timed call fitted to the set, with its interval."""
+    lo, hi = t.intervals.get(name, (seconds, seconds))
+    return f"{_secs(seconds)} ({_range((lo, hi), _secs).replace(' s', '')})"
+
+
 def _describe_times(t) -> str:
-    """The timed products of a size group, in words."""
+    """The timed products of a size group, in words: measured, fitted to the whole set, each with
+    its interval (`flatcli.run.timing`)."""
     build = f", building the kept graphs {_secs(t.build)}" if t.build > 0 else ""
     return (
-        f"forward {_secs(t.forward)}, gradient {_secs(t.grad)}, HVP {_secs(t.hvp1)} (1 vector), "
+        f"forward {_timing(t, 'forward', t.forward)}, gradient {_timing(t, 'grad', t.grad)}, "
+        f"HVP {_timing(t, 'hvp', t.hvp1)} (1 vector), "
         f"{_secs(t.hvp_block)} ({t.block} vectors){build}; one product's memory "
         f"{_bytes(t.product_bytes)} ({t.memory})"
     )
@@ -186,7 +200,10 @@ def _describe_prediction(est, pred) -> str:
     if pred is not None and pred.status == "will_not_fit":
         return text + "; not timed (the checkpoint will not fit in memory)"
     if pred is not None:
-        text += f"; {_range(pred.seconds, _secs)}, peak {_bytes(pred.peak_bytes)}"
+        text += f"; predicted {_range(pred.seconds, _secs)}"
+        if pred.interval is not None and tuple(pred.interval) != tuple(pred.seconds):
+            text += f" (interval {_range(pred.interval, _secs)})"
+        text += f", peak {_bytes(pred.peak_bytes)}"
         text += "" if pred.stops_early or pred.seconds[1] == 0 else "; cannot stop early"
     return text
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..config import Config
 from ..engine import dist
-from ..errors import ConfigError, ExitCode, RankFailure, ResultsWriteError, exit_code
+from ..errors import ConfigError, ExitCode, RankFailure, ResultsWriteError, budget_code, exit_code
 from ..keys import caps, data_fingerprints
 from ..landscape.plots import PLOT_HINT, have_matplotlib
 from ..loading.jobs import Job
@@ -63,8 +63,10 @@ class MeasureReport:
     @property
     def exit_code(self) -> int:
         """0 when every row is ok, else the exit code of the failures (`flatcli.errors.exit_code`);
-        1 when the results could only be written to the fallback folder."""
-        return max(exit_code(self.rows), ExitCode.FAILED if self.write_error else ExitCode.OK)
+        1 when the results could only be written to the fallback folder; without a failure, 4
+        when a budget left a measure without a value (`flatcli.errors.budget_code`)."""
+        failed = max(exit_code(self.rows), ExitCode.FAILED if self.write_error else ExitCode.OK)
+        return failed or budget_code(self.rows)
 
 
 _HOOK = Optional(Function())

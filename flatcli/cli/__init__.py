@@ -3,7 +3,8 @@
 `_app` holds the app, the shared options and the error handling; `compute`, `explore` and
 `pages` register the commands on it.
 
-Exit codes: 0 success, 1 a measurement failed, 2 bad usage or config. Errors are
+Exit codes (`flatcli.errors`): 0 success, 1 a measurement failed, 2 bad usage or config, 3
+`collect` found units not finished, 4 a budget left a measure without a value. Errors are
 one line on stderr; ``--debug`` shows the traceback instead.
 """
 

@@ -61,8 +61,11 @@ misleads, e.g. a container limit it does not show).
 from __future__ import annotations
 
 import dataclasses
+import gc
+import resource
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -541,3 +544,73 @@ def keeps_graphs(problem, st: Settings, vectors: int = 0) -> tuple[bool, str]:
         f"{'within' if keep else 'above'} {GRAPH_FRACTION:.0%} of {_gib(free)} free "
         "(runtime.cache_graphs: auto)"
     )
+
+
+def _rss_bytes(field: str) -> int | None:
+    """VmRSS/VmHWM of this process from /proc (Linux), None elsewhere."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    """Reset the kernel's peak-RSS mark (Linux ≥ 4.0: write 5 to /proc/self/clear_refs)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure_peak(fn, device: torch.device) -> tuple[int, str]:
+    """(bytes, how) the call ``fn()`` took above what was in use before it.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the
+    allocated memory before. CPU on Linux: the peak resident set (VmHWM) after resetting it through
+    /proc/self/clear_refs, minus the resident set (VmRSS) before: repeatable, unlike the
+    process-lifetime ``ru_maxrss``, which is the fallback elsewhere (then 0 when the call stays
+    below an earlier peak). Garbage is collected first: memory that a collection during the call
+    returned would otherwise hide the call's own (the peak would not rise above the start)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return max(
+            int(torch.cuda.max_memory_allocated(device) - base), 0
+        ), "torch.cuda.max_memory_allocated"
+    before = _rss_bytes("VmRSS")
+    if before is not None and _reset_peak():
+        fn()
+        return max(
+            (_rss_bytes("VmHWM") or before) - before, 0
+        ), "peak RSS (VmHWM reset via /proc/self/clear_refs)"
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fn()
+    return max(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start, 0
+    ) * 1024, "ru_maxrss increase"
+
+
+def resident_bytes(device: torch.device) -> int:
+    """Bytes in use now: CUDA's allocated memory, else this process's resident set (0 unknown)."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    return _rss_bytes("VmRSS") or 0
+
+
+def trim_heap() -> None:
+    """Give freed heap memory back to the system (glibc ``malloc_trim``; nothing elsewhere), so that
+    a peak measured next is not hidden by memory the allocator kept."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

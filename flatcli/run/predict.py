@@ -2,23 +2,23 @@
 
 `time_products` measures one product of the engine's block on micro-batches of a checkpoint's
 measurement set (`micro_problem`: its first row and its first two): its peak memory, scaled to the
-first batch's rows, and its seconds (that first call builds the gradient graphs). It then times a
-one-vector product, a forward pass and a gradient on both, and a block product on the first row,
-warm (after a first call, then the median of up to three, fewer once they add up to `ENOUGH`
-seconds), and fits each as ``c + d·units`` per batch (`_fit`: ``c`` the share a call pays whatever
-its rows, the parameters'; ``d`` per scored sample or token) to the whole set. Nothing is built
-over the whole set, so a dry-run holds less than the run; on models whose product is slow enough
-to matter it costs a fraction of it. `predict` turns a measure's declared counts (its registry
-``estimate``: products, ``hvp_block``, ``vectors``) into seconds and a peak-memory figure, or its
-``applicable`` check's reason when it will end ``not_applicable``. `flatcli.api.costs` times one
-checkpoint per shape and reuses its times for the others.
+first batch's rows. It times a forward pass, a gradient and a one-vector product on micro-batches
+grown from one row until the difference is measured, and fits each as ``c + d·units`` per batch
+(``c`` the share a call pays whatever its rows, the parameters'; ``d`` per scored sample or
+token) to the whole set, with an interval from the timings' spread (`flatcli.run.timing`: the
+rules that keep noise from being multiplied into the prediction). Nothing is built over more
+than one batch, so a dry-run holds less than the run; on models whose product is slow enough to
+matter it costs a fraction of it. `predict` turns a measure's declared counts (its registry
+``estimate``: products, ``hvp_block``, ``vectors``) into seconds (and their interval) and a
+peak-memory figure, or its ``applicable`` check's reason when it will end ``not_applicable``.
+`flatcli.api.costs` times one checkpoint per shape and reuses its times for the others.
 
 The model of time: a product call of k vectors costs ``a + b·k`` seconds, ``a`` and ``b`` from
 the one-vector product and the block's (the block's cost over one vector's on the first row,
 applied to the fitted one-vector seconds; an engine block of one takes k vectors as k one-vector
 products); when the run keeps its gradient graphs, a measure that takes products pays their
-build once (``build``: the two-row probe's first product's seconds above a warm one's, scaled
-as the gradient scales); a
+build once (``build``: the largest timed micro-batch's first product's seconds above a warm
+one's, scaled as the product scales, at most two gradients); a
 gradient or per-sample VJP pass costs the timed gradient, a forward pass the timed forward pass,
 and a P-length dot product or axpy of the estimator's own (``vector_ops``: Lanczos's
 reorthogonalization) a timed projection's share.
@@ -34,12 +34,7 @@ the forward's precision.
 
 from __future__ import annotations
 
-import gc
-import resource
-import statistics
-import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -47,7 +42,15 @@ import torch
 from ..engine import CurvatureEngine, Problem, eval_mode
 from ..engine import dist as ranks
 from ..loading.data import subset
-from .memory import keeps_graphs, product_bytes, vectors_kept
+from . import timing
+from .memory import (
+    keeps_graphs,
+    measure_peak,
+    product_bytes,
+    resident_bytes,
+    trim_heap,
+    vectors_kept,
+)
 from .settings import Settings
 from .shares import hvp_equivalents, least_work
 
@@ -78,6 +81,21 @@ class ProductTimes:
     )
     resident: int = 0  # bytes in use before the products: weights, data, torch (CPU: VmRSS)
     build: float = 0.0  # seconds of building the gradient graphs once, when the run keeps them
+    intervals: dict[str, tuple[float, float]] = field(
+        default_factory=dict
+    )  # "forward", "grad", "hvp" -> (low, high) seconds: the fit's interval (`flatcli.run.timing`)
+    measured: tuple[str, ...] = ()  # quantities replaced by what a run measured (`Fit.learn`)
+
+    def at(self, end: int) -> ProductTimes:
+        """These times at the low (``end`` 0) or high (1) end of their intervals: the forward
+        pass, the gradient and the products (the block's with the one-vector product's factor)."""
+        out = replace(self)
+        for name, attr in (("forward", "forward"), ("grad", "grad"), ("hvp", "hvp1")):
+            if name in self.intervals:
+                setattr(out, attr, self.intervals[name][end])
+        if "hvp" in self.intervals and self.hvp1 > 0:
+            out.hvp_block = self.hvp_block * out.hvp1 / self.hvp1
+        return out
 
     def hvp_seconds(self, n: float, k: int) -> float:
         """Seconds of ``n`` HVPs in calls of ``k`` vectors (0: the engine's block size)."""
@@ -91,92 +109,13 @@ class ProductTimes:
         return n * (a / k + b)
 
 
-def _rss_bytes(field: str) -> int | None:
-    """VmRSS/VmHWM of this process from /proc (Linux), None elsewhere."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak() -> bool:
-    """Reset the kernel's peak-RSS mark (Linux ≥ 4.0: write 5 to /proc/self/clear_refs)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def measure_peak(fn, device: torch.device) -> tuple[int, str]:
-    """(bytes, how) the call ``fn()`` took above what was in use before it.
-
-    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the
-    allocated memory before. CPU on Linux: the peak resident set (VmHWM) after resetting it through
-    /proc/self/clear_refs, minus the resident set (VmRSS) before: repeatable, unlike the
-    process-lifetime ``ru_maxrss``, which is the fallback elsewhere (then 0 when the call stays
-    below an earlier peak). Garbage is collected first: memory that a collection during the call
-    returned would otherwise hide the call's own (the peak would not rise above the start)."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return max(
-            int(torch.cuda.max_memory_allocated(device) - base), 0
-        ), "torch.cuda.max_memory_allocated"
-    before = _rss_bytes("VmRSS")
-    if before is not None and _reset_peak():
-        fn()
-        return max(
-            (_rss_bytes("VmHWM") or before) - before, 0
-        ), "peak RSS (VmHWM reset via /proc/self/clear_refs)"
-    start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    fn()
-    return max(
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start, 0
-    ) * 1024, "ru_maxrss increase"
-
-
 def _size(dtype: torch.dtype) -> int:
     return torch.finfo(dtype).bits // 8
 
 
-def _resident(device: torch.device) -> int:
-    """Bytes in use now: CUDA's allocated memory, else this process's resident set (0 unknown)."""
-    if device.type == "cuda":
-        return int(torch.cuda.memory_allocated(device))
-    return _rss_bytes("VmRSS") or 0
-
-
-ENOUGH = 0.3  # seconds of timed calls after which `_timed` stops (at least one timed call)
-
-
 def _clock() -> float:
-    """The dry-run's clock (`time.perf_counter`, read at each call: tests replace it), read after
-    the CUDA kernels queued so far have finished (a product returns before its kernels do)."""
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-    return time.perf_counter()
-
-
-def _timed(fn, repeat: int = 3, warm: bool = False) -> float:
-    """Warm seconds of ``fn()``: a first call discarded (caches, allocator, lazy initialisation;
-    ``warm``: the caller made it), then the median of up to ``repeat`` timed calls, fewer once
-    they add up to `ENOUGH` seconds (at least one: a warm call that long is steady)."""
-    if not warm:
-        fn()
-    times: list[float] = []
-    while len(times) < max(1, repeat) and sum(times) < ENOUGH:
-        t0 = _clock()
-        fn()
-        times.append(_clock() - t0)
-    return float(statistics.median(times))
+    """The dry-run's clock (`flatcli.run.timing._clock`)."""
+    return timing._clock()
 
 
 def _project(Q: torch.Tensor, w: torch.Tensor) -> None:
@@ -219,23 +158,10 @@ def _engine(problem: Problem, st: Settings, keep: bool | None = None) -> Curvatu
     return st.engine(problem, st.graph_policy() if keep is None else keep)
 
 
-def _trim_heap() -> None:
-    """Give freed heap memory back to the system (glibc ``malloc_trim``; nothing elsewhere), so that
-    a peak measured next is not hidden by memory the allocator kept."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 @dataclass
 class _Micro:
-    """One micro-batch's probe (`_probe`): its scored units, the measured peak and seconds of one
-    product of the engine's block ``k`` (``how``: how the peak was measured; ``cold``: that first
-    call builds the gradient graph), and the warm seconds of a one-vector product, of a block
-    product when asked, of a forward pass and of a gradient (`time_micro`)."""
+    """One micro-batch's memory probe (`_probe`): its scored units, the measured peak of one
+    product of the engine's block ``k`` (``how``: how the peak was measured) and its vectors."""
 
     units: int
     peak: int
@@ -243,31 +169,13 @@ class _Micro:
     k: int
     engine: CurvatureEngine
     vectors: torch.Tensor
-    cold: float = 0.0  # the measured first product's seconds: it builds the gradient graph
-    hvp: float = 0.0
-    block: float = 0.0  # warm seconds of the block product (0: not timed)
-    forward: float = 0.0
-    grad: float = 0.0
-    build: float = 0.0  # seconds the first product paid above a warm one (its graph)
-
-    def time_micro(self, block: bool) -> None:
-        """Time a one-vector product and (``block``) a block product, warm: the measured first
-        product built the graphs the run keeps; then a forward pass and a gradient (warm too:
-        the products ran both passes on this engine)."""
-        H = self.engine.hessian()
-        self.hvp = _timed(lambda: H(self.vectors[:1]), warm=True)
-        if block and self.k > 1:
-            self.block = _timed(lambda: H(self.vectors), warm=True)
-        self.engine.state.drop_graphs()
-        self.forward = _timed(self.engine.loss, warm=True)  # the products ran both passes
-        self.grad = _timed(self.engine.loss_grad, warm=True)
 
 
 def _probe(micro: Problem, st: Settings, keep: bool, V: torch.Tensor | None = None) -> _Micro:
-    """The measured peak (and seconds) of one product of the engine's block over ``micro``, its
-    gradient graph built inside as the run builds it (``keep``: kept, as the run keeps it, for the
-    timed calls that follow); with a verified precision (bf16, TF32) the larger of it and one
-    fp32 verification product. ``V``: the block's vectors (another micro-batch's, shared)."""
+    """The measured peak of one product of the engine's block over ``micro``, its gradient graph
+    built inside as the run builds it (``keep``: kept, as the run keeps it); with a verified
+    precision (bf16, TF32) the larger of it and one fp32 verification product. ``V``: the
+    block's vectors (another micro-batch's, shared)."""
     eng = _engine(micro, st, keep)
     H = eng.hessian()
     k = H.block_size
@@ -278,57 +186,121 @@ def _probe(micro: Problem, st: Settings, keep: bool, V: torch.Tensor | None = No
     verified = 0
     if eng.precision.verify:  # the fp32 verification product of a converged value (bf16, TF32)
         H32 = eng.hessian(precision="fp32")
-        _trim_heap()
+        trim_heap()
         verified = measure_peak(lambda: H32(V[:1]), device)[0]
         eng.state.drop_graphs()
-    cold = [0.0]
-
-    def first() -> None:  # the run's product, last: its graphs stay as the run keeps them
-        t0 = _clock()
-        H(V)
-        cold[0] = _clock() - t0
-
-    _trim_heap()
-    peak, how = measure_peak(first, device)
-    peak = max(peak, verified)
-    return _Micro(micro.n, peak, how, k, eng, V, cold[0])
+    trim_heap()
+    peak, how = measure_peak(lambda: H(V), device)
+    eng.state.drop_graphs()
+    return _Micro(micro.n, max(peak, verified), how, k, eng, V)
 
 
-def _build(one: _Micro, two: _Micro | None, grad: float) -> float:
-    """Seconds of building the whole set's gradient graphs: a gradient pass with ``create_graph``,
-    so the last probe's build (the first also paid the process's one-time start-up of the
-    products) scaled as its gradient scales to the whole set (``grad``), and at most two
-    gradients (recording the backward's graph costs less than a second backward; what a probe's
-    first call pays beyond it is start-up, paid once a process, not once a measure)."""
-    last = two or one
-    return min(last.build * grad / max(last.grad, 1e-12), 2.0 * grad)
+def _build(build_at: float, hvp_at: float, hvp: float, grad: float) -> float:
+    """Seconds of building the whole set's gradient graphs: what the first product on the
+    largest timed micro-batch paid above a warm one (``build_at``, over the warm ``hvp_at``),
+    scaled as the product scales to the whole set (``hvp``), and at most two whole-set gradients
+    (``grad``: recording the backward's graph costs less than a second backward)."""
+    return min(build_at * hvp / max(hvp_at, 1e-12), 2.0 * grad)
 
 
-def _fit(one: float, two: float | None, u1: int, u2: int, units: int, batches: int) -> float:
-    """Seconds over the whole set of a call timed at ``one`` on ``u1`` units and ``two`` on
-    ``u2``: ``c + d·u`` per batch of u units (``c`` what a call costs whatever its rows, the
-    parameters' share; ``d`` per unit), so ``batches·c + d·units``; proportional to the units
-    when only one micro-batch was timed."""
-    if two is None or u2 <= u1:
-        return one * units / max(u1, 1)
-    d = max(two - one, 0.0) / (u2 - u1)
-    c = max(one - d * u1, 0.0)
-    return batches * c + d * units
+class _Grown:
+    """The timed calls of one problem on micro-batches of growing rows (`flatcli.run.timing.grow`),
+    each size's engine built once, as the run builds it."""
+
+    def __init__(self, problem: Problem, st: Settings, keep: bool, V: torch.Tensor):
+        self.problem, self.st, self.keep, self.V = problem, st, keep, V
+        self.engines: dict[int, CurvatureEngine] = {}
+        self.rows = problem.batches[0].rows if problem.batches else 1
+        self.cold: dict[int, float] = {}  # rows -> the first product's seconds there
+
+    def engine(self, r: int) -> CurvatureEngine:
+        """The engine over the first ``r`` rows."""
+        if r not in self.engines:
+            self.engines[r] = _engine(micro_problem(self.problem, r), self.st, self.keep)
+        return self.engines[r]
+
+    def units(self, r: int) -> int:
+        """Scored units of the first ``r`` rows."""
+        return self.engine(r).problem.n
+
+    def points(self, name: str) -> list[timing.Point]:
+        """The grown points of the call ``name`` ("forward", "grad", "hvp")."""
+        return timing.grow(
+            lambda r: self.time(name, r, False),
+            self.units,
+            self.rows,
+            lambda r: self.time(name, r, True),
+        )
+
+    def time(self, name: str, r: int, loop: bool) -> tuple[float, float]:
+        """(seconds, noise) of a forward pass, a gradient or a one-vector product over ``r``
+        rows, warm (`flatcli.run.timing.timed`; ``loop``: in loops, `flatcli.run.timing.autorange`).
+        A product's first call, which builds the graphs the run keeps, is timed apart
+        (``cold``)."""
+        eng = self.engine(r)
+        if name == "forward":
+            fn = eng.loss
+        elif name == "grad":
+            fn = eng.loss_grad
+        else:
+            H = eng.hessian()
+            t0 = timing.now()
+            H(self.V[:1])
+            self.cold[r] = timing.now() - t0
+
+            def fn():
+                return H(self.V[:1])
+
+        out = timing.autorange(fn) if loop else timing.timed(fn, warm=name == "hvp")
+        eng.state.drop_graphs()
+        return out
+
+    def ratio(self, k: int) -> float:
+        """A block product's seconds over a one-vector product's, on one row (each timed in loops
+        long enough to measure, `flatcli.run.timing.autorange`), between 1 and the block's ``k``:
+        a block costs at least one vector's product and at most k of them."""
+        if k <= 1:
+            return 1.0
+        eng = self.engine(1)
+        H = eng.hessian()
+        one = timing.autorange(lambda: H(self.V[:1]))[0]
+        block = timing.autorange(lambda: H(self.V))[0]
+        eng.state.drop_graphs()
+        return min(max(block / max(one, 1e-12), 1.0), float(k))
+
+    def rows_of(self, units: int) -> int:
+        """The most rows of a grown micro-batch with ``units`` scored units (its product timed)."""
+        return max(r for r in self.cold if self.units(r) == units)
+
+
+def _vector_ops(V: torch.Tensor, k: int, P: int) -> tuple[float, float]:
+    """Seconds of one P-length dot product or axpy: in a reorthogonalization pass against a basis
+    (`_project`), and in runs of their own bases (`_project_runs`), each timed in loops long
+    enough to measure (`flatcli.run.timing.autorange`)."""
+    V = V[: max(2, min(BLOCK, k))]
+    if V.shape[0] < 2:
+        V = torch.randn(2, P, generator=torch.Generator().manual_seed(1)).to(V)
+    vector_op = timing.autorange(lambda: _project(V, V[0]))[0] / (2 * V.shape[0])
+    B = V[: 2 * (V.shape[0] // 2)].reshape(2, V.shape[0] // 2, P)  # 2 runs with their bases
+    batched = timing.autorange(lambda: _project_runs(B, V[:2]))[0] / (4 * (V.shape[0] // 2))
+    return vector_op, batched
 
 
 def time_products(
     model: torch.nn.Module, data, st: Settings, check=None
 ) -> tuple[ProductTimes | None, Problem]:
-    """Time the products on micro-batches of ``model``'s measurement set (`micro_problem`: its
-    first row, and its first two; the settings' size, seed, device, dtype and precision), as
-    `flatcli.run.checkpoint.measure_model` builds them, and fit each call's seconds as
-    ``c + d·units`` per batch (`_fit`) to this rank's share of the set; measure one product's
-    peak on each and scale it to the first batch's rows, plus the other batches' graphs when the
-    run keeps them (`flatcli.run.memory.product_bytes`, counted). No product or gradient graph
-    over the whole set is built, so the dry-run holds less than the run. Returns the times and the `Problem` (for the measures' ``applicable``
-    checks). ``check(problem)``: called before any product (the memory check,
-    `flatcli.run.memory.check_products`); when it returns False nothing is timed and the times
-    are None."""
+    """Time the products on micro-batches of ``model``'s measurement set (the settings' size,
+    seed, device, dtype and precision), as `flatcli.run.checkpoint.measure_model` builds them:
+    a forward pass, a gradient and a one-vector product each on micro-batches of 1, 2, 4, … rows
+    until the difference is measured (`flatcli.run.timing.grow`), fitted as ``c + d·units`` per
+    batch to this rank's share of the set with an interval (`flatcli.run.timing.fit`); a block
+    product on the product's largest micro-batch. One product's peak is measured on one and two
+    rows and scaled to the first batch's rows, plus the other batches' graphs when the run keeps
+    them (`flatcli.run.memory.product_bytes`, counted). No product or gradient graph over the
+    whole set is built, so the dry-run holds less than the run. Returns the times and the
+    `Problem` (for the measures' ``applicable`` checks). ``check(problem)``: called before any
+    product (the memory check, `flatcli.run.memory.check_products`); when it returns False
+    nothing is timed and the times are None."""
     work = model.to(st.device, st.dtype)
     with st.precision_context(), eval_mode(work):
         problem = Problem(
@@ -344,60 +316,63 @@ def time_products(
         )
         if check is not None and not check(problem):
             return None, problem
-        resident = _resident(torch.device(st.device))
+        resident = resident_bytes(torch.device(st.device))
         rows = problem.batches[0].rows if problem.batches else 1
         keep = keeps_graphs(problem, st)[0]  # as the run will (no measure's vectors yet)
         one = _probe(micro_problem(problem, 1), st, keep)  # both peaks first: timing churns
         two = _probe(micro_problem(problem, 2), st, keep, one.vectors) if rows > 1 else None
-        micros = [m for m in (one, two) if m is not None]
-        for m in micros:
-            m.time_micro(block=m is one)  # a block's cost over one vector's: on the first row
-        k = one.k
-        ratio = one.block / max(one.hvp, 1e-12) if k > 1 else 1.0
-        for m in micros:
-            m.build = max(m.cold - (m.block or m.hvp * ratio), 0.0)
-
-        def fit(field: str) -> float:
-            return _fit(
-                getattr(one, field),
-                getattr(two, field) if two is not None else None,
-                one.units,
-                two.units if two is not None else 0,
-                problem.local_units,
-                max(len(problem.batches), 1),
-            )
-
-        hvp1, P = fit("hvp"), problem.num_params
-        V = one.vectors[: max(2, min(BLOCK, k))]
-        if V.shape[0] < 2:
-            V = torch.randn(2, P, generator=torch.Generator().manual_seed(1)).to(V)
-        vector_op = _timed(lambda: _project(V, V[0])) / (2 * V.shape[0])
-        B = V[: 2 * (V.shape[0] // 2)].reshape(2, V.shape[0] // 2, P)  # 2 runs with their bases
-        batched_op = _timed(lambda: _project_runs(B, V[:2])) / (4 * (V.shape[0] // 2))
+        times = _timed_products(problem, st, keep, one)
     # p(1) + (rows − 1)·(p(2) − p(1)): what a row adds (its saved tensors, the backward's
     # transients); the product's own P-vectors are in p(1)
     product = one.peak + (rows - 1) * max((two or one).peak - one.peak, 0)
-    times = ProductTimes(
-        fit("forward"),
-        fit("grad"),
+    times.product_bytes = product + product_bytes(problem, st, one.k).graphs
+    times.memory = f"{one.how} of products on one and two rows, extrapolated to {rows}"
+    times.resident = max(0, resident)
+    return times, problem
+
+
+def _timed_products(problem: Problem, st: Settings, keep: bool, one: _Micro) -> ProductTimes:
+    """The grown and fitted seconds of `time_products` (no memory figures yet)."""
+    grown, k = _Grown(problem, st, keep, one.vectors), one.k
+    units, batches = problem.local_units, max(len(problem.batches), 1)
+    points = {name: grown.points(name) for name in ("forward", "grad", "hvp")}
+    fits = {name: timing.fit(p, units, batches) for name, p in points.items()}
+    u, hvp_at, _ = max(points["hvp"])  # the product's largest micro-batch: its build
+    r = grown.rows_of(u)
+    ratio = grown.ratio(k)
+    build = _build(
+        max(grown.cold[r] - hvp_at, 0.0), hvp_at, fits["hvp"].seconds, fits["grad"].seconds
+    )
+    vector_op, batched_op = _vector_ops(one.vectors, k, problem.num_params)
+    hvp1 = fits["hvp"].seconds
+    return ProductTimes(
+        fits["forward"].seconds,
+        fits["grad"].seconds,
         hvp1,
         2 * hvp1 if k == 1 else hvp1 * ratio,  # a block of one takes two vectors one by one
         2 if k == 1 else k,
         k,
-        product + product_bytes(problem, st, k).graphs,
-        f"{one.how} of products on one and two rows, extrapolated to {rows}",
-        P,
+        0,
+        "",
+        problem.num_params,
         torch.finfo(st.dtype).bits // 8,
         vector_op,
         batched_op,
-        max(0, resident),
-        _build(one, two, fit("grad")) if keep else 0.0,
+        0,
+        build if keep else 0.0,
+        {n: (f.low, f.high) for n, f in fits.items()},
     )
-    return times, problem
+
+
+def _quick(fn) -> float:
+    """Warm seconds of ``fn()`` over the whole set (`flatcli.run.timing.timed`: the least of a
+    few calls; not looped: the budget's clock runs, and what a plan got wrong it learns,
+    `Fit.learn`)."""
+    return timing.timed(fn)[0]
 
 
 def quick_times(engine: CurvatureEngine) -> ProductTimes:
-    """Warm seconds (`_timed`) of one forward pass, one gradient and one one-vector HVP on the
+    """Warm seconds (`_quick`) of one forward pass, one gradient and one one-vector HVP on the
     engine's own problem, for `Fit`: under a second on the models whose measures it guards. A
     block product is taken as that many one-vector products (an upper bound: blocks are
     cheaper per vector), and no memory is probed."""
@@ -405,10 +380,10 @@ def quick_times(engine: CurvatureEngine) -> ProductTimes:
     v = torch.randn(P, generator=torch.Generator().manual_seed(0)).to(
         engine.problem.device, engine.problem.dtype
     )
-    forward = _timed(engine.loss, 1)  # a discarded call and one timed: cheap for a budget's plan
-    grad = _timed(engine.loss_grad, 1)
+    forward = _quick(engine.loss)
+    grad = _quick(engine.loss_grad)
     H = engine.hessian()
-    hvp1 = _timed(lambda: H(v), 1)
+    hvp1 = _quick(lambda: H(v))
     return ProductTimes(
         forward,
         grad,
@@ -429,6 +404,37 @@ def _not_applicable(spec, problem: Problem) -> bool:
         return bool(spec.not_applicable(problem))
     except Exception:  # a check that cannot be made: weigh it like any other measure
         return False
+
+
+FIRST_UNIT = {"n_hvp": 2, "n_grad": 1, "n_vjp": 1, "n_forward": 1}  # most of each counter
+
+
+class _FirstUnit:
+    """A spec whose estimate is its first unit: each least count at most `FIRST_UNIT`'s, its
+    products at least one block of them (a Lanczos block; ``engine_block`` for a declared block
+    of 0), no vector operations (they grow with the steps)."""
+
+    def __init__(self, spec, engine_block: int = 1):
+        self.spec, self.engine_block = spec, engine_block
+
+    def estimate(self, dims):
+        """The spec's least counts, each cut to `FIRST_UNIT` (products: to one block)."""
+        est = self.spec.estimate(dims) or {}
+        out = {k: (min(v[0], FIRST_UNIT[k]),) * 2 for k, v in est.items() if k in FIRST_UNIT}
+        block = est.get("hvp_block", (1, 1))[1] or self.engine_block
+        if "n_hvp" in est:
+            out["n_hvp"] = (min(est["n_hvp"][0], max(FIRST_UNIT["n_hvp"], block)),) * 2
+        if "hvp_block" in est:
+            out["hvp_block"] = est["hvp_block"]
+        return out
+
+    def not_applicable(self, problem):
+        """As the spec's."""
+        return self.spec.not_applicable(problem)
+
+    def stops_early(self) -> bool:
+        """As the spec's."""
+        return self.spec.stops_early()
 
 
 class Fit:
@@ -502,6 +508,59 @@ class Fit:
 
         return weights
 
+    def minimum(self, spec, problem: Problem | None = None) -> float:
+        """Predicted seconds for ``spec`` to return a value at all: its least seconds when it
+        cannot stop early; for one that can, its first unit (`FIRST_UNIT`: two products or one
+        block of them, one gradient or VJP pass, one forward pass, of its least counts; an
+        estimator always does its first unit, `flatcli.engine.linalg.budget`), at least one forward pass; 0 when its
+        estimate declares no work that takes time (it always starts, `reason`)."""
+        est = spec.estimate(self.dims)
+        if est is None or not any(hi for _, hi in est.values()):
+            return 0.0  # no declared work that takes time: it always starts (`reason`)
+        least = self.seconds(spec, problem)
+        if least <= 0.0 or not spec.stops_early() or self.times is None:
+            return least
+        first = predict(_FirstUnit(spec, self.times.engine_block), self.dims, self.times)
+        first = first.seconds[0]
+        return min(least, max(first, self.times.forward))
+
+    def minima(self, problem: Problem, reuse=None):
+        """The least seconds of specs, in order, to return a value (`minimum`; 0 for a reused
+        result): what `flatcli.run.shares.BudgetSplit` reserves for each before any gets more."""
+
+        def out(specs) -> list[float]:
+            return [0.0 if reuse and s.label in reuse else self.minimum(s, problem) for s in specs]
+
+        return out
+
+    def learn(self, result) -> float | None:
+        """Replace the predicted seconds per product by those ``result`` measured (its seconds
+        less its passes' predicted seconds, over its products; the products' ``hvp1`` and block
+        scaled alike, ``measured`` naming them) once a measure has taken products; returns the
+        measured seconds per product (None: nothing learned)."""
+        t, d = self.times, getattr(result, "diagnostics", {}) or {}
+        n = d.get("n_hvp", 0) or 0
+        if t is None or n <= 0 or not result.seconds or result.seconds <= 0:
+            return None
+        passes = (d.get("n_grad", 0) or 0) + (d.get("n_vjp", 0) or 0)
+        other = passes * t.grad + (d.get("n_forward", 0) or 0) * t.forward
+        per = max(result.seconds - other, 0.0) / n
+        predicted = t.hvp_seconds(1, 0)
+        if per <= 0.0 or predicted <= 0.0:
+            return None
+        f = per / predicted
+        measured = tuple(dict.fromkeys((*t.measured, "hvp")))
+        self._times = replace(t, hvp1=t.hvp1 * f, hvp_block=t.hvp_block * f, measured=measured)
+        return per
+
+    def overrun(self, specs) -> list[float]:
+        """Seconds each of ``specs`` may pass its share by: a measure that stops early checks its
+        budget between products and passes it by about one (a product or a gradient, the
+        larger); one that cannot, none (it starts only when its prediction fits)."""
+        t = self.times
+        step = 0.0 if t is None else max(t.hvp1, t.grad)
+        return [step if s.stops_early() else 0.0 for s in specs]
+
     def reason(self, spec, share: float | None) -> tuple[str, dict[str, Any]] | None:
         """(why not to start, diagnostics) when ``spec`` does not fit its cap; None to start it."""
         secs = [v for v in (spec.max_seconds, share) if v is not None]
@@ -540,6 +599,7 @@ class Prediction:
 
     hvps: tuple[int, int] = (0, 0)
     seconds: tuple[float, float] = (0.0, 0.0)
+    interval: tuple[float, float] | None = None  # seconds at the timings' low and high ends
     peak_bytes: int = 0
     status: str = "ok"
     reason: str = ""
@@ -560,6 +620,7 @@ class Prediction:
                 "hvps_high": None,
                 "seconds_low": None,
                 "seconds_high": None,
+                "seconds_interval": None,
                 "peak_bytes": None,
                 "reason": self.reason,
             }
@@ -569,6 +630,7 @@ class Prediction:
             "hvps_high": self.hvps[1],
             "seconds_low": self.seconds[0],
             "seconds_high": self.seconds[1],
+            "seconds_interval": list(self.interval or self.seconds),
             "peak_bytes": self.peak_bytes,
         }
 
@@ -582,15 +644,15 @@ def predict(spec, dims, times: ProductTimes, problem: Problem | None = None) -> 
     block = est.get("hvp_block", (1, 1))[1]
     hvps = est.get("n_hvp", (0, 0))
 
-    def seconds(i: int) -> float:
+    def seconds(i: int, t: ProductTimes = times) -> float:
         passes = est.get("n_grad", (0, 0))[i] + est.get("n_vjp", (0, 0))[i]
         return (
-            times.hvp_seconds(hvps[i], block)
-            + (times.build if hvps[i] > 0 else 0.0)  # the kept graphs, built at the first
-            + passes * times.grad
-            + est.get("n_forward", (0, 0))[i] * times.forward
-            + est.get("vector_ops", (0, 0))[i] * times.vector_op
-            + est.get("batched_vector_ops", (0, 0))[i] * times.batched_vector_op
+            t.hvp_seconds(hvps[i], block)
+            + (t.build if hvps[i] > 0 else 0.0)  # the kept graphs, built at the first
+            + passes * t.grad
+            + est.get("n_forward", (0, 0))[i] * t.forward
+            + est.get("vector_ops", (0, 0))[i] * t.vector_op
+            + est.get("batched_vector_ops", (0, 0))[i] * t.batched_vector_op
         )
 
     declared, inputs = vectors_kept(spec, dims, times.engine_block)
@@ -600,6 +662,7 @@ def predict(spec, dims, times: ProductTimes, problem: Problem | None = None) -> 
     return Prediction(
         hvps=(int(hvps[0]), int(hvps[1])),
         seconds=(seconds(0), seconds(1)),
+        interval=(seconds(0, times.at(0)), seconds(1, times.at(1))),
         peak_bytes=int(peak),
         stops_early=spec.stops_early(),
     )

@@ -96,6 +96,18 @@ class Row:
         if not self.error_kind or exit_code_of(kind) > exit_code_of(self.error_kind):
             self.error_kind = kind
 
+    def mark_budget(self) -> None:
+        """Status ``budget`` for a row that is otherwise ``ok`` when a budget left one of its
+        measures without a value (status ``budget``, value NaN); a capped value keeps ``ok``."""
+        empty = [
+            lab
+            for lab, r in self.results.items()
+            if r.status == "budget" and not math.isfinite(r.value)
+        ]
+        if self.status == "ok" and empty:
+            self.status = "budget"
+            self.error = f"no value within the budget: {', '.join(empty)}"
+
     def flat(self) -> dict[str, Any]:
         """The row as results.csv's cells, column name → value, in column order (see the module
         docstring); a measure without a result has value NaN."""

@@ -5,25 +5,39 @@ Each measure is weighed by its predicted **seconds**: the least its registry ``e
 forward pass, one gradient, one HVP); at least one forward pass. A measure predicted to end
 ``not_applicable`` weighs 0.
 
-When measure ``i`` starts with ``left`` seconds of the budget left and ``S`` the predicted seconds
-of it and the measures after it, its share is
+Each measure also has a **minimum** ``m``: the predicted seconds it needs to return a value at all
+(`flatcli.run.predict.Fit.minimum`: its least seconds when it cannot stop early; its first unit
+of work, two products or one pass, when it can). Minima come first:
 
-    max(left × p_i / S,  left − (S − p_i))
+* **at the start**, every measure that stops early is kept (it always returns a value, from its
+  first unit of work), then those that cannot whose minima fit the budget beside them, the
+  cheapest first; every other one is refused at once (status ``budget``, not started, the reason
+  naming its minimum), and the run says so before the first measure;
+* when measure ``i`` starts with ``left`` seconds left, the later measures whose minima fit
+  ``left`` beside it (the cheapest first) are those it must leave time for. With ``S`` and ``M``
+  the sums of their (and its) least seconds ``p`` and minima ``m``, its share is
 
-* the budget is large enough (``left ≥ S``): the second term, everything except what the later
-  measures are predicted to need. A measure that needs more than predicted (an adaptive estimator
-  that converges late) may therefore use the slack of the whole budget, so a budget at least as
-  large as the unbudgeted cost stops nothing and changes no value;
-* the budget is short (``left < S``): the first term, the measure's part of what is left in
-  proportion to its prediction. A measure stopped by its share returns its estimate so far
-  (status ``budget``); one that cannot stop early is not started when its prediction exceeds its
-  share. Either way what it left unused flows on to the measures after it, and the last one gets
-  all that is left, so a short budget is spent.
+      left − (S − p_i)                                  when left ≥ S
+      m_i + (left − M) × (p_i − m_i) / (S − M)          otherwise
+
+  The first: everything except what the later measures are predicted to need; a measure that
+  needs more than predicted (an adaptive estimator that converges late) may use the slack of the
+  whole budget, so a budget at least as large as the unbudgeted cost stops nothing and changes no
+  value. The second: its minimum, and of what is left above the minima a part in proportion to
+  the least work it has beyond its minimum (its tolerance share); a measure that cannot stop
+  early has ``m = p`` and gets exactly its prediction. A measure that stops early passes its share
+  by about one product (`flatcli.engine.linalg.Budget`): its share is that much smaller
+  (``overrun``; never below its minimum) unless it is the last, so the later minima stay whole.
+  A measure stopped by its share returns its estimate so far (status ``budget``); what it left
+  unused flows on, and the last one gets all that is left, so a short budget is spent.
 
 The least, not the most, of a declared range is what a measure reserves: an adaptive estimator's
 cap (``local_entropy`` declares 100–10,000 products) never takes the time of the measures before
 it. The share is the measure's ``max_seconds`` unless it set a smaller one itself
 (`flatcli.measures.MeasureSpec.budget`).
+
+Under a budget the measures that cannot stop early run first, those with one declared count
+before those with a wide range (`budget_order`).
 
 A sweep measures each (checkpoint, measure) unit on its own, possibly on different workers and in
 any order, so there nothing flows: each unit gets the fixed share ``total × p_i / Σ_j p_j`` of all
@@ -56,15 +70,21 @@ def hvp_equivalents(counts: dict[str, float]) -> float:
 
 class BudgetSplit:
     """Seconds of a checkpoint's budget ``total`` for each measure in turn, from ``costs`` (the
-    predicted seconds of each, module docstring); the clock starts at construction (or ``start``).
+    predicted least seconds of each) and ``minima`` (the seconds each needs to return a value at
+    all; default its cost; module docstring); the clock starts at construction (or ``start``).
+    ``refused``: index → why a measure is not started, decided at the start (its minimum does not
+    fit beside the others'; never one that stops early, ``early``).
 
     >>> t = [0.0]
     >>> split = BudgetSplit(30.0, [1.0, 2.0, 3.0], clock=lambda: t[0])
     >>> split.share(0)  # enough: all but the 5 s the others need
     25.0
-    >>> t[0] = 26.0  # the first measure used 26 s: 4 s left for 5 s predicted
+    >>> t[0] = 26.0  # it used 26 s: 4 s left hold the 2 s measure's least, not both (5 s)
     >>> split.share(1)
-    1.6
+    4.0
+    >>> t[0] = 28.0  # it used 2 s: the last one gets what is left
+    >>> split.share(2)
+    2.0
     """
 
     def __init__(
@@ -74,12 +94,45 @@ class BudgetSplit:
         clock: Callable[[], float] | None = None,
         fixed: Sequence[float] | None = None,
         start: float | None = None,
+        minima: Sequence[float] | None = None,
+        overrun: Sequence[float] | None = None,
+        early: Sequence[bool] | None = None,
     ):
         clock = clock or time.perf_counter  # read now (a test may replace time.perf_counter)
         self.total, self.clock = float(total), clock
         self.costs = [max(0.0, float(c)) for c in costs]
+        self.minima = [
+            min(max(0.0, float(m)), c)
+            for m, c in zip(self.costs if minima is None else minima, self.costs, strict=True)
+        ]
+        self.overrun = [0.0] * len(self.costs) if overrun is None else list(overrun)
+        self.early = [False] * len(self.costs) if early is None else [bool(e) for e in early]
         self.fixed = None if fixed is None else list(fixed)
         self.start = clock() if start is None else start
+        self.refused: dict[int, str] = {}
+        if self.fixed is None:
+            every = range(len(self.costs))
+            keep = self._fitting(every, self.total)
+            need = sum(self.minima)
+            for i in every:
+                if i not in keep:
+                    self.refused[i] = (
+                        f"not started: it needs at least {self.minima[i]:.3g} s to return a "
+                        f"value, and the {self.total:.3g} s budget does not hold that beside "
+                        f"the other measures' least ({need - self.minima[i]:.3g} s)"
+                    )
+
+    def _fitting(self, among, left: float) -> set[int]:
+        """The measures of ``among`` whose minima fit ``left`` seconds together: every one that
+        stops early (it always returns a value, from its first unit of work) or needs no time,
+        then those that cannot, the cheapest first (the most measures with a value)."""
+        keep = {j for j in among if self.early[j]}
+        used = sum(self.minima[j] for j in keep)
+        for j in sorted(set(among) - keep, key=lambda j: (self.minima[j], j)):
+            if self.minima[j] == 0.0 or used + self.minima[j] <= left * (1 + 1e-12):
+                keep.add(j)
+                used += self.minima[j]
+        return keep
 
     @classmethod
     def of(
@@ -89,11 +142,17 @@ class BudgetSplit:
         cost: Callable[[Sequence[MeasureSpec]], list[float]],
         among: Sequence[MeasureSpec] | None = None,
         clock: Callable[[], float] | None = None,
+        minima: Callable[[Sequence[MeasureSpec]], list[float]] | None = None,
+        overrun: Callable[[Sequence[MeasureSpec]], list[float]] | None = None,
     ) -> BudgetSplit | None:
         """The split of ``total`` seconds over ``specs``; ``cost(specs)``: their predicted seconds,
         in order (called only with a budget, on the split's clock; `flatcli.run.predict.Fit.cost`
-        weighs work they share once); None without a budget. With ``among`` (every measure of the
-        checkpoint, ``specs`` some of them), each of ``specs`` gets its fixed share of ``total``."""
+        weighs work they share once); ``minima(specs)``: the seconds each needs to return a
+        value (`flatcli.run.predict.Fit.minima`; default its cost); ``overrun(specs)``: the
+        seconds each may pass its share by (`flatcli.run.predict.Fit.overrun`: one product for a
+        measure that stops early); None without a budget. With
+        ``among`` (every measure of the checkpoint, ``specs`` some of them), each of ``specs``
+        gets its fixed share of ``total``."""
         if total is None:
             return None
         clock = clock or time.perf_counter
@@ -103,20 +162,63 @@ class BudgetSplit:
             every = sum(cost(among))
             fixed = [total * c / every if every > 0 else total / len(among) for c in costs]
             return cls(total, costs, clock, fixed=fixed, start=start)
-        return cls(total, costs, clock, start=start)
+        floors = None if minima is None else list(minima(specs))
+        over = None if overrun is None else list(overrun(specs))
+        early = [s.stops_early() for s in specs]
+        return cls(total, costs, clock, start=start, minima=floors, overrun=over, early=early)
+
+    def replan(self, after: int, costs: Sequence[float], minima: Sequence[float]) -> None:
+        """New least seconds and minima (every measure's, in order) for the measures after index
+        ``after``: what is left of the budget is split again at their next `share` (a plan
+        that learns: `flatcli.run.predict.Fit.learn`). Those refused at the start stay refused."""
+        for j in range(after + 1, len(self.costs)):
+            self.costs[j] = max(0.0, float(costs[j]))
+            self.minima[j] = min(max(0.0, float(minima[j])), self.costs[j])
 
     def left(self) -> float:
         """Seconds of the budget left now."""
         return max(0.0, self.total - (self.clock() - self.start))
 
     def share(self, i: int) -> float:
-        """The seconds measure ``i`` may spend, if it starts now (module docstring)."""
+        """The seconds measure ``i`` may spend, if it starts now (module docstring); 0 for a
+        measure refused at the start."""
         if self.fixed is not None:
             return self.fixed[i]
-        left, rest = self.left(), sum(self.costs[i:])
-        if rest <= 0.0:
-            return left
-        return max(left * self.costs[i] / rest, left - (rest - self.costs[i]))
+        if i in self.refused:
+            return 0.0
+        left = self.left()
+        later = [j for j in range(i, len(self.costs)) if j not in self.refused]
+        rest = self._fitting(later, left) | {i}
+        need = sum(self.costs[j] for j in rest)
+        if left >= need:  # enough: all but what the later measures' least needs
+            share = left - (need - self.costs[i])
+        else:
+            surplus = max(0.0, left - sum(self.minima[j] for j in rest))
+            extra = sum(self.costs[j] - self.minima[j] for j in rest)
+            part = (self.costs[i] - self.minima[i]) / extra if extra > 0 else 1.0 / len(rest)
+            share = min(left, self.minima[i] + surplus * part)
+        if len(rest) > 1:  # what it may pass its share by is not taken from the later ones
+            share = max(min(share, self.minima[i]), share - self.overrun[i])
+        return share
+
+
+def budget_order(specs: Sequence[MeasureSpec], dims: Dims | None = None) -> list[MeasureSpec]:
+    """The order a checkpoint's measures run in under a budget: those that cannot stop early
+    first, by the spread of their declared work (with ``dims``: most − least, in HVP
+    equivalents; one count first, a search that may take far more than its least last), then
+    those that can stop early; ties in the configured order. What a measure that cannot stop takes beyond its prediction
+    is then taken from the slack of those that can, which always return a value from their first
+    unit. Values do not depend on the order (every measure is seeded; shared work gives each the
+    value it has alone)."""
+
+    def spread(spec: MeasureSpec) -> float:  # most − least declared, in HVP equivalents
+        if spec.stops_early() or dims is None:
+            return 0.0
+        est = spec.estimate(dims) or {}
+        lo = hvp_equivalents({k: v[0] for k, v in est.items()})
+        return hvp_equivalents({k: v[1] for k, v in est.items()}) - lo
+
+    return sorted(specs, key=lambda s: (s.stops_early(), spread(s)))
 
 
 def stopped_by_share(spec: MeasureSpec, result) -> bool:

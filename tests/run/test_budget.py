@@ -5,6 +5,7 @@ row by row with double backward."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -19,6 +20,7 @@ from flatcli.config import from_dict, parse_measures, parse_seconds
 from flatcli.engine import linalg
 from flatcli.engine.linalg import Budget
 from flatcli.errors import ConfigError
+from flatcli.run import shares as shares_module
 from flatcli.run.shares import BudgetSplit, continuations, stopped_by_share
 from tests.helpers import TinyBN, tiny_data, tiny_mlp, write_project
 from tests.oracles import call, model_hessian, runner
@@ -293,10 +295,14 @@ def test_shares_follow_predicted_seconds_and_leave_the_rest_to_later_measures():
     t = [0.0]
     plan = BudgetSplit(30.0, [1.0, 2.0, 0.0, 3.0], clock=lambda: t[0])
     assert plan.share(0) == pytest.approx(25.0)  # enough: all but what the others need (5 s)
-    t[0] = 26.0  # it used 26 s: 4 s left for 5 s predicted, split in proportion
-    assert plan.share(1) == pytest.approx(4.0 * 2 / 5)
+    t[0] = 26.0  # it used 26 s: 4 s left hold the 2 s measure's least, not also the 3 s one's
+    assert plan.share(1) == pytest.approx(4.0)
     t[0] = 27.0  # a measure predicted not_applicable (0 s) gets no part of a short budget
     assert plan.share(2) == 0.0 and plan.share(3) == pytest.approx(3.0)  # the last: all left
+    t[0] = 0.0
+    short = BudgetSplit(6.0, [4.0, 1.0, 3.0], clock=lambda: t[0], minima=[1.0, 1.0, 1.0])
+    # 6 s for 8 s predicted: each its minimum (3 s), the 3 s above split by the work beyond it
+    assert short.refused == {} and short.share(0) == pytest.approx(1.0 + 3.0 * 3 / 5)
     t[0] = 40.0
     assert plan.share(3) == 0.0
     specs = parse_measures(["hessian_lambda_max", "hessian_trace", "frobenius_norm"])
@@ -678,17 +684,208 @@ def test_a_sweep_gives_each_unit_its_fixed_share_and_records_its_caps(tmp_path):
     assert {u["key"]["caps"]["budget"] for u in units} == {60.0}
 
 
-def test_time_left_at_the_end_goes_to_the_measure_its_share_stopped(monkeypatch):
-    """λmax gets a small share beside an exact trace predicted at P HVPs; the trace then does not
-    fit what is left and is not started, so λmax, stopped by its share, runs again with the time
-    left and gives its unbudgeted value (time counted in products: `_work_clock`)."""
+def test_a_measure_whose_minimum_does_not_fit_is_refused_at_the_start(monkeypatch, caplog):
+    """λmax beside an exact trace predicted at P HVPs (time counted in products: `_work_clock`):
+    0.6 s hold λmax's first products but not the trace's P, so the trace is refused before the
+    first measure (logged at once; status ``budget``, not started, the reason naming its
+    minimum), λmax gets the whole budget and its unbudgeted value, and the row's status is
+    ``budget``."""
     _work_clock(monkeypatch)
     model, data = tiny_mlp(d=6, h=12, seed=1), tiny_data(n=40)
     lam = {"hessian_lambda_max": {"tol": 1e-6, "max_steps": 40}}
     measures = [lam, {"hessian_trace": {"method": "exact"}}]
     free = _measure([lam], model=model, data=data).results["hessian_lambda_max"]
-    res = _measure(measures, model=model, data=data, budget=0.6).results
-    first = res["hessian_lambda_max"].diagnostics
-    assert res["hessian_trace"].diagnostics["started"] is False
-    assert first["continued_after_seconds"] > 0
-    assert _same(res["hessian_lambda_max"], free) and first["n_hvp"] == free.diagnostics["n_hvp"]
+    with caplog.at_level("WARNING", logger="flatcli"):
+        row = _measure(measures, model=model, data=data, budget=0.6)
+    res = row.results
+    trace = res["hessian_trace"].diagnostics
+    assert trace["started"] is False and "to return a value" in trace["reason"]
+    assert any("hessian_trace not started" in m for m in caplog.messages)
+    assert _same(res["hessian_lambda_max"], free)
+    assert res["hessian_lambda_max"].diagnostics["n_hvp"] == free.diagnostics["n_hvp"]
+    assert row.status == "budget" and "hessian_trace" in row.error
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_every_measure_kept_at_the_start_gets_at_least_its_minimum(seed):
+    """Property over random budgets, least seconds and minima (minimum ≤ least): the measures
+    refused at the start are exactly those the cheapest-first selection leaves out (none of them
+    fits beside those kept); when every measure spends its whole share (the worst case for
+    those after it), every measure not refused gets at least its minimum; and a measure that
+    stops early is never refused."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 9))
+    costs = rng.lognormal(0, 1.5, n)
+    minima = costs * rng.uniform(0.05, 1.0, n) * (rng.random(n) < 0.8)
+    total = float(costs.sum() * rng.uniform(0.05, 1.5))
+    t = [0.0]
+    plan = BudgetSplit(total, costs, clock=lambda: t[0], minima=minima)
+    kept = [i for i in range(n) if i not in plan.refused]
+    assert sum(minima[kept]) <= total * (1 + 1e-9)
+    for j in plan.refused:
+        assert sum(minima[kept]) + minima[j] > total, (j, plan.refused)
+    for i in range(n):
+        share = plan.share(i)
+        if i in plan.refused:
+            assert share == 0.0
+            continue
+        assert share >= minima[i] * (1 - 1e-9), (i, share, minima[i])
+        t[0] += share
+    early = rng.random(n) < 0.5  # a measure that stops early is never refused: it has a value
+    assert not set(BudgetSplit(total, costs, minima=minima, early=early).refused) & set(
+        np.flatnonzero(early).tolist()
+    )
+
+
+CHEAP_AND_DEAR = [
+    "hessian_lambda_max",
+    {"hessian_trace": {"tol": 0.05, "max_probes": 100}},
+    "frobenius_norm",
+    "inverse_margin",
+    {"sharpness_average": {"rho": 0.01, "samples": 5}},
+    {"pacbayes_flatness": {"samples": 3}},
+    "fisher_rao_norm",
+]
+
+
+def _families():
+    """(name, model, data, loss) of three model families: an MLP, a small CNN with BatchNorm,
+    a tiny GPT-2 language model."""
+    from tests.helpers import conv_bn_setup
+    from tests.run.test_memory_counts import tiny_gpt2
+
+    cnn, x, y = conv_bn_setup(n=32)
+    gpt, batch = tiny_gpt2(8, 1, rows=8, length=8)
+    return [
+        ("mlp", tiny_mlp(d=6, h=12, seed=1), tiny_data(n=40), "cross_entropy"),
+        ("cnn+bn", cnn, (x, y), "cross_entropy"),
+        ("gpt2", gpt.double(), batch, "causal_lm"),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", range(3))
+def test_half_a_budget_leaves_every_measure_a_value_or_says_why_at_the_start(family, monkeypatch):
+    """Over model families, cheap measures (one forward pass to a few) beside adaptive ones,
+    time counted in products (`_work_clock`): half and an eighth of the unbudgeted cost leave
+    every measure with a value, or refused at the start with the reason (its minimum does not
+    fit), the row ``budget`` exactly then; twice the cost changes no status and no value."""
+    _work_clock(monkeypatch)
+    name, model, data, loss = _families()[family]
+
+    def run(budget=None):
+        if loss == "causal_lm":
+            return api.measure_model(
+                model, data, CHEAP_AND_DEAR, loss=loss, batch_size=4, precision="fp64",
+                budget=budget,
+            )  # fmt: skip
+        return _measure(CHEAP_AND_DEAR, model=model, data=data, budget=budget)
+
+    free = run().results
+    cost = sum(r.seconds for r in free.values())
+    twice = run(2 * cost).results
+    assert all(_same(twice[k], free[k]) for k in free), {k: twice[k].status for k in free}
+    for fraction in (2, 8):  # half the cost; an eighth, below what the measures least need
+        half = run(cost / fraction)
+        empty = []
+        for label, r in half.results.items():
+            assert r.status != "error", (name, label, r)
+            if r.status != "budget" or math.isfinite(r.value):  # a value, or a status of one
+                continue
+            assert r.diagnostics["started"] is False, (name, label, r)
+            assert "to return a value" in r.diagnostics["reason"], (name, label, r.diagnostics)
+            empty.append(label)
+        assert half.status == ("budget" if empty else "ok"), (name, half.status, empty)
+
+
+def test_measure_exits_4_when_a_budget_leaves_a_measure_without_a_value(tmp_path):
+    """``measure --budget``: a budget too small for an exact trace's minimum leaves it without a
+    value (row status ``budget``, exit code 4); a budget that merely caps an adaptive measure
+    (its first unit: a value) exits 0 with row status ``ok``."""
+    cfg = write_project(tmp_path / "p", measures=[{"hessian_trace": {"method": "exact"}}])
+    res = runner.invoke(
+        app, ["measure", "-c", str(cfg), "--budget", "0.000001", "-o", str(tmp_path / "a")]
+    )
+    assert res.exit_code == 4, res.output
+    rows = json.loads((tmp_path / "a" / "results.json").read_text())["rows"]
+    assert {r["status"] for r in rows} == {"budget"}
+    cfg2 = write_project(tmp_path / "q", measures=[{"hessian_trace": {"method": "hutchinson"}}])
+    res = runner.invoke(
+        app, ["measure", "-c", str(cfg2), "--budget", "0.000001", "-o", str(tmp_path / "b")]
+    )
+    assert res.exit_code == 0, res.output
+    rows = json.loads((tmp_path / "b" / "results.json").read_text())["rows"]
+    assert {r["status"] for r in rows} == {"ok"}
+    assert {r["measures"]["hessian_trace"]["status"] for r in rows} == {"budget"}
+
+
+def test_a_plan_learns_the_measured_seconds_per_product(monkeypatch):
+    """Time counted in products (`_work_clock`: an HVP 10 ms) while the plan's timed product says
+    1 ms: once the exact trace (P products, run first: it cannot stop early) has run, the later
+    measures' least seconds are predicted again at the measured speed and what is left is split
+    again, so they equal (within 5%) those of a plan timed right, where the first plan was 10×
+    short; the first block of a later measure expects the measured speed."""
+    from flatcli.run import predict as predict_module
+
+    _work_clock(monkeypatch)
+    model, data = tiny_mlp(d=6, h=12, seed=1), tiny_data(n=40)
+    measures = [
+        {"hessian_trace": {"method": "exact", "label": "exact"}},
+        "hessian_lambda_max",
+        {"hessian_trace": {"method": "hutchinson", "min_probes": 8, "label": "hutch"}},
+    ]
+    splits = []
+    split_of = shares_module.BudgetSplit.of
+
+    def record(*a, **k):
+        splits.append(split_of(*a, **k))
+        return splits[-1]
+
+    monkeypatch.setattr(shares_module.BudgetSplit, "of", staticmethod(record))
+    _measure(measures, model=model, data=data, budget=100.0)
+    right = list(splits[-1].costs)
+    quick = predict_module.quick_times
+
+    def fast(engine):  # the timed product 10× too fast
+        t = quick(engine)
+        t.hvp1, t.hvp_block = t.hvp1 / 10, t.hvp_block / 10
+        return t
+
+    monkeypatch.setattr(predict_module, "quick_times", fast)
+    splits.clear()
+    _measure(measures, model=model, data=data, budget=100.0)
+    learned = splits[-1]
+    first = learned.costs[0]
+    assert first == pytest.approx(right[0] / 10, rel=0.05)  # the exact trace, planned too fast
+    for j in (1, 2):  # λmax and Hutchinson: planned again at the measured speed
+        assert learned.costs[j] == pytest.approx(right[j], rel=0.05), (j, learned.costs, right)
+
+
+def test_a_measures_minimum_is_its_first_unit_or_its_least_work():
+    """`Fit.minimum` on set times, over engine blocks of 1, 4 and 8: a measure that cannot stop
+    early needs its least seconds; λmax (one vector a step) its first two products; a Hutchinson
+    trace (probes in engine blocks) its first block, at least two probes, less than its least; a
+    norm without timed work 0."""
+    from flatcli.measures import Dims
+    from flatcli.run.predict import Fit, ProductTimes
+
+    for block in (1, 4, 8):
+        fit = Fit(None, lambda: Dims(P=100, n=40, C=4))
+        fit._times = ProductTimes(
+            forward=0.01, grad=0.02, hvp1=0.1, hvp_block=0.1 * block, block=max(block, 2),
+            engine_block=block, product_bytes=0, memory="", P=100, element=4,
+        )  # fmt: skip
+        lam, trace, avg, frob = parse_measures(
+            [
+                {"hessian_lambda_max": {"min_steps": 20}},
+                {"hessian_trace": {"method": "hutchinson", "min_probes": 16}},
+                {"sharpness_average": {"samples": 5}},
+                "frobenius_norm",
+            ]
+        )
+        t = fit.times
+        assert fit.minimum(avg) == pytest.approx(fit.seconds(avg))
+        assert fit.minimum(lam) == pytest.approx(t.hvp_seconds(2, 1))  # one vector a step
+        first = t.hvp_seconds(max(2, block), 0)  # the trace's probes come in engine blocks
+        assert first == pytest.approx(fit.minimum(trace)) and first < fit.seconds(trace), block
+        assert fit.minimum(frob) == 0.0

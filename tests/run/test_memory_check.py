@@ -272,7 +272,7 @@ def test_the_dry_run_prints_the_verdict(tmp_path, monkeypatch):
     assert res.exit_code == 1, res.output  # it cannot time the run: no "about 0 s", exit 0
     assert "cannot time" in res.output and "about 0" not in res.output
     assert "memory (model): will not fit" in res.output and f"{need - 1:,}" not in res.output
-    assert "not timed" in res.output and "timed: forward" not in res.output
+    assert "not timed" in res.output and "measured: forward" not in res.output
     res = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run", "--format", "json"])
     entry = json.loads(res.stdout)[0]
     assert entry["status"] == "will_not_fit"

@@ -75,10 +75,10 @@ def test_a_kept_graphs_build_is_paid_once_by_each_measure_that_takes_products():
 
 
 @pytest.mark.parametrize("seconds", [0.001, 0.05, 0.2, 0.31, 1.0, 4.0])
-def test_a_timing_discards_a_first_call_and_stops_once_its_calls_add_up(monkeypatch, seconds):
-    """`_timed` on a fake clock: a first call discarded (none when the caller made it), then up to
-    three timed calls, fewer once they add up to `ENOUGH` seconds, and their median returned."""
-    import flatcli.run.predict as predict_module
+def test_a_timing_discards_a_first_call_and_takes_the_least_of_its_repeats(monkeypatch, seconds):
+    """`timed` on a fake clock: a first call discarded (none when the caller made it), then three
+    timed calls, or two once they agree and add up to `ENOUGH` seconds; the least of them."""
+    import flatcli.run.timing as timing
 
     now, calls = [0.0], []
 
@@ -86,12 +86,30 @@ def test_a_timing_discards_a_first_call_and_stops_once_its_calls_add_up(monkeypa
         calls.append(1)
         now[0] += seconds
 
-    monkeypatch.setattr(predict_module, "_clock", lambda: now[0])
-    timed = -(-predict_module.ENOUGH // seconds)  # timed calls until they add up to ENOUGH
+    monkeypatch.setattr(timing, "_clock", lambda: now[0])
+    repeats = 2 if 2 * seconds >= timing.ENOUGH else 3
     for warm in (False, True):
         calls.clear()
-        assert predict_module._timed(call, 3, warm=warm) == pytest.approx(seconds)
-        assert len(calls) == (0 if warm else 1) + min(3, max(1, int(timed))), (seconds, warm)
+        assert timing.timed(call, warm=warm)[0] == pytest.approx(seconds)
+        assert len(calls) == (0 if warm else 1) + repeats, (seconds, warm)
+
+
+def test_one_slow_call_never_stands_for_a_timing(monkeypatch):
+    """A call slowed once (41 s among calls of 40 ms, the "timed: forward 41 s" dry-run), at any
+    of the repeats: the timing is the fast calls' (the least of the repeats), also when the slow
+    call is the first of two that would otherwise stop the repeats."""
+    import flatcli.run.timing as timing
+
+    now, calls = [0.0], []
+    monkeypatch.setattr(timing, "_clock", lambda: now[0])
+    for slow in range(4):
+        calls.clear()
+
+        def call(slow=slow):
+            now[0] += 41.0 if len(calls) == slow else 0.04
+            calls.append(1)
+
+        assert timing.timed(call)[0] == pytest.approx(0.04), slow
 
 
 def test_a_range_never_starts_above_its_cap():
@@ -192,12 +210,16 @@ def test_dry_run_json_lists_every_checkpoint_and_measure(tmp_path):
         "hvps_high",
         "seconds_low",
         "seconds_high",
+        "seconds_interval",
         "peak_bytes",
         "status",
         "memory",
         "stops_early",
     }
     assert all(set(e) == keys and e["status"] == "ok" for e in plan)
+    for e in plan:  # the timings' interval holds the range of the declared counts
+        low, high = e["seconds_interval"]
+        assert 0 <= low <= e["seconds_low"] <= e["seconds_high"] <= high, e
     lam, trace, frob = plan[:3]
     assert (lam["stops_early"], trace["stops_early"], frob["stops_early"]) == (True, True, False)
     assert (lam["hvps_low"], lam["hvps_high"]) == (8, 8) and (
@@ -210,7 +232,9 @@ def test_dry_run_json_lists_every_checkpoint_and_measure(tmp_path):
     assert resident > 50 * 2**20 and lam["peak_bytes"] - resident > 4 * P * (2 + 8)
     text = runner.invoke(app, ["measure", "-c", str(cfg), "--dry-run"]).output
     assert (
-        "hessian_lambda_max: 8 HVPs; " in text and "timed: forward " in text and ", peak " in text
+        "hessian_lambda_max: 8 HVPs; predicted " in text
+        and "measured: forward " in text
+        and ", peak " in text
     )
 
 
@@ -259,29 +283,26 @@ def test_applicable_checks_predict_the_runs_not_applicable_reasons():
 def test_the_dry_runs_clock_waits_for_queued_cuda_work(monkeypatch):
     """A CUDA product returns before its kernels finish: each reading of the dry-run's clock
     first synchronizes the device when CUDA is in use (mocked: no GPU needed), and not otherwise."""
-    import flatcli.run.predict as predict_module
+    import flatcli.run.timing as timing
 
     events = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
-    monkeypatch.setattr(predict_module.time, "perf_counter", lambda: events.append("read") or 0.0)
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: events.append("read") or 0.0)
     for used in (True, False):
         events.clear()
         monkeypatch.setattr(torch.cuda, "is_initialized", lambda used=used: used)
-        predict_module._timed(lambda: None, 3)
+        timing.timed(lambda: None)
         reads = events.count("read")
         assert reads >= 2 and events == (["sync", "read"] * reads if used else ["read"] * reads)
 
 
-def test_the_graphs_build_scales_as_the_gradient_and_is_at_most_two_gradients():
-    """`_build` over many probes: the two-row probe's build scaled as its gradient scales to the
-    whole set, never the one-row probe's (which pays the start-up), and never above two whole-set
-    gradients; the one-row probe's when it is the only one."""
-    from flatcli.run.predict import _build, _Micro
+def test_the_graphs_build_scales_as_the_product_and_is_at_most_two_gradients():
+    """`_build` over many draws: what the largest micro-batch's first product paid above a warm
+    one, scaled as its product scales to the whole set, and never above two whole-set
+    gradients."""
+    from flatcli.run.predict import _build
 
     g = torch.Generator().manual_seed(3)
     for _ in range(50):
-        b1, b2, g1, g2, grad = (torch.rand(5, generator=g, dtype=torch.float64) + 0.01).tolist()
-        one = _Micro(1, 0, "", 1, None, None, build=10 * b1, grad=g1)
-        two = _Micro(2, 0, "", 1, None, None, build=b2, grad=g2)
-        assert _build(one, two, grad) == pytest.approx(min(b2 * grad / g2, 2 * grad))
-        assert _build(one, None, grad) == pytest.approx(min(10 * b1 * grad / g1, 2 * grad))
+        b, h_at, hvp, grad = (torch.rand(4, generator=g, dtype=torch.float64) + 0.01).tolist()
+        assert _build(b, h_at, hvp, grad) == pytest.approx(min(b * hvp / h_at, 2 * grad))

@@ -115,6 +115,7 @@ def test_auto_counts_the_cores_busy_now_not_the_load_average(
     monkeypatch.setattr(threads, "machine_load", REAL_MACHINE_LOAD)
     monkeypatch.setattr(threads, "_last", {})
     monkeypatch.setattr(threads, "read_proc_stat", fake_proc([1.0] * cores, per_cpu))
+    monkeypatch.setattr(threads, "read_self_stat", lambda: None)  # this process: unknown
     monkeypatch.setattr(threads.time, "sleep", lambda s: None)
     choice = thread_choice("auto", workers)
     assert choice.n == expected and choice.cores == cores
@@ -123,6 +124,43 @@ def test_auto_counts_the_cores_busy_now_not_the_load_average(
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's explicit choice, whatever the load
     assert thread_choice("auto", workers).n == 3
     assert thread_choice(7, workers).n == 7
+
+
+def _self_stat(jiffies: int) -> str:
+    """A /proc/self/stat text whose user + system jiffies add up to ``jiffies`` (a command name
+    with spaces and a parenthesis, as /proc allows)."""
+    user = jiffies // 3
+    fields = ["S", "1", "1", "1", "0", "-1", "4194560", "100", "0", "0", "0"]
+    return f"4242 (python (x) y) {' '.join(fields)} {user} {jiffies - user} 0 0 20 0 8 0"
+
+
+@pytest.mark.parametrize(
+    "spinning, others",
+    [(0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (2.0, 0.0), (0.0, 1.0), (0.5, 1.0), (1.0, 1.0)],
+)
+def test_auto_tells_its_own_spinning_threads_from_other_work(monkeypatch, spinning, others):
+    """A fake /proc on 2 cores: during the sample, ``spinning`` cores' worth of this process's
+    own threads spin after a job (an OpenMP pool's busy wait) and ``others`` cores run other
+    processes' work. The machine's /proc/stat shows both; /proc/self/stat shows the first, and
+    only the other work counts as busy: a process right after its own torch work keeps its
+    threads."""
+    busy = spinning + others  # at most the 2 cores
+    per_cpu = [min(1.0, max(0.0, busy - i)) for i in range(2)]
+    selves = iter([_self_stat(5000), _self_stat(5000 + round(100 * spinning))])
+    got = threads.busy_cores(
+        {0, 1},
+        read=fake_proc([1.0, 1.0], per_cpu),
+        sleep=lambda s: None,
+        read_self=lambda: next(selves),
+    )
+    assert got == pytest.approx(max(0.0, busy - spinning), abs=0.02), (spinning, others)
+    assert threads.free_cores(2, got) == (1 if others else 2)
+    monkeypatch.setattr(threads, "read_proc_stat", fake_proc([1.0, 1.0], per_cpu))
+    selves2 = iter([_self_stat(5000), _self_stat(5000 + round(100 * spinning))])
+    monkeypatch.setattr(threads, "read_self_stat", lambda: next(selves2))
+    monkeypatch.setattr(threads.time, "sleep", lambda s: None)
+    assert threads.busy_cores({0, 1}) == pytest.approx(got)  # the defaults read both
+    assert threads.own_jiffies(_self_stat(1234)) == 1234 and threads.own_jiffies("") is None
 
 
 def test_without_proc_stat_the_load_average_less_this_process_stands_in(monkeypatch):
