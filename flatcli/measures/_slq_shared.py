@@ -69,16 +69,22 @@ class SharedSLQ:
 
 NO_RUN = "no SLQ run completed within its share"
 ONE_RUN = "one SLQ run completed within its share: no standard error"
+ONE_RUN_ASKED = "one SLQ run (slq_runs: 1) gives no standard error: ask for at least 2"
 
 
 def no_slq_run(res: linalg.SLQResult, fn):
-    """The result of an SLQ measure whose cap left fewer than 2 runs of at least
-    `linalg.MIN_NODES` Gauss nodes: no estimate with an error, so NaN with the reason, status
-    ``budget`` (a single run's value is kept as the diagnostic ``one_run_value``)."""
-    diag = {"reason": NO_RUN if not res.nodes else ONE_RUN, "slq_runs": len(res.nodes)}
+    """The result of an SLQ measure left with fewer than 2 runs of at least `linalg.MIN_NODES`
+    Gauss nodes: no estimate with an error, so NaN with the reason (a single run's value is kept
+    as the diagnostic ``one_run_value``); status ``budget`` when a cap cut the runs short,
+    ``not_converged`` when one run was all the options asked for (no cap was involved)."""
+    if res.stopped_by_budget:
+        reason, status = (NO_RUN if not res.nodes else ONE_RUN), "budget"
+    else:
+        reason, status = ONE_RUN_ASKED, "not_converged"
+    diag = {"reason": reason, "slq_runs": len(res.nodes)}
     if res.nodes:
         diag["one_run_value"] = res.expect(fn)[0]
-    return MeasureResult(value=float("nan"), diagnostics=diag, status="budget")
+    return MeasureResult(value=float("nan"), diagnostics=diag, status=status)
 
 
 def shared_slq(ctx, steps: int) -> SharedSLQ:

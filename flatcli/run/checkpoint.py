@@ -47,13 +47,14 @@ from ..measures import (
     run_measure,
 )
 from ..measures._layers import weight_matrices
+from .budgeting import learner, refused_on_some_rank, split_budget
 from .memory import check_products, copies_model, graph_choice, refuse
 from .predict import Fit
 from .preflight import Checked, check_loaded
 from .results import Row
 from .reuse import Reuse
 from .settings import MeasureOptions, Settings
-from .shares import BudgetSplit, budget_order, in_turn
+from .shares import in_turn
 
 
 def as_specs(measures) -> list[MeasureSpec]:
@@ -272,21 +273,21 @@ def measure_model(
             str, Any
         ] = {}  # products the checkpoint's measures share (the Hessian diagonal)
         fit = Fit(engine, lambda: problem_dims(work, data[st.split], st))
-        order, split, refused = _budget_plan(st, specs, fit, problem, reuse, budget_among)
+        order, split, refused = split_budget(st, specs, fit, problem, reuse, budget_among)
         if split is not None and fit.times is not None:  # the first block under a share
             shared["seconds_per_product"] = fit.times.hvp1
 
         def run(spec: MeasureSpec, share: float | None) -> None:
             if reuse and spec.label in reuse:
                 row.results[spec.label] = reuse[spec.label]
-            elif _refused_on_some_rank(row, spec, problem, refused):
+            elif refused_on_some_rank(row, spec, problem, refused):
                 pass
             elif not _not_started(row, spec, problem, fit, share):
                 show = _measure_progress(progress, spec.label, engine, expected.get(spec.label))
                 args = (init_params, init_state, debug, show, share, shared)
                 _run_one(row, spec, problem, engine, st, *args)
 
-        done = _learner(split, fit, order, row, shared, (problem, reuse, budget_among))
+        done = learner(split, fit, order, row, shared, (problem, reuse, budget_among))
         done = _then(done, (lambda lab: on_measure(row, lab)) if on_measure else None)
 
         in_turn(split, order, row.results, run, done, again=not problem.dist.active)
@@ -295,25 +296,6 @@ def measure_model(
             _metrics(work, data["train"], data["test"], st) if metrics is None else metrics
         )
     return row
-
-
-def _budget_plan(st: Settings, specs, fit: Fit, problem: Problem, reuse, among):
-    """(order, split, refused) of a checkpoint's measures under ``runtime.budget``: the order
-    they run in (`flatcli.run.shares.budget_order`; as configured in a sweep's unit or without a
-    budget), the `BudgetSplit` (None without a budget) and those refused at the start
-    (`_refused`)."""
-    order = specs
-    if st.budget is not None and among is None:
-        order = budget_order(specs, fit.dims)
-    split = BudgetSplit.of(
-        st.budget,
-        order,
-        fit.cost(problem, reuse, among),
-        among,
-        minima=None if among is not None else fit.minima(problem, reuse),
-        overrun=None if among is not None else fit.overrun,
-    )
-    return order, split, _refused(split, order)
 
 
 def _then(first, second):
@@ -326,67 +308,6 @@ def _then(first, second):
         second(x)
 
     return both
-
-
-def _learner(split: BudgetSplit | None, fit: Fit, order, row: Row, shared: dict, how):
-    """``learn(label)`` after each measure under a budget: once a measure has taken products, the
-    predicted seconds per product become the measured ones (`flatcli.run.predict.Fit.learn`),
-    the later measures' seconds are predicted again and what is left of the budget is split
-    again (`BudgetSplit.replan`); the first block of a later measure expects the measured speed.
-    Nothing in a sweep's unit (fixed shares) or without a budget. ``how``: (problem, reuse,
-    among) as the split was weighed."""
-    if split is None or split.fixed is not None:
-        return lambda label: None
-    problem, reuse, among = how
-    labels = [s.label for s in order]
-
-    def learn(label: str) -> None:
-        per = fit.learn(row.results.get(label))
-        if per is None:
-            return
-        shared["seconds_per_product"] = fit.times.hvp1
-        split.replan(
-            labels.index(label),
-            fit.cost(problem, reuse, among)(order),
-            fit.minima(problem, reuse)(order),
-        )
-        logging.getLogger("flatcli").info(
-            "budget: %s measured %.3g s per product; %.3g s left re-split", label, per, split.left()
-        )
-
-    return learn
-
-
-def _refused_on_some_rank(row: Row, spec: MeasureSpec, problem: Problem, refused) -> bool:
-    """Whether ``spec`` was refused at the start (`_refused`), on this rank or, across ranks, on
-    some rank (their collectives stay in step); then its row gets status ``budget``, NaN, not
-    started and the reason."""
-    if refused is None:  # no budget on any rank: nothing refused, no collective
-        return False
-    here = spec.label in refused
-    if problem.dist.active:
-        there = problem.dist.any(here)
-    else:
-        there = here
-    if not there:
-        return False
-    why = refused.get(spec.label, "not started: another rank's budget could not give it a value")
-    row.results[spec.label] = MeasureResult(
-        value=math.nan, status="budget", diagnostics={"reason": why, "started": False}
-    )
-    return True
-
-
-def _refused(split: BudgetSplit | None, specs: Sequence[MeasureSpec]) -> dict[str, str] | None:
-    """Label → why the budget cannot give that measure a value (`BudgetSplit.refused`, decided at
-    the start), each said at once on the ``flatcli`` logger, before the first measure runs; None
-    without a budget (or fixed shares: a sweep's unit)."""
-    if split is None or split.fixed is not None:
-        return None
-    out = {specs[i].label: why for i, why in split.refused.items()}
-    for label, why in out.items():
-        logging.getLogger("flatcli").warning("budget: %s %s", label, why)
-    return out
 
 
 def _graph_policy(problem, specs, dims, st: Settings) -> bool | None:

@@ -198,6 +198,19 @@ def test_time_capped_slq_measure_without_runs_is_nan_with_reason(name):
     assert r.diagnostics["reason"] == "no SLQ run completed within its share"
 
 
+@pytest.mark.parametrize("name", ["hessian_spectrum", "local_entropy"])
+def test_one_slq_run_asked_for_is_not_converged_and_not_a_budget(name):
+    """slq_runs: 1 (and max_runs: 1) without any cap: no interval, so NaN with the reason; the
+    status says the options asked too little (``not_converged``), not ``budget``, which would
+    make a row without a budget read as capped (and `measure` exit 4)."""
+    p, _ = reference("A")
+    opts = {"method": "slq", "max_runs": 1} if name == "local_entropy" else {}
+    r = run(p, name, slq_runs=1, **opts)
+    assert math.isnan(r.value) and r.status == "not_converged", (r.status, r.diagnostics)
+    assert r.diagnostics["reason"].startswith("one SLQ run (slq_runs: 1)")
+    assert math.isfinite(r.diagnostics["one_run_value"])
+
+
 def test_capped_lambda_max_is_a_named_lower_bound():
     """Every capped Ritz value is ≤ λmax; the diagnostics and the table say ``lower bound``."""
     p, ev = reference("A")
