@@ -4,6 +4,7 @@ swapping it or reordering the checkpoints recomputes instead of reusing stale va
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -127,7 +128,13 @@ def _not_keyed(cfg_path: Path, opened: set[Path], out: Path) -> set[Path]:
     root = cfg_path.parent.resolve()
     inputs = {p for p in opened if root in p.parents and out.resolve() not in (p, *p.parents)}
     manifest = {(root / "man.csv").resolve()}
-    compiled = {p for p in inputs if p.suffix == ".pyc" and p.parent.name == "__pycache__"}
+    # bytecode, and the temp file Python writes it through (``net.cpython-311.pyc.<id>``, then
+    # renamed) where bytecode is written (PYTHONDONTWRITEBYTECODE unset, as in CI)
+    compiled = {
+        p
+        for p in inputs
+        if p.parent.name == "__pycache__" and re.fullmatch(r"[^.]+\..+\.pyc(\.\d+)?", p.name)
+    }
     assert all(
         (p.parent.parent / (p.name.split(".")[0] + ".py")).resolve() in keyed for p in compiled
     )
