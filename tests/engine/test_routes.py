@@ -230,3 +230,31 @@ def test_route_failures_and_back_off_rules():
     assert cuts == [1] and r.mode(1) == "reverse" and r.mode(2) == "forward"
     assert isinstance(RouteFailed("batched", "x"), RuntimeError)
     assert issubclass(Hessian, Curvature)
+
+
+def test_a_layers_output_products_take_the_loop_route_after_a_missing_batched_rule(monkeypatch):
+    """`module_output_hvp` pulls its K vectors back on the engine's route; a batched pull-back that
+    fails gives the looped route, explicitly: the same products, one fallback, and the curvatures
+    built afterwards on the new route."""
+    model, x, y = tiny(n=6)
+    p = Problem(model, x, y, batch_size=6, dtype=DT, loss="cross_entropy")
+    layer = model[0]
+    V = torch.eye(6, dtype=DT)
+    ref_eng = CurvatureEngine(p, reverse_batched=True)
+    ((rows, _, z, _),) = list(ref_eng.module_io(layer))
+    ref = ref_eng.module_output_hvp(layer, rows, z, V)
+    eng = CurvatureEngine(p, reverse_batched=True)
+    old = eng.state.route()
+    real = ProductContext.pullback
+
+    def pullback(g, t, V, retain, out=None, accumulate=False, *, batched):
+        if batched and V.shape[0] > 1:
+            raise RouteFailed("batched", "no batched rule for this op")
+        return real(g, t, V, retain, out, accumulate, batched=batched)
+
+    monkeypatch.setattr(ProductContext, "pullback", staticmethod(pullback))
+    torch.testing.assert_close(eng.module_output_hvp(layer, rows, z, V), ref, rtol=0, atol=1e-14)
+    assert old.batched and eng.state.route().batched is False and eng.counters()["fallbacks"] == 1
+    assert eng.hessian().route is eng.state.route()
+    eng.module_output_hvp(layer, rows, z, V)
+    assert eng.counters()["fallbacks"] == 1
