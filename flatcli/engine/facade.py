@@ -1,8 +1,8 @@
 r"""The engine measures talk to: losses, gradients, curvature operators and per-unit quantities.
 
 `CurvatureEngine` is what measures talk to over a `flatcli.engine.problem.Problem`. It builds
-one `flatcli.engine.product_state.ProductState` (batches, memory policy, counters, graph cache, product
-mode, precision) and hands out curvatures over it (`flatcli.engine.curvatures`: each one a linear
+one `flatcli.engine.products.ProductContext` (counters, memory policy, graph cache, precision, the
+current product route) and hands out curvatures over it (`flatcli.engine.curvatures`: each one a linear
 operator that owns its loop, weighting and counting; `curvature(kind, θ)`, `hessian`, `ggn`,
 `fd_hessian`), which estimators then drive directly: the engine is not on a product's path. It
 adds the loss and gradient loops, per-unit quantities, the fp32 view, `map_batches` and the exact
@@ -38,8 +38,9 @@ from .dist import Dist
 from .losses import NotApplicable
 from .precision import BF16_FD_REFUSED, Precision
 from .problem import Problem
-from .product_state import ProductState, is_oom
+from .products import ProductContext
 from .recompute import parse_recompute
+from .routes import RouteFailed, is_oom
 
 HVP_MODES = validation.HVP_MODES  # the vocabulary is declared once, in flatcli.validation
 
@@ -68,13 +69,13 @@ class CurvatureEngine:
     max_basis_vectors : most Lanczos basis vectors kept at all, device and host
         (``runtime.max_basis_vectors``): an int, None (unbounded) or "auto" (what fits in half the
         free host memory at its first use, the least over the ranks:
-        `flatcli.engine.product_state.ProductState.max_basis_vectors`); beyond
+        `flatcli.engine.products.ProductContext.max_basis_vectors`); beyond
         it Lanczos thick-restarts (`flatcli.engine.linalg.lanczos`).
     recompute : "false", "true" or "auto" (``runtime.recompute``; booleans accepted): Hessian products
         that keep one block's activations at a time: block by block on a chain of blocks
         (`flatcli.engine.segments`), else with per-block activation checkpointing
         (`flatcli.engine.recompute`); no gradient graphs cached across products. ``auto`` turns it on when the model has blocks and
-        the predicted peak of a product does not fit in free memory (``state.recompute_active``).
+        the predicted peak of a product does not fit in free memory (``state.route().recompute``).
 
     Arguments are checked at this boundary with the rules of `flatcli.validation` (``hvp_mode``,
     ``precision``, ``recompute``, ``block_size``, ``max_device_vectors``, ``max_basis_vectors``: the same rule and wording
@@ -82,7 +83,7 @@ class CurvatureEngine:
     engine is a public entry point (``flatcli.engine.CurvatureEngine``, built directly by tests and
     library users), so it does not rely on `Settings` having checked them.
 
-    Counters (`flatcli.engine.product_state.Counters`): ``n_hvp``, ``n_ggnvp``, ``n_grad``, ``n_forward``,
+    Counters (`flatcli.engine.counters.Counters`): ``n_hvp``, ``n_ggnvp``, ``n_grad``, ``n_forward``,
     ``n_vjp``, ``oom_retries``, ``fallbacks``.
     """
 
@@ -131,7 +132,7 @@ class CurvatureEngine:
         problem.compute_dtype = (
             self.precision.compute_dtype if self.precision.name == "bf16" else problem.dtype
         )
-        self.state = ProductState(
+        self.state = ProductContext(
             problem,
             hvp_mode=hvp_mode,
             block_size=block_size,
@@ -156,7 +157,7 @@ class CurvatureEngine:
 
     # ------------------------------------------------------------ bookkeeping
     def counters(self) -> dict[str, float]:
-        """Every counter the engine keeps (see `flatcli.engine.product_state.Counters`): ``n_hvp``,
+        """Every counter the engine keeps (see `flatcli.engine.counters.Counters`): ``n_hvp``,
         ``n_ggnvp``, ``n_grad``, ``n_forward``, ``n_vjp``, ``oom_retries``, ``fallbacks``."""
         return self.state.tally.as_dict()
 
@@ -192,7 +193,7 @@ class CurvatureEngine:
 
     def full_precision(self):
         """A context with fp32 products inside (the verification view): TF32 off, and a bf16
-        problem's forward in float32 (`flatcli.engine.product_state.ProductState.full_precision`)."""
+        problem's forward in float32 (`flatcli.engine.products.ProductContext.full_precision`)."""
         return self.state.full_precision()
 
     # ------------------------------------------------------------ curvatures
@@ -520,7 +521,12 @@ class CurvatureEngine:
         if not g.requires_grad:  # the loss is linear in z
             return torch.zeros(k, B, d, dtype=zz.dtype, device=zz.device)
         Vb = V[:, None, :].expand(k, B, d).to(zz)
-        return self.state.pullback(g, zz, Vb, retain=False)
+        route = self.state.route()
+        try:
+            return self.state.pullback(g, zz, Vb, retain=False, batched=route.batched)
+        except RouteFailed as e:  # no batched rule: a loop, here and in the curvatures built later
+            route = self.state.fail_over(route, e)
+            return self.state.pullback(g, zz, Vb, retain=False, batched=route.batched)
 
     # ------------------------------------------------------------ reductions for measures
     def sum_(self, t: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,7 @@
 """Curvature operators and the engine's first-order and per-sample products, against dense references."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -206,7 +208,7 @@ def test_as_operator_carries_the_engine_settings_to_the_estimators():
     )
     V = torch.randn(2, p.num_params, dtype=DT, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(op.matmat_rows(V), V @ problem_hessian(p), rtol=1e-10, atol=1e-12)
-    eng.state.memory.block_size = 2  # what the out-of-memory back-off does: the operator follows
+    H.route = dataclasses.replace(H.route, block_size=2)  # what an out-of-memory back-off gives
     assert linalg.as_operator(H).block_size == 2 and H.restrict(slice(0, 3)).block_size == 2
     over = linalg.as_operator(op, block_size=7, max_device_vectors=None)
     assert (over.block_size, over.max_device_vectors, over.dim) == (7, None, p.num_params)
