@@ -346,11 +346,11 @@ class CurvatureEngine:
         (it does when it depends only on the item and on what `batch_loss_grad` returns, which is
         the same on every rank)."""
         if self._dist.active and len(batches) < self._dist.world:
-            self.state.shared = True
+            self.state.rows_split = True
             try:
                 return [fn(b) for b in batches]
             finally:
-                self.state.shared = False
+                self.state.rows_split = False
         before = self._tally.as_raw()
         self.state.local = True
         try:

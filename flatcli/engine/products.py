@@ -82,7 +82,7 @@ class ProductContext:
         self._basis_setting, self._basis_resolved = max_basis_vectors, False
         self.on_progress: Callable[[dict], None] | None = None  # called after every product
         self.local = False  # inside map_batches: batch products on this rank alone
-        self.shared = False  # inside map_batches with fewer batches than ranks: rows split
+        self.rows_split = False  # inside map_batches with fewer batches than ranks: rows split
         self.hvp_mode = hvp_mode  # the setting, as asked; the route holds what runs
         self.recompute = parse_recompute(recompute)
         self._asked = (int(block_size) if block_size else None, reverse_batched)
@@ -220,7 +220,7 @@ class ProductContext:
     def not_local(self, what: str) -> None:
         """Raise inside `flatcli.engine.CurvatureEngine.map_batches`, where ``what`` (full-set
         products) would see only this rank's shard."""
-        if self.local or self.shared:
+        if self.local or self.rows_split:
             raise RuntimeError(
                 f"{what} are not available inside CurvatureEngine.map_batches (only batch_loss_grad)"
             )
