@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from ..errors import ConfigError
 from ..run.results import ensure_writable_dir
 from ..run.settings import RunOptions
 from ..sweep.collect import collect as _collect
+from ..sweep.collect import old_output_warning, output_csv
 from ..sweep.runner import SweepInterrupted as SweepInterrupted
 from ..sweep.runner import SweepOptions, run_sweep
 from ..sweep.worker import default_log
@@ -105,7 +107,9 @@ def collect_report(outdir: str | Path, output: str | Path | None = None):
     outdir : str or Path
         The sweep folder.
     output : str or Path, optional
-        Where results.csv goes (results.json beside it); default ``outdir/results.csv``.
+        The folder results.csv and results.json go into (created if missing), as every command's
+        output folder; default ``outdir``. A CSV path (a name ending in ``.csv``, or an existing
+        file) is still accepted, with a `FutureWarning`, until the next release.
 
     Returns
     -------
@@ -113,9 +117,12 @@ def collect_report(outdir: str | Path, output: str | Path | None = None):
         The rows (the columns of `measure`'s results.csv), the unfinished units, the unreadable
         files and the exit code; ``to_pandas()`` is the table (see `collect_frame`).
     """
+    csv_path, old_form = output_csv(outdir, output)
+    if old_form:
+        warnings.warn(old_output_warning(output), FutureWarning, stacklevel=2)
     if output is not None:
-        ensure_writable_dir(Path(output).expanduser().parent, "the folder of --output")
-    return _collect(outdir, output)
+        ensure_writable_dir(csv_path.parent, "output directory")
+    return _collect(outdir, csv_path)
 
 
 def collect_frame(outdir: str | Path, output: str | Path | None = None):
@@ -126,7 +133,7 @@ def collect_frame(outdir: str | Path, output: str | Path | None = None):
     outdir : str or Path
         The sweep folder.
     output : str or Path, optional
-        Where results.csv goes, as in `collect_report`.
+        The folder results.csv goes into, as in `collect_report`.
 
     Returns
     -------

@@ -181,7 +181,7 @@ def run_demo(
     )
     t2 = time.perf_counter()
     results = outdir / "results"
-    col = api.collect_report(sweep_dir, results / "results.csv")
+    col = api.collect_report(sweep_dir, results)
     width = fit_width(console, wide)
     print_table(console, render_rows(col.rows, col.labels, width), wide)
     tt = Table(

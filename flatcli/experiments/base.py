@@ -295,7 +295,7 @@ class Experiment:
         self.log(
             f"  sweep: {rep.lines[0]}; {rep.computed} computed, {rep.errors} with errors ({rep.seconds:.0f}s)"
         )
-        col = api.collect_report(sd / "sweep", sd / "results" / "results.csv")
+        col = api.collect_report(sd / "sweep", sd / "results")
         if col.missing:
             raise MeasurementError(
                 f"{study.name}: {len(col.missing)} units of the sweep did not finish; rerun the command to resume"

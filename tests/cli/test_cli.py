@@ -332,7 +332,7 @@ def test_an_unusable_output_directory_fails_before_any_work(
     args = {
         "measure": ["measure", "-c", project, "-o", afile / "sub"],
         "sweep": ["sweep", "-c", project, "-o", afile / "sub"],
-        "collect": ["collect", tmp_path, "-o", afile / "sub" / "results.csv"],
+        "collect": ["collect", tmp_path, "-o", afile / "sub"],
         "correlate": ["correlate", tmp_path / "r.csv", "-o", afile / "sub"],
     }[command]
     res = run(*args)

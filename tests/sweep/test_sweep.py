@@ -418,17 +418,54 @@ def test_cli_sweep_dry_run_collect(project, tmp_path):
     assert not out.exists()  # a dry run writes nothing
     res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(out), "--shard", "0/2"])
     assert res.exit_code == 0, res.output
-    res = runner.invoke(app, ["collect", str(out), "-o", str(tmp_path / "part.csv")])
+    res = runner.invoke(app, ["collect", str(out), "-o", str(tmp_path / "part")])
     assert res.exit_code == 3 and "units not finished" in res.output  # incomplete
-    part = table(tmp_path / "part.csv")
+    part = table(tmp_path / "part" / "results.csv")
     assert (
         all(r["status"] in ("ok", "incomplete") for r in part)
-        and (tmp_path / "part.json").is_file()
+        and (tmp_path / "part" / "results.json").is_file()
     )
     res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(out), "--shard", "2/2"])
     assert res.exit_code == 2 and "--shard" in res.output
     res = runner.invoke(app, ["collect", str(tmp_path / "nothing")])
     assert res.exit_code == 2
+
+
+def test_collect_output_is_a_folder_like_every_command(project, tmp_path):
+    """``collect -o FOLDER`` writes FOLDER/results.csv and results.json, as ``measure -o`` does, without
+    a warning; the old form (a path ending in .csv, or an existing file) still writes that file, with
+    one deprecation line on stderr naming the new form; a folder named ``x.csv`` is a folder."""
+    import warnings
+
+    _, ref = project
+    sweep_dir = ref.parent
+    for folder in (tmp_path / "new", tmp_path / "made.csv"):
+        if folder.suffix:
+            folder.mkdir()  # an existing folder is a folder, whatever its name
+        res = runner.invoke(app, ["collect", str(sweep_dir), "-o", str(folder)])
+        assert res.exit_code == 0, res.output
+        assert "deprecated" not in res.output
+        assert table(folder / "results.csv") == table(ref)
+        assert json.loads((folder / "results.json").read_text())["labels"] == [
+            "frobenius_norm",
+            "hessian_trace",
+        ]
+    existing = tmp_path / "table.txt"
+    existing.write_text("")
+    for old in (tmp_path / "old.csv", existing):
+        res = runner.invoke(app, ["collect", str(sweep_dir), "-o", str(old)])
+        assert res.exit_code == 0, res.output
+        said = [ln for ln in res.stderr.splitlines() if "deprecated" in ln]
+        assert len(said) == 1 and said[0].startswith("warning:"), res.stderr
+        assert str(old) in said[0] and "-o FOLDER" in said[0] and "results.csv" in said[0]
+        assert table(old) == table(ref) and old.with_suffix(".json").is_file()
+    with pytest.warns(FutureWarning, match="collect OUTDIR -o FOLDER"):
+        col = api.collect_report(sweep_dir, tmp_path / "api.csv")
+    assert col.csv_path == tmp_path / "api.csv"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        col = api.collect_report(sweep_dir, tmp_path / "api")
+    assert col.csv_path == tmp_path / "api" / "results.csv" and col.json_path.is_file()
 
 
 def test_plan_is_what_workers_read(project):
