@@ -47,6 +47,7 @@ from .measure import (
 from .report_page import ReportPage, report
 from .sweeps import (
     SweepInterrupted,
+    SweepOptions,
     collect_frame,
     collect_report,
     correlate_frame,
@@ -70,6 +71,7 @@ __all__ = [
     "RunOptions",
     "SliceView",
     "SweepInterrupted",
+    "SweepOptions",
     "check_invariance",
     "collect_frame",
     "collect_report",

@@ -1,9 +1,9 @@
-"""Sweeps and their tables: `sweep`, `collect_report`, `correlate_report` (and their DataFrame forms)."""
+"""Sweeps and their tables: `sweep` (with `SweepOptions`), `collect_report`, `correlate_report` (and their DataFrame forms)."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,10 @@ def sweep(
     checkpoints: Sequence[str] | None = None,
     measures: Sequence[str] | str | None = None,
     run: RunOptions | None = None,
+    options: SweepOptions | Mapping[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
     on_unit: Callable[[dict[str, Any]], None] | None = None,
-    debug: bool = False,
-    **options: Any,
+    **old_options: Any,
 ):
     """Measure every checkpoint of a config as resumable units of work in ``outdir``.
 
@@ -55,19 +55,19 @@ def sweep(
         ``run.threads`` sizes each local worker's threads (``auto``: ``OMP_NUM_THREADS`` when
         set, else free cores ÷ workers); ``run.budget`` gives each unit its fixed share of one
         checkpoint's budget.
+    options : SweepOptions or mapping, optional
+        How the sweep runs, the flags of ``flatcli sweep``: ``SweepOptions(workers=2)``,
+        ``SweepOptions(gpus="all")``, ``SweepOptions(shard="0/4")``,
+        ``SweepOptions(executor="slurm", tasks=32, slurm={...})``, ``resume``,
+        ``retry_failed``, ``dry_run``, ``lock_timeout``, ``debug`` (see `SweepOptions`). A
+        mapping of the same fields is accepted; an unknown key is a `ConfigError` naming it.
     log : callable, optional
         ``log(line)`` for progress lines (default: stderr).
     on_unit : callable, optional
         ``on_unit(record)`` after each finished unit.
-    debug : bool
-        Re-raise a failed unit's exception.
-    **options
-        The flags of ``flatcli sweep`` (`flatcli.sweep.runner.SweepOptions`): ``resume``
-        (default True), ``retry_failed``, ``gpus`` (``"all"`` or ``"0,1"``: one worker per
-        GPU), ``workers`` (CPU workers), ``shard`` (``(i, n)`` or ``"i/n"``), ``executor``
-        (``"slurm"``: a job array through submitit, with ``tasks``, ``slurm`` parameters,
-        ``wait``, ``cluster``; ``"local-array"``: that array run on this machine by submitit's
-        local executor), ``dry_run``, ``lock_timeout``.
+    **old_options
+        The options as keywords of their own (``workers=2``, ``debug=True``): deprecated, with
+        a `FutureWarning`, until the next release; use ``options=SweepOptions(...)``.
 
     Returns
     -------
@@ -81,7 +81,7 @@ def sweep(
         On Ctrl-C, once the workers stopped (their units in flight released); its ``report``
         counts the finished units. Rerunning the same sweep resumes.
     """
-    opts = SweepOptions(**options)
+    opts = _sweep_options(options, old_options)
     cfg = load_run(config, run)
     jobs, specs = _jobs_and_specs(cfg, checkpoints, measures)
     out = cfg.output_dir(outdir)
@@ -95,8 +95,28 @@ def sweep(
         opts,
         log=default_log if log is None else log,
         on_unit=on_unit,
-        debug=debug,
+        debug=opts.debug,
     )
+
+
+def _sweep_options(options, old_options: dict[str, Any]) -> SweepOptions:
+    """The `SweepOptions` of ``options``, or of the deprecated keywords (with a `FutureWarning`)."""
+    if not old_options:
+        return SweepOptions.of(options)
+    if options is not None:
+        raise ConfigError(
+            f"sweep() takes `options` or keywords {', '.join(old_options)}, not both: "
+            "put them in options=SweepOptions(...)"
+        )
+    opts = SweepOptions.of(old_options)  # an unknown keyword is a ConfigError naming it
+    given = ", ".join(f"{k}={v!r}" for k, v in old_options.items())
+    warnings.warn(
+        f"sweep()'s option keywords are deprecated and accepted until the next release: "
+        f"use options=SweepOptions({given})",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return opts
 
 
 def collect_report(outdir: str | Path, output: str | Path | None = None):

@@ -494,11 +494,7 @@ def sweep(
         budget=budget,
     )
     try:
-        report = api.sweep(
-            config,
-            outdir,
-            measures=measures,
-            run=run,
+        options = api.SweepOptions(
             gpus=gpus,
             workers=workers,
             shard=shard,
@@ -508,12 +504,12 @@ def sweep(
             dry_run=dry_run,
             lock_timeout=lock_timeout,
             tasks=tasks,
-            slurm=parse_slurm_params(slurm),
+            slurm=parse_slurm_params(slurm) if slurm else None,
             cluster=cluster,
             wait=wait,
-            log=log,
             debug=debug,
         )
+        report = api.sweep(config, outdir, measures=measures, run=run, options=options, log=log)
     except api.SweepInterrupted as e:  # said once, here: the workers stop without a word
         err_console.print(
             f"{e}; resume with: {rerun_command(ctx, drop=('resume',))}",

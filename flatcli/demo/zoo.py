@@ -170,8 +170,8 @@ def run_demo(
         cfg_path,
         sweep_dir,
         measures=measures,
-        workers=workers,
         run=api.RunOptions(device="cpu", threads=threads),
+        options=api.SweepOptions(workers=workers),
         log=log,
     )
     console.print(

@@ -290,7 +290,8 @@ class Experiment:
         path and the sweep's exit code (1 when a unit failed: its row carries the error)."""
         cfg = api.load(cfg_path)
         cpu = cfg.runtime.device == "cpu"
-        rep = api.sweep(cfg_path, sd / "sweep", workers=self.jobs if cpu and self.jobs > 1 else None,
+        workers = self.jobs if cpu and self.jobs > 1 else None
+        rep = api.sweep(cfg_path, sd / "sweep", options=api.SweepOptions(workers=workers),
                         log=lambda m: self.log("  " + m))  # fmt: skip
         self.log(
             f"  sweep: {rep.lines[0]}; {rep.computed} computed, {rep.errors} with errors ({rep.seconds:.0f}s)"

@@ -29,6 +29,7 @@ the others, so the collected table equals ``flatcli measure``'s).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import shlex
 import shutil
@@ -37,7 +38,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,20 @@ from ..measures import MeasureSpec
 from ..run.checkpoint import first_checkpoint
 from ..run.settings import Settings
 from ..threads import apply_threads, choose_threads, thread_choice
-from ..validation import EXECUTORS, Integral, OneOf, message
+from ..validation import (
+    EXECUTORS,
+    Bool,
+    Either,
+    Integral,
+    Kind,
+    OneOf,
+    Optional,
+    Real,
+    Str,
+    check_fields,
+    message,
+    opt,
+)
 from .plan import Plan, Unit, balance, build_plan, unit_costs, write_plan
 from .store import (
     DEFAULT_LOCK_TIMEOUT,
@@ -211,38 +225,82 @@ def worker_slots(
     ]
 
 
+_FLAG = Bool()
+
+
 @dataclass(frozen=True)
 class SweepOptions:
-    """How a sweep runs: the options of ``flatcli sweep`` (see `flatcli.api.sweep`)."""
+    """How a sweep runs: the options of ``flatcli sweep`` (``flatcli.api.sweep(..., options=)``),
+    validated at construction (a bad value is a `ConfigError` naming the field; `of` also names an
+    unknown key of a mapping).
 
-    gpus: str | None = None
-    workers: int | None = None
-    shard: tuple[int, int] | str | None = None
-    executor: str = "local"
-    resume: bool = True
-    retry_failed: bool = False
-    dry_run: bool = False
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
-    tasks: int | None = None
-    slurm: dict[str, Any] | None = None
-    cluster: str = "slurm"
-    wait: bool = False
+    ``gpus``: ``"all"`` or GPU indices ``"0,1"``, one worker process per GPU; ``workers``: CPU
+    worker processes (default 1); ``shard``: ``(i, n)`` or ``"i/n"``, only shard i of n;
+    ``executor``: ``local`` (worker processes here), ``slurm`` (a job array through submitit,
+    with ``tasks``, ``slurm`` parameters, ``wait`` and ``cluster``) or ``local-array`` (that array
+    run on this machine by submitit's local executor); ``resume``: skip finished units;
+    ``retry_failed``: rerun units that finished with an error; ``dry_run``: say what would run,
+    run nothing; ``lock_timeout``: seconds without a heartbeat after which another worker's lock
+    is stale; ``debug``: re-raise a failed unit's exception."""
+
+    gpus: str | None = opt(None, Optional(Str()), "'all' or GPU indices like '0,1'")
+    workers: int | None = opt(None, Optional(Integral(1)), "CPU worker processes")
+    shard: tuple[int, int] | str | None = opt(
+        None,
+        Optional(Either(Str(), Kind(tuple, list, words="a pair (i, n)"))),
+        "only shard i of n: (i, n) or 'i/n'",
+    )
+    executor: str = opt("local", OneOf(*EXECUTORS), "where the workers run")
+    resume: bool = opt(True, _FLAG, "skip finished units")
+    retry_failed: bool = opt(False, _FLAG, "rerun units that finished with an error")
+    dry_run: bool = opt(False, _FLAG, "say what would run; run nothing")
+    lock_timeout: float = opt(
+        DEFAULT_LOCK_TIMEOUT, Real(0, None, "neither"), "seconds before a silent lock is stale"
+    )
+    tasks: int | None = opt(None, Optional(Integral(1)), "slurm: array tasks")
+    slurm: dict[str, Any] | None = opt(
+        None, Optional(Kind(dict, words="a mapping of submitit parameters")), "slurm: parameters"
+    )
+    cluster: str = opt("slurm", Str(), "submitit backend: slurm, local or debug")
+    wait: bool = opt(False, _FLAG, "slurm: wait for the array to finish")
+    debug: bool = opt(False, _FLAG, "re-raise a failed unit's exception")
 
     def __post_init__(self):
-
-        if isinstance(self.shard, str):
-            object.__setattr__(self, "shard", parse_shard(self.shard))
-        if self.executor not in EXECUTORS:
-            raise ConfigError(message("`executor`", OneOf(*EXECUTORS), self.executor))
-        if self.lock_timeout <= 0:
-            raise ConfigError(
-                f"`lock_timeout` must be > 0 seconds. Got {self.lock_timeout} instead."
-            )
+        check_fields(self)
+        if self.shard is not None:
+            shard = self.shard if isinstance(self.shard, str) else "/".join(map(str, self.shard))
+            object.__setattr__(self, "shard", parse_shard(shard))
         if self.executor != "local" and self.shard is not None:
             raise ConfigError(
                 f"`shard` and `executor` {self.executor} are exclusive: the job array makes its "
                 "own shards"
             )
+
+    @classmethod
+    def of(cls, options: SweepOptions | Mapping[str, Any] | None) -> SweepOptions:
+        """``options`` as a `SweepOptions`: itself, the defaults for None, or built from a mapping
+        of its fields (an unknown key is a one-line `ConfigError` naming it)."""
+        if options is None:
+            return cls()
+        if isinstance(options, cls):
+            return options
+        if not isinstance(options, Mapping):
+            raise ConfigError(
+                message("`options`", Kind(cls, dict, words="a SweepOptions or a mapping"), options)
+            )
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in options:
+            if key not in names:
+                hint = difflib.get_close_matches(str(key), names, n=1)
+                raise ConfigError(
+                    f"Unknown sweep option {key!r}. "
+                    + (
+                        f"Did you mean {hint[0]!r}?"
+                        if hint
+                        else f"Valid options: {', '.join(names)}."
+                    )
+                )
+        return cls(**options)
 
 
 def _worker_args(opts: SweepOptions, start: float, sweep_id: str | None = None) -> WorkerArgs:

@@ -124,7 +124,7 @@ def test_no_resume_recomputes_and_retry_failed_reruns_error_units(project, tmp_p
     cfg, ref = project
     out = tmp_path / "s"
     api.sweep(cfg, out, log=quiet)
-    assert api.sweep(cfg, out, resume=False, log=quiet).computed == 8
+    assert api.sweep(cfg, out, options=api.SweepOptions(resume=False), log=quiet).computed == 8
     # an error unit is a result: kept on resume, rerun with retry_failed
     p = sorted((out / "units").glob("*.json"))[3]
     rec = json.loads(p.read_text())
@@ -135,7 +135,7 @@ def test_no_resume_recomputes_and_retry_failed_reruns_error_units(project, tmp_p
     api.collect_report(out)
     bad = [r for r in table(out / "results.csv") if r["status"] == "error"]
     assert len(bad) == 1 and bad[0]["error"] == "boom"
-    rep = api.sweep(cfg, out, retry_failed=True, log=quiet)
+    rep = api.sweep(cfg, out, options=api.SweepOptions(retry_failed=True), log=quiet)
     assert (rep.computed, rep.errors, rep.exit_code) == (1, 0, 0)
     api.collect_report(out)
     assert table(out / "results.csv") == table(ref)
@@ -214,7 +214,9 @@ def test_shards_partition_units_exactly_once(project, tmp_path):
         read = load_plan(ref.parent)
         assert [[u.id for u in read.units_for((i, n))] for i in range(n)] == parts
     out = tmp_path / "s"
-    got = [api.sweep(cfg, out, shard=f"{i}/3", log=quiet) for i in range(3)]
+    got = [
+        api.sweep(cfg, out, options=api.SweepOptions(shard=f"{i}/3"), log=quiet) for i in range(3)
+    ]
     assert sum(r.computed for r in got) == 8
     assert [r.selected for r in got] == [len(plan.units_for((i, 3))) for i in range(3)]
     api.collect_report(out)
@@ -351,7 +353,9 @@ def test_concurrent_workers_never_duplicate_or_corrupt(project, tmp_path, monkey
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
     monkeypatch.setattr(threads, "machine_load", lambda: 0.5)  # an idle machine: both cores free
     lines: list[str] = []
-    rep = api.sweep(cfg, out, workers=2, log=lines.append)  # two worker processes on one directory
+    rep = api.sweep(
+        cfg, out, options=api.SweepOptions(workers=2), log=lines.append
+    )  # two worker processes on one directory
     assert (rep.computed, rep.pending, rep.workers) == (8, 0, ["cpu", "cpu"])
     assert rep.threads == "threads: 1 per worker (2 workers on 2 cores; 0.50 busy leaves 2 free)"
     assert rep.threads in lines
