@@ -14,23 +14,22 @@ from ..config import Config
 from ..errors import ConfigError
 from ..invariance import InvarianceOptions, check_invariance_model, needs_init, prepare_specs
 from ..landscape import (
+    ConnectResult,
+    ConnectView,
+    InterpolateView,
+    LazyTrajectory,
+    PCAView,
+    SliceView,
+    TrajectoryResult,
     connect_landscape,
     interpolation_landscape,
     slice_landscape,
-    write_connect_files,
-    write_files,
-)
-from ..landscape.connect import ConnectResult, ConnectView
-from ..landscape.interpolate import InterpolateView
-from ..landscape.output import write_trajectory_files
-from ..landscape.pca import (
-    LazyTrajectory,
-    PCAView,
-    TrajectoryResult,
     trajectory_landscape,
     trajectory_paths,
+    write_connect_files,
+    write_files,
+    write_trajectory_files,
 )
-from ..landscape.slices import SliceView
 from ..loading.checkpoints import check_state
 from ..loading.data import subset
 from ..loading.load import DataCache, load_init_state, load_model, manifest_train_data

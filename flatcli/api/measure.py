@@ -14,11 +14,12 @@ from typing import Any
 from ..config import Config
 from ..engine import dist
 from ..errors import ConfigError, ExitCode, RankFailure, ResultsWriteError, budget_code, exit_code
+from ..extras import PLOT_HINT, have_matplotlib
 from ..keys import caps, data_fingerprints
-from ..landscape.plots import PLOT_HINT, have_matplotlib
 from ..loading.jobs import Job
 from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
+from ..locks import hold_folder
 from ..measures import MeasureResult, MeasureSpec, get_measure
 from ..run.checkpoint import first_checkpoint, measure_job, versions
 from ..run.results import (
@@ -31,7 +32,6 @@ from ..run.results import (
 )
 from ..run.reuse import Reuse
 from ..run.settings import MeasureOptions, RunOptions, Settings
-from ..sweep.store import hold_folder
 from ..validation import Bool, Function, Optional, check_fields, opt
 from ._shared import _jobs_and_specs, load_run, takes_run, use_threads
 from .resume import REUSABLE as REUSABLE  # re-exported
@@ -185,7 +185,7 @@ def measure(
 
 
 def _hold(out: Path | None):
-    """Hold OUTDIR's lock while `measure` writes there (`flatcli.sweep.store.hold_folder`): a second
+    """Hold OUTDIR's lock while `measure` writes there (`flatcli.locks.hold_folder`): a second
     run into the same folder is refused with exit code 2; nothing to hold without a folder."""
     import contextlib
     import logging

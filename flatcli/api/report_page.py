@@ -19,8 +19,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..run.results import atomic_write, ensure_writable_dir, json_matches_csv
 from ..run.settings import RunOptions
-from ..sweep.collect import collect
-from ..sweep.store import PLAN_FILE, UNITS_DIR
+from ..sweep import PLAN_FILE, UNITS_DIR, collect
 from ._shared import takes_run
 from .sweeps import correlate_report
 

@@ -11,11 +11,9 @@ from ..config import Config
 from ..errors import ConfigError
 from ..run.results import ensure_writable_dir
 from ..run.settings import RunOptions
-from ..sweep.collect import collect as _collect
-from ..sweep.collect import old_output_warning, output_csv
-from ..sweep.runner import SweepInterrupted as SweepInterrupted
-from ..sweep.runner import SweepOptions, run_sweep
-from ..sweep.worker import default_log
+from ..sweep import SweepInterrupted as SweepInterrupted
+from ..sweep import SweepOptions, default_log, old_output_warning, output_csv, run_sweep
+from ..sweep import collect as _collect
 from ._shared import _jobs_and_specs, load_run, takes_run
 
 

@@ -15,7 +15,7 @@ from .. import api
 from ..analysis.rendering import notes, render_table
 from ..config import safe_yaml
 from ..console import fit_width, print_table, render_rows
-from ..landscape.plots import have_matplotlib
+from ..extras import have_matplotlib
 from ..measures import list_measures
 from ..training import (
     LossTarget,

@@ -35,8 +35,8 @@ from .. import api
 from ..analysis.compare import compare_measures
 from ..analysis.table import as_table, filter_rows
 from ..errors import ConfigError, MeasurementError
-from ..landscape.plots import have_matplotlib
-from ..run.readback import read_json
+from ..extras import have_matplotlib
+from ..readback import read_json
 from ..run.results import read_table, write_table
 from ..training import (
     TrainRecord,

@@ -24,6 +24,7 @@ from .evaluate import PointEvaluator, ViewOptions
 from .interpolate import InterpolateView, interpolation_landscape
 from .output import write_connect_files, write_files, write_trajectory_files
 from .pca import (
+    LazyTrajectory,
     PCAView,
     TrajectoryResult,
     trajectory_landscape,
@@ -38,6 +39,7 @@ __all__ = [
     "ConnectView",
     "InterpolateView",
     "LandscapeResult",
+    "LazyTrajectory",
     "PCAView",
     "PointEvaluator",
     "SliceView",

@@ -47,6 +47,7 @@ from ..errors import ConfigError, ExitCode, MeasurementError, exit_code_of
 from ..loading.jobs import Job, coerce_cell
 from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
+from ..locks import DEFAULT_LOCK_TIMEOUT
 from ..measures import MeasureSpec
 from ..run.checkpoint import first_checkpoint
 from ..run.settings import Settings
@@ -66,11 +67,7 @@ from ..validation import (
     opt,
 )
 from .plan import Plan, Unit, balance, build_plan, unit_costs, write_plan
-from .store import (
-    DEFAULT_LOCK_TIMEOUT,
-    Store,
-    parse_shard,
-)
+from .store import Store, parse_shard
 from .worker import POOL_ENV, Progress, WorkerArgs, default_log, run_shard_task, run_worker
 
 

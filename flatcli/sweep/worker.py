@@ -21,19 +21,13 @@ from ..errors import ConfigError
 from ..loading.jobs import Job
 from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
+from ..locks import DEFAULT_LOCK_TIMEOUT, Heartbeat, Lock
 from ..run import reuse
 from ..run.checkpoint import measure_job
 from ..run.settings import MeasureOptions, Settings
 from ..threads import apply_threads, choose_threads
 from .plan import Plan, Unit, load_plan
-from .store import (
-    DEFAULT_LOCK_TIMEOUT,
-    Heartbeat,
-    Lock,
-    Store,
-    parse_shard,
-    unit_record,
-)
+from .store import Store, parse_shard, unit_record
 
 DELAY_ENV = "FLATCLI_SWEEP_UNIT_DELAY"  # test hook: seconds to sleep inside every unit
 POOL_ENV = "FLATCLI_SWEEP_POOL_WORKER"  # set by a local pool's coordinator in its workers

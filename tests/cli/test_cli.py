@@ -576,3 +576,36 @@ def test_a_directory_given_as_a_checkpoint_is_named_as_one(project, tmp_path):
         res
     )
     assert "file not found" not in out(res)
+
+
+@pytest.mark.parametrize(
+    "module, argv, expected",
+    [
+        ("flatcli.sweep", ["out", "--shard", "0/2"], ["sweep-worker", "out", "--shard", "0/2"]),
+        (
+            "flatcli.experiments",
+            ["random_labels", "--quick"],
+            ["experiments", "run", "random_labels", "--quick"],
+        ),
+        ("flatcli.experiments", ["list"], ["experiments", "list"]),
+        ("flatcli", ["--version"], ["--version"]),
+    ],
+)
+def test_python_m_aliases_reach_the_cli_through_the_one_entry_point(
+    monkeypatch, module, argv, expected
+):
+    """``python -m flatcli.sweep`` and ``python -m flatcli.experiments`` call `flatcli.__main__.run`
+    (the one module outside flatcli/cli/ that imports the CLI), which runs the console script's
+    `flatcli.cli.main` on the aliased arguments."""
+    import runpy
+    import sys
+
+    import flatcli.cli
+
+    seen = []
+    monkeypatch.setattr(flatcli.cli, "main", lambda args=None: seen.append(args))
+    monkeypatch.setattr(sys, "argv", ["python", *argv])
+    if module == "flatcli":  # run as __main__, not the imported module the aliases use
+        monkeypatch.delitem(sys.modules, "flatcli.__main__", raising=False)
+    runpy.run_module(module, run_name="__main__", alter_sys=False)
+    assert seen == [expected if module != "flatcli" else None]
