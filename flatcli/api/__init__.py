@@ -6,7 +6,7 @@ threads=..., allow_unsafe_pickle=..., budget=...)`` (`flatcli.run.settings.RunOp
 ``runtime.*`` overrides, what the CLI's shared flags build) instead of separate keywords.
 
 Everything the CLI does goes through here; the CLI only parses and renders. One module per
-concern: `_shared` (configs, threads, selections), `measure`, `costs` (dry runs), `geometry`
+concern: `_setup` (configs, threads, selections), `measure`, `costs` (dry runs), `geometry`
 (landscapes, the invariance check), `sweeps` (sweep, collect, correlate), `report_page` (the HTML
 results page); every public name is here.
 
@@ -23,7 +23,7 @@ from ..loading.load import (  # noqa: F401  (re-exported: the Python API)
     load_model,
     manifest_train_data,
 )
-from ..run.checkpoint import (  # noqa: F401  (re-exported: the Python API)
+from ..run.measuring import (  # noqa: F401  (re-exported: the Python API)
     as_specs,
     check_finite_model,
     measure_job,
@@ -32,7 +32,7 @@ from ..run.checkpoint import (  # noqa: F401  (re-exported: the Python API)
 )
 from ..run.settings import MeasureOptions, RunOptions
 from ..tracking import Tracker, TrackOptions  # curvature during training
-from ._shared import load, select_measures, use_threads
+from ._setup import load, select_measures, use_threads
 from .costs import CostEstimate, estimate_costs
 from .geometry import ConnectView, InterpolateView, PCAView, SliceView, check_invariance, landscape
 from .measure import (

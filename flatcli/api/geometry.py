@@ -33,12 +33,12 @@ from ..landscape import (
 from ..loading.checkpoints import check_state
 from ..loading.data import subset
 from ..loading.load import DataCache, load_init_state, load_model, manifest_train_data
-from ..run.checkpoint import check_finite_model, check_targets, versions
+from ..run.measuring import check_finite_model, check_targets, versions
 from ..run.preflight import check_settings
 from ..run.results import ensure_writable_dir
 from ..run.settings import RunOptions, Settings
 from ..threads import thread_choice
-from ._shared import _one_job, load_run, select_measures, takes_run, use_threads
+from ._setup import _one_job, load_run, select_measures, takes_run, use_threads
 
 VIEWS: dict[str, type] = {
     "slice": SliceView,

@@ -21,7 +21,8 @@ from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
 from ..locks import hold_folder
 from ..measures import MeasureResult, MeasureSpec, get_measure
-from ..run.checkpoint import first_checkpoint, measure_job, versions
+from ..run.kept import Reuse
+from ..run.measuring import first_checkpoint, measure_job, versions
 from ..run.results import (
     Row,
     check_still_there,
@@ -30,13 +31,12 @@ from ..run.results import (
     write_results,
     write_results_or_fallback,
 )
-from ..run.reuse import Reuse
 from ..run.settings import MeasureOptions, RunOptions, Settings
 from ..validation import Bool, Function, Optional, check_fields, opt
-from ._shared import _jobs_and_specs, load_run, takes_run, use_threads
-from .resume import REUSABLE as REUSABLE  # re-exported
-from .resume import measure_keys, prepare_resume, stored_key
-from .resume import previous_results as previous_results
+from ._setup import _jobs_and_specs, load_run, takes_run, use_threads
+from .previous import REUSABLE as REUSABLE  # re-exported
+from .previous import measure_keys, prepare_resume, stored_key
+from .previous import previous_results as previous_results
 
 
 @dataclass
@@ -314,7 +314,7 @@ class _Saver:
         return self.keys, self.reuse
 
     def stored_keys(self, row: Row) -> dict[str, str]:
-        """The keys the row's results are stored under (`flatcli.api.resume.stored_key`)."""
+        """The keys the row's results are stored under (`flatcli.api.previous.stored_key`)."""
         return {
             lab: stored_key(k, r.status if (r := row.results.get(lab)) else "", self.caps[lab])
             for lab, k in self.keys.items()
@@ -384,7 +384,7 @@ def _measure_all(
 ) -> list[Row]:
     """Every checkpoint's row (`measure`), the results written after each measure by ``saver``;
     Ctrl-C raises `MeasureInterrupted` once what finished is written. ``first``: the first
-    checkpoint's pre-flight (`flatcli.run.checkpoint.first_checkpoint`): it is not loaded again."""
+    checkpoint's pre-flight (`flatcli.run.measuring.first_checkpoint`): it is not loaded again."""
     rows: list[Row] = []
 
     def finished(row: Row, label: str) -> None:

@@ -14,7 +14,7 @@ from ..run.settings import RunOptions
 from ..sweep import SweepInterrupted as SweepInterrupted
 from ..sweep import SweepOptions, default_log, old_output_warning, output_csv, run_sweep
 from ..sweep import collect as _collect
-from ._shared import _jobs_and_specs, load_run, takes_run
+from ._setup import _jobs_and_specs, load_run, takes_run
 
 
 # ------------------------------------------------------------------ sweeps, collect, correlate

@@ -23,7 +23,7 @@ from ..extras import PLOT_HINT as PLOT_HINT  # re-exported: the landscape's plot
 from ..extras import have_matplotlib
 
 if TYPE_CHECKING:  # annotations only: output.py imports both
-    from .result import LandscapeResult
+    from .loss_grid import LandscapeResult
 
 FILES = {
     "1d": {"line": "slice_1d.png"},

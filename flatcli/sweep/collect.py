@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import INCOMPLETE, ConfigError, ExitCode, exit_code
-from ..run.checkpoint import versions
+from ..run.measuring import versions
 from ..run.results import Row, to_frame, write_pair
 from .plan import Plan, load_plan
 from .store import (

@@ -12,7 +12,7 @@ or as one task of a SLURM array (`run_shard_task`, submitted through submitit).
 
 A worker walks its units (all of them, or those of its ``--shard I/N``), skips
 finished ones, claims the next with a lock file (created whole: `create_lock_file`), measures it
-(`flatcli.run.checkpoint.measure_job` with that one measure), writes the unit's row file
+(`flatcli.run.measuring.measure_job` with that one measure), writes the unit's row file
 atomically and releases the lock. Units locked by a live worker are left to it;
 locks of dead workers (same host) or without a heartbeat for ``lock_timeout``
 seconds are broken.
@@ -21,7 +21,7 @@ Why one unit per checkpoint × measure rather than per checkpoint: adding a meas
 or changing one measure's options recomputes only that measure's units; expensive
 measures spread over workers instead of one worker holding a whole checkpoint; a
 crash loses one measure, not a checkpoint's worth. A worker keeps the checkpoint of its
-last unit (`flatcli.run.reuse.CheckpointCache`): consecutive units of one checkpoint load it and
+last unit (`flatcli.run.kept.CheckpointCache`): consecutive units of one checkpoint load it and
 evaluate its train/test metrics once (and the seeds make each measure's value independent of
 the others, so the collected table equals ``flatcli measure``'s).
 """
@@ -49,7 +49,7 @@ from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
 from ..locks import DEFAULT_LOCK_TIMEOUT
 from ..measures import MeasureSpec
-from ..run.checkpoint import first_checkpoint
+from ..run.measuring import first_checkpoint
 from ..run.settings import Settings
 from ..threads import apply_threads, choose_threads, thread_choice
 from ..validation import (

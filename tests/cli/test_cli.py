@@ -323,7 +323,7 @@ def test_usage_errors_are_one_line_with_exit_code_2(args, message):
 def test_an_unusable_output_directory_fails_before_any_work(
     project, tmp_path, command, monkeypatch
 ):
-    import flatcli.run.checkpoint as pipeline
+    import flatcli.run.measuring as pipeline
 
     afile = tmp_path / "afile"
     afile.write_text("not a folder")
@@ -493,7 +493,7 @@ def test_progress_inside_measures_and_one_line_per_stage_in_logs(project, tmp_pa
 
 
 def test_dry_run_prints_the_planned_products_and_measures_nothing(project, tmp_path, monkeypatch):
-    import flatcli.run.checkpoint as pipeline
+    import flatcli.run.measuring as pipeline
 
     monkeypatch.setattr(
         pipeline, "measure_model", lambda *a, **k: pytest.fail("measured in a dry run")

@@ -469,7 +469,7 @@ def test_every_measure_computes_its_derivatives_through_the_engine(monkeypatch):
     import torch
     from torch import nn
 
-    from flatcli.run.checkpoint import measure_model
+    from flatcli.run.measuring import measure_model
 
     real = torch.autograd.grad
     callers: set[str] = set()
@@ -753,7 +753,7 @@ def test_low_precision_is_a_registry_hook():
 
     low = {m.name for m in list_measures() if m.low_precision}
     assert low == {"hessian_lambda_max", "hessian_trace", "hessian_spectrum"}
-    run = (PKG / "run" / "checkpoint.py").read_text() + (PKG / "run" / "memory.py").read_text()
+    run = (PKG / "run" / "measuring.py").read_text() + (PKG / "run" / "memory.py").read_text()
     assert "low_precision" in run and "LOW_PRECISION_MEASURES" not in run
 
 
