@@ -90,25 +90,3 @@ __all__ = [
     "sweep",
     "use_threads",
 ]
-
-# Old names, kept for one release: each warns and returns its new name's object.
-_RENAMED = {
-    "collect": "collect_report",
-    "correlate": "correlate_report",
-    "plan_costs": "estimate_costs",
-    "CostPlan": "CostEstimate",
-}
-
-
-def __getattr__(name: str):
-    if name in _RENAMED:
-        import warnings
-
-        new = _RENAMED[name]
-        warnings.warn(
-            f"flatcli.api.{name} is deprecated; use flatcli.api.{new}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return globals()[new]
-    raise AttributeError(f"module 'flatcli.api' has no attribute {name!r}")

@@ -93,7 +93,6 @@ def sweep(
         opts,
         log=default_log if log is None else log,
         on_unit=on_unit,
-        debug=opts.debug,
     )
 
 

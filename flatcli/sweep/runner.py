@@ -238,7 +238,8 @@ class SweepOptions:
     run on this machine by submitit's local executor); ``resume``: skip finished units;
     ``retry_failed``: rerun units that finished with an error; ``dry_run``: say what would run,
     run nothing; ``lock_timeout``: seconds without a heartbeat after which another worker's lock
-    is stale; ``debug``: re-raise a failed unit's exception."""
+    is stale; ``debug``: print a failed measurement's traceback (its unit still records the
+    error)."""
 
     gpus: str | None = opt(None, Optional(Str()), "'all' or GPU indices like '0,1'")
     workers: int | None = opt(None, Optional(Integral(1)), "CPU worker processes")
@@ -260,7 +261,7 @@ class SweepOptions:
     )
     cluster: str = opt("slurm", Str(), "submitit backend: slurm, local or debug")
     wait: bool = opt(False, _FLAG, "slurm: wait for the array to finish")
-    debug: bool = opt(False, _FLAG, "re-raise a failed unit's exception")
+    debug: bool = opt(False, _FLAG, "print a failed measurement's traceback")
 
     def __post_init__(self):
         check_fields(self)
@@ -377,10 +378,10 @@ def run_sweep(
     *,
     log: Callable[[str], None] | None = default_log,
     on_unit: Callable[[dict[str, Any]], None] | None = None,
-    debug: bool = False,
 ) -> SweepReport:
     """Plan the sweep into ``outdir`` and run (or submit, or describe) its workers."""
     opts = opts or SweepOptions()
+    debug = opts.debug
     t_start = time.time()
     t0 = time.perf_counter()
     outdir = Path(outdir)

@@ -83,11 +83,11 @@ def test_a_mapping_is_accepted_and_an_unknown_key_is_named():
 
 @pytest.fixture
 def spy(monkeypatch):
-    """`api.sweep` down to the runner: the `SweepOptions` it passes (and its debug flag)."""
+    """`api.sweep` down to the runner: the `SweepOptions` it passes (and their debug flag)."""
     seen = {}
 
-    def fake_run_sweep(cfg, specs, jobs, out, opts, *, log, on_unit, debug):
-        seen.update(opts=opts, debug=debug)
+    def fake_run_sweep(cfg, specs, jobs, out, opts, *, log, on_unit):
+        seen.update(opts=opts, debug=opts.debug)
         return "report"
 
     monkeypatch.setattr(api_sweeps, "run_sweep", fake_run_sweep)
