@@ -106,6 +106,9 @@ def test_sweep_takes_the_options_object_and_passes_it_on(spy, tmp_path):
     assert spy == {"opts": opts, "debug": True}
     api.sweep("c.yaml", tmp_path / "s", options={"shard": "1/3"})
     assert spy["opts"] == api.SweepOptions(shard=(1, 3)) and spy["debug"] is False
+    import flatcli
+
+    assert flatcli.SweepOptions is api.SweepOptions and "SweepOptions" in api.__all__
     params = inspect.signature(api.sweep).parameters
     assert params["options"].kind is inspect.Parameter.KEYWORD_ONLY
     assert "debug" not in params and "workers" not in params
