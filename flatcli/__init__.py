@@ -23,6 +23,7 @@ _API = (
     "MeasureReport",
     "MeasureOptions",
     "RunOptions",
+    "SweepOptions",
     "Tracker",
     "TrackOptions",
 )
