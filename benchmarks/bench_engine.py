@@ -785,11 +785,12 @@ def _bar_files(setup: BarSetup, log):
     (tmp / "cfg.yaml").write_text(
         BAR_CONFIG.format(kwargs=setup.kwargs, batch_size=bs, probes=setup.probes)
     )
-    sys.path.insert(0, str(tmp))
-    try:
-        from model import MLP  # the users' model file, beside the config
-    finally:
-        sys.path.remove(str(tmp))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bar_model", tmp / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # the users' model file, beside the config
+    MLP = mod.MLP
     g = torch.Generator().manual_seed(0)
     x = torch.randn(setup.samples, 64, generator=g)
     y = (x @ torch.randn(64, 10, generator=g)).argmax(1)
