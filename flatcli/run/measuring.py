@@ -445,11 +445,11 @@ def problem_dims(model: torch.nn.Module, data, settings: Settings) -> Dims:
     device = first.device if first is not None else torch.device("cpu")
     dtype = first.dtype if first is not None else torch.float32
     with eval_mode(model):
-        prob = Problem(
+        prob = Problem(  # one batch: only its sizes are read (no split into rows of two)
             model,
             batch,
             loss=settings.loss,
-            batch_size=2,
+            batch_size=max(1, int(batch.rows)),
             device=device,
             dtype=dtype,
             params=settings.params,
