@@ -24,11 +24,13 @@ from typing import Any
 import torch
 
 from ..engine.linalg.budget import Budget
+from ..engine.linalg.cost import Cost
 from ..engine.losses import NotApplicable
 from ..errors import ConfigError
 from ._options import parse_options
 
 __all__ = [
+    "Cost",
     "Dims",
     "MeasureResult",
     "MeasureContext",
@@ -166,7 +168,7 @@ class Dims:
 
 
 Claim = Callable[[Any], "bool | str"]
-Estimate = Callable[[Any, Dims], "dict[str, int | tuple[int, int]]"]
+DeclareCost = Callable[[Any, Dims], Cost]
 Shared = Callable[[Any, Dims], "dict[Hashable, dict[str, int]]"]
 Note = Callable[[MeasureResult, MeasureResult, Any], "str | None"]
 Artifacts = Callable[[MeasureResult, Path, str], "list[Path]"]
@@ -176,7 +178,7 @@ Artifacts = Callable[[MeasureResult, Path, str], "list[Path]"]
 class MeasureInfo:
     """A registry entry: everything the CLI, the docs and the checks need about one measure.
 
-    The hooks (``invariant``, ``estimate``, ``applicable``, ``stops_early``, ``artifacts``,
+    The hooks (``invariant``, ``declare_cost``, ``applicable``, ``stops_early``, ``artifacts``,
     ``invariance_note``) are how a measure owns its rules; the pipeline, ``--dry-run`` and
     ``check-invariance`` only call them.
 
@@ -207,19 +209,14 @@ class MeasureInfo:
     artifacts : callable or None
         ``(result, path_stem, title) -> [paths]``: files (plots) drawn from a result by
         ``flatcli measure --plots``.
-    estimate : callable or None
-        ``(opts, dims) -> {counter: n or (least, most)}``: the products a run will count
-        (``n_hvp``, ``n_grad``, ``n_forward``, ``n_vjp``; full-set equivalents), exactly or as a
-        range for adaptive estimators; what ``--dry-run`` prints. Counters not named are 0.
-        Optional keys shape the predicted seconds and memory (`flatcli.run.predict`): ``hvp_block``,
-        the vectors one product call multiplies (default 1; 0: the engine's block size);
-        ``vectors``, the P-length vectors the estimator keeps (default: one block);
-        ``vector_ops``, the P-length dot products and axpys of its own (reorthogonalization
-        against one basis); ``batched_vector_ops``, those of runs in lockstep, each against its
-        own basis (SLQ).
+    declare_cost : callable or None
+        ``(opts, dims) -> Cost``: the work a run will do (`flatcli.engine.linalg.Cost`: products,
+        passes, vectors, vector operations, each as (least, most)), composed from the declarations
+        of the estimators it runs (`flatcli.engine.linalg.lanczos_cost`, ``hutchinson_cost``, ...);
+        what ``--dry-run``, budgets and the memory prediction read (`MeasureSpec.estimate`).
     shared : callable or None
         ``(opts, dims) -> {part: {counter: n}}``: the parts of its least work (the counters each
-        spends, as in ``estimate``) that another measure of the checkpoint may have done already
+        spends, as in ``declare_cost``) that another measure of the checkpoint may have done already
         and that it then reuses (a Hessian diagonal's tensors): a budget's split weighs each part
         once, for the first measure that needs it.
     applicable : callable or None
@@ -253,7 +250,7 @@ class MeasureInfo:
     invariance_options: dict[str, Any] = field(default_factory=dict)
     invariance_note: Note | None = None
     artifacts: Artifacts | None = None
-    estimate: Estimate | None = None
+    declare_cost: DeclareCost | None = None
     applicable: Callable[[Any, Any], str | None] | None = None
     stops_early: bool | Callable[[Any], bool] = False
     low_precision: bool = False
@@ -296,7 +293,7 @@ def register(
     invariance_options: dict[str, Any] | None = None,
     invariance_note: Note | None = None,
     artifacts: Artifacts | None = None,
-    estimate: Estimate | None = None,
+    declare_cost: DeclareCost | None = None,
     applicable: Callable[[Any, Any], str | None] | None = None,
     stops_early: bool | Callable[[Any], bool] = False,
     low_precision: bool = False,
@@ -330,9 +327,8 @@ def register(
         ``(original, rescaled, opts) -> str | None``, a remark printed with the check.
     artifacts : callable, optional
         ``(result, path_stem, title) -> [paths]``: plots drawn by ``flatcli measure --plots``.
-    estimate : callable, optional
-        ``(opts, dims) -> {counter: n or (least, most)}``: the products a run will count
-        (``--dry-run``; see `MeasureInfo`).
+    declare_cost : callable, optional
+        ``(opts, dims) -> Cost``: the work a run will do (``--dry-run``; see `MeasureInfo`).
     applicable : callable, optional
         ``(opts, problem) -> reason | None``: a cheap check before any product.
     stops_early : bool or callable
@@ -372,7 +368,7 @@ def register(
             invariance_options=dict(invariance_options or {}),
             invariance_note=invariance_note,
             artifacts=artifacts,
-            estimate=estimate,
+            declare_cost=declare_cost,
             applicable=applicable,
             stops_early=stops_early,
             low_precision=low_precision,
@@ -511,12 +507,16 @@ class MeasureSpec:
         dict of str to (int, int), or None
             (least, most) of each counter, or None when the measure declares no estimate.
         """
-        info = get_measure(self.name)
-        if info.estimate is None:
+        cost = self.cost(dims)
+        if cost is None:
             return None
-        raw = info.estimate(self.parsed(), dims)
         # a range never starts above its cap (a floor of steps above max_steps runs max_steps)
-        return {k: (min(v), v[1]) if isinstance(v, tuple) else (v, v) for k, v in raw.items()}
+        return {k: (min(v), v[1]) for k, v in cost.estimate().items()}
+
+    def cost(self, dims: Dims) -> Cost | None:
+        """The work a run of this spec declares (`MeasureInfo.declare_cost`; None when none)."""
+        info = get_measure(self.name)
+        return None if info.declare_cost is None else info.declare_cost(self.parsed(), dims)
 
     def shared_work(self, dims: Dims) -> dict:
         """The parts of its least work another measure of the checkpoint may have done already

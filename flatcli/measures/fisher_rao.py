@@ -49,7 +49,7 @@ import torch
 
 from ..engine.linalg.sem import mean_stderr
 from ..errors import ConfigError
-from . import MeasureResult, register
+from . import Cost, MeasureResult, register
 from ._bn import folded_measurement, folding_reason
 from ._options import Bool, OneOf, opt
 
@@ -74,10 +74,9 @@ class FisherRaoOptions:
     stochastic=False,
     cost="one forward-mode pass over S (labels: model adds one forward pass; a folded BatchNorm one more "
     "forward-mode pass for raw_parameterization_value)",
-    estimate=lambda o, d: {
-        "n_grad": (1, 1 + int(o.fold_batchnorm)),
-        "n_forward": int(o.labels == "model"),
-    },
+    declare_cost=lambda o, d: Cost(
+        grad=(1, 1 + int(o.fold_batchnorm)), forward=int(o.labels == "model")
+    ),
     applicable=lambda o, p: folding_reason(p, o.fold_batchnorm),
     invariant=True,
 )

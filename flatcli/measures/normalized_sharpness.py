@@ -113,7 +113,7 @@ from ..errors import MeasurementError
 from . import MeasureResult, register
 from ._hessian_diag import (
     DiagonalOptions,
-    diagonal_estimate,
+    diagonal_cost,
     diagonal_reason,
     diagonal_shared,
     equivariance_claim,
@@ -407,7 +407,7 @@ def _weight_names(p, model) -> list[str]:
         "ones, ≤ max_exact); ggn: C VJP passes; exact: P HVPs; scaled, hutchinson: samples HVPs; "
         "finite_difference: 2·samples gradients"
     ),
-    estimate=lambda o, d: diagonal_estimate(o, d, d.matrices),
+    declare_cost=lambda o, d: diagonal_cost(o, d, d.matrices),
     shared=lambda o, d: diagonal_shared(o, d, d.matrix_tensors),
     applicable=lambda o, p: diagonal_reason(o, p),
 )
@@ -520,7 +520,7 @@ def _fr(p, diag: torch.Tensor) -> tuple[float, dict[str, float]]:
         "ones, ≤ max_exact); ggn: C VJP passes; exact: P HVPs; scaled, hutchinson: samples HVPs; "
         "finite_difference: 2·samples gradients"
     ),
-    estimate=lambda o, d: diagonal_estimate(o, d, d.tensors),
+    declare_cost=lambda o, d: diagonal_cost(o, d, d.tensors),
     shared=lambda o, d: diagonal_shared(o, d, range(len(d.tensors))),
     applicable=lambda o, p: diagonal_reason(o, p),
 )

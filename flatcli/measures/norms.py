@@ -22,7 +22,7 @@ from torch.func import functional_call
 
 from ..engine.losses import NotApplicable
 from ..errors import ConfigError
-from . import MeasureResult, register
+from . import Cost, MeasureResult, register
 from ._bn import Folded, fold_batchnorm, init_buffers
 from ._layers import class_outputs_or_error, selected, weight_matrices
 
@@ -51,7 +51,7 @@ def _weights(f: Folded, names=None) -> dict[str, torch.Tensor]:
     description="Sum over weight matrices of the squared Frobenius norm, Σ_l ‖W_l‖_F² (BatchNorm folded).",
     reference="Jiang et al. 2020 (§C, eq. 40 'frob'); Neyshabur et al. 2017",
     cost="none (parameters only)",
-    estimate=lambda o, d: {},
+    declare_cost=lambda o, d: Cost(),
 )
 def frobenius_norm(ctx, opts) -> MeasureResult:
     r""":math:`\sum_l \|W_l\|_F^2` over Linear and Conv weights (biases excluded, BatchNorm
@@ -70,7 +70,7 @@ def frobenius_norm(ctx, opts) -> MeasureResult:
     description="Log of the product of squared spectral norms, Σ_l log ‖W_l‖₂² (BatchNorm folded).",
     reference="Jiang et al. 2020 (§C, eq. 33 'log-prod-of-spec'); Bartlett et al. 2017; Neyshabur et al. 2018",
     cost="one SVD per weight matrix",
-    estimate=lambda o, d: {},
+    declare_cost=lambda o, d: Cost(),
 )
 def spectral_norm(ctx, opts) -> MeasureResult:
     r""":math:`\sum_l \log \|W_l\|_2^2` (the log of :math:`\prod_l \|W_l\|_2^2`), with
@@ -98,7 +98,7 @@ def _path_norm_reason(problem) -> str | None:
     description="Path norm: square every parameter, feed an all-ones input, sum the outputs (BatchNorm folded).",
     reference="Jiang et al. 2020 (§C, eq. 44 'path.norm'); Neyshabur, Salakhutdinov & Srebro 2015",
     cost="one forward pass of one input",
-    estimate=lambda o, d: {},
+    declare_cost=lambda o, d: Cost(),
     applicable=lambda o, p: _path_norm_reason(p),
     invariant=True,
 )
@@ -140,7 +140,7 @@ def path_norm(ctx, opts) -> MeasureResult:
     reference="Jiang et al. 2020 (§C, eq. 41 'dist.init' / frob-distance); Nagarajan & Kolter 2019",
     needs_init=True,
     cost="none (parameters only)",
-    estimate=lambda o, d: {},
+    declare_cost=lambda o, d: Cost(),
 )
 def distance_from_init(ctx, opts) -> MeasureResult:
     r""":math:`\sum_l \|W_l - W^0_l\|_F^2` over the folded weight matrices of the
@@ -177,7 +177,7 @@ def distance_from_init(ctx, opts) -> MeasureResult:
     description="Inverse squared margin 1/γ², γ the 10th percentile over S of f_y − max_{j≠y} f_j.",
     reference="Jiang et al. 2020 (§C, eq. 21 '1/margin²'); Bartlett et al. 2017",
     cost="one forward pass over S",
-    estimate=lambda o, d: {"n_forward": 1},
+    declare_cost=lambda o, d: Cost(forward=1),
     invariant=True,
 )
 def inverse_margin(ctx, opts) -> MeasureResult:

@@ -106,10 +106,10 @@ import torch
 
 from ..engine.linalg.sem import mean_stderr
 from ..errors import MeasurementError
-from . import MeasureResult, register
+from . import Cost, MeasureResult, register
 from ._hessian_diag import (
     DiagonalOptions,
-    diagonal_estimate,
+    diagonal_cost,
     diagonal_reason,
     diagonal_shared,
     estimate_diagonal,
@@ -192,7 +192,7 @@ def _ns(p, model, diag, box):
     stochastic=True,
     invariant=False,
     cost="the diagonal of normalized_sharpness (hessian_diag) + mc_samples + 1 forward passes over S",
-    estimate=lambda o, d: {**diagonal_estimate(o, d, d.matrices), "n_forward": o.mc_samples + 1},
+    declare_cost=lambda o, d: diagonal_cost(o, d, d.matrices) + Cost(forward=o.mc_samples + 1),
     shared=lambda o, d: diagonal_shared(o, d, d.matrix_tensors),
     applicable=lambda o, p: diagonal_reason(o, p),
 )

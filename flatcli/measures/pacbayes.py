@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.linalg.sem import mean_stderr
-from . import MeasureResult, register
+from . import Cost, MeasureResult, register
 from ._bn import folded_init_theta, folded_measurement, folding_reason
 from ._layers import class_outputs_or_error
 from ._options import Bool, Integral, OneOf, Real, opt
@@ -111,7 +111,7 @@ def _criterion_fn(p, eng, criterion: str):
     reference="Jiang et al. 2020 (§C.4, Alg. 1; 'pacbayes.flatness'); Dziugaite & Roy 2017",
     stochastic=True,
     cost="(depth + 1)·samples + 1 forward passes over S",
-    estimate=lambda o, d: {"n_forward": (1 + o.samples, 1 + o.samples * (o.depth + 1))},
+    declare_cost=lambda o, d: Cost(forward=(1 + o.samples, 1 + o.samples * (o.depth + 1))),
     applicable=lambda o, p: folding_reason(p, o.fold_batchnorm),
 )
 def pacbayes_flatness(ctx, opts: PacBayesOptions) -> MeasureResult:

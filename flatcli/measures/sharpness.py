@@ -45,7 +45,7 @@ import torch
 from ..engine import linalg
 from ..engine.linalg.sem import mean_stderr
 from ..errors import ConfigError
-from . import MeasureResult, register
+from . import Cost, MeasureResult, register
 from ._ascent import _direction, _nonfinite_value, apgd, random_start, scale_vector
 from ._options import Bool, Integral, OneOf, Optional, Real, opt
 
@@ -127,9 +127,7 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
         k=rank,
         generator=ctx.generator(7),
         return_vectors=True,
-        stop=linalg.KrylovStop(
-            tol=1e-2, min_steps=20, max_steps=60, budget=ctx.budget, max_basis=H.max_basis_vectors
-        ),
+        stop=_eigen_stop(ctx.budget, H.max_basis_vectors),
     )
     V = r.ritz_vectors
     V = V / V.norm(dim=1, keepdim=True)
@@ -232,13 +230,24 @@ def corner_maximum(f, P: int, starts: list[torch.Tensor], budget: int) -> tuple[
     return best, used, mode
 
 
-def _worst_estimate(o, d) -> dict:
+def _eigen_stop(budget=None, max_basis=None) -> linalg.KrylovStop:
+    """The stop of the Lanczos behind the eigenvector starts."""
+    return linalg.KrylovStop(
+        tol=1e-2, min_steps=20, max_steps=60, budget=budget, max_basis=max_basis
+    )
+
+
+def _worst_cost(o, d) -> Cost:
+    """Auto-PGD's gradient passes from every start, the corner search's forward passes, and the
+    products of the Lanczos behind the eigenvector starts."""
     if o.first_order:
-        return {"n_grad": 1, "n_forward": 1}
-    lanczos = (min(d.P, 20), min(d.P, 60)) if o.eigen_starts > 0 else 0
+        return Cost(grad=1, forward=1)
+    lanczos = Cost(hvp=0)
+    if o.eigen_starts > 0:
+        lanczos = linalg.lanczos_cost(d.P, _eigen_stop()).products()
     evals = (o.restarts + 2 * min(o.eigen_starts, d.P)) * (o.steps + 1)
     corners = o.corners if o.norm == "linf" and d.P <= o.corners else 0
-    return {"n_grad": (1, evals), "n_forward": (1, 1 + corners), "n_hvp": lanczos}
+    return Cost(grad=(1, evals), forward=(1, 1 + corners)) + lanczos
 
 
 @register(
@@ -254,7 +263,7 @@ def _worst_estimate(o, d) -> dict:
     "(Lanczos for the eigen_starts eigenvectors; none when eigen_starts = 0); linf: up to corners "
     "forward passes over S for the corner search (2^P when 2^P ≤ corners) "
     "(first_order: 1 gradient + 1 forward)",
-    estimate=_worst_estimate,
+    declare_cost=_worst_cost,
 )
 def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     r"""Worst-case sharpness, larger means sharper.
@@ -460,7 +469,7 @@ class AverageOptions:
     "Andriushchenko et al. 2023 (average-case sharpness, eq. 2)",
     stochastic=True,
     cost="samples + 1 forward passes over S",
-    estimate=lambda o, d: {"n_forward": o.samples + 1},
+    declare_cost=lambda o, d: Cost(forward=o.samples + 1),
 )
 def sharpness_average(ctx, opts: AverageOptions) -> MeasureResult:
     r"""Average-case sharpness over the full measurement-set loss, larger means sharper.
@@ -519,7 +528,7 @@ class KeskarOptions:
     reference="Keskar et al. 2017 (ICLR, eq. 4, Metric 2.1)",
     stochastic=True,
     cost="steps+1 gradient passes over S",
-    estimate=lambda o, d: {"n_grad": (1, o.steps + 1), "n_forward": 1},
+    declare_cost=lambda o, d: Cost(grad=(1, o.steps + 1), forward=1),
 )
 def keskar_sharpness(ctx, opts: KeskarOptions) -> MeasureResult:
     r"""Keskar et al. (2017) sharpness, larger means sharper.
@@ -606,7 +615,7 @@ class FirstOrderOptions:
     reference="Zhang et al. 2023 (GAM, CVPR, Def. 3.1 and Lemma 4.1)",
     stochastic=True,
     cost="steps+1 gradients and steps+1 HVPs over S",
-    estimate=lambda o, d: {"n_grad": (2, o.steps + 2), "n_hvp": (0, o.steps + 1)},
+    declare_cost=lambda o, d: Cost(grad=(2, o.steps + 2), hvp=(0, o.steps + 1)),
 )
 def first_order_flatness(ctx, opts: FirstOrderOptions) -> MeasureResult:
     r"""First-order flatness (Zhang et al. 2023), larger means sharper.
