@@ -522,7 +522,7 @@ def _spectrum_stop(k: int, budget=None) -> linalg.KrylovStop:
 def _spectrum_cost(o: SpectrumOptions, d) -> linalg.Cost:
     """The SLQ runs in lockstep and the top-k block Lanczos beside them (its working vectors
     bounded by the runs' bases)."""
-    stop = _spectrum_stop(min(o.top_k, d.P))
+    stop = _spectrum_stop(o.top_k)  # the same products as with top_k cut to P, which caps them
     lanczos = linalg.lanczos_cost(d.P, stop, k=o.top_k, block=o.top_k, work=False)
     return lanczos + linalg.slq_cost(d.P, o.slq_runs, o.slq_steps)
 

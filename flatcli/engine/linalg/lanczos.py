@@ -494,10 +494,11 @@ def verify_eigenpair(op, x: torch.Tensor) -> tuple[float, float]:
 
 def krylov_steps(dim: int, stop: KrylovStop, block: int = 1) -> tuple[int, int]:
     """(least, most) products of `lanczos` from a random start under ``stop``: at least its
-    ``min_steps`` (default `certified_min_steps`) and its first block, at most ``max_steps`` (the
-    first block always runs), never more than ``dim``."""
+    ``min_steps`` (default `certified_min_steps`) and its first block (cut to ``max_steps``), at
+    most ``max_steps``, never more than ``dim``."""
     least = certified_min_steps(dim) if stop.min_steps is None else int(stop.min_steps)
-    return min(dim, max(block, least)), min(dim, max(block, int(stop.max_steps)))
+    first = max(1, min(block, int(stop.max_steps)))
+    return min(dim, max(first, least)), min(dim, int(stop.max_steps))
 
 
 def lanczos_cost(
@@ -535,6 +536,7 @@ def lanczos_cost(
     Cost
         Products in blocks of ``block``, basis and working vectors, reorthogonalization.
     """
+    block = max(1, min(block, int(stop.max_steps)))  # as `lanczos` cuts its start block
     least, most = krylov_steps(dim, stop, block)
     if warm:
         least = min(dim, block)
