@@ -190,8 +190,8 @@ class MeasureInfo:
         ``fn(ctx: MeasureContext, opts) -> MeasureResult``.
     options : type
         The frozen options dataclass.
-    description, reference, cost : str
-        One line each: what it is, the papers, the cost formula in words.
+    description, reference : str
+        One line each: what it is, the papers.
     stochastic : bool
         Whether the value depends on a seed.
     needs_init : bool
@@ -246,7 +246,6 @@ class MeasureInfo:
     stochastic: bool = False
     invariant: bool | Claim = False
     needs_init: bool = False
-    cost: str = ""
     invariance_options: dict[str, Any] = field(default_factory=dict)
     invariance_note: Note | None = None
     artifacts: Artifacts | None = None
@@ -256,6 +255,12 @@ class MeasureInfo:
     low_precision: bool = False
     revision: int = 1
     shared: Shared | None = None
+
+    def default_cost(self, dims: Dims) -> Cost | None:
+        """The cost it declares with its default options on a problem of ``dims`` (None: none)."""
+        if self.declare_cost is None:
+            return None
+        return self.declare_cost(parse_options(self.options, {}, self.name), dims)
 
     @property
     def may_claim_invariance(self) -> bool:
@@ -289,7 +294,6 @@ def register(
     stochastic: bool = False,
     invariant: bool | Claim = False,
     needs_init: bool = False,
-    cost: str = "",
     invariance_options: dict[str, Any] | None = None,
     invariance_note: Note | None = None,
     artifacts: Artifacts | None = None,
@@ -319,8 +323,6 @@ def register(
         the parsed options returns ``True`` or the reason it does not hold.
     needs_init : bool
         Whether it needs ``init_checkpoint``.
-    cost : str
-        The cost formula in words (the measure reference and ``flatcli measures`` show it).
     invariance_options : dict, optional
         Options ``flatcli check-invariance`` turns on unless the user set them.
     invariance_note : callable, optional
@@ -364,7 +366,6 @@ def register(
             stochastic=stochastic,
             invariant=invariant,
             needs_init=needs_init,
-            cost=cost,
             invariance_options=dict(invariance_options or {}),
             invariance_note=invariance_note,
             artifacts=artifacts,

@@ -35,13 +35,17 @@ def gd_threshold(name: str) -> bool:
 # ---------------------------------------------------------------------------- gradient norm
 
 
+def _gradient_norm_cost(o, d) -> Cost:
+    """One gradient pass over the measurement set."""
+    return Cost(grad=1)
+
+
 @register(
     "gradient_norm",
     description="Euclidean norm ‖∇L(θ)‖ of the loss gradient over the measurement set (exact; "
     "not a flatness measure: how far θ is from a stationary point, tracked during training)",
     reference="the loss gradient over the measurement set (one full-set gradient pass)",
-    cost="one gradient pass over the measurement set",
-    declare_cost=lambda o, d: Cost(grad=1),
+    declare_cost=_gradient_norm_cost,
 )
 def gradient_norm(ctx, opts) -> MeasureResult:
     r""":math:`\|\nabla L(\theta)\|_2` over the whole measurement set, exact; ``loss`` in
@@ -92,8 +96,6 @@ def _top_cost(o: TopEigenvaluesOptions, d) -> Cost:
     "columns); warm-started inside a tracker." + PADDING_NOTE,
     reference="block Lanczos with full reorthogonalization (Golub & Van Loan §10.3.6)",
     stochastic=True,
-    cost="block Lanczos, blocks of top_k HVPs: certified_min_steps(P) to max_steps HVPs "
-    "(+ top_k fp32 HVPs with precision auto on TF32 GPUs)",
     declare_cost=_top_cost,
 )
 def hessian_top_eigenvalues(ctx, opts: TopEigenvaluesOptions) -> MeasureResult:
@@ -193,8 +195,6 @@ def _preconditioned_cost(o: PreconditionedOptions, d) -> Cost:
     reference="Cohen et al. 2022, Adaptive gradient methods at the edge of stability (§2); "
     "Kingma & Ba 2015 (Alg. 1)",
     stochastic=True,
-    cost="one HVP per Lanczos step (certified_min_steps(P) to max_steps); none without an "
-    "optimizer state (not_applicable)",
     declare_cost=_preconditioned_cost,
 )
 def preconditioned_lambda_max(ctx, opts: PreconditionedOptions) -> MeasureResult:

@@ -182,7 +182,9 @@ class _EditInput:
 
 
 def _cost(o, d) -> Cost:
-    """Forward passes: the curve's perturbed pairs, and the representativeness's KDE folds."""
+    """Forward passes: the one at θ, two per draw and point of the curve (one more with
+    ``normalize_features``); representativeness adds its draws and folds' passes and ``kde_folds``
+    exact KDE evaluations (n_test × n_train kernel sums, not declared)."""
     forwards = 1 + 2 * o.samples * o.curve + int(o.normalize_features)
     if o.representativeness:
         forwards += 2 * o.samples + 2 + o.kde_samples * (o.kde_folds - 1)
@@ -198,8 +200,6 @@ def _cost(o, d) -> Cost:
     invariant=_claim,
     invariance_options={"normalize_features": True},
     invariance_note=_note,
-    cost="1 + 2·samples·curve forward passes over S (+1 with normalize_features); representativeness adds "
-    "2·samples + 2 + kde_samples·(kde_folds − 1) forward passes and kde_folds exact KDE evaluations (n_test × n_train kernel sums)",
     declare_cost=_cost,
     applicable=lambda o, p: rows_only_reason(p, NAME),
 )

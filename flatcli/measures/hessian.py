@@ -69,7 +69,9 @@ class LambdaMaxOptions:
 
 def _lambda_max_cost(o: LambdaMaxOptions, d) -> linalg.Cost:
     """Lanczos under the measure's stop (its basis capped by ``runtime.max_basis_vectors``); with
-    fp32 verification the Ritz pair's check and the fp32 refinement it may need."""
+    fp32 verification (precision auto with TF32 products, or bf16) the Ritz pair's check and the
+    fp32 refinement it may need. ``per_layer`` json or columns adds one Lanczos per parameter
+    tensor, which is not declared."""
     stop = linalg.KrylovStop(min_steps=o.min_steps, max_steps=o.max_steps, max_basis=d.max_basis)
     cost = linalg.lanczos_cost(d.P, stop)
     if d.verify:
@@ -89,9 +91,6 @@ def _lambda_max_cost(o: LambdaMaxOptions, d) -> linalg.Cost:
     + PADDING_NOTE,
     reference="Keskar et al. 2017; Lanczos with full reorthogonalization (Golub & Van Loan §10.1)",
     stochastic=True,
-    cost="one HVP per Lanczos step (certified_min_steps(P) to max_steps) + 1 fp32 HVP with precision auto on "
-    "TF32 GPUs and with bf16; per_layer json/columns adds Σ_b min(P_b, certified_min_steps(P_b)…max_steps) HVPs "
-    "(one Lanczos per parameter tensor b of size P_b)",
     declare_cost=_lambda_max_cost,
 )
 def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
@@ -291,7 +290,8 @@ class TraceOptions:
 def _trace_cost(o: TraceOptions, d) -> linalg.Cost:
     """The estimator `trace_method` chooses (``auto`` with its check: `trace_auto_cost`): probes in
     blocks of the engine's size with the near-zero floor's SLQ beside them, Hutch++ with its
-    sketch, or the exact trace (P products); with fp32 verification the control probes."""
+    sketch, or the exact trace (P products); with fp32 verification the control probes. The
+    per-tensor traces come from the same probes, at no extra product."""
     method = trace_method(o.method, d.P, o)
     if method == "exact":
         return linalg.exact_diagonal_cost(d.P)
@@ -317,12 +317,6 @@ def _trace_cost(o: TraceOptions, d) -> linalg.Cost:
     "in diagnostics." + PADDING_NOTE,
     reference="Hutchinson 1989; Meyer et al. 2021 (Hutch++, Alg. 1); Yao et al. 2020 (PyHessian)",
     stochastic=True,
-    cost=(
-        "one HVP per probe (exact: one per parameter), plus 40 for the near-zero floor's SLQ when "
-        "the trace cancels; auto between 4·min_probes and 2·(max_probes + 40) parameters: "
-        "min_probes check HVPs, then at most P; per-tensor traces from the same probes at no "
-        "extra HVP"
-    ),
     declare_cost=_trace_cost,
 )
 def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
@@ -537,8 +531,6 @@ def _spectrum_cost(o: SpectrumOptions, d) -> linalg.Cost:
     "eigenvalues, condition number and spectral density in diagnostics." + PADDING_NOTE,
     reference="Maddox, Benton & Wilson 2020 (N_eff, eq. 2); Ghorbani et al. 2019 and Ubaru et al. 2017 (SLQ)",
     stochastic=True,
-    cost="block Lanczos (blocks of top_k; certified_min_steps(P) to max(50, 10·top_k) HVPs) + "
-    "slq_runs × slq_steps HVPs (defaults: at most 50 + 100 HVPs, PyHessian's density budget is 100)",
     declare_cost=_spectrum_cost,
     artifacts=_esd_artifacts,
 )

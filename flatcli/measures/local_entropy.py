@@ -124,7 +124,6 @@ def _f(gamma: float):
     "relative standard error tol (runs and quadrature error)." + PADDING_NOTE,
     reference="Chaudhari et al. 2017 (Entropy-SGD, eq. 3, quadratic approximation); Hochreiter & Schmidhuber 1997",
     stochastic=True,
-    cost="dense (P ≤ dense_max): P HVPs; slq: runs·slq_steps HVPs, runs from slq_runs to max_runs (until tol)",
     declare_cost=_cost,
 )
 def local_entropy(ctx, opts: LocalEntropyOptions) -> MeasureResult:

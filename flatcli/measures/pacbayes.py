@@ -104,14 +104,19 @@ def _criterion_fn(p, eng, criterion: str):
     return error
 
 
+def _cost(o, d) -> Cost:
+    """Forward passes: the one at θ, and ``samples`` draws at each of the bisection's σ (at
+    least one σ, at most ``depth`` + 1)."""
+    return Cost(forward=(1 + o.samples, 1 + o.samples * (o.depth + 1)))
+
+
 @register(
     "pacbayes_flatness",
     options=PacBayesOptions,
     description="PAC-Bayes flatness 1/σ*²: σ* the largest Gaussian noise std raising the error by ≤ target.",
     reference="Jiang et al. 2020 (§C.4, Alg. 1; 'pacbayes.flatness'); Dziugaite & Roy 2017",
     stochastic=True,
-    cost="(depth + 1)·samples + 1 forward passes over S",
-    declare_cost=lambda o, d: Cost(forward=(1 + o.samples, 1 + o.samples * (o.depth + 1))),
+    declare_cost=_cost,
     applicable=lambda o, p: folding_reason(p, o.fold_batchnorm),
 )
 def pacbayes_flatness(ctx, opts: PacBayesOptions) -> MeasureResult:

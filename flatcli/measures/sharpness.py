@@ -259,10 +259,6 @@ def _worst_cost(o, d) -> Cost:
     "Andriushchenko et al. 2023 (m-sharpness, §2); Croce & Hein 2020 (Auto-PGD, Alg. 1)",
     stochastic=True,
     invariant=False,
-    cost="(restarts + 2·eigen_starts)·(steps+1) gradient passes over S, plus 20–60 HVPs "
-    "(Lanczos for the eigen_starts eigenvectors; none when eigen_starts = 0); linf: up to corners "
-    "forward passes over S for the corner search (2^P when 2^P ≤ corners) "
-    "(first_order: 1 gradient + 1 forward)",
     declare_cost=_worst_cost,
 )
 def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
@@ -461,6 +457,11 @@ class AverageOptions:
     samples: int = opt(20, Integral(2, None), "Monte-Carlo draws")
 
 
+def _average_cost(o, d) -> Cost:
+    """One forward pass at θ and one per perturbation (``samples``)."""
+    return Cost(forward=o.samples + 1)
+
+
 @register(
     "sharpness_average",
     options=AverageOptions,
@@ -468,8 +469,7 @@ class AverageOptions:
     reference="Jiang et al. 2020 (§C, sharpness-based measures); Kwon et al. 2021 (adaptive scale); "
     "Andriushchenko et al. 2023 (average-case sharpness, eq. 2)",
     stochastic=True,
-    cost="samples + 1 forward passes over S",
-    declare_cost=lambda o, d: Cost(forward=o.samples + 1),
+    declare_cost=_average_cost,
 )
 def sharpness_average(ctx, opts: AverageOptions) -> MeasureResult:
     r"""Average-case sharpness over the full measurement-set loss, larger means sharper.
@@ -520,6 +520,11 @@ class KeskarOptions:
     steps: int = opt(20, Integral(0, None), "Auto-PGD iterations of the box-constrained ascent")
 
 
+def _keskar_cost(o, d) -> Cost:
+    """Auto-PGD's gradient passes (up to ``steps`` + 1) and the forward pass at θ."""
+    return Cost(grad=(1, o.steps + 1), forward=1)
+
+
 @register(
     "keskar_sharpness",
     stops_early=True,  # its estimator checks the budget between blocks
@@ -527,8 +532,7 @@ class KeskarOptions:
     description="Keskar's ε-sharpness: 100·(max over the box |y_i| ≤ ε(|θ_i|+1) of L(θ+y) − L(θ))/(1+L(θ)).",
     reference="Keskar et al. 2017 (ICLR, eq. 4, Metric 2.1)",
     stochastic=True,
-    cost="steps+1 gradient passes over S",
-    declare_cost=lambda o, d: Cost(grad=(1, o.steps + 1), forward=1),
+    declare_cost=_keskar_cost,
 )
 def keskar_sharpness(ctx, opts: KeskarOptions) -> MeasureResult:
     r"""Keskar et al. (2017) sharpness, larger means sharper.
@@ -607,6 +611,12 @@ class FirstOrderOptions:
     )
 
 
+def _first_order_cost(o, d) -> Cost:
+    """Auto-PGD on the gradient norm: a gradient and a product per step (up to ``steps`` + 1),
+    and the gradients at θ and at the start."""
+    return Cost(grad=(2, o.steps + 2), hvp=(0, o.steps + 1))
+
+
 @register(
     "first_order_flatness",
     stops_early=True,  # its estimator checks the budget between blocks
@@ -614,8 +624,7 @@ class FirstOrderOptions:
     description="GAM's first-order flatness R = ρ·max_{‖θ'−θ‖≤ρ} ‖∇L(θ')‖ (value R; R/ρ² in diagnostics).",
     reference="Zhang et al. 2023 (GAM, CVPR, Def. 3.1 and Lemma 4.1)",
     stochastic=True,
-    cost="steps+1 gradients and steps+1 HVPs over S",
-    declare_cost=lambda o, d: Cost(grad=(2, o.steps + 2), hvp=(0, o.steps + 1)),
+    declare_cost=_first_order_cost,
 )
 def first_order_flatness(ctx, opts: FirstOrderOptions) -> MeasureResult:
     r"""First-order flatness (Zhang et al. 2023), larger means sharper.

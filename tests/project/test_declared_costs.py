@@ -6,6 +6,7 @@ A measure module that reads those objects itself (the certified Lanczos steps, t
 the near-zero floor's runs, the working vectors) holds a second copy of the rule."""
 
 import ast
+import inspect
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
@@ -67,3 +68,30 @@ def test_the_scan_sees_every_way_of_naming_a_rule(tmp_path):
         assert restated(src), line
     src.write_text('"""certified_min_steps in prose"""\n# basis_floor in a comment\n')
     assert not restated(src)
+
+
+def test_the_measure_reference_prints_each_declaration():
+    from flatcli.measures import Dims, list_measures
+    from tests.project.test_docs import docs
+
+    for info in list_measures():
+        assert not hasattr(info, "cost"), "a prose cost beside the declaration"
+        page = docs.measure_page(info)
+        section = page.split("\nCost\n----\n", 1)[1].split("Stops early", 1)[0]
+        assert inspect.getdoc(info.declare_cost) in section, info.name
+        for P in docs.COST_SIZES:
+            dims = Dims(P=P, n=10_000, C=10, tensors=(P,), matrices=(P,), matrix_tensors=(0,))
+            assert f"- P = {P:,}: {info.default_cost(dims).summary()}" in section, (info.name, P)
+
+
+def test_flatcli_measures_prints_each_declaration():
+    from flatcli.measures import Dims, get_measure
+    from tests.oracles import cli_and_output
+
+    dims = Dims(P=100_000, n=10_000, C=10, tensors=(100_000,), matrices=(100_000,))
+    for name in ("hessian_lambda_max", "sharpness_average", "frobenius_norm"):
+        res, out = cli_and_output("measures", name)
+        assert res.exit_code == 0, out
+        cells = " ".join(line.strip("│ ").strip() for line in out.splitlines())
+        want = get_measure(name).default_cost(dims).summary()
+        assert f"cost (defaults, P = 100,000): {want}" in " ".join(cells.split()), (name, out)

@@ -16,6 +16,8 @@ most it may spend before a cap. A quantity left ``None`` is not declared (a coun
 (24, 116)
 >>> a.either(Cost(hvp=50)).estimate()["n_hvp"]
 (8, 100)
+>>> a.summary()
+'8–100 products, 104 P-vectors kept'
 """
 
 from __future__ import annotations
@@ -36,6 +38,14 @@ KEYS = {
     "batched_vector_ops": "batched_vector_ops",
 }
 _SUMMED = ("hvp", "grad", "forward", "vjp", "vector_ops", "batched_vector_ops")
+# What `Cost.summary` calls each quantity.
+WORDS = {
+    "hvp": ("product", "products"),
+    "grad": ("gradient pass", "gradient passes"),
+    "forward": ("forward pass", "forward passes"),
+    "vjp": ("VJP pass", "VJP passes"),
+    "vectors": ("P-vector kept", "P-vectors kept"),
+}
 
 
 def _pair(v) -> Range | None:
@@ -154,3 +164,16 @@ class Cost:
             if v is not None:
                 out[key] = (v, v) if name == "block" else v
         return out
+
+    def summary(self) -> str:
+        """The declared products, passes and vectors in words (``"8–100 products, 104 P-vectors
+        kept"``; ``"no products or passes"`` when it declares none)."""
+        parts = []
+        for name, word in WORDS.items():
+            v = getattr(self, name)
+            if v is None or v[1] == 0:
+                continue
+            lo, hi = min(v), v[1]
+            word = word[hi != 1]
+            parts.append(f"{lo:,}–{hi:,} {word}" if lo != hi else f"{hi:,} {word}")
+        return ", ".join(parts) or "no products or passes"
