@@ -47,14 +47,14 @@ from ..measures import (
     run_measure,
 )
 from ..measures._layers import weight_matrices
-from .budgeting import learner, refused_on_some_rank, split_budget
-from .memory import check_products, copies_model, graph_choice, refuse
-from .predict import Fit
+from .prediction.budgeting import learner, refused_on_some_rank, split_budget
+from .prediction.memory import check_products, copies_model, graph_choice, refuse
+from .prediction.predict import Fit
+from .prediction.shares import in_turn
 from .preflight import Checked, check_loaded
 from .results import Row
 from .reuse import Reuse
 from .settings import MeasureOptions, Settings
-from .shares import in_turn
 
 
 def as_specs(measures) -> list[MeasureSpec]:
@@ -312,7 +312,7 @@ def _then(first, second):
 
 def _graph_policy(problem, specs, dims, st: Settings) -> bool | None:
     """``runtime.cache_graphs`` for the engine: as set, or ``auto`` decided from the predicted peak
-    (`flatcli.run.memory.graph_choice`, logged); None (the engine's own rule) when it cannot be
+    (`flatcli.run.prediction.memory.graph_choice`, logged); None (the engine's own rule) when it cannot be
     predicted (a model without a double backward: its Hessian measures fail on their own)."""
     if st.cache_graphs != "auto":
         return st.graph_policy()
@@ -361,7 +361,7 @@ def _measure_progress(progress, label: str, engine: CurvatureEngine, planned):
 def _not_started(
     row: Row, spec: MeasureSpec, problem: Problem, fit: Fit, share: float | None
 ) -> bool:
-    """Whether ``spec`` cannot stop early and does not fit its cap (`flatcli.run.predict.Fit`): then
+    """Whether ``spec`` cannot stop early and does not fit its cap (`flatcli.run.prediction.predict.Fit`): then
     its row gets status ``budget``, value NaN and the reason (``started: False``) instead of a run.
     Ranks agree: one rank's verdict holds for all (their collectives stay in step)."""
     try:  # a measure that will end not_applicable runs (and says so at once)

@@ -13,7 +13,7 @@ CUDA's free bytes, ``torch.cuda.mem_get_info``; on CPU the host's ``MemAvailable
      ``MemAvailable`` has it;
    * θ and its gradient: 2 P-vectors of the selected parameters (P) in θ's type (float32 under
      ``auto``, ``fp32``, ``tf32`` and ``bf16``, whose vectors and reductions stay float32; float64
-     under ``fp64``), as ``--dry-run``'s peak (`flatcli.run.predict.predict`) counts them;
+     under ``fp64``), as ``--dry-run``'s peak (`flatcli.run.prediction.predict.predict`) counts them;
    * the P-vectors the measure that keeps the most declares (its registry ``estimate``'s
      ``vectors``: a Lanczos or SLQ basis, a Hutch++ sketch) plus one product input when it takes
      Hessian products (`vectors_kept`; a block of the engine's block size counts as one vector:
@@ -70,19 +70,19 @@ from typing import Any
 
 import torch
 
-from ..engine.linalg._store import default_capacity
-from ..engine.recompute import (
+from ...engine.linalg._store import default_capacity
+from ...engine.recompute import (
     AUTO_RECOMPUTE,
     find_blocks,
     free_bytes,
     predicted_product_bytes,
     saved_bytes,
 )
-from ..engine.segments import BlockChain
-from ..errors import MeasurementError
-from ..measures import Dims, MeasureSpec, get_measure
-from ..measures._layers import weight_matrices
-from .settings import Settings
+from ...engine.segments import BlockChain
+from ...errors import MeasurementError
+from ...measures import Dims, MeasureSpec, get_measure
+from ...measures._layers import weight_matrices
+from ..settings import Settings
 
 GRAPH_FRACTION = (
     0.5  # runtime.cache_graphs: auto keeps the graphs when their peak fits in this share
@@ -185,7 +185,7 @@ def vectors_kept(
     """(declared, block): the P-vectors ``spec``'s estimate declares it keeps (``vectors``: a basis,
     a sketch, a trace's first block of probes and its near-zero floor; ``least``: those it always
     keeps, else the most) and those of one product input when it takes Hessian products
-    (``hvp_block``; 0: the engine's block, ``engine_block``). `flatcli.run.predict.predict` counts
+    (``hvp_block``; 0: the engine's block, ``engine_block``). `flatcli.run.prediction.predict.predict` counts
     the most; the checks before the run (a lower bound) the least."""
     est = spec.estimate(dims) or {}
     block = est.get("hvp_block", (1, 1))[1]
