@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,11 +29,15 @@ from ..engine.losses import NotApplicable
 from ..errors import ConfigError
 from ._options import parse_options
 
+if TYPE_CHECKING:  # annotations only: importing the engine here would load it with the registry
+    from ..engine import CurvatureEngine, Problem
+
 __all__ = [
     "Cost",
     "Dims",
     "MeasureResult",
     "MeasureContext",
+    "MeasureCache",
     "MeasureSpec",
     "register",
     "get_measure",
@@ -90,6 +94,34 @@ class MeasureResult:
 
 
 @dataclass
+class MeasureCache:
+    """Work one checkpoint's measures share (same θ, same data), one typed part per kind of work.
+
+    Attributes
+    ----------
+    seconds_per_product : float or None
+        A timed Hessian-vector product: the first block of a measure under a budget share
+        expects it (`flatcli.engine.linalg.Budget.allow`).
+    hessian_diagonal : dict
+        Hessian diagonals by estimator, options, seed, problem and tensors
+        (`flatcli.measures._hessian_diag.estimate_diagonal`).
+    ggn_diagonal : dict
+        The exact Gauss-Newton diagonal by problem and engine.
+    diagonal_parts : dict
+        The ``auto`` diagonal's checked tensors by problem, engine, seed and options.
+    slq_runs : dict
+        SLQ runs of the Hessian by problem, engine, seed, steps and precision
+        (`flatcli.measures._slq_shared.SharedSLQ`).
+    """
+
+    seconds_per_product: float | None = None
+    hessian_diagonal: dict[Hashable, Any] = field(default_factory=dict)
+    ggn_diagonal: dict[Hashable, torch.Tensor] = field(default_factory=dict)
+    diagonal_parts: dict[Hashable, dict[str, Any]] = field(default_factory=dict)
+    slq_runs: dict[Hashable, Any] = field(default_factory=dict)
+
+
+@dataclass
 class MeasureContext:
     """Everything a measure may use. Measures never mutate ``model``.
 
@@ -107,8 +139,8 @@ class MeasureContext:
         This measure's share of the checkpoint's ``runtime.budget``.
     budget : flatcli.engine.linalg.Budget
         Set by `run_measure`: pass it to the estimators.
-    cache : dict
-        Shared by one checkpoint's measures (same θ, same data).
+    cache : MeasureCache
+        The work shared by one checkpoint's measures (same θ, same data).
     warm : dict or None
         State one measure carries from one evaluation to the next at nearby θ (the tracker of a
         training run, `flatcli.tracking.Tracker`): a warm-startable measure reads its start vectors
@@ -118,8 +150,8 @@ class MeasureContext:
         (``preconditioned_lambda_max``); None outside a tracked training run.
     """
 
-    problem: Any
-    engine: Any
+    problem: Problem
+    engine: CurvatureEngine | None
     seed: int = 0
     init_params: dict[str, torch.Tensor] | None = None
     init_state: dict[str, torch.Tensor] | None = None
@@ -127,9 +159,7 @@ class MeasureContext:
     budget: Budget = field(
         default_factory=Budget
     )  # set by `run_measure`: pass it to the estimators
-    cache: dict[str, Any] = field(
-        default_factory=dict
-    )  # shared by one checkpoint's measures (same θ, data); "seconds_per_product": a timed HVP
+    cache: MeasureCache = field(default_factory=MeasureCache)  # one checkpoint's shared work
     warm: dict[str, Any] | None = None  # carried across a tracker's evaluations (start vectors)
     optimizer: Any = None  # the training optimizer or its state dict (a tracker's step)
 
@@ -581,7 +611,7 @@ def run_measure(spec: MeasureSpec, ctx: MeasureContext) -> MeasureResult:
     opts = parse_options(info.options, spec.options, spec.name)
     engine = ctx.engine
     before = engine.counters() if engine is not None else {}
-    ctx.budget = spec.budget(ctx.max_seconds, ctx.cache.get("seconds_per_product"))
+    ctx.budget = spec.budget(ctx.max_seconds, ctx.cache.seconds_per_product)
     dist = getattr(ctx.problem, "dist", None)
     if dist is not None and dist.active:  # every rank stops at the same block
         ctx.budget.agree = dist.any

@@ -215,13 +215,13 @@ def estimate_diagonal(
 
     Shared within one checkpoint's run: ``normalized_sharpness``, ``ns_bound`` and
     ``fisher_rao_term`` need the same diagonal, so the first computes it and the others take it
-    from ``ctx.cache`` (one dict per checkpoint) when everything it depends on is equal: the
+    from ``ctx.cache`` (one per checkpoint) when everything it depends on is equal: the
     estimator and its options, the seed, the problem (θ, data, parameter selection) and, for
     ``auto``, the tensors it checks. A shared estimate spends no products and says so
     (``diag_shared`` in the diagnostics); its values are those of the first computation.
     """
     key = _diagonal_key(ctx, opts, tensors)
-    cache = ctx.cache.setdefault("hessian_diagonal", {})
+    cache = ctx.cache.hessian_diagonal
     if key in cache:
         est = cache[key]
         return DiagonalEstimate(est.fixed, list(est.groups), {**est.info, "diag_shared": True})
@@ -286,7 +286,7 @@ class _TensorPart:
 
 def _shared_ggn(ctx, method: str) -> torch.Tensor:
     """The exact Gauss-Newton diagonal, computed once per checkpoint (``ctx.cache``)."""
-    store = ctx.cache.setdefault("ggn_diagonal", {})
+    store = ctx.cache.ggn_diagonal
     key = (id(ctx.problem), id(ctx.engine))
     if key not in store:
         store[key] = _ggn_diagonal(ctx.engine, method)
@@ -305,7 +305,7 @@ def _auto_diagonal(ctx, opts: DiagonalOptions, tensors, info: dict) -> DiagonalE
     names = [n for n in (tensors if tensors is not None else p.names) if n in slices]
     fields = tuple(getattr(opts, f.name) for f in dataclasses.fields(DiagonalOptions))
     key = (id(p), id(eng), ctx.seed, fields[1:])  # every option but the estimator's name
-    known: dict[str, _TensorPart] = ctx.cache.setdefault("diagonal_parts", {}).setdefault(key, {})
+    known: dict[str, _TensorPart] = ctx.cache.diagonal_parts.setdefault(key, {})
     new = [n for n in names if n not in known]
     reused = sum(known[n].unit_vectors for n in names if n in known)
     rules = _rules(opts, check_tolerance(p), reused)

@@ -40,6 +40,7 @@ from ..loading.load import (  # noqa: F401
 )
 from ..measures import (
     Dims,
+    MeasureCache,
     MeasureContext,
     MeasureResult,
     MeasureSpec,
@@ -269,13 +270,11 @@ def measure_model(
                 n: init_state[n].to(st.device, st.dtype) for n in problem.names if n in init_state
             }
         expected = _expected_hvps(specs, work, data[st.split], st) if progress is not None else {}
-        shared: dict[
-            str, Any
-        ] = {}  # products the checkpoint's measures share (the Hessian diagonal)
+        shared = MeasureCache()  # work the checkpoint's measures share (the Hessian diagonal)
         fit = Fit(engine, lambda: problem_dims(work, data[st.split], st))
         order, split, refused = split_budget(st, specs, fit, problem, reuse, budget_among)
         if split is not None and fit.times is not None:  # the first block under a share
-            shared["seconds_per_product"] = fit.times.hvp1
+            shared.seconds_per_product = fit.times.hvp1
 
         def run(spec: MeasureSpec, share: float | None) -> None:
             if reuse and spec.label in reuse:
@@ -390,7 +389,7 @@ def _run_one(
     debug: bool,
     progress,
     share: float | None = None,
-    shared: dict[str, Any] | None = None,
+    shared: MeasureCache | None = None,
 ) -> None:
     """Run one measure into ``row``; a failure is recorded and the other measures go on (in one
     process). Across ranks, a failure that is not a deterministic check (the same on every rank)
@@ -404,7 +403,7 @@ def _run_one(
         init_params=init_params,
         init_state=init_state,
         max_seconds=share,
-        cache=shared if shared is not None else {},
+        cache=shared if shared is not None else MeasureCache(),
     )
     fp32 = problem.lowered and not get_measure(spec.name).low_precision
     try:

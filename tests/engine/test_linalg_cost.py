@@ -205,3 +205,47 @@ def test_diagonal_estimators_spend_what_they_declare(n, block):
         op, calls = spy(A, block)
         linalg.scaled_diagonal(op, torch.ones(n, dtype=DT), samples=samples, generator=gen(1))
         within(linalg.sampled_diagonal_cost(samples), sum(calls), "scaled")
+
+
+@pytest.mark.parametrize(
+    "check,probes,max_exact,samples",
+    [(3, 2, 4096, 64), (3, 2, 5, 16), (1, 1, 0, 8), (25, 3, 30, 4)],
+)
+def test_the_checked_diagonal_spends_what_it_declares(check, probes, max_exact, samples):
+    sizes = {"a": 10, "b": 20, "c": 2}
+    n = sum(sizes.values())
+    tensors, start = {}, 0
+    for name, size in sizes.items():
+        tensors[name] = slice(start, start + size)
+        start += size
+    for seed in range(3):
+        g = gen(seed)
+        J = torch.randn(n, n, generator=g, dtype=DT)
+        G = J.T @ J / n
+        R = torch.zeros(n, n, dtype=DT)
+        b = tensors["b"]
+        Rb = torch.randn(20, 20, generator=g, dtype=DT)
+        R[b, b] = Rb + Rb.T  # curvature beyond Gauss-Newton in tensor b only
+        hvp, calls = spy(G + R)
+        ggn_calls = []
+
+        def ggnvp(V, G=G, ggn_calls=ggn_calls):
+            ggn_calls.append(V.shape[0])
+            return V @ G
+
+        rules = linalg.DiagonalCheck(
+            tol=1e-6, check=check, probes=probes, max_exact=max_exact, samples=samples
+        )
+        res = linalg.checked_gauss_newton_diagonal(
+            hvp,
+            ggnvp,
+            torch.diagonal(G).clone(),
+            torch.randn(n, generator=g, dtype=DT),
+            tensors,
+            rules=rules,
+            generator=gen(seed + 7),
+        )
+        assert "b" in res.curved
+        cost = linalg.checked_diagonal_cost(list(sizes.values()), 10, rules)
+        within(cost, sum(calls) + sum(ggn_calls), (seed, res.exact, res.estimated))
+        assert cost.vjp == (10, 10)

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 
 from ...engine import Problem
-from ...measures import MeasureResult, MeasureSpec
+from ...measures import MeasureCache, MeasureResult, MeasureSpec
 from ..results import Row
 from ..settings import Settings
 from .predict import Fit
@@ -37,7 +37,7 @@ def split_budget(st: Settings, specs, fit: Fit, problem: Problem, reuse, among):
     return order, split, refused_at_start(split, order)
 
 
-def learner(split: BudgetSplit | None, fit: Fit, order, row: Row, shared: dict, how):
+def learner(split: BudgetSplit | None, fit: Fit, order, row: Row, shared: MeasureCache, how):
     """``learn(label)`` after each measure under a budget: once a measure has taken products, the
     predicted seconds per product become the measured ones (`flatcli.run.prediction.predict.Fit.learn`),
     the later measures' seconds are predicted again and what is left of the budget is split
@@ -53,7 +53,7 @@ def learner(split: BudgetSplit | None, fit: Fit, order, row: Row, shared: dict, 
         per = fit.learn(row.results.get(label))
         if per is None:
             return
-        shared["seconds_per_product"] = fit.times.hvp1
+        shared.seconds_per_product = fit.times.hvp1
         split.replan(
             labels.index(label),
             fit.cost(problem, reuse, among)(order),
