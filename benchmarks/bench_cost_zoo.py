@@ -3,7 +3,7 @@
 For each family and size (an MLP, a small CNN with BatchNorm, a ResNet-style network from
 torchvision's blocks, a tiny BERT classifier, a tiny GPT-2 whose head is tied to its
 embedding), the products are timed as ``flatcli measure --dry-run`` times them
-(`flatcli.run.predict.time_products`), every measure gets its predicted seconds (least–most and
+(`flatcli.run.prediction.predict.time_products`), every measure gets its predicted seconds (least–most and
 the timings' interval) and peak, then the measures run (`flatcli.run.measuring.measure_model`)
 and their measured seconds and the process's peak resident memory are set beside the
 prediction. The budget property follows on the same model: twice the unbudgeted seconds must
@@ -177,7 +177,7 @@ def predicted(model, data, measures, fields) -> tuple[dict, float, tuple[float, 
     from flatcli.config import parse_measures
     from flatcli.engine import Batch
     from flatcli.run.measuring import problem_dims
-    from flatcli.run.predict import predict, time_products
+    from flatcli.run.prediction.predict import predict, time_products
     from flatcli.run.settings import Settings
 
     st = Settings.build(None, precision="fp32", **fields)

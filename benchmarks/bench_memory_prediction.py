@@ -3,8 +3,8 @@ Lanczos steps) and a 16-probe Hutchinson trace on GPT-2-shaped models with rando
 (`benchmarks/bench_large.py`'s ``build``: vocabulary 8192, ``--rows`` × ``--length`` tokens,
 ``causal_lm``), in fp32 defaults and in ``precision: bf16`` + ``recompute: true``.
 
-Each cell runs in a fresh process: one dry-run per (size, setting) (`flatcli.run.predict.time_products`
-and `flatcli.run.predict.predict`, as ``flatcli measure --dry-run`` does; its own wall seconds and peak
+Each cell runs in a fresh process: one dry-run per (size, setting) (`flatcli.run.prediction.predict.time_products`
+and `flatcli.run.prediction.predict.predict`, as ``flatcli measure --dry-run`` does; its own wall seconds and peak
 resident set are recorded too), and one run per (size, setting, measure) (`flatcli.measure_model`),
 whose peak resident set (``VmHWM``, the whole process: Python, torch, weights and tokens included)
 is the measured figure. ``ratio`` = measured / predicted; the goal is within ×1.5 either way.
@@ -57,7 +57,7 @@ def child(args) -> dict:
     from benchmarks.bench_large import build
     from flatcli.config import parse_measures
     from flatcli.run.measuring import measure_model, problem_dims
-    from flatcli.run.predict import predict, time_products
+    from flatcli.run.prediction.predict import predict, time_products
     from flatcli.run.settings import Settings
 
     torch.set_num_threads(args.threads)

@@ -1,8 +1,8 @@
-"""Predicted against measured seconds (``--dry-run``'s prediction, `flatcli.run.predict`) for
+"""Predicted against measured seconds (``--dry-run``'s prediction, `flatcli.run.prediction.predict`) for
 hessian_lambda_max, hessian_trace and hessian_spectrum on three models.
 
 For each model: the products are timed as ``flatcli measure --dry-run`` times them
-(`flatcli.run.predict.time_products`: a forward pass, a gradient, HVPs of one vector and of one block
+(`flatcli.run.prediction.predict.time_products`: a forward pass, a gradient, HVPs of one vector and of one block
 over the measurement set), every measure gets its predicted seconds (least–most, from its declared
 counts), then the three measures run (`flatcli.measure_model`) and their wall seconds are set
 beside the prediction. ``ratio`` is measured / predicted at the products the run actually spent
@@ -114,7 +114,7 @@ def run_case(case, device: str) -> list[dict]:
     from flatcli.engine import Batch
     from flatcli.measures import MeasureSpec
     from flatcli.run.measuring import measure_model, problem_dims
-    from flatcli.run.predict import predict, time_products
+    from flatcli.run.prediction.predict import predict, time_products
     from flatcli.run.settings import Settings
 
     name, model, data, fields = case

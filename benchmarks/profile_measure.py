@@ -33,15 +33,15 @@ PHASES = {  # "module:function" -> phase (every name public)
     "flatcli.keys:job_fingerprints": "hashing: job_fingerprints",
     "flatcli.run.preflight:check_loaded": "pre-flight: check_loaded (memory check)",
     "flatcli.loading.data:check_finite_data": "pre-flight: check_finite_data",
-    "flatcli.run.checkpoint:problem_dims": "pre-flight: problem_dims",
-    "flatcli.run.memory:check_products": "pre-flight: check_products",
-    "flatcli.run.budgeting:split_budget": "pre-flight: split_budget",
+    "flatcli.run.measuring:problem_dims": "pre-flight: problem_dims",
+    "flatcli.run.prediction.memory:check_products": "pre-flight: check_products",
+    "flatcli.run.prediction.budgeting:split_budget": "pre-flight: split_budget",
     "flatcli.engine.linalg:t_factor": "measure: t_factor (first: imports scipy)",
     "flatcli.engine.linalg:hutchinson": "measure: hutchinson",
     "flatcli.engine.linalg:hutchpp": "measure: hutchpp",
     "flatcli.engine.linalg:lanczos": "measure: lanczos",
     "flatcli.run.results:write_results": "writing: write_results",
-    "flatcli.run.checkpoint:measure_model": "measure_model (all of a checkpoint)",
+    "flatcli.run.measuring:measure_model": "measure_model (all of a checkpoint)",
 }
 
 

@@ -145,9 +145,9 @@ class RuntimeConfig:
     max_basis_vectors: int | str | None = field(
         default="auto", metadata=_rule("max_basis_vectors", **_NEW)
     )
-    # per-batch gradient graphs kept across products at one θ (flatcli.run.memory.graph_choice)
+    # per-batch gradient graphs kept across products at one θ (flatcli.run.prediction.memory.graph_choice)
     cache_graphs: bool | str = field(default="auto", metadata=_rule("cache_graphs", **_NEW))
-    # predicted peak memory checked against free memory before the data and the first product (flatcli.run.memory)
+    # predicted peak memory checked against free memory before the data and the first product (flatcli.run.prediction.memory)
     check_memory: bool = field(default=True, metadata=_rule("check_memory", **_NEW))
     # seconds per checkpoint (parse_seconds)
     budget: float | str | None = field(default=None, metadata=_rule("budget", **_NEW))

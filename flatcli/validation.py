@@ -380,12 +380,12 @@ SETTINGS: dict[str, Rule] = {
     "cache_graphs": Rule(
         Either(Bool(), OneOf(*RECOMPUTE), words="true, false or auto"),
         "keep per-batch gradient graphs across Hessian products at one θ (auto: when the "
-        "predicted peak with them fits in half the free memory; flatcli.run.memory.graph_choice)",
+        "predicted peak with them fits in half the free memory; flatcli.run.prediction.memory.graph_choice)",
     ),
     "check_memory": Rule(
         Bool(),
         "check before loading the data and before the first product that the run fits in "
-        "free memory (flatcli.run.memory)",
+        "free memory (flatcli.run.prediction.memory)",
     ),
     "budget": Rule(Optional(Seconds()), "seconds for one checkpoint's measures (null: no cap)"),
     "max_hvps": Rule(

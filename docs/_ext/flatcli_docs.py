@@ -335,6 +335,31 @@ def _options_section(info) -> list[str]:
     return lines + [""]
 
 
+COST_SIZES = (1_000, 100_000, 10_000_000)  # the P of the measure reference's cost table
+
+
+def _cost_section(info) -> list[str]:
+    """The measure's declared cost: its declaration's docstring and, at the default options, the
+    products, passes and vectors for a few sizes (`flatcli.engine.linalg.Cost.summary`)."""
+    from flatcli.measures import Dims
+
+    lines = _heading("Cost", "-")
+    if info.declare_cost is None:
+        return lines + ["Not declared.", ""]
+    doc = inspect.getdoc(info.declare_cost) or ""
+    lines += [
+        "Declared by the measure from the declarations of the estimators it runs "
+        "(`flatcli.engine.linalg.Cost`): " + doc,
+        "",
+        "At the default options (n = 10,000 samples, 10 outputs):",
+        "",
+    ]
+    for P in COST_SIZES:
+        dims = Dims(P=P, n=10_000, C=10, tensors=(P,), matrices=(P,), matrix_tensors=(0,))
+        lines += [f"- P = {P:,}: {info.default_cost(dims).summary()}"]
+    return lines + [""]
+
+
 def measure_page(info) -> str:
     """The reference page (reStructuredText) of one registry entry (`flatcli.measures.MeasureInfo`)."""
     module = sys.modules.get(info.fn.__module__)
@@ -356,8 +381,7 @@ def measure_page(info) -> str:
         "``max_seconds`` and ``max_hvps`` (see :doc:`/guide/budgets`).",
         "",
     ]
-    lines += _heading("Cost", "-")
-    lines += [rst_escape(info.cost or "not declared"), ""]
+    lines += _cost_section(info)
     stops = _flag(info.stops_early, info, "yes", "no")
     lines += [f"Stops early at a cap with its estimate so far: {rst_escape(stops)}.", ""]
     lines += _heading("Applicability", "-")

@@ -124,7 +124,7 @@ def measure(
         allow_unsafe_pickle, budget), what the CLI's shared flags build.
         ``run.threads`` sizes torch's intra-op threads (`use_threads`; the choice is
         ``report.meta["threads"]``); ``run.budget`` (seconds or ``"10m"``) caps each
-        checkpoint's measures together (`flatcli.run.shares`).
+        checkpoint's measures together (`flatcli.run.prediction.shares`).
     outdir : str or Path, optional
         Where results.csv and results.json go (default the config's ``output.dir`` when set,
         else nothing is written). Both are rewritten atomically after every finished measure,

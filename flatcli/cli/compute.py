@@ -210,7 +210,7 @@ def measures_cmd(
     debug: DebugOpt = False,
 ):
     """List every measure with a one-line description and its options."""
-    from ..measures import list_measures  # lazy: CLI start-up (loads torch)
+    from ..measures import Dims, list_measures  # lazy: CLI start-up (loads torch)
     from ..measures._options import describe_options  # lazy: CLI start-up (loads torch)
 
     infos = list_measures(pattern)
@@ -227,9 +227,12 @@ def measures_cmd(
     t.add_column("measure")
     t.add_column("description")
     t.add_column("options (default)")
+    dims = Dims(P=100_000, n=10_000, C=10, tensors=(100_000,), matrices=(100_000,))
     for info in infos:
         opts = ", ".join(f"{n} ({d})" for n, d, _ in describe_options(info.options)) or "-"
         desc = info.description + (f"\n[dim]{info.reference}[/dim]" if info.reference else "")
+        if info.declare_cost is not None:  # the declared cost at the defaults, P = 100,000
+            desc += f"\ncost (defaults, P = 100,000): {info.default_cost(dims).summary()}"
         t.add_row(info.name, desc, opts)
     print_table(console, t)
 

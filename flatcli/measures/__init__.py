@@ -19,19 +19,25 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..engine.linalg.budget import Budget
+from ..engine.linalg.declarations import Cost
 from ..engine.losses import NotApplicable
 from ..errors import ConfigError
 from ._options import parse_options
 
+if TYPE_CHECKING:  # annotations only: importing the engine here would load it with the registry
+    from ..engine import CurvatureEngine, Problem
+
 __all__ = [
+    "Cost",
     "Dims",
     "MeasureResult",
     "MeasureContext",
+    "MeasureCache",
     "MeasureSpec",
     "register",
     "get_measure",
@@ -88,6 +94,34 @@ class MeasureResult:
 
 
 @dataclass
+class MeasureCache:
+    """Work one checkpoint's measures share (same θ, same data), one typed part per kind of work.
+
+    Attributes
+    ----------
+    seconds_per_product : float or None
+        A timed Hessian-vector product: the first block of a measure under a budget share
+        expects it (`flatcli.engine.linalg.Budget.allow`).
+    hessian_diagonal : dict
+        Hessian diagonals by estimator, options, seed, problem and tensors
+        (`flatcli.measures._hessian_diag.estimate_diagonal`).
+    ggn_diagonal : dict
+        The exact Gauss-Newton diagonal by problem and engine.
+    diagonal_parts : dict
+        The ``auto`` diagonal's checked tensors by problem, engine, seed and options.
+    slq_runs : dict
+        SLQ runs of the Hessian by problem, engine, seed, steps and precision
+        (`flatcli.measures._slq_shared.SharedSLQ`).
+    """
+
+    seconds_per_product: float | None = None
+    hessian_diagonal: dict[Hashable, Any] = field(default_factory=dict)
+    ggn_diagonal: dict[Hashable, torch.Tensor] = field(default_factory=dict)
+    diagonal_parts: dict[Hashable, dict[str, Any]] = field(default_factory=dict)
+    slq_runs: dict[Hashable, Any] = field(default_factory=dict)
+
+
+@dataclass
 class MeasureContext:
     """Everything a measure may use. Measures never mutate ``model``.
 
@@ -105,8 +139,8 @@ class MeasureContext:
         This measure's share of the checkpoint's ``runtime.budget``.
     budget : flatcli.engine.linalg.Budget
         Set by `run_measure`: pass it to the estimators.
-    cache : dict
-        Shared by one checkpoint's measures (same θ, same data).
+    cache : MeasureCache
+        The work shared by one checkpoint's measures (same θ, same data).
     warm : dict or None
         State one measure carries from one evaluation to the next at nearby θ (the tracker of a
         training run, `flatcli.tracking.Tracker`): a warm-startable measure reads its start vectors
@@ -116,8 +150,8 @@ class MeasureContext:
         (``preconditioned_lambda_max``); None outside a tracked training run.
     """
 
-    problem: Any
-    engine: Any
+    problem: Problem
+    engine: CurvatureEngine | None
     seed: int = 0
     init_params: dict[str, torch.Tensor] | None = None
     init_state: dict[str, torch.Tensor] | None = None
@@ -125,9 +159,7 @@ class MeasureContext:
     budget: Budget = field(
         default_factory=Budget
     )  # set by `run_measure`: pass it to the estimators
-    cache: dict[str, Any] = field(
-        default_factory=dict
-    )  # shared by one checkpoint's measures (same θ, data); "seconds_per_product": a timed HVP
+    cache: MeasureCache = field(default_factory=MeasureCache)  # one checkpoint's shared work
     warm: dict[str, Any] | None = None  # carried across a tracker's evaluations (start vectors)
     optimizer: Any = None  # the training optimizer or its state dict (a tracker's step)
 
@@ -166,7 +198,7 @@ class Dims:
 
 
 Claim = Callable[[Any], "bool | str"]
-Estimate = Callable[[Any, Dims], "dict[str, int | tuple[int, int]]"]
+DeclareCost = Callable[[Any, Dims], Cost]
 Shared = Callable[[Any, Dims], "dict[Hashable, dict[str, int]]"]
 Note = Callable[[MeasureResult, MeasureResult, Any], "str | None"]
 Artifacts = Callable[[MeasureResult, Path, str], "list[Path]"]
@@ -176,7 +208,7 @@ Artifacts = Callable[[MeasureResult, Path, str], "list[Path]"]
 class MeasureInfo:
     """A registry entry: everything the CLI, the docs and the checks need about one measure.
 
-    The hooks (``invariant``, ``estimate``, ``applicable``, ``stops_early``, ``artifacts``,
+    The hooks (``invariant``, ``declare_cost``, ``applicable``, ``stops_early``, ``artifacts``,
     ``invariance_note``) are how a measure owns its rules; the pipeline, ``--dry-run`` and
     ``check-invariance`` only call them.
 
@@ -188,8 +220,8 @@ class MeasureInfo:
         ``fn(ctx: MeasureContext, opts) -> MeasureResult``.
     options : type
         The frozen options dataclass.
-    description, reference, cost : str
-        One line each: what it is, the papers, the cost formula in words.
+    description, reference : str
+        One line each: what it is, the papers.
     stochastic : bool
         Whether the value depends on a seed.
     needs_init : bool
@@ -207,19 +239,14 @@ class MeasureInfo:
     artifacts : callable or None
         ``(result, path_stem, title) -> [paths]``: files (plots) drawn from a result by
         ``flatcli measure --plots``.
-    estimate : callable or None
-        ``(opts, dims) -> {counter: n or (least, most)}``: the products a run will count
-        (``n_hvp``, ``n_grad``, ``n_forward``, ``n_vjp``; full-set equivalents), exactly or as a
-        range for adaptive estimators; what ``--dry-run`` prints. Counters not named are 0.
-        Optional keys shape the predicted seconds and memory (`flatcli.run.predict`): ``hvp_block``,
-        the vectors one product call multiplies (default 1; 0: the engine's block size);
-        ``vectors``, the P-length vectors the estimator keeps (default: one block);
-        ``vector_ops``, the P-length dot products and axpys of its own (reorthogonalization
-        against one basis); ``batched_vector_ops``, those of runs in lockstep, each against its
-        own basis (SLQ).
+    declare_cost : callable or None
+        ``(opts, dims) -> Cost``: the work a run will do (`flatcli.engine.linalg.Cost`: products,
+        passes, vectors, vector operations, each as (least, most)), composed from the declarations
+        of the estimators it runs (`flatcli.engine.linalg.lanczos_cost`, ``hutchinson_cost``, ...);
+        what ``--dry-run``, budgets and the memory prediction read (`MeasureSpec.estimate`).
     shared : callable or None
         ``(opts, dims) -> {part: {counter: n}}``: the parts of its least work (the counters each
-        spends, as in ``estimate``) that another measure of the checkpoint may have done already
+        spends, as in ``declare_cost``) that another measure of the checkpoint may have done already
         and that it then reuses (a Hessian diagonal's tensors): a budget's split weighs each part
         once, for the first measure that needs it.
     applicable : callable or None
@@ -249,16 +276,21 @@ class MeasureInfo:
     stochastic: bool = False
     invariant: bool | Claim = False
     needs_init: bool = False
-    cost: str = ""
     invariance_options: dict[str, Any] = field(default_factory=dict)
     invariance_note: Note | None = None
     artifacts: Artifacts | None = None
-    estimate: Estimate | None = None
+    declare_cost: DeclareCost | None = None
     applicable: Callable[[Any, Any], str | None] | None = None
     stops_early: bool | Callable[[Any], bool] = False
     low_precision: bool = False
     revision: int = 1
     shared: Shared | None = None
+
+    def default_cost(self, dims: Dims) -> Cost | None:
+        """The cost it declares with its default options on a problem of ``dims`` (None: none)."""
+        if self.declare_cost is None:
+            return None
+        return self.declare_cost(parse_options(self.options, {}, self.name), dims)
 
     @property
     def may_claim_invariance(self) -> bool:
@@ -292,11 +324,10 @@ def register(
     stochastic: bool = False,
     invariant: bool | Claim = False,
     needs_init: bool = False,
-    cost: str = "",
     invariance_options: dict[str, Any] | None = None,
     invariance_note: Note | None = None,
     artifacts: Artifacts | None = None,
-    estimate: Estimate | None = None,
+    declare_cost: DeclareCost | None = None,
     applicable: Callable[[Any, Any], str | None] | None = None,
     stops_early: bool | Callable[[Any], bool] = False,
     low_precision: bool = False,
@@ -322,17 +353,14 @@ def register(
         the parsed options returns ``True`` or the reason it does not hold.
     needs_init : bool
         Whether it needs ``init_checkpoint``.
-    cost : str
-        The cost formula in words (the measure reference and ``flatcli measures`` show it).
     invariance_options : dict, optional
         Options ``flatcli check-invariance`` turns on unless the user set them.
     invariance_note : callable, optional
         ``(original, rescaled, opts) -> str | None``, a remark printed with the check.
     artifacts : callable, optional
         ``(result, path_stem, title) -> [paths]``: plots drawn by ``flatcli measure --plots``.
-    estimate : callable, optional
-        ``(opts, dims) -> {counter: n or (least, most)}``: the products a run will count
-        (``--dry-run``; see `MeasureInfo`).
+    declare_cost : callable, optional
+        ``(opts, dims) -> Cost``: the work a run will do (``--dry-run``; see `MeasureInfo`).
     applicable : callable, optional
         ``(opts, problem) -> reason | None``: a cheap check before any product.
     stops_early : bool or callable
@@ -368,11 +396,10 @@ def register(
             stochastic=stochastic,
             invariant=invariant,
             needs_init=needs_init,
-            cost=cost,
             invariance_options=dict(invariance_options or {}),
             invariance_note=invariance_note,
             artifacts=artifacts,
-            estimate=estimate,
+            declare_cost=declare_cost,
             applicable=applicable,
             stops_early=stops_early,
             low_precision=low_precision,
@@ -511,12 +538,16 @@ class MeasureSpec:
         dict of str to (int, int), or None
             (least, most) of each counter, or None when the measure declares no estimate.
         """
-        info = get_measure(self.name)
-        if info.estimate is None:
+        cost = self.cost(dims)
+        if cost is None:
             return None
-        raw = info.estimate(self.parsed(), dims)
         # a range never starts above its cap (a floor of steps above max_steps runs max_steps)
-        return {k: (min(v), v[1]) if isinstance(v, tuple) else (v, v) for k, v in raw.items()}
+        return {k: (min(v), v[1]) for k, v in cost.estimate().items()}
+
+    def cost(self, dims: Dims) -> Cost | None:
+        """The work a run of this spec declares (`MeasureInfo.declare_cost`; None when none)."""
+        info = get_measure(self.name)
+        return None if info.declare_cost is None else info.declare_cost(self.parsed(), dims)
 
     def shared_work(self, dims: Dims) -> dict:
         """The parts of its least work another measure of the checkpoint may have done already
@@ -559,7 +590,7 @@ def run_measure(spec: MeasureSpec, ctx: MeasureContext) -> MeasureResult:
     failure. ``ctx.budget`` is set to `MeasureSpec.budget` of ``ctx.max_seconds``; the
     iterative estimators (Lanczos, Hutchinson, Hutch++, SLQ) stop when it is spent and the
     measure reports status ``budget`` with its estimate so far. Measures without an iterative
-    estimator cannot stop early: `flatcli.run.checkpoint` starts them under a cap only when their
+    estimator cannot stop early: `flatcli.run.measuring` starts them under a cap only when their
     predicted seconds fit; when they pass a time cap the diagnostics say so (``over_budget``,
     with ``budget_seconds``).
 
@@ -580,7 +611,7 @@ def run_measure(spec: MeasureSpec, ctx: MeasureContext) -> MeasureResult:
     opts = parse_options(info.options, spec.options, spec.name)
     engine = ctx.engine
     before = engine.counters() if engine is not None else {}
-    ctx.budget = spec.budget(ctx.max_seconds, ctx.cache.get("seconds_per_product"))
+    ctx.budget = spec.budget(ctx.max_seconds, ctx.cache.seconds_per_product)
     dist = getattr(ctx.problem, "dist", None)
     if dist is not None and dist.active:  # every rank stops at the same block
         ctx.budget.agree = dist.any

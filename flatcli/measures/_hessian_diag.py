@@ -215,13 +215,13 @@ def estimate_diagonal(
 
     Shared within one checkpoint's run: ``normalized_sharpness``, ``ns_bound`` and
     ``fisher_rao_term`` need the same diagonal, so the first computes it and the others take it
-    from ``ctx.cache`` (one dict per checkpoint) when everything it depends on is equal: the
+    from ``ctx.cache`` (one per checkpoint) when everything it depends on is equal: the
     estimator and its options, the seed, the problem (θ, data, parameter selection) and, for
     ``auto``, the tensors it checks. A shared estimate spends no products and says so
     (``diag_shared`` in the diagnostics); its values are those of the first computation.
     """
     key = _diagonal_key(ctx, opts, tensors)
-    cache = ctx.cache.setdefault("hessian_diagonal", {})
+    cache = ctx.cache.hessian_diagonal
     if key in cache:
         est = cache[key]
         return DiagonalEstimate(est.fixed, list(est.groups), {**est.info, "diag_shared": True})
@@ -286,7 +286,7 @@ class _TensorPart:
 
 def _shared_ggn(ctx, method: str) -> torch.Tensor:
     """The exact Gauss-Newton diagonal, computed once per checkpoint (``ctx.cache``)."""
-    store = ctx.cache.setdefault("ggn_diagonal", {})
+    store = ctx.cache.ggn_diagonal
     key = (id(ctx.problem), id(ctx.engine))
     if key not in store:
         store[key] = _ggn_diagonal(ctx.engine, method)
@@ -305,17 +305,10 @@ def _auto_diagonal(ctx, opts: DiagonalOptions, tensors, info: dict) -> DiagonalE
     names = [n for n in (tensors if tensors is not None else p.names) if n in slices]
     fields = tuple(getattr(opts, f.name) for f in dataclasses.fields(DiagonalOptions))
     key = (id(p), id(eng), ctx.seed, fields[1:])  # every option but the estimator's name
-    known: dict[str, _TensorPart] = ctx.cache.setdefault("diagonal_parts", {}).setdefault(key, {})
+    known: dict[str, _TensorPart] = ctx.cache.diagonal_parts.setdefault(key, {})
     new = [n for n in names if n not in known]
     reused = sum(known[n].unit_vectors for n in names if n in known)
-    rules = linalg.DiagonalCheck(
-        tol=check_tolerance(p),
-        check=opts.check,
-        probes=opts.check_probes,
-        max_exact=max(0, opts.max_exact - reused),
-        samples=opts.samples,
-        groups=JACKKNIFE_GROUPS,
-    )
+    rules = _rules(opts, check_tolerance(p), reused)
     res = None
     if new:
         res = linalg.checked_gauss_newton_diagonal(
@@ -390,28 +383,39 @@ def diagonal_reason(opts: DiagonalOptions, problem) -> str | None:
     return None
 
 
-def diagonal_estimate(opts: DiagonalOptions, dims, tensors: tuple[int, ...]) -> dict:
-    """The products `estimate_diagonal` counts over ``tensors`` (their sizes), for dry-run estimates."""
+def _rules(opts: DiagonalOptions, tol: float = 0.0, reused: int = 0) -> linalg.DiagonalCheck:
+    """The checks of the ``auto`` diagonal (``reused``: unit vectors of exact tensors kept)."""
+    return linalg.DiagonalCheck(
+        tol=tol,
+        check=opts.check,
+        probes=opts.check_probes,
+        max_exact=max(0, opts.max_exact - reused),
+        samples=opts.samples,
+        groups=JACKKNIFE_GROUPS,
+    )
+
+
+def diagonal_cost(opts: DiagonalOptions, dims, tensors: tuple[int, ...]) -> linalg.Cost:
+    """The products `estimate_diagonal` spends over ``tensors`` (their sizes), from its estimator's
+    declaration (`flatcli.engine.linalg.checked_diagonal_cost` under ``auto``)."""
     m = opts.hessian_diag
     if m == "exact":
-        return {"n_hvp": dims.P}
+        return linalg.exact_diagonal_cost(dims.P).products()
     if m == "ggn":
-        return {"n_vjp": dims.C}
+        return linalg.Cost(vjp=dims.C)
     if m in ("scaled", "hutchinson"):
-        return {"n_hvp": opts.samples}
+        return linalg.sampled_diagonal_cost(opts.samples)
     if m == "finite_difference":
-        return {"n_grad": 2 * opts.samples}
-    checks = sum(
-        min(opts.check, t) + (2 * opts.check_probes if t > opts.check else 0) for t in tensors
-    )
-    return {
-        "n_vjp": dims.C,
-        "n_hvp": (checks, checks + min(opts.max_exact, sum(tensors)) + 2 * opts.samples),
-    }
+        return linalg.Cost(grad=2 * opts.samples)
+    return linalg.checked_diagonal_cost(tensors, dims.C, _rules(opts))
+
+
+def _least(cost: linalg.Cost) -> dict[str, int]:
+    return {k: v[0] for k, v in cost.products().estimate().items()}
 
 
 def diagonal_shared(opts: DiagonalOptions, dims, indices) -> dict:
-    """The parts of `diagonal_estimate`'s least work over the tensors at ``indices`` (into
+    """The parts of `diagonal_cost`'s least work over the tensors at ``indices`` (into
     ``dims.tensors``) that another measure's diagonal may have computed (`estimate_diagonal`'s
     cache), each as the counters it spends: under ``auto`` the Gauss-Newton diagonal (C VJP
     passes, once per checkpoint) and each tensor's check (by tensor and options); under another
@@ -419,14 +423,12 @@ def diagonal_shared(opts: DiagonalOptions, dims, indices) -> dict:
     fields = tuple(getattr(opts, f.name) for f in dataclasses.fields(DiagonalOptions))
     indices = tuple(indices)
     if opts.hessian_diag != "auto":
-        est = diagonal_estimate(opts, dims, tuple(dims.tensors[i] for i in indices))
-        least = {k: v[0] if isinstance(v, tuple) else v for k, v in est.items()}
-        return {("diagonal", fields, indices): least}
+        cost = diagonal_cost(opts, dims, tuple(dims.tensors[i] for i in indices))
+        return {("diagonal", fields, indices): _least(cost)}
     parts: dict = {("ggn_diagonal",): {"n_vjp": dims.C}}
     for i in indices:
-        t = dims.tensors[i]
-        checks = min(opts.check, t) + (2 * opts.check_probes if t > opts.check else 0)
-        parts["check", fields[1:], i] = {"n_hvp": checks}
+        check = linalg.diagonal_check_cost(dims.tensors[i], _rules(opts))
+        parts["check", fields[1:], i] = _least(check)
     return parts
 
 

@@ -92,7 +92,7 @@ def shared_slq(ctx, steps: int) -> SharedSLQ:
     p, eng = ctx.problem, ctx.engine
     precision = (str(p.compute_dtype), bool(torch.backends.cuda.matmul.allow_tf32))
     key = (id(p), id(eng), ctx.seed, int(steps), precision)
-    cache = ctx.cache.setdefault("slq_runs", {})
+    cache = ctx.cache.slq_runs
     if key not in cache:
         cache[key] = SharedSLQ(eng.hessian(), steps, ctx.generator(STREAM))
     return cache[key]
@@ -107,7 +107,7 @@ def kept_abs_trace(ctx, runs: int = 4) -> tuple[float, float] | None:
     precision = (str(p.compute_dtype), bool(torch.backends.cuda.matmul.allow_tf32))
     found = [
         (k[3], v)
-        for k, v in ctx.cache.get("slq_runs", {}).items()
+        for k, v in ctx.cache.slq_runs.items()
         if k[:3] == (id(p), id(eng), ctx.seed) and k[4] == precision and len(v.nodes) >= runs
     ]
     if not found:

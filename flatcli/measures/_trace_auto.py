@@ -26,8 +26,10 @@ def sketch_bytes(o, P: int) -> int:
 
 
 def stochastic_worst(o, P: int) -> int:
-    """The most products a stochastic trace may spend: ``max_probes`` and the near-zero floor's SLQ."""
-    return o.max_probes + linalg.trace.NEAR_ZERO_RUNS * min(linalg.trace.NEAR_ZERO_STEPS, P)
+    """The most products a stochastic trace may spend (`flatcli.engine.linalg.hutchinson_cost`):
+    ``max_probes`` and the near-zero floor's SLQ."""
+    stop = linalg.ProbeStop(min_probes=o.min_probes, max_probes=o.max_probes)
+    return linalg.hutchinson_cost(P, stop).hvp[1]
 
 
 def trace_method(method: str, P: int, o) -> str:
@@ -86,3 +88,15 @@ def auto_check(ctx, opts):
         "check_predicted_probes": linalg.probes_to_tolerance(c.samples, opts.tol),
     }
     return dataclasses.replace(opts, method=method, max_probes=most), diag
+
+
+def trace_auto_cost(o, d) -> linalg.Cost:
+    """What ``auto`` with its check declares: the check (``min_probes`` probes, no near-zero
+    floor), then Hutchinson capped at P − ``min_probes`` probes (`auto_after_check`) or the exact
+    trace: at most P plus the larger of the check and the near-zero floor."""
+    first = min(o.min_probes, o.max_probes)
+    check = linalg.ProbeStop(min_probes=first, max_probes=first)
+    after = linalg.ProbeStop(min_probes=first, max_probes=d.P - first)
+    hutchinson = linalg.hutchinson_cost(d.P, after, device=d.device, dtype=d.dtype)
+    chosen = hutchinson.either(linalg.exact_diagonal_cost(d.P))
+    return linalg.hutchinson_cost(d.P, check, floor=False).then(chosen)

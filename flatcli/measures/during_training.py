@@ -15,8 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..engine import NotApplicable, linalg
-from ..engine.linalg import certified_min_steps
-from . import MeasureResult, register
+from . import Cost, MeasureResult, register
 from ._options import Integral, Optional, Real, Str, opt
 from ._preconditioner import finite_positive, load_state, preconditioner
 from ._warm import keep_ritz_vectors, warm_start
@@ -36,13 +35,17 @@ def gd_threshold(name: str) -> bool:
 # ---------------------------------------------------------------------------- gradient norm
 
 
+def _gradient_norm_cost(o, d) -> Cost:
+    """One gradient pass over the measurement set."""
+    return Cost(grad=1)
+
+
 @register(
     "gradient_norm",
     description="Euclidean norm ‖∇L(θ)‖ of the loss gradient over the measurement set (exact; "
     "not a flatness measure: how far θ is from a stationary point, tracked during training)",
     reference="the loss gradient over the measurement set (one full-set gradient pass)",
-    cost="one gradient pass over the measurement set",
-    estimate=lambda o, d: {"n_grad": (1, 1)},
+    declare_cost=_gradient_norm_cost,
 )
 def gradient_norm(ctx, opts) -> MeasureResult:
     r""":math:`\|\nabla L(\theta)\|_2` over the whole measurement set, exact; ``loss`` in
@@ -70,6 +73,20 @@ class TopEigenvaluesOptions:
     )
 
 
+def _top_stop(o: TopEigenvaluesOptions, min_steps, budget=None) -> linalg.KrylovStop:
+    """The block Lanczos's stop: at most ``max_steps`` products, and its first block."""
+    return linalg.KrylovStop(o.tol, min_steps, max(o.max_steps, o.top_k), budget)
+
+
+def _top_cost(o: TopEigenvaluesOptions, d) -> Cost:
+    """Block Lanczos in blocks of ``top_k`` (warm inside a tracker: from its first block); with
+    fp32 verification one product per Ritz pair."""
+    cost = linalg.lanczos_cost(d.P, _top_stop(o, o.min_steps), k=o.top_k, block=o.top_k, warm=True)
+    if d.verify:
+        cost = cost + linalg.verify_eigenpair_cost(min(d.P, o.top_k)).optional()
+    return cost
+
+
 @register(
     "hessian_top_eigenvalues",
     stops_early=True,
@@ -79,20 +96,7 @@ class TopEigenvaluesOptions:
     "columns); warm-started inside a tracker." + PADDING_NOTE,
     reference="block Lanczos with full reorthogonalization (Golub & Van Loan §10.3.6)",
     stochastic=True,
-    cost="block Lanczos, blocks of top_k HVPs: certified_min_steps(P) to max_steps HVPs "
-    "(+ top_k fp32 HVPs with precision auto on TF32 GPUs)",
-    estimate=lambda o, d: {
-        "n_hvp": (
-            min(d.P, o.top_k),
-            min(d.P, max(o.max_steps, o.top_k)) + int(d.verify) * min(d.P, o.top_k),
-        ),
-        "hvp_block": o.top_k,
-        "vectors": min(d.P, max(o.max_steps, o.top_k)) + linalg.LANCZOS_WORK_VECTORS * o.top_k,
-        "vector_ops": (
-            2 * min(d.P, o.min_steps or certified_min_steps(d.P)) ** 2,
-            2 * min(d.P, max(o.max_steps, o.top_k)) ** 2,
-        ),
-    },
+    declare_cost=_top_cost,
 )
 def hessian_top_eigenvalues(ctx, opts: TopEigenvaluesOptions) -> MeasureResult:
     r"""The ``top_k`` largest algebraic eigenvalues :math:`\lambda_1 \ge \dots \ge \lambda_k` of H
@@ -112,7 +116,7 @@ def hessian_top_eigenvalues(ctx, opts: TopEigenvaluesOptions) -> MeasureResult:
         v0=start,
         generator=ctx.generator(),
         return_vectors=True,
-        stop=linalg.KrylovStop(opts.tol, min_steps, max(opts.max_steps, k), ctx.budget),
+        stop=_top_stop(opts, min_steps, ctx.budget),
     )
     keep_ritz_vectors(ctx, r)
     vals = [float(v) for v in r.eigenvalues[:k]]
@@ -169,6 +173,17 @@ def _needs_state(opts: PreconditionedOptions, problem) -> str | None:
     return None
 
 
+def _preconditioned_stop(o: PreconditionedOptions, min_steps, budget=None) -> linalg.KrylovStop:
+    return linalg.KrylovStop(o.tol, min_steps, o.max_steps, budget)
+
+
+def _preconditioned_cost(o: PreconditionedOptions, d) -> Cost:
+    """Lanczos on the preconditioned operator, with the preconditioner's vector beside it; none
+    without an optimizer state (not_applicable)."""
+    lanczos = linalg.lanczos_cost(d.P, _preconditioned_stop(o, o.min_steps))
+    return (lanczos + Cost(vectors=1)).optional()
+
+
 @register(
     "preconditioned_lambda_max",
     stops_early=True,
@@ -180,14 +195,7 @@ def _needs_state(opts: PreconditionedOptions, problem) -> str | None:
     reference="Cohen et al. 2022, Adaptive gradient methods at the edge of stability (§2); "
     "Kingma & Ba 2015 (Alg. 1)",
     stochastic=True,
-    cost="one HVP per Lanczos step (certified_min_steps(P) to max_steps); none without an "
-    "optimizer state (not_applicable)",
-    estimate=lambda o, d: {
-        "n_hvp": (0, min(d.P, o.max_steps)),
-        "hvp_block": 1,
-        "vectors": min(d.P, o.max_steps) + linalg.LANCZOS_WORK_VECTORS + 1,
-        "vector_ops": (0, 2 * min(d.P, o.max_steps) ** 2),
-    },
+    declare_cost=_preconditioned_cost,
 )
 def preconditioned_lambda_max(ctx, opts: PreconditionedOptions) -> MeasureResult:
     r"""Largest eigenvalue of :math:`A = P^{-1/2} H P^{-1/2}` (that of :math:`P^{-1}H`), larger
@@ -224,7 +232,7 @@ def preconditioned_lambda_max(ctx, opts: PreconditionedOptions) -> MeasureResult
         v0=start,
         generator=ctx.generator(),
         return_vectors=ctx.warm is not None,
-        stop=linalg.KrylovStop(opts.tol, min_steps, opts.max_steps, ctx.budget),
+        stop=_preconditioned_stop(opts, min_steps, ctx.budget),
     )
     keep_ritz_vectors(ctx, r)
     lam = float(r.eigenvalues[0])

@@ -109,7 +109,7 @@ from torch import nn
 
 from ..engine.linalg.sem import mean_stderr
 from ..errors import ConfigError, MeasurementError
-from . import MeasureResult, register
+from . import Cost, MeasureResult, register
 from ._options import Bool, Integral, Optional, Real, Str, opt
 from .relative_flatness import (
     _claim,
@@ -181,11 +181,14 @@ class _EditInput:
         return None if self.edit is None else (self.edit(args[0]), *args[1:])
 
 
-def _estimate(o, d) -> dict:
+def _cost(o, d) -> Cost:
+    """Forward passes: the one at θ, two per draw and point of the curve (one more with
+    ``normalize_features``); representativeness adds its draws and folds' passes and ``kde_folds``
+    exact KDE evaluations (n_test × n_train kernel sums, not declared)."""
     forwards = 1 + 2 * o.samples * o.curve + int(o.normalize_features)
     if o.representativeness:
         forwards += 2 * o.samples + 2 + o.kde_samples * (o.kde_folds - 1)
-    return {"n_forward": forwards}
+    return Cost(forward=forwards)
 
 
 @register(
@@ -197,9 +200,7 @@ def _estimate(o, d) -> dict:
     invariant=_claim,
     invariance_options={"normalize_features": True},
     invariance_note=_note,
-    cost="1 + 2·samples·curve forward passes over S (+1 with normalize_features); representativeness adds "
-    "2·samples + 2 + kde_samples·(kde_folds − 1) forward passes and kde_folds exact KDE evaluations (n_test × n_train kernel sums)",
-    estimate=_estimate,
+    declare_cost=_cost,
     applicable=lambda o, p: rows_only_reason(p, NAME),
 )
 def feature_robustness(ctx, opts: FeatureRobustnessOptions) -> MeasureResult:

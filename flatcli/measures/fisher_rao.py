@@ -49,7 +49,7 @@ import torch
 
 from ..engine.linalg.sem import mean_stderr
 from ..errors import ConfigError
-from . import MeasureResult, register
+from . import Cost, MeasureResult, register
 from ._bn import folded_measurement, folding_reason
 from ._options import Bool, OneOf, opt
 
@@ -66,18 +66,20 @@ class FisherRaoOptions:
     )
 
 
+def _cost(o, d) -> Cost:
+    """One pass over the measurement set for the per-sample directions (a second with a folded
+    BatchNorm, for ``raw_parameterization_value``); ``labels: model`` adds the forward pass that
+    draws the labels."""
+    return Cost(grad=(1, 1 + int(o.fold_batchnorm)), forward=int(o.labels == "model"))
+
+
 @register(
     "fisher_rao_norm",
     options=FisherRaoOptions,
     description="Fisher-Rao norm: mean over S of ⟨θ, ∇_θ ℓ(x, y; θ)⟩² (forward-mode, per-sample).",
     reference="Liang, Poggio, Rakhlin & Stokes 2019 (AISTATS, Def. 2 and Thm. 3.1); Jiang et al. 2020 (§C)",
     stochastic=False,
-    cost="one forward-mode pass over S (labels: model adds one forward pass; a folded BatchNorm one more "
-    "forward-mode pass for raw_parameterization_value)",
-    estimate=lambda o, d: {
-        "n_grad": (1, 1 + int(o.fold_batchnorm)),
-        "n_forward": int(o.labels == "model"),
-    },
+    declare_cost=_cost,
     applicable=lambda o, p: folding_reason(p, o.fold_batchnorm),
     invariant=True,
 )

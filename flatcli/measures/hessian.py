@@ -28,13 +28,12 @@ import numpy as np
 import torch
 
 from ..engine import linalg
-from ..engine.linalg import certified_min_steps
 from ..errors import ConfigError
 from . import MeasureResult, register
 from ._esd import ESD_FLOOR, esd_figure, plot_esd  # noqa: F401  (their home before)
 from ._options import Integral, OneOf, Optional, Real, opt
 from ._slq_shared import kept_abs_trace, no_slq_run, shared_slq
-from ._trace_auto import auto_check, stochastic_worst, trace_method
+from ._trace_auto import auto_check, trace_auto_cost, trace_method
 from ._warm import keep_ritz_vectors, warm_start
 
 PADDING_NOTE = (  # the padding convention, in every Hessian measure's description
@@ -68,14 +67,18 @@ class LambdaMaxOptions:
     )
 
 
-def lanczos_basis(d, max_steps: int, min_steps: int | None) -> int:
-    """P-vectors of λmax's Lanczos basis: one a step up to ``max_steps``, at most the thick-restart
-    cap ``d.max_basis`` (``runtime.max_basis_vectors``), which Lanczos raises to the certified step
-    count (`flatcli.engine.linalg.lanczos.basis_limit`)."""
-    rows = min(d.P, max_steps)
-    if d.max_basis is None:
-        return rows
-    return min(rows, max(d.max_basis, linalg.basis_floor(d.P, 1, 1, min_steps)))
+def _lambda_max_cost(o: LambdaMaxOptions, d) -> linalg.Cost:
+    """Lanczos under the measure's stop (its basis capped by ``runtime.max_basis_vectors``); with
+    fp32 verification (precision auto with TF32 products, or bf16) the Ritz pair's check and the
+    fp32 refinement it may need. ``per_layer`` json or columns adds one Lanczos per parameter
+    tensor, which is not declared."""
+    stop = linalg.KrylovStop(min_steps=o.min_steps, max_steps=o.max_steps, max_basis=d.max_basis)
+    cost = linalg.lanczos_cost(d.P, stop)
+    if d.verify:
+        refine = linalg.KrylovStop(min_steps=1, max_steps=o.max_steps)
+        cost = cost + linalg.verify_eigenpair_cost()
+        cost = cost + linalg.lanczos_cost(d.P, refine).products().optional()
+    return cost
 
 
 @register(
@@ -88,23 +91,7 @@ def lanczos_basis(d, max_steps: int, min_steps: int | None) -> int:
     + PADDING_NOTE,
     reference="Keskar et al. 2017; Lanczos with full reorthogonalization (Golub & Van Loan §10.1)",
     stochastic=True,
-    cost="one HVP per Lanczos step (certified_min_steps(P) to max_steps) + 1 fp32 HVP with precision auto on "
-    "TF32 GPUs and with bf16; per_layer json/columns adds Σ_b min(P_b, certified_min_steps(P_b)…max_steps) HVPs "
-    "(one Lanczos per parameter tensor b of size P_b)",
-    estimate=lambda o, d: {
-        "n_hvp": (
-            min(d.P, o.min_steps or certified_min_steps(d.P)) + int(d.verify),
-            (1 + int(d.verify)) * min(d.P, o.max_steps) + int(d.verify),
-        ),  # + fp32 refinement
-        "hvp_block": 1,
-        # the Krylov basis and Lanczos's own working vectors
-        "vectors": lanczos_basis(d, o.max_steps, o.min_steps) + linalg.LANCZOS_WORK_VECTORS,
-        # full reorthogonalization, twice: 2·j dot products and axpys at step j
-        "vector_ops": (
-            2 * min(d.P, o.min_steps or certified_min_steps(d.P), o.max_steps) ** 2,
-            2 * min(d.P, o.max_steps) ** 2,
-        ),
-    },
+    declare_cost=_lambda_max_cost,
 )
 def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     r"""Largest algebraic eigenvalue :math:`\lambda_{\max}(H)`, larger means sharper.
@@ -300,36 +287,24 @@ class TraceOptions:
     )
 
 
-def _trace_estimate(o, d) -> dict:
-    """Probes (HVPs) in blocks of the engine's block size (``hvp_block`` 0), the first block
-    ``min_probes`` of them, at most ``max_probes`` and the near-zero floor's SLQ products; the
-    estimator holds those probes and their products (2 P-vectors per probe), the most while the
-    near-zero floor's SLQ runs beside them
-    (`flatcli.engine.linalg.trace.near_zero_vectors`: its runs in lockstep on this device);
-    Hutch++ keeps its sketch (up to a third of the probes) beside them. ``auto`` with its check
-    (`trace_method`): the check's ``min_probes``, then Hutchinson (at least ``min_probes``, its
-    probes capped at P − ``min_probes``) or the exact trace (P): at most P plus the larger of the
-    check and the near-zero floor."""
-    o = dataclasses.replace(o, method=trace_method(o.method, d.P, o))
-    if o.method == "exact":
-        return {"n_hvp": d.P, "hvp_block": 0}
-    control = 2 * CONTROL_PROBES if d.verify else 0
-    sketch = min(d.P, o.max_probes // 3) if o.method == "hutchpp" else 0
-    first = min(o.min_probes, o.max_probes)  # the first block holds min_probes probes at once
-    floor = stochastic_worst(o, d.P) - o.max_probes  # the near-zero floor's SLQ
-    least, most = first, o.max_probes + floor
-    if o.method == "check":  # the check, then Hutchinson capped at P − check, or exact (P)
-        least, most = 2 * first, d.P + max(first, floor)
-    return {
-        # most: the near-zero floor's SLQ may run beside the probes (its products are counted)
-        "n_hvp": (least + control, most + control),
-        "hvp_block": 0,
-        # the first block's probes and their products, alive while the near-zero floor's SLQ runs
-        "vectors": (
-            sketch + 2 * first,
-            sketch + 2 * first + linalg.trace.near_zero_vectors(d.P, d.device, d.dtype),
-        ),
-    }
+def _trace_cost(o: TraceOptions, d) -> linalg.Cost:
+    """The estimator `trace_method` chooses (``auto`` with its check: `trace_auto_cost`): probes in
+    blocks of the engine's size with the near-zero floor's SLQ beside them, Hutch++ with its
+    sketch, or the exact trace (P products); with fp32 verification the control probes. The
+    per-tensor traces come from the same probes, at no extra product."""
+    method = trace_method(o.method, d.P, o)
+    if method == "exact":
+        return linalg.exact_diagonal_cost(d.P)
+    stop = linalg.ProbeStop(min_probes=o.min_probes, max_probes=o.max_probes)
+    if method == "check":
+        cost = trace_auto_cost(o, d)
+    elif method == "hutchpp":
+        cost = linalg.hutchpp_cost(d.P, stop, device=d.device, dtype=d.dtype)
+    else:
+        cost = linalg.hutchinson_cost(d.P, stop, device=d.device, dtype=d.dtype)
+    if d.verify:
+        cost = cost + linalg.precision_control_cost(CONTROL_PROBES)
+    return cost
 
 
 @register(
@@ -342,13 +317,7 @@ def _trace_estimate(o, d) -> dict:
     "in diagnostics." + PADDING_NOTE,
     reference="Hutchinson 1989; Meyer et al. 2021 (Hutch++, Alg. 1); Yao et al. 2020 (PyHessian)",
     stochastic=True,
-    cost=(
-        "one HVP per probe (exact: one per parameter), plus 40 for the near-zero floor's SLQ when "
-        "the trace cancels; auto between 4·min_probes and 2·(max_probes + 40) parameters: "
-        "min_probes check HVPs, then at most P; per-tensor traces from the same probes at no "
-        "extra HVP"
-    ),
-    estimate=_trace_estimate,
+    declare_cost=_trace_cost,
 )
 def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     r""":math:`\mathrm{Tr}(H)`, larger means sharper.
@@ -539,6 +508,19 @@ def _esd_artifacts(result: MeasureResult, stem: Path, title: str) -> list[Path]:
     return [plot_esd(result, stem.with_suffix(".png"), title=title)]
 
 
+def _spectrum_stop(k: int, budget=None) -> linalg.KrylovStop:
+    """The top-k block Lanczos's stop: `SPECTRUM_TOL`, at most max(50, 10·k) steps."""
+    return linalg.KrylovStop(tol=SPECTRUM_TOL, max_steps=max(50, 10 * k), budget=budget)
+
+
+def _spectrum_cost(o: SpectrumOptions, d) -> linalg.Cost:
+    """The SLQ runs in lockstep and the top-k block Lanczos beside them (its working vectors
+    bounded by the runs' bases)."""
+    stop = _spectrum_stop(o.top_k)  # the same products as with top_k cut to P, which caps them
+    lanczos = linalg.lanczos_cost(d.P, stop, k=o.top_k, block=o.top_k, work=False)
+    return lanczos + linalg.slq_cost(d.P, o.slq_runs, o.slq_steps)
+
+
 @register(
     "hessian_spectrum",
     low_precision=True,  # bf16 products: λmax and traces verified in fp32, the spectrum as with TF32
@@ -549,25 +531,7 @@ def _esd_artifacts(result: MeasureResult, stem: Path, title: str) -> list[Path]:
     "eigenvalues, condition number and spectral density in diagnostics." + PADDING_NOTE,
     reference="Maddox, Benton & Wilson 2020 (N_eff, eq. 2); Ghorbani et al. 2019 and Ubaru et al. 2017 (SLQ)",
     stochastic=True,
-    cost="block Lanczos (blocks of top_k; certified_min_steps(P) to max(50, 10·top_k) HVPs) + "
-    "slq_runs × slq_steps HVPs (defaults: at most 50 + 100 HVPs, PyHessian's density budget is 100)",
-    estimate=lambda o, d: {
-        "n_hvp": (
-            min(d.P, max(min(d.P, o.top_k), certified_min_steps(d.P)))
-            + o.slq_runs * min(o.slq_steps, d.P),
-            min(d.P, max(50, 10 * min(o.top_k, d.P))) + o.slq_runs * min(o.slq_steps, d.P),
-        ),
-        "hvp_block": min(
-            o.top_k, o.slq_runs
-        ),  # block Lanczos (top_k vectors), SLQ runs in lockstep
-        "vectors": min(d.P, max(50, 10 * min(o.top_k, d.P))) + o.slq_runs * min(o.slq_steps, d.P),
-        # reorthogonalization, twice: the Lanczos basis (m vectors); each SLQ run against its own basis
-        "vector_ops": (
-            2 * min(d.P, max(o.top_k, certified_min_steps(d.P))) ** 2,
-            2 * min(d.P, max(50, 10 * o.top_k)) ** 2,
-        ),
-        "batched_vector_ops": 2 * o.slq_runs * min(o.slq_steps, d.P) ** 2,
-    },
+    declare_cost=_spectrum_cost,
     artifacts=_esd_artifacts,
 )
 def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
@@ -624,7 +588,7 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
         k=k,
         block=k,
         generator=ctx.generator(),
-        stop=linalg.KrylovStop(tol=SPECTRUM_TOL, max_steps=max(50, 10 * k), budget=ctx.budget),
+        stop=_spectrum_stop(k, ctx.budget),
     )
     top = [float(v) for v in r.eigenvalues[:k]]
     top_res = [float(res / max(abs(v), 1e-30)) for res, v in zip(r.residuals[:k], top, strict=True)]
@@ -691,7 +655,8 @@ def _slq_share(ctx, opts: SpectrumOptions) -> linalg.SLQResult:
         left = budget.left()
         prods = budget.max_products
         if left is not None:
-            least = max(min(opts.top_k, P), certified_min_steps(P))
+            k = min(opts.top_k, P)
+            least = linalg.krylov_steps(P, _spectrum_stop(k), block=k)[0]
             prods = budget.max_products - min(least, left // 2)
         share = dataclasses.replace(budget, max_seconds=secs, max_products=prods)
     s = shared_slq(ctx, opts.slq_steps).runs(opts.slq_runs, share)  # shared with local_entropy

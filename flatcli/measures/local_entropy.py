@@ -103,11 +103,12 @@ def _dense(o, P: int) -> bool:
     return o.method == "dense" or (o.method == "auto" and P <= o.dense_max)
 
 
-def _estimate(o, d) -> dict:
+def _cost(o, d) -> linalg.Cost:
+    """Dense: the Hessian from P products; SLQ: its runs, from ``slq_runs`` to ``max_runs``."""
     if _dense(o, d.P):
-        return {"n_hvp": d.P}
-    steps = min(o.slq_steps, d.P)
-    return {"n_hvp": (min(o.slq_runs, o.max_runs) * steps, max(o.slq_runs, o.max_runs) * steps)}
+        return linalg.Cost(hvp=d.P)
+    runs = (min(o.slq_runs, o.max_runs), max(o.slq_runs, o.max_runs))
+    return linalg.slq_cost(d.P, runs, o.slq_steps).products()
 
 
 def _f(gamma: float):
@@ -123,8 +124,7 @@ def _f(gamma: float):
     "relative standard error tol (runs and quadrature error)." + PADDING_NOTE,
     reference="Chaudhari et al. 2017 (Entropy-SGD, eq. 3, quadratic approximation); Hochreiter & Schmidhuber 1997",
     stochastic=True,
-    cost="dense (P ≤ dense_max): P HVPs; slq: runs·slq_steps HVPs, runs from slq_runs to max_runs (until tol)",
-    estimate=_estimate,
+    declare_cost=_cost,
 )
 def local_entropy(ctx, opts: LocalEntropyOptions) -> MeasureResult:
     r""":math:`\tfrac12\log\det(I + H_+/\gamma)`, larger means sharper (module docstring).

@@ -110,10 +110,10 @@ import numpy as np
 import torch
 
 from ..errors import MeasurementError
-from . import MeasureResult, register
+from . import Cost, MeasureResult, register
 from ._hessian_diag import (
     DiagonalOptions,
-    diagonal_estimate,
+    diagonal_cost,
     diagonal_reason,
     diagonal_shared,
     equivariance_claim,
@@ -391,6 +391,12 @@ def _weight_names(p, model) -> list[str]:
     return [wm.param_name for wm in weight_matrices(model) if wm.param_name in slices]
 
 
+def _ns_cost(o, d) -> Cost:
+    """The Hessian diagonal of ``hessian_diag`` over the weight matrices
+    (`flatcli.measures._hessian_diag.diagonal_cost`)."""
+    return diagonal_cost(o, d, d.matrices)
+
+
 @register(
     "normalized_sharpness",
     options=NormalizedSharpnessOptions,
@@ -402,12 +408,7 @@ def _weight_names(p, model) -> list[str]:
     stochastic=True,
     invariant=_claim,
     invariance_note=_note,
-    cost=(
-        "auto: C VJP passes over S (C outputs) + check + 2·check_probes products per weight matrix (+ unit vectors of curved "
-        "ones, ≤ max_exact); ggn: C VJP passes; exact: P HVPs; scaled, hutchinson: samples HVPs; "
-        "finite_difference: 2·samples gradients"
-    ),
-    estimate=lambda o, d: diagonal_estimate(o, d, d.matrices),
+    declare_cost=_ns_cost,
     shared=lambda o, d: diagonal_shared(o, d, d.matrix_tensors),
     applicable=lambda o, p: diagonal_reason(o, p),
 )
@@ -508,6 +509,12 @@ def _fr(p, diag: torch.Tensor) -> tuple[float, dict[str, float]]:
     return float(terms.sum()), {n: float(terms[sl].sum()) for n, sl in p.param_slices().items()}
 
 
+def _term_cost(o, d) -> Cost:
+    """The Hessian diagonal of ``hessian_diag`` over every parameter tensor
+    (`flatcli.measures._hessian_diag.diagonal_cost`)."""
+    return diagonal_cost(o, d, d.tensors)
+
+
 @register(
     "fisher_rao_term",
     options=FisherRaoTermOptions,
@@ -515,12 +522,7 @@ def _fr(p, diag: torch.Tensor) -> tuple[float, dict[str, float]]:
     reference="Tsuzuku, Sato & Sugiyama, ICML 2020, eq. 16 (Prop. 4.1, eq. 15)",
     stochastic=True,
     invariant=equivariance_claim,
-    cost=(
-        "auto: C VJP passes over S (C outputs) + check + 2·check_probes products per parameter tensor (+ unit vectors of curved "
-        "ones, ≤ max_exact); ggn: C VJP passes; exact: P HVPs; scaled, hutchinson: samples HVPs; "
-        "finite_difference: 2·samples gradients"
-    ),
-    estimate=lambda o, d: diagonal_estimate(o, d, d.tensors),
+    declare_cost=_term_cost,
     shared=lambda o, d: diagonal_shared(o, d, range(len(d.tensors))),
     applicable=lambda o, p: diagonal_reason(o, p),
 )

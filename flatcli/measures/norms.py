@@ -22,7 +22,7 @@ from torch.func import functional_call
 
 from ..engine.losses import NotApplicable
 from ..errors import ConfigError
-from . import MeasureResult, register
+from . import Cost, MeasureResult, register
 from ._bn import Folded, fold_batchnorm, init_buffers
 from ._layers import class_outputs_or_error, selected, weight_matrices
 
@@ -46,12 +46,16 @@ def _weights(f: Folded, names=None) -> dict[str, torch.Tensor]:
     }
 
 
+def _parameters_only(o, d) -> Cost:
+    """No pass over the data (the parameters only)."""
+    return Cost()
+
+
 @register(
     "frobenius_norm",
     description="Sum over weight matrices of the squared Frobenius norm, Σ_l ‖W_l‖_F² (BatchNorm folded).",
     reference="Jiang et al. 2020 (§C, eq. 40 'frob'); Neyshabur et al. 2017",
-    cost="none (parameters only)",
-    estimate=lambda o, d: {},
+    declare_cost=_parameters_only,
 )
 def frobenius_norm(ctx, opts) -> MeasureResult:
     r""":math:`\sum_l \|W_l\|_F^2` over Linear and Conv weights (biases excluded, BatchNorm
@@ -65,12 +69,16 @@ def frobenius_norm(ctx, opts) -> MeasureResult:
     )
 
 
+def _svd_cost(o, d) -> Cost:
+    """No pass over the data: one SVD per weight matrix."""
+    return Cost()
+
+
 @register(
     "spectral_norm",
     description="Log of the product of squared spectral norms, Σ_l log ‖W_l‖₂² (BatchNorm folded).",
     reference="Jiang et al. 2020 (§C, eq. 33 'log-prod-of-spec'); Bartlett et al. 2017; Neyshabur et al. 2018",
-    cost="one SVD per weight matrix",
-    estimate=lambda o, d: {},
+    declare_cost=_svd_cost,
 )
 def spectral_norm(ctx, opts) -> MeasureResult:
     r""":math:`\sum_l \log \|W_l\|_2^2` (the log of :math:`\prod_l \|W_l\|_2^2`), with
@@ -93,12 +101,16 @@ def _path_norm_reason(problem) -> str | None:
     return f"path_norm feeds an all-ones input 'x' to the model; this data has named inputs ({', '.join(problem.batch)})"
 
 
+def _path_cost(o, d) -> Cost:
+    """One forward pass of a single all-ones input (not a pass over the data)."""
+    return Cost()
+
+
 @register(
     "path_norm",
     description="Path norm: square every parameter, feed an all-ones input, sum the outputs (BatchNorm folded).",
     reference="Jiang et al. 2020 (§C, eq. 44 'path.norm'); Neyshabur, Salakhutdinov & Srebro 2015",
-    cost="one forward pass of one input",
-    estimate=lambda o, d: {},
+    declare_cost=_path_cost,
     applicable=lambda o, p: _path_norm_reason(p),
     invariant=True,
 )
@@ -139,8 +151,7 @@ def path_norm(ctx, opts) -> MeasureResult:
     description="Squared distance from initialization Σ_l ‖W_l − W_l⁰‖_F² (needs init_checkpoint; BatchNorm folded).",
     reference="Jiang et al. 2020 (§C, eq. 41 'dist.init' / frob-distance); Nagarajan & Kolter 2019",
     needs_init=True,
-    cost="none (parameters only)",
-    estimate=lambda o, d: {},
+    declare_cost=_parameters_only,
 )
 def distance_from_init(ctx, opts) -> MeasureResult:
     r""":math:`\sum_l \|W_l - W^0_l\|_F^2` over the folded weight matrices of the
@@ -172,12 +183,16 @@ def distance_from_init(ctx, opts) -> MeasureResult:
     )
 
 
+def _margin_cost(o, d) -> Cost:
+    """One forward pass over the measurement set."""
+    return Cost(forward=1)
+
+
 @register(
     "inverse_margin",
     description="Inverse squared margin 1/γ², γ the 10th percentile over S of f_y − max_{j≠y} f_j.",
     reference="Jiang et al. 2020 (§C, eq. 21 '1/margin²'); Bartlett et al. 2017",
-    cost="one forward pass over S",
-    estimate=lambda o, d: {"n_forward": 1},
+    declare_cost=_margin_cost,
     invariant=True,
 )
 def inverse_margin(ctx, opts) -> MeasureResult:

@@ -106,10 +106,10 @@ import torch
 
 from ..engine.linalg.sem import mean_stderr
 from ..errors import MeasurementError
-from . import MeasureResult, register
+from . import Cost, MeasureResult, register
 from ._hessian_diag import (
     DiagonalOptions,
-    diagonal_estimate,
+    diagonal_cost,
     diagonal_reason,
     diagonal_shared,
     estimate_diagonal,
@@ -181,6 +181,12 @@ def _ns(p, model, diag, box):
     return normalized_sharpness_from_diagonal(model, params, p.param_slices(), diag, box)
 
 
+def _cost(o, d) -> Cost:
+    """The diagonal of `normalized_sharpness` (``hessian_diag``, over the weight matrices) and
+    the posterior's ``mc_samples`` forward passes with the one at θ."""
+    return diagonal_cost(o, d, d.matrices) + Cost(forward=o.mc_samples + 1)
+
+
 @register(
     "ns_bound",
     options=NSBoundOptions,
@@ -191,8 +197,7 @@ def _ns(p, model, diag, box):
     reference="Tsuzuku, Sato & Sugiyama, ICML 2020, Thm. 6.1 (eqs. 32–34), NS₂(R) of eqs. 26/33",
     stochastic=True,
     invariant=False,
-    cost="the diagonal of normalized_sharpness (hessian_diag) + mc_samples + 1 forward passes over S",
-    estimate=lambda o, d: {**diagonal_estimate(o, d, d.matrices), "n_forward": o.mc_samples + 1},
+    declare_cost=_cost,
     shared=lambda o, d: diagonal_shared(o, d, d.matrix_tensors),
     applicable=lambda o, p: diagonal_reason(o, p),
 )

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.linalg.sem import mean_stderr
-from . import MeasureResult, register
+from . import Cost, MeasureResult, register
 from ._bn import folded_init_theta, folded_measurement, folding_reason
 from ._layers import class_outputs_or_error
 from ._options import Bool, Integral, OneOf, Real, opt
@@ -104,14 +104,19 @@ def _criterion_fn(p, eng, criterion: str):
     return error
 
 
+def _cost(o, d) -> Cost:
+    """Forward passes: the one at θ, and ``samples`` draws at each of the bisection's σ (at
+    least one σ, at most ``depth`` + 1)."""
+    return Cost(forward=(1 + o.samples, 1 + o.samples * (o.depth + 1)))
+
+
 @register(
     "pacbayes_flatness",
     options=PacBayesOptions,
     description="PAC-Bayes flatness 1/σ*²: σ* the largest Gaussian noise std raising the error by ≤ target.",
     reference="Jiang et al. 2020 (§C.4, Alg. 1; 'pacbayes.flatness'); Dziugaite & Roy 2017",
     stochastic=True,
-    cost="(depth + 1)·samples + 1 forward passes over S",
-    estimate=lambda o, d: {"n_forward": (1 + o.samples, 1 + o.samples * (o.depth + 1))},
+    declare_cost=_cost,
     applicable=lambda o, p: folding_reason(p, o.fold_batchnorm),
 )
 def pacbayes_flatness(ctx, opts: PacBayesOptions) -> MeasureResult:

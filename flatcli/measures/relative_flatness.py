@@ -69,7 +69,7 @@ from torch import nn
 
 from ..engine import LayerCapture, NotApplicable
 from ..errors import ConfigError, MeasurementError
-from . import MeasureResult, register
+from . import Cost, MeasureResult, register
 from ._options import Bool, Optional, Str, opt
 
 
@@ -228,6 +228,12 @@ def _note(a: MeasureResult, b: MeasureResult, opts: RelativeFlatnessOptions) -> 
     return None
 
 
+def _cost(o, d) -> Cost:
+    """Forward passes for the features (one more with ``normalize_features``); an inner layer
+    adds the products of its per-batch Hessian block, which are not declared."""
+    return Cost(forward=1 + int(o.normalize_features), grad=(0, 1))
+
+
 @register(
     "relative_flatness",
     options=RelativeFlatnessOptions,
@@ -237,8 +243,7 @@ def _note(a: MeasureResult, b: MeasureResult, opts: RelativeFlatnessOptions) -> 
     invariant=_claim,
     invariance_options={"normalize_features": True},
     invariance_note=_note,
-    cost="forward passes (final classifier) or min(d, m) z-HVPs per batch (inner layer)",
-    estimate=lambda o, d: {"n_forward": 1 + int(o.normalize_features), "n_grad": (0, 1)},
+    declare_cost=_cost,
     applicable=lambda o, p: rows_only_reason(p, "relative_flatness"),
 )
 def relative_flatness(ctx, opts: RelativeFlatnessOptions) -> MeasureResult:

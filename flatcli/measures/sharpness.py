@@ -45,7 +45,7 @@ import torch
 from ..engine import linalg
 from ..engine.linalg.sem import mean_stderr
 from ..errors import ConfigError
-from . import MeasureResult, register
+from . import Cost, MeasureResult, register
 from ._ascent import _direction, _nonfinite_value, apgd, random_start, scale_vector
 from ._options import Bool, Integral, OneOf, Optional, Real, opt
 
@@ -127,9 +127,7 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
         k=rank,
         generator=ctx.generator(7),
         return_vectors=True,
-        stop=linalg.KrylovStop(
-            tol=1e-2, min_steps=20, max_steps=60, budget=ctx.budget, max_basis=H.max_basis_vectors
-        ),
+        stop=_eigen_stop(ctx.budget, H.max_basis_vectors),
     )
     V = r.ritz_vectors
     V = V / V.norm(dim=1, keepdim=True)
@@ -232,13 +230,24 @@ def corner_maximum(f, P: int, starts: list[torch.Tensor], budget: int) -> tuple[
     return best, used, mode
 
 
-def _worst_estimate(o, d) -> dict:
+def _eigen_stop(budget=None, max_basis=None) -> linalg.KrylovStop:
+    """The stop of the Lanczos behind the eigenvector starts."""
+    return linalg.KrylovStop(
+        tol=1e-2, min_steps=20, max_steps=60, budget=budget, max_basis=max_basis
+    )
+
+
+def _worst_cost(o, d) -> Cost:
+    """Auto-PGD's gradient passes from every start, the corner search's forward passes, and the
+    products of the Lanczos behind the eigenvector starts."""
     if o.first_order:
-        return {"n_grad": 1, "n_forward": 1}
-    lanczos = (min(d.P, 20), min(d.P, 60)) if o.eigen_starts > 0 else 0
+        return Cost(grad=1, forward=1)
+    lanczos = Cost(hvp=0)
+    if o.eigen_starts > 0:
+        lanczos = linalg.lanczos_cost(d.P, _eigen_stop()).products()
     evals = (o.restarts + 2 * min(o.eigen_starts, d.P)) * (o.steps + 1)
     corners = o.corners if o.norm == "linf" and d.P <= o.corners else 0
-    return {"n_grad": (1, evals), "n_forward": (1, 1 + corners), "n_hvp": lanczos}
+    return Cost(grad=(1, evals), forward=(1, 1 + corners)) + lanczos
 
 
 @register(
@@ -250,11 +259,7 @@ def _worst_estimate(o, d) -> dict:
     "Andriushchenko et al. 2023 (m-sharpness, §2); Croce & Hein 2020 (Auto-PGD, Alg. 1)",
     stochastic=True,
     invariant=False,
-    cost="(restarts + 2·eigen_starts)·(steps+1) gradient passes over S, plus 20–60 HVPs "
-    "(Lanczos for the eigen_starts eigenvectors; none when eigen_starts = 0); linf: up to corners "
-    "forward passes over S for the corner search (2^P when 2^P ≤ corners) "
-    "(first_order: 1 gradient + 1 forward)",
-    estimate=_worst_estimate,
+    declare_cost=_worst_cost,
 )
 def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     r"""Worst-case sharpness, larger means sharper.
@@ -452,6 +457,11 @@ class AverageOptions:
     samples: int = opt(20, Integral(2, None), "Monte-Carlo draws")
 
 
+def _average_cost(o, d) -> Cost:
+    """One forward pass at θ and one per perturbation (``samples``)."""
+    return Cost(forward=o.samples + 1)
+
+
 @register(
     "sharpness_average",
     options=AverageOptions,
@@ -459,8 +469,7 @@ class AverageOptions:
     reference="Jiang et al. 2020 (§C, sharpness-based measures); Kwon et al. 2021 (adaptive scale); "
     "Andriushchenko et al. 2023 (average-case sharpness, eq. 2)",
     stochastic=True,
-    cost="samples + 1 forward passes over S",
-    estimate=lambda o, d: {"n_forward": o.samples + 1},
+    declare_cost=_average_cost,
 )
 def sharpness_average(ctx, opts: AverageOptions) -> MeasureResult:
     r"""Average-case sharpness over the full measurement-set loss, larger means sharper.
@@ -511,6 +520,11 @@ class KeskarOptions:
     steps: int = opt(20, Integral(0, None), "Auto-PGD iterations of the box-constrained ascent")
 
 
+def _keskar_cost(o, d) -> Cost:
+    """Auto-PGD's gradient passes (up to ``steps`` + 1) and the forward pass at θ."""
+    return Cost(grad=(1, o.steps + 1), forward=1)
+
+
 @register(
     "keskar_sharpness",
     stops_early=True,  # its estimator checks the budget between blocks
@@ -518,8 +532,7 @@ class KeskarOptions:
     description="Keskar's ε-sharpness: 100·(max over the box |y_i| ≤ ε(|θ_i|+1) of L(θ+y) − L(θ))/(1+L(θ)).",
     reference="Keskar et al. 2017 (ICLR, eq. 4, Metric 2.1)",
     stochastic=True,
-    cost="steps+1 gradient passes over S",
-    estimate=lambda o, d: {"n_grad": (1, o.steps + 1), "n_forward": 1},
+    declare_cost=_keskar_cost,
 )
 def keskar_sharpness(ctx, opts: KeskarOptions) -> MeasureResult:
     r"""Keskar et al. (2017) sharpness, larger means sharper.
@@ -598,6 +611,12 @@ class FirstOrderOptions:
     )
 
 
+def _first_order_cost(o, d) -> Cost:
+    """Auto-PGD on the gradient norm: a gradient and a product per step (up to ``steps`` + 1),
+    and the gradients at θ and at the start."""
+    return Cost(grad=(2, o.steps + 2), hvp=(0, o.steps + 1))
+
+
 @register(
     "first_order_flatness",
     stops_early=True,  # its estimator checks the budget between blocks
@@ -605,8 +624,7 @@ class FirstOrderOptions:
     description="GAM's first-order flatness R = ρ·max_{‖θ'−θ‖≤ρ} ‖∇L(θ')‖ (value R; R/ρ² in diagnostics).",
     reference="Zhang et al. 2023 (GAM, CVPR, Def. 3.1 and Lemma 4.1)",
     stochastic=True,
-    cost="steps+1 gradients and steps+1 HVPs over S",
-    estimate=lambda o, d: {"n_grad": (2, o.steps + 2), "n_hvp": (0, o.steps + 1)},
+    declare_cost=_first_order_cost,
 )
 def first_order_flatness(ctx, opts: FirstOrderOptions) -> MeasureResult:
     r"""First-order flatness (Zhang et al. 2023), larger means sharper.

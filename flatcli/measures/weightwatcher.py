@@ -75,7 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import MeasureResult, NotApplicable, register
+from . import Cost, MeasureResult, NotApplicable, register
 from ._layers import selected, weight_matrices
 from ._options import Integral, Real, opt
 
@@ -287,6 +287,12 @@ def layer_fit(W: torch.Tensor, opts: WeightWatcherOptions) -> tuple[dict | None,
     }, len(nz)
 
 
+def _cost(o, d) -> Cost:
+    """No pass over the data: one SVD per weight matrix (convolutions: one per kernel position)
+    and a KS scan of O(n²) over its n eigenvalues."""
+    return Cost()
+
+
 @register(
     "weightwatcher_alpha",
     options=WeightWatcherOptions,
@@ -294,8 +300,7 @@ def layer_fit(W: torch.Tensor, opts: WeightWatcherOptions) -> tuple[dict | None,
     reference="Martin & Mahoney 2021 (Nature Communications 12:4122, α and weighted α̂; JMLR 22, heavy-tailed ESD); "
     "Clauset, Shalizi & Newman 2009 (SIAM Review, eq. 3.1 and §3.3)",
     stochastic=False,
-    cost="one SVD per weight matrix (convolutions: one per kernel position) and an O(n²) KS scan over its n eigenvalues; no data",
-    estimate=lambda o, d: {},
+    declare_cost=_cost,
 )
 def weightwatcher_alpha(ctx, opts: WeightWatcherOptions) -> MeasureResult:
     r"""Mean power-law exponent α over the layers; larger means a larger predicted gap.

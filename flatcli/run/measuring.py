@@ -40,6 +40,7 @@ from ..loading.load import (  # noqa: F401
 )
 from ..measures import (
     Dims,
+    MeasureCache,
     MeasureContext,
     MeasureResult,
     MeasureSpec,
@@ -47,14 +48,14 @@ from ..measures import (
     run_measure,
 )
 from ..measures._layers import weight_matrices
-from .budgeting import learner, refused_on_some_rank, split_budget
 from .kept import Reuse
-from .memory import check_products, copies_model, graph_choice, refuse
-from .predict import Fit
+from .prediction.budgeting import learner, refused_on_some_rank, split_budget
+from .prediction.memory import check_products, copies_model, graph_choice, refuse
+from .prediction.predict import Fit
+from .prediction.shares import in_turn
 from .preflight import Checked, check_loaded
 from .results import Row
 from .settings import MeasureOptions, Settings
-from .shares import in_turn
 
 
 def as_specs(measures) -> list[MeasureSpec]:
@@ -269,13 +270,11 @@ def measure_model(
                 n: init_state[n].to(st.device, st.dtype) for n in problem.names if n in init_state
             }
         expected = _expected_hvps(specs, work, data[st.split], st) if progress is not None else {}
-        shared: dict[
-            str, Any
-        ] = {}  # products the checkpoint's measures share (the Hessian diagonal)
+        shared = MeasureCache()  # work the checkpoint's measures share (the Hessian diagonal)
         fit = Fit(engine, lambda: problem_dims(work, data[st.split], st))
         order, split, refused = split_budget(st, specs, fit, problem, reuse, budget_among)
         if split is not None and fit.times is not None:  # the first block under a share
-            shared["seconds_per_product"] = fit.times.hvp1
+            shared.seconds_per_product = fit.times.hvp1
 
         def run(spec: MeasureSpec, share: float | None) -> None:
             if reuse and spec.label in reuse:
@@ -312,7 +311,7 @@ def _then(first, second):
 
 def _graph_policy(problem, specs, dims, st: Settings) -> bool | None:
     """``runtime.cache_graphs`` for the engine: as set, or ``auto`` decided from the predicted peak
-    (`flatcli.run.memory.graph_choice`, logged); None (the engine's own rule) when it cannot be
+    (`flatcli.run.prediction.memory.graph_choice`, logged); None (the engine's own rule) when it cannot be
     predicted (a model without a double backward: its Hessian measures fail on their own)."""
     if st.cache_graphs != "auto":
         return st.graph_policy()
@@ -361,7 +360,7 @@ def _measure_progress(progress, label: str, engine: CurvatureEngine, planned):
 def _not_started(
     row: Row, spec: MeasureSpec, problem: Problem, fit: Fit, share: float | None
 ) -> bool:
-    """Whether ``spec`` cannot stop early and does not fit its cap (`flatcli.run.predict.Fit`): then
+    """Whether ``spec`` cannot stop early and does not fit its cap (`flatcli.run.prediction.predict.Fit`): then
     its row gets status ``budget``, value NaN and the reason (``started: False``) instead of a run.
     Ranks agree: one rank's verdict holds for all (their collectives stay in step)."""
     try:  # a measure that will end not_applicable runs (and says so at once)
@@ -390,7 +389,7 @@ def _run_one(
     debug: bool,
     progress,
     share: float | None = None,
-    shared: dict[str, Any] | None = None,
+    shared: MeasureCache | None = None,
 ) -> None:
     """Run one measure into ``row``; a failure is recorded and the other measures go on (in one
     process). Across ranks, a failure that is not a deterministic check (the same on every rank)
@@ -404,7 +403,7 @@ def _run_one(
         init_params=init_params,
         init_state=init_state,
         max_seconds=share,
-        cache=shared if shared is not None else {},
+        cache=shared if shared is not None else MeasureCache(),
     )
     fp32 = problem.lowered and not get_measure(spec.name).low_precision
     try:

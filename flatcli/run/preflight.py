@@ -2,7 +2,7 @@
 every command (`measure`, `sweep`, the landscape views, the invariance check). The ``params``
 selection must match the model's parameters, a text split's ``max_length`` must fit its positions
 (both a `ConfigError`: exit code 2), and with ``runtime.check_memory`` the memory the measures
-need is counted (`flatcli.run.memory.check_model`). `flatcli.run.checkpoint.preflight` loads the checkpoint
+need is counted (`flatcli.run.prediction.memory.check_model`). `flatcli.run.measuring.preflight` loads the checkpoint
 and runs these checks; the run goes on with the model it loaded."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..loading.hf import check_positions
-from .memory import MemoryVerdict, check_model
+from .prediction.memory import MemoryVerdict, check_model
 from .settings import Settings
 
 

@@ -196,13 +196,13 @@ class Settings:
     params : the parameter selection every measure perturbs and differentiates
         (`flatcli.engine.params.ParamSelection`; default everything).
     budget : seconds for one checkpoint's measures together (``runtime.budget``, ``--budget``;
-        None: no cap), shared among them by predicted cost (`flatcli.run.shares`).
+        None: no cap), shared among them by predicted cost (`flatcli.run.prediction.shares`).
     cache_graphs : "auto", "true" or "false" (``runtime.cache_graphs``; booleans accepted): keep
         each batch's gradient graph across the Hessian products at one θ; ``auto`` keeps them when
-        the predicted peak with them fits in half the free memory (`flatcli.run.memory.graph_choice`).
+        the predicted peak with them fits in half the free memory (`flatcli.run.prediction.memory.graph_choice`).
     check_memory : whether a run's predicted peak memory is checked against the device's free
         memory before the data and before the first product (``runtime.check_memory``,
-        `flatcli.run.memory`); a run that will not fit fails its checkpoint with suggestions.
+        `flatcli.run.prediction.memory`); a run that will not fit fails its checkpoint with suggestions.
     """
 
     device: torch.device = torch.device("cpu")
@@ -328,7 +328,7 @@ class Settings:
 
     def graph_policy(self) -> bool | None:
         """``runtime.cache_graphs`` as `flatcli.engine.CurvatureEngine`'s ``cache_graphs``: True, False,
-        or None for ``auto`` (the engine's own rule, until `flatcli.run.memory.graph_choice` decides)."""
+        or None for ``auto`` (the engine's own rule, until `flatcli.run.prediction.memory.graph_choice` decides)."""
         return {"true": True, "false": False}.get(self.cache_graphs)
 
     def verifies(self) -> bool:

@@ -16,8 +16,8 @@ from ..keys import caps, content_hash, data_fingerprints, file_fingerprint, meas
 from ..loading.jobs import Job
 from ..measures import Dims, MeasureSpec
 from ..readback import Unreadable, read_json
+from ..run.prediction.shares import least_work
 from ..run.results import atomic_write
-from ..run.shares import least_work
 from ..schema import PLAN, mismatch
 from .store import PLAN_FILE, Store, dumps
 
@@ -214,7 +214,7 @@ NOMINAL_SAMPLES = 1000  # measurement-set size for the cost proxy when num_sampl
 
 def unit_costs(plan: Plan, units: list[Unit]) -> list[float]:
     """A predicted cost of each unit, cheap and without loading anything: the least products its
-    measure declares (`flatcli.run.shares.least_work`, in HVP equivalents) for a model of P
+    measure declares (`flatcli.run.prediction.shares.least_work`, in HVP equivalents) for a model of P
     parameters, times P (a product's cost grows with the parameters), P the checkpoint file's
     bytes ÷ 4 (float32 weights). Only the ratios matter: they share the array's units out."""
     ns = plan.config.get("measure_data", {}).get("num_samples", "all")

@@ -37,7 +37,7 @@ from ..engine import CurvatureEngine, Problem
 from ..engine.batch import Batch
 from ..engine.problem import eval_mode, nonfinite_tensors, not_finite
 from ..errors import ConfigError
-from ..measures import MeasureContext, MeasureSpec, run_measure
+from ..measures import MeasureCache, MeasureContext, MeasureSpec, run_measure
 from ..measures.during_training import TRACKED_BY_DEFAULT
 from ..run.measuring import as_specs, check_targets, describe_error
 from ..run.results import Row
@@ -254,7 +254,7 @@ class Tracker:
             engine = CurvatureEngine(problem, hvp_mode=o.hvp_mode, precision=o.precision)
             with engine.precision.context():
                 loss = engine.loss()
-                cache: dict[str, Any] = {}
+                cache = MeasureCache()
                 specs = self.specs
                 if not math.isfinite(loss):  # every measure of this step fails, training goes on
                     err = not_finite(f"step {step}", loss, nonfinite_tensors(problem.params))

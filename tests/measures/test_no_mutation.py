@@ -125,7 +125,7 @@ def test_every_measure_declares_its_cost_and_the_estimate_matches_the_counted_pr
     dims = problem_dims(model, (x, y), st)
     assert (dims.P, dims.n, dims.C, dims.matrices) == (64, 30, 4, (30, 24))
     for info in list_measures():
-        assert info.estimate is not None, f"{info.name} declares no cost estimate"
+        assert info.declare_cost is not None, f"{info.name} declares no cost"
         spec = MeasureSpec(info.name, info.name, dict(FIXED.get(info.name, {})))
         est = estimate_products([spec], dims)[info.name]
         row = measure_model(model, (x, y), [spec], settings=st, init_state=init)

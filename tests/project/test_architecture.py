@@ -753,7 +753,9 @@ def test_low_precision_is_a_registry_hook():
 
     low = {m.name for m in list_measures() if m.low_precision}
     assert low == {"hessian_lambda_max", "hessian_trace", "hessian_spectrum"}
-    run = (PKG / "run" / "measuring.py").read_text() + (PKG / "run" / "memory.py").read_text()
+    run = (PKG / "run" / "measuring.py").read_text() + (
+        PKG / "run" / "prediction" / "memory.py"
+    ).read_text()
     assert "low_precision" in run and "LOW_PRECISION_MEASURES" not in run
 
 

@@ -20,8 +20,8 @@ from flatcli.config import from_dict, parse_measures, parse_seconds
 from flatcli.engine import linalg
 from flatcli.engine.linalg import Budget
 from flatcli.errors import ConfigError
-from flatcli.run import shares as shares_module
-from flatcli.run.shares import BudgetSplit, continuations, stopped_by_share
+from flatcli.run.prediction import shares as shares_module
+from flatcli.run.prediction.shares import BudgetSplit, continuations, stopped_by_share
 from tests.helpers import TinyBN, tiny_data, tiny_mlp, write_project
 from tests.oracles import call, model_hessian, runner
 
@@ -314,7 +314,7 @@ def test_shares_follow_predicted_seconds_and_leave_the_rest_to_later_measures():
 def _simulate(total, predicted, actual, stops, order_seed=None):
     """Run measures one after the other under a `BudgetSplit` on a fake clock, as the pipeline does:
     one that stops early spends min(its cost, its share) (stopped when its share is smaller); one
-    that cannot is started only when its predicted seconds fit its share (`flatcli.run.predict.Fit`).
+    that cannot is started only when its predicted seconds fit its share (`flatcli.run.prediction.predict.Fit`).
     Returns (spent, stopped or skipped indices)."""
     t = [0.0]
     plan = BudgetSplit(total, predicted, clock=lambda: t[0])
@@ -392,7 +392,7 @@ def test_twice_the_cost_changes_nothing_and_half_of_it_is_spent(measures, monkey
     """On a tiny MLP, with time counted in products (`_work_clock`): a budget twice the
     unbudgeted cost gives every measure its unbudgeted status and value; a budget of half the cost
     is spent 60–125% (what a measure stopped by its share did not get while others left time
-    unused, it gets once they have run: `flatcli.run.shares.continuations`)."""
+    unused, it gets once they have run: `flatcli.run.prediction.shares.continuations`)."""
     _work_clock(monkeypatch)
     model, data = tiny_mlp(d=6, h=12, seed=1), tiny_data(n=40)
 
@@ -825,7 +825,7 @@ def test_a_plan_learns_the_measured_seconds_per_product(monkeypatch):
     measures' least seconds are predicted again at the measured speed and what is left is split
     again, so they equal (within 5%) those of a plan timed right, where the first plan was 10×
     short; the first block of a later measure expects the measured speed."""
-    from flatcli.run import predict as predict_module
+    from flatcli.run.prediction import predict as predict_module
 
     _work_clock(monkeypatch)
     model, data = tiny_mlp(d=6, h=12, seed=1), tiny_data(n=40)
@@ -867,7 +867,7 @@ def test_a_measures_minimum_is_its_first_unit_or_its_least_work():
     trace (probes in engine blocks) its first block, at least two probes, less than its least; a
     norm without timed work 0."""
     from flatcli.measures import Dims
-    from flatcli.run.predict import Fit, ProductTimes
+    from flatcli.run.prediction.predict import Fit, ProductTimes
 
     for block in (1, 4, 8):
         fit = Fit(None, lambda: Dims(P=100, n=40, C=4))

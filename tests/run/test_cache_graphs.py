@@ -1,5 +1,5 @@
 """``runtime.cache_graphs``: the run keeps its gradient graphs as set, or (``auto``) when the
-predicted peak with them fits in `flatcli.run.memory.GRAPH_FRACTION` of the free memory; the
+predicted peak with them fits in `flatcli.run.prediction.memory.GRAPH_FRACTION` of the free memory; the
 values never depend on it (it is not in the result key)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from flatcli.config import parse_measures
 from flatcli.engine import CurvatureEngine, Problem
 from flatcli.keys import NOT_IN_KEY
-from flatcli.run import memory
 from flatcli.run.measuring import measure_model, problem_dims
+from flatcli.run.prediction import memory
 from flatcli.run.settings import Settings
 from tests.run.test_memory_counts import tiny_gpt2
 

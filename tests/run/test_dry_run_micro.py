@@ -1,5 +1,5 @@
-"""The dry-run times and counts one micro-batch (`flatcli.run.predict.time_products`,
-`flatcli.run.memory.product_bytes`): it never builds a graph over the whole set, and its counted
+"""The dry-run times and counts one micro-batch (`flatcli.run.prediction.predict.time_products`,
+`flatcli.run.prediction.memory.product_bytes`): it never builds a graph over the whole set, and its counted
 product, scaled from micro-batches, matches the count over the whole batch."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 
 from flatcli.engine import Problem
 from flatcli.engine.recompute import _count_saved, predicted_product_bytes
-from flatcli.run.memory import product_bytes
-from flatcli.run.predict import time_products
+from flatcli.run.prediction.memory import product_bytes
+from flatcli.run.prediction.predict import time_products
 from flatcli.run.settings import Settings
 from tests.run.test_memory_counts import tiny_gpt2
 
@@ -58,7 +58,7 @@ def test_the_dry_runs_seconds_fit_a_per_call_and_a_per_unit_cost(monkeypatch, ro
     dry-run, timing micro-batches grown from one row, predicts the whole set's forward pass,
     gradient and one-vector product at ``B·c + d·U`` (B batches, U tokens), to rounding.
     Scaling the one-row timing by the units instead predicts ``(c + d·u₁)·U/u₁``."""
-    import flatcli.run.timing as timing
+    import flatcli.run.prediction.timing as timing
 
     model, batch = tiny_gpt2(16, 1, rows=rows)
     now = [0.0]
@@ -123,7 +123,7 @@ def test_noisy_timings_predict_within_a_factor_of_two_over_a_zoo(monkeypatch):
     gradient and one-vector product over the whole set are within ×2 of ``B·c + d·U``, and the
     truth lies in the printed interval widened by the same ×2. The two-point fit on one and two
     rows, without growing, was off by up to 10³ here."""
-    import flatcli.run.timing as timing
+    import flatcli.run.prediction.timing as timing
 
     now = [0.0]
     cost = {"c": 0.0, "d": 0.0}
@@ -139,7 +139,7 @@ def test_noisy_timings_predict_within_a_factor_of_two_over_a_zoo(monkeypatch):
 
     monkeypatch.setattr(Problem, "batch_loss_sum", charged)
     monkeypatch.setattr(timing, "_clock", noisy)
-    import flatcli.run.predict as predict_module
+    import flatcli.run.prediction.predict as predict_module
 
     monkeypatch.setattr(predict_module, "_vector_ops", lambda *a: (0.0, 0.0))  # no fake time
     worst = 1.0
@@ -163,8 +163,8 @@ def test_a_slow_spell_on_one_micro_batch_never_becomes_the_slope(monkeypatch):
     both its timings and long enough to end the growth (`GROW_SECONDS`) there: a call costing more
     than twice the one-row call is impossible for a cost ``c + d·rows``, so it is kept at twice
     that, and the prediction holds within ×2 (a line through the slowed point scaled it ~200×)."""
-    import flatcli.run.predict as predict_module
-    import flatcli.run.timing as timing
+    import flatcli.run.prediction.predict as predict_module
+    import flatcli.run.prediction.timing as timing
     from tests.helpers import tiny_data, tiny_mlp
 
     now, slowed = [0.0], [0]

@@ -1,7 +1,7 @@
-"""The memory check (``runtime.check_memory``, `flatcli.run.memory`, issue 27): a run that will not fit in
+"""The memory check (``runtime.check_memory``, `flatcli.run.prediction.memory`, issue 27): a run that will not fit in
 the device's free memory fails its checkpoint before the data is loaded, with a one-line reason and
 the settings that make it fit; the predicted bytes against a hand count. The free memory is
-monkeypatched (`flatcli.run.memory.free_bytes`), so nothing here allocates much."""
+monkeypatched (`flatcli.run.prediction.memory.free_bytes`), so nothing here allocates much."""
 
 import json
 from pathlib import Path
@@ -12,7 +12,7 @@ import yaml
 from torch import nn
 
 import flatcli.loading.load as load
-import flatcli.run.memory as memory
+import flatcli.run.prediction.memory as memory
 from flatcli.cli import app
 from flatcli.demo.models import MLP
 from flatcli.engine import Batch, Problem

@@ -1,5 +1,5 @@
 """Counted memory: the P-vectors a run holds against those the prediction counts
-(`flatcli.run.memory.vectors_kept`, `flatcli.run.predict.predict`), on tiny GPT-2 shapes."""
+(`flatcli.run.prediction.memory.vectors_kept`, `flatcli.run.prediction.predict.predict`), on tiny GPT-2 shapes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from flatcli.config import parse_measures
 from flatcli.engine.curvatures import Hessian
 from flatcli.engine.recompute import PRODUCT_VECTORS
 from flatcli.run.measuring import measure_model, problem_dims
-from flatcli.run.memory import vectors_kept
+from flatcli.run.prediction.memory import vectors_kept
 from flatcli.run.settings import Settings
 from tests.hf_models import transformers
 

@@ -1,4 +1,4 @@
-"""Predicted seconds and memory (``--dry-run``, flatcli.run.predict): the arithmetic of the prediction,
+"""Predicted seconds and memory (``--dry-run``, flatcli.run.prediction.predict): the arithmetic of the prediction,
 the memory probe, ranges clamped to their cap, and the JSON plan."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from flatcli.cli import app
 from flatcli.measures import Dims, MeasureSpec
-from flatcli.run.predict import ProductTimes, predict
+from flatcli.run.prediction.predict import ProductTimes, predict
 from tests.helpers import write_project
 from tests.oracles import runner
 
@@ -78,7 +78,7 @@ def test_a_kept_graphs_build_is_paid_once_by_each_measure_that_takes_products():
 def test_a_timing_discards_a_first_call_and_takes_the_least_of_its_repeats(monkeypatch, seconds):
     """`timed` on a fake clock: a first call discarded (none when the caller made it), then three
     timed calls, or two once they agree and add up to `ENOUGH` seconds; the least of them."""
-    import flatcli.run.timing as timing
+    import flatcli.run.prediction.timing as timing
 
     now, calls = [0.0], []
 
@@ -98,7 +98,7 @@ def test_one_slow_call_never_stands_for_a_timing(monkeypatch):
     """A call slowed once (41 s among calls of 40 ms, the "timed: forward 41 s" dry-run), at any
     of the repeats: the timing is the fast calls' (the least of the repeats), also when the slow
     call is the first of two that would otherwise stop the repeats."""
-    import flatcli.run.timing as timing
+    import flatcli.run.prediction.timing as timing
 
     now, calls = [0.0], []
     monkeypatch.setattr(timing, "_clock", lambda: now[0])
@@ -125,7 +125,7 @@ def test_a_range_never_starts_above_its_cap():
 PROBE = """
 import gc, json, sys
 import torch
-from flatcli.run.predict import measure_peak
+from flatcli.run.prediction.predict import measure_peak
 
 nbytes = 64 * 2**20
 
@@ -283,7 +283,7 @@ def test_applicable_checks_predict_the_runs_not_applicable_reasons():
 def test_the_dry_runs_clock_waits_for_queued_cuda_work(monkeypatch):
     """A CUDA product returns before its kernels finish: each reading of the dry-run's clock
     first synchronizes the device when CUDA is in use (mocked: no GPU needed), and not otherwise."""
-    import flatcli.run.timing as timing
+    import flatcli.run.prediction.timing as timing
 
     events = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
@@ -300,7 +300,7 @@ def test_the_graphs_build_scales_as_the_product_and_is_at_most_two_gradients():
     """`_build` over many draws: what the largest micro-batch's first product paid above a warm
     one, scaled as its product scales to the whole set, and never above two whole-set
     gradients."""
-    from flatcli.run.predict import _build
+    from flatcli.run.prediction.predict import _build
 
     g = torch.Generator().manual_seed(3)
     for _ in range(50):

@@ -87,7 +87,7 @@ def test_measure_loads_and_checks_each_checkpoint_once(tmp_path, monkeypatch):
     loads: list = []
     checks: list = []
     _spy(monkeypatch, "flatcli.run.measuring", "load_model", loads)
-    _spy(monkeypatch, "flatcli.run.memory", "check_model", checks)
+    _spy(monkeypatch, "flatcli.run.prediction.memory", "check_model", checks)
     report = api.measure(cfg)
     assert report.exit_code == 0
     per_path = Counter(Path(a[1]).name for a in loads)

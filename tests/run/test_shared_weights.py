@@ -1,4 +1,4 @@
-"""A budget's weights count work two measures share once (`flatcli.run.predict.Fit.cost`,
+"""A budget's weights count work two measures share once (`flatcli.run.prediction.predict.Fit.cost`,
 `flatcli.measures.MeasureSpec.shared_work`): the Hessian-diagonal measures, in every order, are
 weighed at what each then spends. References: the products each run counts (its diagnostics)."""
 
@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from flatcli import api
-from flatcli.run import predict, shares
-from flatcli.run.shares import least_work
+from flatcli.run.prediction import predict, shares
+from flatcli.run.prediction.shares import least_work
 from tests.helpers import tiny_data
 
 DIAGONAL = ["normalized_sharpness", "ns_bound", "fisher_rao_term"]

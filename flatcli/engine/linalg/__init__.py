@@ -34,14 +34,19 @@ from ._common import (
     t_factor,
 )
 from .budget import Budget
+from .declarations import Cost
 from .diagonal import (
     CheckedDiagonal,
     _check_coordinates,
+    checked_diagonal_cost,
     checked_gauss_newton_diagonal,
+    diagonal_check_cost,
     exact_diagonal,
+    exact_diagonal_cost,
     hutchinson_diagonal,
     remainder_block_gaps,
     residual_groups,
+    sampled_diagonal_cost,
     scaled_diagonal,
 )
 from .lanczos import (
@@ -50,17 +55,43 @@ from .lanczos import (
     PrecisionControl,
     basis_floor,
     certified_min_steps,
+    krylov_steps,
     lanczos,
+    lanczos_cost,
     precision_control,
+    precision_control_cost,
     verify_eigenpair,
+    verify_eigenpair_cost,
 )
-from .slq import SLQResult, gauss_rule, slq, slq_group_size
+from .slq import SLQResult, gauss_rule, slq, slq_cost, slq_group_size
 from .stop import DiagonalCheck, KrylovStop, ProbeStop
-from .trace import NearZeroFloor, TraceResult, hutchinson, hutchpp, probes_to_tolerance
+from .trace import (
+    NearZeroFloor,
+    TraceResult,
+    hutchinson,
+    hutchinson_cost,
+    hutchpp,
+    hutchpp_cost,
+    near_zero_cost,
+    probes_to_tolerance,
+)
 
 __all__ = [
     "LANCZOS_WORK_VECTORS",
     "Budget",
+    "Cost",
+    "checked_diagonal_cost",
+    "diagonal_check_cost",
+    "exact_diagonal_cost",
+    "sampled_diagonal_cost",
+    "krylov_steps",
+    "lanczos_cost",
+    "precision_control_cost",
+    "verify_eigenpair_cost",
+    "slq_cost",
+    "hutchinson_cost",
+    "hutchpp_cost",
+    "near_zero_cost",
     "MIN_NODES",
     "MIN_SAMPLES",
     "NearZeroFloor",

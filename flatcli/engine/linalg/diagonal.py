@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._common import MatVec, as_operator, rademacher
+from .declarations import Cost
 from .sem import mean_stderr_of_sums
 from .stop import DiagonalCheck
 
@@ -418,3 +419,34 @@ def checked_gauss_newton_diagonal(
         out.n_hvp += samples
         out.n_ggnvp += samples
     return out
+
+
+# ---------------------------------------------------------------------------- declared costs
+
+
+def exact_diagonal_cost(dim: int) -> Cost:
+    """`exact_diagonal`: one product per coordinate, unit vectors in the engine's blocks."""
+    return Cost(hvp=dim, block=0)
+
+
+def sampled_diagonal_cost(samples: int) -> Cost:
+    """`hutchinson_diagonal` and `scaled_diagonal`: one product per sample."""
+    return Cost(hvp=samples)
+
+
+def diagonal_check_cost(size: int, rules: DiagonalCheck) -> Cost:
+    """The check of one tensor of ``size`` coordinates in `checked_gauss_newton_diagonal`: its
+    ``check`` coordinates (all of a smaller tensor), and two products per probe when the
+    coordinates do not cover it."""
+    return Cost(hvp=min(rules.check, size) + (2 * rules.probes if size > rules.check else 0))
+
+
+def checked_diagonal_cost(sizes, outputs: int, rules: DiagonalCheck) -> Cost:
+    """`checked_gauss_newton_diagonal` over tensors of ``sizes``: the Gauss-Newton diagonal
+    (``outputs`` VJP passes), every tensor's check (`diagonal_check_cost`), and at most
+    ``max_exact`` unit vectors of curved tensors and two products per residual sample."""
+    checks = Cost(hvp=0)
+    for size in sizes:
+        checks = checks + diagonal_check_cost(size, rules)
+    rest = min(rules.max_exact, sum(sizes)) + 2 * rules.samples
+    return Cost(vjp=outputs) + checks + Cost(hvp=(0, rest))

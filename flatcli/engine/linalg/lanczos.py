@@ -41,6 +41,7 @@ import torch
 from .. import recompute
 from ._common import as_operator, rademacher, rowdot
 from ._store import BasisStore, device_capacity
+from .declarations import Cost
 from .sem import mean_stderr
 from .stop import KrylovStop
 
@@ -486,3 +487,75 @@ def verify_eigenpair(op, x: torch.Tensor) -> tuple[float, float]:
     lam = float(xd @ hx / (xd @ xd))
     res = float((hx - lam * xd).norm() / xd.norm())
     return lam, res / max(abs(lam), 1e-30)
+
+
+# ---------------------------------------------------------------------------- declared costs
+
+
+def krylov_steps(dim: int, stop: KrylovStop, block: int = 1) -> tuple[int, int]:
+    """(least, most) products of `lanczos` from a random start under ``stop``: at least its
+    ``min_steps`` (default `certified_min_steps`) and its first block (cut to ``max_steps``), at
+    most ``max_steps``, never more than ``dim``."""
+    least = certified_min_steps(dim) if stop.min_steps is None else int(stop.min_steps)
+    first = max(1, min(block, int(stop.max_steps)))
+    return min(dim, max(first, least)), min(dim, int(stop.max_steps))
+
+
+def lanczos_cost(
+    dim: int,
+    stop: KrylovStop,
+    *,
+    k: int = 1,
+    block: int = 1,
+    warm: bool = False,
+    work: bool = True,
+) -> Cost:
+    """What `lanczos` declares for ``k`` pairs in blocks of ``block`` under ``stop``.
+
+    Products: `krylov_steps` (``warm``: a start from earlier Ritz vectors may stop after its first
+    block). Vectors: the basis, one per step up to ``stop.max_basis`` raised to `basis_floor`
+    (an int; otherwise unbounded), and `LANCZOS_WORK_VECTORS` per block vector. Vector operations:
+    full reorthogonalization, twice, 2·j dot products and axpys at step j.
+
+    Parameters
+    ----------
+    dim : int
+        P, the vector length.
+    stop : KrylovStop
+        Its ``min_steps``, ``max_steps`` and ``max_basis`` (the tolerance and budget do not enter).
+    k, block : int
+        Wanted pairs and Krylov block size (as `lanczos` takes them).
+    warm : bool
+        Whether the run may start warm.
+    work : bool
+        Whether to count the working vectors (False where a part beside it, the bases of SLQ
+        runs, already bounds them).
+
+    Returns
+    -------
+    Cost
+        Products in blocks of ``block``, basis and working vectors, reorthogonalization.
+    """
+    block = max(1, min(block, int(stop.max_steps)))  # as `lanczos` cuts its start block
+    least, most = krylov_steps(dim, stop, block)
+    if warm:
+        least = min(dim, block)
+    basis = most
+    if isinstance(stop.max_basis, int):
+        basis = min(most, max(stop.max_basis, basis_floor(dim, k, block, stop.min_steps)))
+    return Cost(
+        hvp=(least, most),
+        block=block,
+        vectors=basis + LANCZOS_WORK_VECTORS * block * work,
+        vector_ops=(2 * min(least, most) ** 2, 2 * most**2),
+    )
+
+
+def verify_eigenpair_cost(pairs: int = 1) -> Cost:
+    """`verify_eigenpair` of ``pairs`` Ritz pairs: one product each."""
+    return Cost(hvp=pairs)
+
+
+def precision_control_cost(probes: int) -> Cost:
+    """`precision_control` with ``probes`` probes: one product with each operator per probe."""
+    return Cost(hvp=2 * probes)

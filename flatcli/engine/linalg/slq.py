@@ -21,6 +21,7 @@ from ._common import (
 )
 from ._store import BasisStore, device_capacity
 from .budget import Budget, no_budget
+from .declarations import Cost
 from .sem import mean_stderr
 
 
@@ -364,4 +365,21 @@ def slq(
     short = dropped > 0 or (any(len(t) < steps for t in nodes) and budget.out_of_time())
     return SLQResult(
         nodes, weights, dim, n_hvp=used, stopped_by_budget=i < runs or short, steps=steps
+    )
+
+
+# ---------------------------------------------------------------------------- declared costs
+
+
+def slq_cost(dim: int, runs: int | tuple[int, int], steps: int) -> Cost:
+    """What `slq` declares for ``runs`` runs (or a (least, most) range of runs) of ``steps``
+    Lanczos steps, in lockstep: one product per run and step (at most ``dim`` steps), each run's
+    basis, and each run's reorthogonalization against its own basis (twice)."""
+    lo, hi = runs if isinstance(runs, tuple) else (runs, runs)
+    m = min(steps, dim)
+    return Cost(
+        hvp=(lo * m, hi * m),
+        block=min(lo, hi),
+        vectors=(lo * m, hi * m),
+        batched_vector_ops=(2 * lo * m**2, 2 * hi * m**2),
     )

@@ -12,6 +12,7 @@ import torch
 from ._common import MIN_SAMPLES, as_operator, rademacher, rowdot, t_factor
 from ._store import BasisStore, device_capacity
 from .budget import Budget, no_budget
+from .declarations import Cost
 from .sem import mean_stderr
 from .slq import slq, slq_group_size
 from .stop import ProbeStop
@@ -601,3 +602,52 @@ def _sketch_pays(
     need = (se / (tol * abs(est))) ** 2 * len(cand) if est and len(cand) > 1 else math.inf
     budget_ok = sk.rank + k <= min(dim - 1, max_probes // 3) and used + k < max_probes
     return need > 4 * (sk.rank + k) and budget_ok
+
+
+# ---------------------------------------------------------------------------- declared costs
+
+
+def near_zero_cost(dim: int) -> Cost:
+    """The near-zero floor's products (`NearZeroFloor`): `NEAR_ZERO_RUNS` SLQ runs of
+    `NEAR_ZERO_STEPS` steps, when the trace cancels."""
+    return Cost(hvp=(0, NEAR_ZERO_RUNS * min(NEAR_ZERO_STEPS, dim)))
+
+
+def hutchinson_cost(
+    dim: int, stop: ProbeStop, *, floor: bool = True, device=None, dtype=torch.float32
+) -> Cost:
+    """What `hutchinson` declares under ``stop``: its first block of ``min_probes`` probes (at most
+    ``max_probes``) up to ``max_probes``, in blocks of the engine's size, and (``floor``) the
+    near-zero floor's SLQ beside them (`near_zero_cost`). Vectors: the first block's probes and
+    their products, and the near-zero floor's runs in lockstep on ``device``
+    (`near_zero_vectors`) while it runs.
+
+    Parameters
+    ----------
+    dim : int
+        P, the vector length.
+    stop : ProbeStop
+        Its ``min_probes`` and ``max_probes``.
+    floor : bool
+        Whether the near-zero floor may run (False: a fixed-count check).
+    device, dtype : optional
+        Where the vectors live and their type.
+
+    Returns
+    -------
+    Cost
+        Products (block 0: the engine's), vectors.
+    """
+    first = min(stop.min_probes, stop.max_probes)
+    probes = Cost(hvp=(first, stop.max_probes), block=0, vectors=2 * first)
+    if not floor:
+        return probes
+    nz = near_zero_vectors(dim, device, dtype)
+    return probes + near_zero_cost(dim) + Cost(vectors=(0, nz))
+
+
+def hutchpp_cost(dim: int, stop: ProbeStop, *, device=None, dtype=torch.float32) -> Cost:
+    """What `hutchpp` declares: `hutchinson_cost`'s probes and its sketch beside them, up to a
+    third of ``max_probes`` P-vectors."""
+    sketch = Cost(vectors=min(dim, stop.max_probes // 3))
+    return hutchinson_cost(dim, stop, device=device, dtype=dtype) + sketch

@@ -3,7 +3,7 @@
 Two checks, each against the free memory of the device (`flatcli.engine.recompute.free_bytes`:
 CUDA's free bytes, ``torch.cuda.mem_get_info``; on CPU the host's ``MemAvailable``):
 
-1. **Before the data** (`check_model`, in `flatcli.run.checkpoint.measure_job` after the model is loaded
+1. **Before the data** (`check_model`, in `flatcli.run.measuring.measure_job` after the model is loaded
    and its parameter selection checked, before any split is loaded or tokenized). From the model
    alone it counts the *least* memory the run will add:
 
@@ -13,7 +13,7 @@ CUDA's free bytes, ``torch.cuda.mem_get_info``; on CPU the host's ``MemAvailable
      ``MemAvailable`` has it;
    * θ and its gradient: 2 P-vectors of the selected parameters (P) in θ's type (float32 under
      ``auto``, ``fp32``, ``tf32`` and ``bf16``, whose vectors and reductions stay float32; float64
-     under ``fp64``), as ``--dry-run``'s peak (`flatcli.run.predict.predict`) counts them;
+     under ``fp64``), as ``--dry-run``'s peak (`flatcli.run.prediction.predict.predict`) counts them;
    * the P-vectors the measure that keeps the most declares (its registry ``estimate``'s
      ``vectors``: a Lanczos or SLQ basis, a Hutch++ sketch) plus one product input when it takes
      Hessian products (`vectors_kept`; a block of the engine's block size counts as one vector:
@@ -26,7 +26,7 @@ CUDA's free bytes, ``torch.cuda.mem_get_info``; on CPU the host's ``MemAvailable
    the data, the data itself, and dense matrices a measure builds for tiny models without
    declaring them. So the figure is a lower bound: a run it refuses cannot fit.
 
-2. **Before the first product** (`check_products`, in `flatcli.run.checkpoint.measure_model` once the
+2. **Before the first product** (`check_products`, in `flatcli.run.measuring.measure_model` once the
    measurement set is on the device; only when a chosen measure takes Hessian products): the
    activations. `flatcli.engine.recompute.predicted_product_bytes` (the rule of
    ``runtime.recompute: auto``: one forward and one ``create_graph`` backward over the first batch
@@ -34,7 +34,7 @@ CUDA's free bytes, ``torch.cuda.mem_get_info``; on CPU the host's ``MemAvailable
    the largest Hessian measure's declared vectors beyond those five and compares the sum with the
    free memory then (the working copy, θ and the data are already resident). When recompute is on
    (``true``, or ``auto`` with blocks (`find_blocks`) and a product above 80% of free memory, as
-   `flatcli.engine.product_state.ProductState.recompute_active` decides), the product is the block-by-block
+   `flatcli.engine.products.ProductContext.route` decides), the product is the block-by-block
    one (`flatcli.engine.segments`) and is predicted by its own rule (``predicted_product_bytes(...,
    by_blocks=L)``); on blocks that are not a chain it checkpoints, is not predicted, and only the
    vectors are checked. A run that auto-recompute makes fit is never refused, and
@@ -51,7 +51,7 @@ CUDA's free bytes, ``torch.cuda.mem_get_info``; on CPU the host's ``MemAvailable
 A failed check is a `flatcli.errors.MeasurementError` (exit code 1), not a `ConfigError`: the config
 is valid and the same run fits on a larger device or with more free memory; the verdict depends on
 the machine's state, like an out-of-memory error, and fails one checkpoint's row
-(`flatcli.run.checkpoint.measure_job` turns it into an error row; the other checkpoints go on). Its one
+(`flatcli.run.measuring.measure_job` turns it into an error row; the other checkpoints go on). Its one
 line names the checkpoint, the measure(s) that need the most, the bytes predicted against the bytes
 free, and the settings that shrink the part that is too big (`MemoryVerdict.suggestions`).
 ``runtime.check_memory: false`` turns both checks off (for a machine whose ``MemAvailable``
@@ -70,19 +70,19 @@ from typing import Any
 
 import torch
 
-from ..engine.linalg._store import default_capacity
-from ..engine.recompute import (
+from ...engine.linalg._store import default_capacity
+from ...engine.recompute import (
     AUTO_RECOMPUTE,
     find_blocks,
     free_bytes,
     predicted_product_bytes,
     saved_bytes,
 )
-from ..engine.segments import BlockChain
-from ..errors import MeasurementError
-from ..measures import Dims, MeasureSpec, get_measure
-from ..measures._layers import weight_matrices
-from .settings import Settings
+from ...engine.segments import BlockChain
+from ...errors import MeasurementError
+from ...measures import Dims, MeasureSpec, get_measure
+from ...measures._layers import weight_matrices
+from ..settings import Settings
 
 GRAPH_FRACTION = (
     0.5  # runtime.cache_graphs: auto keeps the graphs when their peak fits in this share
@@ -185,7 +185,7 @@ def vectors_kept(
     """(declared, block): the P-vectors ``spec``'s estimate declares it keeps (``vectors``: a basis,
     a sketch, a trace's first block of probes and its near-zero floor; ``least``: those it always
     keeps, else the most) and those of one product input when it takes Hessian products
-    (``hvp_block``; 0: the engine's block, ``engine_block``). `flatcli.run.predict.predict` counts
+    (``hvp_block``; 0: the engine's block, ``engine_block``). `flatcli.run.prediction.predict.predict` counts
     the most; the checks before the run (a lower bound) the least."""
     est = spec.estimate(dims) or {}
     block = est.get("hvp_block", (1, 1))[1]
@@ -224,7 +224,7 @@ def model_dims(model: torch.nn.Module, st: Settings) -> Dims:
 
 
 def copies_model(model: torch.nn.Module, st: Settings) -> bool:
-    """Whether measuring ``model`` makes a working copy (`flatcli.run.checkpoint` then converts one): it is
+    """Whether measuring ``model`` makes a working copy (`flatcli.run.measuring` then converts one): it is
     not on the device already, in θ's type or (``bf16``) the forward's."""
     first = next(iter(model.parameters()), None)
     device = first.device if first is not None else torch.device("cpu")
@@ -349,7 +349,7 @@ def check_products(
 ) -> MemoryVerdict:
     """One Hessian product's predicted peak plus the largest Hessian measure's declared vectors,
     against the free memory now (module docstring, 2). ``problem``: the measurement set's
-    `flatcli.engine.Problem` on the device; ``dims``: its sizes (`flatcli.run.checkpoint.problem_dims`)."""
+    `flatcli.engine.Problem` on the device; ``dims``: its sizes (`flatcli.run.measuring.problem_dims`)."""
     hess = [s for s in specs if takes_hessian_products(s, dims)]
     if not hess or not problem.batches:
         return MemoryVerdict("products", device=str(st.device), skipped="no Hessian products")

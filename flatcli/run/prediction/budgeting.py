@@ -1,8 +1,8 @@
 """How one checkpoint's run spends its budget (``runtime.budget``): the order its measures run in,
-the split of the budget among them with each measure's minimum first (`flatcli.run.shares`), the
+the split of the budget among them with each measure's minimum first (`flatcli.run.prediction.shares`), the
 measures refused at the start because their minimum does not fit, and the split learnt again from
-the measured seconds per product after each measure (`flatcli.run.predict.Fit.learn`).
-`flatcli.run.checkpoint.measure_model` calls these around its measures."""
+the measured seconds per product after each measure (`flatcli.run.prediction.predict.Fit.learn`).
+`flatcli.run.measuring.measure_model` calls these around its measures."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ import logging
 import math
 from collections.abc import Sequence
 
-from ..engine import Problem
-from ..measures import MeasureResult, MeasureSpec
+from ...engine import Problem
+from ...measures import MeasureCache, MeasureResult, MeasureSpec
+from ..results import Row
+from ..settings import Settings
 from .predict import Fit
-from .results import Row
-from .settings import Settings
 from .shares import BudgetSplit, budget_order
 
 
 def split_budget(st: Settings, specs, fit: Fit, problem: Problem, reuse, among):
     """(order, split, refused) of a checkpoint's measures under ``runtime.budget``: the order
-    they run in (`flatcli.run.shares.budget_order`; as configured in a sweep's unit or without a
+    they run in (`flatcli.run.prediction.shares.budget_order`; as configured in a sweep's unit or without a
     budget), the `BudgetSplit` (None without a budget) and those refused at the start
     (`refused_at_start`)."""
     order = specs
@@ -37,9 +37,9 @@ def split_budget(st: Settings, specs, fit: Fit, problem: Problem, reuse, among):
     return order, split, refused_at_start(split, order)
 
 
-def learner(split: BudgetSplit | None, fit: Fit, order, row: Row, shared: dict, how):
+def learner(split: BudgetSplit | None, fit: Fit, order, row: Row, shared: MeasureCache, how):
     """``learn(label)`` after each measure under a budget: once a measure has taken products, the
-    predicted seconds per product become the measured ones (`flatcli.run.predict.Fit.learn`),
+    predicted seconds per product become the measured ones (`flatcli.run.prediction.predict.Fit.learn`),
     the later measures' seconds are predicted again and what is left of the budget is split
     again (`BudgetSplit.replan`); the first block of a later measure expects the measured speed.
     Nothing in a sweep's unit (fixed shares) or without a budget. ``how``: (problem, reuse,
@@ -53,7 +53,7 @@ def learner(split: BudgetSplit | None, fit: Fit, order, row: Row, shared: dict, 
         per = fit.learn(row.results.get(label))
         if per is None:
             return
-        shared["seconds_per_product"] = fit.times.hvp1
+        shared.seconds_per_product = fit.times.hvp1
         split.replan(
             labels.index(label),
             fit.cost(problem, reuse, among)(order),

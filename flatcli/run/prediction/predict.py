@@ -5,7 +5,7 @@ measurement set (`micro_problem`: its first row and its first two): its peak mem
 first batch's rows. It times a forward pass, a gradient and a one-vector product on micro-batches
 grown from one row until the difference is measured, and fits each as ``c + d·units`` per batch
 (``c`` the share a call pays whatever its rows, the parameters'; ``d`` per scored sample or
-token) to the whole set, with an interval from the timings' spread (`flatcli.run.timing`: the
+token) to the whole set, with an interval from the timings' spread (`flatcli.run.prediction.timing`: the
 rules that keep noise from being multiplied into the prediction). Nothing is built over more
 than one batch, so a dry-run holds less than the run; on models whose product is slow enough to
 matter it costs a fraction of it. `predict` turns a measure's declared counts (its registry
@@ -39,9 +39,10 @@ from typing import Any
 
 import torch
 
-from ..engine import CurvatureEngine, Problem, eval_mode
-from ..engine import dist as ranks
-from ..loading.data import subset
+from ...engine import CurvatureEngine, Problem, eval_mode
+from ...engine import dist as ranks
+from ...loading.data import subset
+from ..settings import Settings
 from . import timing
 from .memory import (
     keeps_graphs,
@@ -51,7 +52,6 @@ from .memory import (
     trim_heap,
     vectors_kept,
 )
-from .settings import Settings
 from .shares import hvp_equivalents, least_work
 
 BLOCK = 4  # rows of the basis a timed reorthogonalization projects against (`vector_op`)
@@ -83,7 +83,7 @@ class ProductTimes:
     build: float = 0.0  # seconds of building the gradient graphs once, when the run keeps them
     intervals: dict[str, tuple[float, float]] = field(
         default_factory=dict
-    )  # "forward", "grad", "hvp" -> (low, high) seconds: the fit's interval (`flatcli.run.timing`)
+    )  # "forward", "grad", "hvp" -> (low, high) seconds: the fit's interval (`flatcli.run.prediction.timing`)
     measured: tuple[str, ...] = ()  # quantities replaced by what a run measured (`Fit.learn`)
 
     def at(self, end: int) -> ProductTimes:
@@ -114,7 +114,7 @@ def _size(dtype: torch.dtype) -> int:
 
 
 def _clock() -> float:
-    """The dry-run's clock (`flatcli.run.timing._clock`)."""
+    """The dry-run's clock (`flatcli.run.prediction.timing._clock`)."""
     return timing._clock()
 
 
@@ -154,7 +154,7 @@ def micro_problem(problem: Problem, rows: int = MICRO_ROWS) -> Problem:
 
 def _engine(problem: Problem, st: Settings, keep: bool | None = None) -> CurvatureEngine:
     """An engine over ``problem`` as the run builds it: recompute, caps, kept graphs (``keep``:
-    the run's choice, `flatcli.run.memory.keeps_graphs`; None: the settings')."""
+    the run's choice, `flatcli.run.prediction.memory.keeps_graphs`; None: the settings')."""
     return st.engine(problem, st.graph_policy() if keep is None else keep)
 
 
@@ -204,7 +204,7 @@ def _build(build_at: float, hvp_at: float, hvp: float, grad: float) -> float:
 
 
 class _Grown:
-    """The timed calls of one problem on micro-batches of growing rows (`flatcli.run.timing.grow`),
+    """The timed calls of one problem on micro-batches of growing rows (`flatcli.run.prediction.timing.grow`),
     each size's engine built once, as the run builds it."""
 
     def __init__(self, problem: Problem, st: Settings, keep: bool, V: torch.Tensor):
@@ -234,7 +234,7 @@ class _Grown:
 
     def time(self, name: str, r: int, loop: bool) -> tuple[float, float]:
         """(seconds, noise) of a forward pass, a gradient or a one-vector product over ``r``
-        rows, warm (`flatcli.run.timing.timed`; ``loop``: in loops, `flatcli.run.timing.autorange`).
+        rows, warm (`flatcli.run.prediction.timing.timed`; ``loop``: in loops, `flatcli.run.prediction.timing.autorange`).
         A product's first call, which builds the graphs the run keeps, is timed apart
         (``cold``)."""
         eng = self.engine(r)
@@ -257,7 +257,7 @@ class _Grown:
 
     def ratio(self, k: int) -> float:
         """A block product's seconds over a one-vector product's, on one row (each timed in loops
-        long enough to measure, `flatcli.run.timing.autorange`), between 1 and the block's ``k``:
+        long enough to measure, `flatcli.run.prediction.timing.autorange`), between 1 and the block's ``k``:
         a block costs at least one vector's product and at most k of them."""
         if k <= 1:
             return 1.0
@@ -276,7 +276,7 @@ class _Grown:
 def _vector_ops(V: torch.Tensor, k: int, P: int) -> tuple[float, float]:
     """Seconds of one P-length dot product or axpy: in a reorthogonalization pass against a basis
     (`_project`), and in runs of their own bases (`_project_runs`), each timed in loops long
-    enough to measure (`flatcli.run.timing.autorange`)."""
+    enough to measure (`flatcli.run.prediction.timing.autorange`)."""
     V = V[: max(2, min(BLOCK, k))]
     if V.shape[0] < 2:
         V = torch.randn(2, P, generator=torch.Generator().manual_seed(1)).to(V)
@@ -290,16 +290,16 @@ def time_products(
     model: torch.nn.Module, data, st: Settings, check=None
 ) -> tuple[ProductTimes | None, Problem]:
     """Time the products on micro-batches of ``model``'s measurement set (the settings' size,
-    seed, device, dtype and precision), as `flatcli.run.checkpoint.measure_model` builds them:
+    seed, device, dtype and precision), as `flatcli.run.measuring.measure_model` builds them:
     a forward pass, a gradient and a one-vector product each on micro-batches of 1, 2, 4, … rows
-    until the difference is measured (`flatcli.run.timing.grow`), fitted as ``c + d·units`` per
-    batch to this rank's share of the set with an interval (`flatcli.run.timing.fit`); a block
+    until the difference is measured (`flatcli.run.prediction.timing.grow`), fitted as ``c + d·units`` per
+    batch to this rank's share of the set with an interval (`flatcli.run.prediction.timing.fit`); a block
     product on the product's largest micro-batch. One product's peak is measured on one and two
     rows and scaled to the first batch's rows, plus the other batches' graphs when the run keeps
-    them (`flatcli.run.memory.product_bytes`, counted). No product or gradient graph over the
+    them (`flatcli.run.prediction.memory.product_bytes`, counted). No product or gradient graph over the
     whole set is built, so the dry-run holds less than the run. Returns the times and the
     `Problem` (for the measures' ``applicable`` checks). ``check(problem)``: called before any
-    product (the memory check, `flatcli.run.memory.check_products`); when it returns False
+    product (the memory check, `flatcli.run.prediction.memory.check_products`); when it returns False
     nothing is timed and the times are None."""
     work = model.to(st.device, st.dtype)
     with st.precision_context(), eval_mode(work):
@@ -365,7 +365,7 @@ def _timed_products(problem: Problem, st: Settings, keep: bool, one: _Micro) -> 
 
 
 def _quick(fn) -> float:
-    """Warm seconds of ``fn()`` over the whole set (`flatcli.run.timing.timed`: the least of a
+    """Warm seconds of ``fn()`` over the whole set (`flatcli.run.prediction.timing.timed`: the least of a
     few calls; not looped: the budget's clock runs, and what a plan got wrong it learns,
     `Fit.learn`)."""
     return timing.timed(fn)[0]
@@ -469,7 +469,7 @@ class Fit:
 
     def seconds(self, spec, problem: Problem | None = None) -> float:
         """The least predicted seconds of ``spec`` (`predict`), at least one forward pass; 0 when
-        it is predicted to end ``not_applicable`` on ``problem`` (`flatcli.run.shares.BudgetSplit`'s
+        it is predicted to end ``not_applicable`` on ``problem`` (`flatcli.run.prediction.shares.BudgetSplit`'s
         weight)."""
         if problem is not None and _not_applicable(spec, problem):
             return 0.0
@@ -478,9 +478,9 @@ class Fit:
         return max(predict(spec, self.dims, self.times).seconds[0], self.times.forward)
 
     def cost(self, problem: Problem, reuse=None, among=None):
-        """The weights of specs, in order, in `flatcli.run.shares.BudgetSplit`: each its least
+        """The weights of specs, in order, in `flatcli.run.prediction.shares.BudgetSplit`: each its least
         predicted seconds (`seconds`); in a sweep's unit (``among`` given) its least products in
-        HVP equivalents (`flatcli.run.shares.least_work`), which every worker computes alike; 0 for
+        HVP equivalents (`flatcli.run.prediction.shares.least_work`), which every worker computes alike; 0 for
         a result reused from ``reuse`` (label → result) or a measure predicted ``not_applicable``.
         Work a spec shares with an earlier one (`flatcli.measures.MeasureSpec.shared_work`: a
         Hessian diagonal's tensors) is weighed once, for the first: the later one's weight loses
@@ -526,7 +526,7 @@ class Fit:
 
     def minima(self, problem: Problem, reuse=None):
         """The least seconds of specs, in order, to return a value (`minimum`; 0 for a reused
-        result): what `flatcli.run.shares.BudgetSplit` reserves for each before any gets more."""
+        result): what `flatcli.run.prediction.shares.BudgetSplit` reserves for each before any gets more."""
 
         def out(specs) -> list[float]:
             return [0.0 if reuse and s.label in reuse else self.minimum(s, problem) for s in specs]
@@ -594,7 +594,7 @@ class Fit:
 class Prediction:
     """One measure on one checkpoint: HVPs (least, most), seconds (least, most), peak bytes, and
     ``status`` "ok", "not_applicable" or "will_not_fit" (the memory check refused the checkpoint,
-    `flatcli.run.memory`; nothing was timed) (then ``reason``; no cost); ``stops_early``: whether a cap
+    `flatcli.run.prediction.memory`; nothing was timed) (then ``reason``; no cost); ``stops_early``: whether a cap
     stops it with its estimate so far (else it is started under a cap only when it fits: `Fit`)."""
 
     hvps: tuple[int, int] = (0, 0)

@@ -1,12 +1,12 @@
 """One checkpoint's time budget (``runtime.budget``, ``--budget``) shared among its measures.
 
 Each measure is weighed by its predicted **seconds**: the least its registry ``estimate`` declares
-(products, passes, vector operations), timed on this checkpoint (`flatcli.run.predict.Fit`: one
+(products, passes, vector operations), timed on this checkpoint (`flatcli.run.prediction.predict.Fit`: one
 forward pass, one gradient, one HVP); at least one forward pass. A measure predicted to end
 ``not_applicable`` weighs 0.
 
 Each measure also has a **minimum** ``m``: the predicted seconds it needs to return a value at all
-(`flatcli.run.predict.Fit.minimum`: its least seconds when it cannot stop early; its first unit
+(`flatcli.run.prediction.predict.Fit.minimum`: its least seconds when it cannot stop early; its first unit
 of work, two products or one pass, when it can). Minima come first:
 
 * **at the start**, every measure that stops early is kept (it always returns a value, from its
@@ -50,7 +50,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from ..measures import Dims, MeasureSpec
+from ...measures import Dims, MeasureSpec
 
 WEIGHTS = {"n_hvp": 1.0, "n_grad": 0.5, "n_vjp": 0.5, "n_forward": 0.2}
 
@@ -146,10 +146,10 @@ class BudgetSplit:
         overrun: Callable[[Sequence[MeasureSpec]], list[float]] | None = None,
     ) -> BudgetSplit | None:
         """The split of ``total`` seconds over ``specs``; ``cost(specs)``: their predicted seconds,
-        in order (called only with a budget, on the split's clock; `flatcli.run.predict.Fit.cost`
+        in order (called only with a budget, on the split's clock; `flatcli.run.prediction.predict.Fit.cost`
         weighs work they share once); ``minima(specs)``: the seconds each needs to return a
-        value (`flatcli.run.predict.Fit.minima`; default its cost); ``overrun(specs)``: the
-        seconds each may pass its share by (`flatcli.run.predict.Fit.overrun`: one product for a
+        value (`flatcli.run.prediction.predict.Fit.minima`; default its cost); ``overrun(specs)``: the
+        seconds each may pass its share by (`flatcli.run.prediction.predict.Fit.overrun`: one product for a
         measure that stops early); None without a budget. With
         ``among`` (every measure of the checkpoint, ``specs`` some of them), each of ``specs``
         gets its fixed share of ``total``."""
@@ -170,7 +170,7 @@ class BudgetSplit:
     def replan(self, after: int, costs: Sequence[float], minima: Sequence[float]) -> None:
         """New least seconds and minima (every measure's, in order) for the measures after index
         ``after``: what is left of the budget is split again at their next `share` (a plan
-        that learns: `flatcli.run.predict.Fit.learn`). Those refused at the start stay refused."""
+        that learns: `flatcli.run.prediction.predict.Fit.learn`). Those refused at the start stay refused."""
         for j in range(after + 1, len(self.costs)):
             self.costs[j] = max(0.0, float(costs[j]))
             self.minima[j] = min(max(0.0, float(minima[j])), self.costs[j])
