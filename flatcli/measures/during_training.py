@@ -113,6 +113,7 @@ def hessian_top_eigenvalues(ctx, opts: TopEigenvaluesOptions) -> MeasureResult:
         generator=ctx.generator(),
         return_vectors=True,
         stop=linalg.KrylovStop(opts.tol, min_steps, max(opts.max_steps, k), ctx.budget),
+        settings=eng.estimator_settings,
     )
     keep_ritz_vectors(ctx, r)
     vals = [float(v) for v in r.eigenvalues[:k]]

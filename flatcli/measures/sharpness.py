@@ -128,7 +128,11 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
         generator=ctx.generator(7),
         return_vectors=True,
         stop=linalg.KrylovStop(
-            tol=1e-2, min_steps=20, max_steps=60, budget=ctx.budget, max_basis=H.max_basis_vectors
+            tol=1e-2,
+            min_steps=20,
+            max_steps=60,
+            budget=ctx.budget,
+            max_basis=eng.estimator_settings.max_basis_vectors,
         ),
     )
     V = r.ritz_vectors

@@ -2,8 +2,8 @@ r"""Block Lanczos with full reorthogonalization, its certified step count, and t
 controls of converged eigenpairs (Golub & Van Loan §10.1, §10.3.6).
 
 `lanczos`: unlike power iteration, the Ritz values converge to the *algebraic*
-extremes: with ``which="largest"`` the largest eigenvalue is found even when
-a negative eigenvalue has larger magnitude.
+extremes: the largest eigenvalue is found even when a negative eigenvalue has larger
+magnitude (the smallest: ``lanczos(-H)``).
 
 Near zero: a relative test cannot be met by a Ritz value at 0, so the tolerance has an
 absolute floor: the residual test is :math:`\|Hx_i - \theta_i x_i\| \le \mathrm{tol}\cdot
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from .. import recompute
-from ._common import as_operator, rademacher, rowdot
+from ._common import EstimatorSettings, as_operator, rademacher, rowdot, settings_or_default
 from ._store import BasisStore, device_capacity
 from .sem import mean_stderr
 from .stop import KrylovStop
@@ -51,9 +51,9 @@ LANCZOS_WORK_VECTORS = 4
 
 @dataclass
 class LanczosResult:
-    """Ritz values of the Krylov space, ordered as asked (``which``).
+    """Ritz values of the Krylov space, descending.
 
-    eigenvalues: all Ritz values, descending for ``which="largest"``.
+    eigenvalues: all Ritz values, descending.
     residuals: Ritz residual norms ‖Hx − θx‖ matching ``eigenvalues``.
     steps: products (= the Krylov-space dimension reached, without restarts).
     converged: the ``k`` wanted pairs met the residual test (or the space is exact).
@@ -158,13 +158,13 @@ class _BlockKrylov:
         self.T[s:e, s:e] = 0.5 * (C[s:e] + C[s:e].T)
         return W
 
-    def ritz(self, W: torch.Tensor, which: str):
-        """Ritz values (ordered by ``which``), vectors in T's basis, residual norms, and the next block.
+    def ritz(self, W: torch.Tensor):
+        """Ritz values (descending), vectors in T's basis, residual norms, and the next block.
 
         Residual identity: with W = Q_next R, ‖H x_i − θ_i x_i‖ = ‖R y_i[s:e]‖."""
         e, s = self.e, self.s
         evals, evecs = np.linalg.eigh(self.T[:e, :e])
-        order = np.argsort(evals)[::-1] if which == "largest" else np.argsort(evals)
+        order = np.argsort(evals)[::-1]
         evals, evecs = evals[order], evecs[:, order]
         if e - s == 1:
             nrm = float(W.double().norm())
@@ -200,7 +200,7 @@ class _BlockKrylov:
         self, evals, evecs, Qnext: torch.Tensor, keep: np.ndarray, j: int, most: int
     ) -> None:
         """Thick restart (Wu & Simon 2000): the basis becomes the ``j`` first Ritz vectors (in
-        ``which`` order) and the kept directions of the next block; T becomes diag(θ₁..θⱼ). Its
+        descending order) and the kept directions of the next block; T becomes diag(θ₁..θⱼ). Its
         border (the coupling ``R y[s:e]`` of the residual identity) is filled by the next
         orthogonalization, which projects the new block's product on every basis row."""
         keep = keep[: min(len(keep), most)]
@@ -249,14 +249,11 @@ def basis_floor(dim: int, k: int, block: int, min_steps: int | None) -> int:
     return max(certified_min_steps(dim) if min_steps is None else int(min_steps), k + 2 * block)
 
 
-def basis_limit(op, setting, dim: int, dtype, rows: int, floor: int) -> int:
+def basis_limit(setting, dim: int, dtype, rows: int, floor: int) -> int:
     r"""The most Lanczos basis rows, at most ``rows`` (the basis the run would build without a cap),
     from ``setting`` (``runtime.max_basis_vectors``): an int (raised to ``floor``, `basis_floor`),
-    None (unbounded), or ``"auto"``: the operator's setting when it has one (the engine resolves its
-    own ``auto`` once, the same on every rank), else what fits in half the free host memory
-    (`host_fit`), at least ``floor``."""
-    if isinstance(setting, str) and setting == "auto":
-        setting = getattr(op, "max_basis_vectors", "auto")
+    None (unbounded), or ``"auto"``: what fits in half the free host memory (`host_fit`), at least
+    ``floor`` (the engine resolves its own ``auto`` once, the same on every rank)."""
     if isinstance(setting, str) and setting == "auto":
         setting = host_fit(dim, dtype)
     return rows if setting is None else min(rows, max(int(setting), floor))
@@ -266,14 +263,15 @@ def lanczos(
     op,
     *,
     k: int = 1,
-    which: str = "largest",
     block: int | None = None,
     v0: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     return_vectors: bool = False,
     stop: KrylovStop = KrylovStop(),
+    settings: EstimatorSettings | None = None,
 ) -> LanczosResult:
-    r"""(Block) Lanczos with full reorthogonalization for the ``k`` extreme eigenvalues.
+    r"""(Block) Lanczos with full reorthogonalization for the ``k`` largest eigenvalues (the
+    smallest: ``lanczos(-H)``, negated).
 
     Builds an orthonormal basis :math:`Q` of the block Krylov space
     :math:`\mathrm{span}\{X, HX, H^2X, \dots\}` (``X``: ``block`` start vectors,
@@ -294,17 +292,12 @@ def lanczos(
     ----------
     op : CurvatureOperator or Operator
         The symmetric operator: a `flatcli.engine.operators.CurvatureOperator`, or anything
-        `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P,
-        the device and dtype of the vectors and the vectors per product (``block_size``).
-        Its ``max_device_vectors`` bounds the basis vectors on the device at once (the rest live in
-        host memory, pinned on CUDA, and reorthogonalization streams them in chunks; the values
-        equal the all-on-device run's to rounding).
+        `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P
+        and the device and dtype of the vectors.
     k : int
-        How many extreme pairs must converge.
-    which : {"largest", "smallest"}
-        Algebraically largest or smallest eigenvalues.
+        How many of the algebraically largest pairs must converge.
     block : int, optional
-        Block size of the Krylov space (default ``k``); not the operator's ``block_size``.
+        Block size of the Krylov space (default ``k``); not the settings' ``block_size``.
     v0 : torch.Tensor, optional
         Start vector(s), shape (P,) or (block, P); default seeded Gaussian.
     generator : torch.Generator, optional
@@ -312,17 +305,20 @@ def lanczos(
     return_vectors : bool
         Also return the Ritz vectors.
     stop : KrylovStop
-        Tolerance, fewest and most steps, budget, the most basis vectors kept (``max_basis``).
+        Tolerance, fewest and most steps, budget, the most basis vectors kept (``max_basis``;
+        "auto": the settings' ``max_basis_vectors``).
+    settings : EstimatorSettings, optional
+        ``max_device_vectors`` bounds the basis vectors on the device at once (the rest live in
+        host memory, pinned on CUDA, and reorthogonalization streams them in chunks; the values
+        equal the all-on-device run's to rounding); ``max_basis_vectors`` and the progress hook.
 
     Returns
     -------
     LanczosResult
         Ritz values (and vectors), residuals, steps, products, convergence and restarts.
     """
-    if which not in ("largest", "smallest"):
-        raise ValueError(f"which must be 'largest' or 'smallest'. Got {which!r} instead.")
-    op = as_operator(op)
-    matvec, dim, device, dtype, report = op.matmat_rows, op.dim, op.device, op.dtype, op.report
+    op, opts = as_operator(op), settings_or_default(settings)
+    matvec, dim, device, dtype = op.matmat_rows, op.dim, op.device, op.dtype
     budget, tol = stop.the_budget(), stop.tol
     max_steps = int(min(stop.max_steps, dim))
     wanted = max_steps
@@ -335,8 +331,9 @@ def lanczos(
     min_steps = int(min(min_steps, max_steps))
     X = _start_block(v0, block, k, dim, max_steps, generator)
     b = X.shape[0]
-    rows = basis_limit(op, stop.max_basis, dim, dtype, max_steps, basis_floor(dim, k, b, min_steps))
-    cap = device_capacity(op, op.max_device_vectors, dim, device, dtype)
+    setting = opts.max_basis_vectors if stop.max_basis == "auto" else stop.max_basis
+    rows = basis_limit(setting, dim, dtype, max_steps, basis_floor(dim, k, b, min_steps))
+    cap = device_capacity(opts.max_device_vectors, dim, device, dtype)
     kry = _BlockKrylov(
         X.to(device=device, dtype=torch.float64),
         rows,
@@ -350,14 +347,14 @@ def lanczos(
         nprod += kry.e - kry.s
         W = kry.orthogonalize(matvec(kry.block()).to(dtype))
         nblock += 1
-        evals, evecs, res, R, Qnext = kry.ritz(W, which)
+        evals, evecs, res, R, Qnext = kry.ritz(W)
         kk = min(k, kry.e)
         scale = max(1.0, float(np.max(np.abs(evals))))
         keep = np.nonzero(np.abs(np.diag(R)) > 1e-10 * scale)[0]
         if len(keep) == 0 or kry.e >= dim:
             converged = True  # invariant subspace: the Ritz values are exact
             break
-        report(
+        opts.progress(
             steps=nprod, value=float(evals[0]), residual=float(res[0] / max(abs(evals[0]), 1e-30))
         )
         spread = float(np.max(np.abs(evals)))  # max |θ|: the estimate of ‖H‖₂ so far

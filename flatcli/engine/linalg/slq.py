@@ -13,10 +13,12 @@ import torch
 from ._common import (
     MIN_NODES,
     MIN_SAMPLES,
+    EstimatorSettings,
     MatVec,
     _tridiag_eig,
     as_operator,
     rademacher,
+    settings_or_default,
     t_factor,
 )
 from ._store import BasisStore, device_capacity
@@ -282,6 +284,7 @@ def slq(
     block: int | None = None,
     budget: Budget | None = None,
     starts: torch.Tensor | None = None,
+    settings: EstimatorSettings | None = None,
 ) -> SLQResult:
     r"""Stochastic Lanczos quadrature (Ubaru, Chen & Saad 2017, eq. 3.5).
 
@@ -298,9 +301,7 @@ def slq(
     Parameters
     ----------
     op : CurvatureOperator or Operator
-        An operator or anything `as_operator` takes (P, device, dtype from it). With
-        ``max_device_vectors`` below ``steps`` each run's basis lives in host memory and is streamed
-        in chunks; the nodes and weights equal the all-on-device run's to rounding.
+        An operator or anything `as_operator` takes (P, device, dtype from it).
     runs : int
         Rademacher starts (ignored when ``starts`` is given).
     steps : int
@@ -318,6 +319,9 @@ def slq(
         result may hold no run at all (`expect` is then NaN).
     starts : torch.Tensor, optional
         (R, P) start vectors instead of ``runs`` draws (a caller continuing one stream of probes).
+    settings : EstimatorSettings, optional
+        With ``max_device_vectors`` below ``steps`` each run's basis lives in host memory and is
+        streamed in chunks; the nodes and weights equal the all-on-device run's to rounding.
 
     Returns
     -------
@@ -335,7 +339,7 @@ def slq(
     g = int(block) if block else slq_group_size(dim, steps, runs, device=device, dtype=dtype)
     g = max(1, min(g, runs))
     budget = budget if budget is not None else no_budget()
-    cap = device_capacity(op, op.max_device_vectors, dim, device, dtype)
+    cap = device_capacity(settings_or_default(settings).max_device_vectors, dim, device, dtype)
     V0 = (
         starts.to(torch.float64)
         if starts is not None

@@ -9,7 +9,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ._common import MIN_SAMPLES, as_operator, rademacher, rowdot, t_factor
+from ._common import (
+    MIN_SAMPLES,
+    EstimatorSettings,
+    as_operator,
+    rademacher,
+    rowdot,
+    settings_or_default,
+    t_factor,
+)
 from ._store import BasisStore, device_capacity
 from .budget import Budget, no_budget
 from .sem import mean_stderr
@@ -230,10 +238,11 @@ def hutchinson(
     generator: torch.Generator,
     blocks: list[slice] | None = None,
     start: tuple[torch.Tensor, torch.Tensor] | None = None,
+    settings: EstimatorSettings | None = None,
 ) -> TraceResult:
     r"""Hutchinson's estimator :math:`\mathrm{Tr}(H) \approx \frac1m \sum_i z_i^\top H z_i`.
 
-    Rademacher probes, drawn and multiplied in blocks of the operator's ``block_size``; the first
+    Rademacher probes, drawn and multiplied in blocks of ``settings.block_size``; the first
     block holds ``min_probes``. ``stop`` (a `ProbeStop`): stops when the standard error of the mean,
     :math:`s/\sqrt{m}` (``s`` the sample standard deviation of the
     :math:`z_i^\top H z_i`), is at most ``tol * |estimate|`` (``converged``), or at the
@@ -255,8 +264,8 @@ def hutchinson(
     ----------
     op : CurvatureOperator or Operator
         The symmetric operator: a `flatcli.engine.operators.CurvatureOperator`, or anything
-        `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P,
-        the device and dtype of the vectors and the vectors per product (``block_size``).
+        `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P
+        and the device and dtype of the vectors.
     stop : ProbeStop
         ``tol``, ``min_probes``, ``max_probes``, the `Budget` and the near-zero floor.
     generator : torch.Generator
@@ -267,32 +276,21 @@ def hutchinson(
     start : (Z, HZ), optional
         Rademacher probes (rows) already multiplied, the first samples (`hutchpp`'s sketch when a
         cap leaves no room for its residual samples); they count as products spent.
+    settings : EstimatorSettings, optional
+        The vectors per product call (``block_size``) and the progress hook (``report``).
 
     Returns
     -------
     TraceResult
         The estimate, its standard error, the probes, convergence flags and the block estimates.
     """
-    op = as_operator(op)
-    matvec, dim, device, dtype, report, block = (
-        op.matmat_rows,
-        op.dim,
-        op.device,
-        op.dtype,
-        op.report,
-        op.block_size,
-    )
-    budget, tol, min_probes, max_probes = (
-        stop.the_budget(),
-        stop.tol,
-        stop.min_probes,
-        stop.max_probes,
-    )
-    floor = NearZeroFloor(matvec, dim, stop, generator, device, dtype)
+    op, opts, budget = as_operator(op), settings_or_default(settings), stop.the_budget()
+    floor = NearZeroFloor(op.matmat_rows, op.dim, stop, generator, op.device, op.dtype)
     samples: list[float] = []
     parts: list[list[float]] = []
 
-    least = max(min_probes, MIN_SAMPLES)  # no tolerance test on fewer samples
+    least = max(stop.min_probes, MIN_SAMPLES)  # no tolerance test on fewer samples
+    block, max_probes = opts.block(), stop.max_probes
 
     def result(converged, near_zero=False, stopped=False):
         est, se = mean_stderr(samples)
@@ -326,27 +324,29 @@ def hutchinson(
     while len(samples) < max_probes:
         left = max_probes - len(samples)
         k = _first(
-            min(max(min_probes - len(samples), block, 1), left),
+            min(max(stop.min_probes - len(samples), block, 1), left),
             budget,
             len(samples) + floor.products,
             2,
         )
         if k == 0:
             return result(False, stopped=True)
-        Z = rademacher(k, dim, generator, device, dtype)
-        add(Z, matvec(Z).to(Z.dtype))
+        Z = rademacher(k, op.dim, generator, op.device, op.dtype)
+        add(Z, op.matmat_rows(Z).to(Z.dtype))
         est, se = mean_stderr(samples)
         se = se * t_factor(len(samples))
         if len(samples) >= least:
-            report(probes=len(samples), value=est, stderr=se)
-            if se <= tol * abs(est):
+            opts.progress(probes=len(samples), value=est, stderr=se)
+            if se <= stop.tol * abs(est):
                 return result(True)
             if floor.reached(est, se, budget, len(samples)):
                 return result(True, near_zero=True)
         if len(samples) < max_probes and budget.exhausted(len(samples) + floor.products):
             return result(False, stopped=True)
     est, se = mean_stderr(samples)
-    return result(len(samples) >= MIN_SAMPLES and se * t_factor(len(samples)) <= tol * abs(est))
+    return result(
+        len(samples) >= MIN_SAMPLES and se * t_factor(len(samples)) <= stop.tol * abs(est)
+    )
 
 
 def hutchpp(
@@ -356,6 +356,7 @@ def hutchpp(
     sketch: int | None = None,
     generator: torch.Generator,
     blocks: list[slice] | None = None,
+    settings: EstimatorSettings | None = None,
 ) -> TraceResult:
     r"""Hutch++ (Meyer, Musco, Musco & Woodruff 2021, Alg. 1) with stderr stopping and a growing sketch.
 
@@ -404,8 +405,10 @@ def hutchpp(
     Parameters
     ----------
     op, stop, generator, blocks
-        As in `hutchinson`; the operator's ``max_device_vectors`` bounds the sketch vectors on
-        the device (the rest stream from host memory; the same estimates to rounding).
+        As in `hutchinson`.
+    settings : EstimatorSettings, optional
+        As in `hutchinson`; its ``max_device_vectors`` also bounds the sketch vectors on the
+        device (the rest stream from host memory; the same estimates to rounding).
     sketch : int, optional
         A fixed sketch size (Alg. 1's split); default: grown while it pays.
 
@@ -414,21 +417,9 @@ def hutchpp(
     TraceResult
         As `hutchinson`'s, with the final ``sketch`` size.
     """
-    op = as_operator(op)
-    matvec, dim, device, dtype, report, block = (
-        op.matmat_rows,
-        op.dim,
-        op.device,
-        op.dtype,
-        op.report,
-        op.block_size,
-    )
-    budget, tol, min_probes, max_probes = (
-        stop.the_budget(),
-        stop.tol,
-        stop.min_probes,
-        stop.max_probes,
-    )
+    op, opts, budget = as_operator(op), settings_or_default(settings), stop.the_budget()
+    matvec, dim, device, dtype, block = op.matmat_rows, op.dim, op.device, op.dtype, opts.block()
+    tol, min_probes, max_probes = stop.tol, stop.min_probes, stop.max_probes
     left = budget.left()
     cap = (
         max_probes if left is None else max(2, min(max_probes, left))
@@ -445,7 +436,7 @@ def hutchpp(
             device,
             torch.float64,
             max_rows=max_probes,
-            capacity=device_capacity(op, op.max_device_vectors, dim, device, torch.float64),
+            capacity=device_capacity(opts.max_device_vectors, dim, device, torch.float64),
         ),
         budget,
     )
@@ -455,7 +446,9 @@ def hutchpp(
     if budget.capped and budget.allow(r + MIN_SAMPLES, r) < r + MIN_SAMPLES:
         # the cap leaves no room for the sketch's own products and residual samples: the sketch's
         # probes are Hutchinson samples (Rademacher sᵢ, sᵢᵀHsᵢ), continued on what the cap leaves
-        return hutchinson(op, stop=stop, generator=generator, blocks=blocks, start=(S, Y))
+        return hutchinson(
+            op, stop=stop, generator=generator, blocks=blocks, start=(S, Y), settings=settings
+        )
     sk.add(Y.double())
     used = r + sk.rank
     if sk.rank >= dim:
@@ -492,7 +485,7 @@ def hutchpp(
         if used >= min(min_probes, cap) and len(samples) >= min_samples:
             m, se = mean_stderr(samples)
             se = se * t_factor(len(samples))
-            report(probes=used, value=sk.low + m, stderr=se)
+            opts.progress(probes=used, value=sk.low + m, stderr=se)
             if se <= tol * abs(sk.low + m):
                 return sk.result(used, samples, parts, se, True)
             if sk.floor.reached(sk.low + m, se, budget, used, len(samples)):
