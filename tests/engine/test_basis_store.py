@@ -52,11 +52,7 @@ class Counting:
 @pytest.fixture
 def counting(monkeypatch):
     c = Counting()
-    for name in (
-        "lanczos",
-        "slq",
-        "trace",
-    ):  # the modules (the package re-exports functions of the same names)
+    for name in ("vectors", "trace"):  # the modules that make stores
         monkeypatch.setattr(
             importlib.import_module(f"flatcli.engine.linalg.{name}"), "BasisStore", c
         )

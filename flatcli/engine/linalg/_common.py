@@ -94,13 +94,16 @@ def settings_or_default(settings: EstimatorSettings | None) -> EstimatorSettings
 
 class Operator:
     """What an estimator needs of a symmetric P × P operator (made by `as_operator`): its
-    product ``matmat_rows(V)`` (M V for V of shape (K, P)), ``shape`` (P, P) and ``dim``, and the
-    ``device`` and ``dtype`` of its vectors (probes and bases are made there)."""
+    product ``matmat_rows(V)`` (M V for V of shape (K, P)), ``shape`` (P, P) and ``dim``, the
+    ``device`` and ``dtype`` of its vectors (probes and bases are made there), and their
+    ``space`` (`flatcli.engine.linalg.vectors`: flat, or one block per parameter, whose
+    products take and return lists of blocks)."""
 
-    def __init__(self, product: MatVec, dim: int, *, device, dtype):
+    def __init__(self, product: MatVec, dim: int, *, device, dtype, space=None):
         self.matmat_rows = product
         self.shape = (int(dim), int(dim))
         self.device, self.dtype = device, dtype
+        self.space = space  # None: flat (`flatcli.engine.linalg.vectors.space_of`)
 
     @property
     def dim(self) -> int:
@@ -112,14 +115,15 @@ class Operator:
         return self.matmat_rows(V)
 
 
-def as_operator(op, dim: int | None = None, *, device=None, dtype=None) -> Operator:
+def as_operator(op, dim: int | None = None, *, device=None, dtype=None, space=None) -> Operator:
     """The one adapter in front of every estimator: an `Operator` from a curvature operator
     (anything with ``matmat_rows`` and ``shape``: `flatcli.engine.operators.CurvatureOperator`, or
     an `Operator`) or from a bare ``V (K, P) -> M V`` callable, which needs ``dim``.
 
     From an operator, ``dim``, ``device`` and ``dtype`` are its own (``device`` and ``dtype`` given
     override them); a bare callable gets ``device`` (None: the default device) and ``dtype``
-    (default float32). How the estimator drives it (block size, basis caps, progress) is the
+    (default float32), or ``space`` (a `flatcli.engine.linalg.vectors.ParamSpace`: vectors one
+    block per parameter, and P, device and dtype from it). How the estimator drives it (block size, basis caps, progress) is the
     estimator's `EstimatorSettings`.
 
     Parameters
@@ -130,6 +134,8 @@ def as_operator(op, dim: int | None = None, *, device=None, dtype=None) -> Opera
         P, needed for a bare callable.
     device, dtype : optional
         Of the vectors.
+    space : ParamSpace, optional
+        The vectors' space of a bare per-parameter product (its own for an operator that has one).
 
     Returns
     -------
@@ -142,7 +148,11 @@ def as_operator(op, dim: int | None = None, *, device=None, dtype=None) -> Opera
             op.shape[1],
             device=device if device is not None else op.device,
             dtype=op.dtype if dtype is None else dtype,
+            space=space
+            or (getattr(op, "space", None) if device is None and dtype is None else None),
         )
+    if space is not None:
+        return Operator(op, space.dim, device=space.device, dtype=space.dtype, space=space)
     if dim is None:
         raise TypeError("a bare mat-vec needs its dimension: pass dim")
     return Operator(op, int(dim), device=device, dtype=torch.float32 if dtype is None else dtype)

@@ -33,6 +33,7 @@ import torch
 from ._common import EstimatorSettings, MatVec, as_operator, rademacher, settings_or_default
 from .sem import mean_stderr_of_sums
 from .stop import DiagonalCheck
+from .vectors import space_of
 
 
 def _unit_block_diagonal(
@@ -102,17 +103,19 @@ def hutchinson_diagonal(op, *, samples: int, generator, settings: EstimatorSetti
         The estimate of diag(H) and its per-coordinate standard error (float64, CPU).
     """
     op = as_operator(op)
-    matvec, dim, device, dtype = op.matmat_rows, op.dim, op.device, op.dtype
-    block = settings_or_default(settings).block()
-    acc = torch.zeros(dim, dtype=torch.float64, device=device)
-    acc2 = torch.zeros(dim, dtype=torch.float64, device=device)
+    space, block = space_of(op), settings_or_default(settings).block()
+    flat = space.parts is None  # the sums stay on the device, else they gather on the CPU
+    acc = torch.zeros(op.dim, dtype=torch.float64, device=op.device if flat else "cpu")
+    acc2 = torch.zeros_like(acc)
     done = 0
     while done < samples:
         k = min(block, samples - done)
-        Z = rademacher(k, dim, generator, device, dtype)
-        D = (Z * matvec(Z)).double()
-        acc += D.sum(0)
-        acc2 += (D * D).sum(0)
+        Z = space.probes(k, generator)
+        D = space.apply(lambda z, hz: (z * hz).double(), Z, op.matmat_rows(Z))
+        acc += space.to_flat(space.apply(lambda d: d.sum(0, keepdim=not flat), D)).reshape(-1)
+        acc2 += space.to_flat(space.apply(lambda d: (d * d).sum(0, keepdim=not flat), D)).reshape(
+            -1
+        )
         done += k
     return mean_stderr_of_sums(acc.cpu(), acc2.cpu(), samples)
 

@@ -40,9 +40,10 @@ import torch
 
 from .. import recompute
 from ._common import EstimatorSettings, as_operator, rademacher, rowdot, settings_or_default
-from ._store import BasisStore, device_capacity
+from ._store import device_capacity
 from .sem import mean_stderr
 from .stop import KrylovStop
+from .vectors import space_of
 
 # P-vectors Lanczos holds beside its basis (in θ's element size): its float64 start (two), the
 # product of the current block and the next block
@@ -118,21 +119,19 @@ class _BlockKrylov:
 
     def __init__(
         self,
-        X: torch.Tensor,
+        space,
+        X,
         max_rows: int,
-        dtype,
         capacity: int | None = None,
         capped: bool = False,
     ):
-        b, dim = X.shape
+        b = space.count(X)
         self.capped = (
             capped  # max_rows is a thick-restart cap (else the step cap: a last partial block)
         )
-        self.dtype = dtype
-        self.Q = BasisStore(
-            dim, X.device, dtype, capacity=capacity, max_rows=max_rows, preallocate=capped
-        )
-        self.Q.append(torch.linalg.qr(X.T).Q.T.to(dtype))
+        self.space, self.dtype = space, space.dtype
+        self.Q = space.store(capacity=capacity, max_rows=max_rows, preallocate=capped)
+        self.Q.append(space.native(space.qr(X)[0]))
         self.T = np.zeros((max_rows, max_rows), dtype=np.float64)
         self.s, self.e = 0, b
         self.block_width = b
@@ -146,9 +145,9 @@ class _BlockKrylov:
     def orthogonalize(self, W: torch.Tensor) -> torch.Tensor:
         """W − Q(QᵀW) against the whole basis; a second pass only where the first cancelled much
         (Daniel, Gragg, Kaufman & Stewart 1976: "twice is enough"). Fills T's new columns."""
-        before = W.norm(dim=1)
+        before = self.space.norm(W)
         W, C = self.Q.project_out(W)
-        if bool((W.norm(dim=1) < 0.7071 * before).any()):
+        if bool((self.space.norm(W) < 0.7071 * before).any()):
             W, C2 = self.Q.project_out(W)
             C = C + C2
         C = C.double().cpu().numpy()
@@ -158,7 +157,7 @@ class _BlockKrylov:
         self.T[s:e, s:e] = 0.5 * (C[s:e] + C[s:e].T)
         return W
 
-    def ritz(self, W: torch.Tensor):
+    def ritz(self, W):
         """Ritz values (descending), vectors in T's basis, residual norms, and the next block.
 
         Residual identity: with W = Q_next R, ‖H x_i − θ_i x_i‖ = ‖R y_i[s:e]‖."""
@@ -166,14 +165,14 @@ class _BlockKrylov:
         evals, evecs = np.linalg.eigh(self.T[:e, :e])
         order = np.argsort(evals)[::-1]
         evals, evecs = evals[order], evecs[:, order]
+        sp = self.space
         if e - s == 1:
-            nrm = float(W.double().norm())
+            nrm = float(sp.frobenius(sp.wide(W)))
             R = np.array([[nrm]])
-            Qnext = W / nrm if nrm > 0 else W
+            Qnext = sp.div(W, nrm) if nrm > 0 else W
         else:
-            Rf = torch.linalg.qr(W.double().T)
-            R = Rf.R.cpu().numpy()
-            Qnext = Rf.Q.T.to(self.dtype)
+            Qd, R = sp.qr(sp.wide(W))
+            Qnext = sp.native(Qd)
         res = np.linalg.norm(R @ evecs[s:e, :], axis=0)
         return evals, evecs, res, R, Qnext
 
@@ -181,14 +180,14 @@ class _BlockKrylov:
         """Rows the basis can still take."""
         return self.max_rows - self.e
 
-    def extend(self, Qnext: torch.Tensor, keep: np.ndarray, most: int) -> None:
+    def extend(self, Qnext, keep: np.ndarray, most: int) -> None:
         """Append the kept directions of the next block (at most ``most``)."""
         width = min(len(keep), self.room(), most)
-        Qn = Qnext[torch.as_tensor(keep[:width], device=Qnext.device)]
+        Qn = self.space.take(Qnext, keep[:width])
         self.s, self.e = self.e, self.e + width
         self.Q.append(Qn)
 
-    def grow(self, evals, evecs, Qnext: torch.Tensor, keep: np.ndarray, k: int, most: int) -> None:
+    def grow(self, evals, evecs, Qnext, keep: np.ndarray, k: int, most: int) -> None:
         """The next block of the basis: appended, or after a thick restart when the basis is full."""
         b = self.block_width
         if self.capped and self.room() < min(len(keep), b):
@@ -196,16 +195,14 @@ class _BlockKrylov:
         else:
             self.extend(Qnext, keep, most)
 
-    def restart(
-        self, evals, evecs, Qnext: torch.Tensor, keep: np.ndarray, j: int, most: int
-    ) -> None:
+    def restart(self, evals, evecs, Qnext, keep: np.ndarray, j: int, most: int) -> None:
         """Thick restart (Wu & Simon 2000): the basis becomes the ``j`` first Ritz vectors (in
         descending order) and the kept directions of the next block; T becomes diag(θ₁..θⱼ). Its
         border (the coupling ``R y[s:e]`` of the residual identity) is filled by the next
         orthogonalization, which projects the new block's product on every basis row."""
         keep = keep[: min(len(keep), most)]
         S = torch.as_tensor(evecs[:, :j].copy(), dtype=self.dtype)
-        self.Q.restart(S, Qnext[torch.as_tensor(keep, device=Qnext.device)])
+        self.Q.restart(S, self.space.take(Qnext, keep))
         self.T[:] = 0.0
         self.T[np.arange(j), np.arange(j)] = evals[:j]
         self.s, self.e = j, j + len(keep)
@@ -318,7 +315,7 @@ def lanczos(
         Ritz values (and vectors), residuals, steps, products, convergence and restarts.
     """
     op, opts = as_operator(op), settings_or_default(settings)
-    matvec, dim, device, dtype = op.matmat_rows, op.dim, op.device, op.dtype
+    matvec, dim, device, dtype, space = op.matmat_rows, op.dim, op.device, op.dtype, space_of(op)
     budget, tol = stop.the_budget(), stop.tol
     max_steps = int(min(stop.max_steps, dim))
     wanted = max_steps
@@ -335,9 +332,9 @@ def lanczos(
     rows = basis_limit(setting, dim, dtype, max_steps, basis_floor(dim, k, b, min_steps))
     cap = device_capacity(opts.max_device_vectors, dim, device, dtype)
     kry = _BlockKrylov(
-        X.to(device=device, dtype=torch.float64),
+        space,
+        space.from_flat(X.to(dtype=torch.float64)),
         rows,
-        dtype,
         cap and max(int(cap), b),
         rows < max_steps,
     )
@@ -345,7 +342,7 @@ def lanczos(
     nblock = nprod = 0
     while True:
         nprod += kry.e - kry.s
-        W = kry.orthogonalize(matvec(kry.block()).to(dtype))
+        W = kry.orthogonalize(space.native(matvec(kry.block())))
         nblock += 1
         evals, evecs, res, R, Qnext = kry.ritz(W)
         kk = min(k, kry.e)

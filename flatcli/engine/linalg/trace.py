@@ -23,6 +23,7 @@ from .budget import Budget, no_budget
 from .sem import mean_stderr
 from .slq import slq, slq_group_size
 from .stop import ProbeStop
+from .vectors import space_of
 
 NEAR_ZERO_RUNS, NEAR_ZERO_STEPS = 4, 10  # the SLQ estimate of Tr|H| behind the near-zero floor
 
@@ -144,13 +145,10 @@ class NearZeroFloor:
 
     CANCEL = 20.0  # near 0 at the spectrum's scale: Tr|H| ≥ CANCEL·|Tr H| (the trace ≤ 5% of it)
 
-    def __init__(
-        self, matvec, dim: int, stop: ProbeStop, generator: torch.Generator, device, dtype
-    ):
-        self.matvec, self.dim, self.tol, self.max_probes = matvec, dim, stop.tol, stop.max_probes
+    def __init__(self, op, stop: ProbeStop, generator: torch.Generator):
+        self.op, self.dim, self.tol, self.max_probes = op, op.dim, stop.tol, stop.max_probes
         self.known = stop.abs_trace
         self.seed = int(generator.initial_seed()) ^ 0x5EED
-        self.device, self.dtype = device, dtype
         self.scale: float | None = None
         self.scale_stderr = 0.0  # T's standard error (Student's t of its runs and quadrature)
         self.products = 0
@@ -198,8 +196,7 @@ class NearZeroFloor:
                 return False
             else:
                 g = torch.Generator().manual_seed(self.seed)
-                op = as_operator(self.matvec, self.dim, device=self.device, dtype=self.dtype)
-                r = slq(op, runs=NEAR_ZERO_RUNS, steps=NEAR_ZERO_STEPS, generator=g)
+                r = slq(self.op, runs=NEAR_ZERO_RUNS, steps=NEAR_ZERO_STEPS, generator=g)
                 value, err = r.stderr(np.abs)[:2]
                 self.scale, self.scale_stderr, self.products = max(0.0, value), err, r.n_hvp
         return self.near_zero(est, se) and se <= self.tol * max(self.scale, abs(est))
@@ -285,7 +282,11 @@ def hutchinson(
         The estimate, its standard error, the probes, convergence flags and the block estimates.
     """
     op, opts, budget = as_operator(op), settings_or_default(settings), stop.the_budget()
-    floor = NearZeroFloor(op.matmat_rows, op.dim, stop, generator, op.device, op.dtype)
+    space, floor = space_of(op), NearZeroFloor(op, stop, generator)
+    if blocks is not None and space.parts is not None:
+        raise ValueError(
+            "hutchinson: blocks are slices of a flat vector; a per-parameter space has none"
+        )
     samples: list[float] = []
     parts: list[list[float]] = []
 
@@ -311,9 +312,9 @@ def hutchinson(
             stderr_mean=se,
         )
 
-    def add(Z: torch.Tensor, HZ: torch.Tensor) -> None:
+    def add(Z, HZ) -> None:
         if blocks is None:
-            samples.extend(rowdot(Z, HZ).cpu().tolist())
+            samples.extend(space.dot(Z, HZ).cpu().tolist())
         else:
             part = _block_forms(Z, HZ, blocks)  # the probe's form is the sum of its parts
             samples.extend(part.sum(1).cpu().tolist())
@@ -331,8 +332,8 @@ def hutchinson(
         )
         if k == 0:
             return result(False, stopped=True)
-        Z = rademacher(k, op.dim, generator, op.device, op.dtype)
-        add(Z, op.matmat_rows(Z).to(Z.dtype))
+        Z = space.probes(k, generator)
+        add(Z, space.native(op.matmat_rows(Z)))
         est, se = mean_stderr(samples)
         se = se * t_factor(len(samples))
         if len(samples) >= least:
@@ -418,6 +419,8 @@ def hutchpp(
         As `hutchinson`'s, with the final ``sketch`` size.
     """
     op, opts, budget = as_operator(op), settings_or_default(settings), stop.the_budget()
+    if space_of(op).parts is not None:
+        raise ValueError("hutchpp: flat vectors only; use hutchinson for a per-parameter space")
     matvec, dim, device, dtype, block = op.matmat_rows, op.dim, op.device, op.dtype, opts.block()
     tol, min_probes, max_probes = stop.tol, stop.min_probes, stop.max_probes
     left = budget.left()
@@ -440,7 +443,7 @@ def hutchpp(
         ),
         budget,
     )
-    sk.floor = NearZeroFloor(matvec, dim, stop, generator, device, dtype)
+    sk.floor = NearZeroFloor(op, stop, generator)
     S = rademacher(r, dim, generator, device, dtype)
     Y = matvec(S)
     if budget.capped and budget.allow(r + MIN_SAMPLES, r) < r + MIN_SAMPLES:
