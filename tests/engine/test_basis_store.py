@@ -52,7 +52,7 @@ class Counting:
 @pytest.fixture
 def counting(monkeypatch):
     c = Counting()
-    for name in ("vectors", "trace"):  # the modules that make stores
+    for name in ("vectors",):  # the module that makes the stores
         monkeypatch.setattr(
             importlib.import_module(f"flatcli.engine.linalg.{name}"), "BasisStore", c
         )

@@ -90,6 +90,16 @@ def test_per_parameter_estimators_equal_the_flat_ones(seed):
     h_b = linalg.hutchinson(parts, stop=stop, generator=gen(seed))
     assert h_b.probes == h_a.probes
     np.testing.assert_allclose(h_b.samples, h_a.samples, rtol=1e-12, atol=1e-10)
+    stop = linalg.ProbeStop(tol=1e-3, min_probes=12, max_probes=90)
+    for sketch in (None, 4):  # grown while it pays, and Alg. 1's fixed split
+        p_a = linalg.hutchpp(flat, stop=stop, sketch=sketch, generator=gen(seed), settings=offload)
+        p_b = linalg.hutchpp(parts, stop=stop, sketch=sketch, generator=gen(seed), settings=offload)
+        assert (p_b.sketch, p_b.probes) == (p_a.sketch, p_a.probes)
+        assert p_b.estimate == pytest.approx(p_a.estimate, rel=1e-10)
+        assert p_b.stderr == pytest.approx(p_a.stderr, rel=1e-7)
+    torch.testing.assert_close(
+        linalg.exact_diagonal(parts), linalg.exact_diagonal(flat), rtol=0, atol=1e-12
+    )
     d_a = linalg.hutchinson_diagonal(flat, samples=20, generator=gen(seed))
     d_b = linalg.hutchinson_diagonal(parts, samples=20, generator=gen(seed))
     for x, y in zip(d_a, d_b, strict=True):
@@ -199,8 +209,12 @@ def test_two_dtype_model_runs_the_estimators_unchanged_against_the_dense_hessian
     t = linalg.hutchinson(op, stop=stop, generator=gen(5))
     Z = linalg.rademacher(12, P, gen(5), dtype=DT)
     np.testing.assert_allclose(t.samples, ((Z @ H) * Z).sum(1).numpy(), rtol=tol, atol=1e-6)
+    p = linalg.hutchpp(op, stop=linalg.ProbeStop(tol=1e-3, max_probes=400), generator=gen(7))
+    assert p.sketch > 1 and p.converged
+    assert abs(p.estimate - float(H.trace())) <= 4 * p.stderr + tol * abs(float(H.trace()))
     mean, _ = linalg.hutchinson_diagonal(op, samples=12, generator=gen(6))
-    torch.testing.assert_close(mean, (Z.new_tensor(0) + _diag_ref(H, 12, 6)), rtol=tol, atol=1e-6)
+    torch.testing.assert_close(mean, _diag_ref(H, 12, 6), rtol=tol, atol=1e-6)
+    torch.testing.assert_close(linalg.exact_diagonal(op), H.diagonal(), rtol=tol, atol=1e-6)
     dtypes = {tuple(d) for d in seen}
     assert dtypes == {(DT, DT, torch.float32, torch.float32)}  # each part in its parameter's dtype
 
@@ -210,9 +224,9 @@ def _diag_ref(H, m, seed):
     return (Z * (Z @ H)).mean(0)
 
 
-def test_flat_only_estimators_refuse_a_per_parameter_space_by_name():
+def test_blocks_of_a_flat_vector_are_refused_for_a_per_parameter_space():
     op = split_op(sym(sum(SIZES), 0))
-    with pytest.raises(ValueError, match="hutchpp: flat vectors only"):
-        linalg.hutchpp(op, generator=gen())
+    with pytest.raises(ValueError, match="hutchpp: blocks"):
+        linalg.hutchpp(op, generator=gen(), blocks=[slice(0, 7)])
     with pytest.raises(ValueError, match="hutchinson: blocks"):
         linalg.hutchinson(op, generator=gen(), blocks=[slice(0, 7)])

@@ -69,13 +69,20 @@ def exact_diagonal(op, *, settings: EstimatorSettings | None = None):
         diag(H), length P.
     """
     op = as_operator(op)
+    space, matvec, device, dtype = space_of(op), op.matmat_rows, op.device, op.dtype
+    if space.parts is not None:  # unit vectors made flat on the CPU, multiplied part by part
+
+        def matvec(E):
+            return space.to_flat(op.matmat_rows(space.native(space.from_flat(E))))
+
+        device, dtype = "cpu", torch.float64
     return _unit_block_diagonal(
-        op.matmat_rows,
+        matvec,
         torch.arange(op.dim),
         op.dim,
         block=settings_or_default(settings).block(),
-        device=op.device,
-        dtype=op.dtype,
+        device=device,
+        dtype=dtype,
     )
 
 

@@ -13,12 +13,11 @@ from ._common import (
     MIN_SAMPLES,
     EstimatorSettings,
     as_operator,
-    rademacher,
     rowdot,
     settings_or_default,
     t_factor,
 )
-from ._store import BasisStore, device_capacity
+from ._store import device_capacity
 from .budget import Budget, no_budget
 from .sem import mean_stderr
 from .slq import slq, slq_group_size
@@ -321,7 +320,7 @@ def hutchinson(
             parts.extend(part.cpu().tolist())
 
     if start is not None:
-        add(start[0], start[1].to(start[0].dtype))
+        add(start[0], space.native(start[1]))
     while len(samples) < max_probes:
         left = max_probes - len(samples)
         k = _first(
@@ -419,9 +418,12 @@ def hutchpp(
         As `hutchinson`'s, with the final ``sketch`` size.
     """
     op, opts, budget = as_operator(op), settings_or_default(settings), stop.the_budget()
-    if space_of(op).parts is not None:
-        raise ValueError("hutchpp: flat vectors only; use hutchinson for a per-parameter space")
-    matvec, dim, device, dtype, block = op.matmat_rows, op.dim, op.device, op.dtype, opts.block()
+    space = space_of(op)
+    if blocks is not None and space.parts is not None:
+        raise ValueError(
+            "hutchpp: blocks are slices of a flat vector; a per-parameter space has none"
+        )
+    matvec, dim, device, block = op.matmat_rows, op.dim, op.device, opts.block()
     tol, min_probes, max_probes = stop.tol, stop.min_probes, stop.max_probes
     left = budget.left()
     cap = (
@@ -432,19 +434,17 @@ def hutchpp(
     r = max(1, min(r, dim, max(1, (cap - MIN_SAMPLES) // 2)))  # leave MIN_SAMPLES residual probes
     sk = _Sketch(
         matvec,
-        dtype,
+        space,
         blocks,
-        BasisStore(
-            dim,
-            device,
-            torch.float64,
+        space.store(
             max_rows=max_probes,
             capacity=device_capacity(opts.max_device_vectors, dim, device, torch.float64),
+            wide=True,
         ),
         budget,
     )
     sk.floor = NearZeroFloor(op, stop, generator)
-    S = rademacher(r, dim, generator, device, dtype)
+    S = space.probes(r, generator)
     Y = matvec(S)
     if budget.capped and budget.allow(r + MIN_SAMPLES, r) < r + MIN_SAMPLES:
         # the cap leaves no room for the sketch's own products and residual samples: the sketch's
@@ -452,7 +452,7 @@ def hutchpp(
         return hutchinson(
             op, stop=stop, generator=generator, blocks=blocks, start=(S, Y), settings=settings
         )
-    sk.add(Y.double())
+    sk.add(space.wide(Y))
     used = r + sk.rank
     if sk.rank >= dim:
         return sk.result(used, [], [], 0.0, True)
@@ -466,13 +466,13 @@ def hutchpp(
         k = budget.allow(max(1, min(k, cap - used)), used + sk.floor.products)
         if k == 0:
             break
-        G = sk.project(rademacher(k, dim, generator, device, dtype).double())
-        HG = matvec(G.to(dtype)).double()
+        G = sk.project(space.wide(space.probes(k, generator)))
+        HG = space.wide(matvec(space.native(G)))
         used += k
         if growing:
             room = k + min_samples  # the new directions' products, then residual samples again
             if (
-                _sketch_pays(samples + (G * HG).sum(1).tolist(), sk, k, tol, dim, cap, used)
+                _sketch_pays(samples + space.sumprod(G, HG).tolist(), sk, k, tol, dim, cap, used)
                 and budget.allow(room, used + sk.floor.products) >= room
             ):
                 used += sk.add(
@@ -482,7 +482,7 @@ def hutchpp(
                 step = min(block, 2 * step)
                 continue
             growing = False
-        samples.extend((G * HG).sum(1).tolist())
+        samples.extend(space.sumprod(G, HG).tolist())
         if blocks is not None:
             parts.extend(_block_forms(G, HG, blocks).tolist())
         if used >= min(min_probes, cap) and len(samples) >= min_samples:
@@ -513,8 +513,8 @@ class _Sketch:
     r"""Hutch++'s exactly traced part: an orthonormal basis Q (float64) of sketched directions,
     :math:`\mathrm{Tr}(Q^\top HQ)` and its parts per block of coordinates."""
 
-    def __init__(self, matvec, dtype, blocks, store: BasisStore, budget: Budget | None = None):
-        self.matvec, self.dtype, self.blocks = matvec, dtype, blocks
+    def __init__(self, matvec, space, blocks, store, budget: Budget | None = None):
+        self.matvec, self.space, self.blocks = matvec, space, blocks
         self.Q = store  # rows: the orthonormal sketch directions (float64)
         self.budget = budget if budget is not None else no_budget()
         self.floor: NearZeroFloor | None = None
@@ -525,23 +525,24 @@ class _Sketch:
     def rank(self) -> int:
         return len(self.Q)
 
-    def project(self, G: torch.Tensor) -> torch.Tensor:
+    def project(self, G):
         """Rows of G with their components along Q removed (P g for P = I − QQᵀ)."""
         return G if len(self.Q) == 0 else self.Q.project_out(G)[0]
 
-    def add(self, Y: torch.Tensor) -> int:
+    def add(self, Y) -> int:
         r"""Orthonormalize the rows of Y against Q (twice) and add them, tracing :math:`Q_n^\top HQ_n`
         exactly; returns the products spent (one per new direction)."""
         if len(self.Q):
             Y = self.project(self.project(Y))  # twice is enough
-        Qn = torch.linalg.qr(Y.T).Q
-        HQn = self.matvec(Qn.T.to(self.dtype)).double()
-        self.low += float((Qn.T * HQn).sum())
+        sp = self.space
+        Qn = sp.qr(Y)[0]  # rows
+        HQn = sp.wide(self.matvec(sp.native(Qn)))
+        self.low += float(sp.total(Qn, HQn))
         if self.blocks is not None:
-            prod = (Qn.T * HQn).double()
+            prod = (Qn * HQn).double()
             self.low_b += np.array([float(prod[:, b].sum()) for b in self.blocks])
-        self.Q.append(Qn.T)
-        return Qn.shape[1]
+        self.Q.append(Qn)
+        return sp.count(Qn)
 
     def result(
         self,

@@ -97,6 +97,10 @@ class FlatSpace:
         """Row-wise sums of the elementwise product, (K,), in the blocks' dtype."""
         return (A * B).sum(1)
 
+    def total(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        """The sum of the elementwise product over all rows (a trace of AᵀB)."""
+        return (A * B).sum()
+
     def norm(self, X: torch.Tensor) -> torch.Tensor:
         """Row norms (K,)."""
         return X.norm(dim=1)
@@ -207,6 +211,10 @@ class ParamSpace:
     def sumprod(self, A, B) -> torch.Tensor:
         """Row-wise dot products (K,), float64 on the CPU (as `dot`)."""
         return self.dot(A, B)
+
+    def total(self, A, B) -> torch.Tensor:
+        """The sum of the elementwise product over all rows, float64 on the CPU."""
+        return self.dot(A, B).sum()
 
     def norm(self, X) -> torch.Tensor:
         """Row norms (K,), float64 on the CPU."""
