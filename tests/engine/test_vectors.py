@@ -127,15 +127,15 @@ class TwoDtypes(nn.Module):
     """A float64 layer feeding a float32 layer; the activations are cast to the next layer's
     dtype (as a model split in precision would be)."""
 
-    def __init__(self):
+    def __init__(self, device_a="cpu"):
         super().__init__()
         torch.manual_seed(0)
-        self.a = nn.Linear(4, 6).double()
+        self.a = nn.Linear(4, 6).double().to(device_a)
         self.b = nn.Linear(6, 3).float()
 
     def forward(self, x):
-        h = torch.tanh(self.a(x.to(self.a.weight.dtype)))
-        return self.b(h.to(self.b.weight.dtype))
+        h = torch.tanh(self.a(x.to(self.a.weight)))  # the layer's device and dtype
+        return self.b(h.to(self.b.weight))
 
 
 def data():
@@ -153,7 +153,7 @@ def parameter_operator(model, x, y, seen=None):
 
     def product(V):
         if seen is not None:
-            seen.append([v.dtype for v in V])
+            seen.append([(v.dtype, v.device.type) for v in V])
         rows = []
         for i in range(space.count(V)):
             v = [p[i].reshape(t.shape) for p, t in zip(V, params, strict=True)]
@@ -166,7 +166,7 @@ def parameter_operator(model, x, y, seen=None):
 
 def dense_hessian64(model, x, y):
     """The Hessian of the same loss with every parameter in float64 (the reference)."""
-    m64 = copy.deepcopy(model).double()
+    m64 = copy.deepcopy(model).double().cpu()
     params = list(m64.parameters())
     names = [n for n, _ in m64.named_parameters()]
     flat = torch.cat([p.detach().reshape(-1) for p in params])
@@ -182,11 +182,25 @@ def dense_hessian64(model, x, y):
     return torch.autograd.functional.hessian(loss, flat)
 
 
-def test_two_dtype_model_runs_the_estimators_unchanged_against_the_dense_hessian():
+PLACEMENTS = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("device_a", PLACEMENTS)
+def test_two_dtype_model_runs_the_estimators_unchanged_against_the_dense_hessian(device_a):
     """Parameters of float64 (layer a) and float32 (layer b): every estimator keeps each part in its
-    dtype; values agree with the dense float64 Hessian within float32's tolerance (products in
+    dtype (and, with layer a on the GPU and b on the CPU, a device_map-style split, on its
+    device); values agree with the dense float64 Hessian within float32's tolerance (products in
     float32 for layer b), and the same probes' quadratic forms match the dense ones."""
-    model = TwoDtypes()
+    model = TwoDtypes(device_a)
     x, y = data()
     H = dense_hessian64(model, x, y)
     P = H.shape[0]
@@ -215,8 +229,9 @@ def test_two_dtype_model_runs_the_estimators_unchanged_against_the_dense_hessian
     mean, _ = linalg.hutchinson_diagonal(op, samples=12, generator=gen(6))
     torch.testing.assert_close(mean, _diag_ref(H, 12, 6), rtol=tol, atol=1e-6)
     torch.testing.assert_close(linalg.exact_diagonal(op), H.diagonal(), rtol=tol, atol=1e-6)
-    dtypes = {tuple(d) for d in seen}
-    assert dtypes == {(DT, DT, torch.float32, torch.float32)}  # each part in its parameter's dtype
+    placed = {tuple(d) for d in seen}  # each part in its parameter's dtype, on its device
+    a, b = (DT, torch.device(device_a).type), (torch.float32, "cpu")
+    assert placed == {(a, a, b, b)}
 
 
 def _diag_ref(H, m, seed):
