@@ -5,7 +5,9 @@ Every estimator takes an operator: a `flatcli.engine.operators.CurvatureOperator
 dimension; the operator supplies P and the device and dtype of the vectors. How the estimator
 drives it is its own `EstimatorSettings` (``settings=``: the vectors per product, the basis caps
 and the progress hook; `flatcli.engine.CurvatureEngine.estimator_settings` fills one from the
-engine's runtime settings), so no estimator takes more than 8 parameters. Stopping rules travel in one frozen object per family
+engine's runtime settings), so no estimator takes more than 8 parameters. The estimators touch
+their vectors only through the operator's vector space (`flatcli.engine.linalg.vectors`: one flat
+``(K, P)`` tensor, or one block per parameter on its own device and in its own dtype). Stopping rules travel in one frozen object per family
 (`KrylovStop`, `ProbeStop`, `DiagonalCheck`; the `Budget` inside the first two). Every routine
 returns its result together with diagnostics (steps, residuals, standard
 errors, converged flags, number of products). Small projected problems are
