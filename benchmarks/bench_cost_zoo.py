@@ -10,12 +10,13 @@ prediction. The budget property follows on the same model: twice the unbudgeted 
 change no status and no value; half of them must leave every measure a value or refuse it at
 the start (status ``budget``, not started, the reason naming its minimum).
 
-The digits case: a small CNN on scikit-learn's digits (1,257 training samples of 8 × 8 images at
-the full size) with the demo's measures at their own defaults: three dry-runs (their total
+The digits case: a small CNN (about 20k parameters, trained to a near-zero loss) on scikit-learn's
+digits (1,257 training samples of 8 × 8 images at the full size) with the demo's measures at
+their own defaults: three dry-runs (their total
 seconds and how far apart they are) against the run's measured seconds, and half the run's
-seconds as a budget.
+seconds as a budget, and the share of the run the default trace took.
 
-    OMP_NUM_THREADS=1 python -m benchmarks.bench_cost_zoo               # the small sizes
+    python -m benchmarks.bench_cost_zoo --size all                      # 374 to 1.07M parameters
     python -m benchmarks.bench_cost_zoo --size tiny --digits-n 200      # a smoke run
 
 Timings are only meaningful on an otherwise idle machine: the note of every table says when
@@ -45,6 +46,7 @@ MEASURES = [
     {"pacbayes_flatness": {"samples": 3}},
     "fisher_rao_norm",
 ]
+DIGITS_WIDTH = 45  # 20,710 parameters
 DIGITS_MEASURES = [  # the demo's catalogue (flatcli/demo/measures.yaml), each at its defaults
     "hessian_lambda_max",
     "hessian_trace",
@@ -59,7 +61,7 @@ DIGITS_MEASURES = [  # the demo's catalogue (flatcli/demo/measures.yaml), each a
     "pacbayes_flatness",
     "fisher_rao_norm",
 ]
-SIZES = {"tiny": 0, "small": 1}  # index into each family's sizes
+SIZES = {"tiny": (0,), "small": (1,), "all": (0, 1, 2)}  # indices into each family's sizes
 
 
 class SmallCNN(nn.Module):
@@ -89,9 +91,12 @@ def _classes(n: int, shape: tuple[int, ...], classes: int = 10, seed: int = 0):
 
 
 def mlp(size: int):
-    width, n = (32, 256)[size], (200, 2000)[size]
+    """Three sizes: 2.4k parameters on 200 samples, 19k on 10,000, 1.07M (two hidden layers of
+    1,000) on 512: the zoo's ends in parameters and in samples."""
+    width, n = (32, 256, 1000)[size], (200, 10_000, 512)[size]
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 10)).eval()
+    hidden = [nn.Linear(width, width), nn.ReLU()] if size == 2 else []
+    model = nn.Sequential(nn.Linear(64, width), nn.ReLU(), *hidden, nn.Linear(width, 10)).eval()
     return "mlp", model, _classes(n, (64,)), {"batch_size": 256}
 
 
@@ -221,12 +226,21 @@ def budget_property(model, data, measures, fields, free) -> tuple[str, str, floa
     return ("yes" if same else "no"), ("yes" if said else "no"), spent
 
 
-def zoo(families: list[str], size: int) -> tuple[list, list]:
+LARGEST = {"mlp": 2}  # the families with a third size
+
+
+def cells(families: list[str], sizes: tuple[int, ...]) -> list[tuple[str, int]]:
+    """The (family, size) cells to run: every family at each size it has."""
+    return [(k, s) for s in sizes for k in families if s < 2 or LARGEST.get(k, 1) >= s]
+
+
+def zoo(families: list[str], sizes: tuple[int, ...]) -> tuple[list, list]:
     """The per-measure rows and the per-model budget rows."""
     rows, budgets = [], []
-    for key in families:
+    for key, size in cells(families, sizes):
         name, model, data, fields = FAMILIES[key](size)
         P = sum(p.numel() for p in model.parameters())
+        n = len(data["input_ids"] if isinstance(data, dict) else data[1])
         preds, dry, _ = predicted(model, data, MEASURES, fields)
         before = _peak_rss()
         free, _ = measured(model, data, MEASURES, fields)
@@ -239,6 +253,7 @@ def zoo(families: list[str], size: int) -> tuple[list, list]:
                 [
                     name,
                     P,
+                    n,
                     label,
                     f"{lo:.3g}–{hi:.3g}",
                     ""
@@ -251,7 +266,7 @@ def zoo(families: list[str], size: int) -> tuple[list, list]:
                 ]
             )
         budgets.append(
-            [name, P, round(dry, 2), *budget_property(model, data, MEASURES, fields, free)]
+            [name, P, n, round(dry, 2), *budget_property(model, data, MEASURES, fields, free)]
         )
         print(f"{name}: P = {P:,}, dry-run {dry:.1f} s", flush=True)
     return rows, budgets
@@ -271,11 +286,27 @@ def digits_data(n: int | None):
     return (x[:n], y[:n]) if n else (x, y)
 
 
-def digits(n: int | None, measures: list) -> list:
-    """The digits CNN's rows: three dry-runs' totals, the run's seconds, the ½-budget run."""
+def trained_digits_cnn(data, width: int = DIGITS_WIDTH, steps: int = 300) -> nn.Module:
+    """The digits CNN (about 20k parameters at width 45) trained by Adam to a near-zero training
+    loss, in eval mode: a trained network's spectrum, as users measure."""
     torch.manual_seed(0)
-    model = SmallCNN(8).eval()
+    model = SmallCNN(width)
+    x, y = data
+    opt = torch.optim.Adam(model.parameters(), 3e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        i = torch.randint(0, len(y), (128,), generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x[i]), y[i]).backward()
+        opt.step()
+    return model.eval()
+
+
+def digits(n: int | None, measures: list) -> list:
+    """The digits CNN's rows: three dry-runs' totals, the run's seconds and the trace's share of
+    them, the ½-budget run."""
     data = digits_data(n)
+    model = trained_digits_cnn(data)
     fields = {"batch_size": 256, "num_samples": len(data[1])}
     totals, drys = [], []
     for _ in range(3):
@@ -284,14 +315,17 @@ def digits(n: int | None, measures: list) -> list:
         drys.append(dry)
     free, wall = measured(model, data, measures, fields)
     run = sum(r.seconds for r in free.results.values())
+    trace = free.results.get("hessian_trace")
     half, _ = measured(model, data, measures, fields, run / 2)
     empty = [k for k, r in half.results.items() if r.status == "budget" and math.isnan(r.value)]
     said = all(half.results[k].diagnostics.get("started") is False for k in empty)
     lows = [t[0] for t in totals]
     inside = min(lows) / 2 <= run <= 2 * max(t[1] for t in totals)
+    spent = sum(r.seconds for r in half.results.values()) / (run / 2)
     return [
         [
             len(data[1]),
+            sum(p.numel() for p in model.parameters()),
             len(measures),
             " / ".join(f"{lo:.3g}–{hi:.3g}" for lo, hi in totals),
             round(max(lows) / max(min(lows), 1e-12), 2),
@@ -299,8 +333,13 @@ def digits(n: int | None, measures: list) -> list:
             round(run, 2),
             round(wall, 2),
             "yes" if inside else "no",
+            ""
+            if trace is None
+            else f"{trace.seconds / run:.0%} ({trace.diagnostics.get('method')}, "
+            f"{trace.diagnostics.get('n_hvp')} products, {trace.status})",
             ", ".join(empty) or "none",
             "yes" if said else "no",
+            f"{spent:.0%}",
         ]
     ]
 
@@ -324,6 +363,7 @@ def main() -> None:
             [
                 "family",
                 "P",
+                "samples",
                 "measure",
                 "seconds predicted",
                 "timings' interval",
@@ -337,14 +377,23 @@ def main() -> None:
         ),
         table(
             "Budgets: 2× the run's seconds changes nothing; ½ leaves a value or says why at the start",
-            ["family", "P", "dry-run seconds", "2× unchanged", "½ value or said", "½ spent"],
+            [
+                "family",
+                "P",
+                "samples",
+                "dry-run seconds",
+                "2× unchanged",
+                "½ value or said",
+                "½ spent",
+            ],
             budgets,
             note,
         ),
         table(
-            "Digits CNN: three dry-runs against the run",
+            "Digits CNN (trained): three dry-runs against the run",
             [
                 "samples",
+                "P",
                 "measures",
                 "dry-run totals, least–most (s)",
                 "least: max / min",
@@ -352,8 +401,10 @@ def main() -> None:
                 "run's measure seconds",
                 "run's wall seconds",
                 "run within ×2 of the range",
+                "hessian_trace: share of the run",
                 "½ budget: without a value",
                 "said at the start",
+                "½ budget spent",
             ],
             dig,
             note,

@@ -374,7 +374,7 @@ def bench_trace(
             ),
             stop=linalg.ProbeStop(tol=1e-6, min_probes=ref_probes, max_probes=ref_probes),
             generator=g,
-            settings=linalg.EstimatorSettings(block_size=eng.state.memory.block_size),
+            settings=linalg.EstimatorSettings(block_size=eng.state.route().block_size),
         )
 
     r, dt = timed(dev, ref)
@@ -399,7 +399,7 @@ def bench_trace(
                 ),
                 stop=linalg.ProbeStop(tol=tol, min_probes=16, max_probes=max_probes),
                 generator=g,
-                settings=linalg.EstimatorSettings(block_size=eng.state.memory.block_size),
+                settings=linalg.EstimatorSettings(block_size=eng.state.route().block_size),
             ), eng
 
         (res, eng), dt = timed(dev, flat)
@@ -413,7 +413,7 @@ def bench_trace(
                 eng.counters()["n_hvp"],
                 res.estimate,
                 abs(res.estimate - tr_ref) / abs(tr_ref),
-                note=f"stderr {res.stderr / abs(res.estimate):.2%}; {note_ref}; block {eng.state.memory.block_size}",
+                note=f"stderr {res.stderr / abs(res.estimate):.2%}; {note_ref}; block {eng.state.route().block_size}",
             )
         )
     m, m_pp = probes["hutchinson"], probes["hutchpp"]
@@ -471,7 +471,7 @@ def bench_trace(
     except ImportError:
         HessianLinearOperator = None
     if HessianLinearOperator is not None:
-        chunk = flatcli_engine(task).state.memory.block_size
+        chunk = flatcli_engine(task).state.route().block_size
 
         def operator():
             return curvlinops_hessian(task, crit)
@@ -724,7 +724,7 @@ def bench_variants(task: Task, log, reps: int = 3) -> list[str]:
     }
     dev = task.device
     base = flatcli_engine(task)
-    K = base.state.memory.block_size
+    K = base.state.route().block_size
     best = {}
     engs = {}
     for name, kw in variants.items():

@@ -162,7 +162,7 @@ def run_one(args) -> dict:
         "params": p.num_params,
         "precision": args.precision,
         "recompute": args.recompute,
-        "recompute_active": eng.state.recompute_active,
+        "recompute_active": eng.state.route().recompute,
         "lambda_max": float(lz.eigenvalues[0]),
         "lambda_rel_residual": float(lz.residuals[0] / abs(lz.eigenvalues[0])),
         "lanczos_steps": lz.steps,

@@ -5,24 +5,30 @@ A curvature is a `flatcli.engine.operators.CurvatureOperator` at a point θ (``o
 `flatcli.engine.linalg` takes as it is. A subclass of `Curvature` supplies one method,
 ``_matmat_batch(V, θ, j, batch, out, accumulate)``, which writes (``accumulate`` False, the first
 batch) or adds batch ``j``'s share of :math:`M V` for a block ``V`` of K vectors (shape
-``(K, P)``) into ``out``. Everything else is the base class's, in one place: the loop over this
-rank's batches in blocks of ``runtime.block_size`` vectors with the out-of-memory back-off
-(`flatcli.engine.product_state.ProductState.back_off`), the padding mask (M A M), the cross-rank sum,
-the progress report and the counting (`Curvature.count`: one ``n_hvp`` per vector unless a
-subclass says otherwise). The unit weighting (every share is the batch's sum of unit losses
-divided by the whole set's U, so the sum over batches and ranks is the product of the full-set
-matrix) is `Curvature.batch_loss` and `flatcli.engine.product_state.ProductState.share`/``weigh``. A
-curvature receives the `flatcli.engine.product_state.ProductState` (problem, batches, memory policy,
-counters, graph cache, product mode, precision), never the engine; its own settings (the
-finite-difference step) are constructor arguments.
+``(K, P)``) into ``out``. Everything else is the base class's, in one place: the loop over its
+route's batches in blocks of the route's size, the padding mask (M A M), the cross-rank sum, the
+progress report and the counting (`Curvature.count`: one ``n_hvp`` per vector unless a subclass
+says otherwise). The unit weighting (every share is the batch's sum of unit losses divided by the
+whole set's U, so the sum over batches and ranks is the product of the full-set matrix) is
+`Curvature.batch_loss` and `flatcli.engine.products.ProductContext.share`/``weigh``. A curvature
+receives the engine's `flatcli.engine.products.ProductContext` (problem, counters, graph cache,
+precision), never the engine; its own settings (the finite-difference step) are constructor
+arguments.
+
+Each curvature takes its `flatcli.engine.routes.Route` when it is built (``self.route``: the
+product mode, batched or looped pull-backs, recomputation, the block and the batches) and runs
+every product on it. An out-of-memory error gives a new route (`ProductContext.back_off`: smaller
+block, then smaller batches) and an operation the route cannot run (`flatcli.engine.routes.RouteFailed`)
+the route without that part (`ProductContext.fail_over`); the curvature retries the block on the
+new route and keeps it, and the engine builds later curvatures on it.
 
 * `Hessian`: :math:`H = \nabla^2 L(\theta)`.
   ``"reverse"``: the batch's gradient graph (``create_graph``, cached across products at
   the same θ, `flatcli.engine.graphs`) and one pull-back per vector, as one vmapped
   backward (``is_grads_batched``) on CUDA and for models under 10k parameters on CPU, else
   a loop (faster on CPU for larger models: docs/benchmarks/data/engine.json). ``"forward"``:
-  forward-over-reverse ``vmap(jvp(grad(L_B)))``, the fastest for blocks on GPUs; an
-  operation without a forward-mode rule falls back to ``"reverse"`` once and for all.
+  forward-over-reverse ``vmap(jvp(grad(L_B)))``, the fastest for blocks on GPUs; a model
+  without forward-mode rules gets a ``"reverse"`` route when it is planned (a one-row probe).
   ``"auto"``: reverse on CPU; on CUDA forward for blocks and reverse through the cached
   graphs for single vectors. With ``causal_lm`` and an LM head the batch loss is the fused,
   chunked head + cross-entropy of `flatcli.engine.lmhead`, whose double backward is analytic:
@@ -49,7 +55,8 @@ from torch.func import grad as func_grad
 from torch.func import jvp, vmap
 
 from .operators import CurvatureOperator
-from .product_state import ProductState, is_oom
+from .products import ProductContext
+from .routes import RouteFailed, is_oom
 
 
 class Curvature(CurvatureOperator, abc.ABC):
@@ -57,27 +64,29 @@ class Curvature(CurvatureOperator, abc.ABC):
 
     Parameters
     ----------
-    state : the products' `flatcli.engine.product_state.ProductState` (the engine's).
+    state : the engine's `flatcli.engine.products.ProductContext`.
     theta : the point (default: the model's parameters, read at each product); copied.
     precision : None, or ``"fp32"`` for the verification view of a low-precision engine (TF32
-        off and a bf16 forward in float32 during the products: `ProductState.full_precision`).
+        off and a bf16 forward in float32 during the products: `ProductContext.full_precision`).
     name : the operator's name (default: the class's ``name``).
 
     A subclass supplies ``_matmat_batch(V, θ, j, batch, out, accumulate)``, which writes
-    (``accumulate`` False) or adds batch ``j``'s share of M V into ``out``.
+    (``accumulate`` False) or adds batch ``j``'s share of M V into ``out``, on ``self.route``
+    (the `flatcli.engine.routes.Route` taken when the curvature was built).
     """
 
     name = "curvature"
 
     def __init__(
         self,
-        state: ProductState,
+        state: ProductContext,
         theta: torch.Tensor | None = None,
         *,
         precision: str | None = None,
         name: str | None = None,
     ):
         p = state.problem
+        self.route = state.route()  # decided now; only a failure or back-off replaces it
         super().__init__(
             None,
             p.num_params,
@@ -100,7 +109,8 @@ class Curvature(CurvatureOperator, abc.ABC):
         """M V for V (K, P): `_matmat_batch` over this rank's batches, in blocks with the
         out-of-memory back-off, summed over ranks, reported and counted. With padding rows
         (`flatcli.engine.problem.Problem.mask`), M is applied to V before and to the output
-        after: every curvature A is taken as M A M, symmetric in every product mode."""
+        after: every curvature A is taken as M A M, symmetric in every product mode. A block
+        that fails on its route is retried on the new route (module docstring)."""
         st = self.state
         st.not_local("curvature products")
         p = st.problem
@@ -109,17 +119,20 @@ class Curvature(CurvatureOperator, abc.ABC):
         out = torch.empty_like(V2)  # the first batch writes its rows, later ones add
         i = 0
         while i < V2.shape[0]:
-            k = min(st.memory.block_size, V2.shape[0] - i)
+            route = self.route
+            k = min(route.block_size, V2.shape[0] - i)
             try:
-                for j, b in enumerate(st.batches):
+                for j, b in enumerate(route.batches):
                     self._matmat_batch(V2[i : i + k], th, j, b, out[i : i + k], j > 0)
-                if not st.batches:
+                if not route.batches:
                     out[i : i + k].zero_()
                 i += k
+            except RouteFailed as e:
+                self.route = st.fail_over(route, e)
             except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
                 if not is_oom(e):
                     raise
-                st.back_off(e)
+                self.route = st.back_off(route, e)
         p.dist.sum_(out)
         p.mask(out, inplace=True)
         st.report()
@@ -164,20 +177,21 @@ class Hessian(Curvature):
 
     def _matmat_batch(self, V, th, j, batch, out, accumulate) -> None:
         """See `Curvature`."""
-        st = self.state
-        if st.recompute_active and st.chain is not None:  # block by block (flatcli.engine.segments)
+        st, route = self.state, self.route
+        mode = route.mode(V.shape[0])
+        if mode == "chain":  # block by block (flatcli.engine.segments)
             for k in range(V.shape[0]):
                 st.chain.hvp(V[k], th, batch, out=out[k], accumulate=accumulate)
             return None
-        if st.hessian_mode(V.shape[0]) == "forward":
+        if mode == "forward":
             try:
                 return _put(out, self._forward(V, th, batch), accumulate)
             except (RuntimeError, NotImplementedError) as e:
                 if is_oom(e):
                     raise
-                st.forward_failed()
-        t, g, _ = st.graphs.get(th, j, batch, len(st.batches))
-        st.pullback(g, t, V, retain=st.graphs.keeping, out=out, accumulate=accumulate)
+                raise RouteFailed("forward", str(e).splitlines()[0] if str(e) else "") from e
+        t, g, _ = st.graphs.get(th, j, batch, len(route.batches))
+        st.pullback(g, t, V, st.graphs.keeping, out, accumulate, batched=route.batched)
 
     def _forward(self, V, th, batch) -> torch.Tensor:
         gfun = func_grad(self.batch_loss(batch))
@@ -200,7 +214,7 @@ class GGN(Curvature):
 
     def _matmat_batch(self, V, th, j, batch, out, accumulate) -> None:
         """See `Curvature`. The VJP is a plain backward through the outputs' graph
-        (`flatcli.engine.product_state.ProductState.pullback`: batched or a loop), not ``torch.func.vjp``, whose first call
+        (`flatcli.engine.products.ProductContext.pullback`: batched or a loop), not ``torch.func.vjp``, whose first call
         in a process imports ``torch._dynamo`` (and pandas): 1.3 s of every process that runs
         normalized sharpness, ns_bound or the Fisher-Rao term on an MLP (`flatcli measure` on
         tests/engine/test_distributed.py's config: 6.3 → 4.6 s). Per product it is as fast (medians of 9
@@ -226,7 +240,7 @@ class GGN(Curvature):
                     raise
                 st.tally.fallbacks += 1
             else:
-                st.pullback(z, t, H, retain=False, out=out, accumulate=accumulate)
+                st.pullback(z, t, H, False, out, accumulate, batched=self.route.batched)
                 return
         for k in range(V.shape[0]):
             st.pullback(
@@ -236,6 +250,7 @@ class GGN(Curvature):
                 retain=k < V.shape[0] - 1,
                 out=out[k : k + 1],
                 accumulate=accumulate,
+                batched=self.route.batched,
             )
 
 
@@ -251,7 +266,7 @@ class FiniteDifferenceHessian(Curvature):
 
     def __init__(
         self,
-        state: ProductState,
+        state: ProductContext,
         theta: torch.Tensor | None = None,
         *,
         eps: float | None = None,

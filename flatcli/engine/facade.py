@@ -1,8 +1,8 @@
 r"""The engine measures talk to: losses, gradients, curvature operators and per-unit quantities.
 
 `CurvatureEngine` is what measures talk to over a `flatcli.engine.problem.Problem`. It builds
-one `flatcli.engine.product_state.ProductState` (batches, memory policy, counters, graph cache, product
-mode, precision) and hands out curvatures over it (`flatcli.engine.curvatures`: each one a linear
+one `flatcli.engine.products.ProductContext` (counters, memory policy, graph cache, precision, the
+current product route) and hands out curvatures over it (`flatcli.engine.curvatures`: each one a linear
 operator that owns its loop, weighting and counting; `curvature(kind, θ)`, `hessian`, `ggn`,
 `fd_hessian`), which estimators then drive directly: the engine is not on a product's path. It
 adds the loss and gradient loops, per-unit quantities, the fp32 view, `map_batches` and the exact
@@ -39,8 +39,9 @@ from .linalg import EstimatorSettings
 from .losses import NotApplicable
 from .precision import BF16_FD_REFUSED, Precision
 from .problem import Problem
-from .product_state import ProductState, is_oom
+from .products import ProductContext
 from .recompute import parse_recompute
+from .routes import RouteFailed, is_oom
 
 HVP_MODES = validation.HVP_MODES  # the vocabulary is declared once, in flatcli.validation
 
@@ -69,13 +70,13 @@ class CurvatureEngine:
     max_basis_vectors : most Lanczos basis vectors kept at all, device and host
         (``runtime.max_basis_vectors``): an int, None (unbounded) or "auto" (what fits in half the
         free host memory at its first use, the least over the ranks:
-        `flatcli.engine.product_state.ProductState.max_basis_vectors`); beyond
+        `flatcli.engine.products.ProductContext.max_basis_vectors`); beyond
         it Lanczos thick-restarts (`flatcli.engine.linalg.lanczos`).
     recompute : "false", "true" or "auto" (``runtime.recompute``; booleans accepted): Hessian products
         that keep one block's activations at a time: block by block on a chain of blocks
         (`flatcli.engine.segments`), else with per-block activation checkpointing
         (`flatcli.engine.recompute`); no gradient graphs cached across products. ``auto`` turns it on when the model has blocks and
-        the predicted peak of a product does not fit in free memory (``state.recompute_active``).
+        the predicted peak of a product does not fit in free memory (``state.route().recompute``).
 
     Arguments are checked at this boundary with the rules of `flatcli.validation` (``hvp_mode``,
     ``precision``, ``recompute``, ``block_size``, ``max_device_vectors``, ``max_basis_vectors``: the same rule and wording
@@ -83,7 +84,7 @@ class CurvatureEngine:
     engine is a public entry point (``flatcli.engine.CurvatureEngine``, built directly by tests and
     library users), so it does not rely on `Settings` having checked them.
 
-    Counters (`flatcli.engine.product_state.Counters`): ``n_hvp``, ``n_ggnvp``, ``n_grad``, ``n_forward``,
+    Counters (`flatcli.engine.counters.Counters`): ``n_hvp``, ``n_ggnvp``, ``n_grad``, ``n_forward``,
     ``n_vjp``, ``oom_retries``, ``fallbacks``.
     """
 
@@ -132,7 +133,7 @@ class CurvatureEngine:
         problem.compute_dtype = (
             self.precision.compute_dtype if self.precision.name == "bf16" else problem.dtype
         )
-        self.state = ProductState(
+        self.state = ProductContext(
             problem,
             hvp_mode=hvp_mode,
             block_size=block_size,
@@ -157,7 +158,7 @@ class CurvatureEngine:
 
     # ------------------------------------------------------------ bookkeeping
     def counters(self) -> dict[str, float]:
-        """Every counter the engine keeps (see `flatcli.engine.product_state.Counters`): ``n_hvp``,
+        """Every counter the engine keeps (see `flatcli.engine.counters.Counters`): ``n_hvp``,
         ``n_ggnvp``, ``n_grad``, ``n_forward``, ``n_vjp``, ``oom_retries``, ``fallbacks``."""
         return self.state.tally.as_dict()
 
@@ -193,19 +194,19 @@ class CurvatureEngine:
 
     def full_precision(self):
         """A context with fp32 products inside (the verification view): TF32 off, and a bf16
-        problem's forward in float32 (`flatcli.engine.product_state.ProductState.full_precision`)."""
+        problem's forward in float32 (`flatcli.engine.products.ProductContext.full_precision`)."""
         return self.state.full_precision()
 
     @property
     def estimator_settings(self) -> EstimatorSettings:
         """How the estimators drive this engine's curvatures, from its runtime settings: the
-        vectors per product call (``runtime.block_size``, read at each estimator call, so the
-        out-of-memory back-off is followed), the basis caps (``runtime.max_device_vectors``,
+        vectors per product call (the block of the current route, read at each estimator call,
+        so an out-of-memory back-off is followed), the basis caps (``runtime.max_device_vectors``,
         ``runtime.max_basis_vectors``) and the progress hook (`on_progress`). Pass it to the
         estimators of `flatcli.engine.linalg` (``settings=``)."""
         st = self.state
         return EstimatorSettings(
-            block_size=lambda: st.memory.block_size,
+            block_size=lambda: st.route().block_size,
             max_device_vectors=st.max_device_vectors,
             max_basis_vectors=st.max_basis_vectors,
             report=st.report,
@@ -361,11 +362,11 @@ class CurvatureEngine:
         (it does when it depends only on the item and on what `batch_loss_grad` returns, which is
         the same on every rank)."""
         if self._dist.active and len(batches) < self._dist.world:
-            self.state.shared = True
+            self.state.rows_split = True
             try:
                 return [fn(b) for b in batches]
             finally:
-                self.state.shared = False
+                self.state.rows_split = False
         before = self._tally.as_raw()
         self.state.local = True
         try:
@@ -536,7 +537,12 @@ class CurvatureEngine:
         if not g.requires_grad:  # the loss is linear in z
             return torch.zeros(k, B, d, dtype=zz.dtype, device=zz.device)
         Vb = V[:, None, :].expand(k, B, d).to(zz)
-        return self.state.pullback(g, zz, Vb, retain=False)
+        route = self.state.route()
+        try:
+            return self.state.pullback(g, zz, Vb, retain=False, batched=route.batched)
+        except RouteFailed as e:  # no batched rule: a loop, here and in the curvatures built later
+            route = self.state.fail_over(route, e)
+            return self.state.pullback(g, zz, Vb, retain=False, batched=route.batched)
 
     # ------------------------------------------------------------ reductions for measures
     def sum_(self, t: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ from torch.func import vjp, vmap
 
 from .batch import Batch
 from .losses import NotApplicable
-from .product_state import is_oom
+from .routes import is_oom
 
 __all__ = ["linear_fast_path", "ggn_diagonal"]
 

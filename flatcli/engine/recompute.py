@@ -37,7 +37,7 @@ product *block by block* (`flatcli.engine.segments`: a JVP of each block's forwa
 each block's VJP from the last, keeping only the boundary tensors), so ``runtime.recompute: true``
 runs that on a model whose blocks form a chain (GPT-2, BERT, ViT: checked on the first batch), and
 this checkpointed double backward on the others (the reason is kept in
-``ProductState.chain_reason``). Measured in docs/benchmarks/data/hvp_memory-blocks.json.
+``ProductContext.chain_reason``). Measured in docs/benchmarks/data/hvp_memory-blocks.json.
 
 Models without a ``ModuleList`` of blocks are run as they are (`find_blocks` returns nothing).
 """

@@ -269,7 +269,7 @@ def test_oom_halves_the_probe_block_and_records_the_retry(monkeypatch):
     out = eng.hessian()(V)
     assert state["raised"] == 1
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-14)
-    assert eng.counters()["oom_retries"] == 1 and eng.state.memory.block_size == 4
+    assert eng.counters()["oom_retries"] == 1 and eng.state.route().block_size == 4
     assert eng.counters()["n_hvp"] == 8
 
 
@@ -280,7 +280,7 @@ def test_oom_at_block_one_halves_the_batch(monkeypatch):
     eng = CurvatureEngine(p, block_size=1)
     _oom_once(monkeypatch, eng, lambda V: True)
     torch.testing.assert_close(eng.hessian()(V), ref, rtol=1e-12, atol=1e-14)
-    assert eng.counters()["oom_retries"] == 1 and eng.state.batch_size == 4
+    assert eng.counters()["oom_retries"] == 1 and eng.state.route().batch_size == 4
     assert [b.rows for b in eng.state.batches] == [4, 4, 2]
 
 
@@ -306,7 +306,7 @@ def test_other_errors_are_not_retried(monkeypatch):
     _patch_product(monkeypatch, eng, product)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         eng.hessian()(vecs(p, 4))
-    assert eng.counters()["oom_retries"] == 0 and eng.state.memory.block_size == 4
+    assert eng.counters()["oom_retries"] == 0 and eng.state.route().block_size == 4
 
 
 class _NoForwardSquare(torch.autograd.Function):
@@ -350,14 +350,16 @@ def test_forward_mode_falls_back_to_double_backward():
     H = problem_hessian(pr)
     V = vecs(p, 3)
     eng = CurvatureEngine(p, hvp_mode="forward")
-    torch.testing.assert_close(eng.hessian()(V), V @ H, rtol=1e-10, atol=1e-12)
-    assert eng.counters()["fallbacks"] >= 1 and eng.state.hvp_mode == "reverse"
+    op = eng.hessian()  # the route is planned here: the forward-mode probe fails, reverse it is
+    assert eng.counters()["fallbacks"] == 1 and op.route.hessian == op.route.single == "reverse"
+    torch.testing.assert_close(op(V), V @ H, rtol=1e-10, atol=1e-12)
+    assert eng.counters()["fallbacks"] == 1 and eng.state.route() is op.route
 
 
 def test_block_size_default_and_override(monkeypatch):
     p = tiny_problem()
-    assert 1 <= CurvatureEngine(p).state.memory.block_size <= 64
-    assert CurvatureEngine(p, block_size=3).state.memory.block_size == 3
+    assert 1 <= CurvatureEngine(p).state.route().block_size <= 64
+    assert CurvatureEngine(p, block_size=3).state.route().block_size == 3
     calls = []
     eng = CurvatureEngine(p, block_size=3)
     real = Hessian._matmat_batch
@@ -379,16 +381,18 @@ def test_block_size_default_and_override(monkeypatch):
 
 
 def test_auto_mode_on_cpu():
-    from flatcli.engine import product_state as products
+    from flatcli.engine import routes
 
-    eng = CurvatureEngine(tiny_problem())
-    assert (
-        eng.state.hvp_mode == "reverse" and eng.state.reverse_batched is True
+    route = CurvatureEngine(tiny_problem()).state.route()
+    assert (route.hessian, route.single, route.batched) == (
+        "reverse",
+        "reverse",
+        True,
     )  # small model: one vmapped backward
-    big = nn.Linear(products._CPU_BATCHED_BELOW // 10, 10)
+    big = nn.Linear(routes.CPU_BATCHED_BELOW // 10, 10)
     p = Problem(big, torch.randn(4, big.in_features), torch.randint(0, 10, (4,)))
     assert (
-        CurvatureEngine(p).state.reverse_batched is False
+        CurvatureEngine(p).state.route().batched is False
     )  # larger models: a loop over the cached graph
 
 
@@ -458,7 +462,7 @@ def test_oom_drops_the_graph_cache_first(monkeypatch):
     assert (
         eng.counters()["oom_retries"] == 1
         and eng.state.graphs.entries is None
-        and eng.state.memory.block_size == 4
+        and eng.state.route().block_size == 4
     )
 
 
@@ -507,9 +511,9 @@ def test_derive_keeps_every_setting_and_gives_the_other_models_products():
     d = eng.derive(other)
     assert d.problem.model is other and d.problem is not p
     assert (
-        d.state.hvp_mode,
+        d.state.route().hessian,
         d.hessian().relative_eps,
-        d.state.memory.block_size,
+        d.state.route().block_size,
         d.precision.name,
     ) == (
         "finite_difference",
@@ -519,12 +523,12 @@ def test_derive_keeps_every_setting_and_gives_the_other_models_products():
     )
     assert d.problem.batch_size == 4 and d.problem.names == p.names and d.problem.n == p.n
     assert not d.state.graphs.keeping and d.state.max_device_vectors == 5
-    d.state.hvp_mode = (
-        "reverse"  # the exact product, to compare with the dense Hessian of the other model
-    )
+    exact = d.curvature(
+        Hessian
+    )  # the exact product, to compare with the other model's dense Hessian
     H = problem_hessian(d.problem)
     V = vecs(d.problem)
-    torch.testing.assert_close(d.hessian()(V), V @ H, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(exact(V), V @ H, rtol=1e-9, atol=1e-12)
     assert not torch.allclose(V @ H, V @ problem_hessian(p), rtol=1e-3)
     d.merge_counts(d)  # counters add up
     eng.merge_counts(d)

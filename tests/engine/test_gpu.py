@@ -70,7 +70,7 @@ def test_forward_and_reverse_hvp_agree_on_cuda_fp32():
     rev_b = CurvatureEngine(p, hvp_mode="reverse", reverse_batched=True, cache_graphs=True)
     rev_l = CurvatureEngine(p, hvp_mode="reverse", reverse_batched=False, cache_graphs=False)
     a, b, c = fwd.hessian()(V), rev_b.hessian()(V), rev_l.hessian()(V)
-    assert fwd.counters()["fallbacks"] == 0 and fwd.state.hvp_mode == "forward"
+    assert fwd.counters()["fallbacks"] == 0 and fwd.state.route().hessian == "forward"
     assert rel(a, c) <= 1e-4 and rel(b, c) <= 1e-4
     assert rel(fwd.hessian()(V[0]), c[0]) <= 1e-4
 
@@ -125,7 +125,7 @@ def test_ggnvp_on_cuda_matches_cpu():
 def test_block_size_from_free_memory_and_oom_backoff_on_cuda(monkeypatch):
     p = conv_problem(torch.float32, "cuda")
     eng = CurvatureEngine(p)
-    assert 1 <= eng.state.memory.block_size <= 32
+    assert 1 <= eng.state.route().block_size <= 32
     assert eng.state.activation_bytes() > 0
     V = vecs(p.num_params, 8, "cuda", torch.float32)
     ref = CurvatureEngine(p, hvp_mode="forward", block_size=8).hessian()(V)
@@ -140,7 +140,7 @@ def test_block_size_from_free_memory_and_oom_backoff_on_cuda(monkeypatch):
 
     monkeypatch.setattr(Hessian, "_matmat_batch", product)
     assert rel(eng.hessian()(V), ref) <= 1e-6
-    assert eng.counters()["oom_retries"] == 1 and eng.state.memory.block_size == 4
+    assert eng.counters()["oom_retries"] == 1 and eng.state.route().block_size == 4
 
 
 def test_measures_on_cuda_match_cpu_fp64():

@@ -100,5 +100,5 @@ def test_gpt2_forward_mode_products_equal_dense_hessian():
     torch.testing.assert_close(eng.hessian()(V), V @ Hd, rtol=1e-9, atol=1e-12)  # vmap(jvp(grad))
     torch.testing.assert_close(eng.hessian()(V[0]), Hd @ V[0], rtol=1e-9, atol=1e-12)
     assert (
-        eng.counters()["fallbacks"] == 0 and eng.state.hvp_mode == "forward"
+        eng.counters()["fallbacks"] == 0 and eng.state.route().hessian == "forward"
     )  # no fall back to reverse mode

@@ -1,5 +1,7 @@
 """Curvature operators and the engine's first-order and per-sample products, against dense references."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -206,8 +208,9 @@ def test_the_engine_gives_its_settings_to_the_estimators_not_to_its_operators():
     s = eng.estimator_settings
     assert (s.block(), s.max_device_vectors, s.max_basis_vectors) == (3, 5, 7)
     assert s.basis_rows(p.num_params // 2, p.num_params) == 14  # a block's cap in its own vectors
-    eng.state.memory.block_size = 2  # what the out-of-memory back-off does: the settings follow
-    assert s.block() == 2
+    # what an out-of-memory back-off gives: a new current route with a smaller block
+    eng.state.replan(dataclasses.replace(eng.state.route(), block_size=2))
+    assert s.block() == 2  # the settings follow
     with pytest.raises(TypeError, match="dim"):
         linalg.as_operator(lambda V: V)
     n = 30
@@ -240,7 +243,7 @@ def test_the_engine_gives_its_settings_to_the_estimators_not_to_its_operators():
     r = linalg.hutchinson(op, stop=stop, generator=torch.Generator(), settings=hooked)
     assert [s["probes"] for s in seen] == [4, 8, 12] and seen[-1]["value"] == r.estimate
     seen.clear()
-    eng.on_progress = seen.append  # the engine's hook, through its settings
+    eng.on_progress = seen.append  # the engine's hook, through its settings (block 2 now)
     linalg.hutchinson(H, stop=stop, generator=torch.Generator(), settings=eng.estimator_settings)
     assert [s["probes"] for s in seen if "probes" in s] == [4, 6, 8, 10, 12]
 

@@ -124,7 +124,7 @@ def test_recomputed_hvp_equals_double_backward(make, monkeypatch):
         torch.testing.assert_close(hv_on, ref, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(off.hessian(th)(V), ref, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(on.hessian(th)(V[0]), ref[0], rtol=1e-9, atol=1e-12)
-    assert on.state.recompute_active and not off.state.recompute_active and on.state.chain is None
+    assert on.state.route().recompute and not off.state.route().recompute and on.state.chain is None
     nb = len(recompute.find_blocks(model))
     assert nb == 2
     # every product: each block's checkpointed function runs in the forward and again in the backward
@@ -142,12 +142,14 @@ def test_auto_turns_on_only_when_the_predicted_peak_does_not_fit(monkeypatch):
     p = Problem(model, batch, loss=loss, batch_size=3, dtype=DT)
     need, free = recompute.predicted_product_bytes(p, p.batch, 1, p.device)
     assert need > 6 * 8 * p.num_params  # the forward's saved tensors are counted
-    assert CurvatureEngine(p, recompute="auto").state.recompute_active is False  # a tiny model fits
+    assert (
+        CurvatureEngine(p, recompute="auto").state.route().recompute is False
+    )  # a tiny model fits
     monkeypatch.setattr(recompute, "free_bytes", lambda device: need // 2)
-    from flatcli.engine import product_state as loop_module  # the products' state decides
+    from flatcli.engine import products  # the products' context plans the route
 
-    monkeypatch.setattr(loop_module, "predicted_product_bytes", lambda *a: (need, need // 2))
-    assert CurvatureEngine(p, recompute="auto").state.recompute_active is True
+    monkeypatch.setattr(products, "predicted_product_bytes", lambda *a: (need, need // 2))
+    assert CurvatureEngine(p, recompute="auto").state.route().recompute is True
     with pytest.raises(ValueError, match="recompute"):
         CurvatureEngine(p, recompute="sometimes")
 

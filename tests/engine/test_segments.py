@@ -83,7 +83,7 @@ def test_block_by_block_products_equal_double_backward(make, monkeypatch):
     )  # (forward mode would differ by 1e-9 there)
     model, batch, loss, p, V, theta = _setup(make)
     eng = CurvatureEngine(p, recompute=True)
-    assert eng.state.recompute_active and eng.state.chain is not None, eng.state.chain_reason
+    assert eng.state.route().recompute and eng.state.chain is not None, eng.state.chain_reason
     assert len(eng.state.chain.blocks) == 2
     for th in (None, theta):
         ref = reference_hvp(model, batch, loss, p.theta if th is None else th, V)
@@ -204,7 +204,7 @@ def test_models_that_are_not_chains_fall_back(cls, why):
     V = torch.randn(2, p.num_params, generator=torch.Generator().manual_seed(3), dtype=DT)
     ref = hessian_products(lambda t: p.loss(p.unflatten(t)), p.theta, V)
     torch.testing.assert_close(eng.hessian()(V), ref, rtol=1e-9, atol=1e-12)
-    assert eng.state.recompute_active and (eng.state.chain is None) == (why is not None)
+    assert eng.state.route().recompute and (eng.state.chain is None) == (why is not None)
 
 
 PEAK_CHILD = r"""

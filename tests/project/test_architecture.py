@@ -5,7 +5,7 @@
 * The engine knows nothing of measures.
 * No import cycles between flatcli modules (imports inside functions count too).
 * No public estimator of ``flatcli.engine.linalg`` takes more than 8 parameters.
-* Curvatures and the product loop receive a ``ProductState``, never the engine.
+* Curvatures and the product loop receive a ``ProductContext``, never the engine.
 """
 
 from __future__ import annotations
@@ -274,7 +274,7 @@ def test_config_settings_and_spec_take_their_rules_from_the_vocabulary():
         "flatcli.training",
         "flatcli.threads",
         "flatcli.engine.facade",
-        "flatcli.engine.product_state",
+        "flatcli.engine.products",
         "flatcli.engine.losses",
         "flatcli.engine.precision",
         "flatcli.engine.recompute",
@@ -595,14 +595,14 @@ def test_api_functions_take_the_run_options_as_one_object():
     assert all("run" in inspect.signature(public[n]).parameters for n in CONFIG_ENTRY_POINTS)
 
 
-PRODUCT_MODULES = ("flatcli.engine.curvatures", "flatcli.engine.product_state")
+PRODUCT_MODULES = ("flatcli.engine.curvatures", "flatcli.engine.products", "flatcli.engine.routes")
 ENGINE_NAMES = {"engine", "eng", "CurvatureEngine"}
 
 
 def test_curvatures_and_their_state_receive_no_engine():
-    """A curvature is the operator and owns its loop: curvatures and the `ProductState` they share get
-    the state, never the engine. Statically, no identifier, parameter, attribute or import named
-    ``engine``/``eng``/``CurvatureEngine`` in engine/curvatures.py and engine/product_state.py, and
+    """A curvature is the operator and owns its loop: curvatures and the `ProductContext` they share get
+    the context, never the engine. Statically, no identifier, parameter, attribute or import named
+    ``engine``/``eng``/``CurvatureEngine`` in engine/curvatures.py, engine/products.py and engine/routes.py, and
     ``Curvature.__init__`` takes ``state``; dynamically, nothing reachable from an engine's
     curvatures (their attributes and state) is the engine or one of its bound methods."""
     from flatcli.engine import CurvatureEngine, Problem

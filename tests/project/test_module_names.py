@@ -4,6 +4,7 @@ never leaves a reader guessing which "plan" it is."""
 
 from __future__ import annotations
 
+import ast
 from collections import defaultdict
 from pathlib import Path
 
@@ -75,3 +76,35 @@ def test_the_check_finds_shared_names(tmp_path):
         "flatcli/experiments/models.py",
         "flatcli/loading/models.py",
     ]
+
+
+# engine modules named for what they hold: stem -> the classes defined there
+ENGINE_HOLDS = {
+    "routes": {"Route", "RouteFailed", "MemoryPolicy"},
+    "products": {"ProductContext"},
+    "counters": {"Counters"},
+    "curvatures": {"Curvature", "Hessian", "GGN", "FiniteDifferenceHessian"},
+    "operators": {"CurvatureOperator"},
+}
+
+
+def _classes(path: Path) -> set[str]:
+    return {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)}
+
+
+def test_the_engine_modules_say_what_they_hold():
+    """The product route lives in routes.py, what products share in products.py, the counters in
+    counters.py; none of them elsewhere, and no module named for a loop it does not hold or for
+    a shared "state"."""
+    engine = PKG / "engine"
+    held = {p.stem: _classes(p) for p in engine.rglob("*.py")}
+    for stem, names in ENGINE_HOLDS.items():
+        assert names <= held.get(stem, set()), (stem, names - held.get(stem, set()))
+        others = {s for s, cls in held.items() if s != stem and cls & names}
+        assert not others, f"{sorted(names)} also defined in {sorted(others)}"
+    assert not {s for s in held if s == "state" or s.endswith("_state")}, sorted(held)
+    for p in PKG.rglob("loop.py"):
+        loops = [
+            n for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.For | ast.While)
+        ]
+        assert loops, f"{p.relative_to(PKG.parent)} holds no loop"

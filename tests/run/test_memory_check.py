@@ -242,7 +242,7 @@ class Blocks(nn.Module):
 @pytest.mark.parametrize("recompute,fits", [("auto", True), ("true", True), ("false", False)])
 def test_a_run_auto_recompute_makes_fit_is_not_refused(monkeypatch, recompute, fits):
     """A model with blocks whose product is predicted above 80% of free memory: ``recompute: auto``
-    turns recomputation on (engine/product_state.py), so only the vectors are checked and the run goes on;
+    turns recomputation on (engine/products.py plans the route), so only the vectors are checked and the run goes on;
     with ``false`` it is refused and ``runtime.recompute: true`` is suggested."""
     from flatcli.run.checkpoint import problem_dims
 
