@@ -16,7 +16,7 @@ Stages, all in one process on one device, with the same model and data (the
 same batches), timings CUDA-synchronized:
 
 1. **Catalogue.** Every registered measure (``flatcli.measures.list_measures()``,
-   or ``--measures``), each in its own ``flatcli.run.checkpoint.measure_model`` call
+   or ``--measures``), each in its own ``flatcli.run.measuring.measure_model`` call
    with default options and ``Settings(precision=--precision)``, so the engine
    counters are per measure. Per measure: the measure's own seconds, the wall
    time of the call (set-up checks and the train-metrics pass included), HVPs,
@@ -101,7 +101,7 @@ from flatcli import __version__
 from flatcli.engine import CurvatureEngine, Problem, eval_mode, linalg
 from flatcli.engine.precision import tf32_flags
 from flatcli.measures import get_measure, list_measures
-from flatcli.run.checkpoint import measure_model
+from flatcli.run.measuring import measure_model
 from flatcli.run.settings import Settings
 
 COMMON = Path(_common.__file__)

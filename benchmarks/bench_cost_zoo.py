@@ -4,7 +4,7 @@ For each family and size (an MLP, a small CNN with BatchNorm, a ResNet-style net
 torchvision's blocks, a tiny BERT classifier, a tiny GPT-2 whose head is tied to its
 embedding), the products are timed as ``flatcli measure --dry-run`` times them
 (`flatcli.run.predict.time_products`), every measure gets its predicted seconds (least–most and
-the timings' interval) and peak, then the measures run (`flatcli.run.checkpoint.measure_model`)
+the timings' interval) and peak, then the measures run (`flatcli.run.measuring.measure_model`)
 and their measured seconds and the process's peak resident memory are set beside the
 prediction. The budget property follows on the same model: twice the unbudgeted seconds must
 change no status and no value; half of them must leave every measure a value or refuse it at
@@ -176,7 +176,7 @@ def predicted(model, data, measures, fields) -> tuple[dict, float, tuple[float, 
     """(label → Prediction, seconds the dry-run took, its total (least, most) seconds)."""
     from flatcli.config import parse_measures
     from flatcli.engine import Batch
-    from flatcli.run.checkpoint import problem_dims
+    from flatcli.run.measuring import problem_dims
     from flatcli.run.predict import predict, time_products
     from flatcli.run.settings import Settings
 
@@ -194,7 +194,7 @@ def predicted(model, data, measures, fields) -> tuple[dict, float, tuple[float, 
 
 def measured(model, data, measures, fields, budget=None):
     """The row of one run (`measure_model`) and its wall seconds."""
-    from flatcli.run.checkpoint import measure_model
+    from flatcli.run.measuring import measure_model
 
     t0 = time.perf_counter()
     row = measure_model(model, data, measures, precision="fp32", budget=budget, **fields)

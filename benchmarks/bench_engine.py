@@ -22,13 +22,18 @@ Tasks: ``mlp``: MLP 64-256-256-10 trained on scikit-learn digits (train split,
 initialization in eval mode on N random CIFAR-10-shaped inputs. ``process``
 (CPU): the whole ``flatcli measure`` process (``hessian_trace`` with a fixed
 probe count) against a PyHessian script computing the same trace with the same
-probe count, both as fresh Python processes.
+probe count, both as fresh Python processes. ``bar`` (CPU): the engine bar, ``flatcli measure``
+(200-probe Hutchinson ``hessian_trace``, ``threads: auto``) against a PyHessian script on an MLP
+over 8,192 rows as whole processes, alternated three times, each launched right after this
+process trained the model (``--bar-*`` options; `bench_bar`); the ratio of the medians is the bar
+(at most 0.7). Its JSON goes to docs/benchmarks/data/engine-process-<samples>.json.
 
 Needs ``pip install pyhessian curvlinops-for-pytorch`` (the ``bench`` extra).
 
 Examples::
 
     OMP_NUM_THREADS=2 python -m benchmarks.bench_engine --tasks mlp,process --device cpu
+    python -m benchmarks.bench_engine --tasks bar --device cpu   # the engine bar, on an idle machine
     python -m benchmarks.bench_engine --tasks resnet --device cuda --n 5000 --batch-size 500
     python -m benchmarks.bench_engine --tasks resnet --device cpu --n 64 --batch-size 32   # smoke run
 
@@ -41,6 +46,7 @@ import argparse
 import math
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -52,7 +58,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from benchmarks._common import device_name, json_arg, sync, timed, write_json
+from benchmarks._common import DATA, device_name, json_arg, sync, timed, write_json
 from benchmarks._common import table as json_table
 from flatcli.engine import CurvatureEngine, Problem, linalg
 
@@ -72,6 +78,7 @@ class Row:
     ratio: float = math.nan
     # the flatcli row this peer is compared with ("first": the group's first flatcli row)
     vs: str | None = "first"
+    extra: dict | None = None  # the engine bar's cells (`bar_cells`)
 
     def __post_init__(self):  # progress, so that a run cut short still shows its rows
         print(
@@ -707,6 +714,284 @@ def bench_process(
     return rows
 
 
+# ---------------------------------------------------------------------------- the engine bar
+BAR_MODEL = """
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self, in_features=64, width=256, depth=2, num_classes=10):
+        super().__init__()
+        layers, d = [], in_features
+        for _ in range(depth):
+            layers += [nn.Linear(d, width), nn.ReLU()]
+            d = width
+        self.net = nn.Sequential(*layers, nn.Linear(d, num_classes))
+
+    def forward(self, x):
+        return self.net(x)
+"""
+
+BAR_PYHESSIAN = """
+import sys, time, torch, numpy as np
+t0 = time.perf_counter()
+from pyhessian import hessian
+from model import MLP
+model = MLP(**eval(sys.argv[3]))
+model.load_state_dict(torch.load(sys.argv[1]))
+model.eval()
+d = torch.load("data.pt")
+h = hessian(model, torch.nn.CrossEntropyLoss(), data=(d["x"], d["y"]), cuda=False)
+t1 = time.perf_counter()
+vals = h.trace(maxIter=int(sys.argv[2]), tol=0.0)
+print(len(vals), float(np.mean(vals)), time.perf_counter() - t1, torch.get_num_threads())
+"""
+
+BAR_CONFIG = """
+model: {{target: "model.py:MLP", kwargs: {kwargs}}}
+data: {{train: {{source: tensors, path: data.pt}}}}
+measure_data: {{split: train, num_samples: all, batch_size: {batch_size}}}
+measures:
+  - hessian_trace: {{method: hutchinson, min_probes: {probes}, max_probes: {probes}}}
+runtime: {{device: cpu, precision: fp32, seed: 0, threads: auto}}
+"""
+
+
+@dataclass
+class BarSetup:
+    """The engine bar's scenario: an MLP over ``samples`` rows of 64 features (labels from a
+    random linear teacher), trained in this process; ``probes`` Hutchinson probes."""
+
+    samples: int = 8192
+    probes: int = 200
+    width: int = 256
+    depth: int = 2
+    train_steps: int = 300
+    parent_seconds: float = 2.0
+    batch_size: int = 0  # flatcli's measure_data.batch_size (0: all rows, PyHessian's one batch)
+
+    @property
+    def kwargs(self) -> dict:
+        return {"in_features": 64, "width": self.width, "depth": self.depth, "num_classes": 10}
+
+
+def _bar_files(setup: BarSetup, log):
+    """The scenario's files in a fresh folder (model.py, data.pt, mlp.pt, the config and the
+    PyHessian script) and the parent's training step (the torch work before each launch)."""
+    tmp = Path(tempfile.mkdtemp(prefix="flatcli-bar-"))
+    (tmp / "model.py").write_text(BAR_MODEL)
+    (tmp / "pyhessian_trace.py").write_text(BAR_PYHESSIAN)
+    bs = setup.batch_size or setup.samples
+    (tmp / "cfg.yaml").write_text(
+        BAR_CONFIG.format(kwargs=setup.kwargs, batch_size=bs, probes=setup.probes)
+    )
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bar_model", tmp / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # the users' model file, beside the config
+    MLP = mod.MLP
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(setup.samples, 64, generator=g)
+    y = (x @ torch.randn(64, 10, generator=g)).argmax(1)
+    torch.save({"x": x, "y": y}, tmp / "data.pt")
+    torch.manual_seed(0)
+    model = MLP(**setup.kwargs)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+
+    def step():
+        idx = torch.randint(0, setup.samples, (256,))
+        loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return float(loss.detach())
+
+    t0 = time.perf_counter()
+    for _ in range(setup.train_steps):
+        loss = step()
+    log(
+        f"[bar] trained the MLP: {setup.train_steps} steps, loss {loss:.3f}, {time.perf_counter() - t0:.1f}s"
+    )
+    torch.save(model.state_dict(), tmp / "mlp.pt")
+    return tmp, step
+
+
+def _parent_work(step, seconds: float) -> None:
+    """Training steps for ``seconds`` in this process (its thread pool then spins as after any job)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        step()
+
+
+def _child(
+    cmd: list[str], env: dict, cwd: Path
+) -> tuple[subprocess.CompletedProcess, float, float]:
+    """Run ``cmd``; its result, wall seconds and CPU seconds (user + system, all its threads)."""
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    c0, t0 = cpu(), time.perf_counter()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=cwd)
+    return out, time.perf_counter() - t0, cpu() - c0
+
+
+def _bar_flatcli(tmp: Path, env: dict, run: int) -> dict:
+    out_dir = tmp / f"out-{run}"
+    cmd = [sys.executable, "-m", "flatcli", "measure", "mlp.pt", "-c", "cfg.yaml"]
+    cmd += ["-o", str(out_dir), "--format", "csv"]
+    out, wall, cpu = _child(cmd, env, tmp)
+    if out.returncode != 0:
+        raise RuntimeError(f"flatcli measure failed ({out.returncode}): {out.stderr[-2000:]}")
+    import csv
+
+    with open(out_dir / "results.csv") as f:
+        row = next(csv.DictReader(f))
+    chose = [ln for ln in out.stderr.splitlines() if ln.startswith("threads")]
+    return {
+        "seconds": wall,
+        "cpu": cpu,
+        "measure": float(row["hessian_trace_seconds"]),
+        "value": float(row["hessian_trace"]),
+        "n_hvp": int(float(row["hessian_trace_n_hvp"])),
+        "threads": chose[-1].split(" per worker")[0] if chose else "threads: not reported",
+        "detail": chose[-1] if chose else "",
+    }
+
+
+def _bar_pyhessian(tmp: Path, env: dict, setup: BarSetup) -> dict:
+    cmd = [sys.executable, "pyhessian_trace.py", "mlp.pt", str(setup.probes), repr(setup.kwargs)]
+    out, wall, cpu = _child(cmd, env, tmp)
+    if out.returncode != 0:
+        raise RuntimeError(f"PyHessian script failed ({out.returncode}): {out.stderr[-2000:]}")
+    n, value, trace_s, nthreads = out.stdout.split()[-4:]
+    return {
+        "seconds": wall,
+        "cpu": cpu,
+        "measure": float(trace_s),
+        "value": float(value),
+        "n_hvp": int(n),
+        "threads": f"threads: {nthreads} (torch default)",
+        "detail": "",
+    }
+
+
+def bench_bar(setup: BarSetup, repeats: int, log) -> list[Row]:
+    """The engine bar: ``flatcli measure`` (``hessian_trace``, Hutchinson, ``setup.probes`` probes,
+    ``threads: auto``) against a PyHessian script (``hessian(...).trace(maxIter=probes, tol=0)``
+    on the same model file, checkpoint and data as one batch, torch's default threads), both as
+    fresh processes, alternated ``repeats`` times, each launched right after this process did
+    ``setup.parent_seconds`` of training steps (its own thread pool spinning after the job, as a
+    training script that launches a measurement). Neither child imports the other's package.
+    Rows: each run (wall time; the trace's own seconds and the rest in the note), then the median
+    of each tool and its ratio (the bar: at most 0.7)."""
+    tmp, step = _bar_files(setup, log)
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "FLATCLI_THREADS")}
+    name = f"mlp-{setup.samples}"
+    rows: list[Row] = []
+    runs: dict[str, list[dict]] = {"flatcli": [], "pyhessian": []}
+    for i in range(1, repeats + 1):
+        for tool in ("flatcli", "pyhessian"):
+            _parent_work(step, setup.parent_seconds)
+            r = _bar_flatcli(tmp, env, i) if tool == "flatcli" else _bar_pyhessian(tmp, env, setup)
+            runs[tool].append(r)
+            label = (
+                f"flatcli measure, run {i}" if tool == "flatcli" else f"pyhessian script, run {i}"
+            )
+            rest = r["seconds"] - r["measure"]
+            rows.append(
+                Row(
+                    name,
+                    f"trace, {setup.probes} probes (whole process)",
+                    label,
+                    r["seconds"],
+                    r["n_hvp"],
+                    r["value"],
+                    note=f"trace {r['measure']:.2f} s, rest of the process {rest:.2f} s; "
+                    f"CPU {r['cpu']:.1f} s; {r['threads']}",
+                    vs=f"flatcli measure, run {i}" if tool == "pyhessian" else None,
+                    extra={"cpu": r["cpu"], "trace": r["measure"], "threads": r["threads"]},
+                )
+            )
+            log(
+                f"[bar] {label}: {r['seconds']:.2f}s (trace {r['measure']:.2f}s); {r['detail'] or r['threads']}"
+            )
+    med = {t: sorted(r["seconds"] for r in rs)[len(rs) // 2] for t, rs in runs.items()}
+    med_trace = {t: sorted(r["measure"] for r in rs)[len(rs) // 2] for t, rs in runs.items()}
+    for tool, label in (("flatcli", "flatcli measure"), ("pyhessian", "pyhessian script")):
+        rows.append(
+            Row(
+                name,
+                f"trace, {setup.probes} probes (whole process)",
+                f"{label}, median of {repeats}",
+                med[tool],
+                runs[tool][0]["n_hvp"],
+                runs[tool][0]["value"],
+                note=f"trace {med_trace[tool]:.2f} s (median)",
+                vs=f"flatcli measure, median of {repeats}" if tool == "pyhessian" else None,
+                extra={
+                    "cpu": sorted(r["cpu"] for r in runs[tool])[len(runs[tool]) // 2],
+                    "trace": med_trace[tool],
+                    "threads": "",
+                },
+            )
+        )
+    return rows
+
+
+BAR_COLUMNS = [
+    "tool",
+    "time (s)",
+    "CPU (s)",
+    "trace (s)",
+    "rest of the process (s)",
+    "HVPs",
+    "value",
+    "threads",
+    "flatcli / PyHessian time",
+]
+
+
+def bar_cells(r: Row) -> list[str]:
+    """A row of the engine bar's table (`BAR_COLUMNS`); medians: CPU is the median run's."""
+    e = r.extra or {}
+    return [
+        r.tool,
+        f"{r.seconds:.2f}",
+        f"{e.get('cpu', math.nan):.1f}",
+        f"{e.get('trace', math.nan):.2f}",
+        f"{r.seconds - e.get('trace', math.nan):.2f}",
+        str(r.n_hvp),
+        f"{r.value:.6g}",
+        e.get("threads", ""),
+        _fmt(r.ratio, ".2f"),
+    ]
+
+
+def bar_summary(rows: list[Row], bar: float = 0.7) -> str:
+    """The median ratio in words, against ``bar`` where the rows are the bar's scenario (200
+    probes over 8,192 rows); other sizes only say the ratio."""
+    peer = next((r for r in rows if r.tool.startswith("pyhessian script, median")), None)
+    if peer is None or math.isnan(peer.ratio):
+        return ""
+    scenario = peer.task == "mlp-8192" and peer.quantity.startswith("trace, 200 probes")
+    verdict = (
+        f" ({'within' if peer.ratio <= bar else 'above'} the bar of {bar})"
+        if scenario
+        else " (not the bar's scenario, 200 probes over 8,192 rows: no verdict)"
+    )
+    per_run = ", ".join(
+        f"{r.ratio:.2f}" for r in rows if r.tool.startswith("pyhessian script, run")
+    )
+    return (
+        f"flatcli / PyHessian whole-process time, median of the runs: {peer.ratio:.2f}{verdict}; "
+        f"per run: {per_run}"
+    )
+
+
 # ---------------------------------------------------------------------------- HVP variants
 def bench_variants(task: Task, log, reps: int = 3) -> list[str]:
     """Per-probe cost of each HVP variant, in gradients, for K = 1 and K = block."""
@@ -853,12 +1138,50 @@ def summary(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
+def bar_args(ap) -> None:
+    """The engine bar's options (task ``bar``)."""
+    d = BarSetup()
+    ap.add_argument("--bar-samples", type=int, default=d.samples, help="rows of the MLP's data")
+    ap.add_argument("--bar-probes", type=int, default=d.probes, help="Hutchinson probes")
+    ap.add_argument("--bar-width", type=int, default=d.width, help="the MLP's hidden width")
+    ap.add_argument(
+        "--bar-repeats", type=int, default=3, help="flatcli / PyHessian pairs, alternated"
+    )
+    ap.add_argument(
+        "--bar-train-steps", type=int, default=d.train_steps, help="Adam steps training the MLP"
+    )
+    ap.add_argument(
+        "--bar-parent-seconds",
+        type=float,
+        default=d.parent_seconds,
+        help="seconds of training steps in this process right before each launch",
+    )
+    ap.add_argument(
+        "--bar-batch-size",
+        type=int,
+        default=d.batch_size,
+        help="flatcli's measure_data.batch_size (default: all rows, PyHessian's one batch)",
+    )
+
+
+def bar_setup(args) -> BarSetup:
+    return BarSetup(
+        samples=args.bar_samples,
+        probes=args.bar_probes,
+        width=args.bar_width,
+        train_steps=args.bar_train_steps,
+        parent_seconds=args.bar_parent_seconds,
+        batch_size=args.bar_batch_size,
+    )
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--tasks",
         default="mlp,process",
-        help="comma list of mlp, process, variants, resnet (= resnet-variants, resnet-lambda, resnet-trace)",
+        help="comma list of mlp, process, variants, resnet (= resnet-variants, resnet-lambda, "
+        "resnet-trace), bar (the engine bar: whole processes on an MLP, --bar-* options)",
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--n", type=int, default=5000, help="ResNet-18 inputs")
@@ -930,6 +1253,7 @@ def main(argv=None) -> int:
         default=None,
         help="reference precision (default fp64 on CPU, fp32 on CUDA)",
     )
+    bar_args(ap)
     json_arg(ap, "engine")
     args = ap.parse_args(argv)
 
@@ -1002,25 +1326,46 @@ def main(argv=None) -> int:
             )
         elif t == "variants":
             variant_lines += bench_variants(mlp, log)
+        elif t == "bar":
+            rows += bench_bar(bar_setup(args), args.bar_repeats, log)
         else:
             ap.error(f"unknown task {t!r}")
         log(f"[{t}] done in {time.perf_counter() - t0:.1f}s")
     add_ratios(rows)
-    md = table(rows) + "\n\n" + summary(rows)
+    md = table(rows) + "\n\n" + summary(rows) + "\n" + bar_summary(rows)
     print()
     print(md)
     if variant_lines:
         print()
         print("\n".join(variant_lines))
-    tables = [
-        json_table(
-            "flatcli vs PyHessian and curvlinops", COLUMNS, [cells(r) for r in rows], summary(rows)
-        )
-    ]
-    tables += [t for t in [variant_table(variant_lines)] if t]
-    print(
-        f"wrote {write_json('engine', 'Curvature engine: flatcli vs PyHessian and curvlinops', tables, args.json, dev=dev)}"
+    bar_rows = [r for r in rows if r.extra is not None]
+    rows = [r for r in rows if r.extra is None]
+    tables = (
+        [
+            json_table(
+                "flatcli vs PyHessian and curvlinops",
+                COLUMNS,
+                [cells(r) for r in rows],
+                summary(rows),
+            )
+        ]
+        if rows
+        else []
     )
+    if bar_rows:
+        title = f"{bar_rows[0].task}: {bar_rows[0].quantity}"
+        tables.append(
+            json_table(title, BAR_COLUMNS, [bar_cells(r) for r in bar_rows], bar_summary(bar_rows))
+        )
+    if tasks == ["bar"] and args.json == DATA / "engine.json":
+        args.json = DATA / f"engine-process-{args.bar_samples}.json"
+    tables += [t for t in [variant_table(variant_lines)] if t]
+    title = (
+        "The engine bar: flatcli against PyHessian as whole processes"
+        if tasks == ["bar"]
+        else "Curvature engine: flatcli vs PyHessian and curvlinops"
+    )
+    print(f"wrote {write_json('engine', title, tables, args.json, dev=dev)}")
     return 0
 
 

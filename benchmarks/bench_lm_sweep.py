@@ -124,7 +124,7 @@ def build_study(folder: Path, text: str, steps: int) -> Path:
 def _reload_per_unit():
     """Every unit loads and evaluates its checkpoint afresh (what a worker did before it kept
     the checkpoint between units); imported here so the benchmark also runs on code without it."""
-    import flatcli.run.reuse as reuse
+    import flatcli.run.kept as reuse
 
     class Fresh(reuse.CheckpointCache):
         def model(self, cfg, job):

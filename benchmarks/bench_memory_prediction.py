@@ -56,7 +56,7 @@ def child(args) -> dict:
 
     from benchmarks.bench_large import build
     from flatcli.config import parse_measures
-    from flatcli.run.checkpoint import measure_model, problem_dims
+    from flatcli.run.measuring import measure_model, problem_dims
     from flatcli.run.predict import predict, time_products
     from flatcli.run.settings import Settings
 

@@ -113,7 +113,7 @@ def run_case(case, device: str) -> list[dict]:
     """Predict, then measure, the three measures on one model."""
     from flatcli.engine import Batch
     from flatcli.measures import MeasureSpec
-    from flatcli.run.checkpoint import measure_model, problem_dims
+    from flatcli.run.measuring import measure_model, problem_dims
     from flatcli.run.predict import predict, time_products
     from flatcli.run.settings import Settings
 

@@ -10,6 +10,7 @@ The Python API (everything the command line does):
 >>> flatcli.report("runs/eval", "runs/eval/report.html", by="lr,width")   # doctest: +SKIP
 """
 
+from . import _cpu_mark  # noqa: F401  (the CPUs' jiffies at start-up, for `threads: auto`)
 from ._version import __version__
 
 _API = (
@@ -23,6 +24,7 @@ _API = (
     "MeasureReport",
     "MeasureOptions",
     "RunOptions",
+    "SweepOptions",
     "Tracker",
     "TrackOptions",
 )

@@ -1,5 +1,19 @@
-"""``python -m flatcli``: the command line (see `flatcli.cli`)."""
+"""``python -m flatcli``: the command line (see `flatcli.cli`).
 
-from .cli import main
+This is the one module below the CLI's own package that imports it: the aliases
+``python -m flatcli.sweep`` and ``python -m flatcli.experiments`` call `run`, so that no folder of
+flatcli imports the CLI (docs/architecture.md, "Entry points").
+"""
 
-main()
+from __future__ import annotations
+
+from . import cli
+
+
+def run(argv: list[str] | None = None) -> None:
+    """Run the command line on ``argv`` (default: this process's arguments)."""
+    cli.main(argv)
+
+
+if __name__ == "__main__":
+    run()

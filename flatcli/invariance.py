@@ -59,7 +59,7 @@ from .engine.batch import Batch, model_output
 from .errors import ConfigError, ExitCode, MeasurementError, exit_code_of
 from .loading.data import subset
 from .measures import INVARIANCE_REFERENCE, MeasureSpec, get_measure, list_measures
-from .run.checkpoint import as_specs, check_finite_model, measure_model
+from .run.measuring import as_specs, check_finite_model, measure_model
 from .run.results import atomic_write, ensure_writable_dir
 from .run.settings import MeasureOptions, Settings
 from .validation import TRANSFORMS, Function, OneOf, Optional, Real, check_fields, opt
@@ -410,7 +410,7 @@ class InvarianceOptions:
     [1/scale, scale] (≥ 1, default 10); ``tol``: the relative change up to which a claimed
     invariance holds (> 0, default 1e-6); ``progress``: ``progress(stage, label, info)``, ``stage``
     "original" or "rescaled", called with an empty label when a stage starts, then as
-    `flatcli.run.checkpoint.measure_model`'s progress."""
+    `flatcli.run.measuring.measure_model`'s progress."""
 
     transform: str = opt("both", OneOf(*TRANSFORMS), "the rescalings")
     scale: float = opt(DEFAULT_SCALE, Real(1, None, text=False), "α in [1/scale, scale]")

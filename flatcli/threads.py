@@ -14,11 +14,16 @@ the defaults). flatcli therefore chooses the count itself:
 
 C is the number of CPUs this process may run on (its affinity mask, ``os.sched_getaffinity(0)``,
 else ``os.cpu_count()``). F, the free cores, is ``max(1, min(C, round(C − busy)))`` with ``busy``
-the cores of C that the machine keeps busy **now**: sampled from /proc/stat over
-``SAMPLE_SECONDS`` (0.2 s) while this process sleeps, less the CPU time this process's own
-threads took meanwhile (/proc/self/stat: a pool of threads spinning after a job is not other
-work), so it counts only other work (`busy_cores`); a job that ended a second ago costs no
-thread. Where /proc/stat is missing (macOS), the 1-minute load average less this process stands in. Why: on a loaded machine, more
+the cores of C that the machine keeps busy **now**: the busy share of /proc/stat's jiffies
+since flatcli was imported (`flatcli._cpu_mark`: the process's start-up, imports, config and
+loading, a second or more, with no sleep; at least ``SAMPLE_SECONDS``, 0.2 s, slept up to that),
+less the CPU time this process's own threads took meanwhile (/proc/self/stat: its own start-up,
+and a pool of threads spinning after a job, are not other work), so it counts only other work
+(`busy_cores`). A pool of another process spinning for a moment after its job (an OpenMP busy
+wait, a fraction of a second) is a small share of that window, where work that goes on fills it;
+a job that ended a second ago costs no thread. A mark older than ``MARK_MAX_AGE`` (a library
+session: not "now") or taken in another process (a forked child) gives way to a fresh sample
+of ``SAMPLE_SECONDS`` while this process sleeps. Where /proc/stat is missing (macOS), the 1-minute load average less this process stands in. Why: on a loaded machine, more
 threads than free cores make λmax several times slower than one thread, and a load average still
 counts jobs that ended up to a minute ago. W is ``workers`` when given, else
 ``LOCAL_WORLD_SIZE`` (set by torchrun for the processes of one machine), else 1. One sample
@@ -41,6 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import _cpu_mark
 from .validation import validate
 
 AUTO = "auto"
@@ -54,7 +60,8 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-SAMPLE_SECONDS = 0.2  # how long `busy_cores` watches the CPUs
+SAMPLE_SECONDS = 0.2  # how long `busy_cores` watches the CPUs, at least
+MARK_MAX_AGE = 10.0  # seconds after flatcli's import within which its mark starts the sample
 SAMPLE_REUSE = 2.0  # seconds one sample serves this process
 _last: dict = {}  # (time, cpus) -> busy: the last sample
 
@@ -110,24 +117,38 @@ def busy_cores(
     read=None,
     sleep=None,
     read_self=None,
+    since: tuple[float, str | None, str | None] | None = None,
+    clock=None,
 ) -> float | None:
     """How many of ``cpus`` (default: this process's) other work keeps busy now: the busy share of
-    their jiffies over ``seconds`` of /proc/stat (``read``: its text), less this process's own
-    jiffies over the same time (/proc/self/stat, ``read_self``: its text; by default only with
-    the default ``read``): this process sleeps, but its threads may spin after a job (an OpenMP
-    pool waits busy for a while), and that is no other work. None when /proc/stat cannot be
-    read. ``sleep``: `time.sleep` unless given."""
+    their jiffies over at least ``seconds`` of /proc/stat (``read``: its text), less this process's
+    own jiffies over the same time (/proc/self/stat, ``read_self``: its text; by default only
+    with the default ``read``): this process sleeps or starts up, and its threads may spin after a
+    job (an OpenMP pool waits busy for a while), and that is no other work. ``since``: (time on
+    ``clock``, /proc/stat text, /proc/self/stat text) read earlier, the start of the window (the
+    sleep is only what is left of ``seconds``); else the window starts now. None when /proc/stat
+    cannot be read. ``sleep``: `time.sleep`, ``clock``: `time.monotonic` unless given."""
     if read is None:
         read, read_self = read_proc_stat, read_self or read_self_stat
-    sleep = sleep or time.sleep
-    a, own_a = read(), own_jiffies(read_self()) if read_self else None
+    sleep, clock = sleep or time.sleep, clock or time.monotonic
+    if since is not None and since[1] is not None:
+        a, own_a = since[1], own_jiffies(since[2]) if read_self else None
+        wait = seconds - (clock() - since[0])
+    else:
+        a, own_a = read(), own_jiffies(read_self()) if read_self else None
+        wait = seconds
     if a is None:
         return None
-    sleep(seconds)
+    if wait > 0:
+        sleep(wait)
     b, own_b = read(), own_jiffies(read_self()) if read_self else None
     if b is None:
         return None
-    before, after = cpu_jiffies(a), cpu_jiffies(b)
+    return _busy_between(cpu_jiffies(a), cpu_jiffies(b), cpus, own_a, own_b)
+
+
+def _busy_between(before, after, cpus, own_a, own_b) -> float | None:
+    """`busy_cores` from two `cpu_jiffies` readings and this process's jiffies at each."""
     mine = [c for c in after if c in before and (cpus is None or c in cpus)]
     busy, ticks = 0.0, []
     for c in mine:
@@ -135,9 +156,20 @@ def busy_cores(
         if dt > 0:
             busy += min(1.0, max(0.0, (after[c][0] - before[c][0]) / dt))
             ticks.append(dt)
-    if own_a is not None and own_b is not None and ticks:
+    if own_a is not None and own_b is not None and own_b >= own_a and ticks:
         busy = max(0.0, busy - (own_b - own_a) / (sum(ticks) / len(ticks)))
     return busy if mine else None
+
+
+def start_mark(mark=None, now: float | None = None) -> tuple[float, str | None, str | None] | None:
+    """The (time, /proc/stat, /proc/self/stat) texts read when flatcli was imported
+    (`flatcli._cpu_mark.MARK`, or ``mark``), when they were read in this process at most
+    `MARK_MAX_AGE` seconds before ``now`` (default: `time.monotonic`); else None."""
+    at, pid, machine, own = mark if mark is not None else _cpu_mark.MARK
+    age = (time.monotonic() if now is None else now) - at
+    if machine is None or pid != os.getpid() or not 0 <= age <= MARK_MAX_AGE:
+        return None
+    return at, machine, own
 
 
 def _affinity() -> set[int] | None:
@@ -148,15 +180,15 @@ def _affinity() -> set[int] | None:
 
 
 def machine_load() -> float | None:
-    """The cores other work keeps busy now (`busy_cores`, one sample reused for `SAMPLE_REUSE`
-    seconds); where /proc/stat is missing the 1-minute load average less this process; None where
+    """The cores other work keeps busy now (`busy_cores` since flatcli's import, `start_mark`, or
+    over a fresh sample; one result reused for `SAMPLE_REUSE` seconds); where /proc/stat is missing the 1-minute load average less this process; None where
     the OS has neither."""
     cpus = _affinity()
     key = None if cpus is None else tuple(sorted(cpus))
     now = time.monotonic()
     if _last and _last["cpus"] == key and now - _last["at"] < SAMPLE_REUSE:
         return _last["busy"]
-    busy = busy_cores(cpus)
+    busy = busy_cores(cpus, since=start_mark())
     if busy is None:
         try:
             load = float(os.getloadavg()[0])

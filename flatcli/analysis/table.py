@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
-from ..run.readback import read_json
+from ..readback import read_json
 from ..run.results import METRICS, json_matches_csv, settle_pair
 from .expressions import Columns, evaluate_condition, nearest
 

@@ -6,7 +6,7 @@ threads=..., allow_unsafe_pickle=..., budget=...)`` (`flatcli.run.settings.RunOp
 ``runtime.*`` overrides, what the CLI's shared flags build) instead of separate keywords.
 
 Everything the CLI does goes through here; the CLI only parses and renders. One module per
-concern: `_shared` (configs, threads, selections), `measure`, `costs` (dry runs), `geometry`
+concern: `_setup` (configs, threads, selections), `measure`, `costs` (dry runs), `geometry`
 (landscapes, the invariance check), `sweeps` (sweep, collect, correlate), `report_page` (the HTML
 results page); every public name is here.
 
@@ -23,7 +23,7 @@ from ..loading.load import (  # noqa: F401  (re-exported: the Python API)
     load_model,
     manifest_train_data,
 )
-from ..run.checkpoint import (  # noqa: F401  (re-exported: the Python API)
+from ..run.measuring import (  # noqa: F401  (re-exported: the Python API)
     as_specs,
     check_finite_model,
     measure_job,
@@ -32,7 +32,7 @@ from ..run.checkpoint import (  # noqa: F401  (re-exported: the Python API)
 )
 from ..run.settings import MeasureOptions, RunOptions
 from ..tracking import Tracker, TrackOptions  # curvature during training
-from ._shared import load, select_measures, use_threads
+from ._setup import load, select_measures, use_threads
 from .costs import CostEstimate, estimate_costs
 from .geometry import ConnectView, InterpolateView, PCAView, SliceView, check_invariance, landscape
 from .measure import (
@@ -47,6 +47,7 @@ from .measure import (
 from .report_page import ReportPage, report
 from .sweeps import (
     SweepInterrupted,
+    SweepOptions,
     collect_frame,
     collect_report,
     correlate_frame,
@@ -70,6 +71,7 @@ __all__ = [
     "RunOptions",
     "SliceView",
     "SweepInterrupted",
+    "SweepOptions",
     "check_invariance",
     "collect_frame",
     "collect_report",
@@ -88,25 +90,3 @@ __all__ = [
     "sweep",
     "use_threads",
 ]
-
-# Old names, kept for one release: each warns and returns its new name's object.
-_RENAMED = {
-    "collect": "collect_report",
-    "correlate": "correlate_report",
-    "plan_costs": "estimate_costs",
-    "CostPlan": "CostEstimate",
-}
-
-
-def __getattr__(name: str):
-    if name in _RENAMED:
-        import warnings
-
-        new = _RENAMED[name]
-        warnings.warn(
-            f"flatcli.api.{name} is deprecated; use flatcli.api.{new}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return globals()[new]
-    raise AttributeError(f"module 'flatcli.api' has no attribute {name!r}")

@@ -12,11 +12,11 @@ from ..config import Config
 from ..errors import ExitCode, FlatcliError
 from ..loading.factory import model_dtype
 from ..loading.load import DataCache, load_model
-from ..run.checkpoint import COUNTERS, estimate_products, problem_dims
+from ..run.measuring import COUNTERS, estimate_products, problem_dims
 from ..run.memory import check_model, check_products
 from ..run.predict import Prediction, predict, time_products
 from ..run.settings import RunOptions, Settings
-from ._shared import _jobs_and_specs, load_run, takes_run
+from ._setup import _jobs_and_specs, load_run, takes_run
 
 
 @dataclass

@@ -14,32 +14,31 @@ from ..config import Config
 from ..errors import ConfigError
 from ..invariance import InvarianceOptions, check_invariance_model, needs_init, prepare_specs
 from ..landscape import (
+    ConnectResult,
+    ConnectView,
+    InterpolateView,
+    LazyTrajectory,
+    PCAView,
+    SliceView,
+    TrajectoryResult,
     connect_landscape,
     interpolation_landscape,
     slice_landscape,
-    write_connect_files,
-    write_files,
-)
-from ..landscape.connect import ConnectResult, ConnectView
-from ..landscape.interpolate import InterpolateView
-from ..landscape.output import write_trajectory_files
-from ..landscape.pca import (
-    LazyTrajectory,
-    PCAView,
-    TrajectoryResult,
     trajectory_landscape,
     trajectory_paths,
+    write_connect_files,
+    write_files,
+    write_trajectory_files,
 )
-from ..landscape.slices import SliceView
 from ..loading.checkpoints import check_state
 from ..loading.data import subset
 from ..loading.load import DataCache, load_init_state, load_model, manifest_train_data
-from ..run.checkpoint import check_finite_model, check_targets, versions
+from ..run.measuring import check_finite_model, check_targets, versions
 from ..run.preflight import check_settings
 from ..run.results import ensure_writable_dir
 from ..run.settings import RunOptions, Settings
 from ..threads import thread_choice
-from ._shared import _one_job, load_run, select_measures, takes_run, use_threads
+from ._setup import _one_job, load_run, select_measures, takes_run, use_threads
 
 VIEWS: dict[str, type] = {
     "slice": SliceView,

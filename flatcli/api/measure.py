@@ -14,13 +14,15 @@ from typing import Any
 from ..config import Config
 from ..engine import dist
 from ..errors import ConfigError, ExitCode, RankFailure, ResultsWriteError, budget_code, exit_code
+from ..extras import PLOT_HINT, have_matplotlib
 from ..keys import caps, data_fingerprints
-from ..landscape.plots import PLOT_HINT, have_matplotlib
 from ..loading.jobs import Job
 from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
+from ..locks import hold_folder
 from ..measures import MeasureResult, MeasureSpec, get_measure
-from ..run.checkpoint import first_checkpoint, measure_job, versions
+from ..run.kept import Reuse
+from ..run.measuring import first_checkpoint, measure_job, versions
 from ..run.results import (
     Row,
     check_still_there,
@@ -29,14 +31,12 @@ from ..run.results import (
     write_results,
     write_results_or_fallback,
 )
-from ..run.reuse import Reuse
 from ..run.settings import MeasureOptions, RunOptions, Settings
-from ..sweep.store import hold_folder
 from ..validation import Bool, Function, Optional, check_fields, opt
-from ._shared import _jobs_and_specs, load_run, takes_run, use_threads
-from .resume import REUSABLE as REUSABLE  # re-exported
-from .resume import measure_keys, prepare_resume, stored_key
-from .resume import previous_results as previous_results
+from ._setup import _jobs_and_specs, load_run, takes_run, use_threads
+from .previous import REUSABLE as REUSABLE  # re-exported
+from .previous import measure_keys, prepare_resume, stored_key
+from .previous import previous_results as previous_results
 
 
 @dataclass
@@ -185,7 +185,7 @@ def measure(
 
 
 def _hold(out: Path | None):
-    """Hold OUTDIR's lock while `measure` writes there (`flatcli.sweep.store.hold_folder`): a second
+    """Hold OUTDIR's lock while `measure` writes there (`flatcli.locks.hold_folder`): a second
     run into the same folder is refused with exit code 2; nothing to hold without a folder."""
     import contextlib
     import logging
@@ -314,7 +314,7 @@ class _Saver:
         return self.keys, self.reuse
 
     def stored_keys(self, row: Row) -> dict[str, str]:
-        """The keys the row's results are stored under (`flatcli.api.resume.stored_key`)."""
+        """The keys the row's results are stored under (`flatcli.api.previous.stored_key`)."""
         return {
             lab: stored_key(k, r.status if (r := row.results.get(lab)) else "", self.caps[lab])
             for lab, k in self.keys.items()
@@ -384,7 +384,7 @@ def _measure_all(
 ) -> list[Row]:
     """Every checkpoint's row (`measure`), the results written after each measure by ``saver``;
     Ctrl-C raises `MeasureInterrupted` once what finished is written. ``first``: the first
-    checkpoint's pre-flight (`flatcli.run.checkpoint.first_checkpoint`): it is not loaded again."""
+    checkpoint's pre-flight (`flatcli.run.measuring.first_checkpoint`): it is not loaded again."""
     rows: list[Row] = []
 
     def finished(row: Row, label: str) -> None:

@@ -19,9 +19,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..run.results import atomic_write, ensure_writable_dir, json_matches_csv
 from ..run.settings import RunOptions
-from ..sweep.collect import collect
-from ..sweep.store import PLAN_FILE, UNITS_DIR
-from ._shared import takes_run
+from ..sweep import PLAN_FILE, UNITS_DIR, collect
+from ._setup import takes_run
 from .sweeps import correlate_report
 
 LANDSCAPE_JSON = ("landscape.json", "pca.json", "connect.json")

@@ -1,8 +1,9 @@
-"""Sweeps and their tables: `sweep`, `collect_report`, `correlate_report` (and their DataFrame forms)."""
+"""Sweeps and their tables: `sweep` (with `SweepOptions`), `collect_report`, `correlate_report` (and their DataFrame forms)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +11,10 @@ from ..config import Config
 from ..errors import ConfigError
 from ..run.results import ensure_writable_dir
 from ..run.settings import RunOptions
-from ..sweep.collect import collect as _collect
-from ..sweep.runner import SweepInterrupted as SweepInterrupted
-from ..sweep.runner import SweepOptions, run_sweep
-from ..sweep.worker import default_log
-from ._shared import _jobs_and_specs, load_run, takes_run
+from ..sweep import SweepInterrupted as SweepInterrupted
+from ..sweep import SweepOptions, default_log, old_output_warning, output_csv, run_sweep
+from ..sweep import collect as _collect
+from ._setup import _jobs_and_specs, load_run, takes_run
 
 
 # ------------------------------------------------------------------ sweeps, collect, correlate
@@ -26,10 +26,10 @@ def sweep(
     checkpoints: Sequence[str] | None = None,
     measures: Sequence[str] | str | None = None,
     run: RunOptions | None = None,
+    options: SweepOptions | Mapping[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
     on_unit: Callable[[dict[str, Any]], None] | None = None,
-    debug: bool = False,
-    **options: Any,
+    **old_options: Any,
 ):
     """Measure every checkpoint of a config as resumable units of work in ``outdir``.
 
@@ -53,19 +53,19 @@ def sweep(
         ``run.threads`` sizes each local worker's threads (``auto``: ``OMP_NUM_THREADS`` when
         set, else free cores ÷ workers); ``run.budget`` gives each unit its fixed share of one
         checkpoint's budget.
+    options : SweepOptions or mapping, optional
+        How the sweep runs, the flags of ``flatcli sweep``: ``SweepOptions(workers=2)``,
+        ``SweepOptions(gpus="all")``, ``SweepOptions(shard="0/4")``,
+        ``SweepOptions(executor="slurm", tasks=32, slurm={...})``, ``resume``,
+        ``retry_failed``, ``dry_run``, ``lock_timeout``, ``debug`` (see `SweepOptions`). A
+        mapping of the same fields is accepted; an unknown key is a `ConfigError` naming it.
     log : callable, optional
         ``log(line)`` for progress lines (default: stderr).
     on_unit : callable, optional
         ``on_unit(record)`` after each finished unit.
-    debug : bool
-        Re-raise a failed unit's exception.
-    **options
-        The flags of ``flatcli sweep`` (`flatcli.sweep.runner.SweepOptions`): ``resume``
-        (default True), ``retry_failed``, ``gpus`` (``"all"`` or ``"0,1"``: one worker per
-        GPU), ``workers`` (CPU workers), ``shard`` (``(i, n)`` or ``"i/n"``), ``executor``
-        (``"slurm"``: a job array through submitit, with ``tasks``, ``slurm`` parameters,
-        ``wait``, ``cluster``; ``"local-array"``: that array run on this machine by submitit's
-        local executor), ``dry_run``, ``lock_timeout``.
+    **old_options
+        The options as keywords of their own (``workers=2``, ``debug=True``): deprecated, with
+        a `FutureWarning`, until the next release; use ``options=SweepOptions(...)``.
 
     Returns
     -------
@@ -79,7 +79,7 @@ def sweep(
         On Ctrl-C, once the workers stopped (their units in flight released); its ``report``
         counts the finished units. Rerunning the same sweep resumes.
     """
-    opts = SweepOptions(**options)
+    opts = _sweep_options(options, old_options)
     cfg = load_run(config, run)
     jobs, specs = _jobs_and_specs(cfg, checkpoints, measures)
     out = cfg.output_dir(outdir)
@@ -93,8 +93,27 @@ def sweep(
         opts,
         log=default_log if log is None else log,
         on_unit=on_unit,
-        debug=debug,
     )
+
+
+def _sweep_options(options, old_options: dict[str, Any]) -> SweepOptions:
+    """The `SweepOptions` of ``options``, or of the deprecated keywords (with a `FutureWarning`)."""
+    if not old_options:
+        return SweepOptions.of(options)
+    if options is not None:
+        raise ConfigError(
+            f"sweep() takes `options` or keywords {', '.join(old_options)}, not both: "
+            "put them in options=SweepOptions(...)"
+        )
+    opts = SweepOptions.of(old_options)  # an unknown keyword is a ConfigError naming it
+    given = ", ".join(f"{k}={v!r}" for k, v in old_options.items())
+    warnings.warn(
+        f"sweep()'s option keywords are deprecated and accepted until the next release: "
+        f"use options=SweepOptions({given})",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return opts
 
 
 def collect_report(outdir: str | Path, output: str | Path | None = None):
@@ -105,7 +124,9 @@ def collect_report(outdir: str | Path, output: str | Path | None = None):
     outdir : str or Path
         The sweep folder.
     output : str or Path, optional
-        Where results.csv goes (results.json beside it); default ``outdir/results.csv``.
+        The folder results.csv and results.json go into (created if missing), as every command's
+        output folder; default ``outdir``. A CSV path (a name ending in ``.csv``, or an existing
+        file) is still accepted, with a `FutureWarning`, until the next release.
 
     Returns
     -------
@@ -113,9 +134,12 @@ def collect_report(outdir: str | Path, output: str | Path | None = None):
         The rows (the columns of `measure`'s results.csv), the unfinished units, the unreadable
         files and the exit code; ``to_pandas()`` is the table (see `collect_frame`).
     """
+    csv_path, old_form = output_csv(outdir, output)
+    if old_form:
+        warnings.warn(old_output_warning(output), FutureWarning, stacklevel=2)
     if output is not None:
-        ensure_writable_dir(Path(output).expanduser().parent, "the folder of --output")
-    return _collect(outdir, output)
+        ensure_writable_dir(csv_path.parent, "output directory")
+    return _collect(outdir, csv_path)
 
 
 def collect_frame(outdir: str | Path, output: str | Path | None = None):
@@ -126,7 +150,7 @@ def collect_frame(outdir: str | Path, output: str | Path | None = None):
     outdir : str or Path
         The sweep folder.
     output : str or Path, optional
-        Where results.csv goes, as in `collect_report`.
+        The folder results.csv goes into, as in `collect_report`.
 
     Returns
     -------

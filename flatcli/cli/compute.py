@@ -494,11 +494,7 @@ def sweep(
         budget=budget,
     )
     try:
-        report = api.sweep(
-            config,
-            outdir,
-            measures=measures,
-            run=run,
+        options = api.SweepOptions(
             gpus=gpus,
             workers=workers,
             shard=shard,
@@ -508,12 +504,12 @@ def sweep(
             dry_run=dry_run,
             lock_timeout=lock_timeout,
             tasks=tasks,
-            slurm=parse_slurm_params(slurm),
+            slurm=parse_slurm_params(slurm) if slurm else None,
             cluster=cluster,
             wait=wait,
-            log=log,
             debug=debug,
         )
+        report = api.sweep(config, outdir, measures=measures, run=run, options=options, log=log)
     except api.SweepInterrupted as e:  # said once, here: the workers stop without a word
         err_console.print(
             f"{e}; resume with: {rerun_command(ctx, drop=('resume',))}",
@@ -548,15 +544,27 @@ def collect(
         typer.Option(
             "--output",
             "-o",
-            help="CSV to write (default OUTDIR/results.csv; a .json goes beside it).",
+            help="Output folder: results.csv and results.json go inside (default OUTDIR). "
+            "A CSV path is still accepted, with a warning, until the next release.",
         ),
     ] = None,
     debug: DebugOpt = False,
 ):
     """Merge a sweep's unit files into results.csv (the columns of 'flatcli measure')."""
+    import warnings
+
     from .. import api  # lazy: CLI start-up (loads torch)
 
-    rep = api.collect_report(outdir, output)
+    with warnings.catch_warnings(record=True) as said:  # the old -o form: one line on stderr
+        warnings.simplefilter("always", FutureWarning)
+        rep = api.collect_report(outdir, output)
+    for w in said:
+        if issubclass(w.category, FutureWarning):
+            err_console.print(
+                f"warning: {w.message}", highlight=False, soft_wrap=True, markup=False
+            )
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     n_err = sum(r.status == "error" for r in rep.rows)
     console.print(
         f"wrote {rep.csv_path} and {rep.json_path}: {len(rep.rows)} checkpoints × {len(rep.labels)} measures, "

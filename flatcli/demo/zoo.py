@@ -15,7 +15,7 @@ from .. import api
 from ..analysis.rendering import notes, render_table
 from ..config import safe_yaml
 from ..console import fit_width, print_table, render_rows
-from ..landscape.plots import have_matplotlib
+from ..extras import have_matplotlib
 from ..measures import list_measures
 from ..training import (
     LossTarget,
@@ -170,8 +170,8 @@ def run_demo(
         cfg_path,
         sweep_dir,
         measures=measures,
-        workers=workers,
         run=api.RunOptions(device="cpu", threads=threads),
+        options=api.SweepOptions(workers=workers),
         log=log,
     )
     console.print(
@@ -181,7 +181,7 @@ def run_demo(
     )
     t2 = time.perf_counter()
     results = outdir / "results"
-    col = api.collect_report(sweep_dir, results / "results.csv")
+    col = api.collect_report(sweep_dir, results)
     width = fit_width(console, wide)
     print_table(console, render_rows(col.rows, col.labels, width), wide)
     tt = Table(

@@ -1,11 +1,12 @@
 """``python -m flatcli.experiments NAME [options]``: an alias of ``flatcli experiments run NAME
-[options]`` (and ``python -m flatcli.experiments list`` of ``flatcli experiments list``)."""
+[options]`` (and ``python -m flatcli.experiments list`` of ``flatcli experiments list``), through
+the one entry point `flatcli.__main__`."""
 
 from __future__ import annotations
 
 import sys
 
-from ..cli import main as cli_main
+from .. import __main__ as entry
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -13,7 +14,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] not in ("list", "run", "--help"):
         args = ["run", *args]
-    cli_main(["experiments", *args])
+    entry.run(["experiments", *args])
 
 
 if __name__ == "__main__":

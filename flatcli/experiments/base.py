@@ -35,8 +35,8 @@ from .. import api
 from ..analysis.compare import compare_measures
 from ..analysis.table import as_table, filter_rows
 from ..errors import ConfigError, MeasurementError
-from ..landscape.plots import have_matplotlib
-from ..run.readback import read_json
+from ..extras import have_matplotlib
+from ..readback import read_json
 from ..run.results import read_table, write_table
 from ..training import (
     TrainRecord,
@@ -290,12 +290,13 @@ class Experiment:
         path and the sweep's exit code (1 when a unit failed: its row carries the error)."""
         cfg = api.load(cfg_path)
         cpu = cfg.runtime.device == "cpu"
-        rep = api.sweep(cfg_path, sd / "sweep", workers=self.jobs if cpu and self.jobs > 1 else None,
+        workers = self.jobs if cpu and self.jobs > 1 else None
+        rep = api.sweep(cfg_path, sd / "sweep", options=api.SweepOptions(workers=workers),
                         log=lambda m: self.log("  " + m))  # fmt: skip
         self.log(
             f"  sweep: {rep.lines[0]}; {rep.computed} computed, {rep.errors} with errors ({rep.seconds:.0f}s)"
         )
-        col = api.collect_report(sd / "sweep", sd / "results" / "results.csv")
+        col = api.collect_report(sd / "sweep", sd / "results")
         if col.missing:
             raise MeasurementError(
                 f"{study.name}: {len(col.missing)} units of the sweep did not finish; rerun the command to resume"

@@ -22,15 +22,16 @@ from .connect import ConnectResult, ConnectView, connect_landscape
 from .directions import filter_norms, normalize_direction, random_direction
 from .evaluate import PointEvaluator, ViewOptions
 from .interpolate import InterpolateView, interpolation_landscape
+from .loss_grid import LandscapeResult, summarize
 from .output import write_connect_files, write_files, write_trajectory_files
 from .pca import (
+    LazyTrajectory,
     PCAView,
     TrajectoryResult,
     trajectory_landscape,
     trajectory_paths,
     trajectory_pca,
 )
-from .result import LandscapeResult, summarize
 from .slices import SliceView, axis_grid, parse_span, slice_landscape
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "ConnectView",
     "InterpolateView",
     "LandscapeResult",
+    "LazyTrajectory",
     "PCAView",
     "PointEvaluator",
     "SliceView",

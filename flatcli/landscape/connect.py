@@ -37,7 +37,7 @@ statistics, not with their stored ones.
 
 **Barrier** of each path (the summary's ``line_train_loss_barrier``,
 ``curve_train_loss_barrier``, and the same for the test loss and the errors),
-as for the interpolation (`flatcli.landscape.result.summarize`):
+as for the interpolation (`flatcli.landscape.loss_grid.summarize`):
 
 .. math:: B = \max_{t \in [0, 1]} L(\theta(t)) - \max(L(\theta(0)), L(\theta(1))) \;\ge 0.
 
@@ -75,7 +75,7 @@ from .evaluate import (
     problem_kwargs,
     split_problems,
 )
-from .result import LandscapeResult, summarize
+from .loss_grid import LandscapeResult, summarize
 from .slices import axis_grid
 
 BEND_OPTIMIZERS = ("adam", "sgd")

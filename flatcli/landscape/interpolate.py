@@ -37,7 +37,7 @@ from ..errors import ConfigError
 from ..run.settings import Settings
 from ..validation import Integral, check_fields, opt
 from .evaluate import ViewOptions, evaluate_splits, problem_kwargs, split_problems
-from .result import LandscapeResult, summarize
+from .loss_grid import LandscapeResult, summarize
 from .slices import axis_grid, parse_span
 
 DEFAULT_SPAN = (-0.5, 1.5)

@@ -16,10 +16,10 @@ import torch
 
 from ..run.results import atomic_write
 from .connect import ConnectResult
+from .loss_grid import LandscapeResult
 from .pathplots import plot_connect, plot_trajectory
 from .pca import TrajectoryResult
 from .plots import draw_if_available, plot_result
-from .result import LandscapeResult
 
 
 def write_files(res: LandscapeResult, outdir: str | Path, plots: bool = True) -> dict[str, Path]:

@@ -72,7 +72,7 @@ from ..run.results import jsonable
 from ..run.settings import Settings
 from ..validation import Bool, Integral, OneOf, check_fields, opt
 from .evaluate import Progress, ViewOptions, evaluate_splits, problem_kwargs, split_problems
-from .result import LandscapeResult, summarize
+from .loss_grid import LandscapeResult, summarize
 from .slices import axis_grid, direction_chunks, grid_coefficients, parse_span
 
 PCA_SOLVERS = ("auto", "full", "randomized")

@@ -19,24 +19,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # annotations only: output.py imports both
-    from .result import LandscapeResult
+from ..extras import PLOT_HINT as PLOT_HINT  # re-exported: the landscape's plots skip with it
+from ..extras import have_matplotlib
 
-PLOT_HINT = "matplotlib is not installed: pip install 'flatcli[plot]' for PNG plots"
+if TYPE_CHECKING:  # annotations only: output.py imports both
+    from .loss_grid import LandscapeResult
+
 FILES = {
     "1d": {"line": "slice_1d.png"},
     "2d": {"contour": "slice_2d_contour.png", "surface": "slice_2d_surface.png"},
     "interpolation": {"line": "interpolation.png"},
 }
-
-
-def have_matplotlib() -> bool:
-    """Whether matplotlib can be imported (plots are skipped with `PLOT_HINT` otherwise)."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _figure(w: float = 6.0, h: float = 4.4):

@@ -35,7 +35,7 @@ from ..run.settings import Settings
 from ..validation import BIAS_BN, Integral, OneOf, check_fields, opt
 from .directions import cosine, random_direction
 from .evaluate import ViewOptions, evaluate_splits, problem_kwargs, split_problems
-from .result import LandscapeResult, summarize
+from .loss_grid import LandscapeResult, summarize
 
 DEFAULT_SPAN = (-1.0, 1.0)
 

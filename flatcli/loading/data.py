@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib.util
 import os
 import random
 import zipfile
@@ -196,22 +197,47 @@ def _load_imagefolder(src, base_dir: Path, where: str):
     return _stack_dataset(ds, where)
 
 
-def digits_split(split: str):
-    """scikit-learn's digits with flatcli's fixed stratified 70/30 split."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+DIGITS_SPLIT = Path(__file__).with_name("digits_split.txt")  # the split's row order, frozen
 
-    d = load_digits()
-    x = d.data.astype(np.float32) / 16.0
-    y = d.target.astype(np.int64)
-    xtr, xte, ytr, yte = train_test_split(
-        x, y, test_size=DIGITS_TEST_FRACTION, random_state=0, stratify=y
-    )
-    if split == "train":
-        return torch.from_numpy(xtr), torch.from_numpy(ytr)
-    if split == "test":
-        return torch.from_numpy(xte), torch.from_numpy(yte)
-    raise ConfigError(f"digits split must be 'train' or 'test'. Got {split!r} instead.")
+
+def digits_split(split: str):
+    """scikit-learn's digits with flatcli's fixed stratified 70/30 split: the rows in the order
+    ``train_test_split(test_size=0.3, random_state=0, stratify=y)`` gives them, kept in
+    `DIGITS_SPLIT` (a test checks them against scikit-learn). The images are read from
+    scikit-learn's bundled file without importing scikit-learn (~1 s of a process's start-up);
+    where that file is not found, through ``sklearn.datasets.load_digits``."""
+    if split not in ("train", "test"):
+        raise ConfigError(f"digits split must be 'train' or 'test'. Got {split!r} instead.")
+    x, y = _digits()
+    rows = torch.as_tensor(_digits_rows()[split])
+    return x[rows], y[rows]
+
+
+@functools.cache
+def _digits_rows() -> dict[str, list[int]]:
+    out = {}
+    for line in DIGITS_SPLIT.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, *rows = line.split()
+            out[name] = [int(r) for r in rows]
+    return out
+
+
+def _digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """All 1,797 digits: x (floats in [0, 1], shape (1797, 64)) and y, in scikit-learn's order."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = Path(roots[0], "datasets", "data", "digits.csv.gz") if roots else None
+    if path is not None and path.is_file():
+        data = np.loadtxt(path, delimiter=",")  # what load_digits reads
+        images, target = data[:, :-1], data[:, -1].astype(int)
+    else:
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        images, target = d.data, d.target
+    x = torch.from_numpy(images.astype(np.float32) / 16.0)
+    return x, torch.from_numpy(target.astype(np.int64))
 
 
 MNIST1D_DEFAULT_SAMPLES = 5000

@@ -57,7 +57,7 @@ class RunOptions:
     The entry points take no separate ``device``/``precision``/``seed``/``threads``/
     ``allow_unsafe_pickle``/``budget`` keywords: passing one raises a TypeError that names
     ``run=RunOptions(...)`` (one object rather than a block of keywords repeated in every
-    signature; see `flatcli.api._shared.takes_run`).
+    signature; see `flatcli.api._setup.takes_run`).
 
     Parameters
     ----------

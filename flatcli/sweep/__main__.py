@@ -1,7 +1,9 @@
-"""``python -m flatcli.sweep OUTDIR [--shard I/N] ...``: an alias of ``flatcli sweep-worker`` (one worker)."""
+"""``python -m flatcli.sweep OUTDIR [--shard I/N] ...``: an alias of ``flatcli sweep-worker`` (one
+worker), through the one entry point `flatcli.__main__`."""
 
 import sys
 
-from ..cli import main
+from .. import __main__ as entry
 
-main(["sweep-worker", *sys.argv[1:]])
+if __name__ == "__main__":
+    entry.run(["sweep-worker", *sys.argv[1:]])

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import INCOMPLETE, ConfigError, ExitCode, exit_code
-from ..run.checkpoint import versions
+from ..run.measuring import versions
 from ..run.results import Row, to_frame, write_pair
 from .plan import Plan, load_plan
 from .store import (
@@ -17,6 +17,8 @@ from .store import (
     Store,
     row_from_records,
 )
+
+RESULTS_CSV = "results.csv"  # the name `flatcli measure` writes in its output folder
 
 
 # ------------------------------------------------------------------ collect
@@ -48,8 +50,33 @@ class CollectReport:
         return exit_code(self.rows) or (INCOMPLETE if self.missing else ExitCode.OK)
 
 
-def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) -> CollectReport:
-    """Merge the unit files of ``outdir`` into ``results.csv`` (+ ``results.json`` beside it).
+def output_csv(outdir: str | os.PathLike, output: str | os.PathLike | None) -> tuple[Path, bool]:
+    """Where collect writes its CSV, and whether ``output`` is the old form.
+
+    ``output`` is a folder, as every command's ``-o``: ``output/results.csv`` (default ``outdir``).
+    The old form, a CSV path (a name ending in ``.csv`` that is not a folder, or an existing file),
+    is itself the CSV path (True: accepted for one release, with a deprecation warning)."""
+    if output is None:
+        return Path(outdir) / RESULTS_CSV, False
+    path = Path(output).expanduser()
+    if path.is_file() or (path.suffix.lower() == ".csv" and not path.is_dir()):
+        return path, True
+    return path / RESULTS_CSV, False
+
+
+def old_output_warning(output: str | os.PathLike) -> str:
+    """The deprecation warning of a CSV path given as collect's output."""
+    return (
+        f"a CSV path as collect's output ({output}) is deprecated and accepted until the next "
+        "release: -o/--output is a folder, as in every command; use `flatcli collect OUTDIR -o "
+        "FOLDER` (`collect_report(outdir, FOLDER)`), which writes FOLDER/results.csv and "
+        "FOLDER/results.json"
+    )
+
+
+def collect(outdir: str | os.PathLike, csv_path: str | os.PathLike | None = None) -> CollectReport:
+    """Merge the unit files of ``outdir`` into ``csv_path`` (default ``outdir/results.csv``; its
+    ``.json`` beside it).
 
     Rows follow the plan's checkpoint order and have the same columns as ``flatcli measure``'s.
     Units missing from the plan's list are reported; unit files of older plans are ignored.
@@ -68,7 +95,7 @@ def collect(outdir: str | os.PathLike, output: str | os.PathLike | None = None) 
     labels, by_ckpt = grouped.labels, grouped.by_ckpt
     rows = [row_from_records(c, labels, by_ckpt[i], hp) for i, (c, hp) in enumerate(grouped.order)]
     seconds, devices = _seconds_and_devices(by_ckpt, labels)
-    csv_path = Path(output) if output is not None else outdir / "results.csv"
+    csv_path = Path(csv_path) if csv_path is not None else outdir / RESULTS_CSV
     json_path = csv_path.with_suffix(".json")
     meta_cfg = grouped.meta_cfg
     meta = {

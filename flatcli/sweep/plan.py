@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from ..keys import caps, content_hash, data_fingerprints, file_fingerprint, measure_hash, unit_id
 from ..loading.jobs import Job
 from ..measures import Dims, MeasureSpec
-from ..run.readback import Unreadable, read_json
+from ..readback import Unreadable, read_json
 from ..run.results import atomic_write
 from ..run.shares import least_work
 from ..schema import PLAN, mismatch

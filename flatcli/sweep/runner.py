@@ -12,7 +12,7 @@ or as one task of a SLURM array (`run_shard_task`, submitted through submitit).
 
 A worker walks its units (all of them, or those of its ``--shard I/N``), skips
 finished ones, claims the next with a lock file (created whole: `create_lock_file`), measures it
-(`flatcli.run.checkpoint.measure_job` with that one measure), writes the unit's row file
+(`flatcli.run.measuring.measure_job` with that one measure), writes the unit's row file
 atomically and releases the lock. Units locked by a live worker are left to it;
 locks of dead workers (same host) or without a heartbeat for ``lock_timeout``
 seconds are broken.
@@ -21,7 +21,7 @@ Why one unit per checkpoint × measure rather than per checkpoint: adding a meas
 or changing one measure's options recomputes only that measure's units; expensive
 measures spread over workers instead of one worker holding a whole checkpoint; a
 crash loses one measure, not a checkpoint's worth. A worker keeps the checkpoint of its
-last unit (`flatcli.run.reuse.CheckpointCache`): consecutive units of one checkpoint load it and
+last unit (`flatcli.run.kept.CheckpointCache`): consecutive units of one checkpoint load it and
 evaluate its train/test metrics once (and the seeds make each measure's value independent of
 the others, so the collected table equals ``flatcli measure``'s).
 """
@@ -29,6 +29,7 @@ the others, so the collected table equals ``flatcli measure``'s).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import shlex
 import shutil
@@ -37,7 +38,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,17 +47,27 @@ from ..errors import ConfigError, ExitCode, MeasurementError, exit_code_of
 from ..loading.jobs import Job, coerce_cell
 from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
+from ..locks import DEFAULT_LOCK_TIMEOUT
 from ..measures import MeasureSpec
-from ..run.checkpoint import first_checkpoint
+from ..run.measuring import first_checkpoint
 from ..run.settings import Settings
 from ..threads import apply_threads, choose_threads, thread_choice
-from ..validation import EXECUTORS, Integral, OneOf, message
-from .plan import Plan, Unit, balance, build_plan, unit_costs, write_plan
-from .store import (
-    DEFAULT_LOCK_TIMEOUT,
-    Store,
-    parse_shard,
+from ..validation import (
+    EXECUTORS,
+    Bool,
+    Either,
+    Integral,
+    Kind,
+    OneOf,
+    Optional,
+    Real,
+    Str,
+    check_fields,
+    message,
+    opt,
 )
+from .plan import Plan, Unit, balance, build_plan, unit_costs, write_plan
+from .store import Store, parse_shard
 from .worker import POOL_ENV, Progress, WorkerArgs, default_log, run_shard_task, run_worker
 
 
@@ -211,38 +222,83 @@ def worker_slots(
     ]
 
 
+_FLAG = Bool()
+
+
 @dataclass(frozen=True)
 class SweepOptions:
-    """How a sweep runs: the options of ``flatcli sweep`` (see `flatcli.api.sweep`)."""
+    """How a sweep runs: the options of ``flatcli sweep`` (``flatcli.api.sweep(..., options=)``),
+    validated at construction (a bad value is a `ConfigError` naming the field; `of` also names an
+    unknown key of a mapping).
 
-    gpus: str | None = None
-    workers: int | None = None
-    shard: tuple[int, int] | str | None = None
-    executor: str = "local"
-    resume: bool = True
-    retry_failed: bool = False
-    dry_run: bool = False
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
-    tasks: int | None = None
-    slurm: dict[str, Any] | None = None
-    cluster: str = "slurm"
-    wait: bool = False
+    ``gpus``: ``"all"`` or GPU indices ``"0,1"``, one worker process per GPU; ``workers``: CPU
+    worker processes (default 1); ``shard``: ``(i, n)`` or ``"i/n"``, only shard i of n;
+    ``executor``: ``local`` (worker processes here), ``slurm`` (a job array through submitit,
+    with ``tasks``, ``slurm`` parameters, ``wait`` and ``cluster``) or ``local-array`` (that array
+    run on this machine by submitit's local executor); ``resume``: skip finished units;
+    ``retry_failed``: rerun units that finished with an error; ``dry_run``: say what would run,
+    run nothing; ``lock_timeout``: seconds without a heartbeat after which another worker's lock
+    is stale; ``debug``: print a failed measurement's traceback (its unit still records the
+    error)."""
+
+    gpus: str | None = opt(None, Optional(Str()), "'all' or GPU indices like '0,1'")
+    workers: int | None = opt(None, Optional(Integral(1)), "CPU worker processes")
+    shard: tuple[int, int] | str | None = opt(
+        None,
+        Optional(Either(Str(), Kind(tuple, list, words="a pair (i, n)"))),
+        "only shard i of n: (i, n) or 'i/n'",
+    )
+    executor: str = opt("local", OneOf(*EXECUTORS), "where the workers run")
+    resume: bool = opt(True, _FLAG, "skip finished units")
+    retry_failed: bool = opt(False, _FLAG, "rerun units that finished with an error")
+    dry_run: bool = opt(False, _FLAG, "say what would run; run nothing")
+    lock_timeout: float = opt(
+        DEFAULT_LOCK_TIMEOUT, Real(0, None, "neither"), "seconds before a silent lock is stale"
+    )
+    tasks: int | None = opt(None, Optional(Integral(1)), "slurm: array tasks")
+    slurm: dict[str, Any] | None = opt(
+        None, Optional(Kind(dict, words="a mapping of submitit parameters")), "slurm: parameters"
+    )
+    cluster: str = opt("slurm", Str(), "submitit backend: slurm, local or debug")
+    wait: bool = opt(False, _FLAG, "slurm: wait for the array to finish")
+    debug: bool = opt(False, _FLAG, "print a failed measurement's traceback")
 
     def __post_init__(self):
-
-        if isinstance(self.shard, str):
-            object.__setattr__(self, "shard", parse_shard(self.shard))
-        if self.executor not in EXECUTORS:
-            raise ConfigError(message("`executor`", OneOf(*EXECUTORS), self.executor))
-        if self.lock_timeout <= 0:
-            raise ConfigError(
-                f"`lock_timeout` must be > 0 seconds. Got {self.lock_timeout} instead."
-            )
+        check_fields(self)
+        if self.shard is not None:
+            shard = self.shard if isinstance(self.shard, str) else "/".join(map(str, self.shard))
+            object.__setattr__(self, "shard", parse_shard(shard))
         if self.executor != "local" and self.shard is not None:
             raise ConfigError(
                 f"`shard` and `executor` {self.executor} are exclusive: the job array makes its "
                 "own shards"
             )
+
+    @classmethod
+    def of(cls, options: SweepOptions | Mapping[str, Any] | None) -> SweepOptions:
+        """``options`` as a `SweepOptions`: itself, the defaults for None, or built from a mapping
+        of its fields (an unknown key is a one-line `ConfigError` naming it)."""
+        if options is None:
+            return cls()
+        if isinstance(options, cls):
+            return options
+        if not isinstance(options, Mapping):
+            raise ConfigError(
+                message("`options`", Kind(cls, dict, words="a SweepOptions or a mapping"), options)
+            )
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in options:
+            if key not in names:
+                hint = difflib.get_close_matches(str(key), names, n=1)
+                raise ConfigError(
+                    f"Unknown sweep option {key!r}. "
+                    + (
+                        f"Did you mean {hint[0]!r}?"
+                        if hint
+                        else f"Valid options: {', '.join(names)}."
+                    )
+                )
+        return cls(**options)
 
 
 def _worker_args(opts: SweepOptions, start: float, sweep_id: str | None = None) -> WorkerArgs:
@@ -322,10 +378,10 @@ def run_sweep(
     *,
     log: Callable[[str], None] | None = default_log,
     on_unit: Callable[[dict[str, Any]], None] | None = None,
-    debug: bool = False,
 ) -> SweepReport:
     """Plan the sweep into ``outdir`` and run (or submit, or describe) its workers."""
     opts = opts or SweepOptions()
+    debug = opts.debug
     t_start = time.time()
     t0 = time.perf_counter()
     outdir = Path(outdir)

@@ -1,5 +1,5 @@
 """A sweep worker: walks its units (all, or a shard's), claims each with a lock file, measures it
-(`flatcli.run.checkpoint.measure_job` with that one measure) and writes its row atomically; also the
+(`flatcli.run.measuring.measure_job` with that one measure) and writes its row atomically; also the
 hidden ``flatcli sweep-worker`` entry point and the SLURM task."""
 
 from __future__ import annotations
@@ -21,19 +21,13 @@ from ..errors import ConfigError
 from ..loading.jobs import Job
 from ..loading.load import DataCache
 from ..loading.text import TOKENIZED_DIR
-from ..run import reuse
-from ..run.checkpoint import measure_job
+from ..locks import DEFAULT_LOCK_TIMEOUT, Heartbeat, Lock
+from ..run import kept
+from ..run.measuring import measure_job
 from ..run.settings import MeasureOptions, Settings
 from ..threads import apply_threads, choose_threads
 from .plan import Plan, Unit, load_plan
-from .store import (
-    DEFAULT_LOCK_TIMEOUT,
-    Heartbeat,
-    Lock,
-    Store,
-    parse_shard,
-    unit_record,
-)
+from .store import Store, parse_shard, unit_record
 
 DELAY_ENV = "FLATCLI_SWEEP_UNIT_DELAY"  # test hook: seconds to sleep inside every unit
 POOL_ENV = "FLATCLI_SWEEP_POOL_WORKER"  # set by a local pool's coordinator in its workers
@@ -231,7 +225,7 @@ class _WorkerLoop:
         import torch
 
         if self.keep is None:
-            self.keep = reuse.CheckpointCache()
+            self.keep = kept.CheckpointCache()
         with Heartbeat(lock, self.args.lock_timeout / 4):
             t0 = time.perf_counter()
             if self.delay:
@@ -245,7 +239,7 @@ class _WorkerLoop:
                 self.data,
                 self.settings,
                 MeasureOptions(debug=self.debug),
-                reuse.Reuse(budget_among=[plan.spec(lab) for lab in plan.labels], keep=self.keep),
+                kept.Reuse(budget_among=[plan.spec(lab) for lab in plan.labels], keep=self.keep),
             )
             rec = unit_record(
                 uid=u.id,

@@ -39,7 +39,7 @@ from ..engine.problem import eval_mode, nonfinite_tensors, not_finite
 from ..errors import ConfigError
 from ..measures import MeasureContext, MeasureSpec, run_measure
 from ..measures.during_training import TRACKED_BY_DEFAULT
-from ..run.checkpoint import as_specs, check_targets, describe_error
+from ..run.measuring import as_specs, check_targets, describe_error
 from ..run.results import Row
 from ..validation import Bool, Integral, Optional, Real, check_fields, opt
 from .schedule import Schedule

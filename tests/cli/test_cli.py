@@ -323,7 +323,7 @@ def test_usage_errors_are_one_line_with_exit_code_2(args, message):
 def test_an_unusable_output_directory_fails_before_any_work(
     project, tmp_path, command, monkeypatch
 ):
-    import flatcli.run.checkpoint as pipeline
+    import flatcli.run.measuring as pipeline
 
     afile = tmp_path / "afile"
     afile.write_text("not a folder")
@@ -332,7 +332,7 @@ def test_an_unusable_output_directory_fails_before_any_work(
     args = {
         "measure": ["measure", "-c", project, "-o", afile / "sub"],
         "sweep": ["sweep", "-c", project, "-o", afile / "sub"],
-        "collect": ["collect", tmp_path, "-o", afile / "sub" / "results.csv"],
+        "collect": ["collect", tmp_path, "-o", afile / "sub"],
         "correlate": ["correlate", tmp_path / "r.csv", "-o", afile / "sub"],
     }[command]
     res = run(*args)
@@ -493,7 +493,7 @@ def test_progress_inside_measures_and_one_line_per_stage_in_logs(project, tmp_pa
 
 
 def test_dry_run_prints_the_planned_products_and_measures_nothing(project, tmp_path, monkeypatch):
-    import flatcli.run.checkpoint as pipeline
+    import flatcli.run.measuring as pipeline
 
     monkeypatch.setattr(
         pipeline, "measure_model", lambda *a, **k: pytest.fail("measured in a dry run")
@@ -576,3 +576,36 @@ def test_a_directory_given_as_a_checkpoint_is_named_as_one(project, tmp_path):
         res
     )
     assert "file not found" not in out(res)
+
+
+@pytest.mark.parametrize(
+    "module, argv, expected",
+    [
+        ("flatcli.sweep", ["out", "--shard", "0/2"], ["sweep-worker", "out", "--shard", "0/2"]),
+        (
+            "flatcli.experiments",
+            ["random_labels", "--quick"],
+            ["experiments", "run", "random_labels", "--quick"],
+        ),
+        ("flatcli.experiments", ["list"], ["experiments", "list"]),
+        ("flatcli", ["--version"], ["--version"]),
+    ],
+)
+def test_python_m_aliases_reach_the_cli_through_the_one_entry_point(
+    monkeypatch, module, argv, expected
+):
+    """``python -m flatcli.sweep`` and ``python -m flatcli.experiments`` call `flatcli.__main__.run`
+    (the one module outside flatcli/cli/ that imports the CLI), which runs the console script's
+    `flatcli.cli.main` on the aliased arguments."""
+    import runpy
+    import sys
+
+    import flatcli.cli
+
+    seen = []
+    monkeypatch.setattr(flatcli.cli, "main", lambda args=None: seen.append(args))
+    monkeypatch.setattr(sys, "argv", ["python", *argv])
+    if module == "flatcli":  # run as __main__, not the imported module the aliases use
+        monkeypatch.delitem(sys.modules, "flatcli.__main__", raising=False)
+    runpy.run_module(module, run_name="__main__", alter_sys=False)
+    assert seen == [expected if module != "flatcli" else None]

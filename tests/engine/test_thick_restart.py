@@ -15,7 +15,7 @@ from flatcli.engine import linalg
 from flatcli.engine.linalg import certified_min_steps
 from flatcli.engine.linalg._store import BasisStore
 from flatcli.errors import ConfigError
-from flatcli.run.checkpoint import measure_model
+from flatcli.run.measuring import measure_model
 from tests.oracles import model_hessian
 
 DT = torch.float64

@@ -21,7 +21,7 @@ from flatcli.experiments import load_spec, run_experiment
 from flatcli.experiments.spec import merge
 from flatcli.experiments.transformer import ModularTransformer
 from flatcli.loading.data import load_split, modular_addition_split
-from flatcli.run.checkpoint import measure_model
+from flatcli.run.measuring import measure_model
 from tests.oracles import model_hessian
 
 SPEC = (

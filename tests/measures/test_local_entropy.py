@@ -231,7 +231,7 @@ def test_spectrum_and_local_entropy_share_their_slq_runs():
     """hessian_spectrum and local_entropy draw their SLQ starts from one stream: in one checkpoint's
     run the second measure computes only the runs the first did not (none when the first did as many),
     and each value is the one it gives measured alone; another seed computes its own runs."""
-    from flatcli.run.checkpoint import measure_model
+    from flatcli.run.measuring import measure_model
     from tests.helpers import tiny_data, tiny_mlp
 
     model, (x, y) = tiny_mlp(seed=3), tiny_data(n=24)  # P = 53

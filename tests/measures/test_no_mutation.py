@@ -113,7 +113,7 @@ FIXED = {  # options that fix every adaptive count, so that the estimate is exac
 
 
 def test_every_measure_declares_its_cost_and_the_estimate_matches_the_counted_products():
-    from flatcli.run.checkpoint import COUNTERS, estimate_products, measure_model, problem_dims
+    from flatcli.run.measuring import COUNTERS, estimate_products, measure_model, problem_dims
     from flatcli.run.settings import Settings
 
     torch.manual_seed(0)

@@ -104,12 +104,96 @@ def test_no_module_outside_measures_names_a_measure():
 
 
 def test_nothing_below_the_cli_imports_it():
-    entry = {"flatcli.__main__", "flatcli.sweep.__main__", "flatcli.experiments.__main__"}
+    """Only the entry point ``flatcli.__main__`` imports the CLI; the ``python -m flatcli.sweep`` and
+    ``python -m flatcli.experiments`` aliases call it (`flatcli.__main__.run`) and import nothing
+    else of flatcli, and nothing but a ``__main__`` module imports it."""
+    entry = "flatcli.__main__"
     cli = [m for m in MODULES if m == "flatcli.cli" or m.startswith("flatcli.cli.")]
-    bad = [
-        m for m in MODULES if m not in entry and m not in cli and any(i in cli for i in _imports(m))
-    ]
+    bad = [m for m in MODULES if m != entry and m not in cli and any(i in cli for i in _imports(m))]
     assert not bad, f"modules importing flatcli.cli: {bad}"
+    aliases = {
+        m for m in MODULES if m.endswith(".__main__") and m not in (entry, "flatcli.cli.__main__")
+    }
+    assert aliases == {"flatcli.sweep.__main__", "flatcli.experiments.__main__"}
+    assert {m: _imports(m) for m in aliases} == {m: {entry} for m in aliases}
+    users = {m for m in MODULES if entry in _imports(m)}
+    assert users == aliases, users
+
+
+# what flatcli.api may import of the folders it wraps: their package, and only its public names
+WRAPPED = ("flatcli.landscape", "flatcli.sweep")
+
+
+def _reaches(tree: ast.Module, module: str, public: dict[str, set[str]]) -> list[str]:
+    """The imports of ``module`` (syntax ``tree``) into a folder of `WRAPPED` other than its
+    package's public names (``public``: package → its ``__all__``): ``from flatcli.sweep.store import
+    x``, ``from flatcli.sweep import _private_or_unlisted``, ``import flatcli.sweep.store``, ``from
+    flatcli import sweep`` (which reaches the modules by attribute)."""
+    pkg = module.split(".")[:-1]
+    found = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            found += [
+                f"{n.lineno}: import {a.name}"
+                for a in n.names
+                if any(a.name == w or a.name.startswith(w + ".") for w in WRAPPED)
+            ]
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                base = ".".join(pkg[: len(pkg) - (n.level - 1)] + ([n.module] if n.module else []))
+            names = [a.name for a in n.names]
+            if base == "flatcli":
+                found += [
+                    f"{n.lineno}: from flatcli import {a}"
+                    for a in names
+                    if f"flatcli.{a}" in WRAPPED
+                ]
+            elif base in WRAPPED:
+                found += [f"{n.lineno}: {a} from {base}" for a in names if a not in public[base]]
+            elif any(base.startswith(w + ".") for w in WRAPPED):
+                found.append(f"{n.lineno}: from {base} import {', '.join(names)}")
+    return found
+
+
+def _public_names() -> dict[str, set[str]]:
+    import importlib
+
+    return {w: set(importlib.import_module(w).__all__) for w in WRAPPED}
+
+
+def test_the_api_uses_landscape_and_sweep_through_their_entry_points():
+    """flatcli/api/ imports the landscape and the sweep only from their packages (``from ..sweep
+    import run_sweep``), and only names of their ``__all__``: no reach into a module
+    (``landscape.plots``, ``sweep.store``); what both need sits at the bottom (`flatcli.locks`,
+    `flatcli.extras`)."""
+    public = _public_names()
+    found = {
+        m: hits
+        for m, path in MODULES.items()
+        if m.startswith("flatcli.api") and (hits := _reaches(_tree(path), m, public))
+    }
+    assert not found, found
+
+
+def test_the_entry_point_check_finds_reaches():
+    """`_reaches` flags each way into a wrapped folder's modules, and passes the public names."""
+    public = {"flatcli.landscape": {"SliceView"}, "flatcli.sweep": {"collect", "run_sweep"}}
+    src = """
+from ..sweep import collect, run_sweep
+from ..landscape import SliceView
+from ..run.results import Row
+from ..sweep.store import hold_folder
+from ..landscape.plots import PLOT_HINT
+from ..sweep import Store
+from flatcli.sweep.runner import SweepOptions
+import flatcli.landscape.plots
+from .. import sweep
+def f():
+    from ..sweep import worker
+"""
+    hits = _reaches(ast.parse(src), "flatcli.api.measure", public)
+    assert [h.split(":")[0] for h in hits] == ["5", "6", "7", "8", "9", "10", "12"], hits
 
 
 # the bottom of the import graph, which the engine may use: they import nothing of flatcli but each other
@@ -385,7 +469,7 @@ def test_every_measure_computes_its_derivatives_through_the_engine(monkeypatch):
     import torch
     from torch import nn
 
-    from flatcli.run.checkpoint import measure_model
+    from flatcli.run.measuring import measure_model
 
     real = torch.autograd.grad
     callers: set[str] = set()
@@ -669,7 +753,7 @@ def test_low_precision_is_a_registry_hook():
 
     low = {m.name for m in list_measures() if m.low_precision}
     assert low == {"hessian_lambda_max", "hessian_trace", "hessian_spectrum"}
-    run = (PKG / "run" / "checkpoint.py").read_text() + (PKG / "run" / "memory.py").read_text()
+    run = (PKG / "run" / "measuring.py").read_text() + (PKG / "run" / "memory.py").read_text()
     assert "low_precision" in run and "LOW_PRECISION_MEASURES" not in run
 
 
@@ -745,11 +829,7 @@ def _folder(module: str) -> str | None:
 
 
 # two-way ties between folders still there, each with its reason; the list only shrinks
-FOLDER_TIES_LEFT = {
-    # `python -m flatcli.sweep` / `python -m flatcli.experiments` shims that only call the CLI
-    ("cli", "experiments"),
-    ("cli", "sweep"),
-}
+FOLDER_TIES_LEFT: set[tuple[str, str]] = set()
 
 
 def test_no_two_folders_import_each_other():

@@ -44,6 +44,72 @@ def test_no_two_modules_share_a_name():
     )
 
 
+# near-names: stems equal but for a leading underscore or a plural ``s`` (``run/checkpoint.py`` beside
+# ``loading/checkpoints.py``), each pair left with its reason; the list only shrinks
+NEAR_ALLOWED = {
+    "measure": {"flatcli/api/measure.py", "flatcli/measures/"},  # the entry point `api.measure`
+    "sweep": {"flatcli/api/sweeps.py", "flatcli/sweep/"},  # the API's sweep, collect, correlate
+    "store": {"flatcli/engine/linalg/_store.py", "flatcli/sweep/store.py"},  # a private basis store
+    "plot": {"flatcli/landscape/plots.py", "flatcli/tracking/plot.py"},  # `flatcli plot-track`
+}
+
+
+def near_names(root: Path) -> dict[str, list[str]]:
+    """Modules and packages under ``root`` whose stems differ only by a leading underscore or a
+    trailing ``s`` (``checkpoint``/``checkpoints``, ``result``/``results``), less `NEAR_ALLOWED`
+    and the exact collisions `collisions` reports."""
+    holders: dict[str, set[str]] = defaultdict(set)
+    for p in sorted(root.rglob("*.py")):
+        if p.name == "__init__.py" and p.parent != root:
+            holders[p.parent.name.removesuffix("s")].add(
+                p.parent.relative_to(root.parent).as_posix() + "/"
+            )
+        elif p.stem not in ("__init__", "__main__"):
+            holders[p.stem.lstrip("_").removesuffix("s")].add(p.relative_to(root.parent).as_posix())
+    return {
+        key: sorted(paths)
+        for key, paths in holders.items()
+        if len(paths) > 1
+        and len({Path(q.rstrip("/")).stem for q in paths}) > 1
+        and paths != NEAR_ALLOWED.get(key)
+    }
+
+
+def test_no_two_modules_differ_only_by_a_plural():
+    assert near_names(PKG) == {}, (
+        "rename one of each (docs/architecture.md, 'One name, one meaning')"
+    )
+    stale = {k for k, v in NEAR_ALLOWED.items() if not v <= {q for q in _all_paths(PKG)}}
+    assert not stale, f"no longer there, remove from NEAR_ALLOWED: {sorted(stale)}"
+
+
+def _all_paths(root: Path) -> set[str]:
+    out = set()
+    for p in root.rglob("*.py"):
+        out.add(p.relative_to(root.parent).as_posix())
+        if p.name == "__init__.py":
+            out.add(p.parent.relative_to(root.parent).as_posix() + "/")
+    return out
+
+
+def test_the_check_finds_near_names(tmp_path):
+    """``run/checkpoint.py`` beside ``loading/checkpoints.py`` and ``landscape/result.py`` beside
+    ``run/results.py`` are found; the renamed ones are not."""
+    root = tmp_path / "flatcli"
+    for f in ["__init__.py", "run/__init__.py", "run/checkpoint.py", "run/results.py",
+              "loading/__init__.py", "loading/checkpoints.py", "landscape/__init__.py",
+              "landscape/result.py"]:  # fmt: skip
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        (root / f).write_text("")
+    assert near_names(root) == {
+        "checkpoint": ["flatcli/loading/checkpoints.py", "flatcli/run/checkpoint.py"],
+        "result": ["flatcli/landscape/result.py", "flatcli/run/results.py"],
+    }
+    (root / "run/checkpoint.py").rename(root / "run/measuring.py")
+    (root / "landscape/result.py").rename(root / "landscape/loss_grid.py")
+    assert near_names(root) == {}
+
+
 def test_the_check_finds_shared_names(tmp_path):
     """A module twice in two packages, a module named like a package and a third ``models`` are
     found; the allowed pair and a name used once are not."""

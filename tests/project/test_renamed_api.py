@@ -1,5 +1,5 @@
-"""Public names renamed so that no two mean different things: the old `flatcli.api` names still
-work for one release, each with a DeprecationWarning naming its replacement."""
+"""Public names renamed so that no two mean different things: the old `flatcli.api` names,
+deprecated for one release, are gone; the DataFrame forms at the top keep their names."""
 
 from __future__ import annotations
 
@@ -19,12 +19,9 @@ RENAMED = {
 
 
 @pytest.mark.parametrize(("old", "new"), sorted(RENAMED.items()))
-def test_an_old_name_warns_and_is_the_new_object(old, new):
-    with pytest.warns(
-        DeprecationWarning, match=rf"flatcli\.api\.{old} is deprecated; use flatcli\.api\.{new}$"
-    ):
-        got = getattr(api, old)
-    assert got is getattr(api, new)
+def test_an_old_name_is_gone_and_the_new_one_is_public(old, new):
+    with pytest.raises(AttributeError, match=old):
+        getattr(api, old)
     assert old not in api.__all__ and new in api.__all__
 
 

@@ -12,7 +12,7 @@ from flatcli.config import parse_measures
 from flatcli.engine import CurvatureEngine, Problem
 from flatcli.keys import NOT_IN_KEY
 from flatcli.run import memory
-from flatcli.run.checkpoint import measure_model, problem_dims
+from flatcli.run.measuring import measure_model, problem_dims
 from flatcli.run.settings import Settings
 from tests.run.test_memory_counts import tiny_gpt2
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from flatcli.run.checkpoint import measure_model
+from flatcli.run.measuring import measure_model
 from flatcli.run.results import METRICS, to_frame
 from tests.helpers import tiny_data, tiny_mlp
 from tests.token_models import TinyLM, padded_tokens

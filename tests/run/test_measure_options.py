@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 
 from flatcli.errors import ConfigError
-from flatcli.run.checkpoint import measure_model
-from flatcli.run.reuse import Reuse
+from flatcli.run.kept import Reuse
+from flatcli.run.measuring import measure_model
 from flatcli.run.settings import MeasureOptions
 from tests.helpers import tiny_data, tiny_mlp
 
@@ -89,7 +89,7 @@ def test_every_field_reaches_the_run():
 
 
 def test_debug_prints_the_traceback_of_a_failed_measure(monkeypatch, capsys):
-    import flatcli.run.checkpoint as checkpoint
+    import flatcli.run.measuring as checkpoint
 
     def fail(spec, ctx):
         raise RuntimeError("boom")

@@ -244,7 +244,7 @@ def test_a_run_auto_recompute_makes_fit_is_not_refused(monkeypatch, recompute, f
     """A model with blocks whose product is predicted above 80% of free memory: ``recompute: auto``
     turns recomputation on (engine/products.py plans the route), so only the vectors are checked and the run goes on;
     with ``false`` it is refused and ``runtime.recompute: true`` is suggested."""
-    from flatcli.run.checkpoint import problem_dims
+    from flatcli.run.measuring import problem_dims
 
     monkeypatch.setattr(memory, "predicted_product_bytes", lambda *a: (10**6, None))
     free(monkeypatch, 500_000)
@@ -379,7 +379,7 @@ def test_a_chain_is_predicted_block_by_block_and_recompute_is_suggested_only_whe
     """On a chain of blocks the product of ``recompute: true`` is predicted by its own rule
     (``by_blocks``), not skipped; ``recompute: false`` that does not fit suggests ``recompute: true``
     only when that prediction fits."""
-    from flatcli.run.checkpoint import problem_dims
+    from flatcli.run.measuring import problem_dims
 
     seen = []
 

@@ -12,7 +12,7 @@ import torch
 from flatcli.config import parse_measures
 from flatcli.engine.curvatures import Hessian
 from flatcli.engine.recompute import PRODUCT_VECTORS
-from flatcli.run.checkpoint import measure_model, problem_dims
+from flatcli.run.measuring import measure_model, problem_dims
 from flatcli.run.memory import vectors_kept
 from flatcli.run.settings import Settings
 from tests.hf_models import transformers

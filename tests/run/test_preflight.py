@@ -86,7 +86,7 @@ def test_measure_loads_and_checks_each_checkpoint_once(tmp_path, monkeypatch):
     )
     loads: list = []
     checks: list = []
-    _spy(monkeypatch, "flatcli.run.checkpoint", "load_model", loads)
+    _spy(monkeypatch, "flatcli.run.measuring", "load_model", loads)
     _spy(monkeypatch, "flatcli.run.memory", "check_model", checks)
     report = api.measure(cfg)
     assert report.exit_code == 0

@@ -1,6 +1,6 @@
 """Readers that survive any bytes: every file flatcli reads back from its folders (unit files, unit
 locks, measure.lock, results.json, plan.json) goes through one tolerant reader
-(flatcli.run.readback). Random bytes, non-UTF-8 text, truncations and deep nesting never end a
+(flatcli.readback). Random bytes, non-UTF-8 text, truncations and deep nesting never end a
 command with exit 1 or a traceback; a bad unit file is named once, kept beside as ``.bad`` and
 recomputed; temp files of killed writers are removed by the next run."""
 
@@ -15,7 +15,7 @@ import pytest
 
 from flatcli import api
 from flatcli.cli import app
-from flatcli.run.readback import MAX_DEPTH, Unreadable, parse_json, read_json
+from flatcli.readback import MAX_DEPTH, Unreadable, parse_json, read_json
 from flatcli.sweep.plan import load_plan
 from flatcli.sweep.store import Store, check_unit
 from flatcli.tempfiles import clean_orphans, temp_prefix

@@ -114,6 +114,7 @@ def test_auto_counts_the_cores_busy_now_not_the_load_average(
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (float(cores),) * 3, raising=False)
     monkeypatch.setattr(threads, "machine_load", REAL_MACHINE_LOAD)
     monkeypatch.setattr(threads, "_last", {})
+    monkeypatch.setattr(threads, "start_mark", lambda: None)  # no start-up mark: a fresh sample
     monkeypatch.setattr(threads, "read_proc_stat", fake_proc([1.0] * cores, per_cpu))
     monkeypatch.setattr(threads, "read_self_stat", lambda: None)  # this process: unknown
     monkeypatch.setattr(threads.time, "sleep", lambda s: None)
@@ -166,10 +167,80 @@ def test_auto_tells_its_own_spinning_threads_from_other_work(monkeypatch, spinni
 def test_without_proc_stat_the_load_average_less_this_process_stands_in(monkeypatch):
     monkeypatch.setattr(threads, "machine_load", REAL_MACHINE_LOAD)
     monkeypatch.setattr(threads, "_last", {})
+    monkeypatch.setattr(threads, "start_mark", lambda: None)
     monkeypatch.setattr(threads, "read_proc_stat", lambda: None)
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (3.0, 3.0, 3.0), raising=False)
     assert threads.machine_load() == 2.0
     assert threads.cpu_jiffies("cpu  1 2 3 4\ncpu0 5 0 5 80 10 0 0 0\nintr 9") == {0: (10, 100)}
+
+
+def _timeline(others_on_cpu1, start_up: float = 1.5):
+    """A fake /proc on 2 cores at 100 jiffies a second, as functions of the time t since flatcli's
+    import: this process starts up on CPU 0 (one core busy until ``start_up``, its own jiffies),
+    and CPU 1 runs other processes' work at the share ``others_on_cpu1(t)`` (integrated over
+    hundredths of a second)."""
+
+    def busy1(t: float) -> float:
+        return sum(others_on_cpu1((k + 0.5) / 100) for k in range(round(100 * t))) / 100
+
+    def stat(t: float) -> str:
+        own = min(t, start_up)
+        lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+        for i, busy in enumerate((own, busy1(t))):
+            b, total = round(100 * busy), round(100 * (3600 + t))
+            lines.append(f"cpu{i} {b} 0 0 {total - b} 0 0 0 0 0 0")
+        return "\n".join(lines)
+
+    return stat, lambda t: _self_stat(round(100 * min(t, start_up)))
+
+
+@pytest.mark.parametrize(
+    "case, others_on_cpu1, expected",
+    [
+        ("idle", lambda t: 0.0, 2),
+        ("a pool spinning for 0.5 s (another process)", lambda t: float(1.2 <= t < 1.7), 2),
+        ("work going on", lambda t: 1.0, 1),
+    ],
+)
+def test_auto_samples_over_the_start_up_without_sleeping(
+    monkeypatch, case, others_on_cpu1, expected
+):
+    """``threads: auto`` reads the machine from flatcli's import to its choice (1.5 s of start-up
+    here, on a fake clock) with no sleep: this process's own start-up is subtracted, another
+    process's pool spinning for half a second (even right at the choice, where a fresh 0.2 s
+    sample would see a busy core) is a third of a core and keeps both threads, and work going on
+    over the whole start-up takes one. A mark older than MARK_MAX_AGE, or from another process,
+    gives way to a fresh sample, and a window shorter than SAMPLE_SECONDS sleeps the rest."""
+    stat, own = _timeline(others_on_cpu1)
+    clock, slept = [1.5], []
+
+    def sleep(s):
+        slept.append(s)
+        clock[0] += s
+
+    monkeypatch.setattr(threads, "machine_load", REAL_MACHINE_LOAD)
+    monkeypatch.setattr(threads, "_last", {})
+    monkeypatch.setattr(threads, "_affinity", lambda: {0, 1})
+    monkeypatch.setattr(threads, "read_proc_stat", lambda: stat(clock[0]))
+    monkeypatch.setattr(threads, "read_self_stat", lambda: own(clock[0]))
+    monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(threads.time, "sleep", sleep)
+    import os
+
+    mark = (0.0, os.getpid(), stat(0.0), own(0.0))
+    monkeypatch.setattr(threads._cpu_mark, "MARK", mark)
+    choice = thread_choice("auto", 1, cores=2)
+    assert choice.n == expected, (case, choice)
+    assert slept == [], case  # the start-up was the sample
+    window_busy = sum(others_on_cpu1((k + 0.5) / 100) for k in range(150)) / 150
+    assert choice.load == pytest.approx(window_busy, abs=0.02), case
+
+    assert threads.start_mark((0.0, os.getpid() + 1, "cpu0 1", None)) is None  # a forked child
+    assert threads.start_mark((1.5 - threads.MARK_MAX_AGE - 1, os.getpid(), "cpu0 1", None)) is None
+    assert threads.start_mark((0.0, os.getpid(), None, None)) is None  # no /proc/stat
+    clock[0] = 1.55  # a window of 0.05 s: sleeps the 0.15 s left of SAMPLE_SECONDS
+    got = threads.busy_cores({0, 1}, since=threads.start_mark((1.5, *mark[1:])))
+    assert slept == [pytest.approx(threads.SAMPLE_SECONDS - 0.05)] and got is not None
 
 
 BUSY = "import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.time() < end: pass\n"

@@ -17,7 +17,7 @@ import pytest
 from flatcli import api
 from flatcli.cli import app
 from flatcli.errors import ConfigError
-from flatcli.sweep.store import OUTDIR_LOCK, hold_folder
+from flatcli.locks import OUTDIR_LOCK, hold_folder
 from tests.helpers import cli_output, write_project
 from tests.oracles import runner
 

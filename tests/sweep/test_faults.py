@@ -13,9 +13,10 @@ import pytest
 from flatcli import api
 from flatcli.analysis.table import detect_measures
 from flatcli.cli import app
+from flatcli.locks import create_lock_file
 from flatcli.measures import MeasureResult
 from flatcli.run.results import Row, json_matches_csv, write_pair
-from flatcli.sweep.store import Store, create_lock_file
+from flatcli.sweep.store import Store
 from tests.oracles import runner
 from tests.sweep.test_sweep import make_sweep, quiet
 

@@ -266,7 +266,12 @@ def test_unit_costs_grow_with_the_checkpoint_and_the_measures_products(project, 
 
 def test_the_array_shares_pending_units_by_cost(project, tmp_path):
     cfg, _ = project
-    rep = api.sweep(cfg, tmp_path / "s", executor="slurm", dry_run=True, tasks=3, log=quiet)
+    rep = api.sweep(
+        cfg,
+        tmp_path / "s",
+        options=api.SweepOptions(executor="slurm", dry_run=True, tasks=3),
+        log=quiet,
+    )
     tasks = [ln for ln in rep.lines if ln.startswith("task ")]
     got = [int(re.match(r"task \d+: (\d+) units", ln).group(1)) for ln in tasks]
     assert sum(got) == 8 and len(tasks) == 3
@@ -285,7 +290,7 @@ def test_local_array_runs_a_two_task_array_on_this_machine(tmp_path, monkeypatch
     api.sweep(cfg, tmp_path / "ref", log=quiet)
     api.collect_report(tmp_path / "ref")
     out = tmp_path / "s"
-    rep = api.sweep(cfg, out, executor="local-array", tasks=2, log=quiet)
+    rep = api.sweep(cfg, out, options=api.SweepOptions(executor="local-array", tasks=2), log=quiet)
     assert (rep.computed, rep.pending, rep.exit_code) == (2, 0, 0), rep.lines
     assert len(rep.jobs) == 2 and rep.lines[-1].startswith("submitted 2 task(s) to local")
     logs = list((out / "slurm").rglob("*_log.err"))

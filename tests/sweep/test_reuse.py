@@ -8,8 +8,8 @@ import json
 import pytest
 
 import flatcli.loading.load as loading
-import flatcli.run.checkpoint as pipeline
-import flatcli.run.reuse as reuse
+import flatcli.run.kept as reuse
+import flatcli.run.measuring as pipeline
 from flatcli import api
 
 from .test_sweep import make_sweep, quiet

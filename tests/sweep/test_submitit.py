@@ -26,13 +26,17 @@ def project(tmp_path_factory):
 def test_debug_backend_runs_the_array_in_process(project, tmp_path):
     cfg, ref = project
     out = tmp_path / "s"
-    rep = api.sweep(cfg, out, executor="slurm", cluster="debug", tasks=3, log=quiet)
+    rep = api.sweep(
+        cfg, out, options=api.SweepOptions(executor="slurm", cluster="debug", tasks=3), log=quiet
+    )
     assert rep.executor == "slurm" and len(rep.jobs) == len(rep.workers) >= 1
     assert (rep.computed, rep.pending, rep.exit_code) == (4, 0, 0)
     api.collect_report(out)
     assert table(out / "results.csv") == table(ref)
     # resubmitting a finished sweep submits nothing
-    again = api.sweep(cfg, out, executor="slurm", cluster="debug", tasks=3, log=quiet)
+    again = api.sweep(
+        cfg, out, options=api.SweepOptions(executor="slurm", cluster="debug", tasks=3), log=quiet
+    )
     assert again.jobs == [] and again.computed == 0 and "nothing to submit" in again.lines[1]
 
 
@@ -44,11 +48,9 @@ def test_local_backend_pickles_and_runs_tasks_in_subprocesses(project, tmp_path,
     rep = api.sweep(
         cfg,
         out,
-        executor="slurm",
-        cluster="local",
-        tasks=1,
-        wait=True,
-        slurm={"timeout_min": 5},
+        options=api.SweepOptions(
+            executor="slurm", cluster="local", tasks=1, wait=True, slurm={"timeout_min": 5}
+        ),
         log=quiet,
     )
     assert (rep.computed, rep.pending) == (4, 0)
@@ -64,10 +66,12 @@ def test_dry_run_prints_the_array_and_submits_nothing(project, tmp_path):
     rep = api.sweep(
         cfg,
         out,
-        executor="slurm",
-        dry_run=True,
-        tasks=2,
-        slurm={"slurm_partition": "gpu", "timeout_min": 30},
+        options=api.SweepOptions(
+            executor="slurm",
+            dry_run=True,
+            tasks=2,
+            slurm={"slurm_partition": "gpu", "timeout_min": 30},
+        ),
         log=quiet,
     )
     text = "\n".join(rep.lines)
@@ -79,14 +83,19 @@ def test_dry_run_prints_the_array_and_submits_nothing(project, tmp_path):
     assert "task 1: " in text and "of the predicted cost" in text
     assert rep.jobs == [] and not out.exists()
     with pytest.raises(ConfigError, match="exclusive"):
-        api.sweep(cfg, out, executor="slurm", shard="0/2", log=quiet)
+        api.sweep(cfg, out, options=api.SweepOptions(executor="slurm", shard="0/2"), log=quiet)
 
 
 def test_clear_errors_without_sbatch_or_submitit(project, tmp_path, monkeypatch):
     cfg, _ = project
     if shutil.which("sbatch") is None:
         with pytest.raises(ConfigError, match="sbatch"):
-            api.sweep(cfg, tmp_path / "a", executor="slurm", log=quiet)
+            api.sweep(cfg, tmp_path / "a", options=api.SweepOptions(executor="slurm"), log=quiet)
     monkeypatch.setitem(sys.modules, "submitit", None)  # import submitit → ImportError
     with pytest.raises(ConfigError, match=r"pip install 'flatcli\[slurm\]'"):
-        api.sweep(cfg, tmp_path / "b", executor="slurm", cluster="local", log=quiet)
+        api.sweep(
+            cfg,
+            tmp_path / "b",
+            options=api.SweepOptions(executor="slurm", cluster="local"),
+            log=quiet,
+        )

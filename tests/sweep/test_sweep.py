@@ -124,7 +124,7 @@ def test_no_resume_recomputes_and_retry_failed_reruns_error_units(project, tmp_p
     cfg, ref = project
     out = tmp_path / "s"
     api.sweep(cfg, out, log=quiet)
-    assert api.sweep(cfg, out, resume=False, log=quiet).computed == 8
+    assert api.sweep(cfg, out, options=api.SweepOptions(resume=False), log=quiet).computed == 8
     # an error unit is a result: kept on resume, rerun with retry_failed
     p = sorted((out / "units").glob("*.json"))[3]
     rec = json.loads(p.read_text())
@@ -135,7 +135,7 @@ def test_no_resume_recomputes_and_retry_failed_reruns_error_units(project, tmp_p
     api.collect_report(out)
     bad = [r for r in table(out / "results.csv") if r["status"] == "error"]
     assert len(bad) == 1 and bad[0]["error"] == "boom"
-    rep = api.sweep(cfg, out, retry_failed=True, log=quiet)
+    rep = api.sweep(cfg, out, options=api.SweepOptions(retry_failed=True), log=quiet)
     assert (rep.computed, rep.errors, rep.exit_code) == (1, 0, 0)
     api.collect_report(out)
     assert table(out / "results.csv") == table(ref)
@@ -214,7 +214,9 @@ def test_shards_partition_units_exactly_once(project, tmp_path):
         read = load_plan(ref.parent)
         assert [[u.id for u in read.units_for((i, n))] for i in range(n)] == parts
     out = tmp_path / "s"
-    got = [api.sweep(cfg, out, shard=f"{i}/3", log=quiet) for i in range(3)]
+    got = [
+        api.sweep(cfg, out, options=api.SweepOptions(shard=f"{i}/3"), log=quiet) for i in range(3)
+    ]
     assert sum(r.computed for r in got) == 8
     assert [r.selected for r in got] == [len(plan.units_for((i, 3))) for i in range(3)]
     api.collect_report(out)
@@ -351,7 +353,9 @@ def test_concurrent_workers_never_duplicate_or_corrupt(project, tmp_path, monkey
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
     monkeypatch.setattr(threads, "machine_load", lambda: 0.5)  # an idle machine: both cores free
     lines: list[str] = []
-    rep = api.sweep(cfg, out, workers=2, log=lines.append)  # two worker processes on one directory
+    rep = api.sweep(
+        cfg, out, options=api.SweepOptions(workers=2), log=lines.append
+    )  # two worker processes on one directory
     assert (rep.computed, rep.pending, rep.workers) == (8, 0, ["cpu", "cpu"])
     assert rep.threads == "threads: 1 per worker (2 workers on 2 cores; 0.50 busy leaves 2 free)"
     assert rep.threads in lines
@@ -418,17 +422,54 @@ def test_cli_sweep_dry_run_collect(project, tmp_path):
     assert not out.exists()  # a dry run writes nothing
     res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(out), "--shard", "0/2"])
     assert res.exit_code == 0, res.output
-    res = runner.invoke(app, ["collect", str(out), "-o", str(tmp_path / "part.csv")])
+    res = runner.invoke(app, ["collect", str(out), "-o", str(tmp_path / "part")])
     assert res.exit_code == 3 and "units not finished" in res.output  # incomplete
-    part = table(tmp_path / "part.csv")
+    part = table(tmp_path / "part" / "results.csv")
     assert (
         all(r["status"] in ("ok", "incomplete") for r in part)
-        and (tmp_path / "part.json").is_file()
+        and (tmp_path / "part" / "results.json").is_file()
     )
     res = runner.invoke(app, ["sweep", "-c", str(cfg), "-o", str(out), "--shard", "2/2"])
     assert res.exit_code == 2 and "--shard" in res.output
     res = runner.invoke(app, ["collect", str(tmp_path / "nothing")])
     assert res.exit_code == 2
+
+
+def test_collect_output_is_a_folder_like_every_command(project, tmp_path):
+    """``collect -o FOLDER`` writes FOLDER/results.csv and results.json, as ``measure -o`` does, without
+    a warning; the old form (a path ending in .csv, or an existing file) still writes that file, with
+    one deprecation line on stderr naming the new form; a folder named ``x.csv`` is a folder."""
+    import warnings
+
+    _, ref = project
+    sweep_dir = ref.parent
+    for folder in (tmp_path / "new", tmp_path / "made.csv"):
+        if folder.suffix:
+            folder.mkdir()  # an existing folder is a folder, whatever its name
+        res = runner.invoke(app, ["collect", str(sweep_dir), "-o", str(folder)])
+        assert res.exit_code == 0, res.output
+        assert "deprecated" not in res.output
+        assert table(folder / "results.csv") == table(ref)
+        assert json.loads((folder / "results.json").read_text())["labels"] == [
+            "frobenius_norm",
+            "hessian_trace",
+        ]
+    existing = tmp_path / "table.txt"
+    existing.write_text("")
+    for old in (tmp_path / "old.csv", existing):
+        res = runner.invoke(app, ["collect", str(sweep_dir), "-o", str(old)])
+        assert res.exit_code == 0, res.output
+        said = [ln for ln in res.stderr.splitlines() if "deprecated" in ln]
+        assert len(said) == 1 and said[0].startswith("warning:"), res.stderr
+        assert str(old) in said[0] and "-o FOLDER" in said[0] and "results.csv" in said[0]
+        assert table(old) == table(ref) and old.with_suffix(".json").is_file()
+    with pytest.warns(FutureWarning, match="collect OUTDIR -o FOLDER"):
+        col = api.collect_report(sweep_dir, tmp_path / "api.csv")
+    assert col.csv_path == tmp_path / "api.csv"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        col = api.collect_report(sweep_dir, tmp_path / "api")
+    assert col.csv_path == tmp_path / "api" / "results.csv" and col.json_path.is_file()
 
 
 def test_plan_is_what_workers_read(project):

@@ -56,7 +56,7 @@ def _optional(*types: type, words: str) -> Optional:
 @dataclass(frozen=True)
 class Reuse:
     """The earlier work one measurement takes instead of redoing it (``reuse=`` of
-    `flatcli.run.checkpoint.measure_model` and `measure_job`), validated at construction. Nothing
+    `flatcli.run.measuring.measure_model` and `measure_job`), validated at construction. Nothing
     (the default) measures everything afresh.
 
     ``results``: label → `flatcli.measures.MeasureResult` of an earlier run; those measures are not

@@ -24,10 +24,10 @@ from ..keys import (
 )
 from ..loading.jobs import Job
 from ..measures import MeasureSpec
-from ..run.readback import Unreadable, read_json
+from ..readback import Unreadable, read_json
 from ..run.results import atomic_write, settle_pair
 from ..schema import RESULTS, mismatch
-from ..sweep.store import result_from
+from ..sweep import result_from
 
 REUSABLE = frozenset({"ok", "not_converged", "saturated", "not_applicable", "near_zero", "budget"})
 PREV = "results.prev"  # the stem the earlier results of another configuration are kept under

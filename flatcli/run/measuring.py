@@ -48,11 +48,11 @@ from ..measures import (
 )
 from ..measures._layers import weight_matrices
 from .budgeting import learner, refused_on_some_rank, split_budget
+from .kept import Reuse
 from .memory import check_products, copies_model, graph_choice, refuse
 from .predict import Fit
 from .preflight import Checked, check_loaded
 from .results import Row
-from .reuse import Reuse
 from .settings import MeasureOptions, Settings
 from .shares import in_turn
 
@@ -205,7 +205,7 @@ def measure_model(
         A `flatcli.run.settings.MeasureOptions`: the row's ``checkpoint`` name and ``hparams``,
         ``debug``, and the ``progress`` and ``on_measure`` hooks (default: none of them).
     reuse : Reuse, optional
-        A `flatcli.run.reuse.Reuse`: earlier ``results`` not run again, ``metrics`` not computed
+        A `flatcli.run.kept.Reuse`: earlier ``results`` not run again, ``metrics`` not computed
         again, the measures a budget is split among (``budget_among``; a sweep's unit).
     **fields
         `Settings` fields, as above.
@@ -445,11 +445,11 @@ def problem_dims(model: torch.nn.Module, data, settings: Settings) -> Dims:
     device = first.device if first is not None else torch.device("cpu")
     dtype = first.dtype if first is not None else torch.float32
     with eval_mode(model):
-        prob = Problem(
+        prob = Problem(  # one batch: only its sizes are read (no split into rows of two)
             model,
             batch,
             loss=settings.loss,
-            batch_size=2,
+            batch_size=max(1, int(batch.rows)),
             device=device,
             dtype=dtype,
             params=settings.params,
@@ -541,7 +541,7 @@ def measure_job(
     before any data is loaded (a model whose measures will not fit in the device's free memory
     fails here). ``reuse``: as `measure_model`'s, plus ``reuse.checked``, the pre-flight's result
     when the caller already ran it (the checkpoint is then not loaded again), and ``reuse.keep``, a
-    `flatcli.run.reuse.CheckpointCache` holding the model and metrics between calls for one
+    `flatcli.run.kept.CheckpointCache` holding the model and metrics between calls for one
     checkpoint (a sweep worker's consecutive units of it)."""
     labels = [s.label for s in specs]
     opts = options if options is not None else MeasureOptions()
