@@ -12,6 +12,7 @@ from torch import nn
 
 from flatcli.engine import linalg
 from flatcli.engine.linalg.vectors import FlatSpace, ParamSpace
+from tests.oracles import call, model_hessian, parameter_products
 
 DT = torch.float64
 
@@ -145,41 +146,23 @@ def data():
 
 def parameter_operator(model, x, y, seen=None):
     """The loss Hessian of ``model`` over its parameters, vectors one block per parameter (each in
-    its parameter's dtype), products by double backward."""
+    its parameter's dtype, on its device; `tests.oracles.parameter_products`)."""
     params = list(model.parameters())
     space = ParamSpace.of(params)
-    loss = nn.functional.cross_entropy(model(x), y)
-    grads = torch.autograd.grad(loss, params, create_graph=True)
+    product = parameter_products(params, nn.functional.cross_entropy(model(x), y))
 
-    def product(V):
+    def spied(V):
         if seen is not None:
             seen.append([(v.dtype, v.device.type) for v in V])
-        rows = []
-        for i in range(space.count(V)):
-            v = [p[i].reshape(t.shape) for p, t in zip(V, params, strict=True)]
-            hv = torch.autograd.grad(grads, params, grad_outputs=v, retain_graph=True)
-            rows.append([h.reshape(1, -1) for h in hv])
-        return space.cat(rows)
+        return product(V)
 
-    return linalg.as_operator(product, space=space)
+    return linalg.as_operator(spied, space=space)
 
 
 def dense_hessian64(model, x, y):
-    """The Hessian of the same loss with every parameter in float64 (the reference)."""
+    """The Hessian of the same loss with every parameter in float64 on the CPU (the reference)."""
     m64 = copy.deepcopy(model).double().cpu()
-    params = list(m64.parameters())
-    names = [n for n, _ in m64.named_parameters()]
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-
-    def loss(theta):
-        out, i = {}, 0
-        for n, p in zip(names, params, strict=True):
-            out[n] = theta[i : i + p.numel()].reshape(p.shape)
-            i += p.numel()
-        logits = torch.func.functional_call(m64, out, (x,))
-        return nn.functional.cross_entropy(logits, y)
-
-    return torch.autograd.functional.hessian(loss, flat)
+    return model_hessian(m64, lambda ps: nn.functional.cross_entropy(call(m64, ps, x), y))
 
 
 PLACEMENTS = [
@@ -206,6 +189,9 @@ def test_two_dtype_model_runs_the_estimators_unchanged_against_the_dense_hessian
     P = H.shape[0]
     seen = []
     op = parameter_operator(model, x, y, seen)
+    V = torch.randn(3, P, generator=gen(8), dtype=DT)  # the product itself: H v per row
+    HV = op.space.to_flat(op.matmat_rows(op.space.native(op.space.from_flat(V))))
+    torch.testing.assert_close(HV, V @ H, rtol=1e-5, atol=1e-6)
     ev = torch.linalg.eigvalsh(H).numpy()
     tol = 1e-4  # float32 products of one layer: ~1e-7 rounding, amplified by the conditioning
     r = linalg.lanczos(op, k=1, generator=gen(1), stop=linalg.KrylovStop(tol=1e-5, max_steps=P))
