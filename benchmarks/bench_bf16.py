@@ -173,7 +173,9 @@ def measure(name: str, probes: int, tol: float) -> dict:
     ):  # the exact float32 trace (one product per parameter) as the scale
         with eng.full_precision():
             out["trace_exact"] = float(
-                linalg.exact_diagonal(linalg.as_operator(eng.hessian(), block_size=64)).sum()
+                linalg.exact_diagonal(
+                    eng.hessian(), settings=linalg.EstimatorSettings(block_size=64)
+                ).sum()
             )
     out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return out

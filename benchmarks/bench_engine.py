@@ -378,10 +378,10 @@ def bench_trace(
                 eng.hessian().matmat_rows,
                 eng.problem.num_params,
                 device=dev,
-                block_size=eng.state.route().block_size,
             ),
             stop=linalg.ProbeStop(tol=1e-6, min_probes=ref_probes, max_probes=ref_probes),
             generator=g,
+            settings=linalg.EstimatorSettings(block_size=eng.state.route().block_size),
         )
 
     r, dt = timed(dev, ref)
@@ -403,10 +403,10 @@ def bench_trace(
                     eng.hessian().matmat_rows,
                     eng.problem.num_params,
                     device=dev,
-                    block_size=eng.state.route().block_size,
                 ),
                 stop=linalg.ProbeStop(tol=tol, min_probes=16, max_probes=max_probes),
                 generator=g,
+                settings=linalg.EstimatorSettings(block_size=eng.state.route().block_size),
             ), eng
 
         (res, eng), dt = timed(dev, flat)

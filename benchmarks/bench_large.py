@@ -148,9 +148,10 @@ def run_one(args) -> dict:
         t1 = time.perf_counter()
         tr = (
             linalg.hutchinson(
-                linalg.as_operator(eng.hessian(), block_size=4),
+                eng.hessian(),
                 generator=g,
                 stop=linalg.ProbeStop(min_probes=args.probes, max_probes=args.probes),
+                settings=linalg.EstimatorSettings(block_size=4),
             )
             if args.probes
             else None

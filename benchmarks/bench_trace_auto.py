@@ -154,13 +154,14 @@ def near_zero_rows() -> list[list]:
         row = [tol]
         for ratio in RATIOS:
             A = rotated(ratio_spectrum(ratio))
-            op = linalg.as_operator(lambda V, A=A: V @ A, 300, dtype=DT, block_size=64)
+            op = linalg.as_operator(lambda V, A=A: V @ A, 300, dtype=DT)
             row.append(
                 sum(
                     linalg.hutchinson(
                         op,
                         stop=linalg.ProbeStop(tol=tol, max_probes=400),
                         generator=torch.Generator().manual_seed(seed),
+                        settings=linalg.EstimatorSettings(block_size=64),
                     ).near_zero
                     for seed in range(20)
                 )

@@ -94,6 +94,25 @@ def hessian_products(
     return torch.stack([torch.autograd.grad(g, t, v, retain_graph=True)[0] for v in V]).detach()
 
 
+def parameter_products(params: Sequence[torch.Tensor], loss: torch.Tensor):
+    """The product of ∇²loss over the tensors ``params`` with vectors kept one block per tensor:
+    ``product(V)`` takes a list of (K, numel) blocks (each on its tensor's device and in its dtype)
+    and returns the rows of ∇²loss·v the same way, one double backward per row (autograd moves
+    the cotangents between devices and dtypes as the forward moved the activations)."""
+    params = list(params)
+    grads = torch.autograd.grad(loss, params, create_graph=True)
+
+    def product(V):
+        rows = []
+        for i in range(V[0].shape[0]):
+            v = [b[i].reshape(q.shape) for b, q in zip(V, params, strict=True)]
+            hv = torch.autograd.grad(grads, params, grad_outputs=v, retain_graph=True)
+            rows.append([h.reshape(1, -1) for h in hv])
+        return [torch.cat(b) for b in zip(*rows, strict=True)]
+
+    return product
+
+
 def problem_hessian(p, theta: torch.Tensor | None = None, **options) -> torch.Tensor:
     """∇²L of a flatcli `Problem` over its selected parameters at θ (default: the model's), L
     the mean unit loss over all its batches (``Problem.loss``). ``options``: of `dense_hessian`."""

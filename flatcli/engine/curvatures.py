@@ -96,10 +96,6 @@ class Curvature(CurvatureOperator, abc.ABC):
             precision_context=(
                 state.full_precision if precision == "fp32" and state.precision.low else None
             ),
-            report=state.report,
-            max_device_vectors=state.max_device_vectors,
-            max_basis_vectors=state.max_basis_vectors,
-            block_size=lambda: self.route.block_size,
         )
         self.state = state
         self.theta = None if theta is None else theta.detach().clone()

@@ -35,6 +35,7 @@ from .batch import Batch
 from .capture import LayerCapture
 from .curvatures import GGN, Curvature, FiniteDifferenceHessian, Hessian
 from .dist import Dist
+from .linalg import EstimatorSettings
 from .losses import NotApplicable
 from .precision import BF16_FD_REFUSED, Precision
 from .problem import Problem
@@ -195,6 +196,21 @@ class CurvatureEngine:
         """A context with fp32 products inside (the verification view): TF32 off, and a bf16
         problem's forward in float32 (`flatcli.engine.products.ProductContext.full_precision`)."""
         return self.state.full_precision()
+
+    @property
+    def estimator_settings(self) -> EstimatorSettings:
+        """How the estimators drive this engine's curvatures, from its runtime settings: the
+        vectors per product call (the block of the current route, read at each estimator call,
+        so an out-of-memory back-off is followed), the basis caps (``runtime.max_device_vectors``,
+        ``runtime.max_basis_vectors``) and the progress hook (`on_progress`). Pass it to the
+        estimators of `flatcli.engine.linalg` (``settings=``)."""
+        st = self.state
+        return EstimatorSettings(
+            block_size=lambda: st.route().block_size,
+            max_device_vectors=st.max_device_vectors,
+            max_basis_vectors=st.max_basis_vectors,
+            report=st.report,
+        )
 
     # ------------------------------------------------------------ curvatures
     def curvature(

@@ -51,16 +51,9 @@ class CurvatureOperator:
     name : "hessian", "ggn", "fd_hessian" (for messages and diagnostics).
     precision_context : a context-manager factory entered around every product
         (e.g. TF32 off), or None.
-    report : ``report(**info)`` for progress (the engine's), called by the algorithms
-        driving the operator with their running estimate; None ignores it.
-    max_device_vectors : most basis vectors the Krylov estimators driving this operator keep on
-        the device (``runtime.max_device_vectors``; "auto": from free memory, unbounded on CPU;
-        `flatcli.engine.linalg._store`).
-    max_basis_vectors : most Lanczos basis vectors kept at all (``runtime.max_basis_vectors``;
-        `flatcli.engine.linalg.lanczos.basis_limit`).
-    block_size : most vectors per product call for the estimators driving this operator: an int, or
-        a callable read at each access (the engine's ``runtime.block_size``, which its out-of-memory
-        back-off may lower); None: the estimators' default.
+
+    How an estimator drives the operator (vectors per product, basis caps, progress) is the
+    estimator's own `flatcli.engine.linalg.EstimatorSettings`, not the operator's.
     """
 
     def __init__(
@@ -72,16 +65,9 @@ class CurvatureOperator:
         dtype=torch.float32,
         name: str = "operator",
         precision_context: Callable | None = None,
-        report: Callable | None = None,
-        max_device_vectors: int | str | None = "auto",
-        block_size: int | Callable[[], int] | None = None,
-        max_basis_vectors: int | str | None = "auto",
     ):
         if product is None and type(self)._matmat is CurvatureOperator._matmat:
             raise TypeError(f"{type(self).__name__}: give a product or override _matmat(V)")
-        self.max_device_vectors = max_device_vectors
-        self.max_basis_vectors = max_basis_vectors
-        self._block_size = block_size
         self._product = product
         self.shape = (int(dim), int(dim))
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -89,18 +75,6 @@ class CurvatureOperator:
         self.name = name
         self._context = precision_context
         self.n_products = 0
-        self._report = report
-
-    @property
-    def block_size(self) -> int | None:
-        """Vectors per product call the estimators use (None: their default)."""
-        b = self._block_size
-        return b() if callable(b) else b
-
-    def report(self, **info) -> None:
-        """Progress from an algorithm using this operator (e.g. probes so far and the stderr)."""
-        if self._report is not None:
-            self._report(**info)
 
     # ------------------------------------------------------------ products
     def matmat_rows(self, V: torch.Tensor) -> torch.Tensor:
@@ -125,14 +99,6 @@ class CurvatureOperator:
         override (checked when the operator is made)."""
         return self._product(V)
 
-    def basis_rows(self, dim: int) -> int | str | None:
-        """The Lanczos basis cap for vectors of ``dim`` coordinates (a parameter block's Lanczos):
-        ``max_basis_vectors`` in P-vectors scaled to ``dim`` (None: unbounded; ``auto`` stays)."""
-        cap = self.max_basis_vectors
-        if cap is None or isinstance(cap, str):
-            return cap
-        return max(1, cap * self.shape[1] // max(dim, 1))
-
     def __call__(self, V: torch.Tensor) -> torch.Tensor:
         """Same as `matmat_rows` (so an operator can stand where a block mat-vec is expected)."""
         return self.matmat_rows(V)
@@ -151,16 +117,9 @@ class CurvatureOperator:
 
     # ------------------------------------------------------------ algebra
     def _derived(self, product: Product, name: str) -> CurvatureOperator:
-        """An operator of this one's shape, device, type and estimator settings with ``product``."""
+        """An operator of this one's shape, device and type with ``product``."""
         return CurvatureOperator(
-            product,
-            self.shape[1],
-            device=self.device,
-            dtype=self.dtype,
-            name=name,
-            max_device_vectors=self.max_device_vectors,
-            block_size=self._block_size,
-            max_basis_vectors=self.max_basis_vectors,
+            product, self.shape[1], device=self.device, dtype=self.dtype, name=name
         )
 
     def _other(self, other, op: str) -> CurvatureOperator:

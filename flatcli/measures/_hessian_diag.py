@@ -249,7 +249,7 @@ def _estimate_diagonal(
     method = opts.hessian_diag
     info: dict = {"hessian_diag": method}
     if method == "exact":
-        d = linalg.exact_diagonal(eng.hessian())
+        d = linalg.exact_diagonal(eng.hessian(), settings=eng.estimator_settings)
         return DiagonalEstimate(d, info=info)
     if method == "ggn":
         return DiagonalEstimate(_shared_ggn(ctx, method), info=info)
@@ -261,11 +261,18 @@ def _estimate_diagonal(
     for k in _groups(opts.samples):
         if method == "scaled":
             mean, _ = linalg.scaled_diagonal(
-                eng.hessian(), theta, samples=k, eps=opts.eps, generator=gen
+                eng.hessian(),
+                theta,
+                samples=k,
+                eps=opts.eps,
+                generator=gen,
+                settings=eng.estimator_settings,
             )
             groups.append((mean * k, k))
         elif method == "hutchinson":
-            mean, _ = linalg.hutchinson_diagonal(eng.hessian(), samples=k, generator=gen)
+            mean, _ = linalg.hutchinson_diagonal(
+                eng.hessian(), samples=k, generator=gen, settings=eng.estimator_settings
+            )
             groups.append((mean * k, k))
         else:
             groups.append((_fd_group(eng, theta, k, opts.radius, opts.eps, gen), k))
@@ -319,6 +326,7 @@ def _auto_diagonal(ctx, opts: DiagonalOptions, tensors, info: dict) -> DiagonalE
             {n: slices[n] for n in new},
             rules=rules,
             generator=lambda name: _draws(ctx, name),
+            settings=eng.estimator_settings,
         )
         for n in new:
             sl, size = slices[n], slices[n].stop - slices[n].start
@@ -367,7 +375,13 @@ def _residual(ctx, opts: DiagonalOptions, slices: list[slice]) -> list:
         mask[sl] = 1.0
     gen = _draws(ctx, "residual")
     return linalg.residual_groups(
-        eng.hessian(), eng.ggn(), mask, opts.samples, JACKKNIFE_GROUPS, gen
+        eng.hessian(),
+        eng.ggn(),
+        mask,
+        opts.samples,
+        JACKKNIFE_GROUPS,
+        gen,
+        eng.estimator_settings.block(),
     )
 
 

@@ -30,8 +30,14 @@ STREAM = 1  # generator offset of the shared SLQ starts (hessian_spectrum's sinc
 class SharedSLQ:
     """The SLQ runs of one probe stream of one operator, computed on demand and kept."""
 
-    def __init__(self, op, steps: int, generator: torch.Generator):
-        self.op = linalg.as_operator(op)
+    def __init__(
+        self,
+        op,
+        steps: int,
+        generator: torch.Generator,
+        settings: linalg.EstimatorSettings | None = None,
+    ):
+        self.op, self.settings = linalg.as_operator(op), settings
         self.steps = int(min(steps, self.op.dim))
         self.generator = generator
         self.nodes: list = []
@@ -50,7 +56,13 @@ class SharedSLQ:
         if draw > 0:
             fresh = linalg.rademacher(draw, self.op.dim, self.generator, dtype=torch.float64)
             self.pending = torch.cat([self.pending, fresh])
-        r = linalg.slq(self.op, steps=self.steps, starts=self.pending[:missing], budget=budget)
+        r = linalg.slq(
+            self.op,
+            steps=self.steps,
+            starts=self.pending[:missing],
+            budget=budget,
+            settings=self.settings,
+        )
         done = len(r.nodes)
         cut = r.stopped_by_budget and any(len(t) < self.steps for t in r.nodes)
         nodes, weights = self.nodes + r.nodes, self.weights + r.weights
@@ -94,7 +106,7 @@ def shared_slq(ctx, steps: int) -> SharedSLQ:
     key = (id(p), id(eng), ctx.seed, int(steps), precision)
     cache = ctx.cache.slq_runs
     if key not in cache:
-        cache[key] = SharedSLQ(eng.hessian(), steps, ctx.generator(STREAM))
+        cache[key] = SharedSLQ(eng.hessian(), steps, ctx.generator(STREAM), eng.estimator_settings)
     return cache[key]
 
 

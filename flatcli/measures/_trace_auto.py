@@ -79,6 +79,7 @@ def auto_check(ctx, opts):
         ctx.engine.hessian(),
         stop=linalg.ProbeStop(opts.tol, opts.min_probes, opts.min_probes, ctx.budget),
         generator=ctx.generator(CHECK_SEED),
+        settings=ctx.engine.estimator_settings,
     )
     # a cap's products or seconds left (at the check's speed) for the P products of the exact trace
     fits = ctx.budget.allow(P) >= P

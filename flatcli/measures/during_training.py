@@ -117,6 +117,7 @@ def hessian_top_eigenvalues(ctx, opts: TopEigenvaluesOptions) -> MeasureResult:
         generator=ctx.generator(),
         return_vectors=True,
         stop=_top_stop(opts, min_steps, ctx.budget),
+        settings=eng.estimator_settings,
     )
     keep_ritz_vectors(ctx, r)
     vals = [float(v) for v in r.eigenvalues[:k]]

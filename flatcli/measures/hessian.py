@@ -141,8 +141,7 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     ``layer_<name>`` (CSV columns ``<label>_layer_<name>``). By Cauchy
     interlacing every block λmax is at most λmax(H). Cost: one Lanczos per tensor.
     """
-    eng = ctx.engine
-    verify = eng.precision.verify
+    eng, verify = ctx.engine, ctx.engine.precision.verify
     start, min_steps = warm_start(ctx, opts.min_steps)
     stop = linalg.KrylovStop(
         tol=opts.tol, min_steps=min_steps, max_steps=opts.max_steps, budget=ctx.budget
@@ -154,6 +153,7 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
         generator=ctx.generator(),
         return_vectors=verify or ctx.warm is not None,
         stop=stop,
+        settings=eng.estimator_settings,
     )
     keep_ritz_vectors(ctx, r)
     lam = float(r.eigenvalues[0])
@@ -183,15 +183,15 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
                 "fp32_control_rel_diff": abs(lam - lam32) / max(abs(lam32), 1e-30),
             }
         )
-        if (
-            rel32 > opts.tol
-        ):  # the fast products' rounding keeps the residual above tol: finish in fp32 from its vector
+        # the fast products' rounding keeps the residual above tol: finish in fp32 from its vector
+        if rel32 > opts.tol:
             r32 = linalg.lanczos(
                 H32,
                 k=1,
                 v0=r.ritz_vectors[0],
                 generator=ctx.generator(1),
                 stop=linalg.KrylovStop(opts.tol, 1, opts.max_steps, ctx.budget),
+                settings=eng.estimator_settings,
             )
             lam32 = float(r32.eigenvalues[0])
             rel32 = float(r32.residuals[0] / max(abs(lam32), 1e-30))
@@ -235,7 +235,7 @@ def block_matvec(op, dim: int, sl: slice):
 
 def _block_lambda_max(ctx, opts: LambdaMaxOptions) -> dict:
     eng, p = ctx.engine, ctx.problem
-    H = eng.hessian()
+    H, basis = eng.hessian(), eng.estimator_settings.basis_rows
     lams, res, conv = {}, {}, {}
     for i, (name, sl) in enumerate(p.param_slices().items()):
         size = sl.stop - sl.start
@@ -246,7 +246,7 @@ def _block_lambda_max(ctx, opts: LambdaMaxOptions) -> dict:
             k=1,
             generator=ctx.generator(100 + i),
             stop=linalg.KrylovStop(
-                opts.tol, opts.min_steps, opts.max_steps, ctx.budget, H.basis_rows(size)
+                opts.tol, opts.min_steps, opts.max_steps, ctx.budget, basis(size, p.num_params)
             ),
         )
         lam = float(r.eigenvalues[0])
@@ -385,8 +385,7 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
             f"The 'min_probes' parameter of hessian_trace ({opts.min_probes}) must not exceed "
             f"'max_probes' ({opts.max_probes})."
         )
-    eng = ctx.engine
-    p = ctx.problem
+    eng, p = ctx.engine, ctx.problem
     opts = dataclasses.replace(opts, method=trace_method(opts.method, p.num_params, opts))
     slices = p.param_slices()
     auto = {}
@@ -403,6 +402,7 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
         ),
         generator=ctx.generator(),
         blocks=list(slices.values()) if opts.per_layer != "none" else None,
+        settings=eng.estimator_settings,
     )
     # a fixed count (min_probes = max_probes) is judged like any other: ok only when its interval
     # passes the tolerance test (the estimator's ``converged``), else not_converged
@@ -447,8 +447,8 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
 
 def _exact_trace(ctx, opts: TraceOptions, auto: dict) -> MeasureResult:
     """The sum of the diagonal from P unit-vector products in fp32 (stderr 0)."""
-    p = ctx.problem
-    d = linalg.exact_diagonal(ctx.engine.hessian(precision="fp32"))
+    p, eng = ctx.problem, ctx.engine
+    d = linalg.exact_diagonal(eng.hessian(precision="fp32"), settings=eng.estimator_settings)
     diag = {**auto, "probes": p.num_params, "method": "exact"}
     if opts.per_layer != "none":
         tr = {n: float(d[sl].sum()) for n, sl in p.param_slices().items()}
@@ -579,8 +579,7 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
       ``density``; the SLQ nodes and weights too (``slq_nodes``,
       ``slq_weights``), for `plot_esd`.
     """
-    eng = ctx.engine
-    P = ctx.problem.num_params
+    eng, P = ctx.engine, ctx.problem.num_params
     k = min(opts.top_k, P)
     s = _slq_share(ctx, opts)
     r = linalg.lanczos(
@@ -589,6 +588,7 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
         block=k,
         generator=ctx.generator(),
         stop=_spectrum_stop(k, ctx.budget),
+        settings=eng.estimator_settings,
     )
     top = [float(v) for v in r.eigenvalues[:k]]
     top_res = [float(res / max(abs(v), 1e-30)) for res, v in zip(r.residuals[:k], top, strict=True)]

@@ -127,7 +127,7 @@ def eigen_starts(ctx, c: torch.Tensor, k: int, rho: float, norm: str):
         k=rank,
         generator=ctx.generator(7),
         return_vectors=True,
-        stop=_eigen_stop(ctx.budget, H.max_basis_vectors),
+        stop=_eigen_stop(ctx.budget, eng.estimator_settings.max_basis_vectors),
     )
     V = r.ritz_vectors
     V = V / V.norm(dim=1, keepdim=True)

@@ -52,11 +52,7 @@ class Counting:
 @pytest.fixture
 def counting(monkeypatch):
     c = Counting()
-    for name in (
-        "lanczos",
-        "slq",
-        "trace",
-    ):  # the modules (the package re-exports functions of the same names)
+    for name in ("vectors",):  # the module that makes the stores
         monkeypatch.setattr(
             importlib.import_module(f"flatcli.engine.linalg.{name}"), "BasisStore", c
         )
@@ -74,11 +70,15 @@ def test_lanczos_offloaded_equals_on_device_to_rounding(counting, cap, block):
         return_vectors=True,
     )
     ref = linalg.lanczos(
-        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=None), **kw
+        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT),
+        settings=linalg.EstimatorSettings(max_device_vectors=None),
+        **kw,
     )
     kw["generator"] = gen(1)
     off = linalg.lanczos(
-        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=cap), **kw
+        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT),
+        settings=linalg.EstimatorSettings(max_device_vectors=cap),
+        **kw,
     )
     assert off.steps == ref.steps > 40  # the hard case: many steps, every one reorthogonalized
     np.testing.assert_allclose(off.eigenvalues, ref.eigenvalues, rtol=0, atol=1e-12)
@@ -98,12 +98,14 @@ def test_slq_offloaded_equals_on_device_to_rounding(counting):
     A, ev = clustered(120)
     kw = dict(runs=3, steps=30)
     ref = linalg.slq(
-        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=None),
+        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT),
+        settings=linalg.EstimatorSettings(max_device_vectors=None),
         generator=gen(2),
         **kw,
     )
     off = linalg.slq(
-        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=4),
+        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT),
+        settings=linalg.EstimatorSettings(max_device_vectors=4),
         generator=gen(2),
         **kw,
     )
@@ -121,12 +123,14 @@ def test_hutchpp_offloaded_equals_on_device_to_rounding(counting):
     A, ev = clustered(150)
     kw = dict(stop=linalg.ProbeStop(tol=1e-3, min_probes=12, max_probes=90))
     ref = linalg.hutchpp(
-        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=None),
+        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT),
+        settings=linalg.EstimatorSettings(max_device_vectors=None),
         generator=gen(3),
         **kw,
     )
     off = linalg.hutchpp(
-        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT, max_device_vectors=3),
+        linalg.as_operator(lambda V: V @ A, A.shape[0], dtype=DT),
+        settings=linalg.EstimatorSettings(max_device_vectors=3),
         generator=gen(3),
         **kw,
     )
@@ -151,13 +155,14 @@ def test_engine_setting_reaches_lanczos_and_model_lambda_max_is_exact(counting):
     exact = np.linalg.eigvalsh(H.numpy())
     eng = CurvatureEngine(p, max_device_vectors=2)
     op = eng.hessian()
-    assert op.max_device_vectors == 2
+    assert eng.estimator_settings.max_device_vectors == 2
     res = linalg.lanczos(
         op,
         k=3,
         block=1,
         stop=linalg.KrylovStop(tol=1e-10, max_steps=p.num_params),
         generator=gen(4),
+        settings=eng.estimator_settings,
     )
     assert counting.stores[-1].offloaded and res.device_vectors == 2
     np.testing.assert_allclose(res.eigenvalues[:3], exact[::-1][:3], rtol=1e-9, atol=1e-12)
@@ -168,4 +173,7 @@ def test_default_capacity_is_unbounded_on_cpu_and_bad_values_are_refused():
     with pytest.raises(ValueError, match="max_device_vectors"):
         BasisStore(10, "cpu", DT, capacity=0)
     with pytest.raises(ValueError, match="max_device_vectors"):
-        linalg.lanczos(linalg.as_operator(lambda V: V, dim=10, max_device_vectors=-1))
+        linalg.lanczos(
+            linalg.as_operator(lambda V: V, dim=10),
+            settings=linalg.EstimatorSettings(max_device_vectors=-1),
+        )

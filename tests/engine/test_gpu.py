@@ -99,11 +99,15 @@ def test_fp64_cuda_products_match_dense_cpu_hessian():
         pg.num_params,
         device="cuda",
         dtype=DT,
-        block_size=eng.state.route().block_size,
     )
-    d = linalg.exact_diagonal(H_op)
+    d = linalg.exact_diagonal(H_op, settings=eng.estimator_settings)
     assert abs(float(d.sum()) - ev.sum()) <= 1e-8 * abs(ev.sum())
-    t = linalg.hutchpp(H_op, stop=linalg.ProbeStop(tol=0.05, max_probes=2000), generator=g)
+    t = linalg.hutchpp(
+        H_op,
+        stop=linalg.ProbeStop(tol=0.05, max_probes=2000),
+        generator=g,
+        settings=eng.estimator_settings,
+    )
     assert abs(t.estimate - ev.sum()) <= 3 * t.stderr
 
 

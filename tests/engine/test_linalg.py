@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from flatcli.engine import linalg
+from flatcli.engine.operators import CurvatureOperator
 
 DT = torch.float64
 
@@ -76,9 +77,11 @@ def test_lanczos_smallest():
     A = indefinite(seed=3)
     ev = torch.linalg.eigvalsh(A)
     r = linalg.lanczos(
-        op_of(A), stop=linalg.KrylovStop(tol=1e-8), which="smallest", generator=gen()
-    )
-    assert r.eigenvalues[0] == pytest.approx(float(ev[0]), rel=1e-6)
+        -CurvatureOperator(mv_of(A), A.shape[0], dtype=DT),
+        stop=linalg.KrylovStop(tol=1e-8),
+        generator=gen(),
+    )  # the smallest: the largest of −A
+    assert -r.eigenvalues[0] == pytest.approx(float(ev[0]), rel=1e-6)
 
 
 def test_lanczos_residuals_are_true_ritz_residuals():
@@ -241,9 +244,10 @@ def test_hutchinson_fixed_count_and_probe_accounting():
     A = psd(n=40)
     calls = []
     r = linalg.hutchinson(
-        op_of(A, calls, 40, block_size=8),
+        op_of(A, calls, 40),
         stop=linalg.ProbeStop(min_probes=20, max_probes=20),
         generator=gen(),
+        settings=linalg.EstimatorSettings(block_size=8),
     )
     assert r.probes == 20 == sum(calls) == len(r.samples)
 
@@ -251,14 +255,16 @@ def test_hutchinson_fixed_count_and_probe_accounting():
 def test_trace_deterministic_and_independent_of_block():
     A = psd(n=60, seed=9)
     a = linalg.hutchinson(
-        op_of(A, n=60, block_size=4),
+        op_of(A, n=60),
         stop=linalg.ProbeStop(min_probes=32, max_probes=32),
         generator=gen(3),
+        settings=linalg.EstimatorSettings(block_size=4),
     )
     b = linalg.hutchinson(
-        op_of(A, n=60, block_size=32),
+        op_of(A, n=60),
         stop=linalg.ProbeStop(min_probes=32, max_probes=32),
         generator=gen(3),
+        settings=linalg.EstimatorSettings(block_size=32),
     )
     assert a.estimate == b.estimate
 
@@ -266,7 +272,7 @@ def test_trace_deterministic_and_independent_of_block():
 # ---------------------------------------------------------------------------- diagonals
 def test_exact_diagonal():
     A = indefinite(n=30)
-    d = linalg.exact_diagonal(op_of(A, n=30, block_size=7))
+    d = linalg.exact_diagonal(op_of(A, n=30), settings=linalg.EstimatorSettings(block_size=7))
     torch.testing.assert_close(d, torch.diagonal(A), rtol=0, atol=1e-12)
 
 
@@ -275,7 +281,10 @@ def test_hutchinson_diagonal_converges():
     errs = []
     for m in (8, 128, 2048):
         mean, se = linalg.hutchinson_diagonal(
-            op_of(A, n=30, block_size=64), samples=m, generator=gen()
+            op_of(A, n=30),
+            samples=m,
+            generator=gen(),
+            settings=linalg.EstimatorSettings(block_size=64),
         )
         errs.append(float((mean - torch.diagonal(A)).abs().mean()))
     assert errs[0] > errs[1] > errs[2]
@@ -293,7 +302,11 @@ def test_scaled_diagonal_is_unbiased_and_exact_for_diagonal_matrices():
     )  # zero variance for diagonal H
     A = psd(n=n, seed=3)
     mean, se = linalg.scaled_diagonal(
-        op_of(A, block_size=512), theta, samples=4096, generator=gen()
+        op_of(A),
+        theta,
+        samples=4096,
+        generator=gen(),
+        settings=linalg.EstimatorSettings(block_size=512),
     )
     z = ((mean - torch.diagonal(A)) / se).abs()
     assert float((z <= 4).float().mean()) > 0.9
@@ -317,13 +330,14 @@ def test_checked_gauss_newton_diagonal_exact_where_verified_and_for_curved_tenso
     H = G + R
     calls = []
     res = linalg.checked_gauss_newton_diagonal(
-        op_of(H, calls, block_size=4),
+        op_of(H, calls),
         mv_of(G),
         torch.diagonal(G),
         theta,
         tensors,
         rules=linalg.DiagonalCheck(tol=1e-8, check=3),
         generator=gen(),
+        settings=linalg.EstimatorSettings(block_size=4),
     )
     assert res.curved == ["b", "c"] and res.exact == ["b", "c"] and res.estimated == []
     assert res.checked["a"] <= 1e-12 and res.residual_groups == []
@@ -418,11 +432,12 @@ def test_remainder_block_false_pass_rate_is_within_the_stated_bound():
     g = gen(11)
     N = 2000
     gaps = linalg.remainder_block_gaps(
-        linalg.as_operator(mv_of(G + R), n, device="cpu", dtype=DT, block_size=500),
+        linalg.as_operator(mv_of(G + R), n, device="cpu", dtype=DT),
         mv_of(G),
         {f"t{k}": slice(0, n) for k in range(N)},
         probes=1,
         generator=g,
+        settings=linalg.EstimatorSettings(block_size=500),
     )
     rate = sum(v <= tol for v in gaps.values()) / N
     assert abs(rate - exact) <= 4 * math.sqrt(exact * (1 - exact) / N)

@@ -25,7 +25,7 @@ def sym(eigs, seed=0):
     return U @ torch.diag(ev) @ U.T
 
 
-def spy(A, block_size=None):
+def spy(A):
     """``A`` as an operator, and the list of rows each product call multiplied."""
     calls = []
 
@@ -33,8 +33,12 @@ def spy(A, block_size=None):
         calls.append(V.shape[0])
         return V @ A
 
-    kw = {} if block_size is None else {"block_size": block_size}
-    return linalg.as_operator(mv, A.shape[0], dtype=DT, **kw), calls
+    return linalg.as_operator(mv, A.shape[0], dtype=DT), calls
+
+
+def blocks(size):
+    """The estimators' settings for ``size`` vectors per product call."""
+    return linalg.EstimatorSettings(block_size=size)
 
 
 SPECTRA = {  # full rank, distinct eigenvalues (no early invariant subspace)
@@ -164,11 +168,11 @@ def test_hutchinson_and_hutchpp_spend_what_they_declare(min_probes, max_probes, 
     for (name, seed, A), block in itertools.product(matrices(), (1, 4)):
         n = A.shape[0]
         stop = linalg.ProbeStop(tol=tol, min_probes=min_probes, max_probes=max_probes)
-        op, calls = spy(A, block)
-        linalg.hutchinson(op, stop=stop, generator=gen(seed))
+        op, calls = spy(A)
+        linalg.hutchinson(op, stop=stop, generator=gen(seed), settings=blocks(block))
         within(linalg.hutchinson_cost(n, stop), sum(calls), ("hutchinson", name, seed, block))
-        op, calls = spy(A, block)
-        linalg.hutchpp(op, stop=stop, generator=gen(seed))
+        op, calls = spy(A)
+        linalg.hutchpp(op, stop=stop, generator=gen(seed), settings=blocks(block))
         within(linalg.hutchpp_cost(n, stop), sum(calls), ("hutchpp", name, seed, block))
 
 
@@ -195,15 +199,17 @@ def test_slq_spends_what_it_declares(runs, steps):
 @pytest.mark.parametrize("n,block", [(7, 1), (30, 4), (48, 50)])
 def test_diagonal_estimators_spend_what_they_declare(n, block):
     A = sym(torch.linspace(0.1, 2, n, dtype=DT), n)
-    op, calls = spy(A, block)
-    linalg.exact_diagonal(op)
+    op, calls = spy(A)
+    linalg.exact_diagonal(op, settings=blocks(block))
     within(linalg.exact_diagonal_cost(n), sum(calls), "exact")
     for samples in (1, 5, 17):
-        op, calls = spy(A, block)
-        linalg.hutchinson_diagonal(op, samples=samples, generator=gen(1))
+        op, calls = spy(A)
+        linalg.hutchinson_diagonal(op, samples=samples, generator=gen(1), settings=blocks(block))
         within(linalg.sampled_diagonal_cost(samples), sum(calls), "hutchinson")
-        op, calls = spy(A, block)
-        linalg.scaled_diagonal(op, torch.ones(n, dtype=DT), samples=samples, generator=gen(1))
+        op, calls = spy(A)
+        linalg.scaled_diagonal(
+            op, torch.ones(n, dtype=DT), samples=samples, generator=gen(1), settings=blocks(block)
+        )
         within(linalg.sampled_diagonal_cost(samples), sum(calls), "scaled")
 
 

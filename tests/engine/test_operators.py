@@ -188,30 +188,29 @@ def test_loss_and_error_in_one_pass():
     assert eng.counters()["n_forward"] == 1
 
 
-def test_as_operator_carries_the_engine_settings_to_the_estimators():
-    """`linalg.as_operator`: an engine operator's P, device, dtype, block size (followed when the engine
-    lowers it), basis-store capacity and progress hook reach the estimators; keywords override them; a
-    bare mat-vec needs its dimension and gets the former defaults."""
+def test_the_engine_gives_its_settings_to_the_estimators_not_to_its_operators():
+    """An operator holds shape, device and dtype (and its product) only; the engine's block size
+    (followed when the engine lowers it), basis caps and progress hook reach the estimators as their
+    `linalg.EstimatorSettings`; a bare mat-vec needs its dimension and takes the defaults."""
     from flatcli.engine import linalg
-    from flatcli.engine.operators import CurvatureOperator
+    from flatcli.engine.operators import CurvatureOperator, identity
 
     p = problem()
-    eng = CurvatureEngine(p, block_size=3, max_device_vectors=5)
+    eng = CurvatureEngine(p, block_size=3, max_device_vectors=5, max_basis_vectors=7)
     H = eng.hessian()
+    for op in (H, H + identity(H), H.restrict(slice(0, 3)), 2.0 * H):
+        for name in ("block_size", "max_device_vectors", "max_basis_vectors", "report"):
+            assert not hasattr(op, name), (op, name)
     op = linalg.as_operator(H)
-    assert (op.dim, op.device, op.dtype, op.block_size, op.max_device_vectors) == (
-        p.num_params,
-        H.device,
-        DT,
-        3,
-        5,
-    )
+    assert (op.dim, op.device, op.dtype) == (p.num_params, H.device, DT)
     V = torch.randn(2, p.num_params, dtype=DT, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(op.matmat_rows(V), V @ problem_hessian(p), rtol=1e-10, atol=1e-12)
-    H.route = dataclasses.replace(H.route, block_size=2)  # what an out-of-memory back-off gives
-    assert linalg.as_operator(H).block_size == 2 and H.restrict(slice(0, 3)).block_size == 2
-    over = linalg.as_operator(op, block_size=7, max_device_vectors=None)
-    assert (over.block_size, over.max_device_vectors, over.dim) == (7, None, p.num_params)
+    s = eng.estimator_settings
+    assert (s.block(), s.max_device_vectors, s.max_basis_vectors) == (3, 5, 7)
+    assert s.basis_rows(p.num_params // 2, p.num_params) == 14  # a block's cap in its own vectors
+    # what an out-of-memory back-off gives: a new current route with a smaller block
+    eng.state.replan(dataclasses.replace(eng.state.route(), block_size=2))
+    assert s.block() == 2  # the settings follow
     with pytest.raises(TypeError, match="dim"):
         linalg.as_operator(lambda V: V)
     n = 30
@@ -226,7 +225,8 @@ def test_as_operator_carries_the_engine_settings_to_the_estimators():
         return V @ A
 
     bare = linalg.as_operator(mv, n, dtype=DT)
-    assert (bare.block_size, bare.max_device_vectors, bare.dtype) == (16, "auto", DT)
+    assert (bare.dim, bare.dtype) == (n, DT)
+    assert linalg.EstimatorSettings().block() == 16
     stop = linalg.ProbeStop(tol=1e-12, min_probes=2, max_probes=12)
     known = linalg.ProbeStop(
         tol=1e-12,
@@ -235,15 +235,17 @@ def test_as_operator_carries_the_engine_settings_to_the_estimators():
         abs_trace=lambda: float(torch.linalg.eigvalsh(A).abs().sum()),
     )
     # tol out of reach: the near-zero floor wants Tr|A| (= Tr A here: not near 0); given, it costs no products
-    linalg.hutchinson(
-        linalg.as_operator(mv, n, dtype=DT, block_size=5), stop=known, generator=torch.Generator()
-    )
-    assert calls == [5, 5, 2]  # the operator's block size, not a keyword of the estimator
-    hooked = CurvatureOperator(
-        lambda V: V @ A, n, dtype=DT, report=lambda **info: seen.append(info), block_size=4
-    )
-    r = linalg.hutchinson(hooked, stop=stop, generator=torch.Generator())
+    settings = linalg.EstimatorSettings(block_size=5)
+    linalg.hutchinson(bare, stop=known, generator=torch.Generator(), settings=settings)
+    assert calls == [5, 5, 2]  # the estimator's block size
+    hooked = linalg.EstimatorSettings(block_size=4, report=lambda **info: seen.append(info))
+    op = CurvatureOperator(lambda V: V @ A, n, dtype=DT)
+    r = linalg.hutchinson(op, stop=stop, generator=torch.Generator(), settings=hooked)
     assert [s["probes"] for s in seen] == [4, 8, 12] and seen[-1]["value"] == r.estimate
+    seen.clear()
+    eng.on_progress = seen.append  # the engine's hook, through its settings (block 2 now)
+    linalg.hutchinson(H, stop=stop, generator=torch.Generator(), settings=eng.estimator_settings)
+    assert [s["probes"] for s in seen if "probes" in s] == [4, 6, 8, 10, 12]
 
 
 def test_an_operator_without_a_product_cannot_be_made():

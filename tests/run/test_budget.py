@@ -47,9 +47,10 @@ def test_capped_hutchinson_returns_the_estimate_and_stderr_of_its_probes():
     A = sym(40, 0)
     b = Budget(max_products=40)
     r = linalg.hutchinson(
-        linalg.as_operator(lambda V: V @ A, 40, dtype=DT, block_size=16),
+        linalg.as_operator(lambda V: V @ A, 40, dtype=DT),
         stop=linalg.ProbeStop(tol=1e-9, min_probes=16, budget=b),
         generator=gen(3),
+        settings=linalg.EstimatorSettings(block_size=16),
     )
     assert r.stopped_by_budget and not r.converged and r.probes == 40 and b.spent == 40
     Z = linalg.rademacher(40, 40, gen(3), dtype=DT)  # the same probes, drawn at once

@@ -2,9 +2,12 @@ r"""Matrix-free linear algebra for symmetric operators given as block mat-vecs.
 
 Every estimator takes an operator: a `flatcli.engine.operators.CurvatureOperator`, or
 `as_operator` of a bare ``matvec(V) -> H V`` for a block ``V`` of shape ``(K, P)`` and its
-dimension; the operator supplies P, the device and dtype of the vectors, the vectors per product
-(``block_size``), the basis-store capacity (``max_device_vectors``) and the progress hook, so no
-estimator takes more than 8 parameters. Stopping rules travel in one frozen object per family
+dimension; the operator supplies P and the device and dtype of the vectors. How the estimator
+drives it is its own `EstimatorSettings` (``settings=``: the vectors per product, the basis caps
+and the progress hook; `flatcli.engine.CurvatureEngine.estimator_settings` fills one from the
+engine's runtime settings), so no estimator takes more than 8 parameters. The estimators touch
+their vectors only through the operator's vector space (`flatcli.engine.linalg.vectors`: one flat
+``(K, P)`` tensor, or one block per parameter on its own device and in its own dtype). Stopping rules travel in one frozen object per family
 (`KrylovStop`, `ProbeStop`, `DiagonalCheck`; the `Budget` inside the first two). Every routine
 returns its result together with diagnostics (steps, residuals, standard
 errors, converged flags, number of products). Small projected problems are
@@ -26,6 +29,7 @@ Ghorbani, Krishnan & Xiao, ICML 2019, §2. Diagonal estimators: Bekas, Kokiopoul
 from ._common import (
     MIN_NODES,
     MIN_SAMPLES,
+    EstimatorSettings,
     MatVec,
     Operator,
     as_operator,
@@ -96,6 +100,7 @@ __all__ = [
     "MIN_SAMPLES",
     "NearZeroFloor",
     "MatVec",
+    "EstimatorSettings",
     "Operator",
     "as_operator",
     "KrylovStop",

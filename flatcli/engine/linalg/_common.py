@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -38,74 +39,93 @@ def _tridiag_eig(alphas, betas):
     return scipy.linalg.eigh_tridiagonal(a, b)
 
 
-DEFAULT_BLOCK = (
-    16  # vectors per product for a bare mat-vec (the estimators' former ``block`` default)
-)
+DEFAULT_BLOCK = 16  # vectors per product call when no block size is given
+
+
+@dataclass(frozen=True)
+class EstimatorSettings:
+    """How an estimator drives its operator: its own options, not the operator's.
+
+    The engine fills one from its runtime settings (`flatcli.engine.CurvatureEngine.estimator_settings`);
+    the default suits a bare operator.
+
+    Parameters
+    ----------
+    block_size : most vectors per product call: an int, or a callable read at each block (the
+        engine's ``runtime.block_size``, which its out-of-memory back-off may lower); None:
+        `DEFAULT_BLOCK`.
+    max_device_vectors : most basis vectors on the device at once (``runtime.max_device_vectors``;
+        "auto": from free memory, unbounded on CPU; `flatcli.engine.linalg._store`).
+    max_basis_vectors : most Lanczos basis vectors kept at all (``runtime.max_basis_vectors``;
+        "auto": what fits in half the free host memory; `flatcli.engine.linalg.lanczos.basis_limit`).
+    report : ``report(**info)``, told the running estimate (e.g. probes so far and the stderr);
+        None ignores it.
+    """
+
+    block_size: int | Callable[[], int] | None = None
+    max_device_vectors: int | str | None = "auto"
+    max_basis_vectors: int | str | None = "auto"
+    report: Callable[..., None] | None = None
+
+    def block(self) -> int:
+        """Vectors per product call now."""
+        b = self.block_size
+        b = b() if callable(b) else b
+        return int(b) if b else DEFAULT_BLOCK
+
+    def progress(self, **info) -> None:
+        """Tell ``report`` (when set) the estimator's progress."""
+        if self.report is not None:
+            self.report(**info)
+
+    def basis_rows(self, dim: int, full: int) -> int | str | None:
+        """The Lanczos basis cap for vectors of ``dim`` of the ``full`` coordinates (a parameter
+        block's Lanczos): ``max_basis_vectors`` in full vectors scaled to ``dim`` (None: unbounded;
+        "auto" stays)."""
+        cap = self.max_basis_vectors
+        if cap is None or isinstance(cap, str):
+            return cap
+        return max(1, cap * full // max(dim, 1))
+
+
+def settings_or_default(settings: EstimatorSettings | None) -> EstimatorSettings:
+    """``settings``, or the defaults of a bare operator."""
+    return settings if settings is not None else EstimatorSettings()
 
 
 class Operator:
-    """What an estimator needs of a symmetric P × P operator (made by `as_operator`).
+    """What an estimator needs of a symmetric P × P operator (made by `as_operator`): its
+    product ``matmat_rows(V)`` (M V for V of shape (K, P)), ``shape`` (P, P) and ``dim``, the
+    ``device`` and ``dtype`` of its vectors (probes and bases are made there), and their
+    ``space`` (`flatcli.engine.linalg.vectors`: flat, or one block per parameter, whose
+    products take and return lists of blocks)."""
 
-    ``matmat_rows(V)``: M V for V of shape (K, P); ``shape`` (P, P) and ``dim``; ``device`` and
-    ``dtype`` of the vectors (probes and bases are made there); ``block_size``: most vectors per
-    product call (the engine's ``runtime.block_size`` for an engine operator, `DEFAULT_BLOCK` for a
-    bare mat-vec); ``max_device_vectors``: the basis-store capacity (`flatcli.engine.linalg._store`);
-    ``max_basis_vectors``: Lanczos' thick-restart cap (`flatcli.engine.linalg.lanczos.basis_limit`);
-    ``report(**info)``: the progress hook (a no-op for a bare mat-vec)."""
-
-    def __init__(
-        self,
-        product: MatVec,
-        dim: int,
-        *,
-        device,
-        dtype,
-        block_size: int,
-        max_device_vectors,
-        report: Callable[..., None] | None,
-        max_basis_vectors="auto",
-    ):
+    def __init__(self, product: MatVec, dim: int, *, device, dtype, space=None):
         self.matmat_rows = product
         self.shape = (int(dim), int(dim))
         self.device, self.dtype = device, dtype
-        self.block_size = int(block_size)
-        self.max_device_vectors = max_device_vectors
-        self.max_basis_vectors = max_basis_vectors
-        self._report = report
+        self.space = space  # None: flat (`flatcli.engine.linalg.vectors.space_of`)
 
     @property
     def dim(self) -> int:
         """P."""
         return self.shape[1]
 
-    def report(self, **info) -> None:
-        """Progress from the estimator driving this operator (forwarded to the wrapped operator's hook)."""
-        if self._report is not None:
-            self._report(**info)
-
     def __call__(self, V: torch.Tensor) -> torch.Tensor:
         """Same as ``matmat_rows``."""
         return self.matmat_rows(V)
 
 
-def as_operator(
-    op,
-    dim: int | None = None,
-    *,
-    device=None,
-    dtype=None,
-    block_size: int | None = None,
-    max_device_vectors: int | str | None = "auto",
-) -> Operator:
-    """The one adapter in front of every estimator: an `Operator` from a curvature operator (anything with
-    ``matmat_rows`` and ``shape``: `flatcli.engine.operators.CurvatureOperator`, or an `Operator`) or
-    from a bare ``V (K, P) -> M V`` callable, which needs ``dim``.
+def as_operator(op, dim: int | None = None, *, device=None, dtype=None, space=None) -> Operator:
+    """The one adapter in front of every estimator: an `Operator` from a curvature operator
+    (anything with ``matmat_rows`` and ``shape``: `flatcli.engine.operators.CurvatureOperator`, or
+    an `Operator`) or from a bare ``V (K, P) -> M V`` callable, which needs ``dim``.
 
-    From an operator, ``dim``, ``device``, ``dtype``, ``block_size``, ``max_device_vectors``,
-    ``max_basis_vectors`` and ``report`` are its own; the keywords override them (``max_device_vectors="auto"`` and None for
-    the others: keep the operator's). A bare callable gets ``device`` (None: the default device),
-    ``dtype`` (default float32), ``block_size`` (default `DEFAULT_BLOCK`) and ``max_device_vectors``
-    as given, and no progress hook.
+    From an operator, ``dim``, ``device`` and ``dtype`` are its own (``device`` and ``dtype`` given
+    override them); a bare callable gets ``device`` (None: the default device) and ``dtype``
+    (default float32), or ``space`` (a `flatcli.engine.linalg.vectors.ParamSpace`: vectors one
+    block per parameter, and P, device and dtype from it). How the estimator drives it (block size, basis caps, progress) is the
+    estimator's `EstimatorSettings`.
 
     Parameters
     ----------
@@ -115,10 +135,8 @@ def as_operator(
         P, needed for a bare callable.
     device, dtype : optional
         Of the vectors.
-    block_size : int, optional
-        Vectors per product.
-    max_device_vectors : int, "auto" or None
-        The most basis vectors on the device at once.
+    space : ParamSpace, optional
+        The vectors' space of a bare per-parameter product (its own for an operator that has one).
 
     Returns
     -------
@@ -131,30 +149,14 @@ def as_operator(
             op.shape[1],
             device=device if device is not None else op.device,
             dtype=op.dtype if dtype is None else dtype,
-            block_size=block_size or getattr(op, "block_size", None) or DEFAULT_BLOCK,
-            max_device_vectors=(
-                getattr(op, "max_device_vectors", "auto")
-                if _is_auto(max_device_vectors)
-                else max_device_vectors
-            ),
-            report=getattr(op, "report", None),
-            max_basis_vectors=getattr(op, "max_basis_vectors", "auto"),
+            space=space
+            or (getattr(op, "space", None) if device is None and dtype is None else None),
         )
+    if space is not None:
+        return Operator(op, space.dim, device=space.device, dtype=space.dtype, space=space)
     if dim is None:
         raise TypeError("a bare mat-vec needs its dimension: pass dim")
-    return Operator(
-        op,
-        int(dim),
-        device=device,
-        dtype=torch.float32 if dtype is None else dtype,
-        block_size=block_size or DEFAULT_BLOCK,
-        max_device_vectors=max_device_vectors,
-        report=None,
-    )
-
-
-def _is_auto(setting) -> bool:
-    return isinstance(setting, str) and setting == "auto"
+    return Operator(op, int(dim), device=device, dtype=torch.float32 if dtype is None else dtype)
 
 
 _M31 = 0x7FFFFFFF

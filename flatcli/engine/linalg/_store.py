@@ -203,12 +203,9 @@ class BasisStore:
         return out
 
 
-def device_capacity(op, setting, dim: int, device, dtype) -> int | None:
-    """The capacity an estimator uses: ``setting`` (an int, or None for unbounded); ``"auto"`` takes the
-    operator's ``max_device_vectors`` (the engine's ``runtime.max_device_vectors``) when it has one,
-    else `default_capacity`."""
-    if isinstance(setting, str) and setting == "auto":
-        setting = getattr(op, "max_device_vectors", "auto")
+def device_capacity(setting, dim: int, device, dtype) -> int | None:
+    """The capacity an estimator uses: ``setting`` (its `EstimatorSettings.max_device_vectors`: an
+    int, or None for unbounded); ``"auto"``: `default_capacity`."""
     if isinstance(setting, str) and setting == "auto":
         return default_capacity(dim, device, dtype)
     return validate("max_device_vectors", setting, error=ValueError)

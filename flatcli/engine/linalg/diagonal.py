@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._common import MatVec, as_operator, rademacher
+from ._common import EstimatorSettings, MatVec, as_operator, rademacher, settings_or_default
 from .declarations import Cost
 from .sem import mean_stderr_of_sums
 from .stop import DiagonalCheck
+from .vectors import space_of
 
 
 def _unit_block_diagonal(
@@ -50,16 +51,18 @@ def _unit_block_diagonal(
     return out
 
 
-def exact_diagonal(op):
-    """The diagonal of H from unit-vector products (P products, ``op.block_size`` at a time; small
-    models only). ``op``: an operator or anything `as_operator` takes.
+def exact_diagonal(op, *, settings: EstimatorSettings | None = None):
+    """The diagonal of H from unit-vector products (P products, ``settings.block_size`` at a time;
+    small models only). ``op``: an operator or anything `as_operator` takes.
 
     Parameters
     ----------
     op : CurvatureOperator or Operator
         The symmetric operator: a `flatcli.engine.operators.CurvatureOperator`, or anything
         `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P,
-        the device and dtype of the vectors and the vectors per product (``block_size``).
+        and the device and dtype of the vectors.
+    settings : EstimatorSettings, optional
+        The vectors per product call (``block_size``).
 
     Returns
     -------
@@ -67,31 +70,40 @@ def exact_diagonal(op):
         diag(H), length P.
     """
     op = as_operator(op)
+    space, matvec, device, dtype = space_of(op), op.matmat_rows, op.device, op.dtype
+    if space.parts is not None:  # unit vectors made flat on the CPU, multiplied part by part
+
+        def matvec(E):
+            return space.to_flat(op.matmat_rows(space.native(space.from_flat(E))))
+
+        device, dtype = "cpu", torch.float64
     return _unit_block_diagonal(
-        op.matmat_rows,
+        matvec,
         torch.arange(op.dim),
         op.dim,
-        block=op.block_size,
-        device=op.device,
-        dtype=op.dtype,
+        block=settings_or_default(settings).block(),
+        device=device,
+        dtype=dtype,
     )
 
 
-def hutchinson_diagonal(op, *, samples: int, generator):
+def hutchinson_diagonal(op, *, samples: int, generator, settings: EstimatorSettings | None = None):
     r"""Plain diagonal estimator (Bekas et al. 2007)
     :math:`\mathrm{diag}(H) \approx \frac1m\sum_i z_i \circ H z_i`, Rademacher :math:`z_i`.
-    Probes go ``op.block_size`` at a time.
+    Probes go ``settings.block_size`` at a time.
 
     Parameters
     ----------
     op : CurvatureOperator or Operator
         The symmetric operator: a `flatcli.engine.operators.CurvatureOperator`, or anything
         `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P,
-        the device and dtype of the vectors and the vectors per product (``block_size``).
+        and the device and dtype of the vectors.
     samples : int
         Rademacher probes.
     generator : torch.Generator
         Seeded CPU generator of the probes.
+    settings : EstimatorSettings, optional
+        The vectors per product call (``block_size``).
 
     Returns
     -------
@@ -99,28 +111,39 @@ def hutchinson_diagonal(op, *, samples: int, generator):
         The estimate of diag(H) and its per-coordinate standard error (float64, CPU).
     """
     op = as_operator(op)
-    matvec, dim, device, dtype, block = op.matmat_rows, op.dim, op.device, op.dtype, op.block_size
-    acc = torch.zeros(dim, dtype=torch.float64, device=device)
-    acc2 = torch.zeros(dim, dtype=torch.float64, device=device)
+    space, block = space_of(op), settings_or_default(settings).block()
+    flat = space.parts is None  # the sums stay on the device, else they gather on the CPU
+    acc = torch.zeros(op.dim, dtype=torch.float64, device=op.device if flat else "cpu")
+    acc2 = torch.zeros_like(acc)
     done = 0
     while done < samples:
         k = min(block, samples - done)
-        Z = rademacher(k, dim, generator, device, dtype)
-        D = (Z * matvec(Z)).double()
-        acc += D.sum(0)
-        acc2 += (D * D).sum(0)
+        Z = space.probes(k, generator)
+        D = space.apply(lambda z, hz: (z * hz).double(), Z, op.matmat_rows(Z))
+        acc += space.to_flat(space.apply(lambda d: d.sum(0, keepdim=not flat), D)).reshape(-1)
+        acc2 += space.to_flat(space.apply(lambda d: (d * d).sum(0, keepdim=not flat), D)).reshape(
+            -1
+        )
         done += k
     return mean_stderr_of_sums(acc.cpu(), acc2.cpu(), samples)
 
 
-def scaled_diagonal(op, theta: torch.Tensor, *, samples: int, eps: float = 1e-8, generator):
+def scaled_diagonal(
+    op,
+    theta: torch.Tensor,
+    *,
+    samples: int,
+    eps: float = 1e-8,
+    generator,
+    settings: EstimatorSettings | None = None,
+):
     r"""The ``|θ|``-scaled diagonal estimator (Tsuzuku et al. 2020, eq. 29 as r → 0):
 
     .. math:: D \approx \frac1m \sum_i s_i \circ H(|\theta| \circ s_i) \,/\, |\theta|,
 
     with Rademacher ``s_i`` and exact HVPs; ``|θ|`` is replaced by ``|θ| + eps``
     only where θ = 0. Unbiased for diag(H), and it transforms like the true
-    diagonal under node rescaling sample by sample. Probes go ``op.block_size`` at a time (vectors on
+    diagonal under node rescaling sample by sample. Probes go ``settings.block_size`` at a time (vectors on
     θ's device, in θ's dtype).
 
     Parameters
@@ -128,7 +151,7 @@ def scaled_diagonal(op, theta: torch.Tensor, *, samples: int, eps: float = 1e-8,
     op : CurvatureOperator or Operator
         The symmetric operator: a `flatcli.engine.operators.CurvatureOperator`, or anything
         `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P,
-        the device and dtype of the vectors and the vectors per product (``block_size``).
+        and the device and dtype of the vectors.
     theta : torch.Tensor
         The parameters θ (flat); the probes are on its device, in its dtype.
     samples : int
@@ -137,6 +160,8 @@ def scaled_diagonal(op, theta: torch.Tensor, *, samples: int, eps: float = 1e-8,
         Replaces ``|θ|`` where θ = 0.
     generator : torch.Generator
         Seeded CPU generator of the probes.
+    settings : EstimatorSettings, optional
+        The vectors per product call (``block_size``).
 
     Returns
     -------
@@ -144,7 +169,7 @@ def scaled_diagonal(op, theta: torch.Tensor, *, samples: int, eps: float = 1e-8,
         The estimate of diag(H) and its per-coordinate standard error.
     """
     op = as_operator(op, theta.numel(), device=theta.device, dtype=theta.dtype)
-    matvec, block = op.matmat_rows, op.block_size
+    matvec, block = op.matmat_rows, settings_or_default(settings).block()
     a = theta.detach().abs()
     a = torch.where(a == 0, torch.full_like(a, eps), a)
     dim = theta.numel()
@@ -209,7 +234,13 @@ def _relative_gap(diff: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch
 
 
 def remainder_block_gaps(
-    hvp, ggnvp: MatVec, tensors: dict[str, slice], *, probes: int, generator: torch.Generator
+    hvp,
+    ggnvp: MatVec,
+    tensors: dict[str, slice],
+    *,
+    probes: int,
+    generator: torch.Generator,
+    settings: EstimatorSettings | None = None,
 ) -> dict[str, float]:
     r"""Per tensor t (name → slice): the largest relative gap
     :math:`\|P_t(H - G)z\| / \max(\|P_t Hz\|, \|P_t Gz\|)` over ``probes`` seeded
@@ -217,7 +248,7 @@ def remainder_block_gaps(
 
     The gap is 0 exactly when the remainder block :math:`P_t(H - G)P_t` maps z to 0,
     which for a nonzero block has probability 0. ``hvp``: an operator or anything `as_operator`
-    takes (P, device, dtype, block size); probes are multiplied ``hvp.block_size`` at
+    takes (P, device, dtype); probes are multiplied ``settings.block_size`` at
     a time (one Hessian and one Gauss-Newton product each).
 
     Parameters
@@ -232,6 +263,8 @@ def remainder_block_gaps(
         Gaussian probes per tensor.
     generator : torch.Generator
         Seeded CPU generator of the probes.
+    settings : EstimatorSettings, optional
+        The vectors per product call (``block_size``).
 
     Returns
     -------
@@ -239,7 +272,8 @@ def remainder_block_gaps(
         The largest relative gap per tensor.
     """
     hvp = as_operator(hvp)
-    dim, block, device, dtype = hvp.dim, hvp.block_size, hvp.device, hvp.dtype
+    dim, device, dtype = hvp.dim, hvp.device, hvp.dtype
+    block = settings_or_default(settings).block()
     rows = [
         (name, sl, z)
         for name, sl in tensors.items()
@@ -284,12 +318,12 @@ def _gen(generator, name: str) -> torch.Generator:
     return generator(name) if callable(generator) else generator
 
 
-def residual_groups(hvp, ggnvp, mask, samples, groups, generator):
+def residual_groups(hvp, ggnvp, mask, samples, groups, generator, block: int):
     """``groups`` groups of (Σ z ∘ (Hz − Gz), size) over ``samples`` Rademacher probes supported on
-    ``mask``; ``hvp`` an operator or anything `as_operator` takes (its block size, device and
-    dtype; the mask's length, device and dtype otherwise)."""
+    ``mask``, ``block`` at a time; ``hvp`` an operator or anything `as_operator` takes (its device
+    and dtype; the mask's length, device and dtype otherwise)."""
     hvp = as_operator(hvp, mask.numel(), device=mask.device, dtype=mask.dtype)
-    block, device, dtype = hvp.block_size, hvp.device, hvp.dtype
+    device, dtype = hvp.device, hvp.dtype
     G_ = max(1, min(groups, samples))
     out = []
     for k in [samples // G_ + (1 if j < samples % G_ else 0) for j in range(G_)]:
@@ -314,6 +348,7 @@ def checked_gauss_newton_diagonal(
     *,
     rules: DiagonalCheck,
     generator: torch.Generator,
+    settings: EstimatorSettings | None = None,
 ):
     r"""The Hessian diagonal from the exact Gauss-Newton diagonal, verified tensor by tensor.
 
@@ -324,7 +359,7 @@ def checked_gauss_newton_diagonal(
     once), the whole block :math:`R_{tt} = P_t R P_t` vanishes. Two checks per
     tensor of ``tensors`` (name → slice of the flat vector); it is *curved* when one fails
     (``tol``, ``check``, ``probes``, ``max_exact``, ``samples``, ``groups``: fields of ``rules``, a
-    `DiagonalCheck`; ``hvp`` is an operator or anything `as_operator` takes, its ``block_size``
+    `DiagonalCheck`; ``hvp`` is an operator or anything `as_operator` takes, ``settings.block_size``
     vectors per product, vectors on θ's device in θ's dtype):
 
     1. coordinates: at ``check`` coordinates (the largest :math:`G_{ii}`, the largest
@@ -367,7 +402,7 @@ def checked_gauss_newton_diagonal(
     rules : DiagonalCheck
         ``tol``, ``check``, ``probes``, ``max_exact``, ``samples``, ``groups``.
     generator : torch.Generator
-        Seeded CPU generator of the checks' coordinates and probes.
+        Seeded CPU generator of the checks' coordinates and probes (``settings``: the block size).
 
     Returns
     -------
@@ -384,12 +419,14 @@ def checked_gauss_newton_diagonal(
     out = CheckedDiagonal(diag=g.clone(), tol=tol)
     if not tensors:
         return out
-    kw = {"block": hvp.block_size, "device": device, "dtype": dtype}
+    kw = {"block": settings_or_default(settings).block(), "device": device, "dtype": dtype}
     idx, h, owner, out.checked = _coordinate_check(hvp, g, th, tensors, check, generator, **kw)
     out.n_hvp += len(idx)
     large = {n: sl for n, sl in tensors.items() if sl.stop - sl.start > check}
     if large and probes > 0:
-        blocks = remainder_block_gaps(hvp, ggnvp, large, probes=probes, generator=generator)
+        blocks = remainder_block_gaps(
+            hvp, ggnvp, large, probes=probes, generator=generator, settings=settings
+        )
         out.checked.update({n: max(out.checked[n], v) for n, v in blocks.items()})
         out.n_hvp += probes * len(large)
         out.n_ggnvp += probes * len(large)
@@ -414,7 +451,7 @@ def checked_gauss_newton_diagonal(
         for name in out.estimated:
             mask[tensors[name]] = 1.0
         out.residual_groups = residual_groups(
-            hvp, ggnvp, mask, samples, rules.groups, _gen(generator, "residual")
+            hvp, ggnvp, mask, samples, rules.groups, _gen(generator, "residual"), kw["block"]
         )
         out.n_hvp += samples
         out.n_ggnvp += samples

@@ -2,8 +2,8 @@ r"""Block Lanczos with full reorthogonalization, its certified step count, and t
 controls of converged eigenpairs (Golub & Van Loan §10.1, §10.3.6).
 
 `lanczos`: unlike power iteration, the Ritz values converge to the *algebraic*
-extremes: with ``which="largest"`` the largest eigenvalue is found even when
-a negative eigenvalue has larger magnitude.
+extremes: the largest eigenvalue is found even when a negative eigenvalue has larger
+magnitude (the smallest: ``lanczos(-H)``).
 
 Near zero: a relative test cannot be met by a Ritz value at 0, so the tolerance has an
 absolute floor: the residual test is :math:`\|Hx_i - \theta_i x_i\| \le \mathrm{tol}\cdot
@@ -39,11 +39,12 @@ import numpy as np
 import torch
 
 from .. import recompute
-from ._common import as_operator, rademacher, rowdot
-from ._store import BasisStore, device_capacity
+from ._common import EstimatorSettings, as_operator, rademacher, rowdot, settings_or_default
+from ._store import device_capacity
 from .declarations import Cost
 from .sem import mean_stderr
 from .stop import KrylovStop
+from .vectors import space_of
 
 # P-vectors Lanczos holds beside its basis (in θ's element size): its float64 start (two), the
 # product of the current block and the next block
@@ -52,9 +53,9 @@ LANCZOS_WORK_VECTORS = 4
 
 @dataclass
 class LanczosResult:
-    """Ritz values of the Krylov space, ordered as asked (``which``).
+    """Ritz values of the Krylov space, descending.
 
-    eigenvalues: all Ritz values, descending for ``which="largest"``.
+    eigenvalues: all Ritz values, descending.
     residuals: Ritz residual norms ‖Hx − θx‖ matching ``eigenvalues``.
     steps: products (= the Krylov-space dimension reached, without restarts).
     converged: the ``k`` wanted pairs met the residual test (or the space is exact).
@@ -119,21 +120,19 @@ class _BlockKrylov:
 
     def __init__(
         self,
-        X: torch.Tensor,
+        space,
+        X,
         max_rows: int,
-        dtype,
         capacity: int | None = None,
         capped: bool = False,
     ):
-        b, dim = X.shape
+        b = space.count(X)
         self.capped = (
             capped  # max_rows is a thick-restart cap (else the step cap: a last partial block)
         )
-        self.dtype = dtype
-        self.Q = BasisStore(
-            dim, X.device, dtype, capacity=capacity, max_rows=max_rows, preallocate=capped
-        )
-        self.Q.append(torch.linalg.qr(X.T).Q.T.to(dtype))
+        self.space, self.dtype = space, space.dtype
+        self.Q = space.store(capacity=capacity, max_rows=max_rows, preallocate=capped)
+        self.Q.append(space.native(space.qr(X)[0]))
         self.T = np.zeros((max_rows, max_rows), dtype=np.float64)
         self.s, self.e = 0, b
         self.block_width = b
@@ -147,9 +146,9 @@ class _BlockKrylov:
     def orthogonalize(self, W: torch.Tensor) -> torch.Tensor:
         """W − Q(QᵀW) against the whole basis; a second pass only where the first cancelled much
         (Daniel, Gragg, Kaufman & Stewart 1976: "twice is enough"). Fills T's new columns."""
-        before = W.norm(dim=1)
+        before = self.space.norm(W)
         W, C = self.Q.project_out(W)
-        if bool((W.norm(dim=1) < 0.7071 * before).any()):
+        if bool((self.space.norm(W) < 0.7071 * before).any()):
             W, C2 = self.Q.project_out(W)
             C = C + C2
         C = C.double().cpu().numpy()
@@ -159,22 +158,22 @@ class _BlockKrylov:
         self.T[s:e, s:e] = 0.5 * (C[s:e] + C[s:e].T)
         return W
 
-    def ritz(self, W: torch.Tensor, which: str):
-        """Ritz values (ordered by ``which``), vectors in T's basis, residual norms, and the next block.
+    def ritz(self, W):
+        """Ritz values (descending), vectors in T's basis, residual norms, and the next block.
 
         Residual identity: with W = Q_next R, ‖H x_i − θ_i x_i‖ = ‖R y_i[s:e]‖."""
         e, s = self.e, self.s
         evals, evecs = np.linalg.eigh(self.T[:e, :e])
-        order = np.argsort(evals)[::-1] if which == "largest" else np.argsort(evals)
+        order = np.argsort(evals)[::-1]
         evals, evecs = evals[order], evecs[:, order]
+        sp = self.space
         if e - s == 1:
-            nrm = float(W.double().norm())
+            nrm = float(sp.frobenius(sp.wide(W)))
             R = np.array([[nrm]])
-            Qnext = W / nrm if nrm > 0 else W
+            Qnext = sp.div(W, nrm) if nrm > 0 else W
         else:
-            Rf = torch.linalg.qr(W.double().T)
-            R = Rf.R.cpu().numpy()
-            Qnext = Rf.Q.T.to(self.dtype)
+            Qd, R = sp.qr(sp.wide(W))
+            Qnext = sp.native(Qd)
         res = np.linalg.norm(R @ evecs[s:e, :], axis=0)
         return evals, evecs, res, R, Qnext
 
@@ -182,14 +181,14 @@ class _BlockKrylov:
         """Rows the basis can still take."""
         return self.max_rows - self.e
 
-    def extend(self, Qnext: torch.Tensor, keep: np.ndarray, most: int) -> None:
+    def extend(self, Qnext, keep: np.ndarray, most: int) -> None:
         """Append the kept directions of the next block (at most ``most``)."""
         width = min(len(keep), self.room(), most)
-        Qn = Qnext[torch.as_tensor(keep[:width], device=Qnext.device)]
+        Qn = self.space.take(Qnext, keep[:width])
         self.s, self.e = self.e, self.e + width
         self.Q.append(Qn)
 
-    def grow(self, evals, evecs, Qnext: torch.Tensor, keep: np.ndarray, k: int, most: int) -> None:
+    def grow(self, evals, evecs, Qnext, keep: np.ndarray, k: int, most: int) -> None:
         """The next block of the basis: appended, or after a thick restart when the basis is full."""
         b = self.block_width
         if self.capped and self.room() < min(len(keep), b):
@@ -197,16 +196,14 @@ class _BlockKrylov:
         else:
             self.extend(Qnext, keep, most)
 
-    def restart(
-        self, evals, evecs, Qnext: torch.Tensor, keep: np.ndarray, j: int, most: int
-    ) -> None:
+    def restart(self, evals, evecs, Qnext, keep: np.ndarray, j: int, most: int) -> None:
         """Thick restart (Wu & Simon 2000): the basis becomes the ``j`` first Ritz vectors (in
-        ``which`` order) and the kept directions of the next block; T becomes diag(θ₁..θⱼ). Its
+        descending order) and the kept directions of the next block; T becomes diag(θ₁..θⱼ). Its
         border (the coupling ``R y[s:e]`` of the residual identity) is filled by the next
         orthogonalization, which projects the new block's product on every basis row."""
         keep = keep[: min(len(keep), most)]
         S = torch.as_tensor(evecs[:, :j].copy(), dtype=self.dtype)
-        self.Q.restart(S, Qnext[torch.as_tensor(keep, device=Qnext.device)])
+        self.Q.restart(S, self.space.take(Qnext, keep))
         self.T[:] = 0.0
         self.T[np.arange(j), np.arange(j)] = evals[:j]
         self.s, self.e = j, j + len(keep)
@@ -250,14 +247,11 @@ def basis_floor(dim: int, k: int, block: int, min_steps: int | None) -> int:
     return max(certified_min_steps(dim) if min_steps is None else int(min_steps), k + 2 * block)
 
 
-def basis_limit(op, setting, dim: int, dtype, rows: int, floor: int) -> int:
+def basis_limit(setting, dim: int, dtype, rows: int, floor: int) -> int:
     r"""The most Lanczos basis rows, at most ``rows`` (the basis the run would build without a cap),
     from ``setting`` (``runtime.max_basis_vectors``): an int (raised to ``floor``, `basis_floor`),
-    None (unbounded), or ``"auto"``: the operator's setting when it has one (the engine resolves its
-    own ``auto`` once, the same on every rank), else what fits in half the free host memory
-    (`host_fit`), at least ``floor``."""
-    if isinstance(setting, str) and setting == "auto":
-        setting = getattr(op, "max_basis_vectors", "auto")
+    None (unbounded), or ``"auto"``: what fits in half the free host memory (`host_fit`), at least
+    ``floor`` (the engine resolves its own ``auto`` once, the same on every rank)."""
     if isinstance(setting, str) and setting == "auto":
         setting = host_fit(dim, dtype)
     return rows if setting is None else min(rows, max(int(setting), floor))
@@ -267,14 +261,15 @@ def lanczos(
     op,
     *,
     k: int = 1,
-    which: str = "largest",
     block: int | None = None,
     v0: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     return_vectors: bool = False,
     stop: KrylovStop = KrylovStop(),
+    settings: EstimatorSettings | None = None,
 ) -> LanczosResult:
-    r"""(Block) Lanczos with full reorthogonalization for the ``k`` extreme eigenvalues.
+    r"""(Block) Lanczos with full reorthogonalization for the ``k`` largest eigenvalues (the
+    smallest: ``lanczos(-H)``, negated).
 
     Builds an orthonormal basis :math:`Q` of the block Krylov space
     :math:`\mathrm{span}\{X, HX, H^2X, \dots\}` (``X``: ``block`` start vectors,
@@ -295,17 +290,12 @@ def lanczos(
     ----------
     op : CurvatureOperator or Operator
         The symmetric operator: a `flatcli.engine.operators.CurvatureOperator`, or anything
-        `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P,
-        the device and dtype of the vectors and the vectors per product (``block_size``).
-        Its ``max_device_vectors`` bounds the basis vectors on the device at once (the rest live in
-        host memory, pinned on CUDA, and reorthogonalization streams them in chunks; the values
-        equal the all-on-device run's to rounding).
+        `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P
+        and the device and dtype of the vectors.
     k : int
-        How many extreme pairs must converge.
-    which : {"largest", "smallest"}
-        Algebraically largest or smallest eigenvalues.
+        How many of the algebraically largest pairs must converge.
     block : int, optional
-        Block size of the Krylov space (default ``k``); not the operator's ``block_size``.
+        Block size of the Krylov space (default ``k``); not the settings' ``block_size``.
     v0 : torch.Tensor, optional
         Start vector(s), shape (P,) or (block, P); default seeded Gaussian.
     generator : torch.Generator, optional
@@ -313,17 +303,20 @@ def lanczos(
     return_vectors : bool
         Also return the Ritz vectors.
     stop : KrylovStop
-        Tolerance, fewest and most steps, budget, the most basis vectors kept (``max_basis``).
+        Tolerance, fewest and most steps, budget, the most basis vectors kept (``max_basis``;
+        "auto": the settings' ``max_basis_vectors``).
+    settings : EstimatorSettings, optional
+        ``max_device_vectors`` bounds the basis vectors on the device at once (the rest live in
+        host memory, pinned on CUDA, and reorthogonalization streams them in chunks; the values
+        equal the all-on-device run's to rounding); ``max_basis_vectors`` and the progress hook.
 
     Returns
     -------
     LanczosResult
         Ritz values (and vectors), residuals, steps, products, convergence and restarts.
     """
-    if which not in ("largest", "smallest"):
-        raise ValueError(f"which must be 'largest' or 'smallest'. Got {which!r} instead.")
-    op = as_operator(op)
-    matvec, dim, device, dtype, report = op.matmat_rows, op.dim, op.device, op.dtype, op.report
+    op, opts = as_operator(op), settings_or_default(settings)
+    matvec, dim, device, dtype, space = op.matmat_rows, op.dim, op.device, op.dtype, space_of(op)
     budget, tol = stop.the_budget(), stop.tol
     max_steps = int(min(stop.max_steps, dim))
     wanted = max_steps
@@ -336,12 +329,13 @@ def lanczos(
     min_steps = int(min(min_steps, max_steps))
     X = _start_block(v0, block, k, dim, max_steps, generator)
     b = X.shape[0]
-    rows = basis_limit(op, stop.max_basis, dim, dtype, max_steps, basis_floor(dim, k, b, min_steps))
-    cap = device_capacity(op, op.max_device_vectors, dim, device, dtype)
+    setting = opts.max_basis_vectors if stop.max_basis == "auto" else stop.max_basis
+    rows = basis_limit(setting, dim, dtype, max_steps, basis_floor(dim, k, b, min_steps))
+    cap = device_capacity(opts.max_device_vectors, dim, device, dtype)
     kry = _BlockKrylov(
-        X.to(device=device, dtype=torch.float64),
+        space,
+        space.from_flat(X.to(dtype=torch.float64)),
         rows,
-        dtype,
         cap and max(int(cap), b),
         rows < max_steps,
     )
@@ -349,16 +343,16 @@ def lanczos(
     nblock = nprod = 0
     while True:
         nprod += kry.e - kry.s
-        W = kry.orthogonalize(matvec(kry.block()).to(dtype))
+        W = kry.orthogonalize(space.native(matvec(kry.block())))
         nblock += 1
-        evals, evecs, res, R, Qnext = kry.ritz(W, which)
+        evals, evecs, res, R, Qnext = kry.ritz(W)
         kk = min(k, kry.e)
         scale = max(1.0, float(np.max(np.abs(evals))))
         keep = np.nonzero(np.abs(np.diag(R)) > 1e-10 * scale)[0]
         if len(keep) == 0 or kry.e >= dim:
             converged = True  # invariant subspace: the Ritz values are exact
             break
-        report(
+        opts.progress(
             steps=nprod, value=float(evals[0]), residual=float(res[0] / max(abs(evals[0]), 1e-30))
         )
         spread = float(np.max(np.abs(evals)))  # max |θ|: the estimate of ‖H‖₂ so far

@@ -13,16 +13,19 @@ import torch
 from ._common import (
     MIN_NODES,
     MIN_SAMPLES,
+    EstimatorSettings,
     MatVec,
     _tridiag_eig,
     as_operator,
     rademacher,
+    settings_or_default,
     t_factor,
 )
-from ._store import BasisStore, device_capacity
+from ._store import device_capacity
 from .budget import Budget, no_budget
 from .declarations import Cost
 from .sem import mean_stderr
+from .vectors import space_of
 
 
 @dataclass
@@ -149,15 +152,13 @@ class _RunBases:
     one offloaded `BasisStore` per run (reorthogonalized run by run, so at most ``capacity`` basis
     vectors are on the device at once)."""
 
-    def __init__(self, R: int, m: int, dim: int, device, dtype, capacity: int | None):
-        self.R = R
+    def __init__(self, space, R: int, m: int, capacity: int | None):
+        self.R, self.space = R, space
         self.stores = None
-        if capacity is not None and capacity < m:
-            self.stores = [
-                BasisStore(dim, device, dtype, capacity=capacity, max_rows=m) for _ in range(R)
-            ]
+        if (capacity is not None and capacity < m) or space.parts is not None:
+            self.stores = [space.store(capacity=capacity, max_rows=m) for _ in range(R)]
         else:
-            self.Q = torch.zeros(R, m, dim, device=device, dtype=dtype)
+            self.Q = torch.zeros(R, m, space.dim, device=space.device, dtype=space.dtype)
 
     @property
     def peak_resident(self) -> int:
@@ -166,24 +167,24 @@ class _RunBases:
             return int(self.Q.shape[0] * self.Q.shape[1])
         return max(s.peak_resident for s in self.stores)
 
-    def put(self, live: list[int], j: int, q: torch.Tensor) -> None:
+    def put(self, live: list[int], j: int, q) -> None:
         """Step j's vectors ``q`` of the live runs."""
         if self.stores is None:
             self.Q[torch.as_tensor(live, device=q.device), j] = q
             return
         for pos, r in enumerate(live):
-            self.stores[r].append(q[pos : pos + 1])
+            self.stores[r].append(self.space.take(q, [pos]))
 
-    def reorthogonalize(self, W: torch.Tensor, live: list[int], j: int) -> torch.Tensor:
+    def reorthogonalize(self, W, live: list[int], j: int):
         """Each live run's row of W against its own basis (steps 0..j), twice."""
         if self.stores is not None:
             rows = []
             for pos, r in enumerate(live):
-                w = W[pos : pos + 1]
+                w = self.space.take(W, [pos])
                 for _ in range(2):
                     w, _c = self.stores[r].project_out(w)
                 rows.append(w)
-            return torch.cat(rows)
+            return self.space.cat(rows)
         idx = torch.as_tensor(live, device=W.device)
         Qa = self.Q[:, : j + 1] if len(live) == self.R else self.Q[idx, : j + 1]
         for _ in range(2):
@@ -192,10 +193,10 @@ class _RunBases:
 
 
 def _lanczos_runs(
+    space,
     matvec: MatVec,
-    V0: torch.Tensor,
+    V0,
     steps: int,
-    dtype,
     capacity: int | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -207,20 +208,20 @@ def _lanczos_runs(
     of every run. ``stop()`` true after a step ends every run there (a shorter run is a Gauss
     quadrature with fewer nodes: still an estimate).
     """
-    R, dim = V0.shape
-    m = min(steps, dim)
-    bases = _RunBases(R, m, dim, V0.device, dtype, capacity)
-    q = V0.to(dtype) / V0.to(dtype).norm(dim=1, keepdim=True)
+    R, m = space.count(V0), min(steps, space.dim)
+    bases = _RunBases(space, R, m, capacity)
+    q = space.native(V0)
+    q = space.div_rows(q, space.norm(q))
     alphas = np.zeros((R, m))
     betas = np.zeros((R, m))
     length = np.full(R, m)
     live = list(range(R))
     for j in range(m):
         bases.put(live, j, q)
-        W = matvec(q).to(dtype)
-        a = (W * q).sum(1)
+        W = space.native(matvec(q))
+        a = space.sumprod(W, q)
         W = bases.reorthogonalize(W, live, j)
-        bnorm = W.norm(dim=1)
+        bnorm = space.norm(W)
         halt = stop is not None and stop()
         a_np, b_np = a.double().cpu().numpy(), bnorm.double().cpu().numpy()
         keep = []
@@ -234,8 +235,7 @@ def _lanczos_runs(
                 keep.append(pos)
         if not keep:
             break
-        kt = torch.as_tensor(keep, device=V0.device)
-        q = W[kt] / bnorm[kt, None]
+        q = space.div_rows(space.take(W, keep), bnorm[torch.as_tensor(keep, device=bnorm.device)])
         live = [live[pos] for pos in keep]
     _lanczos_runs.last_device_vectors = bases.peak_resident  # instrumentation (tests)
     return [(alphas[r, : length[r]], betas[r, : length[r] - 1]) for r in range(R)]
@@ -283,6 +283,7 @@ def slq(
     block: int | None = None,
     budget: Budget | None = None,
     starts: torch.Tensor | None = None,
+    settings: EstimatorSettings | None = None,
 ) -> SLQResult:
     r"""Stochastic Lanczos quadrature (Ubaru, Chen & Saad 2017, eq. 3.5).
 
@@ -299,9 +300,7 @@ def slq(
     Parameters
     ----------
     op : CurvatureOperator or Operator
-        An operator or anything `as_operator` takes (P, device, dtype from it). With
-        ``max_device_vectors`` below ``steps`` each run's basis lives in host memory and is streamed
-        in chunks; the nodes and weights equal the all-on-device run's to rounding.
+        An operator or anything `as_operator` takes (P, device, dtype from it).
     runs : int
         Rademacher starts (ignored when ``starts`` is given).
     steps : int
@@ -319,6 +318,9 @@ def slq(
         result may hold no run at all (`expect` is then NaN).
     starts : torch.Tensor, optional
         (R, P) start vectors instead of ``runs`` draws (a caller continuing one stream of probes).
+    settings : EstimatorSettings, optional
+        With ``max_device_vectors`` below ``steps`` each run's basis lives in host memory and is
+        streamed in chunks; the nodes and weights equal the all-on-device run's to rounding.
 
     Returns
     -------
@@ -336,7 +338,7 @@ def slq(
     g = int(block) if block else slq_group_size(dim, steps, runs, device=device, dtype=dtype)
     g = max(1, min(g, runs))
     budget = budget if budget is not None else no_budget()
-    cap = device_capacity(op, op.max_device_vectors, dim, device, dtype)
+    cap = device_capacity(settings_or_default(settings).max_device_vectors, dim, device, dtype)
     V0 = (
         starts.to(torch.float64)
         if starts is not None
@@ -352,7 +354,9 @@ def slq(
         if n == 0:
             break
         cut = budget.out_of_time if (budget.max_seconds is not None and i == 0) else None
-        for a, b in _lanczos_runs(matvec, V0[i : i + n].to(device), steps, dtype, cap, cut):
+        for a, b in _lanczos_runs(
+            space_of(op), matvec, space_of(op).from_flat(V0[i : i + n]), steps, cap, cut
+        ):
             used += len(a)
             if len(a) < min(MIN_NODES, steps) and cut is not None and cut():
                 dropped += 1  # cut by the time cap before its third node: no estimate

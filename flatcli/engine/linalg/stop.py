@@ -26,7 +26,7 @@ class KrylovStop:
     """Lanczos stops at ``tol`` (relative residuals of the wanted Ritz pairs) once at least ``min_steps``
     Krylov steps are done (None: `flatcli.engine.linalg.certified_min_steps` of the dimension), at
     ``max_steps``, or when ``budget`` is spent. ``max_basis``: the most basis vectors kept, beyond
-    which Lanczos thick-restarts (``"auto"``: the operator's ``runtime.max_basis_vectors``, else what
+    which Lanczos thick-restarts (``"auto"``: the estimator settings' ``max_basis_vectors``, else what
     fits in half the free host memory; None: unbounded; `flatcli.engine.linalg.lanczos.basis_limit`)."""
 
     tol: float = 1e-3

@@ -9,13 +9,21 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ._common import MIN_SAMPLES, as_operator, rademacher, rowdot, t_factor
-from ._store import BasisStore, device_capacity
+from ._common import (
+    MIN_SAMPLES,
+    EstimatorSettings,
+    as_operator,
+    rowdot,
+    settings_or_default,
+    t_factor,
+)
+from ._store import device_capacity
 from .budget import Budget, no_budget
 from .declarations import Cost
 from .sem import mean_stderr
 from .slq import slq, slq_group_size
 from .stop import ProbeStop
+from .vectors import space_of
 
 NEAR_ZERO_RUNS, NEAR_ZERO_STEPS = 4, 10  # the SLQ estimate of Tr|H| behind the near-zero floor
 
@@ -137,13 +145,10 @@ class NearZeroFloor:
 
     CANCEL = 20.0  # near 0 at the spectrum's scale: Tr|H| ≥ CANCEL·|Tr H| (the trace ≤ 5% of it)
 
-    def __init__(
-        self, matvec, dim: int, stop: ProbeStop, generator: torch.Generator, device, dtype
-    ):
-        self.matvec, self.dim, self.tol, self.max_probes = matvec, dim, stop.tol, stop.max_probes
+    def __init__(self, op, stop: ProbeStop, generator: torch.Generator):
+        self.op, self.dim, self.tol, self.max_probes = op, op.dim, stop.tol, stop.max_probes
         self.known = stop.abs_trace
         self.seed = int(generator.initial_seed()) ^ 0x5EED
-        self.device, self.dtype = device, dtype
         self.scale: float | None = None
         self.scale_stderr = 0.0  # T's standard error (Student's t of its runs and quadrature)
         self.products = 0
@@ -191,8 +196,7 @@ class NearZeroFloor:
                 return False
             else:
                 g = torch.Generator().manual_seed(self.seed)
-                op = as_operator(self.matvec, self.dim, device=self.device, dtype=self.dtype)
-                r = slq(op, runs=NEAR_ZERO_RUNS, steps=NEAR_ZERO_STEPS, generator=g)
+                r = slq(self.op, runs=NEAR_ZERO_RUNS, steps=NEAR_ZERO_STEPS, generator=g)
                 value, err = r.stderr(np.abs)[:2]
                 self.scale, self.scale_stderr, self.products = max(0.0, value), err, r.n_hvp
         return self.near_zero(est, se) and se <= self.tol * max(self.scale, abs(est))
@@ -231,10 +235,11 @@ def hutchinson(
     generator: torch.Generator,
     blocks: list[slice] | None = None,
     start: tuple[torch.Tensor, torch.Tensor] | None = None,
+    settings: EstimatorSettings | None = None,
 ) -> TraceResult:
     r"""Hutchinson's estimator :math:`\mathrm{Tr}(H) \approx \frac1m \sum_i z_i^\top H z_i`.
 
-    Rademacher probes, drawn and multiplied in blocks of the operator's ``block_size``; the first
+    Rademacher probes, drawn and multiplied in blocks of ``settings.block_size``; the first
     block holds ``min_probes``. ``stop`` (a `ProbeStop`): stops when the standard error of the mean,
     :math:`s/\sqrt{m}` (``s`` the sample standard deviation of the
     :math:`z_i^\top H z_i`), is at most ``tol * |estimate|`` (``converged``), or at the
@@ -256,8 +261,8 @@ def hutchinson(
     ----------
     op : CurvatureOperator or Operator
         The symmetric operator: a `flatcli.engine.operators.CurvatureOperator`, or anything
-        `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P,
-        the device and dtype of the vectors and the vectors per product (``block_size``).
+        `as_operator` takes (a bare ``V (K, P) -> H V`` as ``as_operator(mv, dim)``); it gives P
+        and the device and dtype of the vectors.
     stop : ProbeStop
         ``tol``, ``min_probes``, ``max_probes``, the `Budget` and the near-zero floor.
     generator : torch.Generator
@@ -268,32 +273,25 @@ def hutchinson(
     start : (Z, HZ), optional
         Rademacher probes (rows) already multiplied, the first samples (`hutchpp`'s sketch when a
         cap leaves no room for its residual samples); they count as products spent.
+    settings : EstimatorSettings, optional
+        The vectors per product call (``block_size``) and the progress hook (``report``).
 
     Returns
     -------
     TraceResult
         The estimate, its standard error, the probes, convergence flags and the block estimates.
     """
-    op = as_operator(op)
-    matvec, dim, device, dtype, report, block = (
-        op.matmat_rows,
-        op.dim,
-        op.device,
-        op.dtype,
-        op.report,
-        op.block_size,
-    )
-    budget, tol, min_probes, max_probes = (
-        stop.the_budget(),
-        stop.tol,
-        stop.min_probes,
-        stop.max_probes,
-    )
-    floor = NearZeroFloor(matvec, dim, stop, generator, device, dtype)
+    op, opts, budget = as_operator(op), settings_or_default(settings), stop.the_budget()
+    space, floor = space_of(op), NearZeroFloor(op, stop, generator)
+    if blocks is not None and space.parts is not None:
+        raise ValueError(
+            "hutchinson: blocks are slices of a flat vector; a per-parameter space has none"
+        )
     samples: list[float] = []
     parts: list[list[float]] = []
 
-    least = max(min_probes, MIN_SAMPLES)  # no tolerance test on fewer samples
+    least = max(stop.min_probes, MIN_SAMPLES)  # no tolerance test on fewer samples
+    block, max_probes = opts.block(), stop.max_probes
 
     def result(converged, near_zero=False, stopped=False):
         est, se = mean_stderr(samples)
@@ -314,40 +312,42 @@ def hutchinson(
             stderr_mean=se,
         )
 
-    def add(Z: torch.Tensor, HZ: torch.Tensor) -> None:
+    def add(Z, HZ) -> None:
         if blocks is None:
-            samples.extend(rowdot(Z, HZ).cpu().tolist())
+            samples.extend(space.dot(Z, HZ).cpu().tolist())
         else:
             part = _block_forms(Z, HZ, blocks)  # the probe's form is the sum of its parts
             samples.extend(part.sum(1).cpu().tolist())
             parts.extend(part.cpu().tolist())
 
     if start is not None:
-        add(start[0], start[1].to(start[0].dtype))
+        add(start[0], space.native(start[1]))
     while len(samples) < max_probes:
         left = max_probes - len(samples)
         k = _first(
-            min(max(min_probes - len(samples), block, 1), left),
+            min(max(stop.min_probes - len(samples), block, 1), left),
             budget,
             len(samples) + floor.products,
             2,
         )
         if k == 0:
             return result(False, stopped=True)
-        Z = rademacher(k, dim, generator, device, dtype)
-        add(Z, matvec(Z).to(Z.dtype))
+        Z = space.probes(k, generator)
+        add(Z, space.native(op.matmat_rows(Z)))
         est, se = mean_stderr(samples)
         se = se * t_factor(len(samples))
         if len(samples) >= least:
-            report(probes=len(samples), value=est, stderr=se)
-            if se <= tol * abs(est):
+            opts.progress(probes=len(samples), value=est, stderr=se)
+            if se <= stop.tol * abs(est):
                 return result(True)
             if floor.reached(est, se, budget, len(samples)):
                 return result(True, near_zero=True)
         if len(samples) < max_probes and budget.exhausted(len(samples) + floor.products):
             return result(False, stopped=True)
     est, se = mean_stderr(samples)
-    return result(len(samples) >= MIN_SAMPLES and se * t_factor(len(samples)) <= tol * abs(est))
+    return result(
+        len(samples) >= MIN_SAMPLES and se * t_factor(len(samples)) <= stop.tol * abs(est)
+    )
 
 
 def hutchpp(
@@ -357,6 +357,7 @@ def hutchpp(
     sketch: int | None = None,
     generator: torch.Generator,
     blocks: list[slice] | None = None,
+    settings: EstimatorSettings | None = None,
 ) -> TraceResult:
     r"""Hutch++ (Meyer, Musco, Musco & Woodruff 2021, Alg. 1) with stderr stopping and a growing sketch.
 
@@ -405,8 +406,10 @@ def hutchpp(
     Parameters
     ----------
     op, stop, generator, blocks
-        As in `hutchinson`; the operator's ``max_device_vectors`` bounds the sketch vectors on
-        the device (the rest stream from host memory; the same estimates to rounding).
+        As in `hutchinson`.
+    settings : EstimatorSettings, optional
+        As in `hutchinson`; its ``max_device_vectors`` also bounds the sketch vectors on the
+        device (the rest stream from host memory; the same estimates to rounding).
     sketch : int, optional
         A fixed sketch size (Alg. 1's split); default: grown while it pays.
 
@@ -415,21 +418,14 @@ def hutchpp(
     TraceResult
         As `hutchinson`'s, with the final ``sketch`` size.
     """
-    op = as_operator(op)
-    matvec, dim, device, dtype, report, block = (
-        op.matmat_rows,
-        op.dim,
-        op.device,
-        op.dtype,
-        op.report,
-        op.block_size,
-    )
-    budget, tol, min_probes, max_probes = (
-        stop.the_budget(),
-        stop.tol,
-        stop.min_probes,
-        stop.max_probes,
-    )
+    op, opts, budget = as_operator(op), settings_or_default(settings), stop.the_budget()
+    space = space_of(op)
+    if blocks is not None and space.parts is not None:
+        raise ValueError(
+            "hutchpp: blocks are slices of a flat vector; a per-parameter space has none"
+        )
+    matvec, dim, device, block = op.matmat_rows, op.dim, op.device, opts.block()
+    tol, min_probes, max_probes = stop.tol, stop.min_probes, stop.max_probes
     left = budget.left()
     cap = (
         max_probes if left is None else max(2, min(max_probes, left))
@@ -439,25 +435,25 @@ def hutchpp(
     r = max(1, min(r, dim, max(1, (cap - MIN_SAMPLES) // 2)))  # leave MIN_SAMPLES residual probes
     sk = _Sketch(
         matvec,
-        dtype,
+        space,
         blocks,
-        BasisStore(
-            dim,
-            device,
-            torch.float64,
+        space.store(
             max_rows=max_probes,
-            capacity=device_capacity(op, op.max_device_vectors, dim, device, torch.float64),
+            capacity=device_capacity(opts.max_device_vectors, dim, device, torch.float64),
+            wide=True,
         ),
         budget,
     )
-    sk.floor = NearZeroFloor(matvec, dim, stop, generator, device, dtype)
-    S = rademacher(r, dim, generator, device, dtype)
+    sk.floor = NearZeroFloor(op, stop, generator)
+    S = space.probes(r, generator)
     Y = matvec(S)
     if budget.capped and budget.allow(r + MIN_SAMPLES, r) < r + MIN_SAMPLES:
         # the cap leaves no room for the sketch's own products and residual samples: the sketch's
         # probes are Hutchinson samples (Rademacher sᵢ, sᵢᵀHsᵢ), continued on what the cap leaves
-        return hutchinson(op, stop=stop, generator=generator, blocks=blocks, start=(S, Y))
-    sk.add(Y.double())
+        return hutchinson(
+            op, stop=stop, generator=generator, blocks=blocks, start=(S, Y), settings=settings
+        )
+    sk.add(space.wide(Y))
     used = r + sk.rank
     if sk.rank >= dim:
         return sk.result(used, [], [], 0.0, True)
@@ -471,13 +467,13 @@ def hutchpp(
         k = budget.allow(max(1, min(k, cap - used)), used + sk.floor.products)
         if k == 0:
             break
-        G = sk.project(rademacher(k, dim, generator, device, dtype).double())
-        HG = matvec(G.to(dtype)).double()
+        G = sk.project(space.wide(space.probes(k, generator)))
+        HG = space.wide(matvec(space.native(G)))
         used += k
         if growing:
             room = k + min_samples  # the new directions' products, then residual samples again
             if (
-                _sketch_pays(samples + (G * HG).sum(1).tolist(), sk, k, tol, dim, cap, used)
+                _sketch_pays(samples + space.sumprod(G, HG).tolist(), sk, k, tol, dim, cap, used)
                 and budget.allow(room, used + sk.floor.products) >= room
             ):
                 used += sk.add(
@@ -487,13 +483,13 @@ def hutchpp(
                 step = min(block, 2 * step)
                 continue
             growing = False
-        samples.extend((G * HG).sum(1).tolist())
+        samples.extend(space.sumprod(G, HG).tolist())
         if blocks is not None:
             parts.extend(_block_forms(G, HG, blocks).tolist())
         if used >= min(min_probes, cap) and len(samples) >= min_samples:
             m, se = mean_stderr(samples)
             se = se * t_factor(len(samples))
-            report(probes=used, value=sk.low + m, stderr=se)
+            opts.progress(probes=used, value=sk.low + m, stderr=se)
             if se <= tol * abs(sk.low + m):
                 return sk.result(used, samples, parts, se, True)
             if sk.floor.reached(sk.low + m, se, budget, used, len(samples)):
@@ -518,8 +514,8 @@ class _Sketch:
     r"""Hutch++'s exactly traced part: an orthonormal basis Q (float64) of sketched directions,
     :math:`\mathrm{Tr}(Q^\top HQ)` and its parts per block of coordinates."""
 
-    def __init__(self, matvec, dtype, blocks, store: BasisStore, budget: Budget | None = None):
-        self.matvec, self.dtype, self.blocks = matvec, dtype, blocks
+    def __init__(self, matvec, space, blocks, store, budget: Budget | None = None):
+        self.matvec, self.space, self.blocks = matvec, space, blocks
         self.Q = store  # rows: the orthonormal sketch directions (float64)
         self.budget = budget if budget is not None else no_budget()
         self.floor: NearZeroFloor | None = None
@@ -530,23 +526,24 @@ class _Sketch:
     def rank(self) -> int:
         return len(self.Q)
 
-    def project(self, G: torch.Tensor) -> torch.Tensor:
+    def project(self, G):
         """Rows of G with their components along Q removed (P g for P = I − QQᵀ)."""
         return G if len(self.Q) == 0 else self.Q.project_out(G)[0]
 
-    def add(self, Y: torch.Tensor) -> int:
+    def add(self, Y) -> int:
         r"""Orthonormalize the rows of Y against Q (twice) and add them, tracing :math:`Q_n^\top HQ_n`
         exactly; returns the products spent (one per new direction)."""
         if len(self.Q):
             Y = self.project(self.project(Y))  # twice is enough
-        Qn = torch.linalg.qr(Y.T).Q
-        HQn = self.matvec(Qn.T.to(self.dtype)).double()
-        self.low += float((Qn.T * HQn).sum())
+        sp = self.space
+        Qn = sp.qr(Y)[0]  # rows
+        HQn = sp.wide(self.matvec(sp.native(Qn)))
+        self.low += float(sp.total(Qn, HQn))
         if self.blocks is not None:
-            prod = (Qn.T * HQn).double()
+            prod = (Qn * HQn).double()
             self.low_b += np.array([float(prod[:, b].sum()) for b in self.blocks])
-        self.Q.append(Qn.T)
-        return Qn.shape[1]
+        self.Q.append(Qn)
+        return sp.count(Qn)
 
     def result(
         self,

@@ -178,7 +178,7 @@ def _probe(micro: Problem, st: Settings, keep: bool, V: torch.Tensor | None = No
     block's vectors (another micro-batch's, shared)."""
     eng = _engine(micro, st, keep)
     H = eng.hessian()
-    k = H.block_size
+    k = eng.estimator_settings.block()
     if V is None or V.shape[0] != k:
         V = torch.randn(k, micro.num_params, generator=torch.Generator().manual_seed(0))
         V = V.to(st.device, st.dtype)
