@@ -329,12 +329,12 @@ def _check_declaration(cls: type) -> None:
         return
     where = f"{cls.__module__}.{cls.__qualname__}"
     if not isinstance(cls.name, str) or not _SNAKE.fullmatch(cls.name):
-        raise TypeError(f"{where}: name must be a snake_case string, got {cls.name!r}")
+        raise TypeError(f"{where}: the name must be a snake_case string. Got {cls.name!r} instead.")
     if not isinstance(getattr(cls, "description", None), str) or not cls.description:
         raise TypeError(f"{where}: states no description")
     opts = cls.options
     if not dataclasses.is_dataclass(opts) or not opts.__dataclass_params__.frozen:
-        raise TypeError(f"{where}: options must be a frozen dataclass, got {opts!r}")
+        raise TypeError(f"{where}: the options must be a frozen dataclass. Got {opts!r} instead.")
     loose = [
         f.name for f in dataclasses.fields(opts) if not isinstance(f.metadata.get("check"), Check)
     ]
