@@ -28,7 +28,7 @@ _API = (
     "Tracker",
     "TrackOptions",
 )
-_MEASURES = ("list_measures", "register", "MeasureResult")
+_MEASURES = ("list_measures", "Measure", "MeasureResult")
 __all__ = [
     "__version__",
     "Settings",

@@ -361,11 +361,13 @@ def _cost_section(info) -> list[str]:
 
 
 def measure_page(info) -> str:
-    """The reference page (reStructuredText) of one registry entry (`flatcli.measures.MeasureInfo`)."""
-    module = sys.modules.get(info.fn.__module__)
+    """The reference page (reStructuredText) of one measure, read from its class
+    (`flatcli.measures.Measure`, through the registry's view `flatcli.measures.MeasureInfo`)."""
+    cls = type(info.measure)
+    module = sys.modules.get(cls.__module__)
     lines = [f".. _measure-{info.name}:", ""]
     lines += _heading(info.name, "=")
-    lines += [f".. currentmodule:: {info.fn.__module__}", ""]
+    lines += [f".. currentmodule:: {cls.__module__}", ""]
     lines += [rst_escape(info.description), ""]
     lines += [f"Configure it as ``- {info.name}: {{option: value}}`` under ``measures:``, or"]
     lines += [
@@ -373,8 +375,9 @@ def measure_page(info) -> str:
     ]
     lines += ["options. Larger values mean sharper (a larger predicted generalization gap).", ""]
     lines += _heading("Definition", "-")
-    doc = strip_options_section(inspect.getdoc(info.fn) or "(no docstring)")
-    lines += [doc, ""]
+    doc = inspect.cleandoc(cls.__doc__) if cls.__doc__ else "(no docstring)"
+    lines += [strip_options_section(doc), ""]
+    lines += [f"Defined by the class ``{cls.__module__}.{cls.__qualname__}``.", ""]
     lines += _options_section(info)
     lines += [
         "Every measure also takes the common options ``label`` (its column name), ``seed``, "
@@ -428,7 +431,7 @@ def measures_index(infos) -> str:
     lines = [".. _measure-reference:", ""]
     lines += _heading("Measure reference", "=")
     lines += [
-        "One page per measure, generated from the registry (``flatcli.measures``): what "
+        "One page per measure, generated from the measure classes (``flatcli.measures.Measure``): what "
         "``flatcli measures`` lists. Every value is oriented so that larger means sharper.",
         "",
         ".. list-table::",

@@ -1,12 +1,12 @@
-"""The measure registry.
+"""The measure registry: the list of `Measure` classes.
 
-A measure is a function ``fn(ctx: MeasureContext, opts) -> MeasureResult``
-registered under a stable snake_case name with `register`. Its options are a
-frozen dataclass (see `flatcli.measures._options`). Every registered value is
-oriented so that *larger means sharper* (a larger predicted generalization gap).
+A measure is a subclass of `Measure` with a stable snake_case ``name``, its options as a
+frozen dataclass (see `flatcli.measures._options`), its tags and its rules as methods, and
+``compute(ctx: MeasureContext, opts) -> MeasureResult``. Every value is oriented so that
+*larger means sharper* (a larger predicted generalization gap).
 
-Measure modules are imported lazily by `_load_all` so that importing flatcli
-stays cheap; each module registers its family on import.
+The family modules are imported lazily by `_load_all` so that importing flatcli stays cheap;
+the registry holds every `Measure` class each module defines.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ import dataclasses
 import fnmatch
 import importlib
 import math
+import re
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -27,7 +29,7 @@ from ..engine.linalg.budget import Budget
 from ..engine.linalg.declarations import Cost
 from ..engine.losses import NotApplicable
 from ..errors import ConfigError
-from ._options import parse_options
+from ._options import Check, parse_options
 
 if TYPE_CHECKING:  # annotations only: importing the engine here would load it with the registry
     from ..engine import CurvatureEngine, Problem
@@ -39,14 +41,16 @@ __all__ = [
     "MeasureContext",
     "MeasureCache",
     "MeasureSpec",
-    "register",
+    "Measure",
+    "MeasureInfo",
+    "measure_classes",
     "get_measure",
     "list_measures",
     "run_measure",
     "NotApplicable",
 ]
 
-# One module per measure family; each registers its measures on import.
+# One module per measure family; the registry holds the `Measure` classes each defines.
 _FAMILY_MODULES = [
     "flatcli.measures.hessian",
     "flatcli.measures.norms",
@@ -203,71 +207,183 @@ Shared = Callable[[Any, Dims], "dict[Hashable, dict[str, int]]"]
 Note = Callable[[MeasureResult, MeasureResult, Any], "str | None"]
 Artifacts = Callable[[MeasureResult, Path, str], "list[Path]"]
 
+_HOOKS = ("declare_cost", "applicable", "shared", "invariance_note", "artifacts")
+
 
 @dataclass(frozen=True)
-class MeasureInfo:
-    """A registry entry: everything the CLI, the docs and the checks need about one measure.
+class _NoOptions:
+    pass
 
-    The hooks (``invariant``, ``declare_cost``, ``applicable``, ``stops_early``, ``artifacts``,
-    ``invariance_note``) are how a measure owns its rules; the pipeline, ``--dry-run`` and
-    ``check-invariance`` only call them.
+
+class Measure:
+    """A measure: one subclass per measure, in a module of `flatcli.measures`.
+
+    The class states what the measure is (its name, options and references), its capability
+    tags, and its rules as methods; the pipeline, ``--dry-run``, budgets, ``check-invariance``
+    and the docs only read them (through the registry's `MeasureInfo` view). ``compute`` is the
+    measure itself, oriented so that larger means sharper::
+
+        class FrobeniusNorm(Measure):
+            \"\"\"Σ_l ‖W_l‖_F² over the weight matrices.\"\"\"
+
+            name = "frobenius_norm"
+            description = "Sum over weight matrices of the squared Frobenius norm."
+            reference = "Jiang et al. 2020 (§C, eq. 40)"
+
+            def declare_cost(self, opts, dims):
+                return Cost()  # no products
+
+            def compute(self, ctx, opts):
+                return MeasureResult(value=...)
 
     Attributes
     ----------
     name : str
-        The registered name.
-    fn : callable
-        ``fn(ctx: MeasureContext, opts) -> MeasureResult``.
+        The stable snake_case name (``flatcli measures`` lists it; configs use it).
     options : type
-        The frozen options dataclass.
+        The frozen options dataclass, every field made with `flatcli.validation.opt` (checked
+        when the class is defined).
     description, reference : str
-        One line each: what it is, the papers.
+        One line each: what it is (larger = sharper), the papers with equation numbers.
     stochastic : bool
         Whether the value depends on a seed.
     needs_init : bool
         Whether it needs ``init_checkpoint``.
-    invariant : bool or callable
-        Whether the measure claims invariance to function-preserving node-wise rescalings, as a
-        bool or as a function of the parsed options returning ``True`` or the reason (a string)
-        why it does not hold with these options.
-    invariance_options : dict
-        Options `flatcli check-invariance` turns on unless the user set them (e.g.
-        ``{"normalize_features": True}``).
-    invariance_note : callable or None
-        ``(original, rescaled, opts) -> str | None``, a remark printed with the check (e.g. that
-        an optimizer hit its box).
-    artifacts : callable or None
-        ``(result, path_stem, title) -> [paths]``: files (plots) drawn from a result by
-        ``flatcli measure --plots``.
-    declare_cost : callable or None
-        ``(opts, dims) -> Cost``: the work a run will do (`flatcli.engine.linalg.Cost`: products,
-        passes, vectors, vector operations, each as (least, most)), composed from the declarations
-        of the estimators it runs (`flatcli.engine.linalg.lanczos_cost`, ``hutchinson_cost``, ...);
-        what ``--dry-run``, budgets and the memory prediction read (`MeasureSpec.estimate`).
-    shared : callable or None
-        ``(opts, dims) -> {part: {counter: n}}``: the parts of its least work (the counters each
-        spends, as in ``declare_cost``) that another measure of the checkpoint may have done already
-        and that it then reuses (a Hessian diagonal's tensors): a budget's split weighs each part
-        once, for the first measure that needs it.
-    applicable : callable or None
-        ``(opts, problem) -> reason | None``: a cheap check, on the measurement set's
-        `flatcli.engine.Problem` before any product, of what would make the measure end
-        ``not_applicable`` (the loss, the layers); ``--dry-run`` prints the reason instead of a
-        cost.
-    stops_early : bool or callable
-        Whether the measure stops at its cap with the estimate so far (status ``budget``): its
-        iterative estimator checks `flatcli.engine.linalg.Budget` between blocks; a bool or a
-        function of the parsed options. A measure that cannot stop early is started under a cap
-        only when its predicted seconds fit; ``--dry-run`` says which.
     low_precision : bool
         Whether its products may run in bfloat16 under ``runtime.precision: bf16`` (its results
         verified or refined in float32); every other measure runs with a float32 forward there.
+    stops_early : bool or method
+        Whether the measure stops at its cap with the estimate so far (status ``budget``): its
+        iterative estimator checks `flatcli.engine.linalg.Budget` between blocks. A method
+        ``stops_early(opts) -> bool`` when it depends on the options. A measure that cannot stop
+        early is started under a cap only when its predicted seconds fit.
+    invariant : bool or method
+        Whether it claims invariance to function-preserving node-wise rescalings; a method
+        ``invariant(opts) -> True | reason`` when it depends on the options.
+    invariance_options : dict
+        Options ``flatcli check-invariance`` turns on unless the user set them.
     revision : int
         Raise it when the measure's values change (a fix, a new default, another estimator): it
         is part of every result's key (`flatcli.keys`), so stored results of this measure are
         recomputed and those of the others are kept.
     """
 
+    name: ClassVar[str]
+    options: ClassVar[type] = _NoOptions
+    description: ClassVar[str]
+    reference: ClassVar[str] = ""
+    stochastic: ClassVar[bool] = False
+    needs_init: ClassVar[bool] = False
+    low_precision: ClassVar[bool] = False
+    stops_early: ClassVar[bool | Callable[[Any], bool]] = False
+    invariant: ClassVar[bool | Claim] = False
+    invariance_options: ClassVar[dict[str, Any]] = {}
+    revision: ClassVar[int] = 1
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _check_declaration(cls)
+
+    def compute(self, ctx: MeasureContext, opts: Any) -> MeasureResult:
+        """The measure on ``ctx`` with the parsed options ``opts``."""
+        raise NotImplementedError(f"{type(self).__name__} has no compute()")
+
+    def declare_cost(self, opts: Any, dims: Dims) -> Cost | None:
+        """The work a run will do (`flatcli.engine.linalg.Cost`: products, passes, vectors,
+        vector operations, each as (least, most)), composed from the declarations of the
+        estimators it runs (`flatcli.engine.linalg.lanczos_cost`, ``hutchinson_cost``, ...): what
+        ``--dry-run``, budgets and the memory prediction read. None: not declared."""
+        return None
+
+    def applicable(self, opts: Any, problem: Problem) -> str | None:
+        """A cheap check, on the measurement set's `flatcli.engine.Problem` before any product, of
+        what would make the measure end ``not_applicable`` (the loss, the layers): the reason, or
+        None (``--dry-run`` prints the reason instead of a cost)."""
+        return None
+
+    def shared(self, opts: Any, dims: Dims) -> dict[Hashable, dict[str, int]]:
+        """The parts of its least work (the counters each spends, as in ``declare_cost``) that
+        another measure of the checkpoint may have done already and that it then reuses (a
+        Hessian diagonal's tensors): a budget's split weighs each part once."""
+        return {}
+
+    def invariance_note(
+        self, original: MeasureResult, rescaled: MeasureResult, opts: Any
+    ) -> str | None:
+        """A remark printed with ``flatcli check-invariance`` (e.g. that an optimizer hit its
+        box), or None."""
+        return None
+
+    def artifacts(self, result: MeasureResult, stem: Path, title: str) -> list[Path]:
+        """Files (plots) drawn from a result by ``flatcli measure --plots``."""
+        return []
+
+
+_SNAKE = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def _check_declaration(cls: type) -> None:
+    """A measure class states a snake_case name, a description and frozen options whose every
+    field carries a check of the validation vocabulary (a subclass without ``name`` is a base)."""
+    if "name" not in vars(cls):
+        return
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    if not isinstance(cls.name, str) or not _SNAKE.fullmatch(cls.name):
+        raise TypeError(f"{where}: the name must be a snake_case string. Got {cls.name!r} instead.")
+    if not isinstance(getattr(cls, "description", None), str) or not cls.description:
+        raise TypeError(f"{where}: states no description")
+    opts = cls.options
+    if not dataclasses.is_dataclass(opts) or not opts.__dataclass_params__.frozen:
+        raise TypeError(f"{where}: the options must be a frozen dataclass. Got {opts!r} instead.")
+    loose = [
+        f.name for f in dataclasses.fields(opts) if not isinstance(f.metadata.get("check"), Check)
+    ]
+    if loose:
+        raise TypeError(f"{where}: options {loose} are not declared with opt(default, check, help)")
+    if cls.compute is Measure.compute:
+        raise TypeError(f"{where}: has no compute()")
+
+
+@dataclass(frozen=True)
+class MeasureInfo:
+    """The registry's view of one `Measure` class: everything the CLI, the docs and the checks
+    need about one measure, read from the class (its source of truth).
+
+    The hooks (``invariant``, ``declare_cost``, ``applicable``, ``stops_early``, ``artifacts``,
+    ``invariance_note``, ``shared``) are how a measure owns its rules; the pipeline,
+    ``--dry-run`` and ``check-invariance`` only call them. A hook the class does not define is
+    None here; the tags ``invariant`` and ``stops_early`` are a bool or the class's method.
+
+    Attributes
+    ----------
+    measure : Measure
+        The measure (an instance of its class).
+    name : str
+        The registered name.
+    fn : callable
+        ``fn(ctx: MeasureContext, opts) -> MeasureResult``: the class's ``compute``.
+    options : type
+        The frozen options dataclass.
+    description, reference : str
+        One line each: what it is, the papers.
+    stochastic, needs_init, low_precision : bool
+        The class's tags (see `Measure`).
+    invariant : bool or callable
+        Whether the measure claims invariance to function-preserving node-wise rescalings, as a
+        bool or as a function of the parsed options returning ``True`` or the reason (a string)
+        why it does not hold with these options.
+    invariance_options : dict
+        Options `flatcli check-invariance` turns on unless the user set them.
+    invariance_note, artifacts, declare_cost, applicable, shared : callable or None
+        The class's methods of those names (see `Measure`), None when it does not define them.
+    stops_early : bool or callable
+        Whether the measure stops at its cap with the estimate so far; a bool or a function of
+        the parsed options.
+    revision : int
+        The revision of the measure's values (part of every result's key).
+    """
+
+    measure: Measure
     name: str
     fn: Callable
     options: type
@@ -285,6 +401,30 @@ class MeasureInfo:
     low_precision: bool = False
     revision: int = 1
     shared: Shared | None = None
+
+    @classmethod
+    def of(cls, measure: type[Measure]) -> MeasureInfo:
+        """The view of a measure class."""
+        m = measure()
+        hooks = {
+            h: None if getattr(measure, h) is getattr(Measure, h) else getattr(m, h) for h in _HOOKS
+        }
+        return cls(
+            measure=m,
+            name=measure.name,
+            fn=m.compute,
+            options=measure.options,
+            description=measure.description,
+            reference=measure.reference,
+            stochastic=measure.stochastic,
+            invariant=m.invariant,
+            needs_init=measure.needs_init,
+            invariance_options=dict(measure.invariance_options),
+            stops_early=m.stops_early,
+            low_precision=measure.low_precision,
+            revision=measure.revision,
+            **hooks,
+        )
 
     def default_cost(self, dims: Dims) -> Cost | None:
         """The cost it declares with its default options on a problem of ``dims`` (None: none)."""
@@ -308,119 +448,32 @@ class MeasureInfo:
 
 
 _REGISTRY: dict[str, MeasureInfo] = {}
-
-
-@dataclass(frozen=True)
-class _NoOptions:
-    pass
-
-
-def register(
-    name: str,
-    *,
-    options: type = _NoOptions,
-    description: str,
-    reference: str = "",
-    stochastic: bool = False,
-    invariant: bool | Claim = False,
-    needs_init: bool = False,
-    invariance_options: dict[str, Any] | None = None,
-    invariance_note: Note | None = None,
-    artifacts: Artifacts | None = None,
-    declare_cost: DeclareCost | None = None,
-    applicable: Callable[[Any, Any], str | None] | None = None,
-    stops_early: bool | Callable[[Any], bool] = False,
-    low_precision: bool = False,
-    revision: int = 1,
-    shared: Shared | None = None,
-):
-    """Decorator registering a measure function ``fn(ctx, opts) -> MeasureResult`` under ``name``.
-
-    Parameters
-    ----------
-    name : str
-        The stable snake_case name (``flatcli measures`` lists it; configs use it).
-    options : type
-        The frozen options dataclass (fields made with `flatcli.validation.opt`).
-    description : str
-        One line: what the measure is (larger = sharper).
-    reference : str
-        The papers, with equation numbers.
-    stochastic : bool
-        Whether the value depends on a seed.
-    invariant : bool or callable
-        Whether it claims invariance to function-preserving node-wise rescalings; a function of
-        the parsed options returns ``True`` or the reason it does not hold.
-    needs_init : bool
-        Whether it needs ``init_checkpoint``.
-    invariance_options : dict, optional
-        Options ``flatcli check-invariance`` turns on unless the user set them.
-    invariance_note : callable, optional
-        ``(original, rescaled, opts) -> str | None``, a remark printed with the check.
-    artifacts : callable, optional
-        ``(result, path_stem, title) -> [paths]``: plots drawn by ``flatcli measure --plots``.
-    declare_cost : callable, optional
-        ``(opts, dims) -> Cost``: the work a run will do (``--dry-run``; see `MeasureInfo`).
-    applicable : callable, optional
-        ``(opts, problem) -> reason | None``: a cheap check before any product.
-    stops_early : bool or callable
-        Whether the measure stops at its cap with its estimate so far.
-    low_precision : bool
-        Whether its products may run in bfloat16 under ``runtime.precision: bf16``.
-    revision : int
-        The revision of the measure's values (default 1; part of every result's key).
-    shared : callable, optional
-        ``(opts, dims) -> {part: {counter: n}}``: work another measure may have done (see
-        `MeasureInfo`).
-
-    Returns
-    -------
-    callable
-        The decorator; it returns the function unchanged.
-
-    Raises
-    ------
-    ValueError
-        When another function is registered under ``name``.
-    """
-
-    def deco(fn):
-        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
-            raise ValueError(f"measure {name!r} registered twice")
-        _REGISTRY[name] = MeasureInfo(
-            name=name,
-            fn=fn,
-            options=options,
-            description=description,
-            reference=reference,
-            stochastic=stochastic,
-            invariant=invariant,
-            needs_init=needs_init,
-            invariance_options=dict(invariance_options or {}),
-            invariance_note=invariance_note,
-            artifacts=artifacts,
-            declare_cost=declare_cost,
-            applicable=applicable,
-            stops_early=stops_early,
-            low_precision=low_precision,
-            revision=revision,
-            shared=shared,
-        )
-        return fn
-
-    return deco
-
-
 _loaded = False
 
 
+def measure_classes(module: ModuleType) -> list[type[Measure]]:
+    """The `Measure` classes a module defines (not those it imports), in their order."""
+    return [
+        c
+        for c in vars(module).values()
+        if isinstance(c, type)
+        and issubclass(c, Measure)
+        and c.__module__ == module.__name__
+        and "name" in vars(c)
+    ]
+
+
 def _load_all() -> None:
-    """Import every family module once (each registers its measures on import)."""
+    """Import every family module once and enter each of its `Measure` classes."""
     global _loaded
     if _loaded:
         return
     for mod in _FAMILY_MODULES:
-        importlib.import_module(mod)
+        for cls in measure_classes(importlib.import_module(mod)):
+            old = _REGISTRY.get(cls.name)
+            if old is not None and type(old.measure) is not cls:
+                raise ValueError(f"measure {cls.name!r} defined twice")
+            _REGISTRY[cls.name] = MeasureInfo.of(cls)
     _loaded = True
 
 

@@ -109,7 +109,7 @@ from torch import nn
 
 from ..engine.linalg.sem import mean_stderr
 from ..errors import ConfigError, MeasurementError
-from . import Cost, MeasureResult, register
+from . import Cost, Measure, MeasureResult
 from ._options import Bool, Integral, Optional, Real, Str, opt
 from .relative_flatness import (
     _claim,
@@ -181,29 +181,7 @@ class _EditInput:
         return None if self.edit is None else (self.edit(args[0]), *args[1:])
 
 
-def _cost(o, d) -> Cost:
-    """Forward passes: the one at θ, two per draw and point of the curve (one more with
-    ``normalize_features``); representativeness adds its draws and folds' passes and ``kde_folds``
-    exact KDE evaluations (n_test × n_train kernel sums, not declared)."""
-    forwards = 1 + 2 * o.samples * o.curve + int(o.normalize_features)
-    if o.representativeness:
-        forwards += 2 * o.samples + 2 + o.kde_samples * (o.kde_folds - 1)
-    return Cost(forward=forwards)
-
-
-@register(
-    NAME,
-    options=FeatureRobustnessOptions,
-    description="Feature robustness E_F(δ): mean loss increase when a Linear layer's input features become (I + δO)φ, O random orthogonal (≈ δ²κ/2m); KDE representativeness and bound optional.",
-    reference="Petzka, Kamp, Adilova, Sminchisescu & Boley, NeurIPS 2021, Def. 1 (eq. 4), Thm. 5, eq. 5, Sec. 6 (KDE representativeness)",
-    stochastic=True,
-    invariant=_claim,
-    invariance_options={"normalize_features": True},
-    invariance_note=_note,
-    declare_cost=_cost,
-    applicable=lambda o, p: rows_only_reason(p, NAME),
-)
-def feature_robustness(ctx, opts: FeatureRobustnessOptions) -> MeasureResult:
+class FeatureRobustness(Measure):
     r"""Feature robustness :math:`\mathcal E_F(\delta)` of one Linear layer's input features,
     larger means a larger predicted gap. See the module docstring.
 
@@ -220,74 +198,103 @@ def feature_robustness(ctx, opts: FeatureRobustnessOptions) -> MeasureResult:
     ``curve`` (4), ``normalize_features`` (False), ``representativeness`` (False),
     ``kde_folds`` (5), ``kde_samples`` (4).
     """
-    p = ctx.problem
-    name, module = find_layer(ctx.model, opts.layer, NAME)
-    m = module.in_features
-    dtype, dev = p.dtype, p.device
-    inv = torch.ones(m, dtype=dtype, device=dev)
-    scale = torch.ones(m, dtype=dtype, device=dev)
-    zero_std = 0
-    passes = 0
-    if opts.normalize_features:
-        sigma = _feature_std(p, module, name, NAME).to(dev)
-        passes += 1
-        keep = sigma > 0
-        zero_std = int((~keep).sum())
-        scale = torch.where(keep, sigma, torch.zeros_like(sigma)).to(dtype)
-        inv = torch.where(
-            keep, 1.0 / torch.where(keep, sigma, torch.ones_like(sigma)), torch.zeros_like(sigma)
-        ).to(dtype)
-    Os = haar_orthogonal(m, opts.samples, ctx.generator()).to(dev, dtype)
-    deltas = [opts.delta / 2**k for k in range(opts.curve)]
-    sizes = torch.tensor(deltas, dtype=torch.float64)[:, None].expand(len(deltas), opts.samples)
-    if (
-        opts.representativeness
-    ):  # one more row: A = ±δ r_s O_s, r_s from the kernel's radial law (Prop. 2)
-        sizes = torch.cat([sizes, opts.delta * ball_radii(opts.samples, m, ctx.generator(3))[None]])
-    rows_only(p, NAME)
-    inc = _antithetic_increases(p, module, name, Os, sizes, inv, scale)
-    passes += 1 + 2 * opts.samples * len(sizes)
-    if ctx.engine is not None:
-        ctx.engine.sum_(inc)
-        ctx.engine.count(n_forward=passes)
-    ef = inc[: len(deltas)] / p.n  # (curve, samples): per-matrix antithetic E_F
-    mean, se = mean_stderr(ef, axis=1)
-    if not bool(torch.isfinite(mean).all()):
-        raise MeasurementError(f"{NAME}: the perturbed loss is not finite")
-    curve = [
-        {
-            "delta": d,
-            "e_f": float(mean[a]),
-            "stderr": float(se[a]),
-            "ratio": float(2 * m * mean[a] / d**2),
-            "per_matrix": ef[a].tolist(),
+
+    name = NAME
+    options = FeatureRobustnessOptions
+    description = "Feature robustness E_F(δ): mean loss increase when a Linear layer's input features become (I + δO)φ, O random orthogonal (≈ δ²κ/2m); KDE representativeness and bound optional."
+    reference = "Petzka, Kamp, Adilova, Sminchisescu & Boley, NeurIPS 2021, Def. 1 (eq. 4), Thm. 5, eq. 5, Sec. 6 (KDE representativeness)"
+    stochastic = True
+    invariance_options = {"normalize_features": True}
+
+    invariant = staticmethod(_claim)
+
+    invariance_note = staticmethod(_note)
+
+    def declare_cost(self, o, d) -> Cost:
+        """Forward passes: the one at θ, two per draw and point of the curve (one more with
+        ``normalize_features``); representativeness adds its draws and folds' passes and ``kde_folds``
+        exact KDE evaluations (n_test × n_train kernel sums, not declared)."""
+        forwards = 1 + 2 * o.samples * o.curve + int(o.normalize_features)
+        if o.representativeness:
+            forwards += 2 * o.samples + 2 + o.kde_samples * (o.kde_folds - 1)
+        return Cost(forward=forwards)
+
+    def applicable(self, o, p):
+        return rows_only_reason(p, NAME)
+
+    def compute(self, ctx, opts: FeatureRobustnessOptions) -> MeasureResult:
+        p = ctx.problem
+        name, module = find_layer(ctx.model, opts.layer, NAME)
+        m = module.in_features
+        dtype, dev = p.dtype, p.device
+        inv = torch.ones(m, dtype=dtype, device=dev)
+        scale = torch.ones(m, dtype=dtype, device=dev)
+        zero_std = 0
+        passes = 0
+        if opts.normalize_features:
+            sigma = _feature_std(p, module, name, NAME).to(dev)
+            passes += 1
+            keep = sigma > 0
+            zero_std = int((~keep).sum())
+            scale = torch.where(keep, sigma, torch.zeros_like(sigma)).to(dtype)
+            inv = torch.where(
+                keep,
+                1.0 / torch.where(keep, sigma, torch.ones_like(sigma)),
+                torch.zeros_like(sigma),
+            ).to(dtype)
+        Os = haar_orthogonal(m, opts.samples, ctx.generator()).to(dev, dtype)
+        deltas = [opts.delta / 2**k for k in range(opts.curve)]
+        sizes = torch.tensor(deltas, dtype=torch.float64)[:, None].expand(len(deltas), opts.samples)
+        if (
+            opts.representativeness
+        ):  # one more row: A = ±δ r_s O_s, r_s from the kernel's radial law (Prop. 2)
+            sizes = torch.cat(
+                [sizes, opts.delta * ball_radii(opts.samples, m, ctx.generator(3))[None]]
+            )
+        rows_only(p, NAME)
+        inc = _antithetic_increases(p, module, name, Os, sizes, inv, scale)
+        passes += 1 + 2 * opts.samples * len(sizes)
+        if ctx.engine is not None:
+            ctx.engine.sum_(inc)
+            ctx.engine.count(n_forward=passes)
+        ef = inc[: len(deltas)] / p.n  # (curve, samples): per-matrix antithetic E_F
+        mean, se = mean_stderr(ef, axis=1)
+        if not bool(torch.isfinite(mean).all()):
+            raise MeasurementError(f"{NAME}: the perturbed loss is not finite")
+        curve = [
+            {
+                "delta": d,
+                "e_f": float(mean[a]),
+                "stderr": float(se[a]),
+                "ratio": float(2 * m * mean[a] / d**2),
+                "per_matrix": ef[a].tolist(),
+            }
+            for a, d in enumerate(deltas)
+        ]
+        r = [2 * m * float(mean[a]) / d**2 for a, d in enumerate(deltas)]
+        diag = {
+            "layer": name,
+            "m": int(m),
+            "delta": opts.delta,
+            "curve": curve,
+            "kappa_limit": r[-1],
+            "kappa_limit_stderr": float(2 * m * se[-1] / deltas[-1] ** 2),
+            "kappa_extrapolated": (4 * r[-1] - r[-2]) / 3 if len(r) > 1 else r[-1],
+            "normalize_features": bool(opts.normalize_features),
+            "zero_std_features": zero_std,
+            "forward_passes": passes,
         }
-        for a, d in enumerate(deltas)
-    ]
-    r = [2 * m * float(mean[a]) / d**2 for a, d in enumerate(deltas)]
-    diag = {
-        "layer": name,
-        "m": int(m),
-        "delta": opts.delta,
-        "curve": curve,
-        "kappa_limit": r[-1],
-        "kappa_limit_stderr": float(2 * m * se[-1] / deltas[-1] ** 2),
-        "kappa_extrapolated": (4 * r[-1] - r[-2]) / 3 if len(r) > 1 else r[-1],
-        "normalize_features": bool(opts.normalize_features),
-        "zero_std_features": zero_std,
-        "forward_passes": passes,
-    }
-    value = float(mean[0])
-    if opts.representativeness:
-        ek = inc[-1] / p.n
-        diag["e_f_kernel"] = float(ek.mean())
-        diag["e_f_kernel_stderr"] = float(mean_stderr(ek)[1])
-        rep = representativeness(ctx, module, name, opts, scale)
-        diag.update(rep)
-        diag["bound"] = diag["e_f_kernel"] + rep["representativeness"]
-        diag["bound_is_a_bound"] = diag["bound"] >= 0
-    status = "not_a_bound" if opts.representativeness and diag["bound"] < 0 else "ok"
-    return MeasureResult(value=value, stderr=float(se[0]), diagnostics=diag, status=status)
+        value = float(mean[0])
+        if opts.representativeness:
+            ek = inc[-1] / p.n
+            diag["e_f_kernel"] = float(ek.mean())
+            diag["e_f_kernel_stderr"] = float(mean_stderr(ek)[1])
+            rep = representativeness(ctx, module, name, opts, scale)
+            diag.update(rep)
+            diag["bound"] = diag["e_f_kernel"] + rep["representativeness"]
+            diag["bound_is_a_bound"] = diag["bound"] >= 0
+        status = "not_a_bound" if opts.representativeness and diag["bound"] < 0 else "ok"
+        return MeasureResult(value=value, stderr=float(se[0]), diagnostics=diag, status=status)
 
 
 def _antithetic_increases(p, module, name, Os, sizes, inv, scale) -> torch.Tensor:

@@ -49,7 +49,7 @@ import torch
 
 from ..engine.linalg.sem import mean_stderr
 from ..errors import ConfigError
-from . import Cost, MeasureResult, register
+from . import Cost, Measure, MeasureResult
 from ._bn import folded_measurement, folding_reason
 from ._options import Bool, OneOf, opt
 
@@ -66,24 +66,7 @@ class FisherRaoOptions:
     )
 
 
-def _cost(o, d) -> Cost:
-    """One pass over the measurement set for the per-sample directions (a second with a folded
-    BatchNorm, for ``raw_parameterization_value``); ``labels: model`` adds the forward pass that
-    draws the labels."""
-    return Cost(grad=(1, 1 + int(o.fold_batchnorm)), forward=int(o.labels == "model"))
-
-
-@register(
-    "fisher_rao_norm",
-    options=FisherRaoOptions,
-    description="Fisher-Rao norm: mean over S of ⟨θ, ∇_θ ℓ(x, y; θ)⟩² (forward-mode, per-sample).",
-    reference="Liang, Poggio, Rakhlin & Stokes 2019 (AISTATS, Def. 2 and Thm. 3.1); Jiang et al. 2020 (§C)",
-    stochastic=False,
-    declare_cost=_cost,
-    applicable=lambda o, p: folding_reason(p, o.fold_batchnorm),
-    invariant=True,
-)
-def fisher_rao_norm(ctx, opts: FisherRaoOptions) -> MeasureResult:
+class FisherRaoNorm(Measure):
     r""":math:`\|\theta\|_{fr}^2`, larger means a larger predicted gap; exact for
     ``labels: data`` (``stderr`` None). For ``labels: model`` the labels are a
     seeded draw and ``stderr`` is the standard error of the mean of the
@@ -91,20 +74,38 @@ def fisher_rao_norm(ctx, opts: FisherRaoOptions) -> MeasureResult:
     \|⟨θ, ∇ℓ_i⟩\|), ``n_jvp`` (forward-mode passes over S), ``folded_batchnorm``, and
     ``raw_parameterization_value`` (the same mean on the unfolded W, b, γ, β) when a
     BatchNorm was folded."""
-    fm = folded_measurement(ctx, opts.fold_batchnorm)
-    try:
-        res = _fisher_rao(ctx, fm, opts)
-    finally:
-        fm.merge_counters(ctx.engine)
-    labels = res.diagnostics.pop("_labels", None)
-    if (
-        fm.own or not fm.diagnostics["folded_batchnorm"]
-    ):  # nothing folded: the raw form is the value
+
+    name = "fisher_rao_norm"
+    options = FisherRaoOptions
+    description = "Fisher-Rao norm: mean over S of ⟨θ, ∇_θ ℓ(x, y; θ)⟩² (forward-mode, per-sample)."
+    reference = "Liang, Poggio, Rakhlin & Stokes 2019 (AISTATS, Def. 2 and Thm. 3.1); Jiang et al. 2020 (§C)"
+    stochastic = False
+    invariant = True
+
+    def declare_cost(self, o, d) -> Cost:
+        """One pass over the measurement set for the per-sample directions (a second with a folded
+        BatchNorm, for ``raw_parameterization_value``); ``labels: model`` adds the forward pass that
+        draws the labels."""
+        return Cost(grad=(1, 1 + int(o.fold_batchnorm)), forward=int(o.labels == "model"))
+
+    def applicable(self, o, p):
+        return folding_reason(p, o.fold_batchnorm)
+
+    def compute(self, ctx, opts: FisherRaoOptions) -> MeasureResult:
+        fm = folded_measurement(ctx, opts.fold_batchnorm)
+        try:
+            res = _fisher_rao(ctx, fm, opts)
+        finally:
+            fm.merge_counters(ctx.engine)
+        labels = res.diagnostics.pop("_labels", None)
+        if (
+            fm.own or not fm.diagnostics["folded_batchnorm"]
+        ):  # nothing folded: the raw form is the value
+            return res
+        d = ctx.engine.per_unit_directional(ctx.problem.theta, labels=labels).double()
+        res.diagnostics["raw_parameterization_value"] = float((d * d).mean())
+        res.diagnostics["n_jvp"] += 1
         return res
-    d = ctx.engine.per_unit_directional(ctx.problem.theta, labels=labels).double()
-    res.diagnostics["raw_parameterization_value"] = float((d * d).mean())
-    res.diagnostics["n_jvp"] += 1
-    return res
 
 
 def _fisher_rao(ctx, fm, opts: FisherRaoOptions) -> MeasureResult:

@@ -29,7 +29,7 @@ import torch
 
 from ..engine import linalg
 from ..errors import ConfigError
-from . import MeasureResult, register
+from . import Measure, MeasureResult
 from ._esd import ESD_FLOOR, esd_figure, plot_esd  # noqa: F401  (their home before)
 from ._options import Integral, OneOf, Optional, Real, opt
 from ._slq_shared import kept_abs_trace, no_slq_run, shared_slq
@@ -67,33 +67,7 @@ class LambdaMaxOptions:
     )
 
 
-def _lambda_max_cost(o: LambdaMaxOptions, d) -> linalg.Cost:
-    """Lanczos under the measure's stop (its basis capped by ``runtime.max_basis_vectors``); with
-    fp32 verification (precision auto with TF32 products, or bf16) the Ritz pair's check and the
-    fp32 refinement it may need. ``per_layer`` json or columns adds one Lanczos per parameter
-    tensor, which is not declared."""
-    stop = linalg.KrylovStop(min_steps=o.min_steps, max_steps=o.max_steps, max_basis=d.max_basis)
-    cost = linalg.lanczos_cost(d.P, stop)
-    if d.verify:
-        refine = linalg.KrylovStop(min_steps=1, max_steps=o.max_steps)
-        cost = cost + linalg.verify_eigenpair_cost()
-        cost = cost + linalg.lanczos_cost(d.P, refine).products().optional()
-    return cost
-
-
-@register(
-    "hessian_lambda_max",
-    low_precision=True,  # bf16 products: λmax and traces verified in fp32, the spectrum as with TF32
-    stops_early=True,  # its estimator checks the budget between blocks
-    options=LambdaMaxOptions,
-    description="Largest algebraic eigenvalue of the loss Hessian (Lanczos, residual stopping); "
-    "per-tensor block λmax with per_layer. Unconverged (a cap) it is a lower bound, and says so."
-    + PADDING_NOTE,
-    reference="Keskar et al. 2017; Lanczos with full reorthogonalization (Golub & Van Loan §10.1)",
-    stochastic=True,
-    declare_cost=_lambda_max_cost,
-)
-def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
+class HessianLambdaMax(Measure):
     r"""Largest algebraic eigenvalue :math:`\lambda_{\max}(H)`, larger means sharper.
 
     Lanczos with full reorthogonalization from a seeded random start, stopped when the
@@ -141,74 +115,110 @@ def hessian_lambda_max(ctx, opts: LambdaMaxOptions) -> MeasureResult:
     ``layer_<name>`` (CSV columns ``<label>_layer_<name>``). By Cauchy
     interlacing every block λmax is at most λmax(H). Cost: one Lanczos per tensor.
     """
-    eng, verify = ctx.engine, ctx.engine.precision.verify
-    start, min_steps = warm_start(ctx, opts.min_steps)
-    stop = linalg.KrylovStop(
-        tol=opts.tol, min_steps=min_steps, max_steps=opts.max_steps, budget=ctx.budget
+
+    name = "hessian_lambda_max"
+    low_precision = (
+        True  # bf16 products: λmax and traces verified in fp32, the spectrum as with TF32
     )
-    r = linalg.lanczos(
-        eng.hessian(),
-        k=1,
-        v0=start,
-        generator=ctx.generator(),
-        return_vectors=verify or ctx.warm is not None,
-        stop=stop,
-        settings=eng.estimator_settings,
+    stops_early = True  # its estimator checks the budget between blocks
+    options = LambdaMaxOptions
+    description = (
+        "Largest algebraic eigenvalue of the loss Hessian (Lanczos, residual stopping); "
+        "per-tensor block λmax with per_layer. Unconverged (a cap) it is a lower bound, and says so."
+        + PADDING_NOTE
     )
-    keep_ritz_vectors(ctx, r)
-    lam = float(r.eigenvalues[0])
-    rel = float(r.residuals[0] / max(abs(lam), 1e-30))
-    converged = bool(r.converged)
-    # after thick restarts the smallest Ritz value is that of the kept vectors: nothing like λmin
-    low_ritz = "min_kept_ritz" if r.restarts else "min_ritz"
-    diag = {
-        "residual": rel,
-        "steps": r.steps,
-        "converged": converged,
-        low_ritz: float(r.eigenvalues[-1]),
-        "basis_vectors": r.basis_vectors,
-        "restarts": r.restarts,
-    }
-    stopped, near_zero = r.stopped_by_budget, r.near_zero
-    if verify:
-        H32 = eng.hessian(precision="fp32")
-        lam32, rel32 = linalg.verify_eigenpair(H32, r.ritz_vectors[0])
-        low = eng.precision.low_name  # tf32 or bf16
-        diag.update(
-            {
-                f"{low}_value": lam,
-                f"{low}_residual": rel,
-                "verified": "fp32",
-                "fp32_refine_steps": 0,
-                "fp32_control_rel_diff": abs(lam - lam32) / max(abs(lam32), 1e-30),
-            }
+    reference = "Keskar et al. 2017; Lanczos with full reorthogonalization (Golub & Van Loan §10.1)"
+    stochastic = True
+
+    def declare_cost(self, o: LambdaMaxOptions, d) -> linalg.Cost:
+        """Lanczos under the measure's stop (its basis capped by ``runtime.max_basis_vectors``); with
+        fp32 verification (precision auto with TF32 products, or bf16) the Ritz pair's check and the
+        fp32 refinement it may need. ``per_layer`` json or columns adds one Lanczos per parameter
+        tensor, which is not declared."""
+        stop = linalg.KrylovStop(
+            min_steps=o.min_steps, max_steps=o.max_steps, max_basis=d.max_basis
         )
-        # the fast products' rounding keeps the residual above tol: finish in fp32 from its vector
-        if rel32 > opts.tol:
-            r32 = linalg.lanczos(
-                H32,
-                k=1,
-                v0=r.ritz_vectors[0],
-                generator=ctx.generator(1),
-                stop=linalg.KrylovStop(opts.tol, 1, opts.max_steps, ctx.budget),
-                settings=eng.estimator_settings,
+        cost = linalg.lanczos_cost(d.P, stop)
+        if d.verify:
+            refine = linalg.KrylovStop(min_steps=1, max_steps=o.max_steps)
+            cost = cost + linalg.verify_eigenpair_cost()
+            cost = cost + linalg.lanczos_cost(d.P, refine).products().optional()
+        return cost
+
+    def compute(self, ctx, opts: LambdaMaxOptions) -> MeasureResult:
+        eng, verify = ctx.engine, ctx.engine.precision.verify
+        start, min_steps = warm_start(ctx, opts.min_steps)
+        stop = linalg.KrylovStop(
+            tol=opts.tol, min_steps=min_steps, max_steps=opts.max_steps, budget=ctx.budget
+        )
+        r = linalg.lanczos(
+            eng.hessian(),
+            k=1,
+            v0=start,
+            generator=ctx.generator(),
+            return_vectors=verify or ctx.warm is not None,
+            stop=stop,
+            settings=eng.estimator_settings,
+        )
+        keep_ritz_vectors(ctx, r)
+        lam = float(r.eigenvalues[0])
+        rel = float(r.residuals[0] / max(abs(lam), 1e-30))
+        converged = bool(r.converged)
+        # after thick restarts the smallest Ritz value is that of the kept vectors: nothing like λmin
+        low_ritz = "min_kept_ritz" if r.restarts else "min_ritz"
+        diag = {
+            "residual": rel,
+            "steps": r.steps,
+            "converged": converged,
+            low_ritz: float(r.eigenvalues[-1]),
+            "basis_vectors": r.basis_vectors,
+            "restarts": r.restarts,
+        }
+        stopped, near_zero = r.stopped_by_budget, r.near_zero
+        if verify:
+            H32 = eng.hessian(precision="fp32")
+            lam32, rel32 = linalg.verify_eigenpair(H32, r.ritz_vectors[0])
+            low = eng.precision.low_name  # tf32 or bf16
+            diag.update(
+                {
+                    f"{low}_value": lam,
+                    f"{low}_residual": rel,
+                    "verified": "fp32",
+                    "fp32_refine_steps": 0,
+                    "fp32_control_rel_diff": abs(lam - lam32) / max(abs(lam32), 1e-30),
+                }
             )
-            lam32 = float(r32.eigenvalues[0])
-            rel32 = float(r32.residuals[0] / max(abs(lam32), 1e-30))
-            diag["fp32_refine_steps"] = r32.steps
-            stopped, near_zero = stopped or r32.stopped_by_budget, r32.near_zero
-        converged = rel32 <= opts.tol or (
-            near_zero and rel32 * abs(lam32) <= opts.tol**2 * max(abs(lam32), abs(diag[low_ritz]))
+            # the fast products' rounding keeps the residual above tol: finish in fp32 from its vector
+            if rel32 > opts.tol:
+                r32 = linalg.lanczos(
+                    H32,
+                    k=1,
+                    v0=r.ritz_vectors[0],
+                    generator=ctx.generator(1),
+                    stop=linalg.KrylovStop(opts.tol, 1, opts.max_steps, ctx.budget),
+                    settings=eng.estimator_settings,
+                )
+                lam32 = float(r32.eigenvalues[0])
+                rel32 = float(r32.residuals[0] / max(abs(lam32), 1e-30))
+                diag["fp32_refine_steps"] = r32.steps
+                stopped, near_zero = stopped or r32.stopped_by_budget, r32.near_zero
+            converged = rel32 <= opts.tol or (
+                near_zero
+                and rel32 * abs(lam32) <= opts.tol**2 * max(abs(lam32), abs(diag[low_ritz]))
+            )
+            diag.update(residual=rel32, converged=converged)
+            lam = lam32
+        if (
+            not converged
+        ):  # a Ritz value is at most λmax: unconverged, it is a bound, not an estimate
+            diag["bound"] = "lower bound"
+        if ctx.warm is not None:
+            diag["warm_start"] = start is not None
+        if opts.per_layer != "none":
+            diag.update(_block_lambda_max(ctx, opts))
+        return MeasureResult(
+            value=lam, diagnostics=diag, status=_status(converged, near_zero, stopped)
         )
-        diag.update(residual=rel32, converged=converged)
-        lam = lam32
-    if not converged:  # a Ritz value is at most λmax: unconverged, it is a bound, not an estimate
-        diag["bound"] = "lower bound"
-    if ctx.warm is not None:
-        diag["warm_start"] = start is not None
-    if opts.per_layer != "none":
-        diag.update(_block_lambda_max(ctx, opts))
-    return MeasureResult(value=lam, diagnostics=diag, status=_status(converged, near_zero, stopped))
 
 
 def _status(converged: bool, near_zero: bool, stopped: bool) -> str:
@@ -287,39 +297,7 @@ class TraceOptions:
     )
 
 
-def _trace_cost(o: TraceOptions, d) -> linalg.Cost:
-    """The estimator `trace_method` chooses (``auto`` with its check: `trace_auto_cost`): probes in
-    blocks of the engine's size with the near-zero floor's SLQ beside them, Hutch++ with its
-    sketch, or the exact trace (P products); with fp32 verification the control probes. The
-    per-tensor traces come from the same probes, at no extra product."""
-    method = trace_method(o.method, d.P, o)
-    if method == "exact":
-        return linalg.exact_diagonal_cost(d.P)
-    stop = linalg.ProbeStop(min_probes=o.min_probes, max_probes=o.max_probes)
-    if method == "check":
-        cost = trace_auto_cost(o, d)
-    elif method == "hutchpp":
-        cost = linalg.hutchpp_cost(d.P, stop, device=d.device, dtype=d.dtype)
-    else:
-        cost = linalg.hutchinson_cost(d.P, stop, device=d.device, dtype=d.dtype)
-    if d.verify:
-        cost = cost + linalg.precision_control_cost(CONTROL_PROBES)
-    return cost
-
-
-@register(
-    "hessian_trace",
-    low_precision=True,  # bf16 products: λmax and traces verified in fp32, the spectrum as with TF32
-    stops_early=lambda o: o.method != "exact",  # its estimator checks the budget between blocks
-    options=TraceOptions,
-    description="Trace of the loss Hessian (exact or Hutchinson by predicted products, or Hutch++, "
-    "with stopping at a Student-t stderr ≤ tol·|trace| on at least 4 samples); per-tensor traces "
-    "in diagnostics." + PADDING_NOTE,
-    reference="Hutchinson 1989; Meyer et al. 2021 (Hutch++, Alg. 1); Yao et al. 2020 (PyHessian)",
-    stochastic=True,
-    declare_cost=_trace_cost,
-)
-def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
+class HessianTrace(Measure):
     r""":math:`\mathrm{Tr}(H)`, larger means sharper.
 
     ``hutchinson``: :math:`\frac1m\sum_i z_i^\top H z_i` with Rademacher probes
@@ -380,69 +358,108 @@ def hessian_trace(ctx, opts: TraceOptions) -> MeasureResult:
     standard error. ``exact`` always uses fp32 products. ``runtime.precision: bf16`` is checked by
     the same paired control (bfloat16 against float32 products through the model).
     """
-    if opts.min_probes > opts.max_probes:
-        raise ConfigError(
-            f"The 'min_probes' parameter of hessian_trace ({opts.min_probes}) must not exceed "
-            f"'max_probes' ({opts.max_probes})."
-        )
-    eng, p = ctx.engine, ctx.problem
-    opts = dataclasses.replace(opts, method=trace_method(opts.method, p.num_params, opts))
-    slices = p.param_slices()
-    auto = {}
-    if opts.method == "check":
-        opts, auto = auto_check(ctx, opts)
-    if opts.method == "exact":
-        return _exact_trace(ctx, opts, auto)
-    H = eng.hessian()
-    est = linalg.hutchpp if opts.method == "hutchpp" else linalg.hutchinson
-    r = est(
-        H,
-        stop=linalg.ProbeStop(
-            opts.tol, opts.min_probes, opts.max_probes, ctx.budget, lambda: kept_abs_trace(ctx)
-        ),
-        generator=ctx.generator(),
-        blocks=list(slices.values()) if opts.per_layer != "none" else None,
-        settings=eng.estimator_settings,
+
+    name = "hessian_trace"
+    low_precision = (
+        True  # bf16 products: λmax and traces verified in fp32, the spectrum as with TF32
     )
-    # a fixed count (min_probes = max_probes) is judged like any other: ok only when its interval
-    # passes the tolerance test (the estimator's ``converged``), else not_converged
-    diag = {
-        **auto,
-        "probes": r.probes,
-        "rel_stderr": r.stderr / abs(r.estimate) if r.estimate else math.inf,
-        "converged": bool(r.converged),
-        "method": r.method,  # hutchpp under a cap too short for its sketch: hutchinson
-        "samples": len(r.samples),
-        "stderr_mean": r.stderr_mean,
-        "t_factor": linalg.t_factor(len(r.samples)),
-    }
-    if r.abs_trace is not None:
-        diag["abs_trace"] = r.abs_trace  # the SLQ estimate of Tr|H| behind the near-zero floor
-        diag["abs_trace_stderr"] = r.abs_trace_stderr
-    if opts.method == "hutchpp":
-        diag["sketch"] = r.sketch
-        diag["low_rank_trace"] = r.low_rank
-    if opts.per_layer != "none":
-        means, ses = r.block_estimates()
-        names = list(slices)
-        diag.update(
-            _layer_diagnostics(
-                {n: float(v) for n, v in zip(names, means, strict=True)},
-                {n: float(v) for n, v in zip(names, ses, strict=True)},
-                opts.per_layer,
+    options = TraceOptions
+    description = (
+        "Trace of the loss Hessian (exact or Hutchinson by predicted products, or Hutch++, "
+        "with stopping at a Student-t stderr ≤ tol·|trace| on at least 4 samples); per-tensor traces "
+        "in diagnostics." + PADDING_NOTE
+    )
+    reference = "Hutchinson 1989; Meyer et al. 2021 (Hutch++, Alg. 1); Yao et al. 2020 (PyHessian)"
+    stochastic = True
+
+    def stops_early(self, o):  # its estimator checks the budget between blocks
+        return o.method != "exact"
+
+    def declare_cost(self, o: TraceOptions, d) -> linalg.Cost:
+        """The estimator `trace_method` chooses (``auto`` with its check: `trace_auto_cost`): probes in
+        blocks of the engine's size with the near-zero floor's SLQ beside them, Hutch++ with its
+        sketch, or the exact trace (P products); with fp32 verification the control probes. The
+        per-tensor traces come from the same probes, at no extra product."""
+        method = trace_method(o.method, d.P, o)
+        if method == "exact":
+            return linalg.exact_diagonal_cost(d.P)
+        stop = linalg.ProbeStop(min_probes=o.min_probes, max_probes=o.max_probes)
+        if method == "check":
+            cost = trace_auto_cost(o, d)
+        elif method == "hutchpp":
+            cost = linalg.hutchpp_cost(d.P, stop, device=d.device, dtype=d.dtype)
+        else:
+            cost = linalg.hutchinson_cost(d.P, stop, device=d.device, dtype=d.dtype)
+        if d.verify:
+            cost = cost + linalg.precision_control_cost(CONTROL_PROBES)
+        return cost
+
+    def compute(self, ctx, opts: TraceOptions) -> MeasureResult:
+        if opts.min_probes > opts.max_probes:
+            raise ConfigError(
+                f"The 'min_probes' parameter of hessian_trace ({opts.min_probes}) must not exceed "
+                f"'max_probes' ({opts.max_probes})."
             )
+        eng, p = ctx.engine, ctx.problem
+        opts = dataclasses.replace(opts, method=trace_method(opts.method, p.num_params, opts))
+        slices = p.param_slices()
+        auto = {}
+        if opts.method == "check":
+            opts, auto = auto_check(ctx, opts)
+        if opts.method == "exact":
+            return _exact_trace(ctx, opts, auto)
+        H = eng.hessian()
+        est = linalg.hutchpp if opts.method == "hutchpp" else linalg.hutchinson
+        r = est(
+            H,
+            stop=linalg.ProbeStop(
+                opts.tol, opts.min_probes, opts.max_probes, ctx.budget, lambda: kept_abs_trace(ctx)
+            ),
+            generator=ctx.generator(),
+            blocks=list(slices.values()) if opts.per_layer != "none" else None,
+            settings=eng.estimator_settings,
         )
-    status = _status(r.converged, r.near_zero, r.stopped_by_budget)
-    if eng.precision.verify:
-        c = linalg.precision_control(
-            H, eng.hessian(precision="fp32"), probes=CONTROL_PROBES, generator=ctx.generator(7)
-        )
-        diag.update(
-            fp32_control_rel_diff=c.rel_diff, fp32_control_diff=c.diff, fp32_control_probes=c.probes
-        )
-        if abs(c.diff) > r.stderr:
-            status = "precision_warning"  # the TF32 bias exceeds the estimate's standard error
-    return MeasureResult(value=r.estimate, stderr=r.stderr, diagnostics=diag, status=status)
+        # a fixed count (min_probes = max_probes) is judged like any other: ok only when its interval
+        # passes the tolerance test (the estimator's ``converged``), else not_converged
+        diag = {
+            **auto,
+            "probes": r.probes,
+            "rel_stderr": r.stderr / abs(r.estimate) if r.estimate else math.inf,
+            "converged": bool(r.converged),
+            "method": r.method,  # hutchpp under a cap too short for its sketch: hutchinson
+            "samples": len(r.samples),
+            "stderr_mean": r.stderr_mean,
+            "t_factor": linalg.t_factor(len(r.samples)),
+        }
+        if r.abs_trace is not None:
+            diag["abs_trace"] = r.abs_trace  # the SLQ estimate of Tr|H| behind the near-zero floor
+            diag["abs_trace_stderr"] = r.abs_trace_stderr
+        if opts.method == "hutchpp":
+            diag["sketch"] = r.sketch
+            diag["low_rank_trace"] = r.low_rank
+        if opts.per_layer != "none":
+            means, ses = r.block_estimates()
+            names = list(slices)
+            diag.update(
+                _layer_diagnostics(
+                    {n: float(v) for n, v in zip(names, means, strict=True)},
+                    {n: float(v) for n, v in zip(names, ses, strict=True)},
+                    opts.per_layer,
+                )
+            )
+        status = _status(r.converged, r.near_zero, r.stopped_by_budget)
+        if eng.precision.verify:
+            c = linalg.precision_control(
+                H, eng.hessian(precision="fp32"), probes=CONTROL_PROBES, generator=ctx.generator(7)
+            )
+            diag.update(
+                fp32_control_rel_diff=c.rel_diff,
+                fp32_control_diff=c.diff,
+                fp32_control_probes=c.probes,
+            )
+            if abs(c.diff) > r.stderr:
+                status = "precision_warning"  # the TF32 bias exceeds the estimate's standard error
+        return MeasureResult(value=r.estimate, stderr=r.stderr, diagnostics=diag, status=status)
 
 
 def _exact_trace(ctx, opts: TraceOptions, auto: dict) -> MeasureResult:
@@ -502,39 +519,12 @@ def effective_dimension(eigenvalues: np.ndarray, z: float) -> np.ndarray:
     return lp / (lp + z)
 
 
-def _esd_artifacts(result: MeasureResult, stem: Path, title: str) -> list[Path]:
-    if "density" not in (result.diagnostics or {}):
-        return []
-    return [plot_esd(result, stem.with_suffix(".png"), title=title)]
-
-
 def _spectrum_stop(k: int, budget=None) -> linalg.KrylovStop:
     """The top-k block Lanczos's stop: `SPECTRUM_TOL`, at most max(50, 10·k) steps."""
     return linalg.KrylovStop(tol=SPECTRUM_TOL, max_steps=max(50, 10 * k), budget=budget)
 
 
-def _spectrum_cost(o: SpectrumOptions, d) -> linalg.Cost:
-    """The SLQ runs in lockstep and the top-k block Lanczos beside them (its working vectors
-    bounded by the runs' bases)."""
-    stop = _spectrum_stop(o.top_k)  # the same products as with top_k cut to P, which caps them
-    lanczos = linalg.lanczos_cost(d.P, stop, k=o.top_k, block=o.top_k, work=False)
-    return lanczos + linalg.slq_cost(d.P, o.slq_runs, o.slq_steps)
-
-
-@register(
-    "hessian_spectrum",
-    low_precision=True,  # bf16 products: λmax and traces verified in fp32, the spectrum as with TF32
-    stops_early=True,  # its estimator checks the budget between blocks
-    options=SpectrumOptions,
-    description="Effective dimension N_eff(z) = Σ λ₊/(λ₊ + z) of the loss Hessian, λ₊ = max(λ, 0) "
-    "(negative curvature counts 0), by SLQ with status ok at stderr ≤ tol·N_eff; top-k "
-    "eigenvalues, condition number and spectral density in diagnostics." + PADDING_NOTE,
-    reference="Maddox, Benton & Wilson 2020 (N_eff, eq. 2); Ghorbani et al. 2019 and Ubaru et al. 2017 (SLQ)",
-    stochastic=True,
-    declare_cost=_spectrum_cost,
-    artifacts=_esd_artifacts,
-)
-def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
+class HessianSpectrum(Measure):
     r"""Spectrum of :math:`H`; value :math:`N_{\mathrm{eff}}(z) = \sum_i \frac{\lambda_{i+}}{\lambda_{i+} + z}`
     with :math:`\lambda_+ = \max(\lambda, 0)` (the clipping is part of the definition),
     larger means sharper (more directions with curvature above :math:`z`).
@@ -579,67 +569,97 @@ def hessian_spectrum(ctx, opts: SpectrumOptions) -> MeasureResult:
       ``density``; the SLQ nodes and weights too (``slq_nodes``,
       ``slq_weights``), for `plot_esd`.
     """
-    eng, P = ctx.engine, ctx.problem.num_params
-    k = min(opts.top_k, P)
-    s = _slq_share(ctx, opts)
-    r = linalg.lanczos(
-        eng.hessian(),
-        k=k,
-        block=k,
-        generator=ctx.generator(),
-        stop=_spectrum_stop(k, ctx.budget),
-        settings=eng.estimator_settings,
+
+    name = "hessian_spectrum"
+    low_precision = (
+        True  # bf16 products: λmax and traces verified in fp32, the spectrum as with TF32
     )
-    top = [float(v) for v in r.eigenvalues[:k]]
-    top_res = [float(res / max(abs(v), 1e-30)) for res, v in zip(r.residuals[:k], top, strict=True)]
-    lam_k = top[-1]
-    diag = {
-        "z": opts.z,
-        "tol": opts.tol,
-        "lambda_max": top[0],
-        "top_eigenvalues": top,
-        "top_residuals": top_res,
-        "top_converged": bool(r.converged),
-        "lanczos_steps": r.steps,
-        "condition_number": top[0] / lam_k if lam_k > 0 else None,
-    }
-    if len(s.nodes) < 2:  # the cap left no run (of ≥ MIN_NODES Gauss nodes) or one: no stderr
-        out = no_slq_run(s, lambda t: effective_dimension(t, opts.z))
-        return MeasureResult(
-            value=math.nan, diagnostics={**diag, **out.diagnostics}, status=out.status
+    stops_early = True  # its estimator checks the budget between blocks
+    options = SpectrumOptions
+    description = (
+        "Effective dimension N_eff(z) = Σ λ₊/(λ₊ + z) of the loss Hessian, λ₊ = max(λ, 0) "
+        "(negative curvature counts 0), by SLQ with status ok at stderr ≤ tol·N_eff; top-k "
+        "eigenvalues, condition number and spectral density in diagnostics." + PADDING_NOTE
+    )
+    reference = "Maddox, Benton & Wilson 2020 (N_eff, eq. 2); Ghorbani et al. 2019 and Ubaru et al. 2017 (SLQ)"
+    stochastic = True
+
+    def declare_cost(self, o: SpectrumOptions, d) -> linalg.Cost:
+        """The SLQ runs in lockstep and the top-k block Lanczos beside them (its working vectors
+        bounded by the runs' bases)."""
+        stop = _spectrum_stop(o.top_k)  # the same products as with top_k cut to P, which caps them
+        lanczos = linalg.lanczos_cost(d.P, stop, k=o.top_k, block=o.top_k, work=False)
+        return lanczos + linalg.slq_cost(d.P, o.slq_runs, o.slq_steps)
+
+    def artifacts(self, result: MeasureResult, stem: Path, title: str) -> list[Path]:
+        if "density" not in (result.diagnostics or {}):
+            return []
+        return [plot_esd(result, stem.with_suffix(".png"), title=title)]
+
+    def compute(self, ctx, opts: SpectrumOptions) -> MeasureResult:
+        eng, P = ctx.engine, ctx.problem.num_params
+        k = min(opts.top_k, P)
+        s = _slq_share(ctx, opts)
+        r = linalg.lanczos(
+            eng.hessian(),
+            k=k,
+            block=k,
+            generator=ctx.generator(),
+            stop=_spectrum_stop(k, ctx.budget),
+            settings=eng.estimator_settings,
         )
-    neff, se, se_runs, quad = s.stderr(lambda t: effective_dimension(t, opts.z))
-    n = len(s.nodes)
-    converged = n >= linalg.MIN_SAMPLES and se <= opts.tol * abs(neff)
-    stopped = s.stopped_by_budget or (r.stopped_by_budget and not r.converged)
-    nodes = np.concatenate(s.nodes)
-    lo = min(float(nodes.min()), top[-1])
-    hi = max(float(nodes.max()), top[0])
-    width = max(hi - lo, 1e-12 * max(abs(hi), 1.0))
-    grid = np.linspace(lo - 0.05 * width, hi + 0.05 * width, DENSITY_POINTS)
-    sigma = 2 * (grid[1] - grid[0])
-    diag.update(
-        {
-            "slq_runs": n,
-            "rel_stderr": se / abs(neff) if neff and n > 1 else math.nan,
-            "converged": bool(converged),
-            "stderr_runs": se_runs,
-            "t_factor": linalg.t_factor(n),
-            "quadrature_error": quad,
-            "slq_steps": int(max(len(t) for t in s.nodes)),
-            "density_grid": grid.tolist(),
-            "density": s.density(grid, sigma).tolist(),
-            "density_sigma": float(sigma),
-            "slq_nodes": [t.tolist() for t in s.nodes],
-            "slq_weights": [w.tolist() for w in s.weights],
+        top = [float(v) for v in r.eigenvalues[:k]]
+        top_res = [
+            float(res / max(abs(v), 1e-30)) for res, v in zip(r.residuals[:k], top, strict=True)
+        ]
+        lam_k = top[-1]
+        diag = {
+            "z": opts.z,
+            "tol": opts.tol,
+            "lambda_max": top[0],
+            "top_eigenvalues": top,
+            "top_residuals": top_res,
+            "top_converged": bool(r.converged),
+            "lanczos_steps": r.steps,
+            "condition_number": top[0] / lam_k if lam_k > 0 else None,
         }
-    )
-    return MeasureResult(
-        value=neff,
-        stderr=se if n > 1 else None,
-        status="budget" if stopped else "ok" if converged else "not_converged",
-        diagnostics=diag,
-    )
+        if len(s.nodes) < 2:  # the cap left no run (of ≥ MIN_NODES Gauss nodes) or one: no stderr
+            out = no_slq_run(s, lambda t: effective_dimension(t, opts.z))
+            return MeasureResult(
+                value=math.nan, diagnostics={**diag, **out.diagnostics}, status=out.status
+            )
+        neff, se, se_runs, quad = s.stderr(lambda t: effective_dimension(t, opts.z))
+        n = len(s.nodes)
+        converged = n >= linalg.MIN_SAMPLES and se <= opts.tol * abs(neff)
+        stopped = s.stopped_by_budget or (r.stopped_by_budget and not r.converged)
+        nodes = np.concatenate(s.nodes)
+        lo = min(float(nodes.min()), top[-1])
+        hi = max(float(nodes.max()), top[0])
+        width = max(hi - lo, 1e-12 * max(abs(hi), 1.0))
+        grid = np.linspace(lo - 0.05 * width, hi + 0.05 * width, DENSITY_POINTS)
+        sigma = 2 * (grid[1] - grid[0])
+        diag.update(
+            {
+                "slq_runs": n,
+                "rel_stderr": se / abs(neff) if neff and n > 1 else math.nan,
+                "converged": bool(converged),
+                "stderr_runs": se_runs,
+                "t_factor": linalg.t_factor(n),
+                "quadrature_error": quad,
+                "slq_steps": int(max(len(t) for t in s.nodes)),
+                "density_grid": grid.tolist(),
+                "density": s.density(grid, sigma).tolist(),
+                "density_sigma": float(sigma),
+                "slq_nodes": [t.tolist() for t in s.nodes],
+                "slq_weights": [w.tolist() for w in s.weights],
+            }
+        )
+        return MeasureResult(
+            value=neff,
+            stderr=se if n > 1 else None,
+            status="budget" if stopped else "ok" if converged else "not_converged",
+            diagnostics=diag,
+        )
 
 
 def _slq_share(ctx, opts: SpectrumOptions) -> linalg.SLQResult:

@@ -70,7 +70,7 @@ import numpy as np
 import torch
 
 from ..engine import linalg
-from . import MeasureResult, register
+from . import Measure, MeasureResult
 from ._options import Integral, OneOf, Real, opt
 from ._slq_shared import no_slq_run, shared_slq
 from .hessian import PADDING_NOTE
@@ -103,30 +103,11 @@ def _dense(o, P: int) -> bool:
     return o.method == "dense" or (o.method == "auto" and P <= o.dense_max)
 
 
-def _cost(o, d) -> linalg.Cost:
-    """Dense: the Hessian from P products; SLQ: its runs, from ``slq_runs`` to ``max_runs``."""
-    if _dense(o, d.P):
-        return linalg.Cost(hvp=d.P)
-    runs = (min(o.slq_runs, o.max_runs), max(o.slq_runs, o.max_runs))
-    return linalg.slq_cost(d.P, runs, o.slq_steps).products()
-
-
 def _f(gamma: float):
     return lambda t: 0.5 * np.log1p(np.maximum(t, 0.0) / gamma)
 
 
-@register(
-    "local_entropy",
-    stops_early=True,  # its estimator checks the budget between blocks
-    options=LocalEntropyOptions,
-    description="Local-entropy volume loss ½ log det(I + H₊/γ), H₊ with negative eigenvalues "
-    "clipped to 0: dense eigenvalues for small models, else stochastic Lanczos quadrature to a "
-    "relative standard error tol (runs and quadrature error)." + PADDING_NOTE,
-    reference="Chaudhari et al. 2017 (Entropy-SGD, eq. 3, quadratic approximation); Hochreiter & Schmidhuber 1997",
-    stochastic=True,
-    declare_cost=_cost,
-)
-def local_entropy(ctx, opts: LocalEntropyOptions) -> MeasureResult:
+class LocalEntropy(Measure):
     r""":math:`\tfrac12\log\det(I + H_+/\gamma)`, larger means sharper (module docstring).
 
     Diagnostics: ``method`` (dense or slq), ``max_ritz`` and ``min_ritz`` (the
@@ -134,9 +115,29 @@ def local_entropy(ctx, opts: LocalEntropyOptions) -> MeasureResult:
     per run, capped by the number of parameters), ``rel_stderr``, ``converged`` and
     ``negative_weight`` (the SLQ mass on negative Ritz values, clipped to 0); dense:
     ``negative_eigenvalues`` (how many were clipped)."""
-    if _dense(opts, ctx.problem.num_params):
-        return _local_entropy_dense(ctx, opts)
-    return _local_entropy_slq(ctx, opts)
+
+    name = "local_entropy"
+    stops_early = True  # its estimator checks the budget between blocks
+    options = LocalEntropyOptions
+    description = (
+        "Local-entropy volume loss ½ log det(I + H₊/γ), H₊ with negative eigenvalues "
+        "clipped to 0: dense eigenvalues for small models, else stochastic Lanczos quadrature to a "
+        "relative standard error tol (runs and quadrature error)." + PADDING_NOTE
+    )
+    reference = "Chaudhari et al. 2017 (Entropy-SGD, eq. 3, quadratic approximation); Hochreiter & Schmidhuber 1997"
+    stochastic = True
+
+    def declare_cost(self, o, d) -> linalg.Cost:
+        """Dense: the Hessian from P products; SLQ: its runs, from ``slq_runs`` to ``max_runs``."""
+        if _dense(o, d.P):
+            return linalg.Cost(hvp=d.P)
+        runs = (min(o.slq_runs, o.max_runs), max(o.slq_runs, o.max_runs))
+        return linalg.slq_cost(d.P, runs, o.slq_steps).products()
+
+    def compute(self, ctx, opts: LocalEntropyOptions) -> MeasureResult:
+        if _dense(opts, ctx.problem.num_params):
+            return _local_entropy_dense(ctx, opts)
+        return _local_entropy_slq(ctx, opts)
 
 
 def _local_entropy_dense(ctx, opts: LocalEntropyOptions) -> MeasureResult:

@@ -110,7 +110,7 @@ import numpy as np
 import torch
 
 from ..errors import MeasurementError
-from . import Cost, MeasureResult, register
+from . import Cost, Measure, MeasureResult
 from ._hessian_diag import (
     DiagonalOptions,
     diagonal_cost,
@@ -369,50 +369,12 @@ def _node_wise(p, model, diag: torch.Tensor, box: float, warm=None):
     return normalized_sharpness_from_diagonal(model, params, p.param_slices(), diag, box, warm)
 
 
-def _claim(opts: NormalizedSharpnessOptions) -> bool | str:
-    if opts.form == "parameter":
-        return (
-            "form: parameter (eq. 17) anchors each σ̄_i to the data-independent grid B, "
-            "so node-wise rescaling changes it (Sec. 5, Prop. 4.2)"
-        )
-    return equivariance_claim(opts)
-
-
-def _note(a: MeasureResult, b: MeasureResult, opts) -> str | None:
-    if a.diagnostics.get("box_hit") or b.diagnostics.get("box_hit"):
-        return "γ hit the box [-box, box]; rescalings beyond e^box are not absorbed (raise 'box')"
-    if a.diagnostics.get("diag_estimated") or b.diagnostics.get("diag_estimated"):
-        return "part of the Hessian diagonal was estimated by Hutchinson probes (raise 'max_exact')"
-    return None
-
-
 def _weight_names(p, model) -> list[str]:
     slices = p.param_slices()
     return [wm.param_name for wm in weight_matrices(model) if wm.param_name in slices]
 
 
-def _ns_cost(o, d) -> Cost:
-    """The Hessian diagonal of ``hessian_diag`` over the weight matrices
-    (`flatcli.measures._hessian_diag.diagonal_cost`)."""
-    return diagonal_cost(o, d, d.matrices)
-
-
-@register(
-    "normalized_sharpness",
-    options=NormalizedSharpnessOptions,
-    description=(
-        "Normalized sharpness: per-layer convex minimum over row scales of Σ M_ik e^(γ_i−γ_k), "
-        "M = max(D,0)(W∘W)ᵀ; form: parameter gives the parameter-wise NS₀(λ′)."
-    ),
-    reference="Tsuzuku, Sato & Sugiyama, ICML 2020, eq. 35 (form: parameter: eq. 17; diagonal: eqs. 29–31)",
-    stochastic=True,
-    invariant=_claim,
-    invariance_note=_note,
-    declare_cost=_ns_cost,
-    shared=lambda o, d: diagonal_shared(o, d, d.matrix_tensors),
-    applicable=lambda o, p: diagonal_reason(o, p),
-)
-def normalized_sharpness(ctx, opts: NormalizedSharpnessOptions) -> MeasureResult:
+class NormalizedSharpness(Measure):
     r"""Normalized sharpness NS (eq. 35, ``form: node``) or NS₀(λ′) (eq. 17, ``form: parameter``); larger = sharper.
 
     With :math:`W_l` the weight matrices (:math:`h_l` rows), :math:`D_l` the Hessian
@@ -454,46 +416,85 @@ def normalized_sharpness(ctx, opts: NormalizedSharpnessOptions) -> MeasureResult
     Exploring Scale Invariant Definition of Flat Minima for Neural Networks
     using PAC-Bayesian Analysis", ICML, eqs. 15–19, 29–31, 35.
     """
-    p = ctx.problem
-    tensors = _weight_names(p, ctx.model) if opts.form == "node" else None
-    est = estimate_diagonal(ctx, opts, tensors)
-    diag = est.mean()
-    if opts.form == "parameter":
-        value, extras = _parameter_wise(p, diag, opts)
-        stderr, bias = jackknife(est, lambda d: _parameter_wise(p, d, opts)[0], value)
-        converged = True
-    else:
-        value, sols = _node_wise(p, ctx.model, diag, opts.box)
-        warm = {k: s.gamma for k, s in sols.items()}
-        stderr, bias = jackknife(
-            est, lambda d: _node_wise(p, ctx.model, d, opts.box, warm)[0], value
-        )
-        hits = [k for k, s in sols.items() if s.box_hit]
-        converged = all(s.success for s in sols.values())
-        extras = {
-            "layers": {k: math.sqrt(s.value) for k, s in sols.items()},
-            "grad_norm": max(s.grad_norm for s in sols.values()),
-            "layer_grad_norms": {k: s.grad_norm for k, s in sols.items()},
-            "box_hit": bool(hits),
-            "box_hit_layers": hits,
-            "optimizer_iterations": int(sum(s.iterations for s in sols.values())),
-        }
-    if not math.isfinite(value):
-        raise MeasurementError(f"normalized_sharpness is not finite ({value})")
-    diagnostics = {
-        **est.info,
-        "form": opts.form,
-        "samples": sum(k for _, k in est.groups),
-        **extras,
-        "jackknife_bias": bias,
-        "converged": converged,
-    }
-    return MeasureResult(
-        value=value,
-        stderr=stderr,
-        diagnostics=diagnostics,
-        status="ok" if converged else "not_converged",
+
+    name = "normalized_sharpness"
+    options = NormalizedSharpnessOptions
+    description = (
+        "Normalized sharpness: per-layer convex minimum over row scales of Σ M_ik e^(γ_i−γ_k), "
+        "M = max(D,0)(W∘W)ᵀ; form: parameter gives the parameter-wise NS₀(λ′)."
     )
+    reference = "Tsuzuku, Sato & Sugiyama, ICML 2020, eq. 35 (form: parameter: eq. 17; diagonal: eqs. 29–31)"
+    stochastic = True
+
+    def invariant(self, opts: NormalizedSharpnessOptions) -> bool | str:
+        if opts.form == "parameter":
+            return (
+                "form: parameter (eq. 17) anchors each σ̄_i to the data-independent grid B, "
+                "so node-wise rescaling changes it (Sec. 5, Prop. 4.2)"
+            )
+        return equivariance_claim(opts)
+
+    def invariance_note(self, a: MeasureResult, b: MeasureResult, opts) -> str | None:
+        if a.diagnostics.get("box_hit") or b.diagnostics.get("box_hit"):
+            return (
+                "γ hit the box [-box, box]; rescalings beyond e^box are not absorbed (raise 'box')"
+            )
+        if a.diagnostics.get("diag_estimated") or b.diagnostics.get("diag_estimated"):
+            return "part of the Hessian diagonal was estimated by Hutchinson probes (raise 'max_exact')"
+        return None
+
+    def declare_cost(self, o, d) -> Cost:
+        """The Hessian diagonal of ``hessian_diag`` over the weight matrices
+        (`flatcli.measures._hessian_diag.diagonal_cost`)."""
+        return diagonal_cost(o, d, d.matrices)
+
+    def shared(self, o, d):
+        return diagonal_shared(o, d, d.matrix_tensors)
+
+    def applicable(self, o, p):
+        return diagonal_reason(o, p)
+
+    def compute(self, ctx, opts: NormalizedSharpnessOptions) -> MeasureResult:
+        p = ctx.problem
+        tensors = _weight_names(p, ctx.model) if opts.form == "node" else None
+        est = estimate_diagonal(ctx, opts, tensors)
+        diag = est.mean()
+        if opts.form == "parameter":
+            value, extras = _parameter_wise(p, diag, opts)
+            stderr, bias = jackknife(est, lambda d: _parameter_wise(p, d, opts)[0], value)
+            converged = True
+        else:
+            value, sols = _node_wise(p, ctx.model, diag, opts.box)
+            warm = {k: s.gamma for k, s in sols.items()}
+            stderr, bias = jackknife(
+                est, lambda d: _node_wise(p, ctx.model, d, opts.box, warm)[0], value
+            )
+            hits = [k for k, s in sols.items() if s.box_hit]
+            converged = all(s.success for s in sols.values())
+            extras = {
+                "layers": {k: math.sqrt(s.value) for k, s in sols.items()},
+                "grad_norm": max(s.grad_norm for s in sols.values()),
+                "layer_grad_norms": {k: s.grad_norm for k, s in sols.items()},
+                "box_hit": bool(hits),
+                "box_hit_layers": hits,
+                "optimizer_iterations": int(sum(s.iterations for s in sols.values())),
+            }
+        if not math.isfinite(value):
+            raise MeasurementError(f"normalized_sharpness is not finite ({value})")
+        diagnostics = {
+            **est.info,
+            "form": opts.form,
+            "samples": sum(k for _, k in est.groups),
+            **extras,
+            "jackknife_bias": bias,
+            "converged": converged,
+        }
+        return MeasureResult(
+            value=value,
+            stderr=stderr,
+            diagnostics=diagnostics,
+            status="ok" if converged else "not_converged",
+        )
 
 
 @dataclass(frozen=True)
@@ -509,24 +510,7 @@ def _fr(p, diag: torch.Tensor) -> tuple[float, dict[str, float]]:
     return float(terms.sum()), {n: float(terms[sl].sum()) for n, sl in p.param_slices().items()}
 
 
-def _term_cost(o, d) -> Cost:
-    """The Hessian diagonal of ``hessian_diag`` over every parameter tensor
-    (`flatcli.measures._hessian_diag.diagonal_cost`)."""
-    return diagonal_cost(o, d, d.tensors)
-
-
-@register(
-    "fisher_rao_term",
-    options=FisherRaoTermOptions,
-    description="Fisher-Rao-like term FR = Σ_i H_ii θ_i² over all parameters (raw diagonal: negative parts kept).",
-    reference="Tsuzuku, Sato & Sugiyama, ICML 2020, eq. 16 (Prop. 4.1, eq. 15)",
-    stochastic=True,
-    invariant=equivariance_claim,
-    declare_cost=_term_cost,
-    shared=lambda o, d: diagonal_shared(o, d, range(len(d.tensors))),
-    applicable=lambda o, p: diagonal_reason(o, p),
-)
-def fisher_rao_term(ctx, opts: FisherRaoTermOptions) -> MeasureResult:
+class FisherRaoTerm(Measure):
     r""":math:`\mathrm{FR} = \sum_i [\nabla^2 L_S(\bar\theta)]_{ii}\, \bar\theta_i^2` (eq. 16), larger = sharper.
 
     Options: the Hessian-diagonal options of `normalized_sharpness`
@@ -542,16 +526,37 @@ def fisher_rao_term(ctx, opts: FisherRaoTermOptions) -> MeasureResult:
     References: Tsuzuku, Sato & Sugiyama (2020), ICML, eqs. 15–16; Liang,
     Poggio, Rakhlin & Stokes (2019) for the Fisher-Rao norm it approximates.
     """
-    p = ctx.problem
-    est = estimate_diagonal(ctx, opts)
-    value, parts = _fr(p, est.mean())
-    stderr, bias = jackknife(est, lambda d: _fr(p, d)[0], value)
-    if not math.isfinite(value):
-        raise MeasurementError(f"fisher_rao_term is not finite ({value})")
-    diagnostics = {
-        **est.info,
-        "samples": sum(k for _, k in est.groups),
-        "tensors": parts,
-        "jackknife_bias": bias,
-    }
-    return MeasureResult(value=value, stderr=stderr, diagnostics=diagnostics)
+
+    name = "fisher_rao_term"
+    options = FisherRaoTermOptions
+    description = "Fisher-Rao-like term FR = Σ_i H_ii θ_i² over all parameters (raw diagonal: negative parts kept)."
+    reference = "Tsuzuku, Sato & Sugiyama, ICML 2020, eq. 16 (Prop. 4.1, eq. 15)"
+    stochastic = True
+
+    invariant = staticmethod(equivariance_claim)
+
+    def declare_cost(self, o, d) -> Cost:
+        """The Hessian diagonal of ``hessian_diag`` over every parameter tensor
+        (`flatcli.measures._hessian_diag.diagonal_cost`)."""
+        return diagonal_cost(o, d, d.tensors)
+
+    def shared(self, o, d):
+        return diagonal_shared(o, d, range(len(d.tensors)))
+
+    def applicable(self, o, p):
+        return diagonal_reason(o, p)
+
+    def compute(self, ctx, opts: FisherRaoTermOptions) -> MeasureResult:
+        p = ctx.problem
+        est = estimate_diagonal(ctx, opts)
+        value, parts = _fr(p, est.mean())
+        stderr, bias = jackknife(est, lambda d: _fr(p, d)[0], value)
+        if not math.isfinite(value):
+            raise MeasurementError(f"fisher_rao_term is not finite ({value})")
+        diagnostics = {
+            **est.info,
+            "samples": sum(k for _, k in est.groups),
+            "tensors": parts,
+            "jackknife_bias": bias,
+        }
+        return MeasureResult(value=value, stderr=stderr, diagnostics=diagnostics)

@@ -106,7 +106,7 @@ import torch
 
 from ..engine.linalg.sem import mean_stderr
 from ..errors import MeasurementError
-from . import Cost, MeasureResult, register
+from . import Cost, Measure, MeasureResult
 from ._hessian_diag import (
     DiagonalOptions,
     diagonal_cost,
@@ -181,27 +181,7 @@ def _ns(p, model, diag, box):
     return normalized_sharpness_from_diagonal(model, params, p.param_slices(), diag, box)
 
 
-def _cost(o, d) -> Cost:
-    """The diagonal of `normalized_sharpness` (``hessian_diag``, over the weight matrices) and
-    the posterior's ``mc_samples`` forward passes with the one at θ."""
-    return diagonal_cost(o, d, d.matrices) + Cost(forward=o.mc_samples + 1)
-
-
-@register(
-    "ns_bound",
-    options=NSBoundOptions,
-    description=(
-        "Computable part of Tsuzuku et al.'s PAC-Bayes bound for the sampled posterior Q: Hoeffding upper end of "
-        "L_S(Q) by Monte Carlo + KL(Q‖P)/λ = ½√(h/λ)·NS₂(R) + λ/(2m) (Ξ₃/λ left symbolic); status vacuous when ≥ the loss range."
-    ),
-    reference="Tsuzuku, Sato & Sugiyama, ICML 2020, Thm. 6.1 (eqs. 32–34), NS₂(R) of eqs. 26/33",
-    stochastic=True,
-    invariant=False,
-    declare_cost=_cost,
-    shared=lambda o, d: diagonal_shared(o, d, d.matrix_tensors),
-    applicable=lambda o, p: diagonal_reason(o, p),
-)
-def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
+class NsBound(Measure):
     r"""L̂_S(Q) + Hoeffding half-width + ½√(h/λ)·NS₂(R) + λ/(2m); larger = looser bound (sharper).
 
     With K draws from the posterior Q, a loss of range B, δ′ = ``confidence``, h the
@@ -236,72 +216,99 @@ def ns_bound(ctx, opts: NSBoundOptions) -> MeasureResult:
     References: Tsuzuku, Sato & Sugiyama (2020), ICML, Thm. 6.1, eqs. 23, 26,
     32–34; Hoeffding (1963).
     """
-    p, model = ctx.problem, ctx.model
-    wms = [wm for wm in weight_matrices(model) if wm.param_name in p.param_slices()]
-    est = estimate_diagonal(ctx, opts, [wm.param_name for wm in wms])
-    diag = est.mean()
-    ns, sols = _ns(p, model, diag, opts.box)
-    ns_se, _ = jackknife(est, lambda d: _ns(p, model, d, opts.box)[0], ns)
-    if not (math.isfinite(ns) and ns > 0):
-        raise MeasurementError(
-            f"ns_bound: NS₂(R) = {ns}; the posterior scale η² = √(h/λ)/NS₂(R) is undefined"
+
+    name = "ns_bound"
+    options = NSBoundOptions
+    description = (
+        "Computable part of Tsuzuku et al.'s PAC-Bayes bound for the sampled posterior Q: Hoeffding upper end of "
+        "L_S(Q) by Monte Carlo + KL(Q‖P)/λ = ½√(h/λ)·NS₂(R) + λ/(2m) (Ξ₃/λ left symbolic); status vacuous when ≥ the loss range."
+    )
+    reference = "Tsuzuku, Sato & Sugiyama, ICML 2020, Thm. 6.1 (eqs. 32–34), NS₂(R) of eqs. 26/33"
+    stochastic = True
+    invariant = False
+
+    def declare_cost(self, o, d) -> Cost:
+        """The diagonal of `normalized_sharpness` (``hessian_diag``, over the weight matrices) and
+        the posterior's ``mc_samples`` forward passes with the one at θ."""
+        return diagonal_cost(o, d, d.matrices) + Cost(forward=o.mc_samples + 1)
+
+    def shared(self, o, d):
+        return diagonal_shared(o, d, d.matrix_tensors)
+
+    def applicable(self, o, p):
+        return diagonal_reason(o, p)
+
+    def compute(self, ctx, opts: NSBoundOptions) -> MeasureResult:
+        p, model = ctx.problem, ctx.model
+        wms = [wm for wm in weight_matrices(model) if wm.param_name in p.param_slices()]
+        est = estimate_diagonal(ctx, opts, [wm.param_name for wm in wms])
+        diag = est.mean()
+        ns, sols = _ns(p, model, diag, opts.box)
+        ns_se, _ = jackknife(est, lambda d: _ns(p, model, d, opts.box)[0], ns)
+        if not (math.isfinite(ns) and ns > 0):
+            raise MeasurementError(
+                f"ns_bound: NS₂(R) = {ns}; the posterior scale η² = √(h/λ)/NS₂(R) is undefined"
+            )
+        m = p.n
+        lam = float(opts.lam) if opts.lam is not None else math.sqrt(m)
+        h = sum(wm.columns for wm in wms)
+        eta2 = math.sqrt(h / lam) / ns
+        slices = p.param_slices()
+        theta = p.theta
+        std = torch.zeros(p.num_params, dtype=torch.float64)
+        for wm in wms:
+            sol = sols[wm.module_name or wm.param_name]
+            sl = slices[wm.param_name]
+            W = p.params[wm.param_name]
+            s = posterior_std(
+                wm.as_matrix(W), wm.as_matrix(diag[sl].reshape(W.shape)), sol.gamma, eta2
+            )
+            std[sl] = wm.from_matrix(s).reshape(-1)
+        loss, B = _bounded_loss(ctx, opts)
+        ls_theta = loss(theta)
+        gen = ctx.generator(offset=1)
+        draws = []
+        for _ in range(opts.mc_samples):
+            eps_ = torch.randn(p.num_params, generator=gen, dtype=torch.float64)
+            draws.append(loss(theta + (std * eps_).to(theta.device, theta.dtype)))
+        draws = np.asarray(draws)
+        K = len(draws)
+        mean, mc_se = mean_stderr(draws)
+        width = B * math.sqrt(math.log(2.0 / opts.confidence) / (2 * K))
+        curvature = h / (2 * lam * eta2)  # KL(Q‖P)/λ = ½√(h/λ)·NS₂(R)
+        lam_term = lam / (2 * m)
+        value = mean + width + curvature + lam_term
+        stderr = math.sqrt(
+            mc_se**2 + (0.0 if ns_se is None else 0.5 * math.sqrt(h / lam) * ns_se) ** 2
         )
-    m = p.n
-    lam = float(opts.lam) if opts.lam is not None else math.sqrt(m)
-    h = sum(wm.columns for wm in wms)
-    eta2 = math.sqrt(h / lam) / ns
-    slices = p.param_slices()
-    theta = p.theta
-    std = torch.zeros(p.num_params, dtype=torch.float64)
-    for wm in wms:
-        sol = sols[wm.module_name or wm.param_name]
-        sl = slices[wm.param_name]
-        W = p.params[wm.param_name]
-        s = posterior_std(wm.as_matrix(W), wm.as_matrix(diag[sl].reshape(W.shape)), sol.gamma, eta2)
-        std[sl] = wm.from_matrix(s).reshape(-1)
-    loss, B = _bounded_loss(ctx, opts)
-    ls_theta = loss(theta)
-    gen = ctx.generator(offset=1)
-    draws = []
-    for _ in range(opts.mc_samples):
-        eps_ = torch.randn(p.num_params, generator=gen, dtype=torch.float64)
-        draws.append(loss(theta + (std * eps_).to(theta.device, theta.dtype)))
-    draws = np.asarray(draws)
-    K = len(draws)
-    mean, mc_se = mean_stderr(draws)
-    width = B * math.sqrt(math.log(2.0 / opts.confidence) / (2 * K))
-    curvature = h / (2 * lam * eta2)  # KL(Q‖P)/λ = ½√(h/λ)·NS₂(R)
-    lam_term = lam / (2 * m)
-    value = mean + width + curvature + lam_term
-    stderr = math.sqrt(mc_se**2 + (0.0 if ns_se is None else 0.5 * math.sqrt(h / lam) * ns_se) ** 2)
-    hits = [k for k, s in sols.items() if s.box_hit]
-    diagnostics = {
-        **est.info,
-        "ls_q": mean,
-        "ls_q_stderr": mc_se,
-        "ls_q_hoeffding": [mean - width, mean + width],
-        "hoeffding_width": width,
-        "ls_theta": ls_theta,
-        "mc_loss": opts.mc_loss,
-        "loss_range": B,
-        "ns_r": ns,
-        "ns_r_stderr": ns_se,
-        "box": opts.box,
-        "curvature_term": curvature,
-        "ns_over_sqrt_lam": ns / math.sqrt(lam),
-        "lam": lam,
-        "lam_term": lam_term,
-        "m": m,
-        "h": h,
-        "eta2": eta2,
-        "second_order_gap": 0.5 * eta2 * ns * ns,
-        "kl_over_lam": h / (2 * lam * eta2),
-        "posterior_std_max": float(std.max()),
-        "box_hit": bool(hits),
-        "box_hit_layers": hits,
-        "vacuous": value >= B,
-        "vacuous_by": value - B,
-        "symbolic": "Ξ₃/λ, Ξ₃ = Õ(hd)·C(ε, δ, M, b, R, |Λ|) (eq. 34); confidence 1 − δ − δ′",
-    }
-    status = "vacuous" if value >= B else "ok"
-    return MeasureResult(value=value, stderr=stderr, diagnostics=diagnostics, status=status)
+        hits = [k for k, s in sols.items() if s.box_hit]
+        diagnostics = {
+            **est.info,
+            "ls_q": mean,
+            "ls_q_stderr": mc_se,
+            "ls_q_hoeffding": [mean - width, mean + width],
+            "hoeffding_width": width,
+            "ls_theta": ls_theta,
+            "mc_loss": opts.mc_loss,
+            "loss_range": B,
+            "ns_r": ns,
+            "ns_r_stderr": ns_se,
+            "box": opts.box,
+            "curvature_term": curvature,
+            "ns_over_sqrt_lam": ns / math.sqrt(lam),
+            "lam": lam,
+            "lam_term": lam_term,
+            "m": m,
+            "h": h,
+            "eta2": eta2,
+            "second_order_gap": 0.5 * eta2 * ns * ns,
+            "kl_over_lam": h / (2 * lam * eta2),
+            "posterior_std_max": float(std.max()),
+            "box_hit": bool(hits),
+            "box_hit_layers": hits,
+            "vacuous": value >= B,
+            "vacuous_by": value - B,
+            "symbolic": "Ξ₃/λ, Ξ₃ = Õ(hd)·C(ε, δ, M, b, R, |Λ|) (eq. 34); confidence 1 − δ − δ′",
+        }
+        status = "vacuous" if value >= B else "ok"
+        return MeasureResult(value=value, stderr=stderr, diagnostics=diagnostics, status=status)

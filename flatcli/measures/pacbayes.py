@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.linalg.sem import mean_stderr
-from . import Cost, MeasureResult, register
+from . import Cost, Measure, MeasureResult
 from ._bn import folded_init_theta, folded_measurement, folding_reason
 from ._layers import class_outputs_or_error
 from ._options import Bool, Integral, OneOf, Real, opt
@@ -104,22 +104,7 @@ def _criterion_fn(p, eng, criterion: str):
     return error
 
 
-def _cost(o, d) -> Cost:
-    """Forward passes: the one at θ, and ``samples`` draws at each of the bisection's σ (at
-    least one σ, at most ``depth`` + 1)."""
-    return Cost(forward=(1 + o.samples, 1 + o.samples * (o.depth + 1)))
-
-
-@register(
-    "pacbayes_flatness",
-    options=PacBayesOptions,
-    description="PAC-Bayes flatness 1/σ*²: σ* the largest Gaussian noise std raising the error by ≤ target.",
-    reference="Jiang et al. 2020 (§C.4, Alg. 1; 'pacbayes.flatness'); Dziugaite & Roy 2017",
-    stochastic=True,
-    declare_cost=_cost,
-    applicable=lambda o, p: folding_reason(p, o.fold_batchnorm),
-)
-def pacbayes_flatness(ctx, opts: PacBayesOptions) -> MeasureResult:
+class PacbayesFlatness(Measure):
     r""":math:`1/\sigma^{*2}`, larger means sharper; see the module docstring.
 
     Diagnostics: ``sigma`` (σ*), ``deviation`` and ``deviation_stderr`` (the
@@ -127,11 +112,29 @@ def pacbayes_flatness(ctx, opts: PacBayesOptions) -> MeasureResult:
     criterion at θ), ``bracket_lo``/``bracket_hi``, ``steps``, ``accepted``
     (stopped by the tolerance), ``saturated``, and ``bound`` when θ⁰ is known.
     """
-    fm = folded_measurement(ctx, opts.fold_batchnorm)
-    try:
-        return _pacbayes(ctx, fm, opts)
-    finally:
-        fm.merge_counters(ctx.engine)
+
+    name = "pacbayes_flatness"
+    options = PacBayesOptions
+    description = (
+        "PAC-Bayes flatness 1/σ*²: σ* the largest Gaussian noise std raising the error by ≤ target."
+    )
+    reference = "Jiang et al. 2020 (§C.4, Alg. 1; 'pacbayes.flatness'); Dziugaite & Roy 2017"
+    stochastic = True
+
+    def declare_cost(self, o, d) -> Cost:
+        """Forward passes: the one at θ, and ``samples`` draws at each of the bisection's σ (at
+        least one σ, at most ``depth`` + 1)."""
+        return Cost(forward=(1 + o.samples, 1 + o.samples * (o.depth + 1)))
+
+    def applicable(self, o, p):
+        return folding_reason(p, o.fold_batchnorm)
+
+    def compute(self, ctx, opts: PacBayesOptions) -> MeasureResult:
+        fm = folded_measurement(ctx, opts.fold_batchnorm)
+        try:
+            return _pacbayes(ctx, fm, opts)
+        finally:
+            fm.merge_counters(ctx.engine)
 
 
 def _pacbayes(ctx, fm, opts: PacBayesOptions) -> MeasureResult:

@@ -69,7 +69,7 @@ from torch import nn
 
 from ..engine import LayerCapture, NotApplicable
 from ..errors import ConfigError, MeasurementError
-from . import Cost, MeasureResult, register
+from . import Cost, Measure, MeasureResult
 from ._options import Bool, Optional, Str, opt
 
 
@@ -228,25 +228,7 @@ def _note(a: MeasureResult, b: MeasureResult, opts: RelativeFlatnessOptions) -> 
     return None
 
 
-def _cost(o, d) -> Cost:
-    """Forward passes for the features (one more with ``normalize_features``); an inner layer
-    adds the products of its per-batch Hessian block, which are not declared."""
-    return Cost(forward=1 + int(o.normalize_features), grad=(0, 1))
-
-
-@register(
-    "relative_flatness",
-    options=RelativeFlatnessOptions,
-    description="Relative flatness κ = mean ‖φ‖²⟨WWᵀ, H_z⟩ of a Linear layer (exact, no dense Hessian); node-rescaling invariant with normalize_features: true.",
-    reference="Petzka, Kamp, Adilova, Sminchisescu & Boley, NeurIPS 2021, Def. 3 and Theorem 4",
-    stochastic=False,
-    invariant=_claim,
-    invariance_options={"normalize_features": True},
-    invariance_note=_note,
-    declare_cost=_cost,
-    applicable=lambda o, p: rows_only_reason(p, "relative_flatness"),
-)
-def relative_flatness(ctx, opts: RelativeFlatnessOptions) -> MeasureResult:
+class RelativeFlatness(Measure):
     r"""Relative flatness :math:`\kappa` of one Linear layer, larger means sharper.
 
     Parameters (options)
@@ -264,73 +246,100 @@ def relative_flatness(ctx, opts: RelativeFlatnessOptions) -> MeasureResult:
     NeurIPS, Definition 3 (κ), Theorem 4 (normalization), property (i) (the ridge
     identity κ = 2‖w‖² mean ‖x‖² for f(x) = w·x with squared loss).
     """
-    p = ctx.problem
-    rows_only(p, "relative_flatness")
-    name, module = find_layer(ctx.model, opts.layer)
-    wname = f"{name}.weight" if name else "weight"
-    W = p.params.get(wname) if wname in p.params else p.frozen.get(wname)
-    if W is None:
-        raise MeasurementError(
-            f"relative_flatness: weight {wname!r} not found among the model's parameters"
+
+    name = "relative_flatness"
+    options = RelativeFlatnessOptions
+    description = "Relative flatness κ = mean ‖φ‖²⟨WWᵀ, H_z⟩ of a Linear layer (exact, no dense Hessian); node-rescaling invariant with normalize_features: true."
+    reference = "Petzka, Kamp, Adilova, Sminchisescu & Boley, NeurIPS 2021, Def. 3 and Theorem 4"
+    stochastic = False
+    invariance_options = {"normalize_features": True}
+
+    invariant = staticmethod(_claim)
+
+    invariance_note = staticmethod(_note)
+
+    def declare_cost(self, o, d) -> Cost:
+        """Forward passes for the features (one more with ``normalize_features``); an inner layer
+        adds the products of its per-batch Hessian block, which are not declared."""
+        return Cost(forward=1 + int(o.normalize_features), grad=(0, 1))
+
+    def applicable(self, o, p):
+        return rows_only_reason(p, "relative_flatness")
+
+    def compute(self, ctx, opts: RelativeFlatnessOptions) -> MeasureResult:
+        p = ctx.problem
+        rows_only(p, "relative_flatness")
+        name, module = find_layer(ctx.model, opts.layer)
+        wname = f"{name}.weight" if name else "weight"
+        W = p.params.get(wname) if wname in p.params else p.frozen.get(wname)
+        if W is None:
+            raise MeasurementError(
+                f"relative_flatness: weight {wname!r} not found among the model's parameters"
+            )
+        W = W.detach()
+        d, m = W.shape
+        scale = torch.ones(m, dtype=torch.float64, device=W.device)
+        zero_std = 0
+        if opts.normalize_features:
+            sigma = _feature_std(p, module, name).to(W.device)
+            keep = sigma > 0
+            zero_std = int((~keep).sum())
+            scale = torch.where(keep, sigma, torch.zeros_like(sigma))
+        inv = torch.where(
+            scale > 0,
+            1.0 / torch.where(scale > 0, scale, torch.ones_like(scale)),
+            torch.zeros_like(scale),
         )
-    W = W.detach()
-    d, m = W.shape
-    scale = torch.ones(m, dtype=torch.float64, device=W.device)
-    zero_std = 0
-    if opts.normalize_features:
-        sigma = _feature_std(p, module, name).to(W.device)
-        keep = sigma > 0
-        zero_std = int((~keep).sum())
-        scale = torch.where(keep, sigma, torch.zeros_like(sigma))
-    inv = torch.where(
-        scale > 0,
-        1.0 / torch.where(scale > 0, scale, torch.ones_like(scale)),
-        torch.zeros_like(scale),
-    )
-    Wt = W.double() * scale[None, :]  # W̃ = W diag(σ)
-    G = Wt @ Wt.T  # W̃W̃ᵀ (d × d)
-    use_units = d <= m
-    V = (
-        torch.eye(d, dtype=torch.float64, device=W.device) if use_units else Wt.T.contiguous()
-    )  # (k, d)
-    total = 0.0
-    feat = 0.0
-    z_hvps = 0
-    method = None
-    for b in p.batches:
-        with torch.no_grad():
-            out, phi, z = _run(p, module, name, b)
-        phin2 = ((phi.double() * inv[None, :]) ** 2).sum(1)  # ‖φ̃‖², (B,)
-        final = out is z and p.loss_name in ("cross_entropy", "mse")
-        if final and p.loss_name == "cross_entropy":
-            pr = torch.softmax(z.double(), dim=1)
-            q = (pr * torch.diagonal(G)[None, :]).sum(1) - ((pr @ G) * pr).sum(1)
-            method = method or "closed_form"
-        elif final:  # mse: ℓ = Σ_j (z_j − t_j)², H_z = 2I
-            q = torch.full_like(phin2, 2.0 * float(torch.trace(G)))
-            method = method or "closed_form"
-        else:
-            hv = ctx.engine.module_output_hvp(module, b, z, V.to(p.dtype)).double()  # (k, B, d)
-            z_hvps += V.shape[0]
-            q = torch.einsum("st,snt->n", G, hv) if use_units else torch.einsum("jt,jnt->n", V, hv)
-            method = "hvp"
-        total += float((phin2 * q).sum())
-        feat += float(phin2.sum())
-    total, feat = p.dist.sum_float(total, feat)
-    ctx.engine.count(n_forward=1 + int(opts.normalize_features))  # the forward passes of _run above
-    kappa = total / p.n
-    if not math.isfinite(kappa):
-        raise MeasurementError(f"relative_flatness is not finite ({kappa})")
-    return MeasureResult(
-        value=kappa,
-        diagnostics={
-            "layer": name,
-            "method": method,
-            "d": int(d),
-            "m": int(m),
-            "z_hvps": z_hvps,
-            "normalize_features": bool(opts.normalize_features),
-            "mean_feature_norm2": feat / p.n,
-            "zero_std_features": zero_std,
-        },
-    )
+        Wt = W.double() * scale[None, :]  # W̃ = W diag(σ)
+        G = Wt @ Wt.T  # W̃W̃ᵀ (d × d)
+        use_units = d <= m
+        V = (
+            torch.eye(d, dtype=torch.float64, device=W.device) if use_units else Wt.T.contiguous()
+        )  # (k, d)
+        total = 0.0
+        feat = 0.0
+        z_hvps = 0
+        method = None
+        for b in p.batches:
+            with torch.no_grad():
+                out, phi, z = _run(p, module, name, b)
+            phin2 = ((phi.double() * inv[None, :]) ** 2).sum(1)  # ‖φ̃‖², (B,)
+            final = out is z and p.loss_name in ("cross_entropy", "mse")
+            if final and p.loss_name == "cross_entropy":
+                pr = torch.softmax(z.double(), dim=1)
+                q = (pr * torch.diagonal(G)[None, :]).sum(1) - ((pr @ G) * pr).sum(1)
+                method = method or "closed_form"
+            elif final:  # mse: ℓ = Σ_j (z_j − t_j)², H_z = 2I
+                q = torch.full_like(phin2, 2.0 * float(torch.trace(G)))
+                method = method or "closed_form"
+            else:
+                hv = ctx.engine.module_output_hvp(module, b, z, V.to(p.dtype)).double()  # (k, B, d)
+                z_hvps += V.shape[0]
+                q = (
+                    torch.einsum("st,snt->n", G, hv)
+                    if use_units
+                    else torch.einsum("jt,jnt->n", V, hv)
+                )
+                method = "hvp"
+            total += float((phin2 * q).sum())
+            feat += float(phin2.sum())
+        total, feat = p.dist.sum_float(total, feat)
+        ctx.engine.count(
+            n_forward=1 + int(opts.normalize_features)
+        )  # the forward passes of _run above
+        kappa = total / p.n
+        if not math.isfinite(kappa):
+            raise MeasurementError(f"relative_flatness is not finite ({kappa})")
+        return MeasureResult(
+            value=kappa,
+            diagnostics={
+                "layer": name,
+                "method": method,
+                "d": int(d),
+                "m": int(m),
+                "z_hvps": z_hvps,
+                "normalize_features": bool(opts.normalize_features),
+                "mean_feature_norm2": feat / p.n,
+                "zero_std_features": zero_std,
+            },
+        )

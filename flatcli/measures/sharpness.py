@@ -45,7 +45,7 @@ import torch
 from ..engine import linalg
 from ..engine.linalg.sem import mean_stderr
 from ..errors import ConfigError
-from . import Cost, MeasureResult, register
+from . import Cost, Measure, MeasureResult
 from ._ascent import _direction, _nonfinite_value, apgd, random_start, scale_vector
 from ._options import Bool, Integral, OneOf, Optional, Real, opt
 
@@ -237,31 +237,7 @@ def _eigen_stop(budget=None, max_basis=None) -> linalg.KrylovStop:
     )
 
 
-def _worst_cost(o, d) -> Cost:
-    """Auto-PGD's gradient passes from every start, the corner search's forward passes, and the
-    products of the Lanczos behind the eigenvector starts."""
-    if o.first_order:
-        return Cost(grad=1, forward=1)
-    lanczos = Cost(hvp=0)
-    if o.eigen_starts > 0:
-        lanczos = linalg.lanczos_cost(d.P, _eigen_stop()).products()
-    evals = (o.restarts + 2 * min(o.eigen_starts, d.P)) * (o.steps + 1)
-    corners = o.corners if o.norm == "linf" and d.P <= o.corners else 0
-    return Cost(grad=(1, evals), forward=(1, 1 + corners)) + lanczos
-
-
-@register(
-    "sharpness_worst",
-    stops_early=True,  # its estimator checks the budget between blocks
-    options=WorstOptions,
-    description="Worst-case (m-)sharpness: mean over batches of max_{‖δ/c‖_p≤ρ} L_B(θ+δ) − L_B(θ) (Auto-PGD).",
-    reference="Keskar et al. 2017; Foret et al. 2021 (SAM, eq. 1); Kwon et al. 2021 (ASAM, eq. 8); "
-    "Andriushchenko et al. 2023 (m-sharpness, §2); Croce & Hein 2020 (Auto-PGD, Alg. 1)",
-    stochastic=True,
-    invariant=False,
-    declare_cost=_worst_cost,
-)
-def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
+class SharpnessWorst(Measure):
     r"""Worst-case sharpness, larger means sharper.
 
     .. math:: S = \sum_B \frac{|B|}{n} \max_{\|\delta / c\|_p \le \rho} L_B(\theta + \delta) - L_B(\theta)
@@ -321,37 +297,63 @@ def sharpness_worst(ctx, opts: WorstOptions) -> MeasureResult:
     step halvings), ``n_grad``/``n_forward`` (full-set equivalents), ``n_hvp``
     (Lanczos products), ``best_start_eigen``/``best_start_random``/``best_start_zero``.
     """
-    p = ctx.problem
-    c = scale_vector(p, opts.adaptive, opts.eta)
-    gen = ctx.generator()
-    batches = m_batches(p, opts.batch_size, gen)
-    eig_starts, lanczos_hvps, patterns, stopped = [], 0, [], False
-    if not opts.first_order and opts.eigen_starts > 0:
-        eig_starts, lanczos_hvps, patterns, stopped = eigen_starts(
-            ctx, c, opts.eigen_starts, opts.rho, opts.norm
-        )
-    # Each batch's random starts come from the generator state at that batch (the draws of one
-    # process, batch after batch), so that the batches can be solved on any rank
-    # (engine.map_batches) with the same starts; only the states are kept, not the draws.
-    states = []
-    for _ in batches:
-        states.append(gen.get_state())
-        for _ in range(0 if opts.first_order else opts.restarts):
-            random_start(p.num_params, opts.rho, opts.norm, gen, "cpu", torch.float64)
-    work = list(zip(batches, states, strict=True))
-    fired: list[bool] = []
 
-    def stop() -> bool:  # one process only: ranks would have to agree inside map_batches
-        late = ctx.budget.out_of_time()
-        fired.extend([True] if late else [])
-        return late
-
-    own = None if p.dist.active else stop
-    outcomes = ctx.engine.map_batches(
-        work, lambda item: _batch_worst(ctx, item[0], c, opts, eig_starts, patterns, item[1], own)
+    name = "sharpness_worst"
+    stops_early = True  # its estimator checks the budget between blocks
+    options = WorstOptions
+    description = "Worst-case (m-)sharpness: mean over batches of max_{‖δ/c‖_p≤ρ} L_B(θ+δ) − L_B(θ) (Auto-PGD)."
+    reference = (
+        "Keskar et al. 2017; Foret et al. 2021 (SAM, eq. 1); Kwon et al. 2021 (ASAM, eq. 8); "
+        "Andriushchenko et al. 2023 (m-sharpness, §2); Croce & Hein 2020 (Auto-PGD, Alg. 1)"
     )
-    stopped = stopped or bool(fired)
-    return _worst_result(p, opts, work, outcomes, len(eig_starts), lanczos_hvps, stopped)
+    stochastic = True
+    invariant = False
+
+    def declare_cost(self, o, d) -> Cost:
+        """Auto-PGD's gradient passes from every start, the corner search's forward passes, and the
+        products of the Lanczos behind the eigenvector starts."""
+        if o.first_order:
+            return Cost(grad=1, forward=1)
+        lanczos = Cost(hvp=0)
+        if o.eigen_starts > 0:
+            lanczos = linalg.lanczos_cost(d.P, _eigen_stop()).products()
+        evals = (o.restarts + 2 * min(o.eigen_starts, d.P)) * (o.steps + 1)
+        corners = o.corners if o.norm == "linf" and d.P <= o.corners else 0
+        return Cost(grad=(1, evals), forward=(1, 1 + corners)) + lanczos
+
+    def compute(self, ctx, opts: WorstOptions) -> MeasureResult:
+        p = ctx.problem
+        c = scale_vector(p, opts.adaptive, opts.eta)
+        gen = ctx.generator()
+        batches = m_batches(p, opts.batch_size, gen)
+        eig_starts, lanczos_hvps, patterns, stopped = [], 0, [], False
+        if not opts.first_order and opts.eigen_starts > 0:
+            eig_starts, lanczos_hvps, patterns, stopped = eigen_starts(
+                ctx, c, opts.eigen_starts, opts.rho, opts.norm
+            )
+        # Each batch's random starts come from the generator state at that batch (the draws of one
+        # process, batch after batch), so that the batches can be solved on any rank
+        # (engine.map_batches) with the same starts; only the states are kept, not the draws.
+        states = []
+        for _ in batches:
+            states.append(gen.get_state())
+            for _ in range(0 if opts.first_order else opts.restarts):
+                random_start(p.num_params, opts.rho, opts.norm, gen, "cpu", torch.float64)
+        work = list(zip(batches, states, strict=True))
+        fired: list[bool] = []
+
+        def stop() -> bool:  # one process only: ranks would have to agree inside map_batches
+            late = ctx.budget.out_of_time()
+            fired.extend([True] if late else [])
+            return late
+
+        own = None if p.dist.active else stop
+        outcomes = ctx.engine.map_batches(
+            work,
+            lambda item: _batch_worst(ctx, item[0], c, opts, eig_starts, patterns, item[1], own),
+        )
+        stopped = stopped or bool(fired)
+        return _worst_result(p, opts, work, outcomes, len(eig_starts), lanczos_hvps, stopped)
 
 
 def _worst_result(
@@ -457,21 +459,7 @@ class AverageOptions:
     samples: int = opt(20, Integral(2, None), "Monte-Carlo draws")
 
 
-def _average_cost(o, d) -> Cost:
-    """One forward pass at θ and one per perturbation (``samples``)."""
-    return Cost(forward=o.samples + 1)
-
-
-@register(
-    "sharpness_average",
-    options=AverageOptions,
-    description="Average sharpness E_δ L(θ+δ) − L(θ), δ = ρ·c∘N(0,I) or uniform in the box (may be negative).",
-    reference="Jiang et al. 2020 (§C, sharpness-based measures); Kwon et al. 2021 (adaptive scale); "
-    "Andriushchenko et al. 2023 (average-case sharpness, eq. 2)",
-    stochastic=True,
-    declare_cost=_average_cost,
-)
-def sharpness_average(ctx, opts: AverageOptions) -> MeasureResult:
+class SharpnessAverage(Measure):
     r"""Average-case sharpness over the full measurement-set loss, larger means sharper.
 
     .. math:: S_{avg} = \mathbb{E}_\delta\, L(\theta + \delta) - L(\theta),\quad
@@ -481,27 +469,42 @@ def sharpness_average(ctx, opts: AverageOptions) -> MeasureResult:
     the mean. It can be negative (θ is not a minimum) and is reported as it is.
     At a minimum of a quadratic, ℓ2 gives :math:`\tfrac12\rho^2\mathrm{Tr}(C H C)`.
     """
-    p, eng = ctx.problem, ctx.engine
-    theta = p.theta
-    c = scale_vector(p, opts.adaptive, opts.eta)
-    gen = ctx.generator()
-    base = eng.loss()
-    vals = []
-    for _ in range(opts.samples):
-        if opts.norm == "l2":
-            xi = torch.randn(p.num_params, generator=gen, dtype=torch.float64)
-        else:
-            xi = torch.rand(p.num_params, generator=gen, dtype=torch.float64) * 2 - 1
-        delta = opts.rho * c * xi.to(p.device, p.dtype)
-        vals.append(eng.loss(theta + delta) - base)
-    t = torch.tensor(vals, dtype=torch.float64)
-    diag = {"samples": opts.samples, "loss": base}
-    if not bool(torch.isfinite(t).all()):
-        bad = [v for v in vals if not math.isfinite(v)]
-        diag["non_finite_samples"] = len(bad)
-        return MeasureResult(value=_nonfinite_value(bad), diagnostics=diag, status="non_finite")
-    mean, se = mean_stderr(t)
-    return MeasureResult(value=float(mean), stderr=float(se), diagnostics=diag)
+
+    name = "sharpness_average"
+    options = AverageOptions
+    description = "Average sharpness E_δ L(θ+δ) − L(θ), δ = ρ·c∘N(0,I) or uniform in the box (may be negative)."
+    reference = (
+        "Jiang et al. 2020 (§C, sharpness-based measures); Kwon et al. 2021 (adaptive scale); "
+        "Andriushchenko et al. 2023 (average-case sharpness, eq. 2)"
+    )
+    stochastic = True
+
+    def declare_cost(self, o, d) -> Cost:
+        """One forward pass at θ and one per perturbation (``samples``)."""
+        return Cost(forward=o.samples + 1)
+
+    def compute(self, ctx, opts: AverageOptions) -> MeasureResult:
+        p, eng = ctx.problem, ctx.engine
+        theta = p.theta
+        c = scale_vector(p, opts.adaptive, opts.eta)
+        gen = ctx.generator()
+        base = eng.loss()
+        vals = []
+        for _ in range(opts.samples):
+            if opts.norm == "l2":
+                xi = torch.randn(p.num_params, generator=gen, dtype=torch.float64)
+            else:
+                xi = torch.rand(p.num_params, generator=gen, dtype=torch.float64) * 2 - 1
+            delta = opts.rho * c * xi.to(p.device, p.dtype)
+            vals.append(eng.loss(theta + delta) - base)
+        t = torch.tensor(vals, dtype=torch.float64)
+        diag = {"samples": opts.samples, "loss": base}
+        if not bool(torch.isfinite(t).all()):
+            bad = [v for v in vals if not math.isfinite(v)]
+            diag["non_finite_samples"] = len(bad)
+            return MeasureResult(value=_nonfinite_value(bad), diagnostics=diag, status="non_finite")
+        mean, se = mean_stderr(t)
+        return MeasureResult(value=float(mean), stderr=float(se), diagnostics=diag)
 
 
 # ---------------------------------------------------------------- keskar_sharpness
@@ -520,21 +523,7 @@ class KeskarOptions:
     steps: int = opt(20, Integral(0, None), "Auto-PGD iterations of the box-constrained ascent")
 
 
-def _keskar_cost(o, d) -> Cost:
-    """Auto-PGD's gradient passes (up to ``steps`` + 1) and the forward pass at θ."""
-    return Cost(grad=(1, o.steps + 1), forward=1)
-
-
-@register(
-    "keskar_sharpness",
-    stops_early=True,  # its estimator checks the budget between blocks
-    options=KeskarOptions,
-    description="Keskar's ε-sharpness: 100·(max over the box |y_i| ≤ ε(|θ_i|+1) of L(θ+y) − L(θ))/(1+L(θ)).",
-    reference="Keskar et al. 2017 (ICLR, eq. 4, Metric 2.1)",
-    stochastic=True,
-    declare_cost=_keskar_cost,
-)
-def keskar_sharpness(ctx, opts: KeskarOptions) -> MeasureResult:
+class KeskarSharpness(Measure):
     r"""Keskar et al. (2017) sharpness, larger means sharper.
 
     .. math:: \phi = \frac{100\,(\max_{y \in C_\epsilon} L(\theta + A y) - L(\theta))}{1 + L(\theta)},\quad
@@ -547,53 +536,70 @@ def keskar_sharpness(ctx, opts: KeskarOptions) -> MeasureResult:
     scaled by the box, from a seeded random start, y = 0 kept as a candidate
     (Keskar et al. used 10 L-BFGS-B iterations). Full-set loss over S.
     """
-    p, eng = ctx.problem, ctx.engine
-    theta = p.theta
-    gen = ctx.generator()
-    base = eng.loss()
-    if not math.isfinite(base):
-        return MeasureResult(
-            value=_nonfinite_value([base]), diagnostics={"loss": base}, status="non_finite"
-        )
-    if opts.subspace is None:
-        c = theta.abs() + 1.0
-        A = None
-        dim = p.num_params
 
-        def fg(z):
-            val, g = eng.loss_grad(theta + c * z)
-            return val - base, c * g
-    else:
-        d = opts.subspace
-        if d > p.num_params:
-            raise ConfigError(
-                f"The 'subspace' parameter of keskar_sharpness must be at most the number of parameters "
-                f"({p.num_params}). Got {d} instead."
-            )
-        A = (
-            torch.randn(p.num_params, d, generator=gen, dtype=torch.float64)
-            / math.sqrt(p.num_params)
-        ).to(p.device, p.dtype)
-        coords = torch.linalg.solve(A.T @ A, A.T @ theta)  # A⁺θ
-        c = coords.abs() + 1.0
-        dim = d
-
-        def fg(z):
-            val, g = eng.loss_grad(theta + A @ (c * z))
-            return val - base, c * (A.T @ g)
-
-    z0 = random_start(dim, opts.epsilon, "linf", gen, p.device, p.dtype)
-    r = apgd(fg, z0, opts.epsilon, "linf", opts.steps, stop=ctx.budget.out_of_time)
-    diag = {"loss": base, "dimension": dim, "reductions": r.reductions}
-    if not r.finite:
-        return MeasureResult(
-            value=_nonfinite_value([r.value]), diagnostics=diag, status="non_finite"
-        )
-    best = max(0.0, r.value)
-    diag["max_increase"] = best
-    return MeasureResult(
-        value=100.0 * best / (1.0 + base), diagnostics=diag, status="budget" if r.stopped else "ok"
+    name = "keskar_sharpness"
+    stops_early = True  # its estimator checks the budget between blocks
+    options = KeskarOptions
+    description = (
+        "Keskar's ε-sharpness: 100·(max over the box |y_i| ≤ ε(|θ_i|+1) of L(θ+y) − L(θ))/(1+L(θ))."
     )
+    reference = "Keskar et al. 2017 (ICLR, eq. 4, Metric 2.1)"
+    stochastic = True
+
+    def declare_cost(self, o, d) -> Cost:
+        """Auto-PGD's gradient passes (up to ``steps`` + 1) and the forward pass at θ."""
+        return Cost(grad=(1, o.steps + 1), forward=1)
+
+    def compute(self, ctx, opts: KeskarOptions) -> MeasureResult:
+        p, eng = ctx.problem, ctx.engine
+        theta = p.theta
+        gen = ctx.generator()
+        base = eng.loss()
+        if not math.isfinite(base):
+            return MeasureResult(
+                value=_nonfinite_value([base]), diagnostics={"loss": base}, status="non_finite"
+            )
+        if opts.subspace is None:
+            c = theta.abs() + 1.0
+            A = None
+            dim = p.num_params
+
+            def fg(z):
+                val, g = eng.loss_grad(theta + c * z)
+                return val - base, c * g
+        else:
+            d = opts.subspace
+            if d > p.num_params:
+                raise ConfigError(
+                    f"The 'subspace' parameter of keskar_sharpness must be at most the number of parameters "
+                    f"({p.num_params}). Got {d} instead."
+                )
+            A = (
+                torch.randn(p.num_params, d, generator=gen, dtype=torch.float64)
+                / math.sqrt(p.num_params)
+            ).to(p.device, p.dtype)
+            coords = torch.linalg.solve(A.T @ A, A.T @ theta)  # A⁺θ
+            c = coords.abs() + 1.0
+            dim = d
+
+            def fg(z):
+                val, g = eng.loss_grad(theta + A @ (c * z))
+                return val - base, c * (A.T @ g)
+
+        z0 = random_start(dim, opts.epsilon, "linf", gen, p.device, p.dtype)
+        r = apgd(fg, z0, opts.epsilon, "linf", opts.steps, stop=ctx.budget.out_of_time)
+        diag = {"loss": base, "dimension": dim, "reductions": r.reductions}
+        if not r.finite:
+            return MeasureResult(
+                value=_nonfinite_value([r.value]), diagnostics=diag, status="non_finite"
+            )
+        best = max(0.0, r.value)
+        diag["max_increase"] = best
+        return MeasureResult(
+            value=100.0 * best / (1.0 + base),
+            diagnostics=diag,
+            status="budget" if r.stopped else "ok",
+        )
 
 
 # ---------------------------------------------------------------- first_order_flatness
@@ -611,22 +617,7 @@ class FirstOrderOptions:
     )
 
 
-def _first_order_cost(o, d) -> Cost:
-    """Auto-PGD on the gradient norm: a gradient and a product per step (up to ``steps`` + 1),
-    and the gradients at θ and at the start."""
-    return Cost(grad=(2, o.steps + 2), hvp=(0, o.steps + 1))
-
-
-@register(
-    "first_order_flatness",
-    stops_early=True,  # its estimator checks the budget between blocks
-    options=FirstOrderOptions,
-    description="GAM's first-order flatness R = ρ·max_{‖θ'−θ‖≤ρ} ‖∇L(θ')‖ (value R; R/ρ² in diagnostics).",
-    reference="Zhang et al. 2023 (GAM, CVPR, Def. 3.1 and Lemma 4.1)",
-    stochastic=True,
-    declare_cost=_first_order_cost,
-)
-def first_order_flatness(ctx, opts: FirstOrderOptions) -> MeasureResult:
+class FirstOrderFlatness(Measure):
     r"""First-order flatness (Zhang et al. 2023), larger means sharper.
 
     .. math:: R^{(1)}_\rho(\theta) = \rho \max_{\|\theta' - \theta\| \le \rho} \|\nabla L(\theta')\|
@@ -639,30 +630,46 @@ def first_order_flatness(ctx, opts: FirstOrderOptions) -> MeasureResult:
     maximum of ‖∇L‖ found. A time cap (``max_seconds``, ``runtime.budget``) ends the ascent
     early with the best point so far (a lower bound of the maximum), status ``budget``.
     """
-    p, eng = ctx.problem, ctx.engine
-    theta = p.theta
-    gen = ctx.generator()
-    _, g_at = eng.loss_grad(theta)
-    g0 = float(g_at.norm())
 
-    def fg(d):  # ∇L and H∇L at the same point from one graph (loss_grad keeps it for the HVP)
-        th = theta + d
-        _, g = eng.loss_grad(th, keep_graph=True)
-        gn = float(g.norm())
-        if not math.isfinite(gn):
-            return gn, None
-        if gn == 0:
-            return 0.0, torch.zeros_like(g)
-        return gn, eng.hessian(th) @ (g / gn)
+    name = "first_order_flatness"
+    stops_early = True  # its estimator checks the budget between blocks
+    options = FirstOrderOptions
+    description = (
+        "GAM's first-order flatness R = ρ·max_{‖θ'−θ‖≤ρ} ‖∇L(θ')‖ (value R; R/ρ² in diagnostics)."
+    )
+    reference = "Zhang et al. 2023 (GAM, CVPR, Def. 3.1 and Lemma 4.1)"
+    stochastic = True
 
-    d0 = random_start(p.num_params, opts.rho, "l2", gen, p.device, p.dtype)
-    r = apgd(fg, d0, opts.rho, "l2", opts.steps, stop=ctx.budget.out_of_time)
-    diag = {"grad_norm_at_theta": g0, "reductions": r.reductions}
-    if not r.finite or not math.isfinite(g0):
-        return MeasureResult(
-            value=_nonfinite_value([r.value, g0]), diagnostics=diag, status="non_finite"
-        )
-    best = max(g0, r.value)
-    R = opts.rho * best
-    diag.update(max_grad_norm=best, r_over_rho2=R / opts.rho**2)
-    return MeasureResult(value=R, diagnostics=diag, status="budget" if r.stopped else "ok")
+    def declare_cost(self, o, d) -> Cost:
+        """Auto-PGD on the gradient norm: a gradient and a product per step (up to ``steps`` + 1),
+        and the gradients at θ and at the start."""
+        return Cost(grad=(2, o.steps + 2), hvp=(0, o.steps + 1))
+
+    def compute(self, ctx, opts: FirstOrderOptions) -> MeasureResult:
+        p, eng = ctx.problem, ctx.engine
+        theta = p.theta
+        gen = ctx.generator()
+        _, g_at = eng.loss_grad(theta)
+        g0 = float(g_at.norm())
+
+        def fg(d):  # ∇L and H∇L at the same point from one graph (loss_grad keeps it for the HVP)
+            th = theta + d
+            _, g = eng.loss_grad(th, keep_graph=True)
+            gn = float(g.norm())
+            if not math.isfinite(gn):
+                return gn, None
+            if gn == 0:
+                return 0.0, torch.zeros_like(g)
+            return gn, eng.hessian(th) @ (g / gn)
+
+        d0 = random_start(p.num_params, opts.rho, "l2", gen, p.device, p.dtype)
+        r = apgd(fg, d0, opts.rho, "l2", opts.steps, stop=ctx.budget.out_of_time)
+        diag = {"grad_norm_at_theta": g0, "reductions": r.reductions}
+        if not r.finite or not math.isfinite(g0):
+            return MeasureResult(
+                value=_nonfinite_value([r.value, g0]), diagnostics=diag, status="non_finite"
+            )
+        best = max(g0, r.value)
+        R = opts.rho * best
+        diag.update(max_grad_norm=best, r_over_rho2=R / opts.rho**2)
+        return MeasureResult(value=R, diagnostics=diag, status="budget" if r.stopped else "ok")

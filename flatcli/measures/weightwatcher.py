@@ -75,7 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import Cost, MeasureResult, NotApplicable, register
+from . import Cost, Measure, MeasureResult, NotApplicable
 from ._layers import selected, weight_matrices
 from ._options import Integral, Real, opt
 
@@ -287,22 +287,7 @@ def layer_fit(W: torch.Tensor, opts: WeightWatcherOptions) -> tuple[dict | None,
     }, len(nz)
 
 
-def _cost(o, d) -> Cost:
-    """No pass over the data: one SVD per weight matrix (convolutions: one per kernel position)
-    and a KS scan of O(n²) over its n eigenvalues."""
-    return Cost()
-
-
-@register(
-    "weightwatcher_alpha",
-    options=WeightWatcherOptions,
-    description="WeightWatcher 0.7.7 α: mean over layers of the power-law exponent of the ESD of WᵀW (its MLE fit, x_min by KS; small-sample fit below 20 eigenvalues); α̂ = Σ α log λmax in diagnostics (data-free).",
-    reference="Martin & Mahoney 2021 (Nature Communications 12:4122, α and weighted α̂; JMLR 22, heavy-tailed ESD); "
-    "Clauset, Shalizi & Newman 2009 (SIAM Review, eq. 3.1 and §3.3)",
-    stochastic=False,
-    declare_cost=_cost,
-)
-def weightwatcher_alpha(ctx, opts: WeightWatcherOptions) -> MeasureResult:
+class WeightwatcherAlpha(Measure):
     r"""Mean power-law exponent α over the layers; larger means a larger predicted gap.
 
     Each fitted layer l's eigenvalues λ of :math:`W_l^\top W_l` above :math:`x_{\min,l}`
@@ -317,34 +302,50 @@ def weightwatcher_alpha(ctx, opts: WeightWatcherOptions) -> MeasureResult:
     (the maximum-likelihood fit over the :math:`n_l` tail eigenvalues; :math:`n_l - 1` in
     place of :math:`n_l` for a layer of fewer than 20 eigenvalues). See the module
     docstring for the ESD, the fit, α̂ and the orientation."""
-    p = ctx.problem
-    layers, skipped = {}, []
-    for wm in weight_matrices(ctx.model, selected(p), frozen=True):
-        W = p.params.get(wm.param_name)
-        if W is None:
-            W = p.frozen.get(wm.param_name, wm.module.weight)
-        fit, n_above = layer_fit(W, opts)
-        if fit is None:
-            skipped.append(f"{wm.module_name} ({n_above} eigenvalues)")
-        else:
-            layers[wm.module_name] = fit
-    if not layers:  # a model too small (or too sparse) for the fit: the measure does not apply
-        raise NotApplicable(
-            "no layer has enough eigenvalues for a power-law fit "
-            f"(min_evals = {opts.min_evals}); skipped: {', '.join(skipped) or '(no Linear/Conv layers)'}"
-        )
-    alphas = [v["alpha"] for v in layers.values()]
-    weighted = [v["alpha_weighted"] for v in layers.values()]
-    L = len(alphas)
-    stderr = math.sqrt(sum(v["sigma"] ** 2 for v in layers.values())) / L
-    return MeasureResult(
-        value=float(np.mean(alphas)),
-        stderr=stderr,
-        diagnostics={
-            "alpha_hat": float(sum(weighted)),
-            "alpha_weighted_mean": float(np.mean(weighted)),
-            "layers_fitted": L,
-            "layers_skipped": ", ".join(skipped),
-            "layers": layers,
-        },
+
+    name = "weightwatcher_alpha"
+    options = WeightWatcherOptions
+    description = "WeightWatcher 0.7.7 α: mean over layers of the power-law exponent of the ESD of WᵀW (its MLE fit, x_min by KS; small-sample fit below 20 eigenvalues); α̂ = Σ α log λmax in diagnostics (data-free)."
+    reference = (
+        "Martin & Mahoney 2021 (Nature Communications 12:4122, α and weighted α̂; JMLR 22, heavy-tailed ESD); "
+        "Clauset, Shalizi & Newman 2009 (SIAM Review, eq. 3.1 and §3.3)"
     )
+    stochastic = False
+
+    def declare_cost(self, o, d) -> Cost:
+        """No pass over the data: one SVD per weight matrix (convolutions: one per kernel position)
+        and a KS scan of O(n²) over its n eigenvalues."""
+        return Cost()
+
+    def compute(self, ctx, opts: WeightWatcherOptions) -> MeasureResult:
+        p = ctx.problem
+        layers, skipped = {}, []
+        for wm in weight_matrices(ctx.model, selected(p), frozen=True):
+            W = p.params.get(wm.param_name)
+            if W is None:
+                W = p.frozen.get(wm.param_name, wm.module.weight)
+            fit, n_above = layer_fit(W, opts)
+            if fit is None:
+                skipped.append(f"{wm.module_name} ({n_above} eigenvalues)")
+            else:
+                layers[wm.module_name] = fit
+        if not layers:  # a model too small (or too sparse) for the fit: the measure does not apply
+            raise NotApplicable(
+                "no layer has enough eigenvalues for a power-law fit "
+                f"(min_evals = {opts.min_evals}); skipped: {', '.join(skipped) or '(no Linear/Conv layers)'}"
+            )
+        alphas = [v["alpha"] for v in layers.values()]
+        weighted = [v["alpha_weighted"] for v in layers.values()]
+        L = len(alphas)
+        stderr = math.sqrt(sum(v["sigma"] ** 2 for v in layers.values())) / L
+        return MeasureResult(
+            value=float(np.mean(alphas)),
+            stderr=stderr,
+            diagnostics={
+                "alpha_hat": float(sum(weighted)),
+                "alpha_weighted_mean": float(np.mean(weighted)),
+                "layers_fitted": L,
+                "layers_skipped": ", ".join(skipped),
+                "layers": layers,
+            },
+        )

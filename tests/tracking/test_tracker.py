@@ -37,18 +37,21 @@ class Net(nn.Module):
         return self.fc2(self.drop(torch.tanh(self.bn(self.fc1(x)))))
 
 
-def _global_rng_measure(ctx, opts):
+class GlobalDraws(reg.Measure):
     """A measure that draws from every global stream (a careless plug-in)."""
-    draw = float(torch.rand(())) + float(np.random.rand()) + random.random()
-    return MeasureResult(value=draw)
+
+    name = "global_draws"
+    description = "test"
+
+    def compute(self, ctx, opts):
+        draw = float(torch.rand(())) + float(np.random.rand()) + random.random()
+        return MeasureResult(value=draw)
 
 
 @pytest.fixture
 def greedy_measure(monkeypatch):
     reg._load_all()
-    info = reg.MeasureInfo(
-        name="global_draws", fn=_global_rng_measure, options=reg._NoOptions, description="test"
-    )
+    info = reg.MeasureInfo.of(GlobalDraws)
     monkeypatch.setitem(reg._REGISTRY, "global_draws", info)
     return "global_draws"
 
