@@ -11,6 +11,7 @@ the registry holds every `Measure` class each module defines.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import fnmatch
 import importlib
@@ -215,7 +216,7 @@ class _NoOptions:
     pass
 
 
-class Measure:
+class Measure(abc.ABC):
     """A measure: one subclass per measure, in a module of `flatcli.measures`.
 
     The class states what the measure is (its name, options and references), its capability
@@ -284,9 +285,10 @@ class Measure:
         super().__init_subclass__(**kwargs)
         _check_declaration(cls)
 
+    @abc.abstractmethod
     def compute(self, ctx: MeasureContext, opts: Any) -> MeasureResult:
-        """The measure on ``ctx`` with the parsed options ``opts``."""
-        raise NotImplementedError(f"{type(self).__name__} has no compute()")
+        """The measure on ``ctx`` with the parsed options ``opts`` (every subclass defines it: a
+        class without it is refused when it is defined)."""
 
     def declare_cost(self, opts: Any, dims: Dims) -> Cost | None:
         """The work a run will do (`flatcli.engine.linalg.Cost`: products, passes, vectors,
